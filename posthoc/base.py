@@ -1,0 +1,230 @@
+"""The :class:`Method` interface every post-hoc method implements, and :class:`UncertainModel`.
+
+A method turns an already trained model into a predictive. It returns log-probabilities
+``(N, C)`` and, when it samples, per-sample log-probabilities ``(S, N, C)``; the
+:class:`UncertainModel` turns those into a :class:`~posthoc.Prediction`, checks inputs, keeps
+the user's model in its own train/eval state, and saves/loads the fitted posterior.
+
+Example:
+    >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
+    >>> um.predict(x).probs.shape
+    torch.Size([8, 10])
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.batches import Inputs, batch_size, check_finite, to_device
+from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError
+from posthoc.prediction import Prediction
+from posthoc.surgery import eval_mode
+
+LogPredictive = tuple[Tensor, Tensor | None]
+
+
+class Method(nn.Module):
+    """Base class of a post-hoc method (subclass it and register it with :func:`posthoc.register`).
+
+    Subclasses declare their options as keyword-only arguments of ``__init__`` (with defaults),
+    their fit-time options as keyword-only arguments of ``fit``, and implement
+    :meth:`log_predictive`. Fitted state lives in buffers so that ``state_dict`` saves it.
+
+    Class attributes:
+        name: the registry name, e.g. ``"laplace"``.
+        requires_fit: whether ``predict`` needs ``fit`` first.
+        needs_val: whether ``fit`` needs a held-out ``val_loader``.
+        stacks: whether the method wraps another method's predictive (temperature does).
+        copies_model: whether the method works on (and saves) its own copy of the weights.
+        demo_configs: option sets shown in ``posthoc demo``, each ``(label, options)``.
+    """
+
+    name: ClassVar[str] = ""
+    requires_fit: ClassVar[bool] = True
+    needs_val: ClassVar[bool] = False
+    stacks: ClassVar[bool] = False
+    copies_model: ClassVar[bool] = False
+    demo_configs: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("fitted", torch.tensor(not self.requires_fit))
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options ``wrap`` accepts for this method, with their defaults."""
+        return _keyword_defaults(cls.__init__)
+
+    @classmethod
+    def fit_option_defaults(cls) -> dict[str, Any]:
+        """The extra keyword arguments ``fit`` accepts for this method, with their defaults."""
+        return _keyword_defaults(cls.fit)
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The user's model this method was built around (the inner one for stacked methods)."""
+        return self.model
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Do all method-specific work (curvature, fine-tuning, calibration)."""
+        self.fitted.fill_(True)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
+        raise NotImplementedError
+
+    def posterior_state(self) -> dict[str, Tensor]:
+        """The tensors that make up the fitted posterior; the base weights only if the method copied them."""
+        state = {name: value for name, value in self._buffers.items() if value is not None}
+        state.update({name: value.detach() for name, value in self._parameters.items() if value is not None})
+        for name, child in self.named_children():
+            if name == "model" and not self.copies_model:
+                continue
+            child_state = child.posterior_state() if isinstance(child, Method) else child.state_dict()
+            state.update({f"{name}.{key}": value for key, value in child_state.items()})
+        return state
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """Load tensors saved by :meth:`posterior_state`; buffers may change shape (e.g. ``None`` before fit)."""
+        for key, value in state.items():
+            owner_name, _, attr = key.rpartition(".")
+            owner = self.get_submodule(owner_name) if owner_name else self
+            current = getattr(owner, attr, None)
+            if isinstance(current, nn.Parameter):
+                with torch.no_grad():
+                    current.data = value.to(current.device)
+            elif attr in owner._buffers:
+                owner._buffers[attr] = value
+            else:
+                raise KeyError(key)
+
+
+def _keyword_defaults(function: Any) -> dict[str, Any]:
+    params = inspect.signature(function).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "progress"}
+
+
+class UncertainModel(nn.Module):
+    """An already trained classifier with a post-hoc predictive; built by :func:`posthoc.wrap`.
+
+    ``forward(x)`` returns predictive probabilities ``(N, C)``; :meth:`predict` returns the full
+    :class:`~posthoc.Prediction`.
+
+    Example:
+        >>> um = posthoc.wrap(model, method="laplace").fit(train_loader)
+        >>> pred = um.predict(x)
+        >>> pred.epistemic.shape
+        torch.Size([8])
+    """
+
+    def __init__(self, method: Method, spec: list[dict[str, Any]]) -> None:
+        super().__init__()
+        self.method = method
+        self.spec = spec
+        self.fingerprint: str | None = None
+
+    @property
+    def methods(self) -> list[str]:
+        """The method names, inner first, e.g. ``["laplace", "temperature"]``."""
+        return [entry["name"] for entry in self.spec]
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.method.fitted)
+
+    @property
+    def device(self) -> torch.device:
+        for tensor in self.method.base_model.parameters():
+            return tensor.device
+        return torch.device("cpu")
+
+    def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True, **fit_options: Any) -> "UncertainModel":
+        """Fit every method (inner first) and return ``self``.
+
+        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``).
+        """
+        from posthoc.persist import fingerprint
+
+        _check_fit_options(self.method, fit_options)
+        self.fingerprint = fingerprint(self.method.base_model)
+        _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
+        return self
+
+    @torch.no_grad()
+    def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
+        """The predictive distribution for a batch ``x``.
+
+        Args:
+            x: a batch shaped like the model's input (or a dict of tensors).
+            num_samples: overrides the method's number of samples, where it samples.
+            generator: a ``torch.Generator`` for reproducible sampling.
+        """
+        if self.method.requires_fit and not self.is_fitted:
+            raise NotFittedError(
+                f"method '{'+'.join(self.methods)}' must be fitted before predicting: call "
+                "um.fit(train_loader, val_loader) first"
+            )
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+            raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
+        if not isinstance(x, (Tensor, dict)):
+            raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
+        if batch_size(x) == 0:
+            raise InputError("predict got an empty batch (0 examples)")
+        x = to_device(x, self.device)
+        check_finite(x)
+        with eval_mode(self.method):
+            log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
+        if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
+            raise NumericalError(
+                "the predictive produced NaN; the model's logits are not finite for these inputs "
+                "(check its weights and dtype, e.g. float16 overflow)"
+            )
+        return Prediction.from_log_probs(log_probs.float(), None if samples is None else samples.float())
+
+    def forward(self, x: Inputs) -> Tensor:
+        """Predictive probabilities ``(N, C)``."""
+        return self.predict(x).probs
+
+    def save(self, path: str) -> None:
+        """Write the fitted posterior (not the base weights) atomically to ``path``."""
+        from posthoc.persist import save
+
+        save(self, path)
+
+    def extra_repr(self) -> str:
+        return f"methods={self.methods}, fitted={self.is_fitted}"
+
+
+def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
+    accepted: dict[str, Any] = {}
+    current: Method | None = method
+    while current is not None:
+        accepted.update(current.fit_option_defaults())
+        current = getattr(current, "inner", None) if current.stacks else None
+    unknown = sorted(set(fit_options) - set(accepted))
+    if unknown:
+        valid = ", ".join(f"{k}={v!r}" for k, v in sorted(accepted.items())) or "none"
+        raise ConfigError(f"unknown fit option(s) {unknown}; valid fit options here: {valid}")
+
+
+def _fit_chain(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, fit_options: dict[str, Any]) -> None:
+    if method.stacks:
+        _fit_chain(method.inner, train_loader, val_loader, progress, fit_options)
+    if not method.requires_fit:
+        return
+    own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
+    if method.needs_val and val_loader is None:
+        raise InputError(
+            f"'{method.name}' is fitted on held-out data: call um.fit(train_loader, val_loader) "
+            "with a validation loader that was not used for training"
+        )
+    if not method.needs_val and train_loader is None:
+        raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
+    method.fit(train_loader, val_loader, progress=progress, **own)
+    method.fitted.fill_(True)

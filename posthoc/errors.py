@@ -1,0 +1,44 @@
+"""Exceptions raised by posthoc.
+
+Every error a user can trigger derives from :class:`PosthocError`, so callers can catch one
+type; the subclasses also derive from the matching built-in (``ValueError``, ``RuntimeError``)
+so generic handlers keep working.
+
+Example:
+    >>> import posthoc
+    >>> try:
+    ...     posthoc.wrap(torch.nn.Linear(2, 2), method="nope")
+    ... except posthoc.PosthocError as err:
+    ...     print(type(err).__name__)
+    ConfigError
+"""
+
+from __future__ import annotations
+
+
+class PosthocError(Exception):
+    """Base class of every error posthoc raises on purpose."""
+
+
+class ConfigError(PosthocError, ValueError):
+    """An unknown method, an unknown option, or an option value out of range."""
+
+
+class InputError(PosthocError, ValueError):
+    """Data handed to posthoc (inputs, labels, logits, loaders) is not usable."""
+
+
+class NotFittedError(PosthocError, RuntimeError):
+    """A method that needs ``fit`` was asked to predict before it was fitted."""
+
+
+class HeadNotFoundError(PosthocError, ValueError):
+    """The classifier head of a model could not be located."""
+
+
+class PosteriorFileError(PosthocError, ValueError):
+    """A saved posterior is unreadable, from another format version, or for another model."""
+
+
+class NumericalError(PosthocError, RuntimeError):
+    """A computation produced NaN or inf and no safe recovery exists."""

@@ -1,0 +1,31 @@
+"""``"none"``: the model's own softmax (the MAP / reference row of every table).
+
+Example:
+    >>> um = posthoc.wrap(model, method="none")
+    >>> um.predict(x).samples is None
+    True
+"""
+
+from __future__ import annotations
+
+import torch
+
+from posthoc.api import register
+from posthoc.base import LogPredictive, Method
+from posthoc.batches import Inputs, run_model
+from posthoc.logits import class_log_probs
+
+
+@register
+class MAP(Method):
+    """The trained model as it is: ``softmax(model(x))``. Needs no fit."""
+
+    name = "none"
+    requires_fit = False
+    demo_configs = (("MAP", {}),)
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        super().__init__(model)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        return class_log_probs(run_model(self.model, x)), None

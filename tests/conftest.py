@@ -1,0 +1,58 @@
+"""Shared fixtures: the bundled digits and checkpoint, small loaders, and the architecture zoo."""
+
+from __future__ import annotations
+
+import pytest
+import timm
+import torch
+import torchvision
+from torch import nn
+
+from posthoc import data, zoo
+
+
+@pytest.fixture(scope="session")
+def digits() -> data.DigitsSplits:
+    return data.load_digits()
+
+
+@pytest.fixture()
+def digits_model() -> nn.Module:
+    """A fresh copy of the bundled pretrained CNN (eval mode) for each test."""
+    return zoo.pretrained()
+
+
+@pytest.fixture(scope="session")
+def loaders(digits: data.DigitsSplits) -> dict[str, torch.utils.data.DataLoader]:
+    return {
+        "fit": data.loader(digits.fit, batch_size=256),
+        "calibration": data.loader(digits.calibration, batch_size=256),
+        "test": data.loader(digits.test, batch_size=256),
+        "ood": data.loader(digits.ood, batch_size=256),
+    }
+
+
+#: random-weight architectures at small input sizes: name -> (factory, input shape)
+ARCHITECTURES = {
+    "timm:resnet18": (lambda: timm.create_model("resnet18", num_classes=5), (2, 3, 32, 32)),
+    "timm:efficientnet_b0": (lambda: timm.create_model("efficientnet_b0", num_classes=5), (2, 3, 32, 32)),
+    "timm:mobilenetv3_small_100": (lambda: timm.create_model("mobilenetv3_small_100", num_classes=5), (2, 3, 32, 32)),
+    "timm:convnext_atto": (lambda: timm.create_model("convnext_atto", num_classes=5), (2, 3, 32, 32)),
+    "timm:vit_tiny_patch16_224": (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=32), (2, 3, 32, 32)),
+    "tv:resnet18": (lambda: torchvision.models.resnet18(num_classes=5), (2, 3, 32, 32)),
+    "tv:mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=5), (2, 3, 32, 32)),
+    "tv:efficientnet_b0": (lambda: torchvision.models.efficientnet_b0(num_classes=5), (2, 3, 32, 32)),
+    "tv:densenet121": (lambda: torchvision.models.densenet121(num_classes=5), (2, 3, 32, 32)),
+    "tv:convnext_tiny": (lambda: torchvision.models.convnext_tiny(num_classes=5), (2, 3, 32, 32)),
+    "tv:vit_b_16": (lambda: torchvision.models.vit_b_16(image_size=32, num_classes=5), (2, 3, 32, 32)),
+    "tv:swin_t": (lambda: torchvision.models.swin_t(num_classes=5), (2, 3, 32, 32)),
+    "sequential": (lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 5)), (2, 3, 8, 8)),
+}
+
+
+@pytest.fixture(params=sorted(ARCHITECTURES))
+def architecture(request: pytest.FixtureRequest) -> tuple[str, nn.Module, torch.Tensor]:
+    """Each architecture of the zoo, seeded, in eval mode, with an input batch."""
+    torch.manual_seed(0)
+    factory, shape = ARCHITECTURES[request.param]
+    return request.param, factory().eval(), torch.randn(*shape)
