@@ -1,0 +1,63 @@
+"""Timing helpers shared by the benchmarks: medians of repeats, wall and process CPU time.
+
+Machines are shared and noisy, so every benchmark times the plain forward pass and the method
+back to back in one process and reports ratios of medians. A timing whose CPU/wall ratio is far
+below the thread count was contended: :func:`measure` flags it so it is re-run, not reported.
+
+Example:
+    >>> plain = measure(lambda: model(x))
+    >>> method = measure(lambda: um.predict(x))
+    >>> print(f"{method.wall / plain.wall:.2f}x")
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median wall and process-CPU seconds over the repeats."""
+
+    wall: float
+    cpu: float
+
+    @property
+    def cpu_per_wall(self) -> float:
+        return self.cpu / self.wall if self.wall > 0 else float("nan")
+
+    @property
+    def contended(self) -> bool:
+        """True when the process got far less CPU than its threads could use (a neighbour was busy)."""
+        return torch.get_num_threads() > 1 and self.cpu_per_wall < 0.5 * torch.get_num_threads() * 0.6
+
+
+def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Timing:
+    """Run ``fn`` ``warmup`` times, then time ``repeats`` runs; return the medians."""
+    for _ in range(warmup):
+        fn()
+    walls, cpus = [], []
+    for _ in range(repeats):
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        wall, cpu = time.perf_counter(), time.process_time()
+        fn()
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        walls.append(time.perf_counter() - wall)
+        cpus.append(time.process_time() - cpu)
+    return Timing(statistics.median(walls), statistics.median(cpus))
+
+
+def row(name: str, timing: Timing, reference: Timing) -> str:
+    """A Markdown row: name, seconds, ratio to the reference, CPU/wall (flagged when contended)."""
+    flag = " (contended: re-run)" if timing.contended else ""
+    return f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu_per_wall:.2f}{flag} |"
+
+
+HEADER = "| what | wall s (median) | ratio to plain forward | cpu/wall |\n|---|---|---|---|"
