@@ -33,8 +33,8 @@ class Timing:
 
     @property
     def contended(self) -> bool:
-        """True when the process got far less CPU than its threads could use (a neighbour was busy)."""
-        return torch.get_num_threads() > 1 and self.cpu_per_wall < 0.5 * torch.get_num_threads() * 0.6
+        """True when the process got less than half a core while running (a neighbour was busy)."""
+        return self.cpu_per_wall < 0.5
 
 
 def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Timing:
