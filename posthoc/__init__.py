@@ -7,7 +7,7 @@ Example:
     >>> report = posthoc.evaluate(um, test_loader)
 """
 
-from posthoc import methods  # noqa: F401  (registers every method)
+from posthoc import api, methods  # noqa: F401  (importing methods registers them)
 from posthoc.api import available_methods, register, wrap
 from posthoc.base import Method, UncertainModel
 from posthoc.calibrate import calibrate
@@ -23,6 +23,8 @@ from posthoc.errors import (
 from posthoc.persist import load
 from posthoc.prediction import Prediction
 from posthoc.report import Report, evaluate
+
+wrap.__doc__ = (wrap.__doc__ or "") + api.methods_doc()
 
 __version__ = "0.1.0"
 

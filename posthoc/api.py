@@ -56,6 +56,27 @@ def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, 
     return [{k: v for k, v in options.items() if k in valid} for valid in accepted]
 
 
+def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
+    """Options naming a module may pass the module itself; store its name so the spec can be saved."""
+    if not isinstance(value, nn.Module):
+        return value
+    for name, module in model.named_modules():
+        if module is value:
+            return name
+    raise ConfigError(f"option {key!r} is a module that is not part of the model; pass one of its modules or its name")
+
+
+def methods_doc() -> str:
+    """A docstring section listing every registered method with its options and defaults."""
+    lines = ["", "    Methods (options and fit options, with defaults):", ""]
+    for name, cls in sorted(REGISTRY.items()):
+        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
+        options = ", ".join(f"{k}={v!r}" for k, v in cls.option_defaults().items()) or "none"
+        fit_options = ", ".join(f"{k}={v!r}" for k, v in cls.fit_option_defaults().items()) or "none"
+        lines.append(f"    - ``{name}``: {summary} Options: {options}. Fit options: {fit_options}.")
+    return "\n".join(lines) + "\n"
+
+
 def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
     """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``."""
     method: Method | None = None
@@ -101,6 +122,7 @@ def wrap(model: nn.Module, method: str | list[str] = "laplace", **options: Any) 
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(sorted(REGISTRY))}")
+    options = {key: _module_as_name(model, key, value) for key, value in options.items()}
     routed = _route_options(names, options)
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     return wrap_spec(model, spec)

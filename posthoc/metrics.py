@@ -39,7 +39,7 @@ def brier(probs: Tensor, labels: Tensor) -> float:
 
 def _bin_sums(confidence: Tensor, correct: Tensor, edges: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per bin given by ``edges``: example count, sum of confidences, sum of correct flags."""
-    index = torch.bucketize(confidence, edges[1:-1])
+    index = torch.bucketize(confidence.contiguous(), edges[1:-1])
     count = torch.zeros(len(edges) - 1, dtype=torch.float64).index_add_(0, index, torch.ones_like(confidence))
     conf_sum = torch.zeros_like(count).index_add_(0, index, confidence)
     acc_sum = torch.zeros_like(count).index_add_(0, index, correct)

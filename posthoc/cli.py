@@ -1,0 +1,48 @@
+"""The ``posthoc`` command line: ``posthoc demo`` (the embedded default) and ``posthoc evaluate``.
+
+Example:
+    $ posthoc demo --out posthoc-demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from posthoc.demo import render, run_demo
+
+    start = time.perf_counter()
+    rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet)
+    print(render(rows))
+    print(f"wrote {args.out}/report.md, reliability.png, reliability_rotated60.png, risk_coverage.png "
+          f"in {time.perf_counter() - start:.0f} s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
+    demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
+    demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
+    demo.add_argument("--quiet", action="store_true", help="no progress messages")
+    demo.set_defaults(run=_demo)
+    try:
+        from posthoc.evaluate_cli import add_evaluate_arguments, run_evaluate
+    except ImportError:
+        pass
+    else:
+        evaluate = commands.add_parser("evaluate", help="wrap a timm/torchvision/your model and write a report")
+        add_evaluate_arguments(evaluate)
+        evaluate.set_defaults(run=run_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    args.run(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,142 @@
+import copy
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError, NotFittedError
+
+
+def _state(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_unknown_method_lists_valid_ones(digits_model):
+    with pytest.raises(ConfigError, match="unknown method 'bayes'.*valid methods:.*temperature"):
+        posthoc.wrap(digits_model, method="bayes")
+
+
+def test_unknown_option_lists_valid_ones(digits_model):
+    with pytest.raises(ConfigError, match=r"unknown option\(s\) \['temprature'\].*max_iter=100"):
+        posthoc.wrap(digits_model, method="temperature", temprature=2)
+
+
+def test_unknown_fit_option_is_refused(digits_model, loaders):
+    um = posthoc.wrap(digits_model, method="temperature")
+    with pytest.raises(ConfigError, match=r"unknown fit option\(s\) \['epochs'\]"):
+        um.fit(loaders["fit"], loaders["calibration"], epochs=3)
+
+
+def test_temperature_cannot_be_inner(digits_model):
+    with pytest.raises(ConfigError, match="cannot stack"):
+        posthoc.wrap(digits_model, method=["temperature", "none"])
+
+
+def test_map_baseline_equals_softmax(digits_model, digits):
+    x = digits.test.tensors[0][:16]
+    um = posthoc.wrap(digits_model, method="none")
+    assert isinstance(um, nn.Module)
+    with torch.no_grad():
+        expected = digits_model(x).softmax(-1)
+    assert torch.allclose(um(x), expected, atol=1e-6)
+
+
+def test_wrap_and_fit_never_mutate_the_model(digits_model, loaders, digits):
+    digits_model.train()  # the user's own mode must survive too
+    before, modes = _state(digits_model), [m.training for m in digits_model.modules()]
+    um = posthoc.wrap(digits_model, method="temperature").fit(loaders["fit"], loaders["calibration"], progress=False)
+    um.predict(digits.test.tensors[0][:8])
+    after = digits_model.state_dict()
+    assert all(torch.equal(before[k], after[k]) for k in before)
+    assert [m.training for m in digits_model.modules()] == modes
+    assert not any(m._forward_hooks or m._forward_pre_hooks for m in digits_model.modules())
+
+
+def test_predict_before_fit(digits_model, digits):
+    um = posthoc.wrap(digits_model, method="temperature")
+    with pytest.raises(NotFittedError, match="must be fitted"):
+        um.predict(digits.test.tensors[0][:4])
+
+
+def test_temperature_without_held_out_loader(digits_model, loaders):
+    with pytest.raises(InputError, match="held-out data"):
+        posthoc.wrap(digits_model, method="temperature").fit(loaders["fit"])
+
+
+def test_wrong_input_shape_and_dtype(digits_model):
+    um = posthoc.wrap(digits_model, method="none")
+    with pytest.raises(InputError, match=r"shape \(4, 3, 28, 28\).*shaped and typed like"):
+        um.predict(torch.randn(4, 3, 28, 28))
+    with pytest.raises(InputError, match="dtype torch.int64"):
+        um.predict(torch.zeros(4, 1, 28, 28, dtype=torch.long))
+    with pytest.raises(InputError, match="empty batch"):
+        um.predict(torch.zeros(0, 1, 28, 28))
+
+
+def test_nan_inputs_are_refused(digits_model):
+    x = torch.zeros(2, 1, 28, 28)
+    x[1, 0, 3, 3] = float("nan")
+    with pytest.raises(InputError, match="NaN or inf"):
+        posthoc.wrap(digits_model, method="none").predict(x)
+
+
+def test_labels_outside_range(digits_model, digits):
+    x = digits.calibration.tensors[0][:32]
+    bad = DataLoader(TensorDataset(x, torch.full((32,), 9)), batch_size=16)
+    with pytest.raises(InputError, match=r"labels must lie in \[0, 8\)"):
+        posthoc.wrap(digits_model, method="temperature").fit(val_loader=bad, progress=False)
+
+
+def test_empty_loader(digits_model):
+    empty = DataLoader(TensorDataset(torch.zeros(0, 1, 28, 28), torch.zeros(0, dtype=torch.long)), batch_size=4)
+    with pytest.raises(InputError, match="yielded no batches"):
+        posthoc.wrap(digits_model, method="temperature").fit(val_loader=empty, progress=False)
+
+
+def test_loader_without_labels(digits_model, digits):
+    unlabelled = DataLoader(digits.calibration.tensors[0][:8], batch_size=4)
+    with pytest.raises(InputError, match="without labels"):
+        posthoc.wrap(digits_model, method="temperature").fit(val_loader=unlabelled, progress=False)
+
+
+def test_dict_inputs_reach_the_model_as_keywords():
+    class KeywordNet(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3, 4)
+
+        def forward(self, pixels, scale):
+            return self.fc(pixels * scale)
+
+    model = KeywordNet()
+    x = {"pixels": torch.randn(5, 3), "scale": torch.full((5, 1), 2.0)}
+    um = posthoc.wrap(model, method="none")
+    assert torch.allclose(um(x), model(**x).softmax(-1), atol=1e-6)
+
+
+def test_head_option_takes_a_module_and_stores_its_name():
+    model = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    if "head" not in posthoc.available_methods().get("laplace", {}):
+        pytest.skip("no method with a head option is registered")
+    um = posthoc.wrap(model, method="laplace", head=model[2])
+    assert um.spec[0]["options"]["head"] == "2"
+    with pytest.raises(ConfigError, match="not part of the model"):
+        posthoc.wrap(model, method="laplace", head=nn.Linear(8, 3))
+
+
+def test_binary_single_logit_classifier():
+    model = nn.Sequential(nn.Linear(3, 1))
+    x = torch.randn(6, 3)
+    probs = posthoc.wrap(model, method="none")(x)
+    assert probs.shape == (6, 2)
+    assert torch.allclose(probs[:, 1], torch.sigmoid(model(x)).squeeze(1), atol=1e-6)
+
+
+def test_composition_spec_and_help_lists_methods(digits_model):
+    um = posthoc.wrap(digits_model, method=["none", "temperature"], max_iter=20)
+    assert um.methods == ["none", "temperature"]
+    assert um.spec[1]["options"] == {"max_iter": 20}
+    for name in posthoc.available_methods():
+        assert f"``{name}``" in posthoc.wrap.__doc__
