@@ -1,0 +1,71 @@
+"""Temperature scaling: posthoc vs torch-uncertainty's TemperatureScaler vs netcal, same logits.
+
+Fits on the calibration split of the bundled digits with the bundled CNN, then reports the
+temperature, the test NLL / ECE, and fit time as a ratio to one plain forward pass over the
+calibration data. Run: ``python benchmarks/bench_temperature.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import posthoc
+from posthoc import data, metrics, zoo
+from timing import HEADER, measure, row
+
+
+def main() -> None:
+    splits = data.load_digits()
+    model = zoo.pretrained()
+    cal_loader = data.loader(splits.calibration, batch_size=256)
+    x_test, y_test = splits.test.tensors
+    x_cal, y_cal = splits.calibration.tensors
+    with torch.no_grad():
+        cal_logits, test_logits = model(x_cal), model(x_test)
+
+    plain = measure(lambda: [model(x) for x, _ in cal_loader])
+    ours_um = posthoc.wrap(model, method="temperature")
+    ours_fit = measure(lambda: ours_um.fit(val_loader=cal_loader, progress=False))
+    results = {"posthoc": (float(ours_um.method.temperature), ours_um.predict(x_test).probs)}
+    timings = {"posthoc": ours_fit}
+
+    try:
+        from torch_uncertainty.post_processing import TemperatureScaler
+    except ImportError as err:
+        print(f"torch-uncertainty not importable ({err}); pip install -e '.[bench]'")
+    else:
+        scaler = TemperatureScaler(model=model)
+        timings["torch-uncertainty"] = measure(lambda: scaler.fit(cal_loader, progress=False))
+        with torch.no_grad():
+            results["torch-uncertainty"] = (float(scaler.temperature[0]), scaler(x_test).softmax(-1))
+
+    try:
+        from netcal.scaling import TemperatureScaling
+    except ImportError as err:
+        print(f"netcal not importable ({err}); pip install -e '.[bench]'")
+    else:
+        scaler_nc = TemperatureScaling(detection=False, use_cuda=False)
+        cal_probs = cal_logits.softmax(-1).double().numpy()
+        timings["netcal (on cached logits)"] = measure(lambda: scaler_nc.fit(cal_probs, y_cal.numpy()), repeats=3)
+        probs = torch.as_tensor(np.asarray(scaler_nc.transform(test_logits.softmax(-1).double().numpy())))
+        # netcal multiplies logits by a learned weight: its temperature is the inverse of that weight
+        weight = float(np.asarray(scaler_nc.temperature).reshape(-1)[0])
+        results["netcal (on cached logits)"] = (1.0 / weight, probs)
+
+    calibrator = posthoc.calibrate(cal_logits, y_cal)
+    timings["posthoc.calibrate (cached logits)"] = measure(lambda: posthoc.calibrate(cal_logits, y_cal))
+    results["posthoc.calibrate (cached logits)"] = (calibrator.temperature, calibrator(test_logits))
+
+    print("| library | T | test NLL | test ECE |\n|---|---|---|---|")
+    print(f"| MAP (T=1) | 1.0000 | {metrics.nll(test_logits.softmax(-1), y_test):.4f} | {metrics.ece(test_logits.softmax(-1), y_test):.4f} |")
+    for name, (temperature, probs) in results.items():
+        print(f"| {name} | {temperature:.4f} | {metrics.nll(probs, y_test):.4f} | {metrics.ece(probs, y_test):.4f} |")
+    print("\nfit time against one plain forward pass over the calibration split\n" + HEADER)
+    print(row("plain forward (calibration split)", plain, plain))
+    for name, timing in timings.items():
+        print(row(f"fit: {name}", timing, plain))
+
+
+if __name__ == "__main__":
+    main()
