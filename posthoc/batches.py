@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from posthoc import distributed
 from posthoc.errors import InputError
 
 Inputs = Tensor | Mapping[str, Tensor]
@@ -117,7 +118,11 @@ def iterate(
     desc: str = "",
     require_labels: bool = True,
 ) -> Iterator[tuple[Inputs, Tensor | None]]:
-    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader."""
+    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader.
+
+    Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
+    """
+    distributed.check_loader(loader)
     try:
         total = len(loader)  # type: ignore[arg-type]
     except TypeError:

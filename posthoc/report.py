@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from posthoc import metrics, plots
+from posthoc import distributed, metrics, plots
 from posthoc.base import UncertainModel
 from posthoc.batches import check_labels, iterate
 
@@ -93,7 +93,11 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
 @torch.no_grad()
 def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
             num_samples: int | None = None, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """Run ``um.predict`` over a loader; return concatenated probs, entropy, epistemic (and labels)."""
+    """Run ``um.predict`` over a loader; return concatenated probs, entropy, epistemic (and labels).
+
+    Under ``torch.distributed`` each rank predicts its shard and the results are gathered, so
+    every rank computes the same metrics over the union of the shards.
+    """
     parts: dict[str, list[Tensor]] = {"probs": [], "entropy": [], "epistemic": [], "labels": []}
     for x, y in iterate(loader, device=um.device, progress=progress, desc="evaluate", require_labels=labelled):
         pred = um.predict(x, num_samples=num_samples, generator=generator)
@@ -102,7 +106,7 @@ def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, prog
         parts["epistemic"].append(pred.epistemic.cpu())
         if labelled:
             parts["labels"].append(check_labels(y, pred.num_classes).cpu())
-    return {k: torch.cat(v) for k, v in parts.items() if v}
+    return {k: distributed.gather_cat(torch.cat(v)) for k, v in parts.items() if v}
 
 
 def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,

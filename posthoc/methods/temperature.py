@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import torch
+from posthoc import distributed
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, check_labels, iterate
@@ -55,7 +56,8 @@ class TemperatureScaling(Method):
                 cached.append((log_probs if samples is None else samples).float())
                 labels.append(check_labels(y, log_probs.shape[-1]))
         dim = 0 if cached[0].dim() == 2 else 1
-        cache, targets = torch.cat(cached, dim), torch.cat(labels)
+        cache = distributed.gather_cat(torch.cat(cached, dim), dim)
+        targets = distributed.gather_cat(torch.cat(labels))
         if cache.element_size() * cache.numel() > CACHE_BYTES:
             keep = torch.randperm(targets.numel(), generator=torch.Generator().manual_seed(0))
             keep = keep[: max(1, targets.numel() * CACHE_BYTES // (cache.element_size() * cache.numel()))]

@@ -1,0 +1,41 @@
+"""Worker process for tests/test_distributed.py (gloo on loopback); not a test module."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+from torch.utils.data import DataLoader, DistributedSampler, Subset
+
+import posthoc
+from posthoc import data, zoo
+
+#: rank 0 gets more examples (and batches) than rank 1: uneven shards must not hang
+SHARD_SIZES = (350, 250)
+
+
+def shards(dataset):
+    bounds = [0, SHARD_SIZES[0], SHARD_SIZES[0] + SHARD_SIZES[1]]
+    return [Subset(dataset, range(bounds[i], bounds[i + 1])) for i in range(2)]
+
+
+def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        torch.set_num_threads(1)
+        splits = data.load_digits()
+        model = zoo.pretrained()
+        if scenario == "wrong-world-size":
+            sampler = DistributedSampler(splits.calibration, num_replicas=3, rank=rank, shuffle=False)
+            try:
+                posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False)
+            except posthoc.InputError as err:
+                torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
+            return
+        cal = DataLoader(shards(splits.calibration)[rank], batch_size=64)
+        test = DataLoader(shards(splits.test)[rank], batch_size=64)
+        um = posthoc.wrap(model, method="temperature").fit(val_loader=cal, progress=False)
+        report = posthoc.evaluate(um, test, progress=False)
+        torch.save({"temperature": um.method.temperature.clone(), "nll": report.nll, "ece": report.ece,
+                    "n": len(report.labels)}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()

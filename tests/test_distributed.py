@@ -1,0 +1,57 @@
+"""Fitting on torch.distributed: 2 gloo processes on loopback, spawned here, bounded in time."""
+
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+from torch.utils.data import ConcatDataset, DataLoader
+
+import posthoc
+
+sys.path.insert(0, str(Path(__file__).parent))
+import _dist_worker  # noqa: E402
+
+TIMEOUT_S = 180
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _launch(tmp_path: Path, scenario: str) -> list[dict]:
+    context = mp.start_processes(_dist_worker.run, args=(2, _free_port(), str(tmp_path), scenario), nprocs=2,
+                                 join=False, start_method="spawn")
+    import time
+
+    deadline = time.monotonic() + TIMEOUT_S
+    while not context.join(timeout=5):
+        if time.monotonic() > deadline:
+            for process in context.processes:
+                process.kill()
+            pytest.fail(f"distributed workers did not finish within {TIMEOUT_S} s (hang?)")
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2)]
+
+
+def test_two_ranks_with_uneven_shards_equal_one_process_on_the_union(tmp_path, digits_model, digits):
+    ranks = _launch(tmp_path, "fit")
+    assert torch.equal(ranks[0]["temperature"], ranks[1]["temperature"])
+    assert ranks[0]["nll"] == ranks[1]["nll"] and ranks[0]["n"] == 600
+
+    union_cal = DataLoader(ConcatDataset(_dist_worker.shards(digits.calibration)), batch_size=64)
+    union_test = DataLoader(ConcatDataset(_dist_worker.shards(digits.test)), batch_size=64)
+    single = posthoc.wrap(digits_model, method="temperature").fit(val_loader=union_cal, progress=False)
+    report = posthoc.evaluate(single, union_test, progress=False)
+    assert float(ranks[0]["temperature"]) == pytest.approx(float(single.method.temperature), rel=1e-5)
+    assert ranks[0]["nll"] == pytest.approx(report.nll, rel=1e-5)
+    assert ranks[0]["ece"] == pytest.approx(report.ece, abs=1e-6)
+
+
+def test_sampler_for_another_world_size_is_refused(tmp_path):
+    ranks = _launch(tmp_path, "wrong-world-size")
+    for result in ranks:
+        assert "3 replicas" in result["error"] and "world size 2" in result["error"]
