@@ -56,3 +56,13 @@ def architecture(request: pytest.FixtureRequest) -> tuple[str, nn.Module, torch.
     torch.manual_seed(0)
     factory, shape = ARCHITECTURES[request.param]
     return request.param, factory().eval(), torch.randn(*shape)
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # noqa: D103
+    try:
+        import test_fuzz
+    except ImportError:
+        return
+    if test_fuzz.CASES:
+        terminalreporter.write_line(f"fuzz cases tried per method: {dict(test_fuzz.CASES)} (total {sum(test_fuzz.CASES.values())})")
+        terminalreporter.write_line(f"fuzz outcomes: {dict(sorted(test_fuzz.OUTCOMES.items()))}")
