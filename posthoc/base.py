@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Iterable
 from typing import Any, ClassVar
@@ -20,7 +21,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.batches import Inputs, batch_size, check_finite, to_device
+from posthoc import settings
+from posthoc.batches import Inputs, batch_size, check_finite, slice_inputs, to_device
 from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError
 from posthoc.prediction import Prediction
 from posthoc.surgery import eval_mode
@@ -157,13 +159,21 @@ class UncertainModel(nn.Module):
         return self
 
     @torch.no_grad()
-    def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> Prediction:
-        """The predictive distribution for a batch ``x``.
+    def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                chunk_size: int | None = None, keep_samples: bool = True) -> Prediction:
+        """The predictive distribution for a batch ``x``, computed in chunks of examples.
 
         Args:
-            x: a batch shaped like the model's input (or a dict of tensors).
+            x: a batch shaped like the model's input (or a dict of tensors), on any device; each
+                chunk is moved to the model's device in turn.
             num_samples: overrides the method's number of samples, where it samples.
             generator: a ``torch.Generator`` for reproducible sampling.
+            chunk_size: examples per chunk (default ``posthoc.settings.chunk_size``).
+            keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
+                aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
+
+        Example:
+            >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
         """
         if self.method.requires_fit and not self.is_fitted:
             raise NotFittedError(
@@ -172,10 +182,22 @@ class UncertainModel(nn.Module):
             )
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
             raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
+        chunk_size = settings.chunk_size if chunk_size is None else chunk_size
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         if not isinstance(x, (Tensor, dict)):
             raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
-        if batch_size(x) == 0:
+        total = batch_size(x)
+        if total == 0:
             raise InputError("predict got an empty batch (0 examples)")
+        parts = []
+        for start in range(0, total, chunk_size):
+            chunk = x if total <= chunk_size else slice_inputs(x, start, start + chunk_size)
+            pred = self._predict_chunk(chunk, num_samples, generator)
+            parts.append(pred if keep_samples else dataclasses.replace(pred, samples=None))
+        return parts[0] if len(parts) == 1 else Prediction.concat(parts)
+
+    def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None) -> Prediction:
         x = to_device(x, self.device)
         check_finite(x)
         with eval_mode(self.method):

@@ -76,6 +76,15 @@ class Prediction:
         samples = None if sample_log_probs is None else sample_log_probs.exp()
         return cls.from_probs(log_probs.exp(), samples)
 
+    @classmethod
+    def concat(cls, parts: list["Prediction"]) -> "Prediction":
+        """Join predictions of consecutive chunks; samples are kept only if every part has them."""
+        fields = {name: torch.cat([getattr(p, name) for p in parts]) for name in
+                  ("probs", "entropy", "aleatoric", "epistemic", "confidence", "label")}
+        has_samples = all(p.samples is not None for p in parts)
+        samples = torch.cat([p.samples for p in parts], dim=1) if has_samples else None
+        return cls(samples=samples, **fields)
+
     def __len__(self) -> int:
         return self.probs.shape[0]
 
