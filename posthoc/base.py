@@ -190,12 +190,15 @@ class UncertainModel(nn.Module):
         total = batch_size(x)
         if total == 0:
             raise InputError("predict got an empty batch (0 examples)")
-        parts = []
-        for start in range(0, total, chunk_size):
-            chunk = x if total <= chunk_size else slice_inputs(x, start, start + chunk_size)
-            pred = self._predict_chunk(chunk, num_samples, generator)
-            parts.append(pred if keep_samples else dataclasses.replace(pred, samples=None))
-        return parts[0] if len(parts) == 1 else Prediction.concat(parts)
+        first = self._predict_chunk(x if total <= chunk_size else slice_inputs(x, 0, chunk_size), num_samples, generator)
+        if total <= chunk_size:
+            return first if keep_samples else dataclasses.replace(first, samples=None)
+        # results go straight into preallocated outputs: no per-chunk survivors fragment the heap
+        out = Prediction.empty_like(first, total, keep_samples)
+        out.write(0, first)
+        for start in range(chunk_size, total, chunk_size):
+            out.write(start, self._predict_chunk(slice_inputs(x, start, start + chunk_size), num_samples, generator))
+        return out
 
     def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None) -> Prediction:
         x = to_device(x, self.device)

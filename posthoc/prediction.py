@@ -30,6 +30,9 @@ def entropy(probs: Tensor, dim: int = -1) -> Tensor:
     return -torch.special.xlogy(probs, probs).sum(dim)
 
 
+_PER_EXAMPLE = ("probs", "entropy", "aleatoric", "epistemic", "confidence", "label")
+
+
 @dataclass(frozen=True)
 class Prediction:
     """A predictive distribution over classes for a batch of ``N`` inputs.
@@ -77,13 +80,24 @@ class Prediction:
         return cls.from_probs(log_probs.exp(), samples)
 
     @classmethod
-    def concat(cls, parts: list["Prediction"]) -> "Prediction":
-        """Join predictions of consecutive chunks; samples are kept only if every part has them."""
-        fields = {name: torch.cat([getattr(p, name) for p in parts]) for name in
-                  ("probs", "entropy", "aleatoric", "epistemic", "confidence", "label")}
-        has_samples = all(p.samples is not None for p in parts)
-        samples = torch.cat([p.samples for p in parts], dim=1) if has_samples else None
-        return cls(samples=samples, **fields)
+    def empty_like(cls, part: "Prediction", total: int, keep_samples: bool) -> "Prediction":
+        """Uninitialised outputs for ``total`` examples, shaped like chunk ``part``; fill with :meth:`write`."""
+
+        def grow(tensor: Tensor, dim: int = 0) -> Tensor:
+            shape = list(tensor.shape)
+            shape[dim] = total
+            return tensor.new_empty(shape)
+
+        samples = grow(part.samples, 1) if keep_samples and part.samples is not None else None
+        return cls(grow(part.probs), samples, *(grow(getattr(part, name)) for name in _PER_EXAMPLE[1:]))
+
+    def write(self, start: int, part: "Prediction") -> None:
+        """Copy chunk ``part`` into examples ``start:start + len(part)`` of these outputs."""
+        stop = start + len(part)
+        for name in _PER_EXAMPLE:
+            getattr(self, name)[start:stop] = getattr(part, name)
+        if self.samples is not None:
+            self.samples[:, start:stop] = part.samples
 
     def __len__(self) -> int:
         return self.probs.shape[0]
