@@ -2,12 +2,17 @@
 
 Example:
     $ posthoc demo --out posthoc-demo
+    $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+
+from posthoc.errors import PosthocError
+from posthoc.evaluate_cli import add_evaluate_arguments, run_evaluate
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -28,20 +33,21 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
     demo.set_defaults(run=_demo)
-    try:
-        from posthoc.evaluate_cli import add_evaluate_arguments, run_evaluate
-    except ImportError:
-        pass
-    else:
-        evaluate = commands.add_parser("evaluate", help="wrap a timm/torchvision/your model and write a report")
-        add_evaluate_arguments(evaluate)
-        evaluate.set_defaults(run=run_evaluate)
+    evaluate = commands.add_parser(
+        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders"
+    )
+    add_evaluate_arguments(evaluate)
+    evaluate.set_defaults(run=run_evaluate)
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    args.run(args)
+    try:
+        args.run(args)
+    except PosthocError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":
