@@ -79,7 +79,10 @@ def methods_doc() -> str:
 
 def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
     """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``."""
+    from posthoc.persist import fingerprint
+
     method: Method | None = None
+    source: str | None = None
     for position, entry in enumerate(spec):
         cls = _method_class(entry["name"])
         if cls.stacks:
@@ -90,12 +93,14 @@ def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
                 f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
                 f"{[n for n, c in REGISTRY.items() if c.stacks]} can come after another method"
             )
+        elif cls.copies_model:
+            source = fingerprint(model)
+            method = cls(copy.deepcopy(model), **entry["options"])
         else:
-            base = copy.deepcopy(model) if cls.copies_model else model
-            method = cls(base, **entry["options"])
+            method = cls(model, **entry["options"])
     if method is None:
         raise ConfigError("method must name at least one method")
-    return UncertainModel(method, spec)
+    return UncertainModel(method, spec, fingerprint=source)
 
 
 def wrap(model: nn.Module, method: str | list[str] = "laplace", **options: Any) -> UncertainModel:

@@ -70,8 +70,13 @@ class Method(nn.Module):
 
     @property
     def base_model(self) -> nn.Module:
-        """The user's model this method was built around (the inner one for stacked methods)."""
+        """The model this method was built around (the inner one's for stacked methods)."""
         return self.model
+
+    @property
+    def works_on_copy(self) -> bool:
+        """Whether ``base_model`` is a private copy of the user's model (so its weights may change)."""
+        return self.copies_model or (self.stacks and self.inner.works_on_copy)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Do all method-specific work (curvature, fine-tuning, calibration)."""
@@ -125,11 +130,13 @@ class UncertainModel(nn.Module):
         torch.Size([8])
     """
 
-    def __init__(self, method: Method, spec: list[dict[str, Any]]) -> None:
+    def __init__(self, method: Method, spec: list[dict[str, Any]], fingerprint: str | None = None) -> None:
         super().__init__()
         self.method = method
         self.spec = spec
-        self.fingerprint: str | None = None
+        #: fingerprint of the user's checkpoint the posterior belongs to: taken at wrap for methods
+        #: that copy the model, at fit for the others (see posthoc.persist)
+        self.fingerprint = fingerprint
 
     @property
     def methods(self) -> list[str]:
@@ -154,7 +161,8 @@ class UncertainModel(nn.Module):
         from posthoc.persist import fingerprint
 
         _check_fit_options(self.method, fit_options)
-        self.fingerprint = fingerprint(self.method.base_model)
+        if not self.method.works_on_copy:
+            self.fingerprint = fingerprint(self.method.base_model)
         _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
         return self
 

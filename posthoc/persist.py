@@ -1,7 +1,8 @@
 """Saving and loading fitted posteriors safely.
 
-A posterior file holds the method spec, the posterior tensors and a fingerprint of the model it
-was fitted on. Files are written atomically (temporary file + rename) and read with
+A posterior file holds the method spec, the posterior tensors and a fingerprint of the user's
+checkpoint it belongs to (for methods that fine-tune a copy, the checkpoint as it was copied; the
+copy's weights are part of the posterior). Files are written atomically (temporary file + rename) and read with
 ``torch.load(weights_only=True)``, so loading never executes code from the file, and a posterior
 is never applied to a model whose architecture or weights differ.
 
@@ -50,17 +51,20 @@ def save(um: "posthoc.UncertainModel", path: str | os.PathLike) -> None:  # noqa
 
     if not um.is_fitted:
         raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
-    current = fingerprint(um.method.base_model)
-    if um.fingerprint is not None and current != um.fingerprint:
-        raise PosteriorFileError(
-            "the wrapped model's weights changed after fit; the posterior no longer matches them. "
-            "Fit again before saving"
-        )
+    if um.method.works_on_copy:
+        current = um.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
+    else:
+        current = fingerprint(um.method.base_model)
+        if current != um.fingerprint:
+            raise PosteriorFileError(
+                "the wrapped model's weights changed after fit; the posterior no longer matches them. "
+                "Fit again before saving"
+            )
     payload = {
         "format_version": FORMAT_VERSION,
         "spec": um.spec,
         "fingerprint": current,
-        "model_class": type(um.method.base_model).__qualname__,
+        "model_class": type(um.method.base_model).__qualname__,  # the copy keeps the user's class
         "state": {k: v.detach().to("cpu") for k, v in um.method.posterior_state().items()},
     }
     path = Path(path)
