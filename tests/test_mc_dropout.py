@@ -1,0 +1,165 @@
+"""MC dropout: exactness at p=0, independent masks, untouched models, all architectures, bad input."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import posthoc
+from posthoc.dropout_surgery import keep_mask, keep_probability, own_dropout_sites
+from posthoc.errors import ConfigError
+from posthoc.surgery import find_head
+from conftest import ARCHITECTURES
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _flush_denormals():
+    """Random-weight nets produce denormal floats that slow CPU forwards ~5x; flush them here."""
+    torch.set_flush_denormal(True)
+    yield
+    torch.set_flush_denormal(False)
+
+
+def _snapshot(model: nn.Module) -> tuple[dict, dict, list, list]:
+    """Buffers (BN statistics) by value; parameters by identity and in-place version counter."""
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    params = {k: (v.data_ptr(), v._version, v.requires_grad) for k, v in model.named_parameters()}
+    flags = [m.training for m in model.modules()]
+    hooks = [len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules()]
+    return buffers, params, flags, hooks
+
+
+def _assert_untouched(model: nn.Module, before: tuple[dict, dict, list, list]) -> None:
+    buffers, params, flags, hooks = _snapshot(model)
+    assert buffers.keys() == before[0].keys()
+    for key, value in buffers.items():
+        assert torch.equal(value, before[0][key]), key
+    assert params == before[1] and flags == before[2] and hooks == before[3]
+
+
+def test_p_zero_reproduces_the_deterministic_model(digits_model: nn.Module, digits) -> None:
+    x = digits.test.tensors[0][:64]
+    pred = posthoc.wrap(digits_model, method="mc-dropout", p=0.0).predict(x, num_samples=5)
+    expected = posthoc.wrap(digits_model, method="none").predict(x).probs  # exp(log_softmax(model(x)))
+    assert torch.equal(pred.probs, expected)
+    assert torch.equal(pred.samples, expected.expand(5, -1, -1))
+    assert pred.epistemic.abs().max() < 1e-6  # mean of S equal entropies, up to summation rounding
+    # the sampled path itself is exact up to float rounding at a vanishing rate
+    tiny = posthoc.wrap(digits_model, method="mc-dropout", p=1e-6).predict(x, num_samples=3)
+    torch.testing.assert_close(tiny.probs, expected, atol=1e-5, rtol=0)
+
+
+def test_digits_own_dropout_is_found_and_bn_stays_in_eval(digits_model: nn.Module, digits, loaders) -> None:
+    assert [(s.name, s.at, s.p) for s in own_dropout_sites(digits_model)] == [("classifier.3", "output", 0.25)]
+    digits_model.train()  # even a model handed over in train mode keeps its BN statistics
+    before = _snapshot(digits_model)
+    um = posthoc.wrap(digits_model, method="mc-dropout", where="head", p="auto", num_samples=8)
+    um.fit(None, loaders["calibration"], progress=False)
+    pred = um.predict(digits.test.tensors[0][:200], num_samples=20)
+    _assert_untouched(digits_model, before)
+    assert float(um.method.rate) in posthoc.methods.mc_dropout.P_GRID
+    accuracy = (pred.label == digits.test.tensors[1][:200]).float().mean()
+    assert accuracy > 0.9 and pred.epistemic.mean() > 0
+
+
+def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: nn.Module, digits) -> None:
+    x, samples = digits.test.tensors[0][:16], 12
+    um = posthoc.wrap(digits_model, method="mc-dropout")
+    pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
+    again = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
+    assert torch.equal(pred.samples, again.samples)
+    # explicit full forward passes, one per sample, with the masks drawn in the same order
+    keep = keep_mask((samples * 16, 64), 0.25, generator=torch.Generator().manual_seed(7), device="cpu")
+    classifier = digits_model.classifier
+    with torch.no_grad():
+        for s in range(samples):
+            hidden = classifier[2](classifier[1](classifier[0](digits_model.features(x))))
+            logits = classifier[4](hidden * keep[s * 16 : (s + 1) * 16] / keep_probability(0.25))
+            torch.testing.assert_close(pred.samples[s], torch.softmax(logits, -1))
+
+
+def test_masks_independent_across_samples_and_examples() -> None:
+    torch.manual_seed(0)
+    width = 32
+    net = nn.Sequential(nn.Dropout(0.5), nn.Linear(width, width, bias=False)).eval()
+    nn.init.eye_(net[1].weight)
+    um = posthoc.wrap(net, method="mc-dropout", num_samples=400)
+    x = torch.full((50, width), 3.0)  # identical examples: shared masks would give identical samples
+    pred = um.predict(x, generator=torch.Generator().manual_seed(0))
+    kept = (pred.samples > pred.samples.amin(-1, keepdim=True)).reshape(-1, width).float()
+    assert abs(kept.mean().item() - 0.5) < 0.01
+    rows = kept.reshape(400, 50, width)
+    assert not torch.equal(rows[0, 0], rows[0, 1]) and not torch.equal(rows[0, 0], rows[1, 0])
+    # correlation between mask entries of different samples / different examples is ~0
+    across_samples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows.roll(1, 0)[:, 0].flatten()]))[0, 1]
+    across_examples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows[:, 1].flatten()]))[0, 1]
+    assert abs(across_samples) < 0.05 and abs(across_examples) < 0.05
+
+
+def _check_sampled_architecture(model: nn.Module, x: torch.Tensor, where: str | None) -> None:
+    before = _snapshot(model)
+    head_inputs: list[torch.Tensor] = []
+    _, head = find_head(model, example=x)
+    hook = head.register_forward_hook(lambda m, args, out: head_inputs.append(args[0]))  # after dropout
+    um = posthoc.wrap(model, method="mc-dropout", where=where, p=0.2, num_samples=3)
+    pred = um.predict(x, generator=torch.Generator().manual_seed(0))
+    hook.remove()
+    assert pred.samples.shape == (3, x.shape[0], 5)
+    assert torch.isfinite(pred.probs).all()
+    # the head saw all samples of every example, with different units dropped per sample
+    rows = head_inputs[-1].reshape(3, x.shape[0], -1)
+    assert not torch.equal(rows[0] == 0, rows[1] == 0)
+    _assert_untouched(model, before)
+
+
+def test_every_architecture_with_default_sites(architecture) -> None:
+    name, model, x = architecture
+    _check_sampled_architecture(model, x, None)
+
+
+@pytest.mark.parametrize("name", ["sequential", "timm:resnet18", "tv:vit_b_16"])
+def test_blocks_on_stages_and_linear_inputs(name: str) -> None:
+    torch.manual_seed(0)
+    factory, shape = ARCHITECTURES[name]
+    _check_sampled_architecture(factory().eval(), torch.randn(*shape), "blocks")
+
+
+def test_timm_functional_drop_rate_becomes_a_head_site() -> None:
+    import timm
+
+    model = timm.create_model("resnet18", num_classes=4, drop_rate=0.3).eval()
+    assert [(s.name, s.at, s.p) for s in own_dropout_sites(model)] == [("fc", "input", 0.3)]
+    before = _snapshot(model)
+    pred = posthoc.wrap(model, method="mc-dropout", insert=False).predict(torch.randn(2, 3, 32, 32), num_samples=4)
+    assert not torch.allclose(pred.samples[0], pred.samples[1])
+    _assert_untouched(model, before)
+
+
+def test_save_and_load_keep_the_chosen_rate(tmp_path, digits_model: nn.Module, loaders) -> None:
+    um = posthoc.wrap(digits_model, method="mc-dropout", p="auto", num_samples=4).fit(None, loaders["calibration"], progress=False)
+    um.save(str(tmp_path / "mc.pt"))
+    loaded = posthoc.load(str(tmp_path / "mc.pt"), copy.deepcopy(digits_model))
+    assert float(loaded.method.rate) == float(um.method.rate)
+
+
+def test_bad_input(digits_model: nn.Module) -> None:
+    plain = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    with pytest.raises(ConfigError, match="does not have"):
+        posthoc.wrap(digits_model, method="mc-dropout", where=["features.0", "nope"])
+    for p in (1.0, -0.1, 1.5, "high", True):
+        with pytest.raises(ConfigError, match=r"\[0, 1\)"):
+            posthoc.wrap(digits_model, method="mc-dropout", p=p)
+    with pytest.raises(ConfigError, match="no dropout"):
+        posthoc.wrap(plain, method="mc-dropout", insert=False)
+    for samples in (0, -3):
+        with pytest.raises(ConfigError, match="num_samples"):
+            posthoc.wrap(digits_model, method="mc-dropout", num_samples=samples)
+        with pytest.raises(ConfigError, match="num_samples"):
+            posthoc.wrap(digits_model, method="mc-dropout").predict(torch.zeros(1, 1, 28, 28), num_samples=samples)
+    with pytest.raises(ConfigError, match="where must be"):
+        posthoc.wrap(plain, method="mc-dropout", where="everywhere")
+    with pytest.raises(posthoc.errors.InputError, match="validation loader"):
+        posthoc.wrap(plain, method="mc-dropout", p="auto").fit([(torch.zeros(2, 4), torch.zeros(2))])
