@@ -168,7 +168,7 @@ class UncertainModel(nn.Module):
 
     @torch.no_grad()
     def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                chunk_size: int | None = None, keep_samples: bool = True) -> Prediction:
+                chunk_size: int | None = None, keep_samples: bool = True, max_memory: int | None = None) -> Prediction:
         """The predictive distribution for a batch ``x``, computed in chunks of examples.
 
         Args:
@@ -179,6 +179,8 @@ class UncertainModel(nn.Module):
             chunk_size: examples per chunk (default ``posthoc.settings.chunk_size``).
             keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
+            max_memory: bytes one batched sampling step may use in this call (default
+                ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins).
 
         Example:
             >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
@@ -198,6 +200,12 @@ class UncertainModel(nn.Module):
         total = batch_size(x)
         if total == 0:
             raise InputError("predict got an empty batch (0 examples)")
+        if max_memory is not None:
+            if not isinstance(max_memory, int) or max_memory < 1:
+                raise ConfigError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
+            with settings.override(max_memory=max_memory):
+                return self.predict(x, num_samples=num_samples, generator=generator, chunk_size=chunk_size,
+                                    keep_samples=keep_samples)
         first = self._predict_chunk(x if total <= chunk_size else slice_inputs(x, 0, chunk_size), num_samples, generator)
         if total <= chunk_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)

@@ -10,7 +10,7 @@ For head-only dropout this is one backbone pass plus one matmul for all samples.
 
 Chunks are sized by a probe forward pass (2 examples, 2 samples, cached per input shape) that
 measures the largest activation per row after the expansion point, so that one chunk's largest
-activation stays under ``chunk_bytes``. The probe also checks that the expansion is sound: if a
+activation stays under ``max_memory`` (default: ``posthoc.settings.max_memory``). The probe also checks that the expansion is sound: if a
 skip path carries un-expanded activations around the expansion point (a residual add inside a
 block), the module is called more than once, or the output does not have ``S * m`` rows, the
 runner falls back to expanding the model's input (full forward passes, still batched).
@@ -38,11 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posthoc import settings
 from posthoc.batches import Inputs, batch_size, run_model
 from posthoc.errors import ConfigError, InputError
 
 #: default bound on the largest activation of one chunk after the expansion point
-DEFAULT_CHUNK_BYTES = 256 * 2**20
 
 Stochastic = Callable[[], AbstractContextManager]
 
@@ -68,7 +68,8 @@ class SuffixRunner:
         model: the network (kept as it is; only temporary hooks are added during a call).
         start: the module name of the expansion point, or ``None`` to expand the model's input.
         at: expand the module's ``"input"`` (default) or its ``"output"``.
-        chunk_bytes: bound on the largest activation of one chunk after the expansion point.
+        max_memory: bound in bytes on the largest activation of one chunk after the expansion point
+            (``None``: ``posthoc.settings.max_memory`` at call time).
 
     Example:
         >>> runner = SuffixRunner(model, "classifier.3", at="output")
@@ -76,16 +77,16 @@ class SuffixRunner:
         torch.Size([100, 8, 10])
     """
 
-    def __init__(self, model: nn.Module, start: str | None, *, at: str = "input", chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+    def __init__(self, model: nn.Module, start: str | None, *, at: str = "input", max_memory: int | None = None) -> None:
         if at not in ("input", "output"):
             raise ConfigError(f"at must be 'input' or 'output', got {at!r}")
-        if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-            raise ConfigError(f"chunk_bytes must be a positive integer, got {chunk_bytes!r}")
+        if max_memory is not None and (not isinstance(max_memory, int) or max_memory < 1):
+            raise ConfigError(f"max_memory must be a positive number of bytes (or None), got {max_memory!r}")
         if start is not None:
             names = {name for name, _ in model.named_modules()}
             if start not in names:
                 raise ConfigError(f"the model has no module named {start!r} to expand the batch at")
-        self.model, self.start, self.at, self.chunk_bytes = model, start, at, chunk_bytes
+        self.model, self.start, self.at, self.max_memory = model, start, at, max_memory
         self.layout = Layout(0, 0)
         self._plans: dict[Any, _Plan] = {}
 
@@ -104,7 +105,7 @@ class SuffixRunner:
         if n == 0:
             raise InputError("got an empty batch (0 examples)")
         plan = self._plan(x)
-        rows = max(1, self.chunk_bytes // max(1, plan.row_bytes))
+        rows = max(1, settings.memory_budget(self.max_memory) // max(1, plan.row_bytes))
         group = min(num_samples, rows)
         chunk = max(1, min(n, rows // group))
         pieces = []
@@ -150,14 +151,14 @@ class SuffixRunner:
 
 
 def expanded_forward(model: nn.Module, start: str | None, x: Inputs, num_samples: int, *, at: str = "input",
-                     stochastic: Stochastic = nullcontext, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> Tensor:
+                     stochastic: Stochastic = nullcontext, max_memory: int | None = None) -> Tensor:
     """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
 
     Example:
         >>> expanded_forward(model, "fc", x, 20, stochastic=lambda: sampling(model, sites)).shape
         torch.Size([20, 8, 10])
     """
-    return SuffixRunner(model, start, at=at, chunk_bytes=chunk_bytes)(x, num_samples, stochastic=stochastic)
+    return SuffixRunner(model, start, at=at, max_memory=max_memory)(x, num_samples, stochastic=stochastic)
 
 
 class _expansion:

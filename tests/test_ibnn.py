@@ -192,7 +192,7 @@ def test_chunked_prediction_equals_one_pass(digits_model, digits):
     um.method.nodes.set_(std=0.0)
     um.method.fitted.fill_(True)
     whole = um.predict(x).samples
-    um.method.memory_bytes = 1  # one example per expanded forward
+    um.method.max_memory = 1  # one example per expanded forward
     torch.testing.assert_close(um.predict(x).samples, whole, rtol=1e-5, atol=1e-6)
 
 

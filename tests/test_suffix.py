@@ -84,18 +84,18 @@ def test_skip_path_around_expansion_point_falls_back_to_input_expansion() -> Non
         torch.testing.assert_close(out[s], expected)
 
 
-@pytest.mark.parametrize("chunk_bytes", [1, 200, 10**9])
-def test_chunking_keeps_results_and_layout(chunk_bytes: int) -> None:
+@pytest.mark.parametrize("max_memory", [1, 200, 10**9])
+def test_chunking_keeps_results_and_layout(max_memory: int) -> None:
     net, x = _mlp(), torch.randn(7, 6)
     layouts = []
     hook = net[3].register_forward_pre_hook(lambda m, a: layouts.append(runner.layout))
-    runner = SuffixRunner(net, "2", at="output", chunk_bytes=chunk_bytes)
+    runner = SuffixRunner(net, "2", at="output", max_memory=max_memory)
     out = runner(x, 5)
     hook.remove()
     torch.testing.assert_close(out, net(x).expand(5, 7, 4))
     real = layouts[1:]  # the first call is the probe
     assert sum(layout.samples * layout.examples for layout in real) == 35
-    if chunk_bytes == 10**9:
+    if max_memory == 10**9:
         assert len(real) == 1
     else:
         assert len(real) > 1

@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
+from posthoc import settings
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, batch_size, check_labels, iterate, run_model
@@ -65,7 +66,8 @@ class ImplicitBNN(Method):
             fine-tune inflates (on the digits CNN its mean drifted to 1.2 in one epoch), making the
             model more confident, not less.
         num_samples: ``S``, samples per component at prediction (``K * S`` in total).
-        memory_mb: budget for one expanded forward pass; larger inputs run in chunks.
+        max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
+            larger inputs run in chunks.
         seed: seeds the initial means.
     """
 
@@ -76,17 +78,17 @@ class ImplicitBNN(Method):
 
     def __init__(self, model: nn.Module, *, components: int = 4, prior_std: float = 0.1, init_mean_std: float = 0.05,
                  init_std: float = 0.05, layers: Sequence[str] | None = None, stem: bool = False, head: bool = True,
-                 num_samples: int = 5, memory_mb: float = 512.0, seed: int = 0) -> None:
+                 num_samples: int = 5, max_memory: int | None = None, seed: int = 0) -> None:
         super().__init__(model)
         if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
             raise ConfigError(f"num_samples (samples per component) must be an integer >= 1, got {num_samples!r}")
-        if not isinstance(memory_mb, (int, float)) or not memory_mb > 0:
-            raise ConfigError(f"memory_mb must be a positive number of megabytes, got {memory_mb!r}")
+        if max_memory is not None and (not isinstance(max_memory, int) or max_memory < 1):
+            raise ConfigError(f"max_memory must be a positive number of bytes (or None), got {max_memory!r}")
         self.nodes = NodeSet(model, components=components, prior_std=prior_std, init_mean_std=init_mean_std,
                              init_std=init_std, layers=None if layers is None else list(layers), stem=stem,
                              head=head, seed=seed)
         self.num_samples = num_samples
-        self.memory_bytes = int(memory_mb * 2**20)
+        self.max_memory = max_memory
         self._row_bytes: dict[tuple, int] = {}
 
     @property
@@ -236,7 +238,7 @@ class ImplicitBNN(Method):
     def _examples_per_chunk(self, x: Inputs, repeats: int) -> int:
         """Examples per expanded forward: ``4 x`` the largest layer input per row stands for the peak memory."""
         row_bytes = self._row_bytes.get(_shape_key(x), 1)
-        return max(1, self.memory_bytes // (row_bytes * repeats))
+        return max(1, settings.memory_budget(self.max_memory) // (row_bytes * repeats))
 
     def extra_repr(self) -> str:
         return f"components={self.components}, num_samples={self.num_samples}"

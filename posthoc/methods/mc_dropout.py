@@ -38,7 +38,7 @@ from posthoc.dropout_surgery import (
 )
 from posthoc.errors import ConfigError
 from posthoc.logits import as_class_logits, class_log_probs
-from posthoc.suffix import DEFAULT_CHUNK_BYTES, SuffixRunner
+from posthoc.suffix import SuffixRunner
 from posthoc.surgery import eval_mode
 
 #: candidate rates for ``p="auto"``
@@ -57,7 +57,7 @@ class MCDropout(Method):
         insert: allow inserting dropout; ``False`` uses only the model's own dropout.
         num_samples: masks per prediction (per-call override in ``predict``).
         head: the classifier module's name for ``where="head"`` when it cannot be found.
-        chunk_bytes: memory bound on one chunk of expanded activations.
+        max_memory: bytes one chunk of expanded activations may use (``None``: ``posthoc.settings.max_memory``).
     """
 
     name = "mc-dropout"
@@ -69,9 +69,9 @@ class MCDropout(Method):
 
     def __init__(self, model: nn.Module, *, p: float | str | None = None, where: str | Sequence[str] | None = None,
                  insert: bool = True, num_samples: int = 50, head: str | None = None,
-                 chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> None:
+                 max_memory: int | None = None) -> None:
         super().__init__(model)
-        _check_options(p, where, insert, num_samples, head, chunk_bytes)
+        _check_options(p, where, insert, num_samples, head, max_memory)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
             where = list(where)
@@ -85,7 +85,7 @@ class MCDropout(Method):
             )
         if where is not None and not insert:
             raise ConfigError("where places new dropout, which insert=False forbids; drop where or pass insert=True")
-        self.where, self.head, self.num_samples, self.chunk_bytes = where, head, num_samples, chunk_bytes
+        self.where, self.head, self.num_samples, self.max_memory = where, head, num_samples, max_memory
         self.requires_fit = self.needs_val = p == "auto"
         self.fitted.fill_(not self.requires_fit)
         self.register_buffer("rate", torch.tensor(float(p) if isinstance(p, (int, float)) else math.nan, dtype=torch.float64))
@@ -138,7 +138,7 @@ class MCDropout(Method):
         if self._runner is None:
             first = _first_called(self.model, sites, x)
             self._runner = SuffixRunner(self.model, first.name if first else None, at=first.at if first else "input",
-                                        chunk_bytes=self.chunk_bytes)
+                                        max_memory=self.max_memory)
         return self._runner
 
     def extra_repr(self) -> str:
@@ -146,7 +146,7 @@ class MCDropout(Method):
         return f"p={'own' if math.isnan(rate) else rate}, where={self.where or 'own/head'}, num_samples={self.num_samples}"
 
 
-def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, chunk_bytes: object) -> None:
+def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, max_memory: object) -> None:
     if not (p is None or p == "auto" or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1)):
         raise ConfigError(f"p must be a dropout rate in [0, 1), None (the model's own rates) or 'auto', got {p!r}")
     if not (where is None or where in ("head", "blocks") or (isinstance(where, (list, tuple)) and where and all(isinstance(w, str) for w in where))):
@@ -157,8 +157,8 @@ def _check_options(p: object, where: object, insert: object, num_samples: object
         raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
     if head is not None and not isinstance(head, str):
         raise ConfigError(f"head must be a module name, got {type(head).__name__}")
-    if not isinstance(chunk_bytes, int) or chunk_bytes < 1:
-        raise ConfigError(f"chunk_bytes must be a positive number of bytes, got {chunk_bytes!r}")
+    if max_memory is not None and (not isinstance(max_memory, int) or max_memory < 1):
+        raise ConfigError(f"max_memory must be a positive number of bytes (or None), got {max_memory!r}")
 
 
 def _first_called(model: nn.Module, sites: list[DropoutSite], x: Inputs) -> DropoutSite | None:
