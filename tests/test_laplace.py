@@ -1,0 +1,381 @@
+"""Laplace: the maths of the last-layer GGN, the marginal likelihood, the logit-space predictive, and behaviour."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.curvature import LastLayerGGN, augment, full_matrix
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.marglik import log_marginal_likelihood, optimize_prior_precision
+
+D, C = 5, 3
+
+
+def tiny_model(bias: bool = True, seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, D), nn.Tanh(), nn.Linear(D, C, bias=bias)).double().eval()
+
+
+def tiny_data(n: int = 40, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 4, generator=generator, dtype=torch.float64), torch.randint(0, C, (n,), generator=generator)
+
+
+def curvature(structure: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor):
+    phi = model[:2](x)
+    head = model[2]
+    ggn = LastLayerGGN(structure, D, C, head.bias is not None)
+    for rows in (slice(0, len(x) // 2), slice(len(x) // 2, None)):  # two batches: accumulation is exact
+        ggn.update(phi[rows], model(x[rows]), y[rows])
+    return ggn.finalize(), phi
+
+
+def brute_force_hessian(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch.func Hessian of the summed NLL in the head parameters, class-major over [phi, 1]."""
+    phi, head = model[:2](x).detach(), model[2]
+    bias = head.bias is not None
+    theta = torch.cat([head.weight, head.bias[:, None]], 1) if bias else head.weight
+
+    def nll(flat: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(augment(phi, bias) @ flat.reshape(C, -1).T, y, reduction="sum")
+
+    flat = theta.detach().reshape(-1)
+    return torch.func.hessian(nll)(flat), nll(flat)
+
+
+# ------------------------------------------------------------------------------- curvature
+def test_full_ggn_equals_brute_force_hessian_of_the_nll() -> None:
+    model, (x, y) = tiny_model(), tiny_data()
+    curv, _ = curvature("full", model, x, y)
+    hessian, loss = brute_force_hessian(model, x, y)
+    torch.testing.assert_close(full_matrix(curv), hessian, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(curv.loss, loss.detach())
+
+
+def test_diag_ggn_is_the_hessian_diagonal() -> None:
+    model, (x, y) = tiny_model(), tiny_data()
+    curv, _ = curvature("diag", model, x, y)
+    hessian, _ = brute_force_hessian(model, x, y)
+    torch.testing.assert_close(curv.diagonal.reshape(-1), hessian.diagonal(), rtol=1e-9, atol=1e-12)
+
+
+def test_kfac_equals_exact_ggn_for_one_example_without_bias() -> None:
+    model, (x, y) = tiny_model(bias=False), tiny_data(n=1)
+    ggn = LastLayerGGN("kron", D, C, bias=False)
+    ggn.update(model[:2](x), model(x), y)
+    hessian, _ = brute_force_hessian(model, x, y)
+    torch.testing.assert_close(full_matrix(ggn.finalize()), hessian, rtol=1e-8, atol=1e-10)
+
+
+def test_kfac_blocks_equal_exact_ggn_blocks_for_one_example_with_bias() -> None:
+    """With a bias KFAC keeps weight and bias as two Kronecker blocks (laplace-torch's layout): both are exact."""
+    model, (x, y) = tiny_model(), tiny_data(n=1)
+    ggn = LastLayerGGN("kron", D, C, bias=True)
+    ggn.update(model[:2](x), model(x), y)
+    kfac = full_matrix(ggn.finalize()).reshape(C, D + 1, C, D + 1)
+    exact = brute_force_hessian(model, x, y)[0].reshape(C, D + 1, C, D + 1)
+    torch.testing.assert_close(kfac[:, :D, :, :D], exact[:, :D, :, :D], rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(kfac[:, D, :, D], exact[:, D, :, D], rtol=1e-8, atol=1e-10)
+    assert kfac[:, :D, :, D].abs().max() == 0  # the weight-bias coupling is dropped, not approximated
+
+
+def test_kfac_factors_are_sum_of_output_hessians_and_mean_input_covariance() -> None:
+    model, (x, y) = tiny_model(bias=False), tiny_data()
+    curv, phi = curvature("kron", model, x, y)
+    probs = torch.softmax(model(x), -1)
+    expected = torch.kron(torch.diag(probs.sum(0)) - probs.T @ probs, phi.T @ phi / len(x))
+    torch.testing.assert_close(full_matrix(curv), expected.detach(), rtol=1e-9, atol=1e-10)
+
+
+# ------------------------------------------------------------------------------ marglik
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_marglik_prior_is_the_maximiser_and_log_det_matches_dense(structure: str) -> None:
+    model, (x, y) = tiny_model(), tiny_data()
+    curv, _ = curvature(structure, model, x, y)
+    head = model[2]
+    norm = float(head.weight.detach().square().sum() + head.bias.detach().square().sum())
+    delta = optimize_prior_precision(curv.spectrum(), curv.loss, norm)
+    best = log_marginal_likelihood(curv.spectrum(), curv.loss, norm, delta)
+    for factor in (0.9, 0.99, 1.01, 1.1):
+        assert log_marginal_likelihood(curv.spectrum(), curv.loss, norm, delta * factor) < best
+    dense = full_matrix(curv) + delta * torch.eye(C * (D + 1), dtype=torch.float64)
+    expected = -curv.loss - 0.5 * (torch.logdet(dense) - C * (D + 1) * math.log(delta) + delta * norm)
+    torch.testing.assert_close(best, expected.detach())
+
+
+# ----------------------------------------------------------------------- logit predictive
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_logit_covariance_equals_jacobian_sandwich(structure: str) -> None:
+    """J Σ Jᵀ with the explicit Jacobian I ⊗ phĩᵀ and Σ = (GGN + δI)⁻¹, against the Jacobian-free formulas."""
+    model, (x, y) = tiny_model(), tiny_data()
+    um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=0.7)
+    um.fit(DataLoader(TensorDataset(x, y), batch_size=16), progress=False)
+    curv, phi = curvature(structure, model, x, y)
+    sigma = torch.linalg.inv(full_matrix(curv) + 0.7 * torch.eye(C * (D + 1), dtype=torch.float64))
+    phi_aug = augment(phi[:6].detach(), True)
+    jacobian = torch.kron(torch.eye(C, dtype=torch.float64), phi_aug[:, None, :])  # (N, C, P)
+    expected = jacobian @ sigma @ jacobian.transpose(1, 2)
+    gaussian = um.method.logit_gaussian(phi_aug, model(x[:6]).detach())
+    torch.testing.assert_close(gaussian.covariance(), expected, rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(gaussian.variance(), expected.diagonal(dim1=1, dim2=2), rtol=1e-7, atol=1e-10)
+    torch.testing.assert_close(gaussian.row_sums(), expected.sum(-1), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_logit_samples_have_the_analytic_covariance(structure: str) -> None:
+    model, (x, y) = tiny_model(), tiny_data()
+    um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=0.5)
+    um.fit(DataLoader(TensorDataset(x, y), batch_size=16), progress=False)
+    phi_aug = augment(model[:2](x[:4]).detach(), True)
+    gaussian = um.method.logit_gaussian(phi_aug, model(x[:4]).detach())
+    draws = gaussian.sample(40_000, torch.Generator().manual_seed(0))
+    centred = draws - draws.mean(0)
+    empirical = torch.einsum("snc,snk->nck", centred, centred) / (draws.shape[0] - 1)
+    true = gaussian.covariance()
+    var = true.diagonal(dim1=1, dim2=2)
+    stderr = ((var[:, :, None] * var[:, None, :] + true.square()) / draws.shape[0]).sqrt()
+    assert ((empirical - true).abs() / stderr).max() < 5  # ~5 standard errors at most
+    assert ((empirical - 1.15 * true).abs() / stderr).max() > 5  # a 15% wrong covariance is caught
+    assert ((draws.mean(0) - gaussian.mean).abs() / var.sqrt() * math.sqrt(draws.shape[0])).max() < 5
+
+
+@pytest.fixture(scope="module")
+def fitted(digits) -> dict[str, posthoc.UncertainModel]:
+    """The bundled CNN with a Laplace posterior of each structure, fitted once for this module."""
+    from posthoc import data, zoo
+
+    model = zoo.pretrained()
+    loader = data.loader(digits.fit, batch_size=256)
+    return {
+        structure: posthoc.wrap(model, method="laplace", hessian=structure).fit(loader, progress=False)
+        for structure in ("kron", "full", "diag")
+    }
+
+
+@pytest.fixture(scope="module")
+def small_loader(digits) -> DataLoader:
+    x, y = digits.fit.tensors
+    return DataLoader(TensorDataset(x[:512], y[:512]), batch_size=128)
+
+
+def test_probit_and_bridge_are_normalised_and_mc_has_samples(fitted, digits, monkeypatch) -> None:
+    x = digits.test.tensors[0][:64]
+    method = fitted["kron"].method
+    for link in ("probit", "bridge"):
+        monkeypatch.setattr(method, "link", link)
+        pred = fitted["kron"].predict(x)
+        assert pred.samples is None
+        torch.testing.assert_close(pred.probs.sum(-1), torch.ones(64))
+    monkeypatch.setattr(method, "link", "mc")
+    pred = fitted["kron"].predict(x, num_samples=30, generator=torch.Generator().manual_seed(0))
+    assert pred.samples.shape == (30, 64, 8)
+    assert (pred.epistemic > 0).all()
+    torch.testing.assert_close(pred.probs, pred.samples.mean(0))
+
+
+def test_probit_moves_towards_uniform_and_keeps_the_map_label(fitted, digits) -> None:
+    x = digits.test.tensors[0][:200]
+    um = fitted["kron"]
+    map_probs = torch.softmax(um.method.model(x), -1).detach()
+    probs = um.predict(x).probs
+    assert torch.equal(probs.argmax(-1), map_probs.argmax(-1))
+    assert (probs.max(-1).values <= map_probs.max(-1).values + 1e-6).all()
+
+
+@pytest.mark.parametrize("structure, budget", [("kron", 1e-5), ("full", 1e-2), ("diag", 1e-6)])
+def test_chunking_does_not_change_the_predictive(fitted, digits, monkeypatch, structure: str, budget: float) -> None:
+    x = digits.test.tensors[0][:100]
+    um = fitted[structure]
+    whole = um.predict(x).probs
+    monkeypatch.setattr(um.method, "memory_bytes", budget * 2**30)  # chunks of a few rows
+    torch.testing.assert_close(um.predict(x).probs, whole)
+
+
+def test_grid_prior_precision_uses_validation_data(digits_model, small_loader, loaders) -> None:
+    um = posthoc.wrap(digits_model, method="laplace", prior_precision="grid")
+    with pytest.raises(InputError, match="val_loader"):
+        um.fit(small_loader, progress=False)
+    um.fit(small_loader, loaders["calibration"], progress=False)
+    grid = torch.logspace(-4, 4, 41, dtype=torch.float64)
+    assert torch.isclose(grid, um.method.prior_precision).any()
+
+
+# ------------------------------------------------------------------------------ behaviour
+def test_user_model_is_not_mutated(digits_model, small_loader, digits) -> None:
+    digits_model.train()
+    before = {k: v.clone() for k, v in digits_model.state_dict().items()}
+    um = posthoc.wrap(digits_model, method="laplace").fit(small_loader, progress=False)
+    um.predict(digits.test.tensors[0][:8])
+    assert all(torch.equal(before[k], v) for k, v in digits_model.state_dict().items())
+    assert all(m.training for m in digits_model.modules())
+    assert not any(m._forward_hooks for m in digits_model.modules())
+
+
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_save_load_round_trip(tmp_path, fitted, digits, structure: str) -> None:
+    x = digits.test.tensors[0][:32]
+    um = fitted[structure]
+    um.save(tmp_path / "posterior.pt")
+    loaded = posthoc.load(tmp_path / "posterior.pt", um.method.model)
+    torch.testing.assert_close(loaded.predict(x).probs, um.predict(x).probs)
+    assert float(loaded.method.prior_precision) == float(um.method.prior_precision)
+
+
+def test_composes_with_temperature(digits_model, small_loader, loaders, digits) -> None:
+    um = posthoc.wrap(digits_model, method=["laplace", "temperature"], hessian="diag")
+    um.fit(small_loader, loaders["calibration"], progress=False)
+    assert um.predict(digits.test.tensors[0][:8]).probs.shape == (8, 8)
+
+
+# ------------------------------------------------------------------------------ bad input
+def test_regression_targets_are_refused() -> None:
+    model, (x, _) = tiny_model(), tiny_data()
+    um = posthoc.wrap(model, method="laplace")
+    with pytest.raises(InputError, match="regression"):
+        um.fit(DataLoader(TensorDataset(x, torch.randn(len(x), dtype=torch.float64)), batch_size=8), progress=False)
+    with pytest.raises(InputError, match="regression"):
+        um.fit(DataLoader(TensorDataset(x, torch.randn(len(x), 2)), batch_size=8), progress=False)
+
+
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_too_few_examples_warn_and_stay_finite(structure: str) -> None:
+    model, (x, y) = tiny_model(), tiny_data(n=2)
+    um = posthoc.wrap(model, method="laplace", hessian=structure, link="mc")
+    with pytest.warns(RuntimeWarning, match="singular"):
+        um.fit(DataLoader(TensorDataset(x, y), batch_size=2), progress=False)
+    pred = um.predict(tiny_data(n=10, seed=3)[0])
+    assert torch.isfinite(pred.probs).all() and torch.isfinite(pred.samples).all()
+    assert float(um.method.prior_precision) > 0
+
+
+@pytest.mark.parametrize("value", [0.0, -1.0, float("nan"), float("inf"), "evidence"])
+def test_bad_prior_precision_is_refused(value) -> None:
+    with pytest.raises(ConfigError, match="prior_precision"):
+        posthoc.wrap(tiny_model(), method="laplace", prior_precision=value)
+
+
+def test_bad_options_are_refused() -> None:
+    for options in ({"hessian": "lowrank"}, {"link": "sigmoid"}, {"num_samples": 0}, {"memory_gb": 0}):
+        with pytest.raises(ConfigError):
+            posthoc.wrap(tiny_model(), method="laplace", **options)
+
+
+def test_conv_head_gets_a_clear_error() -> None:
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU(), nn.Conv2d(4, 5, 1), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+    with pytest.raises(HeadNotFoundError, match="Linear"):
+        posthoc.wrap(model, method="laplace", head="2")
+
+
+def test_full_hessian_over_the_memory_budget_is_refused_before_allocating() -> None:
+    model = nn.Sequential(nn.Linear(8, 2048), nn.ReLU(), nn.Linear(2048, 1000))
+    with pytest.raises(ConfigError, match="kron"):
+        posthoc.wrap(model, method="laplace", hessian="full")
+    posthoc.wrap(model, method="laplace", hessian="kron")  # fine
+
+
+def test_predict_before_fit_is_refused(digits_model, digits) -> None:
+    with pytest.raises(posthoc.NotFittedError):
+        posthoc.wrap(digits_model, method="laplace").predict(digits.test.tensors[0][:2])
+
+
+# ------------------------------------------------------------------- deeper subsets (BackPACK)
+def mlp(seed: int = 0) -> nn.Module:
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, C)).double().eval()
+
+
+def brute_force_kfac_blocks(model: nn.Module, x: torch.Tensor, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-example output-side GGN ``J_zᵀ H J_z`` (z: the layer's output) summed, and the mean input covariance."""
+    inputs = model[:layer](x).detach()
+    rest = model[layer + 1 :]
+    outputs = model[layer](inputs).detach()
+    g_sum = 0
+    for z in outputs:
+        jacobian = torch.func.jacrev(rest)(z)  # (C, out)
+        p = torch.softmax(rest(z), -1).detach()
+        g_sum = g_sum + jacobian.T @ (torch.diag(p) - torch.outer(p, p)) @ jacobian
+    return g_sum, inputs.T @ inputs / len(x)
+
+
+def kron_of(block) -> torch.Tensor:
+    out = block.out_eigvecs @ torch.diag(block.out_eigvals) @ block.out_eigvecs.T
+    if block.in_eigvals is None:
+        return out
+    return torch.kron(out, block.in_eigvecs @ torch.diag(block.in_eigvals) @ block.in_eigvecs.T)
+
+
+def test_backpack_kflr_over_two_layers_equals_brute_force_blocks() -> None:
+    from posthoc.curvature import backpack_ggn
+
+    model, (x, y) = mlp(), tiny_data(n=30)
+    names = ["2.weight", "2.bias", "4.weight", "4.bias"]
+    blocks, loss = backpack_ggn(model, names, "kron", [(x[:10], y[:10]), (x[10:], y[10:])])
+    for layer, (weight, bias) in ((2, blocks[:2]), (4, blocks[2:])):
+        g_sum, a_mean = brute_force_kfac_blocks(model, x, layer)
+        torch.testing.assert_close(kron_of(weight), torch.kron(g_sum, a_mean), rtol=1e-8, atol=1e-10)
+        torch.testing.assert_close(kron_of(bias), g_sum, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(loss, nn.functional.cross_entropy(model(x), y, reduction="sum").detach())
+
+
+def test_backpack_kflr_is_the_exact_ggn_block_for_one_example() -> None:
+    from posthoc.curvature import backpack_ggn
+
+    model, (x, y) = mlp(), tiny_data(n=1)
+    blocks, _ = backpack_ggn(model, ["2.weight"], "kron", [(x, y)])
+    params = {"2.weight": model[2].weight.detach()}
+    jacobian = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x,))[0])(params)["2.weight"].reshape(C, -1)
+    p = torch.softmax(model(x)[0], -1).detach()
+    exact = jacobian.T @ (torch.diag(p) - torch.outer(p, p)) @ jacobian
+    torch.testing.assert_close(kron_of(blocks[0]), exact, rtol=1e-8, atol=1e-10)
+
+
+def test_weight_samples_have_the_posterior_covariance() -> None:
+    from posthoc.curvature import backpack_ggn, sample_weights
+
+    model, (x, y) = mlp(), tiny_data(n=30)
+    (block,), _ = backpack_ggn(model, ["4.weight"], "kron", [(x, y)])
+    value = model[4].weight.detach()
+    draws = sample_weights(value, block, 0.5, 40_000, torch.Generator().manual_seed(0)).reshape(40_000, -1)
+    true = torch.linalg.inv(kron_of(block) + 0.5 * torch.eye(value.numel(), dtype=torch.float64))
+    centred = draws - value.reshape(1, -1)
+    empirical = centred.T @ centred / draws.shape[0]
+    stderr = ((true.diagonal()[:, None] * true.diagonal()[None] + true.square()) / draws.shape[0]).sqrt()
+    assert ((empirical - true).abs() / stderr).max() < 5.5
+    assert ((empirical - 1.15 * true).abs() / stderr).max() > 5.5
+
+
+@pytest.mark.parametrize("hessian", ["kron", "kron-mc", "diag"])
+def test_subset_laplace_fits_predicts_and_round_trips(tmp_path, hessian: str) -> None:
+    model, (x, y) = mlp(), tiny_data(n=60)
+    model.train()
+    flags = [p.requires_grad for p in model.parameters()]
+    um = posthoc.wrap(model, method="laplace", subset=["2", "4"], hessian=hessian, num_samples=16)
+    um.fit(DataLoader(TensorDataset(x, y), batch_size=20), progress=False)
+    assert um.method.pred == "nn" and float(um.method.prior_precision) > 0
+    pred = um.predict(x[:7], generator=torch.Generator().manual_seed(0))
+    assert pred.samples.shape == (16, 7, C) and torch.isfinite(pred.probs).all()
+    assert [p.requires_grad for p in model.parameters()] == flags and all(m.training for m in model.modules())
+    assert not any(m._forward_hooks or m._backward_hooks for m in model.modules())
+    um.save(tmp_path / "subset.pt")
+    loaded = posthoc.load(tmp_path / "subset.pt", model)
+    again = loaded.predict(x[:7], generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(again.probs, pred.probs)
+
+
+def test_subset_errors_are_clear(digits_model) -> None:
+    with pytest.raises(ConfigError, match="BatchNorm2d"):
+        posthoc.wrap(digits_model, method="laplace", subset="all")
+    with pytest.raises(ConfigError, match="ReLU"):
+        posthoc.wrap(digits_model, method="laplace", subset=["classifier.2"])
+    with pytest.raises(ConfigError, match="does not have"):
+        posthoc.wrap(digits_model, method="laplace", subset=["nope"])
+    with pytest.raises(ConfigError, match="kron"):
+        posthoc.wrap(digits_model, method="laplace", subset=["classifier.4"], hessian="full")
+    with pytest.raises(ConfigError, match="pred='nn'"):
+        posthoc.wrap(digits_model, method="laplace", subset=["classifier.4"], pred="glm")
