@@ -67,7 +67,7 @@ def check_memory(structure: str, num_features: int, num_classes: int, bias: bool
             f"hessian='full' on this head needs a {params:,} x {params:,} matrix and its eigenvectors "
             f"({needed / 2**30:.1f} GiB in float64), over the memory budget of {budget_bytes / 2**30:.1f} "
             "GiB. Use hessian='kron' (Kronecker factors, the default) or hessian='diag', or raise "
-            "memory_gb if the machine really has the memory"
+            "max_memory (bytes) if the machine really has the memory"
         )
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc import glm_predictive as glm
+from posthoc import settings
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, check_labels, iterate, run_model
@@ -78,7 +79,8 @@ class Laplace(Method):
             through the network; the default, and the only choice, for deeper subsets).
         num_samples: samples for ``link="mc"`` and ``pred="nn"``.
         head: name of the classifier head, if it cannot be found automatically.
-        memory_gb: budget for the posterior matrices and the predictive's temporaries.
+        max_memory: bytes for the posterior matrices and for one chunk of the predictive's
+            temporaries (``None``: ``posthoc.settings.max_memory`` at call time).
     """
 
     name = "laplace"
@@ -99,15 +101,15 @@ class Laplace(Method):
         pred: str | None = None,
         num_samples: int = 100,
         head: str | None = None,
-        memory_gb: float = 2.0,
+        max_memory: int | None = None,
     ) -> None:
         super().__init__(model)
         last_layer = subset == "last_layer"
         pred = pred or ("glm" if last_layer else "nn")
-        _check_options(hessian, subset, prior_precision, link, pred, num_samples, memory_gb)
+        _check_options(hessian, subset, prior_precision, link, pred, num_samples, max_memory)
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
-        self.num_samples, self.memory_bytes = num_samples, memory_gb * 2**30
+        self.num_samples, self.max_memory = num_samples, max_memory
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
         self.register_buffer("prior_precision", torch.tensor(initial, dtype=torch.float64))
         self.register_buffer("train_loss", torch.zeros((), dtype=torch.float64))
@@ -156,11 +158,16 @@ class Laplace(Method):
         with torch.no_grad(), eval_mode(self.model):
             for x, y in iterate(train_loader, device=device, progress=progress, desc="laplace curvature"):
                 phi, logits = self.split(x)
-                labels = _labels(y, logits)
                 if accumulator is None:
+                    if logits.shape[1] < 2:
+                        raise ConfigError(
+                            "laplace uses the softmax (categorical) likelihood and needs a head with at least 2 "
+                            "outputs; this head has 1 (a sigmoid classifier). Give the head two outputs "
+                            "[0, z], or use 'temperature', 'mc-dropout' or 'swag', which handle one logit"
+                        )
                     self._check_head_memory()
                     accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device)
-                accumulator.update(phi, logits, labels)
+                accumulator.update(phi, logits, _labels(y, logits))
         params = num_params(self.split.head.in_features, self.split.head.out_features, self._has_bias)
         rank = accumulator.num_data * (self.split.head.out_features - 1)
         if rank < params:
@@ -248,7 +255,7 @@ class Laplace(Method):
         classes, width = logits.shape[1], phi_aug.shape[1]
         row_bytes = _row_bytes(self.hessian, self.link, classes, width, samples, dtype)
         log_probs, sample_log_probs = [], []
-        for rows in glm.row_chunks(phi.shape[0], row_bytes, self.memory_bytes / 4):
+        for rows in glm.row_chunks(phi.shape[0], row_bytes, settings.memory_budget(self.max_memory) / 4):
             gaussian = self.logit_gaussian(phi_aug[rows], logits[rows], prior_precision)
             chunk, chunk_samples = glm.log_predictive(gaussian, self.link, samples, generator)
             log_probs.append(chunk)
@@ -290,7 +297,8 @@ class Laplace(Method):
 
     def _check_head_memory(self) -> None:
         head = self.split.head
-        check_memory(self.hessian, head.in_features, head.out_features, head.bias is not None, self.memory_bytes)
+        check_memory(self.hessian, head.in_features, head.out_features, head.bias is not None,
+                     settings.memory_budget(self.max_memory))
 
     def extra_repr(self) -> str:
         return f"hessian={self.hessian!r}, link={self.link!r}, prior_precision={float(self.prior_precision):.4g}"
@@ -324,7 +332,7 @@ def _row_bytes(hessian: str, link: str, classes: int, width: int, samples: int, 
     return per_row * max(torch.finfo(dtype).bits // 8, 8)
 
 
-def _check_options(hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str, num_samples: int, memory_gb: float) -> None:
+def _check_options(hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str, num_samples: int, max_memory: int | None) -> None:
     if hessian not in (*STRUCTURES, "kron-mc"):
         raise ConfigError(f"hessian must be one of {(*STRUCTURES, 'kron-mc')}, got {hessian!r}")
     if subset == "last_layer" and hessian == "kron-mc":
@@ -357,5 +365,5 @@ def _check_options(hessian: str, subset: str | list[str], prior_precision: str |
         )
     if isinstance(num_samples, bool) or not isinstance(num_samples, int) or num_samples < 1:
         raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
-    if isinstance(memory_gb, bool) or not isinstance(memory_gb, (int, float)) or not memory_gb > 0:
-        raise ConfigError(f"memory_gb must be a positive number of GiB, got {memory_gb!r}")
+    if max_memory is not None and (isinstance(max_memory, bool) or not isinstance(max_memory, int) or max_memory < 1):
+        raise ConfigError(f"max_memory must be a positive number of bytes (or None), got {max_memory!r}")
