@@ -188,6 +188,15 @@ def test_user_frozen_parameters_stay_fixed_and_frozen(digits_model, small_fit) -
     assert um.predict(small_fit.dataset.tensors[0][:10]).samples.shape == (2, 10, 8)
 
 
+def test_more_snapshots_than_steps_collects_every_step() -> None:
+    torch.manual_seed(0)
+    loader = DataLoader(TensorDataset(torch.randn(48, 4), torch.randint(0, 3, (48,))), batch_size=16)
+    um = posthoc.wrap(_mlp(), method="swag")
+    with pytest.warns(RuntimeWarning, match="collecting after every step"):
+        um.fit(loader, progress=False, epochs=2, lr=0.01, collect_per_epoch=4)
+    assert um.method.collector.num_snapshots == 6
+
+
 def test_nan_loss_stops_and_keeps_the_good_statistics() -> None:
     torch.manual_seed(0)
     x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))

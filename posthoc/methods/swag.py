@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 import torch
@@ -247,7 +248,13 @@ class SWAG(Method):
         except TypeError:
             steps = None
         if steps is not None and collect_per_epoch > steps:
-            raise ConfigError(f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; use at most {steps}")
+            warnings.warn(
+                f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; collecting after "
+                f"every step instead ({steps} snapshots per epoch)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            collect_per_epoch = steps
         collect_at = _collect_steps(steps, collect_per_epoch) if steps is not None else set()
         bar = tqdm(total=None if steps is None else epochs * steps, desc="swag fine-tune", disable=not progress, leave=False)
         try:
