@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from posthoc import distributed
 from posthoc.errors import ConfigError, NumericalError
 
 STRUCTURES = ("kron", "full", "diag")
@@ -208,8 +209,16 @@ class LastLayerGGN:
                 update[rows, rows] += blocks[c]
             self.matrix += update
 
+    def reduce_across_ranks(self) -> None:
+        """Sum the statistics over ``torch.distributed`` ranks (a no-op in one process)."""
+        names = {"kron": ("out_factor", "in_factor"), "full": ("matrix",), "diag": ("diagonal",)}[self.structure]
+        for name in ("loss", *names):
+            setattr(self, name, distributed.all_reduce_sum(getattr(self, name)))
+        self.num_data = int(distributed.all_reduce_sum(torch.tensor(self.num_data, dtype=FLOAT64)))
+
     def finalize(self) -> LastLayerCurvature:
-        """Eigen-decompose what each structure needs and return :class:`LastLayerCurvature`."""
+        """Sum over ranks, eigen-decompose what each structure needs and return :class:`LastLayerCurvature`."""
+        self.reduce_across_ranks()
         if self.num_data == 0:
             raise NumericalError("no training examples were seen; the curvature is undefined")
         curv = LastLayerCurvature(self.structure, self.loss.clone(), self.num_data)
@@ -353,6 +362,9 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
                     found[1] = found[1] * y.shape[0]  # A is a batch mean: re-weight to combine batches
                 found = [f.detach().to(FLOAT64) for f in found]
                 sums[name] = found if name not in sums else [s + f for s, f in zip(sums[name], found)]
+    loss = distributed.all_reduce_sum(loss)  # every rank holds the sums over all shards
+    count = int(distributed.all_reduce_sum(torch.tensor(count, dtype=FLOAT64)))
+    sums = {name: [distributed.all_reduce_sum(s) for s in found] for name, found in sums.items()}
     blocks = []
     for name in param_names:
         factors = sums[name]

@@ -31,6 +31,15 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             except posthoc.InputError as err:
                 torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
             return
+        if scenario == "laplace":
+            fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
+            results = {}
+            for hessian in ("kron", "diag"):
+                um = posthoc.wrap(model, method="laplace", hessian=hessian).fit(fit, progress=False)
+                results[hessian] = {"prior": um.method.prior_precision.clone(),
+                                    "probs": um.predict(splits.test.tensors[0][:50]).probs}
+            torch.save(results, f"{out}/rank{rank}.pt")
+            return
         cal = DataLoader(shards(splits.calibration)[rank], batch_size=64)
         test = DataLoader(shards(splits.test)[rank], batch_size=64)
         um = posthoc.wrap(model, method="temperature").fit(val_loader=cal, progress=False)

@@ -51,6 +51,17 @@ def test_two_ranks_with_uneven_shards_equal_one_process_on_the_union(tmp_path, d
     assert ranks[0]["ece"] == pytest.approx(report.ece, abs=1e-6)
 
 
+def test_laplace_curvature_is_summed_over_ranks(tmp_path, digits_model, digits):
+    ranks = _launch(tmp_path, "laplace")
+    union = DataLoader(ConcatDataset(_dist_worker.shards(digits.fit)), batch_size=64)
+    for hessian in ("kron", "diag"):
+        assert torch.equal(ranks[0][hessian]["prior"], ranks[1][hessian]["prior"])
+        single = posthoc.wrap(digits_model, method="laplace", hessian=hessian).fit(union, progress=False)
+        assert float(ranks[0][hessian]["prior"]) == pytest.approx(float(single.method.prior_precision), rel=1e-6)
+        expected = single.predict(digits.test.tensors[0][:50]).probs
+        torch.testing.assert_close(ranks[0][hessian]["probs"], expected, atol=1e-6, rtol=0)
+
+
 def test_sampler_for_another_world_size_is_refused(tmp_path):
     ranks = _launch(tmp_path, "wrong-world-size")
     for result in ranks:

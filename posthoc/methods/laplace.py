@@ -26,6 +26,7 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor, nn
 
+from posthoc import distributed
 from posthoc import glm_predictive as glm
 from posthoc import settings
 from posthoc.api import register
@@ -225,6 +226,7 @@ class Laplace(Method):
                     log_probs, _ = self._weight_space_predictive(inputs, prior_precision, generator, self.num_samples)
                 total += float(torch.nn.functional.nll_loss(log_probs, labels, reduction="sum"))
                 count += labels.numel()
+            total, count = distributed.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64)).tolist()
             return total / count
 
         with torch.no_grad(), eval_mode(self.model):
