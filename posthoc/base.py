@@ -29,6 +29,11 @@ from posthoc.surgery import eval_mode
 
 LogPredictive = tuple[Tensor, Tensor | None]
 
+#: examples in the first chunk of ``predict``, which measures the size of the samples
+PROBE_EXAMPLES = 64
+#: float32 copies of the (S, n, C) samples alive at once in one chunk (method temporaries, exp, entropy)
+LIVE_SAMPLE_COPIES = 6
+
 
 class Method(nn.Module):
     """Base class of a post-hoc method (subclass it and register it with :func:`posthoc.register`).
@@ -176,7 +181,8 @@ class UncertainModel(nn.Module):
                 chunk is moved to the model's device in turn.
             num_samples: overrides the method's number of samples, where it samples.
             generator: a ``torch.Generator`` for reproducible sampling.
-            chunk_size: examples per chunk (default ``posthoc.settings.chunk_size``).
+            chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``);
+                chunks are smaller when their ``(S, n, C)`` samples would exceed the memory budget.
             keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
             max_memory: bytes one batched sampling step may use in this call (default
@@ -206,14 +212,19 @@ class UncertainModel(nn.Module):
             with settings.override(max_memory=max_memory):
                 return self.predict(x, num_samples=num_samples, generator=generator, chunk_size=chunk_size,
                                     keep_samples=keep_samples)
-        first = self._predict_chunk(x if total <= chunk_size else slice_inputs(x, 0, chunk_size), num_samples, generator)
-        if total <= chunk_size:
+        # a first small chunk tells the samples' shape (S, n, C); the rest is chunked so that the
+        # per-sample tensors of one chunk stay under the memory budget
+        first_size = min(total, chunk_size, PROBE_EXAMPLES)
+        first = self._predict_chunk(x if total == first_size else slice_inputs(x, 0, first_size), num_samples, generator)
+        if total == first_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)
+        per_example = LIVE_SAMPLE_COPIES * 4 * first.num_classes * (1 if first.samples is None else first.samples.shape[0])
+        step = max(1, min(chunk_size, settings.memory_budget(None) // per_example))
         # results go straight into preallocated outputs: no per-chunk survivors fragment the heap
         out = Prediction.empty_like(first, total, keep_samples)
         out.write(0, first)
-        for start in range(chunk_size, total, chunk_size):
-            out.write(start, self._predict_chunk(slice_inputs(x, start, start + chunk_size), num_samples, generator))
+        for start in range(first_size, total, step):
+            out.write(start, self._predict_chunk(slice_inputs(x, start, start + step), num_samples, generator))
         return out
 
     def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None) -> Prediction:
