@@ -6,6 +6,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 
@@ -18,13 +19,19 @@ from torch import Tensor  # noqa: E402
 from posthoc import metrics  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
+#: reliability panels per row; more curves wrap onto further rows
+MAX_COLUMNS = 5
 
 
 def reliability_diagram(curves: Curves, path: str | os.PathLike, bins: int = 15) -> None:
     """Accuracy against confidence per bin for each ``name -> (probs, labels)``, one panel each."""
-    fig, axes = plt.subplots(1, len(curves), figsize=(3.2 * len(curves), 3.4), squeeze=False, sharey=True)
+    columns = min(MAX_COLUMNS, len(curves))
+    rows = math.ceil(len(curves) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), squeeze=False, sharey=True)
+    for ax in axes.flat[len(curves):]:
+        ax.set_visible(False)
     width = 1.0 / bins
-    for ax, (name, (probs, labels)) in zip(axes[0], curves.items()):
+    for ax, (name, (probs, labels)) in zip(axes.flat, curves.items()):
         conf, acc, count = metrics.reliability_bins(probs, labels, bins)
         centers = [(i + 0.5) * width for i in range(bins)]
         filled = count > 0
@@ -35,7 +42,8 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike, bins: int = 15)
         ax.plot([0, 1], [0, 1], "k--", linewidth=1)
         ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence",
                title=f"{name}\nECE {metrics.ece(probs, labels, bins):.3f}")
-    axes[0][0].set_ylabel("accuracy")
+    for row in axes:
+        row[0].set_ylabel("accuracy")
     axes[0][0].legend(loc="upper left", fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
