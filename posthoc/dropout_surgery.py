@@ -172,11 +172,16 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch
         >>> round(keep.float().mean().item(), 2)
         0.75
     """
+    return _drop_mask(shape, p, generator=generator, device=device).logical_not_()
+
+
+def _drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The complement of :func:`keep_mask` (same random draws): ``True`` where an entry is dropped."""
     numel = math.prod(shape)
     where = generator.device if generator is not None else torch.device(device)
     words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=where).random_(-(2**63), None, generator=generator)
     threshold = round(p * 65536) - 32768
-    return (words.view(torch.int16)[:numel] >= threshold).reshape(shape).to(device)
+    return (words.view(torch.int16)[:numel] < threshold).reshape(shape).to(device)
 
 
 def _drop(x: Tensor, site: DropoutSite, generator: torch.Generator | None) -> Tensor:
@@ -185,8 +190,8 @@ def _drop(x: Tensor, site: DropoutSite, generator: torch.Generator | None) -> Te
     shape = x.shape
     if site.channel_dims and x.dim() >= site.channel_dims + 2:
         shape = x.shape[: x.dim() - site.channel_dims] + (1,) * site.channel_dims
-    keep = keep_mask(shape, site.p, generator=generator, device=x.device)
-    return x.mul(keep).mul_(1.0 / keep_probability(site.p))
+    drop = _drop_mask(shape, site.p, generator=generator, device=x.device)
+    return x.masked_fill(drop, 0.0).mul_(1.0 / keep_probability(site.p))
 
 
 @contextmanager
