@@ -237,7 +237,10 @@ class UncertainModel(nn.Module):
                 "the predictive produced NaN; the model's logits are not finite for these inputs "
                 "(check its weights and dtype, e.g. float16 overflow)"
             )
-        return Prediction.from_log_probs(log_probs.float(), None if samples is None else samples.float())
+        # renormalise in float32: methods may return log-probabilities whose exp sums to 1 only up to
+        # their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
+        log_probs = torch.log_softmax(log_probs.float(), dim=-1)
+        return Prediction.from_log_probs(log_probs, None if samples is None else samples.float())
 
     def forward(self, x: Inputs) -> Tensor:
         """Predictive probabilities ``(N, C)``."""
