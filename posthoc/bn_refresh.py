@@ -6,7 +6,7 @@ trained with; a model with new weights (a SWAG sample, an SWA average) needs the
 in training mode (every other layer, e.g. dropout, in eval mode) and accumulates each layer's
 per-channel input mean and variance exactly over *all* examples (Chan's pairwise merge in
 float64), so unequal batch sizes give the statistics of the whole data, not an average of
-per-batch ones. Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
+per-batch ones; under ``torch.distributed`` the moments of every rank's batches are merged. Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
 
 Example:
     >>> stats = batchnorm_statistics(model, [x for x, _ in loader])
@@ -22,6 +22,7 @@ from torch import Tensor, nn
 from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
+from posthoc import distributed
 from posthoc.batches import Inputs
 from posthoc.errors import InputError
 from posthoc.surgery import eval_mode
@@ -61,6 +62,16 @@ class _ChannelMoments:
         self.mean = self.mean + delta * (count / total)
         self.sum_sq = self.sum_sq + sum_sq + delta**2 * (self.count * count / total)
         self.count = total
+
+    def merge_across_ranks(self) -> None:
+        """Combine the moments of every ``torch.distributed`` rank exactly (a no-op in one process)."""
+        if not distributed.active() or self.mean is None:
+            return
+        count = distributed.all_reduce_sum(torch.tensor(float(self.count), dtype=torch.float64, device=self.mean.device))
+        mean = distributed.all_reduce_sum(self.mean * self.count) / count
+        # Σ_r [sum_sq_r + n_r (mean_r - mean)²] = Σ_r (sum_sq_r + n_r mean_r²) - N mean²
+        squares = distributed.all_reduce_sum(self.sum_sq + self.count * self.mean**2)
+        self.count, self.mean, self.sum_sq = int(count.item()), mean, (squares - count * mean**2).clamp_min(0)
 
 
 def _call(model: nn.Module, state: Mapping[str, Tensor], x: Inputs) -> Tensor:
@@ -126,6 +137,7 @@ def batchnorm_statistics(
     out: dict[str, Tensor] = {}
     for name, module in selected.items():
         acc = moments[name]
+        acc.merge_across_ranks()
         if acc.mean is None:
             continue  # a layer this forward pass did not reach keeps its statistics
         if acc.count < 2:

@@ -71,3 +71,28 @@ def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
     parts = [torch.zeros_like(padded) for _ in sizes]
     dist.all_gather(parts, padded)
     return torch.cat([part.narrow(dim, 0, int(s.item())) for part, s in zip(parts, sizes)], dim).to(tensor.device)
+
+
+def common_length(length: int | None, what: str) -> int | None:
+    """The smallest number of batches over ranks, so that every rank takes the same optimizer steps.
+
+    Fine-tuning under ``torch.distributed`` runs that many steps per epoch on every rank (the extra
+    batches of longer shards are skipped, as with ``drop_last``); a loader without a length is refused.
+    """
+    if not active():
+        return length
+    if length is None:
+        raise InputError(f"{what} under torch.distributed needs loaders with a length (len(loader)) on every rank")
+    shortest = torch.tensor([float(length)], device=_collective_device(torch.empty(0)))
+    dist.all_reduce(shortest, op=dist.ReduceOp.MIN)
+    return int(shortest.item())
+
+
+def average_gradients(parameters: Iterable[Tensor]) -> None:
+    """Average ``.grad`` over ranks in place (what DistributedDataParallel does for a module's parameters)."""
+    if not active():
+        return
+    world = dist.get_world_size()
+    for parameter in parameters:
+        if parameter.grad is not None:
+            parameter.grad.copy_(all_reduce_sum(parameter.grad) / world)

@@ -18,6 +18,22 @@ def shards(dataset):
     return [Subset(dataset, range(bounds[i], bounds[i + 1])) for i in range(2)]
 
 
+def swag_problem():
+    """A small MLP and data laid out so that rank r's batch k (16 examples) is half of batch k of one process."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(128, 4, generator=generator)
+    y = (x[:, 0] > 0).long() + (x[:, 1] > 0.5).long()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    rank_of = (torch.arange(128) // 16) % 2
+    return model, x, y, rank_of
+
+
+def swag_results(um, x):
+    return {"mean": um.method.collector.mean.clone(), "variance": um.method.collector.variance.clone(),
+            "probs": um.predict(x[:20]).probs}
+
+
 def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
@@ -30,6 +46,16 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
                 posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False)
             except posthoc.InputError as err:
                 torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
+            return
+        if scenario == "swag":
+            model, x, y, rank_of = swag_problem()
+            loader = DataLoader(torch.utils.data.TensorDataset(x[rank_of == rank], y[rank_of == rank]), batch_size=16)
+            results = {}
+            for subset in ("all", "last_layer"):
+                um = posthoc.wrap(model, method="swag", subset=subset)
+                um.fit(loader, progress=False, epochs=2, lr=0.05, collect_per_epoch=2)
+                results[subset] = swag_results(um, x)
+            torch.save(results, f"{out}/rank{rank}.pt")
             return
         if scenario == "laplace":
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)

@@ -62,6 +62,23 @@ def test_laplace_curvature_is_summed_over_ranks(tmp_path, digits_model, digits):
         torch.testing.assert_close(ranks[0][hessian]["probs"], expected, atol=1e-6, rtol=0)
 
 
+def test_swag_fine_tuning_on_two_ranks_equals_one_process_with_the_joint_batches(tmp_path):
+    ranks = _launch(tmp_path, "swag")
+    model, x, y, rank_of = _dist_worker.swag_problem()
+    # one process: batch k holds rank 0's batch k, then rank 1's batch k (DDP averages their gradients)
+    order = torch.cat([torch.cat([torch.nonzero(rank_of == r).squeeze(1)[16 * k:16 * (k + 1)] for r in (0, 1)])
+                       for k in range(4)])
+    loader = DataLoader(torch.utils.data.TensorDataset(x[order], y[order]), batch_size=32)
+    for subset in ("all", "last_layer"):
+        for key in ("mean", "variance", "probs"):
+            torch.testing.assert_close(ranks[0][subset][key], ranks[1][subset][key], rtol=0, atol=0)
+        um = posthoc.wrap(model, method="swag", subset=subset)
+        um.fit(loader, progress=False, epochs=2, lr=0.05, collect_per_epoch=2)
+        single = _dist_worker.swag_results(um, x)
+        for key in ("mean", "variance", "probs"):
+            torch.testing.assert_close(ranks[0][subset][key], single[key], rtol=1e-4, atol=1e-6)
+
+
 def test_sampler_for_another_world_size_is_refused(tmp_path):
     ranks = _launch(tmp_path, "wrong-world-size")
     for result in ranks:

@@ -31,8 +31,10 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
+from posthoc import distributed
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, check_labels, iterate, run_model
@@ -236,8 +238,10 @@ class SWAG(Method):
             work.train()
             source, trained = work, [p for n, p in work.named_parameters() if n in keep]
 
+            replica = DistributedDataParallel(work) if distributed.active() else work
+
             def forward(x: Inputs) -> Tensor:
-                return run_model(work, x)
+                return run_model(replica, x)
 
         self.collector = SWAGCollector(source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
         optimizer = torch.optim.SGD(trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
@@ -247,6 +251,7 @@ class SWAG(Method):
             steps = len(loader)  # type: ignore[arg-type]
         except TypeError:
             steps = None
+        steps = distributed.common_length(steps, "SWAG fine-tuning")
         if steps is not None and collect_per_epoch > steps:
             warnings.warn(
                 f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; collecting after "
@@ -261,6 +266,8 @@ class SWAG(Method):
             for epoch in range(epochs):
                 step = -1
                 for step, (x, y) in enumerate(iterate(loader, device=device, progress=False, desc="swag fine-tune")):
+                    if steps is not None and step >= steps:
+                        break  # under torch.distributed: every rank takes the same number of steps
                     logits = forward(x)
                     loss = F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
                     value = float(loss.detach())
@@ -272,6 +279,8 @@ class SWAG(Method):
                         )
                     optimizer.zero_grad(set_to_none=True)
                     loss.backward()
+                    if self.last_layer:
+                        distributed.average_gradients(trained)  # a module's gradients are averaged by DDP
                     optimizer.step()
                     if step in collect_at:
                         self.collector.update(source)
