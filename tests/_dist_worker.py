@@ -57,6 +57,14 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
                 results[subset] = swag_results(um, x)
             torch.save(results, f"{out}/rank{rank}.pt")
             return
+        if scenario == "ibnn":
+            fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
+            um = posthoc.wrap(model, method="ibnn", components=2, num_samples=1)
+            um.fit(fit, progress=False, epochs=1, lr_nodes=0.5, train_samples=2)
+            torch.save({"nodes": {k: v.clone() for k, v in um.method.nodes.state_dict().items()},
+                        "probs": um.predict(splits.test.tensors[0][:20], generator=torch.Generator().manual_seed(0)).probs},
+                       f"{out}/rank{rank}.pt")
+            return
         if scenario == "laplace":
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
             results = {}

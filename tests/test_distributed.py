@@ -79,6 +79,15 @@ def test_swag_fine_tuning_on_two_ranks_equals_one_process_with_the_joint_batches
             torch.testing.assert_close(ranks[0][subset][key], single[key], rtol=1e-4, atol=1e-6)
 
 
+def test_ibnn_node_posteriors_stay_identical_on_every_rank(tmp_path, digits_model, digits):
+    ranks = _launch(tmp_path, "ibnn")
+    start = posthoc.wrap(digits_model, method="ibnn", components=2, num_samples=1).method.nodes.state_dict()
+    for key, value in ranks[0]["nodes"].items():
+        assert torch.equal(value, ranks[1]["nodes"][key]), key
+    assert any(not torch.equal(value, start[key]) for key, value in ranks[0]["nodes"].items())  # it did train
+    assert torch.equal(ranks[0]["probs"], ranks[1]["probs"])
+
+
 def test_sampler_for_another_world_size_is_refused(tmp_path):
     ranks = _launch(tmp_path, "wrong-world-size")
     for result in ranks:

@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from posthoc import settings
+from posthoc import distributed, settings
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, batch_size, check_labels, iterate, run_model
@@ -122,7 +122,9 @@ class ImplicitBNN(Method):
         _check_fit_options(epochs, lr_nodes, lr_weights, momentum, weight_decay, beta, kl_warmup, train_samples)
         device = self.nodes.called.device
         size = _dataset_size(train_loader)
-        steps_per_epoch = _length(train_loader)
+        if size is not None and distributed.active():  # the KL is scaled by the size of all shards together
+            size = int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64)).item())
+        steps_per_epoch = distributed.common_length(_length(train_loader), "iBNN fitting")
         total = None if steps_per_epoch is None else epochs * steps_per_epoch
 
         node_params = list(self.nodes.parameters())
@@ -141,7 +143,9 @@ class ImplicitBNN(Method):
         try:
             with eval_mode(self.model):
                 for epoch in range(epochs):
-                    for x, y in iterate(train_loader, device=device, progress=False, desc="ibnn fit"):
+                    for index, (x, y) in enumerate(iterate(train_loader, device=device, progress=False, desc="ibnn fit")):
+                        if steps_per_epoch is not None and index >= steps_per_epoch:
+                            break  # under torch.distributed: every rank takes the same number of steps
                         n = batch_size(x)
                         size = size or n * (steps_per_epoch or 1)
                         done = step / total if total else epoch / epochs
@@ -157,6 +161,9 @@ class ImplicitBNN(Method):
                             )
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
+                        # the node variables live outside the model (in hooks), so there is no module for
+                        # DistributedDataParallel to wrap: average their gradients the way it would
+                        distributed.average_gradients([*node_params, *weights])
                         optimizer.step()
                         step += 1
                         bar.update(1)
