@@ -24,6 +24,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor, nn
 
+from posthoc import distributed
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, batch_size, check_labels, iterate, run_model
@@ -103,6 +104,7 @@ class MCDropout(Method):
                     log_probs, _ = self._predictive(x, self.num_samples, generator, p)
                     y = check_labels(y, log_probs.shape[-1])
                     totals[k] -= log_probs.gather(1, y.view(-1, 1)).double().sum().cpu()
+        totals = distributed.all_reduce_sum(totals)  # under torch.distributed: NLL over every rank's shard
         self.rate.fill_(P_GRID[int(torch.argmin(totals))])
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
