@@ -8,10 +8,9 @@ Example:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
-from posthoc.errors import PosthocError
+from posthoc.errors import exit_status
 from posthoc.evaluate_cli import add_evaluate_arguments, run_evaluate
 
 
@@ -43,11 +42,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    try:
-        args.run(args)
-    except PosthocError as err:
-        print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+    status = exit_status(lambda: args.run(args))
+    if status:
+        raise SystemExit(status)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
+
 
 class PosthocError(Exception):
     """Base class of every error posthoc raises on purpose."""
@@ -42,3 +45,18 @@ class PosteriorFileError(PosthocError, ValueError):
 
 class NumericalError(PosthocError, RuntimeError):
     """A computation produced NaN or inf and no safe recovery exists."""
+
+
+def exit_status(run: Callable[[], object]) -> int:
+    """Run a command-line job: ``0`` on success; a posthoc error is printed as ``error: ...`` and gives ``2``.
+
+    Example:
+        >>> exit_status(lambda: None)
+        0
+    """
+    try:
+        run()
+    except PosthocError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

@@ -19,9 +19,13 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from posthoc.base import UncertainModel
 
 from posthoc.errors import PosteriorFileError
 
@@ -45,7 +49,7 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def save(um: "posthoc.UncertainModel", path: str | os.PathLike) -> None:  # noqa: F821
+def save(um: UncertainModel, path: str | os.PathLike) -> None:
     """Write ``um``'s posterior to ``path`` atomically (see module docs)."""
     from posthoc.errors import NotFittedError
 
@@ -102,7 +106,7 @@ def read(path: str | os.PathLike) -> dict:
     return payload
 
 
-def load(path: str | os.PathLike, model: nn.Module, **overrides: object) -> "posthoc.UncertainModel":  # noqa: F821
+def load(path: str | os.PathLike, model: nn.Module) -> UncertainModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
     Example:

@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 import posthoc
-from posthoc import PosthocError, plots
+from posthoc import plots
 from posthoc.batches import check_labels
-from posthoc.errors import InputError
+from posthoc.errors import InputError, exit_status
 from posthoc.logits import check_finite_logits, class_log_probs
 from posthoc.report import Report, markdown_table
 
@@ -123,12 +123,7 @@ def calibrate_files(args: argparse.Namespace) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        calibrate_files(args)
-    except PosthocError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+    return exit_status(lambda: calibrate_files(args))
 
 
 if __name__ == "__main__":

@@ -33,8 +33,7 @@ import torch
 import torchvision
 from torch import nn
 
-from posthoc import PosthocError
-from posthoc.errors import ConfigError
+from posthoc.errors import ConfigError, exit_status
 from posthoc.evaluate_cli import add_model_options, add_run_arguments, run_retrofit
 from posthoc.model_loading import load_checkpoint, weights_unavailable
 
@@ -76,16 +75,15 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
+
+    def run() -> None:
         torch.manual_seed(args.seed)
         model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
         weights = "ImageNet weights" if args.pretrained else "random weights"
         run_retrofit(model, preprocessing(args.model, args.image_size), args,
                      title=f"torchvision {args.model} ({weights})")
-    except PosthocError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    return 0
+
+    return exit_status(run)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,3 @@
-import copy
 
 import pytest
 import torch
@@ -6,7 +5,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.errors import ConfigError, HeadNotFoundError, InputError, NotFittedError
+from posthoc.errors import ConfigError, InputError, NotFittedError
 
 
 def _state(model):
