@@ -55,6 +55,10 @@ class Layout:
     examples: int
 
 
+#: live copies of the expanded activation while a stochastic module works on it (input, mask, output)
+EXPANDED_COPIES = 3
+
+
 @dataclass(frozen=True)
 class _Plan:
     expand_input: bool  # True: the fallback (repeat the model's input)
@@ -167,15 +171,23 @@ class _expansion:
     def __init__(self, model: nn.Module, start: str, at: str, samples: int, examples: int) -> None:
         self.module, self.at, self.samples, self.examples = model.get_submodule(start), at, samples, examples
         self.calls = [0]
+        self.expanded_bytes = 0  # size of the repeated tensors (they are no module's output)
 
     def __enter__(self) -> list[int]:
+        def expand(value: Any) -> Any:
+            if self.calls[0] != 1:
+                return value
+            repeated = _repeat_all(value, self.samples, self.examples)
+            self.expanded_bytes = sum(t.numel() * t.element_size() for t in _tensors(repeated))
+            return repeated
+
         def pre_hook(module: nn.Module, args: tuple) -> tuple:
             self.calls[0] += 1
-            return _repeat_all(args, self.samples, self.examples) if self.calls[0] == 1 else args
+            return expand(args)
 
         def post_hook(module: nn.Module, args: tuple, output: Any) -> Any:
             self.calls[0] += 1
-            return _repeat_all(output, self.samples, self.examples) if self.calls[0] == 1 else output
+            return expand(output)
 
         if self.at == "input":
             self.handle = self.module.register_forward_pre_hook(pre_hook, prepend=True)
@@ -208,7 +220,17 @@ def _measure(model: nn.Module, x: Inputs, expansion: _expansion | None) -> _Plan
         return None
     if expansion is not None and expansion.calls[0] != 1:
         return None
-    return _Plan(expansion is None, max(largest[0], out.numel() * out.element_size() // 4, 1))
+    # the repeated tensor lives next to its masked copy and the mask: count it three times
+    expanded = 0 if expansion is None else EXPANDED_COPIES * expansion.expanded_bytes // 4
+    return _Plan(expansion is None, max(largest[0], expanded, out.numel() * out.element_size() // 4, 1))
+
+
+def _tensors(value: Any) -> list[Tensor]:
+    if isinstance(value, Tensor):
+        return [value]
+    if isinstance(value, (tuple, list)):
+        return [t for v in value for t in _tensors(v)]
+    return []
 
 
 def _signature(x: Inputs) -> Any:
