@@ -72,6 +72,18 @@ def parse_option(text: str) -> tuple[str, Any]:
         return key.strip(), raw
 
 
+def recipe_parser(description: str, library: str, list_models: str) -> argparse.ArgumentParser:
+    """The command line of an ImageNet recipe: ``--model NAME``, ``--checkpoint``, model, data and run options."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50", metavar="NAME",
+                        help=f"a {library} model name, see {list_models} (default: resnet50)")
+    parser.add_argument("--checkpoint", type=Path, default=None, metavar="FILE",
+                        help="a state_dict to load on top (fine-tuned weights)")
+    add_model_options(parser)
+    add_run_arguments(parser)
+    return parser
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """``--pretrained``, ``--num-classes`` and ``--image-size`` (shared by the CLI and the recipes)."""
     group = parser.add_argument_group("model")

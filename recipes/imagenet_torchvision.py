@@ -34,7 +34,7 @@ import torchvision
 from torch import nn
 
 from posthoc.errors import ConfigError, exit_status
-from posthoc.evaluate_cli import add_model_options, add_run_arguments, run_retrofit
+from posthoc.evaluate_cli import recipe_parser, run_retrofit
 from posthoc.model_loading import load_checkpoint, weights_unavailable
 
 
@@ -63,14 +63,7 @@ def preprocessing(name: str, image_size: int | None):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet50", metavar="NAME",
-                        help="a torchvision model name, see torchvision.models.list_models() (default: resnet50)")
-    parser.add_argument("--checkpoint", type=Path, default=None, metavar="FILE",
-                        help="a state_dict to load on top (fine-tuned weights)")
-    add_model_options(parser)
-    add_run_arguments(parser)
-    return parser
+    return recipe_parser(__doc__, "torchvision", "torchvision.models.list_models()")
 
 
 def main(argv: list[str] | None = None) -> int:
