@@ -79,6 +79,24 @@ class Method(nn.Module):
         return self.model
 
     @property
+    def device(self) -> torch.device:
+        """The device of the model's first parameter (CPU for a model without parameters)."""
+        return next((p.device for p in self.base_model.parameters()), torch.device("cpu"))
+
+    def follow_model_device(self) -> None:
+        """Move the fitted tensors of this method, and of the methods it wraps, to the model's device.
+
+        Only methods' own buffers move (a SWAG collector kept on ``stats_device`` stays there), so a
+        model moved with ``model.cuda()`` after ``wrap`` or ``load`` is followed by its posterior.
+        """
+        device = self.device
+        for module in self.modules():
+            if isinstance(module, Method):
+                for name, value in module._buffers.items():
+                    if value is not None and value.device != device:
+                        module._buffers[name] = value.to(device)
+
+    @property
     def works_on_copy(self) -> bool:
         """Whether ``base_model`` is a private copy of the user's model (so its weights may change)."""
         return self.copies_model or (self.stacks and self.inner.works_on_copy)
@@ -154,9 +172,8 @@ class UncertainModel(nn.Module):
 
     @property
     def device(self) -> torch.device:
-        for tensor in self.method.base_model.parameters():
-            return tensor.device
-        return torch.device("cpu")
+        """The device the model (and so the predictive) runs on."""
+        return self.method.device
 
     def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True, **fit_options: Any) -> "UncertainModel":
         """Fit every method (inner first) and return ``self``.
@@ -166,6 +183,7 @@ class UncertainModel(nn.Module):
         from posthoc.persist import fingerprint
 
         _check_fit_options(self.method, fit_options)
+        self.method.follow_model_device()
         if not self.method.works_on_copy:
             self.fingerprint = fingerprint(self.method.base_model)
         _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
@@ -212,6 +230,7 @@ class UncertainModel(nn.Module):
             with settings.override(max_memory=max_memory):
                 return self.predict(x, num_samples=num_samples, generator=generator, chunk_size=chunk_size,
                                     keep_samples=keep_samples)
+        self.method.follow_model_device()
         # a first small chunk tells the samples' shape (S, n, C); the rest is chunked so that the
         # per-sample tensors of one chunk stay under the memory budget
         first_size = min(total, chunk_size, PROBE_EXAMPLES)

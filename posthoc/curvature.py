@@ -39,6 +39,7 @@ from torch import Tensor, nn
 
 from posthoc import distributed
 from posthoc.errors import ConfigError, NumericalError
+from posthoc.random_draws import randn
 
 STRUCTURES = ("kron", "full", "diag")
 FLOAT64 = torch.float64
@@ -337,9 +338,10 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
     for name, value in params.items():
         value.requires_grad_(name in param_names)
     sums: dict[str, list[Tensor]] = {}
-    loss, count = torch.zeros((), dtype=FLOAT64), 0
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)  # KFAC's MC-sampled targets are reproducible
+    device = params[param_names[0]].device
+    loss, count = torch.zeros((), dtype=FLOAT64, device=device), 0
+    with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+        torch.manual_seed(0)  # KFAC's MC-sampled targets are reproducible; the caller's generators are restored
         for x, y in batches:
             copy_.zero_grad()
             batch_loss = loss_fn(copy_(x), y)
@@ -383,7 +385,7 @@ def sample_weights(value: Tensor, block: ParamCurvature, prior_precision: float,
     """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN block + δ I)⁻¹)``."""
     dtype = torch.promote_types(value.dtype, torch.float32)
     shape = (num_samples, *value.shape)
-    noise = torch.randn(shape, generator=generator, device=value.device, dtype=dtype)
+    noise = randn(shape, generator=generator, device=value.device, dtype=dtype)
     if block.diagonal is not None:
         step = noise * torch.rsqrt(block.diagonal + prior_precision).to(dtype)
     elif block.in_eigvals is None:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from posthoc.errors import ConfigError
+from posthoc.random_draws import randn
 
 LINKS = ("probit", "mc", "bridge")
 
@@ -75,9 +76,7 @@ class LogitGaussian:
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """``num_samples`` logit draws ``(S, N, C)``, all in one batched operation."""
-        noise = torch.randn(
-            (num_samples, *self.scale.shape), generator=generator, device=self.scale.device, dtype=self.scale.dtype
-        )
+        noise = randn((num_samples, *self.scale.shape), generator=generator, device=self.scale.device, dtype=self.scale.dtype)
         noise = noise * self.scale
         if self.basis is None:
             return self.mean + noise

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.random_draws import randn
 from posthoc.surgery import find_head
 
 NODE_LAYERS = (nn.Conv2d, nn.Linear)
@@ -134,8 +135,7 @@ class NodeVariables(nn.Module):
         mean = self.mean.index_select(0, components)
         if not sample:
             return mean
-        device = generator.device if generator is not None else mean.device
-        noise = torch.randn(mean.shape, generator=generator, device=device, dtype=mean.dtype).to(mean.device)
+        noise = randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
         return mean + self.std.index_select(0, components) * noise
 
 

@@ -36,7 +36,7 @@ def _check_prediction(pred: posthoc.Prediction, n: int, c: int) -> None:
     num_classes = max(c, 2)
     assert pred.probs.shape == (n, num_classes)
     assert (pred.probs >= 0).all()
-    assert torch.allclose(pred.probs.double().sum(-1), torch.ones(n, dtype=torch.float64), atol=1e-5)
+    assert torch.allclose(pred.probs.double().sum(-1), torch.ones(n, dtype=torch.float64, device=pred.probs.device), atol=1e-5)
     for field in (pred.entropy, pred.aleatoric, pred.epistemic, pred.confidence):
         assert field.shape == (n,) and torch.isfinite(field).all()
     assert (pred.epistemic >= 0).all()

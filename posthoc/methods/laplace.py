@@ -155,7 +155,7 @@ class Laplace(Method):
 
     def _last_layer_curvature(self, train_loader: Iterable, progress: bool):
         accumulator: LastLayerGGN | None = None
-        device = self.prior_precision.device
+        device = self.device
         with torch.no_grad(), eval_mode(self.model):
             for x, y in iterate(train_loader, device=device, progress=progress, desc="laplace curvature"):
                 phi, logits = self.split(x)
@@ -182,7 +182,7 @@ class Laplace(Method):
         return accumulator.finalize()
 
     def _subset_curvature(self, train_loader: Iterable, progress: bool) -> Tensor:
-        device = self.prior_precision.device
+        device = self.device
         num_classes: list[int] = []
 
         def batches():
@@ -209,7 +209,7 @@ class Laplace(Method):
     def _grid_prior_precision(self, val_loader: Iterable, progress: bool) -> float:
         cached = []
         with torch.no_grad(), eval_mode(self.model):
-            for x, y in iterate(val_loader, device=self.prior_precision.device, progress=progress, desc="laplace grid"):
+            for x, y in iterate(val_loader, device=self.device, progress=progress, desc="laplace grid"):
                 if self.subset == "last_layer":
                     phi, logits = self.split(x)
                     cached.append(((phi, logits), _labels(y, logits)))
@@ -218,7 +218,7 @@ class Laplace(Method):
 
         def validation_nll(prior_precision: float) -> float:
             total, count = 0.0, 0
-            generator = torch.Generator(device=self.prior_precision.device).manual_seed(0)
+            generator = torch.Generator(device=self.device).manual_seed(0)
             for inputs, labels in cached:
                 if self.subset == "last_layer":
                     log_probs, _ = self._log_predictive_features(*inputs, prior_precision, generator)

@@ -95,7 +95,7 @@ class MCDropout(Method):
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """For ``p="auto"``: the rate of :data:`P_GRID` with the lowest predictive NLL on ``val_loader``."""
-        device = _device(self.model)
+        device = self.device
         totals = torch.zeros(len(P_GRID), dtype=torch.float64)
         generators = [torch.Generator(device=device).manual_seed(0) for _ in P_GRID]
         with torch.no_grad(), eval_mode(self.model):
@@ -197,9 +197,3 @@ def _log_mean_exp(samples: Tensor) -> Tensor:
     top = samples.amax(dim=0)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return (samples - top).exp_().mean(dim=0).log_().add_(top)
-
-
-def _device(model: nn.Module) -> torch.device:
-    for tensor in model.parameters():
-        return tensor.device
-    return torch.device("cpu")

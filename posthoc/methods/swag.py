@@ -41,6 +41,7 @@ from posthoc.batches import Inputs, check_labels, iterate, run_model
 from posthoc.bn_refresh import batchnorm_layers, batchnorm_statistics
 from posthoc.errors import ConfigError, NumericalError, PosteriorFileError
 from posthoc.logits import class_log_probs
+from posthoc.random_draws import randn
 from posthoc.surgery import FeatureSplit, eval_mode
 from posthoc.swag_collector import SWAGCollector
 
@@ -160,12 +161,6 @@ class SWAG(Method):
             tensors[f"{prefix}.bias"] = head.bias
         return tensors
 
-    @property
-    def _device(self) -> torch.device:
-        for p in self.model.parameters():
-            return p.device
-        return torch.device("cpu")
-
     # ----------------------------------------------------------------- fitting
     def fit(
         self,
@@ -215,7 +210,7 @@ class SWAG(Method):
         self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
         weight_decay: float, include_pretrained: bool, progress: bool,
     ) -> None:
-        device = self._device
+        device = self.device
         if self.last_layer:
             first_x, _ = next(iter(iterate(loader, device=device, progress=False, desc="swag")))
             with torch.no_grad(), eval_mode(self.model):
@@ -320,7 +315,7 @@ class SWAG(Method):
 
     def _bn_inputs(self) -> list[Inputs]:
         batches = []
-        for x, _ in iterate(self._train_loader, device=self._device, progress=False, desc="swag batchnorm", require_labels=False):
+        for x, _ in iterate(self._train_loader, device=self.device, progress=False, desc="swag batchnorm", require_labels=False):
             batches.append(x)
             if self.bn_batches is not None and len(batches) == self.bn_batches:
                 break
@@ -409,12 +404,12 @@ class SWAG(Method):
         generator = generator if generator is not None else torch.Generator(device=phi.device).manual_seed(self.seed)
         # the diagonal part makes the logits independent per class, with variance sum_d sigma_cd^2 phi_d^2
         std = self._head_logits(collector.variance.float().to(phi.device), phi**2).clamp_min(0).sqrt()
-        noise = torch.randn(count, *logits.shape, generator=generator, device=generator.device).to(phi.device)
+        noise = randn((count, *logits.shape), generator=generator, device=phi.device)
         spread = std * noise
         if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
             rows = collector.held_deviations.to(phi.device)
             projected = self._head_logits(rows, phi).flatten(1)  # (K, N * C)
-            z = torch.randn(count, rows.shape[0], generator=generator, device=generator.device).to(phi.device)
+            z = randn((count, rows.shape[0]), generator=generator, device=phi.device)
             spread = spread + (z @ projected).view_as(spread) / math.sqrt(rows.shape[0] - 1)
         sample_log_probs = torch.log_softmax(logits + math.sqrt(self.scale) * spread, dim=-1)
         return torch.logsumexp(sample_log_probs, 0) - math.log(count), sample_log_probs

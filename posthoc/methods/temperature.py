@@ -49,9 +49,9 @@ class TemperatureScaling(Method):
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         cached, labels = [], []
-        generator = torch.Generator(device=self.temperature.device).manual_seed(0)
+        generator = torch.Generator(device=self.device).manual_seed(0)
         with torch.no_grad(), eval_mode(self.inner):
-            for x, y in iterate(val_loader, device=self.temperature.device, progress=progress, desc="temperature"):
+            for x, y in iterate(val_loader, device=self.device, progress=progress, desc="temperature"):
                 log_probs, samples = self.inner.log_predictive(x, generator=generator)
                 cached.append((log_probs if samples is None else samples).float())
                 labels.append(check_labels(y, log_probs.shape[-1]))

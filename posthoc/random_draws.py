@@ -1,0 +1,22 @@
+"""Normal draws that honour the caller's ``torch.Generator`` whatever device the tensors are on.
+
+A generator lives on one device. Draws are made on the generator's device, so a CPU generator
+gives the same numbers for a CPU and a CUDA model, and then moved to where they are used. Pass
+no generator, or ``torch.Generator(device="cuda")``, to draw on the GPU without a copy.
+
+Example:
+    >>> randn((2, 3), generator=torch.Generator().manual_seed(0), device="cpu").shape
+    torch.Size([2, 3])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def randn(shape: tuple[int, ...] | torch.Size, *, generator: torch.Generator | None, device: torch.device | str,
+          dtype: torch.dtype = torch.float32) -> Tensor:
+    """Standard normal draws of ``shape`` on ``device``, from ``generator`` (on its own device) if given."""
+    source = generator.device if generator is not None else device
+    return torch.randn(shape, generator=generator, device=source, dtype=dtype).to(device)
