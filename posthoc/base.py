@@ -29,8 +29,9 @@ from posthoc.surgery import eval_mode
 
 LogPredictive = tuple[Tensor, Tensor | None]
 
-#: examples in the first chunk of ``predict``, which measures the size of the samples
-PROBE_EXAMPLES = 64
+#: examples in the first chunk of ``predict``, which measures the size of the samples (small, so that
+#: this unbudgeted chunk fits a small budget: 8 examples x S=100 x C=1,000 x 6 float32 copies are 18 MiB)
+PROBE_EXAMPLES = 8
 #: float32 copies of the (S, n, C) samples alive at once in one chunk (method temporaries, exp, entropy)
 LIVE_SAMPLE_COPIES = 6
 

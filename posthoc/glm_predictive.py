@@ -124,8 +124,9 @@ def kron_logits(phi_aug: Tensor, mean: Tensor, out_eigvals: Tensor, out_eigvecs:
     """Logit Gaussian of a KFAC posterior ``(G ⊗ A + δ I)⁻¹`` (see module docs)."""
     dtype = phi_aug.dtype
     psi_sq = (phi_aug @ in_eigvecs.to(dtype)).square()
-    inverse = 1.0 / (torch.outer(in_eigvals, out_eigvals) + prior_precision)
-    return LogitGaussian(mean.to(dtype), (psi_sq @ inverse.to(dtype)).sqrt(), out_eigvecs.to(dtype))
+    # built in the features' dtype, in place: one (D+1) x C temporary per chunk
+    inverse = torch.outer(in_eigvals.to(dtype), out_eigvals.to(dtype)).add_(prior_precision).reciprocal_()
+    return LogitGaussian(mean.to(dtype), (psi_sq @ inverse).sqrt_(), out_eigvecs.to(dtype))
 
 
 def diag_logits(phi_aug: Tensor, mean: Tensor, diagonal: Tensor, prior_precision: float) -> LogitGaussian:

@@ -66,18 +66,18 @@ def test_digits_own_dropout_is_found_and_bn_stays_in_eval(digits_model: nn.Modul
 
 
 def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: nn.Module, digits) -> None:
-    x, samples = digits.test.tensors[0][:16], 12
+    x, samples = digits.test.tensors[0][:8], 12  # one chunk: predict's first chunk holds 8 examples
     um = posthoc.wrap(digits_model, method="mc-dropout")
     pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
     again = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
     assert torch.equal(pred.samples, again.samples)
     # explicit full forward passes, one per sample, with the masks drawn in the same order
-    keep = keep_mask((samples * 16, 64), 0.25, generator=torch.Generator().manual_seed(7), device="cpu")
+    keep = keep_mask((samples * 8, 64), 0.25, generator=torch.Generator().manual_seed(7), device="cpu")
     classifier = digits_model.classifier
     with torch.no_grad():
         for s in range(samples):
             hidden = classifier[2](classifier[1](classifier[0](digits_model.features(x))))
-            logits = classifier[4](hidden * keep[s * 16 : (s + 1) * 16] / keep_probability(0.25))
+            logits = classifier[4](hidden * keep[s * 8 : (s + 1) * 8] / keep_probability(0.25))
             torch.testing.assert_close(pred.samples[s], torch.softmax(logits, -1))
 
 
