@@ -15,6 +15,7 @@ from torch import nn
 
 from posthoc.base import Method, UncertainModel
 from posthoc.errors import ConfigError
+from posthoc.surgery import uncompiled
 
 REGISTRY: dict[str, type[Method]] = {}
 
@@ -81,6 +82,7 @@ def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
     """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``."""
     from posthoc.persist import fingerprint
 
+    model = uncompiled(model)
     method: Method | None = None
     source: str | None = None
     for position, entry in enumerate(spec):

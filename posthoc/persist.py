@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from posthoc.base import UncertainModel
 
 from posthoc.errors import PosteriorFileError
+from posthoc.surgery import uncompiled
 
 FORMAT_VERSION = 1
 
@@ -115,6 +116,7 @@ def load(path: str | os.PathLike, model: nn.Module) -> UncertainModel:
     from posthoc.api import wrap_spec
 
     payload = read(path)
+    model = uncompiled(model)
     found = fingerprint(model)
     if found != payload["fingerprint"]:
         raise PosteriorFileError(

@@ -28,6 +28,21 @@ from posthoc.errors import HeadNotFoundError
 TORCHVISION_HEADS = ("fc", "classifier", "heads.head", "head")
 
 
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The original module of a ``torch.compile``-d model (same parameters), else ``model`` itself.
+
+    posthoc puts temporary hooks on submodules (features, dropout masks, node variables); a compiled
+    graph would be recompiled for every new hook, so the methods run the original module.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> uncompiled(torch.compile(net)) is net
+        True
+    """
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
 def module_name(model: nn.Module, module: nn.Module) -> str | None:
     """The qualified name of ``module`` inside ``model`` (``""`` for the root), or ``None``."""
     for name, candidate in model.named_modules():
