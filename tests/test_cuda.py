@@ -1,8 +1,8 @@
 """Every method on a CUDA model (skipped without a GPU; CI has none, the device tool runs it).
 
 Checks: the same predictive as on CPU (to float tolerance where nothing random differs), outputs
-on the GPU, host synchronisations that do not grow with the number of samples, half-precision
-models with float32/float64 posteriors, and inputs, labels or generators on another device.
+on the GPU, host synchronisations that do not grow with the number of samples, and inputs, labels
+or generators on another device. Half-precision models: tests/test_half_precision.py.
 """
 
 from __future__ import annotations
@@ -110,24 +110,6 @@ def test_sampling_synchronises_with_the_host_per_chunk_not_per_sample(case, digi
     assert few == many, f"{case}: {few} host synchronisations with S=2, {many} with S=64"
     chunks = 3  # 200 inputs with chunk_size=100: a 64-example probe, then 100 and 36
     assert many <= 8 * chunks, f"{case}: {many} host synchronisations for {chunks} chunks"
-
-
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
-@pytest.mark.parametrize("case", ["laplace-kron", "laplace-diag-mc", "temperature", "swag-last-layer", "mc-dropout"])
-def test_half_precision_models_keep_float32_posteriors(case, dtype, digits_model, small):
-    options, fit_options, _ = CASES[case]
-    reference = posthoc.wrap(posthoc.zoo.pretrained().cuda(), **options).fit(small["fit"], small["val"], progress=False, **fit_options)
-    half = [(x.to(dtype), y) for x, y in small["fit"]], [(x.to(dtype), y) for x, y in small["val"]]
-    um = posthoc.wrap(digits_model.to("cuda", dtype), **options).fit(*half, progress=False, **fit_options)
-    for name, value in um.method.posterior_state().items():
-        if value.is_floating_point() and not name.startswith("model."):
-            assert value.dtype in (torch.float32, torch.float64), f"{case}: {name} is {value.dtype}"
-    x = small["x"].cuda()
-    generator = torch.Generator(device="cuda")
-    got = um.predict(x.to(dtype), generator=generator.manual_seed(0)).probs
-    expected = reference.predict(x, generator=generator.manual_seed(0)).probs
-    assert got.dtype == torch.float32
-    assert (got - expected).abs().mean() < 0.02, f"{case} in {dtype}: mean |Δp| {(got - expected).abs().mean():.4f}"
 
 
 def test_inputs_labels_and_generators_on_another_device_are_moved(digits_model, small):
