@@ -350,12 +350,53 @@ def test_weight_samples_have_the_posterior_covariance() -> None:
     assert ((empirical - 1.15 * true).abs() / stderr).max() > 5.5
 
 
+@pytest.mark.parametrize("hessian", ["kron", "diag"])
+def test_subset_glm_covariance_is_the_jacobian_sandwich(hessian: str) -> None:
+    """Two Linear layers: the logit covariance equals J Σ Jᵀ with dense J (torch.func) and dense Σ."""
+    from posthoc.curvature import backpack_ggn
+    from posthoc.subset_glm import covered_linear_layers, logit_gaussian
+
+    model, (x, y) = mlp(), tiny_data(n=30)
+    names = ["2.weight", "2.bias", "4.weight", "4.bias"]
+    blocks, _ = backpack_ggn(model, names, hessian, [(x, y)])
+    delta, test_x = 0.7, x[:6]
+    got = logit_gaussian(model, covered_linear_layers(model, names), blocks, test_x, delta).covariance()
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    jacobians = torch.func.jacrev(lambda sub: torch.func.functional_call(model, {**params, **sub}, (test_x,)))({n: params[n] for n in names})
+    jacobian = torch.cat([jacobians[n].reshape(6, C, -1) for n in names], -1)  # (n, C, P)
+    curvature = torch.block_diag(*[torch.diag(b.diagonal.reshape(-1)) if hessian == "diag" else kron_of(b) for b in blocks])
+    sigma = torch.linalg.inv(curvature + delta * torch.eye(curvature.shape[0], dtype=torch.float64))
+    torch.testing.assert_close(got, jacobian @ sigma @ jacobian.transpose(1, 2), rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("hessian", ["kron", "diag"])
+def test_subset_glm_over_the_head_equals_the_last_layer_laplace(digits_model, small_loader, digits, hessian: str) -> None:
+    x = digits.test.tensors[0][:50]
+    options = dict(method="laplace", hessian=hessian, prior_precision=2.0)
+    last = posthoc.wrap(digits_model, **options).fit(small_loader, progress=False).predict(x).probs
+    subset = posthoc.wrap(digits_model, subset=["classifier.4"], **options).fit(small_loader, progress=False)
+    assert subset.method.pred == "glm"
+    torch.testing.assert_close(subset.predict(x).probs, last, atol=1e-5, rtol=0)
+
+
+def test_subset_glm_keeps_the_checkpoint_accurate_where_weight_samples_do_not(digits_model, small_loader, digits) -> None:
+    x, y = digits.test.tensors[0][:200], digits.test.tensors[1][:200]
+    accuracy = {}
+    for pred in ("glm", "nn"):
+        um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"], pred=pred, num_samples=20)
+        pred_labels = um.fit(small_loader, progress=False).predict(x, generator=torch.Generator().manual_seed(0)).label
+        accuracy[pred] = (pred_labels == y).float().mean().item()
+    map_accuracy = (digits_model(x).argmax(-1) == y).float().mean().item()
+    assert accuracy["glm"] >= map_accuracy - 0.01, accuracy
+    assert accuracy["nn"] < map_accuracy - 0.3, accuracy  # marglik's prior spread through the weights
+
+
 @pytest.mark.parametrize("hessian", ["kron", "kron-mc", "diag"])
 def test_subset_laplace_fits_predicts_and_round_trips(tmp_path, hessian: str) -> None:
     model, (x, y) = mlp(), tiny_data(n=60)
     model.train()
     flags = [p.requires_grad for p in model.parameters()]
-    um = posthoc.wrap(model, method="laplace", subset=["2", "4"], hessian=hessian, num_samples=16)
+    um = posthoc.wrap(model, method="laplace", subset=["2", "4"], hessian=hessian, pred="nn", num_samples=16)
     um.fit(DataLoader(TensorDataset(x, y), batch_size=20), progress=False)
     assert um.method.pred == "nn" and float(um.method.prior_precision) > 0
     pred = um.predict(x[:7], generator=torch.Generator().manual_seed(0))
@@ -378,4 +419,5 @@ def test_subset_errors_are_clear(digits_model) -> None:
     with pytest.raises(ConfigError, match="kron"):
         posthoc.wrap(digits_model, method="laplace", subset=["classifier.4"], hessian="full")
     with pytest.raises(ConfigError, match="pred='nn'"):
-        posthoc.wrap(digits_model, method="laplace", subset=["classifier.4"], pred="glm")
+        posthoc.wrap(digits_model, method="laplace", subset=["features.0", "classifier.4"], pred="glm")
+    assert posthoc.wrap(digits_model, method="laplace", subset=["features.4", "classifier.4"]).method.pred == "nn"

@@ -1,4 +1,4 @@
-"""Agreement with laplace-torch (0.3) on the same model, data and configuration: last-layer kron/full/diag."""
+"""Agreement with laplace-torch (0.3) on the same model, data and configuration: last-layer kron/full/diag, and GLM over all layers."""
 
 from __future__ import annotations
 
@@ -67,3 +67,16 @@ def test_marglik_prior_precision_agrees_and_is_the_exact_maximiser(problem, stru
     # and predictions at each library's own tuned prior still agree closely
     expected = theirs(x, pred_type="glm", link_approx="probit")
     assert (ours.predict(x).probs - expected).abs().max() <= 1e-3
+
+
+@pytest.mark.parametrize("structure", ["kron", "diag"])
+def test_all_layers_glm_agrees_with_the_peer(problem, structure: str) -> None:
+    """KFAC / diagonal GGN over every layer (BackPACK vs laplace-torch's curvlinops) and the GLM predictive."""
+    model, loader, x = problem
+    la = peer.Laplace(model, "classification", subset_of_weights="all", hessian_structure=structure)
+    la.fit(loader)
+    la.prior_precision = 2.0
+    expected = la(x, pred_type="glm", link_approx="probit")
+    ours = posthoc.wrap(model, method="laplace", subset="all", hessian=structure, prior_precision=2.0).fit(loader, progress=False)
+    assert ours.method.pred == "glm"
+    assert (ours.predict(x).probs - expected).abs().max() <= 1e-5

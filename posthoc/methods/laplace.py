@@ -6,8 +6,10 @@ see :mod:`posthoc.curvature`), the prior precision is tuned by the marginal like
 GGN spectrum (:mod:`posthoc.marglik`), and predictions are Gaussian in logit space
 (:mod:`posthoc.glm_predictive`): ``probit`` (default), ``mc`` samples or the Laplace ``bridge``.
 
-More layers (``subset="all"`` or a list of module names): KFAC/diagonal GGN from BackPACK and a
-weight-space sampling predictive (``pred="nn"``); see :mod:`posthoc.curvature`.
+More layers (``subset="all"`` or a list of module names): KFAC/diagonal GGN from BackPACK
+(:mod:`posthoc.curvature`) and, when every covered layer is Linear, the same logit-space GLM
+predictive (:mod:`posthoc.subset_glm`); otherwise, or with ``pred="nn"``, weight samples run
+through the network.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="kron").fit(train_loader)
@@ -28,7 +30,7 @@ from torch import Tensor, nn
 
 from posthoc import distributed
 from posthoc import glm_predictive as glm
-from posthoc import settings
+from posthoc import settings, subset_glm
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, check_labels, iterate, run_model
@@ -76,8 +78,9 @@ class Laplace(Method):
         prior_precision: ``"marglik"`` (default: maximise the Laplace evidence), ``"grid"``
             (lowest validation NLL on a log grid; needs ``val_loader``), or a positive float.
         link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``.
-        pred: ``"glm"`` (linearised; the default for the last layer) or ``"nn"`` (weight samples
-            through the network; the default, and the only choice, for deeper subsets).
+        pred: ``"glm"`` (linearised; the default for the last layer and for subsets of Linear
+            layers) or ``"nn"`` (weight samples through the network; the default for subsets
+            with Conv2d layers).
         num_samples: samples for ``link="mc"`` and ``pred="nn"``.
         head: name of the classifier head, if it cannot be found automatically.
         max_memory: bytes for the posterior matrices and for one chunk of the predictive's
@@ -106,9 +109,8 @@ class Laplace(Method):
     ) -> None:
         super().__init__(model)
         last_layer = subset == "last_layer"
-        pred = pred or ("glm" if last_layer else "nn")
-        _check_options(hessian, subset, prior_precision, link, pred, num_samples, max_memory)
-        self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
+        _check_options(hessian, subset, prior_precision, link, pred or "glm", num_samples, max_memory)
+        self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred or "glm"
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
         self.num_samples, self.max_memory = num_samples, max_memory
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
@@ -123,6 +125,9 @@ class Laplace(Method):
                 self.register_buffer(name, None)
         else:
             self.param_names = subset_parameters(model, subset)
+            all_linear = all(isinstance(model.get_submodule(n.rpartition(".")[0]), nn.Linear) for n in self.param_names)
+            self.pred = pred or ("glm" if all_linear else "nn")
+            self.glm_layers = subset_glm.covered_linear_layers(model, self.param_names) if self.pred == "glm" else {}
             for index in range(len(self.param_names)):
                 for field in BLOCK_FIELDS[hessian]:
                     self.register_buffer(f"p{index}_{field}", None)
@@ -223,7 +228,7 @@ class Laplace(Method):
                 if self.subset == "last_layer":
                     log_probs, _ = self._log_predictive_features(*inputs, prior_precision, generator)
                 else:
-                    log_probs, _ = self._weight_space_predictive(inputs, prior_precision, generator, self.num_samples)
+                    log_probs, _ = self._subset_predictive(inputs, prior_precision, generator, self.num_samples)
                 total += float(torch.nn.functional.nll_loss(log_probs, labels, reduction="sum"))
                 count += labels.numel()
             total, count = distributed.all_reduce_sum(torch.tensor([total, count], dtype=torch.float64)).tolist()
@@ -235,9 +240,15 @@ class Laplace(Method):
     # ------------------------------------------------------------------------------ predict
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         if self.subset != "last_layer":
-            return self._weight_space_predictive(x, float(self.prior_precision), generator, num_samples or self.num_samples)
+            return self._subset_predictive(x, float(self.prior_precision), generator, num_samples or self.num_samples)
         phi, logits = self.split(x)
         return self._log_predictive_features(phi, logits, float(self.prior_precision), generator, num_samples)
+
+    def _subset_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
+        if self.pred == "glm":
+            gaussian = subset_glm.logit_gaussian(self.model, self.glm_layers, self._blocks(), x, prior_precision)
+            return glm.log_predictive(gaussian, self.link, num_samples, generator)
+        return self._weight_space_predictive(x, prior_precision, generator, num_samples)
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         """``pred="nn"``: run the network with ``S`` weight draws of the covered layers (others fixed)."""
@@ -344,8 +355,6 @@ def _check_options(hessian: str, subset: str | list[str], prior_precision: str |
             f"hessian={hessian!r} over several layers is not offered (a dense GGN of many layers does not "
             f"fit in memory); use one of {tuple(SUBSET_STRUCTURES)}"
         )
-    if subset != "last_layer" and pred == "glm":
-        raise ConfigError("over several layers the predictive samples weights: use pred='nn' (the default there)")
     if not (subset in ("last_layer", "all") or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))):
         raise ConfigError(f"subset must be 'last_layer', 'all' or a non-empty list of module names, got {subset!r}")
     if isinstance(prior_precision, str):
