@@ -109,6 +109,13 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
     return LogitGaussian(logits.detach().to(out), values.clamp_min(0).sqrt().to(out), vectors.to(out))
 
 
+def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0) -> int:
+    """Float64 temporaries of :func:`logit_gaussian` per input row (gradients, rotations, C x C
+    covariance and eigenvectors), plus ``samples`` logit draws for the MC link."""
+    width = sum(layer.out_features + layer.in_features for layer in layers.values())
+    return 8 * classes * (2 * width + 3 * classes + 3 * samples)
+
+
 def _weight_term(g: Tensor, a: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
     if block.diagonal is not None:
         spread = a.square() @ (1.0 / (block.diagonal.to(g.dtype) + prior_precision)).T  # (n, out)

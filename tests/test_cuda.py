@@ -75,14 +75,17 @@ def test_method_on_cuda_matches_cpu(case, digits_model, small):
 
 
 def test_backpack_kfac_on_cuda_matches_cpu(digits_model, small):
-    """KFAC over two layers: same spectrum and prior on both devices (weight draws map the same noise
-    through eigenvector bases that differ between devices, so sampled predictions are not compared)."""
-    fitted = []
+    """KFAC over two layers: same spectrum, prior and GLM predictive on both devices (weight draws,
+    pred='nn', map the same noise through eigenvector bases that differ between devices, so they are
+    not compared)."""
+    fitted, probs = [], []
     for model, device in ((posthoc.zoo.pretrained(), "cpu"), (digits_model, "cuda")):
-        um = posthoc.wrap(model.to(device), method="laplace", subset=["classifier.1", "classifier.4"], num_samples=4)
+        um = posthoc.wrap(model.to(device), method="laplace", subset=["classifier.1", "classifier.4"])
         fitted.append(um.fit(small["fit"], progress=False).method)
         pred = um.predict(small["x"].to(device))
         assert pred.probs.device.type == device and torch.isfinite(pred.probs).all()
+        probs.append(pred.probs.cpu())
+    torch.testing.assert_close(probs[1], probs[0], atol=1e-4, rtol=0)
     on_cpu, on_gpu = fitted
     torch.testing.assert_close(on_gpu.spectrum().cpu().sort().values, on_cpu.spectrum().sort().values, rtol=1e-3, atol=1e-6)
     torch.testing.assert_close(float(on_gpu.prior_precision), float(on_cpu.prior_precision), rtol=1e-3, atol=0)

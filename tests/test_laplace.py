@@ -379,6 +379,18 @@ def test_subset_glm_over_the_head_equals_the_last_layer_laplace(digits_model, sm
     torch.testing.assert_close(subset.predict(x).probs, last, atol=1e-5, rtol=0)
 
 
+def test_subset_glm_chunks_under_a_small_memory_budget_without_changing_the_predictive(digits_model, small_loader, digits) -> None:
+    x = digits.test.tensors[0][:40]
+    um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(small_loader, progress=False)
+    calls = []
+    original = posthoc.subset_glm.logit_gaussian
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(posthoc.subset_glm, "logit_gaussian", lambda *args: calls.append(args[3].shape[0]) or original(*args))
+        small = um.predict(x, max_memory=200_000).probs
+    assert max(calls) < 8 and sum(calls) == 40, calls
+    torch.testing.assert_close(small, um.predict(x).probs, atol=1e-6, rtol=0)
+
+
 def test_subset_glm_keeps_the_checkpoint_accurate_where_weight_samples_do_not(digits_model, small_loader, digits) -> None:
     x, y = digits.test.tensors[0][:200], digits.test.tensors[1][:200]
     accuracy = {}

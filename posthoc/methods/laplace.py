@@ -33,7 +33,7 @@ from posthoc import glm_predictive as glm
 from posthoc import settings, subset_glm
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
-from posthoc.batches import Inputs, check_labels, iterate, run_model
+from posthoc.batches import Inputs, batch_size, check_labels, iterate, run_model, slice_inputs
 from posthoc.logits import class_log_probs
 from posthoc.curvature import (
     STRUCTURES,
@@ -245,10 +245,22 @@ class Laplace(Method):
         return self._log_predictive_features(phi, logits, float(self.prior_precision), generator, num_samples)
 
     def _subset_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
-        if self.pred == "glm":
-            gaussian = subset_glm.logit_gaussian(self.model, self.glm_layers, self._blocks(), x, prior_precision)
-            return glm.log_predictive(gaussian, self.link, num_samples, generator)
-        return self._weight_space_predictive(x, prior_precision, generator, num_samples)
+        if self.pred == "nn":
+            return self._weight_space_predictive(x, prior_precision, generator, num_samples)
+        # a one-row chunk tells the class count; later chunks keep the GLM temporaries under the budget
+        blocks, total, start, step = self._blocks(), batch_size(x), 0, 1
+        log_probs, sample_log_probs = [], []
+        while start < total:
+            gaussian = subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, start, start + step), prior_precision)
+            chunk, chunk_samples = glm.log_predictive(gaussian, self.link, num_samples, generator)
+            log_probs.append(chunk)
+            sample_log_probs.append(chunk_samples)
+            start += step
+            row_bytes = subset_glm.bytes_per_row(self.glm_layers, gaussian.mean.shape[-1], num_samples if self.link == "mc" else 0)
+            step = max(1, int(settings.memory_budget(self.max_memory) // row_bytes))
+        if sample_log_probs[0] is None:
+            return torch.cat(log_probs), None
+        return torch.cat(log_probs), torch.cat(sample_log_probs, dim=1)
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         """``pred="nn"``: run the network with ``S`` weight draws of the covered layers (others fixed)."""
