@@ -42,6 +42,18 @@ def loaders(digits: data.DigitsSplits) -> dict[str, torch.utils.data.DataLoader]
     }
 
 
+@pytest.fixture(scope="session")
+def small(digits: data.DigitsSplits) -> dict:
+    """512 fit and 256 calibration digits as loaders, and 200 test inputs: for many quick fits."""
+    x, y = digits.fit.tensors
+    cx, cy = digits.calibration.tensors
+    return {
+        "fit": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(x[:512], y[:512]), batch_size=128),
+        "val": torch.utils.data.DataLoader(torch.utils.data.TensorDataset(cx[:256], cy[:256]), batch_size=128),
+        "x": digits.test.tensors[0][:200],
+    }
+
+
 #: random-weight architectures at small input sizes: name -> (factory, input shape)
 ARCHITECTURES = {
     "timm:resnet18": (lambda: timm.create_model("resnet18", num_classes=5), (2, 3, 32, 32)),

@@ -11,7 +11,6 @@ import warnings
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 
@@ -39,17 +38,6 @@ SAMPLERS = {
     "swag-last-layer": {"method": "swag", "subset": "last_layer"},
     "mc-dropout-head": {"method": "mc-dropout", "where": "head"},
 }
-
-
-@pytest.fixture(scope="module")
-def small(digits):
-    x, y = digits.fit.tensors
-    cx, cy = digits.calibration.tensors
-    return {
-        "fit": DataLoader(TensorDataset(x[:512], y[:512]), batch_size=128),
-        "val": DataLoader(TensorDataset(cx[:256], cy[:256]), batch_size=128),
-        "x": digits.test.tensors[0][:200],
-    }
 
 
 def _fit_predict(model, small, options, fit_options, device):

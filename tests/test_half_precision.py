@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc import zoo
@@ -18,17 +17,6 @@ CASES = {
     "swag-last-layer": ({"method": "swag", "subset": "last_layer", "num_samples": 20}, {"epochs": 1}),
     "mc-dropout": ({"method": "mc-dropout", "num_samples": 10}, {}),
 }
-
-
-@pytest.fixture(scope="module")
-def small(digits):
-    x, y = digits.fit.tensors
-    cx, cy = digits.calibration.tensors
-    return {
-        "fit": DataLoader(TensorDataset(x[:512], y[:512]), batch_size=128),
-        "val": DataLoader(TensorDataset(cx[:256], cy[:256]), batch_size=128),
-        "x": digits.test.tensors[0][:200],
-    }
 
 
 @pytest.mark.parametrize("device", DEVICES)

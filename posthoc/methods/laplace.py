@@ -258,9 +258,7 @@ class Laplace(Method):
             start += step
             row_bytes = subset_glm.bytes_per_row(self.glm_layers, gaussian.mean.shape[-1], num_samples if self.link == "mc" else 0)
             step = max(1, int(settings.memory_budget(self.max_memory) // row_bytes))
-        if sample_log_probs[0] is None:
-            return torch.cat(log_probs), None
-        return torch.cat(log_probs), torch.cat(sample_log_probs, dim=1)
+        return _joined(log_probs, sample_log_probs)
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         """``pred="nn"``: run the network with ``S`` weight draws of the covered layers (others fixed)."""
@@ -285,9 +283,7 @@ class Laplace(Method):
             chunk, chunk_samples = glm.log_predictive(gaussian, self.link, samples, generator)
             log_probs.append(chunk)
             sample_log_probs.append(chunk_samples)
-        if sample_log_probs[0] is None:
-            return torch.cat(log_probs), None
-        return torch.cat(log_probs), torch.cat(sample_log_probs, dim=1)
+        return _joined(log_probs, sample_log_probs)
 
     def logit_gaussian(self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None) -> glm.LogitGaussian:
         """The Gaussian over logits for head inputs ``phĩ = [phi, 1]`` (see :mod:`posthoc.glm_predictive`)."""
@@ -327,6 +323,13 @@ class Laplace(Method):
 
     def extra_repr(self) -> str:
         return f"hessian={self.hessian!r}, link={self.link!r}, prior_precision={float(self.prior_precision):.4g}"
+
+
+def _joined(log_probs: list[Tensor], sample_log_probs: list[Tensor | None]) -> LogPredictive:
+    """One predictive from per-chunk ones: rows along dim 0, samples ``(S, n, C)`` along dim 1."""
+    if sample_log_probs[0] is None:
+        return torch.cat(log_probs), None
+    return torch.cat(log_probs), torch.cat(sample_log_probs, dim=1)
 
 
 def run_model_with(model: nn.Module, replaced: dict[str, Tensor], x: Inputs) -> Tensor:
