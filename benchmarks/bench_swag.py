@@ -1,5 +1,6 @@
 """SWAG speed on the bundled digits CNN: predict (S=20) vs a forward pass and torch-uncertainty's
-SWAG, last-layer SWAG predict, and the cost of a fine-tuning epoch with collection.
+SWAG, last-layer SWAG predict, SWAG over the two Linear layers (prefix once, and one pass per
+sample for comparison), and the cost of a fine-tuning epoch with collection.
 
 Run by hand::
 
@@ -84,6 +85,7 @@ def main() -> None:
 
     full = posthoc.wrap(model, method="swag", num_samples=SAMPLES).fit(loader, **fit)
     last = posthoc.wrap(model, method="swag", subset="last_layer", num_samples=SAMPLES).fit(loader, **fit)
+    linear = posthoc.wrap(model, method="swag", subset=["classifier.1", "classifier.4"], num_samples=SAMPLES).fit(loader, **fit)
     tu = torch_uncertainty_swag(model, loader, args.lr, args.epochs, 4)
 
     def tu_predict() -> torch.Tensor:
@@ -101,6 +103,11 @@ def main() -> None:
     print(paired("posthoc SWAG (all weights)", lambda: full.predict(x), forward, args.repeats))
     print(paired("torch-uncertainty SWAG (all weights)", tu_predict, forward, args.repeats))
     print(paired("posthoc SWAG last-layer", lambda: last.predict(x), forward, args.repeats))
+    print(paired("posthoc SWAG, both Linear layers (prefix once)", lambda: linear.predict(x), forward, args.repeats))
+    one_pass_each = type(linear.method)._batched_suffix
+    type(linear.method)._batched_suffix = lambda self, x, count: None
+    print(paired("posthoc SWAG, both Linear layers, one pass per sample", lambda: linear.predict(x), forward, args.repeats))
+    type(linear.method)._batched_suffix = one_pass_each
 
     method = full.method
     schedule = {"epochs": 1, "lr": args.lr, "collect_per_epoch": 4, "rank": 20, "momentum": 0.9, "weight_decay": 0.0,

@@ -49,10 +49,12 @@ Stochastic = Callable[[], AbstractContextManager]
 
 @dataclass(frozen=True)
 class Layout:
-    """The chunk being run: ``samples * examples`` rows at and after the expansion point, sample-major."""
+    """The chunk being run: ``samples * examples`` rows at and after the expansion point, sample-major;
+    ``first`` is the index of its first sample among all ``S`` (samples may run in groups)."""
 
     samples: int
     examples: int
+    first: int = 0
 
 
 #: live copies of the expanded activation while a stochastic module works on it (input, mask, output)
@@ -116,13 +118,13 @@ class SuffixRunner:
         with stochastic():
             for first in range(0, n, chunk):
                 part = _rows(x, first, min(n, first + chunk))
-                groups = [self._run(part, min(group, num_samples - s), plan.expand_input) for s in range(0, num_samples, group)]
+                groups = [self._run(part, min(group, num_samples - s), plan.expand_input, s) for s in range(0, num_samples, group)]
                 pieces.append(groups[0] if len(groups) == 1 else torch.cat(groups, 0))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
-    def _run(self, x: Inputs, samples: int, expand_input: bool) -> Tensor:
+    def _run(self, x: Inputs, samples: int, expand_input: bool, first: int = 0) -> Tensor:
         m = batch_size(x)
-        self.layout = Layout(samples, m)
+        self.layout = Layout(samples, m, first)
         if expand_input or self.start is None:
             out = run_model(self.model, _repeat(x, samples, m))
         else:

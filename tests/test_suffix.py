@@ -8,6 +8,7 @@ from torch import nn
 
 from posthoc.dropout_surgery import DropoutSite, keep_mask, keep_probability, sampling
 from posthoc.errors import ConfigError
+from posthoc.sampled_linears import sampled_linears
 from posthoc.suffix import SuffixRunner, expanded_forward
 
 
@@ -127,3 +128,18 @@ def test_keep_mask_rate_and_independence() -> None:
     corr = torch.corrcoef(keep[:, :10].T)  # columns across rows: independent entries
     assert (corr - torch.eye(10)).abs().max() < 0.06
     assert keep_mask((3, 3), 0.0, generator=None, device="cpu").all()
+
+
+def test_sampled_linears_apply_each_samples_weights_also_across_sample_groups() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
+    x = torch.randn(7, 3)
+    weights = {"2.weight": torch.randn(5, 2, 4), "2.bias": torch.randn(5, 2)}
+    expected = torch.stack([
+        torch.func.functional_call(net, {name: value[s] for name, value in weights.items()}, (x,)) for s in range(5)
+    ])
+    for max_memory in (None, 64):  # 64 bytes: samples run in groups of 4 and 1, one example at a time
+        runner = SuffixRunner(net, "2", max_memory=max_memory)
+        got = runner(x, 5, stochastic=lambda: sampled_linears(net, weights, runner))
+        torch.testing.assert_close(got, expected)
+    assert not net[2]._forward_hooks

@@ -230,3 +230,34 @@ def test_bad_options(wrap_options, fit_options, error, match) -> None:
 def test_loader_without_labels_is_refused() -> None:
     with pytest.raises(InputError, match="without labels"):
         posthoc.wrap(_mlp(), method="swag").fit([torch.randn(8, 4)] * 4, progress=False)
+
+
+def test_linear_subset_runs_the_prefix_once_and_equals_one_pass_per_sample(digits_model, small_fit, digits, monkeypatch) -> None:
+    um = posthoc.wrap(digits_model, method="swag", subset=["classifier.1", "classifier.4"], num_samples=6)
+    um.fit(small_fit, progress=False, epochs=1)
+    x = digits.test.tensors[0][:30]
+    calls = []
+    digits_model.features.register_forward_hook(lambda *args: calls.append(1))
+    um.predict(x[:2])  # traces the call order and probes the suffix once
+    calls.clear()
+    batched = um.predict(x, generator=torch.Generator().manual_seed(0))
+    prefix_batched = len(calls)
+    monkeypatch.setattr(type(um.method), "_batched_suffix", lambda self, x, count: None)
+    calls.clear()
+    looped = um.predict(x, generator=torch.Generator().manual_seed(0))
+    assert prefix_batched == 2 and len(calls) == 2 * 6  # two chunks (8 + 22 examples)
+    torch.testing.assert_close(batched.samples, looped.samples, atol=1e-6, rtol=0)
+
+
+def test_batched_suffix_only_where_exact() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).eval()
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    before_bn = posthoc.wrap(model, method="swag", subset=["0"]).fit(loader, progress=False, epochs=2)
+    after_bn = posthoc.wrap(model, method="swag", subset=["3"]).fit(loader, progress=False, epochs=2)
+    assert before_bn.method._batched_suffix(x[:2], 4) is None  # its BatchNorm needs statistics per sample
+    assert after_bn.method._batched_suffix(x[:2], 4).start == "3"
+    assert after_bn.method._batched_suffix(x[:2], 10**9) is None  # a billion weight samples exceed the budget
+    for um in (before_bn, after_bn):
+        assert torch.isfinite(um.predict(x[:5]).probs).all()

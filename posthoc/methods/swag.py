@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from posthoc import distributed
+from posthoc import distributed, settings
 from posthoc.api import register
 from posthoc.base import LogPredictive, Method
 from posthoc.batches import Inputs, check_labels, iterate, run_model
@@ -42,6 +42,8 @@ from posthoc.bn_refresh import batchnorm_layers, batchnorm_statistics
 from posthoc.errors import ConfigError, NumericalError, PosteriorFileError
 from posthoc.logits import class_log_probs
 from posthoc.random_draws import randn
+from posthoc.sampled_linears import sampled_linears
+from posthoc.suffix import SuffixRunner
 from posthoc.surgery import FeatureSplit, eval_mode
 from posthoc.swag_collector import SWAGCollector
 
@@ -124,6 +126,8 @@ class SWAG(Method):
         self.collector: SWAGCollector | None = None
         self.register_buffer("bn_cache", None)
         self._bn_layers: list[str] | None = None
+        self._order: list[str] | None = None
+        self._runner: SuffixRunner | None = None
         self._train_loader: Iterable | None = None
 
     # ----------------------------------------------------------------- which parameters
@@ -190,7 +194,7 @@ class SWAG(Method):
             raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
         self._train_loader = train_loader
         self.bn_cache = None
-        self._bn_layers = None
+        self._bn_layers, self._order, self._runner = None, None, None
         self._fine_tune(
             train_loader, epochs=epochs, lr=float(lr), collect_per_epoch=collect_per_epoch, rank=rank,
             momentum=float(momentum), weight_decay=float(weight_decay), include_pretrained=include_pretrained,
@@ -287,31 +291,54 @@ class SWAG(Method):
             bar.close()
 
     # ----------------------------------------------------------------- BatchNorm per sample
+    @property
+    def _owners(self) -> set[str]:
+        """Names of the modules that own a sampled weight."""
+        return {name.rpartition(".")[0] for name in self.names}
+
+    def _call_order(self, x: Inputs) -> list[str]:
+        """The sampled weights' modules and the BatchNorm layers, in the order a forward pass calls them (traced once)."""
+        if self._order is None:
+            watched = self._owners | set(batchnorm_layers(self.model))
+            order: list[str] = []
+            hooks = [
+                module.register_forward_pre_hook(lambda mod, args, n=name: order.append(n))
+                for name, module in self.model.named_modules()
+                if name in watched
+            ]
+            try:
+                with torch.no_grad(), eval_mode(self.model):
+                    run_model(self.model, x)
+            finally:
+                for hook in hooks:
+                    hook.remove()
+            self._order = order
+        return self._order
+
     def _refreshed_layers(self, x: Inputs) -> list[str]:
-        """BatchNorm layers called after the first module that owns a sampled weight (traced once)."""
-        if self._bn_layers is not None:
-            return self._bn_layers
-        layers = batchnorm_layers(self.model)
-        if not layers:
-            self._bn_layers = []
-            return self._bn_layers
-        owners = {name.rpartition(".")[0] for name in self.names}
-        order: list[str] = []
-        hooks = [
-            module.register_forward_pre_hook(lambda mod, args, n=name: order.append(n))
-            for name, module in self.model.named_modules()
-            if name in owners or name in layers
-        ]
-        try:
-            with torch.no_grad(), eval_mode(self.model):
-                run_model(self.model, x)
-        finally:
-            for hook in hooks:
-                hook.remove()
-        first = next((i for i, n in enumerate(order) if n in owners), len(order))
-        after = set(order[first:]) & set(layers)
-        self._bn_layers = [name for name in layers if name in after]
+        """BatchNorm layers called after the first module that owns a sampled weight."""
+        if self._bn_layers is None:
+            layers = batchnorm_layers(self.model)
+            order = self._call_order(x) if layers else []
+            first = next((i for i, n in enumerate(order) if n in self._owners), len(order))
+            after = set(order[first:])
+            self._bn_layers = [name for name in layers if name in after]
         return self._bn_layers
+
+    def _batched_suffix(self, x: Inputs, count: int) -> SuffixRunner | None:
+        """A runner that samples the suffix from the first sampled layer on in one expanded pass, where
+        that is exact: every sampled weight belongs to a Linear layer, no BatchNorm layer after it
+        needs refreshed statistics, and ``count`` stacked weight samples fit half the memory budget."""
+        modules = dict(self.model.named_modules())
+        if self._refreshed_layers(x) or not all(isinstance(modules[name], nn.Linear) for name in self._owners):
+            return None
+        element = next(iter(self.model.parameters())).element_size()
+        if count * self.collector.num_parameters * element > settings.memory_budget(None) // 2:
+            return None
+        first = next(name for name in self._call_order(x) if name in self._owners)
+        if self._runner is None or self._runner.start != first:
+            self._runner = SuffixRunner(self.model, first)
+        return self._runner
 
     def _bn_inputs(self) -> list[Inputs]:
         batches = []
@@ -374,10 +401,18 @@ class SWAG(Method):
         if self.scale == 0:
             count = 1
         self._extend_bn_cache(count, x)
-        sample_log_probs = torch.stack([
-            class_log_probs(_call(self.model, {**self._sample_parameters(s), **self._bn_state(s, x)}, x)).float()
-            for s in range(count)
-        ])
+        runner = self._batched_suffix(x, count) if self.scale > 0 else None
+        if runner is not None:
+            draws = [self._sample_parameters(s) for s in range(count)]
+            weights = {name: torch.stack([draw[name] for draw in draws]) for name in self.names}
+            logits = runner(x, count, stochastic=lambda: sampled_linears(self.model, weights, runner))
+            rows = logits.shape[0] * logits.shape[1]
+            sample_log_probs = class_log_probs(logits.reshape(rows, *logits.shape[2:])).float().reshape(*logits.shape[:2], -1)
+        else:
+            sample_log_probs = torch.stack([
+                class_log_probs(_call(self.model, {**self._sample_parameters(s), **self._bn_state(s, x)}, x)).float()
+                for s in range(count)
+            ])
         if self.scale == 0:
             return sample_log_probs[0], None
         return torch.logsumexp(sample_log_probs, 0) - math.log(count), sample_log_probs
