@@ -80,6 +80,12 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
         if set(taps) != set(layers):
             missing = sorted(set(layers) - set(taps))
             raise InputError(f"the covered layers {missing} were not called in the forward pass; pass layers the model uses")
+        for name, (inputs, _) in taps.items():
+            if inputs.dim() != 2:
+                raise ConfigError(
+                    f"pred='glm' needs (N, features) inputs to the covered Linear layers; '{name}' gets "
+                    f"{tuple(inputs.shape)}. Use pred='nn' for layers applied over tokens or positions"
+                )
         leaves = [taps[name][1] for name in layers]
         classes = logits.shape[-1]
         gradients = [[] for _ in leaves]  # per layer: C tensors (n, out)
@@ -89,15 +95,9 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
     dtype = torch.promote_types(logits.dtype, torch.float64)
     covariance = logits.new_zeros((logits.shape[0], classes, classes), dtype=dtype)
     by_name = {block.name: block for block in blocks}
-    for (name, layer), grads in zip(layers.items(), gradients):
-        inputs = taps[name][0]
-        if inputs.dim() != 2:
-            raise ConfigError(
-                f"pred='glm' needs (N, features) inputs to the covered Linear layers; '{name}' gets "
-                f"{tuple(inputs.shape)}. Use pred='nn' for layers applied over tokens or positions"
-            )
+    for name, grads in zip(layers, gradients):
         g = torch.stack(grads, 1).to(dtype)  # (n, C, out)
-        a = inputs.to(dtype)
+        a = taps[name][0].to(dtype)
         weight = by_name.get(f"{name}.weight")
         if weight is not None:
             covariance += _weight_term(g, a, weight, prior_precision)

@@ -433,3 +433,14 @@ def test_subset_errors_are_clear(digits_model) -> None:
     with pytest.raises(ConfigError, match="pred='nn'"):
         posthoc.wrap(digits_model, method="laplace", subset=["features.0", "classifier.4"], pred="glm")
     assert posthoc.wrap(digits_model, method="laplace", subset=["features.4", "classifier.4"]).method.pred == "nn"
+
+
+def test_subset_glm_refuses_linear_layers_applied_over_positions() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Unflatten(1, (2, 2)), nn.Linear(2, 3), nn.Flatten(), nn.Linear(6, 3)).eval()
+    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag").fit([(x, y)], progress=False)
+    with pytest.raises(ConfigError, match="pred='nn'"):
+        um.predict(x[:3])
+    nn_um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", pred="nn", num_samples=4)
+    assert torch.isfinite(nn_um.fit([(x, y)], progress=False).predict(x[:3]).probs).all()
