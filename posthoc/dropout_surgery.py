@@ -38,6 +38,7 @@ from torch import Tensor, nn
 
 from posthoc.batches import Inputs
 from posthoc.errors import ConfigError
+from posthoc.random_draws import draw_device
 from posthoc.surgery import find_head
 
 #: rate of inserted dropout when ``p`` is not given (Gal & Ghahramani use 0.1-0.5; 0.1 keeps
@@ -178,8 +179,7 @@ def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch
 def _drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
     """The complement of :func:`keep_mask` (same random draws): ``True`` where an entry is dropped."""
     numel = math.prod(shape)
-    where = generator.device if generator is not None else torch.device(device)
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=where).random_(-(2**63), None, generator=generator)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=draw_device(generator, device)).random_(-(2**63), None, generator=generator)
     threshold = round(p * 65536) - 32768
     return (words.view(torch.int16)[:numel] < threshold).reshape(shape).to(device)
 

@@ -15,8 +15,12 @@ import torch
 from torch import Tensor
 
 
+def draw_device(generator: torch.Generator | None, device: torch.device | str) -> torch.device:
+    """Where draws for ``device`` are made: on the generator's device if one is given."""
+    return generator.device if generator is not None else torch.device(device)
+
+
 def randn(shape: tuple[int, ...] | torch.Size, *, generator: torch.Generator | None, device: torch.device | str,
           dtype: torch.dtype = torch.float32) -> Tensor:
     """Standard normal draws of ``shape`` on ``device``, from ``generator`` (on its own device) if given."""
-    source = generator.device if generator is not None else device
-    return torch.randn(shape, generator=generator, device=source, dtype=dtype).to(device)
+    return torch.randn(shape, generator=generator, device=draw_device(generator, device), dtype=dtype).to(device)

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from posthoc.errors import ConfigError
 from posthoc.suffix import Layout
+from posthoc.surgery import parameter_owners
 
 
 class HasLayout(Protocol):
@@ -37,13 +38,11 @@ def sampled_linears(model: nn.Module, weights: dict[str, Tensor], runner: HasLay
 
     A Linear layer whose weight (or bias) is not in ``weights`` keeps its checkpoint value for it.
     """
-    modules: dict[str, nn.Linear] = {}
+    modules = parameter_owners(model, weights)
     for name in weights:
         owner, _, kind = name.rpartition(".")
-        module = model.get_submodule(owner)
-        if not isinstance(module, nn.Linear) or kind not in ("weight", "bias"):
+        if not isinstance(modules[owner], nn.Linear) or kind not in ("weight", "bias"):
             raise ConfigError(f"'{name}' is not the weight or bias of a Linear layer; only those are sampled in batches")
-        modules[owner] = module
 
     def hook(name: str):
         def apply(module: nn.Linear, args: tuple, out: Tensor) -> Tensor:

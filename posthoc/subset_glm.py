@@ -35,20 +35,18 @@ from posthoc.batches import Inputs, run_model
 from posthoc.curvature import ParamCurvature
 from posthoc.errors import ConfigError, InputError
 from posthoc.glm_predictive import LogitGaussian
+from posthoc.surgery import parameter_owners
 
 
 def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str, nn.Linear]:
     """The Linear modules that own ``param_names``; a clear error for any other layer type."""
-    layers: dict[str, nn.Linear] = {}
-    for name in param_names:
-        module_name = name.rpartition(".")[0]
-        module = model.get_submodule(module_name)
+    layers = parameter_owners(model, param_names)
+    for name, module in layers.items():
         if not isinstance(module, nn.Linear):
             raise ConfigError(
-                f"pred='glm' over several layers covers Linear layers; '{module_name}' is a "
+                f"pred='glm' over several layers covers Linear layers; '{name}' is a "
                 f"{type(module).__name__}. Use pred='nn' (weight samples), or name Linear layers only"
             )
-        layers[module_name] = module
     return layers
 
 

@@ -16,7 +16,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 import torch
@@ -41,6 +41,17 @@ def uncompiled(model: nn.Module) -> nn.Module:
     """
     original = getattr(model, "_orig_mod", None)
     return original if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
+def parameter_owners(model: nn.Module, param_names: Iterable[str]) -> dict[str, nn.Module]:
+    """The modules that own ``param_names`` (``"classifier.1.weight"`` -> ``"classifier.1"``), in order, once each.
+
+    Example:
+        >>> list(parameter_owners(nn.Sequential(nn.Linear(2, 3)), ["0.weight", "0.bias"]))
+        ['0']
+    """
+    names = dict.fromkeys(name.rpartition(".")[0] for name in param_names)
+    return {name: model.get_submodule(name) for name in names}
 
 
 def module_name(model: nn.Module, module: nn.Module) -> str | None:

@@ -50,7 +50,7 @@ from posthoc.curvature import (
 )
 from posthoc.errors import ConfigError, InputError
 from posthoc.marglik import grid_search, log_marginal_likelihood, optimize_prior_precision
-from posthoc.surgery import FeatureSplit, eval_mode
+from posthoc.surgery import FeatureSplit, eval_mode, parameter_owners
 
 PRIOR_MODES = ("marglik", "grid")
 #: per-parameter buffers of a deeper (BackPACK) Laplace, named ``p{index}_{field}``
@@ -125,7 +125,7 @@ class Laplace(Method):
                 self.register_buffer(name, None)
         else:
             self.param_names = subset_parameters(model, subset)
-            all_linear = all(isinstance(model.get_submodule(n.rpartition(".")[0]), nn.Linear) for n in self.param_names)
+            all_linear = all(isinstance(m, nn.Linear) for m in parameter_owners(model, self.param_names).values())
             self.pred = pred or ("glm" if all_linear else "nn")
             self.glm_layers = subset_glm.covered_linear_layers(model, self.param_names) if self.pred == "glm" else {}
             for index in range(len(self.param_names)):

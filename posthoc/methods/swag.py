@@ -44,7 +44,7 @@ from posthoc.logits import class_log_probs
 from posthoc.random_draws import randn
 from posthoc.sampled_linears import sampled_linears
 from posthoc.suffix import SuffixRunner
-from posthoc.surgery import FeatureSplit, eval_mode
+from posthoc.surgery import FeatureSplit, eval_mode, parameter_owners
 from posthoc.swag_collector import SWAGCollector
 
 SUBSETS = ("all", "last_layer")
@@ -292,14 +292,14 @@ class SWAG(Method):
 
     # ----------------------------------------------------------------- BatchNorm per sample
     @property
-    def _owners(self) -> set[str]:
-        """Names of the modules that own a sampled weight."""
-        return {name.rpartition(".")[0] for name in self.names}
+    def _owners(self) -> dict[str, nn.Module]:
+        """The modules that own a sampled weight, by name."""
+        return parameter_owners(self.model, self.names)
 
     def _call_order(self, x: Inputs) -> list[str]:
         """The sampled weights' modules and the BatchNorm layers, in the order a forward pass calls them (traced once)."""
         if self._order is None:
-            watched = self._owners | set(batchnorm_layers(self.model))
+            watched = set(self._owners) | set(batchnorm_layers(self.model))
             order: list[str] = []
             hooks = [
                 module.register_forward_pre_hook(lambda mod, args, n=name: order.append(n))
@@ -319,8 +319,8 @@ class SWAG(Method):
         """BatchNorm layers called after the first module that owns a sampled weight."""
         if self._bn_layers is None:
             layers = batchnorm_layers(self.model)
-            order = self._call_order(x) if layers else []
-            first = next((i for i, n in enumerate(order) if n in self._owners), len(order))
+            order, owners = (self._call_order(x) if layers else []), self._owners
+            first = next((i for i, n in enumerate(order) if n in owners), len(order))
             after = set(order[first:])
             self._bn_layers = [name for name in layers if name in after]
         return self._bn_layers
@@ -329,13 +329,13 @@ class SWAG(Method):
         """A runner that samples the suffix from the first sampled layer on in one expanded pass, where
         that is exact: every sampled weight belongs to a Linear layer, no BatchNorm layer after it
         needs refreshed statistics, and ``count`` stacked weight samples fit half the memory budget."""
-        modules = dict(self.model.named_modules())
-        if self._refreshed_layers(x) or not all(isinstance(modules[name], nn.Linear) for name in self._owners):
+        owners = self._owners
+        if self._refreshed_layers(x) or not all(isinstance(module, nn.Linear) for module in owners.values()):
             return None
         element = next(iter(self.model.parameters())).element_size()
         if count * self.collector.num_parameters * element > settings.memory_budget(None) // 2:
             return None
-        first = next(name for name in self._call_order(x) if name in self._owners)
+        first = next(name for name in self._call_order(x) if name in owners)
         if self._runner is None or self._runner.start != first:
             self._runner = SuffixRunner(self.model, first)
         return self._runner
