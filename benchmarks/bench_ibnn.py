@@ -19,8 +19,9 @@ import time
 import torch
 
 import posthoc
-from posthoc import data, metrics, zoo
-from posthoc.methods.ibnn import ImplicitBNN
+from posthoc.demo import data, zoo
+from posthoc.evaluation import metrics
+from posthoc.methods.ibnn.method import ImplicitBNN
 
 try:
     from timing import HEADER, measure, row

@@ -44,7 +44,7 @@ def peer_marglik(la) -> None:
 
 
 def digits() -> None:
-    from posthoc import data, zoo
+    from posthoc.demo import data, zoo
 
     splits = data.load_digits()
     train = data.loader(splits.fit, batch_size=256)

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import posthoc  # noqa: E402
-from posthoc import data, zoo  # noqa: E402
+from posthoc.demo import data, zoo  # noqa: E402
 from timing import HEADER, Timing, measure, row  # noqa: E402
 
 #: largest activation torch-uncertainty's batched wrapper may allocate here (it repeats the input S times)

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 import posthoc
-from posthoc import data, zoo
+from posthoc.demo import data, zoo
 from timing import HEADER, Timing, measure, row
 
 SAMPLES = 20

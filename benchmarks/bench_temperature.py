@@ -11,7 +11,8 @@ import numpy as np
 import torch
 
 import posthoc
-from posthoc import data, metrics, zoo
+from posthoc.demo import data, zoo
+from posthoc.evaluation import metrics
 from timing import HEADER, measure, row
 
 

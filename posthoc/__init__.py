@@ -7,11 +7,13 @@ Example:
     >>> report = posthoc.evaluate(um, test_loader)
 """
 
-from posthoc import api, methods  # noqa: F401  (importing methods registers them)
-from posthoc.api import available_methods, register, wrap
-from posthoc.base import Method, UncertainModel
+import sys
+
+from posthoc import methods  # noqa: F401  (importing methods registers them)
+from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
-from posthoc.errors import (
+from posthoc.core import errors, settings
+from posthoc.core.errors import (
     ConfigError,
     HeadNotFoundError,
     InputError,
@@ -20,16 +22,22 @@ from posthoc.errors import (
     PosteriorFileError,
     PosthocError,
 )
-from posthoc.persist import load
-from posthoc.prediction import Prediction
-from posthoc.report import Report, evaluate
+from posthoc.core.method import Method
+from posthoc.core.prediction import Prediction
+from posthoc.core.registry import available_methods, methods_doc, register
+from posthoc.core.uncertain_model import UncertainModel
+from posthoc.evaluation.report import Report, evaluate
 
-wrap.__doc__ = (wrap.__doc__ or "") + api.methods_doc()
+# the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
+sys.modules[f"{__name__}.settings"] = settings
+sys.modules[f"{__name__}.errors"] = errors
+
+wrap.__doc__ = (wrap.__doc__ or "") + methods_doc()
 
 __version__ = "0.1.0"
 
 __all__ = [
-    "wrap", "load", "evaluate", "calibrate", "register", "available_methods",
+    "wrap", "load", "evaluate", "calibrate", "register", "available_methods", "settings",
     "Prediction", "Report", "UncertainModel", "Method",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError",

@@ -1,4 +1,4 @@
-"""``wrap()``: the method registry and composition.
+"""``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior.
 
 Example:
     >>> um = posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag")
@@ -13,40 +13,16 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.base import Method, UncertainModel
-from posthoc.errors import ConfigError
-from posthoc.surgery import uncompiled
-
-REGISTRY: dict[str, type[Method]] = {}
-
-
-def register(cls: type[Method]) -> type[Method]:
-    """Class decorator adding a :class:`Method` to the registry under ``cls.name``."""
-    if not cls.name:
-        raise ConfigError(f"{cls.__name__} has no name to register under")
-    REGISTRY[cls.name] = cls
-    return cls
-
-
-def available_methods() -> dict[str, dict[str, Any]]:
-    """Every registered method with its options and defaults.
-
-    Example:
-        >>> sorted(available_methods())[:2]
-        ['laplace', 'mc-dropout']
-    """
-    return {name: cls.option_defaults() for name, cls in sorted(REGISTRY.items())}
-
-
-def _method_class(name: str) -> type[Method]:
-    if not isinstance(name, str) or name not in REGISTRY:
-        raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(REGISTRY))}")
-    return REGISTRY[name]
-
+from posthoc.core import persistence
+from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.core.method import Method
+from posthoc.core.modules import uncompiled
+from posthoc.core.registry import REGISTRY, method_class
+from posthoc.core.uncertain_model import UncertainModel
 
 def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
     """Give each option to every method in the chain that accepts it; refuse the rest."""
-    accepted = [_method_class(name).option_defaults() for name in names]
+    accepted = [method_class(name).option_defaults() for name in names]
     unknown = sorted(k for k in options if not any(k in valid for valid in accepted))
     if unknown:
         listing = "; ".join(
@@ -67,26 +43,13 @@ def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
     raise ConfigError(f"option {key!r} is a module that is not part of the model; pass one of its modules or its name")
 
 
-def methods_doc() -> str:
-    """A docstring section listing every registered method with its options and defaults."""
-    lines = ["", "    Methods (options and fit options, with defaults):", ""]
-    for name, cls in sorted(REGISTRY.items()):
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        options = ", ".join(f"{k}={v!r}" for k, v in cls.option_defaults().items()) or "none"
-        fit_options = ", ".join(f"{k}={v!r}" for k, v in cls.fit_option_defaults().items()) or "none"
-        lines.append(f"    - ``{name}``: {summary} Options: {options}. Fit options: {fit_options}.")
-    return "\n".join(lines) + "\n"
-
-
 def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
     """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``."""
-    from posthoc.persist import fingerprint
-
     model = uncompiled(model)
     method: Method | None = None
     source: str | None = None
     for position, entry in enumerate(spec):
-        cls = _method_class(entry["name"])
+        cls = method_class(entry["name"])
         if cls.stacks:
             inner = method if method is not None else REGISTRY["none"](model)
             method = cls(inner, **entry["options"])
@@ -96,7 +59,7 @@ def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
                 f"{[n for n, c in REGISTRY.items() if c.stacks]} can come after another method"
             )
         elif cls.copies_model:
-            source = fingerprint(model)
+            source = persistence.fingerprint(model)
             method = cls(copy.deepcopy(model), **entry["options"])
         else:
             method = cls(model, **entry["options"])
@@ -133,3 +96,29 @@ def wrap(model: nn.Module, method: str | list[str] = "laplace", **options: Any) 
     routed = _route_options(names, options)
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     return wrap_spec(model, spec)
+
+
+def load(path: str | os.PathLike, model: nn.Module) -> UncertainModel:
+    """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
+
+    Example:
+        >>> um = posthoc.load("net.laplace.pt", model)
+    """
+    payload = persistence.read(path)
+    model = uncompiled(model)
+    found = persistence.fingerprint(model)
+    if found != payload["fingerprint"]:
+        raise PosteriorFileError(
+            f"{path} was fitted on a different model ({payload['model_class']}, fingerprint "
+            f"{payload['fingerprint'][:12]}) than the one given ({type(model).__qualname__}, "
+            f"fingerprint {found[:12]}): architecture or weights differ. Load it onto the exact "
+            "checkpoint it was fitted on, or fit again"
+        )
+    um = wrap_spec(model, payload["spec"])
+    try:
+        um.method.load_posterior_state(payload["state"])
+    except (KeyError, AttributeError) as err:
+        raise PosteriorFileError(f"{path} does not match the method it names: unexpected entry {err}") from err
+    um.fingerprint = found
+    um.to(um.device)
+    return um

@@ -16,11 +16,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posthoc.batches import check_labels
-from posthoc.errors import ConfigError, InputError
-from posthoc.logits import class_log_probs, check_finite_logits
-from posthoc.prediction import Prediction
-from posthoc.temperature_fit import fit_temperature, tempered_log_probs
+from posthoc.core.inputs import check_labels
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.logits import class_log_probs, check_finite_logits
+from posthoc.core.prediction import Prediction
+from posthoc.methods.temperature import fit_temperature, tempered_log_probs
 
 CALIBRATORS = ("temperature",)
 

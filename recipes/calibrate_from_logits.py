@@ -30,11 +30,11 @@ import torch
 from torch import Tensor
 
 import posthoc
-from posthoc import plots
-from posthoc.batches import check_labels
-from posthoc.errors import InputError, exit_status
-from posthoc.logits import check_finite_logits, class_log_probs
-from posthoc.report import Report, markdown_table
+from posthoc.evaluation import plots
+from posthoc.core.inputs import check_labels
+from posthoc.core.errors import InputError, exit_status
+from posthoc.core.logits import check_finite_logits, class_log_probs
+from posthoc.evaluation.report import Report, markdown_table
 
 
 def load_array(path: Path, what: str) -> Tensor:

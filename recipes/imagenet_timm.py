@@ -35,9 +35,9 @@ import torch
 from timm.data import create_transform, resolve_data_config
 from torch import nn
 
-from posthoc.errors import ConfigError, exit_status
-from posthoc.evaluate_cli import recipe_parser, run_retrofit
-from posthoc.model_loading import load_checkpoint, weights_unavailable
+from posthoc.core.errors import ConfigError, exit_status
+from posthoc.cli.evaluate import recipe_parser, run_retrofit
+from posthoc.loading.models import load_checkpoint, weights_unavailable
 
 
 def load_model(name: str, pretrained: bool, num_classes: int | None, checkpoint: Path | None) -> nn.Module:

@@ -12,7 +12,7 @@ from torch import nn
 
 from hypothesis import settings
 
-from posthoc import data, zoo
+from posthoc.demo import data, zoo
 
 # the same examples on every run, so CI never passes or fails by chance;
 # HYPOTHESIS_PROFILE=explore draws new examples (with --hypothesis-seed to replay one run)

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import posthoc
-from posthoc import zoo
-from posthoc.glm_predictive import LogitGaussian, bridge_log_probs, kron_logits, mc_log_probs, probit_log_probs
-from posthoc.prediction import Prediction
+from posthoc.demo import zoo
+from posthoc.methods.laplace.glm_predictive import LogitGaussian, bridge_log_probs, kron_logits, mc_log_probs, probit_log_probs
+from posthoc.core.prediction import Prediction
 
 
 def _gaussian(rows: int = 7, classes: int = 5) -> LogitGaussian:

@@ -49,7 +49,7 @@ def _fit_predict(model, small, options, fit_options, device):
 def test_method_on_cuda_matches_cpu(case, digits_model, small):
     options, fit_options, tolerance = CASES[case]
     torch.manual_seed(0)
-    _, on_cpu = _fit_predict(posthoc.zoo.pretrained(), small, options, fit_options, "cpu")
+    _, on_cpu = _fit_predict(posthoc.demo.zoo.pretrained(), small, options, fit_options, "cpu")
     torch.manual_seed(0)
     um, on_gpu = _fit_predict(digits_model, small, options, fit_options, "cuda")
     assert on_gpu.probs.is_cuda and on_gpu.entropy.is_cuda
@@ -67,7 +67,7 @@ def test_backpack_kfac_on_cuda_matches_cpu(digits_model, small):
     pred='nn', map the same noise through eigenvector bases that differ between devices, so they are
     not compared)."""
     fitted, probs = [], []
-    for model, device in ((posthoc.zoo.pretrained(), "cpu"), (digits_model, "cuda")):
+    for model, device in ((posthoc.demo.zoo.pretrained(), "cpu"), (digits_model, "cuda")):
         um = posthoc.wrap(model.to(device), method="laplace", subset=["classifier.1", "classifier.4"])
         fitted.append(um.fit(small["fit"], progress=False).method)
         pred = um.predict(small["x"].to(device))
@@ -127,5 +127,5 @@ def test_posterior_follows_the_model_to_the_gpu_and_back(tmp_path, digits_model,
     assert on_gpu.is_cuda
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-4, rtol=0)
     um.save(tmp_path / "laplace.pt")
-    reloaded = posthoc.load(tmp_path / "laplace.pt", posthoc.zoo.pretrained())  # onto a CPU model
+    reloaded = posthoc.load(tmp_path / "laplace.pt", posthoc.demo.zoo.pretrained())  # onto a CPU model
     torch.testing.assert_close(reloaded.predict(small["x"]).probs, on_cpu, atol=1e-4, rtol=0)

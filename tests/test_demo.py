@@ -3,9 +3,9 @@ import re
 import torch
 from PIL import Image
 
-from posthoc import data, zoo
-from posthoc.cli import main
-from posthoc.demo import ANGLES
+from posthoc.demo import data, zoo
+from posthoc.cli.main import main
+from posthoc.demo.run import ANGLES
 
 
 def test_digits_splits_are_fixed_stratified_and_disjoint(digits):

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc import zoo
+from posthoc.demo import zoo
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CASES = {

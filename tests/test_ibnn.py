@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.errors import ConfigError, NumericalError
-from posthoc.methods.ibnn import expand
-from posthoc.nodes import NodeSet, select_layers
+from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.methods.ibnn.method import expand
+from posthoc.methods.ibnn.nodes import NodeSet, select_layers
 
 
 def _scaled_copy(model, names, factors):
@@ -156,7 +156,7 @@ def test_token_inputs_get_one_node_per_last_dim_feature():
 
 def test_short_fit_keeps_the_users_model_and_round_trips(digits_model, digits, tmp_path):
     original = {k: v.clone() for k, v in digits_model.state_dict().items()}
-    loader = posthoc.data.loader(torch.utils.data.Subset(digits.fit, range(256)), batch_size=64)
+    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(256)), batch_size=64)
     torch.manual_seed(0)
     um = posthoc.wrap(digits_model, method="ibnn", components=2, num_samples=2)
     start = [g.mean.detach().clone() for g in um.method.nodes.groups]
@@ -167,7 +167,7 @@ def test_short_fit_keeps_the_users_model_and_round_trips(digits_model, digits, t
     x, y = digits.test.tensors[0][:200], digits.test.tensors[1][:200]
     pred = um.predict(x, generator=torch.Generator().manual_seed(0))
     assert pred.samples.shape == (4, 200, 8) and float(pred.epistemic.mean()) > 0
-    assert posthoc.metrics.accuracy(pred.probs, y) > 0.95
+    assert posthoc.evaluation.metrics.accuracy(pred.probs, y) > 0.95
     um.save(tmp_path / "ibnn.pt")
     again = posthoc.load(tmp_path / "ibnn.pt", digits_model)
     torch.testing.assert_close(again.predict(x, generator=torch.Generator().manual_seed(0)).probs, pred.probs)
@@ -251,7 +251,7 @@ def test_bad_fit_options_are_refused(digits_model, loaders, fit_options):
 def test_nan_elbo_stops_with_a_clear_error_and_restores_everything(digits_model, digits):
     original = {k: v.clone() for k, v in digits_model.state_dict().items()}
     x, y = digits.fit.tensors
-    loader = posthoc.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=32)
+    loader = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=32)
     um = posthoc.wrap(digits_model, method="ibnn", components=2)
     before = {k: v.clone() for k, v in um.method.state_dict().items()}
     with pytest.raises(NumericalError, match="lower lr_nodes"):
@@ -264,7 +264,7 @@ def test_nan_elbo_stops_with_a_clear_error_and_restores_everything(digits_model,
 
 def test_refresh_bn_re_estimates_the_statistics_with_the_nodes_on(digits_model, digits):
     x, y = digits.fit.tensors
-    loader = posthoc.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
+    loader = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
     um = posthoc.wrap(digits_model, method="ibnn", components=2, init_mean_std=0.3)
     um.fit(loader, epochs=1, lr_nodes=0.1, refresh_bn=True, progress=False)
     norm, original = um.method.model.features[1], digits_model.features[1]

@@ -10,9 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.curvature import LastLayerGGN, augment, full_matrix
-from posthoc.errors import ConfigError, HeadNotFoundError, InputError
-from posthoc.marglik import log_marginal_likelihood, optimize_prior_precision
+from posthoc.methods.laplace.curvature import LastLayerGGN, augment, full_matrix
+from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
 
 D, C = 5, 3
 
@@ -148,7 +148,7 @@ def test_logit_samples_have_the_analytic_covariance(structure: str) -> None:
 @pytest.fixture(scope="module")
 def fitted(digits) -> dict[str, posthoc.UncertainModel]:
     """The bundled CNN with a Laplace posterior of each structure, fitted once for this module."""
-    from posthoc import data, zoo
+    from posthoc.demo import data, zoo
 
     model = zoo.pretrained()
     loader = data.loader(digits.fit, batch_size=256)
@@ -311,7 +311,7 @@ def kron_of(block) -> torch.Tensor:
 
 
 def test_backpack_kflr_over_two_layers_equals_brute_force_blocks() -> None:
-    from posthoc.curvature import backpack_ggn
+    from posthoc.methods.laplace.curvature import backpack_ggn
 
     model, (x, y) = mlp(), tiny_data(n=30)
     names = ["2.weight", "2.bias", "4.weight", "4.bias"]
@@ -324,7 +324,7 @@ def test_backpack_kflr_over_two_layers_equals_brute_force_blocks() -> None:
 
 
 def test_backpack_kflr_is_the_exact_ggn_block_for_one_example() -> None:
-    from posthoc.curvature import backpack_ggn
+    from posthoc.methods.laplace.curvature import backpack_ggn
 
     model, (x, y) = mlp(), tiny_data(n=1)
     blocks, _ = backpack_ggn(model, ["2.weight"], "kron", [(x, y)])
@@ -336,7 +336,7 @@ def test_backpack_kflr_is_the_exact_ggn_block_for_one_example() -> None:
 
 
 def test_weight_samples_have_the_posterior_covariance() -> None:
-    from posthoc.curvature import backpack_ggn, sample_weights
+    from posthoc.methods.laplace.curvature import backpack_ggn, sample_weights
 
     model, (x, y) = mlp(), tiny_data(n=30)
     (block,), _ = backpack_ggn(model, ["4.weight"], "kron", [(x, y)])
@@ -353,8 +353,8 @@ def test_weight_samples_have_the_posterior_covariance() -> None:
 @pytest.mark.parametrize("hessian", ["kron", "diag"])
 def test_subset_glm_covariance_is_the_jacobian_sandwich(hessian: str) -> None:
     """Two Linear layers: the logit covariance equals J Σ Jᵀ with dense J (torch.func) and dense Σ."""
-    from posthoc.curvature import backpack_ggn
-    from posthoc.subset_glm import covered_linear_layers, logit_gaussian
+    from posthoc.methods.laplace.curvature import backpack_ggn
+    from posthoc.methods.laplace.subset_glm import covered_linear_layers, logit_gaussian
 
     model, (x, y) = mlp(), tiny_data(n=30)
     names = ["2.weight", "2.bias", "4.weight", "4.bias"]
@@ -383,9 +383,9 @@ def test_subset_glm_chunks_under_a_small_memory_budget_without_changing_the_pred
     x = digits.test.tensors[0][:40]
     um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(small_loader, progress=False)
     calls = []
-    original = posthoc.subset_glm.logit_gaussian
+    original = posthoc.methods.laplace.subset_glm.logit_gaussian
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(posthoc.subset_glm, "logit_gaussian", lambda *args: calls.append(args[3].shape[0]) or original(*args))
+        patch.setattr(posthoc.methods.laplace.subset_glm, "logit_gaussian", lambda *args: calls.append(args[3].shape[0]) or original(*args))
         small = um.predict(x, max_memory=200_000).probs
     assert max(calls) < 8 and sum(calls) == 40, calls
     torch.testing.assert_close(small, um.predict(x).probs, atol=1e-6, rtol=0)

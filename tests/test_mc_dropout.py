@@ -9,9 +9,9 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.dropout_surgery import keep_mask, keep_probability, own_dropout_sites
-from posthoc.errors import ConfigError
-from posthoc.surgery import find_head
+from posthoc.methods.mc_dropout.sites import keep_mask, keep_probability, own_dropout_sites
+from posthoc.core.errors import ConfigError
+from posthoc.engine.head import find_head
 from conftest import ARCHITECTURES
 
 
@@ -60,7 +60,7 @@ def test_digits_own_dropout_is_found_and_bn_stays_in_eval(digits_model: nn.Modul
     um.fit(None, loaders["calibration"], progress=False)
     pred = um.predict(digits.test.tensors[0][:200], num_samples=20)
     _assert_untouched(digits_model, before)
-    assert float(um.method.rate) in posthoc.methods.mc_dropout.P_GRID
+    assert float(um.method.rate) in posthoc.methods.mc_dropout.method.P_GRID
     accuracy = (pred.label == digits.test.tensors[1][:200]).float().mean()
     assert accuracy > 0.9 and pred.epistemic.mean() > 0
 
@@ -161,5 +161,5 @@ def test_bad_input(digits_model: nn.Module) -> None:
             posthoc.wrap(digits_model, method="mc-dropout").predict(torch.zeros(1, 1, 28, 28), num_samples=samples)
     with pytest.raises(ConfigError, match="where must be"):
         posthoc.wrap(plain, method="mc-dropout", where="everywhere")
-    with pytest.raises(posthoc.errors.InputError, match="validation loader"):
+    with pytest.raises(posthoc.core.errors.InputError, match="validation loader"):
         posthoc.wrap(plain, method="mc-dropout", p="auto").fit([(torch.zeros(2, 4), torch.zeros(2))])

@@ -4,8 +4,8 @@ import pytest
 import torch
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from posthoc import metrics
-from posthoc.errors import InputError
+from posthoc.evaluation import metrics
+from posthoc.core.errors import InputError
 
 
 def _random_predictions(n=2000, c=10, seed=0):

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 import posthoc
-from posthoc import persist, zoo
-from posthoc.errors import PosteriorFileError
+from posthoc.core import persistence as persist
+from posthoc.demo import zoo
+from posthoc.core.errors import PosteriorFileError
 
 
 @pytest.fixture()

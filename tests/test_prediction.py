@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posthoc.prediction import Prediction, entropy
+from posthoc.core.prediction import Prediction, entropy
 
 
 def test_entropy_is_safe_at_zero_probability():

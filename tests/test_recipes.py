@@ -16,16 +16,17 @@ import torch
 from PIL import Image
 
 import posthoc
-from posthoc import data, folders, zoo
-from posthoc.evaluate_cli import add_evaluate_arguments, route_options, run_evaluate
-from posthoc.model_loading import build_model, load_checkpoint, parse_model_spec
+from posthoc.demo import data, zoo
+from posthoc.loading import folders
+from posthoc.cli.evaluate import add_evaluate_arguments, route_options, run_evaluate
+from posthoc.loading.models import build_model, load_checkpoint, parse_model_spec
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 METRICS_IN_UNIT_INTERVAL = ("accuracy", "ece", "aurc")
 
 FACTORY_SOURCE = '''
 from torch import nn
-from posthoc import data, zoo
+from posthoc.demo import data, zoo
 
 
 class RGBDigits(nn.Module):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.errors import ConfigError
+from posthoc.core.errors import ConfigError
 
 
 def test_chunked_predict_equals_one_chunk(digits_model, digits, loaders):
@@ -31,7 +31,7 @@ def test_dropping_samples_keeps_the_decomposition():
             samples = torch.log_softmax(torch.randn(4, x.shape[0], 3, generator=generator), -1)
             return torch.logsumexp(samples, 0) - torch.log(torch.tensor(4.0)), samples
 
-    from posthoc.base import UncertainModel
+    from posthoc.core.uncertain_model import UncertainModel
 
     um = UncertainModel(Sampler(torch.nn.Linear(2, 3)), [])
     x = torch.zeros(10, 2)
@@ -66,7 +66,7 @@ def test_keyboard_interrupt_during_fit_leaves_the_model_untouched(digits_model, 
 
 SCRIPT = textwrap.dedent("""
     import resource, sys, torch, posthoc
-    from posthoc import zoo
+    from posthoc.demo import zoo
     torch.set_num_threads(1)
     model = zoo.pretrained()
     x = torch.randn(100_000, 1, 28, 28)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from posthoc.dropout_surgery import DropoutSite, keep_mask, keep_probability, sampling
-from posthoc.errors import ConfigError
-from posthoc.sampled_linears import sampled_linears
-from posthoc.suffix import SuffixRunner, expanded_forward
+from posthoc.methods.mc_dropout.sites import DropoutSite, keep_mask, keep_probability, sampling
+from posthoc.core.errors import ConfigError
+from posthoc.methods.swag.sampled_linears import sampled_linears
+from posthoc.engine.suffix import SuffixRunner, expanded_forward
 
 
 def _mlp() -> nn.Module:

@@ -2,8 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from posthoc.errors import HeadNotFoundError
-from posthoc.surgery import FeatureSplit, eval_mode, find_head
+from posthoc.core.errors import HeadNotFoundError
+from posthoc.engine.head import FeatureSplit, find_head
+from posthoc.core.modules import eval_mode
 
 
 def test_split_reproduces_logits_exactly(architecture):

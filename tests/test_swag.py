@@ -11,9 +11,9 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc import bn_refresh
-from posthoc.errors import ConfigError, InputError, NumericalError
-from posthoc.swag_collector import SWAGCollector
+from posthoc.engine import bn_refresh
+from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.methods.swag.collector import SWAGCollector
 
 
 def _mlp() -> nn.Module:
@@ -131,7 +131,7 @@ def test_full_swag_lazy_samples_cached_batchnorm_and_save_load(digits, digits_mo
     user_state = {k: v.clone() for k, v in digits_model.state_dict().items()}
     calls = []
     original = bn_refresh.batchnorm_statistics
-    monkeypatch.setattr("posthoc.methods.swag.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr("posthoc.methods.swag.method.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k))
     um = posthoc.wrap(digits_model, method="swag", num_samples=3).fit(
         small_fit, progress=False, epochs=1, lr=0.05, include_pretrained=True
     )

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 import posthoc
-from posthoc import metrics
-from posthoc.errors import InputError
-from posthoc.temperature_fit import MAX_TEMPERATURE, fit_temperature
+from posthoc.evaluation import metrics
+from posthoc.core.errors import InputError
+from posthoc.methods.temperature import MAX_TEMPERATURE, fit_temperature
 
 
 def _overconfident_logits(n=3000, c=6, true_t=2.5, seed=0):
@@ -101,7 +101,7 @@ def test_wrapped_temperature_equals_calibrate_on_logits(digits_model, digits, lo
 
 
 def test_on_top_of_samples_tempers_each_sample():
-    from posthoc.temperature_fit import tempered_log_probs
+    from posthoc.methods.temperature import tempered_log_probs
 
     samples = torch.log_softmax(torch.randn(4, 3, 5), -1)
     mixed = tempered_log_probs(samples, 2.0)

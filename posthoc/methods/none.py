@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import torch
 
-from posthoc.api import register
-from posthoc.base import LogPredictive, Method
-from posthoc.batches import Inputs, run_model
-from posthoc.logits import class_log_probs
+from posthoc.core.registry import register
+from posthoc.core.method import LogPredictive, Method
+from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.logits import class_log_probs
 
 
 @register

@@ -11,16 +11,59 @@ Example:
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Iterable
 
 import torch
-from posthoc import distributed
-from posthoc.api import register
-from posthoc.base import LogPredictive, Method
-from posthoc.batches import Inputs, check_labels, iterate
-from posthoc.errors import ConfigError
-from posthoc.surgery import eval_mode
-from posthoc.temperature_fit import fit_temperature, tempered_log_probs
+from torch import Tensor
+
+from posthoc.core import distributed
+from posthoc.core.registry import register
+from posthoc.core.method import LogPredictive, Method
+from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.errors import ConfigError
+from posthoc.core.modules import eval_mode
+
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e2
+
+
+def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor:
+    """Apply ``T`` to log-probabilities ``(N, C)`` or samples ``(S, N, C)``; returns ``(N, C)``."""
+    tempered = torch.log_softmax(log_probs / temperature, dim=-1)
+    if log_probs.dim() == 3:
+        return torch.logsumexp(tempered, dim=0) - math.log(log_probs.shape[0])
+    return tempered
+
+
+def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -> float:
+    """The temperature minimising the NLL of ``labels`` under the tempered predictive."""
+    log_probs = log_probs.detach().double().clamp_min(-1e4)
+    labels = labels.to(log_probs.device)
+    log_t = torch.zeros((), dtype=torch.float64, device=log_probs.device, requires_grad=True)
+    bound = math.log(MAX_TEMPERATURE)
+    optimizer = torch.optim.LBFGS([log_t], lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+
+    def nll() -> Tensor:
+        optimizer.zero_grad()
+        temperature = log_t.clamp(-bound, bound).exp()
+        loss = torch.nn.functional.nll_loss(tempered_log_probs(log_probs, temperature), labels)
+        loss.backward()
+        return loss
+
+    optimizer.step(nll)
+    value = float(log_t.detach().clamp(-bound, bound).exp())
+    if not math.isfinite(value):
+        value = 1.0
+    if value <= MIN_TEMPERATURE * 1.01 or value >= MAX_TEMPERATURE * 0.99:
+        warnings.warn(
+            f"the fitted temperature hit its bound ({value:.3g}); the held-out data may be too small, "
+            "mislabelled, or perfectly separated",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return value
+
 
 #: at most this many bytes of cached per-sample log-probabilities; beyond it, examples are subsampled
 CACHE_BYTES = 1 << 30

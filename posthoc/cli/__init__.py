@@ -1,0 +1,1 @@
+"""The ``posthoc`` command line."""

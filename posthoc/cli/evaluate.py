@@ -1,0 +1,363 @@
+"""``posthoc evaluate``: retrofit methods onto a timm / torchvision / your own model and report on image folders.
+
+::
+
+    posthoc evaluate --model timm:resnet50 --train imagenet/train --val imagenet/val \\
+        --ood imagenet-o --method laplace --method laplace+temperature --train-subset 20000 --out reports/r50
+
+Each ``--method`` is one row of the report (``a+b`` composes, inner first); the plain model
+(``none``) is always the first row. The ``--val`` folder is split with a fixed seed into a
+calibration half (the ``val_loader`` of ``fit``) and a test half (the report), unless a separate
+``--calibration`` folder is given. ``--shift`` folders (e.g. ImageNet-C ``corruption/severity``
+folders) are labelled test sets with the same classes; ``--ood`` is an unlabelled folder.
+
+Writes ``OUT/report.md`` (Markdown tables), ``OUT/metrics.json``, ``OUT/reliability.png`` and
+``OUT/risk_coverage.png``. The recipes in ``recipes/`` reuse :func:`run_retrofit` after loading
+their model with the library's own loading code.
+
+Example:
+    >>> parser = argparse.ArgumentParser()
+    >>> add_evaluate_arguments(parser)
+    >>> run_evaluate(parser.parse_args(["--model", "tv:resnet18", "--val", "val/", "--method", "temperature",
+    ...                                 "--out", "report/"]))
+    PosixPath('report/report.md')
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+import posthoc
+from posthoc.loading import folders
+from posthoc.evaluation import plots
+from posthoc.core.registry import REGISTRY
+from posthoc.core.errors import ConfigError
+from posthoc.loading.models import build_model
+from posthoc.evaluation.report import Report, markdown_table
+
+BASELINE = "none"
+#: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
+FEATURED_STATE = ("temperature", "prior_precision")
+OUTPUT_FILES = ("report.md", "metrics.json", "reliability.png", "risk_coverage.png")
+
+
+def parse_bool(text: str) -> bool:
+    """``true/false/yes/no/1/0`` (any case) as a bool, for ``--pretrained false``."""
+    value = text.strip().lower()
+    if value in ("true", "yes", "1", "on"):
+        return True
+    if value in ("false", "no", "0", "off"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def parse_option(text: str) -> tuple[str, Any]:
+    """``KEY=VALUE`` with VALUE read as a Python literal where possible (``prior_precision=1.0``)."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"options are KEY=VALUE, got {text!r}")
+    try:
+        return key.strip(), ast.literal_eval(raw)
+    except (ValueError, SyntaxError):
+        return key.strip(), raw
+
+
+def recipe_parser(description: str, library: str, list_models: str) -> argparse.ArgumentParser:
+    """The command line of an ImageNet recipe: ``--model NAME``, ``--checkpoint``, model, data and run options."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default="resnet50", metavar="NAME",
+                        help=f"a {library} model name, see {list_models} (default: resnet50)")
+    parser.add_argument("--checkpoint", type=Path, default=None, metavar="FILE",
+                        help="a state_dict to load on top (fine-tuned weights)")
+    add_model_options(parser)
+    add_run_arguments(parser)
+    return parser
+
+
+def add_model_options(parser: argparse.ArgumentParser) -> None:
+    """``--pretrained``, ``--num-classes`` and ``--image-size`` (shared by the CLI and the recipes)."""
+    group = parser.add_argument_group("model")
+    group.add_argument("--pretrained", type=parse_bool, default=True, metavar="true|false",
+                       help="load the published weights (needs internet or a filled cache); false = random weights "
+                            "(default: true)")
+    group.add_argument("--num-classes", type=int, metavar="N", default=None,
+                       help="size of the classifier head, for fine-tuned checkpoints (default: the architecture's)")
+    group.add_argument("--image-size", type=int, metavar="N", default=None,
+                       help="override the crop size of the model's preprocessing (default: the model's own)")
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """Data, method and output arguments (shared by the CLI and the recipes)."""
+    data = parser.add_argument_group("data (ImageFolder layout: ROOT/CLASS/image.jpg)")
+    data.add_argument("--train", type=Path, metavar="DIR", default=None, help="training images, used to fit the methods")
+    data.add_argument("--val", type=Path, metavar="DIR", required=True,
+                      help="held-out labelled images: split into calibration and test halves")
+    data.add_argument("--calibration", type=Path, metavar="DIR", default=None,
+                      help="separate calibration folder; then all of --val is the test set")
+    data.add_argument("--calibration-fraction", type=float, default=0.5,
+                      metavar="F",
+                      help="fraction of --val used for calibration when no --calibration folder is given (default: 0.5)")
+    data.add_argument("--ood", type=Path, metavar="DIR", default=None, help="out-of-distribution images (labels ignored; flat folder ok)")
+    data.add_argument("--shift", type=Path, metavar="DIR", action="append", default=[],
+                      help="labelled shifted test folder with the same classes, e.g. ImageNet-C (repeatable)")
+    data.add_argument("--train-subset", type=int, metavar="N", default=None, help="fit on this many random training images")
+    data.add_argument("--val-subset", type=int, metavar="N", default=None, help="use this many random --val images")
+    data.add_argument("--ood-subset", type=int, metavar="N", default=None, help="use this many random images per --ood/--shift folder")
+    data.add_argument("--batch-size", type=int, default=64, metavar="N", help="(default: 64)")
+    data.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
+                      help="DataLoader worker processes (default: min(8, CPU count))")
+
+    methods = parser.add_argument_group("methods")
+    methods.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
+                         help=f"a method row, 'a+b' composes (repeatable; default temperature); available: "
+                              f"{', '.join(sorted(REGISTRY))}")
+    methods.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
+                         help="a method or fit option, given to every row whose methods accept it (repeatable)")
+    methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
+
+    run = parser.add_argument_group("run")
+    run.add_argument("--out", type=Path, metavar="DIR", required=True, help="output folder for report.md, metrics.json and PNGs")
+    run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
+    run.add_argument("--seed", type=int, default=0, help="seeds subsets, splits and sampling (default: 0)")
+    run.add_argument("--no-progress", action="store_true", help="hide progress bars")
+
+
+def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
+    """All arguments of ``posthoc evaluate``."""
+    parser.add_argument("--model", required=True, metavar="SPEC",
+                        help="timm:NAME, torchvision:NAME or path/to/file.py:factory")
+    parser.add_argument("--checkpoint", type=Path, metavar="FILE", default=None,
+                        help="a state_dict to load into the model (e.g. your fine-tuned weights)")
+    add_model_options(parser)
+    add_run_arguments(parser)
+
+
+# --------------------------------------------------------------------------------------------- data
+
+
+@dataclass
+class FolderData:
+    """The loaders of one run, and what they hold (for the report)."""
+
+    classes: list[str]
+    train: Any
+    calibration: Any
+    test: Any
+    ood: Any
+    shifts: dict[str, Any]
+    sizes: dict[str, int] = field(default_factory=dict)
+
+
+def load_folders(model: nn.Module, transform: Callable, args: argparse.Namespace) -> FolderData:
+    """Build the loaders named by ``args`` and check every labelled folder against the model's head."""
+    seed = args.seed
+    val = folders.image_folder(args.val, transform, subset=args.val_subset, seed=seed)
+    num_classes = folders.head_size(model, val)
+    folders.check_classes(val, num_classes, args.val)
+    train = None
+    if args.train is not None:
+        train = folders.image_folder(args.train, transform, subset=args.train_subset, seed=seed)
+        folders.check_classes(train, num_classes, args.train, reference=val.classes)
+    if args.calibration is not None:
+        calibration, test = folders.image_folder(args.calibration, transform, seed=seed), val
+        folders.check_classes(calibration, num_classes, args.calibration, reference=val.classes)
+    else:
+        calibration, test = folders.split_held_out(val, args.calibration_fraction, seed=seed)
+    ood = None if args.ood is None else folders.image_folder(args.ood, transform, subset=args.ood_subset, seed=seed,
+                                                            allow_flat=True)
+    shifts = {}
+    for root in args.shift:
+        shifts[str(root)] = folders.image_folder(root, transform, subset=args.ood_subset, seed=seed)
+        folders.check_classes(shifts[str(root)], num_classes, root, reference=val.classes)
+
+    pin = _device(args.device).type == "cuda"
+
+    def make(dataset: Any, shuffle: bool = False) -> Any:
+        if dataset is None:
+            return None
+        return folders.loader(dataset, batch_size=args.batch_size, workers=args.workers, shuffle=shuffle, seed=seed,
+                              pin_memory=pin)
+
+    sizes = {"train": 0 if train is None else len(train), "calibration": len(calibration), "test": len(test),
+             "ood": 0 if ood is None else len(ood), **{f"shift {k}": len(v) for k, v in shifts.items()}}
+    return FolderData(list(val.classes), make(train, shuffle=True), make(calibration), make(test), make(ood),
+                      {k: make(v) for k, v in shifts.items()}, sizes)
+
+
+# ------------------------------------------------------------------------------------------ methods
+
+
+def method_rows(methods: Iterable[str] | None) -> list[list[str]]:
+    """``["laplace", "laplace+temperature"]`` -> ``[["none"], ["laplace"], ["laplace", "temperature"]]``."""
+    rows = [[name.strip() for name in entry.split("+")] for entry in (methods or ["temperature"])]
+    for row in rows:
+        for name in row:
+            if name not in REGISTRY:
+                raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(REGISTRY))}")
+    if [BASELINE] not in rows:
+        rows.insert(0, [BASELINE])
+    return rows
+
+
+def route_options(rows: list[list[str]], options: dict[str, Any]) -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Per row, the ``(wrap options, fit options)`` its methods accept; refuse options no row accepts."""
+    routed, used = [], set()
+    for row in rows:
+        wrap_valid = {k for name in row for k in REGISTRY[name].option_defaults()}
+        fit_valid = {k for name in row for k in REGISTRY[name].fit_option_defaults()}
+        routed.append(({k: v for k, v in options.items() if k in wrap_valid},
+                       {k: v for k, v in options.items() if k in fit_valid}))
+        used |= (wrap_valid | fit_valid) & set(options)
+    unknown = sorted(set(options) - used)
+    if unknown:
+        listing = "; ".join(
+            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**REGISTRY[name].option_defaults(),
+                                                                **REGISTRY[name].fit_option_defaults()}.items())
+                           or "(none)")
+            for name in sorted({n for row in rows for n in row})
+        )
+        raise ConfigError(f"option(s) {unknown} are accepted by none of the methods; valid options — {listing}")
+    return routed
+
+
+@dataclass
+class MethodResult:
+    """One report row: the fitted model's reports on the test set and on each shift, and its timings."""
+
+    name: str
+    test: Report
+    shifts: dict[str, Report]
+    fit_seconds: float
+    eval_seconds: float
+    state: dict[str, float]
+
+
+def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
+    """The fitted finite scalars of the method chain (e.g. the temperature), not the model's own buffers."""
+    state = {}
+    for key, value in um.method.posterior_state().items():
+        if value.numel() == 1 and value.is_floating_point() and "model." not in key and torch.isfinite(value).all():
+            state[key] = float(value)
+    return state
+
+
+def _check_loaders(rows: list[list[str]], data: FolderData) -> None:
+    for row in rows:
+        for name in row:
+            method = REGISTRY[name]
+            if method.requires_fit and not method.needs_val and data.train is None:
+                raise ConfigError(f"method '{name}' is fitted on training images: pass --train DIR "
+                                  "(with --train-subset N to fit on a random subset)")
+
+
+def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace) -> list[MethodResult]:
+    """Wrap ``model`` with each ``--method`` row, fit it, and evaluate it on the test, OOD and shift loaders."""
+    rows = method_rows(args.method)
+    routed = route_options(rows, dict(args.option))
+    _check_loaders(rows, data)
+    progress = not args.no_progress
+    results = []
+    for row, (wrap_options, fit_options) in zip(rows, routed):
+        name = "+".join(row)
+        print(f"[posthoc] {name}: fit and evaluate", flush=True)
+        um = posthoc.wrap(model, method=row, **wrap_options)
+        start = time.perf_counter()
+        um.fit(data.train, data.calibration, progress=progress, **fit_options)
+        fit_seconds = time.perf_counter() - start
+        start = time.perf_counter()
+        test = posthoc.evaluate(um, data.test, data.ood, name=name, progress=progress, num_samples=args.num_samples,
+                                seed=args.seed)
+        eval_seconds = time.perf_counter() - start
+        shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
+                                         seed=args.seed) for root, loader in data.shifts.items()}
+        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um)))
+    return results
+
+
+# ------------------------------------------------------------------------------------------- report
+
+
+def _settings(args: argparse.Namespace) -> dict[str, Any]:
+    return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
+
+
+def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str) -> Path:
+    """Write ``report.md``, ``metrics.json``, ``reliability.png`` and ``risk_coverage.png`` to ``args.out``."""
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    curves = {r.name: (r.test.probs, r.test.labels) for r in results}
+    plots.reliability_diagram(curves, out / "reliability.png")
+    plots.risk_coverage_curve(curves, out / "risk_coverage.png")
+
+    timing = {"fit s": [f"{r.fit_seconds:.1f}" for r in results], "eval s": [f"{r.eval_seconds:.1f}" for r in results]}
+    fitted = {"fitted": [", ".join(f"{k.rpartition('.')[2]}={v:.4g}" for k, v in r.state.items()
+                                   if k.rpartition(".")[2] in FEATURED_STATE) or "–" for r in results]}
+    sizes = ", ".join(f"{k} {v}" for k, v in data.sizes.items() if v)
+    test_source = args.val if args.calibration is not None else f"{args.val} (test part; the rest calibrates)"
+    lines = [
+        f"# {title}", "",
+        f"- classes: {len(data.classes)} ({', '.join(data.classes[:5])}{', ...' if len(data.classes) > 5 else ''})",
+        f"- images: {sizes}",
+        f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
+        f"- device: {_device(args.device)}, seed {args.seed}", "",
+        "## Test set", "",
+        markdown_table([r.test for r in results], {**timing, **fitted}), "",
+    ]
+    for root in data.shifts:
+        lines += [f"## Shift: {root}", "", markdown_table([r.shifts[root] for r in results]), ""]
+    lines += [
+        "acc: accuracy; NLL: negative log-likelihood; ECE: expected calibration error (15 bins); AURC: area "
+        "under the risk–coverage curve; OOD AUROC (H): detecting the OOD set by predictive entropy, (MI) by "
+        "mutual information. Lower is better except acc and AUROC.", "",
+        "![reliability diagram](reliability.png)", "", "![risk-coverage curve](risk_coverage.png)", "",
+    ]
+    report_path = out / "report.md"
+    report_path.write_text("\n".join(lines))
+    metrics = {
+        "title": title, "classes": data.classes, "sizes": data.sizes, "settings": _settings(args),
+        "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
+                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}} for r in results],
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
+    return report_path
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def run_retrofit(model: nn.Module, transform: Callable, args: argparse.Namespace, *, title: str) -> Path:
+    """Load the folders, fit and evaluate every ``--method`` row on ``model``, write the report; return its path.
+
+    Example (what the recipes do after loading their model):
+        >>> report_path = run_retrofit(model, transform, args, title="timm resnet50")
+    """
+    torch.manual_seed(args.seed)
+    model = model.to(_device(args.device)).eval()
+    data = load_folders(model, transform, args)
+    results = fit_and_evaluate(model, data, args)
+    report_path = write_report(results, data, args, title=title)
+    print(f"[posthoc] wrote {report_path}")
+    return report_path
+
+
+def run_evaluate(args: argparse.Namespace) -> Path:
+    """``posthoc evaluate``: build the model from ``--model`` / ``--checkpoint``, then :func:`run_retrofit`."""
+    model = build_model(args.model, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=args.checkpoint)
+    transform = folders.model_transform(model, args.model, args.image_size)
+    checkpoint = f", checkpoint {args.checkpoint}" if args.checkpoint else ""
+    weights = "pretrained" if args.pretrained else "random weights"
+    return run_retrofit(model, transform, args, title=f"posthoc evaluate: {args.model} ({weights}{checkpoint})")

@@ -1,0 +1,51 @@
+"""The ``posthoc`` command line: ``posthoc demo`` (the embedded default) and ``posthoc evaluate``.
+
+Example:
+    $ posthoc demo --out posthoc-demo
+    $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from posthoc.core.errors import exit_status
+from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+
+
+def _demo(args: argparse.Namespace) -> None:
+    from posthoc.demo.run import render, run_demo
+
+    start = time.perf_counter()
+    rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet)
+    print(render(rows))
+    print(f"wrote {args.out}/report.md, reliability.png, reliability_rotated60.png, risk_coverage.png "
+          f"in {time.perf_counter() - start:.0f} s")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
+    demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
+    demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
+    demo.add_argument("--quiet", action="store_true", help="no progress messages")
+    demo.set_defaults(run=_demo)
+    evaluate = commands.add_parser(
+        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders"
+    )
+    add_evaluate_arguments(evaluate)
+    evaluate.set_defaults(run=run_evaluate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    status = exit_status(lambda: args.run(args))
+    if status:
+        raise SystemExit(status)
+
+
+if __name__ == "__main__":
+    main()

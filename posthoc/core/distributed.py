@@ -1,0 +1,98 @@
+"""Fitting and evaluating across processes on ``torch.distributed`` (the existing engine).
+
+When a process group is initialised, every rank streams its own shard of the data; statistics
+are reduced with one collective *after* each rank's loop, so ranks with different numbers of
+batches never hang, and every rank ends with the same fitted posterior as a single process on
+the union of the shards.
+
+Example (inside each rank, after ``torch.distributed.init_process_group``)::
+
+    sampler = DistributedSampler(val_set)          # num_replicas = world size
+    um = posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(val_set, sampler=sampler))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+from torch.utils.data import DistributedSampler
+
+from posthoc.core.errors import InputError
+
+
+def active() -> bool:
+    """Whether a ``torch.distributed`` process group with more than one rank is initialised."""
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def check_loader(loader: Iterable) -> None:
+    """Refuse a loader whose ``DistributedSampler`` was built for another world size or rank."""
+    sampler = getattr(loader, "sampler", None)
+    if not active() or not isinstance(sampler, DistributedSampler):
+        return
+    world, rank = dist.get_world_size(), dist.get_rank()
+    if sampler.num_replicas != world or sampler.rank != rank:
+        raise InputError(
+            f"the loader's DistributedSampler shards for {sampler.num_replicas} replicas (rank {sampler.rank}) "
+            f"but the process group has world size {world} (this is rank {rank}); build the sampler after "
+            "init_process_group, or pass num_replicas=world_size, rank=rank"
+        )
+
+
+def _collective_device(tensor: Tensor) -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    """Sum ``tensor`` over ranks (a no-op in a single process); returns the summed tensor."""
+    if not active():
+        return tensor
+    work = tensor.to(_collective_device(tensor))
+    dist.all_reduce(work, op=dist.ReduceOp.SUM)
+    return work.to(tensor.device)
+
+
+def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
+    """Concatenate ``tensor`` from all ranks along ``dim``, in rank order (sizes may differ)."""
+    if not active():
+        return tensor
+    device = _collective_device(tensor)
+    size = torch.tensor([tensor.shape[dim]], device=device)
+    sizes = [torch.zeros_like(size) for _ in range(dist.get_world_size())]
+    dist.all_gather(sizes, size)
+    largest = int(max(s.item() for s in sizes))
+    padded_shape = list(tensor.shape)
+    padded_shape[dim] = largest
+    padded = torch.zeros(padded_shape, dtype=tensor.dtype, device=device)
+    padded.narrow(dim, 0, tensor.shape[dim]).copy_(tensor)
+    parts = [torch.zeros_like(padded) for _ in sizes]
+    dist.all_gather(parts, padded)
+    return torch.cat([part.narrow(dim, 0, int(s.item())) for part, s in zip(parts, sizes)], dim).to(tensor.device)
+
+
+def common_length(length: int | None, what: str) -> int | None:
+    """The smallest number of batches over ranks, so that every rank takes the same optimizer steps.
+
+    Fine-tuning under ``torch.distributed`` runs that many steps per epoch on every rank (the extra
+    batches of longer shards are skipped, as with ``drop_last``); a loader without a length is refused.
+    """
+    if not active():
+        return length
+    if length is None:
+        raise InputError(f"{what} under torch.distributed needs loaders with a length (len(loader)) on every rank")
+    shortest = torch.tensor([float(length)], device=_collective_device(torch.empty(0)))
+    dist.all_reduce(shortest, op=dist.ReduceOp.MIN)
+    return int(shortest.item())
+
+
+def average_gradients(parameters: Iterable[Tensor]) -> None:
+    """Average ``.grad`` over ranks in place (what DistributedDataParallel does for a module's parameters)."""
+    if not active():
+        return
+    world = dist.get_world_size()
+    for parameter in parameters:
+        if parameter.grad is not None:
+            parameter.grad.copy_(all_reduce_sum(parameter.grad) / world)

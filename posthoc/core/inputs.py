@@ -1,0 +1,143 @@
+"""Reading batches from loaders and running models on them, with clear errors.
+
+Loaders yield ``(x, y)`` pairs (tuples or lists); ``x`` may be a tensor or a dict of tensors
+(passed to the model as keyword arguments).
+
+Example:
+    >>> loader = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
+    >>> [x.shape[0] for x, y in iterate(loader, device="cpu", progress=False)]
+    [4]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from posthoc.core import distributed
+from posthoc.core.errors import InputError
+
+Inputs = Tensor | Mapping[str, Tensor]
+
+
+def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Tensor | None]:
+    """Return ``(x, y)`` from one batch; ``y`` is ``None`` for unlabelled batches if allowed."""
+    if isinstance(batch, (tuple, list)) and len(batch) >= 2:
+        return batch[0], batch[1]
+    if isinstance(batch, (tuple, list)) and len(batch) == 1:
+        batch = batch[0]
+    if isinstance(batch, (Tensor, Mapping)):
+        if require_labels:
+            raise InputError(
+                "the loader yields inputs without labels; this step needs (x, y) pairs "
+                "(e.g. a DataLoader over a TensorDataset(x, y))"
+            )
+        return batch, None
+    raise InputError(f"a batch must be (x, y), got {type(batch).__name__}; yield (inputs, labels) pairs")
+
+
+def to_device(x: Inputs, device: torch.device | str) -> Inputs:
+    """Move a tensor, or every tensor of a dict, to ``device`` (non-blocking)."""
+    if isinstance(x, Mapping):
+        return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in x.items()}
+    if not isinstance(x, Tensor):
+        raise InputError(f"inputs must be a tensor or a dict of tensors, got {type(x).__name__}")
+    return x.to(device, non_blocking=True)
+
+
+def batch_size(x: Inputs) -> int:
+    """Number of examples in ``x`` (the first dimension of its first tensor)."""
+    if isinstance(x, Mapping):
+        for value in x.values():
+            if isinstance(value, Tensor):
+                return value.shape[0]
+        raise InputError("the input dict holds no tensor")
+    if x.dim() == 0:
+        raise InputError("inputs must have a batch dimension; got a 0-d tensor")
+    return x.shape[0]
+
+
+def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
+    """Examples ``start:stop`` of a tensor, or of every tensor in a dict (views, no copy)."""
+    if isinstance(x, Mapping):
+        return {k: v[start:stop] if isinstance(v, Tensor) else v for k, v in x.items()}
+    return x[start:stop]
+
+
+def check_finite(x: Inputs) -> None:
+    """Refuse inputs that contain NaN or inf: no predictive is meaningful for them."""
+    tensors = x.values() if isinstance(x, Mapping) else [x]
+    for value in tensors:
+        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
+            raise InputError("inputs contain NaN or inf; clean or impute them before predicting")
+
+
+def check_labels(y: Tensor, num_classes: int) -> Tensor:
+    """Validate class labels ``y`` against ``num_classes`` and return them as int64."""
+    if not isinstance(y, Tensor):
+        y = torch.as_tensor(y)
+    if y.is_floating_point() or y.is_complex():
+        if y.numel() and not torch.equal(y, y.round()):
+            raise InputError(
+                "labels are not whole numbers: this looks like regression targets, but the "
+                "methods here fit classifiers; pass integer class indices in [0, C)"
+            )
+    y = y.long().reshape(-1)
+    if y.numel() and (y.min() < 0 or y.max() >= num_classes):
+        raise InputError(
+            f"labels must lie in [0, {num_classes}) for a model with {num_classes} classes; "
+            f"got values from {int(y.min())} to {int(y.max())}"
+        )
+    return y
+
+
+def run_model(model: nn.Module, x: Inputs) -> Tensor:
+    """Call ``model`` on ``x`` (keyword arguments for a dict); turn shape/dtype failures into InputError."""
+    try:
+        out = model(**x) if isinstance(x, Mapping) else model(x)
+    except (RuntimeError, TypeError, ValueError, IndexError) as err:
+        described = (
+            {k: (tuple(v.shape), str(v.dtype)) for k, v in x.items() if isinstance(v, Tensor)}
+            if isinstance(x, Mapping)
+            else f"shape {tuple(x.shape)}, dtype {x.dtype}"
+        )
+        raise InputError(
+            f"the model failed on inputs with {described}: {err}. Pass inputs shaped and typed "
+            "like the model's training data (same channels, size and float dtype)"
+        ) from err
+    if not isinstance(out, Tensor):
+        raise InputError(
+            f"the model returned {type(out).__name__}, not a tensor of logits; wrap it so that "
+            "forward returns logits of shape (N, C)"
+        )
+    return out
+
+
+def iterate(
+    loader: Iterable,
+    *,
+    device: torch.device | str,
+    progress: bool = True,
+    desc: str = "",
+    require_labels: bool = True,
+) -> Iterator[tuple[Inputs, Tensor | None]]:
+    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader.
+
+    Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
+    """
+    distributed.check_loader(loader)
+    try:
+        total = len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        total = None
+    seen = 0
+    for batch in tqdm(loader, total=total, desc=desc, disable=not progress, leave=False):
+        x, y = split_batch(batch, require_labels=require_labels)
+        seen += 1
+        yield to_device(x, device), (None if y is None else torch.as_tensor(y).to(device))
+    if seen == 0:
+        raise InputError(f"the loader for '{desc or 'this step'}' yielded no batches; pass a non-empty loader")

@@ -1,0 +1,49 @@
+"""Turning a classifier's raw output into class log-probabilities.
+
+Multi-class logits ``(N, C)`` pass through ``log_softmax``; a binary classifier's single logit
+``(N,)`` or ``(N, 1)`` becomes the two-class logits ``[0, z]`` (so ``p(1) = sigmoid(z)``).
+
+Example:
+    >>> as_class_logits(torch.tensor([0.0, 2.0])).shape
+    torch.Size([2, 2])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import InputError
+
+
+def as_class_logits(logits: Tensor) -> Tensor:
+    """Return logits of shape ``(N, C)`` with ``C >= 2`` (see module docs)."""
+    if not isinstance(logits, Tensor):
+        raise InputError(f"logits must be a tensor, got {type(logits).__name__}")
+    if logits.dim() == 1 or (logits.dim() == 2 and logits.shape[1] == 1):
+        z = logits.reshape(-1, 1)
+        return torch.cat([torch.zeros_like(z), z], dim=1)
+    if logits.dim() != 2:
+        raise InputError(
+            f"expected logits of shape (N, C) (or (N,) for a binary classifier), got {tuple(logits.shape)}; "
+            "flatten extra dimensions or wrap the model so it returns per-example logits"
+        )
+    return logits
+
+
+def class_log_probs(logits: Tensor) -> Tensor:
+    """``log_softmax`` of :func:`as_class_logits`, computed in at least float32."""
+    logits = as_class_logits(logits)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.log_softmax(logits, dim=-1)
+
+
+def check_finite_logits(logits: Tensor) -> None:
+    """Refuse NaN/inf logits with a message saying where they usually come from."""
+    if not torch.isfinite(logits).all():
+        bad = int((~torch.isfinite(logits)).any(-1).sum()) if logits.dim() > 1 else int((~torch.isfinite(logits)).sum())
+        raise InputError(
+            f"{bad} example(s) have NaN or inf logits; check the model's inputs and weights "
+            "(float16 overflow is a common cause) before calibrating"
+        )

@@ -1,0 +1,131 @@
+"""The contract every post-hoc method implements: :class:`Method`.
+
+A method turns an already trained model into a predictive. It returns log-probabilities
+``(N, C)`` and, when it samples, per-sample log-probabilities ``(S, N, C)``; fitted state lives
+in buffers so that the posterior can be saved and loaded.
+
+Example:
+    >>> class Uniform(Method):
+    ...     name, requires_fit = "uniform", False
+    ...     def log_predictive(self, x, *, num_samples=None, generator=None):
+    ...         logits = self.model(x)
+    ...         return torch.log_softmax(torch.zeros_like(logits), -1), None
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.inputs import Inputs
+
+LogPredictive = tuple[Tensor, Tensor | None]
+
+
+class Method(nn.Module):
+    """Base class of a post-hoc method (subclass it and register it with :func:`posthoc.register`).
+
+    Subclasses declare their options as keyword-only arguments of ``__init__`` (with defaults),
+    their fit-time options as keyword-only arguments of ``fit``, and implement
+    :meth:`log_predictive`. Fitted state lives in buffers so that ``state_dict`` saves it.
+
+    Class attributes:
+        name: the registry name, e.g. ``"laplace"``.
+        requires_fit: whether ``predict`` needs ``fit`` first.
+        needs_val: whether ``fit`` needs a held-out ``val_loader``.
+        stacks: whether the method wraps another method's predictive (temperature does).
+        copies_model: whether the method works on (and saves) its own copy of the weights.
+        demo_configs: option sets shown in ``posthoc demo``, each ``(label, options)``.
+    """
+
+    name: ClassVar[str] = ""
+    requires_fit: ClassVar[bool] = True
+    needs_val: ClassVar[bool] = False
+    stacks: ClassVar[bool] = False
+    copies_model: ClassVar[bool] = False
+    demo_configs: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+        self.register_buffer("fitted", torch.tensor(not self.requires_fit))
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options ``wrap`` accepts for this method, with their defaults."""
+        return _keyword_defaults(cls.__init__)
+
+    @classmethod
+    def fit_option_defaults(cls) -> dict[str, Any]:
+        """The extra keyword arguments ``fit`` accepts for this method, with their defaults."""
+        return _keyword_defaults(cls.fit)
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The model this method was built around (the inner one's for stacked methods)."""
+        return self.model
+
+    @property
+    def device(self) -> torch.device:
+        """The device of the model's first parameter (CPU for a model without parameters)."""
+        return next((p.device for p in self.base_model.parameters()), torch.device("cpu"))
+
+    def follow_model_device(self) -> None:
+        """Move the fitted tensors of this method, and of the methods it wraps, to the model's device.
+
+        Only methods' own buffers move (a SWAG collector kept on ``stats_device`` stays there), so a
+        model moved with ``model.cuda()`` after ``wrap`` or ``load`` is followed by its posterior.
+        """
+        device = self.device
+        for module in self.modules():
+            if isinstance(module, Method):
+                for name, value in module._buffers.items():
+                    if value is not None and value.device != device:
+                        module._buffers[name] = value.to(device)
+
+    @property
+    def works_on_copy(self) -> bool:
+        """Whether ``base_model`` is a private copy of the user's model (so its weights may change)."""
+        return self.copies_model or (self.stacks and self.inner.works_on_copy)
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Do all method-specific work (curvature, fine-tuning, calibration)."""
+        self.fitted.fill_(True)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
+        raise NotImplementedError
+
+    def posterior_state(self) -> dict[str, Tensor]:
+        """The tensors that make up the fitted posterior; the base weights only if the method copied them."""
+        state = {name: value for name, value in self._buffers.items() if value is not None}
+        state.update({name: value.detach() for name, value in self._parameters.items() if value is not None})
+        for name, child in self.named_children():
+            if name == "model" and not self.copies_model:
+                continue
+            child_state = child.posterior_state() if isinstance(child, Method) else child.state_dict()
+            state.update({f"{name}.{key}": value for key, value in child_state.items()})
+        return state
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """Load tensors saved by :meth:`posterior_state`; buffers may change shape (e.g. ``None`` before fit)."""
+        for key, value in state.items():
+            owner_name, _, attr = key.rpartition(".")
+            owner = self.get_submodule(owner_name) if owner_name else self
+            current = getattr(owner, attr, None)
+            if isinstance(current, nn.Parameter):
+                with torch.no_grad():
+                    current.data = value.to(current.device)
+            elif attr in owner._buffers:
+                owner._buffers[attr] = value
+            else:
+                raise KeyError(key)
+
+
+def _keyword_defaults(function: Any) -> dict[str, Any]:
+    params = inspect.signature(function).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "progress"}

@@ -1,0 +1,75 @@
+"""Small helpers over a model's module tree: names, owners, eval mode, compiled wrappers.
+
+Example:
+    >>> net = nn.Sequential(nn.Linear(2, 3), nn.Dropout(0.1))
+    >>> with eval_mode(net):
+    ...     net[1].training
+    False
+    >>> module_name(net, net[0])
+    '0'
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+from torch import nn
+
+from posthoc.core.errors import HeadNotFoundError
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The original module of a ``torch.compile``-d model (same parameters), else ``model`` itself.
+
+    posthoc puts temporary hooks on submodules (features, dropout masks, node variables); a compiled
+    graph would be recompiled for every new hook, so the methods run the original module.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> uncompiled(torch.compile(net)) is net
+        True
+    """
+    original = getattr(model, "_orig_mod", None)
+    return original if isinstance(original, nn.Module) and type(model).__name__ == "OptimizedModule" else model
+
+
+def parameter_owners(model: nn.Module, param_names: Iterable[str]) -> dict[str, nn.Module]:
+    """The modules that own ``param_names`` (``"classifier.1.weight"`` -> ``"classifier.1"``), in order, once each.
+
+    Example:
+        >>> list(parameter_owners(nn.Sequential(nn.Linear(2, 3)), ["0.weight", "0.bias"]))
+        ['0']
+    """
+    names = dict.fromkeys(name.rpartition(".")[0] for name in param_names)
+    return {name: model.get_submodule(name) for name in names}
+
+
+def module_name(model: nn.Module, module: nn.Module) -> str | None:
+    """The qualified name of ``module`` inside ``model`` (``""`` for the root), or ``None``."""
+    for name, candidate in model.named_modules():
+        if candidate is module:
+            return name
+    return None
+
+
+def get_submodule(model: nn.Module, name: str) -> nn.Module:
+    """``model.get_submodule(name)`` with an error that lists the available names."""
+    try:
+        return model.get_submodule(name)
+    except AttributeError:
+        names = [n for n, _ in model.named_modules() if n]
+        shown = ", ".join(names[:30]) + (" ..." if len(names) > 30 else "")
+        raise HeadNotFoundError(f"the model has no module named '{name}'; available: {shown}") from None
+
+
+@contextmanager
+def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode, restoring each one's own flag afterwards."""
+    flags = [(m, m.training) for m in model.modules()]
+    model.eval()
+    try:
+        yield model
+    finally:
+        for module, flag in flags:
+            module.training = flag

@@ -1,0 +1,105 @@
+"""Saving and loading fitted posteriors safely.
+
+A posterior file holds the method spec, the posterior tensors and a fingerprint of the user's
+checkpoint it belongs to (for methods that fine-tune a copy, the checkpoint as it was copied; the
+copy's weights are part of the posterior). Files are written atomically (temporary file + rename) and read with
+``torch.load(weights_only=True)``, so loading never executes code from the file, and a posterior
+is never applied to a model whose architecture or weights differ.
+
+Example:
+    >>> um.save("net.laplace.pt")
+    >>> read("net.laplace.pt")["spec"]
+    [{'name': 'laplace', 'options': {}}]
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import pickle
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import torch
+from torch import nn
+
+if TYPE_CHECKING:
+    from posthoc.core.uncertain_model import UncertainModel
+
+from posthoc.core.errors import NotFittedError, PosteriorFileError
+
+FORMAT_VERSION = 1
+
+
+def fingerprint(model: nn.Module) -> str:
+    """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values.
+
+    Example:
+        >>> fingerprint(nn.Linear(2, 2)) == fingerprint(nn.Linear(2, 2))
+        False
+    """
+    digest = hashlib.sha256(type(model).__qualname__.encode())
+    for name, tensor in model.state_dict().items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()
+
+
+def save(um: UncertainModel, path: str | os.PathLike) -> None:
+    """Write ``um``'s posterior to ``path`` atomically (see module docs)."""
+    if not um.is_fitted:
+        raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
+    if um.method.works_on_copy:
+        current = um.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
+    else:
+        current = fingerprint(um.method.base_model)
+        if current != um.fingerprint:
+            raise PosteriorFileError(
+                "the wrapped model's weights changed after fit; the posterior no longer matches them. "
+                "Fit again before saving"
+            )
+    payload = {
+        "format_version": FORMAT_VERSION,
+        "spec": um.spec,
+        "fingerprint": current,
+        "model_class": type(um.method.base_model).__qualname__,  # the copy keeps the user's class
+        "state": {k: v.detach().to("cpu") for k, v in um.method.posterior_state().items()},
+    }
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(handle, "wb") as stream:
+            torch.save(payload, stream)
+            stream.flush()
+            os.fsync(stream.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read(path: str | os.PathLike) -> dict:
+    """Read and validate a posterior file without applying it."""
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise PosteriorFileError(f"no posterior file at {path}") from None
+    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
+        raise PosteriorFileError(
+            f"{path} is not a readable posterior file (truncated, corrupted, or it holds objects "
+            f"that are not plain tensors, which are refused for safety): {err}"
+        ) from err
+    if not isinstance(payload, dict) or "format_version" not in payload:
+        raise PosteriorFileError(f"{path} is not a posthoc posterior file")
+    if payload["format_version"] > FORMAT_VERSION:
+        raise PosteriorFileError(
+            f"{path} was written by a newer posthoc (format {payload['format_version']}, this one reads "
+            f"up to {FORMAT_VERSION}); upgrade posthoc to load it"
+        )
+    return payload

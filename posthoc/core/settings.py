@@ -1,0 +1,47 @@
+"""Library-wide settings: how much work one step may hold in memory.
+
+Every method's ``max_memory`` option defaults to ``None``, meaning "use :data:`max_memory` at
+call time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call.
+
+Example:
+    >>> import posthoc.settings
+    >>> posthoc.settings.max_memory = 256 * 2**20      # sample in chunks under 256 MiB
+    >>> with posthoc.settings.override(chunk_size=4096):
+    ...     pred = um.predict(x)
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+#: examples per chunk in ``UncertainModel.predict`` (each chunk is moved to the device in turn)
+chunk_size: int = 1024
+
+#: bytes one batched sampling step may use (expanded activations, logit samples); work is chunked below it
+max_memory: int = 512 * 2**20
+
+
+def memory_budget(option: int | None) -> int:
+    """A method's ``max_memory`` option, or the library-wide :data:`max_memory` when it is ``None``."""
+    return max_memory if option is None else option
+
+
+@contextmanager
+def override(**values: int) -> Iterator[None]:
+    """Temporarily change settings, e.g. ``override(max_memory=2**28)``."""
+    module = sys.modules[__name__]
+    unknown = sorted(set(values) - {"chunk_size", "max_memory"})
+    if unknown:
+        from posthoc.core.errors import ConfigError
+
+        raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory")
+    previous = {name: getattr(module, name) for name in values}
+    for name, value in values.items():
+        setattr(module, name, value)
+    try:
+        yield
+    finally:
+        for name, value in previous.items():
+            setattr(module, name, value)

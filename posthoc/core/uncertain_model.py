@@ -1,0 +1,194 @@
+""":class:`UncertainModel`: a trained classifier with a fitted post-hoc predictive.
+
+It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a
+:class:`~posthoc.Prediction`, checks inputs, streams large batches in chunks under the memory
+budget, keeps the user's model in its own train/eval state, and saves the fitted posterior.
+
+Example:
+    >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
+    >>> um.predict(x).probs.shape
+    torch.Size([8, 10])
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core import persistence, settings
+from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
+from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError
+from posthoc.core.method import Method
+from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import Prediction
+
+
+#: examples in the first chunk of ``predict``, which measures the size of the samples (small, so that
+#: this unbudgeted chunk fits a small budget: 8 examples x S=100 x C=1,000 x 6 float32 copies are 18 MiB)
+PROBE_EXAMPLES = 8
+#: float32 copies of the (S, n, C) samples alive at once in one chunk (method temporaries, exp, entropy)
+LIVE_SAMPLE_COPIES = 6
+
+
+class UncertainModel(nn.Module):
+    """An already trained classifier with a post-hoc predictive; built by :func:`posthoc.wrap`.
+
+    ``forward(x)`` returns predictive probabilities ``(N, C)``; :meth:`predict` returns the full
+    :class:`~posthoc.Prediction`.
+
+    Example:
+        >>> um = posthoc.wrap(model, method="laplace").fit(train_loader)
+        >>> pred = um.predict(x)
+        >>> pred.epistemic.shape
+        torch.Size([8])
+    """
+
+    def __init__(self, method: Method, spec: list[dict[str, Any]], fingerprint: str | None = None) -> None:
+        super().__init__()
+        self.method = method
+        self.spec = spec
+        #: fingerprint of the user's checkpoint the posterior belongs to: taken at wrap for methods
+        #: that copy the model, at fit for the others (see posthoc.core.persistence)
+        self.fingerprint = fingerprint
+
+    @property
+    def methods(self) -> list[str]:
+        """The method names, inner first, e.g. ``["laplace", "temperature"]``."""
+        return [entry["name"] for entry in self.spec]
+
+    @property
+    def is_fitted(self) -> bool:
+        return bool(self.method.fitted)
+
+    @property
+    def device(self) -> torch.device:
+        """The device the model (and so the predictive) runs on."""
+        return self.method.device
+
+    def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True, **fit_options: Any) -> "UncertainModel":
+        """Fit every method (inner first) and return ``self``.
+
+        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``).
+        """
+        _check_fit_options(self.method, fit_options)
+        self.method.follow_model_device()
+        if not self.method.works_on_copy:
+            self.fingerprint = persistence.fingerprint(self.method.base_model)
+        _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
+        return self
+
+    @torch.no_grad()
+    def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                chunk_size: int | None = None, keep_samples: bool = True, max_memory: int | None = None) -> Prediction:
+        """The predictive distribution for a batch ``x``, computed in chunks of examples.
+
+        Args:
+            x: a batch shaped like the model's input (or a dict of tensors), on any device; each
+                chunk is moved to the model's device in turn.
+            num_samples: overrides the method's number of samples, where it samples.
+            generator: a ``torch.Generator`` for reproducible sampling.
+            chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``);
+                chunks are smaller when their ``(S, n, C)`` samples would exceed the memory budget.
+            keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
+                aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
+            max_memory: bytes one batched sampling step may use in this call (default
+                ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins).
+
+        Example:
+            >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
+        """
+        if self.method.requires_fit and not self.is_fitted:
+            raise NotFittedError(
+                f"method '{'+'.join(self.methods)}' must be fitted before predicting: call "
+                "um.fit(train_loader, val_loader) first"
+            )
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
+            raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
+        chunk_size = settings.chunk_size if chunk_size is None else chunk_size
+        if not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        if not isinstance(x, (Tensor, dict)):
+            raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
+        total = batch_size(x)
+        if total == 0:
+            raise InputError("predict got an empty batch (0 examples)")
+        if max_memory is not None:
+            if not isinstance(max_memory, int) or max_memory < 1:
+                raise ConfigError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
+            with settings.override(max_memory=max_memory):
+                return self.predict(x, num_samples=num_samples, generator=generator, chunk_size=chunk_size,
+                                    keep_samples=keep_samples)
+        self.method.follow_model_device()
+        # a first small chunk tells the samples' shape (S, n, C); the rest is chunked so that the
+        # per-sample tensors of one chunk stay under the memory budget
+        first_size = min(total, chunk_size, PROBE_EXAMPLES)
+        first = self._predict_chunk(x if total == first_size else slice_inputs(x, 0, first_size), num_samples, generator)
+        if total == first_size:
+            return first if keep_samples else dataclasses.replace(first, samples=None)
+        per_example = LIVE_SAMPLE_COPIES * 4 * first.num_classes * (1 if first.samples is None else first.samples.shape[0])
+        step = max(1, min(chunk_size, settings.memory_budget(None) // per_example))
+        # results go straight into preallocated outputs: no per-chunk survivors fragment the heap
+        out = Prediction.empty_like(first, total, keep_samples)
+        out.write(0, first)
+        for start in range(first_size, total, step):
+            out.write(start, self._predict_chunk(slice_inputs(x, start, start + step), num_samples, generator))
+        return out
+
+    def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None) -> Prediction:
+        x = to_device(x, self.device)
+        check_finite(x)
+        with eval_mode(self.method):
+            log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
+        if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
+            raise NumericalError(
+                "the predictive produced NaN; the model's logits are not finite for these inputs "
+                "(check its weights and dtype, e.g. float16 overflow)"
+            )
+        # renormalise in float32: methods may return log-probabilities whose exp sums to 1 only up to
+        # their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
+        log_probs = torch.log_softmax(log_probs.float(), dim=-1)
+        return Prediction.from_log_probs(log_probs, None if samples is None else samples.float())
+
+    def forward(self, x: Inputs) -> Tensor:
+        """Predictive probabilities ``(N, C)``."""
+        return self.predict(x).probs
+
+    def save(self, path: str) -> None:
+        """Write the fitted posterior (not the base weights) atomically to ``path``."""
+        persistence.save(self, path)
+
+    def extra_repr(self) -> str:
+        return f"methods={self.methods}, fitted={self.is_fitted}"
+
+
+def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
+    accepted: dict[str, Any] = {}
+    current: Method | None = method
+    while current is not None:
+        accepted.update(current.fit_option_defaults())
+        current = getattr(current, "inner", None) if current.stacks else None
+    unknown = sorted(set(fit_options) - set(accepted))
+    if unknown:
+        valid = ", ".join(f"{k}={v!r}" for k, v in sorted(accepted.items())) or "none"
+        raise ConfigError(f"unknown fit option(s) {unknown}; valid fit options here: {valid}")
+
+
+def _fit_chain(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, fit_options: dict[str, Any]) -> None:
+    if method.stacks:
+        _fit_chain(method.inner, train_loader, val_loader, progress, fit_options)
+    if not method.requires_fit:
+        return
+    own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
+    if method.needs_val and val_loader is None:
+        raise InputError(
+            f"'{method.name}' is fitted on held-out data: call um.fit(train_loader, val_loader) "
+            "with a validation loader that was not used for training"
+        )
+    if not method.needs_val and train_loader is None:
+        raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
+    method.fit(train_loader, val_loader, progress=progress, **own)
+    method.fitted.fill_(True)

@@ -1,0 +1,166 @@
+"""Recomputing BatchNorm statistics exactly over given batches (after the weights changed).
+
+BatchNorm layers keep running statistics of their inputs that belong to the weights they were
+trained with; a model with new weights (a SWAG sample, an SWA average) needs them recomputed.
+:func:`batchnorm_statistics` runs the given batches through the model with the BatchNorm layers
+in training mode (every other layer, e.g. dropout, in eval mode) and accumulates each layer's
+per-channel input mean and variance exactly over *all* examples (Chan's pairwise merge in
+float64), so unequal batch sizes give the statistics of the whole data, not an average of
+per-batch ones; under ``torch.distributed`` the moments of every rank's batches are merged. Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
+
+Example:
+    >>> stats = batchnorm_statistics(model, [x for x, _ in loader])
+    >>> refresh_batchnorm(model, [x for x, _ in loader])   # writes them into the model
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from posthoc.core import distributed
+from posthoc.core.inputs import Inputs
+from posthoc.core.errors import InputError
+from posthoc.core.modules import eval_mode
+
+
+def batchnorm_layers(model: nn.Module, names: Iterable[str] | None = None) -> dict[str, _BatchNorm]:
+    """The BatchNorm layers of ``model`` that keep running statistics (optionally only ``names``)."""
+    layers = {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, _BatchNorm) and module.track_running_stats and module.running_mean is not None
+    }
+    if names is not None:
+        keep = set(names)
+        layers = {name: module for name, module in layers.items() if name in keep}
+    return layers
+
+
+class _ChannelMoments:
+    """Exact running per-channel mean and sum of squared deviations (float64)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.mean: Tensor | None = None
+        self.sum_sq: Tensor | None = None
+
+    def add(self, x: Tensor) -> None:
+        flat = x.detach().transpose(0, 1).reshape(x.shape[1], -1).double()
+        count = flat.shape[1]
+        mean = flat.mean(1)
+        sum_sq = ((flat - mean[:, None]) ** 2).sum(1)
+        if self.mean is None:
+            self.count, self.mean, self.sum_sq = count, mean, sum_sq
+            return
+        total = self.count + count
+        delta = mean - self.mean
+        self.mean = self.mean + delta * (count / total)
+        self.sum_sq = self.sum_sq + sum_sq + delta**2 * (self.count * count / total)
+        self.count = total
+
+    def merge_across_ranks(self) -> None:
+        """Combine the moments of every ``torch.distributed`` rank exactly (a no-op in one process)."""
+        if not distributed.active() or self.mean is None:
+            return
+        count = distributed.all_reduce_sum(torch.tensor(float(self.count), dtype=torch.float64, device=self.mean.device))
+        mean = distributed.all_reduce_sum(self.mean * self.count) / count
+        # Σ_r [sum_sq_r + n_r (mean_r - mean)²] = Σ_r (sum_sq_r + n_r mean_r²) - N mean²
+        squares = distributed.all_reduce_sum(self.sum_sq + self.count * self.mean**2)
+        self.count, self.mean, self.sum_sq = int(count.item()), mean, (squares - count * mean**2).clamp_min(0)
+
+
+def _call(model: nn.Module, state: Mapping[str, Tensor], x: Inputs) -> Tensor:
+    if isinstance(x, Mapping):
+        return functional_call(model, dict(state), (), dict(x))
+    return functional_call(model, dict(state), (x,))
+
+
+@torch.no_grad()
+def batchnorm_statistics(
+    model: nn.Module,
+    batches: Iterable[Inputs],
+    *,
+    parameters: Mapping[str, Tensor] | None = None,
+    layers: Iterable[str] | None = None,
+) -> dict[str, Tensor]:
+    """Exact BatchNorm statistics of ``model`` over ``batches``, as ``{buffer name: tensor}``.
+
+    Args:
+        model: the network; its weights, buffers and train/eval flags are left as they are.
+        batches: input batches (tensors or dicts of tensors), on the model's device.
+        parameters: ``{name: tensor}`` overriding some of the model's parameters (e.g. a SWAG
+            sample), used through ``torch.func.functional_call``.
+        layers: names of the BatchNorm layers to recompute; the others keep their running
+            statistics (eval mode). Defaults to every BatchNorm layer.
+
+    Returns:
+        ``running_mean``, ``running_var`` (unbiased, as PyTorch stores it) and
+        ``num_batches_tracked`` of each recomputed layer; ``{}`` for a model without BatchNorm.
+
+    Example:
+        >>> stats = batchnorm_statistics(model, [torch.randn(64, 3, 32, 32)])
+        >>> sorted(stats)[:1]
+        ['bn1.num_batches_tracked']
+    """
+    selected = batchnorm_layers(model, layers)
+    if not selected:
+        return {}
+    moments = {name: _ChannelMoments() for name in selected}
+    state = dict(parameters or {})
+    for name, module in selected.items():  # clones: the layers' in-place running updates land here
+        state[f"{name}.running_mean"] = module.running_mean.clone()
+        state[f"{name}.running_var"] = module.running_var.clone()
+        if module.num_batches_tracked is not None:
+            state[f"{name}.num_batches_tracked"] = module.num_batches_tracked.clone()
+    hooks = [
+        module.register_forward_pre_hook(lambda mod, args, acc=moments[name]: acc.add(args[0]))
+        for name, module in selected.items()
+    ]
+    num_batches = 0
+    try:
+        with eval_mode(model):
+            for module in selected.values():
+                module.train()
+            for x in batches:
+                _call(model, state, x)
+                num_batches += 1
+    finally:
+        for hook in hooks:
+            hook.remove()
+    if num_batches == 0:
+        raise InputError("no batches to recompute BatchNorm statistics on; pass at least one batch of training inputs")
+    out: dict[str, Tensor] = {}
+    for name, module in selected.items():
+        acc = moments[name]
+        acc.merge_across_ranks()
+        if acc.mean is None:
+            continue  # a layer this forward pass did not reach keeps its statistics
+        if acc.count < 2:
+            raise InputError(f"BatchNorm layer '{name}' saw a single value per channel; pass larger batches")
+        out[f"{name}.running_mean"] = acc.mean.to(module.running_mean.dtype)
+        out[f"{name}.running_var"] = (acc.sum_sq / (acc.count - 1)).to(module.running_var.dtype)
+        if module.num_batches_tracked is not None:
+            out[f"{name}.num_batches_tracked"] = torch.tensor(num_batches, device=module.num_batches_tracked.device)
+    return out
+
+
+def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: Iterable[str] | None = None) -> nn.Module:
+    """Recompute the BatchNorm statistics of ``model`` over ``batches`` in place; return ``model``.
+
+    A model without BatchNorm is returned unchanged. See :func:`batchnorm_statistics`.
+
+    Example:
+        >>> swa = torch.optim.swa_utils.AveragedModel(model)   # ... after averaging
+        >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])
+    """
+    stats = batchnorm_statistics(model, batches, layers=layers)
+    buffers = dict(model.named_buffers())
+    with torch.no_grad():
+        for key, value in stats.items():
+            buffers[key].copy_(value)
+    return model

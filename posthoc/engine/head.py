@@ -1,0 +1,171 @@
+"""Finding a classifier's head and splitting the model into features and head.
+
+The head is found in this order: a user-named module; timm's ``get_classifier()``; the known
+torchvision heads (``fc``, ``classifier[-1]``, ``heads.head``, ``head``); the last ``nn.Linear``
+reached in a traced forward pass. :class:`FeatureSplit` then captures the head's input with a
+temporary hook, so the features ``phi`` and the logits come from one ordinary forward pass, and
+checks that the head really produces the model's output.
+
+Example:
+    >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> split = FeatureSplit(net)
+    >>> phi, logits = split(torch.randn(2, 4))
+    >>> phi.shape, split.head_name
+    (torch.Size([2, 8]), '3')
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.errors import HeadNotFoundError
+from posthoc.core.modules import eval_mode, get_submodule, module_name
+
+TORCHVISION_HEADS = ("fc", "classifier", "heads.head", "head")
+
+
+def _last_linear(module: nn.Module) -> nn.Module | None:
+    if isinstance(module, nn.Linear):
+        return module
+    if isinstance(module, nn.Sequential):
+        for child in reversed(module):
+            found = _last_linear(child)
+            if found is not None:
+                return found
+    return None
+
+
+def _timm_head(model: nn.Module) -> nn.Module | None:
+    get_classifier = getattr(model, "get_classifier", None)
+    if not callable(get_classifier):
+        return None
+    head = get_classifier()
+    if isinstance(head, nn.Module) and not isinstance(head, nn.Identity) and module_name(model, head) is not None:
+        return _last_linear(head) or head
+    return None
+
+
+def _torchvision_head(model: nn.Module) -> nn.Module | None:
+    for name in TORCHVISION_HEADS:
+        try:
+            candidate = model.get_submodule(name)
+        except AttributeError:
+            continue
+        found = _last_linear(candidate)
+        if found is not None:
+            return found
+    return None
+
+
+def _traced_last_linear(model: nn.Module, example: Inputs) -> nn.Module | None:
+    called: list[nn.Module] = []
+    hooks = [
+        m.register_forward_hook(lambda mod, args, out: called.append(mod))
+        for m in model.modules()
+        if isinstance(m, nn.Linear)
+    ]
+    try:
+        with torch.no_grad(), eval_mode(model):
+            run_model(model, example)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return called[-1] if called else None
+
+
+def find_head(model: nn.Module, head: str | nn.Module | None = None, example: Inputs | None = None) -> tuple[str, nn.Module]:
+    """Locate the classifier head and return ``(name, module)``.
+
+    Args:
+        model: the classifier.
+        head: a module name (``"fc"``, ``"classifier.1"``) or the module itself, to skip the search.
+        example: an input batch, used only for the traced fallback on plain models.
+
+    Example:
+        >>> find_head(torchvision.models.resnet18(num_classes=3))[0]
+        'fc'
+    """
+    if isinstance(head, str):
+        module = get_submodule(model, head)
+    elif isinstance(head, nn.Module):
+        module = head
+    elif head is not None:
+        raise HeadNotFoundError(f"head must be a module name or an nn.Module, got {type(head).__name__}")
+    else:
+        module = _timm_head(model) or _torchvision_head(model)
+        if module is None and isinstance(model, nn.Sequential):
+            module = _last_linear(model)
+        if module is None and example is not None:
+            module = _traced_last_linear(model, example)
+    if module is None:
+        hint = "" if example is not None else " (no input was seen yet to trace the forward pass)"
+        raise HeadNotFoundError(
+            f"could not find the classifier head of {type(model).__name__}{hint}; pass the head's "
+            "name, e.g. posthoc.wrap(model, method=..., head='classifier.3')"
+        )
+    name = module_name(model, module)
+    if name is None:
+        raise HeadNotFoundError("the given head module is not part of the model")
+    return name, module
+
+
+class FeatureSplit:
+    """Split a classifier at its head: ``phi, logits = split(x)`` in one forward pass.
+
+    The head must be an ``nn.Linear`` whose output is the model's output; this is checked on
+    every call (a cheap identity check), so a model that post-processes logits is refused.
+
+    Example:
+        >>> split = FeatureSplit(torchvision.models.resnet18(num_classes=3))
+        >>> split.head.in_features
+        512
+    """
+
+    def __init__(self, model: nn.Module, head: str | nn.Module | None = None) -> None:
+        self.model = model
+        self._head_spec = head
+        self.head_name: str | None = None
+        self.head: nn.Linear | None = None
+        if head is not None or _timm_head(model) is not None or _torchvision_head(model) is not None or isinstance(model, nn.Sequential):
+            self._resolve(None)
+
+    def _resolve(self, example: Inputs | None) -> None:
+        name, module = find_head(self.model, self._head_spec, example)
+        if not isinstance(module, nn.Linear):
+            raise HeadNotFoundError(
+                f"the head '{name}' is a {type(module).__name__}, not nn.Linear; last-layer methods "
+                "need a linear head. Name a Linear module with head=..., or use a method that does "
+                "not split the model (e.g. 'mc-dropout' with where='blocks')"
+            )
+        self.head_name, self.head = name, module
+
+    def __call__(self, x: Inputs) -> tuple[Tensor, Tensor]:
+        """Return ``(phi, logits)``: the head's input ``(N, D)`` and the model's output ``(N, C)``."""
+        if self.head is None:
+            self._resolve(x)
+        captured: dict[str, Tensor] = {}
+
+        def capture(module: nn.Module, args: tuple, out: Tensor) -> None:
+            captured["phi"], captured["out"] = args[0], out
+
+        hook = self.head.register_forward_hook(capture)
+        try:
+            logits = run_model(self.model, x)
+        finally:
+            hook.remove()
+        if "phi" not in captured:
+            raise HeadNotFoundError(f"the head '{self.head_name}' was not called in the forward pass; name the head explicitly")
+        if captured["out"] is not logits:
+            raise HeadNotFoundError(
+                f"the output of '{self.head_name}' is not the model's output (the model transforms "
+                "it afterwards); name the module whose output is the logits with head=..."
+            )
+        phi = captured["phi"]
+        if phi.dim() != 2:
+            raise HeadNotFoundError(
+                f"the head '{self.head_name}' receives inputs of shape {tuple(phi.shape)}; last-layer "
+                "methods need (N, D) features"
+            )
+        return phi, logits

@@ -1,0 +1,1 @@
+"""Measuring a predictive: metrics, the :class:`Report` and its pictures."""

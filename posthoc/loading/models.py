@@ -1,0 +1,234 @@
+"""Building a classifier from a short spec, and loading a checkpoint into it with clear errors.
+
+A spec names where the architecture comes from:
+
+- ``"timm:NAME"``: ``timm.create_model(NAME, pretrained=...)``;
+- ``"torchvision:NAME"`` (or ``"tv:NAME"``): ``torchvision.models.get_model(NAME, weights="DEFAULT" or None)``;
+- ``"path/to/file.py:factory"``: ``factory()`` from that file (given ``pretrained`` / ``num_classes``
+  if it accepts them).
+
+``--checkpoint`` files hold a ``state_dict`` (optionally under ``"state_dict"``, ``"model"``,
+``"model_state_dict"`` or ``"state_dict_ema"``; a DistributedDataParallel ``module.`` prefix is
+stripped). A checkpoint that does not fit the architecture is refused with the missing,
+unexpected and mis-shaped keys listed.
+
+Example:
+    >>> model = build_model("timm:resnet18", pretrained=False, num_classes=10)
+    >>> model = build_model("torchvision:resnet50", checkpoint="finetuned.pth", pretrained=False)
+    >>> model = build_model("my_models.py:make_net")
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import os
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from posthoc.core.errors import ConfigError, InputError
+
+SOURCES = ("timm", "torchvision")
+STATE_DICT_KEYS = ("state_dict", "model", "model_state_dict", "state_dict_ema")
+SHOWN_KEYS = 12
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A parsed model spec: ``source`` is ``"timm"``, ``"torchvision"`` or ``"file"``."""
+
+    source: str
+    name: str
+    path: Path | None = None
+
+    def __str__(self) -> str:
+        return f"{self.path}:{self.name}" if self.source == "file" else f"{self.source}:{self.name}"
+
+
+def parse_model_spec(spec: str) -> ModelSpec:
+    """Parse ``"timm:NAME"``, ``"torchvision:NAME"`` (``"tv:NAME"``) or ``"file.py:factory"``.
+
+    Example:
+        >>> parse_model_spec("tv:resnet50")
+        ModelSpec(source='torchvision', name='resnet50', path=None)
+    """
+    prefix, sep, name = spec.rpartition(":")
+    if not sep or not prefix or not name:
+        raise ConfigError(
+            f"model spec {spec!r} is not understood; use 'timm:NAME' (e.g. timm:resnet50), "
+            "'torchvision:NAME' (e.g. torchvision:resnet50) or 'path/to/file.py:factory'"
+        )
+    if prefix in ("timm", "torchvision", "tv"):
+        return ModelSpec("torchvision" if prefix == "tv" else prefix, name)
+    if not prefix.endswith(".py"):
+        raise ConfigError(
+            f"model spec {spec!r}: the part before ':' must be 'timm', 'torchvision' or a .py file, got {prefix!r}"
+        )
+    return ModelSpec("file", name, Path(prefix))
+
+
+def weights_unavailable(spec: str, err: Exception) -> ConfigError:
+    """The error for published weights that cannot be fetched (offline machine, empty cache)."""
+    return ConfigError(
+        f"could not fetch the pretrained weights of {spec}: {type(err).__name__}: {str(err)[:200]}. Run where they "
+        "can be downloaded or are cached (HF_HOME for timm, TORCH_HOME for torchvision), or pass "
+        "--pretrained false with --checkpoint FILE"
+    )
+
+
+def _timm_model(name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+    import timm
+
+    if not timm.is_model(name):
+        close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:10]
+        raise ConfigError(f"timm has no model {name!r}; similar names: {close or 'none'} (see timm.list_models())")
+    kwargs = {} if num_classes is None else {"num_classes": num_classes}
+    try:
+        return timm.create_model(name, pretrained=pretrained, **kwargs)
+    except OSError as err:  # no network / no cache: huggingface_hub and urllib errors are OSErrors
+        raise weights_unavailable(f"timm:{name}", err) from err
+
+
+def _torchvision_model(name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+    import torchvision
+
+    available = torchvision.models.list_models()
+    if name not in available:
+        close = [n for n in available if name[:4] in n][:10]
+        raise ConfigError(f"torchvision has no model {name!r}; similar names: {close or 'none'}")
+    kwargs = {} if num_classes is None else {"num_classes": num_classes}
+    if pretrained and num_classes is not None:
+        default = len(torchvision.models.get_model_weights(name).DEFAULT.meta["categories"])
+        if num_classes != default:
+            raise ConfigError(
+                f"torchvision's pretrained {name} has {default} classes, not {num_classes}; load your fine-tuned "
+                "weights with --pretrained false --num-classes N --checkpoint FILE"
+            )
+        kwargs = {}
+    try:
+        return torchvision.models.get_model(name, weights="DEFAULT" if pretrained else None, **kwargs)
+    except OSError as err:
+        raise weights_unavailable(f"torchvision:{name}", err) from err
+
+
+def _factory_model(path: Path, name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+    if not path.is_file():
+        raise ConfigError(f"model file {path} does not exist; pass 'path/to/file.py:factory'")
+    module_name = f"posthoc_user_model_{abs(hash(str(path.resolve())))}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module
+    spec.loader.exec_module(module)
+    factory = getattr(module, name, None)
+    if not callable(factory):
+        names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
+        raise ConfigError(f"{path} has no callable {name!r}; callables there: {names}")
+    accepted = inspect.signature(factory).parameters
+    kwargs: dict[str, Any] = {}
+    if "pretrained" in accepted:
+        kwargs["pretrained"] = pretrained
+    if num_classes is not None:
+        if "num_classes" not in accepted:
+            raise ConfigError(f"{path}:{name} takes no num_classes argument; drop --num-classes")
+        kwargs["num_classes"] = num_classes
+    model = factory(**kwargs)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"{path}:{name} returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _state_dict_of(loaded: Any, path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    if isinstance(loaded, nn.Module):
+        loaded = loaded.state_dict()
+    if isinstance(loaded, Mapping):
+        for key in STATE_DICT_KEYS:
+            if isinstance(loaded.get(key), Mapping):
+                loaded = loaded[key]
+                break
+    if not isinstance(loaded, Mapping) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
+        raise InputError(
+            f"{path} does not hold a state_dict (a dict of tensors, possibly under one of {STATE_DICT_KEYS}); "
+            "save it with torch.save(model.state_dict(), path)"
+        )
+    if loaded and all(k.startswith("module.") for k in loaded):
+        loaded = {k[len("module."):]: v for k, v in loaded.items()}
+    return dict(loaded)
+
+
+def _listing(keys: list[str]) -> str:
+    shown = ", ".join(keys[:SHOWN_KEYS])
+    return shown + (f", ... ({len(keys) - SHOWN_KEYS} more)" if len(keys) > SHOWN_KEYS else "")
+
+
+def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, architecture: str = "the model") -> nn.Module:
+    """Load the ``state_dict`` stored at ``path`` into ``model`` strictly; return ``model``.
+
+    Raises :class:`~posthoc.InputError` listing missing, unexpected and mis-shaped keys when the
+    checkpoint was saved from another architecture or head size.
+
+    Example:
+        >>> load_checkpoint(torchvision.models.resnet18(num_classes=10), "resnet18_cifar.pth")
+    """
+    if not Path(path).is_file():
+        raise InputError(f"checkpoint {path} does not exist")
+    try:
+        loaded = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # pickle / zip errors come in many types
+        raise InputError(
+            f"could not read checkpoint {path} with torch.load(weights_only=True): {err}. Save plain "
+            "state_dicts (torch.save(model.state_dict(), path))"
+        ) from err
+    state = _state_dict_of(loaded, path)
+    expected = model.state_dict()
+    missing = [k for k in expected if k not in state]
+    unexpected = [k for k in state if k not in expected]
+    mis_shaped = [
+        f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
+        for k, v in expected.items() if k in state and state[k].shape != v.shape
+    ]
+    if missing or unexpected or mis_shaped:
+        parts = [f"checkpoint {path} does not fit {architecture}:"]
+        if missing:
+            parts.append(f"missing keys ({len(missing)}): {_listing(missing)}")
+        if unexpected:
+            parts.append(f"unexpected keys ({len(unexpected)}): {_listing(unexpected)}")
+        if mis_shaped:
+            parts.append(f"shape mismatches, checkpoint vs model ({len(mis_shaped)}): {_listing(mis_shaped)}")
+        parts.append(
+            "Check the architecture name and --num-classes (a different head size shows as a shape mismatch "
+            "in the classifier weights)."
+        )
+        raise InputError("\n  ".join(parts))
+    model.load_state_dict(state)
+    return model
+
+
+def build_model(spec: str | ModelSpec, *, pretrained: bool = True, num_classes: int | None = None,
+                checkpoint: str | os.PathLike | None = None) -> nn.Module:
+    """Build the classifier named by ``spec`` (see module docs), load ``checkpoint`` if given, in eval mode.
+
+    ``pretrained=True`` downloads the published weights (timm: Hugging Face hub; torchvision: the
+    weights' URL), so it needs internet or a filled cache; ``pretrained=False`` gives random weights.
+
+    Example:
+        >>> model = build_model("timm:resnet50")                     # ImageNet weights
+        >>> model = build_model("tv:resnet18", pretrained=False, num_classes=10, checkpoint="ckpt.pth")
+    """
+    spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if spec.source == "timm":
+        model = _timm_model(spec.name, pretrained, num_classes)
+    elif spec.source == "torchvision":
+        model = _torchvision_model(spec.name, pretrained, num_classes)
+    else:
+        model = _factory_model(spec.path, spec.name, pretrained, num_classes)
+    if checkpoint is not None:
+        load_checkpoint(model, checkpoint, architecture=str(spec))
+    return model.eval()

@@ -1,0 +1,2 @@
+"""placeholder"""
+from posthoc.methods.ibnn import method  # noqa: F401

@@ -1,0 +1,305 @@
+"""Multiplicative node variables on the inputs of a model's ``Conv2d`` / ``Linear`` layers.
+
+Each selected layer gets one latent variable per input node (per input channel of a Conv, per
+input feature of a Linear, per last-dimension feature for token or channels-last inputs). The
+variables follow a mixture of ``K`` Gaussians ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` with
+``sigma = softplus(rho)``, and are applied by forward pre-hooks (``x -> x * z``), so the model's
+own modules, weights and ``state_dict`` keys stay as they are. Outside :meth:`NodeSet.sampling`
+the hooks do nothing and the model computes exactly what the checkpoint computes.
+
+Within a forward, example ``i`` of the (expanded) batch uses component ``components[i]``; the
+usual routing is ``i mod K``. The first dimension of a layer's input must be the batch, or the
+batch repeated batch-major (``B * m`` rows, e.g. attention windows): each block of ``m`` rows then
+shares its example's variables.
+
+Example:
+    >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
+    >>> nodes = NodeSet(net, components=2)
+    >>> nodes.layer_names
+    ['1', '3']
+    >>> with nodes.sampling(torch.arange(6) % 2):
+    ...     out = net(torch.randn(6, 4))
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.engine.random_draws import randn
+from posthoc.engine.head import find_head
+
+NODE_LAYERS = (nn.Conv2d, nn.Linear)
+_SLOT = "_posthoc_nodes"
+
+
+def _node_hook(module: nn.Module, args: tuple) -> tuple | None:
+    """The forward pre-hook: looks its :class:`NodeSet` up on the module, so deep copies stay wired."""
+    slot = module.__dict__.get(_SLOT)
+    return None if slot is None else slot[0]._augment(slot[1], module, args)
+
+
+def node_count(layer: nn.Module) -> int:
+    """Number of input nodes of a ``Conv2d`` (input channels) or ``Linear`` (input features)."""
+    return layer.in_channels if isinstance(layer, nn.Conv2d) else layer.in_features
+
+
+def inverse_softplus(std: Tensor) -> Tensor:
+    """``rho`` with ``softplus(rho) == std``; ``std = 0`` gives ``-inf`` (an exact zero std)."""
+    return torch.where(std > 20, std, torch.log(torch.expm1(std)))
+
+
+def select_layers(
+    model: nn.Module, layers: Sequence[str] | None = None, *, stem: bool = True, head: bool = True
+) -> list[tuple[str, nn.Module]]:
+    """The ``Conv2d`` / ``Linear`` layers (subclasses included) that get node variables.
+
+    Args:
+        model: the network.
+        layers: module names; a name of a Conv/Linear selects it, a name of a container selects
+            every Conv/Linear inside it. ``None`` selects all of them.
+        stem: keep the first Conv/Linear of the model (in registration order).
+        head: keep the classifier head (found as in :func:`posthoc.engine.head.find_head`, else the
+            last Conv/Linear).
+
+    Example:
+        >>> [name for name, _ in select_layers(torchvision.models.resnet18(), head=False)][:2]
+        ['conv1', 'layer1.0.conv1']
+    """
+    every = [(name, m) for name, m in model.named_modules() if isinstance(m, NODE_LAYERS)]
+    if not every:
+        raise ConfigError(
+            f"{type(model).__name__} has no nn.Conv2d or nn.Linear layer to attach node variables to; "
+            "iBNN needs at least one"
+        )
+    if layers is None:
+        chosen = list(every)
+    else:
+        if isinstance(layers, str) or not all(isinstance(name, str) for name in layers):
+            raise ConfigError(f"layers must be a list of module names, e.g. ['layer4', 'fc'], got {layers!r}")
+        known = dict(model.named_modules())
+        missing = [name for name in layers if name not in known]
+        if missing:
+            shown = ", ".join(name for name, _ in every[:20]) + (" ..." if len(every) > 20 else "")
+            raise ConfigError(f"layers {missing} do not exist in {type(model).__name__}; Conv/Linear layers: {shown}")
+        wanted = {id(m) for name in layers for m in known[name].modules() if isinstance(m, NODE_LAYERS)}
+        chosen = [(name, m) for name, m in every if id(m) in wanted]
+    if not stem:
+        chosen = [(name, m) for name, m in chosen if m is not every[0][1]]
+    if not head:
+        head_module = _head_or_last(model, every)
+        chosen = [(name, m) for name, m in chosen if m is not head_module]
+    if not chosen:
+        raise ConfigError(
+            f"the selection (layers={list(layers) if layers is not None else None}, stem={stem}, head={head}) "
+            "matches no nn.Conv2d / nn.Linear layer; name layers that contain some, or include the stem/head"
+        )
+    return chosen
+
+
+def _head_or_last(model: nn.Module, every: list[tuple[str, nn.Module]]) -> nn.Module:
+    try:
+        return find_head(model)[1]
+    except HeadNotFoundError:
+        return every[-1][1]
+
+
+class NodeVariables(nn.Module):
+    """The ``K``-component Gaussian mixture over the ``D`` input nodes of one layer.
+
+    Attributes:
+        mean: ``(K, D)`` component means.
+        rho: ``(K, D)`` raw scales; the component standard deviations are ``softplus(rho)``.
+    """
+
+    def __init__(self, nodes: int, components: int, *, init_mean_std: float, init_std: float,
+                 generator: torch.Generator, device: torch.device | None = None) -> None:
+        super().__init__()
+        mean = 1.0 + init_mean_std * torch.randn(components, nodes, generator=generator)
+        self.mean = nn.Parameter(mean.to(device))
+        self.rho = nn.Parameter(inverse_softplus(torch.full((components, nodes), float(init_std))).to(device))
+
+    @property
+    def std(self) -> Tensor:
+        """``(K, D)`` component standard deviations."""
+        return F.softplus(self.rho)
+
+    def draw(self, components: Tensor, generator: torch.Generator | None, sample: bool) -> Tensor:
+        """``(B, D)`` node values for examples routed to ``components``; the component means if not ``sample``."""
+        mean = self.mean.index_select(0, components)
+        if not sample:
+            return mean
+        noise = randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
+        return mean + self.std.index_select(0, components) * noise
+
+
+class NodeSet(nn.Module):
+    """Node variables for a model's selected layers, attached by forward pre-hooks.
+
+    Args:
+        model: the network to augment (hooks are added to it: pass a copy you own).
+        components: ``K``, the number of mixture components.
+        prior_std: ``s`` of the prior ``N(1, s^2)`` on every node.
+        init_mean_std: component means start at ``1 + N(0, init_mean_std^2)``.
+        init_std: component standard deviations start at this value.
+        layers, stem, head: the selection, see :func:`select_layers`.
+        seed: seeds the initial means.
+
+    Example:
+        >>> nodes = NodeSet(torchvision.models.resnet18(num_classes=3), components=4)
+        >>> float(nodes.kl()) > 0
+        True
+    """
+
+    def __init__(self, model: nn.Module, *, components: int = 4, prior_std: float = 0.1,
+                 init_mean_std: float = 0.05, init_std: float = 0.05, layers: Sequence[str] | None = None,
+                 stem: bool = True, head: bool = True, seed: int = 0) -> None:
+        super().__init__()
+        check_node_options(components, prior_std, init_mean_std, init_std)
+        selected = select_layers(model, layers, stem=stem, head=head)
+        device = next((p.device for p in model.parameters()), None)
+        generator = torch.Generator().manual_seed(seed)
+        self.components = components
+        self.prior_std = float(prior_std)
+        self.layer_names = [name for name, _ in selected]
+        self.groups = nn.ModuleList(
+            NodeVariables(node_count(m), components, init_mean_std=init_mean_std, init_std=init_std,
+                          generator=generator, device=device)
+            for _, m in selected
+        )
+        self.register_buffer("called", torch.ones(len(selected), dtype=torch.bool, device=device))
+        self._route: Tensor | None = None
+        self._generator: torch.Generator | None = None
+        self._sample = True
+        self._seen: set[int] = set()
+        self._largest_input = 0
+        for index, (_, m) in enumerate(selected):
+            m.__dict__[_SLOT] = (self, index)  # a plain attribute: no state_dict key, follows deepcopy
+        self._handles = [m.register_forward_pre_hook(_node_hook) for _, m in selected]
+        self._hooked = [m for _, m in selected]
+
+    def _augment(self, index: int, module: nn.Module, args: tuple) -> tuple | None:
+        if self._route is None or not args or not isinstance(args[0], Tensor):
+            return None
+        x = args[0]
+        self._seen.add(index)
+        self._largest_input = max(self._largest_input, x[0].numel() * x.element_size() if x.dim() else 0)
+        z = self.groups[index].draw(self._route, self._generator, self._sample).to(x.dtype)
+        return (x * _broadcastable(z, x, module, self.layer_names[index]), *args[1:])
+
+    @contextmanager
+    def sampling(self, components: Tensor, *, generator: torch.Generator | None = None,
+                 sample: bool = True) -> Iterator["NodeSet"]:
+        """Turn the hooks on: example ``i`` of each forward uses component ``components[i]``.
+
+        Args:
+            components: ``(B,)`` component index of every example of the batch.
+            generator: the random source of the node noise.
+            sample: draw ``z ~ N(mu_k, sigma_k^2)``; ``False`` uses the component means.
+        """
+        components = components.to(self.called.device, torch.long)
+        if components.numel() and (components.min() < 0 or components.max() >= self.components):
+            raise InputError(f"component indices must lie in [0, {self.components}), got {components.tolist()[:8]}...")
+        self._route, self._generator, self._sample = components, generator, sample
+        self._seen, self._largest_input = set(), 0
+        try:
+            yield self
+        finally:
+            self._route, self._generator = None, None
+
+    @property
+    def seen(self) -> list[str]:
+        """Names of the layers whose hooks ran inside the last :meth:`sampling` block."""
+        return [self.layer_names[i] for i in sorted(self._seen)]
+
+    @property
+    def largest_input_bytes(self) -> int:
+        """Bytes of the largest per-example layer input seen inside the last :meth:`sampling` block."""
+        return self._largest_input
+
+    def mark_called(self) -> None:
+        """Record which layers ran in the last forward: the others never touch the output (e.g. weights
+        read directly by a functional attention) and are left out of the KL."""
+        flags = torch.zeros_like(self.called)
+        flags[sorted(self._seen)] = True
+        self.called.copy_(flags)
+
+    def kl(self) -> Tensor:
+        """KL to the prior with the component-mean approximation, summed over nodes of called layers.
+
+        The mixture is replaced by the law of the mean of one draw per component,
+        ``zbar ~ N(mbar, vbar)`` with ``mbar = 1/K sum_k mu_k`` and ``vbar = 1/K^2 sum_k sigma_k^2``,
+        whose KL to ``N(1, s^2)`` is closed form:
+        ``log(s / sqrt(vbar)) + (vbar + (mbar - 1)^2) / (2 s^2) - 1/2`` per node.
+        It is exact for ``K = 1`` and zero exactly when ``mbar = 1`` and ``vbar = s^2``.
+        """
+        total = self.called.new_zeros((), dtype=torch.float32)
+        s2 = self.prior_std**2
+        for group, called in zip(self.groups, self.called.tolist()):
+            if not called:
+                continue
+            k = group.mean.shape[0]
+            mean = group.mean.float().mean(0)
+            var = group.std.float().square().sum(0) / k**2
+            total = total + (0.5 * (math.log(s2) - var.log()) + (var + (mean - 1).square()) / (2 * s2) - 0.5).sum()
+        return total
+
+    @torch.no_grad()
+    def set_(self, mean: float | Tensor | None = None, std: float | Tensor | None = None) -> None:
+        """Set every layer's component means and/or standard deviations (broadcast to ``(K, D)``).
+
+        ``std=0`` makes the nodes deterministic (``rho = -inf``), e.g. to check that ``mean=1``
+        reproduces the checkpoint.
+        """
+        for group in self.groups:
+            if mean is not None:
+                group.mean.copy_(torch.as_tensor(mean, dtype=group.mean.dtype).expand_as(group.mean))
+            if std is not None:
+                value = torch.as_tensor(std, dtype=group.rho.dtype).expand_as(group.rho)
+                group.rho.copy_(inverse_softplus(value))
+
+    def remove(self) -> None:
+        """Take the hooks off the model."""
+        for handle in self._handles:
+            handle.remove()
+        for module in self._hooked:
+            module.__dict__.pop(_SLOT, None)
+        self._handles, self._hooked = [], []
+
+    def extra_repr(self) -> str:
+        nodes = sum(g.mean.shape[1] for g in self.groups)
+        return f"layers={len(self.layer_names)}, nodes={nodes}, components={self.components}, prior_std={self.prior_std}"
+
+
+def check_node_options(components: int, prior_std: float, init_mean_std: float, init_std: float) -> None:
+    """Refuse out-of-range node options with the valid range."""
+    if isinstance(components, bool) or not isinstance(components, int) or components < 1:
+        raise ConfigError(f"components (K) must be an integer >= 1, got {components!r}")
+    for name, value, allow_zero in (("prior_std", prior_std, False), ("init_mean_std", init_mean_std, True),
+                                    ("init_std", init_std, False)):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if not ok or value < 0 or (value == 0 and not allow_zero):
+            bound = ">= 0" if allow_zero else "> 0"
+            raise ConfigError(f"{name} must be a finite number {bound}, got {value!r}")
+
+
+def _broadcastable(z: Tensor, x: Tensor, module: nn.Module, name: str) -> Tensor:
+    """Shape ``(B, D)`` node values to multiply a layer input ``x`` (rows batch-major, nodes on the
+    channel axis of a Conv, on the last axis otherwise)."""
+    rows, nodes = z.shape
+    if x.dim() < 2 or x.shape[0] % rows != 0:
+        raise InputError(
+            f"layer '{name}' got an input of shape {tuple(x.shape)} whose first dimension is not the batch "
+            f"({rows} examples); node variables need batch-first layer inputs: exclude this layer with layers=..."
+        )
+    if x.shape[0] != rows:
+        z = z.repeat_interleave(x.shape[0] // rows, dim=0)
+    if isinstance(module, nn.Conv2d):
+        return z.reshape(z.shape[0], nodes, *([1] * (x.dim() - 2)))
+    return z.reshape(z.shape[0], *([1] * (x.dim() - 2)), nodes)

@@ -1,0 +1,2 @@
+"""placeholder"""
+from posthoc.methods.laplace import method  # noqa: F401

@@ -1,0 +1,131 @@
+"""The linearised (GLM) predictive of a Laplace posterior over several Linear layers.
+
+Around the checkpoint the logits are linear in the covered weights, ``f(x) ≈ f*(x) + J(x) Δθ``,
+so the block-diagonal posterior (one KFAC or diagonal block per parameter, from BackPACK) gives
+Gaussian logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. For a Linear layer with input ``a`` and
+output ``z``, the Jacobian of logit ``c`` in its weight is ``g_c aᵀ`` with ``g_c = ∂f_c/∂z``, so
+the ``C x C`` covariance needs only ``a`` and the ``C`` output gradients ``g_c``:
+
+- KFAC weight block ``(G ⊗ A + δI)⁻¹``: ``Σ_i (U_Gᵀ g_c)_i (U_Gᵀ g_c')_i w_i`` with
+  ``w_i = Σ_j (U_Aᵀ a)_j² / (λ_i μ_j + δ)``; bias block: ``w_i = 1 / (λ_i + δ)``;
+- diagonal block ``1 / (h + δ)``: ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
+
+The gradients come from ``C`` backward passes per chunk to zero tensors that temporary hooks add
+to the layers' outputs (so frozen weights need no gradients, and no weight gradient is formed).
+This is the predictive that laplace-torch calls ``pred_type="glm"``; unlike weight sampling
+(``pred="nn"``) it does not let the prior's spread in directions the data never probed wreck the
+network's predictions.
+
+Example:
+    >>> net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    >>> layers = covered_linear_layers(net, ["0.weight", "0.bias", "2.weight", "2.bias"])
+    >>> sorted(layers)
+    ['0', '2']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.inputs import Inputs, run_model
+from posthoc.methods.laplace.curvature import ParamCurvature
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.methods.laplace.glm_predictive import LogitGaussian
+from posthoc.core.modules import parameter_owners
+
+
+def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str, nn.Linear]:
+    """The Linear modules that own ``param_names``; a clear error for any other layer type."""
+    layers = parameter_owners(model, param_names)
+    for name, module in layers.items():
+        if not isinstance(module, nn.Linear):
+            raise ConfigError(
+                f"pred='glm' over several layers covers Linear layers; '{name}' is a "
+                f"{type(module).__name__}. Use pred='nn' (weight samples), or name Linear layers only"
+            )
+    return layers
+
+
+@contextmanager
+def _layer_taps(layers: dict[str, nn.Linear]) -> Iterator[dict[str, tuple[Tensor, Tensor]]]:
+    """Record each layer's input and add a zero leaf to its output, whose gradient is ``∂f/∂z``."""
+    taps: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def tap(name: str):
+        def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+            leaf = torch.zeros_like(out, requires_grad=True)
+            taps[name] = (args[0].detach(), leaf)
+            return out + leaf
+        return hook
+
+    handles = [layer.register_forward_hook(tap(name)) for name, layer in layers.items()]
+    try:
+        yield taps
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[ParamCurvature], x: Inputs,
+                   prior_precision: float) -> LogitGaussian:
+    """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``."""
+    with torch.enable_grad(), _layer_taps(layers) as taps:
+        logits = run_model(model, x)
+        if set(taps) != set(layers):
+            missing = sorted(set(layers) - set(taps))
+            raise InputError(f"the covered layers {missing} were not called in the forward pass; pass layers the model uses")
+        for name, (inputs, _) in taps.items():
+            if inputs.dim() != 2:
+                raise ConfigError(
+                    f"pred='glm' needs (N, features) inputs to the covered Linear layers; '{name}' gets "
+                    f"{tuple(inputs.shape)}. Use pred='nn' for layers applied over tokens or positions"
+                )
+        leaves = [taps[name][1] for name in layers]
+        classes = logits.shape[-1]
+        gradients = [[] for _ in leaves]  # per layer: C tensors (n, out)
+        for c in range(classes):
+            for store, grad in zip(gradients, torch.autograd.grad(logits[:, c].sum(), leaves, retain_graph=c < classes - 1)):
+                store.append(grad)
+    dtype = torch.promote_types(logits.dtype, torch.float64)
+    covariance = logits.new_zeros((logits.shape[0], classes, classes), dtype=dtype)
+    by_name = {block.name: block for block in blocks}
+    for name, grads in zip(layers, gradients):
+        g = torch.stack(grads, 1).to(dtype)  # (n, C, out)
+        a = taps[name][0].to(dtype)
+        weight = by_name.get(f"{name}.weight")
+        if weight is not None:
+            covariance += _weight_term(g, a, weight, prior_precision)
+        bias = by_name.get(f"{name}.bias")
+        if bias is not None:
+            covariance += _bias_term(g, bias, prior_precision)
+    values, vectors = torch.linalg.eigh(covariance)
+    out = logits.detach().dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+    return LogitGaussian(logits.detach().to(out), values.clamp_min(0).sqrt().to(out), vectors.to(out))
+
+
+def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0) -> int:
+    """Float64 temporaries of :func:`logit_gaussian` per input row (gradients, rotations, C x C
+    covariance and eigenvectors), plus ``samples`` logit draws for the MC link."""
+    width = sum(layer.out_features + layer.in_features for layer in layers.values())
+    return 8 * classes * (2 * width + 3 * classes + 3 * samples)
+
+
+def _weight_term(g: Tensor, a: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
+    if block.diagonal is not None:
+        spread = a.square() @ (1.0 / (block.diagonal.to(g.dtype) + prior_precision)).T  # (n, out)
+        return torch.einsum("nco,no,ndo->ncd", g, spread, g)
+    rotated = g @ block.out_eigvecs.to(g.dtype)  # (n, C, out)
+    psi_sq = (a @ block.in_eigvecs.to(g.dtype)).square()  # (n, in)
+    inverse = 1.0 / (torch.outer(block.in_eigvals, block.out_eigvals).to(g.dtype) + prior_precision)  # (in, out)
+    return torch.einsum("nci,ni,ndi->ncd", rotated, psi_sq @ inverse, rotated)
+
+
+def _bias_term(g: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
+    if block.diagonal is not None:
+        return torch.einsum("nco,o,ndo->ncd", g, 1.0 / (block.diagonal.to(g.dtype) + prior_precision), g)
+    rotated = g @ block.out_eigvecs.to(g.dtype)
+    return torch.einsum("nci,i,ndi->ncd", rotated, 1.0 / (block.out_eigvals.to(g.dtype) + prior_precision), rotated)

@@ -1,0 +1,2 @@
+"""placeholder"""
+from posthoc.methods.mc_dropout import method  # noqa: F401

@@ -1,0 +1,228 @@
+"""Where a model drops units: finding its own dropout, placing new dropout, and sampling masks.
+
+Dropout is described by :class:`DropoutSite` records (a module name, whether the dropout acts on
+that module's input or output, and a rate) and applied by :func:`sampling`, which registers
+temporary hooks that multiply activations by Bernoulli masks drawn from a ``torch.Generator``.
+The model stays in eval mode the whole time: BatchNorm keeps its running statistics, the
+model's own ``nn.Dropout`` modules stay inert, and nothing is left behind when the context exits.
+"Inserting" dropout therefore needs no copy of the model and never touches its weights.
+
+Sites come from, in order:
+
+* the model's own ``nn.Dropout`` / ``nn.Dropout1d/2d/3d`` modules with ``p > 0`` (the 1d/2d/3d
+  variants drop whole channels, as in training);
+* timm's functional ``drop_rate`` (applied by timm with ``F.dropout`` right before the
+  classifier and gated on the root module's ``training`` flag): it becomes a site on the
+  classifier's input, so no module has to be put in train mode;
+* inserted dropout: ``where="head"`` (the classifier's input), ``"blocks"`` (see
+  :func:`block_names`) or a list of module names (dropout on each one's input).
+
+Example:
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.2), nn.Linear(8, 3))
+    >>> own_dropout_sites(net)
+    [DropoutSite(name='2', at='output', p=0.2, channel_dims=0)]
+    >>> with sampling(net, own_dropout_sites(net), generator=torch.Generator().manual_seed(0)):
+    ...     logits = net(torch.randn(5, 4))  # a fresh mask for every row
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.inputs import Inputs
+from posthoc.core.errors import ConfigError
+from posthoc.engine.random_draws import draw_device
+from posthoc.engine.head import find_head
+
+#: rate of inserted dropout when ``p`` is not given (Gal & Ghahramani use 0.1-0.5; 0.1 keeps
+#: the retrofitted model's accuracy close to the deterministic one)
+DEFAULT_INSERT_P = 0.1
+
+_CHANNEL_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
+
+
+@dataclass(frozen=True)
+class DropoutSite:
+    """Dropout applied to the ``at`` (``"input"`` or ``"output"``) of module ``name``.
+
+    ``channel_dims`` is 0 for element-wise masks and ``k`` for ``nn.Dropout{k}d``-style masks
+    that drop whole channels (one draw per row and channel, shared over the ``k`` trailing dims).
+    """
+
+    name: str
+    at: str
+    p: float
+    channel_dims: int = 0
+
+
+def own_dropout_sites(model: nn.Module) -> list[DropoutSite]:
+    """The dropout the model was trained with: active ``nn.Dropout*`` modules and timm's ``drop_rate``.
+
+    Example:
+        >>> own_dropout_sites(torchvision.models.efficientnet_b0())[-1]
+        DropoutSite(name='classifier.0', at='output', p=0.2, channel_dims=0)
+    """
+    sites = []
+    for name, module in model.named_modules():
+        if type(module) in (nn.Dropout, *_CHANNEL_DIMS) and module.p > 0:
+            sites.append(DropoutSite(name, "output", float(module.p), _CHANNEL_DIMS.get(type(module), 0)))
+    rate = _timm_functional_rate(model, sites)
+    if rate > 0:
+        head_name, _ = find_head(model)
+        sites.append(DropoutSite(head_name, "input", rate))
+    return sites
+
+
+def _timm_functional_rate(model: nn.Module, module_sites: list[DropoutSite]) -> float:
+    """timm's ``drop_rate`` when timm applies it functionally (no dropout module carries that rate)."""
+    rate = getattr(model, "drop_rate", 0.0)
+    if not isinstance(rate, (int, float)) or rate <= 0 or not hasattr(model, "forward_head"):
+        return 0.0
+    if any(abs(site.p - rate) < 1e-12 for site in module_sites):
+        return 0.0
+    return float(rate)
+
+
+def block_names(model: nn.Module) -> list[str]:
+    """The modules after which ``where="blocks"`` drops units.
+
+    The stages listed in timm's ``feature_info``; else torchvision ResNet's ``layer1..layerN``;
+    else the children of a ``features`` ``nn.Sequential`` (torchvision CNNs and Swin); else the
+    inputs of every ``nn.Linear`` are used instead (see :func:`inserted_sites`).
+
+    Example:
+        >>> block_names(torchvision.models.resnet18())
+        ['layer1', 'layer2', 'layer3', 'layer4']
+    """
+    names = dict(model.named_modules())
+    info = getattr(model, "feature_info", None)
+    if isinstance(info, Sequence):
+        stages = [entry.get("module") for entry in info if isinstance(entry, dict)]
+        stages = [stage for stage in stages if stage in names and stage]
+        if stages:
+            return stages
+    layers = sorted((n for n in names if re.fullmatch(r"layer\d+", n)), key=lambda n: int(n[5:]))
+    if layers:
+        return layers
+    features = names.get("features")
+    if isinstance(features, nn.Sequential) and len(features) > 1:
+        return [f"features.{child}" for child, _ in features.named_children()]
+    return []
+
+
+def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, example: Inputs | None = None, head: str | None = None) -> list[DropoutSite]:
+    """Sites for new dropout of rate ``p``; ``where`` is ``"head"``, ``"blocks"`` or module names.
+
+    Example:
+        >>> inserted_sites(torchvision.models.resnet18(), "head", 0.1)
+        [DropoutSite(name='fc', at='input', p=0.1, channel_dims=0)]
+    """
+    if where == "head":
+        return [DropoutSite(find_head(model, head, example)[0], "input", p)]
+    if where == "blocks":
+        stages = block_names(model)
+        if stages:
+            head_name = find_head(model, head, example)[0]
+            return [DropoutSite(name, "output", p) for name in stages] + [DropoutSite(head_name, "input", p)]
+        linears = [name for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+        if not linears:
+            raise ConfigError(
+                f"where='blocks' found no stages and no nn.Linear in {type(model).__name__}; "
+                "name the modules to put dropout before, e.g. where=['layer3', 'fc']"
+            )
+        return [DropoutSite(name, "input", p) for name in linears]
+    return [DropoutSite(name, "input", p) for name in where]
+
+
+def check_module_names(model: nn.Module, names: Sequence[str]) -> None:
+    """Raise :class:`ConfigError` for names that are not modules of ``model``, listing valid ones."""
+    available = {name for name, _ in model.named_modules() if name}
+    missing = [name for name in names if name not in available]
+    if missing:
+        shown = sorted(available)
+        listing = ", ".join(shown[:30]) + (" ..." if len(shown) > 30 else "")
+        raise ConfigError(f"where names module(s) {missing} that the model does not have; available: {listing}")
+
+
+def with_rate(sites: Sequence[DropoutSite], p: float) -> list[DropoutSite]:
+    """The same sites, all with rate ``p``."""
+    return [replace(site, p=p) for site in sites]
+
+
+def keep_probability(p: float) -> float:
+    """The exact keep probability :func:`keep_mask` uses for rate ``p`` (``p`` rounded to 1/65536)."""
+    return 1.0 - round(p * 65536) / 65536
+
+
+def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """Boolean mask of ``shape``, each entry kept with probability :func:`keep_probability` ``(p)``.
+
+    Four entries are drawn from each random 64-bit word (16 uniform bits per entry), several
+    times cheaper than ``bernoulli_``. Drawn on the generator's device if one is given (so a CPU
+    generator gives the same masks for a CUDA model), then moved to ``device``.
+
+    Example:
+        >>> keep = keep_mask((1000, 100), 0.25, generator=torch.Generator().manual_seed(0), device="cpu")
+        >>> round(keep.float().mean().item(), 2)
+        0.75
+    """
+    return _drop_mask(shape, p, generator=generator, device=device).logical_not_()
+
+
+def _drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
+    """The complement of :func:`keep_mask` (same random draws): ``True`` where an entry is dropped."""
+    numel = math.prod(shape)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=draw_device(generator, device)).random_(-(2**63), None, generator=generator)
+    threshold = round(p * 65536) - 32768
+    return (words.view(torch.int16)[:numel] < threshold).reshape(shape).to(device)
+
+
+def _drop(x: Tensor, site: DropoutSite, generator: torch.Generator | None) -> Tensor:
+    if site.p <= 0 or not isinstance(x, Tensor) or not x.is_floating_point():
+        return x
+    shape = x.shape
+    if site.channel_dims and x.dim() >= site.channel_dims + 2:
+        shape = x.shape[: x.dim() - site.channel_dims] + (1,) * site.channel_dims
+    drop = _drop_mask(shape, site.p, generator=generator, device=x.device)
+    return x.masked_fill(drop, 0.0).mul_(1.0 / keep_probability(site.p))
+
+
+@contextmanager
+def sampling(model: nn.Module, sites: Sequence[DropoutSite], *, generator: torch.Generator | None = None) -> Iterator[nn.Module]:
+    """Make ``model`` drop units at ``sites`` (fresh masks per row and call) inside the context.
+
+    Only temporary hooks are added (and always removed); flags and weights are untouched.
+    """
+    handles = []
+    try:
+        for site in sites:
+            module = model.get_submodule(site.name)
+            if site.at == "input":
+                handles.append(module.register_forward_pre_hook(_input_hook(site, generator)))
+            else:
+                handles.append(module.register_forward_hook(_output_hook(site, generator)))
+        yield model
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+def _input_hook(site: DropoutSite, generator: torch.Generator | None):
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return (_drop(args[0], site, generator), *args[1:]) if args else args
+
+    return hook
+
+
+def _output_hook(site: DropoutSite, generator: torch.Generator | None):
+    def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
+        return _drop(output, site, generator)
+
+    return hook

@@ -1,0 +1,2 @@
+"""placeholder"""
+from posthoc.methods.swag import method  # noqa: F401
