@@ -49,7 +49,7 @@ def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
     method: Method | None = None
     source: str | None = None
     for position, entry in enumerate(spec):
-        cls = method_class(entry["name"])
+        cls = method_class(entry["name"]).algorithm(entry["options"])
         if cls.stacks:
             inner = method if method is not None else REGISTRY["none"](model)
             method = cls(inner, **entry["options"])

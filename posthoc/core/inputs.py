@@ -117,6 +117,11 @@ def run_model(model: nn.Module, x: Inputs) -> Tensor:
     return out
 
 
+def run_model_with(model: nn.Module, replaced: Mapping[str, Tensor], x: Inputs) -> Tensor:
+    """The model's output with some parameters or buffers replaced (``torch.func.functional_call``); the model is untouched."""
+    return run_model(lambda *args, **kwargs: torch.func.functional_call(model, dict(replaced), args, kwargs), x)
+
+
 def iterate(
     loader: Iterable,
     *,

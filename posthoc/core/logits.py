@@ -3,9 +3,13 @@
 Multi-class logits ``(N, C)`` pass through ``log_softmax``; a binary classifier's single logit
 ``(N,)`` or ``(N, 1)`` becomes the two-class logits ``[0, z]`` (so ``p(1) = sigmoid(z)``).
 
+Per-sample log-probabilities ``(S, N, C)`` average into the predictive with :func:`log_mean_exp`.
+
 Example:
     >>> as_class_logits(torch.tensor([0.0, 2.0])).shape
     torch.Size([2, 2])
+    >>> log_mean_exp(torch.log(torch.tensor([[0.2, 0.8], [0.4, 0.6]]))).exp()
+    tensor([0.3000, 0.7000])
 """
 
 from __future__ import annotations
@@ -47,3 +51,14 @@ def check_finite_logits(logits: Tensor) -> None:
             f"{bad} example(s) have NaN or inf logits; check the model's inputs and weights "
             "(float16 overflow is a common cause) before calibrating"
         )
+
+
+def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
+    """``log(mean(exp(samples), dim))``, stable: the predictive of per-sample log-probabilities.
+
+    Shifts by the maximum and works in place (much faster than ``torch.logsumexp`` over the sample
+    dimension on CPU); a slice that is ``-inf`` throughout stays ``-inf``.
+    """
+    top = samples.amax(dim=dim, keepdim=True)
+    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
+    return (samples - top).exp_().mean(dim=dim).log_().add_(top.squeeze(dim))

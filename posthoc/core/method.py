@@ -60,6 +60,12 @@ class Method(nn.Module):
         return _keyword_defaults(cls.__init__)
 
     @classmethod
+    def algorithm(cls, options: dict[str, Any]) -> type[Method]:
+        """The class that runs this method with ``options``: one registered name may front several
+        algorithms (``"laplace"``: last-layer closed forms or a layer subset), chosen at ``wrap()``."""
+        return cls
+
+    @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:
         """The extra keyword arguments ``fit`` accepts for this method, with their defaults."""
         return _keyword_defaults(cls.fit)

@@ -1,0 +1,32 @@
+"""Checks of user-given option values, with one wording for every method.
+
+Example:
+    >>> positive_int(5, "num_samples")
+    5
+    >>> positive_int(0, "num_samples")
+    Traceback (most recent call last):
+    posthoc.core.errors.ConfigError: num_samples must be a positive integer, got 0
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from posthoc.core.errors import ConfigError
+
+
+def positive_int(value: Any, name: str, *, none: str | None = None) -> Any:
+    """``value`` if it is an integer >= 1 (not a bool); ``none`` says what ``None`` means if it is allowed."""
+    if value is None and none is not None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        allowed = f" or None ({none})" if none is not None else ""
+        raise ConfigError(f"{name} must be a positive integer{allowed}, got {value!r}")
+    return value
+
+
+def memory_bytes(value: Any, name: str = "max_memory") -> Any:
+    """``value`` if it is ``None`` (the library-wide budget) or a positive number of bytes."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+        raise ConfigError(f"{name} must be a positive number of bytes (or None for posthoc.settings.max_memory), got {value!r}")
+    return value

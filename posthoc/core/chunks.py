@@ -1,0 +1,31 @@
+"""The one chunk planner: how many rows of work fit in the memory budget.
+
+Every predictive that holds per-sample tensors (``(S, n, C)`` log-probabilities, expanded
+activations, logit samples) declares the bytes ONE row keeps alive at the peak of its work; the
+planner divides the budget (``max_memory``, else ``posthoc.settings.max_memory``) by it.
+
+Example:
+    >>> rows_per_chunk(100 * 10 * 4, max_memory=2**20)      # S=100 float32 samples of 10 classes
+    262
+    >>> [(s.start, s.stop) for s in chunks(600, 100 * 10 * 4, max_memory=2**20)]
+    [(0, 262), (262, 524), (524, 600)]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from posthoc.core import settings
+
+
+def rows_per_chunk(row_bytes: int, *, max_memory: int | None = None, limit: int | None = None) -> int:
+    """Rows whose ``row_bytes`` each stay under the budget together; at least 1, at most ``limit``."""
+    rows = max(1, int(settings.memory_budget(max_memory) // max(1, int(row_bytes))))
+    return rows if limit is None else max(1, min(rows, limit))
+
+
+def chunks(total: int, row_bytes: int, *, max_memory: int | None = None, limit: int | None = None) -> Iterator[slice]:
+    """Consecutive slices covering ``range(total)``, each of :func:`rows_per_chunk` rows."""
+    step = rows_per_chunk(row_bytes, max_memory=max_memory, limit=limit)
+    for start in range(0, total, step):
+        yield slice(start, min(total, start + step))
