@@ -16,9 +16,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from posthoc.core.inputs import check_labels
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.logits import class_log_probs, check_finite_logits
+from posthoc.core.inputs import check_labels
+from posthoc.core.logits import check_finite_logits, class_log_probs
 from posthoc.core.prediction import Prediction
 from posthoc.methods.temperature import fit_temperature, tempered_log_probs
 
@@ -62,6 +63,7 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
     """
     if method not in CALIBRATORS:
         raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(CALIBRATORS)}")
+    positive_int(max_iter, "max_iter")
     logits, labels = _as_tensor(logits, "logits"), _as_tensor(labels, "labels")
     if logits.shape[0] != labels.reshape(-1).shape[0]:
         raise InputError(

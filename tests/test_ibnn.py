@@ -8,7 +8,7 @@ from torch import nn
 
 import posthoc
 from posthoc.core.errors import ConfigError, NumericalError
-from posthoc.methods.ibnn.method import expand
+from posthoc.methods.ibnn.elbo import expand
 from posthoc.methods.ibnn.nodes import NodeSet, select_layers
 
 

@@ -20,18 +20,31 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import persistence, settings
-from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
+from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError
+from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
 
 
-#: examples in the first chunk of ``predict``, which measures the size of the samples (small, so that
-#: this unbudgeted chunk fits a small budget: 8 examples x S=100 x C=1,000 x 6 float32 copies are 18 MiB)
+#: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
-#: float32 copies of the (S, n, C) samples alive at once in one chunk (method temporaries, exp, entropy)
-LIVE_SAMPLE_COPIES = 6
+#: float32 copies of an example's ``(S, C)`` samples that ``predict`` holds at once: the method's
+#: log-probabilities with their exp, then the exp with its entropy terms. While the method works, one
+#: copy (its output) is alive, so the method works under the rest of the budget.
+SAMPLE_COPIES = 2
+
+
+def sample_row_bytes(part: Prediction) -> int:
+    """Bytes of one float32 copy of one example's samples in ``part`` (0 for a deterministic predictive).
+
+    Example:
+        >>> sample_row_bytes(Prediction.from_probs(torch.full((3, 4), 0.25), torch.full((10, 3, 4), 0.25)))
+        160
+    """
+    return 0 if part.samples is None else 4 * part.samples.shape[0] * part.num_classes
 
 
 class UncertainModel(nn.Module):
@@ -92,11 +105,13 @@ class UncertainModel(nn.Module):
             num_samples: overrides the method's number of samples, where it samples.
             generator: a ``torch.Generator`` for reproducible sampling.
             chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``);
-                chunks are smaller when their ``(S, n, C)`` samples would exceed the memory budget.
+                after a first small chunk that tells ``S`` and ``C``, chunks are smaller when the
+                ``SAMPLE_COPIES`` copies of their ``(S, n, C)`` samples would exceed the memory budget.
             keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
-            max_memory: bytes one batched sampling step may use in this call (default
-                ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins).
+            max_memory: bytes the per-sample tensors of one chunk may use in this call (default
+                ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins); the
+                method works under what is left beside the samples it returns.
 
         Example:
             >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
@@ -106,42 +121,34 @@ class UncertainModel(nn.Module):
                 f"method '{'+'.join(self.methods)}' must be fitted before predicting: call "
                 "um.fit(train_loader, val_loader) first"
             )
-        if num_samples is not None and (not isinstance(num_samples, int) or num_samples < 1):
-            raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
-        chunk_size = settings.chunk_size if chunk_size is None else chunk_size
-        if not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ConfigError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        positive_int(num_samples, "num_samples", none="the method's own")
+        chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
+        budget = settings.memory_budget(memory_bytes(max_memory))
         if not isinstance(x, (Tensor, dict)):
             raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
         total = batch_size(x)
         if total == 0:
             raise InputError("predict got an empty batch (0 examples)")
-        if max_memory is not None:
-            if not isinstance(max_memory, int) or max_memory < 1:
-                raise ConfigError(f"max_memory must be a positive number of bytes, got {max_memory!r}")
-            with settings.override(max_memory=max_memory):
-                return self.predict(x, num_samples=num_samples, generator=generator, chunk_size=chunk_size,
-                                    keep_samples=keep_samples)
         self.method.follow_model_device()
-        # a first small chunk tells the samples' shape (S, n, C); the rest is chunked so that the
-        # per-sample tensors of one chunk stay under the memory budget
+        method_budget = max(1, budget - budget // SAMPLE_COPIES)
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
-        first = self._predict_chunk(x if total == first_size else slice_inputs(x, 0, first_size), num_samples, generator)
+        first = self._predict_chunk(slice_inputs(x, 0, first_size), num_samples, generator, method_budget)
         if total == first_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)
-        per_example = LIVE_SAMPLE_COPIES * 4 * first.num_classes * (1 if first.samples is None else first.samples.shape[0])
-        step = max(1, min(chunk_size, settings.memory_budget(None) // per_example))
-        # results go straight into preallocated outputs: no per-chunk survivors fragment the heap
+        step = rows_per_chunk(SAMPLE_COPIES * sample_row_bytes(first), max_memory=budget, limit=chunk_size)
         out = Prediction.empty_like(first, total, keep_samples)
         out.write(0, first)
+        del first  # its samples would stay alive beside every later chunk's
         for start in range(first_size, total, step):
-            out.write(start, self._predict_chunk(slice_inputs(x, start, start + step), num_samples, generator))
+            part = slice_inputs(x, start, start + step)
+            out.write(start, self._predict_chunk(part, num_samples, generator, method_budget))
         return out
 
-    def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None) -> Prediction:
+    def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, budget: int) -> Prediction:
+        """One chunk's prediction; the method works under ``budget`` (beside the samples it returns)."""
         x = to_device(x, self.device)
         check_finite(x)
-        with eval_mode(self.method):
+        with settings.override(max_memory=budget), eval_mode(self.method):
             log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
         if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
             raise NumericalError(
@@ -150,8 +157,9 @@ class UncertainModel(nn.Module):
             )
         # renormalise in float32: methods may return log-probabilities whose exp sums to 1 only up to
         # their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
-        log_probs = torch.log_softmax(log_probs.float(), dim=-1)
-        return Prediction.from_log_probs(log_probs, None if samples is None else samples.float())
+        probs = torch.log_softmax(log_probs.float(), dim=-1).exp()
+        samples = None if samples is None else samples.float().exp()
+        return Prediction.from_probs(probs, samples)
 
     def forward(self, x: Inputs) -> Tensor:
         """Predictive probabilities ``(N, C)``."""

@@ -16,12 +16,12 @@ Example:
 
 from __future__ import annotations
 
-import torch
 from torch import Tensor, nn
 
-from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.errors import HeadNotFoundError
+from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import eval_mode, get_submodule, module_name
+from posthoc.engine.hooks import called_in_order, hooked
 
 TORCHVISION_HEADS = ("fc", "classifier", "heads.head", "head")
 
@@ -60,19 +60,10 @@ def _torchvision_head(model: nn.Module) -> nn.Module | None:
 
 
 def _traced_last_linear(model: nn.Module, example: Inputs) -> nn.Module | None:
-    called: list[nn.Module] = []
-    hooks = [
-        m.register_forward_hook(lambda mod, args, out: called.append(mod))
-        for m in model.modules()
-        if isinstance(m, nn.Linear)
-    ]
-    try:
-        with torch.no_grad(), eval_mode(model):
-            run_model(model, example)
-    finally:
-        for hook in hooks:
-            hook.remove()
-    return called[-1] if called else None
+    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    with eval_mode(model):
+        order = called_in_order(model, linears, example, at="output")
+    return linears[order[-1]] if order else None
 
 
 def find_head(model: nn.Module, head: str | nn.Module | None = None, example: Inputs | None = None) -> tuple[str, nn.Module]:
@@ -150,11 +141,8 @@ class FeatureSplit:
         def capture(module: nn.Module, args: tuple, out: Tensor) -> None:
             captured["phi"], captured["out"] = args[0], out
 
-        hook = self.head.register_forward_hook(capture)
-        try:
+        with hooked([(self.head, "output", capture)]):
             logits = run_model(self.model, x)
-        finally:
-            hook.remove()
         if "phi" not in captured:
             raise HeadNotFoundError(f"the head '{self.head_name}' was not called in the forward pass; name the head explicitly")
         if captured["out"] is not logits:

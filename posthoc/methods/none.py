@@ -1,4 +1,4 @@
-"""``"none"``: the model's own softmax (the MAP / reference row of every table).
+"""``"none"``: the model's own softmax, the plain (MAP) model: the reference row of every table.
 
 Example:
     >>> um = posthoc.wrap(model, method="none")
@@ -17,15 +17,12 @@ from posthoc.core.logits import class_log_probs
 
 
 @register
-class MAP(Method):
+class PlainModel(Method):
     """The trained model as it is: ``softmax(model(x))``. Needs no fit."""
 
     name = "none"
     requires_fit = False
     demo_configs = (("MAP", {}),)
-
-    def __init__(self, model: torch.nn.Module) -> None:
-        super().__init__(model)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None

@@ -19,21 +19,25 @@ import torch
 from torch import Tensor
 
 from posthoc.core import distributed
-from posthoc.core.registry import register
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, check_labels, iterate
-from posthoc.core.errors import ConfigError
+from posthoc.core.logits import log_mean_exp
+from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.registry import register
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e2
 
 
 def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor:
-    """Apply ``T`` to log-probabilities ``(N, C)`` or samples ``(S, N, C)``; returns ``(N, C)``."""
+    """Apply ``T`` to log-probabilities ``(N, C)`` or samples ``(S, N, C)`` (then averaged); returns ``(N, C)``.
+
+    Example:
+        >>> tempered_log_probs(torch.log(torch.tensor([[0.8, 0.2]])), 2.0).exp()
+        tensor([[0.6667, 0.3333]])
+    """
     tempered = torch.log_softmax(log_probs / temperature, dim=-1)
-    if log_probs.dim() == 3:
-        return torch.logsumexp(tempered, dim=0) - math.log(log_probs.shape[0])
-    return tempered
+    return log_mean_exp(tempered) if log_probs.dim() == 3 else tempered
 
 
 def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -> float:
@@ -80,10 +84,8 @@ class TemperatureScaling(Method):
 
     def __init__(self, inner: Method, *, max_iter: int = 100) -> None:
         super().__init__(inner.base_model)
-        if not isinstance(max_iter, int) or max_iter < 1:
-            raise ConfigError(f"max_iter must be a positive integer, got {max_iter!r}")
         self.inner = inner
-        self.max_iter = max_iter
+        self.max_iter = positive_int(max_iter, "max_iter")
         self.register_buffer("temperature", torch.ones(()))
 
     @property
@@ -112,7 +114,7 @@ class TemperatureScaling(Method):
         if samples is None:
             return tempered_log_probs(log_probs, self.temperature), None
         tempered = torch.log_softmax(samples / self.temperature, dim=-1)
-        return tempered_log_probs(samples, self.temperature), tempered
+        return log_mean_exp(tempered), tempered
 
     def extra_repr(self) -> str:
         return f"temperature={float(self.temperature):.4f}"

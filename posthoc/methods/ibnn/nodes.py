@@ -3,9 +3,9 @@
 Each selected layer gets one latent variable per input node (per input channel of a Conv, per
 input feature of a Linear, per last-dimension feature for token or channels-last inputs). The
 variables follow a mixture of ``K`` Gaussians ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` with
-``sigma = softplus(rho)``, and are applied by forward pre-hooks (``x -> x * z``), so the model's
-own modules, weights and ``state_dict`` keys stay as they are. Outside :meth:`NodeSet.sampling`
-the hooks do nothing and the model computes exactly what the checkpoint computes.
+``sigma = softplus(rho)``, and are applied by forward pre-hooks (``x -> x * z``) that exist only
+inside :meth:`NodeSet.sampling`, so the model's own modules, weights and ``state_dict`` keys stay
+as they are, and outside it the model computes exactly what the checkpoint computes.
 
 Within a forward, example ``i`` of the (expanded) batch uses component ``components[i]``; the
 usual routing is ``i mod K``. The first dimension of a layer's input must be the batch, or the
@@ -26,23 +26,19 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import partial
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
-from posthoc.engine.random_draws import randn
 from posthoc.engine.head import find_head
+from posthoc.engine.hooks import hooked
+from posthoc.engine.random_draws import randn
 
 NODE_LAYERS = (nn.Conv2d, nn.Linear)
-_SLOT = "_posthoc_nodes"
-
-
-def _node_hook(module: nn.Module, args: tuple) -> tuple | None:
-    """The forward pre-hook: looks its :class:`NodeSet` up on the module, so deep copies stay wired."""
-    slot = module.__dict__.get(_SLOT)
-    return None if slot is None else slot[0]._augment(slot[1], module, args)
 
 
 def node_count(layer: nn.Module) -> int:
@@ -140,10 +136,13 @@ class NodeVariables(nn.Module):
 
 
 class NodeSet(nn.Module):
-    """Node variables for a model's selected layers, attached by forward pre-hooks.
+    """Node variables for a model's selected layers, applied by forward pre-hooks while sampling.
+
+    The selected layers are held as plain references (no ``state_dict`` keys), so a deep copy of a
+    method holding both the model and its ``NodeSet`` acts on the copied layers.
 
     Args:
-        model: the network to augment (hooks are added to it: pass a copy you own).
+        model: the network to augment (its selected layers get hooks inside :meth:`sampling`).
         components: ``K``, the number of mixture components.
         prior_std: ``s`` of the prior ``N(1, s^2)`` on every node.
         init_mean_std: component means start at ``1 + N(0, init_mean_std^2)``.
@@ -179,13 +178,10 @@ class NodeSet(nn.Module):
         self._sample = True
         self._seen: set[int] = set()
         self._largest_input = 0
-        for index, (_, m) in enumerate(selected):
-            m.__dict__[_SLOT] = (self, index)  # a plain attribute: no state_dict key, follows deepcopy
-        self._handles = [m.register_forward_pre_hook(_node_hook) for _, m in selected]
-        self._hooked = [m for _, m in selected]
+        self._layers = [m for _, m in selected]
 
     def _augment(self, index: int, module: nn.Module, args: tuple) -> tuple | None:
-        if self._route is None or not args or not isinstance(args[0], Tensor):
+        if not args or not isinstance(args[0], Tensor):
             return None
         x = args[0]
         self._seen.add(index)
@@ -209,7 +205,8 @@ class NodeSet(nn.Module):
         self._route, self._generator, self._sample = components, generator, sample
         self._seen, self._largest_input = set(), 0
         try:
-            yield self
+            with hooked((layer, "input", partial(self._augment, index)) for index, layer in enumerate(self._layers)):
+                yield self
         finally:
             self._route, self._generator = None, None
 
@@ -264,14 +261,6 @@ class NodeSet(nn.Module):
                 value = torch.as_tensor(std, dtype=group.rho.dtype).expand_as(group.rho)
                 group.rho.copy_(inverse_softplus(value))
 
-    def remove(self) -> None:
-        """Take the hooks off the model."""
-        for handle in self._handles:
-            handle.remove()
-        for module in self._hooked:
-            module.__dict__.pop(_SLOT, None)
-        self._handles, self._hooked = [], []
-
     def extra_repr(self) -> str:
         nodes = sum(g.mean.shape[1] for g in self.groups)
         return f"layers={len(self.layer_names)}, nodes={nodes}, components={self.components}, prior_std={self.prior_std}"
@@ -279,8 +268,7 @@ class NodeSet(nn.Module):
 
 def check_node_options(components: int, prior_std: float, init_mean_std: float, init_std: float) -> None:
     """Refuse out-of-range node options with the valid range."""
-    if isinstance(components, bool) or not isinstance(components, int) or components < 1:
-        raise ConfigError(f"components (K) must be an integer >= 1, got {components!r}")
+    positive_int(components, "components")
     for name, value, allow_zero in (("prior_std", prior_std, False), ("init_mean_std", init_mean_std, True),
                                     ("init_std", init_std, False)):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)

@@ -1,0 +1,181 @@
+"""Fitting iBNN node posteriors: the ELBO, its SGD loop, and BatchNorm statistics with the nodes on.
+
+Each training example is repeated ``train_samples`` times (batch-major, see :func:`expand`) and
+copy ``i`` is routed to component ``i mod K``, so one forward pass covers every component.
+
+Example:
+    >>> nodes = NodeSet(net, components=2)
+    >>> maximise_elbo(net, nodes, loader, ElboOptions(epochs=1), progress=False)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from posthoc.core import distributed
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
+from posthoc.core.logits import class_log_probs
+from posthoc.core.modules import eval_mode
+from posthoc.engine.bn_refresh import refresh_batchnorm
+from posthoc.methods.ibnn.nodes import NodeSet
+
+
+def expand(x: Inputs, repeats: int) -> Inputs:
+    """Repeat every example ``repeats`` times, batch-major (rows ``i*repeats ... i*repeats + repeats - 1``).
+
+    Example:
+        >>> expand(torch.tensor([[1], [2]]), 2).flatten().tolist()
+        [1, 1, 2, 2]
+    """
+    if isinstance(x, Mapping):
+        return {k: v.repeat_interleave(repeats, 0) if isinstance(v, Tensor) else v for k, v in x.items()}
+    return x.repeat_interleave(repeats, 0)
+
+
+def routes(examples: int, repeats: int, components: int, device: torch.device) -> Tensor:
+    """The component of every row of an expanded batch: row ``r`` uses ``r mod K``."""
+    return torch.arange(examples * repeats, device=device) % components
+
+
+@dataclass(frozen=True)
+class ElboOptions:
+    """The fit options of ``ImplicitBNN.fit`` (see there); checked on construction."""
+
+    epochs: int = 1
+    lr_nodes: float = 0.5
+    lr_weights: float = 0.0
+    momentum: float = 0.9
+    weight_decay: float = 0.0
+    beta: float = 1.0
+    kl_warmup: float = 0.5
+    train_samples: int = 1
+
+    def __post_init__(self) -> None:
+        positive_int(self.epochs, "epochs")
+        positive_int(self.train_samples, "train_samples")
+        ranges = (
+            ("lr_nodes", lambda v: v > 0, "> 0"),
+            ("lr_weights", lambda v: v >= 0, ">= 0 (0 keeps the weights frozen)"),
+            ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
+            ("weight_decay", lambda v: v >= 0, ">= 0"),
+            ("beta", lambda v: v >= 0, ">= 0"),
+            ("kl_warmup", lambda v: 0 <= v <= 1, "in [0, 1]"),
+        )
+        for name, valid, described in ranges:
+            value = getattr(self, name)
+            number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            if not number or not valid(value):
+                raise ConfigError(f"{name} must be a number {described}, got {value!r}")
+
+    def kl_weight(self, done: float) -> float:
+        """``beta_t`` after the fraction ``done`` of the steps: rises linearly to ``beta`` over ``kl_warmup``."""
+        return self.beta * min(1.0, done / self.kl_warmup) if self.kl_warmup > 0 else self.beta
+
+
+def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int) -> tuple[Tensor, Tensor]:
+    """``(mean NLL over the expanded batch, KL)`` for one batch; marks which layers ran."""
+    with nodes.sampling(routes(batch_size(x), train_samples, nodes.components, nodes.called.device)):
+        logits = run_model(model, expand(x, train_samples))
+    nodes.mark_called()
+    if not bool(nodes.called.any()):
+        raise ConfigError(
+            f"none of the selected layers {nodes.layer_names[:6]} ran in the forward pass (their weights are "
+            "used functionally, e.g. by attention); select other layers with layers=... or stem=True"
+        )
+    log_probs = class_log_probs(logits)
+    labels = check_labels(y, log_probs.shape[-1]).to(log_probs.device).repeat_interleave(train_samples)
+    return F.nll_loss(log_probs, labels), nodes.kl()
+
+
+def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
+    """Minimise ``NLL + beta_t * KL / N`` by SGD with Nesterov momentum, the model in eval mode.
+
+    The node parameters take ``lr_nodes`` without weight decay, the weights ``lr_weights`` (0 =
+    frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a NaN/inf loss
+    (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
+    """
+    device = nodes.called.device
+    size = _dataset_size(train_loader)
+    if size is not None and distributed.active():  # the KL is scaled by the size of all shards together
+        size = int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64)).item())
+    steps_per_epoch = distributed.common_length(_length(train_loader), "iBNN fitting")
+    total = None if steps_per_epoch is None else options.epochs * steps_per_epoch
+
+    node_params = list(nodes.parameters())
+    weights = [p for p in model.parameters() if options.lr_weights > 0]
+    groups = [{"params": node_params, "lr": options.lr_nodes, "weight_decay": 0.0}]
+    if weights:
+        groups.append({"params": weights, "lr": options.lr_weights, "weight_decay": options.weight_decay})
+    optimizer = torch.optim.SGD(groups, momentum=options.momentum, nesterov=options.momentum > 0)
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    for p in model.parameters():
+        p.requires_grad_(options.lr_weights > 0)
+    bar = tqdm(total=total, desc="ibnn", disable=not progress, leave=False)
+    step = 0
+    try:
+        with eval_mode(model):
+            for epoch in range(options.epochs):
+                for index, (x, y) in enumerate(iterate(train_loader, device=device, progress=False, desc="ibnn fit")):
+                    if steps_per_epoch is not None and index >= steps_per_epoch:
+                        break  # under torch.distributed: every rank takes the same number of steps
+                    size = size or batch_size(x) * (steps_per_epoch or 1)
+                    kl_weight = options.kl_weight(step / total if total else epoch / options.epochs)
+                    nll, kl = elbo_terms(model, nodes, x, y, options.train_samples)
+                    loss = nll + kl_weight * kl / size
+                    nll, kl = nll.detach(), kl.detach()
+                    if not torch.isfinite(loss.detach()):
+                        raise NumericalError(
+                            f"the ELBO became {float(loss.detach())} at epoch {epoch + 1}, step {step + 1} (nll={float(nll):.4g}, "
+                            f"kl={float(kl):.4g}); lower lr_nodes (now {options.lr_nodes}) or beta. The checkpoint and "
+                            "this method's state were left as they were before fit"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    # the node variables live outside the model (in hooks), so there is no module for
+                    # DistributedDataParallel to wrap: average their gradients the way it would
+                    distributed.average_gradients([*node_params, *weights])
+                    optimizer.step()
+                    step += 1
+                    bar.update(1)
+                    bar.set_postfix(epoch=epoch + 1, nll=f"{float(nll):.4f}", kl=f"{float(kl):.1f}", beta=f"{kl_weight:.2f}")
+    finally:
+        bar.close()
+        for p, flag in flags:
+            p.requires_grad_(flag)
+
+
+@torch.no_grad()
+def refresh_batchnorm_sampling(model: nn.Module, nodes: NodeSet, loader: Iterable, train_samples: int, *, progress: bool) -> None:
+    """Recompute the model's BatchNorm statistics over ``loader`` expanded ``train_samples`` times, the nodes sampling."""
+
+    def sampled_batches() -> Iterator[Inputs]:
+        for x, _ in iterate(loader, device=nodes.called.device, progress=progress, desc="ibnn BatchNorm refresh"):
+            with nodes.sampling(routes(batch_size(x), train_samples, nodes.components, nodes.called.device)):
+                yield expand(x, train_samples)
+
+    refresh_batchnorm(model, sampled_batches())
+
+
+def _length(loader: Iterable) -> int | None:
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
+
+
+def _dataset_size(loader: Iterable) -> int | None:
+    """``N`` for the KL scale: the loader's dataset length if known (else estimated from the first batch)."""
+    dataset = getattr(loader, "dataset", None)
+    try:
+        return len(dataset) if dataset is not None else None  # type: ignore[arg-type]
+    except TypeError:
+        return None
