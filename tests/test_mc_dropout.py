@@ -9,7 +9,8 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.methods.mc_dropout.sites import keep_mask, keep_probability, own_dropout_sites
+from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
+from posthoc.methods.mc_dropout.sites import own_dropout_sites
 from posthoc.core.errors import ConfigError
 from posthoc.engine.head import find_head
 from conftest import ARCHITECTURES
@@ -67,7 +68,7 @@ def test_digits_own_dropout_is_found_and_bn_stays_in_eval(digits_model: nn.Modul
 
 def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: nn.Module, digits) -> None:
     x, samples = digits.test.tensors[0][:8], 12  # one chunk: predict's first chunk holds 8 examples
-    um = posthoc.wrap(digits_model, method="mc-dropout")
+    um = posthoc.wrap(digits_model, method="mc-dropout", masks="per_example")
     pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
     again = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
     assert torch.equal(pred.samples, again.samples)
@@ -81,12 +82,91 @@ def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: 
             torch.testing.assert_close(pred.samples[s], torch.softmax(logits, -1))
 
 
+@pytest.mark.parametrize("examples", [8, 3])  # more examples than classes (masked weights), fewer (masked features)
+def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(digits_model: nn.Module, digits, examples: int) -> None:
+    x, samples = digits.test.tensors[0][:examples], 12
+    um = posthoc.wrap(digits_model, method="mc-dropout")
+    pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
+    keep = keep_mask((samples, 64), 0.25, generator=torch.Generator().manual_seed(7), device="cpu")
+    classifier = digits_model.classifier
+    with torch.no_grad():
+        hidden = classifier[2](classifier[1](classifier[0](digits_model.features(x))))
+        for s in range(samples):
+            logits = classifier[4](hidden * keep[s] / keep_probability(0.25))  # one mask for every example
+            torch.testing.assert_close(pred.samples[s], torch.softmax(logits, -1))
+
+
+def test_shared_head_masks_on_a_binary_classifier() -> None:
+    torch.manual_seed(0)
+    net, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).eval(), torch.randn(6, 4)
+    pred = posthoc.wrap(net, method="mc-dropout", p=0.3).predict(x, num_samples=5, generator=torch.Generator().manual_seed(2))
+    keep = keep_mask((5, 8), 0.3, generator=torch.Generator().manual_seed(2), device="cpu")
+    with torch.no_grad():
+        z = net[2](net[1](net[0](x)) * keep.unsqueeze(1) / keep_probability(0.3)).squeeze(-1)  # (S, N)
+    torch.testing.assert_close(pred.samples[..., 1], torch.sigmoid(z))
+
+
+def _tiny() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(),
+                         nn.Linear(32, 5)).eval()
+
+
+@pytest.mark.parametrize("case", ["digits", "tiny"])
+def test_shared_and_per_example_masks_give_the_same_predictive(case: str, digits) -> None:
+    model, x = (posthoc.demo.zoo.pretrained(), digits.test.tensors[0][:100]) if case == "digits" else (_tiny(), 3 * torch.randn(100, 1, 8, 8))
+    probs = {}
+    for masks in ("shared", "per_example"):
+        um = posthoc.wrap(model, method="mc-dropout", where="head", p=0.5, masks=masks)
+        probs[masks] = um.predict(x, num_samples=4000, generator=torch.Generator().manual_seed(1)).probs
+    assert not torch.equal(probs["shared"], probs["per_example"])
+    torch.testing.assert_close(probs["shared"], probs["per_example"], atol=1e-2, rtol=0)
+
+
+def test_structure_is_resolved_once_and_never_probed_again(digits_model: nn.Module, digits) -> None:
+    x = digits.test.tensors[0][:30]
+    calls: list[int] = []
+    digits_model.features.register_forward_hook(lambda module, args, out: calls.append(out.shape[0]))
+    um = posthoc.wrap(digits_model, method="mc-dropout", num_samples=20)
+    assert um.method.sites() == own_dropout_sites(digits_model)  # found at wrap(): nothing run
+    assert um.method._head_split is not None and not calls
+    um.predict(x)  # predict's 8-example first chunk, then 22: one plain forward pass each
+    um.predict(x)
+    assert calls == [8, 22, 8, 22]
+    calls.clear()
+    blocks = posthoc.wrap(digits_model, method="mc-dropout", where="blocks", num_samples=20)
+    blocks.predict(x)  # traces the call order and plans the suffix once (one row, then two)
+    calls.clear()
+    blocks.predict(x)
+    assert calls == [8 * 20, 22 * 20]  # the first site is features.0's output: samples expand there
+
+
+def test_a_plain_model_is_resolved_from_the_first_batch_of_fit_or_predict() -> None:
+    class Plain(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.body, self.out = nn.Linear(4, 8), nn.Linear(8, 3)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.out(torch.relu(self.body(x)))
+
+    torch.manual_seed(0)
+    model, x = Plain().eval(), torch.randn(6, 4)
+    auto = posthoc.wrap(model, method="mc-dropout", where="head", p="auto")
+    assert auto.method._sites is None  # the head of a plain module needs a traced forward pass
+    auto.fit(None, [(x, torch.zeros(6))], progress=False)
+    assert [(s.name, s.at) for s in auto.method._sites] == [("out", "input")] and auto.method._head_split is not None
+    own_rate = posthoc.wrap(model, method="mc-dropout", where="head")
+    assert own_rate.predict(x[:5], num_samples=7).samples.shape == (7, 5, 3)
+    assert own_rate.method._head_checked and own_rate.method._head_split is not None
+
+
 def test_masks_independent_across_samples_and_examples() -> None:
     torch.manual_seed(0)
     width = 32
     net = nn.Sequential(nn.Dropout(0.5), nn.Linear(width, width, bias=False)).eval()
     nn.init.eye_(net[1].weight)
-    um = posthoc.wrap(net, method="mc-dropout", num_samples=400)
+    um = posthoc.wrap(net, method="mc-dropout", num_samples=400, masks="per_example")
     x = torch.full((50, width), 3.0)  # identical examples: shared masks would give identical samples
     pred = um.predict(x, generator=torch.Generator().manual_seed(0))
     kept = (pred.samples > pred.samples.amin(-1, keepdim=True)).reshape(-1, width).float()
@@ -97,27 +177,32 @@ def test_masks_independent_across_samples_and_examples() -> None:
     across_samples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows.roll(1, 0)[:, 0].flatten()]))[0, 1]
     across_examples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows[:, 1].flatten()]))[0, 1]
     assert abs(across_samples) < 0.05 and abs(across_examples) < 0.05
+    shared = posthoc.wrap(net, method="mc-dropout", num_samples=400).predict(x, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(shared.samples[:, 0], shared.samples[:, 1]) and not torch.equal(shared.samples[0], shared.samples[1])
 
 
-def _check_sampled_architecture(model: nn.Module, x: torch.Tensor, where: str | None) -> None:
+def _check_sampled_architecture(model: nn.Module, x: torch.Tensor, where: str | None, masks: str = "shared") -> None:
     before = _snapshot(model)
     head_inputs: list[torch.Tensor] = []
     _, head = find_head(model, example=x)
     hook = head.register_forward_hook(lambda m, args, out: head_inputs.append(args[0]))  # after dropout
-    um = posthoc.wrap(model, method="mc-dropout", where=where, p=0.2, num_samples=3)
+    um = posthoc.wrap(model, method="mc-dropout", where=where, p=0.2, num_samples=3, masks=masks)
     pred = um.predict(x, generator=torch.Generator().manual_seed(0))
     hook.remove()
     assert pred.samples.shape == (3, x.shape[0], 5)
     assert torch.isfinite(pred.probs).all()
-    # the head saw all samples of every example, with different units dropped per sample
-    rows = head_inputs[-1].reshape(3, x.shape[0], -1)
-    assert not torch.equal(rows[0] == 0, rows[1] == 0)
+    if um.method._head_split is not None:  # shared masks: one plain forward pass, the head's features captured
+        assert masks == "shared" and head_inputs[-1].shape[0] == x.shape[0]
+    else:  # expanded: the head saw all samples of every example, different units dropped per sample
+        rows = head_inputs[-1].reshape(3, x.shape[0], -1)
+        assert not torch.equal(rows[0] == 0, rows[1] == 0)
     _assert_untouched(model, before)
 
 
-def test_every_architecture_with_default_sites(architecture) -> None:
+@pytest.mark.parametrize("masks", ["shared", "per_example"])
+def test_every_architecture_with_default_sites(architecture, masks: str) -> None:
     name, model, x = architecture
-    _check_sampled_architecture(model, x, None)
+    _check_sampled_architecture(model, x, None, masks)
 
 
 @pytest.mark.parametrize("name", ["sequential", "timm:resnet18", "tv:vit_b_16"])
@@ -159,6 +244,8 @@ def test_bad_input(digits_model: nn.Module) -> None:
             posthoc.wrap(digits_model, method="mc-dropout", num_samples=samples)
         with pytest.raises(ConfigError, match="num_samples"):
             posthoc.wrap(digits_model, method="mc-dropout").predict(torch.zeros(1, 1, 28, 28), num_samples=samples)
+    with pytest.raises(ConfigError, match="masks must be"):
+        posthoc.wrap(plain, method="mc-dropout", masks="per_batch")
     with pytest.raises(ConfigError, match="where must be"):
         posthoc.wrap(plain, method="mc-dropout", where="everywhere")
     with pytest.raises(posthoc.core.errors.InputError, match="validation loader"):

@@ -6,7 +6,8 @@ import pytest
 import torch
 from torch import nn
 
-from posthoc.methods.mc_dropout.sites import DropoutSite, keep_mask, keep_probability, sampling
+from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
+from posthoc.methods.mc_dropout.sites import DropoutSite, sampling
 from posthoc.core.errors import ConfigError
 from posthoc.methods.swag.sampled_linears import sampled_linears
 from posthoc.engine.suffix import SuffixRunner, expanded_forward
@@ -49,6 +50,21 @@ def test_prefix_runs_once_and_suffix_on_all_samples() -> None:
     assert runner.expands_input is False
     # deterministic suffix: every sample equals the plain forward pass
     torch.testing.assert_close(out, net(x).expand(7, 5, 4))
+
+
+def test_the_plan_is_made_once_and_scaled_for_other_input_sizes() -> None:
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1),
+                        nn.Flatten(), nn.Linear(4, 3)).eval()
+    rows, hook = _count_calls(net[0])
+    runner = SuffixRunner(net, "2", max_memory=10**9)
+    runner.prepare(torch.randn(3, 1, 8, 8))
+    small = runner(torch.randn(5, 1, 8, 8), 4)
+    large = runner(torch.randn(5, 1, 16, 16), 4)
+    hook.remove()
+    assert rows == [2, 5, 5]  # one probe of 2 rows, then each call's prefix only
+    assert small.shape == large.shape == (4, 5, 3)
+    assert runner._plan.row_bytes_for(torch.randn(1, 1, 16, 16)) == 4 * runner._plan.row_bytes_for(torch.randn(1, 1, 8, 8))
 
 
 def test_head_batched_equals_full_forward_passes_with_same_masks() -> None:

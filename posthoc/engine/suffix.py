@@ -8,9 +8,11 @@ runs once per example; everything after it runs on ``S * m`` rows in ordinary ba
 stochastic hooks inside the suffix draw independent randomness per sample and per example.
 For head-only dropout this is one backbone pass plus one matmul for all samples.
 
-Chunks are sized by a probe forward pass (2 examples, 2 samples, cached per input shape) that
-measures the largest activation per row after the expansion point, so that one chunk's largest
-activation stays under ``max_memory`` (default: ``posthoc.settings.max_memory``). The probe also checks that the expansion is sound: if a
+The plan is made once, by :meth:`SuffixRunner.prepare` (on the first call if not before): a probe
+forward pass of 2 examples x 2 samples measures the largest activation per row after the
+expansion point, and the rows of one chunk are planned by :mod:`posthoc.core.chunks` under
+``max_memory`` (default: ``posthoc.settings.max_memory``); inputs of another size scale the
+measured bytes by their size per row. The probe also checks that the expansion is sound: if a
 skip path carries un-expanded activations around the expansion point (a residual add inside a
 block), the module is called more than once, or the output does not have ``S * m`` rows, the
 runner falls back to expanding the model's input (full forward passes, still batched).
@@ -30,19 +32,19 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from contextlib import AbstractContextManager, nullcontext
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import settings
-from posthoc.core.inputs import Inputs, batch_size, run_model
+from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.chunks import chunks, rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError
-
-#: default bound on the largest activation of one chunk after the expansion point
+from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.engine.hooks import hooked
 
 Stochastic = Callable[[], AbstractContextManager]
 
@@ -64,7 +66,12 @@ EXPANDED_COPIES = 3
 @dataclass(frozen=True)
 class _Plan:
     expand_input: bool  # True: the fallback (repeat the model's input)
-    row_bytes: int  # largest activation per row after the expansion point
+    row_bytes: int  # bytes one row keeps alive at the peak after the expansion point
+    input_row_bytes: int  # bytes of one example of the probed input
+
+    def row_bytes_for(self, x: Inputs) -> int:
+        """:attr:`row_bytes`, scaled to the size of ``x``'s examples."""
+        return max(1, -(-self.row_bytes * _input_row_bytes(x) // self.input_row_bytes))
 
 
 class SuffixRunner:
@@ -74,7 +81,7 @@ class SuffixRunner:
         model: the network (kept as it is; only temporary hooks are added during a call).
         start: the module name of the expansion point, or ``None`` to expand the model's input.
         at: expand the module's ``"input"`` (default) or its ``"output"``.
-        max_memory: bound in bytes on the largest activation of one chunk after the expansion point
+        max_memory: bound in bytes on what one chunk keeps alive after the expansion point
             (``None``: ``posthoc.settings.max_memory`` at call time).
 
     Example:
@@ -86,67 +93,60 @@ class SuffixRunner:
     def __init__(self, model: nn.Module, start: str | None, *, at: str = "input", max_memory: int | None = None) -> None:
         if at not in ("input", "output"):
             raise ConfigError(f"at must be 'input' or 'output', got {at!r}")
-        if max_memory is not None and (not isinstance(max_memory, int) or max_memory < 1):
-            raise ConfigError(f"max_memory must be a positive number of bytes (or None), got {max_memory!r}")
-        if start is not None:
-            names = {name for name, _ in model.named_modules()}
-            if start not in names:
-                raise ConfigError(f"the model has no module named {start!r} to expand the batch at")
+        memory_bytes(max_memory)
+        if start is not None and start not in {name for name, _ in model.named_modules()}:
+            raise ConfigError(f"the model has no module named {start!r} to expand the batch at")
         self.model, self.start, self.at, self.max_memory = model, start, at, max_memory
         self.layout = Layout(0, 0)
-        self._plans: dict[Any, _Plan] = {}
+        self._plan: _Plan | None = None
 
     @property
     def expands_input(self) -> bool | None:
-        """Whether the last call fell back to expanding the input (``None`` before any call)."""
-        if not self._plans:
-            return None
-        return next(reversed(self._plans.values())).expand_input
+        """Whether the runner falls back to expanding the input (``None`` before it is prepared)."""
+        return None if self._plan is None else self._plan.expand_input
+
+    def prepare(self, x: Inputs) -> None:
+        """Make the plan from example inputs ``x`` (one probe forward pass), once; later calls do nothing."""
+        if self._plan is None:
+            self._plan = self._probe(x)
 
     def __call__(self, x: Inputs, num_samples: int, *, stochastic: Stochastic = nullcontext) -> Tensor:
         """Return the model's outputs for ``num_samples`` samples: shape ``(S, N, ...)``."""
-        if not isinstance(num_samples, int) or num_samples < 1:
-            raise ConfigError(f"num_samples must be a positive integer, got {num_samples!r}")
+        positive_int(num_samples, "num_samples")
         n = batch_size(x)
         if n == 0:
             raise InputError("got an empty batch (0 examples)")
-        plan = self._plan(x)
-        rows = max(1, settings.memory_budget(self.max_memory) // max(1, plan.row_bytes))
-        group = min(num_samples, rows)
-        chunk = max(1, min(n, rows // group))
+        self.prepare(x)
+        row_bytes = self._plan.row_bytes_for(x)
+        group = rows_per_chunk(row_bytes, max_memory=self.max_memory, limit=num_samples)
         pieces = []
         with stochastic():
-            for first in range(0, n, chunk):
-                part = _rows(x, first, min(n, first + chunk))
-                groups = [self._run(part, min(group, num_samples - s), plan.expand_input, s) for s in range(0, num_samples, group)]
+            for examples in chunks(n, group * row_bytes, max_memory=self.max_memory):
+                part, m = slice_inputs(x, examples.start, examples.stop), examples.stop - examples.start
+                groups = [self._run(part, samples.stop - samples.start, samples.start)
+                          for samples in chunks(num_samples, m * row_bytes, max_memory=self.max_memory)]
                 pieces.append(groups[0] if len(groups) == 1 else torch.cat(groups, 0))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
-    def _run(self, x: Inputs, samples: int, expand_input: bool, first: int = 0) -> Tensor:
+    def _run(self, x: Inputs, samples: int, first: int) -> Tensor:
         m = batch_size(x)
         self.layout = Layout(samples, m, first)
-        if expand_input or self.start is None:
+        if self._plan.expand_input or self.start is None:
             out = run_model(self.model, _repeat(x, samples, m))
         else:
-            with _expansion(self.model, self.start, self.at, samples, m) as calls:
+            with _expansion(self.model, self.start, self.at, samples, m) as expansion:
                 out = run_model(self.model, x)
-            if calls[0] != 1:
-                raise InputError(f"the expansion module {self.start!r} was called {calls[0]} times in one forward pass")
+            if expansion.calls != 1:
+                raise InputError(f"the expansion module {self.start!r} was called {expansion.calls} times in one forward pass")
         if out.shape[0] != samples * m:
             raise InputError(f"the model returned {out.shape[0]} rows for {samples} x {m} expanded rows")
         return out.reshape(samples, m, *out.shape[1:])
 
-    def _plan(self, x: Inputs) -> _Plan:
-        key = _signature(x)
-        if key not in self._plans:
-            self._plans[key] = self._probe(x)
-        return self._plans[key]
-
     def _probe(self, x: Inputs) -> _Plan:
-        n = batch_size(x)
-        pair = _rows(x, 0, 2) if n >= 2 else _repeat(x, 2, 1)
+        pair = slice_inputs(x, 0, 2) if batch_size(x) >= 2 else _repeat(x, 2, 1)
         if self.start is not None:
-            plan = _measure(self.model, pair, _expansion(self.model, self.start, self.at, 2, 2))
+            with _expansion(self.model, self.start, self.at, 2, 2) as expansion:
+                plan = _measure(self.model, pair, expansion)
             if plan is not None:
                 return plan
         plan = _measure(self.model, _repeat(pair, 2, 2), None)
@@ -167,64 +167,56 @@ def expanded_forward(model: nn.Module, start: str | None, x: Inputs, num_samples
     return SuffixRunner(model, start, at=at, max_memory=max_memory)(x, num_samples, stochastic=stochastic)
 
 
-class _expansion:
-    """Context: hook that repeats ``start``'s input/output ``samples`` times on its first call."""
-
-    def __init__(self, model: nn.Module, start: str, at: str, samples: int, examples: int) -> None:
-        self.module, self.at, self.samples, self.examples = model.get_submodule(start), at, samples, examples
-        self.calls = [0]
-        self.expanded_bytes = 0  # size of the repeated tensors (they are no module's output)
-
-    def __enter__(self) -> list[int]:
-        def expand(value: Any) -> Any:
-            if self.calls[0] != 1:
-                return value
-            repeated = _repeat_all(value, self.samples, self.examples)
-            self.expanded_bytes = sum(t.numel() * t.element_size() for t in _tensors(repeated))
-            return repeated
-
-        def pre_hook(module: nn.Module, args: tuple) -> tuple:
-            self.calls[0] += 1
-            return expand(args)
-
-        def post_hook(module: nn.Module, args: tuple, output: Any) -> Any:
-            self.calls[0] += 1
-            return expand(output)
-
-        if self.at == "input":
-            self.handle = self.module.register_forward_pre_hook(pre_hook, prepend=True)
-        else:
-            self.handle = self.module.register_forward_hook(post_hook, prepend=True)
-        return self.calls
-
-    def __exit__(self, *exc: object) -> None:
-        self.handle.remove()
+@dataclass
+class _Expansion:
+    calls: int = 0
+    expanded_bytes: int = 0  # size of the repeated tensors (they are no module's output)
 
 
-def _measure(model: nn.Module, x: Inputs, expansion: _expansion | None) -> _Plan | None:
+@contextmanager
+def _expansion(model: nn.Module, start: str, at: str, samples: int, examples: int) -> Iterator[_Expansion]:
+    """Context: a hook that repeats ``start``'s input/output ``samples`` times on its first call."""
+    state = _Expansion()
+
+    def expand(value: Any) -> Any:
+        state.calls += 1
+        if state.calls != 1:
+            return value
+        repeated = _repeat_all(value, samples, examples)
+        state.expanded_bytes = sum(t.numel() * t.element_size() for t in _tensors(repeated))
+        return repeated
+
+    hook = (lambda module, args: expand(args)) if at == "input" else (lambda module, args, output: expand(output))
+    with hooked([(model.get_submodule(start), at, hook)], prepend=True):
+        yield state
+
+
+def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None) -> _Plan | None:
     """Run ``x`` (2 examples, expanded to 2 samples); the plan, or ``None`` if the expansion is unsound."""
-    largest = [0]
+    largest = 0
 
     def record(module: nn.Module, args: tuple, output: Any) -> None:
-        if (expansion is None or expansion.calls[0] >= 1) and isinstance(output, Tensor):
-            largest[0] = max(largest[0], output.numel() * output.element_size() // 4)
+        nonlocal largest
+        if (expansion is None or expansion.calls >= 1) and isinstance(output, Tensor):
+            largest = max(largest, output.numel() * output.element_size() // 4)
 
-    hooks = [m.register_forward_hook(record) for m in model.modules()]
     try:
-        with torch.no_grad(), (expansion if expansion is not None else nullcontext()):
+        with torch.no_grad(), hooked((module, "output", record) for module in model.modules()):
             out = model(**x) if isinstance(x, Mapping) else model(x)
     except (RuntimeError, ValueError, TypeError, IndexError):
         return None
-    finally:
-        for hook in hooks:
-            hook.remove()
     if not isinstance(out, Tensor) or out.dim() == 0 or out.shape[0] != 4:
         return None
-    if expansion is not None and expansion.calls[0] != 1:
+    if expansion is not None and expansion.calls != 1:
         return None
-    # the repeated tensor lives next to its masked copy and the mask: count it three times
+    # the repeated tensor lives next to its masked copy and the mask: count it EXPANDED_COPIES times
     expanded = 0 if expansion is None else EXPANDED_COPIES * expansion.expanded_bytes // 4
-    return _Plan(expansion is None, max(largest[0], expanded, out.numel() * out.element_size() // 4, 1))
+    return _Plan(expansion is None, max(largest, expanded, out.numel() * out.element_size() // 4, 1), _input_row_bytes(x))
+
+
+def _input_row_bytes(x: Inputs) -> int:
+    """Bytes of one example of ``x`` (at least 1)."""
+    return max(1, sum(t.numel() * t.element_size() for t in _tensors(list(x.values()) if isinstance(x, Mapping) else x)) // batch_size(x))
 
 
 def _tensors(value: Any) -> list[Tensor]:
@@ -233,18 +225,6 @@ def _tensors(value: Any) -> list[Tensor]:
     if isinstance(value, (tuple, list)):
         return [t for v in value for t in _tensors(v)]
     return []
-
-
-def _signature(x: Inputs) -> Any:
-    if isinstance(x, Mapping):
-        return tuple(sorted((k, tuple(v.shape[1:]), v.dtype) for k, v in x.items() if isinstance(v, Tensor)))
-    return tuple(x.shape[1:]), x.dtype
-
-
-def _rows(x: Inputs, first: int, last: int) -> Inputs:
-    if isinstance(x, Mapping):
-        return {k: v[first:last] if isinstance(v, Tensor) else v for k, v in x.items()}
-    return x[first:last]
 
 
 def _repeat(x: Inputs, samples: int, examples: int) -> Inputs:

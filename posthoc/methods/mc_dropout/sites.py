@@ -2,7 +2,8 @@
 
 Dropout is described by :class:`DropoutSite` records (a module name, whether the dropout acts on
 that module's input or output, and a rate) and applied by :func:`sampling`, which registers
-temporary hooks that multiply activations by Bernoulli masks drawn from a ``torch.Generator``.
+temporary hooks that multiply activations by Bernoulli masks (:mod:`.masks`) drawn from a
+``torch.Generator``.
 The model stays in eval mode the whole time: BatchNorm keeps its running statistics, the
 model's own ``nn.Dropout`` modules stay inert, and nothing is left behind when the context exits.
 "Inserting" dropout therefore needs no copy of the model and never touches its weights.
@@ -27,19 +28,20 @@ Example:
 
 from __future__ import annotations
 
-import math
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from typing import Any
 
 import torch
-from torch import Tensor, nn
+from torch import nn
 
-from posthoc.core.inputs import Inputs
 from posthoc.core.errors import ConfigError
-from posthoc.engine.random_draws import draw_device
+from posthoc.core.inputs import Inputs
 from posthoc.engine.head import find_head
+from posthoc.engine.hooks import hooked
+from posthoc.methods.mc_dropout.masks import dropped
 
 #: rate of inserted dropout when ``p`` is not given (Gal & Ghahramani use 0.1-0.5; 0.1 keeps
 #: the retrofitted model's accuracy close to the deterministic one)
@@ -156,73 +158,21 @@ def with_rate(sites: Sequence[DropoutSite], p: float) -> list[DropoutSite]:
     return [replace(site, p=p) for site in sites]
 
 
-def keep_probability(p: float) -> float:
-    """The exact keep probability :func:`keep_mask` uses for rate ``p`` (``p`` rounded to 1/65536)."""
-    return 1.0 - round(p * 65536) / 65536
-
-
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """Boolean mask of ``shape``, each entry kept with probability :func:`keep_probability` ``(p)``.
-
-    Four entries are drawn from each random 64-bit word (16 uniform bits per entry), several
-    times cheaper than ``bernoulli_``. Drawn on the generator's device if one is given (so a CPU
-    generator gives the same masks for a CUDA model), then moved to ``device``.
-
-    Example:
-        >>> keep = keep_mask((1000, 100), 0.25, generator=torch.Generator().manual_seed(0), device="cpu")
-        >>> round(keep.float().mean().item(), 2)
-        0.75
-    """
-    return _drop_mask(shape, p, generator=generator, device=device).logical_not_()
-
-
-def _drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device) -> Tensor:
-    """The complement of :func:`keep_mask` (same random draws): ``True`` where an entry is dropped."""
-    numel = math.prod(shape)
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=draw_device(generator, device)).random_(-(2**63), None, generator=generator)
-    threshold = round(p * 65536) - 32768
-    return (words.view(torch.int16)[:numel] < threshold).reshape(shape).to(device)
-
-
-def _drop(x: Tensor, site: DropoutSite, generator: torch.Generator | None) -> Tensor:
-    if site.p <= 0 or not isinstance(x, Tensor) or not x.is_floating_point():
-        return x
-    shape = x.shape
-    if site.channel_dims and x.dim() >= site.channel_dims + 2:
-        shape = x.shape[: x.dim() - site.channel_dims] + (1,) * site.channel_dims
-    drop = _drop_mask(shape, site.p, generator=generator, device=x.device)
-    return x.masked_fill(drop, 0.0).mul_(1.0 / keep_probability(site.p))
-
-
 @contextmanager
 def sampling(model: nn.Module, sites: Sequence[DropoutSite], *, generator: torch.Generator | None = None) -> Iterator[nn.Module]:
     """Make ``model`` drop units at ``sites`` (fresh masks per row and call) inside the context.
 
     Only temporary hooks are added (and always removed); flags and weights are untouched.
     """
-    handles = []
-    try:
-        for site in sites:
-            module = model.get_submodule(site.name)
-            if site.at == "input":
-                handles.append(module.register_forward_pre_hook(_input_hook(site, generator)))
-            else:
-                handles.append(module.register_forward_hook(_output_hook(site, generator)))
+    with hooked((model.get_submodule(site.name), site.at, _dropping(site, generator)) for site in sites):
         yield model
-    finally:
-        for handle in handles:
-            handle.remove()
 
 
-def _input_hook(site: DropoutSite, generator: torch.Generator | None):
-    def hook(module: nn.Module, args: tuple) -> tuple:
-        return (_drop(args[0], site, generator), *args[1:]) if args else args
+def _dropping(site: DropoutSite, generator: torch.Generator | None) -> Callable[..., Any]:
+    """The hook applying ``site``'s dropout to its module's first input (``at="input"``) or its output."""
+    def drop(x: Any) -> Any:
+        return dropped(x, site.p, channel_dims=site.channel_dims, generator=generator)
 
-    return hook
-
-
-def _output_hook(site: DropoutSite, generator: torch.Generator | None):
-    def hook(module: nn.Module, args: tuple, output: Tensor) -> Tensor:
-        return _drop(output, site, generator)
-
-    return hook
+    if site.at == "input":
+        return lambda module, args: (drop(args[0]), *args[1:]) if args else args
+    return lambda module, args, output: drop(output)
