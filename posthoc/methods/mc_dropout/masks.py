@@ -9,8 +9,8 @@ Example:
     >>> round(keep.float().mean().item(), 2)
     0.75
     >>> dropped(torch.ones(2, 4), 0.5, generator=torch.Generator().manual_seed(0))
-    tensor([[0., 2., 0., 0.],
-            [2., 2., 0., 2.]])
+    tensor([[0., 0., 2., 0.],
+            [0., 0., 0., 0.]])
 """
 
 from __future__ import annotations
