@@ -34,7 +34,9 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import backpack
 import torch
+from backpack import extensions
 from torch import Tensor, nn
 
 from posthoc.core import distributed
@@ -253,8 +255,6 @@ def num_params(num_features: int, num_classes: int, bias: bool) -> int:
     return num_classes * (num_features + int(bias))
 
 
-
-
 # ------------------------------------------------------------------ BackPACK: more than the last layer
 #: module types whose weights BackPACK's KFAC / diagonal GGN support
 BACKPACK_LAYERS = (nn.Linear, nn.Conv2d)
@@ -324,9 +324,6 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
     untouched. Factors follow BackPACK's summed-loss convention: ``G = Σ_n G_n``, ``A = Σ_n a aᵀ / N``.
     Returns the eigen-decomposed blocks and the summed cross-entropy at the checkpoint.
     """
-    import backpack
-    from backpack import extensions
-
     extension = getattr(extensions, SUBSET_STRUCTURES[structure])()
     attribute = {"kron": "kflr", "kron-mc": "kfac", "diag": "diag_ggn_exact"}[structure]
     copy_ = copy.deepcopy(model).eval()

@@ -11,7 +11,7 @@ gives Gaussian logits ``f ~ N(m, Σ_x)`` per input, with ``Σ_x = B diag(s²) B�
 The Jacobian ``I ⊗ phĩᵀ`` is never formed. Links: ``probit`` (``softmax(m / sqrt(1 + π/8 ·
 diag Σ))``), ``mc`` (``S`` logit samples drawn at once, cost independent of the feature width),
 ``bridge`` (the Laplace bridge to a Dirichlet, from the diagonal and row sums of ``Σ``). Rows are
-processed in chunks that keep temporaries under a memory budget.
+processed in chunks that keep temporaries under the memory budget (:func:`chunked_log_predictive`).
 
 Example:
     >>> g = LogitGaussian(torch.zeros(2, 3), torch.ones(2, 3), None)
@@ -22,13 +22,15 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
+from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
+from posthoc.core.logits import log_mean_exp
 from posthoc.engine.random_draws import randn
 
 LINKS = ("probit", "mc", "bridge")
@@ -106,7 +108,7 @@ def bridge_log_probs(g: LogitGaussian) -> Tensor:
 def mc_log_probs(g: LogitGaussian, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Monte Carlo: ``(log mean_s softmax(f_s), log softmax(f_s))`` from ``S`` logit samples."""
     sample_log_probs = torch.log_softmax(g.sample(num_samples, generator), dim=-1)
-    return torch.logsumexp(sample_log_probs, 0) - math.log(num_samples), sample_log_probs
+    return log_mean_exp(sample_log_probs), sample_log_probs
 
 
 def log_predictive(g: LogitGaussian, link: str, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
@@ -148,8 +150,37 @@ def full_logits(phi_aug: Tensor, mean: Tensor, eigvals: Tensor, eigvecs: Tensor,
     return LogitGaussian(mean.to(out), values.clamp_min(0).sqrt().to(out), vectors.to(out))
 
 
-def row_chunks(num_rows: int, bytes_per_row: int, budget_bytes: float) -> Iterator[slice]:
-    """Slices of ``range(num_rows)`` whose temporaries (``bytes_per_row`` each) fit ``budget_bytes``."""
-    step = max(1, int(budget_bytes // max(bytes_per_row, 1)))
-    for start in range(0, num_rows, step):
-        yield slice(start, min(start + step, num_rows))
+def bytes_per_row(structure: str, link: str, classes: int, width: int, samples: int, dtype: torch.dtype) -> int:
+    """Bytes one input row keeps alive at the peak of ``<structure>_logits`` and ``link``, for :mod:`posthoc.core.chunks`.
+
+    ``width`` is that of ``phĩ``. Per row: ``phĩ U_A`` and its square (kron) or ``phĩ²`` (diag);
+    for full, the ``C x P`` projection (``P = C · width``), the ``C x C`` covariance and its
+    eigenvectors in float64; about seven ``C``-vectors (mean, scale, the link's temporaries); and
+    three ``S x C`` blocks of logit samples for ``mc``.
+
+    Example:
+        >>> bytes_per_row("diag", "probit", classes=10, width=65, samples=0, dtype=torch.float32)
+        540
+    """
+    elements = {"kron": 2 * width, "diag": width, "full": 0}[structure] + 7 * classes
+    if link == "mc":
+        elements += 3 * samples * classes
+    dense = 8 * (classes * classes * width + 3 * classes * classes) if structure == "full" else 0
+    return elements * (torch.finfo(dtype).bits // 8) + dense
+
+
+def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], LogitGaussian], link: str, num_samples: int,
+                           generator: torch.Generator | None = None, *, max_memory: int | None = None) -> tuple[Tensor, Tensor | None]:
+    """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit ``max_memory``;
+    ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples ``(S, n, C)`` join along rows.
+
+    Example:
+        >>> gaussian = lambda rows: LogitGaussian(torch.zeros(rows.stop - rows.start, 3), torch.ones(rows.stop - rows.start, 3), None)
+        >>> chunked_log_predictive(5, 10**6, gaussian, "mc", 4, max_memory=2 * 10**6)[1].shape
+        torch.Size([4, 5, 3])
+    """
+    parts = [log_predictive(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
+    log_probs = torch.cat([chunk for chunk, _ in parts])
+    if parts[0][1] is None:
+        return log_probs, None
+    return log_probs, torch.cat([samples for _, samples in parts], dim=1)

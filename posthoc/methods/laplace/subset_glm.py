@@ -10,11 +10,11 @@ the ``C x C`` covariance needs only ``a`` and the ``C`` output gradients ``g_c``
   ``w_i = Σ_j (U_Aᵀ a)_j² / (λ_i μ_j + δ)``; bias block: ``w_i = 1 / (λ_i + δ)``;
 - diagonal block ``1 / (h + δ)``: ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
 
-The gradients come from ``C`` backward passes per chunk to zero tensors that temporary hooks add
-to the layers' outputs (so frozen weights need no gradients, and no weight gradient is formed).
-This is the predictive that laplace-torch calls ``pred_type="glm"``; unlike weight sampling
-(``pred="nn"``) it does not let the prior's spread in directions the data never probed wreck the
-network's predictions.
+The gradients come from ``C`` backward passes per chunk to zero tensors that temporary hooks
+(:func:`posthoc.engine.hooks.hooked`) add to the layers' outputs, so frozen weights need no
+gradients and no weight gradient is formed. This is the predictive that laplace-torch calls
+``pred_type="glm"``; unlike weight sampling (``pred="nn"``) it does not let the prior's spread in
+directions the data never probed wreck the network's predictions.
 
 Example:
     >>> net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
@@ -25,17 +25,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.inputs import Inputs, run_model
-from posthoc.methods.laplace.curvature import ParamCurvature
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.methods.laplace.glm_predictive import LogitGaussian
+from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import parameter_owners
+from posthoc.engine.hooks import hooked
+from posthoc.methods.laplace.curvature import ParamCurvature
+from posthoc.methods.laplace.glm_predictive import LogitGaussian
 
 
 def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str, nn.Linear]:
@@ -50,30 +50,20 @@ def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str,
     return layers
 
 
-@contextmanager
-def _layer_taps(layers: dict[str, nn.Linear]) -> Iterator[dict[str, tuple[Tensor, Tensor]]]:
-    """Record each layer's input and add a zero leaf to its output, whose gradient is ``∂f/∂z``."""
-    taps: dict[str, tuple[Tensor, Tensor]] = {}
-
-    def tap(name: str):
-        def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
-            leaf = torch.zeros_like(out, requires_grad=True)
-            taps[name] = (args[0].detach(), leaf)
-            return out + leaf
-        return hook
-
-    handles = [layer.register_forward_hook(tap(name)) for name, layer in layers.items()]
-    try:
-        yield taps
-    finally:
-        for handle in handles:
-            handle.remove()
+def _tap(taps: dict[str, tuple[Tensor, Tensor]], name: str) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
+    """A forward hook recording the layer's input and adding a zero leaf to its output, whose gradient is ``∂f/∂z``."""
+    def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
+        leaf = torch.zeros_like(out, requires_grad=True)
+        taps[name] = (args[0].detach(), leaf)
+        return out + leaf
+    return hook
 
 
 def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[ParamCurvature], x: Inputs,
                    prior_precision: float) -> LogitGaussian:
     """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``."""
-    with torch.enable_grad(), _layer_taps(layers) as taps:
+    taps: dict[str, tuple[Tensor, Tensor]] = {}
+    with torch.enable_grad(), hooked((layer, "output", _tap(taps, name)) for name, layer in layers.items()):
         logits = run_model(model, x)
         if set(taps) != set(layers):
             missing = sorted(set(layers) - set(taps))
