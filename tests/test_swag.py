@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,7 +14,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.engine import bn_refresh
 from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.methods.swag import subset
 from posthoc.methods.swag.collector import SWAGCollector
+from posthoc.methods.swag.last_layer import LastLayerSWAG
+from posthoc.methods.swag.subset import Placement, SubsetSWAG
 
 
 def _mlp() -> nn.Module:
@@ -131,7 +135,7 @@ def test_full_swag_lazy_samples_cached_batchnorm_and_save_load(digits, digits_mo
     user_state = {k: v.clone() for k, v in digits_model.state_dict().items()}
     calls = []
     original = bn_refresh.batchnorm_statistics
-    monkeypatch.setattr("posthoc.methods.swag.method.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr("posthoc.methods.swag.subset.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k))
     um = posthoc.wrap(digits_model, method="swag", num_samples=3).fit(
         small_fit, progress=False, epochs=1, lr=0.05, include_pretrained=True
     )
@@ -242,22 +246,47 @@ def test_linear_subset_runs_the_prefix_once_and_equals_one_pass_per_sample(digit
     calls.clear()
     batched = um.predict(x, generator=torch.Generator().manual_seed(0))
     prefix_batched = len(calls)
-    monkeypatch.setattr(type(um.method), "_batched_suffix", lambda self, x, count: None)
+    monkeypatch.setattr(um.method, "placement", dataclasses.replace(um.method.placement, runner=None))
     calls.clear()
     looped = um.predict(x, generator=torch.Generator().manual_seed(0))
     assert prefix_batched == 2 and len(calls) == 2 * 6  # two chunks (8 + 22 examples)
     torch.testing.assert_close(batched.samples, looped.samples, atol=1e-6, rtol=0)
 
 
-def test_batched_suffix_only_where_exact() -> None:
+def test_batched_suffix_only_where_exact_and_in_sample_groups_under_the_budget(monkeypatch) -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3)).eval()
     x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
     loader = DataLoader(TensorDataset(x, y), batch_size=16)
     before_bn = posthoc.wrap(model, method="swag", subset=["0"]).fit(loader, progress=False, epochs=2)
-    after_bn = posthoc.wrap(model, method="swag", subset=["3"]).fit(loader, progress=False, epochs=2)
-    assert before_bn.method._batched_suffix(x[:2], 4) is None  # its BatchNorm needs statistics per sample
-    assert after_bn.method._batched_suffix(x[:2], 4).start == "3"
-    assert after_bn.method._batched_suffix(x[:2], 10**9) is None  # a billion weight samples exceed the budget
+    after_bn = posthoc.wrap(model, method="swag", subset=["3"], num_samples=4).fit(loader, progress=False, epochs=2)
+    assert before_bn.method.placement == Placement(["1"], None)  # its BatchNorm needs statistics per sample
+    assert after_bn.method.placement.refreshed == [] and after_bn.method.placement.runner.start == "3"
     for um in (before_bn, after_bn):
         assert torch.isfinite(um.predict(x[:5]).probs).all()
+    groups = []
+    original = subset.sampled_linears
+    monkeypatch.setattr(subset, "sampled_linears", lambda model, weights, runner: groups.append(1) or original(model, weights, runner))
+    _, whole = after_bn.method.log_predictive(x[:5])
+    with posthoc.settings.override(max_memory=2 * 2 * 21 * 4):  # two samples of 21 float32 weights, each alive twice
+        _, grouped = after_bn.method.log_predictive(x[:5])
+    assert len(groups) == 1 + 2
+    torch.testing.assert_close(grouped, whole, rtol=0, atol=1e-6)
+
+
+@pytest.mark.parametrize("subset_option, algorithm", [("last_layer", LastLayerSWAG), ("all", SubsetSWAG), (["classifier.4"], SubsetSWAG)])
+def test_one_registered_name_picks_the_algorithm_and_both_round_trip(
+    digits, digits_model, small_fit, tmp_path, subset_option, algorithm
+) -> None:
+    assert posthoc.available_methods()["swag"]["subset"] == "all"
+    um = posthoc.wrap(digits_model, method="swag", subset=subset_option, num_samples=3)
+    assert type(um.method) is algorithm and um.methods == ["swag"]
+    um.fit(small_fit, progress=False, epochs=1, lr=0.05)
+    assert um.method.fine_tunes_private_copy and not um.method.works_on_copy
+    um.save(tmp_path / "swag.pt")
+    assert not any(key.startswith("model.") for key in posthoc.core.persistence.read(tmp_path / "swag.pt")["state"])
+    loaded = posthoc.load(tmp_path / "swag.pt", digits_model)
+    assert type(loaded.method) is algorithm
+    x = digits.test.tensors[0][:20]
+    torch.testing.assert_close(loaded.predict(x, generator=torch.Generator().manual_seed(0)).samples,
+                               um.predict(x, generator=torch.Generator().manual_seed(0)).samples, rtol=0, atol=1e-6)

@@ -6,7 +6,8 @@ trained with; a model with new weights (a SWAG sample, an SWA average) needs the
 in training mode (every other layer, e.g. dropout, in eval mode) and accumulates each layer's
 per-channel input mean and variance exactly over *all* examples (Chan's pairwise merge in
 float64), so unequal batch sizes give the statistics of the whole data, not an average of
-per-batch ones; under ``torch.distributed`` the moments of every rank's batches are merged. Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
+per-batch ones; under ``torch.distributed`` the moments of every rank's batches are merged.
+Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
 
 Example:
     >>> stats = batchnorm_statistics(model, [x for x, _ in loader])
@@ -19,13 +20,13 @@ from collections.abc import Iterable, Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core import distributed
-from posthoc.core.inputs import Inputs
 from posthoc.core.errors import InputError
+from posthoc.core.inputs import Inputs, run_model_with
 from posthoc.core.modules import eval_mode
+from posthoc.engine.hooks import hooked
 
 
 def batchnorm_layers(model: nn.Module, names: Iterable[str] | None = None) -> dict[str, _BatchNorm]:
@@ -74,12 +75,6 @@ class _ChannelMoments:
         self.count, self.mean, self.sum_sq = int(count.item()), mean, (squares - count * mean**2).clamp_min(0)
 
 
-def _call(model: nn.Module, state: Mapping[str, Tensor], x: Inputs) -> Tensor:
-    if isinstance(x, Mapping):
-        return functional_call(model, dict(state), (), dict(x))
-    return functional_call(model, dict(state), (x,))
-
-
 @torch.no_grad()
 def batchnorm_statistics(
     model: nn.Module,
@@ -94,7 +89,7 @@ def batchnorm_statistics(
         model: the network; its weights, buffers and train/eval flags are left as they are.
         batches: input batches (tensors or dicts of tensors), on the model's device.
         parameters: ``{name: tensor}`` overriding some of the model's parameters (e.g. a SWAG
-            sample), used through ``torch.func.functional_call``.
+            sample), used through :func:`~posthoc.core.inputs.run_model_with`.
         layers: names of the BatchNorm layers to recompute; the others keep their running
             statistics (eval mode). Defaults to every BatchNorm layer.
 
@@ -117,21 +112,14 @@ def batchnorm_statistics(
         state[f"{name}.running_var"] = module.running_var.clone()
         if module.num_batches_tracked is not None:
             state[f"{name}.num_batches_tracked"] = module.num_batches_tracked.clone()
-    hooks = [
-        module.register_forward_pre_hook(lambda mod, args, acc=moments[name]: acc.add(args[0]))
-        for name, module in selected.items()
-    ]
+    hooks = [(module, "input", lambda mod, args, acc=moments[name]: acc.add(args[0])) for name, module in selected.items()]
     num_batches = 0
-    try:
-        with eval_mode(model):
-            for module in selected.values():
-                module.train()
-            for x in batches:
-                _call(model, state, x)
-                num_batches += 1
-    finally:
-        for hook in hooks:
-            hook.remove()
+    with eval_mode(model), hooked(hooks):
+        for module in selected.values():
+            module.train()
+        for x in batches:
+            run_model_with(model, state, x)
+            num_batches += 1
     if num_batches == 0:
         raise InputError("no batches to recompute BatchNorm statistics on; pass at least one batch of training inputs")
     out: dict[str, Tensor] = {}

@@ -24,8 +24,9 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.errors import ConfigError
-from posthoc.engine.suffix import Layout
 from posthoc.core.modules import parameter_owners
+from posthoc.engine.hooks import hooked
+from posthoc.engine.suffix import Layout
 
 
 class HasLayout(Protocol):
@@ -60,9 +61,5 @@ def sampled_linears(model: nn.Module, weights: dict[str, Tensor], runner: HasLay
             return sampled.reshape(out.shape)
         return apply
 
-    handles = [module.register_forward_hook(hook(name)) for name, module in modules.items()]
-    try:
+    with hooked((module, "output", hook(name)) for name, module in modules.items()):
         yield
-    finally:
-        for handle in handles:
-            handle.remove()

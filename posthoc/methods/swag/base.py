@@ -1,0 +1,226 @@
+"""What every SWAG algorithm shares: its options, and the fine-tuning that collects the moments.
+
+``fit`` fine-tunes private copies of the weights SWAG makes Gaussian with SGD (momentum 0.9,
+constant learning rate) and takes ``collect_per_epoch`` snapshots per epoch into a
+:class:`~posthoc.methods.swag.collector.SWAGCollector` (mean, diagonal variance, last ``rank``
+deviations). A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
+moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
+
+Example:
+    >>> class Mine(SWAGBase):
+    ...     def _tuning(self, loader): ...
+    ...     def _collected_tensors(self): ...
+    ...     def log_predictive(self, x, *, num_samples=None, generator=None): ...
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from posthoc.core import distributed
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError, NumericalError, PosteriorFileError
+from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.method import Method
+from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
+
+
+@dataclass(frozen=True)
+class Tuning:
+    """What one SWAG fine-tuning trains: ``source`` (snapshots are taken of it), the ``trained``
+    tensors, the ``forward`` giving logits, and whether the loop must average the gradients across
+    ``torch.distributed`` ranks itself (``False`` where ``forward`` is a DDP replica, which does)."""
+
+    source: ParameterSource
+    trained: list[Tensor]
+    forward: Callable[[Inputs], Tensor]
+    averages_gradients: bool
+
+
+def collect_steps(steps: int, per_epoch: int) -> set[int]:
+    """The step indices (0-based) after which a snapshot is taken, spread evenly over an epoch.
+
+    Example:
+        >>> sorted(collect_steps(10, 4))
+        [2, 4, 7, 9]
+    """
+    return {math.ceil((j + 1) * steps / per_epoch) - 1 for j in range(per_epoch)}
+
+
+class SWAGBase(Method):
+    """The options, fine-tuning loop and saved moments of every SWAG algorithm (see module docs).
+
+    Its ``__init__`` takes every option of ``"swag"`` (``wrap`` passes them all to the algorithm
+    chosen by ``subset``); ``head`` matters to last-layer SWAG only, ``bn_batches`` to SWAG over
+    layers only.
+    """
+
+    name = "swag"
+    #: ``fit`` fine-tunes a private copy of the weights it makes Gaussian (the model for a layer
+    #: subset, the head's tensors for the last layer) and keeps only the collected moments: the
+    #: wrapped model stays the user's checkpoint (``copies_model`` is False) and the posterior
+    #: file holds no weights.
+    fine_tunes_private_copy: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        subset: str | Sequence[str] = "all",
+        cov: bool = True,
+        scale: float | None = None,
+        num_samples: int = 20,
+        bn_batches: int | None = 4,
+        stats_device: str | torch.device | None = None,
+        head: str | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(model)
+        if not isinstance(cov, bool):
+            raise ConfigError(f"cov must be True or False, got {cov!r}")
+        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)):
+            raise ConfigError(f"scale must be a finite number >= 0 (0 gives SWA) or None, got {scale!r}")
+        if not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.subset = subset
+        self.cov = cov
+        self.scale = float(scale) if scale is not None else (0.5 if cov else 1.0)
+        self.num_samples = positive_int(num_samples, "num_samples")
+        self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
+        self.stats_device = torch.device(stats_device) if stats_device is not None else None
+        self.seed = seed
+        self.names: list[str] = []
+        self.collector: SWAGCollector | None = None
+
+    # ----------------------------------------------------------------- what a subclass says
+    def _tuning(self, loader: Iterable) -> Tuning:
+        """Private copies of the weights to fine-tune; sets ``self.names`` to their qualified names."""
+        raise NotImplementedError
+
+    def _collected_tensors(self) -> dict[str, Tensor]:
+        """The model's tensors the moments belong to, by qualified name (for loading a posterior)."""
+        raise NotImplementedError
+
+    def _after_fit(self, train_loader: Iterable, *, progress: bool) -> None:
+        """Work that needs the collected moments (e.g. BatchNorm statistics per sample)."""
+
+    # ----------------------------------------------------------------- fitting
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        epochs: int = 1,
+        lr: float = 1e-3,
+        collect_per_epoch: int = 4,
+        rank: int = 20,
+        momentum: float = 0.9,
+        weight_decay: float = 0.0,
+        include_pretrained: bool = False,
+    ) -> None:
+        positive_int(epochs, "epochs")
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+            raise ConfigError(f"lr must be a positive finite number (ImageNet reference: 1e-3), got {lr!r}")
+        positive_int(collect_per_epoch, "collect_per_epoch")
+        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+            raise ConfigError(f"momentum must lie in [0, 1), got {momentum!r}")
+        if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
+            raise ConfigError(f"weight_decay must be >= 0, got {weight_decay!r}")
+        if not isinstance(include_pretrained, bool):
+            raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
+        self._fine_tune(
+            train_loader, epochs=epochs, lr=float(lr), collect_per_epoch=collect_per_epoch, rank=rank,
+            momentum=float(momentum), weight_decay=float(weight_decay), include_pretrained=include_pretrained,
+            progress=progress,
+        )
+        held = self.collector.num_deviations if self.cov else self.collector.num_snapshots
+        if self.scale > 0 and held < 2:
+            raise ConfigError(
+                f"SWAG collected {self.collector.num_snapshots} snapshot(s) but needs at least 2 to sample; "
+                "raise epochs or collect_per_epoch, or pass include_pretrained=True"
+            )
+        self._after_fit(train_loader, progress=progress)
+
+    def _fine_tune(
+        self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
+        weight_decay: float, include_pretrained: bool, progress: bool,
+    ) -> None:
+        tuning = self._tuning(loader)
+        self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
+        optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        if include_pretrained:
+            self.collector.update(tuning.source)
+        try:
+            steps = len(loader)  # type: ignore[arg-type]
+        except TypeError:
+            steps = None
+        steps = distributed.common_length(steps, "SWAG fine-tuning")
+        if steps is not None and collect_per_epoch > steps:
+            warnings.warn(
+                f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; collecting after "
+                f"every step instead ({steps} snapshots per epoch)",
+                RuntimeWarning,
+                stacklevel=4,
+            )
+            collect_per_epoch = steps
+        collect_at = collect_steps(steps, collect_per_epoch) if steps is not None else set()
+        bar = tqdm(total=None if steps is None else epochs * steps, desc="swag fine-tune", disable=not progress, leave=False)
+        try:
+            for epoch in range(epochs):
+                step = -1
+                for step, (x, y) in enumerate(iterate(loader, device=self.device, progress=False, desc="swag fine-tune")):
+                    if steps is not None and step >= steps:
+                        break  # under torch.distributed: every rank takes the same number of steps
+                    logits = tuning.forward(x)
+                    loss = F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
+                    value = float(loss.detach())
+                    if not math.isfinite(value):
+                        raise NumericalError(
+                            f"the fine-tuning loss became {value} at epoch {epoch + 1}, step {step + 1} (lr={lr}); "
+                            f"stopped. The {self.collector.num_snapshots} snapshot(s) collected before are kept in "
+                            "um.method.collector; fit again with a lower lr"
+                        )
+                    optimizer.zero_grad(set_to_none=True)
+                    loss.backward()
+                    if tuning.averages_gradients:
+                        distributed.average_gradients(tuning.trained)
+                    optimizer.step()
+                    if step in collect_at:
+                        self.collector.update(tuning.source)
+                    bar.update(1)
+                    bar.set_postfix(loss=f"{value:.4f}", snapshots=self.collector.num_snapshots)
+                if steps is None and step >= 0:
+                    self.collector.update(tuning.source)
+        finally:
+            bar.close()
+
+    # ----------------------------------------------------------------- saving and loading
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        if self.collector is None and "collector.mean" in state:
+            tensors = self._collected_tensors()
+            self.names = list(tensors)
+            rows = state.get("collector.deviation_rows")
+            self.collector = SWAGCollector(
+                tensors, names=self.names, rank=2 if rows is None else rows.shape[0], low_rank=rows is not None,
+            )
+            if self.collector.num_parameters != state["collector.mean"].numel():
+                raise PosteriorFileError(
+                    f"the saved SWAG statistics cover {state['collector.mean'].numel()} weights but subset "
+                    f"{self.subset!r} of this model has {self.collector.num_parameters}; check the subset and "
+                    "the parameters' requires_grad flags"
+                )
+        super().load_posterior_state(state)
+
+    def extra_repr(self) -> str:
+        held = self.collector.num_snapshots if self.collector is not None else 0
+        return f"subset={self.subset!r}, cov={self.cov}, scale={self.scale}, snapshots={held}"

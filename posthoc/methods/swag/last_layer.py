@@ -1,0 +1,105 @@
+"""Last-layer SWAG: a Gaussian over the head's weights, sampled in logit space.
+
+``fit`` fine-tunes a private copy of the head's weight (and bias) on the backbone's features. The
+head is linear, so with Gaussian weights the logits are Gaussian too: one backbone pass gives the
+features ``phi`` and all samples are drawn in logit space in batched ops (no weight samples).
+
+Example:
+    >>> um = posthoc.wrap(model, method="swag", subset="last_layer")
+    >>> type(um.method).__name__
+    'LastLayerSWAG'
+    >>> um.fit(train_loader, epochs=3, lr=1e-2).predict(x).samples.shape
+    torch.Size([20, 8, 10])
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.inputs import Inputs, iterate
+from posthoc.core.logits import class_log_probs, log_mean_exp
+from posthoc.core.method import LogPredictive
+from posthoc.core.modules import eval_mode
+from posthoc.engine.head import FeatureSplit
+from posthoc.engine.random_draws import randn
+from posthoc.methods.swag.base import SWAGBase, Tuning
+
+
+class LastLayerSWAG(SWAGBase):
+    """SWAG over the head's weight and bias, predicting with Gaussian logits (see module docs).
+
+    The head is found at wrap (``head=`` names it where it cannot be found without an input, else
+    the first training batch finds it at fit).
+    """
+
+    def __init__(self, model: nn.Module, *, head: str | None = None, **options: Any) -> None:
+        super().__init__(model, head=head, **options)
+        self.split = FeatureSplit(model, head)
+
+    def _collected_tensors(self, x: Inputs | None = None) -> dict[str, Tensor]:
+        """The head's trainable weight (and bias) by qualified name; ``x`` finds the head if needed."""
+        if self.split.head is None:
+            if x is None:
+                raise ConfigError("the head of this model cannot be found without an input; pass head='module name'")
+            with torch.no_grad(), eval_mode(self.model):
+                self.split(x)
+        head, prefix = self.split.head, self.split.head_name
+        if not head.weight.requires_grad:
+            raise ConfigError(f"the head '{prefix}' is frozen (requires_grad=False); last-layer SWAG has nothing to fine-tune")
+        tensors = {f"{prefix}.weight": head.weight}
+        if head.bias is not None and head.bias.requires_grad:
+            tensors[f"{prefix}.bias"] = head.bias
+        return tensors
+
+    def _tuning(self, loader: Iterable) -> Tuning:
+        first_x, _ = next(iter(iterate(loader, device=self.device, progress=False, desc="swag")))
+        copies = {n: t.detach().clone().requires_grad_(True) for n, t in self._collected_tensors(first_x).items()}
+        self.names = list(copies)
+        weight, bias = copies[f"{self.split.head_name}.weight"], copies.get(f"{self.split.head_name}.bias", self.split.head.bias)
+
+        def forward(x: Inputs) -> Tensor:
+            with torch.no_grad(), eval_mode(self.model):
+                phi, _ = self.split(x)
+            return F.linear(phi, weight, bias)
+
+        return Tuning(copies, list(copies.values()), forward, averages_gradients=True)
+
+    def _head_logits(self, flat: Tensor, features: Tensor) -> Tensor:
+        """Apply head rows ``[W.flatten(), b]`` of shape ``(..., P)`` to ``features (N, D)``: ``(..., N, C)``."""
+        head = self.split.head
+        size = head.out_features * head.in_features
+        weight = flat[..., :size].unflatten(-1, (head.out_features, head.in_features))
+        out = features @ weight.transpose(-1, -2)
+        return out + flat[..., size:].unsqueeze(-2) if flat.shape[-1] > size else out
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
+        count = num_samples or self.num_samples
+        phi, _ = self.split(x)
+        phi, head, collector = phi.float(), self.split.head, self.collector
+        logits = self._head_logits(collector.mean.float().to(phi.device), phi)
+        if head.bias is not None and collector.num_parameters == head.out_features * head.in_features:
+            logits = logits + head.bias.float()  # a bias the user froze stays as it is
+        if self.scale == 0:
+            return class_log_probs(logits), None
+        if collector.num_snapshots < 2:
+            raise NumericalError(f"SWAG needs at least 2 snapshots to sample, it holds {collector.num_snapshots}; fit with more")
+        generator = generator if generator is not None else torch.Generator(device=phi.device).manual_seed(self.seed)
+        # the diagonal part makes the logits independent per class, with variance sum_d sigma_cd^2 phi_d^2
+        std = self._head_logits(collector.variance.float().to(phi.device), phi**2).clamp_min(0).sqrt()
+        noise = randn((count, *logits.shape), generator=generator, device=phi.device)
+        spread = std * noise
+        if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
+            rows = collector.held_deviations.to(phi.device)
+            projected = self._head_logits(rows, phi).flatten(1)  # (K, N * C)
+            z = randn((count, rows.shape[0]), generator=generator, device=phi.device)
+            spread = spread + (z @ projected).view_as(spread) / math.sqrt(rows.shape[0] - 1)
+        sample_log_probs = torch.log_softmax(logits + math.sqrt(self.scale) * spread, dim=-1)
+        return log_mean_exp(sample_log_probs), sample_log_probs
