@@ -13,7 +13,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -105,8 +104,3 @@ class Prediction:
     @property
     def num_classes(self) -> int:
         return self.probs.shape[-1]
-
-    @property
-    def max_entropy(self) -> float:
-        """``log C``: the entropy of the uniform distribution, an upper bound of ``entropy``."""
-        return math.log(self.num_classes)
