@@ -26,54 +26,30 @@ See ``--help`` for every option.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import timm
-import torch
-from timm.data import create_transform, resolve_data_config
 from torch import nn
 
-from posthoc.core.errors import ConfigError, exit_status
-from posthoc.cli.evaluate import recipe_parser, run_retrofit
-from posthoc.loading.models import load_checkpoint, weights_unavailable
+from posthoc.cli.evaluate import recipe_parser, run_recipe
+from posthoc.loading.models import fetching_weights, load_checkpoint, model_options, parse_model_spec
 
 
 def load_model(name: str, pretrained: bool, num_classes: int | None, checkpoint: Path | None) -> nn.Module:
     """``timm.create_model`` with the published ImageNet weights (or random ones), then your checkpoint."""
-    if not timm.is_model(name):
-        raise ConfigError(f"timm has no model {name!r}; list them with timm.list_models('*{name[:6]}*')")
-    head = {} if num_classes is None else {"num_classes": num_classes}
-    try:
-        model = timm.create_model(name, pretrained=pretrained, **head)
-    except OSError as err:  # offline and not cached
-        raise weights_unavailable(f"timm:{name}", err) from err
+    spec = parse_model_spec(f"timm:{name}")
+    options = model_options(spec, pretrained, num_classes)  # checks the name; {"num_classes": N} if given
+    with fetching_weights(spec):  # offline and not cached: a clear error instead of a network traceback
+        model = timm.create_model(name, pretrained=pretrained, **options)
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, architecture=f"timm:{name}")
+        load_checkpoint(model, checkpoint, architecture=str(spec))
     return model.eval()
 
 
-def preprocessing(model: nn.Module, image_size: int | None):
-    """The model's own evaluation transform (resize, center crop, normalise) from its pretrained config."""
-    override = {} if image_size is None else {"input_size": (3, image_size, image_size)}
-    return create_transform(**resolve_data_config(override, model=model), is_training=False)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    return recipe_parser(__doc__, "timm", "timm.list_models()")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
-    def run() -> None:
-        torch.manual_seed(args.seed)
-        model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
-        weights = "ImageNet weights" if args.pretrained else "random weights"
-        run_retrofit(model, preprocessing(model, args.image_size), args, title=f"timm {args.model} ({weights})")
-
-    return exit_status(run)
+    args = recipe_parser(__doc__, "timm", "timm.list_models()").parse_args(argv)
+    return run_recipe(args, "timm", load_model)
 
 
 if __name__ == "__main__":

@@ -25,58 +25,30 @@ See ``--help`` for every option.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
-import torch
 import torchvision
 from torch import nn
 
-from posthoc.core.errors import ConfigError, exit_status
-from posthoc.cli.evaluate import recipe_parser, run_retrofit
-from posthoc.loading.models import load_checkpoint, weights_unavailable
+from posthoc.cli.evaluate import recipe_parser, run_recipe
+from posthoc.loading.models import fetching_weights, load_checkpoint, model_options, parse_model_spec
 
 
 def load_model(name: str, pretrained: bool, num_classes: int | None, checkpoint: Path | None) -> nn.Module:
     """``torchvision.models.get_model`` with the DEFAULT ImageNet weights (or random ones), then your checkpoint."""
-    if name not in torchvision.models.list_models():
-        raise ConfigError(f"torchvision has no model {name!r}; list them with torchvision.models.list_models()")
-    head = {} if num_classes is None else {"num_classes": num_classes}
-    try:
-        model = torchvision.models.get_model(name, weights="DEFAULT" if pretrained else None, **head)
-    except OSError as err:  # offline and not cached
-        raise weights_unavailable(f"torchvision:{name}", err) from err
+    spec = parse_model_spec(f"torchvision:{name}")
+    options = model_options(spec, pretrained, num_classes)  # checks the name; {"num_classes": N} if given
+    with fetching_weights(spec):  # offline and not cached: a clear error instead of a network traceback
+        model = torchvision.models.get_model(name, weights="DEFAULT" if pretrained else None, **options)
     if checkpoint is not None:
-        load_checkpoint(model, checkpoint, architecture=f"torchvision:{name}")
+        load_checkpoint(model, checkpoint, architecture=str(spec))
     return model.eval()
 
 
-def preprocessing(name: str, image_size: int | None):
-    """The DEFAULT weights' evaluation transform; ``image_size`` rescales its crop and resize sizes alike."""
-    weights = torchvision.models.get_model_weights(name).DEFAULT
-    transform = weights.transforms()
-    if image_size is None:
-        return transform
-    ratio = transform.resize_size[0] / transform.crop_size[0]
-    return weights.transforms(crop_size=image_size, resize_size=round(image_size * ratio))
-
-
-def build_parser() -> argparse.ArgumentParser:
-    return recipe_parser(__doc__, "torchvision", "torchvision.models.list_models()")
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-
-    def run() -> None:
-        torch.manual_seed(args.seed)
-        model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
-        weights = "ImageNet weights" if args.pretrained else "random weights"
-        run_retrofit(model, preprocessing(args.model, args.image_size), args,
-                     title=f"torchvision {args.model} ({weights})")
-
-    return exit_status(run)
+    args = recipe_parser(__doc__, "torchvision", "torchvision.models.list_models()").parse_args(argv)
+    return run_recipe(args, "torchvision", load_model)
 
 
 if __name__ == "__main__":

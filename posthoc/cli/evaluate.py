@@ -12,7 +12,7 @@ calibration half (the ``val_loader`` of ``fit``) and a test half (the report), u
 folders) are labelled test sets with the same classes; ``--ood`` is an unlabelled folder.
 
 Writes ``OUT/report.md`` (Markdown tables), ``OUT/metrics.json``, ``OUT/reliability.png`` and
-``OUT/risk_coverage.png``. The recipes in ``recipes/`` reuse :func:`run_retrofit` after loading
+``OUT/risk_coverage.png``. The recipes in ``recipes/`` call :func:`run_recipe` after loading
 their model with the library's own loading code.
 
 Example:
@@ -42,7 +42,7 @@ import posthoc
 from posthoc.loading import folders
 from posthoc.evaluation import plots
 from posthoc.core.registry import REGISTRY
-from posthoc.core.errors import ConfigError
+from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading.models import build_model
 from posthoc.evaluation.report import Report, markdown_table
 
@@ -352,6 +352,25 @@ def run_retrofit(model: nn.Module, transform: Callable, args: argparse.Namespace
     report_path = write_report(results, data, args, title=title)
     print(f"[posthoc] wrote {report_path}")
     return report_path
+
+
+def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., nn.Module]) -> int:
+    """An ImageNet recipe after parsing: ``load_model(name, pretrained, num_classes, checkpoint)``, then
+    :func:`run_retrofit` with the model's own preprocessing; the exit status (``2`` after a posthoc error).
+
+    Example:
+        >>> run_recipe(recipe_parser(__doc__, "timm", "timm.list_models()").parse_args(), "timm", load_model)
+        0
+    """
+
+    def run() -> None:
+        torch.manual_seed(args.seed)
+        model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
+        transform = folders.model_transform(model, f"{source}:{args.model}", args.image_size)
+        weights = "ImageNet weights" if args.pretrained else "random weights"
+        run_retrofit(model, transform, args, title=f"{source} {args.model} ({weights})")
+
+    return exit_status(run)
 
 
 def run_evaluate(args: argparse.Namespace) -> Path:

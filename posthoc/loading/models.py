@@ -24,7 +24,8 @@ import importlib.util
 import inspect
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -73,71 +74,109 @@ def parse_model_spec(spec: str) -> ModelSpec:
     return ModelSpec("file", name, Path(prefix))
 
 
-def weights_unavailable(spec: str, err: Exception) -> ConfigError:
-    """The error for published weights that cannot be fetched (offline machine, empty cache)."""
-    return ConfigError(
-        f"could not fetch the pretrained weights of {spec}: {type(err).__name__}: {str(err)[:200]}. Run where they "
-        "can be downloaded or are cached (HF_HOME for timm, TORCH_HOME for torchvision), or pass "
-        "--pretrained false with --checkpoint FILE"
-    )
+@contextmanager
+def fetching_weights(spec: str | ModelSpec) -> Iterator[None]:
+    """Turn a failed download of published weights (offline machine, empty cache) into a clear :class:`ConfigError`.
+
+    Example:
+        >>> with fetching_weights("timm:resnet50"):
+        ...     model = timm.create_model("resnet50", pretrained=True)
+    """
+    try:
+        yield
+    except OSError as err:  # no network / no cache: huggingface_hub and urllib errors are OSErrors
+        raise ConfigError(
+            f"could not fetch the pretrained weights of {spec}: {type(err).__name__}: {str(err)[:200]}. Run where "
+            "they can be downloaded or are cached (HF_HOME for timm, TORCH_HOME for torchvision), or pass "
+            "--pretrained false with --checkpoint FILE"
+        ) from err
 
 
-def _timm_model(name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+def model_options(spec: str | ModelSpec, pretrained: bool, num_classes: int | None) -> dict[str, Any]:
+    """The keyword arguments that give the architecture of ``spec`` a ``num_classes`` head, once its name is checked.
+
+    Refuses a timm or torchvision name the library does not have (listing similar names), and a head
+    size other than that of torchvision's pretrained weights.
+
+    Example:
+        >>> model_options("tv:resnet18", pretrained=False, num_classes=10)
+        {'num_classes': 10}
+    """
+    spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
+        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
+    if spec.source == "timm":
+        _check_timm_name(spec.name)
+    elif spec.source == "torchvision":
+        _check_torchvision_name(spec.name)
+        if pretrained and num_classes is not None:
+            _check_torchvision_pretrained_head(spec.name, num_classes)
+            return {}
+    return {} if num_classes is None else {"num_classes": num_classes}
+
+
+def _check_timm_name(name: str) -> None:
     import timm
 
     if not timm.is_model(name):
         close = timm.list_models(f"*{name.split('.')[0][:6]}*")[:10]
         raise ConfigError(f"timm has no model {name!r}; similar names: {close or 'none'} (see timm.list_models())")
-    kwargs = {} if num_classes is None else {"num_classes": num_classes}
-    try:
-        return timm.create_model(name, pretrained=pretrained, **kwargs)
-    except OSError as err:  # no network / no cache: huggingface_hub and urllib errors are OSErrors
-        raise weights_unavailable(f"timm:{name}", err) from err
 
 
-def _torchvision_model(name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+def _check_torchvision_name(name: str) -> None:
     import torchvision
 
     available = torchvision.models.list_models()
     if name not in available:
         close = [n for n in available if name[:4] in n][:10]
         raise ConfigError(f"torchvision has no model {name!r}; similar names: {close or 'none'}")
-    kwargs = {} if num_classes is None else {"num_classes": num_classes}
-    if pretrained and num_classes is not None:
-        default = len(torchvision.models.get_model_weights(name).DEFAULT.meta["categories"])
-        if num_classes != default:
-            raise ConfigError(
-                f"torchvision's pretrained {name} has {default} classes, not {num_classes}; load your fine-tuned "
-                "weights with --pretrained false --num-classes N --checkpoint FILE"
-            )
-        kwargs = {}
-    try:
-        return torchvision.models.get_model(name, weights="DEFAULT" if pretrained else None, **kwargs)
-    except OSError as err:
-        raise weights_unavailable(f"torchvision:{name}", err) from err
 
 
-def _factory_model(path: Path, name: str, pretrained: bool, num_classes: int | None) -> nn.Module:
+def _check_torchvision_pretrained_head(name: str, num_classes: int) -> None:
+    import torchvision
+
+    default = len(torchvision.models.get_model_weights(name).DEFAULT.meta["categories"])
+    if num_classes != default:
+        raise ConfigError(
+            f"torchvision's pretrained {name} has {default} classes, not {num_classes}; load your fine-tuned "
+            "weights with --pretrained false --num-classes N --checkpoint FILE"
+        )
+
+
+def _timm_model(spec: ModelSpec, pretrained: bool, num_classes: int | None) -> nn.Module:
+    import timm
+
+    options = model_options(spec, pretrained, num_classes)
+    with fetching_weights(spec):
+        return timm.create_model(spec.name, pretrained=pretrained, **options)
+
+
+def _torchvision_model(spec: ModelSpec, pretrained: bool, num_classes: int | None) -> nn.Module:
+    import torchvision
+
+    options = model_options(spec, pretrained, num_classes)
+    with fetching_weights(spec):
+        return torchvision.models.get_model(spec.name, weights="DEFAULT" if pretrained else None, **options)
+
+
+def _factory_model(spec: ModelSpec, pretrained: bool, num_classes: int | None) -> nn.Module:
+    path, name = spec.path, spec.name
+    options = model_options(spec, pretrained, num_classes)
     if not path.is_file():
         raise ConfigError(f"model file {path} does not exist; pass 'path/to/file.py:factory'")
     module_name = f"posthoc_user_model_{abs(hash(str(path.resolve())))}"
-    spec = importlib.util.spec_from_file_location(module_name, path)
-    module = importlib.util.module_from_spec(spec)
+    module_spec = importlib.util.spec_from_file_location(module_name, path)
+    module = importlib.util.module_from_spec(module_spec)
     sys.modules[module_name] = module
-    spec.loader.exec_module(module)
+    module_spec.loader.exec_module(module)
     factory = getattr(module, name, None)
     if not callable(factory):
         names = [n for n, v in vars(module).items() if callable(v) and not n.startswith("_")]
         raise ConfigError(f"{path} has no callable {name!r}; callables there: {names}")
     accepted = inspect.signature(factory).parameters
-    kwargs: dict[str, Any] = {}
-    if "pretrained" in accepted:
-        kwargs["pretrained"] = pretrained
-    if num_classes is not None:
-        if "num_classes" not in accepted:
-            raise ConfigError(f"{path}:{name} takes no num_classes argument; drop --num-classes")
-        kwargs["num_classes"] = num_classes
-    model = factory(**kwargs)
+    if options and "num_classes" not in accepted:
+        raise ConfigError(f"{path}:{name} takes no num_classes argument; drop --num-classes")
+    model = factory(**options, **({"pretrained": pretrained} if "pretrained" in accepted else {}))
     if not isinstance(model, nn.Module):
         raise ConfigError(f"{path}:{name} returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -221,14 +260,12 @@ def build_model(spec: str | ModelSpec, *, pretrained: bool = True, num_classes: 
         >>> model = build_model("tv:resnet18", pretrained=False, num_classes=10, checkpoint="ckpt.pth")
     """
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
-    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 1):
-        raise ConfigError(f"num_classes must be a positive integer, got {num_classes!r}")
     if spec.source == "timm":
-        model = _timm_model(spec.name, pretrained, num_classes)
+        model = _timm_model(spec, pretrained, num_classes)
     elif spec.source == "torchvision":
-        model = _torchvision_model(spec.name, pretrained, num_classes)
+        model = _torchvision_model(spec, pretrained, num_classes)
     else:
-        model = _factory_model(spec.path, spec.name, pretrained, num_classes)
+        model = _factory_model(spec, pretrained, num_classes)
     if checkpoint is not None:
         load_checkpoint(model, checkpoint, architecture=str(spec))
     return model.eval()
