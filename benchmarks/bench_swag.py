@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -104,10 +105,10 @@ def main() -> None:
     print(paired("torch-uncertainty SWAG (all weights)", tu_predict, forward, args.repeats))
     print(paired("posthoc SWAG last-layer", lambda: last.predict(x), forward, args.repeats))
     print(paired("posthoc SWAG, both Linear layers (prefix once)", lambda: linear.predict(x), forward, args.repeats))
-    one_pass_each = type(linear.method)._batched_suffix
-    type(linear.method)._batched_suffix = lambda self, x, count: None
+    batched = linear.method.placement
+    linear.method.placement = dataclasses.replace(batched, runner=None)  # no suffix runner: one pass per sample
     print(paired("posthoc SWAG, both Linear layers, one pass per sample", lambda: linear.predict(x), forward, args.repeats))
-    type(linear.method)._batched_suffix = one_pass_each
+    linear.method.placement = batched
 
     method = full.method
     schedule = {"epochs": 1, "lr": args.lr, "collect_per_epoch": 4, "rank": 20, "momentum": 0.9, "weight_decay": 0.0,

@@ -39,6 +39,9 @@ class Method(nn.Module):
         needs_val: whether ``fit`` needs a held-out ``val_loader``.
         stacks: whether the method wraps another method's predictive (temperature does).
         copies_model: whether the method works on (and saves) its own copy of the weights.
+        fine_tunes_private_copy: whether ``fit`` fine-tunes a private copy of some weights and keeps
+            only what it learned (SWAG's moments): the wrapped model stays the user's checkpoint,
+            so ``copies_model`` is ``False`` and the saved posterior holds no weights.
         demo_configs: option sets shown in ``posthoc demo``, each ``(label, options)``.
     """
 
@@ -47,6 +50,7 @@ class Method(nn.Module):
     needs_val: ClassVar[bool] = False
     stacks: ClassVar[bool] = False
     copies_model: ClassVar[bool] = False
+    fine_tunes_private_copy: ClassVar[bool] = False
     demo_configs: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
 
     def __init__(self, model: nn.Module) -> None:

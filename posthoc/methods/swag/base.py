@@ -19,7 +19,6 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -65,11 +64,7 @@ class SWAGBase(Method):
     """
 
     name = "swag"
-    #: ``fit`` fine-tunes a private copy of the weights it makes Gaussian (the model for a layer
-    #: subset, the head's tensors for the last layer) and keeps only the collected moments: the
-    #: wrapped model stays the user's checkpoint (``copies_model`` is False) and the posterior
-    #: file holds no weights.
-    fine_tunes_private_copy: ClassVar[bool] = True
+    fine_tunes_private_copy = True  # the copy of the sampled weights lives only inside fit
 
     def __init__(
         self,

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -94,12 +95,22 @@ class LastLayerSWAG(SWAGBase):
         generator = generator if generator is not None else torch.Generator(device=phi.device).manual_seed(self.seed)
         # the diagonal part makes the logits independent per class, with variance sum_d sigma_cd^2 phi_d^2
         std = self._head_logits(collector.variance.float().to(phi.device), phi**2).clamp_min(0).sqrt()
-        noise = randn((count, *logits.shape), generator=generator, device=phi.device)
-        spread = std * noise
-        if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
-            rows = collector.held_deviations.to(phi.device)
-            projected = self._head_logits(rows, phi).flatten(1)  # (K, N * C)
-            z = randn((count, rows.shape[0]), generator=generator, device=phi.device)
-            spread = spread + (z @ projected).view_as(spread) / math.sqrt(rows.shape[0] - 1)
-        sample_log_probs = torch.log_softmax(logits + math.sqrt(self.scale) * spread, dim=-1)
-        return log_mean_exp(sample_log_probs), sample_log_probs
+        deviations = collector.held_deviations.to(phi.device) if self.cov else phi.new_zeros(0, collector.num_parameters)
+        n, classes = logits.shape
+        log_probs, sample_log_probs = logits.new_empty(n, classes), logits.new_empty(count, n, classes)
+        # per row alive at once: the noise and its scaled copy (then log_mean_exp's shifted copy), the low-rank projection
+        row_bytes = 4 * classes * (2 * count + 2 * deviations.shape[0])
+        z = None  # the low-rank weights of each sample, shared by every example (drawn after the first chunk's noise)
+        for rows in chunks(n, row_bytes):
+            samples = randn((count, rows.stop - rows.start, classes), generator=generator, device=phi.device) * std[rows]
+            if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
+                projected = self._head_logits(deviations, phi[rows]).flatten(1)  # (K, n * C)
+                if z is None:
+                    z = randn((count, deviations.shape[0]), generator=generator, device=phi.device)
+                samples.view(count, -1).addmm_(z, projected, alpha=1 / math.sqrt(deviations.shape[0] - 1))
+                del projected
+            samples.mul_(math.sqrt(self.scale)).add_(logits[rows])
+            samples.sub_(torch.logsumexp(samples, dim=-1, keepdim=True))
+            log_probs[rows], sample_log_probs[:, rows] = log_mean_exp(samples), samples
+            del samples  # before the next chunk's noise is drawn
+        return log_probs, sample_log_probs
