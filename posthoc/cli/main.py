@@ -10,13 +10,12 @@ from __future__ import annotations
 import argparse
 import time
 
-from posthoc.core.errors import exit_status
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc.core.errors import exit_status
+from posthoc.demo.run import render, run_demo
 
 
 def _demo(args: argparse.Namespace) -> None:
-    from posthoc.demo.run import render, run_demo
-
     start = time.perf_counter()
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet)
     print(render(rows))
