@@ -20,15 +20,11 @@ import pickle
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-if TYPE_CHECKING:
-    from posthoc.core.uncertain_model import UncertainModel
-
-from posthoc.core.errors import NotFittedError, PosteriorFileError
+from posthoc.core.errors import PosteriorFileError
 
 FORMAT_VERSION = 1
 
@@ -50,25 +46,19 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def save(um: UncertainModel, path: str | os.PathLike) -> None:
-    """Write ``um``'s posterior to ``path`` atomically (see module docs)."""
-    if not um.is_fitted:
-        raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
-    if um.method.works_on_copy:
-        current = um.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
-    else:
-        current = fingerprint(um.method.base_model)
-        if current != um.fingerprint:
-            raise PosteriorFileError(
-                "the wrapped model's weights changed after fit; the posterior no longer matches them. "
-                "Fit again before saving"
-            )
+def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor]) -> None:
+    """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
+    the checkpoint it belongs to, and its ``state`` tensors (moved to the CPU).
+
+    Example:
+        >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Net", {"temperature": torch.ones(())})
+    """
     payload = {
         "format_version": FORMAT_VERSION,
-        "spec": um.spec,
-        "fingerprint": current,
-        "model_class": type(um.method.base_model).__qualname__,  # the copy keeps the user's class
-        "state": {k: v.detach().to("cpu") for k, v in um.method.posterior_state().items()},
+        "spec": spec,
+        "fingerprint": fingerprint,
+        "model_class": model_class,
+        "state": {k: v.detach().to("cpu") for k, v in state.items()},
     }
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

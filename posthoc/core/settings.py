@@ -16,6 +16,8 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from posthoc.core.errors import ConfigError
+
 #: examples per chunk in ``UncertainModel.predict`` (each chunk is moved to the device in turn)
 chunk_size: int = 1024
 
@@ -34,8 +36,6 @@ def override(**values: int) -> Iterator[None]:
     module = sys.modules[__name__]
     unknown = sorted(set(values) - {"chunk_size", "max_memory"})
     if unknown:
-        from posthoc.core.errors import ConfigError
-
         raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory")
     previous = {name: getattr(module, name) for name in values}
     for name, value in values.items():

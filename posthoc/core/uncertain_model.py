@@ -22,7 +22,7 @@ from torch import Tensor, nn
 from posthoc.core import persistence, settings
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
-from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError
+from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode
@@ -166,8 +166,24 @@ class UncertainModel(nn.Module):
         return self.predict(x).probs
 
     def save(self, path: str) -> None:
-        """Write the fitted posterior (not the base weights) atomically to ``path``."""
-        persistence.save(self, path)
+        """Write the fitted posterior (not the base weights) atomically to ``path``.
+
+        A posterior is saved only while it matches the weights it was fitted on, with their
+        fingerprint, so that :func:`posthoc.load` can refuse any other model.
+        """
+        if not self.is_fitted:
+            raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
+        if self.method.works_on_copy:
+            current = self.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
+        else:
+            current = persistence.fingerprint(self.method.base_model)
+            if current != self.fingerprint:
+                raise PosteriorFileError(
+                    "the wrapped model's weights changed after fit; the posterior no longer matches them. "
+                    "Fit again before saving"
+                )
+        # the copy keeps the user's class name
+        persistence.write(path, self.spec, current, type(self.method.base_model).__qualname__, self.method.posterior_state())
 
     def extra_repr(self) -> str:
         return f"methods={self.methods}, fitted={self.is_fitted}"

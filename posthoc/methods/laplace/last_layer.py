@@ -77,7 +77,7 @@ class LastLayerLaplace(Laplace):
                         raise ConfigError(
                             "laplace uses the softmax (categorical) likelihood and needs a head with at least 2 "
                             "outputs; this head has 1 (a sigmoid classifier). Give the head two outputs "
-                            "[0, z], or use 'temperature', 'mc-dropout' or 'swag', which handle one logit"
+                            "[0, z], or use 'temperature' or 'mc-dropout', which handle one logit"
                         )
                     self._check_head_memory()
                     accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device)
