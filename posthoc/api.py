@@ -9,6 +9,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 from torch import nn
@@ -19,6 +20,7 @@ from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import REGISTRY, method_class
 from posthoc.core.uncertain_model import UncertainModel
+
 
 def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
     """Give each option to every method in the chain that accepts it; refuse the rest."""
