@@ -79,6 +79,9 @@ def test_bad_logits_and_labels():
         posthoc.calibrate(logits, labels.float() + 0.5)
     with pytest.raises(posthoc.ConfigError, match="valid: temperature"):
         posthoc.calibrate(logits, labels, method="platt")
+    for max_iter in (0, 2.5, True):
+        with pytest.raises(posthoc.ConfigError, match=f"max_iter must be a positive integer, got {max_iter!r}"):
+            posthoc.calibrate(logits, labels, max_iter=max_iter)
 
 
 def test_wrapped_temperature_runs_the_model_once_over_val(digits_model, loaders):
