@@ -105,7 +105,7 @@ def run(name: str, build) -> None:
     laplace = posthoc.wrap(model, method="laplace")
     fitting = measure(lambda: laplace.fit(fit, progress=False))
     predicting = measure(lambda: laplace.predict(x), repeats=9)
-    dropout = posthoc.wrap(model, method="mc-dropout", where="head", p=0.1, num_samples=100)
+    dropout = posthoc.wrap(model, method="mc-dropout", where="head", p=0.1, num_samples=100, masks="shared")
     generator = torch.Generator().manual_seed(0)
     dropping = measure(lambda: dropout.predict(x, generator=generator), repeats=9)
     print(row("plain forward over the fit data", plain_fit, plain_fit))
@@ -126,7 +126,7 @@ def run(name: str, build) -> None:
         "none": posthoc.wrap(model, method="none"),
         "temperature": posthoc.wrap(model, method="temperature").fit(fit, val, progress=False),
         "laplace": laplace,
-        "mc-dropout (head, S=100)": dropout,
+        "mc-dropout (head, S=100, shared masks)": dropout,
         "swag (last layer)": posthoc.wrap(model, method="swag", subset="last_layer").fit(fit, val, epochs=1, progress=False),
         "ibnn": posthoc.wrap(model, method="ibnn").fit(fit, val, epochs=1, progress=False),
     }

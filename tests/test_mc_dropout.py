@@ -85,7 +85,7 @@ def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: 
 @pytest.mark.parametrize("examples", [8, 3])  # more examples than classes (masked weights), fewer (masked features)
 def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(digits_model: nn.Module, digits, examples: int) -> None:
     x, samples = digits.test.tensors[0][:examples], 12
-    um = posthoc.wrap(digits_model, method="mc-dropout")
+    um = posthoc.wrap(digits_model, method="mc-dropout", masks="shared")
     pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
     keep = keep_mask((samples, 64), 0.25, generator=torch.Generator().manual_seed(7), device="cpu")
     classifier = digits_model.classifier
@@ -99,7 +99,7 @@ def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(digits
 def test_shared_head_masks_on_a_binary_classifier() -> None:
     torch.manual_seed(0)
     net, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).eval(), torch.randn(6, 4)
-    pred = posthoc.wrap(net, method="mc-dropout", p=0.3).predict(x, num_samples=5, generator=torch.Generator().manual_seed(2))
+    pred = posthoc.wrap(net, method="mc-dropout", p=0.3, masks="shared").predict(x, num_samples=5, generator=torch.Generator().manual_seed(2))
     keep = keep_mask((5, 8), 0.3, generator=torch.Generator().manual_seed(2), device="cpu")
     with torch.no_grad():
         z = net[2](net[1](net[0](x)) * keep.unsqueeze(1) / keep_probability(0.3)).squeeze(-1)  # (S, N)
@@ -127,7 +127,7 @@ def test_structure_is_resolved_once_and_never_probed_again(digits_model: nn.Modu
     x = digits.test.tensors[0][:30]
     calls: list[int] = []
     digits_model.features.register_forward_hook(lambda module, args, out: calls.append(out.shape[0]))
-    um = posthoc.wrap(digits_model, method="mc-dropout", num_samples=20)
+    um = posthoc.wrap(digits_model, method="mc-dropout", num_samples=20, masks="shared")
     assert um.method.sites() == own_dropout_sites(digits_model)  # found at wrap(): nothing run
     assert um.method._head_split is not None and not calls
     um.predict(x)  # predict's 8-example first chunk, then 22: one plain forward pass each
@@ -152,11 +152,11 @@ def test_a_plain_model_is_resolved_from_the_first_batch_of_fit_or_predict() -> N
 
     torch.manual_seed(0)
     model, x = Plain().eval(), torch.randn(6, 4)
-    auto = posthoc.wrap(model, method="mc-dropout", where="head", p="auto")
+    auto = posthoc.wrap(model, method="mc-dropout", where="head", p="auto", masks="shared")
     assert auto.method._sites is None  # the head of a plain module needs a traced forward pass
     auto.fit(None, [(x, torch.zeros(6))], progress=False)
     assert [(s.name, s.at) for s in auto.method._sites] == [("out", "input")] and auto.method._head_split is not None
-    own_rate = posthoc.wrap(model, method="mc-dropout", where="head")
+    own_rate = posthoc.wrap(model, method="mc-dropout", where="head", masks="shared")
     assert own_rate.predict(x[:5], num_samples=7).samples.shape == (7, 5, 3)
     assert own_rate.method._head_checked and own_rate.method._head_split is not None
 
@@ -177,7 +177,7 @@ def test_masks_independent_across_samples_and_examples() -> None:
     across_samples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows.roll(1, 0)[:, 0].flatten()]))[0, 1]
     across_examples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows[:, 1].flatten()]))[0, 1]
     assert abs(across_samples) < 0.05 and abs(across_examples) < 0.05
-    shared = posthoc.wrap(net, method="mc-dropout", num_samples=400).predict(x, generator=torch.Generator().manual_seed(0))
+    shared = posthoc.wrap(net, method="mc-dropout", num_samples=400, masks="shared").predict(x, generator=torch.Generator().manual_seed(0))
     assert torch.equal(shared.samples[:, 0], shared.samples[:, 1]) and not torch.equal(shared.samples[0], shared.samples[1])
 
 

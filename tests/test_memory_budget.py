@@ -117,6 +117,7 @@ CASES = {
     "laplace-mc": ({"method": "laplace", "link": "mc", "prior_precision": 1.0, "num_samples": SAMPLES}, True),
     "laplace-probit": ({"method": "laplace", "link": "probit", "prior_precision": 1.0}, True),
     "mc-dropout-head": ({"method": "mc-dropout", "where": "head", "p": 0.1, "num_samples": SAMPLES}, False),
+    "mc-dropout-head-shared": ({"method": "mc-dropout", "where": "head", "p": 0.1, "num_samples": SAMPLES, "masks": "shared"}, False),
     "swag-last-layer": ({"method": "swag", "subset": "last_layer", "num_samples": SAMPLES}, True),
     "ibnn": ({"method": "ibnn", "components": 4, "num_samples": SAMPLES // 4}, False),
 }
