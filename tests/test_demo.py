@@ -1,5 +1,6 @@
 import re
 
+import pytest
 import torch
 from PIL import Image
 
@@ -26,12 +27,24 @@ def test_rotation_and_noise(digits):
     assert noise.tensors[0].shape == (10, 1, 28, 28) and (noise.tensors[1] == -1).all()
 
 
-def test_bundled_checkpoint_is_a_good_classifier(digits):
-    model = zoo.pretrained()
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_bundled_checkpoints_are_good_classifiers(digits, name):
+    model = zoo.pretrained(name)
     x, y = digits.test.tensors
     with torch.no_grad():
         accuracy = (model(x).argmax(-1) == y).float().mean()
     assert accuracy > 0.95
+
+
+def test_second_architecture_has_no_dropout_and_a_batchnorm_body():
+    model = zoo.pretrained("digits_bn_cnn")
+    kinds = {type(module) for module in model.modules()}
+    assert torch.nn.BatchNorm2d in kinds and not any(issubclass(k, torch.nn.Dropout) for k in kinds)
+
+
+def test_unknown_checkpoint_names_the_available_ones():
+    with pytest.raises(FileNotFoundError, match="digits_bn_cnn"):
+        zoo.pretrained("resnet50")
 
 
 def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):

@@ -110,6 +110,22 @@ class Method(nn.Module):
         """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
         raise NotImplementedError
 
+    def summary(self) -> dict[str, Any]:
+        """What this method's posterior is over, for :meth:`UncertainModel.summary` (the model card).
+
+        Keys every method returns: ``random_variables`` (how many scalar random variables the
+        posterior has: Laplace's parameters under the posterior, iBNN's node variables per component,
+        MC dropout's dropout units, SWAG's parameters; 1 for a temperature, 0 for the plain model) and
+        ``layers`` (the module names involved). Methods add what they chose at fit, e.g.
+        ``prior_precision``, ``temperature``, ``rank`` or ``dropout_rate``. Values are plain Python
+        (numbers, strings, lists) so the card renders as JSON and Markdown.
+
+        Example:
+            >>> posthoc.wrap(model, method="none").method.summary()
+            {'random_variables': 0, 'layers': []}
+        """
+        return {"random_variables": 0, "layers": []}
+
     def posterior_state(self) -> dict[str, Tensor]:
         """The tensors that make up the fitted posterior; the base weights only if the method copied them."""
         state = {name: value for name, value in self._buffers.items() if value is not None}

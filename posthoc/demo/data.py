@@ -89,6 +89,11 @@ def noise(count: int = 1000, seed: int = 0) -> TensorDataset:
     return TensorDataset(x, torch.full((count,), -1))
 
 
+def subset(dataset: TensorDataset, count: int) -> TensorDataset:
+    """The first ``count`` examples of ``dataset`` (the splits are already shuffled, so this is a random subset)."""
+    return TensorDataset(*(tensor[:count] for tensor in dataset.tensors))
+
+
 def loader(dataset: TensorDataset, batch_size: int = 256, shuffle: bool = False, seed: int = 0) -> DataLoader:
     """A ``DataLoader`` over ``dataset`` (seeded when shuffled)."""
     generator = torch.Generator().manual_seed(seed) if shuffle else None

@@ -1,10 +1,15 @@
-"""The project's own small pretrained checkpoint, and the seeded script that trains it.
+"""The project's own small pretrained checkpoints, and the seeded script that trains them.
 
-``digits_cnn`` is a small CNN (conv–BN–ReLU ×2, then a dropout MLP head) trained on the fit
-split of the bundled digits. The demo retrofits uncertainty onto it like onto any production
-checkpoint. Rebuild the shipped file with::
+- ``digits_cnn``: a small CNN (conv–BN–ReLU ×2, then a dropout MLP head) trained on the fit split
+  of the bundled digits. The demo retrofits uncertainty onto it like onto any production checkpoint.
+- ``digits_bn_cnn``: a second architecture without any dropout, laid out like a ResNet (conv–BN–ReLU
+  ×3, global average pooling, one linear head), trained on only 1,000 fit images (about 96.5% accurate):
+  the case of a model with no dropout to reuse and little data behind it.
 
-    python -m posthoc.demo.zoo --out posthoc/demo/checkpoints/digits_cnn.pt --seed 0
+Rebuild the shipped files with::
+
+    python -m posthoc.demo.zoo --name digits_cnn --seed 0
+    python -m posthoc.demo.zoo --name digits_bn_cnn --seed 0
 
 Example:
     >>> model = pretrained("digits_cnn")
@@ -42,13 +47,48 @@ class DigitsCNN(nn.Module):
         return self.classifier(self.features(x))
 
 
-def train(seed: int = 0, epochs: int = 12, lr: float = 1e-3, progress: bool = True) -> DigitsCNN:
-    """Train :class:`DigitsCNN` on the fit split with Adam; deterministic for a given seed on CPU."""
+class DigitsBNCNN(nn.Module):
+    """A dropout-free CNN with BatchNorm and global average pooling, laid out like torchvision's ResNets."""
+
+    def __init__(self, num_classes: int = 8) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+        )
+        self.fc = nn.Linear(64, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.features(x))
+
+
+#: name -> (class, training examples taken from the fit split, epochs, Adam learning rate)
+ARCHITECTURES: dict[str, tuple[type[nn.Module], int | None, int, float]] = {
+    "digits_cnn": (DigitsCNN, None, 12, 1e-3),
+    "digits_bn_cnn": (DigitsBNCNN, 1000, 40, 3e-3),
+}
+
+
+def train(seed: int = 0, epochs: int | None = None, lr: float | None = None, progress: bool = True,
+          name: str = "digits_cnn") -> nn.Module:
+    """Train the architecture ``name`` on (part of) the fit split with Adam; deterministic for a given seed on CPU.
+
+    Example:
+        >>> model = train(seed=1, name="digits_bn_cnn", progress=False)
+    """
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {name!r}; available: {sorted(ARCHITECTURES)}")
+    architecture, examples, default_epochs, default_lr = ARCHITECTURES[name]
+    epochs = default_epochs if epochs is None else epochs
+    lr = default_lr if lr is None else lr
     torch.manual_seed(seed)
     splits = data.load_digits()
-    model = DigitsCNN(splits.num_classes)
+    fit = splits.fit if examples is None else data.subset(splits.fit, examples)
+    model = architecture(splits.num_classes)
     optimizer = torch.optim.Adam(model.parameters(), lr=lr)
-    train_loader = data.loader(splits.fit, batch_size=64, shuffle=True, seed=seed)
+    train_loader = data.loader(fit, batch_size=64, shuffle=True, seed=seed)
     for epoch in range(epochs):
         model.train()
         total = 0.0
@@ -59,28 +99,30 @@ def train(seed: int = 0, epochs: int = 12, lr: float = 1e-3, progress: bool = Tr
             optimizer.step()
             total += float(loss.detach()) * len(y)
         if progress:
-            print(f"epoch {epoch + 1}/{epochs}: train loss {total / len(splits.fit):.4f}")
+            print(f"epoch {epoch + 1}/{epochs}: train loss {total / len(fit):.4f}")
     return model.eval()
 
 
 def pretrained(name: str = "digits_cnn") -> nn.Module:
     """Load a checkpoint shipped with posthoc (``weights_only``), in eval mode."""
     path = CHECKPOINTS / f"{name}.pt"
-    if name != "digits_cnn" or not path.exists():
+    if name not in ARCHITECTURES or not path.exists():
         available = sorted(p.stem for p in CHECKPOINTS.glob("*.pt"))
         raise FileNotFoundError(f"no bundled checkpoint '{name}'; available: {available}")
-    model = DigitsCNN()
+    model = ARCHITECTURES[name][0]()
     model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
     return model.eval()
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Train the bundled digits CNN checkpoint.")
-    parser.add_argument("--out", type=Path, default=CHECKPOINTS / "digits_cnn.pt")
+    parser = argparse.ArgumentParser(description="Train a bundled digits checkpoint.")
+    parser.add_argument("--name", choices=sorted(ARCHITECTURES), default="digits_cnn")
+    parser.add_argument("--out", type=Path, default=None, help="default: posthoc/demo/checkpoints/NAME.pt")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--epochs", type=int, default=12)
+    parser.add_argument("--epochs", type=int, default=None, help="default: the architecture's own")
     args = parser.parse_args(argv)
-    model = train(args.seed, args.epochs)
+    model = train(args.seed, args.epochs, name=args.name)
+    args.out = args.out or CHECKPOINTS / f"{args.name}.pt"
     args.out.parent.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), args.out)
     print(f"saved {args.out}")
