@@ -1,70 +1,99 @@
 """``posthoc.calibrate``: calibrating a deployed classifier from its saved logits alone.
 
+Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default), ``"vector"``,
+``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"platt"``
+(binary), ``"identity"``, and ``"auto"`` (k-fold cross-validated NLL over the others, never worse
+than ``"identity"`` on the folds).
+
 Example:
-    >>> calibrator = posthoc.calibrate(val_logits, val_labels)
-    >>> calibrator.temperature
-    1.83
+    >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto")
+    >>> calibrator.method, calibrator.scores["temperature"]["nll"]
+    ('temperature', 0.0791)
     >>> probs = calibrator(test_logits)
+    >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt")
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+import warnings
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import check_labels
-from posthoc.core.logits import check_finite_logits, class_log_probs
-from posthoc.core.prediction import Prediction
-from posthoc.methods.temperature import fit_temperature, tempered_log_probs
+from posthoc.core.logits import as_class_logits, check_finite_logits
+from posthoc.methods.calibration import CALIBRATORS, Calibrator
+from posthoc.methods.calibration.base import as_tensor
 
-CALIBRATORS = ("temperature",)
-
-
-def _as_tensor(values: Any, what: str) -> Tensor:
-    if isinstance(values, Tensor):
-        return values.detach()
-    if isinstance(values, np.ndarray) or isinstance(values, (list, tuple)):
-        return torch.as_tensor(np.asarray(values))
-    raise InputError(f"{what} must be a tensor or a numpy array, got {type(values).__name__}")
+#: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
+ROW_SUM_TOLERANCE = 1e-3
 
 
-@dataclass(frozen=True)
-class TemperatureCalibrator:
-    """A fitted temperature for logits; call it on logits to get calibrated probabilities."""
+def check_not_probabilities(logits: Tensor) -> None:
+    """Refuse probabilities passed as logits (rows in [0, 1] summing to 1); warn for binary scores in [0, 1].
 
-    temperature: float
+    Example:
+        >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: these logits look like probabilities ...
+    """
+    if logits.numel() == 0 or logits.min() < 0 or logits.max() > 1:
+        return
+    if logits.dim() == 2 and logits.shape[1] > 1:
+        if torch.allclose(logits.double().sum(-1), torch.ones((), dtype=torch.float64), atol=ROW_SUM_TOLERANCE):
+            raise InputError(
+                "these logits look like probabilities: every row lies in [0, 1] and sums to 1. Calibrators "
+                "take the model's logits (its output before the softmax); pass those, or torch.log(probs)"
+            )
+        return
+    warnings.warn(
+        "every binary logit lies in [0, 1]: if these are probabilities of class 1, pass their logits "
+        "instead, torch.logit(p)",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
-    def log_probs(self, logits: Any) -> Tensor:
-        """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` if binary)."""
-        logits = _as_tensor(logits, "logits")
-        check_finite_logits(logits)
-        return tempered_log_probs(class_log_probs(logits.float()), self.temperature)
 
-    def predict(self, logits: Any) -> Prediction:
-        """The calibrated :class:`~posthoc.Prediction` for ``logits``."""
-        return Prediction.from_log_probs(self.log_probs(logits))
-
-    def __call__(self, logits: Any) -> Tensor:
-        return self.log_probs(logits).exp()
+def _checked_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
+    if method not in CALIBRATORS:
+        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(CALIBRATORS)}")
+    valid = CALIBRATORS[method].option_defaults()
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        listing = ", ".join(f"{k}={v!r}" for k, v in valid.items()) or "none"
+        raise ConfigError(f"unknown option(s) {unknown} for calibrator '{method}'; valid options: {listing}")
+    return options
 
 
-def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter: int = 100) -> TemperatureCalibrator:
+def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter: int = 100, **options: Any) -> Calibrator:
     """Fit a calibrator on held-out ``logits`` ``(N, C)`` (or ``(N,)`` for binary) and ``labels`` ``(N,)``.
+
+    Args:
+        logits: the classifier's held-out logits (before the softmax), a tensor or numpy array.
+        labels: integer class indices in ``[0, C)``.
+        method: the calibrator (see the module docs); ``"auto"`` picks one by cross-validated NLL.
+        max_iter: L-BFGS iterations for the calibrators fitted by optimisation.
+        **options: the calibrator's options, e.g. ``bins=10`` (histogram), ``off_diagonal=1e-3``
+            (matrix, dirichlet), ``folds=5`` or ``candidates=["temperature", "vector"]`` (auto).
+
+    Returns:
+        The fitted calibrator: ``calibrator(logits)`` gives probabilities, ``.predict(logits)`` a
+        :class:`~posthoc.Prediction`, ``.log_probs(logits)``, ``.method`` (for ``"auto"`` the chosen
+        one), ``.scores`` (``"auto"``: cross-validated NLL and ECE per calibrator), ``.save(path)``.
 
     Example:
         >>> calibrator = posthoc.calibrate(np.load("val_logits.npy"), np.load("val_labels.npy"))
         >>> calibrator(np.load("test_logits.npy")).sum(-1)   # rows sum to 1
     """
-    if method not in CALIBRATORS:
-        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(CALIBRATORS)}")
+    options = _checked_options(method, options)
     positive_int(max_iter, "max_iter")
-    logits, labels = _as_tensor(logits, "logits"), _as_tensor(labels, "labels")
+    if "max_iter" in CALIBRATORS[method].option_defaults():
+        options["max_iter"] = max_iter
+    logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels")
     if logits.shape[0] != labels.reshape(-1).shape[0]:
         raise InputError(
             f"logits and labels have different lengths ({logits.shape[0]} vs {labels.reshape(-1).shape[0]}); "
@@ -73,6 +102,20 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
     if logits.shape[0] == 0:
         raise InputError("calibrate got no examples; pass held-out logits and labels")
     check_finite_logits(logits)
-    log_probs = class_log_probs(logits.float())
-    targets = check_labels(labels, log_probs.shape[-1])
-    return TemperatureCalibrator(fit_temperature(log_probs, targets, max_iter=max_iter))
+    check_not_probabilities(logits)
+    class_logits = as_class_logits(logits).float()
+    targets = check_labels(labels, class_logits.shape[-1])
+    return CALIBRATORS[method](**options).fit(class_logits, targets)
+
+
+def load_calibrator(path: str | os.PathLike) -> Calibrator:
+    """Read a calibrator saved with ``calibrator.save(path)``.
+
+    Example:
+        >>> posthoc.calibrate(logits, labels).save("t.pt")
+        >>> load_calibrator("t.pt")(test_logits)
+    """
+    return Calibrator.load(path)
+
+
+calibrate.load = load_calibrator  # type: ignore[attr-defined]

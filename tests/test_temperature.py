@@ -7,7 +7,7 @@ import torch
 import posthoc
 from posthoc.evaluation import metrics
 from posthoc.core.errors import InputError
-from posthoc.methods.temperature import MAX_TEMPERATURE, fit_temperature
+from posthoc.methods.calibration.temperature import MAX_TEMPERATURE, fit_temperature, tempered_log_probs
 
 
 def _overconfident_logits(n=3000, c=6, true_t=2.5, seed=0):
@@ -77,7 +77,9 @@ def test_bad_logits_and_labels():
         posthoc.calibrate(logits, labels + 6)
     with pytest.raises(InputError, match="regression targets"):
         posthoc.calibrate(logits, labels.float() + 0.5)
-    with pytest.raises(posthoc.ConfigError, match="valid: temperature"):
+    with pytest.raises(posthoc.ConfigError, match="valid: .*temperature"):
+        posthoc.calibrate(logits, labels, method="plat")
+    with pytest.raises(posthoc.ConfigError, match="'platt' calibrates binary classifiers"):
         posthoc.calibrate(logits, labels, method="platt")
     for max_iter in (0, 2.5, True):
         with pytest.raises(posthoc.ConfigError, match=f"max_iter must be a positive integer, got {max_iter!r}"):
@@ -104,8 +106,6 @@ def test_wrapped_temperature_equals_calibrate_on_logits(digits_model, digits, lo
 
 
 def test_on_top_of_samples_tempers_each_sample():
-    from posthoc.methods.temperature import tempered_log_probs
-
     samples = torch.log_softmax(torch.randn(4, 3, 5), -1)
     mixed = tempered_log_probs(samples, 2.0)
     expected = torch.log_softmax(samples / 2.0, -1).exp().mean(0).log()

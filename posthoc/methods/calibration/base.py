@@ -1,0 +1,291 @@
+"""The :class:`Calibrator` contract: a map from logits ``(..., C)`` to calibrated log-probabilities.
+
+A calibrator is fitted on held-out logits and labels, applies to logits ``(N, C)`` (and, for the
+maps that are applied per posterior sample, to per-sample logits ``(S, N, C)``), keeps its fitted
+parameters in buffers, and saves to / loads from a file like a posterior
+(:func:`posthoc.core.persistence.write` / :func:`~posthoc.core.persistence.read`).
+
+Two situations cannot determine any calibration map and are handled here for all calibrators:
+
+- too few examples (in total, or per class for maps with per-class parameters): a clear
+  :class:`~posthoc.core.errors.InputError` naming the minimum;
+- perfect separation (every held-out example is already classified correctly): the likelihood keeps
+  improving as the map sharpens the predictions without limit, so any fitted map would overfit; the
+  calibrator stays the identity and warns, saying how many examples would help.
+
+Example:
+    >>> calibrator = CALIBRATORS["temperature"]().fit(logits, labels)
+    >>> calibrator(logits).sum(-1)          # probabilities, rows sum to 1
+    >>> calibrator.save("cal.pt"); Calibrator.load("cal.pt").method
+    'temperature'
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import os
+import warnings
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from posthoc.core import persistence
+from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.core.logits import as_class_logits, check_finite_logits, log_mean_exp
+from posthoc.core.prediction import Prediction
+
+#: every calibrator class by name (filled by :func:`register_calibrator`)
+CALIBRATORS: dict[str, type[Calibrator]] = {}
+
+#: the ``model_class`` a calibrator file records (a calibrator belongs to no model checkpoint)
+FILE_KIND = "posthoc calibrator"
+
+#: errors a separated held-out set would need to hold before a map can be fitted on it
+ERRORS_WANTED = 10
+
+
+def register_calibrator(cls: type[Calibrator]) -> type[Calibrator]:
+    """Class decorator adding a :class:`Calibrator` to :data:`CALIBRATORS` under ``cls.name``."""
+    CALIBRATORS[cls.name] = cls
+    return cls
+
+
+def as_tensor(values: Any, what: str) -> Tensor:
+    """``values`` (a tensor, numpy array, or list) as a tensor; strings and objects are refused by name.
+
+    Example:
+        >>> as_tensor(np.array(["cat", "dog"]), "labels")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: labels are strings (e.g. 'cat') ...
+    """
+    if isinstance(values, Tensor):
+        return values.detach()
+    if not isinstance(values, (np.ndarray, list, tuple)):
+        raise InputError(f"{what} must be a tensor or a numpy array, got {type(values).__name__}")
+    array = np.asarray(values)
+    if array.dtype.kind in "USO":
+        example = array.reshape(-1)[0] if array.size else ""
+        hint = ("pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
+                "np.unique(labels, return_inverse=True)[1]") if what == "labels" else "pass numbers"
+        raise InputError(f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
+                         f"(e.g. {example!r}), not numbers; {hint}")
+    return torch.as_tensor(array)
+
+
+def predictive(log_probs: Tensor) -> Tensor:
+    """The predictive log-probabilities ``(N, C)`` of ``(N, C)`` log-probs or of samples ``(S, N, C)``."""
+    return log_mean_exp(log_probs) if log_probs.dim() == 3 else log_probs
+
+
+class Calibrator(nn.Module):
+    """Base class: fit with :meth:`fit`, then call on logits for probabilities.
+
+    Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults,
+    keep fitted parameters in buffers and implement :meth:`_fit` and :meth:`_transform`.
+
+    Class attributes:
+        name: the name ``posthoc.calibrate(method=...)`` takes.
+        per_sample: whether the map applies to each posterior sample (differentiable maps of logits);
+            otherwise it is fitted on, and applied to, the predictive (mean over samples).
+        min_examples: the fewest held-out examples it accepts.
+        min_per_class: the fewest examples of every class it accepts (maps with per-class parameters).
+        binary_only: whether it calibrates two-class (one-logit) classifiers only.
+    """
+
+    name: ClassVar[str] = ""
+    per_sample: ClassVar[bool] = True
+    min_examples: ClassVar[int] = 10
+    min_per_class: ClassVar[int] = 0
+    binary_only: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("num_classes", torch.zeros((), dtype=torch.long))
+        self.register_buffer("passthrough", torch.tensor(False))
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options this calibrator accepts, with their defaults."""
+        params = inspect.signature(cls.__init__).parameters.values()
+        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options this calibrator was built with (what :meth:`save` records)."""
+        return {name: getattr(self, name) for name in self.option_defaults()}
+
+    @property
+    def method(self) -> str:
+        """The calibrator that maps the logits (for ``"auto"``: the one it chose)."""
+        return self.name
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """The cross-validated table of ``"auto"`` (calibrator -> ``{"nll", "ece"}``); ``{}`` otherwise."""
+        return {}
+
+    def num_parameters(self) -> int:
+        """How many scalar parameters the fitted map has (the model card's ``random_variables``)."""
+        return sum(value.numel() for name, value in self.named_buffers() if name not in ("num_classes", "passthrough"))
+
+    # ------------------------------------------------------------------ fitting
+
+    @classmethod
+    def requirement(cls, labels: Tensor, num_classes: int) -> str | None:
+        """Why ``labels`` are too few for this calibrator (naming the minimum), or ``None`` if enough."""
+        if cls.binary_only and num_classes != 2:
+            return (f"'{cls.name}' calibrates binary classifiers (one logit, or two classes); these logits have "
+                    f"{num_classes} classes: use 'temperature', 'vector' or 'matrix'")
+        if labels.numel() < cls.min_examples:
+            return f"'{cls.name}' needs at least {cls.min_examples} held-out examples, got {labels.numel()}"
+        if cls.min_per_class:
+            counts = torch.bincount(labels, minlength=num_classes)
+            short = (counts < cls.min_per_class).nonzero().reshape(-1).tolist()
+            if short:
+                listing = ", ".join(f"class {c}: {int(counts[c])}" for c in short[:5]) + (" ..." if len(short) > 5 else "")
+                return (f"'{cls.name}' has per-class parameters and needs at least {cls.min_per_class} held-out "
+                        f"examples of every class ({listing}); collect more, or use 'temperature'")
+        return None
+
+    def check(self, labels: Tensor, num_classes: int) -> None:
+        """Refuse labels of a single class, and fewer labels than this calibrator needs (naming the minimum)."""
+        if self.binary_only and num_classes != 2:
+            raise ConfigError(self.requirement(labels, num_classes))
+        present = torch.unique(labels)
+        if present.numel() < 2:
+            raise InputError(
+                f"all {labels.numel()} held-out labels are class {int(present[0]) if present.numel() else '-'}: "
+                "a calibrator needs held-out examples of at least two classes (a held-out set of one class "
+                "says nothing about how confident the model should be between classes)"
+            )
+        problem = self.requirement(labels, num_classes)
+        if problem is not None:
+            raise InputError(problem)
+
+    def fit(self, logits: Tensor, labels: Tensor) -> Calibrator:
+        """Fit on class logits ``(N, C)`` (or per-sample ``(S, N, C)``) and int64 labels ``(N,)``; returns ``self``.
+
+        Raises :class:`~posthoc.core.errors.InputError` for labels of a single class and for too few examples.
+        """
+        labels = labels.to(logits.device)
+        self.check(labels, logits.shape[-1])
+        self.num_classes.fill_(logits.shape[-1])
+        self.passthrough.fill_(False)
+        self._reset()
+        inputs = logits.detach().double()
+        if bool((predictive(torch.log_softmax(inputs, -1)).argmax(-1) == labels).all()):
+            self._warn_separated(labels.numel())
+            self.passthrough.fill_(True)
+            return self
+        self._fit(inputs, labels)
+        return self
+
+    def _warn_separated(self, count: int) -> None:
+        wanted = math.ceil(ERRORS_WANTED * count / 3)
+        warnings.warn(
+            f"all {count} held-out examples are classified correctly, so they cannot determine '{self.name}' "
+            "calibration (its likelihood keeps improving as the predictions are sharpened without limit, which "
+            f"would make the model overconfident on new data): keeping the model's own probabilities. With no "
+            f"error among {count} examples the error rate is below about 3/{count}; a held-out set of about "
+            f"{wanted} examples would hold ~{ERRORS_WANTED} errors to fit on",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+
+    def _reset(self) -> None:
+        """Set the parameters to the identity map (before a fit, which may keep it)."""
+
+    def _fit(self, inputs: Tensor, labels: Tensor) -> None:
+        """Fit the parameters on float64 logits ``(N, C)`` or per-sample logits ``(S, N, C)``."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ applying
+
+    def transform(self, logits: Tensor) -> Tensor:
+        """Calibrated log-probabilities for class logits ``(..., C)`` (same shape)."""
+        expected = int(self.num_classes)
+        if expected and logits.shape[-1] != expected:
+            raise InputError(
+                f"this '{self.method}' calibrator was fitted on {expected} classes but got logits with "
+                f"{logits.shape[-1]}; pass logits of the classifier it was fitted for"
+            )
+        if bool(self.passthrough):
+            return torch.log_softmax(logits, -1)
+        return self._transform(logits)
+
+    def _transform(self, logits: Tensor) -> Tensor:
+        raise NotImplementedError
+
+    def calibrated_predictive(self, logits: Tensor) -> Tensor:
+        """Calibrated predictive log-probabilities ``(N, C)`` for logits ``(N, C)`` or samples ``(S, N, C)``:
+        a ``per_sample`` map calibrates each sample before they are averaged, the others the average."""
+        if logits.dim() == 2:
+            return self.transform(logits)
+        if self.per_sample:
+            return predictive(self.transform(logits))
+        return self.transform(predictive(torch.log_softmax(logits, -1)))
+
+    def log_probs(self, logits: Any) -> Tensor:
+        """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` for a binary classifier).
+
+        Example:
+            >>> calibrator.log_probs(test_logits).exp().sum(-1)
+            tensor([1., 1., ...])
+        """
+        logits = as_tensor(logits, "logits")
+        check_finite_logits(logits)
+        logits = as_class_logits(logits).float()
+        buffers = [value for value in self.buffers() if value.is_floating_point()]
+        device = buffers[0].device if buffers else logits.device
+        return self.transform(logits.to(device))
+
+    def predict(self, logits: Any) -> Prediction:
+        """The calibrated :class:`~posthoc.Prediction` for ``logits``."""
+        return Prediction.from_log_probs(self.log_probs(logits))
+
+    def forward(self, logits: Any) -> Tensor:
+        """Calibrated probabilities ``(N, C)``: ``calibrator(logits)``."""
+        return self.log_probs(logits).exp()
+
+    # ------------------------------------------------------------------ files
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the fitted calibrator to ``path`` (atomically; read back with :meth:`Calibrator.load`).
+
+        Example:
+            >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
+        """
+        spec = [{"name": self.name, "options": self.options}]
+        persistence.write(path, spec, "", FILE_KIND, dict(self.named_buffers()))
+
+    @staticmethod
+    def load(path: str | os.PathLike) -> Calibrator:
+        """Read a calibrator written by :meth:`save`; it refuses logits with another number of classes.
+
+        Example:
+            >>> Calibrator.load("vector.pt")(test_logits)
+        """
+        payload = persistence.read(path)
+        if payload.get("model_class") != FILE_KIND:
+            raise PosteriorFileError(f"{path} holds a posterior for a model, not a calibrator; load it with posthoc.load")
+        entry = payload["spec"][0]
+        if entry["name"] not in CALIBRATORS:
+            raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")
+        calibrator = CALIBRATORS[entry["name"]](**entry["options"])
+        calibrator.load_buffers(payload["state"], source=str(path))
+        return calibrator
+
+    def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
+        """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""
+        for key, value in state.items():
+            owner_name, _, attr = key.rpartition(".")
+            owner = self.get_submodule(owner_name) if owner_name else self
+            if attr not in owner._buffers:
+                raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {key!r}")
+            owner._buffers[attr] = value
+
+    def extra_repr(self) -> str:
+        return f"method={self.method!r}, classes={int(self.num_classes)}" + (", identity" if bool(self.passthrough) else "")

@@ -1,0 +1,27 @@
+"""``"dirichlet"``: Dirichlet calibration (Kull et al., 2019): ODIR matrix scaling of the log-probabilities.
+
+``softmax(W log p + b)`` with ``p = softmax(z)``: the map is a full-rank Dirichlet family on the
+simplex, and unlike matrix scaling of logits it sees only what the probabilities say (logits shifted
+per row give the same result). The penalties and minimum are those of ``"matrix"``.
+
+Example:
+    >>> posthoc.calibrate(logits, labels, method="dirichlet")(test_logits)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.methods.calibration.base import register_calibrator
+from posthoc.methods.calibration.matrix import MatrixScaling
+
+
+@register_calibrator
+class DirichletCalibration(MatrixScaling):
+    """``softmax(W log softmax(z) + b)`` with ODIR regularisation."""
+
+    name = "dirichlet"
+
+    def features(self, logits: Tensor) -> Tensor:
+        return torch.log_softmax(logits, -1)

@@ -1,0 +1,86 @@
+"""``"histogram"``: histogram binning (Zadrozny & Elkan, 2001), per class (one-vs-rest) or top-label.
+
+Probabilities are cut into ``bins`` equal-width bins on [0, 1]; each bin's probability is replaced
+by the frequency of the event in that bin on the held-out set (``per-class``: "the label is class
+c" for ``p_c``, then rows renormalised; ``top-label``: "the top class is right" for the confidence,
+the other classes rescaled to fill the rest). ``smoothing`` pseudo-examples at the bin's mean
+predicted probability keep a bin with few examples from jumping to 0 or 1 (``smoothing=0``: the
+plain frequencies of netcal's ``HistogramBinning``). It acts on the predictive (the mean over
+posterior samples). Parameters: ``bins`` per class (``per-class``) or ``bins`` (``top-label``).
+
+Example:
+    >>> posthoc.calibrate(logits, labels, method="histogram", bins=10, mode="top-label")(test_logits)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError
+from posthoc.methods.calibration.base import Calibrator, predictive, register_calibrator
+from posthoc.methods.calibration.matrix import non_negative
+
+MODES = ("per-class", "top-label")
+
+#: the smallest probability a binned map gives a class (so that NLL stays finite)
+FLOOR = 1e-6
+
+
+def bin_index(probs: Tensor, bins: int) -> Tensor:
+    """The equal-width bin ``[k/bins, (k+1)/bins)`` of each probability (1.0 in the last bin)."""
+    return (probs * bins).long().clamp_(0, bins - 1)
+
+
+def binned_frequency(probs: Tensor, events: Tensor, bins: int, smoothing: float) -> Tensor:
+    """Per bin: ``(events + smoothing * mean prob) / (count + smoothing)`` (an empty bin: its centre)."""
+    index = bin_index(probs, bins)
+    count = torch.bincount(index, minlength=bins).to(probs.dtype)
+    hits = torch.bincount(index, weights=events.to(probs.dtype), minlength=bins)
+    total = torch.bincount(index, weights=probs, minlength=bins)
+    centre = (torch.arange(bins, dtype=probs.dtype, device=probs.device) + 0.5) / bins
+    mean = torch.where(count > 0, total / count.clamp_min(1), centre)
+    return torch.where(count + smoothing > 0, (hits + smoothing * mean) / (count + smoothing).clamp_min(1e-12), centre)
+
+
+@register_calibrator
+class HistogramBinning(Calibrator):
+    """Equal-width bins whose probability is the held-out frequency of the event."""
+
+    name = "histogram"
+    per_sample = False
+    min_per_class = 10
+
+    def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:
+        super().__init__()
+        if mode not in MODES:
+            raise ConfigError(f"histogram mode must be one of {MODES}, got {mode!r}")
+        self.bins = positive_int(bins, "bins")
+        self.mode = mode
+        self.smoothing = non_negative(smoothing, "smoothing")
+        self.register_buffer("values", torch.empty(0))
+
+    def _fit(self, inputs: Tensor, labels: Tensor) -> None:
+        probs = predictive(torch.log_softmax(inputs, -1)).exp()
+        if self.mode == "top-label":
+            confidence, predicted = probs.max(-1)
+            self.values = binned_frequency(confidence, predicted == labels, self.bins, self.smoothing)[None].float()
+            return
+        events = torch.nn.functional.one_hot(labels, probs.shape[-1]).T
+        self.values = torch.stack([binned_frequency(p, e, self.bins, self.smoothing)
+                                   for p, e in zip(probs.T, events)]).float()
+
+    def _transform(self, logits: Tensor) -> Tensor:
+        probs = torch.softmax(logits, -1)
+        values = self.values.to(probs.dtype)
+        if self.mode == "top-label":
+            confidence, predicted = probs.max(-1, keepdim=True)
+            calibrated = values[0][bin_index(confidence, self.bins)].clamp(FLOOR, 1 - FLOOR)
+            rest = (probs / (1 - confidence).clamp_min(FLOOR)) * (1 - calibrated)
+            mapped = rest.scatter(-1, predicted, calibrated)
+        else:
+            index = bin_index(probs, self.bins)
+            mapped = torch.gather(values.expand(*probs.shape[:-1], *values.shape), -1, index.unsqueeze(-1)).squeeze(-1)
+        mapped = mapped.clamp_min(FLOOR)
+        return (mapped / mapped.sum(-1, keepdim=True)).log()

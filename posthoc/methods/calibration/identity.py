@@ -1,0 +1,28 @@
+"""``"identity"``: the model's own probabilities, ``softmax(z)``: the reference ``"auto"`` must beat.
+
+Example:
+    >>> posthoc.calibrate(logits, labels, method="identity")(logits) == torch.softmax(logits, -1)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.methods.calibration.base import Calibrator, register_calibrator
+
+
+@register_calibrator
+class Identity(Calibrator):
+    """No calibration: ``softmax(z)``. Parameters: 0."""
+
+    name = "identity"
+    min_examples = 0
+
+    def fit(self, logits: Tensor, labels: Tensor) -> Identity:
+        """Nothing to fit: only the number of classes is recorded."""
+        self.num_classes.fill_(logits.shape[-1])
+        return self
+
+    def _transform(self, logits: Tensor) -> Tensor:
+        return torch.log_softmax(logits, -1)

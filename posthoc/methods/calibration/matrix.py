@@ -1,0 +1,56 @@
+"""``"matrix"``: matrix scaling with off-diagonal and intercept regularisation (ODIR; Kull et al., 2019).
+
+``softmax(W z + b)``, fitted by ``mean NLL + off_diagonal * mean_{i != j} W_ij^2 + intercept * mean_j b_j^2``:
+the diagonal is free (it rescales each class like vector scaling), the ``C (C - 1)`` off-diagonal
+terms and the intercepts are shrunk to 0, which keeps the ``C^2 + C`` parameters from overfitting
+a small held-out set. With both penalties at 0 it is plain matrix scaling (torch-uncertainty's
+``MatrixScaler``). Kull et al. tune both penalties by cross-validation; the defaults (10) were the
+best of 0.01 / 0.1 / 1 / 10 on the bundled digits CNNs (600 calibration digits, test NLL at 0°, 45°
+and 90°), where small penalties overfit (test NLL 0.57 at 0.01 against 0.19 uncalibrated, logits x3).
+It needs at least 10 held-out examples of every class.
+
+Example:
+    >>> posthoc.calibrate(logits, labels, method="matrix", off_diagonal=1e-2).weight.shape
+    torch.Size([10, 10])
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError
+from posthoc.methods.calibration.affine import AffineCalibrator
+from posthoc.methods.calibration.base import register_calibrator
+
+
+def non_negative(value: float, name: str) -> float:
+    """``value`` if it is a number >= 0, else a :class:`~posthoc.core.errors.ConfigError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
+@register_calibrator
+class MatrixScaling(AffineCalibrator):
+    """``softmax(W z + b)`` with ODIR: off-diagonal weights and intercepts shrunk to 0."""
+
+    name = "matrix"
+    min_per_class = 10
+
+    def __init__(self, *, max_iter: int = 100, off_diagonal: float = 10.0, intercept: float = 10.0) -> None:
+        super().__init__(max_iter=max_iter)
+        self.off_diagonal = non_negative(off_diagonal, "off_diagonal")
+        self.intercept = non_negative(intercept, "intercept")
+
+    def initial(self, num_classes: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        options = {"dtype": like.dtype, "device": like.device}
+        return torch.eye(num_classes, **options), torch.zeros(num_classes, **options)
+
+    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        return features @ weight.T + bias
+
+    def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
+        classes = weight.shape[0]
+        off = (weight - torch.diag(torch.diagonal(weight))).square().sum() / (classes * (classes - 1))
+        return self.off_diagonal * off + self.intercept * bias.square().mean()

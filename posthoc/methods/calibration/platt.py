@@ -1,0 +1,33 @@
+"""``"platt"``: Platt scaling for binary classifiers: ``p(1) = sigmoid(a z + b)`` (Platt, 1999).
+
+``z`` is the classifier's one logit (``(N,)`` or ``(N, 1)``), or ``z_1 - z_0`` for two-class logits.
+Parameters: 2 (temperature scaling of a binary classifier is Platt scaling with ``b = 0``).
+
+Example:
+    >>> calibrator = posthoc.calibrate(scores, labels, method="platt")
+    >>> calibrator(scores)[:, 1]        # calibrated p(class 1)
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.methods.calibration.affine import AffineCalibrator
+from posthoc.methods.calibration.base import register_calibrator
+
+
+@register_calibrator
+class PlattScaling(AffineCalibrator):
+    """``sigmoid(a z + b)`` for a binary classifier's logit ``z``."""
+
+    name = "platt"
+    binary_only = True
+
+    def initial(self, num_classes: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        options = {"dtype": like.dtype, "device": like.device}
+        return torch.ones(1, **options), torch.zeros(1, **options)
+
+    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        margin = features[..., 1:] - features[..., :1]
+        return torch.cat([torch.zeros_like(margin), margin * weight + bias], -1)

@@ -1,0 +1,44 @@
+"""``"vector"``: vector scaling, ``softmax(w * z + b)`` with a weight and a bias per class (Guo et al., 2017).
+
+Fitted by ``mean NLL + spread * mean_c (w_c - mean(w))^2 + intercept * mean_c b_c^2``: the weights are
+shrunk towards their mean (a large ``spread`` gives temperature scaling plus intercepts) and the
+intercepts towards 0. Plain maximum likelihood (``spread=0, intercept=0``, torch-uncertainty's
+``VectorScaler``) overfits near-separable held-out sets: on the digits CNN's 600 calibration digits
+its test NLL is 0.129 against 0.080 for temperature scaling; with the defaults, 0.080.
+Parameters: ``2 C``; it needs at least 5 held-out examples of every class.
+
+Example:
+    >>> posthoc.calibrate(logits, labels, method="vector").weight
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from posthoc.methods.calibration.affine import AffineCalibrator
+from posthoc.methods.calibration.base import register_calibrator
+from posthoc.methods.calibration.matrix import non_negative
+
+
+@register_calibrator
+class VectorScaling(AffineCalibrator):
+    """``softmax(w * z + b)``, one weight and bias per class."""
+
+    name = "vector"
+    min_per_class = 5
+
+    def __init__(self, *, max_iter: int = 100, spread: float = 1.0, intercept: float = 1.0) -> None:
+        super().__init__(max_iter=max_iter)
+        self.spread = non_negative(spread, "spread")
+        self.intercept = non_negative(intercept, "intercept")
+
+    def initial(self, num_classes: int, like: Tensor) -> tuple[Tensor, Tensor]:
+        options = {"dtype": like.dtype, "device": like.device}
+        return torch.ones(num_classes, **options), torch.zeros(num_classes, **options)
+
+    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        return features * weight + bias
+
+    def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:
+        return self.spread * (weight - weight.mean()).square().mean() + self.intercept * bias.square().mean()
