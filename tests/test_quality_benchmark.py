@@ -1,0 +1,186 @@
+"""The quality benchmark's case discovery, aggregation, verdicts and tables, on tiny synthetic results.
+
+No full benchmark runs here: ``benchmarks/quality.py`` itself is run by hand (see its docstring).
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import posthoc
+from posthoc.core.registry import REGISTRY
+from posthoc.demo import data, zoo
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks import quality  # noqa: E402
+
+ROTATIONS = (0, 45, 90)
+
+
+def metrics(nll0: float, nll45: float, nll90: float, nll_val: float | None = None) -> dict[str, float]:
+    """A complete metrics dict as ``measure_case`` writes it, with the given NLLs."""
+    found = {"nll_val": nll0 if nll_val is None else nll_val, "ece_val": 0.01, "brier_val": 0.03, "acc_val": 0.98,
+             "ood_auroc_digits": 0.9, "ood_auroc_noise": 0.95, "fit_s": 1.0, "fit_cpu_s": 1.0,
+             "predict_s": 0.1, "predict_ratio": 2.0, "predict_cpu_ratio": 2.0}
+    for degrees, nll in zip(ROTATIONS, (nll0, nll45, nll90)):
+        found.update({f"nll@{degrees}": nll, f"ece@{degrees}": 0.02, f"brier@{degrees}": 0.05, f"acc@{degrees}": 0.9})
+    return found
+
+
+def row(case: str, seed: int, found: dict[str, float] | None, arch: str = "digits_cnn", family: str | None = None) -> dict:
+    """A row of ``quality.run``'s output; ``found=None`` makes it an error row."""
+    base = {"arch": arch, "seed": seed, "case": case, "methods": case.split("+"),
+            "family": family or case.split("+")[0]}
+    if found is None:
+        return {**base, "status": "error", "error": "RuntimeError: boom"}
+    return {**base, "status": "ok", "metrics": found}
+
+
+def by_case(summaries: list[quality.Summary], arch: str = "digits_cnn") -> dict[str, quality.Summary]:
+    return {s.case: s for s in summaries if s.arch == arch}
+
+
+def test_cases_cover_every_base_every_stacker_and_their_compositions() -> None:
+    stacks = {"none": False, "laplace": False, "swag": False, "temperature": True, "vector": True}
+    assert [c.label for c in quality.cases_from_registry(stacks, ["vector"])][-2:] == ["laplace+vector", "swag+vector"]
+    cases = quality.cases_from_registry(stacks)
+    labels = [c.label for c in cases]
+    assert labels == ["none", "laplace", "swag", "temperature", "vector", "laplace+temperature", "laplace+vector",
+                      "swag+temperature", "swag+vector"]
+    families = {c.label: c.family for c in cases}
+    assert families["vector"] == "none" and families["temperature"] == "none"
+    assert families["swag+vector"] == "swag" and families["laplace"] == "laplace"
+
+
+def test_a_method_registered_later_is_benchmarked_alone_and_composed() -> None:
+    @posthoc.register
+    class Tempered(REGISTRY["temperature"]):
+        """A second calibrator, standing in for one another helper registers."""
+
+        name = "test-tempered"
+
+    try:
+        every = [c.label for c in quality.discover_cases(compose=None)]
+        default = [c.label for c in quality.discover_cases()]
+    finally:
+        del REGISTRY["test-tempered"]
+    assert every[0] == "none" and default[0] == "none"
+    assert "test-tempered" in every and "laplace+test-tempered" in every and "laplace+temperature" in every
+    # by default every method is benchmarked alone, and the bases are composed with temperature only
+    assert "test-tempered" in default and "laplace+test-tempered" not in default and "laplace+temperature" in default
+    assert set(posthoc.available_methods()) <= set(default)
+
+
+def test_selected_cases_always_include_the_plain_reference_and_refuse_unknown_names() -> None:
+    chosen = quality.discover_cases(["laplace+temperature", "temperature"])
+    assert [(c.label, c.family) for c in chosen] == [("none", "none"), ("laplace+temperature", "laplace"),
+                                                      ("temperature", "none")]
+    with pytest.raises(SystemExit, match="not-a-method"):
+        quality.discover_cases(["laplace+not-a-method"])
+
+
+def test_summary_is_mean_and_std_over_seeds_with_ratios_paired_by_seed() -> None:
+    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("none", 1, metrics(0.2, 3.0, 6.0)),
+            row("laplace", 0, metrics(0.1, 1.0, 2.0)), row("laplace", 1, metrics(0.3, 1.5, 3.0))]
+    laplace = by_case(quality.summarise(rows))["laplace"]
+    assert laplace.stats["nll@0"].mean == pytest.approx(0.2)
+    assert laplace.stats["nll@0"].std == pytest.approx(statistics.stdev([0.1, 0.3]))
+    assert (laplace.stats["nll@0"].low, laplace.stats["nll@0"].high) == (0.1, 0.3)
+    # paired: seed 0 ratio 1.0, seed 1 ratio 1.5 (not 0.2 / 0.15)
+    assert laplace.ratios["nll@0"].mean == pytest.approx(1.25)
+    assert laplace.ratios["nll@90"].mean == pytest.approx(0.5)
+    assert laplace.seeds_meeting == 1 and laplace.seeds_ok == 2
+    assert quality.verdict(laplace) == "fails: in-dist NLL 1.25x (1/2 seeds meet)"
+
+
+@pytest.mark.parametrize(("nll0", "nll45", "nll90", "expected"), [
+    (0.102, 1.9, 3.9, "meets (1/1 seeds)"),
+    (0.103, 1.9, 3.9, "fails: in-dist NLL 1.03x (0/1 seeds meet)"),
+    (0.100, 2.0, 3.9, "fails: NLL 45° 1.00x (0/1 seeds meet)"),
+    (0.100, 1.9, 4.4, "fails: NLL 90° 1.10x (0/1 seeds meet)"),
+])
+def test_verdict_applies_issue_15_section_2_and_names_what_fails(nll0: float, nll45: float, nll90: float,
+                                                                  expected: str) -> None:
+    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("swag", 0, metrics(nll0, nll45, nll90))]
+    summaries = by_case(quality.summarise(rows))
+    assert quality.verdict(summaries["swag"]) == expected
+    assert quality.verdict(summaries["none"]) == "reference"
+
+
+def test_a_failing_case_is_an_error_row_and_a_partly_failing_one_aggregates_its_good_seeds() -> None:
+    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("none", 1, metrics(0.1, 2.0, 4.0)),
+            row("ibnn", 0, None), row("ibnn", 1, None),
+            row("swag", 0, metrics(0.1, 1.0, 2.0)), row("swag", 1, None)]
+    summaries = quality.summarise(rows)
+    cases = by_case(summaries)
+    assert not cases["ibnn"].ok and quality.verdict(cases["ibnn"]) == "error"
+    assert cases["swag"].seeds_ok == 1 and cases["swag"].errors == ["RuntimeError: boom"]
+    table = "\n".join(quality.architecture_tables(summaries, ROTATIONS))
+    ibnn_line = next(line for line in table.splitlines() if line.startswith("| ibnn |"))
+    assert "error: RuntimeError: boom" in ibnn_line
+    assert ibnn_line.count("|") == table.splitlines()[0].count("|")  # as many cells as the header
+
+
+def test_composition_note_says_what_validation_favours_and_whether_the_test_agrees() -> None:
+    rows = [row("none", 0, metrics(0.10, 2.0, 4.0)),
+            row("laplace", 0, metrics(0.12, 1.0, 2.0, nll_val=0.11)),
+            row("laplace+temperature", 0, metrics(0.13, 1.5, 3.0, nll_val=0.09), family="laplace"),
+            row("mc-dropout", 0, metrics(0.10, 1.8, 3.5, nll_val=0.08)),
+            row("mc-dropout+temperature", 0, metrics(0.09, 1.9, 3.6, nll_val=0.07), family="mc-dropout")]
+    summaries = quality.summarise(rows)
+    notes = quality.composition_notes(summaries)
+    assert set(notes) == {"laplace", "mc-dropout"}
+    assert "favours **laplace+temperature**" in notes["laplace"]
+    assert "disagrees: it favours laplace;" in notes["laplace"]
+    assert "under shift (mean NLL at 45°/90°) the test favours laplace." in notes["laplace"]
+    assert "favours **mc-dropout+temperature**" in notes["mc-dropout"] and "in distribution agrees" in notes["mc-dropout"]
+    assert quality.favoured_cases(summaries) == {"laplace+temperature", "mc-dropout+temperature"}
+
+
+def test_readme_table_has_the_command_both_architectures_and_a_row_per_case() -> None:
+    rows = []
+    for arch in ("digits_cnn", "digits_bn_cnn"):
+        rows += [row("none", 0, metrics(0.1, 2.0, 4.0), arch), row("laplace", 0, metrics(0.1, 1.0, 2.0), arch),
+                 row("swag", 0, metrics(0.2, 1.0, 2.0) if arch == "digits_cnn" else None, arch)]
+    lines = quality.readme_table(quality.summarise(rows), "python benchmarks/quality.py --seeds 0").splitlines()
+    assert lines[0] == "<!-- generated by: python benchmarks/quality.py --seeds 0 -->"
+    assert lines[1].startswith("| method | digits_cnn: NLL · ECE |") and "digits_bn_cnn: NLL · ECE" in lines[1]
+    cells = {line.split(" | ")[0][2:]: line.split(" | ") for line in lines[3:]}
+    assert list(cells) == ["none", "laplace", "swag"]
+    assert cells["none"][5] == "ref" and cells["laplace"][5] == "yes" and cells["swag"][5] == "no"
+    assert cells["laplace"][1] == "0.100 · 2.0%" and cells["laplace"][2] == "1.00 · 2.00"
+    assert cells["swag"][6] == "error"
+
+
+def test_report_renders_again_from_the_saved_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("laplace", 0, metrics(0.1, 1.0, 2.0))]
+    saved = tmp_path / "quality.json"
+    saved.write_text(json.dumps({"command": "python benchmarks/quality.py --quick", "meta": {"wall time": "9 s"},
+                                 "rotations": list(ROTATIONS), "rows": rows}))
+    quality.main(["--from-json", str(saved), "--readme-table", "--out", str(tmp_path / "unused.md")])
+    printed = capsys.readouterr().out
+    assert "## digits_cnn" in printed and "| laplace |" in printed and "meets (1/1 seeds)" in printed
+    assert "<!-- generated by: python benchmarks/quality.py --quick -->" in printed
+    assert not (tmp_path / "unused.md").exists()
+
+
+def test_measure_case_turns_a_failure_into_an_error_row_and_measures_a_tiny_case(digits: data.DigitsSplits) -> None:
+    tiny = data.DigitsSplits(*(data.subset(part, 48) for part in (digits.fit, digits.calibration, digits.test, digits.ood)))
+    setting = quality.Setting("digits_cnn", 0, zoo.DigitsCNN().eval(), tiny, ROTATIONS, data.noise(16))
+    failed = quality.measure_case(quality.Case(("temperature", "laplace"), "none"), setting)
+    assert failed["status"] == "error" and failed["error"].startswith("ConfigError")
+    measured = quality.measure_case(quality.Case(("none",), "none"), setting)
+    assert measured["status"] == "ok", measured.get("traceback")
+    expected = {f"{m}@{d}" for m in ("nll", "ece", "brier", "acc") for d in ROTATIONS}
+    expected |= {"nll_val", "ood_auroc_digits", "ood_auroc_noise", "fit_s", "predict_ratio", "predict_cpu_ratio"}
+    assert expected <= set(measured["metrics"])
+    with torch.no_grad():
+        probs = torch.softmax(setting.model(tiny.test.tensors[0]), -1)
+    assert measured["metrics"]["nll@0"] == pytest.approx(float(-probs[range(48), tiny.test.tensors[1]].log().mean()), rel=1e-4)
