@@ -312,6 +312,7 @@ class Summary:
     seeds_ok: int
     seeds_meeting: int
     errors: list[str]
+    warnings: list[str]
 
     @property
     def ok(self) -> bool:
@@ -351,6 +352,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[Summary]:
             arch=arch, case=case, family=members[0]["family"], stats=stats, ratios=ratios,
             seeds_ok=len(good), seeds_meeting=sum(_meets_target(p) for p in per_seed),
             errors=sorted({r["error"] for r in members if r["status"] != "ok"}),
+            warnings=sorted({w for r in good for w in r.get("warnings", [])}),
         ))
     return summaries
 
@@ -426,6 +428,11 @@ def favoured_cases(summaries: list[Summary]) -> set[str]:
 # ---------------------------------------------------------------- rendering
 
 
+def _inline(text: str) -> str:
+    """A message fit for one Markdown table cell or list item: one line, pipes escaped."""
+    return " ".join(text.split()).replace("|", "\\|")
+
+
 def _row(cells: list[str]) -> str:
     return "| " + " | ".join(cells) + " |"
 
@@ -448,7 +455,7 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
     main, detail = [], []
     for s in summaries:
         if not s.ok:
-            main.append([s.case, *["–"] * (len(header) - 2), "error: " + "; ".join(s.errors)])
+            main.append([s.case, *["–"] * (len(header) - 2), "error: " + "; ".join(map(_inline, s.errors))])
             continue
         get = s.stats.get
         cost = f"{get('predict_ratio', Stat.of([])).cell(1)} / {get('predict_cpu_ratio', Stat.of([])).cell(1)}"
@@ -470,6 +477,10 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
         lines += ["", "Compositions (validation = the calibration split, on which the stacked calibrators "
                   "were fitted, so it is in-sample for them):", ""]
         lines += [f"- {family}: {note}" for family, note in notes.items()]
+    warned = [s for s in summaries if s.warnings]
+    if warned:
+        lines += ["", "Warnings raised while fitting or predicting:", ""]
+        lines += [f"- {s.case}: " + "; ".join(map(_inline, s.warnings)) for s in warned]
     return lines
 
 

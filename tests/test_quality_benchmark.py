@@ -118,6 +118,7 @@ def test_a_failing_case_is_an_error_row_and_a_partly_failing_one_aggregates_its_
     rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("none", 1, metrics(0.1, 2.0, 4.0)),
             row("ibnn", 0, None), row("ibnn", 1, None),
             row("swag", 0, metrics(0.1, 1.0, 2.0)), row("swag", 1, None)]
+    rows[4]["warnings"] = ["RuntimeWarning: the fitted | temperature\nhit its bound"]
     summaries = quality.summarise(rows)
     cases = by_case(summaries)
     assert not cases["ibnn"].ok and quality.verdict(cases["ibnn"]) == "error"
@@ -126,6 +127,7 @@ def test_a_failing_case_is_an_error_row_and_a_partly_failing_one_aggregates_its_
     ibnn_line = next(line for line in table.splitlines() if line.startswith("| ibnn |"))
     assert "error: RuntimeError: boom" in ibnn_line
     assert ibnn_line.count("|") == table.splitlines()[0].count("|")  # as many cells as the header
+    assert "- swag: RuntimeWarning: the fitted \\| temperature hit its bound" in table.splitlines()
 
 
 def test_composition_note_says_what_validation_favours_and_whether_the_test_agrees() -> None:
