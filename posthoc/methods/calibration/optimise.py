@@ -23,7 +23,8 @@ def mixture_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
 
 def minimise(objective: Callable[[], Tensor], parameters: list[Tensor], *, max_iter: int) -> None:
     """Minimise ``objective()`` over ``parameters`` (leaf tensors with ``requires_grad``) in place."""
-    optimizer = torch.optim.LBFGS(parameters, lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe")
+    optimizer = torch.optim.LBFGS(parameters, lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe",
+                                  tolerance_grad=1e-10, tolerance_change=1e-14)
 
     def closure() -> Tensor:
         optimizer.zero_grad()
