@@ -16,6 +16,7 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.core.fit_record import FitRecord
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import REGISTRY, method_class
@@ -122,5 +123,6 @@ def load(path: str | os.PathLike, model: nn.Module) -> UncertainModel:
     except (KeyError, AttributeError) as err:
         raise PosteriorFileError(f"{path} does not match the method it names: unexpected entry {err}") from err
     um.fingerprint = found
+    um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)
     return um

@@ -46,9 +46,12 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
-def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor]) -> None:
+def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor],
+          *, fit: dict[str, int | float | None] | None = None) -> None:
     """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
-    the checkpoint it belongs to, and its ``state`` tensors (moved to the CPU).
+    the checkpoint it belongs to, its ``state`` tensors (moved to the CPU) and, when given, the ``fit``
+    record of the model card (plain numbers under the optional key ``"fit"``; files without it, all
+    format-1 files written before it existed, still load).
 
     Example:
         >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Net", {"temperature": torch.ones(())})
@@ -60,6 +63,8 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
         "model_class": model_class,
         "state": {k: v.detach().to("cpu") for k, v in state.items()},
     }
+    if fit is not None:
+        payload["fit"] = dict(fit)
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")

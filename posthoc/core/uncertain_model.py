@@ -13,6 +13,8 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.metadata
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -23,8 +25,10 @@ from posthoc.core import persistence, settings
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method
+from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
 
@@ -67,6 +71,8 @@ class UncertainModel(nn.Module):
         #: fingerprint of the user's checkpoint the posterior belongs to: taken at wrap for methods
         #: that copy the model, at fit for the others (see posthoc.core.persistence)
         self.fingerprint = fingerprint
+        #: the data and cost of the last fit (saved with the posterior; ``None`` before fit)
+        self.fit_record: FitRecord | None = None
 
     @property
     def methods(self) -> list[str]:
@@ -85,13 +91,19 @@ class UncertainModel(nn.Module):
     def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True, **fit_options: Any) -> "UncertainModel":
         """Fit every method (inner first) and return ``self``.
 
-        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``).
+        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
+        that need no fit get the loaders too and may use them (MC dropout tunes its rate on
+        ``val_loader``). The examples given and the wall / CPU seconds spent go to :meth:`summary`.
         """
         _check_fit_options(self.method, fit_options)
+        wall, cpu = time.perf_counter(), time.process_time()
         self.method.follow_model_device()
         if not self.method.works_on_copy:
             self.fingerprint = persistence.fingerprint(self.method.base_model)
+        train_loader, val_loader = counting(train_loader), counting(val_loader)
         _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
+        self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
+                                    time.perf_counter() - wall, time.process_time() - cpu)
         return self
 
     @torch.no_grad()
@@ -165,6 +177,28 @@ class UncertainModel(nn.Module):
         """Predictive probabilities ``(N, C)``."""
         return self.predict(x).probs
 
+    def summary(self) -> ModelCard:
+        """The model card: what the posterior is over, how it was fitted, and on which model.
+
+        A dict (see :class:`~posthoc.core.model_card.ModelCard` for the keys) with ``to_markdown()``.
+        Each method in the chain (inner first) adds its :meth:`Method.summary` once fitted; a model
+        not fitted yet gets a card that says so. A loaded posterior's card tells the fit's data and
+        cost when its file recorded them.
+
+        Example:
+            >>> card = posthoc.wrap(model, method="none").summary()
+            >>> card["random_variables"], card["fitted"]
+            (0, True)
+        """
+        posterior = []
+        for entry, method in zip(self.spec, _chain(self.method)[-len(self.spec):]):
+            fitted = bool(method.fitted)
+            posterior.append({"method": entry["name"], "options": dict(entry["options"]), "fitted": fitted,
+                              **(method.summary() if fitted else {"random_variables": None})})
+        fingerprint = self.fingerprint or persistence.fingerprint(self.method.base_model)
+        return ModelCard.of(posterior, self.fit_record, model_class=type(self.method.base_model).__qualname__,
+                            fingerprint=fingerprint, version=_version())
+
     def save(self, path: str) -> None:
         """Write the fitted posterior (not the base weights) atomically to ``path``.
 
@@ -183,7 +217,8 @@ class UncertainModel(nn.Module):
                     "Fit again before saving"
                 )
         # the copy keeps the user's class name
-        persistence.write(path, self.spec, current, type(self.method.base_model).__qualname__, self.method.posterior_state())
+        persistence.write(path, self.spec, current, type(self.method.base_model).__qualname__, self.method.posterior_state(),
+                          fit=None if self.fit_record is None else self.fit_record.to_dict())
 
     def extra_repr(self) -> str:
         return f"methods={self.methods}, fitted={self.is_fitted}"
@@ -201,12 +236,25 @@ def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
         raise ConfigError(f"unknown fit option(s) {unknown}; valid fit options here: {valid}")
 
 
+def _chain(method: Method) -> list[Method]:
+    """The methods of a chain, inner first (a stacked method alone has the plain model inside)."""
+    return (_chain(method.inner) if method.stacks else []) + [method]
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("posthoc")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def _fit_chain(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, fit_options: dict[str, Any]) -> None:
     if method.stacks:
         _fit_chain(method.inner, train_loader, val_loader, progress, fit_options)
-    if not method.requires_fit:
-        return
     own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
+    if not method.requires_fit:
+        method.fit(train_loader, val_loader, progress=progress, **own)  # optional: may use the data, never needs it
+        return
     if method.needs_val and val_loader is None:
         raise InputError(
             f"'{method.name}' is fitted on held-out data: call um.fit(train_loader, val_loader) "
