@@ -37,8 +37,9 @@ For each base method and its compositions, the report says which one the validat
 whether the test numbers agree.
 
 Example:
-    >>> rows = run(["digits_cnn"], seeds=[0], cases=discover_cases(["none", "laplace"]), rotations=(0, 45))
-    >>> print(markdown_report(summarise(rows), rotations=(0, 45), command="..."))
+    >>> plan = Plan(discover_cases(["none", "laplace"]), rotations=(0, 45, 90), timed_seeds=(0,))
+    >>> rows = run(plan, ["digits_cnn"], seeds=[0])
+    >>> print(markdown_report(summarise(rows), rotations=(0, 45, 90), command="..."))
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ import argparse
 import json
 import math
 import multiprocessing
+import os
 import platform
 import statistics
 import sys
@@ -212,8 +214,8 @@ def _card(um: posthoc.UncertainModel) -> dict[str, Any]:
         return {"error": f"{type(err).__name__}: {err}"}
 
 
-def measure_case(case: Case, setting: Setting) -> dict[str, Any]:
-    """Wrap, fit and evaluate one case; any exception becomes an ``error`` row."""
+def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, Any]:
+    """Wrap, fit and evaluate one case (and time its predict if ``timed``); any exception becomes an ``error`` row."""
     row: dict[str, Any] = {"arch": setting.arch, "seed": setting.seed, "case": case.label,
                            "methods": list(case.methods), "family": case.family}
     splits, seed = setting.splits, setting.seed
@@ -234,7 +236,8 @@ def measure_case(case: Case, setting: Setting) -> dict[str, Any]:
             for name, dataset in (("digits", splits.ood), ("noise", setting.noise)):
                 out = _scores(um, dataset, seed, labelled=False)
                 found[f"ood_auroc_{name}"] = metrics.ood_auroc(clean["entropy"], out["entropy"])
-            found.update(_predict_cost(um, setting.model, splits.test.tensors[0]))
+            if timed:
+                found.update(_predict_cost(um, setting.model, splits.test.tensors[0]))
         row.update(status="ok", metrics=found, card=_card(um),
                    warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}))
     except Exception as err:  # a failing method is reported, never aborts the benchmark
@@ -243,32 +246,66 @@ def measure_case(case: Case, setting: Setting) -> dict[str, Any]:
     return row
 
 
-def run_setting(arch: str, seed: int, cases: list[Case], rotations: tuple[int, ...], source: str = "retrain",
-                threads: int = 1) -> list[dict[str, Any]]:
-    """Every case on one architecture and seed (one row per case), logging each case to stderr."""
-    torch.set_num_threads(threads)
+@dataclass(frozen=True)
+class Plan:
+    """What one benchmark run measures; ``rows_path`` (JSON lines) receives each row as soon as it is measured."""
+
+    cases: list[Case]
+    rotations: tuple[int, ...]
+    timed_seeds: tuple[int, ...]
+    source: str = "retrain"
+    threads: int = 1
+    rows_path: Path | None = None
+    #: ``time.time()`` after which no new case starts (``None``: no limit); the report says what was left out
+    deadline: float | None = None
+
+
+def run_setting(plan: Plan, arch: str, seed: int) -> list[dict[str, Any]]:
+    """Every case of ``plan`` on one architecture and seed (one row per case), logging each case to stderr.
+
+    Cases that would start after ``plan.deadline`` are left out (no row).
+    """
+    if plan.deadline is not None and time.time() > plan.deadline:
+        return []
+    torch.set_num_threads(plan.threads)
     torch.manual_seed(seed)
     splits = data.load_digits()
-    setting = Setting(arch, seed, checkpoint(arch, seed, source), splits, tuple(rotations), data.noise(1000, seed=0))
+    setting = Setting(arch, seed, checkpoint(arch, seed, plan.source), splits, plan.rotations, data.noise(1000, seed=0))
     rows = []
-    for case in cases:
+    for case in plan.cases:
+        if plan.deadline is not None and time.time() > plan.deadline:
+            print(f"[{arch} seed {seed}] time budget spent: {case.label} and later cases left out", file=sys.stderr)
+            break
         started = time.perf_counter()
-        rows.append(measure_case(case, setting))
+        rows.append(measure_case(case, setting, timed=seed in plan.timed_seeds))
+        if plan.rows_path is not None:
+            with plan.rows_path.open("a") as stream:
+                stream.write(json.dumps(rows[-1], default=str) + "\n")
         status = rows[-1]["status"] if rows[-1]["status"] == "ok" else rows[-1]["error"]
         print(f"[{arch} seed {seed}] {case.label}: {status} ({time.perf_counter() - started:.1f} s)",
               file=sys.stderr, flush=True)
     return rows
 
 
-def run(archs: list[str], seeds: list[int], cases: list[Case], rotations: tuple[int, ...],
-        source: str = "retrain", threads: int = 1, jobs: int = 1) -> list[dict[str, Any]]:
-    """Every case on every architecture and seed, ``jobs`` (architecture, seed) settings at a time."""
-    settings = [(arch, seed) for arch in archs for seed in seeds]
-    arguments = [(arch, seed, cases, rotations, source, threads) for arch, seed in settings]
+def run(plan: Plan, archs: list[str], seeds: list[int], jobs: int = 1) -> list[dict[str, Any]]:
+    """Every case on every architecture and seed, seed by seed (so a cut-short run covers every architecture),
+    ``jobs`` (architecture, seed) settings at a time in separate processes."""
+    settings = [(arch, seed) for seed in seeds for arch in archs]
     if jobs <= 1:
-        return [row for args in arguments for row in run_setting(*args)]
+        return [row for arch, seed in settings for row in run_setting(plan, arch, seed)]
     with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return [row for rows in pool.map(run_setting, *zip(*arguments)) for row in rows]
+        parts = pool.map(run_setting, [plan] * len(settings), *zip(*settings))
+        return [row for rows in parts for row in rows]
+
+
+def load_results(path: Path) -> dict[str, Any]:
+    """A run's saved results: the JSON written at the end, or the JSON lines written as it goes
+    (a header line, then one row per line: what a run cut short leaves)."""
+    if path.suffix != ".jsonl":
+        return json.loads(path.read_text())
+    header, *rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    meta = {**header["meta"], "rows": f"{len(rows)} (a partial run's rows)"}
+    return {**header, "meta": meta, "rows": rows}
 
 
 # ---------------------------------------------------------------- aggregation
@@ -541,11 +578,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true", help="one seed and three rotations")
     parser.add_argument("--checkpoint", choices=("retrain", "bundled"), default="retrain",
                         help="retrain each seed's checkpoint (default) or use the bundled one for every seed")
+    parser.add_argument("--timed-seeds", type=int, default=1,
+                        help="time predict on the first N seeds only (default 1: the cost does not depend on the seed)")
+    parser.add_argument("--budget-minutes", type=float, default=None,
+                        help="start no case after this many minutes; the report says how many runs were left out")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--jobs", type=int, default=1, help="(architecture, seed) settings run in parallel processes")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown report; the JSON goes beside it")
     parser.add_argument("--readme-table", action="store_true", help="also print the README's 'Which method when' table")
-    parser.add_argument("--from-json", type=Path, default=None, help="render a previous run's JSON instead of running")
+    parser.add_argument("--from-json", type=Path, default=None,
+                        help="render a previous run's .json (or the .jsonl a run cut short leaves) instead of running")
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     args.rotations = tuple(args.rotations or (QUICK_ROTATIONS if args.quick else ROTATIONS))
@@ -559,23 +601,33 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
     if args.from_json is not None:
-        saved = json.loads(args.from_json.read_text())
+        saved = load_results(args.from_json)
         rows, rotations, command, meta = saved["rows"], tuple(saved["rotations"]), saved["command"], saved["meta"]
     else:
         torch.set_num_threads(args.threads)
         cases = discover_cases(args.methods, None if args.compose == ["all"] else args.compose)
-        started = time.perf_counter()
-        rows = run(args.archs, args.seeds, cases, args.rotations, args.checkpoint, args.threads, args.jobs)
+        rows_path = args.out.with_suffix(".jsonl")
+        deadline = None if args.budget_minutes is None else time.time() + 60 * args.budget_minutes
+        plan = Plan(cases, args.rotations, tuple(args.seeds[:args.timed_seeds]), args.checkpoint, args.threads,
+                    rows_path, deadline)
         rotations = args.rotations
         meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "wall time": f"{time.perf_counter() - started:.0f} s",
-            "seeds": " ".join(map(str, args.seeds)), "checkpoint": args.checkpoint,
-            "threads": args.threads, "jobs": args.jobs, "torch": torch.__version__, "machine": platform.machine(),
+            "seeds": " ".join(map(str, args.seeds)), "predict timed on seeds": " ".join(map(str, plan.timed_seeds)),
+            "checkpoint": args.checkpoint, "threads": args.threads, "jobs": args.jobs, "torch": torch.__version__,
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        payload = {"command": command, "meta": meta, "rotations": list(rotations), "rows": rows}
-        args.out.with_suffix(".json").write_text(json.dumps(payload, indent=1, default=str))
+        header = {"command": command, "meta": meta, "rotations": list(rotations)}
+        rows_path.write_text(json.dumps(header) + "\n")
+        started = time.perf_counter()
+        rows = run(plan, args.archs, args.seeds, args.jobs)
+        meta["wall time"] = f"{time.perf_counter() - started:.0f} s"
+        planned = len(cases) * len(args.archs) * len(args.seeds)
+        if len(rows) < planned:
+            meta["cut short"] = f"{len(rows)} of {planned} case runs fitted in --budget-minutes {args.budget_minutes}"
+        args.out.with_suffix(".json").write_text(json.dumps({**header, "rows": rows}, indent=1, default=str))
+        rows_path.unlink()
     summaries = summarise(rows)
     report = markdown_report(summaries, rotations, command, meta)
     if args.from_json is None:

@@ -186,3 +186,16 @@ def test_measure_case_turns_a_failure_into_an_error_row_and_measures_a_tiny_case
     with torch.no_grad():
         probs = torch.softmax(setting.model(tiny.test.tensors[0]), -1)
     assert measured["metrics"]["nll@0"] == pytest.approx(float(-probs[range(48), tiny.test.tensors[1]].log().mean()), rel=1e-4)
+
+
+def test_a_run_cut_short_leaves_rows_that_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    past = quality.Plan(quality.discover_cases(["laplace"]), ROTATIONS, (0,), deadline=0.0)
+    assert quality.run_setting(past, "digits_cnn", 0) == []  # no case starts after the deadline
+    partial = tmp_path / "quality.jsonl"
+    header = {"command": "python benchmarks/quality.py", "meta": {"date": "today"}, "rotations": list(ROTATIONS)}
+    lines = [header, row("none", 0, metrics(0.1, 2.0, 4.0)), row("laplace", 0, metrics(0.1, 1.0, 2.0))]
+    partial.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    saved = quality.load_results(partial)
+    assert len(saved["rows"]) == 2 and saved["meta"]["rows"] == "2 (a partial run's rows)"
+    quality.main(["--from-json", str(partial)])
+    assert "2 (a partial run's rows)" in capsys.readouterr().out
