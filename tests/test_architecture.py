@@ -1,8 +1,8 @@
 """The package's import structure, read from the source with ``ast`` (every import statement, at any depth).
 
 Layers, bottom to top: ``core`` < ``engine`` < ``methods`` < (``api``, ``calibrate``, ``evaluation``,
-``loading``) < (``demo``, ``cli``); ``posthoc/__init__.py`` gathers the public API and is exempt as an
-importer (as an import target it sits in the top layer). Imports point down or stay in their layer;
+``guarantees``, ``loading``) < (``demo``, ``cli``); ``posthoc/__init__.py`` gathers the public API and is
+exempt as an importer (as an import target it sits in the top layer). Imports point down or stay in their layer;
 a method (``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine`` and itself; no import
 circle; no import of posthoc inside a function.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "posthoc"
 ROOT = "posthoc"
-LAYERS = {"core": 0, "engine": 1, "methods": 2, "api": 3, "calibrate": 3, "evaluation": 3, "loading": 3,
-          "demo": 4, "cli": 4}
+LAYERS = {"core": 0, "engine": 1, "methods": 2, "api": 3, "calibrate": 3, "evaluation": 3, "guarantees": 3,
+          "loading": 3, "demo": 4, "cli": 4}
 TOP = max(LAYERS.values())
 
 

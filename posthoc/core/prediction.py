@@ -44,6 +44,8 @@ class Prediction:
         epistemic: ``(N,)`` mutual information, ``entropy - aleatoric`` (never below 0).
         confidence: ``(N,)`` largest class probability.
         label: ``(N,)`` the predicted class.
+        sets: ``(N, C)`` boolean conformal prediction sets (``True`` = the class is in the set), or
+            ``None``; filled by ``posthoc.conformal(...).predict(x)``.
     """
 
     probs: Tensor
@@ -53,6 +55,7 @@ class Prediction:
     epistemic: Tensor
     confidence: Tensor
     label: Tensor
+    sets: Tensor | None = None
 
     @classmethod
     def from_probs(cls, probs: Tensor, samples: Tensor | None = None) -> "Prediction":

@@ -1,9 +1,16 @@
 """``posthoc.evaluate``: run a wrapped model over a test loader and summarise it in a :class:`Report`.
 
+Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``, calibrated on held-out data),
+the report also measures them on the test set: empirical coverage and mean size of the conformal
+sets, and the deferral rate and error rate on accepted examples of the selective rule.
+
 Example:
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=noise_loader)
     >>> print(report.to_markdown())
     >>> report.reliability_diagram("reliability.png")
+    >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
+    >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.02)
+    >>> posthoc.evaluate(um, test_loader, conformal=cp, selective=sel).coverage   # about 0.9
 """
 
 from __future__ import annotations
@@ -15,10 +22,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
+from posthoc.core.errors import ConfigError
+from posthoc.core.prediction import Prediction
 from posthoc.evaluation import metrics, plots
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.core.inputs import check_labels, iterate
+from posthoc.evaluation.predictions import collect, predict_loader  # noqa: F401  (collect: demo and benchmarks import it from here)
+from posthoc.guarantees import measures
+from posthoc.guarantees.conformal import ConformalPredictor
+from posthoc.guarantees.selective import SelectivePredictor
 
 
 @dataclass
@@ -26,7 +37,10 @@ class Report:
     """Metrics of one predictive on one test set (and optionally an OOD set).
 
     ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual information
-    (``None`` for deterministic predictives or without an OOD set).
+    (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
+    ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per
+    set); given a selective rule at ``target_risk``: ``deferral`` (fraction deferred) and
+    ``selective_risk`` (error rate on the accepted examples; ``None`` if none is accepted).
     """
 
     name: str
@@ -37,18 +51,29 @@ class Report:
     aurc: float
     ood_auroc: float | None = None
     ood_auroc_mi: float | None = None
+    alpha: float | None = None
+    coverage: float | None = None
+    set_size: float | None = None
+    target_risk: float | None = None
+    deferral: float | None = None
+    selective_risk: float | None = None
     probs: Tensor = field(repr=False, default=None)
     labels: Tensor = field(repr=False, default=None)
 
     COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
+    #: present in :meth:`as_dict` only when the report measured a guarantee
+    GUARANTEE_COLUMNS = ("alpha", "coverage", "set_size", "target_risk", "deferral", "selective_risk")
 
     @classmethod
     def from_predictions(cls, name: str, probs: Tensor, labels: Tensor, entropy: Tensor | None = None,
                          ood_entropy: Tensor | None = None, epistemic: Tensor | None = None,
-                         ood_epistemic: Tensor | None = None) -> "Report":
-        """Compute every metric from collected probabilities (and OOD scores if given)."""
+                         ood_epistemic: Tensor | None = None, *, sets: Tensor | None = None, alpha: float | None = None,
+                         accepted: Tensor | None = None, target_risk: float | None = None) -> "Report":
+        """Compute every metric from collected probabilities (and OOD scores, conformal ``sets`` at
+        ``alpha``, and the ``accepted`` mask of a selective rule at ``target_risk``, if given)."""
         has_ood = entropy is not None and ood_entropy is not None
         has_mi = has_ood and epistemic is not None and ood_epistemic is not None and bool((epistemic > 0).any() or (ood_epistemic > 0).any())
+        correct = probs.argmax(-1) == labels
         return cls(
             name=name,
             accuracy=metrics.accuracy(probs, labels),
@@ -58,12 +83,20 @@ class Report:
             aurc=metrics.aurc(probs, labels),
             ood_auroc=metrics.ood_auroc(entropy, ood_entropy) if has_ood else None,
             ood_auroc_mi=metrics.ood_auroc(epistemic, ood_epistemic) if has_mi else None,
+            alpha=None if sets is None else alpha,
+            coverage=None if sets is None else measures.coverage(sets, labels),
+            set_size=None if sets is None else measures.mean_set_size(sets),
+            target_risk=None if accepted is None else target_risk,
+            deferral=None if accepted is None else measures.deferral_rate(accepted),
+            selective_risk=None if accepted is None else measures.selective_risk(accepted.cpu(), correct),
             probs=probs,
             labels=labels,
         )
 
     def as_dict(self) -> dict[str, float | None]:
-        return {column: getattr(self, column) for column in self.COLUMNS}
+        """The metrics by name; the guarantee columns only where measured."""
+        measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
+        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured}
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
@@ -80,52 +113,80 @@ def _cell(value: float | None) -> str:
     return "–" if value is None else f"{value:.4f}"
 
 
+def _levels(reports: list[Report], name: str) -> str:
+    """``=0.1`` when every report that has ``name`` set shares one value (for a column header)."""
+    values = {getattr(r, name) for r in reports if getattr(r, name) is not None}
+    return f"={values.pop():g}" if len(values) == 1 else ""
+
+
+def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
+    """Markdown columns for the guarantees any of ``reports`` measured (header -> one cell per report)."""
+    columns = {}
+    if any(r.coverage is not None for r in reports):
+        alpha = _levels(reports, "alpha")
+        columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage) for r in reports]
+        columns["set size"] = ["–" if r.set_size is None else f"{r.set_size:.2f}" for r in reports]
+    if any(r.deferral is not None for r in reports):
+        risk = _levels(reports, "target_risk")
+        columns[f"deferral (target risk{risk})"] = [_cell(r.deferral) for r in reports]
+        columns["accepted error"] = [_cell(r.selective_risk) for r in reports]
+    return columns
+
+
 def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = None) -> str:
-    """Markdown rows of several reports; ``extra`` adds columns (header -> one cell per report)."""
-    extra = extra or {}
+    """Markdown rows of several reports; ``extra`` adds columns (header -> one cell per report).
+
+    Columns for coverage / set size and deferral / accepted error appear when a report measured them.
+    """
+    extra = {**guarantee_columns(reports), **(extra or {})}
     header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, report in enumerate(reports):
-        cells = [report.name, *(_cell(v) for v in report.as_dict().values()), *(col[i] for col in extra.values())]
+        cells = [report.name, *(_cell(getattr(report, c)) for c in report.COLUMNS), *(col[i] for col in extra.values())]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
-@torch.no_grad()
-def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
-            num_samples: int | None = None, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-    """Run ``um.predict`` over a loader; return concatenated probs, entropy, epistemic (and labels).
-
-    Under ``torch.distributed`` each rank predicts its shard and the results are gathered, so
-    every rank computes the same metrics over the union of the shards.
-    """
-    parts: dict[str, list[Tensor]] = {"probs": [], "entropy": [], "epistemic": [], "labels": []}
-    for x, y in iterate(loader, device=um.device, progress=progress, desc="evaluate", require_labels=labelled):
-        pred = um.predict(x, num_samples=num_samples, generator=generator)
-        parts["probs"].append(pred.probs.cpu())
-        parts["entropy"].append(pred.entropy.cpu())
-        parts["epistemic"].append(pred.epistemic.cpu())
-        if labelled:
-            parts["labels"].append(check_labels(y, pred.num_classes).cpu())
-    return {k: distributed.gather_cat(torch.cat(v)) for k, v in parts.items() if v}
+def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | SelectivePredictor | None,
+                         what: str) -> None:
+    if guarantee is not None and guarantee.model is not None and guarantee.model is not um:
+        raise ConfigError(f"the {what} guarantee was calibrated on another wrapped model; calibrate it on this one: "
+                          f"posthoc.{what}(um, calibration_loader, ...)")
 
 
 def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
              name: str | None = None, progress: bool = True, num_samples: int | None = None,
-             seed: int = 0) -> Report:
+             seed: int = 0, conformal: ConformalPredictor | None = None,
+             selective: SelectivePredictor | None = None) -> Report:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
+
+    Args:
+        conformal: fitted ``posthoc.conformal(um, calibration_loader, alpha=...)``: the report adds
+            the empirical coverage and mean size of its sets on the test set.
+        selective: fitted ``posthoc.selective(um, calibration_loader, target_risk=...)``: the report
+            adds the deferral rate and the error rate of the accepted test examples.
+
+    Fitted guarantees are passed (not ``alpha=`` / ``target_risk=``) so that their options (score,
+    Mondrian, delta, ...) stay in one place and one calibration serves several test sets.
 
     Example:
         >>> report = posthoc.evaluate(um, test_loader)
         >>> 0 <= report.ece <= 1
         True
     """
+    _check_calibrated_on(um, conformal, "conformal")
+    _check_calibrated_on(um, selective, "selective")
     generator = torch.Generator(device=um.device).manual_seed(seed)
-    test = collect(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
-    ood = None
+    test, labels = predict_loader(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
+    ood: Prediction | None = None
     if ood_loader is not None:
-        ood = collect(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator)
+        ood, _ = predict_loader(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples,
+                                generator=generator)
     return Report.from_predictions(
-        name or "+".join(um.methods), test["probs"], test["labels"], test["entropy"],
-        None if ood is None else ood["entropy"], test["epistemic"], None if ood is None else ood["epistemic"],
+        name or "+".join(um.methods), test.probs, labels, test.entropy,
+        None if ood is None else ood.entropy, test.epistemic, None if ood is None else ood.epistemic,
+        sets=None if conformal is None else conformal.sets(test).cpu(),
+        alpha=None if conformal is None else conformal.alpha,
+        accepted=None if selective is None else selective.accept(test).cpu(),
+        target_risk=None if selective is None else selective.target_risk,
     )

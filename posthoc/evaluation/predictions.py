@@ -1,0 +1,65 @@
+"""Running a wrapped model over a loader and keeping its per-example predictive (no samples).
+
+Under ``torch.distributed`` each rank predicts its shard and the results are gathered, so every
+rank ends with the same predictions (and so the same metrics, conformal thresholds, ...).
+
+Example:
+    >>> pred, labels = predict_loader(um, test_loader)
+    >>> pred.probs.shape, pred.samples is None
+    (torch.Size([1000, 8]), True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import Tensor
+
+from posthoc.core import distributed
+from posthoc.core.inputs import check_labels, iterate
+from posthoc.core.prediction import Prediction
+from posthoc.core.uncertain_model import UncertainModel
+
+#: the per-example fields gathered from every batch (``label`` and ``confidence`` follow from ``probs``)
+_GATHERED = ("probs", "entropy", "aleatoric", "epistemic")
+
+
+@torch.no_grad()
+def predict_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
+                   num_samples: int | None = None, generator: torch.Generator | None = None,
+                   desc: str = "evaluate") -> tuple[Prediction, Tensor | None]:
+    """``um.predict`` over every batch of ``loader``, on the CPU: the :class:`Prediction` (without
+    samples; the aleatoric / epistemic split is kept) and the labels (``None`` if not ``labelled``).
+
+    Example:
+        >>> pred, labels = predict_loader(um, calibration_loader, desc="conformal calibration")
+    """
+    parts: dict[str, list[Tensor]] = {name: [] for name in (*_GATHERED, "labels")}
+    for x, y in iterate(loader, device=um.device, progress=progress, desc=desc, require_labels=labelled):
+        pred = um.predict(x, num_samples=num_samples, generator=generator, keep_samples=False)
+        for name in _GATHERED:
+            parts[name].append(getattr(pred, name).cpu())
+        if labelled:
+            parts["labels"].append(check_labels(y, pred.num_classes).cpu())
+    fields = {name: distributed.gather_cat(torch.cat(parts[name])) for name in _GATHERED}
+    confidence, label = fields["probs"].max(-1)
+    labels = distributed.gather_cat(torch.cat(parts["labels"])) if labelled else None
+    return Prediction(fields["probs"], None, fields["entropy"], fields["aleatoric"], fields["epistemic"],
+                      confidence, label), labels
+
+
+def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
+            num_samples: int | None = None, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    """:func:`predict_loader` as a dict of concatenated ``probs``, ``entropy``, ``epistemic`` (and ``labels``).
+
+    Example:
+        >>> collect(um, test_loader)["probs"].shape
+        torch.Size([1000, 8])
+    """
+    pred, labels = predict_loader(um, loader, labelled=labelled, progress=progress, num_samples=num_samples,
+                                  generator=generator)
+    out = {"probs": pred.probs, "entropy": pred.entropy, "epistemic": pred.epistemic}
+    if labels is not None:
+        out["labels"] = labels
+    return out

@@ -1,0 +1,11 @@
+"""Guarantees on top of any predictive: conformal prediction sets and selective prediction (deferral).
+
+Example:
+    >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)         # sets hold the label w.p. >= 0.9
+    >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.02)  # accepted error <= 2% w.p. >= 0.95
+"""
+
+from posthoc.guarantees.conformal import ConformalPredictor, conformal
+from posthoc.guarantees.selective import RiskNotReachableError, SelectivePredictor, selective
+
+__all__ = ["conformal", "selective", "ConformalPredictor", "SelectivePredictor", "RiskNotReachableError"]

@@ -1,0 +1,160 @@
+"""Where the predictions behind a guarantee come from, at calibration and at test time.
+
+A guarantee is calibrated on one of
+
+- probabilities ``(N, C)`` (rows in ``[0, 1]`` summing to 1) or logits ``(N, C)``, as a tensor or
+  numpy array, with ``labels`` ``(N,)``; ``inputs="auto"`` (default) tells them apart by that
+  row test, ``inputs="probs"`` / ``"logits"`` says it explicitly;
+- a :class:`~posthoc.Prediction` with ``labels`` (e.g. ``um.predict(x_cal)``);
+- a fitted :class:`~posthoc.UncertainModel` with a labelled calibration loader.
+
+At test time the same kind is expected again (a :class:`Predictive` remembers it): probabilities
+after probabilities, logits after logits, model inputs after a model; a ``Prediction`` is always
+accepted.
+
+Example:
+    >>> predictive, pred, labels = calibration_predictions(val_probs, val_labels, inputs="auto")
+    >>> predictive.kind
+    'probs'
+    >>> predictive(test_probs).probs.shape
+    torch.Size([1000, 8])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import check_labels
+from posthoc.core.prediction import Prediction
+from posthoc.core.uncertain_model import UncertainModel
+from posthoc.evaluation.predictions import predict_loader
+
+INPUT_KINDS = ("auto", "probs", "logits")
+#: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
+ROW_SUM_TOLERANCE = 1e-3
+
+
+def as_float_tensor(values: Any, what: str) -> Tensor:
+    """A ``(N, C)`` float64 tensor from a tensor or numpy array, refusing other shapes and non-finite values.
+
+    Example:
+        >>> as_float_tensor(np.eye(2), "probabilities").dtype
+        torch.float64
+    """
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "biuf":
+            raise InputError(f"{what} must be numbers, got a numpy array of dtype {values.dtype}")
+        values = torch.from_numpy(values)
+    if not isinstance(values, Tensor):
+        raise InputError(f"{what} must be a tensor, a numpy array or a posthoc.Prediction, got {type(values).__name__}")
+    if values.dim() != 2 or values.shape[1] < 2:
+        raise InputError(f"{what} must have shape (N, C) with C >= 2 classes, got {tuple(values.shape)}")
+    if values.shape[0] == 0:
+        raise InputError(f"{what} hold no examples (shape {tuple(values.shape)})")
+    values = values.detach().double().cpu()
+    if not torch.isfinite(values).all():
+        raise InputError(f"{what} contain NaN or inf; clean them (or drop those rows) first")
+    return values
+
+
+def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
+    """``labels`` as int64 class indices in ``[0, num_classes)``, one per example.
+
+    Example:
+        >>> as_labels(np.array([0, 2]), 3, 2)
+        tensor([0, 2])
+    """
+    if isinstance(labels, (list, tuple)):
+        labels = np.asarray(labels)
+    if isinstance(labels, np.ndarray):
+        if labels.dtype.kind not in "biuf":
+            raise InputError(f"labels must be integer class indices in [0, {num_classes}), got a numpy array of "
+                             f"dtype {labels.dtype}; map them first, e.g. np.unique(labels, return_inverse=True)[1]")
+        labels = torch.from_numpy(labels)
+    if not isinstance(labels, Tensor):
+        raise InputError(f"labels must be a tensor or a numpy array of class indices, got {type(labels).__name__}")
+    labels = check_labels(labels.detach().cpu(), num_classes)
+    if labels.numel() != count:
+        raise InputError(f"got {count} calibration examples but {labels.numel()} labels; pass one label per row")
+    return labels
+
+
+def looks_like_probabilities(values: Tensor) -> bool:
+    """Every entry in ``[0, 1]`` and every row summing to 1 (within :data:`ROW_SUM_TOLERANCE`)."""
+    return bool(values.min() >= 0 and values.max() <= 1
+                and ((values.sum(-1) - 1).abs() <= ROW_SUM_TOLERANCE).all())
+
+
+class Predictive:
+    """Turns what is passed at test time into a :class:`Prediction`, the way calibration data was read.
+
+    ``kind`` is ``"probs"``, ``"logits"`` or ``"model"`` (then ``model`` predicts from inputs, with
+    draws from ``generator``).
+
+    Example:
+        >>> Predictive("logits", num_classes=2)(torch.zeros(1, 2)).probs
+        tensor([[0.5000, 0.5000]], dtype=torch.float64)
+    """
+
+    def __init__(self, kind: str, num_classes: int, model: UncertainModel | None = None,
+                 generator: torch.Generator | None = None) -> None:
+        self.kind, self.num_classes, self.model, self.generator = kind, num_classes, model, generator
+
+    def __call__(self, data: Any) -> Prediction:
+        if isinstance(data, Prediction):
+            self._check_classes(data.num_classes)
+            return data
+        if self.kind == "model":
+            pred = self.model.predict(data, generator=self.generator)
+            self._check_classes(pred.num_classes)
+            return pred
+        values = as_float_tensor(data, self.kind)
+        self._check_classes(values.shape[1])
+        is_probs = looks_like_probabilities(values)
+        if self.kind == "probs" and not is_probs:
+            raise InputError("calibrated on probabilities, but these rows are not probabilities (entries outside "
+                             "[0, 1] or rows not summing to 1); pass probabilities, e.g. torch.softmax(logits, -1)")
+        if self.kind == "logits" and is_probs:
+            raise InputError("calibrated on logits, but these rows look like probabilities (in [0, 1], summing "
+                             "to 1); pass the model's logits as at calibration")
+        return Prediction.from_probs(values if self.kind == "probs" else torch.softmax(values, -1))
+
+    def _check_classes(self, num_classes: int) -> None:
+        if num_classes != self.num_classes:
+            raise InputError(f"calibrated on {self.num_classes} classes, got predictions over {num_classes}")
+
+
+def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", progress: bool = True,
+                            seed: int = 0, desc: str = "calibrate") -> tuple[Predictive, Prediction, Tensor]:
+    """The test-time :class:`Predictive`, the calibration :class:`Prediction` and its labels (see module docs).
+
+    Example:
+        >>> predictive, pred, labels = calibration_predictions(um, calibration_loader)
+        >>> predictive.kind
+        'model'
+    """
+    if inputs not in INPUT_KINDS:
+        raise ConfigError(f"inputs must be one of {', '.join(INPUT_KINDS)}, got {inputs!r}")
+    if isinstance(source, UncertainModel):
+        if inputs != "auto":
+            raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")
+        if isinstance(labels, (Tensor, np.ndarray, list, tuple)):
+            raise InputError("with a wrapped model, pass a labelled calibration loader yielding (x, y) batches "
+                             "instead of labels: posthoc.conformal(um, calibration_loader, ...)")
+        if not isinstance(labels, Iterable):
+            raise InputError(f"expected a calibration loader yielding (x, y) batches, got {type(labels).__name__}")
+        generator = torch.Generator(device=source.device).manual_seed(seed)
+        pred, targets = predict_loader(source, labels, progress=progress, generator=generator, desc=desc)
+        return Predictive("model", pred.num_classes, source, generator), pred, targets
+    if isinstance(source, Prediction):
+        return Predictive("probs", source.num_classes), source, as_labels(labels, source.num_classes, len(source))
+    values = as_float_tensor(source, "calibration probabilities or logits")
+    kind = inputs if inputs != "auto" else ("probs" if looks_like_probabilities(values) else "logits")
+    predictive = Predictive(kind, values.shape[1])
+    return predictive, predictive(values), as_labels(labels, values.shape[1], values.shape[0])
