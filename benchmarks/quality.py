@@ -114,7 +114,9 @@ def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = Non
     """The plain model, every base method, every stacking method alone, and each base under the stackers in ``compose``.
 
     ``stacks`` maps each registered name to whether it stacks on another method's predictive;
-    ``compose`` names the stackers put on top of every base method (``None``: all of them).
+    ``compose`` names the stackers put on top of every base method (``None``: all of them). The order
+    is the order of importance, in which a run under a time budget measures them: the plain model, the
+    bases, the composed stackers alone and on every base, then the other stackers alone.
 
     Example:
         >>> [c.label for c in cases_from_registry({"none": False, "laplace": False, "temperature": True})]
@@ -123,7 +125,8 @@ def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = Non
     bases = [name for name, stacked in stacks.items() if not stacked and name != PLAIN]
     stackers = [name for name, stacked in stacks.items() if stacked]
     on_top = [name for name in stackers if compose is None or name in compose]
-    labels = [(PLAIN,), *((name,) for name in bases + stackers), *((b, s) for b in bases for s in on_top)]
+    labels = [(PLAIN,), *((name,) for name in bases + on_top), *((b, s) for s in on_top for b in bases),
+              *((name,) for name in stackers if name not in on_top)]
     return [Case.of(methods, stacks) for methods in labels]
 
 
@@ -483,8 +486,15 @@ def _verdict_cell(summary: Summary, favoured: set[str]) -> str:
     return text + ("; val NLL favours it" if summary.case in favoured and summary.family != summary.case else "")
 
 
+def display_order(summaries: list[Summary]) -> list[Summary]:
+    """Each family together (the plain model and the calibrators alone first), in the order measured within it."""
+    families = list(dict.fromkeys([PLAIN, *(s.family for s in summaries)]))
+    return sorted(summaries, key=lambda s: families.index(s.family))
+
+
 def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) -> list[str]:
     """The main table (with verdicts), the per-rotation detail table and the composition notes of one architecture."""
+    summaries = display_order(summaries)
     favoured = favoured_cases(summaries)
     shown = [d for d in (0, *SHIFT_TARGETS) if d in rotations]
     header = ["method", "acc", *(f"NLL {d}°" for d in shown), "ECE 0° (%)", "Brier 0°", "val NLL",
@@ -544,7 +554,7 @@ def readme_table(summaries: list[Summary], command: str) -> str:
     for arch in archs:
         header += [f"{arch}: NLL · ECE", "NLL 45° · 90°", "OOD AUROC", "fit s", "§2"]
     rows = []
-    for case in dict.fromkeys(s.case for s in summaries):
+    for case in dict.fromkeys(s.case for s in display_order(summaries)):
         cells = [case]
         for arch in archs:
             s = by_key.get((arch, case))

@@ -49,11 +49,13 @@ def by_case(summaries: list[quality.Summary], arch: str = "digits_cnn") -> dict[
 
 def test_cases_cover_every_base_every_stacker_and_their_compositions() -> None:
     stacks = {"none": False, "laplace": False, "swag": False, "temperature": True, "vector": True}
-    assert [c.label for c in quality.cases_from_registry(stacks, ["vector"])][-2:] == ["laplace+vector", "swag+vector"]
+    # the composed stackers come before the others, which are measured alone, last
+    assert [c.label for c in quality.cases_from_registry(stacks, ["vector"])] == [
+        "none", "laplace", "swag", "vector", "laplace+vector", "swag+vector", "temperature"]
     cases = quality.cases_from_registry(stacks)
     labels = [c.label for c in cases]
-    assert labels == ["none", "laplace", "swag", "temperature", "vector", "laplace+temperature", "laplace+vector",
-                      "swag+temperature", "swag+vector"]
+    assert labels == ["none", "laplace", "swag", "temperature", "vector", "laplace+temperature", "swag+temperature",
+                      "laplace+vector", "swag+vector"]
     families = {c.label: c.family for c in cases}
     assert families["vector"] == "none" and families["temperature"] == "none"
     assert families["swag+vector"] == "swag" and families["laplace"] == "laplace"
@@ -199,3 +201,13 @@ def test_a_run_cut_short_leaves_rows_that_render(tmp_path: Path, capsys: pytest.
     assert len(saved["rows"]) == 2 and saved["meta"]["rows"] == "2 (a partial run's rows)"
     quality.main(["--from-json", str(partial)])
     assert "2 (a partial run's rows)" in capsys.readouterr().out
+
+
+def test_tables_show_each_family_together_with_the_plain_model_and_calibrators_first() -> None:
+    measured = [("none", "none"), ("laplace", "laplace"), ("temperature", "none"),
+                ("laplace+temperature", "laplace"), ("vector", "none")]
+    rows = [row(case, 0, metrics(0.1, 2.0, 4.0), family=family) for case, family in measured]
+    shown = [s.case for s in quality.display_order(quality.summarise(rows))]
+    assert shown == ["none", "temperature", "vector", "laplace", "laplace+temperature"]
+    table = quality.readme_table(quality.summarise(rows), "cmd").splitlines()
+    assert [line.split(" | ")[0][2:] for line in table[3:]] == shown
