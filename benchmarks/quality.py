@@ -18,7 +18,9 @@ What is measured, per architecture (``posthoc.demo.zoo``: ``digits_cnn`` with a 
 - OOD AUROC by predictive entropy: test digits (0-7) against the held-out digits 8/9 (``splits.ood``)
   and against uniform noise (``data.noise``);
 - predict cost: ``um.predict`` over the 1,000 test digits as a ratio of medians to a plain forward over
-  them, timed back to back (wall, and process CPU beside it; see ``benchmarks/timing.py``).
+  them, timed back to back (wall, and process CPU beside it; see ``benchmarks/timing.py``), on the
+  first seed only (``--timed-seeds``): the cost does not depend on the seed, and the repeats are
+  minutes for the sampled methods.
 
 What a seed varies: the checkpoint is retrained with ``zoo.train(seed, name=arch)`` (the bundled
 checkpoints were trained with seed 0 on another machine and differ from a retrain, so every seed
@@ -27,9 +29,13 @@ seed instead), the order of the fit loader, the method's own ``seed`` option whe
 iBNN), and the generator of the predictive's samples. The data splits stay fixed.
 
 Cases: ``none`` (the plain model), every registered method alone with its defaults, every stacking
-method (calibrators such as ``temperature``) alone (on the plain model) and on top of every other
-method. Methods registered later are picked up from ``posthoc.available_methods()`` automatically.
-A case that fails to wrap, fit or predict becomes an error row, not a crash.
+method (the calibrators: ``temperature``, ``vector``, ...) alone on the plain model, and every base
+method under the stackers named by ``--compose`` (default ``temperature``; ``--compose all`` for
+every calibrator on every base). Methods registered later are picked up from
+``posthoc.available_methods()`` automatically. A case that fails to wrap, fit or predict becomes an
+error row, not a crash. ``--budget-minutes`` starts no case after the budget (cases run in order of
+importance, seed by seed), and every row is appended to ``OUT.jsonl`` as it is measured, so a run
+cut short still renders with ``--from-json OUT.jsonl``.
 
 Verdict (issue 15 section 2), from per-seed ratios to the plain model on the same checkpoint, averaged
 over seeds: in-distribution NLL <= 1.02x plain, and NLL at 45 and 90 degrees below plain's.
