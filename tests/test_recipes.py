@@ -323,3 +323,39 @@ def test_offline_pretrained_weights_give_a_clear_error(monkeypatch: pytest.Monke
     recipe = _recipe("imagenet_torchvision")
     assert recipe.main(["--model", "resnet18", "--val", str(image_folders["val"]), "--out", str(tmp_path)]) == 2
     assert "--pretrained false with --checkpoint" in capsys.readouterr().err
+
+
+def test_evaluate_cli_reports_guarantees_and_calibrators(image_folders: dict[str, Path], tmp_path: Path) -> None:
+    """--alpha, --target-risk and --calibrator: coverage/set size and deferral columns on every row (shift
+    included), a table of calibrators and the metrics before/after, all in metrics.json too."""
+    parser = argparse.ArgumentParser()
+    add_evaluate_arguments(parser)
+    out = tmp_path / "report"
+    args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--val", str(image_folders["val"]),
+                              "--calibration", str(image_folders["calibration"]), "--shift", str(image_folders["shift"]),
+                              "--method", "temperature", "--alpha", "0.2", "--target-risk", "0.5",
+                              "--calibrator", "temperature", "--workers", "0", "--out", str(out), "--no-progress"])
+    assert run_evaluate(args) == out / "report.md"
+    report = (out / "report.md").read_text()
+    metrics = json.loads((out / "metrics.json").read_text())
+    header = "| coverage (alpha=0.2) | set size | deferral (target risk=0.5) | accepted error |"
+    assert report.count(header) == 3  # test set, shift, calibrator before/after
+    for row in metrics["rows"]:
+        for result in [row["test"], *row["shifts"].values()]:
+            assert result["alpha"] == 0.2 and 0 <= result["coverage"] <= 1 and result["set_size"] >= 0
+            assert result["target_risk"] == 0.5 and 0 <= result["deferral"] <= 1
+    calibrator = metrics["calibrator"]
+    assert calibrator["requested"] == calibrator["method"] == "temperature"
+    assert set(calibrator["table"]) == {"temperature"} and calibrator["table"]["temperature"]["nll"] > 0
+    assert set(calibrator["before"]) == {"plain (test)", f"plain ({image_folders['shift']})"}
+    assert "## Calibrator: temperature" in report and "| temperature | – | – |" in report
+    plain, tempered = calibrator["before"]["plain (test)"], calibrator["after"]["temperature (test)"]
+    assert tempered["accuracy"] == plain["accuracy"] and tempered["nll"] != plain["nll"]
+    # a risk no threshold can meet on 24 calibration images is reported, not fatal
+    args.target_risk, args.calibrator, args.out = 0.001, None, tmp_path / "unreachable"
+    run_evaluate(args)
+    unreachable = json.loads((tmp_path / "unreachable" / "metrics.json").read_text())
+    assert all("target risk unreachable" in row["note"] and "deferral" not in row["test"] for row in unreachable["rows"])
+    args.alpha = 1.5
+    with pytest.raises(posthoc.ConfigError, match="--alpha must be a number strictly between 0 and 1"):
+        run_evaluate(args)

@@ -11,6 +11,9 @@ calibration half (the ``val_loader`` of ``fit``) and a test half (the report), u
 ``--calibration`` folder is given. ``--shift`` folders (e.g. ImageNet-C ``corruption/severity``
 folders) are labelled test sets with the same classes; ``--ood`` is an unlabelled folder.
 
+``--alpha``, ``--target-risk`` and ``--calibrator`` add conformal coverage and set size, deferral,
+and a table of calibrators (see :mod:`posthoc.cli.guarantees`).
+
 Writes ``OUT/report.md`` (Markdown tables), ``OUT/metrics.json``, ``OUT/reliability.png`` and
 ``OUT/risk_coverage.png``. The recipes in ``recipes/`` call :func:`run_recipe` after loading
 their model with the library's own loading code.
@@ -41,15 +44,23 @@ from torch import nn
 import posthoc
 from posthoc.loading import folders
 from posthoc.evaluation import plots
+from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
 from posthoc.core.registry import REGISTRY
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading.models import build_model
 from posthoc.evaluation.report import Report, markdown_table
+from posthoc.guarantees.bounds import check_probability
 
 BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
 FEATURED_STATE = ("temperature", "prior_precision")
 OUTPUT_FILES = ("report.md", "metrics.json", "reliability.png", "risk_coverage.png")
+GUARANTEE_LEGEND = [
+    "coverage: fraction of test sets holding the true label, guaranteed >= 1 - alpha on average over exchangeable "
+    "calibration/test draws (not under shift); set size: mean number of classes per set.", "",
+    "deferral: fraction of test examples deferred so that the accepted ones err at most the target risk (with "
+    "probability >= 1 - delta over the calibration draw); accepted error: the error rate of the accepted ones.", "",
+]
 
 
 def parse_bool(text: str) -> bool:
@@ -125,6 +136,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     methods.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
                          help="a method or fit option, given to every row whose methods accept it (repeatable)")
     methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
+    add_guarantee_arguments(parser)
 
     run = parser.add_argument_group("run")
     run.add_argument("--out", type=Path, metavar="DIR", required=True, help="output folder for report.md, metrics.json and PNGs")
@@ -241,6 +253,7 @@ class MethodResult:
     fit_seconds: float
     eval_seconds: float
     state: dict[str, float]
+    note: str = ""
 
 
 def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
@@ -275,13 +288,15 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
         start = time.perf_counter()
         um.fit(data.train, data.calibration, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start
+        guarantees = fit_guarantees(um, data.calibration, args)
+        measured = {"conformal": guarantees.conformal, "selective": guarantees.selective}
         start = time.perf_counter()
         test = posthoc.evaluate(um, data.test, data.ood, name=name, progress=progress, num_samples=args.num_samples,
-                                seed=args.seed)
+                                seed=args.seed, **measured)
         eval_seconds = time.perf_counter() - start
         shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
-                                         seed=args.seed) for root, loader in data.shifts.items()}
-        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um)))
+                                         seed=args.seed, **measured) for root, loader in data.shifts.items()}
+        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note))
     return results
 
 
@@ -292,7 +307,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
 
 
-def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str) -> Path:
+def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str,
+                 calibrator: CalibratorResult | None = None) -> Path:
     """Write ``report.md``, ``metrics.json``, ``reliability.png`` and ``risk_coverage.png`` to ``args.out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -313,13 +329,17 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
         f"- device: {_device(args.device)}, seed {args.seed}", "",
         "## Test set", "",
         markdown_table([r.test for r in results], {**timing, **fitted}), "",
+        *(f"- {r.name}: {r.note}" for r in results if r.note), *([""] if any(r.note for r in results) else []),
     ]
     for root in data.shifts:
         lines += [f"## Shift: {root}", "", markdown_table([r.shifts[root] for r in results]), ""]
+    if calibrator is not None:
+        lines += calibrator_markdown(calibrator)
     lines += [
         "acc: accuracy; NLL: negative log-likelihood; ECE: expected calibration error (15 bins); AURC: area "
         "under the risk–coverage curve; OOD AUROC (H): detecting the OOD set by predictive entropy, (MI) by "
         "mutual information. Lower is better except acc and AUROC.", "",
+        *GUARANTEE_LEGEND[: 2 * (args.alpha is not None) + 2 * (args.target_risk is not None)],
         "![reliability diagram](reliability.png)", "", "![risk-coverage curve](risk_coverage.png)", "",
     ]
     report_path = out / "report.md"
@@ -327,7 +347,9 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     metrics = {
         "title": title, "classes": data.classes, "sizes": data.sizes, "settings": _settings(args),
         "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
-                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}} for r in results],
+                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note}
+                 for r in results],
+        "calibrator": None if calibrator is None else calibrator.as_dict(),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return report_path
@@ -346,10 +368,18 @@ def run_retrofit(model: nn.Module, transform: Callable, args: argparse.Namespace
         >>> report_path = run_retrofit(model, transform, args, title="timm resnet50")
     """
     torch.manual_seed(args.seed)
+    for name in ("alpha", "target_risk", "delta"):
+        if getattr(args, name) is not None:
+            check_probability(getattr(args, name), "--" + name.replace("_", "-"))
     model = model.to(_device(args.device)).eval()
     data = load_folders(model, transform, args)
+    calibrator = None
+    if args.calibrator is not None:
+        print(f"[posthoc] calibrator {args.calibrator}: fit on the calibration logits", flush=True)
+        calibrator = fit_calibrator(model, data.calibration, {"test": data.test, **data.shifts}, args,
+                                    _device(args.device))
     results = fit_and_evaluate(model, data, args)
-    report_path = write_report(results, data, args, title=title)
+    report_path = write_report(results, data, args, title=title, calibrator=calibrator)
     print(f"[posthoc] wrote {report_path}")
     return report_path
 
