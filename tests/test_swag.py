@@ -14,7 +14,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.engine import bn_refresh
 from posthoc.core.errors import ConfigError, InputError, NumericalError
-from posthoc.methods.swag import subset
+from posthoc.demo import data, zoo
+from posthoc.methods.swag import schedule, subset
 from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.methods.swag.last_layer import LastLayerSWAG
 from posthoc.methods.swag.subset import Placement, SubsetSWAG
@@ -220,7 +221,7 @@ def test_nan_loss_stops_and_keeps_the_good_statistics() -> None:
         ({}, {"rank": 1}, ConfigError, "rank must be"),
         ({}, {"lr": 0.0}, ConfigError, "lr must be"),
         ({}, {"lr": -1e-3}, ConfigError, "lr must be"),
-        ({}, {"collect_per_epoch": 1}, ConfigError, "at least 2"),
+        ({}, {"collect_per_epoch": 1, "epochs": 1}, ConfigError, "at least 2"),
         ({"subset": "nope"}, {}, ConfigError, "no module 'nope'"),
         ({"scale": -1.0}, {}, ConfigError, "scale must be"),
     ],
@@ -290,3 +291,73 @@ def test_one_registered_name_picks_the_algorithm_and_both_round_trip(
     x = digits.test.tensors[0][:20]
     torch.testing.assert_close(loaded.predict(x, generator=torch.Generator().manual_seed(0)).samples,
                                um.predict(x, generator=torch.Generator().manual_seed(0)).samples, rtol=0, atol=1e-6)
+
+
+def test_default_lr_moves_the_weights_by_the_relative_step_whatever_their_scale() -> None:
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=16)
+    model = _mlp()
+    lr = schedule.relative_lr(model, list(model.parameters()), loader, device=torch.device("cpu"))
+    norms = []
+    for xb, yb in loader:
+        model.zero_grad()
+        nn.functional.cross_entropy(model(xb), yb).backward()
+        norms.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm())
+    weight_norm = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).norm()
+    assert lr * torch.stack(norms).mean().item() == pytest.approx(schedule.RELATIVE_STEP * weight_norm.item(), rel=1e-5)
+    um = posthoc.wrap(model, method="swag", scale=0.0).fit(loader, progress=False)
+    assert um.method.summary()["lr"] == pytest.approx(lr, rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    "curve, plain, expected, warns",
+    [
+        (lambda s: 0.1 * (1 + 0.008 * s), 0.11, 2.0, False),   # within 2% of the SWA mean up to s = 2
+        (lambda s: 0.1 * (1 + 0.0001 * s), 0.11, 128.0, False),  # flat: the walk stops at the widest scale
+        (lambda s: 0.1 * (1 + 0.1 * s), 0.11, 0.125, False),    # 0.5 costs 5%: halve until within
+        (lambda s: 0.1 + 0.05 * (s > 0), 0.11, 0.0, True),      # any spread costs 50%: the SWA mean, with a warning
+        (lambda s: 0.2 - 0.01 * s, 0.1, 0.0, True),             # worse than the checkpoint everywhere
+    ],
+)
+def test_scale_is_the_widest_within_tolerance_of_the_best(curve, plain, expected, warns) -> None:
+    tried = []
+
+    def nll(scale: float) -> float:
+        tried.append(scale)
+        return curve(scale)
+
+    if warns:
+        with pytest.warns(RuntimeWarning, match="SWA mean"):
+            chosen = schedule.widest_scale(nll, plain_nll=plain, tolerance=0.02)
+    else:
+        chosen = schedule.widest_scale(nll, plain_nll=plain, tolerance=0.02)
+    assert chosen == expected
+    assert tried[0] == 0.0 and len(tried) <= 10
+
+
+def test_scale_chosen_on_validation_is_used_saved_and_reported(digits, digits_model, small_fit, tmp_path) -> None:
+    x, y = digits.calibration.tensors
+    val = DataLoader(TensorDataset(x[:256], y[:256]), batch_size=128)
+    um = posthoc.wrap(digits_model, method="swag", subset="last_layer").fit(small_fit, val, progress=False)
+    card = um.method.summary()
+    plain_nll, chosen_nll = um.method.scale_fit[1:].tolist()
+    assert card["scale"] == um.method.scale == float(um.method.scale_fit[0]) > 0
+    assert chosen_nll <= 1.02 * plain_nll
+    assert card["random_variables"] == 64 * 8 + 8 and card["layers"] == ["classifier.4"]
+    assert card["rank"] == card["snapshots"] == 8 and card["epochs"] == 2 and card["collect_per_epoch"] == 4
+    um.save(tmp_path / "swag.pt")
+    loaded = posthoc.load(tmp_path / "swag.pt", digits_model)
+    assert loaded.method.scale == um.method.scale and loaded.method.summary() == card
+    fixed = posthoc.wrap(digits_model, method="swag", subset="last_layer", scale=0.5).fit(small_fit, val, progress=False)
+    assert fixed.method.scale == 0.5  # a scale the user gave is never searched
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_swa_mean_of_the_default_schedule_is_not_worse_than_the_checkpoint_in_distribution(digits, name) -> None:
+    model = zoo.pretrained(name)
+    test = data.loader(digits.test, 500)
+    plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test, progress=False).nll
+    for seed in (0, 1, 2):  # three fine-tuning data orders
+        swa = posthoc.wrap(model, method="swag", scale=0.0).fit(data.loader(digits.fit, 64, shuffle=True, seed=seed), progress=False)
+        assert posthoc.evaluate(swa, test, progress=False).nll <= plain, seed

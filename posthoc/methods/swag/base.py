@@ -1,9 +1,10 @@
 """What every SWAG algorithm shares: its options, and the fine-tuning that collects the moments.
 
 ``fit`` fine-tunes private copies of the weights SWAG makes Gaussian with SGD (momentum 0.9,
-constant learning rate) and takes ``collect_per_epoch`` snapshots per epoch into a
+constant learning rate, by default set from the model: :mod:`.schedule`) and takes
+``collect_per_epoch`` snapshots per epoch into a
 :class:`~posthoc.methods.swag.collector.SWAGCollector` (mean, diagonal variance, last ``rank``
-deviations). A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
+deviations); with a ``val_loader`` and no ``scale`` given, it then chooses the scale on held-out NLL. A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
 moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
 
 Example:
@@ -19,6 +20,7 @@ import math
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,9 +30,16 @@ from tqdm.auto import tqdm
 from posthoc.core import distributed
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, NumericalError, PosteriorFileError
-from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.logits import class_log_probs
 from posthoc.core.method import Method
+from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
+from posthoc.methods.swag.schedule import relative_lr, widest_scale
+
+
+#: the fit options saved in the ``schedule`` buffer, in its order
+SCHEDULE = ("epochs", "lr", "collect_per_epoch", "momentum", "weight_decay")
 
 
 @dataclass(frozen=True)
@@ -77,6 +86,7 @@ class SWAGBase(Method):
         bn_batches: int | None = 4,
         stats_device: str | torch.device | None = None,
         head: str | None = None,
+        val_tolerance: float = 0.02,
         seed: int = 0,
     ) -> None:
         super().__init__(model)
@@ -88,13 +98,22 @@ class SWAGBase(Method):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.subset = subset
         self.cov = cov
-        self.scale = float(scale) if scale is not None else (0.5 if cov else 1.0)
+        if isinstance(val_tolerance, bool) or not isinstance(val_tolerance, (int, float)) or not 0 <= val_tolerance < math.inf:
+            raise ConfigError(f"val_tolerance must be a finite number >= 0 (a fraction of held-out NLL), got {val_tolerance!r}")
+        #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
+        self.scale_option = None if scale is None else float(scale)
+        self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
+        self.val_tolerance = float(val_tolerance)
         self.num_samples = positive_int(num_samples, "num_samples")
         self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
         self.stats_device = torch.device(stats_device) if stats_device is not None else None
         self.seed = seed
         self.names: list[str] = []
         self.collector: SWAGCollector | None = None
+        #: the fine-tuning that collected the moments: epochs, lr, collect_per_epoch, momentum, weight_decay
+        self.register_buffer("schedule", None)
+        #: the scale used, and the held-out NLL of the checkpoint and of SWAG at it (NaN without a val_loader)
+        self.register_buffer("scale_fit", None)
 
     # ----------------------------------------------------------------- what a subclass says
     def _tuning(self, loader: Iterable) -> Tuning:
@@ -115,8 +134,8 @@ class SWAGBase(Method):
         val_loader: Iterable | None = None,
         *,
         progress: bool = True,
-        epochs: int = 1,
-        lr: float = 1e-3,
+        epochs: int = 2,
+        lr: float | None = None,
         collect_per_epoch: int = 4,
         rank: int = 20,
         momentum: float = 0.9,
@@ -124,8 +143,8 @@ class SWAGBase(Method):
         include_pretrained: bool = False,
     ) -> None:
         positive_int(epochs, "epochs")
-        if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
-            raise ConfigError(f"lr must be a positive finite number (ImageNet reference: 1e-3), got {lr!r}")
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
+            raise ConfigError(f"lr must be a positive finite number, or None (relative to the gradient scale), got {lr!r}")
         positive_int(collect_per_epoch, "collect_per_epoch")
         if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
             raise ConfigError(f"momentum must lie in [0, 1), got {momentum!r}")
@@ -133,24 +152,59 @@ class SWAGBase(Method):
             raise ConfigError(f"weight_decay must be >= 0, got {weight_decay!r}")
         if not isinstance(include_pretrained, bool):
             raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
-        self._fine_tune(
-            train_loader, epochs=epochs, lr=float(lr), collect_per_epoch=collect_per_epoch, rank=rank,
-            momentum=float(momentum), weight_decay=float(weight_decay), include_pretrained=include_pretrained,
-            progress=progress,
+        lr = self._fine_tune(
+            train_loader, epochs=epochs, lr=None if lr is None else float(lr), collect_per_epoch=collect_per_epoch,
+            rank=rank, momentum=float(momentum), weight_decay=float(weight_decay),
+            include_pretrained=include_pretrained, progress=progress,
         )
+        self.schedule = torch.tensor([epochs, lr, collect_per_epoch, momentum, weight_decay], dtype=torch.float64)
         held = self.collector.num_deviations if self.cov else self.collector.num_snapshots
-        if self.scale > 0 and held < 2:
+        if (self.scale_option is None or self.scale_option > 0) and held < 2:
             raise ConfigError(
                 f"SWAG collected {self.collector.num_snapshots} snapshot(s) but needs at least 2 to sample; "
                 "raise epochs or collect_per_epoch, or pass include_pretrained=True"
             )
+        nll = (math.nan, math.nan)
+        if self.scale_option is None and val_loader is not None:
+            self.scale, nll = self._choose_scale(train_loader, val_loader)
+        self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
         self._after_fit(train_loader, progress=progress)
+
+    def _choose_scale(self, train_loader: Iterable, val_loader: Iterable) -> tuple[float, tuple[float, float]]:
+        """The widest scale within ``val_tolerance`` of the best held-out NLL (:func:`.schedule.widest_scale`),
+        and the held-out NLL of the checkpoint and of SWAG at that scale."""
+        scores: dict[float, float] = {}
+
+        def validation_nll(scale: float) -> float:
+            self.scale = scale
+            self._after_fit(train_loader, progress=False)
+            scores[scale] = self._held_out_nll(val_loader, lambda x: self.log_predictive(x)[0])
+            return scores[scale]
+
+        with torch.no_grad():
+            plain = self._held_out_nll(val_loader, lambda x: class_log_probs(run_model(self.model, x)))
+        scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance)
+        return scale, (plain, scores[scale])
+
+    def _held_out_nll(self, loader: Iterable, log_probs: Callable[[Inputs], Tensor]) -> float:
+        """Mean NLL of ``log_probs`` over a labelled loader (every example counted once, across ranks too)."""
+        total = torch.zeros(2, dtype=torch.float64, device=self.device)
+        with torch.no_grad(), eval_mode(self.model):
+            for x, y in iterate(loader, device=self.device, progress=False, desc="swag scale"):
+                lp = log_probs(x)
+                total[0] -= lp.gather(-1, check_labels(y, lp.shape[-1]).unsqueeze(-1)).double().sum()
+                total[1] += lp.shape[0]
+        total = distributed.all_reduce_sum(total) if distributed.active() else total
+        return float(total[0] / total[1])
 
     def _fine_tune(
         self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
         weight_decay: float, include_pretrained: bool, progress: bool,
-    ) -> None:
+    ) -> float:
+        """Fine-tune and collect; returns the learning rate used (``lr=None``: :func:`.schedule.relative_lr`)."""
         tuning = self._tuning(loader)
+        if lr is None:
+            lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device)
         self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
         optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
         if include_pretrained:
@@ -198,6 +252,7 @@ class SWAGBase(Method):
                     self.collector.update(tuning.source)
         finally:
             bar.close()
+        return lr
 
     # ----------------------------------------------------------------- saving and loading
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
@@ -215,6 +270,33 @@ class SWAGBase(Method):
                     "the parameters' requires_grad flags"
                 )
         super().load_posterior_state(state)
+        if self.scale_fit is not None:
+            self.scale = float(self.scale_fit[0])
+
+    def summary(self) -> dict[str, Any]:
+        """The posterior for the model card: parameters under it, rank, layers and the fine-tuning that fitted it.
+
+        Example:
+            >>> card = posthoc.wrap(model, method="swag").fit(train_loader).method.summary()
+            >>> card["random_variables"], card["rank"], card["snapshots"]
+            (109768, 8, 8)
+        """
+        collector = self.collector
+        schedule = [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()
+        fitted = dict(zip(SCHEDULE, schedule))
+        return {
+            "random_variables": 0 if collector is None else collector.num_parameters,
+            "layers": list(parameter_owners(self.model, self.names)) if self.names else [],
+            "rank": 0 if collector is None or not self.cov else collector.num_deviations,
+            "scale": self.scale,
+            "num_samples": self.num_samples,
+            "snapshots": 0 if collector is None else collector.num_snapshots,
+            "epochs": None if fitted["epochs"] is None else int(fitted["epochs"]),
+            "lr": fitted["lr"],
+            "collect_per_epoch": None if fitted["collect_per_epoch"] is None else int(fitted["collect_per_epoch"]),
+            "momentum": fitted["momentum"],
+            "weight_decay": fitted["weight_decay"],
+        }
 
     def extra_repr(self) -> str:
         held = self.collector.num_snapshots if self.collector is not None else 0
