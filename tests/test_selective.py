@@ -16,6 +16,7 @@ from scipy import stats
 
 import posthoc
 from posthoc.demo import data
+from posthoc.evaluation.report import operating_points
 from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.selective import RiskNotReachableError, search_threshold
 
@@ -128,7 +129,7 @@ def test_entropy_and_epistemic_scores() -> None:
         posthoc.selective(posthoc.Prediction.from_probs(probs), labels, score="epistemic")
 
 
-def test_a_wrapped_model(digits: data.DigitsSplits, digits_model: torch.nn.Module) -> None:
+def test_a_wrapped_model(digits: data.DigitsSplits, digits_model: torch.nn.Module, tmp_path) -> None:
     um = posthoc.wrap(digits_model, method="none").fit()
     sel = posthoc.selective(um, data.loader(digits.calibration, 200), target_risk=0.02, progress=False)
     x, y = digits.test.tensors
@@ -136,6 +137,9 @@ def test_a_wrapped_model(digits: data.DigitsSplits, digits_model: torch.nn.Modul
     report = posthoc.evaluate(um, data.loader(digits.test, 500), selective=sel, progress=False)
     assert report.target_risk == 0.02 and 0 < report.deferral < 0.5 and report.selective_risk < 0.02
     assert "deferral (target risk=0.02) | accepted error |" in report.to_markdown()
+    assert operating_points(report) == {"none": (1 - report.deferral, report.selective_risk)}
+    report.risk_coverage_curve(tmp_path / "risk_coverage.png")  # with the operating point and the target
+    assert (tmp_path / "risk_coverage.png").stat().st_size > 1000
     with pytest.raises(posthoc.ConfigError, match="calibrated on another wrapped model"):
         posthoc.evaluate(posthoc.wrap(digits_model, method="none").fit(), data.loader(digits.test), selective=sel)
 

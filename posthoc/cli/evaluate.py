@@ -48,7 +48,7 @@ from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, ca
 from posthoc.core.registry import REGISTRY
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading.models import build_model
-from posthoc.evaluation.report import Report, markdown_table
+from posthoc.evaluation.report import Report, markdown_table, operating_points
 from posthoc.guarantees.bounds import check_probability
 
 BASELINE = "none"
@@ -314,7 +314,8 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     out.mkdir(parents=True, exist_ok=True)
     curves = {r.name: (r.test.probs, r.test.labels) for r in results}
     plots.reliability_diagram(curves, out / "reliability.png")
-    plots.risk_coverage_curve(curves, out / "risk_coverage.png")
+    plots.risk_coverage_curve(curves, out / "risk_coverage.png", operating_points(*(r.test for r in results)),
+                              args.target_risk)
 
     timing = {"fit s": [f"{r.fit_seconds:.1f}" for r in results], "eval s": [f"{r.eval_seconds:.1f}" for r in results]}
     fitted = {"fitted": [", ".join(f"{k.rpartition('.')[2]}={v:.4g}" for k, v in r.state.items()

@@ -50,14 +50,29 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike, bins: int = 15)
     plt.close(fig)
 
 
-def risk_coverage_curve(curves: Curves, path: str | os.PathLike) -> None:
-    """Selective risk against coverage for each ``name -> (probs, labels)``, on one axis."""
+def risk_coverage_curve(curves: Curves, path: str | os.PathLike,
+                        operating_points: Mapping[str, tuple[float, float]] | None = None,
+                        target_risk: float | None = None) -> None:
+    """Selective risk against coverage for each ``name -> (probs, labels)``, on one axis.
+
+    ``operating_points`` marks where a selective rule landed on the test set, ``name -> (coverage,
+    risk)``; ``target_risk`` draws the risk it was calibrated to stay under.
+
+    Example:
+        >>> risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
+    """
     fig, ax = plt.subplots(figsize=(4.6, 3.6))
     for name, (probs, labels) in curves.items():
         confidence, predicted = probs.max(-1)
         coverage, risk = metrics.risk_coverage(confidence, predicted == labels)
-        ax.plot(coverage.numpy(), risk.numpy(), label=f"{name} (AURC {float(risk.mean()):.4f})")
+        line, = ax.plot(coverage.numpy(), risk.numpy(), label=f"{name} (AURC {float(risk.mean()):.4f})")
+        if operating_points and name in operating_points:
+            ax.plot(*operating_points[name], "o", color=line.get_color(), markeredgecolor="black")
+    if target_risk is not None:
+        ax.axhline(target_risk, color="gray", linestyle=":", linewidth=1, label=f"target risk {target_risk:g}")
     ax.set(xlabel="coverage", ylabel="selective risk (error)", xlim=(0, 1), ylim=(0, None))
+    if target_risk is not None:
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.2 * target_risk))
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

@@ -106,7 +106,15 @@ class Report:
         plots.reliability_diagram({self.name: (self.probs, self.labels)}, path)
 
     def risk_coverage_curve(self, path: str | os.PathLike) -> None:
-        plots.risk_coverage_curve({self.name: (self.probs, self.labels)}, path)
+        """The risk–coverage curve, with the selective rule's operating point when one was measured."""
+        plots.risk_coverage_curve({self.name: (self.probs, self.labels)}, path, operating_points(self),
+                                  self.target_risk)
+
+
+def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
+    """``name -> (coverage, error on accepted)`` of the reports that measured a selective rule accepting something."""
+    return {r.name: (1 - r.deferral, r.selective_risk) for r in reports
+            if r.deferral is not None and r.selective_risk is not None}
 
 
 def _cell(value: float | None) -> str:
