@@ -73,8 +73,8 @@ def test_coverage_over_random_splits_lies_in_the_finite_sample_band(score: str) 
         assert abs(np.quantile(covered, q) - beta.ppf(q)) < 0.012, (q, np.quantile(covered, q), beta.ppf(q))
 
 
-def test_the_plain_quantile_would_undercover() -> None:
-    """The test above can tell: the uncorrected 1 - alpha quantile (rank ceil(n (1 - alpha))) covers less."""
+def test_coverage_holds_with_few_calibration_examples() -> None:
+    """With n = 20 the finite-sample rank (19) and the plain 1 - alpha quantile's (18) differ, and only 19 covers."""
     n_cal, alpha = 20, 0.1
     assert conformal_rank(n_cal, alpha) == 19 and math.ceil(n_cal * (1 - alpha)) == 18
     covered = split_coverages(n_cal, 1000, alpha, splits=200, score="lac")
