@@ -1,19 +1,21 @@
-"""iBNN cost and quality on the bundled digits CNN (run by hand: ``python benchmarks/bench_ibnn.py``).
+"""iBNN quality and cost on both bundled checkpoints (run by hand: ``python benchmarks/bench_ibnn.py``).
 
-Speed: ``predict`` with K=4 components x S=5 samples (one forward over a batch expanded 20x)
-against one plain forward pass of the same batch, timed back to back in this process.
-Quality: the demo configuration fine-tuned from the bundled checkpoint; fine-tuning time as a
-multiple of one training epoch of the checkpoint (Adam, batch 64, timed here), then NLL / ECE
-on the test digits rotated by 0-180 degrees next to the MAP model.
+Quality (the protocol of issue 15): ``posthoc.wrap(model, method="ibnn", recipe=...).fit(loader(fit,
+64, shuffle=True), loader(calibration))`` for the default recipe (``"posthoc"``) and the paper's
+(``"paper"``), then NLL / ECE on the test digits rotated by 0, 45 and 90 degrees next to
+the plain model, and the verdict of section 2 (in-distribution NLL <= 1.02x plain, NLL at 45 and 90
+degrees below plain). Cost: the fit's wall and process-CPU seconds, and ``predict`` over the 1,000
+test digits as a ratio of medians to one plain forward over them, timed back to back.
 
 Example:
     $ python benchmarks/bench_ibnn.py --threads 2
+    $ python benchmarks/bench_ibnn.py --archs digits_bn_cnn --recipes posthoc --seeds 0 1 2
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
+import statistics
 import time
 
 import torch
@@ -21,74 +23,92 @@ import torch
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
-from posthoc.methods.ibnn.method import ImplicitBNN
 
 try:
-    from timing import HEADER, measure, row
+    from timing import measure
 except ImportError:  # run from the repository root
-    from benchmarks.timing import HEADER, measure, row
+    from benchmarks.timing import measure
 
-ANGLES = (0, 30, 60, 90, 120, 180)
-
-
-def speed(model: torch.nn.Module, x: torch.Tensor, components: int, samples: int) -> None:
-    um = posthoc.wrap(model, method="ibnn", components=components, num_samples=samples)
-    um.method.fitted.fill_(True)
-    with torch.no_grad():
-        plain = measure(lambda: model(x))
-        method = measure(lambda: um.predict(x))
-    print(f"\n### predict, K={components}, S={samples} ({components * samples} samples), batch {len(x)}\n")
-    print(HEADER)
-    print(row("plain forward", plain, plain))
-    print(row(f"ibnn predict (K={components}, S={samples})", method, plain))
+ANGLES = (0, 45, 90)
+ARCHS = ("digits_cnn", "digits_bn_cnn")
+#: the recipes compared (``posthoc.methods.ibnn.recipes``)
+RECIPES = ("posthoc", "paper")
 
 
-def one_training_epoch(model: torch.nn.Module, splits: data.DigitsSplits) -> float:
-    net = copy.deepcopy(model).train()
-    optimizer = torch.optim.Adam(net.parameters(), lr=1e-3)
-    start = time.perf_counter()
-    for x, y in data.loader(splits.fit, batch_size=64, shuffle=True):
-        optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(net(x), y).backward()
-        optimizer.step()
-    return time.perf_counter() - start
+def checkpoint(arch: str, seed: int) -> torch.nn.Module:
+    """The bundled checkpoint for seed 0, a retrained one (``zoo.train``) for any other seed."""
+    return zoo.pretrained(arch) if seed == 0 else zoo.train(seed, name=arch, progress=False)
 
 
-def quality(model: torch.nn.Module, splits: data.DigitsSplits) -> None:
-    label, options = ImplicitBNN.demo_configs[0]
-    fit_names = ImplicitBNN.fit_option_defaults()
-    wrap_options = {k: v for k, v in options.items() if k not in fit_names}
-    fit_options = {k: v for k, v in options.items() if k in fit_names}
-    epoch = one_training_epoch(model, splits)
-    torch.manual_seed(0)
-    um = posthoc.wrap(model, method="ibnn", **wrap_options)
-    start, cpu = time.perf_counter(), time.process_time()
-    um.fit(data.loader(splits.fit, batch_size=64, shuffle=True), progress=False, **fit_options)
-    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
-    print(f"\n### {label}: {options}\n")
-    print(f"fine-tune {seconds:.1f} s (cpu/wall {cpu / seconds:.2f}) = {seconds / epoch:.1f}x one training epoch ({epoch:.1f} s)\n")
-    print("| rotation | MAP NLL | iBNN NLL | MAP ECE | iBNN ECE | MAP acc | iBNN acc |")
-    print("|---|---|---|---|---|---|---|")
+def scores(predict, splits: data.DigitsSplits) -> dict[int, tuple[float, float]]:
+    """``angle -> (NLL, ECE)`` of ``predict(x) -> probs`` on the rotated test digits."""
+    out = {}
     for angle in ANGLES:
         x, y = data.rotated(splits.test, angle).tensors
-        with torch.no_grad():
-            p_map = model(x).softmax(-1)
-        p = um.predict(x, generator=torch.Generator().manual_seed(0)).probs
-        print(f"| {angle} | {metrics.nll(p_map, y):.3f} | {metrics.nll(p, y):.3f} | {metrics.ece(p_map, y):.3f} | "
-              f"{metrics.ece(p, y):.3f} | {metrics.accuracy(p_map, y):.3f} | {metrics.accuracy(p, y):.3f} |")
+        probs = predict(x)
+        out[angle] = (metrics.nll(probs, y), metrics.ece(probs, y))
+    return out
+
+
+def run_case(model: torch.nn.Module, splits: data.DigitsSplits, recipe: str, seed: int) -> dict:
+    """Fit one recipe on ``model`` and measure it; returns its scores, ratios to plain and costs."""
+    torch.manual_seed(seed)
+    um = posthoc.wrap(model, method="ibnn", recipe=recipe, seed=seed)
+    wall, cpu = time.perf_counter(), time.process_time()
+    um.fit(data.loader(splits.fit, 64, shuffle=True, seed=seed), data.loader(splits.calibration), progress=False)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    generator = torch.Generator().manual_seed(seed)
+    result = scores(lambda x: um.predict(x, generator=generator).probs, splits)
+    x = splits.test.tensors[0]
+    with torch.no_grad():
+        plain_time = measure(lambda: model(x), repeats=3)
+        predict_time = measure(lambda: um.predict(x), repeats=3)
+    return {"scores": result, "fit_wall": wall, "fit_cpu": cpu, "predict_ratio": predict_time.wall / plain_time.wall,
+            "predict_cpu_per_wall": predict_time.cpu_per_wall, "summary": um.method.summary()}
+
+
+def report(arch: str, recipe: str, plain: list[dict], cases: list[dict], fit_examples: int) -> None:
+    """Print one Markdown block: mean (and spread over seeds) of NLL / ECE per angle, the verdict, the costs."""
+    print(f"\n### {arch}, iBNN recipe `{recipe}` ({len(cases)} seed(s))\n")
+    print("| rotation | plain NLL | iBNN NLL | ratio | plain ECE | iBNN ECE |")
+    print("|---|---|---|---|---|---|")
+    ratios = {}
+    for angle in ANGLES:
+        p_nll = [s[angle][0] for s in plain]
+        m_nll = [c["scores"][angle][0] for c in cases]
+        ratios[angle] = statistics.mean(m / p for m, p in zip(m_nll, p_nll))
+        spread = f" ± {statistics.stdev(m_nll):.3f}" if len(m_nll) > 1 else ""
+        print(f"| {angle} | {statistics.mean(p_nll):.4f} | {statistics.mean(m_nll):.4f}{spread} | {ratios[angle]:.3f} | "
+              f"{statistics.mean(s[angle][1] for s in plain):.4f} | {statistics.mean(c['scores'][angle][1] for c in cases):.4f} |")
+    meets = ratios[0] <= 1.02 and all(ratios[a] < 1 for a in ANGLES[1:])
+    card = cases[0]["summary"]
+    print(f"\nissue 15 section 2: {'met' if meets else 'NOT met'} (in-distribution ratio {ratios[0]:.3f} <= 1.02, "
+          f"45/90 ratios {ratios[45]:.3f} / {ratios[90]:.3f} < 1)")
+    print(f"fit {statistics.median(c['fit_wall'] for c in cases):.1f} s wall, "
+          f"{statistics.median(c['fit_cpu'] for c in cases):.1f} s CPU ({card['epochs']} epochs over {fit_examples} digits); "
+          f"predict {statistics.median(c['predict_ratio'] for c in cases):.1f}x a plain forward "
+          f"({card['test_samples']} samples, cpu/wall {statistics.median(c['predict_cpu_per_wall'] for c in cases):.2f}); "
+          f"{card['random_variables']} node variables per component, K={card['components']}")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--skip-quality", action="store_true")
+    parser.add_argument("--archs", nargs="+", default=list(ARCHS), choices=ARCHS)
+    parser.add_argument("--recipes", nargs="+", default=list(RECIPES), choices=RECIPES)
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     splits = data.load_digits()
-    model = zoo.pretrained()
-    speed(model, splits.test.tensors[0][:500], components=4, samples=5)
-    if not args.skip_quality:
-        quality(model, splits)
+    for arch in args.archs:
+        models = {seed: checkpoint(arch, seed) for seed in args.seeds}
+        plain = []
+        for seed in args.seeds:
+            with torch.no_grad():
+                plain.append(scores(lambda x: models[seed](x).softmax(-1), splits))
+        for recipe in args.recipes:
+            cases = [run_case(models[seed], splits, recipe, seed) for seed in args.seeds]
+            report(arch, recipe, plain, cases, len(splits.fit))
 
 
 if __name__ == "__main__":

@@ -4,12 +4,14 @@ import copy
 
 import pytest
 import torch
+import torchvision
 from torch import nn
 
 import posthoc
 from posthoc.core.errors import ConfigError, NumericalError
-from posthoc.methods.ibnn.elbo import expand
-from posthoc.methods.ibnn.nodes import NodeSet, select_layers
+from posthoc.methods.ibnn.elbo import ElboOptions, expand
+from posthoc.methods.ibnn.nodes import NodeSet, count_nodes, select_layers
+from posthoc.methods.ibnn.recipes import RECIPES
 
 
 def _scaled_copy(model, names, factors):
@@ -227,6 +229,8 @@ def test_layers_that_never_run_are_left_out_of_the_kl():
         ({"layers": ["features.1"]}, "matches no"),  # a BatchNorm: no Conv/Linear inside
         ({"layers": ["classifier.4"], "head": False}, "matches no"),
         ({"num_samples": 0}, "num_samples"),
+        ({"init_std_spread": -0.1}, "init_std_spread"),
+        ({"recipe": "papers"}, "recipe"),
     ],
 )
 def test_bad_options_are_refused(digits_model, options, match):
@@ -241,7 +245,8 @@ def test_a_model_without_conv_or_linear_is_refused():
         select_layers(nn.Linear(2, 2), "fc")
 
 
-@pytest.mark.parametrize("fit_options", [{"epochs": 0}, {"lr_nodes": 0.0}, {"lr_weights": -1.0}, {"beta": float("nan")}])
+@pytest.mark.parametrize("fit_options", [{"epochs": 0}, {"lr_nodes": 0.0}, {"lr_nodes_final": -1.0}, {"lr_weights": -1.0},
+                                         {"beta": float("nan")}, {"batchnorm": "eval"}, {"train_samples": 0}])
 def test_bad_fit_options_are_refused(digits_model, loaders, fit_options):
     um = posthoc.wrap(digits_model, method="ibnn")
     with pytest.raises(ConfigError):
@@ -262,11 +267,102 @@ def test_nan_elbo_stops_with_a_clear_error_and_restores_everything(digits_model,
     assert not um.is_fitted
 
 
-def test_refresh_bn_re_estimates_the_statistics_with_the_nodes_on(digits_model, digits):
+def test_batchnorm_train_re_estimates_the_statistics_with_the_nodes_on(digits_model, digits):
     x, y = digits.fit.tensors
     loader = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
+    frozen = posthoc.wrap(digits_model, method="ibnn", components=2, init_mean_std=0.3)
+    frozen.fit(loader, epochs=1, batchnorm="frozen", lr_weights=0.0, progress=False)
+    assert torch.equal(frozen.method.model.features[1].running_mean, digits_model.features[1].running_mean)
     um = posthoc.wrap(digits_model, method="ibnn", components=2, init_mean_std=0.3)
-    um.fit(loader, epochs=1, lr_nodes=0.1, refresh_bn=True, progress=False)
+    um.fit(loader, epochs=1, progress=False)  # batchnorm="train" by default
     norm, original = um.method.model.features[1], digits_model.features[1]
     assert not torch.allclose(norm.running_mean, original.running_mean) and norm.momentum == original.momentum
+    # after the fit the statistics are exactly those of the training data with the fitted nodes sampling
+    nodes = um.method.nodes
+    with torch.no_grad(), nodes.sampling(torch.arange(2 * 128) % 2, generator=torch.Generator().manual_seed(0)):
+        inputs = []
+        hook = um.method.model.features[1].register_forward_pre_hook(lambda m, a: inputs.append(a[0]))
+        um.method.model.eval()(expand(x[:128], 2))
+        hook.remove()
+    torch.testing.assert_close(norm.running_mean, inputs[0].mean((0, 2, 3)), rtol=0.05, atol=0.02)
     assert not um.method.model.training and torch.isfinite(um.predict(x[:8]).probs).all()
+    assert all(torch.equal(v, digits_model.state_dict()[k]) for k, v in posthoc.demo.zoo.pretrained().state_dict().items())
+
+
+def test_the_paper_fit_trains_the_weights_slowly_and_the_nodes_fast(digits_model, digits):
+    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(128)), batch_size=64)
+    um = posthoc.wrap(digits_model, method="ibnn", components=2)
+    weight = um.method.model.classifier[4].weight.detach().clone()
+    means = [g.mean.detach().clone() for g in um.method.nodes.groups]
+    um.fit(loader, epochs=1, lr_weights=1e-4, lr_nodes=0.2, progress=False)
+    weight_step = (um.method.model.classifier[4].weight - weight).abs().max()
+    node_step = max(float((g.mean - m).abs().max()) for g, m in zip(um.method.nodes.groups, means))
+    assert 0 < weight_step < 1e-2 < node_step
+    frozen = posthoc.wrap(digits_model, method="ibnn", components=2)
+    frozen.fit(loader, epochs=1, lr_weights=0.0, progress=False)
+    assert torch.equal(frozen.method.model.classifier[4].weight, weight)
+
+
+def test_node_learning_rate_is_annealed_and_kl_warms_up():
+    options = ElboOptions(lr_nodes=0.2, lr_nodes_final=0.05, kl_warmup=0.5, beta=1.0)
+    assert [options.node_lr(t) for t in (0.0, 0.5, 0.7, 0.9, 1.0)] == pytest.approx([0.2, 0.2, 0.125, 0.05, 0.05])
+    assert [options.kl_weight(t) for t in (0.0, 0.25, 0.5, 1.0)] == pytest.approx([0.0, 0.5, 1.0, 1.0])
+
+
+def test_training_samples_are_independent_of_the_components(digits_model, digits):
+    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=32)
+    um = posthoc.wrap(digits_model, method="ibnn", components=4)
+    rows = []
+    hook = um.method.model.classifier[4].register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[0]))
+    um.fit(loader, epochs=1, train_samples=3, batchnorm="frozen", lr_weights=0.0, progress=False)
+    hook.remove()
+    assert rows == [32 * 3, 32 * 3]
+    assert um.method.summary()["train_samples"] == 3
+
+
+def test_initialisation_follows_the_paper(digits_model):
+    um = posthoc.wrap(digits_model, method="ibnn", components=8, init_mean_std=0.5, init_std=0.05,
+                      init_std_spread=0.02, stem=True)
+    means = torch.cat([g.mean.detach().flatten() for g in um.method.nodes.groups])
+    stds = torch.cat([g.std.detach().flatten() for g in um.method.nodes.groups])
+    assert abs(float(means.mean()) - 1) < 0.02 and abs(float(means.std()) - 0.5) < 0.02
+    assert abs(float(stds.mean()) - 0.05) < 0.003 and abs(float(stds.std()) - 0.02) < 0.003 and float(stds.min()) > 0
+
+
+@pytest.mark.parametrize("name, nodes", [("resnet50", 24579), ("alexnet", 18307), ("vgg16", 36995)])
+def test_node_counts_match_the_papers_table_1(name, nodes):
+    model = getattr(torchvision.models, name)(weights=None)
+    assert count_nodes(model) == nodes
+    summary = posthoc.wrap(model, method="ibnn", components=2).method.summary()
+    assert summary["random_variables"] == nodes and summary["components"] == 2
+    assert summary["layers"][0] in ("conv1", "features.0") and summary["variational_parameters"] == 2 * 2 * nodes
+    assert count_nodes(model, stem=False, head=False) < nodes
+
+
+def test_summary_reports_the_fit(digits_model, digits):
+    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
+    um = posthoc.wrap(digits_model, method="ibnn", components=3, num_samples=2, init_mean_std=0.4)
+    before = um.method.summary()
+    assert before["epochs"] is None and before["random_variables"] == 1 + 16 + 32 * 7 * 7 + 64
+    um.fit(loader, epochs=2, beta=0.5, progress=False)
+    card = um.method.summary()
+    assert card["epochs"] == 2 and card["beta"] == 0.5 and card["batchnorm"] == "train"
+    assert card["init_mean_std"] == 0.4 and card["test_samples"] == 6 and card["components"] == 3
+    assert card["layers"] == ["features.0", "features.4", "classifier.1", "classifier.4"]
+
+
+def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, digits):
+    default, paper = RECIPES["posthoc"], RECIPES["paper"]
+    card = posthoc.wrap(digits_model, method="ibnn").method.summary()
+    assert (card["recipe"], card["components"], card["init_mean_std"], card["prior_std"]) == (
+        "posthoc", default.components, default.init_mean_std, default.prior_std)
+    um = posthoc.wrap(digits_model, method="ibnn", recipe="paper", init_mean_std=0.75)
+    card = um.method.summary()
+    assert (card["components"], card["init_mean_std"], card["prior_std"]) == (paper.components, 0.75, paper.prior_std)
+    means = torch.cat([g.mean.detach().flatten() for g in um.method.nodes.groups])
+    assert 0.6 < float(means.std()) < 0.9
+    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
+    um.fit(loader, epochs=1, progress=False)
+    card = um.method.summary()
+    assert (card["epochs"], card["lr_weights"], card["lr_nodes"], card["train_samples"]) == (
+        1, paper.lr_weights, paper.lr_nodes, paper.train_samples)

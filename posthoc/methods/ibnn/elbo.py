@@ -5,18 +5,20 @@ copy ``i`` is routed to component ``i mod K``, so one forward pass covers every 
 
 Example:
     >>> nodes = NodeSet(net, components=2)
-    >>> maximise_elbo(net, nodes, loader, ElboOptions(epochs=1), progress=False)
+    >>> fit_nodes(net, nodes, loader, ElboOptions(epochs=1), progress=False)
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from tqdm.auto import tqdm
 
 from posthoc.core import distributed
@@ -25,7 +27,7 @@ from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs
 from posthoc.core.modules import eval_mode
-from posthoc.engine.bn_refresh import refresh_batchnorm
+from posthoc.engine.bn_refresh import batchnorm_layers, refresh_batchnorm
 from posthoc.methods.ibnn.nodes import NodeSet
 
 
@@ -46,24 +48,36 @@ def routes(examples: int, repeats: int, components: int, device: torch.device) -
     return torch.arange(examples * repeats, device=device) % components
 
 
+#: how BatchNorm layers behave during the fit: "train" (the paper: statistics re-estimated with the
+#: nodes on before the fit, batch statistics during it, re-estimated again after it) or "frozen"
+#: (eval mode throughout: the checkpoint's statistics, which never see the nodes)
+BATCHNORM_MODES = ("train", "frozen")
+#: the node learning rate's schedule (the paper's code): constant for the first half of the steps,
+#: then linear down to ``lr_nodes_final`` at 90 % of them, then constant
+ANNEAL_START, ANNEAL_END = 0.5, 0.9
+
+
 @dataclass(frozen=True)
 class ElboOptions:
     """The fit options of ``ImplicitBNN.fit`` (see there); checked on construction."""
 
     epochs: int = 1
-    lr_nodes: float = 0.5
+    lr_nodes: float = 0.2
+    lr_nodes_final: float = 0.05
     lr_weights: float = 0.0
     momentum: float = 0.9
     weight_decay: float = 0.0
     beta: float = 1.0
     kl_warmup: float = 0.5
-    train_samples: int = 1
+    train_samples: int = 2
+    batchnorm: str = "train"
 
     def __post_init__(self) -> None:
         positive_int(self.epochs, "epochs")
         positive_int(self.train_samples, "train_samples")
         ranges = (
             ("lr_nodes", lambda v: v > 0, "> 0"),
+            ("lr_nodes_final", lambda v: v > 0, "> 0"),
             ("lr_weights", lambda v: v >= 0, ">= 0 (0 keeps the weights frozen)"),
             ("momentum", lambda v: 0 <= v < 1, "in [0, 1)"),
             ("weight_decay", lambda v: v >= 0, ">= 0"),
@@ -75,10 +89,33 @@ class ElboOptions:
             number = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
             if not number or not valid(value):
                 raise ConfigError(f"{name} must be a number {described}, got {value!r}")
+        if self.batchnorm not in BATCHNORM_MODES:
+            raise ConfigError(f"batchnorm must be one of {BATCHNORM_MODES}, got {self.batchnorm!r}")
 
     def kl_weight(self, done: float) -> float:
         """``beta_t`` after the fraction ``done`` of the steps: rises linearly to ``beta`` over ``kl_warmup``."""
         return self.beta * min(1.0, done / self.kl_warmup) if self.kl_warmup > 0 else self.beta
+
+    def node_lr(self, done: float) -> float:
+        """The node learning rate after the fraction ``done`` of the steps (see ``ANNEAL_START``).
+
+        Example:
+            >>> [ElboOptions(lr_nodes=0.2, lr_nodes_final=0.05).node_lr(t) for t in (0.0, 0.7, 1.0)]
+            [0.2, 0.125, 0.05]
+        """
+        progress = min(1.0, max(0.0, (done - ANNEAL_START) / (ANNEAL_END - ANNEAL_START)))
+        return self.lr_nodes + (self.lr_nodes_final - self.lr_nodes) * progress
+
+
+@contextmanager
+def batchnorm_training(model: nn.Module, train: bool) -> Iterator[nn.Module]:
+    """Every module in eval mode (dropout off), and BatchNorm layers in train mode if ``train``."""
+    with eval_mode(model):
+        if train:
+            for module in model.modules():
+                if isinstance(module, _BatchNorm):
+                    module.train()
+        yield model
 
 
 def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int) -> tuple[Tensor, Tensor]:
@@ -96,12 +133,26 @@ def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_sam
     return F.nll_loss(log_probs, labels), nodes.kl()
 
 
-def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
-    """Minimise ``NLL + beta_t * KL / N`` by SGD with Nesterov momentum, the model in eval mode.
+def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
+    """The whole fit: BatchNorm statistics re-estimated with the nodes on (``batchnorm="train"``),
+    the ELBO maximised (:func:`maximise_elbo`), and the statistics re-estimated once more for the
+    fitted nodes (the paper keeps the momentum average of the last batches instead)."""
+    refresh = options.batchnorm == "train" and bool(batchnorm_layers(model))
+    if refresh:
+        refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
+    maximise_elbo(model, nodes, train_loader, options, progress=progress)
+    if refresh:
+        refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
 
-    The node parameters take ``lr_nodes`` without weight decay, the weights ``lr_weights`` (0 =
-    frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a NaN/inf loss
-    (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
+
+def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
+    """Minimise ``NLL + beta_t * KL / N`` by SGD with Nesterov momentum, dropout off.
+
+    BatchNorm layers use batch statistics (train mode) if ``options.batchnorm == "train"``, their
+    running statistics otherwise. The node parameters take ``lr_nodes`` annealed to
+    ``lr_nodes_final`` (:meth:`ElboOptions.node_lr`) without weight decay, the weights
+    ``lr_weights`` (0 = frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a
+    NaN/inf loss (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
     """
     device = nodes.called.device
     size = _dataset_size(train_loader)
@@ -122,13 +173,15 @@ def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, opti
     bar = tqdm(total=total, desc="ibnn", disable=not progress, leave=False)
     step = 0
     try:
-        with eval_mode(model):
+        with batchnorm_training(model, options.batchnorm == "train"):
             for epoch in range(options.epochs):
                 for index, (x, y) in enumerate(iterate(train_loader, device=device, progress=False, desc="ibnn fit")):
                     if steps_per_epoch is not None and index >= steps_per_epoch:
                         break  # under torch.distributed: every rank takes the same number of steps
                     size = size or batch_size(x) * (steps_per_epoch or 1)
-                    kl_weight = options.kl_weight(step / total if total else epoch / options.epochs)
+                    done = step / total if total else epoch / options.epochs
+                    kl_weight = options.kl_weight(done)
+                    optimizer.param_groups[0]["lr"] = options.node_lr(done)
                     nll, kl = elbo_terms(model, nodes, x, y, options.train_samples)
                     loss = nll + kl_weight * kl / size
                     nll, kl = nll.detach(), kl.detach()

@@ -1,26 +1,41 @@
-"""``"ibnn"``: implicit Bayesian neural network with node posteriors (Trinh et al., 2022).
+"""``"ibnn"``: node-based Bayesian neural network on a pretrained model (Trinh et al., 2020 / 2022).
 
 Multiplicative latent variables ``z`` sit on the inputs of the model's ``Conv2d`` / ``Linear``
-layers (one per input channel / feature, see :mod:`posthoc.methods.ibnn.nodes`), with a mixture posterior
-``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` and prior ``N(1, s^2)``. The weights stay those of the
-checkpoint (frozen by default); ``fit`` maximises the ELBO over the node parameters, starting
-from means close to 1 so the pretrained function is kept (see :mod:`posthoc.methods.ibnn.elbo`).
-Predictions average ``K x S`` samples (``S`` per component) computed in one forward pass over a
-batch expanded ``K * S`` times, chunked under a memory budget.
+layers, one per input channel / feature, stem and head included: the paper's Table 1 placement
+(ResNet-50: 24,579 nodes, AlexNet 18,307, VGG-16 36,995; :func:`~posthoc.methods.ibnn.nodes.count_nodes`
+counts them without fitting). Their posterior is a mixture ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)``
+with prior ``N(1, s^2)`` (:mod:`posthoc.methods.ibnn.nodes`). ``fit`` maximises the ELBO as the
+paper does (:mod:`posthoc.methods.ibnn.elbo`): BatchNorm statistics re-estimated with the nodes on,
+then SGD in BatchNorm train mode with a large, annealed learning rate for the node parameters and a
+small one for the deterministic weights, ``S`` training samples per example (independent of ``K``),
+and a KL weight warmed up from 0. The weights and statistics change only on iBNN's own copy of the
+model (``copies_model``): the user's model is never modified. Predictions average ``K x S``
+samples (``S`` per component, sample ``r`` drawn from component ``r mod K``, the official code's
+``test.py -n 5`` per component), computed in one forward pass over a batch expanded ``K * S``
+times, chunked under a memory budget.
 
-Reference: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
-input augmentation" (arXiv:2010.13498); published as "Tackling covariate shift with node-based
-Bayesian neural networks", ICML 2022.
+Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) and ``"paper"``.
+They share everything above and differ where the paper's values were worse on the bundled
+checkpoints: K=2 instead of 4, means initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``,
+prior std 0.1 instead of 0.3, weights' learning rate 1e-3 instead of 1e-4 (reasons and numbers
+in the recipes module). Every setting can also be given by name.
+
+References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
+input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kaski, "Tackling
+covariate shift with node-based Bayesian neural networks", ICML 2022.
 
 Example:
-    >>> um = posthoc.wrap(model, method="ibnn", components=4).fit(train_loader, epochs=1)
+    >>> um = posthoc.wrap(model, method="ibnn").fit(train_loader)
     >>> um.predict(x).samples.shape      # (K * S, N, C)
-    torch.Size([20, 8, 10])
+    torch.Size([10, 8, 10])
+    >>> paper = posthoc.wrap(model, method="ibnn", recipe="paper", init_mean_std=0.75).fit(train_loader)
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -31,9 +46,13 @@ from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import register
-from posthoc.methods.ibnn.elbo import ElboOptions, expand, maximise_elbo, refresh_batchnorm_sampling, routes
+from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
+from posthoc.methods.ibnn.recipes import recipe as recipe_named
+from posthoc.methods.ibnn.recipes import resolve
 
+#: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
+FIT_RECORD = ("epochs", "train_samples", "lr_nodes", "lr_nodes_final", "lr_weights", "beta", "kl_warmup", "batchnorm")
 #: copies of the largest layer input of an expanded row alive at once in its forward (the input,
 #: its product with the nodes, the layer's output, the expanded batch)
 ACTIVATION_COPIES = 4
@@ -45,34 +64,39 @@ LOG_PROB_COPIES = 2
 class ImplicitBNN(Method):
     """Node posteriors on a pretrained network (see module docs).
 
-    Options:
-        components: ``K``, mixture components (each expanded example ``i`` uses component ``i mod K``).
-        prior_std: ``s`` of the prior ``N(1, s^2)``.
-        init_mean_std: component means start at ``1 + N(0, init_mean_std^2)``.
-        init_std: component standard deviations start here (kept positive by a softplus).
+    Options (``None``: the recipe's value; posthoc's default in brackets, the paper's after it):
+        recipe: ``"posthoc"`` or ``"paper"`` (:mod:`posthoc.methods.ibnn.recipes`).
+        components: ``K``, mixture components [2; paper 4].
+        prior_std: ``s`` of the prior ``N(1, s^2)`` [0.1; paper 0.3].
+        init_mean_std: ``sigma0``: component means start at ``N(1, sigma0^2)`` [0.05; paper 0.5, tuned
+            between 0.5 and 0.75 in the paper].
+        init_std, init_std_spread: component standard deviations start at ``|N(init_std, init_std_spread^2)|``
+            (kept positive by a softplus) [0.05, 0.02 in both].
         layers: module names whose Conv/Linear layers get nodes (default: all of them).
-        stem, head: include the first Conv/Linear and the classifier head. The stem is left out by
-            default: its few nodes (one per image channel) act as a global input scale that a short
-            fine-tune inflates (on the digits CNN its mean drifted to 1.2 in one epoch), making the
-            model more confident, not less.
-        num_samples: ``S``, samples per component at prediction (``K * S`` in total).
+        stem, head: include the first Conv/Linear and the classifier head [both, as in the paper's Table 1].
+        num_samples: ``S``, samples per component at prediction (``K * S`` in total) [5].
         max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
             larger inputs run in chunks.
-        seed: seeds the initial means.
+        seed: seeds the initial means and standard deviations.
     """
 
     name = "ibnn"
     copies_model = True
-    demo_configs = (("iBNN (K=4)", {"components": 4, "init_std": 0.1, "init_mean_std": 0.1, "epochs": 1, "lr_nodes": 0.5,
-                                  "beta": 10.0, "train_samples": 2, "num_samples": 1}),)
+    demo_configs = (("iBNN (K=2)", {}),)
 
-    def __init__(self, model: nn.Module, *, components: int = 4, prior_std: float = 0.1, init_mean_std: float = 0.05,
-                 init_std: float = 0.05, layers: Sequence[str] | None = None, stem: bool = False, head: bool = True,
-                 num_samples: int = 5, max_memory: int | None = None, seed: int = 0) -> None:
+    def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
+                 prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
+                 init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool = True,
+                 head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0) -> None:
         super().__init__(model)
-        self.nodes = NodeSet(model, components=components, prior_std=prior_std, init_mean_std=init_mean_std,
-                             init_std=init_std, layers=None if layers is None else list(layers), stem=stem,
-                             head=head, seed=seed)
+        self.recipe_name, self.recipe = recipe, recipe_named(recipe)
+        chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
+                                       "init_std": init_std, "init_std_spread": init_std_spread})
+        self._node_options = {**chosen, "layers": None if layers is None else list(layers), "head": head, "seed": seed}
+        self._stem = stem
+        self.nodes = NodeSet(model, stem=stem, **self._node_options)
+        #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved with the posterior for the model card
+        self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
         #: bytes one expanded row keeps alive at the peak of a forward, per input shape (measured once)
@@ -83,39 +107,87 @@ class ImplicitBNN(Method):
         return self.nodes.components
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            epochs: int = 1, lr_nodes: float = 0.5, lr_weights: float = 0.0, momentum: float = 0.9,
-            weight_decay: float = 0.0, beta: float = 1.0, kl_warmup: float = 0.5, train_samples: int | None = None,
-            refresh_bn: bool = False) -> None:
+            epochs: int | None = None, lr_nodes: float | None = None, lr_nodes_final: float | None = None,
+            lr_weights: float | None = None, momentum: float | None = None, weight_decay: float | None = None,
+            beta: float | None = None, kl_warmup: float | None = None, train_samples: int | None = None,
+            batchnorm: str | None = None) -> None:
         """Fine-tune the node posterior (and optionally the weights) by maximising the ELBO.
 
         The loss per step is ``mean NLL over the expanded batch + beta_t * KL / N`` (``N`` training
         examples, ``beta_t`` rising linearly from 0 to ``beta`` over the first ``kl_warmup`` fraction
-        of the steps), minimised by SGD with Nesterov momentum (:func:`~posthoc.methods.ibnn.elbo.maximise_elbo`):
-        a high constant ``lr_nodes`` without weight decay for the node parameters, ``lr_weights``
-        (0 = frozen) with ``weight_decay`` for the weights. The model stays in eval mode (pretrained
-        BatchNorm statistics, no dropout); ``refresh_bn=True`` recomputes the BatchNorm statistics
-        afterwards with the nodes sampling (this changes the saved weights' buffers). On a NaN/inf ELBO the fit stops with
-        :class:`~posthoc.NumericalError` and every tensor is restored to its state before ``fit``.
+        of the steps), minimised by SGD with Nesterov momentum (:func:`~posthoc.methods.ibnn.elbo.maximise_elbo`).
+        On a NaN/inf ELBO the fit stops with :class:`~posthoc.NumericalError` and every tensor is
+        restored to its state before ``fit``. Every option left at ``None`` takes the value of the
+        recipe chosen at ``wrap`` (:mod:`posthoc.methods.ibnn.recipes`; posthoc's default in brackets).
 
         Args:
-            epochs: passes over ``train_loader``.
-            lr_nodes, lr_weights, momentum, weight_decay: optimiser settings (see above).
-            beta: final KL weight.
-            kl_warmup: fraction of the steps over which the KL weight rises from 0 to ``beta``.
-            train_samples: copies of each example per step (default ``K``: every component once).
-            refresh_bn: re-estimate BatchNorm running statistics after fine-tuning.
+            epochs: passes over ``train_loader`` [2].
+            lr_nodes, lr_nodes_final: the node parameters' learning rate, constant for the first half of
+                the steps, then annealed linearly to ``lr_nodes_final`` at 90 % of them [0.2, 0.05].
+            lr_weights, weight_decay: the deterministic weights' learning rate (0 keeps them frozen) and
+                weight decay [1e-3 (paper: 1e-4), 0].
+            momentum: Nesterov momentum of both [0.9].
+            beta: final KL weight [1].
+            kl_warmup: fraction of the steps over which the KL weight rises from 0 to ``beta`` [0.5].
+            train_samples: ``S``, copies of each example per step, copy ``i`` routed to component ``i mod K`` [2].
+            batchnorm: ``"train"``: BatchNorm statistics re-estimated with the nodes sampling before the fit,
+                batch statistics during it, and re-estimated after it; ``"frozen"``: the checkpoint's
+                statistics throughout (eval mode) ["train"]. Dropout is off during the fit either way.
         """
-        options = ElboOptions(epochs, lr_nodes, lr_weights, momentum, weight_decay, beta, kl_warmup,
-                              self.components if train_samples is None else train_samples)
-        changing = self if lr_weights > 0 or refresh_bn else self.nodes
+        options = ElboOptions(**resolve(self.recipe, {
+            "epochs": epochs, "lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights,
+            "momentum": momentum, "weight_decay": weight_decay, "beta": beta, "kl_warmup": kl_warmup,
+            "train_samples": train_samples, "batchnorm": batchnorm}))
+        changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
-            maximise_elbo(self.model, self.nodes, train_loader, options, progress=progress)
-            if refresh_bn:
-                refresh_batchnorm_sampling(self.model, self.nodes, train_loader, options.train_samples, progress=progress)
+            fit_nodes(self.model, self.nodes, train_loader, options, progress=progress)
         except BaseException:
             changing.load_state_dict(before)
             raise
+        record = {**asdict(options), "batchnorm": float(options.batchnorm == "train")}
+        self.fit_settings.copy_(torch.tensor([float(record[name]) for name in FIT_RECORD], dtype=torch.float64))
+
+    def summary(self) -> dict[str, Any]:
+        """The node posterior for the model card: ``random_variables`` is the number of node variables per
+        mixture component (the paper's Table 1 count), then the mixture, its prior and initialisation, the
+        predictive's samples and the fit's settings (``None`` for files saved before they were recorded).
+
+        Example:
+            >>> posthoc.wrap(torchvision.models.resnet50(weights=None), method="ibnn").method.summary()["random_variables"]
+            24579
+        """
+        settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
+        recorded = settings["epochs"] > 0
+        fit: dict[str, Any] = {name: (value if recorded else None) for name, value in settings.items()}
+        if recorded:
+            fit.update(epochs=int(settings["epochs"]), train_samples=int(settings["train_samples"]),
+                       batchnorm="train" if settings["batchnorm"] else "frozen")
+        return {
+            "random_variables": self.nodes.nodes_per_component,
+            "layers": list(self.nodes.layer_names),
+            "recipe": self.recipe_name,
+            "components": self.components,
+            "variational_parameters": 2 * self.components * self.nodes.nodes_per_component,
+            "prior_std": self.nodes.prior_std,
+            "init_mean_std": float(self._node_options["init_mean_std"]),
+            "init_std": float(self._node_options["init_std"]),
+            "samples_per_component": self.num_samples,
+            "test_samples": self.components * self.num_samples,
+            **fit,
+        }
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """Load a saved posterior, its mixture shaped as saved: files written before the current defaults
+        (format 1 without explicit options: K=4, no nodes on the stem) hold four components and one node
+        group fewer, and load as they were fitted."""
+        saved = [key for key in state if key.startswith("nodes.groups.") and key.endswith(".mean")]
+        components = state[saved[0]].shape[0] if saved else self.components
+        stem = self._stem and len(saved) == len(self.nodes.groups)
+        if components != self.components or stem != self._stem:
+            self._node_options["components"], self._stem = components, stem
+            self.nodes = NodeSet(self.model, stem=stem, **self._node_options)
+        super().load_posterior_state(state)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K``.

@@ -39,11 +39,26 @@ from posthoc.engine.hooks import hooked
 from posthoc.engine.random_draws import randn
 
 NODE_LAYERS = (nn.Conv2d, nn.Linear)
+#: the smallest initial standard deviation (a draw of ``|N(init_std, spread^2)|`` near 0 is raised to it)
+MIN_INIT_STD = 1e-4
 
 
 def node_count(layer: nn.Module) -> int:
     """Number of input nodes of a ``Conv2d`` (input channels) or ``Linear`` (input features)."""
     return layer.in_channels if isinstance(layer, nn.Conv2d) else layer.in_features
+
+
+def count_nodes(model: nn.Module, layers: Sequence[str] | None = None, *, stem: bool = True, head: bool = True) -> int:
+    """Node variables per mixture component that iBNN puts on ``model``, without building or fitting anything.
+
+    One node per input channel of every selected ``Conv2d`` and per input feature of every selected
+    ``Linear`` (the paper's Table 1 counts, stem and head included by default).
+
+    Example:
+        >>> count_nodes(torchvision.models.resnet50(weights=None))
+        24579
+    """
+    return sum(node_count(m) for _, m in select_layers(model, layers, stem=stem, head=head))
 
 
 def inverse_softplus(std: Tensor) -> Tensor:
@@ -112,14 +127,20 @@ class NodeVariables(nn.Module):
     Attributes:
         mean: ``(K, D)`` component means.
         rho: ``(K, D)`` raw scales; the component standard deviations are ``softplus(rho)``.
+
+    The means start at ``N(1, init_mean_std^2)`` and the standard deviations at
+    ``|N(init_std, init_std_spread^2)|`` (the paper's ``N(1, sigma0^2)`` and ``N(0.05, 0.02^2)``).
     """
 
     def __init__(self, nodes: int, components: int, *, init_mean_std: float, init_std: float,
-                 generator: torch.Generator, device: torch.device | None = None) -> None:
+                 generator: torch.Generator, init_std_spread: float = 0.0, device: torch.device | None = None) -> None:
         super().__init__()
         mean = 1.0 + init_mean_std * torch.randn(components, nodes, generator=generator)
+        std = torch.full((components, nodes), float(init_std))
+        if init_std_spread > 0:
+            std = (std + init_std_spread * torch.randn(components, nodes, generator=generator)).abs()
         self.mean = nn.Parameter(mean.to(device))
-        self.rho = nn.Parameter(inverse_softplus(torch.full((components, nodes), float(init_std))).to(device))
+        self.rho = nn.Parameter(inverse_softplus(std.clamp_min(MIN_INIT_STD)).to(device))
 
     @property
     def std(self) -> Tensor:
@@ -146,7 +167,8 @@ class NodeSet(nn.Module):
         components: ``K``, the number of mixture components.
         prior_std: ``s`` of the prior ``N(1, s^2)`` on every node.
         init_mean_std: component means start at ``1 + N(0, init_mean_std^2)``.
-        init_std: component standard deviations start at this value.
+        init_std: component standard deviations start at this value ...
+        init_std_spread: ... plus ``N(0, init_std_spread^2)`` noise (absolute value taken).
         layers, stem, head: the selection, see :func:`select_layers`.
         seed: seeds the initial means.
 
@@ -157,10 +179,10 @@ class NodeSet(nn.Module):
     """
 
     def __init__(self, model: nn.Module, *, components: int = 4, prior_std: float = 0.1,
-                 init_mean_std: float = 0.05, init_std: float = 0.05, layers: Sequence[str] | None = None,
-                 stem: bool = True, head: bool = True, seed: int = 0) -> None:
+                 init_mean_std: float = 0.05, init_std: float = 0.05, init_std_spread: float = 0.0,
+                 layers: Sequence[str] | None = None, stem: bool = True, head: bool = True, seed: int = 0) -> None:
         super().__init__()
-        check_node_options(components, prior_std, init_mean_std, init_std)
+        check_node_options(components, prior_std, init_mean_std, init_std, init_std_spread)
         selected = select_layers(model, layers, stem=stem, head=head)
         device = next((p.device for p in model.parameters()), None)
         generator = torch.Generator().manual_seed(seed)
@@ -169,7 +191,7 @@ class NodeSet(nn.Module):
         self.layer_names = [name for name, _ in selected]
         self.groups = nn.ModuleList(
             NodeVariables(node_count(m), components, init_mean_std=init_mean_std, init_std=init_std,
-                          generator=generator, device=device)
+                          init_std_spread=init_std_spread, generator=generator, device=device)
             for _, m in selected
         )
         self.register_buffer("called", torch.ones(len(selected), dtype=torch.bool, device=device))
@@ -261,16 +283,22 @@ class NodeSet(nn.Module):
                 value = torch.as_tensor(std, dtype=group.rho.dtype).expand_as(group.rho)
                 group.rho.copy_(inverse_softplus(value))
 
+    @property
+    def nodes_per_component(self) -> int:
+        """Node variables per mixture component (the paper's Table 1 count for the selected layers)."""
+        return sum(g.mean.shape[1] for g in self.groups)
+
     def extra_repr(self) -> str:
-        nodes = sum(g.mean.shape[1] for g in self.groups)
-        return f"layers={len(self.layer_names)}, nodes={nodes}, components={self.components}, prior_std={self.prior_std}"
+        return (f"layers={len(self.layer_names)}, nodes={self.nodes_per_component}, components={self.components}, "
+                f"prior_std={self.prior_std}")
 
 
-def check_node_options(components: int, prior_std: float, init_mean_std: float, init_std: float) -> None:
+def check_node_options(components: int, prior_std: float, init_mean_std: float, init_std: float,
+                       init_std_spread: float = 0.0) -> None:
     """Refuse out-of-range node options with the valid range."""
     positive_int(components, "components")
     for name, value, allow_zero in (("prior_std", prior_std, False), ("init_mean_std", init_mean_std, True),
-                                    ("init_std", init_std, False)):
+                                    ("init_std", init_std, False), ("init_std_spread", init_std_spread, True)):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"
