@@ -6,6 +6,10 @@ head (``predict``: the full Prediction, and ``log_predictive``: the predictive a
 * the bundled digits CNN (its own dropout feeds the head) over 1,000 test digits, and
 * a tiny CNN (~43k parameters, 8x8 inputs, dropout inserted before its head) over 500 inputs,
 
+the cost of choosing the rate at fit (``p="auto"``, as ``p=None`` does for inserted dropout given a
+``val_loader``: the plain model and every rate of ``P_GRID`` with ``SELECTION_FACTOR * num_samples``
+masks over the 600 calibration digits) against one plain forward pass over them, on both bundled
+digits models (own dropout; dropout inserted at the head),
 and, on the digits CNN, torch-uncertainty's ``mc_dropout`` wrapper (which repeats the whole input S
 times, ``on_batch=True``, or loops over S forward passes, ``on_batch=False``) followed by the
 softmax average, at equal S. Ratios are medians over repeats relative to the plain forward pass, in
@@ -13,7 +17,7 @@ wall and in process CPU time (more robust on a shared machine); torch-uncertaint
 setting (it is 15-100x slower, so its noise does not matter for the comparison). Target: head MC
 dropout at S=100 within 1.2x of the plain forward pass.
 
-Run: ``python benchmarks/bench_mc_dropout.py [--samples 20 100] [--repeats 9] [--threads 1] [--no-peer]``
+Run: ``python benchmarks/bench_mc_dropout.py [--samples 20 100] [--repeats 9] [--threads 1] [--no-peer] [--no-fit]``
 """
 
 from __future__ import annotations
@@ -88,18 +92,36 @@ def _compare(label: str, model: nn.Module, x: torch.Tensor, args: argparse.Names
                 print(_row(f"torch-uncertainty mc_dropout (on_batch={on_batch}), S={samples}", timing, plain))
 
 
+def _fit_cost(args: argparse.Namespace) -> None:
+    """The rate choice at fit, timed against a plain forward pass over the validation digits."""
+    validation = data.load_digits().calibration
+    loader = data.loader(validation)
+    print(f"\nchoosing the rate at fit (p='auto'), {len(validation)} validation digits\n")
+    print(HEADER.replace("cpu/wall |\n", "cpu/wall | cpu-time ratio |\n") + "---|")
+    for name in ("digits_cnn", "digits_bn_cnn"):
+        model = zoo.pretrained(name)
+        with torch.no_grad():
+            plain = measure(lambda: [model(x) for x, _ in loader], repeats=args.repeats)
+        fit = measure(lambda: posthoc.wrap(model, method="mc-dropout", p="auto").fit(None, loader, progress=False), repeats=3, warmup=1)
+        print(_row(f"{name}: plain forward", plain, plain))
+        print(_row(f"{name}: mc-dropout fit (rate chosen)", fit, plain))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--samples", type=int, nargs="+", default=[20, 100])
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--no-peer", action="store_true", help="skip torch-uncertainty (slow)")
+    parser.add_argument("--no-fit", action="store_true", help="skip the cost of choosing the rate at fit")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     print(f"{args.threads} threads, torch {torch.__version__}")
     _compare("digits CNN", zoo.pretrained(), data.load_digits().test.tensors[0], args, {})
     tiny_inputs = torch.randn(500, 1, 8, 8, generator=torch.Generator().manual_seed(0))
     _compare("tiny CNN", tiny_cnn(), tiny_inputs, args, {"where": "head"})
+    if not args.no_fit:
+        _fit_cost(args)
     print("\nratio = median wall (CPU) time / median wall (CPU) time of one plain forward pass over the same inputs")
 
 

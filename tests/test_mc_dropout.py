@@ -1,4 +1,5 @@
-"""MC dropout: exactness at p=0, independent masks, untouched models, all architectures, bad input."""
+"""MC dropout: exactness at p=0, independent masks, untouched models, all architectures, the rate chosen on
+validation data (and that it does no harm in distribution and helps under shift), bad input."""
 
 from __future__ import annotations
 
@@ -9,8 +10,10 @@ import torch
 from torch import nn
 
 import posthoc
+from posthoc.demo import data, zoo
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
-from posthoc.methods.mc_dropout.sites import own_dropout_sites
+from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID, chosen_rate
+from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, own_dropout_sites
 from posthoc.core.errors import ConfigError
 from posthoc.engine.head import find_head
 from conftest import ARCHITECTURES
@@ -228,6 +231,52 @@ def test_save_and_load_keep_the_chosen_rate(tmp_path, digits_model: nn.Module, l
     um.save(str(tmp_path / "mc.pt"))
     loaded = posthoc.load(str(tmp_path / "mc.pt"), copy.deepcopy(digits_model))
     assert float(loaded.method.rate) == float(um.method.rate)
+
+
+def test_the_chosen_rate_is_the_last_one_within_tolerance_scanning_upwards() -> None:
+    grid, plain = (0.01, 0.05, 0.1, 0.2), 1.0
+    near, far = 1 + NLL_TOLERANCE / 2, 1 + 2 * NLL_TOLERANCE
+    assert chosen_rate(plain, [near, near, near, near], grid) == 0.2
+    assert chosen_rate(plain, [0.9, near, far, far], grid) == 0.05
+    assert chosen_rate(plain, [near, far, near, near], grid) == 0.01  # a cheap-looking larger rate past a costly one is not taken
+    assert chosen_rate(plain, [far, far, far, far], grid) == 0.01  # none within: the smallest rate
+    assert chosen_rate(plain, [1 + NLL_TOLERANCE, far, far, far], grid) == 0.01  # the bound itself is within
+
+
+def test_by_default_own_dropout_keeps_its_rate_and_inserted_dropout_is_chosen_on_validation_data(digits, loaders) -> None:
+    own = posthoc.wrap(zoo.pretrained(), method="mc-dropout").fit(loaders["fit"], loaders["calibration"], progress=False)
+    assert own.method.sites()[0].p == 0.25 and torch.isnan(own.method.validation_nll).all()
+    inserted = posthoc.wrap(zoo.pretrained("digits_bn_cnn"), method="mc-dropout").fit(loaders["fit"], progress=False)
+    inserted.predict(digits.test.tensors[0][:4])
+    assert [(s.name, s.p) for s in inserted.method.sites()] == [("fc", DEFAULT_INSERT_P)]  # no validation data
+    fixed = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.3).fit(loaders["fit"], loaders["calibration"], progress=False)
+    assert float(fixed.method.rate) == 0.3  # a rate given is kept
+    model = zoo.pretrained("digits_bn_cnn")
+    chosen = posthoc.wrap(model, method="mc-dropout", num_samples=10).fit(loaders["fit"], loaders["calibration"], progress=False)
+    rate = float(chosen.method.rate)
+    plain_nll, rate_nll = chosen.method.validation_nll.tolist()
+    assert rate in P_GRID and (rate_nll <= (1 + NLL_TOLERANCE) * plain_nll or rate == P_GRID[0])
+    assert plain_nll == pytest.approx(posthoc.evaluate(posthoc.wrap(model, method="none"), loaders["calibration"], progress=False).nll)
+
+
+@pytest.mark.slow  # benchmarks/quality.py measures the same on retrained checkpoints
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_the_default_does_no_harm_in_distribution_and_helps_under_shift(name: str, digits) -> None:
+    """Issue 15 section 2 on random validation/test splits of the held-out digits: in-distribution NLL at
+    most 1.02x the plain model's, NLL of the test digits rotated by 45 degrees below it."""
+    model = zoo.pretrained(name)
+    x = torch.cat([digits.calibration.tensors[0], digits.test.tensors[0]])
+    y = torch.cat([digits.calibration.tensors[1], digits.test.tensors[1]])
+    plain = posthoc.wrap(model, method="none")
+    for seed in range(3):
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
+        val = torch.utils.data.TensorDataset(x[order[:600]], y[order[:600]])
+        test = torch.utils.data.TensorDataset(x[order[600:]], y[order[600:]])
+        um = posthoc.wrap(model, method="mc-dropout").fit(None, data.loader(val), progress=False)
+        for degrees, bound in ((0, 1.02), (45, 1.0)):
+            loader = data.loader(data.rotated(test, degrees))
+            ratio = posthoc.evaluate(um, loader, progress=False, seed=seed).nll / posthoc.evaluate(plain, loader, progress=False).nll
+            assert ratio <= bound, f"{name}, split {seed}, {degrees} degrees: {ratio:.3f}x the plain model's NLL (p={float(um.method.rate)})"
 
 
 def test_bad_input(digits_model: nn.Module) -> None:
