@@ -170,7 +170,7 @@ def _peer_temperatures(logits, labels):
     tu = TemperatureScaler(model=None)
     tu.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
            progress=False)
-    peers["torch-uncertainty"] = float(1 / tu.inv_temp)
+    peers["torch-uncertainty"] = float(1 / tu.inv_temp.detach())
     return peers
 
 

@@ -36,6 +36,7 @@ from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.logits import as_class_logits, check_finite_logits, log_mean_exp
 from posthoc.core.prediction import Prediction
+from posthoc.methods.calibration.optimise import threads_for
 
 #: every calibrator class by name (filled by :func:`register_calibrator`)
 CALIBRATORS: dict[str, type[Calibrator]] = {}
@@ -67,7 +68,7 @@ def as_tensor(values: Any, what: str) -> Tensor:
         raise InputError(f"{what} must be a tensor or a numpy array, got {type(values).__name__}")
     array = np.asarray(values)
     if array.dtype.kind in "USO":
-        example = array.reshape(-1)[0] if array.size else ""
+        example = str(array.reshape(-1)[0]) if array.size else ""
         hint = ("pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
                 "np.unique(labels, return_inverse=True)[1]") if what == "labels" else "pass numbers"
         raise InputError(f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
@@ -151,9 +152,12 @@ class Calibrator(nn.Module):
         return None
 
     def check(self, labels: Tensor, num_classes: int) -> None:
-        """Refuse labels of a single class, and fewer labels than this calibrator needs (naming the minimum)."""
+        """Refuse too few labels (naming the minimum) and labels of a single class."""
         if self.binary_only and num_classes != 2:
             raise ConfigError(self.requirement(labels, num_classes))
+        problem = self.requirement(labels, num_classes)
+        if problem is not None and labels.numel() < self.min_examples:
+            raise InputError(problem)
         present = torch.unique(labels)
         if present.numel() < 2:
             raise InputError(
@@ -161,7 +165,6 @@ class Calibrator(nn.Module):
                 "a calibrator needs held-out examples of at least two classes (a held-out set of one class "
                 "says nothing about how confident the model should be between classes)"
             )
-        problem = self.requirement(labels, num_classes)
         if problem is not None:
             raise InputError(problem)
 
@@ -180,7 +183,8 @@ class Calibrator(nn.Module):
             self._warn_separated(labels.numel())
             self.passthrough.fill_(True)
             return self
-        self._fit(inputs, labels)
+        with threads_for(inputs):
+            self._fit(inputs, labels)
         return self
 
     def _warn_separated(self, count: int) -> None:

@@ -1,0 +1,176 @@
+"""The calibrator suite of ``posthoc.calibrate`` (issue 20, sections 2 and 5): each calibrator improves a
+miscalibrated model, agrees with its peers where one exists, saves and loads, refuses what it cannot fit;
+``"auto"`` chooses by cross-validated NLL and is never worse than no calibration; the stacked methods."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+
+import posthoc
+from posthoc.calibrate import load_calibrator
+from posthoc.evaluation import metrics
+from posthoc.methods.calibration.auto import top_label_ece
+from posthoc.methods.calibration.base import CALIBRATORS
+
+MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
+
+
+@pytest.fixture(scope="module")
+def overconfident(digits):
+    """The digits CNN's logits x3 on the calibration (fit) and test splits."""
+    from posthoc.demo import zoo
+
+    model = zoo.pretrained()
+    with torch.no_grad():
+        return {split: (model(ds.tensors[0]) * 3, ds.tensors[1]) for split, ds in
+                (("fit", digits.calibration), ("test", digits.test))}
+
+
+def _synthetic(n=3000, seed=0, fit=2000):
+    """Per-class miscalibrated logits: scales and shifts per class, labels drawn from the true logits;
+    the first ``fit`` examples to fit on, the rest to test on."""
+    generator = torch.Generator().manual_seed(seed)
+    true = torch.randn(n, 5, generator=generator) * 2
+    labels = torch.distributions.Categorical(logits=true).sample()
+    logits = true * torch.tensor([3.0, 1.0, 2.0, 0.5, 1.5]) + torch.tensor([0.5, 0.0, -0.5, 1.0, 0.0])
+    return (logits[:fit], labels[:fit]), (logits[fit:], labels[fit:])
+
+
+@pytest.mark.parametrize("method", MULTICLASS)
+def test_each_calibrator_improves_an_overconfident_model(method, overconfident, tmp_path):
+    (logits, labels), (test_logits, test_labels) = overconfident["fit"], overconfident["test"]
+    calibrator = posthoc.calibrate(logits, labels, method=method)
+    probs = calibrator(test_logits)
+    assert probs.shape == test_logits.shape and torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)
+    assert metrics.nll(probs, test_labels) < 0.75 * metrics.nll(test_logits.softmax(-1), test_labels)
+    assert torch.allclose(calibrator.log_probs(test_logits).exp(), probs)
+    assert torch.allclose(calibrator.predict(test_logits.numpy()).probs, probs)
+    assert calibrator.method in CALIBRATORS and (calibrator.scores != {}) == (method == "auto")
+    calibrator.save(tmp_path / "cal.pt")
+    loaded = posthoc.calibrate.load(tmp_path / "cal.pt")
+    assert loaded.method == calibrator.method and loaded.scores == calibrator.scores
+    assert torch.allclose(loaded(test_logits), probs)
+    with pytest.raises(posthoc.InputError, match="fitted on 8 classes but got logits with 5"):
+        loaded(test_logits[:, :5])
+
+
+def test_peers_agree_on_the_same_logits():
+    """matrix (no penalty) = torch-uncertainty's MatrixScaler; histogram (no smoothing) = netcal's HistogramBinning;
+    isotonic = scikit-learn's IsotonicRegression per class, renormalised (and netcal's to 2e-3); vector (no penalty)
+    reaches a lower NLL than torch-uncertainty's VectorScaler, whose LBFGS without line search stops early."""
+    from netcal.binning import HistogramBinning, IsotonicRegression
+    from sklearn.isotonic import IsotonicRegression as SklearnIsotonic
+
+    (logits, labels), (test_logits, test_labels) = _synthetic()
+    probs, test_probs = logits.softmax(-1).double().numpy(), test_logits.softmax(-1).double().numpy()
+    ours = posthoc.calibrate(logits, labels, method="histogram", smoothing=0.0)(test_logits).numpy()
+    theirs = np.asarray(HistogramBinning(bins=15).fit(probs, labels.numpy()).transform(test_probs))
+    assert np.abs(ours - theirs).max() < 1e-5
+    ours = posthoc.calibrate(logits, labels, method="isotonic")(test_logits).double().numpy()
+    per_class = np.stack([SklearnIsotonic(y_min=0, y_max=1, out_of_bounds="clip").fit(probs[:, c], labels.numpy() == c)
+                          .predict(test_probs[:, c]) for c in range(5)], -1).clip(1e-6)
+    assert np.abs(ours - per_class / per_class.sum(-1, keepdims=True)).max() < 1e-4  # float32 softmax
+    theirs = np.asarray(IsotonicRegression().fit(probs, labels.numpy()).transform(test_probs))
+    assert np.abs(ours - theirs).max() < 2e-3
+    tu = pytest.importorskip("torch_uncertainty.post_processing")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels))
+    scaler = tu.MatrixScaler(num_classes=5, model=None)
+    scaler.fit(loader, progress=False)
+    with torch.no_grad():
+        theirs = scaler(test_logits).softmax(-1)
+    ours = posthoc.calibrate(logits, labels, method="matrix", off_diagonal=0.0, intercept=0.0)(test_logits)
+    assert (ours - theirs).abs().max() < 5e-3
+    scaler = tu.VectorScaler(num_classes=5, model=None)
+    scaler.fit(loader, progress=False)
+    with torch.no_grad():
+        theirs = scaler(logits).log_softmax(-1)
+    ours = posthoc.calibrate(logits, labels, method="vector", spread=0.0, intercept=0.0).log_probs(logits)
+    assert metrics.nll(ours.exp(), labels) <= metrics.nll(theirs.exp(), labels) + 1e-6
+
+
+def test_platt_matches_logistic_regression_on_one_logit():
+    from sklearn.linear_model import LogisticRegression
+
+    generator = torch.Generator().manual_seed(1)
+    z = torch.randn(2000, generator=generator) * 2
+    labels = torch.bernoulli(torch.sigmoid(0.4 * z - 0.5), generator=generator).long()
+    calibrator = posthoc.calibrate(z.numpy(), labels.numpy(), method="platt")
+    reference = LogisticRegression(C=1e10, tol=1e-10, max_iter=1000).fit(z[:, None].double().numpy(), labels.numpy())
+    assert float(calibrator.weight) == pytest.approx(float(reference.coef_[0, 0]), rel=1e-3)
+    assert float(calibrator.bias) == pytest.approx(float(reference.intercept_[0]), rel=1e-3)
+    assert calibrator(z).shape == (2000, 2)
+
+
+def test_auto_is_never_worse_than_identity_on_the_folds_and_reports_its_table():
+    """Over random draws of a miscalibrated and of a calibrated set (the true logits): the choice's
+    cross-validated NLL is at most the identity's; on the miscalibrated sets the held-out NLL improves."""
+    for seed in range(4):
+        (logits, labels), (test_logits, test_labels) = _synthetic(n=900, seed=seed, fit=600)
+        truth = (logits - torch.tensor([0.5, 0.0, -0.5, 1.0, 0.0])) / torch.tensor([3.0, 1.0, 2.0, 0.5, 1.5])
+        for fit_logits, miscalibrated in ((logits, True), (truth, False)):
+            calibrator = posthoc.calibrate(fit_logits, labels, method="auto", seed=seed)
+            scores = calibrator.scores
+            assert {"identity", "temperature", "vector", "matrix"} <= set(scores) and "platt" not in scores
+            assert scores[calibrator.method]["nll"] <= scores["identity"]["nll"]
+            if miscalibrated:
+                assert calibrator.method != "identity"
+                assert metrics.nll(calibrator(test_logits), test_labels) < metrics.nll(test_logits.softmax(-1), test_labels)
+
+
+def test_auto_skips_calibrators_without_enough_examples_per_class():
+    (logits, labels), _ = _synthetic()
+    keep = torch.cat([torch.nonzero(labels == c).reshape(-1)[: (6 if c == 0 else 200)] for c in range(5)])
+    with pytest.warns(RuntimeWarning, match=r"auto calibration skips 'matrix': .*at least 10 held-out examples of every class"):
+        calibrator = posthoc.calibrate(logits[keep], labels[keep], method="auto")
+    assert "matrix" not in calibrator.scores and "temperature" in calibrator.scores
+
+
+def test_too_few_examples_per_class_names_the_minimum():
+    (logits, labels), _ = _synthetic()
+    keep = torch.cat([torch.nonzero(labels == c).reshape(-1)[: (3 if c == 2 else 50)] for c in range(5)])
+    for method, minimum in (("vector", 5), ("matrix", 10), ("dirichlet", 10), ("histogram", 10), ("isotonic", 10)):
+        with pytest.raises(posthoc.InputError, match=rf"'{method}' .*needs at least {minimum} held-out examples of every class \(class 2: 3\)"):
+            posthoc.calibrate(logits[keep], labels[keep], method=method)
+
+
+def test_guardrails_one_example_one_class_probabilities_and_strings():
+    (logits, labels), _ = _synthetic()
+    with pytest.raises(posthoc.InputError, match="'temperature' needs at least 10 held-out examples, got 1"):
+        posthoc.calibrate(logits[:1], labels[:1])
+    with pytest.raises(posthoc.InputError, match=r"all \d+ held-out labels are class 3: .*at least two classes"):
+        posthoc.calibrate(logits[labels == 3][:400], labels[labels == 3][:400])
+    with pytest.raises(posthoc.InputError, match="look like probabilities: every row lies in \\[0, 1\\] and sums to 1"):
+        posthoc.calibrate(logits.softmax(-1).numpy(), labels.numpy())
+    with pytest.warns(RuntimeWarning, match="every binary logit lies in \\[0, 1\\]"):
+        posthoc.calibrate(torch.sigmoid(logits[:, 0]), (labels == 0).long())
+    names = np.array(["cat", "dog", "owl", "emu", "elk"])[labels.numpy()]
+    for given in (names, names.tolist()):
+        with pytest.raises(posthoc.InputError, match="labels are strings \\(e.g. '.*'\\), not numbers; .*return_inverse"):
+            posthoc.calibrate(logits, given)
+    with pytest.raises(posthoc.ConfigError, match="unknown option\\(s\\) \\['bins'\\] for calibrator 'vector'"):
+        posthoc.calibrate(logits, labels, method="vector", bins=3)
+
+
+def test_ece_matches_the_report_metric():
+    (logits, labels), _ = _synthetic()
+    probs = logits.softmax(-1)
+    assert top_label_ece(probs, labels) == pytest.approx(metrics.ece(probs, labels), abs=1e-9)
+
+
+@pytest.mark.parametrize("method", ["vector", "histogram", "auto-calibration"])
+def test_stacked_calibrators_fit_on_the_inner_predictive(method, small, tmp_path):
+    from posthoc.demo import zoo
+
+    model = zoo.pretrained()
+    um = posthoc.wrap(model, method=["laplace", method]).fit(small["fit"], small["val"], progress=False)
+    probs = um.predict(small["x"]).probs
+    assert torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)
+    card = um.method.summary()
+    assert card["random_variables"] == um.method.calibrator.num_parameters() and card["calibrator"] in CALIBRATORS
+    um.save(tmp_path / "stacked.pt")
+    loaded = posthoc.load(tmp_path / "stacked.pt", zoo.pretrained())
+    assert torch.allclose(loaded.predict(small["x"]).probs, probs, atol=1e-6)
