@@ -4,14 +4,12 @@ miscalibrated model, agrees with its peers where one exists, saves and loads, re
 
 from __future__ import annotations
 
-import warnings
 
 import numpy as np
 import pytest
 import torch
 
 import posthoc
-from posthoc.calibrate import load_calibrator
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration.auto import top_label_ece
 from posthoc.methods.calibration.base import CALIBRATORS

@@ -200,8 +200,10 @@ def test_calibrate_from_logits_recovers_the_temperature(tmp_path: Path) -> None:
     recipe = _recipe("calibrate_from_logits")
     assert recipe.main(["--logits", str(tmp_path / "val_logits.npy"), "--labels", str(tmp_path / "val_labels.npy"),
                         "--test-logits", str(tmp_path / "test_logits.pt"), "--test-labels",
-                        str(tmp_path / "test_labels.pt"), "--out", str(out), "--save-probs"]) == 0
-    fitted = json.loads((out / "temperature.json").read_text())
+                        str(tmp_path / "test_labels.pt"), "--out", str(out), "--save-probs",
+                        "--calibrator", "temperature"]) == 0
+    fitted = json.loads((out / "calibration.json").read_text())
+    assert fitted["method"] == "temperature" and fitted["scores"] == {}
     assert abs(fitted["temperature"] - 4.0) < 0.4 and not fitted["in_sample"]
     assert fitted["after"]["ece"] < fitted["before"]["ece"] and fitted["after"]["nll"] < fitted["before"]["nll"]
     assert fitted["after"]["accuracy"] == fitted["before"]["accuracy"]
@@ -214,16 +216,26 @@ def test_calibrate_from_logits_recovers_the_temperature(tmp_path: Path) -> None:
 
 
 def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
+    """The default, --calibrator auto: the cross-validated table is in the report, the choice is no worse than
+    the identity on the folds, and the saved calibrator gives the same probabilities."""
     z = torch.linspace(-6, 6, 400)
     labels = (torch.rand(400, generator=torch.Generator().manual_seed(1)) < torch.sigmoid(z / 3)).long()
     np.save(tmp_path / "z.npy", z.numpy())
     np.save(tmp_path / "y.npy", labels.numpy())
     recipe = _recipe("calibrate_from_logits")
     assert recipe.main(["--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"),
-                        "--out", str(tmp_path / "out")]) == 0
-    fitted = json.loads((tmp_path / "out" / "temperature.json").read_text())
-    assert fitted["in_sample"] and fitted["num_classes"] == 2 and fitted["temperature"] > 1.5
-    assert "in-sample" in (tmp_path / "out" / "report.md").read_text()
+                        "--out", str(tmp_path / "out"), "--save-probs"]) == 0
+    fitted = json.loads((tmp_path / "out" / "calibration.json").read_text())
+    assert fitted["in_sample"] and fitted["num_classes"] == 2 and fitted["requested"] == "auto"
+    scores = fitted["scores"]
+    assert {"identity", "temperature", "platt"} <= set(scores) and fitted["method"] != "identity"
+    assert scores[fitted["method"]]["nll"] <= scores["identity"]["nll"]
+    assert fitted["after"]["nll"] < fitted["before"]["nll"]
+    report = (tmp_path / "out" / "report.md").read_text()
+    assert "in-sample" in report and "cross-validated" in report and f"| {fitted['method']} |" in report
+    loaded = posthoc.calibrate.load(tmp_path / "out" / "calibrator.pt")
+    assert loaded.method == fitted["method"]
+    assert np.allclose(loaded(z).numpy(), np.load(tmp_path / "out" / "calibrated_probs.npy"), atol=1e-6)
 
 
 # ----------------------------------------------------------------------------------------- bad input
