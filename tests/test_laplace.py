@@ -147,13 +147,13 @@ def test_logit_samples_have_the_analytic_covariance(structure: str) -> None:
 
 @pytest.fixture(scope="module")
 def fitted(digits) -> dict[str, posthoc.UncertainModel]:
-    """The bundled CNN with a Laplace posterior of each structure, fitted once for this module."""
+    """The bundled CNN with a (wide, marglik) Laplace posterior of each structure, fitted once for this module."""
     from posthoc.demo import data, zoo
 
     model = zoo.pretrained()
     loader = data.loader(digits.fit, batch_size=256)
     return {
-        structure: posthoc.wrap(model, method="laplace", hessian=structure).fit(loader, progress=False)
+        structure: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(loader, progress=False)
         for structure in ("kron", "full", "diag")
     }
 
@@ -444,3 +444,95 @@ def test_subset_glm_refuses_linear_layers_applied_over_positions() -> None:
         um.predict(x[:3])
     nn_um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", pred="nn", num_samples=4)
     assert torch.isfinite(nn_um.fit([(x, y)], progress=False).predict(x[:3]).probs).all()
+
+
+# ------------------------------------------------------------------- prior precision on held-out NLL
+def test_widest_within_scans_from_the_top_bisects_the_crossing_and_goes_above_the_grid() -> None:
+    from posthoc.methods.laplace.prior_search import widest_within
+
+    falling = lambda delta: 1 / (1 + delta)  # noqa: E731  (excess NLL over the checkpoint, falling to 0)
+    assert widest_within(falling, threshold=0.005) == pytest.approx(199, rel=2e-3)  # exact crossing: 1 / (1 + δ) = 0.005
+    assert falling(widest_within(falling, threshold=0.005)) <= 0.005
+    dip = lambda delta: 1 / (1 + delta) - 0.5 * math.exp(-(math.log10(delta) - 1) ** 2)  # noqa: E731  (helps near δ = 10)
+    assert widest_within(dip, threshold=0.001) < 10 < 998 < widest_within(falling, threshold=0.001)  # past the dip
+    assert widest_within(falling, threshold=1e-6) == pytest.approx(1e6 - 1, rel=2e-3)  # above the grid's 1e4
+    with pytest.warns(RuntimeWarning, match="lowest prior precision"):
+        assert widest_within(lambda delta: 0.0, threshold=0.01) == pytest.approx(1e-4)
+    with pytest.warns(RuntimeWarning, match="up to 1e\\+08"):
+        assert widest_within(lambda delta: 1.0, threshold=0.01) == pytest.approx(1e8)
+
+
+def test_val_prior_is_the_widest_posterior_confidently_within_the_tolerance(digits_model, small_loader, loaders, digits) -> None:
+    um = posthoc.wrap(digits_model, method="laplace").fit(small_loader, loaders["calibration"], progress=False)
+    method = um.method
+    assert method.summary()["prior_fit"] == "val"
+    x, y = digits.calibration.tensors
+    with torch.no_grad():
+        map_nll = nn.functional.cross_entropy(digits_model(x).double(), y, reduction="none")
+
+    def excess(delta: float) -> float:  # mean per-example NLL increase + 2 standard errors, computed here independently
+        method.prior_precision.fill_(delta)
+        log_probs, _ = method.log_predictive(x)
+        difference = nn.functional.nll_loss(log_probs.double(), y, reduction="none") - map_nll
+        return float(difference.mean() + 2 * difference.std() / math.sqrt(len(y)))
+
+    chosen, allowed = float(method.prior_precision), 0.01 * float(map_nll.mean())
+    assert excess(chosen) <= allowed * (1 + 1e-6)
+    assert excess(chosen / 1.01) > allowed  # 1% wider already costs more: the widest one
+    assert excess(chosen / 10) > allowed
+
+
+def test_auto_prior_falls_back_to_the_training_data_and_val_needs_a_val_loader(digits_model, small_loader) -> None:
+    um = posthoc.wrap(digits_model, method="laplace").fit(small_loader, progress=False)
+    card = um.method.summary()
+    assert card["prior_fit"] == "train" and card["fit_examples"] == 512
+    for mode in ("val", "grid"):
+        with pytest.raises(InputError, match="val_loader"):
+            posthoc.wrap(digits_model, method="laplace", prior_precision=mode).fit(small_loader, progress=False)
+
+
+@pytest.mark.parametrize("value", [-0.1, float("nan"), float("inf"), True, "1%"])
+def test_bad_val_tolerance_is_refused(value) -> None:
+    with pytest.raises(ConfigError, match="val_tolerance"):
+        posthoc.wrap(tiny_model(), method="laplace", val_tolerance=value)
+
+
+@pytest.mark.slow  # ~20 s alone (1-2 min on a shared machine); benchmarks/bench_laplace.py quality prints the same splits
+def test_default_keeps_in_distribution_nll_over_random_validation_splits(digits) -> None:
+    """The default's promise (held-out NLL <= 1.02x the plain model's, NLL at 45 degrees below it) over
+    8 random validation/test splits of the 1,600 calibration + test digits, for both bundled models
+    (the curvature is fitted once per model; each split re-runs the prior search on its validation part)."""
+    from posthoc.demo import data, zoo
+
+    x = torch.cat([digits.calibration.tensors[0], digits.test.tensors[0]])
+    y = torch.cat([digits.calibration.tensors[1], digits.test.tensors[1]])
+    x_45 = data.rotated(TensorDataset(x, y), 45).tensors[0]
+    train = data.loader(digits.fit, batch_size=256)
+    for name in ("digits_cnn", "digits_bn_cnn"):
+        model = zoo.pretrained(name)
+        um = posthoc.wrap(model, method="laplace").fit(train, [(x[:600], y[:600])], progress=False)
+        with torch.no_grad():
+            plain, plain_45 = (nn.functional.cross_entropy(model(inputs), y, reduction="none") for inputs in (x, x_45))
+        for split in range(8):
+            order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split))
+            val, test = order[:600], order[600:]
+            um.method.prior_precision.fill_(um.method._held_out_prior_precision([(x[val], y[val])], None, False, False))
+            ours, ours_45 = (nn.functional.nll_loss(um.method.log_predictive(inputs[test])[0], y[test]) for inputs in (x, x_45))
+            assert ours <= 1.02 * plain[test].mean(), (name, split, float(ours), float(plain[test].mean()))
+            assert ours_45 < plain_45[test].mean(), (name, split, float(ours_45), float(plain_45[test].mean()))
+
+
+def test_summary_names_the_posterior(digits_model, small_loader, loaders, tmp_path) -> None:
+    um = posthoc.wrap(digits_model, method="laplace", prior_precision="marglik").fit(small_loader, progress=False)
+    card = um.method.summary()
+    assert card == {
+        "random_variables": 8 * (64 + 1), "layers": ["classifier.4"], "hessian": "kron", "predictive": "glm",
+        "link": "probit", "prior_precision": pytest.approx(float(um.method.prior_precision)), "prior_fit": "marglik",
+        "val_tolerance": 0.01, "fit_examples": 512,
+    }
+    um.save(tmp_path / "posterior.pt")
+    assert posthoc.load(tmp_path / "posterior.pt", digits_model).method.summary() == card
+    fixed = posthoc.wrap(digits_model, method="laplace", subset=["classifier.4"], hessian="diag", prior_precision=2.0)
+    card = fixed.fit(small_loader, progress=False).method.summary()
+    assert card["random_variables"] == 8 * 64 + 8 and card["predictive"] == "glm"
+    assert card["layers"] == ["classifier.4"] and card["prior_fit"] == "fixed" and card["fit_examples"] == 512

@@ -68,12 +68,16 @@ def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
     return x[start:stop]
 
 
+def all_finite(x: Inputs) -> bool:
+    """Whether every floating-point tensor of ``x`` is free of NaN and inf (one elementwise pass)."""
+    tensors = x.values() if isinstance(x, Mapping) else [x]
+    return all(bool(torch.isfinite(v).all()) for v in tensors if isinstance(v, Tensor) and v.is_floating_point())
+
+
 def check_finite(x: Inputs) -> None:
     """Refuse inputs that contain NaN or inf: no predictive is meaningful for them."""
-    tensors = x.values() if isinstance(x, Mapping) else [x]
-    for value in tensors:
-        if isinstance(value, Tensor) and value.is_floating_point() and not torch.isfinite(value).all():
-            raise InputError("inputs contain NaN or inf; clean or impute them before predicting")
+    if not all_finite(x):
+        raise InputError("inputs contain NaN or inf; clean or impute them before predicting")
 
 
 def check_labels(y: Tensor, num_classes: int) -> Tensor:
@@ -130,7 +134,8 @@ def iterate(
     desc: str = "",
     require_labels: bool = True,
 ) -> Iterator[tuple[Inputs, Tensor | None]]:
-    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader.
+    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader and
+    a batch whose inputs hold NaN or inf (naming its index, before any method computes on it).
 
     Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
     """
@@ -142,7 +147,13 @@ def iterate(
     seen = 0
     for batch in tqdm(loader, total=total, desc=desc, disable=not progress, leave=False):
         x, y = split_batch(batch, require_labels=require_labels)
+        x = to_device(x, device)
+        if not all_finite(x):
+            raise InputError(
+                f"batch {seen} (0-based) of the loader for '{desc or 'this step'}': inputs contain NaN or inf "
+                "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
+            )
         seen += 1
-        yield to_device(x, device), (None if y is None else torch.as_tensor(y).to(device))
+        yield x, (None if y is None else torch.as_tensor(y).to(device))
     if seen == 0:
         raise InputError(f"the loader for '{desc or 'this step'}' yielded no batches; pass a non-empty loader")

@@ -75,8 +75,20 @@ def check_memory(structure: str, num_features: int, num_classes: int, bias: bool
         )
 
 
+def non_finite_curvature(what: str) -> NumericalError:
+    """The error for a curvature with NaN or inf in it, saying what to try (the inputs were checked finite)."""
+    return NumericalError(
+        f"the {what} contains NaN or inf although the inputs are finite: the model's features or logits "
+        "overflow, or its weights hold NaN. Check torch.isfinite on model.parameters() and on the model's "
+        "output for a training batch; if the model runs in float16/bfloat16, fit in float32 (model.float()); "
+        "if the features are huge, normalise the inputs as in training"
+    )
+
+
 def symmetric_eig(matrix: Tensor, what: str) -> tuple[Tensor, Tensor]:
     """Eigenvalues (clamped at 0) and eigenvectors of a PSD matrix; warns on clearly negative curvature."""
+    if not torch.isfinite(matrix).all():
+        raise non_finite_curvature(what)
     matrix = (matrix + matrix.T) / 2
     with _single_thread_if_small(matrix):
         try:
@@ -107,10 +119,7 @@ def _single_thread_if_small(matrix: Tensor) -> Iterator[None]:
 def clamp_curvature(values: Tensor, what: str) -> Tensor:
     """Clamp eigenvalues/diagonal entries of a GGN at 0, warning when they were clearly negative."""
     if not torch.isfinite(values).all():
-        raise NumericalError(
-            f"the {what} contains NaN or inf: the model's features or logits are not finite on the "
-            "training data (check the inputs and the model's dtype)"
-        )
+        raise non_finite_curvature(what)
     scale = float(values.abs().max()) if values.numel() else 0.0
     if values.numel() and float(values.min()) < -1e-4 * max(scale, 1e-30):
         warnings.warn(

@@ -63,6 +63,7 @@ class LastLayerLaplace(Laplace):
         curvature = self._accumulate(train_loader, progress)
         for name in CURVATURE_BUFFERS[self.hessian]:
             setattr(self, name, getattr(curvature, name))
+        self.num_data.fill_(curvature.num_data)
         head = self.split.head
         return curvature.loss, [head.weight] + ([head.bias] if head.bias is not None else [])
 
@@ -98,6 +99,9 @@ class LastLayerLaplace(Laplace):
     def _prepare(self, x: Inputs) -> tuple[Tensor, Tensor]:
         return self.split(x)
 
+    def _map_log_probs(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
+        return torch.log_softmax(inputs[1].double(), dim=-1)
+
     def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
@@ -125,6 +129,13 @@ class LastLayerLaplace(Laplace):
             getattr(self, "eigvals", None),
             getattr(self, "diagonal", None),
         )
+
+    def num_posterior_parameters(self) -> int:
+        head = self.split.head
+        return num_params(head.in_features, head.out_features, self._has_bias)
+
+    def posterior_layers(self) -> list[str]:
+        return [self.split.head_name]
 
     @property
     def _has_bias(self) -> bool:

@@ -11,7 +11,7 @@ parameters, decreasing in ``δ``), so the maximiser is the unique root of ``γ(�
 found by bisection in ``log δ`` from the spectrum alone, each step ``O(P)``, no refitting. For
 KFAC the spectrum is the outer product of the two factors' eigenvalues.
 
-The alternative, :func:`grid_search`, picks the ``δ`` with the lowest validation NLL.
+The alternatives on held-out NLL are in :mod:`posthoc.methods.laplace.prior_search`.
 
 Example:
     >>> spectrum = torch.tensor([10.0, 1.0, 0.1], dtype=torch.float64)
@@ -24,12 +24,10 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import NumericalError
 
 #: prior precisions are searched inside this range (a fit that reaches a bound warns)
 MIN_PRIOR_PRECISION, MAX_PRIOR_PRECISION = 1e-8, 1e8
@@ -81,28 +79,8 @@ def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm
     warnings.warn(
         f"the marginal likelihood is maximised at the bound prior_precision={value:g} (the weights "
         f"have squared norm {square_norm:.3g}); pass a fixed prior_precision or use "
-        "prior_precision='grid' with a validation loader",
+        "prior_precision='val' with a validation loader",
         RuntimeWarning,
         stacklevel=2,
     )
     return value
-
-
-def default_grid(num: int = 41) -> Tensor:
-    """Log-spaced prior precisions from 1e-4 to 1e4."""
-    return torch.logspace(-4, 4, num, dtype=torch.float64)
-
-
-def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = None) -> float:
-    """The prior precision in ``grid`` with the lowest ``validation_nll(δ)`` (ties: the smaller δ).
-
-    Example:
-        >>> grid_search(lambda delta: (math.log10(delta) - 1) ** 2)
-        10.0
-    """
-    grid = default_grid() if grid is None else grid
-    scores = [validation_nll(float(delta)) for delta in grid]
-    finite = [(score, i) for i, score in enumerate(scores) if math.isfinite(score)]
-    if not finite:
-        raise NumericalError("the validation NLL is not finite for any prior precision of the grid")
-    return float(grid[min(finite)[1]])

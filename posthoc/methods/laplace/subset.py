@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posthoc.core import distributed
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -59,7 +60,9 @@ class SubsetLaplace(Laplace):
                 self.register_buffer(f"p{index}_{field}", None)
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
+        self.num_data.zero_()
         blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress))
+        self.num_data.copy_(distributed.all_reduce_sum(self.num_data))
         for index, block in enumerate(blocks):
             for field in BLOCK_FIELDS[self.hessian]:
                 setattr(self, f"p{index}_{field}", getattr(block, field))
@@ -72,6 +75,7 @@ class SubsetLaplace(Laplace):
             if not isinstance(x, Tensor):
                 raise InputError("subset Laplace (BackPACK) needs tensor inputs, not a dict")
             classes = classes or _num_classes(self.model, x)
+            self.num_data += x.shape[0]
             yield x, class_labels(y, x.shape[0], classes)
 
     def _blocks(self) -> list[ParamCurvature]:
@@ -82,6 +86,9 @@ class SubsetLaplace(Laplace):
 
     def _prepare(self, x: Inputs) -> Inputs:
         return x
+
+    def _map_log_probs(self, x: Inputs) -> Tensor:
+        return class_log_probs(run_model(self.model, x)).double()
 
     def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         if self.pred == "nn":
@@ -106,6 +113,13 @@ class SubsetLaplace(Laplace):
 
     def spectrum(self) -> Tensor:
         return torch.cat([block.spectrum() for block in self._blocks()])
+
+    def num_posterior_parameters(self) -> int:
+        params = dict(self.model.named_parameters())
+        return sum(params[name].numel() for name in self.param_names)
+
+    def posterior_layers(self) -> list[str]:
+        return list(parameter_owners(self.model, self.param_names))
 
 
 def _num_classes(model: nn.Module, x: Inputs) -> int:
