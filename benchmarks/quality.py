@@ -624,7 +624,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="start no case after this many minutes; the report says how many runs were left out")
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--jobs", type=int, default=1, help="(architecture, seed) settings run in parallel processes")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT, help="Markdown report; the JSON goes beside it")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"Markdown report, the JSON beside it (default {DEFAULT_OUT.relative_to(ROOT)}; "
+                             "with --from-json the report is only printed unless --out is given)")
     parser.add_argument("--readme-table", action="store_true", help="also print the README's 'Which method when' table")
     parser.add_argument("--from-json", type=Path, default=None,
                         help="render a previous run's .json (or the .jsonl a run cut short leaves) instead of running")
@@ -640,6 +642,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     command = "python benchmarks/quality.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    write = args.out is not None or args.from_json is None
+    args.out = args.out or DEFAULT_OUT
     if args.from_json is not None:
         saved = load_results(args.from_json)
         rows, rotations, command, meta = saved["rows"], tuple(saved["rotations"]), saved["command"], saved["meta"]
@@ -676,7 +680,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = {**meta, "left out": "; ".join(left_out)}
     summaries = summarise(rows)
     report = markdown_report(summaries, rotations, command, meta)
-    if args.from_json is None:
+    if write:
         args.out.write_text(report + "\n")
     print(report)
     if args.readme_table:
