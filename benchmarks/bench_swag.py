@@ -13,7 +13,13 @@ CPU time as a ratio to a plain forward.
 difference between the two SWAGs switched one at a time (snapshots per epoch and how many are
 kept, the low-rank divisor ``sqrt(K - 1)`` vs torch-uncertainty's ``sqrt(max_num_models - 1)``, its
 variance floor 1e-6, BatchNorm statistics per sample over 4 batches, the whole loader or once at the
-mean, the fine-tuning's data order), and the SWA mean.
+mean, the fine-tuning's data order), the samples predicting in train mode, and the SWA mean.
+
+What it found: torch-uncertainty's samples are kept in a plain list, so ``tu.eval()`` leaves them in
+train mode; they predict with BatchNorm normalising by the *test batch's* statistics (and dropout
+on). On rotated digits that batch adaptation, not the posterior, is its whole advantage: with its
+samples in eval mode it matches posthoc on the same fine-tune (the quality table shows both rows),
+and predictions in train mode depend on which examples share the batch.
 
 ``--part speed``: predict (S=20) vs a forward pass and torch-uncertainty's SWAG, last-layer SWAG,
 SWAG over the two Linear layers (prefix once, and one pass per sample), a fine-tuning epoch.
@@ -160,6 +166,10 @@ def quality(model_name: str) -> None:
 
     predict_cpu = measure(lambda: tu_probs(x_test), repeats=3).cpu
     rows.append(quality_row("torch-uncertainty SWAG, same fine-tune", scores(tu_probs, tests), fit_cpu, predict_cpu / base_cpu, plain))
+    for sample in tu.samples:  # a plain list, so tu.eval() left them in train mode: BatchNorm on the test batch, dropout on
+        sample.eval()
+    rows.append(quality_row("torch-uncertainty SWAG, its samples in eval mode", scores(tu_probs, tests), fit_cpu,
+                            predict_cpu / base_cpu, plain))
     print(f"\n## {model_name}: NLL and ECE (%) on test digits rotated 0/45/90 deg, S={SAMPLES} (* lower NLL than plain)\n")
     print("| model | NLL 0 | NLL 45 | NLL 90 | ECE 0 | ECE 45 | ECE 90 | fit CPU s | predict CPU / forward |")
     print("|---|---|---|---|---|---|---|---|---|")
@@ -211,7 +221,7 @@ def bn_state(model: torch.nn.Module, params: dict, how: str) -> dict:
 
 def ablated(model: torch.nn.Module, snapshots: list[torch.Tensor], tests: dict, *, rank: int = 20, divisor: str = "K - 1",
             variance_floor: float = 0.0, bn: str = "4 batches (posthoc)", bn_once: bool = False, scale: float = 0.5,
-            low_rank: bool = True) -> dict:
+            low_rank: bool = True, train_mode: bool = False) -> dict:
     """Scores of SWAG built from ``snapshots`` with one choice changed (defaults: posthoc's)."""
     mean, variance, deviations = swag_moments(snapshots, rank)
     std, held = variance.clamp_min(variance_floor).sqrt(), deviations.shape[0]
@@ -231,7 +241,16 @@ def ablated(model: torch.nn.Module, snapshots: list[torch.Tensor], tests: dict, 
             theta = theta + torch.randn(held, generator=generator, dtype=torch.float64) @ deviations / norm
         params = unflatten(mean + math.sqrt(scale) * theta)
         members.append({**params, **(once if bn_once else bn_state(model, params, bn))})
-    return scores(lambda x: torch.stack([torch.softmax(functional_call(model, m, (x,)), -1) for m in members]).mean(0), tests)
+
+    def probs(x: torch.Tensor) -> torch.Tensor:
+        model.train(train_mode)  # train mode: BatchNorm normalises with the test batch's own statistics, dropout on
+        try:
+            return torch.stack([torch.softmax(functional_call(model, {k: v.clone() for k, v in m.items()}, (x,)), -1)
+                                for m in members]).mean(0)
+        finally:
+            model.eval()
+
+    return scores(probs, tests)
 
 
 def ablation() -> None:
@@ -256,6 +275,7 @@ def ablation() -> None:
         "diagonal only (no low-rank part)": (snapshots, {"low_rank": False}),
         "fine-tune data order: another seed": (other_order, {}),
         "torch-uncertainty's sampling choices together": (per_epoch, {"divisor": "max", "variance_floor": 1e-6, "bn": "update_bn"}),
+        "samples predict in train mode (torch-uncertainty's samples stay so)": (snapshots, {"train_mode": True}),
         "SWA mean (scale 0)": (snapshots, {"scale": 0.0}),
     }
     print("\n## digits_cnn, torch-uncertainty's fine-tune (10 epochs, lr 0.01, wd 5e-4), scale 0.5, S=20: one difference at a time\n")

@@ -205,7 +205,7 @@ def test_more_snapshots_than_steps_collects_every_step() -> None:
 def test_nan_loss_stops_and_keeps_the_good_statistics() -> None:
     torch.manual_seed(0)
     x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
-    x[48:] = float("inf")  # the last batch blows up the loss
+    x[48:] = 3e38  # finite inputs whose last batch overflows the loss (non-finite inputs are refused before)
     loader = DataLoader(TensorDataset(x, y), batch_size=16)
     um = posthoc.wrap(_mlp(), method="swag")
     with pytest.raises(NumericalError, match="step 4"):
@@ -353,11 +353,13 @@ def test_scale_chosen_on_validation_is_used_saved_and_reported(digits, digits_mo
     assert fixed.method.scale == 0.5  # a scale the user gave is never searched
 
 
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow), pytest.param(2, marks=pytest.mark.slow)])
 @pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
-def test_swa_mean_of_the_default_schedule_is_not_worse_than_the_checkpoint_in_distribution(digits, name) -> None:
+def test_swa_mean_of_the_default_schedule_is_not_worse_than_the_checkpoint_in_distribution(digits, name, seed) -> None:
+    """Issue 15: the default fine-tuning must not drift (lr 0.01 for 10 epochs did: NLL 0.080 vs 0.081 at 0 deg
+    but 7.18 vs 6.59 at 90); three data orders of the fine-tuning, on both bundled models."""
     model = zoo.pretrained(name)
     test = data.loader(digits.test, 500)
     plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test, progress=False).nll
-    for seed in (0, 1, 2):  # three fine-tuning data orders
-        swa = posthoc.wrap(model, method="swag", scale=0.0).fit(data.loader(digits.fit, 64, shuffle=True, seed=seed), progress=False)
-        assert posthoc.evaluate(swa, test, progress=False).nll <= plain, seed
+    swa = posthoc.wrap(model, method="swag", scale=0.0).fit(data.loader(digits.fit, 64, shuffle=True, seed=seed), progress=False)
+    assert posthoc.evaluate(swa, test, progress=False).nll <= plain
