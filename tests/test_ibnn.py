@@ -333,8 +333,10 @@ def test_initialisation_follows_the_paper(digits_model):
 def test_node_counts_match_the_papers_table_1(name, nodes):
     model = getattr(torchvision.models, name)(weights=None)
     assert count_nodes(model) == nodes
-    summary = posthoc.wrap(model, method="ibnn", components=2).method.summary()
+    summary = posthoc.wrap(model, method="ibnn", recipe="paper", components=2).method.summary()
     assert summary["random_variables"] == nodes and summary["components"] == 2
+    assert posthoc.wrap(model, method="ibnn", stem=True).method.summary()["random_variables"] == nodes
+    assert posthoc.wrap(model, method="ibnn").method.summary()["random_variables"] == count_nodes(model, stem=False)
     assert summary["layers"][0] in ("conv1", "features.0") and summary["variational_parameters"] == 2 * 2 * nodes
     assert count_nodes(model, stem=False, head=False) < nodes
 
@@ -343,12 +345,12 @@ def test_summary_reports_the_fit(digits_model, digits):
     loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
     um = posthoc.wrap(digits_model, method="ibnn", components=3, num_samples=2, init_mean_std=0.4)
     before = um.method.summary()
-    assert before["epochs"] is None and before["random_variables"] == 1 + 16 + 32 * 7 * 7 + 64
+    assert before["epochs"] is None and before["random_variables"] == 16 + 32 * 7 * 7 + 64  # no stem by default
     um.fit(loader, epochs=2, beta=0.5, progress=False)
     card = um.method.summary()
     assert card["epochs"] == 2 and card["beta"] == 0.5 and card["batchnorm"] == "train"
     assert card["init_mean_std"] == 0.4 and card["test_samples"] == 6 and card["components"] == 3
-    assert card["layers"] == ["features.0", "features.4", "classifier.1", "classifier.4"]
+    assert card["layers"] == ["features.4", "classifier.1", "classifier.4"]
 
 
 def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, digits):

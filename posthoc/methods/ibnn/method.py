@@ -1,8 +1,8 @@
 """``"ibnn"``: node-based Bayesian neural network on a pretrained model (Trinh et al., 2020 / 2022).
 
 Multiplicative latent variables ``z`` sit on the inputs of the model's ``Conv2d`` / ``Linear``
-layers, one per input channel / feature, stem and head included: the paper's Table 1 placement
-(ResNet-50: 24,579 nodes, AlexNet 18,307, VGG-16 36,995; :func:`~posthoc.methods.ibnn.nodes.count_nodes`
+layers, one per input channel / feature: the paper's Table 1 placement with ``recipe="paper"`` or
+``stem=True`` (ResNet-50: 24,579 nodes, AlexNet 18,307, VGG-16 36,995; :func:`~posthoc.methods.ibnn.nodes.count_nodes`
 counts them without fitting). Their posterior is a mixture ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)``
 with prior ``N(1, s^2)`` (:mod:`posthoc.methods.ibnn.nodes`). ``fit`` maximises the ELBO as the
 paper does (:mod:`posthoc.methods.ibnn.elbo`): BatchNorm statistics re-estimated with the nodes on,
@@ -16,8 +16,8 @@ times, chunked under a memory budget.
 
 Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) and ``"paper"``.
 They share everything above and differ where the paper's values were worse on the bundled
-checkpoints: K=2 instead of 4, means initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``,
-prior std 0.1 instead of 0.3, weights' learning rate 1e-3 instead of 1e-4 (reasons and numbers
+checkpoints: no nodes on the stem (the first layer's input channels), K=2 instead of 4, means
+initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3 instead of 1e-4 (reasons and numbers
 in the recipes module). Every setting can also be given by name.
 
 References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
@@ -73,7 +73,9 @@ class ImplicitBNN(Method):
         init_std, init_std_spread: component standard deviations start at ``|N(init_std, init_std_spread^2)|``
             (kept positive by a softplus) [0.05, 0.02 in both].
         layers: module names whose Conv/Linear layers get nodes (default: all of them).
-        stem, head: include the first Conv/Linear and the classifier head [both, as in the paper's Table 1].
+        stem, head: include the first Conv/Linear and the classifier head [head only; paper: both, as in
+            its Table 1]. The stem's few nodes (one per image channel) act as a global input scale whose
+            fit is volatile (see :mod:`posthoc.methods.ibnn.recipes`).
         num_samples: ``S``, samples per component at prediction (``K * S`` in total) [5].
         max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
             larger inputs run in chunks.
@@ -86,15 +88,15 @@ class ImplicitBNN(Method):
 
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
-                 init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool = True,
+                 init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool | None = None,
                  head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0) -> None:
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
         chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
-                                       "init_std": init_std, "init_std_spread": init_std_spread})
+                                       "init_std": init_std, "init_std_spread": init_std_spread, "stem": stem})
+        self._stem = bool(chosen.pop("stem"))
         self._node_options = {**chosen, "layers": None if layers is None else list(layers), "head": head, "seed": seed}
-        self._stem = stem
-        self.nodes = NodeSet(model, stem=stem, **self._node_options)
+        self.nodes = NodeSet(model, stem=self._stem, **self._node_options)
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved with the posterior for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         self.num_samples = positive_int(num_samples, "num_samples")
