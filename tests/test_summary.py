@@ -44,7 +44,7 @@ def test_the_plain_model_card_says_zero_random_variables_and_what_fit_saw(digits
 
 
 def test_mc_dropout_counts_the_units_its_sites_drop(digits_model: nn.Module, digits, loaders) -> None:
-    um = posthoc.wrap(digits_model, method="mc-dropout").fit(loaders["fit"], loaders["calibration"], progress=False)
+    um = posthoc.wrap(digits_model, method="mc-dropout").fit(loaders["fit"], progress=False)  # no val_loader: own rate
     before = um.summary()["posterior"][0]
     assert before["random_variables"] is None and before["dropout_rate"] == [0.25]  # units known once a batch is sampled
     assert before["rate_from"] == "the model's own dropout" and before["layers"] == ["classifier.3"]
