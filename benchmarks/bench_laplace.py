@@ -2,10 +2,17 @@
 
 Run by hand (not by pytest)::
 
-    python benchmarks/bench_laplace.py            # all three parts
-    python benchmarks/bench_laplace.py digits     # one part: digits | imagenet | peer
+    python benchmarks/bench_laplace.py            # all four parts
+    python benchmarks/bench_laplace.py quality    # one part: quality | digits | imagenet | peer
 
 Parts:
+  quality  — the brief's quality protocol on both bundled models (digits_cnn, digits_bn_cnn):
+             ``fit(loader(fit, 64, shuffle=True), loader(calibration))``, NLL / ECE on the test
+             digits rotated 0/45/90 degrees for the plain model, the old default (marglik) and the
+             new one (``prior_precision="auto"``), and val / grid / marglik with kron and full; then
+             the new default over 8 random validation/test splits of calibration + test (worst
+             in-distribution NLL ratio, mean ratios at 45/90) and the fit cost of the prior search
+             (fit with ``"auto"`` vs a fixed prior, as ratios to one plain forward over the fit set).
   digits   — the bundled CNN: fit / fit+marglik over the 2,400 training digits as ratios to one
              plain forward pass over them; probit and MC (S=100) predict on 1,000 test digits as
              ratios to the plain forward pass on them; ours and laplace-torch's, back to back.
@@ -29,8 +36,105 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]
 
 import posthoc  # noqa: E402
 from benchmarks.timing import HEADER, measure, row  # noqa: E402
+from posthoc.methods.laplace import base as laplace_base  # noqa: E402
 
 warnings.filterwarnings("ignore")
+
+
+QUALITY_CONFIGS = (
+    ("old default: kron, marglik", {"prior_precision": "marglik"}),
+    ("new default: kron, auto (val)", {}),
+    ("kron, grid (val-NLL minimiser)", {"prior_precision": "grid"}),
+    ("full, marglik", {"hessian": "full", "prior_precision": "marglik"}),
+    ("full, auto (val)", {"hessian": "full"}),
+    ("full, grid", {"hessian": "full", "prior_precision": "grid"}),
+    ("kron, auto (val), link=mc", {"link": "mc"}),
+    ("kron, auto without val_loader (training data)", {"no_val": True}),
+)
+ANGLES = (0, 45, 90)
+
+
+def quality() -> None:
+    from posthoc.demo import data, zoo
+
+    splits = data.load_digits()
+    tests = {angle: data.loader(data.rotated(splits.test, angle), 500) for angle in ANGLES}
+    print("\n### quality: NLL / ECE on the test digits rotated 0/45/90 degrees (fit(train, calibration))\n")
+    print("| model | posterior | δ | " + " | ".join(f"NLL {a}° | ECE {a}°" for a in ANGLES) + " | NLL 0° / plain | meets |")
+    print("|---|---|---|" + "---|---|" * len(ANGLES) + "---|---|")
+    for name in ("digits_cnn", "digits_bn_cnn"):
+        model = zoo.pretrained(name)
+        plain = {a: posthoc.evaluate(posthoc.wrap(model, method="none"), loader, progress=False) for a, loader in tests.items()}
+        print(f"| {name} | plain | | " + " | ".join(f"{plain[a].nll:.4f} | {plain[a].ece:.2%}" for a in ANGLES) + " | 1.000 | |")
+        for label, options in QUALITY_CONFIGS:
+            options = dict(options)
+            val = None if options.pop("no_val", False) else data.loader(splits.calibration)
+            um = posthoc.wrap(model, method="laplace", **options).fit(data.loader(splits.fit, 64, shuffle=True), val, progress=False)
+            ours = {a: posthoc.evaluate(um, loader, progress=False) for a, loader in tests.items()}
+            meets = ours[0].nll <= 1.02 * plain[0].nll and all(ours[a].nll < plain[a].nll for a in (45, 90))
+            print(f"| {name} | {label} | {float(um.method.prior_precision):.4g} | "
+                  + " | ".join(f"{ours[a].nll:.4f} | {ours[a].ece:.2%}" for a in ANGLES)
+                  + f" | {ours[0].nll / plain[0].nll:.3f} | {'yes' if meets else 'NO'} |")
+    random_splits(data, zoo, splits)
+    prior_search_cost(data, zoo, splits)
+
+
+def random_splits(data, zoo, splits, count: int = 8) -> None:
+    """The new default over ``count`` random 600 / 1,000 validation/test splits of calibration + test."""
+    x = torch.cat([splits.calibration.tensors[0], splits.test.tensors[0]])
+    y = torch.cat([splits.calibration.tensors[1], splits.test.tensors[1]])
+    rotated = {a: data.rotated(TensorDataset(x, y), a).tensors[0] for a in ANGLES}
+    print(f"\n### new default over {count} random validation (600) / test (1,000) splits: test NLL / plain NLL\n")
+    print("| model | posterior | δ min-max | NLL 0° ratio worst | mean | NLL 45° ratio mean (worst) | NLL 90° ratio mean (worst) |\n|---|---|---|---|---|---|---|")
+    for name in ("digits_cnn", "digits_bn_cnn"):
+        model = zoo.pretrained(name)
+        for label, options in (("kron, auto", {}), ("kron, val_tolerance=0.01 without the 2 SE (mean only)", None)):
+            ratios, deltas = {a: [] for a in ANGLES}, []
+            um = posthoc.wrap(model, method="laplace", **(options or {})).fit(data.loader(splits.fit, 256), [(x[:600], y[:600])], progress=False)
+            saved = laplace_base.CONFIDENCE_Z
+            if options is None:  # the rejected rule: the mean increase alone under the tolerance
+                laplace_base.CONFIDENCE_Z = 0.0
+            for split in range(count):
+                order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split))
+                val, test = order[:600], order[600:]
+                um.method.prior_precision.fill_(um.method._held_out_prior_precision([(x[val], y[val])], None, False, False))
+                deltas.append(float(um.method.prior_precision))
+                with torch.no_grad():
+                    for a in ANGLES:
+                        plain = nn.functional.cross_entropy(model(rotated[a][test]), y[test])
+                        ours = nn.functional.nll_loss(um.method.log_predictive(rotated[a][test])[0], y[test])
+                        ratios[a].append(float(ours / plain))
+            laplace_base.CONFIDENCE_Z = saved
+            mean = {a: sum(r) / len(r) for a, r in ratios.items()}
+            print(f"| {name} | {label} | {min(deltas):.3g}-{max(deltas):.3g} | {max(ratios[0]):.3f} | {mean[0]:.3f} | "
+                  f"{mean[45]:.3f} ({max(ratios[45]):.3f}) | {mean[90]:.3f} ({max(ratios[90]):.3f}) |")
+
+
+def prior_search_cost(data, zoo, splits) -> None:
+    """Fit cost of each prior rule as a ratio to one plain forward pass over the 2,400 fit digits."""
+    train, val = data.loader(splits.fit, 256), data.loader(splits.calibration, 256)
+    print(f"\n### fit cost of the prior search (2,400 fit digits, 600 validation digits; {torch.get_num_threads()} threads)\n")
+    print(HEADER)
+    for name in ("digits_cnn", "digits_bn_cnn"):
+        model = zoo.pretrained(name)
+
+        def forward_train() -> None:
+            with torch.no_grad():
+                for x, _ in train:
+                    model(x)
+
+        plain = measure(forward_train, repeats=5)
+        print(row(f"{name}: plain forward over the fit set", plain, plain))
+        for label, options, held_out in (
+            ("fit, fixed prior (curvature only)", {"prior_precision": 1.0}, None),
+            ("fit, marglik", {"prior_precision": "marglik"}, None),
+            ("fit, auto with val_loader", {}, val),
+            ("fit, auto without val_loader (training data)", {}, None),
+            ("fit, grid", {"prior_precision": "grid"}, val),
+            ("fit, auto with val_loader, link=mc (S=100)", {"link": "mc"}, val),
+        ):
+            timing = measure(lambda: posthoc.wrap(model, method="laplace", **options).fit(train, held_out, progress=False), repeats=3)
+            print(row(f"{name}: {label}", timing, plain))
 
 
 def peer_laplace(model: nn.Module, structure: str):
@@ -61,7 +165,7 @@ def digits() -> None:
     for structure in ("kron", "diag", "full"):
         plain_fit = measure(forward_train, repeats=5)
         fit = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(train, progress=False), repeats=5)
-        marglik = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure).fit(train, progress=False), repeats=5)
+        marglik = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(train, progress=False), repeats=5)
         print(row(f"plain forward, train set ({structure} block)", plain_fit, plain_fit))
         print(row(f"ours {structure}: fit", fit, plain_fit))
         print(row(f"ours {structure}: fit + marglik", marglik, plain_fit))
@@ -72,8 +176,8 @@ def digits() -> None:
         print(row(f"laplace-torch {structure}: fit", peer_fit, plain_fit))
         print(row(f"laplace-torch {structure}: marglik step alone (fit + marglik = sum)", peer_ml, plain_fit))
 
-        um = posthoc.wrap(model, method="laplace", hessian=structure).fit(train, progress=False)
-        um_mc = posthoc.wrap(model, method="laplace", hessian=structure, link="mc", num_samples=100).fit(train, progress=False)
+        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(train, progress=False)
+        um_mc = posthoc.wrap(model, method="laplace", hessian=structure, link="mc", num_samples=100, prior_precision="marglik").fit(train, progress=False)
         plain = measure(lambda: torch.no_grad()(model)(x_test), repeats=9)
         probit = measure(lambda: um.predict(x_test), repeats=9)
         mc = measure(lambda: um_mc.predict(x_test), repeats=9)
@@ -121,7 +225,7 @@ def imagenet() -> None:
     print(row("plain forward of the head, 5,000 inputs", plain, plain))
     for structure in ("kron", "diag"):
         fit = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(loader, progress=False), repeats=1, warmup=0)
-        um = posthoc.wrap(model, method="laplace", hessian=structure)
+        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik")
         marglik = measure(lambda: um.fit(loader, progress=False), repeats=1, warmup=0)
         probit = measure(lambda: um.predict(x), repeats=3)
         um_mc = posthoc.wrap(model, method="laplace", hessian=structure, link="mc", num_samples=100)
@@ -211,6 +315,6 @@ def peer(limit: float = 240.0) -> None:
 
 if __name__ == "__main__":
     torch.manual_seed(0)
-    parts = sys.argv[1:] or ["digits", "imagenet", "peer"]
+    parts = sys.argv[1:] or ["quality", "digits", "imagenet", "peer"]
     for part in parts:
-        {"digits": digits, "imagenet": imagenet, "peer": peer}[part]()
+        {"quality": quality, "digits": digits, "imagenet": imagenet, "peer": peer}[part]()

@@ -395,7 +395,8 @@ def test_subset_glm_keeps_the_checkpoint_accurate_where_weight_samples_do_not(di
     x, y = digits.test.tensors[0][:200], digits.test.tensors[1][:200]
     accuracy = {}
     for pred in ("glm", "nn"):
-        um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"], pred=pred, num_samples=20)
+        um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"], pred=pred, num_samples=20,
+                          prior_precision="marglik")
         pred_labels = um.fit(small_loader, progress=False).predict(x, generator=torch.Generator().manual_seed(0)).label
         accuracy[pred] = (pred_labels == y).float().mean().item()
     map_accuracy = (digits_model(x).argmax(-1) == y).float().mean().item()
@@ -439,9 +440,11 @@ def test_subset_glm_refuses_linear_layers_applied_over_positions() -> None:
     torch.manual_seed(0)
     model = nn.Sequential(nn.Unflatten(1, (2, 2)), nn.Linear(2, 3), nn.Flatten(), nn.Linear(6, 3)).eval()
     x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
-    um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag").fit([(x, y)], progress=False)
+    um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", prior_precision=1.0).fit([(x, y)], progress=False)
     with pytest.raises(ConfigError, match="pred='nn'"):
         um.predict(x[:3])
+    with pytest.raises(ConfigError, match="pred='nn'"):  # the default prior search runs the predictive at fit
+        posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag").fit([(x, y)], progress=False)
     nn_um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", pred="nn", num_samples=4)
     assert torch.isfinite(nn_um.fit([(x, y)], progress=False).predict(x[:3]).probs).all()
 
