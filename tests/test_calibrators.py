@@ -71,7 +71,7 @@ def test_peers_agree_on_the_same_logits():
     ours = posthoc.calibrate(logits, labels, method="isotonic")(test_logits).double().numpy()
     per_class = np.stack([SklearnIsotonic(y_min=0, y_max=1, out_of_bounds="clip").fit(probs[:, c], labels.numpy() == c)
                           .predict(test_probs[:, c]) for c in range(5)], -1).clip(1e-6)
-    assert np.abs(ours - per_class / per_class.sum(-1, keepdims=True)).max() < 1e-4  # float32 softmax
+    assert np.abs(ours - per_class / per_class.sum(-1, keepdims=True)).max() < 5e-4  # float32 softmax before the fit
     theirs = np.asarray(IsotonicRegression().fit(probs, labels.numpy()).transform(test_probs))
     assert np.abs(ours - theirs).max() < 2e-3
     tu = pytest.importorskip("torch_uncertainty.post_processing")

@@ -131,7 +131,7 @@ def test_timm_recipe_end_to_end(image_folders: dict[str, Path], tmp_path: Path) 
     assert metrics["sizes"] == {"train": 32, "calibration": 15, "test": 15, "ood": 16, f"shift {image_folders['shift']}": 16}
     plain, tempered = metrics["rows"]
     assert tempered["test"]["accuracy"] == plain["test"]["accuracy"]  # a temperature never changes the argmax
-    assert tempered["fitted"]["temperature"] > 0
+    assert tempered["fitted"]["calibrator.temperature"] > 0
 
 
 @RANDOM_WEIGHTS

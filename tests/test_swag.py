@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.engine import bn_refresh
+from posthoc.methods.swag.schedule import FLAT_LOSS_LR, relative_lr
 from posthoc.core.errors import ConfigError, InputError, NumericalError
 from posthoc.demo import data, zoo
 from posthoc.methods.swag import schedule, subset
@@ -363,3 +364,10 @@ def test_swa_mean_of_the_default_schedule_is_not_worse_than_the_checkpoint_in_di
     plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test, progress=False).nll
     swa = posthoc.wrap(model, method="swag", scale=0.0).fit(data.loader(digits.fit, 64, shuffle=True, seed=seed), progress=False)
     assert posthoc.evaluate(swa, test, progress=False).nll <= plain
+
+
+def test_a_flat_loss_falls_back_to_a_fixed_learning_rate_with_a_warning():
+    net = torch.nn.Linear(4, 1)  # one logit per class of a one-class problem: the loss is 0 everywhere
+    batch = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))]
+    with pytest.warns(RuntimeWarning, match="gradient at the checkpoint is 0"):
+        assert relative_lr(net, list(net.parameters()), batch, device=torch.device("cpu")) == FLAT_LOSS_LR

@@ -42,6 +42,8 @@ from posthoc.core.inputs import Inputs, check_labels, iterate
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4
+#: the learning rate used when the loss is flat at the checkpoint (the steps are then 0 whatever it is)
+FLAT_LOSS_LR = 1e-3
 #: mini-batches whose gradient norms set the relative learning rate
 GRADIENT_BATCHES = 8
 #: the scale the walk starts from (the SWAG paper's), and how far it may go up and down, by factors of 2
@@ -77,11 +79,19 @@ def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], load
     totals = torch.stack([torch.stack(norms).sum(), torch.tensor(float(len(norms)), device=weights.device)]).double()
     totals = distributed.all_reduce_sum(totals) if distributed.active() else totals
     gradient = float(totals[0] / totals[1])
-    if not math.isfinite(gradient) or gradient <= 0:
+    if not math.isfinite(gradient):
         raise NumericalError(
             f"the loss gradient at the checkpoint has norm {gradient}; SWAG cannot set its learning rate from it. "
             "Pass lr= to fit"
         )
+    if gradient == 0:
+        warnings.warn(
+            f"the loss gradient at the checkpoint is 0 (a single class, or a loss already at its minimum): SWAG's "
+            f"fine-tune cannot move the weights and uses lr={FLAT_LOSS_LR}; pass lr= to fit to choose one",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return FLAT_LOSS_LR
     return step * float(weights) / gradient
 
 
