@@ -106,6 +106,10 @@ def _check_report(out: Path, rows: list[str], *, ood: bool, shifts: int = 0) -> 
             assert 0.0 <= row["test"]["ood_auroc"] <= 1.0
         assert len(row["shifts"]) == shifts
     assert report.count("## Shift:") == shifts
+    cards = (out / "summary.md").read_text()
+    for row in metrics["rows"]:  # the model card of every row, next to the report
+        assert row["summary"]["fitted"] and row["summary"]["methods"] == row["method"].split("+")
+        assert f"# {row['method']}" in cards
     # one reliability panel per row, so the picture widens with the number of rows
     width, height = _png_size(out / "reliability.png")
     assert width > 300 * len(rows) and height > 200

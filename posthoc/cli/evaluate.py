@@ -14,7 +14,8 @@ folders) are labelled test sets with the same classes; ``--ood`` is an unlabelle
 ``--alpha``, ``--target-risk`` and ``--calibrator`` add conformal coverage and set size, deferral,
 and a table of calibrators (see :mod:`posthoc.cli.guarantees`).
 
-Writes ``OUT/report.md`` (Markdown tables), ``OUT/metrics.json``, ``OUT/reliability.png`` and
+Writes ``OUT/report.md`` (Markdown tables), ``OUT/summary.md`` (each row's model card, from
+``um.summary()``), ``OUT/metrics.json``, ``OUT/reliability.png`` and
 ``OUT/risk_coverage.png``. The recipes in ``recipes/`` call :func:`run_recipe` after loading
 their model with the library's own loading code.
 
@@ -54,7 +55,7 @@ from posthoc.guarantees.bounds import check_probability
 BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
 FEATURED_STATE = ("temperature", "prior_precision")
-OUTPUT_FILES = ("report.md", "metrics.json", "reliability.png", "risk_coverage.png")
+OUTPUT_FILES = ("report.md", "summary.md", "metrics.json", "reliability.png", "risk_coverage.png")
 GUARANTEE_LEGEND = [
     "coverage: fraction of test sets holding the true label, guaranteed >= 1 - alpha on average over exchangeable "
     "calibration/test draws (not under shift); set size: mean number of classes per set.", "",
@@ -254,6 +255,7 @@ class MethodResult:
     eval_seconds: float
     state: dict[str, float]
     note: str = ""
+    card: dict[str, Any] | None = None
 
 
 def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
@@ -296,7 +298,8 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
         eval_seconds = time.perf_counter() - start
         shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
                                          seed=args.seed, **measured) for root, loader in data.shifts.items()}
-        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note))
+        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note,
+                                     um.summary()))
     return results
 
 
@@ -309,7 +312,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str,
                  calibrator: CalibratorResult | None = None) -> Path:
-    """Write ``report.md``, ``metrics.json``, ``reliability.png`` and ``risk_coverage.png`` to ``args.out``."""
+    """Write ``report.md``, ``summary.md`` (each row's model card), ``metrics.json``, ``reliability.png`` and
+    ``risk_coverage.png`` to ``args.out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curves = {r.name: (r.test.probs, r.test.labels) for r in results}
@@ -345,10 +349,13 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     ]
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
+    cards = [f"# {r.name}\n\n{r.card.to_markdown()}" for r in results if r.card is not None]
+    (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
         "title": title, "classes": data.classes, "sizes": data.sizes, "settings": _settings(args),
         "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
-                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note}
+                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note,
+                  "summary": r.card}
                  for r in results],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
     }
