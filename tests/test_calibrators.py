@@ -11,7 +11,7 @@ import torch
 
 import posthoc
 from posthoc.evaluation import metrics
-from posthoc.methods.calibration.auto import top_label_ece
+from posthoc.methods.calibration.auto import confidently_better, top_label_ece
 from posthoc.methods.calibration.base import CALIBRATORS
 
 MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
@@ -172,3 +172,14 @@ def test_stacked_calibrators_fit_on_the_inner_predictive(method, small, tmp_path
     um.save(tmp_path / "stacked.pt")
     loaded = posthoc.load(tmp_path / "stacked.pt", zoo.pretrained())
     assert torch.allclose(loaded.predict(small["x"]).probs, probs, atol=1e-6)
+
+
+def test_auto_needs_a_candidate_to_beat_the_identity_by_more_than_noise():
+    """A candidate whose per-example losses are the identity's plus zero-mean noise (slightly lower on
+    average by luck) is not eligible; one that is clearly better is."""
+    generator = torch.Generator().manual_seed(0)
+    identity = torch.rand(600, generator=generator, dtype=torch.float64)
+    noise = torch.randn(600, generator=generator, dtype=torch.float64)
+    lucky = identity + noise - noise.mean() - 1e-3          # 1e-3 lower on average, standard error ~0.04
+    better = identity - 0.2 + 0.01 * noise
+    assert confidently_better({"identity": identity, "lucky": lucky, "better": better}) == {"identity", "better"}
