@@ -121,7 +121,7 @@ class MCDropout(Method):
     name = "mc-dropout"
     requires_fit = False
     demo_configs = (
-        ("MC dropout (own, p=0.25)", {}),
+        ("MC dropout (own, rate on val)", {}),
         ("MC dropout (head, p=auto)", {"where": "head", "p": "auto"}),
     )
 
