@@ -12,6 +12,7 @@ from torch import nn
 
 from hypothesis import settings
 
+from posthoc.core.threads import single_thread_if
 from posthoc.demo import data, zoo
 
 # the same examples on every run, so CI never passes or fails by chance;
@@ -88,3 +89,10 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: D103
     if test_fuzz.CASES:
         terminalreporter.write_line(f"fuzz cases tried per method: {dict(test_fuzz.CASES)} (total {sum(test_fuzz.CASES.values())})")
         terminalreporter.write_line(f"fuzz outcomes: {dict(sorted(test_fuzz.OUTCOMES.items()))}")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tests of many tiny tensor ops run on one thread: several only fight over a busy CPU (10x slower)."""
+    with single_thread_if(True):
+        yield

@@ -53,13 +53,7 @@ class LiveBytes(TorchDispatchMode):
         self.now -= self.live.pop(key)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Many small chunks: one thread is much faster than several fighting over a busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_live_bytes_counts_storages_alive_at_once():

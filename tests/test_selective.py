@@ -23,13 +23,7 @@ from posthoc.guarantees.selective import RiskNotReachableError, search_threshold
 NUM_CLASSES = 10
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These tensors are tiny: thread start-up costs more than it brings (10x slower on a busy machine)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def calibrated(count: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

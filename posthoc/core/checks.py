@@ -25,6 +25,13 @@ def positive_int(value: Any, name: str, *, none: str | None = None) -> Any:
     return value
 
 
+def non_negative(value: Any, name: str) -> float:
+    """``value`` as a float if it is a number >= 0 (not a bool), e.g. a penalty weight."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
+        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+    return float(value)
+
+
 def memory_bytes(value: Any, name: str = "max_memory") -> Any:
     """``value`` if it is ``None`` (the library-wide budget) or a positive number of bytes."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):

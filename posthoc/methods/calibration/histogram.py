@@ -17,10 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core.checks import positive_int
+from posthoc.core.checks import non_negative, positive_int
 from posthoc.core.errors import ConfigError
 from posthoc.methods.calibration.base import Calibrator, predictive, register_calibrator
-from posthoc.methods.calibration.matrix import non_negative
 
 MODES = ("per-class", "top-label")
 

@@ -19,16 +19,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.core.checks import non_negative
 from posthoc.methods.calibration.affine import AffineCalibrator
 from posthoc.methods.calibration.base import register_calibrator
-
-
-def non_negative(value: float, name: str) -> float:
-    """``value`` if it is a number >= 0, else a :class:`~posthoc.core.errors.ConfigError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
-    return float(value)
 
 
 @register_calibrator

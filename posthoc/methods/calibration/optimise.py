@@ -7,13 +7,14 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 
 import torch
 from torch import Tensor
 
 from posthoc.core.logits import log_mean_exp
+from posthoc.core.threads import single_thread_if
 
 
 def mixture_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
@@ -26,22 +27,12 @@ def mixture_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
 SMALL_FIT = 1 << 20
 
 
-@contextmanager
-def threads_for(inputs: Tensor) -> Iterator[None]:
-    """Run a small fit (fewer than :data:`SMALL_FIT` input elements) on one CPU thread, then restore the count.
+def threads_for(inputs: Tensor) -> AbstractContextManager[None]:
+    """Run a small fit (fewer than :data:`SMALL_FIT` input elements, on the CPU) on one thread.
 
-    A calibration fit is thousands of tiny ops, where torch's intra-op threads only add synchronisation:
-    on a busy 2-core machine vector scaling of 600 x 8 logits took 4.9 s on 2 threads and 0.2 s on 1.
+    A calibration fit is thousands of tiny ops, where torch's intra-op threads only add synchronisation.
     """
-    previous = torch.get_num_threads()
-    small = inputs.device.type == "cpu" and inputs.numel() < SMALL_FIT and previous > 1
-    if small:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if small:
-            torch.set_num_threads(previous)
+    return single_thread_if(inputs.device.type == "cpu" and inputs.numel() < SMALL_FIT)
 
 
 def minimise(objective: Callable[[], Tensor], parameters: list[Tensor], *, max_iter: int, tolerance: float = 1e-7) -> None:

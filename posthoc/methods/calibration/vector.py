@@ -16,9 +16,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posthoc.core.checks import non_negative
 from posthoc.methods.calibration.affine import AffineCalibrator
 from posthoc.methods.calibration.base import register_calibrator
-from posthoc.methods.calibration.matrix import non_negative
 
 
 @register_calibrator

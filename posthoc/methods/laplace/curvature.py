@@ -30,8 +30,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import backpack
@@ -41,6 +40,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.threads import single_thread_if
 from posthoc.engine.random_draws import randn
 
 STRUCTURES = ("kron", "full", "diag")
@@ -90,7 +90,8 @@ def symmetric_eig(matrix: Tensor, what: str) -> tuple[Tensor, Tensor]:
     if not torch.isfinite(matrix).all():
         raise non_finite_curvature(what)
     matrix = (matrix + matrix.T) / 2
-    with _single_thread_if_small(matrix):
+    # a small CPU eigh runs on one thread: LAPACK's threads wait on each other (see posthoc.core.threads)
+    with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
         try:
             values, vectors = torch.linalg.eigh(matrix)
         except RuntimeError:  # eigh did not converge: add and remove a jitter
@@ -99,21 +100,6 @@ def symmetric_eig(matrix: Tensor, what: str) -> tuple[Tensor, Tensor]:
             values, vectors = torch.linalg.eigh(matrix + jitter * eye)
             values = values - jitter
     return clamp_curvature(values, what), vectors
-
-
-@contextmanager
-def _single_thread_if_small(matrix: Tensor) -> Iterator[None]:
-    """CPU ``eigh`` of a small matrix on one thread: measured 0.03 s vs 2-7 s with 2 threads at
-    520 x 520 on a shared 2-core machine (LAPACK's threads wait on each other); large ones keep all threads."""
-    threads = torch.get_num_threads()
-    small = matrix.device.type == "cpu" and matrix.shape[0] <= 1024 and threads > 1
-    if small:
-        torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        if small:
-            torch.set_num_threads(threads)
 
 
 def clamp_curvature(values: Tensor, what: str) -> Tensor:

@@ -1,0 +1,30 @@
+"""One CPU thread for small dense work, where torch's intra-op threads only wait on each other.
+
+Measured on a shared 2-core machine: ``eigh`` of a 520 x 520 curvature factor took 0.03 s on one
+thread and 2-7 s on two; vector scaling of 600 x 8 logits 0.2 s and 4.9 s.
+
+Example:
+    >>> with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
+    ...     values, vectors = torch.linalg.eigh(matrix)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+
+
+@contextmanager
+def single_thread_if(small: bool) -> Iterator[None]:
+    """Run the block on one torch thread when ``small`` (and more than one is set), then restore the count."""
+    previous = torch.get_num_threads()
+    narrowed = small and previous > 1
+    if narrowed:
+        torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        if narrowed:
+            torch.set_num_threads(previous)
