@@ -26,8 +26,10 @@ from posthoc.core.method import Method
 from posthoc.core.prediction import Prediction
 from posthoc.core.registry import available_methods, methods_doc, register
 from posthoc.core.uncertain_model import UncertainModel
+from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.guarantees import conformal, selective
+from posthoc.ood import Detector, detector
 
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
 sys.modules[f"{__name__}.settings"] = settings
@@ -38,7 +40,8 @@ wrap.__doc__ = (wrap.__doc__ or "") + methods_doc()
 __version__ = "0.1.0"
 
 __all__ = [
-    "wrap", "load", "evaluate", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
+    "wrap", "load", "evaluate", "compare", "Comparison", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
+    "detector", "Detector",
     "Prediction", "Report", "UncertainModel", "Method",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError",

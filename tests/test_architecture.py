@@ -16,7 +16,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "posthoc"
 ROOT = "posthoc"
 LAYERS = {"core": 0, "engine": 1, "methods": 2, "api": 3, "calibrate": 3, "evaluation": 3, "guarantees": 3,
-          "loading": 3, "demo": 4, "cli": 4}
+          "loading": 3, "shift": 3, "ood": 3, "demo": 4, "cli": 4}
 TOP = max(LAYERS.values())
 
 

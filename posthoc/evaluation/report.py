@@ -24,7 +24,7 @@ from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.evaluation import metrics, plots
+from posthoc.evaluation import bootstrap, metrics, plots
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.predictions import collect, predict_loader  # noqa: F401  (collect: demo and benchmarks import it from here)
 from posthoc.guarantees import measures
@@ -41,6 +41,8 @@ class Report:
     ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per
     set); given a selective rule at ``target_risk``: ``deferral`` (fraction deferred) and
     ``selective_risk`` (error rate on the accepted examples; ``None`` if none is accepted).
+    Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
+    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`).
     """
 
     name: str
@@ -59,6 +61,8 @@ class Report:
     selective_risk: float | None = None
     probs: Tensor = field(repr=False, default=None)
     labels: Tensor = field(repr=False, default=None)
+    ci: float | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
     #: present in :meth:`as_dict` only when the report measured a guarantee
@@ -96,7 +100,8 @@ class Report:
     def as_dict(self) -> dict[str, float | None]:
         """The metrics by name; the guarantee columns only where measured."""
         measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
-        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured}
+        bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
+        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds}
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
@@ -117,8 +122,10 @@ def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
             if r.deferral is not None and r.selective_risk is not None}
 
 
-def _cell(value: float | None) -> str:
-    return "–" if value is None else f"{value:.4f}"
+def _cell(value: float | None, interval: tuple[float, float] | None = None) -> str:
+    if value is None:
+        return "–"
+    return f"{value:.4f}" if interval is None else f"{value:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]"
 
 
 def _levels(reports: list[Report], name: str) -> str:
@@ -132,12 +139,12 @@ def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
     columns = {}
     if any(r.coverage is not None for r in reports):
         alpha = _levels(reports, "alpha")
-        columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage) for r in reports]
+        columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage, r.intervals.get("coverage")) for r in reports]
         columns["set size"] = ["–" if r.set_size is None else f"{r.set_size:.2f}" for r in reports]
     if any(r.deferral is not None for r in reports):
         risk = _levels(reports, "target_risk")
         columns[f"deferral (target risk{risk})"] = [_cell(r.deferral) for r in reports]
-        columns["accepted error"] = [_cell(r.selective_risk) for r in reports]
+        columns["accepted error"] = [_cell(r.selective_risk, r.intervals.get("selective_risk")) for r in reports]
     return columns
 
 
@@ -150,7 +157,8 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
     header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for i, report in enumerate(reports):
-        cells = [report.name, *(_cell(getattr(report, c)) for c in report.COLUMNS), *(col[i] for col in extra.values())]
+        cells = [report.name, *(_cell(getattr(report, c), report.intervals.get(c)) for c in report.COLUMNS),
+                 *(col[i] for col in extra.values())]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -165,7 +173,7 @@ def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | Sel
 def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
              name: str | None = None, progress: bool = True, num_samples: int | None = None,
              seed: int = 0, conformal: ConformalPredictor | None = None,
-             selective: SelectivePredictor | None = None) -> Report:
+             selective: SelectivePredictor | None = None, ci: float | None = None, bootstraps: int = 1000) -> Report:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
@@ -173,6 +181,9 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
             the empirical coverage and mean size of its sets on the test set.
         selective: fitted ``posthoc.selective(um, calibration_loader, target_risk=...)``: the report
             adds the deferral rate and the error rate of the accepted test examples.
+        ci: a confidence level (e.g. 0.95): every metric gets a percentile bootstrap interval over the test
+            examples (``bootstraps`` resamples, seeded by ``seed``; OOD AUROCs resample both sets), in
+            ``report.intervals`` and in the Markdown as ``0.1230 [0.1180, 0.1290]``.
 
     Fitted guarantees are passed (not ``alpha=`` / ``target_risk=``) so that their options (score,
     Mondrian, delta, ...) stay in one place and one calibration serves several test sets.
@@ -184,17 +195,27 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
     """
     _check_calibrated_on(um, conformal, "conformal")
     _check_calibrated_on(um, selective, "selective")
+    if ci is not None:
+        bootstrap.check_level(ci, bootstraps)
     generator = torch.Generator(device=um.device).manual_seed(seed)
     test, labels = predict_loader(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
     ood: Prediction | None = None
     if ood_loader is not None:
         ood, _ = predict_loader(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples,
                                 generator=generator)
-    return Report.from_predictions(
+    sets = None if conformal is None else conformal.sets(test).cpu()
+    accepted = None if selective is None else selective.accept(test).cpu()
+    report = Report.from_predictions(
         name or "+".join(um.methods), test.probs, labels, test.entropy,
         None if ood is None else ood.entropy, test.epistemic, None if ood is None else ood.epistemic,
-        sets=None if conformal is None else conformal.sets(test).cpu(),
-        alpha=None if conformal is None else conformal.alpha,
-        accepted=None if selective is None else selective.accept(test).cpu(),
+        sets=sets, alpha=None if conformal is None else conformal.alpha, accepted=accepted,
         target_risk=None if selective is None else selective.target_risk,
     )
+    if ci is not None:
+        ood_scores = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
+        if ood is not None and report.ood_auroc_mi is not None:
+            ood_scores["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
+        report.ci = ci
+        report.intervals = bootstrap.report_intervals(
+            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_scores, sets=sets, accepted=accepted)
+    return report

@@ -1,0 +1,216 @@
+"""Bootstrap confidence intervals over test examples for the report's metrics, and paired differences.
+
+One ``(B, N)`` matrix of resampled example indices is drawn per call and shared by every metric (and, for
+a paired comparison, by both reports), and every metric is computed for all ``B`` resamples at once in
+tensor ops, in chunks of resamples that keep about :data:`CHUNK_ELEMENTS` indices alive. Intervals are
+percentile intervals by default; ``method="bca"`` gives bias-corrected and accelerated intervals, whose
+jackknife costs ``N`` leave-one-out statistics (``O(N²)`` index work: fine for a few thousand examples).
+
+Example:
+    >>> stats = example_statistics(probs, labels)
+    >>> intervals(stats, len(labels), ci=0.95, bootstraps=1000)["nll"]
+    (0.118, 0.129)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import numpy as np
+import torch
+from scipy.special import ndtr, ndtri
+from scipy.stats import rankdata
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.evaluation import metrics
+
+#: a metric of the examples picked by an index matrix ``(B, n)``: one value per row ``(B,)``
+Statistic = Callable[[Tensor], Tensor]
+#: resampled indices kept alive at once (B chunk × N)
+CHUNK_ELEMENTS = 4_000_000
+METHODS = ("percentile", "bca")
+
+
+def _mean_of(values: Tensor) -> Statistic:
+    return lambda index: values[index].mean(-1)
+
+
+def _ece_of(confidence: Tensor, correct: Tensor, bins: int) -> Statistic:
+    edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
+    bin_of = torch.bucketize(confidence.contiguous(), edges[1:-1])
+    gap = confidence - correct
+
+    def ece(index: Tensor) -> Tensor:
+        rows = torch.arange(index.shape[0]).unsqueeze(-1) * bins + bin_of[index]
+        sums = torch.zeros(index.shape[0] * bins, dtype=torch.float64).index_add_(0, rows.flatten(), gap[index].flatten())
+        return sums.view(-1, bins).abs().sum(-1) / index.shape[1]
+
+    return ece
+
+
+def _aurc_of(confidence: Tensor, correct: Tensor) -> Statistic:
+    def aurc(index: Tensor) -> Tensor:
+        order = confidence[index].argsort(dim=-1, descending=True, stable=True)
+        errors = (1 - correct[index]).gather(-1, order)
+        kept = torch.arange(1, index.shape[1] + 1, dtype=torch.float64)
+        return (errors.cumsum(-1) / kept).mean(-1)
+
+    return aurc
+
+
+def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[str, Statistic]:
+    """Accuracy, NLL, ECE, Brier and AURC as functions of an index matrix (the same definitions as
+    :mod:`posthoc.evaluation.metrics`: on the identity index they give the report's values).
+
+    Example:
+        >>> stats = example_statistics(probs, labels)
+        >>> float(stats["nll"](torch.arange(len(labels))[None])[0]) == metrics.nll(probs, labels)
+        True
+    """
+    probs, labels = probs.double().cpu(), labels.cpu()
+    confidence, predicted = probs.max(-1)
+    correct = (predicted == labels).double()
+    picked = probs.gather(-1, labels[:, None]).squeeze(-1)
+    onehot = torch.nn.functional.one_hot(labels, probs.shape[-1]).double()
+    return {
+        "accuracy": _mean_of(correct),
+        "nll": _mean_of(-picked.clamp_min(metrics.EPS).log()),
+        "ece": _ece_of(confidence, correct, bins),
+        "brier": _mean_of(((probs - onehot) ** 2).sum(-1)),
+        "aurc": _aurc_of(confidence, correct),
+    }
+
+
+def check_level(ci: float, bootstraps: int, method: str = "percentile") -> None:
+    """Refuse a confidence level outside (0, 1), fewer than 2 resamples, or an unknown method."""
+    if not 0 < ci < 1:
+        raise ConfigError(f"ci is a confidence level in (0, 1), e.g. 0.95; got {ci!r}")
+    if isinstance(bootstraps, bool) or not isinstance(bootstraps, int) or bootstraps < 2:
+        raise ConfigError(f"bootstraps must be an integer >= 2 (1000 is usual), got {bootstraps!r}")
+    if method not in METHODS:
+        raise ConfigError(f"unknown bootstrap method {method!r}; valid: {', '.join(METHODS)}")
+
+
+def resample_index(n: int, bootstraps: int, seed: int = 0) -> Tensor:
+    """``(bootstraps, n)`` indices drawn with replacement from ``range(n)``, seeded."""
+    if n < 2:
+        raise InputError(f"a bootstrap needs at least 2 examples, got {n}")
+    return torch.randint(n, (bootstraps, n), generator=torch.Generator().manual_seed(seed))
+
+
+def _chunked(statistic: Statistic, index: Tensor) -> Tensor:
+    rows = max(1, CHUNK_ELEMENTS // max(1, index.shape[1]))
+    return torch.cat([statistic(part) for part in index.split(rows)])
+
+
+def _jackknife_index(n: int) -> Tensor:
+    """Row ``i`` holds every index but ``i``: ``(n, n - 1)``."""
+    full = torch.arange(n).expand(n, n)
+    return full[~torch.eye(n, dtype=torch.bool)].view(n, n - 1)
+
+
+def _interval(draws: np.ndarray, observed: float, ci: float, method: str, jackknife: np.ndarray | None) -> tuple[float, float]:
+    tails = np.array([(1 - ci) / 2, (1 + ci) / 2])
+    if method == "bca":
+        below = np.mean(draws < observed) + np.mean(draws == observed) / 2
+        bias = ndtri(np.clip(below, 1e-12, 1 - 1e-12))
+        spread = jackknife.mean() - jackknife
+        denominator = 6 * np.sum(spread**2) ** 1.5
+        accel = np.sum(spread**3) / denominator if denominator > 0 else 0.0
+        z = ndtri(tails)
+        tails = ndtr(bias + (bias + z) / (1 - accel * (bias + z)))
+    low, high = np.nanquantile(draws, tails)
+    return float(low), float(high)
+
+
+def intervals(statistics: Mapping[str, Statistic], n: int, *, ci: float = 0.95, bootstraps: int = 1000,
+              seed: int = 0, method: str = "percentile", index: Tensor | None = None) -> dict[str, tuple[float, float]]:
+    """``name -> (low, high)``: the ``ci`` bootstrap interval of each statistic over ``n`` examples.
+
+    ``index`` reuses a resample matrix (e.g. the one of a paired comparison); by default one is drawn from ``seed``.
+
+    Example:
+        >>> intervals({"mean": lambda i: x[i].mean(-1)}, len(x), ci=0.9)
+        {'mean': (0.47, 0.53)}
+    """
+    check_level(ci, bootstraps, method)
+    index = resample_index(n, bootstraps, seed) if index is None else index
+    identity = torch.arange(n)[None]
+    jack = _jackknife_index(n) if method == "bca" else None
+    out = {}
+    for name, statistic in statistics.items():
+        draws = _chunked(statistic, index).numpy()
+        observed = float(statistic(identity)[0])
+        jackknife = None if jack is None else _chunked(statistic, jack).numpy()
+        out[name] = _interval(draws, observed, ci, method, jackknife)
+    return out
+
+
+def difference(first: Statistic, second: Statistic) -> Statistic:
+    """The paired statistic ``first - second`` on the same resampled examples."""
+    return lambda index: first(index) - second(index)
+
+
+def _auroc_rows(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
+    """AUROC of each row pair (Mann–Whitney U with tied ranks averaged), higher score = more OOD."""
+    ranks = rankdata(np.concatenate([in_scores, out_scores], axis=-1), axis=-1)
+    n_in, n_out = in_scores.shape[-1], out_scores.shape[-1]
+    return (ranks[..., n_in:].sum(-1) - n_out * (n_out + 1) / 2) / (n_in * n_out)
+
+
+def auroc_interval(in_scores: Tensor, out_scores: Tensor, *, ci: float = 0.95, bootstraps: int = 1000,
+                   seed: int = 0) -> tuple[float, float]:
+    """Percentile interval of the OOD AUROC, resampling the in-distribution and OOD examples independently.
+
+    Example:
+        >>> auroc_interval(test_entropy, ood_entropy, ci=0.95)
+        (0.91, 0.95)
+    """
+    check_level(ci, bootstraps)
+    first, second = in_scores.double().cpu().numpy(), out_scores.double().cpu().numpy()
+    rng = np.random.default_rng(seed)
+    rows = max(1, CHUNK_ELEMENTS // (first.size + second.size))
+    draws = np.concatenate([
+        _auroc_rows(first[rng.integers(first.size, size=(size, first.size))],
+                    second[rng.integers(second.size, size=(size, second.size))])
+        for size in np.diff(np.r_[np.arange(0, bootstraps, rows), bootstraps])
+    ])
+    low, high = np.quantile(draws, [(1 - ci) / 2, (1 + ci) / 2])
+    return float(low), float(high)
+
+
+def guarantee_statistics(labels: Tensor, sets: Tensor | None, accepted: Tensor | None,
+                         correct: Tensor) -> dict[str, Statistic]:
+    """Coverage and set size of conformal ``sets``, deferral and accepted error (if any is accepted) of a
+    selective rule, per index matrix."""
+    out: dict[str, Statistic] = {}
+    if sets is not None:
+        sets = sets.cpu().bool()
+        out["coverage"] = _mean_of(sets.gather(-1, labels.cpu()[:, None]).squeeze(-1).double())
+        out["set_size"] = _mean_of(sets.sum(-1).double())
+    if accepted is not None:
+        kept, wrong = accepted.cpu().double(), 1 - correct.cpu().double()
+        out["deferral"] = _mean_of(1 - kept)
+    if accepted is not None and bool(accepted.any()):
+        out["selective_risk"] = lambda index: (wrong[index] * kept[index]).sum(-1) / kept[index].sum(-1)
+    return out
+
+
+def report_intervals(probs: Tensor, labels: Tensor, *, ci: float = 0.95, bootstraps: int = 1000, seed: int = 0,
+                     method: str = "percentile", sets: Tensor | None = None, accepted: Tensor | None = None,
+                     ood: Mapping[str, tuple[Tensor, Tensor]] | None = None) -> dict[str, tuple[float, float]]:
+    """Intervals of every metric of a report: the classification metrics, the guarantees measured (``sets``,
+    ``accepted``) and each OOD AUROC given as ``name -> (in-distribution scores, OOD scores)``.
+
+    Example:
+        >>> report_intervals(probs, labels, ci=0.95, ood={"ood_auroc": (test_entropy, ood_entropy)})["ood_auroc"]
+        (0.91, 0.95)
+    """
+    stats = example_statistics(probs, labels)
+    correct = probs.argmax(-1).cpu() == labels.cpu()
+    guarantees = guarantee_statistics(labels, sets, accepted, correct)
+    out = intervals({**stats, **guarantees}, len(labels), ci=ci, bootstraps=bootstraps, seed=seed, method=method)
+    for name, (inside, outside) in (ood or {}).items():
+        out[name] = auroc_interval(inside, outside, ci=ci, bootstraps=bootstraps, seed=seed)
+    return out

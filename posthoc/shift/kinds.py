@@ -1,0 +1,136 @@
+"""The corruptions of the shift harness, each a function of a batch of ``[0, 1]`` images and a severity.
+
+Every corruption takes ``x`` of shape ``(N, C, H, W)`` (float, values in ``[0, 1]``), a severity from 1 to 5
+and a ``torch.Generator`` on ``x``'s device, and returns a corrupted batch of the same shape and dtype,
+clipped to ``[0, 1]``. The parameter of each severity is in :data:`SEVERITIES`:
+
+==================  ==============================================  ===============================
+kind                parameter (severity 1 .. 5)                     definition
+==================  ==============================================  ===============================
+gaussian-noise      std 0.08, 0.12, 0.18, 0.26, 0.38                ImageNet-C: ``x + N(0, std²)``
+shot-noise          photons 60, 25, 12, 5, 3                        ImageNet-C: ``Poisson(x·p) / p``
+salt-pepper         fraction 0.03, 0.06, 0.09, 0.17, 0.27           ImageNet-C impulse noise: each
+                                                                    value set to 0 or 1 (half each)
+gaussian-blur       sigma 1, 2, 3, 4, 6 pixels at 224 px            ImageNet-C, sigma scaled by the
+                                                                    shorter side / 224, the side
+                                                                    counted as at least 64 px so
+                                                                    small images still blur
+                                                                    (0.29..1.71 px at 28 px)
+contrast            factor 0.4, 0.3, 0.2, 0.1, 0.05                 ImageNet-C: blend towards the
+                                                                    image mean (torchvision's
+                                                                    ``adjust_contrast``, grey mean)
+brightness          +0.1, +0.2, +0.3, +0.4, +0.5 on HSV value       ImageNet-C (hue and saturation
+                                                                    kept)
+pixelate            side factor 0.6, 0.5, 0.4, 0.3, 0.25            ImageNet-C: box-downsample, then
+                                                                    nearest-upsample
+jpeg                quality 25, 18, 15, 10, 7                       ImageNet-C (torchvision ``jpeg``;
+                                                                    1 or 3 channels)
+rotate              15, 30, 45, 60, 90 degrees                      not in ImageNet-C; black fill
+==================  ==============================================  ===============================
+
+Example:
+    >>> x = torch.rand(2, 3, 32, 32)
+    >>> CORRUPTIONS["contrast"](x, 5, torch.Generator().manual_seed(0)).std() < x.std()
+    tensor(True)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch import Tensor
+from torch.nn import functional as F
+
+from posthoc.core.errors import InputError
+
+Corruption = Callable[[Tensor, int, torch.Generator], Tensor]
+
+#: the parameter of each kind at severities 1..5 (see the module docs for what it means)
+SEVERITIES: dict[str, tuple[float, ...]] = {
+    "gaussian-noise": (0.08, 0.12, 0.18, 0.26, 0.38),
+    "shot-noise": (60, 25, 12, 5, 3),
+    "salt-pepper": (0.03, 0.06, 0.09, 0.17, 0.27),
+    "gaussian-blur": (1, 2, 3, 4, 6),
+    "contrast": (0.4, 0.3, 0.2, 0.1, 0.05),
+    "brightness": (0.1, 0.2, 0.3, 0.4, 0.5),
+    "pixelate": (0.6, 0.5, 0.4, 0.3, 0.25),
+    "jpeg": (25, 18, 15, 10, 7),
+    "rotate": (15, 30, 45, 60, 90),
+}
+#: the image side the ImageNet-C blur sigmas are defined at
+REFERENCE_SIDE = 224
+#: images smaller than this are blurred as if they had this side (keeps severity 1 visible on 28-px digits)
+MIN_BLUR_SIDE = 64
+
+
+def gaussian_noise(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    std = SEVERITIES["gaussian-noise"][severity - 1]
+    noise = torch.randn(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    return (x + std * noise).clamp(0, 1)
+
+
+def shot_noise(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    photons = SEVERITIES["shot-noise"][severity - 1]
+    return (torch.poisson(x * photons, generator=generator) / photons).clamp(0, 1)
+
+
+def salt_pepper(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    fraction = SEVERITIES["salt-pepper"][severity - 1]
+    draw = torch.rand(x.shape, generator=generator, device=x.device, dtype=x.dtype)
+    out = x.masked_fill(draw < fraction / 2, 0.0)
+    return out.masked_fill((draw >= fraction / 2) & (draw < fraction), 1.0)
+
+
+def gaussian_blur(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    sigma = SEVERITIES["gaussian-blur"][severity - 1] * max(min(x.shape[-2:]), MIN_BLUR_SIDE) / REFERENCE_SIDE
+    size = 2 * math.ceil(3 * sigma) + 1
+    return TF.gaussian_blur(x, [size, size], [sigma, sigma]).clamp(0, 1)
+
+
+def contrast(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    return TF.adjust_contrast(x, SEVERITIES["contrast"][severity - 1]).clamp(0, 1)
+
+
+def brightness(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    """Add to the HSV value (the channel maximum) and rescale the channels alike, so hue and saturation stay."""
+    shift = SEVERITIES["brightness"][severity - 1]
+    value = x.amax(dim=-3, keepdim=True)
+    brighter = (value + shift).clamp(0, 1)
+    scaled = x * brighter / value.clamp_min(1e-12)
+    return torch.where(value > 0, scaled, brighter.expand_as(x)).clamp(0, 1)
+
+
+def pixelate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    factor = SEVERITIES["pixelate"][severity - 1]
+    height, width = x.shape[-2:]
+    small = F.interpolate(x, size=(max(1, round(height * factor)), max(1, round(width * factor))), mode="area")
+    return F.interpolate(small, size=(height, width), mode="nearest")
+
+
+def jpeg(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    if x.shape[-3] not in (1, 3):
+        raise InputError(f"jpeg needs 1 or 3 channels, got {x.shape[-3]}; choose another kind for these inputs")
+    quality = SEVERITIES["jpeg"][severity - 1]
+    as_bytes = (x * 255).round().to(torch.uint8).cpu()
+    return TF.jpeg(as_bytes, quality).to(device=x.device, dtype=x.dtype) / 255
+
+
+def rotate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    return TF.rotate(x, SEVERITIES["rotate"][severity - 1], fill=0.0)
+
+
+CORRUPTIONS: dict[str, Corruption] = {
+    "gaussian-noise": gaussian_noise,
+    "shot-noise": shot_noise,
+    "salt-pepper": salt_pepper,
+    "gaussian-blur": gaussian_blur,
+    "contrast": contrast,
+    "brightness": brightness,
+    "pixelate": pixelate,
+    "jpeg": jpeg,
+    "rotate": rotate,
+}
+KINDS = tuple(CORRUPTIONS)

@@ -1,0 +1,132 @@
+"""``posthoc.shift.corrupt``: a loader whose batches are corrupted on the fly, seeded and reproducible.
+
+Inputs are images ``(N, C, H, W)`` of any size: float in ``[0, 1]``, ``uint8`` in ``[0, 255]``, or float
+normalised by the model's preprocessing. For normalised inputs pass ``normalization=(mean, std)`` (per
+channel or scalars): each batch is un-normalised to ``[0, 1]``, corrupted there (where ImageNet-C defines
+the corruptions), clipped, and normalised again, so the model sees what its preprocessing would have made
+of a corrupted image. Float inputs outside ``[0, 1]`` without ``normalization`` are refused (they look
+normalised). Dict inputs (Hugging Face) have their ``pixel_values`` corrupted and every other entry
+passed through; a dict without ``pixel_values`` is refused.
+
+The random draws of a pass come from one generator seeded with ``seed`` at the start of the pass, so two
+passes over a loader that yields the same batches in the same order see identical corruptions.
+
+Example:
+    >>> noisy = posthoc.shift.corrupt(test_loader, "gaussian-noise", 3, normalization=((0.1307,), (0.3081,)))
+    >>> report = posthoc.evaluate(um, noisy)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.shift.kinds import CORRUPTIONS, KINDS
+
+Normalization = tuple[Sequence[float] | float, Sequence[float] | float]
+#: how far outside [0, 1] float inputs may stray (rounding) before they count as normalised
+RANGE_TOLERANCE = 1e-3
+PIXELS = "pixel_values"
+
+
+def check_kind(kind: str, severity: int) -> None:
+    """Refuse an unknown ``kind`` (listing the valid ones) or a severity outside 1..5."""
+    if kind not in CORRUPTIONS:
+        raise ConfigError(f"unknown corruption kind {kind!r}; valid kinds: {', '.join(KINDS)}")
+    if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
+        raise ConfigError(f"severity must be an integer from 1 to 5, got {severity!r}")
+
+
+def _per_channel(values: Sequence[float] | float, like: Tensor, what: str) -> Tensor:
+    tensor = torch.as_tensor(values, dtype=like.dtype, device=like.device).flatten()
+    if tensor.numel() not in (1, like.shape[1]):
+        raise ConfigError(f"normalization {what} has {tensor.numel()} values for {like.shape[1]} channels; "
+                          "give one per channel or one for all")
+    return tensor.view(1, -1, 1, 1)
+
+
+def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generator,
+                   normalization: Normalization | None = None) -> Tensor:
+    """One batch of images corrupted by ``kind`` at ``severity`` (same shape, dtype and device).
+
+    Example:
+        >>> corrupt_images(torch.rand(4, 1, 28, 28), "shot-noise", 2, torch.Generator().manual_seed(0)).shape
+        torch.Size([4, 1, 28, 28])
+    """
+    check_kind(kind, severity)
+    if not isinstance(x, Tensor) or x.dim() != 4:
+        shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
+        raise InputError(f"corruptions need image batches (N, C, H, W), got {shape}")
+    if x.dtype == torch.uint8:
+        if normalization is not None:
+            raise ConfigError("uint8 images are not normalised; leave normalization=None")
+        return (corrupt_images(x.float() / 255, kind, severity, generator) * 255).round().to(torch.uint8)
+    if not x.is_floating_point():
+        raise InputError(f"images must be float or uint8, got {x.dtype}")
+    work = x.float()
+    if normalization is not None:
+        mean, std = _per_channel(normalization[0], work, "mean"), _per_channel(normalization[1], work, "std")
+        work = work * std + mean
+    low, high = float(work.min()), float(work.max())
+    if low < -RANGE_TOLERANCE or high > 1 + RANGE_TOLERANCE:
+        hint = ("check the normalization's mean and std" if normalization is not None
+                else "pass normalization=(mean, std) of the model's preprocessing")
+        raise InputError(f"images must lie in [0, 1] before corruption, got values in [{low:.3g}, {high:.3g}]; {hint}")
+    out = CORRUPTIONS[kind](work.clamp(0, 1), severity, generator)
+    if normalization is not None:
+        out = (out - mean) / std
+    return out.to(x.dtype)
+
+
+def _corrupt_inputs(x: Any, kind: str, severity: int, generator: torch.Generator,
+                    normalization: Normalization | None) -> Any:
+    if isinstance(x, Mapping):
+        if PIXELS not in x:
+            raise InputError(f"dict inputs are corrupted through their {PIXELS!r} entry; this dict has "
+                             f"{sorted(x)}: corrupt the images before tokenising/processing them instead")
+        return {**x, PIXELS: corrupt_images(x[PIXELS], kind, severity, generator, normalization)}
+    return corrupt_images(x, kind, severity, generator, normalization)
+
+
+class CorruptedLoader:
+    """Iterates ``loader`` and corrupts the inputs of every batch (labels and other entries pass through)."""
+
+    def __init__(self, loader: Iterable, kind: str, severity: int, *, seed: int = 0,
+                 normalization: Normalization | None = None) -> None:
+        check_kind(kind, severity)
+        self.loader, self.kind, self.severity, self.seed, self.normalization = loader, kind, severity, seed, normalization
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __repr__(self) -> str:
+        return f"CorruptedLoader({self.kind!r}, severity={self.severity}, seed={self.seed})"
+
+    def __iter__(self) -> Iterator[Any]:
+        generators: dict[torch.device, torch.Generator] = {}
+        for batch in self.loader:
+            x = batch[0] if isinstance(batch, (tuple, list)) else batch
+            tensor = x.get(PIXELS) if isinstance(x, Mapping) else x
+            device = tensor.device if isinstance(tensor, Tensor) else torch.device("cpu")
+            if device not in generators:
+                generators[device] = torch.Generator(device=device).manual_seed(self.seed)
+            corrupted = _corrupt_inputs(x, self.kind, self.severity, generators[device], self.normalization)
+            yield (corrupted, *batch[1:]) if isinstance(batch, (tuple, list)) else corrupted
+
+
+def corrupt(loader: Iterable, kind: str, severity: int, seed: int = 0, *,
+            normalization: Normalization | None = None) -> CorruptedLoader:
+    """Wrap ``loader`` so that each batch's images are corrupted by ``kind`` at ``severity`` (1..5).
+
+    Kinds and their parameters: :mod:`posthoc.shift.kinds`. Normalised inputs: pass the model's
+    ``normalization=(mean, std)`` (see the module docs).
+
+    Example:
+        >>> blurred = corrupt(test_loader, "gaussian-blur", 5, seed=1)
+        >>> x, y = next(iter(blurred))
+    """
+    return CorruptedLoader(loader, kind, severity, seed=seed, normalization=normalization)
