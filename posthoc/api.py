@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import os
+import warnings
 from typing import Any
 
 from torch import nn
@@ -21,6 +22,8 @@ from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import REGISTRY, method_class
 from posthoc.core.uncertain_model import UncertainModel
+from posthoc.methods.ensemble.members import check_fingerprints, check_members
+from posthoc.methods.ensemble.method import Ensemble
 
 
 def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -46,40 +49,85 @@ def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
     raise ConfigError(f"option {key!r} is a module that is not part of the model; pass one of its modules or its name")
 
 
-def wrap_spec(model: nn.Module, spec: list[dict[str, Any]]) -> UncertainModel:
-    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``."""
-    model = uncompiled(model)
-    method: Method | None = None
-    source: str | None = None
-    for position, entry in enumerate(spec):
+def _base(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
+    """The first method of a chain around ``model``, and the fingerprint of ``model`` if the method copies it."""
+    cls = method_class(entry["name"]).algorithm(entry["options"])
+    if cls.copies_model:
+        return cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
+    return cls(model, **entry["options"]), None
+
+
+def _stack(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
+    """Stack the methods ``spec[start:]`` on ``method``; only stacking methods can come after another one."""
+    for position in range(start, len(spec)):
+        entry = spec[position]
         cls = method_class(entry["name"]).algorithm(entry["options"])
-        if cls.stacks:
-            inner = method if method is not None else REGISTRY["none"](model)
-            method = cls(inner, **entry["options"])
-        elif method is not None:
+        if not cls.stacks:
             raise ConfigError(
                 f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
                 f"{[n for n, c in REGISTRY.items() if c.stacks]} can come after another method"
             )
-        elif cls.copies_model:
-            source = persistence.fingerprint(model)
-            method = cls(copy.deepcopy(model), **entry["options"])
-        else:
-            method = cls(model, **entry["options"])
-    if method is None:
+        method = cls(method, **entry["options"])
+    return method
+
+
+def _ensemble_spec(model: list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
+    """An ensemble's :class:`UncertainModel`: ``spec[0]`` (marked with ``members``) on every model, the rest on the mixture."""
+    models = [uncompiled(m) for m in model]
+    if len(models) != spec[0]["members"]:
+        raise ConfigError(f"the spec names an ensemble of {spec[0]['members']} members, got {len(models)} models")
+    check_members(models)
+    built = [_base(m, spec[0]) for m in models]
+    method = Ensemble([member for member, _ in built], batched=spec[0].get("batched"), sources=[s for _, s in built])
+    return UncertainModel(_stack(method, spec, 1), spec, fingerprint=built[0][1])
+
+
+def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
+    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``; a list of
+    models with a spec whose first entry has ``"members"`` builds an ensemble."""
+    if not spec:
         raise ConfigError("method must name at least one method")
-    return UncertainModel(method, spec, fingerprint=source)
+    if isinstance(model, (list, tuple)):
+        return _ensemble_spec(list(model), spec)
+    model = uncompiled(model)
+    if method_class(spec[0]["name"]).algorithm(spec[0]["options"]).stacks:
+        return UncertainModel(_stack(REGISTRY["none"](model), spec, 0), spec)
+    method, source = _base(model, spec[0])
+    return UncertainModel(_stack(method, spec, 1), spec, fingerprint=source)
 
 
-def wrap(model: nn.Module, method: str | list[str] = "laplace", **options: Any) -> UncertainModel:
-    """Wrap an already trained classifier with a post-hoc predictive.
+def _wrap_ensemble(models: list[nn.Module], names: list[str], options: dict[str, Any]) -> UncertainModel:
+    """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
+    batched = options.pop("batched", None)
+    check_members(models)
+    if len(models) == 1:
+        warnings.warn("posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs "
+                      "two or more)", UserWarning, stacklevel=3)
+        return wrap(models[0], names, **options)
+    if method_class(names[0]).stacks:
+        names = ["none", *names]
+    options = {key: _module_as_name(models[0], key, value) for key, value in options.items()}
+    routed = _route_options(names, options)
+    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
+    spec[0].update(members=len(models), batched=batched)
+    return _ensemble_spec(models, spec)
+
+
+def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = None, **options: Any) -> UncertainModel:
+    """Wrap an already trained classifier (or several: an ensemble) with a post-hoc predictive.
 
     Args:
         model: a trained classifier returning logits ``(N, C)`` (timm, torchvision or any
             ``nn.Module``). It is never modified; methods that change weights work on a copy.
+            A list of classifiers (same classes, same device) is an ensemble: the first method is
+            fitted on every member and the predictive is their equal-weight mixture, with the
+            members' samples kept (one per plain member; ``num_samples`` is per member) so that the
+            entropy split shows their disagreement; the stacking methods after it (``"temperature"``)
+            act on the mixture. ``batched=False`` turns off the vmapped forward of plain members.
         method: a registered method name, or a list composing them, inner first, e.g.
             ``["laplace", "temperature"]`` (temperature is fitted on ``val_loader`` on top of
-            the inner predictive).
+            the inner predictive). Default: ``"laplace"`` for one model, ``"none"`` (a deep
+            ensemble) for a list.
         **options: method options; each goes to every method in the chain that accepts it.
 
     Returns:
@@ -90,34 +138,56 @@ def wrap(model: nn.Module, method: str | list[str] = "laplace", **options: Any) 
         >>> um.predict(x).probs.sum(-1)
         tensor([1., 1.])
     """
-    if not isinstance(model, nn.Module):
-        raise ConfigError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if method is None:
+        method = "none" if isinstance(model, (list, tuple)) else "laplace"
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(sorted(REGISTRY))}")
+    if isinstance(model, (list, tuple)):
+        return _wrap_ensemble(list(model), names, dict(options))
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     options = {key: _module_as_name(model, key, value) for key, value in options.items()}
     routed = _route_options(names, options)
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     return wrap_spec(model, spec)
 
 
-def load(path: str | os.PathLike, model: nn.Module) -> UncertainModel:
+def load(path: str | os.PathLike, model: nn.Module | list[nn.Module]) -> UncertainModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
+
+    An ensemble's file loads onto the list of its members, in the order they were wrapped; a missing,
+    reordered or changed member is refused, naming it.
 
     Example:
         >>> um = posthoc.load("net.laplace.pt", model)
+        >>> ensemble = posthoc.load("three.laplace.pt", [net_a, net_b, net_c])
     """
     payload = persistence.read(path)
-    model = uncompiled(model)
-    found = persistence.fingerprint(model)
-    if found != payload["fingerprint"]:
-        raise PosteriorFileError(
-            f"{path} was fitted on a different model ({payload['model_class']}, fingerprint "
-            f"{payload['fingerprint'][:12]}) than the one given ({type(model).__qualname__}, "
-            f"fingerprint {found[:12]}): architecture or weights differ. Load it onto the exact "
-            "checkpoint it was fitted on, or fit again"
-        )
-    um = wrap_spec(model, payload["spec"])
+    saved_members = persistence.ensemble_members(payload)
+    if isinstance(model, (list, tuple)):
+        if saved_members is None:
+            raise PosteriorFileError(f"{path} holds the posterior of one model ({payload['model_class']}), not of an "
+                                     "ensemble; pass that model, not a list")
+        models = [uncompiled(m) for m in model]
+        check_members(models)
+        check_fingerprints(str(path), saved_members, [persistence.fingerprint(m) for m in models])
+        um = wrap_spec(models, payload["spec"])
+        found = payload["fingerprint"]
+    else:
+        if saved_members is not None:
+            raise PosteriorFileError(f"{path} holds an ensemble of {len(saved_members)} members; load it onto the "
+                                     "list of its members: posthoc.load(path, [m1, m2, ...])")
+        model = uncompiled(model)
+        found = persistence.fingerprint(model)
+        if found != payload["fingerprint"]:
+            raise PosteriorFileError(
+                f"{path} was fitted on a different model ({payload['model_class']}, fingerprint "
+                f"{payload['fingerprint'][:12]}) than the one given ({type(model).__qualname__}, "
+                f"fingerprint {found[:12]}): architecture or weights differ. Load it onto the exact "
+                "checkpoint it was fitted on, or fit again"
+            )
+        um = wrap_spec(model, payload["spec"])
     try:
         um.method.load_posterior_state(payload["state"])
     except (KeyError, AttributeError) as err:

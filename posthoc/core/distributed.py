@@ -13,7 +13,9 @@ Example (inside each rank, after ``torch.distributed.init_process_group``)::
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,9 +25,43 @@ from torch.utils.data import DistributedSampler
 from posthoc.core.errors import InputError
 
 
+#: how many :func:`local_only` blocks are open (inside one, this process works as if alone)
+_local_depth = 0
+
+
 def active() -> bool:
-    """Whether a ``torch.distributed`` process group with more than one rank is initialised."""
-    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+    """Whether a ``torch.distributed`` process group with more than one rank is initialised (and no
+    :func:`local_only` block is open)."""
+    return _local_depth == 0 and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+@contextmanager
+def local_only() -> Iterator[None]:
+    """Work as a single process inside the block: no collective runs, every reduction is a no-op.
+
+    For work that one rank does alone on its own data (an ensemble member fitted on one rank), so that
+    the methods' own reductions do not wait for ranks that are busy with other work.
+
+    Example:
+        >>> with local_only():
+        ...     active()
+        False
+    """
+    global _local_depth
+    _local_depth += 1
+    try:
+        yield
+    finally:
+        _local_depth -= 1
+
+
+def broadcast_object(value: Any, src: int) -> Any:
+    """``value`` as rank ``src`` holds it, on every rank (pickled; tensors should be on the CPU)."""
+    if not active():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=src, device=_collective_device(torch.empty(0)))
+    return box[0]
 
 
 def check_loader(loader: Iterable) -> None:

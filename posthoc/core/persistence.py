@@ -46,6 +46,40 @@ def fingerprint(model: nn.Module) -> str:
     return digest.hexdigest()
 
 
+def fingerprint_tensor(hex_digest: str) -> torch.Tensor:
+    """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers.
+
+    Example:
+        >>> fingerprint_hex(fingerprint_tensor("ab" * 32)) == "ab" * 32
+        True
+    """
+    return torch.tensor(list(bytes.fromhex(hex_digest)), dtype=torch.uint8)
+
+
+def fingerprint_hex(values: torch.Tensor) -> str:
+    """The hex fingerprint stored by :func:`fingerprint_tensor`."""
+    return bytes(values.to("cpu", torch.uint8).tolist()).hex()
+
+
+def ensemble_members(payload: dict) -> list[str] | None:
+    """The member fingerprints of an ensemble's posterior file, in member order; ``None`` for one model.
+
+    An ensemble's spec marks its base entry with ``"members"``; its fingerprints are the state entry
+    ``member_fingerprints`` of the ensemble (under one ``inner.`` per method stacked on top of it).
+
+    Example:
+        >>> ensemble_members(read("three.pt"))[:1]
+        ['4f1c...']
+    """
+    spec = payload.get("spec") or [{}]
+    if "members" not in spec[0]:
+        return None
+    key = "inner." * (len(spec) - 1) + "member_fingerprints"
+    if key not in payload["state"]:
+        raise PosteriorFileError("the posterior file names an ensemble but holds no member fingerprints")
+    return [fingerprint_hex(row) for row in payload["state"][key]]
+
+
 def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor],
           *, fit: dict[str, int | float | None] | None = None) -> None:
     """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of

@@ -1,0 +1,80 @@
+"""Checks of an ensemble's members: at wrap (count, type, device, classes) and at load (fingerprints).
+
+Example:
+    >>> check_members([net_a, net_b.cuda()])
+    Traceback (most recent call last):
+    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0 ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from posthoc.core.errors import ConfigError, HeadNotFoundError, PosteriorFileError
+from posthoc.engine.head import find_head
+
+
+def _device(model: nn.Module) -> torch.device:
+    return next((t.device for t in (*model.parameters(), *model.buffers())), torch.device("cpu"))
+
+
+def _head_classes(model: nn.Module) -> int | None:
+    """The output size of the model's head where it can be found without running the model."""
+    try:
+        _, head = find_head(model)
+    except HeadNotFoundError:
+        return None
+    return getattr(head, "out_features", None)
+
+
+def check_members(models: Sequence[object]) -> None:
+    """Refuse an empty list, members that are not modules, members on different devices, and members whose
+    heads (where they can be found) give different numbers of classes. Members whose heads cannot be found
+    are compared on their outputs when they first predict."""
+    if len(models) == 0:
+        raise ConfigError("an ensemble needs at least one model; got an empty list")
+    for index, model in enumerate(models):
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"ensemble member {index} must be a torch.nn.Module, got {type(model).__name__}")
+    devices = [_device(model) for model in models]
+    if len(set(devices)) > 1:
+        listing = ", ".join(f"member {i}: {d}" for i, d in enumerate(devices))
+        raise ConfigError(f"ensemble members must be on one device; got {listing}. Move them with .to(device) first")
+    classes = [_head_classes(model) for model in models]
+    known = {c for c in classes if c is not None}
+    if len(known) > 1:
+        listing = ", ".join(f"member {i}: {c}" for i, c in enumerate(classes) if c is not None)
+        raise ConfigError(f"ensemble members must predict the same classes; their heads have {listing} outputs")
+
+
+def check_fingerprints(path: str, saved: Sequence[str], given: Sequence[str]) -> None:
+    """Refuse members other than the saved ones, in the saved order, naming what is wrong.
+
+    Example:
+        >>> check_fingerprints("e.pt", ["a", "b"], ["b", "a"])
+        Traceback (most recent call last):
+        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1 ...
+    """
+    if len(given) != len(saved):
+        missing = [i for i, f in enumerate(saved) if f not in given]
+        raise PosteriorFileError(
+            f"{path} holds an ensemble of {len(saved)} members but {len(given)} models were given"
+            + (f" (saved member(s) {missing} are missing)" if missing else "")
+            + "; pass every member, in the order they were wrapped"
+        )
+    for index, (want, found) in enumerate(zip(saved, given)):
+        if want == found:
+            continue
+        if found in saved:
+            raise PosteriorFileError(
+                f"{path}: member {index} given is saved member {saved.index(found)}; pass the members in the "
+                "order they were wrapped (each member's posterior belongs to its own checkpoint)"
+            )
+        raise PosteriorFileError(
+            f"{path}: member {index} (fingerprint {found[:12]}) is not the checkpoint its posterior was fitted on "
+            f"(fingerprint {want[:12]}): its weights or architecture changed. Load onto the exact checkpoints, "
+            "or fit again"
+        )

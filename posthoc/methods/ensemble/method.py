@@ -1,0 +1,144 @@
+"""The ensemble method: an equal-weight mixture of ``M`` member methods, one per checkpoint.
+
+``posthoc.wrap([m1, m2, m3])`` is a deep ensemble (each member the plain model);
+``posthoc.wrap([m1, m2, m3], method="laplace")`` fits Laplace on every member and mixes the three
+posteriors. The predictive is ``p(y|x) = (1/M) sum_m p_m(y|x)``; ``Prediction.samples`` holds every
+member's samples (one per member for deterministic members, ``num_samples`` per member for sampled
+ones: ``num_samples`` always means samples *per member*), so the entropy split gives the members'
+disagreement as epistemic uncertainty.
+
+Plain members of one architecture run as one vmapped forward (:mod:`.batched`); other members, and
+mixed architectures, run one after the other. Each member's posterior is bound to the fingerprint of
+its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
+the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
+
+Example:
+    >>> um = posthoc.wrap([net_a, net_b, net_c])
+    >>> pred = um.predict(x)
+    >>> pred.samples.shape, bool((pred.epistemic > 0).any())
+    (torch.Size([3, 8, 10]), True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import torch
+from torch import nn
+
+from posthoc.core import persistence
+from posthoc.core.errors import ConfigError
+from posthoc.core.inputs import Inputs
+from posthoc.core.method import LogPredictive, Method
+from posthoc.methods.ensemble.batched import StackedForward, same_architecture
+from posthoc.methods.ensemble.mixture import mixture, stacked_mixture
+from posthoc.methods.ensemble.spread import fit_spread
+
+
+class Ensemble(Method):
+    """An equal-weight mixture of member methods (see module docs); built by ``posthoc.wrap([...])``.
+
+    Args:
+        members: the fitted-or-not member methods, one per checkpoint, all of one method.
+        batched: run plain members of one architecture as one vmapped forward (``None``: whenever
+            possible; ``False``: a loop over members, e.g. to compare).
+        sources: per member, the fingerprint of the user's checkpoint where the member works on a copy
+            of it (taken at wrap); ``None`` entries are taken from the member's model at fit.
+    """
+
+    name = "ensemble"
+
+    def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
+                 sources: Sequence[str | None] | None = None) -> None:
+        if len(members) < 1:
+            raise ConfigError("an ensemble needs at least one member")
+        if batched not in (None, True, False):
+            raise ConfigError(f"batched must be True, False or None (whenever possible), got {batched!r}")
+        super().__init__(members[0].base_model)
+        self.members = nn.ModuleList(members)
+        self.requires_fit = any(member.requires_fit for member in members)
+        self.needs_val = any(member.needs_val for member in members)
+        self.fitted.fill_(not self.requires_fit)
+        self.sources = list(sources) if sources is not None else [None] * len(members)
+        models = [member.base_model for member in members]
+        stackable = all(type(member).name == "none" for member in members) and same_architecture(models)
+        if batched and not stackable:
+            raise ConfigError(
+                "batched=True needs plain members (method 'none') of one architecture (same class, parameter "
+                "names, shapes, dtypes and devices); pass batched=None to fall back to a loop"
+            )
+        self.stacked = StackedForward(models) if stackable and batched is not False else None
+        self.register_buffer("member_fingerprints", None)
+        if not self.requires_fit:
+            self._bind_fingerprints()
+
+    @property
+    def base_model(self) -> nn.Module:
+        """The first member's model (what detectors and the model card look at)."""
+        return self.members[0].base_model
+
+    @property
+    def works_on_copy(self) -> bool:
+        return all(member.works_on_copy for member in self.members)
+
+    def fit_option_defaults(self) -> dict[str, Any]:  # type: ignore[override]  # the members' fit options
+        return self.members[0].fit_option_defaults()
+
+    def _bind_fingerprints(self) -> None:
+        found = [source or persistence.fingerprint(member.base_model) for source, member in zip(self.sources, self.members)]
+        self.member_fingerprints = torch.stack([persistence.fingerprint_tensor(f) for f in found]).to(self.device)
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            **fit_options: Any) -> None:
+        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``)."""
+        fit_spread(self.members, lambda index, member: self._fit_member(index, member, train_loader, val_loader,
+                                                                        progress, fit_options),
+                   loaders=(train_loader, val_loader))
+        self._bind_fingerprints()
+        self.fitted.fill_(True)
+
+    def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
+                    progress: bool, fit_options: dict[str, Any]) -> None:
+        member.fit(train_loader, val_loader, progress=progress, **fit_options)
+        member.fitted.fill_(True)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        if self.stacked is not None:
+            return stacked_mixture(self.stacked(x))
+        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator) for member in self.members])
+
+    def posterior_state(self) -> dict[str, torch.Tensor]:
+        """Every member's posterior under ``members.<i>.``, and the member fingerprints."""
+        state = {name: value for name, value in self._buffers.items() if value is not None}
+        for index, member in enumerate(self.members):
+            state.update({f"members.{index}.{key}": value for key, value in member.posterior_state().items()})
+        return state
+
+    def load_posterior_state(self, state: dict[str, torch.Tensor]) -> None:
+        """Load what :meth:`posterior_state` saved, each member's part through the member's own loader."""
+        own = {key: value for key, value in state.items() if not key.startswith("members.")}
+        parts: list[dict[str, torch.Tensor]] = [{} for _ in self.members]
+        for key, value in state.items():
+            if key.startswith("members."):
+                index, _, rest = key[len("members."):].partition(".")
+                if not index.isdigit() or int(index) >= len(self.members):
+                    raise KeyError(key)
+                parts[int(index)][rest] = value
+        super().load_posterior_state(own)
+        for member, part in zip(self.members, parts):
+            member.load_posterior_state(part)
+
+    def summary(self) -> dict[str, Any]:
+        """``random_variables`` summed over members, ``members``, the member method, and its layers.
+
+        Example:
+            >>> posthoc.wrap([net_a, net_b], method="laplace").fit(loader).method.summary()["members"]
+            2
+        """
+        cards = [member.summary() for member in self.members]
+        layers = list(dict.fromkeys(layer for card in cards for layer in card.get("layers", [])))
+        return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
+                "layers": layers, "members": len(cards), "member_method": type(self.members[0]).name,
+                "batched": self.stacked is not None,
+                "member_cards": [{k: v for k, v in card.items() if k != "layers"} for card in cards]}

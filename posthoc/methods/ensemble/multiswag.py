@@ -1,0 +1,75 @@
+"""``"multiswag"``: ``M`` SWAG runs from one checkpoint, mixed with equal weights (Wilson & Izmailov, 2020).
+
+Run ``k`` is the registered ``"swag"`` method (its maths live in ``posthoc.methods.swag``) with its
+``seed`` option set to ``seed + k``, its fine-tuning's random state seeded from ``(seed, k)`` (dropout
+masks) and, for a ``DataLoader`` over a map-style dataset, its own shuffled data order
+(:mod:`.data_order`). Each run fine-tunes a private copy, so the runs start from the same checkpoint
+and drift to different SWAG modes; ``num_samples`` is samples per run. Under ``torch.distributed``
+the runs are spread over ranks like ensemble members.
+
+Example:
+    >>> um = posthoc.wrap(model, method="multiswag", members=3, subset="last_layer").fit(train_loader, val_loader)
+    >>> um.predict(x).samples.shape          # 3 runs x 20 samples
+    torch.Size([60, 8, 10])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import nn
+
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError
+from posthoc.core.method import Method
+from posthoc.core.registry import method_class, register
+from posthoc.methods.ensemble.data_order import reshuffled
+from posthoc.methods.ensemble.method import Ensemble
+
+#: the registered method each run is
+RUN_METHOD = "swag"
+#: run ``k``'s random state and data order are seeded with ``seed * SEED_STRIDE + k``
+SEED_STRIDE = 1000
+
+
+@register
+class MultiSWAG(Ensemble):
+    """MultiSWAG: ``members`` SWAG runs of one checkpoint with different seeds and data orders, mixed.
+
+    Options: ``members`` (runs, 4) and every option of ``"swag"`` (``subset``, ``cov``, ``scale``,
+    ``num_samples`` per run, ``seed``, ...). Fit options: those of ``"swag"`` (``epochs``, ``lr``, ...).
+    """
+
+    name = "multiswag"
+    fine_tunes_private_copy = True
+
+    def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
+        positive_int(members, "members")
+        if members < 2:
+            raise ConfigError(f"multiswag needs members >= 2 SWAG runs (members=1 is method='swag'), got {members}")
+        swag = method_class(RUN_METHOD)
+        unknown = sorted(set(swag_options) - set(swag.option_defaults()))
+        if unknown:
+            raise ConfigError(f"unknown option(s) {unknown} for multiswag; valid: members, {', '.join(swag.option_defaults())}")
+        options = {**swag.option_defaults(), **swag_options}
+        algorithm = swag.algorithm(options)
+        self.seed = options["seed"]
+        runs = [algorithm(model, **{**options, "seed": options["seed"] + k}) for k in range(members)]
+        super().__init__(runs)
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        return {"members": 4, **method_class(RUN_METHOD).option_defaults()}
+
+    @classmethod
+    def fit_option_defaults(cls) -> dict[str, Any]:  # type: ignore[override]
+        return method_class(RUN_METHOD).fit_option_defaults()
+
+    def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
+                    progress: bool, fit_options: dict[str, Any]) -> None:
+        run_seed = self.seed * SEED_STRIDE + index
+        with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+            torch.manual_seed(run_seed)
+            super()._fit_member(index, member, reshuffled(train_loader, run_seed), val_loader, progress, fit_options)
