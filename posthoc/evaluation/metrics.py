@@ -1,4 +1,4 @@
-"""Metrics of predictive quality: accuracy, NLL, ECE, Brier, AURC, OOD AUROC.
+"""Metrics of predictive quality: accuracy, NLL, ECE, Brier, AURC; OOD AUROC, AUPR (in and out), FPR at 95% TPR.
 
 All take probabilities ``(N, C)`` and integer labels ``(N,)`` as tensors and return floats.
 
@@ -113,6 +113,69 @@ def ood_auroc(in_scores: Tensor, out_scores: Tensor) -> float:
     scores = torch.cat([in_scores, out_scores]).double().cpu().numpy()
     is_ood = torch.cat([torch.zeros(in_scores.numel()), torch.ones(out_scores.numel())]).numpy()
     return float(roc_auc_score(is_ood, scores))
+
+
+def _counts_above(negatives: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]:
+    """Positives and negatives scoring at least each distinct score, from the highest score down (float64)."""
+    if negatives.numel() == 0 or positives.numel() == 0:
+        raise InputError("OOD metrics need at least one in-distribution and one OOD example")
+    scores = torch.cat([negatives, positives]).double().cpu()
+    if bool(scores.isnan().any()):
+        raise InputError("OOD scores contain NaN; check the model's outputs on these inputs")
+    is_positive = torch.cat([torch.zeros(negatives.numel()), torch.ones(positives.numel())]).double()
+    order = scores.argsort(descending=True)
+    scores, is_positive = scores[order], is_positive[order]
+    last_of_value = torch.cat([scores[1:] != scores[:-1], torch.tensor([True])])
+    return is_positive.cumsum(0)[last_of_value], (1 - is_positive).cumsum(0)[last_of_value]
+
+
+def aupr(in_scores: Tensor, out_scores: Tensor, positive: str = "out") -> float:
+    """Area under the precision–recall curve (trapezoidal, as pytorch-ood and ``sklearn.metrics.auc(recall,
+    precision)``), higher score = more OOD. ``positive="out"`` (AUPR-out): OOD is the positive class;
+    ``"in"`` (AUPR-in): in-distribution is, with lower scores ranking first.
+
+    Example:
+        >>> aupr(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]), positive="in")
+        1.0
+    """
+    if positive not in ("in", "out"):
+        raise InputError(f"positive must be 'in' or 'out', got {positive!r}")
+    negatives, positives = (in_scores, out_scores) if positive == "out" else (-out_scores, -in_scores)
+    tps, fps = _counts_above(negatives.flatten(), positives.flatten())
+    precision = torch.cat([torch.ones(1, dtype=torch.float64), tps / (tps + fps)])
+    recall = torch.cat([torch.zeros(1, dtype=torch.float64), tps / tps[-1]])
+    return float(((recall[1:] - recall[:-1]) * (precision[1:] + precision[:-1])).sum() / 2)
+
+
+def fpr_at_tpr(in_scores: Tensor, out_scores: Tensor, tpr: float = 0.95) -> float:
+    """Fraction of in-distribution examples flagged as OOD at the highest threshold that flags at least
+    ``tpr`` of the OOD examples (OOD is the positive class, as in pytorch-ood's ``FPRAtTPR``); lower is better.
+
+    Example:
+        >>> fpr_at_tpr(torch.tensor([0.1, 0.85]), torch.tensor([0.9, 0.8]))
+        0.5
+    """
+    if not 0 <= tpr <= 1:
+        raise InputError(f"tpr must lie in [0, 1], got {tpr!r}")
+    tps, fps = _counts_above(in_scores.flatten(), out_scores.flatten())
+    rates = torch.cat([torch.zeros(1, dtype=torch.float64), tps / out_scores.numel()])
+    first = int(torch.searchsorted(rates, torch.tensor([float(tpr)], dtype=torch.float64))[0])
+    return float(torch.cat([torch.zeros(1, dtype=torch.float64), fps / in_scores.numel()])[first])
+
+
+#: the OOD metrics :func:`ood_metrics` reports, by key
+OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
+
+
+def ood_metrics(in_scores: Tensor, out_scores: Tensor) -> dict[str, float]:
+    """AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of one OOD score (higher = more OOD).
+
+    Example:
+        >>> ood_metrics(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]))["fpr95"]
+        0.0
+    """
+    return {"auroc": ood_auroc(in_scores, out_scores), "aupr_in": aupr(in_scores, out_scores, "in"),
+            "aupr_out": aupr(in_scores, out_scores, "out"), "fpr95": fpr_at_tpr(in_scores, out_scores, 0.95)}
 
 
 def reliability_bins(probs: Tensor, labels: Tensor, bins: int = 15) -> tuple[Tensor, Tensor, Tensor]:

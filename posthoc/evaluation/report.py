@@ -11,12 +11,14 @@ Example:
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.02)
     >>> posthoc.evaluate(um, test_loader, conformal=cp, selective=sel).coverage   # about 0.9
+    >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
+    >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -24,12 +26,13 @@ from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.evaluation import bootstrap, metrics, plots
+from posthoc.evaluation import bootstrap, metrics, ood_plots, ood_report, plots
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.predictions import collect, predict_loader  # noqa: F401  (collect: demo and benchmarks import it from here)
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
 from posthoc.guarantees.selective import SelectivePredictor
+from posthoc.ood.detector import Detector
 
 
 @dataclass
@@ -42,7 +45,9 @@ class Report:
     set); given a selective rule at ``target_risk``: ``deferral`` (fraction deferred) and
     ``selective_risk`` (error rate on the accepted examples; ``None`` if none is accepted).
     Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
-    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`).
+    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
+    method's ``entropy``, ``mutual-information`` where it samples, and the ``ood_scores`` asked for) to its
+    ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95``.
     """
 
     name: str
@@ -63,6 +68,9 @@ class Report:
     labels: Tensor = field(repr=False, default=None)
     ci: float | None = None
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ood: dict[str, dict[str, float]] | None = None
+    #: per OOD score, its values (on the test set, on the OOD set), for :meth:`ood_histograms`
+    ood_values: dict[str, tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
 
     COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
     #: present in :meth:`as_dict` only when the report measured a guarantee
@@ -72,9 +80,11 @@ class Report:
     def from_predictions(cls, name: str, probs: Tensor, labels: Tensor, entropy: Tensor | None = None,
                          ood_entropy: Tensor | None = None, epistemic: Tensor | None = None,
                          ood_epistemic: Tensor | None = None, *, sets: Tensor | None = None, alpha: float | None = None,
-                         accepted: Tensor | None = None, target_risk: float | None = None) -> "Report":
+                         accepted: Tensor | None = None, target_risk: float | None = None,
+                         ood_values: dict[str, tuple[Tensor, Tensor]] | None = None) -> "Report":
         """Compute every metric from collected probabilities (and OOD scores, conformal ``sets`` at
-        ``alpha``, and the ``accepted`` mask of a selective rule at ``target_risk``, if given)."""
+        ``alpha``, the ``accepted`` mask of a selective rule at ``target_risk``, and per OOD score its
+        ``(test, OOD)`` values, if given)."""
         has_ood = entropy is not None and ood_entropy is not None
         has_mi = has_ood and epistemic is not None and ood_epistemic is not None and bool((epistemic > 0).any() or (ood_epistemic > 0).any())
         correct = probs.argmax(-1) == labels
@@ -95,17 +105,30 @@ class Report:
             selective_risk=None if accepted is None else measures.selective_risk(accepted.cpu(), correct),
             probs=probs,
             labels=labels,
+            ood={name: metrics.ood_metrics(*pair) for name, pair in ood_values.items()} if ood_values else None,
+            ood_values=ood_values or None,
         )
 
     def as_dict(self) -> dict[str, float | None]:
         """The metrics by name; the guarantee columns only where measured."""
         measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
         bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
-        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds}
+        ood = {"ood": self.ood} if self.ood else {}
+        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
         return markdown_table([self])
+
+    def ood_to_markdown(self) -> str:
+        """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
+        return ood_report.ood_markdown({self.name: self.ood}) if self.ood else ""
+
+    def ood_histograms(self, path: str | os.PathLike) -> None:
+        """In-distribution against OOD histograms of every OOD score, one panel each, to a PNG."""
+        if not self.ood_values:
+            raise ConfigError("this report has no OOD scores: evaluate with ood_loader=... to draw their histograms")
+        ood_plots.ood_histograms(self.ood_values, path, title=self.name)
 
     def reliability_diagram(self, path: str | os.PathLike) -> None:
         plots.reliability_diagram({self.name: (self.probs, self.labels)}, path)
@@ -173,7 +196,8 @@ def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | Sel
 def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
              name: str | None = None, progress: bool = True, num_samples: int | None = None,
              seed: int = 0, conformal: ConformalPredictor | None = None,
-             selective: SelectivePredictor | None = None, ci: float | None = None, bootstraps: int = 1000) -> Report:
+             selective: SelectivePredictor | None = None, ood_scores: Sequence[str] | Detector | None = None,
+             ci: float | None = None, bootstraps: int = 1000) -> Report:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
@@ -181,6 +205,11 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
             the empirical coverage and mean size of its sets on the test set.
         selective: fitted ``posthoc.selective(um, calibration_loader, target_risk=...)``: the report
             adds the deferral rate and the error rate of the accepted test examples.
+        ood_scores: with ``ood_loader``, post-hoc OOD scores reported next to the method's own entropy / MI
+            (``report.ood``, ``report.ood_to_markdown()``): names of scores that need no fit (``["energy",
+            "max-logit"]``) or a fitted ``posthoc.detector(...)`` (needed for mahalanobis / vim / knn; one
+            detector fitted on the plain model serves every method). ``entropy`` and
+            ``mutual-information`` always come from ``um``'s own predictive.
         ci: a confidence level (e.g. 0.95): every metric gets a percentile bootstrap interval over the test
             examples (``bootstraps`` resamples, seeded by ``seed``; OOD AUROCs resample both sets), in
             ``report.intervals`` and in the Markdown as ``0.1230 [0.1180, 0.1290]``.
@@ -210,12 +239,14 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         None if ood is None else ood.entropy, test.epistemic, None if ood is None else ood.epistemic,
         sets=sets, alpha=None if conformal is None else conformal.alpha, accepted=accepted,
         target_risk=None if selective is None else selective.target_risk,
+        ood_values=None if ood is None else ood_report.ood_values(um, test, ood, test_loader, ood_loader, ood_scores,
+                                                                 progress=progress, generator=generator),
     )
     if ci is not None:
-        ood_scores = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
+        ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
         if ood is not None and report.ood_auroc_mi is not None:
-            ood_scores["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
+            ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
         report.ci = ci
         report.intervals = bootstrap.report_intervals(
-            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_scores, sets=sets, accepted=accepted)
+            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_pairs, sets=sets, accepted=accepted)
     return report

@@ -1,0 +1,57 @@
+"""OOD score histograms: in-distribution against OOD values of each score, one panel per score.
+
+Example:
+    >>> ood_histograms({"energy": (test_scores, ood_scores)}, "ood_scores.png")
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import torch  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
+from torch import Tensor  # noqa: E402
+
+from posthoc.evaluation import metrics  # noqa: E402
+
+#: panels per row; more scores wrap onto further rows
+MAX_COLUMNS = 4
+BINS = 40
+
+
+def ood_histogram_figure(values: Mapping[str, tuple[Tensor, Tensor]], title: str | None = None) -> Figure:
+    """The figure of :func:`ood_histograms`: per score ``name -> (in-distribution values, OOD values)``, the
+    two densities over shared bins, with the score's AUROC in the panel title (the caller closes it)."""
+    columns = min(MAX_COLUMNS, len(values))
+    rows = math.ceil(len(values) / columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(values):]:
+        ax.set_visible(False)
+    for ax, (name, (inside, outside)) in zip(axes.flat, values.items()):
+        inside, outside = inside.double().cpu(), outside.double().cpu()
+        both = torch.cat([inside, outside])
+        low, high = float(both.min()), float(both.max())
+        edges = torch.linspace(low, high if high > low else low + 1, BINS + 1).tolist()
+        ax.hist(inside.tolist(), bins=edges, density=True, alpha=0.55, color="#4c72b0", label="in-distribution")
+        ax.hist(outside.tolist(), bins=edges, density=True, alpha=0.55, color="#dd8452", label="OOD")
+        ax.set(title=f"{name}\nAUROC {metrics.ood_auroc(inside, outside):.3f}", xlabel="score (higher = more OOD)")
+        ax.set_yticks([])
+    axes[0][0].legend(loc="upper right", fontsize=8)
+    if title:
+        fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def ood_histograms(values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike,
+                   title: str | None = None) -> None:
+    """Write :func:`ood_histogram_figure` to a PNG at ``path``."""
+    fig = ood_histogram_figure(values, title)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

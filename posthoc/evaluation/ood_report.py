@@ -1,0 +1,92 @@
+"""The OOD part of a report: every score's values on the test and OOD sets, and their Markdown table.
+
+The method's own predictive gives ``"entropy"`` (total predictive entropy) and, for predictives with
+samples, ``"mutual-information"``; ``ood_scores`` adds post-hoc detector scores (``posthoc.detector``)
+next to them.
+
+Example:
+    >>> values = ood_values(um, test_pred, ood_pred, test_loader, ood_loader, ["energy", "msp"])
+    >>> print(ood_markdown({"MAP": {name: metrics.ood_metrics(*v) for name, v in values.items()}}))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError
+from posthoc.core.prediction import Prediction
+from posthoc.core.uncertain_model import UncertainModel
+from posthoc.ood.detector import SCORES, Detector, detector
+
+#: scores read from the evaluated method's own predictive rather than from a detector
+OWN_SCORES = ("entropy", "mutual-information")
+COLUMNS = {"auroc": "AUROC", "aupr_in": "AUPR-in", "aupr_out": "AUPR-out", "fpr95": "FPR@95TPR"}
+
+OODValues = dict[str, tuple[Tensor, Tensor]]
+OODTable = Mapping[str, Mapping[str, float]]
+
+
+def own_values(test: Prediction, ood: Prediction) -> OODValues:
+    """``entropy`` and (where the predictive has any) ``mutual-information`` on the test and OOD sets."""
+    values = {"entropy": (test.entropy, ood.entropy)}
+    if bool((test.epistemic > 0).any() or (ood.epistemic > 0).any()):
+        values["mutual-information"] = (test.epistemic, ood.epistemic)
+    return values
+
+
+def scoring_detector(um: UncertainModel, ood_scores: Sequence[str] | Detector) -> Detector:
+    """``ood_scores`` as a detector: a fitted one as given, or names of scores that need no fit, on ``um``."""
+    if isinstance(ood_scores, Detector):
+        return ood_scores
+    names = [ood_scores] if isinstance(ood_scores, str) else list(ood_scores)
+    fitted = [name for name in names if name in SCORES and SCORES[name].fit_passes]
+    if fitted:
+        raise ConfigError(f"the OOD score(s) {fitted} need training statistics: pass a fitted detector, "
+                          f"ood_scores=posthoc.detector(um, score={names}).fit(train_loader)")
+    return detector(um, score=[name for name in names if name not in OWN_SCORES] or names)
+
+
+def ood_values(um: UncertainModel, test: Prediction, ood: Prediction, test_loader: Iterable, ood_loader: Iterable,
+               ood_scores: Sequence[str] | Detector | None, *, progress: bool = True,
+               generator: torch.Generator | None = None) -> OODValues:
+    """Per score, its values ``(on the test set, on the OOD set)``: the method's own entropy / MI, then
+    the detector scores of ``ood_scores`` (a fitted ``posthoc.detector``, or names of scores that need no fit)."""
+    values = own_values(test, ood)
+    if ood_scores is None:
+        return values
+    scorer = scoring_detector(um, ood_scores)
+    names = [name for name in scorer.names if name not in OWN_SCORES]
+    if names:
+        on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)
+        on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)
+        values.update({name: (on_test[name], on_ood[name]) for name in names})
+    return values
+
+
+def best_score(table: OODTable, metric: str = "auroc") -> str:
+    """The name of the score with the highest ``metric`` in ``table`` (``score -> metrics``).
+
+    Example:
+        >>> best_score({"msp": {"auroc": 0.9}, "knn": {"auroc": 0.95}})
+        'knn'
+    """
+    return max(table, key=lambda name: table[name][metric])
+
+
+def ood_markdown(rows: Mapping[str, OODTable]) -> str:
+    """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR.
+
+    Example:
+        >>> print(ood_markdown({"MAP": {"energy": {"auroc": 0.9, "aupr_in": 0.9, "aupr_out": 0.8, "fpr95": 0.4}}}))
+        | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
+        |---|---|---|---|---|---|
+        | MAP | energy | 0.9000 | 0.9000 | 0.8000 | 0.4000 |
+    """
+    lines = ["| method | score | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (len(COLUMNS) + 2)]
+    for method, table in rows.items():
+        for name, measured in table.items():
+            lines.append(f"| {method} | {name} | " + " | ".join(f"{measured[key]:.4f}" for key in COLUMNS) + " |")
+    return "\n".join(lines)

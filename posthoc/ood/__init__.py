@@ -1,0 +1,11 @@
+"""Post-hoc OOD detectors on a model's own logits, features and predictive: :func:`detector`.
+
+Example:
+    >>> det = posthoc.detector(model, score=["energy", "vim"]).fit(train_loader)
+    >>> det.scores(x)["vim"].shape
+    torch.Size([8])
+"""
+
+from posthoc.ood.detector import Detector, available_scores, detector
+
+__all__ = ["Detector", "available_scores", "detector"]

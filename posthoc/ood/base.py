@@ -1,0 +1,97 @@
+"""The contract every OOD score implements: :class:`Score`, and the batch :class:`Outputs` it reads.
+
+A score maps one batch's outputs (the head's input features, the logits, the predictive) to one
+number per example, **larger = more out-of-distribution**. Scores that need training statistics
+(class means, a principal space, a feature bank) accumulate them batch by batch in
+:meth:`Score.update` over ``fit_passes`` passes of the training loader and finish each pass in
+:meth:`Score.finish` (where sums are reduced over ``torch.distributed`` ranks).
+
+Example:
+    >>> class NegativeMaxLogit(Score):
+    ...     name, uses = "neg-max-logit", frozenset({"logits"})
+    ...     def __call__(self, outputs):
+    ...         return -outputs.logits.max(-1).values
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from torch import Tensor, nn
+
+from posthoc.core.errors import ConfigError, NotFittedError
+from posthoc.core.prediction import Prediction
+
+
+def positive_number(value: Any, name: str) -> float:
+    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a temperature."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """What the model gives for one batch, computed once and read by every score.
+
+    Attributes:
+        features: ``(N, D)`` the classifier head's input (``None`` if no score reads it).
+        logits: ``(N, C)`` the model's output.
+        prediction: the predictive (the wrapped model's ``predict``, or the softmax of a plain model).
+        head: the classifier head (an ``nn.Linear``), whose weight and bias ViM reads.
+    """
+
+    features: Tensor | None = None
+    logits: Tensor | None = None
+    prediction: Prediction | None = None
+    head: nn.Linear | None = None
+
+
+class Score:
+    """Base class of an OOD score; subclasses set the class attributes and implement ``__call__``.
+
+    Class attributes:
+        name: the name ``posthoc.detector(..., score=name)`` takes.
+        uses: which fields of :class:`Outputs` the score reads (``"features"``, ``"logits"``, ``"prediction"``).
+        fit_passes: passes over the training loader ``fit`` needs (0: the score needs no fit).
+        needs_labels: whether ``fit`` reads the class labels.
+
+    Options are keyword-only ``__init__`` arguments with defaults (``posthoc.detector`` routes them).
+    """
+
+    name: ClassVar[str] = ""
+    uses: ClassVar[frozenset[str]] = frozenset()
+    fit_passes: ClassVar[int] = 0
+    needs_labels: ClassVar[bool] = False
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget fitted statistics (``fit`` calls it before its first pass)."""
+        self.fitted = self.fit_passes == 0
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options this score accepts, with their defaults."""
+        parameters = inspect.signature(cls.__init__).parameters.values()
+        return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+
+    def update(self, outputs: Outputs, labels: Tensor | None, pass_index: int) -> None:
+        """Accumulate one training batch's statistics for pass ``pass_index``."""
+
+    def finish(self, pass_index: int) -> None:
+        """Reduce the statistics of pass ``pass_index`` over ranks and compute what they give."""
+
+    def check_fitted(self) -> None:
+        if not self.fitted:
+            raise NotFittedError(
+                f"the OOD score '{self.name}' needs statistics of the training data: call "
+                "detector.fit(train_loader) before scoring"
+            )
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        """The score of each example, ``(N,)``; larger = more out-of-distribution."""
+        raise NotImplementedError

@@ -1,0 +1,255 @@
+"""``posthoc.detector``: post-hoc OOD scores on a model's own logits, features and predictive.
+
+One :class:`Detector` computes one or several scores. For each batch the model runs once: the
+features (the classifier head's input, from the same :class:`~posthoc.engine.head.FeatureSplit`
+the methods use), the logits and, where a score reads it, the predictive are computed once and
+every score reads them. ``fit`` streams the training loader (twice if ViM is asked for) and the
+scores keep running sums (KNN keeps its feature bank), reduced over ``torch.distributed`` ranks.
+
+Every score is larger for inputs that look more out-of-distribution.
+
+Example:
+    >>> det = posthoc.detector(model, score=["energy", "mahalanobis", "knn"]).fit(train_loader)
+    >>> det.scores(x)["mahalanobis"].shape
+    torch.Size([8])
+    >>> posthoc.detector(model, score="energy", temperature=2.0).score(x).shape
+    torch.Size([8])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core import distributed, settings
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import Inputs, batch_size, check_finite, check_labels, iterate, slice_inputs, to_device
+from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import Prediction
+from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.head import FeatureSplit
+from posthoc.ood.base import Outputs, Score
+from posthoc.ood.knn import KNN
+from posthoc.ood.logits import Energy, MaxLogit
+from posthoc.ood.mahalanobis import Mahalanobis
+from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, MutualInformation, PredictiveEntropy
+from posthoc.ood.vim import ViM
+
+#: every score by name, in the order tables list them
+SCORES: dict[str, type[Score]] = {cls.name: cls for cls in (
+    MaxSoftmax, MaxLogit, Energy, PredictiveEntropy, MutualInformation, GeneralizedEntropy, Mahalanobis, ViM, KNN)}
+
+
+def available_scores() -> list[str]:
+    """The names ``posthoc.detector(..., score=...)`` accepts.
+
+    Example:
+        >>> available_scores()[:3]
+        ['msp', 'max-logit', 'energy']
+    """
+    return list(SCORES)
+
+
+def _device_of(x: Inputs) -> torch.device:
+    return next(v for v in x.values() if isinstance(v, Tensor)).device if isinstance(x, Mapping) else x.device
+
+
+class Detector:
+    """OOD scores of one model; built by :func:`detector`.
+
+    Attributes:
+        names: the scores it computes, in the order asked.
+        um: the wrapped model whose predictive the ``msp``/``entropy``/``mutual-information``/``gen``
+            scores read (``None`` for a plain model: they read its softmax).
+        model: the network whose features and logits the other scores read (``um.method.base_model``).
+    """
+
+    def __init__(self, model: nn.Module | UncertainModel, scores: Sequence[Score], *, head: str | nn.Module | None = None,
+                 num_samples: int | None = None) -> None:
+        self.um = model if isinstance(model, UncertainModel) else None
+        self.model = model.method.base_model if isinstance(model, UncertainModel) else model
+        self.split = FeatureSplit(self.model, head)
+        self._scores = {score.name: score for score in scores}
+        self.num_samples = num_samples
+        self.feature_width: int | None = None
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._scores)
+
+    @property
+    def requires_fit(self) -> bool:
+        """Whether any of the scores needs training statistics."""
+        return any(score.fit_passes for score in self._scores.values())
+
+    @property
+    def device(self) -> torch.device:
+        return next((p.device for p in self.model.parameters()), torch.device("cpu"))
+
+    def __repr__(self) -> str:
+        return f"Detector(scores={self.names}, fitted={all(s.fitted for s in self._scores.values())})"
+
+    def _plain_predictive(self) -> bool:
+        return self.um is None or self.um.methods == ["none"]
+
+    def _check_width(self, features: Tensor) -> None:
+        width = features.shape[-1]
+        if self.feature_width is not None and width != self.feature_width:
+            raise InputError(
+                f"the head '{self.split.head_name}' receives {width} features but the detector was fitted on "
+                f"{self.feature_width}: the model changed since fit; fit the detector again on this model"
+            )
+
+    def _outputs(self, x: Inputs, uses: frozenset[str], generator: torch.Generator | None) -> Outputs:
+        features = logits = prediction = None
+        if uses & {"features", "logits"} or ("prediction" in uses and self._plain_predictive()):
+            with eval_mode(self.model):
+                features, logits = self.split(x)
+            self._check_width(features)
+        if "prediction" in uses:
+            prediction = (Prediction.from_log_probs(torch.log_softmax(logits.float(), -1)) if self._plain_predictive()
+                          else self.um.predict(x, num_samples=self.num_samples, generator=generator, keep_samples=False))
+        return Outputs(features, logits, prediction, self.split.head)
+
+    def _chosen(self, names: Iterable[str] | None) -> list[Score]:
+        names = self.names if names is None else list(names)
+        unknown = [name for name in names if name not in self._scores]
+        if unknown:
+            raise ConfigError(f"score(s) {unknown} are not computed by this detector; it computes {self.names}")
+        chosen = [self._scores[name] for name in names]
+        for score in chosen:
+            score.check_fitted()
+        return chosen
+
+    @torch.no_grad()
+    def fit(self, train_loader: Iterable, *, progress: bool = True) -> "Detector":
+        """Collect the training statistics of the scores that need them (a no-op for the others); returns ``self``.
+
+        Streams ``train_loader`` once (twice with ``"vim"``); ``"mahalanobis"`` reads its labels.
+        """
+        fitting = [score for score in self._scores.values() if score.fit_passes]
+        if not fitting:
+            return self
+        uses = frozenset().union(*(score.uses for score in fitting))
+        labelled = any(score.needs_labels for score in fitting)
+        passes = max(score.fit_passes for score in fitting)
+        for score in fitting:
+            score.reset()
+        self.feature_width = None
+        for pass_index in range(passes):
+            active = [score for score in fitting if score.fit_passes > pass_index]
+            for x, y in iterate(train_loader, device=self.device, progress=progress, require_labels=labelled,
+                                desc=f"OOD statistics, pass {pass_index + 1}/{passes}"):
+                outputs = self._outputs(x, uses, None)
+                self.feature_width = outputs.features.shape[-1]
+                labels = check_labels(y, outputs.logits.shape[-1]) if labelled else None
+                for score in active:
+                    score.update(outputs, labels, pass_index)
+            for score in active:
+                score.finish(pass_index)
+        return self
+
+    @torch.no_grad()
+    def scores(self, x: Inputs, names: Iterable[str] | None = None, *,
+               generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        """Every score (or those in ``names``) of a batch ``x``, each ``(N,)`` on ``x``'s device; larger = more OOD.
+
+        ``x`` is processed in chunks of ``posthoc.settings.chunk_size`` examples.
+        """
+        chosen = self._chosen(names)
+        uses = frozenset().union(*(score.uses for score in chosen))
+        check_finite(x)
+        parts: dict[str, list[Tensor]] = {score.name: [] for score in chosen}
+        total, step, home = batch_size(x), settings.chunk_size, _device_of(x)
+        for start in range(0, total, step):
+            outputs = self._outputs(to_device(slice_inputs(x, start, start + step), self.device), uses, generator)
+            for score in chosen:
+                parts[score.name].append(score(outputs).to(home))
+        return {name: torch.cat(values) for name, values in parts.items()}
+
+    def score(self, x: Inputs, name: str | None = None, *, generator: torch.Generator | None = None) -> Tensor:
+        """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several.
+
+        Example:
+            >>> posthoc.detector(model, score="max-logit").score(x)
+            tensor([-7.1, -2.3])
+        """
+        if name is None and len(self._scores) > 1:
+            raise ConfigError(f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
+                              "or take them all with det.scores(x)")
+        return self.scores(x, [name or self.names[0]], generator=generator)[name or self.names[0]]
+
+    @torch.no_grad()
+    def score_loader(self, loader: Iterable, names: Iterable[str] | None = None, *, progress: bool = True,
+                     generator: torch.Generator | None = None, desc: str = "OOD scores") -> dict[str, Tensor]:
+        """:meth:`scores` over every batch of ``loader`` (labels ignored), on the CPU; under ``torch.distributed``
+        gathered from every rank's shard.
+
+        Example:
+            >>> det.score_loader(ood_loader)["energy"].shape
+            torch.Size([1000])
+        """
+        names = [score.name for score in self._chosen(names)]
+        parts: dict[str, list[Tensor]] = {name: [] for name in names}
+        for x, _ in iterate(loader, device=self.device, progress=progress, require_labels=False, desc=desc):
+            for name, values in self.scores(x, names, generator=generator).items():
+                parts[name].append(values.cpu())
+        return {name: distributed.gather_cat(torch.cat(values)) for name, values in parts.items()}
+
+
+def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+    accepted = [SCORES[name].option_defaults() for name in names]
+    unknown = sorted(key for key in options if not any(key in valid for valid in accepted))
+    if unknown:
+        listing = "; ".join(f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in valid.items()) or "(none)")
+                            for name, valid in zip(names, accepted))
+        raise ConfigError(f"unknown option(s) {unknown} for score(s) {names}; valid options — {listing}")
+    return [{key: value for key, value in options.items() if key in valid} for valid in accepted]
+
+
+def _spec_head(um: UncertainModel) -> Any:
+    """The ``head=`` a wrapped model's methods were given (so the detector splits where they do)."""
+    return next((entry["options"]["head"] for entry in um.spec if entry["options"].get("head") is not None), None)
+
+
+def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "energy", *,
+             head: str | nn.Module | None = None, num_samples: int | None = None, **options: Any) -> Detector:
+    """A post-hoc OOD detector on ``model``: ``.fit(train_loader)`` where a score needs it, then ``.score(x)``.
+
+    Args:
+        model: a trained classifier, or a wrapped ``posthoc.UncertainModel`` (then ``msp``, ``entropy``,
+            ``mutual-information`` and ``gen`` read its predictive, ``um.predict``; the other scores read
+            the features and logits of ``um.method.base_model``).
+        score: one name or a list of names, from :func:`available_scores`: ``"msp"``, ``"max-logit"``,
+            ``"energy"``, ``"entropy"``, ``"mutual-information"`` (a wrapped model with samples),
+            ``"gen"``, ``"mahalanobis"``, ``"vim"``, ``"knn"``. The last three need ``fit``.
+        head: the classifier head's module name (default: the wrapped model's ``head=`` option, else found
+            as the methods find it).
+        num_samples: samples of a wrapped model's predictive (default: its method's).
+        **options: score options, each given to every score that accepts it: ``temperature`` (energy),
+            ``gamma`` and ``top`` (gen), ``dim`` (vim), ``k`` and ``max_memory`` (knn).
+
+    Every score is larger for inputs that look more out-of-distribution.
+
+    Example:
+        >>> det = posthoc.detector(model, score="knn", k=10).fit(train_loader)
+        >>> det.score(x_ood).mean() > det.score(x_test).mean()
+        tensor(True)
+    """
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module or a posthoc.UncertainModel, got {type(model).__name__}")
+    names = list(dict.fromkeys([score] if isinstance(score, str) else list(score)))
+    unknown = [name for name in names if name not in SCORES]
+    if not names or unknown:
+        raise ConfigError(f"unknown OOD score(s) {unknown or names}; valid scores: {', '.join(SCORES)}")
+    if "mutual-information" in names and not isinstance(model, UncertainModel):
+        raise ConfigError("the 'mutual-information' score needs a posterior: pass a wrapped model with samples, "
+                          "e.g. posthoc.detector(posthoc.wrap(model, method='laplace').fit(train_loader), ...)")
+    if head is None and isinstance(model, UncertainModel):
+        head = _spec_head(model)
+    routed = _route_options(names, options)
+    return Detector(model, [SCORES[name](**routed_options) for name, routed_options in zip(names, routed)],
+                    head=head, num_samples=num_samples)

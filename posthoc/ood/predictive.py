@@ -1,0 +1,77 @@
+"""Scores of the predictive distribution: ``"msp"``, ``"entropy"``, ``"mutual-information"``, ``"gen"``.
+
+They read ``Outputs.prediction``: a wrapped model's own predictive (``um.predict``: any posterior,
+sampled or not, with temperature or other calibration on top) or a plain model's softmax.
+
+- ``msp``: ``-max_c p_c`` (Hendrycks & Gimpel 2017), pytorch-ood's ``MaxSoftmax`` at ``t=1``.
+- ``entropy``: ``-sum_c p_c log p_c``, the predictive's total entropy.
+- ``mutual-information``: the predictive's epistemic part, entropy minus the expected entropy of
+  its samples (0 for deterministic predictives: use a sampling method).
+- ``gen``: generalised entropy ``sum_{j in top-M} p_j^gamma (1 - p_j)^gamma`` (Liu et al., CVPR
+  2023), summed as in the paper; pytorch-ood's ``GEN`` averages the same terms (divides by ``M``)
+  and clamps the probabilities to ``[1e-7, 1 - 1e-7]``.
+
+Example:
+    >>> pred = Prediction.from_probs(torch.tensor([[0.9, 0.1], [0.5, 0.5]]))
+    >>> MaxSoftmax()(Outputs(prediction=pred))
+    tensor([-0.9000, -0.5000])
+"""
+
+from __future__ import annotations
+
+from torch import Tensor
+
+from posthoc.core.checks import positive_int
+from posthoc.ood.base import Outputs, Score, positive_number
+
+PREDICTION = frozenset({"prediction"})
+
+
+class MaxSoftmax(Score):
+    """``-max_c p_c``: the negated confidence, so that larger = more OOD."""
+
+    name, uses = "msp", PREDICTION
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        return -outputs.prediction.confidence
+
+
+class PredictiveEntropy(Score):
+    """The predictive's total entropy in nats."""
+
+    name, uses = "entropy", PREDICTION
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        return outputs.prediction.entropy
+
+
+class MutualInformation(Score):
+    """The predictive's mutual information between prediction and parameters (epistemic part)."""
+
+    name, uses = "mutual-information", PREDICTION
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        return outputs.prediction.epistemic
+
+
+class GeneralizedEntropy(Score):
+    """GEN: ``sum`` over the ``top`` largest probabilities of ``p^gamma (1 - p)^gamma``.
+
+    Args:
+        gamma: the exponent (the paper's 0.1).
+        top: how many of the largest probabilities enter (the paper's ``M``, 100 on ImageNet);
+            ``None`` = all classes.
+    """
+
+    name, uses = "gen", PREDICTION
+
+    def __init__(self, *, gamma: float = 0.1, top: int | None = 100) -> None:
+        super().__init__()
+        self.gamma = positive_number(gamma, "gamma")
+        self.top = positive_int(top, "top", none="all classes")
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        probs = outputs.prediction.probs
+        if self.top is not None and self.top < probs.shape[-1]:
+            probs = probs.topk(self.top, dim=-1).values
+        return (probs.pow(self.gamma) * (1 - probs).pow(self.gamma)).sum(-1)
