@@ -11,6 +11,12 @@ Rebuild the shipped files with::
     python -m posthoc.demo.zoo --name digits_cnn --seed 0
     python -m posthoc.demo.zoo --name digits_bn_cnn --seed 0
 
+A few seeds of one architecture (members of a deep ensemble) are trained once and cached as files
+(``~/.cache/posthoc/zoo``, or ``$POSTHOC_CACHE/zoo``)::
+
+    python -m posthoc.demo.zoo --name digits_cnn --seeds 0 1 2 3 4
+    >>> ensemble = posthoc.wrap(retrained(range(5)))
+
 Example:
     >>> model = pretrained("digits_cnn")
     >>> model(torch.zeros(1, 1, 28, 28)).shape
@@ -20,6 +26,8 @@ Example:
 from __future__ import annotations
 
 import argparse
+import os
+from collections.abc import Iterable
 from pathlib import Path
 
 import torch
@@ -28,6 +36,11 @@ from torch import nn
 from posthoc.demo import data
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
+
+
+def cache_dir() -> Path:
+    """Where retrained seeds are cached: ``$POSTHOC_CACHE/zoo``, else ``~/.cache/posthoc/zoo``."""
+    return Path(os.environ.get("POSTHOC_CACHE", Path.home() / ".cache" / "posthoc")) / "zoo"
 
 
 class DigitsCNN(nn.Module):
@@ -114,13 +127,48 @@ def pretrained(name: str = "digits_cnn") -> nn.Module:
     return model.eval()
 
 
+def retrained(seeds: Iterable[int], name: str = "digits_cnn", *, cache: Path | None = None,
+              progress: bool = False) -> list[nn.Module]:
+    """The architecture ``name`` retrained with each seed (:func:`train`), each trained once and then read
+    from ``cache`` (default :func:`cache_dir`) as ``NAME-seedS.pt``: the members of a deep ensemble.
+
+    Example:
+        >>> members = retrained([0, 1, 2], name="digits_bn_cnn")
+        >>> um = posthoc.wrap(members)
+    """
+    if name not in ARCHITECTURES:
+        raise ValueError(f"unknown architecture {name!r}; available: {sorted(ARCHITECTURES)}")
+    folder = cache_dir() if cache is None else Path(cache)
+    models = []
+    for seed in seeds:
+        path = folder / f"{name}-seed{seed}.pt"
+        if path.exists():
+            model = ARCHITECTURES[name][0]()
+            model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+            models.append(model.eval())
+            continue
+        model = train(seed, progress=progress, name=name)
+        folder.mkdir(parents=True, exist_ok=True)
+        partial = path.with_suffix(f".{os.getpid()}.tmp")
+        torch.save(model.state_dict(), partial)
+        os.replace(partial, path)  # atomic: parallel runs never read a half-written file
+        models.append(model)
+    return models
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Train a bundled digits checkpoint.")
     parser.add_argument("--name", choices=sorted(ARCHITECTURES), default="digits_cnn")
     parser.add_argument("--out", type=Path, default=None, help="default: posthoc/demo/checkpoints/NAME.pt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=None, help="default: the architecture's own")
+    parser.add_argument("--seeds", type=int, nargs="+", default=None,
+                        help=f"train these seeds into the cache ({cache_dir()}) for ensembles, instead of --out")
     args = parser.parse_args(argv)
+    if args.seeds is not None:
+        retrained(args.seeds, args.name, progress=True)
+        print(f"cached {args.name} seeds {args.seeds} in {cache_dir()}")
+        return
     model = train(args.seed, args.epochs, name=args.name)
     args.out = args.out or CHECKPOINTS / f"{args.name}.pt"
     args.out.parent.mkdir(parents=True, exist_ok=True)
