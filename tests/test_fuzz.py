@@ -25,7 +25,8 @@ CASES: collections.Counter = collections.Counter()
 OUTCOMES: collections.Counter = collections.Counter()
 
 #: fit options that keep each method's fit small on these toy problems
-FAST_FIT: dict[str, dict] = {"swag": {"epochs": 3, "collect_per_epoch": 1}, "ibnn": {"epochs": 1}}
+FAST_FIT: dict[str, dict] = {"swag": {"epochs": 3, "collect_per_epoch": 1}, "multiswag": {"epochs": 3, "collect_per_epoch": 1},
+                             "ibnn": {"epochs": 1}}
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -104,7 +105,7 @@ def _expected_refusal(method: str, c: int, labels: torch.Tensor, corrupt: str) -
     """The refusal the fuzzer's problem calls for, or ``None`` when it must give a valid prediction."""
     if c == 1 and method == "laplace":
         return Refusal("fit", ConfigError, "needs a head with at least 2 outputs; this head has 1")
-    if c == 1 and method == "swag" and labels.max() == 1:
+    if c == 1 and method in ("swag", "multiswag") and labels.max() == 1:
         # SWAG's SGD takes the cross-entropy of the raw single logit, so it refuses the label 1 of a
         # binary classifier; drop this line once SWAG trains single-logit heads as sigmoids
         return Refusal("fit", InputError, "labels must lie in [0, 1) for a model with 1 classes")
