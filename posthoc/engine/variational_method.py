@@ -1,0 +1,191 @@
+"""What the variational methods share (``"vi"``, ``"sparse-vd"``): a factorised posterior over some
+Linear / Conv2d layers of a trained model, fitted by the annealed ELBO, predicted by local
+reparameterisation draws.
+
+The posterior's parameters are the method's own (initialised from the checkpoint's weights): the
+user's model is never changed, and the saved posterior holds only them. A subclass says what the
+posterior of one layer is (:meth:`VariationalMethod._posterior`).
+
+Prediction draws ``S`` samples per example in batched ops. With the head alone variational
+(``layers="head"``) the backbone runs once and the head's logits, Gaussian given the features,
+are drawn directly (cost independent of the feature width). Otherwise the batch is expanded ``S``
+times at the first variational layer the forward pass reaches (:class:`~posthoc.engine.suffix.SuffixRunner`,
+chosen at fit): what comes before runs once per example, and every row of the rest gets its own
+local-reparameterisation draw at every variational layer.
+
+Example:
+    >>> class Mine(VariationalMethod):
+    ...     name = "mine"
+    ...     def _posterior(self, layer): return MyLayerPosterior(layer)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.chunks import chunks
+from posthoc.core.errors import ConfigError
+from posthoc.core.inputs import Inputs, batch_size, iterate
+from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
+from posthoc.core.method import LogPredictive, Method
+from posthoc.core.modules import eval_mode
+from posthoc.engine.head import FeatureSplit
+from posthoc.engine.hooks import called_in_order
+from posthoc.engine.kl_schedule import SCHEDULES
+from posthoc.engine.suffix import SuffixRunner
+from posthoc.engine.variational_fit import ElboFit, fit_elbo
+from posthoc.engine.variational_layers import LayerPosterior, VariationalLayers, sample_output, select_layers
+
+#: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
+FIT_RECORD = ("epochs", "lr", "lr_scale", "kl_weight", "kl_warmup", "kl_cycles", "kl_schedule")
+#: copies of a row's ``(S, C)`` logit draws alive at once in the head path: the noise, the draw, its log-softmax
+HEAD_DRAW_COPIES = 3
+
+
+class VariationalMethod(Method):
+    """Options, fit, predictive and persistence of a variational method (see module docs).
+
+    Args:
+        layers: ``"head"`` (the classifier head, found like the last-layer methods find it),
+            ``"all"`` (every Linear and Conv2d) or module names (a container selects the Linear /
+            Conv2d modules inside it).
+        head: the head's module name, where it cannot be found automatically.
+        num_samples: samples per prediction.
+        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
+        seed: seeds the predictive's draws when ``predict`` gets no generator.
+    """
+
+    copies_model = False
+    fine_tunes_private_copy = True  # the posterior's own parameters start at the checkpoint's weights
+    default_layers: ClassVar[str] = "head"
+
+    def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,
+                 max_memory: int | None, seed: int) -> None:
+        super().__init__(model)
+        if not (layers in ("head", "all") or (isinstance(layers, Sequence) and not isinstance(layers, str))):
+            raise ConfigError(f"layers must be 'head', 'all' or a list of module names, got {layers!r}")
+        if head is not None and not isinstance(head, str):
+            raise ConfigError(f"head must be a module name, got {head!r}")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.layer_option = layers if isinstance(layers, str) else list(layers)
+        self.num_samples = positive_int(num_samples, "num_samples")
+        self.max_memory = memory_bytes(max_memory)
+        self.seed = seed
+        #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved for the model card
+        self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
+        #: index in ``layers.names`` of the first variational layer the forward pass reaches (set at fit)
+        self.register_buffer("expansion", torch.tensor(-1))
+        self.split = FeatureSplit(model, head) if layers == "head" else None
+        self.layers: VariationalLayers | None = None
+        self._runner: SuffixRunner | None = None
+        names = self._layer_names()
+        if names is not None:
+            self._build(names)
+
+    # ----------------------------------------------------------------- what a subclass says
+    def _posterior(self, layer: nn.Module) -> LayerPosterior:
+        """The posterior of one selected layer, initialised from its weights."""
+        raise NotImplementedError
+
+    # ----------------------------------------------------------------- structure
+    def _layer_names(self) -> list[str] | None:
+        """The selected layers' names; ``None`` while the head is still to be found from an input."""
+        if self.split is not None:
+            return None if self.split.head_name is None else [self.split.head_name]
+        return select_layers(self.model, self.layer_option)
+
+    def _build(self, names: list[str]) -> None:
+        self.layers = VariationalLayers(self.model, {name: self._posterior(self.model.get_submodule(name)) for name in names})
+        self.layers.to(self.device)
+        self._runner = None
+
+    def _follow_device(self) -> None:
+        if self.layers is not None and next(self.layers.parameters()).device != self.device:
+            self.layers.to(self.device)
+
+    # ----------------------------------------------------------------- fit
+    def _fit(self, train_loader: Iterable, options: ElboFit, *, progress: bool) -> None:
+        """Find the structure from the first batch, then maximise the ELBO; on any failure the posterior
+        is left as it was before."""
+        first, _ = next(iter(iterate(train_loader, device=self.device, progress=False, desc=self.name)))
+        with torch.no_grad(), eval_mode(self.model):
+            if self.layers is None:
+                self.split(first)
+                self._build([self.split.head_name])
+            order = called_in_order(self.model, self.layers.targets, first, at="input")
+        if not order:
+            raise ConfigError(
+                f"none of the selected layers {self.layers.names[:6]} ran in the forward pass (their weights are used "
+                "functionally, e.g. by attention); select other layers with layers=[...]"
+            )
+        self._follow_device()
+        before = {k: v.detach().clone() for k, v in self.layers.state_dict().items()}
+        try:
+            fit_elbo(self.model, self.layers, train_loader, options, progress=progress, desc=self.name)
+        except BaseException:
+            self.layers.load_state_dict(before)
+            raise
+        self.expansion.fill_(self.layers.names.index(order[0]))
+        self._runner = None
+        kl = options.kl
+        record = (options.epochs, options.lr, options.lr_scale, kl.weight, kl.warmup, kl.cycles, SCHEDULES.index(kl.kind))
+        self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
+
+    # ----------------------------------------------------------------- predict
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
+        one seeded with ``seed``."""
+        self._follow_device()
+        count = num_samples or self.num_samples
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        if self.split is not None:
+            samples = self._head_samples(x, count, generator)
+        else:
+            if self._runner is None:
+                start = self.layers.names[int(self.expansion)]
+                self._runner = SuffixRunner(self.model, start, at="input", max_memory=self.max_memory)
+            logits = self._runner(x, count, stochastic=lambda: self.layers.sampling(generator))
+            samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
+        return log_mean_exp(samples), samples
+
+    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator) -> Tensor:
+        """``(S, N, C)`` log-probabilities from Gaussian head logits: the backbone runs once."""
+        phi, _ = self.split(x)
+        mean, var = self.layers[self.split.head_name].output_moments(phi)
+        n, classes = mean.shape[0], as_class_logits(mean[:1]).shape[-1]
+        samples = mean.new_empty(count, n, classes)
+        for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes, max_memory=self.max_memory):
+            draws = sample_output(mean[rows].expand(count, -1, -1), var[rows].expand(count, -1, -1), generator)
+            samples[:, rows] = class_log_probs(draws.flatten(0, 1)).unflatten(0, (count, rows.stop - rows.start))
+        return samples
+
+    # ----------------------------------------------------------------- card and file
+    def summary(self) -> dict[str, Any]:
+        """``random_variables`` (weights, and biases where they have a variance), ``layers``, the
+        predictive's samples and the fit's settings (see ``FIT_RECORD``)."""
+        settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
+        fit: dict[str, Any] = dict(settings, epochs=int(settings["epochs"]), kl_cycles=int(settings["kl_cycles"]),
+                                   kl_schedule=SCHEDULES[int(settings["kl_schedule"])])
+        return {"random_variables": self.layers.num_variables, "layers": list(self.layers.names),
+                "test_samples": self.num_samples, **fit}
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """Load a saved posterior; a head found at fit from an input is rebuilt from the file's names."""
+        if self.layers is None:
+            prefix = "layers.posteriors."
+            names = list(dict.fromkeys(key[len(prefix):].rpartition(".")[0].replace("/", ".")
+                                       for key in state if key.startswith(prefix)))
+            self.split = FeatureSplit(self.model, names[0])
+            self._build(names)
+        super().load_posterior_state(state)
+
+    def extra_repr(self) -> str:
+        return f"layers={self.layer_option!r}, num_samples={self.num_samples}"
+

@@ -1,0 +1,115 @@
+"""``"sparse-vd"``: sparse variational dropout on a trained network, and pruning by its ``log alpha``.
+
+Molchanov, Ashukha and Vetrov, "Variational Dropout Sparsifies Deep Neural Networks" (ICML 2017),
+applied post hoc: every weight of the chosen Linear / Conv2d layers (all of them by default) gets
+a Gaussian ``N(theta, alpha theta^2)`` with the log-uniform prior (:mod:`~posthoc.methods.sparse_vd.log_alpha`),
+``theta`` starting at the checkpoint's weights; ``fit`` maximises the ELBO with the KL term annealed
+in (:mod:`posthoc.engine.kl_schedule`) and local reparameterisation, like the paper's fine-tuning of
+a pretrained network. Weights whose ``log alpha`` grows past a threshold carry no information and
+can be removed: ``um.sparsity()`` tells how many per layer, ``um.prune()`` returns the pruned plain
+model (:mod:`~posthoc.methods.sparse_vd.pruning`). The predictive samples the whole posterior.
+
+Example:
+    >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
+    >>> um.sparsity()["total"]
+    0.83
+    >>> small = um.prune(threshold=3.0)                  # a plain nn.Module with those weights at zero
+    >>> control = um.prune(random=True, seed=0)          # as many weights per layer, at random
+    >>> with um.method.pruned(threshold=3.0):
+    ...     pred = um.predict(x, num_samples=200)        # the posterior without the pruned weights
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from torch import nn
+
+from posthoc.core.errors import ConfigError
+from posthoc.core.registry import register
+from posthoc.engine.kl_schedule import KLSchedule
+from posthoc.engine.variational_fit import ElboFit
+from posthoc.engine.variational_method import VariationalMethod
+from posthoc.methods.sparse_vd.log_alpha import LogAlphaLayer
+from posthoc.methods.sparse_vd.pruning import check_threshold, pruned_copy, removed_weights, restricted, sparsity
+
+
+@register
+class SparseVariationalDropout(VariationalMethod):
+    """Sparse variational dropout (Molchanov et al. 2017) with pruning (see module docs).
+
+    Options:
+        layers: ``"all"`` (default: every Linear and Conv2d), ``"head"`` or module names.
+        head: the head's module name for ``layers="head"`` where it cannot be found automatically.
+        init_log_alpha: ``log alpha`` of every weight at the start [-4.0: multiplicative noise of
+            standard deviation 0.14, a dropout rate of 0.018].
+        threshold: the ``log alpha`` above which a weight counts as pruned, the default of
+            ``sparsity`` and ``prune`` [3.0, the paper's].
+        num_samples: samples per prediction [20].
+        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
+        seed: seeds the predictive's draws when ``predict`` gets no generator.
+
+    Fit options: ``epochs`` [3]; ``lr`` (Adam, ``theta`` and the biases) [1e-3]; ``lr_scale`` (Adam,
+    ``log sigma^2``) [1e-2]; ``kl_weight`` [1.0], ``kl_schedule`` ["linear"], ``kl_warmup`` [0.5],
+    ``kl_cycles`` [4]: the KL weight's schedule, as for ``"vi"``.
+    """
+
+    name = "sparse-vd"
+    tools = ("sparsity", "prune")
+    demo_configs = (("sparse VD", {}),)
+
+    def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "all", head: str | None = None,
+                 init_log_alpha: float = -4.0, threshold: float = 3.0, num_samples: int = 20,
+                 max_memory: int | None = None, seed: int = 0) -> None:
+        if isinstance(init_log_alpha, bool) or not isinstance(init_log_alpha, (int, float)) or not math.isfinite(init_log_alpha):
+            raise ConfigError(f"init_log_alpha must be a finite number (e.g. -4.0), got {init_log_alpha!r}")
+        self.init_log_alpha, self.threshold = float(init_log_alpha), check_threshold(threshold)
+        super().__init__(model, layers=layers, head=head, num_samples=num_samples, max_memory=max_memory, seed=seed)
+
+    def _posterior(self, layer: nn.Module) -> LogAlphaLayer:
+        return LogAlphaLayer(layer, init_log_alpha=self.init_log_alpha)
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            epochs: int = 3, lr: float = 1e-3, lr_scale: float = 1e-2, kl_weight: float = 1.0,
+            kl_schedule: str = "linear", kl_warmup: float = 0.5, kl_cycles: int = 4) -> None:
+        """Maximise the ELBO on ``train_loader`` (``val_loader`` is not used); options in the class docs."""
+        kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
+        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress)
+
+    def sparsity(self, threshold: float | None = None) -> dict[str, Any]:
+        """The fraction of weights with ``log alpha > threshold`` (default: the ``threshold`` option),
+        per layer and in total, with the counts.
+
+        Example:
+            >>> um.sparsity(threshold=3.0)
+            {'total': 0.83, 'layers': {'0': 0.8, '2': 0.9}, 'removed': 1234, 'weights': 1487}
+        """
+        return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
+
+    def prune(self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False) -> nn.Module:
+        """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold``
+        set to zero (``random=True``: as many weights per layer at random, from ``seed``); ``sparse=True``
+        stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
+
+        Example:
+            >>> plain = um.prune()
+            >>> plain(x).shape
+            torch.Size([8, 10])
+        """
+        removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
+        return pruned_copy(self.model, self.layers, removed, sparse=sparse)
+
+    @contextmanager
+    def pruned(self, threshold: float | None = None, *, random: bool = False, seed: int = 0) -> Iterator[None]:
+        """Within the context, predictions sample the posterior with the pruned weights removed (as :meth:`prune` picks them)."""
+        removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
+        with restricted(self.layers, removed):
+            yield
+
+    def summary(self) -> dict[str, Any]:
+        """The common card (:meth:`VariationalMethod.summary`) with the threshold and the sparsity at it."""
+        return {**super().summary(), "init_log_alpha": self.init_log_alpha, "threshold": self.threshold,
+                "sparsity": self.sparsity()["total"]}

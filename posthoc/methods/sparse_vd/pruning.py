@@ -1,0 +1,102 @@
+"""Pruning a sparse-VD posterior: which weights go, how sparse each layer is, and the pruned plain model.
+
+A weight is pruned when its ``log alpha`` exceeds a threshold (3 in Molchanov et al. 2017:
+``alpha > 20``, a dropout rate ``alpha / (1 + alpha)`` above 0.95). The random control prunes the
+same number of weights in each layer, chosen uniformly at random (seeded).
+
+Example:
+    >>> removed = removed_weights(layers, 3.0)
+    >>> sparsity(removed)["total"]
+    0.83
+    >>> plain = pruned_copy(model, layers, removed)      # an ordinary nn.Module
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.errors import ConfigError
+from posthoc.engine.variational_layers import VariationalLayers
+
+
+def check_threshold(threshold: Any) -> float:
+    """``threshold`` as a float if it is a finite number (a ``log alpha``), else a :class:`~posthoc.ConfigError`.
+
+    Example:
+        >>> check_threshold(3)
+        3.0
+    """
+    if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
+        raise ConfigError(f"threshold must be a finite number (a log alpha; 3.0 prunes weights with alpha > 20), got {threshold!r}")
+    return float(threshold)
+
+
+def removed_weights(layers: VariationalLayers, threshold: float, *, random: bool = False, seed: int = 0) -> dict[str, Tensor]:
+    """Per layer name, a boolean mask of the weights to remove: ``log alpha > threshold``, or with
+    ``random=True`` as many weights per layer chosen at random (from a generator seeded with ``seed``)."""
+    threshold = check_threshold(threshold)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    removed = {name: (layers[name].log_alpha() > threshold).detach() for name in layers.names}
+    if not random:
+        return removed
+    generator = torch.Generator().manual_seed(seed)
+    shuffled = {}
+    for name, mask in removed.items():
+        chosen = torch.zeros(mask.numel(), dtype=torch.bool)
+        chosen[torch.randperm(mask.numel(), generator=generator)[: int(mask.sum())]] = True
+        shuffled[name] = chosen.reshape(mask.shape).to(mask.device)
+    return shuffled
+
+
+def sparsity(removed: dict[str, Tensor]) -> dict[str, Any]:
+    """``{"total": fraction removed, "layers": {name: fraction}, "removed": count, "weights": count}``.
+
+    Example:
+        >>> sparsity({"fc": torch.tensor([True, False, False, False])})
+        {'total': 0.25, 'layers': {'fc': 0.25}, 'removed': 1, 'weights': 4}
+    """
+    count = sum(int(mask.sum()) for mask in removed.values())
+    weights = sum(mask.numel() for mask in removed.values())
+    layers = {name: int(mask.sum()) / mask.numel() for name, mask in removed.items()}
+    return {"total": count / weights, "layers": layers, "removed": count, "weights": weights}
+
+
+@contextmanager
+def restricted(layers: VariationalLayers, removed: dict[str, Tensor]) -> Iterator[None]:
+    """Within the context, the posterior has the ``removed`` weights at zero (mean and variance)."""
+    for name in layers.names:
+        layers[name].removed = removed[name]
+    try:
+        yield
+    finally:
+        for name in layers.names:
+            layers[name].removed = None
+
+
+@torch.no_grad()
+def pruned_copy(model: nn.Module, layers: VariationalLayers, removed: dict[str, Tensor], *, sparse: bool = False) -> nn.Module:
+    """A deep copy of ``model`` whose variational layers hold the posterior means (``theta`` and the
+    fitted bias) with the ``removed`` weights set to zero: a plain ``nn.Module``, usable without posthoc.
+
+    ``sparse=True`` stores the pruned Linear weights in sparse CSR layout (a plain ``nn.Linear`` runs
+    them; frozen: ``requires_grad=False``); Conv2d weights stay dense (PyTorch has no sparse convolution).
+    """
+    pruned = copy.deepcopy(model)
+    for name in layers.names:
+        module, posterior = pruned.get_submodule(name), layers[name]
+        weight = posterior.theta.detach().masked_fill(removed[name], 0.0).to(module.weight.device, module.weight.dtype)
+        if sparse and isinstance(module, nn.Linear):
+            module.weight = nn.Parameter(weight.to_sparse_csr(), requires_grad=False)
+        else:
+            module.weight.copy_(weight)
+        if posterior.bias is not None:
+            module.bias.copy_(posterior.bias.detach().to(module.bias.dtype))
+    return pruned

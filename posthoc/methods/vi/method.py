@@ -1,0 +1,80 @@
+"""``"vi"``: Bayes by Backprop from a checkpoint — a mean-field Gaussian over chosen layers, fitted by the ELBO.
+
+The posterior ``q(w) = prod N(mu, sigma^2)`` covers the head by default (``layers="head"``), or
+``layers="all"`` / module names; its means start at the checkpoint's weights and its standard
+deviations at ``init_std`` times each layer's weight RMS (:mod:`posthoc.methods.vi.gaussian`). The
+prior is ``N(0, s^2)`` or, with ``prior_mean="checkpoint"``, ``N(w_checkpoint, s^2)``. ``fit``
+maximises the ELBO with one local-reparameterisation draw per example (Kingma et al. 2015) and
+the KL weight annealed by ``kl_schedule`` (:mod:`posthoc.engine.kl_schedule`); the user's model
+is never changed (:mod:`posthoc.engine.variational_method`).
+
+Example:
+    >>> um = posthoc.wrap(model, method="vi").fit(train_loader, kl_schedule="cosine")
+    >>> um.predict(x).samples.shape
+    torch.Size([20, 8, 10])
+    >>> posthoc.wrap(model, method="vi", layers="all", prior_mean="checkpoint")
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from torch import nn
+
+from posthoc.core.errors import ConfigError
+from posthoc.core.registry import register
+from posthoc.engine.kl_schedule import KLSchedule
+from posthoc.engine.variational_fit import ElboFit
+from posthoc.engine.variational_method import VariationalMethod
+from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
+
+
+@register
+class VariationalInference(VariationalMethod):
+    """Mean-field Gaussian VI (Bayes by Backprop) over chosen layers of a trained model (see module docs).
+
+    Options:
+        layers: ``"head"`` (default), ``"all"`` or module names.
+        head: the head's module name where it cannot be found automatically.
+        prior_std: ``s`` of the prior ``N(m, s^2)`` [1.0].
+        prior_mean: ``"zero"`` (``m = 0``) or ``"checkpoint"`` (``m`` = the pretrained weights) ["zero"].
+        init_std: initial standard deviation of every weight, as a fraction of its layer's weight RMS [0.2].
+        num_samples: samples per prediction [20].
+        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
+        seed: seeds the predictive's draws when ``predict`` gets no generator.
+
+    Fit options: ``epochs`` [3]; ``lr`` (Adam, the means) [1e-3]; ``lr_scale`` (Adam, the log standard
+    deviations) [1e-2]; ``kl_weight`` (the final KL weight; 1 is the ELBO) [1.0]; ``kl_schedule``
+    (``"linear"``, ``"cosine"``, ``"cyclical"``, ``"constant"``) ["linear"]; ``kl_warmup`` (fraction of
+    the steps, or of each cycle, over which the weight rises) [0.5]; ``kl_cycles`` (for ``"cyclical"``) [4].
+    """
+
+    name = "vi"
+    demo_configs = (("VI (head)", {}),)
+
+    def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "head", head: str | None = None,
+                 prior_std: float = 1.0, prior_mean: str = "zero", init_std: float = 0.2, num_samples: int = 20,
+                 max_memory: int | None = None, seed: int = 0) -> None:
+        for option, value in (("prior_std", prior_std), ("init_std", init_std)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+                raise ConfigError(f"{option} must be a finite number > 0, got {value!r}")
+        if prior_mean not in PRIOR_MEANS:
+            raise ConfigError(f"prior_mean must be one of {PRIOR_MEANS}, got {prior_mean!r}")
+        self.prior_std, self.prior_mean, self.init_std = float(prior_std), prior_mean, float(init_std)
+        super().__init__(model, layers=layers, head=head, num_samples=num_samples, max_memory=max_memory, seed=seed)
+
+    def _posterior(self, layer: nn.Module) -> GaussianLayer:
+        return GaussianLayer(layer, init_std=self.init_std, prior_std=self.prior_std, prior_mean=self.prior_mean)
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            epochs: int = 3, lr: float = 1e-3, lr_scale: float = 1e-2, kl_weight: float = 1.0,
+            kl_schedule: str = "linear", kl_warmup: float = 0.5, kl_cycles: int = 4) -> None:
+        """Maximise the ELBO on ``train_loader`` (``val_loader`` is not used); options in the class docs."""
+        kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
+        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress)
+
+    def summary(self) -> dict[str, Any]:
+        """The common card (:meth:`VariationalMethod.summary`) with the prior and the initial spread."""
+        return {**super().summary(), "prior_std": self.prior_std, "prior_mean": self.prior_mean, "init_std": self.init_std}
