@@ -43,6 +43,8 @@ class Method(nn.Module):
             only what it learned (SWAG's moments): the wrapped model stays the user's checkpoint,
             so ``copies_model`` is ``False`` and the saved posterior holds no weights.
         demo_configs: option sets shown in ``posthoc demo``, each ``(label, options)``.
+        tools: names of this method's own public methods that the :class:`UncertainModel` offers
+            as its own (``"sparse-vd"``: ``um.sparsity()``, ``um.prune()``).
     """
 
     name: ClassVar[str] = ""
@@ -52,6 +54,7 @@ class Method(nn.Module):
     copies_model: ClassVar[bool] = False
     fine_tunes_private_copy: ClassVar[bool] = False
     demo_configs: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
+    tools: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()

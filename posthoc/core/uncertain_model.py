@@ -173,6 +173,17 @@ class UncertainModel(nn.Module):
         samples = None if samples is None else samples.float().exp()
         return Prediction.from_probs(probs, samples)
 
+    def __getattr__(self, name: str) -> Any:
+        """A method's :attr:`~posthoc.core.method.Method.tools` (e.g. sparse-vd's ``um.prune()``), found in the chain."""
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            method = self._modules.get("method")
+            for member in [] if method is None else _chain(method):
+                if name in member.tools:
+                    return getattr(member, name)
+            raise
+
     def forward(self, x: Inputs) -> Tensor:
         """Predictive probabilities ``(N, C)``."""
         return self.predict(x).probs
