@@ -3,6 +3,8 @@ pytorch-ood, sign and monotonicity, errors, evaluate(ood_scores=), the histogram
 
 from __future__ import annotations
 
+import argparse
+import json
 import socket
 import sys
 import time
@@ -20,6 +22,7 @@ from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 from torchmetrics.functional.classification import binary_roc
 
 import posthoc
+from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.core import settings
 from posthoc.demo import data
 from posthoc.engine.head import FeatureSplit
@@ -32,6 +35,7 @@ from posthoc.core.prediction import Prediction
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ood_dist_worker  # noqa: E402
+from test_recipes import _digits_factory, image_folders  # noqa: E402,F401  (the recipes' image folders fixture)
 
 CLASSES, WIDTH = 4, 12
 
@@ -287,7 +291,7 @@ def test_histogram_figure_has_one_panel_per_score_with_both_sets():
     generator = torch.Generator().manual_seed(0)
     values = {name: (torch.randn(100, generator=generator), torch.randn(80, generator=generator) + 1)
               for name in ("energy", "knn", "vim", "msp", "gen")}
-    fig = ood_plots.ood_histogram_figure(values)
+    fig = ood_plots.ood_histograms(values)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title().split("\n")[0] for ax in panels] == list(values)
     assert all(len(ax.containers) == 2 for ax in panels)
@@ -321,3 +325,28 @@ def test_two_ranks_with_uneven_shards_fit_the_statistics_of_their_union(tmp_path
         torch.testing.assert_close(ranks[0][name], ranks[1][name], rtol=0, atol=0)
         # the same sums in another order: float64 statistics, float32 scores (ViM's is a difference of two ~10s)
         torch.testing.assert_close(ranks[0][name], expected[name], rtol=1e-5, atol=1e-4, msg=name)
+
+
+# ------------------------------------------------------------------------------------------------ CLI
+
+
+def test_evaluate_cli_reports_ood_scores_of_the_plain_model_next_to_each_methods_entropy(image_folders, tmp_path):
+    parser = argparse.ArgumentParser()
+    add_evaluate_arguments(parser)
+    out = tmp_path / "report"
+    args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--train", str(image_folders["train"]),
+                              "--val", str(image_folders["val"]), "--ood", str(image_folders["ood"]),
+                              "--ood-scores", "energy,knn,mahalanobis,entropy", "--ood-option", "k=5",
+                              "--method", "temperature", "--workers", "0", "--out", str(out), "--no-progress"])
+    run_evaluate(args)
+    report = (out / "report.md").read_text()
+    rows = json.loads((out / "metrics.json").read_text())["rows"]
+    assert list(rows[0]["test"]["ood"]) == ["entropy", "energy", "knn", "mahalanobis"]
+    assert rows[1]["test"]["ood"]["knn"] == rows[0]["test"]["ood"]["knn"]  # one detector of the plain model
+    assert "| none | mahalanobis |" in report and "best post-hoc: " in report and "| temperature | " in report
+    assert (out / "ood_scores.png").stat().st_size > 10_000
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--model", "x", "--val", "v", "--out", "o", "--ood-scores", "energy,odin"])
+    args.train = None
+    with pytest.raises(posthoc.ConfigError, match="reads training statistics: pass --train"):
+        run_evaluate(args)

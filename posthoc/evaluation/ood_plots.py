@@ -1,7 +1,9 @@
 """OOD score histograms: in-distribution against OOD values of each score, one panel per score.
 
 Example:
-    >>> ood_histograms({"energy": (test_scores, ood_scores)}, "ood_scores.png")
+    >>> fig = ood_histograms({"energy": (test_scores, ood_scores)}, "ood_scores.png")
+    >>> len([ax for ax in fig.axes if ax.get_visible()])
+    1
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ MAX_COLUMNS = 4
 BINS = 40
 
 
-def ood_histogram_figure(values: Mapping[str, tuple[Tensor, Tensor]], title: str | None = None) -> Figure:
-    """The figure of :func:`ood_histograms`: per score ``name -> (in-distribution values, OOD values)``, the
-    two densities over shared bins, with the score's AUROC in the panel title (the caller closes it)."""
+def ood_histograms(values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike | None = None,
+                   title: str | None = None) -> Figure:
+    """Per score ``name -> (in-distribution values, OOD values)``, the two densities over shared bins, one panel
+    each with the score's AUROC in its title; written to a PNG at ``path`` if given; returns the (closed) figure."""
     columns = min(MAX_COLUMNS, len(values))
     rows = math.ceil(len(values) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
@@ -46,12 +49,7 @@ def ood_histogram_figure(values: Mapping[str, tuple[Tensor, Tensor]], title: str
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    return fig
-
-
-def ood_histograms(values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike,
-                   title: str | None = None) -> None:
-    """Write :func:`ood_histogram_figure` to a PNG at ``path``."""
-    fig = ood_histogram_figure(values, title)
-    fig.savefig(path, dpi=110)
+    if path is not None:
+        fig.savefig(path, dpi=110)
     plt.close(fig)
+    return fig

@@ -76,6 +76,29 @@ def best_score(table: OODTable, metric: str = "auroc") -> str:
     return max(table, key=lambda name: table[name][metric])
 
 
+def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
+    """One line per method: its own ``entropy`` (and ``mutual-information``) AUROC / FPR at 95% TPR next to
+    the best score of ``post_hoc`` (``score -> metrics``, e.g. every detector score of the plain model).
+
+    Example:
+        >>> print(comparison_markdown({"knn": {"auroc": 0.95, "fpr95": 0.2}}, {"MAP": {"entropy": {"auroc": 0.9, "fpr95": 0.3}}}))
+        | method | AUROC (H) | FPR95 (H) | AUROC (MI) | FPR95 (MI) | best post-hoc: knn AUROC | FPR95 |
+        |---|---|---|---|---|---|---|
+        | MAP | 0.9000 | 0.3000 | – | – | 0.9500 | 0.2000 |
+    """
+    best = best_score(post_hoc)
+
+    def cells(measured: Mapping[str, float] | None) -> list[str]:
+        return ["–", "–"] if measured is None else [f"{measured['auroc']:.4f}", f"{measured['fpr95']:.4f}"]
+
+    lines = [f"| method | AUROC (H) | FPR95 (H) | AUROC (MI) | FPR95 (MI) | best post-hoc: {best} AUROC | FPR95 |",
+             "|" + "---|" * 7]
+    for method, table in own.items():
+        row = [method, *cells(table.get("entropy")), *cells(table.get("mutual-information")), *cells(post_hoc[best])]
+        lines.append("| " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
 def ood_markdown(rows: Mapping[str, OODTable]) -> str:
     """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR.
 
