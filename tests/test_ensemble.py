@@ -94,9 +94,10 @@ def test_vmapped_members_equal_the_loop_and_each_members_own_softmax(name, digit
     base = zoo.pretrained(name)
     models = [base, _perturbed(base, 1), _perturbed(base, 2)]
     x = digits.test.tensors[0][:40]
-    batched = posthoc.wrap(models)
+    batched = posthoc.wrap(models, batched=True)
     loop = posthoc.wrap(models, batched=False)
-    assert batched.method.stacked is not None and loop.method.stacked is None
+    assert batched.method.vmapped and not loop.method.vmapped
+    assert not posthoc.wrap(models).method.vmapped  # the default on the CPU: the loop
     fast, slow = batched.predict(x), loop.predict(x)
     with torch.no_grad():
         expected = torch.stack([torch.softmax(m(x), -1) for m in models])
@@ -108,7 +109,7 @@ def test_vmapped_members_equal_the_loop_and_each_members_own_softmax(name, digit
 
 def test_stacked_weights_follow_a_member_changed_in_place(members, digits):
     models = [copy.deepcopy(m) for m in members]
-    um = posthoc.wrap(models)
+    um = posthoc.wrap(models, batched=True)
     x = digits.test.tensors[0][:8]
     before = um.predict(x).samples
     with torch.no_grad():
@@ -125,7 +126,7 @@ def test_identical_members_have_no_disagreement_and_mixed_architectures_loop(dig
     pred = posthoc.wrap([same, copy.deepcopy(same)]).predict(x)
     assert pred.epistemic.max() < 1e-5
     mixed = posthoc.wrap([zoo.pretrained("digits_cnn"), zoo.pretrained("digits_bn_cnn")])
-    assert mixed.method.stacked is None and mixed.predict(x).samples.shape == (2, 16, 8)
+    assert not mixed.method.vmapped and mixed.predict(x).samples.shape == (2, 16, 8)
     with pytest.raises(ConfigError, match="batched=True needs plain members"):
         posthoc.wrap([zoo.pretrained("digits_cnn"), zoo.pretrained("digits_bn_cnn")], batched=True)
 

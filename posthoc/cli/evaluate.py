@@ -9,10 +9,13 @@ Each ``--method`` is one row of the report (``a+b`` composes, inner first); the 
 (``none``) is always the first row. The ``--val`` folder is split with a fixed seed into a
 calibration half (the ``val_loader`` of ``fit``) and a test half (the report), unless a separate
 ``--calibration`` folder is given. ``--shift`` folders (e.g. ImageNet-C ``corruption/severity``
-folders) are labelled test sets with the same classes; ``--ood`` is an unlabelled folder.
+folders) are labelled test sets with the same classes; ``--shift gaussian-noise,contrast --severities 1,3,5``
+corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
+intervals to every metric; ``--ood`` is an unlabelled folder.
 
 ``--alpha``, ``--target-risk`` and ``--calibrator`` add conformal coverage and set size, deferral,
-and a table of calibrators (see :mod:`posthoc.cli.guarantees`).
+and a table of calibrators (see :mod:`posthoc.cli.guarantees`). ``--ood-scores energy,knn,...`` reports post-hoc
+OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc.cli.ood`).
 
 Writes ``OUT/report.md`` (Markdown tables), ``OUT/summary.md`` (each row's model card, from
 ``um.summary()``), ``OUT/metrics.json``, ``OUT/reliability.png`` and
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import glob
 import json
 import os
 import time
@@ -45,17 +49,23 @@ from torch import nn
 import posthoc
 from posthoc.loading import folders
 from posthoc.evaluation import plots
+from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
 from posthoc.core.registry import REGISTRY
 from posthoc.core.errors import ConfigError, exit_status
-from posthoc.loading.models import build_model
+from posthoc.loading import hf
+from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.evaluation.report import Report, markdown_table, operating_points
 from posthoc.guarantees.bounds import check_probability
+from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization
+from posthoc.evaluation import html_page
+from posthoc.evaluation.shift import ShiftTable
+from posthoc.shift import KINDS
 
 BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
 FEATURED_STATE = ("temperature", "prior_precision")
-OUTPUT_FILES = ("report.md", "summary.md", "metrics.json", "reliability.png", "risk_coverage.png")
+OUTPUT_FILES = ("report.md", "report.html", "summary.md", "metrics.json", "reliability.png", "risk_coverage.png")
 GUARANTEE_LEGEND = [
     "coverage: fraction of test sets holding the true label, guaranteed >= 1 - alpha on average over exchangeable "
     "calibration/test draws (not under shift); set size: mean number of classes per set.", "",
@@ -121,8 +131,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                       metavar="F",
                       help="fraction of --val used for calibration when no --calibration folder is given (default: 0.5)")
     data.add_argument("--ood", type=Path, metavar="DIR", default=None, help="out-of-distribution images (labels ignored; flat folder ok)")
-    data.add_argument("--shift", type=Path, metavar="DIR", action="append", default=[],
-                      help="labelled shifted test folder with the same classes, e.g. ImageNet-C (repeatable)")
+    data.add_argument("--shift", action=ShiftAction, metavar="DIR|KIND[,KIND...]", default=[],
+                      help="labelled shifted test folder with the same classes, e.g. ImageNet-C, or corruption kinds "
+                           f"applied to the test set on the fly ({', '.join(KINDS)}) (repeatable)")
     data.add_argument("--train-subset", type=int, metavar="N", default=None, help="fit on this many random training images")
     data.add_argument("--val-subset", type=int, metavar="N", default=None, help="use this many random --val images")
     data.add_argument("--ood-subset", type=int, metavar="N", default=None, help="use this many random images per --ood/--shift folder")
@@ -138,6 +149,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
                          help="a method or fit option, given to every row whose methods accept it (repeatable)")
     methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
     add_guarantee_arguments(parser)
+    add_shift_arguments(parser)
+    add_ood_arguments(parser, parse_option)
 
     run = parser.add_argument_group("run")
     run.add_argument("--out", type=Path, metavar="DIR", required=True, help="output folder for report.md, metrics.json and PNGs")
@@ -148,10 +161,13 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     """All arguments of ``posthoc evaluate``."""
-    parser.add_argument("--model", required=True, metavar="SPEC",
-                        help="timm:NAME, torchvision:NAME or path/to/file.py:factory")
-    parser.add_argument("--checkpoint", type=Path, metavar="FILE", default=None,
-                        help="a state_dict to load into the model (e.g. your fine-tuned weights)")
+    parser.add_argument("--model", required=True, metavar="SPEC", action="append",
+                        help="timm:NAME, torchvision:NAME, hf:REPO-OR-PATH (Hugging Face; text data as .csv/.jsonl "
+                             "files with text and label columns) or path/to/file.py:factory; repeat it (with one "
+                             "--checkpoint each) for an ensemble")
+    parser.add_argument("--checkpoint", metavar="FILE", action="append", default=[],
+                        help="a state_dict to load into the model (e.g. your fine-tuned weights); several, or a "
+                             "quoted glob such as 'ckpt/seed*.pt', make one --model an ensemble of those checkpoints")
     add_model_options(parser)
     add_run_arguments(parser)
 
@@ -256,6 +272,7 @@ class MethodResult:
     state: dict[str, float]
     note: str = ""
     card: dict[str, Any] | None = None
+    corruptions: ShiftTable | None = None
 
 
 def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
@@ -276,12 +293,15 @@ def _check_loaders(rows: list[list[str]], data: FolderData) -> None:
                                   "(with --train-subset N to fit on a random subset)")
 
 
-def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace) -> list[MethodResult]:
-    """Wrap ``model`` with each ``--method`` row, fit it, and evaluate it on the test, OOD and shift loaders."""
+def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace, *,
+                     normalization: tuple[Any, Any] | None = None) -> list[MethodResult]:
+    """Wrap ``model`` with each ``--method`` row, fit it, and evaluate it on the test, OOD and shift loaders, and on
+    the test set corrupted by the ``--shift`` kinds (in the pixel space of ``normalization=(mean, std)``)."""
     rows = method_rows(args.method)
     routed = route_options(rows, dict(args.option))
     _check_loaders(rows, data)
     progress = not args.no_progress
+    ood_detector = fit_ood_detector(model, data.train, data.ood, args)
     results = []
     for row, (wrap_options, fit_options) in zip(rows, routed):
         name = "+".join(row)
@@ -294,12 +314,14 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
         measured = {"conformal": guarantees.conformal, "selective": guarantees.selective}
         start = time.perf_counter()
         test = posthoc.evaluate(um, data.test, data.ood, name=name, progress=progress, num_samples=args.num_samples,
-                                seed=args.seed, **measured)
+                                seed=args.seed, ood_scores=ood_detector, ci=args.ci, bootstraps=args.bootstraps,
+                                **measured)
         eval_seconds = time.perf_counter() - start
         shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
-                                         seed=args.seed, **measured) for root, loader in data.shifts.items()}
+                                         seed=args.seed, ci=args.ci, bootstraps=args.bootstraps, **measured)
+                  for root, loader in data.shifts.items()}
         results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note,
-                                     um.summary()))
+                                     um.summary(), corruption_table(um, name, data.test, args, normalization)))
     return results
 
 
@@ -312,8 +334,9 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 
 def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str,
                  calibrator: CalibratorResult | None = None) -> Path:
-    """Write ``report.md``, ``summary.md`` (each row's model card), ``metrics.json``, ``reliability.png`` and
-    ``risk_coverage.png`` to ``args.out``."""
+    """Write ``report.md`` (and the same as one self-contained ``report.html``), ``summary.md`` (each row's model
+    card), ``metrics.json``, ``reliability.png``, ``risk_coverage.png`` (and ``shift.png`` with corruption kinds)
+    to ``args.out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     curves = {r.name: (r.test.probs, r.test.labels) for r in results}
@@ -338,6 +361,8 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     ]
     for root in data.shifts:
         lines += [f"## Shift: {root}", "", markdown_table([r.shifts[root] for r in results]), ""]
+    lines += corruption_lines([r.corruptions for r in results], out)
+    lines += ood_lines([(r.name, r.test) for r in results], out)
     if calibrator is not None:
         lines += calibrator_markdown(calibrator)
     lines += [
@@ -349,13 +374,14 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     ]
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
+    html_page.write_html("\n".join(lines), out / "report.html", title=title)
     cards = [f"# {r.name}\n\n{r.card.to_markdown()}" for r in results if r.card is not None]
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
         "title": title, "classes": data.classes, "sizes": data.sizes, "settings": _settings(args),
         "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
                   "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note,
-                  "summary": r.card}
+                  "summary": r.card, "corruptions": None if r.corruptions is None else r.corruptions.as_dict()}
                  for r in results],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
     }
@@ -369,8 +395,10 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run_retrofit(model: nn.Module, transform: Callable, args: argparse.Namespace, *, title: str) -> Path:
-    """Load the folders, fit and evaluate every ``--method`` row on ``model``, write the report; return its path.
+def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: argparse.Namespace, *, title: str,
+                 load_data: Callable[..., FolderData] = load_folders) -> Path:
+    """Load the folders, fit and evaluate every ``--method`` row on ``model`` (or on the ensemble of a list of
+    models, whose first member's head checks the folders), write the report; return its path.
 
     Example (what the recipes do after loading their model):
         >>> report_path = run_retrofit(model, transform, args, title="timm resnet50")
@@ -379,14 +407,20 @@ def run_retrofit(model: nn.Module, transform: Callable, args: argparse.Namespace
     for name in ("alpha", "target_risk", "delta"):
         if getattr(args, name) is not None:
             check_probability(getattr(args, name), "--" + name.replace("_", "-"))
-    model = model.to(_device(args.device)).eval()
-    data = load_folders(model, transform, args)
+    if isinstance(model, list):
+        model = [member.to(_device(args.device)).eval() for member in model]
+        if args.calibrator is not None:
+            raise ConfigError("--calibrator calibrates one model's logits; with several --model/--checkpoint (an "
+                              "ensemble) compose a calibrator instead, e.g. --method none+temperature")
+    else:
+        model = model.to(_device(args.device)).eval()
+    data = load_data(model[0] if isinstance(model, list) else model, transform, args)
     calibrator = None
     if args.calibrator is not None:
         print(f"[posthoc] calibrator {args.calibrator}: fit on the calibration logits", flush=True)
         calibrator = fit_calibrator(model, data.calibration, {"test": data.test, **data.shifts}, args,
                                     _device(args.device))
-    results = fit_and_evaluate(model, data, args)
+    results = fit_and_evaluate(model, data, args, normalization=transform_normalization(transform))
     report_path = write_report(results, data, args, title=title, calibrator=calibrator)
     print(f"[posthoc] wrote {report_path}")
     return report_path
@@ -411,10 +445,87 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
     return exit_status(run)
 
 
+def load_texts(model: nn.Module, tokenizer: Any, args: argparse.Namespace) -> FolderData:
+    """The loaders of a text run: ``--train``/``--val``/``--calibration``/``--shift`` are CSV or JSON-lines files
+    with ``text`` and ``label`` columns, ``--ood`` one whose labels are ignored (see :mod:`posthoc.loading.hf`)."""
+    def read(path: Path | None, subset: int | None = None, labelled: bool = True) -> Any:
+        return None if path is None else folders.take_subset(hf.TextFile(path, model, labelled=labelled), subset, seed=args.seed)
+
+    val, train = read(args.val, args.val_subset), read(args.train, args.train_subset)
+    if args.calibration is not None:
+        calibration, test = read(args.calibration), val
+    else:
+        calibration, test = folders.split_held_out(val, args.calibration_fraction, seed=args.seed)
+    ood = read(args.ood, args.ood_subset, labelled=False)
+    shifts = {str(root): read(root, args.ood_subset) for root in args.shift}
+
+    def make(dataset: Any, shuffle: bool = False) -> Any:
+        return None if dataset is None else hf.text_loader(dataset, tokenizer, batch_size=args.batch_size, shuffle=shuffle,
+                                                           seed=args.seed)
+
+    sizes = {"train": 0 if train is None else len(train), "calibration": len(calibration), "test": len(test),
+             "ood": 0 if ood is None else len(ood), **{f"shift {k}": len(v) for k, v in shifts.items()}}
+    return FolderData(list(val.classes), make(train, shuffle=True), make(calibration), make(test), make(ood),
+                      {k: make(v) for k, v in shifts.items()}, sizes)
+
+
+def member_specs(models: list[str], checkpoints: list[str]) -> list[tuple[str, Path | None]]:
+    """``(model spec, checkpoint)`` per member from repeated ``--model`` / ``--checkpoint`` (globs expanded, sorted).
+
+    One ``--model`` takes every checkpoint (an ensemble of one architecture); several ``--model`` pair with as
+    many checkpoints, or with none.
+
+    Example:
+        >>> member_specs(["f.py:net"], ["a.pt", "b.pt"])
+        [('f.py:net', PosixPath('a.pt')), ('f.py:net', PosixPath('b.pt'))]
+    """
+    files: list[Path] = []
+    for pattern in checkpoints:
+        if any(char in pattern for char in "*?["):
+            found = [Path(name) for name in sorted(glob.glob(pattern))]
+            if not found:
+                raise ConfigError(f"--checkpoint {pattern!r} matches no file")
+            files += found
+        else:
+            files.append(Path(pattern))
+    if len(models) == 1:
+        return [(models[0], file) for file in files] or [(models[0], None)]
+    if not files:
+        return [(model, None) for model in models]
+    if len(files) != len(models):
+        raise ConfigError(f"{len(models)} --model but {len(files)} checkpoint(s): give one --checkpoint per --model, "
+                          "or one --model with several checkpoints")
+    return list(zip(models, files))
+
+
 def run_evaluate(args: argparse.Namespace) -> Path:
-    """``posthoc evaluate``: build the model from ``--model`` / ``--checkpoint``, then :func:`run_retrofit`."""
-    model = build_model(args.model, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=args.checkpoint)
-    transform = folders.model_transform(model, args.model, args.image_size)
-    checkpoint = f", checkpoint {args.checkpoint}" if args.checkpoint else ""
+    """``posthoc evaluate``: build the model from ``--model`` / ``--checkpoint``, then :func:`run_retrofit`.
+
+    ``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
+    folders) or tokenizer (text files, :func:`load_texts`). Several ``--model`` / ``--checkpoint`` (see
+    :func:`member_specs`) are evaluated as one ensemble (``posthoc.wrap([...])``), with the first member's
+    preprocessing."""
+    members = member_specs(list(args.model), list(args.checkpoint or []))
     weights = "pretrained" if args.pretrained else "random weights"
-    return run_retrofit(model, transform, args, title=f"posthoc evaluate: {args.model} ({weights}{checkpoint})")
+    if len(members) > 1:
+        if any(spec.startswith(hf.PREFIX) for spec, _ in members):
+            raise ConfigError("ensembles of Hugging Face models are not supported by posthoc evaluate yet; pass "
+                              "timm:, torchvision: or file.py: models")
+        models = [build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint)
+                  for spec, checkpoint in members]
+        transform = folders.model_transform(models[0], members[0][0], args.image_size)
+        listing = ", ".join(f"{spec}" + (f" ({checkpoint})" if checkpoint else "") for spec, checkpoint in members)
+        return run_retrofit(models, transform, args, title=f"posthoc evaluate: ensemble of {len(models)}: {listing} ({weights})")
+    spec, checkpoint_path = members[0]
+    if spec.startswith(hf.PREFIX):
+        model, processor = hf.load_classifier(spec, pretrained=args.pretrained, num_classes=args.num_classes)
+        if checkpoint_path is not None:
+            load_checkpoint(model, checkpoint_path, architecture=spec)
+        title = f"posthoc evaluate: {spec}{' (random weights)' if not args.pretrained else ''}"
+        if hf.is_tokenizer(processor):
+            return run_retrofit(model, processor, args, title=title, load_data=load_texts)
+        return run_retrofit(model, hf.image_transform(processor, args.image_size), args, title=title)
+    model = build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint_path)
+    transform = folders.model_transform(model, spec, args.image_size)
+    checkpoint = f", checkpoint {checkpoint_path}" if checkpoint_path else ""
+    return run_retrofit(model, transform, args, title=f"posthoc evaluate: {spec} ({weights}{checkpoint})")

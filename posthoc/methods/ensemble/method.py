@@ -7,8 +7,11 @@ member's samples (one per member for deterministic members, ``num_samples`` per 
 ones: ``num_samples`` always means samples *per member*), so the entropy split gives the members'
 disagreement as epistemic uncertainty.
 
-Plain members of one architecture run as one vmapped forward (:mod:`.batched`); other members, and
-mixed architectures, run one after the other. Each member's posterior is bound to the fingerprint of
+Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
+GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
+because there the vmapped forward measured slower than ``M`` plain forwards (``benchmarks/bench_ensemble.py``:
+vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into strided
+elementwise passes). Other members, and mixed architectures, always run one after the other. Each member's posterior is bound to the fingerprint of
 its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
 the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
 
@@ -41,8 +44,9 @@ class Ensemble(Method):
 
     Args:
         members: the fitted-or-not member methods, one per checkpoint, all of one method.
-        batched: run plain members of one architecture as one vmapped forward (``None``: whenever
-            possible; ``False``: a loop over members, e.g. to compare).
+        batched: run plain members of one architecture as one vmapped forward: ``None`` on CUDA inputs
+            only (see module docs), ``True`` always (refused for members that cannot be stacked),
+            ``False`` never.
         sources: per member, the fingerprint of the user's checkpoint where the member works on a copy
             of it (taken at wrap); ``None`` entries are taken from the member's model at fit.
     """
@@ -69,6 +73,7 @@ class Ensemble(Method):
                 "names, shapes, dtypes and devices); pass batched=None to fall back to a loop"
             )
         self.stacked = StackedForward(models) if stackable and batched is not False else None
+        self.batched = batched
         self.register_buffer("member_fingerprints", None)
         if not self.requires_fit:
             self._bind_fingerprints()
@@ -104,9 +109,14 @@ class Ensemble(Method):
         member.fitted.fill_(True)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
-        if self.stacked is not None:
+        if self.vmapped:
             return stacked_mixture(self.stacked(x))
         return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator) for member in self.members])
+
+    @property
+    def vmapped(self) -> bool:
+        """Whether ``predict`` runs the members as one vmapped forward (see ``batched``)."""
+        return self.stacked is not None and (self.batched is True or self.device.type == "cuda")
 
     def posterior_state(self) -> dict[str, torch.Tensor]:
         """Every member's posterior under ``members.<i>.``, and the member fingerprints."""
@@ -140,5 +150,5 @@ class Ensemble(Method):
         layers = list(dict.fromkeys(layer for card in cards for layer in card.get("layers", [])))
         return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
                 "layers": layers, "members": len(cards), "member_method": type(self.members[0]).name,
-                "batched": self.stacked is not None,
+                "batched": self.vmapped,
                 "member_cards": [{k: v for k, v in card.items() if k != "layers"} for card in cards]}
