@@ -10,6 +10,7 @@ Example:
 import sys
 
 from posthoc import methods  # noqa: F401  (importing methods registers them)
+from posthoc import shift
 from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
 from posthoc.core import errors, settings
@@ -28,6 +29,7 @@ from posthoc.core.registry import available_methods, methods_doc, register
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.report import Report, evaluate
+from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
 from posthoc.ood import Detector, detector
 
@@ -40,7 +42,7 @@ wrap.__doc__ = (wrap.__doc__ or "") + methods_doc()
 __version__ = "0.1.0"
 
 __all__ = [
-    "wrap", "load", "evaluate", "compare", "Comparison", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
+    "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
     "Prediction", "Report", "UncertainModel", "Method",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",

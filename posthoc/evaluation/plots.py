@@ -1,79 +1,155 @@
-"""Pictures of calibration: reliability diagrams and risk–coverage curves, written to PNG.
+"""Pictures of calibration and shift: reliability diagrams, risk–coverage curves and shift curves, as PNG.
+
+Every function draws a matplotlib ``Figure``, writes it to ``path`` (when given) and returns it (closed to
+pyplot, still readable: ``fig.axes[0].get_lines()``, ``fig.axes[0].get_legend()``). Up to 20 methods get
+distinct colour and line-style pairs (:func:`method_styles`); legends sit outside the axes.
 
 Example:
-    >>> reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
+    >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
+    >>> fig = risk_coverage_curve({"MAP": (probs, labels), "laplace": (p2, labels)}, "rc.png", log_scale=True)
 """
 
 from __future__ import annotations
 
+import io
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.evaluation import metrics  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
+#: ``method -> metric -> (severities, values, lows or None, highs or None)``
+ShiftSeries = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None,
+                                              Sequence[float] | None]]]
 #: reliability panels per row; more curves wrap onto further rows
 MAX_COLUMNS = 5
+#: 20 distinct colours: tab10, then the light shades of tab20
+COLOURS = [*plt.get_cmap("tab10").colors, *plt.get_cmap("tab20").colors[1::2]]
+LINE_STYLES = ("-", "--", "-.", ":")
+DPI = 110
 
 
-def reliability_diagram(curves: Curves, path: str | os.PathLike, bins: int = 15) -> None:
-    """Accuracy against confidence per bin for each ``name -> (probs, labels)``, one panel each."""
+def method_styles(count: int) -> list[dict[str, object]]:
+    """``count`` line styles (``color``, ``linestyle``): distinct colours for up to 20, line styles cycling
+    alongside so that neighbours differ twice over."""
+    return [{"color": COLOURS[i % len(COLOURS)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]} for i in range(count)]
+
+
+def _save(fig: Figure, path: str | os.PathLike | None) -> Figure:
+    if path is not None:
+        fig.savefig(path, dpi=DPI, bbox_inches="tight")
+    plt.close(fig)
+    return fig
+
+
+def png_bytes(fig: Figure) -> bytes:
+    """The figure as PNG bytes (for embedding in HTML)."""
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=DPI, bbox_inches="tight")
+    return buffer.getvalue()
+
+
+def _legend_outside(ax, entries: int) -> None:
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=7, frameon=False,
+              ncol=1 if entries <= 14 else 2)
+
+
+def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, bins: int = 15) -> Figure:
+    """Accuracy against confidence per bin for each ``name -> (probs, labels)``, one panel each, with the
+    number of examples per bin (log scale) under each panel; panels share their axes."""
     columns = min(MAX_COLUMNS, len(curves))
     rows = math.ceil(len(curves) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 3.4 * rows), squeeze=False, sharey=True)
-    for ax in axes.flat[len(curves):]:
-        ax.set_visible(False)
+    fig = plt.figure(figsize=(3.0 * columns, 4.1 * rows))
+    grid = fig.add_gridspec(rows, columns, hspace=0.35, wspace=0.08)
     width = 1.0 / bins
-    for ax, (name, (probs, labels)) in zip(axes.flat, curves.items()):
+    centers = [(i + 0.5) * width for i in range(bins)]
+    first = first_count = None
+    for position, (name, (probs, labels)) in enumerate(curves.items()):
+        row, column = divmod(position, columns)
+        panel = grid[row, column].subgridspec(2, 1, height_ratios=[3, 1], hspace=0.06)
+        ax = fig.add_subplot(panel[0], sharex=first, sharey=first)
+        counts_ax = fig.add_subplot(panel[1], sharex=ax, sharey=first_count)
+        first, first_count = first or ax, first_count or counts_ax
         conf, acc, count = metrics.reliability_bins(probs, labels, bins)
-        centers = [(i + 0.5) * width for i in range(bins)]
         filled = count > 0
-        ax.bar([c for c, f in zip(centers, filled) if f], acc[filled].tolist(), width=width, edgecolor="black",
-               color="#4c72b0", label="accuracy")
-        ax.bar([c for c, f in zip(centers, filled) if f], (conf - acc)[filled].tolist(), bottom=acc[filled].tolist(),
-               width=width, color="#dd8452", alpha=0.6, edgecolor="#dd8452", label="gap")
+        kept = [c for c, f in zip(centers, filled) if f]
+        ax.bar(kept, acc[filled].tolist(), width=width, edgecolor="black", color="#4c72b0", label="accuracy")
+        ax.bar(kept, (conf - acc)[filled].tolist(), bottom=acc[filled].tolist(), width=width, color="#dd8452",
+               alpha=0.6, edgecolor="#dd8452", label="gap")
         ax.plot([0, 1], [0, 1], "k--", linewidth=1)
-        ax.set(xlim=(0, 1), ylim=(0, 1), xlabel="confidence",
-               title=f"{name}\nECE {metrics.ece(probs, labels, bins):.3f}")
-    for row in axes:
-        row[0].set_ylabel("accuracy")
-    axes[0][0].legend(loc="upper left", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        ax.set(xlim=(0, 1), ylim=(0, 1))
+        ax.set_title(f"{name}\nECE {metrics.ece(probs, labels, bins):.3f}", fontsize=9)
+        counts_ax.bar(centers, count.tolist(), width=width, color="gray", edgecolor="black", linewidth=0.5)
+        counts_ax.set_yscale("log")
+        counts_ax.set(xlabel="confidence", xticks=[0, 0.5, 1])
+        ax.tick_params(labelbottom=False)
+        if column == 0:
+            ax.set_ylabel("accuracy")
+            counts_ax.set_ylabel("count")
+        else:
+            ax.tick_params(labelleft=False)
+            counts_ax.tick_params(labelleft=False)
+    first.legend(loc="upper left", fontsize=7)
+    return _save(fig, path)
 
 
-def risk_coverage_curve(curves: Curves, path: str | os.PathLike,
+def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
                         operating_points: Mapping[str, tuple[float, float]] | None = None,
-                        target_risk: float | None = None) -> None:
-    """Selective risk against coverage for each ``name -> (probs, labels)``, on one axis.
+                        target_risk: float | None = None, *, log_scale: bool = False) -> Figure:
+    """Selective risk against coverage for each ``name -> (probs, labels)``, on one axis, AURC in the legend.
 
     ``operating_points`` marks where a selective rule landed on the test set, ``name -> (coverage,
-    risk)``; ``target_risk`` draws the risk it was calibrated to stay under.
+    risk)``; ``target_risk`` draws the risk it was calibrated to stay under; ``log_scale`` puts the risk on a
+    log axis (zero risks at low coverage are left out), which separates methods whose curves hug 0.
 
     Example:
         >>> risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
     """
-    fig, ax = plt.subplots(figsize=(4.6, 3.6))
-    for name, (probs, labels) in curves.items():
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for (name, (probs, labels)), style in zip(curves.items(), method_styles(len(curves))):
         confidence, predicted = probs.max(-1)
         coverage, risk = metrics.risk_coverage(confidence, predicted == labels)
-        line, = ax.plot(coverage.numpy(), risk.numpy(), label=f"{name} (AURC {float(risk.mean()):.4f})")
+        ax.plot(coverage.numpy(), risk.numpy(), linewidth=1.3, label=f"{name} (AURC {float(risk.mean()):.4f})", **style)
         if operating_points and name in operating_points:
-            ax.plot(*operating_points[name], "o", color=line.get_color(), markeredgecolor="black")
+            ax.plot(*operating_points[name], "o", color=style["color"], markeredgecolor="black")
     if target_risk is not None:
         ax.axhline(target_risk, color="gray", linestyle=":", linewidth=1, label=f"target risk {target_risk:g}")
-    ax.set(xlabel="coverage", ylabel="selective risk (error)", xlim=(0, 1), ylim=(0, None))
-    if target_risk is not None:
-        ax.set_ylim(0, max(ax.get_ylim()[1], 1.2 * target_risk))
-    ax.legend(fontsize=8)
+    ax.set(xlabel="coverage", ylabel="selective risk (error)", xlim=(0, 1))
+    if log_scale:
+        ax.set_yscale("log", nonpositive="mask")
+    else:
+        ax.set_ylim(0, max(ax.get_ylim()[1], 1.2 * (target_risk or 0)))
+    ax.grid(alpha=0.3)
+    _legend_outside(ax, len(curves))
+    return _save(fig, path)
+
+
+def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
+               metric_names: Sequence[str] = ("nll", "ece")) -> Figure:
+    """Each metric against severity (0 = clean), one panel per metric and one line per method, with the
+    interval as a band where given.
+
+    Example:
+        >>> shift_plot({"MAP": {"nll": ([0, 1, 3], [0.08, 0.2, 0.9], None, None)}}, "shift.png", ["nll"])
+    """
+    fig, axes = plt.subplots(1, len(metric_names), figsize=(3.6 * len(metric_names) + 1.5, 3.4), squeeze=False)
+    for ax, metric in zip(axes[0], metric_names):
+        for (name, by_metric), style in zip(series.items(), method_styles(len(series))):
+            severities, values, lows, highs = by_metric[metric]
+            ax.plot(severities, values, marker="o", markersize=3, linewidth=1.3, label=name, **style)
+            if lows is not None and highs is not None:
+                ax.fill_between(severities, lows, highs, color=style["color"], alpha=0.12, linewidth=0)
+        ax.set(xlabel="severity (0 = clean)", ylabel=f"{metric.upper()} (mean over kinds)")
+        ax.set_xticks(list(next(iter(series.values()))[metric][0]))
+        ax.grid(alpha=0.3)
+    _legend_outside(axes[0][-1], len(series))
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return _save(fig, path)

@@ -20,13 +20,15 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
+from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.evaluation import bootstrap, metrics, ood_plots, ood_report, plots
+from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.predictions import collect, predict_loader  # noqa: F401  (collect: demo and benchmarks import it from here)
 from posthoc.guarantees import measures
@@ -124,19 +126,32 @@ class Report:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
         return ood_report.ood_markdown({self.name: self.ood}) if self.ood else ""
 
-    def ood_histograms(self, path: str | os.PathLike) -> None:
-        """In-distribution against OOD histograms of every OOD score, one panel each, to a PNG."""
+    def ood_histograms(self, path: str | os.PathLike | None = None) -> Figure:
+        """In-distribution against OOD histograms of every OOD score, one panel each (to a PNG at ``path`` if given)."""
         if not self.ood_values:
             raise ConfigError("this report has no OOD scores: evaluate with ood_loader=... to draw their histograms")
-        ood_plots.ood_histograms(self.ood_values, path, title=self.name)
+        return ood_plots.ood_histograms(self.ood_values, path, title=self.name)
 
-    def reliability_diagram(self, path: str | os.PathLike) -> None:
-        plots.reliability_diagram({self.name: (self.probs, self.labels)}, path)
+    def reliability_diagram(self, path: str | os.PathLike | None = None) -> Figure:
+        return plots.reliability_diagram({self.name: (self.probs, self.labels)}, path)
 
-    def risk_coverage_curve(self, path: str | os.PathLike) -> None:
+    def risk_coverage_curve(self, path: str | os.PathLike | None = None) -> Figure:
         """The risk–coverage curve, with the selective rule's operating point when one was measured."""
-        plots.risk_coverage_curve({self.name: (self.probs, self.labels)}, path, operating_points(self),
-                                  self.target_risk)
+        return plots.risk_coverage_curve({self.name: (self.probs, self.labels)}, path, operating_points(self),
+                                         self.target_risk)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the metrics (and OOD) tables, the reliability diagram and the risk–coverage curve."""
+        tables = html_page.markdown_to_html("\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()])))
+        figures = [html_page.figure_tag(self.reliability_diagram(), "reliability diagram"),
+                   html_page.figure_tag(self.risk_coverage_curve(), "risk-coverage curve")]
+        return tables + "\n" + "\n".join(figures)
+
+    def to_html(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
+        path = Path(path)
+        path.write_text(html_page.page(self._repr_html_(), f"posthoc report: {self.name}"), encoding="utf-8")
+        return path
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:

@@ -37,6 +37,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable
 
 import torch
@@ -115,7 +116,10 @@ def jpeg(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
         raise InputError(f"jpeg needs 1 or 3 channels, got {x.shape[-3]}; choose another kind for these inputs")
     quality = SEVERITIES["jpeg"][severity - 1]
     as_bytes = (x * 255).round().to(torch.uint8).cpu()
-    return TF.jpeg(as_bytes, quality).to(device=x.device, dtype=x.dtype) / 255
+    with warnings.catch_warnings():  # torchvision 0.29 announces a move of its codecs to torchcodec
+        warnings.filterwarnings("ignore", category=DeprecationWarning, module="torchvision")
+        compressed = TF.jpeg(as_bytes, quality)
+    return compressed.to(device=x.device, dtype=x.dtype) / 255
 
 
 def rotate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:

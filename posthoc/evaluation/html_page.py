@@ -1,0 +1,118 @@
+"""Self-contained HTML from the reports' Markdown: tables, headings, lists, and PNGs embedded as data URIs.
+
+Only the Markdown that posthoc writes is understood (``#`` headings, pipe tables, ``- `` lists, ``**bold**``,
+``![alt](file.png)`` images, paragraphs); every image is read from disk and embedded, so the one HTML file
+can be mailed or attached to an issue.
+
+Example:
+    >>> write_html(Path("out/report.md").read_text(), "out/report.html", title="posthoc demo")
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import os
+import re
+from pathlib import Path
+
+from matplotlib.figure import Figure
+
+from posthoc.evaluation.plots import png_bytes
+
+STYLE = """
+body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
+table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.85em; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.55em; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+tr:nth-child(even) td { background: #fafafa; }
+img { max-width: 100%; margin: 0.5em 0; }
+"""
+_IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+
+
+def image_tag(png: bytes, alt: str = "") -> str:
+    """An ``<img>`` holding ``png`` as a base64 data URI."""
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{base64.b64encode(png).decode("ascii")}">'
+
+
+def figure_tag(fig: Figure, alt: str = "") -> str:
+    """An ``<img>`` of a matplotlib figure, embedded."""
+    return image_tag(png_bytes(fig), alt)
+
+
+def _text(text: str) -> str:
+    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+
+
+def _inline(text: str, base_dir: Path | None) -> str:
+    """Escaped text with ``**bold**``, and each ``![alt](file.png)`` embedded (left as text if the file is missing)."""
+    out, last = [], 0
+    for match in _IMAGE.finditer(text):
+        path = Path(match.group(2)) if base_dir is None else base_dir / match.group(2)
+        out.append(_text(text[last:match.start()]))
+        out.append(image_tag(path.read_bytes(), match.group(1)) if path.is_file() else html.escape(match.group(0)))
+        last = match.end()
+    out.append(_text(text[last:]))
+    return "".join(out)
+
+
+def _table(rows: list[str], base_dir: Path | None) -> str:
+    cells = [[c.strip() for c in row.strip().strip("|").split("|")] for row in rows]
+    body = [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
+    head = "".join(f"<th>{_inline(c, base_dir)}</th>" for c in cells[0])
+    lines = "".join("<tr>" + "".join(f"<td>{_inline(c, base_dir)}</td>" for c in r) + "</tr>" for r in body)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
+
+
+def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> str:
+    """The HTML body of posthoc's Markdown; images are read relative to ``base_dir`` and embedded.
+
+    Example:
+        >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
+        '<table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table>'
+    """
+    base = None if base_dir is None else Path(base_dir)
+    blocks, lines = [], text.splitlines()
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("|"):
+            start = i
+            while i < len(lines) and lines[i].startswith("|"):
+                i += 1
+            blocks.append(_table(lines[start:i], base))
+            continue
+        if line.startswith("- "):
+            items = []
+            while i < len(lines) and lines[i].startswith("- "):
+                items.append(f"<li>{_inline(lines[i][2:], base)}</li>")
+                i += 1
+            blocks.append("<ul>" + "".join(items) + "</ul>")
+            continue
+        heading = re.match(r"(#{1,6}) (.*)", line)
+        if heading:
+            level = len(heading.group(1))
+            blocks.append(f"<h{level}>{_inline(heading.group(2), base)}</h{level}>")
+        elif line.strip():
+            blocks.append(f"<p>{_inline(line, base)}</p>")
+        i += 1
+    return "\n".join(blocks)
+
+
+def page(body: str, title: str) -> str:
+    """A complete HTML document around ``body``."""
+    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
+            f"<style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
+
+
+def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc report") -> Path:
+    """Write ``markdown`` as one self-contained HTML file (its images, relative to ``path``'s folder, embedded).
+
+    Example:
+        >>> write_html("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
+        PosixPath('out/report.html')
+    """
+    path = Path(path)
+    path.write_text(page(markdown_to_html(markdown, path.parent), title), encoding="utf-8")
+    return path

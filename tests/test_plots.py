@@ -1,0 +1,121 @@
+"""Plots read back from their figure objects (lines, legend entries, panels), the files they write, and the HTML
+report (Report._repr_html_, to_html, the Markdown-to-HTML page)."""
+
+import re
+
+import pytest
+import torch
+from PIL import Image
+
+import posthoc
+from posthoc.evaluation import html_page, plots
+from posthoc.evaluation.report import Report
+from posthoc.evaluation.shift import ShiftTable
+
+
+def _curves(count: int, n: int = 300) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    curves = {}
+    for i in range(count):
+        probs = torch.softmax((1 + i / 4) * torch.randn(n, 5, generator=generator), -1)
+        curves[f"method {i}"] = (probs, torch.multinomial(probs, 1, generator=generator).squeeze(-1))
+    return curves
+
+
+def test_twenty_methods_get_distinct_styles():
+    styles = plots.method_styles(20)
+    assert len({(s["color"], s["linestyle"]) for s in styles}) == 20
+    assert len({s["color"] for s in styles}) == 20
+    assert all(a["linestyle"] != b["linestyle"] for a, b in zip(styles, styles[1:]))
+
+
+def test_risk_coverage_is_readable_with_twenty_methods(tmp_path):
+    curves = _curves(20)
+    fig = plots.risk_coverage_curve(curves, tmp_path / "rc.png")
+    ax = fig.axes[0]
+    lines = ax.get_lines()
+    assert len(lines) == 20
+    assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 20
+    texts = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(texts) == 20 and all(re.search(r"\(AURC \d\.\d{4}\)$", t) for t in texts)
+    # the legend sits to the right of the axes, not on the curves
+    fig.canvas.draw()
+    legend_box, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert legend_box.x0 >= axes_box.x1
+    with Image.open(tmp_path / "rc.png") as image:
+        assert image.size[0] > 700 and image.size[1] > 300
+
+
+def test_risk_coverage_log_scale_and_operating_point(tmp_path):
+    curves = _curves(2)
+    fig = plots.risk_coverage_curve(curves, tmp_path / "rc.png", {"method 0": (0.5, 0.1)}, target_risk=0.2,
+                                    log_scale=True)
+    ax = fig.axes[0]
+    assert ax.get_yscale() == "log"
+    assert len(ax.get_lines()) == 2 + 1 + 1  # two curves, the operating point, the target line
+    assert len(ax.get_legend().get_texts()) == 3
+
+
+def test_reliability_grid_has_a_count_histogram_under_each_panel_and_shared_axes(tmp_path):
+    curves = _curves(7)
+    fig = plots.reliability_diagram(curves, tmp_path / "rel.png")
+    assert len(fig.axes) == 14  # a reliability panel and a count panel per method
+    panels, counts = fig.axes[0::2], fig.axes[1::2]
+    assert all(ax.get_shared_y_axes().joined(panels[0], ax) for ax in panels)
+    assert all(ax.get_shared_y_axes().joined(counts[0], ax) for ax in counts)
+    assert all(ax.get_shared_x_axes().joined(p, ax) for p, ax in zip(panels, counts))
+    heights = [sum(bar.get_height() for bar in ax.patches) for ax in counts]
+    assert heights == [300] * 7  # every example is counted once
+    assert [ax.get_title().split("\n")[0] for ax in panels] == list(curves)
+    with Image.open(tmp_path / "rel.png") as image:
+        assert image.size[0] > 1000 and image.size[1] > 500
+
+
+def _shift_table() -> ShiftTable:
+    values, bounds = {}, {}
+    for i, method in enumerate(["MAP", "laplace", "swag"]):
+        row = {"accuracy": 0.9, "nll": 0.1 + i, "ece": 0.01, "brier": 0.1}
+        values[method] = {"clean": {0: row}, "rotate": {1: row, 3: row}, "mean": {1: row, 3: row}}
+        band = {m: (v - 0.01, v + 0.01) for m, v in row.items()}
+        bounds[method] = {"clean": {0: band}, "rotate": {1: band, 3: band}, "mean": {1: band, 3: band}}
+    return ShiftTable(("rotate",), (1, 3), values, bounds, 0.95)
+
+
+def test_shift_plot_has_one_line_per_method_per_metric(tmp_path):
+    fig = _shift_table().plot(tmp_path / "shift.png")
+    assert len(fig.axes) == 2
+    for ax in fig.axes:
+        assert len(ax.get_lines()) == 3
+        assert list(ax.get_lines()[0].get_xdata()) == [0, 1, 3]
+        assert len(ax.collections) == 3  # the interval bands
+    assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()] == ["MAP", "laplace", "swag"]
+    assert (tmp_path / "shift.png").stat().st_size > 10_000
+
+
+def test_shift_table_markdown_and_dict():
+    table = _shift_table()
+    text = table.to_markdown(["nll"], detail=True)
+    assert "| laplace | 1.1000 [1.0900, 1.1100] | 1.1000 [1.0900, 1.1100] |" in text
+    assert "| swag | rotate | 3 |" in text
+    assert table.as_dict()["ci"] == 0.95
+    with pytest.raises(posthoc.ConfigError, match="same kinds"):
+        ShiftTable.merge([table, ShiftTable(("contrast",), (1, 3), {}, {}, 0.95)])
+
+
+def test_report_renders_in_jupyter_and_as_one_html_file(tmp_path):
+    probs, labels = _curves(1)["method 0"]
+    report = Report.from_predictions("MAP", probs, labels)
+    view = report._repr_html_()
+    assert view.count("<table>") == 1 and view.count("data:image/png;base64,") == 2
+    path = report.to_html(tmp_path / "report.html")
+    page = path.read_text()
+    assert page.startswith("<!DOCTYPE html>") and "<td>MAP</td>" in page
+    assert 20_000 < path.stat().st_size < 2_000_000
+
+
+def test_markdown_page_embeds_its_images(tmp_path):
+    plots.risk_coverage_curve(_curves(2), tmp_path / "rc.png")
+    text = "# Title\n\n- a **bold** item\n\n| a | b |\n|---|---|\n| 1 | <2> |\n\n![curve](rc.png)\n\n![gone](missing.png)"
+    page = html_page.write_html(text, tmp_path / "report.html").read_text()
+    assert "<h1>Title</h1>" in page and "<b>bold</b>" in page and "<td>&lt;2&gt;</td>" in page
+    assert page.count("data:image/png;base64,") == 1 and "![gone](missing.png)" in page
