@@ -6,7 +6,7 @@ from PIL import Image
 
 from posthoc.demo import data, zoo
 from posthoc.cli.main import main
-from posthoc.demo.run import ANGLES
+from posthoc.demo.run import SEVERITIES
 
 
 def test_digits_splits_are_fixed_stratified_and_disjoint(digits):
@@ -54,12 +54,19 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert report in printed
     for label in ("MAP", "temperature"):
         row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
-        accuracy = float(row.split("|")[2])
-        assert 0.95 < accuracy <= 1.0
-    header = next(line for line in report.splitlines() if "0°" in line)
-    assert all(f"{a}°" in header for a in ANGLES)
-    nll_by_angle = [float(m) for m in re.findall(r"\| (\d+\.\d+) / ", report.split("by rotation")[1].splitlines()[4])]
-    assert nll_by_angle[0] < nll_by_angle[2]  # rotated digits are harder
-    for name in ("reliability.png", "reliability_rotated60.png", "risk_coverage.png"):
+        accuracy, low, high = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups())
+        assert 0.95 < low <= accuracy <= high <= 1.0
+    shift = report.split("Under shift")[1]
+    header = next(line for line in shift.splitlines() if line.startswith("| method | clean"))
+    assert all(f"severity {s}" in header for s in SEVERITIES)
+    nll_row = next(line for line in shift.splitlines() if line.startswith("| MAP |"))
+    nll = [float(m) for m in re.findall(r"\| (\d+\.\d+) \[", nll_row)]
+    assert len(nll) == 1 + len(SEVERITIES) and nll[0] < nll[1] < nll[-1]  # corrupted digits are harder
+    ood = report.split("post-hoc scores of the plain model")[1]
+    assert all(f"| MAP | {name} |" in ood for name in ("msp", "energy", "mahalanobis", "vim", "knn", "gen"))
+    assert "| temperature | " in ood.split("next to the best post-hoc score")[1]
+    for name in ("reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("data:image/png;base64,") == 5 and "<table>" in page and 'src="reliability' not in page

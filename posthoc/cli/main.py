@@ -19,7 +19,7 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet)
     print(render(rows))
-    print(f"wrote {args.out}/report.md, reliability.png, reliability_rotated60.png, risk_coverage.png "
+    print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, ood_scores.png "
           f"in {time.perf_counter() - start:.0f} s")
 
 

@@ -2,9 +2,13 @@
 
 The bundled CNN (``posthoc.demo.zoo``) is wrapped by each method's demo configurations (and, for
 each method, once more with temperature scaling fitted on top of the fitted method); every row is fitted on the fit split,
-calibrated on the calibration split, and evaluated on the test digits rotated by 0–180 degrees
-and on the held-out digits 8 and 9 as OOD. Times are ratios to a plain forward pass over the
-same data.
+calibrated on the calibration split, and evaluated on the test digits (with 95% bootstrap intervals),
+on the test digits corrupted by ``posthoc.evaluate_shift`` (:data:`SHIFT_KINDS` at :data:`SEVERITIES`;
+rotation by 15, 45 and 90 degrees among them) and on the held-out digits 8 and 9 as OOD, where every
+post-hoc score of ``posthoc.detector`` (fitted once on the plain model) stands next to each method's
+entropy and mutual information. Times are
+ratios to a plain forward pass over the same data. Writes ``report.md``, the same as one self-contained
+``report.html``, and the PNGs.
 
 Example:
     >>> rows = run_demo(out_dir="posthoc-demo", progress=False)
@@ -20,24 +24,32 @@ from typing import Any
 import torch
 
 from posthoc.demo import data, zoo
-from posthoc.evaluation import plots
+from posthoc.evaluation import html_page, metrics, ood_report, plots
+from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.core.registry import REGISTRY
 from posthoc.api import wrap_spec
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.report import Report, collect, evaluate, markdown_table
+from posthoc.evaluation.shift import ShiftTable, evaluate_shift
+from posthoc.ood.detector import available_scores, detector
 
-ANGLES = (0, 30, 60, 90, 120, 180)
+SHIFT_KINDS = ("rotate", "gaussian-noise", "contrast")
+SEVERITIES = (1, 3, 5)
+#: confidence level of the intervals, and resamples for the test table and for the (many) shift cells
+CI, BOOTSTRAPS, SHIFT_BOOTSTRAPS = 0.95, 1000, 200
 
 
 @dataclass
 class DemoRow:
-    """One fitted configuration: its report at 0 degrees, per-angle reports and costs."""
+    """One fitted configuration: its report on the test digits, its shift table and costs."""
 
     label: str
     report: Report
-    by_angle: dict[int, Report]
+    shift: ShiftTable
     fit_ratio: float
     predict_ratio: float
+    #: every post-hoc OOD score of the plain model (shared by all rows), see :func:`post_hoc_ood`
+    post_hoc_ood: ood_report.OODValues | None = None
 
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -84,6 +96,15 @@ def _with_temperature(um: UncertainModel, cal_loader) -> tuple[UncertainModel, f
     return stacked, seconds
 
 
+def post_hoc_ood(model: torch.nn.Module, fit_loader, test_loader, ood_loader) -> ood_report.OODValues:
+    """Every OOD score of ``posthoc.detector`` on the plain model (fitted once on the fit split), as
+    ``score -> (values on the test digits, values on the held-out digits)``."""
+    names = [name for name in available_scores() if name != "mutual-information"]
+    scorer = detector(model, score=names).fit(fit_loader, progress=False)
+    on_test, on_ood = (scorer.score_loader(loader, progress=False) for loader in (test_loader, ood_loader))
+    return {name: (on_test[name], on_ood[name]) for name in names}
+
+
 def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None = None, progress: bool = True,
              seed: int = 0) -> list[DemoRow]:
     """Fit and evaluate every demo configuration; write PNGs and ``report.md`` to ``out_dir``."""
@@ -94,22 +115,23 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
     model = zoo.pretrained()
     fit_loader = data.loader(splits.fit, batch_size=256)
     cal_loader = data.loader(splits.calibration, batch_size=256)
-    test_loaders = {angle: data.loader(data.rotated(splits.test, angle), batch_size=500) for angle in ANGLES}
+    test_loader = data.loader(splits.test, batch_size=500)
     ood_loader = data.loader(splits.ood, batch_size=500)
     forward_fit = _plain_forward_seconds(model, fit_loader)
-    forward_test = min(_plain_forward_seconds(model, test_loaders[0]) for _ in range(3))
+    forward_test = min(_plain_forward_seconds(model, test_loader) for _ in range(3))
+    ood = post_hoc_ood(model, fit_loader, test_loader, ood_loader)
 
     def row(label: str, um: UncertainModel, fit_seconds: float) -> DemoRow:
         predict_seconds = min(
-            _timed(lambda: collect(um, test_loaders[0], progress=False, generator=torch.Generator().manual_seed(seed)))[1]
+            _timed(lambda: collect(um, test_loader, progress=False, generator=torch.Generator().manual_seed(seed)))[1]
             for _ in range(2)
         )
-        report = evaluate(um, test_loaders[0], ood_loader, name=label, progress=False, seed=seed)
-        by_angle = {0: report} | {
-            angle: evaluate(um, loader, name=label, progress=False, seed=seed)
-            for angle, loader in test_loaders.items() if angle
-        }
-        return DemoRow(label, report, by_angle, fit_seconds / forward_fit, predict_seconds / forward_test)
+        report = evaluate(um, test_loader, ood_loader, name=label, progress=False, seed=seed, ci=CI,
+                          bootstraps=BOOTSTRAPS)
+        shift = evaluate_shift({label: um}, test_loader, kinds=SHIFT_KINDS, severities=SEVERITIES,
+                               normalization=(data.MEAN, data.STD), seed=seed, ci=CI, bootstraps=SHIFT_BOOTSTRAPS,
+                               progress=False)
+        return DemoRow(label, report, shift, fit_seconds / forward_fit, predict_seconds / forward_test, ood)
 
     rows = []
     for label, spec, fit_options, add_temperature in demo_configs(methods):
@@ -126,27 +148,48 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
     return rows
 
 
+def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
+    """Markdown: every post-hoc score of the plain model on the held-out digits, then each method's entropy / MI
+    next to the best of them."""
+    table = {name: metrics.ood_metrics(*pair) for name, pair in ood.items()}
+    return (
+        "### OOD (held-out digits 8 and 9): post-hoc scores of the plain model\n\n"
+        + ood_report.ood_markdown({"MAP": table})
+        + "\n\n### OOD: each method's entropy (H) and mutual information (MI) next to the best post-hoc score\n\n"
+        + ood_report.comparison_markdown(table, {row.label: row.report.ood for row in rows})
+        + "\n\nEvery score is larger for inputs that look more OOD; FPR95: fraction of test digits flagged at the "
+        "threshold that flags 95% of the held-out digits.\n"
+    )
+
+
 def render(rows: list[DemoRow]) -> str:
-    """The demo's Markdown: the in-distribution table with costs, then NLL / ECE by rotation."""
+    """The demo's Markdown: the in-distribution table with costs, NLL and ECE under shift, and the OOD tables."""
     main = markdown_table(
         [row.report for row in rows],
         {"fit × fwd": [f"{row.fit_ratio:.1f}" for row in rows], "predict × fwd": [f"{row.predict_ratio:.1f}" for row in rows]},
     )
-    header = "| method | " + " | ".join(f"{a}°" for a in ANGLES) + " |"
-    lines = [header, "|" + "---|" * (len(ANGLES) + 1)]
-    for row in rows:
-        cells = [f"{row.by_angle[a].nll:.3f} / {row.by_angle[a].ece:.3f}" for a in ANGLES]
-        lines.append(f"| {row.label} | " + " | ".join(cells) + " |")
+    shift = ShiftTable.merge([row.shift for row in rows])
     return (
         "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n" + main
-        + "\n\n### NLL / ECE by rotation of the test digits\n\n" + "\n".join(lines) + "\n"
+        + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples)."
+        + "\n\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n" + shift.to_markdown()
+        + f"\n\nSeverity 1 / 3 / 5: rotation by 15 / 45 / 90 degrees, Gaussian noise of std 0.08 / 0.18 / 0.38, "
+        f"contrast 0.4 / 0.2 / 0.05 (posthoc.shift.SEVERITIES); intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
+        + ("" if rows[0].post_hoc_ood is None else "\n" + ood_section(rows, rows[0].post_hoc_ood))
     )
 
 
 def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
     curves = {row.label: (row.report.probs, row.report.labels) for row in rows}
     plots.reliability_diagram(curves, out_dir / "reliability.png")
-    rotated = {row.label: (row.by_angle[60].probs, row.by_angle[60].labels) for row in rows}
-    plots.reliability_diagram(rotated, out_dir / "reliability_rotated60.png")
+    rotated = {row.label: (row.shift.reports[row.label]["rotate", 3].probs, row.report.labels) for row in rows}
+    plots.reliability_diagram(rotated, out_dir / "reliability_rotated45.png")
     plots.risk_coverage_curve(curves, out_dir / "risk_coverage.png")
-    (out_dir / "report.md").write_text(render(rows))
+    ShiftTable.merge([row.shift for row in rows]).plot(out_dir / "shift.png")
+    ood_histograms(rows[0].post_hoc_ood, out_dir / "ood_scores.png",
+                   title="plain model: test digits 0-7 against held-out 8 and 9")
+    markdown = render(rows)
+    (out_dir / "report.md").write_text(markdown)
+    figures = ["reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"]
+    html_page.write_html(markdown + "\n" + "\n\n".join(f"![{name}]({name})" for name in figures),
+                         out_dir / "report.html", title="posthoc demo")
