@@ -29,9 +29,12 @@ seed instead), the order of the fit loader, the method's own ``seed`` option whe
 iBNN), and the generator of the predictive's samples. The data splits stay fixed.
 
 Cases: ``none`` (the plain model), every registered method alone with its defaults, every stacking
-method (the calibrators: ``temperature``, ``vector``, ...) alone on the plain model, and every base
+method (the calibrators: ``temperature``, ``vector``, ...) alone on the plain model, every base
 method under the stackers named by ``--compose`` (default ``temperature``; ``--compose all`` for
-every calibrator on every base). Methods registered later are picked up from
+every calibrator on every base), and the ensembles of ``DEFAULT_ENSEMBLES`` (issue 16): a label
+``ens5:laplace`` wraps 5 checkpoints of the architecture, the seed's own and 4 retrained with seeds
+``seed + 100 k`` (trained once, then read from ``zoo.retrained``'s cache), with ``posthoc.wrap([...],
+method=["laplace"])``; ``multiswag`` (one checkpoint) is a registered method like the others. Methods registered later are picked up from
 ``posthoc.available_methods()`` automatically. A case that fails to wrap, fit or predict becomes an
 error row, not a crash. ``--budget-minutes`` starts no case after the budget (cases run in order of
 importance, seed by seed), and every row is appended to ``OUT.jsonl`` as it is measured, so a run
@@ -94,6 +97,11 @@ SLOW_PREDICT = 1.0
 #: the stackers composed with every base method by default (``--compose all`` composes every stacker)
 DEFAULT_COMPOSE = ["temperature"]
 DEFAULT_OUT = ROOT / "benchmarks" / "results" / "quality.md"
+#: ensemble cases measured by default: ``ensM:methods`` is the methods on M checkpoints of the architecture
+DEFAULT_ENSEMBLES = ["ens5:none", "ens5:laplace", "ens5:none+temperature"]
+ENSEMBLE_PREFIX = "ens"
+#: member ``k`` of seed ``s``'s ensemble is the checkpoint retrained with seed ``s + MEMBER_SEED_STRIDE * k`` (k >= 1)
+MEMBER_SEED_STRIDE = 100
 
 
 # ---------------------------------------------------------------- cases
@@ -102,18 +110,35 @@ DEFAULT_OUT = ROOT / "benchmarks" / "results" / "quality.md"
 @dataclass(frozen=True)
 class Case:
     """One configuration to benchmark: a method list as ``posthoc.wrap`` takes it, and the base method
-    it builds on (its ``family``: ``none`` for a calibrator alone on the plain model)."""
+    it builds on (its ``family``: ``none`` for a calibrator alone on the plain model); ``members`` > 1
+    wraps that many checkpoints as an ensemble (label ``ens5:laplace``, its own family)."""
 
     methods: tuple[str, ...]
     family: str
+    members: int = 1
 
     @property
     def label(self) -> str:
-        return "+".join(self.methods)
+        joined = "+".join(self.methods)
+        return joined if self.members == 1 else f"{ENSEMBLE_PREFIX}{self.members}:{joined}"
 
     @classmethod
-    def of(cls, methods: tuple[str, ...], stacks: dict[str, bool]) -> "Case":
-        return cls(methods, PLAIN if stacks[methods[0]] else methods[0])
+    def of(cls, methods: tuple[str, ...], stacks: dict[str, bool], members: int = 1) -> "Case":
+        base = PLAIN if stacks[methods[0]] else methods[0]
+        return cls(methods, base if members == 1 else f"{ENSEMBLE_PREFIX}{members}:{base}", members)
+
+
+def parse_label(label: str) -> tuple[int, tuple[str, ...]]:
+    """``(members, methods)`` of a case label.
+
+    Example:
+        >>> parse_label("ens5:laplace+temperature"), parse_label("swag")
+        ((5, ('laplace', 'temperature')), (1, ('swag',)))
+    """
+    head, _, rest = label.partition(":")
+    if rest and head.startswith(ENSEMBLE_PREFIX) and head[len(ENSEMBLE_PREFIX):].isdigit():
+        return int(head[len(ENSEMBLE_PREFIX):]), tuple(rest.split("+"))
+    return 1, tuple(label.split("+"))
 
 
 def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = None) -> list[Case]:
@@ -145,13 +170,14 @@ def discover_cases(selected: list[str] | None = None, compose: list[str] | None 
         ['none', 'laplace+temperature']
     """
     registered = {name: method_class(name).stacks for name in posthoc.available_methods()}
-    wanted = [tuple(label.split("+")) for label in selected or []]
-    named = {name for methods in wanted for name in methods} | set(compose or [])
+    wanted = [parse_label(label) for label in selected or DEFAULT_ENSEMBLES]
+    named = {name for _, methods in wanted for name in methods} | set(compose or [])
     if named - set(registered):
         raise SystemExit(f"unknown method(s) {sorted(named - set(registered))}; registered: {sorted(registered)}")
     if not selected:
-        return cases_from_registry(registered, compose)
-    return [Case.of(methods, registered) for methods in [(PLAIN,), *(m for m in wanted if m != (PLAIN,))]]
+        return cases_from_registry(registered, compose) + [Case.of(m, registered, members) for members, m in wanted]
+    return [Case.of(methods, registered, members)
+            for members, methods in [(1, (PLAIN,)), *(w for w in wanted if w != (1, (PLAIN,)))]]
 
 
 # ---------------------------------------------------------------- measuring one case
@@ -174,6 +200,12 @@ def checkpoint(arch: str, seed: int, source: str) -> nn.Module:
     if source == "bundled":
         return zoo.pretrained(arch)
     return zoo.train(seed, name=arch, progress=False)
+
+
+def ensemble_members(setting: Setting, count: int) -> list[nn.Module]:
+    """The setting's own checkpoint and ``count - 1`` others retrained with seeds ``seed + 100 k`` (cached files)."""
+    seeds = [setting.seed + MEMBER_SEED_STRIDE * k for k in range(1, count)]
+    return [setting.model, *zoo.retrained(seeds, name=setting.arch)]
 
 
 def _options(case: Case, seed: int) -> dict[str, Any]:
@@ -226,12 +258,13 @@ def _card(um: posthoc.UncertainModel) -> dict[str, Any]:
 def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, Any]:
     """Wrap, fit and evaluate one case (and time its predict if ``timed``); any exception becomes an ``error`` row."""
     row: dict[str, Any] = {"arch": setting.arch, "seed": setting.seed, "case": case.label,
-                           "methods": list(case.methods), "family": case.family}
+                           "methods": list(case.methods), "family": case.family, "members": case.members}
     splits, seed = setting.splits, setting.seed
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            um = posthoc.wrap(setting.model, method=list(case.methods), **_options(case, seed))
+            model = setting.model if case.members == 1 else ensemble_members(setting, case.members)
+            um = posthoc.wrap(model, method=list(case.methods), **_options(case, seed))
             fit_loader = data.loader(splits.fit, 64, shuffle=True, seed=seed)
             wall, cpu = time.perf_counter(), time.process_time()
             um.fit(fit_loader, data.loader(splits.calibration), progress=False)
