@@ -278,8 +278,13 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
     assert report.as_dict()["ood"] == report.ood
     table = report.ood_to_markdown()
     assert table.count("\n") == 4 and "| none | knn |" in table and "FPR@95TPR" in table
-    by_name = posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["energy"], progress=False)
+    by_name = posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["energy"], progress=False, ci=0.9,
+                               bootstraps=100)
     assert by_name.ood["energy"] == pytest.approx(report.ood["energy"])
+    low, high = by_name.intervals["ood_auroc:energy"]
+    assert low < by_name.ood["energy"]["auroc"] < high
+    assert f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
+    assert by_name._repr_html_().count("data:image/png;base64,") == 3  # reliability, risk-coverage, OOD histograms
     with pytest.raises(posthoc.ConfigError, match="need training statistics"):
         posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["mahalanobis"], progress=False)
     report.ood_histograms(tmp_path / "ood.png")

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from posthoc.demo import data, zoo
-from posthoc.evaluation import html_page, metrics, ood_report, plots
+from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.core.registry import REGISTRY
 from posthoc.api import wrap_spec
@@ -152,13 +152,14 @@ def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
     """Markdown: every post-hoc score of the plain model on the held-out digits, then each method's entropy / MI
     next to the best of them."""
     table = {name: metrics.ood_metrics(*pair) for name, pair in ood.items()}
+    bounds = {name: bootstrap.auroc_interval(*pair, ci=CI, bootstraps=SHIFT_BOOTSTRAPS) for name, pair in ood.items()}
     return (
         "### OOD (held-out digits 8 and 9): post-hoc scores of the plain model\n\n"
-        + ood_report.ood_markdown({"MAP": table})
+        + ood_report.ood_markdown({"MAP": table}, {"MAP": bounds})
         + "\n\n### OOD: each method's entropy (H) and mutual information (MI) next to the best post-hoc score\n\n"
         + ood_report.comparison_markdown(table, {row.label: row.report.ood for row in rows})
         + "\n\nEvery score is larger for inputs that look more OOD; FPR95: fraction of test digits flagged at the "
-        "threshold that flags 95% of the held-out digits.\n"
+        f"threshold that flags 95% of the held-out digits; AUROC intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
     )
 
 

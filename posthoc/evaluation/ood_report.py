@@ -24,6 +24,8 @@ from posthoc.ood.detector import SCORES, Detector, detector
 #: scores read from the evaluated method's own predictive rather than from a detector
 OWN_SCORES = ("entropy", "mutual-information")
 COLUMNS = {"auroc": "AUROC", "aupr_in": "AUPR-in", "aupr_out": "AUPR-out", "fpr95": "FPR@95TPR"}
+#: ``Report.intervals`` keys of the AUROC intervals of the method's own scores (detector scores: ``ood_auroc:NAME``)
+OWN_INTERVALS = {"entropy": "ood_auroc", "mutual-information": "ood_auroc_mi"}
 
 OODValues = dict[str, tuple[Tensor, Tensor]]
 OODTable = Mapping[str, Mapping[str, float]]
@@ -99,8 +101,20 @@ def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
     return "\n".join(lines)
 
 
-def ood_markdown(rows: Mapping[str, OODTable]) -> str:
-    """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR.
+def interval_key(score: str) -> str:
+    """The ``Report.intervals`` key of a score's AUROC interval.
+
+    Example:
+        >>> interval_key("entropy"), interval_key("knn")
+        ('ood_auroc', 'ood_auroc:knn')
+    """
+    return OWN_INTERVALS.get(score, f"ood_auroc:{score}")
+
+
+def ood_markdown(rows: Mapping[str, OODTable],
+                 intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> str:
+    """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR;
+    ``intervals`` (``method -> score -> (low, high)``) adds the AUROC's bootstrap interval where given.
 
     Example:
         >>> print(ood_markdown({"MAP": {"energy": {"auroc": 0.9, "aupr_in": 0.9, "aupr_out": 0.8, "fpr95": 0.4}}}))
@@ -111,5 +125,9 @@ def ood_markdown(rows: Mapping[str, OODTable]) -> str:
     lines = ["| method | score | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (len(COLUMNS) + 2)]
     for method, table in rows.items():
         for name, measured in table.items():
-            lines.append(f"| {method} | {name} | " + " | ".join(f"{measured[key]:.4f}" for key in COLUMNS) + " |")
+            cells = [f"{measured[key]:.4f}" for key in COLUMNS]
+            bounds = (intervals or {}).get(method, {}).get(name)
+            if bounds is not None:
+                cells[0] += f" [{bounds[0]:.4f}, {bounds[1]:.4f}]"
+            lines.append(f"| {method} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)

@@ -49,7 +49,8 @@ class Report:
     Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
     ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
     method's ``entropy``, ``mutual-information`` where it samples, and the ``ood_scores`` asked for) to its
-    ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95``.
+    ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with ``ci=``, each AUROC's interval is in ``intervals``
+    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``).
     """
 
     name: str
@@ -124,7 +125,11 @@ class Report:
 
     def ood_to_markdown(self) -> str:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
-        return ood_report.ood_markdown({self.name: self.ood}) if self.ood else ""
+        if not self.ood:
+            return ""
+        bounds = {name: self.intervals[ood_report.interval_key(name)] for name in self.ood
+                  if ood_report.interval_key(name) in self.intervals}
+        return ood_report.ood_markdown({self.name: self.ood}, {self.name: bounds})
 
     def ood_histograms(self, path: str | os.PathLike | None = None) -> Figure:
         """In-distribution against OOD histograms of every OOD score, one panel each (to a PNG at ``path`` if given)."""
@@ -145,6 +150,8 @@ class Report:
         tables = html_page.markdown_to_html("\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()])))
         figures = [html_page.figure_tag(self.reliability_diagram(), "reliability diagram"),
                    html_page.figure_tag(self.risk_coverage_curve(), "risk-coverage curve")]
+        if self.ood_values:
+            figures.append(html_page.figure_tag(self.ood_histograms(), "OOD score histograms"))
         return tables + "\n" + "\n".join(figures)
 
     def to_html(self, path: str | os.PathLike) -> Path:
@@ -261,6 +268,8 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
         if ood is not None and report.ood_auroc_mi is not None:
             ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
+        ood_pairs |= {ood_report.interval_key(name): pair for name, pair in (report.ood_values or {}).items()
+                      if name not in ood_report.OWN_SCORES}
         report.ci = ci
         report.intervals = bootstrap.report_intervals(
             test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_pairs, sets=sets, accepted=accepted)
