@@ -33,32 +33,41 @@ def fitted(method: str) -> posthoc.UncertainModel:
     return posthoc.wrap(models, method="laplace", hessian="diag").fit(loader, progress=False)
 
 
+def fit_counting(scenario: str) -> tuple[torch.Tensor, list[int]]:
+    """The scenario's predictive on the test inputs, and the members this rank fitted itself."""
+    fitted_here: list[int] = []
+    original = Ensemble._fit_member
+
+    def counted(self, index, *args, **kwargs):
+        fitted_here.append(index)
+        return original(self, index, *args, **kwargs)
+
+    Ensemble._fit_member = counted
+    try:
+        um = fitted(scenario)
+    finally:
+        Ensemble._fit_member = original
+    return um.predict(problem()[2], generator=torch.Generator().manual_seed(0)).probs, fitted_here
+
+
+def sharded_error() -> str:
+    """What fitting an ensemble on loaders sharded by a DistributedSampler says."""
+    models, loader, _ = problem()
+    sharded = DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), batch_size=32)
+    try:
+        posthoc.wrap(models, method="laplace").fit(sharded, progress=False)
+    except posthoc.InputError as err:
+        return str(err)
+    return "no error"
+
+
 def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
+    """Every scenario in one process group (spawning ranks is the slow part): laplace, multiswag, sharded."""
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
     try:
         torch.set_num_threads(1)
-        if scenario == "sharded":
-            models, loader, _ = problem()
-            sharded = DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), batch_size=32)
-            try:
-                posthoc.wrap(models, method="laplace").fit(sharded, progress=False)
-            except posthoc.InputError as err:
-                torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
-            return
-        fitted_here: list[int] = []
-        original = Ensemble._fit_member
-
-        def counted(self, index, *args, **kwargs):  # the members this rank fits itself
-            fitted_here.append(index)
-            return original(self, index, *args, **kwargs)
-
-        Ensemble._fit_member = counted
-        try:
-            um = fitted(scenario)
-        finally:
-            Ensemble._fit_member = original
-        x = problem()[2]
-        probs = um.predict(x, generator=torch.Generator().manual_seed(0)).probs
-        torch.save({"probs": probs, "fitted_here": fitted_here}, f"{out}/rank{rank}.pt")
+        results = {name: dict(zip(("probs", "fitted_here"), fit_counting(name))) for name in ("laplace", "multiswag")}
+        results["sharded"] = sharded_error()
+        torch.save(results, f"{out}/rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -140,7 +140,8 @@ class Ensemble(Method):
             member.load_posterior_state(part)
 
     def summary(self) -> dict[str, Any]:
-        """``random_variables`` summed over members, ``members``, the member method, and its layers.
+        """``random_variables`` summed over members, ``members``, the member method, its layers, and each
+        member's own card under ``per_member`` (what each fit chose, e.g. its prior precision).
 
         Example:
             >>> posthoc.wrap([net_a, net_b], method="laplace").fit(loader).method.summary()["members"]
@@ -151,4 +152,4 @@ class Ensemble(Method):
         return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
                 "layers": layers, "members": len(cards), "member_method": type(self.members[0]).name,
                 "batched": self.vmapped,
-                "member_cards": [{k: v for k, v in card.items() if k != "layers"} for card in cards]}
+                "per_member": {str(i): {k: v for k, v in card.items() if k != "layers"} for i, card in enumerate(cards)}}
