@@ -1,7 +1,10 @@
 """Reading batches from loaders and running models on them, with clear errors.
 
 Loaders yield ``(x, y)`` pairs (tuples or lists); ``x`` may be a tensor or a dict of tensors
-(passed to the model as keyword arguments).
+(passed to the model as keyword arguments: a Hugging Face ``BatchEncoding`` is such a mapping). A
+batch may also be one mapping with the labels under ``"labels"``, as Hugging Face collators yield
+it. The model's output is read by :func:`~posthoc.core.logits.logits_of` (a tensor, or an object
+or mapping with ``logits``, such as a ``transformers`` ``ModelOutput``).
 
 Example:
     >>> loader = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
@@ -20,21 +23,34 @@ from tqdm.auto import tqdm
 
 from posthoc.core import distributed
 from posthoc.core.errors import InputError
+from posthoc.core.logits import logits_of
 
 Inputs = Tensor | Mapping[str, Tensor]
+#: the key under which a mapping batch (Hugging Face collator style) carries its labels
+LABELS_KEY = "labels"
 
 
 def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Tensor | None]:
-    """Return ``(x, y)`` from one batch; ``y`` is ``None`` for unlabelled batches if allowed."""
+    """Return ``(x, y)`` from one batch; ``y`` is ``None`` for unlabelled batches if allowed.
+
+    A mapping batch gives its ``"labels"`` entry as ``y`` and the other entries as ``x``.
+
+    Example:
+        >>> x, y = split_batch({"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.tensor([0, 1])})
+        >>> sorted(x), y.tolist()
+        (['input_ids'], [0, 1])
+    """
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     if isinstance(batch, (tuple, list)) and len(batch) == 1:
         batch = batch[0]
+    if isinstance(batch, Mapping) and LABELS_KEY in batch:
+        return {k: v for k, v in batch.items() if k != LABELS_KEY}, batch[LABELS_KEY]
     if isinstance(batch, (Tensor, Mapping)):
         if require_labels:
             raise InputError(
                 "the loader yields inputs without labels; this step needs (x, y) pairs "
-                "(e.g. a DataLoader over a TensorDataset(x, y))"
+                "(e.g. a DataLoader over a TensorDataset(x, y)) or dict batches with a 'labels' entry"
             )
         return batch, None
     raise InputError(f"a batch must be (x, y), got {type(batch).__name__}; yield (inputs, labels) pairs")
@@ -80,6 +96,27 @@ def check_finite(x: Inputs) -> None:
         raise InputError("inputs contain NaN or inf; clean or impute them before predicting")
 
 
+def check_attention(x: Inputs) -> None:
+    """Refuse a dict batch whose ``attention_mask`` masks every position of some example (padding only).
+
+    Example:
+        >>> check_attention({"input_ids": torch.ones(2, 3), "attention_mask": torch.tensor([[1, 1, 0], [0, 0, 0]])})
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: example(s) [1] are padding only ...
+    """
+    mask = x.get("attention_mask") if isinstance(x, Mapping) else None
+    if not isinstance(mask, Tensor) or mask.dim() < 2:
+        return
+    empty = ~mask.reshape(mask.shape[0], -1).bool().any(dim=1)
+    if bool(empty.any()):
+        rows = empty.nonzero().flatten().tolist()
+        raise InputError(
+            f"example(s) {rows[:10]}{' ...' if len(rows) > 10 else ''} are padding only (attention_mask is 0 at every "
+            "position): the model has nothing to read. Drop empty texts before tokenizing, or pass inputs whose "
+            "attention_mask marks at least one real token"
+        )
+
+
 def check_labels(y: Tensor, num_classes: int) -> Tensor:
     """Validate class labels ``y`` against ``num_classes`` and return them as int64."""
     if not isinstance(y, Tensor):
@@ -94,13 +131,15 @@ def check_labels(y: Tensor, num_classes: int) -> Tensor:
     if y.numel() and (y.min() < 0 or y.max() >= num_classes):
         raise InputError(
             f"labels must lie in [0, {num_classes}) for a model with {num_classes} classes; "
-            f"got values from {int(y.min())} to {int(y.max())}"
+            f"got values from {int(y.min())} to {int(y.max())}. Pass label ids the model was trained on "
+            "(for a Hugging Face model: its config.num_labels / label2id)"
         )
     return y
 
 
 def run_model(model: nn.Module, x: Inputs) -> Tensor:
-    """Call ``model`` on ``x`` (keyword arguments for a dict); turn shape/dtype failures into InputError."""
+    """The logits ``model`` returns for ``x`` (keyword arguments for a dict; a ``ModelOutput`` is read through
+    ``.logits``); shape/dtype failures become :class:`InputError`."""
     try:
         out = model(**x) if isinstance(x, Mapping) else model(x)
     except (RuntimeError, TypeError, ValueError, IndexError) as err:
@@ -113,12 +152,7 @@ def run_model(model: nn.Module, x: Inputs) -> Tensor:
             f"the model failed on inputs with {described}: {err}. Pass inputs shaped and typed "
             "like the model's training data (same channels, size and float dtype)"
         ) from err
-    if not isinstance(out, Tensor):
-        raise InputError(
-            f"the model returned {type(out).__name__}, not a tensor of logits; wrap it so that "
-            "forward returns logits of shape (N, C)"
-        )
-    return out
+    return logits_of(out)
 
 
 def run_model_with(model: nn.Module, replaced: Mapping[str, Tensor], x: Inputs) -> Tensor:
@@ -148,6 +182,7 @@ def iterate(
     for batch in tqdm(loader, total=total, desc=desc, disable=not progress, leave=False):
         x, y = split_batch(batch, require_labels=require_labels)
         x = to_device(x, device)
+        check_attention(x)
         if not all_finite(x):
             raise InputError(
                 f"batch {seen} (0-based) of the loader for '{desc or 'this step'}': inputs contain NaN or inf "

@@ -4,6 +4,8 @@ Multi-class logits ``(N, C)`` pass through ``log_softmax``; a binary classifier'
 ``(N,)`` or ``(N, 1)`` becomes the two-class logits ``[0, z]`` (so ``p(1) = sigmoid(z)``).
 
 Per-sample log-probabilities ``(S, N, C)`` average into the predictive with :func:`log_mean_exp`.
+A model's output is read by :func:`logits_of`: a tensor, or anything carrying ``logits`` (a Hugging
+Face ``ModelOutput``, a dict), duck-typed so that the core never imports ``transformers``.
 
 Example:
     >>> as_class_logits(torch.tensor([0.0, 2.0])).shape
@@ -17,7 +19,44 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from collections.abc import Mapping
+from typing import Any
+
 from posthoc.core.errors import InputError
+
+LOGITS_KEY = "logits"
+
+
+def logits_of(output: Any) -> Tensor:
+    """The logits tensor of a model's ``output``: the tensor itself, or its ``logits`` attribute / key.
+
+    Refuses an output without logits and per-position outputs ``(N, T, C)`` (token classification,
+    language-model heads), naming what to pass instead.
+
+    Example:
+        >>> logits_of({"logits": torch.zeros(2, 3)}).shape
+        torch.Size([2, 3])
+    """
+    logits = output
+    if not isinstance(output, Tensor):
+        logits = getattr(output, LOGITS_KEY, None)
+        if logits is None and isinstance(output, Mapping):
+            logits = output.get(LOGITS_KEY)
+    if not isinstance(logits, Tensor):
+        fields = f" (its fields: {', '.join(map(str, output.keys()))})" if isinstance(output, Mapping) else ""
+        raise InputError(
+            f"the model returned {type(output).__name__}{fields}, with no tensor of logits; pass a classifier whose "
+            "forward returns logits (N, C) or an output with a .logits field (e.g. a Hugging Face "
+            "AutoModelForSequenceClassification / AutoModelForImageClassification rather than a bare AutoModel)"
+        )
+    if logits.dim() > 2:
+        raise InputError(
+            f"the model returned per-position logits of shape {tuple(logits.shape)} (one prediction per token or "
+            "pixel); the methods here need one prediction per example (N, C). Pass a sequence/image classifier "
+            "(e.g. AutoModelForSequenceClassification, not ...ForTokenClassification or a language-model head), "
+            "or wrap the model so it pools positions into (N, C) logits"
+        )
+    return logits
 
 
 def as_class_logits(logits: Tensor) -> Tensor:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
-from posthoc.core.inputs import Inputs, batch_size, check_finite, slice_inputs, to_device
+from posthoc.core.inputs import Inputs, batch_size, check_attention, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
@@ -136,7 +136,7 @@ class UncertainModel(nn.Module):
         positive_int(num_samples, "num_samples", none="the method's own")
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory))
-        if not isinstance(x, (Tensor, dict)):
+        if not isinstance(x, (Tensor, Mapping)):
             raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
         total = batch_size(x)
         if total == 0:
@@ -160,6 +160,7 @@ class UncertainModel(nn.Module):
         """One chunk's prediction; the method works under ``budget`` (beside the samples it returns)."""
         x = to_device(x, self.device)
         check_finite(x)
+        check_attention(x)
         with settings.override(max_memory=budget), eval_mode(self.method):
             log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
         if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):

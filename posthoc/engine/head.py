@@ -1,8 +1,12 @@
 """Finding a classifier's head and splitting the model into features and head.
 
-The head is found in this order: a user-named module; timm's ``get_classifier()``; the known
-torchvision heads (``fc``, ``classifier[-1]``, ``heads.head``, ``head``); the last ``nn.Linear``
-reached in a traced forward pass. :class:`FeatureSplit` then captures the head's input with a
+The head is found in this order: a user-named module; timm's ``get_classifier()``; a Hugging Face
+classifier's head (a Linear with ``config.num_labels`` outputs: ``classifier``, RoBERTa's
+``classifier.out_proj``, ``score``, or ``get_output_embeddings()``; inside a ``peft`` model, the
+trained copy of the head); the known torchvision heads (``fc``, ``classifier[-1]``, ``heads.head``,
+``head``); the last ``nn.Linear`` reached in a traced forward pass. The features last-layer methods
+see are the head's input: a transformer's pooled features (BERT's pooler output after dropout,
+ViT's final [CLS] state, RoBERTa's ``classifier.dense`` output). :class:`FeatureSplit` then captures the head's input with a
 temporary hook, so the features ``phi`` and the logits come from one ordinary forward pass, and
 checks that the head really produces the model's output.
 
@@ -24,6 +28,9 @@ from posthoc.core.modules import eval_mode, get_submodule, module_name
 from posthoc.engine.hooks import called_in_order, hooked
 
 TORCHVISION_HEADS = ("fc", "classifier", "heads.head", "head")
+#: Hugging Face classification heads: BERT/ViT ``classifier``, RoBERTa-style ``classifier.out_proj``
+#: (after ``classifier.dense``), decoder models' ``score``
+HF_HEADS = ("classifier", "classifier.out_proj", "score")
 
 
 def _last_linear(module: nn.Module) -> nn.Module | None:
@@ -59,6 +66,34 @@ def _torchvision_head(model: nn.Module) -> nn.Module | None:
     return None
 
 
+def _running_copy(module: nn.Module) -> nn.Module:
+    """The copy that runs: a ``peft`` ``ModulesToSaveWrapper``'s active trained head, else ``module``."""
+    copies, active = getattr(module, "modules_to_save", None), getattr(module, "active_adapter", None)
+    active = active[0] if isinstance(active, (list, tuple)) and active else active
+    if isinstance(copies, nn.ModuleDict) and isinstance(active, str) and active in copies:
+        return copies[active]
+    return module
+
+
+def _hf_head(model: nn.Module) -> nn.Module | None:
+    """A Hugging Face classifier's head: a Linear with ``config.num_labels`` outputs among :data:`HF_HEADS`
+    or the model's ``get_output_embeddings()`` (through a ``peft`` wrapper's base model)."""
+    base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
+    labels = getattr(getattr(base, "config", None), "num_labels", None)
+    if not isinstance(labels, int):
+        return None
+    candidates = []
+    for name in HF_HEADS:
+        try:
+            candidates.append(_running_copy(base.get_submodule(name)))
+        except AttributeError:
+            continue
+    output_embeddings = getattr(base, "get_output_embeddings", None)
+    if callable(output_embeddings):
+        candidates.append(output_embeddings())
+    return next((m for m in candidates if isinstance(m, nn.Linear) and m.out_features == labels), None)
+
+
 def _traced_last_linear(model: nn.Module, example: Inputs) -> nn.Module | None:
     linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
     with eval_mode(model):
@@ -85,7 +120,7 @@ def find_head(model: nn.Module, head: str | nn.Module | None = None, example: In
     elif head is not None:
         raise HeadNotFoundError(f"head must be a module name or an nn.Module, got {type(head).__name__}")
     else:
-        module = _timm_head(model) or _torchvision_head(model)
+        module = _timm_head(model) or _hf_head(model) or _torchvision_head(model)
         if module is None and isinstance(model, nn.Sequential):
             module = _last_linear(model)
         if module is None and example is not None:
@@ -119,7 +154,8 @@ class FeatureSplit:
         self._head_spec = head
         self.head_name: str | None = None
         self.head: nn.Linear | None = None
-        if head is not None or _timm_head(model) is not None or _torchvision_head(model) is not None or isinstance(model, nn.Sequential):
+        if head is not None or _timm_head(model) is not None or _hf_head(model) is not None or _torchvision_head(model) is not None \
+                or isinstance(model, nn.Sequential):
             self._resolve(None)
 
     def _resolve(self, example: Inputs | None) -> None:

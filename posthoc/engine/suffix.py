@@ -202,10 +202,10 @@ def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None) -> _Plan
 
     try:
         with torch.no_grad(), hooked((module, "output", record) for module in model.modules()):
-            out = model(**x) if isinstance(x, Mapping) else model(x)
-    except (RuntimeError, ValueError, TypeError, IndexError):
+            out = run_model(model, x)
+    except InputError:
         return None
-    if not isinstance(out, Tensor) or out.dim() == 0 or out.shape[0] != 4:
+    if out.dim() == 0 or out.shape[0] != 4:
         return None
     if expansion is not None and expansion.calls != 1:
         return None

@@ -42,10 +42,12 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
+from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import register
+from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
 from posthoc.methods.ibnn.recipes import recipe as recipe_named
@@ -136,6 +138,12 @@ class ImplicitBNN(Method):
                 batch statistics during it, and re-estimated after it; ``"frozen"``: the checkpoint's
                 statistics throughout (eval mode) ["train"]. Dropout is off during the fit either way.
         """
+        if batchnorm == "train" and not batchnorm_layers(self.model):
+            raise ConfigError(
+                f"batchnorm='train' re-estimates BatchNorm statistics, but {type(self.model).__name__} has no BatchNorm "
+                "layer (transformers normalise with LayerNorm, which keeps no statistics); leave batchnorm unset or "
+                "pass batchnorm='frozen'"
+            )
         options = ElboOptions(**resolve(self.recipe, {
             "epochs": epochs, "lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights,
             "momentum": momentum, "weight_decay": weight_decay, "beta": beta, "kl_warmup": kl_warmup,

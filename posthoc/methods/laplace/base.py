@@ -83,7 +83,9 @@ class Laplace(Method):
     Options:
         hessian: ``"kron"`` (KFAC, default), ``"full"`` or ``"diag"`` GGN; for deeper subsets
             ``"kron"`` is BackPACK's exact KFLR, ``"kron-mc"`` its MC-sampled KFAC, ``"diag"`` DiagGGN.
-        subset: ``"last_layer"`` (default), ``"all"``, or a list of module names (BackPACK KFAC).
+        subset: ``"last_layer"`` (default), ``"all"``, a list of module names (BackPACK KFAC), or
+            ``"lora"``: a ``peft`` model's LoRA adapter weights only (KFAC-reduce or diagonal GGN
+            from hooks, :mod:`posthoc.methods.laplace.hooked_kfac`; GLM predictive).
         prior_precision: ``"auto"`` (default: ``"val"`` on ``val_loader`` if given, else on the
             training data), ``"val"`` (the widest posterior whose held-out NLL is confidently within
             ``val_tolerance`` of the checkpoint's; ``val_loader`` required), ``"grid"`` (the lowest
@@ -298,8 +300,8 @@ def class_labels(y: Tensor | None, rows: int, classes: int) -> Tensor:
 def _check_options(hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str | None) -> None:
     if hessian not in HESSIANS:
         raise ConfigError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    if not (subset in ("last_layer", "all") or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))):
-        raise ConfigError(f"subset must be 'last_layer', 'all' or a non-empty list of module names, got {subset!r}")
+    if not (subset in ("last_layer", "all", "lora") or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))):
+        raise ConfigError(f"subset must be 'last_layer', 'all', 'lora' or a non-empty list of module names, got {subset!r}")
     if isinstance(prior_precision, str):
         if prior_precision not in PRIOR_MODES:
             raise ConfigError(f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}")

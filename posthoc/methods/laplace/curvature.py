@@ -14,7 +14,8 @@ with no backward pass through the backbone:
 
 Parameters are ordered class-major over ``phĩ``: index ``c * (D + 1) + d`` (``d = D`` is the bias).
 
-More layers (:func:`backpack_ggn`): BackPACK's ``KFLR`` (exact KFAC), ``KFAC`` (MC-sampled) or
+LoRA adapters (``subset="lora"``, :func:`lora_parameters`) get theirs from hooks instead
+(:mod:`posthoc.methods.laplace.hooked_kfac`). More layers (:func:`backpack_ggn`): BackPACK's ``KFLR`` (exact KFAC), ``KFAC`` (MC-sampled) or
 ``DiagGGNExact`` on a private copy of the model, for Linear/Conv2d layers; every module between
 the loss and those layers must be one BackPACK supports (no BatchNorm/LayerNorm/attention).
 
@@ -256,6 +257,8 @@ BACKPACK_LAYERS = (nn.Linear, nn.Conv2d)
 #: module types that cannot sit between the loss and a curvature layer (BackPACK has no KFAC rule for them)
 BACKPACK_UNSUPPORTED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm, nn.MultiheadAttention)
 SUBSET_STRUCTURES = {"kron": "KFLR", "kron-mc": "KFAC", "diag": "DiagGGNExact"}
+#: module names under which peft keeps LoRA adapters' Linear layers
+LORA_MODULES = ("lora_A", "lora_B")
 
 
 @dataclass
@@ -284,6 +287,8 @@ def subset_parameters(model: nn.Module, subset: str | list[str]) -> list[str]:
         >>> subset_parameters(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2)), "all")
         ['0.weight', '0.bias', '2.weight', '2.bias']
     """
+    if subset == "lora":
+        return lora_parameters(model)
     if subset == "all":
         blocking = sorted({type(m).__name__ for m in model.modules() if isinstance(m, BACKPACK_UNSUPPORTED)})
         if blocking:
@@ -310,6 +315,29 @@ def subset_parameters(model: nn.Module, subset: str | list[str]) -> list[str]:
     if not modules:
         raise ConfigError("subset selects no Linear/Conv2d layer")
     return [f"{n}.{p}" for n, m in modules for p, value in m.named_parameters(recurse=False) if value is not None]
+
+
+def lora_parameters(model: nn.Module) -> list[str]:
+    """The LoRA adapter weights of a ``peft`` model: its ``lora_A`` / ``lora_B`` Linear weights of the active adapters.
+
+    Example:
+        >>> lora_parameters(get_peft_model(model, LoraConfig(r=4, target_modules=["query"])))[:1]
+        ['base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.default.weight']
+    """
+    found = []
+    for name, module in model.named_modules():
+        kind, adapter = (["", ""] + name.split("."))[-2:]  # "<layer>.lora_A.<adapter>"
+        if not isinstance(module, nn.Linear) or kind not in LORA_MODULES:
+            continue
+        active = getattr(model.get_submodule(name.rsplit(".", 2)[0]), "active_adapters", None)
+        if active is None or adapter in active:
+            found += [f"{name}.{p}" for p, value in module.named_parameters(recurse=False) if value is not None]
+    if not found:
+        raise ConfigError(
+            "subset='lora' found no active LoRA adapter (lora_A / lora_B Linear layers) in the model; pass a "
+            "peft model (peft.get_peft_model(model, LoraConfig(...)) after fine-tuning), or use subset='last_layer'"
+        )
+    return found
 
 
 def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[list[ParamCurvature], Tensor]:

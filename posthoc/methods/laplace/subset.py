@@ -1,7 +1,13 @@
 """Laplace over a subset of layers: BackPACK's KFAC or diagonal GGN, GLM or weight-sample predictive.
 
+``subset="lora"`` covers a ``peft`` model's LoRA adapter weights only (LoRA-Laplace, Yang et al.
+2024): their KFAC-reduce or diagonal GGN comes from hooks (:mod:`~posthoc.methods.laplace.hooked_kfac`,
+BackPACK cannot run transformers), the predictive is the GLM one over the adapters' per-token
+Jacobians; memory grows with the adapters' width, never with the frozen model's.
+
 Every parameter of the covered Linear/Conv2d layers gets its own block (Kronecker eigen-factors,
-or a diagonal), fitted by :func:`~posthoc.methods.laplace.curvature.backpack_ggn` and saved as
+or a diagonal), fitted by :func:`~posthoc.methods.laplace.curvature.backpack_ggn` (or, for
+``subset="lora"``, :func:`~posthoc.methods.laplace.hooked_kfac.hooked_ggn`) and saved as
 ``p{index}_{field}`` buffers. Predictions are the linearised (GLM) logit Gaussian when every
 covered layer is Linear (:mod:`posthoc.methods.laplace.subset_glm`, in row chunks planned by
 :mod:`posthoc.core.chunks`), else (or with ``pred="nn"``) ``S`` weight draws run through the network.
@@ -30,6 +36,7 @@ from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
 from posthoc.methods.laplace.base import Laplace, class_labels
 from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, ParamCurvature, backpack_ggn, sample_weights, subset_parameters
+from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
 
 #: per-parameter buffers, named ``p{index}_{field}``
 BLOCK_FIELDS = {
@@ -46,6 +53,8 @@ class SubsetLaplace(Laplace):
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
+        if self.subset == "lora" and self.hessian not in HOOKED_STRUCTURES:
+            raise ConfigError(f"subset='lora' offers hessian in {HOOKED_STRUCTURES} (KFAC-reduce or diagonal GGN), got {self.hessian!r}")
         if self.hessian not in SUBSET_STRUCTURES:
             raise ConfigError(
                 f"hessian={self.hessian!r} over several layers is not offered (a dense GGN of many layers does not "
@@ -61,7 +70,11 @@ class SubsetLaplace(Laplace):
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
-        blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress))
+        if self.subset == "lora":
+            blocks, loss = hooked_ggn(self.model, self.param_names, self.hessian,
+                                      self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"))
+        else:
+            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress))
         self.num_data.copy_(distributed.all_reduce_sum(self.num_data))
         for index, block in enumerate(blocks):
             for field in BLOCK_FIELDS[self.hessian]:
@@ -69,14 +82,18 @@ class SubsetLaplace(Laplace):
         params = dict(self.model.named_parameters())
         return loss, [params[name] for name in self.param_names]
 
-    def _labelled_batches(self, train_loader: Iterable, progress: bool) -> Iterator[tuple[Tensor, Tensor]]:
+    def _labelled_batches(self, train_loader: Iterable, progress: bool,
+                          desc: str = "laplace curvature (BackPACK)") -> Iterator[tuple[Inputs, Tensor]]:
         classes = None
-        for x, y in iterate(train_loader, device=self.device, progress=progress, desc="laplace curvature (BackPACK)"):
-            if not isinstance(x, Tensor):
-                raise InputError("subset Laplace (BackPACK) needs tensor inputs, not a dict")
+        for x, y in iterate(train_loader, device=self.device, progress=progress, desc=desc):
+            if not isinstance(x, Tensor) and self.subset != "lora":
+                raise InputError(
+                    "subset Laplace over named layers (BackPACK) needs tensor inputs, not a dict; for a peft model "
+                    "use subset='lora', otherwise subset='last_layer'"
+                )
             classes = classes or _num_classes(self.model, x)
-            self.num_data += x.shape[0]
-            yield x, class_labels(y, x.shape[0], classes)
+            self.num_data += batch_size(x)
+            yield x, class_labels(y, batch_size(x), classes)
 
     def _blocks(self) -> list[ParamCurvature]:
         return [
@@ -94,7 +111,8 @@ class SubsetLaplace(Laplace):
         if self.pred == "nn":
             return self._weight_space_predictive(x, prior_precision, generator, num_samples)
         blocks = self._blocks()
-        row_bytes = subset_glm.bytes_per_row(self.glm_layers, _num_classes(self.model, x), num_samples if self.link == "mc" else 0)
+        positions = subset_glm.positions_per_row(self.model, self.glm_layers, slice_inputs(x, 0, 1))
+        row_bytes = subset_glm.bytes_per_row(self.glm_layers, _num_classes(self.model, x), num_samples if self.link == "mc" else 0, positions)
         return glm.chunked_log_predictive(
             batch_size(x), row_bytes,
             lambda rows: subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision),

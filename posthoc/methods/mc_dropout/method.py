@@ -64,7 +64,8 @@ from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.mc_dropout.masks import keep_mask
 from posthoc.methods.mc_dropout.shared_masks import shared_mask_predictive
-from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, DropoutSite, check_module_names, inserted_sites, own_dropout_sites, sampling, with_rate
+from posthoc.methods.mc_dropout.sites import (DEFAULT_INSERT_P, DropoutSite, check_module_names, head_dropout_rate, inserted_sites,
+                                              own_dropout_sites, sampling, with_rate)
 
 #: candidate rates when the rate is chosen on validation data (``p="auto"``, or ``p=None`` with a ``val_loader``)
 P_GRID = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
@@ -223,6 +224,8 @@ class MCDropout(Method):
             return f"validation NLL (rates {list(P_GRID)} scanned upwards while within {NLL_TOLERANCE:.1%} of the plain model's)"
         if not math.isnan(rate):
             return "option p"
+        if self.where == "head" and self._sites and head_dropout_rate(self.model, self._sites[0].name) is not None:
+            return "the classifier's own dropout (before the head)"
         return "the model's own dropout" if self.own_sites and self.where is None else f"default for inserted dropout ({DEFAULT_INSERT_P})"
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:

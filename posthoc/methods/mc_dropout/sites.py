@@ -15,7 +15,8 @@ Sites come from, in order:
 * timm's functional ``drop_rate`` (applied by timm with ``F.dropout`` right before the
   classifier and gated on the root module's ``training`` flag): it becomes a site on the
   classifier's input, so no module has to be put in train mode;
-* inserted dropout: ``where="head"`` (the classifier's input), ``"blocks"`` (see
+* inserted dropout: ``where="head"`` (the classifier's input, at the rate of the model's own dropout
+  there when it has one: :func:`head_dropout_rate`), ``"blocks"`` (see
   :func:`block_names`) or a list of module names (dropout on each one's input).
 
 Example:
@@ -130,7 +131,8 @@ def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, examp
         [DropoutSite(name='fc', at='input', p=0.1, channel_dims=0)]
     """
     if where == "head":
-        return [DropoutSite(find_head(model, head, example)[0], "input", p)]
+        name = find_head(model, head, example)[0]
+        return [DropoutSite(name, "input", head_dropout_rate(model, name) or p)]
     if where == "blocks":
         stages = block_names(model)
         if stages:
@@ -144,6 +146,27 @@ def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, examp
             )
         return [DropoutSite(name, "input", p) for name in linears]
     return [DropoutSite(name, "input", p) for name in where]
+
+
+def head_dropout_rate(model: nn.Module, head_name: str) -> float | None:
+    """The rate of the model's own dropout right before its head, or ``None``: an ``nn.Dropout`` named
+    ``dropout`` beside the head (Hugging Face classifiers: BERT's ``dropout`` before ``classifier``,
+    RoBERTa's ``classifier.dropout`` before ``out_proj``) or just before it in an ``nn.Sequential``.
+
+    Example:
+        >>> head_dropout_rate(nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.3), nn.Linear(8, 3)), "2")
+        0.3
+    """
+    parent_name, _, child = head_name.rpartition(".")
+    parent = model.get_submodule(parent_name)
+    candidate = getattr(parent, "dropout", None)
+    if isinstance(parent, nn.Sequential):
+        names = [name for name, _ in parent.named_children()]
+        position = names.index(child)
+        candidate = parent[position - 1] if position > 0 else None
+    if type(candidate) is nn.Dropout and candidate.p > 0:
+        return float(candidate.p)
+    return None
 
 
 def check_module_names(model: nn.Module, names: Sequence[str]) -> None:

@@ -1,0 +1,118 @@
+"""KFAC and diagonal GGN of Linear layers from forward hooks: for models BackPACK cannot run.
+
+BackPACK needs a rule for every module between the loss and the covered layers, and tensor inputs;
+a ``transformers`` model has LayerNorm, attention and dict inputs. Here the curvature of any set of
+``nn.Linear`` layers (LoRA adapters' ``lora_A``/``lora_B``, applied to every token) comes from
+temporary hooks on those layers only (:func:`posthoc.methods.laplace.subset_glm.tapped_forward`):
+the layer's input ``a`` and the gradient ``g`` of the output, for each of ``C`` backward passes of
+the loss-Hessian square root ``v_c = sqrt(p_c) (e_c - p)`` (so ``Σ_c v_c v_cᵀ = diag(p) - p pᵀ``,
+the exact GGN of the softmax cross-entropy, as BackPACK's KFLR). No weight gradient is formed.
+
+For a layer applied over ``T`` positions (tokens, patches) with one loss per sequence this is the
+*KFAC-reduce* of Eschenhagen et al. (2023): per example ``ā = mean_t a_t`` (over the positions the
+``attention_mask`` keeps, when the inputs carry one) and ``ĝ = Σ_t g_t``, then
+``A = Σ_n ā āᵀ / N`` and ``G = Σ_n Σ_c ĝ ĝᵀ`` (BackPACK's convention; exact for ``T = 1``). The
+``"diag"`` structure is the exact GGN diagonal ``Σ_n Σ_c (Σ_t g_t a_tᵀ)²``.
+
+Example:
+    >>> net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
+    >>> blocks, loss = hooked_ggn(net, ["0.weight", "2.weight", "2.bias"], "kron", [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])
+    >>> [tuple(b.out_eigvecs.shape) for b in blocks], blocks[0].in_eigvals.shape
+    ([(5, 5), (3, 3), (3, 3)], torch.Size([4]))
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core import distributed
+from posthoc.core.errors import ConfigError
+from posthoc.core.inputs import Inputs
+from posthoc.core.modules import eval_mode
+from posthoc.methods.laplace.curvature import FLOAT64, ParamCurvature, clamp_curvature, symmetric_eig
+from posthoc.methods.laplace.subset_glm import covered_linear_layers, tapped_forward
+
+#: structures this engine offers (``"kron"`` is the exact-GGN KFAC, BackPACK's KFLR)
+HOOKED_STRUCTURES = ("kron", "diag")
+
+
+def _position_weights(x: Inputs, a: Tensor) -> Tensor:
+    """``(n, T)`` weights that average a layer's ``(n, T, in)`` inputs over the real positions."""
+    mask = x.get("attention_mask") if isinstance(x, Mapping) else None
+    if isinstance(mask, Tensor) and mask.dim() == 2 and mask.shape == a.shape[:2]:
+        weights = mask.to(a.dtype)
+    else:
+        weights = a.new_ones(a.shape[:2])
+    return weights / weights.sum(1, keepdim=True).clamp_min(1)
+
+
+def _square_root_directions(logits: Tensor) -> Tensor:
+    """``(C, n, C)``: ``v_c = sqrt(p_c) (e_c - p)`` per example, so ``Σ_c v_c v_cᵀ = diag(p) - p pᵀ``."""
+    probs = torch.softmax(logits.detach().to(FLOAT64), dim=-1)
+    eye = torch.eye(probs.shape[1], dtype=FLOAT64, device=probs.device)
+    return (probs.T.sqrt()[:, :, None] * (eye[:, None, :] - probs[None])).to(logits.dtype)
+
+
+def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
+               batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[list[ParamCurvature], Tensor]:
+    """KFAC-reduce (``"kron"``) or diagonal GGN blocks of the Linear layers owning ``param_names``.
+
+    Returns the eigen-decomposed blocks (in ``param_names`` order) and the summed cross-entropy at
+    the checkpoint, like :func:`~posthoc.methods.laplace.curvature.backpack_ggn`; the model is only hooked.
+    """
+    if structure not in HOOKED_STRUCTURES:
+        raise ConfigError(f"hessian={structure!r} is not offered for this subset; use one of {HOOKED_STRUCTURES}")
+    layers = covered_linear_layers(model, param_names)
+    out_factor: dict[str, Tensor] = {}
+    in_factor: dict[str, Tensor] = {}
+    diagonal: dict[str, Tensor] = {}
+    loss, count = torch.zeros((), dtype=FLOAT64), 0
+    with eval_mode(model):
+        for x, y in batches:
+            logits, taps = tapped_forward(model, layers, x)
+            loss = loss.to(logits.device) + torch.nn.functional.cross_entropy(logits.detach().to(FLOAT64), y, reduction="sum")
+            count += y.shape[0]
+            directions = _square_root_directions(logits)
+            leaves = [taps[name][1] for name in layers]
+            for c, direction in enumerate(directions):
+                grads = torch.autograd.grad((logits * direction).sum(), leaves, retain_graph=c < len(directions) - 1)
+                for name, g in zip(layers, grads):
+                    _accumulate(name, taps[name][0], g, x, structure, out_factor, in_factor if c == 0 else None, diagonal)
+    loss = distributed.all_reduce_sum(loss)
+    count = int(distributed.all_reduce_sum(torch.tensor(count, dtype=FLOAT64)))
+    blocks = []
+    for name in param_names:
+        layer, _, field = name.rpartition(".")
+        if structure == "diag":
+            found = distributed.all_reduce_sum(diagonal[layer])
+            found = found[:, :-1] if field == "weight" else found[:, -1]
+            blocks.append(ParamCurvature(name, diagonal=clamp_curvature(found.clone(), f"GGN diagonal of {name}")))
+            continue
+        block = ParamCurvature(name)
+        block.out_eigvals, block.out_eigvecs = symmetric_eig(distributed.all_reduce_sum(out_factor[layer]), f"output factor of {name}")
+        if field == "weight":
+            block.in_eigvals, block.in_eigvecs = symmetric_eig(distributed.all_reduce_sum(in_factor[layer]) / count, f"input factor of {name}")
+        blocks.append(block)
+    return blocks, loss
+
+
+def _accumulate(name: str, a: Tensor, g: Tensor, x: Inputs, structure: str, out_factor: dict[str, Tensor],
+                in_factor: dict[str, Tensor] | None, diagonal: dict[str, Tensor]) -> None:
+    """Add one backward direction's contribution of layer ``name`` (inputs ``a``, output gradients ``g``)."""
+    a, g = a.to(FLOAT64), g.to(FLOAT64)
+    if a.dim() == 2:
+        a, g = a[:, None], g[:, None]
+    a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])  # (n, T, in), (n, T, out)
+    if structure == "diag":
+        augmented = torch.cat([a, a.new_ones(*a.shape[:2], 1)], dim=-1)  # the bias column
+        per_example = torch.einsum("nto,nti->noi", g, augmented)
+        diagonal[name] = diagonal.get(name, 0) + per_example.square().sum(0)
+        return
+    summed = g.sum(1)  # ĝ (n, out)
+    out_factor[name] = out_factor.get(name, 0) + summed.T @ summed
+    if in_factor is not None:
+        mean = torch.einsum("nt,nti->ni", _position_weights(x, a).to(a.dtype), a)  # ā (n, in)
+        in_factor[name] = in_factor.get(name, 0) + mean.T @ mean
