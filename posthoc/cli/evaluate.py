@@ -13,6 +13,10 @@ folders) are labelled test sets with the same classes; ``--shift gaussian-noise,
 corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
 intervals to every metric; ``--ood`` is an unlabelled folder.
 
+``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
+folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file with ``text`` and
+``label`` columns (:func:`load_texts`, :mod:`posthoc.loading.hf`).
+
 ``--alpha``, ``--target-risk`` and ``--calibrator`` add conformal coverage and set size, deferral,
 and a table of calibrators (see :mod:`posthoc.cli.guarantees`). ``--ood-scores energy,knn,...`` reports post-hoc
 OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc.cli.ood`).
@@ -448,6 +452,9 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
 def load_texts(model: nn.Module, tokenizer: Any, args: argparse.Namespace) -> FolderData:
     """The loaders of a text run: ``--train``/``--val``/``--calibration``/``--shift`` are CSV or JSON-lines files
     with ``text`` and ``label`` columns, ``--ood`` one whose labels are ignored (see :mod:`posthoc.loading.hf`)."""
+    if getattr(args, "corruptions", None):
+        raise ConfigError(f"--shift {','.join(args.corruptions)} corrupts images; for a text model pass shifted "
+                          "text files instead (--shift shifted.jsonl)")
     def read(path: Path | None, subset: int | None = None, labelled: bool = True) -> Any:
         return None if path is None else folders.take_subset(hf.TextFile(path, model, labelled=labelled), subset, seed=args.seed)
 
