@@ -28,7 +28,7 @@ from posthoc.demo import data
 from posthoc.engine.head import FeatureSplit
 from posthoc.evaluation import metrics, ood_plots
 from posthoc.ood.base import Outputs
-from posthoc.ood.detector import SCORES, available_scores
+from posthoc.ood.detector import available_scores
 from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, PredictiveEntropy
 from posthoc.ood.logits import Energy, MaxLogit
 from posthoc.core.prediction import Prediction
@@ -285,6 +285,8 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
     assert low < by_name.ood["energy"]["auroc"] < high
     assert f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
     assert by_name._repr_html_().count("data:image/png;base64,") == 3  # reliability, risk-coverage, OOD histograms
+    with pytest.raises(posthoc.ConfigError, match="pass ood_loader"):
+        posthoc.evaluate(um, loaders["test"], ood_scores=["energy"], progress=False)
     with pytest.raises(posthoc.ConfigError, match="need training statistics"):
         posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["mahalanobis"], progress=False)
     report.ood_histograms(tmp_path / "ood.png")
@@ -355,3 +357,23 @@ def test_evaluate_cli_reports_ood_scores_of_the_plain_model_next_to_each_methods
     args.train = None
     with pytest.raises(posthoc.ConfigError, match="reads training statistics: pass --train"):
         run_evaluate(args)
+
+
+def test_vim_takes_a_second_pass_only_when_the_features_exceed_its_memory(problem):
+    batches = list(problem["loader"])
+    served = []
+
+    class Counting:
+        def __len__(self):
+            return len(batches)
+
+        def __iter__(self):
+            for batch in batches:
+                served.append(1)
+                yield batch
+
+    kept = posthoc.detector(problem["model"], score="vim", dim=6).fit(Counting(), progress=False)
+    assert len(served) == len(batches)
+    streamed = posthoc.detector(problem["model"], score="vim", dim=6, max_memory=1000).fit(Counting(), progress=False)
+    assert len(served) == 3 * len(batches)
+    torch.testing.assert_close(streamed.score(problem["x_test"]), kept.score(problem["x_test"]), rtol=1e-6, atol=1e-6)

@@ -246,6 +246,8 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
     """
     _check_calibrated_on(um, conformal, "conformal")
     _check_calibrated_on(um, selective, "selective")
+    if ood_scores is not None and ood_loader is None:
+        raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
     if ci is not None:
         bootstrap.check_level(ci, bootstraps)
     generator = torch.Generator(device=um.device).manual_seed(seed)

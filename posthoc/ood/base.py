@@ -3,8 +3,8 @@
 A score maps one batch's outputs (the head's input features, the logits, the predictive) to one
 number per example, **larger = more out-of-distribution**. Scores that need training statistics
 (class means, a principal space, a feature bank) accumulate them batch by batch in
-:meth:`Score.update` over ``fit_passes`` passes of the training loader and finish each pass in
-:meth:`Score.finish` (where sums are reduced over ``torch.distributed`` ranks).
+:meth:`Score.update` over passes of the training loader and finish each pass in :meth:`Score.finish`
+(where sums are reduced over ``torch.distributed`` ranks); a score is fitted once ``fitted`` is set.
 
 Example:
     >>> class NegativeMaxLogit(Score):
@@ -55,7 +55,8 @@ class Score:
     Class attributes:
         name: the name ``posthoc.detector(..., score=name)`` takes.
         uses: which fields of :class:`Outputs` the score reads (``"features"``, ``"logits"``, ``"prediction"``).
-        fit_passes: passes over the training loader ``fit`` needs (0: the score needs no fit).
+        fit_passes: the most passes over the training loader ``fit`` may need (0: the score needs no fit);
+            ``fit`` takes another pass while a score is not ``fitted`` after :meth:`finish`.
         needs_labels: whether ``fit`` reads the class labels.
 
     Options are keyword-only ``__init__`` arguments with defaults (``posthoc.detector`` routes them).
@@ -83,7 +84,8 @@ class Score:
         """Accumulate one training batch's statistics for pass ``pass_index``."""
 
     def finish(self, pass_index: int) -> None:
-        """Reduce the statistics of pass ``pass_index`` over ranks and compute what they give."""
+        """Reduce the statistics of pass ``pass_index`` over ranks and compute what they give; set ``fitted``
+        when done (the same on every rank), else ``fit`` takes another pass."""
 
     def check_fitted(self) -> None:
         if not self.fitted:

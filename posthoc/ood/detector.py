@@ -128,21 +128,19 @@ class Detector:
     def fit(self, train_loader: Iterable, *, progress: bool = True) -> "Detector":
         """Collect the training statistics of the scores that need them (a no-op for the others); returns ``self``.
 
-        Streams ``train_loader`` once (twice with ``"vim"``); ``"mahalanobis"`` reads its labels.
+        Streams ``train_loader`` once (``"vim"`` takes a second pass when the training features exceed its
+        ``max_memory``); ``"mahalanobis"`` reads its labels.
         """
-        fitting = [score for score in self._scores.values() if score.fit_passes]
-        if not fitting:
-            return self
-        uses = frozenset().union(*(score.uses for score in fitting))
-        labelled = any(score.needs_labels for score in fitting)
-        passes = max(score.fit_passes for score in fitting)
-        for score in fitting:
+        active = [score for score in self._scores.values() if score.fit_passes]
+        for score in active:
             score.reset()
         self.feature_width = None
-        for pass_index in range(passes):
-            active = [score for score in fitting if score.fit_passes > pass_index]
+        pass_index = 0
+        while active:
+            uses = frozenset().union(*(score.uses for score in active))
+            labelled = any(score.needs_labels for score in active)
             for x, y in iterate(train_loader, device=self.device, progress=progress, require_labels=labelled,
-                                desc=f"OOD statistics, pass {pass_index + 1}/{passes}"):
+                                desc=f"OOD statistics, pass {pass_index + 1}"):
                 outputs = self._outputs(x, uses, None)
                 self.feature_width = outputs.features.shape[-1]
                 labels = check_labels(y, outputs.logits.shape[-1]) if labelled else None
@@ -150,6 +148,8 @@ class Detector:
                     score.update(outputs, labels, pass_index)
             for score in active:
                 score.finish(pass_index)
+            active = [score for score in active if not score.fitted]
+            pass_index += 1
         return self
 
     @torch.no_grad()
@@ -212,7 +212,8 @@ def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, 
 
 def _spec_head(um: UncertainModel) -> Any:
     """The ``head=`` a wrapped model's methods were given (so the detector splits where they do)."""
-    return next((entry["options"]["head"] for entry in um.spec if entry["options"].get("head") is not None), None)
+    heads = (entry.get("options", {}).get("head") for entry in um.spec)
+    return next((head for head in heads if head is not None), None)
 
 
 def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "energy", *,
@@ -230,7 +231,8 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
             as the methods find it).
         num_samples: samples of a wrapped model's predictive (default: its method's).
         **options: score options, each given to every score that accepts it: ``temperature`` (energy),
-            ``gamma`` and ``top`` (gen), ``dim`` (vim), ``k`` and ``max_memory`` (knn).
+            ``gamma`` and ``top`` (gen), ``dim`` (vim), ``k`` (knn), ``max_memory`` (knn's scoring chunks,
+            vim's kept training features).
 
     Every score is larger for inputs that look more out-of-distribution.
 

@@ -76,10 +76,9 @@ class KNN(Score):
         best = queries.new_full((queries.shape[0], self.k), -float("inf"))
         best_index = torch.zeros(queries.shape[0], self.k, dtype=torch.long, device=queries.device)
         for rows in chunks(self.bank.shape[0], FLOAT32_BYTES * queries.shape[0], max_memory=self.max_memory):
-            similarity = queries @ self.bank[rows].T
-            index = torch.arange(rows.start, rows.stop, device=queries.device).expand_as(similarity)
-            best, picked = torch.cat([best, similarity], dim=1).topk(self.k, dim=1)
-            best_index = torch.cat([best_index, index], dim=1).gather(1, picked)
+            top, picked = (queries @ self.bank[rows].T).topk(min(self.k, rows.stop - rows.start), dim=1)
+            best, order = torch.cat([best, top], dim=1).topk(self.k, dim=1)
+            best_index = torch.cat([best_index, picked + rows.start], dim=1).gather(1, order)
         # the k-th neighbour's distance, recomputed exactly in float64 (1 - cos loses digits near 0)
         kth = self.bank[best_index[:, -1]]
         return (queries.double() - kth.double()).norm(dim=-1).to(outputs.features.dtype)

@@ -7,16 +7,19 @@ score is ``alpha ||(phi - u)^{P-perp}|| - log sum_c exp f_c(x)``, the virtual lo
 energy's log-sum-exp, as pytorch-ood's ``ViM`` computes it (larger = more OOD).
 
 ``alpha = mean_i max_c f_c(x_i) / mean_i ||(phi_i - u)^{P-perp}||`` over the training data. Fit
-streams the training loader twice, keeping running sums only (float64): the Gram matrix ``(D, D)``
-and the mean largest logit on the first pass, the mean residual norm on the second; under
-``torch.distributed`` each is summed over ranks.
+streams the training loader once, keeping running sums (float64: the Gram matrix ``(D, D)`` and the
+sum of the largest logits) and, while they fit in ``max_memory`` (default
+``posthoc.settings.max_memory``), the features themselves, whose residual norms follow once the
+principal space is known. Beyond that budget the features are dropped and a second pass over the
+loader sums the residual norms instead. Under ``torch.distributed`` every sum is reduced over ranks
+(and all ranks take the second pass if any rank's features overflowed).
 
 ``dim=None`` follows the ViM repository: 1000 for ``D >= 2048``, 512 for ``D >= 768``, else
 ``D // 2`` (pytorch-ood takes ``d`` explicitly).
 
 Example:
     >>> score = ViM(dim=32)
-    >>> for p in range(2): score.update(outputs, None, p); score.finish(p)
+    >>> score.update(outputs, None, 0); score.finish(0)
     >>> score(outputs).shape
     torch.Size([64])
 """
@@ -26,8 +29,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
-from posthoc.core.checks import positive_int
+from posthoc.core import distributed, settings
+from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.errors import ConfigError
 from posthoc.ood.base import Outputs, Score
 
@@ -42,36 +45,51 @@ class ViM(Score):
 
     Args:
         dim: dimension of the principal space, below the feature width (``None``: :func:`default_dim`).
+        max_memory: bytes of training features kept to spare a second pass (``None``: ``posthoc.settings.max_memory``).
     """
 
     name, uses, fit_passes = "vim", frozenset({"features", "logits"}), 2
 
-    def __init__(self, *, dim: int | None = None) -> None:
+    def __init__(self, *, dim: int | None = None, max_memory: int | None = None) -> None:
         self.dim = positive_int(dim, "dim", none="the ViM repository's rule from the feature width")
+        self.max_memory = memory_bytes(max_memory)
         super().__init__()
 
     def reset(self) -> None:
         super().reset()
         self._origin: Tensor | None = None
         self._sums: dict[str, Tensor] = {}
+        #: the first pass's features while they fit in max_memory (None once they do not)
+        self._kept: list[Tensor] | None = []
+        self._kept_bytes = 0
+
+    def _keep(self, features: Tensor) -> None:
+        if self._kept is None:
+            return
+        self._kept_bytes += features.numel() * features.element_size()
+        self._kept = None if self._kept_bytes > settings.memory_budget(self.max_memory) else [*self._kept, features]
+
+    def _residual_norms(self, features: Tensor) -> Tensor:
+        return ((features.double() - self._origin) @ self.residual_space).norm(dim=-1)
 
     def _add(self, name: str, value: Tensor) -> None:
         self._sums[name] = self._sums[name] + value if name in self._sums else value
 
     def update(self, outputs: Outputs, labels: Tensor | None, pass_index: int) -> None:
-        features = outputs.features.detach().double()
+        features = outputs.features.detach()
         if self._origin is None:
             weight = outputs.head.weight.detach().double()
             bias = outputs.head.bias
             bias = weight.new_zeros(weight.shape[0]) if bias is None else bias.detach().double()
             self._origin = -torch.linalg.pinv(weight) @ bias
-        centred = features - self._origin
         if pass_index == 0:
+            centred = features.double() - self._origin
             self._add("gram", centred.T @ centred)
-            self._add("count", features.new_tensor(float(features.shape[0])))
+            self._add("count", centred.new_tensor(float(features.shape[0])))
             self._add("max_logit", outputs.logits.detach().double().max(-1).values.sum())
+            self._keep(features)
         else:
-            self._add("residual_norm", (centred @ self.residual_space).norm(dim=-1).sum())
+            self._add("residual_norm", self._residual_norms(features).sum())
 
     def finish(self, pass_index: int) -> None:
         sums = {name: distributed.all_reduce_sum(value) for name, value in self._sums.items()}
@@ -85,10 +103,17 @@ class ViM(Score):
             self.residual_space = vectors[:, : width - dim]
             self._mean_max_logit = sums["max_logit"] / sums["count"]
             self._count = sums["count"]
+            overflowed = distributed.all_reduce_sum(torch.tensor(float(self._kept is None)))
+            if overflowed == 0:
+                kept_norms = sum(self._residual_norms(features).sum() for features in self._kept)
+                self._set_alpha(distributed.all_reduce_sum(kept_norms))
         else:
-            self.alpha = self._mean_max_logit / (sums["residual_norm"] / self._count)
-            self.fitted = True
-        self._sums = {}
+            self._set_alpha(sums["residual_norm"])
+        self._sums, self._kept = {}, None
+
+    def _set_alpha(self, residual_norm_sum: Tensor) -> None:
+        self.alpha = self._mean_max_logit / (residual_norm_sum / self._count)
+        self.fitted = True
 
     def __call__(self, outputs: Outputs) -> Tensor:
         self.check_fitted()
