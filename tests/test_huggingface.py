@@ -27,6 +27,7 @@ import posthoc  # noqa: E402
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
 from posthoc.core.errors import ConfigError, InputError  # noqa: E402
 from posthoc.core.inputs import split_batch  # noqa: E402
+import posthoc.loading.hf  # noqa: E402
 from posthoc.demo import data, hf  # noqa: E402
 from posthoc.engine.head import FeatureSplit, find_head  # noqa: E402
 from posthoc.methods.laplace.curvature import ParamCurvature, backpack_ggn, lora_parameters  # noqa: E402
@@ -343,3 +344,11 @@ def test_ensembles_and_ood_detectors_take_hugging_face_models(text) -> None:
         assert inside[name].shape == (100,) and outside[name].shape == (100,)
     auroc = (outside["energy"][:, None] > inside["energy"][None, :]).float().mean()
     assert float(auroc) > 0.6  # texts without a keyword score as more OOD than the test texts
+
+
+def test_without_the_extra_the_message_names_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setattr(posthoc.loading.hf, "transformers", None)
+    with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
+        posthoc.loading.hf.load_classifier(f"hf:{tmp_path}")
+    with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
+        hf.tiny_bert()
