@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import os
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 from torch import nn
@@ -22,6 +23,7 @@ from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import REGISTRY, method_class
 from posthoc.core.uncertain_model import UncertainModel
+from posthoc.loading.models import load_checkpoint
 from posthoc.methods.ensemble.members import check_fingerprints, check_members
 from posthoc.methods.ensemble.method import Ensemble
 
@@ -96,9 +98,22 @@ def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) ->
     return UncertainModel(_stack(method, spec, 1), spec, fingerprint=source)
 
 
-def _wrap_ensemble(models: list[nn.Module], names: list[str], options: dict[str, Any]) -> UncertainModel:
+def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) -> list[Any]:
+    """The members: modules as given, checkpoint paths read (``weights_only``) into ``builder()`` one by one."""
+    paths = [entry for entry in entries if isinstance(entry, (str, os.PathLike))]
+    if paths and builder is None:
+        raise ConfigError(f"ensemble members given as checkpoint paths ({paths[0]!s}, ...) need builder=, a function "
+                          "returning the untrained architecture that each state_dict is loaded into")
+    if builder is not None and not callable(builder):
+        raise ConfigError(f"builder must be a function returning an nn.Module, got {type(builder).__name__}")
+    return [load_checkpoint(builder(), entry).eval() if isinstance(entry, (str, os.PathLike)) else entry
+            for entry in entries]
+
+
+def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]) -> UncertainModel:
     """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
     batched = options.pop("batched", None)
+    models = _member_models(entries, options.pop("builder", None))
     check_members(models)
     if len(models) == 1:
         warnings.warn("posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs "
@@ -123,7 +138,9 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             fitted on every member and the predictive is their equal-weight mixture, with the
             members' samples kept (one per plain member; ``num_samples`` is per member) so that the
             entropy split shows their disagreement; the stacking methods after it (``"temperature"``)
-            act on the mixture. ``batched=False`` turns off the vmapped forward of plain members.
+            act on the mixture. ``batched`` chooses the vmapped forward of plain members of one
+            architecture (default: on CUDA only). Members may be checkpoint paths (``state_dict``
+            files) with ``builder=``, a function returning the architecture to load each into.
         method: a registered method name, or a list composing them, inner first, e.g.
             ``["laplace", "temperature"]`` (temperature is fitted on ``val_loader`` on top of
             the inner predictive). Default: ``"laplace"`` for one model, ``"none"`` (a deep

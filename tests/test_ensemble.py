@@ -138,7 +138,7 @@ def test_bad_lists_are_refused_with_what_to_do():
     with pytest.raises(ConfigError, match="empty list"):
         posthoc.wrap([])
     with pytest.raises(ConfigError, match="member 1 must be a torch.nn.Module"):
-        posthoc.wrap([_mlp(0), "model.pt"])
+        posthoc.wrap([_mlp(0), 123])
     with pytest.raises(ConfigError, match="same classes.*member 0: 3, member 1: 5"):
         posthoc.wrap([_mlp(0), _mlp(1, classes=5)])
     with pytest.raises(ConfigError, match="one device.*member 1: meta"):
@@ -286,3 +286,18 @@ def test_retrained_seeds_are_cached_as_files(tmp_path, monkeypatch):
     assert calls == [3, 4] and sorted(p.name for p in tmp_path.iterdir()) == ["digits_bn_cnn-seed3.pt", "digits_bn_cnn-seed4.pt"]
     for a, b in zip(first, second):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
+
+
+def test_members_given_as_checkpoint_paths_with_a_builder(tmp_path):
+    models = [_mlp(0), _mlp(1)]
+    paths = []
+    for index, model in enumerate(models):
+        paths.append(tmp_path / f"member{index}.pt")
+        torch.save(model.state_dict(), paths[-1])
+    um = posthoc.wrap([str(paths[0]), paths[1]], builder=lambda: _mlp(9))
+    x = torch.randn(4, 3 + 1)
+    with torch.no_grad():
+        expected = torch.stack([torch.softmax(m(x), -1) for m in models]).mean(0)
+    torch.testing.assert_close(um.predict(x).probs, expected)
+    with pytest.raises(ConfigError, match="need builder="):
+        posthoc.wrap([str(paths[0]), str(paths[1])])
