@@ -1,0 +1,188 @@
+"""The weights a sampling method moves, as private copies: the head on cached features, or the whole model.
+
+Methods that run an optimiser or a Markov chain from the checkpoint (SGLD, IVON) never touch the
+user's model. :class:`PrivateWeights` holds what they train:
+
+- ``layers="head"``: copies of the head's weight and bias; the backbone runs once over the
+  training loader, in eval mode and without gradients, and its features are kept (``N x D``
+  floats) when they fit in the memory budget (``posthoc.settings.max_memory``), else recomputed
+  every epoch. Cached batches keep the loader's composition; their order is shuffled per epoch.
+- ``layers="all"``: a deep copy of the model in train mode (BatchNorm normalises by batch
+  statistics and updates its running statistics; dropout is active), every parameter that
+  requires a gradient trained.
+
+:meth:`PrivateWeights.weights_vector` flattens the current weights (and
+:meth:`PrivateWeights.buffers_vector` the copy's BatchNorm running statistics) into one row;
+:func:`unflatten` turns such a row (names from :func:`sample_names`) back into a ``{name: tensor}``
+state for :func:`~posthoc.engine.weight_samples.state_log_predictive`.
+
+Example:
+    >>> weights = PrivateWeights(model, "head", loader, split=FeatureSplit(model))
+    >>> for inputs, y in weights.epoch(torch.Generator().manual_seed(0)):
+    ...     loss = F.cross_entropy(weights.forward(inputs), y)
+    >>> weights.weights_vector().shape        # the head's C * D + C values
+    torch.Size([520])
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from posthoc.core import settings
+from posthoc.core.errors import ConfigError
+from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.modules import eval_mode
+from posthoc.engine.bn_refresh import batchnorm_layers
+from posthoc.engine.head import FeatureSplit
+
+LAYERS = ("head", "all")
+
+
+def check_layers(layers: Any) -> str:
+    """``layers`` if it is ``"head"`` or ``"all"``, else a ConfigError listing both."""
+    if layers not in LAYERS:
+        raise ConfigError(f"layers must be 'head' (the classifier head) or 'all' (every trainable weight), got {layers!r}")
+    return layers
+
+
+def trained_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> list[str]:
+    """The parameter names ``layers`` trains: the head's weight and bias, or every parameter requiring a gradient.
+
+    Example:
+        >>> trained_names(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2)), "all", None)
+        ['0.weight', '0.bias', '1.weight', '1.bias']
+    """
+    if layers == "head":
+        head = split.head
+        return [f"{split.head_name}.weight"] + ([f"{split.head_name}.bias"] if head.bias is not None else [])
+    names = [name for name, p in model.named_parameters() if p.requires_grad]
+    if not names:
+        raise ConfigError("layers='all' found no trainable parameter: every one is frozen (requires_grad=False)")
+    return names
+
+
+def buffer_names(model: nn.Module, layers: str) -> list[str]:
+    """The BatchNorm running statistics kept with each ``"all"`` sample (none for the head)."""
+    if layers == "head":
+        return []
+    return [f"{name}.{kind}" for name in batchnorm_layers(model) for kind in ("running_mean", "running_var")]
+
+
+def unflatten(row: Tensor, model: nn.Module, names: list[str]) -> dict[str, Tensor]:
+    """A flat row back into ``{name: tensor}`` shaped (and typed, and placed) like ``model``'s tensors ``names``.
+
+    Example:
+        >>> unflatten(torch.arange(6.0), nn.Linear(2, 2), ["weight", "bias"])["bias"]
+        tensor([4., 5.])
+    """
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    state, offset = {}, 0
+    for name in names:
+        like = tensors[name]
+        state[name] = row[offset:offset + like.numel()].reshape(like.shape).to(like.device, like.dtype)
+        offset += like.numel()
+    if offset != row.numel():
+        raise ConfigError(f"a weight sample holds {row.numel()} values but the model's tensors {names[:3]}... need {offset}")
+    return state
+
+
+class PrivateWeights:
+    """Private, trainable copies of the weights ``layers`` names (see module docs).
+
+    Args:
+        model: the user's model (left as it is).
+        layers: ``"head"`` or ``"all"``.
+        loader: the training loader (the head's features are computed from it here).
+        split: the model's :class:`FeatureSplit` (needed for ``"head"``).
+    """
+
+    def __init__(self, model: nn.Module, layers: str, loader: Iterable, *, split: FeatureSplit | None = None) -> None:
+        self.layers, self.loader = check_layers(layers), loader
+        self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
+        self._cached: list[tuple[Tensor, Tensor]] | None = None
+        if layers == "head":
+            self._split = split
+            self.size = self._cache_features()
+            head = split.head
+            self.trained = [head.weight.detach().clone().float().requires_grad_(True)]
+            if head.bias is not None:
+                self.trained.append(head.bias.detach().clone().float().requires_grad_(True))
+            self.buffers: list[Tensor] = []
+            return
+        self.copy = copy.deepcopy(model).train()
+        names = set(trained_names(model, layers, split))
+        for name, p in self.copy.named_parameters():
+            p.requires_grad_(name in names)
+        self.trained = [p for name, p in self.copy.named_parameters() if name in names]
+        found = dict(self.copy.named_buffers())
+        self.buffers = [found[name] for name in buffer_names(model, layers)]
+        self.size = _examples(loader)
+
+    @property
+    def num_weights(self) -> int:
+        """The number of trained scalar weights."""
+        return sum(t.numel() for t in self.trained)
+
+    def _cache_features(self) -> int:
+        """Run the backbone over the loader once; keep the features if they fit the budget. Returns ``N``."""
+        batches, size, kept = [], 0, 0
+        with torch.no_grad(), eval_mode(self._split.model):
+            for x, y in iterate(self.loader, device=self.device, progress=False, desc="features"):
+                phi, logits = self._split(x)
+                y = check_labels(y, logits.shape[-1])
+                size += y.numel()
+                kept += phi.numel() * 4
+                if kept <= settings.memory_budget(None):
+                    batches.append((phi.float(), y))
+        self._cached = batches if kept <= settings.memory_budget(None) else None
+        return size
+
+    def epoch(self, generator: torch.Generator) -> Iterator[tuple[Inputs, Tensor]]:
+        """One pass over the training data: ``(inputs, labels)`` for :meth:`forward` (features for the head)."""
+        if self._cached is not None:
+            for index in torch.randperm(len(self._cached), generator=generator).tolist():
+                yield self._cached[index]
+            return
+        for x, y in iterate(self.loader, device=self.device, progress=False, desc="fine-tune"):
+            if self.layers == "head":
+                with torch.no_grad(), eval_mode(self._split.model):
+                    x, _ = self._split(x)
+            yield x, y
+
+    def forward(self, inputs: Inputs) -> Tensor:
+        """Logits of the private weights on one batch from :meth:`epoch`."""
+        if self.layers == "head":
+            return F.linear(inputs.float(), self.trained[0], self.trained[1] if len(self.trained) > 1 else None)
+        return run_model(self.copy, inputs)
+
+    def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
+        """The mean cross-entropy of one batch from :meth:`epoch`."""
+        logits = self.forward(inputs)
+        return F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
+
+    def weights_vector(self) -> Tensor:
+        """The current trained weights as one float32 row."""
+        return torch.cat([t.detach().reshape(-1).float() for t in self.trained])
+
+    def buffers_vector(self) -> Tensor:
+        """The copy's BatchNorm running statistics as one float32 row (empty for the head)."""
+        return torch.cat([t.detach().reshape(-1).float() for t in self.buffers]) if self.buffers else torch.zeros(0, device=self.device)
+
+
+def sample_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> list[str]:
+    """The tensor names of a row ``[weights_vector(), buffers_vector()]``, in order."""
+    return trained_names(model, layers, split) + buffer_names(model, layers)
+
+
+def _examples(loader: Iterable) -> int:
+    """The number of training examples: ``len(loader.dataset)`` where it exists, else one pass counting labels."""
+    dataset = getattr(loader, "dataset", None)
+    if dataset is not None and hasattr(dataset, "__len__"):
+        return len(dataset)
+    return sum(torch.as_tensor(y).reshape(-1).numel() for _, y in iterate(loader, device="cpu", progress=False, desc="count"))

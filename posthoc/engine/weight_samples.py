@@ -1,0 +1,98 @@
+"""Predictives over weight samples: stacked head rows (one backbone pass) or whole-model states.
+
+Methods that end a fit with a set of weight samples (SGLD's kept iterates, draws from IVON's
+Gaussian) predict through one of two routes:
+
+- :func:`head_log_predictive`: every sample is a row ``[W.flatten(), b]`` of the classifier
+  head; the backbone runs once (:class:`~posthoc.engine.head.FeatureSplit`) and all ``S`` heads
+  are applied to the features in batched matmuls, the samples chunked under the memory budget
+  (:mod:`posthoc.core.chunks`);
+- :func:`state_log_predictive`: every sample is a ``{name: tensor}`` state (parameters and, where
+  a method keeps them, BatchNorm buffers) run through the model functionally, one pass per sample.
+
+:func:`head_rows` and :func:`head_logits` convert between a head module and its flat rows.
+
+Example:
+    >>> split = FeatureSplit(net)                       # net's head: Linear(8, 3)
+    >>> rows = head_rows(split.head).expand(5, -1)       # five copies of the checkpoint's head
+    >>> log_probs, samples = head_log_predictive(split, lambda s: rows[s], 5, torch.randn(4, 2))
+    >>> samples.shape
+    torch.Size([5, 4, 3])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.chunks import chunks
+from posthoc.core.inputs import Inputs, run_model_with
+from posthoc.core.logits import class_log_probs, log_mean_exp
+from posthoc.engine.head import FeatureSplit
+
+#: ``rows(samples)`` returns the head rows ``(len(samples), P)`` of the samples in a ``slice``
+RowSource = Callable[[slice], Tensor]
+
+
+def head_rows(head: nn.Linear) -> Tensor:
+    """The head's weight and bias as one flat row ``[W.flatten(), b]`` (``P = C * D (+ C)``), detached.
+
+    Example:
+        >>> head_rows(nn.Linear(4, 3)).shape
+        torch.Size([15])
+    """
+    parts = [head.weight.detach().reshape(-1)] + ([head.bias.detach()] if head.bias is not None else [])
+    return torch.cat(parts)
+
+
+def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
+    """Logits of head rows ``(S, P)`` on features ``(N, D)``: ``(S, N, C)`` in one batched matmul.
+
+    Example:
+        >>> head = nn.Linear(4, 3)
+        >>> x = torch.randn(2, 4)
+        >>> torch.allclose(head_logits(head_rows(head)[None], x, head)[0], head(x))
+        True
+    """
+    size = head.out_features * head.in_features
+    weight = rows[:, :size].unflatten(-1, (head.out_features, head.in_features))
+    logits = features.unsqueeze(0) @ weight.transpose(-1, -2)
+    return logits + rows[:, size:].unsqueeze(1) if rows.shape[1] > size else logits
+
+
+def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs) -> tuple[Tensor, Tensor]:
+    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` head samples, the backbone run once.
+
+    ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
+    memory budget from the bytes one sample keeps alive (its row, and its logits with their
+    log-softmax copy).
+    """
+    phi, _ = split(x)
+    phi, head = phi.float(), split.head
+    classes = head.out_features
+    row_bytes = 4 * (head.in_features * classes + classes + 3 * phi.shape[0] * classes)
+    groups = []
+    for samples in chunks(count, row_bytes):
+        logits = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
+        groups.append(torch.log_softmax(logits, dim=-1))
+    sample_log_probs = groups[0] if len(groups) == 1 else torch.cat(groups)
+    return log_mean_exp(sample_log_probs), sample_log_probs
+
+
+def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int,
+                         x: Inputs) -> tuple[Tensor, Tensor]:
+    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states, one pass each.
+
+    ``states(s)`` gives sample ``s`` as ``{name: tensor}`` (parameters and buffers replacing the
+    model's own, through :func:`~posthoc.core.inputs.run_model_with`); the model is not changed.
+
+    Example:
+        >>> net = nn.Linear(2, 3)
+        >>> lp, samples = state_log_predictive(net, lambda s: {"bias": torch.full((3,), float(s))}, 4, torch.randn(5, 2))
+        >>> samples.shape
+        torch.Size([4, 5, 3])
+    """
+    sample_log_probs = torch.stack([class_log_probs(run_model_with(model, states(s), x)).float() for s in range(count)])
+    return log_mean_exp(sample_log_probs), sample_log_probs

@@ -1,0 +1,36 @@
+"""The spread of IVON's samples chosen on held-out data: the widest scale of its standard deviations within tolerance.
+
+Why: a short fine-tune from a checkpoint is far too short for IVON's Hessian estimate ``h`` to
+converge from ``hess_init`` (its running average keeps about ``beta2^steps`` of the start), so the
+posterior's width is set mostly by ``hess_init``, a number with no meaning for the user's model.
+As SWAG's scale and Laplace's prior precision are, the spread is then chosen on ``val_loader``:
+sample ``s`` is ``m + scale * std * z_s`` (``scale^2`` is a posterior temperature), with ``scale``
+the largest of :data:`SCALES` whose held-out NLL stays within ``(1 + tolerance)`` of the
+checkpoint's, or 0 (the fine-tuned mean alone) with a warning when none does.
+
+Example:
+    >>> widest_scale(lambda s: 0.10 * (1 + 0.004 * s), plain_nll=0.10, tolerance=0.01)
+    2.0
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+#: the scales tried, widest first (factors of 2 around IVON's own posterior, 1)
+SCALES = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625)
+
+
+def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float) -> float:
+    """The first scale of :data:`SCALES` whose ``validation_nll`` is within ``(1 + tolerance) * plain_nll``, else 0."""
+    for scale in SCALES:
+        if validation_nll(scale) <= (1 + tolerance) * plain_nll:
+            return scale
+    warnings.warn(
+        f"every IVON scale down to {SCALES[-1]:g} costs more than {tolerance:.0%} of held-out NLL over the checkpoint; "
+        "predicting with the fine-tuned mean alone (scale 0). Raise val_tolerance, fit longer, or pass a fixed scale",
+        RuntimeWarning,
+        stacklevel=4,
+    )
+    return 0.0

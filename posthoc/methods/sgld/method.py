@@ -1,0 +1,252 @@
+"""``"sgld"``: stochastic-gradient Langevin dynamics from the checkpoint, plain or cyclical.
+
+``fit`` runs a Langevin chain (:mod:`~posthoc.methods.sgld.langevin`) from the trained weights on
+private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples`` of its iterates:
+
+- ``layers="head"`` (default): the chain moves the head's weight and bias on the backbone's
+  features (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the
+  predictive runs the backbone once and every head in one batched matmul;
+- ``layers="all"``: the chain moves every trainable weight of a copy of the model in train mode;
+  each kept sample is a state (the weights and the copy's BatchNorm running statistics at that
+  step, which follow the chain's recent weights), predicted with one forward pass per sample. The
+  kept states are memory-bounded: at most ``max_memory`` bytes (default
+  ``posthoc.settings.max_memory``, 512 MiB) of float32 rows, the chain thinned further (with a
+  warning) when ``num_samples`` states would not fit.
+
+Prior and temperature: the chain targets ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)``
+with ``theta_0`` the checkpoint (``prior="checkpoint"``, default: the prior keeps the chain near the
+weights the user trusts) or zero (``prior="zero"``, the textbook isotropic prior),
+``lambda = prior_precision`` and ``T = temperature`` (1: the Bayes posterior; below 1 a cold
+posterior).
+
+Example:
+    >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader)
+    >>> um.predict(x).samples.shape
+    torch.Size([20, 8, 10])
+    >>> um.method.summary()["kept"]
+    20
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+from tqdm.auto import tqdm
+
+from posthoc.core import settings
+from posthoc.core.checks import memory_bytes, non_negative, positive_int
+from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.inputs import Inputs
+from posthoc.core.method import LogPredictive, Method
+from posthoc.core.modules import parameter_owners
+from posthoc.core.registry import register
+from posthoc.engine.head import FeatureSplit
+from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
+from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
+from posthoc.methods.sgld.langevin import Langevin, adds_noise, kept_steps, step_size
+
+PRIORS = ("checkpoint", "zero")
+#: the fit options saved in the ``schedule`` buffer, in its order (``cycles`` 0 for plain SGLD)
+SCHEDULE = ("epochs", "lr", "cycles", "burn_in", "exploration", "steps")
+
+
+def fraction(value: Any, name: str) -> float:
+    """``value`` as a float in ``[0, 1)``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)
+
+
+@register
+class SGLD(Method):
+    """Stochastic-gradient Langevin dynamics (Welling and Teh, 2011), cyclical SG-MCMC (Zhang et al., 2020).
+
+    Options:
+        layers: ``"head"`` (the classifier head; the backbone runs once per prediction) or ``"all"``.
+        cycles: ``None`` for plain SGLD (constant step, ``burn_in`` discarded), or the number of
+            cosine cycles of cyclical SGLD (samples kept in each cycle's low-step phase).
+        num_samples: samples kept at fit and used per prediction (fewer may be asked at predict).
+        temperature: ``T``; the chain targets the posterior to the power ``1/T`` (``0``: SGD, no noise).
+        prior: ``"checkpoint"`` (Gaussian prior centred on the trained weights) or ``"zero"``.
+        prior_precision: ``lambda``, the prior's precision per weight.
+        head: the head's module name when it cannot be found automatically.
+        max_memory: bytes the kept ``"all"`` states may use (``None``: ``posthoc.settings.max_memory``).
+        seed: seeds the chain's noise and its mini-batch order.
+
+    Fit options: ``epochs`` (passes over the training data, 10), ``lr`` (the step on the mean
+    mini-batch loss; ``None``: ``1 / mean |[phi, 1]|^2`` over the head's features, a quarter of the
+    stability bound of the softmax head, or ``1e-3`` for ``"all"``), ``burn_in`` (plain SGLD: the
+    fraction of steps discarded, 0.5), ``exploration`` (cyclical: the fraction of each cycle run as
+    SGD before sampling, 0.8).
+    """
+
+    name = "sgld"
+    fine_tunes_private_copy = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        layers: str = "all",
+        cycles: int | None = None,
+        num_samples: int = 20,
+        temperature: float = 1.0,
+        prior: str = "checkpoint",
+        prior_precision: float = 1.0,
+        head: str | None = None,
+        max_memory: int | None = None,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(model)
+        self.layers = check_layers(layers)
+        self.cycles = positive_int(cycles, "cycles", none="plain SGLD, a constant step")
+        self.num_samples = positive_int(num_samples, "num_samples")
+        self.temperature = non_negative(temperature, "temperature")
+        if math.isinf(self.temperature):
+            raise ConfigError("temperature must be finite")
+        if prior not in PRIORS:
+            raise ConfigError(f"prior must be one of {PRIORS}, got {prior!r}")
+        self.prior = prior
+        self.prior_precision = non_negative(prior_precision, "prior_precision")
+        self.max_memory = memory_bytes(max_memory)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ConfigError(f"seed must be an integer, got {seed!r}")
+        self.seed = seed
+        self.split = FeatureSplit(model, head) if layers == "head" else None
+        #: the kept samples, one row each (head rows, or an "all" state's weights and BatchNorm statistics)
+        self.register_buffer("samples", None)
+        #: epochs, lr, cycles (0: plain), burn_in, exploration, steps of the chain that made them
+        self.register_buffer("schedule", None)
+
+    # ----------------------------------------------------------------- fitting
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        epochs: int = 2,
+        lr: float | None = None,
+        burn_in: float = 0.5,
+        exploration: float = 0.8,
+    ) -> None:
+        positive_int(epochs, "epochs")
+        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
+            raise ConfigError(f"lr must be a positive finite step size, or None (set from the features), got {lr!r}")
+        burn_in, exploration = fraction(burn_in, "burn_in"), fraction(exploration, "exploration")
+        generator = torch.Generator().manual_seed(self.seed)
+        weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split)
+        lr = float(lr) if lr is not None else self._default_lr(weights)
+        centre = [t.detach().clone() for t in weights.trained] if self.prior == "checkpoint" else None
+        chain = Langevin(weights.trained, size=weights.size, prior_precision=self.prior_precision,
+                         temperature=self.temperature, centre=centre, generator=generator)
+        steps_per_epoch = sum(1 for _ in weights.epoch(torch.Generator().manual_seed(self.seed)))
+        total = epochs * steps_per_epoch
+        wanted = self._keep_count(weights)
+        kept = set(kept_steps(total, wanted, cycles=self.cycles, burn_in=burn_in, exploration=exploration))
+        if len(kept) < wanted:
+            warnings.warn(
+                f"the chain's {total} steps leave {len(kept)} step(s) to sample from ({self.cycles or 'no'} cycles, "
+                f"burn_in={burn_in}, exploration={exploration}); keeping {len(kept)} of {wanted} samples. "
+                "Raise epochs, or lower burn_in / exploration / cycles",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        rows, step = [], 0
+        bar = tqdm(total=total, desc="sgld", disable=not progress, leave=False)
+        try:
+            for epoch in range(epochs):
+                for inputs, y in weights.epoch(generator):
+                    loss = weights.loss(inputs, y)
+                    if not math.isfinite(float(loss.detach())):
+                        raise NumericalError(f"the SGLD loss became {float(loss.detach())} at step {step + 1} (lr={lr:.3g}); fit again with a lower lr")
+                    for t in weights.trained:
+                        t.grad = None
+                    loss.backward()
+                    noise = self.temperature > 0 and adds_noise(step, total, cycles=self.cycles, exploration=exploration)
+                    chain.step(step_size(step, total, lr, cycles=self.cycles), noise=noise)
+                    if step in kept:
+                        rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
+                    step += 1
+                    bar.update(1)
+        finally:
+            bar.close()
+        self.samples = torch.stack(rows)
+        self.schedule = torch.tensor([epochs, lr, self.cycles or 0, burn_in, exploration, total], dtype=torch.float64)
+
+    def _default_lr(self, weights: PrivateWeights) -> float:
+        """``1 / mean |[phi, 1]|^2`` over the head's features (module docs), ``1e-3`` for ``"all"``."""
+        if self.layers == "all":
+            return 1e-3
+        squares = [phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))]
+        return float(1 / torch.stack(squares).mean())
+
+    def _keep_count(self, weights: PrivateWeights) -> int:
+        """``num_samples``, or as many ``"all"`` states as fit in ``max_memory`` (with a warning)."""
+        row_bytes = 4 * (weights.num_weights + weights.buffers_vector().numel())
+        fits = settings.memory_budget(self.max_memory) // row_bytes
+        if fits >= self.num_samples:
+            return self.num_samples
+        if fits < 1:
+            raise ConfigError(f"one SGLD state needs {row_bytes} bytes, over max_memory; raise max_memory or use layers='head'")
+        warnings.warn(
+            f"{self.num_samples} SGLD states of {row_bytes / 2**20:.1f} MiB exceed max_memory; keeping {fits}, "
+            "spread over the chain (raise max_memory to keep more)",
+            RuntimeWarning,
+            stacklevel=4,
+        )
+        return int(fits)
+
+    # ----------------------------------------------------------------- predicting
+    def _names(self, x: Inputs | None = None) -> list[str]:
+        if self.split is not None and self.split.head is None and x is not None:
+            self.split(x)
+        return sample_names(self.model, self.layers, self.split)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+        """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
+        kept = self.samples.shape[0]
+        count = num_samples or min(self.num_samples, kept)
+        if count > kept:
+            raise ConfigError(f"SGLD kept {kept} samples at fit; predict with num_samples <= {kept}, or fit with more")
+        chosen = torch.linspace(0, kept - 1, count).round().long().to(self.samples.device)
+        if self.layers == "head":
+            return head_log_predictive(self.split, lambda group: self.samples[chosen[group]], count, x)
+        names = self._names(x)
+        return state_log_predictive(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), count, x)
+
+    def summary(self) -> dict[str, Any]:
+        """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
+
+        Example:
+            >>> card = posthoc.wrap(model, method="sgld").fit(train_loader).method.summary()
+            >>> card["layers"], card["kept"]
+            (['classifier.4'], 20)
+        """
+        names = trained = []
+        if self.split is None or self.split.head is not None:
+            names = self._names()
+            trained = [n for n in names if not n.endswith(("running_mean", "running_var"))]
+        tensors = dict(self.model.named_parameters())
+        schedule = dict(zip(SCHEDULE, [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()))
+        return {
+            "random_variables": sum(tensors[n].numel() for n in trained),
+            "layers": list(parameter_owners(self.model, trained)),
+            "kept": 0 if self.samples is None else self.samples.shape[0],
+            "cycles": self.cycles,
+            "temperature": self.temperature,
+            "prior": self.prior,
+            "prior_precision": self.prior_precision,
+            "epochs": None if schedule["epochs"] is None else int(schedule["epochs"]),
+            "lr": schedule["lr"],
+            "steps": None if schedule["steps"] is None else int(schedule["steps"]),
+        }
+
+    def extra_repr(self) -> str:
+        kept = 0 if self.samples is None else self.samples.shape[0]
+        return f"layers={self.layers!r}, cycles={self.cycles}, temperature={self.temperature}, kept={kept}"
