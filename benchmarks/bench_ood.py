@@ -26,11 +26,22 @@ from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.engine.head import FeatureSplit  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.ood.detector import available_scores  # noqa: E402
-from timing import HEADER, measure, row  # noqa: E402
+from timing import Timing, measure  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 PLAIN_SCORES = [name for name in available_scores() if name != "mutual-information"]
 NOISE_SEED = 0
+REPEATS = 9
+HEADER = ("| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n"
+          "|---|---|---|---|---|---|")
+
+
+def row(name: str, timing: Timing, reference: Timing) -> str:
+    """Wall and process-CPU medians as ratios to ``reference``: on a shared machine the CPU ratio (one thread) is
+    the steadier one; cpu/wall < 0.5 marks a contended wall time."""
+    flag = " (contended)" if timing.contended else ""
+    return (f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu:.4f} | "
+            f"{timing.cpu / reference.cpu:.2f}x | {timing.cpu_per_wall:.2f}{flag} |")
 
 
 def noise_images(count: int) -> torch.Tensor:
@@ -67,13 +78,13 @@ def costs(arch: str, splits: data.DigitsSplits) -> list[str]:
     fit_loader = data.loader(splits.fit, batch_size=256)
     x = splits.test.tensors[0]
     with torch.no_grad():
-        plain = measure(lambda: model(x))
+        plain = measure(lambda: model(x), repeats=REPEATS)
         plain_fit = measure(lambda: [model(batch) for batch, _ in fit_loader], repeats=3)
     detector = posthoc.detector(model, score=PLAIN_SCORES).fit(fit_loader, progress=False)
     lines = [f"**{arch}**: scoring 1000 test digits", "", HEADER, row("plain forward", plain, plain)]
     for name in PLAIN_SCORES:
-        lines.append(row(f"posthoc {name}", measure(lambda: detector.scores(x, [name])), plain))
-    lines.append(row(f"posthoc all {len(PLAIN_SCORES)} scores, one forward", measure(lambda: detector.scores(x)), plain))
+        lines.append(row(f"posthoc {name}", measure(lambda: detector.scores(x, [name]), repeats=REPEATS), plain))
+    lines.append(row(f"posthoc all {len(PLAIN_SCORES)} scores, one forward", measure(lambda: detector.scores(x), repeats=REPEATS), plain))
 
     split = FeatureSplit(model)
     head = model.get_submodule(split.head_name)
@@ -89,7 +100,7 @@ def costs(arch: str, splits: data.DigitsSplits) -> list[str]:
         for name, peer in peers.items():
             peer.fit_features(features, labels)
             lines.append(row(f"pytorch-ood {name} (forward + predict_features)",
-                             measure(lambda: peer.predict_features(encoder(x))), plain))
+                             measure(lambda: peer.predict_features(encoder(x)), repeats=REPEATS), plain))
     lines += ["", f"**{arch}**: fitting on the 2400 fit digits, ratio to one plain forward over them", "", HEADER,
               row("plain forward over the fit split", plain_fit, plain_fit)]
     for name in ("mahalanobis", "vim", "knn"):
@@ -117,7 +128,7 @@ def main() -> None:
              "| model | predictive | score | AUROC 8/9 | FPR95 8/9 | AUROC noise | FPR95 noise |", "|---|---|---|---|---|---|---|"]
     for arch in ARCHITECTURES:
         lines += quality(arch, splits)
-    lines += ["", f"### Cost ({args.threads} thread(s); medians; cpu/wall < 0.5 = contended, re-run)", ""]
+    lines += ["", f"### Cost ({args.threads} thread(s); medians of {REPEATS} repeats)", ""]
     for arch in ARCHITECTURES:
         lines += costs(arch, splits)
     text = "\n".join(lines)
