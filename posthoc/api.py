@@ -138,7 +138,8 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             fitted on every member and the predictive is their equal-weight mixture, with the
             members' samples kept (one per plain member; ``num_samples`` is per member) so that the
             entropy split shows their disagreement; the stacking methods after it (``"temperature"``)
-            act on the mixture. ``batched`` chooses the vmapped forward of plain members of one
+            are fitted on the mixture's held-out likelihood and, like on any sampled predictive, map each
+            member's predictive before mixing (so the disagreement stays). ``batched`` chooses the vmapped forward of plain members of one
             architecture (default: on CUDA only). Members may be checkpoint paths (``state_dict``
             files) with ``builder=``, a function returning the architecture to load each into.
         method: a registered method name, or a list composing them, inner first, e.g.

@@ -7,6 +7,13 @@ member's samples (one per member for deterministic members, ``num_samples`` per 
 ones: ``num_samples`` always means samples *per member*), so the entropy split gives the members'
 disagreement as epistemic uncertainty.
 
+A stacked calibrator (``method=["laplace", "temperature"]``) is fitted on the mixture's held-out
+likelihood and, as on every sampled predictive, maps each member's predictive before they are mixed,
+which keeps the members' samples; a temperature of the mixture's own log-probabilities (ensemble
+temperature scaling) is a separate item. On the quality benchmark's BatchNorm CNN the two differ:
+per member, ECE 1.9% and NLL at 90 degrees unchanged (4.84 against the plain 4.82); on the mixture,
+ECE 0.75% but NLL 5.36 at 90 degrees (the untempered ensemble: 3.2% and 3.88).
+
 Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
 GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
 because there the vmapped forward measured slower than ``M`` plain forwards (``benchmarks/bench_ensemble.py``:
