@@ -37,6 +37,7 @@ from torch import Tensor, nn
 from posthoc.core import settings
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.logits import as_class_logits
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.head import FeatureSplit
@@ -125,6 +126,16 @@ class PrivateWeights:
         self.size = _examples(loader)
 
     @property
+    def steps_per_epoch(self) -> int:
+        """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length)."""
+        if self._cached is not None:
+            return len(self._cached)
+        try:
+            return len(self.loader)  # type: ignore[arg-type]
+        except TypeError:
+            return sum(1 for _ in iterate(self.loader, device="cpu", progress=False, desc="count"))
+
+    @property
     def num_weights(self) -> int:
         """The number of trained scalar weights."""
         return sum(t.numel() for t in self.trained)
@@ -135,7 +146,7 @@ class PrivateWeights:
         with torch.no_grad(), eval_mode(self._split.model):
             for x, y in iterate(self.loader, device=self.device, progress=False, desc="features"):
                 phi, logits = self._split(x)
-                y = check_labels(y, logits.shape[-1])
+                y = check_labels(y, as_class_logits(logits).shape[-1])
                 size += y.numel()
                 kept += phi.numel() * 4
                 if kept <= settings.memory_budget(None):
@@ -163,8 +174,8 @@ class PrivateWeights:
 
     def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
         """The mean cross-entropy of one batch from :meth:`epoch`."""
-        logits = self.forward(inputs)
-        return F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
+        logits = as_class_logits(self.forward(inputs)).float()  # a single logit z: the two classes [0, z]
+        return F.cross_entropy(logits, check_labels(y, logits.shape[-1]))
 
     def weights_vector(self) -> Tensor:
         """The current trained weights as one float32 row."""

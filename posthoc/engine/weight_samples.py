@@ -32,6 +32,8 @@ from posthoc.core.inputs import Inputs, run_model_with
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.engine.head import FeatureSplit
 
+#: dtypes whose weight samples run in float32 (a sample a little larger than the checkpoint overflows float16)
+LOW_PRECISION = (torch.float16, torch.bfloat16)
 #: ``rows(samples)`` returns the head rows ``(len(samples), P)`` of the samples in a ``slice``
 RowSource = Callable[[slice], Tensor]
 
@@ -76,6 +78,8 @@ def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inp
     groups = []
     for samples in chunks(count, row_bytes):
         logits = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
+        if classes == 1:  # a binary classifier's single logit z: the two classes [0, z]
+            logits = torch.cat([torch.zeros_like(logits), logits], dim=-1)
         groups.append(torch.log_softmax(logits, dim=-1))
     sample_log_probs = groups[0] if len(groups) == 1 else torch.cat(groups)
     return log_mean_exp(sample_log_probs), sample_log_probs
@@ -86,7 +90,8 @@ def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, 
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states, one pass each.
 
     ``states(s)`` gives sample ``s`` as ``{name: tensor}`` (parameters and buffers replacing the
-    model's own, through :func:`~posthoc.core.inputs.run_model_with`); the model is not changed.
+    model's own, through :func:`~posthoc.core.inputs.run_model_with`); the model is not changed. A
+    float16 / bfloat16 model runs its samples in float32 (with its inputs), as the head route does.
 
     Example:
         >>> net = nn.Linear(2, 3)
@@ -94,5 +99,22 @@ def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, 
         >>> samples.shape
         torch.Size([4, 5, 3])
     """
-    sample_log_probs = torch.stack([class_log_probs(run_model_with(model, states(s), x)).float() for s in range(count)])
+    base = _float32_tensors(model)
+    if base:  # a float16 / bfloat16 model: weight samples run in float32, where they cannot overflow
+        x = {k: _float32(v) for k, v in x.items()} if isinstance(x, Mapping) else _float32(x)
+    rows = [class_log_probs(run_model_with(model, {**base, **{k: _float32(v) for k, v in states(s).items()}} if base else states(s), x)).float()
+            for s in range(count)]
+    sample_log_probs = torch.stack(rows)
     return log_mean_exp(sample_log_probs), sample_log_probs
+
+
+def _float32(value: Tensor) -> Tensor:
+    return value.float() if isinstance(value, Tensor) and value.dtype in LOW_PRECISION else value
+
+
+def _float32_tensors(model: nn.Module) -> dict[str, Tensor]:
+    """Every low-precision parameter and buffer of ``model`` in float32 (``{}`` for a float32 model)."""
+    tensors = dict(model.named_parameters()) | dict(model.named_buffers())
+    if not any(t.dtype in LOW_PRECISION for t in tensors.values()):
+        return {}
+    return {name: t.detach().float() for name, t in tensors.items() if t.dtype in LOW_PRECISION}
