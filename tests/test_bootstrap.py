@@ -105,6 +105,17 @@ def test_auroc_interval_covers_the_binormal_truth():
     assert 0.83 <= hits / draws <= 0.96
 
 
+def test_auroc_draws_are_the_auroc_of_each_resample_with_ties():
+    generator = torch.Generator().manual_seed(7)
+    inside = torch.randn(300, generator=generator).round(decimals=1)  # many ties
+    outside = (torch.randn(200, generator=generator) + 1).round(decimals=1)
+    draws = bootstrap.auroc_draws(inside, outside, bootstraps=5, seed=3)
+    replay = torch.Generator().manual_seed(3)  # the resamples auroc_draws takes: in-distribution, then OOD
+    picks_in, picks_out = torch.randint(300, (5, 300), generator=replay), torch.randint(200, (5, 200), generator=replay)
+    for draw, pick_in, pick_out in zip(draws, picks_in, picks_out):
+        assert float(draw) == pytest.approx(metrics.ood_auroc(inside[pick_in], outside[pick_out]), abs=1e-12)
+
+
 def test_bad_levels_and_methods_are_refused():
     stats = {"m": lambda index: index.double().mean(-1)}
     for ci in (0, 1, 95):

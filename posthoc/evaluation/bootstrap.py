@@ -19,7 +19,6 @@ from collections.abc import Callable, Mapping
 import numpy as np
 import torch
 from scipy.special import ndtr, ndtri
-from scipy.stats import rankdata
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError, InputError
@@ -152,31 +151,52 @@ def difference(first: Statistic, second: Statistic) -> Statistic:
     return lambda index: first(index) - second(index)
 
 
-def _auroc_rows(in_scores: np.ndarray, out_scores: np.ndarray) -> np.ndarray:
-    """AUROC of each row pair (Mann–Whitney U with tied ranks averaged), higher score = more OOD."""
-    ranks = rankdata(np.concatenate([in_scores, out_scores], axis=-1), axis=-1)
-    n_in, n_out = in_scores.shape[-1], out_scores.shape[-1]
-    return (ranks[..., n_in:].sum(-1) - n_out * (n_out + 1) / 2) / (n_in * n_out)
+def _resample_counts(n: int, rows: int, generator: torch.Generator) -> Tensor:
+    """How often each of ``n`` examples is drawn in each of ``rows`` resamples with replacement: ``(rows, n)``."""
+    picks = torch.randint(n, (rows, n), generator=generator)
+    return torch.zeros(rows, n, dtype=torch.float64).scatter_add_(1, picks, torch.ones(rows, n, dtype=torch.float64))
+
+
+def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, seed: int = 0) -> Tensor:
+    """The OOD AUROC of ``bootstraps`` resamples ``(B,)``, in-distribution and OOD examples resampled independently.
+
+    Each resample's AUROC is the Mann–Whitney statistic with ties counted half, computed from the resample's
+    counts of each example: the scores are sorted once, and for every OOD example the (weighted) number of
+    in-distribution scores below and tied with it is a cumulative sum, so a resample costs ``O(n + m)``.
+
+    Example:
+        >>> auroc_draws(test_entropy, ood_entropy, bootstraps=3)
+        tensor([0.9312, 0.9401, 0.9376], dtype=torch.float64)
+    """
+    inside, outside = in_scores.double().cpu().flatten(), out_scores.double().cpu().flatten()
+    if inside.numel() == 0 or outside.numel() == 0:
+        raise InputError("an AUROC interval needs at least one in-distribution and one OOD example")
+    ordered, order = inside.sort()
+    below = torch.searchsorted(ordered, outside, right=False)
+    up_to = torch.searchsorted(ordered, outside, right=True)
+    generator = torch.Generator().manual_seed(seed)
+    rows = max(1, CHUNK_ELEMENTS // (inside.numel() + outside.numel()))
+    draws = []
+    for start in range(0, bootstraps, rows):
+        size = min(rows, bootstraps - start)
+        weights = _resample_counts(inside.numel(), size, generator)[:, order]
+        cumulative = torch.cat([torch.zeros(size, 1, dtype=torch.float64), weights.cumsum(1)], 1)
+        lower, tied = cumulative[:, below], cumulative[:, up_to] - cumulative[:, below]
+        counts = _resample_counts(outside.numel(), size, generator)
+        draws.append((counts * (lower + tied / 2)).sum(1) / (inside.numel() * outside.numel()))
+    return torch.cat(draws)
 
 
 def auroc_interval(in_scores: Tensor, out_scores: Tensor, *, ci: float = 0.95, bootstraps: int = 1000,
                    seed: int = 0) -> tuple[float, float]:
-    """Percentile interval of the OOD AUROC, resampling the in-distribution and OOD examples independently.
+    """Percentile interval of the OOD AUROC over :func:`auroc_draws`.
 
     Example:
         >>> auroc_interval(test_entropy, ood_entropy, ci=0.95)
         (0.91, 0.95)
     """
     check_level(ci, bootstraps)
-    first, second = in_scores.double().cpu().numpy(), out_scores.double().cpu().numpy()
-    rng = np.random.default_rng(seed)
-    rows = max(1, CHUNK_ELEMENTS // (first.size + second.size))
-    draws = np.concatenate([
-        _auroc_rows(first[rng.integers(first.size, size=(size, first.size))],
-                    second[rng.integers(second.size, size=(size, second.size))])
-        for size in np.diff(np.r_[np.arange(0, bootstraps, rows), bootstraps])
-    ])
-    low, high = np.quantile(draws, [(1 - ci) / 2, (1 + ci) / 2])
+    low, high = np.quantile(auroc_draws(in_scores, out_scores, bootstraps, seed).numpy(), [(1 - ci) / 2, (1 + ci) / 2])
     return float(low), float(high)
 
 
