@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
@@ -144,6 +144,17 @@ def intervals(statistics: Mapping[str, Statistic], n: int, *, ci: float = 0.95, 
         jackknife = None if jack is None else _chunked(statistic, jack).numpy()
         out[name] = _interval(draws, observed, ci, method, jackknife)
     return out
+
+
+def draws(statistics: Mapping[str, Statistic], index: Tensor, names: Iterable[str]) -> dict[str, np.ndarray]:
+    """The values of the ``names`` statistics on every resample of ``index`` (``B`` each)."""
+    return {name: _chunked(statistics[name], index).numpy() for name in names}
+
+
+def percentile_interval(values: np.ndarray, ci: float) -> tuple[float, float]:
+    """The central ``ci`` interval of bootstrap ``values`` (NaN resamples ignored)."""
+    low, high = np.nanquantile(values, [(1 - ci) / 2, (1 + ci) / 2])
+    return float(low), float(high)
 
 
 def difference(first: Statistic, second: Statistic) -> Statistic:

@@ -19,6 +19,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from matplotlib.figure import Figure
 
@@ -195,18 +196,16 @@ def _intervals(reports: dict[tuple[str, int], Report], kinds: Sequence[str], sev
         if not torch.equal(report.labels, labels):
             raise InputError("the test loader yielded different examples on different passes; evaluate_shift needs "
                              "a loader without shuffling")
-    stats = {key: bootstrap.example_statistics(report.probs, report.labels) for key, report in reports.items()}
     index = bootstrap.resample_index(len(labels), bootstraps, seed)
+    draws = {key: bootstrap.draws(bootstrap.example_statistics(report.probs, report.labels), index, METRICS)
+             for key, report in reports.items()}
 
-    def cell(chosen: dict[str, bootstrap.Statistic]) -> dict[str, tuple[float, float]]:
-        return bootstrap.intervals(chosen, len(labels), ci=ci, bootstraps=bootstraps, index=index)
+    def cell(by_metric: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+        return {metric: bootstrap.percentile_interval(by_metric[metric], ci) for metric in METRICS}
 
-    out = {CLEAN: {0: cell({m: stats[CLEAN, 0][m] for m in METRICS})}}
+    out = {CLEAN: {0: cell(draws[CLEAN, 0])}}
     for kind in kinds:
-        out[kind] = {s: cell({m: stats[kind, s][m] for m in METRICS}) for s in severities}
-    out[MEAN] = {s: cell({m: _mean_over([stats[k, s][m] for k in kinds]) for m in METRICS}) for s in severities}
+        out[kind] = {s: cell(draws[kind, s]) for s in severities}
+    # the same resampled examples in every kind: the mean over kinds of each resample's values
+    out[MEAN] = {s: cell({m: np.mean([draws[k, s][m] for k in kinds], axis=0) for m in METRICS}) for s in severities}
     return out
-
-
-def _mean_over(statistics: list[bootstrap.Statistic]) -> bootstrap.Statistic:
-    return lambda index: sum(statistic(index) for statistic in statistics) / len(statistics)
