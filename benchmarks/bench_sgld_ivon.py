@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import posthoc  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
-from timing import HEADER, measure, row  # noqa: E402
+from timing import Timing, measure  # noqa: E402
 
 #: label -> (wrap options, fit options); the first of each method is its default
 CONFIGS = {
@@ -43,6 +43,7 @@ CONFIGS = {
     "ivon hess_init=1 (ivon-opt's default)": ("ivon", {}, {"hess_init": 1.0}),
 }
 ROTATIONS = (0, 45, 90)
+HEADER = "| what | wall s (median) | wall ratio to plain forward | CPU ratio | cpu/wall |\n|---|---|---|---|---|"
 SHIFTED = (45, 90)
 SLACK = 1.02
 
@@ -55,6 +56,13 @@ def _fitted(model: torch.nn.Module, label: str, splits: data.DigitsSplits) -> tu
         um = posthoc.wrap(model, method=method, **options).fit(
             data.loader(splits.fit, 64, shuffle=True, seed=0), data.loader(splits.calibration, 256), progress=False, **fit_options)
     return um, time.perf_counter() - start
+
+
+def row(name: str, timing: Timing, reference: Timing) -> str:
+    """A Markdown row: the wall ratio and, beside it, the process-CPU ratio (steadier on a shared machine)."""
+    flag = " (contended)" if timing.contended else ""
+    return (f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu / reference.cpu:.2f}x | "
+            f"{timing.cpu_per_wall:.2f}{flag} |")
 
 
 def cost(archs: list[str], labels: list[str], repeats: int) -> None:
