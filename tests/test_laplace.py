@@ -13,6 +13,7 @@ import posthoc
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment, full_matrix
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
+from posthoc.methods.laplace import subset_glm
 
 D, C = 5, 3
 
@@ -436,17 +437,27 @@ def test_subset_errors_are_clear(digits_model) -> None:
     assert posthoc.wrap(digits_model, method="laplace", subset=["features.4", "classifier.4"]).method.pred == "nn"
 
 
-def test_subset_glm_refuses_linear_layers_applied_over_positions() -> None:
+def test_subset_glm_over_linear_layers_applied_over_positions_is_the_exact_linearisation() -> None:
+    """A Linear applied at several positions (tokens) has the Jacobian sum_t g_t a_t^T: the GLM covariance
+    equals J (diag GGN + delta)^-1 J^T with J and the GGN diagonal by brute force (torch.func)."""
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Unflatten(1, (2, 2)), nn.Linear(2, 3), nn.Flatten(), nn.Linear(6, 3)).eval()
-    x, y = torch.randn(20, 4), torch.randint(0, 3, (20,))
+    model = nn.Sequential(nn.Unflatten(1, (2, 2)), nn.Linear(2, 3), nn.Flatten(), nn.Linear(6, 3)).double().eval()
+    x, y = torch.randn(20, 4, dtype=torch.float64), torch.randint(0, 3, (20,))
     um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", prior_precision=1.0).fit([(x, y)], progress=False)
-    with pytest.raises(ConfigError, match="pred='nn'"):
-        um.predict(x[:3])
-    with pytest.raises(ConfigError, match="pred='nn'"):  # the default prior search runs the predictive at fit
-        posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag").fit([(x, y)], progress=False)
+    params = dict(model.named_parameters())
+    names = ["1.weight", "1.bias", "3.weight", "3.bias"]
+    jacobian = torch.func.vmap(lambda row: torch.cat([j.flatten(1) for j in torch.func.jacrev(
+        lambda values: torch.func.functional_call(model, {**params, **values}, (row[None],))[0])(
+        {n: params[n].detach() for n in names}).values()], 1))(x)  # (n, C, P)
+    probs = torch.softmax(model(x), -1).detach()
+    hessian = torch.diag_embed(probs) - probs[:, :, None] * probs[:, None, :]
+    ggn = torch.einsum("ncp,ncd,ndp->p", jacobian, hessian, jacobian)
+    expected = torch.einsum("ncp,p,ndp->ncd", jacobian[:3], 1 / (ggn + 1.0), jacobian[:3])
+    gaussian = subset_glm.logit_gaussian(model, um.method.glm_layers, um.method._blocks(), x[:3], 1.0)
+    torch.testing.assert_close(gaussian.covariance().double(), expected)
+    model.float()
     nn_um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", pred="nn", num_samples=4)
-    assert torch.isfinite(nn_um.fit([(x, y)], progress=False).predict(x[:3]).probs).all()
+    assert torch.isfinite(nn_um.fit([(x.float(), y)], progress=False).predict(x[:3].float()).probs).all()
 
 
 # ------------------------------------------------------------------- prior precision on held-out NLL
