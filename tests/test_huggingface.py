@@ -13,6 +13,7 @@ import csv
 import json
 import math
 import runpy
+import sys
 from pathlib import Path
 
 import pytest
@@ -347,7 +348,8 @@ def test_ensembles_and_ood_detectors_take_hugging_face_models(text) -> None:
 
 
 def test_without_the_extra_the_message_names_it(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(posthoc.loading.hf, "transformers", None)
+    monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` sees without the extra
+    monkeypatch.setitem(sys.modules, "peft", None)
     with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
         posthoc.loading.hf.load_classifier(f"hf:{tmp_path}")
     with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):

@@ -32,7 +32,7 @@ from torch.utils.data import TensorDataset
 
 from posthoc.core.inputs import run_model, split_batch
 from posthoc.demo.data import MEAN, STD
-from posthoc.loading.hf import MISSING, peft, require_transformers
+from posthoc.loading.hf import require_peft, require_transformers
 
 try:
     import tokenizers
@@ -138,8 +138,7 @@ def digits_processor() -> Any:
 
 def lora(model: nn.Module, *, rank: int = 4, targets: Sequence[str] = ("query", "value"), seed: int = 0) -> nn.Module:
     """``model`` with LoRA adapters on ``targets`` (its head trained beside them), as ``peft`` builds it."""
-    if peft is None:
-        raise ImportError(MISSING)
+    peft = require_peft()
     torch.manual_seed(seed)
     config = peft.LoraConfig(task_type=peft.TaskType.SEQ_CLS, r=rank, lora_alpha=2 * rank, target_modules=list(targets))
     return peft.get_peft_model(model, config)

@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import csv
+import importlib
 import json
 import os
 from collections.abc import Sequence
@@ -36,14 +37,6 @@ from torch.utils.data import DataLoader, Dataset
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.loading.folders import take_subset
 
-try:
-    import transformers
-except ImportError:  # the optional extra is not installed: every entry point says so
-    transformers = None
-try:
-    import peft
-except ImportError:
-    peft = None
 
 #: the ``--model`` prefix of a Hugging Face model
 PREFIX = "hf:"
@@ -52,11 +45,22 @@ TEXT_COLUMN, LABEL_COLUMN = "text", "label"
 ADAPTER_CONFIG = "adapter_config.json"
 
 
+def _optional(module: str) -> Any:
+    """Import the optional ``module`` on first use (the CLI and ``import posthoc`` stay fast without it)."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as err:
+        raise ImportError(MISSING) from err
+
+
 def require_transformers() -> Any:
     """The ``transformers`` module, or an ``ImportError`` naming ``pip install 'posthoc[hf]'``."""
-    if transformers is None:
-        raise ImportError(MISSING)
-    return transformers
+    return _optional("transformers")
+
+
+def require_peft() -> Any:
+    """The ``peft`` module, or an ``ImportError`` naming ``pip install 'posthoc[hf]'``."""
+    return _optional("peft")
 
 
 def is_image_classifier(config: Any) -> bool:
@@ -81,8 +85,7 @@ def load_classifier(name: str, *, pretrained: bool = True, num_classes: int | No
     path = name[len(PREFIX):] if name.startswith(PREFIX) else name
     adapter = Path(path, ADAPTER_CONFIG)
     if adapter.is_file():
-        if peft is None:
-            raise ImportError(MISSING)
+        peft = require_peft()
         base = json.loads(adapter.read_text())["base_model_name_or_path"]
         model, processor = load_classifier(base, pretrained=pretrained, num_classes=num_classes)
         return peft.PeftModel.from_pretrained(model, path).eval(), processor
