@@ -65,6 +65,10 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     ood = report.split("post-hoc scores of the plain model")[1]
     assert all(f"| MAP | {name} |" in ood for name in ("msp", "energy", "mahalanobis", "vim", "knn", "gen"))
     assert "| temperature | " in ood.split("next to the best post-hoc score")[1]
+    every = ood.split("AUROC of every score, per method")[1].splitlines()
+    assert every[2].startswith("| method | entropy |") and all(name in every[2] for name in ("msp", "gen", "knn", "vim"))
+    plain, temperature = (line.split(" | ") for line in every[4:6])
+    assert plain[0] == "| MAP" and temperature[0] == "| temperature" and plain[-1].endswith("* |")
     for name in ("reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200

@@ -101,6 +101,26 @@ def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
     return "\n".join(lines)
 
 
+def every_score_markdown(own: Mapping[str, OODTable], shared: OODTable, metric: str = "auroc") -> str:
+    """One line per method with ``metric`` for every score: the method's own scores (``own``: method ->
+    score -> metrics, e.g. its entropy, MI, msp, gen) and, for the scores it does not have, the ``shared``
+    ones (score -> metrics, e.g. the checkpoint's logit and feature scores), marked with ``*``.
+
+    Example:
+        >>> print(every_score_markdown({"MAP": {"entropy": {"auroc": 0.9}}}, {"knn": {"auroc": 0.95}}))
+        | method | entropy | knn |
+        |---|---|---|
+        | MAP | 0.9000 | 0.9500* |
+    """
+    names = list(dict.fromkeys([*(name for table in own.values() for name in table), *shared]))
+    lines = ["| method | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    for method, table in own.items():
+        cells = [f"{table[name][metric]:.4f}" if name in table
+                 else f"{shared[name][metric]:.4f}*" if name in shared else "–" for name in names]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def interval_key(score: str) -> str:
     """The ``Report.intervals`` key of a score's AUROC interval.
 

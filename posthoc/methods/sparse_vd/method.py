@@ -69,7 +69,8 @@ class SparseVariationalDropout(VariationalMethod):
 
     name = "sparse-vd"
     tools = ("sparsity", "prune")
-    demo_configs = (("sparse VD", {}),)
+    #: not in ``posthoc demo``: it trades in-distribution NLL for sparsity, and sampling every layer costs
+    #: about 100 forwards per prediction (its own benchmark, ``benchmarks/bench_sparse_vd.py``, shows it)
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "all", head: str | None = None,
                  init_log_alpha: float = -4.0, threshold: float = 3.0, num_samples: int = 20,
