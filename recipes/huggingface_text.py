@@ -37,7 +37,7 @@ from torch import nn
 
 from posthoc.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
 from posthoc.core.errors import exit_status
-from posthoc.loading.hf import ADAPTER_CONFIG, MISSING, peft, require_transformers
+from posthoc.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
 
 
 def load_model(name: str, pretrained: bool = True, num_classes: int | None = None) -> tuple[nn.Module, Any]:
@@ -45,8 +45,7 @@ def load_model(name: str, pretrained: bool = True, num_classes: int | None = Non
     transformers = require_transformers()  # ImportError naming pip install 'posthoc[hf]' when missing
     adapter = Path(name, ADAPTER_CONFIG)
     if adapter.is_file():
-        if peft is None:
-            raise ImportError(MISSING)
+        peft = require_peft()
         base, tokenizer = load_model(json.loads(adapter.read_text())["base_model_name_or_path"], pretrained, num_classes)
         return peft.PeftModel.from_pretrained(base, name).eval(), tokenizer
     labels = {} if num_classes is None else {"num_labels": num_classes, "ignore_mismatched_sizes": True}
