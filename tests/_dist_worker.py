@@ -13,6 +13,15 @@ from posthoc.demo import data, zoo
 SHARD_SIZES = (350, 250)
 
 
+#: (method, options, fit options) of the methods that fit weights by gradient steps (tests/test_distributed.py)
+WEIGHT_CASES = (
+    ("vi", {}, {"epochs": 1}),
+    ("sparse-vd", {"layers": "head"}, {"epochs": 1}),
+    ("sgld", {"layers": "head", "num_samples": 4}, {"epochs": 1}),
+    ("ivon", {"layers": "head", "num_samples": 4}, {"epochs": 1}),
+)
+
+
 def shards(dataset):
     bounds = [0, SHARD_SIZES[0], SHARD_SIZES[0] + SHARD_SIZES[1]]
     return [Subset(dataset, range(bounds[i], bounds[i + 1])) for i in range(2)]
@@ -64,6 +73,17 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             torch.save({"nodes": {k: v.clone() for k, v in um.method.nodes.state_dict().items()},
                         "probs": um.predict(splits.test.tensors[0][:20], generator=torch.Generator().manual_seed(0)).probs},
                        f"{out}/rank{rank}.pt")
+            return
+        if scenario == "weights":
+            fit = DataLoader(shards(splits.fit)[rank], batch_size=64, shuffle=True,
+                             generator=torch.Generator().manual_seed(rank))
+            x = splits.test.tensors[0][:20]
+            results = {}
+            for name, options, fit_options in WEIGHT_CASES:
+                um = posthoc.wrap(model, method=name, **options).fit(fit, progress=False, **fit_options)
+                results[name] = {"state": um.method.posterior_state(),
+                                 "probs": um.predict(x, generator=torch.Generator().manual_seed(0)).probs}
+            torch.save(results, f"{out}/rank{rank}.pt")
             return
         if scenario == "laplace":
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)

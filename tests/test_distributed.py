@@ -88,6 +88,22 @@ def test_ibnn_node_posteriors_stay_identical_on_every_rank(tmp_path, digits_mode
     assert torch.equal(ranks[0]["probs"], ranks[1]["probs"])
 
 
+def test_gradient_fitted_posteriors_are_identical_on_every_rank(tmp_path, digits_model):
+    """vi, sparse-vd, sgld and ivon on two uneven, differently shuffled shards: gradients averaged, the likelihood's N
+    summed and the steps cut to the shorter shard, so both ranks end with one posterior (and it moved from the start)."""
+    ranks = _launch(tmp_path, "weights")
+    for name, options, _ in _dist_worker.WEIGHT_CASES:
+        start = posthoc.wrap(digits_model, method=name, **options).method.posterior_state()
+        first, second = ranks[0][name]["state"], ranks[1][name]["state"]
+        assert first.keys() == second.keys()
+        for key in first:
+            torch.testing.assert_close(first[key], second[key], rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{name}: {key}")
+        moved = [key for key in first if key in start and start[key].shape == first[key].shape and start[key].is_floating_point()
+                 and not torch.allclose(start[key], first[key])]
+        assert moved or any(key not in start or start[key].shape != first[key].shape for key in first), name
+        torch.testing.assert_close(ranks[0][name]["probs"], ranks[1][name]["probs"], rtol=1e-4, atol=1e-6)
+
+
 def test_sampler_for_another_world_size_is_refused(tmp_path):
     ranks = _launch(tmp_path, "wrong-world-size")
     for result in ranks:

@@ -64,6 +64,11 @@ def broadcast_object(value: Any, src: int) -> Any:
     return box[0]
 
 
+def world_size() -> int:
+    """The number of ranks taking part (1 without torch.distributed)."""
+    return dist.get_world_size() if active() else 1
+
+
 def check_loader(loader: Iterable) -> None:
     """Refuse a loader whose ``DistributedSampler`` was built for another world size or rank."""
     sampler = getattr(loader, "sampler", None)

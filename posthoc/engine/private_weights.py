@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core import settings
+from posthoc.core import distributed, settings
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
 from posthoc.core.logits import as_class_logits
@@ -109,7 +109,7 @@ class PrivateWeights:
         self._cached: list[tuple[Tensor, Tensor]] | None = None
         if layers == "head":
             self._split = split
-            self.size = self._cache_features()
+            self.size = self._all_shards(self._cache_features())
             head = split.head
             self.trained = [head.weight.detach().clone().float().requires_grad_(True)]
             if head.bias is not None:
@@ -123,17 +123,30 @@ class PrivateWeights:
         self.trained = [p for name, p in self.copy.named_parameters() if name in names]
         found = dict(self.copy.named_buffers())
         self.buffers = [found[name] for name in buffer_names(model, layers)]
-        self.size = _examples(loader)
+        self.size = self._all_shards(_examples(loader))
+
+    def _all_shards(self, size: int) -> int:
+        """Under torch.distributed, the examples of every rank's shard together (the likelihood's ``N``)."""
+        if not distributed.active():
+            return size
+        return int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64, device=self.device)).item())
 
     @property
     def steps_per_epoch(self) -> int:
-        """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length)."""
+        """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length);
+        under torch.distributed the shortest shard's, so that every rank takes the same steps."""
         if self._cached is not None:
-            return len(self._cached)
-        try:
-            return len(self.loader)  # type: ignore[arg-type]
-        except TypeError:
-            return sum(1 for _ in iterate(self.loader, device="cpu", progress=False, desc="count"))
+            local = len(self._cached)
+        else:
+            try:
+                local = len(self.loader)  # type: ignore[arg-type]
+            except TypeError:
+                local = sum(1 for _ in iterate(self.loader, device="cpu", progress=False, desc="count"))
+        return distributed.common_length(local, "fine-tuning")
+
+    def average_gradients(self) -> None:
+        """Average the trained weights' gradients over torch.distributed ranks (nothing without it)."""
+        distributed.average_gradients(self.trained)
 
     @property
     def num_weights(self) -> int:
@@ -155,12 +168,16 @@ class PrivateWeights:
         return size
 
     def epoch(self, generator: torch.Generator) -> Iterator[tuple[Inputs, Tensor]]:
-        """One pass over the training data: ``(inputs, labels)`` for :meth:`forward` (features for the head)."""
+        """One pass over the training data: ``(inputs, labels)`` for :meth:`forward` (features for the head),
+        :attr:`steps_per_epoch` batches."""
+        steps = self.steps_per_epoch
         if self._cached is not None:
-            for index in torch.randperm(len(self._cached), generator=generator).tolist():
+            for index in torch.randperm(len(self._cached), generator=generator).tolist()[:steps]:
                 yield self._cached[index]
             return
-        for x, y in iterate(self.loader, device=self.device, progress=False, desc="fine-tune"):
+        for index, (x, y) in enumerate(iterate(self.loader, device=self.device, progress=False, desc="fine-tune")):
+            if index >= steps:
+                break
             if self.layers == "head":
                 with torch.no_grad(), eval_mode(self._split.model):
                     x, _ = self._split(x)
@@ -182,8 +199,14 @@ class PrivateWeights:
         return torch.cat([t.detach().reshape(-1).float() for t in self.trained])
 
     def buffers_vector(self) -> Tensor:
-        """The copy's BatchNorm running statistics as one float32 row (empty for the head)."""
-        return torch.cat([t.detach().reshape(-1).float() for t in self.buffers]) if self.buffers else torch.zeros(0, device=self.device)
+        """The copy's BatchNorm running statistics as one float32 row (empty for the head); under
+        torch.distributed their mean over ranks, so that every rank keeps the same state."""
+        if not self.buffers:
+            return torch.zeros(0, device=self.device)
+        row = torch.cat([t.detach().reshape(-1).float() for t in self.buffers])
+        if distributed.active():
+            row = distributed.all_reduce_sum(row) / distributed.world_size()
+        return row
 
 
 def sample_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> list[str]:

@@ -6,6 +6,10 @@ beta_t * KL / N`` with ``N`` the training examples and ``beta_t`` from a
 and its scales (log standard deviations, log variances) at ``lr_scale``. The model runs in eval mode
 (dropout off, BatchNorm on its running statistics) with its own parameters frozen: only the
 posterior's parameters change, and the model's ``requires_grad`` flags are restored afterwards.
+Under ``torch.distributed`` every rank fits on its own shard: ``N`` is the size of all shards together,
+every rank takes as many steps as the shortest shard has batches, and the posterior's gradients are
+averaged over ranks before each step (as DistributedDataParallel would), so every rank ends with the same
+posterior.
 
 Example:
     >>> options = ElboFit(epochs=2, lr=1e-3, lr_scale=1e-2, kl=KLSchedule("cosine"))
@@ -23,6 +27,7 @@ import torch.nn.functional as F
 from torch import nn
 from tqdm.auto import tqdm
 
+from posthoc.core import distributed
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.fit_record import dataset_size
@@ -62,8 +67,11 @@ def fit_elbo(model: nn.Module, layers: VariationalLayers, train_loader: Iterable
         steps_per_epoch = len(train_loader)  # type: ignore[arg-type]
     except TypeError:
         steps_per_epoch = None
+    steps_per_epoch = distributed.common_length(steps_per_epoch, "ELBO fitting")
     total = None if steps_per_epoch is None else options.epochs * steps_per_epoch
     size = dataset_size(train_loader)
+    if size is not None and distributed.active():  # the KL is scaled by the size of all shards together
+        size = int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64, device=device)).item())
     flags = [(p, p.requires_grad) for p in model.parameters()]
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
     step = 0
@@ -72,7 +80,9 @@ def fit_elbo(model: nn.Module, layers: VariationalLayers, train_loader: Iterable
             p.requires_grad_(False)
         with eval_mode(model):
             for epoch in range(options.epochs):
-                for x, y in iterate(train_loader, device=device, progress=False, desc=desc):
+                for index, (x, y) in enumerate(iterate(train_loader, device=device, progress=False, desc=desc)):
+                    if steps_per_epoch is not None and index >= steps_per_epoch:
+                        break  # under torch.distributed: every rank takes the same number of steps
                     size = size or batch_size(x) * (steps_per_epoch or 1)
                     kl_weight = options.kl(step / total if total else epoch / options.epochs)
                     with layers.sampling():
@@ -89,6 +99,7 @@ def fit_elbo(model: nn.Module, layers: VariationalLayers, train_loader: Iterable
                     if optimizer is not None:
                         optimizer.zero_grad(set_to_none=True)
                         loss.backward()
+                        distributed.average_gradients([*locations, *scales])
                         optimizer.step()
                     step += 1
                     bar.update(1)

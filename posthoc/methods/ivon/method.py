@@ -187,6 +187,7 @@ class IVON(Method):
                             optimiser.zero_grad()
                             loss = weights.loss(inputs, y)
                             loss.backward()
+                            weights.average_gradients()  # under torch.distributed, before IVON reads them
                     value = float(loss.detach())
                     if not math.isfinite(value):
                         raise NumericalError(f"the IVON loss became {value} at step {step + 1}; fit again with a lower lr")

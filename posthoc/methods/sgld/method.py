@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
 
-from posthoc.core import settings
+from posthoc.core import distributed, settings
 from posthoc.core.checks import memory_bytes, non_negative, positive_int
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs
@@ -154,7 +154,8 @@ class SGLD(Method):
     def _run_chain(self, train_loader: Iterable, *, epochs: int, lr: float | None, burn_in: float, exploration: float,
                    progress: bool) -> None:
         """The chain of :meth:`fit`: sets ``samples`` and ``schedule``."""
-        generator = torch.Generator().manual_seed(self.seed)
+        generator = torch.Generator().manual_seed(self.seed)  # the chain's noise: alike on every rank
+        order = torch.Generator().manual_seed(self.seed + 1)  # the order of cached batches: shards differ in length
         weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split)
         lr = float(lr) if lr is not None else self._default_lr(weights)
         centre = [t.detach().clone() for t in weights.trained] if self.prior == "checkpoint" else None
@@ -175,13 +176,14 @@ class SGLD(Method):
         bar = tqdm(total=total, desc="sgld", disable=not progress, leave=False)
         try:
             for _ in range(epochs):
-                for inputs, y in weights.epoch(generator):
+                for inputs, y in weights.epoch(order):
                     loss = weights.loss(inputs, y)
                     if not math.isfinite(float(loss.detach())):
                         raise NumericalError(f"the SGLD loss became {float(loss.detach())} at step {step + 1} (lr={lr:.3g}); fit again with a lower lr")
                     for t in weights.trained:
                         t.grad = None
                     loss.backward()
+                    weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
                     noise = self.temperature > 0 and adds_noise(step, total, cycles=self.cycles, exploration=exploration)
                     chain.step(step_size(step, total, lr, cycles=self.cycles), noise=noise)
                     if step in kept:
@@ -197,8 +199,10 @@ class SGLD(Method):
         """``1 / mean |[phi, 1]|^2`` over the head's features (module docs), ``1e-3`` for ``"all"``."""
         if self.layers == "all":
             return 1e-3
-        squares = [phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))]
-        return float(1 / torch.stack(squares).mean())
+        squares = torch.stack([phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))])
+        totals = torch.stack([squares.sum(), torch.tensor(float(len(squares)), device=squares.device)]).double()
+        totals = distributed.all_reduce_sum(totals) if distributed.active() else totals  # one lr on every rank
+        return float(totals[1] / totals[0])
 
     def _keep_count(self, weights: PrivateWeights) -> int:
         """``num_samples``, or as many ``"all"`` states as fit in ``max_memory`` (with a warning)."""
