@@ -285,6 +285,12 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
     assert low < by_name.ood["energy"]["auroc"] < high
     assert f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
     assert by_name._repr_html_().count("data:image/png;base64,") == 3  # reliability, risk-coverage, OOD histograms
+    tempered = posthoc.wrap(digits_model, method="temperature").fit(val_loader=small["val"], progress=False)
+    own = posthoc.evaluate(tempered, loaders["test"], loaders["ood"], ood_scores=["msp", "gen", "energy"], progress=False)
+    scorer = posthoc.detector(tempered, score=["msp", "gen"])  # the predictive's scores, from a pass of their own
+    on_test, on_ood = (scorer.score_loader(loaders[name], progress=False) for name in ("test", "ood"))
+    for name in ("msp", "gen"):  # evaluate takes them from the predictions it made: the same numbers
+        assert own.ood[name] == pytest.approx(metrics.ood_metrics(on_test[name], on_ood[name]))
     with pytest.raises(posthoc.ConfigError, match="pass ood_loader"):
         posthoc.evaluate(um, loaders["test"], ood_scores=["energy"], progress=False)
     with pytest.raises(posthoc.ConfigError, match="need training statistics"):

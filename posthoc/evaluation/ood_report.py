@@ -61,6 +61,12 @@ def ood_values(um: UncertainModel, test: Prediction, ood: Prediction, test_loade
         return values
     scorer = scoring_detector(um, ood_scores)
     names = [name for name in scorer.names if name not in OWN_SCORES]
+    # scores of um's own predictive come from the predictions evaluate already made: no second pass
+    in_hand = [name for name in names if scorer.um is um and scorer.reads_only_prediction(name)]
+    if in_hand:
+        on_test, on_ood = scorer.prediction_scores(test, in_hand), scorer.prediction_scores(ood, in_hand)
+        values.update({name: (on_test[name].cpu(), on_ood[name].cpu()) for name in in_hand})
+    names = [name for name in names if name not in in_hand]
     if names:
         on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)
         on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)

@@ -35,7 +35,7 @@ from posthoc.ood.base import Outputs, Score
 from posthoc.ood.knn import KNN
 from posthoc.ood.logits import Energy, MaxLogit
 from posthoc.ood.mahalanobis import Mahalanobis
-from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, MutualInformation, PredictiveEntropy
+from posthoc.ood.predictive import PREDICTION, GeneralizedEntropy, MaxSoftmax, MutualInformation, PredictiveEntropy
 from posthoc.ood.vim import ViM
 
 #: every score by name, in the order tables list them
@@ -181,6 +181,22 @@ class Detector:
             raise ConfigError(f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
                               "or take them all with det.scores(x)")
         return self.scores(x, [name or self.names[0]], generator=generator)[name or self.names[0]]
+
+    def reads_only_prediction(self, name: str) -> bool:
+        """Whether score ``name`` reads nothing but the predictive (so a :class:`Prediction` in hand gives it)."""
+        return self._scores[name].uses <= PREDICTION
+
+    def prediction_scores(self, prediction: Prediction, names: Iterable[str]) -> dict[str, Tensor]:
+        """The scores in ``names`` that read only the predictive, of ``prediction`` (made by ``self.um``), without
+        a forward pass.
+
+        Example:
+            >>> det = posthoc.detector(um, score=["msp", "gen"])
+            >>> det.prediction_scores(um.predict(x), ["msp"])["msp"].shape
+            torch.Size([8])
+        """
+        outputs = Outputs(prediction=prediction)
+        return {score.name: score(outputs) for score in self._chosen(names) if score.uses <= PREDICTION}
 
     @torch.no_grad()
     def score_loader(self, loader: Iterable, names: Iterable[str] | None = None, *, progress: bool = True,
