@@ -133,7 +133,7 @@ def average_gradients(parameters: Iterable[Tensor]) -> None:
     """Average ``.grad`` over ranks in place (what DistributedDataParallel does for a module's parameters)."""
     if not active():
         return
-    world = dist.get_world_size()
+    world = world_size()
     for parameter in parameters:
         if parameter.grad is not None:
             parameter.grad.copy_(all_reduce_sum(parameter.grad) / world)

@@ -115,6 +115,7 @@ class PrivateWeights:
             if head.bias is not None:
                 self.trained.append(head.bias.detach().clone().float().requires_grad_(True))
             self.buffers: list[Tensor] = []
+            self.steps_per_epoch = self._count_steps()
             return
         self.copy = copy.deepcopy(model).train()
         names = set(trained_names(model, layers, split))
@@ -124,6 +125,7 @@ class PrivateWeights:
         found = dict(self.copy.named_buffers())
         self.buffers = [found[name] for name in buffer_names(model, layers)]
         self.size = self._all_shards(_examples(loader))
+        self.steps_per_epoch = self._count_steps()
 
     def _all_shards(self, size: int) -> int:
         """Under torch.distributed, the examples of every rank's shard together (the likelihood's ``N``)."""
@@ -131,10 +133,10 @@ class PrivateWeights:
             return size
         return int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64, device=self.device)).item())
 
-    @property
-    def steps_per_epoch(self) -> int:
+    def _count_steps(self) -> int:
         """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length);
-        under torch.distributed the shortest shard's, so that every rank takes the same steps."""
+        under torch.distributed the shortest shard's, so that every rank takes the same steps. Counted once, at
+        construction: it is a pass over the data (without a length) or a collective (under torch.distributed)."""
         if self._cached is not None:
             local = len(self._cached)
         else:

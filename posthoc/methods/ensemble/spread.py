@@ -52,7 +52,7 @@ def fit_spread(members: Sequence[Method], fit_one: Callable[[int, Method], None]
             fit_one(index, member)
         return
     _refuse_shards(loaders)
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank, world = dist.get_rank(), distributed.world_size()
     with distributed.local_only():
         for index, member in enumerate(members):
             if owner(index, world) == rank:
