@@ -96,6 +96,18 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     return work.to(tensor.device)
 
 
+def total_examples(count: int) -> int:
+    """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process).
+
+    Example:
+        >>> total_examples(350)   # without torch.distributed
+        350
+    """
+    if not active():
+        return count
+    return int(all_reduce_sum(torch.tensor(float(count), dtype=torch.float64)).item())
+
+
 def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
     """Concatenate ``tensor`` from all ranks along ``dim``, in rank order (sizes may differ)."""
     if not active():

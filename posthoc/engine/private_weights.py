@@ -109,7 +109,7 @@ class PrivateWeights:
         self._cached: list[tuple[Tensor, Tensor]] | None = None
         if layers == "head":
             self._split = split
-            self.size = self._all_shards(self._cache_features())
+            self.size = distributed.total_examples(self._cache_features())
             head = split.head
             self.trained = [head.weight.detach().clone().float().requires_grad_(True)]
             if head.bias is not None:
@@ -124,14 +124,8 @@ class PrivateWeights:
         self.trained = [p for name, p in self.copy.named_parameters() if name in names]
         found = dict(self.copy.named_buffers())
         self.buffers = [found[name] for name in buffer_names(model, layers)]
-        self.size = self._all_shards(_examples(loader))
+        self.size = distributed.total_examples(_examples(loader))
         self.steps_per_epoch = self._count_steps()
-
-    def _all_shards(self, size: int) -> int:
-        """Under torch.distributed, the examples of every rank's shard together (the likelihood's ``N``)."""
-        if not distributed.active():
-            return size
-        return int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64, device=self.device)).item())
 
     def _count_steps(self) -> int:
         """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length);

@@ -70,8 +70,8 @@ def fit_elbo(model: nn.Module, layers: VariationalLayers, train_loader: Iterable
     steps_per_epoch = distributed.common_length(steps_per_epoch, "ELBO fitting")
     total = None if steps_per_epoch is None else options.epochs * steps_per_epoch
     size = dataset_size(train_loader)
-    if size is not None and distributed.active():  # the KL is scaled by the size of all shards together
-        size = int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64, device=device)).item())
+    if size is not None:  # the KL is scaled by the size of all shards together
+        size = distributed.total_examples(size)
     flags = [(p, p.requires_grad) for p in model.parameters()]
     bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
     step = 0

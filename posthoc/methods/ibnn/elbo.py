@@ -156,8 +156,8 @@ def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, opti
     """
     device = nodes.called.device
     size = _dataset_size(train_loader)
-    if size is not None and distributed.active():  # the KL is scaled by the size of all shards together
-        size = int(distributed.all_reduce_sum(torch.tensor(float(size), dtype=torch.float64)).item())
+    if size is not None:  # the KL is scaled by the size of all shards together
+        size = distributed.total_examples(size)
     steps_per_epoch = distributed.common_length(_length(train_loader), "iBNN fitting")
     total = None if steps_per_epoch is None else options.epochs * steps_per_epoch
 
