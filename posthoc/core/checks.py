@@ -37,3 +37,18 @@ def memory_bytes(value: Any, name: str = "max_memory") -> Any:
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
         raise ConfigError(f"{name} must be a positive number of bytes (or None for posthoc.settings.max_memory), got {value!r}")
     return value
+
+
+def check_shift(shift: Any) -> Any:
+    """``shift`` if it is ``None``, ``"auto"`` or a non-empty list of kind names and callables ``f(x, generator) -> x``.
+
+    Example:
+        >>> check_shift(["noise", "blur"])
+        ['noise', 'blur']
+    """
+    if shift is None or (isinstance(shift, str) and shift == "auto"):
+        return shift
+    if isinstance(shift, (list, tuple)) and shift and all(isinstance(s, str) or callable(s) for s in shift):
+        return shift
+    raise ConfigError(f"shift must be None (clean validation data only), 'auto' (perturbations suited to the inputs) "
+                      f"or a non-empty list of fit-time kind names and callables f(x, generator) -> x; got {shift!r}")

@@ -24,6 +24,8 @@ from torch import Tensor, nn
 from posthoc.core.inputs import Inputs
 
 LogPredictive = tuple[Tensor, Tensor | None]
+#: keyword arguments of ``fit`` that ``UncertainModel.fit`` passes itself (not user fit options)
+RUN_OPTIONS = ("progress", "shift")
 
 
 class Method(nn.Module):
@@ -157,4 +159,9 @@ class Method(nn.Module):
 
 def _keyword_defaults(function: Any) -> dict[str, Any]:
     params = inspect.signature(function).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name != "progress"}
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in RUN_OPTIONS}
+
+
+def takes_shift(method: Method) -> bool:
+    """Whether ``method.fit`` makes a held-out choice that ``UncertainModel.fit(shift=...)`` steers."""
+    return "shift" in inspect.signature(method.fit).parameters

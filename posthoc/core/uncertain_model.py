@@ -22,12 +22,12 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import persistence, settings
-from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, batch_size, check_attention, check_finite, slice_inputs, to_device
-from posthoc.core.method import Method
+from posthoc.core.method import Method, takes_shift
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
@@ -88,20 +88,34 @@ class UncertainModel(nn.Module):
         """The device the model (and so the predictive) runs on."""
         return self.method.device
 
-    def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True, **fit_options: Any) -> "UncertainModel":
+    def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True,
+            shift: Any = "auto", **fit_options: Any) -> "UncertainModel":
         """Fit every method (inner first) and return ``self``.
 
         ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
         that need no fit get the loaders too and may use them (MC dropout tunes its rate on
         ``val_loader``). The examples given and the wall / CPU seconds spent go to :meth:`summary`.
+
+        ``shift`` steers every held-out choice (a prior precision, a dropout rate, a scale, a
+        calibrator): ``"auto"`` scores the candidates on the validation batches and on perturbed
+        copies of them at graded strengths, suited to the inputs, and keeps the clean NLL within the
+        method's tolerance (:mod:`posthoc.engine.held_out`); ``None`` scores them on the clean batches
+        only; a list of fit-time kind names (``"noise"``, ``"blur"``, ``"impulse"``,
+        ``"token-replace"``, ``"feature-noise"``) and callables ``f(x, generator) -> x`` gives your own.
+
+        Example:
+            >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
+            >>> um.summary()["posterior"][1]["temperature"] > 1   # tempered for the perturbed copies too
+            True
         """
         _check_fit_options(self.method, fit_options)
+        check_shift(shift)
         wall, cpu = time.perf_counter(), time.process_time()
         self.method.follow_model_device()
         if not self.method.works_on_copy:
             self.fingerprint = persistence.fingerprint(self.method.base_model)
         train_loader, val_loader = counting(train_loader), counting(val_loader)
-        _fit_chain(self.method, train_loader, val_loader, progress, fit_options)
+        _fit_chain(self.method, train_loader, val_loader, progress, {**fit_options, "shift": shift})
         self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
                                     time.perf_counter() - wall, time.process_time() - cpu)
         return self
@@ -264,6 +278,8 @@ def _fit_chain(method: Method, train_loader: Iterable | None, val_loader: Iterab
     if method.stacks:
         _fit_chain(method.inner, train_loader, val_loader, progress, fit_options)
     own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
+    if takes_shift(method):
+        own["shift"] = fit_options["shift"]
     if not method.requires_fit:
         method.fit(train_loader, val_loader, progress=progress, **own)  # optional: may use the data, never needs it
         return

@@ -1,19 +1,43 @@
-"""Held-out NLL of a predictive over a labelled loader, for choosing a posterior's spread on validation data.
+"""Held-out data for choosing a predictive's spread: the clean batches, and perturbed copies of them.
+
+Every held-out choice of the methods (Laplace's prior precision, MC dropout's rate, SWAG's and IVON's
+scale, iBNN's spread, a stacked calibrator) scores its candidates here. With ``shift=None`` only the
+clean validation batches count. With ``shift="auto"`` (the default of ``UncertainModel.fit``) they
+are also scored on :class:`ShiftedHeldOut`: each clean batch again at every graded strength of the
+fit-time perturbations that suit the inputs (:mod:`posthoc.engine.perturb`), each example with one
+kind drawn at random. :func:`choose` then takes, among the candidates whose clean NLL the method's
+own tolerance accepts, the one with the lowest NLL over clean and perturbed examples together.
 
 Example:
-    >>> held_out_nll(lambda x: torch.log_softmax(model(x), -1), val_loader, device="cpu")
-    0.061
+    >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
+    >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
+    ...     lambda x: model(x).log_softmax(-1), val_loader, device="cpu")
+    True
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor
 
 from posthoc.core import distributed
-from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.checks import check_shift
+from posthoc.core.errors import InputError
+from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, slice_inputs, split_batch
+from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
+
+#: how far towards chance each graded strength takes the model's held-out accuracy
+STRENGTHS = (0.25, 0.5, 0.75)
+#: held-out examples the strengths are graded on
+GRADING_ROWS = 512
+
+Candidate = TypeVar("Candidate")
+#: a user's own perturbation: ``f(x, generator) -> x``
+UserPerturbation = Callable[[Inputs, torch.Generator], Inputs]
 
 
 @torch.no_grad()
@@ -26,3 +50,168 @@ def held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, *, dev
         total[1] += lp.shape[0]
     total = distributed.all_reduce_sum(total) if distributed.active() else total
     return float(total[0] / total[1])
+
+
+class ShiftedHeldOut:
+    """Perturbed copies of a labelled loader's batches, the same on every pass.
+
+    Each pass yields, for every batch of ``loader`` and every level of ``levels``, the batch with
+    each example perturbed by one of that level's perturbations (drawn at random), and its labels.
+    The draws come from a generator seeded with ``seed`` at the start of each pass.
+
+    Args:
+        loader: the clean labelled batches.
+        levels: one list of ``perturbation(x, generator) -> x`` per strength.
+        description: what the levels are, for the model card.
+    """
+
+    def __init__(self, loader: Iterable, levels: Sequence[Sequence[UserPerturbation]], *,
+                 description: dict[str, Any], seed: int = 0) -> None:
+        self.loader = loader
+        self.levels = [list(level) for level in levels]
+        self.description = description
+        self.seed = seed
+
+    def __len__(self) -> int:
+        return len(self.loader) * len(self.levels)  # type: ignore[arg-type]
+
+    def __iter__(self) -> Iterator[tuple[Inputs, Tensor]]:
+        generator: torch.Generator | None = None
+        for batch in self.loader:
+            x, y = split_batch(batch)
+            if generator is None or generator.device != _device_of(x):
+                generator = torch.Generator(device=_device_of(x)).manual_seed(self.seed)
+            for level in self.levels:
+                yield _perturbed(x, level, generator), y
+
+
+def _device_of(x: Inputs) -> torch.device:
+    tensor = next(iter(x.values())) if isinstance(x, Mapping) else x
+    return tensor.device
+
+
+def _perturbed(x: Inputs, level: Sequence[UserPerturbation], generator: torch.Generator) -> Inputs:
+    """``x`` with each example perturbed by one of ``level`` (drawn uniformly)."""
+    if len(level) == 1:
+        return level[0](x, generator)
+    n = batch_size(x)
+    choice = torch.randint(len(level), (n,), generator=generator, device=generator.device)
+    versions = [perturb(x, generator) for perturb in level]
+    if isinstance(x, Mapping):
+        return {key: _pick([v[key] for v in versions], choice) for key in x}
+    return _pick(versions, choice)
+
+
+def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
+    stacked = torch.stack(versions)
+    index = choice.to(stacked.device).view(1, -1, *([1] * (stacked.dim() - 2))).expand(1, *stacked.shape[1:])
+    return stacked.gather(0, index).squeeze(0)
+
+
+def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tensor], shift: Any, *,
+                     device: torch.device | str, strengths: Sequence[float] = STRENGTHS,
+                     grading_rows: int = GRADING_ROWS, seed: int = 0) -> ShiftedHeldOut | None:
+    """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
+
+    Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
+    held-out examples by ``log_probs`` (the plain model's log-probabilities): level ``k`` takes each
+    kind to where accuracy has fallen ``strengths[k]`` of the way to chance. A user's callables are
+    used as given, all at one level.
+
+    Example:
+        >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["noise", "blur"], device="cpu")
+        >>> len(shifted.levels)
+        3
+    """
+    check_shift(shift)
+    if shift is None or loader is None:
+        return None
+    rows = _grading_rows(loader, device, grading_rows)
+    auto = isinstance(shift, str)
+    names = None if auto else [s for s in shift if isinstance(s, str)]
+    own = [] if auto else [s for s in shift if not isinstance(s, str)]
+    kinds: dict[str, Kind] = family_for(rows[0][0]) if names is None else kinds_named(names)
+    levels: list[list[UserPerturbation]] = []
+    description: dict[str, Any] = {"strengths": list(strengths)}
+    if kinds:
+        graded = _graded(rows, log_probs, kinds, strengths, seed)
+        levels = [[_at(kinds[name], graded[name][k]) for name in kinds] for k in range(len(strengths))]
+        description["kinds"] = {name: [round(p, 4) for p in parameters] for name, parameters in graded.items()}
+    if own:
+        levels.append([_as_perturbation(f) for f in own])
+        description["callables"] = len(own)
+    return ShiftedHeldOut(loader, levels, description=description, seed=seed)
+
+
+def _at(kind: Kind, parameter: float) -> UserPerturbation:
+    return lambda x, generator: kind.perturb(x, parameter, generator)
+
+
+def _as_perturbation(function: Callable) -> UserPerturbation:
+    return lambda x, generator: function(x, generator)
+
+
+def _grading_rows(loader: Iterable, device: torch.device | str, rows: int) -> list[tuple[Inputs, Tensor]]:
+    kept, seen = [], 0
+    for x, y in iterate(loader, device=device, progress=False, desc="grading perturbations"):
+        take = min(batch_size(x), rows - seen)
+        kept.append((slice_inputs(x, 0, take), y[:take]))
+        seen += take
+        if seen >= rows:
+            break
+    if not kept:
+        raise InputError("the held-out loader is empty; shift-aware fitting needs labelled validation batches")
+    return kept
+
+
+@torch.no_grad()
+def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Tensor], kinds: dict[str, Kind],
+            strengths: Sequence[float], seed: int) -> dict[str, tuple[float, ...]]:
+    def accuracy(perturb: Callable[[Inputs], Inputs]) -> tuple[float, int]:
+        correct, total, classes = 0.0, 0, 0
+        for x, y in rows:
+            lp = log_probs(perturb(x))
+            classes = lp.shape[-1]
+            correct += float((lp.argmax(-1) == check_labels(y, classes)).sum())
+            total += int(y.shape[0])
+        return correct / total, classes
+
+    clean, classes = accuracy(lambda x: x)
+
+    def accuracy_at(kind: Kind, parameter: float) -> float:
+        generator = torch.Generator(device=_device_of(rows[0][0])).manual_seed(seed)
+        return accuracy(lambda x: kind.perturb(x, parameter, generator))[0]
+
+    return grade(accuracy_at, kinds, clean_accuracy=clean, chance=1.0 / max(classes, 1), fractions=tuple(strengths))
+
+
+def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], bool],
+           combined_nll: Callable[[Candidate], float]) -> Candidate:
+    """Among ``candidates`` that ``accepted`` (the method's clean-NLL tolerance), the lowest ``combined_nll``.
+
+    ``combined_nll`` is the NLL over the clean and the perturbed held-out examples together; ties
+    go to the earlier candidate. The candidates must include one the tolerance always accepts (the
+    method's clean-only choice), else the first is returned.
+
+    Example:
+        >>> choose([1.0, 2.0, 4.0], accepted=lambda s: s <= 2, combined_nll=lambda s: 1 / s)
+        2.0
+    """
+    best, best_score = candidates[0], math.inf
+    for candidate in candidates:
+        if not accepted(candidate):
+            continue
+        score = combined_nll(candidate)
+        if score < best_score:
+            best, best_score = candidate, score
+    return best
+
+
+def combined_held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, shifted: ShiftedHeldOut | None, *,
+                          device: torch.device | str) -> float:
+    """The NLL over ``loader``'s examples and their perturbed copies together (the clean NLL without ``shifted``)."""
+    clean = held_out_nll(log_probs, loader, device=device)
+    if shifted is None:
+        return clean
+    levels = len(shifted.levels)
+    return (clean + levels * held_out_nll(log_probs, shifted, device=device)) / (1 + levels)

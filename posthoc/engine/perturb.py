@@ -1,0 +1,197 @@
+"""Fit-time perturbations of held-out inputs, and their strengths graded by what they do to the model.
+
+A held-out choice (a prior precision, a dropout rate, a temperature) made on clean validation data
+cannot see shift: clean data rewards the plain model. Scoring the candidates on perturbed copies of
+the validation batches too lets the choice see inputs the model finds hard (Tomani et al., CVPR 2021).
+Each family here suits one kind of input and never uses a kind that the shift harness reports
+(rotation, contrast, translation, occlusion):
+
+- images ``(N, C, H, W)``: ``noise`` (Gaussian, in units of the batch's per-channel std), ``blur``
+  (Gaussian, sigma as a fraction of the shorter side) and ``impulse`` (a fraction of the values set
+  to the batch's per-channel minimum or maximum). They act on the model's own input scale, so
+  normalised inputs need no normalisation constants.
+- token ids (a dict with ``input_ids``, or an integer tensor): ``token-replace``, a fraction of the
+  positions that the attention mask keeps replaced by ids drawn from the batch's own tokens.
+- feature vectors ``(N, D)``: ``feature-noise``, Gaussian noise in units of each feature's std.
+
+Strengths are graded per model (:func:`grade`): for each kind, the parameter at which the model's
+accuracy on the held-out examples falls a given fraction of the way from its clean accuracy to
+chance, so a robust model gets stronger perturbations than a fragile one.
+
+Example:
+    >>> family = family_for(torch.randn(8, 1, 28, 28))
+    >>> sorted(family)
+    ['blur', 'impulse', 'noise']
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import torch
+import torchvision.transforms.v2.functional as TF
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import Inputs
+
+#: ``perturbation(x, parameter, generator) -> x'``
+Perturbation = Callable[[Inputs, float, torch.Generator], Inputs]
+#: keys of dict inputs that carry images and token ids
+PIXELS, TOKENS, MASK = "pixel_values", "input_ids", "attention_mask"
+
+
+def _pixels(x: Inputs) -> Tensor:
+    return x[PIXELS] if isinstance(x, Mapping) else x
+
+
+def _with_pixels(x: Inputs, pixels: Tensor) -> Inputs:
+    return {**x, PIXELS: pixels} if isinstance(x, Mapping) else pixels
+
+
+def image_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
+    """``x + strength · std_c · N(0, 1)`` with ``std_c`` the batch's std of channel ``c``."""
+    images = _pixels(x)
+    std = images.float().std(dim=(0, 2, 3), keepdim=True).clamp_min(1e-12)
+    noise = torch.randn(images.shape, generator=generator, device=images.device)
+    return _with_pixels(x, (images.float() + strength * std * noise).to(images.dtype))
+
+
+def image_blur(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
+    """Gaussian blur with sigma ``strength ·`` the shorter side, in pixels."""
+    images = _pixels(x)
+    sigma = max(strength * min(images.shape[-2:]), 1e-3)
+    size = 2 * math.ceil(3 * sigma) + 1
+    size = min(size, 2 * (min(images.shape[-2:]) // 2) - 1) if min(images.shape[-2:]) > 2 else 1
+    if size < 3:
+        return x
+    return _with_pixels(x, TF.gaussian_blur(images.float(), [size, size], [sigma, sigma]).to(images.dtype))
+
+
+def image_impulse(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
+    """A fraction ``strength`` of the values set to the batch's channel minimum or maximum (half each)."""
+    images = _pixels(x)
+    low = images.amin(dim=(0, 2, 3), keepdim=True).expand_as(images)
+    high = images.amax(dim=(0, 2, 3), keepdim=True).expand_as(images)
+    draw = torch.rand(images.shape, generator=generator, device=images.device)
+    out = torch.where(draw < strength / 2, low, images)
+    return _with_pixels(x, torch.where((draw >= strength / 2) & (draw < strength), high, out))
+
+
+def token_replace(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
+    """A fraction ``strength`` of the attended positions get an id drawn from the batch's own attended ids."""
+    ids = x[TOKENS] if isinstance(x, Mapping) else x
+    keep = x.get(MASK) if isinstance(x, Mapping) else None
+    attended = torch.ones_like(ids, dtype=torch.bool) if keep is None else keep.bool()
+    pool = ids[attended]
+    if pool.numel() == 0:
+        return x
+    draw = torch.rand(ids.shape, generator=generator, device=ids.device)
+    picks = pool[torch.randint(pool.numel(), ids.shape, generator=generator, device=ids.device)]
+    replaced = torch.where((draw < strength) & attended, picks, ids)
+    return {**x, TOKENS: replaced} if isinstance(x, Mapping) else replaced
+
+
+def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
+    """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j``."""
+    std = x.float().std(dim=0, keepdim=True).nan_to_num(0.0).clamp_min(1e-12) if x.shape[0] > 1 else x.float().abs().clamp_min(1e-12)
+    noise = torch.randn(x.shape, generator=generator, device=x.device)
+    return (x.float() + strength * std * noise).to(x.dtype)
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One fit-time perturbation: its function and the increasing ladder of parameters :func:`grade` tries."""
+
+    perturb: Perturbation
+    ladder: tuple[float, ...]
+
+
+IMAGE_KINDS = {
+    "noise": Kind(image_noise, (0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)),
+    "blur": Kind(image_blur, (0.01, 0.02, 0.03, 0.045, 0.06, 0.08, 0.1, 0.13, 0.17, 0.22)),
+    "impulse": Kind(image_impulse, (0.02, 0.05, 0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.65, 0.8)),
+}
+TOKEN_KINDS = {"token-replace": Kind(token_replace, (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.95))}
+FEATURE_KINDS = {"feature-noise": Kind(feature_noise, (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))}
+#: every fit-time kind by name
+FIT_KINDS: dict[str, Kind] = {**IMAGE_KINDS, **TOKEN_KINDS, **FEATURE_KINDS}
+
+
+def family_for(x: Inputs) -> dict[str, Kind]:
+    """The fit-time perturbations that suit inputs like ``x`` (see the module docs).
+
+    Example:
+        >>> list(family_for({"input_ids": torch.ones(2, 5, dtype=torch.long)}))
+        ['token-replace']
+    """
+    if isinstance(x, Mapping):
+        if PIXELS in x:
+            return IMAGE_KINDS
+        if TOKENS in x:
+            return TOKEN_KINDS
+        raise InputError(f"shift='auto' knows images ('{PIXELS}') and tokens ('{TOKENS}') in dict inputs, got keys "
+                         f"{sorted(x)}; pass shift=[callable, ...] or shift=None")
+    if not x.is_floating_point():
+        return TOKEN_KINDS
+    if x.dim() == 4:
+        return IMAGE_KINDS
+    if x.dim() == 2:
+        return FEATURE_KINDS
+    raise InputError(f"shift='auto' knows images (N, C, H, W), token ids and feature vectors (N, D), got inputs of "
+                     f"shape {tuple(x.shape)}; pass shift=[callable, ...] or shift=None")
+
+
+def kinds_named(names: list[str]) -> dict[str, Kind]:
+    """The fit-time kinds called ``names``; an unknown name is refused with the valid ones."""
+    unknown = [name for name in names if name not in FIT_KINDS]
+    if unknown:
+        raise ConfigError(f"unknown fit-time perturbation(s) {unknown}; valid: {', '.join(FIT_KINDS)} or callables "
+                          "f(x, generator) -> x (posthoc.shift.perturbation makes one from a harness corruption)")
+    return {name: FIT_KINDS[name] for name in names}
+
+
+def grade(accuracy_at: Callable[[Kind, float], float], kinds: Mapping[str, Kind], *, clean_accuracy: float,
+          chance: float, fractions: tuple[float, ...]) -> dict[str, tuple[float, ...]]:
+    """For each kind, the parameter at which accuracy falls each of ``fractions`` of the way to chance.
+
+    ``accuracy_at(kind, parameter)`` is the model's accuracy on held-out examples perturbed by
+    ``kind`` at ``parameter``. The ladder is walked upwards until accuracy passes the last target
+    (a running minimum keeps it monotone); each target's parameter is interpolated linearly in
+    ``log parameter`` between the two rungs around it, or is the top rung when the kind never gets
+    that far (a model robust to it).
+
+    Example:
+        >>> kind = Kind(lambda x, s, g: x, (0.1, 0.2, 0.4, 0.8))
+        >>> grade(lambda kind, s: 1.0 - s, {"k": kind}, clean_accuracy=1.0, chance=0.1, fractions=(0.5,))
+        {'k': (0.4...,)}
+    """
+    graded = {}
+    for name, kind in kinds.items():
+        targets = [clean_accuracy - f * (clean_accuracy - chance) for f in fractions]
+        previous, lowest, rungs = (0.0, clean_accuracy), clean_accuracy, []
+        for parameter in kind.ladder:
+            lowest = min(lowest, accuracy_at(kind, parameter))
+            rungs.append((parameter, lowest))
+            if lowest <= min(targets):
+                break
+        parameters = []
+        for target in targets:
+            parameters.append(_crossing(rungs, target, start=previous))
+        graded[name] = tuple(parameters)
+    return graded
+
+
+def _crossing(rungs: list[tuple[float, float]], target: float, *, start: tuple[float, float]) -> float:
+    """The parameter where the piecewise log-linear accuracy curve through ``rungs`` reaches ``target``."""
+    below = start
+    for parameter, accuracy in rungs:
+        if accuracy <= target:
+            if below[0] <= 0 or below[1] == accuracy:
+                return parameter
+            weight = (below[1] - target) / (below[1] - accuracy)
+            return math.exp(math.log(below[0]) + weight * (math.log(parameter) - math.log(below[0])))
+        below = (parameter, accuracy)
+    return rungs[-1][0]
