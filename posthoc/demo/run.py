@@ -31,9 +31,10 @@ from posthoc.api import wrap_spec
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.report import Report, collect, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
+from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.ood.detector import available_scores, detector
 
-SHIFT_KINDS = ("rotate", "gaussian-noise", "contrast")
+SHIFT_KINDS = EVALUATION_KINDS
 SEVERITIES = (1, 3, 5)
 #: confidence level of the intervals, and resamples for the test table and for the (many) shift cells
 CI, BOOTSTRAPS, SHIFT_BOOTSTRAPS = 0.95, 1000, 200

@@ -27,10 +27,11 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.report import Report, evaluate
+from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.loader import Normalization, check_kind, corrupt
 
 METRICS = ("accuracy", "nll", "ece", "brier")
-DEFAULT_KINDS = ("gaussian-noise", "contrast", "gaussian-blur", "rotate")
+DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"
 #: ``method -> kind ("clean", a corruption, or "mean") -> severity -> metric -> value``

@@ -6,7 +6,7 @@ Example:
     ('gaussian-noise', 'shot-noise', 'salt-pepper')
 """
 
-from posthoc.shift.kinds import KINDS, SEVERITIES
+from posthoc.shift.kinds import EVALUATION_KINDS, KINDS, SEVERITIES
 from posthoc.shift.loader import CorruptedLoader, corrupt, corrupt_images
 
-__all__ = ["corrupt", "corrupt_images", "CorruptedLoader", "KINDS", "SEVERITIES"]
+__all__ = ["corrupt", "corrupt_images", "CorruptedLoader", "KINDS", "EVALUATION_KINDS", "SEVERITIES"]

@@ -26,7 +26,18 @@ pixelate            side factor 0.6, 0.5, 0.4, 0.3, 0.25            ImageNet-C: 
 jpeg                quality 25, 18, 15, 10, 7                       ImageNet-C (torchvision ``jpeg``;
                                                                     1 or 3 channels)
 rotate              15, 30, 45, 60, 90 degrees                      not in ImageNet-C; black fill
+translate           0.04, 0.08, 0.12, 0.16, 0.22 of the side        not in ImageNet-C: each image
+                                                                    moved by that fraction along
+                                                                    both axes, signs drawn per
+                                                                    image; black fill
+occlude             square of 0.2, 0.3, 0.4, 0.5, 0.6 of the side   not in ImageNet-C: one black
+                                                                    square per image at a position
+                                                                    drawn uniformly inside it
 ==================  ==============================================  ===============================
+
+:data:`EVALUATION_KINDS` are the kinds that the benchmarks, the demo and ``posthoc evaluate`` report
+by default. No fit-time perturbation (:mod:`posthoc.engine.perturb`: noise, blur, impulse) is one of
+them, so a shift-aware fit is always judged on kinds of shift it never saw.
 
 Example:
     >>> x = torch.rand(2, 3, 32, 32)
@@ -60,6 +71,8 @@ SEVERITIES: dict[str, tuple[float, ...]] = {
     "pixelate": (0.6, 0.5, 0.4, 0.3, 0.25),
     "jpeg": (25, 18, 15, 10, 7),
     "rotate": (15, 30, 45, 60, 90),
+    "translate": (0.04, 0.08, 0.12, 0.16, 0.22),
+    "occlude": (0.2, 0.3, 0.4, 0.5, 0.6),
 }
 #: the image side the ImageNet-C blur sigmas are defined at
 REFERENCE_SIDE = 224
@@ -126,6 +139,32 @@ def rotate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
     return TF.rotate(x, SEVERITIES["rotate"][severity - 1], fill=0.0)
 
 
+def translate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    """Move each image by the severity's fraction of its height and width, each axis in a direction drawn per image."""
+    fraction = SEVERITIES["translate"][severity - 1]
+    height, width = x.shape[-2:]
+    signs = torch.randint(0, 2, (x.shape[0], 2), generator=generator, device=x.device) * 2 - 1
+    out = torch.zeros_like(x)
+    for i, (dy, dx) in enumerate((signs.cpu() * torch.tensor([round(fraction * height), round(fraction * width)])).tolist()):
+        src_y, dst_y = slice(max(0, -dy), height - max(0, dy)), slice(max(0, dy), height - max(0, -dy))
+        src_x, dst_x = slice(max(0, -dx), width - max(0, dx)), slice(max(0, dx), width - max(0, -dx))
+        out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
+    return out
+
+
+def occlude(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
+    """Black out one square per image, its side the severity's fraction of the shorter side, placed uniformly."""
+    height, width = x.shape[-2:]
+    side = max(1, round(SEVERITIES["occlude"][severity - 1] * min(height, width)))
+    top = torch.randint(0, height - side + 1, (x.shape[0],), generator=generator, device=x.device)
+    left = torch.randint(0, width - side + 1, (x.shape[0],), generator=generator, device=x.device)
+    rows = torch.arange(height, device=x.device).view(1, -1, 1)
+    cols = torch.arange(width, device=x.device).view(1, 1, -1)
+    inside = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + side)
+              & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + side))
+    return x.masked_fill(inside.unsqueeze(1), 0.0)
+
+
 CORRUPTIONS: dict[str, Corruption] = {
     "gaussian-noise": gaussian_noise,
     "shot-noise": shot_noise,
@@ -136,5 +175,9 @@ CORRUPTIONS: dict[str, Corruption] = {
     "pixelate": pixelate,
     "jpeg": jpeg,
     "rotate": rotate,
+    "translate": translate,
+    "occlude": occlude,
 }
 KINDS = tuple(CORRUPTIONS)
+#: the kinds reported by default: none of them is a fit-time perturbation
+EVALUATION_KINDS = ("rotate", "contrast", "translate", "occlude")
