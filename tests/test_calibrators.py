@@ -77,7 +77,7 @@ def test_peers_agree_on_the_same_logits():
     assert np.abs(ours - per_class / per_class.sum(-1, keepdims=True)).max() < 1e-6
     theirs = np.asarray(IsotonicRegression().fit(probs, labels.numpy()).transform(test_probs))
     assert np.abs(ours - theirs).max() < 2e-3
-    tu = pytest.importorskip("torch_uncertainty.post_processing")
+    import torch_uncertainty.post_processing as tu
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels))
     scaler = tu.MatrixScaler(num_classes=5, model=None)
     scaler.fit(loader, progress=False)

@@ -98,7 +98,7 @@ def test_mondrian_covers_every_class() -> None:
 @pytest.mark.parametrize("n_cal", [20, 50, 99, 199, 500])
 @pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
 def test_lac_threshold_and_sets_equal_mapie(n_cal: int, alpha: float) -> None:
-    mapie = pytest.importorskip("mapie.classification")
+    import mapie.classification as mapie
     from sklearn.base import BaseEstimator, ClassifierMixin
 
     class GivenProbabilities(ClassifierMixin, BaseEstimator):

@@ -21,8 +21,8 @@ import torch
 from PIL import Image
 from torch import nn
 
-transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
+import peft
+import transformers
 
 import posthoc  # noqa: E402
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402

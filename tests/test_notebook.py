@@ -2,39 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
-import io
-import os
 import re
 from pathlib import Path
 
 import pytest
 
-nbformat = pytest.importorskip("nbformat")
+import nbformat
+from nbclient import NotebookClient
 
 NOTEBOOK = Path(__file__).resolve().parents[1] / "recipes" / "notebook_quickstart.ipynb"
 
 
-def _execute(notebook, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run every code cell in a fresh Jupyter kernel (nbclient), or in-process without nbclient;
-    return all printed and displayed text."""
-    try:
-        from nbclient import NotebookClient
-    except ImportError:
-        display = pytest.importorskip("IPython.display")
-        monkeypatch.setattr(display, "display", lambda *objects: print(*(getattr(o, "data", o) for o in objects)))
-        namespace: dict = {}
-        printed = io.StringIO()
-        cwd = os.getcwd()
-        os.chdir(workdir)
-        try:
-            with contextlib.redirect_stdout(printed):
-                for cell in notebook.cells:
-                    if cell.cell_type == "code":
-                        exec(compile(cell.source, str(NOTEBOOK), "exec"), namespace)
-        finally:
-            os.chdir(cwd)
-        return printed.getvalue()
+def _execute(notebook, workdir: Path) -> str:
+    """Run every code cell in a fresh Jupyter kernel (nbclient); return all printed and displayed text."""
     NotebookClient(notebook, timeout=300, kernel_name="python3",
                    resources={"metadata": {"path": str(workdir)}}).execute()
     parts = []
@@ -45,13 +25,13 @@ def _execute(notebook, workdir: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "\n".join(parts)
 
 
-def test_quickstart_notebook_executes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_quickstart_notebook_executes(tmp_path: Path) -> None:
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     code = [cell for cell in notebook.cells if cell.cell_type == "code"]
     assert code and all(not cell.get("outputs") for cell in code), "store the notebook without outputs"
     assert any('posthoc.wrap(model, method="temperature")' in cell.source for cell in code)
 
-    text = _execute(notebook, tmp_path, monkeypatch)
+    text = _execute(notebook, tmp_path)
 
     wrapped = float(re.search(r"fitted temperature T = ([0-9.]+)", text).group(1))
     from_logits = float(re.search(r"temperature from logits alone T = ([0-9.]+)", text).group(1))
