@@ -17,23 +17,29 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
 from posthoc.core.errors import InputError
+from posthoc.core.modules import eval_mode
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, slice_inputs, split_batch
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
 
 #: how far towards chance each graded strength takes the model's held-out accuracy
 STRENGTHS = (0.25, 0.5, 0.75)
 #: held-out examples the strengths are graded on
-GRADING_ROWS = 512
+GRADING_ROWS = 256
+#: clean held-out NLL a shift-aware choice may cost over the clean-only one, relative (where the method has no own rule)
+CLEAN_TOLERANCE = 0.01
+#: bisection steps of :func:`widest_accepted`
+BISECTION_STEPS = 12
 
 Candidate = TypeVar("Candidate")
 #: a user's own perturbation: ``f(x, generator) -> x``
@@ -109,14 +115,15 @@ def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
 
 
 def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tensor], shift: Any, *,
-                     device: torch.device | str, strengths: Sequence[float] = STRENGTHS,
+                     device: torch.device | str, model: nn.Module | None = None, strengths: Sequence[float] = STRENGTHS,
                      grading_rows: int = GRADING_ROWS, seed: int = 0) -> ShiftedHeldOut | None:
     """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
 
     Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
     held-out examples by ``log_probs`` (the plain model's log-probabilities): level ``k`` takes each
     kind to where accuracy has fallen ``strengths[k]`` of the way to chance. A user's callables are
-    used as given, all at one level.
+    used as given, all at one level. ``model`` (what ``log_probs`` runs) is kept in eval mode while
+    grading, so BatchNorm statistics and dropout stay as they are.
 
     Example:
         >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["noise", "blur"], device="cpu")
@@ -134,7 +141,8 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     levels: list[list[UserPerturbation]] = []
     description: dict[str, Any] = {"strengths": list(strengths)}
     if kinds:
-        graded = _graded(rows, log_probs, kinds, strengths, seed)
+        with eval_mode(model) if model is not None else contextlib.nullcontext():
+            graded = _graded(rows, log_probs, kinds, strengths, seed)
         levels = [[_at(kinds[name], graded[name][k]) for name in kinds] for k in range(len(strengths))]
         description["kinds"] = {name: [round(p, 4) for p in parameters] for name, parameters in graded.items()}
     if own:
@@ -186,12 +194,14 @@ def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Ten
 
 
 def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], bool],
-           combined_nll: Callable[[Candidate], float]) -> Candidate:
+           combined_nll: Callable[[Candidate], float], unimodal: bool = False) -> Candidate:
     """Among ``candidates`` that ``accepted`` (the method's clean-NLL tolerance), the lowest ``combined_nll``.
 
     ``combined_nll`` is the NLL over the clean and the perturbed held-out examples together; ties
-    go to the earlier candidate. The candidates must include one the tolerance always accepts (the
-    method's clean-only choice), else the first is returned.
+    go to the earlier candidate. ``unimodal=True`` stops at the first candidate that scores worse
+    than the one before (candidates ordered from the widest spread down, whose combined NLL has one
+    minimum), so a search usually costs two evaluations. The first candidate should be the method's
+    clean-only choice, which its tolerance always accepts; it is returned when none is accepted.
 
     Example:
         >>> choose([1.0, 2.0, 4.0], accepted=lambda s: s <= 2, combined_nll=lambda s: 1 / s)
@@ -204,7 +214,37 @@ def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], b
         score = combined_nll(candidate)
         if score < best_score:
             best, best_score = candidate, score
+        elif unimodal:
+            break
     return best
+
+
+def shift_aware_spread(chosen: float, narrower: Sequence[float], *, nll_at: Callable[[float, Iterable], float],
+                       loader: Iterable, shifted: ShiftedHeldOut, limit: float,
+                       known: dict[float, float] | None = None) -> float:
+    """The spread of lowest NLL over clean and perturbed held-out examples, from the clean choice down.
+
+    ``chosen`` is the method's clean-only choice (the widest spread its tolerance accepts) and
+    ``narrower`` the smaller spreads it could take instead, widest first; ``nll_at(spread, loader)``
+    is the mean held-out NLL at a spread. A narrower spread is eligible while its clean NLL stays
+    at most ``limit``. ``known`` holds clean NLLs already measured (spread -> NLL); the ones measured
+    here are added to it.
+
+    Example:
+        >>> shift_aware_spread(0.2, [0.1, 0.05], nll_at=nll_at, loader=val_loader, shifted=shifted, limit=0.081)
+        0.2
+    """
+    clean = {} if known is None else known
+
+    def clean_nll(spread: float) -> float:
+        if spread not in clean:
+            clean[spread] = nll_at(spread, loader)
+        return clean[spread]
+
+    levels = len(shifted.levels)
+    return choose([chosen, *narrower], accepted=lambda spread: spread == chosen or clean_nll(spread) <= limit,
+                  combined_nll=lambda spread: (clean_nll(spread) + levels * nll_at(spread, shifted)) / (1 + levels),
+                  unimodal=True)
 
 
 def combined_held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, shifted: ShiftedHeldOut | None, *,
@@ -215,3 +255,33 @@ def combined_held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterabl
         return clean
     levels = len(shifted.levels)
     return (clean + levels * held_out_nll(log_probs, shifted, device=device)) / (1 + levels)
+
+
+def widest_accepted(set_weight: Callable[[float], None], accepted: Callable[[], bool], *, interpolable: bool) -> float:
+    """Move a fitted map from its clean fit (weight 0) towards its shift-aware fit (weight 1) while ``accepted()``.
+
+    ``set_weight(w)`` puts the map at ``w``; returns the largest weight found accepted (by bisection
+    when 1 is not), with the map left there. A map that cannot be interpolated (``interpolable=False``:
+    histogram bins, isotonic steps) takes 1 if accepted, else 0.
+
+    Example:
+        >>> state = {}
+        >>> widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=True)
+        0.29...
+    """
+    set_weight(1.0)
+    if accepted():
+        return 1.0
+    if not interpolable:
+        set_weight(0.0)
+        return 0.0
+    low, high = 0.0, 1.0
+    for _ in range(BISECTION_STEPS):
+        middle = (low + high) / 2
+        set_weight(middle)
+        if accepted():
+            low = middle
+        else:
+            high = middle
+    set_weight(low)
+    return low

@@ -110,12 +110,12 @@ class Kind:
 
 
 IMAGE_KINDS = {
-    "noise": Kind(image_noise, (0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0, 4.0)),
-    "blur": Kind(image_blur, (0.01, 0.02, 0.03, 0.045, 0.06, 0.08, 0.1, 0.13, 0.17, 0.22)),
-    "impulse": Kind(image_impulse, (0.02, 0.05, 0.08, 0.12, 0.17, 0.25, 0.35, 0.5, 0.65, 0.8)),
+    "noise": Kind(image_noise, (0.125, 0.25, 0.5, 1.0, 2.0, 4.0)),
+    "blur": Kind(image_blur, (0.01, 0.02, 0.04, 0.08, 0.16)),
+    "impulse": Kind(image_impulse, (0.025, 0.05, 0.1, 0.2, 0.4, 0.8)),
 }
-TOKEN_KINDS = {"token-replace": Kind(token_replace, (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.65, 0.8, 0.95))}
-FEATURE_KINDS = {"feature-noise": Kind(feature_noise, (0.05, 0.1, 0.2, 0.35, 0.5, 0.75, 1.0, 1.5, 2.0, 3.0))}
+TOKEN_KINDS = {"token-replace": Kind(token_replace, (0.05, 0.1, 0.2, 0.4, 0.8))}
+FEATURE_KINDS = {"feature-noise": Kind(feature_noise, (0.125, 0.25, 0.5, 1.0, 2.0, 4.0))}
 #: every fit-time kind by name
 FIT_KINDS: dict[str, Kind] = {**IMAGE_KINDS, **TOKEN_KINDS, **FEATURE_KINDS}
 

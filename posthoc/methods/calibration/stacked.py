@@ -15,6 +15,9 @@ Example:
 
 from __future__ import annotations
 
+import copy
+import math
+import warnings
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
@@ -22,13 +25,14 @@ import torch
 from torch import Tensor
 
 from posthoc.core import distributed
-from posthoc.core.inputs import Inputs, check_labels, iterate
-from posthoc.core.logits import log_mean_exp
+from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.methods.calibration.auto import AutoCalibration
-from posthoc.methods.calibration.base import Calibrator
+from posthoc.engine.held_out import CLEAN_TOLERANCE, shifted_held_out, widest_accepted
+from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling
 from posthoc.methods.calibration.histogram import HistogramBinning
@@ -40,6 +44,20 @@ from posthoc.methods.calibration.vector import VectorScaling
 
 #: at most this many bytes of cached per-sample log-probabilities; beyond it, examples are subsampled
 CACHE_BYTES = 1 << 30
+
+def _nll(log_probs: Tensor, targets: Tensor) -> float:
+    return float(torch.nn.functional.nll_loss(log_probs.double(), targets))
+
+
+def _interpolable(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
+    """Whether two fitted states have the same floating-point parameters (so one can move towards the other)."""
+    return a.keys() == b.keys() and all(a[k].shape == b[k].shape and (a[k].is_floating_point() or torch.equal(a[k], b[k]))
+                                        for k in a)
+
+
+def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[str, Tensor]:
+    return {k: a[k] + weight * (b[k] - a[k]) if a[k].is_floating_point() else a[k] for k in a}
+
 
 #: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
@@ -56,6 +74,9 @@ class CalibrationMethod(Method):
         super().__init__(inner.base_model)
         self.inner = inner
         self.calibrator = self.calibrator_class(**options)
+        #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only)
+        self.register_buffer("shift_weight", torch.tensor(math.nan))
+        self.shift_description: dict[str, Any] | None = None
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
@@ -69,11 +90,48 @@ class CalibrationMethod(Method):
         super().follow_model_device()
         self.calibrator.to(self.device)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            shift: Any = "auto") -> None:
+        """Fit the calibrator on the inner predictive over ``val_loader``; with ``shift``, over its perturbed copies too.
+
+        The clean fit is kept unless the fit on clean and perturbed examples together keeps the clean
+        NLL within :data:`~posthoc.engine.held_out.CLEAN_TOLERANCE` of the better of the clean fit and
+        no calibration; otherwise the parameters move from the clean fit towards the combined one as
+        far as that tolerance allows (:func:`~posthoc.engine.held_out.widest_accepted`).
+        """
+        cache, targets = self._cache(val_loader, progress)
+        self.calibrator.fit(cache, targets)
+        shifted = shifted_held_out(val_loader, lambda x: class_log_probs(run_model(self.base_model, x)), shift,
+                                   device=self.device, model=self.base_model)
+        if shifted is None:
+            return
+        self.shift_description = shifted.description
+        shifted_cache, shifted_targets = self._cache(shifted, progress)
+        dim = 0 if cache.dim() == 2 else 1
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # a bound or separation warning of the clean fit stands
+            combined = copy.deepcopy(self.calibrator).fit(torch.cat([cache, shifted_cache], dim),
+                                                           torch.cat([targets, shifted_targets]))
+        limit = (1 + CLEAN_TOLERANCE) * min(_nll(predictive(cache), targets),
+                                            _nll(self.calibrator.calibrated_predictive(cache), targets))
+        clean_state, combined_state = dict(self.calibrator.named_buffers()), dict(combined.named_buffers())
+        if _interpolable(clean_state, combined_state):
+            clean_state = {k: v.clone() for k, v in clean_state.items()}
+            weight = widest_accepted(
+                lambda w: self.calibrator.load_buffers(_between(clean_state, combined_state, w)),
+                lambda: _nll(self.calibrator.calibrated_predictive(cache), targets) <= limit, interpolable=True)
+        else:  # a map of another shape (histogram bins, auto's choice): all or nothing
+            weight = float(_nll(combined.calibrated_predictive(cache), targets) <= limit)
+            if weight:
+                self.calibrator = combined
+        self.shift_weight.fill_(weight)
+
+    def _cache(self, loader: Iterable, progress: bool) -> tuple[Tensor, Tensor]:
+        """The inner log-probabilities (or per-sample ones) over ``loader`` and its labels, gathered over ranks."""
         cached, labels = [], []
         generator = torch.Generator(device=self.device).manual_seed(0)
         with torch.no_grad(), eval_mode(self.inner):
-            for x, y in iterate(val_loader, device=self.device, progress=progress, desc=self.name):
+            for x, y in iterate(loader, device=self.device, progress=progress, desc=self.name):
                 log_probs, samples = self.inner.log_predictive(x, generator=generator)
                 cached.append((log_probs if samples is None else samples).float())
                 labels.append(check_labels(y, log_probs.shape[-1]))
@@ -84,7 +142,7 @@ class CalibrationMethod(Method):
             keep = torch.randperm(targets.numel(), generator=torch.Generator().manual_seed(0))
             keep = keep[: max(1, targets.numel() * CACHE_BYTES // (cache.element_size() * cache.numel()))]
             cache, targets = cache.index_select(dim, keep.to(cache.device)), targets[keep.to(targets.device)]
-        self.calibrator.fit(cache.clamp_min(LOG_PROB_FLOOR), targets)
+        return cache.clamp_min(LOG_PROB_FLOOR), targets
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
@@ -95,7 +153,12 @@ class CalibrationMethod(Method):
 
     def summary(self) -> dict[str, Any]:
         """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""
-        return {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.method}
+        card = {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.method}
+        if not math.isnan(float(self.shift_weight)):
+            card["shift_weight"] = round(float(self.shift_weight), 4)
+        if self.shift_description is not None:
+            card["shift"] = self.shift_description
+        return card
 
     def extra_repr(self) -> str:
         return self.calibrator.extra_repr()

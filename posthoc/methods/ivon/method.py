@@ -48,12 +48,12 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import held_out_nll
+from posthoc.engine.held_out import held_out_nll, shift_aware_spread, shifted_held_out
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
 from posthoc.engine.random_draws import randn
 from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
 from posthoc.methods.ivon.optimiser import ivon_optimiser
-from posthoc.methods.ivon.scale import widest_scale
+from posthoc.methods.ivon.scale import SCALES, widest_scale
 
 #: the fit options saved in the ``schedule`` buffer, in its order
 SCHEDULE = ("epochs", "lr", "ess", "hess_init", "weight_decay", "beta2", "mc_samples", "steps")
@@ -109,6 +109,8 @@ class IVON(Method):
         self.scale_option = None if scale is None else float(scale)
         self.scale = 1.0 if scale is None else float(scale)
         self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
+        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
+        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
@@ -137,6 +139,7 @@ class IVON(Method):
         weight_decay: float = 1e-4,
         beta2: float = 0.999,
         mc_samples: int = 1,
+        shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
         positive_int(mc_samples, "mc_samples")
@@ -158,21 +161,35 @@ class IVON(Method):
         self.schedule = torch.tensor([epochs, lr, ess, hess_init, weight_decay, beta2, mc_samples, steps], dtype=torch.float64)
         nll = (math.nan, math.nan)
         if self.scale_option is None and val_loader is not None:
-            nll = self._choose_scale(val_loader)
+            nll = self._choose_scale(val_loader, shift)
         self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
 
-    def _choose_scale(self, val_loader: Iterable) -> tuple[float, float]:
-        """Set :attr:`scale` by :func:`widest_scale` on ``val_loader``; the held-out NLL of the checkpoint and at it."""
+    def _choose_scale(self, val_loader: Iterable, shift: Any = None) -> tuple[float, float]:
+        """Set :attr:`scale` by :func:`widest_scale` on ``val_loader``; the held-out NLL of the checkpoint and at it.
+
+        With ``shift``, the scale is then the one of lowest NLL over the clean and perturbed validation
+        examples among it and the smaller :data:`SCALES` within the tolerance
+        (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
         scores: dict[float, float] = {}
 
-        def nll_at(scale: float) -> float:
+        def nll_at(scale: float, loader: Iterable) -> float:
             self.scale = scale
-            scores[scale] = held_out_nll(lambda x: self.log_predictive(x)[0], val_loader, device=self.device)
+            return held_out_nll(lambda x: self.log_predictive(x)[0], loader, device=self.device)
+
+        def validation_nll(scale: float) -> float:
+            scores[scale] = nll_at(scale, val_loader)
             return scores[scale]
 
+        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with eval_mode(self.model):
-            plain = held_out_nll(lambda x: class_log_probs(run_model(self.model, x)), val_loader, device=self.device)
-            self.scale = widest_scale(nll_at, plain_nll=plain, tolerance=self.val_tolerance)
+            plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
+            scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance)
+            shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
+            if shifted is not None and scale > 0:
+                self.shift_description = shifted.description
+                scale = shift_aware_spread(scale, [s for s in SCALES if s < scale], nll_at=nll_at, loader=val_loader,
+                                           shifted=shifted, known=scores, limit=(1 + self.val_tolerance) * plain)
+            self.scale = scale
         return plain, scores.get(self.scale, plain)
 
     def _fine_tune(self, weights: PrivateWeights, optimiser: Any, *, epochs: int, mc_samples: int, progress: bool) -> int:
@@ -258,6 +275,7 @@ class IVON(Method):
             "scale": self.scale,
             **{key: (int(value) if key in ("epochs", "mc_samples", "steps") and value is not None else value)
                for key, value in schedule.items()},
+            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def extra_repr(self) -> str:

@@ -64,7 +64,8 @@ from posthoc.core.registry import register
 from posthoc.methods.laplace.curvature import STRUCTURES
 from posthoc.methods.laplace.glm_predictive import LINKS
 from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
-from posthoc.methods.laplace.prior_search import grid_search, widest_within
+from posthoc.engine.held_out import ShiftedHeldOut, choose, shifted_held_out
+from posthoc.methods.laplace.prior_search import default_grid, grid_search, widest_within
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
 HESSIANS = (*STRUCTURES, "kron-mc")
@@ -133,6 +134,8 @@ class Laplace(Method):
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
         self.val_tolerance = float(val_tolerance)
+        #: the perturbations the prior was also scored on (``None``: clean held-out data only, or no fit)
+        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
@@ -154,7 +157,8 @@ class Laplace(Method):
         return next(algorithm for algorithm in Laplace.__subclasses__() if algorithm.last_layer_only == last_layer_only)
 
     # ----------------------------------------------------------------------------------- fit
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            shift: Any = "auto") -> None:
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -170,36 +174,36 @@ class Laplace(Method):
         elif source != "fixed":
             held_out = train_loader if source == "train" else val_loader
             rows = TRAIN_ROWS if source == "train" else None
-            self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress))
+            shifted = None if source == "grid" else shifted_held_out(
+                held_out, lambda x: self._map_log_probs(self._prepare(x)), shift, device=self.device, model=self.model)
+            self.shift_description = None if shifted is None else shifted.description
+            self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress, shifted))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         """Fit the curvature buffers and ``num_data``; return the summed training NLL and the weights under the prior."""
         raise NotImplementedError
 
-    def _held_out_prior_precision(self, loader: Iterable, rows: int | None, grid_only: bool, progress: bool) -> float:
+    def _held_out_prior_precision(self, loader: Iterable, rows: int | None, grid_only: bool, progress: bool,
+                                  shifted: ShiftedHeldOut | None = None) -> float:
         """δ by held-out NLL of this predictive on ``loader`` (its first ``rows`` rows if given): the
         ``"grid"`` minimiser, or the widest posterior whose excess NLL over the checkpoint, the mean
         of the per-example differences plus ``CONFIDENCE_Z`` standard errors, stays within
-        ``val_tolerance`` of the checkpoint's NLL (:mod:`posthoc.methods.laplace.prior_search`)."""
+        ``val_tolerance`` of the checkpoint's NLL (:mod:`posthoc.methods.laplace.prior_search`).
+
+        With ``shifted`` (the perturbed copies of the same rows), δ is then the one of lowest NLL over
+        clean and perturbed rows together among that posterior and every narrower grid point (all of
+        which the rule accepts), :func:`posthoc.engine.held_out.choose`."""
         with torch.no_grad(), eval_mode(self.model):
-            cached, seen = [], 0
-            for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace prior"):
-                inputs = self._prepare(x)
-                map_log_probs = self._map_log_probs(inputs)
-                labels = class_labels(y, *map_log_probs.shape)
-                cached.append((inputs, labels, -map_log_probs.gather(1, labels[:, None]).squeeze(1)))
-                seen += batch_size(x)
-                if rows is not None and seen >= rows:
-                    break
+            cached, seen = self._cached_rows(loader, rows, progress)
             map_total, count = distributed.all_reduce_sum(
                 torch.tensor([sum(float(nll.sum()) for *_, nll in cached), seen], dtype=torch.float64)).tolist()
 
-            def sums(prior_precision: float) -> list[float]:
+            def sums(prior_precision: float, rows: list = cached) -> list[float]:
                 """Σ NLL, Σ d and Σ d² over the held-out rows, d = NLL − the checkpoint's NLL per example."""
                 generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every δ
                 total = torch.zeros(3, dtype=torch.float64, device=self.device)
-                for inputs, labels, map_nll in cached:
+                for inputs, labels, map_nll in rows:
                     log_probs, _ = self._predictive(inputs, prior_precision, generator, self.num_samples)
                     nll = -log_probs.double().gather(1, labels[:, None]).squeeze(1)
                     difference = nll - map_nll
@@ -217,7 +221,30 @@ class Laplace(Method):
 
             if grid_only:
                 return grid_search(mean_nll)
-            return widest_within(excess, self.val_tolerance * map_total / count)
+            widest = widest_within(excess, self.val_tolerance * map_total / count)
+            if shifted is None:
+                return widest
+            perturbed, perturbed_count = self._cached_rows(shifted, None if rows is None else rows * len(shifted.levels), False)
+            perturbed_count = float(distributed.all_reduce_sum(torch.tensor([perturbed_count], dtype=torch.float64)))
+
+            def combined_nll(prior_precision: float) -> float:
+                return (sums(prior_precision)[0] + sums(prior_precision, perturbed)[0]) / (count + perturbed_count)
+
+            narrower = [float(delta) for delta in default_grid() if float(delta) > widest]
+            return choose([widest, *narrower], accepted=lambda delta: True, combined_nll=combined_nll, unimodal=True)
+
+    def _cached_rows(self, loader: Iterable, rows: int | None, progress: bool) -> tuple[list[tuple[Any, Tensor, Tensor]], int]:
+        """``(prepared inputs, labels, the checkpoint's NLL per example)`` per batch of ``loader`` (its first ``rows``)."""
+        cached, seen = [], 0
+        for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace prior"):
+            inputs = self._prepare(x)
+            map_log_probs = self._map_log_probs(inputs)
+            labels = class_labels(y, *map_log_probs.shape)
+            cached.append((inputs, labels, -map_log_probs.gather(1, labels[:, None]).squeeze(1)))
+            seen += batch_size(x)
+            if rows is not None and seen >= rows:
+                break
+        return cached, seen
 
     # ------------------------------------------------------------------------------ predict
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
@@ -265,6 +292,7 @@ class Laplace(Method):
             "prior_fit": PRIOR_SOURCES[source] if source >= 0 else "not recorded",
             "val_tolerance": self.val_tolerance,
             "fit_examples": int(self.num_data),
+            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def num_posterior_parameters(self) -> int:

@@ -60,6 +60,7 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
+from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.mc_dropout.masks import keep_mask
@@ -153,16 +154,22 @@ class MCDropout(Method):
         self.register_buffer("units", torch.zeros(0, dtype=torch.int64))
         #: validation NLL of the deterministic model and of the chosen rate (NaN unless chosen at fit)
         self.register_buffer("validation_nll", torch.full((2,), math.nan, dtype=torch.float64))
+        #: the perturbations the rate was also scored on (``None``: clean validation data only, or no fit)
+        self.shift_description: dict[str, Any] | None = None
         self._sites: list[DropoutSite] | None = None
         self._head_split: FeatureSplit | None = None
         self._head_checked = False
         self._runner: SuffixRunner | None = None
         self._resolve(None)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            shift: Any = "auto") -> None:
         """With ``p="auto"``, or ``p=None`` and a ``val_loader``: every site's rate by :func:`chosen_rate` from
         the NLL of the deterministic model and of each rate of :data:`P_GRID` on ``val_loader`` (the
-        structure not found at ``wrap()`` is resolved from its first batch). Otherwise nothing to fit."""
+        structure not found at ``wrap()`` is resolved from its first batch). Otherwise nothing to fit.
+
+        With ``shift``, the rate is then the one of lowest NLL over the clean and perturbed validation
+        examples together among that rate and the smaller ones (:func:`posthoc.engine.held_out.choose`)."""
         if not self.tunes_rate or val_loader is None:
             return
         device = self.device
@@ -185,8 +192,30 @@ class MCDropout(Method):
         totals = distributed.all_reduce_sum(totals)  # under torch.distributed: NLL over every rank's shard
         nll = (totals[1:] / totals[0]).tolist()
         rate = chosen_rate(nll[0], nll[1:])
+        shifted = shifted_held_out(val_loader, lambda x: class_log_probs(run_model(self.model, x)), shift, device=device,
+                                   model=self.model)
+        if shifted is not None:
+            self.shift_description = shifted.description
+            known = {p: nll[1 + k] for k, p in enumerate(P_GRID)}
+            rate = shift_aware_spread(rate, [p for p in reversed(P_GRID) if p < rate], loader=val_loader, shifted=shifted,
+                                      nll_at=lambda p, loader: self._rate_nll(loader, p, samples), known=known,
+                                      limit=(1 + NLL_TOLERANCE) * nll[0])
         self.rate.fill_(rate)
         self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
+
+    @torch.no_grad()
+    def _rate_nll(self, loader: Iterable, rate: float, samples: int) -> float:
+        """Mean NLL over ``loader`` with every site at ``rate`` (``samples`` masks from a fixed seed)."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        total = torch.zeros(2, dtype=torch.float64)
+        with eval_mode(self.model):
+            for x, y in iterate(loader, device=self.device, progress=False, desc="mc-dropout p"):
+                features = self._head_features(x)
+                log_probs, _ = self._sampled(x, features, samples, generator, with_rate(self._sites, rate))
+                total[0] -= log_probs.gather(1, check_labels(y, log_probs.shape[-1]).view(-1, 1)).double().sum().cpu()
+                total[1] += log_probs.shape[0]
+        total = distributed.all_reduce_sum(total)
+        return float(total[0] / total[1])
 
     def summary(self) -> dict[str, Any]:
         """Dropout units (per example, summed over the sites whose rate is not 0; ``None`` until a batch was
@@ -217,6 +246,7 @@ class MCDropout(Method):
             "validation_nll": float(self.validation_nll[1]) if chosen else None,
             "masks": self.masks,
             "num_samples": self.num_samples,
+            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def _rate_origin(self, rate: float, chosen: bool) -> str:

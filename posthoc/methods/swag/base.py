@@ -35,7 +35,8 @@ from posthoc.core.logits import class_log_probs
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
-from posthoc.methods.swag.schedule import relative_lr, widest_scale
+from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
+from posthoc.methods.swag.schedule import MIN_SCALE, relative_lr, widest_scale
 
 
 #: the fit options saved in the ``schedule`` buffer, in its order
@@ -104,6 +105,8 @@ class SWAGBase(Method):
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
         self.val_tolerance = float(val_tolerance)
+        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
+        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
         self.stats_device = torch.device(stats_device) if stats_device is not None else None
@@ -141,6 +144,7 @@ class SWAGBase(Method):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         include_pretrained: bool = False,
+        shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
         if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
@@ -166,24 +170,36 @@ class SWAGBase(Method):
             )
         nll = (math.nan, math.nan)
         if self.scale_option is None and val_loader is not None:
-            self.scale, nll = self._choose_scale(train_loader, val_loader)
+            self.scale, nll = self._choose_scale(train_loader, val_loader, shift)
         self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
         self._after_fit(train_loader, progress=progress)
 
-    def _choose_scale(self, train_loader: Iterable, val_loader: Iterable) -> tuple[float, tuple[float, float]]:
+    def _choose_scale(self, train_loader: Iterable, val_loader: Iterable, shift: Any = None) -> tuple[float, tuple[float, float]]:
         """The widest scale within ``val_tolerance`` of the best held-out NLL (:func:`.schedule.widest_scale`),
-        and the held-out NLL of the checkpoint and of SWAG at that scale."""
+        and the held-out NLL of the checkpoint and of SWAG at that scale. With ``shift``, the scale of lowest
+        NLL over the clean and perturbed validation examples among it and the halvings below it that stay
+        within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
         scores: dict[float, float] = {}
 
-        def validation_nll(scale: float) -> float:
+        def nll_at(scale: float, loader: Iterable) -> float:
             self.scale = scale
             self._after_fit(train_loader, progress=False)
-            scores[scale] = self._held_out_nll(val_loader, lambda x: self.log_predictive(x)[0])
+            return self._held_out_nll(loader, lambda x: self.log_predictive(x)[0])
+
+        def validation_nll(scale: float) -> float:
+            scores[scale] = nll_at(scale, val_loader)
             return scores[scale]
 
+        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with torch.no_grad():
-            plain = self._held_out_nll(val_loader, lambda x: class_log_probs(run_model(self.model, x)))
+            plain = self._held_out_nll(val_loader, plain_log_probs)
         scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance)
+        shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
+        if shifted is not None and scale > 0:
+            self.shift_description = shifted.description
+            halvings = [scale / 2 ** k for k in range(1, 8) if scale / 2 ** k >= MIN_SCALE] + [0.0]
+            scale = shift_aware_spread(scale, halvings, nll_at=nll_at, loader=val_loader, shifted=shifted, known=scores,
+                                       limit=(1 + self.val_tolerance) * min(plain, *scores.values()))
         return scale, (plain, scores[scale])
 
     def _held_out_nll(self, loader: Iterable, log_probs: Callable[[Inputs], Tensor]) -> float:
@@ -296,6 +312,7 @@ class SWAGBase(Method):
             "collect_per_epoch": None if fitted["collect_per_epoch"] is None else int(fitted["collect_per_epoch"]),
             "momentum": fitted["momentum"],
             "weight_decay": fitted["weight_decay"],
+            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def extra_repr(self) -> str:

@@ -1,0 +1,182 @@
+"""Shift-aware held-out choices: perturbed copies of the validation batches, graded per model, and the rule that uses them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import posthoc
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.engine import held_out, perturb
+from posthoc.evaluation import metrics
+
+#: the choices of every held-out rule on the bundled checkpoints before shift-aware fitting existed (commit
+#: bb42087, on 512 fit and 256 validation digits): shift=None must keep them. The prior precision comes out of a
+#: bisection that stops at 1e-3 in ln(delta), the temperature out of LBFGS stopped at 1e-10: tolerances to match.
+CLEAN_CHOICES = {
+    "digits_cnn": {"laplace": 4515.309248360948, "mc-dropout": 0.3, "temperature": 1.2576848268508911,
+                   "laplace+temperature": 1.2205172777175903},
+    "digits_bn_cnn": {"laplace": 630.3900867465165, "temperature": 0.9502145648002625,
+                      "laplace+temperature": 0.9353833794593811},
+}
+
+
+def _choices(model, small, shift):
+    fit = lambda method: posthoc.wrap(model, method=method).fit(small["fit"], small["val"], progress=False, shift=shift)
+    out = {"laplace": fit("laplace").method.summary()["prior_precision"],
+           "temperature": float(fit("temperature").method.temperature),
+           "laplace+temperature": float(fit(["laplace", "temperature"]).method.temperature)}
+    if any(isinstance(m, torch.nn.Dropout) for m in model.modules()):
+        out["mc-dropout"] = fit("mc-dropout").method.summary()["dropout_rate"][0]
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(CLEAN_CHOICES))
+def test_shift_none_keeps_the_clean_choices(name, small):
+    chosen = _choices(posthoc.demo.zoo.pretrained(name), small, shift=None)
+    expected = CLEAN_CHOICES[name]
+    assert chosen.keys() == expected.keys()
+    assert chosen["laplace"] == pytest.approx(expected["laplace"], rel=2e-3)
+    assert chosen.get("mc-dropout") == expected.get("mc-dropout")
+    for key in ("temperature", "laplace+temperature"):
+        assert chosen[key] == pytest.approx(expected[key], rel=1e-4), key
+
+
+def test_shift_aware_temperature_differs_where_clean_data_cannot_see_shift(digits, small):
+    """On the dropout CNN the clean validation set asks for a mild temperature; the perturbed copies ask for a
+    higher one, bounded by the clean tolerance: T grows, the clean NLL stays within 1 %, shifted digits gain."""
+    model = posthoc.demo.zoo.pretrained("digits_cnn")
+    clean = posthoc.wrap(model, method="temperature").fit(None, small["val"], progress=False, shift=None)
+    aware = posthoc.wrap(model, method="temperature").fit(None, small["val"], progress=False)
+    card = aware.method.summary()
+    assert float(aware.method.temperature) > float(clean.method.temperature) * 1.02
+    assert 0 < card["shift_weight"] <= 1 and set(card["shift"]["kinds"]) == {"noise", "blur", "impulse"}
+    x, y = small["val"].dataset.tensors
+    assert metrics.nll(aware.predict(x).probs, y) <= metrics.nll(clean.predict(x).probs, y) * (1 + held_out.CLEAN_TOLERANCE) + 1e-6
+    rotated = posthoc.demo.data.rotated(digits.test, 45)
+    rx, ry = rotated.tensors
+    assert metrics.nll(aware.predict(rx).probs, ry) < metrics.nll(clean.predict(rx).probs, ry)
+
+
+def test_laplace_shift_aware_prior_is_never_wider_than_the_clean_rule_allows(small):
+    model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
+    clean = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False, shift=None)
+    aware = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False)
+    assert aware.method.summary()["prior_precision"] >= clean.method.summary()["prior_precision"]
+    assert "shift" in aware.method.summary() and "shift" not in clean.method.summary()
+
+
+# ------------------------------------------------------------------ the engine
+
+
+def test_choose_takes_the_lowest_combined_nll_among_accepted():
+    assert held_out.choose([4.0, 2.0, 1.0], accepted=lambda s: s <= 2, combined_nll=lambda s: abs(s - 1.5)) == 2.0
+    assert held_out.choose([4.0, 2.0, 1.0], accepted=lambda s: True, combined_nll=lambda s: abs(s - 1.2)) == 1.0
+    calls = []
+    held_out.choose([4.0, 2.0, 1.0, 0.5], accepted=lambda s: True,
+                    combined_nll=lambda s: calls.append(s) or abs(s - 3.0), unimodal=True)
+    assert calls == [4.0, 2.0]  # stopped at the first worse one
+    assert held_out.choose([4.0, 2.0], accepted=lambda s: False, combined_nll=lambda s: 0.0) == 4.0
+
+
+def test_widest_accepted_bisects_towards_the_combined_fit():
+    state = {}
+    weight = held_out.widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=True)
+    assert 0.3 - 2 ** -held_out.BISECTION_STEPS <= weight <= 0.3 and state["w"] == weight
+    assert held_out.widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=False) == 0.0
+    assert held_out.widest_accepted(lambda w: state.update(w=w), lambda: True, interpolable=False) == 1.0
+
+
+def test_grade_puts_each_strength_where_accuracy_falls_that_far():
+    kind = perturb.Kind(lambda x, s, g: x, (0.1, 0.2, 0.4, 0.8, 1.6))
+    accuracy = lambda k, s: max(0.1, 1.0 - s)  # noqa: E731
+    graded = perturb.grade(accuracy, {"k": kind}, clean_accuracy=1.0, chance=0.1, fractions=(0.25, 0.5))
+    for fraction, parameter in zip((0.25, 0.5), graded["k"]):
+        target = 1.0 - fraction * 0.9
+        assert parameter == pytest.approx(1 - target, rel=0.15)  # log-linear interpolation of a linear curve
+    robust = perturb.grade(lambda k, s: 1.0, {"k": kind}, clean_accuracy=1.0, chance=0.1, fractions=(0.5,))
+    assert robust["k"] == (1.6,)  # never reaches the target: the strongest rung
+
+
+def test_graded_strengths_follow_the_model(small):
+    """Each level lands near the accuracy it is graded for, on the examples it was graded on."""
+    x, y = small["val"].dataset.tensors
+    rows = [(x, y)]
+    model = posthoc.demo.zoo.pretrained("digits_cnn")
+    shifted = held_out.shifted_held_out(rows, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
+    assert [len(level) for level in shifted.levels] == [3, 3, 3]
+    with torch.no_grad():
+        clean = float((model(x).argmax(-1) == y).float().mean())
+        accuracies = [float((model(px).argmax(-1) == py).float().mean()) for px, py in shifted]
+    chance = 1 / 8
+    for fraction, accuracy in zip(held_out.STRENGTHS, accuracies):
+        assert accuracy == pytest.approx(clean - fraction * (clean - chance), abs=0.15)
+    assert accuracies[0] > accuracies[1] > accuracies[2]
+
+
+def test_shifted_held_out_is_the_same_on_every_pass_and_keeps_labels(small):
+    model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
+    shifted = held_out.shifted_held_out(small["val"], lambda x: model(x).log_softmax(-1), ["noise", "impulse"], device="cpu")
+    first, second = list(shifted), list(shifted)
+    assert len(first) == len(small["val"]) * len(held_out.STRENGTHS) == len(shifted)
+    for (a, ya), (b, yb) in zip(first, second):
+        assert torch.equal(a, b) and torch.equal(ya, yb)
+    labels = torch.cat([y for _, y in small["val"]])
+    assert torch.equal(torch.cat([y for _, y in first[::3]]), labels)
+    assert held_out.shifted_held_out(small["val"], None, None, device="cpu") is None
+
+
+def test_user_callables_are_used_as_given(small):
+    seen = []
+
+    def flip(x, generator):
+        seen.append(x.shape)
+        return x.flip(-1)
+
+    shifted = held_out.shifted_held_out(small["val"], None, [flip], device="cpu")
+    batches = list(shifted)
+    x, _ = next(iter(small["val"]))
+    assert len(batches) == len(small["val"]) and torch.equal(batches[0][0], x.flip(-1)) and seen
+
+
+def test_each_input_gets_its_own_family():
+    assert set(perturb.family_for(torch.randn(2, 3, 8, 8))) == {"noise", "blur", "impulse"}
+    assert set(perturb.family_for(torch.randn(4, 5))) == {"feature-noise"}
+    assert set(perturb.family_for(torch.ones(2, 6, dtype=torch.long))) == {"token-replace"}
+    assert set(perturb.family_for({"input_ids": torch.ones(2, 6, dtype=torch.long)})) == {"token-replace"}
+    assert set(perturb.family_for({"pixel_values": torch.randn(2, 3, 8, 8)})) == {"noise", "blur", "impulse"}
+    with pytest.raises(InputError, match="shift=None"):
+        perturb.family_for(torch.randn(2, 3, 4))
+    with pytest.raises(InputError, match="shift=None"):
+        perturb.family_for({"input_features": torch.randn(2, 3)})
+
+
+def test_perturbations_keep_shape_and_touch_only_what_they_claim():
+    generator = torch.Generator().manual_seed(0)
+    images = torch.rand(4, 3, 16, 16)
+    for kind in perturb.IMAGE_KINDS.values():
+        out = kind.perturb(images, kind.ladder[2], generator)
+        assert out.shape == images.shape and out.dtype == images.dtype and not torch.equal(out, images)
+    impulse = perturb.image_impulse(images, 0.2, generator)
+    changed = (impulse != images).float().mean()
+    assert 0.15 < float(changed) < 0.25
+    ids = torch.arange(1, 41).view(2, 20)
+    mask = torch.ones_like(ids)
+    mask[:, 15:] = 0
+    replaced = perturb.token_replace({"input_ids": ids, "attention_mask": mask}, 0.5, generator)
+    assert torch.equal(replaced["input_ids"][:, 15:], ids[:, 15:])  # padding untouched
+    assert set(replaced["input_ids"][:, :15].unique().tolist()) <= set(ids[:, :15].unique().tolist())
+    assert not torch.equal(replaced["input_ids"], ids)
+    features = torch.randn(64, 5) * torch.tensor([1.0, 10.0, 100.0, 0.1, 1.0])
+    noisy = perturb.feature_noise(features, 0.5, generator)
+    ratio = (noisy - features).std(0) / features.std(0)
+    assert torch.allclose(ratio, torch.full((5,), 0.5), rtol=0.35)
+
+
+def test_bad_shift_values_are_refused(small, digits_model):
+    um = posthoc.wrap(digits_model, method="temperature")
+    for bad in ("always", [], [3], {"noise": 1}, True):
+        with pytest.raises(ConfigError, match="shift must be None"):
+            um.fit(None, small["val"], progress=False, shift=bad)
+    with pytest.raises(ConfigError, match="unknown fit-time perturbation"):
+        um.fit(None, small["val"], progress=False, shift=["rotate"])
