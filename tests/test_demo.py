@@ -9,7 +9,8 @@ import posthoc
 from posthoc.demo import data, zoo
 from posthoc.cli.main import main
 from posthoc.core.errors import ConfigError
-from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, shift_story
+from posthoc.core.registry import REGISTRY
+from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, demo_configs, shift_story
 from posthoc.shift import EVALUATION_KINDS
 
 
@@ -116,3 +117,21 @@ def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_
     assert "| MAP | " in story.markdown() and "(confidence.png)" in story.markdown()
     with pytest.raises(ConfigError, match="no demo row 'laplace' to compare with; rows: MAP, temperature"):
         shift_story(rows, models, "MAP", shift_loader, best="laplace")
+
+
+def test_a_stacking_method_registered_later_joins_the_demo_through_its_demo_configs():
+    @posthoc.register
+    class Stacked(REGISTRY["temperature"]):
+        """A stacker another helper registers, shown alone on the plain model and on Laplace."""
+
+        name = "test-stacked"
+        demo_configs = (("stacked", {}), ("Laplace + stacked", {"on": ["laplace"]}))
+
+    try:
+        configs = {label: (spec, stack) for label, spec, _, stack in demo_configs()}
+    finally:
+        del REGISTRY["test-stacked"]
+    assert configs["stacked"] == ([{"name": "test-stacked", "options": {}}], False)
+    assert configs["Laplace + stacked"] == ([{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
+                                            False)
+    assert Stacked.demo_configs[1][1] == {"on": ["laplace"]}  # the class's own configs are left as they were
