@@ -97,12 +97,19 @@ def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_
     models = {"MAP": posthoc.wrap(digits_model, method="none"),
               "temperature": posthoc.wrap(digits_model, method="temperature").fit(
                   None, data.loader(data.subset(digits.calibration, 200)), progress=False)}
-    rows = [SimpleNamespace(shift=posthoc.evaluate_shift({label: um}, shift_loader, severities=[5],
+    rows = [SimpleNamespace(label=label, shift=posthoc.evaluate_shift({label: um}, shift_loader, severities=[5],
                                                          normalization=(data.MEAN, data.STD), progress=False))
             for label, um in models.items()]
     story = shift_story(rows, models, "MAP", shift_loader, best="temperature")
     assert (story.plain, story.best, story.chosen_by) == ("MAP", "temperature", "named")
     assert story.table.kinds == EVALUATION_KINDS and story.table.severities == STORY_SEVERITIES
+    # the rows' own severity-5 cells are reused, the severities they lack are evaluated for the two rows
+    assert story.table.value("MAP", "mean", 5, "nll") == rows[0].shift.value("MAP", "mean", 5, "nll")
+    again = posthoc.evaluate_shift({"MAP": models["MAP"]}, shift_loader, severities=[2],
+                                   normalization=(data.MEAN, data.STD), progress=False)
+    assert story.table.value("MAP", "translate", 2, "ece") == pytest.approx(again.value("MAP", "translate", 2, "ece"))
+    assert set(story.table.reports["temperature"]) == {("clean", 0), *((k, s) for k in EVALUATION_KINDS
+                                                                      for s in STORY_SEVERITIES)}
     fig = story.table.confidence_plot(None, story.labels)
     lines = fig.axes[0].get_lines()
     assert [line.get_label() for line in lines] == ["MAP confidence", "MAP accuracy", "temperature confidence",

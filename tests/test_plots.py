@@ -166,3 +166,20 @@ def test_confidence_plot_shows_confidence_and_accuracy_per_method_with_the_gap_s
         rebuilt.confidence_series("MAP")
     with pytest.raises(posthoc.ConfigError, match="no method 'swag'"):
         plain_and_best(table, "swag")
+
+
+def test_tables_at_different_severities_join_into_one_without_intervals():
+    table = _story_table()
+    low = ShiftTable(table.kinds, (1,), {m: {k: {s: v for s, v in by.items() if s in (0, 1)} for k, by in kinds.items()}
+                                         for m, kinds in table.values.items()},
+                     reports={m: {key: r for key, r in reports.items() if key[1] in (0, 1)}
+                              for m, reports in table.reports.items()})
+    high = ShiftTable(table.kinds, (3,), {m: {k: {s: v for s, v in by.items() if s in (0, 3)} for k, by in kinds.items()}
+                                          for m, kinds in table.values.items()},
+                      reports={m: {key: r for key, r in reports.items() if key[1] in (0, 3)}
+                               for m, reports in table.reports.items()})
+    joined = ShiftTable.join([high, low])
+    assert joined.severities == (1, 3) and joined.values == table.values and joined.intervals == {}
+    assert joined.confidence_series("laplace") == table.confidence_series("laplace")
+    with pytest.raises(posthoc.ConfigError, match="same methods and kinds"):
+        ShiftTable.join([table, ShiftTable(("rotate",), (1,), {"MAP": {}})])

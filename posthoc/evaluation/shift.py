@@ -65,6 +65,32 @@ class ShiftTable:
                    {k: v for t in tables for k, v in t.intervals.items()}, first.ci,
                    {k: v for t in tables for k, v in t.reports.items()})
 
+    @classmethod
+    def join(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
+        """One table of the same methods and kinds at the severities of all ``tables`` together (e.g. severities
+        1, 3, 5 from one run and 2, 4 from another); the clean cell is the first table's; no intervals (the
+        tables' bootstrap resamples differ).
+
+        Example:
+            >>> ShiftTable.join([table_135, table_24]).severities
+            (1, 2, 3, 4, 5)
+        """
+        first = tables[0]
+        if any((set(t.values), t.kinds) != (set(first.values), first.kinds) for t in tables):
+            raise ConfigError("only tables of the same methods and kinds can be joined")
+        severities = tuple(sorted({s for t in tables for s in t.severities}))
+        values: Values = {m: {CLEAN: first.values[m][CLEAN]} for m in first.values}
+        reports: dict[str, dict[tuple[str, int], Report]] = {m: {} for m in first.values}
+        for table in reversed(tables):
+            for method in first.values:
+                for kind in (*first.kinds, MEAN):
+                    values[method].setdefault(kind, {}).update(table.values[method][kind])
+                reports[method].update(table.reports.get(method, {}))
+        for method in first.values:
+            for kind in (*first.kinds, MEAN):
+                values[method][kind] = dict(sorted(values[method][kind].items()))
+        return cls(first.kinds, severities, values, reports=reports)
+
     @property
     def methods(self) -> list[str]:
         return list(self.values)
