@@ -1,4 +1,4 @@
-"""Quality benchmark (issue 15): every registered method's defaults, and their compositions, against the plain model.
+"""Quality benchmark (issues 15 and 26): every registered method's defaults, and their compositions, against the plain model.
 
 Run by hand (not by pytest)::
 
@@ -6,6 +6,7 @@ Run by hand (not by pytest)::
     python benchmarks/quality.py --quick               # 1 seed, rotations 0/45/90: a check that everything runs
     python benchmarks/quality.py --archs digits_bn_cnn --methods none laplace laplace+temperature
     python benchmarks/quality.py --from-json benchmarks/results/quality.json --readme-table   # re-render, no compute
+    python benchmarks/quality.py --quick --archs digits_cnn --methods none laplace --shift auto none   # shift-aware vs clean fit
 
 What is measured, per architecture (``posthoc.demo.zoo``: ``digits_cnn`` with a dropout head,
 ``digits_bn_cnn`` without dropout, with BatchNorm and global pooling), per case and per seed:
@@ -13,6 +14,12 @@ What is measured, per architecture (``posthoc.demo.zoo``: ``digits_cnn`` with a 
 - fit: ``um.fit(loader(splits.fit, 64, shuffle=True, seed), loader(splits.calibration))``, wall and
   process-CPU seconds;
 - NLL, ECE (15 bins), Brier and accuracy on the test digits rotated by each angle (``data.rotated``);
+- NLL, ECE and accuracy on the test digits corrupted by each kind of ``posthoc.shift.EVALUATION_KINDS`` (rotate,
+  contrast, translate, occlude: kinds no fit-time perturbation uses) at severity 3 (``posthoc.shift.corrupt_images``
+  in pixel space, one fixed draw for every seed and case), and their mean over the kinds;
+- empirical coverage and mean size of 90 % conformal sets (``posthoc.conformal``, LAC, calibrated on the
+  calibration split's predictive) on the clean test digits and under each evaluation kind at severity 3: the
+  guarantee holds in distribution only, so the shifted columns show how far it breaks;
 - NLL and ECE on the calibration split ("validation NLL": what a user holding ``val_loader`` can see;
   stacked calibrators are fitted on that split, so for them it is an in-sample number);
 - OOD AUROC by predictive entropy: test digits (0-7) against the held-out digits 8/9 (``splits.ood``)
@@ -42,6 +49,18 @@ cut short still renders with ``--from-json OUT.jsonl``.
 
 Verdict (issue 15 section 2), from per-seed ratios to the plain model on the same checkpoint, averaged
 over seeds: in-distribution NLL <= 1.02x plain, and NLL at 45 and 90 degrees below plain's.
+
+Targets of issue 26 (section "Under shift the fit never saw" of the report), on the same paired seed means:
+every method's default: in-distribution NLL <= 1.02x plain, in-distribution ECE <= plain + 0.5 pt, OOD AUROC
+(8/9) >= plain - 0.005, mean NLL over the evaluation kinds at severity 3 <= 0.9x plain; the best configuration:
+ECE over the evaluation kinds at severity 3 <= 0.5x plain, NLL there <= 0.75x plain, in distribution as
+above. A missed target is shown with the value and by how much it misses. The recommended configuration is
+the one meeting the in-distribution targets with the lowest mean NLL over the evaluation kinds.
+
+Shift-aware against clean-only fitting: ``--shift auto none`` fits every case but the plain model both ways
+(``um.fit(..., shift="auto")``, the default, and ``shift=None``, labelled ``laplace[shift=None]``); the report
+gives the shift-aware fit's seconds as a ratio to the clean-only fit of the same case and seed, and the
+fit's shift description from ``um.summary()`` where the methods record one.
 For each base method and its compositions, the report says which one the validation NLL favours and
 whether the test numbers agree.
 
@@ -65,7 +84,7 @@ import time
 import traceback
 import warnings
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -82,6 +101,7 @@ from posthoc.core.registry import method_class  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.evaluation.report import collect  # noqa: E402
+from posthoc.shift import EVALUATION_KINDS, corrupt_images  # noqa: E402
 
 ARCHS = ("digits_cnn", "digits_bn_cnn")
 SEEDS = (0, 1, 2)
@@ -102,6 +122,16 @@ DEFAULT_ENSEMBLES = ["ens5:none", "ens5:laplace", "ens5:none+temperature"]
 ENSEMBLE_PREFIX = "ens"
 #: member ``k`` of seed ``s``'s ensemble is the checkpoint retrained with seed ``s + MEMBER_SEED_STRIDE * k`` (k >= 1)
 MEMBER_SEED_STRIDE = 100
+#: the severity of the evaluation kinds the issue 26 targets are read at, and the seed of its one fixed draw
+SHIFT_SEVERITY = 3
+CORRUPTION_SEED = 0
+#: the key of the mean over the evaluation kinds (``nll@kinds:3``)
+MEAN_OVER_KINDS = "kinds"
+#: miscoverage of the conformal sets whose coverage is reported (90 % sets)
+ALPHA = 0.1
+#: ``--shift`` values and what ``um.fit(..., shift=...)`` gets for them; the label suffix of a clean-only fit
+SHIFT_MODES: dict[str, str | None] = {"auto": "auto", "none": None}
+CLEAN_FIT_SUFFIX = "[shift=None]"
 
 
 # ---------------------------------------------------------------- cases
@@ -116,11 +146,14 @@ class Case:
     methods: tuple[str, ...]
     family: str
     members: int = 1
+    #: ``um.fit``'s ``shift``: ``"auto"`` (the default) or ``"none"`` (clean validation only, labelled ``[shift=None]``)
+    shift: str = "auto"
 
     @property
     def label(self) -> str:
         joined = "+".join(self.methods)
-        return joined if self.members == 1 else f"{ENSEMBLE_PREFIX}{self.members}:{joined}"
+        label = joined if self.members == 1 else f"{ENSEMBLE_PREFIX}{self.members}:{joined}"
+        return label + (CLEAN_FIT_SUFFIX if self.shift == "none" else "")
 
     @classmethod
     def of(cls, methods: tuple[str, ...], stacks: dict[str, bool], members: int = 1) -> "Case":
@@ -135,10 +168,38 @@ def parse_label(label: str) -> tuple[int, tuple[str, ...]]:
         >>> parse_label("ens5:laplace+temperature"), parse_label("swag")
         ((5, ('laplace', 'temperature')), (1, ('swag',)))
     """
+    label = split_shift(label)[0]
     head, _, rest = label.partition(":")
     if rest and head.startswith(ENSEMBLE_PREFIX) and head[len(ENSEMBLE_PREFIX):].isdigit():
         return int(head[len(ENSEMBLE_PREFIX):]), tuple(rest.split("+"))
     return 1, tuple(label.split("+"))
+
+
+def split_shift(label: str) -> tuple[str, str | None]:
+    """A case label without its ``[shift=None]`` suffix, and the ``--shift`` mode it names (``None``: unnamed).
+
+    Example:
+        >>> split_shift("laplace+dac[shift=None]"), split_shift("laplace")
+        (('laplace+dac', 'none'), ('laplace', None))
+    """
+    if label.endswith(CLEAN_FIT_SUFFIX):
+        return label[: -len(CLEAN_FIT_SUFFIX)], "none"
+    return label, None
+
+
+def with_shifts(cases: list[Case], shifts: tuple[str, ...]) -> list[Case]:
+    """Each case fitted under every ``--shift`` mode (``"auto"``, ``"none"``), twins side by side; the plain
+    model, which chooses nothing on held-out data, once.
+
+    Example:
+        >>> [c.label for c in with_shifts([Case(("none",), "none"), Case(("laplace",), "laplace")], ("auto", "none"))]
+        ['none', 'laplace', 'laplace[shift=None]']
+    """
+    out = []
+    for case in cases:
+        plain = case.methods == (PLAIN,) and case.members == 1
+        out += [case] if plain else [replace(case, shift=mode) for mode in shifts]
+    return out
 
 
 def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = None) -> list[Case]:
@@ -161,23 +222,31 @@ def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = Non
     return [Case.of(methods, stacks) for methods in labels]
 
 
-def discover_cases(selected: list[str] | None = None, compose: list[str] | None = DEFAULT_COMPOSE) -> list[Case]:
+def discover_cases(selected: list[str] | None = None, compose: list[str] | None = DEFAULT_COMPOSE,
+                   shifts: tuple[str, ...] = ("auto",)) -> list[Case]:
     """The cases of the registered methods (see :func:`cases_from_registry`), or only the ``selected`` labels
-    (``"laplace+temperature"``). The plain model is always included: every verdict is relative to it.
+    (``"laplace+temperature"``, ``"none+dac"``), each fitted under every mode of ``shifts`` (see
+    :func:`with_shifts`; a selected label ending in ``[shift=None]`` is fitted that way only). The plain
+    model is always included: every verdict is relative to it.
 
     Example:
-        >>> [c.label for c in discover_cases(["laplace+temperature"])]
-        ['none', 'laplace+temperature']
+        >>> [c.label for c in discover_cases(["laplace+temperature"], shifts=("auto", "none"))]
+        ['none', 'laplace+temperature', 'laplace+temperature[shift=None]']
     """
     registered = {name: method_class(name).stacks for name in posthoc.available_methods()}
-    wanted = [parse_label(label) for label in selected or DEFAULT_ENSEMBLES]
-    named = {name for _, methods in wanted for name in methods} | set(compose or [])
+    wanted = [(parse_label(label), split_shift(label)[1]) for label in selected or DEFAULT_ENSEMBLES]
+    named = {name for (_, methods), _ in wanted for name in methods} | set(compose or [])
     if named - set(registered):
         raise SystemExit(f"unknown method(s) {sorted(named - set(registered))}; registered: {sorted(registered)}")
     if not selected:
-        return cases_from_registry(registered, compose) + [Case.of(m, registered, members) for members, m in wanted]
-    return [Case.of(methods, registered, members)
-            for members, methods in [(1, (PLAIN,)), *(w for w in wanted if w != (1, (PLAIN,)))]]
+        every = cases_from_registry(registered, compose) + [Case.of(m, registered, n) for (n, m), _ in wanted]
+        return with_shifts(every, shifts)
+    plain = ((1, (PLAIN,)), None)
+    cases = []
+    for (members, methods), mode in [plain, *(w for w in wanted if w[0] != plain[0])]:
+        case = Case.of(methods, registered, members)
+        cases += with_shifts([case], shifts) if mode is None else [replace(case, shift=mode)]
+    return list(dict.fromkeys(cases))
 
 
 # ---------------------------------------------------------------- measuring one case
@@ -193,6 +262,23 @@ class Setting:
     splits: data.DigitsSplits
     rotations: tuple[int, ...]
     noise: torch.utils.data.TensorDataset
+    #: the test digits under each evaluation kind at :data:`SHIFT_SEVERITY` (``None``: made from ``splits.test``)
+    shifted: dict[str, torch.utils.data.TensorDataset] | None = None
+
+
+def shifted_tests(test: torch.utils.data.TensorDataset, severity: int = SHIFT_SEVERITY,
+                  kinds: tuple[str, ...] = EVALUATION_KINDS) -> dict[str, torch.utils.data.TensorDataset]:
+    """The test digits corrupted by each evaluation kind at ``severity``, in pixel space (one fixed draw).
+
+    Example:
+        >>> list(shifted_tests(data.load_digits().test))
+        ['rotate', 'contrast', 'translate', 'occlude']
+    """
+    x, y = test.tensors
+    normalization = ((data.MEAN,), (data.STD,))
+    return {kind: torch.utils.data.TensorDataset(
+        corrupt_images(x, kind, severity, torch.Generator().manual_seed(CORRUPTION_SEED), normalization), y)
+        for kind in kinds}
 
 
 def checkpoint(arch: str, seed: int, source: str) -> nn.Module:
@@ -217,6 +303,27 @@ def _options(case: Case, seed: int) -> dict[str, Any]:
 def _scores(um: posthoc.UncertainModel, dataset: torch.utils.data.TensorDataset, seed: int, labelled: bool) -> dict:
     generator = torch.Generator(device=um.device).manual_seed(seed)
     return collect(um, data.loader(dataset), labelled=labelled, progress=False, generator=generator)
+
+
+def _coverage(sets: torch.Tensor, labels: torch.Tensor, suffix: str) -> dict[str, float]:
+    return {f"cov{suffix}": float(sets[torch.arange(len(labels)), labels].float().mean()),
+            f"size{suffix}": float(sets.sum(-1).float().mean())}
+
+
+def _shift_quality(um: posthoc.UncertainModel, shifted: dict[str, torch.utils.data.TensorDataset], seed: int,
+                   conformal: Any) -> dict[str, float]:
+    """NLL, ECE, accuracy and conformal coverage under each evaluation kind, and their means over the kinds."""
+    found: dict[str, float] = {}
+    for kind, dataset in shifted.items():
+        scores = _scores(um, dataset, seed, labelled=True)
+        probs, labels, suffix = scores["probs"], scores["labels"], f"@{kind}:{SHIFT_SEVERITY}"
+        found.update({f"nll{suffix}": metrics.nll(probs, labels), f"ece{suffix}": metrics.ece(probs, labels),
+                      f"acc{suffix}": metrics.accuracy(probs, labels)})
+        found.update(_coverage(conformal.sets(probs), labels, suffix))
+    for name in ("nll", "ece", "acc", "cov", "size"):
+        found[f"{name}@{MEAN_OVER_KINDS}:{SHIFT_SEVERITY}"] = statistics.fmean(
+            found[f"{name}@{kind}:{SHIFT_SEVERITY}"] for kind in shifted)
+    return found
 
 
 def _quality(probs: torch.Tensor, labels: torch.Tensor, suffix: str) -> dict[str, float]:
@@ -255,10 +362,23 @@ def _card(um: posthoc.UncertainModel) -> dict[str, Any]:
         return {"error": f"{type(err).__name__}: {err}"}
 
 
+def shift_description(card: dict[str, Any]) -> str | None:
+    """What the fit says it did about shift, read from the model card's posterior entries (``None``: nothing said).
+
+    Example:
+        >>> shift_description({"posterior": [{"method": "laplace", "shift": "auto: noise, blur"}]})
+        'laplace: auto: noise, blur'
+    """
+    said = [f"{entry.get('method', '?')}: {_inline(str(value))}" for entry in card.get("posterior") or []
+            if isinstance(entry, dict) for key, value in entry.items() if "shift" in key and value not in (None, "")]
+    return "; ".join(said) or None
+
+
 def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, Any]:
     """Wrap, fit and evaluate one case (and time its predict if ``timed``); any exception becomes an ``error`` row."""
     row: dict[str, Any] = {"arch": setting.arch, "seed": setting.seed, "case": case.label,
-                           "methods": list(case.methods), "family": case.family, "members": case.members}
+                           "methods": list(case.methods), "family": case.family, "members": case.members,
+                           "shift": case.shift}
     splits, seed = setting.splits, setting.seed
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -267,11 +387,16 @@ def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, 
             um = posthoc.wrap(model, method=list(case.methods), **_options(case, seed))
             fit_loader = data.loader(splits.fit, 64, shuffle=True, seed=seed)
             wall, cpu = time.perf_counter(), time.process_time()
-            um.fit(fit_loader, data.loader(splits.calibration), progress=False)
+            um.fit(fit_loader, data.loader(splits.calibration), progress=False, shift=SHIFT_MODES[case.shift])
             found: dict[str, Any] = {"fit_s": time.perf_counter() - wall, "fit_cpu_s": time.process_time() - cpu}
             validation = _scores(um, splits.calibration, seed, labelled=True)
             found.update(_quality(validation["probs"], validation["labels"], "_val"))
             clean = _scores(um, splits.test, seed, labelled=True)
+            conformal = posthoc.conformal(validation["probs"], validation["labels"], alpha=ALPHA, inputs="probs",
+                                          progress=False)
+            found.update(_coverage(conformal.sets(clean["probs"]), clean["labels"], "@0"))
+            shifted = setting.shifted if setting.shifted is not None else shifted_tests(splits.test)
+            found.update(_shift_quality(um, shifted, seed, conformal))
             for degrees in setting.rotations:
                 test = clean if degrees == 0 else _scores(um, data.rotated(splits.test, degrees), seed, labelled=True)
                 found.update(_quality(test["probs"], test["labels"], f"@{degrees}"))
@@ -280,7 +405,8 @@ def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, 
                 found[f"ood_auroc_{name}"] = metrics.ood_auroc(clean["entropy"], out["entropy"])
             if timed:
                 found.update(_predict_cost(um, setting.model, splits.test.tensors[0]))
-        row.update(status="ok", metrics=found, card=_card(um),
+        card = _card(um)
+        row.update(status="ok", metrics=found, card=card, fit_shift=shift_description(card),
                    warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}))
     except Exception as err:  # a failing method is reported, never aborts the benchmark
         row.update(status="error", error=f"{type(err).__name__}: {err}",
@@ -312,7 +438,8 @@ def run_setting(plan: Plan, arch: str, seed: int) -> list[dict[str, Any]]:
     torch.set_num_threads(plan.threads)
     torch.manual_seed(seed)
     splits = data.load_digits()
-    setting = Setting(arch, seed, checkpoint(arch, seed, plan.source), splits, plan.rotations, data.noise(1000, seed=0))
+    setting = Setting(arch, seed, checkpoint(arch, seed, plan.source), splits, plan.rotations, data.noise(1000, seed=0),
+                      shifted_tests(splits.test))
     rows = []
     for case in plan.cases:
         if plan.deadline is not None and time.time() > plan.deadline:
@@ -392,10 +519,21 @@ class Summary:
     seeds_meeting: int
     errors: list[str]
     warnings: list[str]
+    #: differences to the plain model, paired by seed (``ece@0``, ``ood_auroc_digits``)
+    deltas: dict[str, Stat] = field(default_factory=dict)
+    #: the shift-aware fit's seconds over the same case's ``[shift=None]`` fit, paired by seed (``None``: not run)
+    shift_cost: Stat | None = None
+    #: what the fits said about shift (``um.summary()``), one entry per distinct description
+    fit_shift: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return self.seeds_ok > 0
+
+
+#: metrics compared to the plain model as ratios, and as differences
+RATIO_METRICS = ("nll@", "ece@")
+DELTA_METRICS = ("ece@0", "ood_auroc_digits")
 
 
 def _meets_target(ratios: dict[str, float]) -> bool:
@@ -426,7 +564,8 @@ def complete_seeds(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], li
 
 
 def summarise(rows: list[dict[str, Any]]) -> list[Summary]:
-    """Aggregate rows over seeds; NLL ratios to the plain model are paired by (arch, seed).
+    """Aggregate rows over seeds; ratios (NLL, ECE) and differences (in-distribution ECE, OOD AUROC) to the plain
+    model are paired by (arch, seed), and so is a shift-aware fit's cost over its ``[shift=None]`` twin.
 
     Example:
         >>> [s.case for s in summarise(rows)]
@@ -436,6 +575,7 @@ def summarise(rows: list[dict[str, Any]]) -> list[Summary]:
     groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
     for row in rows:
         groups.setdefault((row["arch"], row["case"]), []).append(row)
+    fits = {(r["arch"], r["seed"], r["case"]): r["metrics"].get("fit_s") for r in rows if r["status"] == "ok"}
     summaries = []
     for (arch, case), members in groups.items():
         good = [r for r in members if r["status"] == "ok"]
@@ -446,14 +586,21 @@ def summarise(rows: list[dict[str, Any]]) -> list[Summary]:
             reference = plain.get((arch, r["seed"]))
             if reference is not None:
                 per_seed.append({k: r["metrics"][k] / reference[k] for k in r["metrics"]
-                                 if k.startswith("nll@") and reference.get(k)})
+                                 if k.startswith(RATIO_METRICS) and reference.get(k)})
         ratio_keys = sorted({k for ratios in per_seed for k in ratios})
         ratios = {k: Stat.of([p.get(k) for p in per_seed]) for k in ratio_keys}
+        deltas = {k: Stat.of([r["metrics"][k] - plain[arch, r["seed"]][k] for r in good
+                              if k in r["metrics"] and k in plain.get((arch, r["seed"]), {})]) for k in DELTA_METRICS}
+        costs = [own / twin for r in good if r.get("shift", "auto") == "auto" and case != PLAIN
+                 and (own := fits.get((arch, r["seed"], case)))
+                 and (twin := fits.get((arch, r["seed"], case + CLEAN_FIT_SUFFIX)))]
         summaries.append(Summary(
             arch=arch, case=case, family=members[0]["family"], stats=stats, ratios=ratios,
             seeds_ok=len(good), seeds_meeting=sum(_meets_target(p) for p in per_seed),
             errors=sorted({r["error"] for r in members if r["status"] != "ok"}),
             warnings=sorted({w for r in good for w in r.get("warnings", [])}),
+            deltas={k: v for k, v in deltas.items() if v.count}, shift_cost=Stat.of(costs) if costs else None,
+            fit_shift=sorted({r["fit_shift"] for r in good if r.get("fit_shift")}),
         ))
     return summaries
 
@@ -472,6 +619,86 @@ def verdict(summary: Summary) -> str:
                  if not mean.get(f"nll@{d}", math.inf) < 1.0]
     seeds = f"{summary.seeds_meeting}/{summary.seeds_ok} seeds"
     return f"meets ({seeds})" if not failures else f"fails: {', '.join(failures)} ({seeds} meet)"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One target of issue 26 on a seed-averaged ratio (``unit="x"``) or difference to the plain model.
+
+    ``bound`` is the largest allowed value (the smallest with ``at_least``); ``scale`` converts a difference for
+    display (100: percentage points).
+    """
+
+    name: str
+    key: str
+    bound: float
+    unit: str = "x"
+    at_least: bool = False
+    scale: float = 1.0
+
+    def value(self, summary: Summary) -> float:
+        source = summary.ratios if self.unit == "x" else summary.deltas
+        stat = source.get(self.key)
+        return stat.mean if stat is not None and stat.count else math.nan
+
+    def check(self, summary: Summary) -> str | None:
+        """``None`` when met; otherwise what was measured, the bound and by how much it misses."""
+        value = self.value(summary)
+        if math.isnan(value):
+            return f"{self.name} not measured"
+        met = value >= self.bound if self.at_least else value <= self.bound
+        if met:
+            return None
+        digits = 2 if self.unit == "x" else (1 if self.scale != 1 else 3)
+        unit = {"x": "x", "pt": " pt"}.get(self.unit, "")
+        shown = f"{value * self.scale:+.{digits}f}" if self.unit != "x" else f"{value:.{digits}f}"
+        sign = ">=" if self.at_least else "<="
+        bound = f"{self.bound * self.scale:+.{digits}f}" if self.unit != "x" else f"{self.bound:.{digits}f}"
+        return f"{self.name} {shown}{unit} (target {sign} {bound}{unit}, misses by {abs(value - self.bound) * self.scale:.{digits}f})"
+
+
+_KINDS_S = f"{MEAN_OVER_KINDS}:{SHIFT_SEVERITY}"
+IN_DISTRIBUTION_TARGETS = (
+    Target("in-dist NLL", "nll@0", IN_DISTRIBUTION_SLACK),
+    Target("in-dist ECE", "ece@0", 0.005, unit="pt", scale=100),
+)
+#: every method's default (issue 26)
+DEFAULT_TARGETS = (
+    *IN_DISTRIBUTION_TARGETS,
+    Target("AUROC 8/9", "ood_auroc_digits", -0.005, unit="", at_least=True),
+    Target(f"NLL eval kinds s{SHIFT_SEVERITY}", f"nll@{_KINDS_S}", 0.9),
+)
+#: the best configuration (issue 26)
+BEST_TARGETS = (
+    *IN_DISTRIBUTION_TARGETS,
+    Target(f"ECE eval kinds s{SHIFT_SEVERITY}", f"ece@{_KINDS_S}", 0.5),
+    Target(f"NLL eval kinds s{SHIFT_SEVERITY}", f"nll@{_KINDS_S}", 0.75),
+)
+
+
+def target_verdict(summary: Summary, targets: tuple[Target, ...] = DEFAULT_TARGETS) -> str:
+    """Issue 26's ``targets`` on the seed-averaged ratios and differences to the plain model: ``meets`` or
+    ``misses:`` each missed target with its value, bound and gap.
+
+    Example:
+        >>> target_verdict(summary)
+        'misses: NLL eval kinds s3 0.95x (target <= 0.90x, misses by 0.05)'
+    """
+    if not summary.ok:
+        return "error"
+    if summary.case == PLAIN:
+        return "reference"
+    missed = [text for target in targets if (text := target.check(summary)) is not None]
+    return "meets" if not missed else "misses: " + "; ".join(missed)
+
+
+def recommended(summaries: list[Summary]) -> Summary | None:
+    """The configuration to recommend under shift: among those meeting the in-distribution targets, the lowest
+    mean NLL over the evaluation kinds (``None`` when nothing but the plain model was measured)."""
+    key = f"nll@{_KINDS_S}"
+    candidates = [s for s in summaries if s.ok and s.case != PLAIN and key in s.ratios]
+    safe = [s for s in candidates if all(t.check(s) is None for t in IN_DISTRIBUTION_TARGETS)] or candidates
+    return min(safe, key=lambda s: s.ratios[key].mean) if safe else None
 
 
 def _best(members: list[Summary], key: str) -> Summary | None:
@@ -592,45 +819,126 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
     return lines
 
 
+def _target_text(target: Target) -> str:
+    sign = ">=" if target.at_least else "<="
+    bound = f"{target.bound:.2f}x plain" if target.unit == "x" else \
+        f"plain {target.bound * target.scale:+g}{' pt' if target.unit == 'pt' else ''}"
+    return f"{target.name} {sign} {bound}"
+
+
+def _ratio_cell(summary: Summary, key: str) -> str:
+    stat = summary.ratios.get(key)
+    return f"{stat.mean:.2f}x" if stat is not None and stat.count else "–"
+
+
+def _delta_cell(summary: Summary, key: str, scale: float = 1.0, digits: int = 3) -> str:
+    stat = summary.deltas.get(key)
+    return f"{stat.mean * scale:+.{digits}f}" if stat is not None and stat.count else "–"
+
+
+def _pair(summary: Summary, first: str, second: str, digits: int, scale: float = 1.0) -> str:
+    get = summary.stats.get
+    return f"{get(first, Stat.of([])).cell(digits, scale)} / {get(second, Stat.of([])).cell(digits, scale)}"
+
+
+def shift_tables(summaries: list[Summary], kinds: tuple[str, ...] = EVALUATION_KINDS) -> list[str]:
+    """Issue 26's section of one architecture: the targets table (ratios and differences to the plain model,
+    the shift-aware fit's cost, both verdicts), NLL / ECE per evaluation kind, conformal coverage per kind, and
+    the recommended configuration."""
+    summaries = [s for s in display_order(summaries) if f"nll@{_KINDS_S}" in s.stats]
+    if not summaries:
+        return []
+    s3 = f"s{SHIFT_SEVERITY}"
+    header = ["method", "fit shift", "NLL 0° ×plain", "ECE 0° Δ (pt)", "AUROC 8/9 Δ", f"NLL kinds {s3} ×plain",
+              f"ECE kinds {s3} ×plain", "fit ×shift=None", "default targets", "best-config targets"]
+    main, detail, coverage = [], [], []
+    for s in summaries:
+        mode = "–" if s.case == PLAIN else ("None" if s.case.endswith(CLEAN_FIT_SUFFIX) else "auto")
+        main.append([s.case, mode, _ratio_cell(s, "nll@0"), _delta_cell(s, "ece@0", 100, 2),
+                     _delta_cell(s, "ood_auroc_digits"), _ratio_cell(s, f"nll@{_KINDS_S}"),
+                     _ratio_cell(s, f"ece@{_KINDS_S}"), "–" if s.shift_cost is None else s.shift_cost.cell(2),
+                     _inline(target_verdict(s)), _inline(target_verdict(s, BEST_TARGETS))])
+        detail.append([s.case, *(_pair(s, f"nll@{k}:{SHIFT_SEVERITY}", f"ece@{k}:{SHIFT_SEVERITY}", 3)
+                                 for k in (*kinds, MEAN_OVER_KINDS))])
+        coverage.append([s.case, *(f"{s.stats.get(f'cov@{k}', Stat.of([])).cell(1, 100)}% / "
+                                   f"{s.stats.get(f'size@{k}', Stat.of([])).cell(2)}"
+                                   for k in ("0", *(f"{k}:{SHIFT_SEVERITY}" for k in (*kinds, MEAN_OVER_KINDS))))])
+    lines = [f"### Under shift the fit never saw: {', '.join(kinds)} at severity {SHIFT_SEVERITY} (issue 26)", ""]
+    lines += _table(header, main)
+    best = recommended(summaries)
+    if best is not None:
+        lines += ["", f"Recommended configuration (meets the in-distribution targets, lowest mean NLL over the "
+                  f"evaluation kinds): **{best.case}**: {target_verdict(best, BEST_TARGETS)}."]
+    lines += ["", f"NLL / ECE per evaluation kind at severity {SHIFT_SEVERITY} (seed means):", ""]
+    lines += _table(["method", *kinds, "mean"], detail)
+    lines += ["", f"Coverage / mean size of {1 - ALPHA:.0%} conformal sets (LAC, calibrated on the calibration split; "
+              "guaranteed in distribution only; an empty set counts as a miss):", ""]
+    lines += _table(["method", "clean", *(f"{k} {s3}" for k in kinds), "mean"], coverage)
+    described = [s for s in summaries if s.fit_shift]
+    if described:
+        lines += ["", "What the fits recorded about shift (`um.summary()`):", ""]
+        lines += [f"- {s.case}: " + " | ".join(map(_inline, s.fit_shift)) for s in described]
+    return lines
+
+
 def markdown_report(summaries: list[Summary], rotations: tuple[int, ...], command: str,
                     meta: dict[str, Any] | None = None) -> str:
     """The full Markdown report: one section per architecture."""
     meta = meta or {}
-    lines = ["# Quality benchmark (issue 15)", "", f"Made by `{command}`."]
+    lines = ["# Quality benchmark (issues 15 and 26)", "", f"Made by `{command}`."]
     if meta:
         lines.append("; ".join(f"{k}: {v}" for k, v in meta.items()) + ".")
     lines += ["", "Cells are mean ± standard deviation over seeds. Verdict: issue 15 section 2 on NLL "
               f"ratios to the plain model (same seed, averaged): in-distribution <= {IN_DISTRIBUTION_SLACK}x, "
-              f"{' and '.join(f'{d}°' for d in SHIFT_TARGETS)} below 1x; 'k/n seeds' meet it seed by seed.", ""]
+              f"{' and '.join(f'{d}°' for d in SHIFT_TARGETS)} below 1x; 'k/n seeds' meet it seed by seed.",
+              "", "Issue 26 targets (section 'Under shift the fit never saw'), on the same paired seed means: every "
+              "default: " + ", ".join(_target_text(t) for t in DEFAULT_TARGETS) + "; the best configuration: "
+              + ", ".join(_target_text(t) for t in BEST_TARGETS) + ".", ""]
     for arch in dict.fromkeys(s.arch for s in summaries):
-        lines += [f"## {arch}", "", *architecture_tables([s for s in summaries if s.arch == arch], rotations), ""]
+        own = [s for s in summaries if s.arch == arch]
+        lines += [f"## {arch}", "", *architecture_tables(own, rotations), ""]
+        shifted = shift_tables(own)
+        lines += [*shifted, ""] if shifted else []
     return "\n".join(lines)
+
+
+def _short_verdict(summary: Summary) -> str:
+    """``yes``, or ``no:`` and the values of the missed default targets (a README cell)."""
+    missed = [text.split(" (target")[0] for t in DEFAULT_TARGETS if (text := t.check(summary)) is not None]
+    return "yes" if not missed else "no: " + ", ".join(missed)
 
 
 def readme_table(summaries: list[Summary], command: str, note: str = "") -> str:
     """The compact "Which method when" table of the README: both architectures side by side, seed means,
-    under a comment line with the command that made the numbers (and ``note``)."""
+    under a comment line with the command that made the numbers (and ``note``). Per architecture: NLL and ECE
+    in distribution; NLL and ECE over the evaluation kinds at severity 3 (the plain model's values, ratios to
+    them for the others); coverage of 90 % conformal sets clean and under those kinds; OOD AUROC (8/9); fit
+    seconds; whether the default meets issue 26's targets (the missed ones with their values)."""
     archs = list(dict.fromkeys(s.arch for s in summaries))
     by_key = {(s.arch, s.case): s for s in summaries}
     header = ["method"]
+    s3 = f"s{SHIFT_SEVERITY}"
     for arch in archs:
-        header += [f"{arch}: NLL · ECE", "NLL 45° · 90°", "OOD AUROC", "fit s", "§2"]
+        header += [f"{arch}: NLL · ECE", f"kinds {s3}: NLL · ECE ×plain", f"cov90 clean · {s3}", "OOD AUROC", "fit s",
+                   "§26"]
     rows = []
     for case in dict.fromkeys(s.case for s in display_order(summaries)):
         cells = [case]
         for arch in archs:
             s = by_key.get((arch, case))
             if s is None or not s.ok:
-                cells += ["error" if s is not None else "–", "–", "–", "–", "–"]
+                cells += ["error" if s is not None else "–", *["–"] * (len(header) // len(archs) - 1)]
                 continue
             st = s.stats
+            shifted = f"nll@{_KINDS_S}" in st
             cells += [
                 f"{st['nll@0'].mean:.3f} · {st['ece@0'].mean * 100:.1f}%",
-                " · ".join(f"{st[f'nll@{d}'].mean:.2f}" if f"nll@{d}" in st else "–" for d in SHIFT_TARGETS),
+                (f"{st[f'nll@{_KINDS_S}'].mean:.2f} · {st[f'ece@{_KINDS_S}'].mean * 100:.1f}%" if case == PLAIN else
+                 f"{_ratio_cell(s, f'nll@{_KINDS_S}')} · {_ratio_cell(s, f'ece@{_KINDS_S}')}") if shifted else "–",
+                f"{st['cov@0'].mean * 100:.0f} · {st[f'cov@{_KINDS_S}'].mean * 100:.0f}%" if shifted else "–",
                 f"{st['ood_auroc_digits'].mean:.3f}",
                 f"{st['fit_s'].mean:.1f}",
-                "ref" if case == PLAIN else
-                f"{'yes' if verdict(s).startswith('meets') else 'no'} {s.seeds_meeting}/{s.seeds_ok}",
+                "ref" if case == PLAIN else _short_verdict(s) if shifted else "–",
             ]
         rows.append(cells)
     return "\n".join([f"<!-- generated by: {command}{'; ' + note if note else ''} -->", *_table(header, rows)])
@@ -648,6 +956,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                              "with --from-json, the cases to show")
     parser.add_argument("--compose", nargs="+", default=DEFAULT_COMPOSE,
                         help="stackers put on top of every base method (default: temperature; 'all': every stacker)")
+    parser.add_argument("--shift", nargs="+", choices=sorted(SHIFT_MODES), default=["auto"],
+                        help="um.fit(..., shift=...): 'auto' (default, shift-aware held-out choices), 'none' (clean "
+                             "validation only; rows labelled like laplace[shift=None]), or both to compare them")
     parser.add_argument("--rotations", nargs="+", type=int, default=None, help="default: 0 30 45 60 90 (0 45 90 with --quick)")
     parser.add_argument("--quick", action="store_true", help="one seed and three rotations")
     parser.add_argument("--checkpoint", choices=("retrain", "bundled"), default="retrain",
@@ -683,7 +994,8 @@ def main(argv: list[str] | None = None) -> None:
         rows, rotations, command, meta = saved["rows"], tuple(saved["rotations"]), saved["command"], saved["meta"]
     else:
         torch.set_num_threads(args.threads)
-        cases = discover_cases(args.methods, None if args.compose == ["all"] else args.compose)
+        cases = discover_cases(args.methods, None if args.compose == ["all"] else args.compose,
+                               tuple(dict.fromkeys(args.shift)))
         rows_path = args.out.with_suffix(".jsonl")
         deadline = None if args.budget_minutes is None else time.time() + 60 * args.budget_minutes
         plan = Plan(cases, args.rotations, tuple(args.seeds[:args.timed_seeds]), args.checkpoint, args.threads,
@@ -692,7 +1004,7 @@ def main(argv: list[str] | None = None) -> None:
         meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
             "seeds": " ".join(map(str, args.seeds)), "predict timed on seeds": " ".join(map(str, plan.timed_seeds)),
-            "checkpoint": args.checkpoint, "threads": args.threads, "jobs": args.jobs, "torch": torch.__version__,
+            "checkpoint": args.checkpoint, "fit shift": " ".join(dict.fromkeys(args.shift)), "threads": args.threads, "jobs": args.jobs, "torch": torch.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -707,7 +1019,7 @@ def main(argv: list[str] | None = None) -> None:
         args.out.with_suffix(".json").write_text(json.dumps({**header, "rows": rows}, indent=1, default=str))
         rows_path.unlink()
     if args.from_json is not None and args.methods:
-        shown = {case.label for case in discover_cases(args.methods, compose=[])}
+        shown = {case.label for case in discover_cases(args.methods, compose=[], shifts=tuple(SHIFT_MODES))}
         rows = [row for row in rows if row["case"] in shown]
     rows, left_out = complete_seeds(rows)
     if left_out:
@@ -721,8 +1033,9 @@ def main(argv: list[str] | None = None) -> None:
         print()
         report_path = args.out if args.from_json is None else args.from_json.with_suffix(".md")
         seeds = " ".join(map(str, sorted({row["seed"] for row in rows}))) or "?"
-        note = (f"means over seeds {seeds}, {meta.get('date', '?')}; §2: verdict on the seed means, then how many "
-                f"seeds meet it alone; spreads in {report_path.name}")
+        note = (f"means over seeds {seeds}, {meta.get('date', '?')}; kinds s{SHIFT_SEVERITY}: mean over "
+                f"{', '.join(EVALUATION_KINDS)} at severity {SHIFT_SEVERITY} (the plain model's values, ratios for "
+                f"the others); §26: the default targets on the seed means; spreads in {report_path.name}")
         print(readme_table(summaries, command, note))
 
 

@@ -1,12 +1,17 @@
 import re
+from types import SimpleNamespace
 
 import pytest
 import torch
 from PIL import Image
 
+import posthoc
 from posthoc.demo import data, zoo
 from posthoc.cli.main import main
-from posthoc.demo.run import SEVERITIES
+from posthoc.core.errors import ConfigError
+from posthoc.core.registry import REGISTRY
+from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, demo_configs, shift_story
+from posthoc.shift import EVALUATION_KINDS
 
 
 def test_digits_splits_are_fixed_stratified_and_disjoint(digits):
@@ -69,8 +74,71 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert every[2].startswith("| method | entropy |") and all(name in every[2] for name in ("msp", "gen", "knn", "vim"))
     plain, temperature = (line.split(" | ") for line in every[4:6])
     assert plain[0] == "| MAP" and temperature[0] == "| temperature" and plain[-1].endswith("* |")
-    for name in ("reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"):
+    story = report.split("### Does it know when it does not know? MAP against temperature")[1].split("###")[0]
+    assert "temperature: the lowest NLL, mean over the kinds, at severity 5" in story
+    header = next(line for line in story.splitlines() if line.startswith("| method | clean"))
+    assert header == "| method | clean | " + " | ".join(f"severity {s}" for s in STORY_SEVERITIES) + " |"
+    plain = next(line for line in story.splitlines() if line.startswith("| MAP |")).split(" | ")[1:]
+    confidence, accuracy = zip(*(map(float, cell.strip(" |").split(" / ")) for cell in plain))
+    assert len(confidence) == 1 + len(STORY_SEVERITIES) and accuracy[-1] < accuracy[0]
+    assert confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]  # the plain model grows overconfident
+    assert "rotation by 15 / 45 / 90 degrees" in report and "translation by 0.04 / 0.12 / 0.22 of the side" in report
+    for name in ("reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png",
+                 "confidence.png", "reliability_rotated45_best.png"):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 5 and "<table>" in page and 'src="reliability' not in page
+    assert page.count("data:image/png;base64,") == 7 and "<table>" in page and 'src="reliability' not in page
+    assert "wrote" in printed and "confidence.png, reliability_rotated45_best.png" in printed
+
+
+def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_model):
+    shift_loader = data.loader(data.subset(digits.test, 32), batch_size=32)
+    models = {"MAP": posthoc.wrap(digits_model, method="none"),
+              "temperature": posthoc.wrap(digits_model, method="temperature").fit(
+                  None, data.loader(data.subset(digits.calibration, 200)), progress=False)}
+    rows = [SimpleNamespace(label=label, shift=posthoc.evaluate_shift({label: um}, shift_loader, severities=[5],
+                                                         normalization=(data.MEAN, data.STD), progress=False))
+            for label, um in models.items()]
+    story = shift_story(rows, models, "MAP", shift_loader, best="temperature")
+    assert (story.plain, story.best, story.chosen_by) == ("MAP", "temperature", "named")
+    assert story.table.kinds == EVALUATION_KINDS and story.table.severities == STORY_SEVERITIES
+    # the rows' own severity-5 cells are reused, the severities they lack are evaluated for the two rows
+    assert story.table.value("MAP", "mean", 5, "nll") == rows[0].shift.value("MAP", "mean", 5, "nll")
+    again = posthoc.evaluate_shift({"MAP": models["MAP"]}, shift_loader, severities=[2],
+                                   normalization=(data.MEAN, data.STD), progress=False)
+    assert story.table.value("MAP", "translate", 2, "ece") == pytest.approx(again.value("MAP", "translate", 2, "ece"))
+    assert set(story.table.reports["temperature"]) == {("clean", 0), *((k, s) for k in EVALUATION_KINDS
+                                                                      for s in STORY_SEVERITIES)}
+    fig = story.table.confidence_plot(None, story.labels)
+    lines = fig.axes[0].get_lines()
+    assert [line.get_label() for line in lines] == ["MAP confidence", "MAP accuracy", "temperature confidence",
+                                                   "temperature accuracy"]
+    assert list(lines[0].get_xdata()) == [0, *STORY_SEVERITIES]
+    assert lines[0].get_color() == lines[1].get_color() and lines[0].get_linestyle() != lines[1].get_linestyle()
+    assert list(lines[1].get_ydata()) == [story.table.value("MAP", kind, s, "accuracy")
+                                          for kind, s in [("clean", 0), *(("mean", s) for s in STORY_SEVERITIES)]]
+    legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
+    assert legend == [line.get_label() for line in lines]
+    assert len(fig.axes[0].collections) == 2  # the shaded confidence-accuracy gaps
+    assert "| MAP | " in story.markdown() and "(confidence.png)" in story.markdown()
+    with pytest.raises(ConfigError, match="no demo row 'laplace' to compare with; rows: MAP, temperature"):
+        shift_story(rows, models, "MAP", shift_loader, best="laplace")
+
+
+def test_a_stacking_method_registered_later_joins_the_demo_through_its_demo_configs():
+    @posthoc.register
+    class Stacked(REGISTRY["temperature"]):
+        """A stacker another helper registers, shown alone on the plain model and on Laplace."""
+
+        name = "test-stacked"
+        demo_configs = (("stacked", {}), ("Laplace + stacked", {"on": ["laplace"]}))
+
+    try:
+        configs = {label: (spec, stack) for label, spec, _, stack in demo_configs()}
+    finally:
+        del REGISTRY["test-stacked"]
+    assert configs["stacked"] == ([{"name": "test-stacked", "options": {}}], False)
+    assert configs["Laplace + stacked"] == ([{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
+                                            False)
+    assert Stacked.demo_configs[1][1] == {"on": ["laplace"]}  # the class's own configs are left as they were

@@ -10,7 +10,7 @@ from PIL import Image
 import posthoc
 from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.report import Report
-from posthoc.evaluation.shift import ShiftTable
+from posthoc.evaluation.shift import ShiftTable, plain_and_best
 
 
 def _curves(count: int, n: int = 300) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -119,3 +119,67 @@ def test_markdown_page_embeds_its_images(tmp_path):
     page = html_page.write_html(text, tmp_path / "report.html").read_text()
     assert "<h1>Title</h1>" in page and "<b>bold</b>" in page and "<td>&lt;2&gt;</td>" in page
     assert page.count("data:image/png;base64,") == 1 and "![gone](missing.png)" in page
+
+
+def _story_table() -> ShiftTable:
+    """Two methods with kept reports: MAP stays confident while its accuracy falls, laplace follows it down."""
+    generator = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, 4, (200,), generator=generator)
+    values, reports = {}, {}
+    for method, damping in (("MAP", 0.0), ("laplace", 0.6)):
+        values[method], reports[method] = {}, {}
+        for kind, severity in [("clean", 0), ("rotate", 1), ("rotate", 3), ("contrast", 1), ("contrast", 3)]:
+            sharp = torch.full((200, 4), -4.0)
+            noisy = labels if severity == 0 else torch.where(torch.rand(200, generator=generator) < 0.2 * severity,
+                                                             (labels + 1) % 4, labels)
+            sharp[torch.arange(200), noisy] = 4.0 * (1 - damping * severity / 3)
+            probs = torch.softmax(sharp, -1)
+            report = Report.from_predictions(method, probs, labels)
+            reports[method][kind, severity] = report
+            values[method].setdefault(kind, {})[severity] = {"accuracy": report.accuracy, "nll": report.nll,
+                                                             "ece": report.ece, "brier": report.brier}
+        values[method]["mean"] = {s: {m: (values[method]["rotate"][s][m] + values[method]["contrast"][s][m]) / 2
+                                      for m in ("accuracy", "nll", "ece", "brier")} for s in (1, 3)}
+    return ShiftTable(("rotate", "contrast"), (1, 3), values, reports=reports)
+
+
+def test_confidence_plot_shows_confidence_and_accuracy_per_method_with_the_gap_shaded(tmp_path):
+    table = _story_table()
+    assert table.best_method(exclude=["MAP"]) == "laplace" and table.best_method() == "laplace"
+    assert plain_and_best(table) == ["MAP", "laplace"] and plain_and_best(table, "MAP") == ["MAP"]
+    severities, confidence, accuracy = table.confidence_series("MAP")
+    assert severities == [0, 1, 3] and confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]
+    assert table.confidence("MAP", "mean", 3) == pytest.approx(
+        (table.confidence("MAP", "rotate", 3) + table.confidence("MAP", "contrast", 3)) / 2)
+    fig = table.confidence_plot(tmp_path / "confidence.png", plain_and_best(table))
+    ax = fig.axes[0]
+    assert [line.get_label() for line in ax.get_lines()] == ["MAP confidence", "MAP accuracy", "laplace confidence",
+                                                            "laplace accuracy"]
+    assert list(ax.get_lines()[0].get_ydata()) == pytest.approx(confidence)
+    assert list(ax.get_lines()[1].get_ydata()) == pytest.approx(accuracy)
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in ax.get_lines()]
+    assert len(ax.collections) == 2 and ax.get_title() == "mean over rotate, contrast"
+    with Image.open(tmp_path / "confidence.png") as image:
+        assert image.size[0] > 500 and image.size[1] > 300
+    rebuilt = ShiftTable(table.kinds, table.severities, table.values)  # as from JSON: no predictions kept
+    with pytest.raises(posthoc.ConfigError, match="confidence needs a table made by evaluate_shift"):
+        rebuilt.confidence_series("MAP")
+    with pytest.raises(posthoc.ConfigError, match="no method 'swag'"):
+        plain_and_best(table, "swag")
+
+
+def test_tables_at_different_severities_join_into_one_without_intervals():
+    table = _story_table()
+    low = ShiftTable(table.kinds, (1,), {m: {k: {s: v for s, v in by.items() if s in (0, 1)} for k, by in kinds.items()}
+                                         for m, kinds in table.values.items()},
+                     reports={m: {key: r for key, r in reports.items() if key[1] in (0, 1)}
+                              for m, reports in table.reports.items()})
+    high = ShiftTable(table.kinds, (3,), {m: {k: {s: v for s, v in by.items() if s in (0, 3)} for k, by in kinds.items()}
+                                          for m, kinds in table.values.items()},
+                      reports={m: {key: r for key, r in reports.items() if key[1] in (0, 3)}
+                               for m, reports in table.reports.items()})
+    joined = ShiftTable.join([high, low])
+    assert joined.severities == (1, 3) and joined.values == table.values and joined.intervals == {}
+    assert joined.confidence_series("laplace") == table.confidence_series("laplace")
+    with pytest.raises(posthoc.ConfigError, match="same methods and kinds"):
+        ShiftTable.join([table, ShiftTable(("rotate",), (1,), {"MAP": {}})])

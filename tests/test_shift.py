@@ -168,6 +168,8 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     assert corrupted["contrast"]["5"]["nll"] > corrupted["clean"]["0"]["nll"]
     assert rows[0]["test"]["intervals"]["nll"][0] <= rows[0]["test"]["nll"]
     assert (out / "shift.png").stat().st_size > 10_000
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 3
+    assert (out / "confidence.png").stat().st_size > 10_000  # no flag asked for it
+    assert "Mean confidence (solid) against accuracy (dashed), none against temperature" in report
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4
     with pytest.raises(SystemExit):
         parser.parse_args(["--model", "x", "--val", "v", "--out", "o", "--severities", "0,7"])

@@ -23,7 +23,9 @@ OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc
 
 Writes ``OUT/report.md`` (Markdown tables), ``OUT/summary.md`` (each row's model card, from
 ``um.summary()``), ``OUT/metrics.json``, ``OUT/reliability.png`` and
-``OUT/risk_coverage.png``. The recipes in ``recipes/`` call :func:`run_recipe` after loading
+``OUT/risk_coverage.png``; with corruption kinds also ``OUT/shift.png`` (NLL and ECE against severity) and
+``OUT/confidence.png`` (mean confidence and accuracy against severity, the plain model against the row with
+the lowest NLL at the top severity). The recipes in ``recipes/`` call :func:`run_recipe` after loading
 their model with the library's own loading code.
 
 Example:
@@ -339,7 +341,8 @@ def _settings(args: argparse.Namespace) -> dict[str, Any]:
 def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str,
                  calibrator: CalibratorResult | None = None) -> Path:
     """Write ``report.md`` (and the same as one self-contained ``report.html``), ``summary.md`` (each row's model
-    card), ``metrics.json``, ``reliability.png``, ``risk_coverage.png`` (and ``shift.png`` with corruption kinds)
+    card), ``metrics.json``, ``reliability.png``, ``risk_coverage.png`` (and ``shift.png`` and ``confidence.png``
+    with corruption kinds)
     to ``args.out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -17,10 +17,10 @@ from posthoc.demo.run import render, run_demo
 
 def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
-    rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet)
+    rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
     print(render(rows))
-    print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, ood_scores.png "
-          f"in {time.perf_counter() - start:.0f} s")
+    print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, "
+          f"ood_scores.png, confidence.png, reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
+    demo.add_argument("--best", default=None, metavar="LABEL",
+                      help="the row the shift story compares with the plain model (default: the lowest NLL under the "
+                           "strongest shift), e.g. 'Laplace (last layer, KFAC)'")
     demo.set_defaults(run=_demo)
     evaluate = commands.add_parser(
         "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders"

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.evaluation.shift import ShiftTable, evaluate_shift
+from posthoc.evaluation.shift import ShiftTable, evaluate_shift, plain_and_best
 from posthoc.shift import KINDS
 from posthoc.shift.loader import Normalization
 
@@ -93,11 +93,17 @@ def corruption_table(um: UncertainModel, name: str, test_loader: Iterable, args:
 
 
 def corruption_lines(tables: Sequence[ShiftTable | None], out: Path) -> list[str]:
-    """The report's corruption section (and ``out/shift.png``); nothing when no row was corrupted."""
+    """The report's corruption section, ``out/shift.png`` (NLL and ECE against severity) and ``out/confidence.png``
+    (mean confidence and accuracy against severity, the plain model against the row with the lowest NLL at the
+    top severity); nothing when no row was corrupted."""
     present = [table for table in tables if table is not None]
     if not present:
         return []
     merged = ShiftTable.merge(present)
     merged.plot(out / "shift.png")
+    compared = plain_and_best(merged)
+    merged.confidence_plot(out / "confidence.png", compared)
     return ["## Corruptions of the test set (posthoc.shift)", "", merged.to_markdown(detail=True), "",
-            "![NLL and ECE against severity](shift.png)", ""]
+            "![NLL and ECE against severity](shift.png)", "",
+            f"Mean confidence (solid) against accuracy (dashed), {' against '.join(compared)}: the shaded gap is the "
+            "overconfidence under shift.", "", "![confidence against severity](confidence.png)", ""]

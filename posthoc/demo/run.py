@@ -10,8 +10,15 @@ entropy and mutual information. Times are
 ratios to a plain forward pass over the same data. Writes ``report.md``, the same as one self-contained
 ``report.html``, and the PNGs.
 
+The shift story at a glance: the plain model against the best configuration (the row with the lowest NLL,
+mean over the kinds, at the top severity, or the one named by ``best=``), as mean confidence and accuracy
+against severity 0..5 (``confidence.png``: the shaded gap is the overconfidence) and as reliability
+diagrams of the digits rotated by 45 degrees side by side (``reliability_rotated45_best.png``).
+
 Example:
     >>> rows = run_demo(out_dir="posthoc-demo", progress=False)
+    >>> rows[0].story.plain, rows[0].story.best
+    ('MAP', 'Laplace (last layer, KFAC)')
 """
 
 from __future__ import annotations
@@ -26,16 +33,22 @@ import torch
 from posthoc.demo import data, zoo
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.ood_plots import ood_histograms
+from posthoc.core.errors import ConfigError
 from posthoc.core.registry import REGISTRY
 from posthoc.api import wrap_spec
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.report import Report, collect, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.shift.kinds import EVALUATION_KINDS
+from posthoc.shift.kinds import SEVERITIES as PARAMETERS
 from posthoc.ood.detector import available_scores, detector
 
 SHIFT_KINDS = EVALUATION_KINDS
 SEVERITIES = (1, 3, 5)
+#: the severities of the confidence plot (the plain model and the best configuration only)
+STORY_SEVERITIES = (1, 2, 3, 4, 5)
+#: the severity whose rotation (45 degrees) the side-by-side reliability diagram shows
+ROTATED45 = 3
 #: confidence level of the intervals, and resamples for the test table and for the (many) shift cells
 CI, BOOTSTRAPS, SHIFT_BOOTSTRAPS = 0.95, 1000, 200
 #: OOD scores read from each method's own predictive (no fit), beside its entropy and mutual information
@@ -43,6 +56,37 @@ PREDICTIVE_OOD_SCORES = ("msp", "gen")
 #: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class); ten passes
 #: over 500 digits cost about what the five rotated passes over 1000 of the earlier demo did
 SHIFT_EXAMPLES = 500
+
+
+@dataclass
+class ShiftStory:
+    """The plain model against the best configuration under shift: their :class:`ShiftTable` at every severity
+    (``STORY_SEVERITIES``) and why ``best`` was picked."""
+
+    plain: str
+    best: str
+    table: ShiftTable
+    chosen_by: str
+
+    @property
+    def labels(self) -> list[str]:
+        """The plain label, then the best (once, when they are the same row)."""
+        return list(dict.fromkeys((self.plain, self.best)))
+
+    def markdown(self) -> str:
+        """Mean confidence / accuracy per severity for both, and the two pictures."""
+        header = ["method", "clean", *(f"severity {s}" for s in self.table.severities)]
+        lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        for label in self.labels:
+            _, confidence, accuracy = self.table.confidence_series(label)
+            lines.append(f"| {label} | " + " | ".join(f"{c:.3f} / {a:.3f}" for c, a in zip(confidence, accuracy)) + " |")
+        return (
+            f"### Does it know when it does not know? {self.plain} against {self.best}\n\n"
+            f"{self.best}: {self.chosen_by}. Mean confidence / accuracy, means over {', '.join(self.table.kinds)} "
+            f"(the gap is the overconfidence):\n\n" + "\n".join(lines)
+            + "\n\n![mean confidence and accuracy against severity](confidence.png)\n\n"
+            "![reliability on the digits rotated by 45 degrees, plain against best](reliability_rotated45_best.png)\n"
+        )
 
 
 @dataclass
@@ -56,6 +100,8 @@ class DemoRow:
     predict_ratio: float
     #: every post-hoc OOD score of the plain model (shared by all rows), see :func:`post_hoc_ood`
     post_hoc_ood: ood_report.OODValues | None = None
+    #: the plain model against the best configuration under shift (shared by all rows), see :func:`shift_story`
+    story: ShiftStory | None = None
 
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -73,7 +119,13 @@ def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str
     """``(label, spec, fit_options, add_temperature)`` for every registered method's demo rows.
 
     The first row of each method (other than MAP and temperature) also gets a ``+ temperature``
-    row, fitted on top of the already fitted method.
+    row, fitted on top of the already fitted method. A stacking method's config may name the methods it
+    stacks on with the option ``"on"`` (e.g. ``("Laplace + DAC", {"on": ["laplace"]})``, the inner methods
+    with their defaults); without it, it stacks on the plain model.
+
+    Example:
+        >>> [label for label, *_ in demo_configs(["none", "temperature"])]
+        ['MAP', 'temperature']
     """
     configs = []
     reference_first = sorted(REGISTRY.items(), key=lambda item: (item[0] != "none", item[0] != "temperature", item[0]))
@@ -81,9 +133,11 @@ def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str
         if only and name not in only:
             continue
         for position, (label, options) in enumerate(cls.demo_configs):
+            options = dict(options)
+            inner = [{"name": base, "options": {}} for base in options.pop("on", [])]
             wrap_options, fit_options = _split_options(name, options)
             stack = position == 0 and not cls.stacks and name != "none"
-            configs.append((label, [{"name": name, "options": wrap_options}], fit_options, stack))
+            configs.append((label, [*inner, {"name": name, "options": wrap_options}], fit_options, stack))
     return configs
 
 
@@ -111,9 +165,36 @@ def post_hoc_ood(model: torch.nn.Module, fit_loader, test_loader, ood_loader) ->
     return {name: (on_test[name], on_ood[name]) for name in names}
 
 
+def shift_story(rows: list[DemoRow], models: dict[str, UncertainModel], plain: str, shift_loader, *,
+                best: str | None = None, seed: int = 0, progress: bool = False) -> ShiftStory:
+    """The plain row against ``best`` (default: the other row with the lowest NLL, mean over the kinds, at the
+    top severity) at every severity of ``STORY_SEVERITIES``: the rows' own shift tables, and the severities
+    they lack evaluated for these two only."""
+    merged = ShiftTable.merge([row.shift for row in rows])
+    if best is None:
+        best = merged.best_method(exclude=[plain])
+        chosen_by = f"the lowest NLL, mean over the kinds, at severity {max(merged.severities)} of the rows here"
+    elif best not in models:
+        raise ConfigError(f"no demo row {best!r} to compare with; rows: {', '.join(models)}")
+    else:
+        chosen_by = "named"
+    labels = list(dict.fromkeys((plain, best)))
+    measured = ShiftTable.merge([row.shift for row in rows if row.label in labels])
+    missing = [s for s in STORY_SEVERITIES if s not in measured.severities]
+    if missing:  # only the severities the rows lack are evaluated again
+        extra = evaluate_shift({label: models[label] for label in labels}, shift_loader, kinds=SHIFT_KINDS,
+                               severities=missing, normalization=(data.MEAN, data.STD), seed=seed, progress=progress)
+        measured = ShiftTable.join([measured, extra])
+    return ShiftStory(plain, best, measured, chosen_by)
+
+
 def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None = None, progress: bool = True,
-             seed: int = 0) -> list[DemoRow]:
-    """Fit and evaluate every demo configuration; write PNGs and ``report.md`` to ``out_dir``."""
+             seed: int = 0, best: str | None = None) -> list[DemoRow]:
+    """Fit and evaluate every demo configuration; write PNGs and ``report.md`` to ``out_dir``.
+
+    ``best`` names the row the shift story compares with the plain model (default: the row with the lowest
+    NLL under the strongest shift).
+    """
     torch.manual_seed(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -140,7 +221,7 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
                                progress=False)
         return DemoRow(label, report, shift, fit_seconds / forward_fit, predict_seconds / forward_test, ood)
 
-    rows = []
+    rows, models, plain = [], {}, None
     for label, spec, fit_options, add_temperature in demo_configs(methods):
         if progress:
             print(f"fitting {label} ...", flush=True)
@@ -148,9 +229,16 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
         um: UncertainModel = wrap_spec(model, spec)
         _, fit_seconds = _timed(lambda: um.fit(fit_loader, cal_loader, progress=False, **fit_options))
         rows.append(row(label, um, fit_seconds))
+        models[label] = um
+        plain = plain or (label if [entry["name"] for entry in spec] == ["none"] else None)
         if add_temperature:
             stacked, temperature_seconds = _with_temperature(um, cal_loader)
             rows.append(row(f"{label} + temperature", stacked, fit_seconds + temperature_seconds))
+            models[rows[-1].label] = stacked
+    plain = plain or rows[0].label
+    story = shift_story(rows, models, plain, shift_loader, best=best, seed=seed, progress=False)
+    for one in rows:
+        one.story = story
     _write_outputs(rows, out_dir)
     return rows
 
@@ -175,6 +263,20 @@ def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
     )
 
 
+#: how each shift kind's parameter reads in the report
+_PARAMETER_WORDS = {"rotate": "rotation by {} degrees", "contrast": "contrast factor {}",
+                    "translate": "translation by {} of the side", "occlude": "a black square of {} of the side"}
+
+
+def severity_sentence(kinds: tuple[str, ...] = SHIFT_KINDS, severities: tuple[int, ...] = SEVERITIES) -> str:
+    """What each kind's severities mean, e.g. ``rotation by 15 / 45 / 90 degrees, contrast factor 0.4 / ...``."""
+    parts = []
+    for kind in kinds:
+        values = " / ".join(f"{PARAMETERS[kind][s - 1]:g}" for s in severities)
+        parts.append(_PARAMETER_WORDS.get(kind, kind + " {}").format(values))
+    return ", ".join(parts)
+
+
 def render(rows: list[DemoRow]) -> str:
     """The demo's Markdown: the in-distribution table with costs, NLL and ECE under shift, and the OOD tables."""
     main = markdown_table(
@@ -186,9 +288,10 @@ def render(rows: list[DemoRow]) -> str:
         "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n" + main
         + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples)."
         + "\n\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n" + shift.to_markdown()
-        + f"\n\nSeverity 1 / 3 / 5: rotation by 15 / 45 / 90 degrees, Gaussian noise of std 0.08 / 0.18 / 0.38, "
-        f"contrast 0.4 / 0.2 / 0.05 (posthoc.shift.SEVERITIES), on the first {SHIFT_EXAMPLES} test digits; "
-        f"intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
+        + f"\n\nSeverity {' / '.join(map(str, SEVERITIES))}: " + severity_sentence()
+        + f" (posthoc.shift.SEVERITIES; no fit-time perturbation is one of these kinds), on the first "
+        f"{SHIFT_EXAMPLES} test digits; intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
+        + ("" if rows[0].story is None else "\n" + rows[0].story.markdown())
         + ("" if rows[0].post_hoc_ood is None else "\n" + ood_section(rows, rows[0].post_hoc_ood))
     )
 
@@ -196,9 +299,14 @@ def render(rows: list[DemoRow]) -> str:
 def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
     curves = {row.label: (row.report.probs, row.report.labels) for row in rows}
     plots.reliability_diagram(curves, out_dir / "reliability.png")
-    rotated45 = {row.label: row.shift.reports[row.label]["rotate", 3] for row in rows}
+    rotated45 = {row.label: row.shift.reports[row.label]["rotate", ROTATED45] for row in rows}
     rotated = {label: (report.probs, report.labels) for label, report in rotated45.items()}
     plots.reliability_diagram(rotated, out_dir / "reliability_rotated45.png")
+    story = rows[0].story
+    if story is not None:
+        story.table.confidence_plot(out_dir / "confidence.png", story.labels)
+        plots.reliability_diagram({label: rotated[label] for label in story.labels},
+                                  out_dir / "reliability_rotated45_best.png")
     plots.risk_coverage_curve(curves, out_dir / "risk_coverage.png")
     ShiftTable.merge([row.shift for row in rows]).plot(out_dir / "shift.png")
     ood_histograms(rows[0].post_hoc_ood, out_dir / "ood_scores.png",

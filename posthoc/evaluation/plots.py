@@ -7,6 +7,7 @@ distinct colour and line-style pairs (:func:`method_styles`); legends sit outsid
 Example:
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
     >>> fig = risk_coverage_curve({"MAP": (probs, labels), "laplace": (p2, labels)}, "rc.png", log_scale=True)
+    >>> fig = confidence_plot({"MAP": ([0, 1, 2], [0.99, 0.95, 0.9], [0.98, 0.8, 0.6])}, "confidence.png")
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ from torch import Tensor  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
+#: ``method -> (severities, mean confidence, accuracy)``
+ConfidenceSeries = Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]
 #: ``method -> metric -> (severities, values, lows or None, highs or None)``
 ShiftSeries = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None,
                                               Sequence[float] | None]]]
@@ -152,4 +155,31 @@ def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
         ax.grid(alpha=0.3)
     _legend_outside(axes[0][-1], len(series))
     fig.tight_layout()
+    return _save(fig, path)
+
+
+def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = None, *,
+                    title: str = "mean over kinds") -> Figure:
+    """Mean confidence (solid) and accuracy (dashed, same colour) against severity for each method, the gap
+    between them shaded: a model that knows when it does not know keeps its confidence close to its accuracy
+    as the shift grows, where an overconfident one stays high while accuracy falls.
+
+    Example:
+        >>> fig = confidence_plot({"MAP": ([0, 3, 5], [0.99, 0.93, 0.88], [0.98, 0.70, 0.45]),
+        ...                        "laplace": ([0, 3, 5], [0.98, 0.85, 0.72], [0.98, 0.71, 0.46])}, "confidence.png")
+        >>> [line.get_label() for line in fig.axes[0].get_lines()][:2]
+        ['MAP confidence', 'MAP accuracy']
+    """
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for (name, (severities, confidence, accuracy)), style in zip(series.items(), method_styles(len(series))):
+        colour = style["color"]
+        ax.plot(severities, confidence, marker="o", markersize=3.5, linewidth=1.6, color=colour, linestyle="-",
+                label=f"{name} confidence")
+        ax.plot(severities, accuracy, marker="s", markersize=3, linewidth=1.2, color=colour, linestyle="--",
+                label=f"{name} accuracy")
+        ax.fill_between(severities, accuracy, confidence, color=colour, alpha=0.15, linewidth=0)
+    ax.set(xlabel="severity (0 = clean)", ylabel="mean confidence / accuracy", ylim=(0, 1.02), title=title)
+    ax.set_xticks(list(next(iter(series.values()))[0]))
+    ax.grid(alpha=0.3)
+    _legend_outside(ax, 2 * len(series))
     return _save(fig, path)

@@ -11,6 +11,7 @@ Example:
     ...                                severities=[1, 3, 5], normalization=((0.1307,), (0.3081,)))
     >>> print(table.to_markdown())
     >>> table.plot("shift.png")
+    >>> table.confidence_plot("confidence.png", plain_and_best(table))   # the plain model against the best
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ METRICS = ("accuracy", "nll", "ece", "brier")
 DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"
+#: labels the plain (unwrapped-equivalent) model goes by: ``posthoc evaluate``'s and ``posthoc demo``'s
+PLAIN_LABELS = ("none", "MAP")
 #: ``method -> kind ("clean", a corruption, or "mean") -> severity -> metric -> value``
 Values = dict[str, dict[str, dict[int, dict[str, float]]]]
 Bounds = dict[str, dict[str, dict[int, dict[str, tuple[float, float]]]]]
@@ -61,6 +64,32 @@ class ShiftTable:
         return cls(first.kinds, first.severities, {k: v for t in tables for k, v in t.values.items()},
                    {k: v for t in tables for k, v in t.intervals.items()}, first.ci,
                    {k: v for t in tables for k, v in t.reports.items()})
+
+    @classmethod
+    def join(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
+        """One table of the same methods and kinds at the severities of all ``tables`` together (e.g. severities
+        1, 3, 5 from one run and 2, 4 from another); the clean cell is the first table's; no intervals (the
+        tables' bootstrap resamples differ).
+
+        Example:
+            >>> ShiftTable.join([table_135, table_24]).severities
+            (1, 2, 3, 4, 5)
+        """
+        first = tables[0]
+        if any((set(t.values), t.kinds) != (set(first.values), first.kinds) for t in tables):
+            raise ConfigError("only tables of the same methods and kinds can be joined")
+        severities = tuple(sorted({s for t in tables for s in t.severities}))
+        values: Values = {m: {CLEAN: first.values[m][CLEAN]} for m in first.values}
+        reports: dict[str, dict[tuple[str, int], Report]] = {m: {} for m in first.values}
+        for table in reversed(tables):
+            for method in first.values:
+                for kind in (*first.kinds, MEAN):
+                    values[method].setdefault(kind, {}).update(table.values[method][kind])
+                reports[method].update(table.reports.get(method, {}))
+        for method in first.values:
+            for kind in (*first.kinds, MEAN):
+                values[method][kind] = dict(sorted(values[method][kind].items()))
+        return cls(first.kinds, severities, values, reports=reports)
 
     @property
     def methods(self) -> list[str]:
@@ -119,6 +148,62 @@ class ShiftTable:
                     lows, highs = [p[0] for p in pairs], [p[1] for p in pairs]
                 series[method][metric] = ([s for s, _ in points], [v[metric] for _, v in points], lows, highs)
         return plots.shift_plot(series, path, metrics)
+
+    def confidence(self, method: str, kind: str, severity: int) -> float:
+        """Mean top-class probability of one cell (kinds as in :meth:`value`; ``"mean"`` averages the kinds).
+
+        Needs the reports (kept by :func:`evaluate_shift`, not by a table rebuilt from JSON).
+
+        Example:
+            >>> table.confidence("MAP", "rotate", 5) > table.value("MAP", "rotate", 5, "accuracy")   # overconfident
+            True
+        """
+        reports = self.reports.get(method)
+        if not reports:
+            raise ConfigError(f"no predictions kept for {method!r}: confidence needs a table made by evaluate_shift")
+        if kind == MEAN:
+            return sum(self.confidence(method, k, severity) for k in self.kinds) / len(self.kinds)
+        return float(reports[kind, severity].probs.max(-1).values.float().mean())
+
+    def confidence_series(self, method: str) -> tuple[list[int], list[float], list[float]]:
+        """``(severities, mean confidence, accuracy)`` from clean (severity 0) up, both means over the kinds."""
+        severities = [0, *self.severities]
+        keys = [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
+        return (severities, [self.confidence(method, *key) for key in keys],
+                [self.value(method, kind, severity, "accuracy") for kind, severity in keys])
+
+    def best_method(self, exclude: Sequence[str] = ()) -> str:
+        """The method with the lowest NLL, mean over the kinds, at the highest severity (``exclude`` left out).
+
+        Example:
+            >>> table.best_method(exclude=["MAP"])
+            'laplace'
+        """
+        top = max(self.severities)
+        candidates = [m for m in self.values if m not in exclude] or list(self.values)
+        return min(candidates, key=lambda m: self.value(m, MEAN, top, "nll"))
+
+    def confidence_plot(self, path: str | os.PathLike | None = None, methods: Sequence[str] | None = None) -> Figure:
+        """Mean confidence and accuracy (means over the kinds) against severity for ``methods`` (default: all),
+        the gap shaded (see :func:`posthoc.evaluation.plots.confidence_plot`)."""
+        chosen = list(methods or self.values)
+        return plots.confidence_plot({m: self.confidence_series(m) for m in chosen}, path,
+                                     title=f"mean over {', '.join(self.kinds)}")
+
+
+def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
+    """The plain model (a method labelled one of :data:`PLAIN_LABELS`, when the table has one) and the best
+    other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares.
+
+    Example:
+        >>> plain_and_best(table)
+        ['MAP', 'laplace + temperature']
+    """
+    plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
+    if best is not None and best not in table.values:
+        raise ConfigError(f"no method {best!r} in the shift table; methods: {', '.join(table.methods)}")
+    best = best or (table.best_method(exclude=[plain]) if plain is None or len(table.methods) > 1 else None)
+    return [m for m in dict.fromkeys((plain, best)) if m is not None]
 
 
 def _named(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel]) -> dict[str, UncertainModel]:
