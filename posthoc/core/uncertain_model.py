@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
-from posthoc.core.inputs import Inputs, batch_size, check_attention, check_finite, slice_inputs, to_device
+from posthoc.core.inputs import Inputs, check_batch, slice_inputs, to_device
 from posthoc.core.method import Method
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
@@ -136,11 +136,7 @@ class UncertainModel(nn.Module):
         positive_int(num_samples, "num_samples", none="the method's own")
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory))
-        if not isinstance(x, (Tensor, Mapping)):
-            raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
-        total = batch_size(x)
-        if total == 0:
-            raise InputError("predict got an empty batch (0 examples)")
+        total = check_batch(x, "predict")
         self.method.follow_model_device()
         method_budget = max(1, budget - budget // SAMPLE_COPIES)
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
@@ -159,8 +155,6 @@ class UncertainModel(nn.Module):
     def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, budget: int) -> Prediction:
         """One chunk's prediction; the method works under ``budget`` (beside the samples it returns)."""
         x = to_device(x, self.device)
-        check_finite(x)
-        check_attention(x)
         with settings.override(max_memory=budget), eval_mode(self.method):
             log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
         if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
@@ -182,7 +176,7 @@ class UncertainModel(nn.Module):
             method = self._modules.get("method")
             for member in [] if method is None else _chain(method):
                 if name in member.tools:
-                    return getattr(member, name)
+                    return member.tool(name)
             raise
 
     def forward(self, x: Inputs) -> Tensor:

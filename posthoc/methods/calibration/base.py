@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
-from posthoc.core.logits import as_class_logits, check_finite_logits, log_mean_exp
+from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.methods.calibration.optimise import threads_for
 
@@ -241,6 +241,7 @@ class Calibrator(nn.Module):
         """
         logits = as_tensor(logits, "logits")
         check_finite_logits(logits)
+        check_not_probabilities(logits)
         logits = as_class_logits(logits).float()
         buffers = [value for value in self.buffers() if value.is_floating_point()]
         device = buffers[0].device if buffers else logits.device
