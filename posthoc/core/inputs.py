@@ -68,7 +68,8 @@ def to_device(x: Inputs, device: torch.device | str) -> Inputs:
     if isinstance(x, Mapping):
         return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in x.items()}
     if not isinstance(x, Tensor):
-        raise InputError(f"inputs must be a tensor or a dict of tensors, got {type(x).__name__}")
+        raise InputError(f"inputs must be a tensor (or a dict of tensors), got {type(x).__name__}; yield (x, y) "
+                         "batches whose inputs are stacked into a tensor, e.g. with torch.stack")
     return x.to(device, non_blocking=True)
 
 
@@ -255,7 +256,8 @@ def iterate(
         check_attention(x)
         count = batch_size(x)
         if count == 0:
-            raise InputError(f"batch {seen} (0-based) of {where} holds no examples; drop empty batches from the loader")
+            raise InputError(f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches "
+                             "from the loader")
         if not all_finite(x):
             raise InputError(
                 f"batch {seen} (0-based) of {where}: inputs contain NaN or inf "

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed, settings
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError, NumericalError
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
@@ -174,7 +175,7 @@ class Detector:
         uses = frozenset().union(*(score.uses for score in chosen))
         total = check_batch(x, "detector.score")
         parts: dict[str, list[Tensor]] = {score.name: [] for score in chosen}
-        step, home = settings.chunk_size, _device_of(x)
+        step, home = positive_int(settings.chunk_size, "posthoc.settings.chunk_size"), _device_of(x)
         for start in range(0, total, step):
             outputs = self._outputs(to_device(slice_inputs(x, start, start + step), self.device), uses, generator)
             for score in chosen:

@@ -139,14 +139,16 @@ class CorruptedLoader:
         generators: dict[torch.device, torch.Generator] = {}
         for index, batch in enumerate(self.loader):
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
-            if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(x, (Tensor, Mapping)):
-                check_label_count(batch_size(x), torch.as_tensor(batch[1]), f"batch {index} (0-based) of the loader to corrupt")
             tensor = x.get(PIXELS) if isinstance(x, Mapping) else x
             device = tensor.device if isinstance(tensor, Tensor) else torch.device("cpu")
             if device not in generators:
                 generators[device] = torch.Generator(device=device).manual_seed(self.seed)
             corrupted = _corrupt_inputs(x, self.kind, self.severity, generators[device], self.normalization)
+            if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(x, (Tensor, Mapping)):
+                check_label_count(batch_size(x), torch.as_tensor(batch[1]), f"batch {index} (0-based) of the loader to corrupt")
             yield (corrupted, *batch[1:]) if isinstance(batch, (tuple, list)) else corrupted
+        if not generators:
+            raise InputError("the loader to corrupt yielded no batches; pass a non-empty loader")
 
 
 def corrupt(loader: Iterable, kind: str, severity: int, seed: int = 0, *,
