@@ -137,8 +137,8 @@ def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", p
         if inputs != "auto":
             raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")
         if not looks_like_loader(labels):
-            raise InputError(f"with a wrapped model, calibration takes a loader of (x, y) batches (a DataLoader or a "
-                             f"list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
+            raise InputError(f"with a wrapped model, calibration takes a loader of (x, y) batches (a labelled calibration "
+                             f"loader: a DataLoader or a list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
                              "posthoc.conformal(um, calibration_loader)")
         generator = torch.Generator(device=source.device).manual_seed(seed)
         pred, targets = predict_loader(source, labels, progress=progress, generator=generator, desc=desc)
