@@ -18,9 +18,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-import torch
-from torch import Tensor
-
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import check_labels
