@@ -98,11 +98,12 @@ def all_finite(x: Inputs) -> bool:
     return all(bool(torch.isfinite(v).all()) for v in tensors if isinstance(v, Tensor) and v.is_floating_point())
 
 
-def check_batch(x: Any, what: str) -> int:
+def check_batch(x: Any, what: str, *, values: bool = True) -> int:
     """Refuse a batch no model can take, saying so for ``what`` (the entry point); return its example count.
 
     A batch is a tensor or a dict of tensors with a batch dimension, at least one example, finite values
-    and, for a dict with an ``attention_mask``, at least one real token per example.
+    and, for a dict with an ``attention_mask``, at least one real token per example. ``values=False`` leaves
+    the last two to the caller (``predict`` checks them chunk by chunk, so a huge batch is never scanned whole).
 
     Example:
         >>> check_batch(torch.zeros(0, 3), "detector.score")
@@ -116,8 +117,9 @@ def check_batch(x: Any, what: str) -> int:
     count = batch_size(x)
     if count == 0:
         raise InputError(f"{what} got an empty batch (0 examples); pass at least one example")
-    check_finite(x)
-    check_attention(x)
+    if values:
+        check_finite(x)
+        check_attention(x)
     return count
 
 

@@ -26,7 +26,7 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
-from posthoc.core.inputs import Inputs, check_batch, slice_inputs, to_device
+from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
@@ -136,7 +136,7 @@ class UncertainModel(nn.Module):
         positive_int(num_samples, "num_samples", none="the method's own")
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory))
-        total = check_batch(x, "predict")
+        total = check_batch(x, "predict", values=False)
         self.method.follow_model_device()
         method_budget = max(1, budget - budget // SAMPLE_COPIES)
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
@@ -155,6 +155,8 @@ class UncertainModel(nn.Module):
     def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, budget: int) -> Prediction:
         """One chunk's prediction; the method works under ``budget`` (beside the samples it returns)."""
         x = to_device(x, self.device)
+        check_finite(x)
+        check_attention(x)
         with settings.override(max_memory=budget), eval_mode(self.method):
             log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
         if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
