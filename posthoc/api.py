@@ -17,7 +17,7 @@ from typing import Any
 from torch import nn
 
 from posthoc.core import persistence
-from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
@@ -181,7 +181,7 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module]) -> Uncerta
         >>> um = posthoc.load("net.laplace.pt", model)
         >>> ensemble = posthoc.load("three.laplace.pt", [net_a, net_b, net_c])
     """
-    payload = persistence.read(path)
+    payload = persistence.read(path, kind="posterior")
     saved_members = persistence.ensemble_members(payload)
     if isinstance(model, (list, tuple)):
         if saved_members is None:
@@ -208,8 +208,11 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module]) -> Uncerta
         um = wrap_spec(model, payload["spec"])
     try:
         um.method.load_posterior_state(payload["state"])
-    except (KeyError, AttributeError) as err:
-        raise PosteriorFileError(f"{path} does not match the method it names: unexpected entry {err}") from err
+    except PosthocError:
+        raise
+    except (KeyError, AttributeError, RuntimeError, TypeError, ValueError) as err:
+        raise PosteriorFileError(f"{path} does not match the method it names ({type(err).__name__}: {err}); "
+                                 "fit and save it again with this posthoc") from err
     um.fingerprint = found
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)

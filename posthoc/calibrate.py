@@ -16,46 +16,14 @@ Example:
 from __future__ import annotations
 
 import os
-import warnings
 from typing import Any
-
-import torch
-from torch import Tensor
 
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import check_labels
-from posthoc.core.logits import as_class_logits, check_finite_logits
+from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities
 from posthoc.methods.calibration import CALIBRATORS, Calibrator
 from posthoc.methods.calibration.base import as_tensor
-
-#: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
-ROW_SUM_TOLERANCE = 1e-3
-
-
-def check_not_probabilities(logits: Tensor) -> None:
-    """Refuse probabilities passed as logits (rows in [0, 1] summing to 1); warn for binary scores in [0, 1].
-
-    Example:
-        >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
-        Traceback (most recent call last):
-        posthoc.core.errors.InputError: these logits look like probabilities ...
-    """
-    if logits.numel() == 0 or logits.min() < 0 or logits.max() > 1:
-        return
-    if logits.dim() == 2 and logits.shape[1] > 1:
-        if torch.allclose(logits.double().sum(-1), torch.ones((), dtype=torch.float64), atol=ROW_SUM_TOLERANCE):
-            raise InputError(
-                "these logits look like probabilities: every row lies in [0, 1] and sums to 1. Calibrators "
-                "take the model's logits (its output before the softmax); pass those, or torch.log(probs)"
-            )
-        return
-    warnings.warn(
-        "every binary logit lies in [0, 1]: if these are probabilities of class 1, pass their logits "
-        "instead, torch.logit(p)",
-        RuntimeWarning,
-        stacklevel=3,
-    )
 
 
 def _checked_options(method: str, options: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,10 @@ ideally, on a second set to test on) as ``.npy`` or ``.pt`` files::
         --test-logits test_logits.npy --test-labels test_labels.npy --out reports/calibration
 
 ``--calibrator auto`` (the default) scores every calibrator by 5-fold cross-validated NLL on the
-held-out logits (ECE breaks ties) and keeps the best one, never one worse than the model's own
-probabilities; ``--calibrator temperature`` (or vector, matrix, dirichlet, ets, histogram, isotonic,
+held-out logits and keeps the simplest one within the noise of the best, only if it beats the model's
+own probabilities by more than that noise; a held-out set with fewer than 10 misclassified examples
+keeps the model's own probabilities (with a warning saying how many examples would do), since on so
+few errors cross-validated gains do not hold on new data; ``--calibrator temperature`` (or vector, matrix, dirichlet, ets, histogram, isotonic,
 platt) fits that one. It writes to ``--out``: ``calibration.json`` (the chosen calibrator, its
 temperature if it has one, the cross-validated table, and the metrics before and after),
 ``calibrator.pt`` (load it with ``posthoc.calibrate.load("calibrator.pt")`` and call it on new

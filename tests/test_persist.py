@@ -98,7 +98,7 @@ def test_write_is_atomic(fitted, tmp_path, monkeypatch):
         raise OSError("disk full")
 
     monkeypatch.setattr(torch, "save", broken_save)
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(PosteriorFileError, match="cannot save to .*disk full.*any file that was there is unchanged"):
         fitted.save(path)
     assert path.read_bytes() == original
     assert [p.name for p in tmp_path.iterdir()] == ["p.pt"]

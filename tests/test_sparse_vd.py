@@ -124,6 +124,12 @@ def test_pruned_posterior_and_save_load(fitted, tmp_path):
 def test_tools_reach_through_a_stacked_calibrator_and_unknown_names_still_fail(toy):
     model, loader, _ = toy
     um = posthoc.wrap(model, method=["sparse-vd", "temperature"])
+    for tool in ("sparsity", "prune"):  # before fit they would report the initial log alpha as if fitted
+        with pytest.raises(posthoc.NotFittedError, match=rf"um\.{tool}\(\) reads the fitted posterior of 'sparse-vd'.*um\.fit"):
+            getattr(um, tool)()
+    with pytest.raises(posthoc.NotFittedError, match="not fitted yet"):
+        um.method.inner.sparsity()
+    um.fit(loader, loader, progress=False, epochs=1)
     assert um.sparsity()["weights"] == 4 * 32 + 32 * 16 + 16 * 3
     with pytest.raises(AttributeError):
         um.not_a_tool  # noqa: B018
@@ -137,6 +143,7 @@ def test_threshold_must_be_finite(toy, threshold):
     with pytest.raises(posthoc.ConfigError, match="threshold must be a finite number"):
         posthoc.wrap(model, method="sparse-vd", threshold=threshold)
     um = posthoc.wrap(model, method="sparse-vd")
+    um.method.fitted.fill_(True)  # the threshold is checked whatever the fit
     with pytest.raises(posthoc.ConfigError, match="threshold must be a finite number"):
         um.sparsity(threshold=threshold)
     with pytest.raises(posthoc.ConfigError, match="threshold must be a finite number"):
@@ -149,5 +156,7 @@ def test_bad_options(toy):
         posthoc.wrap(model, method="sparse-vd", init_log_alpha=math.nan)
     with pytest.raises(posthoc.ConfigError, match="kl_weight must be a finite number >= 0"):
         posthoc.wrap(model, method="sparse-vd").fit(loader, progress=False, kl_weight=-0.5)
+    um = posthoc.wrap(model, method="sparse-vd")
+    um.method.fitted.fill_(True)  # the options are checked whatever the fit
     with pytest.raises(posthoc.ConfigError, match="seed must be an integer"):
-        posthoc.wrap(model, method="sparse-vd").prune(random=True, seed=1.5)
+        um.prune(random=True, seed=1.5)

@@ -6,6 +6,12 @@ batch may also be one mapping with the labels under ``"labels"``, as Hugging Fac
 it. The model's output is read by :func:`~posthoc.core.logits.logits_of` (a tensor, or an object
 or mapping with ``logits``, such as a ``transformers`` ``ModelOutput``).
 
+Every public entry point that takes data checks it here, so a misuse reads the same everywhere: a
+batch with :func:`check_batch` (a tensor or a dict of tensors, not empty, finite), a loader with
+:func:`iterate` (which accepts the same shapes everywhere: any iterable of ``(x, y)`` pairs, a
+``DataLoader`` or a plain list, and refuses an empty loader, an empty batch, a batch whose label count
+differs from its input count, or non-finite inputs, naming the batch).
+
 Example:
     >>> loader = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
     >>> [x.shape[0] for x, y in iterate(loader, device="cpu", progress=False)]
@@ -17,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 from tqdm.auto import tqdm
@@ -61,7 +68,8 @@ def to_device(x: Inputs, device: torch.device | str) -> Inputs:
     if isinstance(x, Mapping):
         return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in x.items()}
     if not isinstance(x, Tensor):
-        raise InputError(f"inputs must be a tensor or a dict of tensors, got {type(x).__name__}")
+        raise InputError(f"inputs must be a tensor (or a dict of tensors), got {type(x).__name__}; yield (x, y) "
+                         "batches whose inputs are stacked into a tensor, e.g. with torch.stack")
     return x.to(device, non_blocking=True)
 
 
@@ -88,6 +96,69 @@ def all_finite(x: Inputs) -> bool:
     """Whether every floating-point tensor of ``x`` is free of NaN and inf (one elementwise pass)."""
     tensors = x.values() if isinstance(x, Mapping) else [x]
     return all(bool(torch.isfinite(v).all()) for v in tensors if isinstance(v, Tensor) and v.is_floating_point())
+
+
+def check_batch(x: Any, what: str, *, values: bool = True) -> int:
+    """Refuse a batch no model can take, saying so for ``what`` (the entry point); return its example count.
+
+    A batch is a tensor or a dict of tensors with a batch dimension, at least one example, finite values
+    and, for a dict with an ``attention_mask``, at least one real token per example. ``values=False`` leaves
+    the last two to the caller (``predict`` checks them chunk by chunk, so a huge batch is never scanned whole).
+
+    Example:
+        >>> check_batch(torch.zeros(0, 3), "detector.score")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: detector.score got an empty batch (0 examples) ...
+    """
+    if not isinstance(x, (Tensor, Mapping)):
+        hint = (": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
+                if isinstance(x, (list, tuple, np.ndarray)) else "")
+        raise InputError(f"{what} takes a tensor (or a dict of tensors), got {type(x).__name__}{hint}")
+    count = batch_size(x)
+    if count == 0:
+        raise InputError(f"{what} got an empty batch (0 examples); pass at least one example")
+    if values:
+        check_finite(x)
+        check_attention(x)
+    return count
+
+
+def looks_like_loader(data: Any) -> bool:
+    """Whether ``data`` is a loader of batches (a ``DataLoader``, a generator, a list of ``(x, y)`` pairs or of
+    dict batches) rather than an array of labels or numbers.
+
+    Example:
+        >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([0, 1])
+        (True, False)
+    """
+    if isinstance(data, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(data, Iterable):
+        return False
+    if isinstance(data, (list, tuple)):
+        return all(isinstance(batch, (list, tuple, Mapping)) for batch in data)
+    return True
+
+
+def check_loader(loader: Any, what: str) -> None:
+    """Refuse, for ``what``, something that is not a loader of batches (a tensor, an array, a dict, a number).
+
+    Example:
+        >>> check_loader(torch.zeros(4, 3), "evaluate")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor ...
+    """
+    if isinstance(loader, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(loader, Iterable):
+        raise InputError(
+            f"{what} takes a loader of (x, y) batches, got a {type(loader).__name__}; wrap tensors in one, e.g. "
+            "DataLoader(TensorDataset(x, y), batch_size=256), or pass a list of (x, y) pairs"
+        )
+
+
+def check_label_count(count: int, y: Tensor, where: str) -> None:
+    """Refuse labels ``y`` that are not one per input of a batch of ``count`` examples (``where`` names the batch)."""
+    labels = y.shape[0] if y.dim() else 1
+    if labels != count:
+        raise InputError(f"{where} has {count} inputs but {labels} labels; yield one label per input (check the "
+                         "dataset's __getitem__ or the collate function)")
 
 
 def check_finite(x: Inputs) -> None:
@@ -173,6 +244,8 @@ def iterate(
 
     Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
     """
+    where = f"the loader for '{desc or 'this step'}'"
+    check_loader(loader, where)
     distributed.check_loader(loader)
     try:
         total = len(loader)  # type: ignore[arg-type]
@@ -183,12 +256,19 @@ def iterate(
         x, y = split_batch(batch, require_labels=require_labels)
         x = to_device(x, device)
         check_attention(x)
+        count = batch_size(x)
+        if count == 0:
+            raise InputError(f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches "
+                             "from the loader")
         if not all_finite(x):
             raise InputError(
-                f"batch {seen} (0-based) of the loader for '{desc or 'this step'}': inputs contain NaN or inf "
+                f"batch {seen} (0-based) of {where}: inputs contain NaN or inf "
                 "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
             )
+        if y is not None:
+            y = torch.as_tensor(y)
+            check_label_count(count, y, f"batch {seen} (0-based) of {where}")
         seen += 1
-        yield x, (None if y is None else torch.as_tensor(y).to(device))
+        yield x, (None if y is None else y.to(device))
     if seen == 0:
-        raise InputError(f"the loader for '{desc or 'this step'}' yielded no batches; pass a non-empty loader")
+        raise InputError(f"{where} yielded no batches; pass a non-empty loader")

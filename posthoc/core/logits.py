@@ -16,15 +16,18 @@ Example:
 
 from __future__ import annotations
 
-import torch
-from torch import Tensor
-
+import warnings
 from collections.abc import Mapping
 from typing import Any
+
+import torch
+from torch import Tensor
 
 from posthoc.core.errors import InputError
 
 LOGITS_KEY = "logits"
+#: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
+ROW_SUM_TOLERANCE = 1e-3
 
 
 def logits_of(output: Any) -> Tensor:
@@ -101,3 +104,41 @@ def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
     top = samples.amax(dim=dim, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return (samples - top).exp_().mean(dim=dim).log_().add_(top.squeeze(dim))
+
+
+def looks_like_probabilities(values: Tensor) -> bool:
+    """Every entry in ``[0, 1]`` and every row summing to 1 (within :data:`ROW_SUM_TOLERANCE`): probabilities,
+    not logits.
+
+    Example:
+        >>> looks_like_probabilities(torch.tensor([[0.7, 0.3]])), looks_like_probabilities(torch.tensor([[2.0, -1.0]]))
+        (True, False)
+    """
+    return bool(values.numel() and values.min() >= 0 and values.max() <= 1
+                and ((values.double().sum(-1) - 1).abs() <= ROW_SUM_TOLERANCE).all())
+
+
+def check_not_probabilities(logits: Tensor) -> None:
+    """Refuse probabilities passed where logits are expected (rows in [0, 1] summing to 1); warn for binary
+    scores in [0, 1]. Calibrators take logits: on probabilities they return near-uniform predictions.
+
+    Example:
+        >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: these logits look like probabilities ...
+    """
+    if logits.numel() == 0 or logits.min() < 0 or logits.max() > 1:
+        return
+    if logits.dim() == 2 and logits.shape[1] > 1:
+        if looks_like_probabilities(logits):
+            raise InputError(
+                "these logits look like probabilities: every row lies in [0, 1] and sums to 1. Calibrators "
+                "take the model's logits (its output before the softmax); pass those, or torch.log(probs)"
+            )
+        return
+    warnings.warn(
+        "every binary logit lies in [0, 1]: if these are probabilities of class 1, pass their logits "
+        "instead, torch.logit(p)",
+        RuntimeWarning,
+        stacklevel=3,
+    )

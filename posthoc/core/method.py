@@ -14,13 +14,15 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import inspect
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from posthoc.core.errors import NotFittedError
 from posthoc.core.inputs import Inputs
 
 LogPredictive = tuple[Tensor, Tensor | None]
@@ -110,6 +112,34 @@ class Method(nn.Module):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Do all method-specific work (curvature, fine-tuning, calibration)."""
         self.fitted.fill_(True)
+
+    def check_fitted(self, what: str) -> None:
+        """Refuse to report ``what`` (e.g. ``"um.sparsity()"``) before ``fit``: it would describe the initial
+        state as if it were fitted.
+
+        Example:
+            >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
+            Traceback (most recent call last):
+            posthoc.core.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd' ...
+        """
+        if self.requires_fit and not bool(self.fitted):
+            raise NotFittedError(f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
+                                 "um.fit(train_loader) first (or posthoc.load a saved one)")
+
+    def tool(self, name: str) -> Callable[..., Any]:
+        """The method's tool ``name`` (one of :attr:`tools`), refusing to run before ``fit``.
+
+        Example:
+            >>> um.method.tool("prune")()      # as um.prune()
+        """
+        function = getattr(self, name)
+
+        @functools.wraps(function)
+        def fitted_only(*args: Any, **kwargs: Any) -> Any:
+            self.check_fitted(f"um.{name}()")
+            return function(*args, **kwargs)
+
+        return fitted_only
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""

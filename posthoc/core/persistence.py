@@ -1,10 +1,19 @@
-"""Saving and loading fitted posteriors safely.
+"""Saving and loading posthoc files (fitted posteriors and calibrators) safely: the one place that
+touches them on disk.
 
 A posterior file holds the method spec, the posterior tensors and a fingerprint of the user's
 checkpoint it belongs to (for methods that fine-tune a copy, the checkpoint as it was copied; the
-copy's weights are part of the posterior). Files are written atomically (temporary file + rename) and read with
-``torch.load(weights_only=True)``, so loading never executes code from the file, and a posterior
-is never applied to a model whose architecture or weights differ.
+copy's weights are part of the posterior). A calibrator file has the same layout, with
+:data:`CALIBRATOR_CLASS` as its ``model_class`` and no fingerprint.
+
+- Writing is atomic (temporary file in the same folder, ``fsync``, rename): a failed save leaves the
+  previous file as it was.
+- Reading uses ``torch.load(weights_only=True)``, so loading never executes code from the file; the
+  payload's layout is validated and, from format 2 on, its SHA-256 ``checksum`` over the content is
+  verified, so a corrupted file is refused instead of loading different numbers.
+- Every failure, of the operating system (missing file, a directory, no permission, a full disk) or
+  of the format (truncated, corrupted, random bytes), is a
+  :class:`~posthoc.core.errors.PosteriorFileError` that names the path and what to do.
 
 Example:
     >>> um.save("net.laplace.pt")
@@ -15,18 +24,38 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import json
 import os
-import pickle
 import tempfile
-import zipfile
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
 
 from posthoc.core.errors import PosteriorFileError
 
-FORMAT_VERSION = 1
+#: format 2 is format 1 plus the ``checksum`` entry (format-1 files, which have none, still load)
+FORMAT_VERSION = 2
+
+#: the ``model_class`` a calibrator file records (a calibrator belongs to no model checkpoint)
+CALIBRATOR_CLASS = "posthoc calibrator"
+
+#: what :func:`read` may be asked to expect, and the function that loads each kind
+KINDS = {"posterior": "posthoc.load(path, model)", "calibrator": "posthoc.calibrate.load(path)"}
+
+#: the entries every file holds, with their types
+_ENTRIES = {"format_version": int, "spec": list, "fingerprint": str, "model_class": str, "state": dict}
+
+
+def _digest_tensors(digest: Any, tensors: dict[str, Any]) -> None:
+    """Add the names, shapes, dtypes and bytes of the tensors in ``tensors`` to a hashlib ``digest``."""
+    for name, tensor in tensors.items():
+        if not isinstance(tensor, torch.Tensor):
+            continue
+        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
+        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
+        digest.update(flat.view(torch.uint8).numpy().tobytes())
 
 
 def fingerprint(model: nn.Module) -> str:
@@ -37,12 +66,29 @@ def fingerprint(model: nn.Module) -> str:
         False
     """
     digest = hashlib.sha256(type(model).__qualname__.encode())
-    for name, tensor in model.state_dict().items():
-        if not isinstance(tensor, torch.Tensor):
-            continue
-        digest.update(f"{name}:{tuple(tensor.shape)}:{tensor.dtype};".encode())
-        flat = tensor.detach().to("cpu").contiguous().reshape(-1)
-        digest.update(flat.view(torch.uint8).numpy().tobytes())
+    _digest_tensors(digest, model.state_dict())
+    return digest.hexdigest()
+
+
+def _canonical(value: Any) -> Any:
+    """``value`` (the plain entries of a payload) as JSON-ready data that is the same after a save and a load."""
+    if isinstance(value, dict):
+        return [[repr(key), _canonical(item)] for key, item in sorted(value.items(), key=lambda pair: repr(pair[0]))]
+    if isinstance(value, (list, tuple)):
+        return [type(value).__name__, [_canonical(item) for item in value]]
+    return repr(value)
+
+
+def checksum(payload: dict) -> str:
+    """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself).
+
+    Example:
+        >>> checksum({"spec": [], "state": {"t": torch.ones(())}}) == checksum({"spec": [], "state": {"t": torch.zeros(())}})
+        False
+    """
+    plain = {key: value for key, value in payload.items() if key not in ("state", "checksum")}
+    digest = hashlib.sha256(json.dumps(_canonical(plain)).encode())
+    _digest_tensors(digest, dict(sorted(payload.get("state", {}).items())))
     return digest.hexdigest()
 
 
@@ -83,9 +129,13 @@ def ensemble_members(payload: dict) -> list[str] | None:
 def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor],
           *, fit: dict[str, int | float | None] | None = None) -> None:
     """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
-    the checkpoint it belongs to, its ``state`` tensors (moved to the CPU) and, when given, the ``fit``
-    record of the model card (plain numbers under the optional key ``"fit"``; files without it, all
-    format-1 files written before it existed, still load).
+    the checkpoint it belongs to, its ``state`` tensors (moved to the CPU), when given the ``fit`` record of
+    the model card (plain numbers under the optional key ``"fit"``; files without it, all format-1 files
+    written before it existed, still load), and the ``checksum`` of all that.
+
+    A failure (a file where a folder should be, no permission, a full disk) is a
+    :class:`~posthoc.core.errors.PosteriorFileError` naming the path; the file that was at ``path``
+    before, if any, is left as it was.
 
     Example:
         >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Net", {"temperature": torch.ones(())})
@@ -99,36 +149,106 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
     }
     if fit is not None:
         payload["fit"] = dict(fit)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    payload["checksum"] = checksum(payload)
+    path = _as_path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as err:
+        raise PosteriorFileError(f"cannot save to {path}: the folder {path.parent} cannot be created or written "
+                                 f"({_reason(err)}); choose a path in a writable folder") from err
     try:
         with os.fdopen(handle, "wb") as stream:
             torch.save(payload, stream)
             stream.flush()
             os.fsync(stream.fileno())
         os.replace(tmp, path)
+    except OSError as err:
+        Path(tmp).unlink(missing_ok=True)
+        raise PosteriorFileError(f"cannot save to {path} ({_reason(err)}); any file that was there is unchanged. "
+                                 "Free some space or choose another path, and save again") from err
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
 
 
-def read(path: str | os.PathLike) -> dict:
-    """Read and validate a posterior file without applying it."""
+def _as_path(path: Any) -> Path:
+    """``path`` as a :class:`~pathlib.Path`; anything but a string or path-like (or a path the OS cannot name) is refused."""
+    if not isinstance(path, (str, os.PathLike)) or "\x00" in os.fspath(path) or not os.fspath(path):
+        raise PosteriorFileError(f"a file path must be a non-empty string or pathlib.Path without NUL characters, got {path!r}")
+    return Path(path)
+
+
+def _reason(err: OSError) -> str:
+    """An OS error in a few words, e.g. ``'Permission denied'`` (its text without the path)."""
+    return err.strerror or str(err) or type(err).__name__
+
+
+def _load_payload(path: Path, kind: str) -> Any:
+    """``torch.load`` of ``path`` (plain tensors only), every failure a :class:`PosteriorFileError`."""
+    if path.is_dir():
+        raise PosteriorFileError(f"{path} is a directory, not a {kind} file; pass the path of the file inside it")
+    if not path.exists():
+        raise PosteriorFileError(f"no {kind} file at {path}" + (" (a broken symbolic link)" if path.is_symlink() else ""))
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except FileNotFoundError:
-        raise PosteriorFileError(f"no posterior file at {path}") from None
-    except (pickle.UnpicklingError, RuntimeError, EOFError, zipfile.BadZipFile, ValueError) as err:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except OSError as err:
+        if path.exists() and not path.is_dir() and os.access(path, os.R_OK):
+            raise PosteriorFileError(f"{path} is not a readable {kind} file (truncated or corrupted: {err}); save it "
+                                     "again, or restore it from a copy") from err
+        raise PosteriorFileError(f"cannot read {path} ({_reason(err)}); check that the file exists and is readable") from err
+    except Exception as err:  # the unpickler of a damaged file raises anything: IndexError, KeyError, UnicodeDecodeError, ...
         raise PosteriorFileError(
-            f"{path} is not a readable posterior file (truncated, corrupted, or it holds objects "
-            f"that are not plain tensors, which are refused for safety): {err}"
+            f"{path} is not a readable {kind} file (truncated, corrupted, or it holds objects that are not plain "
+            f"tensors, which are refused for safety: {type(err).__name__}: {err}); save it again, or restore it from a copy"
         ) from err
+
+
+def _check_layout(path: Path, payload: Any, kind: str) -> None:
+    """Refuse a payload that is not a posthoc file of a version this posthoc reads, or whose content changed."""
     if not isinstance(payload, dict) or "format_version" not in payload:
-        raise PosteriorFileError(f"{path} is not a posthoc posterior file")
-    if payload["format_version"] > FORMAT_VERSION:
+        raise PosteriorFileError(f"{path} is not a posthoc {kind} file (it holds no posthoc payload); pass a file "
+                                 f"written by {'um.save' if kind == 'posterior' else 'calibrator.save'}")
+    version = payload["format_version"]
+    if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise PosteriorFileError(
-            f"{path} was written by a newer posthoc (format {payload['format_version']}, this one reads "
+            f"{path} was written by a newer posthoc (format {version}, this one reads "
             f"up to {FORMAT_VERSION}); upgrade posthoc to load it"
         )
+    wrong = [key for key, kind_of in _ENTRIES.items() if not isinstance(payload.get(key), kind_of)]
+    spec, state = payload.get("spec"), payload.get("state")
+    if not wrong and (isinstance(version, bool) or version < 1 or not spec
+                      or not all(isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("options"), dict) for e in spec)
+                      or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+                      or not isinstance(payload.get("fit", {}), dict)):
+        wrong = ["format_version, spec, state or fit"]
+    if wrong:
+        raise PosteriorFileError(f"{path} is a damaged posthoc {kind} file (bad entries: {', '.join(wrong)}); save it "
+                                 "again, or restore it from a copy")
+    if "checksum" in payload or version >= 2:
+        if payload.get("checksum") != checksum(payload):
+            raise PosteriorFileError(f"{path} is corrupted: its content does not match the checksum written with it; "
+                                     "save it again, or restore it from a copy")
+
+
+def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
+    """Read and validate a posthoc file without applying it; ``kind`` (``"posterior"`` or ``"calibrator"``) is
+    what the caller loads, and a file of the other kind is refused with the function that loads it.
+
+    Every problem is a :class:`~posthoc.core.errors.PosteriorFileError` naming ``path``.
+
+    Example:
+        >>> read("calibrator.pt", kind="posterior")
+        Traceback (most recent call last):
+        posthoc.core.errors.PosteriorFileError: calibrator.pt is a calibrator file ...; load it with posthoc.calibrate.load(path)
+    """
+    if kind not in KINDS:
+        raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
+    path = _as_path(path)
+    payload = _load_payload(path, kind)
+    _check_layout(path, payload, kind)
+    found = "calibrator" if payload["model_class"] == CALIBRATOR_CLASS else "posterior"
+    if found != kind:
+        holds = "a fitted calibrator (calibrator.save)" if found == "calibrator" else "the posterior of a model (um.save)"
+        raise PosteriorFileError(f"{path} is a {found} file: it holds {holds}, not a {kind}; load it with {KINDS[found]}")
     return payload

@@ -20,7 +20,9 @@ REGISTRY: dict[str, type[Method]] = {}
 
 def register(cls: type[Method]) -> type[Method]:
     """Class decorator adding a :class:`Method` to the registry under ``cls.name``."""
-    if not cls.name:
+    if not isinstance(cls, type) or not issubclass(cls, Method):
+        raise ConfigError(f"posthoc.register takes a subclass of posthoc.Method, got {cls!r}")
+    if not isinstance(cls.name, str) or not cls.name:
         raise ConfigError(f"{cls.__name__} has no name to register under")
     REGISTRY[cls.name] = cls
     return cls

@@ -16,6 +16,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError
 
 #: examples per chunk in ``UncertainModel.predict`` (each chunk is moved to the device in turn)
@@ -26,8 +27,9 @@ max_memory: int = 512 * 2**20
 
 
 def memory_budget(option: int | None) -> int:
-    """A method's ``max_memory`` option, or the library-wide :data:`max_memory` when it is ``None``."""
-    return max_memory if option is None else option
+    """A method's ``max_memory`` option, or the library-wide :data:`max_memory` when it is ``None`` (refused
+    unless it is a positive number of bytes)."""
+    return positive_int(max_memory, "posthoc.settings.max_memory") if option is None else option
 
 
 @contextmanager
@@ -37,6 +39,8 @@ def override(**values: int) -> Iterator[None]:
     unknown = sorted(set(values) - {"chunk_size", "max_memory"})
     if unknown:
         raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory")
+    for name, value in values.items():
+        positive_int(value, f"posthoc.settings.{name}")
     previous = {name: getattr(module, name) for name in values}
     for name, value in values.items():
         setattr(module, name, value)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import importlib.metadata
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
-from posthoc.core.inputs import Inputs, batch_size, check_attention, check_finite, slice_inputs, to_device
+from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
 from posthoc.core.method import Method, takes_shift
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
@@ -150,11 +150,7 @@ class UncertainModel(nn.Module):
         positive_int(num_samples, "num_samples", none="the method's own")
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory))
-        if not isinstance(x, (Tensor, Mapping)):
-            raise InputError(f"predict takes a tensor (or a dict of tensors), got {type(x).__name__}")
-        total = batch_size(x)
-        if total == 0:
-            raise InputError("predict got an empty batch (0 examples)")
+        total = check_batch(x, "predict", values=False)
         self.method.follow_model_device()
         method_budget = max(1, budget - budget // SAMPLE_COPIES)
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
@@ -196,7 +192,7 @@ class UncertainModel(nn.Module):
             method = self._modules.get("method")
             for member in [] if method is None else _chain(method):
                 if name in member.tools:
-                    return getattr(member, name)
+                    return member.tool(name)
             raise
 
     def forward(self, x: Inputs) -> Tensor:

@@ -67,6 +67,8 @@ def compare(first: Report, second: Report, metric: str = "nll", *, ci: float = 0
     if metric not in COMPARABLE:
         raise ConfigError(f"cannot compare {metric!r}; comparable metrics: {', '.join(COMPARABLE)}")
     for report in (first, second):
+        if not isinstance(report, Report):
+            raise InputError(f"compare takes two posthoc.Report objects (from posthoc.evaluate), got {type(report).__name__}")
         if report.probs is None or report.labels is None:
             raise InputError(f"report {report.name!r} keeps no probabilities; compare reports made by posthoc.evaluate")
     if first.labels.shape != second.labels.shape or not torch.equal(first.labels.cpu(), second.labels.cpu()):

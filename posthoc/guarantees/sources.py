@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
@@ -30,14 +29,13 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import check_labels
+from posthoc.core.inputs import check_labels, looks_like_loader
+from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.predictions import predict_loader
 
 INPUT_KINDS = ("auto", "probs", "logits")
-#: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
-ROW_SUM_TOLERANCE = 1e-3
 
 
 def as_float_tensor(values: Any, what: str) -> Tensor:
@@ -83,12 +81,6 @@ def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
     if labels.numel() != count:
         raise InputError(f"got {count} calibration examples but {labels.numel()} labels; pass one label per row")
     return labels
-
-
-def looks_like_probabilities(values: Tensor) -> bool:
-    """Every entry in ``[0, 1]`` and every row summing to 1 (within :data:`ROW_SUM_TOLERANCE`)."""
-    return bool(values.min() >= 0 and values.max() <= 1
-                and ((values.sum(-1) - 1).abs() <= ROW_SUM_TOLERANCE).all())
 
 
 class Predictive:
@@ -144,11 +136,10 @@ def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", p
     if isinstance(source, UncertainModel):
         if inputs != "auto":
             raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")
-        if isinstance(labels, (Tensor, np.ndarray, list, tuple)):
-            raise InputError("with a wrapped model, pass a labelled calibration loader yielding (x, y) batches "
-                             "instead of labels: posthoc.conformal(um, calibration_loader, ...)")
-        if not isinstance(labels, Iterable):
-            raise InputError(f"expected a calibration loader yielding (x, y) batches, got {type(labels).__name__}")
+        if not looks_like_loader(labels):
+            raise InputError(f"with a wrapped model, calibration takes a loader of (x, y) batches (a labelled calibration "
+                             f"loader: a DataLoader or a list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
+                             "posthoc.conformal(um, calibration_loader)")
         generator = torch.Generator(device=source.device).manual_seed(seed)
         pred, targets = predict_loader(source, labels, progress=progress, generator=generator, desc=desc)
         return Predictive("model", pred.num_classes, source, generator), pred, targets

@@ -19,9 +19,10 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, NotFittedError
+from posthoc.core.errors import ConfigError, NotFittedError, NumericalError
 from posthoc.core.prediction import Prediction
 
 
@@ -86,6 +87,16 @@ class Score:
     def finish(self, pass_index: int) -> None:
         """Reduce the statistics of pass ``pass_index`` over ranks and compute what they give; set ``fitted``
         when done (the same on every rank), else ``fit`` takes another pass."""
+
+    def check_statistics(self) -> None:
+        """Refuse training statistics (the score's tensor attributes once a pass is finished) holding NaN or inf."""
+        for name, value in vars(self).items():
+            if isinstance(value, Tensor) and value.is_floating_point() and not bool(torch.isfinite(value).all()):
+                raise NumericalError(
+                    f"the OOD score '{self.name}' computed non-finite training statistics ({name.strip('_')} holds NaN "
+                    "or inf): the model's features overflow on the training data; check its weights and dtype "
+                    "(e.g. float16 overflow), or score in float32"
+                )
 
     def check_fitted(self) -> None:
         if not self.fitted:

@@ -25,8 +25,9 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed, settings
-from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import Inputs, batch_size, check_finite, check_labels, iterate, slice_inputs, to_device
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
 from posthoc.core.uncertain_model import UncertainModel
@@ -103,12 +104,22 @@ class Detector:
                 f"{self.feature_width}: the model changed since fit; fit the detector again on this model"
             )
 
+    def _check_finite(self, features: Tensor, logits: Tensor) -> None:
+        head = f"features (the input of its head '{self.split.head_name}')"
+        for what, values in ((head, features), ("logits", logits)):
+            if not bool(torch.isfinite(values).all()):
+                raise NumericalError(
+                    f"the model's {what} hold NaN or inf for these inputs (the inputs are finite): no OOD score is "
+                    "meaningful on them; check the model's weights and dtype (e.g. float16 overflow)"
+                )
+
     def _outputs(self, x: Inputs, uses: frozenset[str], generator: torch.Generator | None) -> Outputs:
         features = logits = prediction = None
         if uses & {"features", "logits"} or ("prediction" in uses and self._plain_predictive()):
             with eval_mode(self.model):
                 features, logits = self.split(x)
             self._check_width(features)
+            self._check_finite(features, logits)
         if "prediction" in uses:
             prediction = (Prediction.from_log_probs(torch.log_softmax(logits.float(), -1)) if self._plain_predictive()
                           else self.um.predict(x, num_samples=self.num_samples, generator=generator, keep_samples=False))
@@ -148,6 +159,7 @@ class Detector:
                     score.update(outputs, labels, pass_index)
             for score in active:
                 score.finish(pass_index)
+                score.check_statistics()
             active = [score for score in active if not score.fitted]
             pass_index += 1
         return self
@@ -161,9 +173,9 @@ class Detector:
         """
         chosen = self._chosen(names)
         uses = frozenset().union(*(score.uses for score in chosen))
-        check_finite(x)
+        total = check_batch(x, "detector.score")
         parts: dict[str, list[Tensor]] = {score.name: [] for score in chosen}
-        total, step, home = batch_size(x), settings.chunk_size, _device_of(x)
+        step, home = positive_int(settings.chunk_size, "posthoc.settings.chunk_size"), _device_of(x)
         for start in range(0, total, step):
             outputs = self._outputs(to_device(slice_inputs(x, start, start + step), self.device), uses, generator)
             for score in chosen:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
 
 Normalization = tuple[Sequence[float] | float, Sequence[float] | float]
@@ -39,6 +40,30 @@ def check_kind(kind: str, severity: int) -> None:
         raise ConfigError(f"unknown corruption kind {kind!r}; valid kinds: {', '.join(KINDS)}")
     if isinstance(severity, bool) or not isinstance(severity, int) or not 1 <= severity <= 5:
         raise ConfigError(f"severity must be an integer from 1 to 5, got {severity!r}")
+
+
+def check_normalization(normalization: Any) -> None:
+    """Refuse a ``normalization`` that is not ``(mean, std)`` of finite numbers with every std > 0 (a std of 0
+    would un-normalise every image to a constant and normalise the corrupted one to NaN).
+
+    Example:
+        >>> check_normalization(((0.5,), (0.0,)))
+        Traceback (most recent call last):
+        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel ...
+    """
+    if normalization is None:
+        return
+    if not isinstance(normalization, (tuple, list)) or len(normalization) != 2:
+        raise ConfigError(f"normalization must be a pair (mean, std) of the model's preprocessing, got {normalization!r}")
+    try:
+        mean, std = (torch.as_tensor(part, dtype=torch.float64).flatten() for part in normalization)
+    except (TypeError, ValueError, RuntimeError) as err:
+        raise ConfigError(f"normalization must be (mean, std) of numbers, per channel or scalars, got {normalization!r}") from err
+    if not bool(torch.isfinite(mean).all()) or mean.numel() == 0:
+        raise ConfigError(f"normalization mean must be finite numbers, got {mean.tolist()}")
+    if std.numel() == 0 or not bool((torch.isfinite(std) & (std > 0)).all()):
+        raise ConfigError(f"normalization std must be finite and > 0 for every channel, got {std.tolist()}: pass the "
+                          "std the model's preprocessing divides by (e.g. (0.229, 0.224, 0.225) for ImageNet)")
 
 
 def _per_channel(values: Sequence[float] | float, like: Tensor, what: str) -> Tensor:
@@ -58,6 +83,8 @@ def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generat
         torch.Size([4, 1, 28, 28])
     """
     check_kind(kind, severity)
+    check_normalization(normalization)
+    check_batch(x, "posthoc.shift.corrupt")
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
         raise InputError(f"corruptions need image batches (N, C, H, W), got {shape}")
@@ -98,6 +125,8 @@ class CorruptedLoader:
     def __init__(self, loader: Iterable, kind: str, severity: int, *, seed: int = 0,
                  normalization: Normalization | None = None) -> None:
         check_kind(kind, severity)
+        check_normalization(normalization)
+        check_loader(loader, "posthoc.shift.corrupt")
         self.loader, self.kind, self.severity, self.seed, self.normalization = loader, kind, severity, seed, normalization
 
     def __len__(self) -> int:
@@ -108,14 +137,18 @@ class CorruptedLoader:
 
     def __iter__(self) -> Iterator[Any]:
         generators: dict[torch.device, torch.Generator] = {}
-        for batch in self.loader:
+        for index, batch in enumerate(self.loader):
             x = batch[0] if isinstance(batch, (tuple, list)) else batch
             tensor = x.get(PIXELS) if isinstance(x, Mapping) else x
             device = tensor.device if isinstance(tensor, Tensor) else torch.device("cpu")
             if device not in generators:
                 generators[device] = torch.Generator(device=device).manual_seed(self.seed)
             corrupted = _corrupt_inputs(x, self.kind, self.severity, generators[device], self.normalization)
+            if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(x, (Tensor, Mapping)):
+                check_label_count(batch_size(x), torch.as_tensor(batch[1]), f"batch {index} (0-based) of the loader to corrupt")
             yield (corrupted, *batch[1:]) if isinstance(batch, (tuple, list)) else corrupted
+        if not generators:
+            raise InputError("the loader to corrupt yielded no batches; pass a non-empty loader")
 
 
 def corrupt(loader: Iterable, kind: str, severity: int, seed: int = 0, *,

@@ -34,7 +34,7 @@ from torch import Tensor, nn
 
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
-from posthoc.core.logits import as_class_logits, check_finite_logits, log_mean_exp
+from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.methods.calibration.optimise import threads_for
 
@@ -42,7 +42,7 @@ from posthoc.methods.calibration.optimise import threads_for
 CALIBRATORS: dict[str, type[Calibrator]] = {}
 
 #: the ``model_class`` a calibrator file records (a calibrator belongs to no model checkpoint)
-FILE_KIND = "posthoc calibrator"
+FILE_KIND = persistence.CALIBRATOR_CLASS
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
 ERRORS_WANTED = 10
@@ -241,6 +241,7 @@ class Calibrator(nn.Module):
         """
         logits = as_tensor(logits, "logits")
         check_finite_logits(logits)
+        check_not_probabilities(logits)
         logits = as_class_logits(logits).float()
         buffers = [value for value in self.buffers() if value.is_floating_point()]
         device = buffers[0].device if buffers else logits.device
@@ -272,13 +273,14 @@ class Calibrator(nn.Module):
         Example:
             >>> Calibrator.load("vector.pt")(test_logits)
         """
-        payload = persistence.read(path)
-        if payload.get("model_class") != FILE_KIND:
-            raise PosteriorFileError(f"{path} holds a posterior for a model, not a calibrator; load it with posthoc.load")
+        payload = persistence.read(path, kind="calibrator")
         entry = payload["spec"][0]
         if entry["name"] not in CALIBRATORS:
             raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")
-        calibrator = CALIBRATORS[entry["name"]](**entry["options"])
+        try:
+            calibrator = CALIBRATORS[entry["name"]](**entry["options"])
+        except (TypeError, ConfigError) as err:
+            raise PosteriorFileError(f"{path} holds options this posthoc cannot build '{entry['name']}' with: {err}") from err
         calibrator.load_buffers(payload["state"], source=str(path))
         return calibrator
 

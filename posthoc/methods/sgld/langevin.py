@@ -34,6 +34,7 @@ import math
 import torch
 from torch import Tensor
 
+from posthoc.core.errors import ConfigError
 from posthoc.engine.random_draws import randn
 
 
@@ -56,6 +57,48 @@ def adds_noise(step: int, total: int, *, cycles: int | None, exploration: float)
         return True
     period = cycle_length(total, cycles)
     return (step % period) / period >= exploration
+
+
+def silent_cycles(total: int, cycles: int, exploration: float) -> int:
+    """How many of the ``cycles`` cycles over ``total`` steps have no step in the sampling phase (a cycle of
+    ``L`` steps within a period of ``P`` has one when ``(L - 1) / P >= exploration``; cycles past the last step
+    have none).
+
+    Example:
+        >>> silent_cycles(16, 4, 0.8), silent_cycles(20, 4, 0.8)
+        (4, 0)
+    """
+    period = cycle_length(total, cycles)
+    lengths = [period] * (total // period) + ([total % period] if total % period else [])
+    samples = sum((length - 1) / period >= exploration for length in lengths)
+    return cycles - samples
+
+
+def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_per_epoch: int) -> None:
+    """Refuse a cyclical schedule in which some cycle never reaches its sampling phase: its kept "samples"
+    would be plain SGD iterates (no Langevin noise), and its epistemic spread would be near zero.
+
+    Example:
+        >>> check_schedule(16, 4, 0.8, steps_per_epoch=8)
+        Traceback (most recent call last):
+        posthoc.core.errors.ConfigError: cyclical SGLD with cycles=4 over 16 steps ...
+    """
+    if cycles is None:
+        return
+    silent = silent_cycles(total, cycles, exploration)
+    if not silent:
+        return
+    needed = 1
+    while (needed - 1) / needed < exploration:
+        needed += 1
+    most = max((count for count in range(1, total + 1) if not silent_cycles(total, count, exploration)), default=0)
+    advice = f"use cycles <= {most}" if most else f"train for at least {needed} steps"
+    raise ConfigError(
+        f"cyclical SGLD with cycles={cycles} over {total} steps ({total // steps_per_epoch} epoch(s) of "
+        f"{steps_per_epoch}) has cycles of {cycle_length(total, cycles)} step(s); with exploration={exploration} "
+        f"{silent} of the {cycles} cycles never reach the sampling phase (a cycle needs at least {needed} steps) and "
+        f"would keep plain SGD iterates as samples: {advice}, more epochs, or a lower exploration"
+    )
 
 
 def kept_steps(total: int, count: int, *, cycles: int | None, burn_in: float, exploration: float) -> list[int]:

@@ -55,7 +55,7 @@ from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
 from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
-from posthoc.methods.sgld.langevin import Langevin, adds_noise, kept_steps, step_size
+from posthoc.methods.sgld.langevin import Langevin, adds_noise, check_schedule, kept_steps, step_size
 
 PRIORS = ("checkpoint", "zero")
 #: the fit options saved in the ``schedule`` buffer, in its order (``cycles`` 0 for plain SGLD)
@@ -162,6 +162,7 @@ class SGLD(Method):
         chain = Langevin(weights.trained, size=weights.size, prior_precision=self.prior_precision,
                          temperature=self.temperature, centre=centre, generator=generator)
         total = epochs * weights.steps_per_epoch
+        check_schedule(total, self.cycles, exploration, steps_per_epoch=weights.steps_per_epoch)
         wanted = self._keep_count(weights)
         kept = set(kept_steps(total, wanted, cycles=self.cycles, burn_in=burn_in, exploration=exploration))
         if len(kept) < wanted:

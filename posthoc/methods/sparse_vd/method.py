@@ -98,6 +98,7 @@ class SparseVariationalDropout(VariationalMethod):
             >>> um.sparsity(threshold=3.0)
             {'total': 0.83, 'layers': {'0': 0.8, '2': 0.9}, 'removed': 1234, 'weights': 1487}
         """
+        self.check_fitted("um.sparsity()")
         return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
 
     def prune(self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False) -> nn.Module:
@@ -110,12 +111,14 @@ class SparseVariationalDropout(VariationalMethod):
             >>> plain(x).shape
             torch.Size([8, 10])
         """
+        self.check_fitted("um.prune()")
         removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
         return pruned_copy(self.model, self.layers, removed, sparse=sparse)
 
     @contextmanager
     def pruned(self, threshold: float | None = None, *, random: bool = False, seed: int = 0) -> Iterator[None]:
         """Within the context, predictions sample the posterior with the pruned weights removed (as :meth:`prune` picks them)."""
+        self.check_fitted("um.method.pruned()")
         removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
         with restricted(self.layers, removed):
             yield
