@@ -38,6 +38,9 @@ STRENGTHS = (0.25, 0.5, 0.75)
 GRADING_ROWS = 256
 #: clean held-out NLL a shift-aware choice may cost over the clean-only one, relative (where the method has no own rule)
 CLEAN_TOLERANCE = 0.01
+#: graded strengths remembered (per model, weights, loader and kinds): a chain or a demo grades once per checkpoint
+GRADED_KEPT = 8
+_GRADED: dict[tuple, dict[str, tuple[float, ...]]] = {}
 #: bisection steps of :func:`widest_accepted`
 BISECTION_STEPS = 12
 
@@ -123,7 +126,9 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     held-out examples by ``log_probs`` (the plain model's log-probabilities): level ``k`` takes each
     kind to where accuracy has fallen ``strengths[k]`` of the way to chance. A user's callables are
     used as given, all at one level. ``model`` (what ``log_probs`` runs) is kept in eval mode while
-    grading, so BatchNorm statistics and dropout stay as they are.
+    grading, so BatchNorm statistics and dropout stay as they are; the grades are remembered per
+    model, weights and loader (:data:`GRADED_KEPT` of them), so the methods of one chain, or several
+    methods fitted on one checkpoint, grade once.
 
     Example:
         >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["noise", "blur"], device="cpu")
@@ -141,14 +146,27 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     levels: list[list[UserPerturbation]] = []
     description: dict[str, Any] = {"strengths": list(strengths)}
     if kinds:
-        with eval_mode(model) if model is not None else contextlib.nullcontext():
-            graded = _graded(rows, log_probs, kinds, strengths, seed)
+        key = None if model is None else (id(model), _weights_version(model), id(loader), tuple(kinds), tuple(strengths),
+                                          grading_rows, seed)
+        graded = _GRADED.get(key) if key is not None else None
+        if graded is None:
+            with eval_mode(model) if model is not None else contextlib.nullcontext():
+                graded = _graded(rows, log_probs, kinds, strengths, seed)
+            if key is not None:
+                _GRADED[key] = graded
+                while len(_GRADED) > GRADED_KEPT:
+                    _GRADED.pop(next(iter(_GRADED)))
         levels = [[_at(kinds[name], graded[name][k]) for name in kinds] for k in range(len(strengths))]
         description["kinds"] = {name: [round(p, 4) for p in parameters] for name, parameters in graded.items()}
     if own:
         levels.append([_as_perturbation(f) for f in own])
         description["callables"] = len(own)
     return ShiftedHeldOut(loader, levels, description=description, seed=seed)
+
+
+def _weights_version(model: nn.Module) -> tuple[tuple[int, int], ...]:
+    """Where each weight and buffer lives and how often it was changed in place: equal only for the same weights."""
+    return tuple((t.data_ptr(), t._version) for t in (*model.parameters(), *model.buffers()))
 
 
 def _at(kind: Kind, parameter: float) -> UserPerturbation:
