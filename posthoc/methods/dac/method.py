@@ -39,6 +39,7 @@ Example:
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Iterable
 from typing import Any
 
@@ -180,7 +181,8 @@ class DensityAwareCalibration(Method):
 
     def log_distances(self, features: list[Tensor]) -> Tensor:
         """``log d_l`` per example and layer ``(N, L)``: the distance of each layer's features to the ``k``-th nearest bank row."""
-        columns = [kth_distance(normalised(f), bank, self.k, max_memory=self.max_memory)
+        k = min(self.k, self.bank_rows)
+        columns = [kth_distance(normalised(f), bank, k, max_memory=self.max_memory)
                    for f, bank in zip(features, self._banks())]
         return torch.stack(columns, dim=1).clamp_min(MIN_DISTANCE).log().float()
 
@@ -243,8 +245,9 @@ class DensityAwareCalibration(Method):
         assert reservoir is not None
         bank = reservoir.rows()
         if bank.shape[0] < self.k:
-            raise InputError(f"dac's k={self.k} exceeds the {bank.shape[0]} training examples in its bank; pass k= at "
-                             f"most {bank.shape[0]} or fit on more data")
+            warnings.warn(f"dac's k={self.k} exceeds the {bank.shape[0]} training examples in its bank; the distance "
+                          f"is to the farthest of them (k={bank.shape[0]}). Fit on more data or pass a smaller k",
+                          RuntimeWarning, stacklevel=3)
         # layer-blocked: each layer's (rows, D_l) rows are contiguous, so its similarities are one plain matmul
         self.bank = torch.cat([block.reshape(-1) for block in bank.split(widths, dim=1)])
         self.widths = torch.tensor(widths, device=self.device)
@@ -283,7 +286,7 @@ class DensityAwareCalibration(Method):
             "bank_rows": self.bank_rows,
             "bank_bytes": 0 if self.bank is None else self.bank.element_size() * self.bank.numel(),
             "training_examples_seen": meta.get("seen"),
-            "k": self.k,
+            "k": min(self.k, self.bank_rows) if self.bank is not None else self.k,
             "anchor": self.anchor,
             "shift": meta.get("shift"),
             "clean_nll": meta.get("clean_nll"),

@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -150,6 +151,11 @@ def _fit(clean: HeldOut, shifted: HeldOut | None, *, levels: int, tolerance: flo
     log_t0 = torch.zeros((), **options, requires_grad=True)
     _minimise(lambda: clean.nll(log_t0, zero), [log_t0], max_iter)
     log_t0 = log_t0.detach()
+    if not bool(log_t0.abs() < 0.99 * LOG_T0_BOUND):
+        warnings.warn(f"dac's clean temperature hit its bound ({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): "
+                      "the held-out examples cannot determine it (all classified correctly, or no better than "
+                      "chance); keeping T0 = 1. Check the labels or collect more held-out data", RuntimeWarning, stacklevel=3)
+        log_t0 = torch.zeros_like(log_t0)
     with torch.no_grad():
         reference = float(clean.nll(log_t0, zero))
     bound = reference * (1 + tolerance)
