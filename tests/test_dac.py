@@ -11,7 +11,6 @@ import pytest
 import torch
 import torchvision.transforms.v2.functional as TF
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.errors import ConfigError, HeadNotFoundError

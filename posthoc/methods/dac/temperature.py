@@ -41,6 +41,7 @@ from torch import Tensor
 
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.threads import single_thread_if
+from posthoc.engine.lbfgs import minimise
 
 #: log-probabilities below this are clamped before tempering (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
@@ -48,6 +49,8 @@ LOG_PROB_FLOOR = -1e4
 LOG_T0_BOUND = math.log(100.0)
 #: bisection steps when the weights are shrunk back into the clean-NLL tolerance
 SHRINK_STEPS = 30
+#: L-BFGS stops when the largest gradient entry falls below this
+TOLERANCE = 1e-9
 #: weights of the quadratic penalty on the clean NLL's relative excess over its bound, in turn
 PENALTIES = (1e2, 1e3, 1e4, 1e5, 1e6)
 #: below this many cached elements a fit runs on one CPU thread (thousands of tiny ops, where threads only wait)
@@ -114,19 +117,6 @@ class Fitted:
     kept: float  # the fraction of the penalised optimum's weights kept to meet the tolerance (1: all of it)
 
 
-def _minimise(objective, parameters: list[Tensor], max_iter: int) -> None:
-    optimiser = torch.optim.LBFGS(parameters, lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe",
-                                  tolerance_grad=1e-9, tolerance_change=1e-12)
-
-    def closure() -> Tensor:
-        optimiser.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    optimiser.step(closure)
-
-
 def _softplus_inverse(value: float) -> float:
     return value + math.log(-math.expm1(-value))
 
@@ -149,7 +139,7 @@ def _fit(clean: HeldOut, shifted: HeldOut | None, *, levels: int, tolerance: flo
     zero = torch.zeros(layers, **options)
 
     log_t0 = torch.zeros((), **options, requires_grad=True)
-    _minimise(lambda: clean.nll(log_t0, zero), [log_t0], max_iter)
+    minimise(lambda: clean.nll(log_t0, zero), [log_t0], max_iter=max_iter, tolerance=TOLERANCE)
     log_t0 = log_t0.detach()
     if not bool(log_t0.abs() < 0.99 * LOG_T0_BOUND):
         warnings.warn(f"dac's clean temperature hit its bound ({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): "
@@ -167,9 +157,9 @@ def _fit(clean: HeldOut, shifted: HeldOut | None, *, levels: int, tolerance: flo
 
     raw = torch.full((layers,), _softplus_inverse(initial_weight), **options, requires_grad=True)
     for penalty in PENALTIES:  # the clean-NLL bound as a growing quadratic penalty on its relative excess
-        _minimise(lambda: objective(torch.nn.functional.softplus(raw))
+        minimise(lambda: objective(torch.nn.functional.softplus(raw))
                   + penalty * torch.relu(clean.nll(log_t0, torch.nn.functional.softplus(raw)) / bound - 1) ** 2,
-                  [raw], max_iter)
+                  [raw], max_iter=max_iter, tolerance=TOLERANCE)
     found = torch.nn.functional.softplus(raw.detach())
 
     with torch.no_grad():
