@@ -2,7 +2,8 @@
 
 ``z = phi / ||phi||``; the score is ``||z - z_(k)||``, the Euclidean distance to the ``k``-th nearest
 normalised training feature, as pytorch-ood's ``KNN`` (``normalize=True``) computes it with
-scikit-learn. The search is exact.
+scikit-learn. The search is exact (:func:`posthoc.engine.feature_bank.kth_distance`, which the
+density-aware predictive ``"dac"`` shares).
 
 Memory bound: the training features are kept as a float32 bank of ``N x D`` (``4 N D`` bytes on
 the features' device: 50,000 x 512 is 100 MB; all of ImageNet at D = 2048 would be 10.5 GB, so
@@ -25,17 +26,9 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.chunks import chunks
 from posthoc.core.errors import InputError
+from posthoc.engine.feature_bank import kth_distance, normalised
 from posthoc.ood.base import Outputs, Score
-
-FLOAT32_BYTES = 4
-
-
-def normalised(features: Tensor) -> Tensor:
-    """Rows scaled to unit Euclidean norm (a zero row stays zero), in float32."""
-    features = features.detach().float()
-    return features / features.norm(dim=-1, keepdim=True).clamp_min(1e-12)
 
 
 class KNN(Score):
@@ -72,13 +65,5 @@ class KNN(Score):
 
     def __call__(self, outputs: Outputs) -> Tensor:
         self.check_fitted()
-        queries = normalised(outputs.features)
-        best = queries.new_full((queries.shape[0], self.k), -float("inf"))
-        best_index = torch.zeros(queries.shape[0], self.k, dtype=torch.long, device=queries.device)
-        for rows in chunks(self.bank.shape[0], FLOAT32_BYTES * queries.shape[0], max_memory=self.max_memory):
-            top, picked = (queries @ self.bank[rows].T).topk(min(self.k, rows.stop - rows.start), dim=1)
-            best, order = torch.cat([best, top], dim=1).topk(self.k, dim=1)
-            best_index = torch.cat([best_index, picked + rows.start], dim=1).gather(1, order)
-        # the k-th neighbour's distance, recomputed exactly in float64 (1 - cos loses digits near 0)
-        kth = self.bank[best_index[:, -1]]
-        return (queries.double() - kth.double()).norm(dim=-1).to(outputs.features.dtype)
+        distance = kth_distance(normalised(outputs.features), self.bank, self.k, max_memory=self.max_memory)
+        return distance.to(outputs.features.dtype)

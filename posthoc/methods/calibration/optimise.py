@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from contextlib import AbstractContextManager
 
 import torch
@@ -15,6 +14,9 @@ from torch import Tensor
 
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.threads import single_thread_if
+from posthoc.engine.lbfgs import minimise
+
+__all__ = ["SMALL_FIT", "minimise", "mixture_nll", "threads_for"]
 
 
 def mixture_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
@@ -33,18 +35,3 @@ def threads_for(inputs: Tensor) -> AbstractContextManager[None]:
     A calibration fit is thousands of tiny ops, where torch's intra-op threads only add synchronisation.
     """
     return single_thread_if(inputs.device.type == "cpu" and inputs.numel() < SMALL_FIT)
-
-
-def minimise(objective: Callable[[], Tensor], parameters: list[Tensor], *, max_iter: int, tolerance: float = 1e-7) -> None:
-    """Minimise ``objective()`` over ``parameters`` (leaf tensors with ``requires_grad``) in place; stop when
-    the largest gradient entry falls below ``tolerance`` (or the loss changes by less than 1e-4 of it)."""
-    optimizer = torch.optim.LBFGS(parameters, lr=0.5, max_iter=max_iter, line_search_fn="strong_wolfe",
-                                  tolerance_grad=tolerance, tolerance_change=tolerance * 1e-4)
-
-    def closure() -> Tensor:
-        optimizer.zero_grad()
-        loss = objective()
-        loss.backward()
-        return loss
-
-    optimizer.step(closure)
