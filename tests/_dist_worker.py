@@ -52,7 +52,7 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
         if scenario == "wrong-world-size":
             sampler = DistributedSampler(splits.calibration, num_replicas=3, rank=rank, shuffle=False)
             try:
-                posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False)
+                posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False, shift=None)
             except posthoc.InputError as err:
                 torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
             return
@@ -62,14 +62,14 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             results = {}
             for subset in ("all", "last_layer"):
                 um = posthoc.wrap(model, method="swag", subset=subset)
-                um.fit(loader, progress=False, epochs=2, lr=0.05, collect_per_epoch=2)
+                um.fit(loader, progress=False, shift=None, epochs=2, lr=0.05, collect_per_epoch=2)
                 results[subset] = swag_results(um, x)
             torch.save(results, f"{out}/rank{rank}.pt")
             return
         if scenario == "ibnn":
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
             um = posthoc.wrap(model, method="ibnn", components=2, num_samples=1)
-            um.fit(fit, progress=False, epochs=1, lr_nodes=0.5, train_samples=2)
+            um.fit(fit, progress=False, shift=None, epochs=1, lr_nodes=0.5, train_samples=2)
             torch.save({"nodes": {k: v.clone() for k, v in um.method.nodes.state_dict().items()},
                         "probs": um.predict(splits.test.tensors[0][:20], generator=torch.Generator().manual_seed(0)).probs},
                        f"{out}/rank{rank}.pt")
@@ -80,7 +80,7 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             x = splits.test.tensors[0][:20]
             results = {}
             for name, options, fit_options in WEIGHT_CASES:
-                um = posthoc.wrap(model, method=name, **options).fit(fit, progress=False, **fit_options)
+                um = posthoc.wrap(model, method=name, **options).fit(fit, progress=False, shift=None, **fit_options)
                 results[name] = {"state": um.method.posterior_state(),
                                  "probs": um.predict(x, generator=torch.Generator().manual_seed(0)).probs}
             torch.save(results, f"{out}/rank{rank}.pt")
@@ -89,14 +89,14 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
             results = {}
             for hessian in ("kron", "diag"):
-                um = posthoc.wrap(model, method="laplace", hessian=hessian).fit(fit, progress=False)
+                um = posthoc.wrap(model, method="laplace", hessian=hessian).fit(fit, progress=False, shift=None)
                 results[hessian] = {"prior": um.method.prior_precision.clone(),
                                     "probs": um.predict(splits.test.tensors[0][:50]).probs}
             torch.save(results, f"{out}/rank{rank}.pt")
             return
         cal = DataLoader(shards(splits.calibration)[rank], batch_size=64)
         test = DataLoader(shards(splits.test)[rank], batch_size=64)
-        um = posthoc.wrap(model, method="temperature").fit(val_loader=cal, progress=False)
+        um = posthoc.wrap(model, method="temperature").fit(val_loader=cal, progress=False, shift=None)
         report = posthoc.evaluate(um, test, progress=False)
         torch.save({"temperature": um.method.temperature.clone(), "nll": report.nll, "ece": report.ece,
                     "n": len(report.labels)}, f"{out}/rank{rank}.pt")

@@ -29,8 +29,8 @@ def fitted(method: str) -> posthoc.UncertainModel:
     models, loader, _ = problem()
     if method == "multiswag":
         um = posthoc.wrap(models[0], method="multiswag", members=3, subset="last_layer", num_samples=4)
-        return um.fit(loader, progress=False, epochs=2, collect_per_epoch=2)
-    return posthoc.wrap(models, method="laplace", hessian="diag").fit(loader, progress=False)
+        return um.fit(loader, progress=False, shift=None, epochs=2, collect_per_epoch=2)
+    return posthoc.wrap(models, method="laplace", hessian="diag").fit(loader, progress=False, shift=None)
 
 
 def fit_counting(scenario: str) -> tuple[torch.Tensor, list[int]]:
@@ -55,7 +55,7 @@ def sharded_error() -> str:
     models, loader, _ = problem()
     sharded = DataLoader(loader.dataset, sampler=DistributedSampler(loader.dataset), batch_size=32)
     try:
-        posthoc.wrap(models, method="laplace").fit(sharded, progress=False)
+        posthoc.wrap(models, method="laplace").fit(sharded, progress=False, shift=None)
     except posthoc.InputError as err:
         return str(err)
     return "no error"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torchvision
 import torchvision.transforms.v2.functional as TF
 from torch import nn
 
@@ -181,7 +182,7 @@ def test_kth_distance_matches_brute_force_in_chunks() -> None:
 def test_layers_are_found_and_can_be_named(digits_model) -> None:
     x = torch.zeros(2, 1, 28, 28)
     assert [str(s) for s in auto_sites(zoo.pretrained("digits_bn_cnn"), x)] == ["features.3", "features.7", "fc:input"]
-    resnet = pytest.importorskip("torchvision").models.resnet18(num_classes=3).eval()
+    resnet = torchvision.models.resnet18(num_classes=3).eval()
     assert [str(s) for s in auto_sites(resnet, torch.zeros(2, 3, 32, 32))] == ["layer2", "layer3", "fc:input"]
     um = posthoc.wrap(digits_model, method="dac", layers=["features.7"])
     assert um.method.layers == ["features.7"]

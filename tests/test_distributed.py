@@ -44,7 +44,7 @@ def test_two_ranks_with_uneven_shards_equal_one_process_on_the_union(tmp_path, d
 
     union_cal = DataLoader(ConcatDataset(_dist_worker.shards(digits.calibration)), batch_size=64)
     union_test = DataLoader(ConcatDataset(_dist_worker.shards(digits.test)), batch_size=64)
-    single = posthoc.wrap(digits_model, method="temperature").fit(val_loader=union_cal, progress=False)
+    single = posthoc.wrap(digits_model, method="temperature").fit(val_loader=union_cal, progress=False, shift=None)
     report = posthoc.evaluate(single, union_test, progress=False)
     assert float(ranks[0]["temperature"]) == pytest.approx(float(single.method.temperature), rel=1e-5)
     assert ranks[0]["nll"] == pytest.approx(report.nll, rel=1e-5)
@@ -56,7 +56,7 @@ def test_laplace_curvature_is_summed_over_ranks(tmp_path, digits_model, digits):
     union = DataLoader(ConcatDataset(_dist_worker.shards(digits.fit)), batch_size=64)
     for hessian in ("kron", "diag"):
         assert torch.equal(ranks[0][hessian]["prior"], ranks[1][hessian]["prior"])
-        single = posthoc.wrap(digits_model, method="laplace", hessian=hessian).fit(union, progress=False)
+        single = posthoc.wrap(digits_model, method="laplace", hessian=hessian).fit(union, progress=False, shift=None)
         assert float(ranks[0][hessian]["prior"]) == pytest.approx(float(single.method.prior_precision), rel=1e-6)
         expected = single.predict(digits.test.tensors[0][:50]).probs
         torch.testing.assert_close(ranks[0][hessian]["probs"], expected, atol=1e-6, rtol=0)
@@ -73,7 +73,7 @@ def test_swag_fine_tuning_on_two_ranks_equals_one_process_with_the_joint_batches
         for key in ("mean", "variance", "probs"):
             torch.testing.assert_close(ranks[0][subset][key], ranks[1][subset][key], rtol=0, atol=0)
         um = posthoc.wrap(model, method="swag", subset=subset)
-        um.fit(loader, progress=False, epochs=2, lr=0.05, collect_per_epoch=2)
+        um.fit(loader, progress=False, shift=None, epochs=2, lr=0.05, collect_per_epoch=2)
         single = _dist_worker.swag_results(um, x)
         for key in ("mean", "variance", "probs"):
             torch.testing.assert_close(ranks[0][subset][key], single[key], rtol=1e-4, atol=1e-6)

@@ -175,7 +175,7 @@ def test_mixture_of_laplace_with_temperature_on_top(digits):
     assert isinstance(ensemble, Ensemble) and all(bool(m.fitted) for m in ensemble.members)
     # every member is the single-model Laplace fitted on its own checkpoint
     x = torch.randn(5, 4)
-    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(loader, progress=False)
+    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(loader, _toy_loader(1), progress=False)
     torch.testing.assert_close(ensemble.members[1].log_predictive(x)[0], single.method.log_predictive(x)[0])
     card = um.summary()
     laplace_card = card["posterior"][0]

@@ -38,9 +38,11 @@ def test_laplace_fit_names_the_batch_with_non_finite_inputs(options: dict, value
         posthoc.wrap(mlp(), **options).fit(loader(corrupt_row=21, value=value), progress=False)
 
 
-def test_laplace_val_loader_is_checked_too() -> None:
-    with pytest.raises(InputError, match=r"batch 4 \(0-based\) of the loader for 'laplace prior'"):
-        posthoc.wrap(mlp(), method="laplace", prior_precision="val").fit(loader(), loader(corrupt_row=39), progress=False)
+@pytest.mark.parametrize("shift,step", [(None, "laplace prior"), ("auto", "grading perturbations")])
+def test_laplace_val_loader_is_checked_too(shift, step) -> None:
+    with pytest.raises(InputError, match=rf"batch 4 \(0-based\) of the loader for '{step}'"):
+        posthoc.wrap(mlp(), method="laplace", prior_precision="val").fit(loader(), loader(corrupt_row=39), progress=False,
+                                                                        shift=shift)
 
 
 def test_temperature_and_mc_dropout_fit_name_the_batch() -> None:

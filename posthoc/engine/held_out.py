@@ -194,13 +194,15 @@ def _grading_rows(loader: Iterable, device: torch.device | str, rows: int) -> li
 def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Tensor], kinds: dict[str, Kind],
             strengths: Sequence[float], seed: int) -> dict[str, tuple[float, ...]]:
     def accuracy(perturb: Callable[[Inputs], Inputs]) -> tuple[float, int]:
-        correct, total, classes = 0.0, 0, 0
+        """Accuracy on the grading rows of every rank (so that all ranks grade alike), and the class count."""
+        counts, classes = torch.zeros(2, dtype=torch.float64), 0
         for x, y in rows:
             lp = log_probs(perturb(x))
             classes = lp.shape[-1]
-            correct += float((lp.argmax(-1) == check_labels(y, classes)).sum())
-            total += int(y.shape[0])
-        return correct / total, classes
+            counts += torch.tensor([float((lp.argmax(-1) == check_labels(y, classes)).sum()), float(y.shape[0])],
+                                   dtype=torch.float64)
+        counts = distributed.all_reduce_sum(counts) if distributed.active() else counts
+        return float(counts[0] / counts[1]), classes
 
     clean, classes = accuracy(lambda x: x)
 

@@ -40,7 +40,7 @@ from torch import nn
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import LogPredictive, Method, takes_shift
 from posthoc.methods.ensemble.batched import StackedForward, same_architecture
 from posthoc.methods.ensemble.mixture import mixture, stacked_mixture
 from posthoc.methods.ensemble.spread import fit_spread
@@ -102,8 +102,9 @@ class Ensemble(Method):
         self.member_fingerprints = torch.stack([persistence.fingerprint_tensor(f) for f in found]).to(self.device)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            **fit_options: Any) -> None:
-        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``)."""
+            shift: Any = "auto", **fit_options: Any) -> None:
+        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``), each with ``shift``."""
+        fit_options = {**fit_options, "shift": shift}
         fit_spread(self.members, lambda index, member: self._fit_member(index, member, train_loader, val_loader,
                                                                         progress, fit_options),
                    loaders=(train_loader, val_loader))
@@ -112,7 +113,8 @@ class Ensemble(Method):
 
     def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
                     progress: bool, fit_options: dict[str, Any]) -> None:
-        member.fit(train_loader, val_loader, progress=progress, **fit_options)
+        own = {k: v for k, v in fit_options.items() if k != "shift" or takes_shift(member)}
+        member.fit(train_loader, val_loader, progress=progress, **own)
         member.fitted.fill_(True)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
