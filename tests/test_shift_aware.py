@@ -50,7 +50,7 @@ def test_shift_aware_temperature_differs_where_clean_data_cannot_see_shift(digit
     aware = posthoc.wrap(model, method="temperature").fit(None, small["val"], progress=False)
     card = aware.method.summary()
     assert float(aware.method.temperature) > float(clean.method.temperature) * 1.02
-    assert 0 < card["shift_weight"] <= 1 and set(card["shift"]["kinds"]) == {"noise", "blur", "impulse"}
+    assert 0 < card["shift_weight"] <= 1 and set(aware.method.shift_description["kinds"]) == {"noise", "blur", "impulse"}
     x, y = small["val"].dataset.tensors
     assert metrics.nll(aware.predict(x).probs, y) <= metrics.nll(clean.predict(x).probs, y) * (1 + held_out.CLEAN_TOLERANCE) + 1e-6
     rotated = posthoc.demo.data.rotated(digits.test, 45)
@@ -63,7 +63,7 @@ def test_laplace_shift_aware_prior_is_never_wider_than_the_clean_rule_allows(sma
     clean = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False, shift=None)
     aware = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False)
     assert aware.method.summary()["prior_precision"] >= clean.method.summary()["prior_precision"]
-    assert "shift" in aware.method.summary() and "shift" not in clean.method.summary()
+    assert aware.method.shift_description is not None and clean.method.shift_description is None
 
 
 # ------------------------------------------------------------------ the engine
@@ -180,3 +180,9 @@ def test_bad_shift_values_are_refused(small, digits_model):
             um.fit(None, small["val"], progress=False, shift=bad)
     with pytest.raises(ConfigError, match="unknown fit-time perturbation"):
         um.fit(None, small["val"], progress=False, shift=["rotate"])
+
+
+def test_a_one_shot_iterator_is_read_once_and_chosen_on_clean_data(small, digits_model):
+    with pytest.warns(RuntimeWarning, match="one-shot iterator"):
+        um = posthoc.wrap(digits_model, method="temperature").fit(None, iter(list(small["val"])), progress=False)
+    assert "shift_weight" not in um.method.summary()

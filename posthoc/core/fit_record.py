@@ -77,6 +77,17 @@ class CountingLoader:
         return len(self.loader)  # type: ignore[arg-type]  # a TypeError for unsized loaders, as len() gives
 
 
+def reads_once(loader: Iterable) -> bool:
+    """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator.
+
+    Example:
+        >>> reads_once(counting(x for x in [])), reads_once([])
+        (True, False)
+    """
+    inner = loader.loader if isinstance(loader, CountingLoader) else loader
+    return iter(inner) is inner
+
+
 def counting(loader: Iterable | None) -> Iterable | None:
     """``loader`` itself when ``len(loader.dataset)`` tells its size, else a :class:`CountingLoader` around it."""
     if loader is None or dataset_size(loader) is not None:

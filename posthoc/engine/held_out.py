@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -28,6 +29,7 @@ from torch import Tensor, nn
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
 from posthoc.core.errors import InputError
+from posthoc.core.fit_record import reads_once
 from posthoc.core.modules import eval_mode
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, slice_inputs, split_batch
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
@@ -137,6 +139,11 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     """
     check_shift(shift)
     if shift is None or loader is None:
+        return None
+    if reads_once(loader):  # a generator or iterator: read once, by the clean choice
+        warnings.warn("the held-out loader is a one-shot iterator, which the shift-aware choice cannot read again: "
+                      "choosing on the clean batches only (pass a DataLoader or a list of batches, or shift=None)",
+                      RuntimeWarning, stacklevel=3)
         return None
     rows = _grading_rows(loader, device, grading_rows)
     auto = isinstance(shift, str)

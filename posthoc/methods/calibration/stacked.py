@@ -156,8 +156,6 @@ class CalibrationMethod(Method):
         card = {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.method}
         if not math.isnan(float(self.shift_weight)):
             card["shift_weight"] = round(float(self.shift_weight), 4)
-        if self.shift_description is not None:
-            card["shift"] = self.shift_description
         return card
 
     def extra_repr(self) -> str:

@@ -275,7 +275,6 @@ class IVON(Method):
             "scale": self.scale,
             **{key: (int(value) if key in ("epochs", "mc_samples", "steps") and value is not None else value)
                for key, value in schedule.items()},
-            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def extra_repr(self) -> str:

@@ -292,7 +292,6 @@ class Laplace(Method):
             "prior_fit": PRIOR_SOURCES[source] if source >= 0 else "not recorded",
             "val_tolerance": self.val_tolerance,
             "fit_examples": int(self.num_data),
-            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def num_posterior_parameters(self) -> int:

@@ -246,7 +246,6 @@ class MCDropout(Method):
             "validation_nll": float(self.validation_nll[1]) if chosen else None,
             "masks": self.masks,
             "num_samples": self.num_samples,
-            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def _rate_origin(self, rate: float, chosen: bool) -> str:

@@ -312,7 +312,6 @@ class SWAGBase(Method):
             "collect_per_epoch": None if fitted["collect_per_epoch"] is None else int(fitted["collect_per_epoch"]),
             "momentum": fitted["momentum"],
             "weight_decay": fitted["weight_decay"],
-            **({"shift": self.shift_description} if self.shift_description else {}),
         }
 
     def extra_repr(self) -> str:
