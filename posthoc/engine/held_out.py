@@ -166,7 +166,7 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
         levels = [[_at(kinds[name], graded[name][k]) for name in kinds] for k in range(len(strengths))]
         description["kinds"] = {name: [round(p, 4) for p in parameters] for name, parameters in graded.items()}
     if own:
-        levels.append([_as_perturbation(f) for f in own])
+        levels.append(list(own))
         description["callables"] = len(own)
     return ShiftedHeldOut(loader, levels, description=description, seed=seed)
 
@@ -178,10 +178,6 @@ def _weights_version(model: nn.Module) -> tuple[tuple[int, int], ...]:
 
 def _at(kind: Kind, parameter: float) -> UserPerturbation:
     return lambda x, generator: kind.perturb(x, parameter, generator)
-
-
-def _as_perturbation(function: Callable) -> UserPerturbation:
-    return lambda x, generator: function(x, generator)
 
 
 def _grading_rows(loader: Iterable, device: torch.device | str, rows: int) -> list[tuple[Inputs, Tensor]]:
@@ -272,16 +268,6 @@ def shift_aware_spread(chosen: float, narrower: Sequence[float], *, nll_at: Call
     return choose([chosen, *narrower], accepted=lambda spread: spread == chosen or clean_nll(spread) <= limit,
                   combined_nll=lambda spread: (clean_nll(spread) + levels * nll_at(spread, shifted)) / (1 + levels),
                   unimodal=True)
-
-
-def combined_held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, shifted: ShiftedHeldOut | None, *,
-                          device: torch.device | str) -> float:
-    """The NLL over ``loader``'s examples and their perturbed copies together (the clean NLL without ``shifted``)."""
-    clean = held_out_nll(log_probs, loader, device=device)
-    if shifted is None:
-        return clean
-    levels = len(shifted.levels)
-    return (clean + levels * held_out_nll(log_probs, shifted, device=device)) / (1 + levels)
 
 
 def widest_accepted(set_weight: Callable[[float], None], accepted: Callable[[], bool], *, interpolable: bool) -> float:
