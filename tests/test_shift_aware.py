@@ -186,3 +186,21 @@ def test_a_one_shot_iterator_is_read_once_and_chosen_on_clean_data(small, digits
     with pytest.warns(RuntimeWarning, match="one-shot iterator"):
         um = posthoc.wrap(digits_model, method="temperature").fit(None, iter(list(small["val"])), progress=False)
     assert "shift_weight" not in um.method.summary()
+
+
+def test_one_walk_serves_every_clean_choice_and_never_steps_over_a_rejected_spread() -> None:
+    from posthoc.engine.held_out import Walk, walk_spreads
+
+    ladder = [0.01, 0.02, 0.05, 0.1, 0.2]
+    visited: list[float] = []
+
+    def within(p: float) -> bool:
+        visited.append(p)
+        return p != 0.05  # a wide spread past a rejected one looks cheap: it is not taken
+
+    assert walk_spreads(ladder, within) == Walk(accepted=1, rejected=2) and visited == [0.01, 0.02, 0.05]
+    assert walk_spreads(ladder, lambda p: True) == Walk(accepted=4, rejected=None)
+    assert walk_spreads(ladder, lambda p: p <= 0.02, start=4) == Walk(accepted=1, rejected=2)  # from the widest down
+    assert walk_spreads(ladder, lambda p: False, start=2) == Walk(accepted=None, rejected=0)
+    with pytest.raises(ValueError, match="outside a ladder"):
+        walk_spreads(ladder, within, start=5)

@@ -5,7 +5,8 @@ scale, iBNN's spread, a stacked calibrator) scores its candidates here. With ``s
 clean validation batches count. With ``shift="auto"`` (the default of ``UncertainModel.fit``) they
 are also scored on :class:`ShiftedHeldOut`: each clean batch again at every graded strength of the
 fit-time perturbations that suit the inputs (:mod:`posthoc.engine.perturb`), each example with one
-kind drawn at random. :func:`choose` then takes, among the candidates whose clean NLL the method's
+kind drawn at random. :func:`walk_spreads` walks a method's ladder of spreads to the widest its
+clean tolerance accepts; :func:`choose` then takes, among the candidates whose clean NLL the method's
 own tolerance accepts, the one with the lowest NLL over clean and perturbed examples together.
 
 Example:
@@ -18,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -214,6 +216,49 @@ def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Ten
         return accuracy(lambda x: kind.perturb(x, parameter, generator))[0]
 
     return grade(accuracy_at, kinds, clean_accuracy=clean, chance=1.0 / max(classes, 1), fractions=tuple(strengths))
+
+
+@dataclasses.dataclass(frozen=True)
+class Walk:
+    """Where :func:`walk_spreads` stopped on a ladder of spreads ordered from narrow to wide.
+
+    ``accepted`` is the index of the widest spread it accepted (``None``: none was), ``rejected`` the
+    index of the next wider one, which it tried and rejected (``None``: the top of the ladder was accepted).
+    """
+
+    accepted: int | None
+    rejected: int | None
+
+
+def walk_spreads(ladder: Sequence[float], within: Callable[[float], bool], *, start: int = 0) -> Walk:
+    """Walk ``ladder`` (spreads from narrow to wide) from ``start``: wider while ``within``, else narrower until it is.
+
+    The rule every clean held-out choice shares (Laplace's prior precision, MC dropout's rate, SWAG's
+    and IVON's scale): the widest spread whose held-out NLL the method's tolerance accepts, reached
+    without stepping over a rejected one, so a wide spread that looks cheap by chance past a costly
+    one is not taken. ``within`` is called once per spread visited, in walking order (a method may
+    keep state in it, e.g. the best NLL seen so far). Each method keeps its own ladder, start,
+    acceptance rule and what to do when none is accepted; Laplace refines between ``accepted`` and
+    ``rejected`` by bisection.
+
+    Example:
+        >>> walk_spreads([0.01, 0.05, 0.1, 0.2], lambda p: p <= 0.05)
+        Walk(accepted=1, rejected=2)
+        >>> walk_spreads([0.5, 1.0, 2.0, 4.0], lambda s: s <= 1.0, start=3)   # from the widest down
+        Walk(accepted=1, rejected=2)
+    """
+    if not 0 <= start < len(ladder):
+        raise ValueError(f"start {start} is outside a ladder of {len(ladder)} spreads")
+    index = start
+    if within(ladder[index]):
+        while index + 1 < len(ladder) and within(ladder[index + 1]):
+            index += 1
+        return Walk(index, index + 1 if index + 1 < len(ladder) else None)
+    while index > 0:
+        index -= 1
+        if within(ladder[index]):
+            return Walk(index, index + 1)
+    return Walk(None, 0)
 
 
 def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], bool],

@@ -18,15 +18,21 @@ from __future__ import annotations
 import warnings
 from collections.abc import Callable
 
+from posthoc.engine.held_out import walk_spreads
+
 #: the scales tried, widest first (factors of 2 around IVON's own posterior, 1)
 SCALES = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
 def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float) -> float:
-    """The first scale of :data:`SCALES` whose ``validation_nll`` is within ``(1 + tolerance) * plain_nll``, else 0."""
-    for scale in SCALES:
-        if validation_nll(scale) <= (1 + tolerance) * plain_nll:
-            return scale
+    """The widest scale of :data:`SCALES` whose ``validation_nll`` is within ``(1 + tolerance) * plain_nll``, else 0.
+
+    The walk (:func:`posthoc.engine.held_out.walk_spreads`) starts at the widest scale and goes down
+    until one is within."""
+    ladder = sorted(SCALES)
+    walk = walk_spreads(ladder, lambda scale: validation_nll(scale) <= (1 + tolerance) * plain_nll, start=len(ladder) - 1)
+    if walk.accepted is not None:
+        return ladder[walk.accepted]
     warnings.warn(
         f"every IVON scale down to {SCALES[-1]:g} costs more than {tolerance:.0%} of held-out NLL over the checkpoint; "
         "predicting with the fine-tuned mean alone (scale 0). Raise val_tolerance, fit longer, or pass a fixed scale",

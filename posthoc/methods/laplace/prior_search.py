@@ -7,9 +7,9 @@ laplace-torch's search range):
 - :func:`grid_search`: the grid point with the lowest mean NLL, what laplace-torch's
   ``optimize_prior_precision(method="gridsearch")`` does (``prior_precision="grid"``);
 - :func:`widest_within`: the smallest ``δ`` (the widest posterior) whose *excess* NLL over the
-  checkpoint stays under a threshold at every grid point above it: the grid is scanned from the
-  top (or, when even ``1e4`` is over, a decade at a time above it) and the crossing refined by
-  bisection in ``log δ`` (``prior_precision="val"``/``"auto"``, see
+  checkpoint stays under a threshold at every grid point above it: the grid is walked from the
+  top (or, when even ``1e4`` is over, a decade at a time above it) by the walk every held-out
+  choice shares, and the crossing refined by bisection in ``log δ`` (``prior_precision="val"``/``"auto"``, see
   :mod:`posthoc.methods.laplace.base` for the excess used).
 
 Why not the minimiser: held-out NLL of a well-trained classifier on in-distribution data usually
@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import NumericalError
+from posthoc.engine.held_out import walk_spreads
 from posthoc.methods.laplace.marglik import MAX_PRIOR_PRECISION
 
 #: bisection stops when the bracket is this narrow in ``ln δ`` (0.1% in ``δ``)
@@ -71,6 +72,10 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
 def widest_within(excess: Callable[[float], float], threshold: float, grid: Tensor | None = None) -> float:
     """The smallest ``δ`` with ``excess(δ') <= threshold`` at ``δ`` and every grid point above it (see module docs).
 
+    The walk is :func:`posthoc.engine.held_out.walk_spreads` on the ladder of ``ln δ`` from narrow to
+    wide: the decades above the grid (up to ``MAX_PRIOR_PRECISION``), then the grid from its top
+    down, starting at the grid's top; the crossing is then refined by bisection in ``ln δ``.
+
     Args:
         excess: held-out NLL cost of the posterior at a prior precision over the checkpoint's
             (falls to ``0`` as ``δ → ∞``).
@@ -79,11 +84,11 @@ def widest_within(excess: Callable[[float], float], threshold: float, grid: Tens
     """
     grid = default_grid() if grid is None else grid
     logs = grid.log().tolist()
-    for index in range(len(logs) - 1, -1, -1):
-        score = excess(math.exp(logs[index]))
-        if not score <= threshold:  # NaN counts as over
-            break
-    else:
+    above = _decades_above(logs[-1])
+    ladder = [*reversed(above), *reversed(logs)]
+    within = lambda log_delta: excess(math.exp(log_delta)) <= threshold  # noqa: E731 (NaN counts as over)
+    walk = walk_spreads(ladder, within, start=len(above))
+    if walk.rejected is None:
         warnings.warn(
             f"the held-out NLL stays within the tolerance down to the grid's lowest prior precision "
             f"{float(grid[0]):g}; pass a fixed prior_precision to go lower",
@@ -91,9 +96,25 @@ def widest_within(excess: Callable[[float], float], threshold: float, grid: Tens
             stacklevel=3,
         )
         return float(grid[0])
-    if index == len(logs) - 1:  # even the top of the grid costs too much: go narrower
-        return _narrower_until_within(excess, threshold, logs[-1])
-    return _bisect(excess, threshold, logs[index], logs[index + 1])
+    if walk.accepted is None:
+        warnings.warn(
+            f"every prior precision up to {MAX_PRIOR_PRECISION:g} costs more held-out NLL over the checkpoint than "
+            "the tolerance allows; using that one (the posterior is then nearly the checkpoint). Raise val_tolerance "
+            "or pass a fixed prior_precision",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+        return MAX_PRIOR_PRECISION
+    return _bisect(excess, threshold, ladder[walk.rejected], ladder[walk.accepted])
+
+
+def _decades_above(top: float) -> list[float]:
+    """``ln δ`` a decade at a time above ``top`` until ``MAX_PRIOR_PRECISION`` is reached, narrowest last."""
+    decades, low = [], top
+    while low < math.log(MAX_PRIOR_PRECISION):
+        low = low + math.log(10)
+        decades.append(low)
+    return decades
 
 
 def _bisect(excess: Callable[[float], float], threshold: float, low: float, high: float) -> float:
@@ -105,21 +126,3 @@ def _bisect(excess: Callable[[float], float], threshold: float, low: float, high
         else:
             low = middle
     return math.exp(high)
-
-
-def _narrower_until_within(excess: Callable[[float], float], threshold: float, top: float) -> float:
-    """Above the grid (``ln δ > top``): a decade at a time up to ``MAX_PRIOR_PRECISION``, then bisection."""
-    low = top
-    while low < math.log(MAX_PRIOR_PRECISION):
-        high = low + math.log(10)
-        if excess(math.exp(high)) <= threshold:
-            return _bisect(excess, threshold, low, high)
-        low = high
-    warnings.warn(
-        f"every prior precision up to {MAX_PRIOR_PRECISION:g} costs more held-out NLL over the checkpoint than "
-        "the tolerance allows; using that one (the posterior is then nearly the checkpoint). Raise val_tolerance "
-        "or pass a fixed prior_precision",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return MAX_PRIOR_PRECISION

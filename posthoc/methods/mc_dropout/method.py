@@ -60,7 +60,7 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
+from posthoc.engine.held_out import shift_aware_spread, shifted_held_out, walk_spreads
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.mc_dropout.masks import keep_mask
@@ -83,19 +83,16 @@ def chosen_rate(plain_nll: float, grid_nll: Sequence[float], grid: Sequence[floa
     """The rates of ``grid`` (ascending) are accepted while their NLL stays within ``(1 + NLL_TOLERANCE) * plain_nll``;
     the last one accepted, or the smallest rate when none is.
 
-    Scanning stops at the first rate over the tolerance, so a larger rate that looks cheap by chance
-    (a noisy estimate) is not taken past one that is not.
+    The walk (:func:`posthoc.engine.held_out.walk_spreads`) stops at the first rate over the tolerance,
+    so a larger rate that looks cheap by chance (a noisy estimate) is not taken past one that is not.
 
     Example:
         >>> chosen_rate(0.100, [0.1002, 0.1004, 0.1007, 0.1003], grid=(0.01, 0.05, 0.1, 0.2))
         0.05
     """
-    chosen = grid[0]
-    for p, nll in zip(grid, grid_nll):
-        if nll > (1 + NLL_TOLERANCE) * plain_nll:
-            break
-        chosen = p
-    return chosen
+    scores = dict(zip(grid, grid_nll))
+    walk = walk_spreads(grid, lambda p: scores[p] <= (1 + NLL_TOLERANCE) * plain_nll)
+    return grid[0 if walk.accepted is None else walk.accepted]
 
 
 @register

@@ -39,6 +39,7 @@ from torch import Tensor
 from posthoc.core import distributed
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.engine.held_out import walk_spreads
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4
@@ -48,6 +49,8 @@ FLAT_LOSS_LR = 1e-3
 GRADIENT_BATCHES = 8
 #: the scale the walk starts from (the SWAG paper's), and how far it may go up and down, by factors of 2
 START_SCALE, MAX_SCALE, MIN_SCALE = 0.5, 128.0, 1 / 16
+#: the scales the walk may visit, from narrow to wide
+LADDER = tuple(MIN_SCALE * 2.0 ** k for k in range(12))
 
 
 def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], loader: Iterable, *, device: torch.device,
@@ -99,9 +102,9 @@ def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, 
     """The widest scale, by factors of 2 from 0.5, whose held-out NLL is within ``(1 + tolerance)`` of the best.
 
     The best starts as the lower of ``plain_nll`` (the checkpoint) and ``validation_nll(0)`` (the SWA
-    mean) and takes in every scale found within. From :data:`START_SCALE` the walk doubles while the
-    scale stays within (up to :data:`MAX_SCALE`), or halves until one is within (down to
-    :data:`MIN_SCALE`); it returns 0 (the SWA mean) with a warning when none is.
+    mean) and takes in every scale found within. The walk (:func:`posthoc.engine.held_out.walk_spreads`
+    on :data:`LADDER`) starts at :data:`START_SCALE`: it doubles while the scale stays within, or
+    halves until one is within; it returns 0 (the SWA mean) with a warning when none is.
     """
     best = min(plain_nll, validation_nll(0.0))
 
@@ -113,15 +116,9 @@ def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, 
             return True
         return False
 
-    scale = START_SCALE
-    if within(scale):
-        while scale < MAX_SCALE and within(2 * scale):
-            scale *= 2
-        return scale
-    while scale > MIN_SCALE:
-        scale /= 2
-        if within(scale):
-            return scale
+    walk = walk_spreads(LADDER, within, start=LADDER.index(START_SCALE))
+    if walk.accepted is not None:
+        return LADDER[walk.accepted]
     warnings.warn(
         f"every SWAG scale down to {MIN_SCALE:g} costs more than {tolerance:.0%} of held-out NLL over the best of the "
         "checkpoint and the SWA mean; using the SWA mean (scale 0). Raise val_tolerance or pass a fixed scale",
