@@ -10,6 +10,7 @@ from torch import nn
 import posthoc
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand
+from posthoc.methods.ibnn.method import SCALES
 from posthoc.methods.ibnn.nodes import NodeSet, count_nodes, select_layers
 from posthoc.methods.ibnn.recipes import RECIPES
 
@@ -368,3 +369,31 @@ def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, 
     card = um.method.summary()
     assert (card["epochs"], card["lr_weights"], card["lr_nodes"], card["train_samples"]) == (
         1, paper.lr_weights, paper.lr_nodes, paper.train_samples)
+
+
+def test_the_node_noise_scale_is_chosen_on_held_out_data_saved_and_reported(digits_model, digits, tmp_path):
+    x, y = digits.fit.tensors
+    train = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:256], y[:256]), batch_size=64)
+    vx, vy = digits.calibration.tensors
+    val = posthoc.demo.data.loader(torch.utils.data.TensorDataset(vx[:256], vy[:256]), batch_size=128)
+    um = posthoc.wrap(digits_model, method="ibnn").fit(train, val, epochs=1, progress=False, shift=None)
+    scale, plain, chosen = um.method.scale_fit.tolist()
+    card = um.method.summary()
+    assert scale in (0.0, *SCALES) and card["scale"] == scale and card["scale_fit"] == "val"
+    assert chosen <= (1 + um.method.val_tolerance) * plain  # the rule the walk applies, on the same held-out set
+    um.save(tmp_path / "ibnn.pt")
+    loaded = posthoc.load(tmp_path / "ibnn.pt", digits_model)
+    generator = lambda: torch.Generator().manual_seed(3)  # noqa: E731
+    assert loaded.method.scale == scale
+    for method in (loaded.method, um.method):  # the first batch of a shape runs a row alone (it sizes the chunks)
+        method.log_predictive(vx[:16])
+    assert torch.equal(loaded.method.log_predictive(vx[:16], generator=generator())[0],
+                       um.method.log_predictive(vx[:16], generator=generator())[0])  # the same code path, same draws
+    um.method.scale_fit[0] = 0.0  # the scale widens the predictive: more epistemic spread at 4 than at 0
+    narrow = um.predict(vx[:64]).epistemic.mean()
+    um.method.scale_fit[0] = 4.0
+    assert um.predict(vx[:64]).epistemic.mean() > narrow
+    fixed = posthoc.wrap(digits_model, method="ibnn", scale=0.5).fit(train, val, epochs=1, progress=False)
+    assert fixed.method.scale == 0.5 and fixed.method.scale_fit is None and fixed.method.summary()["scale_fit"] == "fixed"
+    with pytest.raises(ConfigError, match="scale"):
+        posthoc.wrap(digits_model, method="ibnn", scale=-1.0)

@@ -33,6 +33,8 @@ Example:
 
 from __future__ import annotations
 
+import math
+import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -40,14 +42,16 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.checks import memory_bytes, non_negative, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import register
+from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
+from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, walk_spreads
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
 from posthoc.methods.ibnn.recipes import recipe as recipe_named
@@ -58,6 +62,8 @@ FIT_RECORD = ("epochs", "train_samples", "lr_nodes", "lr_nodes_final", "lr_weigh
 #: copies of the largest layer input of an expanded row alive at once in its forward (the input,
 #: its product with the nodes, the layer's output, the expanded batch)
 ACTIVATION_COPIES = 4
+#: the node-noise scales the held-out choice may take, from narrow to wide (factors of 2 around the fitted posterior)
+SCALES = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
 #: copies of an expanded row's class scores alive at once: the logits and their log-softmax
 LOG_PROB_COPIES = 2
 
@@ -79,6 +85,11 @@ class ImplicitBNN(Method):
             its Table 1]. The stem's few nodes (one per image channel) act as a global input scale whose
             fit is volatile (see :mod:`posthoc.methods.ibnn.recipes`).
         num_samples: ``S``, samples per component at prediction (``K * S`` in total) [5].
+        scale: the node noise's scale at prediction (``z = mu_k + scale * sigma_k * eps``; 1 is the fitted
+            posterior). ``None``: chosen on ``fit``'s ``val_loader`` as the widest of :data:`SCALES` whose
+            held-out NLL stays within ``(1 + val_tolerance)`` of the checkpoint's (shift-aware by default,
+            :mod:`posthoc.engine.held_out`), else 1 without one.
+        val_tolerance: the held-out NLL the scale may cost over the checkpoint, relative [0.01].
         max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
             larger inputs run in chunks.
         seed: seeds the initial means and standard deviations.
@@ -91,7 +102,8 @@ class ImplicitBNN(Method):
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
                  init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool | None = None,
-                 head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0) -> None:
+                 head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0,
+                 scale: float | None = None, val_tolerance: float = 0.01) -> None:
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
         chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
@@ -103,6 +115,14 @@ class ImplicitBNN(Method):
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
+        #: ``None``: the scale is chosen on ``fit``'s ``val_loader``
+        self.scale_option = None if scale is None else non_negative(scale, "scale")
+        self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
+        #: the scale chosen on held-out data, and the held-out NLL of the checkpoint and of iBNN at it
+        #: (``None`` until chosen)
+        self.register_buffer("scale_fit", None)
+        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no choice)
+        self.shift_description: dict[str, Any] | None = None
         #: bytes one expanded row keeps alive at the peak of a forward, per input shape (measured once)
         self._expanded_row_bytes: dict[tuple, int] = {}
 
@@ -114,7 +134,7 @@ class ImplicitBNN(Method):
             epochs: int | None = None, lr_nodes: float | None = None, lr_nodes_final: float | None = None,
             lr_weights: float | None = None, momentum: float | None = None, weight_decay: float | None = None,
             beta: float | None = None, kl_warmup: float | None = None, train_samples: int | None = None,
-            batchnorm: str | None = None) -> None:
+            batchnorm: str | None = None, shift: Any = "auto") -> None:
         """Fine-tune the node posterior (and optionally the weights) by maximising the ELBO.
 
         The loss per step is ``mean NLL over the expanded batch + beta_t * KL / N`` (``N`` training
@@ -137,6 +157,8 @@ class ImplicitBNN(Method):
             batchnorm: ``"train"``: BatchNorm statistics re-estimated with the nodes sampling before the fit,
                 batch statistics during it, and re-estimated after it; ``"frozen"``: the checkpoint's
                 statistics throughout (eval mode) ["train"]. Dropout is off during the fit either way.
+            shift: how the held-out choice of ``scale`` also scores perturbed validation batches
+                (:func:`posthoc.engine.held_out.shifted_held_out`); only with ``scale=None`` and a ``val_loader``.
         """
         if batchnorm == "train" and not batchnorm_layers(self.model):
             raise ConfigError(
@@ -148,6 +170,9 @@ class ImplicitBNN(Method):
             "epochs": epochs, "lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights,
             "momentum": momentum, "weight_decay": weight_decay, "beta": beta, "kl_warmup": kl_warmup,
             "train_samples": train_samples, "batchnorm": batchnorm}))
+        checkpoint = None
+        if self.scale_option is None and val_loader is not None:  # the checkpoint, before the fine-tune moves it
+            checkpoint = self._checkpoint_held_out(val_loader, shift)
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
@@ -157,6 +182,58 @@ class ImplicitBNN(Method):
             raise
         record = {**asdict(options), "batchnorm": float(options.batchnorm == "train")}
         self.fit_settings.copy_(torch.tensor([float(record[name]) for name in FIT_RECORD], dtype=torch.float64))
+        if checkpoint is not None:
+            self._choose_scale(val_loader, *checkpoint)
+
+    @property
+    def scale(self) -> float:
+        """The node noise's scale at prediction (see the ``scale`` option)."""
+        if self.scale_fit is not None:
+            return float(self.scale_fit[0])
+        return 1.0 if self.scale_option is None else self.scale_option
+
+    def _checkpoint_held_out(self, val_loader: Iterable, shift: Any) -> tuple[float, ShiftedHeldOut | None]:
+        """The checkpoint's held-out NLL on ``val_loader``, and the perturbed copies graded on it (or ``None``)."""
+        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
+        with torch.no_grad(), eval_mode(self.model):
+            plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
+            shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
+        return plain, shifted
+
+    def _choose_scale(self, val_loader: Iterable, plain: float, shifted: ShiftedHeldOut | None) -> None:
+        """The widest scale of :data:`SCALES` within ``val_tolerance`` of the checkpoint's held-out NLL, walking
+        down from 1 when 1 is over it, or up while wider ones stay within
+        (:func:`posthoc.engine.held_out.walk_spreads`); 0 (the component means) with a warning when none is.
+        With ``shift``, then the scale of lowest NLL over clean and perturbed validation examples among it
+        and the narrower ones within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
+        scores: dict[float, float] = {}
+
+        def nll_at(scale: float, loader: Iterable) -> float:
+            self.scale_fit = torch.tensor([scale, plain, math.nan], dtype=torch.float64, device=self.fit_settings.device)
+            generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every scale
+            return held_out_nll(lambda x: self.log_predictive(x, generator=generator)[0], loader, device=self.device)
+
+        def within(scale: float) -> bool:
+            scores[scale] = nll_at(scale, val_loader)
+            return scores[scale] <= limit
+
+        limit = (1 + self.val_tolerance) * plain
+        with torch.no_grad(), eval_mode(self.model):
+            walk = walk_spreads(SCALES, within, start=SCALES.index(1.0))
+            if walk.accepted is None:
+                warnings.warn(
+                    f"every iBNN scale down to {SCALES[0]:g} costs more than {self.val_tolerance:.0%} of held-out NLL "
+                    "over the checkpoint; predicting with the component means alone (scale 0). Raise val_tolerance, "
+                    "or pass a fixed scale", RuntimeWarning, stacklevel=4)
+                scale = 0.0
+                scores[scale] = nll_at(scale, val_loader)
+            else:
+                scale = SCALES[walk.accepted]
+                if shifted is not None:
+                    self.shift_description = shifted.description
+                    scale = shift_aware_spread(scale, [s for s in reversed(SCALES) if s < scale], nll_at=nll_at,
+                                               loader=val_loader, shifted=shifted, known=scores, limit=limit)
+        self.scale_fit = torch.tensor([scale, plain, scores[scale]], dtype=torch.float64, device=self.fit_settings.device)
 
     def summary(self) -> dict[str, Any]:
         """The node posterior for the model card: ``random_variables`` is the number of node variables per
@@ -183,6 +260,8 @@ class ImplicitBNN(Method):
             "init_mean_std": float(self._node_options["init_mean_std"]),
             "init_std": float(self._node_options["init_std"]),
             "samples_per_component": self.num_samples,
+            "scale": self.scale,
+            "scale_fit": "fixed" if self.scale_option is not None else ("val" if self.scale_fit is not None else "default"),
             "test_samples": self.components * self.num_samples,
             **fit,
         }
@@ -222,7 +301,8 @@ class ImplicitBNN(Method):
     def _expanded_log_probs(self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple) -> Tensor:
         """``(repeats, n, C)`` log-probabilities of ``x`` expanded ``repeats`` times."""
         n = batch_size(x)
-        with self.nodes.sampling(routes(n, repeats, self.components, self.nodes.called.device), generator=generator):
+        with self.nodes.sampling(routes(n, repeats, self.components, self.nodes.called.device), generator=generator,
+                                 scale=self.scale):
             log_probs = class_log_probs(run_model(self.model, expand(x, repeats)))
         if key not in self._expanded_row_bytes:
             self._expanded_row_bytes[key] = (ACTIVATION_COPIES * self.nodes.largest_input_bytes

@@ -147,13 +147,14 @@ class NodeVariables(nn.Module):
         """``(K, D)`` component standard deviations."""
         return F.softplus(self.rho)
 
-    def draw(self, components: Tensor, generator: torch.Generator | None, sample: bool) -> Tensor:
-        """``(B, D)`` node values for examples routed to ``components``; the component means if not ``sample``."""
+    def draw(self, components: Tensor, generator: torch.Generator | None, sample: bool, scale: float = 1.0) -> Tensor:
+        """``(B, D)`` node values for examples routed to ``components``, their noise scaled by ``scale``;
+        the component means if not ``sample``."""
         mean = self.mean.index_select(0, components)
         if not sample:
             return mean
         noise = randn(mean.shape, generator=generator, device=mean.device, dtype=mean.dtype)
-        return mean + self.std.index_select(0, components) * noise
+        return mean + scale * self.std.index_select(0, components) * noise
 
 
 class NodeSet(nn.Module):
@@ -198,6 +199,7 @@ class NodeSet(nn.Module):
         self._route: Tensor | None = None
         self._generator: torch.Generator | None = None
         self._sample = True
+        self._scale = 1.0
         self._seen: set[int] = set()
         self._largest_input = 0
         self._layers = [m for _, m in selected]
@@ -208,23 +210,24 @@ class NodeSet(nn.Module):
         x = args[0]
         self._seen.add(index)
         self._largest_input = max(self._largest_input, x[0].numel() * x.element_size() if x.dim() else 0)
-        z = self.groups[index].draw(self._route, self._generator, self._sample).to(x.dtype)
+        z = self.groups[index].draw(self._route, self._generator, self._sample, self._scale).to(x.dtype)
         return (x * _broadcastable(z, x, module, self.layer_names[index]), *args[1:])
 
     @contextmanager
     def sampling(self, components: Tensor, *, generator: torch.Generator | None = None,
-                 sample: bool = True) -> Iterator["NodeSet"]:
+                 sample: bool = True, scale: float = 1.0) -> Iterator["NodeSet"]:
         """Turn the hooks on: example ``i`` of each forward uses component ``components[i]``.
 
         Args:
             components: ``(B,)`` component index of every example of the batch.
             generator: the random source of the node noise.
             sample: draw ``z ~ N(mu_k, sigma_k^2)``; ``False`` uses the component means.
+            scale: the node noise's scale at prediction, ``z = mu_k + scale * sigma_k * eps`` (1: the fitted posterior).
         """
         components = components.to(self.called.device, torch.long)
         if components.numel() and (components.min() < 0 or components.max() >= self.components):
             raise InputError(f"component indices must lie in [0, {self.components}), got {components.tolist()[:8]}...")
-        self._route, self._generator, self._sample = components, generator, sample
+        self._route, self._generator, self._sample, self._scale = components, generator, sample, scale
         self._seen, self._largest_input = set(), 0
         try:
             with hooked((layer, "input", partial(self._augment, index)) for index, layer in enumerate(self._layers)):
