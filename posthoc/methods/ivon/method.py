@@ -38,15 +38,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from posthoc.core.checks import non_negative, positive_int
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
+from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import held_out_nll, shift_aware_spread, shifted_held_out
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
@@ -194,26 +194,22 @@ class IVON(Method):
 
     def _fine_tune(self, weights: PrivateWeights, optimiser: Any, *, epochs: int, mc_samples: int, progress: bool) -> int:
         """IVON's training loop (``mc_samples`` sampled-weight gradients per step); returns the steps taken."""
-        generator, step = torch.Generator().manual_seed(self.seed), 0
-        bar = tqdm(desc="ivon", disable=not progress, leave=False)
-        try:
-            for _ in range(epochs):
-                for inputs, y in weights.epoch(generator):
-                    for _ in range(mc_samples):
-                        with optimiser.sampled_params(train=True):
-                            optimiser.zero_grad()
-                            loss = weights.loss(inputs, y)
-                            loss.backward()
-                            weights.average_gradients()  # under torch.distributed, before IVON reads them
-                    value = float(loss.detach())
-                    if not math.isfinite(value):
-                        raise NumericalError(f"the IVON loss became {value} at step {step + 1}; fit again with a lower lr")
-                    optimiser.step()
-                    step += 1
-                    bar.update(1)
-        finally:
-            bar.close()
-        return step
+        generator = torch.Generator().manual_seed(self.seed)
+
+        def sampled_loss(batch: tuple[Inputs, Tensor], step: Step) -> Tensor:
+            for _ in range(mc_samples):
+                with optimiser.sampled_params(train=True):
+                    optimiser.zero_grad()
+                    loss = weights.loss(*batch)
+                    loss.backward()
+                    weights.average_gradients()  # under torch.distributed, before IVON reads them
+            return loss
+
+        return fine_tune(
+            lambda epoch: weights.epoch(generator), sampled_loss, lambda loss, step: optimiser.step(), epochs=epochs,
+            total=None, desc="ivon", progress=progress,
+            failure=lambda value, step: f"the IVON loss became {value} at step {step.number + 1}; fit again with a lower lr",
+        )
 
     # ----------------------------------------------------------------- predicting
     def _rows(self, samples: range, generator: torch.Generator) -> Tensor:

@@ -43,15 +43,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from posthoc.core import distributed, settings
 from posthoc.core.checks import memory_bytes, non_negative, positive_int
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import parameter_owners
 from posthoc.core.registry import register
+from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
 from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
@@ -173,26 +173,25 @@ class SGLD(Method):
                 RuntimeWarning,
                 stacklevel=3,
             )
-        rows, step = [], 0
-        bar = tqdm(total=total, desc="sgld", disable=not progress, leave=False)
-        try:
-            for _ in range(epochs):
-                for inputs, y in weights.epoch(order):
-                    loss = weights.loss(inputs, y)
-                    if not math.isfinite(float(loss.detach())):
-                        raise NumericalError(f"the SGLD loss became {float(loss.detach())} at step {step + 1} (lr={lr:.3g}); fit again with a lower lr")
-                    for t in weights.trained:
-                        t.grad = None
-                    loss.backward()
-                    weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
-                    noise = self.temperature > 0 and adds_noise(step, total, cycles=self.cycles, exploration=exploration)
-                    chain.step(step_size(step, total, lr, cycles=self.cycles), noise=noise)
-                    if step in kept:
-                        rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
-                    step += 1
-                    bar.update(1)
-        finally:
-            bar.close()
+        rows: list[Tensor] = []
+
+        def update(loss: Tensor, step: Step) -> None:
+            for t in weights.trained:
+                t.grad = None
+            loss.backward()
+            weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
+            noise = self.temperature > 0 and adds_noise(step.number, total, cycles=self.cycles, exploration=exploration)
+            chain.step(step_size(step.number, total, lr, cycles=self.cycles), noise=noise)
+
+        def keep(step: Step) -> None:
+            if step.number in kept:
+                rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
+
+        fine_tune(
+            lambda epoch: weights.epoch(order), lambda batch, step: weights.loss(*batch), update, epochs=epochs,
+            total=total, desc="sgld", progress=progress, after_step=keep,
+            failure=lambda value, step: f"the SGLD loss became {value} at step {step.number + 1} (lr={lr:.3g}); fit again with a lower lr",
+        )
         self.samples = torch.stack(rows)
         self.schedule = torch.tensor([epochs, lr, self.cycles or 0, burn_in, exploration, total], dtype=torch.float64)
 
