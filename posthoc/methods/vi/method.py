@@ -35,8 +35,7 @@ from torch import nn
 from posthoc.core.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
-from posthoc.engine.variational_fit import ElboFit
-from posthoc.engine.variational_method import VariationalMethod
+from posthoc.engine.variational_method import ElboFit, VariationalMethod
 from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
 
 
