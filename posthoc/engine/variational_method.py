@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -30,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.checks import finite_non_negative, integer, memory_bytes, positive_int
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
@@ -56,9 +55,7 @@ class ElboFit:
     def __post_init__(self) -> None:
         positive_int(self.epochs, "epochs")
         for name in ("lr", "lr_scale"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
-                raise ConfigError(f"{name} must be a finite number >= 0 (0 keeps those parameters fixed), got {value!r}")
+            finite_non_negative(getattr(self, name), name, meaning=" (0 keeps those parameters fixed)")
 
 
 #: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
@@ -91,12 +88,10 @@ class VariationalMethod(Method):
             raise ConfigError(f"layers must be 'head', 'all' or a list of module names, got {layers!r}")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {head!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.layer_option = layers if isinstance(layers, str) else list(layers)
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
-        self.seed = seed
+        self.seed = integer(seed, "seed")
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         #: index in ``layers.names`` of the first variational layer the forward pass reaches (set at fit)

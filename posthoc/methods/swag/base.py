@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.core.checks import positive_int
+from posthoc.core.checks import finite_non_negative, fraction, integer, positive_finite, positive_int
 from posthoc.core.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, check_labels, run_model
 from posthoc.core.logits import class_log_probs
@@ -95,22 +95,18 @@ class SWAGBase(Method):
             raise ConfigError(f"cov must be True or False, got {cov!r}")
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)):
             raise ConfigError(f"scale must be a finite number >= 0 (0 gives SWA) or None, got {scale!r}")
-        if not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.subset = subset
         self.cov = cov
-        if isinstance(val_tolerance, bool) or not isinstance(val_tolerance, (int, float)) or not 0 <= val_tolerance < math.inf:
-            raise ConfigError(f"val_tolerance must be a finite number >= 0 (a fraction of held-out NLL), got {val_tolerance!r}")
         #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
-        self.val_tolerance = float(val_tolerance)
+        self.val_tolerance = finite_non_negative(val_tolerance, "val_tolerance", meaning=" (a fraction of held-out NLL)")
         #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
         self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
         self.stats_device = torch.device(stats_device) if stats_device is not None else None
-        self.seed = seed
+        self.seed = integer(seed, "seed")
         self.names: list[str] = []
         self.collector: SWAGCollector | None = None
         #: the fine-tuning that collected the moments: epochs, lr, collect_per_epoch, momentum, weight_decay
@@ -147,11 +143,9 @@ class SWAGBase(Method):
         shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
-            raise ConfigError(f"lr must be a positive finite number, or None (relative to the gradient scale), got {lr!r}")
+        positive_finite(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")
-        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-            raise ConfigError(f"momentum must lie in [0, 1), got {momentum!r}")
+        fraction(momentum, "momentum")
         if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
             raise ConfigError(f"weight_decay must be >= 0, got {weight_decay!r}")
         if not isinstance(include_pretrained, bool):
