@@ -143,7 +143,7 @@ def test_ivon_refuses_bad_options(options: dict, message: str, digits_model: nn.
 
 @pytest.mark.parametrize(("fit_options", "message"), [
     ({"lr": -0.1}, "lr must be a positive finite number"),
-    ({"beta2": 1.0}, r"beta2 must lie in \[0, 1\)"),
+    ({"beta2": 1.0}, r"beta2 must be a fraction in \[0, 1\)"),
     ({"hess_init": 0.0}, "hess_init must be a positive"),
     ({"mc_samples": 0}, "mc_samples must be a positive integer"),
     ({"ess": -5.0}, "ess must be a positive"),

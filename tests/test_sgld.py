@@ -140,7 +140,7 @@ def test_sgld_refuses_bad_options(options: dict, message: str, digits_model: nn.
 
 
 @pytest.mark.parametrize(("fit_options", "message"), [
-    ({"lr": -0.1}, "lr must be a positive finite step size"),
+    ({"lr": -0.1}, "lr must be a positive finite number"),
     ({"epochs": 0}, "epochs must be a positive integer"),
     ({"burn_in": 1.0}, r"burn_in must be a fraction in \[0, 1\)"),
     ({"exploration": -0.1}, "exploration must be a fraction"),

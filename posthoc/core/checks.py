@@ -52,3 +52,56 @@ def check_shift(shift: Any) -> Any:
         return shift
     raise ConfigError(f"shift must be None (clean validation data only), 'auto' (perturbations suited to the inputs) "
                       f"or a non-empty list of fit-time kind names and callables f(x, generator) -> x; got {shift!r}")
+
+
+def integer(value: Any, name: str) -> int:
+    """``value`` if it is an integer (not a bool), e.g. a seed.
+
+    Example:
+        >>> integer(0, "seed")
+        0
+    """
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def positive_finite(value: Any, name: str, *, none: str | None = None) -> Any:
+    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a learning rate; ``none`` says what
+    ``None`` means if it is allowed.
+
+    Example:
+        >>> positive_finite(1e-3, "lr"), positive_finite(None, "lr", none="set from the model")
+        (0.001, None)
+    """
+    if value is None and none is not None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        allowed = f", or None ({none})" if none is not None else ""
+        raise ConfigError(f"{name} must be a positive finite number{allowed}, got {value!r}")
+    return float(value)
+
+
+def finite_non_negative(value: Any, name: str, *, meaning: str = "") -> float:
+    """``value`` as a float if it is a finite number >= 0 (not a bool), e.g. a tolerance; ``meaning`` is added to
+    the message.
+
+    Example:
+        >>> finite_non_negative(0.02, "val_tolerance")
+        0.02
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(f"{name} must be a finite number >= 0{meaning}, got {value!r}")
+    return float(value)
+
+
+def fraction(value: Any, name: str) -> float:
+    """``value`` as a float in ``[0, 1)`` (not a bool), e.g. a momentum or the burn-in share of a chain.
+
+    Example:
+        >>> fraction(0.5, "burn_in")
+        0.5
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise ConfigError(f"{name} must be a fraction in [0, 1), got {value!r}")
+    return float(value)

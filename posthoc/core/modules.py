@@ -73,3 +73,21 @@ def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
     finally:
         for module, flag in flags:
             module.training = flag
+
+
+@contextmanager
+def requires_grad(model: nn.Module, flag: bool) -> Iterator[nn.Module]:
+    """Set every parameter's ``requires_grad`` to ``flag``, restoring each one's own flag afterwards.
+
+    Example:
+        >>> with requires_grad(model, False):
+        ...     loss.backward()          # only tensors outside the model get gradients
+    """
+    flags = [(p, p.requires_grad) for p in model.parameters()]
+    try:
+        for p, _ in flags:
+            p.requires_grad_(flag)
+        yield model
+    finally:
+        for p, was in flags:
+            p.requires_grad_(was)

@@ -22,24 +22,41 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.checks import finite_non_negative, integer, memory_bytes, positive_int
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
-from posthoc.core.inputs import Inputs, batch_size, iterate
+from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, requires_grad
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.hooks import called_in_order
-from posthoc.engine.kl_schedule import SCHEDULES
+from posthoc.engine.kl_schedule import SCHEDULES, KLSchedule
 from posthoc.engine.suffix import SuffixRunner
-from posthoc.engine.variational_fit import ElboFit, fit_elbo
+from posthoc.engine.elbo import maximise_elbo
 from posthoc.engine.variational_layers import LayerPosterior, VariationalLayers, sample_output, select_layers
+
+@dataclass(frozen=True)
+class ElboFit:
+    """The settings of one ELBO fit of a variational method; checked on construction."""
+
+    epochs: int = 3
+    lr: float = 1e-3
+    lr_scale: float = 1e-2
+    kl: KLSchedule = KLSchedule()
+
+    def __post_init__(self) -> None:
+        positive_int(self.epochs, "epochs")
+        for name in ("lr", "lr_scale"):
+            finite_non_negative(getattr(self, name), name, meaning=" (0 keeps those parameters fixed)")
+
 
 #: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
 FIT_RECORD = ("epochs", "lr", "lr_scale", "kl_weight", "kl_warmup", "kl_cycles", "kl_schedule")
@@ -71,12 +88,10 @@ class VariationalMethod(Method):
             raise ConfigError(f"layers must be 'head', 'all' or a list of module names, got {layers!r}")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {head!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.layer_option = layers if isinstance(layers, str) else list(layers)
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
-        self.seed = seed
+        self.seed = integer(seed, "seed")
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         #: index in ``layers.names`` of the first variational layer the forward pass reaches (set at fit)
@@ -127,7 +142,7 @@ class VariationalMethod(Method):
         self._follow_device()
         before = {k: v.detach().clone() for k, v in self.layers.state_dict().items()}
         try:
-            fit_elbo(self.model, self.layers, train_loader, options, progress=progress, desc=self.name)
+            self._maximise_elbo(train_loader, options, progress=progress)
         except BaseException:
             self.layers.load_state_dict(before)
             raise
@@ -136,6 +151,26 @@ class VariationalMethod(Method):
         kl = options.kl
         record = (options.epochs, options.lr, options.lr_scale, kl.weight, kl.warmup, kl.cycles, SCHEDULES.index(kl.kind))
         self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
+
+    def _maximise_elbo(self, train_loader: Iterable, options: ElboFit, *, progress: bool) -> None:
+        """:func:`~posthoc.engine.elbo.maximise_elbo` with the model in eval mode (dropout off, BatchNorm on
+        its running statistics) and its own parameters frozen (their ``requires_grad`` flags restored after):
+        Adam moves the posterior's locations at ``lr`` and its scales at ``lr_scale``."""
+        layers = self.layers
+        locations, scales = layers.parameter_groups()
+        groups = [{"params": params, "lr": lr} for params, lr in ((locations, options.lr), (scales, options.lr_scale)) if params and lr > 0]
+
+        def terms(x: Inputs, y: Tensor) -> tuple[Tensor, Tensor]:
+            with layers.sampling():
+                log_probs = class_log_probs(run_model(self.model, x))
+            return F.nll_loss(log_probs, check_labels(y, log_probs.shape[-1]).to(log_probs.device)), layers.kl()
+
+        hint = (f"lower lr (now {options.lr}) or lr_scale (now {options.lr_scale}). "
+                "The posterior was left as it was before fit")
+        with requires_grad(self.model, False), eval_mode(self.model):
+            maximise_elbo(terms, train_loader, optimizer=torch.optim.Adam(groups) if groups else None,
+                          trained=[*locations, *scales], kl=options.kl, epochs=options.epochs, device=self.device,
+                          desc=self.name, hint=hint, progress=progress)
 
     # ----------------------------------------------------------------- predict
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:

@@ -19,15 +19,16 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
-from tqdm.auto import tqdm
 
-from posthoc.core import distributed
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, requires_grad
+from posthoc.engine import elbo as engine_elbo
 from posthoc.engine.bn_refresh import batchnorm_layers, refresh_batchnorm
+from posthoc.engine.fine_tune import Step
+from posthoc.engine.kl_schedule import KLSchedule
 from posthoc.methods.ibnn.nodes import NodeSet
 
 
@@ -92,9 +93,10 @@ class ElboOptions:
         if self.batchnorm not in BATCHNORM_MODES:
             raise ConfigError(f"batchnorm must be one of {BATCHNORM_MODES}, got {self.batchnorm!r}")
 
-    def kl_weight(self, done: float) -> float:
-        """``beta_t`` after the fraction ``done`` of the steps: rises linearly to ``beta`` over ``kl_warmup``."""
-        return self.beta * min(1.0, done / self.kl_warmup) if self.kl_warmup > 0 else self.beta
+    @property
+    def kl_weight(self) -> KLSchedule:
+        """``beta_t`` over the fraction ``done`` of the steps: rises linearly to ``beta`` over ``kl_warmup``."""
+        return KLSchedule("linear", weight=self.beta, warmup=self.kl_warmup)
 
     def node_lr(self, done: float) -> float:
         """The node learning rate after the fraction ``done`` of the steps (see ``ANNEAL_START``).
@@ -146,7 +148,8 @@ def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options:
 
 
 def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
-    """Minimise ``NLL + beta_t * KL / N`` by SGD with Nesterov momentum, dropout off.
+    """Minimise ``NLL + beta_t * KL / N`` (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov
+    momentum, dropout off.
 
     BatchNorm layers use batch statistics (train mode) if ``options.batchnorm == "train"``, their
     running statistics otherwise. The node parameters take ``lr_nodes`` annealed to
@@ -154,56 +157,27 @@ def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, opti
     ``lr_weights`` (0 = frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a
     NaN/inf loss (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
     """
-    device = nodes.called.device
-    size = _dataset_size(train_loader)
-    if size is not None:  # the KL is scaled by the size of all shards together
-        size = distributed.total_examples(size)
-    steps_per_epoch = distributed.common_length(_length(train_loader), "iBNN fitting")
-    total = None if steps_per_epoch is None else options.epochs * steps_per_epoch
-
     node_params = list(nodes.parameters())
     weights = [p for p in model.parameters() if options.lr_weights > 0]
     groups = [{"params": node_params, "lr": options.lr_nodes, "weight_decay": 0.0}]
     if weights:
         groups.append({"params": weights, "lr": options.lr_weights, "weight_decay": options.weight_decay})
     optimizer = torch.optim.SGD(groups, momentum=options.momentum, nesterov=options.momentum > 0)
-    flags = [(p, p.requires_grad) for p in model.parameters()]
-    for p in model.parameters():
-        p.requires_grad_(options.lr_weights > 0)
-    bar = tqdm(total=total, desc="ibnn", disable=not progress, leave=False)
-    step = 0
-    try:
-        with batchnorm_training(model, options.batchnorm == "train"):
-            for epoch in range(options.epochs):
-                for index, (x, y) in enumerate(iterate(train_loader, device=device, progress=False, desc="ibnn fit")):
-                    if steps_per_epoch is not None and index >= steps_per_epoch:
-                        break  # under torch.distributed: every rank takes the same number of steps
-                    size = size or batch_size(x) * (steps_per_epoch or 1)
-                    done = step / total if total else epoch / options.epochs
-                    kl_weight = options.kl_weight(done)
-                    optimizer.param_groups[0]["lr"] = options.node_lr(done)
-                    nll, kl = elbo_terms(model, nodes, x, y, options.train_samples)
-                    loss = nll + kl_weight * kl / size
-                    nll, kl = nll.detach(), kl.detach()
-                    if not torch.isfinite(loss.detach()):
-                        raise NumericalError(
-                            f"the ELBO became {float(loss.detach())} at epoch {epoch + 1}, step {step + 1} (nll={float(nll):.4g}, "
-                            f"kl={float(kl):.4g}); lower lr_nodes (now {options.lr_nodes}) or beta. The checkpoint and "
-                            "this method's state were left as they were before fit"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    # the node variables live outside the model (in hooks), so there is no module for
-                    # DistributedDataParallel to wrap: average their gradients the way it would
-                    distributed.average_gradients([*node_params, *weights])
-                    optimizer.step()
-                    step += 1
-                    bar.update(1)
-                    bar.set_postfix(epoch=epoch + 1, nll=f"{float(nll):.4f}", kl=f"{float(kl):.1f}", beta=f"{kl_weight:.2f}")
-    finally:
-        bar.close()
-        for p, flag in flags:
-            p.requires_grad_(flag)
+
+    def anneal(step: Step) -> None:
+        optimizer.param_groups[0]["lr"] = options.node_lr(step.done)
+
+    hint = (f"lower lr_nodes (now {options.lr_nodes}) or beta. The checkpoint and this method's state were "
+            "left as they were before fit")
+    with requires_grad(model, options.lr_weights > 0), batchnorm_training(model, options.batchnorm == "train"):
+        # the node variables live outside the model (in hooks), so there is no module for
+        # DistributedDataParallel to wrap: the loop averages their gradients the way it would
+        engine_elbo.maximise_elbo(
+            lambda x, y: elbo_terms(model, nodes, x, y, options.train_samples), train_loader, optimizer=optimizer,
+            trained=[*node_params, *weights], kl=options.kl_weight,
+            epochs=options.epochs, device=nodes.called.device, desc="ibnn", hint=hint, progress=progress,
+            before_update=anneal, what="iBNN fitting",
+        )
 
 
 @torch.no_grad()
@@ -217,18 +191,3 @@ def refresh_batchnorm_sampling(model: nn.Module, nodes: NodeSet, loader: Iterabl
 
     refresh_batchnorm(model, sampled_batches())
 
-
-def _length(loader: Iterable) -> int | None:
-    try:
-        return len(loader)  # type: ignore[arg-type]
-    except TypeError:
-        return None
-
-
-def _dataset_size(loader: Iterable) -> int | None:
-    """``N`` for the KL scale: the loader's dataset length if known (else estimated from the first batch)."""
-    dataset = getattr(loader, "dataset", None)
-    try:
-        return len(dataset) if dataset is not None else None  # type: ignore[arg-type]
-    except TypeError:
-        return None

@@ -13,7 +13,7 @@ private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples``
   (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
   the backbone once and every head in one batched matmul (about the cost of one forward).
 
-Why every weight by default (``benchmarks/bench_sgld_ivon.py``, issue 15's protocol): on the
+Why every weight by default (measured by ``benchmarks/bench_sgld_ivon.py``): on the
 bundled digits models the head-only chain drifts from the checkpoint towards a more confident head
 (the features seen in eval mode are not those the head was trained on with dropout) and does not
 lower the NLL at 90 degrees (1.00-1.02x the plain model's), while 2 epochs over every weight at
@@ -43,15 +43,15 @@ from typing import Any
 
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from posthoc.core import distributed, settings
-from posthoc.core.checks import memory_bytes, non_negative, positive_int
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.checks import fraction, integer, memory_bytes, non_negative, positive_finite, positive_int
+from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import parameter_owners
 from posthoc.core.registry import register
+from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
 from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
@@ -60,13 +60,6 @@ from posthoc.methods.sgld.langevin import Langevin, adds_noise, check_schedule, 
 PRIORS = ("checkpoint", "zero")
 #: the fit options saved in the ``schedule`` buffer, in its order (``cycles`` 0 for plain SGLD)
 SCHEDULE = ("epochs", "lr", "cycles", "burn_in", "exploration", "steps")
-
-
-def fraction(value: Any, name: str) -> float:
-    """``value`` as a float in ``[0, 1)``."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
-        raise ConfigError(f"{name} must be a fraction in [0, 1), got {value!r}")
-    return float(value)
 
 
 @register
@@ -122,9 +115,7 @@ class SGLD(Method):
         self.prior = prior
         self.prior_precision = non_negative(prior_precision, "prior_precision")
         self.max_memory = memory_bytes(max_memory)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        self.seed = seed
+        self.seed = integer(seed, "seed")
         self.split = FeatureSplit(model, head) if layers == "head" else None
         #: the kept samples, one row each (head rows, or an "all" state's weights and BatchNorm statistics)
         self.register_buffer("samples", None)
@@ -144,8 +135,7 @@ class SGLD(Method):
         exploration: float = 0.8,
     ) -> None:
         positive_int(epochs, "epochs")
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
-            raise ConfigError(f"lr must be a positive finite step size, or None (set from the features), got {lr!r}")
+        positive_finite(lr, "lr", none="set from the features")
         burn_in, exploration = fraction(burn_in, "burn_in"), fraction(exploration, "exploration")
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(self.seed)  # the loader's shuffling and the copy's dropout, for "all"
@@ -173,26 +163,25 @@ class SGLD(Method):
                 RuntimeWarning,
                 stacklevel=3,
             )
-        rows, step = [], 0
-        bar = tqdm(total=total, desc="sgld", disable=not progress, leave=False)
-        try:
-            for _ in range(epochs):
-                for inputs, y in weights.epoch(order):
-                    loss = weights.loss(inputs, y)
-                    if not math.isfinite(float(loss.detach())):
-                        raise NumericalError(f"the SGLD loss became {float(loss.detach())} at step {step + 1} (lr={lr:.3g}); fit again with a lower lr")
-                    for t in weights.trained:
-                        t.grad = None
-                    loss.backward()
-                    weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
-                    noise = self.temperature > 0 and adds_noise(step, total, cycles=self.cycles, exploration=exploration)
-                    chain.step(step_size(step, total, lr, cycles=self.cycles), noise=noise)
-                    if step in kept:
-                        rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
-                    step += 1
-                    bar.update(1)
-        finally:
-            bar.close()
+        rows: list[Tensor] = []
+
+        def update(loss: Tensor, step: Step) -> None:
+            for t in weights.trained:
+                t.grad = None
+            loss.backward()
+            weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
+            noise = self.temperature > 0 and adds_noise(step.number, total, cycles=self.cycles, exploration=exploration)
+            chain.step(step_size(step.number, total, lr, cycles=self.cycles), noise=noise)
+
+        def keep(step: Step) -> None:
+            if step.number in kept:
+                rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
+
+        fine_tune(
+            lambda epoch: weights.epoch(order), lambda batch, step: weights.loss(*batch), update, epochs=epochs,
+            total=total, desc="sgld", progress=progress, after_step=keep,
+            failure=lambda value, step: f"the SGLD loss became {value} at step {step.number + 1} (lr={lr:.3g}); fit again with a lower lr",
+        )
         self.samples = torch.stack(rows)
         self.schedule = torch.tensor([epochs, lr, self.cycles or 0, burn_in, exploration, total], dtype=torch.float64)
 

@@ -41,8 +41,7 @@ from torch import nn
 from posthoc.core.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
-from posthoc.engine.variational_fit import ElboFit
-from posthoc.engine.variational_method import VariationalMethod
+from posthoc.engine.variational_method import ElboFit, VariationalMethod
 from posthoc.methods.sparse_vd.log_alpha import LogAlphaLayer
 from posthoc.methods.sparse_vd.pruning import check_threshold, pruned_copy, removed_weights, restricted, sparsity
 

@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError
 from posthoc.engine.variational_layers import VariationalLayers
 
@@ -42,8 +43,7 @@ def removed_weights(layers: VariationalLayers, threshold: float, *, random: bool
     """Per layer name, a boolean mask of the weights to remove: ``log alpha > threshold``, or with
     ``random=True`` as many weights per layer chosen at random (from a generator seeded with ``seed``)."""
     threshold = check_threshold(threshold)
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ConfigError(f"seed must be an integer, got {seed!r}")
+    integer(seed, "seed")
     removed = {name: (layers[name].log_alpha() > threshold).detach() for name in layers.names}
     if not random:
         return removed

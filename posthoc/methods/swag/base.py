@@ -25,17 +25,17 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from posthoc.core import distributed
-from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, NumericalError, PosteriorFileError
-from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.checks import finite_non_negative, fraction, integer, positive_finite, positive_int
+from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.core.inputs import Inputs, check_labels, run_model
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
-from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
+from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
+from posthoc.engine.held_out import held_out_nll, shift_aware_spread, shifted_held_out
 from posthoc.methods.swag.schedule import MIN_SCALE, relative_lr, widest_scale
 
 
@@ -95,22 +95,18 @@ class SWAGBase(Method):
             raise ConfigError(f"cov must be True or False, got {cov!r}")
         if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)):
             raise ConfigError(f"scale must be a finite number >= 0 (0 gives SWA) or None, got {scale!r}")
-        if not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
         self.subset = subset
         self.cov = cov
-        if isinstance(val_tolerance, bool) or not isinstance(val_tolerance, (int, float)) or not 0 <= val_tolerance < math.inf:
-            raise ConfigError(f"val_tolerance must be a finite number >= 0 (a fraction of held-out NLL), got {val_tolerance!r}")
         #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
-        self.val_tolerance = float(val_tolerance)
+        self.val_tolerance = finite_non_negative(val_tolerance, "val_tolerance", meaning=" (a fraction of held-out NLL)")
         #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
         self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
         self.stats_device = torch.device(stats_device) if stats_device is not None else None
-        self.seed = seed
+        self.seed = integer(seed, "seed")
         self.names: list[str] = []
         self.collector: SWAGCollector | None = None
         #: the fine-tuning that collected the moments: epochs, lr, collect_per_epoch, momentum, weight_decay
@@ -147,11 +143,9 @@ class SWAGBase(Method):
         shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
-        if lr is not None and (isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf):
-            raise ConfigError(f"lr must be a positive finite number, or None (relative to the gradient scale), got {lr!r}")
+        positive_finite(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")
-        if not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
-            raise ConfigError(f"momentum must lie in [0, 1), got {momentum!r}")
+        fraction(momentum, "momentum")
         if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:
             raise ConfigError(f"weight_decay must be >= 0, got {weight_decay!r}")
         if not isinstance(include_pretrained, bool):
@@ -203,15 +197,9 @@ class SWAGBase(Method):
         return scale, (plain, scores[scale])
 
     def _held_out_nll(self, loader: Iterable, log_probs: Callable[[Inputs], Tensor]) -> float:
-        """Mean NLL of ``log_probs`` over a labelled loader (every example counted once, across ranks too)."""
-        total = torch.zeros(2, dtype=torch.float64, device=self.device)
-        with torch.no_grad(), eval_mode(self.model):
-            for x, y in iterate(loader, device=self.device, progress=False, desc="swag scale"):
-                lp = log_probs(x)
-                total[0] -= lp.gather(-1, check_labels(y, lp.shape[-1]).unsqueeze(-1)).double().sum()
-                total[1] += lp.shape[0]
-        total = distributed.all_reduce_sum(total) if distributed.active() else total
-        return float(total[0] / total[1])
+        """:func:`~posthoc.engine.held_out.held_out_nll` with the model in eval mode."""
+        with eval_mode(self.model):
+            return held_out_nll(log_probs, loader, device=self.device)
 
     def _fine_tune(
         self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
@@ -222,14 +210,9 @@ class SWAGBase(Method):
         if lr is None:
             lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device)
         self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
-        optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
         if include_pretrained:
             self.collector.update(tuning.source)
-        try:
-            steps = len(loader)  # type: ignore[arg-type]
-        except TypeError:
-            steps = None
-        steps = distributed.common_length(steps, "SWAG fine-tuning")
+        steps = distributed.common_length(loader_length(loader), "SWAG fine-tuning")
         if steps is not None and collect_per_epoch > steps:
             warnings.warn(
                 f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; collecting after "
@@ -239,35 +222,37 @@ class SWAGBase(Method):
             )
             collect_per_epoch = steps
         collect_at = collect_steps(steps, collect_per_epoch) if steps is not None else set()
-        bar = tqdm(total=None if steps is None else epochs * steps, desc="swag fine-tune", disable=not progress, leave=False)
-        try:
-            for epoch in range(epochs):
-                step = -1
-                for step, (x, y) in enumerate(iterate(loader, device=self.device, progress=False, desc="swag fine-tune")):
-                    if steps is not None and step >= steps:
-                        break  # under torch.distributed: every rank takes the same number of steps
-                    logits = tuning.forward(x)
-                    loss = F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
-                    value = float(loss.detach())
-                    if not math.isfinite(value):
-                        raise NumericalError(
-                            f"the fine-tuning loss became {value} at epoch {epoch + 1}, step {step + 1} (lr={lr}); "
-                            f"stopped. The {self.collector.num_snapshots} snapshot(s) collected before are kept in "
-                            "um.method.collector; fit again with a lower lr"
-                        )
-                    optimizer.zero_grad(set_to_none=True)
-                    loss.backward()
-                    if tuning.averages_gradients:
-                        distributed.average_gradients(tuning.trained)
-                    optimizer.step()
-                    if step in collect_at:
-                        self.collector.update(tuning.source)
-                    bar.update(1)
-                    bar.set_postfix(loss=f"{value:.4f}", snapshots=self.collector.num_snapshots)
-                if steps is None and step >= 0:
-                    self.collector.update(tuning.source)
-        finally:
-            bar.close()
+        optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
+        collector = self.collector
+
+        def loss(batch: tuple[Inputs, Tensor], step: Step) -> Tensor:
+            logits = tuning.forward(batch[0])
+            return F.cross_entropy(logits.float(), check_labels(batch[1], logits.shape[-1]))
+
+        def update(loss: Tensor, step: Step) -> None:
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tuning.averages_gradients:
+                distributed.average_gradients(tuning.trained)
+            optimizer.step()
+            if step.index in collect_at:
+                collector.update(tuning.source)
+
+        def after_epoch(epoch: int, taken: int) -> None:
+            if steps is None and taken:  # a loader without a length: one snapshot at the end of each epoch
+                collector.update(tuning.source)
+
+        def failure(value: float, step: Step) -> str:
+            return (f"the fine-tuning loss became {value} at epoch {step.epoch + 1}, step {step.index + 1} (lr={lr}); "
+                    f"stopped. The {collector.num_snapshots} snapshot(s) collected before are kept in "
+                    "um.method.collector; fit again with a lower lr")
+
+        fine_tune(
+            lambda epoch: loader_batches(loader, device=self.device, steps=steps, desc="swag fine-tune"), loss, update,
+            epochs=epochs, total=None if steps is None else epochs * steps, failure=failure, desc="swag fine-tune",
+            progress=progress, after_epoch=after_epoch,
+            postfix=lambda value, step: {"loss": f"{value:.4f}", "snapshots": collector.num_snapshots},
+        )
         return lr
 
     # ----------------------------------------------------------------- saving and loading

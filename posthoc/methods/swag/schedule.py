@@ -19,7 +19,7 @@ normalises each test batch by its own statistics; in eval mode it matches this o
   the scale is chosen on held-out NLL (:func:`widest_scale`): the widest scale, by factors of 2
   from 0.5, whose NLL stays within ``(1 + tolerance)`` (2%) of the best of the checkpoint, the SWA
   mean and the scales tried, as Laplace chooses its prior precision; the in-distribution NLL then
-  stays within the 2% issue 15 allows over the checkpoint.
+  stays within 2% of the checkpoint's.
 
 Example:
     >>> widest_scale(lambda s: 0.1 * (1 + 0.008 * s), plain_nll=0.11, tolerance=0.02)   # within 0.102 up to s = 2

@@ -8,7 +8,7 @@ maximises the ELBO with one local-reparameterisation draw per example (Kingma et
 the KL weight annealed by ``kl_schedule`` (:mod:`posthoc.engine.kl_schedule`); the user's model
 is never changed (:mod:`posthoc.engine.variational_method`).
 
-Defaults (issue 15's protocol, ``python benchmarks/quality.py --quick --archs digits_cnn digits_bn_cnn
+Defaults (measured by ``python benchmarks/quality.py --quick --archs digits_cnn digits_bn_cnn
 --methods none vi sparse-vd``): the head, ``init_std=0.2``, prior ``N(0, 1)``, 3 epochs with a linear
 KL warm-up. NLL at 0 / 45 / 90 degrees: ``digits_cnn`` 0.074 / 2.43 / 6.17 against the plain model's
 0.076 / 2.73 / 6.37, ``digits_bn_cnn`` 0.126 / 2.46 / 4.32 against 0.124 / 2.86 / 4.82, for 7-9 s
@@ -35,8 +35,7 @@ from torch import nn
 from posthoc.core.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
-from posthoc.engine.variational_fit import ElboFit
-from posthoc.engine.variational_method import VariationalMethod
+from posthoc.engine.variational_method import ElboFit, VariationalMethod
 from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
 
 

@@ -1,0 +1,124 @@
+"""One fine-tuning loop for every method that trains from the checkpoint (SWAG, SGLD, IVON, the ELBO fits).
+
+:func:`fine_tune` runs ``epochs`` passes over the batches a method gives, with a progress bar. Each
+step asks the method for the batch's loss, refuses a NaN/inf loss with a
+:class:`~posthoc.NumericalError` worded by the method (before the update: the method's state
+stays as the last finite step left it, and the caller restores what it must), then lets the method
+update its weights. What a method does between steps (a SWAG snapshot, an SGLD sample, a learning
+rate of a schedule) goes in the hooks, in the spirit of ``torch.optim.swa_utils``: the loop owns
+the iteration, the method owns the maths.
+
+Example:
+    >>> optimizer = torch.optim.SGD(weights, lr=0.1)
+    >>> def update(loss, step):
+    ...     optimizer.zero_grad(); loss.backward(); optimizer.step()
+    >>> fine_tune(lambda epoch: batches, lambda batch, step: loss_of(*batch), update, epochs=2, total=None,
+    ...           failure=lambda value, step: f"the loss became {value}", desc="demo", progress=False)
+    8
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from posthoc.core.errors import NumericalError
+from posthoc.core.inputs import Inputs, iterate
+
+Batch = TypeVar("Batch")
+
+
+@dataclass(frozen=True)
+class Step:
+    """Where the loop stands: ``epoch`` and ``index`` within it, ``number`` over the run (all 0-based), and
+    the run's ``total`` steps (``None`` for a loader without a length)."""
+
+    epoch: int
+    index: int
+    number: int
+    epochs: int
+    total: int | None
+
+    @property
+    def done(self) -> float:
+        """The fraction of the run before this step (by epochs where the total is unknown).
+
+        Example:
+            >>> Step(epoch=1, index=0, number=4, epochs=2, total=8).done
+            0.5
+        """
+        return self.number / self.total if self.total else self.epoch / self.epochs
+
+
+def fine_tune(
+    epoch_batches: Callable[[int], Iterable[Batch]],
+    loss: Callable[[Batch, Step], Tensor],
+    update: Callable[[Tensor, Step], None],
+    *,
+    epochs: int,
+    total: int | None,
+    failure: Callable[[float, Step], str],
+    desc: str,
+    progress: bool,
+    after_step: Callable[[Step], None] | None = None,
+    after_epoch: Callable[[int, int], None] | None = None,
+    postfix: Callable[[float, Step], dict[str, Any]] | None = None,
+) -> int:
+    """Run ``epochs`` passes of ``loss`` then ``update`` over ``epoch_batches(epoch)``; returns the steps taken.
+
+    Args:
+        epoch_batches: the batches of one epoch (the method truncates them, e.g. to a common length).
+        loss: the loss of one batch (a scalar tensor; ``update`` may call ``backward`` on it).
+        update: the step on the weights after a finite loss.
+        epochs, total: the number of passes, and the steps in all (``None``: unknown, for the bar only).
+        failure: the message of the :class:`~posthoc.NumericalError` raised on a NaN/inf loss.
+        desc, progress: the progress bar's label, and whether it shows.
+        after_step: called after every update (snapshots, samples).
+        after_epoch: called after every epoch with its index and the steps it took.
+        postfix: the progress bar's fields after a step.
+    """
+    number = 0
+    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    try:
+        for epoch in range(epochs):
+            index = -1
+            for index, batch in enumerate(epoch_batches(epoch)):
+                step = Step(epoch=epoch, index=index, number=number, epochs=epochs, total=total)
+                value_tensor = loss(batch, step)
+                value = float(value_tensor.detach())
+                if not math.isfinite(value):
+                    raise NumericalError(failure(value, step))
+                update(value_tensor, step)
+                if after_step is not None:
+                    after_step(step)
+                number += 1
+                bar.update(1)
+                if postfix is not None:
+                    bar.set_postfix(**postfix(value, step))
+            if after_epoch is not None:
+                after_epoch(epoch, index + 1)
+    finally:
+        bar.close()
+    return number
+
+
+def loader_batches(loader: Iterable, *, device: Any, steps: int | None, desc: str) -> Iterator[tuple[Inputs, Tensor]]:
+    """One epoch of ``(x, y)`` from ``loader`` on ``device``, at most ``steps`` of them (``None``: all): under
+    ``torch.distributed`` every rank takes the same number of steps."""
+    for index, batch in enumerate(iterate(loader, device=device, progress=False, desc=desc)):
+        if steps is not None and index >= steps:
+            break
+        yield batch
+
+
+def loader_length(loader: Iterable) -> int | None:
+    """``len(loader)``, or ``None`` for a loader without a length."""
+    try:
+        return len(loader)  # type: ignore[arg-type]
+    except TypeError:
+        return None
