@@ -109,6 +109,7 @@ class DensityAwareCalibration(Method):
     name = "dac"
     needs_val = True
     stacks = True
+    demo_configs = (("DAC", {}), ("Laplace + DAC", {"on": ["laplace"]}))
 
     def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
                  anchor: float = 0.9, val_tolerance: float = 0.01, head: str | None = None,
