@@ -172,7 +172,8 @@ class ImplicitBNN(Method):
             "train_samples": train_samples, "batchnorm": batchnorm}))
         checkpoint = None
         if self.scale_option is None and val_loader is not None:  # the checkpoint, before the fine-tune moves it
-            checkpoint = self._checkpoint_held_out(val_loader, shift)
+            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
+                checkpoint = self._checkpoint_held_out(val_loader, shift)  # the fit draws as without it
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
@@ -234,6 +235,9 @@ class ImplicitBNN(Method):
                     scale = shift_aware_spread(scale, [s for s in reversed(SCALES) if s < scale], nll_at=nll_at,
                                                loader=val_loader, shifted=shifted, known=scores, limit=limit)
         self.scale_fit = torch.tensor([scale, plain, scores[scale]], dtype=torch.float64, device=self.fit_settings.device)
+        # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
+        # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order
+        self._expanded_row_bytes.clear()
 
     def summary(self) -> dict[str, Any]:
         """The node posterior for the model card: ``random_variables`` is the number of node variables per
