@@ -4,9 +4,10 @@ For a linear head the GGN is exact and closed-form from one pass:
 ``Σ_n (diag p_n - p_n p_nᵀ) ⊗ phĩ_n phĩ_nᵀ``, a ``C(D+1) x C(D+1)`` matrix (parameters class-major
 over ``phĩ = [phi, 1]``). The posterior is ``Σ = R Rᵀ`` with ``R = V diag((λ + δ)^-½)``.
 
-Head logits: their variance needs only the ``C`` diagonal blocks ``Σ_cc`` (``(D+1) x (D+1)``
-each, taken once per prior precision): ``s_c² = phĩᵀ Σ_cc phĩ``, which is all the probit link
-reads. The full ``C x C`` covariance ``(I ⊗ phĩᵀ) R`` times its transpose, and its
+Head logits: their variance needs only the ``C`` diagonal blocks ``Σ_cc = V_c diag(σ_c) V_cᵀ``
+(``(D+1) x (D+1)`` each, eigen-decomposed once per prior precision): ``s_c² = Σ_k σ_ck (V_cᵀ phĩ)_k²``,
+a sum of non-negative terms computed in the features' dtype (as KFAC's), which is all the probit
+link reads. The full ``C x C`` covariance ``(I ⊗ phĩᵀ) R`` times its transpose, and its
 eigen-factor, are made only for the links that need them (``mc``, ``bridge``).
 
 Example:
@@ -32,8 +33,9 @@ class FullCurvature(Curvature):
 
     def __init__(self, name: str = "") -> None:
         super().__init__(name)
-        #: ``((δ, eigvecs, versions), Σ_cc)``: the head's diagonal posterior blocks at the last prior precision
-        self._head_blocks: tuple[tuple, Tensor] | None = None
+        #: ``((δ, eigvecs, versions, dtype), (V, S))``: the head's diagonal posterior blocks at the last δ (see
+        #: :meth:`_diagonal_blocks`)
+        self._head_blocks: tuple[tuple, tuple[Tensor, Tensor]] | None = None
 
     @classmethod
     def from_matrix(cls, matrix: Tensor, name: str = "") -> FullCurvature:
@@ -68,22 +70,24 @@ class FullCurvature(Curvature):
             projected = torch.einsum("nd,cdp->ncp", wide, root)
             return projected @ projected.transpose(1, 2)
 
-        blocks = self._diagonal_blocks(prior_precision, classes, width).to(dtype)
-        variance = (torch.matmul(wide, blocks) * wide).sum(-1).T  # phĩᵀ Σ_cc phĩ, (n, C)
-        out = phi_aug.dtype
-        return DenseLogitGaussian(mean.to(out), covariance, variance.clamp_min(0).to(out))
+        vectors, spread = self._diagonal_blocks(prior_precision, classes, width, phi_aug.dtype)
+        variance = (phi_aug @ vectors).square_() @ spread  # Σ_k σ_ck (V_cᵀ phĩ)_k², (n, C)
+        return DenseLogitGaussian(mean.to(phi_aug.dtype), covariance, variance)
 
-    def _diagonal_blocks(self, prior_precision: float, classes: int, width: int) -> Tensor:
-        """``Σ_cc`` ``(C, D+1, D+1)``, kept for the last prior precision and these buffers."""
-        key = (float(prior_precision), self.eigvecs, self.eigvecs._version, self.eigvals._version)
+    def _diagonal_blocks(self, prior_precision: float, classes: int, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """``V = [V_1 ... V_C]`` ``(D+1, C (D+1))``, the eigenvectors of every ``Σ_cc`` side by side, and
+        ``S`` ``(C (D+1), C)`` with their eigenvalues ``σ_c`` in column ``c``: two products give the
+        variance. Kept, in ``dtype``, for the last prior precision and these buffers."""
+        key = (float(prior_precision), self.eigvecs, self.eigvecs._version, self.eigvals._version, dtype)
         if self._head_blocks is not None:
-            (delta, vectors, *versions), blocks = self._head_blocks
-            if delta == key[0] and vectors is key[1] and versions == list(key[2:]):
+            (delta, vectors, *rest), blocks = self._head_blocks
+            if delta == key[0] and vectors is key[1] and rest == list(key[2:]):
                 return blocks
         root = self.root(prior_precision).reshape(classes, width, -1)
-        blocks = root @ root.transpose(1, 2)
-        self._head_blocks = (key, blocks)
-        return blocks
+        values, vectors = torch.linalg.eigh(root @ root.transpose(1, 2))  # (C, D+1), (C, D+1, D+1)
+        spread = torch.block_diag(*values.clamp_min(0)[:, :, None])  # (C (D+1), C)
+        self._head_blocks = (key, (vectors.permute(1, 0, 2).reshape(width, -1).to(dtype), spread.to(dtype)))
+        return self._head_blocks[1]
 
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
         if a is None:
