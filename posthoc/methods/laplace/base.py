@@ -281,11 +281,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self._settle()
         return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples, max_memory)
 
-    def budget(self, max_memory: int | None) -> int | None:
-        """The bytes a chunk of the predictive may use: this method's ``max_memory`` option, else the
-        call's ``max_memory``, else ``None`` (``posthoc.settings.max_memory`` when planned)."""
-        return self.max_memory if self.max_memory is not None else max_memory
-
     @abc.abstractmethod
     def _prepare(self, x: Inputs) -> Any:
         """What the predictive needs of inputs ``x`` at any prior precision (cached by the grid search)."""
@@ -293,7 +288,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int,
                     max_memory: int | None = None) -> LogPredictive:
-        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under :meth:`budget`."""
+        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under this method's
+        ``max_memory`` option, else ``max_memory`` (:func:`~posthoc.core.chunks.call_budget`)."""
 
     @abc.abstractmethod
     def _map_log_probs(self, inputs: Any) -> Tensor:

@@ -32,6 +32,7 @@ from torch import Tensor
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.logits import log_mean_exp
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.random_draws import randn
 
 LINKS = ("probit", "mc", "bridge")
@@ -181,6 +182,13 @@ def log_predictive(g: GaussianLogits, link: str, num_samples: int, generator: to
     raise ConfigError(f"link must be one of {LINKS}, got {link!r}")
 
 
+def _link(g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`log_predictive`, on one CPU thread when its tensors are small (a few elementwise ops on ``(S, n, C)``)."""
+    elements = g.mean.numel() * (1 + (num_samples if link == "mc" else 0))
+    with single_thread_if(g.mean.device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+        return log_predictive(g, link, num_samples, generator)
+
+
 def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
     """Bytes one input row keeps alive in the logits' mean, scale and ``link`` (for :mod:`posthoc.core.chunks`):
     about seven ``C``-vectors, and for ``mc`` three ``S x C`` blocks of logit samples.
@@ -203,7 +211,7 @@ def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice
         >>> chunked_log_predictive(5, 10**6, gaussian, "mc", 4, max_memory=2 * 10**6)[1].shape
         torch.Size([4, 5, 3])
     """
-    parts = [log_predictive(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
+    parts = [_link(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
     log_probs = torch.cat([chunk for chunk, _ in parts])
     if parts[0][1] is None:
         return log_probs, None

@@ -23,10 +23,12 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import settings
+from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace, class_labels
@@ -103,12 +105,14 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                     max_memory: int | None = None) -> LogPredictive:
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        phi_aug = augment(phi.to(dtype), self._has_bias)
-        return glm.chunked_log_predictive(
-            phi.shape[0], self.row_bytes(num_samples, dtype),
-            lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
-            self.link, num_samples, generator, max_memory=self.budget(max_memory),
-        )
+        row_bytes = self.row_bytes(num_samples, dtype)
+        # a small head's predictive is a few tiny tensor ops: on one CPU thread, none waits on another
+        with single_thread_if(phi.device.type == "cpu" and phi.shape[0] * row_bytes <= SMALL_WORK_BYTES):
+            phi_aug = augment(phi.to(dtype), self._has_bias)
+            return glm.chunked_log_predictive(
+                phi.shape[0], row_bytes, lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
+                self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
+            )
 
     def row_bytes(self, num_samples: int, dtype: torch.dtype) -> int:
         """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.

@@ -30,6 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
+from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -126,7 +127,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         return glm.chunked_log_predictive(
             batch_size(x), row_bytes,
             lambda rows: subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision),
-            self.link, num_samples, generator, max_memory=self.budget(max_memory),
+            self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
         )
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
