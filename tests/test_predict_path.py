@@ -1,5 +1,5 @@
-"""The predict path: the budget reaches the method as an argument, the chunk plan is learnt once, and
-Laplace's predict runs the model once per chunk (no probe forwards)."""
+"""The predict path: the budget reaches the method as an argument, and Laplace's predict runs the model
+once per chunk (no probe forwards)."""
 
 from __future__ import annotations
 
@@ -26,21 +26,11 @@ class Recorder(posthoc.Method):
         return torch.log_softmax(self.model(x), -1), None
 
 
-def test_the_budget_is_an_argument_and_the_plan_is_learnt_once() -> None:
+def test_the_budget_is_an_argument_not_a_setting() -> None:
     um = UncertainModel(Recorder(nn.Linear(3, 4)), [])
-    x = torch.randn(50, 3)
     setting = posthoc.settings.max_memory
-    um.predict(x, max_memory=2**20)
+    um.predict(torch.randn(50, 3), max_memory=2**20)
     assert um.method.calls == [(PROBE_EXAMPLES, 2**19, setting), (50 - PROBE_EXAMPLES, 2**19, setting)]
-    um.method.calls.clear()
-    um.predict(x, max_memory=2**20)
-    assert um.method.calls == [(50, 2**19, setting)]  # one chunk: no sample to bound, the plan is known
-
-
-def _calls_of(model: nn.Module) -> list[int]:
-    sizes: list[int] = []
-    model.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
-    return sizes
 
 
 def test_laplace_predict_runs_the_model_once_per_chunk() -> None:
@@ -50,11 +40,13 @@ def test_laplace_predict_runs_the_model_once_per_chunk() -> None:
     loader = DataLoader(TensorDataset(x, y), batch_size=20)
     for options in ({"hessian": "kron"}, {"hessian": "full"}, {"subset": ["2", "4"]}):
         um = posthoc.wrap(model, method="laplace", prior_precision=1.0, **options).fit(loader, progress=False)
-        um.predict(x[:10])  # learns the plan
-        sizes = _calls_of(model)
-        um.predict(x[:40])
-        assert sizes == [40], (options, sizes)
-        model._forward_pre_hooks.clear()
+        sizes: list[int] = []
+        handle = model.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+        try:
+            um.predict(x[:40])
+        finally:
+            handle.remove()
+        assert sizes == [PROBE_EXAMPLES, 40 - PROBE_EXAMPLES], (options, sizes)  # the chunks, and nothing else
 
 
 def test_all_finite_reads_a_sum_and_checks_element_by_element_only_when_it_is_not_finite() -> None:

@@ -4,9 +4,9 @@ It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a
 :class:`~posthoc.Prediction`, checks inputs, streams large batches in chunks under the memory
 budget, keeps the user's model in its own train/eval state, and saves the fitted posterior.
 
-The predict path: the chunks are cut so that their samples fit the budget, from the size of one
-example's samples; the first call learns it from a first chunk of at most :data:`PROBE_EXAMPLES`
-rows and remembers it (per ``num_samples``, until the next ``fit``). Each chunk's
+The predict path: a first chunk of at most :data:`PROBE_EXAMPLES` rows tells the size of one
+example's samples, and the rest is cut into chunks whose samples fit the budget (the same chunks
+for the same call, so a generator gives the same draws). Each chunk's
 ``log_predictive`` gets what is left of the budget as its ``max_memory`` argument (when it takes
 one), and its log-probabilities are normalised once, by a softmax in float32.
 
@@ -42,7 +42,7 @@ from posthoc.core.prediction import Prediction
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 
 
-#: examples in the first chunk of the first ``predict``, which tells the size ``(S, C)`` of an example's samples
+#: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
 #: float32 copies of an example's ``(S, C)`` samples that ``predict`` holds at once: the method's
 #: log-probabilities with their exp, then the exp with its entropy terms. While the method works, one
@@ -94,8 +94,6 @@ class UncertainModel(nn.Module):
         self.fingerprint = fingerprint
         #: the data and cost of the last fit (saved with the posterior; ``None`` before fit)
         self.fit_record: FitRecord | None = None
-        #: bytes of one example's samples per ``num_samples``, seen by ``predict`` since the last fit
-        self._sample_bytes: dict[int | None, int] = {}
 
     @property
     def methods(self) -> list[str]:
@@ -138,7 +136,6 @@ class UncertainModel(nn.Module):
         if not self.method.works_on_copy:
             self.fingerprint = persistence.fingerprint(self.method.base_model)
         train_loader, val_loader = counting(train_loader), counting(val_loader)
-        self._sample_bytes.clear()
         _fit_chain(self.method, train_loader, val_loader, progress, {**fit_options, "shift": shift})
         self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
                                     time.perf_counter() - wall, time.process_time() - cpu)
@@ -155,8 +152,8 @@ class UncertainModel(nn.Module):
             num_samples: overrides the method's number of samples, where it samples.
             generator: a ``torch.Generator`` for reproducible sampling.
             chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``);
-                chunks are smaller when the ``SAMPLE_COPIES`` copies of their ``(S, n, C)`` samples would
-                exceed the memory budget (the first call learns ``S`` and ``C`` from a small first chunk).
+                after a first small chunk that tells ``S`` and ``C``, chunks are smaller when the
+                ``SAMPLE_COPIES`` copies of their ``(S, n, C)`` samples would exceed the memory budget.
             keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
             max_memory: bytes the per-sample tensors of one chunk may use in this call (default
@@ -181,16 +178,11 @@ class UncertainModel(nn.Module):
         options = {"num_samples": num_samples, "generator": generator}
         if takes_budget(type(self.method)):
             options["max_memory"] = method_budget
-        known = self._sample_bytes.get(num_samples)
-        if known is None:  # a few rows tell the size of one example's samples
-            first_size = min(total, chunk_size, PROBE_EXAMPLES)
-        else:
-            first_size = min(total, rows_per_chunk(SAMPLE_COPIES * known, max_memory=budget, limit=chunk_size))
+        first_size = min(total, chunk_size, PROBE_EXAMPLES)
         first = self._predict_chunk(slice_inputs(x, 0, first_size), options)
-        self._sample_bytes[num_samples] = sample_row_bytes(first)
         if total == first_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)
-        step = rows_per_chunk(SAMPLE_COPIES * self._sample_bytes[num_samples], max_memory=budget, limit=chunk_size)
+        step = rows_per_chunk(SAMPLE_COPIES * sample_row_bytes(first), max_memory=budget, limit=chunk_size)
         out = Prediction.empty_like(first, total, keep_samples)
         out.write(0, first)
         del first  # its samples would stay alive beside every later chunk's
