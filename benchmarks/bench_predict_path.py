@@ -175,7 +175,8 @@ def run_llla(rounds: int) -> str:
             for name in names[r % len(names):] + names[:r % len(names)]:
                 times[name].append(timed(calls[name]))
     plain = times[names[0]]
-    lines = [f"### LLLA probit predict on the 1,000 test digits, bundled digits CNN ({torch.get_num_threads()} threads, "
+    threads = torch.get_num_threads()
+    lines = [f"### LLLA probit predict on the 1,000 test digits, bundled digits CNN ({threads} thread{'s' * (threads > 1)}, "
              f"{rounds} rounds)\n",
              "| what | wall s (median) | ratio to plain (median over rounds) | CPU s (median) | CPU ratio | cpu/wall | target |",
              "|---|---|---|---|---|---|---|"]
