@@ -2,25 +2,32 @@
 
 Run by hand (not by pytest)::
 
-    python benchmarks/bench_predict_path.py            # both models
-    python benchmarks/bench_predict_path.py tiny       # one: digits | tiny
+    python benchmarks/bench_predict_path.py                   # every part
+    python benchmarks/bench_predict_path.py llla --threads 1 --rounds 41 --out benchmarks/results/predict_path.md
+    python benchmarks/bench_predict_path.py tiny              # one part: llla | digits | tiny
 
-Models: the bundled digits CNN (28x28, dropout) and a tiny CNN (~29k parameters, 8x8 inputs)
-trained here in seconds on scikit-learn's digits. For each, back to back in one process:
+Parts:
 
-- last-layer Laplace fit (KFAC + marglik) over the fit data / one plain forward over it (target <= 1.1x);
-- last-layer Laplace probit predict / plain forward on a batch of 500 (target <= 1.1x);
-- head MC dropout, S=100, shared masks / plain forward on the same batch (target <= 1.2x);
-- single-example latency, p50 and p99 over 1,000 calls, for the plain model and every method.
-
-A "floor" row times one log-softmax and exp over ``(S=100, N, C)`` random logits: where the model's
-forward pass costs less than that (the tiny CNN), no sampling method can come near 1.2x of it.
+- ``llla``: last-layer Laplace probit predict (``hessian="kron"`` and ``"full"``, fitted with the
+  defaults on the 2,400 fit digits and 600 validation digits) on the 1,000 test digits against one
+  plain forward ``model(x)`` of the bundled LeNet-sized digits CNN (targets <= 1.05x kron, <= 1.1x
+  full). Plain, kron and full run one call each per round, in a rotating order, so that a busy
+  neighbour slows all three alike; the ratios are medians over rounds of each round's ratio.
+- ``digits`` / ``tiny``: the bundled digits CNN (28x28, dropout) and a tiny CNN (~29k parameters,
+  8x8 inputs) trained here in seconds on scikit-learn's digits. For each, back to back in one
+  process: last-layer Laplace fit (KFAC + marglik) over the fit data / one plain forward over it
+  (target <= 1.1x); last-layer Laplace probit predict / plain forward on a batch of 500 (target
+  <= 1.1x); head MC dropout, S=100, shared masks / plain forward on the same batch (target <= 1.2x);
+  single-example latency, p50 and p99 over 1,000 calls, for the plain model and every method. A
+  "floor" row times one log-softmax and exp over ``(S=100, N, C)`` random logits: where the model's
+  forward pass costs less than that (the tiny CNN), no sampling method can come near 1.2x of it.
 
 Medians of repeats, CPU time beside wall time (a cpu/wall far below the thread count was contended).
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import sys
 import time
@@ -38,6 +45,7 @@ from benchmarks.timing import HEADER, measure, row  # noqa: E402
 
 warnings.filterwarnings("ignore")
 TARGETS = {"laplace fit": 1.1, "laplace probit predict": 1.1, "mc-dropout head S=100 predict": 1.2}
+LLLA_TARGETS = {"kron": 1.05, "full": 1.1}
 
 
 def digits_cnn() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
@@ -139,8 +147,72 @@ def run(name: str, build) -> None:
         print(f"| {label} | {p50:.3f} | {p99:.3f} | {p50 / base50:.2f}x |")
 
 
+def timed(fn) -> tuple[float, float]:
+    """Wall and process-CPU seconds of one call of ``fn``."""
+    wall, cpu = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - wall, time.process_time() - cpu
+
+
+def run_llla(rounds: int) -> str:
+    """LLLA probit predict (kron, full) against a plain forward on the 1,000 test digits; returns the Markdown."""
+    from posthoc.demo import data, zoo
+
+    splits = data.load_digits()
+    model = zoo.pretrained()
+    x = splits.test.tensors[0][:1000]
+    fit, val = data.loader(splits.fit, batch_size=256), data.loader(splits.calibration, batch_size=256)
+    calls = {"plain forward model(x)": lambda: model(x)}
+    for hessian in LLLA_TARGETS:
+        um = posthoc.wrap(model, method="laplace", hessian=hessian).fit(fit, val, progress=False)
+        calls[f"LLLA {hessian} probit predict"] = lambda um=um: um.predict(x)
+    times = {name: [] for name in calls}
+    names = list(calls)
+    with torch.no_grad():
+        for fn in calls.values():  # warm up
+            fn()
+        for r in range(rounds):
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(timed(calls[name]))
+    plain = times[names[0]]
+    threads = torch.get_num_threads()
+    lines = [f"### LLLA probit predict on the 1,000 test digits, bundled digits CNN ({threads} thread{'s' * (threads > 1)}, "
+             f"{rounds} rounds)\n",
+             "| what | wall s (median) | ratio to plain (median over rounds) | CPU s (median) | CPU ratio | cpu/wall | target |",
+             "|---|---|---|---|---|---|---|"]
+    verdicts = []
+    for name in names:
+        walls, cpus = [t[0] for t in times[name]], [t[1] for t in times[name]]
+        ratio = statistics.median(w / p[0] for w, p in zip(walls, plain))
+        cpu_ratio = statistics.median(c / p[1] for c, p in zip(cpus, plain))
+        cpu_per_wall = statistics.median(c / w for w, c in zip(walls, cpus))
+        hessian = name.split()[1] if name.startswith("LLLA") else None
+        target = f"<= {LLLA_TARGETS[hessian]}x: {'met' if ratio <= LLLA_TARGETS[hessian] else 'MISSED'}" if hessian else ""
+        if hessian:
+            verdicts.append(f"{hessian} {ratio:.3f}x")
+        lines.append(f"| {name} | {statistics.median(walls):.4f} | {ratio:.3f}x | {statistics.median(cpus):.4f} | {cpu_ratio:.3f}x | "
+                     f"{cpu_per_wall:.2f} | {target} |")
+    lines.append(f"\nratios to a plain forward: {'; '.join(verdicts)}")
+    return "\n".join(lines)
+
+
 MODELS = {"digits": ("bundled digits CNN", digits_cnn), "tiny": ("tiny CNN on 8x8 digits", tiny_cnn)}
 
 if __name__ == "__main__":
-    for key in sys.argv[1:] or list(MODELS):
-        run(*MODELS[key])
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("parts", nargs="*", choices=["llla", *MODELS], help="parts to run (default: all)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--rounds", type=int, default=41, help="rounds of the llla part (one call of each per round)")
+    parser.add_argument("--out", default=None, help="also write the llla part's Markdown here, with the command")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for part in args.parts or ["llla", *MODELS]:
+        if part != "llla":
+            run(*MODELS[part])
+            continue
+        table = run_llla(args.rounds)
+        print(table)
+        if args.out:
+            command = "python " + " ".join(["benchmarks/bench_predict_path.py", *sys.argv[1:]])
+            Path(args.out).write_text(f"command: {command}\n\n{table}\n")

@@ -11,7 +11,8 @@ import torch
 
 import posthoc
 from posthoc.demo import zoo
-from posthoc.methods.laplace.glm_predictive import LogitGaussian, bridge_log_probs, kron_logits, mc_log_probs, probit_log_probs
+from posthoc.methods.laplace.glm_predictive import LogitGaussian, bridge_log_probs, mc_log_probs, probit_log_probs
+from posthoc.methods.laplace.kron import KronCurvature
 from posthoc.core.prediction import Prediction
 
 
@@ -47,9 +48,10 @@ def test_kron_logit_gaussian_compiles_without_graph_breaks() -> None:
     generator = torch.Generator().manual_seed(0)
     phi, mean = torch.randn(6, 4, generator=generator), torch.randn(6, 3, generator=generator)
     in_vecs, out_vecs = torch.linalg.qr(torch.randn(4, 4, generator=generator))[0], torch.linalg.qr(torch.randn(3, 3, generator=generator))[0]
-    args = (phi, mean, torch.rand(3) + 0.1, out_vecs, torch.rand(4) + 0.1, in_vecs, 2.0)
-    got = torch.compile(kron_logits, fullgraph=True, backend="eager")(*args)
-    torch.testing.assert_close(got.scale, kron_logits(*args).scale)
+    block = KronCurvature()
+    block.out_eigvals, block.out_eigvecs, block.in_eigvals, block.in_eigvecs = torch.rand(3) + 0.1, out_vecs, torch.rand(4) + 0.1, in_vecs
+    got = torch.compile(block.head_variance, fullgraph=True, backend="eager")(phi, mean, 2.0)
+    torch.testing.assert_close(got.scale, block.head_variance(phi, mean, 2.0).scale)
 
 
 @pytest.mark.parametrize("method", ["laplace", "mc-dropout", "temperature", "ibnn"])

@@ -31,7 +31,8 @@ from posthoc.core.inputs import split_batch  # noqa: E402
 import posthoc.loading.hf  # noqa: E402
 from posthoc.demo import data, hf  # noqa: E402
 from posthoc.engine.head import FeatureSplit, find_head  # noqa: E402
-from posthoc.methods.laplace.curvature import ParamCurvature, backpack_ggn, lora_parameters  # noqa: E402
+from posthoc.methods.laplace.curvature import backpack_ggn, lora_parameters  # noqa: E402
+from posthoc.methods.laplace.structure import Curvature  # noqa: E402
 from posthoc.methods.laplace.hooked_kfac import hooked_ggn  # noqa: E402
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, logit_gaussian  # noqa: E402
 
@@ -226,7 +227,7 @@ def test_hooked_kfac_agrees_with_backpack_on_a_plain_mlp() -> None:
             torch.testing.assert_close(dense(a), dense(b), atol=1e-9, rtol=1e-6)
 
 
-def _dense(block: ParamCurvature) -> torch.Tensor:
+def _dense(block: Curvature) -> torch.Tensor:
     out = block.out_eigvecs @ torch.diag(block.out_eigvals) @ block.out_eigvecs.T
     if block.in_eigvals is None:
         return out

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.methods.laplace.curvature import LastLayerGGN, augment, full_matrix
+from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
 from posthoc.methods.laplace import subset_glm
@@ -34,7 +34,7 @@ def curvature(structure: str, model: nn.Module, x: torch.Tensor, y: torch.Tensor
     ggn = LastLayerGGN(structure, D, C, head.bias is not None)
     for rows in (slice(0, len(x) // 2), slice(len(x) // 2, None)):  # two batches: accumulation is exact
         ggn.update(phi[rows], model(x[rows]), y[rows])
-    return ggn.finalize(), phi
+    return ggn.finalize(), phi, ggn.loss
 
 
 def brute_force_hessian(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -53,15 +53,15 @@ def brute_force_hessian(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> t
 # ------------------------------------------------------------------------------- curvature
 def test_full_ggn_equals_brute_force_hessian_of_the_nll() -> None:
     model, (x, y) = tiny_model(), tiny_data()
-    curv, _ = curvature("full", model, x, y)
+    curv, _, fitted_loss = curvature("full", model, x, y)
     hessian, loss = brute_force_hessian(model, x, y)
-    torch.testing.assert_close(full_matrix(curv), hessian, rtol=1e-9, atol=1e-10)
-    torch.testing.assert_close(curv.loss, loss.detach())
+    torch.testing.assert_close(curv.dense(), hessian, rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(fitted_loss, loss.detach())
 
 
 def test_diag_ggn_is_the_hessian_diagonal() -> None:
     model, (x, y) = tiny_model(), tiny_data()
-    curv, _ = curvature("diag", model, x, y)
+    curv, _, _ = curvature("diag", model, x, y)
     hessian, _ = brute_force_hessian(model, x, y)
     torch.testing.assert_close(curv.diagonal.reshape(-1), hessian.diagonal(), rtol=1e-9, atol=1e-12)
 
@@ -71,7 +71,7 @@ def test_kfac_equals_exact_ggn_for_one_example_without_bias() -> None:
     ggn = LastLayerGGN("kron", D, C, bias=False)
     ggn.update(model[:2](x), model(x), y)
     hessian, _ = brute_force_hessian(model, x, y)
-    torch.testing.assert_close(full_matrix(ggn.finalize()), hessian, rtol=1e-8, atol=1e-10)
+    torch.testing.assert_close(ggn.finalize().dense(), hessian, rtol=1e-8, atol=1e-10)
 
 
 def test_kfac_blocks_equal_exact_ggn_blocks_for_one_example_with_bias() -> None:
@@ -79,7 +79,7 @@ def test_kfac_blocks_equal_exact_ggn_blocks_for_one_example_with_bias() -> None:
     model, (x, y) = tiny_model(), tiny_data(n=1)
     ggn = LastLayerGGN("kron", D, C, bias=True)
     ggn.update(model[:2](x), model(x), y)
-    kfac = full_matrix(ggn.finalize()).reshape(C, D + 1, C, D + 1)
+    kfac = ggn.finalize().dense().reshape(C, D + 1, C, D + 1)
     exact = brute_force_hessian(model, x, y)[0].reshape(C, D + 1, C, D + 1)
     torch.testing.assert_close(kfac[:, :D, :, :D], exact[:, :D, :, :D], rtol=1e-8, atol=1e-10)
     torch.testing.assert_close(kfac[:, D, :, D], exact[:, D, :, D], rtol=1e-8, atol=1e-10)
@@ -88,25 +88,25 @@ def test_kfac_blocks_equal_exact_ggn_blocks_for_one_example_with_bias() -> None:
 
 def test_kfac_factors_are_sum_of_output_hessians_and_mean_input_covariance() -> None:
     model, (x, y) = tiny_model(bias=False), tiny_data()
-    curv, phi = curvature("kron", model, x, y)
+    curv, phi, _ = curvature("kron", model, x, y)
     probs = torch.softmax(model(x), -1)
     expected = torch.kron(torch.diag(probs.sum(0)) - probs.T @ probs, phi.T @ phi / len(x))
-    torch.testing.assert_close(full_matrix(curv), expected.detach(), rtol=1e-9, atol=1e-10)
+    torch.testing.assert_close(curv.dense(), expected.detach(), rtol=1e-9, atol=1e-10)
 
 
 # ------------------------------------------------------------------------------ marglik
 @pytest.mark.parametrize("structure", ["kron", "full", "diag"])
 def test_marglik_prior_is_the_maximiser_and_log_det_matches_dense(structure: str) -> None:
     model, (x, y) = tiny_model(), tiny_data()
-    curv, _ = curvature(structure, model, x, y)
+    curv, _, loss = curvature(structure, model, x, y)
     head = model[2]
     norm = float(head.weight.detach().square().sum() + head.bias.detach().square().sum())
-    delta = optimize_prior_precision(curv.spectrum(), curv.loss, norm)
-    best = log_marginal_likelihood(curv.spectrum(), curv.loss, norm, delta)
+    delta = optimize_prior_precision(curv.spectrum(), loss, norm)
+    best = log_marginal_likelihood(curv.spectrum(), loss, norm, delta)
     for factor in (0.9, 0.99, 1.01, 1.1):
-        assert log_marginal_likelihood(curv.spectrum(), curv.loss, norm, delta * factor) < best
-    dense = full_matrix(curv) + delta * torch.eye(C * (D + 1), dtype=torch.float64)
-    expected = -curv.loss - 0.5 * (torch.logdet(dense) - C * (D + 1) * math.log(delta) + delta * norm)
+        assert log_marginal_likelihood(curv.spectrum(), loss, norm, delta * factor) < best
+    dense = curv.dense() + delta * torch.eye(C * (D + 1), dtype=torch.float64)
+    expected = -loss - 0.5 * (torch.logdet(dense) - C * (D + 1) * math.log(delta) + delta * norm)
     torch.testing.assert_close(best, expected.detach())
 
 
@@ -117,8 +117,8 @@ def test_logit_covariance_equals_jacobian_sandwich(structure: str) -> None:
     model, (x, y) = tiny_model(), tiny_data()
     um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=0.7)
     um.fit(DataLoader(TensorDataset(x, y), batch_size=16), progress=False)
-    curv, phi = curvature(structure, model, x, y)
-    sigma = torch.linalg.inv(full_matrix(curv) + 0.7 * torch.eye(C * (D + 1), dtype=torch.float64))
+    curv, phi, _ = curvature(structure, model, x, y)
+    sigma = torch.linalg.inv(curv.dense() + 0.7 * torch.eye(C * (D + 1), dtype=torch.float64))
     phi_aug = augment(phi[:6].detach(), True)
     jacobian = torch.kron(torch.eye(C, dtype=torch.float64), phi_aug[:, None, :])  # (N, C, P)
     expected = jacobian @ sigma @ jacobian.transpose(1, 2)
@@ -337,12 +337,12 @@ def test_backpack_kflr_is_the_exact_ggn_block_for_one_example() -> None:
 
 
 def test_weight_samples_have_the_posterior_covariance() -> None:
-    from posthoc.methods.laplace.curvature import backpack_ggn, sample_weights
+    from posthoc.methods.laplace.curvature import backpack_ggn
 
     model, (x, y) = mlp(), tiny_data(n=30)
     (block,), _ = backpack_ggn(model, ["4.weight"], "kron", [(x, y)])
     value = model[4].weight.detach()
-    draws = sample_weights(value, block, 0.5, 40_000, torch.Generator().manual_seed(0)).reshape(40_000, -1)
+    draws = block.sample(value, 0.5, 40_000, torch.Generator().manual_seed(0)).reshape(40_000, -1)
     true = torch.linalg.inv(kron_of(block) + 0.5 * torch.eye(value.numel(), dtype=torch.float64))
     centred = draws - value.reshape(1, -1)
     empirical = centred.T @ centred / draws.shape[0]
@@ -453,7 +453,7 @@ def test_subset_glm_over_linear_layers_applied_over_positions_is_the_exact_linea
     hessian = torch.diag_embed(probs) - probs[:, :, None] * probs[:, None, :]
     ggn = torch.einsum("ncp,ncd,ndp->p", jacobian, hessian, jacobian)
     expected = torch.einsum("ncp,p,ndp->ncd", jacobian[:3], 1 / (ggn + 1.0), jacobian[:3])
-    gaussian = subset_glm.logit_gaussian(model, um.method.glm_layers, um.method._blocks(), x[:3], 1.0)
+    gaussian = subset_glm.logit_gaussian(model, um.method.glm_layers, list(um.method.blocks), x[:3], 1.0)
     torch.testing.assert_close(gaussian.covariance().double(), expected)
     model.float()
     nn_um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", pred="nn", num_samples=4)

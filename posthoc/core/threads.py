@@ -15,6 +15,10 @@ from contextlib import contextmanager
 
 import torch
 
+#: temporaries (bytes) below which a chunk of tensor work runs on one CPU thread: thread start-up and
+#: barriers cost more than they save there (a last-layer predictive of 1,000 rows holds ~1 MB)
+SMALL_WORK_BYTES = 4 * 2**20
+
 
 @contextmanager
 def single_thread_if(small: bool) -> Iterator[None]:

@@ -4,6 +4,12 @@ It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a
 :class:`~posthoc.Prediction`, checks inputs, streams large batches in chunks under the memory
 budget, keeps the user's model in its own train/eval state, and saves the fitted posterior.
 
+The predict path: a first chunk of at most :data:`PROBE_EXAMPLES` rows tells the size of one
+example's samples, and the rest is cut into chunks whose samples fit the budget (the same chunks
+for the same call, so a generator gives the same draws). Each chunk's
+``log_predictive`` gets what is left of the budget as its ``max_memory`` argument (when it takes
+one), and its log-probabilities are normalised once, by a softmax in float32.
+
 Example:
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
     >>> um.predict(x).probs.shape
@@ -13,7 +19,9 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.metadata
+import inspect
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -31,6 +39,7 @@ from posthoc.core.method import Method, takes_shift
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
@@ -39,6 +48,18 @@ PROBE_EXAMPLES = 8
 #: log-probabilities with their exp, then the exp with its entropy terms. While the method works, one
 #: copy (its output) is alive, so the method works under the rest of the budget.
 SAMPLE_COPIES = 2
+
+
+@functools.cache
+def takes_budget(method_class: type[Method]) -> bool:
+    """Whether the class's ``log_predictive`` takes the chunk's ``max_memory`` (every built-in method's does; a
+    user's method written to the bare contract plans under ``posthoc.settings.max_memory`` itself).
+
+    Example:
+        >>> takes_budget(type(posthoc.wrap(model, method="laplace").method))
+        True
+    """
+    return "max_memory" in inspect.signature(method_class.log_predictive).parameters
 
 
 def sample_row_bytes(part: Prediction) -> int:
@@ -137,7 +158,8 @@ class UncertainModel(nn.Module):
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
             max_memory: bytes the per-sample tensors of one chunk may use in this call (default
                 ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins); the
-                method works under what is left beside the samples it returns.
+                method works under what is left beside the samples it returns, passed to its
+                ``log_predictive`` as ``max_memory``.
 
         Example:
             >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
@@ -153,8 +175,11 @@ class UncertainModel(nn.Module):
         total = check_batch(x, "predict", values=False)
         self.method.follow_model_device()
         method_budget = max(1, budget - budget // SAMPLE_COPIES)
+        options = {"num_samples": num_samples, "generator": generator}
+        if takes_budget(type(self.method)):
+            options["max_memory"] = method_budget
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
-        first = self._predict_chunk(slice_inputs(x, 0, first_size), num_samples, generator, method_budget)
+        first = self._predict_chunk(slice_inputs(x, 0, first_size), options)
         if total == first_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)
         step = rows_per_chunk(SAMPLE_COPIES * sample_row_bytes(first), max_memory=budget, limit=chunk_size)
@@ -163,26 +188,28 @@ class UncertainModel(nn.Module):
         del first  # its samples would stay alive beside every later chunk's
         for start in range(first_size, total, step):
             part = slice_inputs(x, start, start + step)
-            out.write(start, self._predict_chunk(part, num_samples, generator, method_budget))
+            out.write(start, self._predict_chunk(part, options))
         return out
 
-    def _predict_chunk(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, budget: int) -> Prediction:
-        """One chunk's prediction; the method works under ``budget`` (beside the samples it returns)."""
+    def _predict_chunk(self, x: Inputs, options: dict[str, Any]) -> Prediction:
+        """One chunk's prediction; ``options`` go to ``log_predictive`` (its samples, generator and budget)."""
         x = to_device(x, self.device)
         check_finite(x)
         check_attention(x)
-        with settings.override(max_memory=budget), eval_mode(self.method):
-            log_probs, samples = self.method.log_predictive(x, num_samples=num_samples, generator=generator)
-        if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
-            raise NumericalError(
-                "the predictive produced NaN; the model's logits are not finite for these inputs "
-                "(check its weights and dtype, e.g. float16 overflow)"
-            )
-        # renormalise in float32: methods may return log-probabilities whose exp sums to 1 only up to
-        # their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
-        probs = torch.log_softmax(log_probs.float(), dim=-1).exp()
-        samples = None if samples is None else samples.float().exp()
-        return Prediction.from_probs(probs, samples)
+        with eval_mode(self.method):
+            log_probs, samples = self.method.log_predictive(x, **options)
+        elements = log_probs.numel() + (0 if samples is None else samples.numel())
+        with single_thread_if(log_probs.device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+            if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
+                raise NumericalError(
+                    "the predictive produced NaN; the model's logits are not finite for these inputs "
+                    "(check its weights and dtype, e.g. float16 overflow)"
+                )
+            # normalised in float32 as they are exponentiated: methods may return log-probabilities whose
+            # exp sums to 1 only up to their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
+            probs = torch.softmax(log_probs.float(), dim=-1)
+            samples = None if samples is None else samples.float().exp()
+            return Prediction.from_probs(probs, samples)
 
     def __getattr__(self, name: str) -> Any:
         """A method's :attr:`~posthoc.core.method.Method.tools` (e.g. sparse-vd's ``um.prune()``), found in the chain."""

@@ -41,7 +41,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.chunks import chunks, rows_per_chunk
+from posthoc.core.chunks import call_budget, chunks, rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.engine.hooks import hooked
@@ -110,21 +110,22 @@ class SuffixRunner:
         if self._plan is None:
             self._plan = self._probe(x)
 
-    def __call__(self, x: Inputs, num_samples: int, *, stochastic: Stochastic = nullcontext) -> Tensor:
-        """Return the model's outputs for ``num_samples`` samples: shape ``(S, N, ...)``."""
+    def __call__(self, x: Inputs, num_samples: int, *, stochastic: Stochastic = nullcontext, max_memory: int | None = None) -> Tensor:
+        """Return the model's outputs for ``num_samples`` samples: shape ``(S, N, ...)``, in chunks under the
+        runner's ``max_memory``, else this call's."""
         positive_int(num_samples, "num_samples")
         n = batch_size(x)
         if n == 0:
             raise InputError("got an empty batch (0 examples)")
         self.prepare(x)
-        row_bytes = self._plan.row_bytes_for(x)
-        group = rows_per_chunk(row_bytes, max_memory=self.max_memory, limit=num_samples)
+        row_bytes, budget = self._plan.row_bytes_for(x), call_budget(self.max_memory, max_memory)
+        group = rows_per_chunk(row_bytes, max_memory=budget, limit=num_samples)
         pieces = []
         with stochastic():
-            for examples in chunks(n, group * row_bytes, max_memory=self.max_memory):
+            for examples in chunks(n, group * row_bytes, max_memory=budget):
                 part, m = slice_inputs(x, examples.start, examples.stop), examples.stop - examples.start
                 groups = [self._run(part, samples.stop - samples.start, samples.start)
-                          for samples in chunks(num_samples, m * row_bytes, max_memory=self.max_memory)]
+                          for samples in chunks(num_samples, m * row_bytes, max_memory=budget)]
                 pieces.append(groups[0] if len(groups) == 1 else torch.cat(groups, 0))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.checks import finite_non_negative, integer, memory_bytes, positive_int
-from posthoc.core.chunks import chunks
+from posthoc.core.chunks import call_budget, chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
@@ -173,30 +173,32 @@ class VariationalMethod(Method):
                           desc=self.name, hint=hint, progress=progress)
 
     # ----------------------------------------------------------------- predict
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
         one seeded with ``seed``."""
         self._follow_device()
         count = num_samples or self.num_samples
         if generator is None:
             generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        budget = call_budget(self.max_memory, max_memory)
         if self.split is not None:
-            samples = self._head_samples(x, count, generator)
+            samples = self._head_samples(x, count, generator, budget)
         else:
             if self._runner is None:
                 start = self.layers.names[int(self.expansion)]
                 self._runner = SuffixRunner(self.model, start, at="input", max_memory=self.max_memory)
-            logits = self._runner(x, count, stochastic=lambda: self.layers.sampling(generator))
+            logits = self._runner(x, count, stochastic=lambda: self.layers.sampling(generator), max_memory=budget)
             samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
         return log_mean_exp(samples), samples
 
-    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator) -> Tensor:
+    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None) -> Tensor:
         """``(S, N, C)`` log-probabilities from Gaussian head logits: the backbone runs once."""
         phi, _ = self.split(x)
         mean, var = self.layers[self.split.head_name].output_moments(phi)
         n, classes = mean.shape[0], as_class_logits(mean[:1]).shape[-1]
         samples = mean.new_empty(count, n, classes)
-        for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes, max_memory=self.max_memory):
+        for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes, max_memory=max_memory):
             draws = sample_output(mean[rows].expand(count, -1, -1), var[rows].expand(count, -1, -1), generator)
             samples[:, rows] = class_log_probs(draws.flatten(0, 1)).unflatten(0, (count, rows.stop - rows.start))
         return samples

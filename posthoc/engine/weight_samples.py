@@ -64,19 +64,20 @@ def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
     return logits + rows[:, size:].unsqueeze(1) if rows.shape[1] > size else logits
 
 
-def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs) -> tuple[Tensor, Tensor]:
+def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
+                        max_memory: int | None = None) -> tuple[Tensor, Tensor]:
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` head samples, the backbone run once.
 
     ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
-    memory budget from the bytes one sample keeps alive (its row, and its logits with their
-    log-softmax copy).
+    memory budget (``max_memory``, else ``posthoc.settings.max_memory``) from the bytes one sample
+    keeps alive (its row, and its logits with their log-softmax copy).
     """
     phi, _ = split(x)
     phi, head = phi.float(), split.head
     classes = head.out_features
     row_bytes = 4 * (head.in_features * classes + classes + 3 * phi.shape[0] * classes)
     groups = []
-    for samples in chunks(count, row_bytes):
+    for samples in chunks(count, row_bytes, max_memory=max_memory):
         logits = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
         if classes == 1:  # a binary classifier's single logit z: the two classes [0, z]
             logits = torch.cat([torch.zeros_like(logits), logits], dim=-1)

@@ -144,8 +144,9 @@ class CalibrationMethod(Method):
             cache, targets = cache.index_select(dim, keep.to(cache.device)), targets[keep.to(targets.device)]
         return cache.clamp_min(LOG_PROB_FLOOR), targets
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
-        log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
         if samples is not None and self.calibrator.per_sample:
             calibrated = self.calibrator.transform(samples.clamp_min(LOG_PROB_FLOOR))
             return log_mean_exp(calibrated), calibrated

@@ -191,15 +191,16 @@ class DensityAwareCalibration(Method):
         """The temperature ``T(x)`` of each example ``(N,)`` from its features at :meth:`sites`."""
         return temperatures(excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights)
 
-    def _inner_with_features(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
-                             ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    def _inner_with_features(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None,
+                             max_memory: int | None = None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
-            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
+            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
         return log_probs, samples, capture.features(found, x)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
-        log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        log_probs, samples, features = self._inner_with_features(x, num_samples, generator, max_memory)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
 
     # ---- fit ---------------------------------------------------------------------------------

@@ -117,10 +117,12 @@ class Ensemble(Method):
         member.fit(train_loader, val_loader, progress=progress, **own)
         member.fitted.fill_(True)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         if self.vmapped:
             return stacked_mixture(self.stacked(x))
-        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator) for member in self.members])
+        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+                        for member in self.members])
 
     @property
     def vmapped(self) -> bool:

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, non_negative, positive_int
-from posthoc.core.chunks import rows_per_chunk
+from posthoc.core.chunks import call_budget, rows_per_chunk
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -282,7 +282,8 @@ class ImplicitBNN(Method):
             self.nodes = NodeSet(self.model, stem=stem, **self._node_options)
         super().load_posterior_state(state)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K``.
 
         ``num_samples`` overrides ``S``, the number of samples per component. The first input of a
@@ -294,7 +295,7 @@ class ImplicitBNN(Method):
         samples, start = None, 0
         while start < total:
             rows = 1 if key not in self._expanded_row_bytes else rows_per_chunk(
-                repeats * self._expanded_row_bytes[key], max_memory=self.max_memory)
+                repeats * self._expanded_row_bytes[key], max_memory=call_budget(self.max_memory, max_memory))
             part = self._expanded_log_probs(slice_inputs(x, start, start + rows), repeats, generator, key)
             if samples is None:
                 samples = part.new_empty(repeats, total, part.shape[-1])

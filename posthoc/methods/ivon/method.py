@@ -216,7 +216,8 @@ class IVON(Method):
             log_probs, _ = state_log_predictive(self.model, lambda s: state, 1, x)
         return log_probs, None
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``).
 
         Every chunk of examples starts from the same generator state, so sample ``s`` is one weight
@@ -230,7 +231,8 @@ class IVON(Method):
         else:
             generator = torch.Generator(device=generator.device).set_state(generator.get_state())
         if self.layers == "head":
-            return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x)
+            return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x,
+                                       max_memory=max_memory)
         names = sample_names(self.model, self.layers, None)
 
         def state(s: int) -> dict[str, Tensor]:

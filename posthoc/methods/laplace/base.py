@@ -1,6 +1,8 @@
 """``"laplace"``: a Laplace approximation around the checkpoint, with a linearised predictive.
 
-One registered name, two algorithms, chosen at ``wrap()`` by :meth:`Laplace.algorithm`:
+One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior
+(:meth:`Laplace.algorithm`, through the key map :data:`ALGORITHMS`; ``Laplace(model, **options)``
+builds the same class):
 
 - :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the
   default): the head's GGN in closed form from ONE pass over the training data (see
@@ -11,7 +13,9 @@ One registered name, two algorithms, chosen at ``wrap()`` by :meth:`Laplace.algo
   logit-space predictive (:mod:`posthoc.methods.laplace.subset_glm`); otherwise, or with
   ``pred="nn"``, weight samples run through the network.
 
-:class:`Laplace` is their common base: the options, the prior precision and the evidence.
+:class:`Laplace` is their common base: the options, the prior precision, the evidence, and the
+fitted curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature`
+per parameter group, of the ``hessian`` structure).
 
 **The prior precision δ** (``prior_precision=``) sets how wide the posterior is, and so how much
 the predictive moves away from the checkpoint. The default, ``"auto"``, is the ``"val"`` rule on
@@ -47,9 +51,10 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import math
 from collections.abc import Iterable
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -59,27 +64,42 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
-from posthoc.methods.laplace.curvature import STRUCTURES
+from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.glm_predictive import LINKS
 from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
 from posthoc.engine.held_out import ShiftedHeldOut, choose, shifted_held_out
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, widest_within
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
-HESSIANS = (*STRUCTURES, "kron-mc")
+HESSIANS = (*STRUCTURES, *VARIANTS)
 #: how the fitted prior precision was chosen (the ``prior_source`` buffer holds the index)
 PRIOR_SOURCES = ("fixed", "marglik", "val", "grid", "train")
 #: standard errors of the mean per-example NLL difference that the ``"val"`` rule adds (one-sided ~98%)
 CONFIDENCE_Z = 2.0
 #: rows of the training data the ``"auto"`` rule reads when ``fit`` gets no ``val_loader`` (per process)
 TRAIN_ROWS = 4096
+#: the class that runs each scope of the posterior (``"last_layer"``, ``"subset"``), filled by the
+#: classes themselves: ``class SubsetLaplace(Laplace, scope="subset")``
+ALGORITHMS: dict[str, type[Laplace]] = {}
+
+
+def scope(options: dict[str, Any]) -> str:
+    """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``.
+
+    Example:
+        >>> scope({"subset": ["fc1", "fc2"]})
+        'subset'
+    """
+    return "last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"
 
 
 @register
-class Laplace(Method):
+class Laplace(Method, metaclass=abc.ABCMeta):
     """Laplace approximation of a trained classifier (see module docs).
+
+    ``Laplace(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
 
     Options:
         hessian: ``"kron"`` (KFAC, default), ``"full"`` or ``"diag"`` GGN; for deeper subsets
@@ -110,8 +130,16 @@ class Laplace(Method):
         ("LLLA full", {"hessian": "full"}),
         ("LLLA diag", {"hessian": "diag"}),
     )
-    #: set by each algorithm: whether it is the one for ``subset="last_layer"``
-    last_layer_only: ClassVar[bool]
+    #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
+    blocks: nn.ModuleList
+
+    def __init_subclass__(cls, *, scope: str | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if scope is not None:
+            ALGORITHMS[scope] = cls
+
+    def __new__(cls, *args: Any, **options: Any) -> Laplace:
+        return super().__new__(cls.algorithm(options) if cls is Laplace else cls)
 
     def __init__(
         self,
@@ -153,8 +181,7 @@ class Laplace(Method):
             >>> Laplace.algorithm({"subset": "all"}).__name__
             'SubsetLaplace'
         """
-        last_layer_only = options.get("subset", "last_layer") == "last_layer"
-        return next(algorithm for algorithm in Laplace.__subclasses__() if algorithm.last_layer_only == last_layer_only)
+        return ALGORITHMS[scope(options)]
 
     # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
@@ -180,9 +207,9 @@ class Laplace(Method):
             self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress, shifted))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
 
+    @abc.abstractmethod
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
-        """Fit the curvature buffers and ``num_data``; return the summed training NLL and the weights under the prior."""
-        raise NotImplementedError
+        """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
 
     def _held_out_prior_precision(self, loader: Iterable, rows: int | None, grid_only: bool, progress: bool,
                                   shifted: ShiftedHeldOut | None = None) -> float:
@@ -247,25 +274,55 @@ class Laplace(Method):
         return cached, seen
 
     # ------------------------------------------------------------------------------ predict
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
-        return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        """The predictive of ``x`` at the fitted prior precision; its temporaries stay under this method's
+        ``max_memory`` option, else ``max_memory`` (what ``predict`` left for the chunk), else the setting."""
+        self._settle()
+        return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples, max_memory)
 
+    @abc.abstractmethod
     def _prepare(self, x: Inputs) -> Any:
         """What the predictive needs of inputs ``x`` at any prior precision (cached by the grid search)."""
-        raise NotImplementedError
 
-    def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
-        """The predictive of prepared ``inputs`` under ``prior_precision``."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int,
+                    max_memory: int | None = None) -> LogPredictive:
+        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under this method's
+        ``max_memory`` option, else ``max_memory`` (:func:`~posthoc.core.chunks.call_budget`)."""
 
+    @abc.abstractmethod
     def _map_log_probs(self, inputs: Any) -> Tensor:
         """The checkpoint's own log-probabilities for prepared ``inputs`` (the ``δ → ∞`` limit)."""
-        raise NotImplementedError
+
+    # ------------------------------------------------------------------------------ curvature
+    def _settle(self) -> None:
+        """Put curvature loaded under flat buffer names (``out_eigvals``, ``p0_diagonal``) into its block,
+        and keep the blocks on the model's device (``follow_model_device`` moves a method's own buffers)."""
+        for key, (index, field) in self._flat_names().items():
+            if self._buffers.get(key) is not None:
+                setattr(self.blocks[index], field, self._buffers[key])
+                self._buffers[key] = None
+        device = self.device
+        for block in self.blocks:
+            for name, value in block._buffers.items():
+                if value is not None and value.device != device:
+                    block._buffers[name] = value.to(device)
+
+    def _flat_names(self) -> dict[str, tuple[int, str]]:
+        """The flat buffer names that saved posteriors may hold the curvature under: ``name -> (block, field)``."""
+        return {}
+
+    def _accept_flat_names(self) -> None:
+        """Empty buffers under :meth:`_flat_names`, so that a file holding them loads (see :meth:`_settle`)."""
+        for key in self._flat_names():
+            self.register_buffer(key, None)
 
     # ------------------------------------------------------------------------------ evidence
     def spectrum(self) -> Tensor:
         """Eigenvalues of the fitted (approximate) GGN, flattened."""
-        raise NotImplementedError
+        self._settle()
+        return torch.cat([block.spectrum() for block in self.blocks])
 
     def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
         """The Laplace log evidence of the fitted posterior at ``prior_precision`` (default: the fitted one)."""
@@ -294,13 +351,18 @@ class Laplace(Method):
             "fit_examples": int(self.num_data),
         }
 
+    @abc.abstractmethod
+    def posterior_parameters(self) -> list[str]:
+        """Qualified names of the parameters the Gaussian posterior covers."""
+
     def num_posterior_parameters(self) -> int:
         """How many parameters the Gaussian posterior covers."""
-        raise NotImplementedError
+        params = dict(self.model.named_parameters())
+        return sum(params[name].numel() for name in self.posterior_parameters())
 
     def posterior_layers(self) -> list[str]:
         """Names of the modules whose parameters the posterior covers."""
-        raise NotImplementedError
+        return list(parameter_owners(self.model, self.posterior_parameters()))
 
     def extra_repr(self) -> str:
         return f"hessian={self.hessian!r}, link={self.link!r}, prior_precision={float(self.prior_precision):.4g}"

@@ -1,17 +1,17 @@
-"""The linearised (GLM) predictive of a last-layer Laplace posterior, in logit space.
+"""Gaussian logits and the links that turn them into class probabilities.
 
-For a linear head the logits are linear in the weights, so a Gaussian posterior over the head
-gives Gaussian logits ``f ~ N(m, Σ_x)`` per input, with ``Σ_x = B diag(s²) Bᵀ``:
+A Laplace posterior, linearised, gives Gaussian logits ``f ~ N(m, Σ_x)`` per input. Each curvature
+structure (:mod:`posthoc.methods.laplace.structure`) builds them in the form that is cheapest for it:
 
-- KFAC: ``B = U_G`` (shared, ``C x C``), ``s_i² = Σ_j ψ_j² / (λ_i μ_j + δ)`` with
-  ``ψ = U_Aᵀ phĩ``: one ``(D+1) x (D+1)`` and one ``(D+1) x C`` product per input;
-- diag: ``B = I``, ``s_c² = Σ_d phĩ_d² / (h_cd + δ)``;
-- full: ``B, s`` from the eigen-decomposition of the ``C x C`` matrix ``J Σ Jᵀ``.
+- :class:`LogitGaussian`: ``Σ_x = B diag(s²) Bᵀ`` with a shared or per-input basis ``B``, or none
+  (diagonal); what KFAC and diagonal posteriors give directly;
+- :class:`DenseLogitGaussian`: a dense ``C x C`` covariance (made when first needed) beside its
+  diagonal; the eigen-factor that sampling needs is taken only when sampling.
 
-The Jacobian ``I ⊗ phĩᵀ`` is never formed. Links: ``probit`` (``softmax(m / sqrt(1 + π/8 ·
-diag Σ))``), ``mc`` (``S`` logit samples drawn at once, cost independent of the feature width),
-``bridge`` (the Laplace bridge to a Dirichlet, from the diagonal and row sums of ``Σ``). Rows are
-processed in chunks that keep temporaries under the memory budget (:func:`chunked_log_predictive`).
+Links: ``probit`` (``softmax(m / sqrt(1 + π/8 · diag Σ))``: the diagonal only), ``mc`` (``S``
+logit samples drawn at once, cost independent of the feature width), ``bridge`` (the Laplace bridge
+to a Dirichlet, from the diagonal and row sums of ``Σ``). Rows are processed in chunks that keep
+temporaries under the memory budget (:func:`chunked_log_predictive`).
 
 Example:
     >>> g = LogitGaussian(torch.zeros(2, 3), torch.ones(2, 3), None)
@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch import Tensor
@@ -31,9 +32,28 @@ from torch import Tensor
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.logits import log_mean_exp
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.random_draws import randn
 
 LINKS = ("probit", "mc", "bridge")
+
+
+class GaussianLogits(Protocol):
+    """What the links read of Gaussian logits for a batch of ``N`` inputs and ``C`` classes."""
+
+    mean: Tensor
+
+    def variance(self) -> Tensor:
+        """Diagonal of the covariance, ``(N, C)``."""
+
+    def row_sums(self) -> Tensor:
+        """Row sums of the covariance, ``(N, C)``."""
+
+    def covariance(self) -> Tensor:
+        """The full covariance ``(N, C, C)``."""
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        """``num_samples`` logit draws ``(S, N, C)``."""
 
 
 @dataclass
@@ -87,13 +107,53 @@ class LogitGaussian:
         return self.mean + torch.einsum("snk,nck->snc", noise, self.basis)
 
 
-def probit_log_probs(g: LogitGaussian) -> Tensor:
+class DenseLogitGaussian:
+    """Gaussian logits with a dense per-input covariance ``(N, C, C)``, made when first needed.
+
+    ``covariance`` is the tensor or a function that builds it; ``variance``, when given, is its
+    diagonal computed more cheaply (so the probit link never builds the covariance). Sampling
+    draws along the covariance's eigenvectors, like :class:`LogitGaussian` with a per-input basis.
+
+    Example:
+        >>> g = DenseLogitGaussian(torch.zeros(2, 3), torch.eye(3).expand(2, 3, 3))
+        >>> g.variance(), g.sample(4).shape
+        (tensor([[1., 1., 1.], [1., 1., 1.]]), torch.Size([4, 2, 3]))
+    """
+
+    def __init__(self, mean: Tensor, covariance: Tensor | Callable[[], Tensor], variance: Tensor | None = None) -> None:
+        self.mean = mean
+        self._covariance = covariance
+        self._variance = variance
+
+    def covariance(self) -> Tensor:
+        if callable(self._covariance):
+            self._covariance = self._covariance()
+        return self._covariance
+
+    def variance(self) -> Tensor:
+        if self._variance is None:
+            self._variance = self.covariance().diagonal(dim1=1, dim2=2).to(self.mean.dtype)
+        return self._variance
+
+    def row_sums(self) -> Tensor:
+        return self.covariance().sum(-1).to(self.mean.dtype)
+
+    def factor(self) -> LogitGaussian:
+        """The same Gaussian as :class:`LogitGaussian`: scales and eigenvectors of each covariance."""
+        values, vectors = torch.linalg.eigh(self.covariance())
+        return LogitGaussian(self.mean, values.clamp_min(0).sqrt().to(self.mean.dtype), vectors.to(self.mean.dtype))
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        return self.factor().sample(num_samples, generator)
+
+
+def probit_log_probs(g: GaussianLogits) -> Tensor:
     """Probit approximation: ``log softmax(m / sqrt(1 + π/8 · diag Σ))``."""
     kappa = torch.rsqrt(1 + math.pi / 8 * g.variance())
     return torch.log_softmax(kappa * g.mean, dim=-1)
 
 
-def bridge_log_probs(g: LogitGaussian) -> Tensor:
+def bridge_log_probs(g: GaussianLogits) -> Tensor:
     """The Laplace bridge: the mean of the Dirichlet matched to the (zero-sum corrected) Gaussian."""
     var_diag, row_sums = g.variance(), g.row_sums()
     total = row_sums.sum(-1, keepdim=True).clamp_min(torch.finfo(g.mean.dtype).tiny)
@@ -105,13 +165,13 @@ def bridge_log_probs(g: LogitGaussian) -> Tensor:
     return torch.log(alpha) - torch.log(alpha.sum(-1, keepdim=True))
 
 
-def mc_log_probs(g: LogitGaussian, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def mc_log_probs(g: GaussianLogits, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
     """Monte Carlo: ``(log mean_s softmax(f_s), log softmax(f_s))`` from ``S`` logit samples."""
     sample_log_probs = torch.log_softmax(g.sample(num_samples, generator), dim=-1)
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 
-def log_predictive(g: LogitGaussian, link: str, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+def log_predictive(g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
     """Apply ``link`` to Gaussian logits; returns ``(log_probs, sample_log_probs or None)``."""
     if link == "probit":
         return probit_log_probs(g), None
@@ -122,54 +182,26 @@ def log_predictive(g: LogitGaussian, link: str, num_samples: int, generator: tor
     raise ConfigError(f"link must be one of {LINKS}, got {link!r}")
 
 
-def kron_logits(phi_aug: Tensor, mean: Tensor, out_eigvals: Tensor, out_eigvecs: Tensor, in_eigvals: Tensor, in_eigvecs: Tensor, prior_precision: float) -> LogitGaussian:
-    """Logit Gaussian of a KFAC posterior ``(G ⊗ A + δ I)⁻¹`` (see module docs)."""
-    dtype = phi_aug.dtype
-    psi_sq = (phi_aug @ in_eigvecs.to(dtype)).square()
-    # built in the features' dtype, in place: one (D+1) x C temporary per chunk
-    inverse = torch.outer(in_eigvals.to(dtype), out_eigvals.to(dtype)).add_(prior_precision).reciprocal_()
-    return LogitGaussian(mean.to(dtype), (psi_sq @ inverse).sqrt_(), out_eigvecs.to(dtype))
+def _link(g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
+    """:func:`log_predictive`, on one CPU thread when its tensors are small (a few elementwise ops on ``(S, n, C)``)."""
+    elements = g.mean.numel() * (1 + (num_samples if link == "mc" else 0))
+    with single_thread_if(g.mean.device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+        return log_predictive(g, link, num_samples, generator)
 
 
-def diag_logits(phi_aug: Tensor, mean: Tensor, diagonal: Tensor, prior_precision: float) -> LogitGaussian:
-    """Logit Gaussian of a diagonal posterior; ``diagonal`` is the GGN diagonal ``(C, D+1)``."""
-    dtype = phi_aug.dtype
-    variance = phi_aug.square() @ (1.0 / (diagonal + prior_precision)).T.to(dtype)
-    return LogitGaussian(mean.to(dtype), variance.sqrt(), None)
-
-
-def full_logits(phi_aug: Tensor, mean: Tensor, eigvals: Tensor, eigvecs: Tensor, prior_precision: float) -> LogitGaussian:
-    """Logit Gaussian of a full posterior ``(GGN + δ I)⁻¹`` given the GGN's eigen-decomposition."""
-    dtype = torch.promote_types(phi_aug.dtype, torch.float64)
-    classes, width = mean.shape[1], phi_aug.shape[1]
-    root = (eigvecs * torch.rsqrt(eigvals + prior_precision)).to(dtype)  # Σ = root rootᵀ
-    projected = torch.einsum("nd,cdp->ncp", phi_aug.to(dtype), root.reshape(classes, width, -1))
-    covariance = projected @ projected.transpose(1, 2)
-    values, vectors = torch.linalg.eigh(covariance)
-    out = phi_aug.dtype
-    return LogitGaussian(mean.to(out), values.clamp_min(0).sqrt().to(out), vectors.to(out))
-
-
-def bytes_per_row(structure: str, link: str, classes: int, width: int, samples: int, dtype: torch.dtype) -> int:
-    """Bytes one input row keeps alive at the peak of ``<structure>_logits`` and ``link``, for :mod:`posthoc.core.chunks`.
-
-    ``width`` is that of ``phĩ``. Per row: ``phĩ U_A`` and its square (kron) or ``phĩ²`` (diag);
-    for full, the ``C x P`` projection (``P = C · width``), the ``C x C`` covariance and its
-    eigenvectors in float64; about seven ``C``-vectors (mean, scale, the link's temporaries); and
-    three ``S x C`` blocks of logit samples for ``mc``.
+def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
+    """Bytes one input row keeps alive in the logits' mean, scale and ``link`` (for :mod:`posthoc.core.chunks`):
+    about seven ``C``-vectors, and for ``mc`` three ``S x C`` blocks of logit samples.
 
     Example:
-        >>> bytes_per_row("diag", "probit", classes=10, width=65, samples=0, dtype=torch.float32)
-        540
+        >>> link_row_bytes("probit", classes=10, samples=0, itemsize=4)
+        280
     """
-    elements = {"kron": 2 * width, "diag": width, "full": 0}[structure] + 7 * classes
-    if link == "mc":
-        elements += 3 * samples * classes
-    dense = 8 * (classes * classes * width + 3 * classes * classes) if structure == "full" else 0
-    return elements * (torch.finfo(dtype).bits // 8) + dense
+    elements = 7 * classes + (3 * samples * classes if link == "mc" else 0)
+    return elements * itemsize
 
 
-def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], LogitGaussian], link: str, num_samples: int,
+def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], GaussianLogits], link: str, num_samples: int,
                            generator: torch.Generator | None = None, *, max_memory: int | None = None) -> tuple[Tensor, Tensor | None]:
     """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit ``max_memory``;
     ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples ``(S, n, C)`` join along rows.
@@ -179,7 +211,7 @@ def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice
         >>> chunked_log_predictive(5, 10**6, gaussian, "mc", 4, max_memory=2 * 10**6)[1].shape
         torch.Size([4, 5, 3])
     """
-    parts = [log_predictive(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
+    parts = [_link(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
     log_probs = torch.cat([chunk for chunk, _ in parts])
     if parts[0][1] is None:
         return log_probs, None

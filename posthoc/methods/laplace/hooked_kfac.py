@@ -32,7 +32,8 @@ from posthoc.core import distributed
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.modules import eval_mode
-from posthoc.methods.laplace.curvature import FLOAT64, ParamCurvature, clamp_curvature, symmetric_eig
+from posthoc.methods.laplace.structure import FLOAT64, Curvature
+from posthoc.methods.laplace.structures import structure_class
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, tapped_forward
 
 #: structures this engine offers (``"kron"`` is the exact-GGN KFAC, BackPACK's KFLR)
@@ -57,7 +58,7 @@ def _square_root_directions(logits: Tensor) -> Tensor:
 
 
 def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
-               batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[list[ParamCurvature], Tensor]:
+               batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[list[Curvature], Tensor]:
     """KFAC-reduce (``"kron"``) or diagonal GGN blocks of the Linear layers owning ``param_names``.
 
     Returns the eigen-decomposed blocks (in ``param_names`` order) and the summed cross-entropy at
@@ -88,14 +89,12 @@ def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
         layer, _, field = name.rpartition(".")
         if structure == "diag":
             found = distributed.all_reduce_sum(diagonal[layer])
-            found = found[:, :-1] if field == "weight" else found[:, -1]
-            blocks.append(ParamCurvature(name, diagonal=clamp_curvature(found.clone(), f"GGN diagonal of {name}")))
-            continue
-        block = ParamCurvature(name)
-        block.out_eigvals, block.out_eigvecs = symmetric_eig(distributed.all_reduce_sum(out_factor[layer]), f"output factor of {name}")
-        if field == "weight":
-            block.in_eigvals, block.in_eigvecs = symmetric_eig(distributed.all_reduce_sum(in_factor[layer]) / count, f"input factor of {name}")
-        blocks.append(block)
+            sums = [found[:, :-1] if field == "weight" else found[:, -1]]
+        else:
+            sums = [distributed.all_reduce_sum(out_factor[layer])]
+            if field == "weight":
+                sums.append(distributed.all_reduce_sum(in_factor[layer]))
+        blocks.append(structure_class(structure).from_sums(sums, count, name))
     return blocks, loss
 
 

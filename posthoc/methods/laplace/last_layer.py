@@ -1,14 +1,16 @@
 """Last-layer Laplace: the head's GGN in closed form and Gaussian logits, no backward pass.
 
 The GGN of a linear head follows from the features and probabilities of ONE pass over the
-training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`); predictions are Gaussian
-in logit space (:mod:`posthoc.methods.laplace.glm_predictive`), computed in row chunks planned by
-:mod:`posthoc.core.chunks`.
+training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into one block of the
+``hessian`` structure over ``[W, b]``; predictions are that block's Gaussian logits
+(:meth:`~posthoc.methods.laplace.structure.Curvature.head_variance`) through the link
+(:mod:`posthoc.methods.laplace.glm_predictive`), in row chunks whose cost per row is fixed by the
+head's size, the structure and the link.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
-    >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name
-    (True, 'fc')
+    >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
+    (True, 'fc', 'DiagCurvature')
 """
 
 from __future__ import annotations
@@ -21,27 +23,21 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import settings
+from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace, class_labels
-from posthoc.methods.laplace.curvature import LastLayerCurvature, LastLayerGGN, augment, check_memory, ggn_spectrum, num_params
-
-#: buffers that hold each structure's fitted curvature
-CURVATURE_BUFFERS = {
-    "kron": ("out_eigvals", "out_eigvecs", "in_eigvals", "in_eigvecs"),
-    "full": ("eigvals", "eigvecs"),
-    "diag": ("diagonal",),
-}
+from posthoc.methods.laplace.curvature import LastLayerGGN, augment
+from posthoc.methods.laplace.structures import structure_class
 
 
-class LastLayerLaplace(Laplace):
+class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
-
-    last_layer_only = True
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -56,18 +52,22 @@ class LastLayerLaplace(Laplace):
         self.split = FeatureSplit(model, options.get("head"))
         if self.split.head is not None:
             self._check_head_memory()
-        for name in CURVATURE_BUFFERS[self.hessian]:
-            self.register_buffer(name, None)
+        self.blocks = nn.ModuleList([structure_class(self.hessian)()])
+        self._accept_flat_names()
+
+    @property
+    def curvature(self) -> nn.Module:
+        """The head's fitted block (a :class:`~posthoc.methods.laplace.structure.Curvature` of the ``hessian`` structure)."""
+        return self.blocks[0]
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
-        curvature = self._accumulate(train_loader, progress)
-        for name in CURVATURE_BUFFERS[self.hessian]:
-            setattr(self, name, getattr(curvature, name))
-        self.num_data.fill_(curvature.num_data)
+        accumulator = self._accumulate(train_loader, progress)
+        self.blocks = nn.ModuleList([accumulator.finalize()])
+        self.num_data.fill_(accumulator.num_data)
         head = self.split.head
-        return curvature.loss, [head.weight] + ([head.bias] if head.bias is not None else [])
+        return accumulator.loss, [head.weight] + ([head.bias] if head.bias is not None else [])
 
-    def _accumulate(self, train_loader: Iterable, progress: bool) -> LastLayerCurvature:
+    def _accumulate(self, train_loader: Iterable, progress: bool) -> LastLayerGGN:
         accumulator: LastLayerGGN | None = None
         device = self.device
         with torch.no_grad(), eval_mode(self.model):
@@ -83,9 +83,8 @@ class LastLayerLaplace(Laplace):
                     self._check_head_memory()
                     accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device)
                 accumulator.update(phi, logits, class_labels(y, *logits.shape))
-        head = self.split.head
-        params = num_params(head.in_features, head.out_features, self._has_bias)
-        rank = accumulator.num_data * (head.out_features - 1)
+        params = self.num_posterior_parameters()
+        rank = accumulator.num_data * (self.split.head.out_features - 1)
         if rank < params:
             warnings.warn(
                 f"{accumulator.num_data} training examples determine at most {rank} of the head's "
@@ -94,7 +93,7 @@ class LastLayerLaplace(Laplace):
                 RuntimeWarning,
                 stacklevel=5,
             )
-        return accumulator.finalize()
+        return accumulator
 
     def _prepare(self, x: Inputs) -> tuple[Tensor, Tensor]:
         return self.split(x)
@@ -102,40 +101,43 @@ class LastLayerLaplace(Laplace):
     def _map_log_probs(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
         return torch.log_softmax(inputs[1].double(), dim=-1)
 
-    def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
+    def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int,
+                    max_memory: int | None = None) -> LogPredictive:
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        phi_aug = augment(phi.to(dtype), self._has_bias)
-        row_bytes = glm.bytes_per_row(self.hessian, self.link, logits.shape[1], phi_aug.shape[1], num_samples, dtype)
-        return glm.chunked_log_predictive(
-            phi.shape[0], row_bytes, lambda rows: self.logit_gaussian(phi_aug[rows], logits[rows], prior_precision),
-            self.link, num_samples, generator, max_memory=self.max_memory,
-        )
+        row_bytes = self.row_bytes(num_samples, dtype)
+        # a small head's predictive is a few tiny tensor ops: on one CPU thread, none waits on another
+        with single_thread_if(phi.device.type == "cpu" and phi.shape[0] * row_bytes <= SMALL_WORK_BYTES):
+            phi_aug = augment(phi.to(dtype), self._has_bias)
+            return glm.chunked_log_predictive(
+                phi.shape[0], row_bytes, lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
+                self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
+            )
 
-    def logit_gaussian(self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None) -> glm.LogitGaussian:
+    def row_bytes(self, num_samples: int, dtype: torch.dtype) -> int:
+        """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.
+
+        Example:
+            >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(loader).method.row_bytes(0, torch.float32)
+            540
+        """
+        head, itemsize = self.split.head, torch.finfo(dtype).bits // 8
+        width, classes = head.in_features + int(self._has_bias), head.out_features
+        return (self.curvature.head_row_bytes(classes, width, itemsize)
+                + glm.link_row_bytes(self.link, classes, num_samples, itemsize))
+
+    def logit_gaussian(self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None) -> glm.GaussianLogits:
         """The Gaussian over logits for head inputs ``phĩ = [phi, 1]`` (see :mod:`posthoc.methods.laplace.glm_predictive`)."""
+        self._settle()
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
-        if self.hessian == "kron":
-            return glm.kron_logits(phi_aug, logits, self.out_eigvals, self.out_eigvecs, self.in_eigvals, self.in_eigvecs, delta)
-        if self.hessian == "diag":
-            return glm.diag_logits(phi_aug, logits, self.diagonal, delta)
-        return glm.full_logits(phi_aug, logits, self.eigvals, self.eigvecs, delta)
+        return self.curvature.head_variance(phi_aug, logits, delta)
 
-    def spectrum(self) -> Tensor:
-        return ggn_spectrum(
-            self.hessian,
-            getattr(self, "out_eigvals", None),
-            getattr(self, "in_eigvals", None),
-            getattr(self, "eigvals", None),
-            getattr(self, "diagonal", None),
-        )
-
-    def num_posterior_parameters(self) -> int:
+    def posterior_parameters(self) -> list[str]:
         head = self.split.head
-        return num_params(head.in_features, head.out_features, self._has_bias)
+        return [f"{self.split.head_name}.{name}" for name, value in head.named_parameters(recurse=False) if value is not None]
 
-    def posterior_layers(self) -> list[str]:
-        return [self.split.head_name]
+    def _flat_names(self) -> dict[str, tuple[int, str]]:
+        return {field: (0, field) for field in structure_class(self.hessian).fields}
 
     @property
     def _has_bias(self) -> bool:
@@ -143,4 +145,5 @@ class LastLayerLaplace(Laplace):
 
     def _check_head_memory(self) -> None:
         head = self.split.head
-        check_memory(self.hessian, head.in_features, head.out_features, head.bias is not None, settings.memory_budget(self.max_memory))
+        structure_class(self.hessian).check_head_memory(head.out_features, head.in_features + int(head.bias is not None),
+                                                        settings.memory_budget(self.max_memory))

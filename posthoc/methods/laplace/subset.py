@@ -5,12 +5,14 @@
 BackPACK cannot run transformers), the predictive is the GLM one over the adapters' per-token
 Jacobians; memory grows with the adapters' width, never with the frozen model's.
 
-Every parameter of the covered Linear/Conv2d layers gets its own block (Kronecker eigen-factors,
-or a diagonal), fitted by :func:`~posthoc.methods.laplace.curvature.backpack_ggn` (or, for
-``subset="lora"``, :func:`~posthoc.methods.laplace.hooked_kfac.hooked_ggn`) and saved as
-``p{index}_{field}`` buffers. Predictions are the linearised (GLM) logit Gaussian when every
-covered layer is Linear (:mod:`posthoc.methods.laplace.subset_glm`, in row chunks planned by
-:mod:`posthoc.core.chunks`), else (or with ``pred="nn"``) ``S`` weight draws run through the network.
+Every parameter of the covered Linear/Conv2d layers gets its own block of the ``hessian``
+structure (:mod:`~posthoc.methods.laplace.kron`, :mod:`~posthoc.methods.laplace.diag`), fitted by
+:func:`~posthoc.methods.laplace.curvature.backpack_ggn` (or, for ``subset="lora"``,
+:func:`~posthoc.methods.laplace.hooked_kfac.hooked_ggn`) and held in ``blocks``. Predictions are the
+linearised (GLM) logit Gaussian when every covered layer is Linear
+(:mod:`posthoc.methods.laplace.subset_glm`, in row chunks whose cost per row, from the class count
+and the positions per example recorded at fit, is fixed), else (or with ``pred="nn"``) ``S`` weight
+draws run through the network.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(train_loader)
@@ -20,13 +22,15 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import math
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
+from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -35,21 +39,13 @@ from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
 from posthoc.methods.laplace.base import Laplace, class_labels
-from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, ParamCurvature, backpack_ggn, sample_weights, subset_parameters
+from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, backpack_ggn, subset_parameters
 from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
-
-#: per-parameter buffers, named ``p{index}_{field}``
-BLOCK_FIELDS = {
-    "kron": ("out_eigvals", "out_eigvecs", "in_eigvals", "in_eigvecs"),
-    "kron-mc": ("out_eigvals", "out_eigvecs", "in_eigvals", "in_eigvecs"),
-    "diag": ("diagonal",),
-}
+from posthoc.methods.laplace.structures import structure_class
 
 
-class SubsetLaplace(Laplace):
+class SubsetLaplace(Laplace, scope="subset"):
     """``subset="all"`` or a list of module names: BackPACK KFAC/diagonal blocks over those layers (see module docs)."""
-
-    last_layer_only = False
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -64,9 +60,12 @@ class SubsetLaplace(Laplace):
         all_linear = all(isinstance(m, nn.Linear) for m in parameter_owners(model, self.param_names).values())
         self.pred = self.pred or ("glm" if all_linear else "nn")
         self.glm_layers = subset_glm.covered_linear_layers(model, self.param_names) if self.pred == "glm" else {}
-        for index in range(len(self.param_names)):
-            for field in BLOCK_FIELDS[self.hessian]:
-                self.register_buffer(f"p{index}_{field}", None)
+        self.blocks = nn.ModuleList([structure_class(self.hessian)(name) for name in self.param_names])
+        self._accept_flat_names()
+        #: seen at fit: the model's outputs, the most positions (tokens, patches) an example feeds a
+        #: covered layer, and the elements of that example's inputs (0: not seen)
+        for name in ("num_classes", "positions", "example_size"):
+            self.register_buffer(name, torch.zeros((), dtype=torch.int64))
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
@@ -76,9 +75,7 @@ class SubsetLaplace(Laplace):
         else:
             blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress))
         self.num_data.copy_(distributed.all_reduce_sum(self.num_data))
-        for index, block in enumerate(blocks):
-            for field in BLOCK_FIELDS[self.hessian]:
-                setattr(self, f"p{index}_{field}", getattr(block, field))
+        self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())
         return loss, [params[name] for name in self.param_names]
 
@@ -91,15 +88,26 @@ class SubsetLaplace(Laplace):
                     "subset Laplace over named layers (BackPACK) needs tensor inputs, not a dict; for a peft model "
                     "use subset='lora', otherwise subset='last_layer'"
                 )
-            classes = classes or _num_classes(self.model, x)
+            if classes is None:
+                classes = self._record_shapes(x)
             self.num_data += batch_size(x)
             yield x, class_labels(y, batch_size(x), classes)
 
-    def _blocks(self) -> list[ParamCurvature]:
-        return [
-            ParamCurvature(name, **{field: getattr(self, f"p{index}_{field}") for field in BLOCK_FIELDS[self.hessian]})
-            for index, name in enumerate(self.param_names)
-        ]
+    def _record_shapes(self, x: Inputs) -> int:
+        """Record the class count and the positions per example from one row of ``x``; return the class count."""
+        row = slice_inputs(x, 0, 1)
+        with torch.no_grad(), eval_mode(self.model):
+            self.num_classes.fill_(run_model(self.model, row).shape[-1])
+            if self.glm_layers:
+                self.positions.fill_(subset_glm.positions_per_row(self.model, self.glm_layers, row))
+        self.example_size.fill_(_example_size(x))
+        return int(self.num_classes)
+
+    def _positions(self, x: Inputs) -> int:
+        """Positions an example of ``x`` feeds the covered layers: those seen at fit, scaled by the example's size
+        (a sequence twice as long feeds each layer twice the tokens)."""
+        seen = max(1, int(self.positions))
+        return seen if seen == 1 else max(1, math.ceil(seen * _example_size(x) / max(1, int(self.example_size))))
 
     def _prepare(self, x: Inputs) -> Inputs:
         return x
@@ -107,40 +115,40 @@ class SubsetLaplace(Laplace):
     def _map_log_probs(self, x: Inputs) -> Tensor:
         return class_log_probs(run_model(self.model, x)).double()
 
-    def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
+    def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int,
+                    max_memory: int | None = None) -> LogPredictive:
         if self.pred == "nn":
             return self._weight_space_predictive(x, prior_precision, generator, num_samples)
-        blocks = self._blocks()
-        positions = subset_glm.positions_per_row(self.model, self.glm_layers, slice_inputs(x, 0, 1))
-        row_bytes = subset_glm.bytes_per_row(self.glm_layers, _num_classes(self.model, x), num_samples if self.link == "mc" else 0, positions)
+        if int(self.num_classes) == 0:  # a posterior saved without its shapes
+            self._record_shapes(x)
+        blocks = list(self.blocks)
+        row_bytes = subset_glm.bytes_per_row(self.glm_layers, int(self.num_classes), num_samples if self.link == "mc" else 0,
+                                             self._positions(x))
         return glm.chunked_log_predictive(
             batch_size(x), row_bytes,
             lambda rows: subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision),
-            self.link, num_samples, generator, max_memory=self.max_memory,
+            self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
         )
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
         """``pred="nn"``: run the network with ``S`` weight draws of the covered layers (others fixed)."""
         params = dict(self.model.named_parameters())
-        draws = {b.name: sample_weights(params[b.name].detach(), b, prior_precision, num_samples, generator) for b in self._blocks()}
+        draws = {b.name: b.sample(params[b.name].detach(), prior_precision, num_samples, generator) for b in self.blocks}
         sample_log_probs = torch.stack([
             class_log_probs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
             for s in range(num_samples)
         ])
         return log_mean_exp(sample_log_probs), sample_log_probs
 
-    def spectrum(self) -> Tensor:
-        return torch.cat([block.spectrum() for block in self._blocks()])
+    def posterior_parameters(self) -> list[str]:
+        return list(self.param_names)
 
-    def num_posterior_parameters(self) -> int:
-        params = dict(self.model.named_parameters())
-        return sum(params[name].numel() for name in self.param_names)
-
-    def posterior_layers(self) -> list[str]:
-        return list(parameter_owners(self.model, self.param_names))
+    def _flat_names(self) -> dict[str, tuple[int, str]]:
+        fields = structure_class(self.hessian).fields
+        return {f"p{index}_{field}": (index, field) for index in range(len(self.param_names)) for field in fields}
 
 
-def _num_classes(model: nn.Module, x: Inputs) -> int:
-    """The model's number of outputs, from one row (no model structure tells it in general)."""
-    with torch.no_grad(), eval_mode(model):
-        return run_model(model, slice_inputs(x, 0, 1)).shape[-1]
+def _example_size(x: Inputs) -> int:
+    """Elements of one example's inputs (of every tensor, for a dict of them)."""
+    tensors = x.values() if isinstance(x, Mapping) else [x]
+    return sum(value[0].numel() for value in tensors if isinstance(value, Tensor) and value.dim() > 0)

@@ -1,19 +1,16 @@
 """The linearised (GLM) predictive of a Laplace posterior over several Linear layers.
 
 Around the checkpoint the logits are linear in the covered weights, ``f(x) ≈ f*(x) + J(x) Δθ``,
-so the block-diagonal posterior (one KFAC or diagonal block per parameter, from BackPACK) gives
-Gaussian logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. For a Linear layer with input ``a`` and
-output ``z``, the Jacobian of logit ``c`` in its weight is ``g_c aᵀ`` with ``g_c = ∂f_c/∂z``, so
-the ``C x C`` covariance needs only ``a`` and the ``C`` output gradients ``g_c``:
-
-- KFAC weight block ``(G ⊗ A + δI)⁻¹``: ``Σ_i (U_Gᵀ g_c)_i (U_Gᵀ g_c')_i w_i`` with
-  ``w_i = Σ_j (U_Aᵀ a)_j² / (λ_i μ_j + δ)``; bias block: ``w_i = 1 / (λ_i + δ)``;
-- diagonal block ``1 / (h + δ)``: ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
+so the block-diagonal posterior (one block per parameter, from BackPACK or hooks) gives Gaussian
+logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. For a Linear layer with input ``a`` and output ``z``,
+the Jacobian of logit ``c`` in its weight is ``g_c aᵀ`` with ``g_c = ∂f_c/∂z``, so each block's
+``C x C`` term needs only ``a`` and the ``C`` output gradients ``g_c``; the block computes it in its
+own factored form (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`).
 
 The gradients come from ``C`` backward passes per chunk to zero tensors that temporary hooks
 (:func:`posthoc.engine.hooks.hooked`) add to the layers' outputs, so frozen weights need no
 gradients and no weight gradient is formed. A layer applied over ``T`` positions (LoRA adapters on every token) has
-the Jacobian ``Σ_t g_c,t a_tᵀ``, formed per example in the KFAC eigenbasis. This is the predictive
+the Jacobian ``Σ_t g_c,t a_tᵀ``. This is the predictive
 that laplace-torch calls ``pred_type="glm"``; unlike weight sampling (``pred="nn"``) it does not let the prior's spread in
 directions the data never probed wreck the network's predictions.
 
@@ -35,8 +32,8 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import parameter_owners
 from posthoc.engine.hooks import hooked
-from posthoc.methods.laplace.curvature import ParamCurvature
-from posthoc.methods.laplace.glm_predictive import LogitGaussian
+from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
+from posthoc.methods.laplace.structure import Curvature
 
 
 def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str, nn.Linear]:
@@ -81,12 +78,14 @@ def positions_per_row(model: nn.Module, layers: dict[str, nn.Linear], row: Input
     return max(seen)
 
 
-def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[ParamCurvature], x: Inputs,
-                   prior_precision: float) -> LogitGaussian:
+def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[Curvature], x: Inputs,
+                   prior_precision: float) -> DenseLogitGaussian:
     """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``.
 
+    Each parameter's block (``block.name``) adds its ``J Σ Jᵀ`` from the layer's inputs and the
+    logits' gradients in its output (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`).
     A layer applied over positions (inputs ``(N, T, features)``, e.g. LoRA adapters on every token)
-    has the Jacobian ``Σ_t g_c,t a_tᵀ`` per example, formed in the posterior's eigenbasis."""
+    has the Jacobian ``Σ_t g_c,t a_tᵀ`` per example."""
     logits, taps = tapped_forward(model, layers, x)
     with torch.enable_grad():
         leaves = [taps[name][1] for name in layers]
@@ -103,15 +102,12 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
         a = taps[name][0].to(dtype)
         if a.dim() > 2:
             a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(*g.shape[:2], -1, g.shape[-1])
-        weight = by_name.get(f"{name}.weight")
-        if weight is not None:
-            covariance += _weight_term(g, a, weight, prior_precision) if a.dim() == 2 else _positional_weight_term(g, a, weight, prior_precision)
-        bias = by_name.get(f"{name}.bias")
-        if bias is not None:
-            covariance += _bias_term(g if g.dim() == 3 else g.sum(2), bias, prior_precision)
-    values, vectors = torch.linalg.eigh(covariance)
+        for field, inputs in (("weight", a), ("bias", None)):
+            block = by_name.get(f"{name}.{field}")
+            if block is not None:
+                covariance += block.jacobian_variance(g, inputs, prior_precision)
     out = logits.detach().dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
-    return LogitGaussian(logits.detach().to(out), values.clamp_min(0).sqrt().to(out), vectors.to(out))
+    return DenseLogitGaussian(logits.detach().to(out), covariance)
 
 
 def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0, positions: int = 1) -> int:
@@ -122,30 +118,3 @@ def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0, 
     if positions > 1:
         width = positions * width + sum(layer.out_features * layer.in_features for layer in layers.values())
     return 8 * classes * (2 * width + 3 * classes + 3 * samples)
-
-
-def _weight_term(g: Tensor, a: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
-    if block.diagonal is not None:
-        spread = a.square() @ (1.0 / (block.diagonal.to(g.dtype) + prior_precision)).T  # (n, out)
-        return torch.einsum("nco,no,ndo->ncd", g, spread, g)
-    rotated = g @ block.out_eigvecs.to(g.dtype)  # (n, C, out)
-    psi_sq = (a @ block.in_eigvecs.to(g.dtype)).square()  # (n, in)
-    inverse = 1.0 / (torch.outer(block.in_eigvals, block.out_eigvals).to(g.dtype) + prior_precision)  # (in, out)
-    return torch.einsum("nci,ni,ndi->ncd", rotated, psi_sq @ inverse, rotated)
-
-
-def _positional_weight_term(g: Tensor, a: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
-    """``J Σ Jᵀ`` of a weight used at ``T`` positions: ``g (n, C, T, out)``, ``a (n, T, in)``."""
-    if block.diagonal is not None:
-        jacobian = torch.einsum("ncto,nti->ncoi", g, a)
-        return torch.einsum("ncoi,oi,ndoi->ncd", jacobian, 1.0 / (block.diagonal.to(g.dtype) + prior_precision), jacobian)
-    jacobian = torch.einsum("ncto,nti->ncoi", g @ block.out_eigvecs.to(g.dtype), a @ block.in_eigvecs.to(g.dtype))
-    inverse = 1.0 / (torch.outer(block.out_eigvals, block.in_eigvals).to(g.dtype) + prior_precision)  # (out, in)
-    return torch.einsum("ncoi,oi,ndoi->ncd", jacobian, inverse, jacobian)
-
-
-def _bias_term(g: Tensor, block: ParamCurvature, prior_precision: float) -> Tensor:
-    if block.diagonal is not None:
-        return torch.einsum("nco,o,ndo->ncd", g, 1.0 / (block.diagonal.to(g.dtype) + prior_precision), g)
-    rotated = g @ block.out_eigvecs.to(g.dtype)
-    return torch.einsum("nci,i,ndi->ncd", rotated, 1.0 / (block.out_eigvals.to(g.dtype) + prior_precision), rotated)

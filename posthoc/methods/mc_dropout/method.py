@@ -53,6 +53,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
@@ -254,13 +255,14 @@ class MCDropout(Method):
             return "the classifier's own dropout (before the head)"
         return "the model's own dropout" if self.own_sites and self.where is None else f"default for inserted dropout ({DEFAULT_INSERT_P})"
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         num_samples = num_samples or self.num_samples
         sites = self.sites(x)
         if all(site.p == 0 for site in sites):
             log_probs = class_log_probs(run_model(self.model, x))
             return log_probs, log_probs.unsqueeze(0).expand(num_samples, *log_probs.shape)
-        return self._sampled(x, self._head_features(x), num_samples, generator, sites)
+        return self._sampled(x, self._head_features(x), num_samples, generator, sites, call_budget(self.max_memory, max_memory))
 
     def sites(self, x: Inputs | None = None) -> list[DropoutSite]:
         """Where dropout is applied, with the rates in use (``x`` helps find the head of plain models)."""
@@ -313,7 +315,7 @@ class MCDropout(Method):
         return features
 
     def _sampled(self, x: Inputs, features: Tensor | None, num_samples: int, generator: torch.Generator | None,
-                 sites: list[DropoutSite]) -> LogPredictive:
+                 sites: list[DropoutSite], max_memory: int | None = None) -> LogPredictive:
         """The predictive of ``sites``: on the head's ``features`` with shared masks, else through the suffix runner."""
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
         if features is not None:
@@ -321,8 +323,9 @@ class MCDropout(Method):
             if units is not None:
                 self._keep_units({sites[0].name: features.shape[1]})
             keep = keep_mask((num_samples, features.shape[1]), p, generator=generator, device=features.device)
-            return shared_mask_predictive(features, self._head_split.head, keep, p, max_memory=self.max_memory)
-        logits = self._suffix(x)(x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units))
+            return shared_mask_predictive(features, self._head_split.head, keep, p, max_memory=max_memory)
+        logits = self._suffix(x)(x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units),
+                                 max_memory=max_memory)
         if units:
             self._keep_units(units)
         n = batch_size(x)

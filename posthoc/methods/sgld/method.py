@@ -216,7 +216,8 @@ class SGLD(Method):
             self.split(x)
         return sample_names(self.model, self.layers, self.split)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
         kept = self.samples.shape[0]
         count = num_samples or min(self.num_samples, kept)
@@ -224,7 +225,7 @@ class SGLD(Method):
             raise ConfigError(f"SGLD kept {kept} samples at fit; predict with num_samples <= {kept}, or fit with more")
         chosen = torch.linspace(0, kept - 1, count).round().long().to(self.samples.device)
         if self.layers == "head":
-            return head_log_predictive(self.split, lambda group: self.samples[chosen[group]], count, x)
+            return head_log_predictive(self.split, lambda group: self.samples[chosen[group]], count, x, max_memory=max_memory)
         names = self._names(x)
         return state_log_predictive(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), count, x)
 

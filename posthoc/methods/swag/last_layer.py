@@ -80,7 +80,8 @@ class LastLayerSWAG(SWAGBase):
         out = features @ weight.transpose(-1, -2)
         return out + flat[..., size:].unsqueeze(-2) if flat.shape[-1] > size else out
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
         count = num_samples or self.num_samples
         phi, _ = self.split(x)
@@ -101,7 +102,7 @@ class LastLayerSWAG(SWAGBase):
         # per row alive at once: the noise and its scaled copy (then log_mean_exp's shifted copy), the low-rank projection
         row_bytes = 4 * classes * (2 * count + 2 * deviations.shape[0])
         z = None  # the low-rank weights of each sample, shared by every example (drawn after the first chunk's noise)
-        for rows in chunks(n, row_bytes):
+        for rows in chunks(n, row_bytes, max_memory=max_memory):
             samples = randn((count, rows.stop - rows.start, classes), generator=generator, device=phi.device) * std[rows]
             if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
                 projected = self._head_logits(deviations, phi[rows]).flatten(1)  # (K, n * C)

@@ -186,27 +186,29 @@ class SubsetSWAG(SWAGBase):
         theta = self.collector.sample(scale=self.scale, generator=generator, low_rank=self.cov)
         return self.collector.unflatten(theta, like=self.model)
 
-    def _suffix_log_probs(self, x: Inputs, count: int, runner: SuffixRunner) -> Tensor:
+    def _suffix_log_probs(self, x: Inputs, count: int, runner: SuffixRunner, max_memory: int | None = None) -> Tensor:
         """Per-sample log-probabilities ``(S, N, C)``, the prefix once per group of stacked weight samples."""
         element = self.model.get_parameter(self.names[0]).element_size()
         row_bytes = 2 * self.collector.num_parameters * element  # a sample's draw and its row of the stacked weights
         groups = []
-        for group in chunks(count, row_bytes):
+        for group in chunks(count, row_bytes, max_memory=max_memory):
             draws = [self._sample_parameters(s) for s in range(group.start, group.stop)]
             weights = {name: torch.stack([draw[name] for draw in draws]) for name in self.names}
-            groups.append(runner(x, len(draws), stochastic=lambda weights=weights: sampled_linears(self.model, weights, runner)))
+            groups.append(runner(x, len(draws), stochastic=lambda weights=weights: sampled_linears(self.model, weights, runner),
+                                 max_memory=max_memory))
         logits = torch.cat(groups)
         rows = logits.shape[0] * logits.shape[1]
         return class_log_probs(logits.reshape(rows, *logits.shape[2:])).float().reshape(*logits.shape[:2], -1)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
         """``generator`` is not used: the weight samples are the fixed ensemble drawn from ``seed``."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
         if self.placement is None:
             self.placement = trace_placement(self.model, self.names, x)
         self._extend_bn_cache(count)
         if self.scale > 0 and self.placement.runner is not None:
-            sample_log_probs = self._suffix_log_probs(x, count, self.placement.runner)
+            sample_log_probs = self._suffix_log_probs(x, count, self.placement.runner, max_memory)
         else:
             sample_log_probs = torch.stack([
                 class_log_probs(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()

@@ -1,0 +1,186 @@
+"""The contract of a fitted curvature block: :class:`Curvature`, one subclass per Hessian structure.
+
+A block is the generalised Gauss-Newton (GGN) of one group of parameters in the factored form its
+structure keeps (Kronecker eigen-factors, a diagonal, a dense eigen-decomposition), held in its own
+buffers. With a prior precision ``δ`` it is the Gaussian posterior ``N(θ, (GGN + δ I)⁻¹)``, and it
+answers everything Laplace asks of that posterior:
+
+- :meth:`Curvature.spectrum`: the GGN's eigenvalues (the evidence and its optimum need nothing else);
+- :meth:`Curvature.sample`: weight draws;
+- :meth:`Curvature.head_variance`: the Gaussian logits of a linear head ``W phĩ`` (the Jacobian is
+  ``I ⊗ phĩᵀ``, never formed);
+- :meth:`Curvature.jacobian_variance`: ``J Σ Jᵀ`` for a layer inside a network, whose Jacobian in
+  its weight is ``g_c aᵀ`` per logit ``c``;
+- the last-layer GGN accumulated batch by batch (:meth:`Curvature.head_statistics`,
+  :meth:`Curvature.accumulate`, :meth:`Curvature.from_head_statistics`).
+
+Parameters are ordered output-major, as ``W.reshape(-1)``: index ``o * in + i``; a head's block
+covers ``[W, b]`` over ``phĩ = [phi, 1]``. Adding a structure is one module with one subclass, and
+one entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
+
+Example:
+    >>> block = DiagCurvature.from_diagonal(torch.ones(3, 5))
+    >>> block.spectrum().shape, block.head_variance(torch.ones(2, 5), torch.zeros(2, 3), 1.0).variance()
+    (torch.Size([15]), tensor([[2.5000, 2.5000, 2.5000], [2.5000, 2.5000, 2.5000]]))
+"""
+
+from __future__ import annotations
+
+import abc
+import warnings
+from typing import ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.errors import NumericalError
+from posthoc.core.threads import single_thread_if
+from posthoc.engine.random_draws import randn
+from posthoc.methods.laplace.glm_predictive import GaussianLogits
+
+FLOAT64 = torch.float64
+
+
+class Curvature(nn.Module, metaclass=abc.ABCMeta):
+    """A fitted GGN block and the Gaussian posterior it makes with a prior precision (see module docs).
+
+    Subclasses name their buffers in :attr:`fields` (``None`` until fitted or loaded) and build
+    fitted blocks with their own ``from_...`` class methods.
+
+    Args:
+        name: what the block covers (a parameter's qualified name; empty for a head), for messages.
+    """
+
+    #: the buffers holding the fitted state, in the order a saved posterior lists them
+    fields: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, name: str = "") -> None:
+        super().__init__()
+        self.name = name
+        for field in self.fields:
+            self.register_buffer(field, None)
+
+    @property
+    def fitted(self) -> bool:
+        """Whether the buffers hold a fitted GGN."""
+        return all(getattr(self, field) is not None for field in self.required_fields())
+
+    def required_fields(self) -> tuple[str, ...]:
+        """The buffers a fitted block always has (the rest may stay ``None``, e.g. a bias's input factor)."""
+        return self.fields
+
+    @classmethod
+    @abc.abstractmethod
+    def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> Curvature:
+        """The block of parameter ``name`` from what a fitting engine (BackPACK, hooks) summed over
+        ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]`` for Kronecker factors, ``[diagonal]``, ``[matrix]``."""
+
+    # ------------------------------------------------------------------ the posterior
+    @abc.abstractmethod
+    def spectrum(self) -> Tensor:
+        """All eigenvalues of the (approximate) GGN, flattened (float64)."""
+
+    def sample(self, value: Tensor, prior_precision: float, num_samples: int, generator: torch.Generator | None) -> Tensor:
+        """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
+
+        Example:
+            >>> block.sample(weight, 1.0, 10, None).shape
+            torch.Size([10, 3, 5])
+        """
+        dtype = torch.promote_types(value.dtype, torch.float32)
+        shape = (num_samples, *value.shape)
+        noise = randn(shape, generator=generator, device=value.device, dtype=dtype)
+        return (value.to(dtype) + self.correlate(noise, prior_precision).reshape(shape)).to(value.dtype)
+
+    @abc.abstractmethod
+    def correlate(self, noise: Tensor, prior_precision: float) -> Tensor:
+        """``Σ^½ ε`` for standard normal ``noise`` ``(S, *parameter shape)``: draws of ``N(0, (GGN + δ I)⁻¹)``."""
+
+    @abc.abstractmethod
+    def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> GaussianLogits:
+        """The Gaussian logits ``N(mean, J Σ Jᵀ)`` of a linear head with inputs ``phĩ`` ``(n, in)`` (``J = I ⊗ phĩᵀ``)."""
+
+    @abc.abstractmethod
+    def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
+        """``J Σ Jᵀ`` ``(n, C, C)`` of this block inside a network, in ``g``'s dtype.
+
+        ``g``: the logits' gradients in the layer's output, ``(n, C, out)``, or ``(n, C, T, out)`` for
+        a layer applied at ``T`` positions; ``a``: the layer's inputs ``(n, in)`` or ``(n, T, in)``
+        for a weight (Jacobian ``Σ_t g_c,t a_tᵀ``), ``None`` for a bias (Jacobian ``Σ_t g_c,t``).
+        """
+
+    @abc.abstractmethod
+    def dense(self) -> Tensor:
+        """The (approximate) GGN as a dense ``(P, P)`` matrix (for tests and small blocks)."""
+
+    # ------------------------------------------------------------------ the last layer
+    @classmethod
+    @abc.abstractmethod
+    def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
+        """Zeroed float64 sums that :meth:`accumulate` adds one batch to (``width`` is that of ``phĩ``)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, probs: Tensor) -> None:
+        """Add one batch, head inputs ``phĩ`` ``(n, width)`` and float64 probabilities ``(n, C)``, in place."""
+
+    @classmethod
+    @abc.abstractmethod
+    def from_head_statistics(cls, statistics: dict[str, Tensor], num_data: int, bias: bool) -> Curvature:
+        """The fitted block of a head from the summed statistics of ``num_data`` examples."""
+
+    @classmethod
+    def check_head_memory(cls, num_classes: int, width: int, budget_bytes: float) -> None:
+        """Refuse, before allocating, a head whose block would not fit in ``budget_bytes`` (factored
+        structures, growing as ``C² + D²`` or ``C D``, always fit)."""
+
+    @classmethod
+    @abc.abstractmethod
+    def head_row_bytes(cls, num_classes: int, width: int, itemsize: int) -> int:
+        """Bytes one input row keeps alive at the peak of :meth:`head_variance` (the link's own are apart)."""
+
+    def extra_repr(self) -> str:
+        shapes = {field: None if getattr(self, field) is None else tuple(getattr(self, field).shape) for field in self.fields}
+        return ", ".join(f"{field}={shape}" for field, shape in shapes.items())
+
+
+def non_finite_curvature(what: str) -> NumericalError:
+    """The error for a curvature with NaN or inf in it, saying what to try (the inputs were checked finite)."""
+    return NumericalError(
+        f"the {what} contains NaN or inf although the inputs are finite: the model's features or logits "
+        "overflow, or its weights hold NaN. Check torch.isfinite on model.parameters() and on the model's "
+        "output for a training batch; if the model runs in float16/bfloat16, fit in float32 (model.float()); "
+        "if the features are huge, normalise the inputs as in training"
+    )
+
+
+def symmetric_eig(matrix: Tensor, what: str) -> tuple[Tensor, Tensor]:
+    """Eigenvalues (clamped at 0) and eigenvectors of a PSD matrix; warns on clearly negative curvature."""
+    if not torch.isfinite(matrix).all():
+        raise non_finite_curvature(what)
+    matrix = (matrix + matrix.T) / 2
+    # a small CPU eigh runs on one thread: LAPACK's threads wait on each other (see posthoc.core.threads)
+    with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
+        try:
+            values, vectors = torch.linalg.eigh(matrix)
+        except RuntimeError:  # eigh did not converge: add and remove a jitter
+            jitter = 1e-8 * float(matrix.diagonal().abs().max().clamp_min(1.0))
+            eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
+            values, vectors = torch.linalg.eigh(matrix + jitter * eye)
+            values = values - jitter
+    return clamp_curvature(values, what), vectors
+
+
+def clamp_curvature(values: Tensor, what: str) -> Tensor:
+    """Clamp eigenvalues/diagonal entries of a GGN at 0, warning when they were clearly negative."""
+    if not torch.isfinite(values).all():
+        raise non_finite_curvature(what)
+    scale = float(values.abs().max()) if values.numel() else 0.0
+    if values.numel() and float(values.min()) < -1e-4 * max(scale, 1e-30):
+        warnings.warn(
+            f"the {what} has negative curvature (min {float(values.min()):.3g}); a GGN is positive "
+            "semi-definite, so this is round-off from ill-conditioned features: clamped to 0",
+            RuntimeWarning,
+            stacklevel=3,
+        )
+    return values.clamp_min(0.0)

@@ -1,0 +1,55 @@
+"""The predict path: the budget reaches the method as an argument, and Laplace's predict runs the model
+once per chunk (no probe forwards)."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.core.inputs import all_finite
+from posthoc.core.uncertain_model import PROBE_EXAMPLES, UncertainModel
+
+
+class Recorder(posthoc.Method):
+    """A deterministic predictive that records the rows and the budget of every call."""
+
+    name, requires_fit = "test-recorder", False
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__(model)
+        self.calls: list[tuple[int, int | None, int]] = []
+
+    def log_predictive(self, x, *, num_samples=None, generator=None, max_memory=None):
+        self.calls.append((x.shape[0], max_memory, posthoc.settings.max_memory))
+        return torch.log_softmax(self.model(x), -1), None
+
+
+def test_the_budget_is_an_argument_not_a_setting() -> None:
+    um = UncertainModel(Recorder(nn.Linear(3, 4)), [])
+    setting = posthoc.settings.max_memory
+    um.predict(torch.randn(50, 3), max_memory=2**20)
+    assert um.method.calls == [(PROBE_EXAMPLES, 2**19, setting), (50 - PROBE_EXAMPLES, 2**19, setting)]
+
+
+def test_laplace_predict_runs_the_model_once_per_chunk() -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3)).eval()
+    x, y = torch.randn(60, 4), torch.randint(0, 3, (60,))
+    loader = DataLoader(TensorDataset(x, y), batch_size=20)
+    for options in ({"hessian": "kron"}, {"hessian": "full"}, {"subset": ["2", "4"]}):
+        um = posthoc.wrap(model, method="laplace", prior_precision=1.0, **options).fit(loader, progress=False)
+        sizes: list[int] = []
+        handle = model.register_forward_pre_hook(lambda module, args: sizes.append(args[0].shape[0]))
+        try:
+            um.predict(x[:40])
+        finally:
+            handle.remove()
+        assert sizes == [PROBE_EXAMPLES, 40 - PROBE_EXAMPLES], (options, sizes)  # the chunks, and nothing else
+
+
+def test_all_finite_reads_a_sum_and_checks_element_by_element_only_when_it_is_not_finite() -> None:
+    assert all_finite(torch.full((4,), 3e38)) and all_finite(torch.full((3,), 6e4, dtype=torch.float16))
+    assert not all_finite(torch.tensor([1.0, float("nan")])) and not all_finite(torch.tensor([float("inf"), -float("inf")]))
+    assert not all_finite({"x": torch.ones(2), "y": torch.tensor([0.0, float("inf")])}) and all_finite({"ids": torch.tensor([1, 2])})
