@@ -57,12 +57,12 @@ from posthoc.loading import folders
 from posthoc.evaluation import plots
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
+from posthoc.core.checks import probability
 from posthoc.core.registry import REGISTRY
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.evaluation.report import Report, markdown_table, operating_points
-from posthoc.guarantees.bounds import check_probability
 from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization
 from posthoc.evaluation import html_page
 from posthoc.evaluation.shift import ShiftTable
@@ -413,7 +413,7 @@ def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: 
     torch.manual_seed(args.seed)
     for name in ("alpha", "target_risk", "delta"):
         if getattr(args, name) is not None:
-            check_probability(getattr(args, name), "--" + name.replace("_", "-"))
+            probability(getattr(args, name), "--" + name.replace("_", "-"))
     if isinstance(model, list):
         model = [member.to(_device(args.device)).eval() for member in model]
         if args.calibrator is not None:

@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from posthoc.core import persistence
+from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method, takes_shift
@@ -64,8 +65,7 @@ class Ensemble(Method):
                  sources: Sequence[str | None] | None = None) -> None:
         if len(members) < 1:
             raise ConfigError("an ensemble needs at least one member")
-        if batched not in (None, True, False):
-            raise ConfigError(f"batched must be True, False or None (whenever possible), got {batched!r}")
+        one_of(batched, "batched", (None, True, False))
         super().__init__(members[0].base_model)
         self.members = nn.ModuleList(members)
         self.requires_fit = any(member.requires_fit for member in members)

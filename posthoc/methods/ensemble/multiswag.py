@@ -21,8 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.core.checks import integer_at_least, known_options
 from posthoc.core.method import Method
 from posthoc.core.registry import method_class, register
 from posthoc.methods.ensemble.data_order import reshuffled
@@ -46,13 +45,9 @@ class MultiSWAG(Ensemble):
     fine_tunes_private_copy = True
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
-        positive_int(members, "members")
-        if members < 2:
-            raise ConfigError(f"multiswag needs members >= 2 SWAG runs (members=1 is method='swag'), got {members}")
+        integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")
+        known_options(swag_options, self.option_defaults(), "multiswag")
         swag = method_class(RUN_METHOD)
-        unknown = sorted(set(swag_options) - set(swag.option_defaults()))
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown} for multiswag; valid: members, {', '.join(swag.option_defaults())}")
         options = {**swag.option_defaults(), **swag_options}
         algorithm = swag.algorithm(options)
         self.seed = options["seed"]
