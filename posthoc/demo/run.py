@@ -37,7 +37,8 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.registry import REGISTRY
 from posthoc.api import wrap_spec
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.evaluation.report import Report, collect, evaluate, markdown_table
+from posthoc.core.predictions import collect
+from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
