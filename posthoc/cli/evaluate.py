@@ -58,7 +58,7 @@ from posthoc.evaluation import plots
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
 from posthoc.core.checks import probability
-from posthoc.core.registry import REGISTRY
+from posthoc.core.registry import method_class, method_names
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
@@ -150,7 +150,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     methods = parser.add_argument_group("methods")
     methods.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
                          help=f"a method row, 'a+b' composes (repeatable; default temperature); available: "
-                              f"{', '.join(sorted(REGISTRY))}")
+                              f"{', '.join(method_names())}")
     methods.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
                          help="a method or fit option, given to every row whose methods accept it (repeatable)")
     methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
@@ -238,8 +238,7 @@ def method_rows(methods: Iterable[str] | None) -> list[list[str]]:
     rows = [[name.strip() for name in entry.split("+")] for entry in (methods or ["temperature"])]
     for row in rows:
         for name in row:
-            if name not in REGISTRY:
-                raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(REGISTRY))}")
+            method_class(name)  # refuses unknown names, listing the valid ones
     if [BASELINE] not in rows:
         rows.insert(0, [BASELINE])
     return rows
@@ -249,16 +248,16 @@ def route_options(rows: list[list[str]], options: dict[str, Any]) -> list[tuple[
     """Per row, the ``(wrap options, fit options)`` its methods accept; refuse options no row accepts."""
     routed, used = [], set()
     for row in rows:
-        wrap_valid = {k for name in row for k in REGISTRY[name].option_defaults()}
-        fit_valid = {k for name in row for k in REGISTRY[name].fit_option_defaults()}
+        wrap_valid = {k for name in row for k in method_class(name).option_defaults()}
+        fit_valid = {k for name in row for k in method_class(name).fit_option_defaults()}
         routed.append(({k: v for k, v in options.items() if k in wrap_valid},
                        {k: v for k, v in options.items() if k in fit_valid}))
         used |= (wrap_valid | fit_valid) & set(options)
     unknown = sorted(set(options) - used)
     if unknown:
         listing = "; ".join(
-            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**REGISTRY[name].option_defaults(),
-                                                                **REGISTRY[name].fit_option_defaults()}.items())
+            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**method_class(name).option_defaults(),
+                                                                **method_class(name).fit_option_defaults()}.items())
                            or "(none)")
             for name in sorted({n for row in rows for n in row})
         )
@@ -293,7 +292,7 @@ def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
 def _check_loaders(rows: list[list[str]], data: FolderData) -> None:
     for row in rows:
         for name in row:
-            method = REGISTRY[name]
+            method = method_class(name)
             if method.requires_fit and not method.needs_val and data.train is None:
                 raise ConfigError(f"method '{name}' is fitted on training images: pass --train DIR "
                                   "(with --train-subset N to fit on a random subset)")

@@ -31,7 +31,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
@@ -42,24 +42,30 @@ from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method, takes_shift
-from posthoc.methods.ensemble.batched import StackedForward, same_architecture
-from posthoc.methods.ensemble.mixture import mixture, stacked_mixture
+from posthoc.core.registry import ENSEMBLE, register
+from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
+from posthoc.methods.ensemble.members import check_members
+from posthoc.methods.ensemble.mixture import batched_mixture, mixture
 from posthoc.methods.ensemble.spread import fit_spread
 
+#: builds a spec entry's method around one model: ``(method, fingerprint of the model if the method copies it)``
+MemberBuilder = Callable[[nn.Module, dict[str, Any]], tuple[Method, str | None]]
 
+
+@register
 class Ensemble(Method):
     """An equal-weight mixture of member methods (see module docs); built by ``posthoc.wrap([...])``.
 
     Args:
         members: the fitted-or-not member methods, one per checkpoint, all of one method.
         batched: run plain members of one architecture as one vmapped forward: ``None`` on CUDA inputs
-            only (see module docs), ``True`` always (refused for members that cannot be stacked),
+            only (see module docs), ``True`` always (refused for members that cannot be batched),
             ``False`` never.
         sources: per member, the fingerprint of the user's checkpoint where the member works on a copy
             of it (taken at wrap); ``None`` entries are taken from the member's model at fit.
     """
 
-    name = "ensemble"
+    name = ENSEMBLE
 
     def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
                  sources: Sequence[str | None] | None = None) -> None:
@@ -79,11 +85,27 @@ class Ensemble(Method):
                 "batched=True needs plain members (method 'none') of one architecture (same class, parameter "
                 "names, shapes, dtypes and devices); pass batched=None to fall back to a loop"
             )
-        self.stacked = StackedForward(models) if stackable and batched is not False else None
+        self.batched_forward = BatchedForward(models) if stackable and batched is not False else None
         self.batched = batched
         self.register_buffer("member_fingerprints", None)
         if not self.requires_fit:
             self._bind_fingerprints()
+
+    @classmethod
+    def around(cls, models: Sequence[nn.Module], entry: dict[str, Any], build: MemberBuilder) -> tuple[Ensemble, str | None]:
+        """The ensemble of the spec ``entry`` (``{"name", "options", "members", "batched"}``): its method built by
+        ``build`` around each of ``models`` after they are checked, and the first member's fingerprint where it is
+        taken at wrap (members that work on a copy).
+
+        Example:
+            >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, build)
+        """
+        if len(models) != entry.get("members", len(models)):
+            raise ConfigError(f"the spec names an ensemble of {entry['members']} members, got {len(models)} models")
+        check_members(models)
+        built = [build(model, entry) for model in models]
+        members = [member for member, _ in built]
+        return cls(members, batched=entry.get("batched"), sources=[source for _, source in built]), built[0][1]
 
     @property
     def base_model(self) -> nn.Module:
@@ -119,13 +141,13 @@ class Ensemble(Method):
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         if self.vmapped:
-            return stacked_mixture(self.stacked(x))
+            return batched_mixture(self.batched_forward(x))
         return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator) for member in self.members])
 
     @property
     def vmapped(self) -> bool:
         """Whether ``predict`` runs the members as one vmapped forward (see ``batched``)."""
-        return self.stacked is not None and (self.batched is True or self.device.type == "cuda")
+        return self.batched_forward is not None and (self.batched is True or self.device.type == "cuda")
 
     def posterior_state(self) -> dict[str, torch.Tensor]:
         """Every member's posterior under ``members.<i>.``, and the member fingerprints."""
