@@ -289,13 +289,16 @@ def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
     return state
 
 
-def _check_loaders(rows: list[list[str]], data: FolderData) -> None:
-    for row in rows:
-        for name in row:
-            method = method_class(name)
+def _check_loaders(wrapped: list[posthoc.UncertainModel], data: FolderData) -> None:
+    """Refuse, before any fit, a row with a method (inner ones included) that is fitted on the training images
+    when no ``--train`` was given; wrapped methods say so with the options they got (``p="auto"``)."""
+    for um in wrapped:
+        method = um.method
+        for name in reversed(um.methods):  # the chain from the top; an ensemble's entry names its members' method
             if method.requires_fit and not method.needs_val and data.train is None:
                 raise ConfigError(f"method '{name}' is fitted on training images: pass --train DIR "
                                   "(with --train-subset N to fit on a random subset)")
+            method = method.inner if method.stacks else method
 
 
 def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace, *,
@@ -304,14 +307,14 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
     the test set corrupted by the ``--shift`` kinds (in the pixel space of ``normalization=(mean, std)``)."""
     rows = method_rows(args.method)
     routed = route_options(rows, dict(args.option))
-    _check_loaders(rows, data)
+    wrapped = [posthoc.wrap(model, method=row, **wrap_options) for row, (wrap_options, _) in zip(rows, routed)]
+    _check_loaders(wrapped, data)
     progress = not args.no_progress
     ood_detector = fit_ood_detector(model, data.train, data.ood, args)
     results = []
-    for row, (wrap_options, fit_options) in zip(rows, routed):
+    for row, um, (_, fit_options) in zip(rows, wrapped, routed):
         name = "+".join(row)
         print(f"[posthoc] {name}: fit and evaluate", flush=True)
-        um = posthoc.wrap(model, method=row, **wrap_options)
         start = time.perf_counter()
         um.fit(data.train, data.calibration, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start

@@ -61,7 +61,6 @@ class VariationalMethod(Method):
     """
 
     copies_model = False
-    fine_tunes_private_copy = True  # the posterior's own parameters start at the checkpoint's weights
     default_layers: ClassVar[str] = "head"
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,

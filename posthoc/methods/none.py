@@ -22,7 +22,6 @@ class PlainModel(Method):
 
     name = "none"
     requires_fit = False
-    demo_configs = (("MAP", {}),)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None

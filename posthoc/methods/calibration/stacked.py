@@ -168,7 +168,6 @@ class TemperatureScaling(CalibrationMethod):
 
     name = "temperature"
     calibrator_class = TemperatureCalibrator
-    demo_configs = (("temperature", {}),)
 
     @property
     def temperature(self) -> Tensor:

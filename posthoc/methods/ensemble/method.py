@@ -74,8 +74,6 @@ class Ensemble(Method):
         one_of(batched, "batched", (None, True, False))
         super().__init__(members[0].base_model)
         self.members = nn.ModuleList(members)
-        self.requires_fit = any(member.requires_fit for member in members)
-        self.needs_val = any(member.needs_val for member in members)
         self.fitted.fill_(not self.requires_fit)
         self.sources = list(sources) if sources is not None else [None] * len(members)
         models = [member.base_model for member in members]
@@ -106,6 +104,14 @@ class Ensemble(Method):
         built = [build(model, entry) for model in models]
         members = [member for member, _ in built]
         return cls(members, batched=entry.get("batched"), sources=[source for _, source in built]), built[0][1]
+
+    @property
+    def requires_fit(self) -> bool:  # type: ignore[override]  # derived: fitted when any member is
+        return any(member.requires_fit for member in self.members)
+
+    @property
+    def needs_val(self) -> bool:  # type: ignore[override]
+        return any(member.needs_val for member in self.members)
 
     @property
     def base_model(self) -> nn.Module:

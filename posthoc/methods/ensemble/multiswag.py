@@ -41,7 +41,6 @@ class MultiSWAG(Ensemble):
     """
 
     name = "multiswag"
-    fine_tunes_private_copy = True
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
         integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")

@@ -86,7 +86,6 @@ class ImplicitBNN(Method):
 
     name = "ibnn"
     copies_model = True
-    demo_configs = (("iBNN (K=2)", {}),)
 
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,

@@ -88,7 +88,6 @@ class IVON(Method):
     """
 
     name = "ivon"
-    fine_tunes_private_copy = True
 
     def __init__(
         self,

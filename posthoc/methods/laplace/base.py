@@ -105,11 +105,6 @@ class Laplace(Method):
     """
 
     name = "laplace"
-    demo_configs = (
-        ("LLLA kron", {"hessian": "kron"}),
-        ("LLLA full", {"hessian": "full"}),
-        ("LLLA diag", {"hessian": "diag"}),
-    )
     #: set by each algorithm: whether it is the one for ``subset="last_layer"``
     last_layer_only: ClassVar[bool]
 

@@ -121,11 +121,6 @@ class MCDropout(Method):
     """
 
     name = "mc-dropout"
-    requires_fit = False
-    demo_configs = (
-        ("MC dropout (own, rate on val)", {}),
-        ("MC dropout (head, p=auto)", {"where": "head", "p": "auto"}),
-    )
 
     def __init__(self, model: nn.Module, *, p: float | str | None = None, where: str | Sequence[str] | None = None,
                  insert: bool = True, num_samples: int = 50, head: str | None = None,
@@ -147,7 +142,8 @@ class MCDropout(Method):
             raise ConfigError("where places new dropout, which insert=False forbids; drop where or pass insert=True")
         self.where, self.head, self.num_samples, self.max_memory, self.masks = where, head, num_samples, max_memory, masks
         self.tunes_rate = p is None or p == "auto"
-        self.requires_fit = self.needs_val = p == "auto"
+        #: ``p="auto"``: the rate must be chosen on ``val_loader`` before predicting
+        self.rate_from_val = p == "auto"
         self.fitted.fill_(not self.requires_fit)
         self.register_buffer("rate", torch.tensor(float(p) if isinstance(p, (int, float)) else math.nan, dtype=torch.float64))
         #: per-example units each site draws a mask for (learnt from the first sampled batch; empty before)
@@ -161,6 +157,14 @@ class MCDropout(Method):
         self._head_checked = False
         self._runner: SuffixRunner | None = None
         self._resolve(None)
+
+    @property
+    def requires_fit(self) -> bool:  # type: ignore[override]  # derived: only p="auto" must be fitted
+        return self.rate_from_val
+
+    @property
+    def needs_val(self) -> bool:  # type: ignore[override]  # p="auto" is fitted on val_loader
+        return self.rate_from_val
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
             shift: Any = "auto") -> None:

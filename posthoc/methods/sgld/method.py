@@ -94,7 +94,6 @@ class SGLD(Method):
     """
 
     name = "sgld"
-    fine_tunes_private_copy = True
 
     def __init__(
         self,

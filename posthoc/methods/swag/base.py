@@ -74,7 +74,6 @@ class SWAGBase(Method):
     """
 
     name = "swag"
-    fine_tunes_private_copy = True  # the copy of the sampled weights lives only inside fit
 
     def __init__(
         self,
