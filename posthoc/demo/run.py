@@ -55,8 +55,8 @@ ROTATED45 = 3
 CI, BOOTSTRAPS, SHIFT_BOOTSTRAPS = 0.95, 1000, 200
 #: OOD scores read from each method's own predictive (no fit), beside its entropy and mutual information
 PREDICTIVE_OOD_SCORES = ("msp", "gen")
-#: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class); ten passes
-#: over 500 digits cost about what the five rotated passes over 1000 of the earlier demo did
+#: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class), so that the
+#: many shift cells cost about as much as a few passes over the whole test split
 SHIFT_EXAMPLES = 500
 
 

@@ -11,12 +11,8 @@ candidate. The choice then follows three rules, each against choosing on luck:
 - **Enough errors to judge.** A nearly separable held-out set (fewer than
   :data:`~posthoc.methods.calibration.base.ERRORS_WANTED` misclassified examples) keeps the identity,
   with a warning: its folds are decided by a handful of errors, and a calibrator that looks clearly
-  better there (by many standard errors, the gain spread over hundreds of correct examples) often is not.
-  Measured on both bundled digits CNNs, 40 random halvings of 792 digits with 5 errors (``python
-  benchmarks/bench_auto_calibration.py``): the previous rule's test NLL was 1.54x no
-  calibration's on average (8.5x at worst) on ``digits_cnn``; temperature scaling alone, sharpening on
-  1-2 errors, still cost 1.07x on average and 2.1x at worst there, while it helped on ``digits_bn_cnn``
-  (0.71x), with the same cross-validated confidence.
+  better there (by many standard errors, the gain spread over hundreds of correct examples) often is not
+  (``benchmarks/bench_auto_calibration.py`` measures this on random halvings of the bundled digits).
 - **The simplest within the noise** (the one-standard-error rule): among the eligible, the candidate
   with the fewest parameters whose out-of-fold NLL is within one standard error (of the per-example
   difference) of the lowest wins; ties in size go to the lower NLL.

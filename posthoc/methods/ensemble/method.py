@@ -9,17 +9,16 @@ disagreement as epistemic uncertainty.
 
 A stacked calibrator (``method=["laplace", "temperature"]``) is fitted on the mixture's held-out
 likelihood and, as on every sampled predictive, maps each member's predictive before they are mixed,
-which keeps the members' samples; a temperature of the mixture's own log-probabilities (ensemble
-temperature scaling) is a separate item. On the quality benchmark's BatchNorm CNN the two differ:
-per member, ECE 1.9% and NLL at 90 degrees unchanged (4.84 against the plain 4.82); on the mixture,
-ECE 0.75% but NLL 5.36 at 90 degrees (the untempered ensemble: 3.2% and 3.88).
+which keeps the members' samples (a temperature of the mixture's own log-probabilities, ensemble
+temperature scaling, is a different map).
 
 Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
 GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
-because there the vmapped forward measured slower than ``M`` plain forwards (``benchmarks/bench_ensemble.py``:
-vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into strided
-elementwise passes). Other members, and mixed architectures, always run one after the other. Each member's posterior is bound to the fingerprint of
-its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
+because there vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into
+strided elementwise passes (``benchmarks/bench_ensemble.py`` compares the two). Other members, and mixed
+architectures, always run one after the other. The ensemble is registered like any method (as
+``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
+bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
 the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
 
 Example:
