@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> None:
                         else posthoc.calibrate(logits[fit], y[fit], method=method)
                 ratios[method].append(metrics.nll(calibrator(logits[test]), y[test]) / plain)
                 if method == "auto":
-                    chosen[calibrator.method] += 1
+                    chosen[calibrator.chosen_name] += 1
         summary = "; ".join(f"{method} / none: mean {np.mean(v):.3f}, worst {np.max(v):.3f}" for method, v in ratios.items())
         print(f"{name} ({len(wrong)} errors among {len(y)} digits, {args.halvings} halvings): {summary}; "
               f"auto chose {dict(chosen)}")

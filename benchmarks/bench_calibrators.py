@@ -132,7 +132,7 @@ def main() -> None:
             continue
         label = name
         if name == "posthoc auto":
-            label = f"posthoc auto (chose {predict.method})"
+            label = f"posthoc auto (chose {predict.chosen_name})"
         print(f"| {label} | {' | '.join(cells)} | {timing.wall:.3f} / {timing.cpu:.3f} |")
 
 

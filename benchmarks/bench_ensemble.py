@@ -9,7 +9,7 @@ For each architecture and ``M``, back to back in one process on a batch of 256 t
 
 - one plain forward of one member (the reference, ratio 1);
 - ``M`` plain forwards one after the other (what any loop costs at least);
-- ``posthoc.wrap(members, batched=True).predict(x)``: the members' parameters stacked and the forward
+- ``posthoc.wrap(members, batched=True).predict(x)``: the members' parameters batched and the forward
   vmapped (the default on CUDA);
 - ``posthoc.wrap(members, batched=False).predict(x)``: the same predictive as a loop over members (the
   default on the CPU, where it measured faster).

@@ -18,7 +18,7 @@ import torch
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.evaluation import bootstrap
-from posthoc.evaluation.report import collect
+from posthoc.core.predictions import collect
 from timing import HEADER, measure, row
 
 NORMALIZATION = (data.MEAN, data.STD)

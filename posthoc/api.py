@@ -21,11 +21,9 @@ from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
-from posthoc.core.registry import REGISTRY, method_class
+from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.loading.models import load_checkpoint
-from posthoc.methods.ensemble.members import check_fingerprints, check_members
-from posthoc.methods.ensemble.method import Ensemble
 
 
 def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -59,43 +57,36 @@ def _base(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
     return cls(model, **entry["options"]), None
 
 
-def _stack(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
-    """Stack the methods ``spec[start:]`` on ``method``; only stacking methods can come after another one."""
+def _stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
+    """Stack the methods ``spec[start:]`` on ``method``, in order; only stacking methods can come after another one."""
     for position in range(start, len(spec)):
         entry = spec[position]
         cls = method_class(entry["name"]).algorithm(entry["options"])
         if not cls.stacks:
             raise ConfigError(
                 f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
-                f"{[n for n, c in REGISTRY.items() if c.stacks]} can come after another method"
+                f"{[n for n in method_names() if REGISTRY[n].stacks]} can come after another method"
             )
         method = cls(method, **entry["options"])
     return method
 
 
-def _ensemble_spec(model: list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
-    """An ensemble's :class:`UncertainModel`: ``spec[0]`` (marked with ``members``) on every model, the rest on the mixture."""
-    models = [uncompiled(m) for m in model]
-    if len(models) != spec[0]["members"]:
-        raise ConfigError(f"the spec names an ensemble of {spec[0]['members']} members, got {len(models)} models")
-    check_members(models)
-    built = [_base(m, spec[0]) for m in models]
-    method = Ensemble([member for member, _ in built], batched=spec[0].get("batched"), sources=[s for _, s in built])
-    return UncertainModel(_stack(method, spec, 1), spec, fingerprint=built[0][1])
-
-
 def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
-    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``; a list of
-    models with a spec whose first entry has ``"members"`` builds an ensemble."""
+    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``.
+
+    A list of models is mixed by the registered ensemble: ``spec[0]`` (marked with ``"members"``) is built around
+    every model, and the rest of the spec is stacked on the mixture.
+    """
     if not spec:
         raise ConfigError("method must name at least one method")
     if isinstance(model, (list, tuple)):
-        return _ensemble_spec(list(model), spec)
+        method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], _base)
+        return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
     model = uncompiled(model)
     if method_class(spec[0]["name"]).algorithm(spec[0]["options"]).stacks:
-        return UncertainModel(_stack(REGISTRY["none"](model), spec, 0), spec)
+        return UncertainModel(_stack_on(REGISTRY["none"](model), spec, 0), spec)
     method, source = _base(model, spec[0])
-    return UncertainModel(_stack(method, spec, 1), spec, fingerprint=source)
+    return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
 
 
 def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) -> list[Any]:
@@ -114,7 +105,6 @@ def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]
     """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
     batched = options.pop("batched", None)
     models = _member_models(entries, options.pop("builder", None))
-    check_members(models)
     if len(models) == 1:
         warnings.warn("posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs "
                       "two or more)", UserWarning, stacklevel=3)
@@ -125,7 +115,7 @@ def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]
     routed = _route_options(names, options)
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     spec[0].update(members=len(models), batched=batched)
-    return _ensemble_spec(models, spec)
+    return wrap_spec(models, spec)
 
 
 def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = None, **options: Any) -> UncertainModel:
@@ -160,7 +150,7 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
         method = "none" if isinstance(model, (list, tuple)) else "laplace"
     names = [method] if isinstance(method, str) else list(method)
     if not names:
-        raise ConfigError(f"method must name at least one method; valid methods: {', '.join(sorted(REGISTRY))}")
+        raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")
     if isinstance(model, (list, tuple)):
         return _wrap_ensemble(list(model), names, dict(options))
     if not isinstance(model, nn.Module):
@@ -188,8 +178,8 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module]) -> Uncerta
             raise PosteriorFileError(f"{path} holds the posterior of one model ({payload['model_class']}), not of an "
                                      "ensemble; pass that model, not a list")
         models = [uncompiled(m) for m in model]
-        check_members(models)
-        check_fingerprints(str(path), saved_members, [persistence.fingerprint(m) for m in models])
+        if all(isinstance(m, nn.Module) for m in models):  # anything else is refused by the ensemble's member check
+            persistence.check_ensemble_members(str(path), saved_members, [persistence.fingerprint(m) for m in models])
         um = wrap_spec(models, payload["spec"])
         found = payload["fingerprint"]
     else:

@@ -7,7 +7,7 @@ than ``"identity"`` on the folds).
 
 Example:
     >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto")
-    >>> calibrator.method, calibrator.scores["temperature"]["nll"]
+    >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]
     ('temperature', 0.0791)
     >>> probs = calibrator(test_logits)
     >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt")
@@ -18,23 +18,13 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.core import persistence
+from posthoc.core.checks import known_name, known_options, positive_int
+from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.inputs import check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities
-from posthoc.methods.calibration import CALIBRATORS, Calibrator
+from posthoc.methods.calibration import Calibrator, calibrators
 from posthoc.methods.calibration.base import as_tensor
-
-
-def _checked_options(method: str, options: dict[str, Any]) -> dict[str, Any]:
-    if method not in CALIBRATORS:
-        raise ConfigError(f"unknown calibration method {method!r}; valid: {', '.join(CALIBRATORS)}")
-    valid = CALIBRATORS[method].option_defaults()
-    unknown = sorted(set(options) - set(valid))
-    if unknown:
-        listing = ", ".join(f"{k}={v!r}" for k, v in valid.items()) or "none"
-        raise ConfigError(f"unknown option(s) {unknown} for calibrator '{method}'; valid options: {listing}")
-    return options
 
 
 def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter: int = 100, **options: Any) -> Calibrator:
@@ -50,16 +40,17 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
 
     Returns:
         The fitted calibrator: ``calibrator(logits)`` gives probabilities, ``.predict(logits)`` a
-        :class:`~posthoc.Prediction`, ``.log_probs(logits)``, ``.method`` (for ``"auto"`` the chosen
+        :class:`~posthoc.Prediction`, ``.log_probs(logits)``, ``.chosen_name`` (for ``"auto"`` the chosen
         one), ``.scores`` (``"auto"``: cross-validated NLL and ECE per calibrator), ``.save(path)``.
 
     Example:
         >>> calibrator = posthoc.calibrate(np.load("val_logits.npy"), np.load("val_labels.npy"))
         >>> calibrator(np.load("test_logits.npy")).sum(-1)   # rows sum to 1
     """
-    options = _checked_options(method, options)
+    cls = calibrators()[known_name(method, "calibration method", calibrators())]
+    options = known_options(options, cls.option_defaults(), f"calibrator '{method}'")
     positive_int(max_iter, "max_iter")
-    if "max_iter" in CALIBRATORS[method].option_defaults():
+    if "max_iter" in cls.option_defaults():
         options["max_iter"] = max_iter
     logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels")
     if logits.shape[0] != labels.reshape(-1).shape[0]:
@@ -73,17 +64,27 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
     check_not_probabilities(logits)
     class_logits = as_class_logits(logits).float()
     targets = check_labels(labels, class_logits.shape[-1])
-    return CALIBRATORS[method](**options).fit(class_logits, targets)
+    return cls(**options).fit(class_logits, targets)
 
 
 def load_calibrator(path: str | os.PathLike) -> Calibrator:
-    """Read a calibrator saved with ``calibrator.save(path)``.
+    """Read a calibrator saved with ``calibrator.save(path)``; it refuses logits with another number of classes.
 
     Example:
         >>> posthoc.calibrate(logits, labels).save("t.pt")
         >>> load_calibrator("t.pt")(test_logits)
     """
-    return Calibrator.load(path)
+    payload = persistence.read(path, kind="calibrator")
+    entry = payload["spec"][0]
+    known = calibrators()
+    if entry["name"] not in known:
+        raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")
+    try:
+        calibrator = known[entry["name"]](**entry["options"])
+    except (TypeError, ConfigError) as err:
+        raise PosteriorFileError(f"{path} holds options this posthoc cannot build '{entry['name']}' with: {err}") from err
+    calibrator.load_buffers(payload["state"], source=str(path))
+    return calibrator
 
 
 calibrate.load = load_calibrator  # type: ignore[attr-defined]

@@ -25,7 +25,7 @@ computed on the fitting data itself, which flatters the calibrated row; the repo
 The same in Python::
 
     calibrator = posthoc.calibrate(logits, labels, method="auto")
-    calibrator.method, calibrator.scores     # "vector", {"temperature": {"nll": ..., "ece": ...}, ...}
+    calibrator.chosen_name, calibrator.scores     # "vector", {"temperature": {"nll": ..., "ece": ...}, ...}
     calibrator(test_logits)                  # calibrated probabilities
 """
 
@@ -46,7 +46,7 @@ from posthoc.core.inputs import check_labels
 from posthoc.core.errors import InputError, exit_status
 from posthoc.core.logits import check_finite_logits, class_log_probs
 from posthoc.evaluation.report import Report, markdown_table
-from posthoc.methods.calibration import CALIBRATORS, Calibrator
+from posthoc.methods.calibration import Calibrator, calibrators
 
 
 def load_array(path: Path, what: str) -> Tensor:
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="logits of a second set to report on")
     parser.add_argument("--test-labels", type=Path, metavar="FILE", default=None, help="labels of that second set")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
-    parser.add_argument("--calibrator", default="auto", choices=sorted(CALIBRATORS),
+    parser.add_argument("--calibrator", default="auto", choices=sorted(calibrators()),
                         help="the calibrator; auto picks one by cross-validated NLL (default)")
     parser.add_argument("--save-probs", action="store_true", help="also write calibrated_probs.npy for the test set")
     return parser
@@ -97,14 +97,14 @@ def describe(calibrator: Calibrator) -> str:
     """The chosen calibrator in words, with its temperature where it has one."""
     chosen = getattr(calibrator, "chosen", calibrator)
     temperature = getattr(chosen, "temperature", None)
-    return calibrator.method + ("" if temperature is None else f", T = {float(temperature):.4f}")
+    return calibrator.chosen_name + ("" if temperature is None else f", T = {float(temperature):.4f}")
 
 
 def cross_validated_table(calibrator: Calibrator) -> list[str]:
     """Markdown lines of ``calibrator.scores`` (empty unless ``--calibrator auto``), the chosen one marked."""
     if not calibrator.scores:
         return []
-    rows = [f"| {name} | {row['nll']:.4f} | {row['ece']:.4f} | {'**chosen**' if name == calibrator.method else ''} |"
+    rows = [f"| {name} | {row['nll']:.4f} | {row['ece']:.4f} | {'**chosen**' if name == calibrator.chosen_name else ''} |"
             for name, row in sorted(calibrator.scores.items(), key=lambda item: item[1]["nll"])]
     return ["## Calibrators, 5-fold cross-validated on the fitting data", "",
             "| calibrator | NLL | ECE | |", "|---|---|---|---|", *rows, ""]
@@ -145,7 +145,7 @@ def calibrate_files(args: argparse.Namespace) -> Calibrator:
     chosen = getattr(calibrator, "chosen", calibrator)
     temperature = getattr(chosen, "temperature", None)
     (out / "calibration.json").write_text(json.dumps({
-        "method": calibrator.method, "requested": args.calibrator,
+        "method": calibrator.chosen_name, "requested": args.calibrator,
         "temperature": None if temperature is None else float(temperature), "scores": calibrator.scores,
         "fitted_on": str(args.logits), "num_examples": len(labels), "num_classes": before.shape[-1],
         "in_sample": in_sample, "before": reports[0].as_dict(), "after": reports[1].as_dict(),

@@ -198,7 +198,7 @@ def test_named_layers_are_used(small) -> None:
 @pytest.mark.parametrize("options, message", [
     ({"k": 0}, "k must be a positive integer"),
     ({"anchor": 1.5}, "anchor must be a number strictly between 0 and 1"),
-    ({"val_tolerance": -1}, "val_tolerance must be a number >= 0"),
+    ({"val_tolerance": -1}, "val_tolerance must be a finite number >= 0"),
     ({"bank_bytes": 0}, "bank_bytes must be a positive number of bytes"),
     ({"layers": ["nope"]}, "no module named 'nope'; available: features"),
     ({"layers": "features.3"}, "layers must be None"),

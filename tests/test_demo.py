@@ -10,6 +10,7 @@ from posthoc.demo import data, zoo
 from posthoc.cli.main import main
 from posthoc.core.errors import ConfigError
 from posthoc.core.registry import REGISTRY
+from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, demo_configs, shift_story
 from posthoc.shift import EVALUATION_KINDS
 
@@ -126,14 +127,15 @@ def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_
         shift_story(rows, models, "MAP", shift_loader, best="laplace")
 
 
-def test_a_stacking_method_registered_later_joins_the_demo_through_its_demo_configs():
+def test_a_stacking_method_registered_later_joins_the_demo_through_the_demo_table(monkeypatch):
     @posthoc.register
     class Stacked(REGISTRY["temperature"]):
         """A stacker another helper registers, shown alone on the plain model and on Laplace."""
 
         name = "test-stacked"
-        demo_configs = (("stacked", {}), ("Laplace + stacked", {"on": ["laplace"]}))
 
+    rows = (("stacked", {}), ("Laplace + stacked", {"on": ["laplace"]}))
+    monkeypatch.setitem(DEMO_CONFIGS, "test-stacked", rows)
     try:
         configs = {label: (spec, stack) for label, spec, _, stack in demo_configs()}
     finally:
@@ -141,4 +143,4 @@ def test_a_stacking_method_registered_later_joins_the_demo_through_its_demo_conf
     assert configs["stacked"] == ([{"name": "test-stacked", "options": {}}], False)
     assert configs["Laplace + stacked"] == ([{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
                                             False)
-    assert Stacked.demo_configs[1][1] == {"on": ["laplace"]}  # the class's own configs are left as they were
+    assert rows[1][1] == {"on": ["laplace"]}  # the table's own rows are left as they were

@@ -107,7 +107,7 @@ def test_vmapped_members_equal_the_loop_and_each_members_own_softmax(name, digit
     assert (fast.epistemic > 0).all()
 
 
-def test_stacked_weights_follow_a_member_changed_in_place(members, digits):
+def test_batched_weights_follow_a_member_changed_in_place(members, digits):
     models = [copy.deepcopy(m) for m in members]
     um = posthoc.wrap(models, batched=True)
     x = digits.test.tensors[0][:8]

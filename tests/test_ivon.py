@@ -134,7 +134,7 @@ torch.save(probs, {str(tmp_path / 'probs.pt')!r})
 @pytest.mark.parametrize(("options", "message"), [
     ({"layers": "body"}, "layers must be 'head'"),
     ({"num_samples": 0}, "num_samples must be a positive integer"),
-    ({"scale": -1.0}, "scale must be a number >= 0"),
+    ({"scale": -1.0}, "scale must be a finite number >= 0"),
 ])
 def test_ivon_refuses_bad_options(options: dict, message: str, digits_model: nn.Module) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -142,11 +142,11 @@ def test_ivon_refuses_bad_options(options: dict, message: str, digits_model: nn.
 
 
 @pytest.mark.parametrize(("fit_options", "message"), [
-    ({"lr": -0.1}, "lr must be a positive finite number"),
+    ({"lr": -0.1}, "lr must be a finite number > 0"),
     ({"beta2": 1.0}, r"beta2 must be a fraction in \[0, 1\)"),
-    ({"hess_init": 0.0}, "hess_init must be a positive"),
+    ({"hess_init": 0.0}, "hess_init must be a finite number > 0"),
     ({"mc_samples": 0}, "mc_samples must be a positive integer"),
-    ({"ess": -5.0}, "ess must be a positive"),
+    ({"ess": -5.0}, "ess must be a finite number > 0"),
 ])
 def test_ivon_refuses_bad_fit_options(fit_options: dict, message: str, digits_model: nn.Module, small: dict) -> None:
     with pytest.raises(ConfigError, match=message):

@@ -238,7 +238,7 @@ def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
     report = (tmp_path / "out" / "report.md").read_text()
     assert "in-sample" in report and "cross-validated" in report and f"| {fitted['method']} |" in report
     loaded = posthoc.calibrate.load(tmp_path / "out" / "calibrator.pt")
-    assert loaded.method == fitted["method"]
+    assert loaded.chosen_name == fitted["method"]
     assert np.allclose(loaded(z).numpy(), np.load(tmp_path / "out" / "calibrated_probs.npy"), atol=1e-6)
 
 

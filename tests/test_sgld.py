@@ -128,7 +128,7 @@ def test_sgld_keeps_the_all_weight_states_within_max_memory(digits_model: nn.Mod
 
 @pytest.mark.parametrize(("options", "message"), [
     ({"cycles": 0}, "cycles must be a positive integer"),
-    ({"temperature": -1.0}, "temperature must be a number >= 0"),
+    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
     ({"prior": "flat"}, "prior must be one of"),
     ({"prior_precision": -2.0}, "prior_precision must be"),
     ({"layers": "body"}, "layers must be 'head'"),
@@ -140,7 +140,7 @@ def test_sgld_refuses_bad_options(options: dict, message: str, digits_model: nn.
 
 
 @pytest.mark.parametrize(("fit_options", "message"), [
-    ({"lr": -0.1}, "lr must be a positive finite number"),
+    ({"lr": -0.1}, "lr must be a finite number > 0"),
     ({"epochs": 0}, "epochs must be a positive integer"),
     ({"burn_in": 1.0}, r"burn_in must be a fraction in \[0, 1\)"),
     ({"exploration": -0.1}, "exploration must be a fraction"),

@@ -57,12 +57,12 @@ from posthoc.loading import folders
 from posthoc.evaluation import plots
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
-from posthoc.core.registry import REGISTRY
+from posthoc.core.checks import probability
+from posthoc.core.registry import method_class, method_names
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.evaluation.report import Report, markdown_table, operating_points
-from posthoc.guarantees.bounds import check_probability
 from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization
 from posthoc.evaluation import html_page
 from posthoc.evaluation.shift import ShiftTable
@@ -150,7 +150,7 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     methods = parser.add_argument_group("methods")
     methods.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
                          help=f"a method row, 'a+b' composes (repeatable; default temperature); available: "
-                              f"{', '.join(sorted(REGISTRY))}")
+                              f"{', '.join(method_names())}")
     methods.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
                          help="a method or fit option, given to every row whose methods accept it (repeatable)")
     methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
@@ -238,8 +238,7 @@ def method_rows(methods: Iterable[str] | None) -> list[list[str]]:
     rows = [[name.strip() for name in entry.split("+")] for entry in (methods or ["temperature"])]
     for row in rows:
         for name in row:
-            if name not in REGISTRY:
-                raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(REGISTRY))}")
+            method_class(name)  # refuses unknown names, listing the valid ones
     if [BASELINE] not in rows:
         rows.insert(0, [BASELINE])
     return rows
@@ -249,16 +248,16 @@ def route_options(rows: list[list[str]], options: dict[str, Any]) -> list[tuple[
     """Per row, the ``(wrap options, fit options)`` its methods accept; refuse options no row accepts."""
     routed, used = [], set()
     for row in rows:
-        wrap_valid = {k for name in row for k in REGISTRY[name].option_defaults()}
-        fit_valid = {k for name in row for k in REGISTRY[name].fit_option_defaults()}
+        wrap_valid = {k for name in row for k in method_class(name).option_defaults()}
+        fit_valid = {k for name in row for k in method_class(name).fit_option_defaults()}
         routed.append(({k: v for k, v in options.items() if k in wrap_valid},
                        {k: v for k, v in options.items() if k in fit_valid}))
         used |= (wrap_valid | fit_valid) & set(options)
     unknown = sorted(set(options) - used)
     if unknown:
         listing = "; ".join(
-            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**REGISTRY[name].option_defaults(),
-                                                                **REGISTRY[name].fit_option_defaults()}.items())
+            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**method_class(name).option_defaults(),
+                                                                **method_class(name).fit_option_defaults()}.items())
                            or "(none)")
             for name in sorted({n for row in rows for n in row})
         )
@@ -290,13 +289,16 @@ def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
     return state
 
 
-def _check_loaders(rows: list[list[str]], data: FolderData) -> None:
-    for row in rows:
-        for name in row:
-            method = REGISTRY[name]
+def _check_loaders(wrapped: list[posthoc.UncertainModel], data: FolderData) -> None:
+    """Refuse, before any fit, a row with a method (inner ones included) that is fitted on the training images
+    when no ``--train`` was given; wrapped methods say so with the options they got (``p="auto"``)."""
+    for um in wrapped:
+        method = um.method
+        for name in reversed(um.methods):  # the chain from the top; an ensemble's entry names its members' method
             if method.requires_fit and not method.needs_val and data.train is None:
                 raise ConfigError(f"method '{name}' is fitted on training images: pass --train DIR "
                                   "(with --train-subset N to fit on a random subset)")
+            method = method.inner if method.stacks else method
 
 
 def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace, *,
@@ -305,14 +307,14 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
     the test set corrupted by the ``--shift`` kinds (in the pixel space of ``normalization=(mean, std)``)."""
     rows = method_rows(args.method)
     routed = route_options(rows, dict(args.option))
-    _check_loaders(rows, data)
+    wrapped = [posthoc.wrap(model, method=row, **wrap_options) for row, (wrap_options, _) in zip(rows, routed)]
+    _check_loaders(wrapped, data)
     progress = not args.no_progress
     ood_detector = fit_ood_detector(model, data.train, data.ood, args)
     results = []
-    for row, (wrap_options, fit_options) in zip(rows, routed):
+    for row, um, (_, fit_options) in zip(rows, wrapped, routed):
         name = "+".join(row)
         print(f"[posthoc] {name}: fit and evaluate", flush=True)
-        um = posthoc.wrap(model, method=row, **wrap_options)
         start = time.perf_counter()
         um.fit(data.train, data.calibration, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start
@@ -413,7 +415,7 @@ def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: 
     torch.manual_seed(args.seed)
     for name in ("alpha", "target_risk", "delta"):
         if getattr(args, name) is not None:
-            check_probability(getattr(args, name), "--" + name.replace("_", "-"))
+            probability(getattr(args, name), "--" + name.replace("_", "-"))
     if isinstance(model, list):
         model = [member.to(_device(args.device)).eval() for member in model]
         if args.calibrator is not None:

@@ -159,13 +159,13 @@ def fit_calibrator(model: nn.Module, calibration: Iterable, tests: dict[str, Ite
     plain = _guarantees(torch.softmax(cal_logits, -1), cal_labels, args, progress=False)
     calibrated = _guarantees(calibrator(cal_logits), cal_labels, args, progress=False)
     test = next(iter(logits.values()))
-    table, notes = {}, [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.method, calibrated)) if g.note]
-    for name, cv in (calibrator.scores or {calibrator.method: {}}).items():
+    table, notes = {}, [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.chosen_name, calibrated)) if g.note]
+    for name, cv in (calibrator.scores or {calibrator.chosen_name: {}}).items():
         table[name], note = _candidate_row(name, cv, (cal_logits, cal_labels), test)
         notes += [note] if note else []
     before = [_report(f"plain ({name})", torch.softmax(z, -1), y, plain) for name, (z, y) in logits.items()]
-    after = [_report(f"{calibrator.method} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()]
-    return CalibratorResult(args.calibrator, calibrator.method, table, before, after, notes)
+    after = [_report(f"{calibrator.chosen_name} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()]
+    return CalibratorResult(args.calibrator, calibrator.chosen_name, table, before, after, notes)
 
 
 def _number(value: float | None) -> str:

@@ -10,6 +10,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from posthoc.core.errors import ConfigError
@@ -25,11 +26,74 @@ def positive_int(value: Any, name: str, *, none: str | None = None) -> Any:
     return value
 
 
-def non_negative(value: Any, name: str) -> float:
-    """``value`` as a float if it is a number >= 0 (not a bool), e.g. a penalty weight."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"{name} must be a number >= 0, got {value!r}")
+def _because(why: str) -> str:
+    return f" ({why})" if why else ""
+
+
+def integer_at_least(value: Any, name: str, minimum: int, *, why: str = "") -> int:
+    """``value`` if it is an integer >= ``minimum`` (not a bool); ``why`` says what the bound is for.
+
+    Example:
+        >>> integer_at_least(1, "folds", 2, why="cross-validation needs two folds or more")
+        Traceback (most recent call last):
+        posthoc.core.errors.ConfigError: folds must be an integer with folds >= 2 (cross-validation needs two folds or more), got 1
+    """
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ConfigError(f"{name} must be an integer with {name} >= {minimum}{_because(why)}, got {value!r}")
+    return value
+
+
+def non_negative(value: Any, name: str, *, why: str = "") -> float:
+    """``value`` as a float if it is a finite number >= 0 (not a bool), e.g. a penalty weight or a tolerance;
+    ``why`` says what the value means.
+
+    Example:
+        >>> non_negative(0.02, "val_tolerance")
+        0.02
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        raise ConfigError(f"{name} must be a finite number >= 0{_because(why)}, got {value!r}")
     return float(value)
+
+
+def positive_number(value: Any, name: str, *, why: str = "", none: str | None = None) -> Any:
+    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a temperature or a learning rate;
+    ``none`` says what ``None`` means if it is allowed.
+
+    Example:
+        >>> positive_number(1e-3, "lr"), positive_number(None, "lr", none="set from the model")
+        (0.001, None)
+    """
+    if value is None and none is not None:
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+        allowed = f" or None ({none})" if none is not None else ""
+        raise ConfigError(f"{name} must be a finite number > 0{_because(why)}{allowed}, got {value!r}")
+    return float(value)
+
+
+def probability(value: Any, name: str, *, why: str = "") -> float:
+    """``value`` as a float if it lies strictly inside ``(0, 1)`` (not a bool), e.g. a miscoverage ``alpha``.
+
+    Example:
+        >>> probability(0.1, "alpha")
+        0.1
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
+        raise ConfigError(f"{name} must be a number strictly between 0 and 1{_because(why)}, got {value!r}")
+    return float(value)
+
+
+def one_of(value: Any, name: str, choices: tuple[Any, ...]) -> Any:
+    """``value`` if it is one of ``choices`` (compared by equality, never a bool for a non-bool choice).
+
+    Example:
+        >>> one_of("top-label", "mode", ("per-class", "top-label"))
+        'top-label'
+    """
+    if any(value is choice or (not isinstance(value, bool) and value == choice) for choice in choices):
+        return value
+    raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
 
 
 def memory_bytes(value: Any, name: str = "max_memory") -> Any:
@@ -66,35 +130,6 @@ def integer(value: Any, name: str) -> int:
     return value
 
 
-def positive_finite(value: Any, name: str, *, none: str | None = None) -> Any:
-    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a learning rate; ``none`` says what
-    ``None`` means if it is allowed.
-
-    Example:
-        >>> positive_finite(1e-3, "lr"), positive_finite(None, "lr", none="set from the model")
-        (0.001, None)
-    """
-    if value is None and none is not None:
-        return value
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        allowed = f", or None ({none})" if none is not None else ""
-        raise ConfigError(f"{name} must be a positive finite number{allowed}, got {value!r}")
-    return float(value)
-
-
-def finite_non_negative(value: Any, name: str, *, meaning: str = "") -> float:
-    """``value`` as a float if it is a finite number >= 0 (not a bool), e.g. a tolerance; ``meaning`` is added to
-    the message.
-
-    Example:
-        >>> finite_non_negative(0.02, "val_tolerance")
-        0.02
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-        raise ConfigError(f"{name} must be a finite number >= 0{meaning}, got {value!r}")
-    return float(value)
-
-
 def fraction(value: Any, name: str) -> float:
     """``value`` as a float in ``[0, 1)`` (not a bool), e.g. a momentum or the burn-in share of a chain.
 
@@ -105,3 +140,31 @@ def fraction(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ConfigError(f"{name} must be a fraction in [0, 1), got {value!r}")
     return float(value)
+
+
+def known_name(value: Any, what: str, names: Iterable[str]) -> str:
+    """``value`` if it is one of ``names``; otherwise a :class:`ConfigError` listing them.
+
+    Example:
+        >>> known_name("lac", "conformity score", ("lac", "aps", "raps"))
+        'lac'
+    """
+    names = list(names)
+    if not isinstance(value, str) or value not in names:
+        raise ConfigError(f"unknown {what} {value!r}; valid: {', '.join(names)}")
+    return value
+
+
+def known_options(options: Mapping[str, Any], valid: Mapping[str, Any], owner: str) -> dict[str, Any]:
+    """``options`` if ``valid`` (option -> default) accepts each of them; otherwise a :class:`ConfigError`
+    naming the unknown ones and listing the valid ones with their defaults.
+
+    Example:
+        >>> known_options({"bins": 10}, {"bins": 15, "mode": "per-class"}, "calibrator 'histogram'")
+        {'bins': 10}
+    """
+    unknown = sorted(set(options) - set(valid))
+    if unknown:
+        listing = ", ".join(f"{k}={v!r}" for k, v in valid.items()) or "none"
+        raise ConfigError(f"unknown option(s) {unknown} for {owner}; valid options: {listing}")
+    return dict(options)

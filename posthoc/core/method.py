@@ -41,14 +41,15 @@ class Method(nn.Module):
         name: the registry name, e.g. ``"laplace"``.
         requires_fit: whether ``predict`` needs ``fit`` first.
         needs_val: whether ``fit`` needs a held-out ``val_loader``.
-        stacks: whether the method wraps another method's predictive (temperature does).
+        stacks: whether the method is stacked on another method: it is built around that method
+            (``inner``) instead of a model, and maps its predictive (temperature does).
         copies_model: whether the method works on (and saves) its own copy of the weights.
-        fine_tunes_private_copy: whether ``fit`` fine-tunes a private copy of some weights and keeps
-            only what it learned (SWAG's moments): the wrapped model stays the user's checkpoint,
-            so ``copies_model`` is ``False`` and the saved posterior holds no weights.
-        demo_configs: option sets shown in ``posthoc demo``, each ``(label, options)``.
         tools: names of this method's own public methods that the :class:`UncertainModel` offers
             as its own (``"sparse-vd"``: ``um.sparsity()``, ``um.prune()``).
+
+    A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
+    ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
+    sets ``fitted`` once they are known.
     """
 
     name: ClassVar[str] = ""
@@ -56,19 +57,18 @@ class Method(nn.Module):
     needs_val: ClassVar[bool] = False
     stacks: ClassVar[bool] = False
     copies_model: ClassVar[bool] = False
-    fine_tunes_private_copy: ClassVar[bool] = False
-    demo_configs: ClassVar[tuple[tuple[str, dict[str, Any]], ...]] = ()
     tools: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
-        self.register_buffer("fitted", torch.tensor(not self.requires_fit))
+        declared = type(self).requires_fit  # a property where the instance derives it (it sets ``fitted`` itself)
+        self.register_buffer("fitted", torch.tensor(declared is False))
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
         """The options ``wrap`` accepts for this method, with their defaults."""
-        return _keyword_defaults(cls.__init__)
+        return keyword_defaults(cls.__init__)
 
     @classmethod
     def algorithm(cls, options: dict[str, Any]) -> type[Method]:
@@ -79,7 +79,7 @@ class Method(nn.Module):
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:
         """The extra keyword arguments ``fit`` accepts for this method, with their defaults."""
-        return _keyword_defaults(cls.fit)
+        return keyword_defaults(cls.fit)
 
     @property
     def base_model(self) -> nn.Module:
@@ -174,22 +174,41 @@ class Method(nn.Module):
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         """Load tensors saved by :meth:`posterior_state`; buffers may change shape (e.g. ``None`` before fit)."""
-        for key, value in state.items():
-            owner_name, _, attr = key.rpartition(".")
-            owner = self.get_submodule(owner_name) if owner_name else self
-            current = getattr(owner, attr, None)
-            if isinstance(current, nn.Parameter):
-                with torch.no_grad():
-                    current.data = value.to(current.device)
-            elif attr in owner._buffers:
-                owner._buffers[attr] = value
-            else:
-                raise KeyError(key)
+        load_tensors(self, state)
 
 
-def _keyword_defaults(function: Any) -> dict[str, Any]:
+def keyword_defaults(function: Any) -> dict[str, Any]:
+    """The keyword-only arguments of ``function`` with their defaults: the options of a method's or a
+    calibrator's ``__init__`` (or a method's ``fit``), without the run options ``UncertainModel.fit`` passes.
+
+    Example:
+        >>> keyword_defaults(lambda x, *, bins=15, progress=True: x)
+        {'bins': 15}
+    """
     params = inspect.signature(function).parameters.values()
     return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in RUN_OPTIONS}
+
+
+def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
+    """Set the buffers and parameters of ``module`` (and its submodules) named by the keys of ``state``.
+
+    Buffers are replaced, so they may change shape (a posterior's ``None`` before fit, a histogram's
+    bins); parameters keep their device. A key naming neither raises ``KeyError`` with that key.
+
+    Example:
+        >>> load_tensors(calibrator, {"temperature": torch.tensor(1.5)})
+    """
+    for key, value in state.items():
+        owner_name, _, attr = key.rpartition(".")
+        owner = module.get_submodule(owner_name) if owner_name else module
+        current = getattr(owner, attr, None)
+        if isinstance(current, nn.Parameter):
+            with torch.no_grad():
+                current.data = value.to(current.device)
+        elif attr in owner._buffers:
+            owner._buffers[attr] = value
+        else:
+            raise KeyError(key)
 
 
 def takes_shift(method: Method) -> bool:

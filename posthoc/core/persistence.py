@@ -27,6 +27,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -124,6 +125,36 @@ def ensemble_members(payload: dict) -> list[str] | None:
     if key not in payload["state"]:
         raise PosteriorFileError("the posterior file names an ensemble but holds no member fingerprints")
     return [fingerprint_hex(row) for row in payload["state"][key]]
+
+
+def check_ensemble_members(path: str, saved: Sequence[str], given: Sequence[str]) -> None:
+    """Refuse ensemble members (by fingerprint) other than the saved ones, in the saved order, naming what is wrong.
+
+    Example:
+        >>> check_ensemble_members("e.pt", ["a", "b"], ["b", "a"])
+        Traceback (most recent call last):
+        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1 ...
+    """
+    if len(given) != len(saved):
+        missing = [i for i, f in enumerate(saved) if f not in given]
+        raise PosteriorFileError(
+            f"{path} holds an ensemble of {len(saved)} members but {len(given)} models were given"
+            + (f" (saved member(s) {missing} are missing)" if missing else "")
+            + "; pass every member, in the order they were wrapped"
+        )
+    for index, (want, found) in enumerate(zip(saved, given)):
+        if want == found:
+            continue
+        if found in saved:
+            raise PosteriorFileError(
+                f"{path}: member {index} given is saved member {saved.index(found)}; pass the members in the "
+                "order they were wrapped (each member's posterior belongs to its own checkpoint)"
+            )
+        raise PosteriorFileError(
+            f"{path}: member {index} (fingerprint {found[:12]}) is not the checkpoint its posterior was fitted on "
+            f"(fingerprint {want[:12]}): its weights or architecture changed. Load onto the exact checkpoints, "
+            "or fit again"
+        )
 
 
 def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor],

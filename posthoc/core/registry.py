@@ -1,4 +1,8 @@
-"""The method registry: every post-hoc method registers itself here under its name.
+"""The registry: every post-hoc method registers itself here under its name.
+
+``posthoc.wrap(model, method=name)`` builds the registered class of ``name``; a list of models is mixed
+by the registered :data:`ENSEMBLE`, whose members are the named method. Calibrators are registered with
+the calibration method that stacks them on a predictive (``posthoc.methods.calibration``).
 
 Example:
     >>> @register
@@ -17,6 +21,10 @@ from posthoc.core.method import Method
 
 REGISTRY: dict[str, type[Method]] = {}
 
+#: the registered mixture that ``posthoc.wrap([m1, m2, ...])`` builds from a list of models; ``method=`` names
+#: its members' method, so this name is none of :func:`available_methods`
+ENSEMBLE = "ensemble"
+
 
 def register(cls: type[Method]) -> type[Method]:
     """Class decorator adding a :class:`Method` to the registry under ``cls.name``."""
@@ -28,27 +36,41 @@ def register(cls: type[Method]) -> type[Method]:
     return cls
 
 
+def method_names() -> list[str]:
+    """The names ``method=`` takes, sorted.
+
+    Example:
+        >>> method_names()[:2]
+        ['auto-calibration', 'dac']
+    """
+    return sorted(name for name in REGISTRY if name != ENSEMBLE)
+
+
 def available_methods() -> dict[str, dict[str, Any]]:
-    """Every registered method with its options and defaults.
+    """Every method ``method=`` takes, with its options and defaults.
 
     Example:
         >>> sorted(available_methods())[:2]
-        ['laplace', 'mc-dropout']
+        ['auto-calibration', 'dac']
     """
-    return {name: cls.option_defaults() for name, cls in sorted(REGISTRY.items())}
+    return {name: REGISTRY[name].option_defaults() for name in method_names()}
 
 
 def method_class(name: str) -> type[Method]:
     """The registered class of method ``name``; unknown names fail with the valid ones listed."""
+    if name == ENSEMBLE:
+        raise ConfigError(f"'{ENSEMBLE}' is built from a list of models: pass posthoc.wrap([model_a, model_b, ...], "
+                          "method=...) with the method every member gets (default 'none', a deep ensemble)")
     if not isinstance(name, str) or name not in REGISTRY:
-        raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(sorted(REGISTRY))}")
+        raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(method_names())}")
     return REGISTRY[name]
 
 
 def methods_doc() -> str:
-    """A docstring section listing every registered method with its options and defaults."""
+    """A docstring section listing every method ``method=`` takes, with its options and defaults."""
     lines = ["", "    Methods (options and fit options, with defaults):", ""]
-    for name, cls in sorted(REGISTRY.items()):
+    for name in method_names():
+        cls = REGISTRY[name]
         summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
         options = ", ".join(f"{k}={v!r}" for k, v in cls.option_defaults().items()) or "none"
         fit_options = ", ".join(f"{k}={v!r}" for k, v in cls.fit_option_defaults().items()) or "none"

@@ -1,7 +1,7 @@
 """One CPU thread for small dense work, where torch's intra-op threads only wait on each other.
 
-Measured on a shared 2-core machine: ``eigh`` of a 520 x 520 curvature factor took 0.03 s on one
-thread and 2-7 s on two; vector scaling of 600 x 8 logits 0.2 s and 4.9 s.
+On a shared 2-core machine, ``eigh`` of a 520 x 520 curvature factor takes about 0.03 s on one
+thread and 2-7 s on two, and vector scaling of 600 x 8 logits 0.2 s against 4.9 s.
 
 Example:
     >>> with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):

@@ -34,10 +34,12 @@ from posthoc.demo import data, zoo
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.core.errors import ConfigError
-from posthoc.core.registry import REGISTRY
+from posthoc.core.registry import method_class
+from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.evaluation.report import Report, collect, evaluate, markdown_table
+from posthoc.core.predictions import collect
+from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
@@ -53,8 +55,8 @@ ROTATED45 = 3
 CI, BOOTSTRAPS, SHIFT_BOOTSTRAPS = 0.95, 1000, 200
 #: OOD scores read from each method's own predictive (no fit), beside its entropy and mutual information
 PREDICTIVE_OOD_SCORES = ("msp", "gen")
-#: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class); ten passes
-#: over 500 digits cost about what the five rotated passes over 1000 of the earlier demo did
+#: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class), so that the
+#: many shift cells cost about as much as a few passes over the whole test split
 SHIFT_EXAMPLES = 500
 
 
@@ -105,7 +107,7 @@ class DemoRow:
 
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    fit_names = REGISTRY[name].fit_option_defaults()
+    fit_names = method_class(name).fit_option_defaults()
     return ({k: v for k, v in options.items() if k not in fit_names}, {k: v for k, v in options.items() if k in fit_names})
 
 
@@ -116,23 +118,23 @@ def _timed(fn) -> tuple[Any, float]:
 
 
 def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str, Any]], dict[str, Any], bool]]:
-    """``(label, spec, fit_options, add_temperature)`` for every registered method's demo rows.
+    """``(label, spec, fit_options, add_temperature)`` for the demo rows of :data:`~posthoc.demo.configs.DEMO_CONFIGS`
+    (of the methods ``only`` when given).
 
     The first row of each method (other than MAP and temperature) also gets a ``+ temperature``
-    row, fitted on top of the already fitted method. A stacking method's config may name the methods it
-    stacks on with the option ``"on"`` (e.g. ``("Laplace + DAC", {"on": ["laplace"]})``, the inner methods
-    with their defaults); without it, it stacks on the plain model.
+    row, fitted on top of the already fitted method. A stacking method's row stacks on the methods its
+    option ``"on"`` names, else on the plain model.
 
     Example:
         >>> [label for label, *_ in demo_configs(["none", "temperature"])]
         ['MAP', 'temperature']
     """
     configs = []
-    reference_first = sorted(REGISTRY.items(), key=lambda item: (item[0] != "none", item[0] != "temperature", item[0]))
-    for name, cls in reference_first:
+    for name, rows in DEMO_CONFIGS.items():
         if only and name not in only:
             continue
-        for position, (label, options) in enumerate(cls.demo_configs):
+        cls = method_class(name)
+        for position, (label, options) in enumerate(rows):
             options = dict(options)
             inner = [{"name": base, "options": {}} for base in options.pop("on", [])]
             wrap_options, fit_options = _split_options(name, options)
@@ -149,7 +151,7 @@ def _plain_forward_seconds(model: torch.nn.Module, loader) -> float:
 
 def _with_temperature(um: UncertainModel, cal_loader) -> tuple[UncertainModel, float]:
     """Temperature fitted on top of an already fitted ``um`` (its inner method is not refitted)."""
-    top = REGISTRY["temperature"](um.method)
+    top = method_class("temperature")(um.method)
     stacked = UncertainModel(top, [*um.spec, {"name": "temperature", "options": {}}], fingerprint=um.fingerprint)
     _, seconds = _timed(lambda: top.fit(None, cal_loader, progress=False))
     top.fitted.fill_(True)

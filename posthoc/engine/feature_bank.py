@@ -53,7 +53,7 @@ def kth_distance(queries: Tensor, bank: Tensor, k: int, *, max_memory: int | Non
         >>> kth_distance(bank[:1], bank, k=2)
         tensor([1.4142], dtype=torch.float64)
     """
-    queries = queries.float()
+    queries = queries.to(bank.dtype)  # the bank follows the module's dtype (float32 unless moved with .to)
     best = queries.new_full((queries.shape[0], k), -float("inf"))
     best_index = torch.zeros(queries.shape[0], k, dtype=torch.long, device=queries.device)
     for rows in chunks(bank.shape[0], FLOAT32_BYTES * queries.shape[0], max_memory=max_memory):

@@ -261,6 +261,27 @@ def walk_spreads(ladder: Sequence[float], within: Callable[[float], bool], *, st
     return Walk(None, 0)
 
 
+
+def widest_spread(ladder: Sequence[float], within: Callable[[float], bool], *, start: int, method: str,
+                  tolerance: float, over: str, fallback: str, advice: str) -> float:
+    """The spread :func:`walk_spreads` accepts, else 0 with a warning that names what is used instead.
+
+    The scale choices of SWAG, IVON and iBNN share it: ``within`` accepts a scale whose held-out NLL is
+    within ``tolerance`` of ``over`` (e.g. "the checkpoint"); a scale of 0 predicts with the method's
+    point estimate alone (``fallback``, e.g. "the SWA mean"); ``advice`` says what to change.
+
+    Example:
+        >>> widest_spread([0.5, 1.0, 2.0], lambda s: s <= 1.0, start=1, method="SWAG", tolerance=0.02,
+        ...               over="the checkpoint", fallback="the SWA mean", advice="Raise val_tolerance")
+        1.0
+    """
+    walk = walk_spreads(ladder, within, start=start)
+    if walk.accepted is not None:
+        return ladder[walk.accepted]
+    warnings.warn(f"every {method} scale down to {ladder[0]:g} costs more than {tolerance:.0%} of held-out NLL over "
+                  f"{over}; predicting with {fallback} alone (scale 0). {advice}", RuntimeWarning, stacklevel=4)
+    return 0.0
+
 def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], bool],
            combined_nll: Callable[[Candidate], float], unimodal: bool = False) -> Candidate:
     """Among ``candidates`` that ``accepted`` (the method's clean-NLL tolerance), the lowest ``combined_nll``.

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.checks import finite_non_negative, integer, memory_bytes, positive_int
+from posthoc.core.checks import non_negative, integer, memory_bytes, positive_int
 from posthoc.core.chunks import call_budget, chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
@@ -55,7 +55,7 @@ class ElboFit:
     def __post_init__(self) -> None:
         positive_int(self.epochs, "epochs")
         for name in ("lr", "lr_scale"):
-            finite_non_negative(getattr(self, name), name, meaning=" (0 keeps those parameters fixed)")
+            non_negative(getattr(self, name), name, why="0 keeps those parameters fixed")
 
 
 #: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
@@ -78,7 +78,6 @@ class VariationalMethod(Method):
     """
 
     copies_model = False
-    fine_tunes_private_copy = True  # the posterior's own parameters start at the checkpoint's weights
     default_layers: ClassVar[str] = "head"
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,

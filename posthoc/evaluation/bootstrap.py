@@ -21,7 +21,8 @@ import torch
 from scipy.special import ndtr, ndtri
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.checks import integer_at_least, known_name, probability
+from posthoc.core.errors import InputError
 from posthoc.evaluation import metrics
 
 #: a metric of the examples picked by an index matrix ``(B, n)``: one value per row ``(B,)``
@@ -83,12 +84,9 @@ def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[st
 
 def check_level(ci: float, bootstraps: int, method: str = "percentile") -> None:
     """Refuse a confidence level outside (0, 1), fewer than 2 resamples, or an unknown method."""
-    if not 0 < ci < 1:
-        raise ConfigError(f"ci is a confidence level in (0, 1), e.g. 0.95; got {ci!r}")
-    if isinstance(bootstraps, bool) or not isinstance(bootstraps, int) or bootstraps < 2:
-        raise ConfigError(f"bootstraps must be an integer >= 2 (1000 is usual), got {bootstraps!r}")
-    if method not in METHODS:
-        raise ConfigError(f"unknown bootstrap method {method!r}; valid: {', '.join(METHODS)}")
+    probability(ci, "ci", why="a confidence level, e.g. 0.95")
+    integer_at_least(bootstraps, "bootstraps", 2, why="1000 is usual")
+    known_name(method, "bootstrap method", METHODS)
 
 
 def resample_index(n: int, bootstraps: int, seed: int = 0) -> Tensor:

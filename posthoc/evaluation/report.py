@@ -30,7 +30,7 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.evaluation.predictions import collect, predict_loader  # noqa: F401  (collect: demo and benchmarks import it from here)
+from posthoc.core.predictions import predict_loader
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
 from posthoc.guarantees.selective import SelectivePredictor

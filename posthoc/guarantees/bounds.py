@@ -21,22 +21,10 @@ import math
 
 from scipy import special
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.errors import InputError
 
 #: tolerance on ``(n + 1)(1 - alpha)`` being a whole number (``alpha = 0.1`` is not exactly 1/10 in binary)
 RANK_TOLERANCE = 1e-9
-
-
-def check_probability(value: object, name: str) -> float:
-    """``value`` as a float if it lies strictly inside ``(0, 1)``; a :class:`ConfigError` naming it otherwise.
-
-    Example:
-        >>> check_probability(0.1, "alpha")
-        0.1
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
-        raise ConfigError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
-    return float(value)
 
 
 def minimum_calibration_size(alpha: float) -> int:

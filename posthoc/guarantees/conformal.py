@@ -25,7 +25,8 @@ from torch import Tensor
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
-from posthoc.guarantees.bounds import check_probability, conformal_rank, minimum_calibration_size
+from posthoc.core.checks import probability
+from posthoc.guarantees.bounds import conformal_rank, minimum_calibration_size
 from posthoc.guarantees.scores import ConformityScore
 from posthoc.guarantees.sources import Predictive, calibration_predictions
 
@@ -129,7 +130,7 @@ def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str = "lac
         >>> cp = posthoc.conformal(val_logits, val_labels, alpha=0.05, score="raps", k_reg=2, lam=0.1)
         >>> cp.threshold, cp.sets(test_logits).shape
     """
-    alpha = check_probability(alpha, "alpha")
+    alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator)
     predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,

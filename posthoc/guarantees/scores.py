@@ -23,6 +23,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posthoc.core.checks import integer_at_least, known_name, non_negative
 from posthoc.core.errors import ConfigError
 
 SCORES = ("lac", "aps", "raps")
@@ -44,8 +45,7 @@ class ConformityScore:
 
     def __init__(self, name: str, *, randomized: bool | None = None, k_reg: int | None = None,
                  lam: float | None = None, generator: torch.Generator | None = None) -> None:
-        if name not in SCORES:
-            raise ConfigError(f"unknown conformity score {name!r}; valid: {', '.join(SCORES)}")
+        known_name(name, "conformity score", SCORES)
         if name == "lac" and randomized:
             raise ConfigError("score='lac' is not randomised (its sets are already exact up to ties); "
                               "use score='aps' or 'raps' for randomised sets")
@@ -53,8 +53,10 @@ class ConformityScore:
             raise ConfigError(f"k_reg and lam are options of score='raps', not of score={name!r}")
         self.name = name
         self.randomized = name != "lac" and (True if randomized is None else bool(randomized))
-        self.k_reg = _check_k_reg(RAPS_DEFAULTS["k_reg"] if k_reg is None else k_reg) if name == "raps" else 0
-        self.lam = _check_lam(RAPS_DEFAULTS["lam"] if lam is None else lam) if name == "raps" else 0.0
+        self.k_reg = integer_at_least(RAPS_DEFAULTS["k_reg"] if k_reg is None else k_reg, "k_reg", 0,
+                                      why="the set size from which RAPS penalises") if name == "raps" else 0
+        self.lam = non_negative(RAPS_DEFAULTS["lam"] if lam is None else lam, "lam",
+                                why="the RAPS penalty per extra class") if name == "raps" else 0.0
         self.generator = generator
 
     def __call__(self, probs: Tensor) -> Tensor:
@@ -79,15 +81,3 @@ class ConformityScore:
         parts = (["randomised"] if self.randomized else []) + (
             [f"k_reg={self.k_reg}", f"lam={self.lam:g}"] if self.name == "raps" else [])
         return self.name + (f" ({', '.join(parts)})" if parts else "")
-
-
-def _check_k_reg(value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"k_reg must be a non-negative integer (the set size from which RAPS penalises), got {value!r}")
-    return value
-
-
-def _check_lam(value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
-        raise ConfigError(f"lam must be a non-negative number (the RAPS penalty per extra class), got {value!r}")
-    return float(value)

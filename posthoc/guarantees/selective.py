@@ -28,7 +28,8 @@ from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.guarantees.bounds import binomial_upper_bound, check_probability
+from posthoc.core.checks import known_name, probability
+from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.sources import Predictive, calibration_predictions
 
 SELECTION_SCORES = ("confidence", "entropy", "epistemic")
@@ -170,10 +171,9 @@ def selective(source: Any, labels: Any, *, target_risk: float = 0.02, delta: flo
         >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.01, score="epistemic")
         >>> sel.accept(x_test)
     """
-    target_risk = check_probability(target_risk, "target_risk")
-    delta = check_probability(delta, "delta")
-    if score not in SELECTION_SCORES:
-        raise ConfigError(f"unknown selection score {score!r}; valid: {', '.join(SELECTION_SCORES)}")
+    target_risk = probability(target_risk, "target_risk")
+    delta = probability(delta, "delta")
+    known_name(score, "selection score", SELECTION_SCORES)
     predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,
                                                         desc="selective calibration")
     if score == "epistemic":

@@ -28,12 +28,13 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import check_labels, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
 from posthoc.core.uncertain_model import UncertainModel
-from posthoc.evaluation.predictions import predict_loader
+from posthoc.core.predictions import predict_loader
 
 INPUT_KINDS = ("auto", "probs", "logits")
 
@@ -131,8 +132,7 @@ def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", p
         >>> predictive.kind
         'model'
     """
-    if inputs not in INPUT_KINDS:
-        raise ConfigError(f"inputs must be one of {', '.join(INPUT_KINDS)}, got {inputs!r}")
+    one_of(inputs, "inputs", INPUT_KINDS)
     if isinstance(source, UncertainModel):
         if inputs != "auto":
             raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")

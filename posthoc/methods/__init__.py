@@ -3,4 +3,4 @@
 from posthoc.methods import calibration, ibnn, laplace, mc_dropout, none, swag  # noqa: F401
 from posthoc.methods import dac, ivon, sgld  # noqa: F401
 from posthoc.methods import sparse_vd, vi  # noqa: F401
-from posthoc.methods import ensemble  # noqa: F401  (after swag: multiswag runs the registered 'swag')
+from posthoc.methods import ensemble  # noqa: F401

@@ -22,7 +22,6 @@ class PlainModel(Method):
 
     name = "none"
     requires_fit = False
-    demo_configs = (("MAP", {}),)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:

@@ -22,15 +22,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, NotFittedError, NumericalError
+from posthoc.core.errors import NotFittedError, NumericalError
 from posthoc.core.prediction import Prediction
-
-
-def positive_number(value: Any, name: str) -> float:
-    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a temperature."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-        raise ConfigError(f"{name} must be a finite number > 0, got {value!r}")
-    return float(value)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.ood.base import Outputs, Score, positive_number
+from posthoc.core.checks import positive_number
+from posthoc.ood.base import Outputs, Score
 
 LOGITS = frozenset({"logits"})
 

@@ -22,7 +22,8 @@ from __future__ import annotations
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
-from posthoc.ood.base import Outputs, Score, positive_number
+from posthoc.core.checks import positive_number
+from posthoc.ood.base import Outputs, Score
 
 PREDICTION = frozenset({"prediction"})
 

@@ -1,13 +1,14 @@
-"""Calibrators: maps from logits to calibrated probabilities fitted on held-out data, and the stacked
-methods that fit them on top of any predictive (``posthoc.wrap(model, method=["laplace", "vector"])``).
+"""Calibrators: maps from logits to calibrated probabilities fitted on held-out data, and the methods
+that stack them on any predictive (``posthoc.wrap(model, method=["laplace", "vector"])``).
 
 One module per calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
 ``histogram``, ``isotonic``, ``platt``, ``identity``, ``auto``) on the contract of
-:mod:`posthoc.methods.calibration.base`; :mod:`~posthoc.methods.calibration.stacked` registers them
-as methods.
+:mod:`posthoc.methods.calibration.base`; :mod:`~posthoc.methods.calibration.method` registers each as a
+method (``auto`` registers its own, as it chooses among the others), and :func:`calibrators` finds them by name.
 """
 
-from posthoc.methods.calibration import auto, stacked  # noqa: F401  (importing them registers every calibrator)
-from posthoc.methods.calibration.base import CALIBRATORS, Calibrator
+from posthoc.methods.calibration import auto  # noqa: F401  (importing it registers every calibrator)
+from posthoc.methods.calibration.base import Calibrator
+from posthoc.methods.calibration.method import calibrators
 
-__all__ = ["CALIBRATORS", "Calibrator"]
+__all__ = ["Calibrator", "calibrators"]

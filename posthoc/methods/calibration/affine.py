@@ -6,7 +6,7 @@ labels plus the subclass's penalty, with L-BFGS in float64; on posterior samples
 mapped and the samples averaged.
 
 Example:
-    >>> calibrator = CALIBRATORS["vector"]().fit(logits, labels)
+    >>> calibrator = VectorScaling().fit(logits, labels)
     >>> calibrator.weight.shape, calibrator.bias.shape
     (torch.Size([10]), torch.Size([10]))
 """

@@ -11,12 +11,8 @@ candidate. The choice then follows three rules, each against choosing on luck:
 - **Enough errors to judge.** A nearly separable held-out set (fewer than
   :data:`~posthoc.methods.calibration.base.ERRORS_WANTED` misclassified examples) keeps the identity,
   with a warning: its folds are decided by a handful of errors, and a calibrator that looks clearly
-  better there (by many standard errors, the gain spread over hundreds of correct examples) often is not.
-  Measured on both bundled digits CNNs, 40 random halvings of 792 digits with 5 errors (``python
-  benchmarks/bench_auto_calibration.py``): the previous rule's test NLL was 1.54x no
-  calibration's on average (8.5x at worst) on ``digits_cnn``; temperature scaling alone, sharpening on
-  1-2 errors, still cost 1.07x on average and 2.1x at worst there, while it helped on ``digits_bn_cnn``
-  (0.71x), with the same cross-validated confidence.
+  better there (by many standard errors, the gain spread over hundreds of correct examples) often is not
+  (``benchmarks/bench_auto_calibration.py`` measures this on random halvings of the bundled digits).
 - **The simplest within the noise** (the one-standard-error rule): among the eligible, the candidate
   with the fewest parameters whose out-of-fold NLL is within one standard error (of the per-example
   difference) of the lowest wins; ties in size go to the lower NLL.
@@ -24,12 +20,12 @@ candidate. The choice then follows three rules, each against choosing on luck:
 A candidate that has too few examples per class in the training folds is skipped with a warning
 (``"platt"`` only runs on binary classifiers). The winner is then refitted on all held-out examples.
 
-``.method`` is the chosen calibrator's name and ``.scores`` the table ``{name: {"nll", "ece"}}``
-(ECE with 15 equal-width bins, top label).
+``.chosen_name`` is the chosen calibrator's name and ``.scores`` the table ``{name: {"nll", "ece"}}``
+(ECE with 15 equal-width bins, top label). Registered as the method ``"auto-calibration"``.
 
 Example:
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
-    >>> calibrator.method, calibrator.scores["temperature"]
+    >>> calibrator.chosen_name, calibrator.scores["temperature"]
     ('temperature', {'nll': 0.212, 'ece': 0.018})
 """
 
@@ -42,12 +38,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import positive_int
+from posthoc.core.checks import integer_at_least, positive_int
 from posthoc.core.errors import ConfigError
-from posthoc.methods.calibration import (  # noqa: F401  (registers the candidates)
-    dirichlet, ets, histogram, identity, isotonic, matrix, platt, temperature, vector,
-)
-from posthoc.methods.calibration.base import CALIBRATORS, ERRORS_WANTED, Calibrator, predictive, register_calibrator
+from posthoc.core.registry import register
+from posthoc.methods.calibration.base import ERRORS_WANTED, Calibrator, predictive
+from posthoc.methods.calibration.method import CalibrationMethod, calibrators
 
 #: the calibrators "auto" compares by default ("identity" is always scored as the reference)
 DEFAULT_CANDIDATES = ("temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "platt")
@@ -121,7 +116,6 @@ def _rows(inputs: Tensor, keep: Tensor) -> Tensor:
     return inputs[:, keep] if inputs.dim() == 3 else inputs[keep]
 
 
-@register_calibrator
 class AutoCalibration(Calibrator):
     """The simplest calibrator within the noise of the best cross-validated NLL, never one no better than none."""
 
@@ -130,14 +124,11 @@ class AutoCalibration(Calibrator):
     def __init__(self, *, candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES, folds: int = 5, seed: int = 0,
                  max_iter: int = 100) -> None:
         super().__init__()
-        unknown = [name for name in candidates if name not in CALIBRATORS or name == self.name]
-        if unknown or not candidates:
-            valid = ", ".join(name for name in CALIBRATORS if name != self.name)
-            raise ConfigError(f"auto candidates must be calibrator names ({valid}); got {list(candidates)!r}")
+        known = [name for name in calibrators() if name != self.name]
+        if not candidates or isinstance(candidates, str) or any(name not in known for name in candidates):
+            raise ConfigError(f"auto candidates must be calibrator names ({', '.join(known)}); got {candidates!r}")
         self.candidates = tuple(candidates)
-        self.folds = positive_int(folds, "folds")
-        if self.folds < 2:
-            raise ConfigError(f"folds must be at least 2 for cross-validation, got {folds}")
+        self.folds = integer_at_least(folds, "folds", 2, why="cross-validation needs two folds or more")
         self.seed, self.max_iter = seed, positive_int(max_iter, "max_iter")
         names = ["identity", *(name for name in self.candidates if name != "identity")]
         self.choices = nn.ModuleDict({name: self._candidate(name) for name in names})
@@ -145,7 +136,7 @@ class AutoCalibration(Calibrator):
         self.register_buffer("cross_validated", torch.full((len(names), 2), math.nan))
 
     def _candidate(self, name: str) -> Calibrator:
-        cls = CALIBRATORS[name]
+        cls = calibrators()[name]
         return cls(**{"max_iter": self.max_iter} if "max_iter" in cls.option_defaults() else {})
 
     @property
@@ -158,7 +149,7 @@ class AutoCalibration(Calibrator):
         return list(self.choices.values())[int(self.choice)]
 
     @property
-    def method(self) -> str:
+    def chosen_name(self) -> str:
         return list(self.choices)[int(self.choice)]
 
     @property
@@ -236,3 +227,13 @@ class AutoCalibration(Calibrator):
     def _transform(self, logits: Tensor) -> Tensor:
         return self.chosen.transform(logits)
 
+
+@register
+class AutoCalibrationMethod(CalibrationMethod):
+    """The calibrator with the best cross-validated NLL on val_loader (never worse than none)."""
+
+    name = "auto-calibration"
+    calibrator_class = AutoCalibration
+
+    def summary(self) -> dict[str, Any]:
+        return {**super().summary(), "scores": self.calibrator.scores}

@@ -2,8 +2,9 @@
 
 A calibrator is fitted on held-out logits and labels, applies to logits ``(N, C)`` (and, for the
 maps that are applied per posterior sample, to per-sample logits ``(S, N, C)``), keeps its fitted
-parameters in buffers, and saves to / loads from a file like a posterior
-(:func:`posthoc.core.persistence.write` / :func:`~posthoc.core.persistence.read`).
+parameters in buffers, and saves to a file like a posterior (:func:`posthoc.core.persistence.write`;
+``posthoc.calibrate.load`` reads it back). Calibrators are registered with the calibration methods that
+stack them on a predictive (:func:`posthoc.methods.calibration.method.calibrators` finds them by name).
 
 Two situations cannot determine any calibration map and are handled here for all calibrators:
 
@@ -14,15 +15,14 @@ Two situations cannot determine any calibration map and are handled here for all
   calibrator stays the identity and warns, saying how many examples would help.
 
 Example:
-    >>> calibrator = CALIBRATORS["temperature"]().fit(logits, labels)
+    >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> calibrator(logits).sum(-1)          # probabilities, rows sum to 1
-    >>> calibrator.save("cal.pt"); Calibrator.load("cal.pt").method
+    >>> calibrator.save("cal.pt"); posthoc.calibrate.load("cal.pt").chosen_name
     'temperature'
 """
 
 from __future__ import annotations
 
-import inspect
 import math
 import os
 import warnings
@@ -35,23 +35,15 @@ from torch import Tensor, nn
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
+from posthoc.core.method import keyword_defaults, load_tensors
 from posthoc.core.prediction import Prediction
 from posthoc.methods.calibration.optimise import threads_for
-
-#: every calibrator class by name (filled by :func:`register_calibrator`)
-CALIBRATORS: dict[str, type[Calibrator]] = {}
 
 #: the ``model_class`` a calibrator file records (a calibrator belongs to no model checkpoint)
 FILE_KIND = persistence.CALIBRATOR_CLASS
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
 ERRORS_WANTED = 10
-
-
-def register_calibrator(cls: type[Calibrator]) -> type[Calibrator]:
-    """Class decorator adding a :class:`Calibrator` to :data:`CALIBRATORS` under ``cls.name``."""
-    CALIBRATORS[cls.name] = cls
-    return cls
 
 
 def as_tensor(values: Any, what: str) -> Tensor:
@@ -88,7 +80,7 @@ class Calibrator(nn.Module):
     keep fitted parameters in buffers and implement :meth:`_fit` and :meth:`_transform`.
 
     Class attributes:
-        name: the name ``posthoc.calibrate(method=...)`` takes.
+        name: the name ``posthoc.calibrate(method=...)`` takes (and a saved file records).
         per_sample: whether the map applies to each posterior sample (differentiable maps of logits);
             otherwise it is fitted on, and applied to, the predictive (mean over samples).
         min_examples: the fewest held-out examples it accepts.
@@ -110,8 +102,7 @@ class Calibrator(nn.Module):
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
         """The options this calibrator accepts, with their defaults."""
-        params = inspect.signature(cls.__init__).parameters.values()
-        return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
+        return keyword_defaults(cls.__init__)
 
     @property
     def options(self) -> dict[str, Any]:
@@ -119,8 +110,8 @@ class Calibrator(nn.Module):
         return {name: getattr(self, name) for name in self.option_defaults()}
 
     @property
-    def method(self) -> str:
-        """The calibrator that maps the logits (for ``"auto"``: the one it chose)."""
+    def chosen_name(self) -> str:
+        """The name of the calibrator that maps the logits: its own, or for ``"auto"`` the one it chose."""
         return self.name
 
     @property
@@ -213,7 +204,7 @@ class Calibrator(nn.Module):
         expected = int(self.num_classes)
         if expected and logits.shape[-1] != expected:
             raise InputError(
-                f"this '{self.method}' calibrator was fitted on {expected} classes but got logits with "
+                f"this '{self.chosen_name}' calibrator was fitted on {expected} classes but got logits with "
                 f"{logits.shape[-1]}; pass logits of the classifier it was fitted for"
             )
         if bool(self.passthrough):
@@ -258,7 +249,7 @@ class Calibrator(nn.Module):
     # ------------------------------------------------------------------ files
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the fitted calibrator to ``path`` (atomically; read back with :meth:`Calibrator.load`).
+        """Write the fitted calibrator to ``path`` (atomically; read back with ``posthoc.calibrate.load``).
 
         Example:
             >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
@@ -266,32 +257,12 @@ class Calibrator(nn.Module):
         spec = [{"name": self.name, "options": self.options}]
         persistence.write(path, spec, "", FILE_KIND, dict(self.named_buffers()))
 
-    @staticmethod
-    def load(path: str | os.PathLike) -> Calibrator:
-        """Read a calibrator written by :meth:`save`; it refuses logits with another number of classes.
-
-        Example:
-            >>> Calibrator.load("vector.pt")(test_logits)
-        """
-        payload = persistence.read(path, kind="calibrator")
-        entry = payload["spec"][0]
-        if entry["name"] not in CALIBRATORS:
-            raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")
-        try:
-            calibrator = CALIBRATORS[entry["name"]](**entry["options"])
-        except (TypeError, ConfigError) as err:
-            raise PosteriorFileError(f"{path} holds options this posthoc cannot build '{entry['name']}' with: {err}") from err
-        calibrator.load_buffers(payload["state"], source=str(path))
-        return calibrator
-
     def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
         """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""
-        for key, value in state.items():
-            owner_name, _, attr = key.rpartition(".")
-            owner = self.get_submodule(owner_name) if owner_name else self
-            if attr not in owner._buffers:
-                raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {key!r}")
-            owner._buffers[attr] = value
+        try:
+            load_tensors(self, state)
+        except (KeyError, AttributeError) as err:
+            raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {err}") from err
 
     def extra_repr(self) -> str:
-        return f"method={self.method!r}, classes={int(self.num_classes)}" + (", identity" if bool(self.passthrough) else "")
+        return f"calibrator={self.chosen_name!r}, classes={int(self.num_classes)}" + (", identity" if bool(self.passthrough) else "")

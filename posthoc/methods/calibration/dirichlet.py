@@ -13,11 +13,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.methods.calibration.base import register_calibrator
 from posthoc.methods.calibration.matrix import MatrixScaling
 
 
-@register_calibrator
 class DirichletCalibration(MatrixScaling):
     """``softmax(W log softmax(z) + b)`` with ODIR regularisation."""
 

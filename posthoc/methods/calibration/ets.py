@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
-from posthoc.methods.calibration.base import Calibrator, register_calibrator
+from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise, mixture_nll
 from posthoc.methods.calibration.temperature import fit_temperature
 
@@ -31,7 +31,6 @@ def mixture_log_probs(logits: Tensor, temperature: Tensor, log_weights: Tensor) 
     return torch.logsumexp(parts + log_weights.reshape(3, *([1] * logits.dim())), 0)
 
 
-@register_calibrator
 class EnsembleTemperatureScaling(Calibrator):
     """A mixture of the tempered, the original and the uniform prediction."""
 

@@ -17,9 +17,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core.checks import non_negative, positive_int
-from posthoc.core.errors import ConfigError
-from posthoc.methods.calibration.base import Calibrator, predictive, register_calibrator
+from posthoc.core.checks import non_negative, one_of, positive_int
+from posthoc.methods.calibration.base import Calibrator, predictive
 
 MODES = ("per-class", "top-label")
 
@@ -43,7 +42,6 @@ def binned_frequency(probs: Tensor, events: Tensor, bins: int, smoothing: float)
     return torch.where(count + smoothing > 0, (hits + smoothing * mean) / (count + smoothing).clamp_min(1e-12), centre)
 
 
-@register_calibrator
 class HistogramBinning(Calibrator):
     """Equal-width bins whose probability is the held-out frequency of the event."""
 
@@ -53,10 +51,8 @@ class HistogramBinning(Calibrator):
 
     def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:
         super().__init__()
-        if mode not in MODES:
-            raise ConfigError(f"histogram mode must be one of {MODES}, got {mode!r}")
         self.bins = positive_int(bins, "bins")
-        self.mode = mode
+        self.mode = one_of(mode, "mode", MODES)
         self.smoothing = non_negative(smoothing, "smoothing")
         self.register_buffer("values", torch.empty(0))
 

@@ -9,10 +9,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.methods.calibration.base import Calibrator, register_calibrator
+from posthoc.methods.calibration.base import Calibrator
 
 
-@register_calibrator
 class Identity(Calibrator):
     """No calibration: ``softmax(z)``. Parameters: 0."""
 

@@ -17,7 +17,7 @@ import torch
 from sklearn.isotonic import IsotonicRegression as SklearnIsotonic
 from torch import Tensor
 
-from posthoc.methods.calibration.base import Calibrator, predictive, register_calibrator
+from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.histogram import FLOOR
 
 
@@ -32,7 +32,6 @@ def interpolate(x: Tensor, points: Tensor, values: Tensor, size: int) -> Tensor:
     return (y0 + slope * (x.clamp(points[0], points[-1]) - x0)).clamp(values[0], values[-1])
 
 
-@register_calibrator
 class IsotonicCalibration(Calibrator):
     """One-vs-rest isotonic maps of the class probabilities, renormalised."""
 

@@ -21,10 +21,8 @@ from torch import Tensor
 
 from posthoc.core.checks import non_negative
 from posthoc.methods.calibration.affine import AffineCalibrator
-from posthoc.methods.calibration.base import register_calibrator
 
 
-@register_calibrator
 class MatrixScaling(AffineCalibrator):
     """``softmax(W z + b)`` with ODIR: off-diagonal weights and intercepts shrunk to 0."""
 

@@ -14,10 +14,8 @@ import torch
 from torch import Tensor
 
 from posthoc.methods.calibration.affine import AffineCalibrator
-from posthoc.methods.calibration.base import register_calibrator
 
 
-@register_calibrator
 class PlattScaling(AffineCalibrator):
     """``sigmoid(a z + b)`` for a binary classifier's logit ``z``."""
 

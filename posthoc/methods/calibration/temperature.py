@@ -20,7 +20,7 @@ from torch import Tensor
 
 from posthoc.core.checks import positive_int
 from posthoc.core.logits import log_mean_exp
-from posthoc.methods.calibration.base import Calibrator, register_calibrator
+from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise
 
 MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-2, 1e2
@@ -59,7 +59,6 @@ def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -
     return value
 
 
-@register_calibrator
 class TemperatureCalibrator(Calibrator):
     """``softmax(z / T)`` with one temperature fitted by NLL. Parameters: 1."""
 

@@ -18,10 +18,8 @@ from torch import Tensor
 
 from posthoc.core.checks import non_negative
 from posthoc.methods.calibration.affine import AffineCalibrator
-from posthoc.methods.calibration.base import register_calibrator
 
 
-@register_calibrator
 class VectorScaling(AffineCalibrator):
     """``softmax(w * z + b)``, one weight and bias per class."""
 

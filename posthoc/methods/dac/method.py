@@ -47,7 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.core.checks import memory_bytes, non_negative, positive_int
+from posthoc.core.checks import memory_bytes, non_negative, positive_int, probability
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs
@@ -82,12 +82,6 @@ def _check_layers(model: nn.Module, layers: Any) -> list[str] | None:
     return list(layers)
 
 
-def _check_fraction(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < 1:
-        raise ConfigError(f"{name} must be a number strictly between 0 and 1, got {value!r}")
-    return float(value)
-
-
 @register
 class DensityAwareCalibration(Method):
     """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
@@ -109,7 +103,6 @@ class DensityAwareCalibration(Method):
     name = "dac"
     needs_val = True
     stacks = True
-    demo_configs = (("DAC", {}), ("Laplace + DAC", {"on": ["laplace"]}))
 
     def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
                  anchor: float = 0.9, val_tolerance: float = 0.01, head: str | None = None,
@@ -121,7 +114,7 @@ class DensityAwareCalibration(Method):
         self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
-        self.anchor = _check_fraction(anchor, "anchor")
+        self.anchor = probability(anchor, "anchor")
         self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {type(head).__name__}")

@@ -1,13 +1,13 @@
-"""Members of one architecture run as one batched forward: parameters stacked, the forward vmapped.
+"""Members of one architecture run as one batched forward: parameters batched, the forward vmapped.
 
-``torch.func.stack_module_state`` stacks the members' parameters and buffers along a new first
-dimension; ``torch.vmap`` over ``torch.func.functional_call`` of one member's module then runs all
-``M`` members in one batched pass (one kernel per layer over ``M`` weight sets instead of ``M`` Python
-loops). The stacked copy is kept between calls and rebuilt when a member's tensors change (moved to
-another device, or modified in place: each tensor's storage and version counter are checked).
+``torch.func.stack_module_state`` puts the members' parameters and buffers along a new first
+(member) dimension; ``torch.vmap`` over ``torch.func.functional_call`` of one member's module then runs
+all ``M`` members in one batched pass (one kernel per layer over ``M`` weight sets instead of ``M``
+Python loops). The batched copy is kept between calls and rebuilt when a member's tensors change (moved
+to another device, or modified in place: each tensor's storage and version counter are checked).
 
 Example:
-    >>> forward = StackedForward([net_a, net_b])
+    >>> forward = BatchedForward([net_a, net_b])
     >>> forward(x).shape                  # (M, N, C) log-probabilities
     torch.Size([2, 8, 10])
 """
@@ -30,7 +30,7 @@ def _layout(model: nn.Module) -> tuple:
 
 
 def same_architecture(models: Sequence[nn.Module]) -> bool:
-    """Whether ``models`` can be stacked: one class, and the same tensors by name, shape, dtype and device.
+    """Whether ``models`` can run as one batched forward: one class, and the same tensors by name, shape, dtype and device.
 
     Example:
         >>> same_architecture([nn.Linear(2, 3), nn.Linear(2, 3)]), same_architecture([nn.Linear(2, 3), nn.Linear(2, 4)])
@@ -44,11 +44,11 @@ def _tensors(model: nn.Module) -> list[Tensor]:
     return [*model.parameters(), *model.buffers()]
 
 
-class StackedForward:
+class BatchedForward:
     """The members' log-probabilities ``(M, N, C)`` from one vmapped forward (see module docs).
 
     The first member's module serves as the template for ``functional_call`` (its own tensors are
-    swapped for the stacked ones during the call and restored after it); it must be in eval mode, as
+    swapped for the batched ones during the call and restored after it); it must be in eval mode, as
     ``UncertainModel.predict`` puts it.
     """
 
@@ -57,7 +57,7 @@ class StackedForward:
         self._key: tuple | None = None
         self._state: dict[str, Tensor] = {}
 
-    def _stacked(self) -> dict[str, Tensor]:
+    def _batched_state(self) -> dict[str, Tensor]:
         key = tuple((t.data_ptr(), t._version, t.device) for model in self.models for t in _tensors(model))
         if key != self._key:
             self._state = {}  # free the old copy before building the new one
@@ -72,4 +72,4 @@ class StackedForward:
         def member(state: dict[str, Tensor], inputs: Inputs) -> Tensor:
             return class_log_probs(run_model_with(template, state, inputs))
 
-        return torch.vmap(member, in_dims=(0, None))(self._stacked(), x)
+        return torch.vmap(member, in_dims=(0, None))(self._batched_state(), x)

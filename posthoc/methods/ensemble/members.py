@@ -1,4 +1,4 @@
-"""Checks of an ensemble's members: at wrap (count, type, device, classes) and at load (fingerprints).
+"""Checks of an ensemble's members at wrap: count, type, device, classes.
 
 Example:
     >>> check_members([net_a, net_b.cuda()])
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from posthoc.core.errors import ConfigError, HeadNotFoundError, PosteriorFileError
+from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.engine.head import find_head
 
 
@@ -48,33 +48,3 @@ def check_members(models: Sequence[object]) -> None:
     if len(known) > 1:
         listing = ", ".join(f"member {i}: {c}" for i, c in enumerate(classes) if c is not None)
         raise ConfigError(f"ensemble members must predict the same classes; their heads have {listing} outputs")
-
-
-def check_fingerprints(path: str, saved: Sequence[str], given: Sequence[str]) -> None:
-    """Refuse members other than the saved ones, in the saved order, naming what is wrong.
-
-    Example:
-        >>> check_fingerprints("e.pt", ["a", "b"], ["b", "a"])
-        Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1 ...
-    """
-    if len(given) != len(saved):
-        missing = [i for i, f in enumerate(saved) if f not in given]
-        raise PosteriorFileError(
-            f"{path} holds an ensemble of {len(saved)} members but {len(given)} models were given"
-            + (f" (saved member(s) {missing} are missing)" if missing else "")
-            + "; pass every member, in the order they were wrapped"
-        )
-    for index, (want, found) in enumerate(zip(saved, given)):
-        if want == found:
-            continue
-        if found in saved:
-            raise PosteriorFileError(
-                f"{path}: member {index} given is saved member {saved.index(found)}; pass the members in the "
-                "order they were wrapped (each member's posterior belongs to its own checkpoint)"
-            )
-        raise PosteriorFileError(
-            f"{path}: member {index} (fingerprint {found[:12]}) is not the checkpoint its posterior was fitted on "
-            f"(fingerprint {want[:12]}): its weights or architecture changed. Load onto the exact checkpoints, "
-            "or fit again"
-        )

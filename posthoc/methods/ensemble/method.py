@@ -9,17 +9,16 @@ disagreement as epistemic uncertainty.
 
 A stacked calibrator (``method=["laplace", "temperature"]``) is fitted on the mixture's held-out
 likelihood and, as on every sampled predictive, maps each member's predictive before they are mixed,
-which keeps the members' samples; a temperature of the mixture's own log-probabilities (ensemble
-temperature scaling) is a separate item. On the quality benchmark's BatchNorm CNN the two differ:
-per member, ECE 1.9% and NLL at 90 degrees unchanged (4.84 against the plain 4.82); on the mixture,
-ECE 0.75% but NLL 5.36 at 90 degrees (the untempered ensemble: 3.2% and 3.88).
+which keeps the members' samples (a temperature of the mixture's own log-probabilities, ensemble
+temperature scaling, is a different map).
 
 Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
 GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
-because there the vmapped forward measured slower than ``M`` plain forwards (``benchmarks/bench_ensemble.py``:
-vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into strided
-elementwise passes). Other members, and mixed architectures, always run one after the other. Each member's posterior is bound to the fingerprint of
-its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
+because there vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into
+strided elementwise passes (``benchmarks/bench_ensemble.py`` compares the two). Other members, and mixed
+architectures, always run one after the other. The ensemble is registered like any method (as
+``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
+bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
 the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
 
 Example:
@@ -31,45 +30,49 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import torch
 from torch import nn
 
 from posthoc.core import persistence
+from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method, takes_shift
-from posthoc.methods.ensemble.batched import StackedForward, same_architecture
-from posthoc.methods.ensemble.mixture import mixture, stacked_mixture
+from posthoc.core.registry import ENSEMBLE, register
+from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
+from posthoc.methods.ensemble.members import check_members
+from posthoc.methods.ensemble.mixture import batched_mixture, mixture
 from posthoc.methods.ensemble.spread import fit_spread
 
+#: builds a spec entry's method around one model: ``(method, fingerprint of the model if the method copies it)``
+MemberBuilder = Callable[[nn.Module, dict[str, Any]], tuple[Method, str | None]]
 
+
+@register
 class Ensemble(Method):
     """An equal-weight mixture of member methods (see module docs); built by ``posthoc.wrap([...])``.
 
     Args:
         members: the fitted-or-not member methods, one per checkpoint, all of one method.
         batched: run plain members of one architecture as one vmapped forward: ``None`` on CUDA inputs
-            only (see module docs), ``True`` always (refused for members that cannot be stacked),
+            only (see module docs), ``True`` always (refused for members that cannot be batched),
             ``False`` never.
         sources: per member, the fingerprint of the user's checkpoint where the member works on a copy
             of it (taken at wrap); ``None`` entries are taken from the member's model at fit.
     """
 
-    name = "ensemble"
+    name = ENSEMBLE
 
     def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
                  sources: Sequence[str | None] | None = None) -> None:
         if len(members) < 1:
             raise ConfigError("an ensemble needs at least one member")
-        if batched not in (None, True, False):
-            raise ConfigError(f"batched must be True, False or None (whenever possible), got {batched!r}")
+        one_of(batched, "batched", (None, True, False))
         super().__init__(members[0].base_model)
         self.members = nn.ModuleList(members)
-        self.requires_fit = any(member.requires_fit for member in members)
-        self.needs_val = any(member.needs_val for member in members)
         self.fitted.fill_(not self.requires_fit)
         self.sources = list(sources) if sources is not None else [None] * len(members)
         models = [member.base_model for member in members]
@@ -79,11 +82,35 @@ class Ensemble(Method):
                 "batched=True needs plain members (method 'none') of one architecture (same class, parameter "
                 "names, shapes, dtypes and devices); pass batched=None to fall back to a loop"
             )
-        self.stacked = StackedForward(models) if stackable and batched is not False else None
+        self.batched_forward = BatchedForward(models) if stackable and batched is not False else None
         self.batched = batched
         self.register_buffer("member_fingerprints", None)
         if not self.requires_fit:
             self._bind_fingerprints()
+
+    @classmethod
+    def around(cls, models: Sequence[nn.Module], entry: dict[str, Any], build: MemberBuilder) -> tuple[Ensemble, str | None]:
+        """The ensemble of the spec ``entry`` (``{"name", "options", "members", "batched"}``): its method built by
+        ``build`` around each of ``models`` after they are checked, and the first member's fingerprint where it is
+        taken at wrap (members that work on a copy).
+
+        Example:
+            >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, build)
+        """
+        if len(models) != entry.get("members", len(models)):
+            raise ConfigError(f"the spec names an ensemble of {entry['members']} members, got {len(models)} models")
+        check_members(models)
+        built = [build(model, entry) for model in models]
+        members = [member for member, _ in built]
+        return cls(members, batched=entry.get("batched"), sources=[source for _, source in built]), built[0][1]
+
+    @property
+    def requires_fit(self) -> bool:  # type: ignore[override]  # derived: fitted when any member is
+        return any(member.requires_fit for member in self.members)
+
+    @property
+    def needs_val(self) -> bool:  # type: ignore[override]
+        return any(member.needs_val for member in self.members)
 
     @property
     def base_model(self) -> nn.Module:
@@ -120,14 +147,14 @@ class Ensemble(Method):
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:
         if self.vmapped:
-            return stacked_mixture(self.stacked(x))
+            return batched_mixture(self.batched_forward(x))
         return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
                         for member in self.members])
 
     @property
     def vmapped(self) -> bool:
         """Whether ``predict`` runs the members as one vmapped forward (see ``batched``)."""
-        return self.stacked is not None and (self.batched is True or self.device.type == "cuda")
+        return self.batched_forward is not None and (self.batched is True or self.device.type == "cuda")
 
     def posterior_state(self) -> dict[str, torch.Tensor]:
         """Every member's posterior under ``members.<i>.``, and the member fingerprints."""

@@ -44,6 +44,6 @@ def mixture(parts: list[LogPredictive]) -> LogPredictive:
     return log_probs, samples
 
 
-def stacked_mixture(member_log_probs: Tensor) -> LogPredictive:
+def batched_mixture(member_log_probs: Tensor) -> LogPredictive:
     """The mixture of deterministic members given as one ``(M, N, C)`` tensor (the batched forward's output)."""
     return log_mean_exp(member_log_probs), member_log_probs

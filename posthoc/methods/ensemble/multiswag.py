@@ -1,6 +1,6 @@
 """``"multiswag"``: ``M`` SWAG runs from one checkpoint, mixed with equal weights (Wilson & Izmailov, 2020).
 
-Run ``k`` is the registered ``"swag"`` method (its maths live in ``posthoc.methods.swag``) with its
+Run ``k`` is the :class:`~posthoc.methods.swag.method.SWAG` method (its maths live in ``posthoc.methods.swag``) with its
 ``seed`` option set to ``seed + k``, its fine-tuning's random state seeded from ``(seed, k)`` (dropout
 masks) and, for a ``DataLoader`` over a map-style dataset, its own shuffled data order
 (:mod:`.data_order`). Each run fine-tunes a private copy, so the runs start from the same checkpoint
@@ -21,15 +21,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.core.checks import integer_at_least, known_options
 from posthoc.core.method import Method
-from posthoc.core.registry import method_class, register
+from posthoc.core.registry import register
 from posthoc.methods.ensemble.data_order import reshuffled
 from posthoc.methods.ensemble.method import Ensemble
+from posthoc.methods.swag.method import SWAG
 
-#: the registered method each run is
-RUN_METHOD = "swag"
 #: run ``k``'s random state and data order are seeded with ``seed * SEED_STRIDE + k``
 SEED_STRIDE = 1000
 
@@ -43,29 +41,23 @@ class MultiSWAG(Ensemble):
     """
 
     name = "multiswag"
-    fine_tunes_private_copy = True
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
-        positive_int(members, "members")
-        if members < 2:
-            raise ConfigError(f"multiswag needs members >= 2 SWAG runs (members=1 is method='swag'), got {members}")
-        swag = method_class(RUN_METHOD)
-        unknown = sorted(set(swag_options) - set(swag.option_defaults()))
-        if unknown:
-            raise ConfigError(f"unknown option(s) {unknown} for multiswag; valid: members, {', '.join(swag.option_defaults())}")
-        options = {**swag.option_defaults(), **swag_options}
-        algorithm = swag.algorithm(options)
+        integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")
+        known_options(swag_options, self.option_defaults(), "multiswag")
+        options = {**SWAG.option_defaults(), **swag_options}
+        algorithm = SWAG.algorithm(options)
         self.seed = options["seed"]
         runs = [algorithm(model, **{**options, "seed": options["seed"] + k}) for k in range(members)]
         super().__init__(runs)
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        return {"members": 4, **method_class(RUN_METHOD).option_defaults()}
+        return {"members": 4, **SWAG.option_defaults()}
 
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:  # type: ignore[override]
-        return method_class(RUN_METHOD).fit_option_defaults()
+        return SWAG.fit_option_defaults()
 
     def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
                     progress: bool, fit_options: dict[str, Any]) -> None:

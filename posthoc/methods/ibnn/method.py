@@ -34,7 +34,6 @@ Example:
 from __future__ import annotations
 
 import math
-import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
@@ -51,7 +50,7 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
-from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, walk_spreads
+from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, widest_spread
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
 from posthoc.methods.ibnn.recipes import recipe as recipe_named
@@ -97,7 +96,6 @@ class ImplicitBNN(Method):
 
     name = "ibnn"
     copies_model = True
-    demo_configs = (("iBNN (K=2)", {}),)
 
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
@@ -204,7 +202,7 @@ class ImplicitBNN(Method):
     def _choose_scale(self, val_loader: Iterable, plain: float, shifted: ShiftedHeldOut | None) -> None:
         """The widest scale of :data:`SCALES` within ``val_tolerance`` of the checkpoint's held-out NLL, walking
         down from 1 when 1 is over it, or up while wider ones stay within
-        (:func:`posthoc.engine.held_out.walk_spreads`); 0 (the component means) with a warning when none is.
+        (:func:`posthoc.engine.held_out.widest_spread`); 0 (the component means) with a warning when none is.
         With ``shift``, then the scale of lowest NLL over clean and perturbed validation examples among it
         and the narrower ones within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
         scores: dict[float, float] = {}
@@ -220,20 +218,15 @@ class ImplicitBNN(Method):
 
         limit = (1 + self.val_tolerance) * plain
         with torch.no_grad(), eval_mode(self.model):
-            walk = walk_spreads(SCALES, within, start=SCALES.index(1.0))
-            if walk.accepted is None:
-                warnings.warn(
-                    f"every iBNN scale down to {SCALES[0]:g} costs more than {self.val_tolerance:.0%} of held-out NLL "
-                    "over the checkpoint; predicting with the component means alone (scale 0). Raise val_tolerance, "
-                    "or pass a fixed scale", RuntimeWarning, stacklevel=4)
-                scale = 0.0
+            scale = widest_spread(SCALES, within, start=SCALES.index(1.0), method="iBNN", tolerance=self.val_tolerance,
+                                  over="the checkpoint", fallback="the component means",
+                                  advice="Raise val_tolerance, or pass a fixed scale")
+            if scale == 0.0:
                 scores[scale] = nll_at(scale, val_loader)
-            else:
-                scale = SCALES[walk.accepted]
-                if shifted is not None:
-                    self.shift_description = shifted.description
-                    scale = shift_aware_spread(scale, [s for s in reversed(SCALES) if s < scale], nll_at=nll_at,
-                                               loader=val_loader, shifted=shifted, known=scores, limit=limit)
+            elif shifted is not None:
+                self.shift_description = shifted.description
+                scale = shift_aware_spread(scale, [s for s in reversed(SCALES) if s < scale], nll_at=nll_at,
+                                           loader=val_loader, shifted=shifted, known=scores, limit=limit)
         self.scale_fit = torch.tensor([scale, plain, scores[scale]], dtype=torch.float64, device=self.fit_settings.device)
         # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
         # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order

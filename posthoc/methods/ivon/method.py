@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import finite_non_negative, fraction, integer, non_negative, positive_finite, positive_int
+from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
@@ -81,7 +81,6 @@ class IVON(Method):
     """
 
     name = "ivon"
-    fine_tunes_private_copy = True
 
     def __init__(
         self,
@@ -101,7 +100,7 @@ class IVON(Method):
         #: ``None``: chosen on ``fit``'s ``val_loader`` (:func:`widest_scale`), else 1 without one
         self.scale_option = None if scale is None else float(scale)
         self.scale = 1.0 if scale is None else float(scale)
-        self.val_tolerance = finite_non_negative(val_tolerance, "val_tolerance")
+        self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
         #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
         self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
@@ -134,13 +133,13 @@ class IVON(Method):
     ) -> None:
         positive_int(epochs, "epochs")
         positive_int(mc_samples, "mc_samples")
-        lr, hess_init = positive_finite(lr, "lr"), positive_finite(hess_init, "hess_init")
+        lr, hess_init = positive_number(lr, "lr"), positive_number(hess_init, "hess_init")
         weight_decay = non_negative(weight_decay, "weight_decay")
         fraction(beta2, "beta2")
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split)
             torch.manual_seed(self.seed)  # after the feature pass: a DataLoader draws its base seed from this RNG
-            ess = float(weights.size) if ess is None else positive_finite(ess, "ess")
+            ess = float(weights.size) if ess is None else positive_number(ess, "ess")
             optimiser = ivon_optimiser(weights.trained, lr=lr, ess=ess, hess_init=hess_init, weight_decay=weight_decay,
                                        beta2=float(beta2), mc_samples=mc_samples)
             steps = self._fine_tune(weights, optimiser, epochs=epochs, mc_samples=mc_samples, progress=progress)

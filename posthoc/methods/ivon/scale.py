@@ -15,10 +15,9 @@ Example:
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable
 
-from posthoc.engine.held_out import walk_spreads
+from posthoc.engine.held_out import widest_spread
 
 #: the scales tried, widest first (factors of 2 around IVON's own posterior, 1)
 SCALES = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625)
@@ -27,16 +26,9 @@ SCALES = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625)
 def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float) -> float:
     """The widest scale of :data:`SCALES` whose ``validation_nll`` is within ``(1 + tolerance) * plain_nll``, else 0.
 
-    The walk (:func:`posthoc.engine.held_out.walk_spreads`) starts at the widest scale and goes down
+    The walk (:func:`posthoc.engine.held_out.widest_spread`) starts at the widest scale and goes down
     until one is within."""
     ladder = sorted(SCALES)
-    walk = walk_spreads(ladder, lambda scale: validation_nll(scale) <= (1 + tolerance) * plain_nll, start=len(ladder) - 1)
-    if walk.accepted is not None:
-        return ladder[walk.accepted]
-    warnings.warn(
-        f"every IVON scale down to {SCALES[-1]:g} costs more than {tolerance:.0%} of held-out NLL over the checkpoint; "
-        "predicting with the fine-tuned mean alone (scale 0). Raise val_tolerance, fit longer, or pass a fixed scale",
-        RuntimeWarning,
-        stacklevel=4,
-    )
-    return 0.0
+    return widest_spread(ladder, lambda scale: validation_nll(scale) <= (1 + tolerance) * plain_nll,
+                         start=len(ladder) - 1, method="IVON", tolerance=tolerance, over="the checkpoint",
+                         fallback="the fine-tuned mean", advice="Raise val_tolerance, fit longer, or pass a fixed scale")

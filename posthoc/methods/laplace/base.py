@@ -23,23 +23,16 @@ the predictive moves away from the checkpoint. The default, ``"auto"``, is the `
 where a trained model's small NLL makes it stricter. ``"val"``: the widest posterior (smallest δ,
 grid + bisection in ``log δ``, :mod:`posthoc.methods.laplace.prior_search`) whose held-out NLL
 is, with about 98% confidence, at most ``val_tolerance`` (1%) above the checkpoint's: the mean
-per-example NLL increase plus two standard errors must stay under 1% of the checkpoint's NLL.
+per-example NLL increase plus two standard errors must stay under 1% of the checkpoint's NLL. With
+``fit(..., shift="auto")`` (the default) δ is, among those the rule accepts, the one of lowest NLL over
+the clean and the perturbed held-out examples (:mod:`posthoc.engine.held_out`).
 ``"grid"``: the validation-NLL minimiser on the 41-point grid (laplace-torch's ``gridsearch``).
 ``"marglik"``: the Laplace evidence maximiser from the GGN spectrum
 (:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
 
-Why this default (``python benchmarks/bench_laplace.py quality``: last-layer KFAC, probit,
-``fit(train, val)``, the brief's protocol). The evidence's δ (17.9 on ``digits_cnn``, 2.2 on
-``digits_bn_cnn``) makes in-distribution NLL 1.43x / 1.31x the plain model's and ECE 4x while it
-helps under rotation (NLL at 90 degrees 0.57x / 0.68x). The validation-NLL minimiser goes to
-the top of the grid on ``digits_bn_cnn`` (held-out NLL falls all the way to the checkpoint), so
-it changes nothing there. A 1% tolerance on the mean alone (no standard error) widens more but,
-over 12 random validation/test splits, costs up to 1.42x (``digits_cnn``) and 1.09x
-(``digits_bn_cnn``) in-distribution NLL on the test half: 600 validation digits cannot certify
-it. With the two standard errors the worst split stays at 1.011x / 1.013x and NLL at 45 and 90
-degrees drops by 2-3% on average: a default that does no harm, with modest gains under shift.
-For larger gains accept an in-distribution cost: a larger ``val_tolerance``, ``"marglik"``, or
-``hessian="full"`` (wider under shift at the same cost).
+The two standard errors are what keep the worst of many random validation/test splits within the 1%
+(``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
+larger ``val_tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="kron").fit(train_loader)
@@ -125,11 +118,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     """
 
     name = "laplace"
-    demo_configs = (
-        ("LLLA kron", {"hessian": "kron"}),
-        ("LLLA full", {"hessian": "full"}),
-        ("LLLA diag", {"hessian": "diag"}),
-    )
     #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
     blocks: nn.ModuleList
 

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed, settings
-from posthoc.core.checks import fraction, integer, memory_bytes, non_negative, positive_finite, positive_int
+from posthoc.core.checks import fraction, integer, memory_bytes, non_negative, positive_int, positive_number
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.method import LogPredictive, Method
@@ -87,7 +87,6 @@ class SGLD(Method):
     """
 
     name = "sgld"
-    fine_tunes_private_copy = True
 
     def __init__(
         self,
@@ -135,7 +134,7 @@ class SGLD(Method):
         exploration: float = 0.8,
     ) -> None:
         positive_int(epochs, "epochs")
-        positive_finite(lr, "lr", none="set from the features")
+        positive_number(lr, "lr", none="set from the features")
         burn_in, exploration = fraction(burn_in, "burn_in"), fraction(exploration, "exploration")
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(self.seed)  # the loader's shuffling and the copy's dropout, for "all"

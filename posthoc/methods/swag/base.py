@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.core.checks import finite_non_negative, fraction, integer, positive_finite, positive_int
+from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, check_labels, run_model
 from posthoc.core.logits import class_log_probs
@@ -74,7 +74,6 @@ class SWAGBase(Method):
     """
 
     name = "swag"
-    fine_tunes_private_copy = True  # the copy of the sampled weights lives only inside fit
 
     def __init__(
         self,
@@ -100,7 +99,7 @@ class SWAGBase(Method):
         #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
-        self.val_tolerance = finite_non_negative(val_tolerance, "val_tolerance", meaning=" (a fraction of held-out NLL)")
+        self.val_tolerance = non_negative(val_tolerance, "val_tolerance", why="a fraction of held-out NLL")
         #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
         self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
@@ -143,7 +142,7 @@ class SWAGBase(Method):
         shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
-        positive_finite(lr, "lr", none="relative to the gradient scale")
+        positive_number(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")
         fraction(momentum, "momentum")
         if not isinstance(weight_decay, (int, float)) or not weight_decay >= 0:

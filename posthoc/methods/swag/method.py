@@ -70,11 +70,6 @@ class SWAG(SWAGBase):
     ``include_pretrained`` (count the pretrained weights as the first snapshot).
     """
 
-    demo_configs = (
-        ("SWAG", {"epochs": 2, "lr": 0.05, "collect_per_epoch": 4, "num_samples": 8}),
-        ("SWAG last-layer", {"subset": "last_layer", "epochs": 3, "lr": 0.05, "collect_per_epoch": 4}),
-    )
-
     @classmethod
     def algorithm(cls, options: dict[str, Any]) -> type[SWAGBase]:
         """:class:`LastLayerSWAG` for ``subset="last_layer"``, else :class:`SubsetSWAG`.

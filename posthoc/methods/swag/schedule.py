@@ -39,7 +39,7 @@ from torch import Tensor
 from posthoc.core import distributed
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, check_labels, iterate
-from posthoc.engine.held_out import walk_spreads
+from posthoc.engine.held_out import widest_spread
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4
@@ -103,7 +103,7 @@ def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, 
 
     The best starts as the lower of ``plain_nll`` (the checkpoint) and ``validation_nll(0)`` (the SWA
     mean) and takes in every scale found within. The walk (:func:`posthoc.engine.held_out.walk_spreads`
-    on :data:`LADDER`) starts at :data:`START_SCALE`: it doubles while the scale stays within, or
+    on :data:`LADDER`, :func:`~posthoc.engine.held_out.widest_spread`) starts at :data:`START_SCALE`: it doubles while the scale stays within, or
     halves until one is within; it returns 0 (the SWA mean) with a warning when none is.
     """
     best = min(plain_nll, validation_nll(0.0))
@@ -116,13 +116,6 @@ def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, 
             return True
         return False
 
-    walk = walk_spreads(LADDER, within, start=LADDER.index(START_SCALE))
-    if walk.accepted is not None:
-        return LADDER[walk.accepted]
-    warnings.warn(
-        f"every SWAG scale down to {MIN_SCALE:g} costs more than {tolerance:.0%} of held-out NLL over the best of the "
-        "checkpoint and the SWA mean; using the SWA mean (scale 0). Raise val_tolerance or pass a fixed scale",
-        RuntimeWarning,
-        stacklevel=3,
-    )
-    return 0.0
+    return widest_spread(LADDER, within, start=LADDER.index(START_SCALE), method="SWAG", tolerance=tolerance,
+                         over="the best of the checkpoint and the SWA mean", fallback="the SWA mean",
+                         advice="Raise val_tolerance or pass a fixed scale")

@@ -60,7 +60,6 @@ class VariationalInference(VariationalMethod):
     """
 
     name = "vi"
-    demo_configs = (("VI (head)", {}),)
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "head", head: str | None = None,
                  prior_std: float = 1.0, prior_mean: str = "zero", init_std: float = 0.2, num_samples: int = 20,

@@ -1,4 +1,4 @@
-"""Every calibrator as a stacked method: fitted on ``val_loader`` on top of the inner method's predictive.
+"""Every calibrator as a registered method, stacked on another method's predictive and fitted on ``val_loader``.
 
 ``posthoc.wrap(model, method=["laplace", "vector"])`` runs the inner predictive once over the
 validation loader, caches its log-probabilities (or its per-sample log-probabilities), and fits the
@@ -6,6 +6,9 @@ calibrator on the cache; the inner log-probabilities play the role of logits. A 
 acts per sample (temperature, vector, matrix, Dirichlet, ETS, Platt) maps each posterior sample and
 the samples are averaged; histogram binning and isotonic regression map the predictive, and the
 calibrated prediction then has no samples.
+
+A calibrator is registered once, with its method (:class:`CalibrationMethod` names it as
+``calibrator_class``); :func:`calibrators` finds every one by the name ``posthoc.calibrate`` takes.
 
 Example:
     >>> um = posthoc.wrap(model, method=["mc-dropout", "temperature"]).fit(train_loader, val_loader)
@@ -29,13 +32,13 @@ from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
-from posthoc.core.registry import register
-from posthoc.methods.calibration.auto import AutoCalibration
+from posthoc.core.registry import REGISTRY, register
 from posthoc.engine.held_out import CLEAN_TOLERANCE, shifted_held_out, widest_accepted
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling
 from posthoc.methods.calibration.histogram import HistogramBinning
+from posthoc.methods.calibration.identity import Identity
 from posthoc.methods.calibration.isotonic import IsotonicCalibration
 from posthoc.methods.calibration.matrix import MatrixScaling
 from posthoc.methods.calibration.platt import PlattScaling
@@ -61,6 +64,7 @@ def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[
 
 #: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
+
 
 
 class CalibrationMethod(Method):
@@ -154,7 +158,7 @@ class CalibrationMethod(Method):
 
     def summary(self) -> dict[str, Any]:
         """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""
-        card = {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.method}
+        card = {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.chosen_name}
         if not math.isnan(float(self.shift_weight)):
             card["shift_weight"] = round(float(self.shift_weight), 4)
         return card
@@ -169,7 +173,6 @@ class TemperatureScaling(CalibrationMethod):
 
     name = "temperature"
     calibrator_class = TemperatureCalibrator
-    demo_configs = (("temperature", {}),)
 
     @property
     def temperature(self) -> Tensor:
@@ -180,7 +183,7 @@ class TemperatureScaling(CalibrationMethod):
         return {**super().summary(), "temperature": float(self.temperature)}
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
-        # files written before the calibrators moved to methods/calibration/ keep T at the top level
+        # format-1 files keep T at the top level ("temperature"), not under the calibrator
         super().load_posterior_state({("calibrator.temperature" if key == "temperature" else key): value
                                       for key, value in state.items()})
 
@@ -241,12 +244,16 @@ class PlattScalingMethod(CalibrationMethod):
     calibrator_class = PlattScaling
 
 
-@register
-class AutoCalibrationMethod(CalibrationMethod):
-    """The calibrator with the best cross-validated NLL on val_loader (never worse than none)."""
+def calibrators() -> dict[str, type[Calibrator]]:
+    """Every calibrator by the name ``posthoc.calibrate(method=...)`` takes: the identity (the reference, whose
+    method is ``"none"``) and the calibrator of every registered :class:`CalibrationMethod`.
 
-    name = "auto-calibration"
-    calibrator_class = AutoCalibration
-
-    def summary(self) -> dict[str, Any]:
-        return {**super().summary(), "scores": self.calibrator.scores}
+    Example:
+        >>> sorted(calibrators())[:3]
+        ['auto', 'dirichlet', 'ets']
+    """
+    found: dict[str, type[Calibrator]] = {Identity.name: Identity}
+    for cls in REGISTRY.values():
+        if issubclass(cls, CalibrationMethod):
+            found[cls.calibrator_class.name] = cls.calibrator_class
+    return found
