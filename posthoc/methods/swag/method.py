@@ -41,6 +41,10 @@ from posthoc.methods.swag.last_layer import LastLayerSWAG
 from posthoc.methods.swag.subset import SubsetSWAG
 
 
+#: the class that runs each scope of the posterior, as Laplace's :data:`~posthoc.methods.laplace.base.ALGORITHMS`
+ALGORITHMS: dict[str, type[SWAGBase]] = {"last_layer": LastLayerSWAG, "subset": SubsetSWAG}
+
+
 @register
 class SWAG(SWAGBase):
     """SWAG (Maddox et al., 2019) fitted by a short fine-tuning of the trained model.
@@ -78,4 +82,4 @@ class SWAG(SWAGBase):
             >>> SWAG.algorithm({"subset": "last_layer"}).__name__, SWAG.algorithm({}).__name__
             ('LastLayerSWAG', 'SubsetSWAG')
         """
-        return LastLayerSWAG if options.get("subset", "all") == "last_layer" else SubsetSWAG
+        return ALGORITHMS["last_layer" if options.get("subset", "all") == "last_layer" else "subset"]
