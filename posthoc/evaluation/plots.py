@@ -46,7 +46,8 @@ def method_styles(count: int) -> list[dict[str, object]]:
     return [{"color": COLOURS[i % len(COLOURS)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]} for i in range(count)]
 
 
-def _save(fig: Figure, path: str | os.PathLike | None) -> Figure:
+def save_figure(fig: Figure, path: str | os.PathLike | None) -> Figure:
+    """Write ``fig`` to ``path`` as PNG (when given), close it to pyplot and return it."""
     if path is not None:
         fig.savefig(path, dpi=DPI, bbox_inches="tight")
     plt.close(fig)
@@ -101,7 +102,7 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
             ax.tick_params(labelleft=False)
             counts_ax.tick_params(labelleft=False)
     first.legend(loc="upper left", fontsize=7)
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
@@ -132,7 +133,7 @@ def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
         ax.set_ylim(0, max(ax.get_ylim()[1], 1.2 * (target_risk or 0)))
     ax.grid(alpha=0.3)
     _legend_outside(ax, len(curves))
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
@@ -155,7 +156,7 @@ def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
         ax.grid(alpha=0.3)
     _legend_outside(axes[0][-1], len(series))
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = None, *,
@@ -182,4 +183,4 @@ def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = N
     ax.set_xticks(list(next(iter(series.values()))[0]))
     ax.grid(alpha=0.3)
     _legend_outside(ax, 2 * len(series))
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -1,0 +1,135 @@
+"""Metrics of a regression predictive: accuracy of its mean, its scoring rules, its intervals and its calibration.
+
+The predictive is an equal-weight mixture of Gaussians per output, given as ``means`` and ``stds`` of
+shape ``(K, N, D)`` (``K = 1`` for a Gaussian; see :mod:`posthoc.core.gaussian_mixture`), and the
+targets ``y`` are ``(N, D)``. Every metric is exact for such a predictive. Each returns a float
+averaged over examples and outputs, except :func:`nll`, which sums the outputs of an example (the
+joint NLL of independent outputs) and averages over examples.
+
+- :func:`rmse`, :func:`mae`: of the predictive mean.
+- :func:`nll`, :func:`crps`: proper scoring rules (CRPS in closed form, Grimit et al. 2006).
+- :func:`interval_coverage`: the fraction of targets inside the central ``level`` interval and its
+  mean width.
+- :func:`calibration_curve`, :func:`calibration_error`: observed against expected proportions of
+  targets inside central intervals (``"interval"``) or below quantiles (``"quantile"``), read from
+  the probability integral transform ``F(y)``; the mean absolute and root mean squared gaps are
+  uncertainty-toolbox's MACE and RMSCE.
+- :func:`ence`: the expected normalised calibration error of Levi et al. (2019), which bins by the
+  predicted std and compares each bin's root mean predicted variance with its RMSE.
+
+Example:
+    >>> means, stds = torch.zeros(1, 4, 1), torch.ones(1, 4, 1)
+    >>> y = torch.tensor([[0.0], [1.0], [-1.0], [3.0]])
+    >>> interval_coverage(means, stds, y, 0.9)[0]
+    0.75
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from posthoc.core.checks import integer_at_least, one_of, probability
+from posthoc.core.errors import InputError
+from posthoc.core.gaussian_mixture import check_components, cdf, crps as crps_per_output, interval, log_prob
+
+#: the interval levels the reports show
+LEVELS = (0.5, 0.9, 0.95)
+#: expected proportions of :func:`calibration_curve`: 100 levels from 0 to 1, as uncertainty-toolbox
+CURVE_LEVELS = 100
+
+
+def as_targets(means: Tensor, y: Tensor) -> Tensor:
+    """``y`` as float64 ``(N, D)`` (a ``(N,)`` vector is one output), refusing a shape unlike the predictions'."""
+    if y.dim() == 1:
+        y = y[:, None]
+    if y.shape != means.shape[1:]:
+        raise InputError(f"targets of shape {tuple(y.shape)} do not match predictions of {tuple(means.shape[1:])} "
+                         "(examples, outputs)")
+    return y.double()
+
+
+def predictive_mean(means: Tensor) -> Tensor:
+    """The mixture's mean ``(N, D)``."""
+    return means.double().mean(0)
+
+
+def predictive_std(means: Tensor, stds: Tensor) -> Tensor:
+    """The mixture's std ``(N, D)``: mean component variance plus the variance of the component means."""
+    means, stds = check_components(means, stds)
+    return ((stds**2).mean(0) + means.var(0, unbiased=False)).sqrt()
+
+
+def rmse(means: Tensor, y: Tensor) -> float:
+    """Root mean squared error of the predictive mean."""
+    return float(((predictive_mean(means) - as_targets(means, y)) ** 2).mean().sqrt())
+
+
+def mae(means: Tensor, y: Tensor) -> float:
+    """Mean absolute error of the predictive mean."""
+    return float((predictive_mean(means) - as_targets(means, y)).abs().mean())
+
+
+def nll(means: Tensor, stds: Tensor, y: Tensor) -> float:
+    """Mean over examples of ``-log p(y)``, the outputs' log-densities summed per example."""
+    return float(-log_prob(means, stds, as_targets(means, y)).sum(-1).mean())
+
+
+def crps(means: Tensor, stds: Tensor, y: Tensor) -> float:
+    """Mean continuous ranked probability score (closed form; in the targets' units, lower is better)."""
+    return float(crps_per_output(means, stds, as_targets(means, y)).mean())
+
+
+def interval_coverage(means: Tensor, stds: Tensor, y: Tensor, level: float) -> tuple[float, float]:
+    """``(coverage, mean width)`` of the central intervals holding ``level`` of the predictive mass."""
+    probability(level, "level")
+    lower, upper = interval(means, stds, level)
+    y = as_targets(means, y)
+    return float(((lower <= y) & (y <= upper)).double().mean()), float((upper - lower).mean())
+
+
+def calibration_curve(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval",
+                      levels: int = CURVE_LEVELS) -> tuple[Tensor, Tensor]:
+    """``(expected, observed)`` proportions at ``levels`` evenly spaced levels from 0 to 1.
+
+    ``kind="interval"``: the fraction of targets inside the central interval of each level
+    (``|2 F(y) - 1| <= p``); ``"quantile"``: the fraction at or below the ``p``-quantile
+    (``F(y) <= p``). A calibrated predictive lies on the diagonal.
+    """
+    one_of(kind, "kind", ("interval", "quantile"))
+    integer_at_least(levels, "levels", 2)
+    pit = cdf(means, stds, as_targets(means, y)).flatten()
+    expected = torch.linspace(0.0, 1.0, levels, dtype=torch.float64)
+    position = (2.0 * pit - 1.0).abs() if kind == "interval" else pit
+    observed = (position[:, None] <= expected[None, :]).double().mean(0)
+    return expected, observed
+
+
+def calibration_error(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval", squared: bool = False) -> float:
+    """Mean absolute (or, ``squared=True``, root mean squared) gap of :func:`calibration_curve` from the diagonal."""
+    expected, observed = calibration_curve(means, stds, y, kind=kind)
+    gap = observed - expected
+    return float(gap.pow(2).mean().sqrt()) if squared else float(gap.abs().mean())
+
+
+def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
+    """Expected normalised calibration error: ``mean_b |RMV_b - RMSE_b| / RMV_b`` over ``bins`` bins of
+    (nearly) equal count, sorted by the predicted std (each output of each example is one point).
+
+    ``RMV_b`` is the root of the bin's mean predicted variance and ``RMSE_b`` the root of its mean
+    squared error of the predictive mean; 0 for a predictive whose std matches its errors at every
+    level of uncertainty.
+    """
+    integer_at_least(bins, "bins", 1)
+    std = predictive_std(means, stds).flatten()
+    error = (predictive_mean(means) - as_targets(means, y)).flatten()
+    if std.numel() < bins:
+        raise InputError(f"ENCE with {bins} bins needs at least {bins} predictions, got {std.numel()}")
+    order = std.argsort()
+    gaps = []
+    for members in order.tensor_split(bins):
+        rmv = std[members].pow(2).mean().sqrt()
+        gaps.append(float((rmv - error[members].pow(2).mean().sqrt()).abs() / rmv))
+    return math.fsum(gaps) / bins
