@@ -1,4 +1,4 @@
-"""posthoc: retrofit uncertainty onto already trained PyTorch classifiers.
+"""posthoc: retrofit uncertainty onto already trained PyTorch classifiers and regressors.
 
 Example:
     >>> import posthoc
@@ -23,8 +23,10 @@ from posthoc.core.errors import (
     PosteriorFileError,
     PosthocError,
 )
+from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method
 from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import available_methods, methods_doc, register
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
@@ -44,7 +46,7 @@ __version__ = "0.1.0"
 __all__ = [
     "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
-    "Prediction", "Report", "UncertainModel", "Method",
+    "Prediction", "RegressionPrediction", "Gaussian", "HeteroscedasticGaussian", "Report", "UncertainModel", "Method",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError",
 ]
