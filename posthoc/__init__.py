@@ -1,4 +1,4 @@
-"""posthoc: retrofit uncertainty onto already trained PyTorch classifiers.
+"""posthoc: retrofit uncertainty onto already trained PyTorch classifiers and regressors.
 
 Example:
     >>> import posthoc
@@ -23,8 +23,10 @@ from posthoc.core.errors import (
     PosteriorFileError,
     PosthocError,
 )
+from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method
 from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import available_methods, methods_doc, register
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
@@ -32,6 +34,9 @@ from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
 from posthoc.ood import Detector, detector
+
+# posthoc.Gaussian, posthoc.HeteroscedasticGaussian and posthoc.RegressionPrediction are importable; they join
+# __all__ once tests/test_fuzz.py misuses them like every other public name
 
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
 sys.modules[f"{__name__}.settings"] = settings

@@ -19,6 +19,7 @@ from torch import nn
 from posthoc.core import persistence
 from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
+from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
@@ -49,12 +50,29 @@ def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
     raise ConfigError(f"option {key!r} is a module that is not part of the model; pass one of its modules or its name")
 
 
+def _check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
+    """Refuse, at ``wrap()``, a method that does not predict under ``likelihood``, naming the ones that do."""
+    if cls.handles(likelihood):
+        return
+    able = [n for n in method_names() if REGISTRY[n].algorithm({}).handles(likelihood)]
+    scope = f" with these options ({cls.__name__})" if REGISTRY[name].algorithm({}).handles(likelihood) else ""
+    raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
+                      f"{', '.join(able) or 'none'}" + (" (laplace: subset='last_layer')" if "laplace" in able else ""))
+
+
 def _base(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
-    """The first method of a chain around ``model``, and the fingerprint of ``model`` if the method copies it."""
+    """The first method of a chain around ``model`` under the entry's likelihood, and the fingerprint of ``model`` if
+    the method copies it."""
     cls = method_class(entry["name"]).algorithm(entry["options"])
+    likelihood = make_likelihood(entry.get("likelihood"))
+    _check_handles(cls, entry["name"], likelihood)
+    source = None
     if cls.copies_model:
-        return cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
-    return cls(model, **entry["options"]), None
+        method, source = cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
+    else:
+        method = cls(model, **entry["options"])
+    method.use_likelihood(likelihood)
+    return method, source
 
 
 def _stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
@@ -62,6 +80,7 @@ def _stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
     for position in range(start, len(spec)):
         entry = spec[position]
         cls = method_class(entry["name"]).algorithm(entry["options"])
+        _check_handles(cls, entry["name"], method.likelihood)
         if not cls.stacks:
             raise ConfigError(
                 f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
@@ -81,10 +100,12 @@ def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) ->
         raise ConfigError("method must name at least one method")
     if isinstance(model, (list, tuple)):
         method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], _base)
+        method.use_likelihood(make_likelihood(spec[0].get("likelihood")))
         return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
     model = uncompiled(model)
     if method_class(spec[0]["name"]).algorithm(spec[0]["options"]).stacks:
-        return UncertainModel(_stack_on(REGISTRY["none"](model), spec, 0), spec)
+        return UncertainModel(_stack_on(_base(model, {"name": "none", "options": {}, "likelihood": spec[0].get("likelihood")})[0],
+                                        spec, 0), spec)
     method, source = _base(model, spec[0])
     return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
 
@@ -101,25 +122,34 @@ def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) 
             for entry in entries]
 
 
-def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]) -> UncertainModel:
+def _spec(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood) -> list[dict[str, Any]]:
+    """The saved spec: one entry per method; the first records the likelihood unless it is classification."""
+    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
+    config = likelihood.config()
+    if config is not None:
+        spec[0]["likelihood"] = config
+    return spec
+
+
+def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any], likelihood: Likelihood) -> UncertainModel:
     """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
     batched = options.pop("batched", None)
     models = _member_models(entries, options.pop("builder", None))
     if len(models) == 1:
         warnings.warn("posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs "
                       "two or more)", UserWarning, stacklevel=3)
-        return wrap(models[0], names, **options)
+        return wrap(models[0], names, likelihood=likelihood, **options)
     if method_class(names[0]).stacks:
         names = ["none", *names]
     options = {key: _module_as_name(models[0], key, value) for key, value in options.items()}
-    routed = _route_options(names, options)
-    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
+    spec = _spec(names, _route_options(names, options), likelihood)
     spec[0].update(members=len(models), batched=batched)
     return wrap_spec(models, spec)
 
 
-def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = None, **options: Any) -> UncertainModel:
-    """Wrap an already trained classifier (or several: an ensemble) with a post-hoc predictive.
+def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = None, *,
+         likelihood: str | Likelihood = "classification", **options: Any) -> UncertainModel:
+    """Wrap an already trained classifier or regressor (or several: an ensemble) with a post-hoc predictive.
 
     Args:
         model: a trained classifier returning logits ``(N, C)`` (timm, torchvision or any
@@ -136,6 +166,11 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             ``["laplace", "temperature"]`` (temperature is fitted on ``val_loader`` on top of
             the inner predictive). Default: ``"laplace"`` for one model, ``"none"`` (a deep
             ensemble) for a list.
+        likelihood: ``"classification"`` (the default: logits ``(N, C)``, or ``(N,)`` / ``(N, 1)`` for a
+            binary classifier), ``"regression"`` (outputs ``(N, D)`` or ``(N,)``, targets alike; a Gaussian
+            observation noise fitted at ``fit`` and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
+            prediction is a :class:`~posthoc.RegressionPrediction`) or ``"heteroscedastic"`` (outputs ``(N, 2D)``:
+            means, then log-variances). Methods that do not handle it refuse here and name those that do.
         **options: method options; each goes to every method in the chain that accepts it.
 
     Returns:
@@ -151,27 +186,31 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")
+    likelihood = make_likelihood(likelihood)
     if isinstance(model, (list, tuple)):
-        return _wrap_ensemble(list(model), names, dict(options))
+        return _wrap_ensemble(list(model), names, dict(options), likelihood)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     options = {key: _module_as_name(model, key, value) for key, value in options.items()}
-    routed = _route_options(names, options)
-    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
-    return wrap_spec(model, spec)
+    return wrap_spec(model, _spec(names, _route_options(names, options), likelihood))
 
 
-def load(path: str | os.PathLike, model: nn.Module | list[nn.Module]) -> UncertainModel:
+def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None) -> UncertainModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
     An ensemble's file loads onto the list of its members, in the order they were wrapped; a missing,
-    reordered or changed member is refused, naming it.
+    reordered or changed member is refused, naming it. The file's likelihood (and its fitted noise) comes
+    back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
     Example:
         >>> um = posthoc.load("net.laplace.pt", model)
         >>> ensemble = posthoc.load("three.laplace.pt", [net_a, net_b, net_c])
     """
     payload = persistence.read(path, kind="posterior")
+    saved = make_likelihood(payload["spec"][0].get("likelihood") if payload["spec"] else None).name
+    if likelihood is not None and make_likelihood(likelihood).name != saved:
+        raise PosteriorFileError(f"{path} holds a posterior for likelihood={saved!r}, not {likelihood!r}: load it with "
+                                 f"likelihood={saved!r}, or fit and save a {likelihood} posterior")
     saved_members = persistence.ensemble_members(payload)
     if isinstance(model, (list, tuple)):
         if saved_members is None:

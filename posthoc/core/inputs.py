@@ -209,7 +209,8 @@ def check_labels(y: Tensor, num_classes: int) -> Tensor:
         if y.numel() and not torch.equal(y, y.round()):
             raise InputError(
                 "labels are not whole numbers: this looks like regression targets, but the "
-                "methods here fit classifiers; pass integer class indices in [0, C)"
+                "model is wrapped as a classifier; pass integer class indices in [0, C), or wrap a model that "
+                "predicts numbers with posthoc.wrap(..., likelihood='regression')"
             )
     y = y.long().reshape(-1)
     if y.numel() and (y.min() < 0 or y.max() >= num_classes):

@@ -22,8 +22,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import NotFittedError
+from posthoc.core.errors import ConfigError, NotFittedError
 from posthoc.core.inputs import Inputs
+from posthoc.core.likelihood import Categorical, Likelihood
+from posthoc.core.regression_prediction import RegressionPrediction
 
 LogPredictive = tuple[Tensor, Tensor | None]
 #: keyword arguments of ``fit`` that ``UncertainModel.fit`` passes itself (not user fit options)
@@ -46,6 +48,8 @@ class Method(nn.Module):
         copies_model: whether the method works on (and saves) its own copy of the weights.
         tools: names of this method's own public methods that the :class:`UncertainModel` offers
             as its own (``"sparse-vd"``: ``um.sparsity()``, ``um.prune()``).
+        likelihoods: the :mod:`~posthoc.core.likelihood` classes the method handles; ``wrap`` refuses the
+            others. A method that takes a regression likelihood implements :meth:`regression_predictive`.
 
     A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
     ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
@@ -58,10 +62,13 @@ class Method(nn.Module):
     stacks: ClassVar[bool] = False
     copies_model: ClassVar[bool] = False
     tools: ClassVar[tuple[str, ...]] = ()
+    likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
         self.model = model
+        #: the likelihood of the targets (set by ``wrap`` through :meth:`use_likelihood`); its fitted noise is saved
+        self.likelihood: Likelihood = Categorical()
         declared = type(self).requires_fit  # a property where the instance derives it (it sets ``fitted`` itself)
         self.register_buffer("fitted", torch.tensor(declared is False))
 
@@ -113,6 +120,21 @@ class Method(nn.Module):
         """Do all method-specific work (curvature, fine-tuning, calibration)."""
         self.fitted.fill_(True)
 
+    @classmethod
+    def handles(cls, likelihood: Likelihood) -> bool:
+        """Whether this method predicts under ``likelihood`` (one of :attr:`likelihoods`)."""
+        return type(likelihood) in cls.likelihoods
+
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """Predict under ``likelihood`` (``wrap`` calls it once, before ``fit``); refuses one the method does not handle.
+
+        Example:
+            >>> method.use_likelihood(Gaussian())
+        """
+        if not self.handles(likelihood):
+            raise ConfigError(f"'{self.name}' does not do likelihood={likelihood.name!r}")
+        self.likelihood = likelihood
+
     def check_fitted(self, what: str) -> None:
         """Refuse to report ``what`` (e.g. ``"um.sparsity()"``) before ``fit``: it would describe the initial
         state as if it were fitted.
@@ -143,6 +165,12 @@ class Method(nn.Module):
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
         """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
+        raise NotImplementedError
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The predictive over real targets for inputs ``x`` under a regression :attr:`likelihood` (methods that
+        list one in :attr:`likelihoods` implement it, usually as ``self.likelihood.predictive(outputs, variances)``)."""
         raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:

@@ -38,7 +38,9 @@ from posthoc.core.inputs import Inputs, check_attention, check_batch, check_fini
 from posthoc.core.method import Method, takes_shift
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
+from posthoc.core.likelihood import Likelihood
 from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import RegressionPrediction, concat
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 
 
@@ -101,6 +103,11 @@ class UncertainModel(nn.Module):
         return [entry["name"] for entry in self.spec]
 
     @property
+    def likelihood(self) -> Likelihood:
+        """The likelihood the predictive is over (``likelihood=`` of :func:`posthoc.wrap`)."""
+        return self.method.likelihood
+
+    @property
     def is_fitted(self) -> bool:
         return bool(self.method.fitted)
 
@@ -143,8 +150,10 @@ class UncertainModel(nn.Module):
 
     @torch.no_grad()
     def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                chunk_size: int | None = None, keep_samples: bool = True, max_memory: int | None = None) -> Prediction:
-        """The predictive distribution for a batch ``x``, computed in chunks of examples.
+                chunk_size: int | None = None, keep_samples: bool = True, max_memory: int | None = None) -> Prediction | RegressionPrediction:
+        """The predictive distribution for a batch ``x``, computed in chunks of examples: a
+        :class:`~posthoc.Prediction` over classes, or under ``likelihood="regression"`` a
+        :class:`~posthoc.RegressionPrediction` over real targets.
 
         Args:
             x: a batch shaped like the model's input (or a dict of tensors), on any device; each
@@ -174,6 +183,9 @@ class UncertainModel(nn.Module):
         budget = settings.memory_budget(memory_bytes(max_memory))
         total = check_batch(x, "predict", values=False)
         self.method.follow_model_device()
+        if self.likelihood.prediction_type is RegressionPrediction:
+            return self._predict_regression(x, total, chunk_size, keep_samples,
+                                            {"num_samples": num_samples, "generator": generator, "max_memory": budget})
         method_budget = max(1, budget - budget // SAMPLE_COPIES)
         options = {"num_samples": num_samples, "generator": generator}
         if takes_budget(type(self.method)):
@@ -190,6 +202,22 @@ class UncertainModel(nn.Module):
             part = slice_inputs(x, start, start + step)
             out.write(start, self._predict_chunk(part, options))
         return out
+
+    def _predict_regression(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool,
+                            options: dict[str, Any]) -> RegressionPrediction:
+        """The regression predictive in chunks of ``chunk_size`` rows (a row keeps ``K x D`` components alive, not
+        ``S x C`` probabilities, so no probe plans the chunks)."""
+        parts = []
+        for start in range(0, total, chunk_size):
+            part = to_device(slice_inputs(x, start, start + chunk_size), self.device)
+            check_finite(part)
+            with eval_mode(self.method):
+                prediction = self.method.regression_predictive(part, **options)
+            if torch.isnan(prediction.variance).any() or torch.isnan(prediction.mean).any():
+                raise NumericalError("the predictive produced NaN; the model's outputs are not finite for these inputs "
+                                     "(check its weights and dtype, e.g. float16 overflow)")
+            parts.append(prediction)
+        return concat(parts, keep_samples)
 
     def _predict_chunk(self, x: Inputs, options: dict[str, Any]) -> Prediction:
         """One chunk's prediction; ``options`` go to ``log_predictive`` (its samples, generator and budget)."""
@@ -223,8 +251,8 @@ class UncertainModel(nn.Module):
             raise
 
     def forward(self, x: Inputs) -> Tensor:
-        """Predictive probabilities ``(N, C)``."""
-        return self.predict(x).probs
+        """Predictive probabilities ``(N, C)`` (under a regression likelihood, the predictive mean ``(N, D)``)."""
+        return self.likelihood.point(self.predict(x))
 
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.
@@ -243,7 +271,8 @@ class UncertainModel(nn.Module):
         for entry, method in zip(self.spec, _chain(self.method)[-len(self.spec):]):
             fitted = bool(method.fitted)
             posterior.append({"method": entry["name"], "options": dict(entry["options"]), "fitted": fitted,
-                              **(method.summary() if fitted else {"random_variables": None})})
+                              **(method.summary() if fitted else {"random_variables": None}),
+                              **(method.likelihood.summary() if fitted else {})})
         fingerprint = self.fingerprint or persistence.fingerprint(self.method.base_model)
         return ModelCard.of(posterior, self.fit_record, model_class=type(self.method.base_model).__qualname__,
                             fingerprint=fingerprint, version=_version())

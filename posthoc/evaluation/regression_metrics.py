@@ -1,10 +1,11 @@
 """Metrics of a regression predictive: accuracy of its mean, its scoring rules, its intervals and its calibration.
 
-The predictive is an equal-weight mixture of Gaussians per output, given as ``means`` and ``stds`` of
-shape ``(K, N, D)`` (``K = 1`` for a Gaussian; see :mod:`posthoc.core.gaussian_mixture`), and the
-targets ``y`` are ``(N, D)``. Every metric is exact for such a predictive. Each returns a float
-averaged over examples and outputs, except :func:`nll`, which sums the outputs of an example (the
-joint NLL of independent outputs) and averages over examples.
+The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`:
+one component for Laplace or the plain model, one per sample or member otherwise), given here as
+``means`` and ``stds`` of shape ``(K, N, D)`` (a :class:`~posthoc.core.regression_prediction.RegressionPrediction`
+gives them: :func:`components`), and the targets ``y`` are ``(N,)`` or ``(N, D)``. Every metric is
+exact for such a predictive and computed in float64. Each returns a float averaged over examples and
+outputs, except :func:`nll`, the mean over examples of the joint NLL of an example's outputs.
 
 - :func:`rmse`, :func:`mae`: of the predictive mean.
 - :func:`nll`, :func:`crps`: proper scoring rules (CRPS in closed form, Grimit et al. 2006).
@@ -33,12 +34,32 @@ from torch import Tensor
 
 from posthoc.core.checks import integer_at_least, one_of, probability
 from posthoc.core.errors import InputError
-from posthoc.core.gaussian_mixture import check_components, cdf, crps as crps_per_output, interval, log_prob
+from posthoc.core.mixture import GaussianMixture
+from posthoc.core.regression_prediction import RegressionPrediction
 
 #: the interval levels the reports show
 LEVELS = (0.5, 0.9, 0.95)
 #: expected proportions of :func:`calibration_curve`: 100 levels from 0 to 1, as uncertainty-toolbox
 CURVE_LEVELS = 100
+
+
+def mixture(means: Tensor, stds: Tensor) -> GaussianMixture:
+    """The predictive as a float64 :class:`GaussianMixture`, refusing shapes that differ or stds <= 0."""
+    if means.shape != stds.shape or means.dim() != 3:
+        raise InputError(f"a regression predictive is (K, N, D) means and stds of one shape; got {tuple(means.shape)} "
+                         f"and {tuple(stds.shape)}")
+    if not bool((stds > 0).all()):
+        raise InputError("every component's std must be > 0; a regression predictive needs a fitted observation noise")
+    return GaussianMixture(means.double(), stds.double().square())
+
+
+def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
+    """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here.
+
+    Example:
+        >>> rmse(*components(um.predict(x))[:1], y)
+    """
+    return prediction.distribution.means, prediction.distribution.variances.sqrt()
 
 
 def as_targets(means: Tensor, y: Tensor) -> Tensor:
@@ -58,8 +79,7 @@ def predictive_mean(means: Tensor) -> Tensor:
 
 def predictive_std(means: Tensor, stds: Tensor) -> Tensor:
     """The mixture's std ``(N, D)``: mean component variance plus the variance of the component means."""
-    means, stds = check_components(means, stds)
-    return ((stds**2).mean(0) + means.var(0, unbiased=False)).sqrt()
+    return mixture(means, stds).variance().sqrt()
 
 
 def rmse(means: Tensor, y: Tensor) -> float:
@@ -73,19 +93,19 @@ def mae(means: Tensor, y: Tensor) -> float:
 
 
 def nll(means: Tensor, stds: Tensor, y: Tensor) -> float:
-    """Mean over examples of ``-log p(y)``, the outputs' log-densities summed per example."""
-    return float(-log_prob(means, stds, as_targets(means, y)).sum(-1).mean())
+    """Mean over examples of ``-log p(y)``, joint over an example's outputs."""
+    return float(-mixture(means, stds).log_prob(as_targets(means, y)).mean())
 
 
 def crps(means: Tensor, stds: Tensor, y: Tensor) -> float:
     """Mean continuous ranked probability score (closed form; in the targets' units, lower is better)."""
-    return float(crps_per_output(means, stds, as_targets(means, y)).mean())
+    return float(mixture(means, stds).crps(as_targets(means, y)).mean())
 
 
 def interval_coverage(means: Tensor, stds: Tensor, y: Tensor, level: float) -> tuple[float, float]:
     """``(coverage, mean width)`` of the central intervals holding ``level`` of the predictive mass."""
     probability(level, "level")
-    lower, upper = interval(means, stds, level)
+    lower, upper = mixture(means, stds).interval(level)
     y = as_targets(means, y)
     return float(((lower <= y) & (y <= upper)).double().mean()), float((upper - lower).mean())
 
@@ -100,7 +120,7 @@ def calibration_curve(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "in
     """
     one_of(kind, "kind", ("interval", "quantile"))
     integer_at_least(levels, "levels", 2)
-    pit = cdf(means, stds, as_targets(means, y)).flatten()
+    pit = mixture(means, stds).cdf(as_targets(means, y)).flatten()
     expected = torch.linspace(0.0, 1.0, levels, dtype=torch.float64)
     position = (2.0 * pit - 1.0).abs() if kind == "interval" else pit
     observed = (position[:, None] <= expected[None, :]).double().mean(0)

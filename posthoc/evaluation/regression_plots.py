@@ -2,7 +2,7 @@
 
 As :mod:`posthoc.evaluation.plots`, every function draws a matplotlib ``Figure``, writes it to
 ``path`` (when given) and returns it, closed to pyplot but still readable (``fig.axes[0].get_lines()``).
-A predictive is ``(means, stds)`` of shape ``(K, N, D)`` (see :mod:`posthoc.core.gaussian_mixture`).
+A predictive is ``(means, stds)`` of shape ``(K, N, D)`` (see :mod:`posthoc.evaluation.regression_metrics`).
 
 Example:
     >>> fig = calibration_curves({"MAP": (means, stds, y)}, "calibration.png")
@@ -18,7 +18,6 @@ from collections.abc import Mapping
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from posthoc.core.gaussian_mixture import interval
 from posthoc.evaluation import regression_metrics
 from posthoc.evaluation.plots import method_styles, plt, save_figure
 
@@ -73,7 +72,7 @@ def predictive_band(x: Tensor, predictives: Mapping[str, tuple[Tensor, Tensor]],
     grid = x.flatten()[order].numpy()
     for ax, (name, (means, stds)) in zip(axes[0], predictives.items()):
         for level, alpha in zip(BAND_LEVELS, (0.2, 0.35)):
-            lower, upper = interval(means, stds, level)
+            lower, upper = regression_metrics.mixture(means, stds).interval(level)
             ax.fill_between(grid, lower[order, 0].numpy(), upper[order, 0].numpy(), alpha=alpha, color="C0",
                             linewidth=0, label=f"{level:.0%} interval")
         ax.plot(grid, regression_metrics.predictive_mean(means)[order, 0].numpy(), color="C0", label="mean")

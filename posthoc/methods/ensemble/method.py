@@ -21,6 +21,10 @@ architectures, always run one after the other. The ensemble is registered like a
 bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
 the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
 
+Under ``likelihood="regression"`` each member fits its own observation noise and the predictive is the
+equal-weight mixture of the members' Gaussians (or of their own mixtures, e.g. MC dropout's), so the
+members' disagreement is epistemic variance and their noises the aleatoric.
+
 Example:
     >>> um = posthoc.wrap([net_a, net_b, net_c])
     >>> pred = um.predict(x)
@@ -40,8 +44,10 @@ from posthoc.core import persistence
 from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive, Method, takes_shift
 from posthoc.core.registry import ENSEMBLE, register
+from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
 from posthoc.methods.ensemble.members import check_members
 from posthoc.methods.ensemble.mixture import batched_mixture, mixture
@@ -65,6 +71,7 @@ class Ensemble(Method):
     """
 
     name = ENSEMBLE
+    likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)  # the members' own are checked as they are built
 
     def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
                  sources: Sequence[str | None] | None = None) -> None:
@@ -151,6 +158,12 @@ class Ensemble(Method):
         return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
                         for member in self.members])
 
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The equal-weight mixture of the members' regression predictives (see module docs)."""
+        return mix_predictions([member.regression_predictive(x, num_samples=num_samples, generator=generator,
+                                                             max_memory=max_memory) for member in self.members])
+
     @property
     def vmapped(self) -> bool:
         """Whether ``predict`` runs the members as one vmapped forward (see ``batched``)."""
@@ -185,7 +198,7 @@ class Ensemble(Method):
             >>> posthoc.wrap([net_a, net_b], method="laplace").fit(loader).method.summary()["members"]
             2
         """
-        cards = [member.summary() for member in self.members]
+        cards = [{**member.summary(), **member.likelihood.summary()} for member in self.members]
         layers = list(dict.fromkeys(layer for card in cards for layer in card.get("layers", [])))
         return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
                 "layers": layers, "members": len(cards), "member_method": type(self.members[0]).name,

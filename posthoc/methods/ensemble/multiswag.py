@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from posthoc.core.checks import integer_at_least, known_options
+from posthoc.core.likelihood import Categorical
 from posthoc.core.method import Method
 from posthoc.core.registry import register
 from posthoc.methods.ensemble.data_order import reshuffled
@@ -41,6 +42,7 @@ class MultiSWAG(Ensemble):
     """
 
     name = "multiswag"
+    likelihoods = (Categorical,)  # SWAG fine-tunes on the class NLL
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
         integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")

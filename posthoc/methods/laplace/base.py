@@ -55,13 +55,15 @@ from torch import Tensor, nn
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate
+from posthoc.core.inputs import Inputs, batch_size, iterate
+from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.glm_predictive import LINKS
-from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
+from posthoc.methods.laplace.marglik import (gaussian_nll, log_marginal_likelihood, optimize_noise_and_prior,
+                                             optimize_prior_precision)
 from posthoc.engine.held_out import ShiftedHeldOut, choose, shifted_held_out
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, widest_within
 
@@ -161,6 +163,19 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.register_buffer("num_data", torch.zeros((), dtype=torch.int64))
         self.register_buffer("prior_source", torch.tensor(PRIOR_SOURCES.index("fixed") if self.prior_mode == "fixed" else -1))
 
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """As :meth:`Method.use_likelihood`; under a likelihood with an observation noise the prior and the noise are
+        chosen together by the evidence (``"auto"`` is ``"marglik"``; a fixed prior keeps, the noise is still fitted),
+        and the held-out rules ``"val"`` / ``"grid"`` are refused."""
+        super().use_likelihood(likelihood)
+        if likelihood.fits_noise:
+            if self.prior_mode in ("val", "grid"):
+                raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on held-out class NLL; under "
+                                  f"likelihood={likelihood.name!r} the prior and the noise come from the marginal likelihood: "
+                                  "use prior_precision='auto' (= 'marglik') or a float")
+            if self.prior_mode == "auto":
+                self.prior_mode = "marglik"
+
     @classmethod
     def algorithm(cls, options: dict[str, Any]) -> type[Laplace]:
         """:class:`LastLayerLaplace` for ``subset="last_layer"`` (the default), else :class:`SubsetLaplace`.
@@ -184,7 +199,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.train_loss.fill_(float(loss))
         self.square_norm.fill_(sum(float(w.detach().double().square().sum()) for w in weights))
         source = {"auto": "val" if val_loader is not None else "train"}.get(self.prior_mode, self.prior_mode)
-        if source == "marglik":
+        if self.likelihood.fits_noise:
+            self._fit_noise_by_evidence(fixed_prior=source == "fixed")
+        elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
         elif source != "fixed":
             held_out = train_loader if source == "train" else val_loader
@@ -194,6 +211,23 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             self.shift_description = None if shifted is None else shifted.description
             self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress, shifted))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
+
+    def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
+        """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
+        (:func:`~posthoc.methods.laplace.marglik.optimize_noise_and_prior`)."""
+        likelihood = self.likelihood
+        self._settle()
+        unit = torch.cat([block.spectrum() for block in self.blocks])
+        delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
+                                              prior_precision=float(self.prior_precision) if fixed_prior else None,
+                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None)
+        self.prior_precision.fill_(delta)
+        if not likelihood.fixed:
+            likelihood.set_noise(std, "marglik")
+
+    def target_values(self) -> int:
+        """How many target values the fit saw (examples times outputs): a Gaussian NLL's normaliser counts them."""
+        return int(self.num_data)
 
     @abc.abstractmethod
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
@@ -308,14 +342,18 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     # ------------------------------------------------------------------------------ evidence
     def spectrum(self) -> Tensor:
-        """Eigenvalues of the fitted (approximate) GGN, flattened."""
+        """Eigenvalues of the fitted (approximate) GGN, flattened (divided by the likelihood's dispersion, a Gaussian's ``σ²``)."""
         self._settle()
-        return torch.cat([block.spectrum() for block in self.blocks])
+        spectrum = torch.cat([block.spectrum() for block in self.blocks])
+        return spectrum if not self.likelihood.fits_noise else spectrum / self.likelihood.dispersion
 
     def log_marginal_likelihood(self, prior_precision: float | None = None) -> float:
         """The Laplace log evidence of the fitted posterior at ``prior_precision`` (default: the fitted one)."""
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
-        return float(log_marginal_likelihood(self.spectrum(), self.train_loss, self.square_norm, delta))
+        loss = self.train_loss
+        if self.likelihood.fits_noise:
+            loss = gaussian_nll(float(self.train_loss), self.target_values(), self.likelihood.fitted_std())
+        return float(log_marginal_likelihood(self.spectrum(), loss, self.square_norm, delta))
 
     # ------------------------------------------------------------------------------ model card
     def summary(self) -> dict[str, Any]:
@@ -357,21 +395,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
 
 def class_labels(y: Tensor | None, rows: int, classes: int) -> Tensor:
-    """Labels ``y`` validated as ``rows`` class indices in ``[0, classes)``.
+    """Labels ``y`` validated as ``rows`` class indices in ``[0, classes)`` (:meth:`Categorical.targets`).
 
     Example:
         >>> class_labels(torch.tensor([2, 0]), 2, 3)
         tensor([2, 0])
     """
-    if isinstance(y, Tensor) and y.dim() > 1 and y.shape[1] > 1:
-        raise InputError(
-            f"labels have shape {tuple(y.shape)}: this looks like regression or one-hot targets, but "
-            "the Laplace fit here is for classifiers; pass integer class indices of shape (N,)"
-        )
-    labels = check_labels(y, classes)
-    if labels.numel() != rows:
-        raise InputError(f"got {labels.numel()} labels for {rows} inputs; pass one class index per input")
-    return labels
+    return Categorical().targets(y, torch.empty(rows, classes))
 
 
 def _check_options(hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str | None) -> None:

@@ -1,8 +1,10 @@
-"""Fitting the curvature of the categorical likelihood: the last layer in closed form, deeper layers with BackPACK.
+"""Fitting the curvature: the last layer in closed form (any likelihood), deeper layers with BackPACK (categorical).
 
-For a linear head ``logits = W phi + b`` and a softmax likelihood, the generalised Gauss-Newton
-(GGN, equal to the Fisher here) of example ``n`` is ``H_n ⊗ phĩ_n phĩ_nᵀ`` with
-``H_n = diag(p_n) - p_n p_nᵀ`` and ``phĩ = [phi, 1]`` (the 1 carries the bias). So the whole
+For a linear head ``logits = W phi + b`` the generalised Gauss-Newton (GGN) of example ``n`` is
+``H_n ⊗ phĩ_n phĩ_nᵀ`` with ``H_n`` the loss Hessian in the outputs, which the likelihood gives
+(:meth:`posthoc.core.likelihood.Likelihood.loss_hessian`): ``diag(p_n) - p_n p_nᵀ`` for a softmax
+(the GGN equals the Fisher there), the identity for a Gaussian at unit noise (the block is then
+divided by ``σ²``), and ``phĩ = [phi, 1]`` (the 1 carries the bias). So the whole
 last-layer GGN follows in closed form from the features and probabilities of ONE forward pass,
 with no backward pass through the backbone: :class:`LastLayerGGN` sums what the structure needs
 (:mod:`~posthoc.methods.laplace.kron`, :mod:`~posthoc.methods.laplace.diag`,
@@ -37,6 +39,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 
@@ -49,33 +52,36 @@ def augment(phi: Tensor, bias: bool) -> Tensor:
 
 
 class LastLayerGGN:
-    """Accumulate the last-layer GGN of a softmax classifier batch by batch (see module docs).
+    """Accumulate the last-layer GGN batch by batch (see module docs).
 
     Args:
         structure: a ``hessian=`` name of :data:`~posthoc.methods.laplace.structures.STRUCTURES`.
         num_features: ``D``, the head's input width.
-        num_classes: ``C``.
+        num_classes: ``C``, the head's outputs.
         bias: whether the head has a bias.
+        likelihood: whose loss and loss Hessian (default: the softmax's, :class:`~posthoc.core.likelihood.Categorical`).
 
     Attributes:
-        loss: the summed cross-entropy at the checkpoint (``-log p(D | θ)``), float64.
+        loss: the summed NLL at the checkpoint at unit dispersion (the cross-entropy, ``-log p(D | θ)``;
+            a Gaussian's ``½ Σ r²``), float64.
         num_data: the examples seen (over every rank once :meth:`finalize` ran).
     """
 
-    def __init__(self, structure: str, num_features: int, num_classes: int, bias: bool, device: torch.device | str = "cpu") -> None:
+    def __init__(self, structure: str, num_features: int, num_classes: int, bias: bool, device: torch.device | str = "cpu",
+                 likelihood: Likelihood | None = None) -> None:
         self.kind = structure_class(structure)
+        self.likelihood = Categorical() if likelihood is None else likelihood
         self.bias = bias
         self.statistics = self.kind.head_statistics(num_classes, num_features + int(bias), device)
         self.loss, self.num_data = torch.zeros((), dtype=FLOAT64, device=device), 0
 
     @torch.no_grad()
     def update(self, phi: Tensor, logits: Tensor, labels: Tensor) -> None:
-        """Add one batch: head inputs ``phi (N, D)``, logits ``(N, C)``, labels ``(N,)``."""
+        """Add one batch: head inputs ``phi (N, D)``, outputs ``(N, C)``, targets (labels ``(N,)``, or regression targets)."""
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        logits = logits.to(FLOAT64)
-        self.loss += torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+        self.loss += self.likelihood.unit_loss(logits, labels)
         self.num_data += phi.shape[0]
-        self.kind.accumulate(self.statistics, augment(phi.to(dtype), self.bias), torch.softmax(logits, dim=-1))
+        self.kind.accumulate(self.statistics, augment(phi.to(dtype), self.bias), self.likelihood.loss_hessian(logits))
 
     def reduce_across_ranks(self) -> None:
         """Sum the statistics over ``torch.distributed`` ranks (a no-op in one process)."""

@@ -1,8 +1,8 @@
 """``hessian="diag"``: the diagonal of the GGN, so the posterior is ``diag(1 / (h + δ))``.
 
 The diagonal of a weight is kept shaped like the weight ``(out, in)`` (a bias's ``(out,)``); the
-head's covers ``[W, b]`` as ``(C, D+1)``. For a head, ``h_cd = Σ_n p_nc (1 - p_nc) phĩ_nd²``
-(exact), and the logits are independent with ``s_c² = Σ_d phĩ_d² / (h_cd + δ)``; for a layer in a
+head's covers ``[W, b]`` as ``(C, D+1)``. For a head, ``h_cd = Σ_n (H_n)_cc phĩ_nd²`` (exact; the softmax's
+``(H_n)_cc = p_nc (1 - p_nc)``), and the logits are independent with ``s_c² = Σ_d phĩ_d² / (h_cd + δ)``; for a layer in a
 network, ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
 
 Example:
@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posthoc.core.likelihood import LossHessian
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature
 
@@ -69,8 +70,8 @@ class DiagCurvature(Curvature):
         return {"diagonal": torch.zeros(num_classes, width, dtype=FLOAT64, device=device)}
 
     @classmethod
-    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, probs: Tensor) -> None:
-        statistics["diagonal"] += (probs * (1 - probs)).T @ phi_aug.to(FLOAT64).square()
+    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, hessian: LossHessian) -> None:
+        statistics["diagonal"] += hessian.diagonal().T @ phi_aug.to(FLOAT64).square()
 
     @classmethod
     def from_head_statistics(cls, statistics: dict[str, Tensor], num_data: int, bias: bool) -> DiagCurvature:

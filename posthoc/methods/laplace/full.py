@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError
+from posthoc.core.likelihood import LossHessian
 from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
@@ -109,14 +110,20 @@ class FullCurvature(Curvature):
         return {"matrix": torch.zeros(params, params, dtype=FLOAT64, device=device)}
 
     @classmethod
-    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, probs: Tensor) -> None:
-        # Σ_n (diag p_n - p_n p_nᵀ) ⊗ phĩ phĩᵀ = Σ_c e_c e_cᵀ ⊗ phĩᵀ diag(p_c) phĩ - ZᵀZ, Z = p ⊙ phĩ
+    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, hessian: LossHessian) -> None:
+        # Σ_n (diag d_n - u_n u_nᵀ) ⊗ phĩ phĩᵀ = Σ_c e_c e_cᵀ ⊗ phĩᵀ diag(d_c) phĩ - ZᵀZ, Z = u ⊙ phĩ
+        # (the softmax: d = u = p; a Gaussian: d = 1, no u)
         phi_aug = phi_aug.to(FLOAT64)
         rows, width = phi_aug.shape
-        scaled = probs[:, :, None] * phi_aug[:, None, :]  # (N, C, D+1)
-        update = -(scaled.reshape(rows, -1).T @ scaled.reshape(rows, -1))
-        blocks = scaled.permute(1, 2, 0) @ phi_aug  # (C, D+1, D+1): phĩᵀ diag(p_c) phĩ
-        for c in range(probs.shape[1]):
+        diagonal_part, low_rank = hessian.parts()
+        scaled = diagonal_part[:, :, None] * phi_aug[:, None, :]  # (N, C, D+1)
+        if low_rank is None:
+            update = scaled.new_zeros(scaled.shape[1] * width, scaled.shape[1] * width)
+        else:
+            outer = scaled if low_rank is diagonal_part else low_rank[:, :, None] * phi_aug[:, None, :]
+            update = -(outer.reshape(rows, -1).T @ outer.reshape(rows, -1))
+        blocks = scaled.permute(1, 2, 0) @ phi_aug  # (C, D+1, D+1): phĩᵀ diag(d_c) phĩ
+        for c in range(diagonal_part.shape[1]):
             span = slice(c * width, (c + 1) * width)
             update[span, span] += blocks[c]
         statistics["matrix"] += update

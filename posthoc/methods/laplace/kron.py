@@ -10,7 +10,7 @@ eigen-decompositions ``G = U_G diag(λ) U_Gᵀ``, ``A = U_A diag(μ) U_Aᵀ``, s
 - a layer in a network: ``Σ_i (U_Gᵀ g_c)_i (U_Gᵀ g_c')_i w_i`` with ``w_i = Σ_j (U_Aᵀ a)_j² / (λ_i μ_j + δ)``.
 
 For a linear head with a bias, ``A`` is ``blockdiag(Σ_n phi phiᵀ / N, 1)`` over ``phĩ = [phi, 1]``
-and ``G = Σ_n diag(p_n) - p_n p_nᵀ``: the weight and the bias are two Kronecker blocks sharing
+and ``G = Σ_n H_n`` (the softmax's ``diag(p_n) - p_n p_nᵀ``, a Gaussian's ``I``): the weight and the bias are two Kronecker blocks sharing
 ``G`` (the layout of BackPACK and laplace-torch), held here as one.
 
 Example:
@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from posthoc.core.likelihood import LossHessian
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
@@ -99,8 +100,8 @@ class KronCurvature(Curvature):
                 "in_factor": torch.zeros(width, width, dtype=FLOAT64, device=device)}
 
     @classmethod
-    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, probs: Tensor) -> None:
-        statistics["out_factor"] += torch.diag(probs.sum(0)) - probs.T @ probs
+    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, hessian: LossHessian) -> None:
+        statistics["out_factor"] += hessian.summed()
         statistics["in_factor"] += (phi_aug.T @ phi_aug).to(FLOAT64)
 
     @classmethod

@@ -7,6 +7,11 @@ training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into on
 (:mod:`posthoc.methods.laplace.glm_predictive`), in row chunks whose cost per row is fixed by the
 head's size, the structure and the link.
 
+Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's identity loss Hessian
+(``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
+epistemic variance ``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``),
+plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence.
+
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
@@ -26,18 +31,22 @@ from posthoc.core import settings
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
+from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
-from posthoc.methods.laplace.base import Laplace, class_labels
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.structures import structure_class
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
+
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -74,17 +83,19 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
             for x, y in iterate(train_loader, device=device, progress=progress, desc="laplace curvature"):
                 phi, logits = self.split(x)
                 if accumulator is None:
-                    if logits.shape[1] < 2:
+                    if logits.shape[1] < self.likelihood.min_outputs:
                         raise ConfigError(
                             "laplace uses the softmax (categorical) likelihood and needs a head with at least 2 "
-                            "outputs; this head has 1 (a sigmoid classifier). Give the head two outputs "
-                            "[0, z], or use 'temperature' or 'mc-dropout', which handle one logit"
+                            "outputs; this head has 1 (a sigmoid classifier, or a regressor). If the model predicts a "
+                            "number, wrap it with posthoc.wrap(model, method='laplace', likelihood='regression'); for a "
+                            "binary classifier give the head two outputs [0, z], or use 'temperature' or 'mc-dropout', "
+                            "which handle one logit"
                         )
                     self._check_head_memory()
-                    accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device)
-                accumulator.update(phi, logits, class_labels(y, *logits.shape))
+                    accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device, self.likelihood)
+                accumulator.update(phi, logits, self.likelihood.targets(y, logits))
         params = self.num_posterior_parameters()
-        rank = accumulator.num_data * (self.split.head.out_features - 1)
+        rank = accumulator.num_data * self.likelihood.hessian_rank(self.split.head.out_features)
         if rank < params:
             warnings.warn(
                 f"{accumulator.num_data} training examples determine at most {rank} of the head's "
@@ -113,6 +124,20 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                 phi.shape[0], row_bytes, lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
                 self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
             )
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output (see module docs)."""
+        self._settle()
+        phi, outputs = self.split(x)
+        dtype = torch.promote_types(phi.dtype, torch.float32)
+        noise = self.likelihood.dispersion
+        phi_aug = augment(phi.to(dtype), self._has_bias)
+        variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
+        return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
+
+    def target_values(self) -> int:
+        return int(self.num_data) * self.split.head.out_features
 
     def row_bytes(self, num_samples: int, dtype: torch.dtype) -> int:
         """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.

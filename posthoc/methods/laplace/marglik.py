@@ -11,6 +11,11 @@ parameters, decreasing in ``δ``), so the maximiser is the unique root of ``γ(�
 found by bisection in ``log δ`` from the spectrum alone, each step ``O(P)``, no refitting. For
 KFAC the spectrum is the outer product of the two factors' eigenvalues.
 
+Under a Gaussian likelihood with noise ``σ`` the GGN is the unit-noise one over ``σ²`` (eigenvalues
+``s_k / σ²``) and ``loss = U / σ² + (M/2) log(2π σ²)`` with ``U = ½ Σ r²`` over ``M`` target values:
+:func:`optimize_noise_and_prior` maximises the evidence over ``log σ`` (a grid, then golden section
+around its best point), with ``δ`` at its exact optimum for every ``σ`` (or fixed).
+
 The alternatives on held-out NLL are in :mod:`posthoc.methods.laplace.prior_search`.
 
 Example:
@@ -27,6 +32,11 @@ import warnings
 
 import torch
 from torch import Tensor
+
+from posthoc.core.likelihood import golden_minimum
+
+#: points of the coarse grid in ``log σ`` (from 1e-3 to 10 times the residuals' RMS) before the golden section
+NOISE_GRID = 41
 
 
 #: prior precisions are searched inside this range (a fit that reaches a bound warns)
@@ -84,3 +94,41 @@ def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm
         stacklevel=2,
     )
     return value
+
+
+def gaussian_nll(unit_loss: float, values: int, noise_std: float) -> float:
+    """The summed Gaussian NLL ``U / σ² + (M/2) log(2π σ²)`` from ``U = ½ Σ r²`` over ``M`` target values."""
+    return unit_loss / noise_std**2 + 0.5 * values * math.log(2 * math.pi * noise_std**2)
+
+
+def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: int, square_norm: float, *,
+                             prior_precision: float | None = None, noise_std: float | None = None) -> tuple[float, float]:
+    """``(δ, σ)`` maximising the Laplace evidence of a Gaussian likelihood (see module docs); a given ``prior_precision``
+    or ``noise_std`` stays fixed.
+
+    Example:
+        >>> delta, std = optimize_noise_and_prior(torch.tensor([40.0, 4.0], dtype=torch.float64), 2.0, 40, 1.0)
+        >>> 0 < std < 1
+        True
+    """
+    unit_spectrum = unit_spectrum.to(torch.float64)
+
+    def best_prior(std: float, quiet: bool = True) -> float:
+        if prior_precision is not None:
+            return prior_precision
+        with warnings.catch_warnings():
+            if quiet:
+                warnings.simplefilter("ignore", RuntimeWarning)
+            return optimize_prior_precision(unit_spectrum / std**2, 0.0, square_norm)
+
+    def negative_evidence(log_std: float) -> float:
+        std = math.exp(log_std)
+        return -float(log_marginal_likelihood(unit_spectrum / std**2, gaussian_nll(unit_loss, values, std), square_norm,
+                                              best_prior(std)))
+
+    if noise_std is None:
+        rms = math.sqrt(max(2 * unit_loss / max(values, 1), 1e-24))
+        grid = [math.log(rms) + t for t in torch.linspace(math.log(1e-3), math.log(10.0), NOISE_GRID).tolist()]
+        best = min(range(NOISE_GRID), key=lambda i: negative_evidence(grid[i]))
+        noise_std = math.exp(golden_minimum(negative_evidence, grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]))
+    return best_prior(noise_std, quiet=False), noise_std

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.errors import NumericalError
+from posthoc.core.likelihood import LossHessian
 from posthoc.core.threads import single_thread_if
 from posthoc.engine.random_draws import randn
 from posthoc.methods.laplace.glm_predictive import GaussianLogits
@@ -121,8 +122,8 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     @abc.abstractmethod
-    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, probs: Tensor) -> None:
-        """Add one batch, head inputs ``phĩ`` ``(n, width)`` and float64 probabilities ``(n, C)``, in place."""
+    def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, hessian: LossHessian) -> None:
+        """Add one batch, head inputs ``phĩ`` ``(n, width)`` and the float64 loss Hessians in the outputs, in place."""
 
     @classmethod
     @abc.abstractmethod

@@ -29,6 +29,12 @@ minimum is a noisy pick among the smallest rates: the rule trades a little of dr
 shift for doing no harm in distribution (``benchmarks/quality.py`` measures both on the bundled
 digits models). The choice and both validation NLLs are kept in buffers and shown by ``um.summary()``.
 
+Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
+the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
+held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
+The rate is not chosen on held-out data there yet: ``p="auto"`` is refused, ``p=None`` keeps the
+model's own rates.
+
 Example:
     >>> um = posthoc.wrap(torchvision.models.resnet18(num_classes=10), method="mc-dropout", p=0.2)
     >>> um.predict(x, num_samples=100, generator=torch.Generator().manual_seed(0)).samples.shape
@@ -49,9 +55,11 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import shift_aware_spread, shifted_held_out, walk_spreads
@@ -112,6 +120,7 @@ class MCDropout(Method):
     """
 
     name = "mc-dropout"
+    likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
     def __init__(self, model: nn.Module, *, p: float | str | None = None, where: str | Sequence[str] | None = None,
                  insert: bool = True, num_samples: int = 50, head: str | None = None,
@@ -149,6 +158,15 @@ class MCDropout(Method):
         self._runner: SuffixRunner | None = None
         self._resolve(None)
 
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """As :meth:`Method.use_likelihood`; over real targets the rate is not chosen on held-out data (see module docs)."""
+        super().use_likelihood(likelihood)
+        if likelihood.prediction_type is RegressionPrediction:
+            if self.rate_from_val:
+                raise ConfigError(f"p='auto' chooses the dropout rate by held-out class NLL, which likelihood={likelihood.name!r} "
+                                  "does not have yet; pass a rate (e.g. p=0.1) or p=None for the model's own rates")
+            self.tunes_rate = False
+
     @property
     def requires_fit(self) -> bool:  # type: ignore[override]  # derived: only p="auto" must be fitted
         return self.rate_from_val
@@ -164,7 +182,14 @@ class MCDropout(Method):
         structure not found at ``wrap()`` is resolved from its first batch). Otherwise nothing to fit.
 
         With ``shift``, the rate is then the one of lowest NLL over the clean and perturbed validation
-        examples together among that rate and the smaller ones (:func:`posthoc.engine.held_out.choose`)."""
+        examples together among that rate and the smaller ones (:func:`posthoc.engine.held_out.choose`).
+
+        Under a regression likelihood: the observation noise, on the sampled outputs (see module docs)."""
+        if self.likelihood.fits_noise:
+            generator = torch.Generator(device=self.device).manual_seed(0)
+            with eval_mode(self.model):
+                fit_noise_on(self.likelihood, (train_loader, val_loader), self.device,
+                             lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress)
         if not self.tunes_rate or val_loader is None:
             return
         device = self.device
@@ -260,6 +285,25 @@ class MCDropout(Method):
             log_probs = class_log_probs(run_model(self.model, x))
             return log_probs, log_probs.unsqueeze(0).expand(num_samples, *log_probs.shape)
         return self._sampled(x, self._head_features(x), num_samples, generator, sites, call_budget(self.max_memory, max_memory))
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The mixture of the likelihood's Gaussians around ``num_samples`` sampled networks' outputs."""
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples or self.num_samples, generator,
+                                                               call_budget(self.max_memory, max_memory)))
+
+    def sampled_outputs(self, x: Inputs, num_samples: int, generator: torch.Generator | None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, O)``: the model's raw outputs under ``num_samples`` dropout masks per example."""
+        sites, n = self.sites(x), batch_size(x)
+        if all(site.p == 0 for site in sites):
+            return model_outputs(run_model(self.model, x)).unsqueeze(0).expand(num_samples, n, -1)
+        units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
+        outputs = self._suffix(x)(x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units),
+                                  max_memory=max_memory)
+        if units:
+            self._keep_units(units)
+        return outputs.reshape(num_samples, n, -1)
 
     def sites(self, x: Inputs | None = None) -> list[DropoutSite]:
         """Where dropout is applied, with the rates in use (``x`` helps find the head of plain models)."""

@@ -1,0 +1,394 @@
+"""The likelihood seam: one object per likelihood, which every method asks instead of comparing names.
+
+``posthoc.wrap(model, method=..., likelihood=...)`` takes ``"classification"`` (the default,
+:class:`Categorical`), ``"regression"`` (:class:`Gaussian`, a homoscedastic observation noise fitted
+by maximum likelihood and saved with the posterior; ``Gaussian(noise_std=0.1)`` fixes it) or
+``"heteroscedastic"`` (:class:`HeteroscedasticGaussian`, a model returning a mean and a log-variance
+per output). Each owns:
+
+- the targets it takes (:meth:`Likelihood.targets`) and its summed loss at the checkpoint
+  (:meth:`Likelihood.unit_loss`, at unit dispersion);
+- the loss Hessian in the model's outputs for the GGN (:meth:`Likelihood.loss_hessian`): the softmax's
+  ``diag(p) - p pᵀ``, or the identity for a Gaussian, whose GGN is then divided by the
+  :attr:`Likelihood.dispersion` ``σ²`` (its square root ``I / σ``);
+- the link from the model's outputs, with their model variance, to the predictive
+  (:meth:`Gaussian.predictive`) and the type of that predictive (:attr:`Likelihood.prediction_type`);
+- the negative log-likelihood of a predictive (:meth:`Likelihood.nll`).
+
+Example:
+    >>> gaussian = Gaussian()
+    >>> gaussian.fit_noise(torch.zeros(1, 4, 1), None, torch.tensor([[1.0], [-1.0], [1.0], [-1.0]]))
+    >>> gaussian.noise_std
+    tensor(1., dtype=torch.float64)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.errors import ConfigError, InputError, NotFittedError
+from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.logits import logits_of
+from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import RegressionPrediction
+
+#: how a fitted noise was chosen (the ``noise_source`` buffer holds the index)
+NOISE_SOURCES = ("fixed", "held-out", "training", "marglik")
+#: golden-section steps of the noise fit in ``log σ`` (the bracket shrinks by 0.618^80, far below float64 resolution)
+GOLDEN_STEPS = 80
+
+
+class SoftmaxHessian:
+    """The softmax cross-entropy's Hessian in the logits, ``H_n = diag(p_n) - p_n p_nᵀ``, per example.
+
+    The curvature structures read it as :meth:`diagonal` (``diag``), :meth:`summed` (KFAC's output
+    factor) or :meth:`parts` (``diag(d_n) - u_n u_nᵀ`` for the dense GGN).
+    """
+
+    def __init__(self, probs: Tensor) -> None:
+        self.probs = probs
+
+    def diagonal(self) -> Tensor:
+        """``(n, C)``: the diagonal of every ``H_n``."""
+        return self.probs * (1 - self.probs)
+
+    def summed(self) -> Tensor:
+        """``(C, C)``: ``Σ_n H_n``."""
+        return torch.diag(self.probs.sum(0)) - self.probs.T @ self.probs
+
+    def parts(self) -> tuple[Tensor, Tensor | None]:
+        """``(d, u)``, each ``(n, C)``, with ``H_n = diag(d_n) - u_n u_nᵀ``."""
+        return self.probs, self.probs
+
+
+class IdentityHessian:
+    """A Gaussian likelihood's Hessian in its means at unit noise, ``H_n = I`` (``(1/σ²) I`` after the dispersion)."""
+
+    def __init__(self, rows: int, outputs: int, dtype: torch.dtype, device: torch.device) -> None:
+        self.ones = torch.ones(rows, outputs, dtype=dtype, device=device)
+
+    def diagonal(self) -> Tensor:
+        return self.ones
+
+    def summed(self) -> Tensor:
+        return torch.diag(self.ones.sum(0))
+
+    def parts(self) -> tuple[Tensor, Tensor | None]:
+        return self.ones, None
+
+
+LossHessian = SoftmaxHessian | IdentityHessian
+
+
+class Likelihood(nn.Module):
+    """The likelihood of the targets given the model's outputs (see module docs); subclasses set :attr:`name`."""
+
+    #: the ``likelihood=`` name
+    name: ClassVar[str] = ""
+    #: what ``um.predict`` returns under this likelihood
+    prediction_type: ClassVar[type] = Prediction
+    #: whether the likelihood has an observation noise that ``fit`` chooses
+    fits_noise: ClassVar[bool] = False
+    #: the fewest outputs a model needs under this likelihood (a softmax needs two classes)
+    min_outputs: ClassVar[int] = 1
+
+    @property
+    def dispersion(self) -> float:
+        """The GGN is the unit-dispersion one (:meth:`loss_hessian`) divided by this (a Gaussian's ``σ²``)."""
+        return 1.0
+
+    def targets(self, y: Tensor | None, outputs: Tensor) -> Tensor:
+        """``y`` validated against the model's ``outputs`` for this likelihood."""
+        raise NotImplementedError
+
+    def hessian_rank(self, outputs: int) -> int:
+        """The rank of one example's loss Hessian in ``outputs`` model outputs (the softmax's loses one: ``C - 1``)."""
+        return outputs
+
+    def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """The summed negative log-likelihood at unit dispersion, float64 (without a Gaussian's normaliser)."""
+        raise NotImplementedError
+
+    def loss_hessian(self, outputs: Tensor) -> LossHessian:
+        """The per-example Hessian of the loss in the outputs, at unit dispersion (float64)."""
+        raise NotImplementedError
+
+    def nll(self, prediction: Any, y: Tensor) -> Tensor:
+        """``(N,)``: the negative log-likelihood of targets ``y`` under ``prediction``."""
+        raise NotImplementedError
+
+    def point(self, prediction: Any) -> Tensor:
+        """What ``um(x)`` returns: the probabilities, or the predictive mean."""
+        raise NotImplementedError
+
+    def config(self) -> dict[str, Any] | None:
+        """What the saved spec records to rebuild this likelihood (``None``: classification, recorded by absence)."""
+        return {"name": self.name}
+
+    def summary(self) -> dict[str, Any]:
+        """What ``fit`` chose, for the model card (``{}`` when nothing)."""
+        return {}
+
+
+class Categorical(Likelihood):
+    """The softmax likelihood of class labels: every classification method's, the default."""
+
+    name = "classification"
+    min_outputs = 2
+
+    def targets(self, y: Tensor | None, outputs: Tensor) -> Tensor:
+        """Class indices ``(N,)`` in ``[0, C)``, one per row of ``outputs`` ``(N, C)``."""
+        if isinstance(y, Tensor) and y.dim() > 1 and y.shape[1] > 1:
+            raise InputError(
+                f"labels have shape {tuple(y.shape)}: this looks like regression or one-hot targets, but the model is "
+                "wrapped as a classifier; pass integer class indices of shape (N,), or wrap it with likelihood='regression'"
+            )
+        labels = check_labels(y, outputs.shape[-1])
+        if labels.numel() != outputs.shape[0]:
+            raise InputError(f"got {labels.numel()} labels for {outputs.shape[0]} inputs; pass one class index per input")
+        return labels
+
+    def hessian_rank(self, outputs: int) -> int:
+        return outputs - 1
+
+    def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return torch.nn.functional.cross_entropy(outputs.to(torch.float64), targets, reduction="sum")
+
+    def loss_hessian(self, outputs: Tensor) -> SoftmaxHessian:
+        return SoftmaxHessian(torch.softmax(outputs.to(torch.float64), dim=-1))
+
+    def nll(self, prediction: Prediction, y: Tensor) -> Tensor:
+        labels = check_labels(y, prediction.num_classes).to(prediction.probs.device)
+        return -prediction.probs.gather(1, labels[:, None]).squeeze(1).clamp_min(1e-12).log()
+
+    def point(self, prediction: Prediction) -> Tensor:
+        return prediction.probs
+
+    def config(self) -> None:
+        return None
+
+
+class RealTargets(Likelihood):
+    """What the Gaussian likelihoods share: real targets ``(N,)`` or ``(N, D)``, a :class:`RegressionPrediction`."""
+
+    prediction_type = RegressionPrediction
+
+    def means(self, outputs: Tensor) -> Tensor:
+        """The predicted means ``(..., D)`` in the model's ``outputs``."""
+        return outputs
+
+    def targets(self, y: Tensor | None, outputs: Tensor) -> Tensor:
+        if y is None:
+            raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
+        y = torch.as_tensor(y, device=outputs.device)
+        rows, width = outputs.shape[0], self.means(outputs).shape[-1]
+        if y.dim() == 1 and width == 1:
+            y = y[:, None]
+        if tuple(y.shape) != (rows, width):
+            raise InputError(f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
+                             f"pass targets of shape ({rows},) or ({rows}, {width})")
+        y = y.to(torch.float64)
+        if not torch.isfinite(y).all():
+            raise InputError("targets contain NaN or inf; drop or impute those rows before fitting")
+        return y
+
+    def nll(self, prediction: RegressionPrediction, y: Tensor) -> Tensor:
+        return -prediction.log_prob(y)
+
+    def point(self, prediction: RegressionPrediction) -> Tensor:
+        return prediction.mean
+
+
+class Gaussian(RealTargets):
+    """A Gaussian observation noise of one standard deviation ``σ`` for every output (homoscedastic).
+
+    Args:
+        noise_std: a fixed ``σ > 0``; ``None`` (the default) fits it by maximum likelihood at ``fit``
+            (Laplace: with its prior, by the marginal likelihood).
+
+    Example:
+        >>> posthoc.wrap(model, method="laplace", likelihood=Gaussian(noise_std=0.1))
+    """
+
+    name = "regression"
+    fits_noise = True
+
+    def __init__(self, noise_std: float | None = None) -> None:
+        super().__init__()
+        if noise_std is not None and (isinstance(noise_std, bool) or not isinstance(noise_std, (int, float))
+                                      or not 0 < noise_std < math.inf):
+            raise ConfigError(f"noise_std must be a positive finite float (the observation noise's standard deviation) or "
+                              f"None to fit it, got {noise_std!r}")
+        self.fixed = noise_std is not None
+        self.register_buffer("noise_std", torch.tensor(math.nan if noise_std is None else float(noise_std), dtype=torch.float64))
+        self.register_buffer("noise_source", torch.tensor(NOISE_SOURCES.index("fixed") if self.fixed else -1))
+
+    @property
+    def dispersion(self) -> float:
+        return self.fitted_std() ** 2
+
+    def fitted_std(self) -> float:
+        """``σ``, refusing before it was fitted."""
+        value = float(self.noise_std)
+        if math.isnan(value):
+            raise NotFittedError("the observation noise of likelihood='regression' is not fitted yet: call "
+                                 "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))")
+        return value
+
+    def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        return 0.5 * (outputs.to(torch.float64) - targets).square().sum()
+
+    def loss_hessian(self, outputs: Tensor) -> IdentityHessian:
+        return IdentityHessian(outputs.shape[0], outputs.shape[-1], torch.float64, outputs.device)
+
+    def predictive(self, outputs: Tensor, model_variances: Tensor | None = None) -> RegressionPrediction:
+        """The predictive of ``K`` components' outputs ``(K, N, D)`` with their model variances (``None``: points)."""
+        noise = torch.tensor(self.dispersion, dtype=outputs.dtype, device=outputs.device)
+        return RegressionPrediction.from_components(outputs, model_variances, noise)
+
+    def set_noise(self, std: float, source: str) -> None:
+        """Record ``σ`` and how it was chosen (one of :data:`NOISE_SOURCES`)."""
+        self.noise_std.fill_(std)
+        self.noise_source.fill_(NOISE_SOURCES.index(source))
+
+    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out") -> None:
+        """``σ`` maximising the predictive likelihood of ``targets`` ``(N, D)`` under components ``(K, N, D)``
+        (a fixed ``σ`` stays). One Gaussian point per example: ``σ² = mean r²``; otherwise a golden-section
+        search in ``log σ`` on the exact mixture likelihood, which has that same optimum for points."""
+        if self.fixed:
+            return
+        outputs, targets = outputs.to(torch.float64), targets.to(torch.float64)
+        residual = (targets - outputs.mean(0)).square().mean().sqrt().item()
+        if outputs.shape[0] == 1 and model_variances is None:
+            std = residual
+        else:
+            model = torch.zeros_like(outputs) if model_variances is None else model_variances.to(torch.float64)
+
+            def nll(log_std: float) -> float:
+                noise = torch.tensor(math.exp(2 * log_std), dtype=torch.float64, device=outputs.device)
+                return -float(RegressionPrediction.from_components(outputs, model, noise).log_prob(targets).sum())
+
+            std = math.exp(golden_minimum(nll, math.log(max(residual, 1e-12)) - math.log(1e3), math.log(max(residual, 1e-12)) + math.log(10)))
+        if not std > 0:
+            raise InputError("the model predicts every target exactly, so the observation noise is 0; fix it with "
+                             "likelihood=posthoc.Gaussian(noise_std=...) or fit on held-out data")
+        self.set_noise(std, source)
+
+    def config(self) -> dict[str, Any]:
+        return {"name": self.name, "noise_std": float(self.noise_std) if self.fixed else None}
+
+    def summary(self) -> dict[str, Any]:
+        source = int(self.noise_source)
+        if math.isnan(float(self.noise_std)):
+            return {}
+        return {"noise_std": float(self.noise_std), "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded"}
+
+
+class HeteroscedasticGaussian(RealTargets):
+    """A Gaussian whose variance the model predicts: outputs ``(N, 2D)``, means then log-variances per output."""
+
+    name = "heteroscedastic"
+
+    def split(self, outputs: Tensor) -> tuple[Tensor, Tensor]:
+        """``(means, variances)`` of outputs ``(..., 2D)``."""
+        if outputs.shape[-1] % 2:
+            raise InputError(f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; the model "
+                             f"returns {outputs.shape[-1]} outputs. Give it an even number, or use likelihood='regression'")
+        width = outputs.shape[-1] // 2
+        return outputs[..., :width], outputs[..., width:].exp()
+
+    def means(self, outputs: Tensor) -> Tensor:
+        return self.split(outputs)[0]
+
+    def predictive(self, outputs: Tensor, model_variances: Tensor | None = None) -> RegressionPrediction:
+        """The predictive of ``K`` components' outputs ``(K, N, 2D)``, each with its own predicted noise."""
+        means, noise = self.split(outputs)
+        return RegressionPrediction.from_components(means, model_variances, noise)
+
+    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out") -> None:
+        """Nothing to fit: the model predicts its noise."""
+
+
+#: the ``likelihood=`` names
+LIKELIHOODS: dict[str, type[Likelihood]] = {cls.name: cls for cls in (Categorical, Gaussian, HeteroscedasticGaussian)}
+
+
+def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likelihood:
+    """A fresh likelihood from a ``likelihood=`` name, an instance (its configuration, unfitted), or a saved spec's
+    configuration (``None``: classification).
+
+    Example:
+        >>> make_likelihood("regression").name, make_likelihood({"name": "regression", "noise_std": 0.5}).noise_std
+        ('regression', tensor(0.5000, dtype=torch.float64))
+    """
+    if value is None:
+        return Categorical()
+    if isinstance(value, Likelihood):
+        value = value.config() or {"name": value.name}
+    if isinstance(value, str):
+        value = {"name": value}
+    if not isinstance(value, dict) or value.get("name") not in LIKELIHOODS:
+        named = value.get("name") if isinstance(value, dict) else value
+        raise ConfigError(f"likelihood must be one of {list(LIKELIHOODS)} (or posthoc.Gaussian(noise_std=...)), got {named!r}")
+    options = {key: item for key, item in value.items() if key != "name"}
+    return LIKELIHOODS[value["name"]](**options)
+
+
+def golden_minimum(function: Callable[[float], float], low: float, high: float, steps: int = GOLDEN_STEPS) -> float:
+    """The minimiser of a unimodal ``function`` on ``[low, high]`` by golden-section search.
+
+    Example:
+        >>> round(golden_minimum(lambda t: (t - 1.0) ** 2, -3.0, 4.0), 6)
+        1.0
+    """
+    ratio = (math.sqrt(5) - 1) / 2
+    a, b = low, high
+    c, d = b - ratio * (b - a), a + ratio * (b - a)
+    fc, fd = function(c), function(d)
+    for _ in range(steps):
+        if fc < fd:
+            b, d, fd = d, c, fc
+            c = b - ratio * (b - a)
+            fc = function(c)
+        else:
+            a, c, fc = c, d, fd
+            d = a + ratio * (b - a)
+            fd = function(d)
+    return (a + b) / 2
+
+
+def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterable | None], device: torch.device,
+                 components: Callable[[Inputs], tuple[Tensor, Tensor | None]], *, progress: bool = False) -> None:
+    """Fit ``likelihood``'s noise on the held-out loader if there is one, else on the training loader: ``components(x)``
+    gives a batch's outputs ``(K, n, D)`` and model variances. A likelihood without a noise to fit is left alone.
+
+    Example:
+        >>> fit_noise_on(method.likelihood, (train_loader, val_loader), device, lambda x: (model(x)[None], None))
+    """
+    if not likelihood.fits_noise or likelihood.fixed:
+        return
+    train_loader, val_loader = loaders
+    loader, source = (val_loader, "held-out") if val_loader is not None else (train_loader, "training")
+    if loader is None:
+        raise InputError("likelihood='regression' fits the observation noise on data: call um.fit(train_loader, val_loader) "
+                         "(held-out data is best), or fix it with likelihood=posthoc.Gaussian(noise_std=...)")
+    outputs, variances, targets = [], [], []
+    with torch.no_grad():
+        for x, y in iterate(loader, device=device, progress=progress, desc="observation noise"):
+            out, variance = components(x)
+            targets.append(likelihood.targets(y, out[0]))
+            outputs.append(out)
+            variances.append(variance)
+    model = None if any(v is None for v in variances) else torch.cat(variances, dim=1)
+    likelihood.fit_noise(torch.cat(outputs, dim=1), model, torch.cat(targets), source)
+
+
+def model_outputs(raw: Any) -> Tensor:
+    """A regression model's output as ``(N, D)`` (a ``(N,)`` output is one target per example)."""
+    outputs = logits_of(raw)
+    return outputs[:, None] if outputs.dim() == 1 else outputs
