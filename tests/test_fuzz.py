@@ -364,6 +364,15 @@ MISUSES = [
      posthoc.HeadNotFoundError, "the model has no module named 'nope'"),
     ("UncertainModel.predict", lambda w, tmp: posthoc.wrap(w["model"], method="dac").predict(w["x"]), posthoc.NotFittedError,
      "method 'dac' must be fitted before predicting"),
+    # non-finite intermediate results while fitting: features and the inner predictive's log-probabilities
+    ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(_nan_model(w), method="dac").fit(w["loader"], w["loader"], progress=False),
+     posthoc.NumericalError, "(read by dac for its feature bank) hold NaN or inf although the inputs are finite"),
+    ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(_nan_model(w), method="temperature").fit(val_loader=w["loader"], progress=False),
+     posthoc.NumericalError, "the log-probabilities of the model that 'temperature' is fitted on hold NaN or inf"),
+    ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(_nan_model(w), method="isotonic").fit(val_loader=w["loader"], progress=False),
+     posthoc.NumericalError, "the log-probabilities of the model that 'isotonic' is fitted on hold NaN or inf"),
+    ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(_nan_model(w), method="auto-calibration")
+     .fit(val_loader=w["loader"], progress=False), posthoc.NumericalError, "that 'auto-calibration' is fitted on hold NaN or inf"),
     ("settings", lambda w, tmp: posthoc.settings.override(chunk_size=0).__enter__(), ConfigError,
      "posthoc.settings.chunk_size must be a positive integer"),
     ("available_methods", lambda w, tmp: posthoc.wrap(w["model"], method="laplace", **{"nope": 1}), ConfigError,
