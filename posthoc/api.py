@@ -183,6 +183,9 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     """
     if method is None:
         method = "none" if isinstance(model, (list, tuple)) else "laplace"
+    if not isinstance(method, (str, list, tuple)):
+        raise ConfigError(f"method must be a method name or a list of them, e.g. method=['laplace', 'temperature'], "
+                          f"got {type(method).__name__}; valid methods: {', '.join(method_names())}")
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")

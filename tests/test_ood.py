@@ -201,6 +201,15 @@ def test_scores_that_need_statistics_refuse_to_score_before_fit(problem):
             posthoc.detector(problem["model"], score=name).score(problem["x_test"])
 
 
+def test_non_finite_training_statistics_are_refused_at_fit(problem, monkeypatch):
+    """Finite features can still give a non-finite statistic (a covariance that overflows in low precision): the fit
+    refuses it instead of keeping a bank that scores NaN."""
+    monkeypatch.setattr(torch.linalg, "pinv", lambda matrix, **kwargs: torch.full_like(matrix, float("nan")))
+    with pytest.raises(posthoc.NumericalError, match=r"'mahalanobis' computed non-finite training statistics \(precision "
+                                                     r"holds NaN or inf\)"):
+        posthoc.detector(problem["model"], score="mahalanobis").fit(problem["loader"], progress=False)
+
+
 def test_a_model_whose_feature_width_changed_since_fit_is_refused(problem):
     model = nn.Sequential(nn.Linear(6, WIDTH), nn.Tanh(), nn.Linear(WIDTH, CLASSES)).eval()
     det = posthoc.detector(model, score="mahalanobis").fit(problem["loader"], progress=False)

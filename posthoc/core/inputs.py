@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from tqdm.auto import tqdm
 
 from posthoc.core import distributed
-from posthoc.core.errors import InputError
+from posthoc.core.errors import InputError, NumericalError
 from posthoc.core.logits import logits_of
 
 Inputs = Tensor | Mapping[str, Tensor]
@@ -178,6 +178,24 @@ def check_finite(x: Inputs) -> None:
     """Refuse inputs that contain NaN or inf: no predictive is meaningful for them."""
     if not all_finite(x):
         raise InputError("inputs contain NaN or inf; clean or impute them before predicting")
+
+
+def check_finite_result(values: Tensor, what: str, *, log_probs: bool = False) -> None:
+    """Refuse an intermediate result computed from finite inputs (features, log-probabilities, distances) that holds
+    NaN or inf: the model's weights hold NaN or its activations overflow, and nothing fitted on it would mean anything.
+    ``log_probs=True`` allows ``-inf`` (a probability of exactly 0).
+
+    Example:
+        >>> check_finite_result(torch.tensor([0.5, float("nan")]), "dac's features at 'layer3'")
+        Traceback (most recent call last):
+        posthoc.core.errors.NumericalError: dac's features at 'layer3' hold NaN or inf although the inputs are finite ...
+    """
+    bad = torch.isnan(values) | torch.isposinf(values) if log_probs else ~torch.isfinite(values)
+    if bool(bad.any()):
+        raise NumericalError(
+            f"{what} hold NaN or inf although the inputs are finite: the model's weights hold NaN or its activations "
+            "overflow; check its weights and dtype (e.g. float16 overflow), or run it in float32, then fit again"
+        )
 
 
 def check_attention(x: Inputs) -> None:

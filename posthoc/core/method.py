@@ -242,3 +242,13 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
 def takes_shift(method: Method) -> bool:
     """Whether ``method.fit`` makes a held-out choice that ``UncertainModel.fit(shift=...)`` steers."""
     return "shift" in inspect.signature(method.fit).parameters
+
+
+def predictive_of(method: Method) -> str:
+    """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name.
+
+    Example:
+        >>> predictive_of(posthoc.wrap(model, method="laplace").method)
+        "'laplace'"
+    """
+    return "the model" if method.name == "none" else f"'{method.name}'"

@@ -28,9 +28,9 @@ import torch
 from torch import Tensor
 
 from posthoc.core import distributed
-from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.inputs import Inputs, check_finite_result, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs, log_mean_exp
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import REGISTRY, register
 from posthoc.engine.held_out import CLEAN_TOLERANCE, shifted_held_out, widest_accepted
@@ -137,6 +137,9 @@ class CalibrationMethod(Method):
         with torch.no_grad(), eval_mode(self.inner):
             for x, y in iterate(loader, device=self.device, progress=progress, desc=self.name):
                 log_probs, samples = self.inner.log_predictive(x, generator=generator)
+                check_finite_result(log_probs if samples is None else samples,
+                                    f"the log-probabilities of {predictive_of(self.inner)} that '{self.name}' is fitted on",
+                                    log_probs=True)
                 cached.append((log_probs if samples is None else samples).float())
                 labels.append(check_labels(y, log_probs.shape[-1]))
         dim = 0 if cached[0].dim() == 2 else 1

@@ -49,9 +49,9 @@ from torch import Tensor, nn
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, non_negative, positive_int, probability
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
-from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
+from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
 from posthoc.core.logits import class_log_probs
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
@@ -232,7 +232,10 @@ class DensityAwareCalibration(Method):
             capture = self._capturer()
             with eval_mode(self.base_model), capture.recording(batch_size(x)) as found:
                 run_model(self.base_model, x)
-            features = [normalised(f) for f in capture.features(found, x)]
+            features = capture.features(found, x)
+            for site, values in zip(self.sites(), features):
+                check_finite_result(values, f"the model's features at '{site}' (read by dac for its feature bank)")
+            features = [normalised(f) for f in features]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
                 reservoir = Reservoir(rows_within(widths, self.bank_bytes), torch.Generator(device=self.device).manual_seed(0))
@@ -254,6 +257,10 @@ class DensityAwareCalibration(Method):
         predictions, distances, labels = [], [], []
         for x, y in iterate(loader, device=self.device, progress=progress, desc=desc):
             log_probs, samples, features = self._inner_with_features(x, None, generator)
+            for site, values in zip(self.sites(), features):
+                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            check_finite_result(log_probs if samples is None else samples,
+                                f"the log-probabilities of {predictive_of(self.inner)} that dac is fitted on", log_probs=True)
             predictions.append((log_probs if samples is None else samples).float())
             distances.append(self.log_distances(features))
             labels.append(check_labels(y, log_probs.shape[-1]))
