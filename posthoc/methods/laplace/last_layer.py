@@ -10,7 +10,8 @@ head's size, the structure and the link.
 Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's identity loss Hessian
 (``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
 epistemic variance ``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``),
-plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence.
+plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence, and with held-out data ``σ`` is re-chosen
+on its NLL (:meth:`LastLayerLaplace._fit_noise_on_held_out`).
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
