@@ -41,6 +41,8 @@ METHODS = (
     ("laplace (kron)", "laplace", {}),
     ("laplace (full)", "laplace", {"hessian": "full"}),
     ("mc-dropout", "mc-dropout", {}),
+    ("vi (head)", "vi", {}),
+    ("sparse-vd", "sparse-vd", {}),
     ("ensemble of 3", "ensemble", {}),
 )
 MEMBERS = 3
