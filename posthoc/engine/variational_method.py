@@ -21,7 +21,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -33,8 +34,10 @@ from posthoc.core.checks import non_negative, integer, memory_bytes, positive_in
 from posthoc.core.chunks import call_budget, chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
-from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
+from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
+from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.modules import eval_mode, requires_grad
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.hooks import called_in_order
@@ -79,6 +82,7 @@ class VariationalMethod(Method):
 
     copies_model = False
     default_layers: ClassVar[str] = "head"
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,
                  max_memory: int | None, seed: int) -> None:
@@ -124,9 +128,11 @@ class VariationalMethod(Method):
             self.layers.to(self.device)
 
     # ----------------------------------------------------------------- fit
-    def _fit(self, train_loader: Iterable, options: ElboFit, *, progress: bool) -> None:
+    def _fit(self, train_loader: Iterable, options: ElboFit, *, progress: bool, val_loader: Iterable | None = None) -> None:
         """Find the structure from the first batch, then maximise the ELBO; on any failure the posterior
-        is left as it was before."""
+        is left as it was before. Under a Gaussian likelihood the ELBO reads the noise the plain model's
+        residuals give (held-out ones with ``val_loader``), and the noise is then re-fitted to the
+        posterior's sampled outputs on the same data."""
         first, _ = next(iter(iterate(train_loader, device=self.device, progress=False, desc=self.name)))
         with torch.no_grad(), eval_mode(self.model):
             if self.layers is None:
@@ -139,6 +145,9 @@ class VariationalMethod(Method):
                 "functionally, e.g. by attention); select other layers with layers=[...]"
             )
         self._follow_device()
+        loaders = (train_loader, val_loader)
+        with eval_mode(self.model):
+            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (model_outputs(run_model(self.model, x))[None], None))
         before = {k: v.detach().clone() for k, v in self.layers.state_dict().items()}
         try:
             self._maximise_elbo(train_loader, options, progress=progress)
@@ -147,6 +156,9 @@ class VariationalMethod(Method):
             raise
         self.expansion.fill_(self.layers.names.index(order[0]))
         self._runner = None
+        generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        with eval_mode(self.model):
+            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (self._output_samples(x, self.num_samples, generator), None))
         kl = options.kl
         record = (options.epochs, options.lr, options.lr_scale, kl.weight, kl.warmup, kl.cycles, SCHEDULES.index(kl.kind))
         self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
@@ -161,8 +173,8 @@ class VariationalMethod(Method):
 
         def terms(x: Inputs, y: Tensor) -> tuple[Tensor, Tensor]:
             with layers.sampling():
-                log_probs = class_log_probs(run_model(self.model, x))
-            return F.nll_loss(log_probs, check_labels(y, log_probs.shape[-1]).to(log_probs.device)), layers.kl()
+                outputs = run_model(self.model, x)
+            return self._mean_nll(outputs, y), layers.kl()
 
         hint = (f"lower lr (now {options.lr}) or lr_scale (now {options.lr_scale}). "
                 "The posterior was left as it was before fit")
@@ -171,7 +183,38 @@ class VariationalMethod(Method):
                           trained=[*locations, *scales], kl=options.kl, epochs=options.epochs, device=self.device,
                           desc=self.name, hint=hint, progress=progress)
 
+    def _mean_nll(self, outputs: Tensor, y: Tensor) -> Tensor:
+        """The ELBO's data term: the mean NLL of a batch, of its labels or of its targets under the fitted noise."""
+        if isinstance(self.likelihood, Categorical):
+            log_probs = class_log_probs(outputs)
+            return F.nll_loss(log_probs, check_labels(y, log_probs.shape[-1]).to(log_probs.device))
+        outputs = model_outputs(outputs)
+        targets = self.likelihood.targets(y, outputs).to(outputs.device, outputs.dtype)
+        variance = self.likelihood.dispersion
+        return (0.5 * (targets - outputs).square().sum(-1) / variance).mean() + 0.5 * targets.shape[-1] * math.log(2 * math.pi * variance)
+
     # ----------------------------------------------------------------- predict
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The mixture of the likelihood's Gaussians around ``S`` sampled outputs (local reparameterisation)."""
+        self._follow_device()
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(self.seed)
+        return self.likelihood.predictive(self._output_samples(x, num_samples or self.num_samples, generator,
+                                                               call_budget(self.max_memory, max_memory)))
+
+    def _output_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)`` raw outputs of ``count`` draws of the posterior."""
+        if self.split is not None:
+            return self._head_samples(x, count, generator, max_memory, transform=model_outputs)
+        return model_outputs(self._suffix_outputs(x, count, generator, max_memory).flatten(0, 1)).unflatten(0, (count, batch_size(x)))
+
+    def _suffix_outputs(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None) -> Tensor:
+        if self._runner is None:
+            start = self.layers.names[int(self.expansion)]
+            self._runner = SuffixRunner(self.model, start, at="input", max_memory=self.max_memory)
+        return self._runner(x, count, stochastic=lambda: self.layers.sampling(generator), max_memory=max_memory)
+
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:
         """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
@@ -184,22 +227,21 @@ class VariationalMethod(Method):
         if self.split is not None:
             samples = self._head_samples(x, count, generator, budget)
         else:
-            if self._runner is None:
-                start = self.layers.names[int(self.expansion)]
-                self._runner = SuffixRunner(self.model, start, at="input", max_memory=self.max_memory)
-            logits = self._runner(x, count, stochastic=lambda: self.layers.sampling(generator), max_memory=budget)
+            logits = self._suffix_outputs(x, count, generator, budget)
             samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
         return log_mean_exp(samples), samples
 
-    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None) -> Tensor:
-        """``(S, N, C)`` log-probabilities from Gaussian head logits: the backbone runs once."""
+    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None,
+                      transform: Callable[[Tensor], Tensor] = class_log_probs) -> Tensor:
+        """``(S, N, C)`` draws of the Gaussian head outputs through ``transform`` (log-probabilities by default):
+        the backbone runs once."""
         phi, _ = self.split(x)
         mean, var = self.layers[self.split.head_name].output_moments(phi)
-        n, classes = mean.shape[0], as_class_logits(mean[:1]).shape[-1]
+        n, classes = mean.shape[0], transform(mean[:1]).shape[-1]
         samples = mean.new_empty(count, n, classes)
         for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes, max_memory=max_memory):
             draws = sample_output(mean[rows].expand(count, -1, -1), var[rows].expand(count, -1, -1), generator)
-            samples[:, rows] = class_log_probs(draws.flatten(0, 1)).unflatten(0, (count, rows.stop - rows.start))
+            samples[:, rows] = transform(draws.flatten(0, 1)).unflatten(0, (count, rows.stop - rows.start))
         return samples
 
     # ----------------------------------------------------------------- card and file

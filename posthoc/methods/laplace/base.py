@@ -201,6 +201,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         source = {"auto": "val" if val_loader is not None else "train"}.get(self.prior_mode, self.prior_mode)
         if self.likelihood.fits_noise:
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
+            if val_loader is not None and not self.likelihood.fixed:
+                self._fit_noise_on_held_out(val_loader, fixed_prior=source == "fixed", progress=progress)
         elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
         elif source != "fixed":
@@ -224,6 +226,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
+
+    def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
+        """Re-choose the observation noise (and the prior at it) on held-out data; only the algorithms that take a
+        Gaussian likelihood (last-layer) implement it."""
+        raise ConfigError(f"{type(self).__name__} does not fit an observation noise")
 
     def target_values(self) -> int:
         """How many target values the fit saw (examples times outputs): a Gaussian NLL's normaliser counts them."""

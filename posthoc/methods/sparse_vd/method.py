@@ -85,9 +85,11 @@ class SparseVariationalDropout(VariationalMethod):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
             epochs: int = 3, lr: float = 1e-3, lr_scale: float = 1e-2, kl_weight: float = 1.0,
             kl_schedule: str = "linear", kl_warmup: float = 0.5, kl_cycles: int = 4) -> None:
-        """Maximise the ELBO on ``train_loader`` (``val_loader`` is not used); options in the class docs."""
+        """Maximise the ELBO on ``train_loader``; options in the class docs. ``val_loader`` is read only under a
+        regression likelihood, for the observation noise."""
         kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
-        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress)
+        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress,
+                  val_loader=val_loader)
 
     def sparsity(self, threshold: float | None = None) -> dict[str, Any]:
         """The fraction of weights with ``log alpha > threshold`` (default: the ``threshold`` option),
