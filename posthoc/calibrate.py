@@ -5,12 +5,20 @@ Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default
 (binary), ``"identity"``, and ``"auto"`` (k-fold cross-validated NLL over the others, never worse
 than ``"identity"`` on the folds).
 
+A deployed **regressor** gives ``mean=`` ``(N,)`` or ``(N, D)``, ``std=`` of that shape (or none: a
+constant std, so that ``"variance-scaling"`` fits the homoscedastic noise) and ``targets=``; its
+calibrators: ``"variance-scaling"`` (the default; Levi et al. 2019), ``"isotonic"`` (the predictive
+CDF recalibrated, Kuleshov et al. 2018), ``"identity"`` and ``"auto"`` (k-fold cross-validated CRPS,
+never worse than ``"identity"`` on the folds). ``calibrator.predict(mean, std)`` gives a calibrated
+:class:`~posthoc.RegressionPrediction`, whose ``.interval(level)`` and ``.quantile(q)`` are numbers.
+
 Example:
     >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto")
     >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]
     ('temperature', 0.0791)
     >>> probs = calibrator(test_logits)
     >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt")
+    >>> lower, upper = posthoc.calibrate(mean=m, std=s, targets=y, method="isotonic").predict(m2, s2).interval(0.9)
 """
 
 from __future__ import annotations
@@ -25,15 +33,20 @@ from posthoc.core.inputs import check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities
 from posthoc.methods.calibration import Calibrator, calibrators
 from posthoc.methods.calibration.base import as_tensor
+from posthoc.methods.calibration.regression_auto import regression_calibrators
+from posthoc.methods.calibration.regression_base import KIND, RegressionCalibrator, as_prediction
 
 
-def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter: int = 100, **options: Any) -> Calibrator:
-    """Fit a calibrator on held-out ``logits`` ``(N, C)`` (or ``(N,)`` for binary) and ``labels`` ``(N,)``.
+def calibrate(logits: Any = None, labels: Any = None, method: str | None = None, *, max_iter: int = 100,
+              mean: Any = None, std: Any = None, targets: Any = None, **options: Any) -> Calibrator | RegressionCalibrator:
+    """Fit a calibrator on held-out ``logits`` ``(N, C)`` (or ``(N,)`` for binary) and ``labels`` ``(N,)``;
+    or, for a regressor, on held-out ``mean``, ``std`` and ``targets`` (see the module docs).
 
     Args:
         logits: the classifier's held-out logits (before the softmax), a tensor or numpy array.
         labels: integer class indices in ``[0, C)``.
-        method: the calibrator (see the module docs); ``"auto"`` picks one by cross-validated NLL.
+        method: the calibrator (see the module docs); ``"auto"`` picks one by cross-validated NLL (regression:
+            CRPS). ``None``: ``"temperature"``, or ``"variance-scaling"`` for a regressor.
         max_iter: L-BFGS iterations for the calibrators fitted by optimisation.
         **options: the calibrator's options, e.g. ``bins=10`` (histogram), ``off_diagonal=1e-3``
             (matrix, dirichlet), ``folds=5`` or ``candidates=["temperature", "vector"]`` (auto).
@@ -46,7 +59,16 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
     Example:
         >>> calibrator = posthoc.calibrate(np.load("val_logits.npy"), np.load("val_labels.npy"))
         >>> calibrator(np.load("test_logits.npy")).sum(-1)   # rows sum to 1
+        >>> posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y).predict(test_mean, test_std).std
     """
+    if mean is not None or targets is not None or std is not None:
+        return _calibrate_regressor(logits, labels, method, mean, std, targets, options)
+    if logits is None or labels is None:
+        raise InputError("calibrate needs held-out logits and labels (a classifier), or mean=, std= and targets= "
+                         "(a regressor)")
+    method = "temperature" if method is None else method
+    if method in ("variance-scaling",):
+        raise ConfigError(f"'{method}' calibrates a regressor: pass mean=, std= and targets= (not logits and labels)")
     cls = calibrators()[known_name(method, "calibration method", calibrators())]
     options = known_options(options, cls.option_defaults(), f"calibrator '{method}'")
     positive_int(max_iter, "max_iter")
@@ -67,7 +89,32 @@ def calibrate(logits: Any, labels: Any, method: str = "temperature", *, max_iter
     return cls(**options).fit(class_logits, targets)
 
 
-def load_calibrator(path: str | os.PathLike) -> Calibrator:
+def _calibrate_regressor(logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any,
+                         options: dict[str, Any]) -> RegressionCalibrator:
+    """``calibrate`` for a regressor's ``mean``, ``std`` (or none) and ``targets``."""
+    if logits is not None or labels is not None:
+        raise InputError("calibrate got logits/labels and mean/std/targets: pass logits and labels for a classifier, "
+                         "or mean=, std= and targets= for a regressor")
+    if mean is None or targets is None:
+        raise InputError("calibrating a regressor needs mean= and targets= (and std= if it predicts one)")
+    method = "variance-scaling" if method is None else method
+    known = regression_calibrators()
+    if method not in known and method in calibrators():
+        raise ConfigError(f"'{method}' calibrates a classifier's logits, not a regressor; for mean/std/targets use one "
+                          f"of {sorted(known)}")
+    cls = known[known_name(method, "regression calibration method", known)]
+    options = known_options(options, cls.option_defaults(), f"regression calibrator '{method}'")
+    prediction = as_prediction(mean, std)
+    y = as_tensor(targets, "targets")
+    if y.shape[0] != prediction.mean.shape[0]:
+        raise InputError(f"mean and targets have different lengths ({prediction.mean.shape[0]} vs {y.shape[0]}); "
+                         "pass one target per prediction")
+    calibrator = cls(**options)
+    calibrator.unit_std.fill_(std is None)
+    return calibrator.fit(prediction, y)
+
+
+def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrator:
     """Read a calibrator saved with ``calibrator.save(path)``; it refuses logits with another number of classes.
 
     Example:
@@ -76,7 +123,7 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator:
     """
     payload = persistence.read(path, kind="calibrator")
     entry = payload["spec"][0]
-    known = calibrators()
+    known = regression_calibrators() if entry.get("kind") == KIND else calibrators()
     if entry["name"] not in known:
         raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")
     try:

@@ -93,16 +93,38 @@ class GaussianMixture:
         """
         if isinstance(q, bool) or not isinstance(q, (int, float)) or not 0 < q < 1:
             raise InputError(f"a quantile level must be a number in (0, 1), got {q!r}")
-        z = torch.special.ndtri(torch.tensor(float(q), dtype=torch.float64)).item()
+        return self.quantile_at(torch.tensor(float(q), dtype=torch.float64))
+
+    def quantile_at(self, levels: Tensor) -> Tensor:
+        """``(N, D)``: the quantile at ``levels`` in ``(0, 1)`` broadcast to ``(N, D)`` (a level per output, as an
+        isotonic recalibration asks for), exact; bisection for a mixture.
+
+        Example:
+            >>> GaussianMixture(torch.zeros(1, 1, 2), torch.ones(1, 1, 2)).quantile_at(torch.tensor([0.5, 0.975]))
+            tensor([[0.0000, 1.9600]])
+        """
+        z = torch.special.ndtri(levels.to(device=self.means.device, dtype=torch.float64)).to(self.means.dtype)
         own = self.means + z * self.variances.sqrt()  # each component's own quantile
         if self.components == 1:
             return own[0]
+        target = levels.to(device=self.means.device, dtype=self.means.dtype)
         low, high = own.amin(0), own.amax(0)
         for _ in range(BISECTION_STEPS):
             middle = (low + high) / 2
-            below = _normal_cdf((middle - self.means) / self.variances.sqrt()).mean(0) < q
+            below = _normal_cdf((middle - self.means) / self.variances.sqrt()).mean(0) < target
             low, high = torch.where(below, middle, low), torch.where(below, high, middle)
         return (low + high) / 2
+
+    def marginal_log_prob(self, y: Tensor) -> Tensor:
+        """``(N, D)``: ``log p(y_d)`` per output, each output's own mixture (the outputs' marginals).
+
+        Example:
+            >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).marginal_log_prob(torch.zeros(1))
+            tensor([[-0.9189]])
+        """
+        y = self.targets(y)
+        per_output = -0.5 * ((y - self.means).square() / self.variances + self.variances.log() + math.log(2 * math.pi))
+        return torch.logsumexp(per_output, dim=0) - math.log(self.components)
 
     def interval(self, level: float) -> tuple[Tensor, Tensor]:
         """``(lower, upper)``, each ``(N, D)``: the central interval holding ``level`` of the probability.

@@ -7,6 +7,14 @@ network or a plain member) plus the observation noise ``s_k`` (aleatoric). The t
 exactly as ``variance = aleatoric + epistemic`` with ``aleatoric = mean_k s_k`` and
 ``epistemic = mean_k m_k + mean_k (μ_k - μ)²``.
 
+A prediction may carry an isotonic ``recalibration`` ``R`` of its CDF (Kuleshov et al. 2018,
+:class:`~posthoc.core.recalibration.MonotoneMap`): :meth:`~RegressionPrediction.cdf`,
+:meth:`~RegressionPrediction.quantile`, :meth:`~RegressionPrediction.interval` and
+:meth:`~RegressionPrediction.log_prob` then answer for the recalibrated distribution ``R(F(y))``, exactly,
+while ``mean``, ``variance``, ``std`` and their split stay the moments of the uncalibrated mixture ``F``
+(the recalibrated moments have no closed form). Variance scaling needs no such map:
+:meth:`~RegressionPrediction.scaled` rebuilds the components.
+
 Example:
     >>> pred = RegressionPrediction.from_components(torch.tensor([[[1.0]], [[3.0]]]), None, torch.ones(2, 1, 1))
     >>> pred.mean, pred.aleatoric, pred.epistemic, pred.variance
@@ -23,6 +31,7 @@ from torch import Tensor
 
 from posthoc.core.errors import InputError
 from posthoc.core.mixture import GaussianMixture
+from posthoc.core.recalibration import MonotoneMap
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,7 @@ class RegressionPrediction:
         model_variances: ``(K, N, D)`` each component's model variance.
         noise: ``(K, N, D)`` each component's observation variance (with ``model_variances``, what joining
             chunks and mixing members keeps).
+        recalibration: the isotonic map ``R`` applied to the mixture's CDF, or ``None`` (see module docs).
     """
 
     mean: Tensor
@@ -52,6 +62,7 @@ class RegressionPrediction:
     distribution: GaussianMixture
     model_variances: Tensor
     noise: Tensor
+    recalibration: MonotoneMap | None = None
 
     @classmethod
     def from_components(cls, means: Tensor, model_variances: Tensor | None, noise: Tensor) -> RegressionPrediction:
@@ -66,21 +77,73 @@ class RegressionPrediction:
         return cls(means.mean(0), variance, variance.sqrt(), aleatoric, epistemic, samples,
                    GaussianMixture(means, model + noise), model, noise)
 
+    @property
+    def recalibrated(self) -> bool:
+        """Whether an isotonic recalibration reshapes the CDF (then ``mean`` and ``variance`` are the uncalibrated ones)."""
+        return self.recalibration is not None
+
     def interval(self, level: float) -> tuple[Tensor, Tensor]:
         """``(lower, upper)`` ``(N, D)``: the central interval with probability ``level`` (e.g. 0.9)."""
-        return self.distribution.interval(level)
+        if self.recalibration is None:
+            return self.distribution.interval(level)
+        self.distribution.interval(level)  # the level's check
+        return self.quantile((1 - level) / 2), self.quantile((1 + level) / 2)
 
     def quantile(self, q: float) -> Tensor:
-        """``(N, D)``: the predictive ``q``-quantile per output."""
-        return self.distribution.quantile(q)
+        """``(N, D)``: the predictive ``q``-quantile per output (recalibrated: ``F⁻¹(R⁻¹(q))``)."""
+        if self.recalibration is None:
+            return self.distribution.quantile(q)
+        self.distribution.quantile(q)  # the level's check
+        levels = self.recalibration.inverse(torch.tensor(float(q), dtype=torch.float64, device=self.mean.device))
+        tiny = torch.finfo(torch.float64).tiny
+        return self.distribution.quantile_at(levels.clamp(tiny, 1 - 1e-16))
 
     def log_prob(self, y: Tensor) -> Tensor:
-        """``(N,)``: the predictive log density of targets ``(N,)`` or ``(N, D)``, joint over the outputs."""
-        return self.distribution.log_prob(y)
+        """``(N,)``: the predictive log density of targets ``(N,)`` or ``(N, D)``, joint over the outputs.
+
+        Recalibrated, ``sum_d log R_d'(F_d(y_d)) + log f_d(y_d)``: the outputs' recalibrated marginals taken as
+        independent (exact for one output); ``-inf`` where ``R`` is flat, which an isotonic map often is."""
+        if self.recalibration is None:
+            return self.distribution.log_prob(y)
+        marginal = self.distribution.marginal_log_prob(y)
+        slope = self.recalibration.slope(self.distribution.cdf(y)).to(marginal.dtype)
+        return (marginal + slope.log()).sum(-1)
 
     def cdf(self, y: Tensor) -> Tensor:
-        """``(N, D)``: the predictive CDF at targets ``y`` per output."""
-        return self.distribution.cdf(y)
+        """``(N, D)``: the predictive CDF at targets ``y`` per output (recalibrated: ``R(F(y))``)."""
+        if self.recalibration is None:
+            return self.distribution.cdf(y)
+        return self.recalibration(self.distribution.cdf(y)).to(self.mean.dtype)
+
+    def scaled(self, scale: Tensor) -> RegressionPrediction:
+        """The prediction with every output's spread multiplied by ``scale`` ``(D,)`` about its mean, exactly.
+
+        Component ``k`` moves to mean ``μ + s (μ_k - μ)`` and variance ``s² (m_k + s_k)`` (model and noise
+        variances each times ``s²``), so the mixture is the original's affine image ``μ + s (Y - μ)``: its
+        std, aleatoric and epistemic std all scale by ``s`` and its CDF is ``F(μ + (y - μ) / s)``. A
+        recalibration is refused (scale first, then recalibrate).
+
+        Example:
+            >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.ones(1, 1, 1))
+            >>> pred.scaled(torch.tensor([2.0])).std
+            tensor([[2.],
+                    [2.]])
+        """
+        if self.recalibration is not None:
+            raise InputError("this prediction is already recalibrated (isotonic); scale the variance before recalibrating")
+        scale = scale.to(device=self.mean.device, dtype=self.mean.dtype)
+        means = self.mean + scale * (self.component_means - self.mean)
+        return RegressionPrediction.from_components(means, scale.square() * self.model_variances,
+                                                    scale.square() * self.noise)
+
+    def recalibrate(self, mapping: MonotoneMap) -> RegressionPrediction:
+        """The prediction whose CDF is ``mapping(F(y))`` (see module docs); refuses a second recalibration."""
+        if self.recalibration is not None:
+            raise InputError("this prediction is already recalibrated (isotonic); recalibrate the uncalibrated prediction")
+        if mapping.knots_x.shape[0] != self.num_outputs:
+            raise InputError(f"the recalibration maps {mapping.knots_x.shape[0]} output(s) but the prediction has "
+                             f"{self.num_outputs}; use a recalibration fitted for this model's outputs")
+        return dataclasses.replace(self, recalibration=mapping)
 
     @property
     def component_means(self) -> Tensor:
@@ -101,8 +164,8 @@ _COMPONENTS = ("component_means", "model_variances", "noise")
 
 def concat(parts: list[RegressionPrediction], keep_samples: bool = True) -> RegressionPrediction:
     """The predictions of consecutive chunks of examples as one (``keep_samples=False`` drops ``samples``)."""
-    joined = parts[0] if len(parts) == 1 else RegressionPrediction.from_components(
-        *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in _COMPONENTS))
+    joined = parts[0] if len(parts) == 1 else dataclasses.replace(RegressionPrediction.from_components(
+        *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in _COMPONENTS)), recalibration=parts[0].recalibration)
     return joined if keep_samples else dataclasses.replace(joined, samples=None)
 
 
@@ -114,6 +177,9 @@ def mix_predictions(parts: list[RegressionPrediction]) -> RegressionPrediction:
         >>> mix_predictions([one, one]).samples.shape
         torch.Size([2, 2, 1])
     """
+    if any(p.recalibrated for p in parts):
+        raise InputError("a recalibrated (isotonic) member prediction cannot be mixed exactly; mix the members first and "
+                         "recalibrate the mixture (stack 'isotonic-recalibration' after the ensemble)")
     shapes = {tuple(p.distribution.means.shape) for p in parts}
     if len(shapes) > 1:
         raise InputError(f"the members predict different shapes (components, N, D): {sorted(shapes)}; every member must "

@@ -58,7 +58,13 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
 
     Example:
         >>> rmse(*components(um.predict(x))[:1], y)
+
+    A recalibrated (isotonic) prediction is refused: its mixture is not the predictive it answers for.
     """
+    if prediction.recalibrated:
+        raise InputError("this prediction is recalibrated (isotonic): its Gaussian components are not its predictive, "
+                         "so the metrics here would score the uncalibrated one; read its .cdf(y), .quantile(q) and "
+                         ".interval(level), or use 'variance-scaling', whose prediction these metrics score exactly")
     return prediction.distribution.means, prediction.distribution.variances.sqrt()
 
 

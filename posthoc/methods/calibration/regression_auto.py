@@ -1,0 +1,146 @@
+"""``"auto"`` for regression: none, variance scaling or isotonic recalibration, by k-fold cross-validated CRPS.
+
+Every candidate is fitted on all folds but one and scores the one left out by the continuous ranked
+probability score; the identity (the predictive as it is) is always scored. The rules of the
+classification ``"auto"`` (:mod:`posthoc.methods.calibration.auto`) then choose: only candidates
+whose out-of-fold CRPS beats the identity's by more than one standard error of the per-example
+difference are eligible (so the choice is never worse than none on its folds), and among them the
+one with the fewest parameters within one standard error of the lowest wins. CRPS, not NLL: an
+isotonic map is flat in places, where its density, and so its NLL, is infinite. All candidates are
+scored by the same estimator, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` over :data:`LEVELS` midpoint
+levels ``τ_j`` (the quantile form of the CRPS), which every recalibrated predictive answers exactly.
+
+Example:
+    >>> calibrator = posthoc.calibrate(mean=m, std=s, targets=y, method="auto")
+    >>> calibrator.chosen_name, calibrator.scores["variance-scaling"]["crps"]
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.checks import integer_at_least
+from posthoc.core.errors import ConfigError
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.methods.calibration.auto import confidently_better, simplest_within_noise
+from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
+from posthoc.methods.calibration.regression_base import RegressionCalibrator
+from posthoc.methods.calibration.variance_scaling import VarianceScaling
+
+#: midpoint quantile levels of the CRPS estimator
+LEVELS = 99
+
+
+class RegressionIdentity(RegressionCalibrator):
+    """The predictive as it is: the reference of ``"auto"``."""
+
+    name = "identity"
+
+    def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
+        pass
+
+    def _calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:
+        return prediction
+
+
+def quantile_crps(prediction: RegressionPrediction, targets: Tensor, levels: int = LEVELS) -> Tensor:
+    """``(N,)``: the CRPS summed over outputs, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` at midpoints ``τ_j = (j - 1/2) / levels``.
+
+    Example:
+        >>> quantile_crps(as_prediction(torch.zeros(1)), torch.zeros(1))   # (sqrt 2 - 1) / sqrt pi = 0.2337
+        tensor([0.2337], dtype=torch.float64)
+    """
+    y = prediction.distribution.targets(targets).double()
+    total = torch.zeros(y.shape[0], dtype=torch.float64, device=y.device)
+    for j in range(levels):
+        tau = (j + 0.5) / levels
+        error = y - prediction.quantile(tau).double()
+        total += torch.maximum(tau * error, (tau - 1) * error).sum(-1)
+    return 2.0 * total / levels
+
+
+def _regression_candidates() -> dict[str, type[RegressionCalibrator]]:
+    return {cls.name: cls for cls in (RegressionIdentity, VarianceScaling, IsotonicRecalibration)}
+
+
+class AutoRecalibration(RegressionCalibrator):
+    """The simplest of none / variance scaling / isotonic within the noise of the best cross-validated CRPS."""
+
+    name = "auto"
+
+    def __init__(self, *, candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic"), folds: int = 5,
+                 seed: int = 0) -> None:
+        super().__init__()
+        known = [name for name in _regression_candidates() if name != "identity"]
+        if not candidates or isinstance(candidates, str) or any(name not in known for name in candidates):
+            raise ConfigError(f"auto candidates for regression must be among {known}; got {candidates!r}")
+        self.candidates = tuple(candidates)
+        self.folds = integer_at_least(folds, "folds", 2, why="cross-validation needs two folds or more")
+        self.seed = seed
+        names = ["identity", *self.candidates]
+        self.choices = nn.ModuleDict({name: _regression_candidates()[name]() for name in names})
+        self.register_buffer("choice", torch.zeros((), dtype=torch.long))
+        self.register_buffer("cross_validated", torch.full((len(names),), math.nan, dtype=torch.float64))
+
+    @property
+    def options(self) -> dict[str, Any]:
+        return {"candidates": list(self.candidates), "folds": self.folds, "seed": self.seed}
+
+    @property
+    def chosen(self) -> RegressionCalibrator:
+        """The fitted calibrator that was chosen."""
+        return list(self.choices.values())[int(self.choice)]
+
+    @property
+    def chosen_name(self) -> str:
+        return list(self.choices)[int(self.choice)]
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        return {name: {"crps": float(value)} for name, value in zip(self.choices, self.cross_validated.tolist())}
+
+    def num_parameters(self) -> int:
+        return self.chosen.num_parameters()
+
+    def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
+        count = targets.shape[0]
+        fold = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed)).to(targets.device) % self.folds
+        losses = {name: torch.empty(count, dtype=torch.float64, device=targets.device) for name in self.choices}
+        sizes: dict[str, int] = {}
+        for k in range(self.folds):
+            train, test = fold != k, fold == k
+            fit_part, test_part = _rows(prediction, train), _rows(prediction, test)
+            for name, cls in ((n, type(c)) for n, c in self.choices.items()):
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore", RuntimeWarning)
+                    fitted = cls().fit(fit_part, targets[train])
+                losses[name][test] = quantile_crps(fitted.calibrate(test_part), targets[test])
+                sizes[name] = fitted.num_parameters()
+        for index, name in enumerate(self.choices):
+            self.cross_validated[index] = losses[name].mean()
+        chosen = simplest_within_noise({name: losses[name] for name in confidently_better(losses)}, sizes)
+        self.choice.fill_(list(self.choices).index(chosen))
+        self.chosen.fit(prediction, targets)
+
+    def _calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:
+        return self.chosen.calibrate(prediction)
+
+
+def _rows(prediction: RegressionPrediction, keep: Tensor) -> RegressionPrediction:
+    return RegressionPrediction.from_components(prediction.component_means[:, keep], prediction.model_variances[:, keep],
+                                                prediction.noise[:, keep])
+
+
+def regression_calibrators() -> dict[str, type[RegressionCalibrator]]:
+    """Every regression calibrator by the name ``posthoc.calibrate(mean=..., method=...)`` takes.
+
+    Example:
+        >>> sorted(regression_calibrators())
+        ['auto', 'identity', 'isotonic', 'variance-scaling']
+    """
+    return {**_regression_candidates(), AutoRecalibration.name: AutoRecalibration}

@@ -1,0 +1,176 @@
+"""The :class:`RegressionCalibrator` contract: a map from a regression predictive to a calibrated one.
+
+A regression calibrator is fitted on a held-out :class:`~posthoc.core.regression_prediction.RegressionPrediction`
+and its targets, maps any prediction of the same outputs to a calibrated one, keeps its fitted parameters
+in buffers, and saves to a calibrator file (``posthoc.calibrate.load`` reads it back). A deployed
+regressor that only has numbers gives them as ``mean`` ``(N,)`` / ``(N, D)`` and ``std`` of that shape, or
+no ``std`` (a constant std of 1, so that variance scaling fits the homoscedastic noise: its scale is then
+the root mean squared residual): :func:`as_prediction` builds the one-Gaussian predictive.
+
+Example:
+    >>> calibrator = VarianceScaling().fit(as_prediction(val_mean, val_std), val_y)
+    >>> calibrator.predict(test_mean, test_std).interval(0.9)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core import persistence
+from posthoc.core.errors import InputError, PosteriorFileError
+from posthoc.core.method import keyword_defaults, load_tensors
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.methods.calibration.base import FILE_KIND, as_tensor
+
+#: what a regression calibrator's saved spec records, beside its name and options
+KIND = "regression"
+
+
+def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
+    """The Gaussian predictive ``N(mean, std²)`` of a deployed regressor's numbers (``std=None``: 1 everywhere).
+
+    The variance is recorded as observation noise (the numbers do not say how it splits).
+
+    Example:
+        >>> as_prediction(torch.zeros(3), torch.full((3,), 2.0)).std.shape
+        torch.Size([3, 1])
+    """
+    mean = as_tensor(mean, "mean").double()
+    if mean.dim() == 1:
+        mean = mean[:, None]
+    if mean.dim() != 2 or mean.shape[0] == 0:
+        raise InputError(f"mean must be (N,) or (N, D) with N > 0, got shape {tuple(mean.shape)}")
+    std = torch.ones_like(mean) if std is None else as_tensor(std, "std").double()
+    if std.dim() == 1 and mean.shape[1] == 1:
+        std = std[:, None]
+    if std.shape != mean.shape:
+        raise InputError(f"std has shape {tuple(std.shape)} but mean has {tuple(mean.shape)}; pass one std per mean")
+    if not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
+        raise InputError("mean or std contain NaN or inf; drop or impute those rows")
+    if not bool((std > 0).all()):
+        raise InputError(f"every std must be > 0 (got a minimum of {float(std.min()):.3g}); pass the predictive "
+                         "standard deviation, not a variance or log-variance, and drop rows with std <= 0")
+    return RegressionPrediction.from_components(mean[None], None, std.square()[None])
+
+
+class RegressionCalibrator(nn.Module):
+    """Base class: :meth:`fit` on a held-out prediction and targets, then :meth:`calibrate` predictions.
+
+    Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults, keep
+    fitted parameters in buffers and implement :meth:`_fit` and :meth:`_calibrate`.
+
+    Class attributes:
+        name: the name ``posthoc.calibrate(mean=..., method=...)`` takes (and a saved file records).
+        min_examples: the fewest held-out examples it accepts.
+    """
+
+    name: ClassVar[str] = ""
+    min_examples: ClassVar[int] = 10
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("num_outputs", torch.zeros((), dtype=torch.long))
+        #: fitted on means alone (a constant std of 1): then it calibrates means alone
+        self.register_buffer("unit_std", torch.tensor(False))
+
+    @classmethod
+    def option_defaults(cls) -> dict[str, Any]:
+        """The options this calibrator accepts, with their defaults."""
+        return keyword_defaults(cls.__init__)
+
+    @property
+    def options(self) -> dict[str, Any]:
+        """The options this calibrator was built with (what :meth:`save` records)."""
+        return {name: getattr(self, name) for name in self.option_defaults()}
+
+    @property
+    def chosen_name(self) -> str:
+        """Its own name, or for ``"auto"`` the one it chose."""
+        return self.name
+
+    @property
+    def scores(self) -> dict[str, dict[str, float]]:
+        """The cross-validated table of ``"auto"``; ``{}`` otherwise."""
+        return {}
+
+    def num_parameters(self) -> int:
+        """How many scalar parameters the fitted map has."""
+        return sum(value.numel() for name, value in self.named_buffers()
+                   if name.rpartition(".")[2] not in ("num_outputs", "unit_std"))
+
+    def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
+        """Fit on a held-out ``prediction`` and its ``targets`` ``(N,)`` or ``(N, D)``; returns ``self``.
+
+        Example:
+            >>> VarianceScaling().fit(um.predict(x_val), y_val).scale
+        """
+        if prediction.recalibrated:
+            raise InputError("the prediction to fit on is already recalibrated (isotonic); fit on the uncalibrated one")
+        y = prediction.distribution.targets(as_tensor(targets, "targets")).double()
+        if not torch.isfinite(y).all():
+            raise InputError("targets contain NaN or inf; drop or impute those rows before calibrating")
+        if y.shape[0] < self.min_examples:
+            raise InputError(f"'{self.name}' needs at least {self.min_examples} held-out examples, got {y.shape[0]}")
+        self.num_outputs.fill_(prediction.num_outputs)
+        self._fit(_float64(prediction), y)
+        return self
+
+    def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
+        raise NotImplementedError
+
+    def calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:
+        """The calibrated prediction of ``prediction`` (the outputs it was fitted for).
+
+        Example:
+            >>> calibrator.calibrate(um.predict(x_test)).interval(0.9)
+        """
+        expected = int(self.num_outputs)
+        if expected == 0:
+            raise InputError(f"this '{self.name}' calibrator is not fitted: call .fit(prediction, targets) or "
+                             "posthoc.calibrate(mean=..., std=..., targets=...) first")
+        if prediction.num_outputs != expected:
+            raise InputError(f"this '{self.chosen_name}' calibrator was fitted on {expected} output(s) but got a prediction "
+                             f"of {prediction.num_outputs}; pass predictions of the model it was fitted for")
+        return self._calibrate(prediction)
+
+    def _calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:
+        raise NotImplementedError
+
+    def predict(self, mean: Any, std: Any = None) -> RegressionPrediction:
+        """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (see module docs).
+
+        Example:
+            >>> lower, upper = posthoc.calibrate(mean=m, std=s, targets=y).predict(m_test, s_test).interval(0.9)
+        """
+        if bool(self.unit_std) != (std is None):
+            raise InputError("this calibrator was fitted on means alone: call it with mean only" if bool(self.unit_std)
+                             else "this calibrator was fitted on means and stds: pass std= too")
+        return self.calibrate(as_prediction(mean, std))
+
+    def forward(self, mean: Any, std: Any = None) -> RegressionPrediction:
+        """``calibrator(mean, std)``: :meth:`predict`."""
+        return self.predict(mean, std)
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the fitted calibrator to ``path`` (read back with ``posthoc.calibrate.load``)."""
+        spec = [{"name": self.name, "options": self.options, "kind": KIND}]
+        persistence.write(path, spec, "", FILE_KIND, dict(self.named_buffers()))
+
+    def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
+        """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""
+        try:
+            load_tensors(self, state)
+        except (KeyError, AttributeError) as err:
+            raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {err}") from err
+
+    def extra_repr(self) -> str:
+        return f"calibrator={self.chosen_name!r}, outputs={int(self.num_outputs)}"
+
+
+def _float64(prediction: RegressionPrediction) -> RegressionPrediction:
+    return RegressionPrediction.from_components(prediction.component_means.double(), prediction.model_variances.double(),
+                                                prediction.noise.double())
