@@ -24,7 +24,6 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 import warnings
 from typing import Any, ClassVar
 
@@ -32,15 +31,11 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import persistence
-from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
-from posthoc.core.method import keyword_defaults, load_tensors
 from posthoc.core.prediction import Prediction
 from posthoc.methods.calibration.optimise import threads_for
-
-#: the ``model_class`` a calibrator file records (a calibrator belongs to no model checkpoint)
-FILE_KIND = persistence.CALIBRATOR_CLASS
+from posthoc.methods.calibration.options import CalibratorOptions
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
 ERRORS_WANTED = 10
@@ -73,7 +68,7 @@ def predictive(log_probs: Tensor) -> Tensor:
     return log_mean_exp(log_probs) if log_probs.dim() == 3 else log_probs
 
 
-class Calibrator(nn.Module):
+class Calibrator(CalibratorOptions, nn.Module):
     """Base class: fit with :meth:`fit`, then call on logits for probabilities.
 
     Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults,
@@ -98,26 +93,6 @@ class Calibrator(nn.Module):
         super().__init__()
         self.register_buffer("num_classes", torch.zeros((), dtype=torch.long))
         self.register_buffer("passthrough", torch.tensor(False))
-
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        """The options this calibrator accepts, with their defaults."""
-        return keyword_defaults(cls.__init__)
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The options this calibrator was built with (what :meth:`save` records)."""
-        return {name: getattr(self, name) for name in self.option_defaults()}
-
-    @property
-    def chosen_name(self) -> str:
-        """The name of the calibrator that maps the logits: its own, or for ``"auto"`` the one it chose."""
-        return self.name
-
-    @property
-    def scores(self) -> dict[str, dict[str, float]]:
-        """The cross-validated table of ``"auto"`` (calibrator -> ``{"nll", "ece"}``); ``{}`` otherwise."""
-        return {}
 
     def num_parameters(self) -> int:
         """How many scalar parameters the fitted map has (the model card's ``random_variables``)."""
@@ -247,22 +222,6 @@ class Calibrator(nn.Module):
         return self.log_probs(logits).exp()
 
     # ------------------------------------------------------------------ files
-
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the fitted calibrator to ``path`` (atomically; read back with ``posthoc.calibrate.load``).
-
-        Example:
-            >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
-        """
-        spec = [{"name": self.name, "options": self.options}]
-        persistence.write(path, spec, "", FILE_KIND, dict(self.named_buffers()))
-
-    def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
-        """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""
-        try:
-            load_tensors(self, state)
-        except (KeyError, AttributeError) as err:
-            raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {err}") from err
 
     def extra_repr(self) -> str:
         return f"calibrator={self.chosen_name!r}, classes={int(self.num_classes)}" + (", identity" if bool(self.passthrough) else "")

@@ -14,17 +14,15 @@ Example:
 
 from __future__ import annotations
 
-import os
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import persistence
-from posthoc.core.errors import InputError, PosteriorFileError
-from posthoc.core.method import keyword_defaults, load_tensors
+from posthoc.core.errors import InputError
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.calibration.base import FILE_KIND, as_tensor
+from posthoc.methods.calibration.base import as_tensor
+from posthoc.methods.calibration.options import CalibratorOptions
 
 #: what a regression calibrator's saved spec records, beside its name and options
 KIND = "regression"
@@ -57,7 +55,7 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
     return RegressionPrediction.from_components(mean[None], None, std.square()[None])
 
 
-class RegressionCalibrator(nn.Module):
+class RegressionCalibrator(CalibratorOptions, nn.Module):
     """Base class: :meth:`fit` on a held-out prediction and targets, then :meth:`calibrate` predictions.
 
     Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults, keep
@@ -76,26 +74,6 @@ class RegressionCalibrator(nn.Module):
         self.register_buffer("num_outputs", torch.zeros((), dtype=torch.long))
         #: fitted on means alone (a constant std of 1): then it calibrates means alone
         self.register_buffer("unit_std", torch.tensor(False))
-
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        """The options this calibrator accepts, with their defaults."""
-        return keyword_defaults(cls.__init__)
-
-    @property
-    def options(self) -> dict[str, Any]:
-        """The options this calibrator was built with (what :meth:`save` records)."""
-        return {name: getattr(self, name) for name in self.option_defaults()}
-
-    @property
-    def chosen_name(self) -> str:
-        """Its own name, or for ``"auto"`` the one it chose."""
-        return self.name
-
-    @property
-    def scores(self) -> dict[str, dict[str, float]]:
-        """The cross-validated table of ``"auto"``; ``{}`` otherwise."""
-        return {}
 
     def num_parameters(self) -> int:
         """How many scalar parameters the fitted map has."""
@@ -155,17 +133,9 @@ class RegressionCalibrator(nn.Module):
         """``calibrator(mean, std)``: :meth:`predict`."""
         return self.predict(mean, std)
 
-    def save(self, path: str | os.PathLike) -> None:
-        """Write the fitted calibrator to ``path`` (read back with ``posthoc.calibrate.load``)."""
-        spec = [{"name": self.name, "options": self.options, "kind": KIND}]
-        persistence.write(path, spec, "", FILE_KIND, dict(self.named_buffers()))
-
-    def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
-        """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""
-        try:
-            load_tensors(self, state)
-        except (KeyError, AttributeError) as err:
-            raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {err}") from err
+    def file_entry(self) -> dict[str, Any]:
+        """Its name and options, and that it calibrates regression predictions."""
+        return {**super().file_entry(), "kind": KIND}
 
     def extra_repr(self) -> str:
         return f"calibrator={self.chosen_name!r}, outputs={int(self.num_outputs)}"
