@@ -97,6 +97,7 @@ sys.path.insert(0, str(ROOT))
 
 import posthoc  # noqa: E402
 from benchmarks.timing import measure  # noqa: E402
+from posthoc.core.likelihood import Gaussian  # noqa: E402
 from posthoc.core.registry import method_class  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
@@ -908,26 +909,33 @@ def _short_verdict(summary: Summary) -> str:
     return "yes" if not missed else "no: " + ", ".join(missed)
 
 
+def does_regression(case: str) -> bool:
+    """Whether every method of ``case`` (names joined by ``+``) predicts under ``likelihood="regression"``."""
+    classes = [method_class(name) for name in case.split("+")]
+    return all(Gaussian in (cls.algorithm({}) if hasattr(cls, "algorithm") else cls).likelihoods for cls in classes)
+
+
 def readme_table(summaries: list[Summary], command: str, note: str = "") -> str:
     """The compact "Which method when" table of the README: both architectures side by side, seed means,
     under a comment line with the command that made the numbers (and ``note``). Per architecture: NLL and ECE
     in distribution; NLL and ECE over the evaluation kinds at severity 3 (the plain model's values, ratios to
     them for the others); coverage of 90 % conformal sets clean and under those kinds; OOD AUROC (8/9); fit
-    seconds; whether the default meets issue 26's targets (the missed ones with their values)."""
+    seconds; whether the default meets issue 26's targets (the missed ones with their values). The second column
+    says whether the method (every method of a stack) also does regression."""
     archs = list(dict.fromkeys(s.arch for s in summaries))
     by_key = {(s.arch, s.case): s for s in summaries}
-    header = ["method"]
+    header = ["method", "regression"]
     s3 = f"s{SHIFT_SEVERITY}"
     for arch in archs:
         header += [f"{arch}: NLL · ECE", f"kinds {s3}: NLL · ECE ×plain", f"cov90 clean · {s3}", "OOD AUROC", "fit s",
                    "§26"]
     rows = []
     for case in dict.fromkeys(s.case for s in display_order(summaries)):
-        cells = [case]
+        cells = [case, "yes" if does_regression(case) else "no"]
         for arch in archs:
             s = by_key.get((arch, case))
             if s is None or not s.ok:
-                cells += ["error" if s is not None else "–", *["–"] * (len(header) // len(archs) - 1)]
+                cells += ["error" if s is not None else "–", *["–"] * ((len(header) - 2) // len(archs) - 1)]
                 continue
             st = s.stats
             shifted = f"nll@{_KINDS_S}" in st
