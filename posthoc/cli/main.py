@@ -2,6 +2,7 @@
 
 Example:
     $ posthoc demo --out posthoc-demo
+    $ posthoc demo --task regression
     $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
 """
 
@@ -12,11 +13,17 @@ import time
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.core.errors import exit_status
+from posthoc.demo.regression_run import run_regression_demo
 from posthoc.demo.run import render, run_demo
 
 
 def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
+    if args.task == "regression":
+        print(run_regression_demo(args.out, progress=not args.quiet))
+        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png "
+              f"in {time.perf_counter() - start:.0f} s")
+        return
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
     print(render(rows))
     print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, "
@@ -24,9 +31,11 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers.")
+    parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers and regressors.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
+    demo.add_argument("--task", choices=("classification", "regression"), default="classification",
+                      help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG")
     demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
