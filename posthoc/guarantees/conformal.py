@@ -26,20 +26,9 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
 from posthoc.core.checks import probability
-from posthoc.guarantees.bounds import conformal_rank, minimum_calibration_size
+from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
 from posthoc.guarantees.scores import ConformityScore
 from posthoc.guarantees.sources import Predictive, calibration_predictions
-
-
-def conformal_threshold(scores: Tensor, alpha: float) -> Tensor:
-    """The ``ceil((n + 1)(1 - alpha))``-th smallest of ``n`` calibration scores (a 0-dim tensor).
-
-    Example:
-        >>> conformal_threshold(torch.arange(1.0, 11.0), 0.2)    # ceil(11 * 0.8) = 9th smallest
-        tensor(9.)
-    """
-    rank = conformal_rank(scores.numel(), alpha)
-    return scores.reshape(-1).kthvalue(rank).values
 
 
 def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha: float) -> Tensor:
