@@ -30,13 +30,14 @@ from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import available_methods, methods_doc, register
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
+from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
 from posthoc.ood import Detector, detector
 
-# posthoc.Gaussian, posthoc.HeteroscedasticGaussian and posthoc.RegressionPrediction are importable; they join
-# __all__ once tests/test_fuzz.py misuses them like every other public name
+# posthoc.Gaussian, posthoc.HeteroscedasticGaussian, posthoc.RegressionPrediction and posthoc.RegressionReport are
+# importable; they join __all__ once tests/test_fuzz.py misuses them like every other public name
 
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
 sys.modules[f"{__name__}.settings"] = settings

@@ -173,6 +173,30 @@ class Categorical(Likelihood):
         return None
 
 
+def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
+    """Targets ``(N,)`` or ``(N, D)`` for predicted ``means`` ``(N, D)``, as float64 ``(N, D)`` on their device.
+
+    Refuses missing, misshapen or non-finite targets, saying which shape to pass.
+
+    Example:
+        >>> real_targets(torch.ones(3), torch.zeros(3, 1)).shape
+        torch.Size([3, 1])
+    """
+    if y is None:
+        raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
+    y = torch.as_tensor(y, device=means.device)
+    rows, width = means.shape[0], means.shape[-1]
+    if y.dim() == 1 and width == 1:
+        y = y[:, None]
+    if tuple(y.shape) != (rows, width):
+        raise InputError(f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
+                         f"pass targets of shape ({rows},) or ({rows}, {width})")
+    y = y.to(torch.float64)
+    if not torch.isfinite(y).all():
+        raise InputError("targets contain NaN or inf; drop or impute those rows first")
+    return y
+
+
 class RealTargets(Likelihood):
     """What the Gaussian likelihoods share: real targets ``(N,)`` or ``(N, D)``, a :class:`RegressionPrediction`."""
 
@@ -183,19 +207,7 @@ class RealTargets(Likelihood):
         return outputs
 
     def targets(self, y: Tensor | None, outputs: Tensor) -> Tensor:
-        if y is None:
-            raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
-        y = torch.as_tensor(y, device=outputs.device)
-        rows, width = outputs.shape[0], self.means(outputs).shape[-1]
-        if y.dim() == 1 and width == 1:
-            y = y[:, None]
-        if tuple(y.shape) != (rows, width):
-            raise InputError(f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
-                             f"pass targets of shape ({rows},) or ({rows}, {width})")
-        y = y.to(torch.float64)
-        if not torch.isfinite(y).all():
-            raise InputError("targets contain NaN or inf; drop or impute those rows before fitting")
-        return y
+        return real_targets(y, self.means(outputs))
 
     def nll(self, prediction: RegressionPrediction, y: Tensor) -> Tensor:
         return -prediction.log_prob(y)

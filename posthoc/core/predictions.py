@@ -1,5 +1,9 @@
 """Running a wrapped model over a loader and keeping its per-example predictive (no samples).
 
+A classifier gives a :class:`Prediction` and class labels (:func:`predict_loader`); a regressor a
+:class:`RegressionPrediction` (its mixture's components kept, so intervals, CDFs and CRPS stay exact)
+and float64 targets ``(N, D)`` (:func:`predict_regression_loader`).
+
 Under ``torch.distributed`` each rank predicts its shard and the results are gathered, so every
 rank ends with the same predictions (and so the same metrics, conformal thresholds, ...).
 
@@ -18,7 +22,9 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.inputs import check_labels, iterate
+from posthoc.core.likelihood import real_targets
 from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import COMPONENTS, RegressionPrediction, concat
 from posthoc.core.uncertain_model import UncertainModel
 
 #: the per-example fields gathered from every batch (``label`` and ``confidence`` follow from ``probs``)
@@ -47,6 +53,32 @@ def predict_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = Tru
     labels = distributed.gather_cat(torch.cat(parts["labels"])) if labelled else None
     return Prediction(fields["probs"], None, fields["entropy"], fields["aleatoric"], fields["epistemic"],
                       confidence, label), labels
+
+
+@torch.no_grad()
+def predict_regression_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
+                              num_samples: int | None = None, generator: torch.Generator | None = None,
+                              desc: str = "evaluate") -> tuple[RegressionPrediction, Tensor | None]:
+    """``um.predict`` of a regressor over every batch of ``loader``, on the CPU: the :class:`RegressionPrediction`
+    (without ``samples``; the mixture's components are kept) and the targets as float64 ``(N, D)`` (``None`` if not
+    ``labelled``).
+
+    Example:
+        >>> pred, y = predict_regression_loader(um, test_loader)
+        >>> pred.mean.shape == y.shape
+        True
+    """
+    parts: list[RegressionPrediction] = []
+    targets: list[Tensor] = []
+    for x, y in iterate(loader, device=um.device, progress=progress, desc=desc, require_labels=labelled):
+        pred = um.predict(x, num_samples=num_samples, generator=generator, keep_samples=False)
+        parts.append(RegressionPrediction.from_components(*(getattr(pred, name).cpu() for name in COMPONENTS)))
+        if labelled:
+            targets.append(real_targets(y, pred.mean).cpu())
+    joined = concat(parts)
+    gathered = RegressionPrediction.from_components(*(distributed.gather_cat(getattr(joined, name), dim=1)
+                                                      for name in COMPONENTS))
+    return concat([gathered], keep_samples=False), distributed.gather_cat(torch.cat(targets)) if labelled else None
 
 
 def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,

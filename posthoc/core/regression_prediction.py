@@ -159,13 +159,13 @@ class RegressionPrediction:
 
 
 #: what a prediction is built from (:meth:`RegressionPrediction.from_components`), per component
-_COMPONENTS = ("component_means", "model_variances", "noise")
+COMPONENTS = ("component_means", "model_variances", "noise")
 
 
 def concat(parts: list[RegressionPrediction], keep_samples: bool = True) -> RegressionPrediction:
     """The predictions of consecutive chunks of examples as one (``keep_samples=False`` drops ``samples``)."""
     joined = parts[0] if len(parts) == 1 else dataclasses.replace(RegressionPrediction.from_components(
-        *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in _COMPONENTS)), recalibration=parts[0].recalibration)
+        *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in COMPONENTS)), recalibration=parts[0].recalibration)
     return joined if keep_samples else dataclasses.replace(joined, samples=None)
 
 
@@ -185,4 +185,4 @@ def mix_predictions(parts: list[RegressionPrediction]) -> RegressionPrediction:
         raise InputError(f"the members predict different shapes (components, N, D): {sorted(shapes)}; every member must "
                          "predict the same outputs for the same inputs, with the same number of samples")
     return RegressionPrediction.from_components(*(torch.cat([getattr(p, field) for p in parts])
-                                                  for field in _COMPONENTS))
+                                                  for field in COMPONENTS))

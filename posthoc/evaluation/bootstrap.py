@@ -32,7 +32,8 @@ CHUNK_ELEMENTS = 4_000_000
 METHODS = ("percentile", "bca")
 
 
-def _mean_of(values: Tensor) -> Statistic:
+def mean_of(values: Tensor) -> Statistic:
+    """The mean of per-example ``values`` ``(N,)`` over the examples an index matrix picks."""
     return lambda index: values[index].mean(-1)
 
 
@@ -74,10 +75,10 @@ def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[st
     picked = probs.gather(-1, labels[:, None]).squeeze(-1)
     onehot = torch.nn.functional.one_hot(labels, probs.shape[-1]).double()
     return {
-        "accuracy": _mean_of(correct),
-        "nll": _mean_of(-picked.clamp_min(metrics.EPS).log()),
+        "accuracy": mean_of(correct),
+        "nll": mean_of(-picked.clamp_min(metrics.EPS).log()),
         "ece": _ece_of(confidence, correct, bins),
-        "brier": _mean_of(((probs - onehot) ** 2).sum(-1)),
+        "brier": mean_of(((probs - onehot) ** 2).sum(-1)),
         "aurc": _aurc_of(confidence, correct),
     }
 
@@ -216,11 +217,11 @@ def guarantee_statistics(labels: Tensor, sets: Tensor | None, accepted: Tensor |
     out: dict[str, Statistic] = {}
     if sets is not None:
         sets = sets.cpu().bool()
-        out["coverage"] = _mean_of(sets.gather(-1, labels.cpu()[:, None]).squeeze(-1).double())
-        out["set_size"] = _mean_of(sets.sum(-1).double())
+        out["coverage"] = mean_of(sets.gather(-1, labels.cpu()[:, None]).squeeze(-1).double())
+        out["set_size"] = mean_of(sets.sum(-1).double())
     if accepted is not None:
         kept, wrong = accepted.cpu().double(), 1 - correct.cpu().double()
-        out["deferral"] = _mean_of(1 - kept)
+        out["deferral"] = mean_of(1 - kept)
     if accepted is not None and bool(accepted.any()):
         out["selective_risk"] = lambda index: (wrong[index] * kept[index]).sum(-1) / kept[index].sum(-1)
     return out

@@ -106,6 +106,18 @@ def page(body: str, title: str) -> str:
             f"<style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
 
 
+def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
+    """Write :func:`page` of the HTML ``body`` to ``path``; returns the path.
+
+    Example:
+        >>> write_page("out/report.html", report._repr_html_(), "posthoc report")
+        PosixPath('out/report.html')
+    """
+    path = Path(path)
+    path.write_text(page(body, title), encoding="utf-8")
+    return path
+
+
 def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc report") -> Path:
     """Write ``markdown`` as one self-contained HTML file (its images, relative to ``path``'s folder, embedded).
 
@@ -113,6 +125,4 @@ def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc 
         >>> write_html("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
         PosixPath('out/report.html')
     """
-    path = Path(path)
-    path.write_text(page(markdown_to_html(markdown, path.parent), title), encoding="utf-8")
-    return path
+    return write_page(path, markdown_to_html(markdown, Path(path).parent), title)

@@ -153,7 +153,7 @@ def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
     error = (predictive_mean(means) - as_targets(means, y)).flatten()
     if std.numel() < bins:
         raise InputError(f"ENCE with {bins} bins needs at least {bins} predictions, got {std.numel()}")
-    order = std.argsort()
+    order = std.argsort(stable=True)  # ties (a homoscedastic predictive) keep the examples' order
     gaps = []
     for members in order.tensor_split(bins):
         rmv = std[members].pow(2).mean().sqrt()

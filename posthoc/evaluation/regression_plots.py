@@ -51,7 +51,7 @@ def error_against_std(predictives: Predictives, path: str | os.PathLike | None =
     for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
         std = regression_metrics.predictive_std(means, stds).flatten()
         error = (regression_metrics.predictive_mean(means) - regression_metrics.as_targets(means, y)).flatten()
-        groups = std.argsort().tensor_split(bins)
+        groups = std.argsort(stable=True).tensor_split(bins)
         rmv = [float(std[g].pow(2).mean().sqrt()) for g in groups if len(g)]
         rmse = [float(error[g].pow(2).mean().sqrt()) for g in groups if len(g)]
         ence = regression_metrics.ence(means, stds, y, bins=bins)

@@ -13,6 +13,8 @@ Example:
     >>> posthoc.evaluate(um, test_loader, conformal=cp, selective=sel).coverage   # about 0.9
     >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
     >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
+
+A regressor's report is a :class:`~posthoc.evaluation.regression_report.RegressionReport`.
 """
 
 from __future__ import annotations
@@ -29,10 +31,14 @@ from torch import Tensor
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
+from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
+from posthoc.evaluation.table import cell as _cell
+from posthoc.evaluation.table import markdown_rows, shared_level
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.core.predictions import predict_loader
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
+from posthoc.guarantees.regression_conformal import ConformalRegressor, is_regression
 from posthoc.guarantees.selective import SelectivePredictor
 from posthoc.ood.detector import Detector
 
@@ -156,9 +162,7 @@ class Report:
 
     def to_html(self, path: str | os.PathLike) -> Path:
         """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
-        path = Path(path)
-        path.write_text(html_page.page(self._repr_html_(), f"posthoc report: {self.name}"), encoding="utf-8")
-        return path
+        return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
@@ -167,27 +171,15 @@ def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
             if r.deferral is not None and r.selective_risk is not None}
 
 
-def _cell(value: float | None, interval: tuple[float, float] | None = None) -> str:
-    if value is None:
-        return "–"
-    return f"{value:.4f}" if interval is None else f"{value:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]"
-
-
-def _levels(reports: list[Report], name: str) -> str:
-    """``=0.1`` when every report that has ``name`` set shares one value (for a column header)."""
-    values = {getattr(r, name) for r in reports if getattr(r, name) is not None}
-    return f"={values.pop():g}" if len(values) == 1 else ""
-
-
 def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
     """Markdown columns for the guarantees any of ``reports`` measured (header -> one cell per report)."""
     columns = {}
     if any(r.coverage is not None for r in reports):
-        alpha = _levels(reports, "alpha")
+        alpha = shared_level(reports, "alpha")
         columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage, r.intervals.get("coverage")) for r in reports]
         columns["set size"] = ["–" if r.set_size is None else f"{r.set_size:.2f}" for r in reports]
     if any(r.deferral is not None for r in reports):
-        risk = _levels(reports, "target_risk")
+        risk = shared_level(reports, "target_risk")
         columns[f"deferral (target risk{risk})"] = [_cell(r.deferral) for r in reports]
         columns["accepted error"] = [_cell(r.selective_risk, r.intervals.get("selective_risk")) for r in reports]
     return columns
@@ -200,12 +192,9 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
     """
     extra = {**guarantee_columns(reports), **(extra or {})}
     header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    for i, report in enumerate(reports):
-        cells = [report.name, *(_cell(getattr(report, c), report.intervals.get(c)) for c in report.COLUMNS),
-                 *(col[i] for col in extra.values())]
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    rows = [[report.name, *(_cell(getattr(report, c), report.intervals.get(c)) for c in report.COLUMNS),
+             *(col[i] for col in extra.values())] for i, report in enumerate(reports)]
+    return markdown_rows(header, rows)
 
 
 def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | SelectivePredictor | None,
@@ -217,9 +206,9 @@ def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | Sel
 
 def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
              name: str | None = None, progress: bool = True, num_samples: int | None = None,
-             seed: int = 0, conformal: ConformalPredictor | None = None,
+             seed: int = 0, conformal: ConformalPredictor | ConformalRegressor | None = None,
              selective: SelectivePredictor | None = None, ood_scores: Sequence[str] | Detector | None = None,
-             ci: float | None = None, bootstraps: int = 1000) -> Report:
+             ci: float | None = None, bootstraps: int = 1000) -> Report | RegressionReport:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
@@ -239,11 +228,19 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
     Fitted guarantees are passed (not ``alpha=`` / ``target_risk=``) so that their options (score,
     Mondrian, delta, ...) stay in one place and one calibration serves several test sets.
 
+    A model wrapped with ``likelihood="regression"`` gets a :class:`RegressionReport` (RMSE, MAE, NLL, CRPS,
+    interval coverage and width, MACE, ENCE; conformal intervals' coverage and width;
+    :mod:`posthoc.evaluation.regression_report`); ``ood_loader`` and ``selective`` are for classifiers.
+
     Example:
         >>> report = posthoc.evaluate(um, test_loader)
         >>> 0 <= report.ece <= 1
         True
     """
+    if is_regression(um):
+        return evaluate_regression(um, test_loader, ood_loader, name=name, progress=progress, num_samples=num_samples,
+                                   seed=seed, conformal=conformal, selective=selective, ood_scores=ood_scores, ci=ci,
+                                   bootstraps=bootstraps)
     _check_calibrated_on(um, conformal, "conformal")
     _check_calibrated_on(um, selective, "selective")
     if ood_scores is not None and ood_loader is None:

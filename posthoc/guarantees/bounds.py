@@ -20,6 +20,7 @@ from __future__ import annotations
 import math
 
 from scipy import special
+from torch import Tensor
 
 from posthoc.core.errors import InputError
 
@@ -55,6 +56,17 @@ def conformal_rank(n: int, alpha: float) -> int:
             "data or raise alpha"
         )
     return rank
+
+
+def conformal_threshold(scores: Tensor, alpha: float) -> Tensor:
+    """The ``ceil((n + 1)(1 - alpha))``-th smallest of ``n`` calibration scores (a 0-dim tensor).
+
+    Example:
+        >>> conformal_threshold(torch.arange(1.0, 11.0), 0.2)    # ceil(11 * 0.8) = 9th smallest
+        tensor(9.)
+    """
+    rank = conformal_rank(scores.numel(), alpha)
+    return scores.reshape(-1).kthvalue(rank).values
 
 
 def binomial_upper_bound(errors: int, n: int, delta: float) -> float:

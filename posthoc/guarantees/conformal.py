@@ -12,6 +12,10 @@ Example:
     >>> (sets[torch.arange(len(test_labels)), test_labels]).float().mean()   # about 0.9
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> cp.predict(x).sets
+
+A regressor (a model wrapped with ``likelihood="regression"``, or its ``RegressionPrediction``) gets
+conformal intervals instead, ``cp.intervals(x) -> (lower, upper)``
+(:mod:`posthoc.guarantees.regression_conformal`).
 """
 
 from __future__ import annotations
@@ -26,20 +30,10 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
 from posthoc.core.checks import probability
-from posthoc.guarantees.bounds import conformal_rank, minimum_calibration_size
+from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
+from posthoc.guarantees.regression_conformal import ConformalRegressor, conformal_regression, is_regression
 from posthoc.guarantees.scores import ConformityScore
 from posthoc.guarantees.sources import Predictive, calibration_predictions
-
-
-def conformal_threshold(scores: Tensor, alpha: float) -> Tensor:
-    """The ``ceil((n + 1)(1 - alpha))``-th smallest of ``n`` calibration scores (a 0-dim tensor).
-
-    Example:
-        >>> conformal_threshold(torch.arange(1.0, 11.0), 0.2)    # ceil(11 * 0.8) = 9th smallest
-        tensor(9.)
-    """
-    rank = conformal_rank(scores.numel(), alpha)
-    return scores.reshape(-1).kthvalue(rank).values
 
 
 def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha: float) -> Tensor:
@@ -100,23 +94,35 @@ class ConformalPredictor:
         pred = self.predictive(x)
         return dataclasses.replace(pred, sets=self.sets(pred))
 
+    def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
+        """Refused: a classifier's conformal output is a set of classes, :meth:`sets`; intervals are a regressor's."""
+        raise ConfigError("conformal intervals are for regressors; this conformal predictor was calibrated on a "
+                          "classifier: use cp.sets(...) (or wrap a model that predicts numbers with "
+                          "posthoc.wrap(..., likelihood='regression') and calibrate on it)")
+
     def __repr__(self) -> str:
         threshold = f"{float(self.threshold):.4g}" if not self.mondrian else f"per class {self.threshold.tolist()}"
         return (f"ConformalPredictor(score={self.score.describe()}, alpha={self.alpha:g}, threshold={threshold}, "
                 f"n={self.num_calibration})")
 
 
-def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str = "lac", randomized: bool | None = None,
-              k_reg: int | None = None, lam: float | None = None, mondrian: bool = False, seed: int = 0,
-              inputs: str = "auto", progress: bool = True) -> ConformalPredictor:
-    """Calibrate conformal prediction sets with miscoverage ``alpha``.
+def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str | None = None,
+              randomized: bool | None = None, k_reg: int | None = None, lam: float | None = None,
+              mondrian: bool = False, seed: int = 0, inputs: str = "auto",
+              progress: bool = True) -> ConformalPredictor | ConformalRegressor:
+    """Calibrate conformal prediction sets (intervals, for a regressor) with miscoverage ``alpha``.
 
     Args:
         source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a
-            :class:`~posthoc.Prediction`, or a fitted :class:`~posthoc.UncertainModel`.
-        labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)``.
+            :class:`~posthoc.Prediction`, or a fitted :class:`~posthoc.UncertainModel`. A regressor (a
+            model wrapped with ``likelihood="regression"`` or its :class:`~posthoc.RegressionPrediction`)
+            gives a :class:`ConformalRegressor`, whose ``intervals(x)`` are ``(lower, upper)``.
+        labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)``;
+            for a RegressionPrediction, its targets ``(N,)`` or ``(N, D)``.
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.
-        score: ``"lac"`` (smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive).
+        score: ``"lac"`` (default; smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive);
+            for a regressor ``"normalized"`` (default; ``|y - mean| / std``), ``"absolute"`` or ``"cqr"``
+            (see :mod:`posthoc.guarantees.regression_conformal`).
         randomized: randomise APS/RAPS (default ``True``: exact coverage; a set may be empty);
             ``False`` gives deterministic, conservative sets (coverage above ``1 - alpha``).
         k_reg, lam: RAPS regularisation (defaults 1 and 0.01).
@@ -129,10 +135,14 @@ def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str = "lac
     Example:
         >>> cp = posthoc.conformal(val_logits, val_labels, alpha=0.05, score="raps", k_reg=2, lam=0.1)
         >>> cp.threshold, cp.sets(test_logits).shape
+        >>> posthoc.conformal(regression_um, calibration_loader, alpha=0.1).intervals(x_test)   # (lower, upper)
     """
+    if is_regression(source):
+        return conformal_regression(source, labels, alpha=alpha, score=score, seed=seed, progress=progress,
+                                    randomized=randomized, k_reg=k_reg, lam=lam, mondrian=mondrian, inputs=inputs)
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
-    conformity = ConformityScore(score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator)
+    conformity = ConformityScore("lac" if score is None else score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator)
     predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,
                                                         desc="conformal calibration")
     true_scores = conformity(pred.probs.cpu()).gather(1, targets[:, None]).squeeze(1)

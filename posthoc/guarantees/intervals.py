@@ -27,7 +27,7 @@ from torch import Tensor
 
 from posthoc.core.checks import one_of, probability
 from posthoc.core.errors import InputError
-from posthoc.guarantees.conformal import conformal_threshold
+from posthoc.guarantees.bounds import conformal_threshold
 
 #: the conformity scores, each named by what the predictions carry
 SCORES = ("absolute", "normalized", "cqr")

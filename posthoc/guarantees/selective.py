@@ -30,6 +30,7 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.core.checks import known_name, probability
 from posthoc.guarantees.bounds import binomial_upper_bound
+from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.guarantees.sources import Predictive, calibration_predictions
 
 SELECTION_SCORES = ("confidence", "entropy", "epistemic")
@@ -166,11 +167,17 @@ def selective(source: Any, labels: Any, *, target_risk: float = 0.02, delta: flo
 
     Raises:
         RiskNotReachableError: (a ConfigError) when no searched threshold meets the target.
+        ConfigError: for a regressor (a model wrapped with ``likelihood="regression"`` or its prediction).
 
     Example:
         >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.01, score="epistemic")
         >>> sel.accept(x_test)
     """
+    if is_regression(source):
+        raise ConfigError("posthoc.selective is for classifiers for now: its guarantee bounds an error rate (0/1 "
+                          "losses), which a regressor's squared errors are not. For a regressor, defer the examples "
+                          "of largest um.predict(x).std, and for a guarantee use posthoc.conformal(um, "
+                          "calibration_loader).intervals(x)")
     target_risk = probability(target_risk, "target_risk")
     delta = probability(delta, "delta")
     known_name(score, "selection score", SELECTION_SCORES)

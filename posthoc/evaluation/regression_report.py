@@ -1,0 +1,202 @@
+"""``posthoc.evaluate`` for a regressor: run it over a test loader and summarise it in a :class:`RegressionReport`.
+
+The report carries the accuracy of the predictive mean (RMSE, MAE), the proper scoring rules (NLL, CRPS),
+the coverage and mean width of the central 50 / 90 / 95 % intervals, the interval calibration error (MACE)
+and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evaluation.regression_metrics`).
+Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``), it also measures their
+coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
+
+Example:
+    >>> report = posthoc.evaluate(um, test_loader, ci=0.95)          # um wrapped with likelihood="regression"
+    >>> print(report.to_markdown())
+    >>> report.calibration_curve("calibration.png"); report.error_against_std("error_std.png")
+    >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
+    >>> posthoc.evaluate(um, test_loader, conformal=cp).coverage       # about 0.9
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError
+from posthoc.core.predictions import predict_regression_loader
+from posthoc.core.uncertain_model import UncertainModel
+from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots
+from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
+from posthoc.evaluation.regression_metrics import LEVELS, components
+from posthoc.evaluation.table import cell, markdown_rows, shared_level
+from posthoc.guarantees.regression_conformal import ConformalRegressor
+
+
+def interval_columns() -> tuple[str, ...]:
+    """``coverage_50, width_50, coverage_90, ...``: the interval columns of :data:`LEVELS`, in order."""
+    return tuple(f"{what}_{level_name(level)}" for level in LEVELS for what in ("coverage", "width"))
+
+
+@dataclass
+class RegressionReport:
+    """Metrics of one regression predictive on one test set.
+
+    ``rmse`` / ``mae`` of the predictive mean; ``nll`` (mean over examples, joint over outputs) and ``crps``
+    (in the targets' units); ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``): the fraction of targets
+    inside the central interval of that level and its mean width; ``mace``: mean absolute gap of the
+    interval calibration curve; ``ence``: expected normalised calibration error. Given conformal
+    intervals at ``alpha``: ``coverage`` and ``width`` of those. ``means`` / ``stds`` ``(K, N, D)`` and
+    ``targets`` ``(N, D)`` are kept for the plots. With ``ci=``, ``intervals`` maps each metric to its
+    bootstrap interval.
+    """
+
+    name: str
+    rmse: float
+    mae: float
+    nll: float
+    crps: float
+    coverage_50: float
+    width_50: float
+    coverage_90: float
+    width_90: float
+    coverage_95: float
+    width_95: float
+    mace: float
+    ence: float
+    alpha: float | None = None
+    coverage: float | None = None
+    width: float | None = None
+    means: Tensor = field(repr=False, default=None)
+    stds: Tensor = field(repr=False, default=None)
+    targets: Tensor = field(repr=False, default=None)
+    ci: float | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+
+    COLUMNS = ("rmse", "mae", "nll", "crps", *interval_columns(), "mace", "ence")
+    #: present in :meth:`as_dict` only when the report measured conformal intervals
+    GUARANTEE_COLUMNS = ("alpha", "coverage", "width")
+
+    @classmethod
+    def from_predictions(cls, name: str, means: Tensor, stds: Tensor, targets: Tensor, *,
+                         conformal: tuple[Tensor, Tensor] | None = None, alpha: float | None = None) -> RegressionReport:
+        """Every metric of a predictive ``(means, stds)`` ``(K, N, D)`` on ``targets`` (and of conformal
+        ``(lower, upper)`` intervals at ``alpha``, if given).
+
+        Example:
+            >>> RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
+            0.0
+        """
+        targets = regression_metrics.as_targets(means, targets)
+        values = {}
+        for level in LEVELS:
+            covered, width = regression_metrics.interval_coverage(means, stds, targets, level)
+            values |= {f"coverage_{level_name(level)}": covered, f"width_{level_name(level)}": width}
+        measured = {}
+        if conformal is not None:
+            whole = torch.arange(targets.shape[0])[None]
+            stats = interval_statistics(*conformal, targets)
+            measured = {"alpha": alpha, **{key: float(stat(whole)[0]) for key, stat in stats.items()}}
+        return cls(name=name, rmse=regression_metrics.rmse(means, targets), mae=regression_metrics.mae(means, targets),
+                   nll=regression_metrics.nll(means, stds, targets), crps=regression_metrics.crps(means, stds, targets),
+                   **values, mace=regression_metrics.calibration_error(means, stds, targets),
+                   ence=regression_metrics.ence(means, stds, targets), **measured,
+                   means=means, stds=stds, targets=targets)
+
+    def as_dict(self) -> dict[str, object]:
+        """The metrics by name; the conformal columns only where measured."""
+        measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
+        bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
+        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds}
+
+    def to_markdown(self) -> str:
+        """A one-row Markdown table of the metrics."""
+        return regression_markdown_table([self])
+
+    def _predictive(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
+        return {self.name: (self.means, self.stds, self.targets)}
+
+    def calibration_curve(self, path: str | os.PathLike | None = None, *, kind: str = "interval") -> Figure:
+        """Observed against expected proportions inside central intervals (``kind="quantile"``: below quantiles),
+        to a PNG at ``path`` if given."""
+        return regression_plots.calibration_curves(self._predictive(), path, kind=kind)
+
+    def error_against_std(self, path: str | os.PathLike | None = None) -> Figure:
+        """RMSE against predicted std per bin of std (the picture behind ENCE), to a PNG at ``path`` if given."""
+        return regression_plots.error_against_std(self._predictive(), path)
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view: the metrics table, the calibration curve and the error against the predicted std."""
+        return "\n".join([html_page.markdown_to_html(self.to_markdown()),
+                          html_page.figure_tag(self.calibration_curve(), "calibration curve"),
+                          html_page.figure_tag(self.error_against_std(), "error against predicted std")])
+
+    def to_html(self, path: str | os.PathLike) -> Path:
+        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
+        return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+
+
+#: the Markdown headers of :attr:`RegressionReport.COLUMNS`
+HEADERS = {"rmse": "RMSE", "mae": "MAE", "nll": "NLL", "crps": "CRPS", "mace": "MACE", "ence": "ENCE",
+           **{f"{what}_{level_name(level)}": f"{'cov' if what == 'coverage' else 'width'} {level:.0%}"
+              for level in LEVELS for what in ("coverage", "width")}}
+
+
+def regression_markdown_table(reports: list[RegressionReport]) -> str:
+    """Markdown rows of several regression reports; conformal columns appear when a report measured them."""
+    header = ["method", *(HEADERS[c] for c in RegressionReport.COLUMNS)]
+    rows = [[r.name, *(cell(getattr(r, c), r.intervals.get(c)) for c in r.COLUMNS)] for r in reports]
+    if any(r.coverage is not None for r in reports):
+        header += [f"conformal coverage (alpha{shared_level(reports, 'alpha')})", "conformal width"]
+        for row, r in zip(rows, reports):
+            row += [cell(r.coverage, r.intervals.get("coverage")), cell(r.width, r.intervals.get("width"))]
+    return markdown_rows(header, rows)
+
+
+def _check_options(um: UncertainModel, conformal: object, selective: object, ood_loader: object,
+                   ood_scores: object) -> None:
+    if ood_loader is not None or ood_scores is not None:
+        raise ConfigError("OOD detection is measured for classifiers only for now; for a regressor compare "
+                          "um.predict(x).std (or .epistemic) on the test and the OOD inputs")
+    if selective is not None:
+        raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
+    if conformal is not None and not isinstance(conformal, ConformalRegressor):
+        raise ConfigError("conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
+                          "posthoc.conformal(um, calibration_loader, alpha=...)")
+    if conformal is not None and conformal.model is not None and conformal.model is not um:
+        raise ConfigError("the conformal intervals were calibrated on another wrapped model; calibrate them on this "
+                          "one: posthoc.conformal(um, calibration_loader, ...)")
+
+
+def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
+                        name: str | None = None, progress: bool = True, num_samples: int | None = None,
+                        seed: int = 0, conformal: ConformalRegressor | None = None, selective: object = None,
+                        ood_scores: object = None, ci: float | None = None,
+                        bootstraps: int = 1000) -> RegressionReport:
+    """:func:`posthoc.evaluate` for a model wrapped with a regression likelihood (same arguments).
+
+    ``ood_loader`` / ``ood_scores`` and ``selective`` are refused: they are measured for classifiers only.
+
+    Example:
+        >>> evaluate_regression(um, test_loader, ci=0.9).intervals["crps"]
+        (0.21, 0.25)
+    """
+    _check_options(um, conformal, selective, ood_loader, ood_scores)
+    if ci is not None:
+        bootstrap.check_level(ci, bootstraps)
+    generator = torch.Generator(device=um.device).manual_seed(seed)
+    pred, targets = predict_regression_loader(um, test_loader, progress=progress, num_samples=num_samples,
+                                              generator=generator)
+    means, stds = components(pred)
+    bounds = None if conformal is None else conformal.intervals(pred)
+    report = RegressionReport.from_predictions(name or "+".join(um.methods), means, stds, targets, conformal=bounds,
+                                               alpha=None if conformal is None else conformal.alpha)
+    if ci is not None:
+        stats = regression_statistics(means, stds, targets)
+        if bounds is not None:
+            stats |= interval_statistics(*bounds, report.targets)
+        report.ci = ci
+        report.intervals = bootstrap.intervals(stats, len(targets), ci=ci, bootstraps=bootstraps, seed=seed)
+    return report
