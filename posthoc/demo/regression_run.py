@@ -26,6 +26,7 @@ from posthoc.core.uncertain_model import UncertainModel
 from posthoc.demo.regression import RegressionData, auto_mpg, sinusoid, train_mlp
 from posthoc.evaluation import regression_metrics as rm
 from posthoc.evaluation import regression_plots
+from posthoc.evaluation.table import markdown_rows
 
 #: (label, method, wrap options) of the rows; "ensemble" wraps three members trained with other seeds
 CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (
@@ -51,10 +52,6 @@ def _fitted(label: str, method: str, options: dict[str, Any], members: list[torc
         return um.fit(data.train_loader(), data.val_loader(), progress=False)
 
 
-def _table(header: list[str], rows: list[list[str]]) -> list[str]:
-    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header), *("| " + " | ".join(r) + " |" for r in rows)]
-
-
 def _sinusoid_part(out: Path, progress: bool) -> list[str]:
     data = sinusoid()
     members = [train_mlp(data.train, seed=seed, epochs=SINUSOID_EPOCHS) for seed in MEMBER_SEEDS]
@@ -70,7 +67,7 @@ def _sinusoid_part(out: Path, progress: bool) -> list[str]:
     regression_plots.predictive_band(grid[:, 0], bands, (data.train[0][:, 0], data.train[1][:, 0]), out / "regression_band.png")
     return ["### The seed 004 sinusoid: does the predictive widen where the data ends?", "",
             "40 training points in two clusters; mean predictive std (targets' units):", "",
-            *_table(["method", "on the training points", "in the gap", "beyond the data", "gap / training"], rows), "",
+            *markdown_rows(["method", "on the training points", "in the gap", "beyond the data", "gap / training"], rows).splitlines(), "",
             "![the predictive band of each method over the training points](regression_band.png)", ""]
 
 
@@ -92,7 +89,7 @@ def _auto_mpg_part(out: Path, progress: bool) -> list[str]:
     return ["### Auto MPG: tested on the heaviest 30 % of the cars, trained on the lighter 70 %", "",
             "Standardised miles per gallon; lower NLL, RMSE, CRPS, MACE and ENCE are better; a calibrated 90 % "
             "interval covers 0.9 of the cars.", "",
-            *_table(["method", "NLL", "RMSE", "CRPS", "90% coverage", "90% width", "MACE", "ENCE"], rows), "",
+            *markdown_rows(["method", "NLL", "RMSE", "CRPS", "90% coverage", "90% width", "MACE", "ENCE"], rows).splitlines(), "",
             "![observed against expected interval coverage](regression_calibration.png)", "",
             "![RMSE against predicted std, per bin](regression_error_std.png)", ""]
 

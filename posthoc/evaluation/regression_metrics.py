@@ -140,13 +140,13 @@ def calibration_error(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "in
     return float(gap.pow(2).mean().sqrt()) if squared else float(gap.abs().mean())
 
 
-def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
-    """Expected normalised calibration error: ``mean_b |RMV_b - RMSE_b| / RMV_b`` over ``bins`` bins of
-    (nearly) equal count, sorted by the predicted std (each output of each example is one point).
+def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> tuple[list[float], list[float]]:
+    """Per bin of (nearly) equal count, sorted by the predicted std (each output of each example is one point):
+    ``RMV_b``, the root of the bin's mean predicted variance, and ``RMSE_b``, the root of its mean squared
+    error of the predictive mean. The two sides of :func:`ence` and of its picture.
 
-    ``RMV_b`` is the root of the bin's mean predicted variance and ``RMSE_b`` the root of its mean
-    squared error of the predictive mean; 0 for a predictive whose std matches its errors at every
-    level of uncertainty.
+    Example:
+        >>> rmv, rmse = binned_rmv_rmse(means, stds, y, bins=5)
     """
     integer_at_least(bins, "bins", 1)
     std = predictive_std(means, stds).flatten()
@@ -154,8 +154,14 @@ def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
     if std.numel() < bins:
         raise InputError(f"ENCE with {bins} bins needs at least {bins} predictions, got {std.numel()}")
     order = std.argsort(stable=True)  # ties (a homoscedastic predictive) keep the examples' order
-    gaps = []
-    for members in order.tensor_split(bins):
-        rmv = std[members].pow(2).mean().sqrt()
-        gaps.append(float((rmv - error[members].pow(2).mean().sqrt()).abs() / rmv))
-    return math.fsum(gaps) / bins
+    groups = order.tensor_split(bins)
+    return ([float(std[members].pow(2).mean().sqrt()) for members in groups],
+            [float(error[members].pow(2).mean().sqrt()) for members in groups])
+
+
+def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
+    """Expected normalised calibration error: ``mean_b |RMV_b - RMSE_b| / RMV_b`` over the ``bins`` bins of
+    :func:`binned_rmv_rmse`; 0 for a predictive whose std matches its errors at every level of uncertainty.
+    """
+    rmv, rmse = binned_rmv_rmse(means, stds, y, bins=bins)
+    return math.fsum(abs(v - e) / v for v, e in zip(rmv, rmse)) / bins

@@ -49,11 +49,7 @@ def error_against_std(predictives: Predictives, path: str | os.PathLike | None =
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
     top = 0.0
     for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
-        std = regression_metrics.predictive_std(means, stds).flatten()
-        error = (regression_metrics.predictive_mean(means) - regression_metrics.as_targets(means, y)).flatten()
-        groups = std.argsort(stable=True).tensor_split(bins)
-        rmv = [float(std[g].pow(2).mean().sqrt()) for g in groups if len(g)]
-        rmse = [float(error[g].pow(2).mean().sqrt()) for g in groups if len(g)]
+        rmv, rmse = regression_metrics.binned_rmv_rmse(means, stds, y, bins=bins)
         ence = regression_metrics.ence(means, stds, y, bins=bins)
         ax.plot(rmv, rmse, marker="o", label=f"{name} (ENCE {ence:.3f})", **style)
         top = max(top, *rmv, *rmse)
