@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -55,44 +56,63 @@ def log_marginal_likelihood(spectrum: Tensor, loss: float | Tensor, square_norm:
     return -torch.as_tensor(loss, dtype=spectrum.dtype) - 0.5 * (log_det_ratio + delta * square_norm)
 
 
+def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int) -> float:
+    """The root ``u = log δ`` of ``γ(e^u) = e^u ‖θ‖²`` inside the search range, or the bound it passes.
+
+    Solved as ``h(u) = log γ(e^u) - u - log ‖θ‖² = 0``: ``h`` falls with a slope between -2 and -1, so
+    Newton steps kept inside a shrinking bracket (a bisection step whenever Newton would leave it)
+    reach float64 resolution in a few ``O(P)`` steps.
+    """
+    low, high = math.log(MIN_PRIOR_PRECISION), math.log(MAX_PRIOR_PRECISION)
+    if square_norm <= 0:
+        return high
+
+    def value_and_slope(u: float) -> tuple[float, float]:
+        ratio = spectrum / (spectrum + math.exp(u))
+        gamma = float(ratio.sum())
+        if gamma <= 0:
+            return -math.inf, -1.0
+        return math.log(gamma) - u - math.log(square_norm), -float((ratio * (1 - ratio)).sum()) / gamma - 1
+
+    if value_and_slope(high)[0] > 0:
+        return high
+    if value_and_slope(low)[0] < 0:
+        return low
+    # γ <= P puts the root at or below log(P / ‖θ‖²): Newton starts there
+    u = min(math.log(spectrum.size / square_norm), high)
+    for _ in range(iterations):
+        value, slope = value_and_slope(u)
+        if value > 0:
+            low = u
+        else:
+            high = u
+        step = -value / slope if math.isfinite(value) else math.inf
+        if abs(step) < 1e-13 or high - low < 1e-13:
+            return u + step if math.isfinite(step) else u
+        u = u + step if low < u + step < high else (low + high) / 2
+    return u
+
+
 def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200) -> float:
-    """The scalar prior precision maximising the Laplace marginal likelihood (exact root, bisection).
+    """The scalar prior precision maximising the Laplace marginal likelihood (the exact root of its derivative).
 
     Args:
         spectrum: eigenvalues of the GGN (``>= 0``), flattened.
         loss: summed training NLL at the checkpoint (does not move the optimum; kept for symmetry).
         square_norm: ``‖θ‖²`` of the parameters under the prior.
-        iterations: bisection steps in ``log δ`` (200 reach float64 resolution).
+        iterations: at most this many safeguarded Newton steps in ``log δ`` (a handful reach float64 resolution).
     """
-    spectrum = spectrum.to(torch.float64)
-    square_norm = float(square_norm)
-    low, high = math.log(MIN_PRIOR_PRECISION), math.log(MAX_PRIOR_PRECISION)
-
-    def gradient_sign(log_delta: float) -> float:
-        delta = math.exp(log_delta)
-        return float(effective_parameters(spectrum, delta)) - delta * square_norm
-
-    if gradient_sign(high) > 0:
-        value = MAX_PRIOR_PRECISION
-    elif gradient_sign(low) < 0:
-        value = MIN_PRIOR_PRECISION
-    else:
-        for _ in range(iterations):
-            middle = (low + high) / 2
-            if gradient_sign(middle) > 0:
-                low = middle
-            else:
-                high = middle
-            if high - low < 1e-12:
-                break
-        return math.exp((low + high) / 2)
-    warnings.warn(
-        f"the marginal likelihood is maximised at the bound prior_precision={value:g} (the weights "
-        f"have squared norm {square_norm:.3g}); pass a fixed prior_precision or use "
-        "prior_precision='val' with a validation loader",
-        RuntimeWarning,
-        stacklevel=2,
-    )
+    log_delta = _log_prior_root(spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations)
+    value = math.exp(log_delta)
+    if log_delta in (math.log(MIN_PRIOR_PRECISION), math.log(MAX_PRIOR_PRECISION)):
+        value = MIN_PRIOR_PRECISION if log_delta < 0 else MAX_PRIOR_PRECISION
+        warnings.warn(
+            f"the marginal likelihood is maximised at the bound prior_precision={value:g} (the weights "
+            f"have squared norm {float(square_norm):.3g}); pass a fixed prior_precision or use "
+            "prior_precision='val' with a validation loader",
+            RuntimeWarning,
+            stacklevel=2,
+        )
     return value
 
 
@@ -111,24 +131,21 @@ def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: in
         >>> 0 < std < 1
         True
     """
-    unit_spectrum = unit_spectrum.to(torch.float64)
-
-    def best_prior(std: float, quiet: bool = True) -> float:
-        if prior_precision is not None:
-            return prior_precision
-        with warnings.catch_warnings():
-            if quiet:
-                warnings.simplefilter("ignore", RuntimeWarning)
-            return optimize_prior_precision(unit_spectrum / std**2, 0.0, square_norm)
+    unit = unit_spectrum.detach().to(torch.float64).cpu().numpy()
 
     def negative_evidence(log_std: float) -> float:
-        std = math.exp(log_std)
-        return -float(log_marginal_likelihood(unit_spectrum / std**2, gaussian_nll(unit_loss, values, std), square_norm,
-                                              best_prior(std)))
+        variance = math.exp(2 * log_std)
+        spectrum = unit / variance
+        log_delta = math.log(prior_precision) if prior_precision is not None else _log_prior_root(spectrum, square_norm, 200)
+        delta = math.exp(log_delta)
+        log_det_ratio = float(np.log(spectrum + delta).sum()) - spectrum.size * log_delta
+        return gaussian_nll(unit_loss, values, math.sqrt(variance)) + 0.5 * (log_det_ratio + delta * square_norm)
 
     if noise_std is None:
         rms = math.sqrt(max(2 * unit_loss / max(values, 1), 1e-24))
         grid = [math.log(rms) + t for t in torch.linspace(math.log(1e-3), math.log(10.0), NOISE_GRID).tolist()]
         best = min(range(NOISE_GRID), key=lambda i: negative_evidence(grid[i]))
         noise_std = math.exp(golden_minimum(negative_evidence, grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]))
-    return best_prior(noise_std, quiet=False), noise_std
+    delta = prior_precision if prior_precision is not None else optimize_prior_precision(
+        unit_spectrum / noise_std**2, 0.0, square_norm)
+    return delta, noise_std
