@@ -1,0 +1,116 @@
+"""Held-out choices under likelihood="regression": MC dropout's rate and Laplace's prior precision by the Gaussian NLL.
+
+The oracles: a hand Gaussian NLL (``N(f(x), σ²)`` with ``σ`` the root mean square residual, its maximum-likelihood
+value), models on which dropout clearly costs or clearly costs nothing on held-out data, and a brute-force loop
+over fixed prior precisions through the public ``predict``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.core.likelihood import Gaussian
+from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID, regression_rate_nll
+
+
+def _dropout_net(head_scale: float, seed: int = 0) -> nn.Module:
+    """A random tanh MLP with dropout before a Linear head whose weights are scaled by ``head_scale``."""
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(2, 32), nn.Tanh(), nn.Dropout(0.1), nn.Linear(32, 1))
+    with torch.no_grad():
+        net[3].weight.mul_(head_scale)
+    return net.eval()
+
+
+def _loaders(net: nn.Module, noise: float, seed: int = 1) -> tuple[DataLoader, DataLoader]:
+    """Training and held-out loaders whose targets are ``net``'s own outputs plus Gaussian noise of std ``noise``."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(400, 2, generator=generator)
+    with torch.no_grad():
+        y = net(x) + noise * torch.randn(400, 1, generator=generator)
+    return (DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
+            DataLoader(TensorDataset(x[200:], y[200:]), batch_size=64))
+
+
+def _held_out(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
+    return loader.dataset.tensors
+
+
+# ------------------------------------------------------------------------------ MC dropout's rate
+@pytest.mark.parametrize("p", ["auto", None])
+def test_mc_dropout_rate_is_chosen_on_held_out_gaussian_nll_and_recorded(p: str | None) -> None:
+    """The plain NLL recorded is the hand ``N(f(x), σ_plain²)`` one (σ_plain = RMS residual; to 1e-6), and the chosen
+    rate's held-out NLL is within the tolerance of it."""
+    net = _dropout_net(1.0)
+    train, val = _loaders(net, noise=0.3)
+    um = posthoc.wrap(net, method="mc-dropout", likelihood="regression", p=p).fit(train, val, progress=False)
+    card = um.summary()["posterior"][0]
+    x, y = _held_out(val)
+    with torch.no_grad():
+        residual = net(x).double() - y.double()
+    sigma = residual.square().mean().sqrt()
+    hand = float(0.5 * math.log(2 * math.pi) + sigma.log() + 0.5)
+    assert card["validation_nll_plain"] == pytest.approx(hand, abs=1e-6)
+    (rate,) = card["dropout_rate"]
+    assert rate in P_GRID and "Gaussian NLL" in card["rate_from"]
+    plain = card["validation_nll_plain"]
+    assert card["validation_nll"] <= plain + NLL_TOLERANCE * abs(plain) or rate == P_GRID[0]
+    assert card["noise_fit"] == "held-out"
+
+
+def test_mc_dropout_rate_follows_what_dropout_costs_on_held_out_data() -> None:
+    """Large head weights and nearly exact targets: dropout's spread dwarfs the noise, every rate costs, the smallest
+    is taken. Tiny head weights and noisy targets: the spread is negligible, every rate is within, the widest is taken."""
+    costly = _dropout_net(5.0)
+    train, val = _loaders(costly, noise=0.01)
+    card = posthoc.wrap(costly, method="mc-dropout", likelihood="regression", p="auto").fit(
+        train, val, progress=False).summary()["posterior"][0]
+    assert card["dropout_rate"] == [P_GRID[0]]
+    assert card["validation_nll"] > card["validation_nll_plain"] + NLL_TOLERANCE * abs(card["validation_nll_plain"])
+    free = _dropout_net(1e-3)
+    train, val = _loaders(free, noise=1.0)
+    card = posthoc.wrap(free, method="mc-dropout", likelihood="regression", p="auto").fit(
+        train, val, progress=False).summary()["posterior"][0]
+    assert card["dropout_rate"] == [P_GRID[-1]]
+
+
+@pytest.mark.parametrize("components", [1, 40])
+def test_the_per_rate_noise_fit_is_the_likelihoods_maximum_likelihood_mixture_fit(components: int) -> None:
+    """The fast held-out score of a rate equals the NLL of ``Gaussian.fit_noise``'s mixture, joint over 2 outputs
+    (both golden-section searches; agreement to 1e-9)."""
+    generator = torch.Generator().manual_seed(0)
+    outputs = torch.randn(components, 30, 2, generator=generator, dtype=torch.float64)
+    targets = torch.randn(30, 2, generator=generator, dtype=torch.float64)
+    gaussian = Gaussian()
+    gaussian.fit_noise(outputs, None, targets)
+    expected = float(-gaussian.predictive(outputs).log_prob(targets).mean())
+    assert regression_rate_nll(Gaussian(), outputs, targets) == pytest.approx(expected, abs=1e-9)
+    fixed = Gaussian(noise_std=0.5)
+    assert regression_rate_nll(fixed, outputs, targets) == pytest.approx(float(-fixed.predictive(outputs).log_prob(targets).mean()),
+                                                                        abs=1e-12)
+
+
+def test_mc_dropout_auto_rate_survives_save_and_load(tmp_path) -> None:
+    net = _dropout_net(1.0)
+    train, val = _loaders(net, noise=0.3)
+    um = posthoc.wrap(net, method="mc-dropout", likelihood="regression", p="auto").fit(train, val, progress=False)
+    um.save(tmp_path / "p.pt")
+    loaded = posthoc.load(tmp_path / "p.pt", net, likelihood="regression")
+    assert loaded.summary()["posterior"][0]["dropout_rate"] == um.summary()["posterior"][0]["dropout_rate"]
+    x, _ = _held_out(val)
+    first = um.predict(x, generator=torch.Generator().manual_seed(0))
+    second = loaded.predict(x, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(second.variance, first.variance, rtol=0, atol=0)
+
+
+def test_mc_dropout_auto_without_held_out_data_is_refused() -> None:
+    net = _dropout_net(1.0)
+    train, _ = _loaders(net, noise=0.3)
+    with pytest.raises(Exception, match="val_loader"):
+        posthoc.wrap(net, method="mc-dropout", likelihood="regression", p="auto").fit(train, progress=False)
