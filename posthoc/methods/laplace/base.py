@@ -30,6 +30,15 @@ the clean and the perturbed held-out examples (:mod:`posthoc.engine.held_out`).
 ``"marglik"``: the Laplace evidence maximiser from the GGN spectrum
 (:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
 
+Under ``likelihood="regression"`` ``"auto"`` is ``"marglik"`` (the prior and the noise maximise the
+evidence, the noise then re-chosen on held-out NLL). ``"val"`` and ``"grid"`` (last layer only) score
+the Gaussian predictive ``N(f(x), J Σ Jᵀ + σ²)`` on up to ``TRAIN_ROWS`` held-out rows per process,
+each ``δ`` with the noise ``σ`` of lowest held-out NLL at that ``δ`` (a profile, so a wide posterior
+is not judged at a noise fitted for a narrow one); the checkpoint's NLL is that of ``N(f(x), σ_plain²)``
+with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). A Gaussian NLL may be
+negative, so ``"val"``'s tolerance is ``val_tolerance`` times its absolute value. The chosen ``δ``
+keeps its held-out ``σ``. No shift-aware perturbations there (they are graded on class accuracy).
+
 The two standard errors are what keep the worst of many random validation/test splits within the 1%
 (``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
 larger ``val_tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
@@ -120,6 +129,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     """
 
     name = "laplace"
+    #: whether ``prior_precision="val"`` / ``"grid"`` can score the Gaussian predictive NLL (:meth:`_rows_nll`)
+    scores_gaussian_held_out: bool = False
     #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
     blocks: nn.ModuleList
 
@@ -165,14 +176,16 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
         """As :meth:`Method.use_likelihood`; under a likelihood with an observation noise the prior and the noise are
-        chosen together by the evidence (``"auto"`` is ``"marglik"``; a fixed prior keeps, the noise is still fitted),
-        and the held-out rules ``"val"`` / ``"grid"`` are refused."""
+        chosen together by the evidence (``"auto"`` is ``"marglik"``; a fixed prior keeps, the noise is still fitted).
+        The held-out rules ``"val"`` / ``"grid"`` score the Gaussian predictive NLL where the algorithm has one
+        (:attr:`scores_gaussian_held_out`), and are refused elsewhere."""
         super().use_likelihood(likelihood)
         if likelihood.fits_noise:
-            if self.prior_mode in ("val", "grid"):
-                raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on held-out class NLL; under "
-                                  f"likelihood={likelihood.name!r} the prior and the noise come from the marginal likelihood: "
-                                  "use prior_precision='auto' (= 'marglik') or a float")
+            if self.prior_mode in ("val", "grid") and not self.scores_gaussian_held_out:
+                raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on held-out NLL, which "
+                                  f"{type(self).__name__} does not compute under likelihood={likelihood.name!r}: there the "
+                                  "prior and the noise come from the marginal likelihood: use prior_precision='auto' "
+                                  "(= 'marglik') or a float, or subset='last_layer' for the held-out rules")
             if self.prior_mode == "auto":
                 self.prior_mode = "marglik"
 
@@ -199,7 +212,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.train_loss.fill_(float(loss))
         self.square_norm.fill_(sum(float(w.detach().double().square().sum()) for w in weights))
         source = {"auto": "val" if val_loader is not None else "train"}.get(self.prior_mode, self.prior_mode)
-        if self.likelihood.fits_noise:
+        if self.likelihood.fits_noise and source in ("val", "grid"):
+            # the Gaussian NLL at each δ is scored with the noise of lowest held-out NLL at that δ, on the rows the
+            # noise is then fitted on (no shift: perturbations are graded on class accuracy)
+            self.prior_precision.fill_(self._held_out_prior_precision(val_loader, TRAIN_ROWS, source == "grid", progress))
+            if not self.likelihood.fixed:
+                self._fit_noise_on_held_out(val_loader, fixed_prior=True, progress=progress)
+        elif self.likelihood.fits_noise:
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
             if val_loader is not None and not self.likelihood.fixed:
                 self._fit_noise_on_held_out(val_loader, fixed_prior=source == "fixed", progress=progress)
@@ -259,9 +278,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 """Σ NLL, Σ d and Σ d² over the held-out rows, d = NLL − the checkpoint's NLL per example."""
                 generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every δ
                 total = torch.zeros(3, dtype=torch.float64, device=self.device)
-                for inputs, labels, map_nll in rows:
-                    log_probs, _ = self._predictive(inputs, prior_precision, generator, self.num_samples)
-                    nll = -log_probs.double().gather(1, labels[:, None]).squeeze(1)
+                for (*_, map_nll), nll in zip(rows, self._rows_nll(prior_precision, rows, generator)):
                     difference = nll - map_nll
                     total += torch.stack([nll.sum(), difference.sum(), difference.square().sum()])
                 return distributed.all_reduce_sum(total).tolist()
@@ -277,7 +294,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
             if grid_only:
                 return grid_search(mean_nll)
-            widest = widest_within(excess, self.val_tolerance * map_total / count)
+            widest = widest_within(excess, self.val_tolerance * abs(map_total) / count)  # a Gaussian NLL may be < 0
             if shifted is None:
                 return widest
             perturbed, perturbed_count = self._cached_rows(shifted, None if rows is None else rows * len(shifted.levels), False)
@@ -288,6 +305,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
             narrower = [float(delta) for delta in default_grid() if float(delta) > widest]
             return choose([widest, *narrower], accepted=lambda delta: True, combined_nll=combined_nll, unimodal=True)
+
+    def _rows_nll(self, prior_precision: float, rows: list[tuple[Any, Tensor, Tensor]], generator: torch.Generator) -> list[Tensor]:
+        """The per-example NLL of each of :meth:`_cached_rows`'s batches under ``prior_precision``."""
+        scores = []
+        for inputs, labels, _ in rows:
+            log_probs, _ = self._predictive(inputs, prior_precision, generator, self.num_samples)
+            scores.append(-log_probs.double().gather(1, labels[:, None]).squeeze(1))
+        return scores
 
     def _cached_rows(self, loader: Iterable, rows: int | None, progress: bool) -> tuple[list[tuple[Any, Tensor, Tensor]], int]:
         """``(prepared inputs, labels, the checkpoint's NLL per example)`` per batch of ``loader`` (its first ``rows``)."""
