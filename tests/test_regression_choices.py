@@ -15,8 +15,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.likelihood import Gaussian
-from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID, regression_rate_nll
+from posthoc.core.likelihood import Gaussian, best_noise_nll
+from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID
 
 #: the Laplace models here have more head weights than training rows on purpose (the prior matters)
 pytestmark = pytest.mark.filterwarnings("ignore:.*training examples determine:RuntimeWarning")
@@ -93,9 +93,9 @@ def test_the_per_rate_noise_fit_is_the_likelihoods_maximum_likelihood_mixture_fi
     gaussian = Gaussian()
     gaussian.fit_noise(outputs, None, targets)
     expected = float(-gaussian.predictive(outputs).log_prob(targets).mean())
-    assert regression_rate_nll(Gaussian(), outputs, targets) == pytest.approx(expected, abs=1e-9)
+    assert best_noise_nll(Gaussian(), outputs, targets) == pytest.approx(expected, abs=1e-9)
     fixed = Gaussian(noise_std=0.5)
-    assert regression_rate_nll(fixed, outputs, targets) == pytest.approx(float(-fixed.predictive(outputs).log_prob(targets).mean()),
+    assert best_noise_nll(fixed, outputs, targets) == pytest.approx(float(-fixed.predictive(outputs).log_prob(targets).mean()),
                                                                         abs=1e-12)
 
 

@@ -32,7 +32,7 @@ digits models). The choice and both validation NLLs are kept in buffers and show
 Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
 the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
 held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
-The rate is chosen by the same walk on the held-out Gaussian NLL (:func:`regression_rate_nll`): the
+The rate is chosen by the same walk on the held-out Gaussian NLL (:func:`posthoc.core.likelihood.best_noise_nll`): the
 plain model's is that of ``N(f(x), σ_plain²)``, each candidate rate's that of its mixture, each with
 its own ``σ`` fitted by maximum likelihood on the same held-out rows (so a rate is compared at its
 best noise, not at one fitted for another). A Gaussian NLL may be negative, so the tolerance is
@@ -62,14 +62,13 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
-from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, Likelihood, fit_noise_on, golden_minimum,
-                                     make_likelihood, model_outputs)
+from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, Likelihood, best_noise_nll, fit_noise_on,
+                                     model_outputs)
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import shift_aware_spread, shifted_held_out, walk_spreads
 from posthoc.engine.hooks import called_in_order, hooked
@@ -88,8 +87,6 @@ NLL_TOLERANCE = 0.005
 #: 0.7% with 200) exceeds the tolerance
 SELECTION_FACTOR = 4
 MASKS = ("shared", "per_example")
-#: golden-section steps of the held-out noise fit per rate (the bracket of ``log σ``, 9.2 wide, shrinks to 4e-8)
-NOISE_STEPS = 40
 
 
 def chosen_rate(plain_nll: float, grid_nll: Sequence[float], grid: Sequence[float] = P_GRID) -> float:
@@ -232,7 +229,7 @@ class MCDropout(Method):
 
     @torch.no_grad()
     def _choose_rate_on_gaussian_nll(self, val_loader: Iterable, progress: bool) -> None:
-        """Every site's rate by :func:`chosen_rate` on the held-out Gaussian NLLs of :func:`regression_rate_nll`."""
+        """Every site's rate by :func:`chosen_rate` on the held-out Gaussian NLLs of :func:`~posthoc.core.likelihood.best_noise_nll`."""
         samples = SELECTION_FACTOR * self.num_samples
         batches = list(iterate(val_loader, device=self.device, progress=progress, desc="mc-dropout p"))
         with eval_mode(self.model):
@@ -244,7 +241,7 @@ class MCDropout(Method):
                 generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every rate
                 sampled.append(torch.cat([self._outputs_at(x, with_rate(self._sites, p), samples, generator)
                                           for x, _ in batches], dim=1))
-        nll = [regression_rate_nll(self.likelihood, outputs, targets) for outputs in (torch.cat(plain)[None], *sampled)]
+        nll = [best_noise_nll(self.likelihood, outputs, targets) for outputs in (torch.cat(plain)[None], *sampled)]
         rate = chosen_rate(nll[0], nll[1:])
         self.rate.fill_(rate)
         self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
@@ -426,37 +423,6 @@ class MCDropout(Method):
         rate = float(self.rate)
         return (f"p={'own' if math.isnan(rate) else rate}, where={self.where or 'own/head'}, "
                 f"num_samples={self.num_samples}, masks={self.masks}")
-
-
-def regression_rate_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> float:
-    """Mean held-out NLL per example of the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)``,
-    at the noise ``σ`` of maximum likelihood on ``targets`` ``(N, D)`` (a fixed or predicted noise stays). With
-    ``S = 1`` it is the plain model's ``N(f(x), σ_plain²)``, whose ``σ_plain`` is the root mean square residual.
-
-    A fitted ``σ`` is found by golden-section search in ``log σ`` (:data:`NOISE_STEPS` steps) on the mixture
-    likelihood, from the squared residuals computed once.
-
-    Example:
-        >>> round(regression_rate_nll(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])), 4)  # σ = 1
-        1.4189
-    """
-    if not isinstance(likelihood, Gaussian) or likelihood.fixed:
-        scorer = make_likelihood(likelihood)
-        scorer.fit_noise(outputs, None, targets)
-        return float(-scorer.predictive(outputs).log_prob(targets).mean())
-    squares = (targets.to(torch.float64) - outputs.to(torch.float64)).square()  # (S, N, D)
-    width, log_count = squares.shape[2], math.log(squares.shape[0])
-    squares = squares.sum(-1)  # (S, N): each component is joint over the D outputs
-
-    def mean_nll(log_std: float) -> float:
-        log_density = torch.logsumexp(-squares / (2 * math.exp(2 * log_std)), dim=0) - log_count  # (N,), without the normaliser
-        return float(-log_density.mean()) + width * (0.5 * math.log(2 * math.pi) + log_std)
-
-    residual = math.log(max(float((targets.to(torch.float64) - outputs.to(torch.float64).mean(0)).square().mean().sqrt()), 1e-12))
-    if squares.shape[0] == 1:
-        return mean_nll(residual)
-    with single_thread_if(squares.device.type == "cpu" and 8 * squares.numel() <= SMALL_WORK_BYTES):
-        return mean_nll(golden_minimum(mean_nll, residual - math.log(1e3), residual + math.log(10), steps=NOISE_STEPS))
 
 
 def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, max_memory: object,
