@@ -8,7 +8,6 @@ network the closed form they must reproduce where the network is linear in the c
 
 from __future__ import annotations
 
-import math
 
 import pytest
 import torch
@@ -138,9 +137,29 @@ def test_weight_samples_through_a_network_linear_in_them_reproduce_the_glm_varia
 
 def test_what_subset_laplace_still_refuses_under_regression() -> None:
     net, _, _, _ = _tiny()
-    with pytest.raises(ConfigError, match="subset='last_layer' for the held-out rules"):
-        posthoc.wrap(net, method="laplace", likelihood="regression", subset="all", prior_precision="val")
     peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), peft.LoraConfig(r=2, target_modules=["0"]))
     with pytest.raises(ConfigError, match="subset='lora' .* does not do likelihood='regression'"):
         posthoc.wrap(lora, method="laplace", likelihood="regression", subset="lora")
+
+
+@pytest.mark.parametrize("prior", ["grid", "val"])
+def test_held_out_prior_over_the_head_equals_the_last_layers(prior: str) -> None:
+    """The diagonal GGN of the head's weight and bias blocks is the last layer's diagonal GGN, so the held-out
+    choices must agree: the same δ (to 1e-6 relative), held-out σ and predictive variance (to 1e-5 relative;
+    BackPACK's float64 sums against the closed form's)."""
+    net, train, val, test = _tiny()
+    options = {"method": "laplace", "likelihood": "regression", "hessian": "diag", "prior_precision": prior}
+    subset = posthoc.wrap(net, subset=["2"], **options).fit(train, val, progress=False)
+    last = posthoc.wrap(net, **options).fit(train, val, progress=False)
+    cards = [um.summary()["posterior"][0] for um in (subset, last)]
+    assert cards[0]["prior_fit"] == prior and cards[0]["noise_fit"] == "held-out"
+    assert cards[0]["prior_precision"] == pytest.approx(cards[1]["prior_precision"], rel=1e-6)
+    assert cards[0]["noise_std"] == pytest.approx(cards[1]["noise_std"], rel=1e-5)
+    torch.testing.assert_close(subset.predict(test).variance, last.predict(test).variance, rtol=1e-5, atol=0)
+
+
+def test_weight_samples_refuse_the_held_out_prior_under_regression() -> None:
+    net, _, _, _ = _tiny()
+    with pytest.raises(ConfigError, match="pred='nn' does not have under likelihood='regression'"):
+        posthoc.wrap(net, method="laplace", likelihood="regression", subset="all", pred="nn", prior_precision="val")

@@ -11,8 +11,8 @@ Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's 
 (``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
 epistemic variance ``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``),
 plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence, and with held-out data ``σ`` is re-chosen
-on its NLL (:meth:`LastLayerLaplace._fit_noise_on_held_out`). ``prior_precision="val"`` / ``"grid"``
-score each ``δ`` by that held-out NLL at its own best ``σ`` (:meth:`LastLayerLaplace._rows_nll`).
+on its NLL (:meth:`~posthoc.methods.laplace.base.Laplace._fit_noise_on_held_out`). ``prior_precision="val"`` /
+``"grid"`` score each ``δ`` by that held-out NLL at its own best ``σ``.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -34,27 +33,22 @@ from posthoc.core import settings
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
-from posthoc.core.likelihood import Categorical, Gaussian, golden_minimum
+from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.laplace.base import TRAIN_ROWS, Laplace
-from posthoc.methods.laplace.marglik import optimize_noise_and_prior
+from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.structures import structure_class
-
-#: golden-section steps of the held-out noise fit (the bracket of ``log σ``, 3.0 wide, shrinks to 3e-5; the NLL is flat there)
-NOISE_STEPS = 24
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
 
     likelihoods = (Categorical, Gaussian)
-    scores_gaussian_held_out = True
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -144,26 +138,8 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
-    def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise.
-
-        A trained network fits its training targets more closely than new ones, so the evidence, which
-        reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
-        costing 0.5 nats per car). Here the prior maximises the evidence at the held-out residuals' ``σ``
-        (unless fixed), then ``σ`` minimises the held-out NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at that prior
-        (:meth:`_held_out_noise`, on up to ``TRAIN_ROWS`` held-out rows per process).
-        """
-        rows = self._regression_rows(val_loader, TRAIN_ROWS, progress)
-        self._settle()
-        if not fixed_prior:
-            unit = torch.cat([block.spectrum() for block in self.blocks])
-            delta, _ = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
-                                                noise_std=_residual_std(rows))
-            self.prior_precision.fill_(delta)
-        self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
-
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Tensor, Tensor, Tensor]]:
-        """``(phĩ, outputs, targets)`` per batch of ``loader`` (its first ``rows`` rows, whole batches)."""
+        """``[(phĩ, outputs, targets)]``: ``loader``'s first ``rows`` rows (whole batches) joined into one batch."""
         found, seen = [], 0
         with torch.no_grad(), eval_mode(self.model):
             for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):
@@ -173,50 +149,15 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                 seen += phi.shape[0]
                 if rows is not None and seen >= rows:
                     break
-        return found
+        return [tuple(torch.cat(parts) for parts in zip(*found))]  # type: ignore[list-item]
 
-    def _held_out_noise(self, rows: list[tuple[Tensor, Tensor, Tensor]], prior_precision: float) -> float:
-        """The ``σ`` minimising the NLL of ``N(f(x), J Σ Jᵀ + σ²)`` on ``rows`` at ``prior_precision`` (a fixed ``σ``
-        stays): golden-section search in ``log σ`` from a tenth to twice the rows' residual RMS."""
-        if self.likelihood.fixed:
-            return self.likelihood.fitted_std()
-        log_residual = math.log(_residual_std(rows))
-        joined = _joined(rows)
-        with single_thread_if(joined[0].device.type == "cpu"
-                              and joined[0].shape[0] * self.row_bytes(0, joined[0].dtype) <= SMALL_WORK_BYTES):
-            log_std = golden_minimum(lambda log_std: float(self._gaussian_nll(joined, prior_precision, math.exp(log_std)).sum()),
-                                     log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS)
-        return math.exp(log_std)
+    def _unit_variance(self, prepared: Tensor, outputs: Tensor, prior_precision: float) -> Tensor:
+        """The head's ``J Σ Jᵀ`` diagonal ``(N, D)`` at unit noise, ``prepared`` the rows' ``phĩ``."""
+        return self.curvature.head_variance(prepared, outputs, prior_precision).variance()
 
-    def _gaussian_nll(self, rows: tuple[Tensor, Tensor, Tensor], prior_precision: float, std: float) -> Tensor:
-        """The per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) of ``(phĩ, outputs, targets)`` at ``δ``, ``σ``."""
-        phi_aug, outputs, targets = rows
-        noise = std * std
-        variance = (noise * self.curvature.head_variance(phi_aug, outputs, prior_precision * noise).variance() + noise).double()
-        return _normal_nll(outputs, variance, targets)
-
-    def _cached_rows(self, loader: Iterable, rows: int | None, progress: bool) -> tuple[list[tuple[Any, Tensor, Tensor]], int]:
-        """Under a Gaussian likelihood: ``((phĩ, outputs), targets, the plain model's NLL per example)`` per batch, the
-        plain model's ``N(f(x), σ_plain²)`` with ``σ_plain`` the rows' residual RMS (its maximum-likelihood value, or
-        the fixed ``σ``); otherwise the class rows of :meth:`Laplace._cached_rows`."""
-        if not self.likelihood.fits_noise:
-            return super()._cached_rows(loader, rows, progress)
-        found = self._regression_rows(loader, rows, progress)
-        plain = self.likelihood.fitted_std() if self.likelihood.fixed else _residual_std(found)
-        cached = []
-        for phi_aug, outputs, targets in found:
-            cached.append(((phi_aug, outputs), targets, _normal_nll(outputs, torch.full_like(outputs, plain * plain, dtype=torch.float64),
-                                                                    targets)))
-        return cached, sum(targets.shape[0] for _, _, targets in found)
-
-    def _rows_nll(self, prior_precision: float, rows: list[tuple[Any, Tensor, Tensor]], generator: torch.Generator) -> list[Tensor]:
-        """Under a Gaussian likelihood: the per-example NLL at ``prior_precision`` with the noise of lowest NLL on
-        these rows at it (:meth:`_held_out_noise`); otherwise the class NLL of :meth:`Laplace._rows_nll`."""
-        if not self.likelihood.fits_noise:
-            return super()._rows_nll(prior_precision, rows, generator)
-        regression = [(phi_aug, outputs, targets) for (phi_aug, outputs), targets, _ in rows]
-        std = self._held_out_noise(regression, prior_precision)
-        return list(self._gaussian_nll(_joined(regression), prior_precision, std).split([len(t) for _, _, t in regression]))
+    def _small_work(self, rows: list[tuple[Tensor, Tensor, Tensor]]) -> bool:
+        phi_aug = rows[0][0]
+        return phi_aug.device.type == "cpu" and sum(len(r[0]) for r in rows) * self.row_bytes(0, phi_aug.dtype) <= SMALL_WORK_BYTES
 
     def target_values(self) -> int:
         return int(self.num_data) * self.split.head.out_features
@@ -255,19 +196,3 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         structure_class(self.hessian).check_head_memory(head.out_features, head.in_features + int(head.bias is not None),
                                                         settings.memory_budget(self.max_memory))
 
-
-def _residual_std(rows: list[tuple[Tensor, Tensor, Tensor]]) -> float:
-    """The root mean square of ``targets - outputs`` over ``(phĩ, outputs, targets)`` rows (at least 1e-12)."""
-    squares = sum(float((targets.double() - outputs.double()).square().sum()) for _, outputs, targets in rows)
-    values = sum(targets.numel() for _, _, targets in rows)
-    return math.sqrt(max(squares / max(values, 1), 1e-24))
-
-
-def _joined(rows: list[tuple[Tensor, Tensor, Tensor]]) -> tuple[Tensor, Tensor, Tensor]:
-    """The ``(phĩ, outputs, targets)`` of every batch of ``rows`` as one batch."""
-    return tuple(torch.cat(parts) for parts in zip(*rows))  # type: ignore[return-value]
-
-
-def _normal_nll(means: Tensor, variances: Tensor, targets: Tensor) -> Tensor:
-    """``(N,)``: the NLL of ``targets`` under independent normals per output ``(N, D)``, summed over the outputs."""
-    return 0.5 * ((targets.double() - means.double()).square() / variances + (2 * math.pi * variances).log()).sum(-1)

@@ -20,7 +20,8 @@ squared error at unit noise (BackPACK's ``MSELoss``, halved: its loss Hessian is
 re-chosen on held-out NLL at that ``δ`` (``pred="glm"``). The predictive is ``N(f(x), J Σ Jᵀ + σ²)``
 with ``J Σ Jᵀ = σ² J (G + δσ²)⁻¹ Jᵀ`` per block (``pred="glm"``), or the mixture of ``N(f_s(x), σ²)``
 over weight draws from that posterior (``pred="nn"``, which keeps the evidence's ``σ``). The held-out
-prior rules ``"val"``/``"grid"`` are last-layer only under regression.
+prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in the last layer
+(:mod:`posthoc.methods.laplace.base`); ``pred="nn"`` refuses them under regression.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(train_loader)
@@ -41,20 +42,17 @@ from posthoc.core import distributed
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
-from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, golden_minimum, model_outputs
+from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
-from posthoc.methods.laplace.base import TRAIN_ROWS, Laplace
+from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, backpack_ggn, subset_parameters
 from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
 from posthoc.methods.laplace.structures import structure_class
-
-#: golden-section steps of the held-out noise fit (the bracket of ``log σ``, 3.0 wide, shrinks to 3e-5; the NLL is flat there)
-NOISE_STEPS = 24
 
 
 class SubsetLaplace(Laplace, scope="subset"):
@@ -188,34 +186,27 @@ class SubsetLaplace(Laplace, scope="subset"):
         noise = self.likelihood.dispersion
         return mean + math.sqrt(noise) * block.sample(torch.zeros_like(mean), float(self.prior_precision) * noise, num_samples, generator)
 
-    def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """``pred="glm"``: the noise ``σ`` of lowest held-out NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at the evidence's prior
-        (golden-section search in ``log σ`` on up to ``TRAIN_ROWS`` held-out rows per process, their Jacobian factors
-        computed once). ``pred="nn"`` keeps the evidence's noise."""
-        if self.pred == "nn":
-            return
-        rows, seen = [], 0
+    def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Any, Tensor, Tensor]]:
+        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, joined into one batch where their
+        shapes allow: the factors
+        (:func:`~posthoc.methods.laplace.subset_glm.jacobian_factors`) give ``J Σ Jᵀ`` at any prior without another pass."""
+        found, seen = [], 0
         with eval_mode(self.model):
-            for x, y in iterate(val_loader, device=self.device, progress=progress, desc="laplace noise"):
+            for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):
                 outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
-                rows.append((outputs.double(), factors, self.likelihood.targets(y, outputs)))
+                found.append((factors, outputs, self.likelihood.targets(y, outputs)))
                 seen += batch_size(x)
-                if seen >= TRAIN_ROWS:
+                if rows is not None and seen >= rows:
                     break
-        delta, blocks = float(self.prior_precision), list(self.blocks)
-        squares = sum(float((targets - outputs).square().sum()) for outputs, _, targets in rows)
-        log_residual = 0.5 * math.log(max(squares / max(sum(t.numel() for _, _, t in rows), 1), 1e-24))
+        first = found[0][0]
+        if any(f[name][k].shape[1:] != first[name][k].shape[1:] for f, _, _ in found for name in first for k in (0, 1)):
+            return found  # sequences of several lengths: kept per batch
+        factors = {name: tuple(torch.cat(parts) for parts in zip(*(f[name] for f, _, _ in found))) for name in first}
+        return [(factors, torch.cat([o for _, o, _ in found]), torch.cat([t for _, _, t in found]))]
 
-        def held_out_nll(log_std: float) -> float:
-            noise = math.exp(2 * log_std)
-            total = 0.0
-            for outputs, factors, targets in rows:
-                variance = noise * subset_glm.jacobian_covariance(factors, blocks, delta * noise).diagonal(dim1=1, dim2=2) + noise
-                total += 0.5 * float(((targets - outputs).square() / variance + (2 * math.pi * variance).log()).sum())
-            return total
-
-        std = math.exp(golden_minimum(held_out_nll, log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS))
-        self.likelihood.set_noise(std, "held-out")
+    def _unit_variance(self, prepared: dict[str, tuple[Tensor, Tensor]], outputs: Tensor, prior_precision: float) -> Tensor:
+        """The diagonal of ``Σ_blocks J Σ_block Jᵀ`` ``(N, D)`` at unit noise from a batch's Jacobian factors."""
+        return subset_glm.jacobian_covariance(prepared, list(self.blocks), prior_precision).diagonal(dim1=1, dim2=2)
 
     def target_values(self) -> int:
         return int(self.num_data) * max(1, int(self.num_classes))

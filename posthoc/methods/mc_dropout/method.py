@@ -62,7 +62,7 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
-from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, Likelihood, best_noise_nll, fit_noise_on,
+from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, best_noise_nll, fit_noise_on,
                                      model_outputs)
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
