@@ -23,6 +23,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
+from posthoc.core.likelihood import Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs
 from posthoc.core.modules import eval_mode, requires_grad
 from posthoc.engine import elbo as engine_elbo
@@ -120,8 +121,10 @@ def batchnorm_training(model: nn.Module, train: bool) -> Iterator[nn.Module]:
         yield model
 
 
-def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int) -> tuple[Tensor, Tensor]:
-    """``(mean NLL over the expanded batch, KL)`` for one batch; marks which layers ran."""
+def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int,
+               likelihood: Likelihood | None = None) -> tuple[Tensor, Tensor]:
+    """``(mean NLL over the expanded batch, KL)`` for one batch; marks which layers ran. The NLL is the class one,
+    or under a :class:`~posthoc.core.likelihood.Gaussian` ``likelihood`` that of the targets at its fitted noise."""
     with nodes.sampling(routes(batch_size(x), train_samples, nodes.components, nodes.called.device)):
         logits = run_model(model, expand(x, train_samples))
     nodes.mark_called()
@@ -130,24 +133,30 @@ def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_sam
             f"none of the selected layers {nodes.layer_names[:6]} ran in the forward pass (their weights are "
             "used functionally, e.g. by attention); select other layers with layers=... or stem=True"
         )
+    if isinstance(likelihood, Gaussian):
+        outputs = model_outputs(logits)
+        targets = likelihood.targets(y, outputs[::train_samples]).repeat_interleave(train_samples, 0)
+        return likelihood.mean_nll(outputs, targets), nodes.kl()
     log_probs = class_log_probs(logits)
     labels = check_labels(y, log_probs.shape[-1]).to(log_probs.device).repeat_interleave(train_samples)
     return F.nll_loss(log_probs, labels), nodes.kl()
 
 
-def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
+def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool,
+              likelihood: Likelihood | None = None) -> None:
     """The whole fit: BatchNorm statistics re-estimated with the nodes on (``batchnorm="train"``),
     the ELBO maximised (:func:`maximise_elbo`), and the statistics re-estimated once more for the
     fitted nodes (the paper keeps the momentum average of the last batches instead)."""
     refresh = options.batchnorm == "train" and bool(batchnorm_layers(model))
     if refresh:
         refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
-    maximise_elbo(model, nodes, train_loader, options, progress=progress)
+    maximise_elbo(model, nodes, train_loader, options, progress=progress, likelihood=likelihood)
     if refresh:
         refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
 
 
-def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool) -> None:
+def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool,
+                  likelihood: Likelihood | None = None) -> None:
     """Minimise ``NLL + beta_t * KL / N`` (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov
     momentum, dropout off.
 
@@ -173,7 +182,7 @@ def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, opti
         # the node variables live outside the model (in hooks), so there is no module for
         # DistributedDataParallel to wrap: the loop averages their gradients the way it would
         engine_elbo.maximise_elbo(
-            lambda x, y: elbo_terms(model, nodes, x, y, options.train_samples), train_loader, optimizer=optimizer,
+            lambda x, y: elbo_terms(model, nodes, x, y, options.train_samples, likelihood), train_loader, optimizer=optimizer,
             trained=[*node_params, *weights], kl=options.kl_weight,
             epochs=options.epochs, device=nodes.called.device, desc="ibnn", hint=hint, progress=progress,
             before_update=anneal, what="iBNN fitting",

@@ -20,6 +20,14 @@ checkpoints: no nodes on the stem (the first layer's input channels), K=2 instea
 initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3 instead of 1e-4 (reasons and numbers
 in the recipes module). Every setting can also be given by name.
 
+Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
+noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the scale is
+chosen by the same walk on the held-out Gaussian NLL of the sampled mixture, each scale at its own
+best noise (:func:`~posthoc.core.likelihood.best_noise_nll`; the checkpoint's ``N(f(x), σ_plain²)``
+with ``σ_plain`` fitted on the same rows, the tolerance relative to its absolute value), and the noise
+is then re-fitted to the mixture of ``N(f_s(x), σ²)`` around the ``K x S`` sampled outputs at that
+scale. No shift-aware perturbations there (they are graded on class accuracy).
+
 References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
 input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kaski, "Tackling
 covariate shift with node-based Bayesian neural networks", ICML 2022.
@@ -34,7 +42,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict
 from typing import Any
 
@@ -44,9 +52,11 @@ from torch import Tensor, nn
 from posthoc.core.checks import memory_bytes, non_negative, positive_int
 from posthoc.core.chunks import call_budget, rows_per_chunk
 from posthoc.core.errors import ConfigError
-from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, slice_inputs
+from posthoc.core.likelihood import Categorical, Gaussian, best_noise_nll, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
@@ -96,6 +106,7 @@ class ImplicitBNN(Method):
 
     name = "ibnn"
     copies_model = True
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
@@ -169,13 +180,17 @@ class ImplicitBNN(Method):
             "momentum": momentum, "weight_decay": weight_decay, "beta": beta, "kl_warmup": kl_warmup,
             "train_samples": train_samples, "batchnorm": batchnorm}))
         checkpoint = None
+        loaders = (train_loader, val_loader)
+        if self.likelihood.fits_noise:  # the ELBO reads the plain model's noise
+            with eval_mode(self.model):
+                fit_noise_on(self.likelihood, loaders, self.device, lambda x: (model_outputs(run_model(self.model, x))[None], None))
         if self.scale_option is None and val_loader is not None:  # the checkpoint, before the fine-tune moves it
             with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
                 checkpoint = self._checkpoint_held_out(val_loader, shift)  # the fit draws as without it
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
-            fit_nodes(self.model, self.nodes, train_loader, options, progress=progress)
+            fit_nodes(self.model, self.nodes, train_loader, options, progress=progress, likelihood=self.likelihood)
         except BaseException:
             changing.load_state_dict(before)
             raise
@@ -183,6 +198,11 @@ class ImplicitBNN(Method):
         self.fit_settings.copy_(torch.tensor([float(record[name]) for name in FIT_RECORD], dtype=torch.float64))
         if checkpoint is not None:
             self._choose_scale(val_loader, *checkpoint)
+        if self.likelihood.fits_noise:  # re-fitted to the sampled predictive at the scale in use
+            generator = torch.Generator(device=self.device).manual_seed(0)
+            with eval_mode(self.model):
+                fit_noise_on(self.likelihood, loaders, self.device,
+                             lambda x: (self._samples(x, None, generator, None, model_outputs), None))
 
     @property
     def scale(self) -> float:
@@ -192,7 +212,11 @@ class ImplicitBNN(Method):
         return 1.0 if self.scale_option is None else self.scale_option
 
     def _checkpoint_held_out(self, val_loader: Iterable, shift: Any) -> tuple[float, ShiftedHeldOut | None]:
-        """The checkpoint's held-out NLL on ``val_loader``, and the perturbed copies graded on it (or ``None``)."""
+        """The checkpoint's held-out NLL on ``val_loader``, and the perturbed copies graded on it (or ``None``; always
+        under regression). A Gaussian NLL is that of ``N(f(x), σ_plain²)``, ``σ_plain`` fitted on the same rows."""
+        if self.likelihood.prediction_type is RegressionPrediction:
+            with torch.no_grad(), eval_mode(self.model):
+                return self._regression_nll(val_loader, lambda x: model_outputs(run_model(self.model, x))[None]), None
         plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with torch.no_grad(), eval_mode(self.model):
             plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
@@ -206,17 +230,20 @@ class ImplicitBNN(Method):
         With ``shift``, then the scale of lowest NLL over clean and perturbed validation examples among it
         and the narrower ones within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
         scores: dict[float, float] = {}
+        regression = self.likelihood.prediction_type is RegressionPrediction
 
         def nll_at(scale: float, loader: Iterable) -> float:
             self.scale_fit = torch.tensor([scale, plain, math.nan], dtype=torch.float64, device=self.fit_settings.device)
             generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every scale
+            if regression:
+                return self._regression_nll(loader, lambda x: self._samples(x, None, generator, None, model_outputs))
             return held_out_nll(lambda x: self.log_predictive(x, generator=generator)[0], loader, device=self.device)
 
         def within(scale: float) -> bool:
             scores[scale] = nll_at(scale, val_loader)
             return scores[scale] <= limit
 
-        limit = (1 + self.val_tolerance) * plain
+        limit = plain + self.val_tolerance * abs(plain)  # (1 + tolerance) times a class NLL; a Gaussian NLL may be < 0
         with torch.no_grad(), eval_mode(self.model):
             scale = widest_spread(SCALES, within, start=SCALES.index(1.0), method="iBNN", tolerance=self.val_tolerance,
                                   over="the checkpoint", fallback="the component means",
@@ -277,7 +304,18 @@ class ImplicitBNN(Method):
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:
-        """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K``.
+        """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K`` (:meth:`_samples`)."""
+        samples = self._samples(x, num_samples, generator, max_memory, class_log_probs)
+        return log_mean_exp(samples), samples
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The mixture of the likelihood's Gaussians around the ``K * S`` sampled networks' outputs."""
+        return self.likelihood.predictive(self._samples(x, num_samples, generator, max_memory, model_outputs))
+
+    def _samples(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, max_memory: int | None,
+                 transform: Callable[[Any], Tensor]) -> Tensor:
+        """``(K * S, N, C)``: ``transform`` (the class log-probabilities, or the outputs) of the sampled networks.
 
         ``num_samples`` overrides ``S``, the number of samples per component. The first input of a
         shape runs one example alone, which measures the bytes of an expanded row; the rest runs in
@@ -289,19 +327,30 @@ class ImplicitBNN(Method):
         while start < total:
             rows = 1 if key not in self._expanded_row_bytes else rows_per_chunk(
                 repeats * self._expanded_row_bytes[key], max_memory=call_budget(self.max_memory, max_memory))
-            part = self._expanded_log_probs(slice_inputs(x, start, start + rows), repeats, generator, key)
+            part = self._expanded(slice_inputs(x, start, start + rows), repeats, generator, key, transform)
             if samples is None:
                 samples = part.new_empty(repeats, total, part.shape[-1])
             samples[:, start:start + rows] = part
             start += rows
-        return log_mean_exp(samples), samples
+        return samples
 
-    def _expanded_log_probs(self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple) -> Tensor:
-        """``(repeats, n, C)`` log-probabilities of ``x`` expanded ``repeats`` times."""
+    def _regression_nll(self, loader: Iterable, outputs_of: Callable[[Inputs], Tensor]) -> float:
+        """The held-out NLL of the mixture around ``outputs_of(x)`` ``(K, n, D)`` at its own best noise
+        (:func:`~posthoc.core.likelihood.best_noise_nll`) over ``loader``."""
+        outputs, targets = [], []
+        for x, y in iterate(loader, device=self.device, progress=False, desc="ibnn scale"):
+            sampled = outputs_of(x)
+            outputs.append(sampled)
+            targets.append(self.likelihood.targets(y, sampled[0]))
+        return best_noise_nll(self.likelihood, torch.cat(outputs, dim=1), torch.cat(targets))
+
+    def _expanded(self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple,
+                  transform: Callable[[Any], Tensor]) -> Tensor:
+        """``(repeats, n, C)`` ``transform`` of ``x``'s outputs expanded ``repeats`` times."""
         n = batch_size(x)
         with self.nodes.sampling(routes(n, repeats, self.components, self.nodes.called.device), generator=generator,
                                  scale=self.scale):
-            log_probs = class_log_probs(run_model(self.model, expand(x, repeats)))
+            log_probs = transform(run_model(self.model, expand(x, repeats)))
         if key not in self._expanded_row_bytes:
             self._expanded_row_bytes[key] = (ACTIVATION_COPIES * self.nodes.largest_input_bytes
                                              + LOG_PROB_COPIES * log_probs[0].numel() * log_probs.element_size())

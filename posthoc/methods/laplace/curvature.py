@@ -1,4 +1,4 @@
-"""Fitting the curvature: the last layer in closed form (any likelihood), deeper layers with BackPACK (categorical).
+"""Fitting the curvature: the last layer in closed form (any likelihood), deeper layers with BackPACK (softmax or Gaussian).
 
 For a linear head ``logits = W phi + b`` the generalised Gauss-Newton (GGN) of example ``n`` is
 ``H_n ⊗ phĩ_n phĩ_nᵀ`` with ``H_n`` the loss Hessian in the outputs, which the likelihood gives
@@ -167,20 +167,30 @@ def lora_parameters(model: nn.Module) -> list[str]:
     return found
 
 
-def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Tensor, Tensor]]) -> tuple[list[Curvature], Tensor]:
+def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Tensor, Tensor]],
+                 likelihood: Likelihood | None = None) -> tuple[list[Curvature], Tensor]:
     """KFAC (``KFLR`` exact / ``KFAC`` MC-sampled) or diagonal GGN of ``param_names`` from BackPACK.
 
     Works on a private deep copy of ``model`` (BackPACK attaches hooks), so the user's model is
     untouched. Factors follow BackPACK's summed-loss convention: ``G = Σ_n G_n``, ``A = Σ_n a aᵀ / N``.
-    Returns the eigen-decomposed blocks and the summed cross-entropy at the checkpoint.
+    Returns the eigen-decomposed blocks and the summed NLL at the checkpoint at unit dispersion
+    (:meth:`~posthoc.core.likelihood.Likelihood.unit_loss`).
+
+    ``likelihood`` (default: the softmax's) picks BackPACK's loss: the cross-entropy, or for a
+    Gaussian the summed squared error, whose loss Hessian BackPACK takes as ``2 I`` (``Σ (f - y)²``
+    has no ½): its GGN (the output factor ``G`` of KFAC, the diagonal) is halved here to the unit-noise
+    GGN of the identity loss Hessian (:meth:`~posthoc.core.likelihood.Gaussian.loss_hessian`), which
+    the caller divides by ``σ²``.
     """
+    likelihood = Categorical() if likelihood is None else likelihood
     extension = getattr(extensions, SUBSET_STRUCTURES[structure])()
     attribute = {"kron": "kflr", "kron-mc": "kfac", "diag": "diag_ggn_exact"}[structure]
     copy_ = copy.deepcopy(model).eval()
     for module in copy_.modules():  # hook the leaves only: containers (e.g. a custom nn.Module) have no rule
         if not list(module.children()):
             backpack.extend(module)
-    loss_fn = backpack.extend(nn.CrossEntropyLoss(reduction="sum"))
+    squared_error = likelihood.fits_noise
+    loss_fn = backpack.extend(nn.MSELoss(reduction="sum") if squared_error else nn.CrossEntropyLoss(reduction="sum"))
     params = dict(copy_.named_parameters())
     for name, value in params.items():
         value.requires_grad_(name in param_names)
@@ -191,7 +201,8 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
         torch.manual_seed(0)  # KFAC's MC-sampled targets are reproducible; the caller's generators are restored
         for x, y in batches:
             copy_.zero_grad()
-            batch_loss = loss_fn(copy_(x), y)
+            outputs = copy_(x)
+            batch_loss = loss_fn(outputs, y.to(outputs.dtype) if squared_error else y)
             try:
                 with backpack.backpack(extension), warnings.catch_warnings():
                     warnings.simplefilter("ignore", UserWarning)
@@ -202,13 +213,15 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
                     "a module between the loss and the chosen layers is not supported. Pick layers "
                     "after any BatchNorm/attention block with subset=[...], or use subset='last_layer'"
                 ) from err
-            loss += batch_loss.detach().to(FLOAT64)
+            loss += likelihood.unit_loss(outputs.detach(), y) if squared_error else batch_loss.detach().to(FLOAT64)
             count += y.shape[0]
             for name in param_names:
                 found = getattr(params[name], attribute)
                 found = [found] if isinstance(found, Tensor) else list(found)
                 if len(found) == 2:
                     found[1] = found[1] * y.shape[0]  # A is a batch mean: re-weight to combine batches
+                if squared_error:
+                    found[0] = found[0] / 2  # BackPACK's squared error has the loss Hessian 2 I
                 found = [f.detach().to(FLOAT64) for f in found]
                 sums[name] = found if name not in sums else [s + f for s, f in zip(sums[name], found)]
     loss = distributed.all_reduce_sum(loss)  # every rank holds the sums over all shards

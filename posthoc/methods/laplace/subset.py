@@ -14,6 +14,15 @@ linearised (GLM) logit Gaussian when every covered layer is Linear
 and the positions per example recorded at fit, is fixed), else (or with ``pred="nn"``) ``S`` weight
 draws run through the network.
 
+Under ``likelihood="regression"`` (BackPACK subsets, not ``"lora"``) the curvature is the GGN of the
+squared error at unit noise (BackPACK's ``MSELoss``, halved: its loss Hessian is ``2 I``), divided by
+``σ²`` as in the last layer; ``σ`` and ``δ`` maximise the evidence, and with a ``val_loader`` ``σ`` is
+re-chosen on held-out NLL at that ``δ`` (``pred="glm"``). The predictive is ``N(f(x), J Σ Jᵀ + σ²)``
+with ``J Σ Jᵀ = σ² J (G + δσ²)⁻¹ Jᵀ`` per block (``pred="glm"``), or the mixture of ``N(f_s(x), σ²)``
+over weight draws from that posterior (``pred="nn"``, which keeps the evidence's ``σ``). The held-out
+prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in the last layer
+(:mod:`posthoc.methods.laplace.base`); ``pred="nn"`` refuses them under regression.
+
 Example:
     >>> um = posthoc.wrap(model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(train_loader)
     >>> isinstance(um.method, SubsetLaplace), um.method.pred
@@ -33,12 +42,14 @@ from posthoc.core import distributed
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
+from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
-from posthoc.methods.laplace.base import Laplace, class_labels
+from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, backpack_ggn, subset_parameters
 from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
 from posthoc.methods.laplace.structures import structure_class
@@ -46,6 +57,8 @@ from posthoc.methods.laplace.structures import structure_class
 
 class SubsetLaplace(Laplace, scope="subset"):
     """``subset="all"`` or a list of module names: BackPACK KFAC/diagonal blocks over those layers (see module docs)."""
+
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -67,13 +80,22 @@ class SubsetLaplace(Laplace, scope="subset"):
         for name in ("num_classes", "positions", "example_size"):
             self.register_buffer(name, torch.zeros((), dtype=torch.int64))
 
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """As :meth:`Laplace.use_likelihood`; ``subset="lora"`` stays with the softmax (its hooks square-root that Hessian)."""
+        if self.subset == "lora" and likelihood.fits_noise:
+            raise ConfigError(f"subset='lora' fits its curvature from hooks with the softmax's loss Hessian and does not do "
+                              f"likelihood={likelihood.name!r} yet; name Linear layers with subset=[...] (BackPACK), or use "
+                              "subset='last_layer'")
+        super().use_likelihood(likelihood)
+
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
         if self.subset == "lora":
             blocks, loss = hooked_ggn(self.model, self.param_names, self.hessian,
                                       self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"))
         else:
-            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress))
+            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress),
+                                        self.likelihood)
         self.num_data.copy_(distributed.all_reduce_sum(self.num_data))
         self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())
@@ -91,7 +113,7 @@ class SubsetLaplace(Laplace, scope="subset"):
             if classes is None:
                 classes = self._record_shapes(x)
             self.num_data += batch_size(x)
-            yield x, class_labels(y, batch_size(x), classes)
+            yield x, self.likelihood.targets(y, torch.empty(batch_size(x), classes, device=self.device))
 
     def _record_shapes(self, x: Inputs) -> int:
         """Record the class count and the positions per example from one row of ``x``; return the class count."""
@@ -139,6 +161,55 @@ class SubsetLaplace(Laplace, scope="subset"):
             for s in range(num_samples)
         ])
         return log_mean_exp(sample_log_probs), sample_log_probs
+
+    # ------------------------------------------------------------------------------ regression
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """Under a Gaussian likelihood: ``N(f(x), J Σ Jᵀ + σ²)`` per output with ``pred="glm"``, else the mixture of
+        ``N(f_s(x), σ²)`` over ``num_samples`` weight draws (see module docs)."""
+        self._settle()
+        noise, delta = self.likelihood.dispersion, float(self.prior_precision)
+        if self.pred == "nn":
+            params = dict(self.model.named_parameters())
+            draws = {b.name: self._draws(b, params[b.name].detach(), num_samples or self.num_samples, generator) for b in self.blocks}
+            outputs = torch.stack([model_outputs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
+                                   for s in range(num_samples or self.num_samples)])
+            return self.likelihood.predictive(outputs)
+        outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
+        variance = noise * subset_glm.jacobian_covariance(factors, list(self.blocks), delta * noise).diagonal(dim1=1, dim2=2)
+        dtype = outputs.dtype if outputs.dtype in (torch.float32, torch.float64) else torch.float32
+        return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
+
+    def _draws(self, block: Any, mean: Tensor, num_samples: int, generator: torch.Generator | None) -> Tensor:
+        """``num_samples`` draws of one block's weights from ``N(θ, σ² (G + δ σ²)⁻¹)``, the posterior at noise ``σ``
+        (``G`` the unit-noise GGN), as ``σ`` times a draw of the unit-noise posterior at prior ``δ σ²``."""
+        noise = self.likelihood.dispersion
+        return mean + math.sqrt(noise) * block.sample(torch.zeros_like(mean), float(self.prior_precision) * noise, num_samples, generator)
+
+    def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Any, Tensor, Tensor]]:
+        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, joined into one batch where their
+        shapes allow: the factors
+        (:func:`~posthoc.methods.laplace.subset_glm.jacobian_factors`) give ``J Σ Jᵀ`` at any prior without another pass."""
+        found, seen = [], 0
+        with eval_mode(self.model):
+            for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):
+                outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
+                found.append((factors, outputs, self.likelihood.targets(y, outputs)))
+                seen += batch_size(x)
+                if rows is not None and seen >= rows:
+                    break
+        first = found[0][0]
+        if any(f[name][k].shape[1:] != first[name][k].shape[1:] for f, _, _ in found for name in first for k in (0, 1)):
+            return found  # sequences of several lengths: kept per batch
+        factors = {name: tuple(torch.cat(parts) for parts in zip(*(f[name] for f, _, _ in found))) for name in first}
+        return [(factors, torch.cat([o for _, o, _ in found]), torch.cat([t for _, _, t in found]))]
+
+    def _unit_variance(self, prepared: dict[str, tuple[Tensor, Tensor]], outputs: Tensor, prior_precision: float) -> Tensor:
+        """The diagonal of ``Σ_blocks J Σ_block Jᵀ`` ``(N, D)`` at unit noise from a batch's Jacobian factors."""
+        return subset_glm.jacobian_covariance(prepared, list(self.blocks), prior_precision).diagonal(dim1=1, dim2=2)
+
+    def target_values(self) -> int:
+        return int(self.num_data) * max(1, int(self.num_classes))
 
     def posterior_parameters(self) -> list[str]:
         return list(self.param_names)

@@ -86,6 +86,20 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
     logits' gradients in its output (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`).
     A layer applied over positions (inputs ``(N, T, features)``, e.g. LoRA adapters on every token)
     has the Jacobian ``Σ_t g_c,t a_tᵀ`` per example."""
+    logits, factors = jacobian_factors(model, layers, x)
+    out = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
+    return DenseLogitGaussian(logits.to(out), jacobian_covariance(factors, blocks, prior_precision))
+
+
+def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+    """The outputs ``(n, C)`` of ``x`` (detached) and, per layer, the outputs' gradients in its output ``g``
+    ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (float64): what ``J Σ Jᵀ`` needs at any prior.
+
+    Example:
+        >>> logits, factors = jacobian_factors(net, covered_linear_layers(net, ["2.weight"]), torch.randn(5, 4))
+        >>> factors["2"][0].shape   # 3 outputs' gradients in the layer's 3 outputs
+        torch.Size([5, 3, 3])
+    """
     logits, taps = tapped_forward(model, layers, x)
     with torch.enable_grad():
         leaves = [taps[name][1] for name in layers]
@@ -95,19 +109,27 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
             for store, grad in zip(gradients, torch.autograd.grad(logits[:, c].sum(), leaves, retain_graph=c < classes - 1)):
                 store.append(grad)
     dtype = torch.promote_types(logits.dtype, torch.float64)
-    covariance = logits.new_zeros((logits.shape[0], classes, classes), dtype=dtype)
-    by_name = {block.name: block for block in blocks}
+    factors = {}
     for name, grads in zip(layers, gradients):
         g = torch.stack(grads, 1).to(dtype)  # (n, C, [T,] out)
         a = taps[name][0].to(dtype)
         if a.dim() > 2:
             a, g = a.reshape(a.shape[0], -1, a.shape[-1]), g.reshape(*g.shape[:2], -1, g.shape[-1])
+        factors[name] = (g, a)
+    return logits.detach(), factors
+
+
+def jacobian_covariance(factors: dict[str, tuple[Tensor, Tensor]], blocks: list[Curvature], prior_precision: float) -> Tensor:
+    """``Σ_blocks J Σ_block Jᵀ`` ``(n, C, C)`` from :func:`jacobian_factors` at ``prior_precision``."""
+    by_name = {block.name: block for block in blocks}
+    covariance = None
+    for name, (g, a) in factors.items():
         for field, inputs in (("weight", a), ("bias", None)):
             block = by_name.get(f"{name}.{field}")
             if block is not None:
-                covariance += block.jacobian_variance(g, inputs, prior_precision)
-    out = logits.detach().dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
-    return DenseLogitGaussian(logits.detach().to(out), covariance)
+                term = block.jacobian_variance(g, inputs, prior_precision)
+                covariance = term if covariance is None else covariance + term
+    return covariance
 
 
 def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0, positions: int = 1) -> int:

@@ -32,8 +32,15 @@ digits models). The choice and both validation NLLs are kept in buffers and show
 Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
 the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
 held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
-The rate is not chosen on held-out data there yet: ``p="auto"`` is refused, ``p=None`` keeps the
-model's own rates.
+The rate is chosen by the same walk on the held-out Gaussian NLL (:func:`posthoc.core.likelihood.best_noise_nll`): the
+plain model's is that of ``N(f(x), σ_plain²)``, each candidate rate's that of its mixture, each with
+its own ``σ`` fitted by maximum likelihood on the same held-out rows (so a rate is compared at its
+best noise, not at one fitted for another). A Gaussian NLL may be negative, so the tolerance is
+relative to its size: a rate is within while its NLL is at most ``plain + NLL_TOLERANCE · |plain|``
+(the same bound as ``(1 + NLL_TOLERANCE) · plain`` for class NLLs). The noise of the predictive is
+then fitted at the chosen rate as above. Shift-aware perturbations (``fit(..., shift=...)``) grade
+a classifier's accuracy and are skipped under regression; the held-out rows are those of this
+process (under ``torch.distributed`` each rank chooses on its own shard).
 
 Example:
     >>> um = posthoc.wrap(torchvision.models.resnet18(num_classes=10), method="mc-dropout", p=0.2)
@@ -55,7 +62,8 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
-from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, Likelihood, fit_noise_on, model_outputs
+from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, best_noise_nll, fit_noise_on,
+                                     model_outputs)
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
@@ -82,8 +90,9 @@ MASKS = ("shared", "per_example")
 
 
 def chosen_rate(plain_nll: float, grid_nll: Sequence[float], grid: Sequence[float] = P_GRID) -> float:
-    """The rates of ``grid`` (ascending) are accepted while their NLL stays within ``(1 + NLL_TOLERANCE) * plain_nll``;
-    the last one accepted, or the smallest rate when none is.
+    """The rates of ``grid`` (ascending) are accepted while their NLL stays within ``plain_nll + NLL_TOLERANCE * |plain_nll|``
+    (``(1 + NLL_TOLERANCE) * plain_nll`` for a class NLL; a Gaussian NLL may be negative); the last one accepted, or
+    the smallest rate when none is.
 
     The walk (:func:`posthoc.engine.held_out.walk_spreads`) stops at the first rate over the tolerance,
     so a larger rate that looks cheap by chance (a noisy estimate) is not taken past one that is not.
@@ -93,7 +102,7 @@ def chosen_rate(plain_nll: float, grid_nll: Sequence[float], grid: Sequence[floa
         0.05
     """
     scores = dict(zip(grid, grid_nll))
-    walk = walk_spreads(grid, lambda p: scores[p] <= (1 + NLL_TOLERANCE) * plain_nll)
+    walk = walk_spreads(grid, lambda p: scores[p] <= plain_nll + NLL_TOLERANCE * abs(plain_nll))
     return grid[0 if walk.accepted is None else walk.accepted]
 
 
@@ -158,15 +167,6 @@ class MCDropout(Method):
         self._runner: SuffixRunner | None = None
         self._resolve(None)
 
-    def use_likelihood(self, likelihood: Likelihood) -> None:
-        """As :meth:`Method.use_likelihood`; over real targets the rate is not chosen on held-out data (see module docs)."""
-        super().use_likelihood(likelihood)
-        if likelihood.prediction_type is RegressionPrediction:
-            if self.rate_from_val:
-                raise ConfigError(f"p='auto' chooses the dropout rate by held-out class NLL, which likelihood={likelihood.name!r} "
-                                  "does not have yet; pass a rate (e.g. p=0.1) or p=None for the model's own rates")
-            self.tunes_rate = False
-
     @property
     def requires_fit(self) -> bool:  # type: ignore[override]  # derived: only p="auto" must be fitted
         return self.rate_from_val
@@ -184,13 +184,17 @@ class MCDropout(Method):
         With ``shift``, the rate is then the one of lowest NLL over the clean and perturbed validation
         examples together among that rate and the smaller ones (:func:`posthoc.engine.held_out.choose`).
 
-        Under a regression likelihood: the observation noise, on the sampled outputs (see module docs)."""
+        Under a regression likelihood: the rate by held-out Gaussian NLL (no ``shift``), then the observation
+        noise on the sampled outputs at that rate (see module docs)."""
+        regression = self.likelihood.prediction_type is RegressionPrediction
+        if regression and self.tunes_rate and val_loader is not None:
+            self._choose_rate_on_gaussian_nll(val_loader, progress)
         if self.likelihood.fits_noise:
             generator = torch.Generator(device=self.device).manual_seed(0)
             with eval_mode(self.model):
                 fit_noise_on(self.likelihood, (train_loader, val_loader), self.device,
                              lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress)
-        if not self.tunes_rate or val_loader is None:
+        if regression or not self.tunes_rate or val_loader is None:
             return
         device = self.device
         totals = torch.zeros(len(P_GRID) + 2, dtype=torch.float64)  # examples, plain NLL, NLL per rate
@@ -220,6 +224,25 @@ class MCDropout(Method):
             rate = shift_aware_spread(rate, [p for p in reversed(P_GRID) if p < rate], loader=val_loader, shifted=shifted,
                                       nll_at=lambda p, loader: self._rate_nll(loader, p, samples), known=known,
                                       limit=(1 + NLL_TOLERANCE) * nll[0])
+        self.rate.fill_(rate)
+        self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
+
+    @torch.no_grad()
+    def _choose_rate_on_gaussian_nll(self, val_loader: Iterable, progress: bool) -> None:
+        """Every site's rate by :func:`chosen_rate` on the held-out Gaussian NLLs of :func:`~posthoc.core.likelihood.best_noise_nll`."""
+        samples = SELECTION_FACTOR * self.num_samples
+        batches = list(iterate(val_loader, device=self.device, progress=progress, desc="mc-dropout p"))
+        with eval_mode(self.model):
+            self._resolve(batches[0][0] if batches else None)
+            plain = [model_outputs(run_model(self.model, x)) for x, _ in batches]
+            targets = torch.cat([self.likelihood.targets(y, outputs) for (_, y), outputs in zip(batches, plain)])
+            sampled = []
+            for p in P_GRID:
+                generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every rate
+                sampled.append(torch.cat([self._outputs_at(x, with_rate(self._sites, p), samples, generator)
+                                          for x, _ in batches], dim=1))
+        nll = [best_noise_nll(self.likelihood, outputs, targets) for outputs in (torch.cat(plain)[None], *sampled)]
+        rate = chosen_rate(nll[0], nll[1:])
         self.rate.fill_(rate)
         self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
 
@@ -270,7 +293,9 @@ class MCDropout(Method):
 
     def _rate_origin(self, rate: float, chosen: bool) -> str:
         if chosen:
-            return f"validation NLL (rates {list(P_GRID)} scanned upwards while within {NLL_TOLERANCE:.1%} of the plain model's)"
+            kind = "Gaussian NLL, σ fitted per rate" if self.likelihood.prediction_type is RegressionPrediction else "NLL"
+            return (f"validation {kind} (rates {list(P_GRID)} scanned upwards while within {NLL_TOLERANCE:.1%} of the "
+                    "plain model's)")
         if not math.isnan(rate):
             return "option p"
         if self.where == "head" and self._sites and head_dropout_rate(self.model, self._sites[0].name) is not None:
@@ -295,7 +320,12 @@ class MCDropout(Method):
     def sampled_outputs(self, x: Inputs, num_samples: int, generator: torch.Generator | None,
                         max_memory: int | None = None) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` dropout masks per example."""
-        sites, n = self.sites(x), batch_size(x)
+        return self._outputs_at(x, self.sites(x), num_samples, generator, max_memory)
+
+    def _outputs_at(self, x: Inputs, sites: list[DropoutSite], num_samples: int, generator: torch.Generator | None,
+                    max_memory: int | None = None) -> Tensor:
+        """``(S, N, O)``: the model's raw outputs under ``num_samples`` masks per example at ``sites``' rates."""
+        n = batch_size(x)
         if all(site.p == 0 for site in sites):
             return model_outputs(run_model(self.model, x)).unsqueeze(0).expand(num_samples, n, -1)
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
