@@ -1,0 +1,121 @@
+"""Regression under the sampling methods that fine-tune from the checkpoint: SWAG, MultiSWAG, IVON and SGLD.
+
+The data: ``y = sin(2x) + ε``, ``ε ~ N(0, 0.1²)``, ``x ~ U(-2, 2)``; 400 training, 400 held-out and 400 test
+points, an MLP fitted to the training points. The oracle: the plain model (``method="none"``) with its noise
+fitted on the same held-out data, and the known noise 0.1.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.core.likelihood import Categorical, Gaussian
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.objective import held_out_shift, nll_limit, training_loss
+
+NOISE = 0.1
+#: the test NLL a method may cost over the plain model, in nats per example (its scale is chosen on 400 held-out
+#: points within 0.02 nats of the best; on the 400 test points that choice costs up to about 0.035)
+NLL_MARGIN = 0.05
+#: three standard errors of a noise std fitted on 400 points (``σ / sqrt(2n)``), and the fine-tune's drift
+NOISE_TOLERANCE = 0.015
+
+
+@functools.lru_cache(maxsize=1)
+def _problem() -> tuple[nn.Module, dict[str, tuple[torch.Tensor, torch.Tensor]]]:
+    generator = torch.Generator().manual_seed(0)
+
+    def split(n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.rand(n, 1, generator=generator) * 4 - 2
+        return x, torch.sin(2 * x) + NOISE * torch.randn(n, 1, generator=generator)
+
+    data = {"train": split(400), "val": split(400), "test": split(400)}
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(1, 32), nn.Tanh(), nn.Linear(32, 32), nn.Tanh(), nn.Linear(32, 1))
+    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
+    x, y = data["train"]
+    for _ in range(500):
+        optimiser.zero_grad()
+        ((net(x) - y) ** 2).mean().backward()
+        optimiser.step()
+    return net.eval(), data
+
+
+def _loader(pair: tuple[torch.Tensor, torch.Tensor], shuffle: bool = False) -> DataLoader:
+    return DataLoader(TensorDataset(*pair), batch_size=50, shuffle=shuffle)
+
+
+def _test_nll(um: posthoc.UncertainModel) -> float:
+    x, y = _problem()[1]["test"]
+    return float(um.likelihood.nll(um.predict(x), y).mean())
+
+
+def _plain() -> posthoc.UncertainModel:
+    net, data = _problem()
+    return posthoc.wrap(net, method="none", likelihood="regression").fit(_loader(data["train"]), _loader(data["val"]),
+                                                                         progress=False)
+
+
+def _fitted(method: str, options: dict, fit_options: dict | None = None) -> posthoc.UncertainModel:
+    net, data = _problem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a scale choice that accepts nothing warns
+        return posthoc.wrap(net, method=method, likelihood="regression", **options).fit(
+            _loader(data["train"], shuffle=True), _loader(data["val"]), progress=False, **(fit_options or {}))
+
+
+# ------------------------------------------------------------------------------ the shared objective
+def test_the_training_loss_is_the_class_nll_or_the_gaussian_nll_per_example_at_the_noise() -> None:
+    logits, labels = torch.randn(6, 3), torch.tensor([0, 2, 1, 0, 1, 2])
+    assert torch.equal(training_loss(Categorical(), logits, labels), F.cross_entropy(logits, labels))
+    single = torch.randn(6, 1)
+    assert torch.equal(training_loss(Categorical(), single, labels % 2, binary_logit=True),
+                       F.cross_entropy(torch.cat([torch.zeros_like(single), single], 1), labels % 2))
+    outputs, targets = torch.randn(6, 2), torch.randn(6, 2)
+    expected = 0.5 * (outputs - targets).square().sum() / 0.25 / 6
+    torch.testing.assert_close(training_loss(Gaussian(noise_std=0.5), outputs, targets), expected, rtol=1e-6, atol=0)
+
+
+def test_a_gaussian_tolerance_is_in_nats_and_real_targets_take_no_shift() -> None:
+    assert nll_limit(Categorical(), best=0.5, tolerance=0.02) == pytest.approx(0.51)
+    assert nll_limit(Gaussian(), best=-1.0, tolerance=0.02) == pytest.approx(-0.98)  # not 1.02 * -1.0 < best
+    assert held_out_shift(Categorical(), "auto") == "auto" and held_out_shift(Gaussian(), "auto") is None
+
+
+# ------------------------------------------------------------------------------ SWAG
+@pytest.mark.parametrize("subset", ["last_layer", "all"])
+def test_swag_predicts_a_mixture_near_the_plain_model_with_the_known_noise(subset: str, tmp_path) -> None:
+    um = _fitted("swag", {"subset": subset})
+    x = _problem()[1]["test"][0]
+    pred = um.predict(x)
+    assert isinstance(pred, RegressionPrediction) and pred.mean.shape == (400, 1) and pred.samples.shape == (20, 400, 1)
+    assert float(pred.epistemic.min()) > 0
+    card = um.summary()["posterior"][0]
+    assert card["noise_fit"] == "held-out" and abs(card["noise_std"] - NOISE) < NOISE_TOLERANCE, card
+    assert card["scale"] > 0  # a scale was accepted: negative Gaussian NLLs take an absolute tolerance
+    plain_val, swag_val = um.method.scale_fit[1:].tolist()
+    assert swag_val <= plain_val + um.method.val_tolerance
+    assert _test_nll(um) <= _test_nll(_plain()) + NLL_MARGIN
+    um.save(tmp_path / "swag.pt")
+    loaded = posthoc.load(tmp_path / "swag.pt", _problem()[0], likelihood="regression")
+    again = loaded.predict(x)
+    torch.testing.assert_close(again.mean, pred.mean, rtol=0, atol=0)
+    torch.testing.assert_close(again.variance, pred.variance, rtol=0, atol=0)
+
+
+def test_swag_scores_the_checkpoint_by_its_gaussian_held_out_nll() -> None:
+    um = _fitted("swag", {"subset": "last_layer"})
+    net, data = _problem()
+    x, y = data["val"]
+    plain = _plain()  # its noise is the maximum-likelihood one on these held-out points
+    expected = float(plain.likelihood.nll(plain.predict(x), y).mean())
+    assert float(um.method.scale_fit[1]) == pytest.approx(expected, rel=1e-6)
