@@ -135,3 +135,16 @@ def test_ivon_predicts_a_mixture_near_the_plain_model_with_the_known_noise(layer
     um = _fitted("ivon", {"layers": layers}, {"lr": 1e-4})
     card = _check_mixture_near_the_plain_model(um, tmp_path, samples=20)
     assert card["scale"] > 0  # IVON starts from hess_init / σ²: at hess_init its steps would be 1 / σ² = 100x larger
+
+
+# ------------------------------------------------------------------------------ MultiSWAG
+def test_multiswag_is_the_mixture_of_its_runs_samples_with_one_held_out_noise(tmp_path) -> None:
+    um = _fitted("multiswag", {"members": 2, "subset": "last_layer"})
+    card = _check_mixture_near_the_plain_model(um, tmp_path, samples=40)
+    assert [run["noise_std"] for run in card["per_member"].values()] == [card["noise_std"]] * 2
+    x = _problem()[1]["test"][0]
+    pred, outputs = um.predict(x), torch.cat([run.sampled_outputs(x) for run in um.method.members])
+    whole = um.likelihood.predictive(outputs)  # one mixture over both runs' samples
+    torch.testing.assert_close(pred.mean, whole.mean, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(pred.variance, whole.variance, rtol=1e-6, atol=1e-6)
+    assert not torch.equal(outputs[:20], outputs[20:])  # the runs drifted apart
