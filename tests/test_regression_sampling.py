@@ -148,3 +148,16 @@ def test_multiswag_is_the_mixture_of_its_runs_samples_with_one_held_out_noise(tm
     torch.testing.assert_close(pred.mean, whole.mean, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(pred.variance, whole.variance, rtol=1e-6, atol=1e-6)
     assert not torch.equal(outputs[:20], outputs[20:])  # the runs drifted apart
+
+
+# ------------------------------------------------------------------------------ SGLD
+@pytest.mark.parametrize("layers", ["head", "all"])
+def test_sgld_predicts_a_mixture_of_its_kept_samples_with_the_known_noise(layers: str, tmp_path) -> None:
+    um = _fitted("sgld", {"layers": layers}, {"epochs": 10})  # 80 steps: 40 after burn-in, 20 kept
+    _check_mixture_near_the_plain_model(um, tmp_path, samples=20)
+    net, data = _problem()
+    with torch.no_grad():
+        features = net[:-1](data["train"][0])
+    unit = 1 / float((features.square().sum(-1) + 1).mean()) if layers == "head" else 1e-3  # the class labels' step
+    plain_variance = _plain().summary()["posterior"][0]["noise_std"] ** 2  # the noise the chain's loss divides by
+    assert um.summary()["posterior"][0]["lr"] == pytest.approx(unit * plain_variance / 2, rel=1e-5)

@@ -74,6 +74,18 @@ def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor, *, binary_
     return (likelihood.unit_loss(outputs, targets) / (likelihood.dispersion * outputs.shape[0])).float()
 
 
+def step_scale(likelihood: Likelihood) -> float:
+    """What a learning rate set for class labels is multiplied by under ``likelihood``: ``1`` for classes, ``σ² / 2``
+    for a Gaussian. The largest second derivative of one example's loss in one output is ``1/2`` for the softmax
+    and ``1 / σ²`` for the Gaussian NLL, so a step that is stable for one is as stable for the other at this ratio.
+
+    Example:
+        >>> step_scale(Categorical()), step_scale(Gaussian(noise_std=0.1))
+        (1.0, 0.005000000000000001)
+    """
+    return 1.0 if predicts_classes(likelihood) else likelihood.dispersion / 2
+
+
 def fit_plain_noise(likelihood: Likelihood, model: nn.Module, loaders: tuple[Iterable | None, Iterable | None],
                     device: torch.device) -> None:
     """Fit ``likelihood``'s noise to the plain ``model``'s outputs, on the held-out loader if there is one
