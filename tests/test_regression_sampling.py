@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.demo.regression import RegressionData, sinusoid, train_mlp
 from posthoc.engine.objective import held_out_shift, nll_limit, training_loss
 
 NOISE = 0.1
@@ -161,3 +162,26 @@ def test_sgld_predicts_a_mixture_of_its_kept_samples_with_the_known_noise(layers
     unit = 1 / float((features.square().sum(-1) + 1).mean()) if layers == "head" else 1e-3  # the class labels' step
     plain_variance = _plain().summary()["posterior"][0]["noise_std"] ** 2  # the noise the chain's loss divides by
     assert um.summary()["posterior"][0]["lr"] == pytest.approx(unit * plain_variance / 2, rel=1e-5)
+
+
+@functools.lru_cache(maxsize=1)
+def _sinusoid_mlp() -> tuple[RegressionData, nn.Module]:
+    """The demo's sinusoid and its MLP (1,000 full-batch Adam steps: a few seconds, made once)."""
+    data = sinusoid()
+    return data, train_mlp(data.train, epochs=1000)
+
+
+@pytest.mark.parametrize("layers, wider", [("head", ("gap", "beyond")), ("all", ("gap",))])
+def test_sgld_spreads_its_outputs_more_off_the_sinusoid_data_than_on_it(layers: str, wider: tuple[str, ...]) -> None:
+    """The model variance, not the total (the noise dominates it): on the sinusoid of seed 004 (40 points in two
+    clusters) SGLD's kept samples disagree more in the gap between the clusters than on the training inputs, for
+    MLPs trained from seeds 0, 1 and 2 (head: 1.8x, 1.9x, 1.2x in the gap, 2.2x, 2.1x, 3.7x beyond the data; every
+    weight: 2.7x, 1.5x, 1.5x in the gap, but 0.7x-1.5x beyond, not asserted). SWAG and IVON do not show it on every
+    one of those seeds (0.3x-2.3x), so it is not asserted for them."""
+    data, net = _sinusoid_mlp()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # too few steps for 20 samples is not what is tested here
+        um = posthoc.wrap(net, method="sgld", layers=layers, likelihood="regression").fit(
+            data.train_loader(8), data.val_loader(), progress=False, epochs=40)
+    spread = {name: float(um.predict(x).epistemic.mean()) for name, x in data.regions.items()}
+    assert all(spread[name] > 1.1 * spread["train"] for name in wider), spread
