@@ -185,3 +185,31 @@ def test_sgld_spreads_its_outputs_more_off_the_sinusoid_data_than_on_it(layers: 
             data.train_loader(8), data.val_loader(), progress=False, epochs=40)
     spread = {name: float(um.predict(x).epistemic.mean()) for name, x in data.regions.items()}
     assert all(spread[name] > 1.1 * spread["train"] for name in wider), spread
+
+
+# ------------------------------------------------------------------------------ the noise without held-out data
+FAST = [("swag", {"subset": "last_layer"}), ("multiswag", {"members": 2, "subset": "last_layer"}),
+        ("ivon", {"layers": "head"}), ("sgld", {"layers": "head"})]
+
+
+@pytest.mark.parametrize("method, options", FAST)
+def test_without_held_out_data_the_noise_is_fitted_on_the_training_data_and_a_fixed_noise_stays(method: str,
+                                                                                                 options: dict) -> None:
+    net, data = _problem()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # SGLD keeps fewer than 20 samples of 16 steps
+        fitted = posthoc.wrap(net, method=method, likelihood="regression", **options).fit(_loader(data["train"]),
+                                                                                         progress=False)
+        fixed = posthoc.wrap(net, method=method, likelihood=Gaussian(noise_std=0.3), **options).fit(
+            _loader(data["train"]), _loader(data["val"]), progress=False)
+    card = fitted.summary()["posterior"][0]
+    assert card["noise_fit"] == "training" and abs(card["noise_std"] - NOISE) < NOISE_TOLERANCE, card
+    card = fixed.summary()["posterior"][0]
+    assert card["noise_fit"] == "fixed" and card["noise_std"] == 0.3
+    assert float(fixed.predict(data["test"][0]).aleatoric.mean()) == pytest.approx(0.09, rel=1e-5)
+
+
+@pytest.mark.parametrize("method", ["swag", "multiswag", "ivon", "sgld"])
+def test_a_heteroscedastic_model_is_refused_naming_the_methods_that_take_it(method: str) -> None:
+    with pytest.raises(posthoc.ConfigError, match="does not do likelihood='heteroscedastic' yet; the methods that do: "):
+        posthoc.wrap(nn.Linear(1, 2), method=method, likelihood="heteroscedastic")
