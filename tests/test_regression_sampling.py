@@ -8,7 +8,6 @@ fitted on the same held-out data, and the known noise 0.1.
 from __future__ import annotations
 
 import functools
-import math
 import warnings
 
 import pytest
