@@ -19,7 +19,7 @@ state for :func:`~posthoc.engine.weight_samples.state_log_predictive`.
 Example:
     >>> weights = PrivateWeights(model, "head", loader, split=FeatureSplit(model))
     >>> for inputs, y in weights.epoch(torch.Generator().manual_seed(0)):
-    ...     loss = F.cross_entropy(weights.forward(inputs), y)
+    ...     loss = weights.loss(inputs, y)
     >>> weights.weights_vector().shape        # the head's C * D + C values
     torch.Size([520])
 """
@@ -37,10 +37,12 @@ from torch import Tensor, nn
 from posthoc.core import distributed, settings
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
+from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.core.logits import as_class_logits
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.head import FeatureSplit
+from posthoc.engine.objective import predicts_classes, training_loss
 
 LAYERS = ("head", "all")
 
@@ -101,10 +103,13 @@ class PrivateWeights:
         layers: ``"head"`` or ``"all"``.
         loader: the training loader (the head's features are computed from it here).
         split: the model's :class:`FeatureSplit` (needed for ``"head"``).
+        likelihood: what :meth:`loss` is the NLL of (``None``: class labels); a Gaussian's noise is fitted before.
     """
 
-    def __init__(self, model: nn.Module, layers: str, loader: Iterable, *, split: FeatureSplit | None = None) -> None:
+    def __init__(self, model: nn.Module, layers: str, loader: Iterable, *, split: FeatureSplit | None = None,
+                 likelihood: Likelihood | None = None) -> None:
         self.layers, self.loader = check_layers(layers), loader
+        self.likelihood = Categorical() if likelihood is None else likelihood
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
         self._cached: list[tuple[Tensor, Tensor]] | None = None
         if layers == "head":
@@ -155,16 +160,22 @@ class PrivateWeights:
         with torch.no_grad(), eval_mode(self._split.model):
             for x, y in iterate(self.loader, device=self.device, progress=False, desc="features"):
                 phi, logits = self._split(x)
-                y = check_labels(y, as_class_logits(logits).shape[-1])
-                size += y.numel()
+                y = self._targets(y, logits)
+                size += y.shape[0]
                 kept += phi.numel() * 4
                 if kept <= settings.memory_budget(None):
                     batches.append((phi.float(), y))
         self._cached = batches if kept <= settings.memory_budget(None) else None
         return size
 
+    def _targets(self, y: Tensor, outputs: Tensor) -> Tensor:
+        """A batch's labels checked against its logits, or its real targets ``(n, D)`` against its outputs."""
+        if predicts_classes(self.likelihood):
+            return check_labels(y, as_class_logits(outputs).shape[-1])
+        return self.likelihood.targets(y, model_outputs(outputs))
+
     def epoch(self, generator: torch.Generator) -> Iterator[tuple[Inputs, Tensor]]:
-        """One pass over the training data: ``(inputs, labels)`` for :meth:`forward` (features for the head),
+        """One pass over the training data: ``(inputs, targets)`` for :meth:`forward` (features for the head),
         :attr:`steps_per_epoch` batches."""
         steps = self.steps_per_epoch
         if self._cached is not None:
@@ -180,15 +191,15 @@ class PrivateWeights:
             yield x, y
 
     def forward(self, inputs: Inputs) -> Tensor:
-        """Logits of the private weights on one batch from :meth:`epoch`."""
+        """Outputs (logits) of the private weights on one batch from :meth:`epoch`."""
         if self.layers == "head":
             return F.linear(inputs.float(), self.trained[0], self.trained[1] if len(self.trained) > 1 else None)
         return run_model(self.copy, inputs)
 
     def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
-        """The mean cross-entropy of one batch from :meth:`epoch`."""
-        logits = as_class_logits(self.forward(inputs)).float()  # a single logit z: the two classes [0, z]
-        return F.cross_entropy(logits, check_labels(y, logits.shape[-1]))
+        """The mean NLL of one batch from :meth:`epoch` under the likelihood (a single logit ``z``: the two classes
+        ``[0, z]``; :func:`~posthoc.engine.objective.training_loss`)."""
+        return training_loss(self.likelihood, self.forward(inputs), y, binary_logit=True)
 
     def weights_vector(self) -> Tensor:
         """The current trained weights as one float32 row."""

@@ -3,11 +3,11 @@
 Methods that end a fit with a set of weight samples (SGLD's kept iterates, draws from IVON's
 Gaussian) predict through one of two routes:
 
-- :func:`head_log_predictive`: every sample is a row ``[W.flatten(), b]`` of the classifier
+- :func:`head_log_predictive` (:func:`head_outputs` for the raw outputs): every sample is a row ``[W.flatten(), b]`` of the classifier
   head; the backbone runs once (:class:`~posthoc.engine.head.FeatureSplit`) and all ``S`` heads
   are applied to the features in batched matmuls, the samples chunked under the memory budget
   (:mod:`posthoc.core.chunks`);
-- :func:`state_log_predictive`: every sample is a ``{name: tensor}`` state (parameters and, where
+- :func:`state_log_predictive` (:func:`state_outputs`): every sample is a ``{name: tensor}`` state (parameters and, where
   a method keeps them, BatchNorm buffers) run through the model functionally, one pass per sample.
 
 :func:`head_rows` and :func:`head_logits` convert between a head module and its flat rows.
@@ -29,6 +29,7 @@ from torch import Tensor, nn
 
 from posthoc.core.chunks import chunks
 from posthoc.core.inputs import Inputs, run_model_with
+from posthoc.core.likelihood import model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.engine.head import FeatureSplit
 
@@ -64,13 +65,18 @@ def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
     return logits + rows[:, size:].unsqueeze(1) if rows.shape[1] > size else logits
 
 
-def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
-                        max_memory: int | None = None) -> tuple[Tensor, Tensor]:
-    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` head samples, the backbone run once.
+def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *, max_memory: int | None = None,
+                 transform: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+    """``(S, N, C)``: the outputs of ``count`` head samples (through ``transform``, e.g. a log-softmax), the backbone run once.
 
     ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
     memory budget (``max_memory``, else ``posthoc.settings.max_memory``) from the bytes one sample
-    keeps alive (its row, and its logits with their log-softmax copy).
+    keeps alive (its row, and its outputs with a transformed copy).
+
+    Example:
+        >>> split = FeatureSplit(net)
+        >>> head_outputs(split, lambda s: head_rows(split.head).expand(s.stop - s.start, -1), 5, torch.randn(4, 2)).shape
+        torch.Size([5, 4, 3])
     """
     phi, _ = split(x)
     phi, head = phi.float(), split.head
@@ -78,21 +84,49 @@ def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inp
     row_bytes = 4 * (head.in_features * classes + classes + 3 * phi.shape[0] * classes)
     groups = []
     for samples in chunks(count, row_bytes, max_memory=max_memory):
-        logits = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
-        if classes == 1:  # a binary classifier's single logit z: the two classes [0, z]
-            logits = torch.cat([torch.zeros_like(logits), logits], dim=-1)
-        groups.append(torch.log_softmax(logits, dim=-1))
-    sample_log_probs = groups[0] if len(groups) == 1 else torch.cat(groups)
+        outputs = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
+        groups.append(outputs if transform is None else transform(outputs))
+    return groups[0] if len(groups) == 1 else torch.cat(groups)
+
+
+def _head_log_softmax(logits: Tensor) -> Tensor:
+    """Log-probabilities of head logits ``(S, N, C)``; a binary classifier's single logit ``z`` is the classes ``[0, z]``."""
+    if logits.shape[-1] == 1:
+        logits = torch.cat([torch.zeros_like(logits), logits], dim=-1)
+    return torch.log_softmax(logits, dim=-1)
+
+
+def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
+                        max_memory: int | None = None) -> tuple[Tensor, Tensor]:
+    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` head samples (:func:`head_outputs`)."""
+    sample_log_probs = head_outputs(split, rows, count, x, max_memory=max_memory, transform=_head_log_softmax)
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 
-def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int,
-                         x: Inputs) -> tuple[Tensor, Tensor]:
-    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states, one pass each.
+def state_outputs(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int, x: Inputs, *,
+                  transform: Callable[[Tensor], Tensor] = model_outputs) -> Tensor:
+    """``(S, N, ...)``: ``transform`` of the outputs of ``count`` whole-model states, one pass each, in float32.
 
     ``states(s)`` gives sample ``s`` as ``{name: tensor}`` (parameters and buffers replacing the
     model's own, through :func:`~posthoc.core.inputs.run_model_with`); the model is not changed. A
     float16 / bfloat16 model runs its samples in float32 (with its inputs), as the head route does.
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> state_outputs(net, lambda s: {"bias": torch.full((1,), float(s))}, 4, torch.randn(5, 2)).shape
+        torch.Size([4, 5, 1])
+    """
+    base = _float32_tensors(model)
+    if base:  # a float16 / bfloat16 model: weight samples run in float32, where they cannot overflow
+        x = {k: _float32(v) for k, v in x.items()} if isinstance(x, Mapping) else _float32(x)
+    rows = [transform(run_model_with(model, {**base, **{k: _float32(v) for k, v in states(s).items()}} if base else states(s), x)).float()
+            for s in range(count)]
+    return torch.stack(rows)
+
+
+def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int,
+                         x: Inputs) -> tuple[Tensor, Tensor]:
+    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states (:func:`state_outputs`).
 
     Example:
         >>> net = nn.Linear(2, 3)
@@ -100,12 +134,7 @@ def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, 
         >>> samples.shape
         torch.Size([4, 5, 3])
     """
-    base = _float32_tensors(model)
-    if base:  # a float16 / bfloat16 model: weight samples run in float32, where they cannot overflow
-        x = {k: _float32(v) for k, v in x.items()} if isinstance(x, Mapping) else _float32(x)
-    rows = [class_log_probs(run_model_with(model, {**base, **{k: _float32(v) for k, v in states(s).items()}} if base else states(s), x)).float()
-            for s in range(count)]
-    sample_log_probs = torch.stack(rows)
+    sample_log_probs = state_outputs(model, states, count, x, transform=class_log_probs)
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 

@@ -7,6 +7,10 @@ masks) and, for a ``DataLoader`` over a map-style dataset, its own shuffled data
 and drift to different SWAG modes; ``num_samples`` is samples per run. Under ``torch.distributed``
 the runs are spread over ranks like ensemble members.
 
+Under ``likelihood="regression"`` each run fine-tunes and chooses its scale as SWAG does (with its own noise);
+the runs' samples then make one mixture of ``N(f_s(x), σ²)``, the mixture of the runs' mixtures with one
+noise ``σ`` re-fitted on held-out data over every run's samples (shared by the runs, reported on the card).
+
 Example:
     >>> um = posthoc.wrap(model, method="multiswag", members=3, subset="last_layer").fit(train_loader, val_loader)
     >>> um.predict(x).samples.shape          # 3 runs x 20 samples
@@ -19,12 +23,15 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 from posthoc.core.checks import integer_at_least, known_options
-from posthoc.core.likelihood import Categorical
+from posthoc.core.inputs import Inputs
+from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, make_likelihood
 from posthoc.core.method import Method
+from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
+from posthoc.engine.objective import fit_sampled_noise
 from posthoc.methods.ensemble.data_order import reshuffled
 from posthoc.methods.ensemble.method import Ensemble
 from posthoc.methods.swag.method import SWAG
@@ -42,7 +49,7 @@ class MultiSWAG(Ensemble):
     """
 
     name = "multiswag"
-    likelihoods = (Categorical,)  # SWAG fine-tunes on the class NLL
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
         integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")
@@ -56,6 +63,29 @@ class MultiSWAG(Ensemble):
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
         return {"members": 4, **SWAG.option_defaults()}
+
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """As :meth:`Method.use_likelihood`; every run gets its own fresh copy of ``likelihood`` (its own noise while it fits)."""
+        super().use_likelihood(likelihood)
+        for run in self.members:
+            run.use_likelihood(make_likelihood(likelihood))
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
+            shift: Any = "auto", **fit_options: Any) -> None:
+        """Fit every run; under a likelihood with a noise, then fit the one noise of all runs' samples (module docs)."""
+        super().fit(train_loader, val_loader, progress=progress, shift=shift, **fit_options)
+        with torch.no_grad(), eval_mode(self.base_model):
+            fit_sampled_noise(self.likelihood, self._sampled_outputs, (train_loader, val_loader), self.device)
+        for run in self.members:
+            run.likelihood.load_state_dict(self.likelihood.state_dict())
+
+    def _sampled_outputs(self, x: Inputs) -> Tensor:
+        """``(M * S, N, D)``: every run's sampled outputs."""
+        return torch.cat([run.sampled_outputs(x) for run in self.members])
+
+    def posterior_state(self) -> dict[str, Tensor]:
+        """The ensemble's state and the shared noise (the runs' mixture's likelihood)."""
+        return {**super().posterior_state(), **{f"likelihood.{key}": value for key, value in self.likelihood.state_dict().items()}}
 
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:  # type: ignore[override]

@@ -19,6 +19,13 @@ such a short run, so with a ``val_loader`` the spread is chosen on it (``scale``
 0.93x the plain model's NLL at 0 / 45 / 90 degrees (both models), the head alone 0.96-1.00x /
 0.95-0.99x / 0.96-0.99x.
 
+Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
+model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit
+noise, IVON starts from ``hess_init / σ²`` as the loss's Hessian is ``1 / σ²`` of the unit one), the scale is chosen on the
+held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs, within ``val_tolerance``
+nats of the checkpoint's, on clean held-out data only (:mod:`posthoc.engine.objective` says why),
+and the noise is then re-fitted on the sampled predictive (:meth:`IVON.regression_predictive`).
+
 The posterior is stored as plain buffers (``mean``, ``std`` and, for ``"all"``, ``batchnorm``), so a
 saved IVON posterior loads and predicts without ``ivon-opt`` installed; only ``fit`` needs it.
 Sample ``s`` of a prediction is ``mean + std * z_s`` with ``z_s`` the ``s``-th draw of ``randn(P)``
@@ -33,7 +40,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -41,16 +48,20 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import held_out_nll, shift_aware_spread, shifted_held_out
+from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
+from posthoc.engine.objective import (fit_plain_noise, fit_sampled_noise, held_out_score, held_out_shift, nll_limit,
+                                      plain_held_out_score)
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
 from posthoc.engine.random_draws import randn
-from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
+from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.ivon.optimiser import ivon_optimiser
 from posthoc.methods.ivon.scale import SCALES, widest_scale
 
@@ -81,6 +92,7 @@ class IVON(Method):
     """
 
     name = "ivon"
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(
         self,
@@ -136,12 +148,15 @@ class IVON(Method):
         lr, hess_init = positive_number(lr, "lr"), positive_number(hess_init, "hess_init")
         weight_decay = non_negative(weight_decay, "weight_decay")
         fraction(beta2, "beta2")
+        loaders = (train_loader, val_loader)
+        fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split)
+            weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split, likelihood=self.likelihood)
             torch.manual_seed(self.seed)  # after the feature pass: a DataLoader draws its base seed from this RNG
             ess = float(weights.size) if ess is None else positive_number(ess, "ess")
-            optimiser = ivon_optimiser(weights.trained, lr=lr, ess=ess, hess_init=hess_init, weight_decay=weight_decay,
-                                       beta2=float(beta2), mc_samples=mc_samples)
+            # the loss is the NLL at the likelihood's dispersion (a Gaussian's σ²): its Hessian, and IVON's start, scale by 1/σ²
+            optimiser = ivon_optimiser(weights.trained, lr=lr, ess=ess, hess_init=hess_init / self.likelihood.dispersion,
+                                       weight_decay=weight_decay, beta2=float(beta2), mc_samples=mc_samples)
             steps = self._fine_tune(weights, optimiser, epochs=epochs, mc_samples=mc_samples, progress=progress)
         hessian = optimiser.param_groups[0]["hess"].detach().float()
         self.mean = weights.weights_vector()
@@ -152,18 +167,22 @@ class IVON(Method):
         if self.scale_option is None and val_loader is not None:
             nll = self._choose_scale(val_loader, shift)
         self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
+        with torch.no_grad(), eval_mode(self.model):
+            fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
     def _choose_scale(self, val_loader: Iterable, shift: Any = None) -> tuple[float, float]:
         """Set :attr:`scale` by :func:`widest_scale` on ``val_loader``; the held-out NLL of the checkpoint and at it.
 
         With ``shift``, the scale is then the one of lowest NLL over the clean and perturbed validation
         examples among it and the smaller :data:`SCALES` within the tolerance
-        (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
+        (:func:`posthoc.engine.held_out.shift_aware_spread`); real targets take no shift
+        (:func:`posthoc.engine.objective.held_out_shift`)."""
         scores: dict[float, float] = {}
 
         def nll_at(scale: float, loader: Iterable) -> float:
             self.scale = scale
-            return held_out_nll(lambda x: self.log_predictive(x)[0], loader, device=self.device)
+            return held_out_score(self.likelihood, loader, device=self.device, log_probs=lambda x: self.log_predictive(x)[0],
+                                  outputs=self.sampled_outputs)
 
         def validation_nll(scale: float) -> float:
             scores[scale] = nll_at(scale, val_loader)
@@ -171,9 +190,11 @@ class IVON(Method):
 
         plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with eval_mode(self.model):
-            plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
-            scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance)
-            shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
+            plain = plain_held_out_score(self.likelihood, self.model, val_loader, device=self.device)
+            scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance,
+                                 limit=nll_limit(self.likelihood, best=plain, tolerance=self.val_tolerance))
+            shifted = shifted_held_out(val_loader, plain_log_probs, held_out_shift(self.likelihood, shift), device=self.device,
+                                       model=self.model)
             if shifted is not None and scale > 0:
                 self.shift_description = shifted.description
                 scale = shift_aware_spread(scale, [s for s in SCALES if s < scale], nll_at=nll_at, loader=val_loader,
@@ -206,14 +227,33 @@ class IVON(Method):
         draws = [randn(self.mean.shape, generator=generator, device=self.mean.device) for _ in samples]
         return self.mean + (self.scale * self.std) * torch.stack(draws)
 
+    def _mean_state(self) -> dict[str, Tensor]:
+        """The fine-tuned mean weights (and BatchNorm statistics) of ``"all"`` as a state."""
+        return unflatten(torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None))
+
     def _mean_log_predictive(self, x: Inputs) -> LogPredictive:
         """``scale = 0``: the fine-tuned mean weights alone, a deterministic predictive."""
         if self.layers == "head":
             log_probs, _ = head_log_predictive(self.split, lambda group: self.mean[None], 1, x)
         else:
-            state = unflatten(torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None))
+            state = self._mean_state()
             log_probs, _ = state_log_predictive(self.model, lambda s: state, 1, x)
         return log_probs, None
+
+    def _draws(self, generator: torch.Generator | None) -> torch.Generator:
+        """A copy of ``generator`` (default: one seeded with ``seed``), so that every chunk of a prediction starts alike."""
+        if generator is None:
+            return torch.Generator().manual_seed(self.seed)
+        return torch.Generator(device=generator.device).set_state(generator.get_state())
+
+    def _state_sampler(self, generator: torch.Generator) -> Callable[[int], dict[str, Tensor]]:
+        """Sample ``s`` of ``"all"`` as a state: the generator's next draw (the samples are taken in order)."""
+        names = sample_names(self.model, self.layers, None)
+
+        def state(s: int) -> dict[str, Tensor]:
+            return unflatten(torch.cat([self._rows(range(1), generator)[0], self.batchnorm]), self.model, names)
+
+        return state
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:
@@ -225,19 +265,32 @@ class IVON(Method):
         if self.scale == 0:
             return self._mean_log_predictive(x)
         count = num_samples or self.num_samples
-        if generator is None:
-            generator = torch.Generator().manual_seed(self.seed)
-        else:
-            generator = torch.Generator(device=generator.device).set_state(generator.get_state())
+        generator = self._draws(generator)
         if self.layers == "head":
             return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x,
                                        max_memory=max_memory)
-        names = sample_names(self.model, self.layers, None)
+        return state_log_predictive(self.model, self._state_sampler(generator), count, x)
 
-        def state(s: int) -> dict[str, Tensor]:
-            return unflatten(torch.cat([self._rows(range(1), generator)[0], self.batchnorm]), self.model, names)
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws (``(1, N, D)``, the
+        fine-tuned mean's, at scale 0)."""
+        if self.layers == "head":
+            if self.scale == 0:
+                return head_outputs(self.split, lambda group: self.mean[None], 1, x)
+            generator = self._draws(generator)
+            return head_outputs(self.split, lambda group: self._rows(range(group.start, group.stop), generator),
+                                num_samples or self.num_samples, x, max_memory=max_memory)
+        if self.scale == 0:
+            state = self._mean_state()
+            return state_outputs(self.model, lambda s: state, 1, x)
+        return state_outputs(self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x)
 
-        return state_log_predictive(self.model, state, count, x)
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator,
+                                                               max_memory=max_memory))
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)

@@ -23,12 +23,14 @@ from posthoc.engine.held_out import widest_spread
 SCALES = (4.0, 2.0, 1.0, 0.5, 0.25, 0.125, 0.0625)
 
 
-def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float) -> float:
+def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float,
+                 limit: float | None = None) -> float:
     """The widest scale of :data:`SCALES` whose ``validation_nll`` is within ``(1 + tolerance) * plain_nll``, else 0.
 
-    The walk (:func:`posthoc.engine.held_out.widest_spread`) starts at the widest scale and goes down
+    ``limit``, where given, is the NLL still within (:func:`posthoc.engine.objective.nll_limit`). The walk (:func:`posthoc.engine.held_out.widest_spread`) starts at the widest scale and goes down
     until one is within."""
     ladder = sorted(SCALES)
-    return widest_spread(ladder, lambda scale: validation_nll(scale) <= (1 + tolerance) * plain_nll,
+    limit = (1 + tolerance) * plain_nll if limit is None else limit
+    return widest_spread(ladder, lambda scale: validation_nll(scale) <= limit,
                          start=len(ladder) - 1, method="IVON", tolerance=tolerance, over="the checkpoint",
                          fallback="the fine-tuned mean", advice="Raise val_tolerance, fit longer, or pass a fixed scale")

@@ -26,6 +26,12 @@ weights the user trusts) or zero (``prior="zero"``, the textbook isotropic prior
 ``lambda = prior_precision`` and ``T = temperature`` (1: the Bayes posterior; below 1 a cold
 posterior).
 
+Under ``likelihood="regression"`` the chain's loss is the mean Gaussian NLL at the noise the plain model
+has on held-out data (so the Langevin noise ``sqrt(2 η T / N)`` keeps its meaning), the default learning
+rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`: the Gaussian NLL's curvature
+is ``2 / σ²`` times the softmax's largest), and the noise is re-fitted on the kept samples' predictive, the
+mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
+
 Example:
     >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader)
     >>> um.predict(x).samples.shape
@@ -48,13 +54,16 @@ from posthoc.core import distributed, settings
 from posthoc.core.checks import fraction, integer, memory_bytes, non_negative, positive_int, positive_number
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
+from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import parameter_owners
+from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
+from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, step_scale
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
-from posthoc.engine.weight_samples import head_log_predictive, state_log_predictive
+from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.sgld.langevin import Langevin, adds_noise, check_schedule, kept_steps, step_size
 
 PRIORS = ("checkpoint", "zero")
@@ -87,6 +96,7 @@ class SGLD(Method):
     """
 
     name = "sgld"
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(
         self,
@@ -136,16 +146,20 @@ class SGLD(Method):
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="set from the features")
         burn_in, exploration = fraction(burn_in, "burn_in"), fraction(exploration, "exploration")
+        loaders = (train_loader, val_loader)
+        fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(self.seed)  # the loader's shuffling and the copy's dropout, for "all"
             self._run_chain(train_loader, epochs=epochs, lr=lr, burn_in=burn_in, exploration=exploration, progress=progress)
+        with torch.no_grad(), eval_mode(self.model):
+            fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
     def _run_chain(self, train_loader: Iterable, *, epochs: int, lr: float | None, burn_in: float, exploration: float,
                    progress: bool) -> None:
         """The chain of :meth:`fit`: sets ``samples`` and ``schedule``."""
         generator = torch.Generator().manual_seed(self.seed)  # the chain's noise: alike on every rank
         order = torch.Generator().manual_seed(self.seed + 1)  # the order of cached batches: shards differ in length
-        weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split)
+        weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split, likelihood=self.likelihood)
         lr = float(lr) if lr is not None else self._default_lr(weights)
         centre = [t.detach().clone() for t in weights.trained] if self.prior == "checkpoint" else None
         chain = Langevin(weights.trained, size=weights.size, prior_precision=self.prior_precision,
@@ -185,13 +199,14 @@ class SGLD(Method):
         self.schedule = torch.tensor([epochs, lr, self.cycles or 0, burn_in, exploration, total], dtype=torch.float64)
 
     def _default_lr(self, weights: PrivateWeights) -> float:
-        """``1 / mean |[phi, 1]|^2`` over the head's features (module docs), ``1e-3`` for ``"all"``."""
+        """``1 / mean |[phi, 1]|^2`` over the head's features (module docs), ``1e-3`` for ``"all"``; times
+        :func:`~posthoc.engine.objective.step_scale` of the likelihood (1 for class labels)."""
         if self.layers == "all":
-            return 1e-3
+            return 1e-3 * step_scale(self.likelihood)
         squares = torch.stack([phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))])
         totals = torch.stack([squares.sum(), torch.tensor(float(len(squares)), device=squares.device)]).double()
         totals = distributed.all_reduce_sum(totals) if distributed.active() else totals  # one lr on every rank
-        return float(totals[1] / totals[0])
+        return float(totals[1] / totals[0]) * step_scale(self.likelihood)
 
     def _keep_count(self, weights: PrivateWeights) -> int:
         """``num_samples``, or as many ``"all"`` states as fit in ``max_memory`` (with a warning)."""
@@ -215,18 +230,37 @@ class SGLD(Method):
             self.split(x)
         return sample_names(self.model, self.layers, self.split)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
+    def _chosen(self, num_samples: int | None) -> Tensor:
+        """The indices of the kept samples a prediction of ``num_samples`` uses, spread over the chain."""
         kept = self.samples.shape[0]
         count = num_samples or min(self.num_samples, kept)
         if count > kept:
             raise ConfigError(f"SGLD kept {kept} samples at fit; predict with num_samples <= {kept}, or fit with more")
-        chosen = torch.linspace(0, kept - 1, count).round().long().to(self.samples.device)
+        return torch.linspace(0, kept - 1, count).round().long().to(self.samples.device)
+
+    def _through(self, x: Inputs, num_samples: int | None, max_memory: int | None, *, head_route: Any, state_route: Any) -> Any:
+        """The kept samples a prediction uses, run through ``head_route`` (``layers="head"``) or ``state_route``
+        (:mod:`posthoc.engine.weight_samples`: the log-predictive or the raw outputs)."""
+        chosen = self._chosen(num_samples)
         if self.layers == "head":
-            return head_log_predictive(self.split, lambda group: self.samples[chosen[group]], count, x, max_memory=max_memory)
+            return head_route(self.split, lambda group: self.samples[chosen[group]], len(chosen), x, max_memory=max_memory)
         names = self._names(x)
-        return state_log_predictive(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), count, x)
+        return state_route(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), len(chosen), x)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
+        return self._through(x, num_samples, max_memory, head_route=head_log_predictive, state_route=state_log_predictive)
+
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)``: the model's outputs under the kept samples :meth:`log_predictive` uses."""
+        return self._through(x, num_samples, max_memory, head_route=head_outputs, state_route=state_outputs)
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The equal-weight mixture of the likelihood's Gaussians around the kept samples' outputs (see module docs)."""
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, max_memory=max_memory))
 
     def summary(self) -> dict[str, Any]:
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.

@@ -7,6 +7,12 @@ constant learning rate, by default set from the model: :mod:`.schedule`) and tak
 deviations); with a ``val_loader`` and no ``scale`` given, it then chooses the scale on held-out NLL. A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
 moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
 
+Under ``likelihood="regression"`` the fine-tuning minimises the mean Gaussian NLL at the noise the
+plain model has on held-out data, the scale is chosen on the held-out NLL of the mixture of
+``N(f_s(x), σ²)`` over the sampled outputs, within ``val_tolerance`` nats of the best, on clean
+held-out data only (:mod:`posthoc.engine.objective` says why), and the noise is then re-fitted on the
+sampled predictive. :meth:`SWAGBase.regression_predictive` is that mixture.
+
 Example:
     >>> class Mine(SWAGBase):
     ...     def _tuning(self, loader): ...
@@ -23,19 +29,22 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.errors import ConfigError, PosteriorFileError
-from posthoc.core.inputs import Inputs, check_labels, run_model
+from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
-from posthoc.engine.held_out import held_out_nll, shift_aware_spread, shifted_held_out
+from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
+from posthoc.engine.objective import (fit_plain_noise, fit_sampled_noise, held_out_score, held_out_shift, nll_limit,
+                                      plain_held_out_score, training_loss)
 from posthoc.methods.swag.schedule import MIN_SCALE, relative_lr, widest_scale
 
 
@@ -74,6 +83,7 @@ class SWAGBase(Method):
     """
 
     name = "swag"
+    likelihoods = (Categorical, Gaussian)
 
     def __init__(
         self,
@@ -125,6 +135,17 @@ class SWAGBase(Method):
     def _after_fit(self, train_loader: Iterable, *, progress: bool) -> None:
         """Work that needs the collected moments (e.g. BatchNorm statistics per sample)."""
 
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
+        raise NotImplementedError
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator,
+                                                               max_memory=max_memory))
+
     # ----------------------------------------------------------------- fitting
     def fit(
         self,
@@ -149,6 +170,8 @@ class SWAGBase(Method):
             raise ConfigError(f"weight_decay must be >= 0, got {weight_decay!r}")
         if not isinstance(include_pretrained, bool):
             raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
+        loaders = (train_loader, val_loader)
+        fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         lr = self._fine_tune(
             train_loader, epochs=epochs, lr=None if lr is None else float(lr), collect_per_epoch=collect_per_epoch,
             rank=rank, momentum=float(momentum), weight_decay=float(weight_decay),
@@ -166,18 +189,23 @@ class SWAGBase(Method):
             self.scale, nll = self._choose_scale(train_loader, val_loader, shift)
         self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
         self._after_fit(train_loader, progress=progress)
+        with torch.no_grad(), eval_mode(self.model):
+            fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
     def _choose_scale(self, train_loader: Iterable, val_loader: Iterable, shift: Any = None) -> tuple[float, tuple[float, float]]:
         """The widest scale within ``val_tolerance`` of the best held-out NLL (:func:`.schedule.widest_scale`),
         and the held-out NLL of the checkpoint and of SWAG at that scale. With ``shift``, the scale of lowest
         NLL over the clean and perturbed validation examples among it and the halvings below it that stay
-        within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
+        within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`); real targets take no
+        shift (:func:`posthoc.engine.objective.held_out_shift`)."""
         scores: dict[float, float] = {}
 
         def nll_at(scale: float, loader: Iterable) -> float:
             self.scale = scale
             self._after_fit(train_loader, progress=False)
-            return self._held_out_nll(loader, lambda x: self.log_predictive(x)[0])
+            with eval_mode(self.model):
+                return held_out_score(self.likelihood, loader, device=self.device,
+                                      log_probs=lambda x: self.log_predictive(x)[0], outputs=self.sampled_outputs)
 
         def validation_nll(scale: float) -> float:
             scores[scale] = nll_at(scale, val_loader)
@@ -185,20 +213,17 @@ class SWAGBase(Method):
 
         plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with torch.no_grad():
-            plain = self._held_out_nll(val_loader, plain_log_probs)
-        scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance)
-        shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
+            plain = plain_held_out_score(self.likelihood, self.model, val_loader, device=self.device)
+        scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance,
+                             limit=lambda best: nll_limit(self.likelihood, best=best, tolerance=self.val_tolerance))
+        shifted = shifted_held_out(val_loader, plain_log_probs, held_out_shift(self.likelihood, shift), device=self.device,
+                                   model=self.model)
         if shifted is not None and scale > 0:
             self.shift_description = shifted.description
             halvings = [scale / 2 ** k for k in range(1, 8) if scale / 2 ** k >= MIN_SCALE] + [0.0]
             scale = shift_aware_spread(scale, halvings, nll_at=nll_at, loader=val_loader, shifted=shifted, known=scores,
                                        limit=(1 + self.val_tolerance) * min(plain, *scores.values()))
         return scale, (plain, scores[scale])
-
-    def _held_out_nll(self, loader: Iterable, log_probs: Callable[[Inputs], Tensor]) -> float:
-        """:func:`~posthoc.engine.held_out.held_out_nll` with the model in eval mode."""
-        with eval_mode(self.model):
-            return held_out_nll(log_probs, loader, device=self.device)
 
     def _fine_tune(
         self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
@@ -207,7 +232,7 @@ class SWAGBase(Method):
         """Fine-tune and collect; returns the learning rate used (``lr=None``: :func:`.schedule.relative_lr`)."""
         tuning = self._tuning(loader)
         if lr is None:
-            lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device)
+            lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device, likelihood=self.likelihood)
         self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
         if include_pretrained:
             self.collector.update(tuning.source)
@@ -225,8 +250,7 @@ class SWAGBase(Method):
         collector = self.collector
 
         def loss(batch: tuple[Inputs, Tensor], step: Step) -> Tensor:
-            logits = tuning.forward(batch[0])
-            return F.cross_entropy(logits.float(), check_labels(batch[1], logits.shape[-1]))
+            return training_loss(self.likelihood, tuning.forward(batch[0]), batch[1])
 
         def update(loss: Tensor, step: Step) -> None:
             optimizer.zero_grad(set_to_none=True)

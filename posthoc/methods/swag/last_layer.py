@@ -2,7 +2,8 @@
 
 ``fit`` fine-tunes a private copy of the head's weight (and bias) on the backbone's features. The
 head is linear, so with Gaussian weights the logits are Gaussian too: one backbone pass gives the
-features ``phi`` and all samples are drawn in logit space in batched ops (no weight samples).
+features ``phi`` and all samples are drawn in logit space in batched ops (no weight samples). Under
+``likelihood="regression"`` the same draws are the head's sampled outputs.
 
 Example:
     >>> um = posthoc.wrap(model, method="swag", subset="last_layer")
@@ -15,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import torch
@@ -80,17 +81,19 @@ class LastLayerSWAG(SWAGBase):
         out = features @ weight.transpose(-1, -2)
         return out + flat[..., size:].unsqueeze(-2) if flat.shape[-1] > size else out
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
-        count = num_samples or self.num_samples
-        phi, _ = self.split(x)
-        phi, head, collector = phi.float(), self.split.head, self.collector
+    def _mean_logits(self, phi: Tensor) -> Tensor:
+        """``(N, C)``: the head at the SWA mean on features ``phi``."""
+        head, collector = self.split.head, self.collector
         logits = self._head_logits(collector.mean.float().to(phi.device), phi)
         if head.bias is not None and collector.num_parameters == head.out_features * head.in_features:
             logits = logits + head.bias.float()  # a bias the user froze stays as it is
-        if self.scale == 0:
-            return class_log_probs(logits), None
+        return logits
+
+    def _sampled_logits(self, phi: Tensor, logits: Tensor, count: int, generator: torch.Generator | None,
+                        max_memory: int | None) -> Iterator[tuple[slice, Tensor]]:
+        """``(rows, samples (S, n, C))`` per chunk of examples: Gaussian logits around ``logits`` on features ``phi``,
+        drawn from ``generator`` (default: one seeded with ``seed``). A chunk's samples are overwritten by the next."""
+        collector = self.collector
         if collector.num_snapshots < 2:
             raise NumericalError(f"SWAG needs at least 2 snapshots to sample, it holds {collector.num_snapshots}; fit with more")
         generator = generator if generator is not None else torch.Generator(device=phi.device).manual_seed(self.seed)
@@ -98,7 +101,6 @@ class LastLayerSWAG(SWAGBase):
         std = self._head_logits(collector.variance.float().to(phi.device), phi**2).clamp_min(0).sqrt()
         deviations = collector.held_deviations.to(phi.device) if self.cov else phi.new_zeros(0, collector.num_parameters)
         n, classes = logits.shape
-        log_probs, sample_log_probs = logits.new_empty(n, classes), logits.new_empty(count, n, classes)
         # per row alive at once: the noise and its scaled copy (then log_mean_exp's shifted copy), the low-rank projection
         row_bytes = 4 * classes * (2 * count + 2 * deviations.shape[0])
         z = None  # the low-rank weights of each sample, shared by every example (drawn after the first chunk's noise)
@@ -111,7 +113,33 @@ class LastLayerSWAG(SWAGBase):
                 samples.view(count, -1).addmm_(z, projected, alpha=1 / math.sqrt(deviations.shape[0] - 1))
                 del projected
             samples.mul_(math.sqrt(self.scale)).add_(logits[rows])
+            yield rows, samples
+            del samples  # before the next chunk's noise is drawn
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
+        count = num_samples or self.num_samples
+        phi, _ = self.split(x)
+        phi = phi.float()
+        logits = self._mean_logits(phi)
+        if self.scale == 0:
+            return class_log_probs(logits), None
+        n, classes = logits.shape
+        log_probs, sample_log_probs = logits.new_empty(n, classes), logits.new_empty(count, n, classes)
+        for rows, samples in self._sampled_logits(phi, logits, count, generator, max_memory):
             samples.sub_(torch.logsumexp(samples, dim=-1, keepdim=True))
             log_probs[rows], sample_log_probs[:, rows] = log_mean_exp(samples), samples
-            del samples  # before the next chunk's noise is drawn
         return log_probs, sample_log_probs
+
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)`` Gaussian head outputs, the same draws as :meth:`log_predictive` takes for logits."""
+        phi, _ = self.split(x)
+        phi = phi.float()
+        outputs = self._mean_logits(phi)
+        if self.scale == 0:
+            return outputs[None]
+        count = num_samples or self.num_samples
+        return torch.cat([samples.clone() for _, samples in self._sampled_logits(phi, outputs, count, generator, max_memory)],
+                         dim=1)

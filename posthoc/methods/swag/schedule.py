@@ -33,13 +33,14 @@ import warnings
 from collections.abc import Callable, Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.errors import NumericalError
-from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.inputs import Inputs, iterate
+from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.engine.held_out import widest_spread
+from posthoc.engine.objective import training_loss
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4
@@ -54,10 +55,11 @@ LADDER = tuple(MIN_SCALE * 2.0 ** k for k in range(12))
 
 
 def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], loader: Iterable, *, device: torch.device,
-                step: float = RELATIVE_STEP, batches: int = GRADIENT_BATCHES) -> float:
+                step: float = RELATIVE_STEP, batches: int = GRADIENT_BATCHES, likelihood: Likelihood | None = None) -> float:
     """``step * |theta| / mean_b |grad_b|``: the learning rate that moves ``trained`` by ``step`` of its norm per step.
 
-    ``grad_b`` is the cross-entropy gradient of mini-batch ``b`` (the first ``batches`` of ``loader``)
+    ``grad_b`` is the gradient of the mean NLL of mini-batch ``b`` (the first ``batches`` of ``loader``) under
+    ``likelihood`` (``None``: the class cross-entropy; :func:`~posthoc.engine.objective.training_loss`)
     at the current weights; under ``torch.distributed`` the norms of every rank are averaged so all
     ranks use one learning rate. The gradients are cleared afterwards (``trained`` must hold none before).
 
@@ -68,12 +70,12 @@ def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], load
         >>> lr > 0
         True
     """
+    likelihood = Categorical() if likelihood is None else likelihood
     norms = []
     for index, (x, y) in enumerate(iterate(loader, device=device, progress=False, desc="swag lr")):
         if index == batches:
             break
-        logits = forward(x)
-        loss = F.cross_entropy(logits.float(), check_labels(y, logits.shape[-1]))
+        loss = training_loss(likelihood, forward(x), y)
         loss.backward()  # not autograd.grad: a DistributedDataParallel replica must see its backward pass
         norms.append(torch.sqrt(sum(t.grad.float().pow(2).sum() for t in trained if t.grad is not None)))
         for t in trained:
@@ -98,8 +100,10 @@ def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], load
     return step * float(weights) / gradient
 
 
-def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float) -> float:
-    """The widest scale, by factors of 2 from 0.5, whose held-out NLL is within ``(1 + tolerance)`` of the best.
+def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float,
+                 limit: Callable[[float], float] | None = None) -> float:
+    """The widest scale, by factors of 2 from 0.5, whose held-out NLL is within ``(1 + tolerance)`` of the best
+    (``limit(best)``, where given, is the NLL still within: :func:`posthoc.engine.objective.nll_limit`).
 
     The best starts as the lower of ``plain_nll`` (the checkpoint) and ``validation_nll(0)`` (the SWA
     mean) and takes in every scale found within. The walk (:func:`posthoc.engine.held_out.walk_spreads`
@@ -107,11 +111,12 @@ def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, 
     halves until one is within; it returns 0 (the SWA mean) with a warning when none is.
     """
     best = min(plain_nll, validation_nll(0.0))
+    limit = limit if limit is not None else (lambda nll: (1 + tolerance) * nll)
 
     def within(scale: float) -> bool:
         nonlocal best
         score = validation_nll(scale)
-        if score <= (1 + tolerance) * best:
+        if score <= limit(best):
             best = min(best, score)
             return True
         return False

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ from posthoc.core import distributed
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, iterate, run_model, run_model_with
+from posthoc.core.likelihood import model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
@@ -186,8 +187,9 @@ class SubsetSWAG(SWAGBase):
         theta = self.collector.sample(scale=self.scale, generator=generator, low_rank=self.cov)
         return self.collector.unflatten(theta, like=self.model)
 
-    def _suffix_log_probs(self, x: Inputs, count: int, runner: SuffixRunner, max_memory: int | None = None) -> Tensor:
-        """Per-sample log-probabilities ``(S, N, C)``, the prefix once per group of stacked weight samples."""
+    def _suffix_outputs(self, x: Inputs, count: int, runner: SuffixRunner, transform: Callable[[Tensor], Tensor],
+                        max_memory: int | None = None) -> Tensor:
+        """Per-sample ``transform``-ed outputs ``(S, N, ...)``, the prefix once per group of stacked weight samples."""
         element = self.model.get_parameter(self.names[0]).element_size()
         row_bytes = 2 * self.collector.num_parameters * element  # a sample's draw and its row of the stacked weights
         groups = []
@@ -196,24 +198,34 @@ class SubsetSWAG(SWAGBase):
             weights = {name: torch.stack([draw[name] for draw in draws]) for name in self.names}
             groups.append(runner(x, len(draws), stochastic=lambda weights=weights: sampled_linears(self.model, weights, runner),
                                  max_memory=max_memory))
-        logits = torch.cat(groups)
-        rows = logits.shape[0] * logits.shape[1]
-        return class_log_probs(logits.reshape(rows, *logits.shape[2:])).float().reshape(*logits.shape[:2], -1)
+        outputs = torch.cat(groups)
+        rows = outputs.shape[0] * outputs.shape[1]
+        return transform(outputs.reshape(rows, *outputs.shape[2:])).float().reshape(*outputs.shape[:2], -1)
+
+    def _per_sample(self, x: Inputs, count: int, transform: Callable[[Tensor], Tensor], max_memory: int | None) -> Tensor:
+        """``(S, N, ...)``: ``transform`` of the model's outputs under weight samples ``0 .. count-1`` (the SWA mean's
+        alone at scale 0)."""
+        if self.placement is None:
+            self.placement = trace_placement(self.model, self.names, x)
+        self._extend_bn_cache(count)
+        if self.scale > 0 and self.placement.runner is not None:
+            return self._suffix_outputs(x, count, self.placement.runner, transform, max_memory)
+        return torch.stack([
+            transform(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()
+            for s in range(count)
+        ])
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:
         """``generator`` is not used: the weight samples are the fixed ensemble drawn from ``seed``."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
-        if self.placement is None:
-            self.placement = trace_placement(self.model, self.names, x)
-        self._extend_bn_cache(count)
-        if self.scale > 0 and self.placement.runner is not None:
-            sample_log_probs = self._suffix_log_probs(x, count, self.placement.runner, max_memory)
-        else:
-            sample_log_probs = torch.stack([
-                class_log_probs(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()
-                for s in range(count)
-            ])
+        sample_log_probs = self._per_sample(x, count, class_log_probs, max_memory)
         if self.scale == 0:
             return sample_log_probs[0], None
         return log_mean_exp(sample_log_probs), sample_log_probs
+
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                        max_memory: int | None = None) -> Tensor:
+        """``(S, N, D)`` outputs of the weight samples (``generator`` is not used, as in :meth:`log_predictive`)."""
+        count = 1 if self.scale == 0 else (num_samples or self.num_samples)
+        return self._per_sample(x, count, model_outputs, max_memory)
