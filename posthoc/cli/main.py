@@ -21,7 +21,8 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.task == "regression":
         print(run_regression_demo(args.out, progress=not args.quiet))
-        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png "
+        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png, "
+              "regression_shift.png "
               f"in {time.perf_counter() - start:.0f} s")
         return
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
