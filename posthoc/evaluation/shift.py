@@ -103,7 +103,7 @@ class ShiftTable:
         if any(t.named for t in tables):
             raise ConfigError("tables of named test sets have no severities to join; merge them (ShiftTable.merge) instead")
         if any((set(t.values), t.kinds, t.metrics) != (set(first.values), first.kinds, first.metrics) for t in tables):
-            raise ConfigError("only tables of the same methods, kinds and metrics can be joined")
+            raise ConfigError("only tables of the same methods and kinds, with the same metrics, can be joined")
         severities = tuple(sorted({s for t in tables for s in t.severities}))
         values: Values = {m: {CLEAN: first.values[m][CLEAN]} for m in first.values}
         reports: dict[str, dict[tuple[str, int], Report]] = {m: {} for m in first.values}
