@@ -4,6 +4,8 @@ Example:
     $ posthoc demo --out posthoc-demo
     $ posthoc demo --task regression
     $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
+    $ posthoc evaluate --likelihood regression --model model.pt --train train.csv --val val.csv --test test.csv \
+        --target mpg --method laplace --out report/
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import time
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc.core.errors import exit_status
 from posthoc.demo.regression_run import run_regression_demo
 from posthoc.demo.run import render, run_demo
@@ -31,6 +34,14 @@ def _demo(args: argparse.Namespace) -> None:
           f"ood_scores.png, confidence.png, reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
 
 
+def _evaluate(args: argparse.Namespace) -> None:
+    if args.likelihood == "regression":
+        run_regression(args)
+    else:
+        check_classification_arguments(args)
+        run_evaluate(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers and regressors.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -45,10 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "strongest shift), e.g. 'Laplace (last layer, KFAC)'")
     demo.set_defaults(run=_demo)
     evaluate = commands.add_parser(
-        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders"
+        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders, text files or "
+                         "(--likelihood regression) CSV files"
     )
     add_evaluate_arguments(evaluate)
-    evaluate.set_defaults(run=run_evaluate)
+    add_regression_arguments(evaluate)
+    evaluate.set_defaults(run=_evaluate)
     return parser
 
 
