@@ -30,20 +30,23 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
-from posthoc.cli.evaluate import method_rows, route_options, run_device, run_settings
+from posthoc.cli.evaluate import method_rows, parse_option, route_options, run_device, run_settings
 from posthoc.core.checks import probability
 from posthoc.core.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
 from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import markdown_rows
+from posthoc.loading.folders import split_held_out
 from posthoc.loading.tabular import Table, load_module, read_table
 
 LIKELIHOODS = ("classification", "regression")
@@ -91,6 +94,24 @@ def check_regression_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--likelihood regression takes one --model file (a torch.save'd nn.Module)")
     if args.alpha is not None:
         probability(args.alpha, "--alpha")
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser, *, default_out: str) -> None:
+    """The method, guarantee and run options of a regression recipe (the names :func:`fit_rows` reads)."""
+    parser.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
+                        help=f"a method row next to the plain model, 'a+b' composes (repeatable; default {DEFAULT_METHOD})")
+    parser.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
+                        help="a method or fit option, given to every row whose methods accept it (repeatable)")
+    parser.add_argument("--num-samples", type=int, default=None, metavar="N", help="samples for sampling methods")
+    parser.add_argument("--alpha", type=float, default=None, metavar="A",
+                        help="conformal intervals with miscoverage A, calibrated on the validation rows")
+    parser.add_argument("--ci", type=float, default=None, metavar="LEVEL", help="bootstrap intervals, e.g. 0.95")
+    parser.add_argument("--bootstraps", type=int, default=1000, metavar="N", help="bootstrap resamples (default: 1000)")
+    parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="(default: 32)")
+    parser.add_argument("--seed", type=int, default=0, help="seeds splits and sampling (default: 0)")
+    parser.add_argument("--out", type=Path, default=Path(default_out), metavar="DIR",
+                        help=f"folder for report.md, metrics.json and the PNGs (default: {default_out})")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def check_classification_arguments(args: argparse.Namespace) -> None:
@@ -156,8 +177,11 @@ class RegressionRow:
     eval_seconds: float
 
 
-def fit_rows(model: torch.nn.Module, data: RegressionData, args: argparse.Namespace) -> list[RegressionRow]:
-    """Wrap ``model`` with each ``--method`` row under a regression likelihood, fit it and evaluate it on the test set."""
+def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, Iterable],
+             args: argparse.Namespace) -> list[RegressionRow]:
+    """Wrap ``model`` with each ``--method`` row under a regression likelihood, fit it on ``(train, val)`` and
+    evaluate it on ``test`` (``loaders``); ``args`` holds ``method``, ``option``, ``alpha``, ``ci``, ``bootstraps``,
+    ``num_samples``, ``seed`` and ``no_progress`` (:func:`add_recipe_arguments` adds them to a recipe)."""
     rows = method_rows(args.method or [DEFAULT_METHOD])
     if isinstance(model, torch.jit.ScriptModule) and any(row != ["none"] for row in rows):
         raise ConfigError("a TorchScript model is a black box to posthoc: only --method none (its noise fitted on "
@@ -167,8 +191,7 @@ def fit_rows(model: torch.nn.Module, data: RegressionData, args: argparse.Namesp
     wrapped = [posthoc.wrap(model, method=row, likelihood="regression", **wrap_options)
                for row, (wrap_options, _) in zip(rows, routed)]
     progress = not args.no_progress
-    train, val = _loader(data.train, args.batch_size, True, args.seed), _loader(data.val, args.batch_size)
-    test = _loader(data.test, args.batch_size)
+    train, val, test = loaders
     results = []
     for row, um, (_, fit_options) in zip(rows, wrapped, routed):
         name = "+".join(row)
@@ -194,44 +217,61 @@ def _shift_table(results: list[RegressionRow], data: RegressionData, args: argpa
                           bootstraps=args.bootstraps, num_samples=args.num_samples, progress=not args.no_progress)
 
 
-def write_regression_report(results: list[RegressionRow], data: RegressionData, shift: ShiftTable | None,
-                            args: argparse.Namespace, *, title: str) -> Path:
-    """Write ``report.md``, ``report.html``, ``summary.md``, ``metrics.json`` and the PNGs to ``args.out``."""
+def write_regression_report(results: list[RegressionRow], args: argparse.Namespace, *, title: str,
+                            about: list[str], extra: dict[str, Any], shift: ShiftTable | None = None) -> Path:
+    """Write ``report.md`` (``about``: lines on the data under the title), ``report.html``, ``summary.md``,
+    ``metrics.json`` (with ``extra``'s entries) and the PNGs to ``args.out``; return the report's path."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     predictives = {row.name: (row.test.means, row.test.stds, row.test.targets) for row in results}
     regression_plots.calibration_curves(predictives, out / "calibration.png")
-    regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(data.test)))
+    regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
     timing = markdown_rows(["method", "fit s", "eval s", "noise std"],
                            [[row.name, f"{row.fit_seconds:.1f}", f"{row.eval_seconds:.1f}",
                              f"{row.um.likelihood.summary().get('noise_std', float('nan')):.4g}"] for row in results])
-    sizes = ", ".join(f"{name} {count}" for name, count in data.sizes().items() if count)
-    lines = [f"# {title}", "",
-             f"- target(s): {', '.join(data.test.targets)}; features ({len(data.test.features)}): "
-             f"{', '.join(data.test.features)}",
-             f"- rows: {sizes}", f"- test set: {args.test or f'{args.val} (test part; the rest is held out)'}",
-             f"- seed {args.seed}", "", "## Test set", "", regression_markdown_table([row.test for row in results]), "",
-             timing, ""]
+    lines = [f"# {title}", "", *about, f"- seed {args.seed}", "", "## Test set", "",
+             regression_markdown_table([row.test for row in results]), "", timing, ""]
     if shift is not None:
         shift.plot(out / "shift.png")
         lines += ["## Shifted test sets (posthoc.evaluate_shift)", "", shift.to_markdown(detail=True), "",
                   "![NLL, CRPS and 90 % coverage per test set](shift.png)", ""]
     if args.alpha is not None:
         lines += [f"conformal coverage / width: split conformal intervals at alpha {args.alpha}, calibrated on "
-                  f"{args.val}; coverage >= {1 - args.alpha:g} on average over exchangeable draws (not under shift).", ""]
+                  f"the held-out rows; coverage >= {1 - args.alpha:g} on average over exchangeable draws (not under shift).", ""]
     lines += [LEGEND, "", "![observed against expected interval coverage](calibration.png)", "",
               "![RMSE against predicted std, per bin](error_std.png)", ""]
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
     html_page.write_html("\n".join(lines), out / "report.html", title=title)
     (out / "summary.md").write_text("\n\n".join(f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results) + "\n")
-    metrics = {"title": title, "likelihood": "regression", "targets": data.test.targets,
-               "features": data.test.features, "sizes": data.sizes(), "settings": run_settings(args),
+    metrics = {"title": title, "likelihood": "regression", **extra, "settings": run_settings(args),
                "rows": [{"method": row.name, "fit_seconds": row.fit_seconds, "eval_seconds": row.eval_seconds,
                          "test": row.test.as_dict(), "summary": row.um.summary()} for row in results],
                "shift": None if shift is None else shift.as_dict()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     return report_path
+
+
+def run_regression_recipe(model: torch.nn.Module, datasets: tuple[Dataset | None, Dataset, Dataset | None],
+                          make_loader: Callable[[Dataset, bool], Iterable], args: argparse.Namespace, *,
+                          title: str) -> Path:
+    """A regression recipe after loading its model and its ``(train, val, test)`` datasets (``test`` ``None``:
+    half of ``val``, seeded): :func:`fit_rows` on ``make_loader(dataset, shuffle)`` loaders, the test table
+    printed, the report written (:func:`write_regression_report`); returns the report's path.
+
+    Example:
+        >>> run_regression_recipe(model, (train, val, None), lambda d, shuffle: DataLoader(d, 32, shuffle), args,
+        ...                       title="timm resnet50 (regression)")
+    """
+    train, val, test = datasets
+    if test is None:
+        val, test = split_held_out(val, 0.5, seed=args.seed)
+    loaders = (None if train is None else make_loader(train, True), make_loader(val, False), make_loader(test, False))
+    results = fit_rows(model, loaders, args)
+    print(regression_markdown_table([row.test for row in results]))
+    sizes = {"train": 0 if train is None else len(train), "val": len(val), "test": len(test)}
+    about = [f"- target: {args.target}; rows: " + ", ".join(f"{k} {v}" for k, v in sizes.items())]
+    return write_regression_report(results, args, title=title, about=about, extra={"targets": [args.target], "sizes": sizes})
 
 
 def run_regression(args: argparse.Namespace) -> Path:
@@ -240,8 +280,15 @@ def run_regression(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     model = load_module(args.model[0]).to(run_device(args.device))
     data = load_tables(args)
-    results = fit_rows(model, data, args)
-    report_path = write_regression_report(results, data, _shift_table(results, data, args), args,
-                                          title=f"posthoc evaluate: {args.model[0]} (regression)")
+    loaders = (_loader(data.train, args.batch_size, True, args.seed), _loader(data.val, args.batch_size),
+               _loader(data.test, args.batch_size))
+    results = fit_rows(model, loaders, args)
+    sizes = ", ".join(f"{name} {count}" for name, count in data.sizes().items() if count)
+    about = [f"- target(s): {', '.join(data.test.targets)}; features ({len(data.test.features)}): "
+             f"{', '.join(data.test.features)}", f"- rows: {sizes}",
+             f"- test set: {args.test or f'{args.val} (test part; the rest is held out)'}"]
+    extra = {"targets": data.test.targets, "features": data.test.features, "sizes": data.sizes()}
+    report_path = write_regression_report(results, args, title=f"posthoc evaluate: {args.model[0]} (regression)",
+                                          about=about, extra=extra, shift=_shift_table(results, data, args))
     print(f"[posthoc] wrote {report_path}")
     return report_path
