@@ -284,6 +284,8 @@ def _probabilities(w):
 MISUSES = [
     ("wrap", lambda w, tmp: posthoc.wrap(w["model"], method="nope"), ConfigError, "unknown method 'nope'"),
     ("wrap", lambda w, tmp: posthoc.wrap("a model", method="none"), ConfigError, "model must be a torch.nn.Module"),
+    ("wrap", lambda w, tmp: posthoc.wrap(w["model"], method=["laplace", "variance-scaling"], likelihood="regression"),
+     ConfigError, "wrap without it and fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val"),
     ("load", lambda w, tmp: posthoc.load(tmp, w["model"]), PosteriorFileError, "is a directory, not a posterior file"),
     ("load", lambda w, tmp: posthoc.load(_saved(w, tmp, "calibrator"), w["model"]), PosteriorFileError,
      "is a calibrator file"),
