@@ -13,6 +13,8 @@ folders) are labelled test sets with the same classes; ``--shift gaussian-noise,
 corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
 intervals to every metric; ``--ood`` is an unlabelled folder.
 
+A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc.cli.regression`).
+
 ``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
 folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file with ``text`` and
 ``label`` columns (:func:`load_texts`, :mod:`posthoc.loading.hf`).

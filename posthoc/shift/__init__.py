@@ -8,9 +8,9 @@ Example:
     >>> fit, heavy = posthoc.shift.extrapolation_split(x, y, feature=3, quantile=0.7)
 """
 
-from posthoc.shift.features import FeatureSplit, extrapolation_split, gap_split
+from posthoc.shift.features import ShiftSplit, extrapolation_split, gap_split
 from posthoc.shift.kinds import EVALUATION_KINDS, KINDS, SEVERITIES
 from posthoc.shift.loader import CorruptedLoader, corrupt, corrupt_images
 
 __all__ = ["corrupt", "corrupt_images", "CorruptedLoader", "KINDS", "EVALUATION_KINDS", "SEVERITIES",
-           "extrapolation_split", "gap_split", "FeatureSplit"]
+           "extrapolation_split", "gap_split", "ShiftSplit"]

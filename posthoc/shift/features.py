@@ -36,7 +36,7 @@ Rows = tuple[Tensor, Tensor]
 
 
 @dataclass(frozen=True)
-class FeatureSplit:
+class ShiftSplit:
     """Rows of ``(x, y)`` split by one feature: ``fit`` the rows a model may see, ``shifted`` the held-out
     rows whose feature lies in ``(low, high]`` (``high`` is ``inf`` for extrapolation). Unpacks as
     ``fit, shifted = split``; ``fit_index`` / ``shifted_index`` index the rows of ``x``."""
@@ -60,7 +60,7 @@ class FeatureSplit:
         return self.x[self.shifted_index], self.y[self.shifted_index]
 
     def __repr__(self) -> str:
-        return f"FeatureSplit({self.describe()}: {len(self.fit_index)} fit rows, {len(self.shifted_index)} shifted)"
+        return f"ShiftSplit({self.describe()}: {len(self.fit_index)} fit rows, {len(self.shifted_index)} shifted)"
 
     def __iter__(self) -> Iterator[Rows]:
         return iter((self.fit, self.shifted))
@@ -113,10 +113,10 @@ def _split(x: Any, y: Any, feature: int | None, reference: Any, quantiles: tuple
     return values, [_quantile(ref_values, q) for q in quantiles], 0 if feature is None else feature
 
 
-def _band_split(x: Tensor, y: Tensor, values: Tensor, feature: int, low: float, high: float, what: str) -> FeatureSplit:
+def _band_split(x: Tensor, y: Tensor, values: Tensor, feature: int, low: float, high: float, what: str) -> ShiftSplit:
     order = values.argsort()
     held_out = (values[order] > low) & (values[order] <= high)
-    split = FeatureSplit(order[~held_out], order[held_out], feature, low, high, x, y)
+    split = ShiftSplit(order[~held_out], order[held_out], feature, low, high, x, y)
     for side, index in (("fit", split.fit_index), ("shifted", split.shifted_index)):
         if len(index) == 0:
             raise InputError(f"the {what} of feature {feature} leaves no {side} rows ({split.describe()}); "
@@ -125,10 +125,10 @@ def _band_split(x: Tensor, y: Tensor, values: Tensor, feature: int, low: float, 
 
 
 def extrapolation_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantile: float = 0.7,
-                        reference: Tensor | None = None) -> FeatureSplit:
+                        reference: Tensor | None = None) -> ShiftSplit:
     """Rows whose ``feature`` lies above the ``quantile`` of ``reference`` (default ``x``) are shifted, the rest fit.
 
-    ``feature`` may be left out for one-feature inputs. Returns a :class:`FeatureSplit` (``fit, shifted = ...``).
+    ``feature`` may be left out for one-feature inputs. Returns a :class:`ShiftSplit` (``fit, shifted = ...``).
 
     Example:
         >>> fit, heavy = extrapolation_split(x, y, feature=3, quantile=0.7)   # the heaviest 30 % of the cars
@@ -140,7 +140,7 @@ def extrapolation_split(x: Tensor, y: Tensor, *, feature: int | None = None, qua
 
 
 def gap_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantiles: tuple[float, float] = (0.4, 0.6),
-              reference: Tensor | None = None) -> FeatureSplit:
+              reference: Tensor | None = None) -> ShiftSplit:
     """Rows whose ``feature`` lies between the ``quantiles=(low, high)`` of ``reference`` (default ``x``) are
     shifted (a gap in the middle of the range), the rows on both sides fit.
 
