@@ -27,6 +27,23 @@ from posthoc.core.uncertain_model import UncertainModel
 from posthoc.loading.models import load_checkpoint
 
 
+#: how to calibrate a regressor's predictive, which ``wrap`` does not stack a calibrator on (yet)
+CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "
+                       "| 'isotonic' | 'auto') on the wrapped regressor's held-out prediction pred = um.predict(x_val), "
+                       "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction")
+#: ``posthoc.calibrate``'s regression calibrators that are no registered method
+REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
+
+
+def _refuse_regression_calibrators(names: list[str], likelihood: Likelihood) -> None:
+    """Refuse a regression calibrator in ``method=``, pointing to ``posthoc.calibrate`` on the predictions."""
+    regression = likelihood.name != "classification"
+    found = [n for n in names if isinstance(n, str) and n in REGRESSION_CALIBRATORS and (regression or n != "auto")]
+    if found:
+        raise ConfigError(f"'{found[0]}' calibrates a regressor's predictions and wrap does not stack it on a method yet: "
+                          f"wrap without it and {CALIBRATE_REGRESSOR}")
+
+
 def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
     """Give each option to every method in the chain that accepts it; refuse the rest."""
     accepted = [method_class(name).option_defaults() for name in names]
@@ -56,8 +73,12 @@ def _check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None
         return
     able = [n for n in method_names() if REGISTRY[n].algorithm({}).handles(likelihood)]
     scope = f" with these options ({cls.__name__})" if REGISTRY[name].algorithm({}).handles(likelihood) else ""
+    calibrator = (f"; '{name}' calibrates a classifier's probabilities, and wrap does not stack a calibrator on a "
+                  f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
+                  if cls.stacks and likelihood.name != "classification" else "")
     raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
-                      f"{', '.join(able) or 'none'}" + (" (laplace: subset='last_layer')" if "laplace" in able else ""))
+                      f"{', '.join(able) or 'none'}" + (" (laplace: subset='last_layer')" if "laplace" in able else "")
+                      + calibrator)
 
 
 def _base(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
@@ -190,6 +211,7 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")
     likelihood = make_likelihood(likelihood)
+    _refuse_regression_calibrators(names, likelihood)
     if isinstance(model, (list, tuple)):
         return _wrap_ensemble(list(model), names, dict(options), likelihood)
     if not isinstance(model, nn.Module):

@@ -355,3 +355,51 @@ def test_without_the_extra_the_message_names_it(monkeypatch: pytest.MonkeyPatch,
         posthoc.loading.hf.load_classifier(f"hf:{tmp_path}")
     with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
         hf.tiny_bert()
+
+
+# ------------------------------------------------------------------------------------------ a one-output regressor
+
+
+def test_huggingface_regression_recipe_on_a_one_output_model(tmp_path: Path, capsys) -> None:
+    """A tiny BERT with ``num_labels=1, problem_type="regression"`` trained on the keyword task's class id as a
+    real target: its ``logits (N, 1)`` are the means, the head ``classifier`` is found, Laplace is fitted on it."""
+    recipe = runpy.run_path(str(Path(__file__).resolve().parents[1] / "recipes" / "huggingface_regression.py"))
+    assert "recipes/huggingface_regression.py" in recipe["__doc__"] and "num_labels=1" in recipe["__doc__"]
+    tokenizer = hf.word_tokenizer()
+    model = hf.tiny_bert(num_labels=1)
+    model.config.problem_type = "regression"
+    texts, labels = hf.keyword_texts(600, seed=0)
+    batches = hf.text_batches(texts, [float(y) for y in labels], tokenizer, 32)
+    torch.manual_seed(0)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    model.train()
+    for step in range(120):  # the model's own loss: MSE under problem_type="regression"
+        optimizer.zero_grad()
+        model(**batches[step % len(batches)]).loss.backward()
+        optimizer.step()
+    model.eval()
+    folder = tmp_path / "regressor"
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    loaded, _ = recipe["load_model"](str(folder))
+    assert loaded.config.num_labels == 1 and loaded.config.problem_type == "regression"
+    paths = {}
+    for name, seed in (("train", 5), ("val", 6), ("test", 7)):
+        rows = zip(*hf.keyword_texts(150, seed=seed))
+        paths[name] = tmp_path / f"{name}.jsonl"
+        paths[name].write_text("".join(json.dumps({"text": t, "score": float(y)}) + "\n" for t, y in rows))
+    out = tmp_path / "report"
+    assert recipe["main"](["--model", str(folder), "--train", str(paths["train"]), "--val", str(paths["val"]),
+                           "--test", str(paths["test"]), "--method", "laplace", "--batch-size", "50", "--out", str(out),
+                           "--no-progress"]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    plain, laplace = (row["test"] for row in metrics["rows"])
+    assert metrics["rows"][1]["summary"]["posterior"][0]["layers"][0] == "classifier"
+    spread = float(torch.tensor(hf.keyword_texts(150, seed=7)[1], dtype=torch.float64).std())
+    assert laplace["rmse"] < 0.7 * spread  # the model learned the target (0.7: far from predicting the mean)
+    assert laplace["nll"] <= plain["nll"] + 0.02  # last-layer Laplace keeps the plain model's quality (nats)
+    assert "| laplace |" in capsys.readouterr().out
+    with pytest.raises(InputError, match="the regression target 'score' is 'high', not a number"):
+        bad = tmp_path / "bad.jsonl"
+        bad.write_text(json.dumps({"text": "a plot", "score": "high"}) + "\n")
+        posthoc.loading.hf.TextFile(bad, loaded, target="score")

@@ -375,3 +375,42 @@ def test_evaluate_cli_reports_guarantees_and_calibrators(image_folders: dict[str
     args.alpha = 1.5
     with pytest.raises(posthoc.ConfigError, match="--alpha must be a number strictly between 0 and 1"):
         run_evaluate(args)
+
+
+# ------------------------------------------------------------------------------------------ image regression recipe
+
+
+def _write_targets(folder: Path, name: str, count: int, seed: int) -> Path:
+    """``count`` 24-px RGB images of random brightness; the target is their mean pixel value (0..255)."""
+    generator = torch.Generator().manual_seed(seed)
+    lines = ["image,brightness"]
+    for index in range(count):
+        pixels = (torch.rand(24, 24, 3, generator=generator) * 255 * torch.rand(1, generator=generator)).byte().numpy()
+        Image.fromarray(pixels).save(folder / f"{name}_{index}.png")
+        lines.append(f"{name}_{index}.png,{pixels.mean():.4f}")
+    (folder / f"{name}.csv").write_text("\n".join(lines) + "\n")
+    return folder / f"{name}.csv"
+
+
+def test_timm_regression_recipe_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, one_thread) -> None:
+    recipe = _recipe("timm_regression")
+    assert "recipes/timm_regression.py" in recipe.__doc__ and "num_classes=1" in recipe.__doc__
+    files = {name: _write_targets(tmp_path, name, count, seed) for name, count, seed in
+             (("train", 24, 0), ("val", 24, 1), ("test", 16, 2))}
+    model = recipe.load_model("test_convnext", pretrained=False)
+    assert model(torch.rand(2, 3, 32, 32)).shape == (2, 1)  # the one-output head
+    torch.save(model.state_dict(), tmp_path / "regressor.pth")
+    out = tmp_path / "report"
+    assert recipe.main(["--model", "test_convnext", "--pretrained", "false", "--checkpoint", str(tmp_path / "regressor.pth"),
+                        "--image-size", "32", "--train", str(files["train"]), "--val", str(files["val"]),
+                        "--test", str(files["test"]), "--target", "brightness", "--method", "laplace",
+                        "--alpha", "0.2", "--batch-size", "8", "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [row["method"] for row in metrics["rows"]] == ["none", "laplace"]
+    assert metrics["sizes"] == {"train": 24, "val": 24, "test": 16}
+    laplace = metrics["rows"][1]["test"]
+    assert f"| laplace | {laplace['rmse']:.4f} |" in printed and (out / "calibration.png").stat().st_size > 1000
+    # an untrained head predicts about 0 for targets of 0..255: the noise fitted on val covers that error
+    assert laplace["rmse"] > 10 and 0.5 <= laplace["coverage_90"] <= 1.0 and laplace["coverage"] is not None
+    assert math.isfinite(laplace["nll"]) and math.isfinite(laplace["crps"])

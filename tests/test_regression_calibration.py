@@ -8,6 +8,7 @@ uncertainty-toolbox's ``iso_recal`` on the same data.
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -185,3 +186,34 @@ def test_misuse_is_refused_clearly() -> None:
     recalibrated = posthoc.calibrate(mean=mean, std=std, targets=y, method="isotonic").predict(mean, std)
     with pytest.raises(InputError, match="recalibrated"):
         components(recalibrated)
+
+
+# ------------------------------------------------------------------------------ on a wrapped regressor
+
+
+def test_wrap_refuses_a_stacked_calibrator_and_the_route_it_names_works() -> None:
+    """``wrap`` does not stack a calibrator on a regressor: it refuses, naming ``posthoc.calibrate`` on the
+    wrapped model's held-out predictions, and that route calibrates (variance scaling recovers a noise 3x too small)."""
+    from torch import nn
+
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(600, 2, generator=generator)
+    y = x[:, :1] + 0.3 * torch.randn(600, 1, generator=generator)
+    model = nn.Linear(2, 1)
+    with torch.no_grad():
+        model.weight.copy_(torch.tensor([[1.0, 0.0]]))
+        model.bias.zero_()
+    for method, says in ((["laplace", "variance-scaling"], "'variance-scaling' calibrates a regressor's predictions"),
+                         (["laplace", "isotonic"], "'isotonic' calibrates a classifier's probabilities"),
+                         (["none", "temperature"], "'temperature' calibrates a classifier's probabilities"),
+                         ("auto", "'auto' calibrates a regressor's predictions")):
+        with pytest.raises(ConfigError, match=re.escape(says) + ".*posthoc.calibrate\\(mean=pred.mean, std=pred.std"):
+            posthoc.wrap(model, method=method, likelihood="regression")
+    um = posthoc.wrap(model, method="none", likelihood=posthoc.Gaussian(noise_std=0.1))  # 3x too narrow
+    um.fit()
+    pred = um.predict(x[:300])
+    cal = posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y[:300], method="variance-scaling")
+    calibrated = cal.calibrate(um.predict(x[300:]))
+    assert float(calibrated.std.mean()) == pytest.approx(0.3, rel=0.1)  # 300 residuals: the std's sd is ~4 %
+    lower, upper = calibrated.interval(0.9)
+    assert float(((lower <= y[300:]) & (y[300:] <= upper)).double().mean()) == pytest.approx(0.9, abs=0.05)

@@ -13,6 +13,8 @@ folders) are labelled test sets with the same classes; ``--shift gaussian-noise,
 corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
 intervals to every metric; ``--ood`` is an unlabelled folder.
 
+A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc.cli.regression`).
+
 ``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
 folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file with ``text`` and
 ``label`` columns (:func:`load_texts`, :mod:`posthoc.loading.hf`).
@@ -216,7 +218,7 @@ def load_folders(model: nn.Module, transform: Callable, args: argparse.Namespace
         shifts[str(root)] = folders.image_folder(root, transform, subset=args.ood_subset, seed=seed)
         folders.check_classes(shifts[str(root)], num_classes, root, reference=val.classes)
 
-    pin = _device(args.device).type == "cuda"
+    pin = run_device(args.device).type == "cuda"
 
     def make(dataset: Any, shuffle: bool = False) -> Any:
         if dataset is None:
@@ -336,7 +338,8 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
 # ------------------------------------------------------------------------------------------- report
 
 
-def _settings(args: argparse.Namespace) -> dict[str, Any]:
+def run_settings(args: argparse.Namespace) -> dict[str, Any]:
+    """The run's arguments as plain JSON data (paths as strings), for metrics.json."""
     return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
 
 
@@ -363,7 +366,7 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
         f"- classes: {len(data.classes)} ({', '.join(data.classes[:5])}{', ...' if len(data.classes) > 5 else ''})",
         f"- images: {sizes}",
         f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
-        f"- device: {_device(args.device)}, seed {args.seed}", "",
+        f"- device: {run_device(args.device)}, seed {args.seed}", "",
         "## Test set", "",
         markdown_table([r.test for r in results], {**timing, **fitted}), "",
         *(f"- {r.name}: {r.note}" for r in results if r.note), *([""] if any(r.note for r in results) else []),
@@ -387,7 +390,7 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     cards = [f"# {r.name}\n\n{r.card.to_markdown()}" for r in results if r.card is not None]
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
-        "title": title, "classes": data.classes, "sizes": data.sizes, "settings": _settings(args),
+        "title": title, "classes": data.classes, "sizes": data.sizes, "settings": run_settings(args),
         "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
                   "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note,
                   "summary": r.card, "corruptions": None if r.corruptions is None else r.corruptions.as_dict()}
@@ -398,7 +401,8 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     return report_path
 
 
-def _device(name: str) -> torch.device:
+def run_device(name: str) -> torch.device:
+    """The torch device of ``--device`` (``auto``: cuda if available)."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(name)
@@ -417,18 +421,18 @@ def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: 
         if getattr(args, name) is not None:
             probability(getattr(args, name), "--" + name.replace("_", "-"))
     if isinstance(model, list):
-        model = [member.to(_device(args.device)).eval() for member in model]
+        model = [member.to(run_device(args.device)).eval() for member in model]
         if args.calibrator is not None:
             raise ConfigError("--calibrator calibrates one model's logits; with several --model/--checkpoint (an "
                               "ensemble) compose a calibrator instead, e.g. --method none+temperature")
     else:
-        model = model.to(_device(args.device)).eval()
+        model = model.to(run_device(args.device)).eval()
     data = load_data(model[0] if isinstance(model, list) else model, transform, args)
     calibrator = None
     if args.calibrator is not None:
         print(f"[posthoc] calibrator {args.calibrator}: fit on the calibration logits", flush=True)
         calibrator = fit_calibrator(model, data.calibration, {"test": data.test, **data.shifts}, args,
-                                    _device(args.device))
+                                    run_device(args.device))
     results = fit_and_evaluate(model, data, args, normalization=transform_normalization(transform))
     report_path = write_report(results, data, args, title=title, calibrator=calibrator)
     print(f"[posthoc] wrote {report_path}")

@@ -4,6 +4,8 @@ Example:
     $ posthoc demo --out posthoc-demo
     $ posthoc demo --task regression
     $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
+    $ posthoc evaluate --likelihood regression --model model.pt --train train.csv --val val.csv --test test.csv \
+        --target mpg --method laplace --out report/
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import argparse
 import time
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc.core.errors import exit_status
 from posthoc.demo.regression_run import run_regression_demo
 from posthoc.demo.run import render, run_demo
@@ -21,13 +24,22 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.task == "regression":
         print(run_regression_demo(args.out, progress=not args.quiet))
-        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png "
+        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png, "
+              "regression_shift.png "
               f"in {time.perf_counter() - start:.0f} s")
         return
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
     print(render(rows))
     print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, "
           f"ood_scores.png, confidence.png, reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
+
+
+def _evaluate(args: argparse.Namespace) -> None:
+    if args.likelihood == "regression":
+        run_regression(args)
+    else:
+        check_classification_arguments(args)
+        run_evaluate(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,10 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
                            "strongest shift), e.g. 'Laplace (last layer, KFAC)'")
     demo.set_defaults(run=_demo)
     evaluate = commands.add_parser(
-        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders"
+        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders, text files or "
+                         "(--likelihood regression) CSV files"
     )
     add_evaluate_arguments(evaluate)
-    evaluate.set_defaults(run=run_evaluate)
+    add_regression_arguments(evaluate)
+    evaluate.set_defaults(run=_evaluate)
     return parser
 
 

@@ -5,7 +5,10 @@
   gap between them and the range beyond ``x = 1`` are where a posterior should widen.
 - :func:`auto_mpg`: mlxtend's 392 cars (seven numeric features, miles per gallon), standardised on
   the training part. ``split="random"`` splits at random; ``split="extrapolate"`` trains on the
-  lighter 70 % of the cars and tests on the heavier 30 % (no fit-time choice sees a heavier car).
+  lighter 70 % of the cars and tests on the heavier 30 % (no fit-time choice sees a heavier car,
+  :func:`posthoc.shift.extrapolation_split`); ``split="shift"`` also leaves out a band of middle
+  weights (:func:`posthoc.shift.gap_split`) and tests on random cars of the rest, on the heavy cars
+  and on the band (:meth:`RegressionData.shift_loaders`, for ``posthoc.evaluate_shift``).
 - :func:`train_mlp`: a small tanh MLP (dropout before the head) trained by Adam on the squared error;
   the checkpoint posthoc then wraps.
 
@@ -24,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from posthoc.core.checks import one_of
+from posthoc.shift.features import extrapolation_split, gap_split
 
 #: the sinusoid's regions: where the model was trained, the gap between the clusters, beyond the data
 SINUSOID_REGIONS = ("train", "gap", "beyond")
@@ -31,16 +35,20 @@ SINUSOID_REGIONS = ("train", "gap", "beyond")
 EXTRAPOLATION_SHARE = 0.7
 #: Auto MPG's column by which ``split="extrapolate"`` orders the cars (weight in pounds)
 WEIGHT_COLUMN = 3
+#: the quantiles of the lighter cars' weights between which ``split="shift"`` leaves a gap
+GAP_QUANTILES = (0.4, 0.6)
 
 
 @dataclasses.dataclass(frozen=True)
 class RegressionData:
-    """Train / validation / test pairs ``(x (N, F), y (N, 1))``; ``regions`` names extra inputs to inspect."""
+    """Train / validation / test pairs ``(x (N, F), y (N, 1))``; ``regions`` names extra inputs to inspect,
+    ``shifted`` names test pairs outside the fit data (``"extrapolation"``, ``"gap"``)."""
 
     train: tuple[Tensor, Tensor]
     val: tuple[Tensor, Tensor]
     test: tuple[Tensor, Tensor]
     regions: dict[str, Tensor] = dataclasses.field(default_factory=dict)
+    shifted: dict[str, tuple[Tensor, Tensor]] = dataclasses.field(default_factory=dict)
 
     def train_loader(self, batch_size: int = 64) -> DataLoader:
         return DataLoader(TensorDataset(*self.train), batch_size=batch_size)
@@ -50,6 +58,11 @@ class RegressionData:
 
     def test_loader(self, batch_size: int = 256) -> DataLoader:
         return DataLoader(TensorDataset(*self.test), batch_size=batch_size)
+
+    def shift_loaders(self, batch_size: int = 256) -> dict[str, DataLoader]:
+        """``{"random": test, **shifted}``: the named test loaders ``posthoc.evaluate_shift`` takes."""
+        pairs = {"random": self.test, **self.shifted}
+        return {name: DataLoader(TensorDataset(*pair), batch_size=batch_size) for name, pair in pairs.items()}
 
 
 def _sinusoid_targets(x: Tensor, generator: torch.Generator) -> Tensor:
@@ -75,31 +88,39 @@ def sinusoid(seed: int = 4, *, points: int = 500, train: int = 40) -> Regression
 
 def auto_mpg(seed: int = 0, *, split: str = "random") -> RegressionData:
     """Auto MPG (module docs): 60 % train, 20 % validation, 20 % test at random, or for ``split="extrapolate"``
-    the lightest 70 % split 70/30 into train and validation at random and the heaviest 30 % as test.
-    Features and targets are standardised with the training part's mean and std."""
+    the lightest 70 % split 70/30 into train and validation at random and the heaviest 30 % as test
+    (also ``shifted["extrapolation"]``). ``split="shift"``: the lightest 70 % without the cars between
+    :data:`GAP_QUANTILES` of their weights, split 60/20/20 at random; ``shifted`` holds the heaviest 30 %
+    (``"extrapolation"``) and the band (``"gap"``). Features and targets are standardised with the
+    training part's mean and std."""
     try:
         from mlxtend.data import autompg_data
     except ImportError as err:  # pragma: no cover - mlxtend comes with the demo extra
         raise ImportError("Auto MPG needs mlxtend: pip install 'posthoc[demo]'") from err
-    one_of(split, "split", ("random", "extrapolate"))
+    one_of(split, "split", ("random", "extrapolate", "shift"))
     features, targets = autompg_data()
     x = torch.tensor(features[:, :7], dtype=torch.float32)  # the last column is the car's name (NaN)
     y = torch.tensor(targets, dtype=torch.float32)[:, None]
     generator = torch.Generator().manual_seed(seed)
+    shifted: dict[str, Tensor] = {}
     if split == "random":
         order = torch.randperm(len(x), generator=generator)
         cut1, cut2 = int(0.6 * len(x)), int(0.8 * len(x))
         fit, held_out, test = order[:cut1], order[cut1:cut2], order[cut2:]
     else:
-        by_weight = x[:, WEIGHT_COLUMN].argsort()
-        known = int(EXTRAPOLATION_SHARE * len(x))
-        light = by_weight[:known][torch.randperm(known, generator=generator)]
-        cut = int(0.7 * known)
-        fit, held_out, test = light[:cut], light[cut:], by_weight[known:]
+        heavy = extrapolation_split(x, y, feature=WEIGHT_COLUMN, quantile=EXTRAPOLATION_SHARE)
+        light, shifted["extrapolation"] = heavy.fit_index, heavy.shifted_index
+        if split == "shift":
+            band = gap_split(x[light], y[light], feature=WEIGHT_COLUMN, quantiles=GAP_QUANTILES)
+            light, shifted["gap"] = light[band.fit_index], light[band.shifted_index]
+        light = light[torch.randperm(len(light), generator=generator)]
+        cuts = (0.7, 1.0) if split == "extrapolate" else (0.6, 0.8)
+        fit, held_out, test = light.tensor_split([int(cuts[0] * len(light)), int(cuts[1] * len(light))])
+        test = test if split == "shift" else shifted["extrapolation"]
     x_mean, x_std = x[fit].mean(0), x[fit].std(0)
     y_mean, y_std = y[fit].mean(0), y[fit].std(0)
     pair = lambda index: ((x[index] - x_mean) / x_std, (y[index] - y_mean) / y_std)  # noqa: E731
-    return RegressionData(pair(fit), pair(held_out), pair(test))
+    return RegressionData(pair(fit), pair(held_out), pair(test), shifted={k: pair(v) for k, v in shifted.items()})
 
 
 def train_mlp(train: tuple[Tensor, Tensor], *, hidden: int = 64, dropout: float = 0.1, epochs: int = 1000,

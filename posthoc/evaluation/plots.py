@@ -137,9 +137,11 @@ def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
 
 
 def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
-               metric_names: Sequence[str] = ("nll", "ece")) -> Figure:
+               metric_names: Sequence[str] = ("nll", "ece"), *, tick_labels: Sequence[str] | None = None,
+               xlabel: str = "severity (0 = clean)", ylabels: Mapping[str, str] | None = None) -> Figure:
     """Each metric against severity (0 = clean), one panel per metric and one line per method, with the
-    interval as a band where given.
+    interval as a band where given. ``tick_labels`` names the x positions instead (e.g. named test sets at
+    0, 1, 2); ``ylabels`` gives a metric's axis label (default: ``"NLL (mean over kinds)"``).
 
     Example:
         >>> shift_plot({"MAP": {"nll": ([0, 1, 3], [0.08, 0.2, 0.9], None, None)}}, "shift.png", ["nll"])
@@ -151,8 +153,10 @@ def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
             ax.plot(severities, values, marker="o", markersize=3, linewidth=1.3, label=name, **style)
             if lows is not None and highs is not None:
                 ax.fill_between(severities, lows, highs, color=style["color"], alpha=0.12, linewidth=0)
-        ax.set(xlabel="severity (0 = clean)", ylabel=f"{metric.upper()} (mean over kinds)")
+        ax.set(xlabel=xlabel, ylabel=(ylabels or {}).get(metric, f"{metric.upper()} (mean over kinds)"))
         ax.set_xticks(list(next(iter(series.values()))[metric][0]))
+        if tick_labels is not None:
+            ax.set_xticklabels(tick_labels)
         ax.grid(alpha=0.3)
     _legend_outside(axes[0][-1], len(series))
     fig.tight_layout()

@@ -1,10 +1,17 @@
-"""``posthoc.evaluate_shift``: one or several wrapped models on a test set corrupted by kind and severity.
+"""``posthoc.evaluate_shift``: one or several wrapped models on a test set corrupted by kind and severity, or on
+named shifted test sets.
 
 Each method is evaluated on the clean test set (severity 0) and on ``posthoc.shift.corrupt(test_loader,
 kind, severity)`` for every kind and severity (the same seeded corruption for every method). The
 :class:`ShiftTable` holds accuracy, NLL, ECE and Brier per kind and severity and their mean over kinds; with
 ``ci=`` each value gets a bootstrap interval over the test examples (the mean over kinds resamples the same
-examples in every kind, so its interval is paired across kinds).
+examples in every kind, so its interval is paired across kinds). A regressor (``likelihood="regression"``)
+gets :data:`REGRESSION_METRICS` instead (NLL, CRPS, RMSE, 90 % coverage and width, MACE).
+
+Tabular or 1-D inputs have no corruptions; their shift is a choice of test rows (``posthoc.shift.extrapolation_split``,
+``gap_split``). A dict ``{"random": loader, "extrapolation": loader2, "gap": loader3}`` in place of the test loader
+evaluates every method on each named test set: the table's kinds are the names, each at severity 0, and it has
+no severities, no clean cell and no mean (the sets hold different examples); ``ci=`` intervals are per set.
 
 Example:
     >>> table = posthoc.evaluate_shift([plain, laplace], test_loader, kinds=["gaussian-noise", "rotate"],
@@ -12,6 +19,8 @@ Example:
     >>> print(table.to_markdown())
     >>> table.plot("shift.png")
     >>> table.confidence_plot("confidence.png", plain_and_best(table))   # the plain model against the best
+    >>> named = posthoc.evaluate_shift([plain_regressor, laplace_regressor], {"random": test, "extrapolation": heavy})
+    >>> named.value("laplace", "extrapolation", 0, "coverage_90")
 """
 
 from __future__ import annotations
@@ -27,11 +36,21 @@ from matplotlib.figure import Figure
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, plots
+from posthoc.evaluation.regression_bootstrap import regression_statistics
+from posthoc.evaluation.regression_report import HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
+from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
-from posthoc.shift.loader import Normalization, check_kind, corrupt
+from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
 
 METRICS = ("accuracy", "nll", "ece", "brier")
+#: a regressor's cells: proper scores, accuracy of the mean, the central 90 % interval, interval calibration
+REGRESSION_METRICS = ("nll", "crps", "rmse", "coverage_90", "width_90", "mace")
+#: the metrics :meth:`ShiftTable.to_markdown` and :meth:`ShiftTable.plot` show by default
+HEADLINE = {METRICS: ("nll", "ece"), REGRESSION_METRICS: ("nll", "crps", "coverage_90")}
+#: the metrics' names in the long table, and in titles and axis labels
+LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **HEADERS}
+TITLES = {**{metric: metric.upper() for metric in METRICS}, **HEADERS}
 DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"
@@ -46,24 +65,29 @@ Bounds = dict[str, dict[str, dict[int, dict[str, tuple[float, float]]]]]
 class ShiftTable:
     """Metrics per method, kind and severity (severity 0 is the clean test set, kind ``"clean"``), plus
     their mean over kinds (kind ``"mean"``); ``intervals`` mirrors ``values`` when evaluated with ``ci``;
-    ``reports`` keeps each method's :class:`Report` per ``(kind, severity)`` (for reliability diagrams)."""
+    ``reports`` keeps each method's :class:`Report` per ``(kind, severity)`` (for reliability diagrams).
+    ``metrics`` are :data:`METRICS` for classifiers, :data:`REGRESSION_METRICS` for regressors. A table of
+    named test sets (:attr:`named`) has no severities: each kind is one set at severity 0."""
 
     kinds: tuple[str, ...]
     severities: tuple[int, ...]
     values: Values
     intervals: Bounds = field(default_factory=dict)
     ci: float | None = None
-    reports: dict[str, dict[tuple[str, int], Report]] = field(default_factory=dict, repr=False)
+    reports: dict[str, dict[tuple[str, int], Report | RegressionReport]] = field(default_factory=dict, repr=False)
+    metrics: tuple[str, ...] = METRICS
 
     @classmethod
     def merge(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
         """One table of the methods of several tables with the same kinds and severities (e.g. one per demo row)."""
         first = tables[0]
-        if any((t.kinds, t.severities, t.ci) != (first.kinds, first.severities, first.ci) for t in tables):
-            raise ConfigError("only tables with the same kinds, severities and ci can be merged")
+        if any((t.kinds, t.severities, t.ci, t.metrics) != (first.kinds, first.severities, first.ci, first.metrics)
+               for t in tables):
+            raise ConfigError("only tables with the same kinds, severities, ci and metrics (classifiers or regressors) "
+                              "can be merged")
         return cls(first.kinds, first.severities, {k: v for t in tables for k, v in t.values.items()},
                    {k: v for t in tables for k, v in t.intervals.items()}, first.ci,
-                   {k: v for t in tables for k, v in t.reports.items()})
+                   {k: v for t in tables for k, v in t.reports.items()}, first.metrics)
 
     @classmethod
     def join(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
@@ -76,8 +100,10 @@ class ShiftTable:
             (1, 2, 3, 4, 5)
         """
         first = tables[0]
-        if any((set(t.values), t.kinds) != (set(first.values), first.kinds) for t in tables):
-            raise ConfigError("only tables of the same methods and kinds can be joined")
+        if any(t.named for t in tables):
+            raise ConfigError("tables of named test sets have no severities to join; merge them (ShiftTable.merge) instead")
+        if any((set(t.values), t.kinds, t.metrics) != (set(first.values), first.kinds, first.metrics) for t in tables):
+            raise ConfigError("only tables of the same methods and kinds, with the same metrics, can be joined")
         severities = tuple(sorted({s for t in tables for s in t.severities}))
         values: Values = {m: {CLEAN: first.values[m][CLEAN]} for m in first.values}
         reports: dict[str, dict[tuple[str, int], Report]] = {m: {} for m in first.values}
@@ -89,11 +115,16 @@ class ShiftTable:
         for method in first.values:
             for kind in (*first.kinds, MEAN):
                 values[method][kind] = dict(sorted(values[method][kind].items()))
-        return cls(first.kinds, severities, values, reports=reports)
+        return cls(first.kinds, severities, values, reports=reports, metrics=first.metrics)
 
     @property
     def methods(self) -> list[str]:
         return list(self.values)
+
+    @property
+    def named(self) -> bool:
+        """Whether the kinds are named test sets (no severities, no clean cell, no mean over kinds)."""
+        return not self.severities
 
     def value(self, method: str, kind: str, severity: int, metric: str) -> float:
         """One cell, e.g. ``table.value("laplace", "mean", 3, "nll")``; ``kind="clean"`` with severity 0."""
@@ -101,7 +132,8 @@ class ShiftTable:
 
     def as_dict(self) -> dict[str, object]:
         """Plain data for JSON: kinds, severities, values (and intervals and ci where measured)."""
-        out: dict[str, object] = {"kinds": list(self.kinds), "severities": list(self.severities), "values": self.values}
+        out: dict[str, object] = {"kinds": list(self.kinds), "severities": list(self.severities),
+                                  "metrics": list(self.metrics), "values": self.values}
         if self.ci is not None:
             out |= {"ci": self.ci, "intervals": self.intervals}
         return out
@@ -111,43 +143,66 @@ class ShiftTable:
         bounds = self.intervals.get(method, {}).get(kind, {}).get(severity, {}).get(metric)
         return text if bounds is None else f"{text} [{bounds[0]:.4f}, {bounds[1]:.4f}]"
 
-    def to_markdown(self, metrics: Sequence[str] = ("nll", "ece"), *, detail: bool = False) -> str:
-        """The mean over kinds per method and severity, one table per metric; ``detail=True`` adds a long
-        table with every kind and severity and all four metrics."""
+    def to_markdown(self, metrics: Sequence[str] | None = None, *, detail: bool = False) -> str:
+        """One table per metric (default: :data:`HEADLINE`): the mean over kinds per method and severity, or for
+        named test sets the value per method and set; ``detail=True`` adds a long table with every kind and
+        severity and all the table's metrics."""
+        metrics = self._checked(metrics)
         parts = []
         for metric in metrics:
-            header = ["method", "clean", *(f"severity {s}" for s in self.severities)]
-            lines = [f"**{metric.upper()}**, mean over {', '.join(self.kinds)}", "",
-                     "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+            if self.named:
+                header = ["method", *self.kinds]
+                title = f"**{TITLES.get(metric, metric)}** per test set"
+                keys = [(kind, 0) for kind in self.kinds]
+            else:
+                header = ["method", "clean", *(f"severity {s}" for s in self.severities)]
+                title = f"**{TITLES.get(metric, metric)}**, mean over {', '.join(self.kinds)}"
+                keys = [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
+            lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             for method in self.values:
-                cells = [self._cell(method, CLEAN, 0, metric), *(self._cell(method, MEAN, s, metric) for s in self.severities)]
-                lines.append(f"| {method} | " + " | ".join(cells) + " |")
+                lines.append(f"| {method} | " + " | ".join(self._cell(method, *key, metric) for key in keys) + " |")
             parts.append("\n".join(lines))
         if detail:
-            header = ["method", "kind", "severity", "acc", "NLL", "ECE", "Brier"]
+            header = ["method", "test set" if self.named else "kind", *([] if self.named else ["severity"]),
+                      *(LABELS.get(m, m) for m in self.metrics)]
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             for method in self.values:
-                for kind in (CLEAN, *self.kinds, MEAN):
+                for kind in self.values[method]:
                     for severity in self.values[method][kind]:
-                        cells = [self._cell(method, kind, severity, m) for m in METRICS]
-                        lines.append(f"| {method} | {kind} | {severity} | " + " | ".join(cells) + " |")
+                        cells = [self._cell(method, kind, severity, m) for m in self.metrics]
+                        where = kind if self.named else f"{kind} | {severity}"
+                        lines.append(f"| {method} | {where} | " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
         return "\n\n".join(parts)
 
-    def plot(self, path: str | os.PathLike | None = None, metrics: Sequence[str] = ("nll", "ece")) -> Figure:
-        """Each metric (mean over kinds) against severity, one line per method, the interval as a band."""
+    def _checked(self, metrics: Sequence[str] | None) -> Sequence[str]:
+        chosen = HEADLINE[self.metrics] if metrics is None else metrics
+        unknown = [m for m in chosen if m not in self.metrics]
+        if unknown:
+            raise ConfigError(f"this table has no {unknown}; its metrics: {', '.join(self.metrics)}")
+        return chosen
+
+    def plot(self, path: str | os.PathLike | None = None, metrics: Sequence[str] | None = None) -> Figure:
+        """Each metric (default: :data:`HEADLINE`; the mean over kinds) against severity, one line per method,
+        the interval as a band; for named test sets, against the sets."""
+        metrics = self._checked(metrics)
+        keys = ([(kind, 0) for kind in self.kinds] if self.named
+                else [(CLEAN, 0), *((MEAN, s) for s in self.severities)])
+        xs = list(range(len(self.kinds))) if self.named else [0, *self.severities]
         series = {}
-        for method, by_kind in self.values.items():
-            points = [(0, by_kind[CLEAN][0]), *((s, by_kind[MEAN][s]) for s in self.severities)]
+        for method in self.values:
             bounds = self.intervals.get(method)
             series[method] = {}
             for metric in metrics:
                 lows = highs = None
                 if bounds:
-                    pairs = [bounds[CLEAN][0][metric], *(bounds[MEAN][s][metric] for s in self.severities)]
+                    pairs = [bounds[kind][severity][metric] for kind, severity in keys]
                     lows, highs = [p[0] for p in pairs], [p[1] for p in pairs]
-                series[method][metric] = ([s for s, _ in points], [v[metric] for _, v in points], lows, highs)
-        return plots.shift_plot(series, path, metrics)
+                series[method][metric] = (xs, [self.value(method, *key, metric) for key in keys], lows, highs)
+        if not self.named:
+            return plots.shift_plot(series, path, metrics, ylabels={m: f"{TITLES.get(m, m)} (mean over kinds)" for m in metrics})
+        return plots.shift_plot(series, path, metrics, tick_labels=self.kinds, xlabel="test set",
+                                ylabels={m: TITLES.get(m, m) for m in metrics})
 
     def confidence(self, method: str, kind: str, severity: int) -> float:
         """Mean top-class probability of one cell (kinds as in :meth:`value`; ``"mean"`` averages the kinds).
@@ -158,6 +213,9 @@ class ShiftTable:
             >>> table.confidence("MAP", "rotate", 5) > table.value("MAP", "rotate", 5, "accuracy")   # overconfident
             True
         """
+        if self.metrics != METRICS:
+            raise ConfigError("confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
+                              "interval's coverage and width instead: table.value(method, kind, severity, 'coverage_90')")
         reports = self.reports.get(method)
         if not reports:
             raise ConfigError(f"no predictions kept for {method!r}: confidence needs a table made by evaluate_shift")
@@ -167,20 +225,26 @@ class ShiftTable:
 
     def confidence_series(self, method: str) -> tuple[list[int], list[float], list[float]]:
         """``(severities, mean confidence, accuracy)`` from clean (severity 0) up, both means over the kinds."""
+        if self.named:
+            raise ConfigError("named test sets have no severities to follow confidence along; read "
+                              "table.confidence(method, name, 0) per set")
         severities = [0, *self.severities]
         keys = [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
         return (severities, [self.confidence(method, *key) for key in keys],
                 [self.value(method, kind, severity, "accuracy") for kind, severity in keys])
 
     def best_method(self, exclude: Sequence[str] = ()) -> str:
-        """The method with the lowest NLL, mean over the kinds, at the highest severity (``exclude`` left out).
+        """The method with the lowest NLL, mean over the kinds, at the highest severity (``exclude`` left out);
+        for named test sets, the lowest NLL averaged over the sets.
 
         Example:
             >>> table.best_method(exclude=["MAP"])
             'laplace'
         """
-        top = max(self.severities)
         candidates = [m for m in self.values if m not in exclude] or list(self.values)
+        if self.named:
+            return min(candidates, key=lambda m: sum(self.value(m, k, 0, "nll") for k in self.kinds) / len(self.kinds))
+        top = max(self.severities)
         return min(candidates, key=lambda m: self.value(m, MEAN, top, "nll"))
 
     def confidence_plot(self, path: str | os.PathLike | None = None, methods: Sequence[str] | None = None) -> Figure:
@@ -224,74 +288,136 @@ def _named(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, 
     return named
 
 
-def _metrics_of(report: Report) -> dict[str, float]:
-    return {metric: getattr(report, metric) for metric in METRICS}
+def _metrics_of(report: Report | RegressionReport, metrics: Sequence[str]) -> dict[str, float]:
+    return {metric: getattr(report, metric) for metric in metrics}
+
+
+def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
+    """:data:`REGRESSION_METRICS` when every model is a regressor, :data:`METRICS` when none is."""
+    regressors = [is_regression(um) for um in models.values()]
+    if any(regressors) and not all(regressors):
+        raise ConfigError("evaluate_shift compares classifiers with classifiers and regressors with regressors; "
+                          "these models mix both: evaluate them in two calls")
+    return REGRESSION_METRICS if regressors and all(regressors) else METRICS
+
+
+def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
+    """Refuse, before any evaluation, corruption kinds on a regressor's test inputs that are not image batches
+    (N, C, H, W), pointing to named test sets (a classifier's loader is checked batch by batch as it is read)."""
+    batch = next(iter(test_loader), None)
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    x = x.get(PIXELS, x) if isinstance(x, Mapping) else x
+    if isinstance(x, torch.Tensor) and x.dim() != 4:
+        raise InputError(f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this regressor's test inputs "
+                         f"are {tuple(x.shape)}; for tabular or 1-D inputs pass named shifted test sets instead: "
+                         "evaluate_shift(um, {'random': test_loader, 'extrapolation': loader, 'gap': loader}), the "
+                         "rows chosen by posthoc.shift.extrapolation_split / gap_split")
 
 
 def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel],
-                   test_loader: Iterable, *, kinds: Sequence[str] = DEFAULT_KINDS,
-                   severities: Sequence[int] = (1, 2, 3, 4, 5), normalization: Normalization | None = None,
+                   test_loader: Iterable | Mapping[str, Iterable], *, kinds: Sequence[str] | None = None,
+                   severities: Sequence[int] | None = None, normalization: Normalization | None = None,
                    seed: int = 0, ci: float | None = None, bootstraps: int = 1000, num_samples: int | None = None,
                    progress: bool = True) -> ShiftTable:
-    """Evaluate each wrapped model on the clean and corrupted test set (see the module docs).
+    """Evaluate each wrapped model on the clean and corrupted test set, or on named test sets (see the module docs).
 
-    ``um_or_list``: one wrapped model, a list (named by their methods) or a dict ``name -> model``.
-    ``normalization=(mean, std)``: the model's input normalisation, so corruptions happen in pixel space
-    (see :func:`posthoc.shift.corrupt`). The test loader must yield the same examples in the same order on
-    every pass (no shuffling), so that every kind and method is scored on the same examples.
+    ``um_or_list``: one wrapped model, a list (named by their methods) or a dict ``name -> model``, all
+    classifiers or all regressors. ``test_loader``: one loader, corrupted by ``kinds`` (default
+    :data:`DEFAULT_KINDS`) at ``severities`` (default 1 to 5), or a dict ``name -> loader`` of shifted test
+    sets (then no kinds, severities or normalization). ``normalization=(mean, std)``: the model's input
+    normalisation, so corruptions happen in pixel space (see :func:`posthoc.shift.corrupt`). A loader must
+    yield the same examples in the same order on every pass (no shuffling), so that every kind and method is
+    scored on the same examples.
 
     Example:
         >>> table = posthoc.evaluate_shift(um, test_loader, kinds=["contrast"], severities=[1, 5])
         >>> table.value(table.methods[0], "contrast", 5, "nll") > table.value(table.methods[0], "clean", 0, "nll")
         True
+        >>> posthoc.evaluate_shift(regressor, {"random": test, "extrapolation": heavy}).value("laplace", "extrapolation", 0, "crps")
+        0.61
     """
+    models = _named(um_or_list)
+    metrics = _table_metrics(models)
+    if ci is not None:
+        bootstrap.check_level(ci, bootstraps)
+    options = {"progress": progress, "num_samples": num_samples, "seed": seed}
+    if isinstance(test_loader, Mapping):
+        if kinds is not None or severities is not None or normalization is not None:
+            raise ConfigError("named test sets are evaluated as they are: leave out kinds, severities and normalization "
+                              "(they corrupt one test loader)")
+        return _evaluate_named(models, test_loader, metrics, ci, bootstraps, options)
+    kinds = DEFAULT_KINDS if kinds is None else kinds
+    severities = (1, 2, 3, 4, 5) if severities is None else severities
     if not kinds or not severities:
         raise ConfigError("evaluate_shift needs at least one kind and one severity")
     for kind in kinds:
         for severity in severities:
             check_kind(kind, severity)
-    if ci is not None:
-        bootstrap.check_level(ci, bootstraps)
+    if metrics == REGRESSION_METRICS:
+        _check_images(test_loader, kinds)
     values: Values = {}
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report]] = {}
-    for name, um in _named(um_or_list).items():
+    for name, um in models.items():
         def run(loader: Iterable) -> Report:
-            return evaluate(um, loader, name=name, progress=progress, num_samples=num_samples, seed=seed)
+            return evaluate(um, loader, name=name, **options)
 
         reports = {(CLEAN, 0): run(test_loader)}
         for kind in kinds:
             for severity in severities:
                 reports[kind, severity] = run(corrupt(test_loader, kind, severity, seed, normalization=normalization))
         kept[name] = reports
-        values[name] = {CLEAN: {0: _metrics_of(reports[CLEAN, 0])}}
+        values[name] = {CLEAN: {0: _metrics_of(reports[CLEAN, 0], metrics)}}
         for kind in kinds:
-            values[name][kind] = {s: _metrics_of(reports[kind, s]) for s in severities}
-        values[name][MEAN] = {s: {m: sum(values[name][k][s][m] for k in kinds) / len(kinds) for m in METRICS}
+            values[name][kind] = {s: _metrics_of(reports[kind, s], metrics) for s in severities}
+        values[name][MEAN] = {s: {m: sum(values[name][k][s][m] for k in kinds) / len(kinds) for m in metrics}
                               for s in severities}
         if ci is not None:
-            bounds[name] = _intervals(reports, kinds, severities, ci, bootstraps, seed)
-    return ShiftTable(tuple(kinds), tuple(severities), values, bounds, ci, kept)
+            bounds[name] = _intervals(reports, kinds, severities, ci, bootstraps, seed, metrics)
+    return ShiftTable(tuple(kinds), tuple(severities), values, bounds, ci, kept, metrics)
 
 
-def _intervals(reports: dict[tuple[str, int], Report], kinds: Sequence[str], severities: Sequence[int], ci: float,
-               bootstraps: int, seed: int) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
+def _evaluate_named(models: dict[str, UncertainModel], loaders: Mapping[str, Iterable], metrics: tuple[str, ...],
+                    ci: float | None, bootstraps: int, options: dict[str, object]) -> ShiftTable:
+    """Every model on every named test set; with ``ci``, each set's own bootstrap intervals."""
+    if not loaders or not all(isinstance(name, str) and name for name in loaders):
+        raise ConfigError(f"named test sets are a dict of non-empty names to loaders, e.g. {{'random': test_loader, "
+                          f"'extrapolation': loader}}; got the names {list(loaders)}")
+    values: Values = {}
+    bounds: Bounds = {}
+    kept: dict[str, dict[tuple[str, int], Report | RegressionReport]] = {}
+    for name, um in models.items():
+        kept[name] = {(kind, 0): evaluate(um, loader, name=name, ci=ci, bootstraps=bootstraps, **options)
+                      for kind, loader in loaders.items()}
+        values[name] = {kind: {0: _metrics_of(kept[name][kind, 0], metrics)} for kind in loaders}
+        if ci is not None:
+            bounds[name] = {kind: {0: {m: tuple(kept[name][kind, 0].intervals[m]) for m in metrics}} for kind in loaders}
+    return ShiftTable(tuple(loaders), (), values, bounds, ci, kept, metrics)
+
+
+def _example_statistics(report: Report | RegressionReport) -> dict[str, bootstrap.Statistic]:
+    if isinstance(report, RegressionReport):
+        return regression_statistics(report.means, report.stds, report.targets)
+    return bootstrap.example_statistics(report.probs, report.labels)
+
+
+def _intervals(reports: dict[tuple[str, int], Report | RegressionReport], kinds: Sequence[str], severities: Sequence[int],
+               ci: float, bootstraps: int, seed: int, metrics: Sequence[str]) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
     """Bootstrap intervals of every cell and of the mean over kinds, all on one shared resample of the examples."""
-    labels = reports[CLEAN, 0].labels
-    for report in reports.values():
-        if not torch.equal(report.labels, labels):
-            raise InputError("the test loader yielded different examples on different passes; evaluate_shift needs "
-                             "a loader without shuffling")
-    index = bootstrap.resample_index(len(labels), bootstraps, seed)
-    draws = {key: bootstrap.draws(bootstrap.example_statistics(report.probs, report.labels), index, METRICS)
-             for key, report in reports.items()}
+    observed = [report.targets if isinstance(report, RegressionReport) else report.labels
+                for report in reports.values()]
+    if any(not torch.equal(seen, observed[0]) for seen in observed):
+        raise InputError("the test loader yielded different examples on different passes; evaluate_shift needs "
+                         "a loader without shuffling")
+    index = bootstrap.resample_index(len(observed[0]), bootstraps, seed)
+    draws = {key: bootstrap.draws(_example_statistics(report), index, metrics) for key, report in reports.items()}
 
     def cell(by_metric: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
-        return {metric: bootstrap.percentile_interval(by_metric[metric], ci) for metric in METRICS}
+        return {metric: bootstrap.percentile_interval(by_metric[metric], ci) for metric in metrics}
 
     out = {CLEAN: {0: cell(draws[CLEAN, 0])}}
     for kind in kinds:
         out[kind] = {s: cell(draws[kind, s]) for s in severities}
     # the same resampled examples in every kind: the mean over kinds of each resample's values
-    out[MEAN] = {s: cell({m: np.mean([draws[k, s][m] for k in kinds], axis=0) for m in METRICS}) for s in severities}
+    out[MEAN] = {s: cell({m: np.mean([draws[k, s][m] for k in kinds], axis=0) for m in metrics}) for s in severities}
     return out

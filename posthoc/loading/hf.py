@@ -138,13 +138,16 @@ class TextFile(Dataset):
 
     Labels are class ids, or names in the model's ``config.label2id``; ``labelled=False`` (an OOD
     file) ignores them (label ``-1``). ``.classes`` holds the model's class names in id order.
+    ``target="score"`` reads a regressor's rows instead (``num_labels=1``, ``problem_type="regression"``):
+    ``(text, float)`` from the ``score`` column, batched by :func:`text_loader` as float targets.
 
     Example:
         >>> TextFile("val.csv", model)[0]
         ('a fine film', 1)
     """
 
-    def __init__(self, path: str | os.PathLike, model: nn.Module, *, labelled: bool = True) -> None:
+    def __init__(self, path: str | os.PathLike, model: nn.Module, *, labelled: bool = True,
+                 target: str | None = None) -> None:
         self.root = Path(path)
         if not self.root.is_file():
             raise InputError(f"{self.root} is not a file; text data is a .csv or .jsonl file with 'text' and 'label' columns")
@@ -159,14 +162,18 @@ class TextFile(Dataset):
             if TEXT_COLUMN not in row:
                 raise InputError(f"{self.root} row {number} has no '{TEXT_COLUMN}' column (columns: {sorted(row)})")
             self.texts.append(str(row[TEXT_COLUMN]))
-            self.labels.append(_label_id(row.get(LABEL_COLUMN), names, labels, f"{self.root} row {number}") if labelled else -1)
+            where = f"{self.root} row {number}"
+            if target is not None:
+                self.labels.append(_target_value(row.get(target), target, where))
+            else:
+                self.labels.append(_label_id(row.get(LABEL_COLUMN), names, labels, where) if labelled else -1)
         if not self.texts:
             raise InputError(f"{self.root} holds no rows")
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, index: int) -> tuple[str, int]:
+    def __getitem__(self, index: int) -> tuple[str, int | float]:
         return self.texts[index], self.labels[index]
 
 
@@ -180,6 +187,14 @@ def _read_rows(path: Path) -> list[dict[str, Any]]:
     if path.suffix.lower() in (".csv", ".tsv"):
         return list(csv.DictReader(text.splitlines(), delimiter="\t" if path.suffix.lower() == ".tsv" else ","))
     raise InputError(f"{path}: text data must be a .csv, .tsv or .jsonl file")
+
+
+def _target_value(value: Any, column: str, where: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{where}: the regression target {column!r} is {value!r}, not a number; every row needs "
+                         f"one (columns other than 'text' and '{column}' are ignored)") from None
 
 
 def _label_id(value: Any, names: dict[str, int], num_labels: int, where: str) -> int:
@@ -198,7 +213,8 @@ def _label_id(value: Any, names: dict[str, int], num_labels: int, where: str) ->
 
 def text_loader(dataset: Dataset, tokenizer: Any, *, batch_size: int = 32, shuffle: bool = False, seed: int = 0,
                 max_length: int | None = None, subset: int | None = None) -> DataLoader:
-    """Batches of ``(BatchEncoding, labels)`` from ``(text, label)`` rows, padded to the longest text of each batch.
+    """Batches of ``(BatchEncoding, labels)`` from ``(text, label)`` rows, padded to the longest text of each batch
+    (float labels, a regressor's targets, stay float).
 
     Example:
         >>> x, y = next(iter(text_loader(TextFile("val.jsonl", model), tokenizer, batch_size=4)))
@@ -209,7 +225,8 @@ def text_loader(dataset: Dataset, tokenizer: Any, *, batch_size: int = 32, shuff
     def collate(rows: Sequence[tuple[str, int]]) -> tuple[Any, torch.Tensor]:
         texts, labels = zip(*rows)
         encoded = tokenizer(list(texts), padding=True, truncation=True, max_length=limit, return_tensors="pt")
-        return encoded, torch.tensor(labels, dtype=torch.long)
+        real = any(isinstance(label, float) for label in labels)  # a regressor's targets (TextFile target=)
+        return encoded, torch.tensor(labels, dtype=torch.float32 if real else torch.long)
 
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, collate_fn=collate)
