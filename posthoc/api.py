@@ -77,7 +77,7 @@ def _check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None
                   f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
                   if cls.stacks and likelihood.name != "classification" else "")
     raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
-                      f"{', '.join(able) or 'none'}" + (" (laplace: subset='last_layer')" if "laplace" in able else "")
+                      f"{', '.join(able) or 'none'}" + (" (laplace: not subset='lora')" if "laplace" in able else "")
                       + calibrator)
 
 
