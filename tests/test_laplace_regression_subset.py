@@ -9,6 +9,7 @@ network the closed form they must reproduce where the network is linear in the c
 from __future__ import annotations
 
 
+import peft
 import pytest
 import torch
 from torch import nn
@@ -137,7 +138,6 @@ def test_weight_samples_through_a_network_linear_in_them_reproduce_the_glm_varia
 
 def test_what_subset_laplace_still_refuses_under_regression() -> None:
     net, _, _, _ = _tiny()
-    peft = pytest.importorskip("peft")
     lora = peft.get_peft_model(nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), peft.LoraConfig(r=2, target_modules=["0"]))
     with pytest.raises(ConfigError, match="subset='lora' .* does not do likelihood='regression'"):
         posthoc.wrap(lora, method="laplace", likelihood="regression", subset="lora")
