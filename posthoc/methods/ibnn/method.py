@@ -21,7 +21,9 @@ initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instea
 in the recipes module). Every setting can also be given by name.
 
 Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
-noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the scale is
+noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the recipe's
+learning rates (those not given) are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`:
+the Gaussian NLL's curvature is ``1/σ²`` where the softmax's is at most ``1/2``), the scale is
 chosen by the same walk on the held-out Gaussian NLL of the sampled mixture, each scale at its own
 best noise (:func:`~posthoc.core.likelihood.best_noise_nll`; the checkpoint's ``N(f(x), σ_plain²)``
 with ``σ_plain`` fitted on the same rows, the tolerance relative to its absolute value), and the noise
@@ -60,6 +62,7 @@ from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
+from posthoc.engine.objective import fit_plain_noise, step_scale
 from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, widest_spread
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
@@ -175,15 +178,16 @@ class ImplicitBNN(Method):
                 "layer (transformers normalise with LayerNorm, which keeps no statistics); leave batchnorm unset or "
                 "pass batchnorm='frozen'"
             )
-        options = ElboOptions(**resolve(self.recipe, {
-            "epochs": epochs, "lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights,
-            "momentum": momentum, "weight_decay": weight_decay, "beta": beta, "kl_warmup": kl_warmup,
-            "train_samples": train_samples, "batchnorm": batchnorm}))
         checkpoint = None
         loaders = (train_loader, val_loader)
-        if self.likelihood.fits_noise:  # the ELBO reads the plain model's noise
-            with eval_mode(self.model):
-                fit_noise_on(self.likelihood, loaders, self.device, lambda x: (model_outputs(run_model(self.model, x))[None], None))
+        fit_plain_noise(self.likelihood, self.model, loaders, self.device)  # the ELBO reads the plain model's noise
+        rates = {"lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights}
+        # the recipe's rates are set for class labels: under a Gaussian they are scaled to the same stability
+        rates = {name: getattr(self.recipe, name) * step_scale(self.likelihood) if value is None else value
+                 for name, value in rates.items()}
+        options = ElboOptions(**resolve(self.recipe, {
+            "epochs": epochs, **rates, "momentum": momentum, "weight_decay": weight_decay, "beta": beta,
+            "kl_warmup": kl_warmup, "train_samples": train_samples, "batchnorm": batchnorm}))
         if self.scale_option is None and val_loader is not None:  # the checkpoint, before the fine-tune moves it
             with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
                 checkpoint = self._checkpoint_held_out(val_loader, shift)  # the fit draws as without it
