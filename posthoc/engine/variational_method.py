@@ -21,7 +21,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -189,9 +188,7 @@ class VariationalMethod(Method):
             log_probs = class_log_probs(outputs)
             return F.nll_loss(log_probs, check_labels(y, log_probs.shape[-1]).to(log_probs.device))
         outputs = model_outputs(outputs)
-        targets = self.likelihood.targets(y, outputs).to(outputs.device, outputs.dtype)
-        variance = self.likelihood.dispersion
-        return (0.5 * (targets - outputs).square().sum(-1) / variance).mean() + 0.5 * targets.shape[-1] * math.log(2 * math.pi * variance)
+        return self.likelihood.mean_nll(outputs, self.likelihood.targets(y, outputs))
 
     # ----------------------------------------------------------------- predict
     def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
