@@ -13,7 +13,8 @@ sinusoid's band, and the cost of last-layer Laplace against a plain forward pass
 - **Band** (seed 004 sinusoid, 40 training points in two clusters): the mean predictive std on the
   training inputs, in the gap between the clusters and beyond the data.
 - **Cost**: last-layer Laplace ``fit`` against one forward pass over the fit data, and its closed-form
-  predictive against a plain forward, medians of repeats in one process, CPU time beside wall.
+  predictive against a plain forward, in one process: 11 alternating pairs, the medians of each and the
+  median of the per-pair ratios (``timing.paired``), CPU time beside wall.
 
 Run: ``python benchmarks/bench_regression.py --splits 10 --out benchmarks/results/regression.md``.
 """
@@ -35,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import posthoc  # noqa: E402
 from posthoc.demo.regression import auto_mpg, sinusoid, train_mlp  # noqa: E402
 from posthoc.evaluation import regression_metrics as rm  # noqa: E402
-from timing import measure  # noqa: E402
+from timing import paired  # noqa: E402
 
 #: (label, method, wrap options); "ensemble" wraps the split's members
 METHODS = (
@@ -154,18 +155,23 @@ def cost(rows: int = 20000, features: int = 32, width: int = 512, penultimate: i
         def fit() -> posthoc.UncertainModel:
             return posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian).fit(loader, progress=False)
 
-        with torch.no_grad():
-            forward = measure(lambda: [net(batch) for batch, _ in loader])
-        fitted = measure(fit, repeats=5)
-        lines.append(f"| fit, {hessian} (one pass over {rows} rows) | {forward.wall:.4f} s | {fitted.wall:.4f} s | "
-                     f"{fitted.wall / forward.wall:.2f}x | {fitted.cpu_per_wall:.2f} |")
+        def forward() -> list[torch.Tensor]:
+            with torch.no_grad():
+                return [net(batch) for batch, _ in loader]
+
+        plain, fitted, ratio = paired(forward, fit)
+        lines.append(f"| fit, {hessian} (one pass over {rows} rows) | {plain.wall:.4f} s | {fitted.wall:.4f} s | "
+                     f"{ratio:.2f}x | {fitted.cpu_per_wall:.2f} |")
         um = fit()
         test = x[:10000]
-        with torch.no_grad():
-            plain = measure(lambda: net(test), repeats=11)
-        predicted = measure(lambda: um.predict(test), repeats=11)
+
+        def plain_forward() -> torch.Tensor:
+            with torch.no_grad():
+                return net(test)
+
+        plain, predicted, ratio = paired(plain_forward, lambda: um.predict(test))
         lines.append(f"| predict, {hessian} (10,000 rows) | {plain.wall:.4f} s | {predicted.wall:.4f} s | "
-                     f"{predicted.wall / plain.wall:.2f}x | {predicted.cpu_per_wall:.2f} |")
+                     f"{ratio:.2f}x | {predicted.cpu_per_wall:.2f} |")
     return lines
 
 

@@ -54,6 +54,22 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Timi
     return Timing(statistics.median(walls), statistics.median(cpus))
 
 
+def paired(reference: Callable[[], object], fn: Callable[[], object], repeats: int = 11,
+           warmup: int = 1) -> tuple[Timing, Timing, float]:
+    """Time ``reference`` and ``fn`` alternately, ``repeats`` pairs: their medians and the median of the per-pair
+    ratios ``fn / reference``, which a neighbour's load (slowing both runs of a pair alike) moves far less than a
+    ratio of two separately taken medians.
+
+    Example:
+        >>> plain, fitted, ratio = paired(lambda: model(x), lambda: um.fit(loader))
+    """
+    pairs = [(measure(reference, repeats=1, warmup=warmup if k == 0 else 0),
+              measure(fn, repeats=1, warmup=warmup if k == 0 else 0)) for k in range(repeats)]
+    first = Timing(statistics.median(a.wall for a, _ in pairs), statistics.median(a.cpu for a, _ in pairs))
+    second = Timing(statistics.median(b.wall for _, b in pairs), statistics.median(b.cpu for _, b in pairs))
+    return first, second, statistics.median(b.wall / a.wall for a, b in pairs)
+
+
 def row(name: str, timing: Timing, reference: Timing) -> str:
     """A Markdown row: name, seconds, ratio to the reference, CPU/wall (flagged when contended)."""
     flag = " (contended: re-run)" if timing.contended else ""
