@@ -31,7 +31,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -40,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
-from posthoc.core.likelihood import Categorical, Likelihood, fit_noise_on, model_outputs
+from posthoc.core.likelihood import Categorical, Likelihood, best_noise_nll, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs
 from posthoc.core.modules import eval_mode
 from posthoc.engine.held_out import held_out_nll
@@ -111,21 +110,20 @@ def fit_sampled_noise(likelihood: Likelihood, outputs: SampledOutputs, loaders: 
 
 @torch.no_grad()
 def sampled_outputs_nll(likelihood: Likelihood, outputs: SampledOutputs, loader: Iterable, *, device: torch.device) -> float:
-    """The mean NLL of ``loader``'s real targets under the mixture of ``N(outputs(x)_s, σ²)``, ``σ`` re-fitted on
-    these outputs (a fixed ``σ`` stays); ``likelihood`` itself is not changed.
+    """The mean NLL of ``loader``'s real targets under the mixture of ``N(outputs(x)_s, σ²)`` at its own best ``σ``
+    (a fixed ``σ`` stays; :func:`~posthoc.core.likelihood.best_noise_nll`), from one pass over ``loader``;
+    ``likelihood`` itself is not changed.
 
     Example:
         >>> sampled_outputs_nll(Gaussian(), lambda x: model(x)[None], val_loader, device="cpu")
         -1.32
     """
-    scorer = copy.deepcopy(likelihood)
-    fit_sampled_noise(scorer, outputs, (None, loader), device)
-    total, count = 0.0, 0
+    samples, targets = [], []
     for x, y in iterate(loader, device=device, progress=False, desc="held-out NLL"):
-        samples = outputs(x)
-        total += float(scorer.nll(scorer.predictive(samples), scorer.targets(y, samples[0])).sum())
-        count += samples.shape[1]
-    return total / count
+        drawn = outputs(x)
+        samples.append(drawn)
+        targets.append(likelihood.targets(y, drawn[0]))
+    return best_noise_nll(likelihood, torch.cat(samples, dim=1), torch.cat(targets))
 
 
 def held_out_score(likelihood: Likelihood, loader: Iterable, *, device: torch.device,

@@ -54,15 +54,15 @@ from torch import Tensor, nn
 from posthoc.core.checks import memory_bytes, non_negative, positive_int
 from posthoc.core.chunks import call_budget, rows_per_chunk
 from posthoc.core.errors import ConfigError
-from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, slice_inputs
-from posthoc.core.likelihood import Categorical, Gaussian, best_noise_nll, fit_noise_on, model_outputs
+from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
-from posthoc.engine.objective import fit_plain_noise, step_scale
+from posthoc.engine.objective import fit_plain_noise, sampled_outputs_nll, step_scale
 from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, widest_spread
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
@@ -220,7 +220,8 @@ class ImplicitBNN(Method):
         under regression). A Gaussian NLL is that of ``N(f(x), σ_plain²)``, ``σ_plain`` fitted on the same rows."""
         if self.likelihood.prediction_type is RegressionPrediction:
             with torch.no_grad(), eval_mode(self.model):
-                return self._regression_nll(val_loader, lambda x: model_outputs(run_model(self.model, x))[None]), None
+                return sampled_outputs_nll(self.likelihood, lambda x: model_outputs(run_model(self.model, x))[None], val_loader,
+                                           device=self.device), None
         plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with torch.no_grad(), eval_mode(self.model):
             plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
@@ -240,7 +241,8 @@ class ImplicitBNN(Method):
             self.scale_fit = torch.tensor([scale, plain, math.nan], dtype=torch.float64, device=self.fit_settings.device)
             generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every scale
             if regression:
-                return self._regression_nll(loader, lambda x: self._samples(x, None, generator, None, model_outputs))
+                return sampled_outputs_nll(self.likelihood, lambda x: self._samples(x, None, generator, None, model_outputs), loader,
+                                           device=self.device)
             return held_out_nll(lambda x: self.log_predictive(x, generator=generator)[0], loader, device=self.device)
 
         def within(scale: float) -> bool:
@@ -337,16 +339,6 @@ class ImplicitBNN(Method):
             samples[:, start:start + rows] = part
             start += rows
         return samples
-
-    def _regression_nll(self, loader: Iterable, outputs_of: Callable[[Inputs], Tensor]) -> float:
-        """The held-out NLL of the mixture around ``outputs_of(x)`` ``(K, n, D)`` at its own best noise
-        (:func:`~posthoc.core.likelihood.best_noise_nll`) over ``loader``."""
-        outputs, targets = [], []
-        for x, y in iterate(loader, device=self.device, progress=False, desc="ibnn scale"):
-            sampled = outputs_of(x)
-            outputs.append(sampled)
-            targets.append(self.likelihood.targets(y, sampled[0]))
-        return best_noise_nll(self.likelihood, torch.cat(outputs, dim=1), torch.cat(targets))
 
     def _expanded(self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple,
                   transform: Callable[[Any], Tensor]) -> Tensor:
