@@ -18,7 +18,7 @@ import torch
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.evaluation import bootstrap
-from posthoc.core.predictions import collect
+from posthoc.engine.predictions import collect
 from timing import HEADER, measure, row
 
 NORMALIZATION = (data.MEAN, data.STD)

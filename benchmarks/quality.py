@@ -101,7 +101,7 @@ from posthoc.core.likelihood import Gaussian  # noqa: E402
 from posthoc.core.registry import method_class  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
-from posthoc.core.predictions import collect  # noqa: E402
+from posthoc.engine.predictions import collect  # noqa: E402
 from posthoc.shift import EVALUATION_KINDS, corrupt_images  # noqa: E402
 
 ARCHS = ("digits_cnn", "digits_bn_cnn")

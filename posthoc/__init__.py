@@ -28,7 +28,8 @@ from posthoc.core.method import Method
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import available_methods, methods_doc, register
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.selection import Tolerance
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
@@ -50,7 +51,7 @@ __version__ = "0.1.0"
 __all__ = [
     "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
-    "Prediction", "Report", "UncertainModel", "Method",
+    "Prediction", "Report", "UncertainModel", "Method", "Tolerance",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError",
 ]

@@ -8,7 +8,6 @@ Example:
 
 from __future__ import annotations
 
-import copy
 import os
 import warnings
 from collections.abc import Callable
@@ -17,20 +16,17 @@ from typing import Any
 from torch import nn
 
 from posthoc.core import persistence
+from posthoc.core.chain import CALIBRATE_REGRESSOR, RETIRED_OPTIONS, build_chain, route_options, spec_of
 from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
-from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.core.registry import method_class, method_names
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.loading.models import load_checkpoint
 
 
-#: how to calibrate a regressor's predictive, which ``wrap`` does not stack a calibrator on (yet)
-CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "
-                       "| 'isotonic' | 'auto') on the wrapped regressor's held-out prediction pred = um.predict(x_val), "
-                       "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction")
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
 
@@ -44,19 +40,6 @@ def _refuse_regression_calibrators(names: list[str], likelihood: Likelihood) -> 
                           f"wrap without it and {CALIBRATE_REGRESSOR}")
 
 
-def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
-    """Give each option to every method in the chain that accepts it; refuse the rest."""
-    accepted = [method_class(name).option_defaults() for name in names]
-    unknown = sorted(k for k in options if not any(k in valid for valid in accepted))
-    if unknown:
-        listing = "; ".join(
-            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in valid.items()) or "(none)")
-            for name, valid in zip(names, accepted)
-        )
-        raise ConfigError(f"unknown option(s) {unknown} for method {'+'.join(names)}; valid options — {listing}")
-    return [{k: v for k, v in options.items() if k in valid} for valid in accepted]
-
-
 def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
     """Options naming a module may pass the module itself; store its name so the spec can be saved."""
     if not isinstance(value, nn.Module):
@@ -67,68 +50,10 @@ def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
     raise ConfigError(f"option {key!r} is a module that is not part of the model; pass one of its modules or its name")
 
 
-def _check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
-    """Refuse, at ``wrap()``, a method that does not predict under ``likelihood``, naming the ones that do."""
-    if cls.handles(likelihood):
-        return
-    able = [n for n in method_names() if REGISTRY[n].algorithm({}).handles(likelihood)]
-    scope = f" with these options ({cls.__name__})" if REGISTRY[name].algorithm({}).handles(likelihood) else ""
-    calibrator = (f"; '{name}' calibrates a classifier's probabilities, and wrap does not stack a calibrator on a "
-                  f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
-                  if cls.stacks and likelihood.name != "classification" else "")
-    raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
-                      f"{', '.join(able) or 'none'}" + (" (laplace: not subset='lora')" if "laplace" in able else "")
-                      + calibrator)
-
-
-def _base(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
-    """The first method of a chain around ``model`` under the entry's likelihood, and the fingerprint of ``model`` if
-    the method copies it."""
-    cls = method_class(entry["name"]).algorithm(entry["options"])
-    likelihood = make_likelihood(entry.get("likelihood"))
-    _check_handles(cls, entry["name"], likelihood)
-    source = None
-    if cls.copies_model:
-        method, source = cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
-    else:
-        method = cls(model, **entry["options"])
-    method.use_likelihood(likelihood)
-    return method, source
-
-
-def _stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
-    """Stack the methods ``spec[start:]`` on ``method``, in order; only stacking methods can come after another one."""
-    for position in range(start, len(spec)):
-        entry = spec[position]
-        cls = method_class(entry["name"]).algorithm(entry["options"])
-        _check_handles(cls, entry["name"], method.likelihood)
-        if not cls.stacks:
-            raise ConfigError(
-                f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
-                f"{[n for n in method_names() if REGISTRY[n].stacks]} can come after another method"
-            )
-        method = cls(method, **entry["options"])
-    return method
-
-
 def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
-    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]``.
-
-    A list of models is mixed by the registered ensemble: ``spec[0]`` (marked with ``"members"``) is built around
-    every model, and the rest of the spec is stacked on the mixture.
-    """
-    if not spec:
-        raise ConfigError("method must name at least one method")
-    if isinstance(model, (list, tuple)):
-        method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], _base)
-        method.use_likelihood(make_likelihood(spec[0].get("likelihood")))
-        return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
-    model = uncompiled(model)
-    if method_class(spec[0]["name"]).algorithm(spec[0]["options"]).stacks:
-        return UncertainModel(_stack_on(_base(model, {"name": "none", "options": {}, "likelihood": spec[0].get("likelihood")})[0],
-                                        spec, 0), spec)
-    method, source = _base(model, spec[0])
-    return UncertainModel(_stack_on(method, spec, 1), spec, fingerprint=source)
+    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]`` (:func:`build_chain`)."""
+    method, source = build_chain(model, spec)
+    return UncertainModel(method, spec, fingerprint=source)
 
 
 def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) -> list[Any]:
@@ -143,15 +68,6 @@ def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) 
             for entry in entries]
 
 
-def _spec(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood) -> list[dict[str, Any]]:
-    """The saved spec: one entry per method; the first records the likelihood unless it is classification."""
-    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
-    config = likelihood.config()
-    if config is not None:
-        spec[0]["likelihood"] = config
-    return spec
-
-
 def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any], likelihood: Likelihood) -> UncertainModel:
     """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
     batched = options.pop("batched", None)
@@ -163,7 +79,7 @@ def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]
     if method_class(names[0]).stacks:
         names = ["none", *names]
     options = {key: _module_as_name(models[0], key, value) for key, value in options.items()}
-    spec = _spec(names, _route_options(names, options), likelihood)
+    spec = spec_of(names, route_options(names, options), likelihood)
     spec[0].update(members=len(models), batched=batched)
     return wrap_spec(models, spec)
 
@@ -217,7 +133,7 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     options = {key: _module_as_name(model, key, value) for key, value in options.items()}
-    return wrap_spec(model, _spec(names, _route_options(names, options), likelihood))
+    return wrap_spec(model, spec_of(names, route_options(names, options), likelihood))
 
 
 def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None) -> UncertainModel:
@@ -232,6 +148,8 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
         >>> ensemble = posthoc.load("three.laplace.pt", [net_a, net_b, net_c])
     """
     payload = persistence.read(path, kind="posterior")
+    for entry in payload["spec"]:  # the choice those options steered is in the file already
+        entry["options"] = {key: value for key, value in entry.get("options", {}).items() if key not in RETIRED_OPTIONS}
     saved = make_likelihood(payload["spec"][0].get("likelihood") if payload["spec"] else None).name
     if likelihood is not None and make_likelihood(likelihood).name != saved:
         raise PosteriorFileError(f"{path} holds a posterior for likelihood={saved!r}, not {likelihood!r}: load it with "

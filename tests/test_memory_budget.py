@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 import posthoc
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 
 TOLERANCE = 1.1
 FEATURES, HIDDEN, CLASSES, SAMPLES, EXAMPLES = 8, 32, 128, 64, 256

@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.inputs import all_finite
-from posthoc.core.uncertain_model import PROBE_EXAMPLES, UncertainModel
+from posthoc.engine.uncertain_model import PROBE_EXAMPLES, UncertainModel
 
 
 class Recorder(posthoc.Method):

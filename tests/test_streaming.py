@@ -34,7 +34,7 @@ def test_dropping_samples_keeps_the_decomposition():
             samples = torch.log_softmax(torch.randn(4, x.shape[0], 3, generator=generator), -1)
             return torch.logsumexp(samples, 0) - torch.log(torch.tensor(4.0)), samples
 
-    from posthoc.core.uncertain_model import UncertainModel
+    from posthoc.engine.uncertain_model import UncertainModel
 
     um = UncertainModel(Sampler(torch.nn.Linear(2, 3)), [])
     x = torch.zeros(10, 2)

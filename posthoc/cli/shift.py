@@ -20,7 +20,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift, plain_and_best
 from posthoc.shift import KINDS
 from posthoc.shift.loader import Normalization

@@ -142,6 +142,18 @@ def fraction(value: Any, name: str) -> float:
     return float(value)
 
 
+def unit_interval(value: Any, name: str) -> float:
+    """``value`` as a float in ``[0, 1]`` (not a bool), e.g. how far a fit moves towards another.
+
+    Example:
+        >>> unit_interval(1, "shift_weight")
+        1.0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
+        raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
+    return float(value)
+
+
 def known_name(value: Any, what: str, names: Iterable[str]) -> str:
     """``value`` if it is one of ``names``; otherwise a :class:`ConfigError` listing them.
 

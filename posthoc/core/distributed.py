@@ -126,6 +126,20 @@ def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
     return torch.cat([part.narrow(dim, 0, int(s.item())) for part, s in zip(parts, sizes)], dim).to(tensor.device)
 
 
+def rank_offset(count: int) -> int:
+    """How many examples the ranks before this one hold, given that this one holds ``count`` (0 in one process): where
+    this rank's rows start in a :func:`gather_cat` of per-example values.
+
+    Example:
+        >>> rank_offset(350)   # without torch.distributed
+        0
+    """
+    if not active():
+        return 0
+    counts = gather_cat(torch.tensor([float(count)], dtype=torch.float64))
+    return int(counts[: dist.get_rank()].sum().item())
+
+
 def common_length(length: int | None, what: str) -> int | None:
     """The smallest number of batches over ranks, so that every rank takes the same optimizer steps.
 

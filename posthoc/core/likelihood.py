@@ -392,34 +392,47 @@ def golden_minimum(function: Callable[[float], float], low: float, high: float, 
 def best_noise_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> float:
     """Mean NLL per example of the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at the noise
     ``σ`` of maximum likelihood on ``targets`` ``(N, D)`` (a fixed or predicted noise stays; ``likelihood`` is not
-    changed). With ``S = 1`` it is the plain model's ``N(f(x), σ_plain²)``, ``σ_plain`` the root mean square
-    residual. The held-out score of a sampled predictive's spread (MC dropout's rate, iBNN's scale): each spread
-    is judged at its own best noise.
-
-    A fitted ``σ`` is found by golden-section search in ``log σ`` (:data:`BEST_NOISE_STEPS` steps) on the mixture
-    likelihood, from the squared residuals computed once.
+    changed): the mean of :func:`best_noise_nlls`.
 
     Example:
         >>> round(best_noise_nll(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])), 4)  # σ = 1
         1.4189
     """
+    return float(best_noise_nlls(likelihood, outputs, targets).mean())
+
+
+def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> Tensor:
+    """Each example's NLL ``(N,)`` under the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at the
+    noise ``σ`` of maximum likelihood on all of ``targets`` ``(N, D)`` (a fixed or predicted noise stays;
+    ``likelihood`` is not changed). With ``S = 1`` it is the plain model's ``N(f(x), σ_plain²)``, ``σ_plain`` the root
+    mean square residual. The held-out score of a sampled predictive's spread (MC dropout's rate, iBNN's scale): each
+    spread is judged at its own best noise.
+
+    A fitted ``σ`` is found by golden-section search in ``log σ`` (:data:`BEST_NOISE_STEPS` steps) on the mixture
+    likelihood, from the squared residuals computed once.
+
+    Example:
+        >>> best_noise_nlls(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])).shape
+        torch.Size([2])
+    """
     if not isinstance(likelihood, Gaussian) or likelihood.fixed:
         scorer = make_likelihood(likelihood)
         scorer.fit_noise(outputs, None, targets)
-        return float(-scorer.predictive(outputs).log_prob(targets).mean())
+        return -scorer.predictive(outputs).log_prob(targets).double()
     squares = (targets.to(torch.float64) - outputs.to(torch.float64)).square()  # (S, N, D)
     width, log_count = squares.shape[2], math.log(squares.shape[0])
     squares = squares.sum(-1)  # (S, N): each component is joint over the D outputs
 
-    def mean_nll(log_std: float) -> float:
+    def nlls(log_std: float) -> Tensor:
         log_density = torch.logsumexp(-squares / (2 * math.exp(2 * log_std)), dim=0) - log_count  # (N,), without the normaliser
-        return float(-log_density.mean()) + width * (0.5 * math.log(2 * math.pi) + log_std)
+        return -log_density + width * (0.5 * math.log(2 * math.pi) + log_std)
 
     residual = math.log(max(float((targets.to(torch.float64) - outputs.to(torch.float64).mean(0)).square().mean().sqrt()), 1e-12))
     if squares.shape[0] == 1:
-        return mean_nll(residual)
+        return nlls(residual)
     with single_thread_if(squares.device.type == "cpu" and 8 * squares.numel() <= SMALL_WORK_BYTES):
-        return mean_nll(golden_minimum(mean_nll, residual - math.log(1e3), residual + math.log(10), steps=BEST_NOISE_STEPS))
+        return nlls(golden_minimum(lambda log_std: float(nlls(log_std).mean()), residual - math.log(1e3),
+                                   residual + math.log(10), steps=BEST_NOISE_STEPS))
 
 
 def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterable | None], device: torch.device,

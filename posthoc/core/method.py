@@ -24,12 +24,13 @@ from torch import Tensor, nn
 
 from posthoc.core.errors import ConfigError, NotFittedError
 from posthoc.core.inputs import Inputs
+from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.core.regression_prediction import RegressionPrediction
 
 LogPredictive = tuple[Tensor, Tensor | None]
 #: keyword arguments of ``fit`` that ``UncertainModel.fit`` passes itself (not user fit options)
-RUN_OPTIONS = ("progress", "shift")
+RUN_OPTIONS = ("progress",)
 
 
 class Method(nn.Module):
@@ -71,11 +72,19 @@ class Method(nn.Module):
         self.likelihood: Likelihood = Categorical()
         declared = type(self).requires_fit  # a property where the instance derives it (it sets ``fitted`` itself)
         self.register_buffer("fitted", torch.tensor(declared is False))
+        #: the record of the held-out choice (:meth:`choose`) as JSON bytes (``None``: no choice made)
+        self.register_buffer("selection_record", None)
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
         """The options ``wrap`` accepts for this method, with their defaults."""
         return keyword_defaults(cls.__init__)
+
+    @classmethod
+    def suits(cls, model: nn.Module) -> bool:
+        """Whether this method with its defaults makes sense on ``model`` as a candidate of ``method="auto"`` (MC
+        dropout: the model has dropout of its own to sample)."""
+        return True
 
     @classmethod
     def algorithm(cls, options: dict[str, Any]) -> type[Method]:
@@ -92,6 +101,20 @@ class Method(nn.Module):
     def base_model(self) -> nn.Module:
         """The model this method was built around (the inner one's for stacked methods)."""
         return self.model
+
+    @property
+    def plain_model(self) -> nn.Module:
+        """The checkpoint as the user gave it: the reference every held-out choice is judged against. A method that
+        works on a copy of the weights (and may change them) keeps the user's model here (:meth:`keep_plain_model`);
+        a stacked method asks the one it is built around."""
+        kept = self.__dict__.get("_plain_model")
+        if kept is not None:
+            return kept
+        return self.inner.plain_model if self.stacks else self.model
+
+    def keep_plain_model(self, model: nn.Module) -> None:
+        """Remember the user's ``model`` (not as a submodule: it is neither saved nor moved with the method)."""
+        self.__dict__["_plain_model"] = model
 
     @property
     def device(self) -> torch.device:
@@ -117,8 +140,47 @@ class Method(nn.Module):
         return self.copies_model or (self.stacks and self.inner.works_on_copy)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Do all method-specific work (curvature, fine-tuning, calibration)."""
+        """Do the method-specific work on the training data (curvature, fine-tuning, a feature bank).
+
+        What is chosen on held-out data is :meth:`choose`'s, which ``UncertainModel.fit`` calls right after.
+        """
         self.fitted.fill_(True)
+
+    @property
+    def makes_choice(self) -> bool:
+        """Whether this method makes a held-out choice (overrides :meth:`choose`); ``UncertainModel.fit`` then reads
+        the held-out data once for the whole chain, before anything is fitted."""
+        return type(self).choose is not Method.choose
+
+    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Make this method's held-out choice (a prior precision, a rate, a scale, a calibrator's parameters) on
+        ``held_out`` (a :class:`posthoc.engine.held_out.HeldOut`: the clean validation batches, their perturbed
+        copies and the plain model's scores) through :func:`posthoc.engine.selection.select`, and keep its record
+        with :meth:`record_selection`. Called after :meth:`fit`, and again by ``UncertainModel.choose`` on new
+        held-out data; ``train_loader`` is there for a method whose candidates need it (SWAG's BatchNorm statistics).
+        """
+
+    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
+        """What :meth:`choose` chooses on when ``fit`` gets no ``val_loader`` (``None``: no choice is made then);
+        Laplace's ``"auto"`` prior takes training rows."""
+        return None
+
+    def record_selection(self, selection: Any) -> None:
+        """Keep ``selection`` (a :class:`posthoc.engine.selection.Selection`) for the model card and the file; the
+        object itself, with every tried candidate's scores, stays in :attr:`last_selection` until the method is saved."""
+        self.selection_record = record_tensor(selection.to_dict(), self.device)
+        self.__dict__["_last_selection"] = selection
+
+    @property
+    def last_selection(self) -> Any:
+        """The :class:`posthoc.engine.selection.Selection` of the last :meth:`choose` in this process (``None`` after a
+        load, or without a choice): what ``method="auto"`` judges a method's choice by, out of fold."""
+        return self.__dict__.get("_last_selection")
+
+    @property
+    def selection(self) -> dict[str, Any] | None:
+        """The record of the last held-out choice (``Selection.to_dict()``), or ``None`` if none was made."""
+        return as_record(self.selection_record)
 
     @classmethod
     def handles(cls, likelihood: Likelihood) -> bool:
@@ -239,9 +301,14 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
             raise KeyError(key)
 
 
-def takes_shift(method: Method) -> bool:
-    """Whether ``method.fit`` makes a held-out choice that ``UncertainModel.fit(shift=...)`` steers."""
-    return "shift" in inspect.signature(method.fit).parameters
+def chain_of(method: Method) -> list[Method]:
+    """The methods of a chain, inner first (a stacked method alone has the plain model inside).
+
+    Example:
+        >>> [m.name for m in chain_of(posthoc.wrap(model, method=["laplace", "temperature"]).method)]
+        ['laplace', 'temperature']
+    """
+    return (chain_of(method.inner) if method.stacks else []) + [method]
 
 
 def predictive_of(method: Method) -> str:

@@ -23,13 +23,15 @@ SHOWN_ITEMS = 8
 
 
 class ModelCard(dict):
-    """The card of an :class:`~posthoc.core.uncertain_model.UncertainModel`; build it with :meth:`of`.
+    """The card of an :class:`~posthoc.engine.uncertain_model.UncertainModel`; build it with :meth:`of`.
 
     Keys: ``methods`` (inner first), ``fitted``, ``random_variables`` (summed over the methods;
     ``None`` while a method cannot tell yet), ``posterior`` (one dict per method: ``method``,
     ``options``, ``fitted`` and its ``Method.summary()``), ``train_examples`` / ``val_examples`` /
     ``fit_wall_seconds`` / ``fit_cpu_seconds`` (``None`` when not fitted here or not recorded),
-    ``model_class``, ``fingerprint`` and ``posthoc_version``.
+    ``model_class``, ``fingerprint`` and ``posthoc_version``; ``selection``: the record of the chain's last
+    held-out choice (the outermost method's: its candidates, each with its in-distribution excess and bound,
+    its NLL and ECE on the perturbed copies, its cost, and ``"chosen"``; ``None`` when no choice was made).
 
     Example:
         >>> ModelCard.of([{"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": []}],
@@ -42,6 +44,7 @@ class ModelCard(dict):
            version: str) -> ModelCard:
         """The card of a chain of methods described by ``posterior`` (inner first), fitted as ``fit`` tells."""
         counts = [entry.get("random_variables") for entry in posterior]
+        selection = next((entry["selection"] for entry in reversed(posterior) if entry.get("selection")), None)
         return cls(
             methods=[entry["method"] for entry in posterior],
             fitted=all(entry["fitted"] for entry in posterior),
@@ -54,6 +57,7 @@ class ModelCard(dict):
             model_class=model_class,
             fingerprint=fingerprint,
             posthoc_version=version,
+            selection=selection,
         )
 
     def to_markdown(self) -> str:
@@ -65,13 +69,38 @@ class ModelCard(dict):
             ...
         """
         lines = [f"# Model card: {' + '.join(self['methods'])}", ""]
-        lines += _table({key: value for key, value in self.items() if key != "posterior"})
+        lines += _table({key: value for key, value in self.items() if key not in ("posterior", "selection")})
         for position, entry in enumerate(self["posterior"], start=1):
             lines += ["", f"## {position}. {entry['method']}", ""]
             details = {f"options.{key}": value for key, value in entry["options"].items()}
-            details.update((key, value) for key, value in entry.items() if key not in ("method", "options"))
+            details.update((key, value) for key, value in entry.items() if key not in ("method", "options", "selection"))
             lines += _table(details)
+            if entry.get("selection"):
+                lines += ["", *selection_table(entry["selection"])]
         return "\n".join(lines) + "\n"
+
+
+def selection_table(selection: dict[str, Any]) -> list[str]:
+    """A held-out choice's record (``Selection.to_dict()``) as Markdown lines: the rule, then one row per candidate.
+
+    Example:
+        >>> print("\\n".join(selection_table(um.summary()["selection"])))   # doctest: +SKIP
+    """
+    plain = selection["plain"]
+    lines = [f"Held-out choice of the {selection['knob']}: **{selection['chosen']}**. Admissible: the "
+             f"{selection['confidence']:.0%} upper bound of the NLL excess over the plain model (NLL "
+             f"{_shown(plain['clean_nll'])}) on {selection['examples']} held-out examples at most "
+             f"{_shown(selection['tolerance'])} nats"
+             + (f"; {selection['folds']}-fold cross-fitted" if selection.get("folds") else "")
+             + (f"; then the lowest NLL on {selection['perturbed']} perturbed copies (plain: "
+                f"{_shown(plain['shifted_nll'])})" if selection.get("perturbed") else "") + ".", "",
+             "| candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |", "|---|---|---|---|---|---|"]
+    for row in selection["candidates"]:
+        verdict = "**chosen**" if row["chosen"] else ("admissible" if row["admissible"] else (row["reason"] or "refused"))
+        lines.append(f"| {_cell(str(row['candidate']))} | {_shown(row['excess'])} ({_shown(row['bound'])}) | "
+                     f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | {_shown(row['seconds'])} | "
+                     f"{_cell(verdict)} |")
+    return lines
 
 
 def _table(values: dict[str, Any]) -> list[str]:

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from posthoc.api import wrap
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.demo.regression import RegressionData, auto_mpg, sinusoid, train_mlp
 from posthoc.evaluation import regression_metrics as rm
 from posthoc.evaluation import regression_plots

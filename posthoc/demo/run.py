@@ -37,8 +37,8 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.registry import method_class
 from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec
-from posthoc.core.uncertain_model import UncertainModel
-from posthoc.core.predictions import collect
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.predictions import collect
 from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.shift.kinds import EVALUATION_KINDS

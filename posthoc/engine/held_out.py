@@ -1,13 +1,12 @@
-"""Held-out data for choosing a predictive's spread: the clean batches, and perturbed copies of them.
+"""Held-out data for the held-out choices: the clean batches, their perturbed copies, and the plain model's scores.
 
 Every held-out choice of the methods (Laplace's prior precision, MC dropout's rate, SWAG's and IVON's
-scale, iBNN's spread, a stacked calibrator) scores its candidates here. With ``shift=None`` only the
-clean validation batches count. With ``shift="auto"`` (the default of ``UncertainModel.fit``) they
-are also scored on :class:`ShiftedHeldOut`: each clean batch again at every graded strength of the
-fit-time perturbations that suit the inputs (:mod:`posthoc.engine.perturb`), each example with one
-kind drawn at random. :func:`walk_spreads` walks a method's ladder of spreads to the widest its
-clean tolerance accepts; :func:`choose` then takes, among the candidates whose clean NLL the method's
-own tolerance accepts, the one with the lowest NLL over clean and perturbed examples together.
+scale, iBNN's spread, a stacked calibrator, DAC, ``method="auto"``) reads its data from one
+:class:`HeldOut`, built once per fit by ``UncertainModel.fit``. With ``shift=None`` it holds the clean
+validation batches only. With ``shift="auto"`` (the default) it also holds :class:`ShiftedHeldOut`: each
+clean batch again at every graded strength of the fit-time perturbations that suit the inputs
+(:mod:`posthoc.engine.perturb`), each example with one kind drawn at random. The choice itself is
+:func:`posthoc.engine.selection.select`.
 
 Example:
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
@@ -20,10 +19,9 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import math
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -33,22 +31,21 @@ from posthoc.core.checks import check_shift
 from posthoc.core.errors import InputError
 from posthoc.core.fit_record import reads_once
 from posthoc.core.modules import eval_mode
-from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, slice_inputs, split_batch
+from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model, slice_inputs, split_batch
+from posthoc.core.likelihood import best_noise_nlls, model_outputs
+from posthoc.core.logits import class_log_probs
+from posthoc.core.prediction import Prediction
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
+from posthoc.engine.selection import Candidate, Layout, Scores, Selection, Tolerance, select
 
 #: how far towards chance each graded strength takes the model's held-out accuracy
 STRENGTHS = (0.25, 0.5, 0.75)
 #: held-out examples the strengths are graded on
 GRADING_ROWS = 256
-#: clean held-out NLL a shift-aware choice may cost over the clean-only one, relative (where the method has no own rule)
-CLEAN_TOLERANCE = 0.01
 #: graded strengths remembered (per model, weights, loader and kinds): a chain or a demo grades once per checkpoint
 GRADED_KEPT = 8
 _GRADED: dict[tuple, dict[str, tuple[float, ...]]] = {}
-#: bisection steps of :func:`widest_accepted`
-BISECTION_STEPS = 12
 
-Candidate = TypeVar("Candidate")
 #: a user's own perturbation: ``f(x, generator) -> x``
 UserPerturbation = Callable[[Inputs, torch.Generator], Inputs]
 
@@ -218,149 +215,213 @@ def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Ten
     return grade(accuracy_at, kinds, clean_accuracy=clean, chance=1.0 / max(classes, 1), fractions=tuple(strengths))
 
 
-@dataclasses.dataclass(frozen=True)
-class Walk:
-    """Where :func:`walk_spreads` stopped on a ladder of spreads ordered from narrow to wide.
-
-    ``accepted`` is the index of the widest spread it accepted (``None``: none was), ``rejected`` the
-    index of the next wider one, which it tried and rejected (``None``: the top of the ladder was accepted).
-    """
-
-    accepted: int | None
-    rejected: int | None
+#: bytes of held-out batches kept in memory for the passes of a selection; a larger set is read again each pass
+HELD_OUT_BYTES = 1 << 30
+#: the seed of the generator every candidate's pass over the held-out data starts from (the same draws for each)
+SCORE_SEED = 0
 
 
-def walk_spreads(ladder: Sequence[float], within: Callable[[float], bool], *, start: int = 0) -> Walk:
-    """Walk ``ladder`` (spreads from narrow to wide) from ``start``: wider while ``within``, else narrower until it is.
-
-    The rule every clean held-out choice shares (Laplace's prior precision, MC dropout's rate, SWAG's
-    and IVON's scale): the widest spread whose held-out NLL the method's tolerance accepts, reached
-    without stepping over a rejected one, so a wide spread that looks cheap by chance past a costly
-    one is not taken. ``within`` is called once per spread visited, in walking order (a method may
-    keep state in it, e.g. the best NLL seen so far). Each method keeps its own ladder, start,
-    acceptance rule and what to do when none is accepted; Laplace refines between ``accepted`` and
-    ``rejected`` by bisection.
-
-    Example:
-        >>> walk_spreads([0.01, 0.05, 0.1, 0.2], lambda p: p <= 0.05)
-        Walk(accepted=1, rejected=2)
-        >>> walk_spreads([0.5, 1.0, 2.0, 4.0], lambda s: s <= 1.0, start=3)   # from the widest down
-        Walk(accepted=1, rejected=2)
-    """
-    if not 0 <= start < len(ladder):
-        raise ValueError(f"start {start} is outside a ladder of {len(ladder)} spreads")
-    index = start
-    if within(ladder[index]):
-        while index + 1 < len(ladder) and within(ladder[index + 1]):
-            index += 1
-        return Walk(index, index + 1 if index + 1 < len(ladder) else None)
-    while index > 0:
-        index -= 1
-        if within(ladder[index]):
-            return Walk(index, index + 1)
-    return Walk(None, 0)
+def _inputs_bytes(x: Inputs) -> int:
+    tensors = x.values() if isinstance(x, Mapping) else [x]
+    return sum(t.element_size() * t.numel() for t in tensors)
 
 
+@dataclasses.dataclass
+class Prepared:
+    """Held-out batches after a method's ``prepare`` (e.g. the features before its head), with their labels, kept for
+    the passes of a selection: ``clean`` and ``perturbed`` lists of ``(prepared, labels)``."""
 
-def widest_spread(ladder: Sequence[float], within: Callable[[float], bool], *, start: int, method: str,
-                  tolerance: float, over: str, fallback: str, advice: str) -> float:
-    """The spread :func:`walk_spreads` accepts, else 0 with a warning that names what is used instead.
+    clean: list[tuple[Any, Tensor]]
+    perturbed: list[tuple[Any, Tensor]]
 
-    The scale choices of SWAG, IVON and iBNN share it: ``within`` accepts a scale whose held-out NLL is
-    within ``tolerance`` of ``over`` (e.g. "the checkpoint"); a scale of 0 predicts with the method's
-    point estimate alone (``fallback``, e.g. "the SWA mean"); ``advice`` says what to change.
+    def outputs(self, predict: Callable[[Any, torch.Generator], Tensor], *, device: torch.device | str
+                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """``predict(prepared, generator)`` over every clean and perturbed batch (each pass from :data:`SCORE_SEED`),
+        gathered over ranks: ``(clean outputs, clean labels, perturbed outputs or None, their labels or None)``.
+        Outputs ``(n, C)`` are concatenated on examples; samples ``(S, n, C)`` on their second dimension."""
+        clean = _run(predict, self.clean, device)
+        if not self.perturbed:
+            return (*clean, None, None)
+        return (*clean, *_run(predict, self.perturbed, device))
 
-    Example:
-        >>> widest_spread([0.5, 1.0, 2.0], lambda s: s <= 1.0, start=1, method="SWAG", tolerance=0.02,
-        ...               over="the checkpoint", fallback="the SWA mean", advice="Raise val_tolerance")
-        1.0
-    """
-    walk = walk_spreads(ladder, within, start=start)
-    if walk.accepted is not None:
-        return ladder[walk.accepted]
-    warnings.warn(f"every {method} scale down to {ladder[0]:g} costs more than {tolerance:.0%} of held-out NLL over "
-                  f"{over}; predicting with {fallback} alone (scale 0). {advice}", RuntimeWarning, stacklevel=4)
-    return 0.0
+    def scores(self, predict: Callable[[Any, torch.Generator], Tensor], *, device: torch.device | str) -> Scores:
+        """The :class:`~posthoc.engine.selection.Scores` of class log-probabilities ``predict(prepared, generator)``."""
+        return Scores.of_log_probs(*self.outputs(predict, device=device))
 
-def choose(candidates: Sequence[Candidate], *, accepted: Callable[[Candidate], bool],
-           combined_nll: Callable[[Candidate], float], unimodal: bool = False) -> Candidate:
-    """Among ``candidates`` that ``accepted`` (the method's clean-NLL tolerance), the lowest ``combined_nll``.
 
-    ``combined_nll`` is the NLL over the clean and the perturbed held-out examples together; ties
-    go to the earlier candidate. ``unimodal=True`` stops at the first candidate that scores worse
-    than the one before (candidates ordered from the widest spread down, whose combined NLL has one
-    minimum), so a search usually costs two evaluations. The first candidate should be the method's
-    clean-only choice, which its tolerance always accepts; it is returned when none is accepted.
+def _run(predict: Callable[[Any, torch.Generator], Tensor], batches: list[tuple[Any, Tensor]],
+         device: torch.device | str) -> tuple[Tensor, Tensor]:
+    generator = torch.Generator(device=device).manual_seed(SCORE_SEED)
+    outputs = [predict(prepared, generator) for prepared, _ in batches]
+    dim = 1 if outputs[0].dim() == 3 else 0
+    return (distributed.gather_cat(torch.cat(outputs, dim), dim),
+            distributed.gather_cat(torch.cat([labels for _, labels in batches])))
+
+
+class HeldOut:
+    """The held-out data of one fit, read once and shared by every held-out choice of the methods it fits.
+
+    It holds the clean validation batches (kept in memory up to :data:`HELD_OUT_BYTES`, so that every pass sees
+    the same examples in the same order, even from a shuffling loader), their fit-time perturbed copies
+    (:func:`shifted_held_out`, graded on the plain model), the plain model's :class:`Scores` on both, and the
+    tolerance in nats. A method scores its candidates with :meth:`scores` (or :meth:`prepared` to compute what
+    every candidate shares once) and chooses with :meth:`select`.
 
     Example:
-        >>> choose([1.0, 2.0, 4.0], accepted=lambda s: s <= 2, combined_nll=lambda s: 1 / s)
-        2.0
+        >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
+        >>> held.plain.clean.shape, held.layout.count
+        (torch.Size([600]), 600)
     """
-    best, best_score = candidates[0], math.inf
-    for candidate in candidates:
-        if not accepted(candidate):
-            continue
-        score = combined_nll(candidate)
-        if score < best_score:
-            best, best_score = candidate, score
-        elif unimodal:
-            break
-    return best
 
+    def __init__(self, batches: list[tuple[Inputs, Tensor]] | None, loader: Iterable, shifted: ShiftedHeldOut | None, *,
+                 device: torch.device | str, tolerance: Tolerance, likelihood: Any, from_training_data: bool = False) -> None:
+        self._batches = batches
+        #: whether these are training rows standing in for a missing validation loader (Laplace's ``"auto"``)
+        self.from_training_data = from_training_data
+        self._loader = loader
+        self.shifted = shifted
+        self.device = torch.device(device)
+        self.likelihood = likelihood
+        self.tolerance_rule = tolerance
+        self._labels: list[Tensor] | None = None if batches is None else [y for _, y in batches]
+        self.layout = self._layout()
+        self.plain: Scores = Scores(torch.zeros(0))  # set by rebased()
+        #: the plain model's log-probabilities and labels on the clean and perturbed examples (classes only)
+        self.plain_outputs: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None
 
-def shift_aware_spread(chosen: float, narrower: Sequence[float], *, nll_at: Callable[[float, Iterable], float],
-                       loader: Iterable, shifted: ShiftedHeldOut, limit: float,
-                       known: dict[float, float] | None = None) -> float:
-    """The spread of lowest NLL over clean and perturbed held-out examples, from the clean choice down.
+    @classmethod
+    def read(cls, loader: Iterable, *, model: nn.Module, likelihood: Any, shift: Any = "auto",
+             tolerance: Tolerance | float | None = None, device: torch.device | str, progress: bool = False,
+             from_training_data: bool = False) -> HeldOut:
+        """Read ``loader`` (labelled held-out batches), grade the fit-time perturbations ``shift`` on ``model`` (the
+        plain checkpoint, in eval mode) and score the plain model on both. Real targets take no perturbations (they
+        are graded on class accuracy).
 
-    ``chosen`` is the method's clean-only choice (the widest spread its tolerance accepts) and
-    ``narrower`` the smaller spreads it could take instead, widest first; ``nll_at(spread, loader)``
-    is the mean held-out NLL at a spread. A narrower spread is eligible while its clean NLL stays
-    at most ``limit``. ``known`` holds clean NLLs already measured (spread -> NLL); the ones measured
-    here are added to it.
+        Example:
+            >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift=None, device="cpu")
+            >>> held.shifted is None
+            True
+        """
+        check_shift(shift)
+        classes = likelihood.prediction_type is Prediction
+        batches: list[tuple[Inputs, Tensor]] | None = []
+        size = 0
+        for x, y in iterate(loader, device=device, progress=progress, desc="held-out data"):
+            size += _inputs_bytes(x)
+            if size > HELD_OUT_BYTES:
+                batches = None
+                break
+            batches.append((x, y))
+        source: Iterable = batches if batches is not None else loader
+        with eval_mode(model), torch.no_grad():
+            plain_log_probs = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
+            shifted = shifted_held_out(source, plain_log_probs, shift, device=device, model=model) if classes else None
+        return cls(batches, loader, shifted, device=device, tolerance=Tolerance.of(tolerance), likelihood=likelihood,
+                   from_training_data=from_training_data).rebased(model)
 
-    Example:
-        >>> shift_aware_spread(0.2, [0.1, 0.05], nll_at=nll_at, loader=val_loader, shifted=shifted, limit=0.081)
-        0.2
-    """
-    clean = {} if known is None else known
+    def rebased(self, model: nn.Module) -> HeldOut:
+        """The same held-out batches and perturbed copies, judged against another plain ``model`` (an ensemble member's
+        checkpoint): its scores are computed anew, in the current process mode (one rank alone inside
+        :func:`~posthoc.core.distributed.local_only`)."""
+        held = HeldOut(self._batches, self._loader, self.shifted, device=self.device, tolerance=self.tolerance_rule,
+                       likelihood=self.likelihood, from_training_data=self.from_training_data)
+        with eval_mode(model), torch.no_grad():
+            if self.likelihood.prediction_type is Prediction:
+                held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
+                held.plain = Scores.of_log_probs(*held.plain_outputs)
+            else:
+                held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+        return held
 
-    def clean_nll(spread: float) -> float:
-        if spread not in clean:
-            clean[spread] = nll_at(spread, loader)
-        return clean[spread]
+    # ---- passes over the data ---------------------------------------------------------------------------------
+    def clean(self) -> Iterator[tuple[Inputs, Tensor]]:
+        """The clean batches, the same on every pass (a streamed loader is checked to repeat its labels)."""
+        if self._batches is not None:
+            yield from self._batches
+            return
+        labels: list[Tensor] = []
+        for index, (x, y) in enumerate(iterate(self._loader, device=self.device, progress=False, desc="held-out data")):
+            if self._labels is not None and (index >= len(self._labels) or not torch.equal(self._labels[index], y)):
+                raise InputError("the validation loader yields its examples in another order on each pass (shuffle=True?); "
+                                 "the held-out choice compares every candidate with the plain model on the same examples: "
+                                 "pass a loader with shuffle=False")
+            labels.append(y)
+            yield x, y
+        self._labels = labels
 
-    levels = len(shifted.levels)
-    return choose([chosen, *narrower], accepted=lambda spread: spread == chosen or clean_nll(spread) <= limit,
-                  combined_nll=lambda spread: (clean_nll(spread) + levels * nll_at(spread, shifted)) / (1 + levels),
-                  unimodal=True)
+    def perturbed(self) -> Iterator[tuple[Inputs, Tensor]]:
+        """The perturbed copies (nothing without ``shift``): every clean batch at every graded strength, the same draws
+        on every pass."""
+        if self.shifted is None:
+            return
+        yield from self.shifted
 
+    def _layout(self) -> Layout:
+        counts = [len(y) for _, y in self.clean()]
+        offset = distributed.rank_offset(sum(counts))
+        total = distributed.total_examples(sum(counts))
+        if self.shifted is None:
+            return Layout(total)
+        starts = torch.tensor([0, *counts[:-1]]).cumsum(0) + offset
+        levels = len(self.shifted.levels)
+        local = torch.cat([torch.arange(start, start + count).repeat(levels) for start, count in zip(starts.tolist(), counts)])
+        return Layout(total, distributed.gather_cat(local))
 
-def widest_accepted(set_weight: Callable[[float], None], accepted: Callable[[], bool], *, interpolable: bool) -> float:
-    """Move a fitted map from its clean fit (weight 0) towards its shift-aware fit (weight 1) while ``accepted()``.
+    @property
+    def tolerance(self) -> float:
+        """The excess NLL a candidate may cost over the plain model, in nats per example."""
+        return self.tolerance_rule.nats(self.plain.nll)
 
-    ``set_weight(w)`` puts the map at ``w``; returns the largest weight found accepted (by bisection
-    when 1 is not), with the map left there. A map that cannot be interpolated (``interpolable=False``:
-    histogram bins, isotonic steps) takes 1 if accepted, else 0.
+    @property
+    def description(self) -> dict[str, Any] | None:
+        """What the perturbed copies are, for the model card (``None`` without them)."""
+        return None if self.shifted is None else self.shifted.description
 
-    Example:
-        >>> state = {}
-        >>> widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=True)
-        0.29...
-    """
-    set_weight(1.0)
-    if accepted():
-        return 1.0
-    if not interpolable:
-        set_weight(0.0)
-        return 0.0
-    low, high = 0.0, 1.0
-    for _ in range(BISECTION_STEPS):
-        middle = (low + high) / 2
-        set_weight(middle)
-        if accepted():
-            low = middle
-        else:
-            high = middle
-    set_weight(low)
-    return low
+    # ---- scoring ----------------------------------------------------------------------------------------------
+    def prepared(self, prepare: Callable[[Inputs], Any] | None = None) -> Prepared:
+        """Every clean and perturbed batch after ``prepare`` (``None``: the inputs as they are), with its labels."""
+        step = (lambda x: x) if prepare is None else prepare  # noqa: E731
+        return Prepared([(step(x), y) for x, y in self.clean()], [(step(x), y) for x, y in self.perturbed()])
+
+    def scores(self, predict: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
+        """The :class:`Scores` of class log-probabilities ``predict(x, generator)`` ``(n, C)`` (each pass drawing from
+        a generator seeded with :data:`SCORE_SEED`, so every candidate sees the same draws)."""
+        return Scores.of_log_probs(*self.outputs(predict))
+
+    def outputs(self, predict: Callable[[Inputs, torch.Generator], Tensor]) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """``predict(x, generator)`` over the clean and the perturbed batches, gathered over ranks (see
+        :meth:`Prepared.outputs`), without keeping the inputs twice."""
+        return Prepared(list(self.clean()), list(self.perturbed())).outputs(predict, device=self.device)
+
+    def method_scores(self, method: Any) -> Scores:
+        """The :class:`Scores` of a fitted method's predictive (a :class:`~posthoc.core.method.Method`): its class
+        log-probabilities, or under regression each example's NLL under its :class:`~posthoc.RegressionPrediction`
+        (at the noise the method fitted)."""
+        with torch.no_grad(), eval_mode(method):
+            if self.likelihood.prediction_type is Prediction:
+                return self.scores(lambda x, generator: method.log_predictive(x, generator=generator)[0])
+            generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
+            nll = []
+            for x, y in self.clean():
+                prediction = method.regression_predictive(x, generator=generator)
+                nll.append(-prediction.log_prob(self.likelihood.targets(y, prediction.mean)).double())
+        return Scores(distributed.gather_cat(torch.cat(nll)))
+
+    def regression_scores(self, outputs: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
+        """The :class:`Scores` of a regression predictive: sampled outputs ``outputs(x, generator)`` ``(S, n, D)``, each
+        example's NLL under the mixture of ``N(f_s(x), σ²)`` at the noise ``σ`` of maximum likelihood on all the clean
+        examples (:func:`~posthoc.core.likelihood.best_noise_nlls`; a fixed noise stays). No perturbed copies."""
+        generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
+        drawn, targets = [], []
+        for x, y in self.clean():
+            sampled = outputs(x, generator)
+            drawn.append(sampled)
+            targets.append(self.likelihood.targets(y, sampled[0]))
+        samples = distributed.gather_cat(torch.cat(drawn, dim=1), 1)
+        return Scores(best_noise_nlls(self.likelihood, samples, distributed.gather_cat(torch.cat(targets))))
+
+    def select(self, candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, knob: str,
+               walk: bool = False, folds: int | None = None, **options: Any) -> Selection:
+        """:func:`~posthoc.engine.selection.select` against the plain model at this held-out data's tolerance."""
+        return select(candidates, scores, plain=self.plain, tolerance=self.tolerance, knob=knob, walk=walk, folds=folds,
+                      **options)

@@ -10,23 +10,18 @@ steps ask the method's :class:`~posthoc.core.likelihood.Likelihood`:
   and of the posterior widths these methods derive from the loss (SWAG's relative learning rate, IVON's
   Hessian and effective sample size, SGLD's Langevin noise ``sqrt(2 η T / N)``): the loss is a
   log-likelihood per example, as the cross-entropy is.
-- :func:`held_out_score`: the held-out NLL of the method's predictive. For real targets it is the NLL
-  of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs ``f_s`` with ``σ`` re-fitted on those
-  held-out outputs (a fixed ``σ`` stays): ``fit`` re-fits the noise on the sampled predictive on the same
-  data once the spread is chosen, so each candidate is scored by the predictive it would give. With the
-  plain ``σ`` instead, every spread would only add width to an already calibrated Gaussian and the
-  choice would always shrink towards the mean.
-- :func:`nll_limit`: the held-out NLL a wider spread may cost. Class NLL is at least 0, and the methods'
-  tolerances are fractions of it. A Gaussian NLL has no zero (it shifts by ``log`` of the targets' unit),
-  so there the tolerance is in nats per example: ``best + tolerance``.
-- :func:`held_out_shift`: the shift-aware held-out perturbations grade the model's *accuracy* on
-  perturbed inputs, which real targets do not have; under regression the choice uses the clean held-out
-  data only (``shift=None``).
+- the held-out score of a spread (a scale, a rate) under real targets is the NLL of the mixture of
+  ``N(f_s(x), σ²)`` over the sampled outputs ``f_s`` with ``σ`` re-fitted on those held-out outputs (a fixed
+  ``σ`` stays; :meth:`posthoc.engine.held_out.HeldOut.regression_scores`): ``fit`` re-fits the noise on the
+  sampled predictive once the spread is chosen, so each candidate is scored by the predictive it would
+  give. With the plain ``σ`` instead, every spread would only add width to an already calibrated Gaussian
+  and the choice would always shrink towards the mean. The perturbed held-out copies grade the model's
+  *accuracy*, which real targets do not have, so under regression the choice uses the clean held-out data.
 
 Example:
     >>> loss = training_loss(Categorical(), torch.randn(4, 3), torch.tensor([0, 2, 1, 0]))
-    >>> nll_limit(Gaussian(), best=-1.2, tolerance=0.02)
-    -1.18
+    >>> step_scale(Categorical())
+    1.0
 """
 
 from __future__ import annotations
@@ -38,11 +33,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
-from posthoc.core.likelihood import Categorical, Likelihood, best_noise_nll, fit_noise_on, model_outputs
-from posthoc.core.logits import as_class_logits, class_log_probs
+from posthoc.core.inputs import Inputs, check_labels, run_model
+from posthoc.core.likelihood import Categorical, Likelihood, fit_noise_on, model_outputs
+from posthoc.core.logits import as_class_logits
 from posthoc.core.modules import eval_mode
-from posthoc.engine.held_out import held_out_nll
 
 #: ``outputs(x)``: a predictive's sampled model outputs ``(S, N, D)`` on a batch
 SampledOutputs = Callable[[Inputs], Tensor]
@@ -106,69 +100,3 @@ def fit_sampled_noise(likelihood: Likelihood, outputs: SampledOutputs, loaders: 
         >>> fit_sampled_noise(method.likelihood, method.sampled_outputs, (train_loader, val_loader), method.device)
     """
     fit_noise_on(likelihood, loaders, device, lambda x: (outputs(x), None))
-
-
-@torch.no_grad()
-def sampled_outputs_nll(likelihood: Likelihood, outputs: SampledOutputs, loader: Iterable, *, device: torch.device) -> float:
-    """The mean NLL of ``loader``'s real targets under the mixture of ``N(outputs(x)_s, σ²)`` at its own best ``σ``
-    (a fixed ``σ`` stays; :func:`~posthoc.core.likelihood.best_noise_nll`), from one pass over ``loader``;
-    ``likelihood`` itself is not changed.
-
-    Example:
-        >>> sampled_outputs_nll(Gaussian(), lambda x: model(x)[None], val_loader, device="cpu")
-        -1.32
-    """
-    samples, targets = [], []
-    for x, y in iterate(loader, device=device, progress=False, desc="held-out NLL"):
-        drawn = outputs(x)
-        samples.append(drawn)
-        targets.append(likelihood.targets(y, drawn[0]))
-    return best_noise_nll(likelihood, torch.cat(samples, dim=1), torch.cat(targets))
-
-
-def held_out_score(likelihood: Likelihood, loader: Iterable, *, device: torch.device,
-                   log_probs: Callable[[Inputs], Tensor], outputs: SampledOutputs) -> float:
-    """The held-out NLL of a predictive: of ``log_probs(x)`` ``(N, C)`` for class labels
-    (:func:`~posthoc.engine.held_out.held_out_nll`), of the mixture around ``outputs(x)`` ``(S, N, D)`` for real
-    targets (:func:`sampled_outputs_nll`). Only the one the likelihood needs is called.
-
-    Example:
-        >>> held_out_score(method.likelihood, val_loader, device="cpu", log_probs=lambda x: method.log_predictive(x)[0],
-        ...                outputs=method.sampled_outputs)
-    """
-    if predicts_classes(likelihood):
-        return held_out_nll(log_probs, loader, device=device)
-    return sampled_outputs_nll(likelihood, outputs, loader, device=device)
-
-
-def plain_held_out_score(likelihood: Likelihood, model: nn.Module, loader: Iterable, *, device: torch.device) -> float:
-    """:func:`held_out_score` of the plain ``model`` (the checkpoint's own predictive), in eval mode.
-
-    Example:
-        >>> plain_held_out_score(method.likelihood, method.model, val_loader, device="cpu")
-    """
-    with eval_mode(model):
-        return held_out_score(likelihood, loader, device=device, log_probs=lambda x: class_log_probs(run_model(model, x)),
-                              outputs=lambda x: model_outputs(run_model(model, x))[None])
-
-
-def nll_limit(likelihood: Likelihood, *, best: float, tolerance: float) -> float:
-    """The held-out NLL a spread may reach and still count as within ``tolerance`` of ``best`` (module docs):
-    ``(1 + tolerance) * best`` for class labels, ``best + tolerance`` nats for real targets.
-
-    Example:
-        >>> nll_limit(Categorical(), best=0.5, tolerance=0.02), nll_limit(Gaussian(), best=0.5, tolerance=0.02)
-        (0.51, 0.52)
-    """
-    return (1 + tolerance) * best if predicts_classes(likelihood) else best + tolerance
-
-
-def held_out_shift(likelihood: Likelihood, shift: Any) -> Any:
-    """``shift`` for a held-out choice under ``likelihood``: as given for class labels, ``None`` for real targets
-    (the perturbations are graded on accuracy; module docs).
-
-    Example:
-        >>> held_out_shift(Gaussian(), "auto") is None
-        True
-    """
-    return shift if predicts_classes(likelihood) else None

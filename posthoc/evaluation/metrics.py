@@ -15,6 +15,7 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
+from posthoc.core.calibration_error import bin_sums, binned_gap
 from posthoc.core.errors import InputError
 
 EPS = 1e-12
@@ -37,21 +38,6 @@ def brier(probs: Tensor, labels: Tensor) -> float:
     return float(((probs.double() - onehot) ** 2).sum(-1).mean())
 
 
-def _bin_sums(confidence: Tensor, correct: Tensor, edges: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Per bin given by ``edges``: example count, sum of confidences, sum of correct flags."""
-    index = torch.bucketize(confidence.contiguous(), edges[1:-1])
-    count = torch.zeros(len(edges) - 1, dtype=torch.float64).index_add_(0, index, torch.ones_like(confidence))
-    conf_sum = torch.zeros_like(count).index_add_(0, index, confidence)
-    acc_sum = torch.zeros_like(count).index_add_(0, index, correct)
-    return count, conf_sum, acc_sum
-
-
-def _binned_gap(confidence: Tensor, correct: Tensor, edges: Tensor) -> float:
-    """Sum over bins of ``|bin| / N * |accuracy - confidence|``."""
-    _, conf_sum, acc_sum = _bin_sums(confidence, correct, edges)
-    return float((conf_sum - acc_sum).abs().sum() / confidence.numel())
-
-
 def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     """Top-label expected calibration error with ``bins`` equal-width bins on [0, 1].
 
@@ -61,7 +47,7 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     probs, labels = probs.double().cpu(), labels.cpu()
     confidence, predicted = probs.max(-1)
     edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
-    return _binned_gap(confidence, (predicted == labels).double(), edges)
+    return binned_gap(confidence, (predicted == labels).double(), edges)
 
 
 def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
@@ -79,7 +65,7 @@ def classwise_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     probs, labels = probs.double().cpu(), labels.cpu()
     edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
     onehot = torch.nn.functional.one_hot(labels, probs.shape[-1]).double()
-    return sum(_binned_gap(probs[:, c], onehot[:, c], edges) for c in range(probs.shape[-1])) / probs.shape[-1]
+    return sum(binned_gap(probs[:, c], onehot[:, c], edges) for c in range(probs.shape[-1])) / probs.shape[-1]
 
 
 def risk_coverage(confidence: Tensor, correct: Tensor) -> tuple[Tensor, Tensor]:
@@ -183,5 +169,5 @@ def reliability_bins(probs: Tensor, labels: Tensor, bins: int = 15) -> tuple[Ten
     probs, labels = probs.double().cpu(), labels.cpu()
     confidence, predicted = probs.max(-1)
     edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
-    count, conf_sum, acc_sum = _bin_sums(confidence, (predicted == labels).double(), edges)
+    count, conf_sum, acc_sum = bin_sums(confidence, (predicted == labels).double(), edges)
     return conf_sum / count, acc_sum / count, count

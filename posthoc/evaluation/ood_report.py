@@ -18,7 +18,7 @@ from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.ood.detector import SCORES, Detector, detector
 
 #: scores read from the evaluated method's own predictive rather than from a detector

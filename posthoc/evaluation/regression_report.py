@@ -26,8 +26,8 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.errors import ConfigError
-from posthoc.core.predictions import predict_regression_loader
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.predictions import predict_regression_loader
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots
 from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components

@@ -34,8 +34,8 @@ from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_rep
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.table import markdown_rows, shared_level
-from posthoc.core.uncertain_model import UncertainModel
-from posthoc.core.predictions import predict_loader
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.predictions import predict_loader
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
 from posthoc.guarantees.regression_conformal import ConformalRegressor, is_regression

@@ -34,7 +34,7 @@ import torch
 from matplotlib.figure import Figure
 
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport

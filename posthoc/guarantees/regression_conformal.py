@@ -30,9 +30,9 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import looks_like_loader
 from posthoc.core.likelihood import real_targets
 from posthoc.core.prediction import Prediction
-from posthoc.core.predictions import predict_regression_loader
+from posthoc.engine.predictions import predict_regression_loader
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 
 #: the scores of a regression conformal predictor, the default first

@@ -33,8 +33,8 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import check_labels, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
-from posthoc.core.uncertain_model import UncertainModel
-from posthoc.core.predictions import predict_loader
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.predictions import predict_loader
 
 INPUT_KINDS = ("auto", "probs", "logits")
 

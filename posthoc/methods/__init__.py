@@ -4,3 +4,4 @@ from posthoc.methods import calibration, ibnn, laplace, mc_dropout, none, swag  
 from posthoc.methods import dac, ivon, sgld  # noqa: F401
 from posthoc.methods import sparse_vd, vi  # noqa: F401
 from posthoc.methods import ensemble  # noqa: F401
+from posthoc.methods import auto  # noqa: F401  (after the methods it chooses between)

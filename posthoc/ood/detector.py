@@ -30,7 +30,7 @@ from posthoc.core.errors import ConfigError, InputError, NumericalError
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
-from posthoc.core.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.head import FeatureSplit
 from posthoc.ood.base import Outputs, Score
 from posthoc.ood.knn import KNN

@@ -120,6 +120,7 @@ class AutoCalibration(Calibrator):
     """The simplest calibrator within the noise of the best cross-validated NLL, never one no better than none."""
 
     name = "auto"
+    interpolable = False  # its choice may differ between two fits
 
     def __init__(self, *, candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES, folds: int = 5, seed: int = 0,
                  max_iter: int = 100) -> None:

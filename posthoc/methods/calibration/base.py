@@ -81,6 +81,9 @@ class Calibrator(CalibratorOptions, nn.Module):
         min_examples: the fewest held-out examples it accepts.
         min_per_class: the fewest examples of every class it accepts (maps with per-class parameters).
         binary_only: whether it calibrates two-class (one-logit) classifiers only.
+        interpolable: whether two fits of it can be blended parameter by parameter (floating-point parameters
+            of fixed shapes; not histogram bins or isotonic steps), which the shift-aware fit of a stacked
+            calibrator uses.
     """
 
     name: ClassVar[str] = ""
@@ -88,6 +91,7 @@ class Calibrator(CalibratorOptions, nn.Module):
     min_examples: ClassVar[int] = 10
     min_per_class: ClassVar[int] = 0
     binary_only: ClassVar[bool] = False
+    interpolable: ClassVar[bool] = True
 
     def __init__(self) -> None:
         super().__init__()

@@ -47,6 +47,7 @@ class HistogramBinning(Calibrator):
 
     name = "histogram"
     per_sample = False
+    interpolable = False
     min_per_class = 10
 
     def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:

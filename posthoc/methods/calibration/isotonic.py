@@ -37,6 +37,7 @@ class IsotonicCalibration(Calibrator):
 
     name = "isotonic"
     per_sample = False
+    interpolable = False
     min_per_class = 10
 
     def __init__(self) -> None:

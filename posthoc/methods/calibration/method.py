@@ -1,8 +1,19 @@
 """Every calibrator as a registered method, stacked on another method's predictive and fitted on ``val_loader``.
 
 ``posthoc.wrap(model, method=["laplace", "vector"])`` runs the inner predictive once over the
-validation loader, caches its log-probabilities (or its per-sample log-probabilities), and fits the
-calibrator on the cache; the inner log-probabilities play the role of logits. A calibrator that
+validation loader (and its perturbed copies), caches its log-probabilities (or its per-sample
+log-probabilities), and fits the calibrator on the cache; the inner log-probabilities play the role
+of logits.
+
+The fit is a held-out choice of the selection step (:mod:`posthoc.engine.selection`). Its candidates,
+the most conservative first: the inner predictive uncalibrated; the calibrator fitted on the clean
+examples; and, with perturbed copies, the parameters moved from that clean fit towards the fit on
+clean and perturbed examples together by a quarter, a half, three quarters and all the way (``shift
+weight``; a map that cannot be interpolated, histogram bins or isotonic steps, takes the combined fit
+whole). Each candidate is scored out of fold (5-fold cross-fitting: the calibrator is fitted on four
+fifths and scored on the fifth), admissible when its NLL excess over the plain model is confidently
+within the tolerance, and the admissible one of lowest NLL on the perturbed copies wins; it is then
+fitted on all the held-out data. So a calibrator that overfits a small validation set is not used. A calibrator that
 acts per sample (temperature, vector, matrix, Dirichlet, ETS, Platt) maps each posterior sample and
 the samples are averaged; histogram binning and isotonic regression map the predictive, and the
 calibrated prediction then has no samples.
@@ -22,18 +33,22 @@ import copy
 import math
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
-from posthoc.core.inputs import Inputs, check_finite_result, check_labels, iterate, run_model
-from posthoc.core.logits import class_log_probs, log_mean_exp
+from posthoc.core.errors import InputError
+from posthoc.core.inputs import Inputs, check_finite_result, check_labels
+from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import REGISTRY, register
-from posthoc.engine.held_out import CLEAN_TOLERANCE, shifted_held_out, widest_accepted
+from posthoc.core.checks import unit_interval
+from posthoc.engine.fitted_stage import FittedOnHeldOut
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Rows, Scores
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling
@@ -45,11 +60,8 @@ from posthoc.methods.calibration.platt import PlattScaling
 from posthoc.methods.calibration.temperature import TemperatureCalibrator
 from posthoc.methods.calibration.vector import VectorScaling
 
-#: at most this many bytes of cached per-sample log-probabilities; beyond it, examples are subsampled
-CACHE_BYTES = 1 << 30
-
-def _nll(log_probs: Tensor, targets: Tensor) -> float:
-    return float(torch.nn.functional.nll_loss(log_probs.double(), targets))
+#: how far the candidates move the parameters from the clean fit towards the fit on clean and perturbed examples
+SHIFT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 
 
 def _interpolable(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
@@ -67,24 +79,70 @@ LOG_PROB_FLOOR = -1e4
 
 
 
-class CalibrationMethod(Method):
-    """Base of the stacked calibrators: ``calibrator_class`` fitted on the inner predictive."""
+@dataclass
+class _Cache:
+    """A calibrator's held-out inputs: the inner predictive's log-probabilities ``(N, C)`` (or samples ``(S, N, C)``)
+    on the clean examples and on the perturbed copies, with their labels."""
+
+    clean: Tensor
+    labels: Tensor
+    shifted: Tensor | None
+    shifted_labels: Tensor | None
+
+    @property
+    def dim(self) -> int:
+        """The examples' dimension of the cached log-probabilities (1 for samples ``(S, N, C)``)."""
+        return 1 if self.clean.dim() == 3 else 0
+
+    def take(self, rows: Rows, *, shifted: bool) -> tuple[Tensor, Tensor]:
+        """The log-probabilities and labels of the clean ``rows``, with their perturbed copies when ``shifted``."""
+        clean = self.clean.index_select(self.dim, rows.clean.to(self.clean.device))
+        labels = self.labels[rows.clean.to(self.labels.device)]
+        if not shifted or self.shifted is None or rows.shifted is None:
+            return clean, labels
+        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
+        return (torch.cat([clean, copies], self.dim),
+                torch.cat([labels, self.shifted_labels[rows.shifted.to(self.shifted_labels.device)]]))
+
+    def scores(self, calibrator: Calibrator | None, rows: Rows) -> Scores:
+        """The scores of the calibrated (``None``: the uncalibrated) predictive on ``rows``."""
+        def log_probs(values: Tensor) -> Tensor:
+            return predictive(values) if calibrator is None else calibrator.calibrated_predictive(values)
+
+        clean, labels = self.take(rows, shifted=False)
+        if self.shifted is None or rows.shifted is None:
+            return Scores.of_log_probs(log_probs(clean), labels)
+        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
+        return Scores.of_log_probs(log_probs(clean), labels, log_probs(copies),
+                                   self.shifted_labels[rows.shifted.to(self.shifted_labels.device)])
+
+
+class CalibrationMethod(FittedOnHeldOut, Method):
+    """Base of the stacked calibrators: ``calibrator_class`` fitted on the inner predictive.
+
+    Options: the calibrator's own, and ``shift_weight``: ``"auto"`` (the held-out choice of the module docs) or a
+    number in [0, 1] fixing how far the parameters move towards the fit with perturbed copies (0: the clean fit).
+    """
 
     needs_val = True
     stacks = True
+    knob = "calibration"
     calibrator_class: ClassVar[type[Calibrator]]
 
-    def __init__(self, inner: Method, **options: Any) -> None:
+    def __init__(self, inner: Method, *, shift_weight: float | str = "auto", **options: Any) -> None:
         super().__init__(inner.base_model)
         self.inner = inner
         self.calibrator = self.calibrator_class(**options)
+        if shift_weight != "auto":
+            shift_weight = unit_interval(shift_weight, "shift_weight")
+        self.shift_weight_option = shift_weight
         #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only)
         self.register_buffer("shift_weight", torch.tensor(math.nan))
         self.shift_description: dict[str, Any] | None = None
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        return cls.calibrator_class.option_defaults()
+        return {**cls.calibrator_class.option_defaults(), "shift_weight": "auto"}
 
     @property
     def base_model(self) -> torch.nn.Module:
@@ -94,62 +152,85 @@ class CalibrationMethod(Method):
         super().follow_model_device()
         self.calibrator.to(self.device)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto") -> None:
-        """Fit the calibrator on the inner predictive over ``val_loader``; with ``shift``, over its perturbed copies too.
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Nothing on the training data: the calibrator is fitted on held-out data by :meth:`choose`."""
 
-        The clean fit is kept unless the fit on clean and perturbed examples together keeps the clean
-        NLL within :data:`~posthoc.engine.held_out.CLEAN_TOLERANCE` of the better of the clean fit and
-        no calibration; otherwise the parameters move from the clean fit towards the combined one as
-        far as that tolerance allows (:func:`~posthoc.engine.held_out.widest_accepted`).
-        """
-        cache, targets = self._cache(val_loader, progress)
-        self.calibrator.fit(cache, targets)
-        shifted = shifted_held_out(val_loader, lambda x: class_log_probs(run_model(self.base_model, x)), shift,
-                                   device=self.device, model=self.base_model)
-        if shifted is None:
+    def held_out_cache(self, held_out: HeldOut) -> _Cache:
+        """The inner log-probabilities (or per-sample ones) over the clean and perturbed held-out batches, gathered over
+        ranks, floored at :data:`LOG_PROB_FLOOR`; too few examples or a single class are refused by name."""
+        def inner(x: Inputs, generator: torch.Generator) -> Tensor:
+            log_probs, samples = self.inner.log_predictive(x, generator=generator)
+            check_finite_result(log_probs if samples is None else samples,
+                                f"the log-probabilities of {predictive_of(self.inner)} that '{self.name}' is fitted on",
+                                log_probs=True)
+            return (log_probs if samples is None else samples).float()
+
+        if self.inner.name == "none" and held_out.plain_outputs is not None:  # the plain model's, read once already
+            clean, labels, shifted, shifted_labels = held_out.plain_outputs
+        else:
+            with torch.no_grad(), eval_mode(self.inner):
+                clean, labels, shifted, shifted_labels = held_out.outputs(inner)
+        classes = clean.shape[-1]
+        cache = _Cache(clean.clamp_min(LOG_PROB_FLOOR), check_labels(labels, classes),
+                       None if shifted is None else shifted.clamp_min(LOG_PROB_FLOOR),
+                       None if shifted_labels is None else check_labels(shifted_labels, classes))
+        self.calibrator.check(cache.labels, classes)
+        self.shift_description = held_out.description
+        return cache
+
+    def configurations(self, cache: _Cache) -> list[tuple[str, float | None]]:
+        """``(label, shift weight)``: uncalibrated (``None``), the clean fit (0), then towards the combined fit; a fixed
+        ``shift_weight`` is the only fitted configuration."""
+        if self.shift_weight_option != "auto":
+            weight = float(self.shift_weight_option) if cache.shifted is not None else 0.0
+            return [("uncalibrated", None), (f"shift weight {weight:g}" if weight else "clean fit", weight)]
+        candidates: list[tuple[str, float | None]] = [("uncalibrated", None), ("clean fit", 0.0)]
+        if cache.shifted is not None:
+            weights = SHIFT_WEIGHTS if type(self.calibrator).interpolable else (1.0,)
+            candidates += [(f"shift weight {weight:g}", weight) for weight in weights]
+        return candidates
+
+    def fit_and_score(self, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows,
+                      scored: Rows) -> list[Scores | None]:
+        """Every configuration fitted on ``fitting`` and scored on ``scored`` (the clean and combined fits made once)."""
+        try:
+            clean = copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=False))
+            combined = (copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=True))
+                        if cache.shifted is not None and any(w for _, w in configurations) else None)
+        except InputError:  # too few examples of a class in this fold: only the uncalibrated predictive is scored
+            return [cache.scores(None, scored) if weight is None else None for _, weight in configurations]
+        return [cache.scores(None if weight is None else self._fitted_at(weight, cache, fitting, clean=clean,
+                                                                         combined=combined), scored)
+                for _, weight in configurations]
+
+    def apply(self, cache: _Cache, value: float | None, held_out: HeldOut) -> None:
+        """Fit the calibrator at shift weight ``value`` on every held-out row (``None``: keep the inner predictive)."""
+        self.shift_weight.fill_(math.nan if value is None or cache.shifted is None else value)
+        if value is None:
+            self.calibrator._reset()
+            self.calibrator.num_classes.fill_(cache.clean.shape[-1])
+            self.calibrator.passthrough.fill_(True)
             return
-        self.shift_description = shifted.description
-        shifted_cache, shifted_targets = self._cache(shifted, progress)
-        dim = 0 if cache.dim() == 2 else 1
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # a bound or separation warning of the clean fit stands
-            combined = copy.deepcopy(self.calibrator).fit(torch.cat([cache, shifted_cache], dim),
-                                                           torch.cat([targets, shifted_targets]))
-        limit = (1 + CLEAN_TOLERANCE) * min(_nll(predictive(cache), targets),
-                                            _nll(self.calibrator.calibrated_predictive(cache), targets))
-        clean_state, combined_state = dict(self.calibrator.named_buffers()), dict(combined.named_buffers())
-        if _interpolable(clean_state, combined_state):
-            clean_state = {k: v.clone() for k, v in clean_state.items()}
-            weight = widest_accepted(
-                lambda w: self.calibrator.load_buffers(_between(clean_state, combined_state, w)),
-                lambda: _nll(self.calibrator.calibrated_predictive(cache), targets) <= limit, interpolable=True)
-        else:  # a map of another shape (histogram bins, auto's choice): all or nothing
-            weight = float(_nll(combined.calibrated_predictive(cache), targets) <= limit)
-            if weight:
-                self.calibrator = combined
-        self.shift_weight.fill_(weight)
+        self.calibrator = self._fitted_at(value, cache, held_out.layout.everything(), warn=True)
 
-    def _cache(self, loader: Iterable, progress: bool) -> tuple[Tensor, Tensor]:
-        """The inner log-probabilities (or per-sample ones) over ``loader`` and its labels, gathered over ranks."""
-        cached, labels = [], []
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        with torch.no_grad(), eval_mode(self.inner):
-            for x, y in iterate(loader, device=self.device, progress=progress, desc=self.name):
-                log_probs, samples = self.inner.log_predictive(x, generator=generator)
-                check_finite_result(log_probs if samples is None else samples,
-                                    f"the log-probabilities of {predictive_of(self.inner)} that '{self.name}' is fitted on",
-                                    log_probs=True)
-                cached.append((log_probs if samples is None else samples).float())
-                labels.append(check_labels(y, log_probs.shape[-1]))
-        dim = 0 if cached[0].dim() == 2 else 1
-        cache = distributed.gather_cat(torch.cat(cached, dim), dim)
-        targets = distributed.gather_cat(torch.cat(labels))
-        if cache.element_size() * cache.numel() > CACHE_BYTES:
-            keep = torch.randperm(targets.numel(), generator=torch.Generator().manual_seed(0))
-            keep = keep[: max(1, targets.numel() * CACHE_BYTES // (cache.element_size() * cache.numel()))]
-            cache, targets = cache.index_select(dim, keep.to(cache.device)), targets[keep.to(targets.device)]
-        return cache.clamp_min(LOG_PROB_FLOOR), targets
+    def _fitted_at(self, weight: float, cache: _Cache, rows: Rows, *, warn: bool = False,
+                   clean: Calibrator | None = None, combined: Calibrator | None = None) -> Calibrator:
+        """The calibrator at ``weight`` fitted on ``rows``: the clean fit, moved ``weight`` of the way towards the fit
+        on clean and perturbed examples together (a map that cannot move takes that fit whole)."""
+        with warnings.catch_warnings():
+            if not warn:
+                warnings.simplefilter("ignore", RuntimeWarning)
+            clean = clean if clean is not None else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=False))
+        if weight == 0:
+            return clean
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # the clean fit's warnings stand
+            combined = combined if combined is not None else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=True))
+        if weight == 1 or not _interpolable(dict(clean.named_buffers()), dict(combined.named_buffers())):
+            return combined
+        moved = copy.deepcopy(clean)
+        moved.load_buffers(_between(dict(clean.named_buffers()), dict(combined.named_buffers()), weight))
+        return moved
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:

@@ -22,12 +22,20 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
 - **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` equals ``T0`` for
   every example closer to the training features than the ``anchor`` quantile of the clean held-out
   examples at every layer, and grows with the distance beyond it (:mod:`posthoc.methods.dac.temperature`).
-- **Fit**: ``T0`` and ``w`` minimise the NLL over the clean validation batches and, with
-  ``shift="auto"`` (the default of ``um.fit``), their perturbed copies at graded strengths
-  (:func:`posthoc.engine.held_out.shifted_held_out`), while the clean NLL stays within
-  ``val_tolerance`` (relative) of the inner predictive's with ``T0`` alone; ``shift=None`` fits on
-  the clean batches only. The inner predictions and the distances are computed once per held-out
-  pass (with a seeded generator) and the fit runs on that cache.
+- **Fit**: a held-out choice of the selection step (:mod:`posthoc.engine.selection`). For every
+  ``anchor`` (0.8, 0.9, 0.95 by default), with ``T0 = 1``, the weights ``w`` minimise the clean NLL plus ``strength`` (1) times the NLL of the perturbed
+  copies of the validation batches (``shift="auto"``, the default of ``um.fit``;
+  :func:`posthoc.engine.held_out.shifted_held_out`); the candidates are those weights shrunk by
+  ``1/32 .. 1`` (``shrink``), beside the inner predictive as it is and ``T0`` alone (the clean
+  maximum-likelihood temperature, no weights: temperature scaling). Each candidate is
+  fitted on four fifths of the held-out examples and scored on the fifth (cross-fitting); it is
+  admissible when its clean NLL excess over the plain model is confidently within the tolerance, and
+  the admissible one of lowest NLL on the perturbed copies is then fitted on all of them. With ``T0 =
+  1`` every example nearer to the training features than the anchor keeps the inner predictive
+  exactly, so the in-distribution cost falls on the far tail only (a fitted ``T0`` under the weights
+  cost more in distribution on both bundled checkpoints, for no gain on the perturbed copies). The inner predictions and the
+  distances are computed once (with a seeded generator) and every fit runs on that cache.
+  ``anchor=``, ``shrink=`` and ``strength=`` fix them.
 
 Example:
     >>> um = posthoc.wrap(model, method=["laplace", "dac"]).fit(train_loader, val_loader)
@@ -41,30 +49,37 @@ from __future__ import annotations
 import json
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.core.checks import memory_bytes, non_negative, positive_int, probability
+from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
-from posthoc.core.logits import class_log_probs
+from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
-from posthoc.engine.held_out import shifted_held_out
+from posthoc.engine.fitted_stage import FittedOnHeldOut
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Rows, Scores
 from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
-from posthoc.methods.dac.temperature import HeldOut, excess, fit, standardisation, temperatures, tempered
+from posthoc.methods.dac.temperature import Cached, Fitted, excess, fit, standardisation, temperatures, tempered
 
 #: the default feature-bank budget
 BANK_BYTES = 64 * 2**20
 #: intermediate layers found automatically (besides the head's input)
 AUTO_LAYERS = 2
-#: at most this many bytes of cached held-out predictions per pass; beyond it, examples are subsampled
-CACHE_BYTES = 1 << 30
+#: the anchors (quantiles of the clean held-out log-distances) tried with ``anchor="auto"``
+ANCHORS = (0.8, 0.9, 0.95)
+#: how much the perturbed copies' NLL counts beside the clean one when the weights are fitted
+STRENGTH = 1.0
+#: the factors the fitted weights are shrunk by, tried with ``shrink="auto"`` (1: the weights as fitted)
+SHRINKS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
 #: distances below this are taken as this before the log (a query equal to its k-th neighbour)
 MIN_DISTANCE = 1e-6
 
@@ -82,8 +97,53 @@ def _check_layers(model: nn.Module, layers: Any) -> list[str] | None:
     return list(layers)
 
 
+def _shrunk(fitted: tuple[Tensor, Tensor, Fitted], shrink: float) -> tuple[Tensor, Tensor, Fitted]:
+    """The fit with its weights multiplied by ``shrink``."""
+    anchors, spreads, values = fitted
+    return anchors, spreads, Fitted(values.temperature, [shrink * w for w in values.weights])
+
+
+@dataclass
+class _Cache:
+    """DAC's held-out inputs: the inner predictions, log-distances and labels of the clean examples and of their
+    perturbed copies (``None`` without them)."""
+
+    clean: Cached
+    shifted: Cached | None
+
+    def take(self, rows: Rows, anchors: Tensor, spreads: Tensor) -> tuple[Cached, Cached | None]:
+        """The clean ``rows`` and their perturbed copies, their log-distances standardised by ``anchors`` and ``spreads``."""
+        def part(cached: Cached, index: Tensor) -> Cached:
+            dim = 0 if cached.log_probs.dim() == 2 else 1
+            index = index.to(cached.labels.device)
+            return Cached(cached.log_probs.index_select(dim, index), excess(cached.excess[index], anchors, spreads),
+                          cached.labels[index])
+
+        clean = part(self.clean, rows.clean)
+        shifted = None if self.shifted is None or rows.shifted is None else part(self.shifted, rows.shifted)
+        return clean, shifted
+
+    def scores(self, fitted: tuple[Tensor, Tensor, Fitted] | None, rows: Rows) -> Scores:
+        """The scores on ``rows`` of the tempered inner predictive (``None``: the inner predictive as it is)."""
+        anchors = spreads = None
+        if fitted is not None:
+            anchors, spreads, values = fitted
+        def log_probs(cached: Cached) -> Tensor:
+            if fitted is None:
+                return log_mean_exp(cached.log_probs) if cached.log_probs.dim() == 3 else cached.log_probs
+            t = temperatures(cached.excess, values.temperature, torch.tensor(values.weights, dtype=cached.excess.dtype,
+                                                                           device=cached.excess.device))
+            return tempered(cached.log_probs, t)[0]
+
+        zero = torch.zeros(self.clean.excess.shape[1], device=self.clean.excess.device)
+        clean, shifted = self.take(rows, zero if anchors is None else anchors, torch.ones_like(zero) if spreads is None else spreads)
+        if shifted is None:
+            return Scores.of_log_probs(log_probs(clean), clean.labels)
+        return Scores.of_log_probs(log_probs(clean), clean.labels, log_probs(shifted), shifted.labels)
+
+
 @register
-class DensityAwareCalibration(Method):
+class DensityAwareCalibration(FittedOnHeldOut, Method):
     """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
 
     Args:
@@ -93,8 +153,10 @@ class DensityAwareCalibration(Method):
             the last two stages before the head); ``"name:input"`` reads a module's input.
         bank_bytes: bytes of the feature bank; beyond them a uniform random subset of the training
             examples is kept.
-        anchor: the quantile of the clean held-out distances up to which the temperature stays ``T0``.
-        val_tolerance: how much (relative) the clean held-out NLL may exceed the clean-only temperature's.
+        anchor: the quantile of the clean held-out distances up to which the temperature stays ``T0``
+            (``"auto"``: chosen among :data:`ANCHORS` on held-out data).
+        shrink: the factor the fitted weights are multiplied by (``"auto"``: chosen among :data:`SHRINKS`).
+        strength: how much the perturbed copies' NLL counts beside the clean one when the weights are fitted.
         head: the classifier head's module name (default: found as for last-layer methods).
         max_memory: bytes of similarities one distance step may hold (``None``: ``posthoc.settings.max_memory``).
         max_iter: L-BFGS iterations of each fit.
@@ -103,9 +165,11 @@ class DensityAwareCalibration(Method):
     name = "dac"
     needs_val = True
     stacks = True
+    knob = "density-aware temperature"
 
     def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
-                 anchor: float = 0.9, val_tolerance: float = 0.01, head: str | None = None,
+                 anchor: float | str = "auto", shrink: float | str = "auto", strength: float = STRENGTH,
+                 head: str | None = None,
                  max_memory: int | None = None, max_iter: int = 100) -> None:
         super().__init__(inner.base_model)
         self.inner = inner
@@ -114,8 +178,9 @@ class DensityAwareCalibration(Method):
         self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
-        self.anchor = probability(anchor, "anchor")
-        self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
+        self.anchor = anchor if anchor == "auto" else probability(anchor, "anchor")
+        self.shrink = shrink if shrink == "auto" else unit_interval(shrink, "shrink")
+        self.strength = positive_number(strength, "strength")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {type(head).__name__}")
         self.head = head
@@ -197,31 +262,75 @@ class DensityAwareCalibration(Method):
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
 
     # ---- fit ---------------------------------------------------------------------------------
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto") -> None:
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """The feature bank from ``train_loader``; the temperature is fitted on held-out data by :meth:`choose`."""
         if train_loader is None:
             raise InputError("'dac' compares features with the training features: call um.fit(train_loader, val_loader)")
         with torch.no_grad(), eval_mode(self.inner):
             self._fit_bank(train_loader, progress)
-            clean = self._held_out(val_loader, progress, "dac: held-out")
-            shifted_loader = shifted_held_out(val_loader, self._plain_log_probs, shift, device=self.device)
-            shifted = None if shifted_loader is None else self._held_out(shifted_loader, progress, "dac: perturbed held-out")
-        anchors, spreads = standardisation(clean.excess, self.anchor)  # .excess holds log-distances until here
-        for held in (clean, shifted):
-            if held is not None:
-                held.excess = excess(held.excess, anchors, spreads)
-        levels = 0 if shifted_loader is None else len(shifted_loader.levels)
-        chosen = fit(clean, shifted, levels=levels, tolerance=self.val_tolerance, max_iter=self.max_iter)
-        self.anchors, self.spreads = anchors.to(self.device), spreads.to(self.device)
-        self.temperature = torch.tensor(chosen.temperature, device=self.device)
-        self.weights = torch.tensor(chosen.weights, dtype=torch.float32, device=self.device)
-        self._set_meta({**self._meta(), "shift": None if shifted_loader is None else shifted_loader.description,
-                        "clean_nll": chosen.clean_nll, "reference_nll": chosen.reference_nll,
-                        "combined_nll": chosen.combined_nll, "kept": chosen.kept})
 
-    def _plain_log_probs(self, x: Inputs) -> Tensor:
-        with eval_mode(self.base_model):
-            return class_log_probs(run_model(self.base_model, x))
+    def share_bank(self, other: DensityAwareCalibration) -> None:
+        """Take ``other``'s fitted feature bank (same model and bank options) instead of reading the training data
+        again: ``method="auto"`` fits one bank for all its DAC candidates."""
+        self.bank, self.widths = other.bank, other.widths
+        self._set_meta({key: value for key, value in other._meta().items() if key in ("sites", "seen")})
+
+    def held_out_cache(self, held_out: HeldOut) -> _Cache:
+        """The inner predictions, log-distances and labels of every clean and perturbed held-out example (seeded)."""
+        with torch.no_grad(), eval_mode(self.inner):
+            clean = self._held_out(held_out.clean())
+            shifted = self._held_out(held_out.perturbed()) if held_out.shifted is not None else None
+        self._set_meta({**self._meta(), "shift": held_out.description})
+        return _Cache(clean, shifted)
+
+    def configurations(self, cache: _Cache) -> list[tuple[str, tuple[float, bool, float] | None]]:
+        """``(label, (anchor, T0 fitted, shrink))``: the inner predictive (``None``), ``T0`` alone (no weights), then for
+        every anchor the weights fitted with ``T0 = 1`` and shrunk by each factor (module docs)."""
+        anchors = ANCHORS if self.anchor == "auto" else (self.anchor,)
+        shrinks = SHRINKS if self.shrink == "auto" else (self.shrink,)
+        found: list[tuple[str, tuple[float, bool, float] | None]] = [("inner predictive", None),
+                                                                     ("temperature alone", (anchors[0], True, 0.0))]
+        for anchor in anchors:
+            found += [(f"anchor {anchor:g}, weights x{shrink:g}", (anchor, False, shrink)) for shrink in shrinks if shrink > 0]
+        return found
+
+    def fit_and_score(self, cache: _Cache, configurations: list, fitting: Rows, scored: Rows) -> list[Scores | None]:
+        fitted: dict[tuple[float, bool, bool], tuple[Tensor, Tensor, Fitted]] = {}  # one fit per anchor and base
+        out = []
+        for _, value in configurations:
+            if value is None:
+                out.append(cache.scores(None, scored))
+                continue
+            anchor, fitted_t0, shrink = value
+            key = (anchor, fitted_t0, shrink > 0)
+            if key not in fitted:
+                fitted[key] = self._fitted(cache, anchor, fitted_t0, fitting, weights=shrink > 0)
+            out.append(cache.scores(_shrunk(fitted[key], shrink), scored))
+        return out
+
+    def apply(self, cache: _Cache, value: tuple[float, bool, float] | None, held_out: HeldOut) -> None:
+        """Keep configuration ``value`` fitted on every held-out row (``None``: ``T0 = 1`` and no weights)."""
+        rows = held_out.layout.everything()
+        if value is None:
+            anchor = ANCHORS[1] if self.anchor == "auto" else self.anchor
+            anchors, spreads = standardisation(cache.clean.excess[rows.clean], anchor)
+            fitted = Fitted(1.0, [0.0] * len(anchors))
+        else:
+            anchor, fitted_t0, shrink = value
+            anchors, spreads, fitted = _shrunk(self._fitted(cache, anchor, fitted_t0, rows, weights=shrink > 0, warn=True),
+                                               shrink)
+        self.anchors, self.spreads = anchors.to(self.device), spreads.to(self.device)
+        self.temperature = torch.tensor(fitted.temperature, device=self.device)
+        self.weights = torch.tensor(fitted.weights, dtype=torch.float32, device=self.device)
+        self._set_meta({**self._meta(), "anchor": anchor, "shrink": None if value is None else value[2]})
+
+    def _fitted(self, cache: _Cache, anchor: float, fitted_t0: bool, rows: Rows, *, weights: bool, warn: bool = False
+                ) -> tuple[Tensor, Tensor, Fitted]:
+        """``(anchors, spreads, T0 and weights)`` at ``anchor`` fitted on ``rows`` (``T0 = 1`` unless ``fitted_t0``)."""
+        anchors, spreads = standardisation(cache.clean.excess[rows.clean], anchor)
+        clean, shifted = cache.take(rows, anchors, spreads)
+        return anchors, spreads, fit(clean, shifted, strength=self.strength, weights=weights, fit_temperature=fitted_t0,
+                                     max_iter=self.max_iter, warn=warn)
 
     def _fit_bank(self, loader: Iterable, progress: bool) -> None:
         reservoir: Reservoir | None = None
@@ -251,11 +360,12 @@ class DensityAwareCalibration(Method):
         self.widths = torch.tensor(widths, device=self.device)
         self._set_meta({**self._meta(), "seen": distributed.total_examples(reservoir.seen)})
 
-    def _held_out(self, loader: Iterable, progress: bool, desc: str) -> HeldOut:
-        """The inner predictions, log-distances and labels of every example of ``loader`` (one pass, seeded)."""
+    def _held_out(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Cached:
+        """The inner predictions, log-distances (in :attr:`Cached.excess` until standardised) and labels of every
+        example of ``batches`` (one pass, seeded), gathered over ranks."""
         generator = torch.Generator(device=self.device).manual_seed(0)
         predictions, distances, labels = [], [], []
-        for x, y in iterate(loader, device=self.device, progress=progress, desc=desc):
+        for x, y in batches:
             log_probs, samples, features = self._inner_with_features(x, None, generator)
             for site, values in zip(self.sites(), features):
                 check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
@@ -265,15 +375,8 @@ class DensityAwareCalibration(Method):
             distances.append(self.log_distances(features))
             labels.append(check_labels(y, log_probs.shape[-1]))
         dim = 0 if predictions[0].dim() == 2 else 1
-        held = HeldOut(distributed.gather_cat(torch.cat(predictions, dim), dim),
-                       distributed.gather_cat(torch.cat(distances)), distributed.gather_cat(torch.cat(labels)))
-        size = held.log_probs.element_size() * held.log_probs.numel()
-        if size > CACHE_BYTES:
-            rows = held.labels.numel()
-            keep = torch.randperm(rows, generator=torch.Generator().manual_seed(0))[: max(1, rows * CACHE_BYTES // size)]
-            keep = keep.to(held.labels.device)
-            held = HeldOut(held.log_probs.index_select(dim, keep), held.excess[keep], held.labels[keep])
-        return held
+        return Cached(distributed.gather_cat(torch.cat(predictions, dim), dim),
+                      distributed.gather_cat(torch.cat(distances)), distributed.gather_cat(torch.cat(labels)))
 
     # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
@@ -289,12 +392,10 @@ class DensityAwareCalibration(Method):
             "bank_bytes": 0 if self.bank is None else self.bank.element_size() * self.bank.numel(),
             "training_examples_seen": meta.get("seen"),
             "k": min(self.k, self.bank_rows) if self.bank is not None else self.k,
-            "anchor": self.anchor,
+            "anchor": meta.get("anchor", self.anchor),
+            "shrink": meta.get("shrink", self.shrink),
+            "strength": self.strength,
             "shift": meta.get("shift"),
-            "clean_nll": meta.get("clean_nll"),
-            "reference_nll": meta.get("reference_nll"),
-            "combined_nll": meta.get("combined_nll"),
-            "kept": meta.get("kept"),
         }
 
     def extra_repr(self) -> str:

@@ -45,7 +45,7 @@ from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
-from posthoc.core.method import LogPredictive, Method, takes_shift
+from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import ENSEMBLE, register
 from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
@@ -136,9 +136,8 @@ class Ensemble(Method):
         self.member_fingerprints = torch.stack([persistence.fingerprint_tensor(f) for f in found]).to(self.device)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto", **fit_options: Any) -> None:
-        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``), each with ``shift``."""
-        fit_options = {**fit_options, "shift": shift}
+            **fit_options: Any) -> None:
+        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``)."""
         fit_spread(self.members, lambda index, member: self._fit_member(index, member, train_loader, val_loader,
                                                                         progress, fit_options),
                    loaders=(train_loader, val_loader))
@@ -147,9 +146,21 @@ class Ensemble(Method):
 
     def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
                     progress: bool, fit_options: dict[str, Any]) -> None:
-        own = {k: v for k, v in fit_options.items() if k != "shift" or takes_shift(member)}
-        member.fit(train_loader, val_loader, progress=progress, **own)
+        member.fit(train_loader, val_loader, progress=progress, **fit_options)
         member.fitted.fill_(True)
+
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # the members' choices
+        return any(member.makes_choice for member in self.members)
+
+    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Every member's held-out choice on the same held-out batches, each judged against its own checkpoint
+        (``held_out.rebased``), spread over ranks as the fits are."""
+        def choose_one(index: int, member: Method) -> None:
+            if member.makes_choice:
+                member.choose(held_out.rebased(member.plain_model), train_loader=train_loader, progress=progress)
+
+        fit_spread(self.members, choose_one, loaders=())
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
                        max_memory: int | None = None) -> LogPredictive:

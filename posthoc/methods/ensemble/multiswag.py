@@ -71,11 +71,19 @@ class MultiSWAG(Ensemble):
             run.use_likelihood(make_likelihood(likelihood))
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto", **fit_options: Any) -> None:
+            **fit_options: Any) -> None:
         """Fit every run; under a likelihood with a noise, then fit the one noise of all runs' samples (module docs)."""
-        super().fit(train_loader, val_loader, progress=progress, shift=shift, **fit_options)
+        super().fit(train_loader, val_loader, progress=progress, **fit_options)
+        self._fit_shared_noise((train_loader, val_loader))
+
+    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Every run's scale (:meth:`Ensemble.choose`), then the one noise of all runs' samples again."""
+        super().choose(held_out, train_loader=train_loader, progress=progress)
+        self._fit_shared_noise((train_loader, list(held_out.clean())))
+
+    def _fit_shared_noise(self, loaders: tuple[Iterable | None, Iterable | None]) -> None:
         with torch.no_grad(), eval_mode(self.base_model):
-            fit_sampled_noise(self.likelihood, self._sampled_outputs, (train_loader, val_loader), self.device)
+            fit_sampled_noise(self.likelihood, self._sampled_outputs, loaders, self.device)
         for run in self.members:
             run.likelihood.load_state_dict(self.likelihood.state_dict())
 

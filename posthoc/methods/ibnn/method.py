@@ -24,11 +24,11 @@ Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at th
 noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the recipe's
 learning rates (those not given) are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`:
 the Gaussian NLL's curvature is ``1/σ²`` where the softmax's is at most ``1/2``), the scale is
-chosen by the same walk on the held-out Gaussian NLL of the sampled mixture, each scale at its own
-best noise (:func:`~posthoc.core.likelihood.best_noise_nll`; the checkpoint's ``N(f(x), σ_plain²)``
-with ``σ_plain`` fitted on the same rows, the tolerance relative to its absolute value), and the noise
-is then re-fitted to the mixture of ``N(f_s(x), σ²)`` around the ``K x S`` sampled outputs at that
-scale. No shift-aware perturbations there (they are graded on class accuracy).
+chosen by the same selection step on the held-out Gaussian NLL of the sampled mixture, each scale at its
+own best noise (:func:`~posthoc.core.likelihood.best_noise_nlls`; the checkpoint's ``N(f(x), σ_plain²)``
+with ``σ_plain`` fitted on the same rows), and the noise is then re-fitted to the mixture of
+``N(f_s(x), σ²)`` around the ``K x S`` sampled outputs at that scale. No perturbed copies there (they
+are graded on class accuracy).
 
 References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
 input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kaski, "Tackling
@@ -62,8 +62,9 @@ from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
 from posthoc.engine.bn_refresh import batchnorm_layers
-from posthoc.engine.objective import fit_plain_noise, sampled_outputs_nll, step_scale
-from posthoc.engine.held_out import ShiftedHeldOut, held_out_nll, shift_aware_spread, shifted_held_out, widest_spread
+from posthoc.engine.objective import fit_plain_noise, step_scale
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
 from posthoc.methods.ibnn.recipes import recipe as recipe_named
@@ -98,10 +99,10 @@ class ImplicitBNN(Method):
             fit is volatile (see :mod:`posthoc.methods.ibnn.recipes`).
         num_samples: ``S``, samples per component at prediction (``K * S`` in total) [5].
         scale: the node noise's scale at prediction (``z = mu_k + scale * sigma_k * eps``; 1 is the fitted
-            posterior). ``None``: chosen on ``fit``'s ``val_loader`` as the widest of :data:`SCALES` whose
-            held-out NLL stays within ``(1 + val_tolerance)`` of the checkpoint's (shift-aware by default,
-            :mod:`posthoc.engine.held_out`), else 1 without one.
-        val_tolerance: the held-out NLL the scale may cost over the checkpoint, relative [0.01].
+            posterior). ``None``: chosen on ``fit``'s ``val_loader`` among 0 (the component means) and
+            :data:`SCALES` by the selection step (:mod:`posthoc.engine.selection`: confidently within
+            ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
+            copies; the walk starts at 1), else 1 without one.
         max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
             larger inputs run in chunks.
         seed: seeds the initial means and standard deviations.
@@ -115,7 +116,7 @@ class ImplicitBNN(Method):
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
                  init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool | None = None,
                  head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0,
-                 scale: float | None = None, val_tolerance: float = 0.01) -> None:
+                 scale: float | None = None) -> None:
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
         chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
@@ -129,12 +130,9 @@ class ImplicitBNN(Method):
         self.max_memory = memory_bytes(max_memory)
         #: ``None``: the scale is chosen on ``fit``'s ``val_loader``
         self.scale_option = None if scale is None else non_negative(scale, "scale")
-        self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
         #: the scale chosen on held-out data, and the held-out NLL of the checkpoint and of iBNN at it
         #: (``None`` until chosen)
         self.register_buffer("scale_fit", None)
-        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no choice)
-        self.shift_description: dict[str, Any] | None = None
         #: bytes one expanded row keeps alive at the peak of a forward, per input shape (measured once)
         self._expanded_row_bytes: dict[tuple, int] = {}
 
@@ -146,7 +144,7 @@ class ImplicitBNN(Method):
             epochs: int | None = None, lr_nodes: float | None = None, lr_nodes_final: float | None = None,
             lr_weights: float | None = None, momentum: float | None = None, weight_decay: float | None = None,
             beta: float | None = None, kl_warmup: float | None = None, train_samples: int | None = None,
-            batchnorm: str | None = None, shift: Any = "auto") -> None:
+            batchnorm: str | None = None) -> None:
         """Fine-tune the node posterior (and optionally the weights) by maximising the ELBO.
 
         The loss per step is ``mean NLL over the expanded batch + beta_t * KL / N`` (``N`` training
@@ -169,8 +167,8 @@ class ImplicitBNN(Method):
             batchnorm: ``"train"``: BatchNorm statistics re-estimated with the nodes sampling before the fit,
                 batch statistics during it, and re-estimated after it; ``"frozen"``: the checkpoint's
                 statistics throughout (eval mode) ["train"]. Dropout is off during the fit either way.
-            shift: how the held-out choice of ``scale`` also scores perturbed validation batches
-                (:func:`posthoc.engine.held_out.shifted_held_out`); only with ``scale=None`` and a ``val_loader``.
+
+        With ``scale=None`` and a ``val_loader`` the scale is then chosen on held-out data (:meth:`choose`).
         """
         if batchnorm == "train" and not batchnorm_layers(self.model):
             raise ConfigError(
@@ -178,7 +176,6 @@ class ImplicitBNN(Method):
                 "layer (transformers normalise with LayerNorm, which keeps no statistics); leave batchnorm unset or "
                 "pass batchnorm='frozen'"
             )
-        checkpoint = None
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)  # the ELBO reads the plain model's noise
         rates = {"lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights}
@@ -188,9 +185,6 @@ class ImplicitBNN(Method):
         options = ElboOptions(**resolve(self.recipe, {
             "epochs": epochs, **rates, "momentum": momentum, "weight_decay": weight_decay, "beta": beta,
             "kl_warmup": kl_warmup, "train_samples": train_samples, "batchnorm": batchnorm}))
-        if self.scale_option is None and val_loader is not None:  # the checkpoint, before the fine-tune moves it
-            with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-                checkpoint = self._checkpoint_held_out(val_loader, shift)  # the fit draws as without it
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
@@ -200,11 +194,13 @@ class ImplicitBNN(Method):
             raise
         record = {**asdict(options), "batchnorm": float(options.batchnorm == "train")}
         self.fit_settings.copy_(torch.tensor([float(record[name]) for name in FIT_RECORD], dtype=torch.float64))
-        if checkpoint is not None:
-            self._choose_scale(val_loader, *checkpoint)
-        if self.likelihood.fits_noise:  # re-fitted to the sampled predictive at the scale in use
+        self._refit_noise(loaders)
+
+    def _refit_noise(self, loaders: tuple[Iterable | None, Iterable | None]) -> None:
+        """Under a likelihood with a noise to fit, fit it again to the sampled predictive at the scale in use."""
+        if self.likelihood.fits_noise:
             generator = torch.Generator(device=self.device).manual_seed(0)
-            with eval_mode(self.model):
+            with torch.no_grad(), eval_mode(self.model):
                 fit_noise_on(self.likelihood, loaders, self.device,
                              lambda x: (self._samples(x, None, generator, None, model_outputs), None))
 
@@ -215,55 +211,38 @@ class ImplicitBNN(Method):
             return float(self.scale_fit[0])
         return 1.0 if self.scale_option is None else self.scale_option
 
-    def _checkpoint_held_out(self, val_loader: Iterable, shift: Any) -> tuple[float, ShiftedHeldOut | None]:
-        """The checkpoint's held-out NLL on ``val_loader``, and the perturbed copies graded on it (or ``None``; always
-        under regression). A Gaussian NLL is that of ``N(f(x), σ_plain²)``, ``σ_plain`` fitted on the same rows."""
-        if self.likelihood.prediction_type is RegressionPrediction:
-            with torch.no_grad(), eval_mode(self.model):
-                return sampled_outputs_nll(self.likelihood, lambda x: model_outputs(run_model(self.model, x))[None], val_loader,
-                                           device=self.device), None
-        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
-        with torch.no_grad(), eval_mode(self.model):
-            plain = held_out_nll(plain_log_probs, val_loader, device=self.device)
-            shifted = shifted_held_out(val_loader, plain_log_probs, shift, device=self.device, model=self.model)
-        return plain, shifted
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
+        return self.scale_option is None
 
-    def _choose_scale(self, val_loader: Iterable, plain: float, shifted: ShiftedHeldOut | None) -> None:
-        """The widest scale of :data:`SCALES` within ``val_tolerance`` of the checkpoint's held-out NLL, walking
-        down from 1 when 1 is over it, or up while wider ones stay within
-        (:func:`posthoc.engine.held_out.widest_spread`); 0 (the component means) with a warning when none is.
-        With ``shift``, then the scale of lowest NLL over clean and perturbed validation examples among it
-        and the narrower ones within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`)."""
-        scores: dict[float, float] = {}
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the component means)
+        and :data:`SCALES`, walking from 1 (wider while admissible, else narrower); every scale draws the same random
+        numbers. Under regression each scale is scored at its own best noise, and the noise is then re-fitted."""
+        if self.scale_option is not None:
+            return
         regression = self.likelihood.prediction_type is RegressionPrediction
+        candidates = (0.0, *SCALES)
 
-        def nll_at(scale: float, loader: Iterable) -> float:
-            self.scale_fit = torch.tensor([scale, plain, math.nan], dtype=torch.float64, device=self.fit_settings.device)
-            generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every scale
+        def scores(index: int) -> Scores:
+            self.scale_fit = torch.tensor([candidates[index], math.nan, math.nan], dtype=torch.float64,
+                                          device=self.fit_settings.device)
             if regression:
-                return sampled_outputs_nll(self.likelihood, lambda x: self._samples(x, None, generator, None, model_outputs), loader,
-                                           device=self.device)
-            return held_out_nll(lambda x: self.log_predictive(x, generator=generator)[0], loader, device=self.device)
+                return held_out.regression_scores(lambda x, generator: self._samples(x, None, generator, None, model_outputs))
+            return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
 
-        def within(scale: float) -> bool:
-            scores[scale] = nll_at(scale, val_loader)
-            return scores[scale] <= limit
-
-        limit = plain + self.val_tolerance * abs(plain)  # (1 + tolerance) times a class NLL; a Gaussian NLL may be < 0
         with torch.no_grad(), eval_mode(self.model):
-            scale = widest_spread(SCALES, within, start=SCALES.index(1.0), method="iBNN", tolerance=self.val_tolerance,
-                                  over="the checkpoint", fallback="the component means",
-                                  advice="Raise val_tolerance, or pass a fixed scale")
-            if scale == 0.0:
-                scores[scale] = nll_at(scale, val_loader)
-            elif shifted is not None:
-                self.shift_description = shifted.description
-                scale = shift_aware_spread(scale, [s for s in reversed(SCALES) if s < scale], nll_at=nll_at,
-                                           loader=val_loader, shifted=shifted, known=scores, limit=limit)
-        self.scale_fit = torch.tensor([scale, plain, scores[scale]], dtype=torch.float64, device=self.fit_settings.device)
+            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
+                                        start=candidates.index(1.0))
+        warn_fallback(selection, method="iBNN", fallback="the component means alone (scale 0)",
+                      advice="Raise tolerance, or pass a fixed scale", stacklevel=4)
+        self.record_selection(selection)
+        self.scale_fit = torch.tensor([selection.value, selection.plain_nll, selection.chosen.clean_nll],
+                                      dtype=torch.float64, device=self.fit_settings.device)
         # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
         # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order
         self._expanded_row_bytes.clear()
+        self._refit_noise((train_loader, list(held_out.clean())))
 
     def summary(self) -> dict[str, Any]:
         """The node posterior for the model card: ``random_variables`` is the number of node variables per

@@ -22,8 +22,8 @@ such a short run, so with a ``val_loader`` the spread is chosen on it (``scale``
 Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
 model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit
 noise, IVON starts from ``hess_init / σ²`` as the loss's Hessian is ``1 / σ²`` of the unit one), the scale is chosen on the
-held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs, within ``val_tolerance``
-nats of the checkpoint's, on clean held-out data only (:mod:`posthoc.engine.objective` says why),
+held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs, each scale at its own best
+noise, on clean held-out data only (:mod:`posthoc.engine.objective` says why),
 and the noise is then re-fitted on the sampled predictive (:meth:`IVON.regression_predictive`).
 
 The posterior is stored as plain buffers (``mean``, ``std`` and, for ``"all"``, ``batchnorm``), so a
@@ -56,14 +56,14 @@ from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, fine_tune
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
-from posthoc.engine.objective import (fit_plain_noise, fit_sampled_noise, held_out_score, held_out_shift, nll_limit,
-                                      plain_held_out_score)
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
 from posthoc.engine.random_draws import randn
 from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.ivon.optimiser import ivon_optimiser
-from posthoc.methods.ivon.scale import SCALES, widest_scale
+from posthoc.methods.ivon.scale import SCALES
 
 #: the fit options saved in the ``schedule`` buffer, in its order
 SCHEDULE = ("epochs", "lr", "ess", "hess_init", "weight_decay", "beta2", "mc_samples", "steps")
@@ -78,8 +78,6 @@ class IVON(Method):
         num_samples: weight samples per prediction.
         scale: multiplies IVON's posterior standard deviations at predict (``scale^2``: a temperature);
             ``None`` chooses it on ``fit``'s ``val_loader`` (:mod:`~posthoc.methods.ivon.scale`), or 1 without one.
-        val_tolerance: held-out NLL (a fraction, 0.005) the chosen scale may cost over the checkpoint
-            (half of 1%: the NLL of 20 samples differs by about 1% between draws).
         head: the head's module name when it cannot be found automatically.
         seed: seeds the fine-tune (IVON's own noise, dropout) and the default predictive generator.
 
@@ -101,7 +99,6 @@ class IVON(Method):
         layers: str = "all",
         num_samples: int = 20,
         scale: float | None = None,
-        val_tolerance: float = 0.005,
         head: str | None = None,
         seed: int = 0,
     ) -> None:
@@ -109,12 +106,9 @@ class IVON(Method):
         self.layers = check_layers(layers)
         if scale is not None:
             non_negative(scale, "scale")
-        #: ``None``: chosen on ``fit``'s ``val_loader`` (:func:`widest_scale`), else 1 without one
+        #: ``None``: chosen on ``fit``'s ``val_loader`` (:meth:`choose`), else 1 without one
         self.scale_option = None if scale is None else float(scale)
         self.scale = 1.0 if scale is None else float(scale)
-        self.val_tolerance = non_negative(val_tolerance, "val_tolerance")
-        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
-        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.seed = integer(seed, "seed")
         self.split = FeatureSplit(model, head) if layers == "head" else None
@@ -141,7 +135,6 @@ class IVON(Method):
         weight_decay: float = 1e-4,
         beta2: float = 0.999,
         mc_samples: int = 1,
-        shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
         positive_int(mc_samples, "mc_samples")
@@ -163,44 +156,38 @@ class IVON(Method):
         self.std = (ess * (hessian + weight_decay)).rsqrt()
         self.batchnorm = weights.buffers_vector()
         self.schedule = torch.tensor([epochs, lr, ess, hess_init, weight_decay, beta2, mc_samples, steps], dtype=torch.float64)
-        nll = (math.nan, math.nan)
-        if self.scale_option is None and val_loader is not None:
-            nll = self._choose_scale(val_loader, shift)
-        self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
+        self.scale_fit = torch.tensor([self.scale, math.nan, math.nan], dtype=torch.float64)
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
-    def _choose_scale(self, val_loader: Iterable, shift: Any = None) -> tuple[float, float]:
-        """Set :attr:`scale` by :func:`widest_scale` on ``val_loader``; the held-out NLL of the checkpoint and at it.
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
+        return self.scale_option is None
 
-        With ``shift``, the scale is then the one of lowest NLL over the clean and perturbed validation
-        examples among it and the smaller :data:`SCALES` within the tolerance
-        (:func:`posthoc.engine.held_out.shift_aware_spread`); real targets take no shift
-        (:func:`posthoc.engine.objective.held_out_shift`)."""
-        scores: dict[float, float] = {}
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """The scale (``scale=None``): the selection step over 0 (the fine-tuned mean) and :data:`.scale.SCALES`,
+        walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws
+        the same random numbers. Real targets are scored on the clean held-out data, each scale at its own best
+        noise; the noise is then re-fitted at the chosen scale."""
+        regression = self.likelihood.prediction_type is RegressionPrediction
+        candidates = (0.0, *sorted(SCALES))
 
-        def nll_at(scale: float, loader: Iterable) -> float:
-            self.scale = scale
-            return held_out_score(self.likelihood, loader, device=self.device, log_probs=lambda x: self.log_predictive(x)[0],
-                                  outputs=self.sampled_outputs)
+        def scores(index: int) -> Scores:
+            self.scale = candidates[index]
+            if regression:
+                return held_out.regression_scores(lambda x, generator: self.sampled_outputs(x, generator=generator))
+            return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
 
-        def validation_nll(scale: float) -> float:
-            scores[scale] = nll_at(scale, val_loader)
-            return scores[scale]
-
-        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
-        with eval_mode(self.model):
-            plain = plain_held_out_score(self.likelihood, self.model, val_loader, device=self.device)
-            scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance,
-                                 limit=nll_limit(self.likelihood, best=plain, tolerance=self.val_tolerance))
-            shifted = shifted_held_out(val_loader, plain_log_probs, held_out_shift(self.likelihood, shift), device=self.device,
-                                       model=self.model)
-            if shifted is not None and scale > 0:
-                self.shift_description = shifted.description
-                scale = shift_aware_spread(scale, [s for s in SCALES if s < scale], nll_at=nll_at, loader=val_loader,
-                                           shifted=shifted, known=scores, limit=(1 + self.val_tolerance) * plain)
-            self.scale = scale
-        return plain, scores.get(self.scale, plain)
+        with torch.no_grad(), eval_mode(self.model):
+            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
+                                        start=len(candidates) - 1)
+        warn_fallback(selection, method="IVON", fallback="the fine-tuned mean alone (scale 0)",
+                      advice="Raise tolerance, fit longer, or pass a fixed scale", stacklevel=4)
+        self.record_selection(selection)
+        self.scale = selection.value
+        self.scale_fit = torch.tensor([self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64)
+        with torch.no_grad(), eval_mode(self.model):
+            fit_sampled_noise(self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device)
 
     def _fine_tune(self, weights: PrivateWeights, optimiser: Any, *, epochs: int, mc_samples: int, progress: bool) -> int:
         """IVON's training loop (``mc_samples`` sampled-weight gradients per step); returns the steps taken."""

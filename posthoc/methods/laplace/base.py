@@ -20,28 +20,27 @@ per parameter group, of the ``hessian`` structure).
 **The prior precision δ** (``prior_precision=``) sets how wide the posterior is, and so how much
 the predictive moves away from the checkpoint. The default, ``"auto"``, is the ``"val"`` rule on
 ``val_loader`` when ``fit`` gets one, else on (up to 4,096 rows per process of) the training data,
-where a trained model's small NLL makes it stricter. ``"val"``: the widest posterior (smallest δ,
-grid + bisection in ``log δ``, :mod:`posthoc.methods.laplace.prior_search`) whose held-out NLL
-is, with about 98% confidence, at most ``val_tolerance`` (1%) above the checkpoint's: the mean
-per-example NLL increase plus two standard errors must stay under 1% of the checkpoint's NLL. With
-``fit(..., shift="auto")`` (the default) δ is, among those the rule accepts, the one of lowest NLL over
-the clean and the perturbed held-out examples (:mod:`posthoc.engine.held_out`).
-``"grid"``: the validation-NLL minimiser on the 41-point grid (laplace-torch's ``gridsearch``).
-``"marglik"``: the Laplace evidence maximiser from the GGN spectrum
-(:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
+where a trained model's small NLL makes it stricter. ``"val"``: the one selection step
+(:mod:`posthoc.engine.selection`) over a ladder of δ from ``1e8`` (the checkpoint, nearly) down to
+``1e-4`` (41 log-spaced points from ``1e4``): walking wider while the one-sided 90 % upper bound of the
+held-out NLL excess over the checkpoint stays within the tolerance (``fit(..., tolerance=...)``, by
+default ``max(2 % of the checkpoint's NLL, 0.005 nats)``), then, among the δ it accepted, the one of
+lowest NLL on the perturbed copies of the held-out batches (``fit(..., shift="auto")``, the default;
+with ``shift=None`` the widest accepted). ``"grid"``: the validation-NLL minimiser on the 41-point
+grid (laplace-torch's ``gridsearch``). ``"marglik"``: the Laplace evidence maximiser from the GGN
+spectrum (:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
 
 Under ``likelihood="regression"`` ``"auto"`` is ``"marglik"`` (the prior and the noise maximise the
 evidence, the noise then re-chosen on held-out NLL). ``"val"`` and ``"grid"`` (``pred="glm"``) score
 the Gaussian predictive ``N(f(x), J Σ Jᵀ + σ²)`` on up to ``TRAIN_ROWS`` held-out rows per process,
 each ``δ`` with the noise ``σ`` of lowest held-out NLL at that ``δ`` (a profile, so a wide posterior
 is not judged at a noise fitted for a narrow one); the checkpoint's NLL is that of ``N(f(x), σ_plain²)``
-with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). A Gaussian NLL may be
-negative, so ``"val"``'s tolerance is ``val_tolerance`` times its absolute value. The chosen ``δ``
-keeps its held-out ``σ``. No shift-aware perturbations there (they are graded on class accuracy).
+with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). The chosen ``δ``
+keeps its held-out ``σ``. No perturbed copies there (they are graded on class accuracy).
 
-The two standard errors are what keep the worst of many random validation/test splits within the 1%
+The bound is what keeps the choice from costing in distribution on the next split of the data
 (``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
-larger ``val_tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
+larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="kron").fit(train_loader)
@@ -64,7 +63,7 @@ from torch import Tensor, nn
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import Inputs, batch_size, iterate
+from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
 from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
@@ -74,16 +73,15 @@ from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.glm_predictive import LINKS
 from posthoc.methods.laplace.marglik import (gaussian_nll, log_marginal_likelihood, optimize_noise_and_prior,
                                              optimize_prior_precision)
-from posthoc.engine.held_out import ShiftedHeldOut, choose, shifted_held_out
+from posthoc.engine.held_out import HeldOut, Prepared
+from posthoc.engine.selection import Scores, Selection, warn_fallback
 from posthoc.methods.laplace.gaussian_rows import NOISE_STEPS, Rows, normal_nll, residual_std
-from posthoc.methods.laplace.prior_search import default_grid, grid_search, widest_within
+from posthoc.methods.laplace.prior_search import default_grid, grid_search, ladder
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
 HESSIANS = (*STRUCTURES, *VARIANTS)
 #: how the fitted prior precision was chosen (the ``prior_source`` buffer holds the index)
 PRIOR_SOURCES = ("fixed", "marglik", "val", "grid", "train")
-#: standard errors of the mean per-example NLL difference that the ``"val"`` rule adds (one-sided ~98%)
-CONFIDENCE_Z = 2.0
 #: rows of the training data the ``"auto"`` rule reads when ``fit`` gets no ``val_loader`` (per process)
 TRAIN_ROWS = 4096
 #: the class that runs each scope of the posterior (``"last_layer"``, ``"subset"``), filled by the
@@ -114,12 +112,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             ``"lora"``: a ``peft`` model's LoRA adapter weights only (KFAC-reduce or diagonal GGN
             from hooks, :mod:`posthoc.methods.laplace.hooked_kfac`; GLM predictive).
         prior_precision: ``"auto"`` (default: ``"val"`` on ``val_loader`` if given, else on the
-            training data), ``"val"`` (the widest posterior whose held-out NLL is confidently within
-            ``val_tolerance`` of the checkpoint's; ``val_loader`` required), ``"grid"`` (the lowest
-            validation NLL on the log grid 1e-4..1e4), ``"marglik"`` (maximise the Laplace evidence)
-            or a positive float.
-        val_tolerance: relative held-out NLL the ``"auto"``/``"val"`` posterior may cost over the
-            checkpoint (default 0.01, i.e. 1%).
+            training data), ``"val"`` (the held-out choice of the selection step: confidently within
+            ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
+            copies; ``val_loader`` required), ``"grid"`` (the lowest validation NLL on the log grid
+            1e-4..1e4), ``"marglik"`` (maximise the Laplace evidence) or a positive float.
         link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``.
         pred: ``"glm"`` (linearised; the default for the last layer and for subsets of Linear
             layers) or ``"nn"`` (weight samples through the network; the default for subsets
@@ -149,7 +145,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         hessian: str = "kron",
         subset: str | list[str] = "last_layer",
         prior_precision: str | float = "auto",
-        val_tolerance: float = 0.01,
         link: str = "probit",
         pred: str | None = None,
         num_samples: int = 100,
@@ -158,13 +153,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     ) -> None:
         super().__init__(model)
         _check_options(hessian, subset, prior_precision, link, pred)
-        if isinstance(val_tolerance, bool) or not isinstance(val_tolerance, (int, float)) or not 0 <= val_tolerance < math.inf:
-            raise ConfigError(f"val_tolerance must be a finite float >= 0 (a relative NLL, e.g. 0.01 for 1%), got {val_tolerance!r}")
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
-        self.val_tolerance = float(val_tolerance)
-        #: the perturbations the prior was also scored on (``None``: clean held-out data only, or no fit)
-        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
@@ -206,8 +196,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return ALGORITHMS[scope(options)]
 
     # ----------------------------------------------------------------------------------- fit
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto") -> None:
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """The curvature from ``train_loader``, and the prior precision unless it is chosen on held-out data
+        (:meth:`choose`): a fixed one, the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``),
+        or, for ``"auto"`` without a ``val_loader``, the held-out rule on training rows (:meth:`held_out_without_val`)."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -217,27 +209,63 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         loss, weights = self._fit_curvature(train_loader, progress)
         self.train_loss.fill_(float(loss))
         self.square_norm.fill_(sum(float(w.detach().double().square().sum()) for w in weights))
-        source = {"auto": "val" if val_loader is not None else "train"}.get(self.prior_mode, self.prior_mode)
-        if self.likelihood.fits_noise and source in ("val", "grid"):
-            # the Gaussian NLL at each δ is scored with the noise of lowest held-out NLL at that δ, on the rows the
-            # noise is then fitted on (no shift: perturbations are graded on class accuracy)
-            self.prior_precision.fill_(self._held_out_prior_precision(val_loader, TRAIN_ROWS, source == "grid", progress))
-            if not self.likelihood.fixed:
-                self._fit_noise_on_held_out(val_loader, fixed_prior=True, progress=progress)
-        elif self.likelihood.fits_noise:
+        source = self._source(val_loader is not None)
+        if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
             if val_loader is not None and not self.likelihood.fixed:
                 self._fit_noise_on_held_out(val_loader, fixed_prior=source == "fixed", progress=progress)
         elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
-        elif source != "fixed":
-            held_out = train_loader if source == "train" else val_loader
-            rows = TRAIN_ROWS if source == "train" else None
-            shifted = None if source == "grid" else shifted_held_out(
-                held_out, lambda x: self._map_log_probs(self._prepare(x)), shift, device=self.device, model=self.model)
-            self.shift_description = None if shifted is None else shifted.description
-            self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress, shifted))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
+
+    def _source(self, has_val: bool) -> str:
+        """How the prior precision is chosen: ``"auto"`` is ``"val"`` with held-out data, else ``"train"``."""
+        return {"auto": "val" if has_val else "train"}.get(self.prior_mode, self.prior_mode)
+
+    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
+        """Without a ``val_loader``, ``"auto"`` chooses on the first ``TRAIN_ROWS`` training rows (per process)."""
+        if self._source(False) != "train" or self.likelihood.fits_noise or train_loader is None:
+            return None
+        return first_rows(train_loader, TRAIN_ROWS, self.device)
+
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior chosen on held-out data
+        return self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
+        Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
+        the chosen δ keeps that noise; no perturbed copies there."""
+        source = "train" if held_out.from_training_data else self._source(True)
+        if source not in ("val", "grid", "train") or (self.likelihood.fits_noise and not self.scores_gaussian_held_out):
+            return
+        with torch.no_grad(), eval_mode(self.model):
+            if self.likelihood.fits_noise:
+                rows = self._regression_rows(list(held_out.clean()), None, progress)
+                score = lambda delta: Scores(distributed.gather_cat(torch.cat(  # noqa: E731
+                    self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
+            else:
+                prepared = held_out.prepared(self._prepare)
+                score = lambda delta: self._scores(prepared, delta)  # noqa: E731
+            if source == "grid":
+                self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll))
+            else:
+                candidates = ladder()
+                selection = held_out.select([(f"{delta:.3g}", delta) for delta in candidates],
+                                            lambda index: score(candidates[index]), knob="prior_precision", walk=True)
+                warn_fallback(selection, method="Laplace", fallback=f"the narrowest posterior (prior precision "
+                              f"{candidates[0]:g}, nearly the checkpoint)", advice="Raise tolerance, or pass a fixed "
+                              "prior_precision", stacklevel=4)
+                self.record_selection(selection)
+                self.prior_precision.fill_(selection.value)
+            if self.likelihood.fits_noise and not self.likelihood.fixed:
+                self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
+        self.prior_source.fill_(PRIOR_SOURCES.index(source))
+
+    def _scores(self, prepared: Prepared, prior_precision: float) -> Scores:
+        """The held-out :class:`Scores` of the class predictive at ``prior_precision`` (MC links: the same draws at every δ)."""
+        return prepared.scores(lambda inputs, generator: self._predictive(inputs, prior_precision, generator,
+                                                                          self.num_samples)[0], device=self.device)
 
     def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
         """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
@@ -312,85 +340,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
-
-    def _held_out_prior_precision(self, loader: Iterable, rows: int | None, grid_only: bool, progress: bool,
-                                  shifted: ShiftedHeldOut | None = None) -> float:
-        """δ by held-out NLL of this predictive on ``loader`` (its first ``rows`` rows if given): the
-        ``"grid"`` minimiser, or the widest posterior whose excess NLL over the checkpoint, the mean
-        of the per-example differences plus ``CONFIDENCE_Z`` standard errors, stays within
-        ``val_tolerance`` of the checkpoint's NLL (:mod:`posthoc.methods.laplace.prior_search`).
-
-        With ``shifted`` (the perturbed copies of the same rows), δ is then the one of lowest NLL over
-        clean and perturbed rows together among that posterior and every narrower grid point (all of
-        which the rule accepts), :func:`posthoc.engine.held_out.choose`."""
-        with torch.no_grad(), eval_mode(self.model):
-            cached, seen = self._cached_rows(loader, rows, progress)
-            map_total, count = distributed.all_reduce_sum(
-                torch.tensor([sum(float(nll.sum()) for *_, nll in cached), seen], dtype=torch.float64)).tolist()
-
-            def sums(prior_precision: float, rows: list = cached) -> list[float]:
-                """Σ NLL, Σ d and Σ d² over the held-out rows, d = NLL − the checkpoint's NLL per example."""
-                generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every δ
-                total = torch.zeros(3, dtype=torch.float64, device=self.device)
-                for (*_, map_nll), nll in zip(rows, self._rows_nll(prior_precision, rows, generator)):
-                    difference = nll - map_nll
-                    total += torch.stack([nll.sum(), difference.sum(), difference.square().sum()])
-                return distributed.all_reduce_sum(total).tolist()
-
-            def mean_nll(prior_precision: float) -> float:
-                return sums(prior_precision)[0] / count
-
-            def excess(prior_precision: float) -> float:
-                _, total, square = sums(prior_precision)
-                mean = total / count
-                variance = max(square - count * mean * mean, 0.0) / max(count - 1, 1)
-                return mean + CONFIDENCE_Z * math.sqrt(variance / count)
-
-            if grid_only:
-                return grid_search(mean_nll)
-            widest = widest_within(excess, self.val_tolerance * abs(map_total) / count)  # a Gaussian NLL may be < 0
-            if shifted is None:
-                return widest
-            perturbed, perturbed_count = self._cached_rows(shifted, None if rows is None else rows * len(shifted.levels), False)
-            perturbed_count = float(distributed.all_reduce_sum(torch.tensor([perturbed_count], dtype=torch.float64)))
-
-            def combined_nll(prior_precision: float) -> float:
-                return (sums(prior_precision)[0] + sums(prior_precision, perturbed)[0]) / (count + perturbed_count)
-
-            narrower = [float(delta) for delta in default_grid() if float(delta) > widest]
-            return choose([widest, *narrower], accepted=lambda delta: True, combined_nll=combined_nll, unimodal=True)
-
-    def _rows_nll(self, prior_precision: float, rows: list[tuple[Any, Tensor, Tensor]], generator: torch.Generator) -> list[Tensor]:
-        """The per-example NLL of each of :meth:`_cached_rows`'s batches under ``prior_precision``: the class NLL, or
-        under a Gaussian likelihood that of the GLM predictive with the noise of lowest NLL on these rows at it."""
-        if self.likelihood.fits_noise:
-            regression = [(prepared, outputs, targets) for (prepared, outputs), targets, _ in rows]
-            return self._gaussian_nll(regression, prior_precision, self._held_out_noise(regression, prior_precision))
-        scores = []
-        for inputs, labels, _ in rows:
-            log_probs, _ = self._predictive(inputs, prior_precision, generator, self.num_samples)
-            scores.append(-log_probs.double().gather(1, labels[:, None]).squeeze(1))
-        return scores
-
-    def _cached_rows(self, loader: Iterable, rows: int | None, progress: bool) -> tuple[list[tuple[Any, Tensor, Tensor]], int]:
-        """``(prepared inputs, labels, the checkpoint's NLL per example)`` per batch of ``loader`` (its first ``rows``);
-        under a Gaussian likelihood ``((prepared, outputs), targets, NLL)`` with the checkpoint's ``N(f(x), σ_plain²)``,
-        ``σ_plain`` the rows' residual RMS (its maximum-likelihood value) or the fixed ``σ``."""
-        if self.likelihood.fits_noise:
-            found = self._regression_rows(loader, rows, progress)
-            plain = self.likelihood.fitted_std() if self.likelihood.fixed else residual_std(found)
-            return ([((prepared, outputs), targets, normal_nll(outputs, torch.full_like(outputs, plain * plain), targets))
-                     for prepared, outputs, targets in found], sum(len(targets) for _, _, targets in found))
-        cached, seen = [], 0
-        for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace prior"):
-            inputs = self._prepare(x)
-            map_log_probs = self._map_log_probs(inputs)
-            labels = class_labels(y, *map_log_probs.shape)
-            cached.append((inputs, labels, -map_log_probs.gather(1, labels[:, None]).squeeze(1)))
-            seen += batch_size(x)
-            if rows is not None and seen >= rows:
-                break
-        return cached, seen
 
     # ------------------------------------------------------------------------------ predict
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
@@ -470,7 +419,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             "link": self.link,
             "prior_precision": float(self.prior_precision),
             "prior_fit": PRIOR_SOURCES[source] if source >= 0 else "not recorded",
-            "val_tolerance": self.val_tolerance,
             "fit_examples": int(self.num_data),
         }
 
@@ -489,6 +437,23 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     def extra_repr(self) -> str:
         return f"hessian={self.hessian!r}, link={self.link!r}, prior_precision={float(self.prior_precision):.4g}"
+
+
+def first_rows(loader: Iterable, rows: int, device: torch.device) -> list[tuple[Inputs, Tensor]]:
+    """The first batches of ``loader`` holding ``rows`` examples (the last one cut to fit), labelled.
+
+    Example:
+        >>> [len(y) for _, y in first_rows([(torch.zeros(3, 2), torch.zeros(3))] * 3, 5, torch.device("cpu"))]
+        [3, 2]
+    """
+    kept, seen = [], 0
+    for x, y in iterate(loader, device=device, progress=False, desc="laplace prior"):
+        take = min(batch_size(x), rows - seen)
+        kept.append((slice_inputs(x, 0, take), y[:take]))
+        seen += take
+        if seen >= rows:
+            break
+    return kept
 
 
 def class_labels(y: Tensor | None, rows: int, classes: int) -> Tensor:

@@ -20,27 +20,25 @@ the first batch that ``fit()`` (for ``p="auto"``) or ``predict()`` sees; nothing
 
 Rates: a float sets every site to it. ``p=None`` (the default) keeps the model's own rates
 (inserted dropout: ``DEFAULT_INSERT_P``) unless ``fit`` gets a ``val_loader``; then, as with
-``p="auto"`` (which requires one), every site gets the rate :func:`chosen_rate` picks on it:
-scanning :data:`P_GRID` upwards, the last rate whose validation NLL, with :data:`SELECTION_FACTOR`
-times ``num_samples`` masks, stays within :data:`NLL_TOLERANCE` (0.5%) of the deterministic
-model's. Not the rate with the lowest validation NLL: dropout pays off under shift, which
-validation data does not show, while in distribution the NLL is flat near its minimum, so the
-minimum is a noisy pick among the smallest rates: the rule trades a little of dropout's gain under
-shift for doing no harm in distribution (``benchmarks/quality.py`` measures both on the bundled
-digits models). The choice and both validation NLLs are kept in buffers and shown by ``um.summary()``.
+``p="auto"`` (which requires one), every site gets the rate the selection step
+(:mod:`posthoc.engine.selection`) picks among 0 (no dropout: the plain model) and :data:`P_GRID`,
+each scored with :data:`SELECTION_FACTOR` times ``num_samples`` masks (the same draws for every rate):
+walking up the rates while the one-sided 90 % upper bound of the held-out NLL excess over the plain
+model stays within ``fit(..., tolerance=...)``, then, among those, the rate of lowest NLL on the
+perturbed copies of the held-out batches (with ``shift=None`` the largest accepted). Not the rate with
+the lowest validation NLL: dropout pays off under shift, which clean validation data does not show,
+while in distribution the NLL is flat near its minimum. The choice and both validation NLLs are kept
+in buffers and shown by ``um.summary()``.
 
 Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
 the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
 held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
-The rate is chosen by the same walk on the held-out Gaussian NLL (:func:`posthoc.core.likelihood.best_noise_nll`): the
-plain model's is that of ``N(f(x), σ_plain²)``, each candidate rate's that of its mixture, each with
-its own ``σ`` fitted by maximum likelihood on the same held-out rows (so a rate is compared at its
-best noise, not at one fitted for another). A Gaussian NLL may be negative, so the tolerance is
-relative to its size: a rate is within while its NLL is at most ``plain + NLL_TOLERANCE · |plain|``
-(the same bound as ``(1 + NLL_TOLERANCE) · plain`` for class NLLs). The noise of the predictive is
-then fitted at the chosen rate as above. Shift-aware perturbations (``fit(..., shift=...)``) grade
-a classifier's accuracy and are skipped under regression; the held-out rows are those of this
-process (under ``torch.distributed`` each rank chooses on its own shard).
+The rate is chosen by the same selection step on the held-out Gaussian NLL
+(:func:`posthoc.core.likelihood.best_noise_nlls`): the plain model's is that of ``N(f(x), σ_plain²)``,
+each candidate rate's that of its mixture, each with its own ``σ`` fitted by maximum likelihood on the
+same held-out rows (so a rate is compared at its best noise, not at one fitted for another). The
+noise of the predictive is then fitted at the chosen rate as above. No perturbed copies there (they
+grade a classifier's accuracy).
 
 Example:
     >>> um = posthoc.wrap(torchvision.models.resnet18(num_classes=10), method="mc-dropout", p=0.2)
@@ -62,15 +60,15 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
-from posthoc.core.likelihood import (Categorical, Gaussian, HeteroscedasticGaussian, best_noise_nll, fit_noise_on,
-                                     model_outputs)
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import shift_aware_spread, shifted_held_out, walk_spreads
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Scores
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.mc_dropout.masks import keep_mask
@@ -80,30 +78,11 @@ from posthoc.methods.mc_dropout.sites import (DEFAULT_INSERT_P, DropoutSite, che
 
 #: candidate rates when the rate is chosen on validation data (``p="auto"``, or ``p=None`` with a ``val_loader``)
 P_GRID = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
-#: the chosen rate's validation NLL may exceed the deterministic model's by this fraction
-NLL_TOLERANCE = 0.005
 #: masks per example while choosing the rate, as a multiple of ``num_samples``: with the default 50, the
 #: Monte Carlo noise of the validation NLL (a spread of 2% at p=0.1 on digits_bn_cnn over generator seeds,
 #: 0.7% with 200) exceeds the tolerance
 SELECTION_FACTOR = 4
 MASKS = ("shared", "per_example")
-
-
-def chosen_rate(plain_nll: float, grid_nll: Sequence[float], grid: Sequence[float] = P_GRID) -> float:
-    """The rates of ``grid`` (ascending) are accepted while their NLL stays within ``plain_nll + NLL_TOLERANCE * |plain_nll|``
-    (``(1 + NLL_TOLERANCE) * plain_nll`` for a class NLL; a Gaussian NLL may be negative); the last one accepted, or
-    the smallest rate when none is.
-
-    The walk (:func:`posthoc.engine.held_out.walk_spreads`) stops at the first rate over the tolerance,
-    so a larger rate that looks cheap by chance (a noisy estimate) is not taken past one that is not.
-
-    Example:
-        >>> chosen_rate(0.100, [0.1002, 0.1004, 0.1007, 0.1003], grid=(0.01, 0.05, 0.1, 0.2))
-        0.05
-    """
-    scores = dict(zip(grid, grid_nll))
-    walk = walk_spreads(grid, lambda p: scores[p] <= plain_nll + NLL_TOLERANCE * abs(plain_nll))
-    return grid[0 if walk.accepted is None else walk.accepted]
 
 
 @register
@@ -175,90 +154,58 @@ class MCDropout(Method):
     def needs_val(self) -> bool:  # type: ignore[override]  # p="auto" is fitted on val_loader
         return self.rate_from_val
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto") -> None:
-        """With ``p="auto"``, or ``p=None`` and a ``val_loader``: every site's rate by :func:`chosen_rate` from
-        the NLL of the deterministic model and of each rate of :data:`P_GRID` on ``val_loader`` (the
-        structure not found at ``wrap()`` is resolved from its first batch). Otherwise nothing to fit.
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Under a likelihood with a noise, fit the noise to the sampled outputs at the rates in use (the rate itself is
+        chosen on held-out data by :meth:`choose`, which fits the noise again at the rate it picks)."""
+        self._fit_noise((train_loader, val_loader), progress)
 
-        With ``shift``, the rate is then the one of lowest NLL over the clean and perturbed validation
-        examples together among that rate and the smaller ones (:func:`posthoc.engine.held_out.choose`).
-
-        Under a regression likelihood: the rate by held-out Gaussian NLL (no ``shift``), then the observation
-        noise on the sampled outputs at that rate (see module docs)."""
-        regression = self.likelihood.prediction_type is RegressionPrediction
-        if regression and self.tunes_rate and val_loader is not None:
-            self._choose_rate_on_gaussian_nll(val_loader, progress)
+    def _fit_noise(self, loaders: tuple[Iterable | None, Iterable | None], progress: bool) -> None:
         if self.likelihood.fits_noise:
             generator = torch.Generator(device=self.device).manual_seed(0)
-            with eval_mode(self.model):
-                fit_noise_on(self.likelihood, (train_loader, val_loader), self.device,
+            with torch.no_grad(), eval_mode(self.model):
+                fit_noise_on(self.likelihood, loaders, self.device,
                              lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress)
-        if regression or not self.tunes_rate or val_loader is None:
+
+    @classmethod
+    def suits(cls, model: nn.Module) -> bool:
+        """A candidate of ``method="auto"`` only on a model with dropout of its own (inserted dropout at the head of a
+        model trained without it gains little: ``benchmarks/results/quality.md``)."""
+        return bool(own_dropout_sites(model))
+
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # only a rate left to choose
+        return self.tunes_rate
+
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """With ``p="auto"``, or ``p=None`` and held-out data: every site's rate by the selection step over 0 and
+        :data:`P_GRID` (module docs); the structure not found at ``wrap()`` is resolved from the first held-out batch."""
+        if not self.tunes_rate:
             return
-        device = self.device
-        totals = torch.zeros(len(P_GRID) + 2, dtype=torch.float64)  # examples, plain NLL, NLL per rate
-        # one seed for every rate: the masks of a smaller rate are nested in a larger one's, so the rates
-        # are compared on the same draws
-        generators = [torch.Generator(device=device).manual_seed(0) for _ in P_GRID]
+        regression = self.likelihood.prediction_type is RegressionPrediction
         samples = SELECTION_FACTOR * self.num_samples
+        candidates = (0.0, *P_GRID)
         with torch.no_grad(), eval_mode(self.model):
-            for x, y in iterate(val_loader, device=device, progress=progress, desc="mc-dropout p"):
-                self._resolve(x)
-                plain = class_log_probs(run_model(self.model, x))
-                y = check_labels(y, plain.shape[-1]).view(-1, 1)
-                totals[0] += y.shape[0]
-                totals[1] -= plain.gather(1, y).double().sum().cpu()
-                features = self._head_features(x)
-                for k, (p, generator) in enumerate(zip(P_GRID, generators)):
-                    log_probs, _ = self._sampled(x, features, samples, generator, with_rate(self._sites, p))
-                    totals[k + 2] -= log_probs.gather(1, y).double().sum().cpu()
-        totals = distributed.all_reduce_sum(totals)  # under torch.distributed: NLL over every rank's shard
-        nll = (totals[1:] / totals[0]).tolist()
-        rate = chosen_rate(nll[0], nll[1:])
-        shifted = shifted_held_out(val_loader, lambda x: class_log_probs(run_model(self.model, x)), shift, device=device,
-                                   model=self.model)
-        if shifted is not None:
-            self.shift_description = shifted.description
-            known = {p: nll[1 + k] for k, p in enumerate(P_GRID)}
-            rate = shift_aware_spread(rate, [p for p in reversed(P_GRID) if p < rate], loader=val_loader, shifted=shifted,
-                                      nll_at=lambda p, loader: self._rate_nll(loader, p, samples), known=known,
-                                      limit=(1 + NLL_TOLERANCE) * nll[0])
-        self.rate.fill_(rate)
-        self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
+            self._resolve(next(iter(held_out.clean()))[0])
+            if regression:
+                def scores(index: int) -> Scores:
+                    sites = with_rate(self._sites, candidates[index])
+                    return held_out.regression_scores(lambda x, generator: self._outputs_at(x, sites, samples, generator))
+            else:
+                prepared = held_out.prepared(lambda x: (x, self._head_features(x)))
 
-    @torch.no_grad()
-    def _choose_rate_on_gaussian_nll(self, val_loader: Iterable, progress: bool) -> None:
-        """Every site's rate by :func:`chosen_rate` on the held-out Gaussian NLLs of :func:`~posthoc.core.likelihood.best_noise_nll`."""
-        samples = SELECTION_FACTOR * self.num_samples
-        batches = list(iterate(val_loader, device=self.device, progress=progress, desc="mc-dropout p"))
-        with eval_mode(self.model):
-            self._resolve(batches[0][0] if batches else None)
-            plain = [model_outputs(run_model(self.model, x)) for x, _ in batches]
-            targets = torch.cat([self.likelihood.targets(y, outputs) for (_, y), outputs in zip(batches, plain)])
-            sampled = []
-            for p in P_GRID:
-                generator = torch.Generator(device=self.device).manual_seed(0)  # the same draws at every rate
-                sampled.append(torch.cat([self._outputs_at(x, with_rate(self._sites, p), samples, generator)
-                                          for x, _ in batches], dim=1))
-        nll = [best_noise_nll(self.likelihood, outputs, targets) for outputs in (torch.cat(plain)[None], *sampled)]
-        rate = chosen_rate(nll[0], nll[1:])
-        self.rate.fill_(rate)
-        self.validation_nll.copy_(torch.tensor([nll[0], nll[1 + P_GRID.index(rate)]]))
+                def scores(index: int) -> Scores:
+                    if candidates[index] == 0:
+                        return held_out.plain  # no dropout: the plain model itself
+                    sites = with_rate(self._sites, candidates[index])
+                    return prepared.scores(lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0],
+                                           device=self.device)
 
-    @torch.no_grad()
-    def _rate_nll(self, loader: Iterable, rate: float, samples: int) -> float:
-        """Mean NLL over ``loader`` with every site at ``rate`` (``samples`` masks from a fixed seed)."""
-        generator = torch.Generator(device=self.device).manual_seed(0)
-        total = torch.zeros(2, dtype=torch.float64)
-        with eval_mode(self.model):
-            for x, y in iterate(loader, device=self.device, progress=False, desc="mc-dropout p"):
-                features = self._head_features(x)
-                log_probs, _ = self._sampled(x, features, samples, generator, with_rate(self._sites, rate))
-                total[0] -= log_probs.gather(1, check_labels(y, log_probs.shape[-1]).view(-1, 1)).double().sum().cpu()
-                total[1] += log_probs.shape[0]
-        total = distributed.all_reduce_sum(total)
-        return float(total[0] / total[1])
+            selection = held_out.select([(f"p={p:g}", p) for p in candidates], scores, knob="dropout rate", walk=True)
+        self.record_selection(selection)
+        self.rate.fill_(selection.value)
+        self.validation_nll.copy_(torch.tensor([selection.plain_nll, selection.chosen.clean_nll]))
+        if regression:
+            self._fit_noise((train_loader, list(held_out.clean())), progress)
 
     def summary(self) -> dict[str, Any]:
         """Dropout units (per example, summed over the sites whose rate is not 0; ``None`` until a batch was
@@ -294,8 +241,7 @@ class MCDropout(Method):
     def _rate_origin(self, rate: float, chosen: bool) -> str:
         if chosen:
             kind = "Gaussian NLL, σ fitted per rate" if self.likelihood.prediction_type is RegressionPrediction else "NLL"
-            return (f"validation {kind} (rates {list(P_GRID)} scanned upwards while within {NLL_TOLERANCE:.1%} of the "
-                    "plain model's)")
+            return f"held-out {kind} (the selection step over the rates 0, {', '.join(map(str, P_GRID))})"
         if not math.isnan(rate):
             return "option p"
         if self.where == "head" and self._sites and head_dropout_rate(self.model, self._sites[0].name) is not None:

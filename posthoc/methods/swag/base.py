@@ -4,14 +4,15 @@
 constant learning rate, by default set from the model: :mod:`.schedule`) and takes
 ``collect_per_epoch`` snapshots per epoch into a
 :class:`~posthoc.methods.swag.collector.SWAGCollector` (mean, diagonal variance, last ``rank``
-deviations); with a ``val_loader`` and no ``scale`` given, it then chooses the scale on held-out NLL. A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
+deviations); with a ``val_loader`` and no ``scale`` given, the scale is then chosen on held-out data by the
+selection step (:meth:`SWAGBase.choose`). A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
 moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
 
 Under ``likelihood="regression"`` the fine-tuning minimises the mean Gaussian NLL at the noise the
 plain model has on held-out data, the scale is chosen on the held-out NLL of the mixture of
-``N(f_s(x), σ²)`` over the sampled outputs, within ``val_tolerance`` nats of the best, on clean
-held-out data only (:mod:`posthoc.engine.objective` says why), and the noise is then re-fitted on the
-sampled predictive. :meth:`SWAGBase.regression_predictive` is that mixture.
+``N(f_s(x), σ²)`` over the sampled outputs, each scale at its own best noise, on clean held-out data
+only (:mod:`posthoc.engine.objective` says why), and the noise is then re-fitted on the sampled
+predictive. :meth:`SWAGBase.regression_predictive` is that mixture.
 
 Example:
     >>> class Mine(SWAGBase):
@@ -42,10 +43,10 @@ from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
-from posthoc.engine.held_out import shift_aware_spread, shifted_held_out
-from posthoc.engine.objective import (fit_plain_noise, fit_sampled_noise, held_out_score, held_out_shift, nll_limit,
-                                      plain_held_out_score, training_loss)
-from posthoc.methods.swag.schedule import MIN_SCALE, relative_lr, widest_scale
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
+from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.methods.swag.schedule import LADDER, START_SCALE, relative_lr
 
 
 #: the fit options saved in the ``schedule`` buffer, in its order
@@ -96,7 +97,6 @@ class SWAGBase(Method):
         bn_batches: int | None = 4,
         stats_device: str | torch.device | None = None,
         head: str | None = None,
-        val_tolerance: float = 0.02,
         seed: int = 0,
     ) -> None:
         super().__init__(model)
@@ -109,9 +109,6 @@ class SWAGBase(Method):
         #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
-        self.val_tolerance = non_negative(val_tolerance, "val_tolerance", why="a fraction of held-out NLL")
-        #: the perturbations the scale was also scored on (``None``: clean held-out data only, or no fit)
-        self.shift_description: dict[str, Any] | None = None
         self.num_samples = positive_int(num_samples, "num_samples")
         self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
         self.stats_device = torch.device(stats_device) if stats_device is not None else None
@@ -160,7 +157,6 @@ class SWAGBase(Method):
         momentum: float = 0.9,
         weight_decay: float = 0.0,
         include_pretrained: bool = False,
-        shift: Any = "auto",
     ) -> None:
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="relative to the gradient scale")
@@ -184,46 +180,44 @@ class SWAGBase(Method):
                 f"SWAG collected {self.collector.num_snapshots} snapshot(s) but needs at least 2 to sample; "
                 "raise epochs or collect_per_epoch, or pass include_pretrained=True"
             )
-        nll = (math.nan, math.nan)
-        if self.scale_option is None and val_loader is not None:
-            self.scale, nll = self._choose_scale(train_loader, val_loader, shift)
-        self.scale_fit = torch.tensor([self.scale, *nll], dtype=torch.float64)
+        self.scale_fit = torch.tensor([self.scale, math.nan, math.nan], dtype=torch.float64)
         self._after_fit(train_loader, progress=progress)
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
-    def _choose_scale(self, train_loader: Iterable, val_loader: Iterable, shift: Any = None) -> tuple[float, tuple[float, float]]:
-        """The widest scale within ``val_tolerance`` of the best held-out NLL (:func:`.schedule.widest_scale`),
-        and the held-out NLL of the checkpoint and of SWAG at that scale. With ``shift``, the scale of lowest
-        NLL over the clean and perturbed validation examples among it and the halvings below it that stay
-        within the tolerance (:func:`posthoc.engine.held_out.shift_aware_spread`); real targets take no
-        shift (:func:`posthoc.engine.objective.held_out_shift`)."""
-        scores: dict[float, float] = {}
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
+        return self.scale_option is None
 
-        def nll_at(scale: float, loader: Iterable) -> float:
-            self.scale = scale
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the SWA mean) and
+        :data:`~.schedule.LADDER`, walking from :data:`~.schedule.START_SCALE` (wider while admissible, else
+        narrower); each scale samples its own BatchNorm statistics from ``train_loader`` (the fit's when not given).
+        Real targets are scored on the clean held-out data, each scale at its own best noise; the noise is then
+        re-fitted at the chosen scale."""
+        train_loader = train_loader if train_loader is not None else getattr(self, "_train_loader", None)
+        regression = self.likelihood.prediction_type is RegressionPrediction
+        candidates = (0.0, *LADDER)
+
+        def scores(index: int) -> Scores:
+            self.scale = candidates[index]
             self._after_fit(train_loader, progress=False)
             with eval_mode(self.model):
-                return held_out_score(self.likelihood, loader, device=self.device,
-                                      log_probs=lambda x: self.log_predictive(x)[0], outputs=self.sampled_outputs)
+                if regression:
+                    return held_out.regression_scores(lambda x, generator: self.sampled_outputs(x))
+                return held_out.scores(lambda x, generator: self.log_predictive(x)[0])
 
-        def validation_nll(scale: float) -> float:
-            scores[scale] = nll_at(scale, val_loader)
-            return scores[scale]
-
-        plain_log_probs = lambda x: class_log_probs(run_model(self.model, x))  # noqa: E731
         with torch.no_grad():
-            plain = plain_held_out_score(self.likelihood, self.model, val_loader, device=self.device)
-        scale = widest_scale(validation_nll, plain_nll=plain, tolerance=self.val_tolerance,
-                             limit=lambda best: nll_limit(self.likelihood, best=best, tolerance=self.val_tolerance))
-        shifted = shifted_held_out(val_loader, plain_log_probs, held_out_shift(self.likelihood, shift), device=self.device,
-                                   model=self.model)
-        if shifted is not None and scale > 0:
-            self.shift_description = shifted.description
-            halvings = [scale / 2 ** k for k in range(1, 8) if scale / 2 ** k >= MIN_SCALE] + [0.0]
-            scale = shift_aware_spread(scale, halvings, nll_at=nll_at, loader=val_loader, shifted=shifted, known=scores,
-                                       limit=(1 + self.val_tolerance) * min(plain, *scores.values()))
-        return scale, (plain, scores[scale])
+            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
+                                        start=candidates.index(START_SCALE))
+        warn_fallback(selection, method="SWAG", fallback="the SWA mean alone (scale 0)",
+                      advice="Raise tolerance or pass a fixed scale", stacklevel=4)
+        self.record_selection(selection)
+        self.scale = selection.value
+        self.scale_fit = torch.tensor([self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64)
+        self._after_fit(train_loader, progress=progress)
+        with torch.no_grad(), eval_mode(self.model):
+            fit_sampled_noise(self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device)
 
     def _fine_tune(
         self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,

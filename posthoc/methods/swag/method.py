@@ -12,8 +12,9 @@ algorithms, chosen by ``subset`` at ``wrap()``:
 Defaults (the numbers are ``python benchmarks/bench_swag.py --part quality``): 2 epochs
 of SGD (momentum 0.9, no weight decay) at a learning rate set from the model, ``1e-4`` of the
 weights' norm per step over the mean mini-batch gradient norm, 4 snapshots per epoch, and, when
-``fit`` gets a ``val_loader``, the widest scale whose held-out NLL stays within 2% of the best of
-the checkpoint and the SWA mean (see :mod:`~posthoc.methods.swag.schedule` for why: the drift of a
+``fit`` gets a ``val_loader``, the scale chosen by the selection step (:mod:`posthoc.engine.selection`:
+confidently within ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on
+perturbed copies; see :mod:`~posthoc.methods.swag.schedule` for why: the drift of a
 longer or faster fine-tuning, not the sampling, is what made SWAG worse than the plain model under
 shift). The full network stays the default: on ``digits_cnn`` it improves most under shift
 (NLL 2.80 / 6.47 at 45 / 90 degrees against the plain 2.93 / 6.59) for about 20 s of CPU to fit on
@@ -56,16 +57,13 @@ class SWAG(SWAGBase):
         subset: ``"all"``, ``"last_layer"``, or module name(s) whose parameters are fine-tuned and
             made Gaussian. Parameters the user froze (``requires_grad=False``) stay fixed.
         cov: keep the low-rank covariance part (``False``: SWAG-diagonal).
-        scale: posterior scale; ``None`` chooses it on ``fit``'s ``val_loader`` (the widest within
-            ``val_tolerance`` of the best held-out NLL), or without one uses 0.5 with ``cov`` and 1.0
-            without; 0 gives SWA.
+        scale: posterior scale; ``None`` chooses it on ``fit``'s ``val_loader`` (the selection step), or
+            without one uses 0.5 with ``cov`` and 1.0 without; 0 gives SWA.
         num_samples: weight samples per prediction.
         bn_batches: training batches used to recompute BatchNorm statistics per sample
             (``None``: the whole loader).
         stats_device: where SWAG statistics live (e.g. ``"cpu"`` for a large model on a GPU).
         head: the head's module name for ``"last_layer"`` when it cannot be found automatically.
-        val_tolerance: held-out NLL (a fraction, 0.02) the chosen scale may cost over the best of the
-            checkpoint, the SWA mean and the scales tried.
         seed: seeds the samples (sample ``s`` is rebuilt from ``(seed, s)``).
 
     Fit options: ``epochs`` (2), ``lr`` (``None``: ``1e-4 * |theta| / mean |grad|``, see

@@ -16,14 +16,13 @@ normalises each test batch by its own statistics; in eval mode it matches this o
   ``digits_bn_cnn``), for 2 epochs;
 - the spread the SGD iterates give at such a step is too small to matter at the paper's scale
   0.5 on ``digits_cnn``, and too large on ``digits_bn_cnn`` at scale 8; so with a ``val_loader``
-  the scale is chosen on held-out NLL (:func:`widest_scale`): the widest scale, by factors of 2
-  from 0.5, whose NLL stays within ``(1 + tolerance)`` (2%) of the best of the checkpoint, the SWA
-  mean and the scales tried, as Laplace chooses its prior precision; the in-distribution NLL then
-  stays within 2% of the checkpoint's.
+  the scale is chosen on held-out data by the selection step, walking the :data:`LADDER` of scales
+  by factors of 2 from :data:`START_SCALE` (``SWAGBase.choose``), as Laplace chooses its prior
+  precision.
 
 Example:
-    >>> widest_scale(lambda s: 0.1 * (1 + 0.008 * s), plain_nll=0.11, tolerance=0.02)   # within 0.102 up to s = 2
-    2.0
+    >>> LADDER[0], LADDER[-1], START_SCALE
+    (0.0625, 128.0, 0.5)
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ from posthoc.core import distributed
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Likelihood
-from posthoc.engine.held_out import widest_spread
 from posthoc.engine.objective import training_loss
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
@@ -98,29 +96,3 @@ def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], load
         )
         return FLAT_LOSS_LR
     return step * float(weights) / gradient
-
-
-def widest_scale(validation_nll: Callable[[float], float], *, plain_nll: float, tolerance: float,
-                 limit: Callable[[float], float] | None = None) -> float:
-    """The widest scale, by factors of 2 from 0.5, whose held-out NLL is within ``(1 + tolerance)`` of the best
-    (``limit(best)``, where given, is the NLL still within: :func:`posthoc.engine.objective.nll_limit`).
-
-    The best starts as the lower of ``plain_nll`` (the checkpoint) and ``validation_nll(0)`` (the SWA
-    mean) and takes in every scale found within. The walk (:func:`posthoc.engine.held_out.walk_spreads`
-    on :data:`LADDER`, :func:`~posthoc.engine.held_out.widest_spread`) starts at :data:`START_SCALE`: it doubles while the scale stays within, or
-    halves until one is within; it returns 0 (the SWA mean) with a warning when none is.
-    """
-    best = min(plain_nll, validation_nll(0.0))
-    limit = limit if limit is not None else (lambda nll: (1 + tolerance) * nll)
-
-    def within(scale: float) -> bool:
-        nonlocal best
-        score = validation_nll(scale)
-        if score <= limit(best):
-            best = min(best, score)
-            return True
-        return False
-
-    return widest_spread(LADDER, within, start=LADDER.index(START_SCALE), method="SWAG", tolerance=tolerance,
-                         over="the best of the checkpoint and the SWA mean", fallback="the SWA mean",
-                         advice="Raise val_tolerance or pass a fixed scale")

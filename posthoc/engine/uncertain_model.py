@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import importlib.metadata
@@ -35,13 +36,15 @@ from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
-from posthoc.core.method import Method, takes_shift
+from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.likelihood import Likelihood
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction, concat
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Tolerance
 
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
@@ -117,35 +120,90 @@ class UncertainModel(nn.Module):
         return self.method.device
 
     def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto", **fit_options: Any) -> "UncertainModel":
-        """Fit every method (inner first) and return ``self``.
+            shift: Any = "auto", tolerance: Tolerance | float | None = None, **fit_options: Any) -> "UncertainModel":
+        """Fit every method (inner first), make their held-out choices, and return ``self``.
 
         ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
-        that need no fit get the loaders too and may use them (MC dropout tunes its rate on
-        ``val_loader``). The examples given and the wall / CPU seconds spent go to :meth:`summary`.
+        that need no fit get the loaders too and may use them. The examples given and the wall / CPU
+        seconds spent go to :meth:`summary`.
 
-        ``shift`` steers every held-out choice (a prior precision, a dropout rate, a scale, a
-        calibrator): ``"auto"`` scores the candidates on the validation batches and on perturbed
-        copies of them at graded strengths, suited to the inputs, and keeps the clean NLL within the
-        method's tolerance (:mod:`posthoc.engine.held_out`); ``None`` scores them on the clean batches
-        only; a list of fit-time kind names (``"noise"``, ``"blur"``, ``"impulse"``,
+        Every held-out choice (a prior precision, a dropout rate, a scale, a calibrator, DAC, the method
+        of ``"auto"``) is made on ``val_loader`` by one rule (:mod:`posthoc.engine.selection`): a candidate
+        is admissible when the one-sided 90 % upper bound of its held-out NLL excess over the plain model is
+        at most ``tolerance``, and among admissible candidates the lowest NLL on perturbed copies of the
+        validation batches wins. ``tolerance``: ``None`` (default) is ``max(2 % of the plain model's held-out
+        NLL, 0.005 nats)``; a number is nats per example; or a :class:`~posthoc.Tolerance`.
+
+        ``shift`` says which perturbed copies: ``"auto"`` perturbs the validation batches with the family
+        that suits the inputs, at strengths graded on this model (:mod:`posthoc.engine.held_out`); ``None``
+        uses the clean batches only; a list of fit-time kind names (``"noise"``, ``"blur"``, ``"impulse"``,
         ``"token-replace"``, ``"feature-noise"``) and callables ``f(x, generator) -> x`` gives your own.
 
         Example:
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
-            >>> um.summary()["posterior"][1]["temperature"] > 1   # tempered for the perturbed copies too
-            True
+            >>> um.summary()["selection"]["chosen"]
+            'shift weight 0.5'
         """
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
+        tolerance = Tolerance.of(tolerance)
         wall, cpu = time.perf_counter(), time.process_time()
         self.method.follow_model_device()
         if not self.method.works_on_copy:
             self.fingerprint = persistence.fingerprint(self.method.base_model)
         train_loader, val_loader = counting(train_loader), counting(val_loader)
-        _fit_chain(self.method, train_loader, val_loader, progress, {**fit_options, "shift": shift})
+        chain = chain_of(self.method)
+        held_out = None
+        if val_loader is not None and any(method.makes_choice for method in chain):
+            # read before any fit: the plain model is the checkpoint as it was given
+            held_out = HeldOut.read(val_loader, model=self.method.base_model, likelihood=self.likelihood, shift=shift,
+                                    tolerance=tolerance, device=self.device, progress=progress)
+        for method in chain:
+            _fit_one(method, train_loader, val_loader, progress, fit_options)
+            if method.makes_choice:
+                chosen_on = held_out if val_loader is not None else self._training_rows(method, train_loader, shift,
+                                                                                        tolerance, progress)
+                if chosen_on is not None:
+                    method.choose(chosen_on, train_loader=train_loader, progress=progress)
+            if method.requires_fit:
+                method.fitted.fill_(True)
         self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
                                     time.perf_counter() - wall, time.process_time() - cpu)
+        return self
+
+    def _training_rows(self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance,
+                       progress: bool) -> HeldOut | None:
+        """The held-out data a method chooses on without a ``val_loader`` (:meth:`Method.held_out_without_val`)."""
+        rows = method.held_out_without_val(train_loader)
+        if rows is None:
+            return None
+        return HeldOut.read(rows, model=_plain_on(method, self.device), likelihood=self.likelihood, shift=shift, tolerance=tolerance,
+                            device=self.device, progress=progress, from_training_data=True)
+
+    def choose(self, val_loader: Iterable, *, train_loader: Iterable | None = None, shift: Any = "auto",
+               tolerance: Tolerance | float | None = None, progress: bool = True) -> "UncertainModel":
+        """Make every held-out choice again on ``val_loader``, keeping what :meth:`fit` learnt from the training data.
+
+        The curvature, the fine-tuned weights and the feature banks stay; the prior precision, the rate, the
+        scale, the calibrators, DAC's weights and ``"auto"``'s method are chosen anew by the rule of :meth:`fit`
+        (like laplace-torch's ``optimize_prior_precision`` after ``fit``). ``train_loader`` is needed only by SWAG
+        over layers with BatchNorm (its samples' statistics).
+
+        Example:
+            >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
+            >>> um.choose(new_val_loader, tolerance=0.01).summary()["selection"]["tolerance"]
+            0.01
+        """
+        if self.method.requires_fit and not self.is_fitted:
+            raise NotFittedError("um.choose re-makes the held-out choices of a fitted model: call um.fit first")
+        check_shift(shift)
+        if val_loader is None:
+            raise InputError("um.choose needs labelled held-out batches: um.choose(val_loader)")
+        held_out = HeldOut.read(val_loader, model=_plain_on(self.method, self.device), likelihood=self.likelihood,
+                                shift=shift, tolerance=Tolerance.of(tolerance), device=self.device, progress=progress)
+        for method in chain_of(self.method):
+            if method.makes_choice:
+                method.choose(held_out, train_loader=train_loader, progress=progress)
         return self
 
     @torch.no_grad()
@@ -245,7 +303,7 @@ class UncertainModel(nn.Module):
             return super().__getattr__(name)
         except AttributeError:
             method = self._modules.get("method")
-            for member in [] if method is None else _chain(method):
+            for member in [] if method is None else chain_of(method):
                 if name in member.tools:
                     return member.tool(name)
             raise
@@ -268,11 +326,12 @@ class UncertainModel(nn.Module):
             (0, True)
         """
         posterior = []
-        for entry, method in zip(self.spec, _chain(self.method)[-len(self.spec):]):
+        for entry, method in zip(self.spec, chain_of(self.method)[-len(self.spec):]):
             fitted = bool(method.fitted)
             posterior.append({"method": entry["name"], "options": dict(entry["options"]), "fitted": fitted,
                               **(method.summary() if fitted else {"random_variables": None}),
-                              **(method.likelihood.summary() if fitted else {})})
+                              **(method.likelihood.summary() if fitted else {}),
+                              "selection": method.selection if fitted else None})
         fingerprint = self.fingerprint or persistence.fingerprint(self.method.base_model)
         return ModelCard.of(posterior, self.fit_record, model_class=type(self.method.base_model).__qualname__,
                             fingerprint=fingerprint, version=_version())
@@ -314,11 +373,6 @@ def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
         raise ConfigError(f"unknown fit option(s) {unknown}; valid fit options here: {valid}")
 
 
-def _chain(method: Method) -> list[Method]:
-    """The methods of a chain, inner first (a stacked method alone has the plain model inside)."""
-    return (_chain(method.inner) if method.stacks else []) + [method]
-
-
 def _version() -> str:
     try:
         return importlib.metadata.version("posthoc")
@@ -326,21 +380,23 @@ def _version() -> str:
         return "unknown (not installed)"
 
 
-def _fit_chain(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, fit_options: dict[str, Any]) -> None:
-    if method.stacks:
-        _fit_chain(method.inner, train_loader, val_loader, progress, fit_options)
+def _plain_on(method: Method, device: torch.device) -> nn.Module:
+    """The user's checkpoint behind ``method`` (:attr:`Method.plain_model`) on ``device`` (a copy if it lives elsewhere)."""
+    model = method.plain_model
+    where = next((p.device for p in model.parameters()), device)
+    return model if where == device else copy.deepcopy(model).to(device)
+
+
+def _fit_one(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool,
+             fit_options: dict[str, Any]) -> None:
+    """Fit one method of a chain on the training data (its inner ones are fitted already)."""
     own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
-    if takes_shift(method):
-        own["shift"] = fit_options["shift"]
-    if not method.requires_fit:
-        method.fit(train_loader, val_loader, progress=progress, **own)  # optional: may use the data, never needs it
-        return
-    if method.needs_val and val_loader is None:
-        raise InputError(
-            f"'{method.name}' is fitted on held-out data: call um.fit(train_loader, val_loader) "
-            "with a validation loader that was not used for training"
-        )
-    if not method.needs_val and train_loader is None:
-        raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
-    method.fit(train_loader, val_loader, progress=progress, **own)
-    method.fitted.fill_(True)
+    if method.requires_fit:
+        if method.needs_val and val_loader is None:
+            raise InputError(
+                f"'{method.name}' is fitted on held-out data: call um.fit(train_loader, val_loader) "
+                "with a validation loader that was not used for training"
+            )
+        if not method.needs_val and train_loader is None:
+            raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
+    method.fit(train_loader, val_loader, progress=progress, **own)  # a method that needs no fit may still use the data

@@ -1,0 +1,141 @@
+"""Building a chain of methods from a spec: the first method around a model, the stacking ones on top of it.
+
+A spec is a list of entries ``{"name": ..., "options": {...}}`` (the first may carry ``"likelihood"``, and for an
+ensemble ``"members"`` and ``"batched"``), inner first: what ``posthoc.wrap`` records and a posterior file saves.
+``posthoc.wrap`` and ``posthoc.load`` build through :func:`build_chain`, and so does ``method="auto"`` for each of
+its candidates.
+
+Example:
+    >>> method, source = build_chain(model, [{"name": "laplace", "options": {}}, {"name": "temperature", "options": {}}])
+    >>> type(method).__name__, type(method.inner).__name__
+    ('TemperatureScaling', 'LastLayerLaplace')
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from torch import nn
+
+from posthoc.core import persistence
+from posthoc.core.errors import ConfigError
+from posthoc.core.likelihood import Likelihood, make_likelihood
+from posthoc.core.method import Method
+from posthoc.core.modules import uncompiled
+from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
+
+#: how to calibrate a regressor's predictive, which ``wrap`` does not stack a calibrator on (yet)
+CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "
+                       "| 'isotonic' | 'auto') on the wrapped regressor's held-out prediction pred = um.predict(x_val), "
+                       "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction")
+
+
+#: options of earlier releases that no method takes any more, and what replaced them
+RETIRED_OPTIONS = {"val_tolerance": "every held-out choice now takes one tolerance, um.fit(..., tolerance=...): nats per "
+                                    "example (default: max(2 % of the plain model's held-out NLL, 0.005 nats)), judged "
+                                    "with a one-sided 90 % bound"}
+
+
+def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
+    """Give each option to every method in the chain that accepts it; refuse the rest.
+
+    Example:
+        >>> route_options(["laplace", "temperature"], {"hessian": "diag"})
+        [{'hessian': 'diag'}, {}]
+    """
+    retired = sorted(set(options) & set(RETIRED_OPTIONS))
+    if retired:
+        raise ConfigError(f"option {retired[0]!r} was removed: {RETIRED_OPTIONS[retired[0]]}")
+    accepted = [method_class(name).option_defaults() for name in names]
+    unknown = sorted(k for k in options if not any(k in valid for valid in accepted))
+    if unknown:
+        listing = "; ".join(
+            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in valid.items()) or "(none)")
+            for name, valid in zip(names, accepted)
+        )
+        raise ConfigError(f"unknown option(s) {unknown} for method {'+'.join(names)}; valid options — {listing}")
+    return [{k: v for k, v in options.items() if k in valid} for valid in accepted]
+
+
+def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood) -> list[dict[str, Any]]:
+    """The saved spec: one entry per method; the first records the likelihood unless it is classification.
+
+    Example:
+        >>> spec_of(["laplace"], [{}], make_likelihood("classification"))
+        [{'name': 'laplace', 'options': {}}]
+    """
+    spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
+    config = likelihood.config()
+    if config is not None:
+        spec[0]["likelihood"] = config
+    return spec
+
+
+def check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
+    """Refuse, at ``wrap()``, a method that does not predict under ``likelihood``, naming the ones that do."""
+    if cls.handles(likelihood):
+        return
+    able = [n for n in method_names() if REGISTRY[n].algorithm({}).handles(likelihood)]
+    scope = f" with these options ({cls.__name__})" if REGISTRY[name].algorithm({}).handles(likelihood) else ""
+    calibrator = (f"; '{name}' calibrates a classifier's probabilities, and wrap does not stack a calibrator on a "
+                  f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
+                  if cls.stacks and likelihood.name != "classification" else "")
+    raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
+                      f"{', '.join(able) or 'none'}" + (" (laplace: not subset='lora')" if "laplace" in able else "")
+                      + calibrator)
+
+
+def base_method(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
+    """The first method of a chain around ``model`` under the entry's likelihood, and the fingerprint of ``model`` if
+    the method copies it."""
+    cls = method_class(entry["name"]).algorithm(entry["options"])
+    likelihood = make_likelihood(entry.get("likelihood"))
+    check_handles(cls, entry["name"], likelihood)
+    source = None
+    if cls.copies_model:
+        method, source = cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
+        method.keep_plain_model(model)
+    else:
+        method = cls(model, **entry["options"])
+    method.use_likelihood(likelihood)
+    return method, source
+
+
+def stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
+    """Stack the methods ``spec[start:]`` on ``method``, in order; only stacking methods can come after another one."""
+    for position in range(start, len(spec)):
+        entry = spec[position]
+        cls = method_class(entry["name"]).algorithm(entry["options"])
+        check_handles(cls, entry["name"], method.likelihood)
+        if not cls.stacks:
+            raise ConfigError(
+                f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
+                f"{[n for n in method_names() if REGISTRY[n].stacks]} can come after another method"
+            )
+        method = cls(method, **entry["options"])
+    return method
+
+
+def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> tuple[Method, str | None]:
+    """The chain of ``spec`` around ``model`` (a list of models: the registered ensemble mixes ``spec[0]`` built around
+    each, and the rest is stacked on the mixture), and the fingerprint of the user's checkpoint where the first method
+    copies it (``None``: taken at fit).
+
+    Example:
+        >>> method, _ = build_chain(model, [{"name": "temperature", "options": {}}])   # stacked on the plain model
+        >>> method.inner.name
+        'none'
+    """
+    if not spec:
+        raise ConfigError("method must name at least one method")
+    if isinstance(model, (list, tuple)):
+        method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], base_method)
+        method.use_likelihood(make_likelihood(spec[0].get("likelihood")))
+        return stack_on(method, spec, 1), source
+    model = uncompiled(model)
+    if method_class(spec[0]["name"]).algorithm(spec[0]["options"]).stacks:
+        plain, _ = base_method(model, {"name": "none", "options": {}, "likelihood": spec[0].get("likelihood")})
+        return stack_on(plain, spec, 0), None
+    method, source = base_method(model, spec[0])
+    return stack_on(method, spec, 1), source

@@ -1,0 +1,65 @@
+"""A stacked method fitted on held-out predictions: its fit is a held-out choice among configurations, cross-fitted.
+
+A calibrator stacked on a predictive, or DAC's density-aware temperature, fits its parameters on the inner
+predictive's outputs over the validation batches. Which configuration to fit (no calibration at all, a clean
+fit, a fit pulled towards the perturbed copies) is a held-out choice like any other, so it goes through the
+selection step (:mod:`posthoc.engine.selection`). Because each configuration's parameters are fitted on the
+held-out data, its scores are cross-fitted: fitted on four folds, scored on the fifth. A subclass says what
+it caches (:meth:`FittedOnHeldOut.held_out_cache`), which configurations it tries, how one is fitted and
+scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.choose` does the rest, and
+``method="auto"`` calls the same pieces on caches it shares between candidates.
+
+Example:
+    >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
+    >>> um.summary()["selection"]["folds"]
+    5
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from typing import Any, ClassVar
+
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Candidate, Rows, Scores, Selection, cross_fitted, fold_count
+
+
+class FittedOnHeldOut:
+    """Mixin of a :class:`~posthoc.core.method.Method` whose held-out choice is among configurations fitted on
+    held-out predictions (module docs). ``knob`` names the choice in its record."""
+
+    knob: ClassVar[str] = "configuration"
+
+    def held_out_cache(self, held_out: HeldOut) -> Any:
+        """What every configuration is fitted and scored on: the inner predictions (and more) over the clean and the
+        perturbed held-out batches, indexable by :class:`~posthoc.engine.selection.Rows`."""
+        raise NotImplementedError
+
+    def configurations(self, cache: Any) -> list[Candidate]:
+        """``(label, value)`` of the configurations tried, the most conservative first (no change to the inner one)."""
+        raise NotImplementedError
+
+    def fit_and_score(self, cache: Any, configurations: list[Candidate], fitting: Rows, scored: Rows) -> list[Scores | None]:
+        """Every configuration fitted on ``fitting`` and scored on ``scored`` (``None``: it cannot be fitted there)."""
+        raise NotImplementedError
+
+    def apply(self, cache: Any, value: Any, held_out: HeldOut) -> None:
+        """Fit configuration ``value`` on all the held-out rows and keep it."""
+        raise NotImplementedError
+
+    def cross_fitted_selection(self, cache: Any, held_out: HeldOut, configurations: list[Candidate]) -> Selection:
+        """The selection among ``configurations`` by their out-of-fold scores (fold warnings silenced: the final fit warns)."""
+        folds = fold_count(held_out.layout)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            scores = cross_fitted(lambda fitting, scored: self.fit_and_score(cache, configurations, fitting, scored),
+                                  held_out.layout)
+        return held_out.select(configurations, scores, knob=self.knob, folds=folds if folds > 1 else None)
+
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Cache the held-out predictions, choose a configuration by its cross-fitted scores, and fit it on all rows."""
+        cache = self.held_out_cache(held_out)
+        selection = self.cross_fitted_selection(cache, held_out, self.configurations(cache))
+        self.record_selection(selection)  # type: ignore[attr-defined]
+        self.apply(cache, selection.value, held_out)

@@ -1,0 +1,549 @@
+"""The one selection step: every held-out choice of posthoc is made here, by one rule.
+
+A held-out choice picks one of several *candidates*: the values of a method's knob (Laplace's prior
+precision, MC dropout's rate, SWAG's, IVON's and iBNN's scale), the configurations of a map fitted on
+held-out predictions (a stacked calibrator, DAC's weights and anchor), or whole methods
+(``method="auto"``). Each candidate is described by its :class:`Scores`, numbers per held-out example:
+its NLL on the clean validation examples and on their fit-time perturbed copies
+(:mod:`posthoc.engine.perturb`), and its confidence and correctness on the perturbed copies (for their ECE).
+
+The rule (:func:`select`):
+
+1. **The in-distribution cost is judged with a confidence bound.** The paired per-example excess
+   ``d_i = NLL_candidate(x_i) - NLL_plain(x_i)`` over the plain model on the clean examples has mean
+   ``m`` and standard error ``se``; the one-sided 90 % upper bound is ``m + z_0.9 se`` (the paired normal
+   bound, :func:`excess_bound`). A candidate is *admissible* when that bound is at most the tolerance,
+   by default ``max(2 % of the plain model's NLL, 0.005 nats)`` (:class:`Tolerance`; ``fit(..., tolerance=...)``).
+   A point estimate is not enough: on a few hundred examples the excess of a wide spread that looks
+   free is often a few percent on the next split (``benchmarks/results/choices.md``).
+2. **Among admissible candidates the lowest NLL on the perturbed copies wins** (the fit-time kinds
+   only; the evaluation kinds of :mod:`posthoc.shift` are never seen by a fit). Without perturbed
+   copies (``shift=None``) the last admissible candidate in the order given wins: candidates come
+   from the most conservative (the narrowest spread) to the widest. ``walk=True`` stops at the first
+   refused candidate, so that a wide spread that looks cheap by chance past a costly one is not taken.
+3. **When nothing is admissible** the first candidate (the most conservative) is kept and the
+   selection says so (:attr:`Selection.fallback`).
+4. **Cross-fitting** (:func:`cross_fitted`): where a candidate's own parameters are fitted on the
+   held-out data (a calibrator, DAC, a whole method), its scores are out of fold: ``k`` folds of the
+   clean examples, each scored by the candidate fitted on the other folds, the perturbed copies of an
+   example in the same fold as the example. The final fit then uses all the held-out data.
+
+Every candidate's :class:`Record` is kept: its excess with its bound, its perturbed NLL and ECE, its
+cost, whether it was admissible and why not; ``um.summary()["selection"]`` lists them.
+
+Example:
+    >>> plain = Scores(torch.tensor([0.10, 0.20, 0.30]))
+    >>> wide = Scores(torch.tensor([0.11, 0.21, 0.29]), shifted=torch.tensor([1.0, 1.2]))
+    >>> narrow = Scores(torch.tensor([0.10, 0.20, 0.30]), shifted=torch.tensor([1.5, 1.6]))
+    >>> chosen = select([("narrow", 1.0), ("wide", 2.0)], [narrow, wide], plain=plain, tolerance=0.01, knob="scale")
+    >>> chosen.label, chosen.value
+    ('wide', 2.0)
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posthoc.core.calibration_error import top_label_ece
+from posthoc.core.errors import ConfigError
+
+#: the one-sided confidence of the bound on a candidate's in-distribution NLL excess
+CONFIDENCE = 0.90
+#: the default tolerance: this fraction of the plain model's held-out NLL ...
+RELATIVE_TOLERANCE = 0.02
+#: ... or this many nats per example, whichever is larger
+ABSOLUTE_TOLERANCE = 0.005
+#: folds of the cross-fitting
+FOLDS = 5
+#: a fold holds at least this many clean examples (fewer folds on a small validation set)
+MIN_FOLD_EXAMPLES = 4
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """How much held-out NLL per example a candidate may cost over the plain model: ``max(relative · |NLL_plain|, absolute)``.
+
+    ``fit(..., tolerance=0.01)`` means 0.01 nats; ``Tolerance(relative=0.05, absolute=0)`` 5 %; ``math.inf`` admits
+    every candidate (the in-distribution guard off: the lowest NLL on perturbed copies wins, or without them the
+    last candidate, e.g. a calibrator's clean fit).
+
+    Example:
+        >>> Tolerance().nats(0.1), Tolerance().nats(0.5)
+        (0.005, 0.01)
+    """
+
+    relative: float = RELATIVE_TOLERANCE
+    absolute: float = ABSOLUTE_TOLERANCE
+
+    def __post_init__(self) -> None:
+        for name in ("relative", "absolute"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= math.inf:
+                raise ConfigError(f"Tolerance.{name} must be a number >= 0 (math.inf: no limit), got {value!r}")
+
+    def nats(self, plain_nll: float) -> float:
+        """The tolerance in nats per example for a plain model whose held-out NLL is ``plain_nll``."""
+        return max(self.relative * abs(plain_nll), self.absolute)
+
+    @classmethod
+    def of(cls, value: Tolerance | float | None) -> Tolerance:
+        """``None``: the default; a number: that many nats per example; a :class:`Tolerance` as it is.
+
+        Example:
+            >>> Tolerance.of(0.02)
+            Tolerance(relative=0.0, absolute=0.02)
+        """
+        if value is None:
+            return cls()
+        if isinstance(value, Tolerance):
+            return value
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= math.inf:
+            raise ConfigError(f"tolerance must be None (the default: max(2 % of the plain model's held-out NLL, 0.005 "
+                              f"nats)), a number of nats per example >= 0, e.g. 0.01 (math.inf: no limit), or "
+                              f"posthoc.Tolerance(relative=, absolute=), got {value!r}")
+        return cls(relative=0.0, absolute=float(value))
+
+
+@dataclass
+class Scores:
+    """One predictive's numbers per held-out example (float64 on the CPU).
+
+    Attributes:
+        clean: ``(N,)`` NLL of each clean example.
+        shifted: ``(M,)`` NLL of each perturbed copy, or ``None`` without perturbed copies.
+        confidence: ``(M,)`` the predicted class's probability on each perturbed copy (for its ECE).
+        correct: ``(M,)`` whether the predicted class is the label there.
+    """
+
+    clean: Tensor
+    shifted: Tensor | None = None
+    confidence: Tensor | None = None
+    correct: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.clean = self.clean.detach().double().cpu().reshape(-1)
+        for name in ("shifted", "confidence", "correct"):
+            value = getattr(self, name)
+            if value is not None:
+                setattr(self, name, value.detach().double().cpu().reshape(-1))
+
+    @classmethod
+    def of_log_probs(cls, log_probs: Tensor, labels: Tensor, shifted_log_probs: Tensor | None = None,
+                     shifted_labels: Tensor | None = None) -> Scores:
+        """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones.
+
+        Example:
+            >>> Scores.of_log_probs(torch.tensor([[0.0, -math.inf]]), torch.tensor([0])).clean
+            tensor([0.], dtype=torch.float64)
+        """
+        clean = class_nll(log_probs, labels)
+        if shifted_log_probs is None:
+            return cls(clean)
+        nll, confidence, correct = class_scores(shifted_log_probs, shifted_labels)
+        return cls(clean, nll, confidence, correct)
+
+    @property
+    def nll(self) -> float:
+        """Mean NLL over the clean examples."""
+        return float(self.clean.mean())
+
+    @property
+    def shifted_nll(self) -> float | None:
+        """Mean NLL over the perturbed copies (``None`` without them)."""
+        return None if self.shifted is None else float(self.shifted.mean())
+
+    @property
+    def shifted_ece(self) -> float | None:
+        """ECE (15 bins) over the perturbed copies (``None`` without them or without confidences)."""
+        if self.confidence is None or self.correct is None:
+            return None
+        return top_label_ece(self.confidence, self.correct)
+
+    def take(self, rows: Rows) -> Scores:
+        """The scores of the examples ``rows`` (clean indices, and perturbed ones where there are any)."""
+        pick = (lambda t: None if t is None or rows.shifted is None else t[rows.shifted])  # noqa: E731
+        return Scores(self.clean[rows.clean], pick(self.shifted), pick(self.confidence), pick(self.correct))
+
+
+def class_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
+    """Per-example NLL ``(N,)`` of ``labels`` under class log-probabilities ``(N, C)``, in float64."""
+    return -log_probs.double().gather(-1, labels.long().view(-1, 1)).squeeze(-1)
+
+
+def class_scores(log_probs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Per-example NLL, confidence and correctness ``(N,)`` of class log-probabilities ``(N, C)``."""
+    log_probs = log_probs.double()
+    top, predicted = log_probs.max(-1)
+    return class_nll(log_probs, labels), top.exp(), (predicted == labels.view(-1)).double()
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which held-out examples: indices of the clean examples and of the perturbed copies (``None``: no copies)."""
+
+    clean: Tensor
+    shifted: Tensor | None = None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the perturbed copies relate to the clean examples: ``source[j]`` is the clean example copy ``j`` perturbs.
+
+    Example:
+        >>> layout = Layout(3, torch.tensor([0, 1, 2, 0, 1, 2]))
+        >>> [rows.clean.tolist() for rows, _ in layout.folds(3)]
+        [[0, 1], [0, 2], [1, 2]]
+    """
+
+    count: int
+    source: Tensor | None = None
+
+    def everything(self) -> Rows:
+        """All clean examples and all perturbed copies."""
+        return Rows(torch.arange(self.count), None if self.source is None else torch.arange(len(self.source)))
+
+    def folds(self, k: int = FOLDS, seed: int = 0) -> list[tuple[Rows, Rows]]:
+        """``(fitting rows, scored rows)`` of each of ``k`` folds (fewer on a small set): the clean examples split at
+        random (seeded), each perturbed copy in its clean example's fold. One fold (the whole set both ways) when
+        there are too few examples to split.
+        """
+        k = min(k, self.count // MIN_FOLD_EXAMPLES)
+        if k < 2:
+            return [(self.everything(), self.everything())]
+        order = torch.randperm(self.count, generator=torch.Generator().manual_seed(seed))
+        fold_of = torch.empty(self.count, dtype=torch.long)
+        fold_of[order] = torch.arange(self.count) % k
+        out = []
+        for fold in range(k):
+            held = fold_of == fold
+            shifted_held = None if self.source is None else held[self.source]
+            out.append((Rows(torch.nonzero(~held).squeeze(1),
+                             None if shifted_held is None else torch.nonzero(~shifted_held).squeeze(1)),
+                        Rows(torch.nonzero(held).squeeze(1),
+                             None if shifted_held is None else torch.nonzero(shifted_held).squeeze(1))))
+        return out
+
+
+def cross_fitted(fit_and_score: Callable[[Rows, Rows], list[Scores]], layout: Layout, *, folds: int = FOLDS,
+                 seed: int = 0) -> list[Scores]:
+    """Out-of-fold scores of candidates whose parameters are fitted on held-out data.
+
+    ``fit_and_score(fitting, scored)`` fits every candidate on the examples ``fitting`` and returns their
+    :class:`Scores` on the examples ``scored`` (in their order), one per candidate: what the candidates share
+    (a clean fit that several configurations start from) is fitted once per fold. Each fold of
+    :meth:`Layout.folds` is scored by the candidates fitted on the others, so no example judges a fit it took
+    part in. A candidate whose scores are missing (``None``: it could not be fitted on a fold) gets ``inf``.
+
+    Example:
+        >>> layout = Layout(8)
+        >>> [out] = cross_fitted(lambda fit, scored: [Scores(torch.full((len(scored.clean),), float(len(fit.clean))))],
+        ...                      layout, folds=2)
+        >>> out.clean.tolist()
+        [4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0, 4.0]
+    """
+    parts = [(scored, fit_and_score(fitting, scored)) for fitting, scored in layout.folds(folds, seed)]
+    out = []
+    for index in range(len(parts[0][1])):
+        clean = torch.full((layout.count,), math.inf, dtype=torch.float64)
+        perturbed = layout.source is not None
+        shifted = torch.full((len(layout.source),), math.inf, dtype=torch.float64) if perturbed else None
+        confidence = torch.full_like(shifted, math.nan) if perturbed else None
+        correct = torch.full_like(shifted, math.nan) if perturbed else None
+        for scored, found in parts:
+            part = found[index]
+            if part is None:
+                continue
+            clean[scored.clean] = part.clean
+            if perturbed and scored.shifted is not None and part.shifted is not None:
+                shifted[scored.shifted] = part.shifted
+                if part.confidence is not None:
+                    confidence[scored.shifted] = part.confidence
+                    correct[scored.shifted] = part.correct
+        if perturbed and bool(torch.isnan(confidence).any()):
+            confidence = correct = None
+        out.append(Scores(clean, shifted, confidence, correct))
+    return out
+
+
+def fold_count(layout: Layout, folds: int = FOLDS) -> int:
+    """How many folds :func:`cross_fitted` uses on ``layout`` (1: too few examples to split, fitted and scored on all)."""
+    return len(layout.folds(folds))
+
+
+def _standard_error(values: Tensor) -> float | None:
+    """The standard error of the mean of ``values`` (``None`` for fewer than two, or non-finite values)."""
+    if values.numel() < 2 or not bool(torch.isfinite(values).all()):
+        return None
+    return float(values.double().std()) / math.sqrt(values.numel())
+
+
+def excess_bound(candidate: Tensor, plain: Tensor, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of its
+    one-sided ``confidence`` bound, ``mean + z · sd / sqrt(N)`` (the paired normal bound). A non-finite excess is
+    ``inf``.
+
+    Example:
+        >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]))
+        >>> round(mean, 3), round(upper, 3)
+        (0.5, 0.87)
+    """
+    difference = candidate.double() - plain.double()
+    if difference.numel() == 0:
+        return math.inf, math.inf
+    if not bool(torch.isfinite(difference).all()):
+        return math.inf, math.inf
+    mean = float(difference.mean())
+    if difference.numel() < 2:
+        return mean, math.inf
+    spread = float(difference.std()) / math.sqrt(difference.numel())
+    return mean, mean + NormalDist().inv_cdf(confidence) * spread
+
+
+@dataclass
+class Record:
+    """One candidate of a selection: what it costs in distribution, what it buys on perturbed copies, and the verdict.
+
+    ``excess`` and ``bound`` are in nats per clean example (mean, and the upper end of the one-sided bound;
+    ``excess_se`` its standard error); ``shifted_nll`` / ``shifted_ece`` are on the fit-time perturbed copies
+    (``None`` without them; ``shifted_nll_se`` the standard error of that mean); ``seconds``
+    is what fitting and scoring the candidate took; ``reason`` says why it was not admissible or not tried.
+    """
+
+    label: str
+    value: Any
+    clean_nll: float
+    excess: float
+    bound: float
+    shifted_nll: float | None
+    shifted_ece: float | None
+    seconds: float | None
+    admissible: bool
+    reason: str | None = None
+    chosen: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+    excess_se: float | None = None
+    shifted_nll_se: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain Python values, rounded for the model card."""
+        out = {"candidate": self.label, "value": _plain(self.value), "clean_nll": _round(self.clean_nll),
+               "excess": _round(self.excess), "bound": _round(self.bound), "excess_se": _round(self.excess_se),
+               "shifted_nll": _round(self.shifted_nll), "shifted_nll_se": _round(self.shifted_nll_se),
+               "shifted_ece": _round(self.shifted_ece), "seconds": _round(self.seconds, 3),
+               "admissible": self.admissible, "reason": self.reason, "chosen": self.chosen}
+        out.update({key: _plain(value) for key, value in self.extra.items()})
+        return out
+
+
+def _round(value: float | None, digits: int = 6) -> float | None:
+    if value is None:
+        return None
+    return value if not math.isfinite(value) else round(float(value), digits)
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Tensor):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, float):
+        return _round(value)
+    return value
+
+
+@dataclass
+class Selection:
+    """The outcome of :func:`select`: the chosen candidate, and every candidate's :class:`Record`.
+
+    ``plain_nll`` (clean), ``plain_shifted_nll`` and ``plain_shifted_ece`` (perturbed copies) describe the plain
+    model on the same examples; ``tolerance`` is in nats per example; ``folds`` is the number of cross-fitting
+    folds (``None``: the candidates fit nothing on the held-out data); ``fallback`` is true when no candidate was
+    admissible and the first was kept.
+    """
+
+    knob: str
+    records: list[Record]
+    index: int
+    plain_nll: float
+    plain_shifted_nll: float | None
+    plain_shifted_ece: float | None
+    tolerance: float
+    confidence: float
+    examples: int
+    perturbed: int
+    folds: int | None = None
+    fallback: bool = False
+    #: each tried candidate's scores, by index (kept for :func:`out_of_fold`; not part of the record)
+    scores: dict[int, Scores] = field(default_factory=dict, repr=False)
+    #: the rule's settings (``walk``, ``start``, ``rank_without_shift``) for :func:`out_of_fold`
+    rule: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @property
+    def chosen(self) -> Record:
+        """The chosen candidate's record."""
+        return self.records[self.index]
+
+    @property
+    def label(self) -> str:
+        return self.chosen.label
+
+    @property
+    def value(self) -> Any:
+        return self.chosen.value
+
+    def to_dict(self) -> dict[str, Any]:
+        """The selection for the model card: the rule, the plain model's numbers, every candidate, and ``"chosen"``.
+
+        Example:
+            >>> selection.to_dict()["chosen"]
+            'wide'
+        """
+        return {"knob": self.knob, "chosen": self.label, "tolerance": _round(self.tolerance),
+                "confidence": self.confidence, "examples": self.examples, "perturbed": self.perturbed,
+                "folds": self.folds, "fallback": self.fallback,
+                "plain": {"clean_nll": _round(self.plain_nll), "shifted_nll": _round(self.plain_shifted_nll),
+                          "shifted_ece": _round(self.plain_shifted_ece)},
+                "candidates": [record.to_dict() for record in self.records]}
+
+
+#: a candidate: its label (how the record names it) and its value (what the method applies)
+Candidate = tuple[str, Any]
+
+
+def select(candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, plain: Scores,
+           tolerance: float, knob: str, walk: bool = False, start: int = 0, folds: int | None = None,
+           confidence: float = CONFIDENCE, rank_without_shift: str = "order",
+           extra: Callable[[int], dict[str, Any]] | None = None) -> Selection:
+    """Choose among ``candidates`` by the rule of the module docs.
+
+    Args:
+        candidates: ``(label, value)`` pairs, the most conservative first (the narrowest spread).
+        scores: each candidate's :class:`Scores` (out of fold where it fits on held-out data), or a function
+            ``index -> Scores`` called lazily (its time is recorded as the candidate's cost).
+        plain: the plain model's scores on the same examples.
+        tolerance: the excess allowed, in nats per example (:meth:`Tolerance.nats`).
+        knob: what is chosen (``"prior_precision"``, ``"method"``), for the record.
+        walk: a ladder of spreads from narrow to wide, walked from ``start``: wider while admissible, up to the
+            first refused candidate; when ``start`` is refused, narrower until one is admissible. The others are
+            recorded as not tried (a wide spread that looks cheap by chance past a costly one is not taken).
+        start: where the walk starts (a likely answer saves evaluations of a costly ladder).
+        folds: cross-fitting folds behind the scores, for the record.
+        confidence: of the one-sided bound.
+        rank_without_shift: without perturbed copies, ``"order"`` takes the last admissible candidate (the widest
+            spread), ``"clean"`` the lowest clean NLL (a choice between methods).
+        extra: more fields per candidate for its record (e.g. a method's predict cost).
+
+    Example:
+        >>> plain = Scores(torch.zeros(4))
+        >>> ladder = [Scores(torch.full((4,), cost)) for cost in (0.0, 0.001, 0.1)]
+        >>> select([("a", 1), ("b", 2), ("c", 3)], ladder, plain=plain, tolerance=0.01, knob="scale", walk=True).value
+        2
+    """
+    if not candidates:
+        raise ConfigError(f"no candidates to choose the {knob} from")
+    if not 0 <= start < len(candidates):
+        raise ConfigError(f"the walk starts at candidate {start}, outside the {len(candidates)} candidates")
+    scorer = scores if callable(scores) else (lambda index: scores[index])
+    records: dict[int, Record] = {}
+    tried: dict[int, Scores] = {}
+
+    def judge(index: int) -> bool:
+        label, value = candidates[index]
+        begin = time.perf_counter()
+        found = tried[index] = scorer(index)
+        seconds = time.perf_counter() - begin
+        mean, upper = excess_bound(found.clean, plain.clean, confidence)
+        admissible = math.isfinite(upper) and upper <= tolerance
+        reason = None if admissible else (
+            f"in-distribution NLL excess {mean:+.4f} nats, {confidence:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
+            if math.isfinite(upper) else "the held-out NLL is not finite (or the candidate could not be fitted)")
+        records[index] = Record(label, value, found.nll, mean, upper, found.shifted_nll, found.shifted_ece, seconds,
+                                admissible, reason, extra=extra(index) if extra is not None else {},
+                                excess_se=_standard_error(found.clean - plain.clean),
+                                shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted))
+        return admissible
+
+    if walk:
+        index = start
+        if judge(index):
+            while index + 1 < len(candidates) and judge(index + 1):
+                index += 1
+        else:
+            while index > 0 and not judge(index - 1):
+                index -= 1
+    else:
+        for index in range(len(candidates)):
+            judge(index)
+    ordered = []
+    for index, (label, value) in enumerate(candidates):
+        ordered.append(records.get(index) or Record(label, value, math.nan, math.nan, math.nan, None, None, None, False,
+                                                    "not tried: the walk stopped at a refused candidate"))
+    admissible = [i for i, record in enumerate(ordered) if record.admissible]
+    fallback = not admissible
+    if fallback:
+        index = 0
+    elif any(ordered[i].shifted_nll is not None for i in admissible):
+        index = min(admissible, key=lambda i: (math.inf if ordered[i].shifted_nll is None else ordered[i].shifted_nll, i))
+    elif rank_without_shift == "clean":
+        index = min(admissible, key=lambda i: (ordered[i].clean_nll, i))
+    else:
+        index = admissible[-1]
+    ordered[index].chosen = True
+    return Selection(knob, ordered, index, plain.nll, plain.shifted_nll, plain.shifted_ece, tolerance, confidence,
+                     examples=len(plain.clean), perturbed=0 if plain.shifted is None else len(plain.shifted),
+                     folds=folds, fallback=fallback, scores=tried,
+                     rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift})
+
+
+def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: int = FOLDS, seed: int = 0) -> Scores:
+    """The out-of-fold scores of a choice among fixed candidates (a knob's values): each fold scored by the candidate
+    the same rule picks on the other folds, among the candidates ``selection`` tried (the others count as refused).
+
+    A knob's candidates fit nothing on held-out data, but picking one does; this is how the choice itself is judged
+    on examples it did not see (``method="auto"`` compares methods by it). It costs no new prediction: the tried
+    candidates' scores are kept in ``selection``.
+
+    Example:
+        >>> judged = out_of_fold(selection, held_out.plain, held_out.layout)
+        >>> judged.clean.shape == held_out.plain.clean.shape
+        True
+    """
+    labels = [(record.label, record.value) for record in selection.records]
+    missing = Scores(torch.full_like(plain.clean, math.inf))
+
+    def fold(fitting: Rows, scored: Rows) -> list[Scores]:
+        def on_fitting(index: int) -> Scores:
+            found = selection.scores.get(index)
+            return missing.take(Rows(fitting.clean)) if found is None else found.take(fitting)
+
+        chosen = select(labels, on_fitting, plain=plain.take(fitting), tolerance=selection.tolerance, knob=selection.knob,
+                        confidence=selection.confidence, **selection.rule)
+        return [selection.scores[chosen.index].take(scored) if chosen.index in selection.scores else plain.take(scored)]
+
+    return cross_fitted(fold, layout, folds=folds, seed=seed)[0]
+
+
+def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: str, stacklevel: int = 3) -> None:
+    """Warn that no candidate of ``selection`` was admissible and ``fallback`` (what the first candidate means) is
+    used, with ``advice`` on what to change.
+
+    Example:
+        >>> warn_fallback(selection, method="SWAG", fallback="the SWA mean alone (scale 0)", advice="pass a fixed scale")
+    """
+    if not selection.fallback:
+        return
+    first = selection.records[0]
+    warnings.warn(f"no {method} {selection.knob} keeps the held-out NLL within {selection.tolerance:.4f} nats of the "
+                  f"plain model's at {selection.confidence:.0%} confidence ({first.label}: {first.reason}); using "
+                  f"{fallback}. {advice}", RuntimeWarning, stacklevel=stacklevel)

@@ -1,0 +1,324 @@
+"""``"auto"``: the selection step choosing the method itself, for this model and this held-out data.
+
+``posthoc.wrap(model, method="auto").fit(train_loader, val_loader)`` fits every candidate (by default the cheap
+ones, :func:`default_candidates`), makes each one's own held-out choices, and keeps the one the selection step
+(:mod:`posthoc.engine.selection`) picks: among the candidates whose held-out NLL excess over the plain model is,
+at 90 % confidence, within the tolerance (``fit(..., tolerance=...)``), the one of lowest NLL on the perturbed
+copies of the validation batches (the fit-time kinds, never the evaluation kinds). The plain model (``"none"``)
+is always a candidate and always admissible, so ``auto`` is never worse in distribution than the tolerance
+allows; without perturbed copies (``shift=None``) the lowest clean NLL wins.
+
+Every candidate is judged on examples its own held-out choice did not see: a knob (Laplace's prior precision,
+MC dropout's rate) by re-making the choice on four folds and scoring the fifth from the scores it already has
+(:func:`~posthoc.engine.selection.out_of_fold`); a stacked calibrator or DAC by its cross-fitted scores. A stacked
+calibrator's inner knob is chosen on all the held-out data (as it would be when fitted alone).
+
+What candidates share is computed once: the held-out batches, their perturbations and the plain model's scores
+(one :class:`~posthoc.engine.held_out.HeldOut` per fit), each inner method (``"laplace"`` and
+``["laplace", "dac"]`` share one Laplace posterior and its prior choice), the inner predictions a stacked
+calibrator or DAC is fitted on, and DAC's feature bank. The chosen chain is kept; the rest is dropped.
+
+``candidates=[...]`` gives your own: method names, chains (``["swag", "temperature"]``) or dicts with options
+(``{"method": ["laplace", "dac"], "hessian": "full"}``). The record of every candidate (its excess with its
+bound, its perturbed NLL and ECE, its fit seconds and its predict cost against a plain forward) is
+``um.summary()["selection"]``; the chosen chain saves, loads and predicts like the method itself.
+
+Example:
+    >>> um = posthoc.wrap(model, method="auto").fit(train_loader, val_loader)
+    >>> um.summary()["selection"]["chosen"]
+    'laplace+dac'
+    >>> um.predict(x).probs.shape
+    torch.Size([8, 10])
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc.core.chain import base_method, route_options, spec_of, stack_on
+from posthoc.core.errors import ConfigError
+from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.json_state import as_record, record_tensor
+from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
+from posthoc.core.method import LogPredictive, Method, chain_of
+from posthoc.core.modules import eval_mode
+from posthoc.core.registry import method_class, register
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.fitted_stage import FittedOnHeldOut
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.selection import Scores, out_of_fold
+
+#: the default candidates of a classifier, most conservative first (MC dropout only on a model with dropout)
+CLASSIFICATION_CANDIDATES: tuple[tuple[str, ...], ...] = (
+    ("none",), ("temperature",), ("vector",), ("laplace",), ("mc-dropout",), ("none", "dac"), ("laplace", "dac"))
+#: the default candidates of a regressor
+REGRESSION_CANDIDATES: tuple[tuple[str, ...], ...] = (("none",), ("laplace",), ("mc-dropout",))
+#: timed repeats of a candidate's predict on one held-out batch (the median is kept)
+PREDICT_REPEATS = 3
+#: rows of the held-out batch a candidate's predict cost is timed on
+PREDICT_ROWS = 64
+
+
+def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[str, Any]]:
+    """The cheap candidates that suit ``model`` (:meth:`Method.suits`) under ``likelihood``, as ``{"method": [...]}``.
+
+    Example:
+        >>> [c["method"] for c in default_candidates(posthoc.demo.zoo.pretrained("digits_bn_cnn"), Categorical())]
+        [['none'], ['temperature'], ['vector'], ['laplace'], ['none', 'dac'], ['laplace', 'dac']]
+    """
+    table = CLASSIFICATION_CANDIDATES if isinstance(likelihood, Categorical) else REGRESSION_CANDIDATES
+    return [{"method": list(chain)} for chain in table if all(method_class(name).suits(model) for name in chain)]
+
+
+def _as_candidate(value: Any) -> dict[str, Any]:
+    """A candidate as ``{"method": [names], **options}`` from a name, a list of names, or such a dict."""
+    if isinstance(value, str):
+        return {"method": [value]}
+    if isinstance(value, (list, tuple)) and value and all(isinstance(name, str) for name in value):
+        return {"method": list(value)}
+    if isinstance(value, dict) and "method" in value:
+        found = _as_candidate(value["method"])
+        return {**{k: v for k, v in value.items() if k != "method"}, "method": found["method"]}
+    raise ConfigError(f"an auto candidate is a method name, a list of names (a chain, e.g. ['laplace', 'dac']) or a "
+                      f"dict {{'method': [...], **options}}, got {value!r}")
+
+
+def candidate_label(candidate: dict[str, Any]) -> str:
+    """``"laplace+dac"``, with its options where it has any: ``"laplace+dac (hessian='full')"``.
+
+    Example:
+        >>> candidate_label({"method": ["laplace", "dac"]})
+        'laplace+dac'
+    """
+    options = {k: v for k, v in candidate.items() if k != "method"}
+    text = "+".join(candidate["method"])
+    return text + (f" ({', '.join(f'{k}={v!r}' for k, v in options.items())})" if options else "")
+
+
+@dataclass
+class _Part:
+    """One candidate while ``auto`` fits: its chain, its label and spec, and what it cost."""
+
+    label: str
+    spec: list[dict[str, Any]]
+    chain: Method
+    inner: Method
+    seconds: float = 0.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@register
+class AutoMethod(Method):
+    """The method chosen on held-out data among candidates (see module docs).
+
+    Options:
+        candidates: ``None`` (the defaults, :func:`default_candidates`) or a list of method names, chains and
+            ``{"method": [...], **options}`` dicts. ``"none"`` (the plain model) is always added first.
+    """
+
+    name = "auto"
+    needs_val = True
+    likelihoods = (Categorical, Gaussian)
+
+    def __init__(self, model: nn.Module, *, candidates: Sequence[Any] | None = None) -> None:
+        super().__init__(model)
+        if candidates is not None and (isinstance(candidates, (str, dict)) or not isinstance(candidates, Sequence)
+                                       or not candidates):
+            raise ConfigError(f"candidates must be None (the defaults) or a non-empty list of methods, chains or dicts, "
+                              f"got {candidates!r}")
+        self.candidate_option = None if candidates is None else [_as_candidate(value) for value in candidates]
+        for candidate in self.candidate_option or []:
+            if "auto" in candidate["method"]:
+                raise ConfigError("'auto' cannot be a candidate of itself")
+        #: the chosen chain's spec as JSON bytes (``None`` before fit)
+        self.register_buffer("chosen_spec", None)
+        self.chosen: Method | None = None
+        #: the candidates' chains while ``auto`` fits (registered, so that they follow the model's device)
+        self.candidate_chains = nn.ModuleList()
+        self._parts: list[_Part] = []
+
+    # ---- candidates ------------------------------------------------------------------------------------------------
+    def candidates(self) -> list[dict[str, Any]]:
+        """The candidates for this model and likelihood, the plain model first."""
+        found = self.candidate_option or default_candidates(self.model, self.likelihood)
+        if not any(candidate["method"] == ["none"] and len(candidate) == 1 for candidate in found):
+            found = [{"method": ["none"]}, *found]
+        return found
+
+    def use_likelihood(self, likelihood: Likelihood) -> None:
+        """As :meth:`Method.use_likelihood`; every candidate is then built (so a bad one is refused at ``wrap``)."""
+        super().use_likelihood(likelihood)
+        self._parts = self._build(self.candidates())
+        self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
+
+    def _build(self, candidates: list[dict[str, Any]]) -> list[_Part]:
+        """Every candidate's chain; candidates with the same first method and options share that method."""
+        inners: dict[str, Method] = {}
+        parts = []
+        for candidate in candidates:
+            names = candidate["method"]
+            options = {k: v for k, v in candidate.items() if k != "method"}
+            if method_class(names[0]).algorithm(options).stacks:
+                names = ["none", *names]
+            spec = spec_of(names, route_options(names, options), self.likelihood)
+            key = json.dumps(spec[0], sort_keys=True, default=str)
+            if key not in inners:
+                inners[key], _ = base_method(self.model, spec[0])
+            chain = stack_on(inners[key], spec, 1)
+            parts.append(_Part(candidate_label(candidate), spec, chain, inners[key]))
+        return parts
+
+    # ---- fit and choose --------------------------------------------------------------------------------------------
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank)."""
+        fitted: dict[int, float] = {}
+        banks: dict[str, Method] = {}
+        for part in self._parts:
+            for method in chain_of(part.chain):
+                if id(method) not in fitted:
+                    start = time.perf_counter()
+                    shared = banks.get(_bank_key(method)) if hasattr(method, "share_bank") else None
+                    if shared is not None:
+                        method.share_bank(shared)
+                    else:
+                        method.fit(train_loader, val_loader, progress=progress)
+                        if hasattr(method, "share_bank"):
+                            banks[_bank_key(method)] = method
+                    method.fitted.fill_(True)
+                    fitted[id(method)] = time.perf_counter() - start
+                part.seconds += fitted[id(method)]
+
+    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Make every candidate's own held-out choices, score each on examples its choice did not see, and keep the
+        chain the selection step picks (module docs)."""
+        chosen_inner: dict[int, float] = {}
+        scores = []
+        for part in self._parts:
+            start = time.perf_counter()
+            if id(part.inner) not in chosen_inner:
+                if part.inner.makes_choice:
+                    part.inner.choose(held_out, train_loader=train_loader, progress=progress)
+                chosen_inner[id(part.inner)] = time.perf_counter() - start
+            start = time.perf_counter()
+            scores.append(self._scores(part, held_out, train_loader, progress))
+            part.seconds += chosen_inner[id(part.inner)] + time.perf_counter() - start
+            part.extra["predict_cost"] = self._predict_cost(part.chain, held_out)
+        selection = held_out.select([(part.label, index) for index, part in enumerate(self._parts)], scores,
+                                    knob="method", rank_without_shift="clean",
+                                    extra=lambda index: {"fit_seconds": round(self._parts[index].seconds, 3),
+                                                         **self._parts[index].extra})
+        self.record_selection(selection)
+        self._keep(self._parts[selection.value])
+
+    def _scores(self, part: _Part, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Scores:
+        """The candidate's held-out scores on examples its own choice did not see (module docs)."""
+        stackers = chain_of(part.chain)[1:]
+        if not stackers:
+            if part.inner.name == "none":
+                return held_out.plain
+            selection = part.inner.last_selection
+            if selection is not None and part.inner.makes_choice:
+                return out_of_fold(selection, held_out.plain, held_out.layout)
+            return held_out.method_scores(part.inner)
+        for stacker in stackers[:-1]:  # stacked under another one: chosen on all the held-out data
+            stacker.choose(held_out, train_loader=train_loader, progress=progress)
+        last = stackers[-1]
+        if not isinstance(last, FittedOnHeldOut):
+            last.choose(held_out, train_loader=train_loader, progress=progress)
+            return held_out.method_scores(last)
+        cache = last.held_out_cache(held_out)
+        selection = last.cross_fitted_selection(cache, held_out, last.configurations(cache))
+        last.record_selection(selection)
+        last.apply(cache, selection.value, held_out)  # fitted on every row: the candidate predicts as it would be kept
+        return selection.scores[selection.index]
+
+    def _predict_cost(self, chain: Method, held_out: HeldOut) -> float:
+        """The median time of the chain's predictive on :data:`PREDICT_ROWS` held-out rows over a plain forward's."""
+        x, _ = next(iter(held_out.clean()))
+        x = x[:PREDICT_ROWS] if isinstance(x, Tensor) else {k: v[:PREDICT_ROWS] for k, v in x.items()}
+        classes = self.likelihood.prediction_type is not RegressionPrediction
+
+        def timed(call: Any) -> float:
+            times = []
+            for _ in range(PREDICT_REPEATS):
+                start = time.perf_counter()
+                call()
+                times.append(time.perf_counter() - start)
+            return statistics.median(times)
+
+        with torch.no_grad(), eval_mode(chain):
+            plain = timed(lambda: run_model(self.model, x))
+            method = timed(lambda: chain.log_predictive(x) if classes else chain.regression_predictive(x))
+        return round(method / max(plain, 1e-9), 2)
+
+    def _keep(self, part: _Part) -> None:
+        """Keep the chosen chain and drop the other candidates."""
+        for method in chain_of(part.chain):
+            method.fitted.fill_(True)
+        self.chosen = part.chain
+        self.chosen_spec = record_tensor({"label": part.label, "spec": part.spec}, self.device)
+        self._parts = []
+        self.candidate_chains = nn.ModuleList()
+
+    # ---- predict, card and file ------------------------------------------------------------------------------------
+    def _chosen(self) -> Method:
+        if self.chosen is None:
+            raise ConfigError("'auto' has not chosen a method yet: call um.fit(train_loader, val_loader)")
+        return self.chosen
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                       max_memory: int | None = None) -> LogPredictive:
+        return self._chosen().log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
+                              max_memory: int | None = None) -> RegressionPrediction:
+        return self._chosen().regression_predictive(x, num_samples=num_samples, generator=generator,
+                                                    max_memory=max_memory)
+
+    @property
+    def chosen_label(self) -> str | None:
+        """The chosen candidate, e.g. ``"laplace+dac"`` (``None`` before fit)."""
+        found = as_record(self.chosen_spec)
+        return None if found is None else found["label"]
+
+    def summary(self) -> dict[str, Any]:
+        """The chosen chain: its label, methods and, per method, its own card (what it chose)."""
+        if self.chosen is None:
+            return {"random_variables": None, "layers": []}
+        cards = [{"method": method.name, **method.summary(), "selection": method.selection} for method in chain_of(self.chosen)]
+        return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
+                "layers": list(dict.fromkeys(layer for card in cards for layer in card.get("layers", []))),
+                "chosen": self.chosen_label, "chosen_posterior": cards}
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """Rebuild the chosen chain from its saved spec, then load its posterior into it."""
+        record = as_record(state.get("chosen_spec"))
+        if record is None:
+            raise KeyError("chosen_spec")
+        chain = self._chain_of(record["spec"])
+        self._parts, self.candidate_chains = [], nn.ModuleList()
+        chain.load_posterior_state({key[len("chosen."):]: value for key, value in state.items() if key.startswith("chosen.")})
+        for method in chain_of(chain):
+            method.fitted.fill_(True)
+        self.chosen = chain
+        super().load_posterior_state({key: value for key, value in state.items() if not key.startswith("chosen.")})
+
+    def _chain_of(self, spec: list[dict[str, Any]]) -> Method:
+        method, _ = base_method(self.model, spec[0])
+        return stack_on(method, spec, 1)
+
+    def extra_repr(self) -> str:
+        return f"chosen={self.chosen_label!r}"
+
+
+def _bank_key(method: Method) -> str:
+    """What makes two DAC feature banks equal: the options that shape the bank."""
+    return json.dumps({key: getattr(method, key, None) for key in ("k", "layers", "bank_bytes", "head")}, default=str)
