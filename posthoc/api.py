@@ -101,8 +101,10 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             files) with ``builder=``, a function returning the architecture to load each into.
         method: a registered method name, or a list composing them, inner first, e.g.
             ``["laplace", "temperature"]`` (temperature is fitted on ``val_loader`` on top of
-            the inner predictive). Default: ``"laplace"`` for one model, ``"none"`` (a deep
-            ensemble) for a list.
+            the inner predictive). Default: ``"auto"`` for one model (the method chosen on
+            ``val_loader`` among the cheap ones, never worse than the plain model in distribution beyond the
+            tolerance; last-layer ``"laplace"`` when ``fit`` gets no ``val_loader``), ``"none"`` (a deep ensemble)
+            for a list.
         likelihood: ``"classification"`` (the default: logits ``(N, C)``, or ``(N,)`` / ``(N, 1)`` for a
             binary classifier), ``"regression"`` (outputs ``(N, D)`` or ``(N,)``, targets alike; a Gaussian
             observation noise fitted at ``fit`` and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
@@ -119,7 +121,7 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
         tensor([1., 1.])
     """
     if method is None:
-        method = "none" if isinstance(model, (list, tuple)) else "laplace"
+        method = "none" if isinstance(model, (list, tuple)) else "auto"
     if not isinstance(method, (str, list, tuple)):
         raise ConfigError(f"method must be a method name or a list of them, e.g. method=['laplace', 'temperature'], "
                           f"got {type(method).__name__}; valid methods: {', '.join(method_names())}")

@@ -17,7 +17,7 @@ import posthoc
 from posthoc.core.errors import ConfigError
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.ivon import optimiser
-from posthoc.methods.ivon.scale import SCALES, widest_scale
+from posthoc.methods.ivon.scale import SCALES
 
 
 @pytest.fixture()
@@ -88,19 +88,6 @@ def test_ivon_head_samples_are_batched_on_one_backbone_pass(digits_model: nn.Mod
         handle.remove()
     assert len(calls) == 1 and prediction.samples.shape == (6, 8, 8)
     assert prediction.epistemic.min() > 0
-
-
-def test_widest_scale_walks_down_from_the_widest() -> None:
-    tried = []
-
-    def nll(scale: float) -> float:
-        tried.append(scale)
-        return 0.1 * (1 + 0.02 * scale)
-
-    assert widest_scale(nll, plain_nll=0.1, tolerance=0.01) == 0.5
-    assert tried == [4.0, 2.0, 1.0, 0.5]
-    with pytest.warns(RuntimeWarning, match="scale 0"):
-        assert widest_scale(lambda s: 1.0, plain_nll=0.1, tolerance=0.01) == 0.0
 
 
 def test_ivon_without_the_extra_names_it(digits_model: nn.Module, small: dict, monkeypatch: pytest.MonkeyPatch) -> None:

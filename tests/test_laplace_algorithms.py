@@ -25,7 +25,7 @@ def loader(n: int = 60) -> DataLoader:
 
 def test_the_registered_front_lists_the_options_and_picks_the_algorithm() -> None:
     assert posthoc.core.registry.REGISTRY["laplace"] is Laplace
-    assert set(posthoc.available_methods()["laplace"]) == {"hessian", "subset", "prior_precision", "val_tolerance", "link", "pred", "num_samples", "head", "max_memory"}
+    assert set(posthoc.available_methods()["laplace"]) == {"hessian", "subset", "prior_precision", "link", "pred", "num_samples", "head", "max_memory"}
     assert Laplace.algorithm({}) is LastLayerLaplace
     assert Laplace.algorithm({"subset": "last_layer"}) is LastLayerLaplace
     assert Laplace.algorithm({"subset": "all"}) is SubsetLaplace

@@ -13,7 +13,7 @@ from torch import nn
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
-from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID, chosen_rate
+from posthoc.methods.mc_dropout.method import P_GRID
 from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, own_dropout_sites
 from posthoc.core.errors import ConfigError
 from posthoc.engine.head import find_head
@@ -260,16 +260,6 @@ def test_save_and_load_keep_the_chosen_rate(tmp_path, digits_model: nn.Module, l
     assert float(loaded.method.rate) == float(um.method.rate)
 
 
-def test_the_chosen_rate_is_the_last_one_within_tolerance_scanning_upwards() -> None:
-    grid, plain = (0.01, 0.05, 0.1, 0.2), 1.0
-    near, far = 1 + NLL_TOLERANCE / 2, 1 + 2 * NLL_TOLERANCE
-    assert chosen_rate(plain, [near, near, near, near], grid) == 0.2
-    assert chosen_rate(plain, [0.9, near, far, far], grid) == 0.05
-    assert chosen_rate(plain, [near, far, near, near], grid) == 0.01  # a cheap-looking larger rate past a costly one is not taken
-    assert chosen_rate(plain, [far, far, far, far], grid) == 0.01  # none within: the smallest rate
-    assert chosen_rate(plain, [1 + NLL_TOLERANCE, far, far, far], grid) == 0.01  # the bound itself is within
-
-
 def test_the_default_rate_is_the_models_own_without_validation_data_and_chosen_with_it(digits, loaders) -> None:
     own = posthoc.wrap(zoo.pretrained(), method="mc-dropout").fit(loaders["fit"], progress=False)
     assert own.method.sites()[0].p == 0.25 and torch.isnan(own.method.validation_nll).all()
@@ -283,7 +273,10 @@ def test_the_default_rate_is_the_models_own_without_validation_data_and_chosen_w
         chosen = posthoc.wrap(model, method="mc-dropout", num_samples=10).fit(loaders["fit"], loaders["calibration"], progress=False)
         rate = float(chosen.method.rate)
         plain_nll, rate_nll = chosen.method.validation_nll.tolist()
-        assert rate in P_GRID and (rate_nll <= (1 + NLL_TOLERANCE) * plain_nll or rate == P_GRID[0])
+        record = chosen.summary()["selection"]
+        picked = next(row for row in record["candidates"] if row["chosen"])
+        assert rate in (0.0, *P_GRID) and picked["value"] == rate and picked["admissible"]
+        assert picked["bound"] <= record["tolerance"] and picked["clean_nll"] == pytest.approx(rate_nll, abs=1e-6)
         assert plain_nll == pytest.approx(posthoc.evaluate(posthoc.wrap(model, method="none"), loaders["calibration"], progress=False).nll)
 
 

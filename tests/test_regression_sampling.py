@@ -20,7 +20,9 @@ import posthoc
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.demo.regression import RegressionData, sinusoid, train_mlp
-from posthoc.engine.objective import held_out_shift, nll_limit, training_loss
+from posthoc.engine.held_out import HeldOut
+from posthoc.engine.objective import training_loss
+from posthoc.engine.selection import Tolerance
 
 NOISE = 0.1
 #: the test NLL a method may cost over the plain model, in nats per example (its scale is chosen on 400 held-out
@@ -86,9 +88,11 @@ def test_the_training_loss_is_the_class_nll_or_the_gaussian_nll_per_example_at_t
 
 
 def test_a_gaussian_tolerance_is_in_nats_and_real_targets_take_no_shift() -> None:
-    assert nll_limit(Categorical(), best=0.5, tolerance=0.02) == pytest.approx(0.51)
-    assert nll_limit(Gaussian(), best=-1.0, tolerance=0.02) == pytest.approx(-0.98)  # not 1.02 * -1.0 < best
-    assert held_out_shift(Categorical(), "auto") == "auto" and held_out_shift(Gaussian(), "auto") is None
+    assert Tolerance().nats(0.5) == pytest.approx(0.01) and Tolerance().nats(0.1) == pytest.approx(0.005)
+    assert Tolerance().nats(-1.0) == pytest.approx(0.02)  # a Gaussian NLL may be negative: 2 % of its size
+    x, y = _problem()[1]["val"]
+    held = HeldOut.read([(x, y)], model=_problem()[0], likelihood=Gaussian(), shift="auto", device="cpu")
+    assert held.shifted is None and held.plain.shifted is None  # perturbations are graded on class accuracy
 
 
 def _check_mixture_near_the_plain_model(um: posthoc.UncertainModel, tmp_path, *, samples: int) -> dict:
@@ -114,9 +118,9 @@ def _check_mixture_near_the_plain_model(um: posthoc.UncertainModel, tmp_path, *,
 def test_swag_predicts_a_mixture_near_the_plain_model_with_the_known_noise(subset: str, tmp_path) -> None:
     um = _fitted("swag", {"subset": subset})
     card = _check_mixture_near_the_plain_model(um, tmp_path, samples=20)
-    assert card["scale"] > 0  # a scale was accepted: negative Gaussian NLLs take an absolute tolerance
-    plain_val, swag_val = um.method.scale_fit[1:].tolist()
-    assert swag_val <= plain_val + um.method.val_tolerance
+    assert card["scale"] > 0  # a scale was accepted: negative Gaussian NLLs take a tolerance relative to their size
+    chosen = next(row for row in card["selection"]["candidates"] if row["chosen"])
+    assert chosen["value"] == card["scale"] and chosen["bound"] <= card["selection"]["tolerance"]
 
 
 def test_swag_scores_the_checkpoint_by_its_gaussian_held_out_nll() -> None:

@@ -8,54 +8,33 @@ import torch
 import posthoc
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.engine import held_out, perturb
-from posthoc.evaluation import metrics
 
-#: the choices of every held-out rule on the bundled checkpoints before shift-aware fitting existed (commit
-#: bb42087, on 512 fit and 256 validation digits): shift=None must keep them. The prior precision comes out of a
-#: bisection that stops at 1e-3 in ln(delta), the temperature out of LBFGS stopped at 1e-10: tolerances to match.
-CLEAN_CHOICES = {
-    "digits_cnn": {"laplace": 4515.309248360948, "mc-dropout": 0.3, "temperature": 1.2576848268508911,
-                   "laplace+temperature": 1.2205172777175903},
-    "digits_bn_cnn": {"laplace": 630.3900867465165, "temperature": 0.9502145648002625,
-                      "laplace+temperature": 0.9353833794593811},
-}
-
-
-def _choices(model, small, shift):
+def _records(model, small, shift):
     fit = lambda method: posthoc.wrap(model, method=method).fit(small["fit"], small["val"], progress=False, shift=shift)
-    out = {"laplace": fit("laplace").method.summary()["prior_precision"],
-           "temperature": float(fit("temperature").method.temperature),
-           "laplace+temperature": float(fit(["laplace", "temperature"]).method.temperature)}
+    methods = ["laplace", "temperature", ["laplace", "temperature"]]
     if any(isinstance(m, torch.nn.Dropout) for m in model.modules()):
-        out["mc-dropout"] = fit("mc-dropout").method.summary()["dropout_rate"][0]
-    return out
+        methods.append("mc-dropout")
+    return {"+".join([m] if isinstance(m, str) else m): fit(m).summary()["selection"] for m in methods}
 
 
-@pytest.mark.parametrize("name", sorted(CLEAN_CHOICES))
-def test_shift_none_keeps_the_clean_choices(name, small):
-    chosen = _choices(posthoc.demo.zoo.pretrained(name), small, shift=None)
-    expected = CLEAN_CHOICES[name]
-    assert chosen.keys() == expected.keys()
-    assert chosen["laplace"] == pytest.approx(expected["laplace"], rel=2e-3)
-    assert chosen.get("mc-dropout") == expected.get("mc-dropout")
-    for key in ("temperature", "laplace+temperature"):
-        assert chosen[key] == pytest.approx(expected[key], rel=1e-4), key
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_shift_none_scores_clean_data_only_and_takes_the_last_admissible(name, small):
+    """Without perturbed copies nothing is scored on them, and the rule takes the last admissible candidate (the widest
+    spread of a walk, the clean fit of a calibrator)."""
+    for method, record in _records(posthoc.demo.zoo.pretrained(name), small, shift=None).items():
+        assert record["perturbed"] == 0 and all(row["shifted_nll"] is None for row in record["candidates"]), method
+        admissible = [i for i, row in enumerate(record["candidates"]) if row["admissible"]]
+        assert [row["chosen"] for row in record["candidates"]].index(True) == admissible[-1], method
 
 
-def test_shift_aware_temperature_differs_where_clean_data_cannot_see_shift(digits, small):
-    """On the dropout CNN the clean validation set asks for a mild temperature; the perturbed copies ask for a
-    higher one, bounded by the clean tolerance: T grows, the clean NLL stays within 1 %, shifted digits gain."""
-    model = posthoc.demo.zoo.pretrained("digits_cnn")
-    clean = posthoc.wrap(model, method="temperature").fit(None, small["val"], progress=False, shift=None)
-    aware = posthoc.wrap(model, method="temperature").fit(None, small["val"], progress=False)
-    card = aware.method.summary()
-    assert float(aware.method.temperature) > float(clean.method.temperature) * 1.02
-    assert 0 < card["shift_weight"] <= 1 and set(aware.method.shift_description["kinds"]) == {"noise", "blur", "impulse"}
-    x, y = small["val"].dataset.tensors
-    assert metrics.nll(aware.predict(x).probs, y) <= metrics.nll(clean.predict(x).probs, y) * (1 + held_out.CLEAN_TOLERANCE) + 1e-6
-    rotated = posthoc.demo.data.rotated(digits.test, 45)
-    rx, ry = rotated.tensors
-    assert metrics.nll(aware.predict(rx).probs, ry) < metrics.nll(clean.predict(rx).probs, ry)
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_shift_aware_choices_take_the_admissible_candidate_of_lowest_perturbed_nll(name, small):
+    for method, record in _records(posthoc.demo.zoo.pretrained(name), small, shift="auto").items():
+        assert record["perturbed"] == 3 * record["examples"], method
+        admissible = [row for row in record["candidates"] if row["admissible"]]
+        chosen = next(row for row in record["candidates"] if row["chosen"])
+        assert chosen["shifted_nll"] == min(row["shifted_nll"] for row in admissible), method
+        assert all(row["bound"] <= record["tolerance"] for row in admissible), method
 
 
 def test_laplace_shift_aware_prior_is_never_wider_than_the_clean_rule_allows(small):
@@ -63,28 +42,10 @@ def test_laplace_shift_aware_prior_is_never_wider_than_the_clean_rule_allows(sma
     clean = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False, shift=None)
     aware = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False)
     assert aware.method.summary()["prior_precision"] >= clean.method.summary()["prior_precision"]
-    assert aware.method.shift_description is not None and clean.method.shift_description is None
+    assert aware.summary()["selection"]["perturbed"] > 0 and clean.summary()["selection"]["perturbed"] == 0
 
 
 # ------------------------------------------------------------------ the engine
-
-
-def test_choose_takes_the_lowest_combined_nll_among_accepted():
-    assert held_out.choose([4.0, 2.0, 1.0], accepted=lambda s: s <= 2, combined_nll=lambda s: abs(s - 1.5)) == 2.0
-    assert held_out.choose([4.0, 2.0, 1.0], accepted=lambda s: True, combined_nll=lambda s: abs(s - 1.2)) == 1.0
-    calls = []
-    held_out.choose([4.0, 2.0, 1.0, 0.5], accepted=lambda s: True,
-                    combined_nll=lambda s: calls.append(s) or abs(s - 3.0), unimodal=True)
-    assert calls == [4.0, 2.0]  # stopped at the first worse one
-    assert held_out.choose([4.0, 2.0], accepted=lambda s: False, combined_nll=lambda s: 0.0) == 4.0
-
-
-def test_widest_accepted_bisects_towards_the_combined_fit():
-    state = {}
-    weight = held_out.widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=True)
-    assert 0.3 - 2 ** -held_out.BISECTION_STEPS <= weight <= 0.3 and state["w"] == weight
-    assert held_out.widest_accepted(lambda w: state.update(w=w), lambda: state["w"] <= 0.3, interpolable=False) == 0.0
-    assert held_out.widest_accepted(lambda w: state.update(w=w), lambda: True, interpolable=False) == 1.0
 
 
 def test_grade_puts_each_strength_where_accuracy_falls_that_far():
@@ -182,25 +143,7 @@ def test_bad_shift_values_are_refused(small, digits_model):
         um.fit(None, small["val"], progress=False, shift=["rotate"])
 
 
-def test_a_one_shot_iterator_is_read_once_and_chosen_on_clean_data(small, digits_model):
-    with pytest.warns(RuntimeWarning, match="one-shot iterator"):
-        um = posthoc.wrap(digits_model, method="temperature").fit(None, iter(list(small["val"])), progress=False)
-    assert "shift_weight" not in um.method.summary()
-
-
-def test_one_walk_serves_every_clean_choice_and_never_steps_over_a_rejected_spread() -> None:
-    from posthoc.engine.held_out import Walk, walk_spreads
-
-    ladder = [0.01, 0.02, 0.05, 0.1, 0.2]
-    visited: list[float] = []
-
-    def within(p: float) -> bool:
-        visited.append(p)
-        return p != 0.05  # a wide spread past a rejected one looks cheap: it is not taken
-
-    assert walk_spreads(ladder, within) == Walk(accepted=1, rejected=2) and visited == [0.01, 0.02, 0.05]
-    assert walk_spreads(ladder, lambda p: True) == Walk(accepted=4, rejected=None)
-    assert walk_spreads(ladder, lambda p: p <= 0.02, start=4) == Walk(accepted=1, rejected=2)  # from the widest down
-    assert walk_spreads(ladder, lambda p: False, start=2) == Walk(accepted=None, rejected=0)
-    with pytest.raises(ValueError, match="outside a ladder"):
-        walk_spreads(ladder, within, start=5)
+def test_a_one_shot_iterator_is_read_once_and_its_perturbed_copies_are_made_from_what_was_read(small, digits_model):
+    um = posthoc.wrap(digits_model, method="temperature").fit(None, iter(list(small["val"])), progress=False)
+    record = um.summary()["selection"]
+    assert record["examples"] == 256 and record["perturbed"] == 3 * 256

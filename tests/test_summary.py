@@ -16,11 +16,11 @@ from posthoc.core import persistence
 from posthoc.core.fit_record import CountingLoader, FitRecord, counting, examples
 from posthoc.core.model_card import SHOWN_ITEMS, ModelCard
 from posthoc.demo import zoo
-from posthoc.methods.mc_dropout.method import NLL_TOLERANCE, P_GRID
+from posthoc.methods.mc_dropout.method import P_GRID
 
 FORMAT1 = Path(__file__).parent / "data" / "format1"
 MODEL_KEYS = {"methods", "fitted", "random_variables", "posterior", "train_examples", "val_examples",
-              "fit_wall_seconds", "fit_cpu_seconds", "model_class", "fingerprint", "posthoc_version"}
+              "fit_wall_seconds", "fit_cpu_seconds", "model_class", "fingerprint", "posthoc_version", "selection"}
 
 
 def _batches(dataset: torch.utils.data.TensorDataset, size: int = 100) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -33,7 +33,9 @@ def test_the_plain_model_card_says_zero_random_variables_and_what_fit_saw(digits
     card = um.summary()
     assert set(card) == MODEL_KEYS and isinstance(card, ModelCard) and isinstance(card, dict)
     assert card["methods"] == ["none"] and card["fitted"] is True and card["random_variables"] == 0
-    assert card["posterior"] == [{"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": []}]
+    assert card["posterior"] == [{"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": [],
+                                  "selection": None}]
+    assert card["selection"] is None  # the plain model chooses nothing on held-out data
     assert card["model_class"] == "DigitsCNN" and card["posthoc_version"] == posthoc.__version__
     assert card["fingerprint"] == persistence.fingerprint(digits_model)
     assert [card[key] for key in ("train_examples", "val_examples", "fit_wall_seconds", "fit_cpu_seconds")] == [None] * 4
@@ -56,9 +58,11 @@ def test_mc_dropout_counts_the_units_its_sites_drop(digits_model: nn.Module, dig
     card = inserted.fit(loaders["fit"], loaders["calibration"], progress=False).summary()
     entry = card["posterior"][0]
     assert card["random_variables"] == entry["random_variables"] == 64 and entry["layers"] == ["fc"]  # fc's 64 inputs
-    assert len(entry["dropout_rate"]) == 1 and entry["dropout_rate"][0] in P_GRID
-    assert entry["rate_from"].startswith("validation NLL")
-    assert entry["validation_nll"] <= (1 + NLL_TOLERANCE) * entry["validation_nll_plain"] or entry["dropout_rate"] == [P_GRID[0]]
+    assert len(entry["dropout_rate"]) == 1 and entry["dropout_rate"][0] in (0.0, *P_GRID)
+    assert entry["rate_from"].startswith("held-out NLL")
+    chosen = next(row for row in entry["selection"]["candidates"] if row["chosen"])
+    assert chosen["value"] == entry["dropout_rate"][0] and chosen["bound"] <= entry["selection"]["tolerance"]
+    assert chosen["clean_nll"] == pytest.approx(entry["validation_nll"], abs=1e-6)
     fixed = posthoc.wrap(zoo.pretrained("digits_bn_cnn"), method="mc-dropout", p=0.1)
     assert fixed.summary()["posterior"][0]["rate_from"] == "option p"
 
@@ -92,7 +96,8 @@ def test_an_unfitted_model_gets_a_card_that_says_so(digits_model: nn.Module) -> 
     card = posthoc.wrap(digits_model, method=["mc-dropout", "temperature"]).summary()
     assert card["fitted"] is False and card["random_variables"] is None
     assert [entry["fitted"] for entry in card["posterior"]] == [True, False]
-    assert card["posterior"][1] == {"method": "temperature", "options": {}, "fitted": False, "random_variables": None}
+    assert card["posterior"][1] == {"method": "temperature", "options": {}, "fitted": False, "random_variables": None,
+                                    "selection": None}
     assert "| fitted | False |" in card.to_markdown()
 
 
@@ -122,7 +127,7 @@ def test_loaders_without_a_dataset_are_counted_in_the_one_pass_fit_makes(digits_
     um.fit(None, iter(val), progress=False)  # a one-shot iterator: a second pass would see nothing
     card = um.summary()
     assert card["val_examples"] == 600 and card["train_examples"] is None
-    assert card["posterior"][0]["dropout_rate"][0] in P_GRID
+    assert card["posterior"][0]["dropout_rate"][0] in (0.0, *P_GRID)
     # a loader the fit never reads is not counted (the plain model reads none)
     card = posthoc.wrap(digits_model, method="none").fit(_batches(digits.fit), progress=False).summary()
     assert card["train_examples"] is None
@@ -151,15 +156,18 @@ def test_markdown_renders_every_key(digits_model: nn.Module, loaders) -> None:
     card = um.fit(loaders["fit"], loaders["calibration"], progress=False).summary()
     text = card.to_markdown()
     assert text.startswith("# Model card: mc-dropout + temperature\n")
-    for key in set(card) - {"posterior"}:
+    for key in set(card) - {"posterior", "selection"}:
         assert f"| {key} |" in text, key
+    assert card["selection"]["knob"] == "calibration" and "Held-out choice of the calibration" in text
     sections = text.split("\n## ")[1:]
     assert [section.splitlines()[0] for section in sections] == ["1. mc-dropout", "2. temperature"]
     for section, entry in zip(sections, card["posterior"]):
         for key in entry["options"]:
             assert f"| options.{key} |" in section, key
-        for key in set(entry) - {"method", "options"}:
+        for key in set(entry) - {"method", "options", "selection"}:
             assert f"| {key} |" in section, key
+        if entry["selection"]:
+            assert f"Held-out choice of the {entry['selection']['knob']}" in section
     assert f"| fingerprint | {card['fingerprint']} |" in text and "| train_examples | 2400 |" in text
 
 

@@ -311,32 +311,6 @@ def test_default_lr_moves_the_weights_by_the_relative_step_whatever_their_scale(
     assert um.method.summary()["lr"] == pytest.approx(lr, rel=1e-5)
 
 
-@pytest.mark.parametrize(
-    "curve, plain, expected, warns",
-    [
-        (lambda s: 0.1 * (1 + 0.008 * s), 0.11, 2.0, False),   # within 2% of the SWA mean up to s = 2
-        (lambda s: 0.1 * (1 + 0.0001 * s), 0.11, 128.0, False),  # flat: the walk stops at the widest scale
-        (lambda s: 0.1 * (1 + 0.1 * s), 0.11, 0.125, False),    # 0.5 costs 5%: halve until within
-        (lambda s: 0.1 + 0.05 * (s > 0), 0.11, 0.0, True),      # any spread costs 50%: the SWA mean, with a warning
-        (lambda s: 0.2 - 0.01 * s, 0.1, 0.0, True),             # worse than the checkpoint everywhere
-    ],
-)
-def test_scale_is_the_widest_within_tolerance_of_the_best(curve, plain, expected, warns) -> None:
-    tried = []
-
-    def nll(scale: float) -> float:
-        tried.append(scale)
-        return curve(scale)
-
-    if warns:
-        with pytest.warns(RuntimeWarning, match="SWA mean"):
-            chosen = schedule.widest_scale(nll, plain_nll=plain, tolerance=0.02)
-    else:
-        chosen = schedule.widest_scale(nll, plain_nll=plain, tolerance=0.02)
-    assert chosen == expected
-    assert tried[0] == 0.0 and len(tried) <= 10
-
-
 def test_scale_chosen_on_validation_is_used_saved_and_reported(digits, digits_model, small_fit, tmp_path) -> None:
     x, y = digits.calibration.tensors
     val = DataLoader(TensorDataset(x[:256], y[:256]), batch_size=128)

@@ -36,7 +36,7 @@ from posthoc.core.likelihood import best_noise_nlls, model_outputs
 from posthoc.core.logits import class_log_probs
 from posthoc.core.prediction import Prediction
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
-from posthoc.engine.selection import Candidate, Layout, Scores, Selection, Tolerance, select
+from posthoc.engine.selection import Candidate, Layout, Rows, Scores, Selection, Tolerance, select
 
 #: how far towards chance each graded strength takes the model's held-out accuracy
 STRENGTHS = (0.25, 0.5, 0.75)
@@ -258,6 +258,51 @@ def _run(predict: Callable[[Any, torch.Generator], Tensor], batches: list[tuple[
             distributed.gather_cat(torch.cat([labels for _, labels in batches])))
 
 
+class FixedCopies:
+    """Perturbed copies kept as batches (a :meth:`HeldOut.subset`'s), passed through as they are: the same interface as
+    :class:`ShiftedHeldOut` (``levels``, ``description``, iteration)."""
+
+    def __init__(self, batches: list[tuple[Inputs, Tensor]], levels: int, description: dict[str, Any] | None) -> None:
+        self.batches = batches
+        self.levels = [None] * levels
+        self.description = description
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __iter__(self) -> Iterator[tuple[Inputs, Tensor]]:
+        return iter(self.batches)
+
+
+def _cat_inputs(parts: list[Inputs]) -> Inputs:
+    if isinstance(parts[0], Mapping):
+        return {key: torch.cat([part[key] for part in parts]) for key in parts[0]}
+    return torch.cat(parts)
+
+
+def _take(x: Inputs, index: Tensor) -> Inputs:
+    if isinstance(x, Mapping):
+        return {key: value[index.to(value.device)] for key, value in x.items()}
+    return x[index.to(x.device)]
+
+
+def _copy_table(layout: Layout) -> Tensor:
+    """``table[l, i]``: the index of example ``i``'s perturbed copy at level ``l`` (copies of one example come in level
+    order)."""
+    order = torch.argsort(layout.source, stable=True)
+    return order.view(layout.count, -1).T
+
+
+def _outputs_of(outputs: tuple, picked: Rows) -> tuple:
+    clean, labels, shifted, shifted_labels = outputs
+    dim = 1 if clean.dim() == 3 else 0
+    clean, labels = clean.index_select(dim, picked.clean.to(clean.device)), labels[picked.clean.to(labels.device)]
+    if shifted is None or picked.shifted is None:
+        return clean, labels, None, None
+    return (clean, labels, shifted.index_select(dim, picked.shifted.to(shifted.device)),
+            shifted_labels[picked.shifted.to(shifted_labels.device)])
+
+
 class HeldOut:
     """The held-out data of one fit, read once and shared by every held-out choice of the methods it fits.
 
@@ -331,6 +376,39 @@ class HeldOut:
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+        return held
+
+    def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:
+        """These held-out data restricted to the clean examples ``rows`` (indices) and their perturbed copies, judged
+        against the same plain model: the same perturbed copies, not new draws, so that a choice made on a subset sees
+        what it would have seen in the whole (``tests/test_never_worse.py`` re-draws validation sets this way).
+
+        Example:
+            >>> half = held.subset(torch.arange(300))
+            >>> half.layout.count, half.plain.clean.shape
+            (300, torch.Size([300]))
+        """
+        if self._batches is None or distributed.active():
+            raise InputError("a subset of held-out data needs its batches in memory in one process")
+        rows = torch.as_tensor(rows, dtype=torch.long).reshape(-1)
+        x = _cat_inputs([x for x, _ in self._batches])
+        y = torch.cat([y for _, y in self._batches])
+        starts = range(0, len(rows), batch_size)
+        clean = [(_take(x, rows[i:i + batch_size]), y[rows[i:i + batch_size].to(y.device)]) for i in starts]
+        shifted, picked = None, Rows(rows)
+        if self.shifted is not None:
+            copies = list(self.perturbed())
+            px, py = _cat_inputs([c for c, _ in copies]), torch.cat([t for _, t in copies])
+            table = _copy_table(self.layout)
+            levels = table.shape[0]
+            order = [table[level, rows[i:i + batch_size]] for i in starts for level in range(levels)]
+            shifted = FixedCopies([(_take(px, index), py[index.to(py.device)]) for index in order], levels,
+                                  self.shifted.description)
+            picked = Rows(rows, torch.cat(order))
+        held = HeldOut(clean, clean, shifted, device=self.device, tolerance=self.tolerance_rule, likelihood=self.likelihood,
+                       from_training_data=self.from_training_data)
+        held.plain = self.plain.take(picked)
+        held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)
         return held
 
     # ---- passes over the data ---------------------------------------------------------------------------------
@@ -423,5 +501,7 @@ class HeldOut:
     def select(self, candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, knob: str,
                walk: bool = False, folds: int | None = None, **options: Any) -> Selection:
         """:func:`~posthoc.engine.selection.select` against the plain model at this held-out data's tolerance."""
-        return select(candidates, scores, plain=self.plain, tolerance=self.tolerance, knob=knob, walk=walk, folds=folds,
-                      **options)
+        selection = select(candidates, scores, plain=self.plain, tolerance=self.tolerance, knob=knob, walk=walk,
+                           folds=folds, **options)
+        selection.shift = self.description
+        return selection

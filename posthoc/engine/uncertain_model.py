@@ -180,14 +180,15 @@ class UncertainModel(nn.Module):
         return HeldOut.read(rows, model=_plain_on(method, self.device), likelihood=self.likelihood, shift=shift, tolerance=tolerance,
                             device=self.device, progress=progress, from_training_data=True)
 
-    def choose(self, val_loader: Iterable, *, train_loader: Iterable | None = None, shift: Any = "auto",
+    def choose(self, val_loader: Iterable | HeldOut, *, train_loader: Iterable | None = None, shift: Any = "auto",
                tolerance: Tolerance | float | None = None, progress: bool = True) -> "UncertainModel":
         """Make every held-out choice again on ``val_loader``, keeping what :meth:`fit` learnt from the training data.
 
         The curvature, the fine-tuned weights and the feature banks stay; the prior precision, the rate, the
         scale, the calibrators, DAC's weights and ``"auto"``'s method are chosen anew by the rule of :meth:`fit`
         (like laplace-torch's ``optimize_prior_precision`` after ``fit``). ``train_loader`` is needed only by SWAG
-        over layers with BatchNorm (its samples' statistics).
+        over layers with BatchNorm (its samples' statistics). ``val_loader`` may also be a
+        :class:`~posthoc.engine.held_out.HeldOut` read on this model's checkpoint (several models then share one).
 
         Example:
             >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
@@ -199,8 +200,11 @@ class UncertainModel(nn.Module):
         check_shift(shift)
         if val_loader is None:
             raise InputError("um.choose needs labelled held-out batches: um.choose(val_loader)")
-        held_out = HeldOut.read(val_loader, model=_plain_on(self.method, self.device), likelihood=self.likelihood,
-                                shift=shift, tolerance=Tolerance.of(tolerance), device=self.device, progress=progress)
+        if isinstance(val_loader, HeldOut):  # read already (the plain model must be this one's checkpoint)
+            held_out = val_loader
+        else:
+            held_out = HeldOut.read(val_loader, model=_plain_on(self.method, self.device), likelihood=self.likelihood,
+                                    shift=shift, tolerance=Tolerance.of(tolerance), device=self.device, progress=progress)
         for method in chain_of(self.method):
             if method.makes_choice:
                 method.choose(held_out, train_loader=train_loader, progress=progress)

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chain import base_method, route_options, spec_of, stack_on
-from posthoc.core.errors import ConfigError
+from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
@@ -111,7 +111,7 @@ class _Part:
     spec: list[dict[str, Any]]
     chain: Method
     inner: Method
-    seconds: float = 0.0
+    fit_seconds: float = 0.0
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -122,13 +122,14 @@ class AutoMethod(Method):
     Options:
         candidates: ``None`` (the defaults, :func:`default_candidates`) or a list of method names, chains and
             ``{"method": [...], **options}`` dicts. ``"none"`` (the plain model) is always added first.
+        keep_candidates: keep every fitted candidate after the choice (:attr:`fitted_candidates`), to compare them
+            on your own test data; by default only the chosen one is kept.
     """
 
     name = "auto"
-    needs_val = True
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(self, model: nn.Module, *, candidates: Sequence[Any] | None = None) -> None:
+    def __init__(self, model: nn.Module, *, candidates: Sequence[Any] | None = None, keep_candidates: bool = False) -> None:
         super().__init__(model)
         if candidates is not None and (isinstance(candidates, (str, dict)) or not isinstance(candidates, Sequence)
                                        or not candidates):
@@ -138,6 +139,11 @@ class AutoMethod(Method):
         for candidate in self.candidate_option or []:
             if "auto" in candidate["method"]:
                 raise ConfigError("'auto' cannot be a candidate of itself")
+        if not isinstance(keep_candidates, bool):
+            raise ConfigError(f"keep_candidates must be True or False, got {keep_candidates!r}")
+        self.keep_candidates = keep_candidates
+        #: every candidate's fitted chain by label, after a choice with ``keep_candidates=True`` (not saved)
+        self.fitted_candidates: dict[str, Method] = {}
         #: the chosen chain's spec as JSON bytes (``None`` before fit)
         self.register_buffer("chosen_spec", None)
         self.chosen: Method | None = None
@@ -178,7 +184,17 @@ class AutoMethod(Method):
 
     # ---- fit and choose --------------------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank)."""
+        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank).
+
+        Without a ``val_loader`` there is nothing to choose on: ``auto`` is then last-layer ``laplace`` (its prior
+        chosen on training rows, as ``"laplace"`` alone would), which it says in its card."""
+        if val_loader is None:
+            laplace = [part for part in self._parts if part.label == "laplace"]
+            if not laplace:
+                raise InputError("'auto' chooses between its candidates on held-out data, and without one falls back to "
+                                 "'laplace', which is not among these candidates: call um.fit(train_loader, val_loader)")
+            self._parts = laplace
+            self.candidate_chains = nn.ModuleList(part.chain for part in laplace)
         fitted: dict[int, float] = {}
         banks: dict[str, Method] = {}
         for part in self._parts:
@@ -194,11 +210,26 @@ class AutoMethod(Method):
                             banks[_bank_key(method)] = method
                     method.fitted.fill_(True)
                     fitted[id(method)] = time.perf_counter() - start
-                part.seconds += fitted[id(method)]
+                part.fit_seconds += fitted[id(method)]
+
+    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
+        """Without a ``val_loader``: the training rows ``laplace`` chooses its prior on (see :meth:`fit`)."""
+        return self._parts[0].inner.held_out_without_val(train_loader) if len(self._parts) == 1 else None
 
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """Make every candidate's own held-out choices, score each on examples its choice did not see, and keep the
-        chain the selection step picks (module docs)."""
+        chain the selection step picks (module docs). Once only the chosen chain is kept (``keep_candidates=False``),
+        a new choice re-makes that chain's own held-out choices."""
+        if not self._parts:
+            for method in chain_of(self._chosen()):
+                if method.makes_choice:
+                    method.choose(held_out, train_loader=train_loader, progress=progress)
+            return
+        if held_out.from_training_data:  # no validation data: the fall-back laplace makes its own choice (fit)
+            (part,) = self._parts
+            part.inner.choose(held_out, train_loader=train_loader, progress=progress)
+            self._keep(part)
+            return
         chosen_inner: dict[int, float] = {}
         scores = []
         for part in self._parts:
@@ -209,12 +240,10 @@ class AutoMethod(Method):
                 chosen_inner[id(part.inner)] = time.perf_counter() - start
             start = time.perf_counter()
             scores.append(self._scores(part, held_out, train_loader, progress))
-            part.seconds += chosen_inner[id(part.inner)] + time.perf_counter() - start
-            part.extra["predict_cost"] = self._predict_cost(part.chain, held_out)
+            seconds = part.fit_seconds + chosen_inner[id(part.inner)] + time.perf_counter() - start
+            part.extra = {"fit_seconds": round(seconds, 3), "predict_cost": self._predict_cost(part.chain, held_out)}
         selection = held_out.select([(part.label, index) for index, part in enumerate(self._parts)], scores,
-                                    knob="method", rank_without_shift="clean",
-                                    extra=lambda index: {"fit_seconds": round(self._parts[index].seconds, 3),
-                                                         **self._parts[index].extra})
+                                    knob="method", rank_without_shift="clean", extra=lambda index: self._parts[index].extra)
         self.record_selection(selection)
         self._keep(self._parts[selection.value])
 
@@ -265,6 +294,9 @@ class AutoMethod(Method):
             method.fitted.fill_(True)
         self.chosen = part.chain
         self.chosen_spec = record_tensor({"label": part.label, "spec": part.spec}, self.device)
+        if self.keep_candidates:
+            self.fitted_candidates = {other.label: other.chain for other in self._parts}
+            return
         self._parts = []
         self.candidate_chains = nn.ModuleList()
 
@@ -297,6 +329,12 @@ class AutoMethod(Method):
         return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
                 "layers": list(dict.fromkeys(layer for card in cards for layer in card.get("layers", []))),
                 "chosen": self.chosen_label, "chosen_posterior": cards}
+
+    def posterior_state(self) -> dict[str, Tensor]:
+        """Auto's own buffers (the chosen spec, the record) and the chosen chain's posterior under ``chosen.``."""
+        state = {name: value for name, value in self._buffers.items() if value is not None}
+        state.update({f"chosen.{key}": value for key, value in self._chosen().posterior_state().items()})
+        return state
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         """Rebuild the chosen chain from its saved spec, then load its posterior into it."""

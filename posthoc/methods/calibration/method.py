@@ -138,7 +138,6 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         self.shift_weight_option = shift_weight
         #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only)
         self.register_buffer("shift_weight", torch.tensor(math.nan))
-        self.shift_description: dict[str, Any] | None = None
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
@@ -175,7 +174,6 @@ class CalibrationMethod(FittedOnHeldOut, Method):
                        None if shifted is None else shifted.clamp_min(LOG_PROB_FLOOR),
                        None if shifted_labels is None else check_labels(shifted_labels, classes))
         self.calibrator.check(cache.labels, classes)
-        self.shift_description = held_out.description
         return cache
 
     def configurations(self, cache: _Cache) -> list[tuple[str, float | None]]:

@@ -138,8 +138,6 @@ class MCDropout(Method):
         self.register_buffer("units", torch.zeros(0, dtype=torch.int64))
         #: validation NLL of the deterministic model and of the chosen rate (NaN unless chosen at fit)
         self.register_buffer("validation_nll", torch.full((2,), math.nan, dtype=torch.float64))
-        #: the perturbations the rate was also scored on (``None``: clean validation data only, or no fit)
-        self.shift_description: dict[str, Any] | None = None
         self._sites: list[DropoutSite] | None = None
         self._head_split: FeatureSplit | None = None
         self._head_checked = False
