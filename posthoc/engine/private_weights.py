@@ -199,7 +199,7 @@ class PrivateWeights:
     def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
         """The mean NLL of one batch from :meth:`epoch` under the likelihood (a single logit ``z``: the two classes
         ``[0, z]``; :func:`~posthoc.engine.objective.training_loss`)."""
-        return training_loss(self.likelihood, self.forward(inputs), y, binary_logit=True)
+        return training_loss(self.likelihood, self.forward(inputs), y)
 
     def weights_vector(self) -> Tensor:
         """The current trained weights as one float32 row."""
