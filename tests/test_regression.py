@@ -360,3 +360,55 @@ def test_a_model_that_is_its_own_head_is_a_linear_regression(method: str) -> Non
     covariance = torch.linalg.inv(features.T @ features / noise + delta * torch.eye(4, dtype=torch.float64))
     expected = noise + (features[:5] @ covariance * features[:5]).sum(-1)
     torch.testing.assert_close(pred.variance[:, 0].double(), expected, rtol=1e-4, atol=0)
+
+
+# ------------------------------------------------------------------------------ units of the targets
+def _in_units(net: nn.Module, loader: DataLoader, factor: float) -> tuple[nn.Module, DataLoader]:
+    """The same regressor and data with targets ``factor`` times larger: the last layer scaled, as training would."""
+    scaled = nn.Sequential(*[nn.Linear(m.in_features, m.out_features) if isinstance(m, nn.Linear) else m for m in net])
+    scaled.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        scaled[-1].weight.mul_(factor)
+        scaled[-1].bias.mul_(factor)
+    x, y = loader.dataset.tensors
+    return scaled.eval(), DataLoader(TensorDataset(x, y * factor), batch_size=50)
+
+
+@pytest.mark.parametrize("factor", [1e8, 1e-8])
+@pytest.mark.parametrize("prior", ["auto-train", "auto-val", "grid"])
+def test_laplace_is_invariant_to_the_targets_units(prior: str, factor: float) -> None:
+    """The prior is searched in standardised units (a decade of the training residuals' scale), so targets in other
+    units give the same predictive in those units: the NLL in units of the scale, ``NLL - log(factor)``, agrees to 1e-4
+    nats (measured: 2e-6, the float32 network's rounding), with no warning. Before, the range [1e-8, 1e8] put the
+    evidence's prior on a bound at both factors (a warning) and the NLL drifted by up to 0.2 nats."""
+    net, loader, x = _trained_mlp()
+    generator = torch.Generator().manual_seed(5)
+    x_val = torch.randn(100, 3, generator=generator)
+    val = DataLoader(TensorDataset(x_val, torch.stack([2 * x_val[:, 0]], 1) + 0.4 * torch.randn(100, 1, generator=generator)),
+                     batch_size=50)
+    x_test = torch.randn(200, 3, generator=generator)
+    y_test = 2 * x_test[:, :1] + 0.4 * torch.randn(200, 1, generator=generator)
+    options = {"prior_precision": "grid"} if prior == "grid" else {}
+    nlls = []
+    for scale in (1.0, factor):
+        model, train = _in_units(net, loader, scale)
+        _, held_out = _in_units(net, val, scale)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            um = posthoc.wrap(model, method="laplace", likelihood="regression", **options).fit(
+                train, None if prior == "auto-train" else held_out, progress=False)
+        nlls.append(float(-um.predict(x_test).log_prob(y_test * scale).mean()) - math.log(scale))
+    assert nlls[1] == pytest.approx(nlls[0], abs=1e-4)
+
+
+def test_laplace_refuses_a_model_that_predicts_every_training_target_exactly() -> None:
+    """As the plain model's noise fit does (was: the prior at its bound with a warning, then a noise of 1e-13)."""
+    model = nn.Linear(3, 1)
+    x = torch.randn(40, 3)
+    with torch.no_grad():
+        exact = DataLoader(TensorDataset(x, model(x)), batch_size=20)
+    for method in ("none", "laplace"):
+        with pytest.raises(posthoc.InputError, match="predicts every (training )?target exactly, so the observation noise is 0"):
+            posthoc.wrap(model, method=method, likelihood="regression").fit(exact, progress=False)
+    fixed = posthoc.wrap(model, method="laplace", likelihood=posthoc.Gaussian(noise_std=0.1)).fit(exact, progress=False)
+    assert float(fixed.predict(x).aleatoric[0, 0]) == pytest.approx(0.01)  # a fixed noise needs no residuals

@@ -77,6 +77,7 @@ from posthoc.methods.laplace.marglik import (gaussian_nll, log_marginal_likeliho
 from posthoc.engine.held_out import ShiftedHeldOut, choose, shifted_held_out
 from posthoc.methods.laplace.gaussian_rows import NOISE_STEPS, Rows, normal_nll, residual_std
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, widest_within
+from posthoc.methods.laplace.units import TargetMoments
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
 HESSIANS = (*STRUCTURES, *VARIANTS)
@@ -165,6 +166,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.val_tolerance = float(val_tolerance)
         #: the perturbations the prior was also scored on (``None``: clean held-out data only, or no fit)
         self.shift_description: dict[str, Any] | None = None
+        #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
+        self._scale = 1.0
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
@@ -214,9 +217,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 "um.fit(train_loader, val_loader) with held-out data, or use prior_precision='auto' "
                 "(the training data stands in) or 'marglik'"
             )
-        loss, weights = self._fit_curvature(train_loader, progress)
+        moments = TargetMoments(train_loader) if self.likelihood.fits_noise else None
+        loss, weights = self._fit_curvature(train_loader if moments is None else moments, progress)
         self.train_loss.fill_(float(loss))
         self.square_norm.fill_(sum(float(w.detach().double().square().sum()) for w in weights))
+        self._scale = self._target_scale(moments)
         source = {"auto": "val" if val_loader is not None else "train"}.get(self.prior_mode, self.prior_mode)
         if self.likelihood.fits_noise and source in ("val", "grid"):
             # the Gaussian NLL at each δ is scored with the noise of lowest held-out NLL at that δ, on the rows the
@@ -239,6 +244,17 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             self.prior_precision.fill_(self._held_out_prior_precision(held_out, rows, source == "grid", progress, shifted))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
 
+    def _target_scale(self, moments: TargetMoments | None) -> float:
+        """The decade of the training targets' spread that the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
+        1 for class labels). A model that predicts every training target exactly leaves no noise to fit and is refused
+        (unless the noise is fixed), as the plain model's noise fit is."""
+        if moments is None:
+            return 1.0
+        if not self.likelihood.fixed and not float(self.train_loss) > 0:
+            raise InputError("the model predicts every training target exactly, so the observation noise is 0; fix it "
+                             "with likelihood=posthoc.Gaussian(noise_std=...) or fit on data the model was not trained on")
+        return moments.decade()
+
     def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
         """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
         (:func:`~posthoc.methods.laplace.marglik.optimize_noise_and_prior`)."""
@@ -247,7 +263,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         unit = torch.cat([block.spectrum() for block in self.blocks])
         delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
                                               prior_precision=float(self.prior_precision) if fixed_prior else None,
-                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None)
+                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None,
+                                              scale=self._scale)
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
@@ -269,7 +286,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if not fixed_prior:
             unit = torch.cat([block.spectrum() for block in self.blocks])
             delta, _ = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
-                                                noise_std=residual_std(rows))
+                                                noise_std=residual_std(rows), scale=self._scale)
             self.prior_precision.fill_(delta)
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 
@@ -347,8 +364,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 return mean + CONFIDENCE_Z * math.sqrt(variance / count)
 
             if grid_only:
-                return grid_search(mean_nll)
-            widest = widest_within(excess, self.val_tolerance * abs(map_total) / count)  # a Gaussian NLL may be < 0
+                return grid_search(mean_nll, default_grid(scale=self._scale))
+            # a Gaussian NLL may be < 0, and shifts by log of the targets' unit: the tolerance reads it standardised
+            standardised = map_total / count - self.target_values() / max(int(self.num_data), 1) * math.log(self._scale)
+            widest = widest_within(excess, self.val_tolerance * abs(standardised), scale=self._scale)
             if shifted is None:
                 return widest
             perturbed, perturbed_count = self._cached_rows(shifted, None if rows is None else rows * len(shifted.levels), False)
@@ -357,7 +376,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             def combined_nll(prior_precision: float) -> float:
                 return (sums(prior_precision)[0] + sums(prior_precision, perturbed)[0]) / (count + perturbed_count)
 
-            narrower = [float(delta) for delta in default_grid() if float(delta) > widest]
+            narrower = [float(delta) for delta in default_grid(scale=self._scale) if float(delta) > widest]
             return choose([widest, *narrower], accepted=lambda delta: True, combined_nll=combined_nll, unimodal=True)
 
     def _rows_nll(self, prior_precision: float, rows: list[tuple[Any, Tensor, Tensor]], generator: torch.Generator) -> list[Tensor]:

@@ -35,15 +35,16 @@ from torch import Tensor
 
 from posthoc.core.errors import NumericalError
 from posthoc.engine.held_out import walk_spreads
-from posthoc.methods.laplace.marglik import MAX_PRIOR_PRECISION
+from posthoc.methods.laplace.marglik import MAX_PRIOR_PRECISION, prior_bounds
 
 #: bisection stops when the bracket is this narrow in ``ln δ`` (0.1% in ``δ``)
 LOG_RESOLUTION = 1e-3
 
 
-def default_grid(num: int = 41) -> Tensor:
-    """Log-spaced prior precisions from 1e-4 to 1e4."""
-    return torch.logspace(-4, 4, num, dtype=torch.float64)
+def default_grid(num: int = 41, scale: float = 1.0) -> Tensor:
+    """Log-spaced prior precisions from 1e-4 to 1e4 in standardised units: divided by ``scale²`` for targets of scale
+    ``scale`` (:func:`~posthoc.methods.laplace.marglik.prior_bounds`; 1 for class labels)."""
+    return torch.logspace(-4, 4, num, dtype=torch.float64) / scale**2
 
 
 def _scores(validation_nll: Callable[[float], float], grid: Tensor) -> list[float]:
@@ -69,7 +70,8 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
     return float(grid[min(range(len(scores)), key=lambda i: (scores[i], i))])
 
 
-def widest_within(excess: Callable[[float], float], threshold: float, grid: Tensor | None = None) -> float:
+def widest_within(excess: Callable[[float], float], threshold: float, grid: Tensor | None = None, *,
+                  scale: float = 1.0) -> float:
     """The smallest ``δ`` with ``excess(δ') <= threshold`` at ``δ`` and every grid point above it (see module docs).
 
     The walk is :func:`posthoc.engine.held_out.walk_spreads` on the ladder of ``ln δ`` from narrow to
@@ -80,11 +82,13 @@ def widest_within(excess: Callable[[float], float], threshold: float, grid: Tens
         excess: held-out NLL cost of the posterior at a prior precision over the checkpoint's
             (falls to ``0`` as ``δ → ∞``).
         threshold: the cost allowed.
-        grid: increasing prior precisions to scan (default :func:`default_grid`).
+        grid: increasing prior precisions to scan (default :func:`default_grid` at ``scale``).
+        scale: the targets' scale (1 for class labels): the top of the search is ``MAX_PRIOR_PRECISION / scale²``.
     """
-    grid = default_grid() if grid is None else grid
+    grid = default_grid(scale=scale) if grid is None else grid
     logs = grid.log().tolist()
-    above = _decades_above(logs[-1])
+    top = prior_bounds(scale)[1]
+    above = _decades_above(logs[-1], top)
     ladder = [*reversed(above), *reversed(logs)]
     within = lambda log_delta: excess(math.exp(log_delta)) <= threshold  # noqa: E731 (NaN counts as over)
     walk = walk_spreads(ladder, within, start=len(above))
@@ -98,20 +102,20 @@ def widest_within(excess: Callable[[float], float], threshold: float, grid: Tens
         return float(grid[0])
     if walk.accepted is None:
         warnings.warn(
-            f"every prior precision up to {MAX_PRIOR_PRECISION:g} costs more held-out NLL over the checkpoint than "
+            f"every prior precision up to {top:g} costs more held-out NLL over the checkpoint than "
             "the tolerance allows; using that one (the posterior is then nearly the checkpoint). Raise val_tolerance "
             "or pass a fixed prior_precision",
             RuntimeWarning,
             stacklevel=3,
         )
-        return MAX_PRIOR_PRECISION
+        return top
     return _bisect(excess, threshold, ladder[walk.rejected], ladder[walk.accepted])
 
 
-def _decades_above(top: float) -> list[float]:
-    """``ln δ`` a decade at a time above ``top`` until ``MAX_PRIOR_PRECISION`` is reached, narrowest last."""
+def _decades_above(top: float, bound: float = MAX_PRIOR_PRECISION) -> list[float]:
+    """``ln δ`` a decade at a time above ``top`` until ``bound`` is reached, narrowest last."""
     decades, low = [], top
-    while low < math.log(MAX_PRIOR_PRECISION):
+    while low < math.log(bound):
         low = low + math.log(10)
         decades.append(low)
     return decades
