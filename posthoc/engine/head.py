@@ -44,6 +44,30 @@ def _last_linear(module: nn.Module) -> nn.Module | None:
     return None
 
 
+#: modules that keep the width of their input (the last Linear's outputs pass through them unchanged in number)
+WIDTH_KEEPING = (nn.Identity, nn.Dropout, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid,
+                 nn.Softplus, nn.Hardtanh)
+
+
+def output_width(model: nn.Module) -> int | None:
+    """The number of outputs per example that ``model`` returns, where its structure tells it without an input: a
+    ``nn.Linear``, or a ``nn.Sequential`` ending in one (then only width-keeping layers); ``None`` otherwise.
+
+    Example:
+        >>> output_width(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Dropout(0.1)))
+        3
+    """
+    if isinstance(model, nn.Linear):
+        return model.out_features
+    if isinstance(model, nn.Sequential):
+        for child in reversed(model):
+            if isinstance(child, (nn.Linear, nn.Sequential)):
+                return output_width(child)
+            if not isinstance(child, WIDTH_KEEPING):
+                return None
+    return None
+
+
 def _timm_head(model: nn.Module) -> nn.Module | None:
     get_classifier = getattr(model, "get_classifier", None)
     if not callable(get_classifier):

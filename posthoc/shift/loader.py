@@ -24,6 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posthoc.core.checks import generator as check_generator
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
@@ -84,6 +85,7 @@ def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generat
     """
     check_kind(kind, severity)
     check_normalization(normalization)
+    check_generator(generator)
     check_batch(x, "posthoc.shift.corrupt")
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
