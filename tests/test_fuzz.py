@@ -558,6 +558,14 @@ NEWEST_API_MISUSES = [
      "evaluate takes a wrapped model, got a Sequential; wrap it first"),
     ("evaluate", lambda r, w, tmp: posthoc.evaluate(r["um"], r["loader"], conformal=posthoc.conformal(
         w["um"], w["loader"], progress=False), progress=False), ConfigError, "conformal= holds a classifier's conformal sets"),
+    ("evaluate", lambda r, w, tmp: posthoc.evaluate(r["um"], r["loader"], seed="0", progress=False), ConfigError,
+     "seed must be an integer, got '0'"),
+    ("conformal", lambda r, w, tmp: posthoc.conformal(r["um"], r["loader"], seed=0.5, progress=False), ConfigError,
+     "seed must be an integer, got 0.5"),
+    ("evaluate_shift", lambda r, w, tmp: posthoc.evaluate_shift(r["um"], {"a": r["loader"]}, seed=None, progress=False),
+     ConfigError, "seed must be an integer, got None"),
+    ("shift.corrupt", lambda r, w, tmp: posthoc.shift.corrupt(w["loader"], "contrast", 1, seed="1"), ConfigError,
+     "seed must be an integer, got '1'"),
     ("RegressionReport.from_predictions", lambda r, w, tmp: posthoc.RegressionReport.from_predictions(
         "a", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(5)), InputError, "targets of shape (5, 1) do not match"),
     ("RegressionReport.to_html", lambda r, w, tmp: r["report"].to_html(r["folder"] / "file" / "r.html"), ConfigError,

@@ -28,6 +28,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
@@ -238,6 +239,7 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         True
     """
     check_wrapped(um, "evaluate")
+    integer(seed, "seed")
     if is_regression(um):
         return evaluate_regression(um, test_loader, ood_loader, name=name, progress=progress, num_samples=num_samples,
                                    seed=seed, conformal=conformal, selective=selective, ood_scores=ood_scores, ci=ci,

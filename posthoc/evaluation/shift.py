@@ -33,6 +33,7 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.uncertain_model import UncertainModel, check_wrapped
 from posthoc.evaluation import bootstrap, plots
@@ -359,6 +360,7 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
         >>> posthoc.evaluate_shift(regressor, {"random": test, "extrapolation": heavy}).value("laplace", "extrapolation", 0, "crps")
         0.61
     """
+    integer(seed, "seed")
     models = _named(um_or_list)
     metrics = _table_metrics(models)
     if ci is not None:

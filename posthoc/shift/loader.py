@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import generator as check_generator
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
@@ -128,6 +129,7 @@ class CorruptedLoader:
                  normalization: Normalization | None = None) -> None:
         check_kind(kind, severity)
         check_normalization(normalization)
+        integer(seed, "seed")
         check_loader(loader, "posthoc.shift.corrupt")
         self.loader, self.kind, self.severity, self.seed, self.normalization = loader, kind, severity, seed, normalization
 
