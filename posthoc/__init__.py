@@ -37,9 +37,6 @@ from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
 from posthoc.ood import Detector, detector
 
-# posthoc.Gaussian, posthoc.HeteroscedasticGaussian, posthoc.RegressionPrediction and posthoc.RegressionReport are
-# importable; they join __all__ once tests/test_fuzz.py misuses them like every other public name
-
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
 sys.modules[f"{__name__}.settings"] = settings
 sys.modules[f"{__name__}.errors"] = errors
@@ -52,6 +49,7 @@ __all__ = [
     "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
     "Prediction", "Report", "UncertainModel", "Method", "Tolerance",
+    "Gaussian", "HeteroscedasticGaussian", "RegressionPrediction", "RegressionReport",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError",
 ]

@@ -8,9 +8,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from torch import nn
@@ -21,9 +22,11 @@ from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
-from posthoc.core.modules import uncompiled
+from posthoc.core.modules import get_submodule, uncompiled
 from posthoc.core.registry import method_class, method_names
+from posthoc.engine.head import output_width
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.loading.models import load_checkpoint
 
 
@@ -41,7 +44,11 @@ def _refuse_regression_calibrators(names: list[str], likelihood: Likelihood) -> 
 
 
 def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
-    """Options naming a module may pass the module itself; store its name so the spec can be saved."""
+    """Options naming a module may pass the module itself; store its name so the spec can be saved. A ``head=`` name is
+    checked here, at ``wrap()``, for every method that takes one (a typo would otherwise surface at ``fit``, or never
+    where the head goes unused)."""
+    if key == "head" and isinstance(value, str):
+        get_submodule(model, value)
     if not isinstance(value, nn.Module):
         return value
     for name, module in model.named_modules():
@@ -51,7 +58,14 @@ def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
 
 
 def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> UncertainModel:
-    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]`` (:func:`build_chain`)."""
+    """Build an :class:`UncertainModel` from a spec ``[{"name": ..., "options": {...}}, ...]`` (:func:`build_chain`),
+    after checking that the model's output width suits the spec's likelihood where its structure shows it."""
+    if spec:
+        likelihood = make_likelihood(spec[0].get("likelihood"))
+        for member in model if isinstance(model, (list, tuple)) else [model]:
+            width = output_width(member) if isinstance(member, nn.Module) else None
+            if width is not None:
+                likelihood.check_width(width)
     method, source = build_chain(model, spec)
     return UncertainModel(method, spec, fingerprint=source)
 
@@ -138,6 +152,31 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     return wrap_spec(model, spec_of(names, route_options(names, options), likelihood))
 
 
+@contextlib.contextmanager
+def _built_from(path: str | os.PathLike) -> Iterator[None]:
+    """Build what a file's spec names; a method, likelihood or option this posthoc does not know (a file from a newer
+    posthoc) is a :class:`PosteriorFileError` naming this version, not the builder's raw ``TypeError``."""
+    try:
+        yield
+    except (ConfigError, TypeError) as err:
+        raise PosteriorFileError(
+            f"{path} names a method, likelihood or option that this posthoc (version {posthoc_version()}, posterior "
+            f"format {persistence.FORMAT_VERSION}) cannot build ({err}); it was probably saved by a newer posthoc: "
+            "upgrade posthoc to load it, or fit and save it again with this one"
+        ) from err
+
+
+def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str, Any]) -> None:
+    """Refuse a file that lacks a likelihood's fitted tensor (the noise ``noise_std`` of ``likelihood="regression"``),
+    which would load and then fail at ``predict`` as if the model were not fitted. (Method tensors that later versions
+    added are not required: format-1 files load without them.)"""
+    missing = sorted(key for key in set(um.method.posterior_state()) - set(state) if key.split(".")[-2:-1] == ["likelihood"])
+    if missing:
+        raise PosteriorFileError(f"{path} lacks the fitted tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+                                 f"that {'+'.join(um.methods)} holds; it is incomplete or from another posthoc version: "
+                                 "fit and save it again")
+
+
 def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None) -> UncertainModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
@@ -152,7 +191,8 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
     payload = persistence.read(path, kind="posterior")
     for entry in payload["spec"]:  # the choice those options steered is in the file already
         entry["options"] = {key: value for key, value in entry.get("options", {}).items() if key not in RETIRED_OPTIONS}
-    saved = make_likelihood(payload["spec"][0].get("likelihood") if payload["spec"] else None).name
+    with _built_from(path):
+        saved = make_likelihood(payload["spec"][0].get("likelihood") if payload["spec"] else None).name
     if likelihood is not None and make_likelihood(likelihood).name != saved:
         raise PosteriorFileError(f"{path} holds a posterior for likelihood={saved!r}, not {likelihood!r}: load it with "
                                  f"likelihood={saved!r}, or fit and save a {likelihood} posterior")
@@ -164,7 +204,8 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
         models = [uncompiled(m) for m in model]
         if all(isinstance(m, nn.Module) for m in models):  # anything else is refused by the ensemble's member check
             persistence.check_ensemble_members(str(path), saved_members, [persistence.fingerprint(m) for m in models])
-        um = wrap_spec(models, payload["spec"])
+        with _built_from(path):
+            um = wrap_spec(models, payload["spec"])
         found = payload["fingerprint"]
     else:
         if saved_members is not None:
@@ -179,7 +220,9 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
                 f"fingerprint {found[:12]}): architecture or weights differ. Load it onto the exact "
                 "checkpoint it was fitted on, or fit again"
             )
-        um = wrap_spec(model, payload["spec"])
+        with _built_from(path):
+            um = wrap_spec(model, payload["spec"])
+    _check_complete(path, um, payload["state"])
     try:
         um.method.load_posterior_state(payload["state"])
     except PosthocError:

@@ -29,10 +29,10 @@ from typing import Any
 from posthoc.core import persistence
 from posthoc.core.checks import known_name, known_options, positive_int
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
-from posthoc.core.inputs import check_labels
-from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities
+from posthoc.core.inputs import as_tensor
+from posthoc.core.logits import check_finite_logits, check_not_probabilities
 from posthoc.methods.calibration import Calibrator, calibrators
-from posthoc.methods.calibration.base import as_tensor
+from posthoc.methods.calibration.base import held_out_logits
 from posthoc.methods.calibration.regression_auto import regression_calibrators
 from posthoc.methods.calibration.regression_base import KIND, RegressionCalibrator, as_prediction
 
@@ -74,19 +74,11 @@ def calibrate(logits: Any = None, labels: Any = None, method: str | None = None,
     positive_int(max_iter, "max_iter")
     if "max_iter" in cls.option_defaults():
         options["max_iter"] = max_iter
-    logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels")
-    if logits.shape[0] != labels.reshape(-1).shape[0]:
-        raise InputError(
-            f"logits and labels have different lengths ({logits.shape[0]} vs {labels.reshape(-1).shape[0]}); "
-            "pass one label per row of logits"
-        )
-    if logits.shape[0] == 0:
-        raise InputError("calibrate got no examples; pass held-out logits and labels")
+    logits = as_tensor(logits, "logits")
+    class_logits, targets = held_out_logits(logits, labels, samples=False)
     check_finite_logits(logits)
     check_not_probabilities(logits)
-    class_logits = as_class_logits(logits).float()
-    targets = check_labels(labels, class_logits.shape[-1])
-    return cls(**options).fit(class_logits, targets)
+    return cls(**options).fit(class_logits.float(), targets)
 
 
 def _calibrate_regressor(logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any,

@@ -1,4 +1,6 @@
 
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -130,6 +132,39 @@ def test_binary_single_logit_classifier():
     probs = posthoc.wrap(model, method="none")(x)
     assert probs.shape == (6, 2)
     assert torch.allclose(probs[:, 1], torch.sigmoid(model(x)).squeeze(1), atol=1e-6)
+
+
+class _SqueezedLogit(nn.Module):
+    """A binary classifier whose forward ends in ``.squeeze(-1)``: one logit per example, shape ``(N,)``."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.body = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).squeeze(-1)
+
+
+@pytest.mark.parametrize("method", sorted(set(posthoc.available_methods()) - {"ensemble"}))
+def test_a_binary_classifier_of_one_squeezed_logit_predicts_two_classes_or_is_refused_by_name(method):
+    """``(N,)`` logits are a binary classifier's ``[0, z]`` everywhere (was: SWAG and MultiSWAG raised cross-entropy's
+    RuntimeError, VI HeadNotFoundError). Laplace's softmax GGN needs two outputs and says so; platt is binary-only and
+    fits; the rest predict two classes."""
+    x = torch.randn(80, 3, generator=torch.Generator().manual_seed(1))
+    y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
+    loader = [(x[:40], y[:40]), (x[40:], y[40:])]
+    fit_options = {"epochs": 1} if "epochs" in posthoc.wrap(_SqueezedLogit(), method=method).method.fit_option_defaults() else {}
+    um = posthoc.wrap(_SqueezedLogit(), method=method)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if method == "laplace":
+            with pytest.raises(ConfigError, match="needs a head with at least 2 outputs; this head has 1"):
+                um.fit(loader, loader, progress=False)
+            return
+        um.fit(loader, loader, progress=False, **fit_options)
+    probs = um.predict(x).probs
+    assert probs.shape == (80, 2) and torch.allclose(probs.sum(-1), torch.ones(80), atol=1e-5)
 
 
 def test_composition_spec_and_help_lists_methods(digits_model):

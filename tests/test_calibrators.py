@@ -229,3 +229,25 @@ def test_auto_is_no_worse_than_no_calibration_on_nearly_separable_sets(nearly_se
         ratios.append(metrics.nll(calibrator(logits[test]), labels[test]) / plain)
         assert calibrator.chosen_name == "identity", calibrator.scores  # every halving holds fewer than 10 errors
     assert np.mean(ratios) <= AUTO_MEAN_TOLERANCE and max(ratios) <= AUTO_WORST, ratios
+
+
+@pytest.mark.parametrize("method", sorted(set(calibrators()) - {"platt"}))
+def test_every_calibrator_fits_float_labels_of_whole_numbers_and_a_binary_classifiers_one_logit(method):
+    """A calibrator's own ``fit`` reads its inputs as ``posthoc.calibrate`` does (methods.calibration.base.held_out_logits):
+    float labels holding whole numbers are class indices, and ``(N,)`` logits a binary classifier's ``[0, z]`` (was:
+    bincount's NotImplementedError or cross-entropy's RuntimeError on float labels, a ValueError on 1-D logits)."""
+    generator = torch.Generator().manual_seed(0)
+    logits = torch.randn(300, 3, generator=generator) * 2
+    labels = torch.distributions.Categorical(logits=logits).sample()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from_floats = calibrators()[method]().fit(logits, labels.float())
+        from_ints = calibrators()[method]().fit(logits, labels)
+        torch.testing.assert_close(from_floats(logits), from_ints(logits))
+        z = logits[:, 1] - logits[:, 0]
+        binary = (labels == 1).long()
+        one_logit = calibrators()[method]().fit(z, binary)
+        two_logits = calibrators()[method]().fit(torch.stack([torch.zeros_like(z), z], 1), binary)
+        torch.testing.assert_close(one_logit(z), two_logits(z))
+    with pytest.raises(posthoc.InputError, match="labels are not whole numbers"):
+        calibrators()[method]().fit(logits, labels.float() + 0.5)

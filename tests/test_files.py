@@ -103,6 +103,27 @@ def test_a_changed_tensor_is_refused_by_the_checksum(saved, tmp_path):
         saved["posterior"][1](path)
 
 
+@pytest.mark.parametrize(("edit", "says"), [
+    (lambda spec: spec[0]["options"].update(newer_option=1), "unexpected keyword argument 'newer_option'"),
+    (lambda spec: spec[0].update(name="a-newer-method"), "unknown method 'a-newer-method'"),
+    (lambda spec: spec[0].update(likelihood={"name": "poisson"}), "got 'poisson'"),
+])
+def test_a_file_from_a_newer_posthoc_is_refused_naming_this_version(saved, tmp_path, edit, says):
+    """A spec this version cannot build, with a valid checksum (a file saved by a newer posthoc): a PosteriorFileError
+    naming this posthoc's version and the format it reads (was: the method's or the likelihood's raw TypeError, or a
+    ConfigError about arguments the user never passed)."""
+    path = tmp_path / "newer.pt"
+    path.write_bytes(saved["posterior"][0])
+    payload = torch.load(path, weights_only=True)
+    edit(payload["spec"])
+    payload.pop("checksum")
+    payload["checksum"] = persistence.checksum(payload)
+    torch.save(payload, path)
+    with pytest.raises(PosteriorFileError, match="that this posthoc \\(version .*, posterior format 2\\) cannot build") as refused:
+        saved["posterior"][1](path)
+    assert says in str(refused.value) and "upgrade posthoc" in str(refused.value)
+
+
 def _calibrator():
     return posthoc.calibrate(torch.randn(60, 3) * 2, torch.arange(60) % 3)
 

@@ -525,3 +525,27 @@ def test_summary_names_the_posterior(digits_model, small_loader, loaders, tmp_pa
     card = fixed.fit(small_loader, progress=False).method.summary()
     assert card["random_variables"] == 8 * 64 + 8 and card["predictive"] == "glm"
     assert card["layers"] == ["classifier.4"] and card["prior_fit"] == "fixed" and card["fit_examples"] == 512
+
+
+@pytest.mark.parametrize("method", ["laplace", "dac"])
+def test_a_model_that_is_its_own_head_is_a_logistic_regression(method: str) -> None:
+    """A bare ``nn.Linear`` classifier: its head is the model itself, named ``""`` (was ``KeyError: '.weight'`` in
+    last-layer Laplace; dac found no head call, its trace skipping the root). Laplace's GGN is then the logistic
+    regression's Hessian: the full structure equals the brute-force Hessian of the summed NLL."""
+    x, y = tiny_data(60)
+    model = nn.Linear(4, C).double().eval()
+    loader = DataLoader(TensorDataset(x, y), batch_size=20)
+    um = posthoc.wrap(model, method=method, **({"hessian": "full", "prior_precision": 1.0} if method == "laplace" else {}))
+    um.fit(loader, loader, progress=False)
+    pred = um.predict(x)
+    assert pred.probs.shape == (60, C) and torch.isfinite(pred.entropy).all()
+    if method == "dac":
+        return
+    flat = torch.cat([model.weight, model.bias[:, None]], 1).detach().reshape(-1)  # class-major over [x, 1]
+
+    def nll(theta: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(augment(x, True) @ theta.reshape(C, -1).T, y, reduction="sum")
+
+    hessian = torch.func.hessian(nll)(flat)
+    assert um.method.posterior_parameters() == ["weight", "bias"]
+    torch.testing.assert_close(um.method.curvature.dense(), hessian, rtol=1e-8, atol=1e-8)

@@ -286,3 +286,129 @@ def test_variational_methods_predict_a_mixture_around_sampled_outputs_with_a_hel
     um.save(tmp_path / "posterior.pt")
     loaded = posthoc.load(tmp_path / "posterior.pt", net, likelihood="regression").predict(x)
     torch.testing.assert_close(loaded.variance, pred.variance, rtol=0, atol=0)
+
+
+# ------------------------------------------------------------------------------ the README's (N,) outputs
+class _Squeezed(nn.Module):
+    """A regressor whose forward ends in ``.squeeze(-1)``: outputs ``(N,)``, its body's ``(N, 1)`` with the axis dropped."""
+
+    def __init__(self, body: nn.Module) -> None:
+        super().__init__()
+        self.body = body
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).squeeze(-1)
+
+
+#: every method that does regression, with options that keep its fit small (fit options after the ``|``)
+SQUEEZED_CASES = [
+    ("none", {}, {}), ("laplace", {}, {}), ("laplace", {"subset": "all"}, {}), ("laplace", {"subset": "all", "pred": "nn"}, {}),
+    ("laplace", {"subset": ["body.0"]}, {}), ("mc-dropout", {"p": 0.1, "where": "blocks"}, {}), ("vi", {}, {"epochs": 1}),
+    ("sparse-vd", {}, {"epochs": 1}), ("swag", {}, {"epochs": 1}), ("multiswag", {}, {"epochs": 1}), ("ivon", {}, {}),
+    ("sgld", {}, {}), ("ibnn", {}, {"epochs": 1}),
+]
+
+
+@pytest.mark.parametrize(("method", "options", "fit_options"), SQUEEZED_CASES,
+                         ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o, _ in SQUEEZED_CASES])
+def test_a_regressor_of_shape_n_predicts_as_its_n_by_1_body(method: str, options: dict, fit_options: dict) -> None:
+    """The README promises ``(N,)`` outputs: a model ending in ``.squeeze(-1)`` gets the same predictive, to the bit, as
+    the same network returning ``(N, 1)`` (was: subset Laplace raised MSELoss's ValueError, last-layer Laplace, VI and
+    others HeadNotFoundError whatever head was named)."""
+    body, loader, x = _trained_mlp()
+    flat = DataLoader(TensorDataset(loader.dataset.tensors[0], loader.dataset.tensors[1][:, 0]), batch_size=50)
+    unprefixed = {key: [name.removeprefix("body.") for name in value] if isinstance(value, list) else value
+                  for key, value in options.items()}
+    predictions = []
+    for model, data, opts in ((_Squeezed(body), flat, options), (body, loader, unprefixed)):
+        torch.manual_seed(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            um = posthoc.wrap(model, method=method, likelihood="regression", **opts).fit(data, data, progress=False,
+                                                                                         **fit_options)
+        predictions.append(um.predict(x, generator=torch.Generator().manual_seed(0)))
+    squeezed, plain = predictions
+    assert squeezed.mean.shape == (30, 1)
+    torch.testing.assert_close(squeezed.mean, plain.mean, rtol=0, atol=0)
+    torch.testing.assert_close(squeezed.variance, plain.variance, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("method", ["laplace", "vi", "sparse-vd", "swag"])
+def test_a_model_that_is_its_own_head_is_a_linear_regression(method: str) -> None:
+    """A bare ``nn.Linear`` (linear regression): its head is the model itself, named ``""`` (was: last-layer Laplace
+    raised ``KeyError: '.weight'``, VI and sparse VD ``KeyError`` on the empty module name). Full last-layer Laplace on
+    it is the exact Bayesian linear regression: predictive variance ``σ² + x̃ᵀ (X̃ᵀX̃ / σ² + δ I)⁻¹ x̃``."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(100, 3, generator=generator)
+    y = x @ torch.tensor([[1.0], [-2.0], [0.5]]) + 0.3 * torch.randn(100, 1, generator=generator)
+    model = nn.Linear(3, 1)
+    with torch.no_grad():
+        solution = torch.linalg.lstsq(torch.cat([x, torch.ones(100, 1)], 1), y).solution
+        model.weight.copy_(solution[:3].T)
+        model.bias.copy_(solution[3])
+    loader = DataLoader(TensorDataset(x, y), batch_size=50)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        um = posthoc.wrap(model, method=method, likelihood="regression", **({"hessian": "full"} if method == "laplace" else {})
+                          ).fit(loader, loader, progress=False, **({} if method == "laplace" else {"epochs": 1}))
+    pred = um.predict(x[:5])
+    assert pred.mean.shape == (5, 1) and torch.isfinite(pred.std).all()
+    if method != "laplace":
+        return
+    noise, delta = float(um.likelihood.noise_std) ** 2, float(um.method.prior_precision)
+    features = torch.cat([x, torch.ones(100, 1)], 1).double()
+    covariance = torch.linalg.inv(features.T @ features / noise + delta * torch.eye(4, dtype=torch.float64))
+    expected = noise + (features[:5] @ covariance * features[:5]).sum(-1)
+    torch.testing.assert_close(pred.variance[:, 0].double(), expected, rtol=1e-4, atol=0)
+
+
+# ------------------------------------------------------------------------------ units of the targets
+def _in_units(net: nn.Module, loader: DataLoader, factor: float) -> tuple[nn.Module, DataLoader]:
+    """The same regressor and data with targets ``factor`` times larger: the last layer scaled, as training would."""
+    scaled = nn.Sequential(*[nn.Linear(m.in_features, m.out_features) if isinstance(m, nn.Linear) else m for m in net])
+    scaled.load_state_dict(net.state_dict())
+    with torch.no_grad():
+        scaled[-1].weight.mul_(factor)
+        scaled[-1].bias.mul_(factor)
+    x, y = loader.dataset.tensors
+    return scaled.eval(), DataLoader(TensorDataset(x, y * factor), batch_size=50)
+
+
+@pytest.mark.parametrize("factor", [1e8, 1e-8])
+@pytest.mark.parametrize("prior", ["auto-train", "auto-val", "grid"])
+def test_laplace_is_invariant_to_the_targets_units(prior: str, factor: float) -> None:
+    """The prior is searched in standardised units (a decade of the training residuals' scale), so targets in other
+    units give the same predictive in those units: the NLL in units of the scale, ``NLL - log(factor)``, agrees to 1e-4
+    nats (measured: 2e-6, the float32 network's rounding), with no warning. Before, the range [1e-8, 1e8] put the
+    evidence's prior on a bound at both factors (a warning) and the NLL drifted by up to 0.2 nats."""
+    net, loader, x = _trained_mlp()
+    generator = torch.Generator().manual_seed(5)
+    x_val = torch.randn(100, 3, generator=generator)
+    val = DataLoader(TensorDataset(x_val, torch.stack([2 * x_val[:, 0]], 1) + 0.4 * torch.randn(100, 1, generator=generator)),
+                     batch_size=50)
+    x_test = torch.randn(200, 3, generator=generator)
+    y_test = 2 * x_test[:, :1] + 0.4 * torch.randn(200, 1, generator=generator)
+    options = {"prior_precision": "grid"} if prior == "grid" else {}
+    nlls = []
+    for scale in (1.0, factor):
+        model, train = _in_units(net, loader, scale)
+        _, held_out = _in_units(net, val, scale)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            um = posthoc.wrap(model, method="laplace", likelihood="regression", **options).fit(
+                train, None if prior == "auto-train" else held_out, progress=False)
+        nlls.append(float(-um.predict(x_test).log_prob(y_test * scale).mean()) - math.log(scale))
+    assert nlls[1] == pytest.approx(nlls[0], abs=1e-4)
+
+
+def test_laplace_refuses_a_model_that_predicts_every_training_target_exactly() -> None:
+    """As the plain model's noise fit does (was: the prior at its bound with a warning, then a noise of 1e-13)."""
+    model = nn.Linear(3, 1)
+    x = torch.randn(40, 3)
+    with torch.no_grad():
+        exact = DataLoader(TensorDataset(x, model(x)), batch_size=20)
+    for method in ("none", "laplace"):
+        with pytest.raises(posthoc.InputError, match="predicts every (training )?target exactly, so the observation noise is 0"):
+            posthoc.wrap(model, method=method, likelihood="regression").fit(exact, progress=False)
+    fixed = posthoc.wrap(model, method="laplace", likelihood=posthoc.Gaussian(noise_std=0.1)).fit(exact, progress=False)
+    assert float(fixed.predict(x).aleatoric[0, 0]) == pytest.approx(0.01)  # a fixed noise needs no residuals

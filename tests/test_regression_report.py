@@ -108,3 +108,16 @@ def test_evaluate_refuses_what_a_regressor_report_does_not_measure(two_outputs) 
     other.fit([(x, y)], progress=False)
     with pytest.raises(ConfigError, match="calibrated on another wrapped model"):
         posthoc.evaluate(um, loader, conformal=posthoc.conformal(other, [(x, y)], progress=False), progress=False)
+
+
+def test_a_test_set_smaller_than_the_ence_bins_reports_ence_as_unavailable(tmp_path) -> None:
+    """ENCE needs one point per bin (10): on 5 rows it is ``None`` (``–`` in the tables) and every other metric, the
+    bootstrap intervals and the HTML page are still made (was: the whole evaluation refused)."""
+    net, loader, x = _trained_mlp(outputs=1)
+    um = posthoc.wrap(net, method="none", likelihood="regression").fit(loader, progress=False)
+    rows = [(x[:5], 2 * x[:5, :1])]
+    report = posthoc.evaluate(um, rows, progress=False, ci=0.9, bootstraps=50)
+    assert report.ence is None and report.as_dict()["ence"] is None and "ence" not in report.intervals
+    assert report.to_markdown().splitlines()[-1].endswith("| – |") and report.rmse > 0
+    assert report.to_html(tmp_path / "small.html").stat().st_size > 0
+    assert posthoc.evaluate(um, [(x[:10], 2 * x[:10, :1])], progress=False).ence is not None

@@ -80,8 +80,9 @@ def test_the_training_loss_is_the_class_nll_or_the_gaussian_nll_per_example_at_t
     logits, labels = torch.randn(6, 3), torch.tensor([0, 2, 1, 0, 1, 2])
     assert torch.equal(training_loss(Categorical(), logits, labels), F.cross_entropy(logits, labels))
     single = torch.randn(6, 1)
-    assert torch.equal(training_loss(Categorical(), single, labels % 2, binary_logit=True),
-                       F.cross_entropy(torch.cat([torch.zeros_like(single), single], 1), labels % 2))
+    for shape in ((6, 1), (6,)):  # a binary classifier's one logit, (N, 1) or squeezed: the classes [0, z] (SWAG too)
+        assert torch.equal(training_loss(Categorical(), single.reshape(shape), labels % 2),
+                           F.cross_entropy(torch.cat([torch.zeros_like(single), single], 1), labels % 2))
     outputs, targets = torch.randn(6, 2), torch.randn(6, 2)
     expected = 0.5 * (outputs - targets).square().sum() / 0.25 / 6
     torch.testing.assert_close(training_loss(Gaussian(noise_std=0.5), outputs, targets), expected, rtol=1e-6, atol=0)

@@ -143,6 +143,33 @@ def test_bad_shift_values_are_refused(small, digits_model):
         um.fit(None, small["val"], progress=False, shift=["rotate"])
 
 
+@pytest.mark.parametrize(("inputs", "kind", "suited"), [
+    (torch.randn(24, 3), "blur", "feature-noise"),
+    (torch.randn(24, 3), "impulse", "feature-noise"),
+    (torch.randint(0, 50, (24, 5)), "noise", "token-replace"),
+    (torch.rand(24, 1, 8, 8), "token-replace", "noise, blur, impulse"),
+])
+def test_a_named_kind_that_does_not_suit_the_inputs_is_refused_naming_those_that_do(inputs, kind, suited):
+    """Blur and impulse index image axes, noise image channels: on features or token ids they raised IndexError
+    (or, for token-replace on images, silently shuffled pixel values). Each input keeps the kinds of its family."""
+    model = torch.nn.Sequential(torch.nn.Embedding(50, 4), torch.nn.Flatten(), torch.nn.Linear(20, 3)) \
+        if not inputs.is_floating_point() else torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(inputs[0].numel(), 3))
+    loader = [(inputs[:12], torch.arange(12) % 3), (inputs[12:], torch.arange(12) % 3)]
+    um = posthoc.wrap(model, method="temperature")
+    with pytest.raises(ConfigError, match=f"the kinds that do: {suited}"):
+        um.fit(None, loader, progress=False, shift=[kind])
+    um.fit(None, loader, progress=False, shift=[suited.split(", ")[0]])  # the family's own kind fits
+
+
+def test_a_shift_callable_that_changes_the_inputs_shape_is_named(small, digits_model):
+    """Two callables of different output shapes met in torch.stack (a raw RuntimeError): the one that changes the
+    shape is named by its place in the list."""
+    keep, crop = (lambda x, generator: x), (lambda x, generator: x[..., :20, :20])
+    um = posthoc.wrap(digits_model, method="temperature")
+    with pytest.raises(InputError, match=r"shift\[1\] \(<lambda>\) returned inputs of shape \(128, 1, 20, 20\)"):
+        um.fit(None, small["val"], progress=False, shift=[keep, crop])
+
+
 def test_a_one_shot_iterator_is_read_once_and_its_perturbed_copies_are_made_from_what_was_read(small, digits_model):
     um = posthoc.wrap(digits_model, method="temperature").fit(None, iter(list(small["val"])), progress=False)
     record = um.summary()["selection"]

@@ -350,7 +350,10 @@ def test_swa_mean_of_the_default_schedule_is_not_worse_than_the_checkpoint_in_di
 
 
 def test_a_flat_loss_falls_back_to_a_fixed_learning_rate_with_a_warning():
-    net = torch.nn.Linear(4, 1)  # one logit per class of a one-class problem: the loss is 0 everywhere
+    net = torch.nn.Linear(4, 2)  # class 0 certain for every input: the loss is at its minimum, its gradient exactly 0
+    with torch.no_grad():
+        net.weight.zero_()
+        net.bias.copy_(torch.tensor([200.0, -200.0]))
     batch = [(torch.randn(8, 4), torch.zeros(8, dtype=torch.long))]
     with pytest.warns(RuntimeWarning, match="gradient at the checkpoint is 0"):
         assert relative_lr(net, list(net.parameters()), batch, device=torch.device("cpu")) == FLAT_LOSS_LR

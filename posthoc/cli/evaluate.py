@@ -57,6 +57,7 @@ from torch import nn
 import posthoc
 from posthoc.loading import folders
 from posthoc.evaluation import plots
+from posthoc.cli.flags import check_numbers
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
 from posthoc.core.checks import probability
@@ -449,6 +450,7 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
     """
 
     def run() -> None:
+        check_numbers(args)
         torch.manual_seed(args.seed)
         model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
         transform = folders.model_transform(model, f"{source}:{args.model}", args.image_size)

@@ -14,6 +14,7 @@ import argparse
 import time
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc.cli.flags import OneLineParser, check_numbers
 from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc.core.errors import exit_status
 from posthoc.demo.regression_run import run_regression_demo
@@ -35,6 +36,7 @@ def _demo(args: argparse.Namespace) -> None:
 
 
 def _evaluate(args: argparse.Namespace) -> None:
+    check_numbers(args)
     if args.likelihood == "regression":
         run_regression(args)
     else:
@@ -43,7 +45,7 @@ def _evaluate(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers and regressors.")
+    parser = OneLineParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers and regressors.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
     demo.add_argument("--task", choices=("classification", "regression"), default="classification",

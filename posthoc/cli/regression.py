@@ -40,14 +40,14 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
 from posthoc.cli.evaluate import method_rows, parse_option, route_options, run_device, run_settings
-from posthoc.core.checks import probability
+from posthoc.cli.flags import check_numbers
 from posthoc.core.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
 from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import markdown_rows
 from posthoc.loading.folders import split_held_out
-from posthoc.loading.tabular import Table, load_module, read_table
+from posthoc.loading.tabular import Table, load_module, read_tables
 
 LIKELIHOODS = ("classification", "regression")
 DEFAULT_METHOD = "laplace"
@@ -59,6 +59,8 @@ CLASSIFICATION_ONLY = {
     "conformal_score": ("--conformal-score", "lac"), "checkpoint": ("--checkpoint", []),
     "train_subset": ("--train-subset", None), "val_subset": ("--val-subset", None),
 }
+#: the test set's row in the shift table (a ``--shift`` file may not take its name)
+TEST_ROW = "test"
 OUTPUT_FILES = ("report.md", "report.html", "summary.md", "metrics.json", "calibration.png", "error_std.png")
 LEGEND = ("NLL: negative log-likelihood (nats per example, joint over targets); CRPS: continuous ranked probability "
           "score (targets' units); cov / width: the fraction of test targets inside the central interval of that "
@@ -92,8 +94,6 @@ def check_regression_arguments(args: argparse.Namespace) -> None:
         raise ConfigError("--likelihood regression needs the target column(s) of the CSV files: --target COLUMN")
     if len(args.model) != 1:
         raise ConfigError("--likelihood regression takes one --model file (a torch.save'd nn.Module)")
-    if args.alpha is not None:
-        probability(args.alpha, "--alpha")
 
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, *, default_out: str) -> None:
@@ -138,16 +138,16 @@ class RegressionData:
 
 
 def load_tables(args: argparse.Namespace) -> RegressionData:
-    """Read ``--train``, ``--val``, ``--test`` and ``--shift`` files (splitting ``--val`` when there is no ``--test``)."""
+    """Read ``--train``, ``--val``, ``--test`` and ``--shift`` files, their columns matched by name to the first
+    file's (:func:`~posthoc.loading.tabular.read_tables`), splitting ``--val`` when there is no ``--test``."""
     targets = list(args.target)
     features = None if args.features is None else [name.strip() for name in args.features.split(",") if name.strip()]
-
-    def read(path: Path) -> Table:
-        return read_table(path, targets, features)
-
-    val = read(args.val)
+    names = _shift_names(args.shift)
+    paths = [path for path in (args.train, args.val, args.test) if path is not None] + list(args.shift)
+    tables = dict(zip(paths, read_tables(paths, targets, features)))
+    val = tables[args.val]
     if args.test is not None:
-        test = read(args.test)
+        test = tables[args.test]
     else:
         order = torch.randperm(len(val), generator=torch.Generator().manual_seed(args.seed))
         cut = int(args.calibration_fraction * len(val))
@@ -155,8 +155,23 @@ def load_tables(args: argparse.Namespace) -> RegressionData:
             raise ConfigError(f"--calibration-fraction {args.calibration_fraction} leaves an empty part of the "
                               f"{len(val)} rows of {args.val}; pass --test FILE or a fraction in (0, 1)")
         val, test = val.rows(order[:cut]), val.rows(order[cut:])
-    shifts = {Path(path).stem: read(Path(path)) for path in args.shift}
-    return RegressionData(None if args.train is None else read(args.train), val, test, shifts)
+    shifts = {name: tables[path] for name, path in zip(names, args.shift)}
+    return RegressionData(None if args.train is None else tables[args.train], val, test, shifts)
+
+
+def _shift_names(paths: list[Path]) -> list[str]:
+    """The report's name of each ``--shift`` file, its stem; two files of one stem, or one named ``test`` (the test set's
+    row), are refused: one row would hide the other."""
+    names = [Path(path).stem for path in paths]
+    if TEST_ROW in names:
+        raise ConfigError(f"--shift file {paths[names.index(TEST_ROW)]} is named {TEST_ROW!r}, the name of the test set's "
+                          "row in the report; rename it")
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if doubled:
+        clash = [str(path) for path, name in zip(paths, names) if name == doubled[0]]
+        raise ConfigError(f"--shift files {', '.join(clash)} share the name {doubled[0]!r} that labels their row in the "
+                          "report; rename one")
+    return names
 
 
 def _loader(table: Table | None, batch_size: int, shuffle: bool = False, seed: int = 0) -> DataLoader | None:
@@ -211,7 +226,7 @@ def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, I
 def _shift_table(results: list[RegressionRow], data: RegressionData, args: argparse.Namespace) -> ShiftTable | None:
     if not data.shifts:
         return None
-    sets = {"test": data.test, **data.shifts}
+    sets = {TEST_ROW: data.test, **data.shifts}
     loaders = {name: _loader(table, args.batch_size) for name, table in sets.items()}
     return evaluate_shift({row.name: row.um for row in results}, loaders, seed=args.seed, ci=args.ci,
                           bootstraps=args.bootstraps, num_samples=args.num_samples, progress=not args.no_progress)
@@ -263,6 +278,7 @@ def run_regression_recipe(model: torch.nn.Module, datasets: tuple[Dataset | None
         >>> run_regression_recipe(model, (train, val, None), lambda d, shuffle: DataLoader(d, 32, shuffle), args,
         ...                       title="timm resnet50 (regression)")
     """
+    check_numbers(args)
     train, val, test = datasets
     if test is None:
         val, test = split_held_out(val, 0.5, seed=args.seed)

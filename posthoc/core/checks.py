@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import torch
+
 from posthoc.core.errors import ConfigError
 
 
@@ -116,6 +118,21 @@ def check_shift(shift: Any) -> Any:
         return shift
     raise ConfigError(f"shift must be None (clean validation data only), 'auto' (perturbations suited to the inputs) "
                       f"or a non-empty list of fit-time kind names and callables f(x, generator) -> x; got {shift!r}")
+
+
+def generator(value: Any, name: str = "generator") -> Any:
+    """``value`` if it is ``None`` (the global random state) or a ``torch.Generator``; an integer seed is refused with
+    the line that makes a generator of it.
+
+    Example:
+        >>> generator(42)
+        Traceback (most recent call last):
+        posthoc.core.errors.ConfigError: generator must be a torch.Generator or None, got 42 ...
+    """
+    if value is None or isinstance(value, torch.Generator):
+        return value
+    hint = f"; for a seed pass {name}=torch.Generator().manual_seed({value})" if isinstance(value, int) else ""
+    raise ConfigError(f"{name} must be a torch.Generator or None, got {value!r}{hint}")
 
 
 def integer(value: Any, name: str) -> int:

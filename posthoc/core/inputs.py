@@ -136,18 +136,68 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
     return count
 
 
-def looks_like_loader(data: Any) -> bool:
-    """Whether ``data`` is a loader of batches (a ``DataLoader``, a generator, a list of ``(x, y)`` pairs or of
-    dict batches) rather than an array of labels or numbers.
+def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None = None) -> Tensor:
+    """``values`` (a tensor, numpy array, or list) as a tensor; strings and Python objects are refused by name,
+    with ``hint`` (default: what to pass for ``what``). ``numbers=True`` also takes a single Python or numpy number
+    (a batch's one label).
 
     Example:
-        >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([0, 1])
+        >>> as_tensor(np.array(["cat", "dog"]), "labels")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: labels are strings (e.g. 'cat') ...
+    """
+    if isinstance(values, Tensor):
+        return values.detach()
+    if numbers and isinstance(values, (int, float, np.number)) and not isinstance(values, bool):
+        return torch.as_tensor(values)
+    if not isinstance(values, (np.ndarray, list, tuple)):
+        raise InputError(f"{what} must be a tensor or a numpy array, got {type(values).__name__}")
+    try:
+        array = np.asarray(values)
+    except ValueError as err:  # ragged nested lists
+        raise InputError(f"{what} cannot be read as an array of numbers ({err}); pass a tensor or an array of one "
+                         "shape") from None
+    if array.dtype.kind in "USO":
+        example = str(array.reshape(-1)[0]) if array.size else ""
+        if hint is None:
+            hint = ("pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
+                    "np.unique(labels, return_inverse=True)[1]") if what == "labels" else "pass numbers"
+        raise InputError(f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
+                         f"(e.g. {example!r}), not numbers; {hint}")
+    return torch.as_tensor(array)
+
+
+def real_values(values: Any, what: str = "targets") -> Tensor:
+    """``values`` as a tensor of real numbers, refusing strings, objects, NaN and inf: what every regression entry
+    point (fit, log_prob, cdf, conformal, calibrate) reads targets with.
+
+    Example:
+        >>> real_values([1.0, float("nan")])
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: targets contain NaN or inf; drop or impute those rows first
+    """
+    values = as_tensor(values, what)
+    if values.is_complex():
+        raise InputError(f"{what} are complex numbers; pass real values")
+    if values.is_floating_point() and not bool(torch.isfinite(values).all()):
+        raise InputError(f"{what} contain NaN or inf; drop or impute those rows first")
+    return values
+
+
+def looks_like_loader(data: Any) -> bool:
+    """Whether ``data`` is a loader of batches (a ``DataLoader``, a generator, a list of ``(x, y)`` pairs holding
+    tensors or of dict batches) rather than an array of labels or numbers (a nested list of numbers is targets).
+
+    Example:
+        >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([[0.5], [1.5]])
         (True, False)
     """
     if isinstance(data, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(data, Iterable):
         return False
     if isinstance(data, (list, tuple)):
-        return all(isinstance(batch, (list, tuple, Mapping)) for batch in data)
+        return all(isinstance(batch, Mapping) or (isinstance(batch, (list, tuple))
+                                                  and any(isinstance(v, (Tensor, Mapping, np.ndarray, list)) for v in batch))
+                   for batch in data)
     return True
 
 
@@ -221,8 +271,7 @@ def check_attention(x: Inputs) -> None:
 
 def check_labels(y: Tensor, num_classes: int) -> Tensor:
     """Validate class labels ``y`` against ``num_classes`` and return them as int64."""
-    if not isinstance(y, Tensor):
-        y = torch.as_tensor(y)
+    y = as_tensor(y, "labels", numbers=True)
     if y.is_floating_point() or y.is_complex():
         if y.numel() and not torch.equal(y, y.round()):
             raise InputError(
@@ -298,7 +347,8 @@ def iterate(
                 "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
             )
         if y is not None:
-            y = torch.as_tensor(y)
+            y = as_tensor(y, f"y of batch {seen} (0-based) of {where}", numbers=True,
+                          hint="yield numbers: class indices for a classifier, real values for a regressor")
             check_label_count(count, y, f"batch {seen} (0-based) of {where}")
         seen += 1
         yield x, (None if y is None else y.to(device))

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
@@ -31,8 +32,9 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from posthoc.core.checks import known_options
 from posthoc.core.errors import ConfigError, InputError, NotFittedError
-from posthoc.core.inputs import Inputs, check_labels, iterate
+from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
@@ -108,6 +110,10 @@ class Likelihood(nn.Module):
     def targets(self, y: Tensor | None, outputs: Tensor) -> Tensor:
         """``y`` validated against the model's ``outputs`` for this likelihood."""
         raise NotImplementedError
+
+    def check_width(self, outputs: int) -> None:
+        """Refuse (a :class:`ConfigError`, at ``wrap``) a model of ``outputs`` outputs per example that this likelihood
+        cannot read; every width is readable by default."""
 
     def hessian_rank(self, outputs: int) -> int:
         """The rank of one example's loss Hessian in ``outputs`` model outputs (the softmax's loses one: ``C - 1``)."""
@@ -187,17 +193,14 @@ def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
     """
     if y is None:
         raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
-    y = torch.as_tensor(y, device=means.device)
+    y = real_values(y).to(means.device)
     rows, width = means.shape[0], means.shape[-1]
     if y.dim() == 1 and width == 1:
         y = y[:, None]
     if tuple(y.shape) != (rows, width):
         raise InputError(f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
                          f"pass targets of shape ({rows},) or ({rows}, {width})")
-    y = y.to(torch.float64)
-    if not torch.isfinite(y).all():
-        raise InputError("targets contain NaN or inf; drop or impute those rows first")
-    return y
+    return y.to(torch.float64)
 
 
 class RealTargets(Likelihood):
@@ -321,6 +324,13 @@ class HeteroscedasticGaussian(RealTargets):
 
     name = "heteroscedastic"
 
+    def check_width(self, outputs: int) -> None:
+        """An odd number of outputs has no means-then-log-variances split."""
+        if outputs % 2:
+            raise ConfigError(f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; this model "
+                              f"returns {outputs} output(s) per example. Give it an even number, or use "
+                              "likelihood='regression' (a fitted noise)")
+
     def split(self, outputs: Tensor) -> tuple[Tensor, Tensor]:
         """``(means, variances)`` of outputs ``(..., 2D)``."""
         if outputs.shape[-1] % 2:
@@ -362,8 +372,11 @@ def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likeliho
     if not isinstance(value, dict) or value.get("name") not in LIKELIHOODS:
         named = value.get("name") if isinstance(value, dict) else value
         raise ConfigError(f"likelihood must be one of {list(LIKELIHOODS)} (or posthoc.Gaussian(noise_std=...)), got {named!r}")
-    options = {key: item for key, item in value.items() if key != "name"}
-    return LIKELIHOODS[value["name"]](**options)
+    cls = LIKELIHOODS[value["name"]]
+    options = known_options({key: item for key, item in value.items() if key != "name"},
+                            {p.name: p.default for p in list(inspect.signature(cls.__init__).parameters.values())[1:]},
+                            f"likelihood {value['name']!r}")
+    return cls(**options)
 
 
 def golden_minimum(function: Callable[[float], float], low: float, high: float, steps: int = GOLDEN_STEPS) -> float:

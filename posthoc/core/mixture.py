@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import InputError
+from posthoc.core.inputs import real_values
 
 #: bisection steps of a mixture quantile: the bracket shrinks by 2^-64, below float64 resolution
 BISECTION_STEPS = 64
@@ -58,8 +59,8 @@ class GaussianMixture:
         return self.variances.mean(0) + self.means.var(0, unbiased=False)
 
     def targets(self, y: Tensor) -> Tensor:
-        """``y`` as ``(N, D)`` in the components' dtype, refusing a shape that does not match."""
-        y = torch.as_tensor(y, device=self.means.device)
+        """``y`` as ``(N, D)`` in the components' dtype, refusing non-numbers, NaN, inf and a shape that does not match."""
+        y = real_values(y).to(self.means.device)
         n, d = self.means.shape[1:]
         if y.dim() == 1 and d == 1:
             y = y[:, None]

@@ -53,6 +53,17 @@ def module_name(model: nn.Module, module: nn.Module) -> str | None:
     return None
 
 
+def qualified(module_name: str, name: str) -> str:
+    """The full name of ``name`` (a parameter, a child) of the module called ``module_name`` inside a model; the root
+    module (``""``: a model that is its own head, e.g. a bare ``nn.Linear``) adds no prefix.
+
+    Example:
+        >>> qualified("fc", "weight"), qualified("", "weight")
+        ('fc.weight', 'weight')
+    """
+    return f"{module_name}.{name}" if module_name else name
+
+
 def get_submodule(model: nn.Module, name: str) -> nn.Module:
     """``model.get_submodule(name)`` with an error that lists the available names."""
     try:

@@ -35,6 +35,7 @@ import torch
 from torch import nn
 
 from posthoc.core.errors import PosteriorFileError
+from posthoc.core.paths import as_path, in_folder, reason
 
 #: format 2 is format 1 plus the ``checksum`` entry (format-1 files, which have none, still load)
 FORMAT_VERSION = 2
@@ -181,13 +182,9 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
     if fit is not None:
         payload["fit"] = dict(fit)
     payload["checksum"] = checksum(payload)
-    path = _as_path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
+    path = as_path(path, PosteriorFileError)
+    with in_folder(path, PosteriorFileError):
         handle, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as err:
-        raise PosteriorFileError(f"cannot save to {path}: the folder {path.parent} cannot be created or written "
-                                 f"({_reason(err)}); choose a path in a writable folder") from err
     try:
         with os.fdopen(handle, "wb") as stream:
             torch.save(payload, stream)
@@ -196,23 +193,11 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise PosteriorFileError(f"cannot save to {path} ({_reason(err)}); any file that was there is unchanged. "
+        raise PosteriorFileError(f"cannot save to {path} ({reason(err)}); any file that was there is unchanged. "
                                  "Free some space or choose another path, and save again") from err
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def _as_path(path: Any) -> Path:
-    """``path`` as a :class:`~pathlib.Path`; anything but a string or path-like (or a path the OS cannot name) is refused."""
-    if not isinstance(path, (str, os.PathLike)) or "\x00" in os.fspath(path) or not os.fspath(path):
-        raise PosteriorFileError(f"a file path must be a non-empty string or pathlib.Path without NUL characters, got {path!r}")
-    return Path(path)
-
-
-def _reason(err: OSError) -> str:
-    """An OS error in a few words, e.g. ``'Permission denied'`` (its text without the path)."""
-    return err.strerror or str(err) or type(err).__name__
 
 
 def _load_payload(path: Path, kind: str) -> Any:
@@ -227,7 +212,7 @@ def _load_payload(path: Path, kind: str) -> Any:
         if path.exists() and not path.is_dir() and os.access(path, os.R_OK):
             raise PosteriorFileError(f"{path} is not a readable {kind} file (truncated or corrupted: {err}); save it "
                                      "again, or restore it from a copy") from err
-        raise PosteriorFileError(f"cannot read {path} ({_reason(err)}); check that the file exists and is readable") from err
+        raise PosteriorFileError(f"cannot read {path} ({reason(err)}); check that the file exists and is readable") from err
     except Exception as err:  # the unpickler of a damaged file raises anything: IndexError, KeyError, UnicodeDecodeError, ...
         raise PosteriorFileError(
             f"{path} is not a readable {kind} file (truncated, corrupted, or it holds objects that are not plain "
@@ -275,7 +260,7 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")
-    path = _as_path(path)
+    path = as_path(path, PosteriorFileError)
     payload = _load_payload(path, kind)
     _check_layout(path, payload, kind)
     found = "calibrator" if payload["model_class"] == CALIBRATOR_CLASS else "posterior"

@@ -67,7 +67,9 @@ class RegressionPrediction:
     @classmethod
     def from_components(cls, means: Tensor, model_variances: Tensor | None, noise: Tensor) -> RegressionPrediction:
         """The prediction of ``K`` components: means ``(K, N, D)``, the model's variances ``(K, N, D)`` (``None``:
-        points, e.g. sampled networks) and the observation variances ``noise`` (broadcast to ``(K, N, D)``)."""
+        points, e.g. sampled networks) and the observation variances ``noise`` (broadcast to ``(K, N, D)``); other
+        shapes are refused, saying which to pass."""
+        _check_components(means, model_variances, noise)
         noise = noise.expand_as(means)
         model = torch.zeros_like(means) if model_variances is None else model_variances
         aleatoric = noise.mean(0)
@@ -131,6 +133,11 @@ class RegressionPrediction:
         """
         if self.recalibration is not None:
             raise InputError("this prediction is already recalibrated (isotonic); scale the variance before recalibrating")
+        if not isinstance(scale, Tensor) or tuple(scale.shape) not in ((self.num_outputs,), ()) \
+                or not bool((torch.isfinite(scale) & (scale > 0)).all()):
+            shown = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
+            raise InputError(f"scale must be a tensor of {self.num_outputs} finite factor(s) > 0, one per output (shape "
+                             f"({self.num_outputs},)), got {shown if not isinstance(scale, Tensor) or scale.numel() > 8 else scale}")
         scale = scale.to(device=self.mean.device, dtype=self.mean.dtype)
         means = self.mean + scale * (self.component_means - self.mean)
         return RegressionPrediction.from_components(means, scale.square() * self.model_variances,
@@ -156,6 +163,28 @@ class RegressionPrediction:
     @property
     def num_outputs(self) -> int:
         return self.mean.shape[-1]
+
+
+def _check_components(means: Tensor, model_variances: Tensor | None, noise: Tensor) -> None:
+    """Refuse components that are not tensors of the shapes :meth:`RegressionPrediction.from_components` reads."""
+    if not isinstance(means, Tensor) or means.dim() != 3:
+        shown = tuple(means.shape) if isinstance(means, Tensor) else type(means).__name__
+        raise InputError(f"means must be a tensor (K, N, D) of K components for N examples and D outputs, got {shown}; "
+                         "a single Gaussian per example is means[None]")
+    if model_variances is not None and (not isinstance(model_variances, Tensor) or model_variances.shape != means.shape):
+        shown = tuple(model_variances.shape) if isinstance(model_variances, Tensor) else type(model_variances).__name__
+        raise InputError(f"model_variances must be a tensor of the means' shape {tuple(means.shape)} (or None), got {shown}")
+    if not isinstance(noise, Tensor) or not _broadcasts(noise.shape, means.shape):
+        shown = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
+        raise InputError(f"noise must be a tensor of observation variances that broadcasts to the means' shape "
+                         f"{tuple(means.shape)}, got {shown}")
+
+
+def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
+    try:
+        return torch.broadcast_shapes(shape, to) == to
+    except RuntimeError:
+        return False
 
 
 #: what a prediction is built from (:meth:`RegressionPrediction.from_components`), per component

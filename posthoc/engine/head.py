@@ -44,6 +44,30 @@ def _last_linear(module: nn.Module) -> nn.Module | None:
     return None
 
 
+#: modules that keep the width of their input (the last Linear's outputs pass through them unchanged in number)
+WIDTH_KEEPING = (nn.Identity, nn.Dropout, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid,
+                 nn.Softplus, nn.Hardtanh)
+
+
+def output_width(model: nn.Module) -> int | None:
+    """The number of outputs per example that ``model`` returns, where its structure tells it without an input: a
+    ``nn.Linear``, or a ``nn.Sequential`` ending in one (then only width-keeping layers); ``None`` otherwise.
+
+    Example:
+        >>> output_width(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Dropout(0.1)))
+        3
+    """
+    if isinstance(model, nn.Linear):
+        return model.out_features
+    if isinstance(model, nn.Sequential):
+        for child in reversed(model):
+            if isinstance(child, (nn.Linear, nn.Sequential)):
+                return output_width(child)
+            if not isinstance(child, WIDTH_KEEPING):
+                return None
+    return None
+
+
 def _timm_head(model: nn.Module) -> nn.Module | None:
     get_classifier = getattr(model, "get_classifier", None)
     if not callable(get_classifier):
@@ -169,7 +193,8 @@ class FeatureSplit:
         self.head_name, self.head = name, module
 
     def __call__(self, x: Inputs) -> tuple[Tensor, Tensor]:
-        """Return ``(phi, logits)``: the head's input ``(N, D)`` and the model's output ``(N, C)``."""
+        """Return ``(phi, logits)``: the head's input ``(N, D)`` and the model's output ``(N, C)`` (a model that squeezes
+        its head's one output to ``(N,)`` gives the head's ``(N, 1)``)."""
         if self.head is None:
             self._resolve(x)
         captured: dict[str, Tensor] = {}
@@ -181,7 +206,8 @@ class FeatureSplit:
             logits = run_model(self.model, x)
         if "phi" not in captured:
             raise HeadNotFoundError(f"the head '{self.head_name}' was not called in the forward pass; name the head explicitly")
-        if captured["out"] is not logits:
+        out = captured["out"]
+        if out is not logits and not _one_output_squeezed(out, logits):
             raise HeadNotFoundError(
                 f"the output of '{self.head_name}' is not the model's output (the model transforms "
                 "it afterwards); name the module whose output is the logits with head=..."
@@ -192,4 +218,11 @@ class FeatureSplit:
                 f"the head '{self.head_name}' receives inputs of shape {tuple(phi.shape)}; last-layer "
                 "methods need (N, D) features"
             )
-        return phi, logits
+        return phi, out
+
+
+def _one_output_squeezed(out: Tensor, logits: Tensor) -> bool:
+    """Whether the model's output ``logits`` ``(N,)`` is the head's one output ``(N, 1)`` with that axis dropped (a
+    model ending in ``.squeeze(-1)``: a regressor of one target, a binary classifier's logit), the same numbers."""
+    return (out.dim() == 2 and out.shape[1] == 1 and tuple(logits.shape) == (out.shape[0],)
+            and logits.data_ptr() == out.data_ptr())

@@ -35,7 +35,7 @@ from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_m
 from posthoc.core.likelihood import best_noise_nlls, model_outputs
 from posthoc.core.logits import class_log_probs
 from posthoc.core.prediction import Prediction
-from posthoc.engine.perturb import Kind, family_for, grade, kinds_named
+from posthoc.engine.perturb import Kind, family_for, grade, kinds_named, user_perturbation
 from posthoc.engine.selection import Candidate, Layout, Rows, Scores, Selection, Tolerance, select
 
 #: how far towards chance each graded strength takes the model's held-out accuracy
@@ -147,8 +147,8 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     rows = _grading_rows(loader, device, grading_rows)
     auto = isinstance(shift, str)
     names = None if auto else [s for s in shift if isinstance(s, str)]
-    own = [] if auto else [s for s in shift if not isinstance(s, str)]
-    kinds: dict[str, Kind] = family_for(rows[0][0]) if names is None else kinds_named(names)
+    own = [] if auto else [user_perturbation(s, i) for i, s in enumerate(shift) if not isinstance(s, str)]
+    kinds: dict[str, Kind] = family_for(rows[0][0]) if names is None else kinds_named(names, rows[0][0])
     levels: list[list[UserPerturbation]] = []
     description: dict[str, Any] = {"strengths": list(strengths)}
     if kinds:

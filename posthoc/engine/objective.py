@@ -47,12 +47,12 @@ def predicts_classes(likelihood: Likelihood) -> bool:
     return isinstance(likelihood, Categorical)
 
 
-def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor, *, binary_logit: bool = False) -> Tensor:
+def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor) -> Tensor:
     """The mean negative log-likelihood of one batch's targets ``y`` given the model's ``outputs``, in float32.
 
-    Class labels: the cross-entropy of the logits (with ``binary_logit``, a single logit ``z`` is the two
-    classes ``[0, z]``, as SGLD and IVON read it; SWAG takes the logits as they are). Real targets:
-    ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
+    Class labels: the cross-entropy of the logits, a binary classifier's single logit ``z`` (``(N,)`` or ``(N, 1)``)
+    read as the two classes ``[0, z]``, as every predictive reads it (:func:`~posthoc.core.logits.as_class_logits`).
+    Real targets: ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
 
     Example:
         >>> gaussian = Gaussian(noise_std=0.5)
@@ -60,7 +60,7 @@ def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor, *, binary_
         2.0
     """
     if predicts_classes(likelihood):
-        logits = (as_class_logits(outputs) if binary_logit else outputs).float()
+        logits = as_class_logits(outputs).float()
         return F.cross_entropy(logits, check_labels(y, logits.shape[-1]))
     outputs = model_outputs(outputs)
     targets = likelihood.targets(y, outputs).to(outputs.device)

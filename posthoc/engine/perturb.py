@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torchvision.transforms.v2.functional as TF
@@ -120,6 +121,23 @@ FEATURE_KINDS = {"feature-noise": Kind(feature_noise, (0.125, 0.25, 0.5, 1.0, 2.
 FIT_KINDS: dict[str, Kind] = {**IMAGE_KINDS, **TOKEN_KINDS, **FEATURE_KINDS}
 
 
+def _suited(x: Inputs) -> tuple[str, dict[str, Kind]]:
+    """What inputs like ``x`` are (in words) and the fit-time kinds that suit them (none for other layouts)."""
+    if isinstance(x, Mapping):
+        if PIXELS in x:
+            return f"images ('{PIXELS}')", IMAGE_KINDS
+        if TOKENS in x:
+            return f"token ids ('{TOKENS}')", TOKEN_KINDS
+        return f"a dict of {sorted(x)}", {}
+    if not x.is_floating_point():
+        return f"token ids of shape {tuple(x.shape)}", TOKEN_KINDS
+    if x.dim() == 4:
+        return f"images of shape {tuple(x.shape)}", IMAGE_KINDS
+    if x.dim() == 2:
+        return f"feature vectors of shape {tuple(x.shape)}", FEATURE_KINDS
+    return f"inputs of shape {tuple(x.shape)}", {}
+
+
 def family_for(x: Inputs) -> dict[str, Kind]:
     """The fit-time perturbations that suit inputs like ``x`` (see the module docs).
 
@@ -127,30 +145,73 @@ def family_for(x: Inputs) -> dict[str, Kind]:
         >>> list(family_for({"input_ids": torch.ones(2, 5, dtype=torch.long)}))
         ['token-replace']
     """
-    if isinstance(x, Mapping):
-        if PIXELS in x:
-            return IMAGE_KINDS
-        if TOKENS in x:
-            return TOKEN_KINDS
-        raise InputError(f"shift='auto' knows images ('{PIXELS}') and tokens ('{TOKENS}') in dict inputs, got keys "
-                         f"{sorted(x)}; pass shift=[callable, ...] or shift=None")
-    if not x.is_floating_point():
-        return TOKEN_KINDS
-    if x.dim() == 4:
-        return IMAGE_KINDS
-    if x.dim() == 2:
-        return FEATURE_KINDS
-    raise InputError(f"shift='auto' knows images (N, C, H, W), token ids and feature vectors (N, D), got inputs of "
-                     f"shape {tuple(x.shape)}; pass shift=[callable, ...] or shift=None")
+    what, kinds = _suited(x)
+    if not kinds:
+        raise InputError(f"shift='auto' knows images (N, C, H, W) or a dict with '{PIXELS}', token ids (or a dict with "
+                         f"'{TOKENS}') and feature vectors (N, D), got {what}; pass shift=[callable, ...] or shift=None")
+    return kinds
 
 
-def kinds_named(names: list[str]) -> dict[str, Kind]:
-    """The fit-time kinds called ``names``; an unknown name is refused with the valid ones."""
+def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
+    """The fit-time kinds called ``names`` for inputs like ``x``; an unknown name is refused with the valid ones, and a
+    kind that does not suit the inputs (blur on feature vectors, noise on token ids) with the kinds that do.
+
+    Example:
+        >>> list(kinds_named(["feature-noise"], torch.randn(4, 3)))
+        ['feature-noise']
+    """
     unknown = [name for name in names if name not in FIT_KINDS]
     if unknown:
         raise ConfigError(f"unknown fit-time perturbation(s) {unknown}; valid: {', '.join(FIT_KINDS)} or callables "
-                          "f(x, generator) -> x (posthoc.shift.perturbation makes one from a harness corruption)")
+                          "f(x, generator) -> x")
+    what, suited = _suited(x)
+    unsuited = [name for name in names if name not in suited]
+    if unsuited:
+        instead = f"the kinds that do: {', '.join(suited)}" if suited else "no fit-time kind does"
+        raise ConfigError(f"fit-time perturbation(s) {unsuited} do not suit the inputs ({what}); {instead}, or pass "
+                          "shift='auto', callables f(x, generator) -> x, or shift=None")
     return {name: FIT_KINDS[name] for name in names}
+
+
+def user_perturbation(perturb: Callable[[Inputs, torch.Generator], Inputs], position: int) -> Callable[[Inputs, torch.Generator], Inputs]:
+    """A user's ``shift=`` callable (entry ``position`` of the list), checked on every call: it must return inputs of
+    the kind and shape it was given (one perturbed copy per example), which the held-out choice mixes example by
+    example; a callable that does not is named.
+
+    Example:
+        >>> crop = user_perturbation(lambda x, generator: x[:, :2], 0)
+        >>> crop(torch.zeros(4, 3), torch.Generator())
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3) ...
+    """
+    name = f"shift[{position}] ({getattr(perturb, '__name__', type(perturb).__name__)})"
+
+    def checked(x: Inputs, generator: torch.Generator) -> Inputs:
+        out = perturb(x, generator)
+        if _layout(out) != _layout(x):
+            raise InputError(f"{name} returned {_describe(out)} for {_describe(x)}; a fit-time perturbation must return "
+                             "inputs of the kind and shape it is given (one perturbed copy of each example)")
+        return out
+
+    return checked
+
+
+def _layout(x: Any) -> Any:
+    """What a perturbation must keep: a tensor's shape, or a dict's keys and their tensors' shapes."""
+    if isinstance(x, Tensor):
+        return tuple(x.shape)
+    if isinstance(x, Mapping):
+        return tuple(sorted((key, tuple(value.shape) if isinstance(value, Tensor) else None) for key, value in x.items()))
+    return type(x)
+
+
+def _describe(x: Any) -> str:
+    if isinstance(x, Tensor):
+        return f"inputs of shape {tuple(x.shape)}"
+    if isinstance(x, Mapping):
+        return "a dict of " + ", ".join(f"{key} {tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}"
+                                        for key, v in x.items())
+    return f"a {type(x).__name__}"
 
 
 def grade(accuracy_at: Callable[[Kind, float], float], kinds: Mapping[str, Kind], *, clean_accuracy: float,

@@ -39,7 +39,7 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.core.logits import as_class_logits
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, qualified
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.objective import predicts_classes, training_loss
@@ -63,7 +63,7 @@ def trained_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> 
     """
     if layers == "head":
         head = split.head
-        return [f"{split.head_name}.weight"] + ([f"{split.head_name}.bias"] if head.bias is not None else [])
+        return [qualified(split.head_name, "weight")] + ([qualified(split.head_name, "bias")] if head.bias is not None else [])
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     if not names:
         raise ConfigError("layers='all' found no trainable parameter: every one is frozen (requires_grad=False)")
@@ -199,7 +199,7 @@ class PrivateWeights:
     def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
         """The mean NLL of one batch from :meth:`epoch` under the likelihood (a single logit ``z``: the two classes
         ``[0, z]``; :func:`~posthoc.engine.objective.training_loss`)."""
-        return training_loss(self.likelihood, self.forward(inputs), y, binary_logit=True)
+        return training_loss(self.likelihood, self.forward(inputs), y)
 
     def weights_vector(self) -> Tensor:
         """The current trained weights as one float32 row."""

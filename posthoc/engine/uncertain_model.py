@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from posthoc.core import persistence, settings
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
+from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
@@ -241,6 +242,7 @@ class UncertainModel(nn.Module):
                 "um.fit(train_loader, val_loader) first"
             )
         positive_int(num_samples, "num_samples", none="the method's own")
+        check_generator(generator)
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory))
         total = check_batch(x, "predict", values=False)
@@ -338,7 +340,7 @@ class UncertainModel(nn.Module):
                               "selection": method.selection if fitted else None})
         fingerprint = self.fingerprint or persistence.fingerprint(self.method.base_model)
         return ModelCard.of(posterior, self.fit_record, model_class=type(self.method.base_model).__qualname__,
-                            fingerprint=fingerprint, version=_version())
+                            fingerprint=fingerprint, version=version())
 
     def save(self, path: str) -> None:
         """Write the fitted posterior (not the base weights) atomically to ``path``.
@@ -365,6 +367,26 @@ class UncertainModel(nn.Module):
         return f"methods={self.methods}, fitted={self.is_fitted}"
 
 
+def check_wrapped(um: Any, what: str) -> UncertainModel:
+    """``um`` if it is a wrapped model; otherwise an :class:`InputError` for ``what`` (the entry point) that says how to
+    get one from what was passed (a plain ``nn.Module``, a prediction, a loader in the model's place).
+
+    Example:
+        >>> check_wrapped(torch.nn.Linear(2, 2), "evaluate")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear ...
+    """
+    if isinstance(um, UncertainModel):
+        return um
+    if isinstance(um, nn.Module):
+        hint = "wrap it first: posthoc.wrap(model, method=...).fit(train_loader, val_loader)"
+    elif isinstance(um, (Prediction, RegressionPrediction)):
+        hint = "pass the wrapped model that made the prediction (um), which is run over the data"
+    else:
+        hint = "pass posthoc.wrap(model, method=...) fitted with .fit(...), then the data"
+    raise InputError(f"{what} takes a wrapped model, got a {type(um).__name__}; {hint}")
+
+
 def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
     accepted: dict[str, Any] = {}
     current: Method | None = method
@@ -377,7 +399,8 @@ def _check_fit_options(method: Method, fit_options: dict[str, Any]) -> None:
         raise ConfigError(f"unknown fit option(s) {unknown}; valid fit options here: {valid}")
 
 
-def _version() -> str:
+def version() -> str:
+    """This posthoc's installed version (``"unknown (not installed)"`` for a checkout that is not installed)."""
     try:
         return importlib.metadata.version("posthoc")
     except importlib.metadata.PackageNotFoundError:

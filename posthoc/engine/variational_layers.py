@@ -124,6 +124,26 @@ def select_layers(model: nn.Module, layers: str | Sequence[str]) -> list[str]:
     return chosen
 
 
+#: the key of a model that is its own layer (a bare ``nn.Linear``, whose module name is ``""``)
+ROOT_KEY = "<model>"
+
+
+def layer_key(name: str) -> str:
+    """The ``nn.ModuleDict`` key of the layer called ``name``: dots, which keys may not hold, become slashes; the
+    model itself (``""``) is :data:`ROOT_KEY`.
+
+    Example:
+        >>> layer_key("blocks.0.fc"), layer_key("")
+        ('blocks/0/fc', '<model>')
+    """
+    return name.replace(".", "/") if name else ROOT_KEY
+
+
+def layer_name(key: str) -> str:
+    """The module name of the layer stored under ``key`` (:func:`layer_key` undone)."""
+    return "" if key == ROOT_KEY else key.replace("/", ".")
+
+
 class VariationalLayers(nn.Module):
     """The posteriors of several layers of ``model`` by module name, and the hooks that sample them.
 
@@ -137,11 +157,11 @@ class VariationalLayers(nn.Module):
         super().__init__()
         self.names = list(posteriors)
         # module names hold dots, which ModuleDict keys may not
-        self.posteriors = nn.ModuleDict({name.replace(".", "/"): p for name, p in posteriors.items()})
+        self.posteriors = nn.ModuleDict({layer_key(name): p for name, p in posteriors.items()})
         self.__dict__["targets"] = {name: model.get_submodule(name) for name in self.names}
 
     def __getitem__(self, name: str) -> LayerPosterior:
-        return self.posteriors[name.replace(".", "/")]
+        return self.posteriors[layer_key(name)]
 
     def kl(self) -> Tensor:
         """The summed KL of every layer."""

@@ -43,7 +43,7 @@ from posthoc.engine.hooks import called_in_order
 from posthoc.engine.kl_schedule import SCHEDULES, KLSchedule
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.engine.elbo import maximise_elbo
-from posthoc.engine.variational_layers import LayerPosterior, VariationalLayers, sample_output, select_layers
+from posthoc.engine.variational_layers import LayerPosterior, VariationalLayers, layer_name, sample_output, select_layers
 
 @dataclass(frozen=True)
 class ElboFit:
@@ -255,7 +255,7 @@ class VariationalMethod(Method):
         """Load a saved posterior; a head found at fit from an input is rebuilt from the file's names."""
         if self.layers is None:
             prefix = "layers.posteriors."
-            names = list(dict.fromkeys(key[len(prefix):].rpartition(".")[0].replace("/", ".")
+            names = list(dict.fromkeys(layer_name(key[len(prefix):].rpartition(".")[0])
                                        for key in state if key.startswith(prefix)))
             self.split = FeatureSplit(self.model, names[0])
             self._build(names)

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from matplotlib.figure import Figure
 
+from posthoc.core.paths import as_path, output_file
 from posthoc.evaluation.plots import png_bytes
 
 STYLE = """
@@ -113,9 +114,9 @@ def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
         >>> write_page("out/report.html", report._repr_html_(), "posthoc report")
         PosixPath('out/report.html')
     """
-    path = Path(path)
-    path.write_text(page(body, title), encoding="utf-8")
-    return path
+    with output_file(path, "the report") as target:
+        target.write_text(page(body, title), encoding="utf-8")
+    return target
 
 
 def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc report") -> Path:
@@ -125,4 +126,4 @@ def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc 
         >>> write_html("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
         PosixPath('out/report.html')
     """
-    return write_page(path, markdown_to_html(markdown, Path(path).parent), title)
+    return write_page(path, markdown_to_html(markdown, as_path(path).parent), title)

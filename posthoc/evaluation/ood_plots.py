@@ -21,6 +21,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.evaluation import metrics  # noqa: E402
+from posthoc.evaluation.plots import save_figure  # noqa: E402
 
 #: panels per row; more scores wrap onto further rows
 MAX_COLUMNS = 4
@@ -49,7 +50,4 @@ def ood_histograms(values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.P
     if title:
         fig.suptitle(title)
     fig.tight_layout()
-    if path is not None:
-        fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return fig
+    return save_figure(fig, path)

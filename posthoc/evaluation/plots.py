@@ -24,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
 
+from posthoc.core.paths import output_file  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
@@ -47,10 +48,14 @@ def method_styles(count: int) -> list[dict[str, object]]:
 
 
 def save_figure(fig: Figure, path: str | os.PathLike | None) -> Figure:
-    """Write ``fig`` to ``path`` as PNG (when given), close it to pyplot and return it."""
-    if path is not None:
-        fig.savefig(path, dpi=DPI, bbox_inches="tight")
-    plt.close(fig)
+    """Write ``fig`` to ``path`` as PNG (when given; its folder is created, a path that cannot be written is a
+    :class:`~posthoc.core.errors.ConfigError` naming it), close it to pyplot and return it."""
+    try:
+        if path is not None:
+            with output_file(path, "the plot") as target:
+                fig.savefig(target, dpi=DPI, bbox_inches="tight")
+    finally:
+        plt.close(fig)
     return fig
 
 

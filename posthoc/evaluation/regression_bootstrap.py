@@ -96,7 +96,8 @@ def regression_statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int =
         lower, upper = mixture.interval(level)
         stats |= interval_statistics(lower, upper, y, suffix=f"_{level_name(level)}")
     stats["mace"] = _mace_of((2.0 * mixture.cdf(y) - 1.0).abs().flatten(), outputs)
-    stats["ence"] = _ence_of(mixture.variance().sqrt().flatten(), error.flatten(), outputs, bins)
+    if error.numel() >= bins:  # fewer points than bins: ENCE is unavailable (the report's None)
+        stats["ence"] = _ence_of(mixture.variance().sqrt().flatten(), error.flatten(), outputs, bins)
     return stats
 
 

@@ -40,6 +40,10 @@ def interval_columns() -> tuple[str, ...]:
     return tuple(f"{what}_{level_name(level)}" for level in LEVELS for what in ("coverage", "width"))
 
 
+#: bins of predicted std behind ENCE (a test set of fewer points reports it as unavailable)
+ENCE_BINS = 10
+
+
 @dataclass
 class RegressionReport:
     """Metrics of one regression predictive on one test set.
@@ -47,7 +51,8 @@ class RegressionReport:
     ``rmse`` / ``mae`` of the predictive mean; ``nll`` (mean over examples, joint over outputs) and ``crps``
     (in the targets' units); ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``): the fraction of targets
     inside the central interval of that level and its mean width; ``mace``: mean absolute gap of the
-    interval calibration curve; ``ence``: expected normalised calibration error. Given conformal
+    interval calibration curve; ``ence``: expected normalised calibration error over :data:`ENCE_BINS` bins of
+    predicted std (``None``, shown as ``–``, for fewer points than bins: unavailable). Given conformal
     intervals at ``alpha``: ``coverage`` and ``width`` of those. ``means`` / ``stds`` ``(K, N, D)`` and
     ``targets`` ``(N, D)`` are kept for the plots. With ``ci=``, ``intervals`` maps each metric to its
     bootstrap interval.
@@ -65,7 +70,7 @@ class RegressionReport:
     coverage_95: float
     width_95: float
     mace: float
-    ence: float
+    ence: float | None
     alpha: float | None = None
     coverage: float | None = None
     width: float | None = None
@@ -102,7 +107,8 @@ class RegressionReport:
         return cls(name=name, rmse=regression_metrics.rmse(means, targets), mae=regression_metrics.mae(means, targets),
                    nll=regression_metrics.nll(means, stds, targets), crps=regression_metrics.crps(means, stds, targets),
                    **values, mace=regression_metrics.calibration_error(means, stds, targets),
-                   ence=regression_metrics.ence(means, stds, targets), **measured,
+                   ence=regression_metrics.ence(means, stds, targets, bins=ENCE_BINS) if targets.numel() >= ENCE_BINS else None,
+                   **measured,
                    means=means, stds=stds, targets=targets)
 
     def as_dict(self) -> dict[str, object]:
@@ -124,8 +130,9 @@ class RegressionReport:
         return regression_plots.calibration_curves(self._predictive(), path, kind=kind)
 
     def error_against_std(self, path: str | os.PathLike | None = None) -> Figure:
-        """RMSE against predicted std per bin of std (the picture behind ENCE), to a PNG at ``path`` if given."""
-        return regression_plots.error_against_std(self._predictive(), path)
+        """RMSE against predicted std per bin of std (the picture behind ENCE; fewer bins for fewer points), to a PNG
+        at ``path`` if given."""
+        return regression_plots.error_against_std(self._predictive(), path, bins=min(ENCE_BINS, self.targets.numel()))
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the metrics table, the calibration curve and the error against the predicted std."""

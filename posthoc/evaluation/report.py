@@ -28,13 +28,14 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.table import markdown_rows, shared_level
-from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.engine.predictions import predict_loader
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
@@ -237,6 +238,8 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         >>> 0 <= report.ece <= 1
         True
     """
+    check_wrapped(um, "evaluate")
+    integer(seed, "seed")
     if is_regression(um):
         return evaluate_regression(um, test_loader, ood_loader, name=name, progress=progress, num_samples=num_samples,
                                    seed=seed, conformal=conformal, selective=selective, ood_scores=ood_scores, ci=ci,

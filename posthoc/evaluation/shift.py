@@ -33,8 +33,9 @@ import numpy as np
 import torch
 from matplotlib.figure import Figure
 
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
@@ -80,7 +81,7 @@ class ShiftTable:
     @classmethod
     def merge(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
         """One table of the methods of several tables with the same kinds and severities (e.g. one per demo row)."""
-        first = tables[0]
+        first = _first_table(tables, "merge")
         if any((t.kinds, t.severities, t.ci, t.metrics) != (first.kinds, first.severities, first.ci, first.metrics)
                for t in tables):
             raise ConfigError("only tables with the same kinds, severities, ci and metrics (classifiers or regressors) "
@@ -99,7 +100,7 @@ class ShiftTable:
             >>> ShiftTable.join([table_135, table_24]).severities
             (1, 2, 3, 4, 5)
         """
-        first = tables[0]
+        first = _first_table(tables, "join")
         if any(t.named for t in tables):
             raise ConfigError("tables of named test sets have no severities to join; merge them (ShiftTable.merge) instead")
         if any((set(t.values), t.kinds, t.metrics) != (set(first.values), first.kinds, first.metrics) for t in tables):
@@ -127,7 +128,13 @@ class ShiftTable:
         return not self.severities
 
     def value(self, method: str, kind: str, severity: int, metric: str) -> float:
-        """One cell, e.g. ``table.value("laplace", "mean", 3, "nll")``; ``kind="clean"`` with severity 0."""
+        """One cell, e.g. ``table.value("laplace", "mean", 3, "nll")``; ``kind="clean"`` with severity 0. A method,
+        kind, severity or metric the table does not hold is refused with the ones it does."""
+        for key, held, what in ((method, self.values, "method"), (kind, self.values.get(method, {}), "kind"),
+                                (severity, self.values.get(method, {}).get(kind, {}), "severity")):
+            if key not in held:
+                raise ConfigError(f"this table has no {what} {key!r}; its {what}s: {', '.join(map(str, held))}")
+        self._checked([metric])
         return self.values[method][kind][severity][metric]
 
     def as_dict(self) -> dict[str, object]:
@@ -241,6 +248,12 @@ class ShiftTable:
             >>> table.best_method(exclude=["MAP"])
             'laplace'
         """
+        if isinstance(exclude, str):
+            raise ConfigError(f"exclude is a list of method names, e.g. exclude=[{exclude!r}], got the string {exclude!r}")
+        unknown = [m for m in exclude if m not in self.values]
+        if unknown:
+            raise ConfigError(f"exclude names no method of this table: {unknown}; pass a list of its methods: "
+                              f"{', '.join(self.methods)}")
         candidates = [m for m in self.values if m not in exclude] or list(self.values)
         if self.named:
             return min(candidates, key=lambda m: sum(self.value(m, k, 0, "nll") for k in self.kinds) / len(self.kinds))
@@ -255,6 +268,15 @@ class ShiftTable:
                                      title=f"mean over {', '.join(self.kinds)}")
 
 
+def _first_table(tables: Sequence[ShiftTable], what: str) -> ShiftTable:
+    """The first of ``tables`` (a non-empty sequence of :class:`ShiftTable`) for :meth:`ShiftTable.merge` / ``join``."""
+    if isinstance(tables, ShiftTable) or not isinstance(tables, Sequence) or not tables \
+            or not all(isinstance(t, ShiftTable) for t in tables):
+        raise ConfigError(f"ShiftTable.{what} takes a non-empty list of ShiftTables, e.g. ShiftTable.{what}([a, b]); got "
+                          f"{tables!r:.80}")
+    return tables[0]
+
+
 def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     """The plain model (a method labelled one of :data:`PLAIN_LABELS`, when the table has one) and the best
     other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares.
@@ -266,19 +288,21 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
     if best is not None and best not in table.values:
         raise ConfigError(f"no method {best!r} in the shift table; methods: {', '.join(table.methods)}")
-    best = best or (table.best_method(exclude=[plain]) if plain is None or len(table.methods) > 1 else None)
+    best = best or (table.best_method(exclude=[] if plain is None else [plain]) if plain is None or len(table.methods) > 1
+                    else None)
     return [m for m in dict.fromkeys((plain, best)) if m is not None]
 
 
 def _named(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel]) -> dict[str, UncertainModel]:
     if isinstance(um_or_list, UncertainModel):
         um_or_list = [um_or_list]
+    if isinstance(um_or_list, (Sequence, Mapping)) and not isinstance(um_or_list, str) and not um_or_list:
+        raise InputError("evaluate_shift got no models; pass a wrapped model, a list of them or a dict name -> model")
     if isinstance(um_or_list, Mapping):
-        return dict(um_or_list)
+        return {name: check_wrapped(um, f"evaluate_shift (model {name!r})") for name, um in um_or_list.items()}
     named: dict[str, UncertainModel] = {}
     for um in um_or_list:
-        if not isinstance(um, UncertainModel):
-            raise InputError(f"evaluate_shift takes wrapped models (posthoc.wrap(...)), got {type(um).__name__}")
+        check_wrapped(um, "evaluate_shift")
         base = name = "+".join(um.methods)
         count = 1
         while name in named:
@@ -336,6 +360,7 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
         >>> posthoc.evaluate_shift(regressor, {"random": test, "extrapolation": heavy}).value("laplace", "extrapolation", 0, "crps")
         0.61
     """
+    integer(seed, "seed")
     models = _named(um_or_list)
     metrics = _table_metrics(models)
     if ci is not None:

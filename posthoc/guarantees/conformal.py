@@ -29,7 +29,7 @@ from torch import Tensor
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
-from posthoc.core.checks import probability
+from posthoc.core.checks import integer, probability
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
 from posthoc.guarantees.regression_conformal import ConformalRegressor, conformal_regression, is_regression
 from posthoc.guarantees.scores import ConformityScore
@@ -137,6 +137,7 @@ def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str | None
         >>> cp.threshold, cp.sets(test_logits).shape
         >>> posthoc.conformal(regression_um, calibration_loader, alpha=0.1).intervals(x_test)   # (lower, upper)
     """
+    integer(seed, "seed")
     if is_regression(source):
         return conformal_regression(source, labels, alpha=alpha, score=score, seed=seed, progress=progress,
                                     randomized=randomized, k_reg=k_reg, lam=lam, mondrian=mondrian, inputs=inputs)

@@ -82,6 +82,12 @@ class ConformalIntervals:
         """``(lower, upper)``, each ``(N, D)``, for test predictions of the kind calibrated on."""
         mean, std, lower, upper = (_columns(v, name) for v, name in
                                    ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")))
+        outputs = self.threshold.shape[0]
+        for values, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")):
+            if values is not None and values.shape[1] != outputs:
+                raise InputError(f"these intervals were calibrated on {outputs} output(s) but {name} has "
+                                 f"{values.shape[1]}; each output has its own threshold, so pass predictions of the "
+                                 "outputs calibrated on (or calibrate on this model's outputs)")
         given = _score_for(mean, std, lower, upper)
         if self.score == "absolute" and given == "normalized":  # calibrated with score="absolute": std unused
             given = "absolute"

@@ -142,6 +142,10 @@ def conformal_regression(source: RegressionPrediction | UncertainModel, targets:
         pred, y = predict_regression_loader(source, targets, progress=progress, generator=generator,
                                             desc="conformal calibration")
     else:
-        pred, y = source, real_targets(torch.as_tensor(targets), source.mean)
+        if looks_like_loader(targets):
+            raise InputError("calibrated on a RegressionPrediction, conformal takes its targets (N,) or (N, D), not a "
+                             "loader; to calibrate on a loader of (x, y) batches pass the wrapped model: "
+                             "posthoc.conformal(um, calibration_loader)")
+        pred, y = source, real_targets(targets, source.mean)
     calibrated = conformal_intervals(y, alpha=alpha, score=score, **_bounds(pred, score, alpha))
     return ConformalRegressor(calibrated, model, generator)

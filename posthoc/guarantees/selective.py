@@ -28,7 +28,7 @@ from torch import Tensor
 
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
-from posthoc.core.checks import known_name, probability
+from posthoc.core.checks import integer, known_name, probability
 from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.guarantees.sources import Predictive, calibration_predictions
@@ -180,6 +180,7 @@ def selective(source: Any, labels: Any, *, target_risk: float = 0.02, delta: flo
                           "calibration_loader).intervals(x)")
     target_risk = probability(target_risk, "target_risk")
     delta = probability(delta, "delta")
+    integer(seed, "seed")
     known_name(score, "selection score", SELECTION_SCORES)
     predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,
                                                         desc="selective calibration")

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from posthoc.core.checks import one_of
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import check_labels, looks_like_loader
+from posthoc.core.inputs import as_tensor, check_labels, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
 from posthoc.engine.uncertain_model import UncertainModel
@@ -69,8 +69,12 @@ def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
         >>> as_labels(np.array([0, 2]), 3, 2)
         tensor([0, 2])
     """
+    if looks_like_loader(labels):
+        raise InputError("calibrated on probabilities, logits or a Prediction, the labels are class indices (N,), not a "
+                         "loader of batches; to calibrate on a loader pass the wrapped model with it, e.g. "
+                         "posthoc.conformal(um, calibration_loader)")
     if isinstance(labels, (list, tuple)):
-        labels = np.asarray(labels)
+        labels = as_tensor(labels, "labels")
     if isinstance(labels, np.ndarray):
         if labels.dtype.kind not in "biuf":
             raise InputError(f"labels must be integer class indices in [0, {num_classes}), got a numpy array of "

@@ -6,10 +6,15 @@ column, in file order, is a feature of ``x (N, F)`` (or just the ``features`` na
 number: the model sees the features as they are in the file, so preprocess them (standardise, encode
 categories) the way the model was trained before writing the CSV.
 
+Several files of one run (:func:`read_tables`) are matched by column name, never by position: every file is
+read in the first file's feature order (or the ``features`` named), and a file that lacks one of its columns,
+or has one it has not, is refused naming both files and the columns.
+
 Example:
     >>> table = read_table("test.csv", ["mpg"])
     >>> table.x.shape, table.y.shape, table.features[:2]
     (torch.Size([79, 7]), torch.Size([79, 1]), ['cylinders', 'displacement'])
+    >>> train, test = read_tables(["train.csv", "test.csv"], ["mpg"])   # test's columns in train's order
     >>> model = load_module("model.pt")
 """
 
@@ -65,6 +70,10 @@ def read_table(path: str | os.PathLike, targets: Sequence[str], features: Sequen
         reader = csv.reader(handle)
         header = [name.strip() for name in next(reader, [])]
         body = [row for row in reader if any(cell.strip() for cell in row)]
+    doubled = sorted({name for name in header if header.count(name) > 1})
+    if doubled:
+        raise InputError(f"{path} names column(s) {doubled} more than once; columns are read by name, so give each a "
+                         "name of its own")
     missing = [name for name in [*targets, *(features or [])] if name not in header]
     if missing:
         raise InputError(f"{path} has no column(s) {missing}; its columns: {', '.join(header) or '(none)'}")
@@ -81,6 +90,41 @@ def read_table(path: str | os.PathLike, targets: Sequence[str], features: Sequen
         values.append([_number(row[columns[name]], path, line, name) for name in [*chosen, *targets]])
     matrix = torch.tensor(values, dtype=torch.float32)
     return Table(path, matrix[:, :len(chosen)], matrix[:, len(chosen):], chosen, list(targets))
+
+
+def read_tables(paths: Sequence[str | os.PathLike], targets: Sequence[str],
+                features: Sequence[str] | None = None) -> list[Table]:
+    """Read CSV files whose feature columns are matched by name (see module docs): each as :func:`read_table` with the
+    first file's features (or ``features``), in that order. Without ``features``, a file whose other columns are not
+    exactly the first file's (a missing, extra or renamed column) is refused naming both files and the columns.
+
+    Example:
+        >>> [t.features for t in read_tables(["train.csv", "test.csv"], ["y"])]   # test.csv has the columns b, a, y
+        [['a', 'b'], ['a', 'b']]
+    """
+    first = read_table(paths[0], targets, features)
+    tables = [first]
+    for path in paths[1:]:
+        if features is None:
+            _check_same_columns(Path(path), first, targets)
+        tables.append(read_table(path, targets, first.features))
+    return tables
+
+
+def _check_same_columns(path: Path, first: Table, targets: Sequence[str]) -> None:
+    """Refuse ``path`` if its non-target columns are not ``first``'s, naming the differences."""
+    if not path.is_file():
+        return  # read_table names the missing file
+    with path.open(newline="") as handle:
+        header = [name.strip() for name in next(csv.reader(handle), [])]
+    columns = [name for name in header if name not in targets]
+    missing = [name for name in first.features if name not in columns]
+    extra = [name for name in columns if name not in first.features]
+    if missing or extra:
+        parts = ([f"lacks {missing}"] if missing else []) + ([f"has {extra}, which {first.path} has not"] if extra else [])
+        raise InputError(f"{path} {' and '.join(parts)}: the files of one run must have the same feature columns as "
+                         f"{first.path} ({', '.join(first.features)}), matched by name in any order. Rename or drop "
+                         "columns, or name the model's features with --features")
 
 
 def _is_torchscript(path: Path) -> bool:

@@ -25,6 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed, settings
+from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError, NumericalError
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
@@ -173,6 +174,7 @@ class Detector:
         """
         chosen = self._chosen(names)
         uses = frozenset().union(*(score.uses for score in chosen))
+        check_generator(generator)
         total = check_batch(x, "detector.score")
         parts: dict[str, list[Tensor]] = {score.name: [] for score in chosen}
         step, home = positive_int(settings.chunk_size, "posthoc.settings.chunk_size"), _device_of(x)

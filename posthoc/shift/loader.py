@@ -24,6 +24,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from posthoc.core.checks import generator as check_generator
+from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
@@ -84,6 +86,7 @@ def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generat
     """
     check_kind(kind, severity)
     check_normalization(normalization)
+    check_generator(generator)
     check_batch(x, "posthoc.shift.corrupt")
     if not isinstance(x, Tensor) or x.dim() != 4:
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
@@ -126,6 +129,7 @@ class CorruptedLoader:
                  normalization: Normalization | None = None) -> None:
         check_kind(kind, severity)
         check_normalization(normalization)
+        integer(seed, "seed")
         check_loader(loader, "posthoc.shift.corrupt")
         self.loader, self.kind, self.severity, self.seed, self.normalization = loader, kind, severity, seed, normalization
 

@@ -27,11 +27,11 @@ import math
 import warnings
 from typing import Any, ClassVar
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import as_tensor, check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.methods.calibration.optimise import threads_for
@@ -41,26 +41,28 @@ from posthoc.methods.calibration.options import CalibratorOptions
 ERRORS_WANTED = 10
 
 
-def as_tensor(values: Any, what: str) -> Tensor:
-    """``values`` (a tensor, numpy array, or list) as a tensor; strings and objects are refused by name.
+def held_out_logits(logits: Any, labels: Any, *, samples: bool = True) -> tuple[Tensor, Tensor]:
+    """Held-out ``logits`` as class logits ``(N, C)`` (a binary classifier's ``(N,)`` or ``(N, 1)`` as ``[0, z]``)
+    or, with ``samples``, per-sample logits ``(S, N, C)``, and ``labels`` as int64 class indices ``(N,)`` in
+    ``[0, C)`` (float labels holding whole numbers are read as indices): what every calibrator fits on, however it
+    is called.
 
     Example:
-        >>> as_tensor(np.array(["cat", "dog"]), "labels")
-        Traceback (most recent call last):
-        posthoc.core.errors.InputError: labels are strings (e.g. 'cat') ...
+        >>> logits, labels = held_out_logits(torch.tensor([0.5, -1.0]), [1.0, 0.0])
+        >>> logits.shape, labels.dtype
+        (torch.Size([2, 2]), torch.int64)
     """
-    if isinstance(values, Tensor):
-        return values.detach()
-    if not isinstance(values, (np.ndarray, list, tuple)):
-        raise InputError(f"{what} must be a tensor or a numpy array, got {type(values).__name__}")
-    array = np.asarray(values)
-    if array.dtype.kind in "USO":
-        example = str(array.reshape(-1)[0]) if array.size else ""
-        hint = ("pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
-                "np.unique(labels, return_inverse=True)[1]") if what == "labels" else "pass numbers"
-        raise InputError(f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
-                         f"(e.g. {example!r}), not numbers; {hint}")
-    return torch.as_tensor(array)
+    logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels")
+    if logits.dim() < 3 or not samples:
+        logits = as_class_logits(logits)
+    if logits.shape[-2] != labels.reshape(-1).shape[0]:
+        raise InputError(
+            f"logits and labels have different lengths ({logits.shape[-2]} vs {labels.reshape(-1).shape[0]}); "
+            "pass one label per row of logits"
+        )
+    if logits.shape[-2] == 0:
+        raise InputError("calibrate got no examples; pass held-out logits and labels")
+    return logits, check_labels(labels, logits.shape[-1])
 
 
 def predictive(log_probs: Tensor) -> Tensor:
@@ -138,11 +140,13 @@ class Calibrator(CalibratorOptions, nn.Module):
         if problem is not None:
             raise InputError(problem)
 
-    def fit(self, logits: Tensor, labels: Tensor) -> Calibrator:
-        """Fit on class logits ``(N, C)`` (or per-sample ``(S, N, C)``) and int64 labels ``(N,)``; returns ``self``.
+    def fit(self, logits: Any, labels: Any) -> Calibrator:
+        """Fit on class logits ``(N, C)`` (``(N,)`` for a binary classifier, or per-sample ``(S, N, C)``) and class
+        indices ``(N,)``, read by :func:`held_out_logits`; returns ``self``.
 
         Raises :class:`~posthoc.core.errors.InputError` for labels of a single class and for too few examples.
         """
+        logits, labels = held_out_logits(logits, labels)
         labels = labels.to(logits.device)
         self.check(labels, logits.shape[-1])
         self.num_classes.fill_(logits.shape[-1])

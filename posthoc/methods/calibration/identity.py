@@ -6,10 +6,12 @@ Example:
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
-from posthoc.methods.calibration.base import Calibrator
+from posthoc.methods.calibration.base import Calibrator, held_out_logits
 
 
 class Identity(Calibrator):
@@ -18,8 +20,9 @@ class Identity(Calibrator):
     name = "identity"
     min_examples = 0
 
-    def fit(self, logits: Tensor, labels: Tensor) -> Identity:
-        """Nothing to fit: only the number of classes is recorded."""
+    def fit(self, logits: Any, labels: Any) -> Identity:
+        """Nothing to fit: only the number of classes is recorded (of logits read as every calibrator reads them)."""
+        logits, _ = held_out_logits(logits, labels)
         self.num_classes.fill_(logits.shape[-1])
         return self
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer_at_least
-from posthoc.core.errors import ConfigError
+from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.calibration.auto import confidently_better, simplest_within_noise
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
@@ -106,6 +106,21 @@ class AutoRecalibration(RegressionCalibrator):
 
     def num_parameters(self) -> int:
         return self.chosen.num_parameters()
+
+    def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
+        """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates,
+        saying how many examples (or folds) would do."""
+        count = len(prediction) if isinstance(prediction, RegressionPrediction) else 0
+        wanted = max(cls.min_examples for cls in map(type, self.choices.values()))
+        if 0 < count and count - math.ceil(count / self.folds) < wanted:
+            enough = next(n for n in range(count, 10 * wanted * self.folds) if n - math.ceil(n / self.folds) >= wanted)
+            raise InputError(
+                f"'auto' compares the calibrators by {self.folds}-fold cross-validation, fitting each on {self.folds - 1} "
+                f"of the folds; {count} held-out examples leave {count - math.ceil(count / self.folds)} for such a fit, "
+                f"fewer than the {wanted} a calibrator needs. Pass at least {enough} held-out examples"
+                + (f", or more folds (folds={count} fits on {count - 1})" if count - 1 >= wanted else "")
+                + (", or choose a calibrator yourself (method='variance-scaling')" if count >= wanted else ""))
+        return super().fit(prediction, targets)
 
     def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
         count = targets.shape[0]

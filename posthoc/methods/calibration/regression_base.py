@@ -20,8 +20,9 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.errors import InputError
+from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.calibration.base import as_tensor
+from posthoc.core.inputs import as_tensor
 from posthoc.methods.calibration.options import CalibratorOptions
 
 #: what a regression calibrator's saved spec records, beside its name and options
@@ -37,6 +38,10 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
         >>> as_prediction(torch.zeros(3), torch.full((3,), 2.0)).std.shape
         torch.Size([3, 1])
     """
+    if isinstance(mean, (RegressionPrediction, Prediction)):
+        raise InputError(f"mean= takes the predicted means (numbers), got a {type(mean).__name__}; for a wrapped "
+                         "regressor's prediction call calibrator.calibrate(um.predict(x)) (or pass mean=pred.mean, "
+                         "std=pred.std)")
     mean = as_tensor(mean, "mean").double()
     if mean.dim() == 1:
         mean = mean[:, None]
@@ -53,6 +58,24 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
         raise InputError(f"every std must be > 0 (got a minimum of {float(std.min()):.3g}); pass the predictive "
                          "standard deviation, not a variance or log-variance, and drop rows with std <= 0")
     return RegressionPrediction.from_components(mean[None], None, std.square()[None])
+
+
+def check_regression_prediction(prediction: Any, what: str) -> None:
+    """Refuse, for the calibrator's ``what`` (``fit``, ``calibrate``), anything but a :class:`RegressionPrediction`,
+    saying what to pass instead (a classifier's :class:`~posthoc.Prediction`, numbers).
+
+    Example:
+        >>> check_regression_prediction(torch.zeros(3), "calibrate")
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction ...
+    """
+    if isinstance(prediction, RegressionPrediction):
+        return
+    instead = ("a classifier's posthoc.Prediction: calibrate a classifier with posthoc.calibrate(logits, labels) "
+               "or a classification calibrator" if isinstance(prediction, Prediction)
+               else f"a {type(prediction).__name__}: for a deployed regressor's numbers use calibrator.predict(mean, std)")
+    raise InputError(f"a regression calibrator's {what} takes a posthoc.RegressionPrediction (um.predict(x) of a model "
+                     f"wrapped with likelihood='regression'), got {instead}")
 
 
 class RegressionCalibrator(CalibratorOptions, nn.Module):
@@ -86,11 +109,15 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         Example:
             >>> VarianceScaling().fit(um.predict(x_val), y_val).scale
         """
+        check_regression_prediction(prediction, "fit")
         if prediction.recalibrated:
             raise InputError("the prediction to fit on is already recalibrated (isotonic); fit on the uncalibrated one")
-        y = prediction.distribution.targets(as_tensor(targets, "targets")).double()
-        if not torch.isfinite(y).all():
-            raise InputError("targets contain NaN or inf; drop or impute those rows before calibrating")
+        y = prediction.distribution.targets(targets).double()
+        exact = ((y - prediction.mean.double()) == 0).all(0).nonzero().flatten().tolist()
+        if exact:
+            raise InputError(f"the predicted means equal every target of output(s) {exact} exactly, so no calibration "
+                             "map can be fitted (variance scaling would shrink the std to 0); calibrate on held-out "
+                             "targets the model was not fitted to")
         if y.shape[0] < self.min_examples:
             raise InputError(f"'{self.name}' needs at least {self.min_examples} held-out examples, got {y.shape[0]}")
         self.num_outputs.fill_(prediction.num_outputs)
@@ -106,6 +133,7 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         Example:
             >>> calibrator.calibrate(um.predict(x_test)).interval(0.9)
         """
+        check_regression_prediction(prediction, "calibrate")
         expected = int(self.num_outputs)
         if expected == 0:
             raise InputError(f"this '{self.name}' calibrator is not fitted: call .fit(prediction, targets) or "
@@ -124,10 +152,11 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         Example:
             >>> lower, upper = posthoc.calibrate(mean=m, std=s, targets=y).predict(m_test, s_test).interval(0.9)
         """
+        prediction = as_prediction(mean, std)
         if bool(self.unit_std) != (std is None):
             raise InputError("this calibrator was fitted on means alone: call it with mean only" if bool(self.unit_std)
                              else "this calibrator was fitted on means and stds: pass std= too")
-        return self.calibrate(as_prediction(mean, std))
+        return self.calibrate(prediction)
 
     def forward(self, mean: Any, std: Any = None) -> RegressionPrediction:
         """``calibrator(mean, std)``: :meth:`predict`."""

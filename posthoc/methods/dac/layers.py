@@ -153,7 +153,7 @@ def _trace(model: nn.Module, x: Inputs) -> dict[str, tuple[int, bool]]:
                 seen[name] = (len(seen), value is not None and pooled(value, rows) is not None)
         return record
 
-    named = [(name, module) for name, module in model.named_modules() if name]
+    named = list(model.named_modules())  # the root too: a model may be its own head (a bare nn.Linear)
     with torch.no_grad(), eval_mode(model), hooked((module, "output", hook(name)) for name, module in named):
         run_model(model, x)
     return seen

@@ -77,6 +77,7 @@ from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.selection import Scores, Selection, warn_fallback
 from posthoc.methods.laplace.gaussian_rows import NOISE_STEPS, Rows, normal_nll, residual_std
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, ladder
+from posthoc.methods.laplace.units import TargetMoments
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
 HESSIANS = (*STRUCTURES, *VARIANTS)
@@ -155,6 +156,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         _check_options(hessian, subset, prior_precision, link, pred)
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
+        #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
+        self._scale = 1.0
         self.num_samples = positive_int(num_samples, "num_samples")
         self.max_memory = memory_bytes(max_memory)
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
@@ -206,9 +209,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 "um.fit(train_loader, val_loader) with held-out data, or use prior_precision='auto' "
                 "(the training data stands in) or 'marglik'"
             )
-        loss, weights = self._fit_curvature(train_loader, progress)
+        moments = TargetMoments(train_loader) if self.likelihood.fits_noise else None
+        loss, weights = self._fit_curvature(train_loader if moments is None else moments, progress)
         self.train_loss.fill_(float(loss))
         self.square_norm.fill_(sum(float(w.detach().double().square().sum()) for w in weights))
+        self._scale = self._target_scale(moments)
         source = self._source(val_loader is not None)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
@@ -248,9 +253,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 prepared = held_out.prepared(self._prepare)
                 score = lambda delta: self._scores(prepared, delta)  # noqa: E731
             if source == "grid":
-                self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll))
+                self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll, default_grid(scale=self._scale)))
             else:
-                candidates = ladder()
+                candidates = ladder(scale=self._scale)
                 selection = held_out.select([(f"{delta:.3g}", delta) for delta in candidates],
                                             lambda index: score(candidates[index]), knob="prior_precision", walk=True)
                 warn_fallback(selection, method="Laplace", fallback=f"the narrowest posterior (prior precision "
@@ -267,6 +272,17 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return prepared.scores(lambda inputs, generator: self._predictive(inputs, prior_precision, generator,
                                                                           self.num_samples)[0], device=self.device)
 
+    def _target_scale(self, moments: TargetMoments | None) -> float:
+        """The decade of the training targets' spread that the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
+        1 for class labels). A model that predicts every training target exactly leaves no noise to fit and is refused
+        (unless the noise is fixed), as the plain model's noise fit is."""
+        if moments is None:
+            return 1.0
+        if not self.likelihood.fixed and not float(self.train_loss) > 0:
+            raise InputError("the model predicts every training target exactly, so the observation noise is 0; fix it "
+                             "with likelihood=posthoc.Gaussian(noise_std=...) or fit on data the model was not trained on")
+        return moments.decade()
+
     def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
         """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
         (:func:`~posthoc.methods.laplace.marglik.optimize_noise_and_prior`)."""
@@ -275,7 +291,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         unit = torch.cat([block.spectrum() for block in self.blocks])
         delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
                                               prior_precision=float(self.prior_precision) if fixed_prior else None,
-                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None)
+                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None,
+                                              scale=self._scale)
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
@@ -297,7 +314,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if not fixed_prior:
             unit = torch.cat([block.spectrum() for block in self.blocks])
             delta, _ = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
-                                                noise_std=residual_std(rows))
+                                                noise_std=residual_std(rows), scale=self._scale)
             self.prior_precision.fill_(delta)
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 

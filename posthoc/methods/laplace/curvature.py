@@ -39,7 +39,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.errors import ConfigError, NumericalError
-from posthoc.core.likelihood import Categorical, Likelihood
+from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 
@@ -201,7 +201,7 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
         torch.manual_seed(0)  # KFAC's MC-sampled targets are reproducible; the caller's generators are restored
         for x, y in batches:
             copy_.zero_grad()
-            outputs = copy_(x)
+            outputs = model_outputs(copy_(x)) if squared_error else copy_(x)  # a regressor's (N,) as (N, 1)
             batch_loss = loss_fn(outputs, y.to(outputs.dtype) if squared_error else y)
             try:
                 with backpack.backpack(extension), warnings.catch_warnings():

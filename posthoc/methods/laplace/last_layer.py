@@ -35,7 +35,7 @@ from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, qualified
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
@@ -182,7 +182,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     def posterior_parameters(self) -> list[str]:
         head = self.split.head
-        return [f"{self.split.head_name}.{name}" for name, value in head.named_parameters(recurse=False) if value is not None]
+        return [qualified(self.split.head_name, name) for name, value in head.named_parameters(recurse=False) if value is not None]
 
     def _flat_names(self) -> dict[str, tuple[int, str]]:
         return {field: (0, field) for field in structure_class(self.hessian).fields}

@@ -16,6 +16,11 @@ Under a Gaussian likelihood with noise ``σ`` the GGN is the unit-noise one over
 :func:`optimize_noise_and_prior` maximises the evidence over ``log σ`` (a grid, then golden section
 around its best point), with ``δ`` at its exact optimum for every ``σ`` (or fixed).
 
+The search range of ``δ`` is fixed in standardised units, ``δ s²`` for targets of scale ``s`` (``scale``):
+a network trained on targets ``c`` times larger has a head ``c`` times larger and the optimal ``δ``
+``c²`` times smaller, the same prior in the targets' units. So the answer does not depend on the
+targets' units (without it, targets in units of 1e-8 pushed ``δ`` onto the bound 1e8).
+
 The alternatives on held-out NLL are in :mod:`posthoc.methods.laplace.prior_search`.
 
 Example:
@@ -40,8 +45,18 @@ from posthoc.core.likelihood import golden_minimum
 NOISE_GRID = 41
 
 
-#: prior precisions are searched inside this range (a fit that reaches a bound warns)
+#: prior precisions are searched inside this range, in standardised units (a fit that reaches a bound warns)
 MIN_PRIOR_PRECISION, MAX_PRIOR_PRECISION = 1e-8, 1e8
+
+
+def prior_bounds(scale: float = 1.0) -> tuple[float, float]:
+    """The search range of ``δ`` for targets of scale ``scale``: ``[MIN, MAX] / scale²`` (see module docs).
+
+    Example:
+        >>> prior_bounds(1e4)
+        (1e-16, 1.0)
+    """
+    return MIN_PRIOR_PRECISION / scale**2, MAX_PRIOR_PRECISION / scale**2
 
 
 def effective_parameters(spectrum: Tensor, prior_precision: float) -> Tensor:
@@ -56,14 +71,14 @@ def log_marginal_likelihood(spectrum: Tensor, loss: float | Tensor, square_norm:
     return -torch.as_tensor(loss, dtype=spectrum.dtype) - 0.5 * (log_det_ratio + delta * square_norm)
 
 
-def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int) -> float:
+def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, scale: float = 1.0) -> float:
     """The root ``u = log δ`` of ``γ(e^u) = e^u ‖θ‖²`` inside the search range, or the bound it passes.
 
     Solved as ``h(u) = log γ(e^u) - u - log ‖θ‖² = 0``: ``h`` falls with a slope between -2 and -1, so
     Newton steps kept inside a shrinking bracket (a bisection step whenever Newton would leave it)
     reach float64 resolution in a few ``O(P)`` steps.
     """
-    low, high = math.log(MIN_PRIOR_PRECISION), math.log(MAX_PRIOR_PRECISION)
+    low, high = (math.log(bound) for bound in prior_bounds(scale))
     if square_norm <= 0:
         return high
 
@@ -93,7 +108,8 @@ def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int) -
     return u
 
 
-def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200) -> float:
+def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200,
+                             scale: float = 1.0) -> float:
     """The scalar prior precision maximising the Laplace marginal likelihood (the exact root of its derivative).
 
     Args:
@@ -101,11 +117,13 @@ def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm
         loss: summed training NLL at the checkpoint (does not move the optimum; kept for symmetry).
         square_norm: ``‖θ‖²`` of the parameters under the prior.
         iterations: at most this many safeguarded Newton steps in ``log δ`` (a handful reach float64 resolution).
+        scale: the targets' scale (1 for class labels): the range searched is :func:`prior_bounds`.
     """
-    log_delta = _log_prior_root(spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations)
+    log_delta = _log_prior_root(spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations, scale)
     value = math.exp(log_delta)
-    if log_delta in (math.log(MIN_PRIOR_PRECISION), math.log(MAX_PRIOR_PRECISION)):
-        value = MIN_PRIOR_PRECISION if log_delta < 0 else MAX_PRIOR_PRECISION
+    bounds = prior_bounds(scale)
+    if log_delta in tuple(math.log(bound) for bound in bounds):
+        value = bounds[0] if log_delta == math.log(bounds[0]) else bounds[1]
         warnings.warn(
             f"the marginal likelihood is maximised at the bound prior_precision={value:g} (the weights "
             f"have squared norm {float(square_norm):.3g}); pass a fixed prior_precision or use "
@@ -122,9 +140,10 @@ def gaussian_nll(unit_loss: float, values: int, noise_std: float) -> float:
 
 
 def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: int, square_norm: float, *,
-                             prior_precision: float | None = None, noise_std: float | None = None) -> tuple[float, float]:
+                             prior_precision: float | None = None, noise_std: float | None = None,
+                             scale: float = 1.0) -> tuple[float, float]:
     """``(δ, σ)`` maximising the Laplace evidence of a Gaussian likelihood (see module docs); a given ``prior_precision``
-    or ``noise_std`` stays fixed.
+    or ``noise_std`` stays fixed; ``δ`` is searched in :func:`prior_bounds` of the targets' ``scale``.
 
     Example:
         >>> delta, std = optimize_noise_and_prior(torch.tensor([40.0, 4.0], dtype=torch.float64), 2.0, 40, 1.0)
@@ -136,7 +155,8 @@ def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: in
     def negative_evidence(log_std: float) -> float:
         variance = math.exp(2 * log_std)
         spectrum = unit / variance
-        log_delta = math.log(prior_precision) if prior_precision is not None else _log_prior_root(spectrum, square_norm, 200)
+        log_delta = math.log(prior_precision) if prior_precision is not None else _log_prior_root(spectrum, square_norm, 200,
+                                                                                                  scale)
         delta = math.exp(log_delta)
         log_det_ratio = float(np.log(spectrum + delta).sum()) - spectrum.size * log_delta
         return gaussian_nll(unit_loss, values, math.sqrt(variance)) + 0.5 * (log_det_ratio + delta * square_norm)
@@ -147,5 +167,5 @@ def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: in
         best = min(range(NOISE_GRID), key=lambda i: negative_evidence(grid[i]))
         noise_std = math.exp(golden_minimum(negative_evidence, grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]))
     delta = prior_precision if prior_precision is not None else optimize_prior_precision(
-        unit_spectrum / noise_std**2, 0.0, square_norm)
+        unit_spectrum / noise_std**2, 0.0, square_norm, scale=scale)
     return delta, noise_std

@@ -27,12 +27,13 @@ import torch
 from torch import Tensor
 
 from posthoc.core.errors import NumericalError
-from posthoc.methods.laplace.marglik import MAX_PRIOR_PRECISION
+from posthoc.methods.laplace.marglik import prior_bounds
 
 
-def default_grid(num: int = 41) -> Tensor:
-    """Log-spaced prior precisions from 1e-4 to 1e4."""
-    return torch.logspace(-4, 4, num, dtype=torch.float64)
+def default_grid(num: int = 41, scale: float = 1.0) -> Tensor:
+    """Log-spaced prior precisions from 1e-4 to 1e4 in standardised units: divided by ``scale²`` for targets of scale
+    ``scale`` (:func:`~posthoc.methods.laplace.marglik.prior_bounds`; 1 for class labels)."""
+    return torch.logspace(-4, 4, num, dtype=torch.float64) / scale**2
 
 
 def _scores(validation_nll: Callable[[float], float], grid: Tensor) -> list[float]:
@@ -58,17 +59,18 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
     return float(grid[min(range(len(scores)), key=lambda i: (scores[i], i))])
 
 
-def ladder(grid: Tensor | None = None) -> list[float]:
-    """The prior precisions of the held-out rule, narrowest posterior first (module docs).
+def ladder(grid: Tensor | None = None, *, scale: float = 1.0) -> list[float]:
+    """The prior precisions of the held-out rule, narrowest posterior first (module docs), for targets of scale
+    ``scale`` (1 for class labels: :func:`~posthoc.methods.laplace.marglik.prior_bounds`).
 
     Example:
         >>> ladder(torch.tensor([1.0, 10.0]))[-3:]
         [100.0, 10.0, 1.0]
     """
-    grid = default_grid() if grid is None else grid
+    grid = default_grid(scale=scale) if grid is None else grid
     top = float(grid[-1])
     decades = []
-    value = MAX_PRIOR_PRECISION
+    value = prior_bounds(scale)[1]
     while value > top * (1 + 1e-9):
         decades.append(value)
         value /= 10

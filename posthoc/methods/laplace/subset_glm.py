@@ -102,6 +102,7 @@ def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) 
     """
     logits, taps = tapped_forward(model, layers, x)
     with torch.enable_grad():
+        logits = logits[:, None] if logits.dim() == 1 else logits  # one output squeezed to (n,): its (n, 1)
         leaves = [taps[name][1] for name in layers]
         classes = logits.shape[-1]
         gradients = [[] for _ in leaves]  # per layer: C tensors (n, [T,] out)

@@ -28,7 +28,7 @@ from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
-from posthoc.core.modules import eval_mode
+from posthoc.core.modules import eval_mode, qualified
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.random_draws import randn
 from posthoc.methods.swag.base import SWAGBase, Tuning
@@ -64,7 +64,7 @@ class LastLayerSWAG(SWAGBase):
         first_x, _ = next(iter(iterate(loader, device=self.device, progress=False, desc="swag")))
         copies = {n: t.detach().clone().requires_grad_(True) for n, t in self._collected_tensors(first_x).items()}
         self.names = list(copies)
-        weight, bias = copies[f"{self.split.head_name}.weight"], copies.get(f"{self.split.head_name}.bias", self.split.head.bias)
+        weight, bias = copies[qualified(self.split.head_name, "weight")], copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias)
 
         def forward(x: Inputs) -> Tensor:
             with torch.no_grad(), eval_mode(self.model):

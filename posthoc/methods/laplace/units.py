@@ -1,0 +1,64 @@
+"""The units of a regressor's targets, which Laplace's prior search is standardised to.
+
+A network trained on targets ``c`` times larger has a head ``c`` times larger and an optimal prior precision
+``c²`` times smaller: the same prior in the targets' units. The prior is therefore searched in units of the
+targets' spread (:func:`~posthoc.methods.laplace.marglik.prior_bounds`, the held-out grids), rounded to a
+power of ten so that targets of unit spread (standardised data) keep the plain range exactly, and targets in
+other units (1e8, 1e-8) give the same fit in those units. The spread is read from the training targets as the
+curvature pass reads them (:class:`TargetMoments`), at no extra pass.
+
+Example:
+    >>> moments = TargetMoments([(torch.zeros(4, 2), torch.tensor([1.0, 3.0, 1.0, 3.0]))])
+    >>> _ = list(moments); moments.decade()
+    1.0
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posthoc.core import distributed
+from posthoc.core.inputs import split_batch
+
+
+class TargetMoments:
+    """An iterable passing ``loader``'s batches through unchanged and summing their real targets' moments.
+
+    Batches whose targets are not a tensor are passed on unrecorded (the loader's own checks refuse them).
+    """
+
+    def __init__(self, loader: Iterable) -> None:
+        self.loader = loader
+        self.sums = torch.zeros(3, dtype=torch.float64)  # count, Σ y², Σ (y - its batch's mean)² over every target value
+
+    def __iter__(self) -> Iterator[Any]:
+        for batch in self.loader:
+            try:
+                _, y = split_batch(batch)
+            except Exception:  # noqa: BLE001  (a malformed batch is the loader checks' to refuse, with their message)
+                y = None
+            if isinstance(y, Tensor) and y.numel() and not y.is_complex():
+                values = y.detach().to("cpu", torch.float64).reshape(len(y), -1)
+                centred = values - values.mean(0)  # per batch and output: an offset is no spread
+                self.sums += torch.tensor([values.numel(), float(values.square().sum()), float(centred.square().sum())],
+                                          dtype=torch.float64)
+            yield batch
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped loader's attributes (its ``sampler``, ``dataset``, ...)."""
+        return getattr(self.__dict__["loader"], name)
+
+    def decade(self) -> float:
+        """The power of ten nearest the targets' spread (the root mean square deviation from each batch's mean, over
+        every rank; batches of one row: the root mean square), or ``1.0`` when all targets are 0."""
+        count, square, centred = distributed.all_reduce_sum(self.sums).tolist()
+        spread = math.sqrt((centred if centred > 0 else square) / count) if count else 0.0
+        return 10.0 ** round(math.log10(spread)) if spread > 0 and math.isfinite(spread) else 1.0
