@@ -37,7 +37,9 @@ REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
 def _refuse_regression_calibrators(names: list[str], likelihood: Likelihood) -> None:
     """Refuse a regression calibrator in ``method=``, pointing to ``posthoc.calibrate`` on the predictions."""
     regression = likelihood.name != "classification"
-    found = [n for n in names if isinstance(n, str) and n in REGRESSION_CALIBRATORS and (regression or n != "auto")]
+    # "auto" alone is the method chosen on held-out data; stacked on another method it can only mean the calibrator
+    found = [n for i, n in enumerate(names) if isinstance(n, str) and n in REGRESSION_CALIBRATORS and (regression or n != "auto")
+             and (n != "auto" or i > 0)]
     if found:
         raise ConfigError(f"'{found[0]}' calibrates a regressor's predictions and wrap does not stack it on a method yet: "
                           f"wrap without it and {CALIBRATE_REGRESSOR}")

@@ -206,7 +206,7 @@ def test_wrap_refuses_a_stacked_calibrator_and_the_route_it_names_works() -> Non
     for method, says in ((["laplace", "variance-scaling"], "'variance-scaling' calibrates a regressor's predictions"),
                          (["laplace", "isotonic"], "'isotonic' calibrates a classifier's probabilities"),
                          (["none", "temperature"], "'temperature' calibrates a classifier's probabilities"),
-                         ("auto", "'auto' calibrates a regressor's predictions")):
+                         (["laplace", "auto"], "'auto' calibrates a regressor's predictions")):
         with pytest.raises(ConfigError, match=re.escape(says) + ".*posthoc.calibrate\\(mean=pred.mean, std=pred.std"):
             posthoc.wrap(model, method=method, likelihood="regression")
     um = posthoc.wrap(model, method="none", likelihood=posthoc.Gaussian(noise_std=0.1))  # 3x too narrow

@@ -34,7 +34,7 @@ CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targ
 #: options of earlier releases that no method takes any more, and what replaced them
 RETIRED_OPTIONS = {"val_tolerance": "every held-out choice now takes one tolerance, um.fit(..., tolerance=...): nats per "
                                     "example (default: max(2 % of the plain model's held-out NLL, 0.005 nats)), judged "
-                                    "with a one-sided 90 % bound"}
+                                    "with a one-sided 95 % bound"}
 
 
 def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:

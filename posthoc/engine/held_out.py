@@ -29,7 +29,7 @@ from torch import Tensor, nn
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
 from posthoc.core.errors import InputError
-from posthoc.core.fit_record import reads_once
+from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.modules import eval_mode
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model, slice_inputs, split_batch
 from posthoc.core.likelihood import best_noise_nlls, model_outputs
@@ -120,7 +120,7 @@ def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
 
 def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tensor], shift: Any, *,
                      device: torch.device | str, model: nn.Module | None = None, strengths: Sequence[float] = STRENGTHS,
-                     grading_rows: int = GRADING_ROWS, seed: int = 0) -> ShiftedHeldOut | None:
+                     grading_rows: int = GRADING_ROWS, seed: int = 0, source: Iterable | None = None) -> ShiftedHeldOut | None:
     """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
 
     Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
@@ -128,8 +128,9 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     kind to where accuracy has fallen ``strengths[k]`` of the way to chance. A user's callables are
     used as given, all at one level. ``model`` (what ``log_probs`` runs) is kept in eval mode while
     grading, so BatchNorm statistics and dropout stay as they are; the grades are remembered per
-    model, weights and loader (:data:`GRADED_KEPT` of them), so the methods of one chain, or several
-    methods fitted on one checkpoint, grade once.
+    model, weights and loader (:data:`GRADED_KEPT` of them; ``source``: the user's loader that ``loader``'s
+    batches were read from, when ``loader`` is a copy of them), so several methods fitted on one checkpoint and one
+    validation loader grade once.
 
     Example:
         >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["noise", "blur"], device="cpu")
@@ -152,7 +153,9 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     levels: list[list[UserPerturbation]] = []
     description: dict[str, Any] = {"strengths": list(strengths)}
     if kinds:
-        key = None if model is None else (id(model), _weights_version(model), id(loader), tuple(kinds), tuple(strengths),
+        origin = source if source is not None else loader
+        origin = origin.loader if isinstance(origin, CountingLoader) else origin  # the user's loader, not a wrapper
+        key = None if model is None else (id(model), _weights_version(model), id(origin), tuple(kinds), tuple(strengths),
                                           grading_rows, seed)
         graded = _GRADED.get(key) if key is not None else None
         if graded is None:
@@ -360,7 +363,8 @@ class HeldOut:
         source: Iterable = batches if batches is not None else loader
         with eval_mode(model), torch.no_grad():
             plain_log_probs = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
-            shifted = shifted_held_out(source, plain_log_probs, shift, device=device, model=model) if classes else None
+            shifted = (shifted_held_out(source, plain_log_probs, shift, device=device, model=model, source=loader)
+                       if classes else None)
         return cls(batches, loader, shifted, device=device, tolerance=Tolerance.of(tolerance), likelihood=likelihood,
                    from_training_data=from_training_data).rebased(model)
 

@@ -130,7 +130,8 @@ class UncertainModel(nn.Module):
 
         Every held-out choice (a prior precision, a dropout rate, a scale, a calibrator, DAC, the method
         of ``"auto"``) is made on ``val_loader`` by one rule (:mod:`posthoc.engine.selection`): a candidate
-        is admissible when the one-sided 90 % upper bound of its held-out NLL excess over the plain model is
+        is admissible when the one-sided 95 % upper bound of the held-out NLL excess over the plain model that new data
+        of the held-out set's size will show is
         at most ``tolerance``, and among admissible candidates the lowest NLL on perturbed copies of the
         validation batches wins. ``tolerance``: ``None`` (default) is ``max(2 % of the plain model's held-out
         NLL, 0.005 nats)``; a number is nats per example; or a :class:`~posthoc.Tolerance`.

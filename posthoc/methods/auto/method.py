@@ -3,7 +3,7 @@
 ``posthoc.wrap(model, method="auto").fit(train_loader, val_loader)`` fits every candidate (by default the cheap
 ones, :func:`default_candidates`), makes each one's own held-out choices, and keeps the one the selection step
 (:mod:`posthoc.engine.selection`) picks: among the candidates whose held-out NLL excess over the plain model is,
-at 90 % confidence, within the tolerance (``fit(..., tolerance=...)``), the one of lowest NLL on the perturbed
+at 95 % confidence (on new data of the held-out set's size), within the tolerance (``fit(..., tolerance=...)``), the one of lowest NLL on the perturbed
 copies of the validation batches (the fit-time kinds, never the evaluation kinds). The plain model (``"none"``)
 is always a candidate and always admissible, so ``auto`` is never worse in distribution than the tolerance
 allows; without perturbed copies (``shift=None``) the lowest clean NLL wins.
@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chain import base_method, route_options, spec_of, stack_on
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.errors import ConfigError, InputError, PosthocError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
@@ -166,21 +166,32 @@ class AutoMethod(Method):
         self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
     def _build(self, candidates: list[dict[str, Any]]) -> list[_Part]:
-        """Every candidate's chain; candidates with the same first method and options share that method."""
+        """Every candidate's chain; candidates with the same first method and options share that method. A default
+        candidate that refuses this model (Laplace on a one-logit classifier) is left out, with its reason in
+        :attr:`left_out`; a candidate given by the user is refused as ``wrap`` would refuse it."""
         inners: dict[str, Method] = {}
         parts = []
+        self.left_out: dict[str, str] = {}
         for candidate in candidates:
-            names = candidate["method"]
-            options = {k: v for k, v in candidate.items() if k != "method"}
-            if method_class(names[0]).algorithm(options).stacks:
-                names = ["none", *names]
-            spec = spec_of(names, route_options(names, options), self.likelihood)
-            key = json.dumps(spec[0], sort_keys=True, default=str)
-            if key not in inners:
-                inners[key], _ = base_method(self.model, spec[0])
-            chain = stack_on(inners[key], spec, 1)
-            parts.append(_Part(candidate_label(candidate), spec, chain, inners[key]))
+            try:
+                parts.append(self._part(candidate, inners))
+            except PosthocError as err:
+                if self.candidate_option is not None:
+                    raise
+                self.left_out[candidate_label(candidate)] = str(err)
         return parts
+
+    def _part(self, candidate: dict[str, Any], inners: dict[str, Method]) -> _Part:
+        """One candidate's chain (its first method shared with candidates that start alike, through ``inners``)."""
+        names = candidate["method"]
+        options = {k: v for k, v in candidate.items() if k != "method"}
+        if method_class(names[0]).algorithm(options).stacks:
+            names = ["none", *names]
+        spec = spec_of(names, route_options(names, options), self.likelihood)
+        key = json.dumps(spec[0], sort_keys=True, default=str)
+        if key not in inners:
+            inners[key], _ = base_method(self.model, spec[0])
+        return _Part(candidate_label(candidate), spec, stack_on(inners[key], spec, 1), inners[key])
 
     # ---- fit and choose --------------------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
@@ -197,20 +208,43 @@ class AutoMethod(Method):
             self.candidate_chains = nn.ModuleList(part.chain for part in laplace)
         fitted: dict[int, float] = {}
         banks: dict[str, Method] = {}
+        refused: dict[int, PosthocError] = {}
         for part in self._parts:
             for method in chain_of(part.chain):
+                if id(method) in refused:
+                    break
                 if id(method) not in fitted:
                     start = time.perf_counter()
-                    shared = banks.get(_bank_key(method)) if hasattr(method, "share_bank") else None
-                    if shared is not None:
-                        method.share_bank(shared)
-                    else:
-                        method.fit(train_loader, val_loader, progress=progress)
-                        if hasattr(method, "share_bank"):
-                            banks[_bank_key(method)] = method
-                    method.fitted.fill_(True)
+                    try:
+                        self._fit_part(method, banks, train_loader, val_loader, progress)
+                    except PosthocError as err:  # a default that refuses this model at fit (Laplace, one logit)
+                        if self.candidate_option is not None:
+                            raise
+                        refused[id(method)] = err
+                        break
                     fitted[id(method)] = time.perf_counter() - start
                 part.fit_seconds += fitted[id(method)]
+        self._drop(lambda part: any(id(method) in refused for method in chain_of(part.chain)),
+                   lambda part: str(next(refused[id(m)] for m in chain_of(part.chain) if id(m) in refused)))
+
+    def _fit_part(self, method: Method, banks: dict[str, Method], train_loader: Iterable | None,
+                  val_loader: Iterable | None, progress: bool) -> None:
+        """Fit one method of a candidate on the training data; a DAC bank of the same options is shared, not re-read."""
+        shared = banks.get(_bank_key(method)) if hasattr(method, "share_bank") else None
+        if shared is not None:
+            method.share_bank(shared)
+        else:
+            method.fit(train_loader, val_loader, progress=progress)
+            if hasattr(method, "share_bank"):
+                banks[_bank_key(method)] = method
+        method.fitted.fill_(True)
+
+    def _drop(self, refused: Any, reason: Any) -> None:
+        """Leave out the candidates ``refused(part)`` says cannot run here, keeping ``reason(part)`` in :attr:`left_out`."""
+        for part in [part for part in self._parts if refused(part)]:
+            self.left_out[part.label] = reason(part)
+        self._parts = [part for part in self._parts if not refused(part)]
+        self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
     def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
         """Without a ``val_loader``: the training rows ``laplace`` chooses its prior on (see :meth:`fit`)."""
@@ -316,6 +350,14 @@ class AutoMethod(Method):
                                                     max_memory=max_memory)
 
     @property
+    def selection(self) -> dict[str, Any] | None:
+        """The record of the method choice; without one (no validation data) the chosen chain's own last choice."""
+        own = super().selection
+        if own is not None or self.chosen is None:
+            return own
+        return next((method.selection for method in reversed(chain_of(self.chosen)) if method.selection), None)
+
+    @property
     def chosen_label(self) -> str | None:
         """The chosen candidate, e.g. ``"laplace+dac"`` (``None`` before fit)."""
         found = as_record(self.chosen_spec)
@@ -328,12 +370,14 @@ class AutoMethod(Method):
         cards = [{"method": method.name, **method.summary(), "selection": method.selection} for method in chain_of(self.chosen)]
         return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
                 "layers": list(dict.fromkeys(layer for card in cards for layer in card.get("layers", []))),
-                "chosen": self.chosen_label, "chosen_posterior": cards}
+                "chosen": self.chosen_label, "chosen_posterior": cards,
+                **({"left_out": dict(self.left_out)} if getattr(self, "left_out", None) else {})}
 
     def posterior_state(self) -> dict[str, Tensor]:
         """Auto's own buffers (the chosen spec, the record) and the chosen chain's posterior under ``chosen.``."""
         state = {name: value for name, value in self._buffers.items() if value is not None}
-        state.update({f"chosen.{key}": value for key, value in self._chosen().posterior_state().items()})
+        if self.chosen is not None:
+            state.update({f"chosen.{key}": value for key, value in self.chosen.posterior_state().items()})
         return state
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:

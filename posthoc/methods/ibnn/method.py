@@ -195,6 +195,7 @@ class ImplicitBNN(Method):
         record = {**asdict(options), "batchnorm": float(options.batchnorm == "train")}
         self.fit_settings.copy_(torch.tensor([float(record[name]) for name in FIT_RECORD], dtype=torch.float64))
         self._refit_noise(loaders)
+        self._expanded_row_bytes.clear()  # as after a choice: a loaded posterior plans its chunks alike
 
     def _refit_noise(self, loaders: tuple[Iterable | None, Iterable | None]) -> None:
         """Under a likelihood with a noise to fit, fit it again to the sampled predictive at the scale in use."""
@@ -239,10 +240,10 @@ class ImplicitBNN(Method):
         self.record_selection(selection)
         self.scale_fit = torch.tensor([selection.value, selection.plain_nll, selection.chosen.clean_nll],
                                       dtype=torch.float64, device=self.fit_settings.device)
+        self._refit_noise((train_loader, list(held_out.clean())))
         # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
         # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order
         self._expanded_row_bytes.clear()
-        self._refit_noise((train_loader, list(held_out.clean())))
 
     def summary(self) -> dict[str, Any]:
         """The node posterior for the model card: ``random_variables`` is the number of node variables per

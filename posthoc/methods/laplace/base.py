@@ -22,7 +22,7 @@ the predictive moves away from the checkpoint. The default, ``"auto"``, is the `
 ``val_loader`` when ``fit`` gets one, else on (up to 4,096 rows per process of) the training data,
 where a trained model's small NLL makes it stricter. ``"val"``: the one selection step
 (:mod:`posthoc.engine.selection`) over a ladder of δ from ``1e8`` (the checkpoint, nearly) down to
-``1e-4`` (41 log-spaced points from ``1e4``): walking wider while the one-sided 90 % upper bound of the
+``1e-4`` (41 log-spaced points from ``1e4``): walking wider while the one-sided 95 % upper bound of the
 held-out NLL excess over the checkpoint stays within the tolerance (``fit(..., tolerance=...)``, by
 default ``max(2 % of the checkpoint's NLL, 0.005 nats)``), then, among the δ it accepted, the one of
 lowest NLL on the perturbed copies of the held-out batches (``fit(..., shift="auto")``, the default;

@@ -23,7 +23,7 @@ Rates: a float sets every site to it. ``p=None`` (the default) keeps the model's
 ``p="auto"`` (which requires one), every site gets the rate the selection step
 (:mod:`posthoc.engine.selection`) picks among 0 (no dropout: the plain model) and :data:`P_GRID`,
 each scored with :data:`SELECTION_FACTOR` times ``num_samples`` masks (the same draws for every rate):
-walking up the rates while the one-sided 90 % upper bound of the held-out NLL excess over the plain
+walking up the rates while the one-sided 95 % upper bound of the held-out NLL excess over the plain
 model stays within ``fit(..., tolerance=...)``, then, among those, the rate of lowest NLL on the
 perturbed copies of the held-out batches (with ``shift=None`` the largest accepted). Not the rate with
 the lowest validation NLL: dropout pays off under shift, which clean validation data does not show,
