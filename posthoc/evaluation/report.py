@@ -4,9 +4,16 @@ Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``, calibrat
 the report also measures them on the test set: empirical coverage and mean size of the conformal
 sets, and the deferral rate and error rate on accepted examples of the selective rule.
 
+Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` and
+``plain.to_html(path, laplace, auto)`` open with a ``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the
+method to use for this model with its numbers; in the HTML the frontier plot under it), then the table with
+the best entry of each column in bold.
+
 Example:
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=noise_loader)
     >>> print(report.to_markdown())
+    >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
+    >>> print(plain.to_markdown(report, shifts={"rotated": [plain_rotated, report_rotated]}))
     >>> report.reliability_diagram("reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.02)
@@ -20,20 +27,25 @@ A regressor's report is a :class:`~posthoc.evaluation.regression_report.Regressi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+import statistics
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import Inputs, run_model, to_device
+from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
-from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
+from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots, regression_metrics, verdict
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
+from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, shared_level
 from posthoc.evaluation.table import cell as _cell
-from posthoc.evaluation.table import markdown_rows, shared_level
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.predictions import predict_loader
 from posthoc.guarantees import measures
@@ -56,7 +68,9 @@ class Report:
     ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
     method's ``entropy``, ``mutual-information`` where it samples, and the ``ood_scores`` asked for) to its
     ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with ``ci=``, each AUROC's interval is in ``intervals``
-    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``).
+    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s
+    selection record (``um.summary()["selection"]``) when the evaluated model is auto; ``predict_cost`` the
+    predict time over a plain forward's, when the caller measured it (:func:`predict_cost`); the verdict reads both.
     """
 
     name: str
@@ -80,6 +94,8 @@ class Report:
     ood: dict[str, dict[str, float]] | None = None
     #: per OOD score, its values (on the test set, on the OOD set), for :meth:`ood_histograms`
     ood_values: dict[str, tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
+    selection: dict[str, Any] | None = field(repr=False, default=None)
+    predict_cost: float | None = None
 
     COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
     #: present in :meth:`as_dict` only when the report measured a guarantee
@@ -125,9 +141,24 @@ class Report:
         ood = {"ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
 
-    def to_markdown(self) -> str:
-        """A one-row Markdown table of the metrics."""
-        return markdown_table([self])
+    def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
+        """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
+        this report is the plain model they are judged against: ``## Verdict`` first (:func:`compared_verdict`),
+        then one table of every report with the best entry of each column in bold.
+
+        ``shifts`` maps a shifted test set's name to the reports on it, one per report in the order
+        ``[self, *others]``.
+
+        Example:
+            >>> print(plain.to_markdown(laplace, shifts={"rotated": [plain_rotated, laplace_rotated]}))
+            ## Verdict
+            ...
+        """
+        if not others:
+            return markdown_table([self])
+        reports = [self, *others]
+        found = compared_verdict(reports, shifts)
+        return found.markdown() + "\n" + markdown_table(reports) + "\n\n" + BEST_CAPTION
 
     def ood_to_markdown(self) -> str:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
@@ -160,9 +191,34 @@ class Report:
             figures.append(html_page.figure_tag(self.ood_histograms(), "OOD score histograms"))
         return tables + "\n" + "\n".join(figures)
 
-    def to_html(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
-        return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+    def frontier(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None,
+                 path: str | os.PathLike | None = None) -> Figure:
+        """The frontier of this report (the plain model) and ``others`` under ``shifts`` (as in :meth:`to_markdown`):
+        each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`)."""
+        found = compared_verdict([self, *others], shifts)
+        if not found.shifts:
+            raise ConfigError("the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
+                              "shifted test set, one per report]}")
+        return plots.frontier(found.frontier_points(), path, tolerance=found.tolerance, title="test data")
+
+    def to_html(self, path: str | os.PathLike, *others: Report,
+                shifts: Mapping[str, Sequence[Report]] | None = None) -> Path:
+        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path. Given
+        ``others`` (and ``shifts``, as in :meth:`to_markdown`): the verdict and the frontier first, then the tables
+        of every report and their reliability diagrams and risk-coverage curves."""
+        if not others:
+            return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+        reports = [self, *others]
+        found = compared_verdict(reports, shifts)
+        body = [html_page.markdown_to_html(found.markdown())]
+        if found.shifts:
+            body.append(html_page.figure_tag(self.frontier(*others, shifts=shifts), "frontier"))
+        curves = {r.name: (r.probs, r.labels) for r in reports}
+        body += [html_page.markdown_to_html(markdown_table(reports) + "\n\n" + BEST_CAPTION),
+                 html_page.figure_tag(plots.reliability_diagram(curves), "reliability diagrams"),
+                 html_page.figure_tag(plots.risk_coverage_curve(curves, None, operating_points(*reports)),
+                                      "risk-coverage curves")]
+        return html_page.write_page(path, "\n".join(body), f"posthoc report: {self.name} against {len(others)} more")
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
@@ -188,13 +244,116 @@ def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
 def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = None) -> str:
     """Markdown rows of several reports; ``extra`` adds columns (header -> one cell per report).
 
-    Columns for coverage / set size and deferral / accepted error appear when a report measured them.
+    Columns for coverage / set size and deferral / accepted error appear when a report measured them. With several
+    reports the best entry of each metric column is in bold (:func:`posthoc.evaluation.table.bold_best`; explain it
+    with :data:`~posthoc.evaluation.table.BEST_CAPTION`).
     """
     extra = {**guarantee_columns(reports), **(extra or {})}
     header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
-    rows = [[report.name, *(_cell(getattr(report, c), report.intervals.get(c)) for c in report.COLUMNS),
-             *(col[i] for col in extra.values())] for i, report in enumerate(reports)]
+    columns = [bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+               for c in Report.COLUMNS]
+    rows = [[report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
+            for i, report in enumerate(reports)]
     return markdown_rows(header, rows)
+
+
+def example_nll(report: Report | RegressionReport) -> Tensor:
+    """The per-example NLL ``(N,)`` of a report's kept predictions (the mean is ``report.nll``), float64 on the CPU.
+
+    Example:
+        >>> float(example_nll(report).mean()) == pytest.approx(report.nll)
+        True
+    """
+    if isinstance(report, RegressionReport):
+        if report.means is None:
+            raise InputError(f"report {report.name!r} keeps no predictions; use reports made by posthoc.evaluate")
+        y = regression_metrics.as_targets(report.means, report.targets.detach().cpu())
+        return -regression_metrics.mixture(report.means.detach().cpu(), report.stds.detach().cpu()).log_prob(y).double()
+    if report.probs is None or report.labels is None:
+        raise InputError(f"report {report.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
+    picked = report.probs.double().cpu().gather(-1, report.labels.cpu().long()[:, None]).squeeze(-1)
+    return -picked.clamp_min(metrics.EPS).log()
+
+
+def candidate(report: Report | RegressionReport, shifts: Mapping[str, Report | RegressionReport] | None = None, *,
+              predict_cost: float | None = None, selection: Mapping[str, Any] | None = None,
+              shifted: Mapping[str, Tensor] | None = None) -> verdict.Candidate:
+    """What the verdict reads of one method's report: its per-example NLL on the test set and on each shifted test
+    set (``shifts``: name -> its report there; ``shifted``: name -> per-example NLL already computed, e.g.
+    :meth:`posthoc.evaluation.shift.ShiftTable.example_nll`), its entropy on the test and OOD sets, its predict cost and
+    auto's selection record (by default the report's own ``predict_cost`` and ``selection``).
+
+    Example:
+        >>> candidate(report, {"rotated": rotated_report}).shifted["rotated"].shape
+        torch.Size([500])
+    """
+    own = getattr(report, "ood_values", None) or {}
+    return verdict.Candidate(
+        report.name, example_nll(report),
+        {**{name: example_nll(found) for name, found in (shifts or {}).items()}, **(shifted or {})},
+        own.get("entropy"), getattr(report, "predict_cost", None) if predict_cost is None else predict_cost,
+        getattr(report, "selection", None) if selection is None else selection)
+
+
+def compared_verdict(reports: Sequence[Report | RegressionReport], shifts: Mapping[str, Sequence[Report]] | None = None,
+                     **options: Any) -> verdict.Verdict:
+    """The verdict on ``reports`` of several methods on the same test set, the first being the plain model;
+    ``shifts``: name -> reports on that shifted set, in the same order; ``options`` go to
+    :func:`posthoc.evaluation.verdict.judge`.
+
+    Example:
+        >>> compared_verdict([plain, laplace], {"rotated": [plain_rotated, laplace_rotated]}).recommended
+        'laplace'
+    """
+    for name, found in (shifts or {}).items():
+        if len(found) != len(reports):
+            raise ConfigError(f"shift {name!r} has {len(found)} reports for {len(reports)} methods: give one per "
+                              "report, in the same order")
+    rows = [candidate(report, {name: found[i] for name, found in (shifts or {}).items()})
+            for i, report in enumerate(reports)]
+    return verdict.judge(rows, reports[0].name, **options)
+
+
+def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
+    """The median time of ``um.predict(x)`` over that of a plain forward of the user's model (for an ensemble, its
+    first member) on the same inputs, each timed ``repeats`` times after one warm-up call: the verdict's cost.
+
+    Example:
+        >>> predict_cost(posthoc.wrap(model, method="none"), x) < 2
+        True
+    """
+    x = to_device(x, um.device)
+    generator = torch.Generator(device=um.device).manual_seed(0)
+
+    def median_seconds(call: Any) -> float:
+        call()
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            call()
+            if um.device.type == "cuda":
+                torch.cuda.synchronize(um.device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    model = um.method.plain_model
+    with torch.no_grad(), eval_mode(model):
+        plain = median_seconds(lambda: run_model(model, x))
+    method = median_seconds(lambda: um.predict(x, generator=generator))
+    return method / max(plain, 1e-9)
+
+
+def auto_selection(um: UncertainModel) -> dict[str, Any] | None:
+    """``method="auto"``'s selection record between whole methods (``um.summary()["selection"]``), else ``None``.
+
+    Example:
+        >>> auto_selection(posthoc.wrap(model, method="auto").fit(train_loader, val_loader))["chosen"]
+        'laplace+dac'
+    """
+    if "auto" not in um.methods:
+        return None
+    found = um.summary().get("selection")
+    return found if found and found.get("knob") == verdict.METHOD_KNOB else None
 
 
 def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | SelectivePredictor | None,
@@ -263,6 +422,7 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         ood_values=None if ood is None else ood_report.ood_values(um, test, ood, test_loader, ood_loader, ood_scores,
                                                                  progress=progress, generator=generator),
     )
+    report.selection = auto_selection(um)
     if ci is not None:
         ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
         if ood is not None and report.ood_auroc_mi is not None:
