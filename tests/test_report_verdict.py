@@ -331,3 +331,9 @@ def test_a_chain_chosen_by_auto_renders_as_subsections_and_untried_candidates_as
     lines = selection_table(knob)
     assert lines[-1] == "| 5 ... 1 (3 candidates) | - | - | - | - | not tried: the walk stopped at a refused candidate |"
     assert sum("not tried" in line for line in lines) == 1
+
+
+def test_the_verdict_section_of_a_page_ends_at_the_next_heading():
+    body = html_page.markdown_to_html("# T\n\n## Verdict\n\n**Use `auto`** now\n\n### Tables\n\n| a |\n|---|\n| 1 |")
+    assert body.index('<section class="verdict">') < body.index("<h2>Verdict</h2>") < body.index("</section>")
+    assert body.index("</section>") < body.index("<h3>Tables</h3>") and "<code>auto</code>" in body

@@ -137,7 +137,8 @@ def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]
     for row in candidates:
         untried = not row["admissible"] and str(row.get("reason") or "").startswith("not tried")
         previous = groups[-1][-1] if groups else None
-        if untried and previous is not None and previous.get("reason") == row.get("reason") and not previous["admissible"]:
+        same_reason = previous is not None and previous.get("reason") == row.get("reason") and not previous["admissible"]
+        if untried and same_reason:
             groups[-1].append(row)
         else:
             groups.append([row])

@@ -51,7 +51,7 @@ def figure_tag(fig: Figure, alt: str = "") -> str:
 
 
 def _text(text: str) -> str:
-    """Escaped text with ``**bold**`` and ```code```."""
+    """Escaped text with ``**bold**`` and backquoted code."""
     escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
 
@@ -83,7 +83,7 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
         >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
         '<div class="wide"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table></div>'
 
-    A ``## Verdict`` section (up to the next heading of its level or above) sits in a ``<section class="verdict">``.
+    A ``## Verdict`` section (up to the next heading) sits in a ``<section class="verdict">``.
     """
     base = None if base_dir is None else Path(base_dir)
     blocks, lines = [], text.splitlines()
@@ -106,7 +106,7 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
         heading = re.match(r"(#{1,6}) (.*)", line)
         if heading:
             level = len(heading.group(1))
-            if in_verdict and level <= 2:
+            if in_verdict:
                 blocks.append("</section>")
                 in_verdict = False
             if level == 2 and heading.group(2).strip() == VERDICT:

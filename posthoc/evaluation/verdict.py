@@ -165,7 +165,8 @@ class _Resamples:
 
 
 def paired_change(row: Tensor, plain: Tensor, index: Tensor, ci: float = CI) -> Change:
-    """The change of the mean of per-example ``row`` values against ``plain`` ones (same examples), resampled by ``index``.
+    """The change of the mean of per-example ``row`` values against ``plain`` ones (same examples), resampled by
+    ``index``.
 
     Example:
         >>> index = bootstrap.resample_index(4, 200)
@@ -250,7 +251,8 @@ class Verdict:
     def keeps_plain(self) -> bool:
         """Whether the verdict is to keep the plain model (the rule picks it, or auto chose ``none``)."""
         chosen = self.row(self.recommended)
-        return self.recommended == self.plain or (chosen.selection is not None and chosen.selection.get("chosen") == "none")
+        auto_kept_plain = chosen.selection is not None and chosen.selection.get("chosen") == "none"
+        return self.recommended == self.plain or auto_kept_plain
 
     @property
     def shifts(self) -> list[str]:
