@@ -71,7 +71,8 @@ from posthoc.core.registry import method_class, method_names
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
-from posthoc.evaluation.report import Report, candidate, markdown_table, operating_points, predict_cost
+from posthoc.evaluation.comparison import candidate, predict_cost
+from posthoc.evaluation.report import Report, markdown_table, operating_points
 from posthoc.evaluation.table import BEST_CAPTION
 from posthoc.evaluation.verdict import SELECTION_FRONTIER_FILE, Verdict, judge, selection_section, verdict_section
 from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization

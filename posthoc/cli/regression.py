@@ -49,7 +49,7 @@ from posthoc.core.checks import probability
 from posthoc.core.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
 from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
-from posthoc.evaluation.report import auto_selection, candidate, predict_cost
+from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section

@@ -47,7 +47,8 @@ from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.predictions import collect
-from posthoc.evaluation.report import Report, candidate, evaluate, markdown_table
+from posthoc.evaluation.comparison import candidate
+from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section

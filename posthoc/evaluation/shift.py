@@ -38,7 +38,8 @@ from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
-from posthoc.evaluation.report import Report, evaluate, example_nll
+from posthoc.evaluation.comparison import example_nll
+from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best
 from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
