@@ -180,13 +180,15 @@ def test_frontier_of_twenty_close_points_has_no_overlapping_text_and_marks_the_p
     generator = torch.Generator().manual_seed(0)
     points = []
     for i in range(20):  # a tight cluster: most numbers cannot all find room
-        x, y = 0.004 * float(torch.rand(1, generator=generator)), 1.0 + 0.05 * float(torch.rand(1, generator=generator))
+        x, y = 0.012 * float(torch.rand(1, generator=generator)) - 0.01, 1.0 + 0.05 * float(torch.rand(1, generator=generator))
         points.append(plots.FrontierPoint(f"row {i}", x, (x - 0.001, x + 0.002), y, (y - 0.01, y + 0.01),
-                                          admissible=x + 0.002 <= 0.005, chosen=i == 7))
+                                          admissible=x + 0.002 <= 0.0, chosen=i == 7))
     fig = plots.frontier(points, tmp_path / "frontier.png", tolerance=0.005)
     ax = fig.axes[0]
     numbers = [text.get_window_extent() for text in ax.texts]
     assert 0 < len(numbers) <= 20 and not _overlapping(numbers)
+    ticks = [label.get_window_extent() for label in ax.get_xticklabels() if label.get_text()]
+    assert len(ticks) >= 3 and not _overlapping(ticks)
     assert all(ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1) for box in numbers)
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend[0].startswith("admissible: excess bound <= 0.005") and legend[8] == "8  row 7 (recommended)"

@@ -27,6 +27,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.evaluation import metrics  # noqa: E402
@@ -282,6 +283,8 @@ def frontier(points: Sequence[FrontierPoint], path: str | os.PathLike | None = N
     span = max([abs(v) for v in xs] + [tolerance])
     if tolerance > 0 and span >= SYMLOG_SPAN * tolerance:
         ax.set_xscale("symlog", linthresh=tolerance)
+    else:  # few enough ticks that their labels (e.g. -0.0075) never run into each other
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
     left = min(xs + [0.0])
     low = left - 0.1 * (span + abs(left)) if left < 0 else -0.1 * span
     ax.set_xlim(low, max(ax.get_xlim()[1], tolerance + 0.15 * (tolerance - low)))
