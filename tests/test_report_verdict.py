@@ -89,6 +89,8 @@ def test_changes_are_paired_an_identical_row_has_a_zero_width_interval():
     same = found.row("same")
     for change in (same.clean, same.shifts["s"], same.ood):
         assert change.difference == 0 and change.interval == (0.0, 0.0)
+    shift_only = judge([rows[0], Candidate("shift-only", plain.clone(), {"s": plain * 2})], plain="none")
+    assert "the NLL changes by ±0.0000 [±0.0000, ±0.0000] nats (1.00x" in shift_only.sentence()
     # a small paired change has a far narrower interval than the plain model's own NLL
     nudged = judge([rows[0], Candidate("nudged", plain + _nll(0.001, 8, 0.001), {"s": plain * 3})], plain="none")
     low, high = nudged.row("nudged").clean.interval

@@ -371,11 +371,13 @@ class Verdict:
 
 
 def _signed(value: float, digits: int = 4) -> str:
-    return f"{value:+.{digits}f}"
+    """``+0.0123`` / ``-0.0123``; a change that shows as zero at ``digits`` is ``±0.0000`` (not ``-0.0000``)."""
+    text = f"{value:+.{digits}f}"
+    return "±" + text[1:] if float(text) == 0 else text
 
 
 def _interval(interval: tuple[float, float], digits: int = 4) -> str:
-    return f"[{interval[0]:+.{digits}f}, {interval[1]:+.{digits}f}]"
+    return f"[{_signed(interval[0], digits)}, {_signed(interval[1], digits)}]"
 
 
 def _where(name: str) -> str:
