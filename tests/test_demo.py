@@ -65,11 +65,13 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert "Picked on the test data" in verdict and '`posthoc.wrap(model, method="auto")`' in verdict
     assert "each the mean over rotate, contrast, translate, occlude on the first 500 test digits" in verdict \
         or verdict.startswith("**Keep")
+    assert "**" in report.split("### Digits")[1].split("\n\n")[1]  # the best entries of the main table in bold
+    cells = report.replace("**", "")
     for label in ("MAP", "temperature"):
-        row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+        row = next(line for line in cells.splitlines() if line.startswith(f"| {label} |"))
         accuracy, low, high = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups())
         assert 0.95 < low <= accuracy <= high <= 1.0
-    shift = report.split("Under shift")[1]
+    shift = cells.split("Under shift")[1]
     header = next(line for line in shift.splitlines() if line.startswith("| method | clean"))
     assert all(f"severity {s}" in header for s in SEVERITIES)
     nll_row = next(line for line in shift.splitlines() if line.startswith("| MAP |"))
