@@ -14,16 +14,18 @@ from posthoc.demo import data
 from test_recipes import FACTORY_SOURCE, _write_images
 
 
+#: the folders of the run: name -> (digits split, images per class, how they are written)
+LAYOUT = {"train": ("fit", 12, {}), "calibration": ("calibration", 12, {}), "val": ("test", 10, {}),
+          "rotated": ("test", 6, {"rotate": 60}), "ood": ("ood", 30, {"flat": True})}
+
+
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory: pytest.TempPathFactory, digits: data.DigitsSplits) -> dict[str, Path]:
     root = tmp_path_factory.mktemp("auto_folders")
-    _write_images(digits.fit, root / "train", 12)
-    _write_images(digits.calibration, root / "calibration", 12)
-    _write_images(digits.test, root / "val", 10)
-    _write_images(digits.test, root / "rotated", 6, rotate=60)
-    _write_images(digits.ood, root / "ood", 30, flat=True)
+    for name, (split, per_class, options) in LAYOUT.items():
+        _write_images(getattr(digits, split), root / name, per_class, **options)
     (root / "factory.py").write_text(FACTORY_SOURCE)
-    return {name: root / name for name in ("train", "calibration", "val", "rotated", "ood", "factory.py")}
+    return {name: root / name for name in (*LAYOUT, "factory.py")}
 
 
 def test_evaluate_auto_opens_with_its_verdict_and_frontier(folders: dict[str, Path], tmp_path: Path) -> None:
