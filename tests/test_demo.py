@@ -11,7 +11,7 @@ from posthoc.cli.main import main
 from posthoc.core.errors import ConfigError
 from posthoc.core.registry import REGISTRY
 from posthoc.demo.configs import DEMO_CONFIGS
-from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, demo_configs, shift_story
+from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, DemoRow, demo_configs, demo_verdict, render, shift_story
 from posthoc.shift import EVALUATION_KINDS
 
 
@@ -58,11 +58,20 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     printed = capsys.readouterr().out
     report = (tmp_path / "report.md").read_text()
     assert report in printed
+    # the verdict and its frontier before any table; without an auto row the pick is made on the test digits
+    verdict = report.split("## Verdict\n\n")[1].split("\n### ")[0]
+    assert report.index("## Verdict") < report.index("\n|") and "![frontier" in verdict
+    assert re.match(r"\*\*(Use `temperature`|Keep the plain model)\*\*", verdict)
+    assert "Picked on the test data" in verdict and '`posthoc.wrap(model, method="auto")`' in verdict
+    assert "each the mean over rotate, contrast, translate, occlude on the first 500 test digits" in verdict \
+        or verdict.startswith("**Keep")
+    assert "**" in report.split("### Digits")[1].split("\n\n")[1]  # the best entries of the main table in bold
+    cells = report.replace("**", "")
     for label in ("MAP", "temperature"):
-        row = next(line for line in report.splitlines() if line.startswith(f"| {label} |"))
+        row = next(line for line in cells.splitlines() if line.startswith(f"| {label} |"))
         accuracy, low, high = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups())
         assert 0.95 < low <= accuracy <= high <= 1.0
-    shift = report.split("Under shift")[1]
+    shift = cells.split("Under shift")[1]
     header = next(line for line in shift.splitlines() if line.startswith("| method | clean"))
     assert all(f"severity {s}" in header for s in SEVERITIES)
     nll_row = next(line for line in shift.splitlines() if line.startswith("| MAP |"))
@@ -84,12 +93,13 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert len(confidence) == 1 + len(STORY_SEVERITIES) and accuracy[-1] < accuracy[0]
     assert confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]  # the plain model grows overconfident
     assert "rotation by 15 / 45 / 90 degrees" in report and "translation by 0.04 / 0.12 / 0.22 of the side" in report
-    for name in ("reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png",
-                 "confidence.png", "reliability_rotated45_best.png"):
+    for name in ("frontier.png", "reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png",
+                 "ood_scores.png", "confidence.png", "reliability_rotated45_best.png"):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200
     page = (tmp_path / "report.html").read_text()
-    assert page.count("data:image/png;base64,") == 7 and "<table>" in page and 'src="reliability' not in page
+    assert page.count("data:image/png;base64,") == 8 and "<table>" in page and 'src="reliability' not in page
+    assert page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<table>")
     assert "wrote" in printed and "confidence.png, reliability_rotated45_best.png" in printed
 
 
@@ -144,3 +154,46 @@ def test_a_stacking_method_registered_later_joins_the_demo_through_the_demo_tabl
     assert configs["Laplace + stacked"] == ([{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
                                             False)
     assert rows[1][1] == {"on": ["laplace"]}  # the table's own rows are left as they were
+
+
+def test_the_demo_report_opens_with_autos_pick_and_both_frontiers(digits, digits_model, tmp_path):
+    """An auto row (here a calibrated model carrying an auto selection record: no auto fit) is what the verdict
+    recommends; its held-out record and frontier follow the main table."""
+    shift_loader = data.loader(data.subset(digits.test, 64), batch_size=64)
+    test_loader = data.loader(data.subset(digits.test, 200), batch_size=200)
+    ood_loader = data.loader(data.subset(digits.ood, 100), batch_size=100)
+    calibration = data.loader(data.subset(digits.calibration, 200))
+    models = {"MAP": posthoc.wrap(digits_model, method="none"),
+              "auto": posthoc.wrap(digits_model, method=["laplace", "dac"]).fit(
+                  data.loader(data.subset(digits.fit, 400)), calibration, progress=False)}
+    record = {"knob": "method", "chosen": "laplace+dac", "tolerance": 0.005, "confidence": 0.9, "examples": 200,
+              "perturbed": 600, "folds": None, "fallback": False,
+              "plain": {"clean_nll": 0.06, "shifted_nll": 3.0, "shifted_ece": 0.2},
+              "candidates": [{"candidate": name, "value": i, "clean_nll": 0.06, "excess": excess, "bound": bound,
+                              "excess_se": 0.001, "shifted_nll": shifted, "shifted_nll_se": 0.1, "shifted_ece": 0.1,
+                              "seconds": 0.0, "admissible": bound <= 0.005, "reason": None, "chosen": i == 1,
+                              "fit_seconds": 1.0, "predict_cost": 1.5}
+                             for i, (name, excess, bound, shifted) in enumerate([("none", 0.0, 0.0, 3.0),
+                                                                                 ("laplace+dac", 0.001, 0.004, 1.7)])]}
+    rows = []
+    for label, um in models.items():
+        report = posthoc.evaluate(um, test_loader, ood_loader, name=label, progress=False)
+        report.selection = record if label == "auto" else None
+        shift = posthoc.evaluate_shift({label: um}, shift_loader, severities=[3], normalization=(data.MEAN, data.STD),
+                                       progress=False)
+        rows.append(DemoRow(label, report, shift, 1.0, 2.0 if label == "auto" else 1.0))
+    found = demo_verdict(rows, "MAP")
+    for row in rows:
+        row.verdict = found
+    text = render(rows, tmp_path)
+    assert found.recommended == "auto" and found.basis == "auto" and found.shifts == ["severity 3"]
+    assert text.startswith("# posthoc demo: the bundled digits CNN\n\n## Verdict\n\n**Use `auto`** for this model: on "
+                           "held-out data it picked `laplace+dac` among 2 candidates; in distribution the NLL changes by")
+    assert re.search(r"under shift by [+-]0\.\d{4} \[[+-]0\.\d{4}, [+-]0\.\d{4}\] \(\d\.\d\dx\) at severity 3 \(each the "
+                     r"mean over rotate, contrast, translate, occlude", text)
+    assert "OOD AUROC " in text and "predict 2.0x a plain forward" in text
+    assert text.index("![frontier") < text.index("| method |") < text.index("### How `auto` chose, on held-out data")
+    assert "| laplace+dac | 0.001 (0.004) | 1.7 | 0.1 | 1 | 1.5x | **chosen** |" in text
+    for name in ("frontier.png", "selection_frontier.png"):
+        with Image.open(tmp_path / name) as image:
+            assert image.size[0] > 500 and image.size[1] > 300

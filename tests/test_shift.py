@@ -162,7 +162,7 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     run_evaluate(args)
     report = (out / "report.md").read_text()
     assert "## Corruptions of the test set" in report and "| temperature | contrast | 5 |" in report
-    assert re.search(r"\| none \| \d\.\d{4} \[\d\.\d{4}, \d\.\d{4}\] \|", report)
+    assert re.search(r"\| none \| (\*\*)?\d\.\d{4}(\*\*)? \[\d\.\d{4}, \d\.\d{4}\] \|", report)
     rows = json.loads((out / "metrics.json").read_text())["rows"]
     corrupted = rows[0]["corruptions"]["values"]["none"]
     assert corrupted["contrast"]["5"]["nll"] > corrupted["clean"]["0"]["nll"]
@@ -170,6 +170,11 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     assert (out / "shift.png").stat().st_size > 10_000
     assert (out / "confidence.png").stat().st_size > 10_000  # no flag asked for it
     assert "Mean confidence (solid) against accuracy (dashed), none against temperature" in report
-    assert (out / "report.html").read_text().count("data:image/png;base64,") == 4
+    assert (out / "report.html").read_text().count("data:image/png;base64,") == 5  # with the verdict's frontier
+    verdict = report.split("## Verdict\n\n")[1].split("\n## ")[0]
+    assert "![frontier" in verdict and (out / "frontier.png").stat().st_size > 10_000
+    if not verdict.startswith("**Keep the plain model**"):  # the shifts are the severities, each over the kinds
+        assert re.search(r"at severity 1, .* at severity 5 \(severities: each the mean over gaussian-noise, contrast\)",
+                         verdict)
     with pytest.raises(SystemExit):
         parser.parse_args(["--model", "x", "--val", "v", "--out", "o", "--severities", "0,7"])

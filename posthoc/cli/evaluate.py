@@ -23,8 +23,14 @@ folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file 
 and a table of calibrators (see :mod:`posthoc.cli.guarantees`). ``--ood-scores energy,knn,...`` reports post-hoc
 OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc.cli.ood`).
 
-Writes ``OUT/report.md`` (Markdown tables), ``OUT/summary.md`` (each row's model card, from
-``um.summary()``), ``OUT/metrics.json``, ``OUT/reliability.png`` and
+``--method auto`` is the method the selection step picks on the calibration half (``method="auto"``).
+
+Writes ``OUT/report.md``: first the verdict (which row to use for this model: auto's pick when there is an auto
+row, else the lowest NLL under the shifts among the rows within the in-distribution tolerance on the test half;
+its NLL change in distribution and under each shift, its OOD AUROC change and predict cost) and, with shifts, the
+frontier ``OUT/frontier.png``; then the tables, the best entry of each column in bold; an auto row's record of
+its candidates on held-out data with ``OUT/selection_frontier.png``. Also ``OUT/summary.md`` (each row's model
+card, from ``um.summary()``), ``OUT/metrics.json`` (with the verdict), ``OUT/reliability.png`` and
 ``OUT/risk_coverage.png``; with corruption kinds also ``OUT/shift.png`` (NLL and ECE against severity) and
 ``OUT/confidence.png`` (mean confidence and accuracy against severity, the plain model against the row with
 the lowest NLL at the top severity). The recipes in ``recipes/`` call :func:`run_recipe` after loading
@@ -61,11 +67,15 @@ from posthoc.cli.flags import check_numbers
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
 from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
 from posthoc.core.checks import probability
+from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
 from posthoc.core.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
+from posthoc.evaluation.comparison import candidate, predict_cost
 from posthoc.evaluation.report import Report, markdown_table, operating_points
+from posthoc.evaluation.table import BEST_CAPTION
+from posthoc.evaluation.verdict import SELECTION_FRONTIER_FILE, Verdict, judge, selection_section, verdict_section
 from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization
 from posthoc.evaluation import html_page
 from posthoc.evaluation.shift import ShiftTable
@@ -75,6 +85,9 @@ BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
 FEATURED_STATE = ("temperature", "prior_precision")
 OUTPUT_FILES = ("report.md", "report.html", "summary.md", "metrics.json", "reliability.png", "risk_coverage.png")
+#: how the CLI's verdict names the held-out choice and the shifts, in command-line terms
+AUTO_HINT = "`--method auto`"
+SHIFT_HINT = "pass `--shift DIR` (a labelled shifted folder) or `--shift KIND[,KIND]` (corruptions)"
 GUARANTEE_LEGEND = [
     "coverage: fraction of test sets holding the true label, guaranteed >= 1 - alpha on average over exchangeable "
     "calibration/test draws (not under shift); set size: mean number of classes per set.", "",
@@ -281,6 +294,8 @@ class MethodResult:
     note: str = ""
     card: dict[str, Any] | None = None
     corruptions: ShiftTable | None = None
+    #: predict time over a plain forward on one test batch (:func:`posthoc.evaluation.report.predict_cost`)
+    predict_cost: float | None = None
 
 
 def _scalar_state(um: posthoc.UncertainModel) -> dict[str, float]:
@@ -314,6 +329,7 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
     _check_loaders(wrapped, data)
     progress = not args.no_progress
     ood_detector = fit_ood_detector(model, data.train, data.ood, args)
+    probe = probe_batch(data.test)
     results = []
     for row, um, (_, fit_options) in zip(rows, wrapped, routed):
         name = "+".join(row)
@@ -321,19 +337,47 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
         start = time.perf_counter()
         um.fit(data.train, data.calibration, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start
+        cost = predict_cost(um, probe)
         guarantees = fit_guarantees(um, data.calibration, args)
         measured = {"conformal": guarantees.conformal, "selective": guarantees.selective}
         start = time.perf_counter()
         test = posthoc.evaluate(um, data.test, data.ood, name=name, progress=progress, num_samples=args.num_samples,
                                 seed=args.seed, ood_scores=ood_detector, ci=args.ci, bootstraps=args.bootstraps,
                                 **measured)
+        test.predict_cost = cost
         eval_seconds = time.perf_counter() - start
         shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
                                          seed=args.seed, ci=args.ci, bootstraps=args.bootstraps, **measured)
                   for root, loader in data.shifts.items()}
         results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note,
-                                     um.summary(), corruption_table(um, name, data.test, args, normalization)))
+                                     um.summary(), corruption_table(um, name, data.test, args, normalization), cost))
     return results
+
+
+def probe_batch(loader: Iterable) -> Inputs:
+    """The inputs of the first batch of ``loader``: what each row's predict cost is timed on."""
+    x, _ = split_batch(next(iter(loader)))
+    return x
+
+
+def run_verdict(results: list[MethodResult]) -> Verdict | None:
+    """The verdict on the rows against the plain one (the first): each row's test report, its reports on the
+    ``--shift`` folders and its corruption table (per severity, the mean over the kinds), its predict cost and an
+    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` with the plain row alone."""
+    if len(results) < 2:
+        return None
+    candidates = [candidate(r.test, r.shifts, predict_cost=r.predict_cost,
+                            shifted=None if r.corruptions is None else r.corruptions.example_nll(r.name))
+                  for r in results]
+    kinds = next((r.corruptions.kinds for r in results if r.corruptions is not None), ())
+    note = f"severities: each the mean over {', '.join(kinds)}" if kinds else ""
+    return judge(candidates, results[0].name, auto_hint=AUTO_HINT, shift_hint=SHIFT_HINT, shift_note=note)
+
+
+def selection_lines(results: list[MethodResult], out: Path, heading: str = "##") -> list[str]:
+    """How each auto row chose on held-out data (its record and ``selection_frontier.png``); empty without one."""
+    autos = [r for r in results if r.test.selection]
+    return [selection_section(r.test.selection, out, heading=heading, label=r.name) for r in autos[:1]]
 
 
 # ------------------------------------------------------------------------------------------- report
@@ -362,15 +406,23 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
                                    if k.rpartition(".")[2] in FEATURED_STATE) or "–" for r in results]}
     sizes = ", ".join(f"{k} {v}" for k, v in data.sizes.items() if v)
     test_source = args.val if args.calibration is not None else f"{args.val} (test part; the rest calibrates)"
+    found = run_verdict(results)
+    shift_names = [*data.shifts, *(["corruptions " + ",".join(args.corruptions)] if args.corruptions else [])]
     lines = [
         f"# {title}", "",
+        *([] if found is None else [verdict_section(found, out, title="test set; NLL under shift: mean over "
+                                                    + "; ".join(shift_names)), ""]),
+        "## Data", "",
         f"- classes: {len(data.classes)} ({', '.join(data.classes[:5])}{', ...' if len(data.classes) > 5 else ''})",
         f"- images: {sizes}",
         f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
         f"- device: {run_device(args.device)}, seed {args.seed}", "",
         "## Test set", "",
-        markdown_table([r.test for r in results], {**timing, **fitted}), "",
+        markdown_table([r.test for r in results], {**timing, **fitted, "predict x fwd": [
+            "–" if r.predict_cost is None else f"{r.predict_cost:.1f}" for r in results]}), "",
+        BEST_CAPTION, "",
         *(f"- {r.name}: {r.note}" for r in results if r.note), *([""] if any(r.note for r in results) else []),
+        *selection_lines(results, out),
     ]
     for root in data.shifts:
         lines += [f"## Shift: {root}", "", markdown_table([r.shifts[root] for r in results]), ""]
@@ -388,7 +440,9 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
     html_page.write_html("\n".join(lines), out / "report.html", title=title)
-    cards = [f"# {r.name}\n\n{r.card.to_markdown()}" for r in results if r.card is not None]
+    cards = [f"# {r.name}\n\n{r.card.to_markdown()}" + (f"\n![{r.name}'s candidates on held-out data]"
+                                                         f"({SELECTION_FRONTIER_FILE})\n" if r.test.selection else "")
+             for r in results if r.card is not None]
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
         "title": title, "classes": data.classes, "sizes": data.sizes, "settings": run_settings(args),
@@ -397,6 +451,7 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
                   "summary": r.card, "corruptions": None if r.corruptions is None else r.corruptions.as_dict()}
                  for r in results],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
+        "verdict": None if found is None else found.as_dict(),
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
     return report_path

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.cli.flags import OneLineParser, check_numbers
 from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc.core.errors import exit_status
 from posthoc.demo.regression_run import run_regression_demo
-from posthoc.demo.run import render, run_demo
+from posthoc.demo.run import run_demo
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -29,10 +30,11 @@ def _demo(args: argparse.Namespace) -> None:
               "regression_shift.png "
               f"in {time.perf_counter() - start:.0f} s")
         return
-    rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
-    print(render(rows))
-    print(f"wrote {args.out}/report.md, report.html, reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, "
-          f"ood_scores.png, confidence.png, reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
+    run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
+    print((Path(args.out) / "report.md").read_text())
+    print(f"wrote {args.out}/report.md, report.html, frontier.png, selection_frontier.png (with an auto row), "
+          "reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, ood_scores.png, confidence.png, "
+          f"reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
 
 
 def _evaluate(args: argparse.Namespace) -> None:

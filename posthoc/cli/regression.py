@@ -14,7 +14,12 @@ rate, ...) and ``--alpha``'s conformal intervals; without ``--test`` it is split
 and a test part (``--calibration-fraction``). ``--shift heavy.csv`` (repeatable) adds named shifted test
 sets, scored by ``posthoc.evaluate_shift``.
 
-Writes ``OUT/report.md`` (and ``report.html``): the regression report per method, NLL, CRPS, RMSE, MAE,
+``--method auto`` picks among ``none``, ``laplace`` and ``mc-dropout`` (where the model has dropout) on ``--val``.
+
+Writes ``OUT/report.md`` (and ``report.html``): first the verdict (which row to use: auto's pick when there is an
+auto row, else the lowest NLL on the ``--shift`` files among the rows within the in-distribution tolerance on the
+test rows; with ``--shift`` files the frontier ``OUT/frontier.png``), then the regression report per method (the
+best entry of each column in bold), NLL, CRPS, RMSE, MAE,
 50/90/95 % coverage and width, MACE and ENCE (with ``--ci`` their bootstrap intervals, with ``--alpha`` the
 conformal intervals' coverage and width), ``OUT/summary.md`` (each row's model card), ``OUT/metrics.json``,
 ``OUT/calibration.png`` and ``OUT/error_std.png`` (and ``OUT/shift.png`` with ``--shift`` files).
@@ -39,13 +44,15 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
-from posthoc.cli.evaluate import method_rows, parse_option, route_options, run_device, run_settings
+from posthoc.cli.evaluate import AUTO_HINT, method_rows, parse_option, probe_batch, route_options, run_device, run_settings
 from posthoc.cli.flags import check_numbers
 from posthoc.core.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
 from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
+from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
-from posthoc.evaluation.table import markdown_rows
+from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
+from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
 from posthoc.loading.folders import split_held_out
 from posthoc.loading.tabular import Table, load_module, read_tables
 
@@ -190,6 +197,8 @@ class RegressionRow:
     test: RegressionReport
     fit_seconds: float
     eval_seconds: float
+    #: predict time over a plain forward on one test batch
+    predict_cost: float | None = None
 
 
 def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, Iterable],
@@ -207,6 +216,7 @@ def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, I
                for row, (wrap_options, _) in zip(rows, routed)]
     progress = not args.no_progress
     train, val, test = loaders
+    probe = probe_batch(test)
     results = []
     for row, um, (_, fit_options) in zip(rows, wrapped, routed):
         name = "+".join(row)
@@ -219,7 +229,8 @@ def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, I
         start = time.perf_counter()
         report = posthoc.evaluate(um, test, name=name, progress=progress, num_samples=args.num_samples, seed=args.seed,
                                   conformal=conformal, ci=args.ci, bootstraps=args.bootstraps)
-        results.append(RegressionRow(name, um, report, fit_seconds, time.perf_counter() - start))
+        results.append(RegressionRow(name, um, report, fit_seconds, time.perf_counter() - start,
+                                     predict_cost(um, probe)))
     return results
 
 
@@ -232,6 +243,18 @@ def _shift_table(results: list[RegressionRow], data: RegressionData, args: argpa
                           bootstraps=args.bootstraps, num_samples=args.num_samples, progress=not args.no_progress)
 
 
+def regression_verdict(results: list[RegressionRow], shift: ShiftTable | None) -> Verdict | None:
+    """The verdict on the rows against the plain one (the first): each row's per-example Gaussian NLL on the test rows
+    and on each ``--shift`` file, its predict cost and an auto row's record; ``None`` with the plain row alone."""
+    if len(results) < 2:
+        return None
+    candidates = [candidate(row.test, predict_cost=row.predict_cost, selection=auto_selection(row.um),
+                            shifted=None if shift is None else {name: values for name, values in
+                                                                shift.example_nll(row.name).items() if name != "test"})
+                  for row in results]
+    return judge(candidates, results[0].name, auto_hint=AUTO_HINT, shift_hint="pass `--shift FILE.csv`")
+
+
 def write_regression_report(results: list[RegressionRow], args: argparse.Namespace, *, title: str,
                             about: list[str], extra: dict[str, Any], shift: ShiftTable | None = None) -> Path:
     """Write ``report.md`` (``about``: lines on the data under the title), ``report.html``, ``summary.md``,
@@ -241,11 +264,17 @@ def write_regression_report(results: list[RegressionRow], args: argparse.Namespa
     predictives = {row.name: (row.test.means, row.test.stds, row.test.targets) for row in results}
     regression_plots.calibration_curves(predictives, out / "calibration.png")
     regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
-    timing = markdown_rows(["method", "fit s", "eval s", "noise std"],
+    timing = markdown_rows(["method", "fit s", "eval s", "noise std", "predict x fwd"],
                            [[row.name, f"{row.fit_seconds:.1f}", f"{row.eval_seconds:.1f}",
-                             f"{row.um.likelihood.summary().get('noise_std', float('nan')):.4g}"] for row in results])
-    lines = [f"# {title}", "", *about, f"- seed {args.seed}", "", "## Test set", "",
-             regression_markdown_table([row.test for row in results]), "", timing, ""]
+                             f"{row.um.likelihood.summary().get('noise_std', float('nan')):.4g}",
+                             "–" if row.predict_cost is None else f"{row.predict_cost:.1f}"] for row in results])
+    found = regression_verdict(results, shift)
+    opening = [] if found is None else [verdict_section(found, out, title="test rows; NLL under shift: mean over the "
+                                                                           "--shift files"), ""]
+    auto = next((row for row in results if auto_selection(row.um)), None)
+    lines = [f"# {title}", "", *opening, "## Data", "", *about, f"- seed {args.seed}", "", "## Test set", "",
+             regression_markdown_table([row.test for row in results]), "", BEST_CAPTION, "", timing, "",
+             *([] if auto is None else [selection_section(auto_selection(auto.um), out, label=auto.name)])]
     if shift is not None:
         shift.plot(out / "shift.png")
         lines += ["## Shifted test sets (posthoc.evaluate_shift)", "", shift.to_markdown(detail=True), "",
@@ -262,7 +291,7 @@ def write_regression_report(results: list[RegressionRow], args: argparse.Namespa
     metrics = {"title": title, "likelihood": "regression", **extra, "settings": run_settings(args),
                "rows": [{"method": row.name, "fit_seconds": row.fit_seconds, "eval_seconds": row.eval_seconds,
                          "test": row.test.as_dict(), "summary": row.um.summary()} for row in results],
-               "shift": None if shift is None else shift.as_dict()}
+               "shift": None if shift is None else shift.as_dict(), "verdict": None if found is None else found.as_dict()}
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     return report_path
 

@@ -14,12 +14,15 @@ Example:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from posthoc.core.fit_record import FitRecord
 
 #: list values longer than this show their first entries and how many there are in all
 SHOWN_ITEMS = 8
+#: the key under which a method that chooses a chain (``method="auto"``) lists the chosen methods' own cards
+NESTED = "chosen_posterior"
 
 
 class ModelCard(dict):
@@ -73,11 +76,25 @@ class ModelCard(dict):
         for position, entry in enumerate(self["posterior"], start=1):
             lines += ["", f"## {position}. {entry['method']}", ""]
             details = {f"options.{key}": value for key, value in entry["options"].items()}
-            details.update((key, value) for key, value in entry.items() if key not in ("method", "options", "selection"))
+            details.update((key, value) for key, value in entry.items()
+                           if key not in ("method", "options", "selection", NESTED))
             lines += _table(details)
             if entry.get("selection"):
                 lines += ["", *selection_table(entry["selection"])]
+            lines += _nested_cards(entry.get(NESTED), str(position))
         return "\n".join(lines) + "\n"
+
+
+def _nested_cards(cards: list[dict[str, Any]] | None, position: str) -> list[str]:
+    """The chain a method chose (``method="auto"``'s ``chosen_posterior``), one subsection per method with its own
+    table and held-out choice, instead of one cell holding them all."""
+    lines = []
+    for number, card in enumerate(cards or [], start=1):
+        lines += ["", f"### {position}.{number} {card.get('method', '?')} (in the chosen chain)", ""]
+        lines += _table({key: value for key, value in card.items() if key not in ("method", "selection")})
+        if card.get("selection"):
+            lines += ["", *selection_table(card["selection"])]
+    return lines
 
 
 def selection_table(selection: dict[str, Any]) -> list[str]:
@@ -93,14 +110,48 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
              f"{_shown(selection['tolerance'])} nats"
              + (f"; {selection['folds']}-fold cross-fitted" if selection.get("folds") else "")
              + (f"; then the lowest NLL on {selection['perturbed']} perturbed copies (plain: "
-                f"{_shown(plain['shifted_nll'])})" if selection.get("perturbed") else "") + ".", "",
-             "| candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |", "|---|---|---|---|---|---|"]
-    for row in selection["candidates"]:
+                f"{_shown(plain['shifted_nll'])})" if selection.get("perturbed") else "") + ".", ""]
+    header = _selection_header(selection["candidates"])
+    lines += header
+    columns = header[0].count("|") - 1
+    for group in _untried_runs(selection["candidates"]):
+        row = group[0]
+        if len(group) > 1:
+            name = f"{_shown(row['candidate'])} ... {_shown(group[-1]['candidate'])} ({len(group)} candidates)"
+            lines.append(f"| {_cell(name)} |" + " - |" * (columns - 2) + f" {_cell(row['reason'])} |")
+            continue
         verdict = "**chosen**" if row["chosen"] else ("admissible" if row["admissible"] else (row["reason"] or "refused"))
+        costs = [_shown(row.get("fit_seconds", row["seconds"]))]
+        if "predict_cost" in row:
+            costs.append("-" if row["predict_cost"] is None else f"{_shown(row['predict_cost'])}x")
         lines.append(f"| {_cell(str(row['candidate']))} | {_shown(row['excess'])} ({_shown(row['bound'])}) | "
-                     f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | {_shown(row['seconds'])} | "
+                     f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | " + " | ".join(costs) + " | "
                      f"{_cell(verdict)} |")
     return lines
+
+
+def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
+    """The candidates in order, each alone, except that a run of candidates not tried for the same reason (a walk that
+    stopped) is one group: the table shows it as one line."""
+    groups: list[list[dict[str, Any]]] = []
+    for row in candidates:
+        untried = not row["admissible"] and str(row.get("reason") or "").startswith("not tried")
+        previous = groups[-1][-1] if groups else None
+        same_reason = previous is not None and previous.get("reason") == row.get("reason") and not previous["admissible"]
+        if untried and same_reason:
+            groups[-1].append(row)
+        else:
+            groups.append([row])
+    return groups
+
+
+def _selection_header(candidates: list[dict[str, Any]]) -> list[str]:
+    """The header of :func:`selection_table`: a whole method's fit seconds and predict cost where the record has them
+    (``method="auto"``), else the seconds each candidate took to score."""
+    costs = ["fit s" if candidates and "fit_seconds" in candidates[0] else "seconds",
+             *(["predict x fwd"] if candidates and "predict_cost" in candidates[0] else [])]
+    header = ["candidate", "excess (bound)", "perturbed NLL", "perturbed ECE", *costs, "verdict"]
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 
 
 def _table(values: dict[str, Any]) -> list[str]:
@@ -110,7 +161,7 @@ def _table(values: dict[str, Any]) -> list[str]:
 
 def _shown(value: Any) -> str:
     """A value as a short string: 4 significant digits for floats, long lists cut after :data:`SHOWN_ITEMS`."""
-    if value is None:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
         return "-"
     if isinstance(value, float):
         return f"{value:.4g}"

@@ -1,7 +1,7 @@
 """The demo's rows: which configurations of which registered methods ``posthoc demo`` fits and compares.
 
-One table keyed by method name, in the order the rows appear (the plain model and temperature scaling,
-the references, first). Each entry is ``(label, options)``; the options may mix wrap and fit options,
+One table keyed by method name, in the order the rows appear (the plain model, ``auto`` (the method the
+selection step picks on held-out data, which the demo's verdict recommends) and temperature scaling first). Each entry is ``(label, options)``; the options may mix wrap and fit options,
 and a stacking method may name the methods it stacks on with ``"on"`` (e.g.
 ``("Laplace + DAC", {"on": ["laplace"]})``, the inner methods with their defaults).
 
@@ -17,6 +17,7 @@ from typing import Any
 #: per registered method name, its demo rows ``(label, options)``
 DEMO_CONFIGS: dict[str, tuple[tuple[str, dict[str, Any]], ...]] = {
     "none": (("MAP", {}),),
+    "auto": (("auto", {}),),
     "temperature": (("temperature", {}),),
     "ibnn": (("iBNN (K=2)", {}),),
     "laplace": (

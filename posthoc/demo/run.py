@@ -10,6 +10,12 @@ entropy and mutual information. Times are
 ratios to a plain forward pass over the same data. Writes ``report.md``, the same as one self-contained
 ``report.html``, and the PNGs.
 
+The report opens with the verdict (:mod:`posthoc.evaluation.verdict`): what ``method="auto"`` picked on held-out
+data, what it costs in distribution (its NLL change against the plain model with a paired bootstrap interval) and
+at predict time, what it buys under the evaluation shifts and on the held-out digits, and the frontier of every
+row (``frontier.png``: in-distribution NLL excess against NLL under shift). Auto's own record of its candidates on
+held-out data follows the main table (``selection_frontier.png``).
+
 The shift story at a glance: the plain model against the best configuration (the row with the lowest NLL,
 mean over the kinds, at the top severity, or the one named by ``best=``), as mean confidence and accuracy
 against severity 0..5 (``confidence.png``: the shaded gap is the overconfidence) and as reliability
@@ -19,6 +25,8 @@ Example:
     >>> rows = run_demo(out_dir="posthoc-demo", progress=False)
     >>> rows[0].story.plain, rows[0].story.best
     ('MAP', 'Laplace (last layer, KFAC)')
+    >>> rows[0].verdict.recommended
+    'auto'
 """
 
 from __future__ import annotations
@@ -39,8 +47,11 @@ from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.predictions import collect
+from posthoc.evaluation.comparison import candidate
 from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
+from posthoc.evaluation.table import BEST_CAPTION
+from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
 from posthoc.ood.detector import available_scores, detector
@@ -58,6 +69,8 @@ PREDICTIVE_OOD_SCORES = ("msp", "gen")
 #: test digits corrupted per kind and severity (the first of the shuffled test split: 62-63 per class), so that the
 #: many shift cells cost about as much as a few passes over the whole test split
 SHIFT_EXAMPLES = 500
+#: methods whose first row gets no ``+ temperature`` row: the plain model, and auto (whose candidates include it)
+NO_TEMPERATURE_ROW = ("none", "auto")
 
 
 @dataclass
@@ -104,6 +117,8 @@ class DemoRow:
     post_hoc_ood: ood_report.OODValues | None = None
     #: the plain model against the best configuration under shift (shared by all rows), see :func:`shift_story`
     story: ShiftStory | None = None
+    #: which row to use and its numbers (shared by all rows), see :func:`demo_verdict`
+    verdict: Verdict | None = None
 
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -138,7 +153,7 @@ def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str
             options = dict(options)
             inner = [{"name": base, "options": {}} for base in options.pop("on", [])]
             wrap_options, fit_options = _split_options(name, options)
-            stack = position == 0 and not cls.stacks and name != "none"
+            stack = position == 0 and not cls.stacks and name not in NO_TEMPERATURE_ROW
             configs.append((label, [*inner, {"name": name, "options": wrap_options}], fit_options, stack))
     return configs
 
@@ -239,10 +254,27 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
             models[rows[-1].label] = stacked
     plain = plain or rows[0].label
     story = shift_story(rows, models, plain, shift_loader, best=best, seed=seed, progress=False)
+    found = demo_verdict(rows, plain, seed=seed)
     for one in rows:
-        one.story = story
+        one.story, one.verdict = story, found
     _write_outputs(rows, out_dir)
     return rows
+
+
+def demo_verdict(rows: list[DemoRow], plain: str, *, seed: int = 0) -> Verdict:
+    """The verdict on the demo's rows against the ``plain`` one: auto's pick (when an auto row is there) with its
+    change in distribution, under the evaluation shifts at each severity (mean over the kinds, paired per digit) and
+    on the held-out digits, and its predict cost.
+
+    Example:
+        >>> demo_verdict(rows, "MAP").sentence()[:22]
+        '**Use `auto`** for thi'
+    """
+    candidates = [candidate(row.report, shifted=row.shift.example_nll(row.label), predict_cost=row.predict_ratio)
+                  for row in rows]
+    return judge(candidates, plain, ci=CI, bootstraps=BOOTSTRAPS, seed=seed,
+                 auto_hint='`posthoc.wrap(model, method="auto")`', shift_hint="posthoc.evaluate_shift",
+                 shift_note=f"each the mean over {', '.join(SHIFT_KINDS)} on the first {SHIFT_EXAMPLES} test digits")
 
 
 def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
@@ -279,17 +311,27 @@ def severity_sentence(kinds: tuple[str, ...] = SHIFT_KINDS, severities: tuple[in
     return ", ".join(parts)
 
 
-def render(rows: list[DemoRow]) -> str:
-    """The demo's Markdown: the in-distribution table with costs, NLL and ECE under shift, and the OOD tables."""
+def render(rows: list[DemoRow], out_dir: str | Path | None = None) -> str:
+    """The demo's Markdown: the verdict and the frontier, the in-distribution table with costs, auto's held-out record,
+    NLL and ECE under shift, and the OOD tables. With ``out_dir`` the two frontiers are drawn there and linked (the
+    report); without it, the same text with no pictures (what ``posthoc demo`` prints)."""
     main = markdown_table(
         [row.report for row in rows],
         {"fit × fwd": [f"{row.fit_ratio:.1f}" for row in rows], "predict × fwd": [f"{row.predict_ratio:.1f}" for row in rows]},
     )
     shift = ShiftTable.merge([row.shift for row in rows])
+    found = rows[0].verdict
+    auto = next((row for row in rows if row.report.selection), None)
+    title = f"test digits; NLL under shift: mean over {', '.join(SHIFT_KINDS)} at severities {', '.join(map(str, SEVERITIES))}"
+    opening = "" if found is None else verdict_section(found, out_dir, title=title) + "\n"
+    selection = "" if auto is None else selection_section(auto.report.selection, out_dir, heading="###", label=auto.label)
     return (
-        "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n" + main
-        + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples)."
-        + "\n\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n" + shift.to_markdown()
+        "# posthoc demo: the bundled digits CNN\n\n" + opening
+        + "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n" + main
+        + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples). "
+        + BEST_CAPTION + "\n"
+        + ("" if not selection else "\n" + selection)
+        + "\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n" + shift.to_markdown()
         + f"\n\nSeverity {' / '.join(map(str, SEVERITIES))}: " + severity_sentence()
         + f" (posthoc.shift.SEVERITIES; no fit-time perturbation is one of these kinds), on the first "
         f"{SHIFT_EXAMPLES} test digits; intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
@@ -313,7 +355,7 @@ def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
     ShiftTable.merge([row.shift for row in rows]).plot(out_dir / "shift.png")
     ood_histograms(rows[0].post_hoc_ood, out_dir / "ood_scores.png",
                    title="plain model: test digits 0-7 against held-out 8 and 9")
-    markdown = render(rows)
+    markdown = render(rows, out_dir)
     (out_dir / "report.md").write_text(markdown)
     figures = ["reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"]
     html_page.write_html(markdown + "\n" + "\n\n".join(f"![{name}]({name})" for name in figures),

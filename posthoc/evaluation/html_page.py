@@ -22,13 +22,22 @@ from posthoc.core.paths import as_path, output_file
 from posthoc.evaluation.plots import png_bytes
 
 STYLE = """
+*, *::before, *::after { box-sizing: border-box; }
 body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 1400px; }
-table { border-collapse: collapse; margin: 0.8em 0; font-size: 0.85em; }
+p, li, h1, h2, h3, h4, h5, h6 { overflow-wrap: anywhere; }
+.wide { max-width: 100%; overflow-x: auto; margin: 0.8em 0; }
+table { border-collapse: collapse; font-size: 0.85em; }
 th, td { border: 1px solid #ccc; padding: 0.25em 0.55em; text-align: right; white-space: nowrap; }
 th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
 tr:nth-child(even) td { background: #fafafa; }
-img { max-width: 100%; margin: 0.5em 0; }
+img { max-width: 100%; height: auto; margin: 0.5em 0; }
+code { background: #eee; padding: 0 0.2em; border-radius: 2px; }
+.verdict { background: #f4f8f4; border-left: 4px solid #2ca02c; padding: 0.1em 1em; }
 """
+#: the class of the container every table sits in: it scrolls sideways itself, so a wide table never widens the page
+WIDE = "wide"
+#: the heading (level 2) of the section that opens a report comparing methods
+VERDICT = "Verdict"
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
 
 
@@ -43,7 +52,9 @@ def figure_tag(fig: Figure, alt: str = "") -> str:
 
 
 def _text(text: str) -> str:
-    return re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    """Escaped text with ``**bold**`` and backquoted code."""
+    escaped = re.sub(r"\*\*(.+?)\*\*", r"<b>\1</b>", html.escape(text))
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
 
 
 def _inline(text: str, base_dir: Path | None) -> str:
@@ -63,7 +74,7 @@ def _table(rows: list[str], base_dir: Path | None) -> str:
     body = [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
     head = "".join(f"<th>{_inline(c, base_dir)}</th>" for c in cells[0])
     lines = "".join("<tr>" + "".join(f"<td>{_inline(c, base_dir)}</td>" for c in r) + "</tr>" for r in body)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table>"
+    return f'<div class="{WIDE}"><table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table></div>'
 
 
 def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> str:
@@ -71,11 +82,13 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
 
     Example:
         >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
-        '<table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table>'
+        '<div class="wide"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table></div>'
+
+    A ``## Verdict`` section (up to the next heading) sits in a ``<section class="verdict">``.
     """
     base = None if base_dir is None else Path(base_dir)
     blocks, lines = [], text.splitlines()
-    i = 0
+    i, in_verdict = 0, False
     while i < len(lines):
         line = lines[i]
         if line.startswith("|"):
@@ -94,11 +107,17 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
         heading = re.match(r"(#{1,6}) (.*)", line)
         if heading:
             level = len(heading.group(1))
+            if in_verdict:
+                blocks.append("</section>")
+                in_verdict = False
+            if level == 2 and heading.group(2).strip() == VERDICT:
+                blocks.append('<section class="verdict">')
+                in_verdict = True
             blocks.append(f"<h{level}>{_inline(heading.group(2), base)}</h{level}>")
         elif line.strip():
             blocks.append(f"<p>{_inline(line, base)}</p>")
         i += 1
-    return "\n".join(blocks)
+    return "\n".join(blocks + (["</section>"] if in_verdict else []))
 
 
 def page(body: str, title: str) -> str:

@@ -1,4 +1,5 @@
-"""Pictures of calibration and shift: reliability diagrams, risk–coverage curves and shift curves, as PNG.
+"""Pictures of calibration and shift: reliability diagrams, risk–coverage curves, shift curves and the frontier
+of in-distribution cost against NLL under shift, as PNG.
 
 Every function draws a matplotlib ``Figure``, writes it to ``path`` (when given) and returns it (closed to
 pyplot, still readable: ``fig.axes[0].get_lines()``, ``fig.axes[0].get_legend()``). Up to 20 methods get
@@ -8,6 +9,9 @@ Example:
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
     >>> fig = risk_coverage_curve({"MAP": (probs, labels), "laplace": (p2, labels)}, "rc.png", log_scale=True)
     >>> fig = confidence_plot({"MAP": ([0, 1, 2], [0.99, 0.95, 0.9], [0.98, 0.8, 0.6])}, "confidence.png")
+    >>> fig = frontier([FrontierPoint("none", 0.0, (0.0, 0.0), 0.9, (0.85, 0.95), True),
+    ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
+    ...                "frontier.png", tolerance=0.005)
 """
 
 from __future__ import annotations
@@ -16,12 +20,14 @@ import io
 import math
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.core.paths import output_file  # noqa: E402
@@ -38,6 +44,12 @@ MAX_COLUMNS = 5
 #: 20 distinct colours: tab10, then the light shades of tab20
 COLOURS = [*plt.get_cmap("tab10").colors, *plt.get_cmap("tab20").colors[1::2]]
 LINE_STYLES = ("-", "--", "-.", ":")
+#: marker shapes of the frontier's points, cycling alongside the colours
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
+#: where a point's number may sit, in points from the point, tried in order until it overlaps no text placed yet
+NUMBER_OFFSETS = ((5, 4), (5, -10), (-11, 4), (-11, -10), (0, 8), (0, -14), (9, -3), (-15, -3))
+#: the frontier's x axis turns symmetric-log when the excesses reach this many tolerances
+SYMLOG_SPAN = 30
 DPI = 110
 
 
@@ -192,4 +204,104 @@ def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = N
     ax.set_xticks(list(next(iter(series.values()))[0]))
     ax.grid(alpha=0.3)
     _legend_outside(ax, 2 * len(series))
+    return save_figure(fig, path)
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One candidate on the frontier: its in-distribution NLL excess over the plain model ``x`` (nats per example) and
+    its NLL under shift ``y``, each with an interval (``None``: none), whether it is admissible, and whether it is the
+    recommended one.
+
+    Example:
+        >>> FrontierPoint("laplace+dac", 0.002, (-0.001, 0.004), 0.41, (0.39, 0.43), admissible=True, chosen=True).chosen
+        True
+    """
+
+    label: str
+    x: float
+    x_interval: tuple[float, float] | None
+    y: float
+    y_interval: tuple[float, float] | None
+    admissible: bool
+    chosen: bool = False
+
+
+def _bar(value: float, interval: tuple[float, float] | None) -> list[list[float]] | None:
+    """An errorbar's ``[[below], [above]]`` lengths of ``interval`` around ``value`` (``None``: no bar)."""
+    if interval is None or not all(math.isfinite(v) for v in interval):
+        return None
+    return [[max(0.0, value - interval[0])], [max(0.0, interval[1] - value)]]
+
+
+def _place_numbers(ax, points: Sequence[FrontierPoint]) -> None:
+    """Write each point's number next to it at the first of :data:`NUMBER_OFFSETS` where it overlaps no number
+    placed before; a number that finds no free place is left out (the legend still names the point by colour and
+    marker), so no two texts overlap."""
+    renderer = ax.figure.canvas.get_renderer()
+    taken = []
+    for number, point in enumerate(points, start=1):
+        for dx, dy in NUMBER_OFFSETS:
+            text = ax.annotate(str(number), (point.x, point.y), xytext=(dx, dy), textcoords="offset points",
+                               fontsize=7, zorder=5)
+            box = text.get_window_extent(renderer)
+            if not any(box.overlaps(other) for other in taken) and ax.bbox.contains(box.x0, box.y0) \
+                    and ax.bbox.contains(box.x1, box.y1):
+                taken.append(box)
+                break
+            text.remove()
+
+
+def frontier(points: Sequence[FrontierPoint], path: str | os.PathLike | None = None, *, tolerance: float,
+             title: str | None = None, xlabel: str = "in-distribution NLL excess over the plain model (nats)",
+             ylabel: str = "NLL under shift", chosen_word: str = "recommended") -> Figure:
+    """The frontier of what a method costs in distribution against what it buys under shift: one point per candidate
+    (``x``: its NLL excess over the plain model, ``y``: its NLL under shift) with its intervals as bars, the admissible
+    region (excess bound at most ``tolerance``) shaded, refused candidates hollow, the recommended one on a star
+    (``chosen_word`` names it in the legend).
+
+    Every point has its own colour and marker and a number next to it (where the number finds room); the legend
+    outside the axes names them. Works for a report's rows (test data) and for ``method="auto"``'s selection record
+    (held-out data, :func:`posthoc.evaluation.verdict.selection_points`). The x axis turns symmetric-log (linear
+    within one tolerance of 0) when the excesses reach :data:`SYMLOG_SPAN` tolerances, so that the admissible region
+    stays visible next to a costly candidate.
+
+    Example:
+        >>> fig = frontier([FrontierPoint("none", 0.0, None, 0.9, None, True),
+        ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
+        ...                tolerance=0.005)
+        >>> [text.get_text() for text in fig.axes[0].get_legend().get_texts()][-1]
+        '2  laplace (recommended)'
+    """
+    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    shapes = zip(method_styles(len(points)), (MARKERS[i % len(MARKERS)] for i in range(len(points))))
+    for number, (point, (style, marker)) in enumerate(zip(points, shapes), start=1):
+        colour = style["color"]
+        if point.chosen:
+            ax.scatter([point.x], [point.y], marker="*", s=420, color="gold", edgecolors="black", linewidths=0.8,
+                       zorder=2)
+        ax.errorbar([point.x], [point.y], xerr=_bar(point.x, point.x_interval), yerr=_bar(point.y, point.y_interval),
+                    fmt=marker, markersize=6, color=colour, markerfacecolor=colour if point.admissible else "white",
+                    markeredgecolor=colour, elinewidth=0.9, capsize=2, zorder=3,
+                    label=f"{number}  {point.label}" + (f" ({chosen_word})" if point.chosen else ""))
+    xs = [v for p in points for v in (p.x, *(p.x_interval or ())) if math.isfinite(v)]
+    span = max([abs(v) for v in xs] + [tolerance])
+    if tolerance > 0 and span >= SYMLOG_SPAN * tolerance:
+        ax.set_xscale("symlog", linthresh=tolerance)
+    else:  # few enough ticks that their labels (e.g. -0.0075) never run into each other
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=5))
+    left = min(xs + [0.0])
+    low = left - 0.1 * (span + abs(left)) if left < 0 else -0.1 * span
+    ax.set_xlim(low, max(ax.get_xlim()[1], tolerance + 0.15 * (tolerance - low)))
+    ax.axvspan(low, tolerance, color="#2ca02c", alpha=0.10, linewidth=0,
+               label=f"admissible: excess bound <= {tolerance:.4g} nats")
+    ax.axvline(tolerance, color="#2ca02c", linestyle="--", linewidth=1)
+    ax.axvline(0.0, color="gray", linestyle=":", linewidth=0.8)
+    ax.set(xlabel=xlabel, ylabel=ylabel)
+    if title:
+        ax.set_title(title, fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=7, frameon=False,
+              ncol=1 if len(points) <= 24 else 2)
+    _place_numbers(ax, points)
     return save_figure(fig, path)

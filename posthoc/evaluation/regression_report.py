@@ -31,7 +31,7 @@ from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots
 from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components
-from posthoc.evaluation.table import cell, markdown_rows, shared_level
+from posthoc.evaluation.table import bold_best, cell, markdown_rows, shared_level
 from posthoc.guarantees.regression_conformal import ConformalRegressor
 
 
@@ -152,9 +152,12 @@ HEADERS = {"rmse": "RMSE", "mae": "MAE", "nll": "NLL", "crps": "CRPS", "mace": "
 
 
 def regression_markdown_table(reports: list[RegressionReport]) -> str:
-    """Markdown rows of several regression reports; conformal columns appear when a report measured them."""
+    """Markdown rows of several regression reports; conformal columns appear when a report measured them; the best
+    entry of each ranked column is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
     header = ["method", *(HEADERS[c] for c in RegressionReport.COLUMNS)]
-    rows = [[r.name, *(cell(getattr(r, c), r.intervals.get(c)) for c in r.COLUMNS)] for r in reports]
+    columns = [bold_best([cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+               for c in RegressionReport.COLUMNS]
+    rows = [[r.name, *(column[i] for column in columns)] for i, r in enumerate(reports)]
     if any(r.coverage is not None for r in reports):
         header += [f"conformal coverage (alpha{shared_level(reports, 'alpha')})", "conformal width"]
         for row, r in zip(rows, reports):

@@ -4,9 +4,16 @@ Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``, calibrat
 the report also measures them on the test set: empirical coverage and mean size of the conformal
 sets, and the deferral rate and error rate on accepted examples of the selective rule.
 
+Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` and
+``plain.to_html(path, laplace, auto)`` open with a ``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the
+method to use for this model with its numbers; in the HTML the frontier plot under it), then the table with
+the best entry of each column in bold.
+
 Example:
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=noise_loader)
     >>> print(report.to_markdown())
+    >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
+    >>> print(plain.to_markdown(report, shifts={"rotated": [plain_rotated, report_rotated]}))
     >>> report.reliability_diagram("reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.02)
@@ -20,9 +27,10 @@ A regressor's report is a :class:`~posthoc.evaluation.regression_report.Regressi
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -32,9 +40,10 @@ from posthoc.core.checks import integer
 from posthoc.core.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
+from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
+from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, shared_level
 from posthoc.evaluation.table import cell as _cell
-from posthoc.evaluation.table import markdown_rows, shared_level
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.engine.predictions import predict_loader
 from posthoc.guarantees import measures
@@ -57,7 +66,10 @@ class Report:
     ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
     method's ``entropy``, ``mutual-information`` where it samples, and the ``ood_scores`` asked for) to its
     ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with ``ci=``, each AUROC's interval is in ``intervals``
-    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``).
+    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s
+    selection record (``um.summary()["selection"]``) when the evaluated model is auto; ``predict_cost`` the
+    predict time over a plain forward's, when the caller measured it
+    (:func:`posthoc.evaluation.comparison.predict_cost`); the verdict reads both.
     """
 
     name: str
@@ -81,6 +93,8 @@ class Report:
     ood: dict[str, dict[str, float]] | None = None
     #: per OOD score, its values (on the test set, on the OOD set), for :meth:`ood_histograms`
     ood_values: dict[str, tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
+    selection: dict[str, Any] | None = field(repr=False, default=None)
+    predict_cost: float | None = None
 
     COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
     #: present in :meth:`as_dict` only when the report measured a guarantee
@@ -126,9 +140,25 @@ class Report:
         ood = {"ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
 
-    def to_markdown(self) -> str:
-        """A one-row Markdown table of the metrics."""
-        return markdown_table([self])
+    def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
+        """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
+        this report is the plain model they are judged against: ``## Verdict`` first
+        (:func:`~posthoc.evaluation.comparison.compared_verdict`),
+        then one table of every report with the best entry of each column in bold.
+
+        ``shifts`` maps a shifted test set's name to the reports on it, one per report in the order
+        ``[self, *others]``.
+
+        Example:
+            >>> print(plain.to_markdown(laplace, shifts={"rotated": [plain_rotated, laplace_rotated]}))
+            ## Verdict
+            ...
+        """
+        if not others:
+            return markdown_table([self])
+        reports = [self, *others]
+        found = compared_verdict(reports, shifts)
+        return found.markdown() + "\n" + markdown_table(reports) + "\n\n" + BEST_CAPTION
 
     def ood_to_markdown(self) -> str:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
@@ -161,9 +191,34 @@ class Report:
             figures.append(html_page.figure_tag(self.ood_histograms(), "OOD score histograms"))
         return tables + "\n" + "\n".join(figures)
 
-    def to_html(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
-        return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+    def frontier(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None,
+                 path: str | os.PathLike | None = None) -> Figure:
+        """The frontier of this report (the plain model) and ``others`` under ``shifts`` (as in :meth:`to_markdown`):
+        each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`)."""
+        found = compared_verdict([self, *others], shifts)
+        if not found.shifts:
+            raise ConfigError("the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
+                              "shifted test set, one per report]}")
+        return plots.frontier(found.frontier_points(), path, tolerance=found.tolerance, title="test data")
+
+    def to_html(self, path: str | os.PathLike, *others: Report,
+                shifts: Mapping[str, Sequence[Report]] | None = None) -> Path:
+        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path. Given
+        ``others`` (and ``shifts``, as in :meth:`to_markdown`): the verdict and the frontier first, then the tables
+        of every report and their reliability diagrams and risk-coverage curves."""
+        if not others:
+            return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+        reports = [self, *others]
+        found = compared_verdict(reports, shifts)
+        body = [html_page.markdown_to_html(found.markdown())]
+        if found.shifts:
+            body.append(html_page.figure_tag(self.frontier(*others, shifts=shifts), "frontier"))
+        curves = {r.name: (r.probs, r.labels) for r in reports}
+        body += [html_page.markdown_to_html(markdown_table(reports) + "\n\n" + BEST_CAPTION),
+                 html_page.figure_tag(plots.reliability_diagram(curves), "reliability diagrams"),
+                 html_page.figure_tag(plots.risk_coverage_curve(curves, None, operating_points(*reports)),
+                                      "risk-coverage curves")]
+        return html_page.write_page(path, "\n".join(body), f"posthoc report: {self.name} against {len(others)} more")
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
@@ -189,12 +244,16 @@ def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
 def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = None) -> str:
     """Markdown rows of several reports; ``extra`` adds columns (header -> one cell per report).
 
-    Columns for coverage / set size and deferral / accepted error appear when a report measured them.
+    Columns for coverage / set size and deferral / accepted error appear when a report measured them. With several
+    reports the best entry of each metric column is in bold (:func:`posthoc.evaluation.table.bold_best`; explain it
+    with :data:`~posthoc.evaluation.table.BEST_CAPTION`).
     """
     extra = {**guarantee_columns(reports), **(extra or {})}
     header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
-    rows = [[report.name, *(_cell(getattr(report, c), report.intervals.get(c)) for c in report.COLUMNS),
-             *(col[i] for col in extra.values())] for i, report in enumerate(reports)]
+    columns = [bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+               for c in Report.COLUMNS]
+    rows = [[report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
+            for i, report in enumerate(reports)]
     return markdown_rows(header, rows)
 
 
@@ -266,6 +325,7 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
         ood_values=None if ood is None else ood_report.ood_values(um, test, ood, test_loader, ood_loader, ood_scores,
                                                                  progress=progress, generator=generator),
     )
+    report.selection = auto_selection(um)
     if ci is not None:
         ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
         if ood is not None and report.ood_auroc_mi is not None:

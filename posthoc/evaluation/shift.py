@@ -39,7 +39,9 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
+from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.report import Report, evaluate
+from posthoc.evaluation.table import bold_best
 from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
@@ -150,10 +152,16 @@ class ShiftTable:
         bounds = self.intervals.get(method, {}).get(kind, {}).get(severity, {}).get(metric)
         return text if bounds is None else f"{text} [{bounds[0]:.4f}, {bounds[1]:.4f}]"
 
+    def _marked(self, methods: list[str], kind: str, severity: int, metric: str) -> list[str]:
+        """The cells of ``methods`` at one kind, severity and metric, the best in bold (a column of methods)."""
+        return bold_best([self._cell(m, kind, severity, metric) for m in methods],
+                         [self.value(m, kind, severity, metric) for m in methods], metric)
+
     def to_markdown(self, metrics: Sequence[str] | None = None, *, detail: bool = False) -> str:
         """One table per metric (default: :data:`HEADLINE`): the mean over kinds per method and severity, or for
         named test sets the value per method and set; ``detail=True`` adds a long table with every kind and
-        severity and all the table's metrics."""
+        severity and all the table's metrics. The best method of each column (in the long table: of each kind and
+        severity) is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
         metrics = self._checked(metrics)
         parts = []
         for metric in metrics:
@@ -166,21 +174,43 @@ class ShiftTable:
                 title = f"**{TITLES.get(metric, metric)}**, mean over {', '.join(self.kinds)}"
                 keys = [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
             lines = [title, "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            for method in self.values:
-                lines.append(f"| {method} | " + " | ".join(self._cell(method, *key, metric) for key in keys) + " |")
+            columns = [self._marked(list(self.values), *key, metric) for key in keys]
+            for row, method in enumerate(self.values):
+                lines.append(f"| {method} | " + " | ".join(column[row] for column in columns) + " |")
             parts.append("\n".join(lines))
         if detail:
             header = ["method", "test set" if self.named else "kind", *([] if self.named else ["severity"]),
                       *(LABELS.get(m, m) for m in self.metrics)]
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-            for method in self.values:
+            methods = list(self.values)
+            marked = {(kind, severity): [self._marked(methods, kind, severity, m) for m in self.metrics]
+                      for kind in self.values[methods[0]] for severity in self.values[methods[0]][kind]}
+            for row, method in enumerate(methods):
                 for kind in self.values[method]:
                     for severity in self.values[method][kind]:
-                        cells = [self._cell(method, kind, severity, m) for m in self.metrics]
+                        cells = [column[row] for column in marked[kind, severity]]
                         where = kind if self.named else f"{kind} | {severity}"
                         lines.append(f"| {method} | {where} | " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
         return "\n\n".join(parts)
+
+    def example_nll(self, method: str) -> dict[str, torch.Tensor]:
+        """Per shift, ``method``'s per-example NLL, for the verdict: ``"severity S"`` -> the mean over the kinds of
+        each example's NLL at severity ``S`` (every kind corrupts the same examples), or per named test set its own.
+
+        Needs the reports (kept by :func:`evaluate_shift`).
+
+        Example:
+            >>> {name: values.shape for name, values in table.example_nll("laplace").items()}
+            {'severity 1': torch.Size([500]), 'severity 3': torch.Size([500])}
+        """
+        reports = self.reports.get(method)
+        if not reports:
+            raise ConfigError(f"no predictions kept for {method!r}: the verdict needs a table made by evaluate_shift")
+        if self.named:
+            return {kind: example_nll(reports[kind, 0]) for kind in self.kinds}
+        return {f"severity {s}": torch.stack([example_nll(reports[kind, s]) for kind in self.kinds]).mean(0)
+                for s in self.severities}
 
     def _checked(self, metrics: Sequence[str] | None) -> Sequence[str]:
         chosen = HEADLINE[self.metrics] if metrics is None else metrics

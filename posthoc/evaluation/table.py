@@ -5,12 +5,24 @@ Example:
     '0.1235 [0.1000, 0.1500]'
     >>> markdown_rows(["method", "NLL"], [["laplace", "0.1235"]])
     '| method | NLL |\\n|---|---|\\n| laplace | 0.1235 |'
+    >>> bold_best(["0.1235 [0.1000, 0.1500]", "0.2000"], [0.1235, 0.2], "nll")
+    ['**0.1235** [0.1000, 0.1500]', '0.2000']
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Iterable, Sequence
 from typing import Any
+
+#: metrics where a larger value is better (accuracy, OOD detection)
+HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc", "ood_auroc_mi", "auroc", "aupr_in", "aupr_out"})
+#: metrics where a smaller value is better (proper scores, calibration errors, risk, false alarms)
+LOWER_IS_BETTER = frozenset({"nll", "ece", "brier", "aurc", "rmse", "mae", "crps", "mace", "ence", "fpr95"})
+#: how the best-entry marks are explained under a table
+BEST_CAPTION = ("Bold: the best entry of each column (higher is better for accuracy and AUROC; lower for NLL, ECE, "
+                "Brier, AURC, RMSE, MAE, CRPS, MACE, ENCE and FPR95; coverage, widths, set sizes and times are not "
+                "ranked).")
 
 
 def cell(value: float | None, interval: tuple[float, float] | None = None) -> str:
@@ -30,3 +42,43 @@ def shared_level(reports: Sequence[Any], name: str) -> str:
     """``=0.1`` when every report that has ``name`` set shares one value (for a column header), else ``""``."""
     values = {getattr(r, name) for r in reports if getattr(r, name) is not None}
     return f"={values.pop():g}" if len(values) == 1 else ""
+
+
+def better(metric: str) -> int | None:
+    """``+1`` when a larger ``metric`` is better, ``-1`` when a smaller one is, ``None`` when it has no direction
+    (coverage should match its level, a width or a time is a cost to read next to others).
+
+    Example:
+        >>> better("accuracy"), better("nll"), better("coverage_90")
+        (1, -1, None)
+    """
+    return 1 if metric in HIGHER_IS_BETTER else -1 if metric in LOWER_IS_BETTER else None
+
+
+def best_rows(values: Iterable[float | None], metric: str, digits: int = 4) -> set[int]:
+    """The positions of the best of ``values`` for ``metric`` (ties at the ``digits`` shown all count); none for a
+    metric without a direction or fewer than two measured values.
+
+    Example:
+        >>> best_rows([0.3, 0.1, None, 0.10001], "nll")
+        {1, 3}
+    """
+    direction = better(metric)
+    shown = [None if v is None or not math.isfinite(v) else round(v, digits) for v in values]
+    measured = [v for v in shown if v is not None]
+    if direction is None or len(measured) < 2:
+        return set()
+    best = max(measured) if direction > 0 else min(measured)
+    return {i for i, v in enumerate(shown) if v == best}
+
+
+def bold(text: str) -> str:
+    """A cell with its leading value in bold: ``0.12 [0.1, 0.2]`` -> ``**0.12** [0.1, 0.2]``."""
+    value, space, rest = text.partition(" ")
+    return f"**{value}**{space}{rest}"
+
+
+def bold_best(cells: Sequence[str], values: Sequence[float | None], metric: str) -> list[str]:
+    """``cells`` (one per row) with the best value's cells in bold (:func:`best_rows`)."""
+    best = best_rows(values, metric)
+    return [bold(text) if i in best else text for i, text in enumerate(cells)]

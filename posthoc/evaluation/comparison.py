@@ -1,0 +1,136 @@
+"""What the verdict reads of reports of several methods on one test set, and what a caller measures for it.
+
+:func:`candidate` turns a method's :class:`~posthoc.evaluation.report.Report` (or regression report) into a
+:class:`~posthoc.evaluation.verdict.Candidate`: its per-example NLL on the test set and on each shifted set, its
+entropy on the test and OOD sets, its predict cost and ``method="auto"``'s selection record;
+:func:`compared_verdict` judges reports against the first (the plain model). :func:`predict_cost` times a wrapped
+model's predict against a plain forward; :func:`auto_selection` reads auto's record off a wrapped model.
+
+Example:
+    >>> found = compared_verdict([plain, laplace], {"rotated": [plain_rotated, laplace_rotated]})
+    >>> found.sentence()
+    '**Use `laplace`** for this model: in distribution the NLL changes by ...'
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import Inputs, run_model, to_device
+from posthoc.core.modules import eval_mode
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.evaluation import metrics, regression_metrics, verdict
+from posthoc.evaluation.regression_report import RegressionReport
+
+
+def example_nll(report: Any) -> Tensor:
+    """The per-example NLL ``(N,)`` of a report's kept predictions (the mean is ``report.nll``), float64 on the CPU:
+    a classifier's ``Report`` (its probabilities) or a ``RegressionReport`` (its Gaussian mixture).
+
+    Example:
+        >>> float(example_nll(report).mean()) == pytest.approx(report.nll)
+        True
+    """
+    if isinstance(report, RegressionReport):
+        if report.means is None:
+            raise InputError(f"report {report.name!r} keeps no predictions; use reports made by posthoc.evaluate")
+        y = regression_metrics.as_targets(report.means, report.targets.detach().cpu())
+        return -regression_metrics.mixture(report.means.detach().cpu(), report.stds.detach().cpu()).log_prob(y).double()
+    if report.probs is None or report.labels is None:
+        raise InputError(f"report {report.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
+    picked = report.probs.double().cpu().gather(-1, report.labels.cpu().long()[:, None]).squeeze(-1)
+    return -picked.clamp_min(metrics.EPS).log()
+
+
+def candidate(report: Any, shifts: Mapping[str, Any] | None = None, *,
+              predict_cost: float | None = None, selection: Mapping[str, Any] | None = None,
+              shifted: Mapping[str, Tensor] | None = None) -> verdict.Candidate:
+    """What the verdict reads of one method's report: its per-example NLL on the test set and on each shifted test
+    set (``shifts``: name -> its report there; ``shifted``: name -> per-example NLL already computed, e.g.
+    :meth:`posthoc.evaluation.shift.ShiftTable.example_nll`), its entropy on the test and OOD sets, its predict cost and
+    auto's selection record (by default the report's own ``predict_cost`` and ``selection``).
+
+    Example:
+        >>> candidate(report, {"rotated": rotated_report}).shifted["rotated"].shape
+        torch.Size([500])
+    """
+    own = getattr(report, "ood_values", None) or {}
+    return verdict.Candidate(
+        report.name, example_nll(report),
+        {**{name: example_nll(found) for name, found in (shifts or {}).items()}, **(shifted or {})},
+        own.get("entropy"), getattr(report, "predict_cost", None) if predict_cost is None else predict_cost,
+        getattr(report, "selection", None) if selection is None else selection)
+
+
+def compared_verdict(reports: Sequence[Any], shifts: Mapping[str, Sequence[Any]] | None = None,
+                     **options: Any) -> verdict.Verdict:
+    """The verdict on ``reports`` of several methods on the same test set, the first being the plain model;
+    ``shifts``: name -> reports on that shifted set, in the same order; ``options`` go to
+    :func:`posthoc.evaluation.verdict.judge`.
+
+    Example:
+        >>> compared_verdict([plain, laplace], {"rotated": [plain_rotated, laplace_rotated]}).recommended
+        'laplace'
+    """
+    for name, found in (shifts or {}).items():
+        if len(found) != len(reports):
+            raise ConfigError(f"shift {name!r} has {len(found)} reports for {len(reports)} methods: give one per "
+                              "report, in the same order")
+    rows = [candidate(report, {name: found[i] for name, found in (shifts or {}).items()})
+            for i, report in enumerate(reports)]
+    return verdict.judge(rows, reports[0].name, **options)
+
+
+def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
+    """The median time of ``um.predict(x)`` over that of a plain forward of the user's model (for an ensemble, its
+    first member) on the same inputs, each timed ``repeats`` times after one warm-up call: the verdict's cost.
+
+    Example:
+        >>> predict_cost(posthoc.wrap(model, method="none"), x) < 2
+        True
+    """
+    x = to_device(x, um.device)
+    generator = torch.Generator(device=um.device).manual_seed(0)
+
+    def median_seconds(call: Any) -> float:
+        call()
+        times = []
+        for _ in range(repeats):
+            _synchronize(um.device)
+            start = time.perf_counter()
+            call()
+            _synchronize(um.device)
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    model = um.method.plain_model
+    with torch.no_grad(), eval_mode(model):
+        plain = median_seconds(lambda: run_model(model, x))
+    method = median_seconds(lambda: um.predict(x, generator=generator))
+    return method / max(plain, 1e-9)
+
+
+def auto_selection(um: UncertainModel) -> dict[str, Any] | None:
+    """``method="auto"``'s selection record between whole methods (``um.summary()["selection"]``), else ``None``.
+
+    Example:
+        >>> auto_selection(posthoc.wrap(model, method="auto").fit(train_loader, val_loader))["chosen"]
+        'laplace+dac'
+    """
+    if "auto" not in um.methods:
+        return None
+    found = um.summary().get("selection")
+    return found if found and found.get("knob") == verdict.METHOD_KNOB else None
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for the GPU's queued work, so that a timing covers what it ran (nothing on the CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
