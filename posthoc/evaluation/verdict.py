@@ -12,7 +12,8 @@ Which method is recommended:
 - where a row is ``method="auto"`` (its :class:`Candidate` carries the selection record), auto's choice: it was
   made on held-out data, before the test set was seen;
 - otherwise the rule of :mod:`posthoc.engine.selection` applied to the test rows: among the rows whose
-  in-distribution NLL excess over the plain model has a one-sided 90 % paired bootstrap upper bound within the
+  in-distribution NLL excess over the plain model has a one-sided paired bootstrap upper bound (at the selection
+  step's confidence, 95 %) within the
   tolerance (``max(2 % of the plain NLL, 0.005 nats)``), the one of lowest NLL under the shifts (mean over them;
   without shifts, the lowest NLL in distribution). The verdict then says that the pick is made on the test data
   and that ``auto`` makes it on held-out data;
@@ -51,7 +52,7 @@ CI = 0.95
 #: bootstrap resamples of the test examples
 BOOTSTRAPS = 1000
 #: the central level of the frontier's bars: the right end of the excess bar is the one-sided bound that decides
-#: admissibility (``2 * 0.9 - 1``)
+#: admissibility on the test data (``2 * CONFIDENCE - 1``)
 FRONTIER_LEVEL = 2 * CONFIDENCE - 1
 #: the knob of a selection record that chose between whole methods (``method="auto"``)
 METHOD_KNOB = "method"
@@ -485,6 +486,7 @@ def selection_section(selection: Mapping[str, Any], out_dir: str | os.PathLike |
                        ylabel="NLL on the fit-time perturbed copies",
                        title=f"{label}'s candidates on held-out data (NLL excess cross-fitted)", chosen_word="chosen")
         lines += [f"![{label}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})", "",
-                  "Bars: 80 % central intervals (normal, from the record's standard errors); an excess bar's right "
-                  "end is the 90 % bound that decides admissibility; shaded: admissible; star: chosen.", ""]
+                  f"Bars: the excess from its mean to the bound that decides admissibility ({CONFIDENCE:.0%}, on new "
+                  f"data of the held-out size) and as far below; the perturbed NLL ± {NormalDist().inv_cdf(CONFIDENCE):.2f} "
+                  "standard errors; shaded: admissible; star: chosen.", ""]
     return "\n".join(lines)
