@@ -160,6 +160,17 @@ class Method(nn.Module):
         held-out data; ``train_loader`` is there for a method whose candidates need it (SWAG's BatchNorm statistics).
         """
 
+    @property
+    def choice_can_move(self) -> bool:
+        """Whether :meth:`apply_choice` can set another candidate of the last choice at once (a prior precision, a
+        rate: no refit): a calibrator or DAC stacked on this method then re-makes the choice per fold of its
+        cross-fitting."""
+        return False
+
+    def apply_choice(self, value: Any) -> None:
+        """Set the candidate ``value`` of this method's held-out choice (see :attr:`choice_can_move`)."""
+        raise NotImplementedError(f"'{self.name}' cannot set another candidate of its held-out choice")
+
     def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
         """What :meth:`choose` chooses on when ``fit`` gets no ``val_loader`` (``None``: no choice is made then);
         Laplace's ``"auto"`` prior takes training rows."""

@@ -21,8 +21,10 @@ import warnings
 from collections.abc import Iterable
 from typing import Any, ClassVar
 
+import torch
+
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import Candidate, Rows, Scores, Selection, cross_fitted, fold_count
+from posthoc.engine.selection import Candidate, Rows, Scores, Selection, choice_on, cross_fitted, fold_count
 
 
 class FittedOnHeldOut:
@@ -49,13 +51,46 @@ class FittedOnHeldOut:
         raise NotImplementedError
 
     def cross_fitted_selection(self, cache: Any, held_out: HeldOut, configurations: list[Candidate]) -> Selection:
-        """The selection among ``configurations`` by their out-of-fold scores (fold warnings silenced: the final fit warns)."""
+        """The selection among ``configurations`` by their out-of-fold scores (fold warnings silenced: the final fit warns).
+
+        When the method stacked under this one made a held-out choice of its own among fixed candidates (Laplace's
+        prior precision, a dropout rate: :meth:`~posthoc.core.method.Method.apply_choice`), that choice is re-made on
+        each fold's fitting examples too (:func:`~posthoc.engine.selection.choice_on`), and the fold is fitted and
+        scored on the inner predictive at it: otherwise the inner choice, tuned on every held-out example, would
+        make the stacked candidates look cheaper than they are on new data. ``cache`` is the one at the inner's
+        final choice; the caches at the others are made here.
+        """
         folds = fold_count(held_out.layout)
+        caches = self._fold_caches(cache, held_out)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            scores = cross_fitted(lambda fitting, scored: self.fit_and_score(cache, configurations, fitting, scored),
-                                  held_out.layout)
+            scores = cross_fitted(lambda fitting, scored: self.fit_and_score(caches(scored), configurations, fitting,
+                                                                             scored), held_out.layout)
         return held_out.select(configurations, scores, knob=self.knob, folds=folds if folds > 1 else None)
+
+    def _fold_caches(self, cache: Any, held_out: HeldOut) -> Any:
+        """``scored rows -> cache`` of each fold: the inner predictive at the choice re-made without those rows."""
+        inner = getattr(self, "inner", None)
+        selection = None if inner is None else inner.last_selection
+        if (selection is None or not inner.choice_can_move or selection.plain_scores is None
+                or len(selection.plain_scores.clean) != held_out.layout.count):
+            return lambda scored: cache
+        chosen = selection.index
+        by_fold, made = [], {chosen: cache}
+        for fitting, scored in held_out.layout.folds():
+            index = choice_on(selection, selection.plain_scores, fitting)
+            if index not in made:
+                inner.apply_choice(selection.records[index].value)
+                try:
+                    made[index] = self.held_out_cache(held_out)
+                finally:
+                    inner.apply_choice(selection.records[chosen].value)
+            by_fold.append((scored.clean, made[index]))
+
+        def of(scored: Rows) -> Any:
+            return next(found for rows, found in by_fold if torch.equal(rows, scored.clean))
+
+        return of
 
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """Cache the held-out predictions, choose a configuration by its cross-fitted scores, and fit it on all rows."""

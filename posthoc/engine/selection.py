@@ -71,6 +71,8 @@ from posthoc.core.errors import ConfigError
 CONFIDENCE = 0.95
 #: the size of the new data the bound speaks for, as a multiple of the held-out set's (module docs)
 NEW_SAMPLE = 1.0
+#: the share of the largest per-example gains capped before the bound is taken (module docs)
+CAPPED_GAINS = 0.025
 #: the default tolerance: this fraction of the plain model's held-out NLL ...
 RELATIVE_TOLERANCE = 0.02
 #: ... or this many nats per example, whichever is larger
@@ -300,19 +302,21 @@ def _standard_error(values: Tensor) -> float | None:
 
 
 def excess_bound(candidate: Tensor, plain: Tensor, confidence: float = CONFIDENCE, *,
-                 new_sample: float = NEW_SAMPLE) -> tuple[float, float]:
+                 new_sample: float = NEW_SAMPLE, capped_gains: float = CAPPED_GAINS) -> tuple[float, float]:
     """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of the
     one-sided ``confidence`` bound of the excess on a new sample of ``new_sample`` times ``N`` examples,
     ``mean + z · sd / sqrt(N) · sqrt(1 + 1 / new_sample)`` (the paired normal bound; ``new_sample=inf``: the bound on
-    the mean alone). A non-finite excess is ``inf``.
+    the mean alone), with the largest gains capped: the differences below their ``capped_gains`` quantile are raised
+    to it before the bound is taken (module docs; 0: no cap). A non-finite excess is ``inf``.
 
     Example:
-        >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]))
+        >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
+        ...                            capped_gains=0)
         >>> round(mean, 3), round(upper, 3)
-        (0.5, 1.023)
+        (0.5, 1.352)
         >>> round(excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
-        ...                    new_sample=math.inf)[1], 3)
-        0.87
+        ...                    new_sample=math.inf, capped_gains=0)[1], 3)
+        0.956
     """
     difference = candidate.double() - plain.double()
     if difference.numel() == 0:
@@ -322,8 +326,10 @@ def excess_bound(candidate: Tensor, plain: Tensor, confidence: float = CONFIDENC
     mean = float(difference.mean())
     if difference.numel() < 2:
         return mean, math.inf
+    if capped_gains > 0:
+        difference = difference.clamp_min(float(torch.quantile(difference, capped_gains)))
     spread = float(difference.std()) / math.sqrt(difference.numel()) * math.sqrt(1 + 1 / new_sample)
-    return mean, mean + NormalDist().inv_cdf(confidence) * spread
+    return mean, float(difference.mean()) + NormalDist().inv_cdf(confidence) * spread
 
 
 @dataclass
@@ -408,6 +414,8 @@ class Selection:
     scores: dict[int, Scores] = field(default_factory=dict, repr=False)
     #: the rule's settings (``walk``, ``start``, ``rank_without_shift``) for :func:`out_of_fold`
     rule: dict[str, Any] = field(default_factory=dict, repr=False)
+    #: the plain model's scores the candidates were judged against (for :func:`choice_on`; not part of the record)
+    plain_scores: Scores | None = field(default=None, repr=False)
 
     @property
     def chosen(self) -> Record:
@@ -523,7 +531,7 @@ def select(candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[
     return Selection(knob, ordered, index, plain.nll, plain.shifted_nll, plain.shifted_ece, tolerance, confidence,
                      examples=len(plain.clean), perturbed=0 if plain.shifted is None else len(plain.shifted),
                      folds=folds, fallback=fallback, scores=tried,
-                     rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift})
+                     rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift}, plain_scores=plain)
 
 
 def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: int = FOLDS, seed: int = 0) -> Scores:
@@ -539,19 +547,30 @@ def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: i
         >>> judged.clean.shape == held_out.plain.clean.shape
         True
     """
-    labels = [(record.label, record.value) for record in selection.records]
-    missing = Scores(torch.full_like(plain.clean, math.inf))
-
     def fold(fitting: Rows, scored: Rows) -> list[Scores]:
-        def on_fitting(index: int) -> Scores:
-            found = selection.scores.get(index)
-            return missing.take(Rows(fitting.clean)) if found is None else found.take(fitting)
-
-        chosen = select(labels, on_fitting, plain=plain.take(fitting), tolerance=selection.tolerance, knob=selection.knob,
-                        confidence=selection.confidence, **selection.rule)
-        return [selection.scores[chosen.index].take(scored) if chosen.index in selection.scores else plain.take(scored)]
+        index = choice_on(selection, plain, fitting)
+        return [selection.scores[index].take(scored) if index in selection.scores else plain.take(scored)]
 
     return cross_fitted(fold, layout, folds=folds, seed=seed)[0]
+
+
+def choice_on(selection: Selection, plain: Scores, rows: Rows) -> int:
+    """The index of the candidate the rule of ``selection`` picks on the examples ``rows`` alone, among the candidates
+    it tried (the others count as refused): what the choice would have been without the other examples.
+
+    Example:
+        >>> choice_on(selection, held_out.plain, held_out.layout.everything()) == selection.index
+        True
+    """
+    labels = [(record.label, record.value) for record in selection.records]
+    missing = Scores(torch.full((len(rows.clean),), math.inf, dtype=torch.float64))
+
+    def on_rows(index: int) -> Scores:
+        found = selection.scores.get(index)
+        return missing if found is None else found.take(rows)
+
+    return select(labels, on_rows, plain=plain.take(rows), tolerance=selection.tolerance, knob=selection.knob,
+                  confidence=selection.confidence, **selection.rule).index
 
 
 def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: str, stacklevel: int = 3) -> None:

@@ -216,6 +216,15 @@ class ImplicitBNN(Method):
     def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
         return self.scale_option is None
 
+    @property
+    def choice_can_move(self) -> bool:  # type: ignore[override]  # a scale is set at once
+        return not self.likelihood.fits_noise
+
+    def apply_choice(self, value: float) -> None:
+        """Set the node noise's scale to ``value`` (a candidate of the held-out choice)."""
+        self.scale_fit = torch.tensor([float(value), math.nan, math.nan], dtype=torch.float64,
+                                      device=self.fit_settings.device)
+
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the component means)
         and :data:`SCALES`, walking from 1 (wider while admissible, else narrower); every scale draws the same random

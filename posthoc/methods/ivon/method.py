@@ -164,6 +164,14 @@ class IVON(Method):
     def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
         return self.scale_option is None
 
+    @property
+    def choice_can_move(self) -> bool:  # type: ignore[override]  # a scale is set at once
+        return not self.likelihood.fits_noise
+
+    def apply_choice(self, value: float) -> None:
+        """Set the scale of the posterior standard deviations to ``value`` (a candidate of the held-out choice)."""
+        self.scale = float(value)
+
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """The scale (``scale=None``): the selection step over 0 (the fine-tuned mean) and :data:`.scale.SCALES`,
         walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws

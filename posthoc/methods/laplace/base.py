@@ -267,6 +267,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
 
+    @property
+    def choice_can_move(self) -> bool:  # type: ignore[override]  # a prior precision is set at once
+        return True
+
+    def apply_choice(self, value: float) -> None:
+        """Set the prior precision to ``value`` (a candidate of the held-out choice)."""
+        self.prior_precision.fill_(float(value))
+
     def _scores(self, prepared: Prepared, prior_precision: float) -> Scores:
         """The held-out :class:`Scores` of the class predictive at ``prior_precision`` (MC links: the same draws at every δ)."""
         return prepared.scores(lambda inputs, generator: self._predictive(inputs, prior_precision, generator,

@@ -174,6 +174,14 @@ class MCDropout(Method):
     def makes_choice(self) -> bool:  # type: ignore[override]  # only a rate left to choose
         return self.tunes_rate
 
+    @property
+    def choice_can_move(self) -> bool:  # type: ignore[override]  # a rate is set at once
+        return not self.likelihood.fits_noise  # (under regression the noise is fitted at the chosen rate)
+
+    def apply_choice(self, value: float) -> None:
+        """Set every site's rate to ``value`` (a candidate of the held-out choice)."""
+        self.rate.fill_(float(value))
+
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """With ``p="auto"``, or ``p=None`` and held-out data: every site's rate by the selection step over 0 and
         :data:`P_GRID` (module docs); the structure not found at ``wrap()`` is resolved from the first held-out batch."""
