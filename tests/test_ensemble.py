@@ -168,14 +168,16 @@ def test_the_users_models_are_not_changed(members, digits):
 def test_mixture_of_laplace_with_temperature_on_top(digits):
     models = [_mlp(0), _mlp(1), _mlp(2)]
     loader = _toy_loader()
+    # shift=None: the perturbed copies would be graded once, on the plain ensemble, and a single model grades its own
     um = posthoc.wrap(models, method=["laplace", "temperature"], hessian="diag").fit(loader, _toy_loader(1),
-                                                                                     progress=False)
+                                                                                     progress=False, shift=None)
     assert um.methods == ["laplace", "temperature"]
     ensemble = um.method.inner
     assert isinstance(ensemble, Ensemble) and all(bool(m.fitted) for m in ensemble.members)
     # every member is the single-model Laplace fitted on its own checkpoint
     x = torch.randn(5, 4)
-    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(loader, _toy_loader(1), progress=False)
+    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(loader, _toy_loader(1), progress=False,
+                                                                          shift=None)
     torch.testing.assert_close(ensemble.members[1].log_predictive(x)[0], single.method.log_predictive(x)[0])
     card = um.summary()
     laplace_card = card["posterior"][0]

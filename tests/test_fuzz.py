@@ -20,6 +20,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.core.registry import REGISTRY
 from posthoc.guarantees.selective import RiskNotReachableError
 
 CASES: collections.Counter = collections.Counter()
@@ -114,7 +115,7 @@ def _expected_refusal(method: str, c: int, corrupt: str) -> Refusal | None:
 def _refused_as_too_few_for_a_calibrator(method: str, refusal: Refusal) -> bool:
     """Calibrators refuse held-out sets below their documented minimum (examples, examples per class, two
     classes; platt: binary classifiers only) with an error that names it."""
-    if not hasattr(posthoc.api.REGISTRY[method], "calibrator_class"):
+    if not hasattr(REGISTRY[method], "calibrator_class"):
         return False
     return refusal.error in (InputError, ConfigError) and ("held-out" in refusal.says or "binary classifiers" in refusal.says)
 

@@ -17,6 +17,7 @@ from PIL import Image
 
 import posthoc
 from posthoc.demo import data, zoo
+from posthoc.core.registry import REGISTRY
 from posthoc.loading import folders
 from posthoc.cli.evaluate import add_evaluate_arguments, route_options, run_evaluate
 from posthoc.loading.models import build_model, load_checkpoint, parse_model_spec
@@ -313,7 +314,7 @@ def test_bad_model_specs_and_options() -> None:
 
 
 def test_methods_that_fit_on_training_images_need_train(image_folders: dict[str, Path], tmp_path: Path) -> None:
-    needs_train = sorted(name for name, cls in posthoc.api.REGISTRY.items() if cls.requires_fit and not cls.needs_val)
+    needs_train = sorted(name for name, cls in REGISTRY.items() if cls.requires_fit and not cls.needs_val)
     assert {"ibnn", "laplace", "swag"} <= set(needs_train), needs_train
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)

@@ -265,17 +265,24 @@ class AutoMethod(Method):
             self._keep(part)
             return
         chosen_inner: dict[int, float] = {}
-        scores = []
+        scores, refusals = [], {}
         for part in self._parts:
             start = time.perf_counter()
-            if id(part.inner) not in chosen_inner:
-                if part.inner.makes_choice:
-                    part.inner.choose(held_out, train_loader=train_loader, progress=progress)
-                chosen_inner[id(part.inner)] = time.perf_counter() - start
-            start = time.perf_counter()
-            scores.append(self._scores(part, held_out, train_loader, progress))
+            try:
+                if id(part.inner) not in chosen_inner:
+                    if part.inner.makes_choice:
+                        part.inner.choose(held_out, train_loader=train_loader, progress=progress)
+                    chosen_inner[id(part.inner)] = time.perf_counter() - start
+                start = time.perf_counter()
+                scores.append(self._scores(part, held_out, train_loader, progress))
+            except InputError as err:  # e.g. a per-class calibrator on too few examples of a class: left out, named
+                refusals[part.label] = f"refused the held-out data: {err}"
+                continue
             seconds = part.fit_seconds + chosen_inner[id(part.inner)] + time.perf_counter() - start
             part.extra = {"fit_seconds": round(seconds, 3), "predict_cost": self._predict_cost(part.chain, held_out)}
+        self._drop(lambda part: part.label in refusals, lambda part: refusals[part.label])
+        if not self._parts:
+            raise InputError(f"no candidate of 'auto' accepts this held-out data: {refusals}")
         selection = held_out.select([(part.label, index) for index, part in enumerate(self._parts)], scores,
                                     knob="method", rank_without_shift="clean", extra=lambda index: self._parts[index].extra)
         self.record_selection(selection)
