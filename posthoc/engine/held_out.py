@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
-from posthoc.core.errors import InputError
+from posthoc.core.errors import InputError, NumericalError
 from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.modules import eval_mode
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model, slice_inputs, split_batch
@@ -380,6 +380,10 @@ class HeldOut:
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+        outputs = [held.plain.clean] if held.plain_outputs is None else [t for t in held.plain_outputs[::2] if t is not None]
+        if any(bool(torch.isnan(t).any()) for t in outputs):
+            raise NumericalError("the plain model's outputs on the held-out data hold NaN or inf although the inputs are "
+                                 "finite: check the checkpoint's weights (and its dtype: run it in float32) before fitting")
         return held
 
     def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:

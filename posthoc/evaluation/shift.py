@@ -204,6 +204,8 @@ class ShiftTable:
             >>> {name: values.shape for name, values in table.example_nll("laplace").items()}
             {'severity 1': torch.Size([500]), 'severity 3': torch.Size([500])}
         """
+        if method not in self.methods:
+            raise ConfigError(f"this table has no method {method!r}; its methods: {', '.join(self.methods)}")
         reports = self.reports.get(method)
         if not reports:
             raise ConfigError(f"no predictions kept for {method!r}: the verdict needs a table made by evaluate_shift")
@@ -253,6 +255,8 @@ class ShiftTable:
         if self.metrics != METRICS:
             raise ConfigError("confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
                               "interval's coverage and width instead: table.value(method, kind, severity, 'coverage_90')")
+        if method not in self.methods:
+            raise ConfigError(f"this table has no method {method!r}; its methods: {', '.join(self.methods)}")
         reports = self.reports.get(method)
         if not reports:
             raise ConfigError(f"no predictions kept for {method!r}: confidence needs a table made by evaluate_shift")
