@@ -28,10 +28,11 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
-from posthoc.core.errors import InputError, NumericalError
+from posthoc.core.errors import InputError
 from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.modules import eval_mode
-from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model, slice_inputs, split_batch
+from posthoc.core.inputs import (Inputs, batch_size, check_finite_result, check_labels, iterate, run_model,
+                                 slice_inputs, split_batch)
 from posthoc.core.likelihood import best_noise_nlls, model_outputs
 from posthoc.core.logits import class_log_probs
 from posthoc.core.prediction import Prediction
@@ -381,9 +382,8 @@ class HeldOut:
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
         outputs = [held.plain.clean] if held.plain_outputs is None else [t for t in held.plain_outputs[::2] if t is not None]
-        if any(bool(torch.isnan(t).any()) for t in outputs):
-            raise NumericalError("the plain model's outputs on the held-out data hold NaN or inf although the inputs are "
-                                 "finite: check the checkpoint's weights (and its dtype: run it in float32) before fitting")
+        for values in outputs:
+            check_finite_result(values, "the plain model's outputs on the held-out data", log_probs=True)
         return held
 
     def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:
