@@ -22,6 +22,23 @@ settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
 
+def linear_data_regressor(rows: int, train: int, noise: float) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
+    """A small tanh MLP fitted (Adam, 200 full-batch steps) to ``y = 2 x₁`` plus Gaussian noise of std ``noise`` on the
+    first ``train`` of ``rows`` seeded rows; returns it in eval mode with every row's ``x`` ``(rows, 3)`` and ``y``
+    ``(rows, 1)``. Tests import it (``from conftest import linear_data_regressor``)."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(rows, 3, generator=generator)
+    y = 2 * x[:, :1] + noise * torch.randn(rows, 1, generator=generator)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
+    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
+    for _ in range(200):
+        optimiser.zero_grad()
+        ((net(x[:train]) - y[:train]) ** 2).mean().backward()
+        optimiser.step()
+    return net.eval(), x, y
+
+
 @pytest.fixture(scope="session")
 def digits() -> data.DigitsSplits:
     return data.load_digits()

@@ -8,6 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from conftest import linear_data_regressor
+
 import posthoc
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.demo import zoo
@@ -103,17 +105,8 @@ def test_a_default_that_refuses_the_model_is_left_out_and_named(small) -> None:
 
 
 def test_a_regressor_chooses_on_held_out_gaussian_nll() -> None:
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(400, 3, generator=generator)
-    y = 2 * x[:, :1] + 0.3 * torch.randn(400, 1, generator=generator)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
-    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
-    for _ in range(200):
-        optimiser.zero_grad()
-        ((net(x[:250]) - y[:250]) ** 2).mean().backward()
-        optimiser.step()
-    um = posthoc.wrap(net.eval(), method="auto", likelihood="regression").fit([(x[:250], y[:250])], [(x[250:], y[250:])],
+    net, x, y = linear_data_regressor(400, 250, 0.3)
+    um = posthoc.wrap(net, method="auto", likelihood="regression").fit([(x[:250], y[:250])], [(x[250:], y[250:])],
                                                                               progress=False)
     record = um.summary()["selection"]
     assert [row["candidate"] for row in record["candidates"]] == ["none", "laplace"]  # no dropout of its own

@@ -16,6 +16,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from conftest import linear_data_regressor
+
 import posthoc
 from posthoc.core.likelihood import Gaussian, best_noise_nll
 from posthoc.engine.selection import CONFIDENCE, Tolerance
@@ -220,17 +222,8 @@ def test_laplace_held_out_prior_survives_save_and_load(tmp_path) -> None:
 # ------------------------------------------------------------------------------ iBNN's scale
 def _linear_data_mlp() -> tuple[nn.Module, DataLoader, DataLoader]:
     """A small tanh MLP fitted to ``2 x₁`` plus noise of std 0.4, its training loader and 150 held-out rows."""
-    generator = torch.Generator().manual_seed(0)
-    x = torch.randn(350, 3, generator=generator)
-    y = 2 * x[:, :1] + 0.4 * torch.randn(350, 1, generator=generator)
-    torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, 1))
-    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
-    for _ in range(200):
-        optimiser.zero_grad()
-        ((net(x[:200]) - y[:200]) ** 2).mean().backward()
-        optimiser.step()
-    return (net.eval(), DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
+    net, x, y = linear_data_regressor(350, 200, 0.4)
+    return (net, DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
             DataLoader(TensorDataset(x[200:], y[200:]), batch_size=50))
 
 
