@@ -104,6 +104,21 @@ def test_a_default_that_refuses_the_model_is_left_out_and_named(small) -> None:
     assert "laplace" not in {row["candidate"] for row in um.summary()["selection"]["candidates"]}
 
 
+
+def test_a_default_that_refuses_the_held_out_data_is_left_out_and_a_named_one_is_refused() -> None:
+    """Held-out data with 4 examples of one class: vector scaling needs 5 of every class. Among the defaults it is left
+    out with its reason; named by the user it is refused, as a named candidate that refuses the model is at fit."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    x = torch.randn(64, 4)
+    y = torch.cat([torch.zeros(30), torch.ones(30), torch.full((4,), 2.0)]).long()
+    defaults = posthoc.wrap(net).fit([(x, y)], [(x, y)], progress=False)
+    card = defaults.summary()["posterior"][0]
+    assert "at least 5 held-out examples of every class (class 2: 4)" in card["left_out"]["vector"]
+    assert "vector" not in {row["candidate"] for row in defaults.summary()["selection"]["candidates"]}
+    with pytest.raises(InputError, match=r"class 2: 4"):
+        posthoc.wrap(net, candidates=["vector"]).fit([(x, y)], [(x, y)], progress=False)
+
 def test_a_regressor_chooses_on_held_out_gaussian_nll() -> None:
     net, x, y = linear_data_regressor(400, 250, 0.3)
     um = posthoc.wrap(net, method="auto", likelihood="regression").fit([(x[:250], y[:250])], [(x[250:], y[250:])],

@@ -275,7 +275,9 @@ class AutoMethod(Method):
                     chosen_inner[id(part.inner)] = time.perf_counter() - start
                 start = time.perf_counter()
                 scores.append(self._scores(part, held_out, train_loader, progress))
-            except InputError as err:  # e.g. a per-class calibrator on too few examples of a class: left out, named
+            except PosthocError as err:  # a default that refuses the held-out data (vector: too few of a class)
+                if self.candidate_option is not None:  # as at fit: a candidate the user named is refused loudly
+                    raise
                 refusals[part.label] = f"refused the held-out data: {err}"
                 continue
             seconds = part.fit_seconds + chosen_inner[id(part.inner)] + time.perf_counter() - start
