@@ -25,6 +25,7 @@ from posthoc.core.method import Method
 from posthoc.core.modules import get_submodule, uncompiled
 from posthoc.core.registry import method_class, method_names
 from posthoc.engine.head import output_width
+from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.loading.models import load_checkpoint
@@ -95,7 +96,8 @@ def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]
     if method_class(names[0]).stacks:
         names = ["none", *names]
     options = {key: _module_as_name(models[0], key, value) for key, value in options.items()}
-    spec = spec_of(names, route_options(names, options), likelihood)
+    run, options = split_run_options(options)
+    spec = spec_of(names, route_options(names, options), likelihood, RunOptions(**run).to_spec())
     spec[0].update(members=len(models), batched=batched)
     return wrap_spec(models, spec)
 
@@ -151,7 +153,8 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     options = {key: _module_as_name(model, key, value) for key, value in options.items()}
-    return wrap_spec(model, spec_of(names, route_options(names, options), likelihood))
+    run, options = split_run_options(options)
+    return wrap_spec(model, spec_of(names, route_options(names, options), likelihood, RunOptions(**run).to_spec()))
 
 
 @contextlib.contextmanager

@@ -31,6 +31,11 @@ CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targ
                        "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction")
 
 
+#: options of ``wrap`` that steer the runner (``posthoc.engine.runner.RunOptions``), not a method: the spec keeps
+#: them under ``"run"`` in its first entry (a file of an earlier release, among a method's options)
+RUN_OPTION_NAMES = ("max_memory",)
+
+
 #: options of earlier releases that no method takes any more, and what replaced them
 RETIRED_OPTIONS = {"val_tolerance": "every held-out choice now takes one tolerance, um.fit(..., tolerance=...): nats per "
                                     "example (default: max(2 % of the plain model's held-out NLL, 0.005 nats)), judged "
@@ -48,6 +53,7 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
     if retired:
         raise ConfigError(f"option {retired[0]!r} was removed: {RETIRED_OPTIONS[retired[0]]}")
     accepted = [method_class(name).option_defaults() for name in names]
+    options = {k: v for k, v in options.items() if k not in RUN_OPTION_NAMES}
     unknown = sorted(k for k in options if not any(k in valid for valid in accepted))
     if unknown:
         listing = "; ".join(
@@ -58,7 +64,8 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
     return [{k: v for k, v in options.items() if k in valid} for valid in accepted]
 
 
-def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood) -> list[dict[str, Any]]:
+def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood,
+            run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """The saved spec: one entry per method; the first records the likelihood unless it is classification.
 
     Example:
@@ -69,6 +76,8 @@ def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likeliho
     config = likelihood.config()
     if config is not None:
         spec[0]["likelihood"] = config
+    if run:
+        spec[0]["run"] = dict(run)
     return spec
 
 
@@ -129,6 +138,8 @@ def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) 
     """
     if not spec:
         raise ConfigError("method must name at least one method")
+    spec = [{**entry, "options": {k: v for k, v in entry.get("options", {}).items() if k not in RUN_OPTION_NAMES}}
+            for entry in spec]
     if isinstance(model, (list, tuple)):
         method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], base_method)
         method.use_likelihood(make_likelihood(spec[0].get("likelihood")))

@@ -2,7 +2,10 @@
 
 Every predictive that holds per-sample tensors (``(S, n, C)`` log-probabilities, expanded
 activations, logit samples) declares the bytes ONE row keeps alive at the peak of its work; the
-planner divides the budget (``max_memory``, else ``posthoc.settings.max_memory``) by it.
+planner divides the budget by it. The budget is the runner's (:func:`budget_scope`, which
+``UncertainModel`` enters around every fit and predict with ``wrap(..., max_memory=...)`` or what a
+``predict`` call leaves beside its samples), else ``posthoc.settings.max_memory``: a method never
+carries it.
 
 Example:
     >>> rows_per_chunk(100 * 10 * 4, max_memory=2**20)      # S=100 float32 samples of 10 classes
@@ -14,8 +17,39 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import contextmanager
 
 from posthoc.core import settings
+
+
+@contextmanager
+def budget_scope(max_memory: int | None) -> Iterator[None]:
+    """Plan every chunk of the block under ``max_memory`` bytes (``None`` keeps the enclosing budget).
+
+    Example:
+        >>> with budget_scope(2**20):
+        ...     rows_per_chunk(100 * 10 * 4)
+        262
+    """
+    if max_memory is None:
+        yield
+        return
+    token = settings.RUNNER_BUDGET.set(max_memory)
+    try:
+        yield
+    finally:
+        settings.RUNNER_BUDGET.reset(token)
+
+
+def current_budget() -> int:
+    """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``.
+
+    Example:
+        >>> with budget_scope(4096):
+        ...     current_budget()
+        4096
+    """
+    return settings.memory_budget()
 
 
 def call_budget(own: int | None, given: int | None) -> int | None:
@@ -32,7 +66,8 @@ def call_budget(own: int | None, given: int | None) -> int | None:
 
 def rows_per_chunk(row_bytes: int, *, max_memory: int | None = None, limit: int | None = None) -> int:
     """Rows whose ``row_bytes`` each stay under the budget together; at least 1, at most ``limit``."""
-    rows = max(1, int(settings.memory_budget(max_memory) // max(1, int(row_bytes))))
+    budget = settings.memory_budget(max_memory)
+    rows = max(1, int(budget // max(1, int(row_bytes))))
     return rows if limit is None else max(1, min(rows, limit))
 
 

@@ -1,7 +1,7 @@
-"""Library-wide settings: how much work one step may hold in memory.
+"""Library-wide settings: how much work one step may hold in memory, and whether small work may run on one thread.
 
-Every method's ``max_memory`` option defaults to ``None``, meaning "use :data:`max_memory` at
-call time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call.
+``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call
+time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call.
 
 Example:
     >>> import posthoc.settings
@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 
 from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError
@@ -26,21 +27,52 @@ chunk_size: int = 1024
 max_memory: int = 512 * 2**20
 
 
-def memory_budget(option: int | None) -> int:
-    """A method's ``max_memory`` option, or the library-wide :data:`max_memory` when it is ``None`` (refused
-    unless it is a positive number of bytes)."""
-    return positive_int(max_memory, "posthoc.settings.max_memory") if option is None else option
+#: whether the runner may run small dense work (an ``eigh`` of a 500 x 500 factor, a predictive of a few hundred
+#: rows) on one torch thread, where intra-op threads only wait on each other. ``torch.set_num_threads`` changes
+#: the whole process, so ``"auto"`` (the default) narrows only while no other Python thread is alive (a
+#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does.
+#: ``benchmarks/bench_threads.py`` measures what it buys.
+narrow_threads: bool | str = "auto"
+
+
+#: the runner's budget (bytes) for the work running now in this context (``posthoc.core.chunks.budget_scope``)
+RUNNER_BUDGET: ContextVar[int | None] = ContextVar("posthoc_memory_budget", default=None)
+
+
+def memory_budget(option: int | None = None) -> int:
+    """``option`` bytes, else the runner's budget for the work running now, else the library-wide :data:`max_memory`
+    (refused unless it is a positive number of bytes)."""
+    if option is not None:
+        return option
+    scoped = RUNNER_BUDGET.get()
+    return scoped if scoped is not None else positive_int(max_memory, "posthoc.settings.max_memory")
+
+
+def thread_policy(value: object = None) -> bool | str:
+    """``value`` (default: :data:`narrow_threads`) if it is ``True``, ``False`` or ``"auto"``.
+
+    Example:
+        >>> thread_policy("auto")
+        'auto'
+    """
+    value = narrow_threads if value is None else value
+    if value not in (True, False, "auto") or (value is not True and value is not False and value != "auto"):
+        raise ConfigError(f"posthoc.settings.narrow_threads must be True, False or 'auto', got {value!r}")
+    return value
 
 
 @contextmanager
-def override(**values: int) -> Iterator[None]:
+def override(**values: int | bool | str) -> Iterator[None]:
     """Temporarily change settings, e.g. ``override(max_memory=2**28)``."""
     module = sys.modules[__name__]
-    unknown = sorted(set(values) - {"chunk_size", "max_memory"})
+    unknown = sorted(set(values) - {"chunk_size", "max_memory", "narrow_threads"})
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory")
+        raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory, narrow_threads")
     for name, value in values.items():
-        positive_int(value, f"posthoc.settings.{name}")
+        if name == "narrow_threads":
+            thread_policy(value)
+        else:
+            positive_int(value, f"posthoc.settings.{name}")
     previous = {name: getattr(module, name) for name in values}
     for name, value in values.items():
         setattr(module, name, value)

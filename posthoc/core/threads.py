@@ -1,30 +1,55 @@
-"""One CPU thread for small dense work, where torch's intra-op threads only wait on each other.
+"""One CPU thread for small dense work, where torch's intra-op threads only wait on each other: a detail of the runner.
 
 On a shared 2-core machine, ``eigh`` of a 520 x 520 curvature factor takes about 0.03 s on one
-thread and 2-7 s on two, and vector scaling of 600 x 8 logits 0.2 s against 4.9 s.
+thread and 0.2-7 s on two, and vector scaling of 600 x 8 logits 0.2 s against 4.9 s.
+``torch.set_num_threads`` changes the whole process, so the runner narrows only as
+``posthoc.settings.narrow_threads`` allows: by default (``"auto"``) only while no other Python thread
+is alive, so a multi-threaded server's threads are never changed under it. Methods never call this;
+the runner (``posthoc.engine.runner``) and the engine's dense helpers do.
 
 Example:
+    >>> matrix = torch.eye(3)
     >>> with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
     ...     values, vectors = torch.linalg.eigh(matrix)
+    >>> torch.get_num_threads() >= 1
+    True
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
+
+from posthoc.core import settings
 
 #: temporaries (bytes) below which a chunk of tensor work runs on one CPU thread: thread start-up and
 #: barriers cost more than they save there (a last-layer predictive of 1,000 rows holds ~1 MB)
 SMALL_WORK_BYTES = 4 * 2**20
 
 
+def may_narrow() -> bool:
+    """Whether ``posthoc.settings.narrow_threads`` lets the runner narrow now (``"auto"``: only this thread runs).
+
+    Example:
+        >>> with settings.override(narrow_threads=False):
+        ...     may_narrow()
+        False
+    """
+    policy = settings.thread_policy()
+    if policy == "auto" and policy is not True:
+        return threading.active_count() == 1
+    return bool(policy)
+
+
 @contextmanager
 def single_thread_if(small: bool) -> Iterator[None]:
-    """Run the block on one torch thread when ``small`` (and more than one is set), then restore the count."""
+    """Run the block on one torch thread when ``small`` and :func:`may_narrow` (and more than one is set), then
+    restore the count."""
     previous = torch.get_num_threads()
-    narrowed = small and previous > 1
+    narrowed = small and previous > 1 and may_narrow()
     if narrowed:
         torch.set_num_threads(1)
     try:

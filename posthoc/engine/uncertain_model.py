@@ -6,9 +6,11 @@ budget, keeps the user's model in its own train/eval state, and saves the fitted
 
 The predict path: a first chunk of at most :data:`PROBE_EXAMPLES` rows tells the size of one
 example's samples, and the rest is cut into chunks whose samples fit the budget (the same chunks
-for the same call, so a generator gives the same draws). Each chunk's
-``log_predictive`` gets what is left of the budget as its ``max_memory`` argument (when it takes
-one), and its log-probabilities are normalised once, by a softmax in float32.
+for the same call, so a generator gives the same draws). Each chunk's ``log_predictive`` runs
+under what is left of the budget (the runner's :func:`~posthoc.core.chunks.budget_scope`, which
+the method's own chunking reads), and its log-probabilities are normalised once, by a softmax in
+float32. Fits and held-out choices run under the wrap's ``max_memory`` the same way
+(:class:`~posthoc.engine.runner.RunOptions`).
 
 Example:
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
@@ -20,9 +22,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import importlib.metadata
-import inspect
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from posthoc.core import persistence, settings
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.checks import generator as check_generator
-from posthoc.core.chunks import rows_per_chunk
+from posthoc.core.chunks import budget_scope, rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
@@ -43,8 +43,8 @@ from posthoc.core.modules import eval_mode
 from posthoc.core.likelihood import Likelihood
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction, concat
-from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.held_out import HeldOut
+from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance
 
 
@@ -54,18 +54,6 @@ PROBE_EXAMPLES = 8
 #: log-probabilities with their exp, then the exp with its entropy terms. While the method works, one
 #: copy (its output) is alive, so the method works under the rest of the budget.
 SAMPLE_COPIES = 2
-
-
-@functools.cache
-def takes_budget(method_class: type[Method]) -> bool:
-    """Whether the class's ``log_predictive`` takes the chunk's ``max_memory`` (every built-in method's does; a
-    user's method written to the bare contract plans under ``posthoc.settings.max_memory`` itself).
-
-    Example:
-        >>> takes_budget(type(posthoc.wrap(model, method="laplace").method))
-        True
-    """
-    return "max_memory" in inspect.signature(method_class.log_predictive).parameters
 
 
 def sample_row_bytes(part: Prediction) -> int:
@@ -100,6 +88,8 @@ class UncertainModel(nn.Module):
         self.fingerprint = fingerprint
         #: the data and cost of the last fit (saved with the posterior; ``None`` before fit)
         self.fit_record: FitRecord | None = None
+        #: how the runner runs this model (``wrap(..., max_memory=...)``)
+        self.run = RunOptions.from_spec(spec)
 
     @property
     def methods(self) -> list[str]:
@@ -149,6 +139,14 @@ class UncertainModel(nn.Module):
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
         tolerance = Tolerance.of(tolerance)
+        with self.run.scope():
+            self._fit_chain(train_loader, val_loader, progress, shift, tolerance, fit_options)
+        return self
+
+    def _fit_chain(self, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, shift: Any,
+                   tolerance: Tolerance, fit_options: dict[str, Any]) -> None:
+        """The runner's fit: each method's ``fit`` (inner first), then around it the selection step (its ``choose``)
+        on the held-out data read once for the chain, before anything is fitted."""
         wall, cpu = time.perf_counter(), time.process_time()
         self.method.follow_model_device()
         if not self.method.works_on_copy:
@@ -171,7 +169,6 @@ class UncertainModel(nn.Module):
                 method.fitted.fill_(True)
         self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
                                     time.perf_counter() - wall, time.process_time() - cpu)
-        return self
 
     def _training_rows(self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance,
                        progress: bool) -> HeldOut | None:
@@ -207,9 +204,10 @@ class UncertainModel(nn.Module):
         else:
             held_out = HeldOut.read(val_loader, model=_plain_on(self.method, self.device), likelihood=self.likelihood,
                                     shift=shift, tolerance=Tolerance.of(tolerance), device=self.device, progress=progress)
-        for method in chain_of(self.method):
-            if method.makes_choice:
-                method.choose(held_out, train_loader=train_loader, progress=progress)
+        with self.run.scope():
+            for method in chain_of(self.method):
+                if method.makes_choice:
+                    method.choose(held_out, train_loader=train_loader, progress=progress)
         return self
 
     @torch.no_grad()
@@ -229,10 +227,9 @@ class UncertainModel(nn.Module):
                 ``SAMPLE_COPIES`` copies of their ``(S, n, C)`` samples would exceed the memory budget.
             keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
                 aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
-            max_memory: bytes the per-sample tensors of one chunk may use in this call (default
-                ``posthoc.settings.max_memory``; a method's own ``max_memory`` option wins); the
-                method works under what is left beside the samples it returns, passed to its
-                ``log_predictive`` as ``max_memory``.
+            max_memory: bytes the per-sample tensors of one chunk may use in this call (default: the
+                wrap's ``max_memory``, else ``posthoc.settings.max_memory``); the method works under what
+                is left beside the samples it returns (the runner's budget scope).
 
         Example:
             >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
@@ -245,16 +242,20 @@ class UncertainModel(nn.Module):
         positive_int(num_samples, "num_samples", none="the method's own")
         check_generator(generator)
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
-        budget = settings.memory_budget(memory_bytes(max_memory))
+        budget = settings.memory_budget(memory_bytes(max_memory) or self.run.max_memory)
         total = check_batch(x, "predict", values=False)
         self.method.follow_model_device()
         if self.likelihood.prediction_type is RegressionPrediction:
-            return self._predict_regression(x, total, chunk_size, keep_samples,
-                                            {"num_samples": num_samples, "generator": generator, "max_memory": budget})
-        method_budget = max(1, budget - budget // SAMPLE_COPIES)
-        options = {"num_samples": num_samples, "generator": generator}
-        if takes_budget(type(self.method)):
-            options["max_memory"] = method_budget
+            with budget_scope(budget):
+                return self._predict_regression(x, total, chunk_size, keep_samples,
+                                                {"num_samples": num_samples, "generator": generator})
+        with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
+            return self._predict_classes(x, total, chunk_size, keep_samples, budget,
+                                         {"num_samples": num_samples, "generator": generator})
+
+    def _predict_classes(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, budget: int,
+                         options: dict[str, Any]) -> Prediction:
+        """The class predictive in chunks: a first small one tells the samples' size, the rest fit ``budget``."""
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
         first = self._predict_chunk(slice_inputs(x, 0, first_size), options)
         if total == first_size:
@@ -292,7 +293,7 @@ class UncertainModel(nn.Module):
         with eval_mode(self.method):
             log_probs, samples = self.method.log_predictive(x, **options)
         elements = log_probs.numel() + (0 if samples is None else samples.numel())
-        with single_thread_if(log_probs.device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+        with small_dense_work(elements, log_probs.device):
             if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
                 raise NumericalError(
                     "the predictive produced NaN; the model's logits are not finite for these inputs "

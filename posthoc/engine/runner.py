@@ -1,0 +1,200 @@
+"""The runner: what every method needs and none writes.
+
+A method is its mathematics: it accumulates statistics over the data, finalises its posterior and
+predicts on one chunk. Everything around that belongs here:
+
+- **memory**: the budget every chunk is planned under (:class:`RunOptions`, entered with
+  :func:`~posthoc.core.chunks.budget_scope` around each fit and predict; a method plans with
+  :func:`~posthoc.core.chunks.chunks` / :func:`~posthoc.core.chunks.rows_per_chunk` and never sees a byte count);
+- **threads**: small dense work on one thread, only as ``posthoc.settings.narrow_threads`` allows
+  (:mod:`posthoc.core.threads`), never by a method;
+- **ranks**: under ``torch.distributed`` every sufficient statistic is summed over ranks by
+  :func:`accumulate` / :func:`sum_over_ranks`, held-out rows are gathered by :func:`gather_rows`, and
+  fine-tuning takes the same number of steps on every rank (:func:`steps_on_every_rank`);
+- **selection**: ``UncertainModel.fit`` calls each method's ``fit`` and then, around it, the selection
+  step (:meth:`~posthoc.core.method.Method.choose` through :mod:`posthoc.engine.selection`); a ``fit``
+  never chooses on held-out data itself.
+
+Example:
+    >>> batches = [(torch.ones(2, 3), torch.zeros(2)), (2 * torch.ones(1, 3), torch.zeros(1))]
+    >>> stats = accumulate(batches, lambda x, y: {"sum": x.sum(0), "count": torch.tensor(len(x))})
+    >>> stats["sum"].tolist(), int(stats["count"])
+    ([4.0, 4.0, 4.0], 3)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from posthoc.core import distributed
+from posthoc.core.chain import RUN_OPTION_NAMES
+from posthoc.core.checks import memory_bytes
+from posthoc.core.chunks import budget_scope
+from posthoc.core.inputs import to_device
+from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
+
+Statistics = Tensor | Mapping[str, Any] | list | tuple | int | float
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """How the runner runs a wrapped model: options of the machine, not of the posterior.
+
+    Attributes:
+        max_memory: bytes one chunk of work may hold (``None``: ``posthoc.settings.max_memory`` at call time).
+
+    Example:
+        >>> RunOptions.from_spec([{"name": "laplace", "options": {}, "run": {"max_memory": 2**20}}])
+        RunOptions(max_memory=1048576)
+    """
+
+    max_memory: int | None = None
+
+    def __post_init__(self) -> None:
+        memory_bytes(self.max_memory)
+
+    @classmethod
+    def from_spec(cls, spec: list[dict[str, Any]]) -> RunOptions:
+        """The run options a spec records (``spec[0]["run"]``), or those a file of an earlier release kept among a
+        method's options."""
+        if not spec:
+            return cls()
+        found = dict(spec[0].get("run") or {})
+        for entry in spec:
+            for name in RUN_OPTION_NAMES:
+                if entry.get("options", {}).get(name) is not None:
+                    found.setdefault(name, entry["options"][name])
+        return cls(**{name: found[name] for name in RUN_OPTION_NAMES if name in found})
+
+    def to_spec(self) -> dict[str, Any]:
+        """What a spec records (only the options that differ from the defaults)."""
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+    @contextmanager
+    def scope(self, budget: int | None = None) -> Iterator[None]:
+        """Run the block under ``budget`` bytes (a ``predict`` call's own), else this run's ``max_memory``."""
+        with budget_scope(budget if budget is not None else self.max_memory):
+            yield
+
+
+def split_run_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` of ``wrap`` as (run options, method options).
+
+    Example:
+        >>> split_run_options({"max_memory": 2**20, "hessian": "diag"})
+        ({'max_memory': 1048576}, {'hessian': 'diag'})
+    """
+    run = {k: v for k, v in options.items() if k in RUN_OPTION_NAMES}
+    return run, {k: v for k, v in options.items() if k not in RUN_OPTION_NAMES}
+
+
+def sum_over_ranks(value: Statistics) -> Any:
+    """``value`` (a tensor, a number, or a dict / list / tuple of them) summed over the ranks of ``torch.distributed``;
+    itself in one process. Numbers come back as numbers.
+
+    Example:
+        >>> sum_over_ranks({"count": 3, "sums": [torch.ones(2)]})
+        {'count': 3, 'sums': [tensor([1., 1.])]}
+    """
+    if not distributed.active():
+        return value
+    if isinstance(value, Tensor):
+        return distributed.all_reduce_sum(value)
+    if isinstance(value, Mapping):
+        return {key: sum_over_ranks(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(sum_over_ranks(item) for item in value)
+    if isinstance(value, (bool, int, float)):
+        total = distributed.all_reduce_sum(torch.tensor(float(value), dtype=torch.float64)).item()
+        return type(value)(round(total)) if isinstance(value, int) else total
+    raise TypeError(f"cannot sum a {type(value).__name__} over ranks")
+
+
+def _add(total: Any, part: Any) -> Any:
+    if total is None:
+        return part
+    if isinstance(part, Mapping):
+        return {key: _add(total.get(key), item) for key, item in part.items()}
+    if isinstance(part, (list, tuple)):
+        return type(part)(_add(a, b) for a, b in zip(total, part))
+    return total + part
+
+
+def accumulate(batches: Iterable, step: Callable[..., Statistics], *, device: torch.device | None = None) -> Any:
+    """Sum ``step(x, y)`` over ``batches`` (each moved to ``device`` first), then over ranks: the sufficient
+    statistics of a method's fit, written for one batch.
+
+    Example:
+        >>> accumulate([(torch.ones(2, 1), None)] * 3, lambda x, y: x.sum())
+        tensor(6.)
+    """
+    total = None
+    for batch in batches:
+        x, y = (batch[0], batch[1]) if isinstance(batch, (list, tuple)) and len(batch) > 1 else (batch, None)
+        if device is not None:
+            x = to_device(x, device)
+            y = y.to(device) if isinstance(y, Tensor) else y
+        total = _add(total, step(x, y))
+    return sum_over_ranks(total)
+
+
+def gather_rows(rows: Tensor, dim: int = 0) -> Tensor:
+    """This rank's ``rows`` concatenated with every other rank's, in rank order (``rows`` in one process): held-out
+    predictions that a choice must see whole.
+
+    Example:
+        >>> gather_rows(torch.arange(3)).tolist()
+        [0, 1, 2]
+    """
+    return distributed.gather_cat(rows, dim)
+
+
+def examples_over_ranks(count: int) -> int:
+    """``count`` examples of this rank's shard summed over ranks.
+
+    Example:
+        >>> examples_over_ranks(350)
+        350
+    """
+    return distributed.total_examples(count)
+
+
+def steps_on_every_rank(length: int | None, what: str) -> int | None:
+    """The optimizer steps per epoch that every rank can take (the shortest shard's batches)."""
+    return distributed.common_length(length, what)
+
+
+def average_gradients(parameters: Iterable[Tensor]) -> None:
+    """Average ``.grad`` over ranks in place after a backward (a no-op in one process)."""
+    distributed.average_gradients(parameters)
+
+
+@contextmanager
+def small_dense_work(elements: int, device: torch.device) -> Iterator[None]:
+    """Run a block of ``elements`` float32 temporaries on one thread when it is small work on the CPU (as
+    ``posthoc.settings.narrow_threads`` allows).
+
+    Example:
+        >>> with small_dense_work(600 * 8, torch.device("cpu")):
+        ...     torch.linalg.eigh(torch.eye(4)).eigenvalues.tolist()
+        [1.0, 1.0, 1.0, 1.0]
+    """
+    with single_thread_if(device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+        yield
+
+
+def eigh(matrix: Tensor) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of a symmetric ``matrix``, on one thread when it is small (at most 1,024 rows on the CPU).
+
+    Example:
+        >>> eigh(torch.diag(torch.tensor([2.0, 1.0])))[0].tolist()
+        [1.0, 2.0]
+    """
+    with single_thread_if(matrix.device.type == "cpu" and matrix.shape[-1] <= 1024):
+        return torch.linalg.eigh(matrix)
