@@ -1,5 +1,5 @@
-"""The predict path: the budget reaches the method as an argument, and Laplace's predict runs the model
-once per chunk (no probe forwards)."""
+"""The predict path: the budget reaches the method through the runner's scope (never an argument, never the global
+setting), and Laplace's predict runs the model once per chunk (no probe forwards)."""
 
 from __future__ import annotations
 
@@ -21,16 +21,21 @@ class Recorder(posthoc.Method):
         super().__init__(model)
         self.calls: list[tuple[int, int | None, int]] = []
 
-    def log_predictive(self, x, *, num_samples=None, generator=None, max_memory=None):
-        self.calls.append((x.shape[0], max_memory, posthoc.settings.max_memory))
+    def log_predictive(self, x, *, num_samples=None, generator=None):
+        self.calls.append((x.shape[0], posthoc.settings.memory_budget(), posthoc.settings.max_memory))
         return torch.log_softmax(self.model(x), -1), None
 
 
-def test_the_budget_is_an_argument_not_a_setting() -> None:
+def test_the_budget_is_the_runners_scope_not_a_setting() -> None:
     um = UncertainModel(Recorder(nn.Linear(3, 4)), [])
     setting = posthoc.settings.max_memory
     um.predict(torch.randn(50, 3), max_memory=2**20)
     assert um.method.calls == [(PROBE_EXAMPLES, 2**19, setting), (50 - PROBE_EXAMPLES, 2**19, setting)]
+    assert posthoc.settings.memory_budget() == setting  # the scope ends with the call
+    wrapped = UncertainModel(Recorder(nn.Linear(3, 4)), [{"name": "test-recorder", "options": {},
+                                                          "run": {"max_memory": 2**22}}])
+    wrapped.predict(torch.randn(4, 3))
+    assert wrapped.method.calls == [(4, 2**21, setting)]  # the wrap's max_memory, less the samples' share
 
 
 def test_laplace_predict_runs_the_model_once_per_chunk() -> None:
