@@ -27,7 +27,7 @@ from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.core.registry import available_methods, methods_doc, register
+from posthoc.core.registry import available_methods, register
 from posthoc.engine.selection import Tolerance
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
@@ -40,8 +40,6 @@ from posthoc.ood import Detector, detector
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
 sys.modules[f"{__name__}.settings"] = settings
 sys.modules[f"{__name__}.errors"] = errors
-
-wrap.__doc__ = (wrap.__doc__ or "") + methods_doc()
 
 __version__ = "0.1.0"
 

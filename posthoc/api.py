@@ -128,7 +128,9 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             observation noise fitted at ``fit`` and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
             prediction is a :class:`~posthoc.RegressionPrediction`) or ``"heteroscedastic"`` (outputs ``(N, 2D)``:
             means, then log-variances). Methods that do not handle it refuse here and name those that do.
-        **options: method options; each goes to every method in the chain that accepts it.
+        **options: method options; each goes to every method in the chain that accepts it
+            (``posthoc.available_methods()`` lists every method with its options and defaults, and the docs have a
+            page per method). ``max_memory`` (bytes one chunk of work may hold) is the runner's, for every method.
 
     Returns:
         An :class:`UncertainModel`; call ``.fit(train_loader, val_loader)`` then ``.predict(x)``.

@@ -64,15 +64,3 @@ def method_class(name: str) -> type[Method]:
     if not isinstance(name, str) or name not in REGISTRY:
         raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(method_names())}")
     return REGISTRY[name]
-
-
-def methods_doc() -> str:
-    """A docstring section listing every method ``method=`` takes, with its options and defaults."""
-    lines = ["", "    Methods (options and fit options, with defaults):", ""]
-    for name in method_names():
-        cls = REGISTRY[name]
-        summary = (cls.__doc__ or "").strip().splitlines()[0] if cls.__doc__ else ""
-        options = ", ".join(f"{k}={v!r}" for k, v in cls.option_defaults().items()) or "none"
-        fit_options = ", ".join(f"{k}={v!r}" for k, v in cls.fit_option_defaults().items()) or "none"
-        lines.append(f"    - ``{name}``: {summary} Options: {options}. Fit options: {fit_options}.")
-    return "\n".join(lines) + "\n"
