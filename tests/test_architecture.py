@@ -252,3 +252,115 @@ def test_imports_point_down_and_methods_stay_in_their_folder():
 
 def test_no_function_level_imports():
     assert not _function_level(), f"posthoc modules imported inside functions: {sorted(_function_level())}"
+
+
+# --- the runner owns the cross-cutting concerns; a method is its mathematics (issue "One house, third pass") ---
+
+#: what a method must not carry, read from the source with ``ast``: the runner (``posthoc.engine.runner``) owns them
+MAX_MEMORY_MENTIONS = 10
+
+
+@dataclass(frozen=True)
+class Concern:
+    """One runner concern found in a method's source."""
+
+    module: str
+    line: int
+    what: str
+
+    def __str__(self) -> str:
+        return f"{self.module} (line {self.line}): {self.what}"
+
+
+def runner_concerns(package: Path = PACKAGE) -> tuple[list[Concern], int]:
+    """Every reduction over ranks, thread switch and import-time rewrite in ``methods/``, and the count of
+    ``max_memory`` names there (identifiers, attributes, keywords and string mentions in code)."""
+    found, memory = [], 0
+    methods = package / "methods"
+    for path in sorted(methods.rglob("*.py")):
+        module = ".".join((ROOT, *path.relative_to(package).with_suffix("").parts))
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.module in ("posthoc.core.distributed", "posthoc.core.threads"):
+                found.append(Concern(module, node.lineno, f"imports {node.module}"))
+            elif isinstance(node, ast.ImportFrom) and node.module == "posthoc.core":
+                for alias in node.names:
+                    if alias.name in ("distributed", "threads"):
+                        found.append(Concern(module, node.lineno, f"imports posthoc.core.{alias.name}"))
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name.startswith("torch.distributed"):
+                        found.append(Concern(module, node.lineno, f"imports {alias.name}"))
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in (
+                    "distributed", "dist"):
+                found.append(Concern(module, node.lineno, f"calls {node.value.id}.{node.attr}"))
+            elif isinstance(node, ast.Name) and node.id in ("single_thread_if", "set_num_threads"):
+                found.append(Concern(module, node.lineno, f"switches threads ({node.id})"))
+            elif isinstance(node, ast.Attribute) and node.attr == "set_num_threads":
+                found.append(Concern(module, node.lineno, "switches threads (torch.set_num_threads)"))
+            if (isinstance(node, ast.Name) and node.id == "max_memory") or (
+                    isinstance(node, ast.Attribute) and node.attr == "max_memory") or (
+                    isinstance(node, ast.arg) and node.arg == "max_memory") or (
+                    isinstance(node, ast.keyword) and node.arg == "max_memory"):
+                memory += 1
+    return found, memory
+
+
+def import_time_rewrites(package: Path = PACKAGE) -> list[str]:
+    """Module-level assignments to ``sys.modules[...]`` or to a ``__doc__`` in the package: rewriting at import time (a
+    function that loads a user's model file may register it in ``sys.modules`` when called)."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for node in ast.parse(path.read_text(), filename=str(path)).body:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
+                node, (ast.AugAssign, ast.AnnAssign)) else []
+            for target in targets:
+                text = ast.unparse(target)
+                if text.startswith("sys.modules[") or text.endswith(".__doc__"):
+                    found.append(f"{path.relative_to(package)} (line {node.lineno}): {text} = ...")
+    return found
+
+
+def test_the_runner_rules_catch_a_concern_put_back(tmp_path: Path):
+    files = {
+        "methods/__init__.py": "",
+        "methods/good/__init__.py": "from posthoc.engine.runner import sum_over_ranks\n",
+        "methods/bad/method.py": (
+            "from posthoc.core import distributed, settings\n"
+            "from posthoc.core.threads import single_thread_if\n"
+            "import torch\n"
+            "def fit(stats, max_memory=None):\n"
+            "    stats = distributed.all_reduce_sum(stats)\n"
+            "    torch.set_num_threads(1)\n"
+            "    return settings.memory_budget(max_memory)\n"
+        ),
+        "api.py": "import sys\nfrom posthoc.core import settings\nsys.modules['posthoc.settings'] = settings\n"
+                  "def wrap():\n    pass\nwrap.__doc__ = 'more'\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    found, memory = runner_concerns(tmp_path)
+    assert [str(c) for c in found] == [
+        "posthoc.methods.bad.method (line 1): imports posthoc.core.distributed",
+        "posthoc.methods.bad.method (line 2): imports posthoc.core.threads",
+        "posthoc.methods.bad.method (line 5): calls distributed.all_reduce_sum",
+        "posthoc.methods.bad.method (line 6): switches threads (torch.set_num_threads)",
+    ] and memory == 2
+    assert import_time_rewrites(tmp_path) == ["api.py (line 3): sys.modules['posthoc.settings'] = ...",
+                                              "api.py (line 6): wrap.__doc__ = ..."]
+
+
+def test_methods_carry_no_ranks_or_threads():
+    found, _ = runner_concerns()
+    assert not found, "runner concerns in posthoc/methods/ (use posthoc.engine.runner):\n" + "\n".join(map(str, found))
+
+
+def test_methods_barely_mention_the_memory_budget():
+    _, memory = runner_concerns()
+    assert memory <= MAX_MEMORY_MENTIONS, (f"{memory} mentions of max_memory in posthoc/methods/ (at most "
+                                           f"{MAX_MEMORY_MENTIONS}): the runner's budget scope plans the chunks")
+
+
+def test_nothing_is_rewritten_at_import_time():
+    assert not import_time_rewrites(), "\n".join(import_time_rewrites())

@@ -40,8 +40,19 @@ def may_narrow() -> bool:
     """
     policy = settings.thread_policy()
     if policy == "auto" and policy is not True:
-        return threading.active_count() == 1
+        return not other_threads()
     return bool(policy)
+
+
+def other_threads() -> list[threading.Thread]:
+    """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot).
+
+    Example:
+        >>> other_threads()
+        []
+    """
+    here = threading.current_thread()
+    return [t for t in threading.enumerate() if t is not here and type(t).__name__ != "TMonitor"]
 
 
 @contextmanager
