@@ -1,8 +1,13 @@
-"""A griffe extension for the docs site: read a docstring's ``Example:`` section as Google style's ``Examples:``.
+"""A griffe extension for the docs site: read posthoc's docstrings as the Google style the site renders.
 
-posthoc's docstrings title their doctests ``Example:``, which Google style (as griffe parses it) takes for an
-admonition whose body is Markdown, where ``>>>`` would become nested block quotes. Renaming the section while the
-docs are built renders them as code, without touching the docstrings that ``--doctest-modules`` runs.
+Applied to every docstring while the docs are built (the docstrings themselves, which ``--doctest-modules`` runs,
+are left as they are):
+
+- an ``Example:`` section becomes Google style's ``Examples:``, rendered as code (as an admonition its ``>>>``
+  lines would be Markdown block quotes);
+- an ``Options:`` section (a method's options, its keyword-only ``__init__`` arguments) becomes ``Other
+  Parameters:``, rendered as a table of names and descriptions;
+- Sphinx roles (``:class:`~posthoc.x.Y```, ``:func:`f```, ...) become code spans (``Y``, ``f``).
 """
 
 from __future__ import annotations
@@ -13,11 +18,25 @@ from typing import Any
 import griffe
 
 _EXAMPLE = re.compile(r"^(\s*)Example:[ \t]*$", re.MULTILINE)
+_OPTIONS = re.compile(r"^(\s*)Options:[ \t]*$", re.MULTILINE)
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|attr|data|obj|exc|const):`(~?)([^`]+)`")
+
+
+def _role(match: re.Match[str]) -> str:
+    target = match.group(2)
+    return f"`{target.rsplit('.', 1)[-1] if match.group(1) else target}`"
+
+
+def markdown_docstring(text: str) -> str:
+    """``text`` with the rewrites of the module docs."""
+    text = _EXAMPLE.sub(r"\1Examples:", text)
+    text = _OPTIONS.sub(r"\1Other Parameters:", text)
+    return _ROLE.sub(_role, text)
 
 
 class ExamplesSection(griffe.Extension):
-    """Rename ``Example:`` section titles to ``Examples:`` in every docstring griffe loads."""
+    """Rewrite every docstring griffe loads with :func:`markdown_docstring`."""
 
     def on_instance(self, *, obj: griffe.Object, **kwargs: Any) -> None:
         if obj.docstring is not None:
-            obj.docstring.value = _EXAMPLE.sub(r"\1Examples:", obj.docstring.value)
+            obj.docstring.value = markdown_docstring(obj.docstring.value)
