@@ -138,3 +138,18 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
                           env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "entry-points" / "index.html").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("griffe") is None,
+                    reason="griffe (from mkdocstrings[python]) is not installed")
+def test_the_site_reads_examples_options_and_roles_as_google_style() -> None:
+    sys.path.insert(0, str(ROOT / "tools"))
+    try:
+        from griffe_examples import markdown_docstring
+    finally:
+        sys.path.remove(str(ROOT / "tools"))
+    text = "Built by :meth:`algorithm`, see :mod:`~posthoc.engine.selection`.\n\nOptions:\n    p: a rate.\n\n" \
+           "Example:\n    >>> 1 + 1\n    2\n"
+    assert markdown_docstring(text) == ("Built by `algorithm`, see `selection`.\n\n"
+                                        "Other Parameters:\n    p: a rate.\n\nExamples:\n    >>> 1 + 1\n    2\n")
+    assert markdown_docstring("Fit options: ``epochs``.") == "Fit options: ``epochs``."  # prose stays prose
