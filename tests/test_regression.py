@@ -288,7 +288,7 @@ def test_variational_methods_predict_a_mixture_around_sampled_outputs_with_a_hel
     torch.testing.assert_close(loaded.variance, pred.variance, rtol=0, atol=0)
 
 
-# ------------------------------------------------------------------------------ the README's (N,) outputs
+# ------------------------------------------------------------ the (N,) outputs that docs/regression.md promises
 class _Squeezed(nn.Module):
     """A regressor whose forward ends in ``.squeeze(-1)``: outputs ``(N,)``, its body's ``(N, 1)`` with the axis dropped."""
 
@@ -312,9 +312,9 @@ SQUEEZED_CASES = [
 @pytest.mark.parametrize(("method", "options", "fit_options"), SQUEEZED_CASES,
                          ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o, _ in SQUEEZED_CASES])
 def test_a_regressor_of_shape_n_predicts_as_its_n_by_1_body(method: str, options: dict, fit_options: dict) -> None:
-    """The README promises ``(N,)`` outputs: a model ending in ``.squeeze(-1)`` gets the same predictive, to the bit, as
-    the same network returning ``(N, 1)`` (was: subset Laplace raised MSELoss's ValueError, last-layer Laplace, VI and
-    others HeadNotFoundError whatever head was named)."""
+    """docs/regression.md promises ``(N,)`` outputs: a model ending in ``.squeeze(-1)`` gets the same predictive, to the
+    bit, as the same network returning ``(N, 1)`` (was: subset Laplace raised MSELoss's ValueError, last-layer Laplace,
+    VI and others HeadNotFoundError whatever head was named)."""
     body, loader, x = _trained_mlp()
     flat = DataLoader(TensorDataset(loader.dataset.tensors[0], loader.dataset.tensors[1][:, 0]), batch_size=50)
     unprefixed = {key: [name.removeprefix("body.") for name in value] if isinstance(value, list) else value
