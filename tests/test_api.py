@@ -137,10 +137,11 @@ def test_binary_single_logit_classifier():
 class _SqueezedLogit(nn.Module):
     """A binary classifier whose forward ends in ``.squeeze(-1)``: one logit per example, shape ``(N,)``."""
 
-    def __init__(self) -> None:
+    def __init__(self, batchnorm: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.body = nn.Sequential(nn.Linear(3, 8), nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1))
+        norm = [nn.BatchNorm1d(8)] if batchnorm else []  # for mc-batchnorm, which samples BatchNorm statistics
+        self.body = nn.Sequential(nn.Linear(3, 8), *norm, nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x).squeeze(-1)
@@ -154,8 +155,9 @@ def test_a_binary_classifier_of_one_squeezed_logit_predicts_two_classes_or_is_re
     x = torch.randn(80, 3, generator=torch.Generator().manual_seed(1))
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
     loader = [(x[:40], y[:40]), (x[40:], y[40:])]
-    fit_options = {"epochs": 1} if "epochs" in posthoc.wrap(_SqueezedLogit(), method=method).method.fit_option_defaults() else {}
-    um = posthoc.wrap(_SqueezedLogit(), method=method)
+    net = _SqueezedLogit(batchnorm=method == "mc-batchnorm")
+    fit_options = {"epochs": 1} if "epochs" in posthoc.wrap(net, method=method).method.fit_option_defaults() else {}
+    um = posthoc.wrap(net, method=method)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if method == "laplace":

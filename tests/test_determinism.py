@@ -17,7 +17,8 @@ SCRIPT = textwrap.dedent("""
     results = {}
     for method in sorted(set(posthoc.available_methods()) - refuse_toy_set):
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
+        norm = [nn.BatchNorm1d(16)] if method == "mc-batchnorm" else []  # it samples BatchNorm statistics
+        model = nn.Sequential(nn.Linear(4, 16), *norm, nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
         x = torch.randn(96, 4)
         y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()
         loader = DataLoader(TensorDataset(x, y), batch_size=32)

@@ -66,9 +66,14 @@ def _names(known_breaches: dict[str, str] | None = None) -> list[Any]:
     return params
 
 
-def _model(classes: int = CLASSES) -> nn.Module:
+#: methods that need a layer the toy model lacks otherwise (mc-batchnorm samples BatchNorm statistics)
+NEEDS_BATCHNORM = {"mc-batchnorm"}
+
+
+def _model(classes: int = CLASSES, batchnorm: bool = False) -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(FEATURES, 16), nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, classes)).eval()
+    norm = [nn.BatchNorm1d(16)] if batchnorm else []
+    return nn.Sequential(nn.Linear(FEATURES, 16), *norm, nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, classes)).eval()
 
 
 def _data(classes: int = CLASSES) -> tuple[DataLoader, torch.Tensor]:
@@ -81,7 +86,7 @@ def _data(classes: int = CLASSES) -> tuple[DataLoader, torch.Tensor]:
 
 def _fitted(name: str) -> tuple[posthoc.UncertainModel, nn.Module, torch.Tensor]:
     classes = 2 if name in BINARY else CLASSES
-    model, (loader, x) = _model(classes), _data(classes)
+    model, (loader, x) = _model(classes, batchnorm=name in NEEDS_BATCHNORM), _data(classes)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # e.g. auto calibration keeping the identity on so few errors
         um = posthoc.wrap(model, method=name, **SMALL.get(name, {}))
@@ -170,9 +175,9 @@ def test_method_refuses_a_bad_option_by_name(name: str) -> None:
     if option is None:
         pytest.skip(f"'{name}' has no numeric option")
     with pytest.raises(posthoc.PosthocError, match=option):
-        posthoc.wrap(_model(), method=name, **{option: "bad"})
+        posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, **{option: "bad"})
     with pytest.raises(posthoc.ConfigError, match="not_an_option"):
-        posthoc.wrap(_model(), method=name, not_an_option=1)
+        posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, not_an_option=1)
 
 
 # ---------------------------------------------------------------- calibrators

@@ -24,7 +24,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core import distributed
 from posthoc.core.errors import InputError
-from posthoc.core.inputs import Inputs, run_model_with
+from posthoc.core.inputs import Inputs, run_model, run_model_with
 from posthoc.core.modules import eval_mode
 from posthoc.engine.hooks import hooked
 
@@ -152,3 +152,47 @@ def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: It
         for key, value in stats.items():
             buffers[key].copy_(value)
     return model
+
+
+def normalise_groups(layer: _BatchNorm, z: Tensor, mean: Tensor, var: Tensor) -> Tensor:
+    """``layer``'s BatchNorm of ``z`` (rows ``(G, n, C, ...)``) with per-group statistics ``mean, var`` ``(G, C)``: each
+    group of rows normalised as ``layer`` would in eval mode with that group's statistics as its running ones.
+
+    Example:
+        >>> layer = nn.BatchNorm1d(2).eval()
+        >>> z = torch.randn(3, 5, 2)
+        >>> torch.allclose(normalise_groups(layer, z, torch.zeros(3, 2), torch.ones(3, 2))[1], layer(z[1]))
+        True
+    """
+    g, weight, bias = mean.shape[0], layer.weight, layer.bias  # the groups side by side as G x C channels
+    flat = torch.nn.functional.batch_norm(z.transpose(0, 1).flatten(1, 2), mean.flatten().to(z.dtype),
+                                          var.flatten().to(z.dtype), None if weight is None else weight.repeat(g),
+                                          None if bias is None else bias.repeat(g), False, 0.0, layer.eps)
+    return flat.unflatten(1, (g, -1)).transpose(0, 1)
+
+
+def per_batch_statistics(model: nn.Module, batches: Iterable[Inputs]) -> tuple[Tensor, Tensor]:
+    """Every BatchNorm layer's input mean and unbiased variance over each batch, each layer normalising with its
+    batch's statistics as it does in training (``(S, channels of all layers)`` each). The statistics Monte Carlo
+    BatchNorm samples (``posthoc.methods.mc_batchnorm``); the variance is unbiased, as torch-uncertainty's.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).eval()
+        >>> means, variances = per_batch_statistics(net, [torch.randn(8, 3), torch.randn(8, 3)])
+        >>> means.shape, variances.shape
+        (torch.Size([2, 4]), torch.Size([2, 4]))
+    """
+    layers, found = list(batchnorm_layers(model).values()), []
+
+    def record(layer: _BatchNorm, args: tuple, output: Tensor) -> Tensor:
+        z = args[0].transpose(0, 1).flatten(1)  # (C, rows x positions)
+        found.append((z.mean(1), z.var(1, unbiased=True)))
+        return normalise_groups(layer, args[0][None], found[-1][0][None], found[-1][1][None])[0]
+
+    stats = []
+    with torch.no_grad(), eval_mode(model), hooked([(layer, "output", record) for layer in layers]):
+        for x in batches:
+            found.clear()
+            run_model(model, x)
+            stats.append([torch.cat(column) for column in zip(*found)])
+    return torch.stack([m for m, _ in stats]), torch.stack([v for _, v in stats])

@@ -1,0 +1,131 @@
+"""``"mc-batchnorm"``: Monte Carlo Batch Normalisation (Teye, Azizpour & Smith, ICML 2018).
+
+A network trained with BatchNorm saw the statistics of a random mini-batch at every step. Predicting with those of
+``S`` random training mini-batches of size ``b`` draws ``S`` networks, whose softmax outputs are averaged: sample
+``s`` normalises each BatchNorm input ``z`` as ``(z - μ_s) / sqrt(σ²_s + ε) · γ + β``, ``μ_s, σ²_s`` the per-channel
+mean and unbiased variance of that layer's input over mini-batch ``s`` (each layer normalising with them, as in
+training; torch-uncertainty's ``MCBatchNorm`` rule). Smaller batches spread the samples more: ``b`` is chosen on
+held-out data by the selection step among :data:`BATCH_SIZES` and the plain model. No weight changes.
+
+Example:
+    >>> um = posthoc.wrap(bn_model, method="mc-batchnorm", num_samples=4).fit(train_loader, val_loader)
+    >>> um.predict(x).samples.shape[0]
+    4
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import torch
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
+
+from posthoc.core.checks import positive_int
+from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.inputs import Inputs, run_model, split_batch, to_device
+from posthoc.core.logits import class_log_probs, log_mean_exp
+from posthoc.core.method import LogPredictive, Method
+from posthoc.core.modules import eval_mode
+from posthoc.core.registry import register
+from posthoc.engine.bn_refresh import batchnorm_layers, normalise_groups, per_batch_statistics
+from posthoc.engine.hooks import hooked
+from posthoc.engine.suffix import SuffixRunner
+
+#: mini-batch sizes the selection step tries, from the narrowest spread (the largest batch) to the widest
+BATCH_SIZES = (128, 64, 32, 16)
+
+
+@register
+class MCBatchNorm(Method):
+    """Monte Carlo BatchNorm (Teye et al. 2018) on a classifier with BatchNorm layers.
+
+    Options: ``num_samples`` (``S`` mini-batches), ``batch_size`` (``b``, or ``"auto"``: chosen on ``val_loader``,
+    else 32) and ``seed`` (of the mini-batch draws).
+    """
+
+    name = "mc-batchnorm"
+
+    def __init__(self, model: nn.Module, *, num_samples: int = 16, batch_size: int | str = "auto",
+                 seed: int = 0) -> None:
+        super().__init__(model)
+        self.num_samples, self.seed = positive_int(num_samples, "num_samples"), int(seed)
+        if batch_size != "auto" and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 2):
+            raise ConfigError(f"batch_size must be an integer of at least 2 or 'auto', got {batch_size!r}")
+        self.sizes = BATCH_SIZES if batch_size == "auto" else (batch_size,)
+        self.layers = list(batchnorm_layers(model).values())
+        if not self.layers:
+            raise ConfigError("mc-batchnorm samples the statistics of BatchNorm layers and this model has none: use "
+                              "method='mc-dropout', 'laplace' or 'auto' instead")
+        channels = sum(layer.num_features for layer in self.layers)
+        self.register_buffer("means", torch.zeros(len(self.sizes), self.num_samples, channels))
+        self.register_buffer("variances", torch.ones(len(self.sizes), self.num_samples, channels))
+        self.register_buffer("chosen", torch.tensor(-1 if batch_size == "auto" else 0))  # -1: the plain model
+        self.runner = SuffixRunner(model, next(n for n, m in model.named_modules() if m is self.layers[0]))
+
+    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
+        """Draw ``S`` mini-batches of each candidate size from the training data and keep their statistics."""
+        rows = []
+        for batch in train_loader:  # enough rows for S mini-batches of the largest size
+            rows.append(split_batch(batch, require_labels=False)[0])
+            if sum(map(len, rows)) >= self.num_samples * max(self.sizes):
+                break
+        if len(pool := torch.cat(rows)) < min(self.sizes):
+            raise InputError(f"mc-batchnorm needs at least {min(self.sizes)} training examples, got {len(pool)}")
+        generator = torch.Generator().manual_seed(self.seed)
+        for k, size in enumerate(self.sizes):
+            draws = [torch.randperm(len(pool), generator=generator)[:size] for _ in range(self.num_samples)]
+            means, variances = per_batch_statistics(self.model, [to_device(pool[i], self.device) for i in draws])
+            self.means[k], self.variances[k] = means, variances
+        if self.chosen < 0:
+            self.chosen.fill_(self.sizes.index(32))  # until (or without) a held-out choice
+        super().fit(train_loader, val_loader, progress=progress)
+
+    @property
+    def makes_choice(self) -> bool:  # type: ignore[override]  # batch_size="auto"
+        return len(self.sizes) > 1
+
+    def choose(self, held_out, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """The mini-batch size by the selection step, from the plain model (the running statistics) to the smallest."""
+        candidates = [("plain", -1), *[(f"b={size}", k) for k, size in enumerate(self.sizes)]]
+
+        def scores(index: int):
+            k = candidates[index][1]
+            return held_out.plain if k < 0 else held_out.scores(lambda x, g: self._sampled(x, k, self.num_samples)[0])
+
+        with torch.no_grad(), eval_mode(self.model):
+            selection = held_out.select(candidates, scores, knob="mini-batch size", walk=True)
+        self.record_selection(selection)
+        self.chosen.fill_(selection.value)
+
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
+        if int(self.chosen) < 0:
+            return class_log_probs(run_model(self.model, x)), None
+        return self._sampled(x, int(self.chosen), num_samples or self.num_samples)
+
+    def _sampled(self, x: Inputs, k: int, num_samples: int) -> LogPredictive:
+        logits = self.runner(x, num_samples, stochastic=lambda: self._normalising(k))  # (S, N, C)
+        samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, logits.shape[:2])
+        return log_mean_exp(samples, 0), samples
+
+    @contextmanager
+    def _normalising(self, k: int) -> Iterator[None]:
+        """BatchNorm layers normalise each sample's rows with that sample's statistics (samples are sample-major)."""
+        ends = torch.tensor([layer.num_features for layer in self.layers]).cumsum(0).tolist()
+
+        def hook(layer: _BatchNorm, args: tuple, output: Tensor) -> Tensor:
+            end, layout = ends[self.layers.index(layer)], self.runner.layout
+            picks, channels = torch.arange(layout.first, layout.first + layout.samples), slice(end - layer.num_features, end)
+            z, picks = args[0].unflatten(0, (layout.samples, -1)), picks % self.num_samples
+            return normalise_groups(layer, z, self.means[k, picks, channels], self.variances[k, picks, channels]).flatten(0, 1)
+
+        with hooked([(layer, "output", hook) for layer in self.layers]):
+            yield
+
+    def summary(self) -> dict:
+        """The samples, the chosen mini-batch size (``None``: the plain model) and the BatchNorm layers sampled."""
+        chosen = int(self.chosen)
+        return {"num_samples": self.num_samples, "batch_size": None if chosen < 0 else self.sizes[chosen],
+                "batchnorm_layers": len(self.layers)}
