@@ -51,7 +51,6 @@ INSTALL_HINT = "pip install 'posthoc[lightning]'  (or: pip install 'lightning>=2
 try:
     import lightning.pytorch as pl
     from lightning.pytorch.utilities import rank_zero_warn
-    from lightning.pytorch.utilities.model_helpers import is_overridden
 except ImportError as err:  # the optional extra is not installed (or is broken)
     raise MissingDependencyError(f"posthoc.lightning needs the lightning package, which could not be imported "
                                  f"({err}): {INSTALL_HINT}") from err
@@ -392,4 +391,4 @@ class PosthocCallback(pl.Callback):
         trainer.strategy.barrier("posthoc-saved")
         self.uncertain_model, self.posterior_path, self.checkpoint_path = um, path, checkpoint
 
-__all__ = ["PosthocCallback", "network_of", "INSTALL_HINT"]
+__all__ = ["INSTALL_HINT", "PosthocCallback", "network_of"]
