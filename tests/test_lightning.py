@@ -35,7 +35,11 @@ pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.fil
 
 class EpochZeroBest(recipe.LitDigits):
     """Logs the epoch as the monitored metric, so that ``mode="min"`` keeps epoch 0 as the best checkpoint while
-    training goes on: the trained weights and the best checkpoint's differ."""
+    training goes on: the trained weights and the best checkpoint's differ. It defines ``forward``, so the
+    network posthoc wraps is the module itself."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
 
     def validation_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> None:
         super().validation_step(batch, batch_idx)
@@ -79,7 +83,7 @@ def _trainer(root: Path, callbacks: list, **kwargs) -> pl.Trainer:
 
 
 def test_fit_on_the_best_checkpoint_saves_beside_it_and_restores(data: recipe.DigitsData, tmp_path: Path) -> None:
-    # the network: the module's only child, net; no perturbed copies of the held-out data (faster)
+    # the network: the module itself (it defines forward); no perturbed copies of the held-out data (faster)
     callback = PosthocCallback(method=["laplace", "temperature"], fit_options={"shift": None})
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="epoch_index", mode="min",
                                                save_top_k=-1)
@@ -92,18 +96,20 @@ def test_fit_on_the_best_checkpoint_saves_beside_it_and_restores(data: recipe.Di
     um = callback.uncertain_model
     assert um.is_fitted and um.methods == ["laplace", "temperature"]
     assert (um.fit_record.train_examples, um.fit_record.val_examples) == (400, 200)  # the datamodule's loaders
+    assert type(um.method.base_model) is EpochZeroBest and um.method.base_model is not module  # epoch 0's copy
+    assert um.method.base_model._trainer is None  # the copy left the trainer behind
 
     x = data.splits["test"][0]
     restored = PosthocCallback.restore(best, EpochZeroBest)
     torch.testing.assert_close(restored.predict(x).probs, um.predict(x).probs, atol=SAME_MODEL_ATOL, rtol=0)
     # the two-line route is the same
-    net = EpochZeroBest.load_from_checkpoint(best).net
+    net = EpochZeroBest.load_from_checkpoint(best)
     by_hand = posthoc.load(PosthocCallback.posterior_path_for(best), net)
     torch.testing.assert_close(by_hand.predict(x).probs, um.predict(x).probs, atol=SAME_MODEL_ATOL, rtol=0)
 
     # the posterior belongs to epoch 0's weights: not to the trained ones, not to epoch 1's checkpoint
     with pytest.raises(posthoc.PosteriorFileError, match="different model"):
-        posthoc.load(callback.posterior_path, module.net)
+        posthoc.load(callback.posterior_path, module)
     last = next(path for path in (tmp_path / "ckpt").glob("epoch=1*.ckpt"))
     with pytest.raises(posthoc.PosteriorFileError, match="different model"):
         PosthocCallback.restore(last, EpochZeroBest, posterior_path=callback.posterior_path)
@@ -179,8 +185,9 @@ def test_the_network_must_be_found(data: recipe.DigitsData, tmp_path: Path) -> N
     with pytest.raises(posthoc.ConfigError, match=r"holds 2 \(net, aux\).*model_attr='net'"):
         trainer.fit(TwoNetworks(), datamodule=data)
     assert trainer.global_step == 0
-    with_forward = WithForward()
-    assert network_of(with_forward) is with_forward and network_of(TwoNetworks(), "aux").out_features == 1
+    with_forward, only_child = WithForward(), recipe.LitDigits()
+    assert network_of(with_forward) is with_forward and network_of(only_child) is only_child.net
+    assert network_of(TwoNetworks(), "aux").out_features == 1
 
 
 # ------------------------------------------------------------------------------------------ the optional extra
