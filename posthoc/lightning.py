@@ -263,7 +263,9 @@ class PosthocCallback(pl.Callback):
             module_cls: the ``LightningModule`` class; ``module_cls.load_from_checkpoint`` builds it.
             model_attr: as given to the callback.
             posterior_path: the posterior file (default :meth:`posterior_path_for` of the checkpoint).
-            **load_options: passed to ``load_from_checkpoint`` (``map_location``, constructor arguments).
+            **load_options: passed to ``load_from_checkpoint``: constructor arguments the checkpoint's
+                hyperparameters lack, ``map_location`` (Lightning puts the weights back on the device they were
+                saved from where it exists, else on the CPU; the fitted model follows them).
 
         Example:
             >>> PosthocCallback.restore("missing.ckpt", pl.LightningModule)
