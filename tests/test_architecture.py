@@ -1,9 +1,9 @@
 """The package's import structure, read from the source with ``ast`` (every import statement, at any depth).
 
 Layers, bottom to top: ``core`` < ``engine`` < ``methods`` < (``api``, ``calibrate``, ``guarantees``,
-``loading``, ``ood``, ``shift``) < ``evaluation`` < (``demo``, ``cli``); ``posthoc/__init__.py`` gathers the
-public API and is exempt as an importer (as an import target it sits in the top layer). Imports point down or
-stay in their layer; a method (``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, itself and
+``loading``, ``ood``, ``shift``) < ``evaluation`` < (``demo``, ``cli``, ``lightning``); ``posthoc/__init__.py``
+gathers the public API and is exempt as an importer (as an import target it sits in the top layer). Imports point
+down or stay in their layer; a method (``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, itself and
 the methods it is declared to build on (:data:`BUILDS_ON`); no import circle between modules, and none between
 the subpackages either (two packages of one layer must not import each other); no import of posthoc inside a
 function.
@@ -18,7 +18,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "posthoc"
 ROOT = "posthoc"
 LAYERS = {"core": 0, "engine": 1, "methods": 2, "api": 3, "calibrate": 3, "guarantees": 3, "loading": 3, "shift": 3,
-          "ood": 3, "evaluation": 4, "demo": 5, "cli": 5}
+          "ood": 3, "evaluation": 4, "demo": 5, "cli": 5, "lightning": 5}
 TOP = max(LAYERS.values())
 #: the other methods a method is made of, imported by name: MultiSWAG is an ensemble of SWAG runs
 BUILDS_ON = {"ensemble": {"swag"}}

@@ -47,6 +47,10 @@ class NumericalError(PosthocError, RuntimeError):
     """A computation produced NaN or inf and no safe recovery exists."""
 
 
+class MissingDependencyError(PosthocError, ImportError):
+    """An optional extra that a feature needs is not installed (the message names the ``pip install``)."""
+
+
 def exit_status(run: Callable[[], object]) -> int:
     """Run a command-line job: ``0`` on success; a posthoc error is printed as ``error: ...`` and gives ``2``.
 
