@@ -107,6 +107,8 @@ class StageLine:
         count = f"{self.n}/{self.total}" if self.total is not None and self.total != self.n else f"{self.n}"
         fields = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in self.postfix.items())
         stream = sys.stderr if self.stream is None else self.stream
+        if stream is sys.stderr and sys.stdout is not None:
+            sys.stdout.flush()  # what was printed before the stage ends comes first when both go to one file
         elapsed = time.perf_counter() - self.start
         print(f"[posthoc] {self.desc or 'done'}: {count} {self.unit} in {elapsed:.1f} s" + (f" ({fields})" if fields else ""),
               file=stream, flush=True)
