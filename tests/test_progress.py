@@ -99,9 +99,10 @@ def test_a_redirected_cli_run_leaves_no_carriage_return(tmp_path: Path, digits: 
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log_path.open("w") as log:
         done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=300)
-    text = log_path.read_text()
+    raw = log_path.read_bytes()  # bytes: reading as text would turn each \r into a newline
+    text = raw.decode()
     assert done.returncode == 0, text
-    assert "\r" not in text
+    assert b"\r" not in raw, text
     stages = [line for line in text.splitlines() if line.startswith("[posthoc] ") and " batches in " in line]
     assert stages, f"the run printed no stage line, so no loop reported progress:\n{text}"
     assert any(line.startswith("[posthoc] evaluate: ") for line in stages)

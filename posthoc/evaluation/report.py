@@ -61,6 +61,7 @@ class Report:
     bins, ``smooth_ece`` without bins (relplot's smECE); two selective-prediction areas: ``aurc`` (risk against
     coverage) and ``augrc`` (the generalized risk, accepted and wrong, against coverage); see
     :mod:`posthoc.evaluation.metrics`.
+
     ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual information
     (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
     ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per
