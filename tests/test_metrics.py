@@ -69,12 +69,23 @@ def test_ood_auroc():
 # ---------------------------------------------------------------- smooth ECE, adaptive ECE, AUGRC against their peers
 
 
+def _mixed_predictions(n: int, seed: int, c: int = 10) -> tuple[torch.Tensor, torch.Tensor]:
+    """Seeded predictions, overconfident on half the examples and underconfident on the other half: bins then
+    differ in the sign of their gap, so that binnings differ (with one sign everywhere every binning's ECE is
+    ``|mean(confidence - correct)|``)."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, c, generator=generator, dtype=torch.float64) * 3
+    sharpness = torch.where(torch.arange(n) % 2 == 0, 0.6, 1.6).double()[:, None]
+    labels = torch.multinomial((logits * sharpness).softmax(-1), 1, generator=generator).squeeze(-1)
+    return logits.softmax(-1), labels
+
+
 @pytest.mark.parametrize("n, seed", [(37, 0), (500, 1), (2000, 2), (5000, 3)])
 def test_smooth_ece_matches_relplot(n, seed):
     """The same algorithm as relplot's smECE step by step (grids, bisection); only the convolution differs (FFT
     against numpy's direct sum), so the values agree far inside the 1e-3 the issue asks for."""
-    probs, labels = _random_predictions(n=n, seed=seed)
-    confidence, correct = relplot.multiclass_logits_to_confidences(probs.double().numpy(), labels.numpy(), probs=True)
+    probs, labels = _mixed_predictions(n=n, seed=seed)
+    confidence, correct = relplot.multiclass_logits_to_confidences(probs.numpy(), labels.numpy(), probs=True)
     theirs = float(relplot.smECE(confidence, correct))
     ours = metrics.smooth_ece(probs, labels)
     assert ours == pytest.approx(theirs, abs=1e-6)
@@ -94,7 +105,7 @@ def test_smooth_ece_matches_relplot_on_calibrated_and_on_tied_confidences():
 
 def test_smooth_ece_rows_are_independent_of_their_batch():
     """Rows bisect their own bandwidths: one batch gives each row the value it gets alone."""
-    probs, labels = _random_predictions(n=400, seed=5)
+    probs, labels = _mixed_predictions(n=400, seed=5)
     confidence, predicted = probs.double().max(-1)
     correct = (predicted == labels).double()
     index = torch.randint(400, (6, 400), generator=torch.Generator().manual_seed(0))
@@ -108,7 +119,7 @@ def test_smooth_ece_rows_are_independent_of_their_batch():
 def test_adaptive_ece_matches_torch_uncertainty_and_numpy(seed):
     """Oracles: torch-uncertainty's AdaptiveCalibrationError (it computes in float32, hence 1e-6) and a
     direct numpy computation over ``numpy.array_split`` of the confidence-sorted examples (float64, 1e-12)."""
-    probs, labels = _random_predictions(n=1003, seed=seed)  # 1003 = 15 * 66 + 13: bins of 67 and 66 examples
+    probs, labels = _mixed_predictions(n=1003, seed=seed)  # 1003 = 15 * 66 + 13: bins of 67 and 66 examples
     ours = metrics.adaptive_ece(probs, labels, bins=15)
     peer = AdaptiveCalibrationError(task="multiclass", num_bins=15, norm="l1", num_classes=10)
     peer.update(probs, labels)
@@ -127,8 +138,7 @@ def test_augrc_matches_torch_uncertainty(n, seed):
     the trapezoid rule and divides by the span 1 - 1/N; posthoc averages g_k as it averages the risk in AURC. The
     two are tied exactly: ours = theirs * (1 - 1/N) + (g_1 + g_N) / (2N), up to torch-uncertainty's float32 coverage
     grid (1e-6)."""
-    probs, labels = _random_predictions(n=n, seed=seed)
-    probs = probs.double()
+    probs, labels = _mixed_predictions(n=n, seed=seed)
     peer = AUGRC()
     peer.update(probs, labels)
     theirs = float(peer.compute())
