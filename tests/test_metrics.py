@@ -7,9 +7,9 @@ import torch
 from torch_uncertainty.metrics.classification import AUGRC, AdaptiveCalibrationError
 from torchmetrics.functional.classification import multiclass_calibration_error
 
+from posthoc.core.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.evaluation.smooth_ece import smooth_ece_rows
-from posthoc.core.errors import InputError
 
 
 def _random_predictions(n=2000, c=10, seed=0):
@@ -112,7 +112,7 @@ def test_smooth_ece_rows_are_independent_of_their_batch():
     together = smooth_ece_rows(confidence[index], correct[index])
     alone = [metrics.smooth_ece(probs[row], labels[row]) for row in index]
     assert together.tolist() == pytest.approx(alone, abs=1e-12)
-    assert len(set(round(v, 6) for v in alone)) == 6  # the resamples differ, so the rows are not trivially equal
+    assert len({round(v, 6) for v in alone}) == 6  # the resamples differ, so the rows are not trivially equal
 
 
 @pytest.mark.parametrize("seed", [0, 1])

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_recipes import FACTORY_SOURCE, _write_images
 from tqdm import tqdm as std_tqdm
 
 import posthoc
 from posthoc.core import progress
 from posthoc.core.inputs import iterate
 from posthoc.demo import data
-from test_recipes import FACTORY_SOURCE, _write_images
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -72,9 +72,8 @@ def test_progress_false_and_the_setting_silence_it(stream: type) -> None:
         bar.close()
     assert out.getvalue() == ""
     assert posthoc.settings.progress is True  # restored after the override
-    with pytest.raises(posthoc.ConfigError, match="True or False"):
-        with posthoc.settings.override(progress=1):
-            pass
+    with pytest.raises(posthoc.ConfigError, match="True or False"), posthoc.settings.override(progress=1):
+        pass
 
 
 def test_the_loader_loop_reports_through_the_helper(capsys: pytest.CaptureFixture) -> None:
@@ -98,7 +97,8 @@ def test_a_redirected_cli_run_leaves_no_carriage_return(tmp_path: Path, digits: 
                "--out", str(tmp_path / "report")]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log_path.open("w") as log:
-        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=300)
+        done = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
+                              timeout=300)
     raw = log_path.read_bytes()  # bytes: reading as text would turn each \r into a newline
     text = raw.decode()
     assert done.returncode == 0, text

@@ -110,8 +110,8 @@ class StageLine:
         if stream is sys.stderr and sys.stdout is not None:
             sys.stdout.flush()  # what was printed before the stage ends comes first when both go to one file
         elapsed = time.perf_counter() - self.start
-        print(f"[posthoc] {self.desc or 'done'}: {count} {self.unit} in {elapsed:.1f} s" + (f" ({fields})" if fields else ""),
-              file=stream, flush=True)
+        line = f"[posthoc] {self.desc or 'done'}: {count} {self.unit} in {elapsed:.1f} s"
+        print(line + (f" ({fields})" if fields else ""), file=stream, flush=True)
 
     def __enter__(self) -> StageLine:
         return self

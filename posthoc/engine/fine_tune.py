@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 from torch import Tensor
 
 from posthoc.core.errors import NumericalError
-from posthoc.core.progress import progress_bar
 from posthoc.core.inputs import Inputs, iterate
+from posthoc.core.progress import progress_bar
 
 Batch = TypeVar("Batch")
 
