@@ -61,6 +61,18 @@ def test_on_a_terminal_a_bar_is_drawn() -> None:
     assert progress.interactive(screen) and not progress.interactive(io.StringIO())
 
 
+def test_in_a_notebook_tqdm_auto_keeps_its_widget(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In Jupyter, tqdm.auto picks its notebook bar (no ``\r``); standard error is then no terminal, yet bars stay."""
+    from tqdm.notebook import tqdm as notebook_tqdm
+
+    class AutoInNotebook(notebook_tqdm):  # what tqdm.auto builds in a notebook
+        pass
+
+    assert not progress.interactive(io.StringIO())
+    monkeypatch.setattr(progress, "tqdm", AutoInNotebook)
+    assert progress.interactive(io.StringIO())
+
+
 @pytest.mark.parametrize("stream", [io.StringIO, _Terminal])
 def test_progress_false_and_the_setting_silence_it(stream: type) -> None:
     out = stream()

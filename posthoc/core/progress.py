@@ -40,7 +40,7 @@ UNIT = "steps"
 
 def _in_notebook() -> bool:
     """Whether tqdm.auto chose its notebook bar (a Jupyter kernel with widgets), which draws no ``\\r``."""
-    return "notebook" in tqdm.__module__
+    return any(base.__module__ == "tqdm.notebook" for base in tqdm.__mro__)
 
 
 def interactive(stream: IO[str] | None = None) -> bool:
