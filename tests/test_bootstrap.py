@@ -26,7 +26,9 @@ def test_statistics_on_the_identity_index_equal_the_report_metrics():
     identity = torch.arange(500)[None]
     stats = bootstrap.example_statistics(probs, labels)
     expected = {"accuracy": metrics.accuracy, "nll": metrics.nll, "ece": metrics.ece, "brier": metrics.brier,
-                "aurc": metrics.aurc}
+                "aurc": metrics.aurc, "adaptive_ece": metrics.adaptive_ece, "smooth_ece": metrics.smooth_ece,
+                "augrc": metrics.augrc}
+    assert set(stats) == set(expected)
     for name, fn in expected.items():
         assert float(stats[name](identity)[0]) == pytest.approx(fn(probs, labels), abs=1e-12), name
 
@@ -38,13 +40,20 @@ def test_statistics_on_resamples_equal_the_metrics_of_the_resampled_examples():
     for row in index:
         assert float(stats["ece"](row[None])[0]) == pytest.approx(metrics.ece(probs[row], labels[row]), abs=1e-12)
         assert float(stats["brier"](row[None])[0]) == pytest.approx(metrics.brier(probs[row], labels[row]), abs=1e-12)
+    # the new metrics on all resamples at once: each row its own metric (a resample has tied copies of examples;
+    # the stable sorts break the ties in the same order as the metrics on the resampled examples)
+    for name in ("adaptive_ece", "smooth_ece", "augrc"):
+        together = stats[name](index)
+        alone = [getattr(metrics, name)(probs[row], labels[row]) for row in index]
+        assert together.tolist() == pytest.approx(alone, abs=1e-12), name
 
 
 @pytest.mark.parametrize("method", ["percentile", "BCa"])
 def test_intervals_agree_with_scipy_bootstrap(method):
     probs, labels = _classifier_outputs(400, torch.Generator().manual_seed(2))
     stats = bootstrap.example_statistics(probs, labels)
-    ours = bootstrap.intervals(stats, 400, ci=0.9, bootstraps=4000, seed=0, method=method.lower())
+    ours = bootstrap.intervals({k: stats[k] for k in ("nll", "ece")}, 400, ci=0.9, bootstraps=4000, seed=0,
+                               method=method.lower())
     per_example_nll = -probs.gather(-1, labels[:, None]).squeeze(-1).log().numpy()
     theirs = scipy.stats.bootstrap((per_example_nll,), np.mean, confidence_level=0.9, n_resamples=4000,
                                    method=method, random_state=np.random.default_rng(0)).confidence_interval
@@ -164,10 +173,11 @@ def test_evaluate_with_ci_carries_intervals_and_shows_them(digits, digits_model)
     report = posthoc.evaluate(um, test, data.loader(data.subset(digits.ood, 200), batch_size=200), progress=False,
                               ci=0.95, bootstraps=300)
     assert report.ci == 0.95
-    assert set(report.intervals) == {"accuracy", "nll", "ece", "brier", "aurc", "ood_auroc"}
+    assert set(report.intervals) == {"accuracy", "nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc",
+                                     "ood_auroc"}
     for name, (low, high) in report.intervals.items():
         assert low <= high
-        if name != "ece":  # the bootstrap ECE is biased upwards: the point estimate may sit below its interval
+        if "ece" not in name:  # a bootstrap ECE is biased upwards: the point estimate may sit below its interval
             assert low <= getattr(report, name) <= high, name
     row = report.to_markdown().splitlines()[2]
     assert re.search(r"\| \d\.\d{4} \[\d\.\d{4}, \d\.\d{4}\] \|", row)

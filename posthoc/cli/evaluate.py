@@ -431,9 +431,11 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     if calibrator is not None:
         lines += calibrator_markdown(calibrator)
     lines += [
-        "acc: accuracy; NLL: negative log-likelihood; ECE: expected calibration error (15 bins); AURC: area "
-        "under the risk–coverage curve; OOD AUROC (H): detecting the OOD set by predictive entropy, (MI) by "
-        "mutual information. Lower is better except acc and AUROC.", "",
+        "acc: accuracy; NLL: negative log-likelihood; ECE: expected calibration error (15 equal-width bins); "
+        "adaptive ECE: the same with 15 equal-mass bins; smECE: smooth ECE (kernel-smoothed, no bins; relplot's); "
+        "AURC: area under the risk–coverage curve; AUGRC: area under the generalized risk (accepted and wrong) "
+        "against coverage; OOD AUROC (H): detecting the OOD set by predictive entropy, (MI) by mutual information. "
+        "Lower is better except acc and AUROC.", "",
         *GUARANTEE_LEGEND[: 2 * (args.alpha is not None) + 2 * (args.target_risk is not None)],
         "![reliability diagram](reliability.png)", "", "![risk-coverage curve](risk_coverage.png)", "",
     ]

@@ -1,8 +1,11 @@
-"""Binned calibration error from confidences and correctness flags, shared by the metrics and the selection step.
+"""Binned calibration error from confidences and correctness flags, shared by the metrics, their bootstrap and the
+selection step.
 
 Example:
-    >>> top_label_ece(torch.tensor([0.9, 0.6]), torch.tensor([1.0, 0.0]))
+    >>> round(top_label_ece(torch.tensor([0.9, 0.6]), torch.tensor([1.0, 0.0])), 4)
     0.35
+    >>> equal_mass_gap(torch.tensor([[0.9, 0.6, 0.8, 0.7]]), torch.tensor([[1.0, 0.0, 1.0, 1.0]]), bins=2)
+    tensor([0.1500], dtype=torch.float64)
 """
 
 from __future__ import annotations
@@ -40,3 +43,28 @@ def top_label_ece(confidence: Tensor, correct: Tensor, bins: int = BINS) -> floa
         0.0
     """
     return binned_gap(confidence, correct, torch.linspace(0, 1, bins + 1, dtype=torch.float64))
+
+
+def equal_mass_gap(confidence: Tensor, correct: Tensor, bins: int = BINS) -> Tensor:
+    """Top-label ECE with equal-mass bins of each row of ``confidence`` ``(B, n)`` against ``correct`` ``(B, n)``:
+    ``(B,)``, float64.
+
+    Each row's examples are sorted by confidence (stable, so ties keep their order) and cut into ``bins`` runs of
+    consecutive examples whose sizes differ by at most one, the larger first (``torch.tensor_split``'s cut, as
+    torch-uncertainty's adaptive calibration error); the error is the sum over runs of ``|run| / n *
+    |accuracy - confidence|``. Equal-mass bins put as many examples in each bin, so a model whose confidences
+    crowd near 1 is not judged by two or three full bins as with equal widths.
+
+    Example:
+        >>> equal_mass_gap(torch.tensor([[0.5, 0.5, 0.5, 0.5]]), torch.tensor([[1.0, 0.0, 1.0, 0.0]]), bins=2)
+        tensor([0.], dtype=torch.float64)
+    """
+    confidence = confidence.double().cpu()
+    order = confidence.argsort(dim=-1, stable=True)
+    gap = (confidence - correct.double().cpu()).gather(-1, order)
+    n = gap.shape[-1]
+    sizes = torch.full((bins,), n // bins)
+    sizes[: n % bins] += 1
+    ends = sizes.cumsum(0)
+    totals = torch.cat([torch.zeros(*gap.shape[:-1], 1, dtype=torch.float64), gap.cumsum(-1)], -1)
+    return (totals[..., ends] - totals[..., ends - sizes]).abs().sum(-1) / max(n, 1)

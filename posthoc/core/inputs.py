@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import torch
 from torch import Tensor, nn
-from tqdm.auto import tqdm
 
 from posthoc.core import distributed
 from posthoc.core.errors import InputError, NumericalError
 from posthoc.core.logits import logits_of
+from posthoc.core.progress import progress_bar
 
 Inputs = Tensor | Mapping[str, Tensor]
 #: the key under which a mapping batch (Hugging Face collator style) carries its labels
@@ -333,7 +333,7 @@ def iterate(
     except TypeError:
         total = None
     seen = 0
-    for batch in tqdm(loader, total=total, desc=desc, disable=not progress, leave=False):
+    for batch in progress_bar(loader, total=total, desc=desc, progress=progress, unit="batches"):
         x, y = split_batch(batch, require_labels=require_labels)
         x = to_device(x, device)
         check_attention(x)

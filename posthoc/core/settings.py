@@ -1,13 +1,17 @@
-"""Library-wide settings: how much work one step may hold in memory, and whether small work may run on one thread.
+"""Library-wide settings: how much work one step may hold in memory, whether small work may run on one thread, and
+whether long loops show progress.
 
 ``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call
-time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call.
+time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call. :data:`progress`
+``False`` silences every progress bar and stage line (:mod:`posthoc.core.progress`), whatever a call's
+``progress=`` says.
 
 Example:
     >>> import posthoc.settings
     >>> posthoc.settings.max_memory = 256 * 2**20      # sample in chunks under 256 MiB
     >>> with posthoc.settings.override(chunk_size=4096):
     ...     pred = um.predict(x)
+    >>> posthoc.settings.progress = False                # no progress bars, no stage lines
 """
 
 from __future__ import annotations
@@ -25,6 +29,10 @@ chunk_size: int = 1024
 
 #: bytes one batched sampling step may use (expanded activations, logit samples); work is chunked below it
 max_memory: int = 512 * 2**20
+
+#: whether long loops report progress (a bar on a terminal, one line per finished stage elsewhere); ``False``
+#: turns it off everywhere, as ``progress=False`` does for one call
+progress: bool = True
 
 
 #: whether the runner may run small dense work (an ``eigh`` of a 500 x 500 factor, a predictive of a few hundred
@@ -63,14 +71,17 @@ def thread_policy(value: object = None) -> bool | str:
 
 @contextmanager
 def override(**values: int | bool | str) -> Iterator[None]:
-    """Temporarily change settings, e.g. ``override(max_memory=2**28)``."""
+    """Temporarily change settings, e.g. ``override(max_memory=2**28)`` or ``override(progress=False)``."""
     module = sys.modules[__name__]
-    unknown = sorted(set(values) - {"chunk_size", "max_memory", "narrow_threads"})
+    unknown = sorted(set(values) - {"chunk_size", "max_memory", "narrow_threads", "progress"})
     if unknown:
-        raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory, narrow_threads")
+        raise ConfigError(f"unknown setting(s) {unknown}; valid: chunk_size, max_memory, narrow_threads, progress")
     for name, value in values.items():
         if name == "narrow_threads":
             thread_policy(value)
+        elif name == "progress":
+            if not isinstance(value, bool):
+                raise ConfigError(f"posthoc.settings.progress must be True or False, got {value!r}")
         else:
             positive_int(value, f"posthoc.settings.{name}")
     previous = {name: getattr(module, name) for name in values}

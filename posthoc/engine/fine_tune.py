@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from torch import Tensor
-from tqdm.auto import tqdm
 
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
+from posthoc.core.progress import progress_bar
 
 Batch = TypeVar("Batch")
 
@@ -83,7 +83,7 @@ def fine_tune(
         postfix: the progress bar's fields after a step.
     """
     number = 0
-    bar = tqdm(total=total, desc=desc, disable=not progress, leave=False)
+    bar = progress_bar(total=total, desc=desc, progress=progress)
     try:
         for epoch in range(epochs):
             index = -1

@@ -21,9 +21,11 @@ import torch
 from scipy.special import ndtr, ndtri
 from torch import Tensor
 
+from posthoc.core.calibration_error import equal_mass_gap
 from posthoc.core.checks import integer_at_least, known_name, probability
 from posthoc.core.errors import InputError
 from posthoc.evaluation import metrics
+from posthoc.evaluation.smooth_ece import smooth_ece_rows
 
 #: a metric of the examples picked by an index matrix ``(B, n)``: one value per row ``(B,)``
 Statistic = Callable[[Tensor], Tensor]
@@ -50,19 +52,21 @@ def _ece_of(confidence: Tensor, correct: Tensor, bins: int) -> Statistic:
     return ece
 
 
-def _aurc_of(confidence: Tensor, correct: Tensor) -> Statistic:
+def _aurc_of(confidence: Tensor, correct: Tensor, generalized: bool = False) -> Statistic:
+    """AURC (or with ``generalized``, AUGRC: the risk times the coverage) of the picked examples."""
     def aurc(index: Tensor) -> Tensor:
         order = confidence[index].argsort(dim=-1, descending=True, stable=True)
         errors = (1 - correct[index]).gather(-1, order)
         kept = torch.arange(1, index.shape[1] + 1, dtype=torch.float64)
-        return (errors.cumsum(-1) / kept).mean(-1)
+        return (errors.cumsum(-1) / (index.shape[1] if generalized else kept)).mean(-1)
 
     return aurc
 
 
 def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[str, Statistic]:
-    """Accuracy, NLL, ECE, Brier and AURC as functions of an index matrix (the same definitions as
-    :mod:`posthoc.evaluation.metrics`: on the identity index they give the report's values).
+    """Accuracy, NLL, ECE, adaptive (equal-mass) ECE, smooth ECE, Brier, AURC and AUGRC as functions of an index
+    matrix (the same definitions as :mod:`posthoc.evaluation.metrics`: on the identity index they give the report's
+    values).
 
     Example:
         >>> stats = example_statistics(probs, labels)
@@ -78,8 +82,11 @@ def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[st
         "accuracy": mean_of(correct),
         "nll": mean_of(-picked.clamp_min(metrics.EPS).log()),
         "ece": _ece_of(confidence, correct, bins),
+        "adaptive_ece": lambda index: equal_mass_gap(confidence[index], correct[index], bins),
+        "smooth_ece": lambda index: smooth_ece_rows(confidence[index], correct[index]),
         "brier": mean_of(((probs - onehot) ** 2).sum(-1)),
         "aurc": _aurc_of(confidence, correct),
+        "augrc": _aurc_of(confidence, correct, generalized=True),
     }
 
 

@@ -22,7 +22,7 @@ from posthoc.evaluation import bootstrap
 from posthoc.evaluation.report import Report
 
 #: metrics that can be compared pair-wise (those computed from the reports' probabilities and labels)
-COMPARABLE = ("accuracy", "nll", "ece", "brier", "aurc")
+COMPARABLE = ("accuracy", "nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc")
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Metrics of predictive quality: accuracy, NLL, ECE, Brier, AURC; OOD AUROC, AUPR (in and out), FPR at 95% TPR.
+"""Metrics of predictive quality: accuracy, NLL, ECE (equal-width, equal-mass, smooth), Brier, AURC, AUGRC; OOD AUROC,
+AUPR (in and out), FPR at 95% TPR.
 
 All take probabilities ``(N, C)`` and integer labels ``(N,)`` as tensors and return floats.
 
@@ -15,8 +16,9 @@ import torch
 from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
-from posthoc.core.calibration_error import bin_sums, binned_gap
+from posthoc.core.calibration_error import bin_sums, binned_gap, equal_mass_gap
 from posthoc.core.errors import InputError
+from posthoc.evaluation.smooth_ece import smooth_ece_rows
 
 EPS = 1e-12
 
@@ -51,13 +53,32 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
 
 
 def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
-    """Top-label ECE with equal-mass bins (each holds about ``N / bins`` examples)."""
+    """Top-label ECE with equal-mass bins: the examples sorted by confidence and cut into ``bins`` runs of (nearly)
+    equal size (:func:`posthoc.core.calibration_error.equal_mass_gap`; torch-uncertainty's adaptive calibration
+    error). Unlike :func:`ece`, no bin is empty and none holds most of the examples.
+
+    Example:
+        >>> round(adaptive_ece(torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, 1]), bins=2), 4)
+        0.35
+    """
     probs, labels = probs.double().cpu(), labels.cpu()
     confidence, predicted = probs.max(-1)
-    order = confidence.argsort()
-    correct = (predicted == labels).double()[order]
-    gap = sum(float((c.sum() - a.sum()).abs()) for c, a in zip(confidence[order].tensor_split(bins), correct.tensor_split(bins)))
-    return gap / confidence.numel()
+    return float(equal_mass_gap(confidence[None], (predicted == labels).double()[None], bins)[0])
+
+
+def smooth_ece(probs: Tensor, labels: Tensor) -> float:
+    """Top-label smooth ECE (Błasiok & Nakkiran, 2023): the calibration error after kernel-smoothing the residuals
+    ``confidence - correct`` with a Gaussian whose width is chosen by the data (the fixed point ``sigma =
+    smECE(sigma)``); no bins to choose, and continuous in the predictions. Equals relplot 1.0.3's ``smECE`` of the
+    top-label confidences (:mod:`posthoc.evaluation.smooth_ece`).
+
+    Example:
+        >>> round(smooth_ece(torch.tensor([[0.75, 0.25]] * 4), torch.tensor([0, 0, 0, 0])), 3)
+        0.25
+    """
+    probs, labels = probs.double().cpu(), labels.cpu()
+    confidence, predicted = probs.max(-1)
+    return float(smooth_ece_rows(confidence[None], (predicted == labels).double()[None])[0])
 
 
 def classwise_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
@@ -85,6 +106,25 @@ def aurc(probs: Tensor, labels: Tensor) -> float:
     confidence, predicted = probs.max(-1)
     _, risk = risk_coverage(confidence, predicted == labels)
     return float(risk.mean())
+
+
+def augrc(probs: Tensor, labels: Tensor) -> float:
+    """Area under the generalized risk–coverage curve (Traub et al., 2024; lower is better): at each coverage, the
+    fraction of *all* examples that are accepted and wrong (``coverage * selective risk``), averaged over the
+    coverages ``k / N`` as :func:`aurc` averages the selective risk.
+
+    AURC leans on the risk at low coverage, which rests on a handful of the most confident examples; the AUGRC
+    weighs each coverage by how much it accepts. It is the chance that, of two examples drawn at random (with
+    replacement), the first is wrong and accepted no later than the second. torch-uncertainty's ``AUGRC``
+    integrates the same curve with the trapezoid rule rescaled to [0, 1]; the two differ by at most ``1 / N``.
+
+    Example:
+        >>> augrc(torch.tensor([[0.9, 0.1], [0.8, 0.2]]), torch.tensor([0, 1]))
+        0.25
+    """
+    confidence, predicted = probs.max(-1)
+    coverage, risk = risk_coverage(confidence, predicted == labels)
+    return float((coverage * risk).mean())
 
 
 def ood_auroc(in_scores: Tensor, out_scores: Tensor) -> float:

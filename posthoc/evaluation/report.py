@@ -57,6 +57,11 @@ from posthoc.ood.detector import Detector
 class Report:
     """Metrics of one predictive on one test set (and optionally an OOD set).
 
+    Three calibration errors of the top label: ``ece`` with 15 equal-width bins, ``adaptive_ece`` with 15 equal-mass
+    bins, ``smooth_ece`` without bins (relplot's smECE); two selective-prediction areas: ``aurc`` (risk against
+    coverage) and ``augrc`` (the generalized risk, accepted and wrong, against coverage); see
+    :mod:`posthoc.evaluation.metrics`.
+
     ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual information
     (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
     ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per
@@ -78,6 +83,9 @@ class Report:
     ece: float
     brier: float
     aurc: float
+    adaptive_ece: float
+    smooth_ece: float
+    augrc: float
     ood_auroc: float | None = None
     ood_auroc_mi: float | None = None
     alpha: float | None = None
@@ -96,7 +104,11 @@ class Report:
     selection: dict[str, Any] | None = field(repr=False, default=None)
     predict_cost: float | None = None
 
-    COLUMNS = ("accuracy", "nll", "ece", "brier", "aurc", "ood_auroc", "ood_auroc_mi")
+    COLUMNS = ("accuracy", "nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc", "ood_auroc",
+               "ood_auroc_mi")
+    #: the Markdown header of each of :attr:`COLUMNS`
+    HEADERS = ("acc", "NLL", "ECE", "adaptive ECE", "smECE", "Brier", "AURC", "AUGRC", "OOD AUROC (H)",
+               "OOD AUROC (MI)")
     #: present in :meth:`as_dict` only when the report measured a guarantee
     GUARANTEE_COLUMNS = ("alpha", "coverage", "set_size", "target_risk", "deferral", "selective_risk")
 
@@ -119,6 +131,9 @@ class Report:
             ece=metrics.ece(probs, labels),
             brier=metrics.brier(probs, labels),
             aurc=metrics.aurc(probs, labels),
+            adaptive_ece=metrics.adaptive_ece(probs, labels),
+            smooth_ece=metrics.smooth_ece(probs, labels),
+            augrc=metrics.augrc(probs, labels),
             ood_auroc=metrics.ood_auroc(entropy, ood_entropy) if has_ood else None,
             ood_auroc_mi=metrics.ood_auroc(epistemic, ood_epistemic) if has_mi else None,
             alpha=None if sets is None else alpha,
@@ -249,7 +264,7 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
     with :data:`~posthoc.evaluation.table.BEST_CAPTION`).
     """
     extra = {**guarantee_columns(reports), **(extra or {})}
-    header = ["method", "acc", "NLL", "ECE", "Brier", "AURC", "OOD AUROC (H)", "OOD AUROC (MI)", *extra]
+    header = ["method", *Report.HEADERS, *extra]
     columns = [bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
                for c in Report.COLUMNS]
     rows = [[report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]

@@ -25,7 +25,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
 
 from posthoc.core import distributed
 from posthoc.core.chunks import chunks
@@ -35,6 +34,7 @@ from posthoc.core.likelihood import model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.progress import progress_bar
 from posthoc.engine.bn_refresh import batchnorm_layers, batchnorm_statistics
 from posthoc.engine.hooks import called_in_order
 from posthoc.engine.suffix import SuffixRunner
@@ -158,7 +158,7 @@ class SubsetSWAG(SWAGBase):
             )
         batches = batches if batches is not None else self._bn_inputs()
         rows = []
-        for s in tqdm(range(have, count), desc="swag batchnorm", disable=not progress, leave=False):
+        for s in progress_bar(range(have, count), desc="swag batchnorm", progress=progress, unit="samples"):
             stats = batchnorm_statistics(self.model, batches, parameters=self._sample_parameters(s), layers=layers)
             rows.append(torch.cat([stats[f"{n}.{b}"].float().reshape(-1) for n in layers for b in ("running_mean", "running_var")]))
         new = torch.stack(rows)
