@@ -15,9 +15,11 @@ import sys
 from pathlib import Path
 
 TESTS = Path(__file__).parent
-#: modules of this repository (the package, the test modules, the benchmarks and recipes folders), not distributions
-LOCAL = {"posthoc", "benchmarks", "recipes"} | {path.stem for folder in (TESTS, TESTS.parent / "benchmarks", TESTS.parent / "recipes")
-                                                 for path in folder.glob("*.py")}
+#: modules of this repository (the package, the test modules, the benchmarks, recipes and tools folders), not
+#: distributions
+LOCAL = {"posthoc", "benchmarks", "recipes", "tools"} | {
+    path.stem for folder in (TESTS, TESTS.parent / "benchmarks", TESTS.parent / "recipes", TESTS.parent / "tools")
+    for path in folder.glob("*.py")}
 
 
 def _requirement_closure(root: str, extras: set[str]) -> set[str]:

@@ -10,6 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
+from torch_uncertainty.post_processing import mc_batch_norm
 from posthoc.core.errors import ConfigError
 from posthoc.engine.bn_refresh import per_batch_statistics
 from posthoc.methods.mc_batchnorm.method import BATCH_SIZES
@@ -28,7 +29,6 @@ def _images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def test_agrees_with_torch_uncertainty_given_the_same_mini_batches() -> None:
-    mc_batch_norm = pytest.importorskip("torch_uncertainty.post_processing.mc_batch_norm")
     model, (x, y) = _net(), _images(64)
     samples, size = 4, 8
     loader = DataLoader(TensorDataset(x, y), batch_size=size, shuffle=False)
