@@ -128,11 +128,14 @@ class Method(nn.Module):
         model moved with ``model.cuda()`` after ``wrap`` or ``load`` is followed by its posterior.
         """
         device = self.device
+        if self.__dict__.get("_followed") == device:  # nothing moved since the last call
+            return
         for module in self.modules():
             if isinstance(module, Method):
                 for name, value in module._buffers.items():
                     if value is not None and value.device != device:
                         module._buffers[name] = value.to(device)
+        self.__dict__["_followed"] = device
 
     @property
     def works_on_copy(self) -> bool:

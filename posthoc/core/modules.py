@@ -75,10 +75,31 @@ def get_submodule(model: nn.Module, name: str) -> nn.Module:
 
 
 @contextmanager
-def eval_mode(model: nn.Module) -> Iterator[nn.Module]:
-    """Put every submodule in eval mode, restoring each one's own flag afterwards."""
-    flags = [(m, m.training) for m in model.modules()]
-    model.eval()
+def eval_mode(model: nn.Module, modules: list[nn.Module] | None = None) -> Iterator[nn.Module]:
+    """Put every submodule in eval mode, restoring each one's own flag afterwards. ``modules`` (``model.modules()``
+    listed once by a caller that serves many calls) saves walking the tree; a model already in eval mode throughout
+    is left as it is.
+
+    Example:
+        >>> net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
+        >>> with eval_mode(net):
+        ...     net[1].training
+        False
+        >>> net[1].training
+        True
+    """
+    flags = [(m, m.training) for m in (model.modules() if modules is None else modules)]
+    training = [m for m, flag in flags if flag]
+    if all(type(m).train is nn.Module.train for m in training):  # what eval() does, without walking the tree again
+        for module in training:
+            module.training = False
+        try:
+            yield model
+        finally:
+            for module in training:
+                module.training = True
+        return
+    model.eval()  # a module with its own train() (e.g. one that freezes parts) gets its own call
     try:
         yield model
     finally:

@@ -169,6 +169,20 @@ class UncertainModel(nn.Module):
                 method.fitted.fill_(True)
         self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
                                     time.perf_counter() - wall, time.process_time() - cpu)
+        self._changed()
+
+    def _changed(self) -> None:
+        """Forget what the predict path decided once (the module list, the device its buffers followed): a fit or a
+        choice may have built modules or buffers anew."""
+        self.__dict__.pop("_served_modules", None)
+        self.method.__dict__.pop("_followed", None)
+
+    def _served(self) -> list[nn.Module]:
+        """The method's modules, listed once for every predict call (walking the tree costs more than a small
+        model's forward pass)."""
+        if "_served_modules" not in self.__dict__:
+            self.__dict__["_served_modules"] = list(self.method.modules())
+        return self.__dict__["_served_modules"]
 
     def _training_rows(self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance,
                        progress: bool) -> HeldOut | None:
@@ -208,6 +222,7 @@ class UncertainModel(nn.Module):
             for method in chain_of(self.method):
                 if method.makes_choice:
                     method.choose(held_out, train_loader=train_loader, progress=progress)
+        self._changed()
         return self
 
     @torch.no_grad()
@@ -277,7 +292,7 @@ class UncertainModel(nn.Module):
         for start in range(0, total, chunk_size):
             part = to_device(slice_inputs(x, start, start + chunk_size), self.device)
             check_finite(part)
-            with eval_mode(self.method):
+            with eval_mode(self.method, self._served()):
                 prediction = self.method.regression_predictive(part, **options)
             if torch.isnan(prediction.variance).any() or torch.isnan(prediction.mean).any():
                 raise NumericalError("the predictive produced NaN; the model's outputs are not finite for these inputs "
@@ -290,7 +305,7 @@ class UncertainModel(nn.Module):
         x = to_device(x, self.device)
         check_finite(x)
         check_attention(x)
-        with eval_mode(self.method):
+        with eval_mode(self.method, self._served()):
             log_probs, samples = self.method.log_predictive(x, **options)
         elements = log_probs.numel() + (0 if samples is None else samples.numel())
         with small_dense_work(elements, log_probs.device):
