@@ -47,6 +47,11 @@ class NumericalError(PosthocError, RuntimeError):
     """A computation produced NaN or inf and no safe recovery exists."""
 
 
+class ExportError(PosthocError, ValueError):
+    """A fitted predictive cannot be exported as a plain module (``um.to_module()``); the message says why and what
+    to do instead."""
+
+
 def exit_status(run: Callable[[], object]) -> int:
     """Run a command-line job: ``0`` on success; a posthoc error is printed as ``error: ...`` and gives ``2``.
 
