@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -54,11 +55,25 @@ def class_logits(logits: Tensor) -> Tensor:
     return logits
 
 
+def class_log_probs(logits: Tensor) -> Tensor:
+    """``log_softmax`` of :func:`class_logits`, in at least float32 (half-precision logits are upcast first)."""
+    logits = class_logits(logits)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    return torch.log_softmax(logits, -1)
+
+
 def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
     """``log(mean(exp(samples), dim))``, shifted by the maximum for stability."""
     top = samples.amax(dim=dim, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return (samples - top).exp().mean(dim=dim).log() + top.squeeze(dim)
+
+
+def cast(value: Tensor, dtype: torch.dtype) -> Tensor:
+    """``value`` in ``dtype``, with no cast at all where it is in it already (the TorchScript-based ONNX exporter
+    writes a no-op cast of a buffer as a node without an input)."""
+    return value if value.dtype == dtype else value.to(dtype)
 
 
 def first_tensor(value: Any) -> Tensor | None:
@@ -74,7 +89,7 @@ def first_tensor(value: Any) -> Tensor | None:
     hidden = getattr(value, "last_hidden_state", None)
     if isinstance(hidden, Tensor):
         return hidden
-    if isinstance(value, dict):
+    if isinstance(value, Mapping):
         for item in value.values():
             found = first_tensor(item)
             if found is not None:
@@ -94,16 +109,18 @@ def pooled(value: Tensor) -> Tensor:
 
 
 class _Recorder:
-    """A forward (pre-)hook keeping the first value one tap sees in a call (a plain class, so it deep-copies)."""
+    """A forward (pre-)hook keeping, in its backbone's ``_found``, the first value one tap sees in a call (a plain
+    class, so that it deep-copies; it looks the dict up on every call, as tracers may replace it)."""
 
-    def __init__(self, found: dict[int, Tensor], index: int, at: str) -> None:
-        self.found, self.index, self.at = found, index, at
+    def __init__(self, backbone: Backbone, index: int, at: str) -> None:
+        self.backbone, self.index, self.at = backbone, index, at
 
     def __call__(self, module: nn.Module, args: tuple, *output: Any) -> None:
-        if self.index not in self.found:
+        found = self.backbone._found
+        if self.index not in found:
             value = first_tensor(args if self.at == "input" else output[0])
             if value is not None:
-                self.found[self.index] = value
+                found[self.index] = value
 
 
 class Backbone(nn.Module):
@@ -132,7 +149,7 @@ class Backbone(nn.Module):
         index = len(self.taps)
         self.taps.append((name, at))
         module = self.model.get_submodule(name)
-        recorder = _Recorder(self._found, index, at)
+        recorder = _Recorder(self, index, at)
         if at == "input":
             module.register_forward_pre_hook(recorder)
         else:
@@ -140,8 +157,8 @@ class Backbone(nn.Module):
         return index
 
     def forward(self, x: Any) -> Tensor:
-        self._found.clear()
-        output = self.model(**x) if isinstance(x, dict) else self.model(x)
+        self._found = {}
+        output = self.model(**x) if isinstance(x, Mapping) else self.model(x)
         return logits_of(output)
 
     def tapped(self, index: int) -> Tensor:
@@ -161,7 +178,7 @@ class Plain(nn.Module):
         self.backbone = backbone
 
     def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        return torch.log_softmax(class_logits(self.backbone(x)), -1), None
+        return class_log_probs(self.backbone(x)), None
 
 
 class HeadGaussian(nn.Module):
@@ -184,17 +201,18 @@ class HeadGaussian(nn.Module):
 
     def augmented(self, phi: Tensor) -> Tensor:
         """``phĩ = [phi, 1]`` (``phi`` alone for a head without a bias), in at least float32."""
-        phi = phi.to(torch.promote_types(phi.dtype, torch.float32))
+        phi = cast(phi, torch.promote_types(phi.dtype, torch.float32))
         return torch.cat([phi, torch.ones_like(phi[:, :1])], 1) if self.bias else phi
 
     def scale_and_basis(self, phi_aug: Tensor) -> tuple[Tensor, Tensor | None]:
         """Standard deviations ``(N, K)`` along the columns of a basis ``(C, K)`` (``None``: independent logits)."""
         dtype = phi_aug.dtype
         if self.structure == "diag":
-            return (phi_aug.square() @ self.inverse.to(dtype)).sqrt(), None
+            return (phi_aug.square() @ cast(self.inverse, dtype)).sqrt(), None
         if self.structure == "kron":
-            return ((phi_aug @ self.in_eigvecs.to(dtype)).square() @ self.inverse.to(dtype)).sqrt(), self.out_eigvecs.to(dtype)
-        return ((phi_aug @ self.vectors.to(dtype)).square() @ self.spread.to(dtype)).sqrt(), None
+            scale = ((phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.inverse, dtype)).sqrt()
+            return scale, cast(self.out_eigvecs, dtype)
+        return ((phi_aug @ cast(self.vectors, dtype)).square() @ cast(self.spread, dtype)).sqrt(), None
 
     def variance(self, phi_aug: Tensor) -> Tensor:
         scale, basis = self.scale_and_basis(phi_aug)
@@ -203,9 +221,9 @@ class HeadGaussian(nn.Module):
     def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
         raw = self.backbone(x)
         phi_aug = self.augmented(self.backbone.tapped(self.tap))
-        logits = raw.to(phi_aug.dtype)
+        logits = cast(raw, phi_aug.dtype)
         if self.link == "samples":
-            weights = self.weight_samples.to(phi_aug.dtype)
+            weights = cast(self.weight_samples, phi_aug.dtype)
             samples = torch.log_softmax(torch.einsum("nd,scd->snc", phi_aug, weights), -1)
             return log_mean_exp(samples), samples
         if self.link == "probit":
@@ -263,7 +281,7 @@ class Temperature(nn.Module):
         self.register_buffer("temperature", temperature)
 
     def forward(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits / self.temperature.to(logits.dtype), -1)
+        return torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1)
 
 
 class Affine(nn.Module):
@@ -277,7 +295,7 @@ class Affine(nn.Module):
         self.register_buffer("bias", bias)
 
     def forward(self, logits: Tensor) -> Tensor:
-        weight, bias = self.weight.to(logits.dtype), self.bias.to(logits.dtype)
+        weight, bias = cast(self.weight, logits.dtype), cast(self.bias, logits.dtype)
         if self.kind == "vector":
             mapped = logits * weight + bias
         elif self.kind == "platt":
@@ -299,9 +317,9 @@ class TemperatureMixture(nn.Module):
 
     def forward(self, logits: Tensor) -> Tensor:
         uniform = torch.full_like(logits, -math.log(logits.shape[-1]))
-        parts = torch.stack([torch.log_softmax(logits / self.temperature.to(logits.dtype), -1),
+        parts = torch.stack([torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1),
                              torch.log_softmax(logits, -1), uniform])
-        log_weights = self.weights.to(logits.dtype).log().reshape(3, *([1] * logits.dim()))
+        log_weights = cast(self.weights, logits.dtype).log().reshape(3, *([1] * logits.dim()))
         return torch.logsumexp(parts + log_weights, 0)
 
 
@@ -319,7 +337,7 @@ class Histogram(nn.Module):
 
     def forward(self, logits: Tensor) -> Tensor:
         probs = torch.softmax(logits, -1)
-        values = self.values.to(probs.dtype)
+        values = cast(self.values, probs.dtype)
         if self.mode == "top-label":
             confidence, predicted = probs.max(-1, keepdim=True)
             calibrated = values[0][self.bin_index(confidence)].clamp(BIN_FLOOR, 1 - BIN_FLOOR)
@@ -358,7 +376,7 @@ class Isotonic(nn.Module):
         probs = torch.softmax(logits.double(), -1)
         mapped = torch.stack([self.interpolate(probs[..., c], c) for c in range(len(self.sizes))], -1)
         mapped = mapped.clamp_min(BIN_FLOOR)
-        return (mapped / mapped.sum(-1, keepdim=True)).log().to(logits.dtype)
+        return cast((mapped / mapped.sum(-1, keepdim=True)).log(), logits.dtype)
 
 
 class Calibrated(nn.Module):
@@ -395,7 +413,7 @@ class DensityTemperature(nn.Module):
     def log_distance(self, features: Tensor, bank: Tensor) -> Tensor:
         queries = pooled(features)
         queries = queries / queries.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        nearest = (queries.to(bank.dtype) @ bank.T).topk(self.k, dim=1).indices[:, -1]
+        nearest = (cast(queries, bank.dtype) @ bank.T).topk(self.k, dim=1).indices[:, -1]
         distance = (queries.double() - bank[nearest].double()).square().sum(-1).sqrt()
         return distance.clamp_min(MIN_DISTANCE).log().float()
 
@@ -406,9 +424,9 @@ class DensityTemperature(nn.Module):
         excess = ((log_d - self.anchors) / self.spreads).clamp_min(0)
         t = self.temperature * (1 + excess @ self.weights)
         if samples is not None:
-            tempered = torch.log_softmax(samples.clamp_min(LOG_PROB_FLOOR) / t.to(samples.dtype).view(1, -1, 1), -1)
+            tempered = torch.log_softmax(samples.clamp_min(LOG_PROB_FLOOR) / cast(t, samples.dtype).view(1, -1, 1), -1)
             return log_mean_exp(tempered), tempered
-        return torch.log_softmax(log_probs.clamp_min(LOG_PROB_FLOOR) / t.to(log_probs.dtype).view(-1, 1), -1), None
+        return torch.log_softmax(log_probs.clamp_min(LOG_PROB_FLOOR) / cast(t, log_probs.dtype).view(-1, 1), -1), None
 
 
 class Mixture(nn.Module):
@@ -460,12 +478,12 @@ class GaussianOutputs(nn.Module):
         if self.noise is None:
             width = outputs.shape[-1] // 2
             return outputs[None, :, :width], outputs[None, :, width:].exp()
-        variance = self.noise.to(outputs.dtype).expand_as(outputs)
+        variance = cast(self.noise, outputs.dtype).expand_as(outputs)
         if self.head is not None:
             dtype = torch.promote_types(outputs.dtype, torch.float32)
-            phi_aug = self.head.augmented(self.backbone.tapped(self.head.tap)).to(dtype)
-            outputs = outputs.to(dtype)
-            variance = self.noise.to(dtype) * self.head.variance(phi_aug) + self.noise.to(dtype)
+            phi_aug = cast(self.head.augmented(self.backbone.tapped(self.head.tap)), dtype)
+            outputs, noise = cast(outputs, dtype), cast(self.noise, dtype)
+            variance = noise * self.head.variance(phi_aug) + noise
         return outputs[None], variance[None]
 
 
