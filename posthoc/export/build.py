@@ -80,11 +80,13 @@ class Builder:
 
 def to_module(um: Any, *, num_samples: int | None = None, seed: int = 0) -> nn.Module:
     """The fitted predictive of ``um`` as a self-contained ``nn.Module`` (see ``UncertainModel.to_module``)."""
+    classification = isinstance(um.likelihood, Categorical)
+    check_exportable(um.method, regression=not classification)
     if um.method.requires_fit and not um.is_fitted:
         raise NotFittedError("um.to_module() exports the fitted predictive: call um.fit(train_loader, val_loader) first")
     um.method.follow_model_device()
     builder = Builder(num_samples, seed)
-    if isinstance(um.likelihood, Categorical):
+    if classification:
         exported: nn.Module = plain.ExportedClassifier(builder.classifier(um.method))
     else:
         exported = plain.ExportedRegressor(builder.regressor(um.method))
@@ -108,9 +110,16 @@ class _LogitsIn(nn.Module):
 
 
 def _refusal(method: Method, *, regression: bool = False) -> ExportError:
-    task = "under a regression likelihood " if regression else ""
-    why = REASONS.get(type(method).__name__, f"'{method.name}' ({type(method).__name__}) has no exported form {task}yet")
-    return ExportError(f"um.to_module() cannot export '{method.name}' {task}: {why}; {IN_PROCESS}")
+    task = " under a regression likelihood" if regression else ""
+    why = REASONS.get(type(method).__name__, SAMPLES_NETWORKS if type(method).__name__ in NETWORK_SAMPLERS
+                      else f"it has no exported form{task} yet")
+    return ExportError(f"um.to_module() cannot export '{method.name}'{task}: {why}; {IN_PROCESS}")
+
+
+#: methods whose samples are whole networks (weights inside it, or a noise on its inner nodes)
+NETWORK_SAMPLERS = ("ImplicitBNN", "IVON", "SGLD", "SparseVariationalDropout", "VariationalInference", "MultiSWAG")
+SAMPLES_NETWORKS = ("its samples are networks with their inner weights or nodes perturbed, which need the network run "
+                    "once per sample (no fixed tensor program on the head's input)")
 
 
 #: why a method cannot be exported, by class name
@@ -383,6 +392,17 @@ REGRESSORS: dict[str, Callable[[Builder, Method], nn.Module]] = {
 }
 
 
-def exportable(method: Method) -> bool:
-    """Whether every method of ``method``'s chain has a converter (no fitted state is read)."""
-    return all(any(cls.__name__ in CLASSIFIERS for cls in type(m).__mro__) for m in chain_of(method))
+def check_exportable(method: Method, *, regression: bool = False) -> None:
+    """Refuse, before anything fitted is read, a chain (or ensemble member) with a method that has no converter.
+
+    Example:
+        >>> check_exportable(posthoc.wrap(model, method="vi").method)
+        Traceback (most recent call last):
+        posthoc.core.errors.ExportError: um.to_module() cannot export 'vi' ...
+    """
+    table = REGRESSORS if regression else CLASSIFIERS
+    for member in chain_of(method):
+        if not any(cls.__name__ in table for cls in type(member).__mro__):
+            raise _refusal(member, regression=regression)
+        for inner in getattr(member, "members", None) or []:
+            check_exportable(inner, regression=regression)
