@@ -355,7 +355,8 @@ class UncertainModel(nn.Module):
             >>> torch.allclose(program.module()(x), um.predict(x).probs, atol=1e-6)
             True
         """
-        from posthoc.export.build import to_module  # the exporter reads the methods, which sit above the engine
+        # the exporter reads the methods, which sit above the engine: imported when called
+        from posthoc.export.build import to_module
 
         positive_int(num_samples, "num_samples", none="the method's own")
         return to_module(self, num_samples=num_samples, seed=seed)

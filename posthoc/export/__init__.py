@@ -12,4 +12,4 @@ Example:
 
 from posthoc.export.build import calibrator_module, to_module
 
-__all__ = ["to_module", "calibrator_module"]
+__all__ = ["calibrator_module", "to_module"]

@@ -396,9 +396,11 @@ def check_exportable(method: Method, *, regression: bool = False) -> None:
     """Refuse, before anything fitted is read, a chain (or ensemble member) with a method that has no converter.
 
     Example:
-        >>> check_exportable(posthoc.wrap(model, method="vi").method)
-        Traceback (most recent call last):
-        posthoc.core.errors.ExportError: um.to_module() cannot export 'vi' ...
+        >>> try:
+        ...     check_exportable(posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="vi").method)
+        ... except posthoc.ExportError as err:
+        ...     print(str(err)[:40])
+        um.to_module() cannot export 'vi': its s
     """
     table = REGRESSORS if regression else CLASSIFIERS
     for member in chain_of(method):
