@@ -90,7 +90,7 @@ def to_module(um: Any, *, num_samples: int | None = None, seed: int = 0) -> nn.M
         exported: nn.Module = plain.ExportedClassifier(builder.classifier(um.method))
     else:
         exported = plain.ExportedRegressor(builder.regressor(um.method))
-    return exported.eval()
+    return exported.to(um.device).eval()  # the draws made on the CPU join the network on its device
 
 
 def calibrator_module(calibrator: Any) -> nn.Module:
@@ -230,7 +230,8 @@ def _swag_moments(method: Method) -> tuple[Tensor, Tensor, Tensor | None, float]
     if collector is None:
         raise NotFittedError("swag is not fitted: call um.fit(train_loader) first")
     deviations = collector.held_deviations if method.cov else None
-    return collector.mean.float(), collector.variance.float(), None if deviations is None else deviations.float(), float(method.scale)
+    return (collector.mean.float().cpu(), collector.variance.float().cpu(),
+            None if deviations is None else deviations.float().cpu(), float(method.scale))
 
 
 # ---------------------------------------------------------------------------------------------------- classifiers
@@ -329,7 +330,7 @@ def _swag_last_layer(builder: Builder, method: Method) -> nn.Module:
     if flat.shape[1] > size:
         biases = flat[:, size:]
     else:
-        biases = None if head.bias is None else head.bias.detach().float().expand(count, -1).clone()
+        biases = None if head.bias is None else head.bias.detach().float().cpu().expand(count, -1).clone()
     backbone = builder.backbone(method.model)
     return plain.HeadSamples(backbone, backbone.add_tap(head_name, "input"), weights.clone(), biases)
 
