@@ -166,8 +166,8 @@ def test_mc_dropout_with_shared_masks_exports_exactly_its_seeded_predict(stacked
 
 
 @pytest.mark.parametrize("method, options", [("mc-dropout", {"p": 0.25}), ("swag", {"subset": "last_layer", "epochs": 2}),
-                                             ("laplace", {"link": "mc"})],
-                         ids=["mc-dropout", "last-layer swag", "laplace mc"])
+                                             ("laplace", {"link": "mc"}), ("vi", {"epochs": 1})],
+                         ids=["mc-dropout", "last-layer swag", "laplace mc", "vi at the head"])
 def test_sampled_predictives_export_with_fixed_draws_that_match_predict_in_distribution(method, options, small) -> None:
     epochs = options.pop("epochs", None)
     um = posthoc.wrap(zoo.pretrained(), method=method, **options)
@@ -189,7 +189,7 @@ def test_sampled_predictives_export_with_fixed_draws_that_match_predict_in_distr
 REFUSED = {
     "swag over the network": ("swag", {}, "samples whole networks"),
     "laplace over layers": ("laplace", {"subset": ["classifier.1"]}, "linearises the whole network"),
-    "vi": ("vi", {}, "samples are networks"),
+    "vi over layers": ("vi", {"layers": "all"}, "samples are networks"),
     "ibnn": ("ibnn", {}, "samples are networks"),
     "ivon": ("ivon", {}, "samples are networks"),
     "sgld": ("sgld", {}, "samples are networks"),

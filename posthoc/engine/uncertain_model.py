@@ -342,11 +342,13 @@ class UncertainModel(nn.Module):
         - ``mc-dropout`` with its one dropout site on the head's input (the default ``where="head"``, or a model's
           own dropout right before its Linear head): ``S`` masks over the head's input; with ``masks="shared"`` this
           is exactly ``um.predict(x, generator=torch.Generator().manual_seed(seed))``;
-        - last-layer ``swag``: ``S`` head weights drawn from its Gaussian.
+        - last-layer ``swag``: ``S`` head weights drawn from its Gaussian;
+        - ``vi`` or ``sparse-vd`` over the head (``layers="head"``, VI's default): ``S`` head weights drawn from the
+          mean-field Gaussian.
 
         Refused with :class:`~posthoc.ExportError` (saying why and what to do): methods that sample or linearise the
-        network's inner layers (Laplace over layers, SWAG over layers, MC dropout at several sites, VI, iBNN, IVON,
-        SGLD, sparse VD), whose samples need the network run once per sample.
+        network's inner layers (Laplace over layers, SWAG over layers, MC dropout at several sites, VI or sparse VD
+        over layers, iBNN, IVON, SGLD), whose samples need the network run once per sample.
 
         Example:
             >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")

@@ -117,7 +117,7 @@ def _refusal(method: Method, *, regression: bool = False) -> ExportError:
 
 
 #: methods whose samples are whole networks (weights inside it, or a noise on its inner nodes)
-NETWORK_SAMPLERS = ("ImplicitBNN", "IVON", "SGLD", "SparseVariationalDropout", "VariationalInference", "MultiSWAG")
+NETWORK_SAMPLERS = ("ImplicitBNN", "IVON", "SGLD", "SparseVariationalDropout", "VariationalInference")
 SAMPLES_NETWORKS = ("its samples are networks with their inner weights or nodes perturbed, which need the network run "
                     "once per sample (no fixed tensor program on the head's input)")
 
@@ -335,6 +335,30 @@ def _swag_last_layer(builder: Builder, method: Method) -> nn.Module:
     return plain.HeadSamples(backbone, backbone.add_tap(head_name, "input"), weights.clone(), biases)
 
 
+def _variational_moments(method: Method) -> tuple[str, Tensor, Tensor, Tensor | None, Tensor | None]:
+    """A head-only variational posterior's ``(head name, weight mean, weight variance, bias mean, bias variance)``."""
+    name = method.split.head_name
+    weight_mean, weight_var, bias_mean, bias_var = method.layers[name].moments()
+    detached = [None if t is None else t.detach().float().cpu() for t in (weight_mean, weight_var, bias_mean, bias_var)]
+    return (name, *detached)
+
+
+def _variational_head(builder: Builder, method: Method) -> nn.Module:
+    """VI or sparse VD over the head (``layers="head"``): ``S`` head weights drawn from the mean-field Gaussian."""
+    if method.split is None:
+        raise _refusal(method)
+    name, weight_mean, weight_var, bias_mean, bias_var = _variational_moments(method)
+    count, generator = builder.samples_of(method), builder.generator()
+    weights = weight_mean + weight_var.clamp_min(0).sqrt() * torch.randn(count, *weight_mean.shape, generator=generator)
+    biases = None
+    if bias_mean is not None:
+        biases = bias_mean.expand(count, -1).clone()
+        if bias_var is not None:
+            biases = biases + bias_var.clamp_min(0).sqrt() * torch.randn(count, *bias_mean.shape, generator=generator)
+    backbone = builder.backbone(method.model)
+    return plain.HeadSamples(backbone, backbone.add_tap(name, "input"), weights, biases)
+
+
 #: converters of classifiers, by method class name (the first class of a method's MRO found here converts it)
 CLASSIFIERS: dict[str, Callable[[Builder, Method], nn.Module]] = {
     "PlainModel": _plain,
@@ -345,6 +369,7 @@ CLASSIFIERS: dict[str, Callable[[Builder, Method], nn.Module]] = {
     "AutoMethod": _auto,
     "MCDropout": _mc_dropout,
     "LastLayerSWAG": _swag_last_layer,
+    "VariationalMethod": _variational_head,
 }
 
 
@@ -393,6 +418,11 @@ REGRESSORS: dict[str, Callable[[Builder, Method], nn.Module]] = {
 }
 
 
+def _samples_layers(method: Method) -> bool:
+    """Whether a variational method covers layers inside the network (not the head alone)."""
+    return any(cls.__name__ == "VariationalMethod" for cls in type(method).__mro__) and method.split is None
+
+
 def check_exportable(method: Method, *, regression: bool = False) -> None:
     """Refuse, before anything fitted is read, a chain (or ensemble member) with a method that has no converter.
 
@@ -405,7 +435,7 @@ def check_exportable(method: Method, *, regression: bool = False) -> None:
     """
     table = REGRESSORS if regression else CLASSIFIERS
     for member in chain_of(method):
-        if not any(cls.__name__ in table for cls in type(member).__mro__):
+        if not any(cls.__name__ in table for cls in type(member).__mro__) or _samples_layers(member):
             raise _refusal(member, regression=regression)
         for inner in getattr(member, "members", None) or []:
             check_exportable(inner, regression=regression)
