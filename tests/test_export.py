@@ -16,6 +16,7 @@ import textwrap
 import warnings
 from pathlib import Path
 
+import onnxruntime
 import pytest
 import timm
 import torch
@@ -230,7 +231,6 @@ def test_timm_resnet_exports_equal_to_predict(one_thread) -> None:
 
 
 def test_hugging_face_classifier_exports_equal_to_predict(one_thread) -> None:
-    pytest.importorskip("transformers")
     tokenizer = hf.word_tokenizer()
     batches = hf.text_batches(*hf.keyword_texts(160, seed=0), tokenizer, 40)
     model = hf.tiny_bert().eval()
@@ -310,35 +310,29 @@ def test_saved_program_runs_in_a_process_that_never_imports_posthoc(small, tmp_p
 # ------------------------------------------------------------------------------------------ ONNX
 @pytest.mark.parametrize("name", ["vector", "histogram", "laplace kron", "laplace+dac"])
 def test_onnx_runtime_runs_the_torchscript_onnx_export(name, small, tmp_path: Path) -> None:
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
     method, options = DETERMINISTIC[name]
     um = _fit(method, small, **options)
     module, x = um.to_module(), small["x"][:16]
     path = tmp_path / "model.onnx"
     torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"], output_names=["probs"],
                       dynamic_axes={"x": {0: "batch"}, "probs": {0: "batch"}})
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": small["x"][:7].numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), um.predict(small["x"][:7]).probs, atol=ATOL, rtol=0)
 
 
 def test_onnx_runtime_runs_the_dynamo_onnx_export(small, tmp_path: Path) -> None:
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
     um = _fit("mc-dropout", small, p=0.25, masks="shared")
     x = small["x"][:8]
     path = tmp_path / "model.onnx"
     torch.onnx.export(um.to_module(seed=5), (x,), str(path), dynamo=True, input_names=["x"], output_names=["probs"])
-    session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": x.numpy()})[0]
     expected = um.predict(x, generator=torch.Generator().manual_seed(5)).probs
     torch.testing.assert_close(torch.from_numpy(got), expected, atol=ATOL, rtol=0)
 
 
 def test_onnx_runtime_runs_calibration_maps(tmp_path: Path) -> None:
-    ort = pytest.importorskip("onnxruntime")
-    pytest.importorskip("onnx")
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (400,), generator=generator)
     logits = 3 * torch.nn.functional.one_hot(labels, 4) + 2.5 * torch.randn(400, 4, generator=generator)
@@ -347,6 +341,6 @@ def test_onnx_runtime_runs_calibration_maps(tmp_path: Path) -> None:
         path = tmp_path / f"{method}.onnx"
         torch.onnx.export(calibrator.to_module(), (logits[300:],), str(path), dynamo=False, input_names=["logits"],
                           dynamic_axes={"logits": {0: "batch"}})
-        session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         got = session.run(None, {"logits": logits[300:350].numpy()})[0]
         torch.testing.assert_close(torch.from_numpy(got), calibrator(logits[300:350]), atol=ATOL, rtol=0)
