@@ -254,6 +254,12 @@ def test_regressors_export_mean_and_variance() -> None:
         for got in (module(test), _exported(module, test)(test)):
             torch.testing.assert_close(got[0], expected.mean, atol=ATOL, rtol=0)
             torch.testing.assert_close(got[1], expected.variance, atol=ATOL, rtol=1e-5)
+    torch.manual_seed(0)
+    predicts_noise = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).eval()  # a mean and a log-variance
+    um = posthoc.wrap(predicts_noise, method="none", likelihood="heteroscedastic")
+    expected, (mean, variance) = um.predict(test), _exported(um.to_module(), test)(test)
+    torch.testing.assert_close(mean, expected.mean, atol=ATOL, rtol=0)
+    torch.testing.assert_close(variance, expected.variance, atol=ATOL, rtol=1e-5)
 
 
 # ------------------------------------------------------------------------------------------ posthoc.calibrate

@@ -341,7 +341,8 @@ class UncertainModel(nn.Module):
           weights: each input's logits are its Gaussian logits);
         - ``mc-dropout`` with its one dropout site on the head's input (the default ``where="head"``, or a model's
           own dropout right before its Linear head): ``S`` masks over the head's input; with ``masks="shared"`` this
-          is exactly ``um.predict(x, generator=torch.Generator().manual_seed(seed))``;
+          is exactly ``um.predict(x, generator=torch.Generator().manual_seed(seed))`` for a batch ``predict`` runs in
+          one chunk (its first chunk holds 8 examples, and each later chunk draws its own masks);
         - last-layer ``swag``: ``S`` head weights drawn from its Gaussian;
         - ``vi`` or ``sparse-vd`` over the head (``layers="head"``, VI's default): ``S`` head weights drawn from the
           mean-field Gaussian.
