@@ -288,8 +288,10 @@ def test_platt_exports_a_binary_classifiers_one_logit() -> None:
 
 # ------------------------------------------------------------------------------------------ serving without posthoc
 def test_saved_program_runs_in_a_process_that_never_imports_posthoc(small, tmp_path: Path) -> None:
-    """The ``torch.export`` program runs with torch alone, and the module classes' file, copied, imports only torch."""
-    um = _fit(["laplace", "dac"], small)
+    """The ``torch.export`` program of a loaded posterior runs with torch alone, and the module classes' file, copied,
+    imports only torch."""
+    _fit(["laplace", "dac"], small).save(tmp_path / "posterior.pt")
+    um = posthoc.load(tmp_path / "posterior.pt", erring_cnn())
     x = small["x"][:16]
     torch.export.save(torch.export.export(um.to_module(), (x,)), tmp_path / "model.pt2")
     torch.save({"x": x, "probs": um.predict(x).probs}, tmp_path / "check.pt")

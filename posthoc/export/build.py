@@ -24,11 +24,12 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ExportError, NotFittedError
+from posthoc.core.errors import ExportError, HeadNotFoundError, NotFittedError
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method, chain_of
 from posthoc.engine.head import FeatureSplit
 from posthoc.export import modules as plain
+from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 
 #: weight draws of an exported sampling predictive when neither ``num_samples`` nor the method says
 DEFAULT_SAMPLES = 100
@@ -202,7 +203,7 @@ def _dropout_head(method: Method, site: Any) -> tuple[str, nn.Linear]:
     model = method.model
     try:
         split = FeatureSplit(model, site.name if site.at == "input" else method.head)
-    except Exception as err:  # a head that cannot be found without an input, or is not Linear
+    except HeadNotFoundError as err:  # a head that cannot be found without an input, or is not Linear
         raise ExportError(f"mc-dropout's head could not be found for export ({err}); pass head=... to posthoc.wrap") from err
     if split.head is not None:
         module = model.get_submodule(site.name)
@@ -305,8 +306,6 @@ def _mc_dropout(builder: Builder, method: Method) -> nn.Module:
         return _plain(builder, method)
     head_name, head = _dropout_head(method, site)
     p = _dropout_rate(site)
-    from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
-
     keep = keep_mask((builder.samples_of(method), head.in_features), p, generator=builder.generator(), device="cpu")
     scale = keep.float() / keep_probability(p)
     weights = head.weight.detach().float().cpu() * scale[:, None, :]
