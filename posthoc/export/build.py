@@ -427,7 +427,7 @@ def check_exportable(method: Method, *, regression: bool = False) -> None:
 
     Example:
         >>> try:
-        ...     check_exportable(posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="vi").method)
+        ...     check_exportable(posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="vi", layers="all").method)
         ... except posthoc.ExportError as err:
         ...     print(str(err)[:40])
         um.to_module() cannot export 'vi': its s
