@@ -131,8 +131,8 @@ def test_ensembles_and_auto_export_equal_to_predict(small) -> None:
     ensemble = posthoc.wrap([erring_cnn(), other], method=["laplace", "temperature"])
     module = _assert_exports(ensemble.fit(small["fit"], small["val"], progress=False, shift=None), x)
     assert len(module.predictive.inner.members) == 2
-    _assert_exports(posthoc.wrap([erring_cnn(), other], method=["none", "dac"]).fit(small["fit"], small["val"], progress=False,
-                                                                                         shift=None), x)
+    with_dac = posthoc.wrap([erring_cnn(), other], method=["none", "dac"])
+    _assert_exports(with_dac.fit(small["fit"], small["val"], progress=False, shift=None), x)
     auto = _fit("auto", small, candidates=["none", "temperature"])
     _assert_exports(auto, x)
 
@@ -166,7 +166,8 @@ def test_mc_dropout_with_shared_masks_exports_exactly_its_seeded_predict(stacked
     torch.testing.assert_close(_exported(module, x)(x), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("method, options", [("mc-dropout", {"p": 0.25}), ("swag", {"subset": "last_layer", "epochs": 2}),
+@pytest.mark.parametrize("method, options", [("mc-dropout", {"p": 0.25}),
+                                             ("swag", {"subset": "last_layer", "epochs": 2}),
                                              ("laplace", {"link": "mc"}), ("vi", {"epochs": 1})],
                          ids=["mc-dropout", "last-layer swag", "laplace mc", "vi at the head"])
 def test_sampled_predictives_export_with_fixed_draws_that_match_predict_in_distribution(method, options, small) -> None:

@@ -34,7 +34,8 @@ from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 #: weight draws of an exported sampling predictive when neither ``num_samples`` nor the method says
 DEFAULT_SAMPLES = 100
 #: what every refusal suggests
-IN_PROCESS = "serve it in process with um.predict (or um(x)) instead, or export a method listed in docs/serving-export.md"
+IN_PROCESS = ("serve it in process with um.predict (or um(x)) instead, or export a method listed in "
+              "docs/serving-export.md")
 
 
 class Builder:
@@ -71,7 +72,7 @@ class Builder:
         raise _refusal(method)
 
     def regressor(self, method: Method) -> nn.Module:
-        """The predictive module ``(means (K, N, D), variances (K, N, D))`` of ``method`` under a regression likelihood."""
+        """The predictive module ``(means (K, N, D), variances (K, N, D))`` of ``method`` (a regression likelihood)."""
         for cls in type(method).__mro__:
             convert = REGRESSORS.get(cls.__name__)
             if convert is not None:
@@ -84,7 +85,8 @@ def to_module(um: Any, *, num_samples: int | None = None, seed: int = 0) -> nn.M
     classification = isinstance(um.likelihood, Categorical)
     check_exportable(um.method, regression=not classification)
     if um.method.requires_fit and not um.is_fitted:
-        raise NotFittedError("um.to_module() exports the fitted predictive: call um.fit(train_loader, val_loader) first")
+        raise NotFittedError("um.to_module() exports the fitted predictive: call um.fit(train_loader, val_loader) "
+                             "first")
     um.method.follow_model_device()
     builder = Builder(num_samples, seed)
     if classification:
@@ -164,7 +166,8 @@ def _head_factors(method: Method, prior_precision: float) -> dict[str, Tensor]:
         return {"in_eigvecs": block.in_eigvecs.float().clone(), "inverse": inverse.float(),
                 "out_eigvecs": block.out_eigvecs.float().clone()}
     _, head, bias = _laplace_head(method)
-    vectors, spread = block._diagonal_blocks(prior_precision, head.out_features, head.in_features + int(bias), torch.float32)
+    width = head.in_features + int(bias)
+    vectors, spread = block._diagonal_blocks(prior_precision, head.out_features, width, torch.float32)
     return {"vectors": vectors.clone(), "spread": spread.clone()}
 
 
@@ -178,7 +181,8 @@ def _dac_state(method: Method) -> dict[str, Any]:
     """DAC's layers, banks and fitted temperature map."""
     if method.bank is None or method.weights is None:
         raise NotFittedError("dac is not fitted: call um.fit(train_loader, val_loader) first")
-    return {"sites": [(site.name, site.at) for site in method.sites()], "banks": [b.float().clone() for b in method._banks()],
+    return {"sites": [(site.name, site.at) for site in method.sites()],
+            "banks": [bank.float().clone() for bank in method._banks()],
             "k": min(method.k, method.bank_rows), "anchors": method.anchors.float().clone(),
             "spreads": method.spreads.float().clone(), "temperature": method.temperature.float().clone(),
             "weights": method.weights.float().clone()}
@@ -204,7 +208,8 @@ def _dropout_head(method: Method, site: Any) -> tuple[str, nn.Linear]:
     try:
         split = FeatureSplit(model, site.name if site.at == "input" else method.head)
     except HeadNotFoundError as err:  # a head that cannot be found without an input, or is not Linear
-        raise ExportError(f"mc-dropout's head could not be found for export ({err}); pass head=... to posthoc.wrap") from err
+        raise ExportError(f"mc-dropout's head could not be found for export ({err}); pass head=... to "
+                          "posthoc.wrap") from err
     if split.head is not None:
         module = model.get_submodule(site.name)
         if site.at == "input" and module is split.head:
@@ -251,7 +256,8 @@ def _laplace(builder: Builder, method: Method) -> nn.Module:
         draws = block.sample(value, prior_precision, builder.samples_of(method), builder.generator()).float()
         return plain.HeadGaussian(backbone, tap, structure, "samples", bias, {}, draws)
     if method.link == "bridge" and structure == "full":
-        raise ExportError("um.to_module() exports the Laplace bridge for hessian='diag' and 'kron' (hessian='full' needs "
+        raise ExportError("um.to_module() exports the Laplace bridge for hessian='diag' and 'kron' (hessian='full' "
+                          "needs "
                           "each input's C x C covariance); wrap with link='probit' or link='mc' to export it")
     return plain.HeadGaussian(backbone, tap, structure, method.link, bias, _head_factors(method, prior_precision))
 
@@ -288,8 +294,8 @@ def _dac(builder: Builder, method: Method) -> nn.Module:
     inner = builder.classifier(method.inner)
     backbone = builder.backbone(method.base_model)
     taps = [backbone.add_tap(name, at) for name, at in state["sites"]]
-    return plain.DensityTemperature(inner, backbone, taps, state["banks"], state["k"], state["anchors"], state["spreads"],
-                                    state["temperature"], state["weights"])
+    return plain.DensityTemperature(inner, backbone, taps, state["banks"], state["k"], state["anchors"],
+                                    state["spreads"], state["temperature"], state["weights"])
 
 
 def _ensemble(builder: Builder, method: Method) -> nn.Module:

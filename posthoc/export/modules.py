@@ -420,7 +420,8 @@ class DensityTemperature(nn.Module):
     def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
         log_probs, samples = self.inner(x)
         banks = [getattr(self, f"bank{index}") for index in range(len(self.taps))]
-        log_d = torch.stack([self.log_distance(self.backbone.tapped(tap), bank) for tap, bank in zip(self.taps, banks)], 1)
+        log_d = torch.stack([self.log_distance(self.backbone.tapped(tap), bank)
+                             for tap, bank in zip(self.taps, banks)], 1)
         excess = ((log_d - self.anchors) / self.spreads).clamp_min(0)
         t = self.temperature * (1 + excess @ self.weights)
         if samples is not None:
