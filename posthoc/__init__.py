@@ -16,6 +16,7 @@ from posthoc.calibrate import calibrate
 from posthoc.core import errors, settings
 from posthoc.core.errors import (
     ConfigError,
+    ExportError,
     HeadNotFoundError,
     InputError,
     NotFittedError,
@@ -49,5 +50,5 @@ __all__ = [
     "Prediction", "Report", "UncertainModel", "Method", "Tolerance",
     "Gaussian", "HeteroscedasticGaussian", "RegressionPrediction", "RegressionReport",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
-    "PosteriorFileError", "NumericalError",
+    "PosteriorFileError", "NumericalError", "ExportError",
 ]

@@ -51,6 +51,11 @@ class MissingDependencyError(PosthocError, ImportError):
     """An optional extra that a feature needs is not installed (the message names the ``pip install``)."""
 
 
+class ExportError(PosthocError, ValueError):
+    """A fitted predictive cannot be exported as a plain module (``um.to_module()``); the message says why and what
+    to do instead."""
+
+
 def exit_status(run: Callable[[], object]) -> int:
     """Run a command-line job: ``0`` on success; a posthoc error is printed as ``error: ...`` and gives ``2``.
 

@@ -335,6 +335,51 @@ class UncertainModel(nn.Module):
         """Predictive probabilities ``(N, C)`` (under a regression likelihood, the predictive mean ``(N, D)``)."""
         return self.likelihood.point(self.predict(x))
 
+    def to_module(self, *, num_samples: int | None = None, seed: int = 0) -> nn.Module:
+        """The fitted predictive as a self-contained ``nn.Module`` of plain torch ops, for serving without posthoc.
+
+        ``module(x)`` gives the predictive probabilities ``(N, C)`` (float32), the same as ``um.predict(x).probs``;
+        under a regression likelihood ``(mean, variance)``, each ``(N, D)``. The fitted constants are buffers and
+        the network is a copy in eval mode; the classes live in :mod:`posthoc.export.modules`, which imports only
+        torch, so ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not installed
+        (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
+
+        What exports: ``"none"``; every calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
+        ``platt``, ``histogram``, ``isotonic``, ``auto-calibration``); last-layer ``laplace`` with ``link="probit"``
+        or ``"bridge"`` (``"bridge"`` not with ``hessian="full"``); ``dac`` stacked on any of these; ensembles of
+        them; ``method="auto"`` (its chosen chain). Regression: ``"none"``, last-layer ``laplace``, ensembles.
+
+        Fixed samples, drawn once at export from ``seed`` (``num_samples`` of them, default: the method's own), the
+        same draws for every input, so each input's samples follow the method's distribution but two inputs' samples
+        are correlated, and the output is one Monte Carlo estimate, not ``um.predict``'s fresh draws:
+
+        - last-layer ``laplace`` with ``link="mc"``: head weights drawn from the posterior (logits linear in the
+          weights: each input's logits are its Gaussian logits);
+        - ``mc-dropout`` with its one dropout site on the head's input (the default ``where="head"``, or a model's
+          own dropout right before its Linear head): ``S`` masks over the head's input; with ``masks="shared"`` this
+          is exactly ``um.predict(x, generator=torch.Generator().manual_seed(seed))`` for a batch ``predict`` runs in
+          one chunk (its first chunk holds 8 examples, and each later chunk draws its own masks);
+        - last-layer ``swag``: ``S`` head weights drawn from its Gaussian;
+        - ``vi`` or ``sparse-vd`` over the head (``layers="head"``, VI's default): ``S`` head weights drawn from the
+          mean-field Gaussian.
+
+        Refused with :class:`~posthoc.ExportError` (saying why and what to do): methods that sample or linearise the
+        network's inner layers (Laplace over layers, SWAG over layers, MC dropout at several sites, VI or sparse VD
+        over layers, iBNN, IVON, SGLD), whose samples need the network run once per sample.
+
+        Example:
+            >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")
+            >>> x = torch.randn(5, 4)
+            >>> program = torch.export.export(um.to_module(), (x,))
+            >>> torch.allclose(program.module()(x), um.predict(x).probs, atol=1e-6)
+            True
+        """
+        # the exporter reads the methods, which sit above the engine: imported when called
+        from posthoc.export.build import to_module
+
+        positive_int(num_samples, "num_samples", none="the method's own")
+        return to_module(self, num_samples=num_samples, seed=seed)
+
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.
 

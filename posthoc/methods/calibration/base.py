@@ -229,6 +229,21 @@ class Calibrator(CalibratorOptions, nn.Module):
         """Calibrated probabilities ``(N, C)``: ``calibrator(logits)``."""
         return self.log_probs(logits).exp()
 
+    def to_module(self) -> nn.Module:
+        """This fitted calibrator as a self-contained ``nn.Module``: class logits ``(N, C)`` (``(N,)`` or ``(N, 1)``
+        for a binary classifier) in, calibrated probabilities ``(N, C)`` out, plain torch ops with the fitted
+        parameters as buffers (see ``UncertainModel.to_module``); ``torch.export`` and ONNX take it.
+
+        Example:
+            >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
+            >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
+            >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)
+            True
+        """
+        from posthoc.export.build import calibrator_module
+
+        return calibrator_module(self)
+
     # ------------------------------------------------------------------ files
 
     def extra_repr(self) -> str:
