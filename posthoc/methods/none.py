@@ -40,10 +40,10 @@ class PlainModel(Method):
                          lambda x: (model_outputs(run_model(self.model, x))[None], None), progress=progress)
         super().fit(train_loader, val_loader, progress=progress)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         return self.likelihood.predictive(model_outputs(run_model(self.model, x))[None])
