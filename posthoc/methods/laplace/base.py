@@ -199,9 +199,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """The curvature from ``train_loader``, and the prior precision unless it is chosen on held-out data
-        (:meth:`choose`): a fixed one, the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``),
-        or, for ``"auto"`` without a ``val_loader``, the held-out rule on training rows (:meth:`held_out_without_val`)."""
+        """The curvature from ``train_loader``, and what the training data alone decide: a fixed prior precision or
+        the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``), with the evidence's noise. What
+        held-out data decide is :meth:`choose`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
+        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`held_out_without_val`)."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -216,8 +217,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         source = self._source(val_loader is not None)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
-            if val_loader is not None and not self.likelihood.fixed:
-                self._fit_noise_on_held_out(val_loader, fixed_prior=source == "fixed", progress=progress)
         elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
@@ -233,14 +232,26 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return first_rows(train_loader, TRAIN_ROWS, self.device)
 
     @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior chosen on held-out data
-        return self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior, or a regression's noise, chosen on held-out data
+        return (self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+                or self._chooses_noise)
+
+    @property
+    def _chooses_noise(self) -> bool:
+        """Whether held-out data re-choose the observation noise (:meth:`_fit_noise_on_held_out`)."""
+        return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
         Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
-        the chosen δ keeps that noise; no perturbed copies there."""
+        the chosen δ keeps that noise; no perturbed copies there. With a prior from the evidence or fixed, only the
+        noise is chosen here (:meth:`_fit_noise_on_held_out`)."""
         source = "train" if held_out.from_training_data else self._source(True)
+        if self.likelihood.fits_noise and source not in ("val", "grid"):
+            if self._chooses_noise:
+                with torch.no_grad(), eval_mode(self.model):
+                    self._fit_noise_on_held_out(list(held_out.clean()), fixed_prior=source == "fixed", progress=progress)
+            return
         if source not in ("val", "grid", "train") or (self.likelihood.fits_noise and not self.scores_gaussian_held_out):
             return
         with torch.no_grad(), eval_mode(self.model):
@@ -305,7 +316,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             likelihood.set_noise(std, "marglik")
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise.
+        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`choose`).
 
         A trained network fits its training targets more closely than new ones, so the evidence, which
         reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
