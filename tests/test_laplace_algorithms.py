@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.chunks import budget_scope
-from posthoc.methods.laplace import LastLayerLaplace, Laplace, SubsetLaplace, subset_glm
+from posthoc.methods.laplace import Laplace, LastLayerLaplace, SubsetLaplace, subset_glm
 from posthoc.methods.laplace.glm_predictive import LogitGaussian, chunked_log_predictive
 
 

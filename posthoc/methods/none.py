@@ -16,12 +16,18 @@ from collections.abc import Iterable
 
 import torch
 
-from posthoc.core.registry import register
-from posthoc.core.method import LogPredictive, Method
 from posthoc.core.inputs import Inputs, run_model
-from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
+from posthoc.core.likelihood import (
+    Categorical,
+    Gaussian,
+    HeteroscedasticGaussian,
+    fit_noise_on,
+    model_outputs,
+)
 from posthoc.core.logits import class_log_probs
+from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
 
 

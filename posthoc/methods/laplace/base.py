@@ -68,15 +68,24 @@ from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
-from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
-from posthoc.methods.laplace.glm_predictive import LINKS
-from posthoc.methods.laplace.marglik import (gaussian_nll, log_marginal_likelihood, optimize_noise_and_prior,
-                                             optimize_prior_precision)
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows, small_dense_work
-from posthoc.engine.selection import Scores, Selection, warn_fallback
-from posthoc.methods.laplace.gaussian_rows import NOISE_STEPS, Rows, normal_nll, residual_std
+from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.methods.laplace.gaussian_rows import (
+    NOISE_STEPS,
+    Rows,
+    normal_nll,
+    residual_std,
+)
+from posthoc.methods.laplace.glm_predictive import LINKS
+from posthoc.methods.laplace.marglik import (
+    gaussian_nll,
+    log_marginal_likelihood,
+    optimize_noise_and_prior,
+    optimize_prior_precision,
+)
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, ladder
+from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.units import TargetMoments
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
@@ -257,11 +266,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         with torch.no_grad(), eval_mode(self.model):
             if self.likelihood.fits_noise:
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
-                score = lambda delta: Scores(gather_rows(torch.cat(  # noqa: E731
+                score = lambda delta: Scores(gather_rows(torch.cat(
                     self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
             else:
                 prepared = held_out.prepared(self._prepare)
-                score = lambda delta: self._scores(prepared, delta)  # noqa: E731
+                score = lambda delta: self._scores(prepared, delta)
             if source == "grid":
                 self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll, default_grid(scale=self._scale)))
             else:

@@ -39,9 +39,9 @@ from torch import Tensor, nn
 
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
-from posthoc.engine.runner import sum_over_ranks
 
 
 def augment(phi: Tensor, bias: bool) -> Tensor:

@@ -35,9 +35,9 @@ from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.structures import structure_class

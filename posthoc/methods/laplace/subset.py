@@ -39,19 +39,30 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
+from posthoc.core.inputs import (
+    Inputs,
+    batch_size,
+    iterate,
+    run_model,
+    run_model_with,
+    slice_inputs,
+)
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
 from posthoc.methods.laplace.base import Laplace
-from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, backpack_ggn, subset_parameters
+from posthoc.methods.laplace.curvature import (
+    SUBSET_STRUCTURES,
+    backpack_ggn,
+    subset_parameters,
+)
 from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
 from posthoc.methods.laplace.structures import structure_class
-from posthoc.engine.runner import sum_over_ranks
 
 
 class SubsetLaplace(Laplace, scope="subset"):
