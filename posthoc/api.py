@@ -69,7 +69,8 @@ def wrap_spec(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) ->
             width = output_width(member) if isinstance(member, nn.Module) else None
             if width is not None:
                 likelihood.check_width(width)
-    method, source = build_chain(model, spec)
+    with RunOptions.from_spec(spec).scope():  # a method may check at build what its posterior will hold
+        method, source = build_chain(model, spec)
     return UncertainModel(method, spec, fingerprint=source)
 
 

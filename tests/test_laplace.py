@@ -282,6 +282,14 @@ def test_full_hessian_over_the_memory_budget_is_refused_before_allocating() -> N
     posthoc.wrap(model, method="laplace", hessian="kron")  # fine
 
 
+def test_full_hessian_is_checked_against_the_wraps_memory_budget() -> None:
+    model = nn.Sequential(nn.Linear(8, 60), nn.ReLU(), nn.Linear(60, 100))  # 6,100 parameters: 595 MB for 'full'
+    with posthoc.settings.override(max_memory=2**29), pytest.raises(ConfigError, match="kron"):
+        posthoc.wrap(model, method="laplace", hessian="full")
+    with posthoc.settings.override(max_memory=2**29):
+        posthoc.wrap(model, method="laplace", hessian="full", max_memory=2**30)  # the wrap's budget holds it
+
+
 def test_predict_before_fit_is_refused(digits_model, digits) -> None:
     with pytest.raises(posthoc.NotFittedError):
         posthoc.wrap(digits_model, method="laplace").predict(digits.test.tensors[0][:2])

@@ -16,12 +16,18 @@ from collections.abc import Iterable
 
 import torch
 
-from posthoc.core.registry import register
-from posthoc.core.method import LogPredictive, Method
 from posthoc.core.inputs import Inputs, run_model
-from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
+from posthoc.core.likelihood import (
+    Categorical,
+    Gaussian,
+    HeteroscedasticGaussian,
+    fit_noise_on,
+    model_outputs,
+)
 from posthoc.core.logits import class_log_probs
+from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
 
 
@@ -40,10 +46,10 @@ class PlainModel(Method):
                          lambda x: (model_outputs(run_model(self.model, x))[None], None), progress=progress)
         super().fit(train_loader, val_loader, progress=progress)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         return self.likelihood.predictive(model_outputs(run_model(self.model, x))[None])

@@ -53,6 +53,7 @@ Example:
 from __future__ import annotations
 
 import abc
+import contextlib
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -60,23 +61,31 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
-from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
 from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
-from posthoc.core.threads import single_thread_if
-from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
-from posthoc.methods.laplace.glm_predictive import LINKS
-from posthoc.methods.laplace.marglik import (gaussian_nll, log_marginal_likelihood, optimize_noise_and_prior,
-                                             optimize_prior_precision)
 from posthoc.engine.held_out import HeldOut, Prepared
-from posthoc.engine.selection import Scores, Selection, warn_fallback
-from posthoc.methods.laplace.gaussian_rows import NOISE_STEPS, Rows, normal_nll, residual_std
+from posthoc.engine.runner import gather_rows, small_dense_work
+from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.methods.laplace.gaussian_rows import (
+    NOISE_STEPS,
+    Rows,
+    normal_nll,
+    residual_std,
+)
+from posthoc.methods.laplace.glm_predictive import LINKS
+from posthoc.methods.laplace.marglik import (
+    gaussian_nll,
+    log_marginal_likelihood,
+    optimize_noise_and_prior,
+    optimize_prior_precision,
+)
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, ladder
+from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.units import TargetMoments
 
 PRIOR_MODES = ("auto", "val", "grid", "marglik")
@@ -123,8 +132,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             with Conv2d layers).
         num_samples: samples for ``link="mc"`` and ``pred="nn"``.
         head: name of the classifier head, if it cannot be found automatically.
-        max_memory: bytes for the posterior matrices and for one chunk of the predictive's
-            temporaries (``None``: ``posthoc.settings.max_memory`` at call time).
+
+    The posterior matrices and each chunk of the predictive's temporaries stay under the runner's memory budget
+    (:mod:`posthoc.core.chunks`).
     """
 
     name = "laplace"
@@ -150,7 +160,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         pred: str | None = None,
         num_samples: int = 100,
         head: str | None = None,
-        max_memory: int | None = None,
     ) -> None:
         super().__init__(model)
         _check_options(hessian, subset, prior_precision, link, pred)
@@ -159,7 +168,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
         self._scale = 1.0
         self.num_samples = positive_int(num_samples, "num_samples")
-        self.max_memory = memory_bytes(max_memory)
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
         self.register_buffer("prior_precision", torch.tensor(initial, dtype=torch.float64))
         self.register_buffer("train_loss", torch.zeros((), dtype=torch.float64))
@@ -200,9 +208,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """The curvature from ``train_loader``, and the prior precision unless it is chosen on held-out data
-        (:meth:`choose`): a fixed one, the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``),
-        or, for ``"auto"`` without a ``val_loader``, the held-out rule on training rows (:meth:`held_out_without_val`)."""
+        """The curvature from ``train_loader``, and what the training data alone decide: a fixed prior precision or
+        the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``), with the evidence's noise. What
+        held-out data decide is :meth:`choose`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
+        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`held_out_without_val`)."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -217,8 +226,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         source = self._source(val_loader is not None)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
-            if val_loader is not None and not self.likelihood.fixed:
-                self._fit_noise_on_held_out(val_loader, fixed_prior=source == "fixed", progress=progress)
         elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
@@ -234,24 +241,36 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return first_rows(train_loader, TRAIN_ROWS, self.device)
 
     @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior chosen on held-out data
-        return self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior, or a regression's noise, chosen on held-out data
+        return (self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+                or self._chooses_noise)
+
+    @property
+    def _chooses_noise(self) -> bool:
+        """Whether held-out data re-choose the observation noise (:meth:`_fit_noise_on_held_out`)."""
+        return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
         Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
-        the chosen δ keeps that noise; no perturbed copies there."""
+        the chosen δ keeps that noise; no perturbed copies there. With a prior from the evidence or fixed, only the
+        noise is chosen here (:meth:`_fit_noise_on_held_out`)."""
         source = "train" if held_out.from_training_data else self._source(True)
+        if self.likelihood.fits_noise and source not in ("val", "grid"):
+            if self._chooses_noise:
+                with torch.no_grad(), eval_mode(self.model):
+                    self._fit_noise_on_held_out(list(held_out.clean()), fixed_prior=source == "fixed", progress=progress)
+            return
         if source not in ("val", "grid", "train") or (self.likelihood.fits_noise and not self.scores_gaussian_held_out):
             return
         with torch.no_grad(), eval_mode(self.model):
             if self.likelihood.fits_noise:
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
-                score = lambda delta: Scores(distributed.gather_cat(torch.cat(  # noqa: E731
+                score = lambda delta: Scores(gather_rows(torch.cat(
                     self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
             else:
                 prepared = held_out.prepared(self._prepare)
-                score = lambda delta: self._scores(prepared, delta)  # noqa: E731
+                score = lambda delta: self._scores(prepared, delta)
             if source == "grid":
                 self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll, default_grid(scale=self._scale)))
             else:
@@ -306,7 +325,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             likelihood.set_noise(std, "marglik")
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise.
+        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`choose`).
 
         A trained network fits its training targets more closely than new ones, so the evidence, which
         reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
@@ -336,9 +355,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         ``σ`` and prior ``δ`` the model variance is ``σ²`` times it at ``δ σ²``, as ``(G/σ² + δ)⁻¹ = σ² (G + δσ²)⁻¹``)."""
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
 
-    def _small_work(self, rows: Rows) -> bool:
-        """Whether the held-out noise search over ``rows`` runs on one CPU thread (:mod:`posthoc.core.threads`)."""
-        return False
+    def _noise_search_elements(self, rows: Rows) -> int | None:
+        """Float32 elements one step of the held-out noise search over ``rows`` holds, where it is small dense work
+        the runner may run on one thread (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
+        return None
 
     def _held_out_noise(self, rows: Rows, prior_precision: float) -> float:
         """The ``σ`` minimising the NLL of ``N(f(x), J Σ Jᵀ + σ²)`` on ``rows`` at ``prior_precision`` (a fixed ``σ``
@@ -346,7 +366,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if self.likelihood.fixed:
             return self.likelihood.fitted_std()
         log_residual = math.log(residual_std(rows))
-        with single_thread_if(self._small_work(rows)):
+        elements = self._noise_search_elements(rows)
+        with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
             log_std = golden_minimum(lambda log_std: sum(float(n.sum()) for n in self._gaussian_nll(rows, prior_precision,
                                                                                                  math.exp(log_std))),
                                      log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS)
@@ -367,22 +388,21 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
 
     # ------------------------------------------------------------------------------ predict
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        """The predictive of ``x`` at the fitted prior precision; its temporaries stay under this method's
-        ``max_memory`` option, else ``max_memory`` (what ``predict`` left for the chunk), else the setting."""
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
+        """The predictive of ``x`` at the fitted prior precision (its chunks planned under the runner's budget)."""
         self._settle()
-        return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples, max_memory)
+        return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples)
 
     @abc.abstractmethod
     def _prepare(self, x: Inputs) -> Any:
         """What the predictive needs of inputs ``x`` at any prior precision (cached by the grid search)."""
 
     @abc.abstractmethod
-    def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int,
-                    max_memory: int | None = None) -> LogPredictive:
-        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under this method's
-        ``max_memory`` option, else ``max_memory`` (:func:`~posthoc.core.chunks.call_budget`)."""
+    def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None,
+                    num_samples: int) -> LogPredictive:
+        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under the runner's memory
+        budget (:func:`~posthoc.core.chunks.chunks`)."""
 
     @abc.abstractmethod
     def _map_log_probs(self, inputs: Any) -> Tensor:

@@ -37,9 +37,9 @@ import torch
 from backpack import extensions
 from torch import Tensor, nn
 
-from posthoc.core import distributed
 from posthoc.core.errors import ConfigError, NumericalError
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 
@@ -83,15 +83,9 @@ class LastLayerGGN:
         self.num_data += phi.shape[0]
         self.kind.accumulate(self.statistics, augment(phi.to(dtype), self.bias), self.likelihood.loss_hessian(logits))
 
-    def reduce_across_ranks(self) -> None:
-        """Sum the statistics over ``torch.distributed`` ranks (a no-op in one process)."""
-        self.statistics = {name: distributed.all_reduce_sum(value) for name, value in self.statistics.items()}
-        self.loss = distributed.all_reduce_sum(self.loss)
-        self.num_data = int(distributed.all_reduce_sum(torch.tensor(self.num_data, dtype=FLOAT64)))
-
     def finalize(self) -> Curvature:
         """Sum over ranks and return the fitted block (eigen-decomposed where its structure needs it)."""
-        self.reduce_across_ranks()
+        self.statistics, self.loss, self.num_data = sum_over_ranks((self.statistics, self.loss, self.num_data))
         if self.num_data == 0:
             raise NumericalError("no training examples were seen; the curvature is undefined")
         return self.kind.from_head_statistics(self.statistics, self.num_data, self.bias)
@@ -224,7 +218,5 @@ def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batch
                     found[0] = found[0] / 2  # BackPACK's squared error has the loss Hessian 2 I
                 found = [f.detach().to(FLOAT64) for f in found]
                 sums[name] = found if name not in sums else [s + f for s, f in zip(sums[name], found)]
-    loss = distributed.all_reduce_sum(loss)  # every rank holds the sums over all shards
-    count = int(distributed.all_reduce_sum(torch.tensor(count, dtype=FLOAT64)))
-    sums = {name: [distributed.all_reduce_sum(s) for s in found] for name, found in sums.items()}
+    loss, count, sums = sum_over_ranks((loss, count, sums))  # every rank holds the sums over all shards
     return [structure_class(structure).from_sums(sums[name], count, name) for name in param_names], loss

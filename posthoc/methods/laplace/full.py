@@ -140,8 +140,8 @@ class FullCurvature(Curvature):
             raise ConfigError(
                 f"hessian='full' on this head needs a {params:,} x {params:,} matrix and its eigenvectors "
                 f"({needed / 2**30:.1f} GiB in float64), over the memory budget of {budget_bytes / 2**30:.1f} "
-                "GiB. Use hessian='kron' (Kronecker factors, the default) or hessian='diag', or raise "
-                "max_memory (bytes) if the machine really has the memory"
+                "GiB. Use hessian='kron' (Kronecker factors, the default) or hessian='diag', or raise the budget "
+                "with wrap(..., max_memory=<bytes>) if the machine really has the memory"
             )
 
     @classmethod

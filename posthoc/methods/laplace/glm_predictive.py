@@ -32,7 +32,6 @@ from torch import Tensor
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.logits import log_mean_exp
-from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.engine.random_draws import randn
 
 LINKS = ("probit", "mc", "bridge")
@@ -182,13 +181,6 @@ def log_predictive(g: GaussianLogits, link: str, num_samples: int, generator: to
     raise ConfigError(f"link must be one of {LINKS}, got {link!r}")
 
 
-def _link(g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None) -> tuple[Tensor, Tensor | None]:
-    """:func:`log_predictive`, on one CPU thread when its tensors are small (a few elementwise ops on ``(S, n, C)``)."""
-    elements = g.mean.numel() * (1 + (num_samples if link == "mc" else 0))
-    with single_thread_if(g.mean.device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
-        return log_predictive(g, link, num_samples, generator)
-
-
 def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
     """Bytes one input row keeps alive in the logits' mean, scale and ``link`` (for :mod:`posthoc.core.chunks`):
     about seven ``C``-vectors, and for ``mc`` three ``S x C`` blocks of logit samples.
@@ -201,17 +193,21 @@ def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
     return elements * itemsize
 
 
-def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], GaussianLogits], link: str, num_samples: int,
-                           generator: torch.Generator | None = None, *, max_memory: int | None = None) -> tuple[Tensor, Tensor | None]:
-    """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit ``max_memory``;
-    ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples ``(S, n, C)`` join along rows.
+def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], GaussianLogits], link: str,
+                           num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+    """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit the runner's memory budget
+    (:func:`~posthoc.core.chunks.chunks`); ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples
+    ``(S, n, C)`` join along rows.
 
     Example:
-        >>> gaussian = lambda rows: LogitGaussian(torch.zeros(rows.stop - rows.start, 3), torch.ones(rows.stop - rows.start, 3), None)
-        >>> chunked_log_predictive(5, 10**6, gaussian, "mc", 4, max_memory=2 * 10**6)[1].shape
+        >>> from posthoc.core.chunks import budget_scope
+        >>> def gaussian(rows):
+        ...     return LogitGaussian(torch.zeros(rows.stop - rows.start, 3), torch.ones(rows.stop - rows.start, 3), None)
+        >>> with budget_scope(2 * 10**6):
+        ...     chunked_log_predictive(5, 10**6, gaussian, "mc", 4)[1].shape
         torch.Size([4, 5, 3])
     """
-    parts = [_link(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes, max_memory=max_memory)]
+    parts = [log_predictive(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes)]
     log_probs = torch.cat([chunk for chunk, _ in parts])
     if parts[0][1] is None:
         return log_probs, None

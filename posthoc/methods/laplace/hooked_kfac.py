@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.modules import eval_mode
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, tapped_forward
@@ -82,18 +82,14 @@ def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
                 grads = torch.autograd.grad((logits * direction).sum(), leaves, retain_graph=c < len(directions) - 1)
                 for name, g in zip(layers, grads):
                     _accumulate(name, taps[name][0], g, x, structure, out_factor, in_factor if c == 0 else None, diagonal)
-    loss = distributed.all_reduce_sum(loss)
-    count = int(distributed.all_reduce_sum(torch.tensor(count, dtype=FLOAT64)))
+    loss, count, out_factor, in_factor, diagonal = sum_over_ranks((loss, count, out_factor, in_factor, diagonal))
     blocks = []
     for name in param_names:
         layer, _, field = name.rpartition(".")
         if structure == "diag":
-            found = distributed.all_reduce_sum(diagonal[layer])
-            sums = [found[:, :-1] if field == "weight" else found[:, -1]]
+            sums = [diagonal[layer][:, :-1] if field == "weight" else diagonal[layer][:, -1]]
         else:
-            sums = [distributed.all_reduce_sum(out_factor[layer])]
-            if field == "weight":
-                sums.append(distributed.all_reduce_sum(in_factor[layer]))
+            sums = [out_factor[layer]] + ([in_factor[layer]] if field == "weight" else [])
         blocks.append(structure_class(structure).from_sums(sums, count, name))
     return blocks, loss
 

@@ -29,17 +29,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import settings
-from posthoc.core.chunks import call_budget
+from posthoc.core.chunks import current_budget
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
-from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.laplace import glm_predictive as glm
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.structures import structure_class
@@ -114,21 +112,19 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def _map_log_probs(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
         return torch.log_softmax(inputs[1].double(), dim=-1)
 
-    def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int,
-                    max_memory: int | None = None) -> LogPredictive:
+    def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None,
+                    num_samples: int) -> LogPredictive:
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        row_bytes = self.row_bytes(num_samples, dtype)
-        # a small head's predictive is a few tiny tensor ops: on one CPU thread, none waits on another
-        with single_thread_if(phi.device.type == "cpu" and phi.shape[0] * row_bytes <= SMALL_WORK_BYTES):
-            phi_aug = augment(phi.to(dtype), self._has_bias)
-            return glm.chunked_log_predictive(
-                phi.shape[0], row_bytes, lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
-                self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
-            )
+        phi_aug = augment(phi.to(dtype), self._has_bias)
+        return glm.chunked_log_predictive(
+            phi.shape[0], self.row_bytes(num_samples, dtype),
+            lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
+            self.link, num_samples, generator,
+        )
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output (see module docs)."""
         self._settle()
         phi, outputs = self.split(x)
@@ -155,9 +151,9 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         """The head's ``J Σ Jᵀ`` diagonal ``(N, D)`` at unit noise, ``prepared`` the rows' ``phĩ``."""
         return self.curvature.head_variance(prepared, outputs, prior_precision).variance()
 
-    def _small_work(self, rows: list[tuple[Tensor, Tensor, Tensor]]) -> bool:
-        phi_aug = rows[0][0]
-        return phi_aug.device.type == "cpu" and sum(len(r[0]) for r in rows) * self.row_bytes(0, phi_aug.dtype) <= SMALL_WORK_BYTES
+    def _noise_search_elements(self, rows: list[tuple[Tensor, Tensor, Tensor]]) -> int:
+        """The head's variance on every row at once: the structure's and the link's temporaries, in float32 elements."""
+        return sum(len(r[0]) for r in rows) * self.row_bytes(0, rows[0][0].dtype) // 4
 
     def target_values(self) -> int:
         return int(self.num_data) * self.split.head.out_features
@@ -194,5 +190,5 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def _check_head_memory(self) -> None:
         head = self.split.head
         structure_class(self.hessian).check_head_memory(head.out_features, head.in_features + int(head.bias is not None),
-                                                        settings.memory_budget(self.max_memory))
+                                                        current_budget())
 

@@ -35,8 +35,8 @@ from torch import Tensor, nn
 
 from posthoc.core.errors import NumericalError
 from posthoc.core.likelihood import LossHessian
-from posthoc.core.threads import single_thread_if
 from posthoc.engine.random_draws import randn
+from posthoc.engine.runner import eigh
 from posthoc.methods.laplace.glm_predictive import GaussianLogits
 
 FLOAT64 = torch.float64
@@ -160,15 +160,12 @@ def symmetric_eig(matrix: Tensor, what: str) -> tuple[Tensor, Tensor]:
     if not torch.isfinite(matrix).all():
         raise non_finite_curvature(what)
     matrix = (matrix + matrix.T) / 2
-    # a small CPU eigh runs on one thread: LAPACK's threads wait on each other (see posthoc.core.threads)
-    with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
-        try:
-            values, vectors = torch.linalg.eigh(matrix)
-        except RuntimeError:  # eigh did not converge: add and remove a jitter
-            jitter = 1e-8 * float(matrix.diagonal().abs().max().clamp_min(1.0))
-            eye = torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device)
-            values, vectors = torch.linalg.eigh(matrix + jitter * eye)
-            values = values - jitter
+    try:
+        values, vectors = eigh(matrix)
+    except RuntimeError:  # eigh did not converge: add and remove a jitter
+        jitter = 1e-8 * float(matrix.diagonal().abs().max().clamp_min(1.0))
+        values, vectors = eigh(matrix + jitter * torch.eye(matrix.shape[0], dtype=matrix.dtype, device=matrix.device))
+        values = values - jitter
     return clamp_curvature(values, what), vectors
 
 

@@ -38,19 +38,29 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
-from posthoc.core.chunks import call_budget
 from posthoc.core.errors import ConfigError, InputError
-from posthoc.core.inputs import Inputs, batch_size, iterate, run_model, run_model_with, slice_inputs
+from posthoc.core.inputs import (
+    Inputs,
+    batch_size,
+    iterate,
+    run_model,
+    run_model_with,
+    slice_inputs,
+)
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
 from posthoc.methods.laplace.base import Laplace
-from posthoc.methods.laplace.curvature import SUBSET_STRUCTURES, backpack_ggn, subset_parameters
+from posthoc.methods.laplace.curvature import (
+    SUBSET_STRUCTURES,
+    backpack_ggn,
+    subset_parameters,
+)
 from posthoc.methods.laplace.hooked_kfac import HOOKED_STRUCTURES, hooked_ggn
 from posthoc.methods.laplace.structures import structure_class
 
@@ -96,7 +106,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         else:
             blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress),
                                         self.likelihood)
-        self.num_data.copy_(distributed.all_reduce_sum(self.num_data))
+        self.num_data.copy_(sum_over_ranks(self.num_data))
         self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())
         return loss, [params[name] for name in self.param_names]
@@ -137,8 +147,8 @@ class SubsetLaplace(Laplace, scope="subset"):
     def _map_log_probs(self, x: Inputs) -> Tensor:
         return class_log_probs(run_model(self.model, x)).double()
 
-    def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int,
-                    max_memory: int | None = None) -> LogPredictive:
+    def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None,
+                    num_samples: int) -> LogPredictive:
         if self.pred == "nn":
             return self._weight_space_predictive(x, prior_precision, generator, num_samples)
         if int(self.num_classes) == 0:  # a posterior saved without its shapes
@@ -149,7 +159,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         return glm.chunked_log_predictive(
             batch_size(x), row_bytes,
             lambda rows: subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision),
-            self.link, num_samples, generator, max_memory=call_budget(self.max_memory, max_memory),
+            self.link, num_samples, generator,
         )
 
     def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
@@ -163,8 +173,8 @@ class SubsetLaplace(Laplace, scope="subset"):
         return log_mean_exp(sample_log_probs), sample_log_probs
 
     # ------------------------------------------------------------------------------ regression
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """Under a Gaussian likelihood: ``N(f(x), J Σ Jᵀ + σ²)`` per output with ``pred="glm"``, else the mixture of
         ``N(f_s(x), σ²)`` over ``num_samples`` weight draws (see module docs)."""
         self._settle()

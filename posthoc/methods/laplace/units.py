@@ -22,8 +22,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
 from posthoc.core.inputs import split_batch
+from posthoc.engine.runner import sum_over_ranks
 
 
 class TargetMoments:
@@ -59,6 +59,6 @@ class TargetMoments:
     def decade(self) -> float:
         """The power of ten nearest the targets' spread (the root mean square deviation from each batch's mean, over
         every rank; batches of one row: the root mean square), or ``1.0`` when all targets are 0."""
-        count, square, centred = distributed.all_reduce_sum(self.sums).tolist()
+        count, square, centred = sum_over_ranks(self.sums).tolist()
         spread = math.sqrt((centred if centred > 0 else square) / count) if count else 0.0
         return 10.0 ** round(math.log10(spread)) if spread > 0 and math.isfinite(spread) else 1.0
