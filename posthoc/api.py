@@ -194,7 +194,7 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
         >>> ensemble = posthoc.load("three.laplace.pt", members)
         >>> posthoc.load("three.laplace.pt", members[::-1])
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: three.laplace.pt: member 0 given is saved member 2; ...
+        posthoc.core.errors.PosteriorFileError: three.laplace.pt: member 0 given is saved member 2;...
     """
     payload = persistence.read(path, kind="posterior")
     for entry in payload["spec"]:  # the choice those options steered is in the file already

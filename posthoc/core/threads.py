@@ -4,8 +4,11 @@ On a shared 2-core machine, ``eigh`` of a 520 x 520 curvature factor takes about
 thread and 2-7 s on two, and vector scaling of 600 x 8 logits 0.2 s against 4.9 s.
 
 Example:
+    >>> matrix = torch.eye(520) + 0.01 * torch.ones(520, 520)
     >>> with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
     ...     values, vectors = torch.linalg.eigh(matrix)
+    >>> round(float(values.max()), 2)
+    6.2
 """
 
 from __future__ import annotations

@@ -355,7 +355,7 @@ class UncertainModel(nn.Module):
             current = self.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
         else:
             current = persistence.fingerprint(self.method.base_model)
-            if current != self.fingerprint:
+            if self.fingerprint is not None and current != self.fingerprint:  # None: needs no fit and had none
                 raise PosteriorFileError(
                     "the wrapped model's weights changed after fit; the posterior no longer matches them. "
                     "Fit again before saving"
@@ -375,7 +375,7 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
     Example:
         >>> check_wrapped(torch.nn.Linear(2, 2), "evaluate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear ...
+        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear...
     """
     if isinstance(um, UncertainModel):
         return um

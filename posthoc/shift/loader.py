@@ -51,7 +51,7 @@ def check_normalization(normalization: Any) -> None:
     Example:
         >>> check_normalization(((0.5,), (0.0,)))
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel ...
+        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel...
     """
     if normalization is None:
         return

@@ -67,7 +67,7 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
     Example:
         >>> check_regression_prediction(torch.zeros(3), "calibrate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction ...
+        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction...
     """
     if isinstance(prediction, RegressionPrediction):
         return

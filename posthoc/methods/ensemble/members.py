@@ -3,7 +3,7 @@
 Example:
     >>> check_members([net_a, net_b.cuda()])
     Traceback (most recent call last):
-    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0 ...
+    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0...
 """
 
 from __future__ import annotations
