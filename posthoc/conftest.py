@@ -3,7 +3,7 @@
 An example may use these names without defining them (each is built on first use, once per session, and the
 mutable ones are copied for every docstring so that no example sees another's changes):
 
-- ``torch``, ``nn`` (``torch.nn``), ``F`` (``torch.nn.functional``), ``np`` (numpy), ``posthoc``;
+- ``torch``, ``nn`` (``torch.nn``), ``F`` (``torch.nn.functional``), ``np`` (numpy), ``posthoc``, ``torchvision``;
 - ``model``: a small trained classifier, ``nn.Sequential(Linear(4, 64), ReLU(), Dropout(0.1), Linear(64, 3))``
   in eval mode, fitted (300 full-batch Adam steps) to three overlapping Gaussian classes in four features; like
   many real networks it is overconfident (about 81 % test accuracy; its temperature is about 2). Its head is
@@ -32,6 +32,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -108,6 +109,13 @@ def _regression() -> dict[str, Any]:
     return _CACHE["_regression"]
 
 
+@_builder("torchvision")
+def _torchvision() -> Any:
+    import torchvision
+
+    return torchvision
+
+
 @_builder("model", copied=True)
 def _model() -> Any:
     return _classification()["model"]
@@ -173,6 +181,22 @@ def _regression_um() -> Any:
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+#: docstrings whose examples do not run yet (names as pytest shows them after ``[doctest]``): expected to fail, and
+#: strictly, so that one that starts to pass must leave this list. Issue 36 ("Docs that run") empties it.
+PENDING: frozenset[str] = frozenset(
+    line.strip() for line in (Path(__file__).parent / "doctest_pending.txt").read_text().splitlines()
+    if line.strip() and not line.startswith("#")
+) if (Path(__file__).parent / "doctest_pending.txt").exists() else frozenset()
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the :data:`PENDING` docstrings as strictly expected to fail."""
+    from _pytest.doctest import DoctestItem
+
+    for item in items:
+        if isinstance(item, DoctestItem) and item.name in PENDING:
+            item.add_marker(pytest.mark.xfail(strict=True, reason="docstring example not runnable yet (issue 36)"))
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ one), and its log-probabilities are normalised once, by a softmax in float32.
 Example:
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
     >>> um.predict(x).probs.shape
-    torch.Size([8, 10])
+    torch.Size([8, 3])
 """
 
 from __future__ import annotations
@@ -143,8 +143,8 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
-            >>> um.summary()["selection"]["chosen"]
-            'shift weight 0.5'
+            >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
+            'uncalibrated'
         """
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
@@ -194,7 +194,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
-            >>> um.choose(new_val_loader, tolerance=0.01).summary()["selection"]["tolerance"]
+            >>> um.choose(test_loader, tolerance=0.01).summary()["selection"]["tolerance"]   # new held-out data
             0.01
         """
         if self.method.requires_fit and not self.is_fitted:
@@ -235,7 +235,9 @@ class UncertainModel(nn.Module):
                 ``log_predictive`` as ``max_memory``.
 
         Example:
-            >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
+            >>> pred = um.predict(torch.randn(5000, 4), keep_samples=False)   # streams 1,024 examples at a time
+            >>> pred.probs.shape, pred.samples is None
+            (torch.Size([5000, 3]), True)
         """
         if self.method.requires_fit and not self.is_fitted:
             raise NotFittedError(
