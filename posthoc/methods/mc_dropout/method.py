@@ -218,7 +218,8 @@ class MCDropout(Method):
         sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
 
         Example:
-            >>> um = posthoc.wrap(posthoc.demo.zoo.pretrained(), method="mc-dropout", p=0.1)
+            >>> from posthoc.demo import zoo
+            >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
             >>> _ = um.predict(x); um.method.summary()["random_variables"]
             64
         """
