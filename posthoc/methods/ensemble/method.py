@@ -29,7 +29,7 @@ Example:
     >>> um = posthoc.wrap([net_a, net_b, net_c])
     >>> pred = um.predict(x)
     >>> pred.samples.shape, bool((pred.epistemic > 0).any())
-    (torch.Size([3, 8, 10]), True)
+    (torch.Size([3, 8, 3]), True)
 """
 
 from __future__ import annotations

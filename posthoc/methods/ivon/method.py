@@ -34,7 +34,7 @@ from the generator (default: one seeded with ``seed``), exactly as ``IVON.sample
 Example:
     >>> um = posthoc.wrap(model, method="ivon").fit(train_loader)
     >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
 Example:
     >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader)
     >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
     >>> um.method.summary()["kept"]
     20
 """
@@ -268,7 +268,7 @@ class SGLD(Method):
         Example:
             >>> card = posthoc.wrap(model, method="sgld").fit(train_loader).method.summary()
             >>> card["layers"], card["kept"]
-            (['classifier.4'], 20)
+            (['3'], 20)
         """
         names = trained = []
         if self.split is None or self.split.head is not None:

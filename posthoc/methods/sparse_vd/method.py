@@ -110,7 +110,7 @@ class SparseVariationalDropout(VariationalMethod):
         Example:
             >>> plain = um.prune()
             >>> plain(x).shape
-            torch.Size([8, 10])
+            torch.Size([8, 3])
         """
         self.check_fitted("um.prune()")
         removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
