@@ -14,6 +14,8 @@ mutable ones are copied for every docstring so that no example sees another's ch
 - ``logits``, ``labels``, ``probs`` (also ``val_logits``, ``val_labels``, ``val_probs``): the model's logits and
   softmax probabilities on the validation set ``(128, 3)`` and its labels; ``test_logits``, ``test_probs``,
   ``test_labels`` on the test set;
+- ``net_a``, ``net_b``, ``net_c``: three more classifiers of ``model``'s architecture trained from other seeds (100
+  steps), the members of a deep ensemble;
 - ``um``: ``posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)``;
 - ``regressor``: :func:`posthoc.demo.regression.train_mlp` (hidden width 16) on the seed 004 sinusoid
   (:func:`posthoc.demo.regression.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
@@ -140,6 +142,25 @@ for _prefix, _split in (("", "val"), ("val_", "val"), ("test_", "test")):
     _builder(f"{_prefix}logits")(lambda split=_split: _classification()["logits"][split].clone())
     _builder(f"{_prefix}probs")(lambda split=_split: _classification()["logits"][split].softmax(-1))
     _builder(f"{_prefix}labels")(lambda split=_split: _classification()["sets"][split][1].clone())
+
+
+def _member(seed: int) -> Any:
+    import torch
+    from torch import nn
+
+    x, labels = _classification()["sets"]["train"]
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 3))
+    optimiser = torch.optim.Adam(net.parameters(), lr=1e-2)
+    for _ in range(100):
+        optimiser.zero_grad()
+        nn.functional.cross_entropy(net(x), labels).backward()
+        optimiser.step()
+    return net.eval()
+
+
+for _name, _seed in (("net_a", 1), ("net_b", 2), ("net_c", 3)):
+    _builder(_name, copied=True)(lambda seed=_seed: _member(seed))
 
 
 @_builder("um", copied=True)

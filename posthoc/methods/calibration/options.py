@@ -3,8 +3,8 @@ is written to and read from a file.
 
 Example:
     >>> from posthoc.methods.calibration.method import TemperatureScaling
-    >>> TemperatureScaling.option_defaults(), TemperatureScaling().chosen_name
-    ({'max_iter': 100}, 'temperature')
+    >>> TemperatureScaling.option_defaults()
+    {'max_iter': 100, 'shift_weight': 'auto'}
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Example:
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
     >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="auto")
     >>> calibrator.chosen_name, sorted(calibrator.scores["variance-scaling"])
-    ('variance-scaling', ['crps', 'nll'])
+    ('variance-scaling', ['crps'])
 """
 
 from __future__ import annotations

@@ -43,7 +43,7 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     Example:
         >>> from posthoc.methods.calibration.regression_base import as_prediction
         >>> mean = torch.randn(500)
-        >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), mean + torch.randn(500)
+        >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), (mean + torch.randn(500)).double()[:, None]
         >>> torch.allclose(numerical_scale(pred, y), closed_form_scale(pred, y), atol=1e-3)   # for one Gaussian
         True
     """

@@ -298,7 +298,7 @@ class IVON(Method):
         Example:
             >>> card = posthoc.wrap(model, method="ivon").fit(train_loader).method.summary()
             >>> card["random_variables"], card["epochs"]
-            (105832, 2)
+            (515, 2)
         """
         names = trained_names(self.model, self.layers, self.split) if self.split is None or self.split.head is not None else []
         schedule = dict(zip(SCHEDULE, [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()))

@@ -433,7 +433,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         Example:
             >>> card = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader).method.summary()
             >>> card["random_variables"], card["hessian"], card["prior_fit"]
-            (520, 'kron', 'val')
+            (195, 'kron', 'val')
         """
         source = int(self.prior_source)
         return {

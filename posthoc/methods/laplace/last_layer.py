@@ -167,7 +167,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
         Example:
             >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader).method.row_bytes(0, torch.float32)
-            540
+            344
         """
         head, itemsize = self.split.head, torch.finfo(dtype).bits // 8
         width, classes = head.in_features + int(self._has_bias), head.out_features

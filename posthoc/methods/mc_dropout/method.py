@@ -220,7 +220,7 @@ class MCDropout(Method):
         Example:
             >>> from posthoc.demo import zoo
             >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
-            >>> _ = um.predict(x); um.method.summary()["random_variables"]
+            >>> _ = um.predict(torch.zeros(2, 1, 28, 28)); um.method.summary()["random_variables"]
             64
         """
         sites = self._sites or []
