@@ -138,8 +138,8 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
 
     Example:
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
-        >>> um.predict(x).probs.sum(-1)
-        tensor([1., 1.])
+        >>> um.predict(x).probs.shape           # eight inputs, three classes
+        torch.Size([8, 3])
     """
     if method is None:
         method = "none" if isinstance(model, (list, tuple)) else "auto"
@@ -193,8 +193,14 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
     back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
     Example:
+        >>> posthoc.wrap(model, method="laplace").fit(train_loader).save("net.laplace.pt")
         >>> um = posthoc.load("net.laplace.pt", model)
-        >>> ensemble = posthoc.load("three.laplace.pt", [net_a, net_b, net_c])
+        >>> members = [nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)) for _ in range(3)]
+        >>> posthoc.wrap(members, method="laplace").fit(train_loader).save("three.laplace.pt")
+        >>> ensemble = posthoc.load("three.laplace.pt", members)
+        >>> posthoc.load("three.laplace.pt", members[::-1])
+        Traceback (most recent call last):
+        posthoc.core.errors.PosteriorFileError: three.laplace.pt: member 0 given is saved member 2;...
     """
     payload = persistence.read(path, kind="posterior")
     for entry in payload["spec"]:  # the choice those options steered is in the file already

@@ -14,11 +14,17 @@ never worse than ``"identity"`` on the folds). ``calibrator.predict(mean, std)``
 
 Example:
     >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto")
-    >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]
-    ('temperature', 0.0791)
+    >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]    # cross-validated
+    ('temperature', 0.497)
     >>> probs = calibrator(test_logits)
-    >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt")
-    >>> lower, upper = posthoc.calibrate(mean=m, std=s, targets=y, method="isotonic").predict(m2, s2).interval(0.9)
+    >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt").chosen_name
+    'temperature'
+    >>> mean, std = torch.randn(200), torch.full((200,), 2.0)     # a regressor's held-out predictions,
+    >>> targets = mean + torch.randn(200)                         # whose stds are twice too wide
+    >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=targets, method="isotonic")
+    >>> lower, upper = calibrator.predict(mean, std).interval(0.9)
+    >>> ((lower <= targets[:, None]) & (targets[:, None] <= upper)).float().mean()
+    tensor(0.9000)
 """
 
 from __future__ import annotations
@@ -57,9 +63,12 @@ def calibrate(logits: Any = None, labels: Any = None, method: str | None = None,
         one), ``.scores`` (``"auto"``: cross-validated NLL and ECE per calibrator), ``.save(path)``.
 
     Example:
-        >>> calibrator = posthoc.calibrate(np.load("val_logits.npy"), np.load("val_labels.npy"))
-        >>> calibrator(np.load("test_logits.npy")).sum(-1)   # rows sum to 1
-        >>> posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y).predict(test_mean, test_std).std
+        >>> calibrator = posthoc.calibrate(val_logits.numpy(), val_labels.numpy())   # numpy arrays work too
+        >>> calibrator(test_logits.numpy()).sum(-1)[:3]   # rows sum to 1
+        tensor([1., 1., 1.])
+        >>> mean, std = torch.randn(200), torch.full((200,), 2.0)
+        >>> posthoc.calibrate(mean=mean, std=std, targets=mean + torch.randn(200)).predict(mean, std).std[:2]
+        tensor([[1.06], [1.06]], dtype=torch.float64)
     """
     if mean is not None or targets is not None or std is not None:
         return _calibrate_regressor(logits, labels, method, mean, std, targets, options)
@@ -111,7 +120,11 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrato
 
     Example:
         >>> posthoc.calibrate(logits, labels).save("t.pt")
-        >>> load_calibrator("t.pt")(test_logits)
+        >>> load_calibrator("t.pt")(test_logits).shape
+        torch.Size([128, 3])
+        >>> load_calibrator("t.pt")(torch.zeros(2, 5))
+        Traceback (most recent call last):
+        posthoc.core.errors.InputError: ...
     """
     payload = persistence.read(path, kind="calibrator")
     entry = payload["spec"][0]

@@ -109,3 +109,21 @@ def test_fingerprint_sees_dtype_and_values():
     assert persist.fingerprint(model) == persist.fingerprint(model)
     assert persist.fingerprint(model) != persist.fingerprint(torch.nn.Linear(3, 2))
     assert persist.fingerprint(model) != persist.fingerprint(model.to(torch.float64))
+
+
+def test_a_method_without_fit_saves_unfitted_and_still_refuses_changed_weights(tmp_path):
+    """A deep ensemble (method "none") needs no fit: it saves as wrapped and loads onto its members only; a member
+    changed in place after wrapping is still refused, by the member check of load."""
+    torch.manual_seed(0)
+    members = [torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)]
+    posthoc.wrap(members).save(tmp_path / "two.pt")
+    x = torch.randn(5, 4)
+    torch.testing.assert_close(posthoc.load(tmp_path / "two.pt", members).predict(x).probs,
+                               posthoc.wrap(members).predict(x).probs)
+    with torch.no_grad():
+        members[1].bias += 1
+    with pytest.raises(PosteriorFileError, match="member 1"):
+        posthoc.load(tmp_path / "two.pt", members)
+    um = posthoc.wrap(members[0], method="none")
+    um.save(tmp_path / "one.pt")
+    assert posthoc.load(tmp_path / "one.pt", members[0]).methods == ["none"]

@@ -193,12 +193,3 @@ def test_a_held_out_subset_keeps_the_copies_and_the_plain_scores_of_its_examples
     torch.testing.assert_close(part.plain.clean, held.plain.clean[rows], rtol=0, atol=0)
     assert part.layout.count == 150 and len(part.layout.source) == 450 and part.description == held.description
 
-
-def test_the_selection_docstring_examples_run() -> None:
-    """The rule's docs show it at work; they must stay true (the house pass runs every module's examples)."""
-    import doctest
-
-    import posthoc.engine.selection as module
-
-    failed, attempted = doctest.testmod(module, optionflags=doctest.ELLIPSIS)
-    assert attempted >= 10 and failed == 0

@@ -39,8 +39,11 @@ their model with the library's own loading code.
 Example:
     >>> parser = argparse.ArgumentParser()
     >>> add_evaluate_arguments(parser)
-    >>> run_evaluate(parser.parse_args(["--model", "tv:resnet18", "--val", "val/", "--method", "temperature",
-    ...                                 "--out", "report/"]))
+    >>> args = parser.parse_args(["--model", "tv:resnet18", "--val", "val/", "--method", "temperature",
+    ...                           "--out", "report/"])
+    >>> args.method, args.out
+    (['temperature'], PosixPath('report'))
+    >>> run_evaluate(args)   # downloads resnet18's ImageNet weights, reads the folder val/  # doctest: +SKIP
     PosixPath('report/report.md')
 """
 
@@ -472,7 +475,7 @@ def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: 
     models, whose first member's head checks the folders), write the report; return its path.
 
     Example (what the recipes do after loading their model):
-        >>> report_path = run_retrofit(model, transform, args, title="timm resnet50")
+        >>> report_path = run_retrofit(model, transform, args, title="timm resnet50")  # image folders  # doctest: +SKIP
     """
     torch.manual_seed(args.seed)
     for name in ("alpha", "target_risk", "delta"):
@@ -502,7 +505,8 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
     :func:`run_retrofit` with the model's own preprocessing; the exit status (``2`` after a posthoc error).
 
     Example:
-        >>> run_recipe(recipe_parser(__doc__, "timm", "timm.list_models()").parse_args(), "timm", load_model)
+        >>> args = recipe_parser(__doc__, "timm", "timm.list_models()").parse_args()  # doctest: +SKIP
+        >>> run_recipe(args, "timm", load_model)  # ImageNet folders and weights  # doctest: +SKIP
         0
     """
 

@@ -85,8 +85,15 @@ def fit_guarantees(um: posthoc.UncertainModel, calibration: Iterable, args: argp
     """The guarantees of one fitted method row, calibrated on the calibration loader.
 
     Example:
-        >>> guarantees = fit_guarantees(um, data.calibration, args)
-        >>> posthoc.evaluate(um, data.test, conformal=guarantees.conformal, selective=guarantees.selective)
+        >>> parser = argparse.ArgumentParser()
+        >>> add_guarantee_arguments(parser)
+        >>> args = parser.parse_args(["--alpha", "0.1", "--target-risk", "0.25"])
+        >>> args.seed, args.no_progress = 0, True
+        >>> guarantees = fit_guarantees(um, calibration_loader, args)
+        >>> report = posthoc.evaluate(um, test_loader, conformal=guarantees.conformal, selective=guarantees.selective,
+        ...                           progress=False)
+        >>> 0 < report.coverage <= 1, guarantees.selective is not None
+        (True, True)
     """
     return _guarantees(um, calibration, args, progress=not args.no_progress)
 
@@ -148,9 +155,13 @@ def fit_calibrator(model: nn.Module, calibration: Iterable, tests: dict[str, Ite
     the calibrator table is measured on.
 
     Example:
-        >>> result = fit_calibrator(model, data.calibration, {"test": data.test}, args, torch.device("cpu"))
-        >>> result.method            # the chosen one for --calibrator auto
-        'temperature'
+        >>> parser = argparse.ArgumentParser()
+        >>> add_guarantee_arguments(parser)
+        >>> args = parser.parse_args(["--calibrator", "temperature"])
+        >>> args.seed, args.no_progress = 0, True
+        >>> result = fit_calibrator(model, calibration_loader, {"test": test_loader}, args, torch.device("cpu"))
+        >>> result.method, [report.name for report in result.after]   # with --calibrator auto: the chosen one
+        ('temperature', ['temperature (test)'])
     """
     progress = not args.no_progress
     cal_logits, cal_labels = model_logits(model, calibration, device, progress)

@@ -26,8 +26,18 @@ conformal intervals' coverage and width), ``OUT/summary.md`` (each row's model c
 Classification-only options (``--calibrator``, ``--target-risk``, ``--ood``, corruption kinds, ...) are refused.
 
 Example:
+    >>> from posthoc.cli.main import main
+    >>> from posthoc.demo.regression import sinusoid
+    >>> data = sinusoid()                       # (x, y) pairs of one feature and one target
+    >>> for name in ("train", "val", "test"):
+    ...     np.savetxt(f"{name}.csv", torch.cat(getattr(data, name), 1).numpy(), delimiter=",", header="x,y",
+    ...                comments="")
+    >>> torch.save(regressor, "net.pt")         # the whole trained nn.Module
     >>> main(["evaluate", "--likelihood", "regression", "--model", "net.pt", "--train", "train.csv",
-    ...       "--val", "val.csv", "--test", "test.csv", "--target", "y", "--out", "report"])
+    ...       "--val", "val.csv", "--test", "test.csv", "--target", "y", "--out", "report", "--no-progress"])
+    [posthoc] none: fit and evaluate
+    [posthoc] laplace: fit and evaluate
+    [posthoc] wrote report/report.md
 """
 
 from __future__ import annotations
@@ -305,7 +315,7 @@ def run_regression_recipe(model: torch.nn.Module, datasets: tuple[Dataset | None
 
     Example:
         >>> run_regression_recipe(model, (train, val, None), lambda d, shuffle: DataLoader(d, 32, shuffle), args,
-        ...                       title="timm resnet50 (regression)")
+        ...                       title="timm resnet50 (regression)")  # an image regressor and its folders  # doctest: +SKIP
     """
     check_numbers(args)
     train, val, test = datasets

@@ -7,7 +7,7 @@ intervals to every table.
 
 Example:
     >>> parser = argparse.ArgumentParser()
-    >>> parser.add_argument("--shift", action=ShiftAction, default=[])
+    >>> _ = parser.add_argument("--shift", action=ShiftAction, default=[])
     >>> add_shift_arguments(parser)
     >>> parser.parse_args(["--shift", "gaussian-noise,contrast", "--severities", "1,5"]).corruptions
     ['gaussian-noise', 'contrast']

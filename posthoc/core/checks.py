@@ -127,7 +127,7 @@ def generator(value: Any, name: str = "generator") -> Any:
     Example:
         >>> generator(42)
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: generator must be a torch.Generator or None, got 42 ...
+        posthoc.core.errors.ConfigError: generator must be a torch.Generator or None, got 42...
     """
     if value is None or isinstance(value, torch.Generator):
         return value

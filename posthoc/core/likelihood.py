@@ -230,7 +230,9 @@ class Gaussian(RealTargets):
             (Laplace: with its prior, by the marginal likelihood).
 
     Example:
-        >>> posthoc.wrap(model, method="laplace", likelihood=Gaussian(noise_std=0.1))
+        >>> um = posthoc.wrap(regressor, method="laplace", likelihood=Gaussian(noise_std=0.1)).fit(reg_train_loader)
+        >>> um.predict(reg_x).aleatoric.sqrt()[:2]         # the fixed noise
+        tensor([[0.1000], [0.1000]])
     """
 
     name = "regression"
@@ -454,7 +456,11 @@ def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterabl
     gives a batch's outputs ``(K, n, D)`` and model variances. A likelihood without a noise to fit is left alone.
 
     Example:
-        >>> fit_noise_on(method.likelihood, (train_loader, val_loader), device, lambda x: (model(x)[None], None))
+        >>> gaussian = Gaussian()
+        >>> fit_noise_on(gaussian, (reg_train_loader, reg_val_loader), torch.device("cpu"),
+        ...              lambda x: (regressor(x)[None], None))       # the plain regressor: one output, no variance
+        >>> float(gaussian.noise_std) > 0
+        True
     """
     if not likelihood.fits_noise or likelihood.fixed:
         return

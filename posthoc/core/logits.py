@@ -125,7 +125,7 @@ def check_not_probabilities(logits: Tensor) -> None:
     Example:
         >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: these logits look like probabilities ...
+        posthoc.core.errors.InputError: these logits look like probabilities...
     """
     if logits.numel() == 0 or logits.min() < 0 or logits.max() > 1:
         return

@@ -205,7 +205,13 @@ class Method(nn.Module):
         """Predict under ``likelihood`` (``wrap`` calls it once, before ``fit``); refuses one the method does not handle.
 
         Example:
-            >>> method.use_likelihood(Gaussian())
+            >>> from posthoc.core.likelihood import Gaussian
+            >>> method = posthoc.wrap(regressor, method="laplace", likelihood="regression").method
+            >>> method.use_likelihood(Gaussian(noise_std=0.5)); float(method.likelihood.noise_std)
+            0.5
+            >>> posthoc.wrap(model, method="temperature").method.use_likelihood(Gaussian())
+            Traceback (most recent call last):
+            posthoc.core.errors.ConfigError: 'temperature' does not do likelihood='regression'
         """
         if not self.handles(likelihood):
             raise ConfigError(f"'{self.name}' does not do likelihood={likelihood.name!r}")
@@ -218,7 +224,7 @@ class Method(nn.Module):
         Example:
             >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
             Traceback (most recent call last):
-            posthoc.core.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd' ...
+            posthoc.core.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
         """
         if self.requires_fit and not bool(self.fitted):
             raise NotFittedError(f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
@@ -228,7 +234,9 @@ class Method(nn.Module):
         """The method's tool ``name`` (one of :attr:`tools`), refusing to run before ``fit``.
 
         Example:
-            >>> um.method.tool("prune")()      # as um.prune()
+            >>> posthoc.wrap(model, method="sparse-vd").method.tool("prune")()      # as um.prune()
+            Traceback (most recent call last):
+            posthoc.core.errors.NotFittedError: um.prune() reads the fitted posterior of 'sparse-vd'...
         """
         function = getattr(self, name)
 
@@ -300,7 +308,10 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
     bins); parameters keep their device. A key naming neither raises ``KeyError`` with that key.
 
     Example:
+        >>> calibrator = posthoc.calibrate(logits, labels)
         >>> load_tensors(calibrator, {"temperature": torch.tensor(1.5)})
+        >>> calibrator.temperature
+        tensor(1.5000)
     """
     for key, value in state.items():
         owner_name, _, attr = key.rpartition(".")

@@ -5,11 +5,11 @@ A card holds plain Python values (it dumps as JSON): the methods and their optio
 the total number of random variables, the data and cost of the fit, and the model it belongs to.
 
 Example:
-    >>> card = um.summary()
+    >>> card = um.summary()                     # last-layer Laplace: the head's 64 x 3 weights and 3 biases
     >>> card["methods"], card["random_variables"]
-    (['mc-dropout'], 64)
+    (['laplace'], 195)
     >>> print(card.to_markdown().splitlines()[0])
-    # Model card: mc-dropout
+    # Model card: laplace
 """
 
 from __future__ import annotations
@@ -67,8 +67,12 @@ class ModelCard(dict):
         """The card as Markdown: a table of the model-level keys, then a table per method.
 
         Example:
-            >>> print(um.summary().to_markdown())   # doctest: +SKIP
-            # Model card: laplace + temperature
+            >>> print(um.summary().to_markdown())
+            # Model card: laplace
+            <BLANKLINE>
+            | key | value |
+            |---|---|
+            | methods | laplace |
             ...
         """
         lines = [f"# Model card: {' + '.join(self['methods'])}", ""]
@@ -101,7 +105,14 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
     """A held-out choice's record (``Selection.to_dict()``) as Markdown lines: the rule, then one row per candidate.
 
     Example:
-        >>> print("\\n".join(selection_table(um.summary()["selection"])))   # doctest: +SKIP
+        >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
+        >>> print("\\n".join(selection_table(um.summary()["selection"])))
+        Held-out choice of the calibration: **uncalibrated**. Admissible: the 95% upper bound of the NLL excess...
+        <BLANKLINE>
+        | candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |
+        |---|---|---|---|---|---|
+        | uncalibrated | 0 (0) | ... | **chosen** |
+        | clean fit | ...
     """
     plain = selection["plain"]
     lines = [f"Held-out choice of the {selection['knob']}: **{selection['chosen']}**. Admissible: the "

@@ -112,8 +112,11 @@ def requires_grad(model: nn.Module, flag: bool) -> Iterator[nn.Module]:
     """Set every parameter's ``requires_grad`` to ``flag``, restoring each one's own flag afterwards.
 
     Example:
+        >>> shift = torch.zeros(4, requires_grad=True)
         >>> with requires_grad(model, False):
-        ...     loss.backward()          # only tensors outside the model get gradients
+        ...     model(x + shift).logsumexp(-1).sum().backward()   # only tensors outside the model get gradients
+        >>> shift.grad.shape, model[0].weight.grad, model[0].weight.requires_grad
+        (torch.Size([4]), None, True)
     """
     flags = [(p, p.requires_grad) for p in model.parameters()]
     try:

@@ -5,8 +5,10 @@ path; each refuses the same bad paths alike (not a path, a folder, a folder that
 under a file) and names the path and what to do, as the error type of its caller.
 
 Example:
-    >>> with output_file("out/plot.png", "the plot") as path:
-    ...     path.write_bytes(b"...")
+    >>> with output_file("out/plot.png", "the plot") as path:     # creates the folder out/
+    ...     _ = path.write_bytes(b"...")
+    >>> path
+    PosixPath('out/plot.png')
 """
 
 from __future__ import annotations

@@ -116,8 +116,10 @@ def ensemble_members(payload: dict) -> list[str] | None:
     ``member_fingerprints`` of the ensemble (under one ``inner.`` per method stacked on top of it).
 
     Example:
-        >>> ensemble_members(read("three.pt"))[:1]
-        ['4f1c...']
+        >>> members = [nn.Linear(4, 3), nn.Linear(4, 3)]
+        >>> posthoc.wrap(members).save("two.pt")
+        >>> ensemble_members(read("two.pt")) == [fingerprint(member) for member in members]
+        True
     """
     spec = payload.get("spec") or [{}]
     if "members" not in spec[0]:
@@ -134,7 +136,7 @@ def check_ensemble_members(path: str, saved: Sequence[str], given: Sequence[str]
     Example:
         >>> check_ensemble_members("e.pt", ["a", "b"], ["b", "a"])
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1 ...
+        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1...
     """
     if len(given) != len(saved):
         missing = [i for i, f in enumerate(saved) if f not in given]
@@ -170,7 +172,10 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
     before, if any, is left as it was.
 
     Example:
-        >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Net", {"temperature": torch.ones(())})
+        >>> net = nn.Linear(4, 3)
+        >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Linear", {"temperature": torch.ones(())})
+        >>> posthoc.load("p.pt", net).method.temperature
+        tensor(1.)
     """
     payload = {
         "format_version": FORMAT_VERSION,
@@ -254,9 +259,10 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     Every problem is a :class:`~posthoc.core.errors.PosteriorFileError` naming ``path``.
 
     Example:
+        >>> posthoc.calibrate(logits, labels).save("calibrator.pt")
         >>> read("calibrator.pt", kind="posterior")
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: calibrator.pt is a calibrator file ...; load it with posthoc.calibrate.load(path)
+        posthoc.core.errors.PosteriorFileError: calibrator.pt is a calibrator file...; load it with posthoc.calibrate.load(path)
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")

@@ -40,8 +40,8 @@ def method_names() -> list[str]:
     """The names ``method=`` takes, sorted.
 
     Example:
-        >>> method_names()[:2]
-        ['auto-calibration', 'dac']
+        >>> method_names()[:3]
+        ['auto', 'auto-calibration', 'dac']
     """
     return sorted(name for name in REGISTRY if name != ENSEMBLE)
 
@@ -50,8 +50,8 @@ def available_methods() -> dict[str, dict[str, Any]]:
     """Every method ``method=`` takes, with its options and defaults.
 
     Example:
-        >>> sorted(available_methods())[:2]
-        ['auto-calibration', 'dac']
+        >>> available_methods()["laplace"]["hessian"]
+        'kron'
     """
     return {name: REGISTRY[name].option_defaults() for name in method_names()}
 

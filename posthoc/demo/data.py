@@ -74,7 +74,10 @@ def rotated(dataset: TensorDataset, degrees: float) -> TensorDataset:
     """The same images rotated by ``degrees`` (background filled with the normalised 0 pixel).
 
     Example:
-        >>> shifted = rotated(load_digits().test, 45)
+        >>> images = TensorDataset(torch.zeros(2, 1, 28, 28), torch.tensor([3, 5]))
+        >>> shifted = rotated(images, 45)
+        >>> shifted.tensors[0].shape, shifted.tensors[1].tolist()
+        (torch.Size([2, 1, 28, 28]), [3, 5])
     """
     x, y = dataset.tensors
     if degrees == 0:

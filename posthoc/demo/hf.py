@@ -14,7 +14,7 @@ few hundred steps on data that ships with posthoc or is made here:
 Example:
     >>> tokenizer = word_tokenizer()
     >>> texts, labels = keyword_texts(200, seed=0)
-    >>> model = train(tiny_bert(), text_batches(texts, labels, tokenizer, 32), steps=50)
+    >>> model = train(tiny_bert(), text_batches(texts, labels, tokenizer, 32), steps=10)
     >>> posthoc.wrap(model, method="laplace").fit(text_batches(texts, labels, tokenizer, 64)).predict(
     ...     tokenizer(texts[:2], padding=True, return_tensors="pt")).probs.shape
     torch.Size([2, 3])

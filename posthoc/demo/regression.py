@@ -14,7 +14,7 @@
 
 Example:
     >>> data = auto_mpg(seed=0, split="extrapolate")
-    >>> net = train_mlp(data.train, seed=0)
+    >>> net = train_mlp(data.train, seed=0, epochs=200)
     >>> um = posthoc.wrap(net, method="laplace", likelihood="regression").fit(data.train_loader(), data.val_loader())
 """
 

@@ -12,7 +12,7 @@
    the band (``regression_shift.png``).
 
 Example:
-    >>> markdown = run_regression_demo("posthoc-demo")
+    >>> markdown = run_regression_demo("posthoc-demo")  # the whole demo (minutes)  # doctest: +SKIP
 """
 
 from __future__ import annotations

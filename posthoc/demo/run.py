@@ -22,10 +22,10 @@ against severity 0..5 (``confidence.png``: the shaded gap is the overconfidence)
 diagrams of the digits rotated by 45 degrees side by side (``reliability_rotated45_best.png``).
 
 Example:
-    >>> rows = run_demo(out_dir="posthoc-demo", progress=False)
-    >>> rows[0].story.plain, rows[0].story.best
+    >>> rows = run_demo(out_dir="posthoc-demo", progress=False)  # the whole demo (minutes)  # doctest: +SKIP
+    >>> rows[0].story.plain, rows[0].story.best  # doctest: +SKIP
     ('MAP', 'Laplace (last layer, KFAC)')
-    >>> rows[0].verdict.recommended
+    >>> rows[0].verdict.recommended  # doctest: +SKIP
     'auto'
 """
 
@@ -267,7 +267,7 @@ def demo_verdict(rows: list[DemoRow], plain: str, *, seed: int = 0) -> Verdict:
     on the held-out digits, and its predict cost.
 
     Example:
-        >>> demo_verdict(rows, "MAP").sentence()[:22]
+        >>> demo_verdict(rows, "MAP").sentence()[:22]  # rows of the whole demo (minutes)  # doctest: +SKIP
         '**Use `auto`** for thi'
     """
     candidates = [candidate(row.report, shifted=row.shift.example_nll(row.label), predict_cost=row.predict_ratio)

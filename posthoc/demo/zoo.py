@@ -15,7 +15,7 @@ A few seeds of one architecture (members of a deep ensemble) are trained once an
 (``~/.cache/posthoc/zoo``, or ``$POSTHOC_CACHE/zoo``)::
 
     python -m posthoc.demo.zoo --name digits_cnn --seeds 0 1 2 3 4
-    >>> ensemble = posthoc.wrap(retrained(range(5)))
+    >>> ensemble = posthoc.wrap(retrained(range(5)))  # trains five CNNs once (minutes)  # doctest: +SKIP
 
 Example:
     >>> model = pretrained("digits_cnn")
@@ -89,7 +89,7 @@ def train(seed: int = 0, epochs: int | None = None, lr: float | None = None, pro
     """Train the architecture ``name`` on (part of) the fit split with Adam; deterministic for a given seed on CPU.
 
     Example:
-        >>> model = train(seed=1, name="digits_bn_cnn", progress=False)
+        >>> model = train(seed=1, name="digits_bn_cnn", progress=False)  # 40 epochs (a minute)  # doctest: +SKIP
     """
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {name!r}; available: {sorted(ARCHITECTURES)}")
@@ -133,8 +133,8 @@ def retrained(seeds: Iterable[int], name: str = "digits_cnn", *, cache: Path | N
     from ``cache`` (default :func:`cache_dir`) as ``NAME-seedS.pt``: the members of a deep ensemble.
 
     Example:
-        >>> members = retrained([0, 1, 2], name="digits_bn_cnn")
-        >>> um = posthoc.wrap(members)
+        >>> members = retrained([0, 1, 2], name="digits_bn_cnn")  # trains any seed not cached  # doctest: +SKIP
+        >>> um = posthoc.wrap(members)  # doctest: +SKIP
     """
     if name not in ARCHITECTURES:
         raise ValueError(f"unknown architecture {name!r}; available: {sorted(ARCHITECTURES)}")

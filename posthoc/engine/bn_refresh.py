@@ -10,8 +10,13 @@ per-batch ones; under ``torch.distributed`` the moments of every rank's batches 
 Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
 
 Example:
-    >>> stats = batchnorm_statistics(model, [x for x, _ in loader])
-    >>> refresh_batchnorm(model, [x for x, _ in loader])   # writes them into the model
+    >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
+    >>> batches = [3.0 + torch.randn(64, 4) for _ in range(3)]
+    >>> stats = batchnorm_statistics(net, batches)
+    >>> sorted(stats)
+    ['1.num_batches_tracked', '1.running_mean', '1.running_var']
+    >>> refresh_batchnorm(net, batches)[1].num_batches_tracked   # writes them into the model
+    tensor(3)
 """
 
 from __future__ import annotations
@@ -98,7 +103,7 @@ def batchnorm_statistics(
         ``num_batches_tracked`` of each recomputed layer; ``{}`` for a model without BatchNorm.
 
     Example:
-        >>> stats = batchnorm_statistics(model, [torch.randn(64, 3, 32, 32)])
+        >>> stats = batchnorm_statistics(torchvision.models.resnet18(num_classes=3), [torch.randn(64, 3, 32, 32)])
         >>> sorted(stats)[:1]
         ['bn1.num_batches_tracked']
     """
@@ -143,8 +148,10 @@ def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: It
     A model without BatchNorm is returned unchanged. See :func:`batchnorm_statistics`.
 
     Example:
-        >>> swa = torch.optim.swa_utils.AveragedModel(model)   # ... after averaging
-        >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])
+        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
+        >>> swa = torch.optim.swa_utils.AveragedModel(net)   # ... after averaging
+        >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])[1].running_mean.shape
+        torch.Size([8])
     """
     stats = batchnorm_statistics(model, batches, layers=layers)
     buffers = dict(model.named_buffers())

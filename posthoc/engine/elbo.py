@@ -11,12 +11,16 @@ DistributedDataParallel would: the posterior lives outside the model). A NaN/inf
 :class:`~posthoc.NumericalError` naming the step, the two terms and the method's ``hint``.
 
 Example:
+    >>> from posthoc.engine.variational_layers import VariationalLayers
+    >>> from posthoc.methods.vi.gaussian import GaussianLayer
+    >>> layers = VariationalLayers(model, {"3": GaussianLayer(model[3], init_std=0.01, prior_std=1.0, prior_mean="zero")})
     >>> def terms(x, y):
     ...     with layers.sampling():
     ...         return F.nll_loss(model(x).log_softmax(-1), y), layers.kl()
     >>> optimizer = torch.optim.Adam(layers.parameters(), lr=1e-3)
-    >>> maximise_elbo(terms, loader, optimizer=optimizer, trained=list(layers.parameters()),
+    >>> maximise_elbo(terms, train_loader, optimizer=optimizer, trained=list(layers.parameters()),
     ...               kl=KLSchedule("linear"), epochs=3, device="cpu", desc="vi", hint="lower lr", progress=False)
+    12
 """
 
 from __future__ import annotations
@@ -41,9 +45,12 @@ class Elbo:
     """``mean NLL + beta_t * KL / N`` of one batch (module docs); keeps the last step's terms for messages.
 
     Example:
-        >>> elbo = Elbo(terms, KLSchedule("linear", warmup=0.5), size=1000, steps_per_epoch=10)
-        >>> loss = elbo((x, y), step)
-        >>> elbo.nll, elbo.kl, elbo.beta
+        >>> from posthoc.engine.fine_tune import Step
+        >>> elbo = Elbo(lambda x, y: (torch.tensor(0.7), torch.tensor(50.0)), KLSchedule("linear", warmup=0.5),
+        ...             size=1000, steps_per_epoch=10)
+        >>> loss = elbo((x, y), Step(epoch=1, index=0, number=4, epochs=2, total=8))   # half way: beta = 1
+        >>> float(loss), elbo.beta       # 0.7 + 1 * 50 / 1000
+        (0.75, 1.0)
     """
 
     def __init__(self, terms: ElboTerms, schedule: KLSchedule, *, size: int | None, steps_per_epoch: int | None) -> None:

@@ -9,9 +9,12 @@ rate of a schedule) goes in the hooks, in the spirit of ``torch.optim.swa_utils`
 the iteration, the method owns the maths.
 
 Example:
-    >>> optimizer = torch.optim.SGD(weights, lr=0.1)
+    >>> net = nn.Linear(4, 3)
+    >>> batches = [(x, y)] * 4
+    >>> optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
     >>> def update(loss, step):
     ...     optimizer.zero_grad(); loss.backward(); optimizer.step()
+    >>> loss_of = lambda x, y: F.cross_entropy(net(x), y)
     >>> fine_tune(lambda epoch: batches, lambda batch, step: loss_of(*batch), update, epochs=2, total=None,
     ...           failure=lambda value, step: f"the loss became {value}", desc="demo", progress=False)
     8

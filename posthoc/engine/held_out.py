@@ -134,7 +134,8 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     validation loader grade once.
 
     Example:
-        >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["noise", "blur"], device="cpu")
+        >>> plain_log_probs = lambda x: model(x).log_softmax(-1)
+        >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["feature-noise"], device="cpu")
         >>> len(shifted.levels)
         3
     """
@@ -317,9 +318,10 @@ class HeldOut:
     every candidate shares once) and chooses with :meth:`select`.
 
     Example:
+        >>> from posthoc.core.likelihood import Categorical
         >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
         >>> held.plain.clean.shape, held.layout.count
-        (torch.Size([600]), 600)
+        (torch.Size([128]), 128)
     """
 
     def __init__(self, batches: list[tuple[Inputs, Tensor]] | None, loader: Iterable, shifted: ShiftedHeldOut | None, *,
@@ -347,6 +349,7 @@ class HeldOut:
         are graded on class accuracy).
 
         Example:
+            >>> from posthoc.core.likelihood import Categorical
             >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift=None, device="cpu")
             >>> held.shifted is None
             True
@@ -392,9 +395,11 @@ class HeldOut:
         what it would have seen in the whole (``tests/test_never_worse.py`` re-draws validation sets this way).
 
         Example:
-            >>> half = held.subset(torch.arange(300))
+            >>> from posthoc.core.likelihood import Categorical
+            >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
+            >>> half = held.subset(torch.arange(64))
             >>> half.layout.count, half.plain.clean.shape
-            (300, torch.Size([300]))
+            (64, torch.Size([64]))
         """
         if self._batches is None or distributed.active():
             raise InputError("a subset of held-out data needs its batches in memory in one process")

@@ -55,6 +55,7 @@ def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor) -> Tensor:
     Real targets: ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
 
     Example:
+        >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian(noise_std=0.5)
         >>> float(training_loss(gaussian, torch.zeros(2, 1), torch.tensor([1.0, 1.0])))   # 0.5 * 1 / 0.25
         2.0
@@ -73,6 +74,7 @@ def step_scale(likelihood: Likelihood) -> float:
     and ``1 / σ²`` for the Gaussian NLL, so a step that is stable for one is as stable for the other at this ratio.
 
     Example:
+        >>> from posthoc.core.likelihood import Categorical, Gaussian
         >>> step_scale(Categorical()), step_scale(Gaussian(noise_std=0.1))
         (1.0, 0.005000000000000001)
     """
@@ -86,7 +88,11 @@ def fit_plain_noise(likelihood: Likelihood, model: nn.Module, loaders: tuple[Ite
     without a noise to fit (classes, a fixed ``σ``) is left alone.
 
     Example:
-        >>> fit_plain_noise(method.likelihood, method.model, (train_loader, val_loader), method.device)
+        >>> from posthoc.core.likelihood import Gaussian
+        >>> gaussian = Gaussian()
+        >>> fit_plain_noise(gaussian, regressor, (reg_train_loader, reg_val_loader), torch.device("cpu"))
+        >>> float(gaussian.noise_std) > 0
+        True
     """
     with eval_mode(model):
         fit_noise_on(likelihood, loaders, device, lambda x: (model_outputs(run_model(model, x))[None], None))
@@ -97,6 +103,11 @@ def fit_sampled_noise(likelihood: Likelihood, outputs: SampledOutputs, loaders: 
     """Re-fit ``likelihood``'s noise to a fitted predictive's sampled ``outputs(x)`` ``(S, N, D)`` (module docs).
 
     Example:
-        >>> fit_sampled_noise(method.likelihood, method.sampled_outputs, (train_loader, val_loader), method.device)
+        >>> from posthoc.core.likelihood import Gaussian
+        >>> gaussian = Gaussian()
+        >>> outputs = lambda x: torch.stack([regressor(x), regressor(x) + 0.1])    # two sampled outputs (2, N, 1)
+        >>> fit_sampled_noise(gaussian, outputs, (reg_train_loader, reg_val_loader), torch.device("cpu"))
+        >>> float(gaussian.noise_std) > 0
+        True
     """
     fit_noise_on(likelihood, loaders, device, lambda x: (outputs(x), None))

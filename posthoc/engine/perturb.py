@@ -182,7 +182,7 @@ def user_perturbation(perturb: Callable[[Inputs, torch.Generator], Inputs], posi
         >>> crop = user_perturbation(lambda x, generator: x[:, :2], 0)
         >>> crop(torch.zeros(4, 3), torch.Generator())
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3) ...
+        posthoc.core.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3)...
     """
     name = f"shift[{position}] ({getattr(perturb, '__name__', type(perturb).__name__)})"
 

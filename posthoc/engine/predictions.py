@@ -10,7 +10,7 @@ rank ends with the same predictions (and so the same metrics, conformal threshol
 Example:
     >>> pred, labels = predict_loader(um, test_loader)
     >>> pred.probs.shape, pred.samples is None
-    (torch.Size([1000, 8]), True)
+    (torch.Size([128, 3]), True)
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def predict_regression_loader(um: UncertainModel, loader: Iterable, *, labelled:
     ``labelled``).
 
     Example:
-        >>> pred, y = predict_regression_loader(um, test_loader)
+        >>> pred, y = predict_regression_loader(regression_um, reg_test_loader)
         >>> pred.mean.shape == y.shape
         True
     """
@@ -87,7 +87,7 @@ def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, prog
 
     Example:
         >>> collect(um, test_loader)["probs"].shape
-        torch.Size([1000, 8])
+        torch.Size([128, 3])
     """
     pred, labels = predict_loader(um, loader, labelled=labelled, progress=progress, num_samples=num_samples,
                                   generator=generator)

@@ -17,11 +17,11 @@ user's model. :class:`PrivateWeights` holds what they train:
 state for :func:`~posthoc.engine.weight_samples.state_log_predictive`.
 
 Example:
-    >>> weights = PrivateWeights(model, "head", loader, split=FeatureSplit(model))
+    >>> weights = PrivateWeights(model, "head", train_loader, split=FeatureSplit(model))
     >>> for inputs, y in weights.epoch(torch.Generator().manual_seed(0)):
     ...     loss = weights.loss(inputs, y)
     >>> weights.weights_vector().shape        # the head's C * D + C values
-    torch.Size([520])
+    torch.Size([195])
 """
 
 from __future__ import annotations

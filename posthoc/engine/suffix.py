@@ -22,6 +22,7 @@ manager; it is not entered for the probe, so the probe draws no randomness and s
 not depend on whether a probe ran. Hooks that need the layout read :attr:`SuffixRunner.layout`.
 
 Example:
+    >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3)).eval()
     >>> sites = own_dropout_sites(net)
     >>> g = torch.Generator().manual_seed(0)
@@ -85,9 +86,10 @@ class SuffixRunner:
             (``None``: ``posthoc.settings.max_memory`` at call time).
 
     Example:
-        >>> runner = SuffixRunner(model, "classifier.3", at="output")
-        >>> runner(x, 100, stochastic=lambda: sampling(model, sites)).shape
-        torch.Size([100, 8, 10])
+        >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
+        >>> runner = SuffixRunner(model, "2", at="output")        # the model's dropout: expand the batch there
+        >>> runner(x, 100, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
+        torch.Size([100, 8, 3])
     """
 
     def __init__(self, model: nn.Module, start: str | None, *, at: str = "input", max_memory: int | None = None) -> None:
@@ -162,8 +164,9 @@ def expanded_forward(model: nn.Module, start: str | None, x: Inputs, num_samples
     """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
 
     Example:
-        >>> expanded_forward(model, "fc", x, 20, stochastic=lambda: sampling(model, sites)).shape
-        torch.Size([20, 8, 10])
+        >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
+        >>> expanded_forward(model, "2", x, 20, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
+        torch.Size([20, 8, 3])
     """
     return SuffixRunner(model, start, at=at, max_memory=max_memory)(x, num_samples, stochastic=stochastic)
 

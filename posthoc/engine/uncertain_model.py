@@ -15,7 +15,7 @@ float32. Fits and held-out choices run under the wrap's ``max_memory`` the same 
 Example:
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
     >>> um.predict(x).probs.shape
-    torch.Size([8, 10])
+    torch.Size([8, 3])
 """
 
 from __future__ import annotations
@@ -133,8 +133,8 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
-            >>> um.summary()["selection"]["chosen"]
-            'shift weight 0.5'
+            >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
+            'uncalibrated'
         """
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
@@ -205,7 +205,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
-            >>> um.choose(new_val_loader, tolerance=0.01).summary()["selection"]["tolerance"]
+            >>> um.choose(test_loader, tolerance=0.01).summary()["selection"]["tolerance"]   # new held-out data
             0.01
         """
         if self.method.requires_fit and not self.is_fitted:
@@ -247,7 +247,9 @@ class UncertainModel(nn.Module):
                 is left beside the samples it returns (the runner's budget scope).
 
         Example:
-            >>> pred = um.predict(x_100k, keep_samples=False)   # streams 1,024 examples at a time
+            >>> pred = um.predict(torch.randn(5000, 4), keep_samples=False)   # streams 1,024 examples at a time
+            >>> pred.probs.shape, pred.samples is None
+            (torch.Size([5000, 3]), True)
         """
         if self.method.requires_fit and not self.is_fitted:
             raise NotFittedError(
@@ -416,7 +418,7 @@ class UncertainModel(nn.Module):
             current = self.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
         else:
             current = persistence.fingerprint(self.method.base_model)
-            if current != self.fingerprint:
+            if self.fingerprint is not None and current != self.fingerprint:  # None: needs no fit and had none
                 raise PosteriorFileError(
                     "the wrapped model's weights changed after fit; the posterior no longer matches them. "
                     "Fit again before saving"
@@ -436,7 +438,7 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
     Example:
         >>> check_wrapped(torch.nn.Linear(2, 2), "evaluate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear ...
+        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear...
     """
     if isinstance(um, UncertainModel):
         return um

@@ -16,10 +16,14 @@ where a shared weight draw would correlate them (the approximation Molchanov et 
 Outputs are computed in float32 and returned in the layer's dtype.
 
 Example:
+    >>> from posthoc.methods.vi.gaussian import GaussianLayer      # a mean-field Gaussian LayerPosterior
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
-    >>> layers = VariationalLayers(net, {"2": MyPosterior(net[2])})
+    >>> layers = VariationalLayers(net, {"2": GaussianLayer(net[2], init_std=0.1, prior_std=1.0, prior_mean="zero")})
+    >>> inputs = torch.randn(5, 4)
     >>> with layers.sampling(generator=torch.Generator().manual_seed(0)):
-    ...     logits = net(torch.randn(5, 4))      # the last layer's output is a draw
+    ...     logits = net(inputs)      # the last layer's output is a draw
+    >>> bool((logits != net(inputs)).all())
+    True
 """
 
 from __future__ import annotations
@@ -148,7 +152,10 @@ class VariationalLayers(nn.Module):
     """The posteriors of several layers of ``model`` by module name, and the hooks that sample them.
 
     Example:
-        >>> layers = VariationalLayers(net, {"fc": posterior})
+        >>> from posthoc.methods.vi.gaussian import GaussianLayer
+        >>> from collections import OrderedDict
+        >>> net = nn.Sequential(OrderedDict(body=nn.Linear(4, 8), fc=nn.Linear(8, 3)))
+        >>> layers = VariationalLayers(net, {"fc": GaussianLayer(net.fc, init_std=0.1, prior_std=1.0, prior_mean="zero")})
         >>> layers.names, float(layers.kl()) >= 0
         (['fc'], True)
     """

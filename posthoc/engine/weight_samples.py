@@ -13,6 +13,7 @@ Gaussian) predict through one of two routes:
 :func:`head_rows` and :func:`head_logits` convert between a head module and its flat rows.
 
 Example:
+    >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
     >>> split = FeatureSplit(net)                       # net's head: Linear(8, 3)
     >>> rows = head_rows(split.head).expand(5, -1)       # five copies of the checkpoint's head
     >>> log_probs, samples = head_log_predictive(split, lambda s: rows[s], 5, torch.randn(4, 2))
@@ -74,7 +75,7 @@ def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
     keeps alive (its row, and its outputs with a transformed copy).
 
     Example:
-        >>> split = FeatureSplit(net)
+        >>> split = FeatureSplit(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)))
         >>> head_outputs(split, lambda s: head_rows(split.head).expand(s.stop - s.start, -1), 5, torch.randn(4, 2)).shape
         torch.Size([5, 4, 3])
     """

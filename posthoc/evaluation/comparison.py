@@ -93,7 +93,7 @@ def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
     first member) on the same inputs, each timed ``repeats`` times after one warm-up call: the verdict's cost.
 
     Example:
-        >>> predict_cost(posthoc.wrap(model, method="none"), x) < 2
+        >>> predict_cost(posthoc.wrap(model, method="none"), x) > 0      # about 1: the plain forward itself
         True
     """
     x = to_device(x, um.device)

@@ -132,7 +132,9 @@ def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
     log axis (zero risks at low coverage are left out), which separates methods whose curves hug 0.
 
     Example:
-        >>> risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
+        >>> fig = risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
+        >>> len(fig.axes)
+        1
     """
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for (name, (probs, labels)), style in zip(curves.items(), method_styles(len(curves))):
@@ -161,7 +163,9 @@ def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
     0, 1, 2); ``ylabels`` gives a metric's axis label (default: ``"NLL (mean over kinds)"``).
 
     Example:
-        >>> shift_plot({"MAP": {"nll": ([0, 1, 3], [0.08, 0.2, 0.9], None, None)}}, "shift.png", ["nll"])
+        >>> fig = shift_plot({"MAP": {"nll": ([0, 1, 3], [0.08, 0.2, 0.9], None, None)}}, "shift.png", ["nll"])
+        >>> len(fig.axes)
+        1
     """
     fig, axes = plt.subplots(1, len(metric_names), figsize=(3.6 * len(metric_names) + 1.5, 3.4), squeeze=False)
     for ax, metric in zip(axes[0], metric_names):

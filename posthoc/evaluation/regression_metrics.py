@@ -57,7 +57,8 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
     """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here.
 
     Example:
-        >>> rmse(*components(um.predict(x))[:1], y)
+        >>> float(rmse(*components(regression_um.predict(reg_x))[:1], reg_y)) >= 0
+        True
 
     A recalibrated (isotonic) prediction is refused: its mixture is not the predictive it answers for.
     """

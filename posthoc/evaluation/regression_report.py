@@ -190,8 +190,9 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
     ``ood_loader`` / ``ood_scores`` and ``selective`` are refused: they are measured for classifiers only.
 
     Example:
-        >>> evaluate_regression(um, test_loader, ci=0.9).intervals["crps"]
-        (0.21, 0.25)
+        >>> low, high = evaluate_regression(regression_um, reg_test_loader, ci=0.9, progress=False).intervals["crps"]
+        >>> 0 < low < high
+        True
     """
     _check_options(um, conformal, selective, ood_loader, ood_scores)
     if ci is not None:

@@ -2,8 +2,8 @@
 
 Example:
     >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)         # sets hold the label w.p. >= 0.9
-    >>> cp = posthoc.conformal(regression_um, cal_loader, alpha=0.1)    # intervals hold y w.p. >= 0.9
-    >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.02)  # accepted error <= 2% w.p. >= 0.95
+    >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)  # intervals hold y w.p. >= 0.9
+    >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.25)  # accepted error <= 25% w.p. >= 0.95
 """
 
 from posthoc.guarantees.conformal import ConformalPredictor, conformal

@@ -13,9 +13,14 @@ exchangeable, each output's interval holds its target with probability at least 
   ``[lower - t, upper + t]`` (``t`` may be negative and narrow them).
 
 Example:
+    >>> val_mean, val_std = torch.randn(500, 1), torch.full((500, 1), 0.5)       # a regressor's held-out predictions
+    >>> val_y = val_mean + torch.randn(500, 1)                                   # whose stds are too narrow
+    >>> test_mean, test_std = torch.randn(500, 1), torch.full((500, 1), 0.5)
+    >>> test_y = test_mean + torch.randn(500, 1)
     >>> ci = conformal_intervals(val_y, mean=val_mean, std=val_std, alpha=0.1)
     >>> lower, upper = ci.intervals(mean=test_mean, std=test_std)
     >>> ((lower <= test_y) & (test_y <= upper)).float().mean()     # about 0.9
+    tensor(0.9...)
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ The scores:
   (conformalised quantile regression on the predictive's quantiles).
 
 Example:
-    >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
-    >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(um.predict(x_test))
+    >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
+    >>> x_test, y_test = reg_test_loader.dataset.tensors
+    >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(regression_um.predict(x_test))
     >>> ((lower <= y_test) & (y_test <= upper)).float().mean()   # about 0.9
+    tensor(0.9...)
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ def is_regression(source: Any) -> bool:
     """Whether ``source`` is a :class:`RegressionPrediction` or a model wrapped with a regression likelihood.
 
     Example:
-        >>> is_regression(posthoc.wrap(net, method="none", likelihood="regression"))
+        >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
         True
     """
     if isinstance(source, RegressionPrediction):
@@ -92,7 +94,10 @@ class ConformalRegressor:
         on a wrapped model) its inputs ``x``.
 
         Example:
-            >>> lower, upper = cp.intervals(um.predict(x_test))
+            >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
+            >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
+            >>> lower.shape
+            torch.Size([8, 1])
         """
         return self.calibrated.intervals(**_bounds(self.prediction(data), self.score, self.alpha))
 
@@ -127,7 +132,11 @@ def conformal_regression(source: RegressionPrediction | UncertainModel, targets:
             refused when set.
 
     Example:
-        >>> cp = conformal_regression(um.predict(x_cal), y_cal, alpha=0.1, score="absolute")
+        >>> x_cal, y_cal = reg_val_loader.dataset.tensors
+        >>> cp = conformal_regression(regression_um.predict(x_cal), y_cal, alpha=0.1, score="absolute")
+        >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
+        >>> bool(((upper - lower) - (upper - lower)[0]).abs().max() < 1e-6)        # one width everywhere
+        True
     """
     _refuse_classification_options(classification_options)
     alpha = probability(alpha, "alpha")

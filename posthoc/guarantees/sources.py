@@ -17,7 +17,7 @@ Example:
     >>> predictive.kind
     'probs'
     >>> predictive(test_probs).probs.shape
-    torch.Size([1000, 8])
+    torch.Size([128, 3])
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ torchvision models. Training images get the same transform (no augmentation): po
 fit on what the model sees at test time.
 
 Example:
-    >>> transform = model_transform(model, "timm:resnet50")
-    >>> train = image_folder("imagenet/train", transform, subset=10_000)
-    >>> check_classes(train, head_size(model, train), "imagenet/train")
+    >>> transform = model_transform(model, "timm:resnet50")  # ImageNet folders  # doctest: +SKIP
+    >>> train = image_folder("imagenet/train", transform, subset=10_000)  # doctest: +SKIP
+    >>> check_classes(train, head_size(model, train), "imagenet/train")  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ def image_folder(root: str | os.PathLike, transform: Transform, *, subset: int |
     The returned dataset has ``.classes`` (sorted class folder names) and ``.root``.
 
     Example:
-        >>> val = image_folder("imagenet/val", transform, subset=5_000)
-        >>> len(val), len(val.classes)
+        >>> val = image_folder("imagenet/val", transform, subset=5_000)  # an ImageNet folder  # doctest: +SKIP
+        >>> len(val), len(val.classes)  # doctest: +SKIP
         (5000, 1000)
     """
     import torchvision
@@ -134,7 +134,7 @@ def split_held_out(dataset: Dataset, calibration_fraction: float = 0.5, *, seed:
     """Split a labelled held-out set into a calibration part (fitting) and a test part (evaluation).
 
     Example:
-        >>> calibration, test = split_held_out(val, 0.5)
+        >>> calibration, test = split_held_out(val, 0.5)  # doctest: +SKIP
     """
     if not 0 < calibration_fraction < 1:
         raise InputError(f"the calibration fraction must lie in (0, 1), got {calibration_fraction}")
@@ -172,7 +172,7 @@ def check_classes(dataset: Dataset, num_classes: int, root: str | os.PathLike | 
     """Refuse a labelled folder whose classes do not match the model's head (or another folder's classes).
 
     Example:
-        >>> check_classes(val, num_classes=1000, root="imagenet/val", reference=train.classes)
+        >>> check_classes(val, num_classes=1000, root="imagenet/val", reference=train.classes)  # doctest: +SKIP
     """
     classes = list(getattr(dataset, "classes", []))
     where = root or getattr(dataset, "root", "the image folder")
@@ -197,7 +197,7 @@ def loader(dataset: Dataset, *, batch_size: int = 64, workers: int = 0, shuffle:
     """A ``DataLoader`` over an image dataset (seeded when shuffled).
 
     Example:
-        >>> train_loader = loader(train, batch_size=128, workers=8, shuffle=True)
+        >>> train_loader = loader(train, batch_size=128, workers=8, shuffle=True)  # doctest: +SKIP
     """
     generator = torch.Generator().manual_seed(seed) if shuffle else None
     return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=workers,

@@ -12,10 +12,10 @@ labels)`` pairs padded per batch.
 imports them, and without them these functions say how to install them.
 
 Example:
-    >>> model, tokenizer = load_classifier("distilbert-base-uncased-finetuned-sst-2-english")
-    >>> texts = TextFile("reviews.jsonl", model)
-    >>> x, y = next(iter(text_loader(texts, tokenizer, batch_size=8)))
-    >>> sorted(x), y.shape
+    >>> model, tokenizer = load_classifier("distilbert-base-uncased-finetuned-sst-2-english")  # doctest: +SKIP
+    >>> texts = TextFile("reviews.jsonl", model)  # doctest: +SKIP
+    >>> x, y = next(iter(text_loader(texts, tokenizer, batch_size=8)))  # doctest: +SKIP
+    >>> sorted(x), y.shape  # doctest: +SKIP
     (['attention_mask', 'input_ids'], torch.Size([8]))
 """
 
@@ -79,7 +79,7 @@ def load_classifier(name: str, *, pretrained: bool = True, num_classes: int | No
     and the adapter on top.
 
     Example:
-        >>> model, processor = load_classifier("google/vit-base-patch16-224")
+        >>> model, processor = load_classifier("google/vit-base-patch16-224")  # doctest: +SKIP
     """
     hf = require_transformers()
     path = name[len(PREFIX):] if name.startswith(PREFIX) else name
@@ -114,7 +114,7 @@ class ProcessorTransform:
     ``image_mean`` / ``image_std`` tell the normalisation (what image corruptions undo and redo).
 
     Example:
-        >>> ProcessorTransform(processor)(Image.new("RGB", (32, 32))).shape
+        >>> ProcessorTransform(processor)(Image.new("RGB", (32, 32))).shape  # doctest: +SKIP
         torch.Size([3, 224, 224])
     """
 
@@ -142,7 +142,7 @@ class TextFile(Dataset):
     ``(text, float)`` from the ``score`` column, batched by :func:`text_loader` as float targets.
 
     Example:
-        >>> TextFile("val.csv", model)[0]
+        >>> TextFile("val.csv", model)[0]  # a Hugging Face checkpoint  # doctest: +SKIP
         ('a fine film', 1)
     """
 
@@ -217,7 +217,7 @@ def text_loader(dataset: Dataset, tokenizer: Any, *, batch_size: int = 32, shuff
     (float labels, a regressor's targets, stay float).
 
     Example:
-        >>> x, y = next(iter(text_loader(TextFile("val.jsonl", model), tokenizer, batch_size=4)))
+        >>> x, y = next(iter(text_loader(TextFile("val.jsonl", model), tokenizer, batch_size=4)))  # doctest: +SKIP
     """
     dataset = take_subset(dataset, subset, seed=seed)
     limit = max_length or min(int(getattr(tokenizer, "model_max_length", 512) or 512), 512)

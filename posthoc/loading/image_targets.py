@@ -5,9 +5,9 @@ target column (e.g. ``age``); :class:`ImageTargets` yields ``(transform(image), 
 ready for a ``DataLoader`` and ``posthoc.wrap(model, likelihood="regression")``.
 
 Example:
-    >>> rows = ImageTargets("faces/train.csv", "age", transform)
-    >>> x, y = rows[0]
-    >>> x.shape, y
+    >>> rows = ImageTargets("faces/train.csv", "age", transform)  # an image folder  # doctest: +SKIP
+    >>> x, y = rows[0]  # doctest: +SKIP
+    >>> x.shape, y  # doctest: +SKIP
     (torch.Size([3, 224, 224]), tensor(31.))
 """
 

@@ -14,8 +14,8 @@ unexpected and mis-shaped keys listed.
 
 Example:
     >>> model = build_model("timm:resnet18", pretrained=False, num_classes=10)
-    >>> model = build_model("torchvision:resnet50", checkpoint="finetuned.pth", pretrained=False)
-    >>> model = build_model("my_models.py:make_net")
+    >>> model = build_model("torchvision:resnet50", checkpoint="finetuned.pth", pretrained=False)  # doctest: +SKIP
+    >>> model = build_model("my_models.py:make_net")  # a model file  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def fetching_weights(spec: str | ModelSpec) -> Iterator[None]:
     """Turn a failed download of published weights (offline machine, empty cache) into a clear :class:`ConfigError`.
 
     Example:
-        >>> with fetching_weights("timm:resnet50"):
+        >>> with fetching_weights("timm:resnet50"):  # downloads weights  # doctest: +SKIP
         ...     model = timm.create_model("resnet50", pretrained=True)
     """
     try:
@@ -212,7 +212,7 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, architecture: 
     checkpoint was saved from another architecture or head size.
 
     Example:
-        >>> load_checkpoint(torchvision.models.resnet18(num_classes=10), "resnet18_cifar.pth")
+        >>> load_checkpoint(torchvision.models.resnet18(num_classes=10), "resnet18_cifar.pth")  # doctest: +SKIP
     """
     if not Path(path).is_file():
         raise InputError(f"checkpoint {path} does not exist")
@@ -256,8 +256,8 @@ def build_model(spec: str | ModelSpec, *, pretrained: bool = True, num_classes: 
     weights' URL), so it needs internet or a filled cache; ``pretrained=False`` gives random weights.
 
     Example:
-        >>> model = build_model("timm:resnet50")                     # ImageNet weights
-        >>> model = build_model("tv:resnet18", pretrained=False, num_classes=10, checkpoint="ckpt.pth")
+        >>> model = build_model("timm:resnet50")                     # ImageNet weights  # doctest: +SKIP
+        >>> model = build_model("tv:resnet18", pretrained=False, num_classes=10, checkpoint="ckpt.pth")  # doctest:+SKIP
     """
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
     if spec.source == "timm":

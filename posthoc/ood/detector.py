@@ -188,8 +188,8 @@ class Detector:
         """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several.
 
         Example:
-            >>> posthoc.detector(model, score="max-logit").score(x)
-            tensor([-7.1, -2.3])
+            >>> posthoc.detector(model, score="max-logit").score(x[:2])
+            tensor([-2.3808, -1.5820])
         """
         if name is None and len(self._scores) > 1:
             raise ConfigError(f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
@@ -219,8 +219,9 @@ class Detector:
         gathered from every rank's shard.
 
         Example:
+            >>> det = posthoc.detector(model, score=["energy", "msp"])
             >>> det.score_loader(ood_loader)["energy"].shape
-            torch.Size([1000])
+            torch.Size([128])
         """
         names = [score.name for score in self._chosen(names)]
         parts: dict[str, list[Tensor]] = {name: [] for name in names}
@@ -268,7 +269,8 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
 
     Example:
         >>> det = posthoc.detector(model, score="knn", k=10).fit(train_loader)
-        >>> det.score(x_ood).mean() > det.score(x_test).mean()
+        >>> x_ood, _ = next(iter(ood_loader))
+        >>> det.score(x_ood).mean() > det.score(x).mean()
         tensor(True)
     """
     if not isinstance(model, nn.Module):

@@ -13,6 +13,10 @@ half of it with the unnormalised scatter ``N Sigma + 1e-6 I`` as covariance: our
 theirs (to the 1e-6 ridge).
 
 Example:
+    >>> head = nn.Linear(16, 3)
+    >>> features = torch.randn(64, 16)
+    >>> outputs = Outputs(features=features, logits=head(features).detach(), head=head)   # one batch of the model
+    >>> labels = torch.arange(64) % 3
     >>> score = Mahalanobis()
     >>> score.update(outputs, labels, 0); score.finish(0)
     >>> score(outputs).shape

@@ -12,6 +12,7 @@ sampled or not, with temperature or other calibration on top) or a plain model's
   and clamps the probabilities to ``[1e-7, 1 - 1e-7]``.
 
 Example:
+    >>> from posthoc.core.prediction import Prediction
     >>> pred = Prediction.from_probs(torch.tensor([[0.9, 0.1], [0.5, 0.5]]))
     >>> MaxSoftmax()(Outputs(prediction=pred))
     tensor([-0.9000, -0.5000])

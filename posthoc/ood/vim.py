@@ -18,6 +18,9 @@ loader sums the residual norms instead. Under ``torch.distributed`` every sum is
 ``D // 2`` (pytorch-ood takes ``d`` explicitly).
 
 Example:
+    >>> head = nn.Linear(64, 3)
+    >>> features = torch.randn(64, 64)
+    >>> outputs = Outputs(features=features, logits=head(features).detach(), head=head)   # one batch of the model
     >>> score = ViM(dim=32)
     >>> score.update(outputs, None, 0); score.finish(0)
     >>> score(outputs).shape

@@ -14,9 +14,17 @@ lowest rows (more when rows tie with it). Each side's indices run in increasing 
 (shuffle the fit rows before cutting them into training and validation).
 
 Example:
+    >>> from torch.utils.data import DataLoader, TensorDataset
+    >>> x = torch.randn(300, 4)
+    >>> y = 2 * x[:, 3:] + 0.1 * torch.randn(300, 1)
     >>> fit, shifted = posthoc.shift.extrapolation_split(x, y, feature=3, quantile=0.7)
-    >>> um = posthoc.wrap(net, likelihood="regression").fit(DataLoader(TensorDataset(*fit)))
-    >>> posthoc.evaluate_shift(um, {"extrapolation": DataLoader(TensorDataset(*shifted))})
+    >>> len(fit[0]), len(shifted[0])
+    (210, 90)
+    >>> net = nn.Sequential(nn.Linear(4, 16), nn.Tanh(), nn.Linear(16, 1))
+    >>> um = posthoc.wrap(net, method="laplace", likelihood="regression").fit(DataLoader(TensorDataset(*fit), 64))
+    >>> table = posthoc.evaluate_shift(um, {"extrapolation": DataLoader(TensorDataset(*shifted), 64)}, progress=False)
+    >>> table.methods
+    ['laplace']
 """
 
 from __future__ import annotations
@@ -131,8 +139,11 @@ def extrapolation_split(x: Tensor, y: Tensor, *, feature: int | None = None, qua
     ``feature`` may be left out for one-feature inputs. Returns a :class:`ShiftSplit` (``fit, shifted = ...``).
 
     Example:
-        >>> fit, heavy = extrapolation_split(x, y, feature=3, quantile=0.7)   # the heaviest 30 % of the cars
-        >>> beyond = extrapolation_split(test_x, test_y, feature=3, quantile=0.9, reference=train_x).shifted
+        >>> train_x, test_x = torch.randn(100, 4), torch.randn(50, 4)
+        >>> fit, heavy = extrapolation_split(train_x, train_x[:, :1], feature=3, quantile=0.7)   # the top 30 %
+        >>> beyond = extrapolation_split(test_x, test_x[:, :1], feature=3, quantile=0.9, reference=train_x).shifted
+        >>> len(heavy[0]), bool((beyond[0][:, 3] > train_x[:, 3].quantile(0.85)).all())
+        (30, True)
     """
     probability(quantile, "quantile", why="the share of the feature's range the fit rows keep, e.g. 0.7")
     values, (low,), feature = _split(x, y, feature, reference, (quantile,))
@@ -145,7 +156,10 @@ def gap_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantiles: tu
     shifted (a gap in the middle of the range), the rows on both sides fit.
 
     Example:
-        >>> fit, middle = gap_split(x, y, feature=0, quantiles=(0.4, 0.6))
+        >>> x = torch.arange(10.0)[:, None]
+        >>> fit, middle = gap_split(x, x, feature=0, quantiles=(0.4, 0.6))
+        >>> middle[0].flatten().tolist()
+        [4.0, 5.0]
     """
     if not isinstance(quantiles, (tuple, list)) or len(quantiles) != 2:
         raise ConfigError(f"quantiles must be a pair (low, high) of the band to leave out, e.g. (0.4, 0.6), got {quantiles!r}")

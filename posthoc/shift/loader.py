@@ -12,8 +12,13 @@ The random draws of a pass come from one generator seeded with ``seed`` at the s
 passes over a loader that yields the same batches in the same order see identical corruptions.
 
 Example:
-    >>> noisy = posthoc.shift.corrupt(test_loader, "gaussian-noise", 3, normalization=((0.1307,), (0.3081,)))
-    >>> report = posthoc.evaluate(um, noisy)
+    >>> images = (torch.rand(16, 1, 28, 28) - 0.1307) / 0.3081           # normalised images (N, C, H, W)
+    >>> digits = [(images, torch.arange(16) % 8)]
+    >>> noisy = posthoc.shift.corrupt(digits, "gaussian-noise", 3, normalization=((0.1307,), (0.3081,)))
+    >>> from posthoc.demo import zoo
+    >>> report = posthoc.evaluate(posthoc.wrap(zoo.pretrained(), method="none"), noisy, progress=False)
+    >>> 0 <= report.ece <= 1
+    True
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ def check_normalization(normalization: Any) -> None:
     Example:
         >>> check_normalization(((0.5,), (0.0,)))
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel ...
+        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel...
     """
     if normalization is None:
         return
@@ -163,7 +168,10 @@ def corrupt(loader: Iterable, kind: str, severity: int, seed: int = 0, *,
     ``normalization=(mean, std)`` (see the module docs).
 
     Example:
-        >>> blurred = corrupt(test_loader, "gaussian-blur", 5, seed=1)
+        >>> images = [(torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))]
+        >>> blurred = corrupt(images, "gaussian-blur", 5, seed=1)
         >>> x, y = next(iter(blurred))
+        >>> x.shape, y.tolist()
+        (torch.Size([4, 3, 32, 32]), [0, 1, 2, 0])
     """
     return CorruptedLoader(loader, kind, severity, seed=seed, normalization=normalization)

@@ -28,7 +28,7 @@ Example:
     >>> um.summary()["selection"]["chosen"]
     'laplace+dac'
     >>> um.predict(x).probs.shape
-    torch.Size([8, 10])
+    torch.Size([8, 3])
 """
 
 from __future__ import annotations
@@ -71,7 +71,9 @@ def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[st
     """The cheap candidates that suit ``model`` (:meth:`Method.suits`) under ``likelihood``, as ``{"method": [...]}``.
 
     Example:
-        >>> [c["method"] for c in default_candidates(posthoc.demo.zoo.pretrained("digits_bn_cnn"), Categorical())]
+        >>> from posthoc.core.likelihood import Categorical
+        >>> from posthoc.demo import zoo
+        >>> [c["method"] for c in default_candidates(zoo.pretrained("digits_bn_cnn"), Categorical())]
         [['none'], ['temperature'], ['vector'], ['laplace'], ['none', 'dac'], ['laplace', 'dac']]
     """
     table = CLASSIFICATION_CANDIDATES if isinstance(likelihood, Categorical) else REGRESSION_CANDIDATES

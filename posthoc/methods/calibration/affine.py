@@ -6,9 +6,10 @@ labels plus the subclass's penalty, with L-BFGS in float64; on posterior samples
 mapped and the samples averaged.
 
 Example:
+    >>> from posthoc.methods.calibration.vector import VectorScaling
     >>> calibrator = VectorScaling().fit(logits, labels)
     >>> calibrator.weight.shape, calibrator.bias.shape
-    (torch.Size([10]), torch.Size([10]))
+    (torch.Size([3]), torch.Size([3]))
 """
 
 from __future__ import annotations

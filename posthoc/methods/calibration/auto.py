@@ -26,7 +26,7 @@ A candidate that has too few examples per class in the training folds is skipped
 Example:
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
     >>> calibrator.chosen_name, calibrator.scores["temperature"]
-    ('temperature', {'nll': 0.212, 'ece': 0.018})
+    ('temperature', {'nll': 0.497, 'ece': 0.091})
 """
 
 from __future__ import annotations

@@ -15,8 +15,10 @@ Two situations cannot determine any calibration map and are handled here for all
   calibrator stays the identity and warns, saying how many examples would help.
 
 Example:
+    >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
-    >>> calibrator(logits).sum(-1)          # probabilities, rows sum to 1
+    >>> calibrator(logits).sum(-1)[:3]          # probabilities, rows sum to 1
+    tensor([1., 1., 1.])
     >>> calibrator.save("cal.pt"); posthoc.calibrate.load("cal.pt").chosen_name
     'temperature'
 """
@@ -210,8 +212,9 @@ class Calibrator(CalibratorOptions, nn.Module):
         """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` for a binary classifier).
 
         Example:
+            >>> calibrator = posthoc.calibrate(logits, labels)
             >>> calibrator.log_probs(test_logits).exp().sum(-1)
-            tensor([1., 1., ...])
+            tensor([1.0000, 1.0000, ...])
         """
         logits = as_tensor(logits, "logits")
         check_finite_logits(logits)

@@ -5,7 +5,8 @@ simplex, and unlike matrix scaling of logits it sees only what the probabilities
 per row give the same result). The penalties and minimum are those of ``"matrix"``.
 
 Example:
-    >>> posthoc.calibrate(logits, labels, method="dirichlet")(test_logits)
+    >>> posthoc.calibrate(logits, labels, method="dirichlet")(test_logits).shape
+    torch.Size([128, 3])
 """
 
 from __future__ import annotations

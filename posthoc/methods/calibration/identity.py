@@ -1,7 +1,8 @@
 """``"identity"``: the model's own probabilities, ``softmax(z)``: the reference ``"auto"`` must beat.
 
 Example:
-    >>> posthoc.calibrate(logits, labels, method="identity")(logits) == torch.softmax(logits, -1)
+    >>> torch.allclose(posthoc.calibrate(logits, labels, method="identity")(logits), torch.softmax(logits, -1))
+    True
 """
 
 from __future__ import annotations

@@ -8,7 +8,8 @@ predictive (the mean over posterior samples). Parameters: the step points, at mo
 and class.
 
 Example:
-    >>> posthoc.calibrate(logits, labels, method="isotonic")(test_logits)
+    >>> posthoc.calibrate(logits, labels, method="isotonic")(test_logits).shape
+    torch.Size([128, 3])
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@ It needs at least 10 held-out examples of every class.
 
 Example:
     >>> posthoc.calibrate(logits, labels, method="matrix", off_diagonal=1e-2).weight.shape
-    torch.Size([10, 10])
+    torch.Size([3, 3])
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 is written to and read from a file.
 
 Example:
-    >>> TemperatureScaling.option_defaults(), TemperatureScaling().chosen_name
-    ({'max_iter': 100}, 'temperature')
+    >>> from posthoc.methods.calibration.method import TemperatureScaling
+    >>> TemperatureScaling.option_defaults()
+    {'max_iter': 100, 'shift_weight': 'auto'}
 """
 
 from __future__ import annotations
@@ -55,6 +56,8 @@ class CalibratorOptions:
 
         Example:
             >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
+            >>> posthoc.calibrate.load("vector.pt").chosen_name
+            'vector'
         """
         persistence.write(path, [self.file_entry()], "", FILE_KIND, dict(self.named_buffers()))
 

@@ -4,8 +4,11 @@
 Parameters: 2 (temperature scaling of a binary classifier is Platt scaling with ``b = 0``).
 
 Example:
-    >>> calibrator = posthoc.calibrate(scores, labels, method="platt")
-    >>> calibrator(scores)[:, 1]        # calibrated p(class 1)
+    >>> scores = 3 * torch.randn(200)                       # a binary classifier's logits (N,) ...
+    >>> binary = (torch.rand(200) < torch.sigmoid(scores / 3)).long()   # ... three times too confident
+    >>> calibrator = posthoc.calibrate(scores, binary, method="platt")
+    >>> calibrator(scores)[:, 1].shape        # calibrated p(class 1)
+    torch.Size([200])
 """
 
 from __future__ import annotations

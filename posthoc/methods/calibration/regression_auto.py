@@ -11,8 +11,12 @@ scored by the same estimator, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` over :data
 levels ``τ_j`` (the quantile form of the CRPS), which every recalibrated predictive answers exactly.
 
 Example:
-    >>> calibrator = posthoc.calibrate(mean=m, std=s, targets=y, method="auto")
-    >>> calibrator.chosen_name, calibrator.scores["variance-scaling"]["crps"]
+>>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
+    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="auto")
+    >>> calibrator.chosen_name, sorted(calibrator.scores["variance-scaling"])
+    ('variance-scaling', ['crps'])
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def quantile_crps(prediction: RegressionPrediction, targets: Tensor, levels: int
     """``(N,)``: the CRPS summed over outputs, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` at midpoints ``τ_j = (j - 1/2) / levels``.
 
     Example:
+        >>> from posthoc.methods.calibration.regression_base import as_prediction
         >>> quantile_crps(as_prediction(torch.zeros(1)), torch.zeros(1))   # (sqrt 2 - 1) / sqrt pi = 0.2337
         tensor([0.2337], dtype=torch.float64)
     """

@@ -8,8 +8,14 @@ no ``std`` (a constant std of 1, so that variance scaling fits the homoscedastic
 the root mean squared residual): :func:`as_prediction` builds the one-Gaussian predictive.
 
 Example:
+>>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
+    >>> from posthoc.methods.calibration.variance_scaling import VarianceScaling
     >>> calibrator = VarianceScaling().fit(as_prediction(val_mean, val_std), val_y)
-    >>> calibrator.predict(test_mean, test_std).interval(0.9)
+    >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
+    >>> ((lower[:, 0] <= test_y) & (test_y <= upper[:, 0])).float().mean()     # about 0.9
+    tensor(0.9...)
 """
 
 from __future__ import annotations
@@ -67,7 +73,7 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
     Example:
         >>> check_regression_prediction(torch.zeros(3), "calibrate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction ...
+        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction...
     """
     if isinstance(prediction, RegressionPrediction):
         return
@@ -107,7 +113,10 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """Fit on a held-out ``prediction`` and its ``targets`` ``(N,)`` or ``(N, D)``; returns ``self``.
 
         Example:
-            >>> VarianceScaling().fit(um.predict(x_val), y_val).scale
+            >>> from posthoc.methods.calibration.variance_scaling import VarianceScaling
+            >>> x_val, y_val = reg_val_loader.dataset.tensors
+            >>> VarianceScaling().fit(regression_um.predict(x_val), y_val).scale.shape     # one per output
+            torch.Size([1])
         """
         check_regression_prediction(prediction, "fit")
         if prediction.recalibrated:
@@ -131,7 +140,11 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """The calibrated prediction of ``prediction`` (the outputs it was fitted for).
 
         Example:
-            >>> calibrator.calibrate(um.predict(x_test)).interval(0.9)
+            >>> x_val, y_val = reg_val_loader.dataset.tensors
+            >>> calibrator = posthoc.calibrate(mean=regression_um.predict(x_val).mean, targets=y_val)
+            >>> lower, upper = calibrator.calibrate(regression_um.predict(reg_x)).interval(0.9)
+            >>> bool((lower < upper).all())
+            True
         """
         check_regression_prediction(prediction, "calibrate")
         expected = int(self.num_outputs)
@@ -150,7 +163,13 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (see module docs).
 
         Example:
-            >>> lower, upper = posthoc.calibrate(mean=m, std=s, targets=y).predict(m_test, s_test).interval(0.9)
+>>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+            >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+            >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
+            >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y)
+            >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
+            >>> lower.shape
+            torch.Size([500, 1])
         """
         prediction = as_prediction(mean, std)
         if bool(self.unit_std) != (std is None):

@@ -6,8 +6,8 @@ calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration
 
 Example:
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
-    >>> float(calibrator.temperature)
-    1.83
+    >>> float(calibrator.temperature)          # the model is overconfident
+    2.04
 """
 
 from __future__ import annotations

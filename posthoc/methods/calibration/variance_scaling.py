@@ -9,8 +9,12 @@ exact marginal mixture NLL by golden-section search in ``log s`` (per output; th
 marginals, which for one Gaussian is the joint NLL).
 
 Example:
+>>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
     >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="variance-scaling")
-    >>> float(calibrator.scale[0])      # 0.5: the stds were twice too wide
+    >>> round(float(calibrator.scale[0]), 1)      # 0.5: the stds were twice too wide
+    0.5
 """
 
 from __future__ import annotations
@@ -37,7 +41,11 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     """``(D,)``: the scale minimising each output's exact marginal NLL of ``prediction.scaled(s)``.
 
     Example:
-        >>> numerical_scale(pred, y)      # equals closed_form_scale(pred, y) for one Gaussian
+        >>> from posthoc.methods.calibration.regression_base import as_prediction
+        >>> mean = torch.randn(500)
+        >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), (mean + torch.randn(500)).double()[:, None]
+        >>> torch.allclose(numerical_scale(pred, y), closed_form_scale(pred, y), atol=1e-3)   # for one Gaussian
+        True
     """
     start = closed_form_scale(prediction, targets)
     scales = []

@@ -41,7 +41,7 @@ Example:
     >>> um = posthoc.wrap(model, method=["laplace", "dac"]).fit(train_loader, val_loader)
     >>> card = um.summary()["posterior"][1]
     >>> card["layers"], card["bank_bytes"]
-    (['features.3', 'features.7', 'classifier.4:input'], 1075200)
+    (['3:input'], 65536)
 """
 
 from __future__ import annotations

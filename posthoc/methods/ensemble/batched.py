@@ -9,7 +9,7 @@ to another device, or modified in place: each tensor's storage and version count
 Example:
     >>> forward = BatchedForward([net_a, net_b])
     >>> forward(x).shape                  # (M, N, C) log-probabilities
-    torch.Size([2, 8, 10])
+    torch.Size([2, 8, 3])
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """A member's own data order: the same loader, reshuffled with the member's seed (MultiSWAG's runs).
 
 Example:
-    >>> reshuffled(DataLoader(dataset, batch_size=64), seed=3).sampler
+    >>> from torch.utils.data import DataLoader
+    >>> reshuffled(DataLoader(train_loader.dataset, batch_size=64), seed=3).sampler
     <torch.utils.data.sampler.RandomSampler object at ...>
 """
 

@@ -1,9 +1,9 @@
 """Checks of an ensemble's members at wrap: count, type, device, classes.
 
 Example:
-    >>> check_members([net_a, net_b.cuda()])
+    >>> check_members([net_a, net_b.cuda()])  # needs a GPU  # doctest: +SKIP
     Traceback (most recent call last):
-    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0 ...
+    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0...
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ Example:
     >>> um = posthoc.wrap([net_a, net_b, net_c])
     >>> pred = um.predict(x)
     >>> pred.samples.shape, bool((pred.epistemic > 0).any())
-    (torch.Size([3, 8, 10]), True)
+    (torch.Size([3, 8, 3]), True)
 """
 
 from __future__ import annotations
@@ -102,7 +102,10 @@ class Ensemble(Method):
         taken at wrap (members that work on a copy).
 
         Example:
-            >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, build)
+            >>> from posthoc.core.chain import base_method
+            >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, base_method)
+            >>> len(ensemble.members)
+            2
         """
         if len(models) != entry.get("members", len(models)):
             raise ConfigError(f"the spec names an ensemble of {entry['members']} members, got {len(models)} models")
@@ -206,7 +209,7 @@ class Ensemble(Method):
         member's own card under ``per_member`` (what each fit chose, e.g. its prior precision).
 
         Example:
-            >>> posthoc.wrap([net_a, net_b], method="laplace").fit(loader).method.summary()["members"]
+            >>> posthoc.wrap([net_a, net_b], method="laplace").fit(train_loader).method.summary()["members"]
             2
         """
         cards = [{**member.summary(), **member.likelihood.summary()} for member in self.members]

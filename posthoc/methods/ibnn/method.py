@@ -37,7 +37,7 @@ covariate shift with node-based Bayesian neural networks", ICML 2022.
 Example:
     >>> um = posthoc.wrap(model, method="ibnn").fit(train_loader)
     >>> um.predict(x).samples.shape      # (K * S, N, C)
-    torch.Size([10, 8, 10])
+    torch.Size([10, 8, 3])
     >>> paper = posthoc.wrap(model, method="ibnn", recipe="paper", init_mean_std=0.75).fit(train_loader)
 """
 
@@ -261,7 +261,7 @@ class ImplicitBNN(Method):
 
         Example:
             >>> posthoc.wrap(torchvision.models.resnet50(weights=None), method="ibnn").method.summary()["random_variables"]
-            24579
+            24576
         """
         settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
         recorded = settings["epochs"] > 0

@@ -34,7 +34,7 @@ from the generator (default: one seeded with ``seed``), exactly as ``IVON.sample
 Example:
     >>> um = posthoc.wrap(model, method="ivon").fit(train_loader)
     >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
 """
 
 from __future__ import annotations
@@ -298,7 +298,7 @@ class IVON(Method):
         Example:
             >>> card = posthoc.wrap(model, method="ivon").fit(train_loader).method.summary()
             >>> card["random_variables"], card["epochs"]
-            (105832, 2)
+            (515, 2)
         """
         names = trained_names(self.model, self.layers, self.split) if self.split is None or self.split.head is not None else []
         schedule = dict(zip(SCHEDULE, [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()))

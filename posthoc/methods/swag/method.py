@@ -29,7 +29,7 @@ Example:
     >>> um.method.summary()["scale"]      # chosen on val_loader
     0.25
     >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
 """
 
 from __future__ import annotations

@@ -8,11 +8,11 @@ stored. Where every sampled weight belongs to a Linear layer and no such BatchNo
 the prefix before the first sampled layer runs once and the suffix samples in one expanded pass.
 
 Example:
-    >>> um = posthoc.wrap(model, method="swag", subset=["classifier.1", "classifier.4"])
+    >>> um = posthoc.wrap(model, method="swag", subset=["0", "3"])          # both linear layers
     >>> type(um.method).__name__
     'SubsetSWAG'
     >>> um.fit(train_loader, epochs=1).predict(x).samples.shape
-    torch.Size([20, 8, 10])
+    torch.Size([20, 8, 3])
 """
 
 from __future__ import annotations

@@ -20,8 +20,9 @@ against the plain model's: ``init_std=0.05`` for 6 epochs 1.01x, ``init_std=0.2`
 Example:
     >>> um = posthoc.wrap(model, method="vi").fit(train_loader, kl_schedule="cosine")
     >>> um.predict(x).samples.shape
-    torch.Size([20, 8, 10])
-    >>> posthoc.wrap(model, method="vi", layers="all", prior_mean="checkpoint")
+    torch.Size([20, 8, 3])
+    >>> posthoc.wrap(model, method="vi", layers="all", prior_mean="checkpoint").methods
+    ['vi']
 """
 
 from __future__ import annotations
