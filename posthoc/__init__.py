@@ -36,6 +36,7 @@ from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
+from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.ood import Detector, detector
 
 # the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
@@ -47,7 +48,7 @@ __version__ = "0.1.0"
 __all__ = [
     "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
-    "Prediction", "Report", "UncertainModel", "Method", "Tolerance",
+    "Prediction", "Report", "UncertainModel", "Method", "Tolerance", "SWAGCollector",
     "Gaussian", "HeteroscedasticGaussian", "RegressionPrediction", "RegressionReport",
     "PosthocError", "ConfigError", "InputError", "NotFittedError", "HeadNotFoundError",
     "PosteriorFileError", "NumericalError", "ExportError",

@@ -12,10 +12,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.demo import data, zoo
+from posthoc.engine.ranks_spread import owner
 from posthoc.methods.ensemble.data_order import reshuffled
 from posthoc.methods.ensemble.method import Ensemble
 from posthoc.methods.ensemble.mixture import mixture
-from posthoc.methods.ensemble.spread import owner
 
 
 def _perturbed(model: nn.Module, seed: int, size: float = 0.05) -> nn.Module:

@@ -379,6 +379,10 @@ MISUSES = [
     ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(_nan_model(w), method="auto-calibration")
      .fit(val_loader=w["loader"], progress=False), posthoc.NumericalError, "the plain model's outputs on the held-out data hold NaN"),
     ("Tolerance", lambda w, tmp: posthoc.Tolerance(relative=-0.1), ConfigError, "Tolerance.relative must be a number >= 0"),
+    ("SWAGCollector", lambda w, tmp: posthoc.SWAGCollector(w["model"], rank=1), ConfigError,
+     "rank must be an integer >= 2"),
+    ("SWAGCollector", lambda w, tmp: posthoc.SWAGCollector(w["model"]).update(nn.Linear(2, 2)), InputError,
+     "the model has no parameter"),
     ("UncertainModel.fit", lambda w, tmp: posthoc.wrap(w["model"], method="temperature").fit(
         val_loader=w["loader"], tolerance="2%", progress=False), ConfigError, "tolerance must be None"),
     ("settings", lambda w, tmp: posthoc.settings.override(chunk_size=0).__enter__(), ConfigError,

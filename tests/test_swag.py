@@ -69,6 +69,40 @@ def _covariance_z_scores(samples: torch.Tensor, target: torch.Tensor) -> torch.T
     return (empirical - target).abs() / stderr
 
 
+def test_public_collector_in_a_user_loop_holds_the_moments_of_the_built_in_fit() -> None:
+    """``posthoc.SWAGCollector`` updated after each step of the user's own SGD loop holds the moments (and gives the
+    samples) that ``wrap(method="swag")`` collects with the same schedule; and they are the snapshots' mean and
+    population variance."""
+    model = _mlp()
+    generator = torch.Generator().manual_seed(0)
+    x, y = torch.randn(48, 4, generator=generator), torch.randint(0, 3, (48,), generator=generator)
+    batches = [(x[k:k + 12], y[k:k + 12]) for k in range(0, 48, 12)]
+    before = copy.deepcopy(model.state_dict())
+    um = posthoc.wrap(model, method="swag", scale=0.5).fit(batches, epochs=2, lr=0.05, collect_per_epoch=4, rank=5,
+                                                           progress=False)
+    mine = copy.deepcopy(model)
+    optimizer = torch.optim.SGD(mine.parameters(), lr=0.05, momentum=0.9)
+    collector = posthoc.SWAGCollector(mine, rank=5)
+    snapshots = []
+    for _ in range(2):
+        for xb, yb in batches:
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(mine(xb), yb).backward()
+            optimizer.step()
+            collector.update(mine)
+            snapshots.append(collector.flatten(mine))
+    built = um.method.collector
+    assert collector.num_snapshots == built.num_snapshots == 8
+    for name in ("mean", "sum_sq", "deviation_rows"):  # the same steps in the same order: the same bits
+        assert torch.equal(getattr(collector, name), getattr(built, name)), name
+    stacked = torch.stack(snapshots)
+    torch.testing.assert_close(collector.mean, stacked.mean(0), rtol=0, atol=1e-12)
+    torch.testing.assert_close(collector.variance, stacked.var(0, unbiased=False), rtol=1e-9, atol=1e-12)
+    draw = lambda c: c.sample(scale=0.5, generator=torch.Generator().manual_seed(3))  # noqa: E731
+    assert torch.equal(draw(collector), draw(built))
+    assert all(torch.equal(before[name], value) for name, value in model.state_dict().items())  # fine-tuned a copy
+
+
 @pytest.mark.parametrize("low_rank, scale", [(True, 0.5), (False, 1.0)])
 def test_sample_covariance_is_scaled_diag_plus_low_rank(low_rank: bool, scale: float) -> None:
     generator = torch.Generator().manual_seed(0)

@@ -5,7 +5,7 @@ to the ``k``-th nearest normalised training feature is a strong, assumption-free
 OOD score ``"knn"`` and the density-aware predictive ``"dac"`` both read it from here.
 
 - :func:`kth_distance` is exact: the ``k`` largest cosine similarities are found ``m`` bank rows
-  at a time (``m`` planned by :mod:`posthoc.core.chunks` under ``max_memory``, a ``B x m`` block
+  at a time (``m`` planned by :mod:`posthoc.core.chunks` under the runner's budget, a ``B x m`` block
   of similarities per step), and the winner's Euclidean distance is recomputed in float64
   (``1 - cos`` loses digits near 0).
 - :class:`Reservoir` keeps a uniform random subset of a stream of rows, at most ``capacity`` of
@@ -30,8 +30,8 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
 from posthoc.core.chunks import chunks
+from posthoc.engine.runner import gather_rows
 
 FLOAT32_BYTES = 4
 
@@ -46,7 +46,8 @@ def kth_distance(queries: Tensor, bank: Tensor, k: int, *, max_memory: int | Non
     """Euclidean distance ``(B,)`` of each normalised query ``(B, D)`` to its ``k``-th nearest row of ``bank (N, D)``.
 
     ``bank`` may be a column slice of a wider tensor (a view); ``k`` must be at most ``N``. The
-    result is float64.
+    result is float64. ``max_memory`` bounds the bytes of one block of similarities (``None``: the runner's budget,
+    else ``posthoc.settings.max_memory``).
 
     Example:
         >>> bank = normalised(torch.eye(3))
@@ -121,9 +122,7 @@ class Reservoir:
         """The kept rows ``(min(capacity, seen), D)``; every rank's reservoirs merged under ``torch.distributed``."""
         if self._rows is None:
             raise ValueError("the reservoir has seen no rows")
-        if not distributed.active():
-            return self._rows
-        rows, keys = distributed.gather_cat(self._rows), distributed.gather_cat(self._keys)
+        rows, keys = gather_rows(self._rows), gather_rows(self._keys)  # themselves in one process
         if rows.shape[0] <= self.capacity:
             return rows
         return rows[keys.topk(self.capacity, largest=False).indices]

@@ -30,7 +30,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
 from posthoc.core import distributed
 from posthoc.core.chain import RUN_OPTION_NAMES
@@ -175,6 +176,18 @@ def average_gradients(parameters: Iterable[Tensor]) -> None:
     distributed.average_gradients(parameters)
 
 
+def replica(module: nn.Module) -> nn.Module:
+    """``module`` as a ``DistributedDataParallel`` replica under ``torch.distributed`` (its backward averages the
+    gradients over ranks), else ``module`` itself: what a fine-tune runs its forward through.
+
+    Example:
+        >>> net = nn.Linear(2, 2)
+        >>> replica(net) is net
+        True
+    """
+    return DistributedDataParallel(module) if distributed.active() else module
+
+
 @contextmanager
 def small_dense_work(elements: int, device: torch.device) -> Iterator[None]:
     """Run a block of ``elements`` float32 temporaries on one thread when it is small work on the CPU (as
@@ -186,6 +199,29 @@ def small_dense_work(elements: int, device: torch.device) -> Iterator[None]:
         [1.0, 1.0, 1.0, 1.0]
     """
     with single_thread_if(device.type == "cpu" and 4 * elements <= SMALL_WORK_BYTES):
+        yield
+
+
+#: input elements below which an iterative fit (L-BFGS over held-out predictions) runs on one CPU thread
+SMALL_FIT = 1 << 20
+
+
+@contextmanager
+def small_fit(*inputs: Tensor | None) -> Iterator[None]:
+    """Run an iterative fit over ``inputs`` on one thread when together they hold fewer than :data:`SMALL_FIT`
+    elements on the CPU (as ``posthoc.settings.narrow_threads`` allows): a calibration fit is thousands of tiny ops,
+    where intra-op threads only wait on each other.
+
+    Example:
+        >>> scale = torch.zeros((), requires_grad=True)
+        >>> with small_fit(torch.randn(600, 10), None):
+        ...     (scale - 1).pow(2).backward()
+        >>> float(scale.grad)
+        -2.0
+    """
+    given = [tensor for tensor in inputs if tensor is not None]
+    small = bool(given) and given[0].device.type == "cpu" and sum(tensor.numel() for tensor in given) < SMALL_FIT
+    with single_thread_if(small):
         yield
 
 

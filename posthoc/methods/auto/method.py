@@ -351,14 +351,13 @@ class AutoMethod(Method):
             raise ConfigError("'auto' has not chosen a method yet: call um.fit(train_loader, val_loader)")
         return self.chosen
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        return self._chosen().log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
+        return self._chosen().log_predictive(x, num_samples=num_samples, generator=generator)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
-        return self._chosen().regression_predictive(x, num_samples=num_samples, generator=generator,
-                                                    max_memory=max_memory)
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
+        return self._chosen().regression_predictive(x, num_samples=num_samples, generator=generator)
 
     @property
     def selection(self) -> dict[str, Any] | None:

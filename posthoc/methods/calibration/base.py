@@ -36,7 +36,7 @@ from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import as_tensor, check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
-from posthoc.methods.calibration.optimise import threads_for
+from posthoc.engine.runner import small_fit
 from posthoc.methods.calibration.options import CalibratorOptions
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
@@ -159,7 +159,7 @@ class Calibrator(CalibratorOptions, nn.Module):
             self._warn_separated(labels.numel())
             self.passthrough.fill_(True)
             return self
-        with threads_for(inputs):
+        with small_fit(inputs):
             self._fit(inputs, labels)
         return self
 

@@ -230,9 +230,9 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         moved.load_buffers(_between(dict(clean.named_buffers()), dict(combined.named_buffers()), weight))
         return moved
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
+        log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
         if samples is not None and self.calibrator.per_sample:
             calibrated = self.calibrator.transform(samples.clamp_min(LOG_PROB_FLOOR))
             return log_mean_exp(calibrated), calibrated

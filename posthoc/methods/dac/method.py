@@ -15,7 +15,7 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
   ``rows x sum_l D_l x 4`` bytes: on ImageNet with a ResNet-50 read at ``layer2``, ``layer3`` and the
   head's input (512 + 1024 + 2048 = 3,584 floats per example) the default 64 MiB keeps 4,681 of
   the 1.28 M images, and 1 GiB keeps 74,898 (6 %); predicting costs ``B x rows x sum_l D_l`` more
-  multiply-adds per batch of ``B``, chunked under ``max_memory``.
+  multiply-adds per batch of ``B``, chunked under the runner's memory budget.
 - **The distance** of an example at each layer is the Euclidean distance of its normalised
   features to the ``k``-th nearest bank row (:func:`posthoc.engine.feature_bank.kth_distance`, as the
   ``"knn"`` OOD score).
@@ -55,7 +55,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
 from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
@@ -66,6 +65,7 @@ from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
+from posthoc.engine.runner import examples_over_ranks, gather_rows
 from posthoc.engine.selection import Rows, Scores
 from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
 from posthoc.methods.dac.temperature import Cached, Fitted, excess, fit, standardisation, temperatures, tempered
@@ -158,7 +158,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         shrink: the factor the fitted weights are multiplied by (``"auto"``: chosen among :data:`SHRINKS`).
         strength: how much the perturbed copies' NLL counts beside the clean one when the weights are fitted.
         head: the classifier head's module name (default: found as for last-layer methods).
-        max_memory: bytes of similarities one distance step may hold (``None``: ``posthoc.settings.max_memory``).
         max_iter: L-BFGS iterations of each fit.
     """
 
@@ -169,8 +168,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
 
     def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
                  anchor: float | str = "auto", shrink: float | str = "auto", strength: float = STRENGTH,
-                 head: str | None = None,
-                 max_memory: int | None = None, max_iter: int = 100) -> None:
+                 head: str | None = None, max_iter: int = 100) -> None:
         super().__init__(inner.base_model)
         self.inner = inner
         self.k = positive_int(k, "k")
@@ -184,7 +182,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {type(head).__name__}")
         self.head = head
-        self.max_memory = memory_bytes(max_memory)
         self.max_iter = positive_int(max_iter, "max_iter")
         for name in ("bank", "widths", "anchors", "spreads", "weights", "meta"):
             self.register_buffer(name, None)
@@ -241,24 +238,23 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     def log_distances(self, features: list[Tensor]) -> Tensor:
         """``log d_l`` per example and layer ``(N, L)``: the distance of each layer's features to the ``k``-th nearest bank row."""
         k = min(self.k, self.bank_rows)
-        columns = [kth_distance(normalised(f), bank, k, max_memory=self.max_memory)
-                   for f, bank in zip(features, self._banks())]
+        columns = [kth_distance(normalised(f), bank, k) for f, bank in zip(features, self._banks())]
         return torch.stack(columns, dim=1).clamp_min(MIN_DISTANCE).log().float()
 
     def temperatures_of(self, features: list[Tensor]) -> Tensor:
         """The temperature ``T(x)`` of each example ``(N,)`` from its features at :meth:`sites`."""
         return temperatures(excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights)
 
-    def _inner_with_features(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None,
-                             max_memory: int | None = None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    def _inner_with_features(self, x: Inputs, num_samples: int | None,
+                             generator: torch.Generator | None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
-            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
         return log_probs, samples, capture.features(found, x)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
-        log_probs, samples, features = self._inner_with_features(x, num_samples, generator, max_memory)
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
+        log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
 
     # ---- fit ---------------------------------------------------------------------------------
@@ -358,7 +354,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         # layer-blocked: each layer's (rows, D_l) rows are contiguous, so its similarities are one plain matmul
         self.bank = torch.cat([block.reshape(-1) for block in bank.split(widths, dim=1)])
         self.widths = torch.tensor(widths, device=self.device)
-        self._set_meta({**self._meta(), "seen": distributed.total_examples(reservoir.seen)})
+        self._set_meta({**self._meta(), "seen": examples_over_ranks(reservoir.seen)})
 
     def _held_out(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Cached:
         """The inner predictions, log-distances (in :attr:`Cached.excess` until standardised) and labels of every
@@ -375,8 +371,8 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             distances.append(self.log_distances(features))
             labels.append(check_labels(y, log_probs.shape[-1]))
         dim = 0 if predictions[0].dim() == 2 else 1
-        return Cached(distributed.gather_cat(torch.cat(predictions, dim), dim),
-                      distributed.gather_cat(torch.cat(distances)), distributed.gather_cat(torch.cat(labels)))
+        return Cached(gather_rows(torch.cat(predictions, dim), dim), gather_rows(torch.cat(distances)),
+                      gather_rows(torch.cat(labels)))
 
     # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -41,8 +41,8 @@ import torch
 from torch import Tensor
 
 from posthoc.core.logits import log_mean_exp
-from posthoc.core.threads import single_thread_if
 from posthoc.engine.lbfgs import minimise
+from posthoc.engine.runner import small_fit
 
 #: log-probabilities below this are clamped before tempering (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
@@ -50,8 +50,6 @@ LOG_PROB_FLOOR = -1e4
 LOG_T0_BOUND = math.log(100.0)
 #: L-BFGS stops when the largest gradient entry falls below this (the NLL moves by far less than its noise by then)
 TOLERANCE = 1e-6
-#: below this many cached elements a fit runs on one CPU thread (thousands of tiny ops, where threads only wait)
-SMALL_FIT = 1 << 20
 #: the smallest spread of a layer's clean log-distances (median to anchor)
 MIN_SPREAD = 1e-3
 
@@ -124,8 +122,7 @@ def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int
         >>> fit(held, None, strength=1.0, weights=False).weights
         [0.0, 0.0, 0.0]
     """
-    elements = clean.log_probs.numel() + (0 if shifted is None else shifted.log_probs.numel())
-    with single_thread_if(clean.log_probs.device.type == "cpu" and elements < SMALL_FIT):
+    with small_fit(clean.log_probs, None if shifted is None else shifted.log_probs):
         return _fit(clean, shifted, strength=strength, max_iter=max_iter, initial_weight=initial_weight,
                     fit_weights=weights, fit_temperature=fit_temperature, warn=warn)
 

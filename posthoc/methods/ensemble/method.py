@@ -19,7 +19,8 @@ strided elementwise passes (``benchmarks/bench_ensemble.py`` compares the two). 
 architectures, always run one after the other. The ensemble is registered like any method (as
 ``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
 bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
-the same order. Under ``torch.distributed`` the members are fitted on different ranks (:mod:`.spread`).
+the same order. Under ``torch.distributed`` the members are fitted on different ranks
+(:mod:`posthoc.engine.ranks_spread`).
 
 Under ``likelihood="regression"`` each member fits its own observation noise and the predictive is the
 equal-weight mixture of the members' Gaussians (or of their own mixtures, e.g. MC dropout's), so the
@@ -48,10 +49,10 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import ENSEMBLE, register
 from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
+from posthoc.engine.ranks_spread import fit_spread
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
 from posthoc.methods.ensemble.members import check_members
 from posthoc.methods.ensemble.mixture import batched_mixture, mixture
-from posthoc.methods.ensemble.spread import fit_spread
 
 #: builds a spec entry's method around one model: ``(method, fingerprint of the model if the method copies it)``
 MemberBuilder = Callable[[nn.Module, dict[str, Any]], tuple[Method, str | None]]
@@ -165,18 +166,18 @@ class Ensemble(Method):
 
         fit_spread(self.members, choose_one, loaders=())
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         if self.vmapped:
             return batched_mixture(self.batched_forward(x))
-        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator, max_memory=max_memory)
+        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator)
                         for member in self.members])
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The equal-weight mixture of the members' regression predictives (see module docs)."""
-        return mix_predictions([member.regression_predictive(x, num_samples=num_samples, generator=generator,
-                                                             max_memory=max_memory) for member in self.members])
+        return mix_predictions([member.regression_predictive(x, num_samples=num_samples, generator=generator)
+                                for member in self.members])
 
     @property
     def vmapped(self) -> bool:

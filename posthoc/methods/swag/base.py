@@ -32,12 +32,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
-from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
+from posthoc.core.checks import fraction, integer, positive_int, positive_number
 from posthoc.core.errors import ConfigError, PosteriorFileError
-from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
-from posthoc.core.logits import class_log_probs
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
@@ -45,6 +43,7 @@ from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
+from posthoc.engine.runner import average_gradients, steps_on_every_rank
 from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.methods.swag.schedule import LADDER, START_SCALE, relative_lr
 
@@ -132,16 +131,15 @@ class SWAGBase(Method):
     def _after_fit(self, train_loader: Iterable, *, progress: bool) -> None:
         """Work that needs the collected moments (e.g. BatchNorm statistics per sample)."""
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
         raise NotImplementedError
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator,
-                                                               max_memory=max_memory))
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
 
     # ----------------------------------------------------------------- fitting
     def fit(
@@ -230,7 +228,7 @@ class SWAGBase(Method):
         self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
         if include_pretrained:
             self.collector.update(tuning.source)
-        steps = distributed.common_length(loader_length(loader), "SWAG fine-tuning")
+        steps = steps_on_every_rank(loader_length(loader), "SWAG fine-tuning")
         if steps is not None and collect_per_epoch > steps:
             warnings.warn(
                 f"collect_per_epoch={collect_per_epoch} exceeds the {steps} steps of an epoch; collecting after "
@@ -250,7 +248,7 @@ class SWAGBase(Method):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             if tuning.averages_gradients:
-                distributed.average_gradients(tuning.trained)
+                average_gradients(tuning.trained)
             optimizer.step()
             if step.index in collect_at:
                 collector.update(tuning.source)

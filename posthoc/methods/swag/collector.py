@@ -1,19 +1,30 @@
-"""Collecting SWAG statistics from weight snapshots, inside any training loop.
+"""Collecting SWAG statistics from weight snapshots, inside any training loop (public as ``posthoc.SWAGCollector``).
 
 :class:`SWAGCollector` keeps, for a chosen set of parameters flattened into one vector, the
 running mean and the sum of squared deviations (Welford's algorithm in float64, so the variance
 stays exact over long runs), and a ring buffer of the last ``rank`` deviations
 ``theta_i - mean_i`` (the low-rank part of SWAG). It does not own an optimizer or a loop: call
-``collector.update(model)`` after the optimizer steps you want to count as snapshots.
+``collector.update(model)`` after the optimizer steps you want to count as snapshots, as
+``torch.optim.swa_utils.AveragedModel.update_parameters`` is called. ``posthoc.wrap(model, method="swag")``
+runs the same collector inside its own short fine-tune.
 
 Example:
-    >>> collector = SWAGCollector(model, rank=20)
-    >>> for step, (x, y) in enumerate(loader):
-    ...     loss = F.cross_entropy(model(x), y); loss.backward(); optimizer.step(); optimizer.zero_grad()
-    ...     if step % 100 == 99:
+    >>> model = nn.Linear(4, 3)
+    >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    >>> collector = SWAGCollector(model, rank=4)
+    >>> x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
+    >>> for step in range(8):
+    ...     optimizer.zero_grad()
+    ...     nn.functional.cross_entropy(model(x), y).backward()
+    ...     optimizer.step()
+    ...     if step % 2 == 1:
     ...         collector.update(model)
+    >>> collector.num_snapshots, collector.num_deviations
+    (4, 4)
     >>> theta = collector.sample(scale=0.5, generator=torch.Generator().manual_seed(0))
-    >>> weights = collector.unflatten(theta)          # {name: tensor}, ready for functional_call
+    >>> weights = collector.unflatten(theta, like=model)          # {name: tensor}
+    >>> torch.func.functional_call(model, weights, (x,)).shape    # the model under one SWAG sample
+    torch.Size([32, 3])
 """
 
 from __future__ import annotations
@@ -38,7 +49,11 @@ def _named_tensors(source: ParameterSource) -> dict[str, Tensor]:
 
 
 class SWAGCollector(nn.Module):
-    """First and second moments plus a low-rank deviation buffer of a set of parameters.
+    """First and second moments plus a low-rank deviation buffer of a set of parameters, collected in your own loop.
+
+    Call :meth:`update` after each optimizer step that counts as a snapshot; :meth:`sample` then draws SWAG weights
+    ``mean + sqrt(scale) * (sigma * z1 + D^T z2 / sqrt(K - 1))`` and :meth:`unflatten` names them for
+    ``torch.func.functional_call``.
 
     Args:
         source: the model (or a ``{name: tensor}`` dict) whose parameters are collected; only
@@ -51,6 +66,16 @@ class SWAGCollector(nn.Module):
 
     Statistics are registered buffers (``count``, ``mean``, ``sum_sq``, ``deviation_rows``), so
     ``state_dict`` saves them.
+
+    Example:
+        >>> net = nn.Linear(2, 1)
+        >>> collector = posthoc.SWAGCollector(net, rank=2)
+        >>> for value in (1.0, 3.0):
+        ...     with torch.no_grad():
+        ...         _ = net.weight.fill_(value), net.bias.fill_(0.0)
+        ...     collector.update(net)
+        >>> collector.mean.tolist(), collector.variance.tolist()      # over [w1, w2, b]
+        ([2.0, 2.0, 0.0], [1.0, 1.0, 0.0])
     """
 
     def __init__(

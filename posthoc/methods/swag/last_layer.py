@@ -89,8 +89,8 @@ class LastLayerSWAG(SWAGBase):
             logits = logits + head.bias.float()  # a bias the user froze stays as it is
         return logits
 
-    def _sampled_logits(self, phi: Tensor, logits: Tensor, count: int, generator: torch.Generator | None,
-                        max_memory: int | None) -> Iterator[tuple[slice, Tensor]]:
+    def _sampled_logits(self, phi: Tensor, logits: Tensor, count: int,
+                        generator: torch.Generator | None) -> Iterator[tuple[slice, Tensor]]:
         """``(rows, samples (S, n, C))`` per chunk of examples: Gaussian logits around ``logits`` on features ``phi``,
         drawn from ``generator`` (default: one seeded with ``seed``). A chunk's samples are overwritten by the next."""
         collector = self.collector
@@ -104,7 +104,7 @@ class LastLayerSWAG(SWAGBase):
         # per row alive at once: the noise and its scaled copy (then log_mean_exp's shifted copy), the low-rank projection
         row_bytes = 4 * classes * (2 * count + 2 * deviations.shape[0])
         z = None  # the low-rank weights of each sample, shared by every example (drawn after the first chunk's noise)
-        for rows in chunks(n, row_bytes, max_memory=max_memory):
+        for rows in chunks(n, row_bytes):
             samples = randn((count, rows.stop - rows.start, classes), generator=generator, device=phi.device) * std[rows]
             if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
                 projected = self._head_logits(deviations, phi[rows]).flatten(1)  # (K, n * C)
@@ -116,8 +116,8 @@ class LastLayerSWAG(SWAGBase):
             yield rows, samples
             del samples  # before the next chunk's noise is drawn
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
         count = num_samples or self.num_samples
         phi, _ = self.split(x)
@@ -127,13 +127,13 @@ class LastLayerSWAG(SWAGBase):
             return class_log_probs(logits), None
         n, classes = logits.shape
         log_probs, sample_log_probs = logits.new_empty(n, classes), logits.new_empty(count, n, classes)
-        for rows, samples in self._sampled_logits(phi, logits, count, generator, max_memory):
+        for rows, samples in self._sampled_logits(phi, logits, count, generator):
             samples.sub_(torch.logsumexp(samples, dim=-1, keepdim=True))
             log_probs[rows], sample_log_probs[:, rows] = log_mean_exp(samples), samples
         return log_probs, sample_log_probs
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)`` Gaussian head outputs, the same draws as :meth:`log_predictive` takes for logits."""
         phi, _ = self.split(x)
         phi = phi.float()
@@ -141,5 +141,5 @@ class LastLayerSWAG(SWAGBase):
         if self.scale == 0:
             return outputs[None]
         count = num_samples or self.num_samples
-        return torch.cat([samples.clone() for _, samples in self._sampled_logits(phi, outputs, count, generator, max_memory)],
-                         dim=1)
+        draws = self._sampled_logits(phi, outputs, count, generator)
+        return torch.cat([samples.clone() for _, samples in draws], dim=1)

@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.engine.objective import training_loss
+from posthoc.engine.runner import sum_over_ranks
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4
@@ -80,7 +80,7 @@ def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], load
             t.grad = None
     weights = torch.sqrt(sum(t.detach().float().pow(2).sum() for t in trained))
     totals = torch.stack([torch.stack(norms).sum(), torch.tensor(float(len(norms)), device=weights.device)]).double()
-    totals = distributed.all_reduce_sum(totals) if distributed.active() else totals
+    totals = sum_over_ranks(totals)
     gradient = float(totals[0] / totals[1])
     if not math.isfinite(gradient):
         raise NumericalError(

@@ -20,13 +20,12 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.nn.parallel import DistributedDataParallel
 
-from posthoc.core import distributed
 from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, iterate, run_model, run_model_with
@@ -37,6 +36,7 @@ from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.progress import progress_bar
 from posthoc.engine.bn_refresh import batchnorm_layers, batchnorm_statistics
 from posthoc.engine.hooks import called_in_order
+from posthoc.engine.runner import replica
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.swag.base import SWAGBase, Tuning
 from posthoc.methods.swag.sampled_linears import sampled_linears
@@ -126,9 +126,9 @@ class SubsetSWAG(SWAGBase):
         for name, p in work.named_parameters():
             p.requires_grad_(name in keep)
         work.train()
-        replica = DistributedDataParallel(work) if distributed.active() else work
+        replicated = replica(work)  # under torch.distributed its backward averages the gradients over ranks
         trained = [p for name, p in work.named_parameters() if name in keep]
-        return Tuning(work, trained, lambda x: run_model(replica, x), averages_gradients=False)
+        return Tuning(work, trained, lambda x: run_model(replicated, x), averages_gradients=False)
 
     def _after_fit(self, train_loader: Iterable, *, progress: bool) -> None:
         self._train_loader, self.bn_cache = train_loader, None
@@ -187,45 +187,44 @@ class SubsetSWAG(SWAGBase):
         theta = self.collector.sample(scale=self.scale, generator=generator, low_rank=self.cov)
         return self.collector.unflatten(theta, like=self.model)
 
-    def _suffix_outputs(self, x: Inputs, count: int, runner: SuffixRunner, transform: Callable[[Tensor], Tensor],
-                        max_memory: int | None = None) -> Tensor:
+    def _suffix_outputs(self, x: Inputs, count: int, runner: SuffixRunner, transform: Callable[[Tensor], Tensor]
+                        ) -> Tensor:
         """Per-sample ``transform``-ed outputs ``(S, N, ...)``, the prefix once per group of stacked weight samples."""
         element = self.model.get_parameter(self.names[0]).element_size()
         row_bytes = 2 * self.collector.num_parameters * element  # a sample's draw and its row of the stacked weights
         groups = []
-        for group in chunks(count, row_bytes, max_memory=max_memory):
+        for group in chunks(count, row_bytes):
             draws = [self._sample_parameters(s) for s in range(group.start, group.stop)]
             weights = {name: torch.stack([draw[name] for draw in draws]) for name in self.names}
-            groups.append(runner(x, len(draws), stochastic=lambda weights=weights: sampled_linears(self.model, weights, runner),
-                                 max_memory=max_memory))
+            groups.append(runner(x, len(draws), stochastic=partial(sampled_linears, self.model, weights, runner)))
         outputs = torch.cat(groups)
         rows = outputs.shape[0] * outputs.shape[1]
         return transform(outputs.reshape(rows, *outputs.shape[2:])).float().reshape(*outputs.shape[:2], -1)
 
-    def _per_sample(self, x: Inputs, count: int, transform: Callable[[Tensor], Tensor], max_memory: int | None) -> Tensor:
+    def _per_sample(self, x: Inputs, count: int, transform: Callable[[Tensor], Tensor]) -> Tensor:
         """``(S, N, ...)``: ``transform`` of the model's outputs under weight samples ``0 .. count-1`` (the SWA mean's
         alone at scale 0)."""
         if self.placement is None:
             self.placement = trace_placement(self.model, self.names, x)
         self._extend_bn_cache(count)
         if self.scale > 0 and self.placement.runner is not None:
-            return self._suffix_outputs(x, count, self.placement.runner, transform, max_memory)
+            return self._suffix_outputs(x, count, self.placement.runner, transform)
         return torch.stack([
             transform(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()
             for s in range(count)
         ])
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """``generator`` is not used: the weight samples are the fixed ensemble drawn from ``seed``."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
-        sample_log_probs = self._per_sample(x, count, class_log_probs, max_memory)
+        sample_log_probs = self._per_sample(x, count, class_log_probs)
         if self.scale == 0:
             return sample_log_probs[0], None
         return log_mean_exp(sample_log_probs), sample_log_probs
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)`` outputs of the weight samples (``generator`` is not used, as in :meth:`log_predictive`)."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
-        return self._per_sample(x, count, model_outputs, max_memory)
+        return self._per_sample(x, count, model_outputs)

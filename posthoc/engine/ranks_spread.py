@@ -1,4 +1,5 @@
-"""Fitting ensemble members across ``torch.distributed`` ranks: each member fitted once, then shared.
+"""Fitting ensemble members across ``torch.distributed`` ranks: each member fitted once, then shared (the runner's,
+not an ensemble's mathematics).
 
 Member ``i`` is fitted on rank ``i % world_size`` alone (inside :func:`~posthoc.core.distributed.local_only`,
 so the methods' own reductions do not wait for ranks busy with other members), on the loaders that
