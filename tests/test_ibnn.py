@@ -195,8 +195,8 @@ def test_chunked_prediction_equals_one_pass(digits_model, digits):
     um.method.nodes.set_(std=0.0)
     um.method.fitted.fill_(True)
     whole = um.predict(x).samples
-    um.method.max_memory = 1  # one example per expanded forward
-    torch.testing.assert_close(um.predict(x).samples, whole, rtol=1e-5, atol=1e-6)
+    chunked = um.predict(x, max_memory=1).samples  # the runner's budget: one example per expanded forward
+    torch.testing.assert_close(chunked, whole, rtol=1e-5, atol=1e-6)
 
 
 def test_layers_that_never_run_are_left_out_of_the_kl():

@@ -31,11 +31,11 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
 from posthoc.core.fit_record import dataset_size
 from posthoc.core.inputs import Inputs, batch_size
-from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
+from posthoc.engine.fine_tune import Step, backward, fine_tune, loader_batches, loader_length
 from posthoc.engine.kl_schedule import KLSchedule
+from posthoc.engine.runner import examples_over_ranks, steps_on_every_rank
 
 #: ``(x, y) -> (mean NLL of the batch, KL of the posterior)``
 ElboTerms = Callable[[Inputs, Tensor], tuple[Tensor, Tensor]]
@@ -103,10 +103,10 @@ def maximise_elbo(
         before_update: called before each optimizer step (e.g. a learning-rate schedule).
         what: names the fit in the message refusing a loader without a length under torch.distributed.
     """
-    steps_per_epoch = distributed.common_length(loader_length(loader), what)
+    steps_per_epoch = steps_on_every_rank(loader_length(loader), what)
     size = dataset_size(loader)
     if size is not None:  # the KL is scaled by the size of all shards together
-        size = distributed.total_examples(size)
+        size = examples_over_ranks(size)
     elbo = Elbo(terms, kl, size=size, steps_per_epoch=steps_per_epoch)
 
     def update(loss: Tensor, step: Step) -> None:
@@ -114,8 +114,7 @@ def maximise_elbo(
             before_update(step)
         if optimizer is not None:
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            distributed.average_gradients(trained)
+            backward(loss, trained)
             optimizer.step()
 
     return fine_tune(

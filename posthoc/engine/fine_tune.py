@@ -8,6 +8,11 @@ update its weights. What a method does between steps (a SWAG snapshot, an SGLD s
 rate of a schedule) goes in the hooks, in the spirit of ``torch.optim.swa_utils``: the loop owns
 the iteration, the method owns the maths.
 
+Under ``torch.distributed`` the engine, not the method, keeps the ranks in step: :func:`backward`
+averages the gradients of the weights a method trains over ranks (as DistributedDataParallel would:
+those weights live outside the user's model), and :func:`loader_batches` stops every rank after the
+same number of steps (:func:`~posthoc.engine.runner.steps_on_every_rank`).
+
 Example:
     >>> net = nn.Linear(4, 3)
     >>> batches = [(x, y)] * 4
@@ -32,6 +37,7 @@ from torch import Tensor
 from posthoc.core.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.progress import progress_bar
+from posthoc.engine.runner import average_gradients
 
 Batch = TypeVar("Batch")
 
@@ -108,6 +114,20 @@ def fine_tune(
     finally:
         bar.close()
     return number
+
+
+def backward(loss: Tensor, trained: Iterable[Tensor]) -> None:
+    """``loss.backward()``, then the gradients of ``trained`` averaged over the ranks of ``torch.distributed`` (in one
+    process: ``loss.backward()`` alone). Every method that trains weights of its own calls it in its update.
+
+    Example:
+        >>> w = torch.ones(2, requires_grad=True)
+        >>> backward((3 * w).sum(), [w])
+        >>> w.grad.tolist()
+        [3.0, 3.0]
+    """
+    loss.backward()
+    average_gradients(trained)
 
 
 def loader_batches(loader: Iterable, *, device: Any, steps: int | None, desc: str) -> Iterator[tuple[Inputs, Tensor]]:

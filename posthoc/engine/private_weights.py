@@ -5,7 +5,7 @@ user's model. :class:`PrivateWeights` holds what they train:
 
 - ``layers="head"``: copies of the head's weight and bias; the backbone runs once over the
   training loader, in eval mode and without gradients, and its features are kept (``N x D``
-  floats) when they fit in the memory budget (``posthoc.settings.max_memory``), else recomputed
+  floats) when they fit in the runner's memory budget (``settings.memory_budget()``), else recomputed
   every epoch. Cached batches keep the loader's composition; their order is shuffled per epoch.
 - ``layers="all"``: a deep copy of the model in train mode (BatchNorm normalises by batch
   statistics and updates its running statistics; dropout is active), every parameter that
@@ -43,6 +43,7 @@ from posthoc.core.modules import eval_mode, qualified
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.objective import predicts_classes, training_loss
+from posthoc.engine.runner import examples_over_ranks, steps_on_every_rank, sum_over_ranks
 
 LAYERS = ("head", "all")
 
@@ -114,7 +115,7 @@ class PrivateWeights:
         self._cached: list[tuple[Tensor, Tensor]] | None = None
         if layers == "head":
             self._split = split
-            self.size = distributed.total_examples(self._cache_features())
+            self.size = examples_over_ranks(self._cache_features())
             head = split.head
             self.trained = [head.weight.detach().clone().float().requires_grad_(True)]
             if head.bias is not None:
@@ -129,7 +130,7 @@ class PrivateWeights:
         self.trained = [p for name, p in self.copy.named_parameters() if name in names]
         found = dict(self.copy.named_buffers())
         self.buffers = [found[name] for name in buffer_names(model, layers)]
-        self.size = distributed.total_examples(_examples(loader))
+        self.size = examples_over_ranks(_examples(loader))
         self.steps_per_epoch = self._count_steps()
 
     def _count_steps(self) -> int:
@@ -143,11 +144,7 @@ class PrivateWeights:
                 local = len(self.loader)  # type: ignore[arg-type]
             except TypeError:
                 local = sum(1 for _ in iterate(self.loader, device="cpu", progress=False, desc="count"))
-        return distributed.common_length(local, "fine-tuning")
-
-    def average_gradients(self) -> None:
-        """Average the trained weights' gradients over torch.distributed ranks (nothing without it)."""
-        distributed.average_gradients(self.trained)
+        return steps_on_every_rank(local, "fine-tuning")
 
     @property
     def num_weights(self) -> int:
@@ -163,9 +160,9 @@ class PrivateWeights:
                 y = self._targets(y, logits)
                 size += y.shape[0]
                 kept += phi.numel() * 4
-                if kept <= settings.memory_budget(None):
+                if kept <= settings.memory_budget():
                     batches.append((phi.float(), y))
-        self._cached = batches if kept <= settings.memory_budget(None) else None
+        self._cached = batches if kept <= settings.memory_budget() else None
         return size
 
     def _targets(self, y: Tensor, outputs: Tensor) -> Tensor:
@@ -211,9 +208,7 @@ class PrivateWeights:
         if not self.buffers:
             return torch.zeros(0, device=self.device)
         row = torch.cat([t.detach().reshape(-1).float() for t in self.buffers])
-        if distributed.active():
-            row = distributed.all_reduce_sum(row) / distributed.world_size()
-        return row
+        return sum_over_ranks(row) / distributed.world_size() if distributed.active() else row
 
 
 def sample_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> list[str]:

@@ -10,9 +10,9 @@ For head-only dropout this is one backbone pass plus one matmul for all samples.
 
 The plan is made once, by :meth:`SuffixRunner.prepare` (on the first call if not before): a probe
 forward pass of 2 examples x 2 samples measures the largest activation per row after the
-expansion point, and the rows of one chunk are planned by :mod:`posthoc.core.chunks` under
-``max_memory`` (default: ``posthoc.settings.max_memory``); inputs of another size scale the
-measured bytes by their size per row. The probe also checks that the expansion is sound: if a
+expansion point, and the rows of one chunk are planned by :mod:`posthoc.core.chunks` under the
+runner's memory budget (or the runner's own ``max_memory``, for a direct use); inputs of another size
+scale the measured bytes by their size per row. The probe also checks that the expansion is sound: if a
 skip path carries un-expanded activations around the expansion point (a residual add inside a
 block), the module is called more than once, or the output does not have ``S * m`` rows, the
 runner falls back to expanding the model's input (full forward passes, still batched).
@@ -42,7 +42,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.chunks import call_budget, chunks, rows_per_chunk
+from posthoc.core.chunks import chunks, rows_per_chunk
 from posthoc.core.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.engine.hooks import hooked
@@ -82,8 +82,8 @@ class SuffixRunner:
         model: the network (kept as it is; only temporary hooks are added during a call).
         start: the module name of the expansion point, or ``None`` to expand the model's input.
         at: expand the module's ``"input"`` (default) or its ``"output"``.
-        max_memory: bound in bytes on what one chunk keeps alive after the expansion point
-            (``None``: ``posthoc.settings.max_memory`` at call time).
+        max_memory: bound in bytes on what one chunk keeps alive after the expansion point (``None``: the
+            budget of the work running now, :func:`posthoc.core.settings.memory_budget`; methods leave it so).
 
     Example:
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
@@ -112,15 +112,14 @@ class SuffixRunner:
         if self._plan is None:
             self._plan = self._probe(x)
 
-    def __call__(self, x: Inputs, num_samples: int, *, stochastic: Stochastic = nullcontext, max_memory: int | None = None) -> Tensor:
-        """Return the model's outputs for ``num_samples`` samples: shape ``(S, N, ...)``, in chunks under the
-        runner's ``max_memory``, else this call's."""
+    def __call__(self, x: Inputs, num_samples: int, *, stochastic: Stochastic = nullcontext) -> Tensor:
+        """Return the model's outputs for ``num_samples`` samples: shape ``(S, N, ...)``, in chunks under the budget."""
         positive_int(num_samples, "num_samples")
         n = batch_size(x)
         if n == 0:
             raise InputError("got an empty batch (0 examples)")
         self.prepare(x)
-        row_bytes, budget = self._plan.row_bytes_for(x), call_budget(self.max_memory, max_memory)
+        row_bytes, budget = self._plan.row_bytes_for(x), self.max_memory
         group = rows_per_chunk(row_bytes, max_memory=budget, limit=num_samples)
         pieces = []
         with stochastic():

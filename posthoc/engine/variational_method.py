@@ -29,21 +29,28 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.checks import non_negative, integer, memory_bytes, positive_int
-from posthoc.core.chunks import call_budget, chunks
+from posthoc.core.checks import integer, non_negative, positive_int
+from posthoc.core.chunks import chunks
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.modules import eval_mode, requires_grad
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.elbo import maximise_elbo
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.hooks import called_in_order
 from posthoc.engine.kl_schedule import SCHEDULES, KLSchedule
 from posthoc.engine.suffix import SuffixRunner
-from posthoc.engine.elbo import maximise_elbo
-from posthoc.engine.variational_layers import LayerPosterior, VariationalLayers, layer_name, sample_output, select_layers
+from posthoc.engine.variational_layers import (
+    LayerPosterior,
+    VariationalLayers,
+    layer_name,
+    sample_output,
+    select_layers,
+)
+
 
 @dataclass(frozen=True)
 class ElboFit:
@@ -75,7 +82,6 @@ class VariationalMethod(Method):
             Conv2d modules inside it).
         head: the head's module name, where it cannot be found automatically.
         num_samples: samples per prediction.
-        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
         seed: seeds the predictive's draws when ``predict`` gets no generator.
     """
 
@@ -84,7 +90,7 @@ class VariationalMethod(Method):
     likelihoods = (Categorical, Gaussian)
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,
-                 max_memory: int | None, seed: int) -> None:
+                 seed: int) -> None:
         super().__init__(model)
         if not (layers in ("head", "all") or (isinstance(layers, Sequence) and not isinstance(layers, str))):
             raise ConfigError(f"layers must be 'head', 'all' or a list of module names, got {layers!r}")
@@ -92,7 +98,6 @@ class VariationalMethod(Method):
             raise ConfigError(f"head must be a module name, got {head!r}")
         self.layer_option = layers if isinstance(layers, str) else list(layers)
         self.num_samples = positive_int(num_samples, "num_samples")
-        self.max_memory = memory_bytes(max_memory)
         self.seed = integer(seed, "seed")
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
@@ -191,44 +196,42 @@ class VariationalMethod(Method):
         return self.likelihood.mean_nll(outputs, self.likelihood.targets(y, outputs))
 
     # ----------------------------------------------------------------- predict
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The mixture of the likelihood's Gaussians around ``S`` sampled outputs (local reparameterisation)."""
         self._follow_device()
         if generator is None:
             generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        return self.likelihood.predictive(self._output_samples(x, num_samples or self.num_samples, generator,
-                                                               call_budget(self.max_memory, max_memory)))
+        return self.likelihood.predictive(self._output_samples(x, num_samples or self.num_samples, generator))
 
-    def _output_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None) -> Tensor:
+    def _output_samples(self, x: Inputs, count: int, generator: torch.Generator) -> Tensor:
         """``(S, N, D)`` raw outputs of ``count`` draws of the posterior."""
         if self.split is not None:
-            return self._head_samples(x, count, generator, max_memory, transform=model_outputs)
-        return model_outputs(self._suffix_outputs(x, count, generator, max_memory).flatten(0, 1)).unflatten(0, (count, batch_size(x)))
+            return self._head_samples(x, count, generator, transform=model_outputs)
+        outputs = self._suffix_outputs(x, count, generator)
+        return model_outputs(outputs.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
 
-    def _suffix_outputs(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None) -> Tensor:
+    def _suffix_outputs(self, x: Inputs, count: int, generator: torch.Generator) -> Tensor:
         if self._runner is None:
-            start = self.layers.names[int(self.expansion)]
-            self._runner = SuffixRunner(self.model, start, at="input", max_memory=self.max_memory)
-        return self._runner(x, count, stochastic=lambda: self.layers.sampling(generator), max_memory=max_memory)
+            self._runner = SuffixRunner(self.model, self.layers.names[int(self.expansion)], at="input")
+        return self._runner(x, count, stochastic=lambda: self.layers.sampling(generator))
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
         one seeded with ``seed``."""
         self._follow_device()
         count = num_samples or self.num_samples
         if generator is None:
             generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        budget = call_budget(self.max_memory, max_memory)
         if self.split is not None:
-            samples = self._head_samples(x, count, generator, budget)
+            samples = self._head_samples(x, count, generator)
         else:
-            logits = self._suffix_outputs(x, count, generator, budget)
+            logits = self._suffix_outputs(x, count, generator)
             samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
         return log_mean_exp(samples), samples
 
-    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator, max_memory: int | None = None,
+    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator,
                       transform: Callable[[Tensor], Tensor] = class_log_probs) -> Tensor:
         """``(S, N, C)`` draws of the Gaussian head outputs through ``transform`` (log-probabilities by default):
         the backbone runs once."""
@@ -236,7 +239,7 @@ class VariationalMethod(Method):
         mean, var = self.layers[self.split.head_name].output_moments(phi)
         n, classes = mean.shape[0], transform(mean[:1]).shape[-1]
         samples = mean.new_empty(count, n, classes)
-        for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes, max_memory=max_memory):
+        for rows in chunks(n, 4 * HEAD_DRAW_COPIES * count * classes):
             draws = sample_output(mean[rows].expand(count, -1, -1), var[rows].expand(count, -1, -1), generator)
             samples[:, rows] = transform(draws.flatten(0, 1)).unflatten(0, (count, rows.stop - rows.start))
         return samples

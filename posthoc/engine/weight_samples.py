@@ -66,13 +66,13 @@ def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
     return logits + rows[:, size:].unsqueeze(1) if rows.shape[1] > size else logits
 
 
-def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *, max_memory: int | None = None,
+def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
                  transform: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """``(S, N, C)``: the outputs of ``count`` head samples (through ``transform``, e.g. a log-softmax), the backbone run once.
 
     ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
-    memory budget (``max_memory``, else ``posthoc.settings.max_memory``) from the bytes one sample
-    keeps alive (its row, and its outputs with a transformed copy).
+    runner's memory budget (:mod:`posthoc.core.chunks`) from the bytes one sample keeps alive (its row,
+    and its outputs with a transformed copy).
 
     Example:
         >>> split = FeatureSplit(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)))
@@ -84,7 +84,7 @@ def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
     classes = head.out_features
     row_bytes = 4 * (head.in_features * classes + classes + 3 * phi.shape[0] * classes)
     groups = []
-    for samples in chunks(count, row_bytes, max_memory=max_memory):
+    for samples in chunks(count, row_bytes):
         outputs = head_logits(rows(samples).to(phi.device, torch.float32), phi, head)
         groups.append(outputs if transform is None else transform(outputs))
     return groups[0] if len(groups) == 1 else torch.cat(groups)
@@ -97,10 +97,9 @@ def _head_log_softmax(logits: Tensor) -> Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
-def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
-                        max_memory: int | None = None) -> tuple[Tensor, Tensor]:
+def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inputs) -> tuple[Tensor, Tensor]:
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` head samples (:func:`head_outputs`)."""
-    sample_log_probs = head_outputs(split, rows, count, x, max_memory=max_memory, transform=_head_log_softmax)
+    sample_log_probs = head_outputs(split, rows, count, x, transform=_head_log_softmax)
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 

@@ -51,19 +51,19 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import memory_bytes, non_negative, positive_int
-from posthoc.core.chunks import call_budget, rows_per_chunk
+from posthoc.core.checks import non_negative, positive_int
+from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.core.registry import register
 from posthoc.core.modules import eval_mode
+from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.bn_refresh import batchnorm_layers
-from posthoc.engine.objective import fit_plain_noise, step_scale
 from posthoc.engine.held_out import HeldOut
+from posthoc.engine.objective import fit_plain_noise, step_scale
 from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
@@ -103,8 +103,6 @@ class ImplicitBNN(Method):
             :data:`SCALES` by the selection step (:mod:`posthoc.engine.selection`: confidently within
             ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
             copies; the walk starts at 1), else 1 without one.
-        max_memory: bytes for one expanded forward pass (``None``: ``posthoc.settings.max_memory``);
-            larger inputs run in chunks.
         seed: seeds the initial means and standard deviations.
     """
 
@@ -115,8 +113,7 @@ class ImplicitBNN(Method):
     def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
                  prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
                  init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool | None = None,
-                 head: bool = True, num_samples: int = 5, max_memory: int | None = None, seed: int = 0,
-                 scale: float | None = None) -> None:
+                 head: bool = True, num_samples: int = 5, seed: int = 0, scale: float | None = None) -> None:
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
         chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
@@ -127,7 +124,6 @@ class ImplicitBNN(Method):
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved with the posterior for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         self.num_samples = positive_int(num_samples, "num_samples")
-        self.max_memory = memory_bytes(max_memory)
         #: ``None``: the scale is chosen on ``fit``'s ``val_loader``
         self.scale_option = None if scale is None else non_negative(scale, "scale")
         #: the scale chosen on held-out data, and the held-out NLL of the checkpoint and of iBNN at it
@@ -203,7 +199,7 @@ class ImplicitBNN(Method):
             generator = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad(), eval_mode(self.model):
                 fit_noise_on(self.likelihood, loaders, self.device,
-                             lambda x: (self._samples(x, None, generator, None, model_outputs), None))
+                             lambda x: (self._samples(x, None, generator, model_outputs), None))
 
     @property
     def scale(self) -> float:
@@ -238,7 +234,7 @@ class ImplicitBNN(Method):
             self.scale_fit = torch.tensor([candidates[index], math.nan, math.nan], dtype=torch.float64,
                                           device=self.fit_settings.device)
             if regression:
-                return held_out.regression_scores(lambda x, generator: self._samples(x, None, generator, None, model_outputs))
+                return held_out.regression_scores(lambda x, generator: self._samples(x, None, generator, model_outputs))
             return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
 
         with torch.no_grad(), eval_mode(self.model):
@@ -297,18 +293,18 @@ class ImplicitBNN(Method):
             self.nodes = NodeSet(self.model, stem=stem, **self._node_options)
         super().load_posterior_state(state)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K`` (:meth:`_samples`)."""
-        samples = self._samples(x, num_samples, generator, max_memory, class_log_probs)
+        samples = self._samples(x, num_samples, generator, class_log_probs)
         return log_mean_exp(samples), samples
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The mixture of the likelihood's Gaussians around the ``K * S`` sampled networks' outputs."""
-        return self.likelihood.predictive(self._samples(x, num_samples, generator, max_memory, model_outputs))
+        return self.likelihood.predictive(self._samples(x, num_samples, generator, model_outputs))
 
-    def _samples(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, max_memory: int | None,
+    def _samples(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None,
                  transform: Callable[[Any], Tensor]) -> Tensor:
         """``(K * S, N, C)``: ``transform`` (the class log-probabilities, or the outputs) of the sampled networks.
 
@@ -320,8 +316,7 @@ class ImplicitBNN(Method):
         total, key = batch_size(x), _shape_key(x)
         samples, start = None, 0
         while start < total:
-            rows = 1 if key not in self._expanded_row_bytes else rows_per_chunk(
-                repeats * self._expanded_row_bytes[key], max_memory=call_budget(self.max_memory, max_memory))
+            rows = 1 if key not in self._expanded_row_bytes else rows_per_chunk(repeats * self._expanded_row_bytes[key])
             part = self._expanded(slice_inputs(x, start, start + rows), repeats, generator, key, transform)
             if samples is None:
                 samples = part.new_empty(repeats, total, part.shape[-1])

@@ -47,20 +47,19 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
-from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
-from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.engine.fine_tune import Step, fine_tune
+from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
 from posthoc.engine.random_draws import randn
+from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.ivon.optimiser import ivon_optimiser
 from posthoc.methods.ivon.scale import SCALES
@@ -206,8 +205,7 @@ class IVON(Method):
                 with optimiser.sampled_params(train=True):
                     optimiser.zero_grad()
                     loss = weights.loss(*batch)
-                    loss.backward()
-                    weights.average_gradients()  # under torch.distributed, before IVON reads them
+                    backward(loss, weights.trained)  # averaged over ranks before IVON reads them
             return loss
 
         return fine_tune(
@@ -250,8 +248,8 @@ class IVON(Method):
 
         return state
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``).
 
         Every chunk of examples starts from the same generator state, so sample ``s`` is one weight
@@ -262,12 +260,12 @@ class IVON(Method):
         count = num_samples or self.num_samples
         generator = self._draws(generator)
         if self.layers == "head":
-            return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x,
-                                       max_memory=max_memory)
+            return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator),
+                                       count, x)
         return state_log_predictive(self.model, self._state_sampler(generator), count, x)
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws (``(1, N, D)``, the
         fine-tuned mean's, at scale 0)."""
         if self.layers == "head":
@@ -275,17 +273,16 @@ class IVON(Method):
                 return head_outputs(self.split, lambda group: self.mean[None], 1, x)
             generator = self._draws(generator)
             return head_outputs(self.split, lambda group: self._rows(range(group.start, group.stop), generator),
-                                num_samples or self.num_samples, x, max_memory=max_memory)
+                                num_samples or self.num_samples, x)
         if self.scale == 0:
             state = self._mean_state()
             return state_outputs(self.model, lambda s: state, 1, x)
         return state_outputs(self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator,
-                                                               max_memory=max_memory))
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)

@@ -55,26 +55,32 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed
-from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.chunks import call_budget
+from posthoc.core.checks import positive_int
 from posthoc.core.errors import ConfigError, HeadNotFoundError
-from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
+from posthoc.core.inputs import Inputs, batch_size, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import Scores
 from posthoc.engine.hooks import called_in_order, hooked
+from posthoc.engine.selection import Scores
 from posthoc.engine.suffix import SuffixRunner
 from posthoc.methods.mc_dropout.masks import keep_mask
 from posthoc.methods.mc_dropout.shared_masks import shared_mask_predictive
-from posthoc.methods.mc_dropout.sites import (DEFAULT_INSERT_P, DropoutSite, check_module_names, head_dropout_rate, inserted_sites,
-                                              own_dropout_sites, sampling, with_rate)
+from posthoc.methods.mc_dropout.sites import (
+    DEFAULT_INSERT_P,
+    DropoutSite,
+    check_module_names,
+    head_dropout_rate,
+    inserted_sites,
+    own_dropout_sites,
+    sampling,
+    with_rate,
+)
 
 #: candidate rates when the rate is chosen on validation data (``p="auto"``, or ``p=None`` with a ``val_loader``)
 P_GRID = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
@@ -99,7 +105,6 @@ class MCDropout(Method):
         insert: allow inserting dropout; ``False`` uses only the model's own dropout.
         num_samples: masks per prediction (per-call override in ``predict``).
         head: the classifier module's name for ``where="head"`` when it cannot be found.
-        max_memory: bytes one chunk of expanded activations may use (``None``: ``posthoc.settings.max_memory``).
         masks: ``"per_example"`` (default): a fresh mask for every example and sample;
             ``"shared"``: when the only dropout is on a Linear head's input, each of the ``S``
             masks is shared by all examples of a batch (one forward pass and one batched matmul;
@@ -112,9 +117,9 @@ class MCDropout(Method):
 
     def __init__(self, model: nn.Module, *, p: float | str | None = None, where: str | Sequence[str] | None = None,
                  insert: bool = True, num_samples: int = 50, head: str | None = None,
-                 max_memory: int | None = None, masks: str = "per_example") -> None:
+                 masks: str = "per_example") -> None:
         super().__init__(model)
-        _check_options(p, where, insert, num_samples, head, max_memory, masks)
+        _check_options(p, where, insert, num_samples, head, masks)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
             where = list(where)
@@ -128,7 +133,7 @@ class MCDropout(Method):
             )
         if where is not None and not insert:
             raise ConfigError("where places new dropout, which insert=False forbids; drop where or pass insert=True")
-        self.where, self.head, self.num_samples, self.max_memory, self.masks = where, head, num_samples, max_memory, masks
+        self.where, self.head, self.num_samples, self.masks = where, head, num_samples, masks
         self.tunes_rate = p is None or p == "auto"
         #: ``p="auto"``: the rate must be chosen on ``val_loader`` before predicting
         self.rate_from_val = p == "auto"
@@ -255,35 +260,33 @@ class MCDropout(Method):
             return "the classifier's own dropout (before the head)"
         return "the model's own dropout" if self.own_sites and self.where is None else f"default for inserted dropout ({DEFAULT_INSERT_P})"
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         num_samples = num_samples or self.num_samples
         sites = self.sites(x)
         if all(site.p == 0 for site in sites):
             log_probs = class_log_probs(run_model(self.model, x))
             return log_probs, log_probs.unsqueeze(0).expand(num_samples, *log_probs.shape)
-        return self._sampled(x, self._head_features(x), num_samples, generator, sites, call_budget(self.max_memory, max_memory))
+        return self._sampled(x, self._head_features(x), num_samples, generator, sites)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The mixture of the likelihood's Gaussians around ``num_samples`` sampled networks' outputs."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples or self.num_samples, generator,
-                                                               call_budget(self.max_memory, max_memory)))
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples or self.num_samples, generator))
 
-    def sampled_outputs(self, x: Inputs, num_samples: int, generator: torch.Generator | None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, num_samples: int, generator: torch.Generator | None) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` dropout masks per example."""
-        return self._outputs_at(x, self.sites(x), num_samples, generator, max_memory)
+        return self._outputs_at(x, self.sites(x), num_samples, generator)
 
-    def _outputs_at(self, x: Inputs, sites: list[DropoutSite], num_samples: int, generator: torch.Generator | None,
-                    max_memory: int | None = None) -> Tensor:
+    def _outputs_at(self, x: Inputs, sites: list[DropoutSite], num_samples: int,
+                    generator: torch.Generator | None) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` masks per example at ``sites``' rates."""
         n = batch_size(x)
         if all(site.p == 0 for site in sites):
             return model_outputs(run_model(self.model, x)).unsqueeze(0).expand(num_samples, n, -1)
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
-        outputs = self._suffix(x)(x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units),
-                                  max_memory=max_memory)
+        outputs = self._suffix(x)(x, num_samples,
+                                  stochastic=lambda: sampling(self.model, sites, generator=generator, units=units))
         if units:
             self._keep_units(units)
         return outputs.reshape(num_samples, n, -1)
@@ -339,7 +342,7 @@ class MCDropout(Method):
         return features
 
     def _sampled(self, x: Inputs, features: Tensor | None, num_samples: int, generator: torch.Generator | None,
-                 sites: list[DropoutSite], max_memory: int | None = None) -> LogPredictive:
+                 sites: list[DropoutSite]) -> LogPredictive:
         """The predictive of ``sites``: on the head's ``features`` with shared masks, else through the suffix runner."""
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
         if features is not None:
@@ -347,9 +350,9 @@ class MCDropout(Method):
             if units is not None:
                 self._keep_units({sites[0].name: features.shape[1]})
             keep = keep_mask((num_samples, features.shape[1]), p, generator=generator, device=features.device)
-            return shared_mask_predictive(features, self._head_split.head, keep, p, max_memory=max_memory)
-        logits = self._suffix(x)(x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units),
-                                 max_memory=max_memory)
+            return shared_mask_predictive(features, self._head_split.head, keep, p)
+        logits = self._suffix(x)(x, num_samples,
+                                 stochastic=lambda: sampling(self.model, sites, generator=generator, units=units))
         if units:
             self._keep_units(units)
         n = batch_size(x)
@@ -368,8 +371,7 @@ class MCDropout(Method):
                 order = called_in_order(self.model, {str(i): self.model.get_submodule(s.name) for i, s in enumerate(sites)}, x)
                 sites = [sites[int(key)] for key in order]
             first = sites[0] if sites else None
-            self._runner = SuffixRunner(self.model, first.name if first else None, at=first.at if first else "input",
-                                        max_memory=self.max_memory)
+            self._runner = SuffixRunner(self.model, first.name if first else None, at=first.at if first else "input")
         return self._runner
 
     def extra_repr(self) -> str:
@@ -378,8 +380,7 @@ class MCDropout(Method):
                 f"num_samples={self.num_samples}, masks={self.masks}")
 
 
-def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, max_memory: object,
-                   masks: object) -> None:
+def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, masks: object) -> None:
     if not (p is None or p == "auto" or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1)):
         raise ConfigError(f"p must be a dropout rate in [0, 1), None (the model's own rates) or 'auto', got {p!r}")
     if not (where is None or where in ("head", "blocks") or (isinstance(where, (list, tuple)) and where and all(isinstance(w, str) for w in where))):
@@ -389,7 +390,6 @@ def _check_options(p: object, where: object, insert: object, num_samples: object
     positive_int(num_samples, "num_samples")
     if head is not None and not isinstance(head, str):
         raise ConfigError(f"head must be a module name, got {type(head).__name__}")
-    memory_bytes(max_memory)
     if masks not in MASKS:
         raise ConfigError(f"masks must be 'shared' (one mask per sample for the whole batch) or 'per_example', got {masks!r}")
 

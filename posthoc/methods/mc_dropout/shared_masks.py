@@ -29,13 +29,12 @@ from posthoc.core.logits import log_mean_exp
 from posthoc.methods.mc_dropout.masks import keep_probability
 
 
-def shared_mask_predictive(phi: Tensor, head: nn.Linear, keep: Tensor, p: float, *,
-                           max_memory: int | None = None) -> tuple[Tensor, Tensor]:
+def shared_mask_predictive(phi: Tensor, head: nn.Linear, keep: Tensor, p: float) -> tuple[Tensor, Tensor]:
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``head`` on ``phi`` with features kept where ``keep`` ``(S, D)``.
 
     Alive at the peak: two copies of the samples (logits and log-probabilities, then log-probabilities
     and :func:`log_mean_exp`'s working copy), or one copy beside one group's masked matrices and
-    their logits (the groups are planned under ``max_memory``).
+    their logits (the groups are planned under the runner's memory budget).
     """
     weight, bias = head.weight, head.bias
     scale = keep.to(weight.dtype).mul_(1.0 / keep_probability(p))
@@ -46,7 +45,7 @@ def shared_mask_predictive(phi: Tensor, head: nn.Linear, keep: Tensor, p: float,
     shape[class_dim] = max(2, classes)  # a single logit z (a binary classifier) becomes the classes [0, z]
     logits = (phi.new_zeros if classes == 1 else phi.new_empty)(shape, dtype=torch.promote_types(weight.dtype, torch.float32))
     masked = (classes if on_weights else n) * features
-    for group in chunks(scale.shape[0], (masked + n * classes) * weight.element_size(), max_memory=max_memory):
+    for group in chunks(scale.shape[0], (masked + n * classes) * weight.element_size()):
         logits[group].narrow(class_dim, shape[class_dim] - classes, classes).copy_(_logits(phi, weight, bias, scale[group], on_weights))
     samples = torch.log_softmax(logits, class_dim)
     del logits

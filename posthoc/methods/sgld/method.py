@@ -6,9 +6,9 @@ private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples``
 - ``layers="all"`` (default): the chain moves every trainable weight of a copy of the model in
   train mode; each kept sample is a state (the weights and the copy's BatchNorm running
   statistics at that step, which follow the chain's recent weights), predicted with one forward
-  pass per sample. The kept states are memory-bounded: at most ``max_memory`` bytes (default
-  ``posthoc.settings.max_memory``, 512 MiB) of float32 rows, the chain thinned further (with a
-  warning) when ``num_samples`` states would not fit (a 25M-weight ResNet-50 keeps 5);
+  pass per sample. The kept states are memory-bounded: at most the run's memory budget
+  (:func:`posthoc.core.settings.memory_budget`, 512 MiB by default) of float32 rows, the chain thinned
+  further (with a warning) when ``num_samples`` states would not fit (a 25M-weight ResNet-50 keeps 5);
 - ``layers="head"``: the chain moves the head's weight and bias on the backbone's features
   (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
   the backbone once and every head in one batched matmul (about the cost of one forward).
@@ -50,8 +50,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed, settings
-from posthoc.core.checks import fraction, integer, memory_bytes, non_negative, positive_int, positive_number
+from posthoc.core import settings
+from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
@@ -59,16 +59,19 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.engine.fine_tune import Step, fine_tune
+from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, step_scale
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
+from posthoc.engine.runner import sum_over_ranks
 from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.sgld.langevin import Langevin, adds_noise, check_schedule, kept_steps, step_size
 
 PRIORS = ("checkpoint", "zero")
 #: the fit options saved in the ``schedule`` buffer, in its order (``cycles`` 0 for plain SGLD)
 SCHEDULE = ("epochs", "lr", "cycles", "burn_in", "exploration", "steps")
+#: how to keep more ``"all"`` states
+MORE_MEMORY = "raise the memory budget, posthoc.wrap(..., max_memory=...)"
 
 
 @register
@@ -85,7 +88,6 @@ class SGLD(Method):
         prior: ``"checkpoint"`` (Gaussian prior centred on the trained weights) or ``"zero"``.
         prior_precision: ``lambda``, the prior's precision per weight.
         head: the head's module name when it cannot be found automatically.
-        max_memory: bytes the kept ``"all"`` states may use (``None``: ``posthoc.settings.max_memory``).
         seed: seeds the chain's noise and its mini-batch order.
 
     Fit options: ``epochs`` (passes over the training data, 2), ``lr`` (the step on the mean
@@ -109,7 +111,6 @@ class SGLD(Method):
         prior: str = "checkpoint",
         prior_precision: float = 1.0,
         head: str | None = None,
-        max_memory: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(model)
@@ -123,7 +124,6 @@ class SGLD(Method):
             raise ConfigError(f"prior must be one of {PRIORS}, got {prior!r}")
         self.prior = prior
         self.prior_precision = non_negative(prior_precision, "prior_precision")
-        self.max_memory = memory_bytes(max_memory)
         self.seed = integer(seed, "seed")
         self.split = FeatureSplit(model, head) if layers == "head" else None
         #: the kept samples, one row each (head rows, or an "all" state's weights and BatchNorm statistics)
@@ -181,8 +181,7 @@ class SGLD(Method):
         def update(loss: Tensor, step: Step) -> None:
             for t in weights.trained:
                 t.grad = None
-            loss.backward()
-            weights.average_gradients()  # under torch.distributed; the noise is seeded alike on every rank
+            backward(loss, weights.trained)  # the noise is seeded alike on every rank
             noise = self.temperature > 0 and adds_noise(step.number, total, cycles=self.cycles, exploration=exploration)
             chain.step(step_size(step.number, total, lr, cycles=self.cycles), noise=noise)
 
@@ -205,20 +204,22 @@ class SGLD(Method):
             return 1e-3 * step_scale(self.likelihood)
         squares = torch.stack([phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))])
         totals = torch.stack([squares.sum(), torch.tensor(float(len(squares)), device=squares.device)]).double()
-        totals = distributed.all_reduce_sum(totals) if distributed.active() else totals  # one lr on every rank
+        totals = sum_over_ranks(totals)  # one lr on every rank
         return float(totals[1] / totals[0]) * step_scale(self.likelihood)
 
     def _keep_count(self, weights: PrivateWeights) -> int:
-        """``num_samples``, or as many ``"all"`` states as fit in ``max_memory`` (with a warning)."""
+        """``num_samples``, or as many ``"all"`` states as fit in the memory budget (with a warning)."""
         row_bytes = 4 * (weights.num_weights + weights.buffers_vector().numel())
-        fits = settings.memory_budget(self.max_memory) // row_bytes
+        budget = settings.memory_budget()
+        fits = budget // row_bytes
         if fits >= self.num_samples:
             return self.num_samples
         if fits < 1:
-            raise ConfigError(f"one SGLD state needs {row_bytes} bytes, over max_memory; raise max_memory or use layers='head'")
+            raise ConfigError(f"one SGLD state needs {row_bytes} bytes, over the memory budget of {budget}; "
+                              f"{MORE_MEMORY} or use layers='head'")
         warnings.warn(
-            f"{self.num_samples} SGLD states of {row_bytes / 2**20:.1f} MiB exceed max_memory; keeping {fits}, "
-            "spread over the chain (raise max_memory to keep more)",
+            f"{self.num_samples} SGLD states of {row_bytes / 2**20:.1f} MiB exceed the memory budget; keeping {fits}, "
+            f"spread over the chain ({MORE_MEMORY} to keep more)",
             RuntimeWarning,
             stacklevel=4,
         )
@@ -238,29 +239,29 @@ class SGLD(Method):
             raise ConfigError(f"SGLD kept {kept} samples at fit; predict with num_samples <= {kept}, or fit with more")
         return torch.linspace(0, kept - 1, count).round().long().to(self.samples.device)
 
-    def _through(self, x: Inputs, num_samples: int | None, max_memory: int | None, *, head_route: Any, state_route: Any) -> Any:
+    def _through(self, x: Inputs, num_samples: int | None, *, head_route: Any, state_route: Any) -> Any:
         """The kept samples a prediction uses, run through ``head_route`` (``layers="head"``) or ``state_route``
         (:mod:`posthoc.engine.weight_samples`: the log-predictive or the raw outputs)."""
         chosen = self._chosen(num_samples)
         if self.layers == "head":
-            return head_route(self.split, lambda group: self.samples[chosen[group]], len(chosen), x, max_memory=max_memory)
+            return head_route(self.split, lambda group: self.samples[chosen[group]], len(chosen), x)
         names = self._names(x)
         return state_route(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), len(chosen), x)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                       max_memory: int | None = None) -> LogPredictive:
+    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                       generator: torch.Generator | None = None) -> LogPredictive:
         """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
-        return self._through(x, num_samples, max_memory, head_route=head_log_predictive, state_route=state_log_predictive)
+        return self._through(x, num_samples, head_route=head_log_predictive, state_route=state_log_predictive)
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                        max_memory: int | None = None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)``: the model's outputs under the kept samples :meth:`log_predictive` uses."""
-        return self._through(x, num_samples, max_memory, head_route=head_outputs, state_route=state_outputs)
+        return self._through(x, num_samples, head_route=head_outputs, state_route=state_outputs)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
         """The equal-weight mixture of the likelihood's Gaussians around the kept samples' outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, max_memory=max_memory))
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples))
 
     def summary(self) -> dict[str, Any]:
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.

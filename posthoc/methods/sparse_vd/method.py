@@ -58,7 +58,6 @@ class SparseVariationalDropout(VariationalMethod):
         threshold: the ``log alpha`` above which a weight counts as pruned, the default of
             ``sparsity`` and ``prune`` [3.0, the paper's].
         num_samples: samples per prediction [20].
-        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
         seed: seeds the predictive's draws when ``predict`` gets no generator.
 
     Fit options: ``epochs`` [3]; ``lr`` (Adam, ``theta`` and the biases) [1e-3]; ``lr_scale`` (Adam,
@@ -73,11 +72,11 @@ class SparseVariationalDropout(VariationalMethod):
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "all", head: str | None = None,
                  init_log_alpha: float = -4.0, threshold: float = 3.0, num_samples: int = 20,
-                 max_memory: int | None = None, seed: int = 0) -> None:
+                 seed: int = 0) -> None:
         if isinstance(init_log_alpha, bool) or not isinstance(init_log_alpha, (int, float)) or not math.isfinite(init_log_alpha):
             raise ConfigError(f"init_log_alpha must be a finite number (e.g. -4.0), got {init_log_alpha!r}")
         self.init_log_alpha, self.threshold = float(init_log_alpha), check_threshold(threshold)
-        super().__init__(model, layers=layers, head=head, num_samples=num_samples, max_memory=max_memory, seed=seed)
+        super().__init__(model, layers=layers, head=head, num_samples=num_samples, seed=seed)
 
     def _posterior(self, layer: nn.Module) -> LogAlphaLayer:
         return LogAlphaLayer(layer, init_log_alpha=self.init_log_alpha)

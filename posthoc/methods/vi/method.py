@@ -51,7 +51,6 @@ class VariationalInference(VariationalMethod):
         prior_mean: ``"zero"`` (``m = 0``) or ``"checkpoint"`` (``m`` = the pretrained weights) ["zero"].
         init_std: initial standard deviation of every weight, as a fraction of its layer's weight RMS [0.2].
         num_samples: samples per prediction [20].
-        max_memory: bytes for one chunk of expanded activations (``None``: ``posthoc.settings.max_memory``).
         seed: seeds the predictive's draws when ``predict`` gets no generator.
 
     Fit options: ``epochs`` [3]; ``lr`` (Adam, the means) [1e-3]; ``lr_scale`` (Adam, the log standard
@@ -64,14 +63,14 @@ class VariationalInference(VariationalMethod):
 
     def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "head", head: str | None = None,
                  prior_std: float = 1.0, prior_mean: str = "zero", init_std: float = 0.2, num_samples: int = 20,
-                 max_memory: int | None = None, seed: int = 0) -> None:
+                 seed: int = 0) -> None:
         for option, value in (("prior_std", prior_std), ("init_std", init_std)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{option} must be a finite number > 0, got {value!r}")
         if prior_mean not in PRIOR_MEANS:
             raise ConfigError(f"prior_mean must be one of {PRIOR_MEANS}, got {prior_mean!r}")
         self.prior_std, self.prior_mean, self.init_std = float(prior_std), prior_mean, float(init_std)
-        super().__init__(model, layers=layers, head=head, num_samples=num_samples, max_memory=max_memory, seed=seed)
+        super().__init__(model, layers=layers, head=head, num_samples=num_samples, seed=seed)
 
     def _posterior(self, layer: nn.Module) -> GaussianLayer:
         return GaussianLayer(layer, init_std=self.init_std, prior_std=self.prior_std, prior_mean=self.prior_mean)
