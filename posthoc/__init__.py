@@ -7,14 +7,12 @@ Example:
     >>> report = posthoc.evaluate(um, test_loader)
 """
 
-import sys
-
-from posthoc import methods  # noqa: F401  (importing methods registers them)
+from posthoc import export, methods  # noqa: F401  (importing them registers the methods and the exporter)
 from posthoc import shift
 from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
-from posthoc.core import errors, settings
-from posthoc.core.errors import (
+from posthoc import errors, settings
+from posthoc.errors import (
     ConfigError,
     ExportError,
     HeadNotFoundError,
@@ -38,10 +36,6 @@ from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
 from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.ood import Detector, detector
-
-# the public modules keep their short names: ``import posthoc.settings``, ``from posthoc.errors import ...``
-sys.modules[f"{__name__}.settings"] = settings
-sys.modules[f"{__name__}.errors"] = errors
 
 __version__ = "0.1.0"
 

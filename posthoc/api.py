@@ -18,7 +18,7 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.chain import CALIBRATE_REGRESSOR, RETIRED_OPTIONS, build_chain, route_options, spec_of
-from posthoc.core.errors import ConfigError, PosteriorFileError, PosthocError
+from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
@@ -200,7 +200,7 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
         >>> ensemble = posthoc.load("three.laplace.pt", members)
         >>> posthoc.load("three.laplace.pt", members[::-1])
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: three.laplace.pt: member 0 given is saved member 2;...
+        posthoc.errors.PosteriorFileError: three.laplace.pt: member 0 given is saved member 2;...
     """
     payload = persistence.read(path, kind="posterior")
     for entry in payload["spec"]:  # the choice those options steered is in the file already

@@ -34,7 +34,7 @@ from typing import Any
 
 from posthoc.core import persistence
 from posthoc.core.checks import known_name, known_options, positive_int
-from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.inputs import as_tensor
 from posthoc.core.logits import check_finite_logits, check_not_probabilities
 from posthoc.methods.calibration import Calibrator, calibrators
@@ -124,7 +124,7 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrato
         torch.Size([128, 3])
         >>> load_calibrator("t.pt")(torch.zeros(2, 5))
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: ...
+        posthoc.errors.InputError: ...
     """
     payload = persistence.read(path, kind="calibrator")
     entry = payload["spec"][0]

@@ -234,7 +234,8 @@ def _doctest_namespace(request: pytest.FixtureRequest, doctest_namespace: dict[s
     from torch import nn
 
     import posthoc
-    from posthoc.core import registry, settings
+    from posthoc import settings
+    from posthoc.core import registry
 
     doctest_namespace.update(torch=torch, nn=nn, F=nn.functional, np=np, posthoc=posthoc)
     saved_settings = {name: getattr(settings, name) for name in ("chunk_size", "max_memory")}

@@ -40,7 +40,7 @@ from torch.utils.data import DistributedSampler
 from posthoc.api import load, wrap
 from posthoc.core import distributed
 from posthoc.core.chain import route_options
-from posthoc.core.errors import ConfigError, InputError, MissingDependencyError, PosteriorFileError
+from posthoc.errors import ConfigError, InputError, MissingDependencyError, PosteriorFileError
 from posthoc.core.method import chain_of
 from posthoc.core.registry import method_class
 from posthoc.engine.uncertain_model import UncertainModel
@@ -270,7 +270,7 @@ class PosthocCallback(pl.Callback):
         Example:
             >>> PosthocCallback.restore("missing.ckpt", pl.LightningModule)
             Traceback (most recent call last):
-            posthoc.core.errors.PosteriorFileError: checkpoint missing.ckpt does not exist; ...
+            posthoc.errors.PosteriorFileError: checkpoint missing.ckpt does not exist; ...
         """
         if not Path(checkpoint_path).exists():
             raise PosteriorFileError(f"checkpoint {checkpoint_path} does not exist; pass the checkpoint the callback "

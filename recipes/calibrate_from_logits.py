@@ -43,7 +43,7 @@ from torch import Tensor
 import posthoc
 from posthoc.evaluation import plots
 from posthoc.core.inputs import check_labels
-from posthoc.core.errors import InputError, exit_status
+from posthoc.errors import InputError, exit_status
 from posthoc.core.logits import check_finite_logits, class_log_probs
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.methods.calibration import Calibrator, calibrators

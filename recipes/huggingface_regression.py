@@ -31,7 +31,7 @@ from torch import nn
 
 from posthoc.cli.evaluate import parse_bool
 from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
-from posthoc.core.errors import exit_status
+from posthoc.errors import exit_status
 from posthoc.loading.hf import TextFile, require_transformers, text_loader
 
 REGRESSION = {"num_labels": 1, "problem_type": "regression"}

@@ -36,7 +36,7 @@ from typing import Any
 from torch import nn
 
 from posthoc.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
-from posthoc.core.errors import exit_status
+from posthoc.errors import exit_status
 from posthoc.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
 
 

@@ -45,7 +45,7 @@ from torch.nn import functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import exit_status
+from posthoc.errors import exit_status
 from posthoc.evaluation.report import markdown_table
 from posthoc.lightning import PosthocCallback
 

@@ -32,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from posthoc.cli.evaluate import parse_bool
 from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
-from posthoc.core.errors import exit_status
+from posthoc.errors import exit_status
 from posthoc.loading.folders import model_transform
 from posthoc.loading.image_targets import ImageTargets
 from posthoc.loading.models import fetching_weights, load_checkpoint, parse_model_spec

@@ -7,7 +7,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError, NotFittedError
+from posthoc.errors import ConfigError, InputError, NotFittedError
 
 
 def _state(model):

@@ -11,7 +11,7 @@ from torch import nn
 from conftest import linear_data_regressor
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.demo import zoo
 
 

@@ -11,7 +11,7 @@ from mapie.regression import ConformalizedQuantileRegressor, SplitConformalRegre
 from sklearn.ensemble import GradientBoostingRegressor
 from sklearn.linear_model import LinearRegression
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.intervals import conformal_intervals
 
 

@@ -14,7 +14,7 @@ import torchvision.transforms.v2.functional as TF
 from torch import nn
 
 import posthoc
-from posthoc.core.errors import ConfigError, HeadNotFoundError
+from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.demo import zoo
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
 from posthoc.evaluation import metrics

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.demo import data, zoo
 from posthoc.engine.ranks_spread import owner
 from posthoc.methods.ensemble.data_order import reshuffled

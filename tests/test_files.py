@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 import posthoc
 from posthoc.core import persistence
-from posthoc.core.errors import PosteriorFileError
+from posthoc.errors import PosteriorFileError
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import fuzz_files  # noqa: E402  (the damage and the property, shared with the benchmark)

@@ -9,7 +9,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import InputError, NumericalError
+from posthoc.errors import InputError, NumericalError
 
 
 def mlp(seed: int = 0) -> nn.Module:

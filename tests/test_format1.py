@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.core.errors import PosteriorFileError
+from posthoc.errors import PosteriorFileError
 
 FIXTURES = Path(__file__).parent / "data" / "format1"
 _spec = importlib.util.spec_from_file_location("make_fixtures", FIXTURES / "make_fixtures.py")

@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError, PosteriorFileError
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.registry import REGISTRY
 from posthoc.guarantees.selective import RiskNotReachableError
 

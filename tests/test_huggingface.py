@@ -26,7 +26,7 @@ import transformers
 
 import posthoc  # noqa: E402
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
-from posthoc.core.errors import ConfigError, InputError  # noqa: E402
+from posthoc.errors import ConfigError, InputError  # noqa: E402
 from posthoc.core.inputs import split_batch  # noqa: E402
 import posthoc.loading.hf  # noqa: E402
 from posthoc.demo import data, hf  # noqa: E402

@@ -8,7 +8,7 @@ import torchvision
 from torch import nn
 
 import posthoc
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.errors import ConfigError, NumericalError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand
 from posthoc.methods.ibnn.method import SCALES
 from posthoc.methods.ibnn.nodes import NodeSet, count_nodes, select_layers

@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.head import FeatureSplit
 from posthoc.methods.ivon import optimiser
 from posthoc.methods.ivon.scale import SCALES

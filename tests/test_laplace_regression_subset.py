@@ -17,7 +17,7 @@ from torch.func import functional_call, jacrev
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 
 def _tiny() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:

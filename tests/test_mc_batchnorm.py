@@ -11,7 +11,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from torch_uncertainty.post_processing import mc_batch_norm
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.bn_refresh import per_batch_statistics
 from posthoc.methods.mc_batchnorm.method import BATCH_SIZES
 

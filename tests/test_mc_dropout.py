@@ -15,7 +15,7 @@ from posthoc.demo import data, zoo
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.method import P_GRID
 from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, own_dropout_sites
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.head import find_head
 from conftest import ARCHITECTURES
 
@@ -322,5 +322,5 @@ def test_bad_input(digits_model: nn.Module) -> None:
         posthoc.wrap(plain, method="mc-dropout", masks="per_batch")
     with pytest.raises(ConfigError, match="where must be"):
         posthoc.wrap(plain, method="mc-dropout", where="everywhere")
-    with pytest.raises(posthoc.core.errors.InputError, match="validation loader"):
+    with pytest.raises(posthoc.errors.InputError, match="validation loader"):
         posthoc.wrap(plain, method="mc-dropout", p="auto").fit([(torch.zeros(2, 4), torch.zeros(2))])

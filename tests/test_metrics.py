@@ -7,7 +7,7 @@ import torch
 from torch_uncertainty.metrics.classification import AUGRC, AdaptiveCalibrationError
 from torchmetrics.functional.classification import multiclass_calibration_error
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.evaluation.smooth_ece import smooth_ece_rows
 

@@ -23,7 +23,7 @@ from torchmetrics.functional.classification import binary_roc
 
 import posthoc
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
-from posthoc.core import settings
+from posthoc import settings
 from posthoc.demo import data
 from posthoc.engine.head import FeatureSplit
 from posthoc.evaluation import metrics, ood_plots

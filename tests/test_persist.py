@@ -6,7 +6,7 @@ import torch
 import posthoc
 from posthoc.core import persistence as persist
 from posthoc.demo import zoo
-from posthoc.core.errors import PosteriorFileError
+from posthoc.errors import PosteriorFileError
 
 
 @pytest.fixture()

@@ -17,7 +17,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.errors import ConfigError, NotFittedError, PosteriorFileError
+from posthoc.errors import ConfigError, NotFittedError, PosteriorFileError
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.regression_prediction import RegressionPrediction

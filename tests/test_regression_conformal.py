@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from test_regression import _trained_mlp
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.intervals import conformal_intervals
 
 

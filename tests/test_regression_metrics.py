@@ -15,7 +15,7 @@ import torch
 import uncertainty_toolbox as uct
 from scipy import integrate, optimize, stats
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture, sample_crps
 from posthoc.evaluation import regression_metrics as rm
 

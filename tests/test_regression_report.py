@@ -9,7 +9,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from test_regression import _trained_mlp
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.evaluation import regression_metrics
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import RegressionReport

@@ -13,7 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.threads import single_thread_if
 from posthoc.engine.runner import RunOptions, accumulate, split_run_options, sum_over_ranks
 

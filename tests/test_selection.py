@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.likelihood import Categorical
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import (CONFIDENCE, Layout, Rows, Scores, Tolerance, cross_fitted, excess_bound,

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.weight_samples import head_rows
 from posthoc.methods.sgld.langevin import Langevin, adds_noise, kept_steps, step_size
 

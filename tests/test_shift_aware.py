@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.engine import held_out, perturb
 
 def _records(model, small, shift):

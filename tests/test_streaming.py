@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 
 def test_chunked_predict_equals_one_chunk(digits_model, digits, loaders):

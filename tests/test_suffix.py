@@ -8,7 +8,7 @@ from torch import nn
 
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.sites import DropoutSite, sampling
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.methods.swag.sampled_linears import sampled_linears
 from posthoc.engine.suffix import SuffixRunner, expanded_forward
 

@@ -2,7 +2,7 @@ import pytest
 import torch
 from torch import nn
 
-from posthoc.core.errors import HeadNotFoundError
+from posthoc.errors import HeadNotFoundError
 from posthoc.engine.head import FeatureSplit, find_head
 from posthoc.core.modules import eval_mode
 

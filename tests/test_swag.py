@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.engine import bn_refresh
 from posthoc.methods.swag.schedule import FLAT_LOSS_LR, relative_lr
-from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.demo import data, zoo
 from posthoc.methods.swag import schedule, subset
 from posthoc.methods.swag.collector import SWAGCollector

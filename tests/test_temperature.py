@@ -7,7 +7,7 @@ import torch
 
 import posthoc
 from posthoc.evaluation import metrics
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.methods.calibration.temperature import MAX_TEMPERATURE, fit_temperature, tempered_log_probs
 
 

@@ -72,7 +72,7 @@ from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, ca
 from posthoc.core.checks import probability
 from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
-from posthoc.core.errors import ConfigError, exit_status
+from posthoc.errors import ConfigError, exit_status
 from posthoc.loading import hf
 from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.evaluation.comparison import candidate, predict_cost

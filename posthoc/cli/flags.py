@@ -9,7 +9,7 @@ line and status.
 Example:
     >>> check_numbers(argparse.Namespace(batch_size=0))
     Traceback (most recent call last):
-    posthoc.core.errors.ConfigError: --batch-size must be a positive integer, got 0
+    posthoc.errors.ConfigError: --batch-size must be a positive integer, got 0
 """
 
 from __future__ import annotations

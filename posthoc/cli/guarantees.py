@@ -31,7 +31,7 @@ import torch
 from torch import Tensor, nn
 
 import posthoc
-from posthoc.core.errors import PosthocError
+from posthoc.errors import PosthocError
 from posthoc.core.inputs import check_labels, iterate, run_model
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.guarantees import ConformalPredictor, RiskNotReachableError, SelectivePredictor

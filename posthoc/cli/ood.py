@@ -20,7 +20,7 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.evaluation import ood_report
 from posthoc.evaluation.report import Report
 from posthoc.ood.detector import Detector, available_scores, detector

@@ -56,7 +56,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import posthoc
 from posthoc.cli.evaluate import AUTO_HINT, method_rows, parse_option, probe_batch, route_options, run_device, run_settings
 from posthoc.cli.flags import check_numbers
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
 from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost

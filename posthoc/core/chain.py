@@ -19,7 +19,7 @@ from typing import Any
 from torch import nn
 
 from posthoc.core import persistence
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled

@@ -5,7 +5,7 @@ Example:
     5
     >>> positive_int(0, "num_samples")
     Traceback (most recent call last):
-    posthoc.core.errors.ConfigError: num_samples must be a positive integer, got 0
+    posthoc.errors.ConfigError: num_samples must be a positive integer, got 0
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 
 def positive_int(value: Any, name: str, *, none: str | None = None) -> Any:
@@ -38,7 +38,7 @@ def integer_at_least(value: Any, name: str, minimum: int, *, why: str = "") -> i
     Example:
         >>> integer_at_least(1, "folds", 2, why="cross-validation needs two folds or more")
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: folds must be an integer with folds >= 2 (cross-validation needs two folds or more), got 1
+        posthoc.errors.ConfigError: folds must be an integer with folds >= 2 (cross-validation needs two folds or more), got 1
     """
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ConfigError(f"{name} must be an integer with {name} >= {minimum}{_because(why)}, got {value!r}")
@@ -127,7 +127,7 @@ def generator(value: Any, name: str = "generator") -> Any:
     Example:
         >>> generator(42)
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: generator must be a torch.Generator or None, got 42...
+        posthoc.errors.ConfigError: generator must be a torch.Generator or None, got 42...
     """
     if value is None or isinstance(value, torch.Generator):
         return value

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from posthoc.core import settings
+from posthoc import settings
 
 
 @contextmanager

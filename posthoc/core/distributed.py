@@ -22,7 +22,7 @@ import torch.distributed as dist
 from torch import Tensor
 from torch.utils.data import DistributedSampler
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 
 #: how many :func:`local_only` blocks are open (inside one, this process works as if alone)

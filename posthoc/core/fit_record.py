@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.inputs import batch_size, split_batch
 
 

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.core.errors import InputError, NumericalError
+from posthoc.errors import InputError, NumericalError
 from posthoc.core.logits import logits_of
 from posthoc.core.progress import progress_bar
 
@@ -121,7 +121,7 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
     Example:
         >>> check_batch(torch.zeros(0, 3), "detector.score")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: detector.score got an empty batch (0 examples)...
+        posthoc.errors.InputError: detector.score got an empty batch (0 examples)...
     """
     if not isinstance(x, (Tensor, Mapping)):
         hint = (": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
@@ -144,7 +144,7 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
     Example:
         >>> as_tensor(np.array(["cat", "dog"]), "labels")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: labels are strings (e.g. 'cat')...
+        posthoc.errors.InputError: labels are strings (e.g. 'cat')...
     """
     if isinstance(values, Tensor):
         return values.detach()
@@ -174,7 +174,7 @@ def real_values(values: Any, what: str = "targets") -> Tensor:
     Example:
         >>> real_values([1.0, float("nan")])
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: targets contain NaN or inf; drop or impute those rows first
+        posthoc.errors.InputError: targets contain NaN or inf; drop or impute those rows first
     """
     values = as_tensor(values, what)
     if values.is_complex():
@@ -207,7 +207,7 @@ def check_loader(loader: Any, what: str) -> None:
     Example:
         >>> check_loader(torch.zeros(4, 3), "evaluate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor...
+        posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor...
     """
     if isinstance(loader, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(loader, Iterable):
         raise InputError(
@@ -238,7 +238,7 @@ def check_finite_result(values: Tensor, what: str, *, log_probs: bool = False) -
     Example:
         >>> check_finite_result(torch.tensor([0.5, float("nan")]), "dac's features at 'layer3'")
         Traceback (most recent call last):
-        posthoc.core.errors.NumericalError: dac's features at 'layer3' hold NaN or inf although the inputs are finite...
+        posthoc.errors.NumericalError: dac's features at 'layer3' hold NaN or inf although the inputs are finite...
     """
     bad = torch.isnan(values) | torch.isposinf(values) if log_probs else ~torch.isfinite(values)
     if bool(bad.any()):
@@ -254,7 +254,7 @@ def check_attention(x: Inputs) -> None:
     Example:
         >>> check_attention({"input_ids": torch.ones(2, 3), "attention_mask": torch.tensor([[1, 1, 0], [0, 0, 0]])})
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: example(s) [1] are padding only...
+        posthoc.errors.InputError: example(s) [1] are padding only...
     """
     mask = x.get("attention_mask") if isinstance(x, Mapping) else None
     if not isinstance(mask, Tensor) or mask.dim() < 2:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import known_options
-from posthoc.core.errors import ConfigError, InputError, NotFittedError
+from posthoc.errors import ConfigError, InputError, NotFittedError
 from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
 from posthoc.core.prediction import Prediction

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 LOGITS_KEY = "logits"
 #: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
@@ -125,7 +125,7 @@ def check_not_probabilities(logits: Tensor) -> None:
     Example:
         >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: these logits look like probabilities...
+        posthoc.errors.InputError: these logits look like probabilities...
     """
     if logits.numel() == 0 or logits.min() < 0 or logits.max() > 1:
         return

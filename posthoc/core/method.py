@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, NotFittedError
+from posthoc.errors import ConfigError, NotFittedError
 from posthoc.core.inputs import Inputs
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Likelihood
@@ -211,7 +211,7 @@ class Method(nn.Module):
             0.5
             >>> posthoc.wrap(model, method="temperature").method.use_likelihood(Gaussian())
             Traceback (most recent call last):
-            posthoc.core.errors.ConfigError: 'temperature' does not do likelihood='regression'
+            posthoc.errors.ConfigError: 'temperature' does not do likelihood='regression'
         """
         if not self.handles(likelihood):
             raise ConfigError(f"'{self.name}' does not do likelihood={likelihood.name!r}")
@@ -224,7 +224,7 @@ class Method(nn.Module):
         Example:
             >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
             Traceback (most recent call last):
-            posthoc.core.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
+            posthoc.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
         """
         if self.requires_fit and not bool(self.fitted):
             raise NotFittedError(f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
@@ -236,7 +236,7 @@ class Method(nn.Module):
         Example:
             >>> posthoc.wrap(model, method="sparse-vd").method.tool("prune")()      # as um.prune()
             Traceback (most recent call last):
-            posthoc.core.errors.NotFittedError: um.prune() reads the fitted posterior of 'sparse-vd'...
+            posthoc.errors.NotFittedError: um.prune() reads the fitted posterior of 'sparse-vd'...
         """
         function = getattr(self, name)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.inputs import real_values
 
 #: bisection steps of a mixture quantile: the bracket shrinks by 2^-64, below float64 resolution

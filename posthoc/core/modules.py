@@ -16,7 +16,7 @@ from contextlib import contextmanager
 
 from torch import nn
 
-from posthoc.core.errors import HeadNotFoundError
+from posthoc.errors import HeadNotFoundError
 
 
 def uncompiled(model: nn.Module) -> nn.Module:

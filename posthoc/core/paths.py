@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from posthoc.core.errors import ConfigError, PosthocError
+from posthoc.errors import ConfigError, PosthocError
 
 
 def as_path(path: Any, error: type[PosthocError] = ConfigError) -> Path:
@@ -29,7 +29,7 @@ def as_path(path: Any, error: type[PosthocError] = ConfigError) -> Path:
     Example:
         >>> as_path(3)
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: a file path must be a non-empty string or pathlib.Path without NUL characters, got 3
+        posthoc.errors.ConfigError: a file path must be a non-empty string or pathlib.Path without NUL characters, got 3
     """
     if not isinstance(path, (str, os.PathLike)) or "\x00" in os.fspath(path) or not os.fspath(path):
         raise error(f"a file path must be a non-empty string or pathlib.Path without NUL characters, got {path!r}")

@@ -13,7 +13,7 @@ copy's weights are part of the posterior). A calibrator file has the same layout
   verified, so a corrupted file is refused instead of loading different numbers.
 - Every failure, of the operating system (missing file, a directory, no permission, a full disk) or
   of the format (truncated, corrupted, random bytes), is a
-  :class:`~posthoc.core.errors.PosteriorFileError` that names the path and what to do.
+  :class:`~posthoc.errors.PosteriorFileError` that names the path and what to do.
 
 Example:
     >>> um.save("net.laplace.pt")
@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.errors import PosteriorFileError
+from posthoc.errors import PosteriorFileError
 from posthoc.core.paths import as_path, in_folder, reason
 
 #: format 2 is format 1 plus the ``checksum`` entry (format-1 files, which have none, still load)
@@ -136,7 +136,7 @@ def check_ensemble_members(path: str, saved: Sequence[str], given: Sequence[str]
     Example:
         >>> check_ensemble_members("e.pt", ["a", "b"], ["b", "a"])
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: e.pt: member 0 given is saved member 1...
+        posthoc.errors.PosteriorFileError: e.pt: member 0 given is saved member 1...
     """
     if len(given) != len(saved):
         missing = [i for i, f in enumerate(saved) if f not in given]
@@ -168,7 +168,7 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
     written before it existed, still load), and the ``checksum`` of all that.
 
     A failure (a file where a folder should be, no permission, a full disk) is a
-    :class:`~posthoc.core.errors.PosteriorFileError` naming the path; the file that was at ``path``
+    :class:`~posthoc.errors.PosteriorFileError` naming the path; the file that was at ``path``
     before, if any, is left as it was.
 
     Example:
@@ -256,13 +256,13 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     """Read and validate a posthoc file without applying it; ``kind`` (``"posterior"`` or ``"calibrator"``) is
     what the caller loads, and a file of the other kind is refused with the function that loads it.
 
-    Every problem is a :class:`~posthoc.core.errors.PosteriorFileError` naming ``path``.
+    Every problem is a :class:`~posthoc.errors.PosteriorFileError` naming ``path``.
 
     Example:
         >>> posthoc.calibrate(logits, labels).save("calibrator.pt")
         >>> read("calibrator.pt", kind="posterior")
         Traceback (most recent call last):
-        posthoc.core.errors.PosteriorFileError: calibrator.pt is a calibrator file...; load it with posthoc.calibrate.load(path)
+        posthoc.errors.PosteriorFileError: calibrator.pt is a calibrator file...; load it with posthoc.calibrate.load(path)
     """
     if kind not in KINDS:
         raise ValueError(f"kind must be one of {sorted(KINDS)}, got {kind!r}")

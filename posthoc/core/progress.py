@@ -32,7 +32,7 @@ from typing import IO, Any
 
 from tqdm.auto import tqdm
 
-from posthoc.core import settings
+from posthoc import settings
 
 #: what the one line of a finished stage counts, when the caller does not say
 UNIT = "steps"

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.method import Method
 
 REGISTRY: dict[str, type[Method]] = {}

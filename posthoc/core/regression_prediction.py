@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.recalibration import MonotoneMap
 

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 
 import torch
 
-from posthoc.core import settings
+from posthoc import settings
 
 #: temporaries (bytes) below which a chunk of tensor work runs on one CPU thread: thread start-up and
 #: barriers cost more than they save there (a last-layer predictive of 1,000 rows holds ~1 MB)

@@ -41,7 +41,7 @@ import torch
 from posthoc.demo import data, zoo
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.ood_plots import ood_histograms
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.registry import method_class
 from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec

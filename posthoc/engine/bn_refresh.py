@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core import distributed
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.inputs import Inputs, run_model, run_model_with
 from posthoc.core.modules import eval_mode
 from posthoc.engine.hooks import hooked

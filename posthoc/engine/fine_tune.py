@@ -34,7 +34,7 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from posthoc.core.errors import NumericalError
+from posthoc.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.progress import progress_bar
 from posthoc.engine.runner import average_gradients

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from posthoc.core.errors import HeadNotFoundError
+from posthoc.errors import HeadNotFoundError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import eval_mode, get_submodule, module_name
 from posthoc.engine.hooks import called_in_order, hooked

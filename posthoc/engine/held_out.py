@@ -28,7 +28,7 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.modules import eval_mode
 from posthoc.core.inputs import (Inputs, batch_size, check_finite_result, check_labels, iterate, run_model,

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, run_model
 
 Hook = tuple[nn.Module, str, Callable[..., Any]]

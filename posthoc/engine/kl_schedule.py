@@ -21,7 +21,7 @@ import math
 from dataclasses import dataclass
 
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 SCHEDULES = ("linear", "cosine", "cyclical", "constant")
 

@@ -35,7 +35,7 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 
 #: ``perturbation(x, parameter, generator) -> x'``
@@ -182,7 +182,7 @@ def user_perturbation(perturb: Callable[[Inputs, torch.Generator], Inputs], posi
         >>> crop = user_perturbation(lambda x, generator: x[:, :2], 0)
         >>> crop(torch.zeros(4, 3), torch.Generator())
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3)...
+        posthoc.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3)...
     """
     name = f"shift[{position}] ({getattr(perturb, '__name__', type(perturb).__name__)})"
 

@@ -34,8 +34,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core import distributed, settings
-from posthoc.core.errors import ConfigError
+from posthoc import settings
+from posthoc.core import distributed
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.core.logits import as_class_logits

@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from posthoc.core import distributed
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.method import Method
 
 

@@ -75,7 +75,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.calibration_error import top_label_ece
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 #: the one-sided confidence of the bound on a candidate's in-distribution NLL excess (module docs: why 95 %)
 CONFIDENCE = 0.95

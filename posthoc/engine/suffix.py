@@ -43,7 +43,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import chunks, rows_per_chunk
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.engine.hooks import hooked
 
@@ -83,7 +83,7 @@ class SuffixRunner:
         start: the module name of the expansion point, or ``None`` to expand the model's input.
         at: expand the module's ``"input"`` (default) or its ``"output"``.
         max_memory: bound in bytes on what one chunk keeps alive after the expansion point (``None``: the
-            budget of the work running now, :func:`posthoc.core.settings.memory_budget`; methods leave it so).
+            budget of the work running now, :func:`posthoc.settings.memory_budget`; methods leave it so).
 
     Example:
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling

@@ -30,13 +30,15 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import persistence, settings
+from posthoc import settings
+from posthoc.core import persistence
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.core.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
+from posthoc.core.exporters import exporter
 from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
@@ -376,11 +378,9 @@ class UncertainModel(nn.Module):
             >>> torch.allclose(program.module()(x), um.predict(x).probs, atol=1e-6)
             True
         """
-        # the exporter reads the methods, which sit above the engine: imported when called
-        from posthoc.export.build import to_module
-
         positive_int(num_samples, "num_samples", none="the method's own")
-        return to_module(self, num_samples=num_samples, seed=seed)
+        # the exporter reads the methods, which sit above the engine: found through core's registry
+        return exporter("model")(self, num_samples=num_samples, seed=seed)
 
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.
@@ -438,7 +438,7 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
     Example:
         >>> check_wrapped(torch.nn.Linear(2, 2), "evaluate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: evaluate takes a wrapped model, got a Linear...
+        posthoc.errors.InputError: evaluate takes a wrapped model, got a Linear...
     """
     if isinstance(um, UncertainModel):
         return um

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.hooks import hooked
 from posthoc.engine.random_draws import randn
 

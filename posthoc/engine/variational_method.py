@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import integer, non_negative, positive_int
 from posthoc.core.chunks import chunks
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp

@@ -23,7 +23,7 @@ from torch import Tensor
 
 from posthoc.core.calibration_error import equal_mass_gap
 from posthoc.core.checks import integer_at_least, known_name, probability
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.evaluation.smooth_ece import smooth_ece_rows
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap
 from posthoc.evaluation.report import Report
 

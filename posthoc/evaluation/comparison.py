@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.engine.uncertain_model import UncertainModel

@@ -17,7 +17,7 @@ from sklearn.metrics import roc_auc_score
 from torch import Tensor
 
 from posthoc.core.calibration_error import bin_sums, binned_gap, equal_mass_gap
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.evaluation.smooth_ece import smooth_ece_rows
 
 EPS = 1e-12

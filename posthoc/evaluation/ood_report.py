@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.ood.detector import SCORES, Detector, detector

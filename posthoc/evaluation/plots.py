@@ -61,7 +61,7 @@ def method_styles(count: int) -> list[dict[str, object]]:
 
 def save_figure(fig: Figure, path: str | os.PathLike | None) -> Figure:
     """Write ``fig`` to ``path`` as PNG (when given; its folder is created, a path that cannot be written is a
-    :class:`~posthoc.core.errors.ConfigError` naming it), close it to pyplot and return it."""
+    :class:`~posthoc.errors.ConfigError` naming it), close it to pyplot and return it."""
     try:
         if path is not None:
             with output_file(path, "the plot") as target:

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer_at_least, one_of, probability
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.regression_prediction import RegressionPrediction
 

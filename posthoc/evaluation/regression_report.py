@@ -25,7 +25,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots

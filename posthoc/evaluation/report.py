@@ -37,7 +37,7 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.checks import integer
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.evaluation.comparison import auto_selection, compared_verdict

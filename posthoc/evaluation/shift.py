@@ -34,7 +34,7 @@ import torch
 from matplotlib.figure import Figure
 
 from posthoc.core.checks import integer
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.regression_bootstrap import regression_statistics

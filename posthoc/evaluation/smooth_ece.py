@@ -26,7 +26,7 @@ import math
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 #: bandwidths below this count as reached in the bisection (relplot's ``eps``)
 SIGMA_EPS = 1e-3

@@ -41,7 +41,7 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.model_card import selection_table
 from posthoc.engine.selection import CONFIDENCE, Tolerance
 from posthoc.evaluation import bootstrap, metrics, plots

@@ -10,6 +10,10 @@ Example:
     torch.Size([2, 3])
 """
 
+from posthoc.core.exporters import register_exporter
 from posthoc.export.build import calibrator_module, to_module
+
+register_exporter("model", to_module)
+register_exporter("calibrator", calibrator_module)
 
 __all__ = ["calibrator_module", "to_module"]

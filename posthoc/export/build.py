@@ -5,7 +5,7 @@ the fitted constants copied into buffers). What a converter reads of a method go
 below (``_laplace_*``, ``_dac_*``, ...), so that a change to a method's internals touches one function here.
 
 A method that cannot be written as plain tensor operations on the network's output raises
-:class:`~posthoc.core.errors.ExportError`, saying why and what to do instead.
+:class:`~posthoc.errors.ExportError`, saying why and what to do instead.
 
 Example:
     >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")
@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ExportError, HeadNotFoundError, NotFittedError
+from posthoc.errors import ExportError, HeadNotFoundError, NotFittedError
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method, chain_of
 from posthoc.engine.head import FeatureSplit

@@ -22,7 +22,7 @@ import math
 from scipy import special
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 #: tolerance on ``(n + 1)(1 - alpha)`` being a whole number (``alpha = 0.1`` is not exactly 1/10 in binary)
 RANK_TOLERANCE = 1e-9

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
 from posthoc.core.checks import integer, probability

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import one_of, probability
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.guarantees.bounds import conformal_threshold
 
 #: the conformity scores, each named by what the predictions carry

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import known_name, probability
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import looks_like_loader
 from posthoc.core.likelihood import real_targets
 from posthoc.core.prediction import Prediction

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer_at_least, known_name, non_negative
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 SCORES = ("lac", "aps", "raps")
 #: RAPS defaults (Angelopoulos et al. 2021 tune them on held-out data; these are their typical values)

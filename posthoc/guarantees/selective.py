@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.core.checks import integer, known_name, probability
 from posthoc.guarantees.bounds import binomial_upper_bound

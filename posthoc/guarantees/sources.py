@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import one_of
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import as_tensor, check_labels, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction

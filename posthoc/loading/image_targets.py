@@ -23,7 +23,7 @@ import torch
 from PIL import Image
 from torch.utils.data import Dataset
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 IMAGE_COLUMN = "image"
 

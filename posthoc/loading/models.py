@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 
 SOURCES = ("timm", "torchvision")
 STATE_DICT_KEYS = ("state_dict", "model", "model_state_dict", "state_dict_ema")

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import NotFittedError, NumericalError
+from posthoc.errors import NotFittedError, NumericalError
 from posthoc.core.prediction import Prediction
 
 

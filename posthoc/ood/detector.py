@@ -24,10 +24,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import distributed, settings
+from posthoc import settings
+from posthoc.core import distributed
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction

@@ -27,7 +27,7 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.engine.feature_bank import kth_distance, normalised
 from posthoc.ood.base import Outputs, Score
 

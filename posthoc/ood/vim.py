@@ -32,9 +32,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed, settings
+from posthoc import settings
+from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.ood.base import Outputs, Score
 
 

@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import probability
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 
 Rows = tuple[Tensor, Tensor]
 

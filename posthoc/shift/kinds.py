@@ -56,7 +56,7 @@ import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 from torch.nn import functional as F
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 
 Corruption = Callable[[Tensor, int, torch.Generator], Tensor]
 

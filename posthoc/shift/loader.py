@@ -31,7 +31,7 @@ from torch import Tensor
 
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import integer
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
 
@@ -56,7 +56,7 @@ def check_normalization(normalization: Any) -> None:
     Example:
         >>> check_normalization(((0.5,), (0.0,)))
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: normalization std must be finite and > 0 for every channel...
+        posthoc.errors.ConfigError: normalization std must be finite and > 0 for every channel...
     """
     if normalization is None:
         return

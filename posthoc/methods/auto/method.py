@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chain import base_method, route_options, spec_of, stack_on
-from posthoc.core.errors import ConfigError, InputError, PosthocError
+from posthoc.errors import ConfigError, InputError, PosthocError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood

@@ -9,7 +9,7 @@ stack them on a predictive (:func:`posthoc.methods.calibration.method.calibrator
 Two situations cannot determine any calibration map and are handled here for all calibrators:
 
 - too few examples (in total, or per class for maps with per-class parameters): a clear
-  :class:`~posthoc.core.errors.InputError` naming the minimum;
+  :class:`~posthoc.errors.InputError` naming the minimum;
 - perfect separation (every held-out example is already classified correctly): the likelihood keeps
   improving as the map sharpens the predictions without limit, so any fitted map would overfit; the
   calibrator stays the identity and warns, saying how many examples would help.
@@ -32,7 +32,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.core.exporters import exporter
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import as_tensor, check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
@@ -146,7 +147,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         """Fit on class logits ``(N, C)`` (``(N,)`` for a binary classifier, or per-sample ``(S, N, C)``) and class
         indices ``(N,)``, read by :func:`held_out_logits`; returns ``self``.
 
-        Raises :class:`~posthoc.core.errors.InputError` for labels of a single class and for too few examples.
+        Raises :class:`~posthoc.errors.InputError` for labels of a single class and for too few examples.
         """
         logits, labels = held_out_logits(logits, labels)
         labels = labels.to(logits.device)
@@ -243,9 +244,7 @@ class Calibrator(CalibratorOptions, nn.Module):
             >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)
             True
         """
-        from posthoc.export.build import calibrator_module
-
-        return calibrator_module(self)
+        return exporter("calibrator")(self)
 
     # ------------------------------------------------------------------ files
 

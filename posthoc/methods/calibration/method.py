@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.inputs import Inputs, check_finite_result, check_labels
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of

@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from posthoc.core import persistence
-from posthoc.core.errors import PosteriorFileError
+from posthoc.errors import PosteriorFileError
 from posthoc.core.method import keyword_defaults, load_tensors
 
 #: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)

@@ -25,7 +25,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.inputs import as_tensor
@@ -73,7 +73,7 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
     Example:
         >>> check_regression_prediction(torch.zeros(3), "calibrate")
         Traceback (most recent call last):
-        posthoc.core.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction...
+        posthoc.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction...
     """
     if isinstance(prediction, RegressionPrediction):
         return

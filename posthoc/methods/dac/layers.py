@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, HeadNotFoundError
+from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.engine.head import find_head

@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
-from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of

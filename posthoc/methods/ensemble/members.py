@@ -3,7 +3,7 @@
 Example:
     >>> check_members([net_a, net_b.cuda()])  # needs a GPU  # doctest: +SKIP
     Traceback (most recent call last):
-    posthoc.core.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0...
+    posthoc.errors.ConfigError: ensemble members must be on one device; got member 0: cpu, member 1: cuda:0...
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from posthoc.core.errors import ConfigError, HeadNotFoundError
+from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.engine.head import find_head
 
 

@@ -43,7 +43,7 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.checks import one_of
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive, Method

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import InputError
+from posthoc.errors import InputError
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive
 

@@ -21,7 +21,7 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs

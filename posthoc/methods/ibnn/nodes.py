@@ -33,7 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
 from posthoc.engine.random_draws import randn

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from typing import Any
 
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 try:
     import ivon as _ivon

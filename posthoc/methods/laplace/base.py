@@ -62,7 +62,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
 from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method

@@ -37,7 +37,7 @@ import torch
 from backpack import extensions
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.errors import ConfigError, NumericalError
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.engine.runner import sum_over_ranks
 from posthoc.methods.laplace.structure import FLOAT64, Curvature

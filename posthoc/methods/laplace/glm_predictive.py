@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.chunks import chunks
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.logits import log_mean_exp
 from posthoc.engine.random_draws import randn
 

@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.modules import eval_mode
 from posthoc.engine.runner import sum_over_ranks

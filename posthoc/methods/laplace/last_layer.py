@@ -30,7 +30,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chunks import current_budget
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive

@@ -26,7 +26,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import NumericalError
+from posthoc.errors import NumericalError
 from posthoc.methods.laplace.marglik import prior_bounds
 
 

@@ -34,7 +34,7 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import NumericalError
+from posthoc.errors import NumericalError
 from posthoc.core.likelihood import LossHessian
 from posthoc.engine.random_draws import randn
 from posthoc.engine.runner import eigh

@@ -28,7 +28,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import parameter_owners
 from posthoc.engine.hooks import hooked

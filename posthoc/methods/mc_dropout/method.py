@@ -56,7 +56,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError, HeadNotFoundError
+from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp

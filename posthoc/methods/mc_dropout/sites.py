@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked

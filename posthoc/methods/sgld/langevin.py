@@ -34,7 +34,7 @@ import math
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.random_draws import randn
 
 
@@ -81,7 +81,7 @@ def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_
     Example:
         >>> check_schedule(16, 4, 0.8, steps_per_epoch=8)
         Traceback (most recent call last):
-        posthoc.core.errors.ConfigError: cyclical SGLD with cycles=4 over 16 steps...
+        posthoc.errors.ConfigError: cyclical SGLD with cycles=4 over 16 steps...
     """
     if cycles is None:
         return

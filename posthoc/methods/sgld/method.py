@@ -7,7 +7,7 @@ private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples``
   train mode; each kept sample is a state (the weights and the copy's BatchNorm running
   statistics at that step, which follow the chain's recent weights), predicted with one forward
   pass per sample. The kept states are memory-bounded: at most the run's memory budget
-  (:func:`posthoc.core.settings.memory_budget`, 512 MiB by default) of float32 rows, the chain thinned
+  (:func:`posthoc.settings.memory_budget`, 512 MiB by default) of float32 rows, the chain thinned
   further (with a warning) when ``num_samples`` states would not fit (a 25M-weight ResNet-50 keeps 5);
 - ``layers="head"``: the chain moves the head's weight and bias on the backbone's features
   (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
@@ -50,9 +50,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core import settings
+from posthoc import settings
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive, Method

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.variational_layers import VariationalLayers
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, positive_int, positive_number
-from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import Method

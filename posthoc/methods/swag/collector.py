@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError, InputError, NumericalError
+from posthoc.errors import ConfigError, InputError, NumericalError
 
 ParameterSource = nn.Module | Mapping[str, Tensor]
 

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.chunks import chunks
-from posthoc.core.errors import ConfigError, NumericalError
+from posthoc.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive

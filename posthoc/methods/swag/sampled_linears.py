@@ -23,7 +23,7 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.modules import parameter_owners
 from posthoc.engine.hooks import hooked
 from posthoc.engine.suffix import Layout

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from posthoc.core.errors import NumericalError
+from posthoc.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.engine.objective import training_loss

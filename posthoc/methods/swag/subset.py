@@ -27,7 +27,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chunks import chunks
-from posthoc.core.errors import ConfigError, PosteriorFileError
+from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, iterate, run_model, run_model_with
 from posthoc.core.likelihood import model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp

@@ -19,7 +19,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.engine.variational_layers import LayerPosterior, Moments
 
 PRIOR_MEANS = ("zero", "checkpoint")

@@ -33,7 +33,7 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
 from posthoc.engine.variational_method import ElboFit, VariationalMethod

@@ -21,8 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-from posthoc.core.checks import positive_int
-from posthoc.core.errors import ConfigError
+from posthoc.errors import ConfigError
 
 #: examples per chunk in ``UncertainModel.predict`` (each chunk is moved to the device in turn)
 chunk_size: int = 1024
@@ -45,6 +44,13 @@ narrow_threads: bool | str = "auto"
 
 #: the runner's budget (bytes) for the work running now in this context (``posthoc.core.chunks.budget_scope``)
 RUNNER_BUDGET: ContextVar[int | None] = ContextVar("posthoc_memory_budget", default=None)
+
+
+def positive_int(value: object, name: str) -> int:
+    """``value`` if it is an integer >= 1 (not a bool)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
 
 
 def memory_budget(option: int | None = None) -> int:
