@@ -34,11 +34,12 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+from timing import paired  # noqa: E402
+
 import posthoc  # noqa: E402
 from posthoc.core.likelihood import Categorical  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.methods.auto.method import default_candidates  # noqa: E402
-from timing import paired  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.md"
 CACHE = ROOT / "benchmarks" / ".cache" / "auto_timm"

@@ -20,12 +20,12 @@ from collections.abc import Callable
 
 import numpy as np
 import torch
+from timing import measure
 from torch import Tensor
 
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
-from timing import measure
 
 ROTATIONS = (0, 45, 90)
 OURS = ("identity", "temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto")

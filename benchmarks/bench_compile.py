@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from timing import measure  # noqa: E402
 
-from posthoc.methods.laplace.glm_predictive import LogitGaussian, mc_log_probs  # noqa: E402
 from posthoc.core.prediction import Prediction  # noqa: E402
+from posthoc.methods.laplace.glm_predictive import LogitGaussian, mc_log_probs  # noqa: E402
 
 
 def kernel(g: LogitGaussian, num_samples: int) -> Prediction:

@@ -23,11 +23,12 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from timing import Timing, measure  # noqa: E402
+
 import posthoc  # noqa: E402
 from posthoc import shift  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
-from timing import Timing, measure  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 CONFIGS = (["none"], ["none", "dac"], ["laplace"], ["laplace", "dac"])

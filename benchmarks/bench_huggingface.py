@@ -21,10 +21,10 @@ import warnings
 from typing import Any
 
 import torch
+from timing import HEADER, measure, row
 
 import posthoc
 from posthoc.demo import data, hf
-from timing import HEADER, measure, row
 
 METHODS: list[tuple[str, Any, dict[str, Any]]] = [
     ("temperature", "temperature", {}),

@@ -111,10 +111,10 @@ def run_case(case: Case) -> dict:
     import warnings
 
     import torch
+    from timing import measure
     from torch.utils.data import DataLoader, TensorDataset
 
     import posthoc
-    from timing import measure
 
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
@@ -338,7 +338,6 @@ def part_backbone(device: str) -> None:
     """What the head-only ratios leave out: one forward pass of a real backbone (timm ResNet-50, random weights)."""
     import timm
     import torch
-
     from timing import measure
 
     model = timm.create_model("resnet50", pretrained=False).eval().to(device)

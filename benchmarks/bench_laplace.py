@@ -60,21 +60,36 @@ def quality() -> None:
     splits = data.load_digits()
     tests = {angle: data.loader(data.rotated(splits.test, angle), 500) for angle in ANGLES}
     print("\n### quality: NLL / ECE on the test digits rotated 0/45/90 degrees (fit(train, calibration))\n")
-    print("| model | posterior | δ | " + " | ".join(f"NLL {a}° | ECE {a}°" for a in ANGLES) + " | NLL 0° / plain | meets |")
+    print(
+        "| model | posterior | δ | "
+        + " | ".join(f"NLL {a}° | ECE {a}°" for a in ANGLES)
+        + " | NLL 0° / plain | meets |"
+    )
     print("|---|---|---|" + "---|---|" * len(ANGLES) + "---|---|")
     for name in ("digits_cnn", "digits_bn_cnn"):
         model = zoo.pretrained(name)
-        plain = {a: posthoc.evaluate(posthoc.wrap(model, method="none"), loader, progress=False) for a, loader in tests.items()}
-        print(f"| {name} | plain | | " + " | ".join(f"{plain[a].nll:.4f} | {plain[a].ece:.2%}" for a in ANGLES) + " | 1.000 | |")
+        plain = {
+            a: posthoc.evaluate(posthoc.wrap(model, method="none"), loader, progress=False)
+            for a, loader in tests.items()
+        }
+        print(
+            f"| {name} | plain | | "
+            + " | ".join(f"{plain[a].nll:.4f} | {plain[a].ece:.2%}" for a in ANGLES)
+            + " | 1.000 | |"
+        )
         for label, options in QUALITY_CONFIGS:
             options = dict(options)
             val = None if options.pop("no_val", False) else data.loader(splits.calibration)
-            um = posthoc.wrap(model, method="laplace", **options).fit(data.loader(splits.fit, 64, shuffle=True), val, progress=False)
+            um = posthoc.wrap(model, method="laplace", **options).fit(
+                data.loader(splits.fit, 64, shuffle=True), val, progress=False
+            )
             ours = {a: posthoc.evaluate(um, loader, progress=False) for a, loader in tests.items()}
             meets = ours[0].nll <= 1.02 * plain[0].nll and all(ours[a].nll < plain[a].nll for a in (45, 90))
-            print(f"| {name} | {label} | {float(um.method.prior_precision):.4g} | "
-                  + " | ".join(f"{ours[a].nll:.4f} | {ours[a].ece:.2%}" for a in ANGLES)
-                  + f" | {ours[0].nll / plain[0].nll:.3f} | {'yes' if meets else 'NO'} |")
+            print(
+                f"| {name} | {label} | {float(um.method.prior_precision):.4g} | "
+                + " | ".join(f"{ours[a].nll:.4f} | {ours[a].ece:.2%}" for a in ANGLES)
+                + f" | {ours[0].nll / plain[0].nll:.3f} | {'yes' if meets else 'NO'} |"
+            )
     random_splits(data, zoo, splits)
     prior_search_cost(data, zoo, splits)
 
@@ -85,19 +100,26 @@ def random_splits(data, zoo, splits, count: int = 8) -> None:
     y = torch.cat([splits.calibration.tensors[1], splits.test.tensors[1]])
     rotated = {a: data.rotated(TensorDataset(x, y), a).tensors[0] for a in ANGLES}
     print(f"\n### new default over {count} random validation (600) / test (1,000) splits: test NLL / plain NLL\n")
-    print("| model | posterior | δ min-max | NLL 0° ratio worst | mean | NLL 45° ratio mean (worst) | NLL 90° ratio mean (worst) |\n|---|---|---|---|---|---|---|")
+    print(
+        "| model | posterior | δ min-max | NLL 0° ratio worst | mean | NLL 45° ratio mean (worst) "
+        "| NLL 90° ratio mean (worst) |\n|---|---|---|---|---|---|---|"
+    )
     for name in ("digits_cnn", "digits_bn_cnn"):
         model = zoo.pretrained(name)
         for label, options in (("kron, auto", {}), ("kron, val_tolerance=0.01 without the 2 SE (mean only)", None)):
             ratios, deltas = {a: [] for a in ANGLES}, []
-            um = posthoc.wrap(model, method="laplace", **(options or {})).fit(data.loader(splits.fit, 256), [(x[:600], y[:600])], progress=False)
+            um = posthoc.wrap(model, method="laplace", **(options or {})).fit(
+                data.loader(splits.fit, 256), [(x[:600], y[:600])], progress=False
+            )
             saved = laplace_base.CONFIDENCE_Z
             if options is None:  # the rejected rule: the mean increase alone under the tolerance
                 laplace_base.CONFIDENCE_Z = 0.0
             for split in range(count):
                 order = torch.randperm(len(y), generator=torch.Generator().manual_seed(split))
                 val, test = order[:600], order[600:]
-                um.method.prior_precision.fill_(um.method._held_out_prior_precision([(x[val], y[val])], None, False, False))
+                um.method.prior_precision.fill_(
+                    um.method._held_out_prior_precision([(x[val], y[val])], None, False, False)
+                )
                 deltas.append(float(um.method.prior_precision))
                 with torch.no_grad():
                     for a in ANGLES:
@@ -106,14 +128,18 @@ def random_splits(data, zoo, splits, count: int = 8) -> None:
                         ratios[a].append(float(ours / plain))
             laplace_base.CONFIDENCE_Z = saved
             mean = {a: sum(r) / len(r) for a, r in ratios.items()}
-            print(f"| {name} | {label} | {min(deltas):.3g}-{max(deltas):.3g} | {max(ratios[0]):.3f} | {mean[0]:.3f} | "
-                  f"{mean[45]:.3f} ({max(ratios[45]):.3f}) | {mean[90]:.3f} ({max(ratios[90]):.3f}) |")
+            print(
+                f"| {name} | {label} | {min(deltas):.3g}-{max(deltas):.3g} | {max(ratios[0]):.3f} | {mean[0]:.3f} | "
+                f"{mean[45]:.3f} ({max(ratios[45]):.3f}) | {mean[90]:.3f} ({max(ratios[90]):.3f}) |"
+            )
 
 
 def prior_search_cost(data, zoo, splits) -> None:
     """Fit cost of each prior rule as a ratio to one plain forward pass over the 2,400 fit digits."""
     train, val = data.loader(splits.fit, 256), data.loader(splits.calibration, 256)
-    print(f"\n### fit cost of the prior search (2,400 fit digits, 600 validation digits; {torch.get_num_threads()} threads)\n")
+    print(
+        f"\n### fit cost of the prior search (2,400 fit digits, 600 validation digits; {torch.get_num_threads()} threads)\n"
+    )
     print(HEADER)
     for name in ("digits_cnn", "digits_bn_cnn"):
         model = zoo.pretrained(name)
@@ -133,7 +159,9 @@ def prior_search_cost(data, zoo, splits) -> None:
             ("fit, grid", {"prior_precision": "grid"}, val),
             ("fit, auto with val_loader, link=mc (S=100)", {"link": "mc"}, val),
         ):
-            timing = measure(lambda: posthoc.wrap(model, method="laplace", **options).fit(train, held_out, progress=False), repeats=3)
+            timing = measure(
+                lambda: posthoc.wrap(model, method="laplace", **options).fit(train, held_out, progress=False), repeats=3
+            )
             print(row(f"{name}: {label}", timing, plain))
 
 
@@ -164,8 +192,18 @@ def digits() -> None:
     print(HEADER)
     for structure in ("kron", "diag", "full"):
         plain_fit = measure(forward_train, repeats=5)
-        fit = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(train, progress=False), repeats=5)
-        marglik = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(train, progress=False), repeats=5)
+        fit = measure(
+            lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(
+                train, progress=False
+            ),
+            repeats=5,
+        )
+        marglik = measure(
+            lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(
+                train, progress=False
+            ),
+            repeats=5,
+        )
         print(row(f"plain forward, train set ({structure} block)", plain_fit, plain_fit))
         print(row(f"ours {structure}: fit", fit, plain_fit))
         print(row(f"ours {structure}: fit + marglik", marglik, plain_fit))
@@ -176,8 +214,12 @@ def digits() -> None:
         print(row(f"laplace-torch {structure}: fit", peer_fit, plain_fit))
         print(row(f"laplace-torch {structure}: marglik step alone (fit + marglik = sum)", peer_ml, plain_fit))
 
-        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(train, progress=False)
-        um_mc = posthoc.wrap(model, method="laplace", hessian=structure, link="mc", num_samples=100, prior_precision="marglik").fit(train, progress=False)
+        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(
+            train, progress=False
+        )
+        um_mc = posthoc.wrap(
+            model, method="laplace", hessian=structure, link="mc", num_samples=100, prior_precision="marglik"
+        ).fit(train, progress=False)
         plain = measure(lambda: torch.no_grad()(model)(x_test), repeats=9)
         probit = measure(lambda: um.predict(x_test), repeats=9)
         mc = measure(lambda: um_mc.predict(x_test), repeats=9)
@@ -191,8 +233,10 @@ def digits() -> None:
         print(row(f"ours {structure}: MC S=100 predict", mc, plain))
         print(row(f"laplace-torch {structure}: probit predict", peer_probit, plain))
         print(row(f"laplace-torch {structure}: MC S=100 predict", peer_mc, plain))
-        print(f"| {structure}: prior precision ours {float(um.method.prior_precision):.4f} vs laplace-torch marglik "
-              f"{float(la_prior(model, train, structure)):.4f}; max abs prob diff at the same prior {float(diff):.2e} | | | |")
+        print(
+            f"| {structure}: prior precision ours {float(um.method.prior_precision):.4f} vs laplace-torch marglik "
+            f"{float(la_prior(model, train, structure)):.4f}; max abs prob diff at the same prior {float(diff):.2e} | | | |"
+        )
 
 
 def la_prior(model: nn.Module, train: DataLoader, structure: str) -> float:
@@ -224,7 +268,13 @@ def imagenet() -> None:
     plain = measure(lambda: torch.no_grad()(model)(features), repeats=3)
     print(row("plain forward of the head, 5,000 inputs", plain, plain))
     for structure in ("kron", "diag"):
-        fit = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(loader, progress=False), repeats=1, warmup=0)
+        fit = measure(
+            lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(
+                loader, progress=False
+            ),
+            repeats=1,
+            warmup=0,
+        )
         um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik")
         marglik = measure(lambda: um.fit(loader, progress=False), repeats=1, warmup=0)
         probit = measure(lambda: um.predict(x), repeats=3)
@@ -262,7 +312,9 @@ def _peer_job(queue: mp.Queue, what: str, num: int, predict_rows: int) -> None:
     queue.put((fit, predict, probs))
 
 
-def run_peer(what: str, num: int, predict_rows: int, limit: float) -> tuple[float, float | None, torch.Tensor | None] | None:
+def run_peer(
+    what: str, num: int, predict_rows: int, limit: float
+) -> tuple[float, float | None, torch.Tensor | None] | None:
     """Run a laplace-torch job in a fresh child process, killed after ``limit`` seconds (``None`` then)."""
     context = mp.get_context("spawn")  # not fork: a forked child can deadlock in torch's thread pool
     queue = context.Queue()
@@ -285,7 +337,12 @@ def peer(limit: float = 240.0) -> None:
     print(f"\n### vs laplace-torch at D={width}, C={classes}, N={num} (peer capped at {limit:.0f} s per job)\n")
     print("| what | ours s | laplace-torch s | speed-up | max abs prob diff |\n|---|---|---|---|---|")
     for structure in ("kron", "diag"):
-        fit = measure(lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(loader, progress=False), repeats=3)
+        fit = measure(
+            lambda: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(
+                loader, progress=False
+            ),
+            repeats=3,
+        )
         um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=1.0).fit(loader, progress=False)
         rows = 256
         predict = measure(lambda: um.predict(features[:rows]), repeats=5)
@@ -295,21 +352,37 @@ def peer(limit: float = 240.0) -> None:
         else:
             small = 256
             result = run_peer(f"{structure}:fit", small, rows, limit)
-            text = f"> {limit:.0f} (killed); N={small} took {result[0]:.1f}, x{num // small} = {result[0] * num / small:.0f} extrapolated" if result else f"> {limit:.0f} (killed)"
-            speedup = f"{result[0] * num / small / fit.wall:.0f}x (extrapolated)" if result else f"> {limit / fit.wall:.0f}x"
+            text = (
+                f"> {limit:.0f} (killed); N={small} took {result[0]:.1f}, x{num // small} = {result[0] * num / small:.0f} extrapolated"
+                if result
+                else f"> {limit:.0f} (killed)"
+            )
+            speedup = (
+                f"{result[0] * num / small / fit.wall:.0f}x (extrapolated)" if result else f"> {limit / fit.wall:.0f}x"
+            )
             print(f"| {structure} fit, N={num} | {fit.wall:.3f} | {text} | {speedup} | |")
         for peer_rows in (rows, 32):
             result = run_peer(f"{structure}:predict", num if structure == "kron" else 256, peer_rows, limit)
             if result is None or result[1] is None:
-                print(f"| {structure} probit predict, {peer_rows} inputs | {predict.wall * peer_rows / rows:.4f} | > {limit:.0f} (killed or out of memory; fit included) | | |")
+                print(
+                    f"| {structure} probit predict, {peer_rows} inputs | {predict.wall * peer_rows / rows:.4f} "
+                    f"| > {limit:.0f} (killed or out of memory; fit included) | | |"
+                )
                 continue
             ours = um.predict(features[:peer_rows]).probs if structure == "kron" else None
             if structure == "diag":  # the peer fitted on 256 examples here: compare against the same fit
                 small = DataLoader(TensorDataset(features[:256], labels[:256]), batch_size=256)
-                ours = posthoc.wrap(model, method="laplace", hessian="diag", prior_precision=1.0).fit(small, progress=False).predict(features[:peer_rows]).probs
+                ours = (
+                    posthoc.wrap(model, method="laplace", hessian="diag", prior_precision=1.0)
+                    .fit(small, progress=False)
+                    .predict(features[:peer_rows])
+                    .probs
+                )
             diff = float((ours - result[2]).abs().max())
             ours_time = predict.wall * peer_rows / rows
-            print(f"| {structure} probit predict, {peer_rows} inputs | {ours_time:.4f} | {result[1]:.2f} | {result[1] / ours_time:.0f}x | {diff:.1e} |")
+            print(
+                f"| {structure} probit predict, {peer_rows} inputs | {ours_time:.4f} | {result[1]:.2f} | {result[1] / ours_time:.0f}x | {diff:.1e} |"
+            )
             break
 
 

@@ -6,7 +6,8 @@ head (``predict``: the full Prediction, and ``log_predictive``: the predictive a
 * the bundled digits CNN (its own dropout feeds the head) over 1,000 test digits, and
 * a tiny CNN (~43k parameters, 8x8 inputs, dropout inserted before its head) over 500 inputs,
 
-the cost of choosing the rate at fit (``p="auto"``, as ``p=None`` does given a ``val_loader``: the plain model and every rate of ``P_GRID`` with ``SELECTION_FACTOR * num_samples``
+the cost of choosing the rate at fit (``p="auto"``, as ``p=None`` does given a ``val_loader``: the plain model and
+every rate of ``P_GRID`` with ``SELECTION_FACTOR * num_samples``
 masks over the 600 calibration digits) against one plain forward pass over them, on both bundled
 digits models (own dropout; dropout inserted at the head),
 and, on the digits CNN, torch-uncertainty's ``mc_dropout`` wrapper (which repeats the whole input S
@@ -32,9 +33,10 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from timing import HEADER, Timing, measure, row  # noqa: E402
+
 import posthoc  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
-from timing import HEADER, Timing, measure, row  # noqa: E402
 
 #: largest activation torch-uncertainty's batched wrapper may allocate here (it repeats the input S times)
 TU_BATCH_BYTES = 2 * 2**30

@@ -33,10 +33,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 sys.path.insert(0, str(Path(__file__).parent))
+from timing import paired  # noqa: E402
+
 import posthoc  # noqa: E402
 from posthoc.demo.regression import auto_mpg, sinusoid, train_mlp  # noqa: E402
 from posthoc.evaluation import regression_metrics as rm  # noqa: E402
-from timing import paired  # noqa: E402
 
 #: (label, method, wrap options); "ensemble" wraps the split's members
 METHODS = (

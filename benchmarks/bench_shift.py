@@ -14,12 +14,12 @@ from __future__ import annotations
 import argparse
 
 import torch
+from timing import HEADER, measure, row
 
 import posthoc
 from posthoc.demo import data, zoo
-from posthoc.evaluation import bootstrap
 from posthoc.engine.predictions import collect
-from timing import HEADER, measure, row
+from posthoc.evaluation import bootstrap
 
 NORMALIZATION = (data.MEAN, data.STD)
 

@@ -42,6 +42,7 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
+from timing import HEADER, Timing, measure, row
 from torch.func import functional_call
 
 import posthoc
@@ -49,7 +50,6 @@ from posthoc.demo import data, zoo
 from posthoc.engine.bn_refresh import batchnorm_statistics
 from posthoc.evaluation import metrics
 from posthoc.methods.swag.base import collect_steps
-from timing import HEADER, Timing, measure, row
 
 SAMPLES = 20
 ANGLES = (0, 45, 90)
@@ -81,11 +81,15 @@ def plain_epoch(model: torch.nn.Module, loader, lr: float) -> None:
         optimizer.step()
 
 
-def torch_uncertainty_swag(model: torch.nn.Module, loader, lr: float, epochs: int, per_epoch: int, weight_decay: float = 0.0):
+def torch_uncertainty_swag(
+    model: torch.nn.Module, loader, lr: float, epochs: int, per_epoch: int, weight_decay: float = 0.0
+):
     """torch-uncertainty's SWAG on the same fine-tuning schedule (snapshots at the same steps)."""
     from torch_uncertainty.methods.swag import SWAG as TUSWAG
 
-    tu = TUSWAG(copy.deepcopy(model), cycle_start=0, cycle_length=1, scale=0.5, max_num_models=20, num_estimators=SAMPLES)
+    tu = TUSWAG(
+        copy.deepcopy(model), cycle_start=0, cycle_length=1, scale=0.5, max_num_models=20, num_estimators=SAMPLES
+    )
     tu.train()
     optimizer = torch.optim.SGD(tu.core_model.parameters(), lr=lr, momentum=0.9, weight_decay=weight_decay)
     steps, counter = len(loader), 0
@@ -104,7 +108,9 @@ def torch_uncertainty_swag(model: torch.nn.Module, loader, lr: float, epochs: in
 
 
 # ----------------------------------------------------------------------------- quality
-def scores(probs_at: Callable[[torch.Tensor], torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> dict[int, tuple[float, float]]:
+def scores(
+    probs_at: Callable[[torch.Tensor], torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> dict[int, tuple[float, float]]:
     """``{angle: (NLL, ECE)}`` of the predictive ``probs_at(x)`` on each rotated test set."""
     out = {}
     for angle, (x, y) in tests.items():
@@ -114,8 +120,12 @@ def scores(probs_at: Callable[[torch.Tensor], torch.Tensor], tests: dict[int, tu
     return out
 
 
-def quality_row(name: str, result: dict[int, tuple[float, float]], fit_cpu: float, predict_ratio: float, plain: dict | None) -> str:
-    nll = " | ".join(f"{result[a][0]:.3f}" + ("" if plain is None else ("*" if result[a][0] < plain[a][0] else "")) for a in ANGLES)
+def quality_row(
+    name: str, result: dict[int, tuple[float, float]], fit_cpu: float, predict_ratio: float, plain: dict | None
+) -> str:
+    nll = " | ".join(
+        f"{result[a][0]:.3f}" + ("" if plain is None else ("*" if result[a][0] < plain[a][0] else "")) for a in ANGLES
+    )
     ece = " | ".join(f"{100 * result[a][1]:.2f}" for a in ANGLES)
     return f"| {name} | {nll} | {ece} | {fit_cpu:.1f} | {predict_ratio:.1f}x |"
 
@@ -151,12 +161,17 @@ def quality(model_name: str) -> None:
     }
     for name, (options, schedule) in fits.items():
         torch.manual_seed(0)
-        um, fit_cpu = cpu_seconds(lambda: posthoc.wrap(model, method="swag", num_samples=SAMPLES, **options).fit(
-            fit_loader(), data.loader(splits.calibration), progress=False, **schedule))
+        um, fit_cpu = cpu_seconds(
+            lambda: posthoc.wrap(model, method="swag", num_samples=SAMPLES, **options).fit(
+                fit_loader(), data.loader(splits.calibration), progress=False, **schedule
+            )
+        )
         predict_cpu = measure(lambda: um.predict(x_test), repeats=3).cpu
         card = um.method.summary()
         label = f"{name} [scale {card['scale']:g}, lr {card['lr']:.2g}, {card['snapshots']} snapshots]"
-        rows.append(quality_row(label, scores(lambda x: um.predict(x).probs, tests), fit_cpu, predict_cpu / base_cpu, plain))
+        rows.append(
+            quality_row(label, scores(lambda x: um.predict(x).probs, tests), fit_cpu, predict_cpu / base_cpu, plain)
+        )
     torch.manual_seed(0)
     schedule = {k: TU_SCHEDULE[k] for k in ("lr", "epochs", "weight_decay")}
     tu, fit_cpu = cpu_seconds(lambda: torch_uncertainty_swag(model, fit_loader(), per_epoch=1, **schedule))
@@ -165,24 +180,43 @@ def quality(model_name: str) -> None:
         return torch.softmax(tu(x).reshape(SAMPLES, len(x), -1), -1).mean(0)
 
     predict_cpu = measure(lambda: tu_probs(x_test), repeats=3).cpu
-    rows.append(quality_row("torch-uncertainty SWAG, same fine-tune", scores(tu_probs, tests), fit_cpu, predict_cpu / base_cpu, plain))
-    for sample in tu.samples:  # a plain list, so tu.eval() left them in train mode: BatchNorm on the test batch, dropout on
+    rows.append(
+        quality_row(
+            "torch-uncertainty SWAG, same fine-tune", scores(tu_probs, tests), fit_cpu, predict_cpu / base_cpu, plain
+        )
+    )
+    for (
+        sample
+    ) in tu.samples:  # a plain list, so tu.eval() left them in train mode: BatchNorm on the test batch, dropout on
         sample.eval()
-    rows.append(quality_row("torch-uncertainty SWAG, its samples in eval mode", scores(tu_probs, tests), fit_cpu,
-                            predict_cpu / base_cpu, plain))
-    print(f"\n## {model_name}: NLL and ECE (%) on test digits rotated 0/45/90 deg, S={SAMPLES} (* lower NLL than plain)\n")
+    rows.append(
+        quality_row(
+            "torch-uncertainty SWAG, its samples in eval mode",
+            scores(tu_probs, tests),
+            fit_cpu,
+            predict_cpu / base_cpu,
+            plain,
+        )
+    )
+    print(
+        f"\n## {model_name}: NLL and ECE (%) on test digits rotated 0/45/90 deg, S={SAMPLES} (* lower NLL than plain)\n"
+    )
     print("| model | NLL 0 | NLL 45 | NLL 90 | ECE 0 | ECE 45 | ECE 90 | fit CPU s | predict CPU / forward |")
     print("|---|---|---|---|---|---|---|---|---|")
     print("\n".join(rows), flush=True)
 
 
 # ----------------------------------------------------------------------------- ablation
-def fine_tune_snapshots(model: torch.nn.Module, *, seed: int, per_epoch: int = 4) -> tuple[list[torch.Tensor], list[bool]]:
+def fine_tune_snapshots(
+    model: torch.nn.Module, *, seed: int, per_epoch: int = 4
+) -> tuple[list[torch.Tensor], list[bool]]:
     """Fine-tune a copy on torch-uncertainty's schedule; snapshots (flat float64) ``per_epoch`` times an epoch,
     each flagged when it is the epoch's last step (torch-uncertainty's one snapshot per epoch)."""
     loader = data.loader(data.load_digits().fit, 64, shuffle=True, seed=seed)
     work = copy.deepcopy(model).train()
-    optimizer = torch.optim.SGD(work.parameters(), lr=TU_SCHEDULE["lr"], momentum=0.9, weight_decay=TU_SCHEDULE["weight_decay"])
+    optimizer = torch.optim.SGD(
+        work.parameters(), lr=TU_SCHEDULE["lr"], momentum=0.9, weight_decay=TU_SCHEDULE["weight_decay"]
+    )
     at = collect_steps(len(loader), per_epoch)
     snapshots, epoch_ends = [], []
     for _ in range(TU_SCHEDULE["epochs"]):
@@ -219,9 +253,20 @@ def bn_state(model: torch.nn.Module, params: dict, how: str) -> dict:
     return {k: v for k, v in work.state_dict().items() if "running" in k}
 
 
-def ablated(model: torch.nn.Module, snapshots: list[torch.Tensor], tests: dict, *, rank: int = 20, divisor: str = "K - 1",
-            variance_floor: float = 0.0, bn: str = "4 batches (posthoc)", bn_once: bool = False, scale: float = 0.5,
-            low_rank: bool = True, train_mode: bool = False) -> dict:
+def ablated(
+    model: torch.nn.Module,
+    snapshots: list[torch.Tensor],
+    tests: dict,
+    *,
+    rank: int = 20,
+    divisor: str = "K - 1",
+    variance_floor: float = 0.0,
+    bn: str = "4 batches (posthoc)",
+    bn_once: bool = False,
+    scale: float = 0.5,
+    low_rank: bool = True,
+    train_mode: bool = False,
+) -> dict:
     """Scores of SWAG built from ``snapshots`` with one choice changed (defaults: posthoc's)."""
     mean, variance, deviations = swag_moments(snapshots, rank)
     std, held = variance.clamp_min(variance_floor).sqrt(), deviations.shape[0]
@@ -229,7 +274,9 @@ def ablated(model: torch.nn.Module, snapshots: list[torch.Tensor], tests: dict, 
     shapes = [(n, p.shape, p.numel()) for n, p in model.named_parameters()]
 
     def unflatten(flat: torch.Tensor) -> dict:
-        return {n: part.reshape(shape).float() for (n, shape, _), part in zip(shapes, flat.split([k for *_, k in shapes]))}
+        return {
+            n: part.reshape(shape).float() for (n, shape, _), part in zip(shapes, flat.split([k for *_, k in shapes]))
+        }
 
     generator = torch.Generator().manual_seed(0)
     once = bn_state(model, unflatten(mean), bn) if bn_once else None
@@ -245,8 +292,9 @@ def ablated(model: torch.nn.Module, snapshots: list[torch.Tensor], tests: dict, 
     def probs(x: torch.Tensor) -> torch.Tensor:
         model.train(train_mode)  # train mode: BatchNorm normalises with the test batch's own statistics, dropout on
         try:
-            return torch.stack([torch.softmax(functional_call(model, {k: v.clone() for k, v in m.items()}, (x,)), -1)
-                                for m in members]).mean(0)
+            return torch.stack(
+                [torch.softmax(functional_call(model, {k: v.clone() for k, v in m.items()}, (x,)), -1) for m in members]
+            ).mean(0)
         finally:
             model.eval()
 
@@ -274,11 +322,16 @@ def ablation() -> None:
         "BN once, at the SWA mean": (snapshots, {"bn_once": True}),
         "diagonal only (no low-rank part)": (snapshots, {"low_rank": False}),
         "fine-tune data order: another seed": (other_order, {}),
-        "torch-uncertainty's sampling choices together": (per_epoch, {"divisor": "max", "variance_floor": 1e-6, "bn": "update_bn"}),
+        "torch-uncertainty's sampling choices together": (
+            per_epoch,
+            {"divisor": "max", "variance_floor": 1e-6, "bn": "update_bn"},
+        ),
         "samples predict in train mode (torch-uncertainty's samples stay so)": (snapshots, {"train_mode": True}),
         "SWA mean (scale 0)": (snapshots, {"scale": 0.0}),
     }
-    print("\n## digits_cnn, torch-uncertainty's fine-tune (10 epochs, lr 0.01, wd 5e-4), scale 0.5, S=20: one difference at a time\n")
+    print(
+        "\n## digits_cnn, torch-uncertainty's fine-tune (10 epochs, lr 0.01, wd 5e-4), scale 0.5, S=20: one difference at a time\n"
+    )
     print("| variant | NLL 0 | NLL 45 | NLL 90 | ECE 0 | ECE 45 | ECE 90 | sampling CPU s | - |")
     print("|---|---|---|---|---|---|---|---|---|")
     print(quality_row("plain model", plain, 0.0, 1.0, None), flush=True)
@@ -299,7 +352,9 @@ def speed(args: argparse.Namespace) -> None:
 
     full = posthoc.wrap(model, method="swag", num_samples=SAMPLES, scale=0.5).fit(loader, **fit)
     last = posthoc.wrap(model, method="swag", subset="last_layer", num_samples=SAMPLES, scale=0.5).fit(loader, **fit)
-    linear = posthoc.wrap(model, method="swag", subset=["classifier.1", "classifier.4"], num_samples=SAMPLES, scale=0.5).fit(loader, **fit)
+    linear = posthoc.wrap(
+        model, method="swag", subset=["classifier.1", "classifier.4"], num_samples=SAMPLES, scale=0.5
+    ).fit(loader, **fit)
     tu = torch_uncertainty_swag(model, loader, args.lr, args.epochs, 4)
 
     def tu_predict() -> torch.Tensor:
@@ -320,18 +375,36 @@ def speed(args: argparse.Namespace) -> None:
     print(paired("posthoc SWAG, both Linear layers (prefix once)", lambda: linear.predict(x), forward, args.repeats))
     batched = linear.method.placement
     linear.method.placement = dataclasses.replace(batched, runner=None)  # no suffix runner: one pass per sample
-    print(paired("posthoc SWAG, both Linear layers, one pass per sample", lambda: linear.predict(x), forward, args.repeats))
+    print(
+        paired(
+            "posthoc SWAG, both Linear layers, one pass per sample", lambda: linear.predict(x), forward, args.repeats
+        )
+    )
     linear.method.placement = batched
 
     method = full.method
-    schedule = {"epochs": 1, "lr": args.lr, "collect_per_epoch": 4, "rank": 20, "momentum": 0.9, "weight_decay": 0.0,
-                "include_pretrained": False, "progress": False}
+    schedule = {
+        "epochs": 1,
+        "lr": args.lr,
+        "collect_per_epoch": 4,
+        "rank": 20,
+        "momentum": 0.9,
+        "weight_decay": 0.0,
+        "include_pretrained": False,
+        "progress": False,
+    }
     print(f"\n## one fine-tuning epoch ({len(loader)} steps of 256), ratio to one plain SGD epoch\n")
-    print(HEADER.replace("plain forward", "plain epoch").replace("cpu/wall |", "cpu/wall | cpu ratio |").replace("|---|---|---|---|", "|---|---|---|---|---|"))
+    print(
+        HEADER.replace("plain forward", "plain epoch")
+        .replace("cpu/wall |", "cpu/wall | cpu ratio |")
+        .replace("|---|---|---|---|", "|---|---|---|---|---|")
+    )
     epoch = lambda: plain_epoch(model, loader, args.lr)  # noqa: E731
     print(paired("SWAG epoch, 4 snapshots", lambda: method._fine_tune(loader, **schedule), epoch, args.repeats))
     collector = method.collector
-    print(paired("4 x collector.update alone", lambda: [collector.update(model) for _ in range(4)], epoch, args.repeats))
+    print(
+        paired("4 x collector.update alone", lambda: [collector.update(model) for _ in range(4)], epoch, args.repeats)
+    )
     print(paired("last-layer SWAG epoch", lambda: last.method._fine_tune(loader, **schedule), epoch, args.repeats))
 
 
@@ -342,7 +415,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=2, help="for --part speed")
     parser.add_argument("--lr", type=float, default=0.05, help="for --part speed")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (1 avoids OpenMP stalls on a busy machine)")
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch threads (1 avoids OpenMP stalls on a busy machine)"
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)

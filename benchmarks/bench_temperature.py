@@ -13,11 +13,11 @@ import warnings
 
 import numpy as np
 import torch
+from timing import HEADER, measure, row
 
 import posthoc
 from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
-from timing import HEADER, measure, row
 
 
 def main() -> None:
@@ -81,8 +81,8 @@ def separated(cal_logits: torch.Tensor, y_cal: torch.Tensor, test_logits: torch.
         warnings.simplefilter("ignore")
         fitted = {"posthoc.calibrate": float(posthoc.calibrate(logits, labels).temperature)}
     try:
-        from torch_uncertainty.post_processing import TemperatureScaler
         from netcal.scaling import TemperatureScaling
+        from torch_uncertainty.post_processing import TemperatureScaler
     except ImportError as err:
         print(f"peers not importable ({err}); pip install -e '.[bench]'")
     else:

@@ -103,8 +103,8 @@ from benchmarks.timing import measure  # noqa: E402
 from posthoc.core.likelihood import Gaussian  # noqa: E402
 from posthoc.core.registry import method_class  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
-from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.engine.predictions import collect  # noqa: E402
+from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.shift import EVALUATION_KINDS, corrupt_images  # noqa: E402
 
 ARCHS = ("digits_cnn", "digits_bn_cnn")
@@ -165,7 +165,7 @@ class Case:
         return label + (CLEAN_FIT_SUFFIX if self.shift == "none" else "")
 
     @classmethod
-    def of(cls, methods: tuple[str, ...], stacks: dict[str, bool], members: int = 1) -> "Case":
+    def of(cls, methods: tuple[str, ...], stacks: dict[str, bool], members: int = 1) -> Case:
         base = PLAIN if stacks[methods[0]] else methods[0]
         return cls(methods, base if members == 1 else f"{ENSEMBLE_PREFIX}{members}:{base}", members)
 
@@ -179,8 +179,8 @@ def parse_label(label: str) -> tuple[int, tuple[str, ...]]:
     """
     label = split_shift(label)[0]
     head, _, rest = label.partition(":")
-    if rest and head.startswith(ENSEMBLE_PREFIX) and head[len(ENSEMBLE_PREFIX):].isdigit():
-        return int(head[len(ENSEMBLE_PREFIX):]), tuple(rest.split("+"))
+    if rest and head.startswith(ENSEMBLE_PREFIX) and head[len(ENSEMBLE_PREFIX) :].isdigit():
+        return int(head[len(ENSEMBLE_PREFIX) :]), tuple(rest.split("+"))
     return 1, tuple(label.split("+"))
 
 
@@ -227,13 +227,18 @@ def cases_from_registry(stacks: dict[str, bool], compose: list[str] | None = Non
     stackers = [name for name, stacked in stacks.items() if stacked]
     on_top = [name for name in stackers if compose is None or name in compose]
     composed = [name for name in bases if name != "auto"]  # auto chooses its own stack
-    labels = [(PLAIN,), *((name,) for name in bases + on_top), *((b, s) for s in on_top for b in composed),
-              *((name,) for name in stackers if name not in on_top)]
+    labels = [
+        (PLAIN,),
+        *((name,) for name in bases + on_top),
+        *((b, s) for s in on_top for b in composed),
+        *((name,) for name in stackers if name not in on_top),
+    ]
     return [Case.of(methods, stacks) for methods in labels]
 
 
-def discover_cases(selected: list[str] | None = None, compose: list[str] | None = DEFAULT_COMPOSE,
-                   shifts: tuple[str, ...] = ("auto",)) -> list[Case]:
+def discover_cases(
+    selected: list[str] | None = None, compose: list[str] | None = DEFAULT_COMPOSE, shifts: tuple[str, ...] = ("auto",)
+) -> list[Case]:
     """The cases of the registered methods (see :func:`cases_from_registry`), or only the ``selected`` labels
     (``"laplace+temperature"``, ``"none+dac"``), each fitted under every mode of ``shifts`` (see
     :func:`with_shifts`; a selected label ending in ``[shift=None]`` is fitted that way only). The plain
@@ -276,8 +281,9 @@ class Setting:
     shifted: dict[str, torch.utils.data.TensorDataset] | None = None
 
 
-def shifted_tests(test: torch.utils.data.TensorDataset, severity: int = SHIFT_SEVERITY,
-                  kinds: tuple[str, ...] = EVALUATION_KINDS) -> dict[str, torch.utils.data.TensorDataset]:
+def shifted_tests(
+    test: torch.utils.data.TensorDataset, severity: int = SHIFT_SEVERITY, kinds: tuple[str, ...] = EVALUATION_KINDS
+) -> dict[str, torch.utils.data.TensorDataset]:
     """The test digits corrupted by each evaluation kind at ``severity``, in pixel space (one fixed draw).
 
     Example:
@@ -286,9 +292,12 @@ def shifted_tests(test: torch.utils.data.TensorDataset, severity: int = SHIFT_SE
     """
     x, y = test.tensors
     normalization = ((data.MEAN,), (data.STD,))
-    return {kind: torch.utils.data.TensorDataset(
-        corrupt_images(x, kind, severity, torch.Generator().manual_seed(CORRUPTION_SEED), normalization), y)
-        for kind in kinds}
+    return {
+        kind: torch.utils.data.TensorDataset(
+            corrupt_images(x, kind, severity, torch.Generator().manual_seed(CORRUPTION_SEED), normalization), y
+        )
+        for kind in kinds
+    }
 
 
 def checkpoint(arch: str, seed: int, source: str) -> nn.Module:
@@ -316,23 +325,32 @@ def _scores(um: posthoc.UncertainModel, dataset: torch.utils.data.TensorDataset,
 
 
 def _coverage(sets: torch.Tensor, labels: torch.Tensor, suffix: str) -> dict[str, float]:
-    return {f"cov{suffix}": float(sets[torch.arange(len(labels)), labels].float().mean()),
-            f"size{suffix}": float(sets.sum(-1).float().mean())}
+    return {
+        f"cov{suffix}": float(sets[torch.arange(len(labels)), labels].float().mean()),
+        f"size{suffix}": float(sets.sum(-1).float().mean()),
+    }
 
 
-def _shift_quality(um: posthoc.UncertainModel, shifted: dict[str, torch.utils.data.TensorDataset], seed: int,
-                   conformal: Any) -> dict[str, float]:
+def _shift_quality(
+    um: posthoc.UncertainModel, shifted: dict[str, torch.utils.data.TensorDataset], seed: int, conformal: Any
+) -> dict[str, float]:
     """NLL, ECE, accuracy and conformal coverage under each evaluation kind, and their means over the kinds."""
     found: dict[str, float] = {}
     for kind, dataset in shifted.items():
         scores = _scores(um, dataset, seed, labelled=True)
         probs, labels, suffix = scores["probs"], scores["labels"], f"@{kind}:{SHIFT_SEVERITY}"
-        found.update({f"nll{suffix}": metrics.nll(probs, labels), f"ece{suffix}": metrics.ece(probs, labels),
-                      f"acc{suffix}": metrics.accuracy(probs, labels)})
+        found.update(
+            {
+                f"nll{suffix}": metrics.nll(probs, labels),
+                f"ece{suffix}": metrics.ece(probs, labels),
+                f"acc{suffix}": metrics.accuracy(probs, labels),
+            }
+        )
         found.update(_coverage(conformal.sets(probs), labels, suffix))
     for name in ("nll", "ece", "acc", "cov", "size"):
         found[f"{name}@{MEAN_OVER_KINDS}:{SHIFT_SEVERITY}"] = statistics.fmean(
-            found[f"{name}@{kind}:{SHIFT_SEVERITY}"] for kind in shifted)
+            found[f"{name}@{kind}:{SHIFT_SEVERITY}"] for kind in shifted
+        )
     return found
 
 
@@ -379,16 +397,27 @@ def shift_description(card: dict[str, Any]) -> str | None:
         >>> shift_description({"posterior": [{"method": "laplace", "shift": "auto: noise, blur"}]})
         'laplace: auto: noise, blur'
     """
-    said = [f"{entry.get('method', '?')}: {_inline(str(value))}" for entry in card.get("posterior") or []
-            if isinstance(entry, dict) for key, value in entry.items() if "shift" in key and value not in (None, "")]
+    said = [
+        f"{entry.get('method', '?')}: {_inline(str(value))}"
+        for entry in card.get("posterior") or []
+        if isinstance(entry, dict)
+        for key, value in entry.items()
+        if "shift" in key and value not in (None, "")
+    ]
     return "; ".join(said) or None
 
 
 def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, Any]:
     """Wrap, fit and evaluate one case (and time its predict if ``timed``); any exception becomes an ``error`` row."""
-    row: dict[str, Any] = {"arch": setting.arch, "seed": setting.seed, "case": case.label,
-                           "methods": list(case.methods), "family": case.family, "members": case.members,
-                           "shift": case.shift}
+    row: dict[str, Any] = {
+        "arch": setting.arch,
+        "seed": setting.seed,
+        "case": case.label,
+        "methods": list(case.methods),
+        "family": case.family,
+        "members": case.members,
+        "shift": case.shift,
+    }
     splits, seed = setting.splits, setting.seed
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -402,8 +431,9 @@ def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, 
             validation = _scores(um, splits.calibration, seed, labelled=True)
             found.update(_quality(validation["probs"], validation["labels"], "_val"))
             clean = _scores(um, splits.test, seed, labelled=True)
-            conformal = posthoc.conformal(validation["probs"], validation["labels"], alpha=ALPHA, inputs="probs",
-                                          progress=False)
+            conformal = posthoc.conformal(
+                validation["probs"], validation["labels"], alpha=ALPHA, inputs="probs", progress=False
+            )
             found.update(_coverage(conformal.sets(clean["probs"]), clean["labels"], "@0"))
             shifted = setting.shifted if setting.shifted is not None else shifted_tests(splits.test)
             found.update(_shift_quality(um, shifted, seed, conformal))
@@ -416,11 +446,15 @@ def measure_case(case: Case, setting: Setting, timed: bool = True) -> dict[str, 
             if timed:
                 found.update(_predict_cost(um, setting.model, splits.test.tensors[0]))
         card = _card(um)
-        row.update(status="ok", metrics=found, card=card, fit_shift=shift_description(card),
-                   warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}))
+        row.update(
+            status="ok",
+            metrics=found,
+            card=card,
+            fit_shift=shift_description(card),
+            warnings=sorted({f"{w.category.__name__}: {w.message}" for w in caught}),
+        )
     except Exception as err:  # a failing method is reported, never aborts the benchmark
-        row.update(status="error", error=f"{type(err).__name__}: {err}",
-                   traceback=traceback.format_exc(limit=4))
+        row.update(status="error", error=f"{type(err).__name__}: {err}", traceback=traceback.format_exc(limit=4))
     return row
 
 
@@ -448,8 +482,15 @@ def run_setting(plan: Plan, arch: str, seed: int) -> list[dict[str, Any]]:
     torch.set_num_threads(plan.threads)
     torch.manual_seed(seed)
     splits = data.load_digits()
-    setting = Setting(arch, seed, checkpoint(arch, seed, plan.source), splits, plan.rotations, data.noise(1000, seed=0),
-                      shifted_tests(splits.test))
+    setting = Setting(
+        arch,
+        seed,
+        checkpoint(arch, seed, plan.source),
+        splits,
+        plan.rotations,
+        data.noise(1000, seed=0),
+        shifted_tests(splits.test),
+    )
     rows = []
     for case in plan.cases:
         if plan.deadline is not None and time.time() > plan.deadline:
@@ -461,8 +502,11 @@ def run_setting(plan: Plan, arch: str, seed: int) -> list[dict[str, Any]]:
             with plan.rows_path.open("a") as stream:
                 stream.write(json.dumps(rows[-1], default=str) + "\n")
         status = rows[-1]["status"] if rows[-1]["status"] == "ok" else rows[-1]["error"]
-        print(f"[{arch} seed {seed}] {case.label}: {status} ({time.perf_counter() - started:.1f} s)",
-              file=sys.stderr, flush=True)
+        print(
+            f"[{arch} seed {seed}] {case.label}: {status} ({time.perf_counter() - started:.1f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
     return rows
 
 
@@ -501,7 +545,7 @@ class Stat:
     count: int
 
     @classmethod
-    def of(cls, values: list[float]) -> "Stat":
+    def of(cls, values: list[float]) -> Stat:
         values = [v for v in values if v is not None and math.isfinite(v)]
         if not values:
             return cls(math.nan, math.nan, math.nan, math.nan, 0)
@@ -568,8 +612,10 @@ def complete_seeds(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], li
         cases.setdefault(row["arch"], set()).add(row["case"])
         seeds.setdefault((row["arch"], row["seed"]), set()).add(row["case"])
     partial = {key for key, measured in seeds.items() if measured != cases[key[0]]}
-    notes = [f"{arch} seed {seed}: {len(seeds[arch, seed])} of {len(cases[arch])} cases measured, left out of the tables"
-             for arch, seed in sorted(partial)]
+    notes = [
+        f"{arch} seed {seed}: {len(seeds[arch, seed])} of {len(cases[arch])} cases measured, left out of the tables"
+        for arch, seed in sorted(partial)
+    ]
     return [row for row in rows if (row["arch"], row["seed"]) not in partial], notes
 
 
@@ -595,23 +641,49 @@ def summarise(rows: list[dict[str, Any]]) -> list[Summary]:
         for r in good:
             reference = plain.get((arch, r["seed"]))
             if reference is not None:
-                per_seed.append({k: r["metrics"][k] / reference[k] for k in r["metrics"]
-                                 if k.startswith(RATIO_METRICS) and reference.get(k)})
+                per_seed.append(
+                    {
+                        k: r["metrics"][k] / reference[k]
+                        for k in r["metrics"]
+                        if k.startswith(RATIO_METRICS) and reference.get(k)
+                    }
+                )
         ratio_keys = sorted({k for ratios in per_seed for k in ratios})
         ratios = {k: Stat.of([p.get(k) for p in per_seed]) for k in ratio_keys}
-        deltas = {k: Stat.of([r["metrics"][k] - plain[arch, r["seed"]][k] for r in good
-                              if k in r["metrics"] and k in plain.get((arch, r["seed"]), {})]) for k in DELTA_METRICS}
-        costs = [own / twin for r in good if r.get("shift", "auto") == "auto" and case != PLAIN
-                 and (own := fits.get((arch, r["seed"], case)))
-                 and (twin := fits.get((arch, r["seed"], case + CLEAN_FIT_SUFFIX)))]
-        summaries.append(Summary(
-            arch=arch, case=case, family=members[0]["family"], stats=stats, ratios=ratios,
-            seeds_ok=len(good), seeds_meeting=sum(_meets_target(p) for p in per_seed),
-            errors=sorted({r["error"] for r in members if r["status"] != "ok"}),
-            warnings=sorted({w for r in good for w in r.get("warnings", [])}),
-            deltas={k: v for k, v in deltas.items() if v.count}, shift_cost=Stat.of(costs) if costs else None,
-            fit_shift=sorted({r["fit_shift"] for r in good if r.get("fit_shift")}),
-        ))
+        deltas = {
+            k: Stat.of(
+                [
+                    r["metrics"][k] - plain[arch, r["seed"]][k]
+                    for r in good
+                    if k in r["metrics"] and k in plain.get((arch, r["seed"]), {})
+                ]
+            )
+            for k in DELTA_METRICS
+        }
+        costs = [
+            own / twin
+            for r in good
+            if r.get("shift", "auto") == "auto"
+            and case != PLAIN
+            and (own := fits.get((arch, r["seed"], case)))
+            and (twin := fits.get((arch, r["seed"], case + CLEAN_FIT_SUFFIX)))
+        ]
+        summaries.append(
+            Summary(
+                arch=arch,
+                case=case,
+                family=members[0]["family"],
+                stats=stats,
+                ratios=ratios,
+                seeds_ok=len(good),
+                seeds_meeting=sum(_meets_target(p) for p in per_seed),
+                errors=sorted({r["error"] for r in members if r["status"] != "ok"}),
+                warnings=sorted({w for r in good for w in r.get("warnings", [])}),
+                deltas={k: v for k, v in deltas.items() if v.count},
+                shift_cost=Stat.of(costs) if costs else None,
+                fit_shift=sorted({r["fit_shift"] for r in good if r.get("fit_shift")}),
+            )
+        )
     return summaries
 
 
@@ -625,8 +697,11 @@ def verdict(summary: Summary) -> str:
     failures = []
     if not mean.get("nll@0", math.inf) <= IN_DISTRIBUTION_SLACK:
         failures.append(f"in-dist NLL {mean.get('nll@0', math.nan):.2f}x")
-    failures += [f"NLL {d}° {mean.get(f'nll@{d}', math.nan):.2f}x" for d in SHIFT_TARGETS
-                 if not mean.get(f"nll@{d}", math.inf) < 1.0]
+    failures += [
+        f"NLL {d}° {mean.get(f'nll@{d}', math.nan):.2f}x"
+        for d in SHIFT_TARGETS
+        if not mean.get(f"nll@{d}", math.inf) < 1.0
+    ]
     seeds = f"{summary.seeds_meeting}/{summary.seeds_ok} seeds"
     return f"meets ({seeds})" if not failures else f"fails: {', '.join(failures)} ({seeds} meet)"
 
@@ -673,8 +748,10 @@ class Target:
         if self.absolute is not None:
             delta = summary.deltas.get(self.key)
             over = "" if delta is None or not delta.count else f", {delta.mean:+.4f} nats"
-            return (f"{self.name} {shown}{unit}{over} (target <= max({bound}{unit}, +{self.absolute:g}), misses by "
-                    f"{abs(value - self.bound) * self.scale:.{digits}f}{unit})")
+            return (
+                f"{self.name} {shown}{unit}{over} (target <= max({bound}{unit}, +{self.absolute:g}), misses by "
+                f"{abs(value - self.bound) * self.scale:.{digits}f}{unit})"
+            )
         return f"{self.name} {shown}{unit} (target {sign} {bound}{unit}, misses by {abs(value - self.bound) * self.scale:.{digits}f})"
 
 
@@ -718,14 +795,23 @@ def auto_against_defaults(summaries: list[Summary]) -> str | None:
     NLL over the evaluation kinds among those within the in-distribution tolerance), or ``None`` without ``auto``."""
     key = f"nll@{_KINDS_S}"
     auto = next((s for s in summaries if s.case == AUTO and s.ok and key in s.ratios), None)
-    defaults = [s for s in summaries if s.ok and s.case not in (PLAIN, AUTO) and key in s.ratios and "+" not in s.case
-                and NLL_TOLERANCE_TARGET.check(s) is None]
+    defaults = [
+        s
+        for s in summaries
+        if s.ok
+        and s.case not in (PLAIN, AUTO)
+        and key in s.ratios
+        and "+" not in s.case
+        and NLL_TOLERANCE_TARGET.check(s) is None
+    ]
     if auto is None or not defaults:
         return None
     best = min(defaults, key=lambda s: s.ratios[key].mean)
     verdict = "met" if auto.ratios[key].mean <= best.ratios[key].mean + 1e-9 else "missed"
-    return (f"auto {auto.ratios[key].mean:.2f}x against the best single default `{best.case}` "
-            f"{best.ratios[key].mean:.2f}x (NLL over the evaluation kinds at severity {SHIFT_SEVERITY}): {verdict}")
+    return (
+        f"auto {auto.ratios[key].mean:.2f}x against the best single default `{best.case}` "
+        f"{best.ratios[key].mean:.2f}x (NLL over the evaluation kinds at severity {SHIFT_SEVERITY}): {verdict}"
+    )
 
 
 def target_verdict(summary: Summary, targets: tuple[Target, ...] = DEFAULT_TARGETS) -> str:
@@ -780,8 +866,7 @@ def composition_notes(summaries: list[Summary]) -> dict[str, str]:
             continue
         agree = "agrees" if by_test.case == by_val.case else f"disagrees: it favours {by_test.case}"
         listing = ", ".join(f"{m.case} {m.stats['nll_val'].mean:.4f}" for m in members)
-        sentence = (f"validation NLL favours **{by_val.case}** ({listing}); "
-                    f"test NLL in distribution {agree}")
+        sentence = f"validation NLL favours **{by_val.case}** ({listing}); test NLL in distribution {agree}"
         shifted = [m for m in members if all(f"nll@{d}" in m.stats for d in SHIFT_TARGETS)]
         if shifted:
             best_shift = min(shifted, key=_shift_nll)
@@ -837,8 +922,19 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
     summaries = display_order(summaries)
     favoured = favoured_cases(summaries)
     shown = [d for d in (0, *SHIFT_TARGETS) if d in rotations]
-    header = ["method", "acc", *(f"NLL {d}°" for d in shown), "ECE 0° (%)", "Brier 0°", "val NLL",
-              "AUROC 8/9", "AUROC noise", "fit s", "predict ×plain (wall / cpu)", "verdict"]
+    header = [
+        "method",
+        "acc",
+        *(f"NLL {d}°" for d in shown),
+        "ECE 0° (%)",
+        "Brier 0°",
+        "val NLL",
+        "AUROC 8/9",
+        "AUROC noise",
+        "fit s",
+        "predict ×plain (wall / cpu)",
+        "verdict",
+    ]
     main, detail = [], []
     for s in summaries:
         if not s.ok:
@@ -846,23 +942,44 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
             continue
         get = s.stats.get
         cost = f"{get('predict_ratio', Stat.of([])).cell(1)} / {get('predict_cpu_ratio', Stat.of([])).cell(1)}"
-        main.append([
-            s.case, get("acc@0", Stat.of([])).cell(3), *(get(f"nll@{d}", Stat.of([])).cell(3) for d in shown),
-            get("ece@0", Stat.of([])).cell(2, 100), get("brier@0", Stat.of([])).cell(3),
-            get("nll_val", Stat.of([])).cell(3), get("ood_auroc_digits", Stat.of([])).cell(3),
-            get("ood_auroc_noise", Stat.of([])).cell(3), get("fit_s", Stat.of([])).cell(1), cost,
-            _verdict_cell(s, favoured),
-        ])
-        detail.append([s.case, *(" / ".join(get(f"{m}@{d}", Stat.of([])).cell(digits, scale)
-                                             for m, digits, scale in (("nll", 3, 1), ("ece", 1, 100), ("brier", 3, 1)))
-                                 for d in rotations)])
+        main.append(
+            [
+                s.case,
+                get("acc@0", Stat.of([])).cell(3),
+                *(get(f"nll@{d}", Stat.of([])).cell(3) for d in shown),
+                get("ece@0", Stat.of([])).cell(2, 100),
+                get("brier@0", Stat.of([])).cell(3),
+                get("nll_val", Stat.of([])).cell(3),
+                get("ood_auroc_digits", Stat.of([])).cell(3),
+                get("ood_auroc_noise", Stat.of([])).cell(3),
+                get("fit_s", Stat.of([])).cell(1),
+                cost,
+                _verdict_cell(s, favoured),
+            ]
+        )
+        detail.append(
+            [
+                s.case,
+                *(
+                    " / ".join(
+                        get(f"{m}@{d}", Stat.of([])).cell(digits, scale)
+                        for m, digits, scale in (("nll", 3, 1), ("ece", 1, 100), ("brier", 3, 1))
+                    )
+                    for d in rotations
+                ),
+            ]
+        )
     lines = _table(header, main)
     lines += ["", "NLL / ECE (%) / Brier at each rotation:", ""]
     lines += _table(["method", *(f"{d}°" for d in rotations)], detail)
     notes = composition_notes(summaries)
     if notes:
-        lines += ["", "Compositions (validation = the calibration split, on which the stacked calibrators "
-                  "were fitted, so it is in-sample for them):", ""]
+        lines += [
+            "",
+            "Compositions (validation = the calibration split, on which the stacked calibrators "
+            "were fitted, so it is in-sample for them):",
+            "",
+        ]
         lines += [f"- {family}: {note}" for family, note in notes.items()]
     warned = [s for s in summaries if s.warnings]
     if warned:
@@ -873,8 +990,11 @@ def architecture_tables(summaries: list[Summary], rotations: tuple[int, ...]) ->
 
 def _target_text(target: Target) -> str:
     sign = ">=" if target.at_least else "<="
-    bound = f"{target.bound:.2f}x plain" if target.unit == "x" else \
-        f"plain {target.bound * target.scale:+g}{' pt' if target.unit == 'pt' else ''}"
+    bound = (
+        f"{target.bound:.2f}x plain"
+        if target.unit == "x"
+        else f"plain {target.bound * target.scale:+g}{' pt' if target.unit == 'pt' else ''}"
+    )
     if target.absolute is not None:
         bound = f"max({target.bound:.2f}x, +{target.absolute:g} nats) plain"
     return f"{target.name} {sign} {bound}"
@@ -903,33 +1023,74 @@ def shift_tables(summaries: list[Summary], kinds: tuple[str, ...] = EVALUATION_K
     if not summaries:
         return []
     s3 = f"s{SHIFT_SEVERITY}"
-    header = ["method", "fit shift", "NLL 0° ×plain", "ECE 0° Δ (pt)", "AUROC 8/9 Δ", f"NLL kinds {s3} ×plain",
-              f"ECE kinds {s3} ×plain", "fit ×shift=None", "default targets", "best-config targets"]
+    header = [
+        "method",
+        "fit shift",
+        "NLL 0° ×plain",
+        "ECE 0° Δ (pt)",
+        "AUROC 8/9 Δ",
+        f"NLL kinds {s3} ×plain",
+        f"ECE kinds {s3} ×plain",
+        "fit ×shift=None",
+        "default targets",
+        "best-config targets",
+    ]
     main, detail, coverage = [], [], []
     for s in summaries:
         mode = "–" if s.case == PLAIN else ("None" if s.case.endswith(CLEAN_FIT_SUFFIX) else "auto")
-        main.append([s.case, mode, _ratio_cell(s, "nll@0"), _delta_cell(s, "ece@0", 100, 2),
-                     _delta_cell(s, "ood_auroc_digits"), _ratio_cell(s, f"nll@{_KINDS_S}"),
-                     _ratio_cell(s, f"ece@{_KINDS_S}"), "–" if s.shift_cost is None else s.shift_cost.cell(2),
-                     _inline(target_verdict(s, targets_of(s.case))), _inline(target_verdict(s, BEST_TARGETS))])
-        detail.append([s.case, *(_pair(s, f"nll@{k}:{SHIFT_SEVERITY}", f"ece@{k}:{SHIFT_SEVERITY}", 3)
-                                 for k in (*kinds, MEAN_OVER_KINDS))])
-        coverage.append([s.case, *(f"{s.stats.get(f'cov@{k}', Stat.of([])).cell(1, 100)}% / "
-                                   f"{s.stats.get(f'size@{k}', Stat.of([])).cell(2)}"
-                                   for k in ("0", *(f"{k}:{SHIFT_SEVERITY}" for k in (*kinds, MEAN_OVER_KINDS))))])
+        main.append(
+            [
+                s.case,
+                mode,
+                _ratio_cell(s, "nll@0"),
+                _delta_cell(s, "ece@0", 100, 2),
+                _delta_cell(s, "ood_auroc_digits"),
+                _ratio_cell(s, f"nll@{_KINDS_S}"),
+                _ratio_cell(s, f"ece@{_KINDS_S}"),
+                "–" if s.shift_cost is None else s.shift_cost.cell(2),
+                _inline(target_verdict(s, targets_of(s.case))),
+                _inline(target_verdict(s, BEST_TARGETS)),
+            ]
+        )
+        detail.append(
+            [
+                s.case,
+                *(
+                    _pair(s, f"nll@{k}:{SHIFT_SEVERITY}", f"ece@{k}:{SHIFT_SEVERITY}", 3)
+                    for k in (*kinds, MEAN_OVER_KINDS)
+                ),
+            ]
+        )
+        coverage.append(
+            [
+                s.case,
+                *(
+                    f"{s.stats.get(f'cov@{k}', Stat.of([])).cell(1, 100)}% / "
+                    f"{s.stats.get(f'size@{k}', Stat.of([])).cell(2)}"
+                    for k in ("0", *(f"{k}:{SHIFT_SEVERITY}" for k in (*kinds, MEAN_OVER_KINDS)))
+                ),
+            ]
+        )
     lines = [f"### Under shift the fit never saw: {', '.join(kinds)} at severity {SHIFT_SEVERITY} (issue 26)", ""]
     lines += _table(header, main)
     best = recommended(summaries)
     if best is not None:
-        lines += ["", f"Recommended configuration (meets the in-distribution targets, lowest mean NLL over the "
-                  f"evaluation kinds): **{best.case}**: {target_verdict(best, BEST_TARGETS)}."]
+        lines += [
+            "",
+            f"Recommended configuration (meets the in-distribution targets, lowest mean NLL over the "
+            f"evaluation kinds): **{best.case}**: {target_verdict(best, BEST_TARGETS)}.",
+        ]
     against = auto_against_defaults(summaries)
     if against is not None:
         lines += ["", f"Issue 34: {against}."]
     lines += ["", f"NLL / ECE per evaluation kind at severity {SHIFT_SEVERITY} (seed means):", ""]
     lines += _table(["method", *kinds, "mean"], detail)
-    lines += ["", f"Coverage / mean size of {1 - ALPHA:.0%} conformal sets (LAC, calibrated on the calibration split; "
-              "guaranteed in distribution only; an empty set counts as a miss):", ""]
+    lines += [
+        "",
+        f"Coverage / mean size of {1 - ALPHA:.0%} conformal sets (LAC, calibrated on the calibration split; "
+        "guaranteed in distribution only; an empty set counts as a miss):",
+        "",
+    ]
     lines += _table(["method", "clean", *(f"{k} {s3}" for k in kinds), "mean"], coverage)
     described = [s for s in summaries if s.fit_shift]
     if described:
@@ -938,21 +1099,30 @@ def shift_tables(summaries: list[Summary], kinds: tuple[str, ...] = EVALUATION_K
     return lines
 
 
-def markdown_report(summaries: list[Summary], rotations: tuple[int, ...], command: str,
-                    meta: dict[str, Any] | None = None) -> str:
+def markdown_report(
+    summaries: list[Summary], rotations: tuple[int, ...], command: str, meta: dict[str, Any] | None = None
+) -> str:
     """The full Markdown report: one section per architecture."""
     meta = meta or {}
     lines = ["# Quality benchmark (issues 15 and 26)", "", f"Made by `{command}`."]
     if meta:
         lines.append("; ".join(f"{k}: {v}" for k, v in meta.items()) + ".")
-    lines += ["", "Cells are mean ± standard deviation over seeds. Verdict: issue 15 section 2 on NLL "
-              f"ratios to the plain model (same seed, averaged): in-distribution <= {IN_DISTRIBUTION_SLACK}x, "
-              f"{' and '.join(f'{d}°' for d in SHIFT_TARGETS)} below 1x; 'k/n seeds' meet it seed by seed.",
-              "", "Issue 26 targets (section 'Under shift the fit never saw'), on the same paired seed means: every "
-              "default: " + ", ".join(_target_text(t) for t in DEFAULT_TARGETS) + "; the best configuration: "
-              + ", ".join(_target_text(t) for t in BEST_TARGETS) + "; `auto` (issue 34): "
-              + ", ".join(_target_text(t) for t in AUTO_TARGETS) + ", and at least as good as the best single default.",
-              ""]
+    lines += [
+        "",
+        "Cells are mean ± standard deviation over seeds. Verdict: issue 15 section 2 on NLL "
+        f"ratios to the plain model (same seed, averaged): in-distribution <= {IN_DISTRIBUTION_SLACK}x, "
+        f"{' and '.join(f'{d}°' for d in SHIFT_TARGETS)} below 1x; 'k/n seeds' meet it seed by seed.",
+        "",
+        "Issue 26 targets (section 'Under shift the fit never saw'), on the same paired seed means: every "
+        "default: "
+        + ", ".join(_target_text(t) for t in DEFAULT_TARGETS)
+        + "; the best configuration: "
+        + ", ".join(_target_text(t) for t in BEST_TARGETS)
+        + "; `auto` (issue 34): "
+        + ", ".join(_target_text(t) for t in AUTO_TARGETS)
+        + ", and at least as good as the best single default.",
+        "",
+    ]
     for arch in dict.fromkeys(s.arch for s in summaries):
         own = [s for s in summaries if s.arch == arch]
         lines += [f"## {arch}", "", *architecture_tables(own, rotations), ""]
@@ -986,8 +1156,14 @@ def docs_table(summaries: list[Summary], command: str, note: str = "") -> str:
     header = ["method", "regression"]
     s3 = f"s{SHIFT_SEVERITY}"
     for arch in archs:
-        header += [f"{arch}: NLL · ECE", f"kinds {s3}: NLL · ECE ×plain", f"cov90 clean · {s3}", "OOD AUROC", "fit s",
-                   "targets"]
+        header += [
+            f"{arch}: NLL · ECE",
+            f"kinds {s3}: NLL · ECE ×plain",
+            f"cov90 clean · {s3}",
+            "OOD AUROC",
+            "fit s",
+            "targets",
+        ]
     rows = []
     for case in dict.fromkeys(s.case for s in display_order(summaries)):
         cells = [case, "yes" if does_regression(case) else "no"]
@@ -1000,8 +1176,13 @@ def docs_table(summaries: list[Summary], command: str, note: str = "") -> str:
             shifted = f"nll@{_KINDS_S}" in st
             cells += [
                 f"{st['nll@0'].mean:.3f} · {st['ece@0'].mean * 100:.1f}%",
-                (f"{st[f'nll@{_KINDS_S}'].mean:.2f} · {st[f'ece@{_KINDS_S}'].mean * 100:.1f}%" if case == PLAIN else
-                 f"{_ratio_cell(s, f'nll@{_KINDS_S}')} · {_ratio_cell(s, f'ece@{_KINDS_S}')}") if shifted else "–",
+                (
+                    f"{st[f'nll@{_KINDS_S}'].mean:.2f} · {st[f'ece@{_KINDS_S}'].mean * 100:.1f}%"
+                    if case == PLAIN
+                    else f"{_ratio_cell(s, f'nll@{_KINDS_S}')} · {_ratio_cell(s, f'ece@{_KINDS_S}')}"
+                )
+                if shifted
+                else "–",
                 f"{st['cov@0'].mean * 100:.0f} · {st[f'cov@{_KINDS_S}'].mean * 100:.0f}%" if shifted else "–",
                 f"{st['ood_auroc_digits'].mean:.3f}",
                 f"{st['fit_s'].mean:.1f}",
@@ -1024,12 +1205,13 @@ def replace_generated_table(page: str, table: str) -> str:
     lines = page.split("\n")
     starts = [i for i, line in enumerate(lines) if line.startswith(GENERATED)]
     if len(starts) != 1:
-        raise ValueError(f"the page should hold one generated table (a line starting {GENERATED!r}); "
-                         f"it holds {len(starts)}")
+        raise ValueError(
+            f"the page should hold one generated table (a line starting {GENERATED!r}); it holds {len(starts)}"
+        )
     end = starts[0] + 1
     while end < len(lines) and lines[end].startswith("|"):
         end += 1
-    return "\n".join([*lines[:starts[0]], *table.split("\n"), *lines[end:]])
+    return "\n".join([*lines[: starts[0]], *table.split("\n"), *lines[end:]])
 
 
 # ---------------------------------------------------------------- command line
@@ -1039,34 +1221,78 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--archs", nargs="+", choices=sorted(zoo.ARCHITECTURES), default=list(ARCHS))
     parser.add_argument("--seeds", nargs="+", type=int, default=None, help="default: 0 1 2 (0 with --quick)")
-    parser.add_argument("--methods", nargs="+", default=None,
-                        help="case labels, e.g. laplace swag+temperature (default: every registered method and composition); "
-                             "with --from-json, the cases to show")
-    parser.add_argument("--compose", nargs="+", default=DEFAULT_COMPOSE,
-                        help="stackers put on top of every base method (default: temperature; 'all': every stacker)")
-    parser.add_argument("--shift", nargs="+", choices=sorted(SHIFT_MODES), default=["auto"],
-                        help="um.fit(..., shift=...): 'auto' (default, shift-aware held-out choices), 'none' (clean "
-                             "validation only; rows labelled like laplace[shift=None]), or both to compare them")
-    parser.add_argument("--rotations", nargs="+", type=int, default=None, help="default: 0 30 45 60 90 (0 45 90 with --quick)")
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        default=None,
+        help="case labels, e.g. laplace swag+temperature (default: every registered method and composition); "
+        "with --from-json, the cases to show",
+    )
+    parser.add_argument(
+        "--compose",
+        nargs="+",
+        default=DEFAULT_COMPOSE,
+        help="stackers put on top of every base method (default: temperature; 'all': every stacker)",
+    )
+    parser.add_argument(
+        "--shift",
+        nargs="+",
+        choices=sorted(SHIFT_MODES),
+        default=["auto"],
+        help="um.fit(..., shift=...): 'auto' (default, shift-aware held-out choices), 'none' (clean "
+        "validation only; rows labelled like laplace[shift=None]), or both to compare them",
+    )
+    parser.add_argument(
+        "--rotations", nargs="+", type=int, default=None, help="default: 0 30 45 60 90 (0 45 90 with --quick)"
+    )
     parser.add_argument("--quick", action="store_true", help="one seed and three rotations")
-    parser.add_argument("--checkpoint", choices=("retrain", "bundled"), default="retrain",
-                        help="retrain each seed's checkpoint (default) or use the bundled one for every seed")
-    parser.add_argument("--timed-seeds", type=int, default=1,
-                        help="time predict on the first N seeds only (default 1: the cost does not depend on the seed)")
-    parser.add_argument("--budget-minutes", type=float, default=None,
-                        help="start no case after this many minutes; the report says how many runs were left out")
+    parser.add_argument(
+        "--checkpoint",
+        choices=("retrain", "bundled"),
+        default="retrain",
+        help="retrain each seed's checkpoint (default) or use the bundled one for every seed",
+    )
+    parser.add_argument(
+        "--timed-seeds",
+        type=int,
+        default=1,
+        help="time predict on the first N seeds only (default 1: the cost does not depend on the seed)",
+    )
+    parser.add_argument(
+        "--budget-minutes",
+        type=float,
+        default=None,
+        help="start no case after this many minutes; the report says how many runs were left out",
+    )
     parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (default 1)")
     parser.add_argument("--jobs", type=int, default=1, help="(architecture, seed) settings run in parallel processes")
-    parser.add_argument("--out", type=Path, default=None,
-                        help=f"Markdown report, the JSON beside it (default {DEFAULT_OUT.relative_to(ROOT)}; "
-                             "with --from-json the report is only printed unless --out is given)")
-    parser.add_argument("--docs-table", "--readme-table", dest="docs_table", action="store_true",
-                        help="also print the 'Which method when' table and, when the report is written, rewrite it in "
-                             "--docs-page (--readme-table: its former name, before the table moved to the docs)")
-    parser.add_argument("--docs-page", type=Path, default=DOCS_TABLE_PAGE,
-                        help=f"the page --docs-table rewrites (default {DOCS_TABLE_PAGE.relative_to(ROOT)})")
-    parser.add_argument("--from-json", type=Path, default=None,
-                        help="render a previous run's .json (or the .jsonl a run cut short leaves) instead of running")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"Markdown report, the JSON beside it (default {DEFAULT_OUT.relative_to(ROOT)}; "
+        "with --from-json the report is only printed unless --out is given)",
+    )
+    parser.add_argument(
+        "--docs-table",
+        "--readme-table",
+        dest="docs_table",
+        action="store_true",
+        help="also print the 'Which method when' table and, when the report is written, rewrite it in "
+        "--docs-page (--readme-table: its former name, before the table moved to the docs)",
+    )
+    parser.add_argument(
+        "--docs-page",
+        type=Path,
+        default=DOCS_TABLE_PAGE,
+        help=f"the page --docs-table rewrites (default {DOCS_TABLE_PAGE.relative_to(ROOT)})",
+    )
+    parser.add_argument(
+        "--from-json",
+        type=Path,
+        default=None,
+        help="render a previous run's .json (or the .jsonl a run cut short leaves) instead of running",
+    )
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     args.rotations = tuple(args.rotations or (QUICK_ROTATIONS if args.quick else ROTATIONS))
@@ -1086,17 +1312,30 @@ def main(argv: list[str] | None = None) -> None:
         rows, rotations, command, meta = saved["rows"], tuple(saved["rotations"]), saved["command"], saved["meta"]
     else:
         torch.set_num_threads(args.threads)
-        cases = discover_cases(args.methods, None if args.compose == ["all"] else args.compose,
-                               tuple(dict.fromkeys(args.shift)))
+        cases = discover_cases(
+            args.methods, None if args.compose == ["all"] else args.compose, tuple(dict.fromkeys(args.shift))
+        )
         rows_path = args.out.with_suffix(".jsonl")
         deadline = None if args.budget_minutes is None else time.time() + 60 * args.budget_minutes
-        plan = Plan(cases, args.rotations, tuple(args.seeds[:args.timed_seeds]), args.checkpoint, args.threads,
-                    rows_path, deadline)
+        plan = Plan(
+            cases,
+            args.rotations,
+            tuple(args.seeds[: args.timed_seeds]),
+            args.checkpoint,
+            args.threads,
+            rows_path,
+            deadline,
+        )
         rotations = args.rotations
         meta = {
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-            "seeds": " ".join(map(str, args.seeds)), "predict timed on seeds": " ".join(map(str, plan.timed_seeds)),
-            "checkpoint": args.checkpoint, "fit shift": " ".join(dict.fromkeys(args.shift)), "threads": args.threads, "jobs": args.jobs, "torch": torch.__version__,
+            "seeds": " ".join(map(str, args.seeds)),
+            "predict timed on seeds": " ".join(map(str, plan.timed_seeds)),
+            "checkpoint": args.checkpoint,
+            "fit shift": " ".join(dict.fromkeys(args.shift)),
+            "threads": args.threads,
+            "jobs": args.jobs,
+            "torch": torch.__version__,
             "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         }
         args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -1125,9 +1364,11 @@ def main(argv: list[str] | None = None) -> None:
         print()
         report_path = args.out if args.from_json is None else args.from_json.with_suffix(".md")
         seeds = " ".join(map(str, sorted({row["seed"] for row in rows}))) or "?"
-        note = (f"means over seeds {seeds}, {meta.get('date', '?')}; kinds s{SHIFT_SEVERITY}: mean over "
-                f"{', '.join(EVALUATION_KINDS)} at severity {SHIFT_SEVERITY} (the plain model's values, ratios for "
-                f"the others); targets: every default's (issues 26 and 34), auto's (issue 34), on the seed means; spreads in {report_path.name}")
+        note = (
+            f"means over seeds {seeds}, {meta.get('date', '?')}; kinds s{SHIFT_SEVERITY}: mean over "
+            f"{', '.join(EVALUATION_KINDS)} at severity {SHIFT_SEVERITY} (the plain model's values, ratios for "
+            f"the others); targets: every default's (issues 26 and 34), auto's (issue 34), on the seed means; spreads in {report_path.name}"
+        )
         table = docs_table(summaries, command, note)
         print(table)
         if write:

@@ -7,11 +7,16 @@ Example:
     >>> report = posthoc.evaluate(um, test_loader)
 """
 
-from posthoc import export, methods  # noqa: F401  (importing them registers the methods and the exporter)
-from posthoc import shift
+from posthoc import errors, export, methods, settings, shift  # noqa: F401  (importing them registers the methods and the exporter)
 from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
-from posthoc import errors, settings
+from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
+from posthoc.core.method import Method
+from posthoc.core.prediction import Prediction
+from posthoc.core.registry import available_methods, register
+from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.selection import Tolerance
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import (
     ConfigError,
     ExportError,
@@ -22,13 +27,6 @@ from posthoc.errors import (
     PosteriorFileError,
     PosthocError,
 )
-from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
-from posthoc.core.method import Method
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.core.registry import available_methods, register
-from posthoc.engine.selection import Tolerance
-from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
@@ -40,7 +38,8 @@ from posthoc.ood import Detector, detector
 __version__ = "0.1.0"
 
 __all__ = [
-    "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate", "conformal", "selective", "register", "available_methods", "settings",
+    "wrap", "load", "evaluate", "compare", "Comparison", "evaluate_shift", "ShiftTable", "shift", "calibrate",
+    "conformal", "selective", "register", "available_methods", "settings",
     "detector", "Detector",
     "Prediction", "Report", "UncertainModel", "Method", "Tolerance", "SWAGCollector",
     "Gaussian", "HeteroscedasticGaussian", "RegressionPrediction", "RegressionReport",

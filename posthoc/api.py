@@ -18,18 +18,16 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.chain import CALIBRATE_REGRESSOR, RETIRED_OPTIONS, build_chain, route_options, spec_of
-from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
-from posthoc.core.method import Method
 from posthoc.core.modules import get_submodule, uncompiled
 from posthoc.core.registry import method_class, method_names
 from posthoc.engine.head import output_width
 from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
+from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.loading.models import load_checkpoint
-
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")

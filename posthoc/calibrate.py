@@ -34,9 +34,9 @@ from typing import Any
 
 from posthoc.core import persistence
 from posthoc.core.checks import known_name, known_options, positive_int
-from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.inputs import as_tensor
 from posthoc.core.logits import check_finite_logits, check_not_probabilities
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.methods.calibration import Calibrator, calibrators
 from posthoc.methods.calibration.base import held_out_logits
 from posthoc.methods.calibration.regression_auto import regression_calibrators

@@ -40,10 +40,10 @@ from torch.utils.data import DistributedSampler
 from posthoc.api import load, wrap
 from posthoc.core import distributed
 from posthoc.core.chain import route_options
-from posthoc.errors import ConfigError, InputError, MissingDependencyError, PosteriorFileError
 from posthoc.core.method import chain_of
 from posthoc.core.registry import method_class
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError, InputError, MissingDependencyError, PosteriorFileError
 
 #: how to get what this module needs
 INSTALL_HINT = "pip install 'posthoc[lightning]'  (or: pip install 'lightning>=2,<3')"

@@ -41,10 +41,10 @@ import torch
 from torch import Tensor
 
 import posthoc
-from posthoc.evaluation import plots
 from posthoc.core.inputs import check_labels
-from posthoc.errors import InputError, exit_status
 from posthoc.core.logits import check_finite_logits, class_log_probs
+from posthoc.errors import InputError, exit_status
+from posthoc.evaluation import plots
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.methods.calibration import Calibrator, calibrators
 

@@ -8,9 +8,8 @@ import pytest
 import timm
 import torch
 import torchvision
-from torch import nn
-
 from hypothesis import settings
+from torch import nn
 
 from posthoc.core.threads import single_thread_if
 from posthoc.demo import data, zoo

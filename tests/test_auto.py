@@ -6,13 +6,12 @@ import math
 
 import pytest
 import torch
+from conftest import linear_data_regressor
 from torch import nn
 
-from conftest import linear_data_regressor
-
 import posthoc
-from posthoc.errors import ConfigError, InputError
 from posthoc.demo import zoo
+from posthoc.errors import ConfigError, InputError
 
 
 @pytest.fixture(scope="module")

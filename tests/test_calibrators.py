@@ -12,8 +12,8 @@ import torch
 
 import posthoc
 from posthoc.evaluation import metrics
-from posthoc.methods.calibration.auto import confidently_better, top_label_ece
 from posthoc.methods.calibration import calibrators
+from posthoc.methods.calibration.auto import confidently_better, top_label_ece
 
 MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
 

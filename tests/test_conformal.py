@@ -78,7 +78,7 @@ def test_coverage_holds_with_few_calibration_examples() -> None:
 def test_mondrian_covers_every_class() -> None:
     generator = torch.Generator().manual_seed(7)
     alpha, per_class = 0.2, [[] for _ in range(NUM_CLASSES)]
-    for split in range(150):
+    for _ in range(150):
         probs, labels = synthetic(1500, generator)
         cp = posthoc.conformal(probs[:500], labels[:500], alpha=alpha, mondrian=True)
         assert cp.threshold.shape == (NUM_CLASSES,)

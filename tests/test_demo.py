@@ -6,12 +6,12 @@ import torch
 from PIL import Image
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.cli.main import main
-from posthoc.errors import ConfigError
 from posthoc.core.registry import REGISTRY
+from posthoc.demo import data, zoo
 from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, DemoRow, demo_configs, demo_verdict, render, shift_story
+from posthoc.errors import ConfigError
 from posthoc.shift import EVALUATION_KINDS
 
 

@@ -10,9 +10,9 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.errors import ConfigError, InputError, PosteriorFileError
-from posthoc.demo import data, zoo
+from posthoc.demo import zoo
 from posthoc.engine.ranks_spread import owner
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.methods.ensemble.data_order import reshuffled
 from posthoc.methods.ensemble.method import Ensemble
 from posthoc.methods.ensemble.mixture import mixture

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_recipes import FACTORY_SOURCE, _write_images
 
 import posthoc
 from posthoc.cli.evaluate import add_evaluate_arguments, member_specs, run_evaluate
 from posthoc.demo import data
-from test_recipes import FACTORY_SOURCE, _write_images
 
 
 @pytest.fixture(scope="module")

@@ -19,8 +19,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.core.registry import REGISTRY
+from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.guarantees.selective import RiskNotReachableError
 
 CASES: collections.Counter = collections.Counter()

@@ -18,22 +18,20 @@ from pathlib import Path
 
 import pytest
 import torch
+import transformers
 from PIL import Image
 from torch import nn
 
-import peft
-import transformers
-
 import posthoc  # noqa: E402
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
-from posthoc.errors import ConfigError, InputError  # noqa: E402
-from posthoc.core.inputs import split_batch  # noqa: E402
 import posthoc.loading.hf  # noqa: E402
+from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
+from posthoc.core.inputs import split_batch  # noqa: E402
 from posthoc.demo import data, hf  # noqa: E402
 from posthoc.engine.head import FeatureSplit, find_head  # noqa: E402
+from posthoc.errors import ConfigError, InputError  # noqa: E402
 from posthoc.methods.laplace.curvature import backpack_ggn, lora_parameters  # noqa: E402
-from posthoc.methods.laplace.structure import Curvature  # noqa: E402
 from posthoc.methods.laplace.hooked_kfac import hooked_ggn  # noqa: E402
+from posthoc.methods.laplace.structure import Curvature  # noqa: E402
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, logit_gaussian  # noqa: E402
 
 

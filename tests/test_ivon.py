@@ -14,8 +14,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.errors import ConfigError
 from posthoc.engine.head import FeatureSplit
+from posthoc.errors import ConfigError
 from posthoc.methods.ivon import optimiser
 from posthoc.methods.ivon.scale import SCALES
 

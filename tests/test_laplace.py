@@ -12,10 +12,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.errors import ConfigError, HeadNotFoundError, InputError
-from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
 from posthoc.methods.laplace import subset_glm
+from posthoc.methods.laplace.curvature import LastLayerGGN, augment
+from posthoc.methods.laplace.marglik import log_marginal_likelihood, optimize_prior_precision
 
 D, C = 5, 3
 

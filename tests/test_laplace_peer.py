@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import warnings
 
+import laplace as peer
 import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-
-import laplace as peer
 
 
 @pytest.fixture(scope="module")

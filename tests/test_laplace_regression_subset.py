@@ -8,7 +8,6 @@ network the closed form they must reproduce where the network is linear in the c
 
 from __future__ import annotations
 
-
 import peft
 import pytest
 import torch

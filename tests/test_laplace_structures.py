@@ -7,7 +7,7 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.methods.laplace import LastLayerLaplace, Laplace, SubsetLaplace
+from posthoc.methods.laplace import Laplace, LastLayerLaplace, SubsetLaplace
 from posthoc.methods.laplace.structures import STRUCTURES
 
 OUT, IN, C, N, T, DELTA = 3, 4, 5, 6, 2, 0.7

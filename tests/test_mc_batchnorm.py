@@ -8,11 +8,11 @@ import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
+from torch_uncertainty.post_processing import mc_batch_norm
 
 import posthoc
-from torch_uncertainty.post_processing import mc_batch_norm
-from posthoc.errors import ConfigError
 from posthoc.engine.bn_refresh import per_batch_statistics
+from posthoc.errors import ConfigError
 from posthoc.methods.mc_batchnorm.method import BATCH_SIZES
 
 

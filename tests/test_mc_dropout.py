@@ -8,16 +8,16 @@ import math
 
 import pytest
 import torch
+from conftest import ARCHITECTURES
 from torch import nn
 
 import posthoc
 from posthoc.demo import data, zoo
+from posthoc.engine.head import find_head
+from posthoc.errors import ConfigError
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.method import P_GRID
 from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, own_dropout_sites
-from posthoc.errors import ConfigError
-from posthoc.engine.head import find_head
-from conftest import ARCHITECTURES
 
 
 @pytest.fixture(autouse=True, scope="module")

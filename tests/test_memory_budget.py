@@ -91,7 +91,8 @@ def _predict_peak(um: UncertainModel, budget: int, chunk_size: int | None = None
             pred = um.predict(_x, keep_samples=False, max_memory=budget, chunk_size=chunk_size, num_samples=num_samples)
     finally:
         del um.method.log_predictive
-    outputs = sum(getattr(pred, f.name).untyped_storage().nbytes() for f in dataclasses.fields(pred) if f.name != "samples" and getattr(pred, f.name) is not None)
+    outputs = sum(getattr(pred, f.name).untyped_storage().nbytes() for f in dataclasses.fields(pred)
+                  if f.name != "samples" and getattr(pred, f.name) is not None)
     return measured.peak - outputs, max(rows)
 
 

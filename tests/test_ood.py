@@ -22,16 +22,16 @@ from torch.utils.data import ConcatDataset, DataLoader, TensorDataset
 from torchmetrics.functional.classification import binary_roc
 
 import posthoc
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc import settings
+from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc.core.prediction import Prediction
 from posthoc.demo import data
 from posthoc.engine.head import FeatureSplit
 from posthoc.evaluation import metrics, ood_plots
 from posthoc.ood.base import Outputs
 from posthoc.ood.detector import available_scores
-from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, PredictiveEntropy
 from posthoc.ood.logits import Energy, MaxLogit
-from posthoc.core.prediction import Prediction
+from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, PredictiveEntropy
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ood_dist_worker  # noqa: E402
@@ -248,7 +248,7 @@ def test_bad_names_and_options_fail_with_the_valid_ones(problem):
 
 def test_ood_metrics_equal_sklearn_torchmetrics_and_pytorch_ood_with_ties():
     generator = torch.Generator().manual_seed(0)
-    for trial in range(20):
+    for _ in range(20):
         inside = torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator).round(decimals=1)
         outside = (torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator) + 1).round(decimals=1)
         scores = torch.cat([inside, outside])
@@ -352,7 +352,7 @@ def test_two_ranks_with_uneven_shards_fit_the_statistics_of_their_union(tmp_path
 # ------------------------------------------------------------------------------------------------ CLI
 
 
-def test_evaluate_cli_reports_ood_scores_of_the_plain_model_next_to_each_methods_entropy(image_folders, tmp_path):
+def test_evaluate_cli_reports_ood_scores_of_the_plain_model_next_to_each_methods_entropy(image_folders, tmp_path):  # noqa: F811
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"

@@ -16,10 +16,10 @@ import torch
 from PIL import Image
 
 import posthoc
-from posthoc.demo import data, zoo
-from posthoc.core.registry import REGISTRY
-from posthoc.loading import folders
 from posthoc.cli.evaluate import add_evaluate_arguments, route_options, run_evaluate
+from posthoc.core.registry import REGISTRY
+from posthoc.demo import data, zoo
+from posthoc.loading import folders
 from posthoc.loading.models import build_model, load_checkpoint, parse_model_spec
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"

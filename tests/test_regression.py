@@ -17,10 +17,10 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.errors import ConfigError, NotFittedError, PosteriorFileError
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.errors import ConfigError, NotFittedError, PosteriorFileError
 
 
 def _trained_mlp(outputs: int = 1, seed: int = 0) -> tuple[nn.Module, DataLoader, torch.Tensor]:

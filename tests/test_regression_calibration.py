@@ -16,8 +16,8 @@ import scipy.stats
 import torch
 
 import posthoc
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation.regression_metrics import calibration_error, components
 from posthoc.methods.calibration.regression_auto import quantile_crps
 from posthoc.methods.calibration.regression_base import as_prediction

@@ -13,10 +13,9 @@ import warnings
 
 import pytest
 import torch
+from conftest import linear_data_regressor
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-
-from conftest import linear_data_regressor
 
 import posthoc
 from posthoc.core.likelihood import Gaussian, best_noise_nll

@@ -8,9 +8,9 @@ import math
 import numpy as np
 import pytest
 import torch
+from test_regression import _trained_mlp
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from test_regression import _trained_mlp
 
 import posthoc
 from posthoc.errors import ConfigError, InputError

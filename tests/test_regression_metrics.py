@@ -15,8 +15,8 @@ import torch
 import uncertainty_toolbox as uct
 from scipy import integrate, optimize, stats
 
-from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture, sample_crps
+from posthoc.errors import InputError
 from posthoc.evaluation import regression_metrics as rm
 
 

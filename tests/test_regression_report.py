@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 from test_regression import _trained_mlp
+from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.errors import ConfigError

@@ -8,11 +8,10 @@ import re
 from pathlib import Path
 
 import pytest
+from test_recipes import FACTORY_SOURCE, _write_images
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.demo import data
-from test_recipes import FACTORY_SOURCE, _write_images
-
 
 #: the folders of the run: name -> (digits split, images per class, how they are written)
 LAYOUT = {"train": ("fit", 12, {}), "calibration": ("calibration", 12, {}), "val": ("test", 10, {}),

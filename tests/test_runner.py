@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.errors import ConfigError
 from posthoc.core.threads import single_thread_if
 from posthoc.engine.runner import RunOptions, accumulate, split_run_options, sum_over_ranks
+from posthoc.errors import ConfigError
 
 
 def test_the_budget_scope_plans_chunks_and_ends_with_its_block() -> None:

@@ -10,11 +10,20 @@ import torch
 from scipy import stats
 
 import posthoc
-from posthoc.errors import ConfigError
 from posthoc.core.likelihood import Categorical
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import (CONFIDENCE, Layout, Rows, Scores, Tolerance, cross_fitted, excess_bound,
-                                      out_of_fold, select)
+from posthoc.engine.selection import (
+    CONFIDENCE,
+    Layout,
+    Rows,
+    Scores,
+    Tolerance,
+    cross_fitted,
+    excess_bound,
+    out_of_fold,
+    select,
+)
+from posthoc.errors import ConfigError
 
 
 def _scores(excess: float, shifted: float | None = None, n: int = 400, noise: float = 0.01, seed: int = 0) -> Scores:

@@ -10,8 +10,8 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.errors import ConfigError
 from posthoc.engine.weight_samples import head_rows
+from posthoc.errors import ConfigError
 from posthoc.methods.sgld.langevin import Langevin, adds_noise, kept_steps, step_size
 
 
@@ -120,7 +120,8 @@ def test_sgld_head_samples_move_around_the_checkpoint_and_are_reproducible(digit
 def test_sgld_keeps_the_all_weight_states_within_max_memory(digits_model: nn.Module, small: dict) -> None:
     row = 4 * (sum(p.numel() for p in digits_model.parameters()) + 2 * (16 + 32))
     with pytest.warns(RuntimeWarning, match="keeping 3"):
-        um = posthoc.wrap(digits_model, method="sgld", layers="all", num_samples=10, max_memory=3 * row + 10).fit(small["fit"], progress=False, epochs=2)
+        um = posthoc.wrap(digits_model, method="sgld", layers="all", num_samples=10, max_memory=3 * row + 10)
+        um.fit(small["fit"], progress=False, epochs=2)
     assert um.method.samples.shape == (3, row // 4)
     with pytest.raises(ConfigError, match="num_samples <= 3"):
         um.predict(small["x"][:4], num_samples=4)

@@ -6,8 +6,9 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.errors import ConfigError, InputError
 from posthoc.engine import held_out, perturb
+from posthoc.errors import ConfigError, InputError
+
 
 def _records(model, small, shift):
     fit = lambda method: posthoc.wrap(model, method=method).fit(small["fit"], small["val"], progress=False, shift=shift)

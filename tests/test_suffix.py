@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
+from posthoc.engine.suffix import SuffixRunner, expanded_forward
+from posthoc.errors import ConfigError
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.sites import DropoutSite, sampling
-from posthoc.errors import ConfigError
 from posthoc.methods.swag.sampled_linears import sampled_linears
-from posthoc.engine.suffix import SuffixRunner, expanded_forward
 
 
 def _mlp() -> nn.Module:

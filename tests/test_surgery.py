@@ -2,9 +2,9 @@ import pytest
 import torch
 from torch import nn
 
-from posthoc.errors import HeadNotFoundError
-from posthoc.engine.head import FeatureSplit, find_head
 from posthoc.core.modules import eval_mode
+from posthoc.engine.head import FeatureSplit, find_head
+from posthoc.errors import HeadNotFoundError
 
 
 def test_split_reproduces_logits_exactly(architecture):

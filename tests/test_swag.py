@@ -12,13 +12,13 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.engine import bn_refresh
-from posthoc.methods.swag.schedule import FLAT_LOSS_LR, relative_lr
-from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.demo import data, zoo
+from posthoc.engine import bn_refresh
+from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.methods.swag import schedule, subset
 from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.methods.swag.last_layer import LastLayerSWAG
+from posthoc.methods.swag.schedule import FLAT_LOSS_LR, relative_lr
 from posthoc.methods.swag.subset import Placement, SubsetSWAG
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.evaluation import metrics
 from posthoc.errors import InputError
+from posthoc.evaluation import metrics
 from posthoc.methods.calibration.temperature import MAX_TEMPERATURE, fit_temperature, tempered_log_probs
 
 

@@ -64,24 +64,34 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.loading import folders
-from posthoc.evaluation import plots
 from posthoc.cli.flags import check_numbers
+from posthoc.cli.guarantees import (
+    CalibratorResult,
+    add_guarantee_arguments,
+    calibrator_markdown,
+    fit_calibrator,
+    fit_guarantees,
+)
 from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
-from posthoc.cli.guarantees import CalibratorResult, add_guarantee_arguments, calibrator_markdown, fit_calibrator, fit_guarantees
+from posthoc.cli.shift import (
+    ShiftAction,
+    add_shift_arguments,
+    corruption_lines,
+    corruption_table,
+    transform_normalization,
+)
 from posthoc.core.checks import probability
 from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
 from posthoc.errors import ConfigError, exit_status
-from posthoc.loading import hf
-from posthoc.loading.models import build_model, load_checkpoint
+from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.comparison import candidate, predict_cost
 from posthoc.evaluation.report import Report, markdown_table, operating_points
+from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import BEST_CAPTION
 from posthoc.evaluation.verdict import SELECTION_FRONTIER_FILE, Verdict, judge, selection_section, verdict_section
-from posthoc.cli.shift import ShiftAction, add_shift_arguments, corruption_lines, corruption_table, transform_normalization
-from posthoc.evaluation import html_page
-from posthoc.evaluation.shift import ShiftTable
+from posthoc.loading import folders, hf
+from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.shift import KINDS
 
 BASELINE = "none"

@@ -31,8 +31,8 @@ import torch
 from torch import Tensor, nn
 
 import posthoc
-from posthoc.errors import PosthocError
 from posthoc.core.inputs import check_labels, iterate, run_model
+from posthoc.errors import PosthocError
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.guarantees import ConformalPredictor, RiskNotReachableError, SelectivePredictor
 from posthoc.guarantees.scores import SCORES

@@ -54,12 +54,20 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
-from posthoc.cli.evaluate import AUTO_HINT, method_rows, parse_option, probe_batch, route_options, run_device, run_settings
+from posthoc.cli.evaluate import (
+    AUTO_HINT,
+    method_rows,
+    parse_option,
+    probe_batch,
+    route_options,
+    run_device,
+    run_settings,
+)
 from posthoc.cli.flags import check_numbers
 from posthoc.errors import ConfigError
 from posthoc.evaluation import html_page, regression_plots
-from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
+from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section

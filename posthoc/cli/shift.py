@@ -34,7 +34,7 @@ class ShiftAction(argparse.Action):
         names = [name.strip() for name in str(values).split(",") if name.strip()]
         if names and all(name in KINDS for name in names) and not Path(values).is_dir():
             corruptions = list(getattr(namespace, "corruptions", None) or [])
-            setattr(namespace, "corruptions", corruptions + [n for n in names if n not in corruptions])
+            namespace.corruptions = corruptions + [n for n in names if n not in corruptions]
             return
         setattr(namespace, self.dest, [*(getattr(namespace, self.dest, None) or []), Path(values)])
 

@@ -19,11 +19,11 @@ from typing import Any
 from torch import nn
 
 from posthoc.core import persistence
-from posthoc.errors import ConfigError
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.method import Method
 from posthoc.core.modules import uncompiled
 from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
+from posthoc.errors import ConfigError
 
 #: how to calibrate a regressor's predictive, which ``wrap`` does not stack a calibrator on (yet)
 CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "

@@ -24,7 +24,6 @@ from torch.utils.data import DistributedSampler
 
 from posthoc.errors import InputError
 
-
 #: how many :func:`local_only` blocks are open (inside one, this process works as if alone)
 _local_depth = 0
 

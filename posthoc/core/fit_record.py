@@ -19,8 +19,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
-from posthoc.errors import InputError
 from posthoc.core.inputs import batch_size, split_batch
+from posthoc.errors import InputError
 
 
 @dataclass(frozen=True)

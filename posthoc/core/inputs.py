@@ -28,9 +28,9 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core import distributed
-from posthoc.errors import InputError, NumericalError
 from posthoc.core.logits import logits_of
 from posthoc.core.progress import progress_bar
+from posthoc.errors import InputError, NumericalError
 
 Inputs = Tensor | Mapping[str, Tensor]
 #: the key under which a mapping batch (Hugging Face collator style) carries its labels

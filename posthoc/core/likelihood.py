@@ -33,12 +33,12 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import known_options
-from posthoc.errors import ConfigError, InputError, NotFittedError
 from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
+from posthoc.errors import ConfigError, InputError, NotFittedError
 
 #: how a fitted noise was chosen (the ``noise_source`` buffer holds the index)
 NOISE_SOURCES = ("fixed", "held-out", "training", "marglik")

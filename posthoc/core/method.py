@@ -22,11 +22,11 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError, NotFittedError
 from posthoc.core.inputs import Inputs
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.errors import ConfigError, NotFittedError
 
 LogPredictive = tuple[Tensor, Tensor | None]
 #: keyword arguments of ``fit`` that ``UncertainModel.fit`` passes itself (not user fit options)

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.errors import InputError
 from posthoc.core.inputs import real_values
+from posthoc.errors import InputError
 
 #: bisection steps of a mixture quantile: the bracket shrinks by 2^-64, below float64 resolution
 BISECTION_STEPS = 64

@@ -34,8 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.errors import PosteriorFileError
 from posthoc.core.paths import as_path, in_folder, reason
+from posthoc.errors import PosteriorFileError
 
 #: format 2 is format 1 plus the ``checksum`` entry (format-1 files, which have none, still load)
 FORMAT_VERSION = 2

@@ -58,7 +58,7 @@ class Prediction:
     sets: Tensor | None = None
 
     @classmethod
-    def from_probs(cls, probs: Tensor, samples: Tensor | None = None) -> "Prediction":
+    def from_probs(cls, probs: Tensor, samples: Tensor | None = None) -> Prediction:
         """Build a prediction from probabilities ``(N, C)`` and optional samples ``(S, N, C)``.
 
         Example:
@@ -76,13 +76,13 @@ class Prediction:
         return cls(probs, samples, total, aleatoric, epistemic, confidence, label)
 
     @classmethod
-    def from_log_probs(cls, log_probs: Tensor, sample_log_probs: Tensor | None = None) -> "Prediction":
+    def from_log_probs(cls, log_probs: Tensor, sample_log_probs: Tensor | None = None) -> Prediction:
         """Build a prediction from log-probabilities; samples, if given, are ``(S, N, C)``."""
         samples = None if sample_log_probs is None else sample_log_probs.exp()
         return cls.from_probs(log_probs.exp(), samples)
 
     @classmethod
-    def empty_like(cls, part: "Prediction", total: int, keep_samples: bool) -> "Prediction":
+    def empty_like(cls, part: Prediction, total: int, keep_samples: bool) -> Prediction:
         """Uninitialised outputs for ``total`` examples, shaped like chunk ``part``; fill with :meth:`write`."""
 
         def grow(tensor: Tensor, dim: int = 0) -> Tensor:
@@ -93,7 +93,7 @@ class Prediction:
         samples = grow(part.samples, 1) if keep_samples and part.samples is not None else None
         return cls(grow(part.probs), samples, *(grow(getattr(part, name)) for name in _PER_EXAMPLE[1:]))
 
-    def write(self, start: int, part: "Prediction") -> None:
+    def write(self, start: int, part: Prediction) -> None:
         """Copy chunk ``part`` into examples ``start:start + len(part)`` of these outputs."""
         stop = start + len(part)
         for name in _PER_EXAMPLE:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from posthoc.errors import ConfigError
 from posthoc.core.method import Method
+from posthoc.errors import ConfigError
 
 REGISTRY: dict[str, type[Method]] = {}
 

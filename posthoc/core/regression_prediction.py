@@ -29,9 +29,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.recalibration import MonotoneMap
+from posthoc.errors import InputError
 
 
 @dataclass(frozen=True)

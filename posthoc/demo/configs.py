@@ -1,7 +1,8 @@
 """The demo's rows: which configurations of which registered methods ``posthoc demo`` fits and compares.
 
 One table keyed by method name, in the order the rows appear (the plain model, ``auto`` (the method the
-selection step picks on held-out data, which the demo's verdict recommends) and temperature scaling first). Each entry is ``(label, options)``; the options may mix wrap and fit options,
+selection step picks on held-out data, which the demo's verdict recommends) and temperature scaling first). Each
+entry is ``(label, options)``; the options may mix wrap and fit options,
 and a stacking method may name the methods it stacks on with ``"on"`` (e.g.
 ``("Laplace + DAC", {"on": ["laplace"]})``, the inner methods with their defaults).
 

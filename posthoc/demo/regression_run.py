@@ -25,8 +25,8 @@ from typing import Any
 import torch
 
 from posthoc.api import wrap
-from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.demo.regression import RegressionData, auto_mpg, sinusoid, train_mlp
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import regression_metrics as rm
 from posthoc.evaluation import regression_plots
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift

@@ -38,23 +38,23 @@ from typing import Any
 
 import torch
 
-from posthoc.demo import data, zoo
-from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
-from posthoc.evaluation.ood_plots import ood_histograms
-from posthoc.errors import ConfigError
-from posthoc.core.registry import method_class
-from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.api import wrap_spec
-from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.core.registry import method_class
+from posthoc.demo import data, zoo
+from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.engine.predictions import collect
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError
+from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.comparison import candidate
+from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
+from posthoc.ood.detector import available_scores, detector
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
-from posthoc.ood.detector import available_scores, detector
 
 SHIFT_KINDS = EVALUATION_KINDS
 SEVERITIES = (1, 3, 5)

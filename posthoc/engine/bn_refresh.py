@@ -28,10 +28,10 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core import distributed
-from posthoc.errors import InputError
 from posthoc.core.inputs import Inputs, run_model, run_model_with
 from posthoc.core.modules import eval_mode
 from posthoc.engine.hooks import hooked
+from posthoc.errors import InputError
 
 
 def batchnorm_layers(model: nn.Module, names: Iterable[str] | None = None) -> dict[str, _BatchNorm]:

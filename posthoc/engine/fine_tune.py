@@ -34,10 +34,10 @@ from typing import Any, TypeVar
 
 from torch import Tensor
 
-from posthoc.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.progress import progress_bar
 from posthoc.engine.runner import average_gradients
+from posthoc.errors import NumericalError
 
 Batch = TypeVar("Batch")
 

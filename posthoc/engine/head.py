@@ -22,10 +22,10 @@ from __future__ import annotations
 
 from torch import Tensor, nn
 
-from posthoc.errors import HeadNotFoundError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import eval_mode, get_submodule, module_name
 from posthoc.engine.hooks import called_in_order, hooked
+from posthoc.errors import HeadNotFoundError
 
 TORCHVISION_HEADS = ("fc", "classifier", "heads.head", "head")
 #: Hugging Face classification heads: BERT/ViT ``classifier``, RoBERTa-style ``classifier.out_proj``

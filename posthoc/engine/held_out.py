@@ -28,16 +28,24 @@ from torch import Tensor, nn
 
 from posthoc.core import distributed
 from posthoc.core.checks import check_shift
-from posthoc.errors import InputError
 from posthoc.core.fit_record import CountingLoader, reads_once
-from posthoc.core.modules import eval_mode
-from posthoc.core.inputs import (Inputs, batch_size, check_finite_result, check_labels, iterate, run_model,
-                                 slice_inputs, split_batch)
+from posthoc.core.inputs import (
+    Inputs,
+    batch_size,
+    check_finite_result,
+    check_labels,
+    iterate,
+    run_model,
+    slice_inputs,
+    split_batch,
+)
 from posthoc.core.likelihood import best_noise_nlls, model_outputs
 from posthoc.core.logits import class_log_probs
+from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named, user_perturbation
 from posthoc.engine.selection import Candidate, Layout, Rows, Scores, Selection, Tolerance, select
+from posthoc.errors import InputError
 
 #: how far towards chance each graded strength takes the model's held-out accuracy
 STRENGTHS = (0.25, 0.5, 0.75)

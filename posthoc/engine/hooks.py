@@ -24,8 +24,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, run_model
+from posthoc.errors import ConfigError
 
 Hook = tuple[nn.Module, str, Callable[..., Any]]
 

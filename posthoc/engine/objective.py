@@ -27,7 +27,6 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
 
 import torch
 import torch.nn.functional as F

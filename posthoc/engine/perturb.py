@@ -35,8 +35,8 @@ import torch
 import torchvision.transforms.v2.functional as TF
 from torch import Tensor
 
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs
+from posthoc.errors import ConfigError, InputError
 
 #: ``perturbation(x, parameter, generator) -> x'``
 Perturbation = Callable[[Inputs, float, torch.Generator], Inputs]

@@ -36,7 +36,6 @@ from torch import Tensor, nn
 
 from posthoc import settings
 from posthoc.core import distributed
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.core.logits import as_class_logits
@@ -45,6 +44,7 @@ from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.objective import predicts_classes, training_loss
 from posthoc.engine.runner import examples_over_ranks, steps_on_every_rank, sum_over_ranks
+from posthoc.errors import ConfigError
 
 LAYERS = ("head", "all")
 

@@ -21,8 +21,8 @@ import torch.distributed as dist
 from torch.utils.data import DistributedSampler
 
 from posthoc.core import distributed
-from posthoc.errors import InputError
 from posthoc.core.method import Method
+from posthoc.errors import InputError
 
 
 def owner(index: int, world: int) -> int:

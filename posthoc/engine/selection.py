@@ -350,7 +350,8 @@ class Record:
     """One candidate of a selection: what it costs in distribution, what it buys on perturbed copies, and the verdict.
 
     ``excess`` and ``bound`` are in nats per clean example (mean, and the upper end of the one-sided bound of the
-    excess on new data of the same size, :func:`excess_bound`; ``excess_se`` the standard error of the mean); ``shifted_nll`` / ``shifted_ece`` are on the fit-time perturbed copies
+    excess on new data of the same size, :func:`excess_bound`; ``excess_se`` the standard error of the mean);
+    ``shifted_nll`` / ``shifted_ece`` are on the fit-time perturbed copies
     (``None`` without them; ``shifted_nll_se`` the standard error of that mean); ``seconds``
     is what fitting and scoring the candidate took; ``reason`` says why it was not admissible or not tried.
     """

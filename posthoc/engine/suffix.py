@@ -43,9 +43,9 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import chunks, rows_per_chunk
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.engine.hooks import hooked
+from posthoc.errors import ConfigError, InputError
 
 Stochastic = Callable[[], AbstractContextManager]
 

@@ -35,20 +35,19 @@ from posthoc.core import persistence
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.core.exporters import exporter
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
-from posthoc.core.exporters import exporter
+from posthoc.core.likelihood import Likelihood
 from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
-from posthoc.core.likelihood import Likelihood
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction, concat
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance
-
+from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
@@ -113,7 +112,7 @@ class UncertainModel(nn.Module):
         return self.method.device
 
     def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto", tolerance: Tolerance | float | None = None, **fit_options: Any) -> "UncertainModel":
+            shift: Any = "auto", tolerance: Tolerance | float | None = None, **fit_options: Any) -> UncertainModel:
         """Fit every method (inner first), make their held-out choices, and return ``self``.
 
         ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
@@ -196,7 +195,7 @@ class UncertainModel(nn.Module):
                             device=self.device, progress=progress, from_training_data=True)
 
     def choose(self, val_loader: Iterable | HeldOut, *, train_loader: Iterable | None = None, shift: Any = "auto",
-               tolerance: Tolerance | float | None = None, progress: bool = True) -> "UncertainModel":
+               tolerance: Tolerance | float | None = None, progress: bool = True) -> UncertainModel:
         """Make every held-out choice again on ``val_loader``, keeping what :meth:`fit` learnt from the training data.
 
         The curvature, the fine-tuned weights and the feature banks stay; the prior precision, the rate, the

@@ -35,9 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError
 from posthoc.engine.hooks import hooked
 from posthoc.engine.random_draws import randn
+from posthoc.errors import ConfigError
 
 #: the layer types whose weights can be variational
 SUPPORTED = (nn.Linear, nn.Conv2d)

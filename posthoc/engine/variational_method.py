@@ -31,7 +31,6 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import integer, non_negative, positive_int
 from posthoc.core.chunks import chunks
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -50,6 +49,7 @@ from posthoc.engine.variational_layers import (
     sample_output,
     select_layers,
 )
+from posthoc.errors import ConfigError
 
 
 @dataclass(frozen=True)

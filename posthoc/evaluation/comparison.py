@@ -22,10 +22,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import metrics, regression_metrics, verdict
 from posthoc.evaluation.regression_report import RegressionReport
 

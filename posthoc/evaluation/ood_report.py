@@ -16,9 +16,9 @@ from collections.abc import Iterable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError
 from posthoc.core.prediction import Prediction
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError
 from posthoc.ood.detector import SCORES, Detector, detector
 
 #: scores read from the evaluated method's own predictive rather than from a detector

@@ -33,9 +33,9 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer_at_least, one_of, probability
-from posthoc.errors import InputError
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.errors import InputError
 
 #: the interval levels the reports show
 LEVELS = (0.5, 0.9, 0.95)

@@ -25,9 +25,9 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from posthoc.errors import ConfigError
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError
 from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots
 from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components

@@ -37,15 +37,15 @@ from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.checks import integer
-from posthoc.errors import ConfigError
 from posthoc.core.prediction import Prediction
+from posthoc.engine.predictions import predict_loader
+from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
+from posthoc.errors import ConfigError
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
 from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, shared_level
 from posthoc.evaluation.table import cell as _cell
-from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
-from posthoc.engine.predictions import predict_loader
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
 from posthoc.guarantees.regression_conformal import ConformalRegressor, is_regression
@@ -117,7 +117,7 @@ class Report:
                          ood_entropy: Tensor | None = None, epistemic: Tensor | None = None,
                          ood_epistemic: Tensor | None = None, *, sets: Tensor | None = None, alpha: float | None = None,
                          accepted: Tensor | None = None, target_risk: float | None = None,
-                         ood_values: dict[str, tuple[Tensor, Tensor]] | None = None) -> "Report":
+                         ood_values: dict[str, tuple[Tensor, Tensor]] | None = None) -> Report:
         """Compute every metric from collected probabilities (and OOD scores, conformal ``sets`` at
         ``alpha``, the ``accepted`` mask of a selective rule at ``target_risk``, and per OOD score its
         ``(test, OOD)`` values, if given)."""

@@ -34,12 +34,12 @@ import torch
 from matplotlib.figure import Figure
 
 from posthoc.core.checks import integer
-from posthoc.errors import ConfigError, InputError
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, plots
+from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
-from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best
 from posthoc.guarantees.regression_conformal import is_regression
@@ -81,7 +81,7 @@ class ShiftTable:
     metrics: tuple[str, ...] = METRICS
 
     @classmethod
-    def merge(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
+    def merge(cls, tables: Sequence[ShiftTable]) -> ShiftTable:
         """One table of the methods of several tables with the same kinds and severities (e.g. one per demo row)."""
         first = _first_table(tables, "merge")
         if any((t.kinds, t.severities, t.ci, t.metrics) != (first.kinds, first.severities, first.ci, first.metrics)
@@ -93,7 +93,7 @@ class ShiftTable:
                    {k: v for t in tables for k, v in t.reports.items()}, first.metrics)
 
     @classmethod
-    def join(cls, tables: Sequence["ShiftTable"]) -> "ShiftTable":
+    def join(cls, tables: Sequence[ShiftTable]) -> ShiftTable:
         """One table of the same methods and kinds at the severities of all ``tables`` together (e.g. severities
         1, 3, 5 from one run and 2, 4 from another); the clean cell is the first table's; no intervals (the
         tables' bootstrap resamples differ).

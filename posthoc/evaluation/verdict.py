@@ -41,9 +41,9 @@ from typing import Any
 import numpy as np
 from torch import Tensor
 
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.model_card import selection_table
 from posthoc.engine.selection import CONFIDENCE, Tolerance
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, metrics, plots
 from posthoc.evaluation.plots import FrontierPoint
 

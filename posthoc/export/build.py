@@ -24,10 +24,10 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ExportError, HeadNotFoundError, NotFittedError
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method, chain_of
 from posthoc.engine.head import FeatureSplit
+from posthoc.errors import ExportError, HeadNotFoundError, NotFittedError
 from posthoc.export import modules as plain
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 

@@ -28,10 +28,10 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError, InputError
+from posthoc.core.checks import integer, probability
 from posthoc.core.inputs import Inputs
 from posthoc.core.prediction import Prediction
-from posthoc.core.checks import integer, probability
+from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
 from posthoc.guarantees.regression_conformal import ConformalRegressor, conformal_regression, is_regression
 from posthoc.guarantees.scores import ConformityScore

@@ -28,13 +28,13 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import known_name, probability
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import looks_like_loader
 from posthoc.core.likelihood import real_targets
 from posthoc.core.prediction import Prediction
-from posthoc.engine.predictions import predict_regression_loader
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 
 #: the scores of a regression conformal predictor, the default first

@@ -26,9 +26,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError
-from posthoc.core.prediction import Prediction
 from posthoc.core.checks import integer, known_name, probability
+from posthoc.core.prediction import Prediction
+from posthoc.errors import ConfigError
 from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.guarantees.sources import Predictive, calibration_predictions

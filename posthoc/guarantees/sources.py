@@ -29,12 +29,12 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import one_of
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import as_tensor, check_labels, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
-from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.predictions import predict_loader
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError, InputError
 
 INPUT_KINDS = ("auto", "probs", "logits")
 

@@ -37,7 +37,6 @@ from torch.utils.data import DataLoader, Dataset
 from posthoc.errors import ConfigError, InputError
 from posthoc.loading.folders import take_subset
 
-
 #: the ``--model`` prefix of a Hugging Face model
 PREFIX = "hf:"
 MISSING = "Hugging Face models need the optional extra: pip install 'posthoc[hf]' (transformers and peft)"

@@ -47,7 +47,7 @@ class Table:
     def __len__(self) -> int:
         return len(self.x)
 
-    def rows(self, index: Tensor) -> "Table":
+    def rows(self, index: Tensor) -> Table:
         """The table of the rows ``index`` (e.g. one part of a split)."""
         return Table(self.path, self.x[index], self.y[index], self.features, self.targets)
 

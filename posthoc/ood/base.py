@@ -22,8 +22,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import NotFittedError, NumericalError
 from posthoc.core.prediction import Prediction
+from posthoc.errors import NotFittedError, NumericalError
 
 
 @dataclass(frozen=True)

@@ -28,12 +28,12 @@ from posthoc import settings
 from posthoc.core import distributed
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
-from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.head import FeatureSplit
+from posthoc.engine.uncertain_model import UncertainModel
+from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.ood.base import Outputs, Score
 from posthoc.ood.knn import KNN
 from posthoc.ood.logits import Energy, MaxLogit
@@ -138,7 +138,7 @@ class Detector:
         return chosen
 
     @torch.no_grad()
-    def fit(self, train_loader: Iterable, *, progress: bool = True) -> "Detector":
+    def fit(self, train_loader: Iterable, *, progress: bool = True) -> Detector:
         """Collect the training statistics of the scores that need them (a no-op for the others); returns ``self``.
 
         Streams ``train_loader`` once (``"vim"`` takes a second pass when the training features exceed its

@@ -27,8 +27,8 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
-from posthoc.errors import InputError
 from posthoc.engine.feature_bank import kth_distance, normalised
+from posthoc.errors import InputError
 from posthoc.ood.base import Outputs, Score
 
 

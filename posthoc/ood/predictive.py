@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from posthoc.core.checks import positive_int
-from posthoc.core.checks import positive_number
+from posthoc.core.checks import positive_int, positive_number
 from posthoc.ood.base import Outputs, Score
 
 PREDICTION = frozenset({"prediction"})

@@ -31,8 +31,8 @@ from torch import Tensor
 
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import integer
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import batch_size, check_batch, check_label_count, check_loader
+from posthoc.errors import ConfigError, InputError
 from posthoc.shift.kinds import CORRUPTIONS, KINDS
 
 Normalization = tuple[Sequence[float] | float, Sequence[float] | float]

@@ -3,7 +3,8 @@
 ``posthoc.wrap(model, method="auto").fit(train_loader, val_loader)`` fits every candidate (by default the cheap
 ones, :func:`default_candidates`), makes each one's own held-out choices, and keeps the one the selection step
 (:mod:`posthoc.engine.selection`) picks: among the candidates whose held-out NLL excess over the plain model is,
-at 95 % confidence (on new data of the held-out set's size), within the tolerance (``fit(..., tolerance=...)``), the one of lowest NLL on the perturbed
+at 95 % confidence (on new data of the held-out set's size), within the tolerance (``fit(..., tolerance=...)``), the
+one of lowest NLL on the perturbed
 copies of the validation batches (the fit-time kinds, never the evaluation kinds). The plain model (``"none"``)
 is always a candidate and always admissible, so ``auto`` is never worse in distribution than the tolerance
 allows; without perturbed copies (``shift=None``) the lowest clean NLL wins.
@@ -44,7 +45,6 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chain import base_method, route_options, spec_of, stack_on
-from posthoc.errors import ConfigError, InputError, PosthocError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
@@ -55,6 +55,7 @@ from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Scores, out_of_fold
+from posthoc.errors import ConfigError, InputError, PosthocError
 
 #: the default candidates of a classifier, most conservative first (MC dropout only on a model with dropout)
 CLASSIFICATION_CANDIDATES: tuple[tuple[str, ...], ...] = (

@@ -39,8 +39,8 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer_at_least, positive_int
-from posthoc.errors import ConfigError
 from posthoc.core.registry import register
+from posthoc.errors import ConfigError
 from posthoc.methods.calibration.base import ERRORS_WANTED, Calibrator, predictive
 from posthoc.methods.calibration.method import CalibrationMethod, calibrators
 

@@ -33,11 +33,11 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.exporters import exporter
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import as_tensor, check_labels
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.engine.runner import small_fit
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.calibration.options import CalibratorOptions
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it

@@ -39,16 +39,16 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from posthoc.errors import InputError
+from posthoc.core.checks import unit_interval
 from posthoc.core.inputs import Inputs, check_finite_result, check_labels
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import REGISTRY, register
-from posthoc.core.checks import unit_interval
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Rows, Scores
+from posthoc.errors import InputError
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling

@@ -15,8 +15,8 @@ from typing import Any, ClassVar
 from torch import Tensor
 
 from posthoc.core import persistence
-from posthoc.errors import PosteriorFileError
 from posthoc.core.method import keyword_defaults, load_tensors
+from posthoc.errors import PosteriorFileError
 
 #: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)
 FILE_KIND = persistence.CALIBRATOR_CLASS

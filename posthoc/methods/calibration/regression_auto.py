@@ -29,8 +29,8 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer_at_least
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.calibration.auto import confidently_better, simplest_within_noise
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.regression_base import RegressionCalibrator

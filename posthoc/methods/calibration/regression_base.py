@@ -25,10 +25,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import InputError
+from posthoc.core.inputs import as_tensor
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.core.inputs import as_tensor
+from posthoc.errors import InputError
 from posthoc.methods.calibration.options import CalibratorOptions
 
 #: what a regression calibrator's saved spec records, beside its name and options

@@ -11,7 +11,8 @@ are found, the largest block with children is opened. So a torchvision ResNet gi
 stages) and ``classifier.4``'s input; a ViT its last encoder blocks.
 
 Features are pooled to ``(N, D)``: a 4-D activation ``(N, C, H, W)`` by its spatial mean (``(N, H, W, C)``
-when its two middle sizes agree and the last differs), a 3-D one ``(N, T, D)`` by its token mean; a module returning a tuple or a Hugging Face output is read
+when its two middle sizes agree and the last differs), a 3-D one ``(N, T, D)`` by its token mean; a module returning
+a tuple or a Hugging Face output is read
 through its first tensor (``last_hidden_state``). :class:`Capture` records each site's features
 from the first forward call that reaches it, so they come from the same forward pass as the
 inner method's prediction (a sampler's deterministic prefix runs once; rows of an expanded batch
@@ -33,11 +34,11 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
+from posthoc.errors import ConfigError, HeadNotFoundError
 
 #: parameter-free blocks that only reshape or pass on their input: a stage ends before them
 RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
@@ -56,7 +57,7 @@ class Site:
         return self.name if self.at == "output" else f"{self.name}:{self.at}"
 
     @classmethod
-    def parse(cls, text: str) -> "Site":
+    def parse(cls, text: str) -> Site:
         name, _, at = text.partition(":")
         return cls(name, at or "output")
 

@@ -23,7 +23,8 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
   every example closer to the training features than the ``anchor`` quantile of the clean held-out
   examples at every layer, and grows with the distance beyond it (:mod:`posthoc.methods.dac.temperature`).
 - **Fit**: a held-out choice of the selection step (:mod:`posthoc.engine.selection`). For every
-  ``anchor`` (0.8, 0.9, 0.95 by default), with ``T0 = 1``, the weights ``w`` minimise the clean NLL plus ``strength`` (1) times the NLL of the perturbed
+  ``anchor`` (0.8, 0.9, 0.95 by default), with ``T0 = 1``, the weights ``w`` minimise the clean NLL plus ``strength``
+  (1) times the NLL of the perturbed
   copies of the validation batches (``shift="auto"``, the default of ``um.fit``;
   :func:`posthoc.engine.held_out.shifted_held_out`); the candidates are those weights shrunk by
   ``1/32 .. 1`` (``shrink``), beside the inner predictive as it is and ``T0`` alone (the clean
@@ -56,7 +57,6 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
-from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
@@ -67,6 +67,7 @@ from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import examples_over_ranks, gather_rows
 from posthoc.engine.selection import Rows, Scores
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
 from posthoc.methods.dac.temperature import Cached, Fitted, excess, fit, standardisation, temperatures, tempered
 

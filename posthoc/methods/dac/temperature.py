@@ -14,7 +14,8 @@ distance is worth.
 
 :func:`fit` works on cached held-out predictions. ``T0`` is the maximum-likelihood temperature of
 the clean validation batches (the inner predictive temperature-scaled; in distribution DAC is
-exactly that), or 1 (the inner predictive untouched in distribution). The weights ``w`` then minimise ``NLL_clean(w) + strength · NLL_perturbed(w)``, the
+exactly that), or 1 (the inner predictive untouched in distribution). The weights ``w`` then minimise ``NLL_clean(w)
++ strength · NLL_perturbed(w)``, the
 mean NLLs over the clean batches and over their perturbed copies
 (:func:`posthoc.engine.held_out.shifted_held_out`): the larger ``strength``, the more the weights
 follow the perturbed copies at the expense of the clean examples. How much that may cost in

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.engine.head import find_head
+from posthoc.errors import ConfigError, HeadNotFoundError
 
 
 def _device(model: nn.Module) -> torch.device:

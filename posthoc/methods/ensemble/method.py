@@ -43,13 +43,13 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.checks import one_of
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.registry import ENSEMBLE, register
 from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.engine.ranks_spread import fit_spread
+from posthoc.errors import ConfigError
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
 from posthoc.methods.ensemble.members import check_members
 from posthoc.methods.ensemble.mixture import batched_mixture, mixture

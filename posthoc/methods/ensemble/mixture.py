@@ -17,9 +17,9 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.errors import InputError
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive
+from posthoc.errors import InputError
 
 
 def check_same_classes(parts: list[LogPredictive]) -> None:

@@ -21,7 +21,6 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Gaussian, Likelihood, model_outputs
 from posthoc.core.logits import class_log_probs
@@ -30,6 +29,7 @@ from posthoc.engine import elbo as engine_elbo
 from posthoc.engine.bn_refresh import batchnorm_layers, refresh_batchnorm
 from posthoc.engine.fine_tune import Step
 from posthoc.engine.kl_schedule import KLSchedule
+from posthoc.errors import ConfigError
 from posthoc.methods.ibnn.nodes import NodeSet
 
 

@@ -17,7 +17,8 @@ times, chunked under a memory budget.
 Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) and ``"paper"``.
 They share everything above and differ where the paper's values were worse on the bundled
 checkpoints: no nodes on the stem (the first layer's input channels), K=2 instead of 4, means
-initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3 instead of 1e-4 (reasons and numbers
+initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3
+instead of 1e-4 (reasons and numbers
 in the recipes module). Every setting can also be given by name.
 
 Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
@@ -53,7 +54,6 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import non_negative, positive_int
 from posthoc.core.chunks import rows_per_chunk
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -65,6 +65,7 @@ from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, step_scale
 from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.errors import ConfigError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
 from posthoc.methods.ibnn.recipes import recipe as recipe_named

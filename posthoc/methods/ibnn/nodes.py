@@ -33,10 +33,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
 from posthoc.engine.random_draws import randn
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 
 NODE_LAYERS = (nn.Conv2d, nn.Linear)
 #: the smallest initial standard deviation (a draw of ``|N(init_std, spread^2)|`` near 0 is raised to it)
@@ -215,7 +215,7 @@ class NodeSet(nn.Module):
 
     @contextmanager
     def sampling(self, components: Tensor, *, generator: torch.Generator | None = None,
-                 sample: bool = True, scale: float = 1.0) -> Iterator["NodeSet"]:
+                 sample: bool = True, scale: float = 1.0) -> Iterator[NodeSet]:
         """Turn the hooks on: example ``i`` of each forward uses component ``components[i]``.
 
         Args:

@@ -62,7 +62,6 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
 from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
@@ -71,6 +70,7 @@ from posthoc.core.registry import register
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows, small_dense_work
 from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.laplace.gaussian_rows import (
     NOISE_STEPS,
     Rows,
@@ -519,7 +519,8 @@ def _check_options(hessian: str, subset: str | list[str], prior_precision: str |
     if isinstance(prior_precision, str):
         if prior_precision not in PRIOR_MODES:
             raise ConfigError(f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}")
-    elif isinstance(prior_precision, bool) or not isinstance(prior_precision, (int, float)) or not math.isfinite(prior_precision) or prior_precision <= 0:
+    elif (isinstance(prior_precision, bool) or not isinstance(prior_precision, (int, float))
+          or not math.isfinite(prior_precision) or prior_precision <= 0):
         raise ConfigError(
             f"prior_precision must be a positive finite float (a Gaussian prior's precision, like "
             f"weight decay) or one of {PRIOR_MODES}, got {prior_precision!r}"

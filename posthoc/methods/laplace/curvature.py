@@ -37,9 +37,9 @@ import torch
 from backpack import extensions
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError, NumericalError
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.engine.runner import sum_over_ranks
+from posthoc.errors import ConfigError, NumericalError
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 

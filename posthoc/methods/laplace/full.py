@@ -21,8 +21,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError
 from posthoc.core.likelihood import LossHessian
+from posthoc.errors import ConfigError
 from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 

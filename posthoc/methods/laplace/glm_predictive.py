@@ -30,9 +30,9 @@ import torch
 from torch import Tensor
 
 from posthoc.core.chunks import chunks
-from posthoc.errors import ConfigError
 from posthoc.core.logits import log_mean_exp
 from posthoc.engine.random_draws import randn
+from posthoc.errors import ConfigError
 
 LINKS = ("probit", "mc", "bridge")
 

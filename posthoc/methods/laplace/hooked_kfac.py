@@ -28,10 +28,10 @@ from collections.abc import Iterable, Mapping
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.modules import eval_mode
 from posthoc.engine.runner import sum_over_ranks
+from posthoc.errors import ConfigError
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, tapped_forward

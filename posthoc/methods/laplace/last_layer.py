@@ -30,13 +30,13 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chunks import current_budget
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
+from posthoc.errors import ConfigError
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment

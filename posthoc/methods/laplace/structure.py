@@ -34,10 +34,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import NumericalError
 from posthoc.core.likelihood import LossHessian
 from posthoc.engine.random_draws import randn
 from posthoc.engine.runner import eigh
+from posthoc.errors import NumericalError
 from posthoc.methods.laplace.glm_predictive import GaussianLogits
 
 FLOAT64 = torch.float64

@@ -38,7 +38,6 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import (
     Inputs,
     batch_size,
@@ -53,6 +52,7 @@ from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.runner import sum_over_ranks
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace import subset_glm
 from posthoc.methods.laplace.base import Laplace

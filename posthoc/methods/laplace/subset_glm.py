@@ -28,10 +28,10 @@ from collections.abc import Callable
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import parameter_owners
 from posthoc.engine.hooks import hooked
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
 from posthoc.methods.laplace.structure import Curvature
 

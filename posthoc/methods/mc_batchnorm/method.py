@@ -24,7 +24,6 @@ from torch import Tensor, nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError, InputError
 from posthoc.core.inputs import Inputs, run_model, split_batch, to_device
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
@@ -33,6 +32,7 @@ from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers, normalise_groups, per_batch_statistics
 from posthoc.engine.hooks import hooked
 from posthoc.engine.suffix import SuffixRunner
+from posthoc.errors import ConfigError, InputError
 
 #: mini-batch sizes the selection step tries, from the narrowest spread (the largest batch) to the widest
 BATCH_SIZES = (128, 64, 32, 16)

@@ -56,7 +56,6 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.core.inputs import Inputs, batch_size, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
@@ -69,6 +68,7 @@ from posthoc.engine.held_out import HeldOut
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.selection import Scores
 from posthoc.engine.suffix import SuffixRunner
+from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.methods.mc_dropout.masks import keep_mask
 from posthoc.methods.mc_dropout.shared_masks import shared_mask_predictive
 from posthoc.methods.mc_dropout.sites import (

@@ -39,10 +39,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
+from posthoc.errors import ConfigError
 from posthoc.methods.mc_dropout.masks import dropped
 
 #: rate of inserted dropout when ``p`` is neither given nor chosen on validation data. Gal &
@@ -123,7 +123,8 @@ def block_names(model: nn.Module) -> list[str]:
     return []
 
 
-def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, example: Inputs | None = None, head: str | None = None) -> list[DropoutSite]:
+def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, example: Inputs | None = None,
+                   head: str | None = None) -> list[DropoutSite]:
     """Sites for new dropout of rate ``p``; ``where`` is ``"head"``, ``"blocks"`` or module names.
 
     Example:

@@ -34,8 +34,8 @@ import math
 import torch
 from torch import Tensor
 
-from posthoc.errors import ConfigError
 from posthoc.engine.random_draws import randn
+from posthoc.errors import ConfigError
 
 
 def cycle_length(total: int, cycles: int) -> int:

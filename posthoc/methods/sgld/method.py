@@ -52,7 +52,6 @@ from torch import Tensor, nn
 
 from posthoc import settings
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
-from posthoc.errors import ConfigError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive, Method
@@ -65,6 +64,7 @@ from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, step_sc
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, unflatten
 from posthoc.engine.runner import sum_over_ranks
 from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
+from posthoc.errors import ConfigError
 from posthoc.methods.sgld.langevin import Langevin, adds_noise, check_schedule, kept_steps, step_size
 
 PRIORS = ("checkpoint", "zero")

@@ -38,10 +38,10 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
 from posthoc.engine.variational_method import ElboFit, VariationalMethod
+from posthoc.errors import ConfigError
 from posthoc.methods.sparse_vd.log_alpha import LogAlphaLayer
 from posthoc.methods.sparse_vd.pruning import check_threshold, pruned_copy, removed_weights, restricted, sparsity
 

@@ -23,8 +23,8 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer
-from posthoc.errors import ConfigError
 from posthoc.engine.variational_layers import VariationalLayers
+from posthoc.errors import ConfigError
 
 
 def check_threshold(threshold: Any) -> float:

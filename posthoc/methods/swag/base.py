@@ -33,20 +33,19 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, positive_int, positive_number
-from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
 from posthoc.engine.runner import average_gradients, steps_on_every_rank
 from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.errors import ConfigError, PosteriorFileError
+from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.methods.swag.schedule import LADDER, START_SCALE, relative_lr
-
 
 #: the fit options saved in the ``schedule`` buffer, in its order
 SCHEDULE = ("epochs", "lr", "collect_per_epoch", "momentum", "weight_decay")

@@ -24,13 +24,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from posthoc.core.chunks import chunks
-from posthoc.errors import ConfigError, NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.random_draws import randn
+from posthoc.errors import ConfigError, NumericalError
 from posthoc.methods.swag.base import SWAGBase, Tuning
 
 

@@ -41,7 +41,6 @@ from posthoc.methods.swag.base import SWAGBase
 from posthoc.methods.swag.last_layer import LastLayerSWAG
 from posthoc.methods.swag.subset import SubsetSWAG
 
-
 #: the class that runs each scope of the posterior, as Laplace's :data:`~posthoc.methods.laplace.base.ALGORITHMS`
 ALGORITHMS: dict[str, type[SWAGBase]] = {"last_layer": LastLayerSWAG, "subset": SubsetSWAG}
 

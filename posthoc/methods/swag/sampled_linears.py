@@ -23,10 +23,10 @@ from typing import Protocol
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.modules import parameter_owners
 from posthoc.engine.hooks import hooked
 from posthoc.engine.suffix import Layout
+from posthoc.errors import ConfigError
 
 
 class HasLayout(Protocol):

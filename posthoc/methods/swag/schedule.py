@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from posthoc.errors import NumericalError
 from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.engine.objective import training_loss
 from posthoc.engine.runner import sum_over_ranks
+from posthoc.errors import NumericalError
 
 #: the default fine-tuning step, as a fraction of the fine-tuned weights' norm
 RELATIVE_STEP = 1e-4

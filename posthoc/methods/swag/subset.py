@@ -27,7 +27,6 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.chunks import chunks
-from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.core.inputs import Inputs, iterate, run_model, run_model_with
 from posthoc.core.likelihood import model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
@@ -38,6 +37,7 @@ from posthoc.engine.bn_refresh import batchnorm_layers, batchnorm_statistics
 from posthoc.engine.hooks import called_in_order
 from posthoc.engine.runner import replica
 from posthoc.engine.suffix import SuffixRunner
+from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.methods.swag.base import SWAGBase, Tuning
 from posthoc.methods.swag.sampled_linears import sampled_linears
 

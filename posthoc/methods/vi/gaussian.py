@@ -19,8 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-from posthoc.errors import ConfigError
 from posthoc.engine.variational_layers import LayerPosterior, Moments
+from posthoc.errors import ConfigError
 
 PRIOR_MEANS = ("zero", "checkpoint")
 

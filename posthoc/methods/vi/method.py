@@ -33,10 +33,10 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.errors import ConfigError
 from posthoc.core.registry import register
 from posthoc.engine.kl_schedule import KLSchedule
 from posthoc.engine.variational_method import ElboFit, VariationalMethod
+from posthoc.errors import ConfigError
 from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
 
 

@@ -1,6 +1,9 @@
 """Posterior files in format 1, written before the architecture move (run: python make_fixtures.py .)."""
-import torch, posthoc
+import torch
 from torch import nn
+
+import posthoc
+
 
 def model():
     torch.manual_seed(0)
