@@ -58,3 +58,16 @@ def test_all_finite_reads_a_sum_and_checks_element_by_element_only_when_it_is_no
     assert all_finite(torch.full((4,), 3e38)) and all_finite(torch.full((3,), 6e4, dtype=torch.float16))
     assert not all_finite(torch.tensor([1.0, float("nan")])) and not all_finite(torch.tensor([float("inf"), -float("inf")]))
     assert not all_finite({"x": torch.ones(2), "y": torch.tensor([0.0, float("inf")])}) and all_finite({"ids": torch.tensor([1, 2])})
+
+
+def test_eval_mode_restores_every_flag_also_one_the_block_switched() -> None:
+    from posthoc.core.modules import eval_mode
+
+    net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5)).eval()
+    with eval_mode(net):
+        net.train()  # a fine-tune inside the block
+    assert not any(module.training for module in net.modules())  # back to the caller's eval mode
+    net.train()
+    with eval_mode(net, list(net.modules())):
+        assert not any(module.training for module in net.modules())
+    assert all(module.training for module in net.modules())

@@ -93,18 +93,14 @@ def eval_mode(model: nn.Module, modules: list[nn.Module] | None = None) -> Itera
     if all(type(m).train is nn.Module.train for m in training):  # what eval() does, without walking the tree again
         for module in training:
             module.training = False
-        try:
-            yield model
-        finally:
-            for module in training:
-                module.training = True
-        return
-    model.eval()  # a module with its own train() (e.g. one that freezes parts) gets its own call
+    else:
+        model.eval()  # a module with its own train() (e.g. one that freezes parts) gets its own call
     try:
         yield model
     finally:
-        for module, flag in flags:
-            module.training = flag
+        for module, flag in flags:  # every module's own flag, also one the block switched (a fine-tune's train())
+            if module.training != flag:
+                module.training = flag
 
 
 @contextmanager
