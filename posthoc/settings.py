@@ -70,7 +70,7 @@ def thread_policy(value: object = None) -> bool | str:
         'auto'
     """
     value = narrow_threads if value is None else value
-    if value not in (True, False, "auto") or (value is not True and value is not False and value != "auto"):
+    if not (value is True or value is False or value == "auto"):
         raise ConfigError(f"posthoc.settings.narrow_threads must be True, False or 'auto', got {value!r}")
     return value
 

@@ -52,18 +52,6 @@ def current_budget() -> int:
     return settings.memory_budget()
 
 
-def call_budget(own: int | None, given: int | None) -> int | None:
-    """The budget one predictive call plans under: the method's own ``max_memory`` option, else the
-    ``max_memory`` its caller passed (``predict``: what is left of its budget beside the samples),
-    else ``None`` (``posthoc.settings.max_memory``).
-
-    Example:
-        >>> call_budget(None, 2**20), call_budget(2**30, 2**20)
-        (1048576, 1073741824)
-    """
-    return own if own is not None else given
-
-
 def rows_per_chunk(row_bytes: int, *, max_memory: int | None = None, limit: int | None = None) -> int:
     """Rows whose ``row_bytes`` each stay under the budget together; at least 1, at most ``limit``."""
     budget = settings.memory_budget(max_memory)

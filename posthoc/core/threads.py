@@ -39,9 +39,7 @@ def may_narrow() -> bool:
         False
     """
     policy = settings.thread_policy()
-    if policy == "auto" and policy is not True:
-        return not other_threads()
-    return bool(policy)
+    return not other_threads() if policy == "auto" else policy
 
 
 def other_threads() -> list[threading.Thread]:

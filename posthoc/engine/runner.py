@@ -9,23 +9,22 @@ predicts on one chunk. Everything around that belongs here:
 - **threads**: small dense work on one thread, only as ``posthoc.settings.narrow_threads`` allows
   (:mod:`posthoc.core.threads`), never by a method;
 - **ranks**: under ``torch.distributed`` every sufficient statistic is summed over ranks by
-  :func:`accumulate` / :func:`sum_over_ranks`, held-out rows are gathered by :func:`gather_rows`, and
+  :func:`sum_over_ranks`, held-out rows are gathered by :func:`gather_rows`, and
   fine-tuning takes the same number of steps on every rank (:func:`steps_on_every_rank`);
 - **selection**: ``UncertainModel.fit`` calls each method's ``fit`` and then, around it, the selection
   step (:meth:`~posthoc.core.method.Method.choose` through :mod:`posthoc.engine.selection`); a ``fit``
   never chooses on held-out data itself.
 
 Example:
-    >>> batches = [(torch.ones(2, 3), torch.zeros(2)), (2 * torch.ones(1, 3), torch.zeros(1))]
-    >>> stats = accumulate(batches, lambda x, y: {"sum": x.sum(0), "count": torch.tensor(len(x))})
-    >>> stats["sum"].tolist(), int(stats["count"])
-    ([4.0, 4.0, 4.0], 3)
+    >>> with RunOptions(max_memory=2**20).scope():
+    ...     posthoc.settings.memory_budget()
+    1048576
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
@@ -37,7 +36,6 @@ from posthoc.core import distributed
 from posthoc.core.chain import RUN_OPTION_NAMES
 from posthoc.core.checks import memory_bytes
 from posthoc.core.chunks import budget_scope
-from posthoc.core.inputs import to_device
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 
 Statistics = Tensor | Mapping[str, Any] | list | tuple | int | float
@@ -115,34 +113,6 @@ def sum_over_ranks(value: Statistics) -> Any:
         total = distributed.all_reduce_sum(torch.tensor(float(value), dtype=torch.float64)).item()
         return type(value)(round(total)) if isinstance(value, int) else total
     raise TypeError(f"cannot sum a {type(value).__name__} over ranks")
-
-
-def _add(total: Any, part: Any) -> Any:
-    if total is None:
-        return part
-    if isinstance(part, Mapping):
-        return {key: _add(total.get(key), item) for key, item in part.items()}
-    if isinstance(part, (list, tuple)):
-        return type(part)(_add(a, b) for a, b in zip(total, part))
-    return total + part
-
-
-def accumulate(batches: Iterable, step: Callable[..., Statistics], *, device: torch.device | None = None) -> Any:
-    """Sum ``step(x, y)`` over ``batches`` (each moved to ``device`` first), then over ranks: the sufficient
-    statistics of a method's fit, written for one batch.
-
-    Example:
-        >>> accumulate([(torch.ones(2, 1), None)] * 3, lambda x, y: x.sum())
-        tensor(6.)
-    """
-    total = None
-    for batch in batches:
-        x, y = (batch[0], batch[1]) if isinstance(batch, (list, tuple)) and len(batch) > 1 else (batch, None)
-        if device is not None:
-            x = to_device(x, device)
-            y = y.to(device) if isinstance(y, Tensor) else y
-        total = _add(total, step(x, y))
-    return sum_over_ranks(total)
 
 
 def gather_rows(rows: Tensor, dim: int = 0) -> Tensor:

@@ -115,11 +115,12 @@ class MCBatchNorm(Method):
     def _normalising(self, k: int) -> Iterator[None]:
         """BatchNorm layers normalise each sample's rows with that sample's statistics (samples are sample-major)."""
         ends = torch.tensor([layer.num_features for layer in self.layers]).cumsum(0).tolist()
+        spans = {layer: slice(end - layer.num_features, end) for layer, end in zip(self.layers, ends)}
 
         def hook(layer: _BatchNorm, args: tuple, output: Tensor) -> Tensor:
-            end, layout = ends[self.layers.index(layer)], self.runner.layout
-            picks, channels = torch.arange(layout.first, layout.first + layout.samples), slice(end - layer.num_features, end)
-            z, picks = args[0].unflatten(0, (layout.samples, -1)), picks % self.num_samples
+            layout, channels = self.runner.layout, spans[layer]
+            picks = torch.arange(layout.first, layout.first + layout.samples) % self.num_samples
+            z = args[0].unflatten(0, (layout.samples, -1))
             return normalise_groups(layer, z, self.means[k, picks, channels], self.variances[k, picks, channels]).flatten(0, 1)
 
         with hooked([(layer, "output", hook) for layer in self.layers]):
