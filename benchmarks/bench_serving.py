@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -29,6 +28,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
+from benchmarks.timing import once  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
@@ -36,12 +36,6 @@ TARGETS = {"temperature": 1.5, "vector": 1.5, "laplace": 2.0, "laplace+dac": 3.0
 METHODS = {"temperature": ("temperature", {}), "vector": ("vector", {}), "laplace": ("laplace", {}),
            "laplace+dac": (["laplace", "dac"], {}),
            "mc-dropout S=20 (head)": ("mc-dropout", {"p": 0.1, "where": "head", "num_samples": 20})}
-
-
-def timed(fn) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def digits_bn_cnn() -> tuple[nn.Module, object, object, torch.Tensor]:
@@ -77,7 +71,7 @@ def bench(name: str, model: nn.Module, fit, val, x: torch.Tensor, calls: int) ->
     lines = [f"### {name}", "", "| method | predict µs | ratio | target | to_module µs | ratio | predict cpu/wall |",
              "|---|---|---|---|---|---|---|"]
     with torch.no_grad():
-        plain_samples = [timed(lambda: model(x[:1])) for _ in range(calls)]
+        plain_samples = [once(lambda: model(x[:1])) for _ in range(calls)]
     plain = statistics.median(w for w, _ in plain_samples)
     lines.append(f"| plain forward | {plain * 1e6:.0f} | 1.00x | | | | |")
     for label, (method, options) in METHODS.items():
@@ -90,10 +84,10 @@ def bench(name: str, model: nn.Module, fit, val, x: torch.Tensor, calls: int) ->
         for i in range(calls):
             row = x[i % len(x):i % len(x) + 1]
             with torch.no_grad():
-                plains.append(timed(lambda: model(row))[0])
+                plains.append(once(lambda: model(row))[0])
                 if exported is not None:
-                    exports.append(timed(lambda: exported(row))[0])
-            wall, cpu = timed(lambda: um.predict(row))
+                    exports.append(once(lambda: exported(row))[0])
+            wall, cpu = once(lambda: um.predict(row))
             walls.append(wall)
             cpus.append(cpu)
         base = statistics.median(plains)

@@ -20,7 +20,6 @@ import argparse
 import statistics
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Callable
 from pathlib import Path
@@ -30,16 +29,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
+from benchmarks.timing import once  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
 POLICIES = ("auto", False)
-
-
-def timed(fn: Callable[[], object]) -> tuple[float, float]:
-    wall, cpu = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - wall, time.process_time() - cpu
 
 
 def tasks() -> dict[str, Callable[[], object]]:
@@ -75,12 +69,12 @@ def main() -> None:
         for _ in range(args.rounds):
             for policy in POLICIES:
                 with posthoc.settings.override(narrow_threads=policy):
-                    times[str(policy)].append(timed(fn))
+                    times[str(policy)].append(once(fn))
             stop = threading.Event()
             neighbour = threading.Thread(target=stop.wait)
             neighbour.start()
             try:
-                times["server"].append(timed(fn))
+                times["server"].append(once(fn))
             finally:
                 stop.set()
                 neighbour.join()

@@ -54,6 +54,13 @@ def measure(fn: Callable[[], object], repeats: int = 5, warmup: int = 1) -> Timi
     return Timing(statistics.median(walls), statistics.median(cpus))
 
 
+def once(fn: Callable[[], object]) -> tuple[float, float]:
+    """Wall and process-CPU seconds of one call of ``fn`` (no warm-up): for benchmarks that interleave their own
+    rounds and take the medians themselves."""
+    timing = measure(fn, repeats=1, warmup=0)
+    return timing.wall, timing.cpu
+
+
 def paired(reference: Callable[[], object], fn: Callable[[], object], repeats: int = 11,
            warmup: int = 1) -> tuple[Timing, Timing, float]:
     """Time ``reference`` and ``fn`` alternately, ``repeats`` pairs: their medians and the median of the per-pair
