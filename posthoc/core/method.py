@@ -121,21 +121,22 @@ class Method(nn.Module):
         """The device of the model's first parameter (CPU for a model without parameters)."""
         return next((p.device for p in self.base_model.parameters()), torch.device("cpu"))
 
-    def follow_model_device(self) -> None:
-        """Move the fitted tensors of this method, and of the methods it wraps, to the model's device.
+    def follow_model_device(self) -> torch.device:
+        """Move the fitted tensors of this method, and of the methods it wraps, to the model's device; return it.
 
         Only methods' own buffers move (a SWAG collector kept on ``stats_device`` stays there), so a
         model moved with ``model.cuda()`` after ``wrap`` or ``load`` is followed by its posterior.
         """
         device = self.device
         if self.__dict__.get("_followed") == device:  # nothing moved since the last call
-            return
+            return device
         for module in self.modules():
             if isinstance(module, Method):
                 for name, value in module._buffers.items():
                     if value is not None and value.device != device:
                         module._buffers[name] = value.to(device)
         self.__dict__["_followed"] = device
+        return device
 
     @property
     def works_on_copy(self) -> bool:

@@ -262,20 +262,20 @@ class UncertainModel(nn.Module):
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory) or self.run.max_memory)
         total = check_batch(x, "predict", values=False)
-        self.method.follow_model_device()
+        device = self.method.follow_model_device()  # read once per call: each chunk goes there
         if self.likelihood.prediction_type is RegressionPrediction:
             with budget_scope(budget):
-                return self._predict_regression(x, total, chunk_size, keep_samples,
+                return self._predict_regression(x, total, chunk_size, keep_samples, device,
                                                 {"num_samples": num_samples, "generator": generator})
         with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
-            return self._predict_classes(x, total, chunk_size, keep_samples, budget,
+            return self._predict_classes(x, total, chunk_size, keep_samples, budget, device,
                                          {"num_samples": num_samples, "generator": generator})
 
     def _predict_classes(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, budget: int,
-                         options: dict[str, Any]) -> Prediction:
+                         device: torch.device, options: dict[str, Any]) -> Prediction:
         """The class predictive in chunks: a first small one tells the samples' size, the rest fit ``budget``."""
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
-        first = self._predict_chunk(slice_inputs(x, 0, first_size), options)
+        first = self._predict_chunk(slice_inputs(x, 0, first_size), device, options)
         if total == first_size:
             return first if keep_samples else dataclasses.replace(first, samples=None)
         step = rows_per_chunk(SAMPLE_COPIES * sample_row_bytes(first), max_memory=budget, limit=chunk_size)
@@ -284,16 +284,16 @@ class UncertainModel(nn.Module):
         del first  # its samples would stay alive beside every later chunk's
         for start in range(first_size, total, step):
             part = slice_inputs(x, start, start + step)
-            out.write(start, self._predict_chunk(part, options))
+            out.write(start, self._predict_chunk(part, device, options))
         return out
 
-    def _predict_regression(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool,
+    def _predict_regression(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, device: torch.device,
                             options: dict[str, Any]) -> RegressionPrediction:
         """The regression predictive in chunks of ``chunk_size`` rows (a row keeps ``K x D`` components alive, not
         ``S x C`` probabilities, so no probe plans the chunks)."""
         parts = []
         for start in range(0, total, chunk_size):
-            part = to_device(slice_inputs(x, start, start + chunk_size), self.device)
+            part = to_device(slice_inputs(x, start, start + chunk_size), device)
             check_finite(part)
             with eval_mode(self.method, self._served()):
                 prediction = self.method.regression_predictive(part, **options)
@@ -303,9 +303,9 @@ class UncertainModel(nn.Module):
             parts.append(prediction)
         return concat(parts, keep_samples)
 
-    def _predict_chunk(self, x: Inputs, options: dict[str, Any]) -> Prediction:
-        """One chunk's prediction; ``options`` go to ``log_predictive`` (its samples, generator and budget)."""
-        x = to_device(x, self.device)
+    def _predict_chunk(self, x: Inputs, device: torch.device, options: dict[str, Any]) -> Prediction:
+        """One chunk's prediction on ``device``; ``options`` go to ``log_predictive`` (its samples and generator)."""
+        x = to_device(x, device)
         check_finite(x)
         check_attention(x)
         with eval_mode(self.method, self._served()):

@@ -147,9 +147,12 @@ class CalibrationMethod(FittedOnHeldOut, Method):
     def base_model(self) -> torch.nn.Module:
         return self.inner.base_model
 
-    def follow_model_device(self) -> None:
-        super().follow_model_device()
-        self.calibrator.to(self.device)
+    def follow_model_device(self) -> torch.device:
+        followed = self.__dict__.get("_followed")
+        device = super().follow_model_device()
+        if followed != device:  # the calibrator (not a method) moves with the model too, once per move
+            self.calibrator.to(device)
+        return device
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Nothing on the training data: the calibrator is fitted on held-out data by :meth:`choose`."""
