@@ -15,6 +15,9 @@ while ``mean``, ``variance``, ``std`` and their split stay the moments of the un
 (the recalibrated moments have no closed form). Variance scaling needs no such map:
 :meth:`~RegressionPrediction.scaled` rebuilds the components.
 
+Apart from :class:`~posthoc.Prediction` because the distribution differs: a mixture of Gaussians over real
+targets (intervals, quantiles, CDF, CRPS) against a categorical over classes (sets, entropy, labels).
+
 Example:
     >>> pred = RegressionPrediction.from_components(torch.tensor([[[1.0]], [[3.0]]]), None, torch.ones(2, 1, 1))
     >>> pred.mean, pred.aleatoric, pred.epistemic, pred.variance

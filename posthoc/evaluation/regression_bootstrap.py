@@ -7,6 +7,9 @@ report's value; on a ``(B, n)`` index it gives ``B`` values at once in tensor op
 its points first fall inside the central interval at each of the curve's levels (one bucketed sum, no
 ``(B, n, levels)`` tensor); ENCE sorts each resample's points by predicted std and sums per bin of ranks.
 
+Apart from :mod:`~posthoc.evaluation.bootstrap` only in its statistics (those of
+:mod:`~posthoc.evaluation.regression_metrics`); the resampling and the intervals are that module's.
+
 Example:
     >>> stats = regression_statistics(means, stds, y)
     >>> float(stats["crps"](torch.arange(len(y))[None])[0]) == regression_metrics.crps(means, stds, y)

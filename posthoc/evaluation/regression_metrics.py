@@ -18,6 +18,9 @@ outputs, except :func:`nll`, the mean over examples of the joint NLL of an examp
 - :func:`ence`: the expected normalised calibration error of Levi et al. (2019), which bins by the
   predicted std and compares each bin's root mean predicted variance with its RMSE.
 
+Apart from :mod:`~posthoc.evaluation.metrics` because the mathematics differs: these are exact integrals of a
+Gaussian mixture over real targets (CRPS, interval coverage, MACE), those are sums over the classes of a categorical.
+
 Example:
     >>> means, stds = torch.zeros(1, 4, 1), torch.ones(1, 4, 1)
     >>> y = torch.tensor([[0.0], [1.0], [-1.0], [3.0]])

@@ -4,6 +4,9 @@ As :mod:`posthoc.evaluation.plots`, every function draws a matplotlib ``Figure``
 ``path`` (when given) and returns it, closed to pyplot but still readable (``fig.axes[0].get_lines()``).
 A predictive is ``(means, stds)`` of shape ``(K, N, D)`` (see :mod:`posthoc.evaluation.regression_metrics`).
 
+Apart from :mod:`~posthoc.evaluation.plots` because the pictures differ: a regressor's calibration is a curve over
+interval levels and its uncertainty a band over the inputs, a classifier's a reliability diagram over confidence bins.
+
 Example:
     >>> fig = calibration_curves({"MAP": (means, stds, y)}, "calibration.png")
     >>> fig = error_against_std({"MAP": (means, stds, y)}, "error_std.png")

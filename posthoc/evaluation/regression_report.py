@@ -6,6 +6,9 @@ and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evalua
 Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``), it also measures their
 coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
 
+Apart from :mod:`~posthoc.evaluation.report` because its columns differ (RMSE, CRPS, interval coverage and width
+against accuracy, ECE, AURC and OOD AUROC); both share the bootstrap, the tables and the HTML page.
+
 Example:
     >>> report = posthoc.evaluate(um, test_loader, ci=0.95)          # um wrapped with likelihood="regression"
     >>> print(report.to_markdown())

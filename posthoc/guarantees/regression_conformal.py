@@ -12,6 +12,10 @@ The scores:
 - ``"cqr"``: the predictive's own central ``1 - alpha`` interval, widened (or narrowed) by ``t``
   (conformalised quantile regression on the predictive's quantiles).
 
+Apart from :mod:`~posthoc.guarantees.conformal` because a regressor's conformal set is an interval from
+nonconformity scores of real residuals, a classifier's a set of labels; the intervals themselves are
+:mod:`~posthoc.guarantees.intervals`'.
+
 Example:
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> x_test, y_test = reg_test_loader.dataset.tensors

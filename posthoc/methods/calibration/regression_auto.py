@@ -10,6 +10,9 @@ isotonic map is flat in places, where its density, and so its NLL, is infinite. 
 scored by the same estimator, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` over :data:`LEVELS` midpoint
 levels ``τ_j`` (the quantile form of the CRPS), which every recalibrated predictive answers exactly.
 
+Apart from :mod:`~posthoc.methods.calibration.auto` because the candidates and the score differ (CRPS by k-fold
+cross-validation, where an isotonic CDF map has no finite NLL); the eligibility and parsimony rules are the same.
+
 Example:
 >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide

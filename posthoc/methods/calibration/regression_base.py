@@ -7,6 +7,9 @@ regressor that only has numbers gives them as ``mean`` ``(N,)`` / ``(N, D)`` and
 no ``std`` (a constant std of 1, so that variance scaling fits the homoscedastic noise: its scale is then
 the root mean squared residual): :func:`as_prediction` builds the one-Gaussian predictive.
 
+Apart from :mod:`~posthoc.methods.calibration.base` because a regression calibrator maps a predictive's CDF over
+real targets (a scale, a monotone map of levels), a classification one maps logits to class probabilities.
+
 Example:
 >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
