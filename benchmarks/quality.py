@@ -531,6 +531,33 @@ def load_results(path: Path) -> dict[str, Any]:
     return {**header, "meta": meta, "rows": rows}
 
 
+def add_results(saved: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """``saved`` with the cases of ``other`` (a later run with the same seeds and checkpoints) that it lacks, and
+    ``other``'s command and date recorded beside its own.
+
+    The plain model's rows are the join: on every (architecture, seed) both runs measured, its in-distribution NLL
+    must agree to 1e-6 (the same retrained checkpoint), else the runs are not comparable and nothing is added.
+
+    Example:
+        >>> row = lambda case, nll: {"arch": "a", "seed": 0, "case": case, "metrics": {"nll_val": nll}}
+        >>> first = {"command": "one", "meta": {}, "rows": [row("none", 0.1), row("laplace", 0.09)]}
+        >>> later = {"command": "two", "meta": {"date": "today"}, "rows": [row("none", 0.1), row("tta", 0.095)]}
+        >>> [r["case"] for r in add_results(first, later)["rows"]]
+        ['none', 'laplace', 'tta']
+    """
+    plain = {(r["arch"], r["seed"]): r["metrics"]["nll_val"] for r in saved["rows"] if r["case"] == "none"}
+    for row in other["rows"]:
+        key = (row["arch"], row["seed"])
+        if row["case"] == "none" and key in plain and abs(plain[key] - row["metrics"]["nll_val"]) > 1e-6:
+            raise SystemExit(f"--add: the plain model's NLL differs on {key} ({plain[key]} and "
+                             f"{row['metrics']['nll_val']}): the runs used other checkpoints")
+    have = {(r["arch"], r["seed"], r["case"]) for r in saved["rows"]}
+    added = [r for r in other["rows"] if (r["arch"], r["seed"], r["case"]) not in have]
+    meta = {**saved["meta"], "added": "; ".join(filter(None, [saved["meta"].get("added"),
+                                                             f"{other['command']} ({other['meta'].get('date', '?')})"]))}
+    return {**saved, "meta": meta, "rows": saved["rows"] + added}
+
+
 # ---------------------------------------------------------------- aggregation
 
 
@@ -1293,6 +1320,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=None,
         help="render a previous run's .json (or the .jsonl a run cut short leaves) instead of running",
     )
+    parser.add_argument(
+        "--add",
+        type=Path,
+        nargs="+",
+        default=[],
+        help="with --from-json: add the cases of these later runs' .json (same seeds and checkpoints) that it lacks; "
+        "with --out, the merged results are written beside the report",
+    )
     args = parser.parse_args(argv)
     args.seeds = args.seeds or ([0] if args.quick else list(SEEDS))
     args.rotations = tuple(args.rotations or (QUICK_ROTATIONS if args.quick else ROTATIONS))
@@ -1309,6 +1344,10 @@ def main(argv: list[str] | None = None) -> None:
     args.out = args.out or DEFAULT_OUT
     if args.from_json is not None:
         saved = load_results(args.from_json)
+        for path in args.add:
+            saved = add_results(saved, load_results(path))
+        if args.add and args.out is not None:
+            args.out.with_suffix(".json").write_text(json.dumps(saved, indent=1, default=str))
         rows, rotations, command, meta = saved["rows"], tuple(saved["rotations"]), saved["command"], saved["meta"]
     else:
         torch.set_num_threads(args.threads)
@@ -1368,6 +1407,7 @@ def main(argv: list[str] | None = None) -> None:
             f"means over seeds {seeds}, {meta.get('date', '?')}; kinds s{SHIFT_SEVERITY}: mean over "
             f"{', '.join(EVALUATION_KINDS)} at severity {SHIFT_SEVERITY} (the plain model's values, ratios for "
             f"the others); targets: every default's (issues 26 and 34), auto's (issue 34), on the seed means; spreads in {report_path.name}"
+            + (f"; rows added from: {meta['added']}" if meta.get("added") else "")
         )
         table = docs_table(summaries, command, note)
         print(table)
