@@ -4,6 +4,8 @@ BatchNorm, modes that differ, the user's model left alone, the held-out choice o
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from torch import nn
@@ -11,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from torch_uncertainty.layers.bayesian.abnn import BatchNormAdapter2d
 from torch_uncertainty.optim_recipes import optim_abnn
 from torch_uncertainty.post_processing.abnn import ABNN as PeerABNN
+from torch_uncertainty.post_processing.abnn import _replace_bn_layers
 
 import posthoc
 from posthoc.errors import ConfigError
@@ -65,6 +68,23 @@ def test_the_bayesian_normalisation_layer_agrees_with_torch_uncertainty_given_th
         peer.frozen = True
         torch.testing.assert_close(bn.eval()(z), peer.eval()(z), atol=1e-6, rtol=0)
     assert not bn._forward_hooks  # the hooks are gone after the context
+
+
+def test_a_whole_network_agrees_with_torch_uncertainty_s_layer_conversion() -> None:
+    """torch-uncertainty replaces every BatchNorm2d by its BNL (``_replace_bn_layers``); posthoc hooks them: the same
+    network, the same draws in the same order, the same outputs."""
+    model, x = _net(), _images(16)[0]
+    converted = copy.deepcopy(model)
+    _replace_bn_layers(converted, 0.2)
+    converted.eval()  # its new layers start in training mode
+    assert sum(isinstance(m, BatchNormAdapter2d) for m in converted.modules()) == 2
+    torch.manual_seed(11)
+    expected = converted(x)
+    torch.manual_seed(11)
+    with noisy([m for m in model.modules() if isinstance(m, nn.BatchNorm2d)], 0.2):
+        ours = model(x)
+    torch.testing.assert_close(ours, expected, atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(ours, model(x), atol=1e-3)  # the noise did act
 
 
 def test_the_noise_is_multiplicative_on_the_affine_scale_only() -> None:
