@@ -19,6 +19,7 @@ WEIGHT_CASES = (
     ("sparse-vd", {"layers": "head"}, {"epochs": 1}),
     ("sgld", {"layers": "head", "num_samples": 4}, {"epochs": 1}),
     ("ivon", {"layers": "head", "num_samples": 4}, {"epochs": 1}),
+    ("abnn", {"modes": 2, "num_samples": 2, "scale": 1.0}, {"epochs": 1}),
 )
 
 

@@ -140,7 +140,7 @@ class _SqueezedLogit(nn.Module):
     def __init__(self, batchnorm: bool = False) -> None:
         super().__init__()
         torch.manual_seed(0)
-        norm = [nn.BatchNorm1d(8)] if batchnorm else []  # for mc-batchnorm, which samples BatchNorm statistics
+        norm = [nn.BatchNorm1d(8)] if batchnorm else []  # for mc-batchnorm and abnn, which need BatchNorm
         self.body = nn.Sequential(nn.Linear(3, 8), *norm, nn.ReLU(), nn.Dropout(0.1), nn.Linear(8, 1))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -155,7 +155,7 @@ def test_a_binary_classifier_of_one_squeezed_logit_predicts_two_classes_or_is_re
     x = torch.randn(80, 3, generator=torch.Generator().manual_seed(1))
     y = (x[:, 0] + 0.5 * x[:, 1] > 0).long()
     loader = [(x[:40], y[:40]), (x[40:], y[40:])]
-    net = _SqueezedLogit(batchnorm=method == "mc-batchnorm")
+    net = _SqueezedLogit(batchnorm=method in ("mc-batchnorm", "abnn"))
     fit_options = {"epochs": 1} if "epochs" in posthoc.wrap(net, method=method).method.fit_option_defaults() else {}
     um = posthoc.wrap(net, method=method)
     with warnings.catch_warnings():

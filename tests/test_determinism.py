@@ -10,14 +10,14 @@ SCRIPT = textwrap.dedent("""
     import sys, torch, posthoc
     from torch import nn
     from torch.utils.data import DataLoader, TensorDataset
-    fast_fit = {"swag": {"epochs": 1}, "ibnn": {"epochs": 1}}
+    fast_fit = {"swag": {"epochs": 1}, "ibnn": {"epochs": 1}, "abnn": {"epochs": 1}}
     # calibrators that refuse this toy set by design: per-class parameters need 5-10 examples of every
     # class (class 2 has 4 here), and platt calibrates binary classifiers only
     refuse_toy_set = {"vector", "matrix", "dirichlet", "histogram", "isotonic", "platt"}
     results = {}
     for method in sorted(set(posthoc.available_methods()) - refuse_toy_set):
         torch.manual_seed(0)
-        norm = [nn.BatchNorm1d(16)] if method == "mc-batchnorm" else []  # it samples BatchNorm statistics
+        norm = [nn.BatchNorm1d(16)] if method in ("mc-batchnorm", "abnn") else []  # they need BatchNorm
         model = nn.Sequential(nn.Linear(4, 16), *norm, nn.ReLU(), nn.Dropout(0.2), nn.Linear(16, 3))
         x = torch.randn(96, 4)
         y = (x[:, 0] > 0).long() + (x[:, 1] > 1).long()

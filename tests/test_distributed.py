@@ -89,7 +89,7 @@ def test_ibnn_node_posteriors_stay_identical_on_every_rank(tmp_path, digits_mode
 
 
 def test_gradient_fitted_posteriors_are_identical_on_every_rank(tmp_path, digits_model):
-    """vi, sparse-vd, sgld and ivon on two uneven, differently shuffled shards: gradients averaged, the likelihood's N
+    """vi, sparse-vd, sgld, ivon and abnn on two uneven, differently shuffled shards: gradients averaged, the likelihood's N
     summed and the steps cut to the shorter shard, so both ranks end with one posterior (and it moved from the start)."""
     ranks = _launch(tmp_path, "weights")
     for name, options, _ in _dist_worker.WEIGHT_CASES:

@@ -107,6 +107,8 @@ def _expected_refusal(method: str, c: int, corrupt: str) -> Refusal | None:
     """The refusal the fuzzer's problem calls for, or ``None`` when it must give a valid prediction."""
     if method == "mc-batchnorm":  # the fuzzer's networks have no BatchNorm to sample
         return Refusal("fit", ConfigError, "BatchNorm layers and this model has none")
+    if method == "abnn":  # nor BatchNorm layers to make Bayesian
+        return Refusal("fit", ConfigError, "Bayesian normalisation layers and this model has none")
     if c == 1 and method == "laplace":
         return Refusal("fit", ConfigError, "needs a head with at least 2 outputs; this head has 1")
     if corrupt in ("nan", "inf"):

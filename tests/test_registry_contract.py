@@ -37,12 +37,12 @@ ATOL = 1e-6
 FAST_FIT: dict[str, dict[str, Any]] = {
     "swag": {"epochs": 2, "collect_per_epoch": 1}, "multiswag": {"epochs": 2, "collect_per_epoch": 1},
     "sgld": {"epochs": 1}, "ivon": {"epochs": 1}, "vi": {"epochs": 1}, "sparse-vd": {"epochs": 1},
-    "ibnn": {"epochs": 1},
+    "ibnn": {"epochs": 1}, "abnn": {"epochs": 1},
 }
 #: wrap options that keep each method small (fewer runs and samples)
-SMALL: dict[str, dict[str, Any]] = {"multiswag": {"members": 2}}
+SMALL: dict[str, dict[str, Any]] = {"multiswag": {"members": 2}, "abnn": {"modes": 2, "num_samples": 2}}
 #: methods that fit a copy of the network (seconds, not milliseconds, even here)
-SLOW = {"ibnn", "ivon", "multiswag", "sgld", "sparse-vd", "swag", "vi"}
+SLOW = {"abnn", "ibnn", "ivon", "multiswag", "sgld", "sparse-vd", "swag", "vi"}
 #: known breaches of the contract, each failing as described (strict: a fix makes the test say so)
 KNOWN_DTYPE_BREACHES = {
     "vi": "the variational layers keep float32 weights after um.to(torch.float64) (engine/variational_layers.py)",
@@ -66,8 +66,9 @@ def _names(known_breaches: dict[str, str] | None = None) -> list[Any]:
     return params
 
 
-#: methods that need a layer the toy model lacks otherwise (mc-batchnorm samples BatchNorm statistics)
-NEEDS_BATCHNORM = {"mc-batchnorm"}
+#: methods that need a layer the toy model lacks otherwise (mc-batchnorm samples BatchNorm statistics, abnn makes them
+#: Bayesian normalisation layers)
+NEEDS_BATCHNORM = {"mc-batchnorm", "abnn"}
 
 
 def _model(classes: int = CLASSES, batchnorm: bool = False) -> nn.Module:
