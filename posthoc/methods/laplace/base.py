@@ -67,6 +67,7 @@ from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows, small_dense_work
 from posthoc.engine.selection import Scores, warn_fallback
@@ -181,6 +182,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         The held-out rules ``"val"`` / ``"grid"`` score the Gaussian predictive NLL where the algorithm has one
         (:attr:`scores_gaussian_held_out`), and are refused elsewhere."""
         super().use_likelihood(likelihood)
+        if likelihood.prediction_type is RegressionPrediction and not likelihood.fits_noise and self.link == "bridge":
+            raise ConfigError(f"link='bridge' maps Gaussian logits to class probabilities; under likelihood="
+                              f"{likelihood.name!r} use link='probit' (the default: the moment-matched Gaussian "
+                              "predictive) or link='mc' (the mixture over sampled means and log-variances)")
         if likelihood.fits_noise:
             if self.prior_mode in ("val", "grid") and not self.scores_gaussian_held_out:
                 raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on the held-out NLL of the GLM "
@@ -268,6 +273,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
                 score = lambda delta: Scores(gather_rows(torch.cat(
                     self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
+            elif self.likelihood.prediction_type is RegressionPrediction:  # a predicted noise: the predictive's NLL
+                rows = self._regression_rows(list(held_out.clean()), None, progress)
+                score = lambda delta: Scores(gather_rows(torch.cat(self._predicted_noise_nll(rows, delta))))
             else:
                 prepared = held_out.prepared(self._prepare)
                 score = lambda delta: self._scores(prepared, delta)
@@ -354,6 +362,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """``(N, D)``: the diagonal of ``J Σ Jᵀ`` at unit noise and prior precision ``prior_precision`` (so at noise
         ``σ`` and prior ``δ`` the model variance is ``σ²`` times it at ``δ σ²``, as ``(G/σ² + δ)⁻¹ = σ² (G + δσ²)⁻¹``)."""
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
+
+    def _predicted_noise_nll(self, rows: Rows, prior_precision: float) -> list[Tensor]:
+        """Per batch of ``rows``, the per-example NLL of the predictive at ``prior_precision`` under a likelihood whose
+        noise the model predicts (``"heteroscedastic"``; the algorithms that take it)."""
+        raise ConfigError(f"{type(self).__name__} does not score a heteroscedastic predictive on held-out data")
 
     def _noise_search_elements(self, rows: Rows) -> int | None:
         """Float32 elements one step of the held-out noise search over ``rows`` holds, where it is small dense work
