@@ -36,8 +36,8 @@ def _tiny(dtype: torch.dtype = torch.float64) -> tuple[nn.Module, torch.Tensor, 
 
 
 def _brute_force_fisher(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
-    """``E_y ∇²_θ Σ_n -log N(y_n; m_n, e^{s_n})`` over ``θ = [W, b]`` (class-major, bias last in each row), ``y`` from
-    the model at the checkpoint: the mean of the Hessians at ``y = m + e^{s/2}`` and ``y = m - e^{s/2}``."""
+    """``E_y ∇²_θ Σ_n -log N(y_n; m_n, e^{s_n})`` over ``θ = [W, b]`` (class-major, bias last in each row), ``y``
+    from the model at the checkpoint: the mean of the Hessians at ``y = m + e^{s/2}`` and ``y = m - e^{s/2}``."""
     head = net[-1]
     with torch.no_grad():
         features = net[:-1](x)
@@ -141,10 +141,11 @@ def test_the_moment_matched_predictive_has_the_moments_of_the_sampled_posterior(
 
 
 def test_the_prior_is_chosen_on_held_out_nll_and_by_the_evidence() -> None:
-    """``"auto"`` with held-out data: the selection step over the ladder, the chosen δ's held-out NLL not above the
-    plain network's by more than the tolerance; ``"marglik"``: the evidence's fixed point ``γ(δ) = δ ‖θ‖²``."""
+    """``"val"``: the selection step over the ladder, the chosen δ's held-out NLL not above the plain network's by more
+    than the tolerance; ``"auto"`` (= ``"marglik"``): the evidence's fixed point ``γ(δ) = δ ‖θ‖²``."""
     net, train, val, _ = _trained()
-    um = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic").fit(train, val, progress=False)
+    um = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", prior_precision="val")
+    um.fit(train, val, progress=False)
     selection = um.method.last_selection
     assert um.method.summary()["prior_fit"] == "val" and selection.knob == "prior_precision"
     assert float(um.method.prior_precision) == selection.value
@@ -154,9 +155,10 @@ def test_the_prior_is_chosen_on_held_out_nll_and_by_the_evidence() -> None:
     assert selection.plain_nll == pytest.approx(reference, rel=1e-5)
     assert selection.records[selection.index].clean_nll == pytest.approx(chosen, rel=1e-5)
     assert chosen <= reference + selection.tolerance
-    evidence = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", prior_precision="marglik")
-    method = evidence.fit(train, progress=False).method
+    method = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic").fit(train, val, progress=False).method
     delta = float(method.prior_precision)
+    assert method.summary()["prior_fit"] == "marglik" and method.last_selection is None
+    assert method.summary()["link"] == "moment-matched"
     assert float(effective_parameters(method.spectrum(), delta)) == pytest.approx(delta * float(method.square_norm),
                                                                                   rel=1e-6)
 
@@ -164,7 +166,8 @@ def test_the_prior_is_chosen_on_held_out_nll_and_by_the_evidence() -> None:
 @pytest.mark.parametrize("hessian", ["full", "kron", "diag"])
 def test_save_and_load_predict_the_same(tmp_path, hessian: str) -> None:
     net, train, val, x = _trained()
-    um = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", hessian=hessian).fit(train, val, progress=False)
+    um = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", hessian=hessian)
+    um.fit(train, val, progress=False)
     um.save(tmp_path / "h.pt")
     loaded = posthoc.load(tmp_path / "h.pt", net)
     assert isinstance(loaded.likelihood, HeteroscedasticGaussian)

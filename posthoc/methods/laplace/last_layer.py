@@ -20,8 +20,8 @@ the GGN is the same block with the Fisher of the Gaussian NLL in both, ``diag(e^
 ``(m, s)``, ``N(f(x), J Σ Jᵀ)``, gives the predictive over ``y``: by default the Gaussian of its moments, mean ``m``
 and variance ``Var m + exp(s + Var s / 2)``
 (:meth:`~posthoc.core.likelihood.HeteroscedasticGaussian.linearised_predictive`); with ``link="mc"`` the mixture
-of ``N(m_k, e^{s_k})`` over ``num_samples`` draws of ``(m, s)``. No noise to fit: the prior is chosen as for a
-classifier (the held-out rules score the predictive's NLL, ``"marglik"`` the evidence).
+of ``N(m_k, e^{s_k})`` over ``num_samples`` draws of ``(m, s)``. No noise to fit: ``"auto"`` is the evidence's
+prior (``"marglik"``), ``"val"`` / ``"grid"`` score the predictive's held-out NLL through the selection step.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
