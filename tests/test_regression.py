@@ -245,7 +245,7 @@ def test_heteroscedastic_plain_model_reads_its_own_variance() -> None:
     torch.testing.assert_close(pred.aleatoric, out[:, 1:].exp())
     assert torch.equal(pred.epistemic, torch.zeros_like(pred.mean))
     with pytest.raises(ConfigError, match="does not do likelihood='heteroscedastic'"):
-        posthoc.wrap(model, method="laplace", likelihood="heteroscedastic")
+        posthoc.wrap(model, method="laplace", likelihood="heteroscedastic", subset="all")
 
 
 def test_with_held_out_data_laplace_takes_the_noise_of_lowest_held_out_nll() -> None:

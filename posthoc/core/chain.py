@@ -81,6 +81,11 @@ def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likeliho
     return spec
 
 
+#: which Laplace posteriors take a likelihood other than the classifier's (the rest: every scope but subset='lora')
+LAPLACE_SCOPES = {"heteroscedastic": "subset='last_layer' only"}
+LAPLACE_SCOPE = "not subset='lora'"
+
+
 def check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
     """Refuse, at ``wrap()``, a method that does not predict under ``likelihood``, naming the ones that do."""
     if cls.handles(likelihood):
@@ -91,7 +96,8 @@ def check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
                   f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
                   if cls.stacks and likelihood.name != "classification" else "")
     raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
-                      f"{', '.join(able) or 'none'}" + (" (laplace: not subset='lora')" if "laplace" in able else "")
+                      f"{', '.join(able) or 'none'}" + (f" (laplace: {LAPLACE_SCOPES.get(likelihood.name, LAPLACE_SCOPE)})"
+                                                         if "laplace" in able else "")
                       + calibrator)
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable, Iterable
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Union
 
 import torch
 from torch import Tensor, nn
@@ -87,7 +87,7 @@ class IdentityHessian:
         return self.ones, None
 
 
-LossHessian = SoftmaxHessian | IdentityHessian
+LossHessian = Union[SoftmaxHessian, IdentityHessian, "HeteroscedasticHessian"]
 
 
 class Likelihood(nn.Module):
@@ -321,8 +321,46 @@ class Gaussian(RealTargets):
         return {"noise_std": float(self.noise_std), "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded"}
 
 
+class HeteroscedasticHessian:
+    """The Fisher of a Gaussian NLL in its mean ``m`` and log-variance ``s``, per example: ``diag(e^{-s}, ½)``.
+
+    For ``-log N(y; m, e^s) = ½ (s + (y - m)² e^{-s} + log 2π)`` the exact Hessian in ``(m, s)`` is
+    ``[[e^{-s}, -r e^{-s}], [-r e^{-s}, ½ r² e^{-s}]]`` with ``r = y - m``: its determinant is ``-½ r² e^{-2s} < 0``
+    wherever ``r ≠ 0``, so it is indefinite at almost every example and a GGN built from it need not be PSD (the
+    problem laplace-torch issue #153 runs into). Its expectation under the model's own ``y ~ N(m, e^s)``
+    (``E r = 0``, ``E r² = e^s``) is the Fisher ``diag(e^{-s}, ½)``: positive definite, free of the targets, and the
+    GGN the curvature structures build from it is the Fisher of the head. Outputs ``(n, 2D)`` (means then
+    log-variances) give the diagonal ``[e^{-s_1} .. e^{-s_D}, ½ .. ½]``.
+
+    Example:
+        >>> HeteroscedasticHessian(torch.tensor([[0.0, 0.0]])).diagonal()
+        tensor([[1.0000, 0.5000]], dtype=torch.float64)
+    """
+
+    def __init__(self, outputs: Tensor) -> None:
+        log_variance = outputs.to(torch.float64)[:, outputs.shape[-1] // 2:]
+        self.weights = torch.cat([(-log_variance).exp(), torch.full_like(log_variance, 0.5)], dim=-1)
+
+    def diagonal(self) -> Tensor:
+        """``(n, 2D)``: every ``H_n``, which is diagonal."""
+        return self.weights
+
+    def summed(self) -> Tensor:
+        """``(2D, 2D)``: ``Σ_n H_n``."""
+        return torch.diag(self.weights.sum(0))
+
+    def parts(self) -> tuple[Tensor, Tensor | None]:
+        """``(d, None)``: ``H_n = diag(d_n)``, no low-rank part."""
+        return self.weights, None
+
+
 class HeteroscedasticGaussian(RealTargets):
-    """A Gaussian whose variance the model predicts: outputs ``(N, 2D)``, means then log-variances per output."""
+    """A Gaussian whose variance the model predicts: outputs ``(N, 2D)``, means then log-variances per output.
+
+    Its loss Hessian for Laplace's GGN is the Fisher in both outputs, ``diag(e^{-s}, ½)``
+    (:class:`HeteroscedasticHessian`), and a Gaussian posterior over the outputs gives the moment-matched
+    predictive :meth:`linearised_predictive`.
+    """
 
     name = "heteroscedastic"
 
@@ -344,10 +382,46 @@ class HeteroscedasticGaussian(RealTargets):
     def means(self, outputs: Tensor) -> Tensor:
         return self.split(outputs)[0]
 
+    def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
+        """The summed ``-log N(y; m, e^s) = ½ Σ (s + (y - m)² e^{-s} + log 2π)``, float64 (nothing to divide by).
+
+        Example:
+            >>> HeteroscedasticGaussian().unit_loss(torch.zeros(2, 2), torch.zeros(2, 1))
+            tensor(1.8379, dtype=torch.float64)
+        """
+        outputs = outputs.to(torch.float64)
+        width = outputs.shape[-1] // 2
+        means, log_variances = outputs[..., :width], outputs[..., width:]
+        return 0.5 * (log_variances + (targets - means).square() * (-log_variances).exp() + math.log(2 * math.pi)).sum()
+
+    def loss_hessian(self, outputs: Tensor) -> HeteroscedasticHessian:
+        """The Fisher ``diag(e^{-s}, ½)`` per example (why not the exact Hessian: :class:`HeteroscedasticHessian`)."""
+        return HeteroscedasticHessian(outputs)
+
     def predictive(self, outputs: Tensor, model_variances: Tensor | None = None) -> RegressionPrediction:
         """The predictive of ``K`` components' outputs ``(K, N, 2D)``, each with its own predicted noise."""
         means, noise = self.split(outputs)
         return RegressionPrediction.from_components(means, model_variances, noise)
+
+    def linearised_predictive(self, outputs: Tensor, variances: Tensor) -> RegressionPrediction:
+        """The Gaussian matching the moments of ``y`` when the outputs ``(m, s)`` are Gaussian around ``outputs``
+        ``(N, 2D)`` with variances ``variances`` ``(N, 2D)`` (the diagonal of a posterior's ``J Σ Jᵀ``).
+
+        ``y = m + e^{s/2} ε`` has mean ``E m`` and variance ``Var m + E e^s``, with ``E e^s = exp(s̄ + Var s / 2)``
+        (the log-normal mean): the epistemic share is ``Var m``, the aleatoric ``E e^s``. The covariance of ``m``
+        and ``s`` does not enter either moment. The exact predictive is a continuous mixture with heavier tails; a
+        sampled one is :meth:`predictive` of draws of the outputs.
+
+        Example:
+            >>> pred = HeteroscedasticGaussian().linearised_predictive(torch.zeros(1, 2), torch.tensor([[0.5, 2.0]]))
+            >>> pred.epistemic, pred.aleatoric           # Var m, exp(0 + 2 / 2)
+            (tensor([[0.5000]]), tensor([[2.7183]]))
+        """
+        means, _ = self.split(outputs)
+        width = means.shape[-1]
+        log_variances, variances = outputs[..., width:], variances.to(outputs.dtype)
+        noise = (log_variances + variances[..., width:] / 2).exp()
+        return RegressionPrediction.from_components(means[None], variances[None, ..., :width], noise[None])
 
     def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out") -> None:
         """Nothing to fit: the model predicts its noise."""

@@ -38,6 +38,12 @@ is not judged at a noise fitted for a narrow one); the checkpoint's NLL is that 
 with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). The chosen ``δ``
 keeps its held-out ``σ``. No perturbed copies there (they are graded on class accuracy).
 
+Under ``likelihood="heteroscedastic"`` (a head of means and log-variances, last layer only) ``"auto"`` is
+``"marglik"`` too; ``"val"`` and ``"grid"`` score the held-out NLL of the predictive itself (no noise to fit).
+The held-out walk to the widest accepted prior suits shift on classes, not a log-variance: where the features
+leave the data (a gap in 1-D inputs) a wide posterior over the log-variance makes ``E e^s`` overflow
+(``benchmarks/results/heteroscedastic_laplace.md``).
+
 The bound is what keeps the choice from costing in distribution on the next split of the data
 (``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
 larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
@@ -67,6 +73,7 @@ from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows, small_dense_work
 from posthoc.engine.selection import Scores, warn_fallback
@@ -126,7 +133,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
             copies; ``val_loader`` required), ``"grid"`` (the lowest validation NLL on the log grid
             1e-4..1e4), ``"marglik"`` (maximise the Laplace evidence) or a positive float.
-        link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``.
+        link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``; under
+            ``likelihood="heteroscedastic"``: the moment-matched Gaussian (default) or ``"mc"``, the mixture over
+            sampled means and log-variances.
         pred: ``"glm"`` (linearised; the default for the last layer and for subsets of Linear
             layers) or ``"nn"`` (weight samples through the network; the default for subsets
             with Conv2d layers).
@@ -181,6 +190,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         The held-out rules ``"val"`` / ``"grid"`` score the Gaussian predictive NLL where the algorithm has one
         (:attr:`scores_gaussian_held_out`), and are refused elsewhere."""
         super().use_likelihood(likelihood)
+        if self._predicts_noise:
+            if self.link == "bridge":
+                raise ConfigError(f"link='bridge' maps Gaussian logits to class probabilities; under likelihood="
+                                  f"{likelihood.name!r} use link='probit' (the default: the moment-matched Gaussian "
+                                  "predictive) or link='mc' (the mixture over sampled means and log-variances)")
+            if self.prior_mode == "auto":  # a predicted noise: the evidence, as for a fitted one (module docs)
+                self.prior_mode = "marglik"
         if likelihood.fits_noise:
             if self.prior_mode in ("val", "grid") and not self.scores_gaussian_held_out:
                 raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on the held-out NLL of the GLM "
@@ -189,6 +205,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                                   "(= 'marglik') or a float")
             if self.prior_mode == "auto":
                 self.prior_mode = "marglik"
+
+    @property
+    def _predicts_noise(self) -> bool:
+        """Whether the model predicts its own noise (``likelihood="heteroscedastic"``: real targets, no noise to fit)."""
+        return self.likelihood.prediction_type is RegressionPrediction and not self.likelihood.fits_noise
 
     @property
     def scores_gaussian_held_out(self) -> bool:
@@ -268,6 +289,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
                 score = lambda delta: Scores(gather_rows(torch.cat(
                     self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
+            elif self._predicts_noise:  # the predictive's own NLL
+                rows = self._regression_rows(list(held_out.clean()), None, progress)
+                score = lambda delta: Scores(gather_rows(torch.cat(self._predicted_noise_nll(rows, delta))))
             else:
                 prepared = held_out.prepared(self._prepare)
                 score = lambda delta: self._scores(prepared, delta)
@@ -354,6 +378,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """``(N, D)``: the diagonal of ``J Σ Jᵀ`` at unit noise and prior precision ``prior_precision`` (so at noise
         ``σ`` and prior ``δ`` the model variance is ``σ²`` times it at ``δ σ²``, as ``(G/σ² + δ)⁻¹ = σ² (G + δσ²)⁻¹``)."""
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
+
+    def _predicted_noise_nll(self, rows: Rows, prior_precision: float) -> list[Tensor]:
+        """Per batch of ``rows``, the per-example NLL of the predictive at ``prior_precision`` under a likelihood whose
+        noise the model predicts (``"heteroscedastic"``; the algorithms that take it)."""
+        raise ConfigError(f"{type(self).__name__} does not score a heteroscedastic predictive on held-out data")
 
     def _noise_search_elements(self, rows: Rows) -> int | None:
         """Float32 elements one step of the held-out noise search over ``rows`` holds, where it is small dense work
@@ -461,7 +490,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             "layers": self.posterior_layers(),
             "hessian": self.hessian,
             "predictive": self.pred,
-            "link": self.link,
+            "link": self.link if self.link == "mc" or not self._predicts_noise else "moment-matched",
             "prior_precision": float(self.prior_precision),
             "prior_fit": PRIOR_SOURCES[source] if source >= 0 else "not recorded",
             "fit_examples": int(self.num_data),

@@ -14,6 +14,15 @@ plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence, and with held-
 on its NLL (:meth:`~posthoc.methods.laplace.base.Laplace._fit_noise_on_held_out`). ``prior_precision="val"`` /
 ``"grid"`` score each ``δ`` by that held-out NLL at its own best ``σ``.
 
+Under ``likelihood="heteroscedastic"`` the head outputs means ``m`` and log-variances ``s`` (``2D`` outputs) and
+the GGN is the same block with the Fisher of the Gaussian NLL in both, ``diag(e^{-s_n}, ½)`` per example
+(:class:`~posthoc.core.likelihood.HeteroscedasticHessian`: the exact Hessian is indefinite). The GLM Gaussian over
+``(m, s)``, ``N(f(x), J Σ Jᵀ)``, gives the predictive over ``y``: by default the Gaussian of its moments, mean ``m``
+and variance ``Var m + exp(s + Var s / 2)``
+(:meth:`~posthoc.core.likelihood.HeteroscedasticGaussian.linearised_predictive`); with ``link="mc"`` the mixture
+of ``N(m_k, e^{s_k})`` over ``num_samples`` draws of ``(m, s)``. No noise to fit: ``"auto"`` is the evidence's
+prior (``"marglik"``), ``"val"`` / ``"grid"`` score the predictive's held-out NLL through the selection step.
+
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
@@ -31,7 +40,7 @@ from torch import Tensor, nn
 
 from posthoc.core.chunks import current_budget
 from posthoc.core.inputs import Inputs, iterate
-from posthoc.core.likelihood import Categorical, Gaussian
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.core.regression_prediction import RegressionPrediction
@@ -46,7 +55,7 @@ from posthoc.methods.laplace.structures import structure_class
 class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
 
-    likelihoods = (Categorical, Gaussian)
+    likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -125,14 +134,35 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
                               generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output (see module docs)."""
+        """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output; under a predicted noise, the
+        moment-matched Gaussian or the sampled mixture over ``(m, s)`` (see module docs)."""
         self._settle()
         phi, outputs = self.split(x)
         dtype = torch.promote_types(phi.dtype, torch.float32)
+        if isinstance(self.likelihood, HeteroscedasticGaussian):
+            return self._predicted_noise_predictive(augment(phi.to(dtype), self._has_bias), outputs.to(dtype),
+                                                    float(self.prior_precision), generator, num_samples or self.num_samples)
         noise = self.likelihood.dispersion
         phi_aug = augment(phi.to(dtype), self._has_bias)
         variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
+
+    def _predicted_noise_predictive(self, phi_aug: Tensor, outputs: Tensor, prior_precision: float,
+                                    generator: torch.Generator | None, num_samples: int) -> RegressionPrediction:
+        """Under ``likelihood="heteroscedastic"``: the Gaussian ``N(f(x), J Σ Jᵀ)`` over the means and log-variances,
+        moment-matched (default) or sampled (``link="mc"``) into the predictive over the targets (module docs)."""
+        gaussian = self.curvature.head_variance(phi_aug, outputs, prior_precision)
+        if self.link == "mc":
+            return self.likelihood.predictive(gaussian.sample(num_samples, generator))
+        return self.likelihood.linearised_predictive(outputs, gaussian.variance())
+
+    def _predicted_noise_nll(self, rows: list[tuple[Tensor, Tensor, Tensor]], prior_precision: float) -> list[Tensor]:
+        """Per batch of ``rows`` ``(phĩ, outputs, targets)``, each example's NLL under the predictive at
+        ``prior_precision`` (``link="mc"``: the same seeded draws at every prior)."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        return [-self._predicted_noise_predictive(phi_aug, outputs, prior_precision, generator,
+                                                  self.num_samples).log_prob(targets).double()
+                for phi_aug, outputs, targets in rows]
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Tensor, Tensor, Tensor]]:
         """``[(phĩ, outputs, targets)]``: ``loader``'s first ``rows`` rows (whole batches) joined into one batch."""
