@@ -14,6 +14,13 @@ plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence, and with held-
 on its NLL (:meth:`~posthoc.methods.laplace.base.Laplace._fit_noise_on_held_out`). ``prior_precision="val"`` /
 ``"grid"`` score each ``δ`` by that held-out NLL at its own best ``σ``.
 
+Several outputs get one noise ``σ_d`` each: the GGN is then ``diag(1/σ_d²) ⊗ Σ phĩ phĩᵀ``, independent
+across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column
+(:meth:`~posthoc.methods.laplace.base.Laplace._model_variance`). The evidence picks ``δ`` with one shared
+``σ``; then each ``σ_d`` minimises its output's held-out NLL at that ``δ`` (without a ``val_loader``: on up to
+``TRAIN_ROWS`` training rows). :meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one
+shared noise and refuses a noise per output.
+
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
@@ -47,6 +54,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
 
     likelihoods = (Categorical, Gaussian)
+    per_output_noise = True
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -129,8 +137,12 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         self._settle()
         phi, outputs = self.split(x)
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        noise = self.likelihood.dispersion
         phi_aug = augment(phi.to(dtype), self._has_bias)
+        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (Laplace._model_variance)
+            noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
+            variance = self._model_variance(phi_aug, outputs, float(self.prior_precision), noises)
+            return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
+        noise = self.likelihood.dispersion
         variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
