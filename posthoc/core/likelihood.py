@@ -362,8 +362,9 @@ class Gaussian(RealTargets):
         if self.fixed:
             return
         if per_output and outputs.shape[-1] > 1:
-            stds = [self._fitted(outputs[..., d:d + 1], None if model_variances is None else model_variances[..., d:d + 1],
-                                 targets[..., d:d + 1]) for d in range(outputs.shape[-1])]
+            with single_thread_if(outputs.device.type == "cpu" and 8 * outputs[..., 0].numel() <= SMALL_WORK_BYTES):
+                stds = [self._fitted(outputs[..., d:d + 1], None if model_variances is None else model_variances[..., d:d + 1],
+                                     targets[..., d:d + 1]) for d in range(outputs.shape[-1])]
             self.set_noise(torch.tensor(stds, dtype=torch.float64), source)
         else:
             self.set_noise(self._fitted(outputs, model_variances, targets), source)

@@ -323,11 +323,17 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         unit = torch.cat([block.spectrum() for block in self.blocks])
         delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
                                               prior_precision=float(self.prior_precision) if fixed_prior else None,
-                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None,
+                                              noise_std=self._evidence_noise() if likelihood.fixed else None,
                                               scale=self._scale)
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
+
+    def _evidence_noise(self) -> float:
+        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output (the
+        evidence has one noise; each output's predictive then takes its own, :meth:`_model_variance`)."""
+        stds = self.likelihood.fitted_stds()
+        return float(stds.square().mean().sqrt()) if stds.dim() else float(stds)
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
         """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`choose`).

@@ -18,8 +18,9 @@ Several outputs get one noise ``σ_d`` each: the GGN is then ``diag(1/σ_d²) �
 across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column
 (:meth:`~posthoc.methods.laplace.base.Laplace._model_variance`). The evidence picks ``δ`` with one shared
 ``σ``; then each ``σ_d`` minimises its output's held-out NLL at that ``δ`` (without a ``val_loader``: on up to
-``TRAIN_ROWS`` training rows). :meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one
-shared noise and refuses a noise per output.
+``TRAIN_ROWS`` training rows; a fixed noise per output: the evidence reads their root mean square).
+:meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one shared noise and refuses a noise
+per output.
 
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
