@@ -273,3 +273,13 @@ def _chi_square_p(counts: np.ndarray, law: stats.rv_discrete) -> float:
     observed = np.bincount(np.searchsorted(edges, counts, side="left"), minlength=len(edges) + 1)
     expected = np.diff(np.concatenate([[0.0], law.cdf(edges), [1.0]])) * len(counts)
     return float(stats.chisquare(observed, expected).pvalue)
+
+
+def test_an_exported_plain_regressor_keeps_the_noise_per_output_and_laplace_refuses_it() -> None:
+    x, y, model = _data(600, 13)
+    plain = posthoc.wrap(model, method="none", likelihood="regression").fit(_loader(x[:300], y[:300]))
+    _, variance = plain.to_module()(x[300:310])
+    torch.testing.assert_close(variance.reshape(10, OUTPUTS), plain.predict(x[300:310]).variance)
+    laplace = posthoc.wrap(model, method="laplace", likelihood="regression").fit(_loader(x[:300], y[:300]))
+    with pytest.raises(posthoc.ExportError, match=r"noise per output \(3 values\)"):
+        laplace.to_module()
