@@ -124,7 +124,8 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
             for a list.
         likelihood: ``"classification"`` (the default: logits ``(N, C)``, or ``(N,)`` / ``(N, 1)`` for a
             binary classifier), ``"regression"`` (outputs ``(N, D)`` or ``(N,)``, targets alike; a Gaussian
-            observation noise fitted at ``fit`` and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
+            observation noise fitted at ``fit`` (one per output under ``none``, last-layer ``laplace``,
+            ``mc-dropout`` and ensembles) and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
             prediction is a :class:`~posthoc.RegressionPrediction`) or ``"heteroscedastic"`` (outputs ``(N, 2D)``:
             means, then log-variances). Methods that do not handle it refuse here and name those that do.
         **options: method options; each goes to every method in the chain that accepts it

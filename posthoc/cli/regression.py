@@ -284,7 +284,7 @@ def write_regression_report(results: list[RegressionRow], args: argparse.Namespa
     regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
     timing = markdown_rows(["method", "fit s", "eval s", "noise std", "predict x fwd"],
                            [[row.name, f"{row.fit_seconds:.1f}", f"{row.eval_seconds:.1f}",
-                             f"{row.um.likelihood.summary().get('noise_std', float('nan')):.4g}",
+                             _noise_text(row.um.likelihood.summary().get('noise_std', float('nan'))),
                              "–" if row.predict_cost is None else f"{row.predict_cost:.1f}"] for row in results])
     found = regression_verdict(results, shift)
     opening = [] if found is None else [verdict_section(found, out, title="test rows; NLL under shift: mean over the "
@@ -355,3 +355,13 @@ def run_regression(args: argparse.Namespace) -> Path:
                                           about=about, extra=extra, shift=_shift_table(results, data, args))
     print(f"[posthoc] wrote {report_path}")
     return report_path
+
+
+def _noise_text(noise: float | list[float]) -> str:
+    """The fitted noise for the report: one ``σ``, or one per output.
+
+    Example:
+        >>> _noise_text(0.123456), _noise_text([0.1, 2.0])
+        ('0.1235', '0.1 / 2')
+    """
+    return " / ".join(f"{value:.4g}" for value in noise) if isinstance(noise, list) else f"{noise:.4g}"

@@ -223,42 +223,88 @@ class RealTargets(Likelihood):
 
 
 class Gaussian(RealTargets):
-    """A Gaussian observation noise of one standard deviation ``σ`` for every output (homoscedastic).
+    """A Gaussian observation noise: one standard deviation ``σ`` for every output, or one ``σ_d`` per output.
 
     Args:
-        noise_std: a fixed ``σ > 0``; ``None`` (the default) fits it by maximum likelihood at ``fit``
+        noise_std: a fixed ``σ > 0``, or a list of one ``σ_d > 0`` per output (its length must be the model's
+            output count, checked at ``wrap``); ``None`` (the default) fits it by maximum likelihood at ``fit``
             (Laplace: with its prior, by the marginal likelihood).
+
+    The methods that predict with a noise per output (``none``, last-layer ``laplace``, ``mc-dropout`` and
+    ensembles of them, :attr:`posthoc.core.method.Method.per_output_noise`) fit one ``σ_d`` per output of a
+    multi-output model; the others fit one ``σ`` shared by the outputs (their training loss is scaled by
+    it) and refuse a fixed noise per output. One output: the one ``σ``, exactly as a shared fit.
 
     Example:
         >>> um = posthoc.wrap(regressor, method="laplace", likelihood=Gaussian(noise_std=0.1)).fit(reg_train_loader)
         >>> um.predict(reg_x).aleatoric.sqrt()[:2]         # the fixed noise
         tensor([[0.1000], [0.1000]])
+        >>> Gaussian(noise_std=[0.1, 2.0]).noise_std       # one per output
+        tensor([0.1000, 2.0000], dtype=torch.float64)
     """
 
     name = "regression"
     fits_noise = True
 
-    def __init__(self, noise_std: float | None = None) -> None:
+    def __init__(self, noise_std: float | list[float] | tuple[float, ...] | None = None) -> None:
         super().__init__()
-        if noise_std is not None and (isinstance(noise_std, bool) or not isinstance(noise_std, (int, float))
-                                      or not 0 < noise_std < math.inf):
-            raise ConfigError(f"noise_std must be a positive finite float (the observation noise's standard deviation) or "
-                              f"None to fit it, got {noise_std!r}")
+        values = _noise_values(noise_std)
         self.fixed = noise_std is not None
-        self.register_buffer("noise_std", torch.tensor(math.nan if noise_std is None else float(noise_std), dtype=torch.float64))
+        self.register_buffer("noise_std", torch.tensor(math.nan if values is None else values, dtype=torch.float64))
         self.register_buffer("noise_source", torch.tensor(NOISE_SOURCES.index("fixed") if self.fixed else -1))
 
     @property
+    def per_output(self) -> bool:
+        """Whether the noise is a vector of one ``σ_d`` per output (else one ``σ`` for all)."""
+        return self.noise_std.dim() > 0
+
+    def check_width(self, outputs: int) -> None:
+        """A noise per output needs as many as the model has outputs."""
+        if self.per_output and self.noise_std.numel() != outputs:
+            raise ConfigError(f"noise_std has {self.noise_std.numel()} value(s), one per output, but the model returns "
+                              f"{outputs} output(s) per example; pass {outputs} values or one float shared by the outputs")
+
+    @property
     def dispersion(self) -> float:
+        """``σ²``, the one noise variance of every output; a noise per output with different values is refused here
+        (what reads one dispersion, e.g. a noise-scaled training loss or the GGN's spectrum, cannot use it)."""
+        if self.per_output:
+            stds = self.fitted_stds()
+            if bool((stds != stds[0]).any()):
+                raise ConfigError(f"this computation uses one observation noise for all outputs, but the noise is per "
+                                  f"output (σ = {[round(v, 4) for v in stds.tolist()]}); fix one shared noise with "
+                                  "likelihood=posthoc.Gaussian(noise_std=<float>), or use a method that predicts with a "
+                                  "noise per output (none, last-layer laplace, mc-dropout, ensembles)")
+            return float(stds[0]) ** 2
         return self.fitted_std() ** 2
 
     def fitted_std(self) -> float:
-        """``σ``, refusing before it was fitted."""
+        """``σ``, refusing before it was fitted (a noise per output: its one value, where all are equal)."""
+        if self.per_output:
+            return math.sqrt(self.dispersion)
         value = float(self.noise_std)
         if math.isnan(value):
             raise NotFittedError("the observation noise of likelihood='regression' is not fitted yet: call "
                                  "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))")
         return value
+
+    def fitted_stds(self) -> Tensor:
+        """``σ`` float64, ``()`` shared or ``(D,)`` per output, refusing before it was fitted."""
+        if not bool(torch.isfinite(self.noise_std).all()):
+            raise NotFittedError("the observation noise of likelihood='regression' is not fitted yet: call "
+                                 "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))")
+        return self.noise_std
+
+    def variances(self, outputs: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+        """The noise variances ``σ²`` as a tensor broadcasting to ``(..., outputs)``: ``()`` shared, ``(D,)`` per output
+        (refusing a model of another output count)."""
+        if not self.per_output:
+            return torch.tensor(self.dispersion, dtype=dtype, device=device)
+        stds = self.fitted_stds()
+        if stds.numel() != outputs:
+            raise InputError(f"the observation noise has {stds.numel()} value(s), one per output, but the model predicts "
+                             f"{outputs} output(s); fit (or fix) the noise for this model's outputs")
+        return stds.square().to(device=device, dtype=dtype)
 
     def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
         return 0.5 * (outputs.to(torch.float64) - targets).square().sum()
@@ -268,7 +314,7 @@ class Gaussian(RealTargets):
 
     def predictive(self, outputs: Tensor, model_variances: Tensor | None = None) -> RegressionPrediction:
         """The predictive of ``K`` components' outputs ``(K, N, D)`` with their model variances (``None``: points)."""
-        noise = torch.tensor(self.dispersion, dtype=outputs.dtype, device=outputs.device)
+        noise = self.variances(outputs.shape[-1], outputs.dtype, outputs.device)
         return RegressionPrediction.from_components(outputs, model_variances, noise)
 
     def mean_nll(self, outputs: Tensor, targets: Tensor) -> Tensor:
@@ -280,20 +326,52 @@ class Gaussian(RealTargets):
             tensor(0.9189)
         """
         targets = targets.to(outputs.device, outputs.dtype)
+        if self.per_output:
+            variances = self.variances(outputs.shape[-1], outputs.dtype, outputs.device)
+            return (0.5 * ((targets - outputs).square() / variances).sum(-1)).mean() + 0.5 * (2 * math.pi * variances).log().sum()
         variance = self.dispersion
         return (0.5 * (targets - outputs).square().sum(-1) / variance).mean() + 0.5 * targets.shape[-1] * math.log(2 * math.pi * variance)
 
-    def set_noise(self, std: float, source: str) -> None:
-        """Record ``σ`` and how it was chosen (one of :data:`NOISE_SOURCES`)."""
-        self.noise_std.fill_(std)
+    def set_noise(self, std: float | Tensor, source: str) -> None:
+        """Record ``σ`` (a float, or a tensor of one ``σ_d`` per output) and how it was chosen (one of
+        :data:`NOISE_SOURCES`)."""
+        if isinstance(std, Tensor) and std.dim() > 0:
+            self.noise_std = std.detach().to(device=self.noise_std.device, dtype=torch.float64).clone()
+        else:
+            if self.per_output:
+                self.noise_std = torch.tensor(math.nan, dtype=torch.float64, device=self.noise_std.device)
+            self.noise_std.fill_(float(std))
         self.noise_source.fill_(NOISE_SOURCES.index(source))
 
-    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out") -> None:
+    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out", *,
+                  per_output: bool = False) -> None:
         """``σ`` maximising the predictive likelihood of ``targets`` ``(N, D)`` under components ``(K, N, D)``
         (a fixed ``σ`` stays). One Gaussian point per example: ``σ² = mean r²``; otherwise a golden-section
-        search in ``log σ`` on the exact mixture likelihood, which has that same optimum for points."""
+        search in ``log σ`` on the exact mixture likelihood, which has that same optimum for points.
+
+        ``per_output`` (with ``D > 1``): one ``σ_d`` per output, each maximising its output's marginal predictive
+        likelihood (the same fit on that output's column; for one Gaussian per example, whose outputs are
+        independent, the joint maximum). With one output the shared fit, bit for bit.
+
+        Example:
+            >>> gaussian, targets = Gaussian(), torch.tensor([[1.0, 3.0], [-1.0, -3.0]])
+            >>> gaussian.fit_noise(torch.zeros(1, 2, 2), None, targets, per_output=True)
+            >>> gaussian.noise_std
+            tensor([1., 3.], dtype=torch.float64)
+        """
         if self.fixed:
             return
+        if per_output and outputs.shape[-1] > 1:
+            with single_thread_if(outputs.device.type == "cpu" and 8 * outputs[..., 0].numel() <= SMALL_WORK_BYTES):
+                stds = [self._fitted(outputs[..., d:d + 1], None if model_variances is None else model_variances[..., d:d + 1],
+                                     targets[..., d:d + 1]) for d in range(outputs.shape[-1])]
+            self.set_noise(torch.tensor(stds, dtype=torch.float64), source)
+        else:
+            self.set_noise(self._fitted(outputs, model_variances, targets), source)
+
+    @staticmethod
+    def _fitted(outputs: Tensor, model_variances: Tensor | None, targets: Tensor) -> float:
+        """The shared maximum-likelihood ``σ`` of :meth:`fit_noise`, refusing a zero noise."""
         outputs, targets = outputs.to(torch.float64), targets.to(torch.float64)
         residual = (targets - outputs.mean(0)).square().mean().sqrt().item()
         if outputs.shape[0] == 1 and model_variances is None:
@@ -309,16 +387,42 @@ class Gaussian(RealTargets):
         if not std > 0:
             raise InputError("the model predicts every target exactly, so the observation noise is 0; fix it with "
                              "likelihood=posthoc.Gaussian(noise_std=...) or fit on held-out data")
-        self.set_noise(std, source)
+        return std
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
+        """A saved noise of another shape (a vector per output, or an older file's one ``σ``) replaces the buffer."""
+        saved = state_dict.get(prefix + "noise_std")
+        if isinstance(saved, Tensor) and saved.shape != self.noise_std.shape:
+            self.noise_std = torch.empty(saved.shape, dtype=torch.float64, device=self.noise_std.device)
+        super()._load_from_state_dict(state_dict, prefix, *args)
 
     def config(self) -> dict[str, Any]:
-        return {"name": self.name, "noise_std": float(self.noise_std) if self.fixed else None}
+        if not self.fixed:
+            return {"name": self.name, "noise_std": None}
+        return {"name": self.name, "noise_std": self.noise_std.tolist() if self.per_output else float(self.noise_std)}
 
     def summary(self) -> dict[str, Any]:
         source = int(self.noise_source)
-        if math.isnan(float(self.noise_std)):
+        if bool(torch.isnan(self.noise_std).any()):
             return {}
-        return {"noise_std": float(self.noise_std), "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded"}
+        return {"noise_std": self.noise_std.tolist() if self.per_output else float(self.noise_std),
+                "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded"}
+
+
+def _noise_values(noise_std: Any) -> float | list[float] | None:
+    """``noise_std=`` checked: ``None``, a positive finite float, or a non-empty sequence of them (one per output)."""
+    if noise_std is None:
+        return None
+
+    def valid(value: Any) -> bool:
+        return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 < value < math.inf
+
+    if isinstance(noise_std, (list, tuple)) and noise_std and all(valid(v) for v in noise_std):
+        return [float(v) for v in noise_std]
+    if valid(noise_std):
+        return float(noise_std)
+    raise ConfigError(f"noise_std must be a positive finite float (the observation noise's standard deviation), a list of "
+                      f"them (one per output) or None to fit it, got {noise_std!r}")
 
 
 class HeteroscedasticHessian:
@@ -525,9 +629,11 @@ def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) ->
 
 
 def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterable | None], device: torch.device,
-                 components: Callable[[Inputs], tuple[Tensor, Tensor | None]], *, progress: bool = False) -> None:
+                 components: Callable[[Inputs], tuple[Tensor, Tensor | None]], *, progress: bool = False,
+                 per_output: bool = False) -> None:
     """Fit ``likelihood``'s noise on the held-out loader if there is one, else on the training loader: ``components(x)``
     gives a batch's outputs ``(K, n, D)`` and model variances. A likelihood without a noise to fit is left alone.
+    ``per_output``: one noise per output (:meth:`Gaussian.fit_noise`), for a method that predicts with one.
 
     Example:
         >>> gaussian = Gaussian()
@@ -551,7 +657,8 @@ def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterabl
             outputs.append(out)
             variances.append(variance)
     model = None if any(v is None for v in variances) else torch.cat(variances, dim=1)
-    likelihood.fit_noise(torch.cat(outputs, dim=1), model, torch.cat(targets), source)
+    likelihood.fit_noise(torch.cat(outputs, dim=1), model, torch.cat(targets), source,
+                         **({"per_output": True} if per_output else {}))
 
 
 def model_outputs(raw: Any) -> Tensor:

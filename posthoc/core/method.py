@@ -51,6 +51,8 @@ class Method(nn.Module):
             as its own (``"sparse-vd"``: ``um.sparsity()``, ``um.prune()``).
         likelihoods: the :mod:`~posthoc.core.likelihood` classes the method handles; ``wrap`` refuses the
             others. A method that takes a regression likelihood implements :meth:`regression_predictive`.
+        per_output_noise: whether, under ``likelihood="regression"``, the method predicts with one observation noise
+            per output (it fits them, and takes a fixed ``posthoc.Gaussian(noise_std=[...])``); the others share one.
 
     A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
     ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
@@ -64,6 +66,7 @@ class Method(nn.Module):
     copies_model: ClassVar[bool] = False
     tools: ClassVar[tuple[str, ...]] = ()
     likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
+    per_output_noise: ClassVar[bool] = False
 
     def __init__(self, model: nn.Module) -> None:
         super().__init__()
@@ -216,6 +219,10 @@ class Method(nn.Module):
         """
         if not self.handles(likelihood):
             raise ConfigError(f"'{self.name}' does not do likelihood={likelihood.name!r}")
+        if getattr(likelihood, "per_output", False) and not self.per_output_noise:
+            raise ConfigError(f"'{self.name}' ({type(self).__name__}) uses one observation noise shared by the outputs, "
+                              "but noise_std gives one per output; pass posthoc.Gaussian(noise_std=<one float>) or use a "
+                              "method with a noise per output (none, last-layer laplace, mc-dropout, ensembles of them)")
         self.likelihood = likelihood
 
     def check_fitted(self, what: str) -> None:

@@ -380,10 +380,13 @@ CLASSIFIERS: dict[str, Callable[[Builder, Method], nn.Module]] = {
 
 # ---------------------------------------------------------------------------------------------------- regressors
 def _noise(method: Method) -> Tensor | None:
-    """The fitted observation variance of a Gaussian likelihood (``None``: the network predicts it)."""
+    """The fitted observation variance of a Gaussian likelihood, ``()`` or one per output ``(D,)`` (``None``: the network
+    predicts it)."""
     likelihood = method.likelihood
     if isinstance(likelihood, HeteroscedasticGaussian):
         return None
+    if isinstance(likelihood, Gaussian) and likelihood.per_output:
+        return likelihood.fitted_stds().square().to(torch.float32)
     if isinstance(likelihood, Gaussian):
         return torch.tensor(likelihood.dispersion, dtype=torch.float32)
     raise ExportError(f"um.to_module() exports the regression likelihoods 'regression' and 'heteroscedastic', not "
@@ -399,6 +402,10 @@ def _laplace_regressor(builder: Builder, method: Method) -> nn.Module:
     noise = _noise(method)
     if noise is None:
         raise ExportError("last-layer Laplace exports under likelihood='regression' (a fitted noise) only")
+    if noise.dim() > 0:
+        raise ExportError(f"last-layer Laplace exports one observation noise shared by the outputs; this one has a noise "
+                          f"per output ({noise.numel()} values): export method='none' or an ensemble, or fit with "
+                          "likelihood=posthoc.Gaussian(noise_std=<one float>)")
     structure, _ = _laplace_structure(method)
     backbone = builder.backbone(method.model)
     tap = backbone.add_tap(head_name, "input")

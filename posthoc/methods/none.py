@@ -2,7 +2,7 @@
 
 Under ``likelihood="regression"`` it is the model's output with the fitted observation noise,
 ``N(f(x), σ²)``, ``σ`` by maximum likelihood on the held-out residuals (the training residuals when
-``fit`` gets no ``val_loader``); under ``"heteroscedastic"``, the model's own mean and variance.
+``fit`` gets no ``val_loader``), one ``σ_d`` per output of a multi-output model; under ``"heteroscedastic"``, the model's own mean and variance.
 
 Example:
     >>> um = posthoc.wrap(model, method="none")
@@ -38,12 +38,14 @@ class PlainModel(Method):
     name = "none"
     requires_fit = False
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
+    per_output_noise = True
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Fit the likelihood's observation noise, where it has one (classification: nothing to fit)."""
         with eval_mode(self.model):
             fit_noise_on(self.likelihood, (train_loader, val_loader), self.device,
-                         lambda x: (model_outputs(run_model(self.model, x))[None], None), progress=progress)
+                         lambda x: (model_outputs(run_model(self.model, x))[None], None), progress=progress,
+                         per_output=True)
         super().fit(train_loader, val_loader, progress=progress)
 
     def log_predictive(self, x: Inputs, *, num_samples: int | None = None,

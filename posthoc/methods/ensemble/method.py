@@ -73,6 +73,7 @@ class Ensemble(Method):
 
     name = ENSEMBLE
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)  # the members' own are checked as they are built
+    per_output_noise = True  # as the members' own (each member refuses a noise per output it cannot use)
 
     def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
                  sources: Sequence[str | None] | None = None) -> None:

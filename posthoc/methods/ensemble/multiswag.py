@@ -50,6 +50,7 @@ class MultiSWAG(Ensemble):
 
     name = "multiswag"
     likelihoods = (Categorical, Gaussian)
+    per_output_noise = False  # one noise shared by the runs' samples and by the outputs
 
     def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
         integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")

@@ -247,6 +247,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         source = self._source(val_loader is not None)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
+            if val_loader is None and not self.likelihood.fixed and self.scores_gaussian_held_out \
+                    and self._per_output(self.target_values() // max(int(self.num_data), 1)):
+                with torch.no_grad(), eval_mode(self.model):  # no held-out data: one σ_d per output on training rows
+                    rows = self._regression_rows(train_loader, TRAIN_ROWS, progress)
+                    self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "training")
         elif source == "marglik":
             self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
@@ -342,11 +347,17 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         unit = torch.cat([block.spectrum() for block in self.blocks])
         delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
                                               prior_precision=float(self.prior_precision) if fixed_prior else None,
-                                              noise_std=float(likelihood.noise_std) if likelihood.fixed else None,
+                                              noise_std=self._evidence_noise() if likelihood.fixed else None,
                                               scale=self._scale)
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
+
+    def _evidence_noise(self) -> float:
+        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output (the
+        evidence has one noise; each output's predictive then takes its own, :meth:`_model_variance`)."""
+        stds = self.likelihood.fitted_stds()
+        return float(stds.square().mean().sqrt()) if stds.dim() else float(stds)
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
         """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`choose`).
@@ -389,11 +400,19 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         the runner may run on one thread (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
         return None
 
-    def _held_out_noise(self, rows: Rows, prior_precision: float) -> float:
+    def _per_output(self, outputs: int) -> bool:
+        """Whether the noise is one ``σ_d`` per output: an algorithm with :attr:`per_output_noise` and several outputs."""
+        return self.per_output_noise and outputs > 1 and self.likelihood.fits_noise
+
+    def _held_out_noise(self, rows: Rows, prior_precision: float) -> float | Tensor:
         """The ``σ`` minimising the NLL of ``N(f(x), J Σ Jᵀ + σ²)`` on ``rows`` at ``prior_precision`` (a fixed ``σ``
-        stays): golden-section search in ``log σ`` from a tenth to twice the rows' residual RMS."""
+        stays): golden-section search in ``log σ`` from a tenth to twice the rows' residual RMS. Several outputs under
+        an algorithm with a noise per output: one ``σ_d`` per output ``(D,)``, each searched on its output's NLL (the
+        outputs are independent under the predictive, so that is the joint minimum)."""
         if self.likelihood.fixed:
-            return self.likelihood.fitted_std()
+            return self.likelihood.fitted_stds() if self.likelihood.per_output else self.likelihood.fitted_std()
+        if self._per_output(rows[0][1].shape[-1]):
+            return self._held_out_noises(rows, prior_precision)
         log_residual = math.log(residual_std(rows))
         elements = self._noise_search_elements(rows)
         with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
@@ -402,11 +421,47 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                                      log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS)
         return math.exp(log_std)
 
-    def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at ``δ``, ``σ``."""
+    def _held_out_noises(self, rows: Rows, prior_precision: float) -> Tensor:
+        """``(D,)``: each output's ``σ_d`` of :meth:`_held_out_noise`, searched from its own residual RMS."""
+        stds = []
+        elements = self._noise_search_elements(rows)
+        for d in range(rows[0][1].shape[-1]):
+            log_residual = math.log(residual_std([(None, outputs[:, d:d + 1], targets[:, d:d + 1])
+                                                  for _, outputs, targets in rows]))
+
+            def nll(log_std: float, d: int = d) -> float:
+                noise = math.exp(2 * log_std)
+                return sum(float(normal_nll(outputs[:, d:d + 1], noise * self._unit_variance(
+                    prepared, outputs, prior_precision * noise)[:, d:d + 1].double() + noise, targets[:, d:d + 1]).sum())
+                    for prepared, outputs, targets in rows)
+
+            with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
+                stds.append(math.exp(golden_minimum(nll, log_residual - math.log(10.0), log_residual + math.log(2.0),
+                                                    steps=NOISE_STEPS)))
+        return torch.tensor(stds, dtype=torch.float64)
+
+    def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float | Tensor) -> list[Tensor]:
+        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at ``δ``, ``σ``
+        (a float, or one ``σ_d`` per output ``(D,)``)."""
+        if isinstance(std, Tensor) and std.dim() > 0:
+            return [normal_nll(outputs, self._model_variance(prepared, outputs, prior_precision, std.square()).double()
+                               + std.square().to(outputs.device), targets) for prepared, outputs, targets in rows]
         noise = std * std
         return [normal_nll(outputs, noise * self._unit_variance(prepared, outputs, prior_precision * noise).double() + noise,
                            targets) for prepared, outputs, targets in rows]
+
+    def _model_variance(self, prepared: Any, outputs: Tensor, prior_precision: float, noises: Tensor) -> Tensor:
+        """``(N, D)``: the diagonal of ``J Σ Jᵀ`` under one noise variance ``σ_d²`` per output ``noises`` ``(D,)``.
+
+        With an identity loss Hessian the head's GGN is ``Λ ⊗ A`` (``Λ = diag(1/σ_d²)``), whose posterior is
+        independent across outputs: output ``d``'s block is ``(A/σ_d² + δ)⁻¹ = σ_d² (A + δσ_d²)⁻¹``, so its variance
+        is ``σ_d²`` times the unit-noise one at prior ``δσ_d²`` (one unit-noise evaluation per distinct ``σ_d``)."""
+        variance = torch.empty_like(outputs, dtype=torch.float64)
+        for noise in torch.unique(noises).tolist():
+            columns = (noises == noise).nonzero().flatten().to(outputs.device)
+            unit = self._unit_variance(prepared, outputs, prior_precision * noise).double()
+            variance[:, columns] = noise * unit[:, columns]
+        return variance
 
     def target_values(self) -> int:
         """How many target values the fit saw (examples times outputs): a Gaussian NLL's normaliser counts them."""

@@ -23,6 +23,14 @@ and variance ``Var m + exp(s + Var s / 2)``
 of ``N(m_k, e^{s_k})`` over ``num_samples`` draws of ``(m, s)``. No noise to fit: ``"auto"`` is the evidence's
 prior (``"marglik"``), ``"val"`` / ``"grid"`` score the predictive's held-out NLL through the selection step.
 
+Under ``likelihood="regression"`` several outputs get one noise ``σ_d`` each: the GGN is then ``diag(1/σ_d²) ⊗ Σ phĩ phĩᵀ``, independent
+across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column
+(:meth:`~posthoc.methods.laplace.base.Laplace._model_variance`). The evidence picks ``δ`` with one shared
+``σ``; then each ``σ_d`` minimises its output's held-out NLL at that ``δ`` (without a ``val_loader``: on up to
+``TRAIN_ROWS`` training rows; a fixed noise per output: the evidence reads their root mean square).
+:meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one shared noise and refuses a noise
+per output.
+
 Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
@@ -56,6 +64,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
 
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
+    per_output_noise = True
 
     def __init__(self, model: nn.Module, **options: Any) -> None:
         super().__init__(model, **options)
@@ -142,8 +151,12 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         if isinstance(self.likelihood, HeteroscedasticGaussian):
             return self._predicted_noise_predictive(augment(phi.to(dtype), self._has_bias), outputs.to(dtype),
                                                     float(self.prior_precision), generator, num_samples or self.num_samples)
-        noise = self.likelihood.dispersion
         phi_aug = augment(phi.to(dtype), self._has_bias)
+        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (Laplace._model_variance)
+            noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
+            variance = self._model_variance(phi_aug, outputs, float(self.prior_precision), noises)
+            return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
+        noise = self.likelihood.dispersion
         variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 

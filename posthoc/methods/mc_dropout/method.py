@@ -167,7 +167,8 @@ class MCDropout(Method):
             generator = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad(), eval_mode(self.model):
                 fit_noise_on(self.likelihood, loaders, self.device,
-                             lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress)
+                             lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress,
+                             per_output=True)
 
     @classmethod
     def suits(cls, model: nn.Module) -> bool:
