@@ -98,7 +98,7 @@ def test_without_a_test_file_the_val_file_is_split(files, tmp_path) -> None:
 @pytest.mark.parametrize(("extra", "says"), [
     (["--calibrator", "temperature"], "--calibrator is for classifiers; under --likelihood regression use --alpha"),
     (["--target-risk", "0.1", "--shift", "contrast"], "--target-risk, --shift KIND are for classifiers"),
-    (["--method", "dac"], "method 'dac' does not do likelihood='regression'"),
+    (["--method", "temperature"], "method 'temperature' does not do likelihood='regression'"),
 ])
 def test_classification_only_options_are_refused_under_regression(files, tmp_path, capsys, extra, says) -> None:
     with pytest.raises(SystemExit):
