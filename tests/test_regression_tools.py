@@ -6,7 +6,6 @@ train): 40 training points in two clusters, a gap between them and nothing beyon
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import pytest
@@ -19,13 +18,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.engine.held_out import HeldOut
 from posthoc.demo.regression import _sinusoid_targets, sinusoid, train_mlp
 from posthoc.engine.feature_bank import normalised
+from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import feature_noise
 from posthoc.errors import ConfigError
-from posthoc.ood import available_scores
 from posthoc.methods.dac.variance import Spread, inflated
+from posthoc.ood import available_scores
 
 #: inputs far outside the sinusoid's range (its inputs are centred: the data lie in [-2, 2])
 FAR = torch.cat([torch.linspace(3, 6, 40), -torch.linspace(3, 6, 40)])[:, None]

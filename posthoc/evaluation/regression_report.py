@@ -33,8 +33,8 @@ from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError
 from posthoc.evaluation import bootstrap, html_page, metrics, regression_metrics, regression_plots
-from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
+from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components
 from posthoc.evaluation.table import bold_best, cell, markdown_rows, shared_level
 from posthoc.guarantees.regression_conformal import ConformalRegressor

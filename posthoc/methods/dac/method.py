@@ -1,4 +1,4 @@
-"""``"dac"``: density-aware calibration, a per-example temperature that grows where the training data ends.
+"""``"dac"``: density-aware calibration, a per-example temperature (a regressor's variance) that grows off the data.
 
 Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware
 calibration"): a calibrator tuned on clean held-out data is confident wherever the model is, even
@@ -37,12 +37,19 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
   cost more in distribution on both bundled checkpoints, for no gain on the perturbed copies). The inner predictions and the
   distances are computed once (with a seeded generator) and every fit runs on that cache.
   ``anchor=``, ``shrink=`` and ``strength=`` fix them.
+- **Regressors** (``likelihood="regression"`` or ``"heteroscedastic"``): the same factor multiplies the inner
+  predictive's *variance* about its mean instead of tempering it, and is fitted by the Gaussian mixture NLL
+  (:mod:`posthoc.methods.dac.variance`); the perturbed copies are graded by the rise in RMSE.
 
 Example:
     >>> um = posthoc.wrap(model, method=["laplace", "dac"]).fit(train_loader, val_loader)
     >>> card = um.summary()["posterior"][1]
     >>> card["layers"], card["bank_bytes"]
     (['3:input'], 65536)
+    >>> reg = posthoc.wrap(regressor, method=["none", "dac"], likelihood="regression")
+    >>> reg = reg.fit(reg_train_loader, reg_val_loader)
+    >>> bool((reg.predict(reg_x).std >= reg.method.inner.regression_predictive(reg_x).std * (1 - 1e-6)).all())
+    True
 """
 
 from __future__ import annotations

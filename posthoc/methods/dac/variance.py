@@ -21,7 +21,7 @@ one's at ``mu + (y - mu) / s`` divided by ``s^D`` (:func:`inflated_nll`).
 Example:
     >>> spread = Spread(torch.zeros(1, 3, 1), torch.ones(1, 3, 1), torch.zeros(3, 2), torch.tensor([[0.0], [1.0], [2.0]]))
     >>> spread.nlls(torch.ones(3)).round(decimals=4)
-    tensor([0.9189, 1.4189, 2.9189], dtype=torch.float64)
+    tensor([0.9189, 1.4189, 2.9189])
     >>> bool(spread.nlls(torch.full((3,), 4.0))[2] < spread.nlls(torch.ones(3))[2])   # wider: the far target costs less
     True
 """
