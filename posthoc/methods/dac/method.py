@@ -171,6 +171,8 @@ class _Cache:
 class DensityAwareCalibration(FittedOnHeldOut, Method):
     """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
 
+    Under a regression likelihood the same factor multiplies the inner predictive's variance (module docs).
+
     Args:
         inner: the method whose predictive is tempered.
         k: which nearest training feature measures the distance.

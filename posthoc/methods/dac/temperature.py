@@ -130,7 +130,8 @@ def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int
         weights: bool = True, fit_temperature: bool = True, warn: bool = True) -> Fitted:
     """``T0`` on ``clean`` alone (``fit_temperature=False``: ``T0 = 1``), then (with ``weights``) ``w`` minimising
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
-    keeps ``w = 0`` (temperature scaling).
+    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
+    alike (``T0`` is then its variance scale).
 
     Example:
         >>> fit(held, None, strength=1.0, weights=False).weights
