@@ -15,8 +15,17 @@ sinusoid's band, and the cost of last-layer Laplace against a plain forward pass
 - **Cost**: last-layer Laplace ``fit`` against one forward pass over the fit data, and its closed-form
   predictive against a plain forward, in one process: 11 alternating pairs, the medians of each and the
   median of the per-pair ratios (``timing.paired``), CPU time beside wall.
+- **Tools** (``--parts tools``): ``none`` against ``["none", "dac"]`` and ``laplace`` against ``["laplace", "dac"]``
+  (every fit shift-aware: feature-noise copies graded by the rise in RMSE), test NLL in distribution, under
+  feature noise on the test inputs (:data:`TEST_NOISE` of each feature's std; also the kind the fits perturb with,
+  so not a held-out kind), and under the held-out shifts: the sinusoid's gap and beyond the data (targets drawn
+  from the sinusoid itself), Auto MPG's band of middle weights and its heaviest 30 % (``split="shift"``); the
+  predictive std ratio to the inner method's by region; OOD AUROC (``posthoc.detector``: knn and mahalanobis
+  on the head's input, the predictive variance) of far inputs (the sinusoid at ``|x| >= 3``) and of the heavy cars
+  against the in-distribution test inputs. Means over ``--splits`` seeds (training seeds on the sinusoid).
 
-Run: ``python benchmarks/bench_regression.py --splits 10 --out benchmarks/results/regression.md``.
+Run: ``python benchmarks/bench_regression.py --splits 10 --out benchmarks/results/regression.md``;
+``python benchmarks/bench_regression.py --parts tools --splits 3 --out benchmarks/results/regression_tools.md``.
 """
 
 from __future__ import annotations
@@ -36,8 +45,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from timing import paired  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo.regression import auto_mpg, sinusoid, train_mlp  # noqa: E402
+from posthoc.demo.regression import _sinusoid_targets, auto_mpg, sinusoid, train_mlp  # noqa: E402
+from posthoc.engine.perturb import feature_noise  # noqa: E402
 from posthoc.evaluation import regression_metrics as rm  # noqa: E402
+from posthoc.evaluation.metrics import ood_auroc  # noqa: E402
 
 #: (label, method, wrap options); "ensemble" wraps the split's members
 METHODS = (
@@ -176,12 +187,90 @@ def cost(rows: int = 20000, features: int = 32, width: int = 512, penultimate: i
     return lines
 
 
+#: the tools part's chains: the inner method, then DAC stacked on it
+TOOL_CHAINS = (("none", ["none"]), ("none + dac", ["none", "dac"]), ("laplace", ["laplace"]),
+               ("laplace + dac", ["laplace", "dac"]))
+#: feature noise on the test inputs, in units of each feature's std over the test set
+TEST_NOISE = 0.5
+#: the OOD scores of the tools part
+TOOL_SCORES = ("knn", "mahalanobis", "variance")
+
+
+def _nll(um: posthoc.UncertainModel, x: torch.Tensor, y: torch.Tensor) -> float:
+    return float(-um.predict(x, generator=torch.Generator().manual_seed(0)).log_prob(y).mean())
+
+
+def _tool_runs(net: nn.Module, data, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], ood: torch.Tensor,
+               regions: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+    """Per chain: NLL per test set, std ratio to the inner method per region, OOD AUROC per score, fit seconds."""
+    found: dict[str, dict[str, float]] = {}
+    inner_std: dict[str, torch.Tensor] = {}
+    for label, chain in TOOL_CHAINS:
+        um = posthoc.wrap(net, method=chain, likelihood="regression")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            start = time.perf_counter()
+            um.fit(data.train_loader(), data.val_loader(), progress=False)
+            row = {"fit_s": time.perf_counter() - start}
+            row |= {f"nll {name}": _nll(um, x, y) for name, (x, y) in sets.items()}
+            std = {name: um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean(-1)
+                   for name, x in regions.items()}
+            if len(chain) == 1:
+                inner_std = std
+            row |= {f"std {name}": float((std[name] / inner_std[name]).mean()) for name in regions}
+            det = posthoc.detector(um, score=list(TOOL_SCORES), k=5).fit(data.train_loader(), progress=False)
+            near, far = det.scores(sets["in distribution"][0]), det.scores(ood)
+            row |= {f"auroc {name}": ood_auroc(near[name], far[name]) for name in TOOL_SCORES}
+        found[label] = row
+    return found
+
+
+def _noisy(x: torch.Tensor, seed: int) -> torch.Tensor:
+    return feature_noise(x, TEST_NOISE, torch.Generator().manual_seed(seed))
+
+
+def tools(splits: int) -> list[str]:
+    """DAC, shift-aware selection and OOD scores on the sinusoid and Auto MPG (module docs)."""
+    runs: dict[str, list[dict[str, dict[str, float]]]] = {"sinusoid": [], "auto-mpg": []}
+    for seed in range(splits):
+        data = sinusoid()
+        net = train_mlp(data.train, epochs=1000, seed=seed)
+        gap, beyond = data.regions["gap"], data.regions["beyond"]
+        truth = lambda x: _sinusoid_targets(x[:, 0] / 4 + 0.5, torch.Generator().manual_seed(1))[:, None]  # noqa: E731
+        sets = {"in distribution": data.test, "feature noise": (_noisy(data.test[0], seed), data.test[1]),
+                "gap": (gap, truth(gap)), "beyond": (beyond, truth(beyond))}
+        far = torch.cat([torch.linspace(3, 6, 40), -torch.linspace(3, 6, 40)])[:, None]
+        runs["sinusoid"].append(_tool_runs(net, data, sets, far, {"train": data.regions["train"], "gap": gap,
+                                                                  "beyond": beyond}))
+        data = auto_mpg(seed, split="shift")
+        net = train_mlp(data.train, seed=100 * seed, epochs=EPOCHS)
+        heavy, band = data.shifted["extrapolation"], data.shifted["gap"]
+        sets = {"in distribution": data.test, "feature noise": (_noisy(data.test[0], seed), data.test[1]),
+                "gap": band, "heavy": heavy}
+        runs["auto-mpg"].append(_tool_runs(net, data, sets, heavy[0], {"test": data.test[0], "gap": band[0],
+                                                                        "heavy": heavy[0]}))
+        print(f"tools seed {seed}: done", file=sys.stderr)
+    lines = []
+    for problem, found in runs.items():
+        columns = [key for key in found[0][TOOL_CHAINS[0][0]] if key != "fit_s"] + ["fit_s"]
+        ood = "|x| >= 3" if problem == "sinusoid" else "the heavy cars"
+        lines += [f"**{problem}** ({len(found)} seeds; means; NLL in nats per point, std as a ratio to the inner "
+                  f"method's, OOD AUROC of {ood} against the test inputs)", "",
+                  "| chain | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        for label, _ in TOOL_CHAINS:
+            mean = {key: statistics.fmean(run[label][key] for run in found) for key in columns}
+            lines.append(f"| {label} | " + " | ".join(f"{mean[key]:.3f}" for key in columns) + " |")
+        lines.append("")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--splits", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--parts", nargs="+", default=["quality", "band", "cost"], choices=["quality", "band", "cost"])
+    parser.add_argument("--parts", nargs="+", default=["quality", "band", "cost"],
+                        choices=["quality", "band", "cost", "tools"])
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -195,6 +284,8 @@ def main() -> None:
     if "cost" in args.parts:
         lines += ["## Cost of last-layer Laplace (MLP 32-512-512-64-1; targets: fit <= 1.1x, predict <= 1.1x)", "",
                   *cost(), ""]
+    if "tools" in args.parts:
+        lines += ["## Regressors' tools: dac, shift-aware selection, OOD scores", "", *tools(args.splits)]
     lines.append(f"Wall time: {time.perf_counter() - start:.0f} s.")
     text = "\n".join(lines) + "\n"
     print(text)

@@ -124,7 +124,9 @@ def test_a_regressor_chooses_on_held_out_gaussian_nll() -> None:
                                                                               progress=False)
     record = um.summary()["selection"]
     assert [row["candidate"] for row in record["candidates"]] == ["none", "laplace"]  # no dropout of its own
-    assert record["perturbed"] == 0 and all(math.isfinite(row["clean_nll"]) for row in record["candidates"])
+    assert all(math.isfinite(row["clean_nll"]) for row in record["candidates"])
+    # shift-aware: feature-noise copies of the 150 held-out rows at three strengths graded by the rise in RMSE
+    assert record["perturbed"] == 3 * 150 and record["shift"]["graded_by"] == "rmse"
     chosen = next(row for row in record["candidates"] if row["chosen"])
-    assert chosen["clean_nll"] == min(row["clean_nll"] for row in record["candidates"] if row["admissible"])
+    assert chosen["shifted_nll"] == min(row["shifted_nll"] for row in record["candidates"] if row["admissible"])
     assert um.predict(x[:5]).mean.shape == (5, 1)

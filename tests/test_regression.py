@@ -224,7 +224,7 @@ def test_wrap_refuses_what_does_not_do_regression_and_names_what_does() -> None:
         posthoc.wrap(net, method="laplace").fit(loader, progress=False)
     assert "needs a head with at least 2 outputs; this head has 1" in str(refused.value)
     assert "likelihood='regression'" in str(refused.value)
-    for method, options in (("dac", {}), (["laplace", "temperature"], {})):
+    for method, options in (("temperature", {}), (["laplace", "temperature"], {})):
         with pytest.raises(ConfigError, match="does not do likelihood='regression' yet") as refused:
             posthoc.wrap(net, method=method, likelihood="regression", **options)
         for able in ("ibnn", "ivon", "laplace", "mc-dropout", "multiswag", "none", "sgld", "sparse-vd", "swag", "vi"):

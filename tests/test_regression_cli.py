@@ -98,7 +98,7 @@ def test_without_a_test_file_the_val_file_is_split(files, tmp_path) -> None:
 @pytest.mark.parametrize(("extra", "says"), [
     (["--calibrator", "temperature"], "--calibrator is for classifiers; under --likelihood regression use --alpha"),
     (["--target-risk", "0.1", "--shift", "contrast"], "--target-risk, --shift KIND are for classifiers"),
-    (["--method", "dac"], "method 'dac' does not do likelihood='regression'"),
+    (["--method", "temperature"], "method 'temperature' does not do likelihood='regression'"),
 ])
 def test_classification_only_options_are_refused_under_regression(files, tmp_path, capsys, extra, says) -> None:
     with pytest.raises(SystemExit):
@@ -230,3 +230,12 @@ def test_the_regression_cli_runs_auto_and_opens_with_its_verdict(files, tmp_path
     assert "## How `auto` chose, on held-out data" in report and "| fit s | predict x fwd | verdict |" in report
     assert (out / "frontier.png").stat().st_size > 10_000
     assert '<section class="verdict">' in (out / "report.html").read_text()
+
+
+def test_dac_runs_on_a_tabular_regressor_from_the_command_line(files, tmp_path) -> None:
+    """``--method laplace+dac``: the variance inflation on a regressor, its shift-aware fit graded by RMSE."""
+    out = tmp_path / "dac"
+    main(_args(files, out, "--test", str(files["test"]), "--method", "laplace+dac", "--shift", str(files["far"])))
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert [row["method"] for row in metrics["rows"]] == ["none", "laplace+dac"]
+    assert "laplace+dac" in (out / "report.md").read_text()

@@ -99,8 +99,10 @@ def test_conformal_intervals_are_measured_on_the_test_set(two_outputs) -> None:
 
 def test_evaluate_refuses_what_a_regressor_report_does_not_measure(two_outputs) -> None:
     um, loader, x, y = two_outputs
-    with pytest.raises(ConfigError, match="OOD detection is measured for classifiers only.*std"):
-        posthoc.evaluate(um, loader, ood_loader=[(x, y)], progress=False)
+    with pytest.raises(ConfigError, match="ood_scores are measured against an OOD set"):
+        posthoc.evaluate(um, loader, ood_scores=["variance"], progress=False)
+    with pytest.raises(ConfigError, match=r"\['energy'\] read a classifier's logits"):
+        posthoc.evaluate(um, loader, ood_loader=[(x, y)], ood_scores=["energy"], progress=False)
     classifier_sets = posthoc.conformal(torch.softmax(torch.randn(20, 3), -1), torch.arange(20) % 3)
     with pytest.raises(ConfigError, match="classifier's conformal sets"):
         posthoc.evaluate(um, loader, conformal=classifier_sets, progress=False)

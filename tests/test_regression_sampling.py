@@ -88,12 +88,15 @@ def test_the_training_loss_is_the_class_nll_or_the_gaussian_nll_per_example_at_t
     torch.testing.assert_close(training_loss(Gaussian(noise_std=0.5), outputs, targets), expected, rtol=1e-6, atol=0)
 
 
-def test_a_gaussian_tolerance_is_in_nats_and_real_targets_take_no_shift() -> None:
+def test_a_gaussian_tolerance_is_in_nats_and_real_targets_take_a_shift_graded_by_rmse() -> None:
     assert Tolerance().nats(0.5) == pytest.approx(0.01) and Tolerance().nats(0.1) == pytest.approx(0.005)
     assert Tolerance().nats(-1.0) == pytest.approx(0.02)  # a Gaussian NLL may be negative: 2 % of its size
     x, y = _problem()[1]["val"]
     held = HeldOut.read([(x, y)], model=_problem()[0], likelihood=Gaussian(), shift="auto", device="cpu")
-    assert held.shifted is None and held.plain.shifted is None  # perturbations are graded on class accuracy
+    assert held.description["graded_by"] == "rmse" and list(held.description["kinds"]) == ["feature-noise"]
+    assert held.plain.shifted is not None and held.plain.shifted.shape == (3 * len(y),)  # three graded strengths
+    assert held.plain.shifted_nll > held.plain.nll  # the copies are harder for the model
+    assert HeldOut.read([(x, y)], model=_problem()[0], likelihood=Gaussian(), shift=None, device="cpu").shifted is None
 
 
 def _check_mixture_near_the_plain_model(um: posthoc.UncertainModel, tmp_path, *, samples: int) -> dict:

@@ -8,6 +8,11 @@ clean batch again at every graded strength of the fit-time perturbations that su
 (:mod:`posthoc.engine.perturb`), each example with one kind drawn at random. The choice itself is
 :func:`posthoc.engine.selection.select`.
 
+A classifier's kinds are graded by its accuracy, a regressor's (``likelihood="regression"``) by its RMSE: level
+``k`` takes each kind to where the RMSE has risen ``STRENGTHS[k]`` of the way from the clean RMSE to that of a
+constant prediction (the grading targets' mean; twice the clean RMSE if that is not larger), so the held-out choices
+of a regressor also see perturbed copies, scored by their Gaussian NLL.
+
 Example:
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
     >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
@@ -39,7 +44,7 @@ from posthoc.core.inputs import (
     slice_inputs,
     split_batch,
 )
-from posthoc.core.likelihood import best_noise_nlls, model_outputs
+from posthoc.core.likelihood import best_noise_nlls, make_likelihood, model_outputs, real_targets
 from posthoc.core.logits import class_log_probs
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
@@ -129,12 +134,15 @@ def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
 
 def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tensor], shift: Any, *,
                      device: torch.device | str, model: nn.Module | None = None, strengths: Sequence[float] = STRENGTHS,
-                     grading_rows: int = GRADING_ROWS, seed: int = 0, source: Iterable | None = None) -> ShiftedHeldOut | None:
+                     grading_rows: int = GRADING_ROWS, seed: int = 0, source: Iterable | None = None,
+                     regression: bool = False) -> ShiftedHeldOut | None:
     """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
 
     Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
     held-out examples by ``log_probs`` (the plain model's log-probabilities): level ``k`` takes each
-    kind to where accuracy has fallen ``strengths[k]`` of the way to chance. A user's callables are
+    kind to where accuracy has fallen ``strengths[k]`` of the way to chance. With ``regression``,
+    ``log_probs`` gives the plain model's predicted means ``(n, D)`` instead and the grade is the rise in
+    RMSE (module docs); ``"auto"`` on inputs no kind suits then perturbs nothing (with a warning). A user's callables are
     used as given, all at one level. ``model`` (what ``log_probs`` runs) is kept in eval mode while
     grading, so BatchNorm statistics and dropout stay as they are; the grades are remembered per
     model, weights and loader (:data:`GRADED_KEPT` of them; ``source``: the user's loader that ``loader``'s
@@ -159,18 +167,26 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     auto = isinstance(shift, str)
     names = None if auto else [s for s in shift if isinstance(s, str)]
     own = [] if auto else [user_perturbation(s, i) for i, s in enumerate(shift) if not isinstance(s, str)]
-    kinds: dict[str, Kind] = family_for(rows[0][0]) if names is None else kinds_named(names, rows[0][0])
+    if regression and auto:
+        try:
+            kinds: dict[str, Kind] = family_for(rows[0][0])
+        except InputError as err:
+            warnings.warn(f"{err}: the regressor's held-out choices see the clean batches only", RuntimeWarning,
+                          stacklevel=3)
+            return None
+    else:
+        kinds = family_for(rows[0][0]) if names is None else kinds_named(names, rows[0][0])
     levels: list[list[UserPerturbation]] = []
-    description: dict[str, Any] = {"strengths": list(strengths)}
+    description: dict[str, Any] = {"strengths": list(strengths), "graded_by": "rmse" if regression else "accuracy"}
     if kinds:
         origin = source if source is not None else loader
         origin = origin.loader if isinstance(origin, CountingLoader) else origin  # the user's loader, not a wrapper
         key = None if model is None else (id(model), _weights_version(model), id(origin), tuple(kinds), tuple(strengths),
-                                          grading_rows, seed)
+                                          grading_rows, seed, regression)
         graded = _GRADED.get(key) if key is not None else None
         if graded is None:
             with eval_mode(model) if model is not None else contextlib.nullcontext():
-                graded = _graded(rows, log_probs, kinds, strengths, seed)
+                graded = (_graded_rmse if regression else _graded)(rows, log_probs, kinds, strengths, seed)
             if key is not None:
                 _GRADED[key] = graded
                 while len(_GRADED) > GRADED_KEPT:
@@ -226,6 +242,35 @@ def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Ten
         return accuracy(lambda x: kind.perturb(x, parameter, generator))[0]
 
     return grade(accuracy_at, kinds, clean_accuracy=clean, chance=1.0 / max(classes, 1), fractions=tuple(strengths))
+
+
+@torch.no_grad()
+def _graded_rmse(rows: list[tuple[Inputs, Tensor]], means: Callable[[Inputs], Tensor], kinds: dict[str, Kind],
+                 strengths: Sequence[float], seed: int) -> dict[str, tuple[float, ...]]:
+    """:func:`_graded` for a regressor: each kind at the parameters where the RMSE of ``means(x)`` ``(n, D)`` on the
+    grading rows has risen ``strengths`` of the way from the clean RMSE to a constant prediction's (module docs)."""
+    def rmse(perturb: Callable[[Inputs], Inputs]) -> float:
+        """RMSE on the grading rows of every rank (so that all ranks grade alike)."""
+        sums = torch.zeros(2, dtype=torch.float64)
+        for x, y in rows:
+            predicted = means(perturb(x)).double()
+            targets = real_targets(y, predicted)
+            sums += torch.stack([(targets - predicted).square().sum(), torch.tensor(float(targets.numel()))]).cpu()
+        sums = distributed.all_reduce_sum(sums) if distributed.active() else sums
+        return float((sums[0] / sums[1]).sqrt())
+
+    targets = torch.cat([real_targets(y, means(x).double()) for x, y in rows]).cpu()
+    moments = torch.stack([targets.sum(0), targets.square().sum(0), torch.full_like(targets[0], targets.shape[0])])
+    moments = distributed.all_reduce_sum(moments) if distributed.active() else moments
+    constant = float((moments[1] / moments[2] - (moments[0] / moments[2]).square()).clamp_min(0).mean().sqrt())
+    clean = rmse(lambda x: x)
+    worst = constant if constant > clean else 2 * clean
+
+    def negative_rmse_at(kind: Kind, parameter: float) -> float:
+        generator = torch.Generator(device=_device_of(rows[0][0])).manual_seed(seed)
+        return -rmse(lambda x: kind.perturb(x, parameter, generator))
+
+    return grade(negative_rmse_at, kinds, clean_accuracy=-clean, chance=-worst, fractions=tuple(strengths))
 
 
 #: bytes of held-out batches kept in memory for the passes of a selection; a larger set is read again each pass
@@ -353,8 +398,7 @@ class HeldOut:
              tolerance: Tolerance | float | None = None, device: torch.device | str, progress: bool = False,
              from_training_data: bool = False) -> HeldOut:
         """Read ``loader`` (labelled held-out batches), grade the fit-time perturbations ``shift`` on ``model`` (the
-        plain checkpoint, in eval mode) and score the plain model on both. Real targets take no perturbations (they
-        are graded on class accuracy).
+        plain checkpoint, in eval mode) and score the plain model on both (a regressor's kinds are graded by RMSE).
 
         Example:
             >>> from posthoc.core.likelihood import Categorical
@@ -374,9 +418,12 @@ class HeldOut:
             batches.append((x, y))
         source: Iterable = batches if batches is not None else loader
         with eval_mode(model), torch.no_grad():
-            plain_log_probs = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
-            shifted = (shifted_held_out(source, plain_log_probs, shift, device=device, model=model, source=loader)
-                       if classes else None)
+            if classes:
+                plain = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
+            else:
+                plain = lambda x: likelihood.means(model_outputs(run_model(model, x)))  # noqa: E731
+            shifted = shifted_held_out(source, plain, shift, device=device, model=model, source=loader,
+                                       regression=not classes)
         return cls(batches, loader, shifted, device=device, tolerance=Tolerance.of(tolerance), likelihood=likelihood,
                    from_training_data=from_training_data).rebased(model)
 
@@ -392,7 +439,8 @@ class HeldOut:
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
-        outputs = [held.plain.clean] if held.plain_outputs is None else [t for t in held.plain_outputs[::2] if t is not None]
+        outputs = ([t for t in (held.plain.clean, held.plain.shifted) if t is not None] if held.plain_outputs is None
+                   else [t for t in held.plain_outputs[::2] if t is not None])
         for values in outputs:
             check_finite_result(values, "the plain model's outputs on the held-out data", log_probs=True)
         return held
@@ -495,29 +543,45 @@ class HeldOut:
     def method_scores(self, method: Any) -> Scores:
         """The :class:`Scores` of a fitted method's predictive (a :class:`~posthoc.core.method.Method`): its class
         log-probabilities, or under regression each example's NLL under its :class:`~posthoc.RegressionPrediction`
-        (at the noise the method fitted)."""
+        (at the noise the method fitted), on the clean examples and their perturbed copies."""
         with torch.no_grad(), eval_mode(method):
             if self.likelihood.prediction_type is Prediction:
                 return self.scores(lambda x, generator: method.log_predictive(x, generator=generator)[0])
-            generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
-            nll = []
-            for x, y in self.clean():
-                prediction = method.regression_predictive(x, generator=generator)
-                nll.append(-prediction.log_prob(self.likelihood.targets(y, prediction.mean)).double())
-        return Scores(distributed.gather_cat(torch.cat(nll)))
+
+            def nlls(batches: Iterable[tuple[Inputs, Tensor]]) -> Tensor | None:
+                generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
+                nll = []
+                for x, y in batches:
+                    prediction = method.regression_predictive(x, generator=generator)
+                    nll.append(-prediction.log_prob(self.likelihood.targets(y, prediction.mean)).double())
+                return distributed.gather_cat(torch.cat(nll)) if nll else None
+
+            return Scores(nlls(self.clean()), nlls(self.perturbed()))
 
     def regression_scores(self, outputs: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
         """The :class:`Scores` of a regression predictive: sampled outputs ``outputs(x, generator)`` ``(S, n, D)``, each
         example's NLL under the mixture of ``N(f_s(x), σ²)`` at the noise ``σ`` of maximum likelihood on all the clean
-        examples (:func:`~posthoc.core.likelihood.best_noise_nlls`; a fixed noise stays). No perturbed copies."""
-        generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
-        drawn, targets = [], []
-        for x, y in self.clean():
-            sampled = outputs(x, generator)
-            drawn.append(sampled)
-            targets.append(self.likelihood.targets(y, sampled[0]))
-        samples = distributed.gather_cat(torch.cat(drawn, dim=1), 1)
-        return Scores(best_noise_nlls(self.likelihood, samples, distributed.gather_cat(torch.cat(targets))))
+        examples (:func:`~posthoc.core.likelihood.best_noise_nlls`; a fixed noise stays), and each perturbed copy's
+        at that same noise."""
+        def drawn(batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[Tensor, Tensor] | None:
+            generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
+            found, targets = [], []
+            for x, y in batches:
+                sampled = outputs(x, generator)
+                found.append(sampled)
+                targets.append(self.likelihood.targets(y, sampled[0]))
+            if not found:
+                return None
+            return distributed.gather_cat(torch.cat(found, dim=1), 1), distributed.gather_cat(torch.cat(targets))
+
+        samples, targets = drawn(self.clean())
+        clean = best_noise_nlls(self.likelihood, samples, targets)
+        perturbed = drawn(self.perturbed())
+        if perturbed is None:
+            return Scores(clean)
+        scorer = make_likelihood(self.likelihood)  # the noise of the clean examples, not refitted on the copies
+        scorer.fit_noise(samples, None, targets)
+        return Scores(clean, -scorer.predictive(perturbed[0]).log_prob(perturbed[1]).double())
 
     def select(self, candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, knob: str,
                walk: bool = False, folds: int | None = None, **options: Any) -> Selection:

@@ -5,6 +5,9 @@ the coverage and mean width of the central 50 / 90 / 95 % intervals, the interva
 and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evaluation.regression_metrics`).
 Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``), it also measures their
 coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
+Given an OOD loader, ``ood_auroc`` ranks the test and OOD inputs by the total predictive variance, and ``ood``
+holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scores`` asked for: a fitted
+``posthoc.detector(um, score=["knn", "mahalanobis"])``; :meth:`RegressionReport.ood_to_markdown`).
 
 Apart from :mod:`~posthoc.evaluation.report` because its columns differ (RMSE, CRPS, interval coverage and width
 against accuracy, ECE, AURC and OOD AUROC); both share the bootstrap, the tables and the HTML page.
@@ -28,10 +31,12 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError
-from posthoc.evaluation import bootstrap, html_page, regression_metrics, regression_plots
+from posthoc.evaluation import bootstrap, html_page, metrics, regression_metrics, regression_plots
+from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
 from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components
 from posthoc.evaluation.table import bold_best, cell, markdown_rows, shared_level
@@ -58,7 +63,8 @@ class RegressionReport:
     predicted std (``None``, shown as ``–``, for fewer points than bins: unavailable). Given conformal
     intervals at ``alpha``: ``coverage`` and ``width`` of those. ``means`` / ``stds`` ``(K, N, D)`` and
     ``targets`` ``(N, D)`` are kept for the plots. With ``ci=``, ``intervals`` maps each metric to its
-    bootstrap interval.
+    bootstrap interval. Given an OOD set: ``ood_auroc`` (by the total predictive variance) and ``ood``, each OOD
+    score's metrics (``ood_values``: its values on the test and OOD sets).
     """
 
     name: str
@@ -82,6 +88,9 @@ class RegressionReport:
     targets: Tensor = field(repr=False, default=None)
     ci: float | None = None
     intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ood_auroc: float | None = None
+    ood: dict[str, dict[str, float]] | None = None
+    ood_values: OODValues | None = field(repr=False, default=None)
 
     COLUMNS = ("rmse", "mae", "nll", "crps", *interval_columns(), "mace", "ence")
     #: present in :meth:`as_dict` only when the report measured conformal intervals
@@ -118,11 +127,16 @@ class RegressionReport:
         """The metrics by name; the conformal columns only where measured."""
         measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
         bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
-        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds}
+        ood = {"ood_auroc": self.ood_auroc, "ood": self.ood} if self.ood else {}
+        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
         return regression_markdown_table([self])
+
+    def ood_to_markdown(self) -> str:
+        """The OOD scores' table (one line per score), or ``""`` without an OOD set."""
+        return ood_markdown({self.name: self.ood}) if self.ood else ""
 
     def _predictive(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
         return {self.name: (self.means, self.stds, self.targets)}
@@ -170,9 +184,8 @@ def regression_markdown_table(reports: list[RegressionReport]) -> str:
 
 def _check_options(um: UncertainModel, conformal: object, selective: object, ood_loader: object,
                    ood_scores: object) -> None:
-    if ood_loader is not None or ood_scores is not None:
-        raise ConfigError("OOD detection is measured for classifiers only for now; for a regressor compare "
-                          "um.predict(x).std (or .epistemic) on the test and the OOD inputs")
+    if ood_scores is not None and ood_loader is None:
+        raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
     if selective is not None:
         raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
     if conformal is not None and not isinstance(conformal, ConformalRegressor):
@@ -190,7 +203,9 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
                         bootstraps: int = 1000) -> RegressionReport:
     """:func:`posthoc.evaluate` for a model wrapped with a regression likelihood (same arguments).
 
-    ``ood_loader`` / ``ood_scores`` and ``selective`` are refused: they are measured for classifiers only.
+    ``selective`` is refused (it is for classifiers). ``ood_loader`` (labels ignored) adds ``ood_auroc`` by the
+    total predictive variance; ``ood_scores`` more scores of a regressor (``"variance"``, or a fitted
+    ``posthoc.detector(um, score=["knn", "mahalanobis"]).fit(train_loader)``).
 
     Example:
         >>> low, high = evaluate_regression(regression_um, reg_test_loader, ci=0.9, progress=False).intervals["crps"]
@@ -207,6 +222,11 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
     bounds = None if conformal is None else conformal.intervals(pred)
     report = RegressionReport.from_predictions(name or "+".join(um.methods), means, stds, targets, conformal=bounds,
                                                alpha=None if conformal is None else conformal.alpha)
+    if ood_loader is not None:
+        report.ood_values = _ood_values(um, pred, test_loader, ood_loader, ood_scores, progress=progress,
+                                        num_samples=num_samples, generator=generator)
+        report.ood = {score: metrics.ood_metrics(*pair) for score, pair in report.ood_values.items()}
+        report.ood_auroc = report.ood["variance"]["auroc"]
     if ci is not None:
         stats = regression_statistics(means, stds, targets)
         if bounds is not None:
@@ -214,3 +234,25 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
         report.ci = ci
         report.intervals = bootstrap.intervals(stats, len(targets), ci=ci, bootstraps=bootstraps, seed=seed)
     return report
+
+
+def _ood_values(um: UncertainModel, test: RegressionPrediction, test_loader: Iterable, ood_loader: Iterable,
+                ood_scores: object, *, progress: bool, num_samples: int | None,
+                generator: torch.Generator) -> OODValues:
+    """Per OOD score, its values ``(on the test set, on the OOD set)``: ``um``'s total predictive variance, then the
+    detector scores of ``ood_scores`` (names of scores that need no fit, or a fitted ``posthoc.detector``)."""
+    ood, _ = predict_regression_loader(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples,
+                                       generator=generator, desc="OOD")
+    values = {"variance": (test.variance.sum(-1), ood.variance.sum(-1))}
+    if ood_scores is None:
+        return values
+    scorer = scoring_detector(um, ood_scores)
+    if not scorer.regression:
+        raise ConfigError("ood_scores holds a classifier's detector; fit one on this regressor: "
+                          "posthoc.detector(um, score=['knn', 'mahalanobis']).fit(train_loader)")
+    names = [name for name in scorer.names if not (name == "variance" and scorer.um is um)]
+    if names:
+        on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)
+        on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)
+        values.update({name: (on_test[name], on_ood[name]) for name in names})
+    return values

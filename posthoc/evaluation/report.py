@@ -305,7 +305,8 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
 
     A model wrapped with ``likelihood="regression"`` gets a :class:`RegressionReport` (RMSE, MAE, NLL, CRPS,
     interval coverage and width, MACE, ENCE; conformal intervals' coverage and width;
-    :mod:`posthoc.evaluation.regression_report`); ``ood_loader`` and ``selective`` are for classifiers.
+    :mod:`posthoc.evaluation.regression_report`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
+    ``ood_scores`` takes a regressor's detector scores); ``selective`` is for classifiers.
 
     Example:
         >>> report = posthoc.evaluate(um, test_loader)

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.prediction import Prediction
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.errors import NotFittedError, NumericalError
 
 
@@ -33,13 +34,14 @@ class Outputs:
     Attributes:
         features: ``(N, D)`` the classifier head's input (``None`` if no score reads it).
         logits: ``(N, C)`` the model's output.
-        prediction: the predictive (the wrapped model's ``predict``, or the softmax of a plain model).
+        prediction: the predictive (the wrapped model's ``predict``, or the softmax of a plain model; a wrapped
+            regressor's :class:`~posthoc.RegressionPrediction`).
         head: the classifier head (an ``nn.Linear``), whose weight and bias ViM reads.
     """
 
     features: Tensor | None = None
     logits: Tensor | None = None
-    prediction: Prediction | None = None
+    prediction: Prediction | RegressionPrediction | None = None
     head: nn.Linear | None = None
 
 
@@ -52,6 +54,8 @@ class Score:
         fit_passes: the most passes over the training loader ``fit`` may need (0: the score needs no fit);
             ``fit`` takes another pass while a score is not ``fitted`` after :meth:`finish`.
         needs_labels: whether ``fit`` reads the class labels.
+        tasks: the models the score is for: ``"classification"`` and/or ``"regression"`` (a regressor's detector
+            refuses the scores of logits and class probabilities, a classifier's the predictive variance).
 
     Options are keyword-only ``__init__`` arguments with defaults (``posthoc.detector`` routes them).
     """
@@ -60,6 +64,7 @@ class Score:
     uses: ClassVar[frozenset[str]] = frozenset()
     fit_passes: ClassVar[int] = 0
     needs_labels: ClassVar[bool] = False
+    tasks: ClassVar[frozenset[str]] = frozenset({"classification"})
 
     def __init__(self) -> None:
         self.reset()

@@ -8,6 +8,11 @@ scores keep running sums (KNN keeps its feature bank), reduced over ``torch.dist
 
 Every score is larger for inputs that look more out-of-distribution.
 
+A regressor (a model wrapped with ``likelihood="regression"`` or ``"heteroscedastic"``, or a plain one given
+``likelihood="regression"``) has no logits to score: its detector takes ``"knn"`` and ``"mahalanobis"`` on the
+head's input (the last ``nn.Linear``; Mahalanobis to the one mean of the training features) and, for a wrapped
+regressor, ``"variance"``, the total predictive variance (:data:`REGRESSION_SCORES`); the other scores are refused.
+
 Example:
     >>> det = posthoc.detector(model, score=["energy", "mahalanobis", "knn"]).fit(train_loader)
     >>> det.scores(x)["mahalanobis"].shape
@@ -38,22 +43,35 @@ from posthoc.ood.base import Outputs, Score
 from posthoc.ood.knn import KNN
 from posthoc.ood.logits import Energy, MaxLogit
 from posthoc.ood.mahalanobis import Mahalanobis
-from posthoc.ood.predictive import PREDICTION, GeneralizedEntropy, MaxSoftmax, MutualInformation, PredictiveEntropy
+from posthoc.ood.predictive import (
+    PREDICTION,
+    GeneralizedEntropy,
+    MaxSoftmax,
+    MutualInformation,
+    PredictiveEntropy,
+    PredictiveVariance,
+)
 from posthoc.ood.vim import ViM
 
 #: every score by name, in the order tables list them
 SCORES: dict[str, type[Score]] = {cls.name: cls for cls in (
-    MaxSoftmax, MaxLogit, Energy, PredictiveEntropy, MutualInformation, GeneralizedEntropy, Mahalanobis, ViM, KNN)}
+    MaxSoftmax, MaxLogit, Energy, PredictiveEntropy, MutualInformation, GeneralizedEntropy, Mahalanobis, ViM, KNN,
+    PredictiveVariance)}
+#: the scores a regressor's detector takes
+REGRESSION_SCORES = tuple(name for name, cls in SCORES.items() if "regression" in cls.tasks)
 
 
-def available_scores() -> list[str]:
-    """The names ``posthoc.detector(..., score=...)`` accepts.
+def available_scores(likelihood: str = "classification") -> list[str]:
+    """The names ``posthoc.detector(..., score=...)`` accepts for a classifier (or under ``likelihood``).
 
     Example:
         >>> available_scores()[:3]
         ['msp', 'max-logit', 'energy']
+        >>> available_scores("regression")
+        ['mahalanobis', 'knn', 'variance']
     """
-    return list(SCORES)
+    task = "classification" if likelihood == "classification" else "regression"
+    return [name for name, cls in SCORES.items() if task in cls.tasks]
 
 
 def _device_of(x: Inputs) -> torch.device:
@@ -68,10 +86,12 @@ class Detector:
         um: the wrapped model whose predictive the ``msp``/``entropy``/``mutual-information``/``gen``
             scores read (``None`` for a plain model: they read its softmax).
         model: the network whose features and logits the other scores read (``um.method.base_model``).
+        regression: whether the model is a regressor (module docs).
     """
 
     def __init__(self, model: nn.Module | UncertainModel, scores: Sequence[Score], *, head: str | nn.Module | None = None,
-                 num_samples: int | None = None) -> None:
+                 num_samples: int | None = None, regression: bool = False) -> None:
+        self.regression = regression
         self.um = model if isinstance(model, UncertainModel) else None
         self.model = model.method.base_model if isinstance(model, UncertainModel) else model
         self.split = FeatureSplit(self.model, head)
@@ -96,7 +116,7 @@ class Detector:
         return f"Detector(scores={self.names}, fitted={all(s.fitted for s in self._scores.values())})"
 
     def _plain_predictive(self) -> bool:
-        return self.um is None or self.um.methods == ["none"]
+        return not self.regression and (self.um is None or self.um.methods == ["none"])
 
     def _check_width(self, features: Tensor) -> None:
         width = features.shape[-1]
@@ -142,7 +162,7 @@ class Detector:
         """Collect the training statistics of the scores that need them (a no-op for the others); returns ``self``.
 
         Streams ``train_loader`` once (``"vim"`` takes a second pass when the training features exceed its
-        ``max_memory``); ``"mahalanobis"`` reads its labels.
+        ``max_memory``); ``"mahalanobis"`` reads a classifier's labels (a regressor's targets are not read).
         """
         active = [score for score in self._scores.values() if score.fit_passes]
         for score in active:
@@ -156,7 +176,10 @@ class Detector:
                                 desc=f"OOD statistics, pass {pass_index + 1}"):
                 outputs = self._outputs(x, uses, None)
                 self.feature_width = outputs.features.shape[-1]
-                labels = check_labels(y, outputs.logits.shape[-1]) if labelled else None
+                if self.regression:  # one "class": the training features' mean
+                    labels = torch.zeros(outputs.features.shape[0], dtype=torch.long, device=outputs.features.device)
+                else:
+                    labels = check_labels(y, outputs.logits.shape[-1]) if labelled else None
                 for score in active:
                     score.update(outputs, labels, pass_index)
             for score in active:
@@ -248,8 +271,41 @@ def _spec_head(um: UncertainModel) -> Any:
     return next((head for head in heads if head is not None), None)
 
 
+def _is_regression(model: nn.Module | UncertainModel, likelihood: str | None) -> bool:
+    """Whether ``model`` is a regressor: a wrapped model's likelihood, or ``likelihood=`` for a plain one."""
+    if likelihood is not None and (not isinstance(likelihood, str)
+                                   or likelihood not in ("classification", "regression", "heteroscedastic")):
+        raise ConfigError(f"likelihood must be None (a wrapped model's own, else classification), 'classification', "
+                          f"'regression' or 'heteroscedastic', got {likelihood!r}")
+    if isinstance(model, UncertainModel):
+        own = model.likelihood.name
+        if likelihood is not None and (likelihood == "classification") != (own == "classification"):
+            raise ConfigError(f"likelihood={likelihood!r} but the model was wrapped with likelihood={own!r}; leave "
+                              "likelihood= out for a wrapped model (its own is used)")
+        return own != "classification"
+    return likelihood not in (None, "classification")
+
+
+def _check_task(names: list[str], model: nn.Module | UncertainModel, regression: bool) -> None:
+    """Refuse scores that are not for this kind of model, naming those that are."""
+    task = "regression" if regression else "classification"
+    wrong = [name for name in names if task not in SCORES[name].tasks]
+    if wrong and regression:
+        raise ConfigError(f"the OOD score(s) {wrong} read a classifier's logits or class probabilities; a regressor "
+                          f"has none. Its scores: {', '.join(REGRESSION_SCORES)} ('knn' and 'mahalanobis' on the "
+                          "features before its last Linear, 'variance' the predictive variance of a wrapped model)")
+    if wrong:
+        raise ConfigError(f"the OOD score(s) {wrong} are for regressors (a wrapped model with likelihood='regression'); "
+                          f"a classifier's scores: {', '.join(available_scores())}")
+    if regression and "variance" in names and not isinstance(model, UncertainModel):
+        raise ConfigError("the 'variance' score reads a regressor's predictive variance: pass a wrapped model, e.g. "
+                          "posthoc.detector(posthoc.wrap(model, method='laplace', likelihood='regression').fit(train_loader, "
+                          "val_loader), score='variance')")
+
+
 def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "energy", *,
-             head: str | nn.Module | None = None, num_samples: int | None = None, **options: Any) -> Detector:
+             head: str | nn.Module | None = None, num_samples: int | None = None, likelihood: str | None = None,
+             **options: Any) -> Detector:
     """A post-hoc OOD detector on ``model``: ``.fit(train_loader)`` where a score needs it, then ``.score(x)``.
 
     Args:
@@ -262,6 +318,8 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
         head: the classifier head's module name (default: the wrapped model's ``head=`` option, else found
             as the methods find it).
         num_samples: samples of a wrapped model's predictive (default: its method's).
+        likelihood: ``None`` (a wrapped model's own, else ``"classification"``), or ``"regression"`` for a plain
+            regressor: then only :data:`REGRESSION_SCORES` are taken (module docs).
         **options: score options, each given to every score that accepts it: ``temperature`` (energy),
             ``gamma`` and ``top`` (gen), ``dim`` (vim), ``k`` (knn), ``max_memory`` (knn's scoring chunks,
             vim's kept training features).
@@ -280,6 +338,8 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
     unknown = [name for name in names if name not in SCORES]
     if not names or unknown:
         raise ConfigError(f"unknown OOD score(s) {unknown or names}; valid scores: {', '.join(SCORES)}")
+    regression = _is_regression(model, likelihood)
+    _check_task(names, model, regression)
     if "mutual-information" in names and not isinstance(model, UncertainModel):
         raise ConfigError("the 'mutual-information' score needs a posterior: pass a wrapped model with samples, "
                           "e.g. posthoc.detector(posthoc.wrap(model, method='laplace').fit(train_loader), ...)")
@@ -287,4 +347,4 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
         head = _spec_head(model)
     routed = _route_options(names, options)
     return Detector(model, [SCORES[name](**routed_options) for name, routed_options in zip(names, routed)],
-                    head=head, num_samples=num_samples)
+                    head=head, num_samples=num_samples, regression=regression)

@@ -41,6 +41,7 @@ class KNN(Score):
     """
 
     name, uses, fit_passes = "knn", frozenset({"features"}), 1
+    tasks = frozenset({"classification", "regression"})
 
     def __init__(self, *, k: int = 50, max_memory: int | None = None) -> None:
         self.k = positive_int(k, "k")

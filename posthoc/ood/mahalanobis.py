@@ -5,7 +5,8 @@ sums and counts ``(C, D)``, and the feature Gram matrix ``(D, D)``; under ``torc
 they are summed over ranks. Then ``mu_c = s_c / n_c`` and the shared covariance is the pooled
 within-class scatter over ``N``, ``Sigma = (sum_i phi_i phi_i^T - sum_c s_c s_c^T / n_c) / N``,
 inverted with a pseudo-inverse as in the paper's code (scikit-learn's ``EmpiricalCovariance``).
-Classes with no training example are left out of the minimum.
+Classes with no training example are left out of the minimum. A regressor has one "class": the score is then the
+squared Mahalanobis distance to the training features' mean under their covariance.
 
 The score is ``min_c (phi - mu_c)^T Sigma^+ (phi - mu_c)``, the squared Mahalanobis distance to the
 closest class mean (the paper's confidence score negated). pytorch-ood's ``Mahalanobis`` reports
@@ -36,6 +37,7 @@ class Mahalanobis(Score):
     """Squared Mahalanobis distance of the head's input to the closest class mean."""
 
     name, uses, fit_passes, needs_labels = "mahalanobis", frozenset({"features"}), 1, True
+    tasks = frozenset({"classification", "regression"})
 
     def reset(self) -> None:
         super().reset()

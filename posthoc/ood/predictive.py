@@ -1,4 +1,4 @@
-"""Scores of the predictive distribution: ``"msp"``, ``"entropy"``, ``"mutual-information"``, ``"gen"``.
+"""Scores of the predictive distribution: ``"msp"``, ``"entropy"``, ``"mutual-information"``, ``"gen"``; ``"variance"``.
 
 They read ``Outputs.prediction``: a wrapped model's own predictive (``um.predict``: any posterior,
 sampled or not, with temperature or other calibration on top) or a plain model's softmax.
@@ -10,6 +10,9 @@ sampled or not, with temperature or other calibration on top) or a plain model's
 - ``gen``: generalised entropy ``sum_{j in top-M} p_j^gamma (1 - p_j)^gamma`` (Liu et al., CVPR
   2023), summed as in the paper; pytorch-ood's ``GEN`` averages the same terms (divides by ``M``)
   and clamps the probabilities to ``[1e-7, 1 - 1e-7]``.
+- ``variance`` (regressors): the total predictive variance of a wrapped regressor's
+  :class:`~posthoc.RegressionPrediction`, summed over its outputs (aleatoric plus epistemic: a Laplace
+  posterior, MC dropout's or an ensemble's spread, DAC's inflation far from the training features).
 
 Example:
     >>> from posthoc.core.prediction import Prediction
@@ -53,6 +56,22 @@ class MutualInformation(Score):
 
     def __call__(self, outputs: Outputs) -> Tensor:
         return outputs.prediction.epistemic
+
+
+class PredictiveVariance(Score):
+    """A regressor's total predictive variance, summed over the outputs (``um.predict(x).variance.sum(-1)``).
+
+    Example:
+        >>> from posthoc.core.regression_prediction import RegressionPrediction
+        >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.tensor([1.0, 4.0])[None, :, None])
+        >>> PredictiveVariance()(Outputs(prediction=pred))
+        tensor([1., 4.])
+    """
+
+    name, uses, tasks = "variance", PREDICTION, frozenset({"regression"})
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        return outputs.prediction.variance.sum(-1)
 
 
 class GeneralizedEntropy(Score):

@@ -1,4 +1,5 @@
-"""``"dac"``: the density-aware per-example temperature (Tomani et al., ICML 2023); see :mod:`posthoc.methods.dac.method`."""
+"""``"dac"``: the density-aware per-example temperature (Tomani et al., ICML 2023), a regressor's variance inflation;
+see :mod:`posthoc.methods.dac.method`."""
 
 from posthoc.methods.dac.method import DensityAwareCalibration
 

@@ -1,4 +1,4 @@
-"""``"dac"``: density-aware calibration, a per-example temperature that grows where the training data ends.
+"""``"dac"``: density-aware calibration, a per-example temperature (a regressor's variance) that grows off the data.
 
 Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware
 calibration"): a calibrator tuned on clean held-out data is confident wherever the model is, even
@@ -37,12 +37,19 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
   cost more in distribution on both bundled checkpoints, for no gain on the perturbed copies). The inner predictions and the
   distances are computed once (with a seeded generator) and every fit runs on that cache.
   ``anchor=``, ``shrink=`` and ``strength=`` fix them.
+- **Regressors** (``likelihood="regression"`` or ``"heteroscedastic"``): the same factor multiplies the inner
+  predictive's *variance* about its mean instead of tempering it, and is fitted by the Gaussian mixture NLL
+  (:mod:`posthoc.methods.dac.variance`); the perturbed copies are graded by the rise in RMSE.
 
 Example:
     >>> um = posthoc.wrap(model, method=["laplace", "dac"]).fit(train_loader, val_loader)
     >>> card = um.summary()["posterior"][1]
     >>> card["layers"], card["bank_bytes"]
     (['3:input'], 65536)
+    >>> reg = posthoc.wrap(regressor, method=["none", "dac"], likelihood="regression")
+    >>> reg = reg.fit(reg_train_loader, reg_val_loader)
+    >>> bool((reg.predict(reg_x).std >= reg.method.inner.regression_predictive(reg_x).std * (1 - 1e-6)).all())
+    True
 """
 
 from __future__ import annotations
@@ -58,10 +65,12 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.core.registry import register
+from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
@@ -70,6 +79,7 @@ from posthoc.engine.selection import Rows, Scores
 from posthoc.errors import ConfigError, HeadNotFoundError, InputError
 from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
 from posthoc.methods.dac.temperature import Cached, Fitted, excess, fit, standardisation, temperatures, tempered
+from posthoc.methods.dac.variance import Spread, inflated
 
 #: the default feature-bank budget
 BANK_BYTES = 64 * 2**20
@@ -107,14 +117,18 @@ def _shrunk(fitted: tuple[Tensor, Tensor, Fitted], shrink: float) -> tuple[Tenso
 @dataclass
 class _Cache:
     """DAC's held-out inputs: the inner predictions, log-distances and labels of the clean examples and of their
-    perturbed copies (``None`` without them)."""
+    perturbed copies (``None`` without them); a regressor's are :class:`~posthoc.methods.dac.variance.Spread`."""
 
-    clean: Cached
-    shifted: Cached | None
+    clean: Cached | Spread
+    shifted: Cached | Spread | None
 
-    def take(self, rows: Rows, anchors: Tensor, spreads: Tensor) -> tuple[Cached, Cached | None]:
+    def take(self, rows: Rows, anchors: Tensor, spreads: Tensor) -> tuple[Cached | Spread, Cached | Spread | None]:
         """The clean ``rows`` and their perturbed copies, their log-distances standardised by ``anchors`` and ``spreads``."""
-        def part(cached: Cached, index: Tensor) -> Cached:
+        def part(cached: Cached | Spread, index: Tensor) -> Cached | Spread:
+            if isinstance(cached, Spread):
+                picked = cached.rows(index)
+                picked.excess = excess(picked.excess, anchors, spreads)
+                return picked
             dim = 0 if cached.log_probs.dim() == 2 else 1
             index = index.to(cached.labels.device)
             return Cached(cached.log_probs.index_select(dim, index), excess(cached.excess[index], anchors, spreads),
@@ -129,6 +143,13 @@ class _Cache:
         anchors = spreads = None
         if fitted is not None:
             anchors, spreads, values = fitted
+
+        def factors(cached: Spread) -> Tensor:
+            if fitted is None:
+                return torch.ones(cached.excess.shape[0], dtype=torch.float64, device=cached.excess.device)
+            return temperatures(cached.excess.double(), values.temperature,
+                                torch.tensor(values.weights, dtype=torch.float64, device=cached.excess.device))
+
         def log_probs(cached: Cached) -> Tensor:
             if fitted is None:
                 return log_mean_exp(cached.log_probs) if cached.log_probs.dim() == 3 else cached.log_probs
@@ -138,6 +159,9 @@ class _Cache:
 
         zero = torch.zeros(self.clean.excess.shape[1], device=self.clean.excess.device)
         clean, shifted = self.take(rows, zero if anchors is None else anchors, torch.ones_like(zero) if spreads is None else spreads)
+        if isinstance(clean, Spread):
+            clean = clean.double()
+            return Scores(clean.nlls(factors(clean)), None if shifted is None else shifted.double().nlls(factors(shifted)))
         if shifted is None:
             return Scores.of_log_probs(log_probs(clean), clean.labels)
         return Scores.of_log_probs(log_probs(clean), clean.labels, log_probs(shifted), shifted.labels)
@@ -146,6 +170,8 @@ class _Cache:
 @register
 class DensityAwareCalibration(FittedOnHeldOut, Method):
     """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
+
+    Under a regression likelihood the same factor multiplies the inner predictive's variance (module docs).
 
     Args:
         inner: the method whose predictive is tempered.
@@ -166,12 +192,16 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     needs_val = True
     stacks = True
     knob = "density-aware temperature"
+    likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
     def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
                  anchor: float | str = "auto", shrink: float | str = "auto", strength: float = STRENGTH,
                  head: str | None = None, max_iter: int = 100) -> None:
         super().__init__(inner.base_model)
         self.inner = inner
+        self.likelihood = inner.likelihood  # a regressor's: the variance is inflated instead of a temperature
+        if self.regression:
+            self.knob = "density-aware variance"
         self.k = positive_int(k, "k")
         self.layers = _check_layers(inner.base_model, layers)
         self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")
@@ -193,6 +223,11 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     @property
     def base_model(self) -> nn.Module:
         return self.inner.base_model
+
+    @property
+    def regression(self) -> bool:
+        """Whether the inner predictive is over real targets (then DAC inflates its variance: module docs)."""
+        return self.likelihood.prediction_type is RegressionPrediction
 
     # ---- structure -------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
@@ -257,6 +292,19 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
                        generator: torch.Generator | None = None) -> LogPredictive:
         log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
+
+    def _inner_regression_with_features(self, x: Inputs, num_samples: int | None,
+                                        generator: torch.Generator | None) -> tuple[RegressionPrediction, list[Tensor]]:
+        capture = self._capturer()
+        with capture.recording(batch_size(x)) as found:
+            prediction = self.inner.regression_predictive(x, num_samples=num_samples, generator=generator)
+        return prediction, capture.features(found, x)
+
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
+        """The inner regression predictive with example ``i``'s variance times ``v(x_i)`` (module docs)."""
+        prediction, features = self._inner_regression_with_features(x, num_samples, generator)
+        return inflated(prediction, self.temperatures_of(features))
 
     # ---- fit ---------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
@@ -357,9 +405,11 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         self.widths = torch.tensor(widths, device=self.device)
         self._set_meta({**self._meta(), "seen": examples_over_ranks(reservoir.seen)})
 
-    def _held_out(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Cached:
+    def _held_out(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Cached | Spread:
         """The inner predictions, log-distances (in :attr:`Cached.excess` until standardised) and labels of every
         example of ``batches`` (one pass, seeded), gathered over ranks."""
+        if self.regression:
+            return self._held_out_spread(batches)
         generator = torch.Generator(device=self.device).manual_seed(0)
         predictions, distances, labels = [], [], []
         for x, y in batches:
@@ -375,15 +425,32 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         return Cached(gather_rows(torch.cat(predictions, dim), dim), gather_rows(torch.cat(distances)),
                       gather_rows(torch.cat(labels)))
 
+    def _held_out_spread(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Spread:
+        """:meth:`_held_out` for a regressor: the inner mixture's components, log-distances and targets."""
+        generator = torch.Generator(device=self.device).manual_seed(0)
+        means, variances, distances, targets = [], [], [], []
+        for x, y in batches:
+            prediction, features = self._inner_regression_with_features(x, None, generator)
+            for site, values in zip(self.sites(), features):
+                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            check_finite_result(prediction.variance, f"the predictive variance of {predictive_of(self.inner)} that dac "
+                                                     "is fitted on")
+            means.append(prediction.component_means.double())
+            variances.append((prediction.model_variances + prediction.noise).double())
+            distances.append(self.log_distances(features))
+            targets.append(self.likelihood.targets(y, prediction.mean))
+        return Spread(gather_rows(torch.cat(means, 1), 1), gather_rows(torch.cat(variances, 1), 1),
+                      gather_rows(torch.cat(distances)), gather_rows(torch.cat(targets)))
+
     # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
-        """``random_variables``: ``T0`` and one weight per layer; the layers read, the fitted temperature
-        and weights, the bank's rows and bytes, ``k``, and the perturbations the fit saw."""
+        """``random_variables``: ``T0`` and one weight per layer; the layers read, the fitted temperature (a regressor's
+        variance scale ``V0``) and weights, the bank's rows and bytes, ``k``, and the perturbations the fit saw."""
         meta = self._meta()
         return {
             "random_variables": 1 + (0 if self.weights is None else int(self.weights.numel())),
             "layers": [str(site) for site in self.sites()],
-            "temperature": float(self.temperature),
+            "variance_scale" if self.regression else "temperature": float(self.temperature),
             "weights": [] if self.weights is None else [round(float(w), 6) for w in self.weights],
             "bank_rows": self.bank_rows,
             "bank_bytes": 0 if self.bank is None else self.bank.element_size() * self.bank.numel(),

@@ -94,6 +94,19 @@ class Cached:
     excess: Tensor
     labels: Tensor
 
+    #: what ``T0`` scales, and why the clean examples may fail to determine it (for :func:`clean_temperature`'s warning)
+    scale_name = "temperature"
+    undetermined = "all classified correctly, or no better than chance"
+
+    @property
+    def values(self) -> Tensor:
+        """The inner predictions (what sizes the fit: :func:`posthoc.engine.runner.small_fit`)."""
+        return self.log_probs
+
+    def double(self) -> Cached:
+        """The same in float64 (the fit's precision)."""
+        return Cached(self.log_probs.double(), self.excess.double(), self.labels)
+
     def nll(self, log_t0: Tensor, weights: Tensor) -> Tensor:
         """Mean NLL of the labels under the density-aware temperature ``exp(log_t0) (1 + excess @ weights)``."""
         t = temperatures(self.excess.to(weights), log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp(), weights)
@@ -117,30 +130,31 @@ def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int
         weights: bool = True, fit_temperature: bool = True, warn: bool = True) -> Fitted:
     """``T0`` on ``clean`` alone (``fit_temperature=False``: ``T0 = 1``), then (with ``weights``) ``w`` minimising
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
-    keeps ``w = 0`` (temperature scaling).
+    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
+    alike (``T0`` is then its variance scale).
 
     Example:
         >>> fit(held, None, strength=1.0, weights=False).weights
         [0.0, 0.0, 0.0]
     """
-    with small_fit(clean.log_probs, None if shifted is None else shifted.log_probs):
+    with small_fit(clean.values, None if shifted is None else shifted.values):
         return _fit(clean, shifted, strength=strength, max_iter=max_iter, initial_weight=initial_weight,
                     fit_weights=weights, fit_temperature=fit_temperature, warn=warn)
 
 
 def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) -> Tensor:
     """``log T0``: the maximum-likelihood temperature of the clean examples with no weights (0 where it hits its bound)."""
-    clean = Cached(clean.log_probs.double(), clean.excess.double(), clean.labels)
-    zero = torch.zeros(clean.excess.shape[1], dtype=torch.float64, device=clean.log_probs.device)
-    log_t0 = torch.zeros((), dtype=torch.float64, device=clean.log_probs.device, requires_grad=True)
+    clean = clean.double()
+    zero = torch.zeros(clean.excess.shape[1], dtype=torch.float64, device=clean.values.device)
+    log_t0 = torch.zeros((), dtype=torch.float64, device=clean.values.device, requires_grad=True)
     minimise(lambda: clean.nll(log_t0, zero), [log_t0], max_iter=max_iter, tolerance=TOLERANCE)
     log_t0 = log_t0.detach()
     if not bool(log_t0.abs() < 0.99 * LOG_T0_BOUND):
         if warn:
-            warnings.warn(f"dac's clean temperature hit its bound ({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): "
-                          "the held-out examples cannot determine it (all classified correctly, or no better than "
-                          "chance); keeping T0 = 1. Check the labels or collect more held-out data", RuntimeWarning,
-                          stacklevel=4)
+            warnings.warn(f"dac's clean {clean.scale_name} hit its bound "
+                          f"({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): the held-out examples cannot "
+                          f"determine it ({clean.undetermined}); keeping T0 = 1. Check the labels or collect more "
+                          "held-out data", RuntimeWarning, stacklevel=4)
         log_t0 = torch.zeros_like(log_t0)
     return log_t0
 
@@ -148,13 +162,13 @@ def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) 
 def _fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int, initial_weight: float,
          fit_weights: bool, fit_temperature: bool, warn: bool) -> Fitted:
     layers = clean.excess.shape[1]
-    options = {"dtype": torch.float64, "device": clean.log_probs.device}
+    options = {"dtype": torch.float64, "device": clean.values.device}
     log_t0 = clean_temperature(clean, max_iter=max_iter, warn=warn) if fit_temperature else torch.zeros((), **options)
     temperature = float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp())
     if not fit_weights:
         return Fitted(temperature, [0.0] * layers)
-    clean = Cached(clean.log_probs.double(), clean.excess.double(), clean.labels)
-    shifted = None if shifted is None else Cached(shifted.log_probs.double(), shifted.excess.double(), shifted.labels)
+    clean = clean.double()
+    shifted = None if shifted is None else shifted.double()
 
     def objective(weights: Tensor) -> Tensor:
         if shifted is None:
