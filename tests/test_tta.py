@@ -142,7 +142,7 @@ def test_images_get_noise_blur_and_zoom_never_an_evaluation_kind():
     torch.testing.assert_close(image_zoom(x, 0.0, torch.Generator(), torch.ones(1)), x, atol=1e-5, rtol=0)
 
 
-def test_regression_mixes_the_views_gaussian_mixtures():
+def test_regression_mixes_the_views_gaussian_mixtures(tmp_path):
     generator = torch.Generator().manual_seed(0)
     inputs = torch.rand(80, 1, generator=generator) * 4 - 2
     targets = torch.sin(2 * inputs) + 0.1 * torch.randn(80, 1, generator=generator)
@@ -161,6 +161,11 @@ def test_regression_mixes_the_views_gaussian_mixtures():
     chosen = posthoc.wrap(regressor, method=["none", "tta"], likelihood="regression", views=3).fit(loader, loader,
                                                                                                   progress=False)
     assert chosen.summary()["selection"]["knob"] == "augmentation strength"
+    chosen.save(str(tmp_path / "regression.pt"))
+    loaded = posthoc.load(str(tmp_path / "regression.pt"), regressor)
+    assert torch.equal(loaded.predict(inputs[:8]).variance, chosen.predict(inputs[:8]).variance)
+    with pytest.raises(ConfigError, match="'mc-batchnorm' does not do likelihood='regression'"):  # the inner refuses
+        posthoc.wrap(regressor, method=["mc-batchnorm", "tta"], likelihood="regression")
 
 
 def test_bad_options_and_inputs_are_refused_by_name():
