@@ -56,7 +56,8 @@ def main() -> None:
 
     with torch.no_grad():
         plain = scores(lambda inputs: torch.softmax(model(inputs), -1))
-    head = "| predictive | NLL in distribution | ratio | " + " | ".join(EVALUATION_KINDS) + " | mean over kinds | ratio |"
+    head = ("| predictive | NLL in distribution | ratio | " + " | ".join(EVALUATION_KINDS)
+            + " | mean over kinds | ratio |")
     lines = [head, "|" + "---|" * (len(EVALUATION_KINDS) + 5)]
 
     def row(label: str, values: list[float]) -> str:
@@ -78,7 +79,8 @@ def main() -> None:
     text = "\n".join([*lines, "", f"predict with V={args.views} views on {len(x)} digits (one thread): "
                       f"{predict.wall / forward.wall:.1f}x a plain forward in wall time ({predict.wall:.3f} s against "
                       f"{forward.wall:.3f} s), {predict.cpu / forward.cpu:.1f}x in CPU time ({predict.cpu:.3f} s "
-                      f"against {forward.cpu:.3f} s)", "", f"command: python benchmarks/bench_tta.py --arch {args.arch}"])
+                      f"against {forward.cpu:.3f} s)", "",
+                      f"command: python benchmarks/bench_tta.py --arch {args.arch}"])
     print(text)
     if args.out:
         args.out.write_text(f"# Test-time augmentation on {args.arch}\n\n" + text + "\n")

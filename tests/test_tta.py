@@ -125,7 +125,8 @@ def test_the_strength_is_chosen_within_the_tolerance():
     assert chosen["bound"] <= selection["tolerance"]
     assert um.summary()["posterior"][-1]["strength"] == chosen["value"]
     # without val_loader: the documented default
-    assert posthoc.wrap(_model(), method="tta").fit(loader, progress=False).summary()["posterior"][-1]["strength"] == 0.25
+    default = posthoc.wrap(_model(), method="tta").fit(loader, progress=False)
+    assert default.summary()["posterior"][-1]["strength"] == 0.25
 
 
 def test_images_get_noise_blur_and_zoom_never_an_evaluation_kind():
@@ -179,7 +180,7 @@ def test_bad_options_and_inputs_are_refused_by_name():
         posthoc.wrap(model, method="tta", views=0)
     with pytest.raises(ConfigError, match="strength must be a number >= 0"):
         posthoc.wrap(model, method="tta", strength=-1.0)
-    with pytest.raises(ConfigError, match=r"the family 'blur' does not suit the inputs \(feature vectors.*feature-noise"):
+    with pytest.raises(ConfigError, match=r"family 'blur' does not suit the inputs \(feature vectors.*feature-noise"):
         posthoc.wrap(model, method="tta", augmentations=["blur"]).fit(loader, progress=False)
     tokens = posthoc.wrap(nn.Sequential(nn.Embedding(10, 3), nn.Flatten(), nn.Linear(15, 3)), method="tta")
     with pytest.raises(ConfigError, match="no built-in augmentation for token ids"):

@@ -63,7 +63,7 @@ def image_noise(x: Inputs, strength: float, generator: torch.Generator, scale: T
 
 
 def image_blur_view(x: Inputs, strength: float, generator: torch.Generator, scale: Tensor) -> Inputs:
-    """A Gaussian blur of sigma ``BLUR · strength · u ·`` the shorter side, ``u`` drawn in ``[0.5, 1.5)`` for the view."""
+    """A Gaussian blur of sigma ``BLUR · strength · u ·`` the shorter side, ``u`` drawn in ``[0.5, 1.5)``."""
     u = 0.5 + float(torch.rand((), generator=generator, device=generator.device))
     return image_blur(x, BLUR * strength * u, generator)
 
@@ -111,15 +111,15 @@ def check_augmentations(augmentations: Any) -> list[str | Callable[[Inputs], Inp
     if isinstance(augmentations, str) or callable(augmentations):
         augmentations = [augmentations]
     if not isinstance(augmentations, (list, tuple)) or not augmentations:
-        raise ConfigError(f"augmentations must be 'auto' or a non-empty list of family names ({', '.join(FAMILY_NAMES)}) "
-                          f"and callables x -> x', got {augmentations!r}")
+        raise ConfigError("augmentations must be 'auto' or a non-empty list of family names "
+                          f"({', '.join(FAMILY_NAMES)}) and callables x -> x', got {augmentations!r}")
     for i, item in enumerate(augmentations):
         if isinstance(item, str):
             if item not in FAMILY_NAMES:
                 raise ConfigError(f"augmentations[{i}]: unknown family {item!r}; the built-in families are "
-                                  f"{', '.join(FAMILY_NAMES)} (images: noise, blur, zoom; feature vectors: feature-noise), "
-                                  "or pass a callable x -> x'. Rotation, contrast, translation and occlusion are not "
-                                  "offered: they are the shifts the evaluation reports")
+                                  f"{', '.join(FAMILY_NAMES)} (images: noise, blur, zoom; feature vectors: "
+                                  "feature-noise), or pass a callable x -> x'. Rotation, contrast, translation and "
+                                  "occlusion are not offered: they are the shifts the evaluation reports")
         elif not callable(item):
             raise ConfigError(f"augmentations[{i}] must be a family name or a callable x -> x', got "
                               f"{type(item).__name__} {item!r}")
@@ -139,9 +139,9 @@ def families_for(augmentations: Sequence[str | Callable] | str, x: Inputs) -> li
     suited = FAMILIES.get(layout, {})
     if augmentations == "auto":
         if not suited:
-            raise ConfigError(f"tta has no built-in augmentation for {what} (images (N, C, H, W) get noise, blur and zoom; "
-                              "feature vectors (N, D) feature-noise; token ids none, a replaced token can change the "
-                              "meaning): pass augmentations=[callable, ...], each x -> x'")
+            raise ConfigError(f"tta has no built-in augmentation for {what} (images (N, C, H, W) get noise, blur "
+                              "and zoom; feature vectors (N, D) feature-noise; token ids none, a replaced token can "
+                              "change the meaning): pass augmentations=[callable, ...], each x -> x'")
         return list(suited.items())
     found: list[tuple[str, Family]] = []
     for i, item in enumerate(augmentations):
@@ -163,8 +163,8 @@ def _user_family(function: Callable[[Inputs], Inputs], position: int) -> Family:
     def family(x: Inputs, strength: float, generator: torch.Generator, scale: Tensor) -> Inputs:
         out = function(x)
         if _shape(out) != _shape(x):
-            raise InputError(f"{name} returned {_shape(out)} for inputs {_shape(x)}; an augmentation must return inputs "
-                             "of the kind and shape it is given (one augmented copy of each example)")
+            raise InputError(f"{name} returned {_shape(out)} for inputs {_shape(x)}; an augmentation must return "
+                             "inputs of the kind and shape it is given (one augmented copy of each example)")
         return out
 
     return family

@@ -141,8 +141,8 @@ class TestTimeAugmentation(Method):
         images = x[PIXELS] if isinstance(x, dict) else x
         width = images.shape[1]
         if width != self.scale.numel():
-            raise InputError(f"tta measured the std of {self.scale.numel()} channels or features at fit, but these inputs "
-                             f"have {width}; pass inputs of the kind it was fitted on")
+            raise InputError(f"tta measured the std of {self.scale.numel()} channels or features at fit, but these "
+                             f"inputs have {width}; pass inputs of the kind it was fitted on")
         return self.scale
 
     def _generator(self, x: Inputs, generator: torch.Generator | None) -> torch.Generator:
