@@ -190,3 +190,33 @@ def test_classifier_scores_are_refused_for_a_regressor_naming_those_that_work(pr
     with pytest.raises(ConfigError, match="likelihood='classification' but the model was wrapped with"):
         posthoc.detector(dac, score="knn", likelihood="classification")
     assert available_scores("regression") == ["mahalanobis", "knn", "variance"]
+
+
+def _heteroscedastic_net() -> tuple[torch.nn.Module, list, list]:
+    """A ``1-32-2`` network trained on noise growing with ``|x|`` to output a mean and a log-variance."""
+    torch.manual_seed(0)
+    x = torch.linspace(-3, 3, 400)[:, None]
+    y = torch.sin(x) + 0.1 * (1 + x.abs()) * torch.randn_like(x)
+    net = torch.nn.Sequential(torch.nn.Linear(1, 32), torch.nn.Tanh(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(net.parameters(), 1e-2)
+    for _ in range(300):
+        mean, log_var = net(x).chunk(2, -1)
+        loss = (0.5 * log_var + 0.5 * (y - mean) ** 2 / log_var.exp()).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    order = torch.randperm(400, generator=torch.Generator().manual_seed(1))
+    batches = lambda rows: [(x[rows[i:i + 64]], y[rows[i:i + 64]]) for i in range(0, len(rows), 64)]  # noqa: E731
+    return net.eval(), batches(order[:300]), batches(order[300:])
+
+
+@pytest.mark.parametrize("method", [["none", "dac"], "tta"])
+def test_held_out_choices_read_a_heteroscedastic_models_targets_against_its_means(method) -> None:
+    """The held-out NLL of a ``(N, 2D)`` model compares the targets with its ``D`` means (they were once read as the
+    model's outputs, and every held-out choice under ``likelihood="heteroscedastic"`` failed with an InputError)."""
+    net, train, val = _heteroscedastic_net()
+    um = posthoc.wrap(net, method=method, likelihood="heteroscedastic").fit(train, val, progress=False)
+    std = um.predict(torch.tensor([[0.0], [8.0]])).std.squeeze()
+    assert torch.isfinite(std).all()
+    if method != "tta":  # dac: far from the training inputs (|x| <= 3) the spread grows
+        assert std[1] > 2 * std[0]

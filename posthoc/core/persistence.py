@@ -81,6 +81,29 @@ def _canonical(value: Any) -> Any:
     return repr(value)
 
 
+def _plain(value: Any) -> bool:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(item) for item in value)
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and _plain(item) for key, item in value.items())
+    return False
+
+
+def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
+    """``(method, option, value)`` for every option of ``spec`` that a posterior file cannot keep: anything but
+    numbers, strings, booleans, ``None`` and lists or dicts of them (a callable, a tensor, an object), which
+    ``posthoc.load`` could not rebuild from the file.
+
+    Example:
+        >>> unsaveable_options([{"name": "tta", "options": {"views": 4, "augmentations": ["noise", abs]}}])
+        [('tta', 'augmentations', ['noise', <built-in function abs>])]
+    """
+    return [(entry["name"], key, value) for entry in spec for key, value in entry.get("options", {}).items()
+            if not _plain(value)]
+
+
 def checksum(payload: dict) -> str:
     """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself).
 

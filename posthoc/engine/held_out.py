@@ -553,7 +553,7 @@ class HeldOut:
                 nll = []
                 for x, y in batches:
                     prediction = method.regression_predictive(x, generator=generator)
-                    nll.append(-prediction.log_prob(self.likelihood.targets(y, prediction.mean)).double())
+                    nll.append(-prediction.log_prob(real_targets(y, prediction.mean)).double())
                 return distributed.gather_cat(torch.cat(nll)) if nll else None
 
             return Scores(nlls(self.clean()), nlls(self.perturbed()))

@@ -121,21 +121,38 @@ FEATURE_KINDS = {"feature-noise": Kind(feature_noise, (0.125, 0.25, 0.5, 1.0, 2.
 FIT_KINDS: dict[str, Kind] = {**IMAGE_KINDS, **TOKEN_KINDS, **FEATURE_KINDS}
 
 
-def _suited(x: Inputs) -> tuple[str, dict[str, Kind]]:
-    """What inputs like ``x`` are (in words) and the fit-time kinds that suit them (none for other layouts)."""
+#: the input layouts :func:`input_layout` tells apart
+IMAGES, TOKEN_IDS, FEATURES, OTHER = "images", "tokens", "features", "other"
+
+
+def input_layout(x: Inputs) -> tuple[str, str]:
+    """What inputs like ``x`` are: one of :data:`IMAGES` (``(N, C, H, W)`` or a dict with ``'pixel_values'``),
+    :data:`TOKEN_IDS` (an integer tensor or a dict with ``'input_ids'``), :data:`FEATURES` (``(N, D)`` floats) or
+    :data:`OTHER`, and the same in words for messages.
+
+    Example:
+        >>> input_layout(torch.zeros(2, 1, 28, 28))
+        ('images', 'images of shape (2, 1, 28, 28)')
+    """
     if isinstance(x, Mapping):
         if PIXELS in x:
-            return f"images ('{PIXELS}')", IMAGE_KINDS
+            return IMAGES, f"images ('{PIXELS}')"
         if TOKENS in x:
-            return f"token ids ('{TOKENS}')", TOKEN_KINDS
-        return f"a dict of {sorted(x)}", {}
+            return TOKEN_IDS, f"token ids ('{TOKENS}')"
+        return OTHER, f"a dict of {sorted(x)}"
     if not x.is_floating_point():
-        return f"token ids of shape {tuple(x.shape)}", TOKEN_KINDS
+        return TOKEN_IDS, f"token ids of shape {tuple(x.shape)}"
     if x.dim() == 4:
-        return f"images of shape {tuple(x.shape)}", IMAGE_KINDS
+        return IMAGES, f"images of shape {tuple(x.shape)}"
     if x.dim() == 2:
-        return f"feature vectors of shape {tuple(x.shape)}", FEATURE_KINDS
-    return f"inputs of shape {tuple(x.shape)}", {}
+        return FEATURES, f"feature vectors of shape {tuple(x.shape)}"
+    return OTHER, f"inputs of shape {tuple(x.shape)}"
+
+
+def _suited(x: Inputs) -> tuple[str, dict[str, Kind]]:
+    """What inputs like ``x`` are (in words) and the fit-time kinds that suit them (none for other layouts)."""
+    layout, what = input_layout(x)
+    return what, {IMAGES: IMAGE_KINDS, TOKEN_IDS: TOKEN_KINDS, FEATURES: FEATURE_KINDS}.get(layout, {})
 
 
 def family_for(x: Inputs) -> dict[str, Kind]:

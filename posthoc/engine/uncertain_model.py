@@ -413,6 +413,13 @@ class UncertainModel(nn.Module):
         """
         if not self.is_fitted:
             raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
+        unsaveable = persistence.unsaveable_options(self.spec)
+        if unsaveable:
+            name, key, value = unsaveable[0]
+            raise ConfigError(f"cannot save: option {key}={value!r} of '{name}' holds what a posterior file cannot keep "
+                              "(a callable or an object: a file keeps options as numbers, strings and lists of them, "
+                              "so that posthoc.load can rebuild the method); wrap with options a file can keep "
+                              f"(for '{name}': posthoc.available_methods()['{name}'] and its docs page), fit, and save")
         if self.method.works_on_copy:
             current = self.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
         else:

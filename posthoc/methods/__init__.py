@@ -15,5 +15,6 @@ from posthoc.methods import (  # noqa: F401  # noqa: F401  # noqa: F401  # noqa:
     sgld,
     sparse_vd,
     swag,
+    tta,
     vi,
 )

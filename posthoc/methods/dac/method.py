@@ -65,7 +65,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
 from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
-from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, real_targets
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
@@ -438,7 +438,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             means.append(prediction.component_means.double())
             variances.append((prediction.model_variances + prediction.noise).double())
             distances.append(self.log_distances(features))
-            targets.append(self.likelihood.targets(y, prediction.mean))
+            targets.append(real_targets(y, prediction.mean))
         return Spread(gather_rows(torch.cat(means, 1), 1), gather_rows(torch.cat(variances, 1), 1),
                       gather_rows(torch.cat(distances)), gather_rows(torch.cat(targets)))
 
