@@ -19,14 +19,14 @@ import posthoc
 from posthoc.errors import ConfigError
 
 
-def _tiny() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
-    """A float64 tanh MLP 2 → 5 → 2, 40 training rows, 60 held-out rows and 7 test inputs."""
+def _tiny(outputs: int = 2) -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
+    """A float64 tanh MLP 2 → 5 → ``outputs``, 40 training rows, 60 held-out rows and 7 test inputs."""
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)).double().eval()
+    net = nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, outputs)).double().eval()
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(100, 2, generator=generator, dtype=torch.float64)
     with torch.no_grad():
-        y = net(x) + 0.3 * torch.randn(100, 2, generator=generator, dtype=torch.float64)
+        y = net(x) + 0.3 * torch.randn(100, outputs, generator=generator, dtype=torch.float64)
     test = torch.randn(7, 2, generator=generator, dtype=torch.float64)
     return (net, DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16),
             DataLoader(TensorDataset(x[40:], y[40:]), batch_size=32), test)
@@ -146,8 +146,9 @@ def test_what_subset_laplace_still_refuses_under_regression() -> None:
 def test_held_out_prior_over_the_head_equals_the_last_layers(prior: str) -> None:
     """The diagonal GGN of the head's weight and bias blocks is the last layer's diagonal GGN, so the held-out
     choices must agree: the same δ (to 1e-6 relative), held-out σ and predictive variance (to 1e-5 relative;
-    BackPACK's float64 sums against the closed form's)."""
-    net, train, val, test = _tiny()
+    BackPACK's float64 sums against the closed form's). One output: with several, the last layer fits a noise per
+    output and a layer subset one shared noise."""
+    net, train, val, test = _tiny(outputs=1)
     options = {"method": "laplace", "likelihood": "regression", "hessian": "diag", "prior_precision": prior}
     subset = posthoc.wrap(net, subset=["2"], **options).fit(train, val, progress=False)
     last = posthoc.wrap(net, **options).fit(train, val, progress=False)
