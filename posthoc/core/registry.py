@@ -41,7 +41,7 @@ def method_names() -> list[str]:
 
     Example:
         >>> method_names()[:3]
-        ['auto', 'auto-calibration', 'dac']
+        ['abnn', 'auto', 'auto-calibration']
     """
     return sorted(name for name in REGISTRY if name != ENSEMBLE)
 
