@@ -18,19 +18,15 @@ import warnings
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
 from benchmarks.timing import measure  # noqa: E402
 from posthoc.demo import data, zoo  # noqa: E402
+from posthoc.evaluation.metrics import nll  # noqa: E402
 
 warnings.filterwarnings("ignore")
-
-
-def nll(probs: torch.Tensor, y: torch.Tensor) -> float:
-    return F.nll_loss(probs.clamp_min(1e-12).log(), y).item()
 
 
 def main() -> None:
