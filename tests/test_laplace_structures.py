@@ -71,6 +71,6 @@ def test_head_variance_spectrum_and_samples_match_the_dense_posterior(structure:
 
 def test_constructing_laplace_builds_the_algorithm_of_its_options() -> None:
     model = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3))
-    assert type(Laplace(model)) is LastLayerLaplace
-    assert type(Laplace(model, subset=["0", "2"], hessian="diag")) is SubsetLaplace
+    assert type(Laplace.build(model)) is LastLayerLaplace
+    assert type(Laplace.build(model, subset=["0", "2"], hessian="diag")) is SubsetLaplace
     assert type(posthoc.wrap(model, method="laplace", hessian="full").method.blocks[0]) is STRUCTURES["full"]

@@ -15,6 +15,7 @@ For every name:
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import warnings
 from typing import Any
@@ -25,6 +26,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
+from posthoc.core.options import Options
 from posthoc.core.registry import ENSEMBLE, REGISTRY
 from posthoc.methods.calibration import calibrators
 from posthoc.methods.ensemble.method import Ensemble
@@ -179,6 +181,26 @@ def test_method_refuses_a_bad_option_by_name(name: str) -> None:
         posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, **{option: "bad"})
     with pytest.raises(posthoc.ConfigError, match="not_an_option"):
         posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, not_an_option=1)
+
+
+
+@pytest.mark.parametrize("name", sorted(REGISTRY))
+def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
+    """The written contract (``posthoc.core.method.Method``): a method's options, and its fit's, are the fields of a
+    frozen keyword-only dataclass extending ``posthoc.core.options.Options``, read from there and nowhere else."""
+    cls = REGISTRY[name]
+    for declared in (cls.Options, cls.FitOptions):
+        assert dataclasses.is_dataclass(declared) and issubclass(declared, Options), declared
+        assert declared.__dataclass_params__.frozen and all(field.kw_only for field in dataclasses.fields(declared))
+    if name == ENSEMBLE:  # built from a list of models; its options and fit options are its members'
+        return
+    defaults = cls.Options.defaults()
+    assert cls.option_defaults() == defaults and cls.fit_option_defaults() == cls.FitOptions.defaults()
+    assert posthoc.available_methods()[name] == defaults
+    algorithm = cls.algorithm(defaults)  # the class that runs it takes the same options
+    assert algorithm.Options.defaults() == defaults and algorithm.fit_option_defaults() == cls.fit_option_defaults()
+    um = posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, **defaults)  # wrap takes every field
+    assert um.spec[-1]["options"] == defaults
 
 
 # ---------------------------------------------------------------- calibrators

@@ -109,10 +109,10 @@ def base_method(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | 
     check_handles(cls, entry["name"], likelihood)
     source = None
     if cls.copies_model:
-        method, source = cls(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
+        method, source = cls.build(copy.deepcopy(model), **entry["options"]), persistence.fingerprint(model)
         method.keep_plain_model(model)
     else:
-        method = cls(model, **entry["options"])
+        method = cls.build(model, **entry["options"])
     method.use_likelihood(likelihood)
     return method, source
 
@@ -128,7 +128,7 @@ def stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
                 f"'{entry['name']}' cannot stack on top of '{spec[position - 1]['name']}'; only "
                 f"{[n for n in method_names() if REGISTRY[n].stacks]} can come after another method"
             )
-        method = cls(method, **entry["options"])
+        method = cls.build(method, **entry["options"])
     return method
 
 

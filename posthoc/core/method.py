@@ -10,12 +10,13 @@ Example:
     ...     def log_predictive(self, x, *, num_samples=None, generator=None):
     ...         logits = self.model(x)
     ...         return torch.log_softmax(torch.zeros_like(logits), -1), None
+    >>> Uniform.build(model).log_predictive(x)[0].exp()[0]
+    tensor([0.3333, 0.3333, 0.3333])
 """
 
 from __future__ import annotations
 
 import functools
-import inspect
 from collections.abc import Callable, Iterable
 from typing import Any, ClassVar
 
@@ -25,20 +26,33 @@ from torch import Tensor, nn
 from posthoc.core.inputs import Inputs
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Likelihood
+from posthoc.core.options import Options as BaseOptions
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.errors import ConfigError, NotFittedError
 
 LogPredictive = tuple[Tensor, Tensor | None]
-#: keyword arguments of ``fit`` that ``UncertainModel.fit`` passes itself (not user fit options)
-RUN_OPTIONS = ("progress",)
 
 
 class Method(nn.Module):
     """Base class of a post-hoc method (subclass it and register it with :func:`posthoc.register`).
 
-    Subclasses declare their options as keyword-only arguments of ``__init__`` (with defaults),
-    their fit-time options as keyword-only arguments of ``fit``, and implement
-    :meth:`log_predictive`. Fitted state lives in buffers so that ``state_dict`` saves it.
+    The contract, what a method implements (everything else, memory, threads, ranks and the held-out data, is the
+    runner's, :mod:`posthoc.engine`):
+
+    - ``Options``: a frozen, keyword-only dataclass (a subclass of :class:`posthoc.core.options.Options`) whose
+      fields are the options ``wrap`` takes, with their types and defaults. ``__init__(self, model, options)``
+      reads them (``options.num_samples``), checks them with its own messages and sets up the method's buffers.
+      :meth:`build` makes ``Options`` from keywords, refusing unknown names; the saved spec keeps the keywords.
+    - ``FitOptions``: the same for the options of ``fit`` (none by default); ``fit`` then takes them as
+      ``options=``.
+    - :meth:`fit`: the method's work on the training data (curvature, fine-tuning, a feature bank).
+    - :meth:`choose` (which makes :attr:`makes_choice` true): its held-out choice through the selection step.
+    - :meth:`log_predictive` (classification) and, for a regression likelihood in :attr:`likelihoods`,
+      :meth:`regression_predictive`.
+    - :meth:`summary`: what the posterior is over, for the model card.
+    - :meth:`posterior_state` / :meth:`load_posterior_state` where the fitted state is more than the buffers.
+
+    Fitted state lives in buffers so that the posterior can be saved and loaded.
 
     Class attributes:
         name: the registry name, e.g. ``"laplace"``.
@@ -57,6 +71,26 @@ class Method(nn.Module):
     A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
     ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
     sets ``fitted`` once they are known.
+
+    Example:
+        >>> from dataclasses import dataclass
+        >>> class Flat(Method):
+        ...     name, requires_fit = "flat", False
+        ...     @dataclass(frozen=True, kw_only=True)
+        ...     class Options(Method.Options):
+        ...         scale: float = 2.0
+        ...     def __init__(self, model, options=Options()):
+        ...         super().__init__(model)
+        ...         self.scale = float(options.scale)
+        ...     def log_predictive(self, x, *, num_samples=None, generator=None):
+        ...         return torch.log_softmax(self.model(x) / self.scale, -1), None
+        >>> Flat.option_defaults()
+        {'scale': 2.0}
+        >>> Flat.build(model, scale=4.0).scale
+        4.0
+        >>> Flat.build(model, temperature=4.0)
+        Traceback (most recent call last):
+        posthoc.errors.ConfigError: unknown option(s) ['temperature'] for method 'flat'; valid options: scale=2.0
     """
 
     name: ClassVar[str] = ""
@@ -67,8 +101,14 @@ class Method(nn.Module):
     tools: ClassVar[tuple[str, ...]] = ()
     likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
     per_output_noise: ClassVar[bool] = False
+    #: the options ``wrap`` takes (the fields of a dataclass; see the class docs)
+    Options: ClassVar[type[BaseOptions]] = BaseOptions
+    #: the options ``fit`` takes (none by default)
+    FitOptions: ClassVar[type[BaseOptions]] = BaseOptions
 
-    def __init__(self, model: nn.Module) -> None:
+    def __init__(self, model: nn.Module, options: BaseOptions | None = None) -> None:
+        """The base part of a method around ``model``; a method with options reads its ``options`` (an instance of its
+        :attr:`Options`) in its own ``__init__`` before or after this."""
         super().__init__()
         self.model = model
         #: the likelihood of the targets (set by ``wrap`` through :meth:`use_likelihood`); its fitted noise is saved
@@ -80,8 +120,19 @@ class Method(nn.Module):
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        """The options ``wrap`` accepts for this method, with their defaults."""
-        return keyword_defaults(cls.__init__)
+        """The options ``wrap`` accepts for this method, with their defaults: the fields of :attr:`Options`."""
+        return cls.Options.defaults()
+
+    @classmethod
+    def build(cls, model: nn.Module, **options: Any) -> Method:
+        """The method around ``model`` (for a stacked method: the method it stacks on) with ``options`` (the rest at
+        their defaults); an unknown option fails with :class:`~posthoc.errors.ConfigError` listing the valid ones.
+
+        Example:
+            >>> posthoc.methods.laplace.Laplace.build(model, hessian="diag").hessian
+            'diag'
+        """
+        return cls(model, cls.Options.make(options, f"method '{cls.name}'"))
 
     @classmethod
     def suits(cls, model: nn.Module) -> bool:
@@ -97,8 +148,14 @@ class Method(nn.Module):
 
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:
-        """The extra keyword arguments ``fit`` accepts for this method, with their defaults."""
-        return keyword_defaults(cls.fit)
+        """The options ``fit`` accepts for this method (``fit(..., options=FitOptions(...))``), with their defaults:
+        the fields of :attr:`FitOptions`."""
+        return cls.FitOptions.defaults()
+
+    @classmethod
+    def make_fit_options(cls, values: dict[str, Any]) -> BaseOptions:
+        """The :attr:`FitOptions` of ``values`` (an ensemble makes its members')."""
+        return cls.FitOptions.make(values, f"fit of '{cls.name}'")
 
     @property
     def base_model(self) -> nn.Module:
@@ -295,18 +352,6 @@ class Method(nn.Module):
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         """Load tensors saved by :meth:`posterior_state`; buffers may change shape (e.g. ``None`` before fit)."""
         load_tensors(self, state)
-
-
-def keyword_defaults(function: Any) -> dict[str, Any]:
-    """The keyword-only arguments of ``function`` with their defaults: the options of a method's or a
-    calibrator's ``__init__`` (or a method's ``fit``), without the run options ``UncertainModel.fit`` passes.
-
-    Example:
-        >>> keyword_defaults(lambda x, *, bins=15, progress=True: x)
-        {'bins': 15}
-    """
-    params = inspect.signature(function).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY and p.name not in RUN_OPTIONS}
 
 
 def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:

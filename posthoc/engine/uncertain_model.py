@@ -496,4 +496,5 @@ def _fit_one(method: Method, train_loader: Iterable | None, val_loader: Iterable
             )
         if not method.needs_val and train_loader is None:
             raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
-    method.fit(train_loader, val_loader, progress=progress, **own)  # a method that needs no fit may still use the data
+    options = {"options": method.make_fit_options(own)} if method.fit_option_defaults() else {}
+    method.fit(train_loader, val_loader, progress=progress, **options)  # a method that needs no fit may still use the data

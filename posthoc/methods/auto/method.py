@@ -132,7 +132,13 @@ class AutoMethod(Method):
     name = "auto"
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(self, model: nn.Module, *, candidates: Sequence[Any] | None = None, keep_candidates: bool = False) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        candidates: Sequence[Any] | None = None
+        keep_candidates: bool = False
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        candidates, keep_candidates = options.candidates, options.keep_candidates
         super().__init__(model)
         if candidates is not None and (isinstance(candidates, (str, dict)) or not isinstance(candidates, Sequence)
                                        or not candidates):

@@ -30,6 +30,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import warnings
 from collections.abc import Iterable
@@ -117,11 +118,27 @@ class _Cache:
                                    self.shifted_labels[rows.shifted.to(self.shifted_labels.device)])
 
 
+def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
+    """The ``Options`` dataclass of a stacked calibrator: its calibrator's options (a calibrator takes them as
+    keywords, :meth:`~posthoc.methods.calibration.options.CalibratorOptions.option_defaults`) and ``shift_weight``.
+
+    Example:
+        >>> TemperatureScaling.Options()
+        TemperatureScaling.Options(max_iter=100, shift_weight='auto')
+    """
+    fields = [(name, Any, dataclasses.field(default=value))
+              for name, value in {**cls.calibrator_class.option_defaults(), "shift_weight": "auto"}.items()]
+    options = dataclasses.make_dataclass("Options", fields, bases=(Method.Options,), frozen=True, kw_only=True)
+    options.__module__, options.__qualname__ = cls.__module__, f"{cls.__qualname__}.Options"
+    return options
+
+
 class CalibrationMethod(FittedOnHeldOut, Method):
     """Base of the stacked calibrators: ``calibrator_class`` fitted on the inner predictive.
 
     Options: the calibrator's own, and ``shift_weight``: ``"auto"`` (the held-out choice of the module docs) or a
     number in [0, 1] fixing how far the parameters move towards the fit with perturbed copies (0: the clean fit).
+    Each subclass's :attr:`Options` dataclass is made from its ``calibrator_class`` (:func:`calibrator_options`).
     """
 
     needs_val = True
@@ -129,19 +146,21 @@ class CalibrationMethod(FittedOnHeldOut, Method):
     knob = "calibration"
     calibrator_class: ClassVar[type[Calibrator]]
 
-    def __init__(self, inner: Method, *, shift_weight: float | str = "auto", **options: Any) -> None:
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "calibrator_class" in cls.__dict__:
+            cls.Options = calibrator_options(cls)
+
+    def __init__(self, inner: Method, options: Method.Options) -> None:
+        shift_weight = options.shift_weight
         super().__init__(inner.base_model)
         self.inner = inner
-        self.calibrator = self.calibrator_class(**options)
+        self.calibrator = self.calibrator_class(**{k: v for k, v in options.as_dict().items() if k != "shift_weight"})
         if shift_weight != "auto":
             shift_weight = unit_interval(shift_weight, "shift_weight")
         self.shift_weight_option = shift_weight
         #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only)
         self.register_buffer("shift_weight", torch.tensor(math.nan))
-
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        return {**cls.calibrator_class.option_defaults(), "shift_weight": "auto"}
 
     @property
     def base_model(self) -> torch.nn.Module:

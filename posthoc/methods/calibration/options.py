@@ -9,17 +9,30 @@ Example:
 
 from __future__ import annotations
 
+import inspect
 import os
 from typing import Any, ClassVar
 
 from torch import Tensor
 
 from posthoc.core import persistence
-from posthoc.core.method import keyword_defaults, load_tensors
+from posthoc.core.method import load_tensors
 from posthoc.errors import PosteriorFileError
 
 #: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)
 FILE_KIND = persistence.CALIBRATOR_CLASS
+
+
+def keyword_defaults(function: Any) -> dict[str, Any]:
+    """The keyword-only arguments of ``function`` with their defaults: a calibrator's options are those of its
+    ``__init__`` (``TemperatureCalibrator(max_iter=50)``); a method's are the fields of its ``Options`` instead.
+
+    Example:
+        >>> keyword_defaults(lambda x, *, bins=15: x)
+        {'bins': 15}
+    """
+    params = inspect.signature(function).parameters.values()
+    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
 
 
 class CalibratorOptions:

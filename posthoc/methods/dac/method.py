@@ -194,9 +194,20 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     knob = "density-aware temperature"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
-    def __init__(self, inner: Method, *, k: int = 10, layers: list[str] | None = None, bank_bytes: int = BANK_BYTES,
-                 anchor: float | str = "auto", shrink: float | str = "auto", strength: float = STRENGTH,
-                 head: str | None = None, max_iter: int = 100) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        k: int = 10
+        layers: list[str] | None = None
+        bank_bytes: int = BANK_BYTES
+        anchor: float | str = "auto"
+        shrink: float | str = "auto"
+        strength: float = STRENGTH
+        head: str | None = None
+        max_iter: int = 100
+
+    def __init__(self, inner: Method, options: Options) -> None:
+        k, layers, bank_bytes, anchor = options.k, options.layers, options.bank_bytes, options.anchor
+        shrink, strength, head, max_iter = options.shrink, options.strength, options.head, options.max_iter
         super().__init__(inner.base_model)
         self.inner = inner
         self.likelihood = inner.likelihood  # a regressor's: the variance is inflated instead of a temperature

@@ -136,13 +136,18 @@ class Ensemble(Method):
     def fit_option_defaults(self) -> dict[str, Any]:  # type: ignore[override]  # the members' fit options
         return self.members[0].fit_option_defaults()
 
+    def make_fit_options(self, values: dict[str, Any]) -> Any:  # type: ignore[override]  # the members' fit options
+        return self.members[0].make_fit_options(values)
+
     def _bind_fingerprints(self) -> None:
         found = [source or persistence.fingerprint(member.base_model) for source, member in zip(self.sources, self.members)]
         self.member_fingerprints = torch.stack([persistence.fingerprint_tensor(f) for f in found]).to(self.device)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            **fit_options: Any) -> None:
-        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``)."""
+            options: Any = None) -> None:
+        """Fit every member on the same loaders (spread over ranks under ``torch.distributed``) with the members'
+        fit ``options`` (:meth:`make_fit_options`)."""
+        fit_options = {} if options is None else {"options": options}
         fit_spread(self.members, lambda index, member: self._fit_member(index, member, train_loader, val_loader,
                                                                         progress, fit_options),
                    loaders=(train_loader, val_loader))

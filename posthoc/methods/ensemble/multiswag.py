@@ -20,12 +20,13 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import integer_at_least, known_options
+from posthoc.core.checks import integer_at_least
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, make_likelihood
 from posthoc.core.method import Method
@@ -52,18 +53,20 @@ class MultiSWAG(Ensemble):
     likelihoods = (Categorical, Gaussian)
     per_output_noise = False  # one noise shared by the runs' samples and by the outputs
 
-    def __init__(self, model: nn.Module, *, members: int = 4, **swag_options: Any) -> None:
-        integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")
-        known_options(swag_options, self.option_defaults(), "multiswag")
-        options = {**SWAG.option_defaults(), **swag_options}
-        algorithm = SWAG.algorithm(options)
-        self.seed = options["seed"]
-        runs = [algorithm(model, **{**options, "seed": options["seed"] + k}) for k in range(members)]
-        super().__init__(runs)
+    @dataclass(frozen=True, kw_only=True)
+    class Options(SWAG.Options):
+        members: int = 4
 
-    @classmethod
-    def option_defaults(cls) -> dict[str, Any]:
-        return {"members": 4, **SWAG.option_defaults()}
+    FitOptions = SWAG.FitOptions
+
+    def __init__(self, model: nn.Module, options: Options) -> None:  # type: ignore[override]  # a model, not members
+        members = options.members
+        integer_at_least(members, "members", 2, why="SWAG runs to mix; one run is method='swag'")
+        swag = {name: value for name, value in options.as_dict().items() if name != "members"}
+        algorithm = SWAG.algorithm(swag)
+        self.seed = options.seed
+        runs = [algorithm(model, SWAG.Options(**{**swag, "seed": options.seed + k})) for k in range(members)]
+        super().__init__(runs)
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
         """As :meth:`Method.use_likelihood`; every run gets its own fresh copy of ``likelihood`` (its own noise while it fits)."""
@@ -72,9 +75,9 @@ class MultiSWAG(Ensemble):
             run.use_likelihood(make_likelihood(likelihood))
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            **fit_options: Any) -> None:
+            options: Any = None) -> None:
         """Fit every run; under a likelihood with a noise, then fit the one noise of all runs' samples (module docs)."""
-        super().fit(train_loader, val_loader, progress=progress, **fit_options)
+        super().fit(train_loader, val_loader, progress=progress, options=options)
         self._fit_shared_noise((train_loader, val_loader))
 
     def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any
 
 import torch
@@ -111,10 +111,26 @@ class ImplicitBNN(Method):
     copies_model = True
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(self, model: nn.Module, *, recipe: str = "posthoc", components: int | None = None,
-                 prior_std: float | None = None, init_mean_std: float | None = None, init_std: float | None = None,
-                 init_std_spread: float | None = None, layers: Sequence[str] | None = None, stem: bool | None = None,
-                 head: bool = True, num_samples: int = 5, seed: int = 0, scale: float | None = None) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        recipe: str = "posthoc"
+        components: int | None = None
+        prior_std: float | None = None
+        init_mean_std: float | None = None
+        init_std: float | None = None
+        init_std_spread: float | None = None
+        layers: Sequence[str] | None = None
+        stem: bool | None = None
+        head: bool = True
+        num_samples: int = 5
+        seed: int = 0
+        scale: float | None = None
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        recipe, components, prior_std = options.recipe, options.components, options.prior_std
+        init_mean_std, init_std, init_std_spread = options.init_mean_std, options.init_std, options.init_std_spread
+        layers, stem, head, num_samples = options.layers, options.stem, options.head, options.num_samples
+        seed, scale = options.seed, options.scale
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
         chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
@@ -137,11 +153,27 @@ class ImplicitBNN(Method):
     def components(self) -> int:
         return self.nodes.components
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            epochs: int | None = None, lr_nodes: float | None = None, lr_nodes_final: float | None = None,
-            lr_weights: float | None = None, momentum: float | None = None, weight_decay: float | None = None,
-            beta: float | None = None, kl_warmup: float | None = None, train_samples: int | None = None,
-            batchnorm: str | None = None) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int | None = None
+        lr_nodes: float | None = None
+        lr_nodes_final: float | None = None
+        lr_weights: float | None = None
+        momentum: float | None = None
+        weight_decay: float | None = None
+        beta: float | None = None
+        kl_warmup: float | None = None
+        train_samples: int | None = None
+        batchnorm: str | None = None
+
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: FitOptions | None = None,
+    ) -> None:
         """Fine-tune the node posterior (and optionally the weights) by maximising the ELBO.
 
         The loss per step is ``mean NLL over the expanded batch + beta_t * KL / N`` (``N`` training
@@ -167,6 +199,11 @@ class ImplicitBNN(Method):
 
         With ``scale=None`` and a ``val_loader`` the scale is then chosen on held-out data (:meth:`choose`).
         """
+        options = options or self.FitOptions()
+        epochs, lr_nodes, lr_nodes_final = options.epochs, options.lr_nodes, options.lr_nodes_final
+        lr_weights, momentum, weight_decay = options.lr_weights, options.momentum, options.weight_decay
+        beta, kl_warmup, train_samples = options.beta, options.kl_warmup, options.train_samples
+        batchnorm = options.batchnorm
         if batchnorm == "train" and not batchnorm_layers(self.model):
             raise ConfigError(
                 f"batchnorm='train' re-estimates BatchNorm statistics, but {type(self.model).__name__} has no BatchNorm "

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -91,16 +92,17 @@ class IVON(Method):
     name = "ivon"
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        layers: str = "all",
-        num_samples: int = 20,
-        scale: float | None = None,
-        head: str | None = None,
-        seed: int = 0,
-    ) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        layers: str = "all"
+        num_samples: int = 20
+        scale: float | None = None
+        head: str | None = None
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        layers, num_samples, scale, head = options.layers, options.num_samples, options.scale, options.head
+        seed = options.seed
         super().__init__(model)
         self.layers = check_layers(layers)
         if scale is not None:
@@ -121,20 +123,27 @@ class IVON(Method):
         #: the scale used, and the held-out NLL of the checkpoint and of IVON at it (NaN without a val_loader)
         self.register_buffer("scale_fit", None)
 
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int = 2
+        lr: float = 1e-3
+        ess: float | None = None
+        hess_init: float = 10.0
+        weight_decay: float = 1e-4
+        beta2: float = 0.999
+        mc_samples: int = 1
+
     def fit(
         self,
         train_loader: Iterable | None,
         val_loader: Iterable | None = None,
         *,
         progress: bool = True,
-        epochs: int = 2,
-        lr: float = 1e-3,
-        ess: float | None = None,
-        hess_init: float = 10.0,
-        weight_decay: float = 1e-4,
-        beta2: float = 0.999,
-        mc_samples: int = 1,
+        options: FitOptions | None = None,
     ) -> None:
+        options = options or self.FitOptions()
+        epochs, lr, ess, hess_init = options.epochs, options.lr, options.ess, options.hess_init
+        weight_decay, beta2, mc_samples = options.weight_decay, options.beta2, options.mc_samples
         positive_int(epochs, "epochs")
         positive_int(mc_samples, "mc_samples")
         lr, hess_init = positive_number(lr, "lr"), positive_number(hess_init, "hess_init")

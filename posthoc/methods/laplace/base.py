@@ -1,7 +1,7 @@
 """``"laplace"``: a Laplace approximation around the checkpoint, with a linearised predictive.
 
 One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior
-(:meth:`Laplace.algorithm`, through the key map :data:`ALGORITHMS`; ``Laplace(model, **options)``
+(:meth:`Laplace.algorithm`, through the key map :data:`ALGORITHMS`; ``Laplace.build(model, **options)``
 builds the same class):
 
 - :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the
@@ -62,6 +62,7 @@ import abc
 import contextlib
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -120,7 +121,7 @@ def scope(options: dict[str, Any]) -> str:
 class Laplace(Method, metaclass=abc.ABCMeta):
     """Laplace approximation of a trained classifier (see module docs).
 
-    ``Laplace(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
+    ``Laplace.build(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
 
     Options:
         hessian: ``"kron"`` (KFAC, default), ``"full"`` or ``"diag"`` GGN; for deeper subsets
@@ -155,21 +156,23 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if scope is not None:
             ALGORITHMS[scope] = cls
 
-    def __new__(cls, *args: Any, **options: Any) -> Laplace:
-        return super().__new__(cls.algorithm(options) if cls is Laplace else cls)
+    def __new__(cls, *args: Any, **kwargs: Any) -> Laplace:  # (model, options); none when copied
+        options = args[1] if len(args) > 1 else kwargs.get("options")
+        return super().__new__(cls.algorithm(options.as_dict() if options else {}) if cls is Laplace else cls)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        hessian: str = "kron",
-        subset: str | list[str] = "last_layer",
-        prior_precision: str | float = "auto",
-        link: str = "probit",
-        pred: str | None = None,
-        num_samples: int = 100,
-        head: str | None = None,
-    ) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        hessian: str = "kron"
+        subset: str | list[str] = "last_layer"
+        prior_precision: str | float = "auto"
+        link: str = "probit"
+        pred: str | None = None
+        num_samples: int = 100
+        head: str | None = None
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        hessian, subset, prior_precision, link = options.hessian, options.subset, options.prior_precision, options.link
+        pred, num_samples = options.pred, options.num_samples  # ``head``: the algorithm's (it finds the head)
         super().__init__(model)
         _check_options(hessian, subset, prior_precision, link, pred)
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -66,8 +65,8 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
     per_output_noise = True
 
-    def __init__(self, model: nn.Module, **options: Any) -> None:
-        super().__init__(model, **options)
+    def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
+        super().__init__(model, options)
         if self.hessian == "kron-mc":
             raise ConfigError("hessian='kron-mc' samples BackPACK's KFAC for deeper subsets; the last-layer GGN is exact and as cheap: use 'kron'")
         if self.pred == "nn":
@@ -76,7 +75,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                 "distribution as the exact logit-space predictive: use pred='glm' with link='mc'"
             )
         self.pred = "glm"
-        self.split = FeatureSplit(model, options.get("head"))
+        self.split = FeatureSplit(model, options.head)
         if self.split.head is not None:
             self._check_head_memory()
         self.blocks = nn.ModuleList([structure_class(self.hessian)()])

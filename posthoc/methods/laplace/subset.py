@@ -70,8 +70,8 @@ class SubsetLaplace(Laplace, scope="subset"):
 
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(self, model: nn.Module, **options: Any) -> None:
-        super().__init__(model, **options)
+    def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
+        super().__init__(model, options)
         if self.subset == "lora" and self.hessian not in HOOKED_STRUCTURES:
             raise ConfigError(f"subset='lora' offers hessian in {HOOKED_STRUCTURES} (KFAC-reduce or diagonal GGN), got {self.hessian!r}")
         if self.hessian not in SUBSET_STRUCTURES:

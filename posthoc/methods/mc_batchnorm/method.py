@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
@@ -48,8 +49,14 @@ class MCBatchNorm(Method):
 
     name = "mc-batchnorm"
 
-    def __init__(self, model: nn.Module, *, num_samples: int = 16, batch_size: int | str = "auto",
-                 seed: int = 0) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        num_samples: int = 16
+        batch_size: int | str = "auto"
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        num_samples, batch_size, seed = options.num_samples, options.batch_size, options.seed
         super().__init__(model)
         self.num_samples, self.seed = positive_int(num_samples, "num_samples"), int(seed)
         if batch_size != "auto" and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 2):

@@ -50,6 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -115,9 +116,18 @@ class MCDropout(Method):
     name = "mc-dropout"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
-    def __init__(self, model: nn.Module, *, p: float | str | None = None, where: str | Sequence[str] | None = None,
-                 insert: bool = True, num_samples: int = 50, head: str | None = None,
-                 masks: str = "per_example") -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        p: float | str | None = None
+        where: str | Sequence[str] | None = None
+        insert: bool = True
+        num_samples: int = 50
+        head: str | None = None
+        masks: str = "per_example"
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        p, where, insert, num_samples, head, masks = (
+            options.p, options.where, options.insert, options.num_samples, options.head, options.masks)
         super().__init__(model)
         _check_options(p, where, insert, num_samples, head, masks)
         if isinstance(where, (list, tuple)):

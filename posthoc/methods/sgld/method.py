@@ -45,6 +45,7 @@ from __future__ import annotations
 import math
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -100,19 +101,21 @@ class SGLD(Method):
     name = "sgld"
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        layers: str = "all",
-        cycles: int | None = None,
-        num_samples: int = 20,
-        temperature: float = 1.0,
-        prior: str = "checkpoint",
-        prior_precision: float = 1.0,
-        head: str | None = None,
-        seed: int = 0,
-    ) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        layers: str = "all"
+        cycles: int | None = None
+        num_samples: int = 20
+        temperature: float = 1.0
+        prior: str = "checkpoint"
+        prior_precision: float = 1.0
+        head: str | None = None
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        layers, cycles, num_samples = options.layers, options.cycles, options.num_samples
+        temperature, prior, prior_precision = options.temperature, options.prior, options.prior_precision
+        head, seed = options.head, options.seed
         super().__init__(model)
         self.layers = check_layers(layers)
         self.cycles = positive_int(cycles, "cycles", none="plain SGLD, a constant step")
@@ -132,17 +135,23 @@ class SGLD(Method):
         self.register_buffer("schedule", None)
 
     # ----------------------------------------------------------------- fitting
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int = 2
+        lr: float | None = None
+        burn_in: float = 0.5
+        exploration: float = 0.8
+
     def fit(
         self,
         train_loader: Iterable | None,
         val_loader: Iterable | None = None,
         *,
         progress: bool = True,
-        epochs: int = 2,
-        lr: float | None = None,
-        burn_in: float = 0.5,
-        exploration: float = 0.8,
+        options: FitOptions | None = None,
     ) -> None:
+        options = options or self.FitOptions()
+        epochs, lr, burn_in, exploration = options.epochs, options.lr, options.burn_in, options.exploration
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="set from the features")
         burn_in, exploration = fraction(burn_in, "burn_in"), fraction(exploration, "exploration")

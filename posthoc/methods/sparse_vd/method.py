@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -70,9 +71,18 @@ class SparseVariationalDropout(VariationalMethod):
     #: not in ``posthoc demo``: it trades in-distribution NLL for sparsity, and sampling every layer costs
     #: about 100 forwards per prediction (its own benchmark, ``benchmarks/bench_sparse_vd.py``, shows it)
 
-    def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "all", head: str | None = None,
-                 init_log_alpha: float = -4.0, threshold: float = 3.0, num_samples: int = 20,
-                 seed: int = 0) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(VariationalMethod.Options):
+        layers: str | Sequence[str] = "all"
+        head: str | None = None
+        init_log_alpha: float = -4.0
+        threshold: float = 3.0
+        num_samples: int = 20
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        layers, head, init_log_alpha = options.layers, options.head, options.init_log_alpha
+        threshold, num_samples, seed = options.threshold, options.num_samples, options.seed
         if isinstance(init_log_alpha, bool) or not isinstance(init_log_alpha, (int, float)) or not math.isfinite(init_log_alpha):
             raise ConfigError(f"init_log_alpha must be a finite number (e.g. -4.0), got {init_log_alpha!r}")
         self.init_log_alpha, self.threshold = float(init_log_alpha), check_threshold(threshold)
@@ -81,11 +91,29 @@ class SparseVariationalDropout(VariationalMethod):
     def _posterior(self, layer: nn.Module) -> LogAlphaLayer:
         return LogAlphaLayer(layer, init_log_alpha=self.init_log_alpha)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            epochs: int = 3, lr: float = 1e-3, lr_scale: float = 1e-2, kl_weight: float = 1.0,
-            kl_schedule: str = "linear", kl_warmup: float = 0.5, kl_cycles: int = 4) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(VariationalMethod.FitOptions):
+        epochs: int = 3
+        lr: float = 1e-3
+        lr_scale: float = 1e-2
+        kl_weight: float = 1.0
+        kl_schedule: str = "linear"
+        kl_warmup: float = 0.5
+        kl_cycles: int = 4
+
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: FitOptions | None = None,
+    ) -> None:
         """Maximise the ELBO on ``train_loader``; options in the class docs. ``val_loader`` is read only under a
         regression likelihood, for the observation noise."""
+        options = options or self.FitOptions()
+        epochs, lr, lr_scale, kl_weight = options.epochs, options.lr, options.lr_scale, options.kl_weight
+        kl_schedule, kl_warmup, kl_cycles = options.kl_schedule, options.kl_warmup, options.kl_cycles
         kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
         self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress,
                   val_loader=val_loader)

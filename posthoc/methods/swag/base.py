@@ -84,19 +84,21 @@ class SWAGBase(Method):
     name = "swag"
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(
-        self,
-        model: nn.Module,
-        *,
-        subset: str | Sequence[str] = "all",
-        cov: bool = True,
-        scale: float | None = None,
-        num_samples: int = 20,
-        bn_batches: int | None = 4,
-        stats_device: str | torch.device | None = None,
-        head: str | None = None,
-        seed: int = 0,
-    ) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        subset: str | Sequence[str] = "all"
+        cov: bool = True
+        scale: float | None = None
+        num_samples: int = 20
+        bn_batches: int | None = 4
+        stats_device: str | torch.device | None = None
+        head: str | None = None
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        subset, cov, scale, num_samples, bn_batches, stats_device, seed = (
+            options.subset, options.cov, options.scale, options.num_samples, options.bn_batches, options.stats_device,
+            options.seed)  # ``head``: the last-layer algorithm's
         super().__init__(model)
         if not isinstance(cov, bool):
             raise ConfigError(f"cov must be True or False, got {cov!r}")
@@ -141,20 +143,28 @@ class SWAGBase(Method):
         return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
 
     # ----------------------------------------------------------------- fitting
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int = 2
+        lr: float | None = None
+        collect_per_epoch: int = 4
+        rank: int = 20
+        momentum: float = 0.9
+        weight_decay: float = 0.0
+        include_pretrained: bool = False
+
     def fit(
         self,
         train_loader: Iterable | None,
         val_loader: Iterable | None = None,
         *,
         progress: bool = True,
-        epochs: int = 2,
-        lr: float | None = None,
-        collect_per_epoch: int = 4,
-        rank: int = 20,
-        momentum: float = 0.9,
-        weight_decay: float = 0.0,
-        include_pretrained: bool = False,
+        options: FitOptions | None = None,
     ) -> None:
+        options = options or self.FitOptions()
+        epochs, lr, collect_per_epoch, rank, momentum, weight_decay, include_pretrained = (
+            options.epochs, options.lr, options.collect_per_epoch, options.rank, options.momentum, options.weight_decay,
+            options.include_pretrained)
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
-from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +40,9 @@ class LastLayerSWAG(SWAGBase):
     the first training batch finds it at fit).
     """
 
-    def __init__(self, model: nn.Module, *, head: str | None = None, **options: Any) -> None:
-        super().__init__(model, head=head, **options)
-        self.split = FeatureSplit(model, head)
+    def __init__(self, model: nn.Module, options: SWAGBase.Options) -> None:
+        super().__init__(model, options)
+        self.split = FeatureSplit(model, options.head)
 
     def _collected_tensors(self, x: Inputs | None = None) -> dict[str, Tensor]:
         """The head's trainable weight (and bias) by qualified name; ``x`` finds the head if needed."""

@@ -21,7 +21,6 @@ import copy
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -108,8 +107,8 @@ class SubsetSWAG(SWAGBase):
     ``(seed, s)``), each with its own stored BatchNorm statistics.
     """
 
-    def __init__(self, model: nn.Module, **options: Any) -> None:
-        super().__init__(model, **options)
+    def __init__(self, model: nn.Module, options: SWAGBase.Options) -> None:
+        super().__init__(model, options)
         self.names = subset_names(model, self.subset)
         self.register_buffer("bn_cache", None)
         #: traced at fit (a posterior loaded from a file holds no trace: its first prediction makes it)

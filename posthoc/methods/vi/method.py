@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
@@ -61,9 +62,19 @@ class VariationalInference(VariationalMethod):
 
     name = "vi"
 
-    def __init__(self, model: nn.Module, *, layers: str | Sequence[str] = "head", head: str | None = None,
-                 prior_std: float = 1.0, prior_mean: str = "zero", init_std: float = 0.2, num_samples: int = 20,
-                 seed: int = 0) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(VariationalMethod.Options):
+        layers: str | Sequence[str] = "head"
+        head: str | None = None
+        prior_std: float = 1.0
+        prior_mean: str = "zero"
+        init_std: float = 0.2
+        num_samples: int = 20
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        layers, head, prior_std, prior_mean = options.layers, options.head, options.prior_std, options.prior_mean
+        init_std, num_samples, seed = options.init_std, options.num_samples, options.seed
         for option, value in (("prior_std", prior_std), ("init_std", init_std)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{option} must be a finite number > 0, got {value!r}")
@@ -75,11 +86,29 @@ class VariationalInference(VariationalMethod):
     def _posterior(self, layer: nn.Module) -> GaussianLayer:
         return GaussianLayer(layer, init_std=self.init_std, prior_std=self.prior_std, prior_mean=self.prior_mean)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            epochs: int = 3, lr: float = 1e-3, lr_scale: float = 1e-2, kl_weight: float = 1.0,
-            kl_schedule: str = "linear", kl_warmup: float = 0.5, kl_cycles: int = 4) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(VariationalMethod.FitOptions):
+        epochs: int = 3
+        lr: float = 1e-3
+        lr_scale: float = 1e-2
+        kl_weight: float = 1.0
+        kl_schedule: str = "linear"
+        kl_warmup: float = 0.5
+        kl_cycles: int = 4
+
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: FitOptions | None = None,
+    ) -> None:
         """Maximise the ELBO on ``train_loader``; options in the class docs. ``val_loader`` is read only under a
         regression likelihood, for the observation noise."""
+        options = options or self.FitOptions()
+        epochs, lr, lr_scale, kl_weight = options.epochs, options.lr, options.lr_scale, options.kl_weight
+        kl_schedule, kl_warmup, kl_cycles = options.kl_schedule, options.kl_warmup, options.kl_cycles
         kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
         self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress,
                   val_loader=val_loader)
