@@ -16,6 +16,7 @@ For every name:
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import warnings
 from typing import Any
@@ -197,6 +198,9 @@ def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
     defaults = cls.Options.defaults()
     assert cls.option_defaults() == defaults and cls.fit_option_defaults() == cls.FitOptions.defaults()
     assert posthoc.available_methods()[name] == defaults
+    for function, allowed in ((cls.__init__, set()), (cls.fit, {"progress", "options"})):  # no option left in a signature
+        keywords = {p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
+        assert keywords <= allowed, f"{function.__qualname__} takes {sorted(keywords - allowed)} outside its dataclass"
     algorithm = cls.algorithm(defaults)  # the class that runs it takes the same options
     assert algorithm.Options.defaults() == defaults and algorithm.fit_option_defaults() == cls.fit_option_defaults()
     um = posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, **defaults)  # wrap takes every field

@@ -32,6 +32,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -95,8 +96,18 @@ class ABNN(Method):
 
     name = "abnn"
 
-    def __init__(self, model: nn.Module, *, modes: int = 3, num_samples: int = 5, alpha: float = 0.1,
-                 random_prior: float = 2.0, scale: float | None = None, seed: int = 0) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        modes: int = 3
+        num_samples: int = 5
+        alpha: float = 0.1
+        random_prior: float = 2.0
+        scale: float | None = None
+        seed: int = 0
+
+    def __init__(self, model: nn.Module, options: Options) -> None:
+        modes, num_samples, alpha = options.modes, options.num_samples, options.alpha
+        random_prior, scale, seed = options.random_prior, options.scale, options.seed
         super().__init__(model)
         self.num_modes = positive_int(modes, "modes")
         self.num_samples = positive_int(num_samples, "num_samples")
@@ -121,9 +132,24 @@ class ABNN(Method):
         self.__dict__["_names"] = None
 
     # ----------------------------------------------------------------- fitting
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            epochs: int = 2, lr: float = 1e-3, momentum: float = 0.9, weight_decay: float = 1e-4) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int = 2
+        lr: float = 1e-3
+        momentum: float = 0.9
+        weight_decay: float = 1e-4
+
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: FitOptions | None = None,
+    ) -> None:
         """Fine-tune the ``M`` modes from the checkpoint, one after the other (see module docs)."""
+        options = options or self.FitOptions()
+        epochs, lr, momentum, weight_decay = options.epochs, options.lr, options.momentum, options.weight_decay
         positive_int(epochs, "epochs")
         lr, weight_decay = positive_number(lr, "lr"), non_negative(weight_decay, "weight_decay")
         if not 0 <= non_negative(momentum, "momentum") < 1:

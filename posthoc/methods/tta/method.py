@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -91,8 +92,15 @@ class TestTimeAugmentation(Method):
     knob = "augmentation strength"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
-    def __init__(self, inner: Method, *, augmentations: list[str | Callable] | str = "auto", views: int = 8,
-                 strength: float | str = "auto", seed: int = 0) -> None:
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Method.Options):
+        augmentations: list[str | Callable] | str = "auto"
+        views: int = 8
+        strength: float | str = "auto"
+        seed: int = 0
+
+    def __init__(self, inner: Method, options: Options) -> None:
+        augmentations, views, strength, seed = options.augmentations, options.views, options.strength, options.seed
         super().__init__(inner.base_model)
         self.inner = inner
         self.likelihood = inner.likelihood
