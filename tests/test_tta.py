@@ -186,7 +186,7 @@ def test_bad_options_and_inputs_are_refused_by_name():
     with pytest.raises(ConfigError, match="no built-in augmentation for token ids"):
         tokens.fit([(torch.randint(0, 10, (4, 5)), torch.zeros(4, dtype=torch.long))], progress=False)
     cropped = posthoc.wrap(model, method="tta", augmentations=[lambda v: v[:, :2]], views=2)
-    with pytest.raises(InputError, match=r"augmentations\[0\] \(<lambda>\) returned \(8, 2\) for inputs \(8, 4\)"):
+    with pytest.raises(InputError, match=r"augmentations\[0\] \(<lambda>\) returned inputs of shape \(8, 2\) for inputs of shape \(8, 4\)"):
         cropped.predict(x)
     fitted = posthoc.wrap(model, method="tta", strength=1.0).fit(loader, progress=False)
     with pytest.raises(InputError, match="std of 4 channels or features at fit, but these inputs have 5"):

@@ -204,13 +204,24 @@ def user_perturbation(perturb: Callable[[Inputs, torch.Generator], Inputs], posi
     name = f"shift[{position}] ({getattr(perturb, '__name__', type(perturb).__name__)})"
 
     def checked(x: Inputs, generator: torch.Generator) -> Inputs:
-        out = perturb(x, generator)
-        if _layout(out) != _layout(x):
-            raise InputError(f"{name} returned {_describe(out)} for {_describe(x)}; a fit-time perturbation must return "
-                             "inputs of the kind and shape it is given (one perturbed copy of each example)")
-        return out
+        return same_layout(perturb(x, generator), x, name, "a fit-time perturbation", "perturbed")
 
     return checked
+
+
+def same_layout(out: Inputs, x: Inputs, name: str, role: str, copy: str) -> Inputs:
+    """``out``, which a user's callable ``name`` returned for ``x``, if it keeps the inputs' kind and shape (a
+    tensor's shape, or a dict's keys and their tensors' shapes); else an :class:`~posthoc.errors.InputError` naming it.
+
+    Example:
+        >>> same_layout(torch.zeros(4, 2), torch.zeros(4, 3), "crop", "an augmentation", "augmented")
+        Traceback (most recent call last):
+        posthoc.errors.InputError: crop returned inputs of shape (4, 2) for inputs of shape (4, 3); an augmentation must...
+    """
+    if _layout(out) != _layout(x):
+        raise InputError(f"{name} returned {_describe(out)} for {_describe(x)}; {role} must return inputs of the kind and "
+                         f"shape it is given (one {copy} copy of each example)")
+    return out
 
 
 def _layout(x: Any) -> Any:

@@ -36,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from posthoc.core.inputs import Inputs
-from posthoc.engine.perturb import FEATURES, IMAGES, PIXELS, image_blur, input_layout
-from posthoc.errors import ConfigError, InputError
+from posthoc.engine.perturb import FEATURES, IMAGES, PIXELS, image_blur, input_layout, same_layout
+from posthoc.errors import ConfigError
 
 #: ``family(x, strength, generator, scale) -> x'``
 Family = Callable[[Inputs, float, torch.Generator, Tensor], Inputs]
@@ -161,21 +161,9 @@ def _user_family(function: Callable[[Inputs], Inputs], position: int) -> Family:
     name = f"augmentations[{position}] ({getattr(function, '__name__', type(function).__name__)})"
 
     def family(x: Inputs, strength: float, generator: torch.Generator, scale: Tensor) -> Inputs:
-        out = function(x)
-        if _shape(out) != _shape(x):
-            raise InputError(f"{name} returned {_shape(out)} for inputs {_shape(x)}; an augmentation must return "
-                             "inputs of the kind and shape it is given (one augmented copy of each example)")
-        return out
+        return same_layout(function(x), x, name, "an augmentation", "augmented")
 
     return family
-
-
-def _shape(x: Any) -> Any:
-    if isinstance(x, Tensor):
-        return tuple(x.shape)
-    if isinstance(x, Mapping):
-        return {key: tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__ for key, v in x.items()}
-    return type(x).__name__
 
 
 @dataclass(frozen=True)
