@@ -316,10 +316,17 @@ class Method(nn.Module):
         """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
         raise NotImplementedError
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                              max_memory: int | None = None) -> RegressionPrediction:
-        """The predictive over real targets for inputs ``x`` under a regression :attr:`likelihood` (methods that
-        list one in :attr:`likelihoods` implement it, usually as ``self.likelihood.predictive(outputs, variances)``)."""
+    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
+                              generator: torch.Generator | None = None) -> RegressionPrediction:
+        """The predictive over real targets for inputs ``x`` under a regression :attr:`likelihood`: the likelihood's
+        mixture around :meth:`sampled_outputs`, so a sampling method writes only those; a method whose predictive is
+        not a mixture of sampled networks (Laplace's linearisation, an ensemble of predictives) overrides this."""
+        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
+
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
+        """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior (default
+        ``num_samples``: the method's own), the one hook a sampling method implements for regression."""
         raise NotImplementedError
 
     def summary(self) -> dict[str, Any]:

@@ -36,7 +36,6 @@ from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_o
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, requires_grad
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.elbo import maximise_elbo
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.hooks import called_in_order
@@ -162,7 +161,7 @@ class VariationalMethod(Method):
         self._runner = None
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
         with eval_mode(self.model):
-            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (self._output_samples(x, self.num_samples, generator), None))
+            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (self.sampled_outputs(x, generator=generator), None))
         kl = options.kl
         record = (options.epochs, options.lr, options.lr_scale, kl.weight, kl.warmup, kl.cycles, SCHEDULES.index(kl.kind))
         self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
@@ -196,16 +195,14 @@ class VariationalMethod(Method):
         return self.likelihood.mean_nll(outputs, self.likelihood.targets(y, outputs))
 
     # ----------------------------------------------------------------- predict
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The mixture of the likelihood's Gaussians around ``S`` sampled outputs (local reparameterisation)."""
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
+        """``(S, N, D)`` raw outputs of ``S`` draws of the posterior (local reparameterisation); ``generator``
+        defaults to one seeded with ``seed``."""
         self._follow_device()
+        count = num_samples or self.num_samples
         if generator is None:
             generator = torch.Generator(device=self.device).manual_seed(self.seed)
-        return self.likelihood.predictive(self._output_samples(x, num_samples or self.num_samples, generator))
-
-    def _output_samples(self, x: Inputs, count: int, generator: torch.Generator) -> Tensor:
-        """``(S, N, D)`` raw outputs of ``count`` draws of the posterior."""
         if self.split is not None:
             return self._head_samples(x, count, generator, transform=model_outputs)
         outputs = self._suffix_outputs(x, count, generator)

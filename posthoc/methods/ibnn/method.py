@@ -337,10 +337,10 @@ class ImplicitBNN(Method):
         samples = self._samples(x, num_samples, generator, class_log_probs)
         return log_mean_exp(samples), samples
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The mixture of the likelihood's Gaussians around the ``K * S`` sampled networks' outputs."""
-        return self.likelihood.predictive(self._samples(x, num_samples, generator, model_outputs))
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
+        """``(K * S, N, O)``: the sampled networks' outputs (their likelihood's mixture is the regression predictive)."""
+        return self._samples(x, num_samples, generator, model_outputs)
 
     def _samples(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None,
                  transform: Callable[[Any], Tensor]) -> Tensor:

@@ -288,11 +288,6 @@ class IVON(Method):
             return state_outputs(self.model, lambda s: state, 1, x)
         return state_outputs(self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
-
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)
         if self.scale_fit is not None:

@@ -177,7 +177,7 @@ class MCDropout(Method):
             generator = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad(), eval_mode(self.model):
                 fit_noise_on(self.likelihood, loaders, self.device,
-                             lambda x: (self.sampled_outputs(x, self.num_samples, generator), None), progress=progress,
+                             lambda x: (self.sampled_outputs(x, generator=generator), None), progress=progress,
                              per_output=True)
 
     @classmethod
@@ -280,14 +280,10 @@ class MCDropout(Method):
             return log_probs, log_probs.unsqueeze(0).expand(num_samples, *log_probs.shape)
         return self._sampled(x, self._head_features(x), num_samples, generator, sites)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The mixture of the likelihood's Gaussians around ``num_samples`` sampled networks' outputs."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples or self.num_samples, generator))
-
-    def sampled_outputs(self, x: Inputs, num_samples: int, generator: torch.Generator | None) -> Tensor:
+    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
+                        generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` dropout masks per example."""
-        return self._outputs_at(x, self.sites(x), num_samples, generator)
+        return self._outputs_at(x, self.sites(x), num_samples or self.num_samples, generator)
 
     def _outputs_at(self, x: Inputs, sites: list[DropoutSite], num_samples: int,
                     generator: torch.Generator | None) -> Tensor:

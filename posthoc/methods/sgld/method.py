@@ -58,7 +58,6 @@ from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, step_scale
@@ -266,11 +265,6 @@ class SGLD(Method):
                         generator: torch.Generator | None = None) -> Tensor:
         """``(S, N, D)``: the model's outputs under the kept samples :meth:`log_predictive` uses."""
         return self._through(x, num_samples, head_route=head_outputs, state_route=state_outputs)
-
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The equal-weight mixture of the likelihood's Gaussians around the kept samples' outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples))
 
     def summary(self) -> dict[str, Any]:
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.

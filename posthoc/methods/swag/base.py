@@ -137,11 +137,6 @@ class SWAGBase(Method):
         """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
         raise NotImplementedError
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
-        """The equal-weight mixture of the likelihood's Gaussians around the sampled outputs (see module docs)."""
-        return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
-
     # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
