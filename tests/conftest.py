@@ -20,6 +20,12 @@ settings.register_profile("deterministic", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 
+# under pytest-xdist (the README's `-n auto`) each worker takes its share of the cores: torch's default of every core
+# per process oversubscribes them, and the tests of many small ops then run several times slower
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+if _WORKERS > 1:
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+
 
 def linear_data_regressor(rows: int, train: int, noise: float) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:
     """A small tanh MLP fitted (Adam, 200 full-batch steps) to ``y = 2 x₁`` plus Gaussian noise of std ``noise`` on the
