@@ -25,7 +25,8 @@ mutable ones are copied for every docstring so that no example sees another's ch
 - ``noisy_loader``: the test set with Gaussian noise of std 1 added to its inputs (a covariate shift), batches of 64;
 - ``report``, ``noisy_report``: ``posthoc.evaluate(um, test_loader, ood_loader)`` and ``posthoc.evaluate(um,
   noisy_loader)`` (laplace); ``plain_report``, ``plain_noisy_report``: the same of the plain model
-  (``posthoc.wrap(model, method="none")``);
+  (``posthoc.wrap(model, method="none")``); ``verdict``: their
+  :func:`~posthoc.evaluation.comparison.compared_verdict` (``[plain_report, report]``, shifted to ``noisy``);
 - ``digits``: the bundled digits splits (:func:`posthoc.demo.data.load_digits`); ``cnn``: the bundled digits CNN
   (:func:`posthoc.demo.zoo.pretrained`); ``digits_test_loader``: the first 200 test digits in one batch;
   ``table``: the :class:`~posthoc.evaluation.shift.ShiftTable` of ``{"MAP": posthoc.wrap(cnn, method="none"),
@@ -231,6 +232,14 @@ for _name, _plain, _loader, _ood in (("report", False, "test_loader", True), ("n
                                      ("plain_report", True, "test_loader", True),
                                      ("plain_noisy_report", True, "noisy_loader", False)):
     _builder(_name)(lambda plain=_plain, loader=_loader, ood=_ood: _evaluated(plain, loader, ood))
+
+
+@_builder("verdict")
+def _verdict() -> Any:
+    from posthoc.evaluation.comparison import compared_verdict
+
+    return compared_verdict([_get("plain_report"), _get("report")],
+                            {"noisy": [_get("plain_noisy_report"), _get("noisy_report")]})
 
 
 @_builder("digits")
