@@ -29,7 +29,7 @@ mutable ones are copied for every docstring so that no example sees another's ch
   :func:`~posthoc.evaluation.comparison.compared_verdict` (``[plain_report, report]``, shifted to ``noisy``);
 - ``digits``: the bundled digits splits (:func:`posthoc.demo.data.load_digits`); ``cnn``: the bundled digits CNN
   (:func:`posthoc.demo.zoo.pretrained`); ``digits_test_loader``: the first 200 test digits in one batch;
-  ``table``: the :class:`~posthoc.evaluation.shift.ShiftTable` of ``{"MAP": posthoc.wrap(cnn, method="none"),
+  ``shift_table``: the :class:`~posthoc.evaluation.shift.ShiftTable` of ``{"MAP": posthoc.wrap(cnn, method="none"),
   "laplace": posthoc.wrap(cnn, method="laplace").fit(...)}`` (fitted on 600 fit and 200 calibration digits) on
   ``digits_test_loader`` under ``kinds=["gaussian-noise", "rotate"]`` at ``severities=[1, 3, 5]``.
 
@@ -263,8 +263,8 @@ def _digits_test_loader() -> Any:
     return data.loader(data.subset(_get("digits").test, 200), batch_size=200)
 
 
-@_builder("table")
-def _table() -> Any:
+@_builder("shift_table")
+def _shift_table() -> Any:
     import posthoc
     from posthoc.demo import data
 

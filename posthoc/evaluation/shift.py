@@ -219,7 +219,7 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`).
 
         Example:
-            >>> {name: values.shape for name, values in table.example_nll("laplace").items()}
+            >>> {name: values.shape for name, values in shift_table.example_nll("laplace").items()}
             {'severity 1': torch.Size([200]), 'severity 3': torch.Size([200]), 'severity 5': torch.Size([200])}
         """
         if method not in self.methods:
@@ -267,7 +267,7 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`, not by a table rebuilt from JSON).
 
         Example:
-            >>> table.confidence("MAP", "rotate", 5), table.value("MAP", "rotate", 5, "accuracy")   # overconfident
+            >>> shift_table.confidence("MAP", "rotate", 5), shift_table.value("MAP", "rotate", 5, "accuracy")   # overconfident
             (0.79, 0.11)
         """
         if self.metrics != METRICS:
@@ -297,7 +297,7 @@ class ShiftTable:
         for named test sets, the lowest NLL averaged over the sets.
 
         Example:
-            >>> table.best_method(exclude=["MAP"])
+            >>> shift_table.best_method(exclude=["MAP"])
             'laplace'
         """
         if isinstance(exclude, str):
@@ -334,7 +334,7 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares.
 
     Example:
-        >>> plain_and_best(table)
+        >>> plain_and_best(shift_table)
         ['MAP', 'laplace']
     """
     plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
