@@ -21,7 +21,17 @@ mutable ones are copied for every docstring so that no example sees another's ch
   (:func:`posthoc.demo.regression.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
   ``reg_test_loader`` its training (40), validation (40) and test (420) points; ``reg_x``, ``reg_y`` the first
   eight test inputs ``(8, 1)`` and targets ``(8, 1)``; ``regression_um``:
-  ``posthoc.wrap(regressor, method="laplace", likelihood="regression").fit(reg_train_loader, reg_val_loader)``.
+  ``posthoc.wrap(regressor, method="laplace", likelihood="regression").fit(reg_train_loader, reg_val_loader)``;
+- ``noisy_loader``: the test set with Gaussian noise of std 1 added to its inputs (a covariate shift), batches of 64;
+- ``report``, ``noisy_report``: ``posthoc.evaluate(um, test_loader, ood_loader)`` and ``posthoc.evaluate(um,
+  noisy_loader)`` (laplace); ``plain_report``, ``plain_noisy_report``: the same of the plain model
+  (``posthoc.wrap(model, method="none")``); ``verdict``: their
+  :func:`~posthoc.evaluation.comparison.compared_verdict` (``[plain_report, report]``, shifted to ``noisy``);
+- ``digits``: the bundled digits splits (:func:`posthoc.demo.data.load_digits`); ``cnn``: the bundled digits CNN
+  (:func:`posthoc.demo.zoo.pretrained`); ``digits_test_loader``: the first 200 test digits in one batch;
+  ``shift_table``: the :class:`~posthoc.evaluation.shift.ShiftTable` of ``{"MAP": posthoc.wrap(cnn, method="none"),
+  "laplace": posthoc.wrap(cnn, method="laplace").fit(...)}`` (fitted on 600 fit and 200 calibration digits) on
+  ``digits_test_loader`` under ``kinds=["gaussian-noise", "rotate"]`` at ``severities=[1, 3, 5]``.
 
 Every example runs on one thread in an empty temporary folder (files it writes go there) after
 ``torch.manual_seed(0)``, and ``posthoc.settings`` and the method registry are restored after it.
@@ -199,6 +209,71 @@ def _regression_um() -> Any:
     data = _regression()["data"]
     return posthoc.wrap(_regression()["model"], method="laplace", likelihood="regression").fit(
         data.train_loader(), data.val_loader(), progress=False)
+
+
+@_builder("noisy_loader")
+def _noisy_loader() -> Any:
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+
+    x, labels = _classification()["sets"]["test"]
+    noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
+    return DataLoader(TensorDataset(x + noise, labels), batch_size=64)
+
+
+def _evaluated(plain: bool, loader: str, ood: bool) -> Any:
+    import posthoc
+
+    um = posthoc.wrap(_classification()["model"], method="none") if plain else _get("um")
+    return posthoc.evaluate(um, _get(loader), _get("ood_loader") if ood else None, progress=False)
+
+
+for _name, _plain, _loader, _ood in (("report", False, "test_loader", True), ("noisy_report", False, "noisy_loader", False),
+                                     ("plain_report", True, "test_loader", True),
+                                     ("plain_noisy_report", True, "noisy_loader", False)):
+    _builder(_name)(lambda plain=_plain, loader=_loader, ood=_ood: _evaluated(plain, loader, ood))
+
+
+@_builder("verdict")
+def _verdict() -> Any:
+    from posthoc.evaluation.comparison import compared_verdict
+
+    return compared_verdict([_get("plain_report"), _get("report")],
+                            {"noisy": [_get("plain_noisy_report"), _get("noisy_report")]})
+
+
+@_builder("digits")
+def _digits() -> Any:
+    from posthoc.demo.data import load_digits
+
+    return load_digits()
+
+
+@_builder("cnn", copied=True)
+def _cnn() -> Any:
+    from posthoc.demo.zoo import pretrained
+
+    return pretrained()
+
+
+@_builder("digits_test_loader")
+def _digits_test_loader() -> Any:
+    from posthoc.demo import data
+
+    return data.loader(data.subset(_get("digits").test, 200), batch_size=200)
+
+
+@_builder("shift_table")
+def _shift_table() -> Any:
+    import posthoc
+    from posthoc.demo import data
+
+    digits, cnn = _get("digits"), _get("cnn")
+    laplace = posthoc.wrap(cnn, method="laplace").fit(data.loader(data.subset(digits.fit, 600)),
+                                                      data.loader(data.subset(digits.calibration, 200)), progress=False)
+    return posthoc.evaluate_shift({"MAP": posthoc.wrap(cnn, method="none"), "laplace": laplace},
+                                  _get("digits_test_loader"), kinds=["gaussian-noise", "rotate"], severities=[1, 3, 5],
+                                  normalization=((data.MEAN,), (data.STD,)), progress=False)
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")

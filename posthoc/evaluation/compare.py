@@ -5,10 +5,10 @@ the examples being shared (it is much narrower than comparing two separate inter
 the claim "A beats B on this test set" is backed at that level.
 
 Example:
-    >>> a = posthoc.evaluate(laplace_um, test_loader)
-    >>> b = posthoc.evaluate(plain_um, test_loader)
-    >>> print(posthoc.compare(a, b, metric="nll"))
-    nll: laplace − none = -0.0123 [-0.0190, -0.0061] (95% paired bootstrap, 1000 resamples of 1000 examples)
+    >>> laplace = posthoc.evaluate(um, test_loader)
+    >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
+    >>> print(posthoc.compare(laplace, plain, metric="nll"))
+    nll: laplace − none = -0.0661 [-0.1333, -0.0128] (95% paired bootstrap, 1000 resamples of 128 examples)
 """
 
 from __future__ import annotations
@@ -61,8 +61,10 @@ def compare(first: Report, second: Report, metric: str = "nll", *, ci: float = 0
     """The difference ``first - second`` of ``metric`` with a paired bootstrap interval over the shared test examples.
 
     Example:
-        >>> posthoc.compare(report_laplace, report_map, metric="ece").excludes_zero
+        >>> posthoc.compare(report, plain_report, metric="nll").excludes_zero    # laplace's NLL is lower
         True
+        >>> posthoc.compare(report, plain_report, metric="ece").excludes_zero    # its ECE: not shown on 128 examples
+        False
     """
     if metric not in COMPARABLE:
         raise ConfigError(f"cannot compare {metric!r}; comparable metrics: {', '.join(COMPARABLE)}")

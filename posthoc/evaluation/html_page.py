@@ -5,7 +5,9 @@ Only the Markdown that posthoc writes is understood (``#`` headings, pipe tables
 can be mailed or attached to an issue.
 
 Example:
-    >>> write_html(Path("out/report.md").read_text(), "out/report.html", title="posthoc demo")
+    >>> path = write_html(report.to_markdown(), "report.html", title="posthoc demo")
+    >>> path, "<table>" in path.read_text()
+    (PosixPath('report.html'), True)
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """OOD score histograms: in-distribution against OOD values of each score, one panel per score.
 
 Example:
-    >>> fig = ood_histograms({"energy": (test_scores, ood_scores)}, "ood_scores.png")
+    >>> fig = ood_histograms({"entropy": report.ood_values["entropy"]}, "ood_scores.png")
     >>> len([ax for ax in fig.axes if ax.get_visible()])
     1
 """

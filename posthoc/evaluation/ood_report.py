@@ -5,8 +5,15 @@ samples, ``"mutual-information"``; ``ood_scores`` adds post-hoc detector scores 
 next to them.
 
 Example:
-    >>> values = ood_values(um, test_pred, ood_pred, test_loader, ood_loader, ["energy", "msp"])
-    >>> print(ood_markdown({"MAP": {name: metrics.ood_metrics(*v) for name, v in values.items()}}))
+    >>> from posthoc.evaluation import metrics
+    >>> test_x, ood_x = test_loader.dataset.tensors[0], ood_loader.dataset.tensors[0]
+    >>> values = ood_values(um, um.predict(test_x), um.predict(ood_x), test_loader, ood_loader, ["energy", "msp"])
+    >>> print(ood_markdown({"laplace": {name: metrics.ood_metrics(*v) for name, v in values.items()}}))
+    | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
+    |---|---|---|---|---|---|
+    | laplace | entropy | 0.2908 | 0.4594 | 0.3720 | 0.8906 |
+    | laplace | msp | 0.2916 | 0.4595 | 0.3721 | 0.8906 |
+    | laplace | energy | 0.0370 | 0.3100 | 0.3097 | 1.0000 |
 """
 
 from __future__ import annotations

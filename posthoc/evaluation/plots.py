@@ -7,7 +7,10 @@ distinct colour and line-style pairs (:func:`method_styles`); legends sit outsid
 
 Example:
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
-    >>> fig = risk_coverage_curve({"MAP": (probs, labels), "laplace": (p2, labels)}, "rc.png", log_scale=True)
+    >>> curves = {"MAP": (plain_report.probs, test_labels), "laplace": (report.probs, test_labels)}
+    >>> fig = risk_coverage_curve(curves, "rc.png", log_scale=True)
+    >>> [line.get_label() for line in fig.axes[0].get_lines()]
+    ['MAP (AURC 0.0969)', 'laplace (AURC 0.0978)']
     >>> fig = confidence_plot({"MAP": ([0, 1, 2], [0.99, 0.95, 0.9], [0.98, 0.8, 0.6])}, "confidence.png")
     >>> fig = frontier([FrontierPoint("none", 0.0, (0.0, 0.0), 0.9, (0.85, 0.95), True),
     ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],

@@ -11,8 +11,9 @@ Apart from :mod:`~posthoc.evaluation.bootstrap` only in its statistics (those of
 :mod:`~posthoc.evaluation.regression_metrics`); the resampling and the intervals are that module's.
 
 Example:
-    >>> stats = regression_statistics(means, stds, y)
-    >>> float(stats["crps"](torch.arange(len(y))[None])[0]) == regression_metrics.crps(means, stds, y)
+    >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))     # (1, 8, 1) each
+    >>> stats = regression_statistics(means, stds, reg_y)
+    >>> float(stats["crps"](torch.arange(len(reg_y))[None])[0]) == regression_metrics.crps(means, stds, reg_y)
     True
 """
 
@@ -81,8 +82,9 @@ def regression_statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int =
     :mod:`~posthoc.evaluation.regression_metrics`).
 
     Example:
-        >>> regression_statistics(means, stds, y)["rmse"](torch.arange(len(y))[None])
-        tensor([0.4123], dtype=torch.float64)
+        >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))
+        >>> regression_statistics(means, stds, reg_y)["rmse"](torch.arange(len(reg_y))[None])   # the identity index
+        tensor([0.1419], dtype=torch.float64)
     """
     means, stds = means.detach().cpu(), stds.detach().cpu()
     mixture = regression_metrics.mixture(means, stds)

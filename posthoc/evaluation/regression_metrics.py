@@ -150,7 +150,10 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
     error of the predictive mean. The two sides of :func:`ence` and of its picture.
 
     Example:
-        >>> rmv, rmse = binned_rmv_rmse(means, stds, y, bins=5)
+        >>> means, stds = components(regression_um.predict(reg_x))
+        >>> rmv, rmse = binned_rmv_rmse(means, stds, reg_y, bins=4)     # 8 points: 4 bins of 2
+        >>> [round(v, 3) for v in rmv], [round(v, 3) for v in rmse]
+        ([0.146, 0.146, 0.147, 0.15], [0.189, 0.153, 0.067, 0.13])
     """
     integer_at_least(bins, "bins", 1)
     std = predictive_std(means, stds).flatten()

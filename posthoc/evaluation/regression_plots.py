@@ -8,9 +8,14 @@ Apart from :mod:`~posthoc.evaluation.plots` because the pictures differ: a regre
 interval levels and its uncertainty a band over the inputs, a classifier's a reliability diagram over confidence bins.
 
 Example:
-    >>> fig = calibration_curves({"MAP": (means, stds, y)}, "calibration.png")
-    >>> fig = error_against_std({"MAP": (means, stds, y)}, "error_std.png")
-    >>> fig = predictive_band(x_grid, {"laplace": (means, stds)}, (x_train, y_train), "band.png")
+    >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))
+    >>> fig = calibration_curves({"laplace": (means, stds, reg_y)}, "calibration.png")
+    >>> fig = error_against_std({"laplace": (means, stds, reg_y)}, "error_std.png", bins=4)
+    >>> grid = torch.linspace(-2.5, 2.5, 101)
+    >>> band = regression_metrics.components(regression_um.predict(grid[:, None]))
+    >>> fig = predictive_band(grid, {"laplace": band}, reg_train_loader.dataset.tensors, "band.png")
+    >>> [ax.get_title() for ax in fig.axes]     # one panel per method
+    ['laplace']
 """
 
 from __future__ import annotations

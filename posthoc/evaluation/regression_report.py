@@ -13,11 +13,16 @@ Apart from :mod:`~posthoc.evaluation.report` because its columns differ (RMSE, C
 against accuracy, ECE, AURC and OOD AUROC); both share the bootstrap, the tables and the HTML page.
 
 Example:
-    >>> report = posthoc.evaluate(um, test_loader, ci=0.95)          # um wrapped with likelihood="regression"
+    >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
     >>> print(report.to_markdown())
-    >>> report.calibration_curve("calibration.png"); report.error_against_std("error_std.png")
-    >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
-    >>> posthoc.evaluate(um, test_loader, conformal=cp).coverage       # about 0.9
+    | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
+    |---|---|---|---|---|---|---|---|---|---|---|---|---|
+    | laplace | 0.1619 [0.1477, 0.1760] | 0.1351 [0.1229, 0.1473] | -0.3941 [-0.4943, -0.2851] | ...
+    >>> fig = report.calibration_curve("calibration.png")
+    >>> fig = report.error_against_std("error_std.png")
+    >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
+    >>> posthoc.evaluate(regression_um, reg_test_loader, conformal=cp).coverage       # about 0.9
+    0.87
 """
 
 from __future__ import annotations

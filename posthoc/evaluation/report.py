@@ -10,16 +10,34 @@ method to use for this model with its numbers; in the HTML the frontier plot und
 the best entry of each column in bold.
 
 Example:
-    >>> report = posthoc.evaluate(um, test_loader, ood_loader=noise_loader)
+    >>> report = posthoc.evaluate(um, test_loader, ood_loader=ood_loader)
     >>> print(report.to_markdown())
-    >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
-    >>> print(plain.to_markdown(report, shifts={"rotated": [plain_rotated, report_rotated]}))
-    >>> report.reliability_diagram("reliability.png")
+    | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
+    |---|---|---|---|---|---|---|---|---|---|---|
+    | laplace | 0.8125 | 0.5340 | 0.0880 | 0.0793 | 0.0604 | 0.2686 | 0.0978 | 0.0573 | 0.2908 | – |
+    >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader, ood_loader=ood_loader)
+    >>> print(plain.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
+    ## Verdict
+    <BLANKLINE>
+    **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
+    | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
+    |---|---|---|---|---|---|---|---|---|---|---|
+    | none | **0.8125** | 0.6001 | 0.1035 | 0.0889 | 0.0839 | 0.2744 | **0.0969** | **0.0569** | 0.0940 | – |
+    | laplace | **0.8125** | **0.5340** | **0.0880** | **0.0793** | **0.0604** | **0.2686** | 0.0978 | 0.0573 | **0.2908** | – |
+    ...
+    >>> fig = report.reliability_diagram("reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
-    >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.02)
-    >>> posthoc.evaluate(um, test_loader, conformal=cp, selective=sel).coverage   # about 0.9
+    >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.2)
+    >>> checked = posthoc.evaluate(um, test_loader, conformal=cp, selective=sel)
+    >>> checked.coverage, checked.deferral, checked.selective_risk     # coverage about 0.9, risk at most 0.2
+    (0.88, 0.15, 0.13)
     >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
     >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
+    | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
+    |---|---|---|---|---|---|
+    | laplace | entropy | 0.2908 | 0.4594 | 0.3720 | 0.8906 |
+    | laplace | energy | 0.0370 | 0.3100 | 0.3097 | 1.0000 |
+    | laplace | knn | 0.7958 | 0.8727 | 0.6491 | 0.3359 |
 
 A regressor's report is a :class:`~posthoc.evaluation.regression_report.RegressionReport`.
 """
@@ -165,8 +183,12 @@ class Report:
         ``[self, *others]``.
 
         Example:
-            >>> print(plain.to_markdown(laplace, shifts={"rotated": [plain_rotated, laplace_rotated]}))
+            >>> print(plain_report.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
             ## Verdict
+            <BLANKLINE>
+            **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
+            | none | **0.8125** | 0.6001 | 0.1035 | 0.0889 | 0.0839 | 0.2744 | **0.0969** | **0.0569** | 0.0940 | – |
+            | laplace | **0.8125** | **0.5340** | **0.0880** | **0.0793** | **0.0604** | **0.2686** | 0.0978 | 0.0573 | **0.2908** | – |
             ...
         """
         if not others:

@@ -14,13 +14,27 @@ evaluates every method on each named test set: the table's kinds are the names, 
 no severities, no clean cell and no mean (the sets hold different examples); ``ci=`` intervals are per set.
 
 Example:
-    >>> table = posthoc.evaluate_shift([plain, laplace], test_loader, kinds=["gaussian-noise", "rotate"],
-    ...                                severities=[1, 3, 5], normalization=((0.1307,), (0.3081,)))
+    >>> from posthoc.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
+    >>> plain = posthoc.wrap(cnn, method="none")
+    >>> laplace = posthoc.wrap(cnn, method="laplace").fit(loader(subset(digits.fit, 600)),
+    ...                                                  loader(subset(digits.calibration, 200)))
+    >>> table = posthoc.evaluate_shift({"MAP": plain, "laplace": laplace}, digits_test_loader,
+    ...                                kinds=["gaussian-noise", "rotate"], severities=[1, 3, 5],
+    ...                                normalization=((MEAN,), (STD,)))
     >>> print(table.to_markdown())
-    >>> table.plot("shift.png")
-    >>> table.confidence_plot("confidence.png", plain_and_best(table))   # the plain model against the best
-    >>> named = posthoc.evaluate_shift([plain_regressor, laplace_regressor], {"random": test, "extrapolation": heavy})
+    **NLL**, mean over gaussian-noise, rotate
+    <BLANKLINE>
+    | method | clean | severity 1 | severity 3 | severity 5 |
+    |---|---|---|---|---|
+    | MAP | **0.0197** | 0.0986 | 1.3025 | 3.6088 |
+    | laplace | 0.0228 | **0.0978** | **1.2059** | **3.3316** |
+    ...
+    >>> fig = table.plot("shift.png")
+    >>> fig = table.confidence_plot("confidence.png", plain_and_best(table))   # the plain model against the best
+    >>> heavy = posthoc.shift.extrapolation_split(*reg_test_loader.dataset.tensors, quantile=0.7).shifted
+    >>> named = posthoc.evaluate_shift(regression_um, {"random": reg_test_loader, "extrapolation": [heavy]})
     >>> named.value("laplace", "extrapolation", 0, "coverage_90")
+    0.85
 """
 
 from __future__ import annotations
@@ -99,6 +113,10 @@ class ShiftTable:
         tables' bootstrap resamples differ).
 
         Example:
+            >>> plain = posthoc.wrap(cnn, method="none")
+            >>> rotate = dict(kinds=["rotate"], normalization=((0.1307,), (0.3081,)))
+            >>> table_135 = posthoc.evaluate_shift(plain, digits_test_loader, severities=[1, 3, 5], **rotate)
+            >>> table_24 = posthoc.evaluate_shift(plain, digits_test_loader, severities=[2, 4], **rotate)
             >>> ShiftTable.join([table_135, table_24]).severities
             (1, 2, 3, 4, 5)
         """
@@ -201,8 +219,8 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`).
 
         Example:
-            >>> {name: values.shape for name, values in table.example_nll("laplace").items()}
-            {'severity 1': torch.Size([500]), 'severity 3': torch.Size([500])}
+            >>> {name: values.shape for name, values in shift_table.example_nll("laplace").items()}
+            {'severity 1': torch.Size([200]), 'severity 3': torch.Size([200]), 'severity 5': torch.Size([200])}
         """
         if method not in self.methods:
             raise ConfigError(f"this table has no method {method!r}; its methods: {', '.join(self.methods)}")
@@ -249,8 +267,8 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`, not by a table rebuilt from JSON).
 
         Example:
-            >>> table.confidence("MAP", "rotate", 5) > table.value("MAP", "rotate", 5, "accuracy")   # overconfident
-            True
+            >>> shift_table.confidence("MAP", "rotate", 5), shift_table.value("MAP", "rotate", 5, "accuracy")   # overconfident
+            (0.79, 0.11)
         """
         if self.metrics != METRICS:
             raise ConfigError("confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
@@ -279,7 +297,7 @@ class ShiftTable:
         for named test sets, the lowest NLL averaged over the sets.
 
         Example:
-            >>> table.best_method(exclude=["MAP"])
+            >>> shift_table.best_method(exclude=["MAP"])
             'laplace'
         """
         if isinstance(exclude, str):
@@ -316,8 +334,8 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares.
 
     Example:
-        >>> plain_and_best(table)
-        ['MAP', 'laplace + temperature']
+        >>> plain_and_best(shift_table)
+        ['MAP', 'laplace']
     """
     plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
     if best is not None and best not in table.values:
@@ -388,11 +406,14 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
     scored on the same examples.
 
     Example:
-        >>> table = posthoc.evaluate_shift(um, test_loader, kinds=["contrast"], severities=[1, 5])
+        >>> table = posthoc.evaluate_shift(posthoc.wrap(cnn, method="none"), digits_test_loader, kinds=["contrast"],
+        ...                                severities=[1, 5], normalization=((0.1307,), (0.3081,)))
         >>> table.value(table.methods[0], "contrast", 5, "nll") > table.value(table.methods[0], "clean", 0, "nll")
         True
-        >>> posthoc.evaluate_shift(regressor, {"random": test, "extrapolation": heavy}).value("laplace", "extrapolation", 0, "crps")
-        0.61
+        >>> heavy = posthoc.shift.extrapolation_split(*reg_test_loader.dataset.tensors).shifted   # the top 30 % of x
+        >>> named = posthoc.evaluate_shift(regression_um, {"random": reg_test_loader, "extrapolation": [heavy]})
+        >>> named.value("laplace", "random", 0, "crps"), named.value("laplace", "extrapolation", 0, "crps")
+        (0.093, 0.108)
     """
     integer(seed, "seed")
     models = _named(um_or_list)

@@ -38,8 +38,14 @@ def model_transform(model: nn.Module, spec: str | ModelSpec, image_size: int | N
     """The evaluation preprocessing of ``model``; ``image_size`` overrides the crop size (resize scaled alike).
 
     Example:
-        >>> model_transform(torchvision.models.resnet50(), "torchvision:resnet50")
-        ImageClassification(crop_size=[224] resize_size=[232] ...)
+        >>> model_transform(torchvision.models.resnet18(), "torchvision:resnet18")
+        ImageClassification(
+            crop_size=[224]
+            resize_size=[256]
+            mean=[0.485, 0.456, 0.406]
+            std=[0.229, 0.224, 0.225]
+            interpolation=InterpolationMode.BILINEAR
+        )
     """
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
     if spec.source == "torchvision":

@@ -11,11 +11,17 @@ read in the first file's feature order (or the ``features`` named), and a file t
 or has one it has not, is refused naming both files and the columns.
 
 Example:
+    >>> _ = Path("train.csv").write_text("cylinders,displacement,mpg\\n4,97,31\\n8,350,15\\n6,232,19\\n")
+    >>> _ = Path("test.csv").write_text("displacement,cylinders,mpg\\n140,4,25\\n318,8,14\\n")
     >>> table = read_table("test.csv", ["mpg"])
-    >>> table.x.shape, table.y.shape, table.features[:2]
-    (torch.Size([79, 7]), torch.Size([79, 1]), ['cylinders', 'displacement'])
+    >>> table.x.shape, table.y.shape, table.features
+    (torch.Size([2, 2]), torch.Size([2, 1]), ['displacement', 'cylinders'])
     >>> train, test = read_tables(["train.csv", "test.csv"], ["mpg"])   # test's columns in train's order
-    >>> model = load_module("model.pt")
+    >>> test.features, test.x[0]
+    (['cylinders', 'displacement'], tensor([  4., 140.]))
+    >>> torch.save(nn.Linear(2, 1), "model.pt")
+    >>> load_module("model.pt")
+    Linear(in_features=2, out_features=1, bias=True)
 """
 
 from __future__ import annotations
@@ -99,6 +105,8 @@ def read_tables(paths: Sequence[str | os.PathLike], targets: Sequence[str],
     exactly the first file's (a missing, extra or renamed column) is refused naming both files and the columns.
 
     Example:
+        >>> _ = Path("train.csv").write_text("a,b,y\\n1,2,3\\n4,5,6\\n")
+        >>> _ = Path("test.csv").write_text("b,a,y\\n8,7,9\\n")
         >>> [t.features for t in read_tables(["train.csv", "test.csv"], ["y"])]   # test.csv has the columns b, a, y
         [['a', 'b'], ['a', 'b']]
     """

@@ -19,6 +19,7 @@ inner method's prediction (a sampler's deterministic prefix runs once; rows of a
 are sample-major, so the first ``N`` rows are the first sample's).
 
 Example:
+    >>> from posthoc.demo import zoo
     >>> sites = auto_sites(zoo.pretrained(), torch.zeros(2, 1, 28, 28))
     >>> [str(site) for site in sites]
     ['features.3', 'features.7', 'classifier.4:input']
@@ -95,10 +96,12 @@ class Capture:
     """Forward hooks recording the pooled features of ``sites`` on the first call that reaches each one.
 
     Example:
+        >>> sites = auto_sites(model, x)
         >>> capture = Capture(model, sites)
         >>> with capture.recording(rows=8) as features:
         ...     logits = model(x)
-        >>> [f.shape for f in features]   # one (8, D_l) per site
+        >>> [str(site) for site in sites], [f.shape for f in features]   # one (8, D_l) per site: the head's input
+        (['3:input'], [torch.Size([8, 64])])
     """
 
     def __init__(self, model: nn.Module, sites: list[Site]) -> None:

@@ -26,10 +26,14 @@ bulk sharpened, the tail softened): on the bundled digits CNN that cost 4-6 % on
 digits, so ``T0`` stays the clean one.
 
 Example:
-    >>> held = Cached(log_probs, excess, labels)
+    >>> train_x, val_x = train_loader.dataset.tensors[0], val_loader.dataset.tensors[0]
+    >>> log_d = torch.cdist(val_x, train_x).topk(5, largest=False).values[:, -1:].log()   # 5-NN distance, one layer
+    >>> held = Cached(val_logits.log_softmax(-1), excess(log_d, *standardisation(log_d, 0.9)), val_labels)
     >>> fitted = fit(held, None, strength=1.0)
-    >>> temperatures(excess, fitted.temperature, fitted.weights).shape
-    torch.Size([600])
+    >>> fitted       # T0 of the clean examples; the weight of the one layer
+    Fitted(temperature=2.04..., weights=[5.23...])
+    >>> temperatures(held.excess, fitted.temperature, torch.tensor(fitted.weights)).shape
+    torch.Size([128])
 """
 
 from __future__ import annotations
@@ -134,8 +138,10 @@ def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int
     alike (``T0`` is then its variance scale).
 
     Example:
-        >>> fit(held, None, strength=1.0, weights=False).weights
-        [0.0, 0.0, 0.0]
+        >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
+        >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
+        >>> fitted.temperature, fitted.weights
+        (2.04, [0.0, 0.0, 0.0])
     """
     with small_fit(clean.values, None if shifted is None else shifted.values):
         return _fit(clean, shifted, strength=strength, max_iter=max_iter, initial_weight=initial_weight,

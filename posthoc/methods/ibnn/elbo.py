@@ -4,8 +4,11 @@ Each training example is repeated ``train_samples`` times (batch-major, see :fun
 copy ``i`` is routed to component ``i mod K``, so one forward pass covers every component.
 
 Example:
-    >>> nodes = NodeSet(net, components=2)
-    >>> fit_nodes(net, nodes, loader, ElboOptions(epochs=1), progress=False)
+    >>> nodes = NodeSet(model, components=2)
+    >>> before = nodes.kl().item()                     # the KL of the initial node posteriors to the prior
+    >>> fit_nodes(model, nodes, train_loader, ElboOptions(epochs=1), progress=False)
+    >>> before, nodes.kl().item()
+    (44.7, 43.2)
 """
 
 from __future__ import annotations

@@ -19,11 +19,14 @@ Linear/Conv2d layers; every module between the loss and those layers must be one
 (no BatchNorm/LayerNorm/attention).
 
 Example:
-    >>> ggn = LastLayerGGN("kron", num_features=64, num_classes=8, bias=True)
-    >>> ggn.update(phi, logits, labels)  # once per training batch
+    >>> ggn = LastLayerGGN("kron", num_features=64, num_classes=3, bias=True)
+    >>> with torch.no_grad():
+    ...     for inputs, targets in train_loader:          # one forward pass per training batch
+    ...         phi = model[:3](inputs)                   # the head's input (64, 64)
+    ...         ggn.update(phi, model[3](phi), targets)
     >>> block = ggn.finalize()
     >>> block.out_eigvals.shape, block.in_eigvals.shape
-    (torch.Size([8]), torch.Size([65]))
+    (torch.Size([3]), torch.Size([65]))
 """
 
 from __future__ import annotations
@@ -142,8 +145,9 @@ def lora_parameters(model: nn.Module) -> list[str]:
     """The LoRA adapter weights of a ``peft`` model: its ``lora_A`` / ``lora_B`` Linear weights of the active adapters.
 
     Example:
-        >>> lora_parameters(get_peft_model(model, LoraConfig(r=4, target_modules=["query"])))[:1]
-        ['base_model.model.bert.encoder.layer.0.attention.self.query.lora_A.default.weight']
+        >>> from peft import LoraConfig, get_peft_model
+        >>> lora_parameters(get_peft_model(model, LoraConfig(r=4, target_modules=["0"])))   # LoRA on the first Linear
+        ['base_model.model.0.lora_A.default.weight', 'base_model.model.0.lora_B.default.weight']
     """
     found = []
     for name, module in model.named_modules():

@@ -96,9 +96,9 @@ def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) 
     ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (float64): what ``J Σ Jᵀ`` needs at any prior.
 
     Example:
-        >>> logits, factors = jacobian_factors(net, covered_linear_layers(net, ["2.weight"]), torch.randn(5, 4))
-        >>> factors["2"][0].shape   # 3 outputs' gradients in the layer's 3 outputs
-        torch.Size([5, 3, 3])
+        >>> logits, factors = jacobian_factors(model, covered_linear_layers(model, ["3.weight"]), x)
+        >>> logits.shape, factors["3"][0].shape, factors["3"][1].shape   # g: (n, C, out), a: (n, in)
+        (torch.Size([8, 3]), torch.Size([8, 3, 3]), torch.Size([8, 64]))
     """
     logits, taps = tapped_forward(model, layers, x)
     with torch.enable_grad():

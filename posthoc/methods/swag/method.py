@@ -27,7 +27,7 @@ the pretrained weights (samples are passed to it functionally).
 Example:
     >>> um = posthoc.wrap(model, method="swag").fit(train_loader, val_loader)
     >>> um.method.summary()["scale"]      # chosen on val_loader
-    0.25
+    128.0
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
 """

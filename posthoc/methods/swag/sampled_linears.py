@@ -7,6 +7,7 @@ recomputes its output with sample ``s``'s weights for sample ``s``'s rows, in on
 of ``S`` full passes. The layer's own output (with its checkpoint weights) is discarded.
 
 Example:
+    >>> from posthoc.engine.suffix import SuffixRunner
     >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     >>> runner = SuffixRunner(net, "2")
     >>> weights = {"2.weight": torch.randn(5, 2, 4), "2.bias": torch.randn(5, 2)}
