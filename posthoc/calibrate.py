@@ -29,11 +29,12 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
 from posthoc.core import persistence
-from posthoc.core.checks import known_name, known_options, positive_int
+from posthoc.core.checks import known_name, positive_int
 from posthoc.core.inputs import as_tensor
 from posthoc.core.logits import check_finite_logits, check_not_probabilities
 from posthoc.errors import ConfigError, InputError, PosteriorFileError
@@ -79,15 +80,15 @@ def calibrate(logits: Any = None, labels: Any = None, method: str | None = None,
     if method in ("variance-scaling",):
         raise ConfigError(f"'{method}' calibrates a regressor: pass mean=, std= and targets= (not logits and labels)")
     cls = calibrators()[known_name(method, "calibration method", calibrators())]
-    options = known_options(options, cls.option_defaults(), f"calibrator '{method}'")
+    chosen = cls.Options.make(options, f"calibrator '{method}'")
     positive_int(max_iter, "max_iter")
     if "max_iter" in cls.option_defaults():
-        options["max_iter"] = max_iter
+        chosen = dataclasses.replace(chosen, max_iter=max_iter)
     logits = as_tensor(logits, "logits")
     class_logits, targets = held_out_logits(logits, labels, samples=False)
     check_finite_logits(logits)
     check_not_probabilities(logits)
-    return cls(**options).fit(class_logits.float(), targets)
+    return cls(**chosen.as_dict()).fit(class_logits.float(), targets)
 
 
 def _calibrate_regressor(logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any,
@@ -104,13 +105,13 @@ def _calibrate_regressor(logits: Any, labels: Any, method: str | None, mean: Any
         raise ConfigError(f"'{method}' calibrates a classifier's logits, not a regressor; for mean/std/targets use one "
                           f"of {sorted(known)}")
     cls = known[known_name(method, "regression calibration method", known)]
-    options = known_options(options, cls.option_defaults(), f"regression calibrator '{method}'")
+    chosen = cls.Options.make(options, f"regression calibrator '{method}'")
     prediction = as_prediction(mean, std)
     y = as_tensor(targets, "targets")
     if y.shape[0] != prediction.mean.shape[0]:
         raise InputError(f"mean and targets have different lengths ({prediction.mean.shape[0]} vs {y.shape[0]}); "
                          "pass one target per prediction")
-    calibrator = cls(**options)
+    calibrator = cls(**chosen.as_dict())
     calibrator.unit_std.fill_(std is None)
     return calibrator.fit(prediction, y)
 

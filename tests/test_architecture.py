@@ -194,6 +194,13 @@ def _function_level() -> set[str]:
     return {f"{edge.importer} -> {edge.target}" for edge in FOUND if edge.in_function}
 
 
+def plant(root: Path, files: dict[str, str]) -> None:
+    """Write ``files`` (path below ``root`` -> text): a made-up package for a rule to catch its breaches in."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+
+
 def test_the_analysis_sees_the_package():
     assert {"posthoc.errors", "posthoc.methods.laplace", "posthoc.cli.main"} <= set(module_names())
     targets = {(edge.importer, edge.target) for edge in FOUND}
@@ -222,9 +229,7 @@ def test_the_analysis_catches_each_kind_of_breakage(tmp_path: Path):
         "shift/noise.py": "",
         "shift/kinds.py": "from posthoc.loading.folders import read\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    plant(tmp_path, files)
     found = imports(tmp_path)
     assert cycles(found) == [["posthoc.core.a", "posthoc.core.b", "posthoc.core.a"]]
     # two packages of one layer that import each other: no module circle, no upward import, one package circle
@@ -339,9 +344,7 @@ def test_the_runner_rules_catch_a_concern_put_back(tmp_path: Path):
         "api.py": "import sys\nfrom posthoc.core import settings\nsys.modules['posthoc.settings'] = settings\n"
                   "def wrap():\n    pass\nwrap.__doc__ = 'more'\n",
     }
-    for name, text in files.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(text)
+    plant(tmp_path, files)
     found, memory = runner_concerns(tmp_path)
     assert [str(c) for c in found] == [
         "posthoc.methods.bad.method (line 1): imports posthoc.core.distributed",
@@ -366,3 +369,46 @@ def test_methods_barely_mention_the_memory_budget():
 
 def test_nothing_is_rewritten_at_import_time():
     assert not import_time_rewrites(), "\n".join(import_time_rewrites())
+
+
+#: reading a function's signature: options are declared as ``Options`` dataclasses (methods, calibrators, OOD scores,
+#: likelihoods), never found by probing an ``__init__``
+SIGNATURE_READERS = ("signature", "getfullargspec")
+#: the one module allowed to read a signature: it inspects a user's model factory, which declares nothing to us
+READS_A_USERS_SIGNATURE = {"loading/models.py"}
+
+
+def signature_reads(package: Path = PACKAGE) -> list[str]:
+    """Every ``inspect.signature`` / ``inspect.getfullargspec`` (called, or imported by name) in the package outside
+    :data:`READS_A_USERS_SIGNATURE`."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        where = path.relative_to(package).as_posix()
+        if where in READS_A_USERS_SIGNATURE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if (isinstance(node, ast.Attribute) and node.attr in SIGNATURE_READERS and isinstance(node.value, ast.Name)
+                    and node.value.id == "inspect"):
+                found.append(f"{where} (line {node.lineno}): inspect.{node.attr}")
+            elif isinstance(node, ast.ImportFrom) and node.module == "inspect":
+                found += [f"{where} (line {node.lineno}): from inspect import {alias.name}"
+                          for alias in node.names if alias.name in SIGNATURE_READERS]
+    return found
+
+
+def test_the_signature_rule_catches_a_signature_read_put_back(tmp_path: Path):
+    files = {
+        "loading/models.py": "import inspect\ndef accepts(factory):\n    return inspect.signature(factory).parameters\n",
+        "ood/base.py": "import inspect\ndef defaults(cls):\n    return inspect.signature(cls.__init__).parameters\n",
+        "core/likelihood.py": "from inspect import getfullargspec, isclass\nimport inspect\nspec = inspect.getfullargspec\n",
+    }
+    plant(tmp_path, files)
+    assert signature_reads(tmp_path) == ["core/likelihood.py (line 1): from inspect import getfullargspec",
+                                         "core/likelihood.py (line 3): inspect.getfullargspec",
+                                         "ood/base.py (line 3): inspect.signature"]
+
+
+def test_options_are_declared_not_read_from_signatures():
+    found = signature_reads()
+    assert not found, ("signature reads in posthoc/ (declare the options as an Options dataclass, "
+                       "posthoc.core.options):\n" + "\n".join(found))

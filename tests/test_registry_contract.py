@@ -10,7 +10,10 @@ For every name:
   compared to ``ATOL`` there;
 - ``.to(torch.float64)`` (and, on a GPU machine, ``.to("cuda")``) leaves it predicting valid probabilities;
 - a bad value of a numeric option is refused at ``wrap()`` (or ``calibrate()``) with a ``PosthocError``
-  that names the option.
+  that names the option;
+- its options are the fields of a frozen keyword-only ``Options`` dataclass; every calibrator, OOD score and
+  likelihood (which users also build directly, ``posthoc.Gaussian(noise_std=0.5)``) takes the same fields as
+  ``__init__`` keywords, in the same order with the same defaults.
 """
 
 from __future__ import annotations
@@ -27,10 +30,13 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.core.options import Options
+from posthoc.core.likelihood import LIKELIHOODS
+from posthoc.core.options import Options, build
 from posthoc.core.registry import ENSEMBLE, REGISTRY
 from posthoc.methods.calibration import calibrators
+from posthoc.methods.calibration.regression_auto import regression_calibrators
 from posthoc.methods.ensemble.method import Ensemble
+from posthoc.ood.detector import SCORES
 
 #: methods whose loaded posterior predicts through another path than the fitted one (name -> why), and how close
 #: their predictions must be (float32 rounding)
@@ -250,6 +256,58 @@ def test_calibrator_refuses_a_bad_option_by_name(name: str) -> None:
             posthoc.calibrate(logits, labels, method=name, **{option: "bad"})
     with pytest.raises(posthoc.ConfigError, match="not_an_option"):
         posthoc.calibrate(logits, labels, method=name, not_an_option=1)
+
+
+# ---------------------------------------------------------------- calibrators, OOD scores and likelihoods
+
+#: every class whose options are an ``Options`` dataclass that its ``__init__`` also takes as keywords, by what
+#: ``Options.make`` calls it
+KEYWORD_BUILT: dict[str, type] = {
+    **{f"calibrator '{name}'": cls for name, cls in calibrators().items()},
+    **{f"regression calibrator '{name}'": cls for name, cls in regression_calibrators().items()},
+    **{f"OOD score '{name}'": cls for name, cls in SCORES.items()},
+    **{f"likelihood '{name}'": cls for name, cls in LIKELIHOODS.items()},
+}
+
+
+def _init_keywords(cls: type) -> list[tuple[str, Any]]:
+    """What ``cls.__init__`` takes after ``self``, by name and default, in order (none for ``nn.Module``'s own)."""
+    if cls.__init__ in (nn.Module.__init__, object.__init__):
+        return []
+    return [(p.name, p.default) for p in list(inspect.signature(cls.__init__).parameters.values())[1:]]
+
+
+@pytest.mark.parametrize("owner", sorted(KEYWORD_BUILT))
+def test_options_dataclass_equals_the_init_keywords(owner: str) -> None:
+    """A calibrator's, OOD score's or likelihood's options are the fields of its ``Options`` (read by
+    ``calibrate``, ``detector`` and ``make_likelihood``); its ``__init__`` takes the same as keywords for users
+    (``TemperatureCalibrator(max_iter=50)``), so the two must not drift: names, order and defaults."""
+    cls = KEYWORD_BUILT[owner]
+    declared = cls.Options
+    assert dataclasses.is_dataclass(declared) and issubclass(declared, Options), declared
+    assert declared.__dataclass_params__.frozen and all(field.kw_only for field in dataclasses.fields(declared))
+    assert list(declared.defaults().items()) == _init_keywords(cls), f"{cls.__qualname__}.Options and __init__ differ"
+    if hasattr(cls, "option_defaults"):
+        assert cls.option_defaults() == declared.defaults()
+    assert isinstance(build(cls, declared.defaults(), owner), cls)
+    with pytest.raises(posthoc.ConfigError, match=rf"unknown option\(s\) \['not_an_option'\] for {owner}"):
+        build(cls, {"not_an_option": 1}, owner)
+
+
+def test_options_drift_is_caught() -> None:
+    """The check above fails on a field that ``__init__`` lacks, and on a default that differs."""
+    @dataclasses.dataclass(frozen=True, kw_only=True)
+    class Two(Options):
+        bins: int = 15
+        mode: str = "per-class"
+
+    class Drifted:
+        Options = Two
+
+        def __init__(self, *, bins: int = 10) -> None:
+            self.bins = bins
+
+    assert list(Two.defaults().items()) != _init_keywords(Drifted) == [("bins", 10)]
 
 
 def test_the_ensemble_is_registered_and_built_from_a_list_of_models() -> None:

@@ -24,17 +24,18 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, ClassVar, Union
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import known_options
 from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
+from posthoc.core.options import Options as BaseOptions
+from posthoc.core.options import build
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
@@ -101,6 +102,9 @@ class Likelihood(nn.Module):
     fits_noise: ClassVar[bool] = False
     #: the fewest outputs a model needs under this likelihood (a softmax needs two classes)
     min_outputs: ClassVar[int] = 1
+    #: its options (none by default): the fields of a frozen keyword-only dataclass, which ``__init__`` takes as
+    #: keywords with the same defaults (:func:`make_likelihood` builds from it)
+    Options: ClassVar[type[BaseOptions]] = BaseOptions
 
     @property
     def dispersion(self) -> float:
@@ -245,6 +249,10 @@ class Gaussian(RealTargets):
 
     name = "regression"
     fits_noise = True
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(BaseOptions):
+        noise_std: float | list[float] | tuple[float, ...] | None = None
 
     def __init__(self, noise_std: float | list[float] | tuple[float, ...] | None = None) -> None:
         super().__init__()
@@ -553,10 +561,7 @@ def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likeliho
         named = value.get("name") if isinstance(value, dict) else value
         raise ConfigError(f"likelihood must be one of {list(LIKELIHOODS)} (or posthoc.Gaussian(noise_std=...)), got {named!r}")
     cls = LIKELIHOODS[value["name"]]
-    options = known_options({key: item for key, item in value.items() if key != "name"},
-                            {p.name: p.default for p in list(inspect.signature(cls.__init__).parameters.values())[1:]},
-                            f"likelihood {value['name']!r}")
-    return cls(**options)
+    return build(cls, {key: item for key, item in value.items() if key != "name"}, f"likelihood {value['name']!r}")
 
 
 def golden_minimum(function: Callable[[float], float], low: float, high: float, steps: int = GOLDEN_STEPS) -> float:

@@ -5,6 +5,11 @@ each with its type and default; ``wrap``, the CLI and the docs read those fields
 signature. The method reads ``options.num_samples`` in its ``__init__`` and checks the values there, with its own
 messages.
 
+A calibrator, an OOD score or a likelihood declares its ``Options`` the same way, and its ``__init__`` takes the same
+fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(temperature=2.0)``):
+:func:`build` makes one from a dict of values, refusing unknown names, and ``tests/test_registry_contract.py``
+checks that the fields and the keywords agree.
+
 Example:
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True, kw_only=True)
@@ -28,6 +33,7 @@ from typing import Any, TypeVar
 from posthoc.core.checks import known_options
 
 OptionsT = TypeVar("OptionsT", bound="Options")
+BuiltT = TypeVar("BuiltT")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -50,3 +56,18 @@ class Options:
     def as_dict(self) -> dict[str, Any]:
         """The options by name (values as given: not copied)."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def build(cls: type[BuiltT], values: dict[str, Any], owner: str) -> BuiltT:
+    """A ``cls`` (a calibrator, an OOD score or a likelihood: its ``__init__`` keywords are the fields of its
+    ``Options``) of ``values``, the rest at their defaults; an unknown name fails as in :meth:`Options.make`.
+
+    Example:
+        >>> from posthoc.core.likelihood import Gaussian
+        >>> float(build(Gaussian, {"noise_std": 0.5}, "likelihood 'regression'").noise_std)
+        0.5
+        >>> build(Gaussian, {"scale": 2}, "likelihood 'regression'")
+        Traceback (most recent call last):
+        posthoc.errors.ConfigError: unknown option(s) ['scale'] for likelihood 'regression'; valid options: noise_std=None
+    """
+    return cls(**cls.Options.make(values, owner).as_dict())  # type: ignore[attr-defined]

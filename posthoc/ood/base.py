@@ -15,13 +15,13 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
+from posthoc.core.options import Options as BaseOptions
 from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.errors import NotFittedError, NumericalError
@@ -57,7 +57,10 @@ class Score:
         tasks: the models the score is for: ``"classification"`` and/or ``"regression"`` (a regressor's detector
             refuses the scores of logits and class probabilities, a classifier's the predictive variance).
 
-    Options are keyword-only ``__init__`` arguments with defaults (``posthoc.detector`` routes them).
+    Options: a score declares them as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
+    Options(Score.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
+    arguments with the same defaults (``Energy(temperature=2.0)``; ``tests/test_registry_contract.py`` checks they
+    agree); ``posthoc.detector`` routes its options by the fields and builds each score from them.
     """
 
     name: ClassVar[str] = ""
@@ -65,6 +68,8 @@ class Score:
     fit_passes: ClassVar[int] = 0
     needs_labels: ClassVar[bool] = False
     tasks: ClassVar[frozenset[str]] = frozenset({"classification"})
+    #: the score's options (none by default)
+    Options: ClassVar[type[BaseOptions]] = BaseOptions
 
     def __init__(self) -> None:
         self.reset()
@@ -75,9 +80,8 @@ class Score:
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        """The options this score accepts, with their defaults."""
-        parameters = inspect.signature(cls.__init__).parameters.values()
-        return {p.name: p.default for p in parameters if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        """The options this score accepts, with their defaults: the fields of :attr:`Options`."""
+        return cls.Options.defaults()
 
     def update(self, outputs: Outputs, labels: Tensor | None, pass_index: int) -> None:
         """Accumulate one training batch's statistics for pass ``pass_index``."""

@@ -35,6 +35,7 @@ from posthoc.core.checks import generator as check_generator
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, check_batch, check_labels, iterate, slice_inputs, to_device
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import build
 from posthoc.core.prediction import Prediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.uncertain_model import UncertainModel
@@ -346,5 +347,5 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
     if head is None and isinstance(model, UncertainModel):
         head = _spec_head(model)
     routed = _route_options(names, options)
-    return Detector(model, [SCORES[name](**routed_options) for name, routed_options in zip(names, routed)],
+    return Detector(model, [build(SCORES[name], values, f"OOD score '{name}'") for name, values in zip(names, routed)],
                     head=head, num_samples=num_samples, regression=regression)

@@ -22,6 +22,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -42,6 +44,11 @@ class KNN(Score):
 
     name, uses, fit_passes = "knn", frozenset({"features"}), 1
     tasks = frozenset({"classification", "regression"})
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Score.Options):
+        k: int = 50
+        max_memory: int | None = None
 
     def __init__(self, *, k: int = 50, max_memory: int | None = None) -> None:
         self.k = positive_int(k, "k")

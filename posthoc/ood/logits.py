@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -40,6 +42,10 @@ class Energy(Score):
     """
 
     name, uses = "energy", LOGITS
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Score.Options):
+        temperature: float = 1.0
 
     def __init__(self, *, temperature: float = 1.0) -> None:
         super().__init__()

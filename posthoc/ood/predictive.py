@@ -23,6 +23,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import Tensor
 
 from posthoc.core.checks import positive_int, positive_number
@@ -84,6 +86,11 @@ class GeneralizedEntropy(Score):
     """
 
     name, uses = "gen", PREDICTION
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Score.Options):
+        gamma: float = 0.1
+        top: int | None = 100
 
     def __init__(self, *, gamma: float = 0.1, top: int | None = 100) -> None:
         super().__init__()

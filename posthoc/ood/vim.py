@@ -29,6 +29,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -53,6 +55,11 @@ class ViM(Score):
     """
 
     name, uses, fit_passes = "vim", frozenset({"features", "logits"}), 2
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Score.Options):
+        dim: int | None = None
+        max_memory: int | None = None
 
     def __init__(self, *, dim: int | None = None, max_memory: int | None = None) -> None:
         self.dim = positive_int(dim, "dim", none="the ViM repository's rule from the feature width")

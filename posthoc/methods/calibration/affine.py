@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -24,6 +26,10 @@ from posthoc.methods.calibration.optimise import minimise, mixture_nll
 
 class AffineCalibrator(Calibrator):
     """Base of the affine calibrators: subclasses define :meth:`initial` and :meth:`apply`."""
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Calibrator.Options):
+        max_iter: int = 100
 
     def __init__(self, *, max_iter: int = 100) -> None:
         super().__init__()

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -121,6 +122,13 @@ class AutoCalibration(Calibrator):
 
     name = "auto"
     interpolable = False  # its choice may differ between two fits
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Calibrator.Options):
+        candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES
+        folds: int = 5
+        seed: int = 0
+        max_iter: int = 100
 
     def __init__(self, *, candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES, folds: int = 5, seed: int = 0,
                  max_iter: int = 100) -> None:

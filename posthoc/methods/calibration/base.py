@@ -76,8 +76,10 @@ def predictive(log_probs: Tensor) -> Tensor:
 class Calibrator(CalibratorOptions, nn.Module):
     """Base class: fit with :meth:`fit`, then call on logits for probabilities.
 
-    Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults,
-    keep fitted parameters in buffers and implement :meth:`_fit` and :meth:`_transform`.
+    Subclasses set ``name``, declare options as the fields of a nested ``Options(Calibrator.Options)`` dataclass
+    that ``__init__`` also takes as keyword-only arguments with the same defaults (see
+    :class:`~posthoc.methods.calibration.options.CalibratorOptions`), keep fitted parameters in buffers and
+    implement :meth:`_fit` and :meth:`_transform`.
 
     Class attributes:
         name: the name ``posthoc.calibrate(method=...)`` takes (and a saved file records).

@@ -14,6 +14,7 @@ Example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -35,6 +36,10 @@ class EnsembleTemperatureScaling(Calibrator):
     """A mixture of the tempered, the original and the uniform prediction."""
 
     name = "ets"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Calibrator.Options):
+        max_iter: int = 100
 
     def __init__(self, *, max_iter: int = 100) -> None:
         super().__init__()

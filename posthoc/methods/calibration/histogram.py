@@ -15,6 +15,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -50,6 +52,12 @@ class HistogramBinning(Calibrator):
     per_sample = False
     interpolable = False
     min_per_class = 10
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Calibrator.Options):
+        bins: int = 15
+        mode: str = "per-class"
+        smoothing: float = 1.0
 
     def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:
         super().__init__()

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -28,6 +30,11 @@ class MatrixScaling(AffineCalibrator):
 
     name = "matrix"
     min_per_class = 10
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(AffineCalibrator.Options):
+        off_diagonal: float = 10.0
+        intercept: float = 10.0
 
     def __init__(self, *, max_iter: int = 100, off_diagonal: float = 10.0, intercept: float = 10.0) -> None:
         super().__init__(max_iter=max_iter)

@@ -119,16 +119,16 @@ class _Cache:
 
 
 def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
-    """The ``Options`` dataclass of a stacked calibrator: its calibrator's options (a calibrator takes them as
-    keywords, :meth:`~posthoc.methods.calibration.options.CalibratorOptions.option_defaults`) and ``shift_weight``.
+    """The ``Options`` dataclass of a stacked calibrator: its calibrator's ``Options`` (the fields its ``__init__``
+    takes as keywords, :class:`~posthoc.methods.calibration.options.CalibratorOptions`) extended by ``shift_weight``.
 
     Example:
         >>> TemperatureScaling.Options()
         TemperatureScaling.Options(max_iter=100, shift_weight='auto')
     """
-    fields = [(name, Any, dataclasses.field(default=value))
-              for name, value in {**cls.calibrator_class.option_defaults(), "shift_weight": "auto"}.items()]
-    options = dataclasses.make_dataclass("Options", fields, bases=(Method.Options,), frozen=True, kw_only=True)
+    shift_weight = [("shift_weight", Any, dataclasses.field(default="auto"))]
+    options = dataclasses.make_dataclass("Options", shift_weight, bases=(cls.calibrator_class.Options,), frozen=True,
+                                         kw_only=True)
     options.__module__, options.__qualname__ = cls.__module__, f"{cls.__qualname__}.Options"
     return options
 

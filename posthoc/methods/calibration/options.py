@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import inspect
 import os
 from typing import Any, ClassVar
 
@@ -17,33 +16,30 @@ from torch import Tensor
 
 from posthoc.core import persistence
 from posthoc.core.method import load_tensors
+from posthoc.core.options import Options as BaseOptions
 from posthoc.errors import PosteriorFileError
 
 #: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)
 FILE_KIND = persistence.CALIBRATOR_CLASS
 
 
-def keyword_defaults(function: Any) -> dict[str, Any]:
-    """The keyword-only arguments of ``function`` with their defaults: a calibrator's options are those of its
-    ``__init__`` (``TemperatureCalibrator(max_iter=50)``); a method's are the fields of its ``Options`` instead.
-
-    Example:
-        >>> keyword_defaults(lambda x, *, bins=15: x)
-        {'bins': 15}
-    """
-    params = inspect.signature(function).parameters.values()
-    return {p.name: p.default for p in params if p.kind is p.KEYWORD_ONLY}
-
-
 class CalibratorOptions:
-    """Mixin: the options a calibrator takes (its keyword-only ``__init__`` arguments) and the name it stands for."""
+    """Mixin: the options a calibrator takes and the name it stands for.
+
+    A calibrator declares its options as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
+    Options(Calibrator.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
+    arguments with the same defaults (``TemperatureCalibrator(max_iter=50)``; ``tests/test_registry_contract.py``
+    checks they agree). ``posthoc.calibrate`` builds it from the dataclass, refusing unknown names.
+    """
 
     name: ClassVar[str] = ""
+    #: the calibrator's options (none by default)
+    Options: ClassVar[type[BaseOptions]] = BaseOptions
 
     @classmethod
     def option_defaults(cls) -> dict[str, Any]:
-        """The options this calibrator accepts, with their defaults."""
-        return keyword_defaults(cls.__init__)
+        """The options this calibrator accepts, with their defaults: the fields of :attr:`Options`."""
+        return cls.Options.defaults()
 
     @property
     def options(self) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -80,6 +81,12 @@ class AutoRecalibration(RegressionCalibrator):
     """The simplest of none / variance scaling / isotonic within the noise of the best cross-validated CRPS."""
 
     name = "auto"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(RegressionCalibrator.Options):
+        candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic")
+        folds: int = 5
+        seed: int = 0
 
     def __init__(self, *, candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic"), folds: int = 5,
                  seed: int = 0) -> None:

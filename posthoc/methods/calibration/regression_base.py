@@ -90,8 +90,10 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
 class RegressionCalibrator(CalibratorOptions, nn.Module):
     """Base class: :meth:`fit` on a held-out prediction and targets, then :meth:`calibrate` predictions.
 
-    Subclasses set ``name``, declare options as keyword-only ``__init__`` arguments with defaults, keep
-    fitted parameters in buffers and implement :meth:`_fit` and :meth:`_calibrate`.
+    Subclasses set ``name``, declare options as the fields of a nested ``Options(RegressionCalibrator.Options)``
+    dataclass that ``__init__`` also takes as keyword-only arguments with the same defaults (see
+    :class:`~posthoc.methods.calibration.options.CalibratorOptions`), keep fitted parameters in buffers and
+    implement :meth:`_fit` and :meth:`_calibrate`.
 
     Class attributes:
         name: the name ``posthoc.calibrate(mean=..., method=...)`` takes (and a saved file records).

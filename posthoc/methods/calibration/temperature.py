@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor
@@ -63,6 +64,10 @@ class TemperatureCalibrator(Calibrator):
     """``softmax(z / T)`` with one temperature fitted by NLL. Parameters: 1."""
 
     name = "temperature"
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(Calibrator.Options):
+        max_iter: int = 100
 
     def __init__(self, *, max_iter: int = 100) -> None:
         super().__init__()

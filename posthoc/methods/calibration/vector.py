@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 from torch import Tensor
 
@@ -26,6 +28,11 @@ class VectorScaling(AffineCalibrator):
 
     name = "vector"
     min_per_class = 5
+
+    @dataclass(frozen=True, kw_only=True)
+    class Options(AffineCalibrator.Options):
+        spread: float = 1.0
+        intercept: float = 1.0
 
     def __init__(self, *, max_iter: int = 100, spread: float = 1.0, intercept: float = 1.0) -> None:
         super().__init__(max_iter=max_iter)
