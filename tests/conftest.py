@@ -25,6 +25,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "deterministic"))
 _WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
 if _WORKERS > 1:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // _WORKERS))
+    os.environ.setdefault("OMP_NUM_THREADS", str(torch.get_num_threads()))  # and the processes a test starts
 
 
 def linear_data_regressor(rows: int, train: int, noise: float) -> tuple[nn.Module, torch.Tensor, torch.Tensor]:

@@ -9,6 +9,7 @@ import torch
 SCRIPT = textwrap.dedent("""
     import sys, torch, posthoc
     from torch import nn
+    torch.set_num_threads(1)  # tiny fits: more threads only fight over a busy CPU (the same results either way)
     from torch.utils.data import DataLoader, TensorDataset
     fast_fit = {"swag": {"epochs": 1}, "ibnn": {"epochs": 1}, "abnn": {"epochs": 1}}
     # calibrators that refuse this toy set by design: per-class parameters need 5-10 examples of every

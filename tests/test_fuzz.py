@@ -29,6 +29,8 @@ OUTCOMES: collections.Counter = collections.Counter()
 #: fit options that keep each method's fit small on these toy problems
 FAST_FIT: dict[str, dict] = {"swag": {"epochs": 3, "collect_per_epoch": 1}, "multiswag": {"epochs": 3, "collect_per_epoch": 1},
                              "ibnn": {"epochs": 1}}
+#: wrap options that keep the slowest methods' fits short on the same code path (fewer folds, fewer members)
+FAST_WRAP: dict[str, dict] = {"auto-calibration": {"folds": 2}, "multiswag": {"members": 2}}
 DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16]
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -137,7 +139,8 @@ def test_every_call_is_valid_or_the_expected_error(method, problem):
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            um = posthoc.wrap(model, method=method).fit(loader, loader, progress=False, **FAST_FIT.get(method, {}))
+            um = posthoc.wrap(model, method=method, **FAST_WRAP.get(method, {})).fit(loader, loader, progress=False,
+                                                                                     **FAST_FIT.get(method, {}))
             stage = "predict"
             pred = um.predict(x, generator=torch.Generator(device=device).manual_seed(0))
     except posthoc.PosthocError as err:
