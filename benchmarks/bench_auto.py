@@ -46,7 +46,9 @@ CACHE = ROOT / "benchmarks" / ".cache" / "auto_timm"
 ROTATION = 60
 
 
-def _fit_seconds(model: torch.nn.Module, method: object, fit: object, val: object, repeats: int) -> tuple[float, float, object]:
+def _fit_seconds(
+    model: torch.nn.Module, method: object, fit: object, val: object, repeats: int
+) -> tuple[float, float, object]:
     walls, cpus, um = [], [], None
     for _ in range(repeats):
         wall, cpu = time.perf_counter(), time.process_time()
@@ -60,9 +62,13 @@ def cost(repeats: int) -> list[str]:
     splits = data.load_digits()
     fit, val = data.loader(splits.fit), data.loader(splits.calibration)
     x = splits.test.tensors[0]
-    lines = ["## Cost: auto against its candidates fitted alone", "",
-             f"`python benchmarks/bench_auto.py --part cost --repeats {repeats}`; medians of {repeats} fits on 2,400 "
-             "training and 600 calibration digits.", ""]
+    lines = [
+        "## Cost: auto against its candidates fitted alone",
+        "",
+        f"`python benchmarks/bench_auto.py --part cost --repeats {repeats}`; medians of {repeats} fits on 2,400 "
+        "training and 600 calibration digits.",
+        "",
+    ]
     for name in ("digits_cnn", "digits_bn_cnn"):
         model = zoo.pretrained(name)
         rows, total_wall, total_cpu = [], 0.0, 0.0
@@ -75,12 +81,20 @@ def cost(repeats: int) -> list[str]:
         alone = posthoc.wrap(model, method=chosen.split("+")).fit(fit, val, progress=False)
         with torch.no_grad():
             auto_time, alone_time, ratio = paired(lambda: alone.predict(x), lambda: um.predict(x), repeats=9)
-        lines += [f"### {name}: auto chose `{chosen}`", "", "| fit | wall s | CPU s |", "|---|---|---|", *rows,
-                  f"| **sum of the candidates** | {total_wall:.2f} | {total_cpu:.2f} |",
-                  f"| **auto** | {wall:.2f} ({wall / total_wall:.2f}x the sum) | {cpu:.2f} ({cpu / total_cpu:.2f}x) |",
-                  "", f"Predict on the 1,000 test digits: auto {auto_time.wall * 1e3:.1f} ms against `{chosen}` alone "
-                  f"{alone_time.wall * 1e3:.1f} ms: {ratio:.2f}x (median of 9 alternating pairs; target 1x, "
-                  f"target for the fit: at most 1.5x the sum: {'met' if wall <= 1.5 * total_wall else 'missed'}).", ""]
+        lines += [
+            f"### {name}: auto chose `{chosen}`",
+            "",
+            "| fit | wall s | CPU s |",
+            "|---|---|---|",
+            *rows,
+            f"| **sum of the candidates** | {total_wall:.2f} | {total_cpu:.2f} |",
+            f"| **auto** | {wall:.2f} ({wall / total_wall:.2f}x the sum) | {cpu:.2f} ({cpu / total_cpu:.2f}x) |",
+            "",
+            f"Predict on the 1,000 test digits: auto {auto_time.wall * 1e3:.1f} ms against `{chosen}` alone "
+            f"{alone_time.wall * 1e3:.1f} ms: {ratio:.2f}x (median of 9 alternating pairs; target 1x, "
+            f"target for the fit: at most 1.5x the sum: {'met' if wall <= 1.5 * total_wall else 'missed'}).",
+            "",
+        ]
     return lines
 
 
@@ -101,8 +115,10 @@ def _write_folders(root: Path) -> None:
             target.mkdir(parents=True, exist_ok=True)
             Image.fromarray(image[0].numpy()).convert("RGB").save(target / f"{index:05d}.png")
 
-    val = torch.utils.data.TensorDataset(torch.cat([splits.calibration.tensors[0], splits.test.tensors[0]]),
-                                         torch.cat([splits.calibration.tensors[1], splits.test.tensors[1]]))
+    val = torch.utils.data.TensorDataset(
+        torch.cat([splits.calibration.tensors[0], splits.test.tensors[0]]),
+        torch.cat([splits.calibration.tensors[1], splits.test.tensors[1]]),
+    )
     write(root / "train", splits.fit)
     write(root / "val", val)
     write(root / f"rotated{ROTATION}", data.rotated(val, ROTATION))
@@ -140,10 +156,39 @@ def timm_cli(epochs: int) -> list[str]:
     if not checkpoint.exists():
         _fine_tune(CACHE, checkpoint, epochs)
     out = CACHE / "report"
-    command = [sys.executable, "-m", "posthoc.cli.main", "evaluate", "--model", "timm:resnet10t", "--pretrained", "false",
-               "--num-classes", "8", "--checkpoint", str(checkpoint), "--image-size", "32", "--train", str(CACHE / "train"),
-               "--val", str(CACHE / "val"), "--shift", str(CACHE / f"rotated{ROTATION}"), "--method", "auto",
-               "--method", "laplace", "--method", "none+dac", "--workers", "0", "--no-progress", "--out", str(out)]
+    command = [
+        sys.executable,
+        "-m",
+        "posthoc.cli.main",
+        "evaluate",
+        "--model",
+        "timm:resnet10t",
+        "--pretrained",
+        "false",
+        "--num-classes",
+        "8",
+        "--checkpoint",
+        str(checkpoint),
+        "--image-size",
+        "32",
+        "--train",
+        str(CACHE / "train"),
+        "--val",
+        str(CACHE / "val"),
+        "--shift",
+        str(CACHE / f"rotated{ROTATION}"),
+        "--method",
+        "auto",
+        "--method",
+        "laplace",
+        "--method",
+        "none+dac",
+        "--workers",
+        "0",
+        "--no-progress",
+        "--out",
+        str(out),
+    ]
     start = time.perf_counter()
     subprocess.run(command, check=True, cwd=ROOT)
     seconds = time.perf_counter() - start
@@ -151,16 +196,23 @@ def timm_cli(epochs: int) -> list[str]:
     rows = {row["method"]: row for row in found["rows"]}
     plain = rows["none"]
     shift = next(iter(plain["shifts"]))
-    lines = ["## A fine-tuned timm resnet10t through `posthoc evaluate --method auto`", "",
-             f"`python benchmarks/bench_auto.py --part timm` ({epochs} epochs of fine-tuning, then "
-             f"`{' '.join(['posthoc', *command[3:]])}`, {seconds:.0f} s). Test half of the 1,600 held-out digits; shift: "
-             f"the same digits rotated by {ROTATION} degrees. Ratios to `none`.", "",
-             "| method | NLL in distribution | ECE in distribution | NLL rotated | ECE rotated |", "|---|---|---|---|---|"]
+    lines = [
+        "## A fine-tuned timm resnet10t through `posthoc evaluate --method auto`",
+        "",
+        f"`python benchmarks/bench_auto.py --part timm` ({epochs} epochs of fine-tuning, then "
+        f"`{' '.join(['posthoc', *command[3:]])}`, {seconds:.0f} s). Test half of the 1,600 held-out digits; shift: "
+        f"the same digits rotated by {ROTATION} degrees. Ratios to `none`.",
+        "",
+        "| method | NLL in distribution | ECE in distribution | NLL rotated | ECE rotated |",
+        "|---|---|---|---|---|",
+    ]
     for name, row in rows.items():
         test, shifted = row["test"], row["shifts"][shift]
-        lines.append(f"| {name} | {test['nll']:.4f} ({test['nll'] / plain['test']['nll']:.2f}x) | {100 * test['ece']:.1f}% | "
-                     f"{shifted['nll']:.3f} ({shifted['nll'] / plain['shifts'][shift]['nll']:.2f}x) | "
-                     f"{100 * shifted['ece']:.1f}% ({shifted['ece'] / plain['shifts'][shift]['ece']:.2f}x) |")
+        lines.append(
+            f"| {name} | {test['nll']:.4f} ({test['nll'] / plain['test']['nll']:.2f}x) | {100 * test['ece']:.1f}% | "
+            f"{shifted['nll']:.3f} ({shifted['nll'] / plain['shifts'][shift]['nll']:.2f}x) | "
+            f"{100 * shifted['ece']:.1f}% ({shifted['ece'] / plain['shifts'][shift]['ece']:.2f}x) |"
+        )
     auto = rows["auto"]
     limit = max(1.02 * plain["test"]["nll"], plain["test"]["nll"] + 0.005)
     checks = {
@@ -169,8 +221,13 @@ def timm_cli(epochs: int) -> list[str]:
         "ECE under the shift <= 0.7x": auto["shifts"][shift]["ece"] <= 0.7 * plain["shifts"][shift]["ece"],
     }
     chosen = (auto.get("summary") or {}).get("selection", {}) or {}
-    lines += ["", f"auto chose `{chosen.get('chosen')}`. Targets: " + "; ".join(
-        f"{name}: {'met' if ok else 'missed'}" for name, ok in checks.items()) + ".", ""]
+    lines += [
+        "",
+        f"auto chose `{chosen.get('chosen')}`. Targets: "
+        + "; ".join(f"{name}: {'met' if ok else 'missed'}" for name, ok in checks.items())
+        + ".",
+        "",
+    ]
     return lines
 
 
@@ -183,7 +240,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    lines = ["# method=\"auto\": cost and a timm model through the CLI", ""]
+    lines = ['# method="auto": cost and a timm model through the CLI', ""]
     if "cost" in args.part:
         lines += cost(args.repeats)
     if "timm" in args.part:

@@ -40,22 +40,33 @@ def main(argv: list[str] | None = None) -> None:
         chosen: collections.Counter = collections.Counter()
         for seed in range(args.halvings):
             generator = torch.Generator().manual_seed(seed)
-            pick = torch.cat([wrong[torch.randperm(len(wrong), generator=generator)[:args.errors]],
-                              right[torch.randperm(len(right), generator=generator)[:792 - args.errors]]])
+            pick = torch.cat(
+                [
+                    wrong[torch.randperm(len(wrong), generator=generator)[: args.errors]],
+                    right[torch.randperm(len(right), generator=generator)[: 792 - args.errors]],
+                ]
+            )
             pick = pick[torch.randperm(len(pick), generator=generator)]
             fit, test = pick[:396], pick[396:]
             plain = metrics.nll(logits[test].softmax(-1), y[test])
             for method in ("auto", "temperature"):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
-                    calibrator = posthoc.calibrate(logits[fit], y[fit], method=method, seed=seed) if method == "auto" \
+                    calibrator = (
+                        posthoc.calibrate(logits[fit], y[fit], method=method, seed=seed)
+                        if method == "auto"
                         else posthoc.calibrate(logits[fit], y[fit], method=method)
+                    )
                 ratios[method].append(metrics.nll(calibrator(logits[test]), y[test]) / plain)
                 if method == "auto":
                     chosen[calibrator.chosen_name] += 1
-        summary = "; ".join(f"{method} / none: mean {np.mean(v):.3f}, worst {np.max(v):.3f}" for method, v in ratios.items())
-        print(f"{name} ({len(wrong)} errors among {len(y)} digits, {args.halvings} halvings): {summary}; "
-              f"auto chose {dict(chosen)}")
+        summary = "; ".join(
+            f"{method} / none: mean {np.mean(v):.3f}, worst {np.max(v):.3f}" for method, v in ratios.items()
+        )
+        print(
+            f"{name} ({len(wrong)} errors among {len(y)} digits, {args.halvings} halvings): {summary}; "
+            f"auto chose {dict(chosen)}"
+        )
 
 
 if __name__ == "__main__":

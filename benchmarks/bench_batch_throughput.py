@@ -27,8 +27,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 #: the last commit before the predict-path and runner work of issues 36 and 37
 BASELINE = "688ba74"
-METHODS = {"temperature": ("temperature", {}), "laplace": ("laplace", {}), "laplace+dac": (["laplace", "dac"], {}),
-           "mc-dropout S=20 (head)": ("mc-dropout", {"p": 0.1, "where": "head", "num_samples": 20})}
+METHODS = {
+    "temperature": ("temperature", {}),
+    "laplace": ("laplace", {}),
+    "laplace+dac": (["laplace", "dac"], {}),
+    "mc-dropout S=20 (head)": ("mc-dropout", {"p": 0.1, "where": "head", "num_samples": 20}),
+}
 
 #: what each process runs, with the tree under test first on sys.path (so it works on any commit's code)
 CHILD = r"""
@@ -67,8 +71,12 @@ print(json.dumps(out))
 
 def measure(tree: Path, batch: int, calls: int) -> dict[str, dict[str, float]]:
     """One process on ``tree``'s code: each method's median predict time and its ratio to the plain forward."""
-    result = subprocess.run([sys.executable, "-c", CHILD, str(tree), str(batch), str(calls), json.dumps(METHODS)],
-                            capture_output=True, text=True, check=True)
+    result = subprocess.run(
+        [sys.executable, "-c", CHILD, str(tree), str(batch), str(calls), json.dumps(METHODS)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
@@ -83,7 +91,9 @@ def main() -> None:
     runs: dict[str, list[dict]] = {"baseline": [], "now": []}
     with tempfile.TemporaryDirectory() as scratch:
         old = Path(scratch) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(old), args.baseline], check=True)
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", str(old), args.baseline], check=True
+        )
         try:
             for _ in range(args.rounds):
                 runs["baseline"].append(measure(old, args.batch, args.calls))
@@ -91,21 +101,25 @@ def main() -> None:
         finally:
             subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(old)], check=True)
     head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    lines = [f"One thread, batch {args.batch} test digits, bundled digits_bn_cnn; medians over {args.calls} interleaved "
-             f"calls per process, {args.rounds} processes per tree alternating; the ratio is the median of the "
-             f"processes' ratios. Baseline {args.baseline}, now {head.stdout.strip()} (+ working tree). Command: "
-             f"python benchmarks/bench_batch_throughput.py --baseline {args.baseline} --batch {args.batch} "
-             f"--calls {args.calls} --rounds {args.rounds}", "",
-             "| method | baseline ×plain | now ×plain | now / baseline | now ms (plain ms) | cpu/wall |",
-             "|---|---|---|---|---|---|"]
+    lines = [
+        f"One thread, batch {args.batch} test digits, bundled digits_bn_cnn; medians over {args.calls} interleaved "
+        f"calls per process, {args.rounds} processes per tree alternating; the ratio is the median of the "
+        f"processes' ratios. Baseline {args.baseline}, now {head.stdout.strip()} (+ working tree). Command: "
+        f"python benchmarks/bench_batch_throughput.py --baseline {args.baseline} --batch {args.batch} "
+        f"--calls {args.calls} --rounds {args.rounds}",
+        "",
+        "| method | baseline ×plain | now ×plain | now / baseline | now ms (plain ms) | cpu/wall |",
+        "|---|---|---|---|---|---|",
+    ]
     for label in METHODS:
         before = statistics.median(run[label]["ratio"] for run in runs["baseline"])
         after = statistics.median(run[label]["ratio"] for run in runs["now"])
         ms = statistics.median(run[label]["ms"] for run in runs["now"])
         plain = statistics.median(run[label]["plain_ms"] for run in runs["now"])
         cpu = statistics.median(run[label]["cpu_per_wall"] for run in runs["now"])
-        lines.append(f"| {label} | {before:.3f}x | {after:.3f}x | {after / before:.3f} | {ms:.2f} ({plain:.2f}) | "
-                     f"{cpu:.2f} |")
+        lines.append(
+            f"| {label} | {before:.3f}x | {after:.3f}x | {after / before:.3f} | {ms:.2f} ({plain:.2f}) | {cpu:.2f} |"
+        )
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -37,30 +37,43 @@ Fitter = Callable[[Tensor, Tensor], Callable[[Tensor], Tensor]]
 def ours(method: str) -> Fitter:
     def fit(logits: Tensor, labels: Tensor) -> Callable[[Tensor], Tensor]:
         return posthoc.calibrate(logits, labels, method=method)
+
     return fit
 
 
 def netcal(factory: Callable[[], object]) -> Fitter:
     """netcal works on probabilities (numpy, float64)."""
+
     def fit(logits: Tensor, labels: Tensor) -> Callable[[Tensor], Tensor]:
         calibrator = factory()
         calibrator.fit(logits.softmax(-1).double().numpy(), labels.numpy())
         return lambda z: torch.as_tensor(np.asarray(calibrator.transform(z.softmax(-1).double().numpy())))
+
     return fit
 
 
 def torch_uncertainty(factory: Callable[[], torch.nn.Module]) -> Fitter:
     """torch-uncertainty scalers fit on a loader of (logits, labels) when given no model."""
+
     def fit(logits: Tensor, labels: Tensor) -> Callable[[Tensor], Tensor]:
         scaler = factory()
-        scaler.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
-                   progress=False)
+        scaler.fit(
+            torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
+            progress=False,
+        )
+
         def predict(z: Tensor) -> Tensor:
             with torch.no_grad():
                 out = scaler(z)
             # the binning scalers return probabilities, the logit scalers logits
-            return out if torch.allclose(out.sum(-1), torch.ones(len(out)), atol=1e-4) and out.min() >= 0 else out.softmax(-1)
+            return (
+                out
+                if torch.allclose(out.sum(-1), torch.ones(len(out)), atol=1e-4) and out.min() >= 0
+                else out.softmax(-1)
+            )
+
         return predict
+
     return fit
 
 
@@ -73,7 +86,9 @@ def peers(num_classes: int) -> dict[str, Fitter]:
         print(f"netcal not importable ({err}); pip install -e '.[bench]'")
     else:
         found["netcal TemperatureScaling"] = netcal(lambda: TemperatureScaling(detection=False, use_cuda=False))
-        found["netcal LogisticCalibration (vector)"] = netcal(lambda: LogisticCalibration(detection=False, use_cuda=False))
+        found["netcal LogisticCalibration (vector)"] = netcal(
+            lambda: LogisticCalibration(detection=False, use_cuda=False)
+        )
         found["netcal HistogramBinning"] = netcal(lambda: HistogramBinning(bins=15))
         found["netcal IsotonicRegression"] = netcal(IsotonicRegression)
         found["netcal ENIR"] = netcal(ENIR)
@@ -85,17 +100,25 @@ def peers(num_classes: int) -> dict[str, Fitter]:
         found["torch-uncertainty TemperatureScaler"] = torch_uncertainty(lambda: tu.TemperatureScaler(model=None))
         found["torch-uncertainty VectorScaler"] = torch_uncertainty(lambda: tu.VectorScaler(num_classes, model=None))
         found["torch-uncertainty MatrixScaler"] = torch_uncertainty(lambda: tu.MatrixScaler(num_classes, model=None))
-        found["torch-uncertainty DirichletScaler"] = torch_uncertainty(lambda: tu.DirichletScaler(num_classes, model=None))
-        found["torch-uncertainty HistogramBinningScaler"] = torch_uncertainty(lambda: tu.HistogramBinningScaler(model=None))
-        found["torch-uncertainty IsotonicRegressionScaler"] = torch_uncertainty(lambda: tu.IsotonicRegressionScaler(model=None))
+        found["torch-uncertainty DirichletScaler"] = torch_uncertainty(
+            lambda: tu.DirichletScaler(num_classes, model=None)
+        )
+        found["torch-uncertainty HistogramBinningScaler"] = torch_uncertainty(
+            lambda: tu.HistogramBinningScaler(model=None)
+        )
+        found["torch-uncertainty IsotonicRegressionScaler"] = torch_uncertainty(
+            lambda: tu.IsotonicRegressionScaler(model=None)
+        )
     return found
 
 
 def saved_logits(name: str, scale: float) -> dict[str, tuple[Tensor, Tensor]]:
     splits = data.load_digits()
     model = zoo.pretrained(name)
-    sets = {"fit": splits.calibration, **{f"{deg}°": data.rotated(splits.test, deg) if deg else splits.test
-                                         for deg in ROTATIONS}}
+    sets = {
+        "fit": splits.calibration,
+        **{f"{deg}°": data.rotated(splits.test, deg) if deg else splits.test for deg in ROTATIONS},
+    }
     with torch.no_grad():
         return {key: (model(ds.tensors[0]) * scale, ds.tensors[1]) for key, ds in sets.items()}
 

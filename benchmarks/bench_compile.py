@@ -40,15 +40,19 @@ def main() -> None:
     args = parser.parse_args()
     generator = torch.Generator(device=args.device).manual_seed(0)
     c = args.classes
-    g = LogitGaussian(torch.randn(args.rows, c, device=args.device, generator=generator),
-                      torch.rand(args.rows, c, device=args.device, generator=generator),
-                      torch.linalg.qr(torch.randn(c, c, device=args.device, generator=generator))[0])
+    g = LogitGaussian(
+        torch.randn(args.rows, c, device=args.device, generator=generator),
+        torch.rand(args.rows, c, device=args.device, generator=generator),
+        torch.linalg.qr(torch.randn(c, c, device=args.device, generator=generator))[0],
+    )
     compiled = torch.compile(kernel, fullgraph=True)
     with torch.no_grad():
         eager_time = measure(lambda: kernel(g, args.samples), repeats=10)
         compile_time = measure(lambda: compiled(g, args.samples), repeats=10, warmup=2)
-    print(f"rows={args.rows} C={c} S={args.samples} on {args.device}: eager {1e3 * eager_time.wall:.2f} ms, "
-          f"compiled {1e3 * compile_time.wall:.2f} ms ({eager_time.wall / compile_time.wall:.2f}x)")
+    print(
+        f"rows={args.rows} C={c} S={args.samples} on {args.device}: eager {1e3 * eager_time.wall:.2f} ms, "
+        f"compiled {1e3 * compile_time.wall:.2f} ms ({eager_time.wall / compile_time.wall:.2f}x)"
+    )
 
 
 if __name__ == "__main__":

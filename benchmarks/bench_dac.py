@@ -34,14 +34,15 @@ ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 CONFIGS = (["none"], ["none", "dac"], ["laplace"], ["laplace", "dac"])
 TIMED = (["none"], ["temperature"], ["none", "dac"], ["laplace", "dac"])
 SHIFTS = (("rotate 45", "rotate", 3), ("contrast 3", "contrast", 3))
-HEADER = ("| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n"
-          "|---|---|---|---|---|---|")
+HEADER = "| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n|---|---|---|---|---|---|"
 
 
 def row(name: str, timing: Timing, reference: Timing) -> str:
     flag = " (contended: re-run)" if timing.contended else ""
-    return (f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu:.4f} | "
-            f"{timing.cpu / reference.cpu:.2f}x | {timing.cpu_per_wall:.2f}{flag} |")
+    return (
+        f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu:.4f} | "
+        f"{timing.cpu / reference.cpu:.2f}x | {timing.cpu_per_wall:.2f}{flag} |"
+    )
 
 
 def corrupted(test_loader, kind: str, severity: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -64,8 +65,10 @@ def costs(name: str, splits: data.DigitsSplits, fit_loader, cal_loader, repeats:
     print(row("plain forward again (drift check)", plain_after, plain))
     for key in ("none+dac", "laplace+dac"):
         card = wrapped[key].summary()["posterior"][-1]
-        print(f"\n{key}: bank {card['bank_rows']} rows x {sum(_widths(wrapped[key]))} floats = {card['bank_bytes']:,} bytes "
-              f"({card['bank_bytes'] / 2**20:.2f} MiB), layers {card['layers']}")
+        print(
+            f"\n{key}: bank {card['bank_rows']} rows x {sum(_widths(wrapped[key]))} floats = {card['bank_bytes']:,} bytes "
+            f"({card['bank_bytes'] / 2**20:.2f} MiB), layers {card['layers']}"
+        )
 
 
 def _widths(um: posthoc.UncertainModel) -> list[int]:
@@ -74,8 +77,10 @@ def _widths(um: posthoc.UncertainModel) -> list[int]:
 
 def quality(name: str, splits: data.DigitsSplits, fit_loader, cal_loader, test_loader) -> None:
     model = zoo.pretrained(name)
-    sets = {"in distribution": splits.test.tensors, **{label: corrupted(test_loader, kind, severity)
-                                                       for label, kind, severity in SHIFTS}}
+    sets = {
+        "in distribution": splits.test.tensors,
+        **{label: corrupted(test_loader, kind, severity) for label, kind, severity in SHIFTS},
+    }
     print(f"\n### {name}: NLL / ECE (fit with shift='auto')\n")
     print("| method | " + " | ".join(f"{label} NLL | {label} ECE" for label in sets) + " | fit s | T0 | weights |")
     print("|---|" + "---|" * (2 * len(sets) + 3))
@@ -95,7 +100,9 @@ def quality(name: str, splits: data.DigitsSplits, fit_loader, cal_loader, test_l
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU ratios comparable on a shared machine)")
+    parser.add_argument(
+        "--threads", type=int, default=1, help="torch threads (1: CPU ratios comparable on a shared machine)"
+    )
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)

@@ -68,16 +68,24 @@ def bench(name: str, count: int, x: torch.Tensor, repeats: int) -> list[str]:
     vmapped = measure(lambda: batched.predict(x), repeats=repeats)
     looped = measure(lambda: loop.predict(x), repeats=repeats)
     verdict = "meets" if vmapped.wall <= TARGET * count * plain.wall else "misses"
-    timed = {"one plain forward": plain, f"{count} plain forwards": forwards,
-             f"ensemble predict, vmapped ({verdict} <= {TARGET * count:.1f}x)": vmapped, "ensemble predict, loop": looped}
+    timed = {
+        "one plain forward": plain,
+        f"{count} plain forwards": forwards,
+        f"ensemble predict, vmapped ({verdict} <= {TARGET * count:.1f}x)": vmapped,
+        "ensemble predict, loop": looped,
+    }
     # the CPU seconds' ratio beside the wall one: on a contended machine it is the steadier of the two
-    return [row(f"{name} M={count}: {what}", timing, plain) + f" {timing.cpu / plain.cpu:.2f}x |"
-            for what, timing in timed.items()]
+    return [
+        row(f"{name} M={count}: {what}", timing, plain) + f" {timing.cpu / plain.cpu:.2f}x |"
+        for what, timing in timed.items()
+    ]
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--archs", nargs="+", default=["digits_cnn", "digits_bn_cnn"], choices=sorted(zoo.ARCHITECTURES))
+    parser.add_argument(
+        "--archs", nargs="+", default=["digits_cnn", "digits_bn_cnn"], choices=sorted(zoo.ARCHITECTURES)
+    )
     parser.add_argument("--members", type=int, nargs="+", default=[2, 5, 10])
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=15)

@@ -54,13 +54,20 @@ def mapie_sets(cal_probs: np.ndarray, cal_labels: np.ndarray, alpha: float, scor
         def predict(self, x):
             return np.asarray(x).argmax(1)
 
-    classifier = SplitConformalClassifier(GivenProbabilities().fit(cal_probs, cal_labels), confidence_level=1 - alpha,
-                                          conformity_score=score, prefit=True, random_state=0)
+    classifier = SplitConformalClassifier(
+        GivenProbabilities().fit(cal_probs, cal_labels),
+        confidence_level=1 - alpha,
+        conformity_score=score,
+        prefit=True,
+        random_state=0,
+    )
     classifier.conformalize(cal_probs, cal_labels)
     return lambda probs: torch.as_tensor(classifier.predict_set(probs)[1][:, :, 0])
 
 
-def conformal_table(cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+def conformal_table(
+    cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     print("## Conformal sets: coverage / mean set size per rotation (calibrated on 600 upright digits)\n")
     print("| alpha | score | " + " | ".join(f"{deg} deg" for deg in tests) + " |")
     print("|---|---|" + "---|" * len(tests))
@@ -74,12 +81,16 @@ def conformal_table(cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tup
             if sets is None:
                 print("| – | MAPIE not installed (pip install -e '.[test]') |")
                 break
-            cells = [f"{coverage(sets(p.numpy()), y):.3f} / {mean_set_size(sets(p.numpy())):.2f}" for p, y in tests.values()]
+            cells = [
+                f"{coverage(sets(p.numpy()), y):.3f} / {mean_set_size(sets(p.numpy())):.2f}" for p, y in tests.values()
+            ]
             print(f"| {alpha} | MAPIE {score} | " + " | ".join(cells) + " |")
 
 
 def resplit_table(probs: torch.Tensor, labels: torch.Tensor, n_cal: int) -> None:
-    print(f"\n## Coverage over {RESPLITS} random re-splits ({n_cal} calibration / {len(labels) - n_cal} test, upright)\n")
+    print(
+        f"\n## Coverage over {RESPLITS} random re-splits ({n_cal} calibration / {len(labels) - n_cal} test, upright)\n"
+    )
     print("| alpha | score | mean coverage | std | band | mean set size |\n|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for alpha in ALPHAS:
@@ -88,16 +99,26 @@ def resplit_table(probs: torch.Tensor, labels: torch.Tensor, n_cal: int) -> None
             for split in range(RESPLITS):
                 order = torch.randperm(len(labels), generator=generator)
                 cal, test = order[:n_cal], order[n_cal:]
-                sets = posthoc.conformal(probs[cal], labels[cal], alpha=alpha, score=score, seed=split).sets(probs[test])
+                sets = posthoc.conformal(probs[cal], labels[cal], alpha=alpha, score=score, seed=split).sets(
+                    probs[test]
+                )
                 covered.append(coverage(sets, labels[test]))
                 sizes.append(mean_set_size(sets))
             band = f"[{1 - alpha:.3f}, {1 - alpha + 1 / (n_cal + 1):.3f}]"
-            print(f"| {alpha} | {score} | {np.mean(covered):.4f} | {np.std(covered):.4f} | {band} | {np.mean(sizes):.2f} |")
+            print(
+                f"| {alpha} | {score} | {np.mean(covered):.4f} | {np.std(covered):.4f} | {band} | {np.mean(sizes):.2f} |"
+            )
 
 
-def selective_table(cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]) -> None:
+def selective_table(
+    cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tuple[torch.Tensor, torch.Tensor]]
+) -> None:
     print("\n## Selective prediction (delta 0.05): deferral / error on accepted per rotation\n")
-    print("| target risk | score | threshold | cal. coverage | risk bound | " + " | ".join(f"{deg} deg" for deg in tests) + " |")
+    print(
+        "| target risk | score | threshold | cal. coverage | risk bound | "
+        + " | ".join(f"{deg} deg" for deg in tests)
+        + " |"
+    )
     print("|---|---|---|---|---|" + "---|" * len(tests))
     for target in TARGET_RISKS:
         for score in ("confidence", "entropy"):
@@ -111,25 +132,36 @@ def selective_table(cal: tuple[torch.Tensor, torch.Tensor], tests: dict[int, tup
                 accepted = sel.accept(p)
                 risk = selective_risk(accepted, p.argmax(-1) == y)
                 cells.append(f"{deferral_rate(accepted):.3f} / {'–' if risk is None else f'{risk:.4f}'}")
-            print(f"| {target} | {score} | {sel.threshold:.4g} | {sel.coverage:.3f} | {sel.risk_bound:.4f} | "
-                  + " | ".join(cells) + " |")
+            print(
+                f"| {target} | {score} | {sel.threshold:.4g} | {sel.coverage:.3f} | {sel.risk_bound:.4f} | "
+                + " | ".join(cells)
+                + " |"
+            )
 
 
-def timing_table(model: torch.nn.Module, x_test: torch.Tensor, cal: tuple[torch.Tensor, torch.Tensor],
-                 test_probs: torch.Tensor) -> None:
+def timing_table(
+    model: torch.nn.Module, x_test: torch.Tensor, cal: tuple[torch.Tensor, torch.Tensor], test_probs: torch.Tensor
+) -> None:
     print("\n## Timings (1,000 test digits; ratios to one plain forward pass over them)\n" + HEADER)
     with torch.no_grad():
         plain = measure(lambda: model(x_test))
     print(row("plain forward (test split)", plain, plain))
     for score in SCORES:
-        print(row(f"posthoc.conformal {score}: calibrate", measure(lambda: posthoc.conformal(*cal, score=score)), plain))
+        print(
+            row(f"posthoc.conformal {score}: calibrate", measure(lambda: posthoc.conformal(*cal, score=score)), plain)
+        )
         cp = posthoc.conformal(*cal, score=score)
         print(row(f"posthoc.conformal {score}: sets", measure(lambda: cp.sets(test_probs)), plain))
     for score in ("lac", "aps"):
         if mapie_sets(cal[0].numpy(), cal[1].numpy(), 0.1, score) is None:
             break
-        print(row(f"MAPIE {score}: calibrate", measure(lambda: mapie_sets(cal[0].numpy(), cal[1].numpy(), 0.1, score)),
-                  plain))
+        print(
+            row(
+                f"MAPIE {score}: calibrate",
+                measure(lambda: mapie_sets(cal[0].numpy(), cal[1].numpy(), 0.1, score)),
+                plain,
+            )
+        )
         sets = mapie_sets(cal[0].numpy(), cal[1].numpy(), 0.1, score)
         print(row(f"MAPIE {score}: sets", measure(lambda: sets(test_probs.numpy())), plain))
     print(row("posthoc.selective: calibrate", measure(lambda: posthoc.selective(*cal, target_risk=0.02)), plain))
@@ -147,9 +179,13 @@ def main() -> None:
     model = zoo.pretrained(args.model)
     with torch.no_grad():
         cal = (model(splits.calibration.tensors[0]).double().softmax(-1), splits.calibration.tensors[1])
-        tests = {deg: (model(data.rotated(splits.test, deg).tensors[0]).double().softmax(-1), splits.test.tensors[1])
-                 for deg in ROTATIONS}
-    print(f"# Guarantees on {args.model} (accuracy upright {float((tests[0][0].argmax(-1) == tests[0][1]).double().mean()):.3f})\n")
+        tests = {
+            deg: (model(data.rotated(splits.test, deg).tensors[0]).double().softmax(-1), splits.test.tensors[1])
+            for deg in ROTATIONS
+        }
+    print(
+        f"# Guarantees on {args.model} (accuracy upright {float((tests[0][0].argmax(-1) == tests[0][1]).double().mean()):.3f})\n"
+    )
     conformal_table(cal, tests)
     resplit_table(torch.cat([cal[0], tests[0][0]]), torch.cat([cal[1], tests[0][1]]), n_cal=len(cal[1]))
     selective_table(cal, tests)

@@ -59,15 +59,21 @@ def growing_noise(seed: int, *, train: int = 200, val: int = 100, test: int = 20
     return parts
 
 
-def train_heteroscedastic_mlp(train: tuple[Tensor, Tensor], *, seed: int = 0, epochs: int = EPOCHS,
-                              hidden: int = HIDDEN, lr: float = 5e-3) -> nn.Module:
+def train_heteroscedastic_mlp(
+    train: tuple[Tensor, Tensor], *, seed: int = 0, epochs: int = EPOCHS, hidden: int = HIDDEN, lr: float = 5e-3
+) -> nn.Module:
     """A ``Linear-Tanh-Linear-Tanh-Linear`` MLP with outputs ``(mean, log-variance)`` fitted full-batch by Adam: the
     first quarter of the epochs on the squared error of the mean (the log-variance held at 0), then the Gaussian NLL
     of both (the usual warm-up, so the variance does not absorb a mean not yet fitted). In eval mode."""
     x, y = train
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(x.shape[1], hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                        nn.Linear(hidden, 2 * y.shape[1]))
+    net = nn.Sequential(
+        nn.Linear(x.shape[1], hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, 2 * y.shape[1]),
+    )
     optimiser = torch.optim.Adam(net.parameters(), lr)
     width = y.shape[1]
     for epoch in range(epochs):
@@ -87,8 +93,9 @@ def _loader(pair: tuple[Tensor, Tensor], batch_size: int = 256) -> DataLoader:
     return DataLoader(TensorDataset(*pair), batch_size=batch_size)
 
 
-def _fit(net: nn.Module, train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor] | None,
-         options: dict) -> posthoc.UncertainModel:
+def _fit(
+    net: nn.Module, train: tuple[Tensor, Tensor], val: tuple[Tensor, Tensor] | None, options: dict
+) -> posthoc.UncertainModel:
     um = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", **options)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -106,7 +113,8 @@ def growing(seeds: int) -> list[str]:
         data = growing_noise(seed)
         net = train_heteroscedastic_mlp(data["train"], seed=seed)
         rows.setdefault("none (plain heteroscedastic network)", []).append(
-            _nll(posthoc.wrap(net, method="none", likelihood="heteroscedastic"), data["test"]))
+            _nll(posthoc.wrap(net, method="none", likelihood="heteroscedastic"), data["test"])
+        )
         for label, options in VARIANTS:
             um = _fit(net, data["train"], data["val"], options)
             rows.setdefault(label, []).append(_nll(um, data["test"]))
@@ -114,13 +122,17 @@ def growing(seeds: int) -> list[str]:
         print(f"growing noise, seed {seed}: done", file=sys.stderr)
     plain = rows["none (plain heteroscedastic network)"]
     seed_columns = " | ".join(f"NLL seed {s}" for s in range(seeds))
-    lines = [f"| method | {seed_columns} | mean NLL | ΔNLL vs plain (mean / worst seed) | prior precision (median) |",
-             "|---|" + "---|" * (seeds + 4)]
+    lines = [
+        f"| method | {seed_columns} | mean NLL | ΔNLL vs plain (mean / worst seed) | prior precision (median) |",
+        "|---|" + "---|" * (seeds + 4),
+    ]
     for label, values in rows.items():
         deltas = [v - p for v, p in zip(values, plain)]
         prior = f"{statistics.median(priors[label]):.3g}" if label in priors else "–"
-        lines.append(f"| {label} | {' | '.join(f'{v:.4f}' for v in values)} | {statistics.fmean(values):.4f} | "
-                     f"{statistics.fmean(deltas):+.4f} / {max(deltas):+.4f} | {prior} |")
+        lines.append(
+            f"| {label} | {' | '.join(f'{v:.4f}' for v in values)} | {statistics.fmean(values):.4f} | "
+            f"{statistics.fmean(deltas):+.4f} / {max(deltas):+.4f} | {prior} |"
+        )
     verdict = all(max(v - p for v, p in zip(values, plain)) <= 0 for label, values in rows.items() if label in priors)
     answer = "yes" if verdict else "no"
     return lines + ["", f"Every Laplace variant no worse than the plain network on every seed: **{answer}**.", ""]
@@ -129,8 +141,11 @@ def growing(seeds: int) -> list[str]:
 def gap() -> list[str]:
     data = sinusoid()
     net = train_heteroscedastic_mlp(data.train, seed=0)
-    lines = ["| method | prior | prior precision | std on training inputs | std in the gap | std beyond | "
-             "gap / train | beyond / train | epistemic std in the gap |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | prior | prior precision | std on training inputs | std in the gap | std beyond | "
+        "gap / train | beyond / train | epistemic std in the gap |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     plain = posthoc.wrap(net, method="none", likelihood="heteroscedastic")
     entries = [("none (plain heteroscedastic network)", "–", plain)]
     for label, options in VARIANTS:
@@ -142,14 +157,20 @@ def gap() -> list[str]:
         delta = f"{float(um.method.prior_precision):.3g}" if prior != "–" else "–"
         ratios[label] = std["gap"] / std["train"]
         prior = "auto (= marglik)" if prior == "auto" else prior
-        lines.append(f"| {label} | {prior} | {delta} | {std['train']:.4f} | {std['gap']:.4f} | {std['beyond']:.4f} | "
-                     f"{ratios[label]:.2f} | {std['beyond'] / std['train']:.2f} | "
-                     f"{float(preds['gap'].epistemic.sqrt().mean()):.4f} |")
+        lines.append(
+            f"| {label} | {prior} | {delta} | {std['train']:.4f} | {std['gap']:.4f} | {std['beyond']:.4f} | "
+            f"{ratios[label]:.2f} | {std['beyond'] / std['train']:.2f} | "
+            f"{float(preds['gap'].epistemic.sqrt().mean()):.4f} |"
+        )
     plain = ratios.pop(entries[0][0])
     met = [label for label, ratio in ratios.items() if 1 < ratio < float("inf") and ratio > plain]
     missed = [label for label in ratios if label not in met]
-    return lines + ["", f"gap / train above 1, finite and above the plain network's {plain:.2f}: met by "
-                    f"{', '.join(met) or 'none'}; missed by {', '.join(missed) or 'none'}.", ""]
+    return lines + [
+        "",
+        f"gap / train above 1, finite and above the plain network's {plain:.2f}: met by "
+        f"{', '.join(met) or 'none'}; missed by {', '.join(missed) or 'none'}.",
+        "",
+    ]
 
 
 def main() -> None:
@@ -164,11 +185,17 @@ def main() -> None:
     command = " ".join(["python benchmarks/bench_heteroscedastic_laplace.py", *sys.argv[1:]])
     lines = ["# Heteroscedastic last-layer Laplace", "", f"`{command}` (torch threads: {args.threads})", ""]
     if "growing" in args.parts:
-        lines += [f"## Noise growing with x: test NLL over {args.seeds} seeds (target: no worse than the plain "
-                  "network)", "", *growing(args.seeds)]
+        lines += [
+            f"## Noise growing with x: test NLL over {args.seeds} seeds (target: no worse than the plain network)",
+            "",
+            *growing(args.seeds),
+        ]
     if "gap" in args.parts:
-        lines += ["## The seed 004 sinusoid: predictive std by region (target: gap / train > 1, above the plain "
-                  "network's)", "", *gap()]
+        lines += [
+            "## The seed 004 sinusoid: predictive std by region (target: gap / train > 1, above the plain network's)",
+            "",
+            *gap(),
+        ]
     lines.append(f"Wall time: {time.perf_counter() - start:.0f} s.")
     text = "\n".join(lines) + "\n"
     print(text)

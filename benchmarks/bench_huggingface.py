@@ -39,8 +39,12 @@ METHODS: list[tuple[str, Any, dict[str, Any]]] = [
 def _text_setup(quick: bool) -> dict[str, Any]:
     tokenizer = hf.word_tokenizer()
     sizes = (600, 300, 500) if quick else (1200, 400, 1000)
-    pairs = {"fit": hf.keyword_texts(sizes[0], seed=0), "calibration": hf.keyword_texts(sizes[1], seed=1),
-             "test": hf.keyword_texts(sizes[2], seed=2), "shift (unknown keywords)": hf.keyword_texts(sizes[2], seed=3, unknown=0.5)}
+    pairs = {
+        "fit": hf.keyword_texts(sizes[0], seed=0),
+        "calibration": hf.keyword_texts(sizes[1], seed=1),
+        "test": hf.keyword_texts(sizes[2], seed=2),
+        "shift (unknown keywords)": hf.keyword_texts(sizes[2], seed=3, unknown=0.5),
+    }
     batches = {name: hf.text_batches(*pair, tokenizer, 128) for name, pair in pairs.items()}
     model = hf.train(hf.tiny_bert(), hf.text_batches(*pairs["fit"], tokenizer, 32), steps=150 if quick else 300)
     x = {k: v for k, v in hf.text_batches(*hf.keyword_texts(256, seed=4), tokenizer, 256)[0].items() if k != "labels"}
@@ -52,9 +56,13 @@ def _vit_setup(quick: bool) -> dict[str, Any]:
     fit = hf.rgb(data.subset(splits.fit, 1200) if quick else splits.fit)
     test = data.subset(splits.test, 500) if quick else splits.test
     model = hf.train(hf.tiny_vit(), data.loader(fit, 32, shuffle=True, seed=0), steps=150 if quick else 400)
-    batches = {"fit": data.loader(fit, 256), "calibration": data.loader(hf.rgb(splits.calibration), 256),
-               "test": data.loader(hf.rgb(test), 256), "rotated 45": data.loader(hf.rgb(data.rotated(test, 45)), 256),
-               "rotated 90": data.loader(hf.rgb(data.rotated(test, 90)), 256)}
+    batches = {
+        "fit": data.loader(fit, 256),
+        "calibration": data.loader(hf.rgb(splits.calibration), 256),
+        "test": data.loader(hf.rgb(test), 256),
+        "rotated 45": data.loader(hf.rgb(data.rotated(test, 45)), 256),
+        "rotated 90": data.loader(hf.rgb(data.rotated(test, 90)), 256),
+    }
     return {"model": model, "batches": batches, "x": hf.rgb(data.subset(splits.test, 256)).tensors[0]}
 
 
@@ -65,7 +73,9 @@ def _lora_setup(text: dict[str, Any], quick: bool) -> dict[str, Any]:
     return {**text, "model": model}
 
 
-def evaluate_methods(name: str, setup: dict[str, Any], methods: list[tuple[str, Any, dict[str, Any]]], repeats: int) -> None:
+def evaluate_methods(
+    name: str, setup: dict[str, Any], methods: list[tuple[str, Any, dict[str, Any]]], repeats: int
+) -> None:
     """Print quality ratios and predict-cost ratios for ``methods`` on one model."""
     model, batches, x = setup["model"], setup["batches"], setup["x"]
     held_out = [key for key in batches if key not in ("fit", "calibration")]
@@ -83,9 +93,13 @@ def evaluate_methods(name: str, setup: dict[str, Any], methods: list[tuple[str, 
         fit_seconds = time.perf_counter() - start
         reports = {key: posthoc.evaluate(um, batches[key], progress=False) for key in held_out}
         cells = " | ".join(f"{reports[k].nll:.4f} ({reports[k].nll / plain[k].nll:.2f}x)" for k in held_out)
-        print(f"| {label} | {fit_seconds:.1f} | {cells} | {reports['test'].ece:.4f} ({reports['test'].ece / plain['test'].ece:.2f}x) |")
+        print(
+            f"| {label} | {fit_seconds:.1f} | {cells} | {reports['test'].ece:.4f} ({reports['test'].ece / plain['test'].ece:.2f}x) |"
+        )
         timings.append((label, measure(lambda um=um: um.predict(x), repeats=repeats)))
-    print(f"\npredict on {len(x) if isinstance(x, torch.Tensor) else len(x['input_ids'])} examples against one plain forward\n")
+    print(
+        f"\npredict on {len(x) if isinstance(x, torch.Tensor) else len(x['input_ids'])} examples against one plain forward\n"
+    )
     print(HEADER)
     print(row("plain forward", forward, forward))
     for label, timing in timings:
@@ -107,9 +121,11 @@ def main() -> None:
     text = _text_setup(args.quick)
     evaluate_methods("BERT (2 layers, hidden 32) on the keyword task", text, METHODS, repeats)
     evaluate_methods("ViT (2 layers, hidden 32) on the bundled digits", _vit_setup(args.quick), METHODS, repeats)
-    lora = [("laplace (last layer, kron)", "laplace", {}),
-            ("laplace (LoRA adapters, kron)", "laplace", {"subset": "lora"}),
-            ("laplace (LoRA adapters, diag)", "laplace", {"subset": "lora", "hessian": "diag"})]
+    lora = [
+        ("laplace (last layer, kron)", "laplace", {}),
+        ("laplace (LoRA adapters, kron)", "laplace", {"subset": "lora"}),
+        ("laplace (LoRA adapters, diag)", "laplace", {"subset": "lora", "hessian": "diag"}),
+    ]
     evaluate_methods("BERT + LoRA (rank 4, query/value)", _lora_setup(text, args.quick), lora, repeats)
 
 

@@ -63,8 +63,14 @@ def run_case(model: torch.nn.Module, splits: data.DigitsSplits, recipe: str, see
     with torch.no_grad():
         plain_time = measure(lambda: model(x), repeats=3)
         predict_time = measure(lambda: um.predict(x), repeats=3)
-    return {"scores": result, "fit_wall": wall, "fit_cpu": cpu, "predict_ratio": predict_time.wall / plain_time.wall,
-            "predict_cpu_per_wall": predict_time.cpu_per_wall, "summary": um.method.summary()}
+    return {
+        "scores": result,
+        "fit_wall": wall,
+        "fit_cpu": cpu,
+        "predict_ratio": predict_time.wall / plain_time.wall,
+        "predict_cpu_per_wall": predict_time.cpu_per_wall,
+        "summary": um.method.summary(),
+    }
 
 
 def report(arch: str, recipe: str, plain: list[dict], cases: list[dict], fit_examples: int) -> None:
@@ -78,17 +84,23 @@ def report(arch: str, recipe: str, plain: list[dict], cases: list[dict], fit_exa
         m_nll = [c["scores"][angle][0] for c in cases]
         ratios[angle] = statistics.mean(m / p for m, p in zip(m_nll, p_nll))
         spread = f" ± {statistics.stdev(m_nll):.3f}" if len(m_nll) > 1 else ""
-        print(f"| {angle} | {statistics.mean(p_nll):.4f} | {statistics.mean(m_nll):.4f}{spread} | {ratios[angle]:.3f} | "
-              f"{statistics.mean(s[angle][1] for s in plain):.4f} | {statistics.mean(c['scores'][angle][1] for c in cases):.4f} |")
+        print(
+            f"| {angle} | {statistics.mean(p_nll):.4f} | {statistics.mean(m_nll):.4f}{spread} | {ratios[angle]:.3f} | "
+            f"{statistics.mean(s[angle][1] for s in plain):.4f} | {statistics.mean(c['scores'][angle][1] for c in cases):.4f} |"
+        )
     meets = ratios[0] <= 1.02 and all(ratios[a] < 1 for a in ANGLES[1:])
     card = cases[0]["summary"]
-    print(f"\nissue 15 section 2: {'met' if meets else 'NOT met'} (in-distribution ratio {ratios[0]:.3f} <= 1.02, "
-          f"45/90 ratios {ratios[45]:.3f} / {ratios[90]:.3f} < 1)")
-    print(f"fit {statistics.median(c['fit_wall'] for c in cases):.1f} s wall, "
-          f"{statistics.median(c['fit_cpu'] for c in cases):.1f} s CPU ({card['epochs']} epochs over {fit_examples} digits); "
-          f"predict {statistics.median(c['predict_ratio'] for c in cases):.1f}x a plain forward "
-          f"({card['test_samples']} samples, cpu/wall {statistics.median(c['predict_cpu_per_wall'] for c in cases):.2f}); "
-          f"{card['random_variables']} node variables per component, K={card['components']}")
+    print(
+        f"\nissue 15 section 2: {'met' if meets else 'NOT met'} (in-distribution ratio {ratios[0]:.3f} <= 1.02, "
+        f"45/90 ratios {ratios[45]:.3f} / {ratios[90]:.3f} < 1)"
+    )
+    print(
+        f"fit {statistics.median(c['fit_wall'] for c in cases):.1f} s wall, "
+        f"{statistics.median(c['fit_cpu'] for c in cases):.1f} s CPU ({card['epochs']} epochs over {fit_examples} digits); "
+        f"predict {statistics.median(c['predict_ratio'] for c in cases):.1f}x a plain forward "
+        f"({card['test_samples']} samples, cpu/wall {statistics.median(c['predict_cpu_per_wall'] for c in cases):.2f}); "
+        f"{card['random_variables']} node variables per component, K={card['components']}"
+    )
 
 
 def main() -> None:

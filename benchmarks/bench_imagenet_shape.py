@@ -125,8 +125,17 @@ def run_case(case: Case) -> dict:
     def record(what: str, timing, reference, peak: int | None = None) -> None:
         # on a GPU the host waits for the device, so a low CPU/wall ratio is no sign of contention
         contended = case.device == "cpu" and (timing.contended or reference.contended)
-        out["rows"].append({"what": what, "wall": timing.wall, "cpu": timing.cpu, "ref_wall": reference.wall,
-                            "ref_cpu": reference.cpu, "contended": contended, "peak": peak})
+        out["rows"].append(
+            {
+                "what": what,
+                "wall": timing.wall,
+                "cpu": timing.cpu,
+                "ref_wall": reference.wall,
+                "ref_cpu": reference.cpu,
+                "contended": contended,
+                "peak": peak,
+            }
+        )
 
     with torch.no_grad():
         plain = measure(lambda: model(x), repeats=max(5, case.repeats))
@@ -139,17 +148,35 @@ def run_case(case: Case) -> dict:
         from laplace import Laplace
 
         la = Laplace(model, "classification", subset_of_weights="last_layer", hessian_structure="kron")
-        record(f"fit, prior 1.0 (N={case.num_fit:,})", measure(lambda: la.fit(loader), repeats=1, warmup=fit_warmup), plain_fit)
+        record(
+            f"fit, prior 1.0 (N={case.num_fit:,})",
+            measure(lambda: la.fit(loader), repeats=1, warmup=fit_warmup),
+            plain_fit,
+        )
         la.prior_precision = 1.0
         # its GLM predictive forms (rows, C, C·(D+1)) Jacobians, 8 GB per row at D=2,048, C=1,000,
         # so it is called on PEER_ROWS rows at a time
-        calls = {name: (lambda link=name: torch.cat([la(x[i:i + PEER_ROWS], pred_type="glm", link_approx=link, n_samples=SAMPLES)
-                                                     for i in range(0, len(x), PEER_ROWS)])) for name in case.predicts}
+        calls = {
+            name: (
+                lambda link=name: torch.cat(
+                    [
+                        la(x[i : i + PEER_ROWS], pred_type="glm", link_approx=link, n_samples=SAMPLES)
+                        for i in range(0, len(x), PEER_ROWS)
+                    ]
+                )
+            )
+            for name in case.predicts
+        }
         names = {"probit": "predict probit", "mc": f"predict MC S={SAMPLES}"}
     elif case.method == "laplace":
         if case.fit:
-            fixed = measure(lambda: posthoc.wrap(model, method="laplace", hessian="kron", prior_precision=1.0)
-                            .fit(loader, progress=False), repeats=1, warmup=fit_warmup)
+            fixed = measure(
+                lambda: posthoc.wrap(model, method="laplace", hessian="kron", prior_precision=1.0).fit(
+                    loader, progress=False
+                ),
+                repeats=1,
+                warmup=fit_warmup,
+            )
             record(f"fit, prior 1.0 (N={case.num_fit:,})", fixed, plain_fit)
         um = posthoc.wrap(model, method="laplace", hessian="kron", prior_precision="marglik")
         fit = measure(lambda: um.fit(loader, progress=False), repeats=1, warmup=fit_warmup)
@@ -158,24 +185,34 @@ def run_case(case: Case) -> dict:
         out["prior_precision"] = float(um.method.prior_precision)
         models = {"probit": um}
         if "mc" in case.predicts:
-            mc = posthoc.wrap(model, method="laplace", hessian="kron", prior_precision="marglik", link="mc", num_samples=SAMPLES)
+            mc = posthoc.wrap(
+                model, method="laplace", hessian="kron", prior_precision="marglik", link="mc", num_samples=SAMPLES
+            )
             mc.method.load_posterior_state(um.method.posterior_state())
             mc.method.fitted.fill_(True)
             models["mc"] = mc
-        calls = {name: (lambda um=models[name]: um.predict(x, keep_samples=False, max_memory=case.max_memory))
-                 for name in case.predicts}
+        calls = {
+            name: (lambda um=models[name]: um.predict(x, keep_samples=False, max_memory=case.max_memory))
+            for name in case.predicts
+        }
         names = {"probit": "predict probit", "mc": f"predict MC S={SAMPLES}"}
     else:
         if case.method == "swag":
             um = posthoc.wrap(model, method="swag", subset="last_layer")
-            fit = measure(lambda: um.fit(loader, progress=False, epochs=1, lr=1e-3, collect_per_epoch=5), repeats=1, warmup=fit_warmup)
+            fit = measure(
+                lambda: um.fit(loader, progress=False, epochs=1, lr=1e-3, collect_per_epoch=5),
+                repeats=1,
+                warmup=fit_warmup,
+            )
             if case.fit:
                 record(f"fit, 1 epoch SGD lr 1e-3, 5 snapshots (N={case.num_fit:,})", fit, plain_fit)
         else:
             um = posthoc.wrap(model, method="mc-dropout", where="head", p=0.1)
         samples = {name: int(name.split("=")[1]) for name in case.predicts}
-        calls = {name: (lambda s=samples[name]: um.predict(x, num_samples=s, keep_samples=False, max_memory=case.max_memory))
-                 for name in case.predicts}
+        calls = {
+            name: (lambda s=samples[name]: um.predict(x, num_samples=s, keep_samples=False, max_memory=case.max_memory))
+            for name in case.predicts
+        }
         names = {name: f"predict {name}" for name in case.predicts}
 
     previous = posthoc.settings.max_memory
@@ -206,7 +243,9 @@ def launch(case: Case, timeout: float = 300.0) -> dict:
     for attempt in range(2):
         command = [sys.executable, __file__, "--case", json.dumps(asdict(case))]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **CHILD_ENV})
+            done = subprocess.run(
+                command, capture_output=True, text=True, timeout=timeout, env={**os.environ, **CHILD_ENV}
+            )
         except subprocess.TimeoutExpired:
             return {"case": asdict(case), "error": f"timed out after {timeout:.0f} s", "rows": []}
         if done.returncode != 0:
@@ -227,8 +266,10 @@ def _flag(row: dict) -> str:
     return " (contended)" if row["contended"] else ""
 
 
-ROWS_HEADER = ("| method | shape | what | wall s | x plain (wall) | x plain (cpu) | cpu/wall | µs / example | "
-               "peak growth MiB | outputs MiB |\n|---|---|---|---|---|---|---|---|---|---|")
+ROWS_HEADER = (
+    "| method | shape | what | wall s | x plain (wall) | x plain (cpu) | cpu/wall | µs / example | "
+    "peak growth MiB | outputs MiB |\n|---|---|---|---|---|---|---|---|---|---|"
+)
 
 
 def print_rows(result: dict) -> None:
@@ -240,14 +281,20 @@ def print_rows(result: dict) -> None:
         return
     for row in result["rows"]:
         if "error" in row:
-            print(f"| {case['label'] or case['method']} | {shape} | {row['what']}: FAILED: {row['error']} | | | | | | | |", flush=True)
+            print(
+                f"| {case['label'] or case['method']} | {shape} | {row['what']}: FAILED: {row['error']} | | | | | | | |",
+                flush=True,
+            )
             continue
         per_example = case["num_fit"] if row["what"].startswith("fit") else case["num_predict"]
         peak = row["peak"]
-        print(f"| {case['label'] or case['method']} | {shape} | {row['what']} | {row['wall']:.4f} | "
-              f"{row['wall'] / row['ref_wall']:.1f}x | {row['cpu'] / row['ref_cpu']:.1f}x | "
-              f"{row['cpu'] / row['wall']:.2f}{_flag(row)} | {1e6 * row['wall'] / per_example:.2f} | "
-              f"{_mib(peak)} | {_mib(result['output_bytes']) if peak is not None else ''} |", flush=True)
+        print(
+            f"| {case['label'] or case['method']} | {shape} | {row['what']} | {row['wall']:.4f} | "
+            f"{row['wall'] / row['ref_wall']:.1f}x | {row['cpu'] / row['ref_cpu']:.1f}x | "
+            f"{row['cpu'] / row['wall']:.2f}{_flag(row)} | {1e6 * row['wall'] / per_example:.2f} | "
+            f"{_mib(peak)} | {_mib(result['output_bytes']) if peak is not None else ''} |",
+            flush=True,
+        )
 
 
 def cases_for(shape: dict, fit: bool = True) -> list[Case]:
@@ -261,7 +308,11 @@ def cases_for(shape: dict, fit: bool = True) -> list[Case]:
 def part_main(device: str) -> None:
     print("\n### Main shape: N=5,000, D=2,048, C=1,000 (fit on the same 5,000; default max_memory 512 MiB)\n")
     print(ROWS_HEADER)
-    for case in cases_for(dict(num_fit=5000, num_predict=5000, width=2048, classes=1000, repeats=1 if device == "cpu" else 5, device=device)):
+    for case in cases_for(
+        dict(
+            num_fit=5000, num_predict=5000, width=2048, classes=1000, repeats=1 if device == "cpu" else 5, device=device
+        )
+    ):
         print_rows(launch(case))
 
 
@@ -270,25 +321,39 @@ def part_growth(device: str) -> None:
     print("\n### Growth in C (N=5,000, D=2,048; C=1,000 is the main table)\n")
     print(ROWS_HEADER)
     for classes in (10, 100):
-        for case in cases_for(dict(num_fit=5000, num_predict=5000, width=2048, classes=classes, repeats=repeats, device=device)):
+        for case in cases_for(
+            dict(num_fit=5000, num_predict=5000, width=2048, classes=classes, repeats=repeats, device=device)
+        ):
             print_rows(launch(case))
 
     print("\n### Growth in N (D=512, C=100; fit on min(N, 10k); predict on N)\n")
     print(ROWS_HEADER)
     for num in (1000, 10_000, 100_000):
-        shape = dict(num_fit=min(num, 10_000), num_predict=num, width=512, classes=100,
-                     repeats=repeats if num <= 10_000 else 1, device=device)
+        shape = dict(
+            num_fit=min(num, 10_000),
+            num_predict=num,
+            width=512,
+            classes=100,
+            repeats=repeats if num <= 10_000 else 1,
+            device=device,
+        )
         for case in cases_for(shape, fit=num <= 10_000):
             print_rows(launch(case))
 
-    print(f"\n### MC overhead vs D (N=5,000, C=100): S={SAMPLES} predict minus the deterministic (probit) / S=1 predict\n")
-    print("| method | D | base predict | base s | S=100 s | MC overhead s | overhead ns / (example x sample x class) | cpu/wall |")
+    print(
+        f"\n### MC overhead vs D (N=5,000, C=100): S={SAMPLES} predict minus the deterministic (probit) / S=1 predict\n"
+    )
+    print(
+        "| method | D | base predict | base s | S=100 s | MC overhead s | overhead ns / (example x sample x class) | cpu/wall |"
+    )
     print("|---|---|---|---|---|---|---|---|")
     for width in (256, 2048):
         shape = dict(num_fit=5000, num_predict=5000, width=width, classes=100, repeats=5, fit=False, device=device)
-        for case in (Case("laplace", predicts=["probit", "mc"], label="LLLA kron", **shape),
-                     Case("swag", predicts=["S=1", f"S={SAMPLES}"], label="last-layer SWAG", **shape),
-                     Case("mc-dropout", predicts=["S=1", f"S={SAMPLES}"], label="head MC dropout", **shape)):
+        for case in (
+            Case("laplace", predicts=["probit", "mc"], label="LLLA kron", **shape),
+            Case("swag", predicts=["S=1", f"S={SAMPLES}"], label="last-layer SWAG", **shape),
+            Case("mc-dropout", predicts=["S=1", f"S={SAMPLES}"], label="head MC dropout", **shape),
+        ):
             result = launch(case)
             if "error" in result:
                 print(f"| {case.label} | {width} | FAILED: {result['error']} | | | | | |", flush=True)
@@ -296,41 +361,58 @@ def part_growth(device: str) -> None:
             base, sampled = result["rows"][-2], result["rows"][-1]
             overhead = sampled["wall"] - base["wall"]
             flag = _flag(base) or _flag(sampled)
-            print(f"| {case.label} | {width:,} | {base['what']} | {base['wall']:.4f} | {sampled['wall']:.4f} | "
-                  f"{overhead:.4f} | {1e9 * overhead / (5000 * SAMPLES * 100):.3f} | "
-                  f"{min(base['cpu'] / base['wall'], sampled['cpu'] / sampled['wall']):.2f}{flag} |", flush=True)
+            print(
+                f"| {case.label} | {width:,} | {base['what']} | {base['wall']:.4f} | {sampled['wall']:.4f} | "
+                f"{overhead:.4f} | {1e9 * overhead / (5000 * SAMPLES * 100):.3f} | "
+                f"{min(base['cpu'] / base['wall'], sampled['cpu'] / sampled['wall']):.2f}{flag} |",
+                flush=True,
+            )
 
 
 def part_budget(device: str) -> None:
     print("\n### Memory budget: main-shape MC predict (S=100) under max_memory\n")
-    print("| method | budget | set through | wall s | x plain (wall) | cpu/wall | peak growth MiB | outputs MiB | "
-          "growth - outputs MiB | within budget + outputs |")
+    print(
+        "| method | budget | set through | wall s | x plain (wall) | cpu/wall | peak growth MiB | outputs MiB | "
+        "growth - outputs MiB | within budget + outputs |"
+    )
     print("|---|---|---|---|---|---|---|---|---|---|")
     shape = dict(num_fit=5000, num_predict=5000, width=2048, classes=1000, repeats=1, fit=False, device=device)
     for budget, through in ((64 * MiB, "predict(max_memory=)"), (2**30, "posthoc.settings.max_memory")):
         memory = {"max_memory": budget} if through.startswith("predict") else {"settings_memory": budget}
-        for case in (Case("laplace", predicts=["mc"], label="LLLA kron", **shape, **memory),
-                     Case("swag", predicts=[f"S={SAMPLES}"], label="last-layer SWAG", **shape, **memory),
-                     Case("mc-dropout", predicts=[f"S={SAMPLES}"], label="head MC dropout", **shape, **memory)):
+        for case in (
+            Case("laplace", predicts=["mc"], label="LLLA kron", **shape, **memory),
+            Case("swag", predicts=[f"S={SAMPLES}"], label="last-layer SWAG", **shape, **memory),
+            Case("mc-dropout", predicts=[f"S={SAMPLES}"], label="head MC dropout", **shape, **memory),
+        ):
             result = launch(case)
             if "error" in result:
-                print(f"| {case.label} | {_mib(budget)} MiB | {through} | FAILED: {result['error']} | | | | | | |", flush=True)
+                print(
+                    f"| {case.label} | {_mib(budget)} MiB | {through} | FAILED: {result['error']} | | | | | | |",
+                    flush=True,
+                )
                 continue
             row = result["rows"][-1]
             outputs = result["output_bytes"]
             ok = "yes" if row["peak"] <= budget + outputs else f"NO ({row['peak'] / (budget + outputs):.1f}x)"
-            print(f"| {case.label} | {_mib(budget)} MiB | {through} | {row['wall']:.4f} | "
-                  f"{row['wall'] / row['ref_wall']:.1f}x | {row['cpu'] / row['wall']:.2f}{_flag(row)} | "
-                  f"{_mib(row['peak'])} | {_mib(outputs)} | {_mib(row['peak'] - outputs)} | {ok} |", flush=True)
+            print(
+                f"| {case.label} | {_mib(budget)} MiB | {through} | {row['wall']:.4f} | "
+                f"{row['wall'] / row['ref_wall']:.1f}x | {row['cpu'] / row['wall']:.2f}{_flag(row)} | "
+                f"{_mib(row['peak'])} | {_mib(outputs)} | {_mib(row['peak'] - outputs)} | {ok} |",
+                flush=True,
+            )
 
 
 def part_peer(device: str) -> None:
-    print(f"\n### Next to laplace-torch: last-layer KFAC at D=2,048, C=1,000 (fit on 5,000; predict 50 rows, "
-          f"laplace-torch {PEER_ROWS} rows per call)\n")
+    print(
+        f"\n### Next to laplace-torch: last-layer KFAC at D=2,048, C=1,000 (fit on 5,000; predict 50 rows, "
+        f"laplace-torch {PEER_ROWS} rows per call)\n"
+    )
     print(ROWS_HEADER)
     shape = dict(num_fit=5000, num_predict=50, width=2048, classes=1000, repeats=1, device=device)
-    for case in (Case("laplace", predicts=["probit", "mc"], label="posthoc LLLA kron", **shape),
-                 Case("laplace-torch", predicts=["probit", "mc"], label="laplace-torch LLLA kron", **shape)):
+    for case in (
+        Case("laplace", predicts=["probit", "mc"], label="posthoc LLLA kron", **shape),
+        Case("laplace-torch", predicts=["probit", "mc"], label="laplace-torch LLLA kron", **shape),
+    ):
         print_rows(launch(case))
 
 
@@ -346,13 +428,21 @@ def part_backbone(device: str) -> None:
     print("\n### Reference: a plain ResNet-50 forward pass (timm, random weights, 224x224)\n")
     print("| precision | batch | wall s per batch | µs / example | N=5,000 forward s |")
     print("|---|---|---|---|---|")
-    precisions = [("float32", None)] + ([("bfloat16 autocast, channels_last", torch.bfloat16)] if device != "cpu" else [])
+    precisions = [("float32", None)] + (
+        [("bfloat16 autocast, channels_last", torch.bfloat16)] if device != "cpu" else []
+    )
     for label, dtype in precisions:
         if dtype is not None:
             model, x = model.to(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last)
-        with torch.no_grad(), torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype is not None):
+        with (
+            torch.no_grad(),
+            torch.autocast(device_type=torch.device(device).type, dtype=dtype, enabled=dtype is not None),
+        ):
             timing = measure(lambda: model(x), repeats=5 if device != "cpu" else 3)
-        print(f"| {label} | {batch} | {timing.wall:.4f} | {1e6 * timing.wall / batch:.1f} | {5000 * timing.wall / batch:.2f} |", flush=True)
+        print(
+            f"| {label} | {batch} | {timing.wall:.4f} | {1e6 * timing.wall / batch:.1f} | {5000 * timing.wall / batch:.2f} |",
+            flush=True,
+        )
 
 
 PARTS = {"main": part_main, "growth": part_growth, "budget": part_budget, "peer": part_peer, "backbone": part_backbone}
@@ -371,10 +461,15 @@ if __name__ == "__main__":
     parser.add_argument("parts", nargs="*", help=f"any of {list(PARTS)} (default: all)")
     parser.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     args = parser.parse_args()
-    where = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}" if args.device != "cpu"
-             else f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs")
-    print(f"{where}; S={SAMPLES}; every case in a fresh process; contended cases re-run once; "
-          f"peak growth is {'allocated GPU memory' if args.device != 'cpu' else 'resident CPU memory'}")
+    where = (
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}"
+        if args.device != "cpu"
+        else f"torch {torch.__version__}, {torch.get_num_threads()} threads, {os.cpu_count()} CPUs"
+    )
+    print(
+        f"{where}; S={SAMPLES}; every case in a fresh process; contended cases re-run once; "
+        f"peak growth is {'allocated GPU memory' if args.device != 'cpu' else 'resident CPU memory'}"
+    )
     for part in args.parts or list(PARTS):
         if part not in PARTS:
             parser.error(f"unknown part {part!r}; choose from {list(PARTS)}")

@@ -38,31 +38,48 @@ def main() -> None:
     model = zoo.pretrained("digits_bn_cnn")
     fit, val = data.loader(splits.fit, batch_size=256), data.loader(splits.calibration, batch_size=256)
     x, y = splits.test.tensors
-    rotated = posthoc.shift.corrupt_images(x, "rotate", 3, torch.Generator().manual_seed(0),
-                                           normalization=(data.MEAN, data.STD))
+    rotated = posthoc.shift.corrupt_images(
+        x, "rotate", 3, torch.Generator().manual_seed(0), normalization=(data.MEAN, data.STD)
+    )
     with torch.no_grad():
         plain, plain_shift = torch.softmax(model(x), -1), torch.softmax(model(rotated), -1)
-    lines = ["| predictive | NLL in distribution | ratio | NLL under shift | ratio |", "|---|---|---|---|---|",
-             f"| plain | {nll(plain, y):.4f} | 1.00x | {nll(plain_shift, y):.4f} | 1.00x |"]
+    lines = [
+        "| predictive | NLL in distribution | ratio | NLL under shift | ratio |",
+        "|---|---|---|---|---|",
+        f"| plain | {nll(plain, y):.4f} | 1.00x | {nll(plain_shift, y):.4f} | 1.00x |",
+    ]
     for size in (128, 64, 32, 16):
         um = posthoc.wrap(model, method="mc-batchnorm", batch_size=size).fit(fit, progress=False)
         p, q = um.predict(x).probs, um.predict(rotated).probs
-        lines.append(f"| b={size} | {nll(p, y):.4f} | {nll(p, y) / nll(plain, y):.2f}x | {nll(q, y):.4f} | "
-                     f"{nll(q, y) / nll(plain_shift, y):.2f}x |")
-    fitted = measure(lambda: posthoc.wrap(model, method="mc-batchnorm").fit(fit, val, progress=False), repeats=1,
-                     warmup=0)
+        lines.append(
+            f"| b={size} | {nll(p, y):.4f} | {nll(p, y) / nll(plain, y):.2f}x | {nll(q, y):.4f} | "
+            f"{nll(q, y) / nll(plain_shift, y):.2f}x |"
+        )
+    fitted = measure(
+        lambda: posthoc.wrap(model, method="mc-batchnorm").fit(fit, val, progress=False), repeats=1, warmup=0
+    )
     um = posthoc.wrap(model, method="mc-batchnorm").fit(fit, val, progress=False)
     p, q = um.predict(x).probs, um.predict(rotated).probs
     chosen = um.summary()["selection"]["chosen"]
-    lines.append(f"| auto (chose {chosen}) | {nll(p, y):.4f} | {nll(p, y) / nll(plain, y):.2f}x | {nll(q, y):.4f} | "
-                 f"{nll(q, y) / nll(plain_shift, y):.2f}x |")
+    lines.append(
+        f"| auto (chose {chosen}) | {nll(p, y):.4f} | {nll(p, y) / nll(plain, y):.2f}x | {nll(q, y):.4f} | "
+        f"{nll(q, y) / nll(plain_shift, y):.2f}x |"
+    )
     forward = measure(lambda: model(x), repeats=3)
     sampled = posthoc.wrap(model, method="mc-batchnorm", batch_size=32).fit(fit, progress=False)
     predict = measure(lambda: sampled.predict(x), repeats=3)
-    text = "\n".join([*lines, "", f"fit with the choice (batch_size='auto'): {fitted.wall:.1f} s wall, "
-                      f"{fitted.cpu:.1f} s CPU; predict S=16 on {len(x)} digits: {predict.wall / forward.wall:.1f}x "
-                      f"a plain forward ({predict.wall:.3f} s against {forward.wall:.3f} s; cpu/wall "
-                      f"{predict.cpu_per_wall:.2f})", "", "command: python benchmarks/bench_mc_batchnorm.py"])
+    text = "\n".join(
+        [
+            *lines,
+            "",
+            f"fit with the choice (batch_size='auto'): {fitted.wall:.1f} s wall, "
+            f"{fitted.cpu:.1f} s CPU; predict S=16 on {len(x)} digits: {predict.wall / forward.wall:.1f}x "
+            f"a plain forward ({predict.wall:.3f} s against {forward.wall:.3f} s; cpu/wall "
+            f"{predict.cpu_per_wall:.2f})",
+            "",
+            "command: python benchmarks/bench_mc_batchnorm.py",
+        ]
+    )
     print(text)
     if args.out:
         args.out.write_text("# MC BatchNorm on digits_bn_cnn\n\n" + text + "\n")

@@ -46,9 +46,17 @@ def tiny_cnn() -> nn.Module:
     """A few tens of thousands of parameters on 8x8 inputs (43,178), no dropout of its own."""
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(1, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(),
-        nn.Conv2d(32, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Linear(32 * 4 * 4, 64), nn.ReLU(), nn.Linear(64, 10),
+        nn.Conv2d(1, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.Conv2d(32, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32 * 4 * 4, 64),
+        nn.ReLU(),
+        nn.Linear(64, 10),
     ).eval()
 
 
@@ -103,7 +111,11 @@ def _fit_cost(args: argparse.Namespace) -> None:
         model = zoo.pretrained(name)
         with torch.no_grad():
             plain = measure(lambda: [model(x) for x, _ in loader], repeats=args.repeats)
-        fit = measure(lambda: posthoc.wrap(model, method="mc-dropout", p="auto").fit(None, loader, progress=False), repeats=3, warmup=1)
+        fit = measure(
+            lambda: posthoc.wrap(model, method="mc-dropout", p="auto").fit(None, loader, progress=False),
+            repeats=3,
+            warmup=1,
+        )
         print(_row(f"{name}: plain forward", plain, plain))
         print(_row(f"{name}: mc-dropout fit (rate chosen)", fit, plain))
 

@@ -38,8 +38,12 @@ from posthoc.core.likelihood import Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
 
 TRUE_STD = (0.1, 0.5, 3.0)
-METHODS = (("none", "none", {}), ("laplace (kron)", "laplace", {}), ("mc-dropout", "mc-dropout", {}),
-           ("ensemble of 3", "ensemble", {}))
+METHODS = (
+    ("none", "none", {}),
+    ("laplace (kron)", "laplace", {}),
+    ("mc-dropout", "mc-dropout", {}),
+    ("ensemble of 3", "ensemble", {}),
+)
 TRAIN, VAL, POOL = 2000, 1000, 2000
 ALPHA = 0.1
 EPOCHS = 3000
@@ -56,7 +60,7 @@ def _mlp(x: torch.Tensor, y: torch.Tensor, seed: int) -> nn.Module:
     net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Dropout(0.05), nn.Linear(64, 3))
     optimiser = torch.optim.Adam(net.parameters(), lr=3e-3)
     schedule = torch.optim.lr_scheduler.CosineAnnealingLR(optimiser, EPOCHS)
-    scale = torch.tensor(TRUE_STD)                       # every output's noise weighted alike in the training loss
+    scale = torch.tensor(TRUE_STD)  # every output's noise weighted alike in the training loss
     for _ in range(EPOCHS):
         optimiser.zero_grad()
         ((net(x) - y) / scale).square().mean().backward()
@@ -73,8 +77,9 @@ def _shared(pred: RegressionPrediction, val: RegressionPrediction, y_val: torch.
     """``pred``'s components with one noise shared by the outputs, fitted on the held-out rows as before."""
     gaussian = Gaussian()
     gaussian.fit_noise(val.component_means.double(), val.model_variances.double(), y_val.double())
-    return RegressionPrediction.from_components(pred.component_means, pred.model_variances,
-                                                torch.full((1, 1, 3), gaussian.dispersion, dtype=pred.mean.dtype))
+    return RegressionPrediction.from_components(
+        pred.component_means, pred.model_variances, torch.full((1, 1, 3), gaussian.dispersion, dtype=pred.mean.dtype)
+    )
 
 
 def _marginal_nll(pred: RegressionPrediction, y: torch.Tensor) -> torch.Tensor:
@@ -94,8 +99,11 @@ def run_seed(seed: int, splits: int) -> dict[str, dict[str, list[float]]]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             um.fit(_loader(x[train], y[train]), _loader(x[val], y[val]), progress=False)
-        noise = (torch.stack([m.likelihood.noise_std for m in um.method.members]).square().mean(0).sqrt()
-                 if method == "ensemble" else um.likelihood.noise_std)
+        noise = (
+            torch.stack([m.likelihood.noise_std for m in um.method.members]).square().mean(0).sqrt()
+            if method == "ensemble"
+            else um.likelihood.noise_std
+        )
         predict = lambda rows: um.predict(x[rows], generator=torch.Generator().manual_seed(0))  # noqa: E731
         pred, held_out = predict(pool), predict(val)
         shared = _shared(pred, held_out, y[val])
@@ -106,16 +114,25 @@ def run_seed(seed: int, splits: int) -> dict[str, dict[str, list[float]]]:
         order_generator = torch.Generator().manual_seed(1000 + seed)
         for split in range(splits):
             order = torch.randperm(POOL, generator=order_generator)
-            cal, test = order[:POOL // 2], order[POOL // 2:]
-            part = lambda rows: RegressionPrediction.from_components(pred.mean[rows][None], None,  # noqa: E731
-                                                                     pred.variance[rows][None])
+            cal, test = order[: POOL // 2], order[POOL // 2 :]
+            part = lambda rows: RegressionPrediction.from_components(
+                pred.mean[rows][None],
+                None,  # noqa: E731
+                pred.variance[rows][None],
+            )
             cp = posthoc.conformal(part(cal), y[pool][cal], alpha=ALPHA)
             low, high = cp.intervals(part(test))
             coverage[split] = ((low <= y[pool][test]) & (y[pool][test] <= high)).double().mean(0)
         residual = (pred.mean - y[pool]).square().mean(0).sqrt().double() / torch.tensor(TRUE_STD, dtype=torch.float64)
-        found[label] = {"residual": residual.tolist(), "ratio": (noise.double() / torch.tensor(TRUE_STD, dtype=torch.float64)).tolist(),
-                        "gain": gain, "raw": raw, "mean": coverage.mean(0).tolist(),
-                        "p5": coverage.quantile(0.05, dim=0).tolist(), "p95": coverage.quantile(0.95, dim=0).tolist()}
+        found[label] = {
+            "residual": residual.tolist(),
+            "ratio": (noise.double() / torch.tensor(TRUE_STD, dtype=torch.float64)).tolist(),
+            "gain": gain,
+            "raw": raw,
+            "mean": coverage.mean(0).tolist(),
+            "p5": coverage.quantile(0.05, dim=0).tolist(),
+            "p95": coverage.quantile(0.95, dim=0).tolist(),
+        }
     return found
 
 
@@ -134,13 +151,23 @@ def main() -> None:
     law = stats.betabinom(half, k, half + 1 - k)
     low, high = law.ppf(0.05) / half, law.ppf(0.95) / half
     command = " ".join(["python benchmarks/bench_multi_output.py", *sys.argv[1:]])
-    lines = ["# Multi-output regression: a noise per output", "", f"`{command}` (torch threads: {args.threads}; "
-             f"{args.seeds} seeds, {args.splits} calibration/test splits of {half}/{half} rows per seed)", "",
-             f"True noise σ = {TRUE_STD}.", "", "## The fitted noise per output", "",
-             "σ_d fitted / true: mean over seeds [smallest, largest]; ΔNLL: each output's test NLL with one shared "
-             "noise minus with the noise per output (nats per row, mean over seeds; positive: the noise per output is "
-             "better).", "",
-             "| method | σ₁/true | σ₂/true | σ₃/true | ΔNLL₁ | ΔNLL₂ | ΔNLL₃ |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Multi-output regression: a noise per output",
+        "",
+        f"`{command}` (torch threads: {args.threads}; "
+        f"{args.seeds} seeds, {args.splits} calibration/test splits of {half}/{half} rows per seed)",
+        "",
+        f"True noise σ = {TRUE_STD}.",
+        "",
+        "## The fitted noise per output",
+        "",
+        "σ_d fitted / true: mean over seeds [smallest, largest]; ΔNLL: each output's test NLL with one shared "
+        "noise minus with the noise per output (nats per row, mean over seeds; positive: the noise per output is "
+        "better).",
+        "",
+        "| method | σ₁/true | σ₂/true | σ₃/true | ΔNLL₁ | ΔNLL₂ | ΔNLL₃ |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, _, _ in METHODS:
         cells = []
         for d in range(3):
@@ -149,18 +176,27 @@ def main() -> None:
         cells += [f"{statistics.mean(run[label]['gain'][d] for run in runs):+.3f}" for d in range(3)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     plain = [statistics.mean(run["none"]["residual"][d] for run in runs) for d in range(3)]
-    lines += ["", "The plain network's test RMSE over the true σ_d (its own error adds to the noise, most on the quietest "
-              f"output): {', '.join(f'{value:.3f}' for value in plain)}.",
-              "", "## Coverage of each output's 90 % interval", "",
-              f"Conformal: mean over all splits and seeds [5th-95th percentile of the per-split coverage; the "
-              f"finite-sample law's: {low:.3f}-{high:.3f}, mean {law.mean() / half:.4f}]. Raw: the predictive's own "
-              "central 90 % interval on the whole pool, mean over seeds. Target: conformal mean in 0.88-0.92.", "",
-              "| method | conformal y₁ | conformal y₂ | conformal y₃ | raw y₁ | raw y₂ | raw y₃ | target met |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "The plain network's test RMSE over the true σ_d (its own error adds to the noise, most on the quietest "
+        f"output): {', '.join(f'{value:.3f}' for value in plain)}.",
+        "",
+        "## Coverage of each output's 90 % interval",
+        "",
+        f"Conformal: mean over all splits and seeds [5th-95th percentile of the per-split coverage; the "
+        f"finite-sample law's: {low:.3f}-{high:.3f}, mean {law.mean() / half:.4f}]. Raw: the predictive's own "
+        "central 90 % interval on the whole pool, mean over seeds. Target: conformal mean in 0.88-0.92.",
+        "",
+        "| method | conformal y₁ | conformal y₂ | conformal y₃ | raw y₁ | raw y₂ | raw y₃ | target met |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for label, _, _ in METHODS:
         means = [statistics.mean(run[label]["mean"][d] for run in runs) for d in range(3)]
-        cells = [f"{means[d]:.4f} [{np.mean([run[label]['p5'][d] for run in runs]):.3f}-"
-                 f"{np.mean([run[label]['p95'][d] for run in runs]):.3f}]" for d in range(3)]
+        cells = [
+            f"{means[d]:.4f} [{np.mean([run[label]['p5'][d] for run in runs]):.3f}-"
+            f"{np.mean([run[label]['p95'][d] for run in runs]):.3f}]"
+            for d in range(3)
+        ]
         cells += [f"{statistics.mean(run[label]['raw'][d] for run in runs):.3f}" for d in range(3)]
         met = all(0.88 <= m <= 0.92 for m in means)
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {'yes' if met else 'no'} |")

@@ -33,16 +33,17 @@ ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 PLAIN_SCORES = [name for name in available_scores() if name != "mutual-information"]
 NOISE_SEED = 0
 REPEATS = 9
-HEADER = ("| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n"
-          "|---|---|---|---|---|---|")
+HEADER = "| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n|---|---|---|---|---|---|"
 
 
 def row(name: str, timing: Timing, reference: Timing) -> str:
     """Wall and process-CPU medians as ratios to ``reference``: on a shared machine the CPU ratio (one thread) is
     the steadier one; cpu/wall < 0.5 marks a contended wall time."""
     flag = " (contended)" if timing.contended else ""
-    return (f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu:.4f} | "
-            f"{timing.cpu / reference.cpu:.2f}x | {timing.cpu_per_wall:.2f}{flag} |")
+    return (
+        f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu:.4f} | "
+        f"{timing.cpu / reference.cpu:.2f}x | {timing.cpu_per_wall:.2f}{flag} |"
+    )
 
 
 def noise_images(count: int) -> torch.Tensor:
@@ -62,8 +63,10 @@ def quality(arch: str, splits: data.DigitsSplits) -> list[str]:
     sampled = posthoc.detector(um, score=["entropy", "mutual-information"])
     rows = []
     for label, scorer in (("plain", detector), ("MC dropout", sampled)):
-        on = {name: scorer.scores(x, generator=torch.Generator().manual_seed(0)) for name, x in
-              (("test", test), ("ood", ood), ("noise", noise))}
+        on = {
+            name: scorer.scores(x, generator=torch.Generator().manual_seed(0))
+            for name, x in (("test", test), ("ood", ood), ("noise", noise))
+        }
         for name in scorer.names:
             cells = []
             for other in ("ood", "noise"):
@@ -85,7 +88,13 @@ def costs(arch: str, splits: data.DigitsSplits) -> list[str]:
     lines = [f"**{arch}**: scoring 1000 test digits", "", HEADER, row("plain forward", plain, plain)]
     for name in PLAIN_SCORES:
         lines.append(row(f"posthoc {name}", measure(lambda: detector.scores(x, [name]), repeats=REPEATS), plain))
-    lines.append(row(f"posthoc all {len(PLAIN_SCORES)} scores, one forward", measure(lambda: detector.scores(x), repeats=REPEATS), plain))
+    lines.append(
+        row(
+            f"posthoc all {len(PLAIN_SCORES)} scores, one forward",
+            measure(lambda: detector.scores(x), repeats=REPEATS),
+            plain,
+        )
+    )
 
     split = FeatureSplit(model)
     head = model.get_submodule(split.head_name)
@@ -93,28 +102,53 @@ def costs(arch: str, splits: data.DigitsSplits) -> list[str]:
     def encoder(inputs: torch.Tensor) -> torch.Tensor:
         return split(inputs)[0]
 
-    peers = {"mahalanobis": pood.Mahalanobis(encoder), "vim": pood.ViM(encoder, d=head.in_features // 2, w=head.weight, b=head.bias),
-             "knn": pood.KNN(encoder, k=50)}
+    peers = {
+        "mahalanobis": pood.Mahalanobis(encoder),
+        "vim": pood.ViM(encoder, d=head.in_features // 2, w=head.weight, b=head.bias),
+        "knn": pood.KNN(encoder, k=50),
+    }
     with torch.no_grad():
         features = torch.cat([encoder(batch) for batch, _ in fit_loader])
         labels = torch.cat([y for _, y in fit_loader])
         for name, peer in peers.items():
             peer.fit_features(features, labels)
-            lines.append(row(f"pytorch-ood {name} (forward + predict_features)",
-                             measure(lambda: peer.predict_features(encoder(x)), repeats=REPEATS), plain))
-    lines += ["", f"**{arch}**: fitting on the 2400 fit digits, ratio to one plain forward over them", "", HEADER,
-              row("plain forward over the fit split", plain_fit, plain_fit)]
+            lines.append(
+                row(
+                    f"pytorch-ood {name} (forward + predict_features)",
+                    measure(lambda: peer.predict_features(encoder(x)), repeats=REPEATS),
+                    plain,
+                )
+            )
+    lines += [
+        "",
+        f"**{arch}**: fitting on the 2400 fit digits, ratio to one plain forward over them",
+        "",
+        HEADER,
+        row("plain forward over the fit split", plain_fit, plain_fit),
+    ]
     for name in ("mahalanobis", "vim", "knn"):
         alone = posthoc.detector(model, score=name)
-        lines.append(row(f"posthoc fit {name}", measure(lambda: alone.fit(fit_loader, progress=False), repeats=3), plain_fit))
-    lines.append(row("posthoc fit mahalanobis + vim + knn together",
-                     measure(lambda: detector.fit(fit_loader, progress=False), repeats=3), plain_fit))
+        lines.append(
+            row(f"posthoc fit {name}", measure(lambda: alone.fit(fit_loader, progress=False), repeats=3), plain_fit)
+        )
+    lines.append(
+        row(
+            "posthoc fit mahalanobis + vim + knn together",
+            measure(lambda: detector.fit(fit_loader, progress=False), repeats=3),
+            plain_fit,
+        )
+    )
     with torch.no_grad():
         for name, peer in peers.items():
+
             def fit_peer(peer=peer):
-                peer.fit_features(torch.cat([encoder(batch) for batch, _ in fit_loader]),
-                                  torch.cat([y for _, y in fit_loader]))
-            lines.append(row(f"pytorch-ood fit {name} (forward + fit_features)", measure(fit_peer, repeats=3), plain_fit))
+                peer.fit_features(
+                    torch.cat([encoder(batch) for batch, _ in fit_loader]), torch.cat([y for _, y in fit_loader])
+                )
+
+            lines.append(
+                row(f"pytorch-ood fit {name} (forward + fit_features)", measure(fit_peer, repeats=3), plain_fit)
+            )
     return lines + [""]
 
 
@@ -125,8 +159,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     splits = data.load_digits()
-    lines = ["### OOD detection on the bundled digits (test digits 0-7 against held-out 8/9 and against noise)", "",
-             "| model | predictive | score | AUROC 8/9 | FPR95 8/9 | AUROC noise | FPR95 noise |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        "### OOD detection on the bundled digits (test digits 0-7 against held-out 8/9 and against noise)",
+        "",
+        "| model | predictive | score | AUROC 8/9 | FPR95 8/9 | AUROC noise | FPR95 noise |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for arch in ARCHITECTURES:
         lines += quality(arch, splits)
     lines += ["", f"### Cost ({args.threads} thread(s); medians of {REPEATS} repeats)", ""]

@@ -52,8 +52,12 @@ def digits_cnn() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
     from posthoc.demo import data, zoo
 
     splits = data.load_digits()
-    return (zoo.pretrained(), data.loader(splits.fit, batch_size=256), data.loader(splits.calibration, batch_size=256),
-            splits.test.tensors[0][:500])
+    return (
+        zoo.pretrained(),
+        data.loader(splits.fit, batch_size=256),
+        data.loader(splits.calibration, batch_size=256),
+        splits.test.tensors[0][:500],
+    )
 
 
 def tiny_cnn() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
@@ -66,12 +70,13 @@ def tiny_cnn() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
     torch.manual_seed(0)
     order = torch.randperm(len(y))
     x, y = x[order], y[order]
-    model = nn.Sequential(nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 6 * 6, 48), nn.ReLU(),
-                          nn.Linear(48, 10))
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3), nn.ReLU(), nn.Flatten(), nn.Linear(16 * 6 * 6, 48), nn.ReLU(), nn.Linear(48, 10)
+    )
     optimiser = torch.optim.Adam(model.parameters(), lr=3e-3)
     for _ in range(15):
         for start in range(0, 1000, 100):
-            loss = nn.functional.cross_entropy(model(x[start:start + 100]), y[start:start + 100])
+            loss = nn.functional.cross_entropy(model(x[start : start + 100]), y[start : start + 100])
             optimiser.zero_grad()
             loss.backward()
             optimiser.step()
@@ -85,7 +90,7 @@ def latency(fn, x: torch.Tensor, calls: int = 1000) -> tuple[float, float]:
     """p50 and p99 milliseconds of ``fn`` on one example at a time."""
     times = []
     for i in range(calls):
-        one = x[i % len(x):i % len(x) + 1]
+        one = x[i % len(x) : i % len(x) + 1]
         start = time.perf_counter()
         fn(one)
         times.append(time.perf_counter() - start)
@@ -96,8 +101,10 @@ def latency(fn, x: torch.Tensor, calls: int = 1000) -> tuple[float, float]:
 def run(name: str, build) -> None:
     model, fit, val, x = build()
     params = sum(p.numel() for p in model.parameters())
-    print(f"\n### {name} ({params:,} parameters; fit: {len(fit.dataset):,} examples; predict: batch of {len(x)}; "
-          f"{torch.get_num_threads()} threads)\n")
+    print(
+        f"\n### {name} ({params:,} parameters; fit: {len(fit.dataset):,} examples; predict: batch of {len(x)}; "
+        f"{torch.get_num_threads()} threads)\n"
+    )
     print(HEADER)
 
     def forward_fit_data() -> None:
@@ -125,17 +132,26 @@ def run(name: str, build) -> None:
     sample_logits = torch.randn(100, len(x), classes)
     floor = measure(lambda: sample_logits.log_softmax(-1).exp(), repeats=9)
     print(row("floor: one log-softmax + exp over S=100 samples (no model)", floor, plain))
-    ratios = {"laplace fit": fitting.wall / plain_fit.wall, "laplace probit predict": predicting.wall / plain.wall,
-              "mc-dropout head S=100 predict": dropping.wall / plain.wall}
-    print("\ntargets: " + "; ".join(f"{k} {v:.2f}x (<= {TARGETS[k]}x: {'met' if v <= TARGETS[k] else 'MISSED'})"
-                                    for k, v in ratios.items()))
+    ratios = {
+        "laplace fit": fitting.wall / plain_fit.wall,
+        "laplace probit predict": predicting.wall / plain.wall,
+        "mc-dropout head S=100 predict": dropping.wall / plain.wall,
+    }
+    print(
+        "\ntargets: "
+        + "; ".join(
+            f"{k} {v:.2f}x (<= {TARGETS[k]}x: {'met' if v <= TARGETS[k] else 'MISSED'})" for k, v in ratios.items()
+        )
+    )
 
     fitted = {
         "none": posthoc.wrap(model, method="none"),
         "temperature": posthoc.wrap(model, method="temperature").fit(fit, val, progress=False),
         "laplace": laplace,
         "mc-dropout (head, S=100, shared masks)": dropout,
-        "swag (last layer)": posthoc.wrap(model, method="swag", subset="last_layer").fit(fit, val, epochs=1, progress=False),
+        "swag (last layer)": posthoc.wrap(model, method="swag", subset="last_layer").fit(
+            fit, val, epochs=1, progress=False
+        ),
         "ibnn": posthoc.wrap(model, method="ibnn").fit(fit, val, epochs=1, progress=False),
     }
     print("\n| single example | p50 ms | p99 ms | p50 ratio to plain |\n|---|---|---|---|")
@@ -172,14 +188,16 @@ def run_llla(rounds: int) -> str:
         for fn in calls.values():  # warm up
             fn()
         for r in range(rounds):
-            for name in names[r % len(names):] + names[:r % len(names)]:
+            for name in names[r % len(names) :] + names[: r % len(names)]:
                 times[name].append(timed(calls[name]))
     plain = times[names[0]]
     threads = torch.get_num_threads()
-    lines = [f"### LLLA probit predict on the 1,000 test digits, bundled digits CNN ({threads} thread{'s' * (threads > 1)}, "
-             f"{rounds} rounds)\n",
-             "| what | wall s (median) | ratio to plain (median over rounds) | CPU s (median) | CPU ratio | cpu/wall | target |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### LLLA probit predict on the 1,000 test digits, bundled digits CNN ({threads} thread{'s' * (threads > 1)}, "
+        f"{rounds} rounds)\n",
+        "| what | wall s (median) | ratio to plain (median over rounds) | CPU s (median) | CPU ratio | cpu/wall | target |",
+        "|---|---|---|---|---|---|---|",
+    ]
     verdicts = []
     for name in names:
         walls, cpus = [t[0] for t in times[name]], [t[1] for t in times[name]]
@@ -187,11 +205,15 @@ def run_llla(rounds: int) -> str:
         cpu_ratio = statistics.median(c / p[1] for c, p in zip(cpus, plain))
         cpu_per_wall = statistics.median(c / w for w, c in zip(walls, cpus))
         hessian = name.split()[1] if name.startswith("LLLA") else None
-        target = f"<= {LLLA_TARGETS[hessian]}x: {'met' if ratio <= LLLA_TARGETS[hessian] else 'MISSED'}" if hessian else ""
+        target = (
+            f"<= {LLLA_TARGETS[hessian]}x: {'met' if ratio <= LLLA_TARGETS[hessian] else 'MISSED'}" if hessian else ""
+        )
         if hessian:
             verdicts.append(f"{hessian} {ratio:.3f}x")
-        lines.append(f"| {name} | {statistics.median(walls):.4f} | {ratio:.3f}x | {statistics.median(cpus):.4f} | {cpu_ratio:.3f}x | "
-                     f"{cpu_per_wall:.2f} | {target} |")
+        lines.append(
+            f"| {name} | {statistics.median(walls):.4f} | {ratio:.3f}x | {statistics.median(cpus):.4f} | {cpu_ratio:.3f}x | "
+            f"{cpu_per_wall:.2f} | {target} |"
+        )
     lines.append(f"\nratios to a plain forward: {'; '.join(verdicts)}")
     return "\n".join(lines)
 

@@ -77,9 +77,15 @@ def _metrics(um: posthoc.UncertainModel, x: torch.Tensor, y: torch.Tensor) -> di
     pred = um.predict(x, generator=torch.Generator().manual_seed(0))
     means, stds = rm.components(pred)
     coverage, width = rm.interval_coverage(means, stds, y, 0.9)
-    return {"nll": rm.nll(means, stds, y), "rmse": rm.rmse(means, y), "crps": rm.crps(means, stds, y),
-            "cov90": coverage, "width90": width, "mace": rm.calibration_error(means, stds, y),
-            "ence": rm.ence(means, stds, y, bins=5)}
+    return {
+        "nll": rm.nll(means, stds, y),
+        "rmse": rm.rmse(means, y),
+        "crps": rm.crps(means, stds, y),
+        "cov90": coverage,
+        "width90": width,
+        "mace": rm.calibration_error(means, stds, y),
+        "ence": rm.ence(means, stds, y, bins=5),
+    }
 
 
 def quality(splits: int) -> dict[str, dict[str, list[dict[str, float]]]]:
@@ -91,14 +97,17 @@ def quality(splits: int) -> dict[str, dict[str, list[dict[str, float]]]]:
             members = [train_mlp(data.train, seed=100 * seed + m, epochs=EPOCHS) for m in range(MEMBERS)]
             for label, method, options in METHODS:
                 model = members if method == "ensemble" else members[0]
-                wrapped = posthoc.wrap(model, method="none" if method == "ensemble" else method,
-                                       likelihood="regression", **options)
+                wrapped = posthoc.wrap(
+                    model, method="none" if method == "ensemble" else method, likelihood="regression", **options
+                )
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore")
                     start = time.perf_counter()
                     wrapped.fit(data.train_loader(), data.val_loader(), progress=False)
                     seconds = time.perf_counter() - start
-                results.setdefault(name, {}).setdefault(label, []).append({**_metrics(wrapped, *test), "fit_s": seconds})
+                results.setdefault(name, {}).setdefault(label, []).append(
+                    {**_metrics(wrapped, *test), "fit_s": seconds}
+                )
             print(f"{name} split {seed}: done", file=sys.stderr)
     return results
 
@@ -107,15 +116,20 @@ def quality_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list
     lines = []
     for split, by_method in results.items():
         plain = [m["nll"] for m in by_method[METHODS[0][0]]]
-        lines += [f"**{split}** ({len(plain)} splits; means over splits)", "",
-                  "| method | NLL | ΔNLL vs plain (mean / worst) | RMSE | CRPS | 90% coverage | 90% width | MACE | ENCE |",
-                  "|---|---|---|---|---|---|---|---|---|"]
+        lines += [
+            f"**{split}** ({len(plain)} splits; means over splits)",
+            "",
+            "| method | NLL | ΔNLL vs plain (mean / worst) | RMSE | CRPS | 90% coverage | 90% width | MACE | ENCE |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
         for label, runs in by_method.items():
             mean = {k: statistics.fmean(r[k] for r in runs) for k in runs[0]}
             deltas = [r["nll"] - p for r, p in zip(runs, plain)]
-            lines.append(f"| {label} | {mean['nll']:.3f} | {statistics.fmean(deltas):+.3f} / {max(deltas):+.3f} | "
-                         f"{mean['rmse']:.3f} | {mean['crps']:.3f} | {mean['cov90']:.3f} | {mean['width90']:.3f} | "
-                         f"{mean['mace']:.3f} | {mean['ence']:.3f} |")
+            lines.append(
+                f"| {label} | {mean['nll']:.3f} | {statistics.fmean(deltas):+.3f} / {max(deltas):+.3f} | "
+                f"{mean['rmse']:.3f} | {mean['crps']:.3f} | {mean['cov90']:.3f} | {mean['width90']:.3f} | "
+                f"{mean['mace']:.3f} | {mean['ence']:.3f} |"
+            )
         lines.append("")
     return lines
 
@@ -123,17 +137,23 @@ def quality_table(results: dict[str, dict[str, list[dict[str, float]]]]) -> list
 def verdicts(results: dict[str, dict[str, list[dict[str, float]]]]) -> list[str]:
     """Per method: no worse than the plain model in distribution (mean ΔNLL <= NO_WORSE on ``random``) and better
     under shift (mean ΔNLL < 0 on ``extrapolate`` and on ``gap``)."""
+
     def delta(split: str, label: str) -> float:
         plain = results[split][METHODS[0][0]]
         return statistics.fmean(r["nll"] - p["nll"] for r, p in zip(results[split][label], plain))
 
-    lines = [f"| method | ΔNLL random | ΔNLL extrapolate | ΔNLL gap | no worse in distribution (<= {NO_WORSE:+.2f}) | "
-             "better under shift (both < 0) | fit s (median) |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"| method | ΔNLL random | ΔNLL extrapolate | ΔNLL gap | no worse in distribution (<= {NO_WORSE:+.2f}) | "
+        "better under shift (both < 0) | fit s (median) |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for label, _, _ in METHODS[1:]:
         random, extrapolate, gap = (delta(split, label) for split in TEST_SETS)
         fit = statistics.median(r["fit_s"] for runs in results.values() for r in runs[label])
-        lines.append(f"| {label} | {random:+.3f} | {extrapolate:+.3f} | {gap:+.3f} | {'yes' if random <= NO_WORSE else 'no'} | "
-                     f"{'yes' if extrapolate < 0 and gap < 0 else 'no'} | {fit:.2f} |")
+        lines.append(
+            f"| {label} | {random:+.3f} | {extrapolate:+.3f} | {gap:+.3f} | {'yes' if random <= NO_WORSE else 'no'} | "
+            f"{'yes' if extrapolate < 0 and gap < 0 else 'no'} | {fit:.2f} |"
+        )
     return lines + [""]
 
 
@@ -141,15 +161,23 @@ def band() -> list[str]:
     data = sinusoid()
     net = train_mlp(data.train, epochs=1000)
     members = [net] + [train_mlp(data.train, epochs=1000, seed=s) for s in (1, 2)]
-    lines = ["| method | noise σ | std on training points | std in the gap | std beyond the data |", "|---|---|---|---|---|"]
+    lines = [
+        "| method | noise σ | std on training points | std in the gap | std beyond the data |",
+        "|---|---|---|---|---|",
+    ]
     for label, method, options in METHODS:
         model = members if method == "ensemble" else net
         um = posthoc.wrap(model, method="none" if method == "ensemble" else method, likelihood="regression", **options)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             um.fit(data.train_loader(), data.val_loader(), progress=False)
-        std = {name: float(um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean()) for name, x in data.regions.items()}
-        noise = float(um.predict(data.regions["train"][:1], generator=torch.Generator().manual_seed(0)).aleatoric.sqrt().mean())
+        std = {
+            name: float(um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean())
+            for name, x in data.regions.items()
+        }
+        noise = float(
+            um.predict(data.regions["train"][:1], generator=torch.Generator().manual_seed(0)).aleatoric.sqrt().mean()
+        )
         lines.append(f"| {label} | {noise:.3f} | {std['train']:.3f} | {std['gap']:.3f} | {std['beyond']:.3f} |")
     return lines
 
@@ -159,21 +187,33 @@ def cost(rows: int = 20000, features: int = 32, width: int = 512, penultimate: i
     ``penultimate``), the plain forward with the backbone's size: the ratios are for this MLP."""
     torch.manual_seed(0)
     x, y = torch.randn(rows, features), torch.randn(rows, 1)
-    net = nn.Sequential(nn.Linear(features, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
-                        nn.Linear(width, penultimate), nn.ReLU(), nn.Linear(penultimate, 1)).eval()
+    net = nn.Sequential(
+        nn.Linear(features, width),
+        nn.ReLU(),
+        nn.Linear(width, width),
+        nn.ReLU(),
+        nn.Linear(width, penultimate),
+        nn.ReLU(),
+        nn.Linear(penultimate, 1),
+    ).eval()
     loader = DataLoader(TensorDataset(x, y), batch_size=1000)
     lines = ["| step | plain | laplace | ratio | cpu/wall (laplace) |", "|---|---|---|---|---|"]
     for hessian in ("kron", "full", "diag"):
+
         def fit() -> posthoc.UncertainModel:
-            return posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian).fit(loader, progress=False)
+            return posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian).fit(
+                loader, progress=False
+            )
 
         def forward() -> list[torch.Tensor]:
             with torch.no_grad():
                 return [net(batch) for batch, _ in loader]
 
         plain, fitted, ratio = paired(forward, fit)
-        lines.append(f"| fit, {hessian} (one pass over {rows} rows) | {plain.wall:.4f} s | {fitted.wall:.4f} s | "
-                     f"{ratio:.2f}x | {fitted.cpu_per_wall:.2f} |")
+        lines.append(
+            f"| fit, {hessian} (one pass over {rows} rows) | {plain.wall:.4f} s | {fitted.wall:.4f} s | "
+            f"{ratio:.2f}x | {fitted.cpu_per_wall:.2f} |"
+        )
         um = fit()
         test = x[:10000]
 
@@ -182,14 +222,20 @@ def cost(rows: int = 20000, features: int = 32, width: int = 512, penultimate: i
                 return net(test)
 
         plain, predicted, ratio = paired(plain_forward, lambda: um.predict(test))
-        lines.append(f"| predict, {hessian} (10,000 rows) | {plain.wall:.4f} s | {predicted.wall:.4f} s | "
-                     f"{ratio:.2f}x | {predicted.cpu_per_wall:.2f} |")
+        lines.append(
+            f"| predict, {hessian} (10,000 rows) | {plain.wall:.4f} s | {predicted.wall:.4f} s | "
+            f"{ratio:.2f}x | {predicted.cpu_per_wall:.2f} |"
+        )
     return lines
 
 
 #: the tools part's chains: the inner method, then DAC stacked on it
-TOOL_CHAINS = (("none", ["none"]), ("none + dac", ["none", "dac"]), ("laplace", ["laplace"]),
-               ("laplace + dac", ["laplace", "dac"]))
+TOOL_CHAINS = (
+    ("none", ["none"]),
+    ("none + dac", ["none", "dac"]),
+    ("laplace", ["laplace"]),
+    ("laplace + dac", ["laplace", "dac"]),
+)
 #: feature noise on the test inputs, in units of each feature's std over the test set
 TEST_NOISE = 0.5
 #: the OOD scores of the tools part
@@ -200,8 +246,13 @@ def _nll(um: posthoc.UncertainModel, x: torch.Tensor, y: torch.Tensor) -> float:
     return float(-um.predict(x, generator=torch.Generator().manual_seed(0)).log_prob(y).mean())
 
 
-def _tool_runs(net: nn.Module, data, sets: dict[str, tuple[torch.Tensor, torch.Tensor]], ood: torch.Tensor,
-               regions: dict[str, torch.Tensor]) -> dict[str, dict[str, float]]:
+def _tool_runs(
+    net: nn.Module,
+    data,
+    sets: dict[str, tuple[torch.Tensor, torch.Tensor]],
+    ood: torch.Tensor,
+    regions: dict[str, torch.Tensor],
+) -> dict[str, dict[str, float]]:
     """Per chain: NLL per test set, std ratio to the inner method per region, OOD AUROC per score, fit seconds."""
     found: dict[str, dict[str, float]] = {}
     inner_std: dict[str, torch.Tensor] = {}
@@ -213,8 +264,10 @@ def _tool_runs(net: nn.Module, data, sets: dict[str, tuple[torch.Tensor, torch.T
             um.fit(data.train_loader(), data.val_loader(), progress=False)
             row = {"fit_s": time.perf_counter() - start}
             row |= {f"nll {name}": _nll(um, x, y) for name, (x, y) in sets.items()}
-            std = {name: um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean(-1)
-                   for name, x in regions.items()}
+            std = {
+                name: um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean(-1)
+                for name, x in regions.items()
+            }
             if len(chain) == 1:
                 inner_std = std
             row |= {f"std {name}": float((std[name] / inner_std[name]).mean()) for name in regions}
@@ -237,26 +290,40 @@ def tools(splits: int) -> list[str]:
         net = train_mlp(data.train, epochs=1000, seed=seed)
         gap, beyond = data.regions["gap"], data.regions["beyond"]
         truth = lambda x: _sinusoid_targets(x[:, 0] / 4 + 0.5, torch.Generator().manual_seed(1))[:, None]  # noqa: E731
-        sets = {"in distribution": data.test, "feature noise": (_noisy(data.test[0], seed), data.test[1]),
-                "gap": (gap, truth(gap)), "beyond": (beyond, truth(beyond))}
+        sets = {
+            "in distribution": data.test,
+            "feature noise": (_noisy(data.test[0], seed), data.test[1]),
+            "gap": (gap, truth(gap)),
+            "beyond": (beyond, truth(beyond)),
+        }
         far = torch.cat([torch.linspace(3, 6, 40), -torch.linspace(3, 6, 40)])[:, None]
-        runs["sinusoid"].append(_tool_runs(net, data, sets, far, {"train": data.regions["train"], "gap": gap,
-                                                                  "beyond": beyond}))
+        runs["sinusoid"].append(
+            _tool_runs(net, data, sets, far, {"train": data.regions["train"], "gap": gap, "beyond": beyond})
+        )
         data = auto_mpg(seed, split="shift")
         net = train_mlp(data.train, seed=100 * seed, epochs=EPOCHS)
         heavy, band = data.shifted["extrapolation"], data.shifted["gap"]
-        sets = {"in distribution": data.test, "feature noise": (_noisy(data.test[0], seed), data.test[1]),
-                "gap": band, "heavy": heavy}
-        runs["auto-mpg"].append(_tool_runs(net, data, sets, heavy[0], {"test": data.test[0], "gap": band[0],
-                                                                        "heavy": heavy[0]}))
+        sets = {
+            "in distribution": data.test,
+            "feature noise": (_noisy(data.test[0], seed), data.test[1]),
+            "gap": band,
+            "heavy": heavy,
+        }
+        runs["auto-mpg"].append(
+            _tool_runs(net, data, sets, heavy[0], {"test": data.test[0], "gap": band[0], "heavy": heavy[0]})
+        )
         print(f"tools seed {seed}: done", file=sys.stderr)
     lines = []
     for problem, found in runs.items():
         columns = [key for key in found[0][TOOL_CHAINS[0][0]] if key != "fit_s"] + ["fit_s"]
         ood = "|x| >= 3" if problem == "sinusoid" else "the heavy cars"
-        lines += [f"**{problem}** ({len(found)} seeds; means; NLL in nats per point, std as a ratio to the inner "
-                  f"method's, OOD AUROC of {ood} against the test inputs)", "",
-                  "| chain | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+        lines += [
+            f"**{problem}** ({len(found)} seeds; means; NLL in nats per point, std as a ratio to the inner "
+            f"method's, OOD AUROC of {ood} against the test inputs)",
+            "",
+            "| chain | " + " | ".join(columns) + " |",
+            "|---" * (len(columns) + 1) + "|",
+        ]
         for label, _ in TOOL_CHAINS:
             mean = {key: statistics.fmean(run[label][key] for run in found) for key in columns}
             lines.append(f"| {label} | " + " | ".join(f"{mean[key]:.3f}" for key in columns) + " |")
@@ -269,8 +336,9 @@ def main() -> None:
     parser.add_argument("--splits", type=int, default=10)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--out", type=Path, default=None)
-    parser.add_argument("--parts", nargs="+", default=["quality", "band", "cost"],
-                        choices=["quality", "band", "cost", "tools"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["quality", "band", "cost"], choices=["quality", "band", "cost", "tools"]
+    )
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     start = time.perf_counter()
@@ -278,12 +346,23 @@ def main() -> None:
     lines = ["# Regression", "", f"`{command}` (torch threads: {args.threads})", ""]
     if "quality" in args.parts:
         results = quality(args.splits)
-        lines += ["## Quality on Auto MPG", "", *quality_table(results), "### Against the targets", "", *verdicts(results)]
+        lines += [
+            "## Quality on Auto MPG",
+            "",
+            *quality_table(results),
+            "### Against the targets",
+            "",
+            *verdicts(results),
+        ]
     if "band" in args.parts:
         lines += ["## The seed 004 sinusoid: predictive std by region", "", *band(), ""]
     if "cost" in args.parts:
-        lines += ["## Cost of last-layer Laplace (MLP 32-512-512-64-1; targets: fit <= 1.1x, predict <= 1.1x)", "",
-                  *cost(), ""]
+        lines += [
+            "## Cost of last-layer Laplace (MLP 32-512-512-64-1; targets: fit <= 1.1x, predict <= 1.1x)",
+            "",
+            *cost(),
+            "",
+        ]
     if "tools" in args.parts:
         lines += ["## Regressors' tools: dac, shift-aware selection, OOD scores", "", *tools(args.splits)]
     lines.append(f"Wall time: {time.perf_counter() - start:.0f} s.")

@@ -38,9 +38,14 @@ from posthoc.methods.mc_dropout.method import P_GRID, SELECTION_FACTOR  # noqa: 
 from posthoc.methods.mc_dropout.sites import with_rate  # noqa: E402
 
 #: name -> (confidence, new_sample, capped_gains) of :func:`excess_bound`
-BOUNDS = {"point": (0.5, math.inf, 0.0), "mean 90 %": (0.9, math.inf, 0.0), "new data 90 %": (0.9, 1.0, 0.0),
-          "mean 95 %": (0.95, math.inf, 0.0), "new data 95 %": (0.95, 1.0, 0.0),
-          "capped (default)": (CONFIDENCE, NEW_SAMPLE, CAPPED_GAINS)}
+BOUNDS = {
+    "point": (0.5, math.inf, 0.0),
+    "mean 90 %": (0.9, math.inf, 0.0),
+    "new data 90 %": (0.9, 1.0, 0.0),
+    "mean 95 %": (0.95, math.inf, 0.0),
+    "new data 95 %": (0.95, 1.0, 0.0),
+    "capped (default)": (CONFIDENCE, NEW_SAMPLE, CAPPED_GAINS),
+}
 VALIDATION, TEST = 600, 500
 
 
@@ -48,9 +53,15 @@ def candidate_scores(name: str, method: str, x: torch.Tensor, y: torch.Tensor) -
     """Every candidate's scores on all held-out digits and their perturbed copies, and the held-out data."""
     model = zoo.pretrained(name)
     splits = data.load_digits()
-    pool = HeldOut.read([(x[i:i + 256], y[i:i + 256]) for i in range(0, len(y), 256)], model=model,
-                        likelihood=Categorical(), device="cpu")
-    um = posthoc.wrap(model, method=method).fit(data.loader(splits.fit), [(x[:VALIDATION], y[:VALIDATION])], progress=False)
+    pool = HeldOut.read(
+        [(x[i : i + 256], y[i : i + 256]) for i in range(0, len(y), 256)],
+        model=model,
+        likelihood=Categorical(),
+        device="cpu",
+    )
+    um = posthoc.wrap(model, method=method).fit(
+        data.loader(splits.fit), [(x[:VALIDATION], y[:VALIDATION])], progress=False
+    )
     with torch.no_grad():
         if method == "laplace":
             prepared = pool.prepared(um.method._prepare)
@@ -60,8 +71,11 @@ def candidate_scores(name: str, method: str, x: torch.Tensor, y: torch.Tensor) -
         found = [pool.plain]
         for rate in P_GRID:
             sites = with_rate(um.method._sites, rate)
-            found.append(prepared.scores(lambda inputs, generator: um.method._sampled(*inputs, samples, generator, sites)[0],
-                                         device="cpu"))
+            found.append(
+                prepared.scores(
+                    lambda inputs, generator: um.method._sampled(*inputs, samples, generator, sites)[0], device="cpu"
+                )
+            )
         return found, pool
 
 
@@ -87,8 +101,9 @@ def replay(scores: list[Scores], pool: HeldOut, draws: int) -> dict[str, tuple[f
         for name, (confidence, new_sample, capped) in BOUNDS.items():
             admissible = []
             for index in range(len(scores)):  # the walk: narrow to wide, stopping at the first refused candidate
-                _, bound = excess_bound(clean[index, validation], zero, confidence, new_sample=new_sample,
-                                        capped_gains=capped)
+                _, bound = excess_bound(
+                    clean[index, validation], zero, confidence, new_sample=new_sample, capped_gains=capped
+                )
                 if not bound <= tolerance:
                     break
                 admissible.append(index)
@@ -106,9 +121,11 @@ def main(argv: list[str] | None = None) -> None:
     splits = data.load_digits()
     x = torch.cat([splits.calibration.tensors[0], splits.test.tensors[0]])
     y = torch.cat([splits.calibration.tensors[1], splits.test.tensors[1]])
-    print(f"`python benchmarks/bench_selection.py --draws {args.draws}`: share of random splits whose test half shows an "
-          "in-distribution NLL excess over max(2 %, 0.005 nats) (the promise: at most 5 %), and the chosen candidate's "
-          "NLL on the perturbed copies of the other examples / the plain model's.\n")
+    print(
+        f"`python benchmarks/bench_selection.py --draws {args.draws}`: share of random splits whose test half shows an "
+        "in-distribution NLL excess over max(2 %, 0.005 nats) (the promise: at most 5 %), and the chosen candidate's "
+        "NLL on the perturbed copies of the other examples / the plain model's.\n"
+    )
     print("| checkpoint | choice | " + " | ".join(BOUNDS) + " |")
     print("|---|---|" + "---|" * len(BOUNDS))
     for name in ("digits_cnn", "digits_bn_cnn"):

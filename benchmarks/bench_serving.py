@@ -33,15 +33,23 @@ from posthoc.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
 TARGETS = {"temperature": 1.5, "vector": 1.5, "laplace": 2.0, "laplace+dac": 3.0, "mc-dropout S=20 (head)": 3.0}
-METHODS = {"temperature": ("temperature", {}), "vector": ("vector", {}), "laplace": ("laplace", {}),
-           "laplace+dac": (["laplace", "dac"], {}),
-           "mc-dropout S=20 (head)": ("mc-dropout", {"p": 0.1, "where": "head", "num_samples": 20})}
+METHODS = {
+    "temperature": ("temperature", {}),
+    "vector": ("vector", {}),
+    "laplace": ("laplace", {}),
+    "laplace+dac": (["laplace", "dac"], {}),
+    "mc-dropout S=20 (head)": ("mc-dropout", {"p": 0.1, "where": "head", "num_samples": 20}),
+}
 
 
 def digits_bn_cnn() -> tuple[nn.Module, object, object, torch.Tensor]:
     splits = data.load_digits()
-    return (zoo.pretrained("digits_bn_cnn").eval(), data.loader(splits.fit, batch_size=256),
-            data.loader(splits.calibration, batch_size=256), splits.test.tensors[0][:64])
+    return (
+        zoo.pretrained("digits_bn_cnn").eval(),
+        data.loader(splits.fit, batch_size=256),
+        data.loader(splits.calibration, batch_size=256),
+        splits.test.tensors[0][:64],
+    )
 
 
 def timm_resnet() -> tuple[nn.Module, object, object, torch.Tensor]:
@@ -62,14 +70,18 @@ def timm_resnet() -> tuple[nn.Module, object, object, torch.Tensor]:
 
     def loader(split):
         xs, ys = split.tensors
-        return [(up(xs[i:i + 256]), ys[i:i + 256]) for i in range(0, len(xs), 256)]
+        return [(up(xs[i : i + 256]), ys[i : i + 256]) for i in range(0, len(xs), 256)]
 
     return model, loader(splits.fit), loader(splits.calibration), up(splits.test.tensors[0][:64])
 
 
 def bench(name: str, model: nn.Module, fit, val, x: torch.Tensor, calls: int) -> list[str]:
-    lines = [f"### {name}", "", "| method | predict µs | ratio | target | to_module µs | ratio | predict cpu/wall |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"### {name}",
+        "",
+        "| method | predict µs | ratio | target | to_module µs | ratio | predict cpu/wall |",
+        "|---|---|---|---|---|---|---|",
+    ]
     with torch.no_grad():
         plain_samples = [once(lambda: model(x[:1])) for _ in range(calls)]
     plain = statistics.median(w for w, _ in plain_samples)
@@ -82,7 +94,7 @@ def bench(name: str, model: nn.Module, fit, val, x: torch.Tensor, calls: int) ->
             exported = None
         walls, cpus, plains, exports = [], [], [], []
         for i in range(calls):
-            row = x[i % len(x):i % len(x) + 1]
+            row = x[i % len(x) : i % len(x) + 1]
             with torch.no_grad():
                 plains.append(once(lambda: model(row))[0])
                 if exported is not None:
@@ -94,10 +106,15 @@ def bench(name: str, model: nn.Module, fit, val, x: torch.Tensor, calls: int) ->
         ratio = statistics.median(walls) / base
         target = TARGETS[label]
         verdict = "met" if ratio <= target else f"missed by {ratio - target:.2f}"
-        export_cell = (f"{statistics.median(exports) * 1e6:.0f} | {statistics.median(exports) / base:.2f}x"
-                       if exports else "refused | ")
-        lines.append(f"| {label} | {statistics.median(walls) * 1e6:.0f} | {ratio:.2f}x | <= {target}x ({verdict}) | "
-                     f"{export_cell} | {statistics.median(cpus) / statistics.median(walls):.2f} |")
+        export_cell = (
+            f"{statistics.median(exports) * 1e6:.0f} | {statistics.median(exports) / base:.2f}x"
+            if exports
+            else "refused | "
+        )
+        lines.append(
+            f"| {label} | {statistics.median(walls) * 1e6:.0f} | {ratio:.2f}x | <= {target}x ({verdict}) | "
+            f"{export_cell} | {statistics.median(cpus) / statistics.median(walls):.2f} |"
+        )
     return lines + [""]
 
 
@@ -107,8 +124,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    lines = [f"One thread, batch 1, medians over {args.calls} calls; command: python benchmarks/bench_serving.py "
-             f"--calls {args.calls}", ""]
+    lines = [
+        f"One thread, batch 1, medians over {args.calls} calls; command: python benchmarks/bench_serving.py "
+        f"--calls {args.calls}",
+        "",
+    ]
     lines += bench("digits_bn_cnn (bundled)", *digits_bn_cnn(), args.calls)
     lines += bench("timm resnet10t (random init, 60 fine-tune steps on 32-px digits)", *timm_resnet(), args.calls)
     text = "\n".join(lines)

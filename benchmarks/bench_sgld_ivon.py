@@ -55,15 +55,21 @@ def _fitted(model: torch.nn.Module, label: str, splits: data.DigitsSplits) -> tu
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         um = posthoc.wrap(model, method=method, **options).fit(
-            data.loader(splits.fit, 64, shuffle=True, seed=0), data.loader(splits.calibration, 256), progress=False, **fit_options)
+            data.loader(splits.fit, 64, shuffle=True, seed=0),
+            data.loader(splits.calibration, 256),
+            progress=False,
+            **fit_options,
+        )
     return um, time.perf_counter() - start
 
 
 def row(name: str, timing: Timing, reference: Timing) -> str:
     """A Markdown row: the wall ratio and, beside it, the process-CPU ratio (steadier on a shared machine)."""
     flag = " (contended)" if timing.contended else ""
-    return (f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu / reference.cpu:.2f}x | "
-            f"{timing.cpu_per_wall:.2f}{flag} |")
+    return (
+        f"| {name} | {timing.wall:.4f} | {timing.wall / reference.wall:.2f}x | {timing.cpu / reference.cpu:.2f}x | "
+        f"{timing.cpu_per_wall:.2f}{flag} |"
+    )
 
 
 def cost(archs: list[str], labels: list[str], repeats: int) -> None:
@@ -82,7 +88,9 @@ def cost(archs: list[str], labels: list[str], repeats: int) -> None:
             print(row(f"{label}: predict", measure(lambda: um.predict(x_test), repeats=repeats), plain))
             fit = measure(lambda: _fitted(model, label, splits), repeats=1, warmup=0)
             fits.append(row(f"{label}: fit", fit, plain_fit))
-        print(f"\n### {arch}: fit on 2,400 digits, as a ratio to a plain forward over them ({plain_fit.wall * 1e3:.1f} ms)\n\n{HEADER}")
+        print(
+            f"\n### {arch}: fit on 2,400 digits, as a ratio to a plain forward over them ({plain_fit.wall * 1e3:.1f} ms)\n\n{HEADER}"
+        )
         print("\n".join(fits))
 
 
@@ -91,9 +99,14 @@ def quality(archs: list[str], labels: list[str]) -> None:
     loaders = {deg: data.loader(data.rotated(splits.test, deg), 500) for deg in ROTATIONS}
     for arch in archs:
         model = zoo.pretrained(arch)
-        plain = {deg: posthoc.evaluate(posthoc.wrap(model, method="none"), loader, progress=False) for deg, loader in loaders.items()}
+        plain = {
+            deg: posthoc.evaluate(posthoc.wrap(model, method="none"), loader, progress=False)
+            for deg, loader in loaders.items()
+        }
         print(f"\n### {arch} (bundled checkpoint)\n")
-        print("| method | fit s | " + " | ".join(f"NLL {d}° (x plain)" for d in ROTATIONS) + " | ECE 0° (%) | verdict |")
+        print(
+            "| method | fit s | " + " | ".join(f"NLL {d}° (x plain)" for d in ROTATIONS) + " | ECE 0° (%) | verdict |"
+        )
         print("|---|---|" + "---|" * len(ROTATIONS) + "---|---|")
         cells = " | ".join(f"{plain[d].nll:.4f}" for d in ROTATIONS)
         print(f"| none | 0 | {cells} | {100 * plain[0].ece:.2f} | reference |")
@@ -103,13 +116,18 @@ def quality(archs: list[str], labels: list[str]) -> None:
             ratios = {d: reports[d].nll / plain[d].nll for d in ROTATIONS}
             meets = ratios[0] <= SLACK and all(ratios[d] < 1 for d in SHIFTED)
             cells = " | ".join(f"{reports[d].nll:.4f} ({ratios[d]:.3f})" for d in ROTATIONS)
-            print(f"| {label} | {seconds:.1f} | {cells} | {100 * reports[0].ece:.2f} | {'meets' if meets else 'fails'} |", flush=True)
+            print(
+                f"| {label} | {seconds:.1f} | {cells} | {100 * reports[0].ece:.2f} | {'meets' if meets else 'fails'} |",
+                flush=True,
+            )
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--part", nargs="+", choices=["cost", "quality"], default=["cost", "quality"])
-    parser.add_argument("--archs", nargs="+", default=["digits_cnn", "digits_bn_cnn"], choices=["digits_cnn", "digits_bn_cnn"])
+    parser.add_argument(
+        "--archs", nargs="+", default=["digits_cnn", "digits_bn_cnn"], choices=["digits_cnn", "digits_bn_cnn"]
+    )
     parser.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS), metavar="CONFIG")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)

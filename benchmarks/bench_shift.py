@@ -49,8 +49,15 @@ def table(model: torch.nn.Module, splits: data.DigitsSplits, kinds: list[str], s
     for method in ("none", "temperature", "laplace", "mc-dropout"):
         torch.manual_seed(0)
         methods[method] = posthoc.wrap(model, method=method).fit(fit, calibration, progress=False)
-    result = posthoc.evaluate_shift(methods, data.loader(splits.test, 500), kinds=kinds, severities=severities,
-                                    normalization=NORMALIZATION, ci=0.95, progress=False)
+    result = posthoc.evaluate_shift(
+        methods,
+        data.loader(splits.test, 500),
+        kinds=kinds,
+        severities=severities,
+        normalization=NORMALIZATION,
+        ci=0.95,
+        progress=False,
+    )
     print(f"### evaluate_shift on the digits (kinds {', '.join(kinds)})\n")
     print(result.to_markdown())
 

@@ -49,8 +49,9 @@ SETTINGS = {
 DEFAULT_METHODS = ("temperature", "laplace", "mc-dropout", "ivon")
 
 
-def fit_time(model, method: str, options: dict | None, fit_loader, val_loader, shift, repeats: int,
-             regrade: bool = True) -> Timing:
+def fit_time(
+    model, method: str, options: dict | None, fit_loader, val_loader, shift, repeats: int, regrade: bool = True
+) -> Timing:
     """Median wall and CPU seconds of ``wrap(...).fit`` (zero when ``options`` is None: no such fit)."""
     if options is None:
         return Timing(0.0, 0.0)
@@ -76,14 +77,20 @@ def main(argv: list[str] | None = None) -> None:
     fit_loader = data.loader(splits.fit, 256)
     val_loader = data.loader(splits.calibration, 256)
     target = 1 + len(held_out.STRENGTHS)
-    print(f"Made by `python benchmarks/bench_shift_fit_cost.py --threads {args.threads} --repeats {args.repeats} "
-          f"--methods {' '.join(args.methods)}`; torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}.")
-    print(f"Target: held-out cost with shift='auto' <= {target}x the clean-only one (1 + {len(held_out.STRENGTHS)} strengths).")
+    print(
+        f"Made by `python benchmarks/bench_shift_fit_cost.py --threads {args.threads} --repeats {args.repeats} "
+        f"--methods {' '.join(args.methods)}`; torch {torch.__version__}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}."
+    )
+    print(
+        f"Target: held-out cost with shift='auto' <= {target}x the clean-only one (1 + {len(held_out.STRENGTHS)} strengths)."
+    )
     for name in args.archs:
         model = zoo.pretrained(name)
         print(f"\n### {name}: fit seconds (median of {args.repeats}; wall / CPU)\n")
-        print("| method | knob fixed | chosen, shift=None | chosen, shift='auto' | held-out cost ×clean (CPU) | "
-              "target | strengths already graded | ×clean (CPU) | cpu/wall |\n|---|---|---|---|---|---|---|---|---|")
+        print(
+            "| method | knob fixed | chosen, shift=None | chosen, shift='auto' | held-out cost ×clean (CPU) | "
+            "target | strengths already graded | ×clean (CPU) | cpu/wall |\n|---|---|---|---|---|---|---|---|---|"
+        )
         for method in args.methods:
             fixed, chosen = SETTINGS[method]
             base = fit_time(model, method, fixed, fit_loader, val_loader, "none", args.repeats)
@@ -94,10 +101,12 @@ def main(argv: list[str] | None = None) -> None:
             graded_ratio = (graded.cpu - base.cpu) / max(clean.cpu - base.cpu, 1e-9)
             contended = any(t.contended for t in (clean, aware) if t.wall > 0)
             verdict = "meets" if ratio <= target else f"misses by {ratio - target:.1f}x"
-            print(f"| {method} | {base.wall:.2f} / {base.cpu:.2f} | {clean.wall:.2f} / {clean.cpu:.2f} | "
-                  f"{aware.wall:.2f} / {aware.cpu:.2f} | {ratio:.1f}x | {verdict} | "
-                  f"{graded.wall:.2f} / {graded.cpu:.2f} | {graded_ratio:.1f}x | "
-                  f"{min(t.cpu_per_wall for t in (clean, aware)):.2f}{' (contended: re-run)' if contended else ''} |")
+            print(
+                f"| {method} | {base.wall:.2f} / {base.cpu:.2f} | {clean.wall:.2f} / {clean.cpu:.2f} | "
+                f"{aware.wall:.2f} / {aware.cpu:.2f} | {ratio:.1f}x | {verdict} | "
+                f"{graded.wall:.2f} / {graded.cpu:.2f} | {graded_ratio:.1f}x | "
+                f"{min(t.cpu_per_wall for t in (clean, aware)):.2f}{' (contended: re-run)' if contended else ''} |"
+            )
 
 
 if __name__ == "__main__":

@@ -48,7 +48,9 @@ import posthoc  # noqa: E402
 
 def lenet_300_100() -> nn.Module:
     """LeNet-300-100 (LeCun et al. 1998) for 28x28 images."""
-    return nn.Sequential(nn.Flatten(), nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10))
+    return nn.Sequential(
+        nn.Flatten(), nn.Linear(784, 300), nn.ReLU(), nn.Linear(300, 100), nn.ReLU(), nn.Linear(100, 10)
+    )
 
 
 def splits(seed: int) -> tuple[TensorDataset, TensorDataset]:
@@ -79,7 +81,9 @@ def accuracy(probs: torch.Tensor, y: torch.Tensor) -> float:
     return 100.0 * float((probs.argmax(-1) == y).float().mean())
 
 
-def sampled_accuracy(um: posthoc.UncertainModel, test: TensorDataset, samples: int, repeats: int, pruning: dict | None) -> list[float]:
+def sampled_accuracy(
+    um: posthoc.UncertainModel, test: TensorDataset, samples: int, repeats: int, pruning: dict | None
+) -> list[float]:
     """Accuracy of the ``samples``-sample predictive, once per repeat (generator ``r``); ``pruning`` holds
     the options of ``um.method.pruned`` (``random=True`` draws a new random choice per repeat)."""
     x, y = test.tensors
@@ -98,18 +102,28 @@ def table(args: argparse.Namespace) -> str:
     start = time.perf_counter()
     checkpoint = pretrain(train, args.pretrain_epochs, args.seed)
     pretrain_s = time.perf_counter() - start
-    loader = DataLoader(train, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(args.seed))
+    loader = DataLoader(
+        train, batch_size=args.batch_size, shuffle=True, generator=torch.Generator().manual_seed(args.seed)
+    )
     start, cpu = time.perf_counter(), time.process_time()
     um = posthoc.wrap(checkpoint, method="sparse-vd").fit(
-        loader, progress=False, epochs=args.epochs, lr=args.lr, lr_scale=args.lr_scale,
-        kl_schedule=args.kl_schedule, kl_warmup=args.kl_warmup)
+        loader,
+        progress=False,
+        epochs=args.epochs,
+        lr=args.lr,
+        lr_scale=args.lr_scale,
+        kl_schedule=args.kl_schedule,
+        kl_warmup=args.kl_warmup,
+    )
     fit_wall, fit_cpu = time.perf_counter() - start, time.process_time() - cpu
     sparsity = um.sparsity()
     x, y = test.tensors
     with torch.no_grad():
-        plain = {"checkpoint (frequentist)": accuracy(checkpoint(x), y),
-                 "posterior means, principled pruning (um.prune())": accuracy(um.prune()(x), y),
-                 "posterior means, random pruning (um.prune(random=True))": accuracy(um.prune(random=True, seed=0)(x), y)}
+        plain = {
+            "checkpoint (frequentist)": accuracy(checkpoint(x), y),
+            "posterior means, principled pruning (um.prune())": accuracy(um.prune()(x), y),
+            "posterior means, random pruning (um.prune(random=True))": accuracy(um.prune(random=True, seed=0)(x), y),
+        }
     sampled = {
         "not pruned": sampled_accuracy(um, test, args.samples, args.repeats, None),
         "principled (log alpha > 3)": sampled_accuracy(um, test, args.samples, args.repeats, {}),
@@ -127,18 +141,27 @@ def table(args: argparse.Namespace) -> str:
     for name, fraction in sparsity["layers"].items():
         weights = um.method.layers[name].theta.numel()
         lines.append(f"| {name} | {weights:,} | {100 * fraction:.1f} % |")
-    lines += [f"| total | {sparsity['weights']:,} | {100 * sparsity['total']:.1f} % |", "",
-              f"| predictive (T = {args.samples} samples, {args.repeats} repeats) | accuracy % (mean +/- sd) |", "|---|---|"]
+    lines += [
+        f"| total | {sparsity['weights']:,} | {100 * sparsity['total']:.1f} % |",
+        "",
+        f"| predictive (T = {args.samples} samples, {args.repeats} repeats) | accuracy % (mean +/- sd) |",
+        "|---|---|",
+    ]
     for name, values in sampled.items():
-        lines.append(f"| {name} | {statistics.mean(values):.2f} +/- {statistics.stdev(values) if len(values) > 1 else 0.0:.2f} |")
+        lines.append(
+            f"| {name} | {statistics.mean(values):.2f} +/- {statistics.stdev(values) if len(values) > 1 else 0.0:.2f} |"
+        )
     lines += ["", "| deterministic model | accuracy % |", "|---|---|"]
     lines += [f"| {name} | {value:.2f} |" for name, value in plain.items()]
     gap = statistics.mean(sampled["not pruned"]) - statistics.mean(sampled["principled (log alpha > 3)"])
     random_gap = statistics.mean(sampled["not pruned"]) - statistics.mean(sampled["random, same count per layer"])
     verdict = gap <= 1.0 and sparsity["total"] >= 0.5 and random_gap > 10.0
-    lines += ["", f"Claim (principled within 1 point of unpruned, random far below, >= 50 % sparsity): "
-                  f"{'met' if verdict else 'NOT met'} (principled {-gap:+.2f} points, random {-random_gap:+.2f} points, "
-                  f"sparsity {100 * sparsity['total']:.1f} %)."]
+    lines += [
+        "",
+        f"Claim (principled within 1 point of unpruned, random far below, >= 50 % sparsity): "
+        f"{'met' if verdict else 'NOT met'} (principled {-gap:+.2f} points, random {-random_gap:+.2f} points, "
+        f"sparsity {100 * sparsity['total']:.1f} %).",
+    ]
     return "\n".join(lines)
 
 

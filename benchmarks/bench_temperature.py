@@ -63,7 +63,9 @@ def main() -> None:
     results["posthoc.calibrate (cached logits)"] = (calibrator.temperature, calibrator(test_logits))
 
     print("| library | T | test NLL | test ECE |\n|---|---|---|---|")
-    print(f"| MAP (T=1) | 1.0000 | {metrics.nll(test_logits.softmax(-1), y_test):.4f} | {metrics.ece(test_logits.softmax(-1), y_test):.4f} |")
+    print(
+        f"| MAP (T=1) | 1.0000 | {metrics.nll(test_logits.softmax(-1), y_test):.4f} | {metrics.ece(test_logits.softmax(-1), y_test):.4f} |"
+    )
     for name, (temperature, probs) in results.items():
         print(f"| {name} | {temperature:.4f} | {metrics.nll(probs, y_test):.4f} | {metrics.ece(probs, y_test):.4f} |")
     print("\nfit time against one plain forward pass over the calibration split\n" + HEADER)
@@ -87,8 +89,10 @@ def separated(cal_logits: torch.Tensor, y_cal: torch.Tensor, test_logits: torch.
         print(f"peers not importable ({err}); pip install -e '.[bench]'")
     else:
         scaler = TemperatureScaler(model=None)
-        scaler.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
-                   progress=False)
+        scaler.fit(
+            torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
+            progress=False,
+        )
         fitted["torch-uncertainty"] = float(1 / scaler.inv_temp.detach())
         scaler_nc = TemperatureScaling(detection=False, use_cuda=False)
         scaler_nc.fit(logits.softmax(-1).double().numpy(), labels.numpy())

@@ -44,10 +44,12 @@ def tasks() -> dict[str, Callable[[], object]]:
     laplace = posthoc.wrap(model, method="laplace").fit(fit, val, progress=False, shift=None)
     one = x[:1]
     return {
-        "laplace fit + prior choice": lambda: posthoc.wrap(model, method="laplace").fit(fit, val, progress=False,
-                                                                                        shift=None),
-        "temperature fit": lambda: posthoc.wrap(model, method="temperature").fit(val_loader=val, progress=False,
-                                                                                 shift=None),
+        "laplace fit + prior choice": lambda: posthoc.wrap(model, method="laplace").fit(
+            fit, val, progress=False, shift=None
+        ),
+        "temperature fit": lambda: posthoc.wrap(model, method="temperature").fit(
+            val_loader=val, progress=False, shift=None
+        ),
         "laplace predict, 500 digits": lambda: laplace.predict(x),
         "laplace predict, 200 single examples": lambda: [laplace.predict(one) for _ in range(200)],
     }
@@ -59,10 +61,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
     work = tasks()
-    lines = [f"torch threads: {torch.get_num_threads()}; rounds: {args.rounds}; command: "
-             f"python benchmarks/bench_threads.py --rounds {args.rounds}", "",
-             "| task | auto: wall s | off: wall s | off / auto | auto cpu/wall | off cpu/wall | server (auto, 2 "
-             "threads alive): wall s |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"torch threads: {torch.get_num_threads()}; rounds: {args.rounds}; command: "
+        f"python benchmarks/bench_threads.py --rounds {args.rounds}",
+        "",
+        "| task | auto: wall s | off: wall s | off / auto | auto cpu/wall | off cpu/wall | server (auto, 2 "
+        "threads alive): wall s |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, fn in work.items():
         fn()  # warm-up
         times: dict[str, list[tuple[float, float]]] = {"auto": [], "False": [], "server": []}
@@ -80,8 +86,10 @@ def main() -> None:
                 neighbour.join()
         wall = {k: statistics.median(w for w, _ in v) for k, v in times.items()}
         cpu = {k: statistics.median(c for _, c in v) for k, v in times.items()}
-        lines.append(f"| {name} | {wall['auto']:.4f} | {wall['False']:.4f} | {wall['False'] / wall['auto']:.2f}x | "
-                     f"{cpu['auto'] / wall['auto']:.2f} | {cpu['False'] / wall['False']:.2f} | {wall['server']:.4f} |")
+        lines.append(
+            f"| {name} | {wall['auto']:.4f} | {wall['False']:.4f} | {wall['False'] / wall['auto']:.2f}x | "
+            f"{cpu['auto'] / wall['auto']:.2f} | {cpu['False'] / wall['False']:.2f} | {wall['server']:.4f} |"
+        )
     text = "\n".join(lines)
     print(text)
     if args.out:

@@ -44,22 +44,30 @@ def main() -> None:
     model = zoo.pretrained(args.arch)
     fit, val = data.loader(splits.fit, batch_size=256), data.loader(splits.calibration, batch_size=256)
     x, y = splits.test.tensors
-    shifted = {kind: posthoc.shift.corrupt_images(x, kind, 3, torch.Generator().manual_seed(0),
-                                                  normalization=(data.MEAN, data.STD)) for kind in EVALUATION_KINDS}
+    shifted = {
+        kind: posthoc.shift.corrupt_images(
+            x, kind, 3, torch.Generator().manual_seed(0), normalization=(data.MEAN, data.STD)
+        )
+        for kind in EVALUATION_KINDS
+    }
 
     def scores(predict) -> list[float]:
         return [nll(predict(x), y), *[nll(predict(shifted[kind]), y) for kind in EVALUATION_KINDS]]
 
     with torch.no_grad():
         plain = scores(lambda inputs: torch.softmax(model(inputs), -1))
-    head = ("| predictive | NLL in distribution | ratio | " + " | ".join(EVALUATION_KINDS)
-            + " | mean over kinds | ratio |")
+    head = (
+        "| predictive | NLL in distribution | ratio | " + " | ".join(EVALUATION_KINDS) + " | mean over kinds | ratio |"
+    )
     lines = [head, "|" + "---|" * (len(EVALUATION_KINDS) + 5)]
 
     def row(label: str, values: list[float]) -> str:
         mean, plain_mean = sum(values[1:]) / len(EVALUATION_KINDS), sum(plain[1:]) / len(EVALUATION_KINDS)
-        return (f"| {label} | {values[0]:.4f} | {values[0] / plain[0]:.3f}x | "
-                + " | ".join(f"{v:.3f}" for v in values[1:]) + f" | {mean:.3f} | {mean / plain_mean:.3f}x |")
+        return (
+            f"| {label} | {values[0]:.4f} | {values[0] / plain[0]:.3f}x | "
+            + " | ".join(f"{v:.3f}" for v in values[1:])
+            + f" | {mean:.3f} | {mean / plain_mean:.3f}x |"
+        )
 
     lines.append(row("plain", plain))
     for strength in (0.125, 0.25, 0.5, 1.0, 2.0, 4.0):
@@ -72,11 +80,18 @@ def main() -> None:
     timed = posthoc.wrap(model, method="tta", views=args.views, strength=1.0).fit(fit, progress=False)
     forward = measure(lambda: model(x), repeats=5)
     predict = measure(lambda: timed.predict(x), repeats=5)
-    text = "\n".join([*lines, "", f"predict with V={args.views} views on {len(x)} digits (one thread): "
-                      f"{predict.wall / forward.wall:.1f}x a plain forward in wall time ({predict.wall:.3f} s against "
-                      f"{forward.wall:.3f} s), {predict.cpu / forward.cpu:.1f}x in CPU time ({predict.cpu:.3f} s "
-                      f"against {forward.cpu:.3f} s)", "",
-                      f"command: python benchmarks/bench_tta.py --arch {args.arch}"])
+    text = "\n".join(
+        [
+            *lines,
+            "",
+            f"predict with V={args.views} views on {len(x)} digits (one thread): "
+            f"{predict.wall / forward.wall:.1f}x a plain forward in wall time ({predict.wall:.3f} s against "
+            f"{forward.wall:.3f} s), {predict.cpu / forward.cpu:.1f}x in CPU time ({predict.cpu:.3f} s "
+            f"against {forward.cpu:.3f} s)",
+            "",
+            f"command: python benchmarks/bench_tta.py --arch {args.arch}",
+        ]
+    )
     print(text)
     if args.out:
         args.out.write_text(f"# Test-time augmentation on {args.arch}\n\n" + text + "\n")

@@ -54,8 +54,10 @@ def run(arch: str, case: str, splits: data.DigitsSplits, repeats: int) -> str:
     predicted = measure(lambda: um.predict(x), repeats=repeats)
     flag = " (contended: re-run)" if predicted.contended or plain.contended else ""
     samples = um.method.num_samples
-    return (f"| {arch} | {case} | {fit_wall:.1f} s ({fit_wall / plain_fit.wall:.0f}x) | {fit_cpu / fit_wall:.2f} | "
-            f"{predicted.wall / plain.wall:.1f}x (S={samples}) | {predicted.cpu_per_wall:.2f} / {plain.cpu_per_wall:.2f}{flag} |")
+    return (
+        f"| {arch} | {case} | {fit_wall:.1f} s ({fit_wall / plain_fit.wall:.0f}x) | {fit_cpu / fit_wall:.2f} | "
+        f"{predicted.wall / plain.wall:.1f}x (S={samples}) | {predicted.cpu_per_wall:.2f} / {plain.cpu_per_wall:.2f}{flag} |"
+    )
 
 
 def main() -> None:
@@ -67,9 +69,13 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     splits = data.load_digits()
-    print(f"threads={args.threads}, repeats={args.repeats} (medians); fit on {len(splits.fit)} digits, predict on {len(splits.test)}")
-    print("| checkpoint | method | fit wall (ratio to a forward over the fit digits) | fit cpu/wall | "
-          "predict / plain forward (medians) | predict cpu/wall / plain cpu/wall |")
+    print(
+        f"threads={args.threads}, repeats={args.repeats} (medians); fit on {len(splits.fit)} digits, predict on {len(splits.test)}"
+    )
+    print(
+        "| checkpoint | method | fit wall (ratio to a forward over the fit digits) | fit cpu/wall | "
+        "predict / plain forward (medians) | predict cpu/wall / plain cpu/wall |"
+    )
     print("|---|---|---|---|---|---|")
     for arch in args.archs:
         for case in args.cases:

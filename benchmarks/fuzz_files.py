@@ -60,7 +60,8 @@ def same(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
     """Whether two tensor dicts are equal: same names, dtypes, shapes and values (NaN equal to NaN)."""
     return a.keys() == b.keys() and all(
         a[k].dtype == b[k].dtype and a[k].shape == b[k].shape and torch.equal(a[k].nan_to_num(), b[k].nan_to_num())
-        for k in a)
+        for k in a
+    )
 
 
 def outcome(load: Callable[[Path], dict[str, torch.Tensor]], path: Path, expected: dict[str, torch.Tensor]) -> str:
@@ -91,8 +92,14 @@ def flipped(data: bytes, flips: list[tuple[int, int]]) -> bytes:
 
 def odd_paths(folder: Path, originals_: dict[str, Path]) -> dict[str, Path]:
     """Paths that are not a posthoc file of the kind asked: a folder, symbolic links, an empty file, another pickle."""
-    paths = {"directory": folder / "a_folder", "empty file": folder / "empty.pt", "a list": folder / "list.pt",
-             "dangling link": folder / "dangling.pt", "link loop": folder / "loop.pt", "link to a folder": folder / "to_folder.pt"}
+    paths = {
+        "directory": folder / "a_folder",
+        "empty file": folder / "empty.pt",
+        "a list": folder / "list.pt",
+        "dangling link": folder / "dangling.pt",
+        "link loop": folder / "loop.pt",
+        "link to a folder": folder / "to_folder.pt",
+    }
     paths["directory"].mkdir(exist_ok=True)
     paths["empty file"].write_bytes(b"")
     torch.save([1, 2, 3], paths["a list"])
@@ -128,9 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         odd = odd_paths(folder, {kind: source for kind, (source, _) in saved.items()})
         for kind, (source, load) in saved.items():
             data, expected = source.read_bytes(), load(source)
-            for name, make in (("cut at every offset", lambda k: truncated(data, k)),
-                               ("every byte flipped", lambda k: flipped(data, [(k, 0xFF)])),
-                               ("every byte with one bit flipped", lambda k: flipped(data, [(k, 1 << (k % 8))]))):
+            for name, make in (
+                ("cut at every offset", lambda k: truncated(data, k)),
+                ("every byte flipped", lambda k: flipped(data, [(k, 0xFF)])),
+                ("every byte with one bit flipped", lambda k: flipped(data, [(k, 1 << (k % 8))])),
+            ):
                 for k in range(len(data)):
                     damaged.write_bytes(make(k))
                     result = outcome(load, damaged, expected)

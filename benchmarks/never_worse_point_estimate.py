@@ -30,6 +30,9 @@ def point_estimate(candidate, plain, *args, **kwargs):  # noqa: ANN001, ANN201 (
 if __name__ == "__main__":
     selection.excess_bound = point_estimate
     code = pytest.main(["-q", "-p", "no:cacheprovider", "-W", "ignore", str(ROOT / "tests" / "test_never_worse.py")])
-    print("the never-worse test FAILS with a point estimate, as it must" if code == 1 else
-          f"unexpected: pytest exit {code} (0 would mean the test cannot tell a point estimate from the bound)")
+    print(
+        "the never-worse test FAILS with a point estimate, as it must"
+        if code == 1
+        else f"unexpected: pytest exit {code} (0 would mean the test cannot tell a point estimate from the bound)"
+    )
     sys.exit(0 if code == 1 else 1)

@@ -549,12 +549,18 @@ def add_results(saved: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
     for row in other["rows"]:
         key = (row["arch"], row["seed"])
         if row["case"] == "none" and key in plain and abs(plain[key] - row["metrics"]["nll_val"]) > 1e-6:
-            raise SystemExit(f"--add: the plain model's NLL differs on {key} ({plain[key]} and "
-                             f"{row['metrics']['nll_val']}): the runs used other checkpoints")
+            raise SystemExit(
+                f"--add: the plain model's NLL differs on {key} ({plain[key]} and "
+                f"{row['metrics']['nll_val']}): the runs used other checkpoints"
+            )
     have = {(r["arch"], r["seed"], r["case"]) for r in saved["rows"]}
     added = [r for r in other["rows"] if (r["arch"], r["seed"], r["case"]) not in have]
-    meta = {**saved["meta"], "added": "; ".join(filter(None, [saved["meta"].get("added"),
-                                                             f"{other['command']} ({other['meta'].get('date', '?')})"]))}
+    meta = {
+        **saved["meta"],
+        "added": "; ".join(
+            filter(None, [saved["meta"].get("added"), f"{other['command']} ({other['meta'].get('date', '?')})"])
+        ),
+    }
     return {**saved, "meta": meta, "rows": saved["rows"] + added}
 
 

@@ -61,8 +61,9 @@ def once(fn: Callable[[], object]) -> tuple[float, float]:
     return timing.wall, timing.cpu
 
 
-def paired(reference: Callable[[], object], fn: Callable[[], object], repeats: int = 11,
-           warmup: int = 1) -> tuple[Timing, Timing, float]:
+def paired(
+    reference: Callable[[], object], fn: Callable[[], object], repeats: int = 11, warmup: int = 1
+) -> tuple[Timing, Timing, float]:
     """Time ``reference`` and ``fn`` alternately, ``repeats`` pairs: their medians and the median of the per-pair
     ratios ``fn / reference``, which a neighbour's load (slowing both runs of a pair alike) moves far less than a
     ratio of two separately taken medians.
@@ -70,8 +71,13 @@ def paired(reference: Callable[[], object], fn: Callable[[], object], repeats: i
     Example:
         >>> plain, fitted, ratio = paired(lambda: model(x), lambda: um.fit(loader))
     """
-    pairs = [(measure(reference, repeats=1, warmup=warmup if k == 0 else 0),
-              measure(fn, repeats=1, warmup=warmup if k == 0 else 0)) for k in range(repeats)]
+    pairs = [
+        (
+            measure(reference, repeats=1, warmup=warmup if k == 0 else 0),
+            measure(fn, repeats=1, warmup=warmup if k == 0 else 0),
+        )
+        for k in range(repeats)
+    ]
     first = Timing(statistics.median(a.wall for a, _ in pairs), statistics.median(a.cpu for a, _ in pairs))
     second = Timing(statistics.median(b.wall for _, b in pairs), statistics.median(b.cpu for _, b in pairs))
     return first, second, statistics.median(b.wall / a.wall for a, b in pairs)

@@ -37,11 +37,16 @@ def _refuse_regression_calibrators(names: list[str], likelihood: Likelihood) -> 
     """Refuse a regression calibrator in ``method=``, pointing to ``posthoc.calibrate`` on the predictions."""
     regression = likelihood.name != "classification"
     # "auto" alone is the method chosen on held-out data; stacked on another method it can only mean the calibrator
-    found = [n for i, n in enumerate(names) if isinstance(n, str) and n in REGRESSION_CALIBRATORS and (regression or n != "auto")
-             and (n != "auto" or i > 0)]
+    found = [
+        n
+        for i, n in enumerate(names)
+        if isinstance(n, str) and n in REGRESSION_CALIBRATORS and (regression or n != "auto") and (n != "auto" or i > 0)
+    ]
     if found:
-        raise ConfigError(f"'{found[0]}' calibrates a regressor's predictions and wrap does not stack it on a method yet: "
-                          f"wrap without it and {CALIBRATE_REGRESSOR}")
+        raise ConfigError(
+            f"'{found[0]}' calibrates a regressor's predictions and wrap does not stack it on a method yet: "
+            f"wrap without it and {CALIBRATE_REGRESSOR}"
+        )
 
 
 def _module_as_name(model: nn.Module, key: str, value: Any) -> Any:
@@ -76,21 +81,30 @@ def _member_models(entries: list[Any], builder: Callable[[], nn.Module] | None) 
     """The members: modules as given, checkpoint paths read (``weights_only``) into ``builder()`` one by one."""
     paths = [entry for entry in entries if isinstance(entry, (str, os.PathLike))]
     if paths and builder is None:
-        raise ConfigError(f"ensemble members given as checkpoint paths ({paths[0]!s}, ...) need builder=, a function "
-                          "returning the untrained architecture that each state_dict is loaded into")
+        raise ConfigError(
+            f"ensemble members given as checkpoint paths ({paths[0]!s}, ...) need builder=, a function "
+            "returning the untrained architecture that each state_dict is loaded into"
+        )
     if builder is not None and not callable(builder):
         raise ConfigError(f"builder must be a function returning an nn.Module, got {type(builder).__name__}")
-    return [load_checkpoint(builder(), entry).eval() if isinstance(entry, (str, os.PathLike)) else entry
-            for entry in entries]
+    return [
+        load_checkpoint(builder(), entry).eval() if isinstance(entry, (str, os.PathLike)) else entry
+        for entry in entries
+    ]
 
 
-def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any], likelihood: Likelihood) -> UncertainModel:
+def _wrap_ensemble(
+    entries: list[Any], names: list[str], options: dict[str, Any], likelihood: Likelihood
+) -> UncertainModel:
     """``wrap`` for a list of models: the first (non-stacking) method on every member, the stackers on the mixture."""
     batched = options.pop("batched", None)
     models = _member_models(entries, options.pop("builder", None))
     if len(models) == 1:
-        warnings.warn("posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs "
-                      "two or more)", UserWarning, stacklevel=3)
+        warnings.warn(
+            "posthoc.wrap got a list with one model: wrapping it as a single model (an ensemble needs two or more)",
+            UserWarning,
+            stacklevel=3,
+        )
         return wrap(models[0], names, likelihood=likelihood, **options)
     if method_class(names[0]).stacks:
         names = ["none", *names]
@@ -101,8 +115,13 @@ def _wrap_ensemble(entries: list[Any], names: list[str], options: dict[str, Any]
     return wrap_spec(models, spec)
 
 
-def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = None, *,
-         likelihood: str | Likelihood = "classification", **options: Any) -> UncertainModel:
+def wrap(
+    model: nn.Module | list[nn.Module],
+    method: str | list[str] | None = None,
+    *,
+    likelihood: str | Likelihood = "classification",
+    **options: Any,
+) -> UncertainModel:
     """Wrap an already trained classifier or regressor (or several: an ensemble) with a post-hoc predictive.
 
     Args:
@@ -143,8 +162,10 @@ def wrap(model: nn.Module | list[nn.Module], method: str | list[str] | None = No
     if method is None:
         method = "none" if isinstance(model, (list, tuple)) else "auto"
     if not isinstance(method, (str, list, tuple)):
-        raise ConfigError(f"method must be a method name or a list of them, e.g. method=['laplace', 'temperature'], "
-                          f"got {type(method).__name__}; valid methods: {', '.join(method_names())}")
+        raise ConfigError(
+            f"method must be a method name or a list of them, e.g. method=['laplace', 'temperature'], "
+            f"got {type(method).__name__}; valid methods: {', '.join(method_names())}"
+        )
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")
@@ -177,14 +198,20 @@ def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str
     """Refuse a file that lacks a likelihood's fitted tensor (the noise ``noise_std`` of ``likelihood="regression"``),
     which would load and then fail at ``predict`` as if the model were not fitted. (Method tensors that later versions
     added are not required: format-1 files load without them.)"""
-    missing = sorted(key for key in set(um.method.posterior_state()) - set(state) if key.split(".")[-2:-1] == ["likelihood"])
+    missing = sorted(
+        key for key in set(um.method.posterior_state()) - set(state) if key.split(".")[-2:-1] == ["likelihood"]
+    )
     if missing:
-        raise PosteriorFileError(f"{path} lacks the fitted tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
-                                 f"that {'+'.join(um.methods)} holds; it is incomplete or from another posthoc version: "
-                                 "fit and save it again")
+        raise PosteriorFileError(
+            f"{path} lacks the fitted tensor(s) {missing[:8]}{' ...' if len(missing) > 8 else ''} "
+            f"that {'+'.join(um.methods)} holds; it is incomplete or from another posthoc version: "
+            "fit and save it again"
+        )
 
 
-def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None) -> UncertainModel:
+def load(
+    path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None
+) -> UncertainModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
     An ensemble's file loads onto the list of its members, in the order they were wrapped; a missing,
@@ -207,13 +234,17 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
     with _built_from(path):
         saved = make_likelihood(payload["spec"][0].get("likelihood") if payload["spec"] else None).name
     if likelihood is not None and make_likelihood(likelihood).name != saved:
-        raise PosteriorFileError(f"{path} holds a posterior for likelihood={saved!r}, not {likelihood!r}: load it with "
-                                 f"likelihood={saved!r}, or fit and save a {likelihood} posterior")
+        raise PosteriorFileError(
+            f"{path} holds a posterior for likelihood={saved!r}, not {likelihood!r}: load it with "
+            f"likelihood={saved!r}, or fit and save a {likelihood} posterior"
+        )
     saved_members = persistence.ensemble_members(payload)
     if isinstance(model, (list, tuple)):
         if saved_members is None:
-            raise PosteriorFileError(f"{path} holds the posterior of one model ({payload['model_class']}), not of an "
-                                     "ensemble; pass that model, not a list")
+            raise PosteriorFileError(
+                f"{path} holds the posterior of one model ({payload['model_class']}), not of an "
+                "ensemble; pass that model, not a list"
+            )
         models = [uncompiled(m) for m in model]
         if all(isinstance(m, nn.Module) for m in models):  # anything else is refused by the ensemble's member check
             persistence.check_ensemble_members(str(path), saved_members, [persistence.fingerprint(m) for m in models])
@@ -222,8 +253,10 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
         found = payload["fingerprint"]
     else:
         if saved_members is not None:
-            raise PosteriorFileError(f"{path} holds an ensemble of {len(saved_members)} members; load it onto the "
-                                     "list of its members: posthoc.load(path, [m1, m2, ...])")
+            raise PosteriorFileError(
+                f"{path} holds an ensemble of {len(saved_members)} members; load it onto the "
+                "list of its members: posthoc.load(path, [m1, m2, ...])"
+            )
         model = uncompiled(model)
         found = persistence.fingerprint(model)
         if found != payload["fingerprint"]:
@@ -241,8 +274,10 @@ def load(path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelih
     except PosthocError:
         raise
     except (KeyError, AttributeError, RuntimeError, TypeError, ValueError) as err:
-        raise PosteriorFileError(f"{path} does not match the method it names ({type(err).__name__}: {err}); "
-                                 "fit and save it again with this posthoc") from err
+        raise PosteriorFileError(
+            f"{path} does not match the method it names ({type(err).__name__}: {err}); "
+            "fit and save it again with this posthoc"
+        ) from err
     um.fingerprint = found
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)

@@ -44,8 +44,17 @@ from posthoc.methods.calibration.regression_auto import regression_calibrators
 from posthoc.methods.calibration.regression_base import KIND, RegressionCalibrator, as_prediction
 
 
-def calibrate(logits: Any = None, labels: Any = None, method: str | None = None, *, max_iter: int = 100,
-              mean: Any = None, std: Any = None, targets: Any = None, **options: Any) -> Calibrator | RegressionCalibrator:
+def calibrate(
+    logits: Any = None,
+    labels: Any = None,
+    method: str | None = None,
+    *,
+    max_iter: int = 100,
+    mean: Any = None,
+    std: Any = None,
+    targets: Any = None,
+    **options: Any,
+) -> Calibrator | RegressionCalibrator:
     """Fit a calibrator on held-out ``logits`` ``(N, C)`` (or ``(N,)`` for binary) and ``labels`` ``(N,)``;
     or, for a regressor, on held-out ``mean``, ``std`` and ``targets`` (see the module docs).
 
@@ -74,8 +83,9 @@ def calibrate(logits: Any = None, labels: Any = None, method: str | None = None,
     if mean is not None or targets is not None or std is not None:
         return _calibrate_regressor(logits, labels, method, mean, std, targets, options)
     if logits is None or labels is None:
-        raise InputError("calibrate needs held-out logits and labels (a classifier), or mean=, std= and targets= "
-                         "(a regressor)")
+        raise InputError(
+            "calibrate needs held-out logits and labels (a classifier), or mean=, std= and targets= (a regressor)"
+        )
     method = "temperature" if method is None else method
     if method in ("variance-scaling",):
         raise ConfigError(f"'{method}' calibrates a regressor: pass mean=, std= and targets= (not logits and labels)")
@@ -91,26 +101,33 @@ def calibrate(logits: Any = None, labels: Any = None, method: str | None = None,
     return cls(**chosen.as_dict()).fit(class_logits.float(), targets)
 
 
-def _calibrate_regressor(logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any,
-                         options: dict[str, Any]) -> RegressionCalibrator:
+def _calibrate_regressor(
+    logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any, options: dict[str, Any]
+) -> RegressionCalibrator:
     """``calibrate`` for a regressor's ``mean``, ``std`` (or none) and ``targets``."""
     if logits is not None or labels is not None:
-        raise InputError("calibrate got logits/labels and mean/std/targets: pass logits and labels for a classifier, "
-                         "or mean=, std= and targets= for a regressor")
+        raise InputError(
+            "calibrate got logits/labels and mean/std/targets: pass logits and labels for a classifier, "
+            "or mean=, std= and targets= for a regressor"
+        )
     if mean is None or targets is None:
         raise InputError("calibrating a regressor needs mean= and targets= (and std= if it predicts one)")
     method = "variance-scaling" if method is None else method
     known = regression_calibrators()
     if method not in known and method in calibrators():
-        raise ConfigError(f"'{method}' calibrates a classifier's logits, not a regressor; for mean/std/targets use one "
-                          f"of {sorted(known)}")
+        raise ConfigError(
+            f"'{method}' calibrates a classifier's logits, not a regressor; for mean/std/targets use one "
+            f"of {sorted(known)}"
+        )
     cls = known[known_name(method, "regression calibration method", known)]
     chosen = cls.Options.make(options, f"regression calibrator '{method}'")
     prediction = as_prediction(mean, std)
     y = as_tensor(targets, "targets")
     if y.shape[0] != prediction.mean.shape[0]:
-        raise InputError(f"mean and targets have different lengths ({prediction.mean.shape[0]} vs {y.shape[0]}); "
-                         "pass one target per prediction")
+        raise InputError(
+            f"mean and targets have different lengths ({prediction.mean.shape[0]} vs {y.shape[0]}); "
+            "pass one target per prediction"
+        )
     calibrator = cls(**chosen.as_dict())
     calibrator.unit_std.fill_(std is None)
     return calibrator.fit(prediction, y)
@@ -135,7 +152,9 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrato
     try:
         calibrator = known[entry["name"]](**entry["options"])
     except (TypeError, ConfigError) as err:
-        raise PosteriorFileError(f"{path} holds options this posthoc cannot build '{entry['name']}' with: {err}") from err
+        raise PosteriorFileError(
+            f"{path} holds options this posthoc cannot build '{entry['name']}' with: {err}"
+        ) from err
     calibrator.load_buffers(payload["state"], source=str(path))
     return calibrator
 

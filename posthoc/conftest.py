@@ -60,6 +60,7 @@ def _builder(name: str, *, copied: bool = False) -> Callable[[Callable[[], Any]]
     def register(build: Callable[[], Any]) -> Callable[[], Any]:
         _BUILDERS[name] = (build, copied)
         return build
+
     return register
 
 
@@ -133,8 +134,13 @@ def _model() -> Any:
     return _classification()["model"]
 
 
-for _name, _split in (("train_loader", "train"), ("val_loader", "val"), ("calibration_loader", "val"),
-                      ("test_loader", "test"), ("ood_loader", "ood")):
+for _name, _split in (
+    ("train_loader", "train"),
+    ("val_loader", "val"),
+    ("calibration_loader", "val"),
+    ("test_loader", "test"),
+    ("ood_loader", "ood"),
+):
     _builder(_name)(lambda split=_split: _classification()["loaders"][split])
 
 
@@ -178,8 +184,9 @@ def _um() -> Any:
     import posthoc
 
     loaders = _classification()["loaders"]
-    return posthoc.wrap(_classification()["model"], method="laplace").fit(loaders["train"], loaders["val"],
-                                                                            progress=False)
+    return posthoc.wrap(_classification()["model"], method="laplace").fit(
+        loaders["train"], loaders["val"], progress=False
+    )
 
 
 @_builder("regressor", copied=True)
@@ -187,8 +194,11 @@ def _regressor() -> Any:
     return _regression()["model"]
 
 
-for _name, _part, _size in (("reg_train_loader", "train", 64), ("reg_val_loader", "val", 256),
-                            ("reg_test_loader", "test", 256)):
+for _name, _part, _size in (
+    ("reg_train_loader", "train", 64),
+    ("reg_val_loader", "val", 256),
+    ("reg_test_loader", "test", 256),
+):
     _builder(_name)(lambda part=_part, size=_size: getattr(_regression()["data"], f"{part}_loader")(size))
 
 
@@ -208,7 +218,8 @@ def _regression_um() -> Any:
 
     data = _regression()["data"]
     return posthoc.wrap(_regression()["model"], method="laplace", likelihood="regression").fit(
-        data.train_loader(), data.val_loader(), progress=False)
+        data.train_loader(), data.val_loader(), progress=False
+    )
 
 
 @_builder("noisy_loader")
@@ -228,9 +239,12 @@ def _evaluated(plain: bool, loader: str, ood: bool) -> Any:
     return posthoc.evaluate(um, _get(loader), _get("ood_loader") if ood else None, progress=False)
 
 
-for _name, _plain, _loader, _ood in (("report", False, "test_loader", True), ("noisy_report", False, "noisy_loader", False),
-                                     ("plain_report", True, "test_loader", True),
-                                     ("plain_noisy_report", True, "noisy_loader", False)):
+for _name, _plain, _loader, _ood in (
+    ("report", False, "test_loader", True),
+    ("noisy_report", False, "noisy_loader", False),
+    ("plain_report", True, "test_loader", True),
+    ("plain_noisy_report", True, "noisy_loader", False),
+):
     _builder(_name)(lambda plain=_plain, loader=_loader, ood=_ood: _evaluated(plain, loader, ood))
 
 
@@ -238,8 +252,9 @@ for _name, _plain, _loader, _ood in (("report", False, "test_loader", True), ("n
 def _verdict() -> Any:
     from posthoc.evaluation.comparison import compared_verdict
 
-    return compared_verdict([_get("plain_report"), _get("report")],
-                            {"noisy": [_get("plain_noisy_report"), _get("noisy_report")]})
+    return compared_verdict(
+        [_get("plain_report"), _get("report")], {"noisy": [_get("plain_noisy_report"), _get("noisy_report")]}
+    )
 
 
 @_builder("digits")
@@ -269,21 +284,32 @@ def _shift_table() -> Any:
     from posthoc.demo import data
 
     digits, cnn = _get("digits"), _get("cnn")
-    laplace = posthoc.wrap(cnn, method="laplace").fit(data.loader(data.subset(digits.fit, 600)),
-                                                      data.loader(data.subset(digits.calibration, 200)), progress=False)
-    return posthoc.evaluate_shift({"MAP": posthoc.wrap(cnn, method="none"), "laplace": laplace},
-                                  _get("digits_test_loader"), kinds=["gaussian-noise", "rotate"], severities=[1, 3, 5],
-                                  normalization=((data.MEAN,), (data.STD,)), progress=False)
+    laplace = posthoc.wrap(cnn, method="laplace").fit(
+        data.loader(data.subset(digits.fit, 600)), data.loader(data.subset(digits.calibration, 200)), progress=False
+    )
+    return posthoc.evaluate_shift(
+        {"MAP": posthoc.wrap(cnn, method="none"), "laplace": laplace},
+        _get("digits_test_loader"),
+        kinds=["gaussian-noise", "rotate"],
+        severities=[1, 3, 5],
+        normalization=((data.MEAN,), (data.STD,)),
+        progress=False,
+    )
 
 
 _WORD = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 #: docstrings whose examples do not run yet (names as pytest shows them after ``[doctest]``): expected to fail, and
 #: strictly, so that one that starts to pass must leave this list. Issue 36 ("Docs that run") empties it.
-PENDING: frozenset[str] = frozenset(
-    line.strip() for line in (Path(__file__).parent / "doctest_pending.txt").read_text().splitlines()
-    if line.strip() and not line.startswith("#")
-) if (Path(__file__).parent / "doctest_pending.txt").exists() else frozenset()
+PENDING: frozenset[str] = (
+    frozenset(
+        line.strip()
+        for line in (Path(__file__).parent / "doctest_pending.txt").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    )
+    if (Path(__file__).parent / "doctest_pending.txt").exists()
+    else frozenset()
+)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -296,8 +322,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 @pytest.fixture(autouse=True)
-def _doctest_namespace(request: pytest.FixtureRequest, doctest_namespace: dict[str, Any],
-                       tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+def _doctest_namespace(
+    request: pytest.FixtureRequest, doctest_namespace: dict[str, Any], tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[None]:
     """Fill a docstring example's namespace with the names it uses (module docs); isolate its side effects."""
     from _pytest.doctest import DoctestItem
 

@@ -52,8 +52,9 @@ try:
     import lightning.pytorch as pl
     from lightning.pytorch.utilities import rank_zero_warn
 except ImportError as err:  # the optional extra is not installed (or is broken)
-    raise MissingDependencyError(f"posthoc.lightning needs the lightning package, which could not be imported "
-                                 f"({err}): {INSTALL_HINT}") from err
+    raise MissingDependencyError(
+        f"posthoc.lightning needs the lightning package, which could not be imported ({err}): {INSTALL_HINT}"
+    ) from err
 
 #: the trainer calls after which the callback can fit
 STAGES = ("fit", "validate")
@@ -79,23 +80,27 @@ def network_of(module: nn.Module, model_attr: str | None = None) -> nn.Module:
     """
     if model_attr is not None:
         if not isinstance(model_attr, str) or not model_attr:
-            raise ConfigError(f"model_attr must name the network's attribute, e.g. model_attr='net', "
-                              f"got {model_attr!r}")
+            raise ConfigError(
+                f"model_attr must name the network's attribute, e.g. model_attr='net', got {model_attr!r}"
+            )
         try:
             return module.get_submodule(model_attr)
         except AttributeError:
-            raise ConfigError(f"{type(module).__name__} has no module {model_attr!r} (model_attr); its modules: "
-                              f"{_candidates(module) or 'none'}. Name the attribute that holds the classifier"
-                              ) from None
+            raise ConfigError(
+                f"{type(module).__name__} has no module {model_attr!r} (model_attr); its modules: "
+                f"{_candidates(module) or 'none'}. Name the attribute that holds the classifier"
+            ) from None
     if type(module).forward not in (pl.LightningModule.forward, nn.Module.forward):
         return module
     children = [name for name, child in module.named_children() if any(True for _ in child.parameters())]
     if len(children) == 1:
         return module.get_submodule(children[0])
     found = f"it holds {len(children)} ({', '.join(children)})" if children else "it holds none"
-    raise ConfigError(f"{type(module).__name__} defines no forward and posthoc cannot tell which module is the "
-                      f"network: {found}. Name it: PosthocCallback(..., model_attr='net'), with the attribute whose "
-                      "forward(x) returns the logits")
+    raise ConfigError(
+        f"{type(module).__name__} defines no forward and posthoc cannot tell which module is the "
+        f"network: {found}. Name it: PosthocCallback(..., model_attr='net'), with the attribute whose "
+        "forward(x) returns the logits"
+    )
 
 
 def _candidates(module: nn.Module) -> str:
@@ -104,8 +109,10 @@ def _candidates(module: nn.Module) -> str:
 
 def _method_names(method: Any) -> list[str]:
     if not isinstance(method, (str, list, tuple)) or not method:
-        raise ConfigError(f"method must be a method name or a non-empty list of them, e.g. method=['laplace', "
-                          f"'temperature'], got {method!r}")
+        raise ConfigError(
+            f"method must be a method name or a non-empty list of them, e.g. method=['laplace', "
+            f"'temperature'], got {method!r}"
+        )
     return [method] if isinstance(method, str) else list(method)
 
 
@@ -113,8 +120,10 @@ def _stages(on: str | Sequence[str]) -> tuple[str, ...]:
     stages = (on,) if isinstance(on, str) else tuple(on)
     unknown = [stage for stage in stages if stage not in STAGES]
     if unknown or not stages:
-        raise ConfigError(f"on={on!r}: the callback fits after one of {', '.join(STAGES)} (or both, on=('fit', "
-                          "'validate')), when that trainer call ends")
+        raise ConfigError(
+            f"on={on!r}: the callback fits after one of {', '.join(STAGES)} (or both, on=('fit', "
+            "'validate')), when that trainer call ends"
+        )
     return stages
 
 
@@ -125,8 +134,10 @@ def _check_fit_options(names: list[str], routed: list[dict[str, Any]], fit_optio
         accepted |= set(method_class(name).algorithm(options).fit_option_defaults())
     unknown = sorted(set(fit_options) - accepted)
     if unknown:
-        raise ConfigError(f"unknown fit option(s) {unknown} for method {'+'.join(names)}; valid fit options here: "
-                          f"{', '.join(sorted(accepted))}")
+        raise ConfigError(
+            f"unknown fit option(s) {unknown} for method {'+'.join(names)}; valid fit options here: "
+            f"{', '.join(sorted(accepted))}"
+        )
 
 
 def _single(loaders: Any, what: str) -> Any:
@@ -136,8 +147,10 @@ def _single(loaders: Any, what: str) -> Any:
     if isinstance(loaders, dict) and len(loaders) == 1:
         return next(iter(loaders.values()))
     if isinstance(loaders, (list, tuple, dict)):
-        raise InputError(f"the {what} returns {len(loaders)} dataloaders; posthoc fits on one loader of (x, y) "
-                         "batches: return one, or fit by hand: posthoc.wrap(net, method).fit(train_loader, val_loader)")
+        raise InputError(
+            f"the {what} returns {len(loaders)} dataloaders; posthoc fits on one loader of (x, y) "
+            "batches: return one, or fit by hand: posthoc.wrap(net, method).fit(train_loader, val_loader)"
+        )
     return loaders
 
 
@@ -209,10 +222,18 @@ class PosthocCallback(pl.Callback):
         (['laplace', 'temperature'], None)
     """
 
-    def __init__(self, method: str | list[str] = "auto", *, model_attr: str | None = None,
-                 on: str | Sequence[str] = "fit", path: str | os.PathLike | None = None,
-                 fit_options: dict[str, Any] | None = None, likelihood: str = "classification",
-                 progress: bool | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        method: str | list[str] = "auto",
+        *,
+        model_attr: str | None = None,
+        on: str | Sequence[str] = "fit",
+        path: str | os.PathLike | None = None,
+        fit_options: dict[str, Any] | None = None,
+        likelihood: str = "classification",
+        progress: bool | None = None,
+        **options: Any,
+    ) -> None:
         super().__init__()
         self.methods = _method_names(method)
         routed = route_options(self.methods, options)  # unknown names and options fail here, before any training
@@ -245,9 +266,14 @@ class PosthocCallback(pl.Callback):
         return Path(checkpoint_path).with_suffix(".posthoc.pt")
 
     @staticmethod
-    def restore(checkpoint_path: str | os.PathLike, module_cls: type[pl.LightningModule], *,
-                model_attr: str | None = None, posterior_path: str | os.PathLike | None = None,
-                **load_options: Any) -> UncertainModel:
+    def restore(
+        checkpoint_path: str | os.PathLike,
+        module_cls: type[pl.LightningModule],
+        *,
+        model_attr: str | None = None,
+        posterior_path: str | os.PathLike | None = None,
+        **load_options: Any,
+    ) -> UncertainModel:
         """The fitted model, rebuilt from a Lightning checkpoint and the posterior saved beside it.
 
         Two steps, which you may also write out::
@@ -273,8 +299,10 @@ class PosthocCallback(pl.Callback):
             posthoc.errors.PosteriorFileError: checkpoint missing.ckpt does not exist; ...
         """
         if not Path(checkpoint_path).exists():
-            raise PosteriorFileError(f"checkpoint {checkpoint_path} does not exist; pass the checkpoint the callback "
-                                     "fitted on (callback.checkpoint_path)")
+            raise PosteriorFileError(
+                f"checkpoint {checkpoint_path} does not exist; pass the checkpoint the callback "
+                "fitted on (callback.checkpoint_path)"
+            )
         module = module_cls.load_from_checkpoint(checkpoint_path, **load_options)
         posterior = PosthocCallback.posterior_path_for(checkpoint_path) if posterior_path is None else posterior_path
         return load(posterior, network_of(module, model_attr))
@@ -291,13 +319,17 @@ class PosthocCallback(pl.Callback):
         fitted = [method for method in chain if method.requires_fit]
         what = f"method {'+'.join(self.methods)}"
         if any(method.needs_val for method in fitted) and _source(trainer, stage, "val") is None:
-            raise InputError(f"{what} is fitted on held-out data, and the trainer has no validation loader: give the "
-                             "datamodule (or the module) a val_dataloader, pass val_dataloaders= to the trainer, or "
-                             "choose a method fitted on the training data (method='laplace')")
+            raise InputError(
+                f"{what} is fitted on held-out data, and the trainer has no validation loader: give the "
+                "datamodule (or the module) a val_dataloader, pass val_dataloaders= to the trainer, or "
+                "choose a method fitted on the training data (method='laplace')"
+            )
         if any(not method.needs_val for method in fitted) and _source(trainer, stage, "train") is None:
-            raise InputError(f"{what} is fitted on the training data, and the trainer has no training loader: give "
-                             "the datamodule (or the module) a train_dataloader, or choose a method fitted on held-out "
-                             "data only (method='temperature')")
+            raise InputError(
+                f"{what} is fitted on the training data, and the trainer has no training loader: give "
+                "the datamodule (or the module) a train_dataloader, or choose a method fitted on held-out "
+                "data only (method='temperature')"
+            )
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         """Fit at the end of ``trainer.fit``: here the network is still on its device (``on_fit_end`` comes after
@@ -327,8 +359,12 @@ class PosthocCallback(pl.Callback):
             loaders.append(_single(loader, f"{kind}_dataloader"))
         if distributed.active() and not all(_sharded(loader) for loader in loaders if loader is not None):
             # one whole loader means every rank fits alone on the whole data: a sharded one is read whole too
-            loaders = [_single(_source(trainer, stage, kind).dataloader(), f"{kind}_dataloader") if _sharded(loader)
-                       else loader for loader, kind in zip(loaders, ("train", "val"))]
+            loaders = [
+                _single(_source(trainer, stage, kind).dataloader(), f"{kind}_dataloader")
+                if _sharded(loader)
+                else loader
+                for loader, kind in zip(loaders, ("train", "val"))
+            ]
         return loaders[0], loaders[1]
 
     def _checkpoint(self, trainer: pl.Trainer, stage: str) -> Path | None:
@@ -347,10 +383,11 @@ class PosthocCallback(pl.Callback):
         try:
             state = trainer.strategy.load_checkpoint(checkpoint)["state_dict"]
         except (OSError, KeyError, RuntimeError) as err:
-            raise PosteriorFileError(f"could not read the weights of checkpoint {checkpoint} to fit posthoc on "
-                                     f"({type(err).__name__}: {err})") from err
+            raise PosteriorFileError(
+                f"could not read the weights of checkpoint {checkpoint} to fit posthoc on ({type(err).__name__}: {err})"
+            ) from err
         prefix = "" if net is pl_module else f"{self._attr_of(pl_module, net)}."
-        own = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
+        own = {key[len(prefix) :]: value for key, value in state.items() if key.startswith(prefix)}
         live = net.state_dict()
         if own.keys() == live.keys() and all(torch.equal(live[key], own[key].to(live[key].device)) for key in live):
             return net
@@ -358,8 +395,10 @@ class PosthocCallback(pl.Callback):
         try:
             fresh.load_state_dict(own)
         except RuntimeError as err:
-            raise PosteriorFileError(f"checkpoint {checkpoint} does not hold the weights of the network "
-                                     f"{prefix.rstrip('.') or type(net).__name__}: {err}") from err
+            raise PosteriorFileError(
+                f"checkpoint {checkpoint} does not hold the weights of the network "
+                f"{prefix.rstrip('.') or type(net).__name__}: {err}"
+            ) from err
         return fresh
 
     @staticmethod
@@ -369,8 +408,10 @@ class PosthocCallback(pl.Callback):
     def _fit(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         checkpoint = self._checkpoint(trainer, stage)
         if stage == "fit" and checkpoint is None and trainer.checkpoint_callback is not None:
-            rank_zero_warn("PosthocCallback: the ModelCheckpoint saved no checkpoint, so posthoc fits the trained "
-                           "weights and saves the posterior in default_root_dir; save the network to restore it")
+            rank_zero_warn(
+                "PosthocCallback: the ModelCheckpoint saved no checkpoint, so posthoc fits the trained "
+                "weights and saves the posterior in default_root_dir; save the network to restore it"
+            )
         train, val = self._loaders(trainer, stage)
         collective = distributed.active() and all(_sharded(loader) for loader in (train, val) if loader is not None)
         progress = trainer.progress_bar_callback is not None if self.progress is None else self.progress
@@ -392,5 +433,6 @@ class PosthocCallback(pl.Callback):
             um.save(str(path))
         trainer.strategy.barrier("posthoc-saved")
         self.uncertain_model, self.posterior_path, self.checkpoint_path = um, path, checkpoint
+
 
 __all__ = ["INSTALL_HINT", "PosthocCallback", "network_of"]

@@ -40,8 +40,11 @@ def swag_problem():
 
 
 def swag_results(um, x):
-    return {"mean": um.method.collector.mean.clone(), "variance": um.method.collector.variance.clone(),
-            "probs": um.predict(x[:20]).probs}
+    return {
+        "mean": um.method.collector.mean.clone(),
+        "variance": um.method.collector.variance.clone(),
+        "probs": um.predict(x[:20]).probs,
+    }
 
 
 def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
@@ -53,7 +56,9 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
         if scenario == "wrong-world-size":
             sampler = DistributedSampler(splits.calibration, num_replicas=3, rank=rank, shuffle=False)
             try:
-                posthoc.wrap(model, method="temperature").fit(val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False, shift=None)
+                posthoc.wrap(model, method="temperature").fit(
+                    val_loader=DataLoader(splits.calibration, sampler=sampler), progress=False, shift=None
+                )
             except posthoc.InputError as err:
                 torch.save({"error": str(err)}, f"{out}/rank{rank}.pt")
             return
@@ -71,19 +76,26 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             fit = DataLoader(shards(splits.fit)[rank], batch_size=64)
             um = posthoc.wrap(model, method="ibnn", components=2, num_samples=1)
             um.fit(fit, progress=False, shift=None, epochs=1, lr_nodes=0.5, train_samples=2)
-            torch.save({"nodes": {k: v.clone() for k, v in um.method.nodes.state_dict().items()},
-                        "probs": um.predict(splits.test.tensors[0][:20], generator=torch.Generator().manual_seed(0)).probs},
-                       f"{out}/rank{rank}.pt")
+            torch.save(
+                {
+                    "nodes": {k: v.clone() for k, v in um.method.nodes.state_dict().items()},
+                    "probs": um.predict(splits.test.tensors[0][:20], generator=torch.Generator().manual_seed(0)).probs,
+                },
+                f"{out}/rank{rank}.pt",
+            )
             return
         if scenario == "weights":
-            fit = DataLoader(shards(splits.fit)[rank], batch_size=64, shuffle=True,
-                             generator=torch.Generator().manual_seed(rank))
+            fit = DataLoader(
+                shards(splits.fit)[rank], batch_size=64, shuffle=True, generator=torch.Generator().manual_seed(rank)
+            )
             x = splits.test.tensors[0][:20]
             results = {}
             for name, options, fit_options in WEIGHT_CASES:
                 um = posthoc.wrap(model, method=name, **options).fit(fit, progress=False, shift=None, **fit_options)
-                results[name] = {"state": um.method.posterior_state(),
-                                 "probs": um.predict(x, generator=torch.Generator().manual_seed(0)).probs}
+                results[name] = {
+                    "state": um.method.posterior_state(),
+                    "probs": um.predict(x, generator=torch.Generator().manual_seed(0)).probs,
+                }
             torch.save(results, f"{out}/rank{rank}.pt")
             return
         if scenario == "laplace":
@@ -91,15 +103,24 @@ def run(rank: int, world: int, port: int, out: str, scenario: str) -> None:
             results = {}
             for hessian in ("kron", "diag"):
                 um = posthoc.wrap(model, method="laplace", hessian=hessian).fit(fit, progress=False, shift=None)
-                results[hessian] = {"prior": um.method.prior_precision.clone(),
-                                    "probs": um.predict(splits.test.tensors[0][:50]).probs}
+                results[hessian] = {
+                    "prior": um.method.prior_precision.clone(),
+                    "probs": um.predict(splits.test.tensors[0][:50]).probs,
+                }
             torch.save(results, f"{out}/rank{rank}.pt")
             return
         cal = DataLoader(shards(splits.calibration)[rank], batch_size=64)
         test = DataLoader(shards(splits.test)[rank], batch_size=64)
         um = posthoc.wrap(model, method="temperature").fit(val_loader=cal, progress=False, shift=None)
         report = posthoc.evaluate(um, test, progress=False)
-        torch.save({"temperature": um.method.temperature.clone(), "nll": report.nll, "ece": report.ece,
-                    "n": len(report.labels)}, f"{out}/rank{rank}.pt")
+        torch.save(
+            {
+                "temperature": um.method.temperature.clone(),
+                "nll": report.nll,
+                "ece": report.ece,
+                "n": len(report.labels),
+            },
+            f"{out}/rank{rank}.pt",
+        )
     finally:
         dist.destroy_process_group()

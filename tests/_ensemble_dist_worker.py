@@ -20,8 +20,11 @@ def problem() -> tuple[list[nn.Module], DataLoader, torch.Tensor]:
     for seed in range(3):
         torch.manual_seed(seed)
         models.append(nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)).eval())
-    return models, DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True,
-                              generator=torch.Generator().manual_seed(1)), x[:10]
+    return (
+        models,
+        DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True, generator=torch.Generator().manual_seed(1)),
+        x[:10],
+    )
 
 
 def fitted(method: str) -> posthoc.UncertainModel:

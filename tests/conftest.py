@@ -84,7 +84,10 @@ ARCHITECTURES = {
     "timm:efficientnet_b0": (lambda: timm.create_model("efficientnet_b0", num_classes=5), (2, 3, 32, 32)),
     "timm:mobilenetv3_small_100": (lambda: timm.create_model("mobilenetv3_small_100", num_classes=5), (2, 3, 32, 32)),
     "timm:convnext_atto": (lambda: timm.create_model("convnext_atto", num_classes=5), (2, 3, 32, 32)),
-    "timm:vit_tiny_patch16_224": (lambda: timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=32), (2, 3, 32, 32)),
+    "timm:vit_tiny_patch16_224": (
+        lambda: timm.create_model("vit_tiny_patch16_224", num_classes=5, img_size=32),
+        (2, 3, 32, 32),
+    ),
     "tv:resnet18": (lambda: torchvision.models.resnet18(num_classes=5), (2, 3, 32, 32)),
     "tv:mobilenet_v3_small": (lambda: torchvision.models.mobilenet_v3_small(num_classes=5), (2, 3, 32, 32)),
     "tv:efficientnet_b0": (lambda: torchvision.models.efficientnet_b0(num_classes=5), (2, 3, 32, 32)),
@@ -92,7 +95,10 @@ ARCHITECTURES = {
     "tv:convnext_tiny": (lambda: torchvision.models.convnext_tiny(num_classes=5), (2, 3, 32, 32)),
     "tv:vit_b_16": (lambda: torchvision.models.vit_b_16(image_size=32, num_classes=5), (2, 3, 32, 32)),
     "tv:swin_t": (lambda: torchvision.models.swin_t(num_classes=5), (2, 3, 32, 32)),
-    "sequential": (lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 5)), (2, 3, 8, 8)),
+    "sequential": (
+        lambda: nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU(), nn.Linear(16, 5)),
+        (2, 3, 8, 8),
+    ),
 }
 
 
@@ -110,7 +116,9 @@ def pytest_terminal_summary(terminalreporter) -> None:  # noqa: D103
     except ImportError:
         return
     if test_fuzz.CASES:
-        terminalreporter.write_line(f"fuzz cases tried per method: {dict(test_fuzz.CASES)} (total {sum(test_fuzz.CASES.values())})")
+        terminalreporter.write_line(
+            f"fuzz cases tried per method: {dict(test_fuzz.CASES)} (total {sum(test_fuzz.CASES.values())})"
+        )
         terminalreporter.write_line(f"fuzz outcomes: {dict(sorted(test_fuzz.OUTCOMES.items()))}")
 
 

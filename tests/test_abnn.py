@@ -24,8 +24,17 @@ from posthoc.methods.abnn.method import SCALES
 
 def _net(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)).eval()
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 3),
+    ).eval()
 
 
 def _images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -102,8 +111,15 @@ def test_the_noise_is_multiplicative_on_the_affine_scale_only() -> None:
 def test_the_loss_and_one_step_of_the_recipe_agree_with_torch_uncertainty() -> None:
     classes, random_prior = 9, 3.0
     torch.manual_seed(0)
-    peer = PeerABNN(num_classes=classes, random_prior=random_prior, alpha=0.1, num_models=1, num_samples=1,
-                    base_lr=0.01, device="cpu")
+    peer = PeerABNN(
+        num_classes=classes,
+        random_prior=random_prior,
+        alpha=0.1,
+        num_models=1,
+        num_samples=1,
+        base_lr=0.01,
+        device="cpu",
+    )
     weights = peer.weights[0]
     # the same rule: ⌊√C⌋ classes weigh random_prior, the others 1
     ours = random_class_weights(classes, random_prior, torch.Generator().manual_seed(0))
@@ -153,7 +169,7 @@ def test_modes_differ_the_users_model_is_untouched_and_the_fit_saves_and_loads(t
     rows = um.method.mode_rows
     assert rows.shape[0] == 3 and all(not torch.equal(rows[i], rows[j]) for i in range(3) for j in range(i))
     start = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    assert not torch.allclose(rows[0, :start.numel()], start)  # it fine-tuned away from the checkpoint
+    assert not torch.allclose(rows[0, : start.numel()], start)  # it fine-tuned away from the checkpoint
     assert um.method.class_weights.shape == (3, 3)
 
     test = _images(10, seed=5)[0]
@@ -171,8 +187,10 @@ def test_modes_differ_the_users_model_is_untouched_and_the_fit_saves_and_loads(t
 def test_the_noise_scale_is_chosen_by_the_selection_step_from_the_plain_model_up() -> None:
     model = _net()
     x, y = _images(500)
-    fit, val = (DataLoader(TensorDataset(x[:300], y[:300]), batch_size=50),
-                DataLoader(TensorDataset(x[300:], y[300:]), batch_size=100))
+    fit, val = (
+        DataLoader(TensorDataset(x[:300], y[:300]), batch_size=50),
+        DataLoader(TensorDataset(x[300:], y[300:]), batch_size=100),
+    )
     um = posthoc.wrap(model, method="abnn", modes=2, num_samples=2).fit(fit, val, progress=False, shift=None, epochs=1)
     record = um.summary()["selection"]
     assert [c["candidate"] for c in record["candidates"]] == ["plain", "0", *[f"{s:g}" for s in SCALES]]

@@ -17,8 +17,24 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "posthoc"
 ROOT = "posthoc"
-LAYERS = {"errors": 0, "settings": 0, "core": 0, "engine": 1, "methods": 2, "api": 3, "calibrate": 3, "export": 3, "guarantees": 3, "loading": 3,
-          "shift": 3, "ood": 3, "evaluation": 4, "demo": 5, "cli": 5, "lightning": 5}
+LAYERS = {
+    "errors": 0,
+    "settings": 0,
+    "core": 0,
+    "engine": 1,
+    "methods": 2,
+    "api": 3,
+    "calibrate": 3,
+    "export": 3,
+    "guarantees": 3,
+    "loading": 3,
+    "shift": 3,
+    "ood": 3,
+    "evaluation": 4,
+    "demo": 5,
+    "cli": 5,
+    "lightning": 5,
+}
 TOP = max(LAYERS.values())
 #: the other methods a method is made of, imported by name: MultiSWAG is an ensemble of SWAG runs
 BUILDS_ON = {"ensemble": {"swag"}}
@@ -113,8 +129,12 @@ def violations(found: list[Import]) -> list[str]:
         if layer(edge.target) > layer(edge.importer):
             bad.append(f"upward import: {edge}")
         method, target = method_of(edge.importer), method_of(edge.target)
-        if (method is not None and layer(edge.target) >= LAYERS["methods"] and target != method
-                and target not in BUILDS_ON.get(method, set())):
+        if (
+            method is not None
+            and layer(edge.target) >= LAYERS["methods"]
+            and target != method
+            and target not in BUILDS_ON.get(method, set())
+        ):
             bad.append(f"method '{method}' imports outside core, engine and itself: {edge}")
     return bad
 
@@ -127,8 +147,11 @@ def package(module: str) -> str:
 
 def package_imports(found: list[Import]) -> list[Import]:
     """The imports between subpackages (an import inside one subpackage is not one), the root excluded as importer."""
-    return [Import(package(edge.importer), package(edge.target), edge.line, edge.in_function) for edge in found
-            if edge.importer != ROOT and package(edge.importer) != package(edge.target)]
+    return [
+        Import(package(edge.importer), package(edge.target), edge.line, edge.in_function)
+        for edge in found
+        if edge.importer != ROOT and package(edge.importer) != package(edge.target)
+    ]
 
 
 def cycles(found: list[Import]) -> list[list[str]]:
@@ -298,17 +321,22 @@ def runner_concerns(package: Path = PACKAGE) -> tuple[list[Concern], int]:
                 for alias in node.names:
                     if alias.name.startswith("torch.distributed"):
                         found.append(Concern(module, node.lineno, f"imports {alias.name}"))
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in (
-                    "distributed", "dist"):
+            elif (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in ("distributed", "dist")
+            ):
                 found.append(Concern(module, node.lineno, f"calls {node.value.id}.{node.attr}"))
             elif isinstance(node, ast.Name) and node.id in ("single_thread_if", "set_num_threads"):
                 found.append(Concern(module, node.lineno, f"switches threads ({node.id})"))
             elif isinstance(node, ast.Attribute) and node.attr == "set_num_threads":
                 found.append(Concern(module, node.lineno, "switches threads (torch.set_num_threads)"))
-            if (isinstance(node, ast.Name) and node.id == "max_memory") or (
-                    isinstance(node, ast.Attribute) and node.attr == "max_memory") or (
-                    isinstance(node, ast.arg) and node.arg == "max_memory") or (
-                    isinstance(node, ast.keyword) and node.arg == "max_memory"):
+            if (
+                (isinstance(node, ast.Name) and node.id == "max_memory")
+                or (isinstance(node, ast.Attribute) and node.attr == "max_memory")
+                or (isinstance(node, ast.arg) and node.arg == "max_memory")
+                or (isinstance(node, ast.keyword) and node.arg == "max_memory")
+            ):
                 memory += 1
     return found, memory
 
@@ -319,8 +347,13 @@ def import_time_rewrites(package: Path = PACKAGE) -> list[str]:
     found = []
     for path in sorted(package.rglob("*.py")):
         for node in ast.parse(path.read_text(), filename=str(path)).body:
-            targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(
-                node, (ast.AugAssign, ast.AnnAssign)) else []
+            targets = (
+                node.targets
+                if isinstance(node, ast.Assign)
+                else [node.target]
+                if isinstance(node, (ast.AugAssign, ast.AnnAssign))
+                else []
+            )
             for target in targets:
                 text = ast.unparse(target)
                 if text.startswith("sys.modules[") or text.endswith(".__doc__"):
@@ -342,7 +375,7 @@ def test_the_runner_rules_catch_a_concern_put_back(tmp_path: Path):
             "    return settings.memory_budget(max_memory)\n"
         ),
         "api.py": "import sys\nfrom posthoc.core import settings\nsys.modules['posthoc.settings'] = settings\n"
-                  "def wrap():\n    pass\nwrap.__doc__ = 'more'\n",
+        "def wrap():\n    pass\nwrap.__doc__ = 'more'\n",
     }
     plant(tmp_path, files)
     found, memory = runner_concerns(tmp_path)
@@ -352,8 +385,10 @@ def test_the_runner_rules_catch_a_concern_put_back(tmp_path: Path):
         "posthoc.methods.bad.method (line 5): calls distributed.all_reduce_sum",
         "posthoc.methods.bad.method (line 6): switches threads (torch.set_num_threads)",
     ] and memory == 2
-    assert import_time_rewrites(tmp_path) == ["api.py (line 3): sys.modules['posthoc.settings'] = ...",
-                                              "api.py (line 6): wrap.__doc__ = ..."]
+    assert import_time_rewrites(tmp_path) == [
+        "api.py (line 3): sys.modules['posthoc.settings'] = ...",
+        "api.py (line 6): wrap.__doc__ = ...",
+    ]
 
 
 def test_methods_carry_no_ranks_or_threads():
@@ -363,8 +398,10 @@ def test_methods_carry_no_ranks_or_threads():
 
 def test_methods_barely_mention_the_memory_budget():
     _, memory = runner_concerns()
-    assert memory <= MAX_MEMORY_MENTIONS, (f"{memory} mentions of max_memory in posthoc/methods/ (at most "
-                                           f"{MAX_MEMORY_MENTIONS}): the runner's budget scope plans the chunks")
+    assert memory <= MAX_MEMORY_MENTIONS, (
+        f"{memory} mentions of max_memory in posthoc/methods/ (at most "
+        f"{MAX_MEMORY_MENTIONS}): the runner's budget scope plans the chunks"
+    )
 
 
 def test_nothing_is_rewritten_at_import_time():
@@ -387,12 +424,19 @@ def signature_reads(package: Path = PACKAGE) -> list[str]:
         if where in READS_A_USERS_SIGNATURE:
             continue
         for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if (isinstance(node, ast.Attribute) and node.attr in SIGNATURE_READERS and isinstance(node.value, ast.Name)
-                    and node.value.id == "inspect"):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr in SIGNATURE_READERS
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "inspect"
+            ):
                 found.append(f"{where} (line {node.lineno}): inspect.{node.attr}")
             elif isinstance(node, ast.ImportFrom) and node.module == "inspect":
-                found += [f"{where} (line {node.lineno}): from inspect import {alias.name}"
-                          for alias in node.names if alias.name in SIGNATURE_READERS]
+                found += [
+                    f"{where} (line {node.lineno}): from inspect import {alias.name}"
+                    for alias in node.names
+                    if alias.name in SIGNATURE_READERS
+                ]
     return found
 
 
@@ -403,12 +447,16 @@ def test_the_signature_rule_catches_a_signature_read_put_back(tmp_path: Path):
         "core/likelihood.py": "from inspect import getfullargspec, isclass\nimport inspect\nspec = inspect.getfullargspec\n",
     }
     plant(tmp_path, files)
-    assert signature_reads(tmp_path) == ["core/likelihood.py (line 1): from inspect import getfullargspec",
-                                         "core/likelihood.py (line 3): inspect.getfullargspec",
-                                         "ood/base.py (line 3): inspect.signature"]
+    assert signature_reads(tmp_path) == [
+        "core/likelihood.py (line 1): from inspect import getfullargspec",
+        "core/likelihood.py (line 3): inspect.getfullargspec",
+        "ood/base.py (line 3): inspect.signature",
+    ]
 
 
 def test_options_are_declared_not_read_from_signatures():
     found = signature_reads()
-    assert not found, ("signature reads in posthoc/ (declare the options as an Options dataclass, "
-                       "posthoc.core.options):\n" + "\n".join(found))
+    assert not found, (
+        "signature reads in posthoc/ (declare the options as an Options dataclass, "
+        "posthoc.core.options):\n" + "\n".join(found)
+    )

@@ -16,7 +16,9 @@ from posthoc.errors import ConfigError, InputError
 
 @pytest.fixture(scope="module")
 def fitted(small) -> posthoc.UncertainModel:
-    return posthoc.wrap(zoo.pretrained("digits_bn_cnn"), keep_candidates=True).fit(small["fit"], small["val"], progress=False)
+    return posthoc.wrap(zoo.pretrained("digits_bn_cnn"), keep_candidates=True).fit(
+        small["fit"], small["val"], progress=False
+    )
 
 
 def test_auto_is_the_default_and_keeps_the_admissible_candidate_of_lowest_perturbed_nll(fitted) -> None:
@@ -66,8 +68,9 @@ def test_without_validation_data_auto_is_last_layer_laplace(small) -> None:
 
 
 def test_own_candidates_with_options_and_a_new_choice(small) -> None:
-    um = posthoc.wrap(zoo.pretrained(), method="auto",
-                      candidates=["temperature", {"method": ["laplace", "dac"], "anchor": 0.9}])
+    um = posthoc.wrap(
+        zoo.pretrained(), method="auto", candidates=["temperature", {"method": ["laplace", "dac"], "anchor": 0.9}]
+    )
     um.fit(small["fit"], small["val"], progress=False)
     labels = [row["candidate"] for row in um.summary()["selection"]["candidates"]]
     assert labels == ["none", "temperature", "laplace+dac (anchor=0.9)"]
@@ -76,15 +79,18 @@ def test_own_candidates_with_options_and_a_new_choice(small) -> None:
     assert um.method.chosen_label == chosen
 
 
-@pytest.mark.parametrize("candidates, message", [
-    ("laplace", "candidates must be None"),
-    ([], "candidates must be None"),
-    ([3], "an auto candidate is a method name"),
-    (["auto"], "'auto' cannot be a candidate of itself"),
-    (["nope"], "unknown method 'nope'"),
-    ([{"method": "laplace", "hessian": "nope"}], "hessian must be one of"),
-    ([{"method": "temperature", "bins": 3}], r"unknown option\(s\) \['bins'\]"),
-])
+@pytest.mark.parametrize(
+    "candidates, message",
+    [
+        ("laplace", "candidates must be None"),
+        ([], "candidates must be None"),
+        ([3], "an auto candidate is a method name"),
+        (["auto"], "'auto' cannot be a candidate of itself"),
+        (["nope"], "unknown method 'nope'"),
+        ([{"method": "laplace", "hessian": "nope"}], "hessian must be one of"),
+        ([{"method": "temperature", "bins": 3}], r"unknown option\(s\) \['bins'\]"),
+    ],
+)
 def test_bad_candidates_are_refused_at_wrap(candidates, message) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(zoo.pretrained(), method="auto", candidates=candidates)
@@ -96,12 +102,11 @@ def test_a_default_that_refuses_the_model_is_left_out_and_named(small) -> None:
     net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1), nn.Flatten(0))
     x = torch.randn(300, 4)
     y = (x[:, 0] > 0).long()
-    loader = [(x[i:i + 100], y[i:i + 100]) for i in range(0, 200, 100)]
+    loader = [(x[i : i + 100], y[i : i + 100]) for i in range(0, 200, 100)]
     um = posthoc.wrap(net).fit(loader, [(x[200:], y[200:])], progress=False)
     card = um.summary()["posterior"][0]
     assert "laplace" in card["left_out"] and "needs a head with at least 2 outputs" in card["left_out"]["laplace"]
     assert "laplace" not in {row["candidate"] for row in um.summary()["selection"]["candidates"]}
-
 
 
 def test_a_default_that_refuses_the_held_out_data_is_left_out_and_a_named_one_is_refused() -> None:
@@ -118,10 +123,12 @@ def test_a_default_that_refuses_the_held_out_data_is_left_out_and_a_named_one_is
     with pytest.raises(InputError, match=r"class 2: 4"):
         posthoc.wrap(net, candidates=["vector"]).fit([(x, y)], [(x, y)], progress=False)
 
+
 def test_a_regressor_chooses_on_held_out_gaussian_nll() -> None:
     net, x, y = linear_data_regressor(400, 250, 0.3)
-    um = posthoc.wrap(net, method="auto", likelihood="regression").fit([(x[:250], y[:250])], [(x[250:], y[250:])],
-                                                                              progress=False)
+    um = posthoc.wrap(net, method="auto", likelihood="regression").fit(
+        [(x[:250], y[:250])], [(x[250:], y[250:])], progress=False
+    )
     record = um.summary()["selection"]
     assert [row["candidate"] for row in record["candidates"]] == ["none", "laplace"]  # no dropout of its own
     assert all(math.isfinite(row["clean_nll"]) for row in record["candidates"])

@@ -25,9 +25,16 @@ def test_statistics_on_the_identity_index_equal_the_report_metrics():
     probs, labels = _classifier_outputs(500, torch.Generator().manual_seed(0))
     identity = torch.arange(500)[None]
     stats = bootstrap.example_statistics(probs, labels)
-    expected = {"accuracy": metrics.accuracy, "nll": metrics.nll, "ece": metrics.ece, "brier": metrics.brier,
-                "aurc": metrics.aurc, "adaptive_ece": metrics.adaptive_ece, "smooth_ece": metrics.smooth_ece,
-                "augrc": metrics.augrc}
+    expected = {
+        "accuracy": metrics.accuracy,
+        "nll": metrics.nll,
+        "ece": metrics.ece,
+        "brier": metrics.brier,
+        "aurc": metrics.aurc,
+        "adaptive_ece": metrics.adaptive_ece,
+        "smooth_ece": metrics.smooth_ece,
+        "augrc": metrics.augrc,
+    }
     assert set(stats) == set(expected)
     for name, fn in expected.items():
         assert float(stats[name](identity)[0]) == pytest.approx(fn(probs, labels), abs=1e-12), name
@@ -52,11 +59,18 @@ def test_statistics_on_resamples_equal_the_metrics_of_the_resampled_examples():
 def test_intervals_agree_with_scipy_bootstrap(method):
     probs, labels = _classifier_outputs(400, torch.Generator().manual_seed(2))
     stats = bootstrap.example_statistics(probs, labels)
-    ours = bootstrap.intervals({k: stats[k] for k in ("nll", "ece")}, 400, ci=0.9, bootstraps=4000, seed=0,
-                               method=method.lower())
+    ours = bootstrap.intervals(
+        {k: stats[k] for k in ("nll", "ece")}, 400, ci=0.9, bootstraps=4000, seed=0, method=method.lower()
+    )
     per_example_nll = -probs.gather(-1, labels[:, None]).squeeze(-1).log().numpy()
-    theirs = scipy.stats.bootstrap((per_example_nll,), np.mean, confidence_level=0.9, n_resamples=4000,
-                                   method=method, random_state=np.random.default_rng(0)).confidence_interval
+    theirs = scipy.stats.bootstrap(
+        (per_example_nll,),
+        np.mean,
+        confidence_level=0.9,
+        n_resamples=4000,
+        method=method,
+        random_state=np.random.default_rng(0),
+    ).confidence_interval
     width = theirs.high - theirs.low
     assert ours["nll"][0] == pytest.approx(theirs.low, abs=0.08 * width)
     assert ours["nll"][1] == pytest.approx(theirs.high, abs=0.08 * width)
@@ -71,9 +85,16 @@ def test_intervals_agree_with_scipy_bootstrap(method):
         return np.abs(sums).sum(-1) / conf.shape[-1]
 
     assert ece(confidence.numpy(), correct.numpy()) == pytest.approx(metrics.ece(probs, labels), abs=1e-12)
-    theirs = scipy.stats.bootstrap((confidence.numpy(), correct.numpy()), ece, paired=True, vectorized=True,
-                                   confidence_level=0.9, n_resamples=4000, method=method,
-                                   random_state=np.random.default_rng(0)).confidence_interval
+    theirs = scipy.stats.bootstrap(
+        (confidence.numpy(), correct.numpy()),
+        ece,
+        paired=True,
+        vectorized=True,
+        confidence_level=0.9,
+        n_resamples=4000,
+        method=method,
+        random_state=np.random.default_rng(0),
+    ).confidence_interval
     width = theirs.high - theirs.low
     assert ours["ece"][0] == pytest.approx(theirs.low, abs=0.15 * width)
     assert ours["ece"][1] == pytest.approx(theirs.high, abs=0.15 * width)
@@ -86,8 +107,11 @@ def test_interval_coverage_of_known_truths_over_many_draws():
     logits = 2.0 * torch.randn(200_000, 4, generator=generator, dtype=torch.float64)
     population = torch.softmax(logits, -1)
     truth_labels = torch.multinomial(population, 1, generator=generator).squeeze(-1)
-    truth = {"accuracy": metrics.accuracy(population, truth_labels), "nll": metrics.nll(population, truth_labels),
-             "brier": metrics.brier(population, truth_labels)}
+    truth = {
+        "accuracy": metrics.accuracy(population, truth_labels),
+        "nll": metrics.nll(population, truth_labels),
+        "brier": metrics.brier(population, truth_labels),
+    }
     hits = {name: 0 for name in truth}
     draws = 300
     for draw in range(draws):
@@ -170,11 +194,21 @@ def test_compare_refuses_different_examples_and_unknown_metrics():
 def test_evaluate_with_ci_carries_intervals_and_shows_them(digits, digits_model):
     um = posthoc.wrap(digits_model, method="none")
     test = data.loader(data.subset(digits.test, 300), batch_size=150)
-    report = posthoc.evaluate(um, test, data.loader(data.subset(digits.ood, 200), batch_size=200), progress=False,
-                              ci=0.95, bootstraps=300)
+    report = posthoc.evaluate(
+        um, test, data.loader(data.subset(digits.ood, 200), batch_size=200), progress=False, ci=0.95, bootstraps=300
+    )
     assert report.ci == 0.95
-    assert set(report.intervals) == {"accuracy", "nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc",
-                                     "ood_auroc"}
+    assert set(report.intervals) == {
+        "accuracy",
+        "nll",
+        "ece",
+        "adaptive_ece",
+        "smooth_ece",
+        "brier",
+        "aurc",
+        "augrc",
+        "ood_auroc",
+    }
     for name, (low, high) in report.intervals.items():
         assert low <= high
         if "ece" not in name:  # a bootstrap ECE is biased upwards: the point estimate may sit below its interval

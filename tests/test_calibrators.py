@@ -25,8 +25,10 @@ def overconfident(digits):
 
     model = zoo.pretrained()
     with torch.no_grad():
-        return {split: (model(ds.tensors[0]) * 3, ds.tensors[1]) for split, ds in
-                (("fit", digits.calibration), ("test", digits.test))}
+        return {
+            split: (model(ds.tensors[0]) * 3, ds.tensors[1])
+            for split, ds in (("fit", digits.calibration), ("test", digits.test))
+        }
 
 
 def _synthetic(n=3000, seed=0, fit=2000):
@@ -73,12 +75,20 @@ def test_peers_agree_on_the_same_logits():
     # the inputs ours sees: posthoc.calibrate works on the logits in float64
     fit_probs = torch.softmax(logits.double(), -1).numpy()
     transform_probs = torch.softmax(test_logits.double(), -1).numpy()
-    per_class = np.stack([SklearnIsotonic(y_min=0, y_max=1, out_of_bounds="clip").fit(fit_probs[:, c], labels.numpy() == c)
-                          .predict(transform_probs[:, c]) for c in range(5)], -1).clip(1e-6)
+    per_class = np.stack(
+        [
+            SklearnIsotonic(y_min=0, y_max=1, out_of_bounds="clip")
+            .fit(fit_probs[:, c], labels.numpy() == c)
+            .predict(transform_probs[:, c])
+            for c in range(5)
+        ],
+        -1,
+    ).clip(1e-6)
     assert np.abs(ours - per_class / per_class.sum(-1, keepdims=True)).max() < 1e-6
     theirs = np.asarray(IsotonicRegression().fit(probs, labels.numpy()).transform(test_probs))
     assert np.abs(ours - theirs).max() < 2e-3
     import torch_uncertainty.post_processing as tu
+
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels))
     scaler = tu.MatrixScaler(num_classes=5, model=None)
     scaler.fit(loader, progress=False)
@@ -120,13 +130,17 @@ def test_auto_is_never_worse_than_identity_on_the_folds_and_reports_its_table():
             assert scores[calibrator.chosen_name]["nll"] <= scores["identity"]["nll"]
             if miscalibrated:
                 assert calibrator.chosen_name != "identity"
-                assert metrics.nll(calibrator(test_logits), test_labels) < metrics.nll(test_logits.softmax(-1), test_labels)
+                assert metrics.nll(calibrator(test_logits), test_labels) < metrics.nll(
+                    test_logits.softmax(-1), test_labels
+                )
 
 
 def test_auto_skips_calibrators_without_enough_examples_per_class():
     (logits, labels), _ = _synthetic()
     keep = torch.cat([torch.nonzero(labels == c).reshape(-1)[: (6 if c == 0 else 200)] for c in range(5)])
-    with pytest.warns(RuntimeWarning, match=r"auto calibration skips 'matrix': .*at least 10 held-out examples of every class"):
+    with pytest.warns(
+        RuntimeWarning, match=r"auto calibration skips 'matrix': .*at least 10 held-out examples of every class"
+    ):
         calibrator = posthoc.calibrate(logits[keep], labels[keep], method="auto")
     assert "matrix" not in calibrator.scores and "temperature" in calibrator.scores
 
@@ -135,7 +149,10 @@ def test_too_few_examples_per_class_names_the_minimum():
     (logits, labels), _ = _synthetic()
     keep = torch.cat([torch.nonzero(labels == c).reshape(-1)[: (3 if c == 2 else 50)] for c in range(5)])
     for method, minimum in (("vector", 5), ("matrix", 10), ("dirichlet", 10), ("histogram", 10), ("isotonic", 10)):
-        with pytest.raises(posthoc.InputError, match=rf"'{method}' .*needs at least {minimum} held-out examples of every class \(class 2: 3\)"):
+        with pytest.raises(
+            posthoc.InputError,
+            match=rf"'{method}' .*needs at least {minimum} held-out examples of every class \(class 2: 3\)",
+        ):
             posthoc.calibrate(logits[keep], labels[keep], method=method)
 
 
@@ -151,7 +168,9 @@ def test_guardrails_one_example_one_class_probabilities_and_strings():
         posthoc.calibrate(torch.sigmoid(logits[:, 0]), (labels == 0).long())
     names = np.array(["cat", "dog", "owl", "emu", "elk"])[labels.numpy()]
     for given in (names, names.tolist()):
-        with pytest.raises(posthoc.InputError, match="labels are strings \\(e.g. '.*'\\), not numbers; .*return_inverse"):
+        with pytest.raises(
+            posthoc.InputError, match="labels are strings \\(e.g. '.*'\\), not numbers; .*return_inverse"
+        ):
             posthoc.calibrate(logits, given)
     with pytest.raises(posthoc.ConfigError, match="unknown option\\(s\\) \\['bins'\\] for calibrator 'vector'"):
         posthoc.calibrate(logits, labels, method="vector", bins=3)
@@ -184,7 +203,7 @@ def test_auto_needs_a_candidate_to_beat_the_identity_by_more_than_noise():
     generator = torch.Generator().manual_seed(0)
     identity = torch.rand(600, generator=generator, dtype=torch.float64)
     noise = torch.randn(600, generator=generator, dtype=torch.float64)
-    lucky = identity + noise - noise.mean() - 1e-3          # 1e-3 lower on average, standard error ~0.04
+    lucky = identity + noise - noise.mean() - 1e-3  # 1e-3 lower on average, standard error ~0.04
     better = identity - 0.2 + 0.01 * noise
     assert confidently_better({"identity": identity, "lucky": lucky, "better": better}) == {"identity", "better"}
 
@@ -218,8 +237,12 @@ def test_auto_is_no_worse_than_no_calibration_on_nearly_separable_sets(nearly_se
     ratios = []
     for seed in range(20):
         generator = torch.Generator().manual_seed(seed)
-        pick = torch.cat([wrong_rows[torch.randperm(len(wrong_rows), generator=generator)[:5]],
-                          right_rows[torch.randperm(len(right_rows), generator=generator)[:787]]])
+        pick = torch.cat(
+            [
+                wrong_rows[torch.randperm(len(wrong_rows), generator=generator)[:5]],
+                right_rows[torch.randperm(len(right_rows), generator=generator)[:787]],
+            ]
+        )
         pick = pick[torch.randperm(len(pick), generator=generator)]
         fit, test = pick[:396], pick[396:]
         with warnings.catch_warnings():

@@ -19,12 +19,21 @@ from posthoc.methods.laplace.kron import KronCurvature
 def _gaussian(rows: int = 7, classes: int = 5) -> LogitGaussian:
     generator = torch.Generator().manual_seed(0)
     basis = torch.linalg.qr(torch.randn(classes, classes, generator=generator))[0]
-    return LogitGaussian(torch.randn(rows, classes, generator=generator), torch.rand(rows, classes, generator=generator), basis)
+    return LogitGaussian(
+        torch.randn(rows, classes, generator=generator), torch.rand(rows, classes, generator=generator), basis
+    )
 
 
-@pytest.mark.parametrize("kernel", [probit_log_probs, bridge_log_probs, lambda g: mc_log_probs(g, 10),
-                                    lambda g: Prediction.from_log_probs(*mc_log_probs(g, 10))],
-                         ids=["probit", "bridge", "mc", "mc-to-prediction"])
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        probit_log_probs,
+        bridge_log_probs,
+        lambda g: mc_log_probs(g, 10),
+        lambda g: Prediction.from_log_probs(*mc_log_probs(g, 10)),
+    ],
+    ids=["probit", "bridge", "mc", "mc-to-prediction"],
+)
 def test_logit_space_kernels_compile_without_graph_breaks(kernel) -> None:
     torch._dynamo.reset()
     g = _gaussian()
@@ -47,9 +56,17 @@ def test_kron_logit_gaussian_compiles_without_graph_breaks() -> None:
     torch._dynamo.reset()
     generator = torch.Generator().manual_seed(0)
     phi, mean = torch.randn(6, 4, generator=generator), torch.randn(6, 3, generator=generator)
-    in_vecs, out_vecs = torch.linalg.qr(torch.randn(4, 4, generator=generator))[0], torch.linalg.qr(torch.randn(3, 3, generator=generator))[0]
+    in_vecs, out_vecs = (
+        torch.linalg.qr(torch.randn(4, 4, generator=generator))[0],
+        torch.linalg.qr(torch.randn(3, 3, generator=generator))[0],
+    )
     block = KronCurvature()
-    block.out_eigvals, block.out_eigvecs, block.in_eigvals, block.in_eigvecs = torch.rand(3) + 0.1, out_vecs, torch.rand(4) + 0.1, in_vecs
+    block.out_eigvals, block.out_eigvecs, block.in_eigvals, block.in_eigvecs = (
+        torch.rand(3) + 0.1,
+        out_vecs,
+        torch.rand(4) + 0.1,
+        in_vecs,
+    )
     got = torch.compile(block.head_variance, fullgraph=True, backend="eager")(phi, mean, 2.0)
     torch.testing.assert_close(got.scale, block.head_variance(phi, mean, 2.0).scale)
 
@@ -73,4 +90,6 @@ def test_a_compiled_model_is_wrapped_through_its_original_module(method, digits,
     um.save(tmp_path / "posterior.pt")  # fitted on the compiled model: loads onto the plain one, and back
     for model in (original, torch.compile(original, backend="eager")):
         reloaded = posthoc.load(tmp_path / "posterior.pt", model)
-        torch.testing.assert_close(reloaded.predict(test_x, generator=torch.Generator().manual_seed(0)).probs, predictions[1])
+        torch.testing.assert_close(
+            reloaded.predict(test_x, generator=torch.Generator().manual_seed(0)).probs, predictions[1]
+        )

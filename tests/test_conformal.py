@@ -119,8 +119,9 @@ def test_lac_threshold_and_sets_equal_mapie(n_cal: int, alpha: float) -> None:
 
     probs, labels = synthetic(n_cal + 400, torch.Generator().manual_seed(n_cal))
     probs_np, labels_np = probs.numpy(), labels.numpy()
-    reference = mapie.SplitConformalClassifier(GivenProbabilities().fit(probs_np, labels_np), confidence_level=1 - alpha,
-                                               conformity_score="lac", prefit=True)
+    reference = mapie.SplitConformalClassifier(
+        GivenProbabilities().fit(probs_np, labels_np), confidence_level=1 - alpha, conformity_score="lac", prefit=True
+    )
     reference.conformalize(probs_np[:n_cal], labels_np[:n_cal])
     _, reference_sets = reference.predict_set(probs_np[n_cal:])
     cp = posthoc.conformal(probs_np[:n_cal], labels_np[:n_cal], alpha=alpha, score="lac")
@@ -145,8 +146,9 @@ def test_the_rank_is_the_published_formula() -> None:
 def test_scores_by_hand() -> None:
     probs = torch.tensor([[0.1, 0.6, 0.3]], dtype=torch.float64)
     assert torch.allclose(ConformityScore("lac")(probs), torch.tensor([[0.9, 0.4, 0.7]], dtype=torch.float64))
-    assert torch.allclose(ConformityScore("aps", randomized=False)(probs),
-                          torch.tensor([[1.0, 0.6, 0.9]], dtype=torch.float64))
+    assert torch.allclose(
+        ConformityScore("aps", randomized=False)(probs), torch.tensor([[1.0, 0.6, 0.9]], dtype=torch.float64)
+    )
     raps = ConformityScore("raps", randomized=False, k_reg=1, lam=0.5)(probs)
     assert torch.allclose(raps, torch.tensor([[2.0, 0.6, 1.4]], dtype=torch.float64))
     # randomised: the true class's own mass enters with a uniform weight u shared across the classes of an example
@@ -198,7 +200,8 @@ def test_a_wrapped_model_and_its_predict_sets(digits: data.DigitsSplits, digits_
     # the same threshold from the model's probabilities as arrays
     probs = um.predict(digits.calibration.tensors[0]).probs
     assert float(posthoc.conformal(probs, digits.calibration.tensors[1], alpha=0.05).threshold) == pytest.approx(
-        float(cp.threshold), abs=1e-6)
+        float(cp.threshold), abs=1e-6
+    )
     assert coverage(pred.sets, y[:300]) >= 0.9 and mean_set_size(pred.sets) < 1.5
     report = posthoc.evaluate(um, data.loader(digits.test, 500), conformal=cp, progress=False)
     assert report.alpha == 0.05 and 0.9 <= report.coverage <= 1 and report.set_size < 1.5
@@ -234,7 +237,11 @@ def test_bad_inputs_have_clear_errors() -> None:
     cases = [
         (lambda: posthoc.conformal(probs, labels, score="naive"), posthoc.ConfigError, "unknown conformity score"),
         (lambda: posthoc.conformal(probs, labels, score="lac", randomized=True), posthoc.ConfigError, "not randomised"),
-        (lambda: posthoc.conformal(probs, labels, score="aps", lam=0.1), posthoc.ConfigError, "options of score='raps'"),
+        (
+            lambda: posthoc.conformal(probs, labels, score="aps", lam=0.1),
+            posthoc.ConfigError,
+            "options of score='raps'",
+        ),
         (lambda: posthoc.conformal(probs, labels, score="raps", k_reg=-1), posthoc.ConfigError, "k_reg must be"),
         (lambda: posthoc.conformal(probs, labels, inputs="softmax"), posthoc.ConfigError, "inputs must be one of"),
         (lambda: posthoc.conformal(probs, labels[:50]), posthoc.InputError, "100 calibration examples but 50 labels"),
@@ -243,7 +250,11 @@ def test_bad_inputs_have_clear_errors() -> None:
         (lambda: posthoc.conformal(probs[:, :1], labels), posthoc.InputError, "C >= 2"),
         (lambda: posthoc.conformal(torch.full((100, 3), float("nan")), labels), posthoc.InputError, "NaN or inf"),
         (lambda: posthoc.conformal([[0.5, 0.5]], [0]), posthoc.InputError, "must be a tensor, a numpy array"),
-        (lambda: cp.sets(probs[:, :5] / probs[:, :5].sum(-1, keepdim=True)), posthoc.InputError, "calibrated on 10 classes"),
+        (
+            lambda: cp.sets(probs[:, :5] / probs[:, :5].sum(-1, keepdim=True)),
+            posthoc.InputError,
+            "calibrated on 10 classes",
+        ),
         (lambda: cp.sets(probs.log()), posthoc.InputError, "these rows are not probabilities"),
         (lambda: cp.predict(probs), posthoc.ConfigError, "calibrated on a wrapped model"),
         (lambda: posthoc.conformal(probs.log(), labels).sets(probs), posthoc.InputError, "look like probabilities"),

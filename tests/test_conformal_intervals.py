@@ -91,12 +91,19 @@ def test_absolute_intervals_equal_mapies() -> None:
 
 def test_cqr_intervals_equal_mapies() -> None:
     x, y = _regression_data(3)
-    quantile_models = [GradientBoostingRegressor(loss="quantile", alpha=a, n_estimators=30, random_state=0).fit(x[:300], y[:300])
-                       for a in (0.05, 0.95, 0.5)]
-    ours = conformal_intervals(torch.tensor(y[300:600]), lower=torch.tensor(quantile_models[0].predict(x[300:600])),
-                               upper=torch.tensor(quantile_models[1].predict(x[300:600])), alpha=0.1)
-    lower, upper = ours.intervals(lower=torch.tensor(quantile_models[0].predict(x[600:])),
-                                  upper=torch.tensor(quantile_models[1].predict(x[600:])))
+    quantile_models = [
+        GradientBoostingRegressor(loss="quantile", alpha=a, n_estimators=30, random_state=0).fit(x[:300], y[:300])
+        for a in (0.05, 0.95, 0.5)
+    ]
+    ours = conformal_intervals(
+        torch.tensor(y[300:600]),
+        lower=torch.tensor(quantile_models[0].predict(x[300:600])),
+        upper=torch.tensor(quantile_models[1].predict(x[300:600])),
+        alpha=0.1,
+    )
+    lower, upper = ours.intervals(
+        lower=torch.tensor(quantile_models[0].predict(x[600:])), upper=torch.tensor(quantile_models[1].predict(x[600:]))
+    )
     mapie = ConformalizedQuantileRegressor(quantile_models, confidence_level=0.9, prefit=True)
     mapie.conformalize(x[300:600], y[300:600])
     # Romano et al.'s score max(lower - y, y - upper) is MAPIE's symmetric correction (its default corrects each side

@@ -75,7 +75,9 @@ def test_backpack_kfac_on_cuda_matches_cpu(digits_model, small):
         probs.append(pred.probs.cpu())
     torch.testing.assert_close(probs[1], probs[0], atol=1e-4, rtol=0)
     on_cpu, on_gpu = fitted
-    torch.testing.assert_close(on_gpu.spectrum().cpu().sort().values, on_cpu.spectrum().sort().values, rtol=1e-3, atol=1e-6)
+    torch.testing.assert_close(
+        on_gpu.spectrum().cpu().sort().values, on_cpu.spectrum().sort().values, rtol=1e-3, atol=1e-6
+    )
     torch.testing.assert_close(float(on_gpu.prior_precision), float(on_cpu.prior_precision), rtol=1e-3, atol=0)
 
 
@@ -93,8 +95,11 @@ def _synchronisations(um, x, num_samples: int) -> int:
 
 @pytest.mark.parametrize("case", sorted(SAMPLERS))
 def test_sampling_synchronises_with_the_host_per_chunk_not_per_sample(case, digits_model, small):
-    um = posthoc.wrap(digits_model.cuda(), **SAMPLERS[case]).fit(small["fit"], progress=False, epochs=1) if case.startswith("swag") \
+    um = (
+        posthoc.wrap(digits_model.cuda(), **SAMPLERS[case]).fit(small["fit"], progress=False, epochs=1)
+        if case.startswith("swag")
         else posthoc.wrap(digits_model.cuda(), **SAMPLERS[case]).fit(small["fit"], progress=False)
+    )
     x = small["x"].cuda()
     um.predict(x, num_samples=2)  # warm-up: lazy caches and kernels
     few, many = _synchronisations(um, x, 2), _synchronisations(um, x, 64)

@@ -30,15 +30,21 @@ def _one_thread(one_thread):
 @pytest.fixture(scope="module")
 def fitted(small) -> dict[str | None, posthoc.UncertainModel]:
     """``["none", "dac"]`` on the bundled CNN, fitted with the perturbed held-out copies and without."""
-    return {shift: posthoc.wrap(zoo.pretrained(), method=["none", "dac"]).fit(small["fit"], small["val"], progress=False,
-                                                                              shift=shift)
-            for shift in ("auto", None)}
+    return {
+        shift: posthoc.wrap(zoo.pretrained(), method=["none", "dac"]).fit(
+            small["fit"], small["val"], progress=False, shift=shift
+        )
+        for shift in ("auto", None)
+    }
 
 
 def _far_inputs(x: torch.Tensor) -> dict[str, torch.Tensor]:
     generator = torch.Generator().manual_seed(0)
-    return {"rotated 90": TF.rotate(x, 90.0), "heavy noise": x + 2 * torch.randn(x.shape, generator=generator),
-            "random": 3 * torch.rand(x.shape, generator=generator) - 0.5}
+    return {
+        "rotated 90": TF.rotate(x, 90.0),
+        "heavy noise": x + 2 * torch.randn(x.shape, generator=generator),
+        "random": 3 * torch.rand(x.shape, generator=generator) - 0.5,
+    }
 
 
 def test_in_distribution_confidence_is_kept_and_far_inputs_are_less_confident(fitted, digits) -> None:
@@ -145,8 +151,9 @@ def test_follows_the_model_to_the_gpu(fitted, digits) -> None:
 def test_the_bank_keeps_to_its_budget_and_distances_are_exact(small, digits) -> None:
     widths = 16 + 32 + 64
     budget = 100 * widths * 4 + 7
-    um = posthoc.wrap(zoo.pretrained(), method="dac", bank_bytes=budget, k=3).fit(small["fit"], small["val"],
-                                                                                   progress=False, shift=None)
+    um = posthoc.wrap(zoo.pretrained(), method="dac", bank_bytes=budget, k=3).fit(
+        small["fit"], small["val"], progress=False, shift=None
+    )
     method = um.method
     assert method.bank_rows == rows_within([16, 32, 64], budget) == 100
     assert method.summary()["bank_bytes"] <= budget and method.summary()["training_examples_seen"] == 512
@@ -176,7 +183,10 @@ def test_reservoir_keeps_a_uniform_subset() -> None:
 
 def test_kth_distance_matches_brute_force_in_chunks() -> None:
     generator = torch.Generator().manual_seed(0)
-    bank, queries = normalised(torch.randn(500, 8, generator=generator)), normalised(torch.randn(20, 8, generator=generator))
+    bank, queries = (
+        normalised(torch.randn(500, 8, generator=generator)),
+        normalised(torch.randn(20, 8, generator=generator)),
+    )
     brute = torch.cdist(queries.double(), bank.double()).sort(dim=1).values[:, 6]
     for max_memory in (None, 20 * 4 * 50):  # one block, and blocks of 50 bank rows
         assert torch.allclose(kth_distance(queries, bank, 7, max_memory=max_memory), brute, atol=1e-9)
@@ -192,22 +202,26 @@ def test_layers_are_found_and_can_be_named(digits_model) -> None:
 
 
 def test_named_layers_are_used(small) -> None:
-    um = posthoc.wrap(zoo.pretrained(), method="dac", layers=["features.7"]).fit(small["fit"], small["val"],
-                                                                                  progress=False, shift=None)
+    um = posthoc.wrap(zoo.pretrained(), method="dac", layers=["features.7"]).fit(
+        small["fit"], small["val"], progress=False, shift=None
+    )
     card = um.summary()["posterior"][-1]
     assert card["layers"] == ["features.7", "classifier.4:input"] and card["bank_bytes"] == 512 * (32 + 64) * 4
 
 
-@pytest.mark.parametrize("options, message", [
-    ({"k": 0}, "k must be a positive integer"),
-    ({"anchor": 1.5}, "anchor must be a number strictly between 0 and 1"),
-    ({"val_tolerance": 0.01}, "option 'val_tolerance' was removed: every held-out choice now takes one tolerance"),
-    ({"shrink": 2}, "shrink must be a number in \\[0, 1\\]"),
-    ({"bank_bytes": 0}, "bank_bytes must be a positive number of bytes"),
-    ({"layers": ["nope"]}, "no module named 'nope'; available: features"),
-    ({"layers": "features.3"}, "layers must be None"),
-    ({"bank_size": 10}, r"unknown option\(s\) \['bank_size'\].*dac: k=10, layers=None, bank_bytes=67108864"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        ({"k": 0}, "k must be a positive integer"),
+        ({"anchor": 1.5}, "anchor must be a number strictly between 0 and 1"),
+        ({"val_tolerance": 0.01}, "option 'val_tolerance' was removed: every held-out choice now takes one tolerance"),
+        ({"shrink": 2}, "shrink must be a number in \\[0, 1\\]"),
+        ({"bank_bytes": 0}, "bank_bytes must be a positive number of bytes"),
+        ({"layers": ["nope"]}, "no module named 'nope'; available: features"),
+        ({"layers": "features.3"}, "layers must be None"),
+        ({"bank_size": 10}, r"unknown option\(s\) \['bank_size'\].*dac: k=10, layers=None, bank_bytes=67108864"),
+    ],
+)
 def test_bad_options_are_refused_at_wrap(digits_model, options, message) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(digits_model, method=["none", "dac"], **options)
@@ -230,8 +244,10 @@ class _Tokens(nn.Module):
 def test_dict_inputs_work_and_a_model_without_layers_says_what_to_pass() -> None:
     generator = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 50, (192, 12), generator=generator)
-    batches = [({"input_ids": ids[i:i + 64], "attention_mask": torch.ones(64, 12, dtype=torch.long)},
-                ids[i:i + 64, 0] % 3) for i in range(0, 192, 64)]
+    batches = [
+        ({"input_ids": ids[i : i + 64], "attention_mask": torch.ones(64, 12, dtype=torch.long)}, ids[i : i + 64, 0] % 3)
+        for i in range(0, 192, 64)
+    ]
     um = posthoc.wrap(_Tokens(), method="dac").fit(batches, batches, progress=False)
     assert um.summary()["posterior"][-1]["layers"] == ["embed", "head:input"]
     assert um.predict(batches[0][0]).probs.shape == (64, 3)

@@ -63,13 +63,17 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert report.index("## Verdict") < report.index("\n|") and "![frontier" in verdict
     assert re.match(r"\*\*(Use `temperature`|Keep the plain model)\*\*", verdict)
     assert "Picked on the test data" in verdict and '`posthoc.wrap(model, method="auto")`' in verdict
-    assert "each the mean over rotate, contrast, translate, occlude on the first 500 test digits" in verdict \
+    assert (
+        "each the mean over rotate, contrast, translate, occlude on the first 500 test digits" in verdict
         or verdict.startswith("**Keep")
+    )
     assert "**" in report.split("### Digits")[1].split("\n\n")[1]  # the best entries of the main table in bold
     cells = report.replace("**", "")
     for label in ("MAP", "temperature"):
         row = next(line for line in cells.splitlines() if line.startswith(f"| {label} |"))
-        accuracy, low, high = map(float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups())
+        accuracy, low, high = map(
+            float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups()
+        )
         assert 0.95 < low <= accuracy <= high <= 1.0
     shift = cells.split("Under shift")[1]
     header = next(line for line in shift.splitlines() if line.startswith("| method | clean"))
@@ -81,7 +85,9 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert all(f"| MAP | {name} |" in ood for name in ("msp", "energy", "mahalanobis", "vim", "knn", "gen"))
     assert "| temperature | " in ood.split("next to the best post-hoc score")[1]
     every = ood.split("AUROC of every score, per method")[1].splitlines()
-    assert every[2].startswith("| method | entropy |") and all(name in every[2] for name in ("msp", "gen", "knn", "vim"))
+    assert every[2].startswith("| method | entropy |") and all(
+        name in every[2] for name in ("msp", "gen", "knn", "vim")
+    )
     plain, temperature = (line.split(" | ") for line in every[4:6])
     assert plain[0] == "| MAP" and temperature[0] == "| temperature" and plain[-1].endswith("* |")
     story = report.split("### Does it know when it does not know? MAP against temperature")[1].split("###")[0]
@@ -93,8 +99,16 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert len(confidence) == 1 + len(STORY_SEVERITIES) and accuracy[-1] < accuracy[0]
     assert confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]  # the plain model grows overconfident
     assert "rotation by 15 / 45 / 90 degrees" in report and "translation by 0.04 / 0.12 / 0.22 of the side" in report
-    for name in ("frontier.png", "reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png",
-                 "ood_scores.png", "confidence.png", "reliability_rotated45_best.png"):
+    for name in (
+        "frontier.png",
+        "reliability.png",
+        "reliability_rotated45.png",
+        "risk_coverage.png",
+        "shift.png",
+        "ood_scores.png",
+        "confidence.png",
+        "reliability_rotated45_best.png",
+    ):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 300 and image.size[1] > 200
     page = (tmp_path / "report.html").read_text()
@@ -105,30 +119,48 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
 
 def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_model):
     shift_loader = data.loader(data.subset(digits.test, 32), batch_size=32)
-    models = {"MAP": posthoc.wrap(digits_model, method="none"),
-              "temperature": posthoc.wrap(digits_model, method="temperature").fit(
-                  None, data.loader(data.subset(digits.calibration, 200)), progress=False)}
-    rows = [SimpleNamespace(label=label, shift=posthoc.evaluate_shift({label: um}, shift_loader, severities=[5],
-                                                         normalization=(data.MEAN, data.STD), progress=False))
-            for label, um in models.items()]
+    models = {
+        "MAP": posthoc.wrap(digits_model, method="none"),
+        "temperature": posthoc.wrap(digits_model, method="temperature").fit(
+            None, data.loader(data.subset(digits.calibration, 200)), progress=False
+        ),
+    }
+    rows = [
+        SimpleNamespace(
+            label=label,
+            shift=posthoc.evaluate_shift(
+                {label: um}, shift_loader, severities=[5], normalization=(data.MEAN, data.STD), progress=False
+            ),
+        )
+        for label, um in models.items()
+    ]
     story = shift_story(rows, models, "MAP", shift_loader, best="temperature")
     assert (story.plain, story.best, story.chosen_by) == ("MAP", "temperature", "named")
     assert story.table.kinds == EVALUATION_KINDS and story.table.severities == STORY_SEVERITIES
     # the rows' own severity-5 cells are reused, the severities they lack are evaluated for the two rows
     assert story.table.value("MAP", "mean", 5, "nll") == rows[0].shift.value("MAP", "mean", 5, "nll")
-    again = posthoc.evaluate_shift({"MAP": models["MAP"]}, shift_loader, severities=[2],
-                                   normalization=(data.MEAN, data.STD), progress=False)
+    again = posthoc.evaluate_shift(
+        {"MAP": models["MAP"]}, shift_loader, severities=[2], normalization=(data.MEAN, data.STD), progress=False
+    )
     assert story.table.value("MAP", "translate", 2, "ece") == pytest.approx(again.value("MAP", "translate", 2, "ece"))
-    assert set(story.table.reports["temperature"]) == {("clean", 0), *((k, s) for k in EVALUATION_KINDS
-                                                                      for s in STORY_SEVERITIES)}
+    assert set(story.table.reports["temperature"]) == {
+        ("clean", 0),
+        *((k, s) for k in EVALUATION_KINDS for s in STORY_SEVERITIES),
+    }
     fig = story.table.confidence_plot(None, story.labels)
     lines = fig.axes[0].get_lines()
-    assert [line.get_label() for line in lines] == ["MAP confidence", "MAP accuracy", "temperature confidence",
-                                                   "temperature accuracy"]
+    assert [line.get_label() for line in lines] == [
+        "MAP confidence",
+        "MAP accuracy",
+        "temperature confidence",
+        "temperature accuracy",
+    ]
     assert list(lines[0].get_xdata()) == [0, *STORY_SEVERITIES]
     assert lines[0].get_color() == lines[1].get_color() and lines[0].get_linestyle() != lines[1].get_linestyle()
-    assert list(lines[1].get_ydata()) == [story.table.value("MAP", kind, s, "accuracy")
-                                          for kind, s in [("clean", 0), *(("mean", s) for s in STORY_SEVERITIES)]]
+    assert list(lines[1].get_ydata()) == [
+        story.table.value("MAP", kind, s, "accuracy")
+        for kind, s in [("clean", 0), *(("mean", s) for s in STORY_SEVERITIES)]
+    ]
     legend = [text.get_text() for text in fig.axes[0].get_legend().get_texts()]
     assert legend == [line.get_label() for line in lines]
     assert len(fig.axes[0].collections) == 2  # the shaded confidence-accuracy gaps
@@ -151,8 +183,10 @@ def test_a_stacking_method_registered_later_joins_the_demo_through_the_demo_tabl
     finally:
         del REGISTRY["test-stacked"]
     assert configs["stacked"] == ([{"name": "test-stacked", "options": {}}], False)
-    assert configs["Laplace + stacked"] == ([{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
-                                            False)
+    assert configs["Laplace + stacked"] == (
+        [{"name": "laplace", "options": {}}, {"name": "test-stacked", "options": {}}],
+        False,
+    )
     assert rows[1][1] == {"on": ["laplace"]}  # the table's own rows are left as they were
 
 
@@ -163,34 +197,67 @@ def test_the_demo_report_opens_with_autos_pick_and_both_frontiers(digits, digits
     test_loader = data.loader(data.subset(digits.test, 200), batch_size=200)
     ood_loader = data.loader(data.subset(digits.ood, 100), batch_size=100)
     calibration = data.loader(data.subset(digits.calibration, 200))
-    models = {"MAP": posthoc.wrap(digits_model, method="none"),
-              "auto": posthoc.wrap(digits_model, method=["laplace", "dac"]).fit(
-                  data.loader(data.subset(digits.fit, 400)), calibration, progress=False)}
-    record = {"knob": "method", "chosen": "laplace+dac", "tolerance": 0.005, "confidence": 0.9, "examples": 200,
-              "perturbed": 600, "folds": None, "fallback": False,
-              "plain": {"clean_nll": 0.06, "shifted_nll": 3.0, "shifted_ece": 0.2},
-              "candidates": [{"candidate": name, "value": i, "clean_nll": 0.06, "excess": excess, "bound": bound,
-                              "excess_se": 0.001, "shifted_nll": shifted, "shifted_nll_se": 0.1, "shifted_ece": 0.1,
-                              "seconds": 0.0, "admissible": bound <= 0.005, "reason": None, "chosen": i == 1,
-                              "fit_seconds": 1.0, "predict_cost": 1.5}
-                             for i, (name, excess, bound, shifted) in enumerate([("none", 0.0, 0.0, 3.0),
-                                                                                 ("laplace+dac", 0.001, 0.004, 1.7)])]}
+    models = {
+        "MAP": posthoc.wrap(digits_model, method="none"),
+        "auto": posthoc.wrap(digits_model, method=["laplace", "dac"]).fit(
+            data.loader(data.subset(digits.fit, 400)), calibration, progress=False
+        ),
+    }
+    record = {
+        "knob": "method",
+        "chosen": "laplace+dac",
+        "tolerance": 0.005,
+        "confidence": 0.9,
+        "examples": 200,
+        "perturbed": 600,
+        "folds": None,
+        "fallback": False,
+        "plain": {"clean_nll": 0.06, "shifted_nll": 3.0, "shifted_ece": 0.2},
+        "candidates": [
+            {
+                "candidate": name,
+                "value": i,
+                "clean_nll": 0.06,
+                "excess": excess,
+                "bound": bound,
+                "excess_se": 0.001,
+                "shifted_nll": shifted,
+                "shifted_nll_se": 0.1,
+                "shifted_ece": 0.1,
+                "seconds": 0.0,
+                "admissible": bound <= 0.005,
+                "reason": None,
+                "chosen": i == 1,
+                "fit_seconds": 1.0,
+                "predict_cost": 1.5,
+            }
+            for i, (name, excess, bound, shifted) in enumerate(
+                [("none", 0.0, 0.0, 3.0), ("laplace+dac", 0.001, 0.004, 1.7)]
+            )
+        ],
+    }
     rows = []
     for label, um in models.items():
         report = posthoc.evaluate(um, test_loader, ood_loader, name=label, progress=False)
         report.selection = record if label == "auto" else None
-        shift = posthoc.evaluate_shift({label: um}, shift_loader, severities=[3], normalization=(data.MEAN, data.STD),
-                                       progress=False)
+        shift = posthoc.evaluate_shift(
+            {label: um}, shift_loader, severities=[3], normalization=(data.MEAN, data.STD), progress=False
+        )
         rows.append(DemoRow(label, report, shift, 1.0, 2.0 if label == "auto" else 1.0))
     found = demo_verdict(rows, "MAP")
     for row in rows:
         row.verdict = found
     text = render(rows, tmp_path)
     assert found.recommended == "auto" and found.basis == "auto" and found.shifts == ["severity 3"]
-    assert text.startswith("# posthoc demo: the bundled digits CNN\n\n## Verdict\n\n**Use `auto`** for this model: on "
-                           "held-out data it picked `laplace+dac` among 2 candidates; in distribution the NLL changes by")
-    assert re.search(r"under shift by [+-]0\.\d{4} \[[+-]0\.\d{4}, [+-]0\.\d{4}\] \(\d\.\d\dx\) at severity 3 \(each the "
-                     r"mean over rotate, contrast, translate, occlude", text)
+    assert text.startswith(
+        "# posthoc demo: the bundled digits CNN\n\n## Verdict\n\n**Use `auto`** for this model: on "
+        "held-out data it picked `laplace+dac` among 2 candidates; in distribution the NLL changes by"
+    )
+    assert re.search(
+        r"under shift by [+-]0\.\d{4} \[[+-]0\.\d{4}, [+-]0\.\d{4}\] \(\d\.\d\dx\) at severity 3 \(each the "
+        r"mean over rotate, contrast, translate, occlude",
+        text,
+    )
     assert "OOD AUROC " in text and "predict 2.0x a plain forward" in text
     assert text.index("![frontier") < text.index("| method |") < text.index("### How `auto` chose, on held-out data")
     assert "| laplace+dac | 0.001 (0.004) | 1.7 | 0.1 | 1 | 1.5x | **chosen** |" in text

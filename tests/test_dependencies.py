@@ -18,8 +18,10 @@ TESTS = Path(__file__).parent
 #: modules of this repository (the package, the test modules, the benchmarks, recipes and tools folders), not
 #: distributions
 LOCAL = {"posthoc", "benchmarks", "recipes", "tools"} | {
-    path.stem for folder in (TESTS, TESTS.parent / "benchmarks", TESTS.parent / "recipes", TESTS.parent / "tools")
-    for path in folder.glob("*.py")}
+    path.stem
+    for folder in (TESTS, TESTS.parent / "benchmarks", TESTS.parent / "recipes", TESTS.parent / "tools")
+    for path in folder.glob("*.py")
+}
 
 
 def _requirement_closure(root: str, extras: set[str]) -> set[str]:
@@ -68,8 +70,12 @@ def _imported_modules() -> dict[str, set[str]]:
                 found["import"].update(alias.name.split(".")[0] for alias in node.names)
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 found["import"].add(node.module.split(".")[0])
-            elif (isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "importorskip"
-                  and node.args and isinstance(node.args[0], ast.Constant)):
+            elif (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
                 found["importorskip"].add(str(node.args[0].value).split(".")[0])
     return found
 
@@ -95,5 +101,7 @@ def test_every_imported_module_comes_with_the_test_extra():
 def test_no_importorskip_hides_a_declared_dependency():
     closure = _requirement_closure("posthoc", {"test"})
     hidden = sorted(m for m in _imported_modules()["importorskip"] if _distributions_of(m) & closure)
-    assert not hidden, (f"{hidden} come with posthoc[test]: import them plainly, so a broken install fails "
-                        "instead of skipping the check")
+    assert not hidden, (
+        f"{hidden} come with posthoc[test]: import them plainly, so a broken install fails "
+        "instead of skipping the check"
+    )

@@ -24,8 +24,9 @@ def _free_port() -> int:
 
 
 def _launch(tmp_path: Path, scenario: str) -> list[dict]:
-    context = mp.start_processes(_dist_worker.run, args=(2, _free_port(), str(tmp_path), scenario), nprocs=2,
-                                 join=False, start_method="spawn")
+    context = mp.start_processes(
+        _dist_worker.run, args=(2, _free_port(), str(tmp_path), scenario), nprocs=2, join=False, start_method="spawn"
+    )
     import time
 
     deadline = time.monotonic() + TIMEOUT_S
@@ -66,8 +67,9 @@ def test_swag_fine_tuning_on_two_ranks_equals_one_process_with_the_joint_batches
     ranks = _launch(tmp_path, "swag")
     model, x, y, rank_of = _dist_worker.swag_problem()
     # one process: batch k holds rank 0's batch k, then rank 1's batch k (DDP averages their gradients)
-    order = torch.cat([torch.cat([torch.nonzero(rank_of == r).squeeze(1)[16 * k:16 * (k + 1)] for r in (0, 1)])
-                       for k in range(4)])
+    order = torch.cat(
+        [torch.cat([torch.nonzero(rank_of == r).squeeze(1)[16 * k : 16 * (k + 1)] for r in (0, 1)]) for k in range(4)]
+    )
     loader = DataLoader(torch.utils.data.TensorDataset(x[order], y[order]), batch_size=32)
     for subset in ("all", "last_layer"):
         for key in ("mean", "variance", "probs"):
@@ -97,9 +99,17 @@ def test_gradient_fitted_posteriors_are_identical_on_every_rank(tmp_path, digits
         first, second = ranks[0][name]["state"], ranks[1][name]["state"]
         assert first.keys() == second.keys()
         for key in first:
-            torch.testing.assert_close(first[key], second[key], rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{name}: {key}")
-        moved = [key for key in first if key in start and start[key].shape == first[key].shape and start[key].is_floating_point()
-                 and not torch.allclose(start[key], first[key])]
+            torch.testing.assert_close(
+                first[key], second[key], rtol=1e-5, atol=1e-6, equal_nan=True, msg=f"{name}: {key}"
+            )
+        moved = [
+            key
+            for key in first
+            if key in start
+            and start[key].shape == first[key].shape
+            and start[key].is_floating_point()
+            and not torch.allclose(start[key], first[key])
+        ]
         assert moved or any(key not in start or start[key].shape != first[key].shape for key in first), name
         torch.testing.assert_close(ranks[0][name]["probs"], ranks[1][name]["probs"], rtol=1e-4, atol=1e-6)
 

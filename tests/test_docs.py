@@ -73,8 +73,11 @@ def anchors(page: Path) -> set[str]:
 
 
 def relative_links(page: Path) -> list[str]:
-    return [t for t in LINK.findall(prose(page.read_text()))
-            if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("//")]
+    return [
+        t
+        for t in LINK.findall(prose(page.read_text()))
+        if not re.match(r"^[a-z][a-z0-9+.-]*:", t) and not t.startswith("//")
+    ]
 
 
 def test_readme_is_a_front_page_with_the_two_commands_first() -> None:
@@ -99,12 +102,16 @@ def test_every_relative_link_resolves_to_a_file_and_heading(page: Path) -> None:
 
 def test_the_link_check_can_fail(tmp_path: Path) -> None:
     page = tmp_path / "page.md"
-    page.write_text("# A heading\n\nSee [there](missing.md), [here](#a-heading), [gone](#nowhere) and "
-                    "[web](https://example.org).\n\n```python\nx = [1](2)\n```\n")
+    page.write_text(
+        "# A heading\n\nSee [there](missing.md), [here](#a-heading), [gone](#nowhere) and "
+        "[web](https://example.org).\n\n```python\nx = [1](2)\n```\n"
+    )
     assert relative_links(page) == ["missing.md", "#a-heading", "#nowhere"]
     assert anchors(page) == {"a-heading"}
-    assert slug("3. From the command line: `posthoc evaluate` and `posthoc demo`") == \
-        "3-from-the-command-line-posthoc-evaluate-and-posthoc-demo"
+    assert (
+        slug("3. From the command line: `posthoc evaluate` and `posthoc demo`")
+        == "3-from-the-command-line-posthoc-evaluate-and-posthoc-demo"
+    )
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(ROOT)))
@@ -117,8 +124,9 @@ def test_python_blocks_parse_and_their_posthoc_imports_exist(page: Path) -> None
             if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "posthoc":
                 module = importlib.import_module(node.module)
                 for alias in node.names:
-                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), \
+                    assert hasattr(module, alias.name) or importlib.util.find_spec(f"{node.module}.{alias.name}"), (
                         f"{page.name}: from {node.module} import {alias.name}"
+                    )
             elif isinstance(node, ast.Import):
                 for alias in node.names:
                     if alias.name.split(".")[0] == "posthoc":
@@ -128,28 +136,44 @@ def test_python_blocks_parse_and_their_posthoc_imports_exist(page: Path) -> None
 NEEDED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")
 
 
-@pytest.mark.skipif(any(importlib.util.find_spec(name.split(".")[0]) is None for name in NEEDED),
-                    reason="mkdocs, mkdocs-material or mkdocstrings[python] is not installed "
-                           "(pip install -e '.[docs]')")
+@pytest.mark.skipif(
+    any(importlib.util.find_spec(name.split(".")[0]) is None for name in NEEDED),
+    reason="mkdocs, mkdocs-material or mkdocstrings[python] is not installed (pip install -e '.[docs]')",
+)
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-               "--site-dir", str(tmp_path / "site")]
-    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, check=False,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    command = [
+        sys.executable,
+        "-m",
+        "mkdocs",
+        "build",
+        "--strict",
+        "--config-file",
+        str(ROOT / "mkdocs.yml"),
+        "--site-dir",
+        str(tmp_path / "site"),
+    ]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, check=False, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    )
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
     assert (tmp_path / "site" / "api" / "entry-points" / "index.html").exists()
 
 
-@pytest.mark.skipif(importlib.util.find_spec("griffe") is None,
-                    reason="griffe (from mkdocstrings[python]) is not installed")
+@pytest.mark.skipif(
+    importlib.util.find_spec("griffe") is None, reason="griffe (from mkdocstrings[python]) is not installed"
+)
 def test_the_site_reads_examples_options_and_roles_as_google_style() -> None:
     sys.path.insert(0, str(ROOT / "tools"))
     try:
         from griffe_examples import markdown_docstring
     finally:
         sys.path.remove(str(ROOT / "tools"))
-    text = "Built by :meth:`algorithm`, see :mod:`~posthoc.engine.selection`.\n\nOptions:\n    p: a rate.\n\n" \
-           "Example:\n    >>> 1 + 1\n    2\n"
-    assert markdown_docstring(text) == ("Built by `algorithm`, see `selection`.\n\n"
-                                        "Other Parameters:\n    p: a rate.\n\nExamples:\n    >>> 1 + 1\n    2\n")
+    text = (
+        "Built by :meth:`algorithm`, see :mod:`~posthoc.engine.selection`.\n\nOptions:\n    p: a rate.\n\n"
+        "Example:\n    >>> 1 + 1\n    2\n"
+    )
+    assert markdown_docstring(text) == (
+        "Built by `algorithm`, see `selection`.\n\n"
+        "Other Parameters:\n    p: a rate.\n\nExamples:\n    >>> 1 + 1\n    2\n"
+    )
     assert markdown_docstring("Fit options: ``epochs``.") == "Fit options: ``epochs``."  # prose stays prose

@@ -155,8 +155,9 @@ def test_one_member_warns_and_gives_the_single_model_method():
 
 def test_the_users_models_are_not_changed(members, digits):
     before = [{k: v.clone() for k, v in m.state_dict().items()} for m in members]
-    um = posthoc.wrap(members, method="laplace").fit(DataLoader(TensorDataset(*[t[:256] for t in digits.fit.tensors]),
-                                                                batch_size=128), progress=False)
+    um = posthoc.wrap(members, method="laplace").fit(
+        DataLoader(TensorDataset(*[t[:256] for t in digits.fit.tensors]), batch_size=128), progress=False
+    )
     um.predict(digits.test.tensors[0][:8])
     for model, state in zip(members, before):
         assert all(torch.equal(state[k], v) for k, v in model.state_dict().items())
@@ -169,15 +170,17 @@ def test_mixture_of_laplace_with_temperature_on_top(digits):
     models = [_mlp(0), _mlp(1), _mlp(2)]
     loader = _toy_loader()
     # shift=None: the perturbed copies would be graded once, on the plain ensemble, and a single model grades its own
-    um = posthoc.wrap(models, method=["laplace", "temperature"], hessian="diag").fit(loader, _toy_loader(1),
-                                                                                     progress=False, shift=None)
+    um = posthoc.wrap(models, method=["laplace", "temperature"], hessian="diag").fit(
+        loader, _toy_loader(1), progress=False, shift=None
+    )
     assert um.methods == ["laplace", "temperature"]
     ensemble = um.method.inner
     assert isinstance(ensemble, Ensemble) and all(bool(m.fitted) for m in ensemble.members)
     # every member is the single-model Laplace fitted on its own checkpoint
     x = torch.randn(5, 4)
-    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(loader, _toy_loader(1), progress=False,
-                                                                          shift=None)
+    single = posthoc.wrap(models[1], method="laplace", hessian="diag").fit(
+        loader, _toy_loader(1), progress=False, shift=None
+    )
     torch.testing.assert_close(ensemble.members[1].log_predictive(x)[0], single.method.log_predictive(x)[0])
     card = um.summary()
     laplace_card = card["posterior"][0]
@@ -281,11 +284,17 @@ def test_members_go_round_robin_over_ranks():
 
 def test_retrained_seeds_are_cached_as_files(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(zoo, "train", lambda seed, progress=False, name="digits_cnn": calls.append(seed) or
-                        zoo.ARCHITECTURES[name][0]().eval())
+    monkeypatch.setattr(
+        zoo,
+        "train",
+        lambda seed, progress=False, name="digits_cnn": calls.append(seed) or zoo.ARCHITECTURES[name][0]().eval(),
+    )
     first = zoo.retrained([3, 4], name="digits_bn_cnn", cache=tmp_path)
     second = zoo.retrained([3, 4], name="digits_bn_cnn", cache=tmp_path)
-    assert calls == [3, 4] and sorted(p.name for p in tmp_path.iterdir()) == ["digits_bn_cnn-seed3.pt", "digits_bn_cnn-seed4.pt"]
+    assert calls == [3, 4] and sorted(p.name for p in tmp_path.iterdir()) == [
+        "digits_bn_cnn-seed3.pt",
+        "digits_bn_cnn-seed4.pt",
+    ]
     for a, b in zip(first, second):
         assert all(torch.equal(a.state_dict()[k], v) for k, v in b.state_dict().items())
 

@@ -28,7 +28,10 @@ def folders(tmp_path_factory: pytest.TempPathFactory, digits: data.DigitsSplits)
 def test_checkpoints_pair_with_models_or_expand_one_model(tmp_path: Path) -> None:
     for name in ("b.pt", "a.pt"):
         (tmp_path / name).write_bytes(b"")
-    assert member_specs(["f.py:net"], [str(tmp_path / "*.pt")]) == [("f.py:net", tmp_path / "a.pt"), ("f.py:net", tmp_path / "b.pt")]
+    assert member_specs(["f.py:net"], [str(tmp_path / "*.pt")]) == [
+        ("f.py:net", tmp_path / "a.pt"),
+        ("f.py:net", tmp_path / "b.pt"),
+    ]
     assert member_specs(["x", "y"], []) == [("x", None), ("y", None)]
     assert member_specs(["x", "y"], ["1.pt", "2.pt"]) == [("x", Path("1.pt")), ("y", Path("2.pt"))]
     with pytest.raises(posthoc.ConfigError, match="one --checkpoint per --model"):
@@ -53,10 +56,31 @@ def test_evaluate_several_checkpoints_as_one_ensemble(folders: dict[str, Path], 
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", spec, "--pretrained", "false", "--checkpoint", str(tmp_path / "seed*.pt"),
-                              "--train", str(folders["train"]), "--val", str(folders["val"]), "--ood", str(folders["ood"]),
-                              "--method", "temperature", "--option", "max_iter=30", "--workers", "0", "--out", str(out),
-                              "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            spec,
+            "--pretrained",
+            "false",
+            "--checkpoint",
+            str(tmp_path / "seed*.pt"),
+            "--train",
+            str(folders["train"]),
+            "--val",
+            str(folders["val"]),
+            "--ood",
+            str(folders["ood"]),
+            "--method",
+            "temperature",
+            "--option",
+            "max_iter=30",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert run_evaluate(args) == out / "report.md"
     metrics = json.loads((out / "metrics.json").read_text())
     assert [row["method"] for row in metrics["rows"]] == ["none", "temperature"]

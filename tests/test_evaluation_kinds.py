@@ -26,8 +26,13 @@ from benchmarks import quality  # noqa: E402
 
 #: the harness kind each fit-time kind is a version of (``None``: no image counterpart); a new fit-time kind
 #: must be added here, which makes whoever adds it say which harness kind it resembles
-HARNESS_TWIN = {"noise": "gaussian-noise", "blur": "gaussian-blur", "impulse": "salt-pepper",
-                "token-replace": None, "feature-noise": None}
+HARNESS_TWIN = {
+    "noise": "gaussian-noise",
+    "blur": "gaussian-blur",
+    "impulse": "salt-pepper",
+    "token-replace": None,
+    "feature-noise": None,
+}
 
 
 def test_every_fit_time_kind_is_classified_and_none_is_or_resembles_an_evaluation_kind() -> None:
@@ -39,8 +44,15 @@ def test_every_fit_time_kind_is_classified_and_none_is_or_resembles_an_evaluatio
     assert set(EVALUATION_KINDS) <= set(KINDS) and len(set(EVALUATION_KINDS)) == len(EVALUATION_KINDS)
 
 
-@pytest.mark.parametrize("x", [torch.rand(4, 1, 28, 28), {"pixel_values": torch.rand(2, 3, 8, 8)},
-                               torch.randint(0, 100, (3, 7)), torch.randn(5, 6)])
+@pytest.mark.parametrize(
+    "x",
+    [
+        torch.rand(4, 1, 28, 28),
+        {"pixel_values": torch.rand(2, 3, 8, 8)},
+        torch.randint(0, 100, (3, 7)),
+        torch.randn(5, 6),
+    ],
+)
 def test_what_shift_auto_perturbs_with_is_a_fit_time_kind_for_every_input(x) -> None:
     family = perturb.family_for(x)
     assert family and set(family) <= set(perturb.FIT_KINDS)
@@ -51,7 +63,11 @@ def test_the_demo_the_benchmark_and_evaluate_shift_report_exactly_the_evaluation
     assert tuple(demo.SHIFT_KINDS) == EVALUATION_KINDS
     assert tuple(evaluation_shift.DEFAULT_KINDS) == EVALUATION_KINDS
     assert tuple(quality.shifted_tests(data.subset(digits.test, 8))) == EVALUATION_KINDS
-    keys = [f"{m}@{k}:{quality.SHIFT_SEVERITY}" for m in ("nll", "ece") for k in (*EVALUATION_KINDS, quality.MEAN_OVER_KINDS)]
+    keys = [
+        f"{m}@{k}:{quality.SHIFT_SEVERITY}"
+        for m in ("nll", "ece")
+        for k in (*EVALUATION_KINDS, quality.MEAN_OVER_KINDS)
+    ]
     plain = quality.Summary("digits_cnn", "none", "none", {k: quality.Stat.of([1.0]) for k in keys}, {}, 1, 0, [], [])
     assert f"| method | {' | '.join(EVALUATION_KINDS)} | mean |" in quality.shift_tables([plain])
 

@@ -166,10 +166,16 @@ def test_mc_dropout_with_shared_masks_exports_exactly_its_seeded_predict(stacked
     torch.testing.assert_close(_exported(module, x)(x), expected, atol=ATOL, rtol=0)
 
 
-@pytest.mark.parametrize("method, options", [("mc-dropout", {"p": 0.25}),
-                                             ("swag", {"subset": "last_layer", "epochs": 2}),
-                                             ("laplace", {"link": "mc"}), ("vi", {"epochs": 1})],
-                         ids=["mc-dropout", "last-layer swag", "laplace mc", "vi at the head"])
+@pytest.mark.parametrize(
+    "method, options",
+    [
+        ("mc-dropout", {"p": 0.25}),
+        ("swag", {"subset": "last_layer", "epochs": 2}),
+        ("laplace", {"link": "mc"}),
+        ("vi", {"epochs": 1}),
+    ],
+    ids=["mc-dropout", "last-layer swag", "laplace mc", "vi at the head"],
+)
 def test_sampled_predictives_export_with_fixed_draws_that_match_predict_in_distribution(method, options, small) -> None:
     epochs = options.pop("epochs", None)
     um = posthoc.wrap(zoo.pretrained(), method=method, **options)
@@ -264,8 +270,9 @@ def test_regressors_export_mean_and_variance() -> None:
 
 
 # ------------------------------------------------------------------------------------------ posthoc.calibrate
-@pytest.mark.parametrize("method", ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic",
-                                    "identity", "auto"])
+@pytest.mark.parametrize(
+    "method", ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "identity", "auto"]
+)
 def test_calibrators_export_from_logits_to_probabilities(method) -> None:
     generator = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 4, (400,), generator=generator)
@@ -310,8 +317,15 @@ def test_saved_program_runs_in_a_process_that_never_imports_posthoc(small, tmp_p
         assert not any(name == "posthoc" or name.startswith("posthoc.") for name in sys.modules), "posthoc imported"
         print("served without posthoc")
     """)
-    done = subprocess.run([sys.executable, "-c", script], check=False, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        check=False,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1"},
+    )
     assert done.returncode == 0, done.stderr
     assert "served without posthoc" in done.stdout
 
@@ -323,8 +337,15 @@ def test_onnx_runtime_runs_the_torchscript_onnx_export(name, small, tmp_path: Pa
     um = _fit(method, small, **options)
     module, x = um.to_module(), small["x"][:16]
     path = tmp_path / "model.onnx"
-    torch.onnx.export(module, (x,), str(path), dynamo=False, input_names=["x"], output_names=["probs"],
-                      dynamic_axes={"x": {0: "batch"}, "probs": {0: "batch"}})
+    torch.onnx.export(
+        module,
+        (x,),
+        str(path),
+        dynamo=False,
+        input_names=["x"],
+        output_names=["probs"],
+        dynamic_axes={"x": {0: "batch"}, "probs": {0: "batch"}},
+    )
     session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     got = session.run(None, {"x": small["x"][:7].numpy()})[0]
     torch.testing.assert_close(torch.from_numpy(got), um.predict(small["x"][:7]).probs, atol=ATOL, rtol=0)
@@ -348,8 +369,14 @@ def test_onnx_runtime_runs_calibration_maps(tmp_path: Path) -> None:
     for method in ("matrix", "isotonic", "ets"):
         calibrator = posthoc.calibrate(logits[:300], labels[:300], method=method)
         path = tmp_path / f"{method}.onnx"
-        torch.onnx.export(calibrator.to_module(), (logits[300:],), str(path), dynamo=False, input_names=["logits"],
-                          dynamic_axes={"logits": {0: "batch"}})
+        torch.onnx.export(
+            calibrator.to_module(),
+            (logits[300:],),
+            str(path),
+            dynamo=False,
+            input_names=["logits"],
+            dynamic_axes={"logits": {0: "batch"}},
+        )
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         got = session.run(None, {"logits": logits[300:350].numpy()})[0]
         torch.testing.assert_close(torch.from_numpy(got), calibrator(logits[300:350]), atol=ATOL, rtol=0)

@@ -82,9 +82,13 @@ def test_each_kind_of_file_names_the_function_that_loads_it(saved, tmp_path):
     posterior, calibrator = tmp_path / "p.pt", tmp_path / "c.pt"
     posterior.write_bytes(saved["posterior"][0])
     calibrator.write_bytes(saved["calibrator"][0])
-    with pytest.raises(PosteriorFileError, match=r"c\.pt is a calibrator file.*load it with posthoc\.calibrate\.load\(path\)"):
+    with pytest.raises(
+        PosteriorFileError, match=r"c\.pt is a calibrator file.*load it with posthoc\.calibrate\.load\(path\)"
+    ):
         saved["posterior"][1](calibrator)
-    with pytest.raises(PosteriorFileError, match=r"p\.pt is a posterior file.*load it with posthoc\.load\(path, model\)"):
+    with pytest.raises(
+        PosteriorFileError, match=r"p\.pt is a posterior file.*load it with posthoc\.load\(path, model\)"
+    ):
         saved["calibrator"][1](posterior)
     with pytest.raises(PosteriorFileError, match="a directory, not a posterior file"):
         saved["posterior"][1](tmp_path)
@@ -103,11 +107,14 @@ def test_a_changed_tensor_is_refused_by_the_checksum(saved, tmp_path):
         saved["posterior"][1](path)
 
 
-@pytest.mark.parametrize(("edit", "says"), [
-    (lambda spec: spec[0]["options"].update(newer_option=1), "unknown option(s) ['newer_option']"),
-    (lambda spec: spec[0].update(name="a-newer-method"), "unknown method 'a-newer-method'"),
-    (lambda spec: spec[0].update(likelihood={"name": "poisson"}), "got 'poisson'"),
-])
+@pytest.mark.parametrize(
+    ("edit", "says"),
+    [
+        (lambda spec: spec[0]["options"].update(newer_option=1), "unknown option(s) ['newer_option']"),
+        (lambda spec: spec[0].update(name="a-newer-method"), "unknown method 'a-newer-method'"),
+        (lambda spec: spec[0].update(likelihood={"name": "poisson"}), "got 'poisson'"),
+    ],
+)
 def test_a_file_from_a_newer_posthoc_is_refused_naming_this_version(saved, tmp_path, edit, says):
     """A spec this version cannot build, with a valid checksum (a file saved by a newer posthoc): a PosteriorFileError
     naming this posthoc's version and the format it reads (was: the method's or the likelihood's raw TypeError, or a
@@ -119,7 +126,9 @@ def test_a_file_from_a_newer_posthoc_is_refused_naming_this_version(saved, tmp_p
     payload.pop("checksum")
     payload["checksum"] = persistence.checksum(payload)
     torch.save(payload, path)
-    with pytest.raises(PosteriorFileError, match="that this posthoc \\(version .*, posterior format 2\\) cannot build") as refused:
+    with pytest.raises(
+        PosteriorFileError, match="that this posthoc \\(version .*, posterior format 2\\) cannot build"
+    ) as refused:
         saved["posterior"][1](path)
     assert says in str(refused.value) and "upgrade posthoc" in str(refused.value)
 
@@ -137,15 +146,18 @@ def test_saving_where_a_parent_is_a_file_or_into_a_folder_is_refused(save, saved
     (tmp_path / "folder").mkdir()
     with pytest.raises(PosteriorFileError, match=r"cannot save to .*folder.*; any file that was there is unchanged"):
         obj.save(tmp_path / "folder")
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"] and not list((tmp_path / "folder").iterdir())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file", "folder"] and not list(
+        (tmp_path / "folder").iterdir()
+    )
 
 
 def _fitted():
     model = torch.nn.Sequential(torch.nn.Linear(4, 3))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # a random model: its temperature hits the bound
-        return posthoc.wrap(model, method="temperature").fit(val_loader=[(torch.randn(40, 4), torch.arange(40) % 3)],
-                                                              progress=False)
+        return posthoc.wrap(model, method="temperature").fit(
+            val_loader=[(torch.randn(40, 4), torch.arange(40) % 3)], progress=False
+        )
 
 
 @pytest.mark.parametrize("save", ["posterior", "calibrator"])
@@ -156,11 +168,15 @@ def test_a_read_only_folder_is_refused(save, tmp_path, monkeypatch):
     if os.geteuid() != 0:  # root writes anywhere: simulate the refusal there
         folder.chmod(0o500)
     else:
+
         def refuse(*args, **kwargs):
             raise PermissionError(13, "Permission denied")
+
         monkeypatch.setattr(persistence.tempfile, "mkstemp", refuse)
     try:
-        with pytest.raises(PosteriorFileError, match="cannot be created or written \\(Permission denied\\); choose a path"):
+        with pytest.raises(
+            PosteriorFileError, match="cannot be created or written \\(Permission denied\\); choose a path"
+        ):
             obj.save(folder / "x.pt")
     finally:
         folder.chmod(0o700)

@@ -26,12 +26,15 @@ def loader(corrupt_row: int | None = None, value: float = float("nan"), n: int =
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), -float("inf")])
-@pytest.mark.parametrize("options", [
-    {"method": "laplace"},
-    {"method": "laplace", "hessian": "full", "prior_precision": 1.0},
-    {"method": "laplace", "hessian": "diag", "prior_precision": "marglik"},
-    {"method": "laplace", "subset": "all", "prior_precision": 1.0},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"method": "laplace"},
+        {"method": "laplace", "hessian": "full", "prior_precision": 1.0},
+        {"method": "laplace", "hessian": "diag", "prior_precision": "marglik"},
+        {"method": "laplace", "subset": "all", "prior_precision": 1.0},
+    ],
+)
 def test_laplace_fit_names_the_batch_with_non_finite_inputs(options: dict, value: float) -> None:
     # row 21 is in batch 2 (rows 16..23) of the training loader; before the check, eigh raised a raw LinAlgError
     with pytest.raises(InputError, match=r"batch 2 \(0-based\) of the loader for 'laplace curvature.*NaN or inf"):
@@ -42,8 +45,9 @@ def test_laplace_fit_names_the_batch_with_non_finite_inputs(options: dict, value
 def test_laplace_val_loader_is_checked_too(shift) -> None:
     # the held-out loader is read once, before any fit, for every stage and for the shifted copies alike
     with pytest.raises(InputError, match=r"batch 4 \(0-based\) of the loader for 'held-out data'"):
-        posthoc.wrap(mlp(), method="laplace", prior_precision="val").fit(loader(), loader(corrupt_row=39), progress=False,
-                                                                        shift=shift)
+        posthoc.wrap(mlp(), method="laplace", prior_precision="val").fit(
+            loader(), loader(corrupt_row=39), progress=False, shift=shift
+        )
 
 
 def test_temperature_and_mc_dropout_fit_name_the_batch() -> None:
@@ -64,16 +68,25 @@ def test_dict_inputs_are_checked_and_integer_tensors_are_not() -> None:
 
     x = torch.randn(16, 4)
     ids = torch.zeros(16, 2, dtype=torch.long)
-    clean = [({"pixels": x[:8], "ids": ids[:8]}, torch.arange(8) % 3), ({"pixels": x[8:], "ids": ids[8:]}, torch.arange(8) % 3)]
+    clean = [
+        ({"pixels": x[:8], "ids": ids[:8]}, torch.arange(8) % 3),
+        ({"pixels": x[8:], "ids": ids[8:]}, torch.arange(8) % 3),
+    ]
     posthoc.wrap(DictModel().eval(), method="laplace", head="fc", prior_precision=1.0).fit(clean, progress=False)
     dirty = [clean[0], ({"pixels": x[8:].clone().fill_(float("nan")), "ids": ids[8:]}, torch.arange(8) % 3)]
     with pytest.raises(InputError, match=r"batch 1 \(0-based\)"):
         posthoc.wrap(DictModel().eval(), method="laplace", head="fc", prior_precision=1.0).fit(dirty, progress=False)
 
 
-@pytest.mark.parametrize("options", [
-    {"hessian": "kron"}, {"hessian": "full"}, {"hessian": "diag"}, {"subset": "all", "hessian": "kron"},
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"hessian": "kron"},
+        {"hessian": "full"},
+        {"hessian": "diag"},
+        {"subset": "all", "hessian": "kron"},
+    ],
+)
 def test_a_non_finite_curvature_from_finite_inputs_is_a_numerical_error_that_says_what_to_try(options: dict) -> None:
     model = mlp()
     with torch.no_grad():

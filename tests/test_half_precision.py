@@ -25,7 +25,9 @@ CASES = {
 def test_half_precision_models_keep_float32_posteriors(case, dtype, device, small):
     options, fit_options = CASES[case]
     torch.manual_seed(0)
-    reference = posthoc.wrap(zoo.pretrained().to(device), **options).fit(small["fit"], small["val"], progress=False, **fit_options)
+    reference = posthoc.wrap(zoo.pretrained().to(device), **options).fit(
+        small["fit"], small["val"], progress=False, **fit_options
+    )
     half = [(x.to(dtype), y) for x, y in small["fit"]], [(x.to(dtype), y) for x, y in small["val"]]
     torch.manual_seed(0)
     um = posthoc.wrap(zoo.pretrained().to(device, dtype), **options).fit(*half, progress=False, **fit_options)

@@ -43,8 +43,15 @@ def _one_thread(one_thread):
 @pytest.fixture(scope="module")
 def text(one_thread) -> dict:
     tokenizer = hf.word_tokenizer()
-    splits = {name: hf.keyword_texts(n, seed=seed, **extra) for name, n, seed, extra in
-              [("fit", 900, 0, {}), ("val", 300, 1, {}), ("test", 400, 2, {}), ("shift", 400, 3, {"unknown": 0.5})]}
+    splits = {
+        name: hf.keyword_texts(n, seed=seed, **extra)
+        for name, n, seed, extra in [
+            ("fit", 900, 0, {}),
+            ("val", 300, 1, {}),
+            ("test", 400, 2, {}),
+            ("shift", 400, 3, {"unknown": 0.5}),
+        ]
+    }
     batches = {name: hf.text_batches(*pair, tokenizer, 100) for name, pair in splits.items()}
     model = hf.train(hf.tiny_bert(), hf.text_batches(*splits["fit"], tokenizer, 32), steps=120)
     return {"tokenizer": tokenizer, "model": model, **batches}
@@ -55,8 +62,13 @@ def vit(one_thread, digits: data.DigitsSplits) -> dict:
     fit = hf.rgb(data.subset(digits.fit, 1200))
     model = hf.train(hf.tiny_vit(), data.loader(fit, 32, shuffle=True, seed=0), steps=120)
     test = data.subset(digits.test, 400)
-    return {"model": model, "fit": data.loader(fit, 200), "val": data.loader(hf.rgb(digits.calibration), 200),
-            "test": data.loader(hf.rgb(test), 200), "shift": data.loader(hf.rgb(data.rotated(test, 45)), 200)}
+    return {
+        "model": model,
+        "fit": data.loader(fit, 200),
+        "val": data.loader(hf.rgb(digits.calibration), 200),
+        "test": data.loader(hf.rgb(test), 200),
+        "shift": data.loader(hf.rgb(data.rotated(test, 45)), 200),
+    }
 
 
 def _nll(um: posthoc.UncertainModel, loader) -> float:
@@ -90,7 +102,9 @@ def test_bad_inputs_name_what_to_pass(text) -> None:
     with pytest.raises(InputError, match="num_labels"):
         posthoc.wrap(text["model"], method="temperature").fit(val_loader=bad, progress=False)
     with pytest.raises(InputError, match="padding only"):
-        posthoc.wrap(text["model"], method="temperature").fit(val_loader=[{**x, "labels": torch.tensor([0, 1])}], progress=False)
+        posthoc.wrap(text["model"], method="temperature").fit(
+            val_loader=[{**x, "labels": torch.tensor([0, 1])}], progress=False
+        )
 
 
 # ------------------------------------------------------------------------------------------ heads and features
@@ -105,11 +119,21 @@ def test_heads_are_found_and_features_are_the_pooled_features(text, vit) -> None
     phi, _ = split(images)
     assert split.head_name == "classifier"
     torch.testing.assert_close(phi, vit["model"].vit(images).last_hidden_state[:, 0])  # ViT: the final [CLS] state
-    roberta = transformers.RobertaForSequenceClassification(transformers.RobertaConfig(
-        vocab_size=60, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32, num_labels=4)).eval()
+    roberta = transformers.RobertaForSequenceClassification(
+        transformers.RobertaConfig(
+            vocab_size=60,
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            num_labels=4,
+        )
+    ).eval()
     assert find_head(roberta)[0] == "classifier.out_proj"  # after classifier.dense
     wrapped = hf.lora(hf.tiny_bert())
-    assert find_head(wrapped)[0] == "base_model.model.classifier.modules_to_save.default"  # the trained copy of the head
+    assert (
+        find_head(wrapped)[0] == "base_model.model.classifier.modules_to_save.default"
+    )  # the trained copy of the head
 
 
 # ------------------------------------------------------------------------------------------ methods
@@ -119,9 +143,14 @@ def test_methods_that_apply_work_and_help_under_shift(case, request) -> None:
     model = setup["model"]
     plain = posthoc.wrap(model, method="none")
     base = {"test": _nll(plain, setup["test"]), "shift": _nll(plain, setup["shift"])}
-    for method, options in [("temperature", {}), ("laplace", {}), ("laplace", {"hessian": "diag"}),
-                            ("mc-dropout", {"where": "head", "num_samples": 20}), ("swag", {"subset": "last_layer"}),
-                            (["laplace", "temperature"], {})]:
+    for method, options in [
+        ("temperature", {}),
+        ("laplace", {}),
+        ("laplace", {"hessian": "diag"}),
+        ("mc-dropout", {"where": "head", "num_samples": 20}),
+        ("swag", {"subset": "last_layer"}),
+        (["laplace", "temperature"], {}),
+    ]:
         um = posthoc.wrap(model, method=method, **options).fit(setup["fit"], setup["val"], progress=False)
         card = um.summary()
         assert card["posterior"][0]["layers"] in ([], ["classifier"]), card
@@ -166,10 +195,14 @@ def _flat_jacobian(model: nn.Module, names: list[str], x: dict) -> torch.Tensor:
     covered = {name: params[name].detach() for name in names}
 
     def logits(values, row):
-        return torch.func.functional_call(model, {**params, **values}, args=(), kwargs={k: v[None] for k, v in row.items()}).logits[0]
+        return torch.func.functional_call(
+            model, {**params, **values}, args=(), kwargs={k: v[None] for k, v in row.items()}
+        ).logits[0]
 
     rows = [{k: v[i] for k, v in x.items()} for i in range(len(x["input_ids"]))]
-    return torch.stack([torch.cat([j.flatten(1) for j in torch.func.jacrev(logits)(covered, row).values()], 1) for row in rows])
+    return torch.stack(
+        [torch.cat([j.flatten(1) for j in torch.func.jacrev(logits)(covered, row).values()], 1) for row in rows]
+    )
 
 
 def test_lora_diag_curvature_and_glm_covariance_match_the_brute_force(lora_model, text) -> None:
@@ -200,11 +233,22 @@ def test_lora_kron_glm_covariance_matches_the_dense_posterior(lora_model, text) 
     try:
         names = lora_parameters(model)[:2]
         blocks, _ = hooked_ggn(model, names, "kron", [(x, batch["labels"][:6])])
-        precision = torch.block_diag(*[torch.kron(b.out_eigvecs @ torch.diag(b.out_eigvals) @ b.out_eigvecs.T,
-                                                  b.in_eigvecs @ torch.diag(b.in_eigvals) @ b.in_eigvecs.T) for b in blocks])
+        precision = torch.block_diag(
+            *[
+                torch.kron(
+                    b.out_eigvecs @ torch.diag(b.out_eigvals) @ b.out_eigvecs.T,
+                    b.in_eigvecs @ torch.diag(b.in_eigvals) @ b.in_eigvecs.T,
+                )
+                for b in blocks
+            ]
+        )
         delta = 0.3
         jacobian = _flat_jacobian(model, names, x)
-        expected = jacobian @ torch.linalg.inv(precision + delta * torch.eye(len(precision), dtype=torch.float64)) @ jacobian.transpose(1, 2)
+        expected = (
+            jacobian
+            @ torch.linalg.inv(precision + delta * torch.eye(len(precision), dtype=torch.float64))
+            @ jacobian.transpose(1, 2)
+        )
         gaussian = logit_gaussian(model, covered_linear_layers(model, names), blocks, x, delta)
         torch.testing.assert_close(gaussian.covariance().double(), expected)
     finally:
@@ -221,7 +265,7 @@ def test_hooked_kfac_agrees_with_backpack_on_a_plain_mlp() -> None:
         theirs, their_loss = backpack_ggn(net, names, structure, batches)
         torch.testing.assert_close(our_loss, their_loss)
         for a, b in zip(ours, theirs):
-            dense = lambda block: (block.diagonal if structure == "diag" else _dense(block))  # noqa: E731
+            dense = lambda block: block.diagonal if structure == "diag" else _dense(block)  # noqa: E731
             torch.testing.assert_close(dense(a), dense(b), atol=1e-9, rtol=1e-6)
 
 
@@ -236,14 +280,20 @@ def test_lora_laplace_end_to_end(lora_model, text) -> None:
     plain = posthoc.wrap(lora_model, method="none")
     plain_nll = _nll(plain, text["test"][:2])
     for hessian in ("kron", "diag"):
-        um = posthoc.wrap(lora_model, method="laplace", subset="lora", hessian=hessian).fit(text["fit"][:3], text["val"][:1], progress=False)
+        um = posthoc.wrap(lora_model, method="laplace", subset="lora", hessian=hessian).fit(
+            text["fit"][:3], text["val"][:1], progress=False
+        )
         card = um.summary()["posterior"][0]
         assert card["random_variables"] == sum(p.numel() for n, p in lora_model.named_parameters() if "lora_" in n)
         assert all("lora_" in layer for layer in card["layers"]) and card["predictive"] == "glm"
         assert _nll(um, text["test"][:2]) <= 1.02 * plain_nll
-        wide = posthoc.wrap(lora_model, method="laplace", subset="lora", hessian=hessian, prior_precision=1e-2).fit(text["fit"][:2], progress=False)
+        wide = posthoc.wrap(lora_model, method="laplace", subset="lora", hessian=hessian, prior_precision=1e-2).fit(
+            text["fit"][:2], progress=False
+        )
         x = {k: v[:50] for k, v in text["shift"][0].items() if k != "labels"}
-        assert bool((wide.predict(x).entropy > plain.predict(x).entropy).float().mean() > 0.9)  # a wider posterior, less sure
+        assert bool(
+            (wide.predict(x).entropy > plain.predict(x).entropy).float().mean() > 0.9
+        )  # a wider posterior, less sure
     with pytest.raises(ConfigError, match="subset='lora' offers hessian"):
         posthoc.wrap(lora_model, method="laplace", subset="lora", hessian="full")
 
@@ -256,7 +306,9 @@ def _write_texts(path: Path, texts: list[str], labels: list[int], names: dict[in
             writer.writerow(["text", "label"])
             writer.writerows(zip(texts, labels))
     else:
-        path.write_text("".join(json.dumps({"text": t, "label": (names or {}).get(y, y)}) + "\n" for t, y in zip(texts, labels)))
+        path.write_text(
+            "".join(json.dumps({"text": t, "label": (names or {}).get(y, y)}) + "\n" for t, y in zip(texts, labels))
+        )
     return path
 
 
@@ -276,12 +328,27 @@ def test_evaluate_cli_on_a_saved_text_classifier_with_its_tokenizer(text, tmp_pa
     model.save_pretrained(folder)
     text["tokenizer"].save_pretrained(folder)
     fit, val = hf.keyword_texts(300, seed=5), hf.keyword_texts(200, seed=6)
-    files = {"train": _write_texts(tmp_path / "train.csv", *fit),
-             "val": _write_texts(tmp_path / "val.jsonl", *val, names=model.config.id2label),  # labels by name
-             "shift": _write_texts(tmp_path / "shift.csv", *hf.keyword_texts(100, seed=7, unknown=0.5)),
-             "ood": _write_texts(tmp_path / "ood.jsonl", *hf.keyword_texts(100, seed=8, keywords=(0, 0)))}
-    metrics = _evaluate(["--model", f"hf:{folder}", *(f"--{k}={v}" for k, v in files.items()), "--batch-size", "50",
-                         "--method", "temperature", "--method", "laplace", "--out", str(tmp_path / "out")])
+    files = {
+        "train": _write_texts(tmp_path / "train.csv", *fit),
+        "val": _write_texts(tmp_path / "val.jsonl", *val, names=model.config.id2label),  # labels by name
+        "shift": _write_texts(tmp_path / "shift.csv", *hf.keyword_texts(100, seed=7, unknown=0.5)),
+        "ood": _write_texts(tmp_path / "ood.jsonl", *hf.keyword_texts(100, seed=8, keywords=(0, 0))),
+    }
+    metrics = _evaluate(
+        [
+            "--model",
+            f"hf:{folder}",
+            *(f"--{k}={v}" for k, v in files.items()),
+            "--batch-size",
+            "50",
+            "--method",
+            "temperature",
+            "--method",
+            "laplace",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
     assert [row["method"] for row in metrics["rows"]] == ["none", "temperature", "laplace"]
     assert metrics["classes"] == ["pos", "neg", "topic"] and metrics["sizes"]["test"] == 100
     plain = metrics["rows"][0]["test"]
@@ -300,9 +367,23 @@ def test_evaluate_cli_on_a_saved_image_classifier_with_its_processor(vit, digits
     for index, (image, label) in enumerate(zip(pixels, y[:64].tolist())):
         (tmp_path / "val" / str(label)).mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).save(tmp_path / "val" / str(label) / f"{index}.png")
-    metrics = _evaluate(["--model", f"hf:{folder}", "--val", str(tmp_path / "val"), "--method", "temperature",
-                         "--batch-size", "32", "--out", str(tmp_path / "out")])
-    assert metrics["rows"][0]["test"]["accuracy"] > 0.3  # chance is 1/8: the processor gives the inputs it was trained on
+    metrics = _evaluate(
+        [
+            "--model",
+            f"hf:{folder}",
+            "--val",
+            str(tmp_path / "val"),
+            "--method",
+            "temperature",
+            "--batch-size",
+            "32",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert (
+        metrics["rows"][0]["test"]["accuracy"] > 0.3
+    )  # chance is 1/8: the processor gives the inputs it was trained on
 
 
 def test_huggingface_text_recipe_loads_with_from_pretrained_and_reports(text, lora_model, tmp_path: Path) -> None:
@@ -320,12 +401,35 @@ def test_huggingface_text_recipe_loads_with_from_pretrained_and_reports(text, lo
     train = _write_texts(tmp_path / "train.jsonl", *hf.keyword_texts(200, seed=9))
     val = _write_texts(tmp_path / "val.jsonl", *hf.keyword_texts(200, seed=10))
     out = tmp_path / "report"
-    assert recipe["main"](["--model", str(adapter_folder), "--train", str(train), "--val", str(val), "--method", "laplace",
-                           "--option", "subset=lora", "--batch-size", "50", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        recipe["main"](
+            [
+                "--model",
+                str(adapter_folder),
+                "--train",
+                str(train),
+                "--val",
+                str(val),
+                "--method",
+                "laplace",
+                "--option",
+                "subset=lora",
+                "--batch-size",
+                "50",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     plain, lora_laplace = (row["test"] for row in metrics["rows"])
     assert metrics["rows"][1]["summary"]["posterior"][0]["layers"][0].endswith("lora_A.default")
-    assert lora_laplace["accuracy"] == pytest.approx(plain["accuracy"], abs=0.03) and lora_laplace["nll"] <= 1.05 * plain["nll"]
+    assert (
+        lora_laplace["accuracy"] == pytest.approx(plain["accuracy"], abs=0.03)
+        and lora_laplace["nll"] <= 1.05 * plain["nll"]
+    )
 
 
 # ------------------------------------------------------------------------------------------ ensembles and OOD detectors
@@ -387,9 +491,28 @@ def test_huggingface_regression_recipe_on_a_one_output_model(tmp_path: Path, cap
         paths[name] = tmp_path / f"{name}.jsonl"
         paths[name].write_text("".join(json.dumps({"text": t, "score": float(y)}) + "\n" for t, y in rows))
     out = tmp_path / "report"
-    assert recipe["main"](["--model", str(folder), "--train", str(paths["train"]), "--val", str(paths["val"]),
-                           "--test", str(paths["test"]), "--method", "laplace", "--batch-size", "50", "--out", str(out),
-                           "--no-progress"]) == 0
+    assert (
+        recipe["main"](
+            [
+                "--model",
+                str(folder),
+                "--train",
+                str(paths["train"]),
+                "--val",
+                str(paths["val"]),
+                "--test",
+                str(paths["test"]),
+                "--method",
+                "laplace",
+                "--batch-size",
+                "50",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     plain, laplace = (row["test"] for row in metrics["rows"])
     assert metrics["rows"][1]["summary"]["posterior"][0]["layers"][0] == "classifier"

@@ -71,7 +71,9 @@ def test_expanded_example_i_uses_component_i_mod_k(digits_model, digits):
     um = posthoc.wrap(digits_model, method="ibnn", components=k, num_samples=s)
     nodes = um.method.nodes
     generator = torch.Generator().manual_seed(2)
-    per_component = [[1 + 0.3 * torch.randn(g.mean.shape[1], generator=generator) for g in nodes.groups] for _ in range(k)]
+    per_component = [
+        [1 + 0.3 * torch.randn(g.mean.shape[1], generator=generator) for g in nodes.groups] for _ in range(k)
+    ]
     with torch.no_grad():
         for index, group in enumerate(nodes.groups):
             group.mean.copy_(torch.stack([per_component[c][index] for c in range(k)]))
@@ -246,8 +248,18 @@ def test_a_model_without_conv_or_linear_is_refused():
         select_layers(nn.Linear(2, 2), "fc")
 
 
-@pytest.mark.parametrize("fit_options", [{"epochs": 0}, {"lr_nodes": 0.0}, {"lr_nodes_final": -1.0}, {"lr_weights": -1.0},
-                                         {"beta": float("nan")}, {"batchnorm": "eval"}, {"train_samples": 0}])
+@pytest.mark.parametrize(
+    "fit_options",
+    [
+        {"epochs": 0},
+        {"lr_nodes": 0.0},
+        {"lr_nodes_final": -1.0},
+        {"lr_weights": -1.0},
+        {"beta": float("nan")},
+        {"batchnorm": "eval"},
+        {"train_samples": 0},
+    ],
+)
 def test_bad_fit_options_are_refused(digits_model, loaders, fit_options):
     um = posthoc.wrap(digits_model, method="ibnn")
     with pytest.raises(ConfigError):
@@ -287,7 +299,9 @@ def test_batchnorm_train_re_estimates_the_statistics_with_the_nodes_on(digits_mo
         hook.remove()
     torch.testing.assert_close(norm.running_mean, inputs[0].mean((0, 2, 3)), rtol=0.05, atol=0.02)
     assert not um.method.model.training and torch.isfinite(um.predict(x[:8]).probs).all()
-    assert all(torch.equal(v, digits_model.state_dict()[k]) for k, v in posthoc.demo.zoo.pretrained().state_dict().items())
+    assert all(
+        torch.equal(v, digits_model.state_dict()[k]) for k, v in posthoc.demo.zoo.pretrained().state_dict().items()
+    )
 
 
 def test_the_paper_fit_trains_the_weights_slowly_and_the_nodes_fast(digits_model, digits):
@@ -322,8 +336,9 @@ def test_training_samples_are_independent_of_the_components(digits_model, digits
 
 
 def test_initialisation_follows_the_paper(digits_model):
-    um = posthoc.wrap(digits_model, method="ibnn", components=8, init_mean_std=0.5, init_std=0.05,
-                      init_std_spread=0.02, stem=True)
+    um = posthoc.wrap(
+        digits_model, method="ibnn", components=8, init_mean_std=0.5, init_std=0.05, init_std_spread=0.02, stem=True
+    )
     means = torch.cat([g.mean.detach().flatten() for g in um.method.nodes.groups])
     stds = torch.cat([g.std.detach().flatten() for g in um.method.nodes.groups])
     assert abs(float(means.mean()) - 1) < 0.02 and abs(float(means.std()) - 0.5) < 0.02
@@ -358,7 +373,11 @@ def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, 
     default, paper = RECIPES["posthoc"], RECIPES["paper"]
     card = posthoc.wrap(digits_model, method="ibnn").method.summary()
     assert (card["recipe"], card["components"], card["init_mean_std"], card["prior_std"]) == (
-        "posthoc", default.components, default.init_mean_std, default.prior_std)
+        "posthoc",
+        default.components,
+        default.init_mean_std,
+        default.prior_std,
+    )
     um = posthoc.wrap(digits_model, method="ibnn", recipe="paper", init_mean_std=0.75)
     card = um.method.summary()
     assert (card["components"], card["init_mean_std"], card["prior_std"]) == (paper.components, 0.75, paper.prior_std)
@@ -368,7 +387,11 @@ def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, 
     um.fit(loader, epochs=1, progress=False)
     card = um.method.summary()
     assert (card["epochs"], card["lr_weights"], card["lr_nodes"], card["train_samples"]) == (
-        1, paper.lr_weights, paper.lr_nodes, paper.train_samples)
+        1,
+        paper.lr_weights,
+        paper.lr_nodes,
+        paper.train_samples,
+    )
 
 
 def test_the_node_noise_scale_is_chosen_on_held_out_data_saved_and_reported(digits_model, digits, tmp_path):
@@ -383,18 +406,24 @@ def test_the_node_noise_scale_is_chosen_on_held_out_data_saved_and_reported(digi
     record = um.summary()["selection"]
     picked = next(row for row in record["candidates"] if row["chosen"])
     assert picked["value"] == scale and picked["bound"] <= record["tolerance"]  # admissible on the same held-out set
-    assert record["plain"]["clean_nll"] == pytest.approx(plain, abs=1e-6) and picked["clean_nll"] == pytest.approx(chosen, abs=1e-6)
+    assert record["plain"]["clean_nll"] == pytest.approx(plain, abs=1e-6) and picked["clean_nll"] == pytest.approx(
+        chosen, abs=1e-6
+    )
     um.save(tmp_path / "ibnn.pt")
     loaded = posthoc.load(tmp_path / "ibnn.pt", digits_model)
     generator = lambda: torch.Generator().manual_seed(3)  # noqa: E731
     assert loaded.method.scale == scale
-    assert torch.equal(loaded.method.log_predictive(vx[:16], generator=generator())[0],
-                       um.method.log_predictive(vx[:16], generator=generator())[0])  # the same code path, same draws
+    assert torch.equal(
+        loaded.method.log_predictive(vx[:16], generator=generator())[0],
+        um.method.log_predictive(vx[:16], generator=generator())[0],
+    )  # the same code path, same draws
     um.method.scale_fit[0] = 0.0  # the scale widens the predictive: more epistemic spread at 4 than at 0
     narrow = um.predict(vx[:64]).epistemic.mean()
     um.method.scale_fit[0] = 4.0
     assert um.predict(vx[:64]).epistemic.mean() > narrow
     fixed = posthoc.wrap(digits_model, method="ibnn", scale=0.5).fit(train, val, epochs=1, progress=False)
-    assert fixed.method.scale == 0.5 and fixed.method.scale_fit is None and fixed.method.summary()["scale_fit"] == "fixed"
+    assert (
+        fixed.method.scale == 0.5 and fixed.method.scale_fit is None and fixed.method.summary()["scale_fit"] == "fixed"
+    )
     with pytest.raises(ConfigError, match="scale"):
         posthoc.wrap(digits_model, method="ibnn", scale=-1.0)

@@ -27,11 +27,15 @@ def one_batch(small: dict) -> DataLoader:
     return DataLoader(TensorDataset(x, y), batch_size=256)
 
 
-def test_ivon_matches_ivon_opt_fine_tune_and_sampled_params(digits_model: nn.Module, one_batch: DataLoader, small: dict) -> None:
+def test_ivon_matches_ivon_opt_fine_tune_and_sampled_params(
+    digits_model: nn.Module, one_batch: DataLoader, small: dict
+) -> None:
     """Same seed, same data: posthoc's mean and std are IVON's weights and ``1 / sqrt(ess (h + wd))``, and the
     first predictive sample equals the logits under ``IVON.sampled_params`` drawn after ``torch.manual_seed``."""
     options = {"lr": 0.01, "hess_init": 5.0, "weight_decay": 1e-3, "beta2": 0.99, "epochs": 3}
-    um = posthoc.wrap(digits_model, method="ivon", layers="head", scale=1.0, seed=7).fit(one_batch, progress=False, **options)
+    um = posthoc.wrap(digits_model, method="ivon", layers="head", scale=1.0, seed=7).fit(
+        one_batch, progress=False, **options
+    )
     split = FeatureSplit(digits_model)
     x, y = next(iter(one_batch))
     with torch.no_grad():
@@ -61,14 +65,17 @@ def test_ivon_matches_ivon_opt_fine_tune_and_sampled_params(digits_model: nn.Mod
 
 def test_ivon_all_weights_fit_predict_save_load(digits_model: nn.Module, small: dict, tmp_path) -> None:
     before = {k: v.clone() for k, v in digits_model.state_dict().items()}
-    um = posthoc.wrap(digits_model, method="ivon", num_samples=4).fit(small["fit"], small["val"], progress=False, epochs=1)
+    um = posthoc.wrap(digits_model, method="ivon", num_samples=4).fit(
+        small["fit"], small["val"], progress=False, epochs=1
+    )
     for key, value in digits_model.state_dict().items():
         assert torch.equal(value, before[key]), f"the user's model changed at {key}"
     card = um.method.summary()
     assert card["random_variables"] == sum(p.numel() for p in digits_model.parameters())
     assert card["scale"] in SCALES + (0.0,) and card["steps"] == len(small["fit"])
     assert um.method.scale_fit[1] == pytest.approx(
-        posthoc.evaluate(posthoc.wrap(digits_model, method="none"), small["val"], progress=False).nll, rel=1e-5)
+        posthoc.evaluate(posthoc.wrap(digits_model, method="none"), small["val"], progress=False).nll, rel=1e-5
+    )
     prediction = um.predict(small["x"][:16], generator=torch.Generator().manual_seed(1))
     assert prediction.samples.shape == (4, 16, 8) or card["scale"] == 0
     um.save(tmp_path / "ivon.pt")
@@ -79,7 +86,9 @@ def test_ivon_all_weights_fit_predict_save_load(digits_model: nn.Module, small: 
 
 
 def test_ivon_head_samples_are_batched_on_one_backbone_pass(digits_model: nn.Module, small: dict) -> None:
-    um = posthoc.wrap(digits_model, method="ivon", layers="head", num_samples=6).fit(small["fit"], progress=False, epochs=1)
+    um = posthoc.wrap(digits_model, method="ivon", layers="head", num_samples=6).fit(
+        small["fit"], progress=False, epochs=1
+    )
     calls = []
     handle = digits_model.features.register_forward_hook(lambda *args: calls.append(1))
     try:
@@ -97,8 +106,12 @@ def test_ivon_without_the_extra_names_it(digits_model: nn.Module, small: dict, m
         um.fit(small["fit"], progress=False)
 
 
-def test_posthoc_imports_and_loads_an_ivon_posterior_without_the_package(digits_model: nn.Module, small: dict, tmp_path) -> None:
-    um = posthoc.wrap(digits_model, method="ivon", layers="head", scale=1.0, num_samples=3).fit(small["fit"], progress=False, epochs=1)
+def test_posthoc_imports_and_loads_an_ivon_posterior_without_the_package(
+    digits_model: nn.Module, small: dict, tmp_path
+) -> None:
+    um = posthoc.wrap(digits_model, method="ivon", layers="head", scale=1.0, num_samples=3).fit(
+        small["fit"], progress=False, epochs=1
+    )
     um.save(tmp_path / "ivon.pt")
     torch.save(digits_model.state_dict(), tmp_path / "model.pt")
     expected = um.predict(small["x"][:4], generator=torch.Generator().manual_seed(0)).probs
@@ -109,32 +122,38 @@ sys.modules["ivon"] = None  # importing ivon now fails, as without the extra
 import torch, posthoc
 from posthoc.demo import zoo
 model = zoo.pretrained("digits_cnn")
-model.load_state_dict(torch.load({str(tmp_path / 'model.pt')!r}))
-um = posthoc.load({str(tmp_path / 'ivon.pt')!r}, model)
-probs = um.predict(torch.load({str(tmp_path / 'x.pt')!r}), generator=torch.Generator().manual_seed(0)).probs
-torch.save(probs, {str(tmp_path / 'probs.pt')!r})
+model.load_state_dict(torch.load({str(tmp_path / "model.pt")!r}))
+um = posthoc.load({str(tmp_path / "ivon.pt")!r}, model)
+probs = um.predict(torch.load({str(tmp_path / "x.pt")!r}), generator=torch.Generator().manual_seed(0)).probs
+torch.save(probs, {str(tmp_path / "probs.pt")!r})
 """
     subprocess.run([sys.executable, "-c", script], check=True, capture_output=True, text=True)
     torch.testing.assert_close(torch.load(tmp_path / "probs.pt"), expected)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"layers": "body"}, "layers must be 'head'"),
-    ({"num_samples": 0}, "num_samples must be a positive integer"),
-    ({"scale": -1.0}, "scale must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"layers": "body"}, "layers must be 'head'"),
+        ({"num_samples": 0}, "num_samples must be a positive integer"),
+        ({"scale": -1.0}, "scale must be a finite number >= 0"),
+    ],
+)
 def test_ivon_refuses_bad_options(options: dict, message: str, digits_model: nn.Module) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(digits_model, method="ivon", **options)
 
 
-@pytest.mark.parametrize(("fit_options", "message"), [
-    ({"lr": -0.1}, "lr must be a finite number > 0"),
-    ({"beta2": 1.0}, r"beta2 must be a fraction in \[0, 1\)"),
-    ({"hess_init": 0.0}, "hess_init must be a finite number > 0"),
-    ({"mc_samples": 0}, "mc_samples must be a positive integer"),
-    ({"ess": -5.0}, "ess must be a finite number > 0"),
-])
+@pytest.mark.parametrize(
+    ("fit_options", "message"),
+    [
+        ({"lr": -0.1}, "lr must be a finite number > 0"),
+        ({"beta2": 1.0}, r"beta2 must be a fraction in \[0, 1\)"),
+        ({"hess_init": 0.0}, "hess_init must be a finite number > 0"),
+        ({"mc_samples": 0}, "mc_samples must be a positive integer"),
+        ({"ess": -5.0}, "ess must be a finite number > 0"),
+    ],
+)
 def test_ivon_refuses_bad_fit_options(fit_options: dict, message: str, digits_model: nn.Module, small: dict) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(digits_model, method="ivon").fit(small["fit"], progress=False, **fit_options)

@@ -156,7 +156,9 @@ def fitted(digits) -> dict[str, posthoc.UncertainModel]:
     model = zoo.pretrained()
     loader = data.loader(digits.fit, batch_size=256)
     return {
-        structure: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(loader, progress=False)
+        structure: posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(
+            loader, progress=False
+        )
         for structure in ("kron", "full", "diag")
     }
 
@@ -340,7 +342,9 @@ def test_backpack_kflr_is_the_exact_ggn_block_for_one_example() -> None:
     model, (x, y) = mlp(), tiny_data(n=1)
     blocks, _ = backpack_ggn(model, ["2.weight"], "kron", [(x, y)])
     params = {"2.weight": model[2].weight.detach()}
-    jacobian = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x,))[0])(params)["2.weight"].reshape(C, -1)
+    jacobian = torch.func.jacrev(lambda p: torch.func.functional_call(model, p, (x,))[0])(params)["2.weight"].reshape(
+        C, -1
+    )
     p = torch.softmax(model(x)[0], -1).detach()
     exact = jacobian.T @ (torch.diag(p) - torch.outer(p, p)) @ jacobian
     torch.testing.assert_close(kron_of(blocks[0]), exact, rtol=1e-8, atol=1e-10)
@@ -373,15 +377,21 @@ def test_subset_glm_covariance_is_the_jacobian_sandwich(hessian: str) -> None:
     delta, test_x = 0.7, x[:6]
     got = logit_gaussian(model, covered_linear_layers(model, names), blocks, test_x, delta).covariance()
     params = {n: p.detach() for n, p in model.named_parameters()}
-    jacobians = torch.func.jacrev(lambda sub: torch.func.functional_call(model, {**params, **sub}, (test_x,)))({n: params[n] for n in names})
+    jacobians = torch.func.jacrev(lambda sub: torch.func.functional_call(model, {**params, **sub}, (test_x,)))(
+        {n: params[n] for n in names}
+    )
     jacobian = torch.cat([jacobians[n].reshape(6, C, -1) for n in names], -1)  # (n, C, P)
-    curvature = torch.block_diag(*[torch.diag(b.diagonal.reshape(-1)) if hessian == "diag" else kron_of(b) for b in blocks])
+    curvature = torch.block_diag(
+        *[torch.diag(b.diagonal.reshape(-1)) if hessian == "diag" else kron_of(b) for b in blocks]
+    )
     sigma = torch.linalg.inv(curvature + delta * torch.eye(curvature.shape[0], dtype=torch.float64))
     torch.testing.assert_close(got, jacobian @ sigma @ jacobian.transpose(1, 2), rtol=1e-7, atol=1e-10)
 
 
 @pytest.mark.parametrize("hessian", ["kron", "diag"])
-def test_subset_glm_over_the_head_equals_the_last_layer_laplace(digits_model, small_loader, digits, hessian: str) -> None:
+def test_subset_glm_over_the_head_equals_the_last_layer_laplace(
+    digits_model, small_loader, digits, hessian: str
+) -> None:
     x = digits.test.tensors[0][:50]
     options = dict(method="laplace", hessian=hessian, prior_precision=2.0)
     last = posthoc.wrap(digits_model, **options).fit(small_loader, progress=False).predict(x).probs
@@ -390,24 +400,40 @@ def test_subset_glm_over_the_head_equals_the_last_layer_laplace(digits_model, sm
     torch.testing.assert_close(subset.predict(x).probs, last, atol=1e-5, rtol=0)
 
 
-def test_subset_glm_chunks_under_a_small_memory_budget_without_changing_the_predictive(digits_model, small_loader, digits) -> None:
+def test_subset_glm_chunks_under_a_small_memory_budget_without_changing_the_predictive(
+    digits_model, small_loader, digits
+) -> None:
     x = digits.test.tensors[0][:40]
-    um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(small_loader, progress=False)
+    um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"]).fit(
+        small_loader, progress=False
+    )
     calls = []
     original = posthoc.methods.laplace.subset_glm.logit_gaussian
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(posthoc.methods.laplace.subset_glm, "logit_gaussian", lambda *args: calls.append(args[3].shape[0]) or original(*args))
+        patch.setattr(
+            posthoc.methods.laplace.subset_glm,
+            "logit_gaussian",
+            lambda *args: calls.append(args[3].shape[0]) or original(*args),
+        )
         small = um.predict(x, max_memory=200_000).probs
     assert max(calls) < 8 and sum(calls) == 40, calls
     torch.testing.assert_close(small, um.predict(x).probs, atol=1e-6, rtol=0)
 
 
-def test_subset_glm_keeps_the_checkpoint_accurate_where_weight_samples_do_not(digits_model, small_loader, digits) -> None:
+def test_subset_glm_keeps_the_checkpoint_accurate_where_weight_samples_do_not(
+    digits_model, small_loader, digits
+) -> None:
     x, y = digits.test.tensors[0][:200], digits.test.tensors[1][:200]
     accuracy = {}
     for pred in ("glm", "nn"):
-        um = posthoc.wrap(digits_model, method="laplace", subset=["classifier.1", "classifier.4"], pred=pred, num_samples=20,
-                          prior_precision="marglik")
+        um = posthoc.wrap(
+            digits_model,
+            method="laplace",
+            subset=["classifier.1", "classifier.4"],
+            pred=pred,
+            num_samples=20,
+            prior_precision="marglik",
+        )
         pred_labels = um.fit(small_loader, progress=False).predict(x, generator=torch.Generator().manual_seed(0)).label
         accuracy[pred] = (pred_labels == y).float().mean().item()
     map_accuracy = (digits_model(x).argmax(-1) == y).float().mean().item()
@@ -453,12 +479,22 @@ def test_subset_glm_over_linear_layers_applied_over_positions_is_the_exact_linea
     torch.manual_seed(0)
     model = nn.Sequential(nn.Unflatten(1, (2, 2)), nn.Linear(2, 3), nn.Flatten(), nn.Linear(6, 3)).double().eval()
     x, y = torch.randn(20, 4, dtype=torch.float64), torch.randint(0, 3, (20,))
-    um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", prior_precision=1.0).fit([(x, y)], progress=False)
+    um = posthoc.wrap(model, method="laplace", subset=["1", "3"], hessian="diag", prior_precision=1.0).fit(
+        [(x, y)], progress=False
+    )
     params = dict(model.named_parameters())
     names = ["1.weight", "1.bias", "3.weight", "3.bias"]
-    jacobian = torch.func.vmap(lambda row: torch.cat([j.flatten(1) for j in torch.func.jacrev(
-        lambda values: torch.func.functional_call(model, {**params, **values}, (row[None],))[0])(
-        {n: params[n].detach() for n in names}).values()], 1))(x)  # (n, C, P)
+    jacobian = torch.func.vmap(
+        lambda row: torch.cat(
+            [
+                j.flatten(1)
+                for j in torch.func.jacrev(
+                    lambda values: torch.func.functional_call(model, {**params, **values}, (row[None],))[0]
+                )({n: params[n].detach() for n in names}).values()
+            ],
+            1,
+        )
+    )(x)  # (n, C, P)
     probs = torch.softmax(model(x), -1).detach()
     hessian = torch.diag_embed(probs) - probs[:, :, None] * probs[:, None, :]
     ggn = torch.einsum("ncp,ncd,ndp->p", jacobian, hessian, jacobian)
@@ -479,12 +515,16 @@ def test_the_prior_ladder_runs_from_nearly_the_checkpoint_to_the_grids_widest() 
     assert found[4:] == pytest.approx(default_grid().flip(0).tolist()) and found == sorted(found, reverse=True)
 
 
-def test_val_prior_is_the_widest_posterior_confidently_within_the_tolerance(digits_model, small_loader, loaders, digits) -> None:
+def test_val_prior_is_the_widest_posterior_confidently_within_the_tolerance(
+    digits_model, small_loader, loaders, digits
+) -> None:
     """With clean held-out data only (``shift=None``) the prior is the widest of the ladder whose excess over the
     checkpoint, computed here independently with numpy, is within the default tolerance; the next wider one is not (the
     walk stops there). The bound: the per-example NLL increases with those below their 2.5 % quantile raised to it,
     their mean plus ``z_0.95`` standard errors times ``sqrt(2)`` (the excess on new data of the held-out size)."""
-    um = posthoc.wrap(digits_model, method="laplace").fit(small_loader, loaders["calibration"], progress=False, shift=None)
+    um = posthoc.wrap(digits_model, method="laplace").fit(
+        small_loader, loaders["calibration"], progress=False, shift=None
+    )
     method = um.method
     assert method.summary()["prior_fit"] == "val"
     x, y = digits.calibration.tensors
@@ -526,8 +566,13 @@ def test_summary_names_the_posterior(digits_model, small_loader, loaders, tmp_pa
     um = posthoc.wrap(digits_model, method="laplace", prior_precision="marglik").fit(small_loader, progress=False)
     card = um.method.summary()
     assert card == {
-        "random_variables": 8 * (64 + 1), "layers": ["classifier.4"], "hessian": "kron", "predictive": "glm",
-        "link": "probit", "prior_precision": pytest.approx(float(um.method.prior_precision)), "prior_fit": "marglik",
+        "random_variables": 8 * (64 + 1),
+        "layers": ["classifier.4"],
+        "hessian": "kron",
+        "predictive": "glm",
+        "link": "probit",
+        "prior_precision": pytest.approx(float(um.method.prior_precision)),
+        "prior_fit": "marglik",
         "fit_examples": 512,
     }
     um.save(tmp_path / "posterior.pt")
@@ -546,7 +591,9 @@ def test_a_model_that_is_its_own_head_is_a_logistic_regression(method: str) -> N
     x, y = tiny_data(60)
     model = nn.Linear(4, C).double().eval()
     loader = DataLoader(TensorDataset(x, y), batch_size=20)
-    um = posthoc.wrap(model, method=method, **({"hessian": "full", "prior_precision": 1.0} if method == "laplace" else {}))
+    um = posthoc.wrap(
+        model, method=method, **({"hessian": "full", "prior_precision": 1.0} if method == "laplace" else {})
+    )
     um.fit(loader, loader, progress=False)
     pred = um.predict(x)
     assert pred.probs.shape == (60, C) and torch.isfinite(pred.entropy).all()

@@ -26,7 +26,15 @@ def loader(n: int = 60) -> DataLoader:
 
 def test_the_registered_front_lists_the_options_and_picks_the_algorithm() -> None:
     assert posthoc.core.registry.REGISTRY["laplace"] is Laplace
-    assert set(posthoc.available_methods()["laplace"]) == {"hessian", "subset", "prior_precision", "link", "pred", "num_samples", "head"}
+    assert set(posthoc.available_methods()["laplace"]) == {
+        "hessian",
+        "subset",
+        "prior_precision",
+        "link",
+        "pred",
+        "num_samples",
+        "head",
+    }
     assert Laplace.algorithm({}) is LastLayerLaplace
     assert Laplace.algorithm({"subset": "last_layer"}) is LastLayerLaplace
     assert Laplace.algorithm({"subset": "all"}) is SubsetLaplace
@@ -71,8 +79,14 @@ def test_chunked_mc_predictive_joins_rows_and_samples() -> None:
 
     sizes = []
     with budget_scope(300):
-        log_probs, samples = chunked_log_predictive(7, 100, lambda rows: sizes.append(rows.stop - rows.start) or gaussian(rows),
-                                                    "mc", 5, torch.Generator().manual_seed(0))
+        log_probs, samples = chunked_log_predictive(
+            7,
+            100,
+            lambda rows: sizes.append(rows.stop - rows.start) or gaussian(rows),
+            "mc",
+            5,
+            torch.Generator().manual_seed(0),
+        )
     assert sizes == [3, 3, 1] and samples.shape == (5, 7, 3)
     torch.testing.assert_close(log_probs.exp(), samples.exp().mean(0))
 

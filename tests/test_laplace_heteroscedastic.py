@@ -81,7 +81,8 @@ def test_the_exact_hessian_in_the_outputs_is_indefinite_and_the_fisher_is_not() 
     """Why the Fisher: the NLL's Hessian in ``(m, s)`` has determinant ``-½ r² e^{-2s}`` at a residual ``r ≠ 0``."""
     m, s, y = 0.3, -0.2, 1.0
     exact = torch.func.hessian(lambda v: 0.5 * (v[1] + (y - v[0]) ** 2 * (-v[1]).exp()))(
-        torch.tensor([m, s], dtype=torch.float64))
+        torch.tensor([m, s], dtype=torch.float64)
+    )
     assert float(torch.linalg.det(exact)) == pytest.approx(-0.5 * (y - m) ** 2 * math.exp(-2 * s), rel=1e-12)
     fisher = HeteroscedasticHessian(torch.tensor([[m, s]], dtype=torch.float64)).diagonal()
     assert torch.allclose(fisher, torch.tensor([[math.exp(-s), 0.5]], dtype=torch.float64), rtol=1e-15, atol=0)
@@ -132,8 +133,15 @@ def test_the_moment_matched_predictive_has_the_moments_of_the_sampled_posterior(
     variance_error = (m.square() + noise).var(0).div(draws).sqrt() + 2 * mean.abs() * mean_error
     assert ((pred.mean[:, 0].double() - mean).abs() <= 5 * mean_error).all()
     assert ((pred.variance[:, 0].double() - variance).abs() <= 5 * variance_error).all(), (pred.variance, variance)
-    sampled = posthoc.wrap(net, method="laplace", likelihood="heteroscedastic", hessian=hessian, prior_precision=0.5,
-                           link="mc", num_samples=draws).fit(train, progress=False)
+    sampled = posthoc.wrap(
+        net,
+        method="laplace",
+        likelihood="heteroscedastic",
+        hessian=hessian,
+        prior_precision=0.5,
+        link="mc",
+        num_samples=draws,
+    ).fit(train, progress=False)
     mixture = sampled.predict(x, generator=torch.Generator().manual_seed(1))
     assert mixture.samples.shape == (draws, len(x), 1)
     assert ((mixture.mean[:, 0].double() - pred.mean[:, 0].double()).abs() <= 5 * mean_error).all()
@@ -159,8 +167,9 @@ def test_the_prior_is_chosen_on_held_out_nll_and_by_the_evidence() -> None:
     delta = float(method.prior_precision)
     assert method.summary()["prior_fit"] == "marglik" and method.last_selection is None
     assert method.summary()["link"] == "moment-matched"
-    assert float(effective_parameters(method.spectrum(), delta)) == pytest.approx(delta * float(method.square_norm),
-                                                                                  rel=1e-6)
+    assert float(effective_parameters(method.spectrum(), delta)) == pytest.approx(
+        delta * float(method.square_norm), rel=1e-6
+    )
 
 
 @pytest.mark.parametrize("hessian", ["full", "kron", "diag"])

@@ -56,12 +56,16 @@ def test_same_probabilities_at_the_same_prior(problem, structure: str, link: str
 @pytest.mark.parametrize("structure", ["kron", "full", "diag"])
 def test_marglik_prior_precision_agrees_and_is_the_exact_maximiser(problem, structure: str) -> None:
     model, loader, x = problem
-    ours = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(loader, progress=False)
+    ours = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="marglik").fit(
+        loader, progress=False
+    )
     theirs = peer_laplace(model, loader, structure, None)
     delta_ours, delta_theirs = float(ours.method.prior_precision), float(theirs.prior_precision)
     assert abs(delta_ours / delta_theirs - 1) <= 0.02
     # the same objective: our evidence at their prior equals theirs; ours (an exact root) is at least as high
-    assert ours.method.log_marginal_likelihood(delta_theirs) == pytest.approx(float(theirs.log_marginal_likelihood()), rel=1e-5)
+    assert ours.method.log_marginal_likelihood(delta_theirs) == pytest.approx(
+        float(theirs.log_marginal_likelihood()), rel=1e-5
+    )
     assert ours.method.log_marginal_likelihood() >= ours.method.log_marginal_likelihood(delta_theirs)
     # and predictions at each library's own tuned prior still agree closely
     expected = theirs(x, pred_type="glm", link_approx="probit")
@@ -76,7 +80,9 @@ def test_all_layers_glm_agrees_with_the_peer(problem, structure: str) -> None:
     la.fit(loader)
     la.prior_precision = 2.0
     expected = la(x, pred_type="glm", link_approx="probit")
-    ours = posthoc.wrap(model, method="laplace", subset="all", hessian=structure, prior_precision=2.0).fit(loader, progress=False)
+    ours = posthoc.wrap(model, method="laplace", subset="all", hessian=structure, prior_precision=2.0).fit(
+        loader, progress=False
+    )
     assert ours.method.pred == "glm"
     assert (ours.predict(x).probs - expected).abs().max() <= 1e-5
 
@@ -102,14 +108,25 @@ def test_validation_grid_search_agrees_with_the_peer_gridsearch(problem, structu
     la.fit(loader)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        la.optimize_prior_precision(pred_type="glm", method="gridsearch", val_loader=val, link_approx="probit",
-                                    log_prior_prec_min=-4, log_prior_prec_max=4, grid_size=41,
-                                    loss=lambda probs, labels: nn.functional.nll_loss(probs.log(), labels))
+        la.optimize_prior_precision(
+            pred_type="glm",
+            method="gridsearch",
+            val_loader=val,
+            link_approx="probit",
+            log_prior_prec_min=-4,
+            log_prior_prec_max=4,
+            grid_size=41,
+            loss=lambda probs, labels: nn.functional.nll_loss(probs.log(), labels),
+        )
     theirs = float(la.prior_precision)
-    grid = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="grid").fit(loader, val, progress=False)
+    grid = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision="grid").fit(
+        loader, val, progress=False
+    )
 
     def val_nll(prior_precision: float) -> float:
-        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=prior_precision).fit(loader, progress=False)
+        um = posthoc.wrap(model, method="laplace", hessian=structure, prior_precision=prior_precision).fit(
+            loader, progress=False
+        )
         return posthoc.evaluate(um, val, progress=False).nll
 
     ours = float(grid.method.prior_precision)

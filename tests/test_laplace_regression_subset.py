@@ -28,8 +28,12 @@ def _tiny(outputs: int = 2) -> tuple[nn.Module, DataLoader, DataLoader, torch.Te
     with torch.no_grad():
         y = net(x) + 0.3 * torch.randn(100, outputs, generator=generator, dtype=torch.float64)
     test = torch.randn(7, 2, generator=generator, dtype=torch.float64)
-    return (net, DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16),
-            DataLoader(TensorDataset(x[40:], y[40:]), batch_size=32), test)
+    return (
+        net,
+        DataLoader(TensorDataset(x[:40], y[:40]), batch_size=16),
+        DataLoader(TensorDataset(x[40:], y[40:]), batch_size=32),
+        test,
+    )
 
 
 def _jacobian(net: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -53,7 +57,9 @@ def test_subset_variance_equals_the_dense_ggn_posterior_by_hand(hessian: str, su
     inverse of ``G / σ² + δ I``, ``G = Σ_n J_nᵀ J_n`` (the diagonal of it for ``"diag"``; KFAC is exact for the
     squared error of a last layer), at the fitted σ and δ: to 1e-10 relative (measured 2e-16)."""
     net, train, _, test = _tiny()
-    um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian, subset=subset).fit(train, progress=False)
+    um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian, subset=subset).fit(
+        train, progress=False
+    )
     card = um.summary()["posterior"][0]
     sigma, delta = card["noise_std"], card["prior_precision"]
     assert card["noise_fit"] == "marglik" and card["prior_fit"] == "marglik"
@@ -76,14 +82,17 @@ def test_backpack_squared_error_curvature_is_halved_to_the_unit_noise_ggn() -> N
     """BackPACK's ``MSELoss(reduction="sum")`` is ``Σ (f - y)²``, loss Hessian ``2 I``: the fitted diagonal must be
     ``diag Σ_n J_nᵀ J_n`` itself (to 1e-10), not twice it."""
     net, train, _, _ = _tiny()
-    um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="diag", subset="all").fit(train, progress=False)
+    um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="diag", subset="all").fit(
+        train, progress=False
+    )
     x = train.dataset.tensors[0]
     jacobian = _jacobian(net, x)
     expected = jacobian.square().sum((0, 1))
     fitted = torch.cat([block.spectrum() for block in um.method.blocks])
     torch.testing.assert_close(fitted, expected, rtol=1e-10, atol=1e-12)
     assert float(um.method.train_loss) == pytest.approx(
-        0.5 * float((net(x) - train.dataset.tensors[1]).square().sum()), rel=1e-12)
+        0.5 * float((net(x) - train.dataset.tensors[1]).square().sum()), rel=1e-12
+    )
 
 
 def test_subset_diag_equals_laplace_torch() -> None:
@@ -93,9 +102,17 @@ def test_subset_diag_equals_laplace_torch() -> None:
     from laplace import Laplace as PeerLaplace
 
     net, train, _, test = _tiny()
-    um = posthoc.wrap(net, method="laplace", likelihood=posthoc.Gaussian(noise_std=0.7), hessian="diag", subset="all",
-                      prior_precision=2.0).fit(train, progress=False)
-    peer = PeerLaplace(net, "regression", subset_of_weights="all", hessian_structure="diag", sigma_noise=0.7, prior_precision=2.0)
+    um = posthoc.wrap(
+        net,
+        method="laplace",
+        likelihood=posthoc.Gaussian(noise_std=0.7),
+        hessian="diag",
+        subset="all",
+        prior_precision=2.0,
+    ).fit(train, progress=False)
+    peer = PeerLaplace(
+        net, "regression", subset_of_weights="all", hessian_structure="diag", sigma_noise=0.7, prior_precision=2.0
+    )
     peer.fit(train)
     mean, variance = peer(test, pred_type="glm")
     pred = um.predict(test)
@@ -108,12 +125,17 @@ def test_subset_diag_equals_laplace_torch() -> None:
 def test_subset_noise_is_rechosen_on_held_out_data_and_survives_save_and_load(tmp_path) -> None:
     """With a ``val_loader`` σ is re-chosen on held-out NLL, which is then no worse there than the evidence's σ."""
     net, train, val, test = _tiny()
-    evidence = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="kron", subset="all").fit(train, progress=False)
+    evidence = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="kron", subset="all").fit(
+        train, progress=False
+    )
     held_out = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="kron", subset="all").fit(
-        train, val, progress=False)
+        train, val, progress=False
+    )
     assert held_out.summary()["posterior"][0]["noise_fit"] == "held-out"
     x, y = val.dataset.tensors
-    nll = {name: -float(um.predict(x).log_prob(y).mean()) for name, um in (("evidence", evidence), ("held-out", held_out))}
+    nll = {
+        name: -float(um.predict(x).log_prob(y).mean()) for name, um in (("evidence", evidence), ("held-out", held_out))
+    }
     assert nll["held-out"] <= nll["evidence"] + 1e-9, nll
     held_out.save(tmp_path / "s.pt")
     loaded = posthoc.load(tmp_path / "s.pt", net, likelihood="regression")
@@ -125,11 +147,19 @@ def test_weight_samples_through_a_network_linear_in_them_reproduce_the_glm_varia
     variance of 4000 draws (σ times a unit-noise draw at prior δσ²) matches the GLM one within 10% (Monte Carlo
     error about 2%); a draw missing the σ would miss by the factor σ² (here far from 1)."""
     net, train, _, test = _tiny()
-    options = {"method": "laplace", "likelihood": posthoc.Gaussian(noise_std=3.0), "hessian": "kron", "subset": ["2"],
-               "prior_precision": 0.5}
+    options = {
+        "method": "laplace",
+        "likelihood": posthoc.Gaussian(noise_std=3.0),
+        "hessian": "kron",
+        "subset": ["2"],
+        "prior_precision": 0.5,
+    }
     glm = posthoc.wrap(net, pred="glm", **options).fit(train, progress=False).predict(test)
-    sampled = posthoc.wrap(net, pred="nn", num_samples=4000, **options).fit(train, progress=False).predict(
-        test, generator=torch.Generator().manual_seed(0))
+    sampled = (
+        posthoc.wrap(net, pred="nn", num_samples=4000, **options)
+        .fit(train, progress=False)
+        .predict(test, generator=torch.Generator().manual_seed(0))
+    )
     ratio = sampled.epistemic / glm.epistemic
     assert float((ratio - 1).abs().max()) < 0.1, ratio
     torch.testing.assert_close(sampled.aleatoric, glm.aleatoric)
@@ -137,7 +167,9 @@ def test_weight_samples_through_a_network_linear_in_them_reproduce_the_glm_varia
 
 def test_what_subset_laplace_still_refuses_under_regression() -> None:
     net, _, _, _ = _tiny()
-    lora = peft.get_peft_model(nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), peft.LoraConfig(r=2, target_modules=["0"]))
+    lora = peft.get_peft_model(
+        nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 2)), peft.LoraConfig(r=2, target_modules=["0"])
+    )
     with pytest.raises(ConfigError, match="subset='lora' .* does not do likelihood='regression'"):
         posthoc.wrap(lora, method="laplace", likelihood="regression", subset="lora")
 

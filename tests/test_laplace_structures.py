@@ -25,7 +25,9 @@ def _block(structure: str, bias: bool = False):
     if structure == "kron":
         return STRUCTURES["kron"].from_sums([_psd(OUT, generator)] + ([] if bias else [_psd(IN, generator)]), 1)
     if structure == "diag":
-        return STRUCTURES["diag"].from_sums([torch.rand((OUT,) if bias else (OUT, IN), generator=generator, dtype=torch.float64)], 1)
+        return STRUCTURES["diag"].from_sums(
+            [torch.rand((OUT,) if bias else (OUT, IN), generator=generator, dtype=torch.float64)], 1
+        )
     return STRUCTURES["full"].from_sums([_psd(size, generator)], 1)
 
 
@@ -55,7 +57,10 @@ def test_jacobian_variance_is_the_sandwich_with_the_dense_posterior(structure: s
 def test_head_variance_spectrum_and_samples_match_the_dense_posterior(structure: str) -> None:
     generator = torch.Generator().manual_seed(2)
     block = _block(structure)  # a head of OUT classes over IN = D + 1 inputs
-    phi_aug, mean = torch.randn(N, IN, generator=generator, dtype=torch.float64), torch.randn(N, OUT, dtype=torch.float64)
+    phi_aug, mean = (
+        torch.randn(N, IN, generator=generator, dtype=torch.float64),
+        torch.randn(N, OUT, dtype=torch.float64),
+    )
     sigma = _posterior(block)
     jacobian = torch.kron(torch.eye(OUT, dtype=torch.float64), phi_aug[:, None, :])
     expected = jacobian @ sigma @ jacobian.transpose(1, 2)
@@ -63,8 +68,12 @@ def test_head_variance_spectrum_and_samples_match_the_dense_posterior(structure:
     torch.testing.assert_close(gaussian.covariance(), expected)
     torch.testing.assert_close(gaussian.variance(), expected.diagonal(dim1=1, dim2=2))
     torch.testing.assert_close(gaussian.row_sums(), expected.sum(-1))
-    torch.testing.assert_close(block.spectrum().sort().values, torch.linalg.eigvalsh(block.dense()).clamp_min(0), atol=1e-9, rtol=1e-9)
-    draws = block.sample(torch.zeros(OUT, IN, dtype=torch.float64), DELTA, 20_000, torch.Generator().manual_seed(3)).reshape(20_000, -1)
+    torch.testing.assert_close(
+        block.spectrum().sort().values, torch.linalg.eigvalsh(block.dense()).clamp_min(0), atol=1e-9, rtol=1e-9
+    )
+    draws = block.sample(
+        torch.zeros(OUT, IN, dtype=torch.float64), DELTA, 20_000, torch.Generator().manual_seed(3)
+    ).reshape(20_000, -1)
     stderr = ((sigma.diagonal()[:, None] * sigma.diagonal()[None] + sigma.square()) / 20_000).sqrt()
     assert ((draws.T @ draws / 20_000 - sigma).abs() / stderr).max() < 5.5
 

@@ -29,8 +29,11 @@ spec.loader.exec_module(recipe)
 #: the same weights and the same posterior tensors through the same CPU ops: equal up to float rounding
 SAME_MODEL_ATOL = 1e-6
 
-pytestmark = [pytest.mark.filterwarnings("ignore::UserWarning"), pytest.mark.filterwarnings("ignore::FutureWarning"),
-              pytest.mark.filterwarnings("ignore::DeprecationWarning")]
+pytestmark = [
+    pytest.mark.filterwarnings("ignore::UserWarning"),
+    pytest.mark.filterwarnings("ignore::FutureWarning"),
+    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
+]
 
 
 class EpochZeroBest(recipe.LitDigits):
@@ -77,16 +80,24 @@ def data() -> recipe.DigitsData:
 
 def _trainer(root: Path, callbacks: list, **kwargs) -> pl.Trainer:
     pl.seed_everything(0, verbose=False)
-    settings = {"max_epochs": 2, "accelerator": "cpu", "devices": 1, "logger": False, "enable_progress_bar": False,
-                "enable_model_summary": False, **kwargs}
+    settings = {
+        "max_epochs": 2,
+        "accelerator": "cpu",
+        "devices": 1,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        **kwargs,
+    }
     return pl.Trainer(default_root_dir=root, callbacks=callbacks, **settings)
 
 
 def test_fit_on_the_best_checkpoint_saves_beside_it_and_restores(data: recipe.DigitsData, tmp_path: Path) -> None:
     # the network: the module itself (it defines forward); no perturbed copies of the held-out data (faster)
     callback = PosthocCallback(method=["laplace", "temperature"], fit_options={"shift": None})
-    checkpoints = pl.callbacks.ModelCheckpoint(dirpath=tmp_path / "ckpt", monitor="epoch_index", mode="min",
-                                               save_top_k=-1)
+    checkpoints = pl.callbacks.ModelCheckpoint(
+        dirpath=tmp_path / "ckpt", monitor="epoch_index", mode="min", save_top_k=-1
+    )
     module = EpochZeroBest()
     _trainer(tmp_path, [callback, checkpoints]).fit(module, datamodule=data)
 
@@ -117,8 +128,9 @@ def test_fit_on_the_best_checkpoint_saves_beside_it_and_restores(data: recipe.Di
         PosthocCallback.restore(last, EpochZeroBest)  # no posterior beside epoch 1's checkpoint
 
     # oracle: posthoc.wrap on the checkpoint's network with the datamodule's loaders, by hand
-    manual = posthoc.wrap(net, method=["laplace", "temperature"]).fit(data.train_dataloader(), data.val_dataloader(),
-                                                                        progress=False, shift=None)
+    manual = posthoc.wrap(net, method=["laplace", "temperature"]).fit(
+        data.train_dataloader(), data.val_dataloader(), progress=False, shift=None
+    )
     # the training loader is shuffled, so the curvature sums in another order: float32 rounding only
     torch.testing.assert_close(manual.predict(x).probs, um.predict(x).probs, atol=1e-4, rtol=0)
 
@@ -134,8 +146,9 @@ def test_without_a_checkpoint_then_on_validate(data: recipe.DigitsData, tmp_path
     assert callback.checkpoint_path is None and callback.posterior_path == tmp_path / "posthoc.pt"
     x = data.splits["test"][0]
     loaded = posthoc.load(tmp_path / "posthoc.pt", module.net)
-    torch.testing.assert_close(loaded.predict(x).probs, callback.uncertain_model.predict(x).probs,
-                               atol=SAME_MODEL_ATOL, rtol=0)
+    torch.testing.assert_close(
+        loaded.predict(x).probs, callback.uncertain_model.predict(x).probs, atol=SAME_MODEL_ATOL, rtol=0
+    )
 
     checkpoint = tmp_path / "saved.ckpt"
     trainer.save_checkpoint(checkpoint)
@@ -145,8 +158,9 @@ def test_without_a_checkpoint_then_on_validate(data: recipe.DigitsData, tmp_path
     assert on_validate.checkpoint_path == checkpoint and on_validate.posterior_path == tmp_path / "saved.posthoc.pt"
     assert on_validate.uncertain_model.fit_record.val_examples == 200
     restored = PosthocCallback.restore(checkpoint, recipe.LitDigits, model_attr="net")
-    torch.testing.assert_close(restored.predict(x).probs, on_validate.uncertain_model.predict(x).probs,
-                               atol=SAME_MODEL_ATOL, rtol=0)
+    torch.testing.assert_close(
+        restored.predict(x).probs, on_validate.uncertain_model.predict(x).probs, atol=SAME_MODEL_ATOL, rtol=0
+    )
     # a validate-only callback does not fit during trainer.fit
     idle = PosthocCallback(method="temperature", model_attr="net", on="validate")
     idle_trainer = _trainer(tmp_path / "idle", [idle], max_epochs=1, enable_checkpointing=False)
@@ -207,9 +221,9 @@ except posthoc.PosthocError as err:
 else:
     raise AssertionError("import posthoc.lightning without lightning did not fail")
 """
-    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True,
-                          timeout=300)
+    done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
+
 
 # ------------------------------------------------------------------------------------------ the recipe
 

@@ -18,8 +18,17 @@ from posthoc.methods.mc_batchnorm.method import BATCH_SIZES
 
 def _net(seed: int = 0) -> nn.Module:
     torch.manual_seed(seed)
-    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Conv2d(4, 6, 3), nn.BatchNorm2d(6),
-                         nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(6, 3)).eval()
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Conv2d(4, 6, 3),
+        nn.BatchNorm2d(6),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(6, 3),
+    ).eval()
 
 
 def _images(n: int, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -38,7 +47,7 @@ def test_agrees_with_torch_uncertainty_given_the_same_mini_batches() -> None:
     with torch.no_grad():
         peer_log_probs = torch.log_softmax(peer(test), -1).reshape(samples, 10, 3)
     um = posthoc.wrap(model, method="mc-batchnorm", num_samples=samples, batch_size=size).fit(loader, progress=False)
-    batches = [x[k * size:(k + 1) * size] for k in range(samples)]  # the peer's: the loader's first batches in order
+    batches = [x[k * size : (k + 1) * size] for k in range(samples)]  # the peer's: the loader's first batches in order
     um.method.means[0], um.method.variances[0] = per_batch_statistics(model, batches)
     ours = um.predict(test)
     torch.testing.assert_close(ours.samples.log(), peer_log_probs, atol=1e-5, rtol=1e-5)  # float32, other op order
@@ -56,8 +65,10 @@ def test_a_model_without_batchnorm_and_a_bad_batch_size_are_refused() -> None:
 def test_the_batch_size_is_chosen_by_the_selection_step_from_the_plain_model_up(tmp_path) -> None:
     model = _net()
     x, y = _images(600)
-    fit, val = DataLoader(TensorDataset(x[:400], y[:400]), batch_size=100), DataLoader(TensorDataset(x[400:], y[400:]),
-                                                                                       batch_size=100)
+    fit, val = (
+        DataLoader(TensorDataset(x[:400], y[:400]), batch_size=100),
+        DataLoader(TensorDataset(x[400:], y[400:]), batch_size=100),
+    )
     um = posthoc.wrap(model, method="mc-batchnorm", num_samples=4).fit(fit, val, progress=False, shift=None)
     record = um.summary()["selection"]
     labels = [c["candidate"] for c in record["candidates"]]

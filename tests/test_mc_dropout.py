@@ -61,11 +61,13 @@ def _float32_bound_on_probs(model: nn.Module, x: torch.Tensor, probs: torch.Tens
             logits = model(x)
     finally:
         hook.remove()
-    linear, u = model.classifier[4], 2.0 ** -24
+    linear, u = model.classifier[4], 2.0**-24
     n = linear.in_features + 1
     gamma = n * u / (1 - n * u)
     dz = 2 * gamma * (captured["h"].abs() @ linear.weight.abs().T + linear.bias.abs())
-    d_log = 2 * dz.max(-1, keepdim=True).values + 8 * u * (logits.abs().max(-1, keepdim=True).values + math.log(logits.shape[-1]))
+    d_log = 2 * dz.max(-1, keepdim=True).values + 8 * u * (
+        logits.abs().max(-1, keepdim=True).values + math.log(logits.shape[-1])
+    )
     return probs * torch.expm1(d_log)
 
 
@@ -113,7 +115,9 @@ def test_batched_head_sampling_equals_full_passes_with_same_masks(digits_model: 
 
 
 @pytest.mark.parametrize("examples", [8, 3])  # more examples than classes (masked weights), fewer (masked features)
-def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(digits_model: nn.Module, digits, examples: int) -> None:
+def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(
+    digits_model: nn.Module, digits, examples: int
+) -> None:
     x, samples = digits.test.tensors[0][:examples], 12
     um = posthoc.wrap(digits_model, method="mc-dropout", masks="shared")
     pred = um.predict(x, num_samples=samples, generator=torch.Generator().manual_seed(7))
@@ -129,7 +133,9 @@ def test_shared_head_masks_equal_a_direct_computation_with_the_same_masks(digits
 def test_shared_head_masks_on_a_binary_classifier() -> None:
     torch.manual_seed(0)
     net, x = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 1)).eval(), torch.randn(6, 4)
-    pred = posthoc.wrap(net, method="mc-dropout", p=0.3, masks="shared").predict(x, num_samples=5, generator=torch.Generator().manual_seed(2))
+    pred = posthoc.wrap(net, method="mc-dropout", p=0.3, masks="shared").predict(
+        x, num_samples=5, generator=torch.Generator().manual_seed(2)
+    )
     keep = keep_mask((5, 8), 0.3, generator=torch.Generator().manual_seed(2), device="cpu")
     with torch.no_grad():
         z = net[2](net[1](net[0](x)) * keep.unsqueeze(1) / keep_probability(0.3)).squeeze(-1)  # (S, N)
@@ -138,13 +144,18 @@ def test_shared_head_masks_on_a_binary_classifier() -> None:
 
 def _tiny() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(),
-                         nn.Linear(32, 5)).eval()
+    return nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(), nn.Linear(32, 5)
+    ).eval()
 
 
 @pytest.mark.parametrize("case", ["digits", "tiny"])
 def test_shared_and_per_example_masks_give_the_same_predictive(case: str, digits) -> None:
-    model, x = (posthoc.demo.zoo.pretrained(), digits.test.tensors[0][:100]) if case == "digits" else (_tiny(), 3 * torch.randn(100, 1, 8, 8))
+    model, x = (
+        (posthoc.demo.zoo.pretrained(), digits.test.tensors[0][:100])
+        if case == "digits"
+        else (_tiny(), 3 * torch.randn(100, 1, 8, 8))
+    )
     probs = {}
     for masks in ("shared", "per_example"):
         um = posthoc.wrap(model, method="mc-dropout", where="head", p=0.5, masks=masks)
@@ -207,8 +218,12 @@ def test_masks_independent_across_samples_and_examples() -> None:
     across_samples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows.roll(1, 0)[:, 0].flatten()]))[0, 1]
     across_examples = torch.corrcoef(torch.stack([rows[:, 0].flatten(), rows[:, 1].flatten()]))[0, 1]
     assert abs(across_samples) < 0.05 and abs(across_examples) < 0.05
-    shared = posthoc.wrap(net, method="mc-dropout", num_samples=400, masks="shared").predict(x, generator=torch.Generator().manual_seed(0))
-    assert torch.equal(shared.samples[:, 0], shared.samples[:, 1]) and not torch.equal(shared.samples[0], shared.samples[1])
+    shared = posthoc.wrap(net, method="mc-dropout", num_samples=400, masks="shared").predict(
+        x, generator=torch.Generator().manual_seed(0)
+    )
+    assert torch.equal(shared.samples[:, 0], shared.samples[:, 1]) and not torch.equal(
+        shared.samples[0], shared.samples[1]
+    )
 
 
 def _check_sampled_architecture(model: nn.Module, x: torch.Tensor, where: str | None, masks: str = "shared") -> None:
@@ -254,7 +269,9 @@ def test_timm_functional_drop_rate_becomes_a_head_site() -> None:
 
 
 def test_save_and_load_keep_the_chosen_rate(tmp_path, digits_model: nn.Module, loaders) -> None:
-    um = posthoc.wrap(digits_model, method="mc-dropout", p="auto", num_samples=4).fit(None, loaders["calibration"], progress=False)
+    um = posthoc.wrap(digits_model, method="mc-dropout", p="auto", num_samples=4).fit(
+        None, loaders["calibration"], progress=False
+    )
     um.save(str(tmp_path / "mc.pt"))
     loaded = posthoc.load(str(tmp_path / "mc.pt"), copy.deepcopy(digits_model))
     assert float(loaded.method.rate) == float(um.method.rate)
@@ -266,18 +283,24 @@ def test_the_default_rate_is_the_models_own_without_validation_data_and_chosen_w
     inserted = posthoc.wrap(zoo.pretrained("digits_bn_cnn"), method="mc-dropout").fit(loaders["fit"], progress=False)
     inserted.predict(digits.test.tensors[0][:4])
     assert [(s.name, s.p) for s in inserted.method.sites()] == [("fc", DEFAULT_INSERT_P)]
-    fixed = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.3).fit(loaders["fit"], loaders["calibration"], progress=False)
+    fixed = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.3).fit(
+        loaders["fit"], loaders["calibration"], progress=False
+    )
     assert float(fixed.method.rate) == 0.3  # a rate given is kept
     for name in ("digits_cnn", "digits_bn_cnn"):
         model = zoo.pretrained(name)
-        chosen = posthoc.wrap(model, method="mc-dropout", num_samples=10).fit(loaders["fit"], loaders["calibration"], progress=False)
+        chosen = posthoc.wrap(model, method="mc-dropout", num_samples=10).fit(
+            loaders["fit"], loaders["calibration"], progress=False
+        )
         rate = float(chosen.method.rate)
         plain_nll, rate_nll = chosen.method.validation_nll.tolist()
         record = chosen.summary()["selection"]
         picked = next(row for row in record["candidates"] if row["chosen"])
         assert rate in (0.0, *P_GRID) and picked["value"] == rate and picked["admissible"]
         assert picked["bound"] <= record["tolerance"] and picked["clean_nll"] == pytest.approx(rate_nll, abs=1e-6)
-        assert plain_nll == pytest.approx(posthoc.evaluate(posthoc.wrap(model, method="none"), loaders["calibration"], progress=False).nll)
+        assert plain_nll == pytest.approx(
+            posthoc.evaluate(posthoc.wrap(model, method="none"), loaders["calibration"], progress=False).nll
+        )
 
 
 @pytest.mark.slow  # benchmarks/quality.py measures the same on retrained checkpoints
@@ -299,7 +322,10 @@ def test_the_default_does_no_harm_in_distribution_and_helps_under_shift(name: st
         um = posthoc.wrap(model, method="mc-dropout").fit(None, data.loader(val), progress=False)
         for degrees, found in ratios.items():
             loader = data.loader(data.rotated(test, degrees))
-            found.append(posthoc.evaluate(um, loader, progress=False, seed=seed).nll / posthoc.evaluate(plain, loader, progress=False).nll)
+            found.append(
+                posthoc.evaluate(um, loader, progress=False, seed=seed).nll
+                / posthoc.evaluate(plain, loader, progress=False).nll
+            )
     assert sum(ratios[0]) / len(ratios[0]) <= 1.02, f"{name}: in-distribution NLL {ratios[0]} x the plain model's"
     assert max(ratios[45]) < 1.0, f"{name}: NLL at 45 degrees {ratios[45]} x the plain model's"
 

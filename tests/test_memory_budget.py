@@ -76,7 +76,9 @@ _y = torch.randint(0, CLASSES, (EXAMPLES,), generator=torch.Generator().manual_s
 _loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(_x, _y), batch_size=64)
 
 
-def _predict_peak(um: UncertainModel, budget: int, chunk_size: int | None = None, num_samples: int | None = None) -> tuple[int, int]:
+def _predict_peak(
+    um: UncertainModel, budget: int, chunk_size: int | None = None, num_samples: int | None = None
+) -> tuple[int, int]:
     """``(peak bytes beyond the outputs, most examples one log_predictive call saw)``."""
     rows: list[int] = []
     log_predictive = um.method.log_predictive
@@ -91,8 +93,11 @@ def _predict_peak(um: UncertainModel, budget: int, chunk_size: int | None = None
             pred = um.predict(_x, keep_samples=False, max_memory=budget, chunk_size=chunk_size, num_samples=num_samples)
     finally:
         del um.method.log_predictive
-    outputs = sum(getattr(pred, f.name).untyped_storage().nbytes() for f in dataclasses.fields(pred)
-                  if f.name != "samples" and getattr(pred, f.name) is not None)
+    outputs = sum(
+        getattr(pred, f.name).untyped_storage().nbytes()
+        for f in dataclasses.fields(pred)
+        if f.name != "samples" and getattr(pred, f.name) is not None
+    )
     return measured.peak - outputs, max(rows)
 
 
@@ -112,7 +117,10 @@ CASES = {
     "laplace-mc": ({"method": "laplace", "link": "mc", "prior_precision": 1.0, "num_samples": SAMPLES}, True),
     "laplace-probit": ({"method": "laplace", "link": "probit", "prior_precision": 1.0}, True),
     "mc-dropout-head": ({"method": "mc-dropout", "where": "head", "p": 0.1, "num_samples": SAMPLES}, False),
-    "mc-dropout-head-shared": ({"method": "mc-dropout", "where": "head", "p": 0.1, "num_samples": SAMPLES, "masks": "shared"}, False),
+    "mc-dropout-head-shared": (
+        {"method": "mc-dropout", "where": "head", "p": 0.1, "num_samples": SAMPLES, "masks": "shared"},
+        False,
+    ),
     "swag-last-layer": ({"method": "swag", "subset": "last_layer", "num_samples": SAMPLES}, True),
     "ibnn": ({"method": "ibnn", "components": 4, "num_samples": SAMPLES // 4}, False),
 }
@@ -133,13 +141,19 @@ def _fitted(name: str) -> UncertainModel:
 
 
 @pytest.mark.parametrize(
-    "name", [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OVER_BUDGET[n])) if n in OVER_BUDGET else n for n in CASES]
+    "name",
+    [
+        pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=OVER_BUDGET[n])) if n in OVER_BUDGET else n
+        for n in CASES
+    ],
 )
 def test_per_sample_peak_stays_within_the_budget(name):
     for budget in BUDGETS:
         ratio, rows = _sample_peak(_fitted(name), budget)
         assert ratio <= TOLERANCE, f"{name}: per-sample tensors peaked at {ratio:.2f}x the {budget // 2**20} MiB budget"
-        assert name == "laplace-probit" or rows <= EXAMPLES // 2, f"{name} predicted {rows} of {EXAMPLES} examples at once"
+        assert name == "laplace-probit" or rows <= EXAMPLES // 2, (
+            f"{name} predicted {rows} of {EXAMPLES} examples at once"
+        )
 
 
 class Sampler(posthoc.Method):
@@ -157,5 +171,7 @@ def test_predict_fills_but_does_not_exceed_the_budget():
     um = UncertainModel(Sampler(_model()), [])
     for budget in BUDGETS:
         ratio, rows = _sample_peak(um, budget)
-        assert 0.5 <= ratio <= TOLERANCE, f"the samples of one chunk peaked at {ratio:.2f}x the {budget // 2**20} MiB budget"
+        assert 0.5 <= ratio <= TOLERANCE, (
+            f"the samples of one chunk peaked at {ratio:.2f}x the {budget // 2**20} MiB budget"
+        )
         assert rows <= EXAMPLES // 2

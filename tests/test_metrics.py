@@ -95,9 +95,11 @@ def test_smooth_ece_matches_relplot(n, seed):
 def test_smooth_ece_matches_relplot_on_calibrated_and_on_tied_confidences():
     generator = torch.Generator().manual_seed(4)
     confidence = 0.5 + 0.5 * torch.rand(3000, generator=generator, dtype=torch.float64)
-    cases = {"calibrated": (confidence, (torch.rand(3000, generator=generator) < confidence).double()),
-             "tied": (confidence.round(decimals=1), (torch.rand(3000, generator=generator) < 0.6).double()),
-             "tiny": (confidence[:5], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64))}
+    cases = {
+        "calibrated": (confidence, (torch.rand(3000, generator=generator) < confidence).double()),
+        "tied": (confidence.round(decimals=1), (torch.rand(3000, generator=generator) < 0.6).double()),
+        "tiny": (confidence[:5], torch.tensor([1.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64)),
+    }
     for name, (conf, correct) in cases.items():
         ours = float(smooth_ece_rows(conf[None], correct[None])[0])
         assert ours == pytest.approx(float(relplot.smECE(conf.numpy(), correct.numpy())), abs=1e-6), name

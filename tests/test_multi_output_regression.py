@@ -54,7 +54,8 @@ def _within(fitted: torch.Tensor, rows: int, sigmas: float = 4.0) -> None:
 def test_the_noise_of_each_output_is_recovered(method: str) -> None:
     x, y, model = _data(3000, 1)
     um = posthoc.wrap(model, method=method, likelihood="regression").fit(
-        _loader(x[:1000], y[:1000]), _loader(x[1000:], y[1000:]))
+        _loader(x[:1000], y[:1000]), _loader(x[1000:], y[1000:])
+    )
     fitted = um.likelihood.noise_std
     assert fitted.shape == (OUTPUTS,)
     _within(fitted, 2000)
@@ -75,14 +76,15 @@ def test_mc_dropout_and_an_ensemble_fit_a_noise_per_output() -> None:
     train, val = _loader(x[:500], y[:500]), _loader(x[500:1000], y[500:1000])
     dropout = posthoc.wrap(model, method="mc-dropout", p=0.01, likelihood="regression", num_samples=10).fit(train, val)
     noise = dropout.likelihood.noise_std
-    assert noise.shape == (OUTPUTS,) and bool((noise.diff() > 0).all())      # the outputs' noise scales, in order
+    assert noise.shape == (OUTPUTS,) and bool((noise.diff() > 0).all())  # the outputs' noise scales, in order
     pred = dropout.predict(x[1000:], generator=torch.Generator().manual_seed(0))
     torch.testing.assert_close(pred.aleatoric, noise.square().float().expand(500, OUTPUTS))
     # one shared noise, even fitted on the test rows themselves, predicts them far worse than a noise per output
     shared = Gaussian()
     shared.fit_noise(pred.component_means, None, y[1000:].double())
-    one = RegressionPrediction.from_components(pred.component_means, None, shared.variances(OUTPUTS, torch.float32,
-                                                                                          torch.device("cpu")))
+    one = RegressionPrediction.from_components(
+        pred.component_means, None, shared.variances(OUTPUTS, torch.float32, torch.device("cpu"))
+    )
     assert float(pred.log_prob(y[1000:]).mean()) > float(one.log_prob(y[1000:]).mean()) + 1.0
     members = [_data(10, 0)[2] for _ in range(3)]
     with torch.no_grad():
@@ -109,21 +111,24 @@ def test_each_outputs_laplace_variance_is_that_of_a_shared_noise_of_its_own_size
     x, y, model = _perturbed(4)
     options = {"method": "laplace", "hessian": hessian, "prior_precision": 2.0}
     per_output = posthoc.wrap(model, likelihood=Gaussian(noise_std=TRUE_STD.tolist()), **options).fit(
-        _loader(x[:200], y[:200]))
+        _loader(x[:200], y[:200])
+    )
     epistemic = per_output.predict(x[200:]).epistemic
     for d in range(OUTPUTS):
         shared = posthoc.wrap(model, likelihood=Gaussian(noise_std=float(TRUE_STD[d])), **options).fit(
-            _loader(x[:200], y[:200]))
+            _loader(x[:200], y[:200])
+        )
         torch.testing.assert_close(epistemic[:, d], shared.predict(x[200:]).epistemic[:, d], rtol=1e-5, atol=1e-9)
 
 
 def test_last_layer_laplace_variance_per_output_equals_the_brute_force_posterior() -> None:
     """The head's posterior under ``Λ = diag(1/σ_d²)``: precision ``Σ_n J_nᵀ Λ J_n + δ I``, built densely."""
     x, y, model = _perturbed(4)
-    um = posthoc.wrap(model, method="laplace", hessian="full", prior_precision=2.0,
-                      likelihood=Gaussian(noise_std=[0.05, 0.5, 3.0])).fit(_loader(x[:200], y[:200]))
+    um = posthoc.wrap(
+        model, method="laplace", hessian="full", prior_precision=2.0, likelihood=Gaussian(noise_std=[0.05, 0.5, 3.0])
+    ).fit(_loader(x[:200], y[:200]))
     phi = model[0](x).detach().double()
-    phi_aug = torch.cat([phi, torch.ones(len(phi), 1, dtype=torch.float64)], 1)     # [W | b] row by row
+    phi_aug = torch.cat([phi, torch.ones(len(phi), 1, dtype=torch.float64)], 1)  # [W | b] row by row
     jacobians = torch.stack([torch.kron(torch.eye(OUTPUTS, dtype=torch.float64), row[None]) for row in phi_aug])
     precision = 2.0 * torch.eye(OUTPUTS * (INPUTS + 1), dtype=torch.float64)
     noise = torch.diag(TRUE_STD.square().reciprocal())
@@ -148,32 +153,38 @@ def test_one_output_is_the_shared_fit_bit_for_bit() -> None:
     assert torch.equal(per_output.noise_std, shared.noise_std)
     for method in ("none", "laplace"):
         um = posthoc.wrap(one, method=method, likelihood="regression").fit(
-            _loader(x[:250], y[:250, :1]), _loader(x[250:], y[250:, :1]))
-        assert um.likelihood.noise_std.shape == ()        # a one-output model keeps its one σ, as before
+            _loader(x[:250], y[:250, :1]), _loader(x[250:], y[250:, :1])
+        )
+        assert um.likelihood.noise_std.shape == ()  # a one-output model keeps its one σ, as before
 
 
 @pytest.mark.parametrize("method", ["none", "laplace"])
 def test_save_and_load_keep_the_noise_per_output(method: str, tmp_path) -> None:
     x, y, model = _data(1000, 7)
     um = posthoc.wrap(model, method=method, likelihood="regression").fit(
-        _loader(x[:500], y[:500]), _loader(x[500:], y[500:]))
+        _loader(x[:500], y[:500]), _loader(x[500:], y[500:])
+    )
     um.save(tmp_path / "multi.pt")
     loaded = posthoc.load(tmp_path / "multi.pt", model)
     assert torch.equal(loaded.likelihood.noise_std, um.likelihood.noise_std)
     assert torch.equal(loaded.predict(x[:30]).variance, um.predict(x[:30]).variance)
     fixed = posthoc.wrap(model, method=method, likelihood=Gaussian(noise_std=[0.1, 0.2, 0.3])).fit(
-        _loader(x[:500], y[:500]))
+        _loader(x[:500], y[:500])
+    )
     fixed.save(tmp_path / "fixed.pt")
-    assert posthoc.load(tmp_path / "fixed.pt", model).likelihood.config() == {"name": "regression",
-                                                                             "noise_std": [0.1, 0.2, 0.3]}
+    assert posthoc.load(tmp_path / "fixed.pt", model).likelihood.config() == {
+        "name": "regression",
+        "noise_std": [0.1, 0.2, 0.3],
+    }
 
 
 def test_a_shared_noise_still_loads_into_a_multi_output_model(tmp_path) -> None:
     """A posterior saved with one ``σ`` (as every file before the noise per output) keeps its one ``σ``."""
     x, y, model = _data(200, 8)
     um = posthoc.wrap(model, method="vi", likelihood="regression", num_samples=2).fit(
-        _loader(x[:100], y[:100]), _loader(x[100:], y[100:]), epochs=1)
-    assert um.likelihood.noise_std.shape == ()          # a method with one shared noise
+        _loader(x[:100], y[:100]), _loader(x[100:], y[100:]), epochs=1
+    )
+    assert um.likelihood.noise_std.shape == ()  # a method with one shared noise
     um.save(tmp_path / "shared.pt")
     loaded = posthoc.load(tmp_path / "shared.pt", model)
     assert loaded.likelihood.noise_std.shape == () and torch.equal(loaded.likelihood.noise_std, um.likelihood.noise_std)
@@ -227,10 +238,11 @@ def test_each_outputs_conformal_threshold_equals_mapies() -> None:
     cp = posthoc.conformal(um.predict(x[200:500]), y[200:500], alpha=0.1, score="absolute")
     lower, upper = cp.intervals(um.predict(x[500:]))
     for d in range(OUTPUTS):
-        reference = SplitConformalRegressor(GivenMean().fit(None, None), confidence_level=0.9,
-                                            conformity_score="absolute", prefit=True)
-        reference.conformalize(mean_cal[:, d:d + 1].numpy(), y[200:500, d].double().numpy())
-        _, bounds = reference.predict_interval(mean_test[:, d:d + 1].numpy())
+        reference = SplitConformalRegressor(
+            GivenMean().fit(None, None), confidence_level=0.9, conformity_score="absolute", prefit=True
+        )
+        reference.conformalize(mean_cal[:, d : d + 1].numpy(), y[200:500, d].double().numpy())
+        _, bounds = reference.predict_interval(mean_test[:, d : d + 1].numpy())
         np.testing.assert_allclose(lower[:, d].numpy(), bounds[:, 0, 0], rtol=0, atol=1e-6)
         np.testing.assert_allclose(upper[:, d].numpy(), bounds[:, 1, 0], rtol=0, atol=1e-6)
 
@@ -247,7 +259,8 @@ def test_each_outputs_90_percent_conformal_interval_covers_88_to_92_percent_over
     splits, n_cal, n_test, alpha = 200, 400, 400, 0.1
     x, y, model = _data(1000 + n_cal + n_test, 11)
     um = posthoc.wrap(model, method="none", likelihood="regression").fit(
-        _loader(x[:500], y[:500]), _loader(x[500:1000], y[500:1000]))
+        _loader(x[:500], y[:500]), _loader(x[500:1000], y[500:1000])
+    )
     pool, targets = um.predict(x[1000:]), y[1000:]
     generator = torch.Generator().manual_seed(12)
     coverage = torch.empty(splits, OUTPUTS, dtype=torch.float64)

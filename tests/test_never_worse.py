@@ -59,12 +59,19 @@ def _test_nll(method: posthoc.Method, x: torch.Tensor, y: torch.Tensor) -> torch
 def test_defaults_and_auto_are_never_worse_in_distribution_over_random_splits(name: str, digits) -> None:
     model = zoo.pretrained(name)
     x, y = _pool(digits)
-    candidates = [*(c["method"] for c in posthoc.methods.auto.method.default_candidates(model, Categorical())),
-                  *([c] for c in EXTRA_CALIBRATORS)]
+    candidates = [
+        *(c["method"] for c in posthoc.methods.auto.method.default_candidates(model, Categorical())),
+        *([c] for c in EXTRA_CALIBRATORS),
+    ]
     um = posthoc.wrap(model, method="auto", candidates=candidates, keep_candidates=True)
     um.fit(data.loader(digits.fit), [(x[:VALIDATION], y[:VALIDATION])], progress=False)
-    pool = HeldOut.read([(x[i:i + 256], y[i:i + 256]) for i in range(0, len(y), 256)], model=model,
-                        likelihood=Categorical(), shift="auto", device="cpu")
+    pool = HeldOut.read(
+        [(x[i : i + 256], y[i : i + 256]) for i in range(0, len(y), 256)],
+        model=model,
+        likelihood=Categorical(),
+        shift="auto",
+        device="cpu",
+    )
     with torch.no_grad():
         plain = -model(x).double().log_softmax(-1).gather(1, y[:, None]).squeeze(1)
     exceeded: collections.Counter = collections.Counter()
@@ -82,5 +89,7 @@ def test_defaults_and_auto_are_never_worse_in_distribution_over_random_splits(na
             worst[label] = max(worst[label], excess / tolerance)
             exceeded[label] += excess > tolerance
     failing = {label: count for label, count in exceeded.items() if count > ALLOWED * DRAWS}
-    assert not failing, (f"{name}: test NLL over the plain model's by more than max(2 %, 0.005 nats) in {failing} of "
-                         f"{DRAWS} draws; worst excess / tolerance per method: {dict(worst)}")
+    assert not failing, (
+        f"{name}: test NLL over the plain model's by more than max(2 %, 0.005 nats) in {failing} of "
+        f"{DRAWS} draws; worst excess / tolerance per method: {dict(worst)}"
+    )

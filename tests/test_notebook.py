@@ -13,8 +13,9 @@ NOTEBOOK = Path(__file__).resolve().parents[1] / "recipes" / "notebook_quickstar
 
 def _execute(notebook, workdir: Path) -> str:
     """Run every code cell in a fresh Jupyter kernel (nbclient); return all printed and displayed text."""
-    NotebookClient(notebook, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(workdir)}}).execute()
+    NotebookClient(
+        notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(workdir)}}
+    ).execute()
     parts = []
     for cell in notebook.cells:
         for output in cell.get("outputs", []):

@@ -52,8 +52,16 @@ def problem():
         phi, logits = FeatureSplit(model)(x)
         phi_test, logits_test = FeatureSplit(model)(x_test)
     loader = DataLoader(TensorDataset(x, y), batch_size=64)
-    return {"model": model, "x": x, "y": y, "x_test": x_test, "phi": phi, "phi_test": phi_test,
-            "logits_test": logits_test, "loader": loader}
+    return {
+        "model": model,
+        "x": x,
+        "y": y,
+        "x_test": x_test,
+        "phi": phi,
+        "phi_test": phi_test,
+        "logits_test": logits_test,
+        "loader": loader,
+    }
 
 
 def close(ours, theirs, rtol=1e-5):
@@ -63,12 +71,15 @@ def close(ours, theirs, rtol=1e-5):
 # ------------------------------------------------------------------------------- pytorch-ood agreement
 
 
-@pytest.mark.parametrize("name, theirs", [
-    ("msp", lambda logits: pood.MaxSoftmax.score(logits)),
-    ("max-logit", lambda logits: pood.MaxLogit.score(logits)),
-    ("energy", lambda logits: pood.EnergyBased.score(logits, t=1.0)),
-    ("entropy", lambda logits: pood.Entropy.score(logits)),
-])
+@pytest.mark.parametrize(
+    "name, theirs",
+    [
+        ("msp", lambda logits: pood.MaxSoftmax.score(logits)),
+        ("max-logit", lambda logits: pood.MaxLogit.score(logits)),
+        ("energy", lambda logits: pood.EnergyBased.score(logits, t=1.0)),
+        ("entropy", lambda logits: pood.Entropy.score(logits)),
+    ],
+)
 def test_logit_scores_equal_pytorch_ood(problem, name, theirs):
     ours = posthoc.detector(problem["model"], score=name).score(problem["x_test"])
     assert ours.shape == (100,)
@@ -117,7 +128,9 @@ def test_knn_equals_pytorch_ood_on_normalised_features(problem, k):
 
 def test_knn_in_bank_chunks_equals_one_chunk(problem):
     whole = posthoc.detector(problem["model"], score="knn", k=7).fit(problem["loader"], progress=False)
-    chunked = posthoc.detector(problem["model"], score="knn", k=7, max_memory=4 * 100 * 3).fit(problem["loader"], progress=False)
+    chunked = posthoc.detector(problem["model"], score="knn", k=7, max_memory=4 * 100 * 3).fit(
+        problem["loader"], progress=False
+    )
     torch.testing.assert_close(chunked.score(problem["x_test"]), whole.score(problem["x_test"]), rtol=0, atol=0)
 
 
@@ -135,10 +148,14 @@ def test_every_score_from_one_detector_equals_its_own_detector_and_chunks_do_not
 def test_fit_streams_batches_one_example_at_a_time_as_well_as_all_at_once(problem):
     names = ["mahalanobis", "vim", "knn"]
     x, y = problem["x"], problem["y"]
-    ones = posthoc.detector(problem["model"], score=names, k=5).fit(DataLoader(TensorDataset(x, y), batch_size=1), progress=False)
+    ones = posthoc.detector(problem["model"], score=names, k=5).fit(
+        DataLoader(TensorDataset(x, y), batch_size=1), progress=False
+    )
     whole = posthoc.detector(problem["model"], score=names, k=5).fit([(x, y)], progress=False)
     for name in names:
-        torch.testing.assert_close(ones.score(problem["x_test"], name), whole.score(problem["x_test"], name), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(
+            ones.score(problem["x_test"], name), whole.score(problem["x_test"], name), rtol=1e-5, atol=1e-6
+        )
 
 
 def test_a_wrapped_model_gives_its_predictive_to_the_probability_scores(digits_model, small):
@@ -174,7 +191,13 @@ def test_a_more_confident_top_logit_lowers_every_logit_score():
     for step in (0.5, 1.0, 3.0):
         raised = logits.clone()
         raised[torch.arange(50), top] += step
-        for score in (MaxSoftmax(), PredictiveEntropy(), MaxLogit(), Energy(temperature=2.0), GeneralizedEntropy(top=None)):
+        for score in (
+            MaxSoftmax(),
+            PredictiveEntropy(),
+            MaxLogit(),
+            Energy(temperature=2.0),
+            GeneralizedEntropy(top=None),
+        ):
             before = score(Outputs(logits=logits, prediction=Prediction.from_log_probs(logits.log_softmax(-1))))
             after = score(Outputs(logits=raised, prediction=Prediction.from_log_probs(raised.log_softmax(-1))))
             assert bool((after < before).all()), (score.name, step)
@@ -205,8 +228,11 @@ def test_non_finite_training_statistics_are_refused_at_fit(problem, monkeypatch)
     """Finite features can still give a non-finite statistic (a covariance that overflows in low precision): the fit
     refuses it instead of keeping a bank that scores NaN."""
     monkeypatch.setattr(torch.linalg, "pinv", lambda matrix, **kwargs: torch.full_like(matrix, float("nan")))
-    with pytest.raises(posthoc.NumericalError, match=r"'mahalanobis' computed non-finite training statistics \(precision "
-                                                     r"holds NaN or inf\)"):
+    with pytest.raises(
+        posthoc.NumericalError,
+        match=r"'mahalanobis' computed non-finite training statistics \(precision "
+        r"holds NaN or inf\)",
+    ):
         posthoc.detector(problem["model"], score="mahalanobis").fit(problem["loader"], progress=False)
 
 
@@ -249,8 +275,12 @@ def test_bad_names_and_options_fail_with_the_valid_ones(problem):
 def test_ood_metrics_equal_sklearn_torchmetrics_and_pytorch_ood_with_ties():
     generator = torch.Generator().manual_seed(0)
     for _ in range(20):
-        inside = torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator).round(decimals=1)
-        outside = (torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator) + 1).round(decimals=1)
+        inside = torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator).round(
+            decimals=1
+        )
+        outside = (torch.randn(int(torch.randint(5, 300, (1,), generator=generator)), generator=generator) + 1).round(
+            decimals=1
+        )
         scores = torch.cat([inside, outside])
         is_ood = np.r_[np.zeros(len(inside)), np.ones(len(outside))]
         labels = torch.cat([torch.zeros(len(inside)), -torch.ones(len(outside))]).long()
@@ -258,11 +288,15 @@ def test_ood_metrics_equal_sklearn_torchmetrics_and_pytorch_ood_with_ties():
         assert metrics.aupr(inside, outside, "out") == pytest.approx(auc(recall, precision), abs=1e-12)
         precision, recall, _ = precision_recall_curve(1 - is_ood, -scores.numpy())
         assert metrics.aupr(inside, outside, "in") == pytest.approx(auc(recall, precision), abs=1e-12)
-        assert metrics.aupr(inside, outside, "in") == pytest.approx(float(pood_metrics.aupr(scores, labels, "id")), abs=1e-12)
+        assert metrics.aupr(inside, outside, "in") == pytest.approx(
+            float(pood_metrics.aupr(scores, labels, "id")), abs=1e-12
+        )
         fpr, tpr, _ = binary_roc(scores, torch.as_tensor(is_ood).long())
         expected = float(fpr[torch.searchsorted(tpr.double(), torch.tensor([0.95], dtype=torch.float64))[0]])
         assert metrics.fpr_at_tpr(inside, outside) == pytest.approx(expected, abs=1e-7)
-        assert metrics.fpr_at_tpr(inside, outside) == pytest.approx(float(pood_metrics.fpr_at_tpr(scores, labels)), abs=1e-12)
+        assert metrics.fpr_at_tpr(inside, outside) == pytest.approx(
+            float(pood_metrics.fpr_at_tpr(scores, labels)), abs=1e-12
+        )
         assert metrics.ood_metrics(inside, outside)["auroc"] == pytest.approx(roc_auc_score(is_ood, scores.numpy()))
 
 
@@ -287,15 +321,20 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
     assert report.as_dict()["ood"] == report.ood
     table = report.ood_to_markdown()
     assert table.count("\n") == 4 and "| none | knn |" in table and "FPR@95TPR" in table
-    by_name = posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["energy"], progress=False, ci=0.9,
-                               bootstraps=100)
+    by_name = posthoc.evaluate(
+        um, loaders["test"], loaders["ood"], ood_scores=["energy"], progress=False, ci=0.9, bootstraps=100
+    )
     assert by_name.ood["energy"] == pytest.approx(report.ood["energy"])
     low, high = by_name.intervals["ood_auroc:energy"]
     assert low < by_name.ood["energy"]["auroc"] < high
-    assert f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
+    assert (
+        f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
+    )
     assert by_name._repr_html_().count("data:image/png;base64,") == 3  # reliability, risk-coverage, OOD histograms
     tempered = posthoc.wrap(digits_model, method="temperature").fit(val_loader=small["val"], progress=False)
-    own = posthoc.evaluate(tempered, loaders["test"], loaders["ood"], ood_scores=["msp", "gen", "energy"], progress=False)
+    own = posthoc.evaluate(
+        tempered, loaders["test"], loaders["ood"], ood_scores=["msp", "gen", "energy"], progress=False
+    )
     scorer = posthoc.detector(tempered, score=["msp", "gen"])  # the predictive's scores, from a pass of their own
     on_test, on_ood = (scorer.score_loader(loaders[name], progress=False) for name in ("test", "ood"))
     for name in ("msp", "gen"):  # evaluate takes them from the predictions it made: the same numbers
@@ -311,8 +350,10 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
 
 def test_histogram_figure_has_one_panel_per_score_with_both_sets():
     generator = torch.Generator().manual_seed(0)
-    values = {name: (torch.randn(100, generator=generator), torch.randn(80, generator=generator) + 1)
-              for name in ("energy", "knn", "vim", "msp", "gen")}
+    values = {
+        name: (torch.randn(100, generator=generator), torch.randn(80, generator=generator) + 1)
+        for name in ("energy", "knn", "vim", "msp", "gen")
+    }
     fig = ood_plots.ood_histograms(values)
     panels = [ax for ax in fig.axes if ax.get_visible()]
     assert [ax.get_title().split("\n")[0] for ax in panels] == list(values)
@@ -331,8 +372,9 @@ def _free_port() -> int:
 
 
 def test_two_ranks_with_uneven_shards_fit_the_statistics_of_their_union(tmp_path, digits_model, digits):
-    context = mp.start_processes(_ood_dist_worker.run, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False,
-                                 start_method="spawn")
+    context = mp.start_processes(
+        _ood_dist_worker.run, args=(2, _free_port(), str(tmp_path)), nprocs=2, join=False, start_method="spawn"
+    )
     deadline = time.monotonic() + 180
     while not context.join(timeout=5):
         if time.monotonic() > deadline:
@@ -356,10 +398,29 @@ def test_evaluate_cli_reports_ood_scores_of_the_plain_model_next_to_each_methods
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--train", str(image_folders["train"]),
-                              "--val", str(image_folders["val"]), "--ood", str(image_folders["ood"]),
-                              "--ood-scores", "energy,knn,mahalanobis,entropy", "--ood-option", "k=5",
-                              "--method", "temperature", "--workers", "0", "--out", str(out), "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            f"{_digits_factory(tmp_path)}:digits",
+            "--train",
+            str(image_folders["train"]),
+            "--val",
+            str(image_folders["val"]),
+            "--ood",
+            str(image_folders["ood"]),
+            "--ood-scores",
+            "energy,knn,mahalanobis,entropy",
+            "--ood-option",
+            "k=5",
+            "--method",
+            "temperature",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     run_evaluate(args)
     report = (out / "report.md").read_text()
     rows = json.loads((out / "metrics.json").read_text())["rows"]

@@ -118,8 +118,9 @@ def test_a_method_without_fit_saves_unfitted_and_still_refuses_changed_weights(t
     members = [torch.nn.Linear(4, 3), torch.nn.Linear(4, 3)]
     posthoc.wrap(members).save(tmp_path / "two.pt")
     x = torch.randn(5, 4)
-    torch.testing.assert_close(posthoc.load(tmp_path / "two.pt", members).predict(x).probs,
-                               posthoc.wrap(members).predict(x).probs)
+    torch.testing.assert_close(
+        posthoc.load(tmp_path / "two.pt", members).predict(x).probs, posthoc.wrap(members).predict(x).probs
+    )
     with torch.no_grad():
         members[1].bias += 1
     with pytest.raises(PosteriorFileError, match="member 1"):

@@ -48,8 +48,9 @@ def test_risk_coverage_is_readable_with_twenty_methods(tmp_path):
 
 def test_risk_coverage_log_scale_and_operating_point(tmp_path):
     curves = _curves(2)
-    fig = plots.risk_coverage_curve(curves, tmp_path / "rc.png", {"method 0": (0.5, 0.1)}, target_risk=0.2,
-                                    log_scale=True)
+    fig = plots.risk_coverage_curve(
+        curves, tmp_path / "rc.png", {"method 0": (0.5, 0.1)}, target_risk=0.2, log_scale=True
+    )
     ax = fig.axes[0]
     assert ax.get_yscale() == "log"
     assert len(ax.get_lines()) == 2 + 1 + 1  # two curves, the operating point, the target line
@@ -115,7 +116,9 @@ def test_report_renders_in_jupyter_and_as_one_html_file(tmp_path):
 
 def test_markdown_page_embeds_its_images(tmp_path):
     plots.risk_coverage_curve(_curves(2), tmp_path / "rc.png")
-    text = "# Title\n\n- a **bold** item\n\n| a | b |\n|---|---|\n| 1 | <2> |\n\n![curve](rc.png)\n\n![gone](missing.png)"
+    text = (
+        "# Title\n\n- a **bold** item\n\n| a | b |\n|---|---|\n| 1 | <2> |\n\n![curve](rc.png)\n\n![gone](missing.png)"
+    )
     page = html_page.write_html(text, tmp_path / "report.html").read_text()
     assert "<h1>Title</h1>" in page and "<b>bold</b>" in page and "<td>&lt;2&gt;</td>" in page
     assert page.count("data:image/png;base64,") == 1 and "![gone](missing.png)" in page
@@ -130,16 +133,28 @@ def _story_table() -> ShiftTable:
         values[method], reports[method] = {}, {}
         for kind, severity in [("clean", 0), ("rotate", 1), ("rotate", 3), ("contrast", 1), ("contrast", 3)]:
             sharp = torch.full((200, 4), -4.0)
-            noisy = labels if severity == 0 else torch.where(torch.rand(200, generator=generator) < 0.2 * severity,
-                                                             (labels + 1) % 4, labels)
+            noisy = (
+                labels
+                if severity == 0
+                else torch.where(torch.rand(200, generator=generator) < 0.2 * severity, (labels + 1) % 4, labels)
+            )
             sharp[torch.arange(200), noisy] = 4.0 * (1 - damping * severity / 3)
             probs = torch.softmax(sharp, -1)
             report = Report.from_predictions(method, probs, labels)
             reports[method][kind, severity] = report
-            values[method].setdefault(kind, {})[severity] = {"accuracy": report.accuracy, "nll": report.nll,
-                                                             "ece": report.ece, "brier": report.brier}
-        values[method]["mean"] = {s: {m: (values[method]["rotate"][s][m] + values[method]["contrast"][s][m]) / 2
-                                      for m in ("accuracy", "nll", "ece", "brier")} for s in (1, 3)}
+            values[method].setdefault(kind, {})[severity] = {
+                "accuracy": report.accuracy,
+                "nll": report.nll,
+                "ece": report.ece,
+                "brier": report.brier,
+            }
+        values[method]["mean"] = {
+            s: {
+                m: (values[method]["rotate"][s][m] + values[method]["contrast"][s][m]) / 2
+                for m in ("accuracy", "nll", "ece", "brier")
+            }
+            for s in (1, 3)
+        }
     return ShiftTable(("rotate", "contrast"), (1, 3), values, reports=reports)
 
 
@@ -150,11 +165,16 @@ def test_confidence_plot_shows_confidence_and_accuracy_per_method_with_the_gap_s
     severities, confidence, accuracy = table.confidence_series("MAP")
     assert severities == [0, 1, 3] and confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]
     assert table.confidence("MAP", "mean", 3) == pytest.approx(
-        (table.confidence("MAP", "rotate", 3) + table.confidence("MAP", "contrast", 3)) / 2)
+        (table.confidence("MAP", "rotate", 3) + table.confidence("MAP", "contrast", 3)) / 2
+    )
     fig = table.confidence_plot(tmp_path / "confidence.png", plain_and_best(table))
     ax = fig.axes[0]
-    assert [line.get_label() for line in ax.get_lines()] == ["MAP confidence", "MAP accuracy", "laplace confidence",
-                                                            "laplace accuracy"]
+    assert [line.get_label() for line in ax.get_lines()] == [
+        "MAP confidence",
+        "MAP accuracy",
+        "laplace confidence",
+        "laplace accuracy",
+    ]
     assert list(ax.get_lines()[0].get_ydata()) == pytest.approx(confidence)
     assert list(ax.get_lines()[1].get_ydata()) == pytest.approx(accuracy)
     assert [t.get_text() for t in ax.get_legend().get_texts()] == [line.get_label() for line in ax.get_lines()]
@@ -170,14 +190,24 @@ def test_confidence_plot_shows_confidence_and_accuracy_per_method_with_the_gap_s
 
 def test_tables_at_different_severities_join_into_one_without_intervals():
     table = _story_table()
-    low = ShiftTable(table.kinds, (1,), {m: {k: {s: v for s, v in by.items() if s in (0, 1)} for k, by in kinds.items()}
-                                         for m, kinds in table.values.items()},
-                     reports={m: {key: r for key, r in reports.items() if key[1] in (0, 1)}
-                              for m, reports in table.reports.items()})
-    high = ShiftTable(table.kinds, (3,), {m: {k: {s: v for s, v in by.items() if s in (0, 3)} for k, by in kinds.items()}
-                                          for m, kinds in table.values.items()},
-                      reports={m: {key: r for key, r in reports.items() if key[1] in (0, 3)}
-                               for m, reports in table.reports.items()})
+    low = ShiftTable(
+        table.kinds,
+        (1,),
+        {
+            m: {k: {s: v for s, v in by.items() if s in (0, 1)} for k, by in kinds.items()}
+            for m, kinds in table.values.items()
+        },
+        reports={m: {key: r for key, r in reports.items() if key[1] in (0, 1)} for m, reports in table.reports.items()},
+    )
+    high = ShiftTable(
+        table.kinds,
+        (3,),
+        {
+            m: {k: {s: v for s, v in by.items() if s in (0, 3)} for k, by in kinds.items()}
+            for m, kinds in table.values.items()
+        },
+        reports={m: {key: r for key, r in reports.items() if key[1] in (0, 3)} for m, reports in table.reports.items()},
+    )
     joined = ShiftTable.join([high, low])
     assert joined.severities == (1, 3) and joined.values == table.values and joined.intervals == {}
     assert joined.confidence_series("laplace") == table.confidence_series("laplace")

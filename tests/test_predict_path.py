@@ -32,8 +32,9 @@ def test_the_budget_is_the_runners_scope_not_a_setting() -> None:
     um.predict(torch.randn(50, 3), max_memory=2**20)
     assert um.method.calls == [(PROBE_EXAMPLES, 2**19, setting), (50 - PROBE_EXAMPLES, 2**19, setting)]
     assert posthoc.settings.memory_budget() == setting  # the scope ends with the call
-    wrapped = UncertainModel(Recorder(nn.Linear(3, 4)), [{"name": "test-recorder", "options": {},
-                                                          "run": {"max_memory": 2**22}}])
+    wrapped = UncertainModel(
+        Recorder(nn.Linear(3, 4)), [{"name": "test-recorder", "options": {}, "run": {"max_memory": 2**22}}]
+    )
     wrapped.predict(torch.randn(4, 3))
     assert wrapped.method.calls == [(4, 2**21, setting)]  # the wrap's max_memory, less the samples' share
 
@@ -56,8 +57,12 @@ def test_laplace_predict_runs_the_model_once_per_chunk() -> None:
 
 def test_all_finite_reads_a_sum_and_checks_element_by_element_only_when_it_is_not_finite() -> None:
     assert all_finite(torch.full((4,), 3e38)) and all_finite(torch.full((3,), 6e4, dtype=torch.float16))
-    assert not all_finite(torch.tensor([1.0, float("nan")])) and not all_finite(torch.tensor([float("inf"), -float("inf")]))
-    assert not all_finite({"x": torch.ones(2), "y": torch.tensor([0.0, float("inf")])}) and all_finite({"ids": torch.tensor([1, 2])})
+    assert not all_finite(torch.tensor([1.0, float("nan")])) and not all_finite(
+        torch.tensor([float("inf"), -float("inf")])
+    )
+    assert not all_finite({"x": torch.ones(2), "y": torch.tensor([0.0, float("inf")])}) and all_finite(
+        {"ids": torch.tensor([1, 2])}
+    )
 
 
 def test_eval_mode_restores_every_flag_also_one_the_block_switched() -> None:

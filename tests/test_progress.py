@@ -103,14 +103,37 @@ def test_a_redirected_cli_run_leaves_no_carriage_return(tmp_path: Path, digits: 
     _write_images(digits.test, tmp_path / "val", 4)
     (tmp_path / "factory.py").write_text(FACTORY_SOURCE)
     log_path = tmp_path / "run.log"
-    command = [sys.executable, "-m", "posthoc.cli.main", "evaluate", "--model", f"{tmp_path / 'factory.py'}:digits",
-               "--train", str(tmp_path / "train"), "--val", str(tmp_path / "val"), "--method", "temperature",
-               "--option", "max_iter=20", "--batch-size", "4", "--workers", "0", "--ci", "0.9", "--bootstraps", "50",
-               "--out", str(tmp_path / "report")]
+    command = [
+        sys.executable,
+        "-m",
+        "posthoc.cli.main",
+        "evaluate",
+        "--model",
+        f"{tmp_path / 'factory.py'}:digits",
+        "--train",
+        str(tmp_path / "train"),
+        "--val",
+        str(tmp_path / "val"),
+        "--method",
+        "temperature",
+        "--option",
+        "max_iter=20",
+        "--batch-size",
+        "4",
+        "--workers",
+        "0",
+        "--ci",
+        "0.9",
+        "--bootstraps",
+        "50",
+        "--out",
+        str(tmp_path / "report"),
+    ]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     with log_path.open("w") as log:
-        done = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path,
-                              timeout=300)
+        done = subprocess.run(
+            command, check=False, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=tmp_path, timeout=300
+        )
     raw = log_path.read_bytes()  # bytes: reading as text would turn each \r into a newline
     text = raw.decode()
     assert done.returncode == 0, text

@@ -25,26 +25,68 @@ ROTATIONS = (0, 45, 90)
 KINDS = posthoc.shift.EVALUATION_KINDS
 
 
-def metrics(nll0: float, nll45: float, nll90: float, nll_val: float | None = None, *, ece0: float = 0.02,
-            shift_nll: float = 2.0, shift_ece: float = 0.3, auroc: float = 0.9, fit_s: float = 1.0) -> dict[str, float]:
+def metrics(
+    nll0: float,
+    nll45: float,
+    nll90: float,
+    nll_val: float | None = None,
+    *,
+    ece0: float = 0.02,
+    shift_nll: float = 2.0,
+    shift_ece: float = 0.3,
+    auroc: float = 0.9,
+    fit_s: float = 1.0,
+) -> dict[str, float]:
     """A complete metrics dict as ``measure_case`` writes it, with the given NLLs (``shift_nll`` / ``shift_ece``:
     every evaluation kind at severity 3, so also their mean)."""
-    found = {"nll_val": nll0 if nll_val is None else nll_val, "ece_val": 0.01, "brier_val": 0.03, "acc_val": 0.98,
-             "ood_auroc_digits": auroc, "ood_auroc_noise": 0.95, "fit_s": fit_s, "fit_cpu_s": fit_s,
-             "predict_s": 0.1, "predict_ratio": 2.0, "predict_cpu_ratio": 2.0, "cov@0": 0.9, "size@0": 1.0}
+    found = {
+        "nll_val": nll0 if nll_val is None else nll_val,
+        "ece_val": 0.01,
+        "brier_val": 0.03,
+        "acc_val": 0.98,
+        "ood_auroc_digits": auroc,
+        "ood_auroc_noise": 0.95,
+        "fit_s": fit_s,
+        "fit_cpu_s": fit_s,
+        "predict_s": 0.1,
+        "predict_ratio": 2.0,
+        "predict_cpu_ratio": 2.0,
+        "cov@0": 0.9,
+        "size@0": 1.0,
+    }
     for degrees, nll in zip(ROTATIONS, (nll0, nll45, nll90)):
-        found.update({f"nll@{degrees}": nll, f"ece@{degrees}": ece0 if degrees == 0 else 0.02,
-                      f"brier@{degrees}": 0.05, f"acc@{degrees}": 0.9})
+        found.update(
+            {
+                f"nll@{degrees}": nll,
+                f"ece@{degrees}": ece0 if degrees == 0 else 0.02,
+                f"brier@{degrees}": 0.05,
+                f"acc@{degrees}": 0.9,
+            }
+        )
     for kind in (*KINDS, quality.MEAN_OVER_KINDS):
-        found.update({f"nll@{kind}:3": shift_nll, f"ece@{kind}:3": shift_ece, f"acc@{kind}:3": 0.6,
-                      f"cov@{kind}:3": 0.4, f"size@{kind}:3": 0.8})
+        found.update(
+            {
+                f"nll@{kind}:3": shift_nll,
+                f"ece@{kind}:3": shift_ece,
+                f"acc@{kind}:3": 0.6,
+                f"cov@{kind}:3": 0.4,
+                f"size@{kind}:3": 0.8,
+            }
+        )
     return found
 
 
-def row(case: str, seed: int, found: dict[str, float] | None, arch: str = "digits_cnn", family: str | None = None) -> dict:
+def row(
+    case: str, seed: int, found: dict[str, float] | None, arch: str = "digits_cnn", family: str | None = None
+) -> dict:
     """A row of ``quality.run``'s output; ``found=None`` makes it an error row."""
-    base = {"arch": arch, "seed": seed, "case": case, "methods": case.split("+"),
-            "family": family or case.split("+")[0]}
+    base = {
+        "arch": arch,
+        "seed": seed,
+        "case": case,
+        "methods": case.split("+"),
+        "family": family or case.split("+")[0],
+    }
     if found is None:
         return {**base, "status": "error", "error": "RuntimeError: boom"}
     return {**base, "status": "ok", "metrics": found}
@@ -58,11 +100,27 @@ def test_cases_cover_every_base_every_stacker_and_their_compositions() -> None:
     stacks = {"none": False, "laplace": False, "swag": False, "temperature": True, "vector": True}
     # the composed stackers come before the others, which are measured alone, last
     assert [c.label for c in quality.cases_from_registry(stacks, ["vector"])] == [
-        "none", "laplace", "swag", "vector", "laplace+vector", "swag+vector", "temperature"]
+        "none",
+        "laplace",
+        "swag",
+        "vector",
+        "laplace+vector",
+        "swag+vector",
+        "temperature",
+    ]
     cases = quality.cases_from_registry(stacks)
     labels = [c.label for c in cases]
-    assert labels == ["none", "laplace", "swag", "temperature", "vector", "laplace+temperature", "swag+temperature",
-                      "laplace+vector", "swag+vector"]
+    assert labels == [
+        "none",
+        "laplace",
+        "swag",
+        "temperature",
+        "vector",
+        "laplace+temperature",
+        "swag+temperature",
+        "laplace+vector",
+        "swag+vector",
+    ]
     families = {c.label: c.family for c in cases}
     assert families["vector"] == "none" and families["temperature"] == "none"
     assert families["swag+vector"] == "swag" and families["laplace"] == "laplace"
@@ -89,15 +147,22 @@ def test_a_method_registered_later_is_benchmarked_alone_and_composed() -> None:
 
 def test_selected_cases_always_include_the_plain_reference_and_refuse_unknown_names() -> None:
     chosen = quality.discover_cases(["laplace+temperature", "temperature"])
-    assert [(c.label, c.family) for c in chosen] == [("none", "none"), ("laplace+temperature", "laplace"),
-                                                      ("temperature", "none")]
+    assert [(c.label, c.family) for c in chosen] == [
+        ("none", "none"),
+        ("laplace+temperature", "laplace"),
+        ("temperature", "none"),
+    ]
     with pytest.raises(SystemExit, match="not-a-method"):
         quality.discover_cases(["laplace+not-a-method"])
 
 
 def test_summary_is_mean_and_std_over_seeds_with_ratios_paired_by_seed() -> None:
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("none", 1, metrics(0.2, 3.0, 6.0)),
-            row("laplace", 0, metrics(0.1, 1.0, 2.0)), row("laplace", 1, metrics(0.3, 1.5, 3.0))]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0)),
+        row("none", 1, metrics(0.2, 3.0, 6.0)),
+        row("laplace", 0, metrics(0.1, 1.0, 2.0)),
+        row("laplace", 1, metrics(0.3, 1.5, 3.0)),
+    ]
     laplace = by_case(quality.summarise(rows))["laplace"]
     assert laplace.stats["nll@0"].mean == pytest.approx(0.2)
     assert laplace.stats["nll@0"].std == pytest.approx(statistics.stdev([0.1, 0.3]))
@@ -109,14 +174,18 @@ def test_summary_is_mean_and_std_over_seeds_with_ratios_paired_by_seed() -> None
     assert quality.verdict(laplace) == "fails: in-dist NLL 1.25x (1/2 seeds meet)"
 
 
-@pytest.mark.parametrize(("nll0", "nll45", "nll90", "expected"), [
-    (0.102, 1.9, 3.9, "meets (1/1 seeds)"),
-    (0.103, 1.9, 3.9, "fails: in-dist NLL 1.03x (0/1 seeds meet)"),
-    (0.100, 2.0, 3.9, "fails: NLL 45° 1.00x (0/1 seeds meet)"),
-    (0.100, 1.9, 4.4, "fails: NLL 90° 1.10x (0/1 seeds meet)"),
-])
-def test_verdict_applies_issue_15_section_2_and_names_what_fails(nll0: float, nll45: float, nll90: float,
-                                                                  expected: str) -> None:
+@pytest.mark.parametrize(
+    ("nll0", "nll45", "nll90", "expected"),
+    [
+        (0.102, 1.9, 3.9, "meets (1/1 seeds)"),
+        (0.103, 1.9, 3.9, "fails: in-dist NLL 1.03x (0/1 seeds meet)"),
+        (0.100, 2.0, 3.9, "fails: NLL 45° 1.00x (0/1 seeds meet)"),
+        (0.100, 1.9, 4.4, "fails: NLL 90° 1.10x (0/1 seeds meet)"),
+    ],
+)
+def test_verdict_applies_issue_15_section_2_and_names_what_fails(
+    nll0: float, nll45: float, nll90: float, expected: str
+) -> None:
     rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("swag", 0, metrics(nll0, nll45, nll90))]
     summaries = by_case(quality.summarise(rows))
     assert quality.verdict(summaries["swag"]) == expected
@@ -124,9 +193,14 @@ def test_verdict_applies_issue_15_section_2_and_names_what_fails(nll0: float, nl
 
 
 def test_a_failing_case_is_an_error_row_and_a_partly_failing_one_aggregates_its_good_seeds() -> None:
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("none", 1, metrics(0.1, 2.0, 4.0)),
-            row("ibnn", 0, None), row("ibnn", 1, None),
-            row("swag", 0, metrics(0.1, 1.0, 2.0)), row("swag", 1, None)]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0)),
+        row("none", 1, metrics(0.1, 2.0, 4.0)),
+        row("ibnn", 0, None),
+        row("ibnn", 1, None),
+        row("swag", 0, metrics(0.1, 1.0, 2.0)),
+        row("swag", 1, None),
+    ]
     rows[4]["warnings"] = ["RuntimeWarning: the fitted | temperature\nhit its bound"]
     summaries = quality.summarise(rows)
     cases = by_case(summaries)
@@ -140,29 +214,39 @@ def test_a_failing_case_is_an_error_row_and_a_partly_failing_one_aggregates_its_
 
 
 def test_composition_note_says_what_validation_favours_and_whether_the_test_agrees() -> None:
-    rows = [row("none", 0, metrics(0.10, 2.0, 4.0)),
-            row("laplace", 0, metrics(0.12, 1.0, 2.0, nll_val=0.11)),
-            row("laplace+temperature", 0, metrics(0.13, 1.5, 3.0, nll_val=0.09), family="laplace"),
-            row("mc-dropout", 0, metrics(0.10, 1.8, 3.5, nll_val=0.08)),
-            row("mc-dropout+temperature", 0, metrics(0.09, 1.9, 3.6, nll_val=0.07), family="mc-dropout")]
+    rows = [
+        row("none", 0, metrics(0.10, 2.0, 4.0)),
+        row("laplace", 0, metrics(0.12, 1.0, 2.0, nll_val=0.11)),
+        row("laplace+temperature", 0, metrics(0.13, 1.5, 3.0, nll_val=0.09), family="laplace"),
+        row("mc-dropout", 0, metrics(0.10, 1.8, 3.5, nll_val=0.08)),
+        row("mc-dropout+temperature", 0, metrics(0.09, 1.9, 3.6, nll_val=0.07), family="mc-dropout"),
+    ]
     summaries = quality.summarise(rows)
     notes = quality.composition_notes(summaries)
     assert set(notes) == {"laplace", "mc-dropout"}
     assert "favours **laplace+temperature**" in notes["laplace"]
     assert "disagrees: it favours laplace;" in notes["laplace"]
     assert "under shift (mean NLL at 45°/90°) the test favours laplace." in notes["laplace"]
-    assert "favours **mc-dropout+temperature**" in notes["mc-dropout"] and "in distribution agrees" in notes["mc-dropout"]
+    assert (
+        "favours **mc-dropout+temperature**" in notes["mc-dropout"] and "in distribution agrees" in notes["mc-dropout"]
+    )
     assert quality.favoured_cases(summaries) == {"laplace+temperature", "mc-dropout+temperature"}
 
 
 def test_docs_table_has_the_command_both_architectures_and_a_row_per_case() -> None:
     rows = []
     for arch in ("digits_cnn", "digits_bn_cnn"):
-        rows += [row("none", 0, metrics(0.1, 2.0, 4.0), arch), row("laplace", 0, metrics(0.1, 1.0, 2.0), arch),
-                 row("mc-batchnorm", 0, metrics(0.2, 1.0, 2.0) if arch == "digits_cnn" else None, arch)]
+        rows += [
+            row("none", 0, metrics(0.1, 2.0, 4.0), arch),
+            row("laplace", 0, metrics(0.1, 1.0, 2.0), arch),
+            row("mc-batchnorm", 0, metrics(0.2, 1.0, 2.0) if arch == "digits_cnn" else None, arch),
+        ]
     lines = quality.docs_table(quality.summarise(rows), "python benchmarks/quality.py --seeds 0", "seed 0").splitlines()
     assert lines[0] == "<!-- generated by: python benchmarks/quality.py --seeds 0; seed 0 -->"
-    assert lines[1].startswith("| method | regression | digits_cnn: NLL · ECE |") and "digits_bn_cnn: NLL · ECE" in lines[1]
+    assert (
+        lines[1].startswith("| method | regression | digits_cnn: NLL · ECE |")
+        and "digits_bn_cnn: NLL · ECE" in lines[1]
+    )
     cells = {line.split(" | ")[0][2:]: line.split(" | ")[1:] for line in lines[3:]}  # the cells after the method
     assert list(cells) == ["none", "laplace", "mc-batchnorm"]
     # whether the registered method takes likelihood="regression" (Laplace through its last-layer algorithm;
@@ -176,7 +260,8 @@ def test_docs_table_has_the_command_both_architectures_and_a_row_per_case() -> N
 
 
 def test_the_docs_page_shows_the_saved_results_table_and_the_writer_rewrites_it_in_place(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     """``docs/which-method.md`` holds exactly the table that ``benchmarks/results/quality.json`` renders to (so the page
     and the results cannot drift apart unnoticed), and ``--docs-table`` with a written report rewrites that block of
     the page it is given, and nothing else."""
@@ -184,18 +269,23 @@ def test_the_docs_page_shows_the_saved_results_table_and_the_writer_rewrites_it_
     copy = tmp_path / "which-method.md"
     copy.write_text(page.replace("| none | yes |", "| none | stale |"))  # the block the writer must replace
     saved = quality.DEFAULT_OUT.with_suffix(".json")
-    quality.main(["--from-json", str(saved), "--docs-table", "--out", str(tmp_path / "quality.md"),
-                  "--docs-page", str(copy)])
+    quality.main(
+        ["--from-json", str(saved), "--docs-table", "--out", str(tmp_path / "quality.md"), "--docs-page", str(copy)]
+    )
     capsys.readouterr()
-    assert copy.read_text() == page, "re-run: python benchmarks/quality.py --from-json " \
+    assert copy.read_text() == page, (
+        "re-run: python benchmarks/quality.py --from-json "
         "benchmarks/results/quality.json --docs-table --out benchmarks/results/quality.md"
+    )
     assert "| none | stale |" not in copy.read_text() and (tmp_path / "quality.md").exists()
 
 
 def test_replacing_the_generated_table_keeps_the_rest_of_the_page_and_refuses_a_page_without_one_block() -> None:
     page = "# Title\n\ntext\n<!-- generated by: old -->\n| a |\n|---|\n| 1 |\n\nafter\n"
-    assert quality.replace_generated_table(page, "<!-- generated by: new -->\n| b |") == \
-        "# Title\n\ntext\n<!-- generated by: new -->\n| b |\n\nafter\n"
+    assert (
+        quality.replace_generated_table(page, "<!-- generated by: new -->\n| b |")
+        == "# Title\n\ntext\n<!-- generated by: new -->\n| b |\n\nafter\n"
+    )
     for wrong in ("no table here", page + page):
         with pytest.raises(ValueError, match="one generated table"):
             quality.replace_generated_table(wrong, "<!-- generated by: new -->")
@@ -204,22 +294,34 @@ def test_replacing_the_generated_table_keeps_the_rest_of_the_page_and_refuses_a_
 def test_report_renders_again_from_the_saved_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     rows = [row("none", 0, metrics(0.1, 2.0, 4.0)), row("laplace", 0, metrics(0.1, 1.0, 2.0))]
     saved = tmp_path / "quality.json"
-    saved.write_text(json.dumps({"command": "python benchmarks/quality.py --quick", "meta": {"wall time": "9 s"},
-                                 "rotations": list(ROTATIONS), "rows": rows}))
+    saved.write_text(
+        json.dumps(
+            {
+                "command": "python benchmarks/quality.py --quick",
+                "meta": {"wall time": "9 s"},
+                "rotations": list(ROTATIONS),
+                "rows": rows,
+            }
+        )
+    )
     before = quality.DEFAULT_OUT.stat().st_mtime_ns if quality.DEFAULT_OUT.exists() else None
     quality.main(["--from-json", str(saved), "--docs-table"])
     printed = capsys.readouterr().out
     assert "## digits_cnn" in printed and "| laplace |" in printed and "meets (1/1 seeds)" in printed
     assert "### Under shift the fit never saw: rotate, contrast, translate, occlude at severity 3" in printed
-    assert ("<!-- generated by: python benchmarks/quality.py --quick; means over seeds 0, ?; kinds s3: mean over "
-            "rotate, contrast, translate, occlude at severity 3") in printed
+    assert (
+        "<!-- generated by: python benchmarks/quality.py --quick; means over seeds 0, ?; kinds s3: mean over "
+        "rotate, contrast, translate, occlude at severity 3"
+    ) in printed
     assert (quality.DEFAULT_OUT.stat().st_mtime_ns if quality.DEFAULT_OUT.exists() else None) == before  # printed only
     quality.main(["--from-json", str(saved), "--out", str(tmp_path / "again.md")])
     assert (tmp_path / "again.md").read_text().strip() == capsys.readouterr().out.strip()
 
 
 def test_measure_case_turns_a_failure_into_an_error_row_and_measures_a_tiny_case(digits: data.DigitsSplits) -> None:
-    tiny = data.DigitsSplits(*(data.subset(part, 48) for part in (digits.fit, digits.calibration, digits.test, digits.ood)))
+    tiny = data.DigitsSplits(
+        *(data.subset(part, 48) for part in (digits.fit, digits.calibration, digits.test, digits.ood))
+    )
     setting = quality.Setting("digits_cnn", 0, zoo.DigitsCNN().eval(), tiny, ROTATIONS, data.noise(16))
     failed = quality.measure_case(quality.Case(("temperature", "laplace"), "none"), setting)
     assert failed["status"] == "error" and failed["error"].startswith("ConfigError")
@@ -236,7 +338,9 @@ def test_measure_case_turns_a_failure_into_an_error_row_and_measures_a_tiny_case
     assert clean["status"] == "ok" and clean["case"] == "temperature[shift=None]", clean.get("traceback")
     with torch.no_grad():
         probs = torch.softmax(setting.model(tiny.test.tensors[0]), -1)
-    assert measured["metrics"]["nll@0"] == pytest.approx(float(-probs[range(48), tiny.test.tensors[1]].log().mean()), rel=1e-4)
+    assert measured["metrics"]["nll@0"] == pytest.approx(
+        float(-probs[range(48), tiny.test.tensors[1]].log().mean()), rel=1e-4
+    )
 
 
 def test_a_run_cut_short_leaves_rows_that_render(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -253,8 +357,13 @@ def test_a_run_cut_short_leaves_rows_that_render(tmp_path: Path, capsys: pytest.
 
 
 def test_tables_show_each_family_together_with_the_plain_model_and_calibrators_first() -> None:
-    measured = [("none", "none"), ("laplace", "laplace"), ("temperature", "none"),
-                ("laplace+temperature", "laplace"), ("vector", "none")]
+    measured = [
+        ("none", "none"),
+        ("laplace", "laplace"),
+        ("temperature", "none"),
+        ("laplace+temperature", "laplace"),
+        ("vector", "none"),
+    ]
     rows = [row(case, 0, metrics(0.1, 2.0, 4.0), family=family) for case, family in measured]
     shown = [s.case for s in quality.display_order(quality.summarise(rows))]
     assert shown == ["none", "temperature", "vector", "laplace", "laplace+temperature"]
@@ -273,11 +382,19 @@ def test_a_seed_cut_short_is_left_out_of_the_tables_so_their_rows_stay_comparabl
 
 
 def test_shift_ratios_and_differences_are_paired_by_seed_and_the_twin_fit_gives_the_cost() -> None:
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0, ece0=0.02, shift_nll=2.0, shift_ece=0.3, auroc=0.90)),
-            row("none", 1, metrics(0.1, 2.0, 4.0, ece0=0.04, shift_nll=4.0, shift_ece=0.3, auroc=0.92)),
-            *(row("laplace", seed, metrics(0.1, 1.0, 2.0, ece0=0.03, shift_nll=1.6 * (1 + seed), auroc=0.91,
-                                           fit_s=3.0 + seed)) for seed in (0, 1)),
-            *(row("laplace[shift=None]", seed, metrics(0.1, 1.0, 2.0, fit_s=1.0), family="laplace") for seed in (0, 1))]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0, ece0=0.02, shift_nll=2.0, shift_ece=0.3, auroc=0.90)),
+        row("none", 1, metrics(0.1, 2.0, 4.0, ece0=0.04, shift_nll=4.0, shift_ece=0.3, auroc=0.92)),
+        *(
+            row(
+                "laplace",
+                seed,
+                metrics(0.1, 1.0, 2.0, ece0=0.03, shift_nll=1.6 * (1 + seed), auroc=0.91, fit_s=3.0 + seed),
+            )
+            for seed in (0, 1)
+        ),
+        *(row("laplace[shift=None]", seed, metrics(0.1, 1.0, 2.0, fit_s=1.0), family="laplace") for seed in (0, 1)),
+    ]
     for r in rows:
         r["shift"] = "none" if r["case"].endswith("[shift=None]") else "auto"
     cases = by_case(quality.summarise(rows))
@@ -290,37 +407,50 @@ def test_shift_ratios_and_differences_are_paired_by_seed_and_the_twin_fit_gives_
     assert quality.target_verdict(cases["none"]) == "reference"
 
 
-@pytest.mark.parametrize(("changes", "expected"), [
-    ({}, "meets"),
-    ({"nll0": 0.104}, "meets"),  # 1.04x, but +0.004 nats: within max(2 %, 0.005 nats)
-    ({"nll0": 0.11}, "misses: in-dist NLL 1.10x, +0.0100 nats (target <= max(1.02x, +0.005), misses by 0.08x)"),
-    ({"ece0": 0.031}, "misses: in-dist ECE +1.1 pt (target <= +0.5 pt, misses by 0.6)"),
-    ({"auroc": 0.89}, "misses: AUROC 8/9 -0.010 (target >= -0.005, misses by 0.005)"),
-    ({"shift_nll": 1.9}, "misses: NLL eval kinds s3 0.95x (target <= 0.90x, misses by 0.05)"),
-])
+@pytest.mark.parametrize(
+    ("changes", "expected"),
+    [
+        ({}, "meets"),
+        ({"nll0": 0.104}, "meets"),  # 1.04x, but +0.004 nats: within max(2 %, 0.005 nats)
+        ({"nll0": 0.11}, "misses: in-dist NLL 1.10x, +0.0100 nats (target <= max(1.02x, +0.005), misses by 0.08x)"),
+        ({"ece0": 0.031}, "misses: in-dist ECE +1.1 pt (target <= +0.5 pt, misses by 0.6)"),
+        ({"auroc": 0.89}, "misses: AUROC 8/9 -0.010 (target >= -0.005, misses by 0.005)"),
+        ({"shift_nll": 1.9}, "misses: NLL eval kinds s3 0.95x (target <= 0.90x, misses by 0.05)"),
+    ],
+)
 def test_default_targets_of_issue_26_say_by_how_much_they_are_missed(changes: dict, expected: str) -> None:
     given = {"nll0": 0.1, "ece0": 0.02, "auroc": 0.9, "shift_nll": 1.7, **changes}
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0, ece0=0.02, shift_nll=2.0)),
-            row("swag", 0, metrics(given["nll0"], 2.0, 4.0, ece0=given["ece0"], auroc=given["auroc"],
-                                   shift_nll=given["shift_nll"]))]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0, ece0=0.02, shift_nll=2.0)),
+        row(
+            "swag",
+            0,
+            metrics(given["nll0"], 2.0, 4.0, ece0=given["ece0"], auroc=given["auroc"], shift_nll=given["shift_nll"]),
+        ),
+    ]
     assert quality.target_verdict(by_case(quality.summarise(rows))["swag"]) == expected
 
 
 def test_best_configuration_targets_and_the_recommended_case_in_the_report() -> None:
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0, shift_nll=2.0, shift_ece=0.3)),
-            row("laplace", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.4, shift_ece=0.12)),
-            row("ibnn", 0, metrics(0.2, 1.0, 2.0, shift_nll=1.0, shift_ece=0.1)),  # best under shift, not in dist
-            row("swag", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.6, shift_ece=0.2))]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0, shift_nll=2.0, shift_ece=0.3)),
+        row("laplace", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.4, shift_ece=0.12)),
+        row("ibnn", 0, metrics(0.2, 1.0, 2.0, shift_nll=1.0, shift_ece=0.1)),  # best under shift, not in dist
+        row("swag", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.6, shift_ece=0.2)),
+    ]
     summaries = quality.summarise(rows)
     cases = by_case(summaries)
     assert quality.target_verdict(cases["laplace"], quality.BEST_TARGETS) == "meets"
     assert quality.target_verdict(cases["swag"], quality.BEST_TARGETS) == (
         "misses: ECE eval kinds s3 0.67x (target <= 0.50x, misses by 0.17); "
-        "NLL eval kinds s3 0.80x (target <= 0.75x, misses by 0.05)")
+        "NLL eval kinds s3 0.80x (target <= 0.75x, misses by 0.05)"
+    )
     assert quality.recommended(summaries).case == "laplace"
     text = "\n".join(quality.shift_tables(summaries))
-    assert "Recommended configuration (meets the in-distribution targets, lowest mean NLL over the evaluation " \
-           "kinds): **laplace**: meets." in text
+    assert (
+        "Recommended configuration (meets the in-distribution targets, lowest mean NLL over the evaluation "
+        "kinds): **laplace**: meets." in text
+    )
     header = next(line for line in text.splitlines() if line.startswith("| method | fit shift |"))
     swag = next(line for line in text.splitlines() if line.startswith("| swag | auto |"))
     assert swag.count("|") == header.count("|") and "| 0.80x | 0.67x |" in swag
@@ -329,11 +459,17 @@ def test_best_configuration_targets_and_the_recommended_case_in_the_report() -> 
 
 
 def test_shift_option_fits_every_case_but_the_plain_model_both_ways_with_distinct_labels() -> None:
-    cases = quality.discover_cases(["laplace", "none+temperature", "laplace+temperature[shift=None]"],
-                                   shifts=("auto", "none"))
+    cases = quality.discover_cases(
+        ["laplace", "none+temperature", "laplace+temperature[shift=None]"], shifts=("auto", "none")
+    )
     assert [(c.label, c.shift) for c in cases] == [
-        ("none", "auto"), ("laplace", "auto"), ("laplace[shift=None]", "none"), ("none+temperature", "auto"),
-        ("none+temperature[shift=None]", "none"), ("laplace+temperature[shift=None]", "none")]
+        ("none", "auto"),
+        ("laplace", "auto"),
+        ("laplace[shift=None]", "none"),
+        ("none+temperature", "auto"),
+        ("none+temperature[shift=None]", "none"),
+        ("laplace+temperature[shift=None]", "none"),
+    ]
     assert quality.parse_label("ens5:laplace+temperature[shift=None]") == (5, ("laplace", "temperature"))
     assert quality.split_shift("laplace[shift=None]") == ("laplace", "none")
     assert quality.parse_args(["--quick", "--shift", "auto", "none"]).shift == ["auto", "none"]
@@ -345,14 +481,18 @@ def test_shift_option_fits_every_case_but_the_plain_model_both_ways_with_distinc
 def test_auto_is_judged_by_its_own_targets_and_against_the_best_single_default() -> None:
     """Issue 34: auto within the in-distribution tolerance, NLL over the evaluation kinds <= 0.85x and ECE <= 0.7x, and at
     least as good as the best single default (a default outside the tolerance does not count as the best)."""
-    rows = [row("none", 0, metrics(0.1, 2.0, 4.0, shift_nll=2.0, shift_ece=0.3)),
-            row("laplace", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.8, shift_ece=0.25)),
-            row("ibnn", 0, metrics(0.2, 1.0, 2.0, shift_nll=1.0, shift_ece=0.1)),  # best under shift, costly in dist
-            row("auto", 0, metrics(0.103, 1.0, 2.0, shift_nll=1.6, shift_ece=0.24))]
+    rows = [
+        row("none", 0, metrics(0.1, 2.0, 4.0, shift_nll=2.0, shift_ece=0.3)),
+        row("laplace", 0, metrics(0.1, 1.0, 2.0, shift_nll=1.8, shift_ece=0.25)),
+        row("ibnn", 0, metrics(0.2, 1.0, 2.0, shift_nll=1.0, shift_ece=0.1)),  # best under shift, costly in dist
+        row("auto", 0, metrics(0.103, 1.0, 2.0, shift_nll=1.6, shift_ece=0.24)),
+    ]
     summaries = quality.summarise(rows)
     auto = by_case(summaries)["auto"]
     assert quality.target_verdict(auto, quality.targets_of("auto")) == (
-        "misses: ECE eval kinds s3 0.80x (target <= 0.70x, misses by 0.10)")
+        "misses: ECE eval kinds s3 0.80x (target <= 0.70x, misses by 0.10)"
+    )
     assert quality.auto_against_defaults(summaries) == (
-        "auto 0.80x against the best single default `laplace` 0.90x (NLL over the evaluation kinds at severity 3): met")
+        "auto 0.80x against the best single default `laplace` 0.90x (NLL over the evaluation kinds at severity 3): met"
+    )
     assert "Issue 34: auto 0.80x against the best single default" in "\n".join(quality.shift_tables(summaries))

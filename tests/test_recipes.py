@@ -49,8 +49,15 @@ def digits(pretrained=True):
 '''
 
 
-def _write_images(dataset: torch.utils.data.TensorDataset, root: Path, per_class: int, *, flat: bool = False,
-                  rotate: float = 0.0, classes: tuple[int, ...] | None = None) -> None:
+def _write_images(
+    dataset: torch.utils.data.TensorDataset,
+    root: Path,
+    per_class: int,
+    *,
+    flat: bool = False,
+    rotate: float = 0.0,
+    classes: tuple[int, ...] | None = None,
+) -> None:
     """Save ``per_class`` digits of each class as 3-channel PNGs, ``root/<class>/*.png`` (or flat)."""
     x, y = dataset.tensors
     pixels = ((x * data.STD + data.MEAN).clamp(0, 1) * 255).round().byte().squeeze(1).numpy()
@@ -119,8 +126,25 @@ def _check_report(out: Path, rows: list[str], *, ood: bool, shifts: int = 0) -> 
 
 
 def _common(folders_: dict[str, Path], out: Path) -> list[str]:
-    return ["--pretrained", "false", "--num-classes", "8", "--image-size", "32", "--train", str(folders_["train"]),
-            "--val", str(folders_["val"]), "--workers", "0", "--batch-size", "16", "--out", str(out), "--no-progress"]
+    return [
+        "--pretrained",
+        "false",
+        "--num-classes",
+        "8",
+        "--image-size",
+        "32",
+        "--train",
+        str(folders_["train"]),
+        "--val",
+        str(folders_["val"]),
+        "--workers",
+        "0",
+        "--batch-size",
+        "16",
+        "--out",
+        str(out),
+        "--no-progress",
+    ]
 
 
 RANDOM_WEIGHTS = pytest.mark.filterwarnings("ignore:the fitted temperature hit its bound:RuntimeWarning")
@@ -129,11 +153,28 @@ RANDOM_WEIGHTS = pytest.mark.filterwarnings("ignore:the fitted temperature hit i
 @RANDOM_WEIGHTS
 def test_timm_recipe_end_to_end(image_folders: dict[str, Path], tmp_path: Path) -> None:
     recipe = _recipe("imagenet_timm")
-    argv = ["--model", "resnet18", *_common(image_folders, tmp_path), "--ood", str(image_folders["ood"]),
-            "--shift", str(image_folders["shift"]), "--method", "temperature", "--val-subset", "30"]
+    argv = [
+        "--model",
+        "resnet18",
+        *_common(image_folders, tmp_path),
+        "--ood",
+        str(image_folders["ood"]),
+        "--shift",
+        str(image_folders["shift"]),
+        "--method",
+        "temperature",
+        "--val-subset",
+        "30",
+    ]
     assert recipe.main(argv) == 0
     metrics = _check_report(tmp_path, ["none", "temperature"], ood=True, shifts=1)
-    assert metrics["sizes"] == {"train": 32, "calibration": 15, "test": 15, "ood": 16, f"shift {image_folders['shift']}": 16}
+    assert metrics["sizes"] == {
+        "train": 32,
+        "calibration": 15,
+        "test": 15,
+        "ood": 16,
+        f"shift {image_folders['shift']}": 16,
+    }
     plain, tempered = metrics["rows"]
     assert tempered["test"]["accuracy"] == plain["test"]["accuracy"]  # a temperature never changes the argmax
     assert tempered["fitted"]["calibrator.temperature"] > 0
@@ -142,8 +183,17 @@ def test_timm_recipe_end_to_end(image_folders: dict[str, Path], tmp_path: Path) 
 @RANDOM_WEIGHTS
 def test_torchvision_recipe_end_to_end_with_calibration_folder(image_folders: dict[str, Path], tmp_path: Path) -> None:
     recipe = _recipe("imagenet_torchvision")
-    argv = ["--model", "resnet18", *_common(image_folders, tmp_path), "--calibration", str(image_folders["calibration"]),
-            "--method", "temperature", "--train-subset", "10"]
+    argv = [
+        "--model",
+        "resnet18",
+        *_common(image_folders, tmp_path),
+        "--calibration",
+        str(image_folders["calibration"]),
+        "--method",
+        "temperature",
+        "--train-subset",
+        "10",
+    ]
     assert recipe.main(argv) == 0
     metrics = _check_report(tmp_path, ["none", "temperature"], ood=False)
     assert metrics["sizes"]["test"] == 32 and metrics["sizes"]["calibration"] == 24 and metrics["sizes"]["train"] == 10
@@ -180,10 +230,31 @@ def test_evaluate_cli_with_file_model_and_checkpoint(image_folders: dict[str, Pa
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", spec, "--pretrained", "false", "--checkpoint", str(tmp_path / "ckpt.pth"),
-                              "--train", str(image_folders["train"]), "--val", str(image_folders["val"]),
-                              "--ood", str(image_folders["ood"]), "--method", "temperature",
-                              "--option", "max_iter=50", "--workers", "0", "--out", str(out), "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            spec,
+            "--pretrained",
+            "false",
+            "--checkpoint",
+            str(tmp_path / "ckpt.pth"),
+            "--train",
+            str(image_folders["train"]),
+            "--val",
+            str(image_folders["val"]),
+            "--ood",
+            str(image_folders["ood"]),
+            "--method",
+            "temperature",
+            "--option",
+            "max_iter=50",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert run_evaluate(args) == out / "report.md"
     metrics = _check_report(out, ["none", "temperature"], ood=True)
     plain = metrics["rows"][0]["test"]
@@ -203,10 +274,26 @@ def test_calibrate_from_logits_recovers_the_temperature(tmp_path: Path) -> None:
     torch.save(labels[2000:], tmp_path / "test_labels.pt")
     out = tmp_path / "out"
     recipe = _recipe("calibrate_from_logits")
-    assert recipe.main(["--logits", str(tmp_path / "val_logits.npy"), "--labels", str(tmp_path / "val_labels.npy"),
-                        "--test-logits", str(tmp_path / "test_logits.pt"), "--test-labels",
-                        str(tmp_path / "test_labels.pt"), "--out", str(out), "--save-probs",
-                        "--calibrator", "temperature"]) == 0
+    assert (
+        recipe.main(
+            [
+                "--logits",
+                str(tmp_path / "val_logits.npy"),
+                "--labels",
+                str(tmp_path / "val_labels.npy"),
+                "--test-logits",
+                str(tmp_path / "test_logits.pt"),
+                "--test-labels",
+                str(tmp_path / "test_labels.pt"),
+                "--out",
+                str(out),
+                "--save-probs",
+                "--calibrator",
+                "temperature",
+            ]
+        )
+        == 0
+    )
     fitted = json.loads((out / "calibration.json").read_text())
     assert fitted["method"] == "temperature" and fitted["scores"] == {}
     assert abs(fitted["temperature"] - 4.0) < 0.4 and not fitted["in_sample"]
@@ -228,8 +315,20 @@ def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
     np.save(tmp_path / "z.npy", z.numpy())
     np.save(tmp_path / "y.npy", labels.numpy())
     recipe = _recipe("calibrate_from_logits")
-    assert recipe.main(["--logits", str(tmp_path / "z.npy"), "--labels", str(tmp_path / "y.npy"),
-                        "--out", str(tmp_path / "out"), "--save-probs"]) == 0
+    assert (
+        recipe.main(
+            [
+                "--logits",
+                str(tmp_path / "z.npy"),
+                "--labels",
+                str(tmp_path / "y.npy"),
+                "--out",
+                str(tmp_path / "out"),
+                "--save-probs",
+            ]
+        )
+        == 0
+    )
     fitted = json.loads((tmp_path / "out" / "calibration.json").read_text())
     assert fitted["in_sample"] and fitted["num_classes"] == 2 and fitted["requested"] == "auto"
     scores = fitted["scores"]
@@ -246,8 +345,9 @@ def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
 # ----------------------------------------------------------------------------------------- bad input
 
 
-def test_folder_classes_must_match_the_head(image_folders: dict[str, Path], tmp_path: Path,
-                                            capsys: pytest.CaptureFixture) -> None:
+def test_folder_classes_must_match_the_head(
+    image_folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     recipe = _recipe("imagenet_timm")
     argv = ["--model", "resnet18", *_common(image_folders, tmp_path)]
     argv[argv.index("--num-classes") + 1] = "5"
@@ -275,8 +375,19 @@ def test_logits_and_labels_of_different_length(tmp_path: Path, capsys: pytest.Ca
     np.save(tmp_path / "logits.npy", np.zeros((10, 3), dtype=np.float32))
     np.save(tmp_path / "labels.npy", np.zeros(9, dtype=np.int64))
     recipe = _recipe("calibrate_from_logits")
-    assert recipe.main(["--logits", str(tmp_path / "logits.npy"), "--labels", str(tmp_path / "labels.npy"),
-                        "--out", str(tmp_path / "out")]) == 2
+    assert (
+        recipe.main(
+            [
+                "--logits",
+                str(tmp_path / "logits.npy"),
+                "--labels",
+                str(tmp_path / "labels.npy"),
+                "--out",
+                str(tmp_path / "out"),
+            ]
+        )
+        == 2
+    )
     assert "10 rows of logits" in capsys.readouterr().err and not (tmp_path / "out").exists()
 
 
@@ -319,14 +430,30 @@ def test_methods_that_fit_on_training_images_need_train(image_folders: dict[str,
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     for method in needs_train:
-        args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--val", str(image_folders["val"]),
-                                  "--method", method, "--workers", "0", "--out", str(tmp_path), "--no-progress"])
-        with pytest.raises(posthoc.ConfigError, match=f"method '{method}' is fitted on training images: pass --train DIR"):
+        args = parser.parse_args(
+            [
+                "--model",
+                f"{_digits_factory(tmp_path)}:digits",
+                "--val",
+                str(image_folders["val"]),
+                "--method",
+                method,
+                "--workers",
+                "0",
+                "--out",
+                str(tmp_path),
+                "--no-progress",
+            ]
+        )
+        with pytest.raises(
+            posthoc.ConfigError, match=f"method '{method}' is fitted on training images: pass --train DIR"
+        ):
             run_evaluate(args)
 
 
-def test_offline_pretrained_weights_give_a_clear_error(monkeypatch: pytest.MonkeyPatch, image_folders: dict[str, Path],
-                                                       tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+def test_offline_pretrained_weights_give_a_clear_error(
+    monkeypatch: pytest.MonkeyPatch, image_folders: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
     import urllib.error
 
     import torchvision
@@ -348,10 +475,31 @@ def test_evaluate_cli_reports_guarantees_and_calibrators(image_folders: dict[str
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--val", str(image_folders["val"]),
-                              "--calibration", str(image_folders["calibration"]), "--shift", str(image_folders["shift"]),
-                              "--method", "temperature", "--alpha", "0.2", "--target-risk", "0.5",
-                              "--calibrator", "temperature", "--workers", "0", "--out", str(out), "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            f"{_digits_factory(tmp_path)}:digits",
+            "--val",
+            str(image_folders["val"]),
+            "--calibration",
+            str(image_folders["calibration"]),
+            "--shift",
+            str(image_folders["shift"]),
+            "--method",
+            "temperature",
+            "--alpha",
+            "0.2",
+            "--target-risk",
+            "0.5",
+            "--calibrator",
+            "temperature",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert run_evaluate(args) == out / "report.md"
     report = (out / "report.md").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
@@ -372,7 +520,9 @@ def test_evaluate_cli_reports_guarantees_and_calibrators(image_folders: dict[str
     args.target_risk, args.calibrator, args.out = 0.001, None, tmp_path / "unreachable"
     run_evaluate(args)
     unreachable = json.loads((tmp_path / "unreachable" / "metrics.json").read_text())
-    assert all("target risk unreachable" in row["note"] and "deferral" not in row["test"] for row in unreachable["rows"])
+    assert all(
+        "target risk unreachable" in row["note"] and "deferral" not in row["test"] for row in unreachable["rows"]
+    )
     args.alpha = 1.5
     with pytest.raises(posthoc.ConfigError, match="--alpha must be a number strictly between 0 and 1"):
         run_evaluate(args)
@@ -396,22 +546,55 @@ def _write_targets(folder: Path, name: str, count: int, seed: int) -> Path:
 def test_timm_regression_recipe_end_to_end(tmp_path: Path, capsys: pytest.CaptureFixture, one_thread) -> None:
     recipe = _recipe("timm_regression")
     assert "recipes/timm_regression.py" in recipe.__doc__ and "num_classes=1" in recipe.__doc__
-    files = {name: _write_targets(tmp_path, name, count, seed) for name, count, seed in
-             (("train", 24, 0), ("val", 24, 1), ("test", 16, 2))}
+    files = {
+        name: _write_targets(tmp_path, name, count, seed)
+        for name, count, seed in (("train", 24, 0), ("val", 24, 1), ("test", 16, 2))
+    }
     model = recipe.load_model("test_convnext", pretrained=False)
     assert model(torch.rand(2, 3, 32, 32)).shape == (2, 1)  # the one-output head
     torch.save(model.state_dict(), tmp_path / "regressor.pth")
     out = tmp_path / "report"
-    assert recipe.main(["--model", "test_convnext", "--pretrained", "false", "--checkpoint", str(tmp_path / "regressor.pth"),
-                        "--image-size", "32", "--train", str(files["train"]), "--val", str(files["val"]),
-                        "--test", str(files["test"]), "--target", "brightness", "--method", "laplace",
-                        "--alpha", "0.2", "--batch-size", "8", "--out", str(out), "--no-progress"]) == 0
+    assert (
+        recipe.main(
+            [
+                "--model",
+                "test_convnext",
+                "--pretrained",
+                "false",
+                "--checkpoint",
+                str(tmp_path / "regressor.pth"),
+                "--image-size",
+                "32",
+                "--train",
+                str(files["train"]),
+                "--val",
+                str(files["val"]),
+                "--test",
+                str(files["test"]),
+                "--target",
+                "brightness",
+                "--method",
+                "laplace",
+                "--alpha",
+                "0.2",
+                "--batch-size",
+                "8",
+                "--out",
+                str(out),
+                "--no-progress",
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     metrics = json.loads((out / "metrics.json").read_text())
     assert [row["method"] for row in metrics["rows"]] == ["none", "laplace"]
     assert metrics["sizes"] == {"train": 24, "val": 24, "test": 16}
     laplace = metrics["rows"][1]["test"]
-    assert f"| laplace | {laplace['rmse']:.4f} |" in printed.replace("**", "") and (out / "calibration.png").stat().st_size > 1000
+    assert (
+        f"| laplace | {laplace['rmse']:.4f} |" in printed.replace("**", "")
+        and (out / "calibration.png").stat().st_size > 1000
+    )
     # an untrained head predicts about 0 for targets of 0..255: the noise fitted on val covers that error
     assert laplace["rmse"] > 10 and 0.5 <= laplace["coverage_90"] <= 1.0 and laplace["coverage"] is not None
     assert math.isfinite(laplace["nll"]) and math.isfinite(laplace["crps"])

@@ -44,9 +44,14 @@ ROUNDED: dict[str, str] = {}
 ATOL = 1e-6
 #: fit options that keep each method's fit to a few steps on the toy data
 FAST_FIT: dict[str, dict[str, Any]] = {
-    "swag": {"epochs": 2, "collect_per_epoch": 1}, "multiswag": {"epochs": 2, "collect_per_epoch": 1},
-    "sgld": {"epochs": 1}, "ivon": {"epochs": 1}, "vi": {"epochs": 1}, "sparse-vd": {"epochs": 1},
-    "ibnn": {"epochs": 1}, "abnn": {"epochs": 1},
+    "swag": {"epochs": 2, "collect_per_epoch": 1},
+    "multiswag": {"epochs": 2, "collect_per_epoch": 1},
+    "sgld": {"epochs": 1},
+    "ivon": {"epochs": 1},
+    "vi": {"epochs": 1},
+    "sparse-vd": {"epochs": 1},
+    "ibnn": {"epochs": 1},
+    "abnn": {"epochs": 1},
 }
 #: wrap options that keep each method small (fewer runs and samples)
 SMALL: dict[str, dict[str, Any]] = {"multiswag": {"members": 2}, "abnn": {"modes": 2, "num_samples": 2}}
@@ -127,14 +132,17 @@ def _is_plain(value: Any) -> bool:
 
 def _check_probs(probs: torch.Tensor, rows: int) -> None:
     assert probs.shape[0] == rows and torch.isfinite(probs).all()
-    torch.testing.assert_close(probs.double().sum(-1), torch.ones(rows, dtype=torch.float64, device=probs.device),
-                               atol=1e-5, rtol=0)
+    torch.testing.assert_close(
+        probs.double().sum(-1), torch.ones(rows, dtype=torch.float64, device=probs.device), atol=1e-5, rtol=0
+    )
 
 
 def _bad_numeric_option(defaults: dict[str, Any]) -> str | None:
     """The first option whose default is a number (not a bool): it must refuse a string."""
-    return next((key for key, value in defaults.items()
-                 if isinstance(value, (int, float)) and not isinstance(value, bool)), None)
+    return next(
+        (key for key, value in defaults.items() if isinstance(value, (int, float)) and not isinstance(value, bool)),
+        None,
+    )
 
 
 # ---------------------------------------------------------------- methods
@@ -190,7 +198,6 @@ def test_method_refuses_a_bad_option_by_name(name: str) -> None:
         posthoc.wrap(_model(batchnorm=name in NEEDS_BATCHNORM), method=name, not_an_option=1)
 
 
-
 @pytest.mark.parametrize("name", sorted(REGISTRY))
 def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
     """The written contract (``posthoc.core.method.Method``): a method's options, and its fit's, are the fields of a
@@ -204,7 +211,10 @@ def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
     defaults = cls.Options.defaults()
     assert cls.option_defaults() == defaults and cls.fit_option_defaults() == cls.FitOptions.defaults()
     assert posthoc.available_methods()[name] == defaults
-    for function, allowed in ((cls.__init__, set()), (cls.fit, {"progress", "options"})):  # no option left in a signature
+    for function, allowed in (
+        (cls.__init__, set()),
+        (cls.fit, {"progress", "options"}),
+    ):  # no option left in a signature
         keywords = {p.name for p in inspect.signature(function).parameters.values() if p.kind is p.KEYWORD_ONLY}
         assert keywords <= allowed, f"{function.__qualname__} takes {sorted(keywords - allowed)} outside its dataclass"
     algorithm = cls.algorithm(defaults)  # the class that runs it takes the same options
@@ -296,6 +306,7 @@ def test_options_dataclass_equals_the_init_keywords(owner: str) -> None:
 
 def test_options_drift_is_caught() -> None:
     """The check above fails on a field that ``__init__`` lacks, and on a default that differs."""
+
     @dataclasses.dataclass(frozen=True, kw_only=True)
     class Two(Options):
         bins: int = 15

@@ -27,7 +27,9 @@ def _trained_mlp(outputs: int = 1, seed: int = 0) -> tuple[nn.Module, DataLoader
     """A small MLP fitted to a noisy linear map of 3 features, its training loader and test inputs."""
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(200, 3, generator=generator)
-    y = torch.stack([2 * x[:, 0], x[:, 1] - x[:, 2]], 1)[:, :outputs] + 0.4 * torch.randn(200, outputs, generator=generator)
+    y = torch.stack([2 * x[:, 0], x[:, 1] - x[:, 2]], 1)[:, :outputs] + 0.4 * torch.randn(
+        200, outputs, generator=generator
+    )
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Linear(16, outputs))
     optimiser = torch.optim.Adam(net.parameters(), 1e-2)
@@ -51,8 +53,14 @@ def test_last_layer_laplace_equals_laplace_torch(hessian: str, outputs: int) -> 
     net, loader, x = _trained_mlp(outputs)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        reference = Laplace(net, "regression", subset_of_weights="last_layer", hessian_structure=hessian,
-                            sigma_noise=0.4, prior_precision=2.0)
+        reference = Laplace(
+            net,
+            "regression",
+            subset_of_weights="last_layer",
+            hessian_structure=hessian,
+            sigma_noise=0.4,
+            prior_precision=2.0,
+        )
         reference.fit(loader)
         mean, variance = reference(x, pred_type="glm")
         evidence = float(reference.log_marginal_likelihood())
@@ -83,7 +91,10 @@ def test_marglik_noise_and_prior_maximise_the_evidence(hessian: str) -> None:
 # ------------------------------------------------------------------------------ the predictive's distribution
 def test_gaussian_interval_quantile_log_prob_cdf_equal_scipy() -> None:
     generator = torch.Generator().manual_seed(0)
-    mean, var = torch.randn(5, 2, generator=generator, dtype=torch.float64), torch.rand(5, 2, generator=generator, dtype=torch.float64) + 0.1
+    mean, var = (
+        torch.randn(5, 2, generator=generator, dtype=torch.float64),
+        torch.rand(5, 2, generator=generator, dtype=torch.float64) + 0.1,
+    )
     pred = RegressionPrediction.from_components(mean[None], var[None] / 2, var[None] / 2)
     y = torch.randn(5, 2, generator=generator, dtype=torch.float64)
     normal = scipy.stats.norm(mean.numpy(), np.sqrt(var.numpy()))
@@ -112,7 +123,9 @@ def test_mixture_interval_quantile_log_prob_cdf_equal_a_numeric_mixture() -> Non
             assert pred.cdf(y)[n, 0].item() == pytest.approx(np.interp(value, grid, cdf), abs=1e-6)
             assert pred.log_prob(y)[n].item() == pytest.approx(math.log(np.interp(value, grid, density)), abs=1e-6)
         lower, upper = pred.interval(0.8)
-        assert np.interp(upper[n, 0].item(), grid, cdf) - np.interp(lower[n, 0].item(), grid, cdf) == pytest.approx(0.8, abs=1e-6)
+        assert np.interp(upper[n, 0].item(), grid, cdf) - np.interp(lower[n, 0].item(), grid, cdf) == pytest.approx(
+            0.8, abs=1e-6
+        )
     # the split: noise averages into the aleatoric part, the means' spread and the model variance into the epistemic
     torch.testing.assert_close(pred.aleatoric, noise.mean(0))
     torch.testing.assert_close(pred.epistemic, 0.2 + means.var(0, unbiased=False))
@@ -128,8 +141,9 @@ def test_the_noise_fit_recovers_a_known_noise() -> None:
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.5, -0.5]]))
         model.bias.zero_()
-    um = posthoc.wrap(model, method="none", likelihood="regression").fit(None, DataLoader(TensorDataset(x, y), batch_size=500),
-                                                                          progress=False)
+    um = posthoc.wrap(model, method="none", likelihood="regression").fit(
+        None, DataLoader(TensorDataset(x, y), batch_size=500), progress=False
+    )
     std = um.summary()["posterior"][0]["noise_std"]
     assert abs(std - 0.3) < 3 * 0.3 / math.sqrt(2 * 4000)  # three standard errors of a fitted std
     # the search used for mixtures finds the same optimum as the closed form for points
@@ -162,16 +176,24 @@ def _sinusoid() -> tuple[nn.Module, DataLoader, dict[str, torch.Tensor]]:
         optimiser.zero_grad()
         ((net(scale(x[train])) - y[train, None]) ** 2).mean().backward()
         optimiser.step()
-    regions = {"train": scale(x[train]), "gap": scale(x[(x > 0.4) & (x < 0.6)]), "beyond": scale(torch.linspace(1.1, 1.3, 20))}
+    regions = {
+        "train": scale(x[train]),
+        "gap": scale(x[(x > 0.4) & (x < 0.6)]),
+        "beyond": scale(torch.linspace(1.1, 1.3, 20)),
+    }
     return net.eval(), DataLoader(TensorDataset(scale(x[train]), y[train]), batch_size=40), regions
 
 
-@pytest.mark.parametrize("method, options", [("laplace", {"hessian": "full"}), ("laplace", {"hessian": "kron"}),
-                                             ("mc-dropout", {"num_samples": 100})])
+@pytest.mark.parametrize(
+    "method, options",
+    [("laplace", {"hessian": "full"}), ("laplace", {"hessian": "kron"}), ("mc-dropout", {"num_samples": 100})],
+)
 def test_the_sinusoid_predictive_is_wider_in_the_gap_and_beyond_the_data(method: str, options: dict) -> None:
     net, loader, regions = _sinusoid()
     um = posthoc.wrap(net, method=method, likelihood="regression", **options).fit(loader, progress=False)
-    std = {name: um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean().item() for name, x in regions.items()}
+    std = {
+        name: um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean().item() for name, x in regions.items()
+    }
     assert std["gap"] > 1.05 * std["train"] and std["beyond"] > 1.05 * std["train"], std
 
 
@@ -181,7 +203,9 @@ def test_ensemble_of_plain_regressors_is_the_mixture_of_their_gaussians() -> Non
     _, loader, x = _trained_mlp()
     um = posthoc.wrap(nets, likelihood="regression").fit(loader, progress=False)
     pred = um.predict(x)
-    singles = [posthoc.wrap(net, method="none", likelihood="regression").fit(loader, progress=False).predict(x) for net in nets]
+    singles = [
+        posthoc.wrap(net, method="none", likelihood="regression").fit(loader, progress=False).predict(x) for net in nets
+    ]
     means = torch.stack([p.mean for p in singles])
     torch.testing.assert_close(pred.mean, means.mean(0))
     torch.testing.assert_close(pred.epistemic, means.var(0, unbiased=False))
@@ -198,8 +222,14 @@ def test_targets_may_be_flat_or_two_dimensional_and_the_prediction_is_n_by_d() -
     assert a.mean.shape == (30, 1)
     torch.testing.assert_close(a.variance, b.variance)
     two, loader2, _ = _trained_mlp(outputs=2)
-    pred = posthoc.wrap(two, method="mc-dropout", p=0.1, likelihood="regression").fit(loader2, progress=False).predict(x)
-    assert pred.mean.shape == (30, 2) and pred.samples.shape == (50, 30, 2) and pred.log_prob(torch.zeros(30, 2)).shape == (30,)
+    pred = (
+        posthoc.wrap(two, method="mc-dropout", p=0.1, likelihood="regression").fit(loader2, progress=False).predict(x)
+    )
+    assert (
+        pred.mean.shape == (30, 2)
+        and pred.samples.shape == (50, 30, 2)
+        and pred.log_prob(torch.zeros(30, 2)).shape == (30,)
+    )
 
 
 def test_save_and_load_keep_the_likelihood_and_its_noise(tmp_path) -> None:
@@ -207,12 +237,16 @@ def test_save_and_load_keep_the_likelihood_and_its_noise(tmp_path) -> None:
     um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="kron").fit(loader, progress=False)
     um.save(tmp_path / "r.pt")
     loaded = posthoc.load(tmp_path / "r.pt", net)
-    assert loaded.likelihood.name == "regression" and float(loaded.likelihood.noise_std) == float(um.likelihood.noise_std)
+    assert loaded.likelihood.name == "regression" and float(loaded.likelihood.noise_std) == float(
+        um.likelihood.noise_std
+    )
     torch.testing.assert_close(loaded.predict(x).variance, um.predict(x).variance, rtol=0, atol=0)
     with pytest.raises(PosteriorFileError, match="likelihood='regression'"):
         posthoc.load(tmp_path / "r.pt", net, likelihood="classification")
     classifier = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).eval()
-    labels = DataLoader(TensorDataset(loader.dataset.tensors[0], (loader.dataset.tensors[1][:, 0] > 0).long()), batch_size=50)
+    labels = DataLoader(
+        TensorDataset(loader.dataset.tensors[0], (loader.dataset.tensors[1][:, 0] > 0).long()), batch_size=50
+    )
     posthoc.wrap(classifier, method="none").fit(labels, progress=False).save(tmp_path / "c.pt")
     with pytest.raises(PosteriorFileError, match="likelihood='classification'"):
         posthoc.load(tmp_path / "c.pt", classifier, likelihood="regression")
@@ -256,22 +290,30 @@ def test_with_held_out_data_laplace_takes_the_noise_of_lowest_held_out_nll() -> 
 
     data = auto_mpg(0)
     net = train_mlp(data.train, epochs=300)
-    evidence_only = posthoc.wrap(net, method="laplace", likelihood="regression").fit(data.train_loader(), progress=False)
-    held_out = posthoc.wrap(net, method="laplace", likelihood="regression").fit(data.train_loader(), data.val_loader(),
-                                                                                progress=False)
-    plain = posthoc.wrap(net, method="none", likelihood="regression").fit(data.train_loader(), data.val_loader(),
-                                                                          progress=False)
+    evidence_only = posthoc.wrap(net, method="laplace", likelihood="regression").fit(
+        data.train_loader(), progress=False
+    )
+    held_out = posthoc.wrap(net, method="laplace", likelihood="regression").fit(
+        data.train_loader(), data.val_loader(), progress=False
+    )
+    plain = posthoc.wrap(net, method="none", likelihood="regression").fit(
+        data.train_loader(), data.val_loader(), progress=False
+    )
     card = held_out.summary()["posterior"][0]
     assert card["noise_fit"] == "held-out" and card["prior_fit"] == "marglik"
     assert card["noise_std"] > evidence_only.summary()["posterior"][0]["noise_std"]
     x, y = data.val
-    nll = {name: -float(um.predict(x).log_prob(y).mean()) for name, um in
-           (("evidence", evidence_only), ("held-out", held_out), ("plain", plain))}
+    nll = {
+        name: -float(um.predict(x).log_prob(y).mean())
+        for name, um in (("evidence", evidence_only), ("held-out", held_out), ("plain", plain))
+    }
     assert nll["held-out"] <= nll["evidence"] and nll["held-out"] <= nll["plain"] + 0.01 * abs(nll["plain"]), nll
 
 
 @pytest.mark.parametrize("method", ["vi", "sparse-vd"])
-def test_variational_methods_predict_a_mixture_around_sampled_outputs_with_a_held_out_noise(method: str, tmp_path) -> None:
+def test_variational_methods_predict_a_mixture_around_sampled_outputs_with_a_held_out_noise(
+    method: str, tmp_path
+) -> None:
     """The ELBO under a Gaussian likelihood: the posterior's draws spread the outputs (epistemic > 0), the noise is
     re-fitted to them on held-out data, and a saved posterior predicts the same mixture."""
     net, loader, x = _trained_mlp()
@@ -302,30 +344,45 @@ class _Squeezed(nn.Module):
 
 #: every method that does regression, with options that keep its fit small (fit options after the ``|``)
 SQUEEZED_CASES = [
-    ("none", {}, {}), ("laplace", {}, {}), ("laplace", {"subset": "all"}, {}), ("laplace", {"subset": "all", "pred": "nn"}, {}),
-    ("laplace", {"subset": ["body.0"]}, {}), ("mc-dropout", {"p": 0.1, "where": "blocks"}, {}), ("vi", {}, {"epochs": 1}),
-    ("sparse-vd", {}, {"epochs": 1}), ("swag", {}, {"epochs": 1}), ("multiswag", {}, {"epochs": 1}), ("ivon", {}, {}),
-    ("sgld", {}, {}), ("ibnn", {}, {"epochs": 1}),
+    ("none", {}, {}),
+    ("laplace", {}, {}),
+    ("laplace", {"subset": "all"}, {}),
+    ("laplace", {"subset": "all", "pred": "nn"}, {}),
+    ("laplace", {"subset": ["body.0"]}, {}),
+    ("mc-dropout", {"p": 0.1, "where": "blocks"}, {}),
+    ("vi", {}, {"epochs": 1}),
+    ("sparse-vd", {}, {"epochs": 1}),
+    ("swag", {}, {"epochs": 1}),
+    ("multiswag", {}, {"epochs": 1}),
+    ("ivon", {}, {}),
+    ("sgld", {}, {}),
+    ("ibnn", {}, {"epochs": 1}),
 ]
 
 
-@pytest.mark.parametrize(("method", "options", "fit_options"), SQUEEZED_CASES,
-                         ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o, _ in SQUEEZED_CASES])
+@pytest.mark.parametrize(
+    ("method", "options", "fit_options"),
+    SQUEEZED_CASES,
+    ids=[f"{m}-{'-'.join(map(str, o.values())) or 'default'}" for m, o, _ in SQUEEZED_CASES],
+)
 def test_a_regressor_of_shape_n_predicts_as_its_n_by_1_body(method: str, options: dict, fit_options: dict) -> None:
     """docs/regression.md promises ``(N,)`` outputs: a model ending in ``.squeeze(-1)`` gets the same predictive, to the
     bit, as the same network returning ``(N, 1)`` (was: subset Laplace raised MSELoss's ValueError, last-layer Laplace,
     VI and others HeadNotFoundError whatever head was named)."""
     body, loader, x = _trained_mlp()
     flat = DataLoader(TensorDataset(loader.dataset.tensors[0], loader.dataset.tensors[1][:, 0]), batch_size=50)
-    unprefixed = {key: [name.removeprefix("body.") for name in value] if isinstance(value, list) else value
-                  for key, value in options.items()}
+    unprefixed = {
+        key: [name.removeprefix("body.") for name in value] if isinstance(value, list) else value
+        for key, value in options.items()
+    }
     predictions = []
     for model, data, opts in ((_Squeezed(body), flat, options), (body, loader, unprefixed)):
         torch.manual_seed(1)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            um = posthoc.wrap(model, method=method, likelihood="regression", **opts).fit(data, data, progress=False,
-                                                                                         **fit_options)
+            um = posthoc.wrap(model, method=method, likelihood="regression", **opts).fit(
+                data, data, progress=False, **fit_options
+            )
         predictions.append(um.predict(x, generator=torch.Generator().manual_seed(0)))
     squeezed, plain = predictions
     assert squeezed.mean.shape == (30, 1)
@@ -349,8 +406,9 @@ def test_a_model_that_is_its_own_head_is_a_linear_regression(method: str) -> Non
     loader = DataLoader(TensorDataset(x, y), batch_size=50)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        um = posthoc.wrap(model, method=method, likelihood="regression", **({"hessian": "full"} if method == "laplace" else {})
-                          ).fit(loader, loader, progress=False, **({} if method == "laplace" else {"epochs": 1}))
+        um = posthoc.wrap(
+            model, method=method, likelihood="regression", **({"hessian": "full"} if method == "laplace" else {})
+        ).fit(loader, loader, progress=False, **({} if method == "laplace" else {"epochs": 1}))
     pred = um.predict(x[:5])
     assert pred.mean.shape == (5, 1) and torch.isfinite(pred.std).all()
     if method != "laplace":
@@ -384,8 +442,10 @@ def test_laplace_is_invariant_to_the_targets_units(prior: str, factor: float) ->
     net, loader, x = _trained_mlp()
     generator = torch.Generator().manual_seed(5)
     x_val = torch.randn(100, 3, generator=generator)
-    val = DataLoader(TensorDataset(x_val, torch.stack([2 * x_val[:, 0]], 1) + 0.4 * torch.randn(100, 1, generator=generator)),
-                     batch_size=50)
+    val = DataLoader(
+        TensorDataset(x_val, torch.stack([2 * x_val[:, 0]], 1) + 0.4 * torch.randn(100, 1, generator=generator)),
+        batch_size=50,
+    )
     x_test = torch.randn(200, 3, generator=generator)
     y_test = 2 * x_test[:, :1] + 0.4 * torch.randn(200, 1, generator=generator)
     options = {"prior_precision": "grid"} if prior == "grid" else {}
@@ -396,7 +456,8 @@ def test_laplace_is_invariant_to_the_targets_units(prior: str, factor: float) ->
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             um = posthoc.wrap(model, method="laplace", likelihood="regression", **options).fit(
-                train, None if prior == "auto-train" else held_out, progress=False)
+                train, None if prior == "auto-train" else held_out, progress=False
+            )
         nlls.append(float(-um.predict(x_test).log_prob(y_test * scale).mean()) - math.log(scale))
     assert nlls[1] == pytest.approx(nlls[0], abs=1e-4)
 
@@ -408,7 +469,9 @@ def test_laplace_refuses_a_model_that_predicts_every_training_target_exactly() -
     with torch.no_grad():
         exact = DataLoader(TensorDataset(x, model(x)), batch_size=20)
     for method in ("none", "laplace"):
-        with pytest.raises(posthoc.InputError, match="predicts every (training )?target exactly, so the observation noise is 0"):
+        with pytest.raises(
+            posthoc.InputError, match="predicts every (training )?target exactly, so the observation noise is 0"
+        ):
             posthoc.wrap(model, method=method, likelihood="regression").fit(exact, progress=False)
     fixed = posthoc.wrap(model, method="laplace", likelihood=posthoc.Gaussian(noise_std=0.1)).fit(exact, progress=False)
     assert float(fixed.predict(x).aleatoric[0, 0]) == pytest.approx(0.01)  # a fixed noise needs no residuals

@@ -44,8 +44,11 @@ def test_variance_scaling_recovers_a_known_factor() -> None:
     ``0.5 sqrt(2 / n) / 2 = 0.005`` at n = 5,000; 4 standard errors allowed (0.02). Two outputs, 0.5 and 3."""
     mean, std, y = _data(5000, 0)
     _, std2, y2 = _data(5000, 1)
-    calibrator = posthoc.calibrate(mean=torch.stack([mean, mean], 1), std=torch.stack([2 * std, std / 3], 1),
-                                   targets=torch.stack([y, mean + (y2 - _data(5000, 1)[0]) * std / std2], 1))
+    calibrator = posthoc.calibrate(
+        mean=torch.stack([mean, mean], 1),
+        std=torch.stack([2 * std, std / 3], 1),
+        targets=torch.stack([y, mean + (y2 - _data(5000, 1)[0]) * std / std2], 1),
+    )
     assert calibrator.scale[0].item() == pytest.approx(0.5, abs=0.02)
     assert calibrator.scale[1].item() == pytest.approx(3.0, abs=0.12)
 
@@ -88,7 +91,7 @@ def test_isotonic_makes_the_pit_uniform() -> None:
     assert _mace(after, test_y) < 0.02
     lower, upper = after.interval(0.9)
     covered = float(((lower[:, 0] <= test_y) & (test_y <= upper[:, 0])).double().mean())
-    assert covered == pytest.approx(0.9, abs=0.02)   # binomial sd 0.004 at n = 5,000
+    assert covered == pytest.approx(0.9, abs=0.02)  # binomial sd 0.004 at n = 5,000
     torch.testing.assert_close(after.cdf(after.quantile(0.3)), torch.full_like(after.mean, 0.3), atol=1e-6, rtol=0)
 
 
@@ -203,10 +206,12 @@ def test_wrap_refuses_a_stacked_calibrator_and_the_route_it_names_works() -> Non
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[1.0, 0.0]]))
         model.bias.zero_()
-    for method, says in ((["laplace", "variance-scaling"], "'variance-scaling' calibrates a regressor's predictions"),
-                         (["laplace", "isotonic"], "'isotonic' calibrates a classifier's probabilities"),
-                         (["none", "temperature"], "'temperature' calibrates a classifier's probabilities"),
-                         (["laplace", "auto"], "'auto' calibrates a regressor's predictions")):
+    for method, says in (
+        (["laplace", "variance-scaling"], "'variance-scaling' calibrates a regressor's predictions"),
+        (["laplace", "isotonic"], "'isotonic' calibrates a classifier's probabilities"),
+        (["none", "temperature"], "'temperature' calibrates a classifier's probabilities"),
+        (["laplace", "auto"], "'auto' calibrates a regressor's predictions"),
+    ):
         with pytest.raises(ConfigError, match=re.escape(says) + ".*posthoc.calibrate\\(mean=pred.mean, std=pred.std"):
             posthoc.wrap(model, method=method, likelihood="regression")
     um = posthoc.wrap(model, method="none", likelihood=posthoc.Gaussian(noise_std=0.1))  # 3x too narrow

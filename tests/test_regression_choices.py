@@ -41,8 +41,10 @@ def _loaders(net: nn.Module, noise: float, seed: int = 1) -> tuple[DataLoader, D
     x = torch.randn(400, 2, generator=generator)
     with torch.no_grad():
         y = net(x) + noise * torch.randn(400, 1, generator=generator)
-    return (DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
-            DataLoader(TensorDataset(x[200:], y[200:]), batch_size=64))
+    return (
+        DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
+        DataLoader(TensorDataset(x[200:], y[200:]), batch_size=64),
+    )
 
 
 def _held_out(loader: DataLoader) -> tuple[torch.Tensor, torch.Tensor]:
@@ -78,15 +80,25 @@ def test_mc_dropout_rate_follows_what_dropout_costs_on_held_out_data() -> None:
     widest is taken."""
     costly = _dropout_net(5.0)
     train, val = _loaders(costly, noise=0.01)
-    card = posthoc.wrap(costly, method="mc-dropout", likelihood="regression", p="auto").fit(
-        train, val, progress=False).summary()["posterior"][0]
+    card = (
+        posthoc.wrap(costly, method="mc-dropout", likelihood="regression", p="auto")
+        .fit(train, val, progress=False)
+        .summary()["posterior"][0]
+    )
     assert card["dropout_rate"] == [0.0]
     refused = card["selection"]["candidates"][1]
-    assert refused["value"] == P_GRID[0] and not refused["admissible"] and refused["bound"] > card["selection"]["tolerance"]
+    assert (
+        refused["value"] == P_GRID[0]
+        and not refused["admissible"]
+        and refused["bound"] > card["selection"]["tolerance"]
+    )
     free = _dropout_net(1e-3)
     train, val = _loaders(free, noise=1.0)
-    card = posthoc.wrap(free, method="mc-dropout", likelihood="regression", p="auto").fit(
-        train, val, progress=False).summary()["posterior"][0]
+    card = (
+        posthoc.wrap(free, method="mc-dropout", likelihood="regression", p="auto")
+        .fit(train, val, progress=False)
+        .summary()["posterior"][0]
+    )
     assert card["dropout_rate"] == [P_GRID[-1]]
 
 
@@ -102,8 +114,9 @@ def test_the_per_rate_noise_fit_is_the_likelihoods_maximum_likelihood_mixture_fi
     expected = float(-gaussian.predictive(outputs).log_prob(targets).mean())
     assert best_noise_nll(Gaussian(), outputs, targets) == pytest.approx(expected, abs=1e-9)
     fixed = Gaussian(noise_std=0.5)
-    assert best_noise_nll(fixed, outputs, targets) == pytest.approx(float(-fixed.predictive(outputs).log_prob(targets).mean()),
-                                                                        abs=1e-12)
+    assert best_noise_nll(fixed, outputs, targets) == pytest.approx(
+        float(-fixed.predictive(outputs).log_prob(targets).mean()), abs=1e-12
+    )
 
 
 def test_mc_dropout_auto_rate_survives_save_and_load(tmp_path) -> None:
@@ -139,11 +152,16 @@ def _ridge_head_net(seed: int = 0, train_rows: int = 30, width: int = 100) -> tu
     with torch.no_grad():
         net[0].weight.mul_(2.0)
         phi = torch.cat([torch.tanh(net[0](x[:train_rows])), torch.ones(train_rows, 1)], 1).double()
-        head = torch.linalg.solve(phi.T @ phi + 1e-2 * torch.eye(width + 1, dtype=torch.float64), phi.T @ y[:train_rows].double())
+        head = torch.linalg.solve(
+            phi.T @ phi + 1e-2 * torch.eye(width + 1, dtype=torch.float64), phi.T @ y[:train_rows].double()
+        )
         net[2].weight.copy_(head[:-1].T)
         net[2].bias.copy_(head[-1])
-    return (net.eval(), DataLoader(TensorDataset(x[:train_rows], y[:train_rows]), batch_size=16),
-            DataLoader(TensorDataset(x[train_rows:], y[train_rows:]), batch_size=100))
+    return (
+        net.eval(),
+        DataLoader(TensorDataset(x[:train_rows], y[:train_rows]), batch_size=16),
+        DataLoader(TensorDataset(x[train_rows:], y[train_rows:]), batch_size=100),
+    )
 
 
 def _fixed_prior_nll(net: nn.Module, train: DataLoader, val: DataLoader, prior: float, hessian: str) -> torch.Tensor:
@@ -161,15 +179,20 @@ def test_laplace_grid_prior_is_the_brute_force_minimiser_of_held_out_gaussian_nl
 
     net, train, val = _ridge_head_net()
     um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="kron", prior_precision="grid").fit(
-        train, val, progress=False)
+        train, val, progress=False
+    )
     card = um.summary()["posterior"][0]
     assert card["prior_fit"] == "grid" and card["noise_fit"] == "held-out"
-    brute = {float(delta): float(_fixed_prior_nll(net, train, val, float(delta), "kron").mean()) for delta in default_grid()}
+    brute = {
+        float(delta): float(_fixed_prior_nll(net, train, val, float(delta), "kron").mean()) for delta in default_grid()
+    }
     best = min(brute, key=brute.get)
     x, y = _held_out(val)
     chosen = -float(um.predict(x).log_prob(y).mean())
     assert chosen == pytest.approx(brute[best], abs=1e-5)
-    assert card["prior_precision"] == pytest.approx(best, rel=1e-9) or brute[card["prior_precision"]] <= brute[best] + 1e-5
+    assert (
+        card["prior_precision"] == pytest.approx(best, rel=1e-9) or brute[card["prior_precision"]] <= brute[best] + 1e-5
+    )
     assert 1e-4 < best < 1e4  # an interior minimum: the test would catch a search stuck at either end
 
 
@@ -182,7 +205,8 @@ def test_laplace_val_prior_is_the_widest_within_tolerance_of_the_plain_gaussian_
     priors (each at its own held-out noise, as the choice scores them, to 1e-5)."""
     net, train, val = _ridge_head_net()
     um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian, prior_precision="val").fit(
-        train, val, progress=False)
+        train, val, progress=False
+    )
     card = um.summary()["posterior"][0]
     assert card["prior_fit"] == "val" and card["noise_fit"] == "held-out"
     delta = card["prior_precision"]
@@ -209,7 +233,8 @@ def test_laplace_val_prior_is_the_widest_within_tolerance_of_the_plain_gaussian_
 def test_laplace_held_out_prior_survives_save_and_load(tmp_path) -> None:
     net, train, val = _ridge_head_net()
     um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian="diag", prior_precision="grid").fit(
-        train, val, progress=False)
+        train, val, progress=False
+    )
     um.save(tmp_path / "l.pt")
     loaded = posthoc.load(tmp_path / "l.pt", net, likelihood="regression")
     for key in ("prior_precision", "prior_fit", "noise_std", "noise_fit"):
@@ -222,8 +247,11 @@ def test_laplace_held_out_prior_survives_save_and_load(tmp_path) -> None:
 def _linear_data_mlp() -> tuple[nn.Module, DataLoader, DataLoader]:
     """A small tanh MLP fitted to ``2 x₁`` plus noise of std 0.4, its training loader and 150 held-out rows."""
     net, x, y = linear_data_regressor(350, 200, 0.4)
-    return (net, DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
-            DataLoader(TensorDataset(x[200:], y[200:]), batch_size=50))
+    return (
+        net,
+        DataLoader(TensorDataset(x[:200], y[:200]), batch_size=50),
+        DataLoader(TensorDataset(x[200:], y[200:]), batch_size=50),
+    )
 
 
 def test_ibnn_regression_chooses_its_scale_on_held_out_gaussian_nll_and_refits_the_noise(tmp_path) -> None:
@@ -240,7 +268,9 @@ def test_ibnn_regression_chooses_its_scale_on_held_out_gaussian_nll_and_refits_t
     x, y = _held_out(val)
     with torch.no_grad():
         residual = net(x).double() - y.double()
-    assert plain == pytest.approx(float(0.5 * math.log(2 * math.pi) + residual.square().mean().sqrt().log() + 0.5), abs=1e-6)
+    assert plain == pytest.approx(
+        float(0.5 * math.log(2 * math.pi) + residual.square().mean().sqrt().log() + 0.5), abs=1e-6
+    )
     assert card["scale_fit"] == "val" and scale in (0.0, *SCALES) and card["noise_fit"] == "held-out"
     picked = next(row for row in card["selection"]["candidates"] if row["chosen"]) if card["selection"] else None
     assert picked is not None and picked["bound"] <= card["selection"]["tolerance"]
@@ -256,7 +286,12 @@ def test_ibnn_regression_chooses_its_scale_on_held_out_gaussian_nll_and_refits_t
 def test_gaussian_mean_nll_is_the_elbos_gaussian_data_term() -> None:
     """``Gaussian.mean_nll``: the mean over rows of the summed per-output normal NLL at the fitted σ (to 1e-6)."""
     outputs, targets = torch.tensor([[0.0, 1.0], [2.0, -1.0]]), torch.tensor([[0.5, 1.0], [1.0, 0.0]])
-    expected = sum(-float(torch.distributions.Normal(o, 0.5).log_prob(t)) for o, t in zip(outputs.flatten(), targets.flatten())) / 2
+    expected = (
+        sum(
+            -float(torch.distributions.Normal(o, 0.5).log_prob(t)) for o, t in zip(outputs.flatten(), targets.flatten())
+        )
+        / 2
+    )
     assert float(Gaussian(noise_std=0.5).mean_nll(outputs, targets)) == pytest.approx(expected, abs=1e-6)
 
 

@@ -54,16 +54,52 @@ def files(tmp_path_factory, one_thread) -> dict[str, Path]:
 
 
 def _args(files: dict[str, Path], out: Path, *extra: str) -> list[str]:
-    return ["evaluate", "--likelihood", "regression", "--model", str(files["model"]), "--train", str(files["train"]),
-            "--val", str(files["val"]), "--target", "y", "--out", str(out), "--no-progress", *extra]
+    return [
+        "evaluate",
+        "--likelihood",
+        "regression",
+        "--model",
+        str(files["model"]),
+        "--train",
+        str(files["train"]),
+        "--val",
+        str(files["val"]),
+        "--target",
+        "y",
+        "--out",
+        str(out),
+        "--no-progress",
+        *extra,
+    ]
 
 
 def test_the_regression_cli_writes_the_report_of_every_method(files, tmp_path, capsys) -> None:
     out = tmp_path / "report"
-    main(_args(files, out, "--test", str(files["test"]), "--method", "laplace", "--method", "mc-dropout",
-               "--alpha", "0.1", "--shift", str(files["far"])))
-    for name in ("report.md", "report.html", "summary.md", "metrics.json", "calibration.png", "error_std.png",
-                 "shift.png"):
+    main(
+        _args(
+            files,
+            out,
+            "--test",
+            str(files["test"]),
+            "--method",
+            "laplace",
+            "--method",
+            "mc-dropout",
+            "--alpha",
+            "0.1",
+            "--shift",
+            str(files["far"]),
+        )
+    )
+    for name in (
+        "report.md",
+        "report.html",
+        "summary.md",
+        "metrics.json",
+        "calibration.png",
+        "error_std.png",
+        "shift.png",
+    ):
         assert (out / name).stat().st_size > 0, name
     report = (out / "report.md").read_text()
     rows = re.findall(r"^\| (none|laplace|mc-dropout) \| (?:\*\*)?\d", report, flags=re.M)
@@ -75,10 +111,13 @@ def test_the_regression_cli_writes_the_report_of_every_method(files, tmp_path, c
     assert metrics["features"] == COLUMNS and metrics["sizes"] == {"train": 120, "val": 60, "test": 60, "shift far": 40}
     # the CLI's numbers are the library's: the same model wrapped and fitted in Python on the same rows
     model = torch.load(files["model"], weights_only=False)
-    loaders = {name: DataLoader(TensorDataset(*_pairs(n, seed)), batch_size=64)
-               for name, n, seed in (("train", 120, 0), ("val", 60, 1), ("test", 60, 2))}
-    um = posthoc.wrap(model, method="laplace", likelihood="regression").fit(loaders["train"], loaders["val"],
-                                                                            progress=False)
+    loaders = {
+        name: DataLoader(TensorDataset(*_pairs(n, seed)), batch_size=64)
+        for name, n, seed in (("train", 120, 0), ("val", 60, 1), ("test", 60, 2))
+    }
+    um = posthoc.wrap(model, method="laplace", likelihood="regression").fit(
+        loaders["train"], loaders["val"], progress=False
+    )
     direct = posthoc.evaluate(um, loaders["test"], progress=False)
     # (the CLI shuffles the training rows: the curvature's sums run in another order, hence 1e-4, not 1e-9)
     assert metrics["rows"][1]["test"]["crps"] == pytest.approx(direct.crps, rel=1e-4)
@@ -95,11 +134,14 @@ def test_without_a_test_file_the_val_file_is_split(files, tmp_path) -> None:
     assert json.loads((out / "metrics.json").read_text())["sizes"] == {"train": 120, "val": 30, "test": 30}
 
 
-@pytest.mark.parametrize(("extra", "says"), [
-    (["--calibrator", "temperature"], "--calibrator is for classifiers; under --likelihood regression use --alpha"),
-    (["--target-risk", "0.1", "--shift", "contrast"], "--target-risk, --shift KIND are for classifiers"),
-    (["--method", "temperature"], "method 'temperature' does not do likelihood='regression'"),
-])
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--calibrator", "temperature"], "--calibrator is for classifiers; under --likelihood regression use --alpha"),
+        (["--target-risk", "0.1", "--shift", "contrast"], "--target-risk, --shift KIND are for classifiers"),
+        (["--method", "temperature"], "method 'temperature' does not do likelihood='regression'"),
+    ],
+)
 def test_classification_only_options_are_refused_under_regression(files, tmp_path, capsys, extra, says) -> None:
     with pytest.raises(SystemExit):
         main(_args(files, tmp_path / "refused", *extra))
@@ -112,13 +154,19 @@ def test_bad_files_and_missing_targets_are_named(files, tmp_path, capsys) -> Non
     bad.write_text("a,b,c,y\n1,2,x,4\n")
     cases = [
         (_args(files, tmp_path / "o", "--test", str(bad)), "bad.csv, line 2, column 'c': 'x' is not a number"),
-        ([arg if arg != str(files["model"]) else str(files["state"]) for arg in _args(files, tmp_path / "o")],
-         "holds a state_dict, not a model; save the module itself"),
+        (
+            [arg if arg != str(files["model"]) else str(files["state"]) for arg in _args(files, tmp_path / "o")],
+            "holds a state_dict, not a model; save the module itself",
+        ),
         ([arg if arg != "y" else "mpg" for arg in _args(files, tmp_path / "o")], "has no column(s) ['mpg']"),
-        ([arg if arg != str(files["model"]) else str(files["scripted"]) for arg in _args(files, tmp_path / "o")],
-         "a TorchScript model is a black box to posthoc: only --method none"),
-        (["evaluate", "--model", "x.pt", "--val", "v", "--out", "o", "--target", "y"],
-         "--target is for CSV files under --likelihood regression"),
+        (
+            [arg if arg != str(files["model"]) else str(files["scripted"]) for arg in _args(files, tmp_path / "o")],
+            "a TorchScript model is a black box to posthoc: only --method none",
+        ),
+        (
+            ["evaluate", "--model", "x.pt", "--val", "v", "--out", "o", "--target", "y"],
+            "--target is for CSV files under --likelihood regression",
+        ),
     ]
     for argv, says in cases:
         with pytest.raises(SystemExit):
@@ -130,14 +178,40 @@ def test_auto_mpg_through_the_cli(tmp_path, one_thread) -> None:
     """The demo's Auto MPG (standardised, the heavier cars and a band of middle weights held out) as CSV files."""
     data = auto_mpg(0, split="shift")
     columns = ["cylinders", "displacement", "horsepower", "weight", "acceleration", "year", "origin"]
-    paths = {name: _write_csv(tmp_path / f"{name}.csv", *pair, columns, "mpg")
-             for name, pair in {"train": data.train, "val": data.val, "test": data.test, **data.shifted}.items()}
+    paths = {
+        name: _write_csv(tmp_path / f"{name}.csv", *pair, columns, "mpg")
+        for name, pair in {"train": data.train, "val": data.val, "test": data.test, **data.shifted}.items()
+    }
     torch.save(train_mlp(data.train, epochs=200, seed=0), tmp_path / "mpg.pt")
     out = tmp_path / "reports" / "mpg"
-    main(["evaluate", "--likelihood", "regression", "--model", str(tmp_path / "mpg.pt"), "--train", str(paths["train"]),
-          "--val", str(paths["val"]), "--test", str(paths["test"]), "--shift", str(paths["extrapolation"]),
-          "--shift", str(paths["gap"]), "--target", "mpg", "--method", "laplace", "--alpha", "0.1",
-          "--out", str(out), "--no-progress"])
+    main(
+        [
+            "evaluate",
+            "--likelihood",
+            "regression",
+            "--model",
+            str(tmp_path / "mpg.pt"),
+            "--train",
+            str(paths["train"]),
+            "--val",
+            str(paths["val"]),
+            "--test",
+            str(paths["test"]),
+            "--shift",
+            str(paths["extrapolation"]),
+            "--shift",
+            str(paths["gap"]),
+            "--target",
+            "mpg",
+            "--method",
+            "laplace",
+            "--alpha",
+            "0.1",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["sizes"] == {"train": 132, "val": 44, "test": 44, "shift extrapolation": 118, "shift gap": 54}
     laplace = metrics["rows"][1]["test"]
@@ -168,13 +242,22 @@ def test_the_files_columns_are_matched_by_name(files, tmp_path) -> None:
     assert runs["reordered"]["features"] == COLUMNS
 
 
-@pytest.mark.parametrize(("flag", "columns", "rename", "says"), [
-    ("--test", ["a", "b", "c", "y"], {"c": "g"}, "renamed.csv lacks ['c'] and has ['g'], which"),
-    ("--test", ["a", "b", "c", "c2", "y"], None, "renamed.csv has ['c2'], which"),
-    ("--shift", ["a", "b", "y"], None, "renamed.csv lacks ['c']: the files of one run must have the same feature columns"),
-])
-def test_a_missing_extra_or_renamed_column_is_refused_naming_the_file(files, tmp_path, capsys, flag, columns, rename,
-                                                                      says) -> None:
+@pytest.mark.parametrize(
+    ("flag", "columns", "rename", "says"),
+    [
+        ("--test", ["a", "b", "c", "y"], {"c": "g"}, "renamed.csv lacks ['c'] and has ['g'], which"),
+        ("--test", ["a", "b", "c", "c2", "y"], None, "renamed.csv has ['c2'], which"),
+        (
+            "--shift",
+            ["a", "b", "y"],
+            None,
+            "renamed.csv lacks ['c']: the files of one run must have the same feature columns",
+        ),
+    ],
+)
+def test_a_missing_extra_or_renamed_column_is_refused_naming_the_file(
+    files, tmp_path, capsys, flag, columns, rename, says
+) -> None:
     """Was: a renamed column was read in its place, an extra column or a --shift file missing one ended in the
     model's shape error without naming the file."""
     source = tmp_path / "wide.csv"
@@ -192,14 +275,17 @@ def test_a_missing_extra_or_renamed_column_is_refused_naming_the_file(files, tmp
     assert exit_.value.code == 2 and says in err and "train.csv" in err and len(err.strip().splitlines()) == 1
 
 
-@pytest.mark.parametrize(("extra", "says"), [
-    (["--batch-size", "0"], "error: --batch-size must be a positive integer, got 0"),
-    (["--calibration-fraction", "nan"], "error: --calibration-fraction must be a number strictly between 0 and 1"),
-    (["--batch-size", "x"], "error: argument --batch-size: invalid int value: 'x' (see posthoc evaluate --help)"),
-    (["--bootstraps", "1", "--ci", "0.9"], "error: --bootstraps must be an integer with --bootstraps >= 2"),
-    (["--num-samples", "-3"], "error: --num-samples must be a positive integer or None"),
-    (["--shift", "FILE/test.csv"], "is named 'test', the name of the test set's row in the report"),
-])
+@pytest.mark.parametrize(
+    ("extra", "says"),
+    [
+        (["--batch-size", "0"], "error: --batch-size must be a positive integer, got 0"),
+        (["--calibration-fraction", "nan"], "error: --calibration-fraction must be a number strictly between 0 and 1"),
+        (["--batch-size", "x"], "error: argument --batch-size: invalid int value: 'x' (see posthoc evaluate --help)"),
+        (["--bootstraps", "1", "--ci", "0.9"], "error: --bootstraps must be an integer with --bootstraps >= 2"),
+        (["--num-samples", "-3"], "error: --num-samples must be a positive integer or None"),
+        (["--shift", "FILE/test.csv"], "is named 'test', the name of the test set's row in the report"),
+    ],
+)
 def test_every_cli_misuse_is_one_line_naming_the_flag_with_status_2(files, tmp_path, capsys, extra, says) -> None:
     """Was: --batch-size 0 and --calibration-fraction nan ended in tracebacks; argparse's own errors printed the usage."""
     extra = [value.replace("FILE/test.csv", str(files["test"])) for value in extra]
@@ -214,8 +300,20 @@ def test_the_regression_cli_runs_auto_and_opens_with_its_verdict(files, tmp_path
     # selection step's WIP); the method itself is registered for regression, so the refusal is lifted here
     monkeypatch.setattr(posthoc.api, "REGRESSION_CALIBRATORS", ("variance-scaling",))
     out = tmp_path / "auto"
-    main(_args(files, out, "--test", str(files["test"]), "--method", "auto", "--method", "laplace",
-               "--shift", str(files["far"])))
+    main(
+        _args(
+            files,
+            out,
+            "--test",
+            str(files["test"]),
+            "--method",
+            "auto",
+            "--method",
+            "laplace",
+            "--shift",
+            str(files["far"]),
+        )
+    )
     report = (out / "report.md").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
     chosen = metrics["rows"][1]["summary"]["selection"]["chosen"]

@@ -38,8 +38,13 @@ def test_coverage_through_the_wrapped_model_holds_over_many_random_splits(regres
     coverages = []
     for _ in range(splits):
         x, y = _draw(n_cal + n_test, generator)
-        cp = posthoc.conformal(regressor, DataLoader(TensorDataset(x[:n_cal], y[:n_cal]), batch_size=32),
-                               alpha=alpha, progress=False, **({} if score == "normalized" else {"score": score}))
+        cp = posthoc.conformal(
+            regressor,
+            DataLoader(TensorDataset(x[:n_cal], y[:n_cal]), batch_size=32),
+            alpha=alpha,
+            progress=False,
+            **({} if score == "normalized" else {"score": score}),
+        )
         assert cp.score == score and cp.num_calibration == n_cal
         lower, upper = cp.intervals(x[n_cal:])
         coverages.append(float(((lower <= y[n_cal:]) & (y[n_cal:] <= upper)).double().mean()))
@@ -50,7 +55,7 @@ def test_coverage_through_the_wrapped_model_holds_over_many_random_splits(regres
 def test_a_regression_prediction_and_its_targets_give_the_intervals_of_conformal_intervals(regressor) -> None:
     x, y = _draw(300, torch.Generator().manual_seed(1))
     calibration, test = regressor.predict(x[:200]), regressor.predict(x[200:])
-    cp = posthoc.conformal(calibration, y[:200, 0], alpha=0.2)   # (N,) targets for one output
+    cp = posthoc.conformal(calibration, y[:200, 0], alpha=0.2)  # (N,) targets for one output
     reference = conformal_intervals(y[:200], mean=calibration.mean, std=calibration.std, alpha=0.2)
     torch.testing.assert_close(cp.threshold, reference.threshold, rtol=0, atol=0)
     for got, want in zip(cp.intervals(test), reference.intervals(mean=test.mean, std=test.std)):

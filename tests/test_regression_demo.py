@@ -15,8 +15,13 @@ def test_the_regression_demo_writes_its_tables_and_pictures(tmp_path, monkeypatc
     monkeypatch.setattr(regression_run, "AUTO_MPG_EPOCHS", 40)
     main(["demo", "--task", "regression", "--out", str(tmp_path), "--quiet"])
     printed = capsys.readouterr().out
-    for name in ("regression.md", "regression_band.png", "regression_calibration.png", "regression_error_std.png",
-                 "regression_shift.png"):
+    for name in (
+        "regression.md",
+        "regression_band.png",
+        "regression_calibration.png",
+        "regression_error_std.png",
+        "regression_shift.png",
+    ):
         assert (tmp_path / name).stat().st_size > 0
     markdown = (tmp_path / "regression.md").read_text()
     assert markdown in printed

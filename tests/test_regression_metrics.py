@@ -33,7 +33,9 @@ def _exact(means: torch.Tensor, stds: torch.Tensor) -> GaussianMixture:
 
 
 def log_prob(means, stds, y):  # per output: one output at a time is a one-output mixture
-    return torch.stack([_exact(means[..., d:d + 1], stds[..., d:d + 1]).log_prob(y[:, d]) for d in range(y.shape[1])], -1)
+    return torch.stack(
+        [_exact(means[..., d : d + 1], stds[..., d : d + 1]).log_prob(y[:, d]) for d in range(y.shape[1])], -1
+    )
 
 
 def cdf(means, stds, y):
@@ -94,14 +96,21 @@ def test_crps_of_a_mixture_is_the_integral_of_the_squared_cdf_gap() -> None:
     m, s = means.numpy()[:, :, 0], stds.numpy()[:, :, 0]
     for n in range(6):
         target = float(y[n, 0])
-        below, err1 = integrate.quad(lambda z: stats.norm.cdf(z, m[:, n], s[:, n]).mean() ** 2, -60, target, epsabs=1e-12)
-        above, err2 = integrate.quad(lambda z: (1 - stats.norm.cdf(z, m[:, n], s[:, n]).mean()) ** 2, target, 60, epsabs=1e-12)
+        below, err1 = integrate.quad(
+            lambda z: stats.norm.cdf(z, m[:, n], s[:, n]).mean() ** 2, -60, target, epsabs=1e-12
+        )
+        above, err2 = integrate.quad(
+            lambda z: (1 - stats.norm.cdf(z, m[:, n], s[:, n]).mean()) ** 2, target, 60, epsabs=1e-12
+        )
         assert abs(float(ours[n]) - (below + above)) < 1e-8 + err1 + err2
 
 
 def test_sample_crps_is_properscorings_ensemble_crps() -> None:
     g = torch.Generator().manual_seed(3)
-    samples, y = torch.randn(33, 20, 2, generator=g, dtype=torch.float64), torch.randn(20, 2, generator=g, dtype=torch.float64)
+    samples, y = (
+        torch.randn(33, 20, 2, generator=g, dtype=torch.float64),
+        torch.randn(20, 2, generator=g, dtype=torch.float64),
+    )
     expected = properscoring.crps_ensemble(y.numpy(), np.moveaxis(samples.numpy(), 0, -1))
     np.testing.assert_allclose(sample_crps(samples, y).numpy(), expected, rtol=1e-10)
 
@@ -111,9 +120,17 @@ def test_interval_calibration_error_is_uncertainty_toolboxs_mace_and_rmsce() -> 
     m, s, t = means[0, :, 0].numpy(), stds[0, :, 0].numpy(), y[:, 0].numpy()
     # a target exactly on an interval's edge could fall either way by float rounding: at most one point's weight
     tolerance = 1 / 500
-    assert abs(rm.calibration_error(means, stds, y) - uct.mean_absolute_calibration_error(m, s, t, vectorized=True)) <= tolerance
-    assert abs(rm.calibration_error(means, stds, y, squared=True)
-               - uct.root_mean_squared_calibration_error(m, s, t, vectorized=True)) <= tolerance
+    assert (
+        abs(rm.calibration_error(means, stds, y) - uct.mean_absolute_calibration_error(m, s, t, vectorized=True))
+        <= tolerance
+    )
+    assert (
+        abs(
+            rm.calibration_error(means, stds, y, squared=True)
+            - uct.root_mean_squared_calibration_error(m, s, t, vectorized=True)
+        )
+        <= tolerance
+    )
 
 
 def test_quantile_curve_matches_uncertainty_toolbox_up_to_its_sign_convention() -> None:
@@ -162,7 +179,9 @@ def test_a_mixture_covers_targets_drawn_from_it() -> None:
     coverage, _ = rm.interval_coverage(means, stds, y, 0.9)
     assert abs(coverage - 0.9) < 4 * math.sqrt(0.09 / n)
     mixture_std = rm.predictive_std(means, stds)
-    assert float(mixture_std.pow(2).mean()) == pytest.approx(float((y - rm.predictive_mean(means)).pow(2).mean()), rel=0.05)
+    assert float(mixture_std.pow(2).mean()) == pytest.approx(
+        float((y - rm.predictive_mean(means)).pow(2).mean()), rel=0.05
+    )
 
 
 def test_accuracy_metrics_and_nll_on_a_hand_example() -> None:

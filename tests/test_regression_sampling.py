@@ -63,8 +63,9 @@ def _test_nll(um: posthoc.UncertainModel) -> float:
 
 def _plain() -> posthoc.UncertainModel:
     net, data = _problem()
-    return posthoc.wrap(net, method="none", likelihood="regression").fit(_loader(data["train"]), _loader(data["val"]),
-                                                                         progress=False)
+    return posthoc.wrap(net, method="none", likelihood="regression").fit(
+        _loader(data["train"]), _loader(data["val"]), progress=False
+    )
 
 
 def _fitted(method: str, options: dict, fit_options: dict | None = None) -> posthoc.UncertainModel:
@@ -72,7 +73,8 @@ def _fitted(method: str, options: dict, fit_options: dict | None = None) -> post
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a scale choice that accepts nothing warns
         return posthoc.wrap(net, method=method, likelihood="regression", **options).fit(
-            _loader(data["train"], shuffle=True), _loader(data["val"]), progress=False, **(fit_options or {}))
+            _loader(data["train"], shuffle=True), _loader(data["val"]), progress=False, **(fit_options or {})
+        )
 
 
 # ------------------------------------------------------------------------------ the shared objective
@@ -81,8 +83,10 @@ def test_the_training_loss_is_the_class_nll_or_the_gaussian_nll_per_example_at_t
     assert torch.equal(training_loss(Categorical(), logits, labels), F.cross_entropy(logits, labels))
     single = torch.randn(6, 1)
     for shape in ((6, 1), (6,)):  # a binary classifier's one logit, (N, 1) or squeezed: the classes [0, z] (SWAG too)
-        assert torch.equal(training_loss(Categorical(), single.reshape(shape), labels % 2),
-                           F.cross_entropy(torch.cat([torch.zeros_like(single), single], 1), labels % 2))
+        assert torch.equal(
+            training_loss(Categorical(), single.reshape(shape), labels % 2),
+            F.cross_entropy(torch.cat([torch.zeros_like(single), single], 1), labels % 2),
+        )
     outputs, targets = torch.randn(6, 2), torch.randn(6, 2)
     expected = 0.5 * (outputs - targets).square().sum() / 0.25 / 6
     torch.testing.assert_close(training_loss(Gaussian(noise_std=0.5), outputs, targets), expected, rtol=1e-6, atol=0)
@@ -189,26 +193,34 @@ def test_sgld_spreads_its_outputs_more_off_the_sinusoid_data_than_on_it(layers: 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # too few steps for 20 samples is not what is tested here
         um = posthoc.wrap(net, method="sgld", layers=layers, likelihood="regression").fit(
-            data.train_loader(8), data.val_loader(), progress=False, epochs=40)
+            data.train_loader(8), data.val_loader(), progress=False, epochs=40
+        )
     spread = {name: float(um.predict(x).epistemic.mean()) for name, x in data.regions.items()}
     assert all(spread[name] > 1.1 * spread["train"] for name in wider), spread
 
 
 # ------------------------------------------------------------------------------ the noise without held-out data
-FAST = [("swag", {"subset": "last_layer"}), ("multiswag", {"members": 2, "subset": "last_layer"}),
-        ("ivon", {"layers": "head"}), ("sgld", {"layers": "head"})]
+FAST = [
+    ("swag", {"subset": "last_layer"}),
+    ("multiswag", {"members": 2, "subset": "last_layer"}),
+    ("ivon", {"layers": "head"}),
+    ("sgld", {"layers": "head"}),
+]
 
 
 @pytest.mark.parametrize("method, options", FAST)
-def test_without_held_out_data_the_noise_is_fitted_on_the_training_data_and_a_fixed_noise_stays(method: str,
-                                                                                                 options: dict) -> None:
+def test_without_held_out_data_the_noise_is_fitted_on_the_training_data_and_a_fixed_noise_stays(
+    method: str, options: dict
+) -> None:
     net, data = _problem()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # SGLD keeps fewer than 20 samples of 16 steps
-        fitted = posthoc.wrap(net, method=method, likelihood="regression", **options).fit(_loader(data["train"]),
-                                                                                         progress=False)
+        fitted = posthoc.wrap(net, method=method, likelihood="regression", **options).fit(
+            _loader(data["train"]), progress=False
+        )
         fixed = posthoc.wrap(net, method=method, likelihood=Gaussian(noise_std=0.3), **options).fit(
-            _loader(data["train"]), _loader(data["val"]), progress=False)
+            _loader(data["train"]), _loader(data["val"]), progress=False
+        )
     card = fitted.summary()["posterior"][0]
     assert card["noise_fit"] == "training" and abs(card["noise_std"] - NOISE) < NOISE_TOLERANCE, card
     card = fixed.summary()["posterior"][0]
@@ -218,5 +230,7 @@ def test_without_held_out_data_the_noise_is_fitted_on_the_training_data_and_a_fi
 
 @pytest.mark.parametrize("method", ["swag", "multiswag", "ivon", "sgld"])
 def test_a_heteroscedastic_model_is_refused_naming_the_methods_that_take_it(method: str) -> None:
-    with pytest.raises(posthoc.ConfigError, match="does not do likelihood='heteroscedastic' yet; the methods that do: "):
+    with pytest.raises(
+        posthoc.ConfigError, match="does not do likelihood='heteroscedastic' yet; the methods that do: "
+    ):
         posthoc.wrap(nn.Linear(1, 2), method=method, likelihood="heteroscedastic")

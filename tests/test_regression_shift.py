@@ -58,21 +58,52 @@ def test_gap_split_holds_out_a_band_in_the_middle_with_fit_rows_on_both_sides() 
     assert split.fit[0].dim() == 1  # the rows keep the shape they came in
 
 
-@pytest.mark.parametrize(("call", "error", "says"), [
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y), posthoc.ConfigError, "x has 3 features: name the one"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=3), posthoc.ConfigError, "column index from 0 to 2"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, quantile=1.0), posthoc.ConfigError,
-     "quantile must be a number strictly between 0 and 1"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y[:-1], feature=0), posthoc.InputError, "one target per row"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x[:, None], y, feature=0), posthoc.InputError,
-     "for images use the corruption kinds"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, reference=x[:, :2]), posthoc.InputError,
-     "reference must be rows with the 3 features"),
-    (lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, quantile=0.5, reference=x + 10),
-     posthoc.InputError, "leaves no shifted rows"),
-    (lambda x, y: posthoc.shift.gap_split(x, y, feature=0, quantiles=(0.6, 0.4)), posthoc.ConfigError, "low < high"),
-    (lambda x, y: posthoc.shift.gap_split(x, y, feature=0, quantiles=0.5), posthoc.ConfigError, "a pair (low, high)"),
-])
+@pytest.mark.parametrize(
+    ("call", "error", "says"),
+    [
+        (lambda x, y: posthoc.shift.extrapolation_split(x, y), posthoc.ConfigError, "x has 3 features: name the one"),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=3),
+            posthoc.ConfigError,
+            "column index from 0 to 2",
+        ),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, quantile=1.0),
+            posthoc.ConfigError,
+            "quantile must be a number strictly between 0 and 1",
+        ),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x, y[:-1], feature=0),
+            posthoc.InputError,
+            "one target per row",
+        ),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x[:, None], y, feature=0),
+            posthoc.InputError,
+            "for images use the corruption kinds",
+        ),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, reference=x[:, :2]),
+            posthoc.InputError,
+            "reference must be rows with the 3 features",
+        ),
+        (
+            lambda x, y: posthoc.shift.extrapolation_split(x, y, feature=0, quantile=0.5, reference=x + 10),
+            posthoc.InputError,
+            "leaves no shifted rows",
+        ),
+        (
+            lambda x, y: posthoc.shift.gap_split(x, y, feature=0, quantiles=(0.6, 0.4)),
+            posthoc.ConfigError,
+            "low < high",
+        ),
+        (
+            lambda x, y: posthoc.shift.gap_split(x, y, feature=0, quantiles=0.5),
+            posthoc.ConfigError,
+            "a pair (low, high)",
+        ),
+    ],
+)
 def test_bad_splits_are_refused_with_what_to_do(call, error, says) -> None:
     x, y = _rows()
     with pytest.raises(error, match=re.escape(says)):
@@ -84,8 +115,9 @@ def test_the_auto_mpg_shift_split_tests_on_random_heavy_and_middle_cars() -> Non
     heavy = auto_mpg(0, split="extrapolate")
     assert len(data.shifted["extrapolation"][0]) == 118  # the heaviest 30 % of 392
     # the same heavy cars as the extrapolate split, standardised on another training part: same order of weight
-    assert torch.equal(data.shifted["extrapolation"][0][:, WEIGHT_COLUMN].argsort(),
-                       heavy.test[0][:, WEIGHT_COLUMN].argsort())
+    assert torch.equal(
+        data.shifted["extrapolation"][0][:, WEIGHT_COLUMN].argsort(), heavy.test[0][:, WEIGHT_COLUMN].argsort()
+    )
     weight = lambda pair: pair[0][:, WEIGHT_COLUMN]  # noqa: E731
     gap = weight(data.shifted["gap"])
     assert float(weight(data.train).max()) < float(weight(data.shifted["extrapolation"]).min())
@@ -110,11 +142,17 @@ def regressors(one_thread) -> tuple[dict[str, posthoc.UncertainModel], dict[str,
     train, val, test = (order[:120], order[120:180], order[180:])
     net = train_mlp((rest_x[train], rest_y[train]), hidden=32, epochs=300, seed=0)
     loaders = {"train": _loader((rest_x[train], rest_y[train])), "val": _loader((rest_x[val], rest_y[val]))}
-    models = {method: posthoc.wrap(net, method=method, likelihood="regression").fit(loaders["train"], loaders["val"],
-                                                                                     progress=False)
-              for method in ("none", "laplace")}
-    sets = {"random": _loader((rest_x[test], rest_y[test])), "extrapolation": _loader(beyond.shifted),
-            "gap": _loader(middle.shifted)}
+    models = {
+        method: posthoc.wrap(net, method=method, likelihood="regression").fit(
+            loaders["train"], loaders["val"], progress=False
+        )
+        for method in ("none", "laplace")
+    }
+    sets = {
+        "random": _loader((rest_x[test], rest_y[test])),
+        "extrapolation": _loader(beyond.shifted),
+        "gap": _loader(middle.shifted),
+    }
     return models, sets
 
 
@@ -129,7 +167,9 @@ def test_named_test_sets_give_the_regression_metrics_per_set_and_method(regresso
     widths = {kind: table.value("none", kind, 0, "width_90") for kind in table.kinds}
     assert widths["extrapolation"] == pytest.approx(widths["random"], rel=1e-9)
     # (2 % wider here, seeded: a last-layer posterior of a tanh MLP grows slowly past the data)
-    assert table.value("laplace", "extrapolation", 0, "width_90") > 1.01 * table.value("laplace", "random", 0, "width_90")
+    assert table.value("laplace", "extrapolation", 0, "width_90") > 1.01 * table.value(
+        "laplace", "random", 0, "width_90"
+    )
     low, high = table.intervals["laplace"]["gap"][0]["crps"]
     assert low < table.value("laplace", "gap", 0, "crps") < high
     markdown = table.to_markdown(detail=True)
@@ -144,8 +184,10 @@ def test_named_test_sets_give_the_regression_metrics_per_set_and_method(regresso
 
 def test_corruption_kinds_refuse_a_regressor_on_tabular_inputs(regressors) -> None:
     models, sets = regressors
-    with pytest.raises(posthoc.InputError, match="this regressor's test inputs are \\(44, 3\\); for tabular or 1-D "
-                                                 "inputs pass named shifted test sets"):
+    with pytest.raises(
+        posthoc.InputError,
+        match="this regressor's test inputs are \\(44, 3\\); for tabular or 1-D inputs pass named shifted test sets",
+    ):
         posthoc.evaluate_shift(models["laplace"], sets["random"], kinds=["gaussian-noise"], progress=False)
     with pytest.raises(posthoc.ConfigError, match="leave out kinds, severities and normalization"):
         posthoc.evaluate_shift(models["laplace"], sets, kinds=["rotate"], progress=False)
@@ -175,8 +217,9 @@ def test_a_regressor_on_images_is_corrupted_like_a_classifier(one_thread) -> Non
     net = nn.Sequential(nn.Flatten(), nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 1))
     loader = DataLoader(TensorDataset(images, targets), batch_size=16)
     um = posthoc.wrap(net, method="laplace", likelihood="regression").fit(loader, loader, progress=False)
-    table = posthoc.evaluate_shift(um, loader, kinds=["contrast"], severities=[5], ci=0.9, bootstraps=100,
-                                   progress=False)
+    table = posthoc.evaluate_shift(
+        um, loader, kinds=["contrast"], severities=[5], ci=0.9, bootstraps=100, progress=False
+    )
     corrupted = posthoc.evaluate(um, posthoc.shift.corrupt(loader, "contrast", 5), progress=False)
     assert table.value("laplace", "contrast", 5, "crps") == pytest.approx(corrupted.crps, rel=1e-9)
     assert table.value("laplace", "mean", 5, "crps") == pytest.approx(corrupted.crps, rel=1e-9)  # one kind

@@ -36,10 +36,12 @@ def problem() -> dict:
     net = train_mlp(data.train, hidden=16, epochs=300, seed=0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # 40 points leave Laplace's curvature singular: it says so
-        plain = posthoc.wrap(net, method="none", likelihood="regression").fit(data.train_loader(), data.val_loader(),
-                                                                              progress=False)
-        dac = posthoc.wrap(net, method=["none", "dac"], likelihood="regression").fit(data.train_loader(),
-                                                                                     data.val_loader(), progress=False)
+        plain = posthoc.wrap(net, method="none", likelihood="regression").fit(
+            data.train_loader(), data.val_loader(), progress=False
+        )
+        dac = posthoc.wrap(net, method=["none", "dac"], likelihood="regression").fit(
+            data.train_loader(), data.val_loader(), progress=False
+        )
     return {"data": data, "net": net, "plain": plain, "dac": dac}
 
 
@@ -101,7 +103,8 @@ def test_dac_stacks_on_any_regression_method_and_saves_and_loads(problem, inner,
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         um = posthoc.wrap(model, method=chain, likelihood="regression", **options).fit(
-            data.train_loader(), data.val_loader(), progress=False)
+            data.train_loader(), data.val_loader(), progress=False
+        )
     x = torch.cat([data.regions["train"], FAR])
     pred = um.predict(x, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
@@ -122,20 +125,28 @@ def test_shift_aware_selection_of_a_regressor_grades_feature_noise_by_the_rise_i
     data, net = problem["data"], problem["net"]
     selection = problem["dac"].summary()["selection"]
     assert selection["shift"]["graded_by"] == "rmse" and list(selection["shift"]["kinds"]) == ["feature-noise"]
-    assert selection["perturbed"] == 3 * len(data.val[1]) and selection["plain"]["shifted_nll"] > selection["plain"]["clean_nll"]
+    assert (
+        selection["perturbed"] == 3 * len(data.val[1])
+        and selection["plain"]["shifted_nll"] > selection["plain"]["clean_nll"]
+    )
     assert all(record["shifted_nll"] is not None for record in selection["candidates"])
     x, y = data.val  # the grading rows: every validation point (fewer than 256)
     rmse = lambda inputs: float((net(inputs) - y).square().mean().sqrt())  # noqa: E731
     with torch.no_grad():
-        levels = [rmse(feature_noise(x, strength, torch.Generator().manual_seed(0)))
-                  for strength in selection["shift"]["kinds"]["feature-noise"]]
+        levels = [
+            rmse(feature_noise(x, strength, torch.Generator().manual_seed(0)))
+            for strength in selection["shift"]["kinds"]["feature-noise"]
+        ]
         clean, constant = rmse(x), float(y.std(unbiased=False))
     assert clean < levels[0] < levels[1] < levels[2] < constant, (clean, levels, constant)
     held = HeldOut.read(data.val_loader(), model=net, likelihood=Gaussian(), device="cpu")
-    knob = held.regression_scores(lambda inputs, generator: net(inputs).detach()[None])  # a knob's scores: the plain spread
+    knob = held.regression_scores(
+        lambda inputs, generator: net(inputs).detach()[None]
+    )  # a knob's scores: the plain spread
     torch.testing.assert_close(knob.shifted, held.plain.shifted, rtol=1e-12, atol=1e-12)
     assert knob.shifted.shape == (3 * len(y),) and float(knob.shifted.mean()) == pytest.approx(
-        selection["plain"]["shifted_nll"], abs=1e-6)
+        selection["plain"]["shifted_nll"], abs=1e-6
+    )
 
 
 # ------------------------------------------------------------------------------ OOD scores
@@ -147,10 +158,21 @@ def test_knn_mahalanobis_and_the_predictive_variance_tell_far_inputs_from_test_i
     labels = [0] * len(x) + [1] * len(FAR)
     for name in ("knn", "mahalanobis", "variance"):
         assert roc_auc_score(labels, torch.cat([near[name], far[name]]).numpy()) > 0.9, name
-    report = posthoc.evaluate(dac, data.test_loader(), DataLoader(TensorDataset(FAR, torch.zeros(len(FAR), 1)), 64),
-                              ood_scores=det, progress=False)
-    expected = roc_auc_score(labels, torch.cat([dac.predict(x).variance[:, 0], dac.predict(FAR).variance[:, 0]]).numpy())
-    assert report.ood_auroc == pytest.approx(expected, abs=1e-12) and set(report.ood) == {"variance", "knn", "mahalanobis"}
+    report = posthoc.evaluate(
+        dac,
+        data.test_loader(),
+        DataLoader(TensorDataset(FAR, torch.zeros(len(FAR), 1)), 64),
+        ood_scores=det,
+        progress=False,
+    )
+    expected = roc_auc_score(
+        labels, torch.cat([dac.predict(x).variance[:, 0], dac.predict(FAR).variance[:, 0]]).numpy()
+    )
+    assert report.ood_auroc == pytest.approx(expected, abs=1e-12) and set(report.ood) == {
+        "variance",
+        "knn",
+        "mahalanobis",
+    }
     assert "| knn |" in report.ood_to_markdown()
 
 
@@ -163,8 +185,11 @@ def test_the_regressor_scores_agree_with_scikit_learn(problem) -> None:
     with torch.no_grad():
         bank, features = net[:-1](data.train[0]).double(), net[:-1](queries).double()
     scores = det.scores(queries)
-    distances, _ = NearestNeighbors(n_neighbors=5).fit(normalised(bank).double().numpy()).kneighbors(
-        normalised(features).double().numpy())
+    distances, _ = (
+        NearestNeighbors(n_neighbors=5)
+        .fit(normalised(bank).double().numpy())
+        .kneighbors(normalised(features).double().numpy())
+    )
     torch.testing.assert_close(scores["knn"].double(), torch.from_numpy(distances[:, -1]), rtol=0, atol=1e-6)
 
     # mahalanobis on a regressor whose features have a well-conditioned covariance (the sinusoid's 16 tanh features of
@@ -172,8 +197,9 @@ def test_the_regressor_scores_agree_with_scikit_learn(problem) -> None:
     torch.manual_seed(0)
     wide = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1)).eval()
     x = torch.randn(300, 5, generator=torch.Generator().manual_seed(0))
-    det = posthoc.detector(wide, score="mahalanobis", likelihood="regression").fit([(x[:200], x[:200, :1])],
-                                                                                  progress=False)
+    det = posthoc.detector(wide, score="mahalanobis", likelihood="regression").fit(
+        [(x[:200], x[:200, :1])], progress=False
+    )
     with torch.no_grad():
         bank, features = wide[:-1](x[:200]).double(), wide[:-1](torch.cat([x[200:], 3 * x[200:]])).double()
     squared = torch.from_numpy(EmpiricalCovariance().fit(bank.numpy()).mahalanobis(features.numpy()))
@@ -206,7 +232,7 @@ def _heteroscedastic_net() -> tuple[torch.nn.Module, list, list]:
         loss.backward()
         optimizer.step()
     order = torch.randperm(400, generator=torch.Generator().manual_seed(1))
-    batches = lambda rows: [(x[rows[i:i + 64]], y[rows[i:i + 64]]) for i in range(0, len(rows), 64)]  # noqa: E731
+    batches = lambda rows: [(x[rows[i : i + 64]], y[rows[i : i + 64]]) for i in range(0, len(rows), 64)]  # noqa: E731
     return net.eval(), batches(order[:300]), batches(order[300:])
 
 

@@ -14,8 +14,13 @@ from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.demo import data
 
 #: the folders of the run: name -> (digits split, images per class, how they are written)
-LAYOUT = {"train": ("fit", 12, {}), "calibration": ("calibration", 12, {}), "val": ("test", 10, {}),
-          "rotated": ("test", 6, {"rotate": 60}), "ood": ("ood", 30, {"flat": True})}
+LAYOUT = {
+    "train": ("fit", 12, {}),
+    "calibration": ("calibration", 12, {}),
+    "val": ("test", 10, {}),
+    "rotated": ("test", 6, {"rotate": 60}),
+    "ood": ("ood", 30, {"flat": True}),
+}
 
 
 @pytest.fixture(scope="module")
@@ -31,10 +36,31 @@ def test_evaluate_auto_opens_with_its_verdict_and_frontier(folders: dict[str, Pa
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", f"{folders['factory.py']}:digits", "--train", str(folders["train"]),
-                              "--calibration", str(folders["calibration"]), "--val", str(folders["val"]),
-                              "--shift", str(folders["rotated"]), "--ood", str(folders["ood"]), "--method", "auto",
-                              "--method", "temperature", "--workers", "0", "--out", str(out), "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            f"{folders['factory.py']}:digits",
+            "--train",
+            str(folders["train"]),
+            "--calibration",
+            str(folders["calibration"]),
+            "--val",
+            str(folders["val"]),
+            "--shift",
+            str(folders["rotated"]),
+            "--ood",
+            str(folders["ood"]),
+            "--method",
+            "auto",
+            "--method",
+            "temperature",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     run_evaluate(args)
     report = (out / "report.md").read_text()
     metrics = json.loads((out / "metrics.json").read_text())
@@ -49,8 +75,11 @@ def test_evaluate_auto_opens_with_its_verdict_and_frontier(folders: dict[str, Pa
     else:
         assert verdict.startswith(f"**Use `auto`** for this model: on held-out data it picked `{chosen}` among")
         assert re.search(r"under shift by [+-]\d\.\d{4} \[.*\] \(\d\.\d\dx\) on `.*rotated`", verdict)
-        assert re.search(r"OOD AUROC [+-]\d\.\d{3} \[.*\] \(\d\.\d{3} -> \d\.\d{3}\); predict \d+\.\dx a plain "
-                         r"forward\.", verdict)
+        assert re.search(
+            r"OOD AUROC [+-]\d\.\d{3} \[.*\] \(\d\.\d{3} -> \d\.\d{3}\); predict \d+\.\dx a plain "
+            r"forward\.",
+            verdict,
+        )
     assert "![frontier" in verdict and "--method auto" not in verdict  # auto itself is the row: no hint needed
     # the tables after, the best entries in bold; auto's held-out record after the test table
     assert report.index("## Test set") < report.index("## How `auto` chose, on held-out data")

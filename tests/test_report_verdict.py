@@ -38,18 +38,30 @@ def _rows(with_auto: bool = False) -> list[Candidate]:
     """The plain model, a cheap row that buys a lot under shift, a costly row that buys more, and a row with no gain."""
     plain = _nll(0.10, 0)
     shifted = _nll(2.0, 1, 0.5)
-    rows = [Candidate("none", plain, {"rotated": shifted}),
-            Candidate("laplace", plain + _nll(0.0005, 2, 0.002), {"rotated": shifted * 0.7}, predict_cost=1.4),
-            Candidate("costly", plain + _nll(0.03, 3, 0.01), {"rotated": shifted * 0.5}, predict_cost=3.0),
-            Candidate("temperature", plain + 0.0001, {"rotated": shifted * 0.98}, predict_cost=1.0)]
+    rows = [
+        Candidate("none", plain, {"rotated": shifted}),
+        Candidate("laplace", plain + _nll(0.0005, 2, 0.002), {"rotated": shifted * 0.7}, predict_cost=1.4),
+        Candidate("costly", plain + _nll(0.03, 3, 0.01), {"rotated": shifted * 0.5}, predict_cost=3.0),
+        Candidate("temperature", plain + 0.0001, {"rotated": shifted * 0.98}, predict_cost=1.0),
+    ]
     if with_auto:
-        record = {"knob": "method", "chosen": "laplace+dac", "tolerance": 0.005, "perturbed": 90,
-                  "plain": {"clean_nll": 0.1, "shifted_nll": 2.0},
-                  "candidates": [{"candidate": "none", "chosen": False, "shifted_nll": 2.0},
-                                 {"candidate": "laplace", "chosen": False, "shifted_nll": 1.6},
-                                 {"candidate": "laplace+dac", "chosen": True, "shifted_nll": 1.5}]}
-        rows.append(Candidate("auto", plain + _nll(0.0004, 4, 0.002), {"rotated": shifted * 0.75}, predict_cost=2.0,
-                              selection=record))
+        record = {
+            "knob": "method",
+            "chosen": "laplace+dac",
+            "tolerance": 0.005,
+            "perturbed": 90,
+            "plain": {"clean_nll": 0.1, "shifted_nll": 2.0},
+            "candidates": [
+                {"candidate": "none", "chosen": False, "shifted_nll": 2.0},
+                {"candidate": "laplace", "chosen": False, "shifted_nll": 1.6},
+                {"candidate": "laplace+dac", "chosen": True, "shifted_nll": 1.5},
+            ],
+        }
+        rows.append(
+            Candidate(
+                "auto", plain + _nll(0.0004, 4, 0.002), {"rotated": shifted * 0.75}, predict_cost=2.0, selection=record
+            )
+        )
     return rows
 
 
@@ -84,7 +96,10 @@ def test_the_one_sided_bound_is_the_paired_bootstrap_quantile_near_the_normal_bo
 def test_changes_are_paired_an_identical_row_has_a_zero_width_interval():
     plain = _nll(0.2, 5)
     ood = (_nll(0.3, 6, 0.2, 300).float(), _nll(0.6, 7, 0.3, 200).float())
-    rows = [Candidate("none", plain, {"s": plain * 3}, ood=ood), Candidate("same", plain.clone(), {"s": plain * 3}, ood=ood)]
+    rows = [
+        Candidate("none", plain, {"s": plain * 3}, ood=ood),
+        Candidate("same", plain.clone(), {"s": plain * 3}, ood=ood),
+    ]
     found = judge(rows, plain="none")
     same = found.row("same")
     for change in (same.clean, same.shifts["s"], same.ood):
@@ -102,11 +117,15 @@ def test_ood_auroc_change_matches_the_metric_and_appears_in_the_sentence():
     plain = _nll(0.1, 9)
     generator = torch.Generator().manual_seed(0)
     test_h, ood_h = torch.rand(300, generator=generator), torch.rand(200, generator=generator) + 0.3
-    rows = [Candidate("none", plain, {"s": plain * 2}, ood=(test_h, ood_h)),
-            Candidate("better", plain, {"s": plain * 1.5}, ood=(test_h, ood_h + 0.2), predict_cost=1.2)]
+    rows = [
+        Candidate("none", plain, {"s": plain * 2}, ood=(test_h, ood_h)),
+        Candidate("better", plain, {"s": plain * 1.5}, ood=(test_h, ood_h + 0.2), predict_cost=1.2),
+    ]
     found = judge(rows, plain="none")
     change = found.row("better").ood
-    expected = posthoc.evaluation.metrics.ood_auroc(test_h, ood_h + 0.2) - posthoc.evaluation.metrics.ood_auroc(test_h, ood_h)
+    expected = posthoc.evaluation.metrics.ood_auroc(test_h, ood_h + 0.2) - posthoc.evaluation.metrics.ood_auroc(
+        test_h, ood_h
+    )
     assert change.difference == pytest.approx(expected) and change.interval[0] > 0
     assert re.search(r"OOD AUROC \+0\.\d{3} \[\+0\.\d{3}, \+0\.\d{3}\] \(0\.\d{3} -> 0\.\d{3}\)", found.sentence())
 
@@ -115,15 +134,18 @@ def test_an_auto_row_is_recommended_with_what_it_picked_on_held_out_data():
     found = judge(_rows(with_auto=True), plain="none")
     assert (found.recommended, found.basis) == ("auto", "auto")
     sentence = found.sentence()
-    assert sentence.startswith("**Use `auto`** for this model: on held-out data it picked `laplace+dac` among 3 "
-                               "candidates; in distribution")
+    assert sentence.startswith(
+        "**Use `auto`** for this model: on held-out data it picked `laplace+dac` among 3 candidates; in distribution"
+    )
     assert "Picked on the test data" not in sentence and "predict 2.0x a plain forward" in sentence
     assert [p.label for p in found.frontier_points() if p.chosen] == ["auto"]
 
 
 def test_auto_over_the_tolerance_on_the_test_examples_is_said_plainly():
     rows = _rows(with_auto=True)
-    costly_auto = Candidate("auto", rows[0].clean + _nll(0.02, 10, 0.01), rows[-1].shifted, selection=rows[-1].selection)
+    costly_auto = Candidate(
+        "auto", rows[0].clean + _nll(0.02, 10, 0.01), rows[-1].shifted, selection=rows[-1].selection
+    )
     sentence = judge([*rows[:-1], costly_auto], plain="none").sentence()
     assert re.search(r"on these test examples its 95% excess bound \+0\.0\d{3} is over the 0\.0050 tolerance", sentence)
 
@@ -139,12 +161,17 @@ def test_without_a_test_shift_auto_reports_its_held_out_perturbations_and_others
 
 def test_keep_the_plain_model_when_nothing_within_the_tolerance_beats_it_under_shift():
     plain, shifted = _nll(0.1, 0), _nll(2.0, 1, 0.5)
-    rows = [Candidate("none", plain, {"s": shifted}), Candidate("worse", plain, {"s": shifted * 1.1}),
-            Candidate("costly", plain + 0.05, {"s": shifted * 0.5})]
+    rows = [
+        Candidate("none", plain, {"s": shifted}),
+        Candidate("worse", plain, {"s": shifted * 1.1}),
+        Candidate("costly", plain + 0.05, {"s": shifted * 0.5}),
+    ]
     found = judge(rows, plain="none")
     assert found.keeps_plain and found.recommended == "none"
-    assert found.sentence().startswith("**Keep the plain model**: no method lowers the NLL under shift while its "
-                                       "in-distribution excess stays within 0.0050 nats at 95% confidence")
+    assert found.sentence().startswith(
+        "**Keep the plain model**: no method lowers the NLL under shift while its "
+        "in-distribution excess stays within 0.0050 nats at 95% confidence"
+    )
     assert "(`costly` would buy 0.50x under shift but costs +0.0500" in found.sentence()
     picked_none = dict(_rows(with_auto=True)[-1].selection, chosen="none")
     auto = judge([rows[0], Candidate("auto", plain, {"s": shifted}, selection=picked_none)], plain="none")
@@ -160,13 +187,37 @@ def test_bad_rows_are_refused_with_what_to_do():
 
 
 def test_frontier_points_of_a_selection_record_end_their_excess_bar_at_the_bound():
-    record = {"tolerance": 0.005, "candidates": [
-        {"candidate": "none", "excess": 0.0, "bound": 0.0, "shifted_nll": 3.0, "shifted_nll_se": 0.1,
-         "admissible": True, "chosen": False},
-        {"candidate": "laplace", "excess": 0.001, "bound": 0.004, "shifted_nll": 2.0, "shifted_nll_se": 0.05,
-         "admissible": True, "chosen": True},
-        {"candidate": "158", "excess": math.nan, "bound": math.nan, "shifted_nll": None, "admissible": False,
-         "chosen": False}]}
+    record = {
+        "tolerance": 0.005,
+        "candidates": [
+            {
+                "candidate": "none",
+                "excess": 0.0,
+                "bound": 0.0,
+                "shifted_nll": 3.0,
+                "shifted_nll_se": 0.1,
+                "admissible": True,
+                "chosen": False,
+            },
+            {
+                "candidate": "laplace",
+                "excess": 0.001,
+                "bound": 0.004,
+                "shifted_nll": 2.0,
+                "shifted_nll_se": 0.05,
+                "admissible": True,
+                "chosen": True,
+            },
+            {
+                "candidate": "158",
+                "excess": math.nan,
+                "bound": math.nan,
+                "shifted_nll": None,
+                "admissible": False,
+                "chosen": False,
+            },
+        ],
+    }
     points = selection_points(record)
     assert [p.label for p in points] == ["none", "laplace"]
     laplace = points[1]
@@ -175,16 +226,28 @@ def test_frontier_points_of_a_selection_record_end_their_excess_bar_at_the_bound
 
 
 def _overlapping(boxes) -> bool:
-    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+    return any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1 :])
 
 
 def test_frontier_of_twenty_close_points_has_no_overlapping_text_and_marks_the_pick(tmp_path):
     generator = torch.Generator().manual_seed(0)
     points = []
     for i in range(20):  # a tight cluster: most numbers cannot all find room
-        x, y = 0.012 * float(torch.rand(1, generator=generator)) - 0.01, 1.0 + 0.05 * float(torch.rand(1, generator=generator))
-        points.append(plots.FrontierPoint(f"row {i}", x, (x - 0.001, x + 0.002), y, (y - 0.01, y + 0.01),
-                                          admissible=x + 0.002 <= 0.0, chosen=i == 7))
+        x, y = (
+            0.012 * float(torch.rand(1, generator=generator)) - 0.01,
+            1.0 + 0.05 * float(torch.rand(1, generator=generator)),
+        )
+        points.append(
+            plots.FrontierPoint(
+                f"row {i}",
+                x,
+                (x - 0.001, x + 0.002),
+                y,
+                (y - 0.01, y + 0.01),
+                admissible=x + 0.002 <= 0.0,
+                chosen=i == 7,
+            )
+        )
     fig = plots.frontier(points, tmp_path / "frontier.png", tolerance=0.005)
     ax = fig.axes[0]
     numbers = [text.get_window_extent() for text in ax.texts]
@@ -203,8 +266,10 @@ def test_frontier_of_twenty_close_points_has_no_overlapping_text_and_marks_the_p
 
 
 def test_frontier_turns_symmetric_log_when_one_point_costs_far_more_than_the_tolerance():
-    points = [plots.FrontierPoint("none", 0.0, None, 1.0, None, True),
-              plots.FrontierPoint("swag", 0.4, (0.3, 0.5), 0.8, None, False)]
+    points = [
+        plots.FrontierPoint("none", 0.0, None, 1.0, None, True),
+        plots.FrontierPoint("swag", 0.4, (0.3, 0.5), 0.8, None, False),
+    ]
     assert plots.frontier(points, tolerance=0.005).axes[0].get_xscale() == "symlog"
     assert plots.frontier(points[:1], tolerance=0.005).axes[0].get_xscale() == "linear"
 
@@ -233,8 +298,11 @@ def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_
     first_table = text.index("\n|")
     assert text.startswith("## Verdict\n\n**Use `laplace`**") and text.index("Picked on the test data") < first_table
     assert text.endswith("times are not ranked).")
-    nll = {line.split(" | ")[0][2:]: line.split(" | ")[2] for line in text.splitlines() if line.startswith("| ")
-           and not line.startswith("| method")}
+    nll = {
+        line.split(" | ")[0][2:]: line.split(" | ")[2]
+        for line in text.splitlines()
+        if line.startswith("| ") and not line.startswith("| method")
+    }
     best = min(reports, key=lambda r: r.nll).name
     assert nll[best].startswith("**") and sum(cell.startswith("**") for cell in nll.values()) == 1
     assert reports[0].to_markdown() == markdown_table(reports[:1]) and "**" not in reports[0].to_markdown()
@@ -250,10 +318,18 @@ def test_best_entries_follow_each_metrics_direction_and_count_ties():
     assert best_rows([0.9, 0.95, 0.95], "accuracy") == {1, 2} and best_rows([0.3, 0.1], "ece") == {1}
     assert best_rows([0.9, 0.8], "coverage_90") == set() and best_rows([0.1], "nll") == set()
     assert bold_best(["0.1000 [0.0, 0.2]", "–"], [0.1, None], "nll") == ["0.1000 [0.0, 0.2]", "–"]
-    table = ShiftTable(("rotate",), (1,), {m: {"clean": {0: {"accuracy": a, "nll": n, "ece": 0.1, "brier": 0.1}},
-                                               "rotate": {1: {"accuracy": a, "nll": 2 * n, "ece": 0.2, "brier": 0.2}},
-                                               "mean": {1: {"accuracy": a, "nll": 2 * n, "ece": 0.2, "brier": 0.2}}}
-                                           for m, a, n in (("MAP", 0.9, 0.3), ("laplace", 0.8, 0.2))})
+    table = ShiftTable(
+        ("rotate",),
+        (1,),
+        {
+            m: {
+                "clean": {0: {"accuracy": a, "nll": n, "ece": 0.1, "brier": 0.1}},
+                "rotate": {1: {"accuracy": a, "nll": 2 * n, "ece": 0.2, "brier": 0.2}},
+                "mean": {1: {"accuracy": a, "nll": 2 * n, "ece": 0.2, "brier": 0.2}},
+            }
+            for m, a, n in (("MAP", 0.9, 0.3), ("laplace", 0.8, 0.2))
+        },
+    )
     text = table.to_markdown(["nll", "accuracy"], detail=True)
     assert "| laplace | **0.2000** | **0.4000** |" in text and "| MAP | **0.9000** | 0.9000 |" not in text
     assert "| MAP | **0.9000** | **0.9000** |" in text  # accuracy: higher is better
@@ -301,8 +377,10 @@ def test_a_written_page_is_never_wider_than_its_window(tmp_path):
     reports, shifts = _three_reports()
     wide_row = "| " + " | ".join(f"column {i} with a long header" for i in range(40)) + " |"
     text = "# T\n\n" + wide_row + "\n|" + "---|" * 40 + "\n" + wide_row + "\n\n" + "a" * 3000
-    pages = [html_page.write_html(text, tmp_path / "md.html").read_text(),
-             reports[0].to_html(tmp_path / "report.html", *reports[1:], shifts=shifts).read_text()]
+    pages = [
+        html_page.write_html(text, tmp_path / "md.html").read_text(),
+        reports[0].to_html(tmp_path / "report.html", *reports[1:], shifts=shifts).read_text(),
+    ]
     for page in pages:
         tree = _Tree()
         tree.feed(page)
@@ -310,31 +388,74 @@ def test_a_written_page_is_never_wider_than_its_window(tmp_path):
         style = re.sub(r"\s+", " ", tree.style)
         assert f".{html_page.WIDE} {{ max-width: 100%; overflow-x: auto;" in style
         assert "img { max-width: 100%;" in style and "overflow-wrap: anywhere" in style
-        assert not re.search(r'(width|min-width)\s*:\s*\d{4,}px', page.replace("max-width: 1400px", ""))
+        assert not re.search(r"(width|min-width)\s*:\s*\d{4,}px", page.replace("max-width: 1400px", ""))
         assert 'style="' not in page and "width=" not in page
 
 
 def test_a_chain_chosen_by_auto_renders_as_subsections_and_untried_candidates_as_one_line():
-    knob = {"knob": "prior_precision", "chosen": "10", "tolerance": 0.005, "confidence": 0.9, "examples": 100,
-            "perturbed": 300, "folds": None, "fallback": False,
-            "plain": {"clean_nll": 0.1, "shifted_nll": 2.0, "shifted_ece": 0.2},
-            "candidates": [{"candidate": "10", "excess": 0.001, "bound": 0.003, "shifted_nll": 1.8, "shifted_ece": 0.1,
-                            "seconds": 0.1, "admissible": True, "reason": None, "chosen": True}]
-            + [{"candidate": str(v), "excess": math.nan, "bound": math.nan, "shifted_nll": None, "shifted_ece": None,
-                "seconds": None, "admissible": False, "reason": "not tried: the walk stopped at a refused candidate",
-                "chosen": False} for v in (5, 2, 1)]}
-    method = dict(knob, knob="method", chosen="laplace", candidates=[
-        dict(knob["candidates"][0], candidate="laplace", fit_seconds=3.0, predict_cost=1.4)])
-    entry = {"method": "auto", "options": {}, "fitted": True, "random_variables": 5, "layers": [], "chosen": "laplace",
-             "selection": method, "chosen_posterior": [{"method": "laplace", "random_variables": 5,
-                                                        "prior_precision": 10.0, "selection": knob}]}
+    knob = {
+        "knob": "prior_precision",
+        "chosen": "10",
+        "tolerance": 0.005,
+        "confidence": 0.9,
+        "examples": 100,
+        "perturbed": 300,
+        "folds": None,
+        "fallback": False,
+        "plain": {"clean_nll": 0.1, "shifted_nll": 2.0, "shifted_ece": 0.2},
+        "candidates": [
+            {
+                "candidate": "10",
+                "excess": 0.001,
+                "bound": 0.003,
+                "shifted_nll": 1.8,
+                "shifted_ece": 0.1,
+                "seconds": 0.1,
+                "admissible": True,
+                "reason": None,
+                "chosen": True,
+            }
+        ]
+        + [
+            {
+                "candidate": str(v),
+                "excess": math.nan,
+                "bound": math.nan,
+                "shifted_nll": None,
+                "shifted_ece": None,
+                "seconds": None,
+                "admissible": False,
+                "reason": "not tried: the walk stopped at a refused candidate",
+                "chosen": False,
+            }
+            for v in (5, 2, 1)
+        ],
+    }
+    method = dict(
+        knob,
+        knob="method",
+        chosen="laplace",
+        candidates=[dict(knob["candidates"][0], candidate="laplace", fit_seconds=3.0, predict_cost=1.4)],
+    )
+    entry = {
+        "method": "auto",
+        "options": {},
+        "fitted": True,
+        "random_variables": 5,
+        "layers": [],
+        "chosen": "laplace",
+        "selection": method,
+        "chosen_posterior": [{"method": "laplace", "random_variables": 5, "prior_precision": 10.0, "selection": knob}],
+    }
     text = ModelCard.of([entry], None, model_class="Net", fingerprint=None, version="0").to_markdown()
     assert "chosen_posterior" not in text and "selection=" not in text
     assert "### 1.1 laplace (in the chosen chain)" in text and "| prior_precision | 10 |" in text
     assert "| laplace | 0.001 (0.003) | 1.8 | 0.1 | 3 | 1.4x | **chosen** |" in text
     assert "| fit s | predict x fwd | verdict |" in text
     lines = selection_table(knob)
-    assert lines[-1] == "| 5 ... 1 (3 candidates) | - | - | - | - | not tried: the walk stopped at a refused candidate |"
+    assert (
+        lines[-1] == "| 5 ... 1 (3 candidates) | - | - | - | - | not tried: the walk stopped at a refused candidate |"
+    )
     assert sum("not tried" in line for line in lines) == 1
 
 

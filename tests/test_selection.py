@@ -70,7 +70,9 @@ def test_the_bound_covers_the_true_excess_as_often_as_it_claims() -> None:
         true_skewed = 0.97 * 0.012 - 0.03 * 0.3
         on_mean = {"new_sample": math.inf, "capped_gains": 0}  # the bound of the mean: its claim is about the true mean
         misses["symmetric"] += excess_bound(torch.tensor(symmetric), torch.zeros(600), **on_mean)[1] < 0.002
-        misses["like NLL differences"] += excess_bound(torch.tensor(skewed), torch.zeros(600), **on_mean)[1] < true_skewed
+        misses["like NLL differences"] += (
+            excess_bound(torch.tensor(skewed), torch.zeros(600), **on_mean)[1] < true_skewed
+        )
     assert 0.035 <= misses["symmetric"] / 2000 <= 0.065
     assert misses["like NLL differences"] / 2000 <= 0.05
 
@@ -91,8 +93,13 @@ def test_the_bound_on_new_data_holds_for_a_new_sample_of_the_same_size() -> None
 
 def test_admissible_candidates_compete_on_the_perturbed_copies() -> None:
     candidates = [("a", 1), ("b", 2), ("c", 3)]
-    found = select(candidates, [_scores(0.0, 1.8), _scores(0.002, 1.5), _scores(0.02, 1.0)], plain=PLAIN, tolerance=0.005,
-                   knob="scale")
+    found = select(
+        candidates,
+        [_scores(0.0, 1.8), _scores(0.002, 1.5), _scores(0.02, 1.0)],
+        plain=PLAIN,
+        tolerance=0.005,
+        knob="scale",
+    )
     assert found.value == 2 and [r.admissible for r in found.records] == [True, True, False]
     assert "bound" in found.records[2].reason and found.records[1].chosen and not found.fallback
 
@@ -137,8 +144,13 @@ def test_the_walk_widens_while_admissible_and_never_steps_over_a_refused_spread(
 def test_tolerance_rule() -> None:
     assert Tolerance().nats(0.1) == 0.005 and Tolerance().nats(1.0) == pytest.approx(0.02)
     assert Tolerance.of(0.01) == Tolerance(relative=0.0, absolute=0.01) and Tolerance.of(None) == Tolerance()
-    wide = select([("a", 1), ("b", 2)], [_scores(0.0), _scores(5.0)], plain=PLAIN, tolerance=Tolerance.of(math.inf).nats(0.1),
-                  knob="k")
+    wide = select(
+        [("a", 1), ("b", 2)],
+        [_scores(0.0), _scores(5.0)],
+        plain=PLAIN,
+        tolerance=Tolerance.of(math.inf).nats(0.1),
+        knob="k",
+    )
     assert wide.value == 2  # no limit: every finite candidate is admissible
     for bad in (-1, "1%", True, float("nan")):
         with pytest.raises(ConfigError, match="tolerance"):
@@ -169,7 +181,9 @@ def test_cross_fitting_never_scores_an_example_with_a_fit_it_took_part_in() -> N
         return [Scores(clean, shifted)]
 
     [out] = cross_fitted(memorising, layout)
-    assert torch.equal(out.clean, torch.ones(40, dtype=torch.float64)) and torch.equal(out.shifted, torch.ones(80, dtype=torch.float64))
+    assert torch.equal(out.clean, torch.ones(40, dtype=torch.float64)) and torch.equal(
+        out.shifted, torch.ones(80, dtype=torch.float64)
+    )
 
 
 def test_out_of_fold_re_makes_the_choice_on_the_other_folds() -> None:
@@ -184,16 +198,26 @@ def test_out_of_fold_re_makes_the_choice_on_the_other_folds() -> None:
     assert selection.value == 1  # mean excess 0.01, bound just within
     judged = out_of_fold(selection, plain, layout)
     for fitting, scored in layout.folds():
-        again = select([("cheap", 0), ("wide", 1)], [cheap.take(fitting), wide.take(fitting)], plain=plain.take(fitting),
-                       tolerance=0.015, knob="k")
+        again = select(
+            [("cheap", 0), ("wide", 1)],
+            [cheap.take(fitting), wide.take(fitting)],
+            plain=plain.take(fitting),
+            tolerance=0.015,
+            knob="k",
+        )
         assert torch.equal(judged.clean[scored.clean], [cheap, wide][again.value].take(scored).clean)
 
 
 def test_a_held_out_subset_keeps_the_copies_and_the_plain_scores_of_its_examples(digits) -> None:
     model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
     x, y = digits.calibration.tensors
-    held = HeldOut.read([(x[:256], y[:256]), (x[256:400], y[256:400])], model=model, likelihood=Categorical(),
-                        shift="auto", device="cpu")
+    held = HeldOut.read(
+        [(x[:256], y[:256]), (x[256:400], y[256:400])],
+        model=model,
+        likelihood=Categorical(),
+        shift="auto",
+        device="cpu",
+    )
     rows = torch.randperm(400, generator=torch.Generator().manual_seed(0))[:150]
     part = held.subset(rows)
     again = part.scores(lambda inputs, generator: model(inputs).log_softmax(-1))
@@ -201,4 +225,3 @@ def test_a_held_out_subset_keeps_the_copies_and_the_plain_scores_of_its_examples
     torch.testing.assert_close(again.shifted, part.plain.shifted, rtol=0, atol=1e-6)
     torch.testing.assert_close(part.plain.clean, held.plain.clean[rows], rtol=0, atol=0)
     assert part.layout.count == 150 and len(part.layout.source) == 450 and part.description == held.description
-

@@ -94,7 +94,9 @@ def test_the_search_follows_sgr() -> None:
     for candidate in sel.candidates:
         accepted = confidence >= candidate.threshold
         assert candidate.accepted == int(accepted.sum()) and candidate.errors == int((~correct[accepted]).sum())
-        assert candidate.bound == pytest.approx(binomial_upper_bound(candidate.errors, candidate.accepted, 0.05 / steps))
+        assert candidate.bound == pytest.approx(
+            binomial_upper_bound(candidate.errors, candidate.accepted, 0.05 / steps)
+        )
     meeting = [c for c in sel.candidates if c.bound <= 0.05]
     assert sel.risk_bound <= 0.05 and sel.coverage == max(c.accepted for c in meeting) / 600
     assert sel.accept(probs).double().mean() == pytest.approx(sel.coverage)
@@ -140,7 +142,9 @@ def test_a_wrapped_model(digits: data.DigitsSplits, digits_model: torch.nn.Modul
 
 def test_an_unreachable_target_says_what_would_help() -> None:
     probs, labels = calibrated(200, torch.Generator().manual_seed(3))
-    with pytest.raises(RiskNotReachableError, match=r"no confidence threshold meets target_risk=0.001 .* about \d+ examples"):
+    with pytest.raises(
+        RiskNotReachableError, match=r"no confidence threshold meets target_risk=0.001 .* about \d+ examples"
+    ):
         posthoc.selective(probs, labels, target_risk=0.001)
     assert issubclass(RiskNotReachableError, posthoc.ConfigError)
 

@@ -19,12 +19,16 @@ def _linear_gaussian(seed: int, n: int = 200, noise: float = 0.7) -> tuple[torch
     generator = torch.Generator().manual_seed(seed)
     x = torch.randn(n, 2, generator=generator, dtype=torch.float64) * torch.tensor([1.0, 0.5], dtype=torch.float64)
     x[:, 1] += 0.6 * x[:, 0]  # correlated inputs: a posterior with off-diagonal covariance
-    y = x @ torch.tensor([1.5, -2.0], dtype=torch.float64) + noise * torch.randn(n, generator=generator, dtype=torch.float64)
+    y = x @ torch.tensor([1.5, -2.0], dtype=torch.float64) + noise * torch.randn(
+        n, generator=generator, dtype=torch.float64
+    )
     return x, y
 
 
 @pytest.mark.parametrize(("temperature", "seed"), [(1.0, 0), (0.5, 1), (1.0, 2)])
-def test_sgld_recovers_the_posterior_of_bayesian_linear_regression(temperature: float, seed: int, one_thread: None) -> None:
+def test_sgld_recovers_the_posterior_of_bayesian_linear_regression(
+    temperature: float, seed: int, one_thread: None
+) -> None:
     """Bayesian linear regression, loss_i = (y_i - x_i theta)^2 / (2 sigma^2), prior N(0, 1/lambda):
     the posterior is N(A^-1 X^T y / sigma^2, A^-1) with A = X^T X / sigma^2 + lambda I, tempered by T.
     256 independent chains (each its own mini-batches of 50 of the 200 examples) per data set, lr 0.02,
@@ -45,7 +49,9 @@ def test_sgld_recovers_the_posterior_of_bayesian_linear_regression(temperature: 
         rows = torch.randint(n, (chains, batch), generator=generator)
         xb, yb = x[rows], y[rows]  # (chains, batch, 2), (chains, batch)
         residual = torch.einsum("cbd,cd->cb", xb, theta) - yb
-        theta.grad = torch.einsum("cbd,cb->cd", xb, residual) / (batch * sigma**2)  # the mean mini-batch loss's gradient
+        theta.grad = torch.einsum("cbd,cb->cd", xb, residual) / (
+            batch * sigma**2
+        )  # the mean mini-batch loss's gradient
         chain.step(lr)
         if step >= 1000 and step % 20 == 0:
             kept.append(theta.clone())
@@ -60,14 +66,16 @@ def test_sgld_without_noise_is_sgd_with_decay_towards_the_centre() -> None:
     chain = Langevin([theta], size=10, prior_precision=4.0, temperature=1.0, centre=[centre])
     theta.grad = torch.tensor([0.2, -0.2])
     chain.step(0.1, noise=False)
-    torch.testing.assert_close(theta, torch.tensor([1.0, 2.0]) - 0.1 * (torch.tensor([0.2, -0.2]) + 0.4 * torch.tensor([0.5, 1.5])))
+    torch.testing.assert_close(
+        theta, torch.tensor([1.0, 2.0]) - 0.1 * (torch.tensor([0.2, -0.2]) + 0.4 * torch.tensor([0.5, 1.5]))
+    )
 
 
 def test_cyclical_schedule_shape() -> None:
     total, cycles, lr, exploration = 100, 4, 0.2, 0.8
     sizes = [step_size(k, total, lr, cycles=cycles) for k in range(total)]
     for cycle in range(cycles):
-        part = sizes[cycle * 25:(cycle + 1) * 25]
+        part = sizes[cycle * 25 : (cycle + 1) * 25]
         assert part[0] == pytest.approx(lr)  # every cycle restarts at the full step
         assert all(a > b for a, b in zip(part, part[1:]))  # cosine decay within the cycle
         assert part[-1] < 0.01 * lr  # ends close to zero
@@ -86,7 +94,9 @@ def test_cyclical_schedule_shape() -> None:
 def test_sgld_fit_predict_save_load(layers: str, digits_model: nn.Module, small: dict, tmp_path) -> None:
     before = {k: v.clone() for k, v in digits_model.state_dict().items()}
     # 4 steps per epoch: 2 cycles of 20 steps, each sampling in its last 4 (exploration 0.8), 2 samples per cycle
-    um = posthoc.wrap(digits_model, method="sgld", layers=layers, cycles=2, num_samples=4).fit(small["fit"], progress=False, epochs=10)
+    um = posthoc.wrap(digits_model, method="sgld", layers=layers, cycles=2, num_samples=4).fit(
+        small["fit"], progress=False, epochs=10
+    )
     for key, value in digits_model.state_dict().items():
         assert torch.equal(value, before[key]), f"the user's model changed at {key}"
     prediction = um.predict(small["x"][:16])
@@ -95,7 +105,9 @@ def test_sgld_fit_predict_save_load(layers: str, digits_model: nn.Module, small:
     assert prediction.epistemic.max() > 0  # the samples differ
     card = um.method.summary()
     assert card["kept"] == 4 and card["cycles"] == 2 and card["steps"] == 10 * len(small["fit"])
-    expected_weights = sum(p.numel() for p in (digits_model.classifier[-1].parameters() if layers == "head" else digits_model.parameters()))
+    expected_weights = sum(
+        p.numel() for p in (digits_model.classifier[-1].parameters() if layers == "head" else digits_model.parameters())
+    )
     assert card["random_variables"] == expected_weights
     um.save(tmp_path / "sgld.pt")
     loaded = posthoc.load(tmp_path / "sgld.pt", digits_model)
@@ -106,14 +118,22 @@ def test_sgld_fit_predict_save_load(layers: str, digits_model: nn.Module, small:
     torch.testing.assert_close(fewer.samples, prediction.samples[[0, 3]])  # spread over the kept samples
 
 
-def test_sgld_head_samples_move_around_the_checkpoint_and_are_reproducible(digits_model: nn.Module, small: dict) -> None:
-    first = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head").fit(small["fit"], progress=False, epochs=2)
-    second = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head").fit(small["fit"], progress=False, epochs=2)
+def test_sgld_head_samples_move_around_the_checkpoint_and_are_reproducible(
+    digits_model: nn.Module, small: dict
+) -> None:
+    first = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head").fit(
+        small["fit"], progress=False, epochs=2
+    )
+    second = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head").fit(
+        small["fit"], progress=False, epochs=2
+    )
     torch.testing.assert_close(first.method.samples, second.method.samples)
     checkpoint = head_rows(digits_model.classifier[-1])
     moved = (first.method.samples - checkpoint).norm(dim=1) / checkpoint.norm()
     assert (moved > 0).all() and (moved < 0.5).all()
-    cold = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head", temperature=0.0).fit(small["fit"], progress=False, epochs=2)
+    cold = posthoc.wrap(digits_model, method="sgld", num_samples=4, layers="head", temperature=0.0).fit(
+        small["fit"], progress=False, epochs=2
+    )
     assert cold.method.samples.std(0).norm() < first.method.samples.std(0).norm()  # T = 0: SGD, no sampling noise
 
 
@@ -127,25 +147,31 @@ def test_sgld_keeps_the_all_weight_states_within_max_memory(digits_model: nn.Mod
         um.predict(small["x"][:4], num_samples=4)
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"cycles": 0}, "cycles must be a positive integer"),
-    ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
-    ({"prior": "flat"}, "prior must be one of"),
-    ({"prior_precision": -2.0}, "prior_precision must be"),
-    ({"layers": "body"}, "layers must be 'head'"),
-    ({"num_samples": 0}, "num_samples must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"cycles": 0}, "cycles must be a positive integer"),
+        ({"temperature": -1.0}, "temperature must be a finite number >= 0"),
+        ({"prior": "flat"}, "prior must be one of"),
+        ({"prior_precision": -2.0}, "prior_precision must be"),
+        ({"layers": "body"}, "layers must be 'head'"),
+        ({"num_samples": 0}, "num_samples must be a positive integer"),
+    ],
+)
 def test_sgld_refuses_bad_options(options: dict, message: str, digits_model: nn.Module) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(digits_model, method="sgld", **options)
 
 
-@pytest.mark.parametrize(("fit_options", "message"), [
-    ({"lr": -0.1}, "lr must be a finite number > 0"),
-    ({"epochs": 0}, "epochs must be a positive integer"),
-    ({"burn_in": 1.0}, r"burn_in must be a fraction in \[0, 1\)"),
-    ({"exploration": -0.1}, "exploration must be a fraction"),
-])
+@pytest.mark.parametrize(
+    ("fit_options", "message"),
+    [
+        ({"lr": -0.1}, "lr must be a finite number > 0"),
+        ({"epochs": 0}, "epochs must be a positive integer"),
+        ({"burn_in": 1.0}, r"burn_in must be a fraction in \[0, 1\)"),
+        ({"exploration": -0.1}, "exploration must be a fraction"),
+    ],
+)
 def test_sgld_refuses_bad_fit_options(fit_options: dict, message: str, digits_model: nn.Module, small: dict) -> None:
     with pytest.raises(ConfigError, match=message):
         posthoc.wrap(digits_model, method="sgld").fit(small["fit"], progress=False, **fit_options)

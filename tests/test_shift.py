@@ -22,8 +22,9 @@ MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 def images() -> dict[str, torch.Tensor]:
     """Real digits in [0, 1] and smooth random colour images of an odd size."""
     digits = data.load_digits().test.tensors[0][:32] * data.STD + data.MEAN
-    smooth = F.interpolate(torch.rand(8, 3, 6, 5, generator=torch.Generator().manual_seed(0)), size=(41, 33),
-                           mode="bilinear")
+    smooth = F.interpolate(
+        torch.rand(8, 3, 6, 5, generator=torch.Generator().manual_seed(0)), size=(41, 33), mode="bilinear"
+    )
     return {"digits": digits.clamp(0, 1), "colour": smooth}
 
 
@@ -92,8 +93,11 @@ def test_normalised_inputs_are_corrupted_in_pixel_space(images):
     # a scalar normalisation works for one-channel digits, and the round trip of a no-op keeps the inputs
     digits = (images["digits"] - data.MEAN) / data.STD
     kept = shift.corrupt_images(digits, "brightness", 1, torch.Generator(), normalization=(data.MEAN, data.STD))
-    assert torch.allclose(kept * data.STD + data.MEAN, shift.corrupt_images(images["digits"], "brightness", 1,
-                                                                            torch.Generator()), atol=1e-5)
+    assert torch.allclose(
+        kept * data.STD + data.MEAN,
+        shift.corrupt_images(images["digits"], "brightness", 1, torch.Generator()),
+        atol=1e-5,
+    )
 
 
 def test_normalised_inputs_without_normalization_are_refused(images):
@@ -132,12 +136,22 @@ def test_dict_inputs_corrupt_their_pixel_values(images):
 def test_evaluate_shift_table_on_the_digits(digits, digits_model):
     um = posthoc.wrap(digits_model, method="none")
     test = data.loader(data.subset(digits.test, 200), batch_size=100)
-    table = posthoc.evaluate_shift([um, um], test, kinds=["rotate", "contrast"], severities=[1, 5],
-                                   normalization=(data.MEAN, data.STD), ci=0.9, bootstraps=100, progress=False)
+    table = posthoc.evaluate_shift(
+        [um, um],
+        test,
+        kinds=["rotate", "contrast"],
+        severities=[1, 5],
+        normalization=(data.MEAN, data.STD),
+        ci=0.9,
+        bootstraps=100,
+        progress=False,
+    )
     assert table.methods == ["none", "none (2)"]
     clean = posthoc.evaluate(um, test, progress=False)
     assert table.value("none", "clean", 0, "nll") == pytest.approx(clean.nll)
-    rotated = posthoc.evaluate(um, shift.corrupt(test, "rotate", 5, normalization=(data.MEAN, data.STD)), progress=False)
+    rotated = posthoc.evaluate(
+        um, shift.corrupt(test, "rotate", 5, normalization=(data.MEAN, data.STD)), progress=False
+    )
     assert table.value("none", "rotate", 5, "ece") == pytest.approx(rotated.ece)
     mean = (table.value("none", "rotate", 5, "nll") + table.value("none", "contrast", 5, "nll")) / 2
     assert table.value("none", "mean", 5, "nll") == pytest.approx(mean)
@@ -154,10 +168,31 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     parser = argparse.ArgumentParser()
     add_evaluate_arguments(parser)
     out = tmp_path / "report"
-    args = parser.parse_args(["--model", f"{_digits_factory(tmp_path)}:digits", "--val", str(tmp_path / "val"),
-                              "--method", "temperature", "--option", "max_iter=20", "--shift", "gaussian-noise,contrast",
-                              "--severities", "1,5", "--ci", "0.9", "--bootstraps", "100", "--workers", "0",
-                              "--out", str(out), "--no-progress"])
+    args = parser.parse_args(
+        [
+            "--model",
+            f"{_digits_factory(tmp_path)}:digits",
+            "--val",
+            str(tmp_path / "val"),
+            "--method",
+            "temperature",
+            "--option",
+            "max_iter=20",
+            "--shift",
+            "gaussian-noise,contrast",
+            "--severities",
+            "1,5",
+            "--ci",
+            "0.9",
+            "--bootstraps",
+            "100",
+            "--workers",
+            "0",
+            "--out",
+            str(out),
+            "--no-progress",
+        ]
+    )
     assert args.corruptions == ["gaussian-noise", "contrast"] and args.shift == []
     run_evaluate(args)
     report = (out / "report.md").read_text()
@@ -174,7 +209,8 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     verdict = report.split("## Verdict\n\n")[1].split("\n## ")[0]
     assert "![frontier" in verdict and (out / "frontier.png").stat().st_size > 10_000
     if not verdict.startswith("**Keep the plain model**"):  # the shifts are the severities, each over the kinds
-        assert re.search(r"at severity 1, .* at severity 5 \(severities: each the mean over gaussian-noise, contrast\)",
-                         verdict)
+        assert re.search(
+            r"at severity 1, .* at severity 5 \(severities: each the mean over gaussian-noise, contrast\)", verdict
+        )
     with pytest.raises(SystemExit):
         parser.parse_args(["--model", "x", "--val", "v", "--out", "o", "--severities", "0,7"])

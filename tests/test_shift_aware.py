@@ -78,7 +78,9 @@ def test_graded_strengths_follow_the_model(small):
 
 def test_shifted_held_out_is_the_same_on_every_pass_and_keeps_labels(small):
     model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
-    shifted = held_out.shifted_held_out(small["val"], lambda x: model(x).log_softmax(-1), ["noise", "impulse"], device="cpu")
+    shifted = held_out.shifted_held_out(
+        small["val"], lambda x: model(x).log_softmax(-1), ["noise", "impulse"], device="cpu"
+    )
     first, second = list(shifted), list(shifted)
     assert len(first) == len(small["val"]) * len(held_out.STRENGTHS) == len(shifted)
     for (a, ya), (b, yb) in zip(first, second):
@@ -144,17 +146,23 @@ def test_bad_shift_values_are_refused(small, digits_model):
         um.fit(None, small["val"], progress=False, shift=["rotate"])
 
 
-@pytest.mark.parametrize(("inputs", "kind", "suited"), [
-    (torch.randn(24, 3), "blur", "feature-noise"),
-    (torch.randn(24, 3), "impulse", "feature-noise"),
-    (torch.randint(0, 50, (24, 5)), "noise", "token-replace"),
-    (torch.rand(24, 1, 8, 8), "token-replace", "noise, blur, impulse"),
-])
+@pytest.mark.parametrize(
+    ("inputs", "kind", "suited"),
+    [
+        (torch.randn(24, 3), "blur", "feature-noise"),
+        (torch.randn(24, 3), "impulse", "feature-noise"),
+        (torch.randint(0, 50, (24, 5)), "noise", "token-replace"),
+        (torch.rand(24, 1, 8, 8), "token-replace", "noise, blur, impulse"),
+    ],
+)
 def test_a_named_kind_that_does_not_suit_the_inputs_is_refused_naming_those_that_do(inputs, kind, suited):
     """Blur and impulse index image axes, noise image channels: on features or token ids they raised IndexError
     (or, for token-replace on images, silently shuffled pixel values). Each input keeps the kinds of its family."""
-    model = torch.nn.Sequential(torch.nn.Embedding(50, 4), torch.nn.Flatten(), torch.nn.Linear(20, 3)) \
-        if not inputs.is_floating_point() else torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(inputs[0].numel(), 3))
+    model = (
+        torch.nn.Sequential(torch.nn.Embedding(50, 4), torch.nn.Flatten(), torch.nn.Linear(20, 3))
+        if not inputs.is_floating_point()
+        else torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(inputs[0].numel(), 3))
+    )
     loader = [(inputs[:12], torch.arange(12) % 3), (inputs[12:], torch.arange(12) % 3)]
     um = posthoc.wrap(model, method="temperature")
     with pytest.raises(ConfigError, match=f"the kinds that do: {suited}"):

@@ -24,7 +24,7 @@ def _negative_kl_exact(log_a: float) -> float:
     sd = math.sqrt(alpha)
 
     def integrand(e: float) -> float:
-        return math.log(abs(e)) * math.exp(-(e - 1) ** 2 / (2 * alpha)) / math.sqrt(2 * math.pi * alpha)
+        return math.log(abs(e)) * math.exp(-((e - 1) ** 2) / (2 * alpha)) / math.sqrt(2 * math.pi * alpha)
 
     low, high = 1 - 12 * sd, 1 + 12 * sd
     with warnings.catch_warnings():
@@ -125,7 +125,9 @@ def test_tools_reach_through_a_stacked_calibrator_and_unknown_names_still_fail(t
     model, loader, _ = toy
     um = posthoc.wrap(model, method=["sparse-vd", "temperature"])
     for tool in ("sparsity", "prune"):  # before fit they would report the initial log alpha as if fitted
-        with pytest.raises(posthoc.NotFittedError, match=rf"um\.{tool}\(\) reads the fitted posterior of 'sparse-vd'.*um\.fit"):
+        with pytest.raises(
+            posthoc.NotFittedError, match=rf"um\.{tool}\(\) reads the fitted posterior of 'sparse-vd'.*um\.fit"
+        ):
             getattr(um, tool)()
     with pytest.raises(posthoc.NotFittedError, match="not fitted yet"):
         um.method.inner.sparsity()

@@ -54,8 +54,14 @@ def test_prefix_runs_once_and_suffix_on_all_samples() -> None:
 
 def test_the_plan_is_made_once_and_scaled_for_other_input_sizes() -> None:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.Conv2d(4, 4, 3, padding=1), nn.AdaptiveAvgPool2d(1),
-                        nn.Flatten(), nn.Linear(4, 3)).eval()
+    net = nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(4, 4, 3, padding=1),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 3),
+    ).eval()
     rows, hook = _count_calls(net[0])
     runner = SuffixRunner(net, "2", max_memory=10**9)
     runner.prepare(torch.randn(3, 1, 8, 8))
@@ -64,7 +70,9 @@ def test_the_plan_is_made_once_and_scaled_for_other_input_sizes() -> None:
     hook.remove()
     assert rows == [2, 5, 5]  # one probe of 2 rows, then each call's prefix only
     assert small.shape == large.shape == (4, 5, 3)
-    assert runner._plan.row_bytes_for(torch.randn(1, 1, 16, 16)) == 4 * runner._plan.row_bytes_for(torch.randn(1, 1, 8, 8))
+    assert runner._plan.row_bytes_for(torch.randn(1, 1, 16, 16)) == 4 * runner._plan.row_bytes_for(
+        torch.randn(1, 1, 8, 8)
+    )
 
 
 def test_head_batched_equals_full_forward_passes_with_same_masks() -> None:
@@ -73,7 +81,9 @@ def test_head_batched_equals_full_forward_passes_with_same_masks() -> None:
 
     def run(start: str | None) -> torch.Tensor:
         g = torch.Generator().manual_seed(3)
-        return expanded_forward(net, start, x, samples, at="output", stochastic=lambda: sampling(net, sites, generator=g))
+        return expanded_forward(
+            net, start, x, samples, at="output", stochastic=lambda: sampling(net, sites, generator=g)
+        )
 
     batched, full = run("2"), run(None)
     torch.testing.assert_close(batched, full)
@@ -151,9 +161,9 @@ def test_sampled_linears_apply_each_samples_weights_also_across_sample_groups() 
     net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)).eval()
     x = torch.randn(7, 3)
     weights = {"2.weight": torch.randn(5, 2, 4), "2.bias": torch.randn(5, 2)}
-    expected = torch.stack([
-        torch.func.functional_call(net, {name: value[s] for name, value in weights.items()}, (x,)) for s in range(5)
-    ])
+    expected = torch.stack(
+        [torch.func.functional_call(net, {name: value[s] for name, value in weights.items()}, (x,)) for s in range(5)]
+    )
     for max_memory in (None, 64):  # 64 bytes: samples run in groups of 4 and 1, one example at a time
         runner = SuffixRunner(net, "2", max_memory=max_memory)
         got = runner(x, 5, stochastic=lambda: sampled_linears(net, weights, runner))

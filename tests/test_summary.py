@@ -19,8 +19,20 @@ from posthoc.demo import zoo
 from posthoc.methods.mc_dropout.method import P_GRID
 
 FORMAT1 = Path(__file__).parent / "data" / "format1"
-MODEL_KEYS = {"methods", "fitted", "random_variables", "posterior", "train_examples", "val_examples",
-              "fit_wall_seconds", "fit_cpu_seconds", "model_class", "fingerprint", "posthoc_version", "selection"}
+MODEL_KEYS = {
+    "methods",
+    "fitted",
+    "random_variables",
+    "posterior",
+    "train_examples",
+    "val_examples",
+    "fit_wall_seconds",
+    "fit_cpu_seconds",
+    "model_class",
+    "fingerprint",
+    "posthoc_version",
+    "selection",
+}
 
 
 def _batches(dataset: torch.utils.data.TensorDataset, size: int = 100) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -33,12 +45,15 @@ def test_the_plain_model_card_says_zero_random_variables_and_what_fit_saw(digits
     card = um.summary()
     assert set(card) == MODEL_KEYS and isinstance(card, ModelCard) and isinstance(card, dict)
     assert card["methods"] == ["none"] and card["fitted"] is True and card["random_variables"] == 0
-    assert card["posterior"] == [{"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": [],
-                                  "selection": None}]
+    assert card["posterior"] == [
+        {"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": [], "selection": None}
+    ]
     assert card["selection"] is None  # the plain model chooses nothing on held-out data
     assert card["model_class"] == "DigitsCNN" and card["posthoc_version"] == posthoc.__version__
     assert card["fingerprint"] == persistence.fingerprint(digits_model)
-    assert [card[key] for key in ("train_examples", "val_examples", "fit_wall_seconds", "fit_cpu_seconds")] == [None] * 4
+    assert [card[key] for key in ("train_examples", "val_examples", "fit_wall_seconds", "fit_cpu_seconds")] == [
+        None
+    ] * 4
     card = um.fit(loaders["fit"], loaders["calibration"], progress=False).summary()
     assert (card["train_examples"], card["val_examples"]) == (2400, 600)
     assert card["fit_wall_seconds"] >= 0 and card["fit_cpu_seconds"] >= 0
@@ -48,7 +63,9 @@ def test_the_plain_model_card_says_zero_random_variables_and_what_fit_saw(digits
 def test_mc_dropout_counts_the_units_its_sites_drop(digits_model: nn.Module, digits, loaders) -> None:
     um = posthoc.wrap(digits_model, method="mc-dropout").fit(loaders["fit"], progress=False)  # no val_loader: own rate
     before = um.summary()["posterior"][0]
-    assert before["random_variables"] is None and before["dropout_rate"] == [0.25]  # units known once a batch is sampled
+    assert before["random_variables"] is None and before["dropout_rate"] == [
+        0.25
+    ]  # units known once a batch is sampled
     assert before["rate_from"] == "the model's own dropout" and before["layers"] == ["classifier.3"]
     um.predict(digits.test.tensors[0][:4])
     entry = um.summary()["posterior"][0]
@@ -69,8 +86,15 @@ def test_mc_dropout_counts_the_units_its_sites_drop(digits_model: nn.Module, dig
 
 def test_mc_dropout_units_are_per_example_and_whole_channels_for_channel_dropout() -> None:
     torch.manual_seed(0)
-    net = nn.Sequential(nn.Conv2d(1, 6, 3, padding=1), nn.Dropout2d(0.2), nn.Flatten(), nn.Linear(6 * 5 * 5, 7),
-                        nn.ReLU(), nn.Dropout(0.3), nn.Linear(7, 3)).eval()
+    net = nn.Sequential(
+        nn.Conv2d(1, 6, 3, padding=1),
+        nn.Dropout2d(0.2),
+        nn.Flatten(),
+        nn.Linear(6 * 5 * 5, 7),
+        nn.ReLU(),
+        nn.Dropout(0.3),
+        nn.Linear(7, 3),
+    ).eval()
     um = posthoc.wrap(net, method="mc-dropout", num_samples=3)
     um.predict(torch.randn(4, 1, 5, 5))
     entry = um.summary()["posterior"][0]
@@ -96,8 +120,13 @@ def test_an_unfitted_model_gets_a_card_that_says_so(digits_model: nn.Module) -> 
     card = posthoc.wrap(digits_model, method=["mc-dropout", "temperature"]).summary()
     assert card["fitted"] is False and card["random_variables"] is None
     assert [entry["fitted"] for entry in card["posterior"]] == [True, False]
-    assert card["posterior"][1] == {"method": "temperature", "options": {}, "fitted": False, "random_variables": None,
-                                    "selection": None}
+    assert card["posterior"][1] == {
+        "method": "temperature",
+        "options": {},
+        "fitted": False,
+        "random_variables": None,
+        "selection": None,
+    }
     assert "| fitted | False |" in card.to_markdown()
 
 
@@ -148,7 +177,9 @@ def test_counting_loader_passes_batches_through_and_counts_the_first_full_pass()
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(7, 2)), batch_size=3)
     assert counting(loader) is loader and examples(loader) == 7
     assert counting(None) is None and examples(None) is None
-    assert FitRecord.from_dict(None) is None and FitRecord.from_dict(FitRecord(1, None, 0.5, 0.25).to_dict()) == FitRecord(1, None, 0.5, 0.25)
+    assert FitRecord.from_dict(None) is None and FitRecord.from_dict(
+        FitRecord(1, None, 0.5, 0.25).to_dict()
+    ) == FitRecord(1, None, 0.5, 0.25)
 
 
 def test_markdown_renders_every_key(digits_model: nn.Module, loaders) -> None:
@@ -172,8 +203,13 @@ def test_markdown_renders_every_key(digits_model: nn.Module, loaders) -> None:
 
 
 def test_markdown_cuts_long_lists_and_escapes_table_characters() -> None:
-    entry = {"method": "x", "options": {"where": "a|b"}, "fitted": True, "random_variables": 3,
-             "layers": [f"block{i}" for i in range(SHOWN_ITEMS + 5)]}
+    entry = {
+        "method": "x",
+        "options": {"where": "a|b"},
+        "fitted": True,
+        "random_variables": 3,
+        "layers": [f"block{i}" for i in range(SHOWN_ITEMS + 5)],
+    }
     text = ModelCard.of([entry], None, model_class="Net", fingerprint=None, version="0").to_markdown()
     assert f"block{SHOWN_ITEMS - 1}, ... ({SHOWN_ITEMS + 5} in all) |" in text and f"block{SHOWN_ITEMS}," not in text
     assert "| options.where | a\\|b |" in text and "| fingerprint | - |" in text

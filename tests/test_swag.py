@@ -76,10 +76,11 @@ def test_public_collector_in_a_user_loop_holds_the_moments_of_the_built_in_fit()
     model = _mlp()
     generator = torch.Generator().manual_seed(0)
     x, y = torch.randn(48, 4, generator=generator), torch.randint(0, 3, (48,), generator=generator)
-    batches = [(x[k:k + 12], y[k:k + 12]) for k in range(0, 48, 12)]
+    batches = [(x[k : k + 12], y[k : k + 12]) for k in range(0, 48, 12)]
     before = copy.deepcopy(model.state_dict())
-    um = posthoc.wrap(model, method="swag", scale=0.5).fit(batches, epochs=2, lr=0.05, collect_per_epoch=4, rank=5,
-                                                           progress=False)
+    um = posthoc.wrap(model, method="swag", scale=0.5).fit(
+        batches, epochs=2, lr=0.05, collect_per_epoch=4, rank=5, progress=False
+    )
     mine = copy.deepcopy(model)
     optimizer = torch.optim.SGD(mine.parameters(), lr=0.05, momentum=0.9)
     collector = posthoc.SWAGCollector(mine, rank=5)
@@ -116,7 +117,9 @@ def test_sample_covariance_is_scaled_diag_plus_low_rank(low_rank: bool, scale: f
     low = collector.deviations.T @ collector.deviations / (held - 1) if low_rank else torch.zeros(5, 5)
     target = scale * (diag + low)
     samples = torch.stack([collector.sample(scale=scale, generator=generator) for _ in range(10000)])
-    torch.testing.assert_close(samples.mean(0), collector.mean.float(), rtol=0, atol=5 * target.diagonal().max().sqrt().item() / 10000**0.5)
+    torch.testing.assert_close(
+        samples.mean(0), collector.mean.float(), rtol=0, atol=5 * target.diagonal().max().sqrt().item() / 10000**0.5
+    )
     assert _covariance_z_scores(samples, target).max() < 5
     if low_rank:  # the test can tell K from K - 1 and a missing scale
         wrong = scale * (diag + collector.deviations.T @ collector.deviations / held)
@@ -167,11 +170,15 @@ def test_scale_zero_reproduces_swa_with_refreshed_batchnorm(digits_model, small_
     torch.testing.assert_close(pred.probs, torch.softmax(swa(x), -1), rtol=0, atol=1e-5)
 
 
-def test_full_swag_lazy_samples_cached_batchnorm_and_save_load(digits, digits_model, small_fit, monkeypatch, tmp_path) -> None:
+def test_full_swag_lazy_samples_cached_batchnorm_and_save_load(
+    digits, digits_model, small_fit, monkeypatch, tmp_path
+) -> None:
     user_state = {k: v.clone() for k, v in digits_model.state_dict().items()}
     calls = []
     original = bn_refresh.batchnorm_statistics
-    monkeypatch.setattr("posthoc.methods.swag.subset.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k))
+    monkeypatch.setattr(
+        "posthoc.methods.swag.subset.batchnorm_statistics", lambda *a, **k: calls.append(1) or original(*a, **k)
+    )
     um = posthoc.wrap(digits_model, method="swag", num_samples=3).fit(
         small_fit, progress=False, epochs=1, lr=0.05, include_pretrained=True
     )
@@ -195,7 +202,9 @@ def test_full_swag_lazy_samples_cached_batchnorm_and_save_load(digits, digits_mo
 
 
 def test_last_layer_logits_follow_the_weight_space_gaussian(digits, digits_model, small_fit) -> None:
-    um = posthoc.wrap(digits_model, method="swag", subset="last_layer").fit(small_fit, progress=False, epochs=2, lr=0.05)
+    um = posthoc.wrap(digits_model, method="swag", subset="last_layer").fit(
+        small_fit, progress=False, epochs=2, lr=0.05
+    )
     method, collector = um.method, um.method.collector
     assert collector.names == ["classifier.4.weight", "classifier.4.bias"]
     x = digits.test.tensors[0][:2]
@@ -211,11 +220,19 @@ def test_last_layer_logits_follow_the_weight_space_gaussian(digits, digits_model
     deviations = as_matrix(collector.deviations.float()) @ phi.T  # (K, C, N)
     contrast = torch.cat([-torch.ones(7, 1), torch.eye(7)], 1)  # softmax-invariant logit differences
     for n in range(2):
-        covariance = 0.5 * (torch.diag(variance @ phi[n] ** 2) + deviations[..., n].T @ deviations[..., n] / (collector.num_deviations - 1))
+        covariance = 0.5 * (
+            torch.diag(variance @ phi[n] ** 2)
+            + deviations[..., n].T @ deviations[..., n] / (collector.num_deviations - 1)
+        )
         target = contrast @ covariance @ contrast.T
         differences = samples[:, n] @ contrast.T
         assert _covariance_z_scores(differences, target).max() < 5
-        torch.testing.assert_close(differences.mean(0), contrast @ mean[:, n], rtol=0, atol=5 * target.diagonal().max().sqrt().item() / 20000**0.5)
+        torch.testing.assert_close(
+            differences.mean(0),
+            contrast @ mean[:, n],
+            rtol=0,
+            atol=5 * target.diagonal().max().sqrt().item() / 20000**0.5,
+        )
 
 
 def test_user_frozen_parameters_stay_fixed_and_frozen(digits_model, small_fit) -> None:
@@ -246,7 +263,11 @@ def test_nan_loss_stops_and_keeps_the_good_statistics() -> None:
     with pytest.raises(NumericalError, match="step 4"):
         um.fit(loader, progress=False, epochs=1, lr=0.01, collect_per_epoch=4)
     collector = um.method.collector
-    assert collector.num_snapshots == 3 and torch.isfinite(collector.mean).all() and torch.isfinite(collector.variance).all()
+    assert (
+        collector.num_snapshots == 3
+        and torch.isfinite(collector.mean).all()
+        and torch.isfinite(collector.variance).all()
+    )
     assert not um.is_fitted
 
 
@@ -272,7 +293,9 @@ def test_loader_without_labels_is_refused() -> None:
         posthoc.wrap(_mlp(), method="swag").fit([torch.randn(8, 4)] * 4, progress=False)
 
 
-def test_linear_subset_runs_the_prefix_once_and_equals_one_pass_per_sample(digits_model, small_fit, digits, monkeypatch) -> None:
+def test_linear_subset_runs_the_prefix_once_and_equals_one_pass_per_sample(
+    digits_model, small_fit, digits, monkeypatch
+) -> None:
     um = posthoc.wrap(digits_model, method="swag", subset=["classifier.1", "classifier.4"], num_samples=6)
     um.fit(small_fit, progress=False, epochs=1)
     x = digits.test.tensors[0][:30]
@@ -302,7 +325,9 @@ def test_batched_suffix_only_where_exact_and_in_sample_groups_under_the_budget(m
         assert torch.isfinite(um.predict(x[:5]).probs).all()
     groups = []
     original = subset.sampled_linears
-    monkeypatch.setattr(subset, "sampled_linears", lambda model, weights, runner: groups.append(1) or original(model, weights, runner))
+    monkeypatch.setattr(
+        subset, "sampled_linears", lambda model, weights, runner: groups.append(1) or original(model, weights, runner)
+    )
     _, whole = after_bn.method.log_predictive(x[:5])
     with posthoc.settings.override(max_memory=2 * 2 * 21 * 4):  # two samples of 21 float32 weights, each alive twice
         _, grouped = after_bn.method.log_predictive(x[:5])
@@ -310,7 +335,9 @@ def test_batched_suffix_only_where_exact_and_in_sample_groups_under_the_budget(m
     torch.testing.assert_close(grouped, whole, rtol=0, atol=1e-6)
 
 
-@pytest.mark.parametrize("subset_option, algorithm", [("last_layer", LastLayerSWAG), ("all", SubsetSWAG), (["classifier.4"], SubsetSWAG)])
+@pytest.mark.parametrize(
+    "subset_option, algorithm", [("last_layer", LastLayerSWAG), ("all", SubsetSWAG), (["classifier.4"], SubsetSWAG)]
+)
 def test_one_registered_name_picks_the_algorithm_and_both_round_trip(
     digits, digits_model, small_fit, tmp_path, subset_option, algorithm
 ) -> None:
@@ -324,8 +351,12 @@ def test_one_registered_name_picks_the_algorithm_and_both_round_trip(
     loaded = posthoc.load(tmp_path / "swag.pt", digits_model)
     assert type(loaded.method) is algorithm
     x = digits.test.tensors[0][:20]
-    torch.testing.assert_close(loaded.predict(x, generator=torch.Generator().manual_seed(0)).samples,
-                               um.predict(x, generator=torch.Generator().manual_seed(0)).samples, rtol=0, atol=1e-6)
+    torch.testing.assert_close(
+        loaded.predict(x, generator=torch.Generator().manual_seed(0)).samples,
+        um.predict(x, generator=torch.Generator().manual_seed(0)).samples,
+        rtol=0,
+        atol=1e-6,
+    )
 
 
 def test_default_lr_moves_the_weights_by_the_relative_step_whatever_their_scale() -> None:
@@ -358,7 +389,9 @@ def test_scale_chosen_on_validation_is_used_saved_and_reported(digits, digits_mo
     um.save(tmp_path / "swag.pt")
     loaded = posthoc.load(tmp_path / "swag.pt", digits_model)
     assert loaded.method.scale == um.method.scale and loaded.method.summary() == card
-    fixed = posthoc.wrap(digits_model, method="swag", subset="last_layer", scale=0.5).fit(small_fit, val, progress=False)
+    fixed = posthoc.wrap(digits_model, method="swag", subset="last_layer", scale=0.5).fit(
+        small_fit, val, progress=False
+    )
     assert fixed.method.scale == 0.5  # a scale the user gave is never searched
 
 

@@ -34,6 +34,7 @@ def test_fitted_temperature_is_the_nll_minimum():
 
 def test_matches_netcal_on_the_same_logits():
     import netcal.scaling as netcal
+
     logits, labels = _overconfident_logits(n=2000, true_t=1.8, seed=1)
     ours = posthoc.calibrate(logits, labels)
     scaler = netcal.TemperatureScaling(detection=False, use_cuda=False)
@@ -91,8 +92,9 @@ def test_wrapped_temperature_runs_the_model_once_over_val(digits_model, loaders)
     calls = []
     hook = digits_model.register_forward_hook(lambda *args: calls.append(1))
     try:
-        um = posthoc.wrap(digits_model, method="temperature").fit(val_loader=loaders["calibration"], progress=False,
-                                                                  shift=None)
+        um = posthoc.wrap(digits_model, method="temperature").fit(
+            val_loader=loaders["calibration"], progress=False, shift=None
+        )
     finally:
         hook.remove()
     assert len(calls) == len(loaders["calibration"])
@@ -103,8 +105,9 @@ def test_wrapped_temperature_equals_calibrate_on_logits(digits_model, digits, lo
     """Clean-only fitting (shift=None) with the in-distribution guard off (tolerance=inf: the clean fit is admissible
     whatever its out-of-fold score) is posthoc.calibrate on the model's logits: the same maximum-likelihood T up to
     the optimiser's stopping rule (1e-4 relative)."""
-    um = posthoc.wrap(digits_model, method="temperature").fit(val_loader=loaders["calibration"], progress=False, shift=None,
-                                                              tolerance=math.inf)
+    um = posthoc.wrap(digits_model, method="temperature").fit(
+        val_loader=loaders["calibration"], progress=False, shift=None, tolerance=math.inf
+    )
     x, y = digits.calibration.tensors
     with torch.no_grad():
         logits = digits_model(x)
@@ -140,11 +143,17 @@ def test_separable_held_out_sets_keep_the_held_out_nll(name, digits):
     correct = (logits.argmax(-1) == labels).nonzero().reshape(-1)
     plain = metrics.nll(test_logits.softmax(-1), test_labels)
     generator = torch.Generator().manual_seed(0)
-    subsets = [correct] + [correct[torch.randperm(correct.numel(), generator=generator)[:size]]
-                           for size in (20, 50, 100, 300) for _ in range(3)]
+    subsets = [correct] + [
+        correct[torch.randperm(correct.numel(), generator=generator)[:size]]
+        for size in (20, 50, 100, 300)
+        for _ in range(3)
+    ]
     for keep in subsets:
-        with pytest.warns(RuntimeWarning, match=rf"all {keep.numel()} held-out examples are classified correctly.*"
-                                                rf"about {int(np.ceil(10 * keep.numel() / 3))} examples"):
+        with pytest.warns(
+            RuntimeWarning,
+            match=rf"all {keep.numel()} held-out examples are classified correctly.*"
+            rf"about {int(np.ceil(10 * keep.numel() / 3))} examples",
+        ):
             calibrator = posthoc.calibrate(logits[keep], labels[keep])
         assert float(calibrator.temperature) == 1.0
         assert metrics.nll(calibrator(test_logits), test_labels) <= plain * HELD_OUT_TOLERANCE
@@ -153,8 +162,9 @@ def test_separable_held_out_sets_keep_the_held_out_nll(name, digits):
 def test_wrapped_temperature_on_a_separable_loader_keeps_the_model(digits_model, digits):
     logits, labels = _logits(digits_model, digits.calibration)
     correct = logits.argmax(-1) == labels
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(digits.calibration.tensors[0][correct],
-                                                                        labels[correct]), batch_size=128)
+    loader = torch.utils.data.DataLoader(
+        torch.utils.data.TensorDataset(digits.calibration.tensors[0][correct], labels[correct]), batch_size=128
+    )
     with pytest.warns(RuntimeWarning, match="classified correctly"):
         um = posthoc.wrap(digits_model, method="temperature").fit(val_loader=loader, progress=False, shift=None)
     x, y = digits.test.tensors
@@ -169,8 +179,9 @@ def _scipy_temperature(logits, labels):
 
     z, y = logits.double(), labels
     nll = lambda log_t: float(torch.nn.functional.cross_entropy(z / np.exp(log_t), y))
-    return float(np.exp(minimize_scalar(nll, bounds=(np.log(1e-2), np.log(1e2)), method="bounded",
-                                        options={"xatol": 1e-9}).x))
+    return float(
+        np.exp(minimize_scalar(nll, bounds=(np.log(1e-2), np.log(1e2)), method="bounded", options={"xatol": 1e-9}).x)
+    )
 
 
 def _peer_temperatures(logits, labels):
@@ -182,14 +193,25 @@ def _peer_temperatures(logits, labels):
     scaler.fit(logits.softmax(-1).double().numpy(), labels.numpy())
     peers = {"netcal": 1.0 / float(np.asarray(scaler.temperature).reshape(-1)[0])}
     tu = TemperatureScaler(model=None)
-    tu.fit(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
-           progress=False)
+    tu.fit(
+        torch.utils.data.DataLoader(torch.utils.data.TensorDataset(logits, labels), batch_size=len(labels)),
+        progress=False,
+    )
     peers["torch-uncertainty"] = float(1 / tu.inv_temp.detach())
     return peers
 
 
-@pytest.mark.parametrize("name,scale", [("digits_cnn", 1.0), ("digits_cnn", 0.5), ("digits_cnn", 3.0),
-                                        ("digits_bn_cnn", 1.0), ("digits_bn_cnn", 0.5), ("digits_bn_cnn", 3.0)])
+@pytest.mark.parametrize(
+    "name,scale",
+    [
+        ("digits_cnn", 1.0),
+        ("digits_cnn", 0.5),
+        ("digits_cnn", 3.0),
+        ("digits_bn_cnn", 1.0),
+        ("digits_bn_cnn", 0.5),
+        ("digits_bn_cnn", 3.0),
+    ],
+)
 def test_ordinary_sets_agree_with_the_peers_to_1e_3(name, scale, digits):
     from posthoc.demo import zoo
 

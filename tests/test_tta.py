@@ -33,8 +33,9 @@ def _data() -> tuple[DataLoader, torch.Tensor]:
 
 def _cnn() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                         nn.Linear(4, 3)).eval()
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 3)
+    ).eval()
 
 
 def _images() -> tuple[DataLoader, torch.Tensor]:
@@ -156,11 +157,13 @@ def test_regression_mixes_the_views_gaussian_mixtures(tmp_path):
     pred = um.predict(inputs[:8])
     assert isinstance(pred, posthoc.RegressionPrediction) and pred.component_means.shape == (4, 8, 1)
     torch.testing.assert_close(pred.component_means[0], inner.predict(inputs[:8]).mean, atol=ATOL, rtol=0)
-    same = posthoc.wrap(regressor, method=["laplace", "tta"], likelihood="regression", augmentations=[lambda v: v],
-                        views=3).fit(loader, loader, progress=False)
+    same = posthoc.wrap(
+        regressor, method=["laplace", "tta"], likelihood="regression", augmentations=[lambda v: v], views=3
+    ).fit(loader, loader, progress=False)
     torch.testing.assert_close(same.predict(inputs[:8]).variance, inner.predict(inputs[:8]).variance, atol=ATOL, rtol=0)
-    chosen = posthoc.wrap(regressor, method=["none", "tta"], likelihood="regression", views=3).fit(loader, loader,
-                                                                                                  progress=False)
+    chosen = posthoc.wrap(regressor, method=["none", "tta"], likelihood="regression", views=3).fit(
+        loader, loader, progress=False
+    )
     assert chosen.summary()["selection"]["knob"] == "augmentation strength"
     chosen.save(str(tmp_path / "regression.pt"))
     loaded = posthoc.load(str(tmp_path / "regression.pt"), regressor)
@@ -186,7 +189,10 @@ def test_bad_options_and_inputs_are_refused_by_name():
     with pytest.raises(ConfigError, match="no built-in augmentation for token ids"):
         tokens.fit([(torch.randint(0, 10, (4, 5)), torch.zeros(4, dtype=torch.long))], progress=False)
     cropped = posthoc.wrap(model, method="tta", augmentations=[lambda v: v[:, :2]], views=2)
-    with pytest.raises(InputError, match=r"augmentations\[0\] \(<lambda>\) returned inputs of shape \(8, 2\) for inputs of shape \(8, 4\)"):
+    with pytest.raises(
+        InputError,
+        match=r"augmentations\[0\] \(<lambda>\) returned inputs of shape \(8, 2\) for inputs of shape \(8, 4\)",
+    ):
         cropped.predict(x)
     fitted = posthoc.wrap(model, method="tta", strength=1.0).fit(loader, progress=False)
     with pytest.raises(InputError, match="std of 4 channels or features at fit, but these inputs have 5"):

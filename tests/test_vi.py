@@ -37,8 +37,10 @@ def test_kl_equals_torch_distributions(prior_mean):
     posterior = _randomised(layer, 1)
     posterior.prior_mean = prior_mean
     expected = 0.0
-    for mean, log_std, checkpoint in ((posterior.weight_mean, posterior.weight_log_std, layer.weight),
-                                      (posterior.bias_mean, posterior.bias_log_std, layer.bias)):
+    for mean, log_std, checkpoint in (
+        (posterior.weight_mean, posterior.weight_log_std, layer.weight),
+        (posterior.bias_mean, posterior.bias_log_std, layer.bias),
+    ):
         centre = checkpoint.detach() if prior_mean == "checkpoint" else torch.zeros_like(mean)
         expected += kl_divergence(Normal(mean, log_std.exp()), Normal(centre, 0.7)).sum()
     assert torch.allclose(posterior.kl(), expected, rtol=1e-5)
@@ -113,8 +115,9 @@ def test_fit_predict_leaves_the_model_untouched_and_the_head_path_matches_the_ho
 
 def test_all_layers_expand_at_the_first_layer_and_save_load_round_trip(digits_model, small, tmp_path):
     torch.manual_seed(0)
-    um = posthoc.wrap(digits_model, method="vi", layers="all", num_samples=3).fit(small["fit"], progress=False, epochs=1,
-                                                                                   kl_schedule="cyclical", kl_cycles=2)
+    um = posthoc.wrap(digits_model, method="vi", layers="all", num_samples=3).fit(
+        small["fit"], progress=False, epochs=1, kl_schedule="cyclical", kl_cycles=2
+    )
     assert um.method.layers.names == ["features.0", "features.4", "classifier.1", "classifier.4"]
     assert int(um.method.expansion) == 0
     x = small["x"][:10]
@@ -130,29 +133,35 @@ def test_all_layers_expand_at_the_first_layer_and_save_load_round_trip(digits_mo
         posthoc.load(tmp_path / "vi.pt", other)
 
 
-@pytest.mark.parametrize("options, says", [
-    ({"prior_std": 0.0}, "prior_std must be a finite number > 0"),
-    ({"init_std": float("nan")}, "init_std must be a finite number > 0"),
-    ({"prior_mean": "pretrained"}, "prior_mean must be one of"),
-    ({"layers": "heads"}, "layers must be 'head', 'all' or a list"),
-    ({"layers": ["nope"]}, "layers names a module the model does not have: 'nope'"),
-    ({"layers": ["features.1"]}, "selects no Linear or Conv2d"),
-    ({"num_samples": 0}, "num_samples must be a positive integer"),
-])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"prior_std": 0.0}, "prior_std must be a finite number > 0"),
+        ({"init_std": float("nan")}, "init_std must be a finite number > 0"),
+        ({"prior_mean": "pretrained"}, "prior_mean must be one of"),
+        ({"layers": "heads"}, "layers must be 'head', 'all' or a list"),
+        ({"layers": ["nope"]}, "layers names a module the model does not have: 'nope'"),
+        ({"layers": ["features.1"]}, "selects no Linear or Conv2d"),
+        ({"num_samples": 0}, "num_samples must be a positive integer"),
+    ],
+)
 def test_bad_options_fail_at_wrap(digits_model, options, says):
     with pytest.raises(posthoc.ConfigError, match=says):
         posthoc.wrap(digits_model, method="vi", **options)
 
 
-@pytest.mark.parametrize("options, says", [
-    ({"kl_weight": -1.0}, "kl_weight must be a finite number >= 0"),
-    ({"kl_weight": math.inf}, "kl_weight must be a finite number >= 0"),
-    ({"kl_schedule": "exponential"}, "kl_schedule must be one of"),
-    ({"kl_warmup": 1.5}, "kl_warmup must be a fraction"),
-    ({"kl_cycles": 0}, "kl_cycles must be a positive integer"),
-    ({"epochs": 0}, "epochs must be a positive integer"),
-    ({"lr": -1e-3}, "lr must be a finite number >= 0"),
-])
+@pytest.mark.parametrize(
+    "options, says",
+    [
+        ({"kl_weight": -1.0}, "kl_weight must be a finite number >= 0"),
+        ({"kl_weight": math.inf}, "kl_weight must be a finite number >= 0"),
+        ({"kl_schedule": "exponential"}, "kl_schedule must be one of"),
+        ({"kl_warmup": 1.5}, "kl_warmup must be a fraction"),
+        ({"kl_cycles": 0}, "kl_cycles must be a positive integer"),
+        ({"epochs": 0}, "epochs must be a positive integer"),
+        ({"lr": -1e-3}, "lr must be a finite number >= 0"),
+    ],
+)
 def test_bad_fit_options_fail_before_anything_changes(digits_model, small, options, says):
     um = posthoc.wrap(digits_model, method="vi")
     before = {k: v.clone() for k, v in um.method.layers.state_dict().items()}

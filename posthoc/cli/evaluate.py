@@ -103,9 +103,11 @@ AUTO_HINT = "`--method auto`"
 SHIFT_HINT = "pass `--shift DIR` (a labelled shifted folder) or `--shift KIND[,KIND]` (corruptions)"
 GUARANTEE_LEGEND = [
     "coverage: fraction of test sets holding the true label, guaranteed >= 1 - alpha on average over exchangeable "
-    "calibration/test draws (not under shift); set size: mean number of classes per set.", "",
+    "calibration/test draws (not under shift); set size: mean number of classes per set.",
+    "",
     "deferral: fraction of test examples deferred so that the accepted ones err at most the target risk (with "
-    "probability >= 1 - delta over the calibration draw); accepted error: the error rate of the accepted ones.", "",
+    "probability >= 1 - delta over the calibration draw); accepted error: the error rate of the accepted ones.",
+    "",
 ]
 
 
@@ -133,10 +135,15 @@ def parse_option(text: str) -> tuple[str, Any]:
 def recipe_parser(description: str, library: str, list_models: str) -> argparse.ArgumentParser:
     """The command line of an ImageNet recipe: ``--model NAME``, ``--checkpoint``, model, data and run options."""
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="resnet50", metavar="NAME",
-                        help=f"a {library} model name, see {list_models} (default: resnet50)")
-    parser.add_argument("--checkpoint", type=Path, default=None, metavar="FILE",
-                        help="a state_dict to load on top (fine-tuned weights)")
+    parser.add_argument(
+        "--model",
+        default="resnet50",
+        metavar="NAME",
+        help=f"a {library} model name, see {list_models} (default: resnet50)",
+    )
+    parser.add_argument(
+        "--checkpoint", type=Path, default=None, metavar="FILE", help="a state_dict to load on top (fine-tuned weights)"
+    )
     add_model_options(parser)
     add_run_arguments(parser)
     return parser
@@ -145,50 +152,114 @@ def recipe_parser(description: str, library: str, list_models: str) -> argparse.
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     """``--pretrained``, ``--num-classes`` and ``--image-size`` (shared by the CLI and the recipes)."""
     group = parser.add_argument_group("model")
-    group.add_argument("--pretrained", type=parse_bool, default=True, metavar="true|false",
-                       help="load the published weights (needs internet or a filled cache); false = random weights "
-                            "(default: true)")
-    group.add_argument("--num-classes", type=int, metavar="N", default=None,
-                       help="size of the classifier head, for fine-tuned checkpoints (default: the architecture's)")
-    group.add_argument("--image-size", type=int, metavar="N", default=None,
-                       help="override the crop size of the model's preprocessing (default: the model's own)")
+    group.add_argument(
+        "--pretrained",
+        type=parse_bool,
+        default=True,
+        metavar="true|false",
+        help="load the published weights (needs internet or a filled cache); false = random weights (default: true)",
+    )
+    group.add_argument(
+        "--num-classes",
+        type=int,
+        metavar="N",
+        default=None,
+        help="size of the classifier head, for fine-tuned checkpoints (default: the architecture's)",
+    )
+    group.add_argument(
+        "--image-size",
+        type=int,
+        metavar="N",
+        default=None,
+        help="override the crop size of the model's preprocessing (default: the model's own)",
+    )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     """Data, method and output arguments (shared by the CLI and the recipes)."""
     data = parser.add_argument_group("data (ImageFolder layout: ROOT/CLASS/image.jpg)")
-    data.add_argument("--train", type=Path, metavar="DIR", default=None, help="training images, used to fit the methods")
-    data.add_argument("--val", type=Path, metavar="DIR", required=True,
-                      help="held-out labelled images: split into calibration and test halves")
-    data.add_argument("--calibration", type=Path, metavar="DIR", default=None,
-                      help="separate calibration folder; then all of --val is the test set")
-    data.add_argument("--calibration-fraction", type=float, default=0.5,
-                      metavar="F",
-                      help="fraction of --val used for calibration when no --calibration folder is given (default: 0.5)")
-    data.add_argument("--ood", type=Path, metavar="DIR", default=None, help="out-of-distribution images (labels ignored; flat folder ok)")
-    data.add_argument("--shift", action=ShiftAction, metavar="DIR|KIND[,KIND...]", default=[],
-                      help="labelled shifted test folder with the same classes, e.g. ImageNet-C, or corruption kinds "
-                           f"applied to the test set on the fly ({', '.join(KINDS)}) (repeatable)")
-    data.add_argument("--train-subset", type=int, metavar="N", default=None, help="fit on this many random training images")
+    data.add_argument(
+        "--train", type=Path, metavar="DIR", default=None, help="training images, used to fit the methods"
+    )
+    data.add_argument(
+        "--val",
+        type=Path,
+        metavar="DIR",
+        required=True,
+        help="held-out labelled images: split into calibration and test halves",
+    )
+    data.add_argument(
+        "--calibration",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="separate calibration folder; then all of --val is the test set",
+    )
+    data.add_argument(
+        "--calibration-fraction",
+        type=float,
+        default=0.5,
+        metavar="F",
+        help="fraction of --val used for calibration when no --calibration folder is given (default: 0.5)",
+    )
+    data.add_argument(
+        "--ood",
+        type=Path,
+        metavar="DIR",
+        default=None,
+        help="out-of-distribution images (labels ignored; flat folder ok)",
+    )
+    data.add_argument(
+        "--shift",
+        action=ShiftAction,
+        metavar="DIR|KIND[,KIND...]",
+        default=[],
+        help="labelled shifted test folder with the same classes, e.g. ImageNet-C, or corruption kinds "
+        f"applied to the test set on the fly ({', '.join(KINDS)}) (repeatable)",
+    )
+    data.add_argument(
+        "--train-subset", type=int, metavar="N", default=None, help="fit on this many random training images"
+    )
     data.add_argument("--val-subset", type=int, metavar="N", default=None, help="use this many random --val images")
-    data.add_argument("--ood-subset", type=int, metavar="N", default=None, help="use this many random images per --ood/--shift folder")
+    data.add_argument(
+        "--ood-subset", type=int, metavar="N", default=None, help="use this many random images per --ood/--shift folder"
+    )
     data.add_argument("--batch-size", type=int, default=64, metavar="N", help="(default: 64)")
-    data.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
-                      help="DataLoader worker processes (default: min(8, CPU count))")
+    data.add_argument(
+        "--workers",
+        type=int,
+        default=min(8, os.cpu_count() or 1),
+        metavar="N",
+        help="DataLoader worker processes (default: min(8, CPU count))",
+    )
 
     methods = parser.add_argument_group("methods")
-    methods.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
-                         help=f"a method row, 'a+b' composes (repeatable; default temperature); available: "
-                              f"{', '.join(method_names())}")
-    methods.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
-                         help="a method or fit option, given to every row whose methods accept it (repeatable)")
-    methods.add_argument("--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)")
+    methods.add_argument(
+        "--method",
+        action="append",
+        default=None,
+        metavar="NAME[+NAME]",
+        help=f"a method row, 'a+b' composes (repeatable; default temperature); available: {', '.join(method_names())}",
+    )
+    methods.add_argument(
+        "--option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method or fit option, given to every row whose methods accept it (repeatable)",
+    )
+    methods.add_argument(
+        "--num-samples", type=int, metavar="N", default=None, help="samples for sampling methods (default: theirs)"
+    )
     add_guarantee_arguments(parser)
     add_shift_arguments(parser)
     add_ood_arguments(parser, parse_option)
 
     run = parser.add_argument_group("run")
-    run.add_argument("--out", type=Path, metavar="DIR", required=True, help="output folder for report.md, metrics.json and PNGs")
+    run.add_argument(
+        "--out", type=Path, metavar="DIR", required=True, help="output folder for report.md, metrics.json and PNGs"
+    )
     run.add_argument("--device", default="auto", help="cpu, cuda, cuda:1, ... (default: cuda if available)")
     run.add_argument("--seed", type=int, default=0, help="seeds subsets, splits and sampling (default: 0)")
     run.add_argument("--no-progress", action="store_true", help="hide progress bars")
@@ -196,13 +267,23 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_evaluate_arguments(parser: argparse.ArgumentParser) -> None:
     """All arguments of ``posthoc evaluate``."""
-    parser.add_argument("--model", required=True, metavar="SPEC", action="append",
-                        help="timm:NAME, torchvision:NAME, hf:REPO-OR-PATH (Hugging Face; text data as .csv/.jsonl "
-                             "files with text and label columns) or path/to/file.py:factory; repeat it (with one "
-                             "--checkpoint each) for an ensemble")
-    parser.add_argument("--checkpoint", metavar="FILE", action="append", default=[],
-                        help="a state_dict to load into the model (e.g. your fine-tuned weights); several, or a "
-                             "quoted glob such as 'ckpt/seed*.pt', make one --model an ensemble of those checkpoints")
+    parser.add_argument(
+        "--model",
+        required=True,
+        metavar="SPEC",
+        action="append",
+        help="timm:NAME, torchvision:NAME, hf:REPO-OR-PATH (Hugging Face; text data as .csv/.jsonl "
+        "files with text and label columns) or path/to/file.py:factory; repeat it (with one "
+        "--checkpoint each) for an ensemble",
+    )
+    parser.add_argument(
+        "--checkpoint",
+        metavar="FILE",
+        action="append",
+        default=[],
+        help="a state_dict to load into the model (e.g. your fine-tuned weights); several, or a "
+        "quoted glob such as 'ckpt/seed*.pt', make one --model an ensemble of those checkpoints",
+    )
     add_model_options(parser)
     add_run_arguments(parser)
 
@@ -238,8 +319,11 @@ def load_folders(model: nn.Module, transform: Callable, args: argparse.Namespace
         folders.check_classes(calibration, num_classes, args.calibration, reference=val.classes)
     else:
         calibration, test = folders.split_held_out(val, args.calibration_fraction, seed=seed)
-    ood = None if args.ood is None else folders.image_folder(args.ood, transform, subset=args.ood_subset, seed=seed,
-                                                            allow_flat=True)
+    ood = (
+        None
+        if args.ood is None
+        else folders.image_folder(args.ood, transform, subset=args.ood_subset, seed=seed, allow_flat=True)
+    )
     shifts = {}
     for root in args.shift:
         shifts[str(root)] = folders.image_folder(root, transform, subset=args.ood_subset, seed=seed)
@@ -250,13 +334,26 @@ def load_folders(model: nn.Module, transform: Callable, args: argparse.Namespace
     def make(dataset: Any, shuffle: bool = False) -> Any:
         if dataset is None:
             return None
-        return folders.loader(dataset, batch_size=args.batch_size, workers=args.workers, shuffle=shuffle, seed=seed,
-                              pin_memory=pin)
+        return folders.loader(
+            dataset, batch_size=args.batch_size, workers=args.workers, shuffle=shuffle, seed=seed, pin_memory=pin
+        )
 
-    sizes = {"train": 0 if train is None else len(train), "calibration": len(calibration), "test": len(test),
-             "ood": 0 if ood is None else len(ood), **{f"shift {k}": len(v) for k, v in shifts.items()}}
-    return FolderData(list(val.classes), make(train, shuffle=True), make(calibration), make(test), make(ood),
-                      {k: make(v) for k, v in shifts.items()}, sizes)
+    sizes = {
+        "train": 0 if train is None else len(train),
+        "calibration": len(calibration),
+        "test": len(test),
+        "ood": 0 if ood is None else len(ood),
+        **{f"shift {k}": len(v) for k, v in shifts.items()},
+    }
+    return FolderData(
+        list(val.classes),
+        make(train, shuffle=True),
+        make(calibration),
+        make(test),
+        make(ood),
+        {k: make(v) for k, v in shifts.items()},
+        sizes,
+    )
 
 
 # ------------------------------------------------------------------------------------------ methods
@@ -279,15 +376,27 @@ def route_options(rows: list[list[str]], options: dict[str, Any]) -> list[tuple[
     for row in rows:
         wrap_valid = {k for name in row for k in method_class(name).option_defaults()}
         fit_valid = {k for name in row for k in method_class(name).fit_option_defaults()}
-        routed.append(({k: v for k, v in options.items() if k in wrap_valid},
-                       {k: v for k, v in options.items() if k in fit_valid}))
+        routed.append(
+            (
+                {k: v for k, v in options.items() if k in wrap_valid},
+                {k: v for k, v in options.items() if k in fit_valid},
+            )
+        )
         used |= (wrap_valid | fit_valid) & set(options)
     unknown = sorted(set(options) - used)
     if unknown:
         listing = "; ".join(
-            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in {**method_class(name).option_defaults(),
-                                                                **method_class(name).fit_option_defaults()}.items())
-                           or "(none)")
+            f"{name}: "
+            + (
+                ", ".join(
+                    f"{k}={v!r}"
+                    for k, v in {
+                        **method_class(name).option_defaults(),
+                        **method_class(name).fit_option_defaults(),
+                    }.items()
+                )
+                or "(none)"
+            )
             for name in sorted({n for row in rows for n in row})
         )
         raise ConfigError(f"option(s) {unknown} are accepted by none of the methods; valid options — {listing}")
@@ -327,13 +436,16 @@ def _check_loaders(wrapped: list[posthoc.UncertainModel], data: FolderData) -> N
         method = um.method
         for name in reversed(um.methods):  # the chain from the top; an ensemble's entry names its members' method
             if method.requires_fit and not method.needs_val and data.train is None:
-                raise ConfigError(f"method '{name}' is fitted on training images: pass --train DIR "
-                                  "(with --train-subset N to fit on a random subset)")
+                raise ConfigError(
+                    f"method '{name}' is fitted on training images: pass --train DIR "
+                    "(with --train-subset N to fit on a random subset)"
+                )
             method = method.inner if method.stacks else method
 
 
-def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespace, *,
-                     normalization: tuple[Any, Any] | None = None) -> list[MethodResult]:
+def fit_and_evaluate(
+    model: nn.Module, data: FolderData, args: argparse.Namespace, *, normalization: tuple[Any, Any] | None = None
+) -> list[MethodResult]:
     """Wrap ``model`` with each ``--method`` row, fit it, and evaluate it on the test, OOD and shift loaders, and on
     the test set corrupted by the ``--shift`` kinds (in the pixel space of ``normalization=(mean, std)``)."""
     rows = method_rows(args.method)
@@ -354,16 +466,49 @@ def fit_and_evaluate(model: nn.Module, data: FolderData, args: argparse.Namespac
         guarantees = fit_guarantees(um, data.calibration, args)
         measured = {"conformal": guarantees.conformal, "selective": guarantees.selective}
         start = time.perf_counter()
-        test = posthoc.evaluate(um, data.test, data.ood, name=name, progress=progress, num_samples=args.num_samples,
-                                seed=args.seed, ood_scores=ood_detector, ci=args.ci, bootstraps=args.bootstraps,
-                                **measured)
+        test = posthoc.evaluate(
+            um,
+            data.test,
+            data.ood,
+            name=name,
+            progress=progress,
+            num_samples=args.num_samples,
+            seed=args.seed,
+            ood_scores=ood_detector,
+            ci=args.ci,
+            bootstraps=args.bootstraps,
+            **measured,
+        )
         test.predict_cost = cost
         eval_seconds = time.perf_counter() - start
-        shifts = {root: posthoc.evaluate(um, loader, name=name, progress=progress, num_samples=args.num_samples,
-                                         seed=args.seed, ci=args.ci, bootstraps=args.bootstraps, **measured)
-                  for root, loader in data.shifts.items()}
-        results.append(MethodResult(name, test, shifts, fit_seconds, eval_seconds, _scalar_state(um), guarantees.note,
-                                     um.summary(), corruption_table(um, name, data.test, args, normalization), cost))
+        shifts = {
+            root: posthoc.evaluate(
+                um,
+                loader,
+                name=name,
+                progress=progress,
+                num_samples=args.num_samples,
+                seed=args.seed,
+                ci=args.ci,
+                bootstraps=args.bootstraps,
+                **measured,
+            )
+            for root, loader in data.shifts.items()
+        }
+        results.append(
+            MethodResult(
+                name,
+                test,
+                shifts,
+                fit_seconds,
+                eval_seconds,
+                _scalar_state(um),
+                guarantees.note,
+                um.summary(),
+                corruption_table(um, name, data.test, args, normalization),
+                cost,
+            )
+        )
     return results
 
 
@@ -379,9 +524,15 @@ def run_verdict(results: list[MethodResult]) -> Verdict | None:
     auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` with the plain row alone."""
     if len(results) < 2:
         return None
-    candidates = [candidate(r.test, r.shifts, predict_cost=r.predict_cost,
-                            shifted=None if r.corruptions is None else r.corruptions.example_nll(r.name))
-                  for r in results]
+    candidates = [
+        candidate(
+            r.test,
+            r.shifts,
+            predict_cost=r.predict_cost,
+            shifted=None if r.corruptions is None else r.corruptions.example_nll(r.name),
+        )
+        for r in results
+    ]
     kinds = next((r.corruptions.kinds for r in results if r.corruptions is not None), ())
     note = f"severities: each the mean over {', '.join(kinds)}" if kinds else ""
     return judge(candidates, results[0].name, auto_hint=AUTO_HINT, shift_hint=SHIFT_HINT, shift_note=note)
@@ -401,8 +552,14 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
 
 
-def write_report(results: list[MethodResult], data: FolderData, args: argparse.Namespace, *, title: str,
-                 calibrator: CalibratorResult | None = None) -> Path:
+def write_report(
+    results: list[MethodResult],
+    data: FolderData,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    calibrator: CalibratorResult | None = None,
+) -> Path:
     """Write ``report.md`` (and the same as one self-contained ``report.html``), ``summary.md`` (each row's model
     card), ``metrics.json``, ``reliability.png``, ``risk_coverage.png`` (and ``shift.png`` and ``confidence.png``
     with corruption kinds)
@@ -411,30 +568,57 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
     out.mkdir(parents=True, exist_ok=True)
     curves = {r.name: (r.test.probs, r.test.labels) for r in results}
     plots.reliability_diagram(curves, out / "reliability.png")
-    plots.risk_coverage_curve(curves, out / "risk_coverage.png", operating_points(*(r.test for r in results)),
-                              args.target_risk)
+    plots.risk_coverage_curve(
+        curves, out / "risk_coverage.png", operating_points(*(r.test for r in results)), args.target_risk
+    )
 
     timing = {"fit s": [f"{r.fit_seconds:.1f}" for r in results], "eval s": [f"{r.eval_seconds:.1f}" for r in results]}
-    fitted = {"fitted": [", ".join(f"{k.rpartition('.')[2]}={v:.4g}" for k, v in r.state.items()
-                                   if k.rpartition(".")[2] in FEATURED_STATE) or "–" for r in results]}
+    fitted = {
+        "fitted": [
+            ", ".join(
+                f"{k.rpartition('.')[2]}={v:.4g}" for k, v in r.state.items() if k.rpartition(".")[2] in FEATURED_STATE
+            )
+            or "–"
+            for r in results
+        ]
+    }
     sizes = ", ".join(f"{k} {v}" for k, v in data.sizes.items() if v)
     test_source = args.val if args.calibration is not None else f"{args.val} (test part; the rest calibrates)"
     found = run_verdict(results)
     shift_names = [*data.shifts, *(["corruptions " + ",".join(args.corruptions)] if args.corruptions else [])]
     lines = [
-        f"# {title}", "",
-        *([] if found is None else [verdict_section(found, out, title="test set; NLL under shift: mean over "
-                                                    + "; ".join(shift_names)), ""]),
-        "## Data", "",
+        f"# {title}",
+        "",
+        *(
+            []
+            if found is None
+            else [
+                verdict_section(found, out, title="test set; NLL under shift: mean over " + "; ".join(shift_names)),
+                "",
+            ]
+        ),
+        "## Data",
+        "",
         f"- classes: {len(data.classes)} ({', '.join(data.classes[:5])}{', ...' if len(data.classes) > 5 else ''})",
         f"- images: {sizes}",
         f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
-        f"- device: {run_device(args.device)}, seed {args.seed}", "",
-        "## Test set", "",
-        markdown_table([r.test for r in results], {**timing, **fitted, "predict x fwd": [
-            "–" if r.predict_cost is None else f"{r.predict_cost:.1f}" for r in results]}), "",
-        BEST_CAPTION, "",
-        *(f"- {r.name}: {r.note}" for r in results if r.note), *([""] if any(r.note for r in results) else []),
+        f"- device: {run_device(args.device)}, seed {args.seed}",
+        "",
+        "## Test set",
+        "",
+        markdown_table(
+            [r.test for r in results],
+            {
+                **timing,
+                **fitted,
+                "predict x fwd": ["–" if r.predict_cost is None else f"{r.predict_cost:.1f}" for r in results],
+            },
+        ),
+        "",
+        BEST_CAPTION,
+        "",
+        *(f"- {r.name}: {r.note}" for r in results if r.note),
+        *([""] if any(r.note for r in results) else []),
         *selection_lines(results, out),
     ]
     for root in data.shifts:
@@ -448,23 +632,43 @@ def write_report(results: list[MethodResult], data: FolderData, args: argparse.N
         "adaptive ECE: the same with 15 equal-mass bins; smECE: smooth ECE (kernel-smoothed, no bins; relplot's); "
         "AURC: area under the risk–coverage curve; AUGRC: area under the generalized risk (accepted and wrong) "
         "against coverage; OOD AUROC (H): detecting the OOD set by predictive entropy, (MI) by mutual information. "
-        "Lower is better except acc and AUROC.", "",
+        "Lower is better except acc and AUROC.",
+        "",
         *GUARANTEE_LEGEND[: 2 * (args.alpha is not None) + 2 * (args.target_risk is not None)],
-        "![reliability diagram](reliability.png)", "", "![risk-coverage curve](risk_coverage.png)", "",
+        "![reliability diagram](reliability.png)",
+        "",
+        "![risk-coverage curve](risk_coverage.png)",
+        "",
     ]
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
     html_page.write_html("\n".join(lines), out / "report.html", title=title)
-    cards = [f"# {r.name}\n\n{r.card.to_markdown()}" + (f"\n![{r.name}'s candidates on held-out data]"
-                                                         f"({SELECTION_FRONTIER_FILE})\n" if r.test.selection else "")
-             for r in results if r.card is not None]
+    cards = [
+        f"# {r.name}\n\n{r.card.to_markdown()}"
+        + (f"\n![{r.name}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})\n" if r.test.selection else "")
+        for r in results
+        if r.card is not None
+    ]
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
-        "title": title, "classes": data.classes, "sizes": data.sizes, "settings": run_settings(args),
-        "rows": [{"method": r.name, "fit_seconds": r.fit_seconds, "eval_seconds": r.eval_seconds, "fitted": r.state,
-                  "test": r.test.as_dict(), "shifts": {k: v.as_dict() for k, v in r.shifts.items()}, "note": r.note,
-                  "summary": r.card, "corruptions": None if r.corruptions is None else r.corruptions.as_dict()}
-                 for r in results],
+        "title": title,
+        "classes": data.classes,
+        "sizes": data.sizes,
+        "settings": run_settings(args),
+        "rows": [
+            {
+                "method": r.name,
+                "fit_seconds": r.fit_seconds,
+                "eval_seconds": r.eval_seconds,
+                "fitted": r.state,
+                "test": r.test.as_dict(),
+                "shifts": {k: v.as_dict() for k, v in r.shifts.items()},
+                "note": r.note,
+                "summary": r.card,
+                "corruptions": None if r.corruptions is None else r.corruptions.as_dict(),
+            }
+            for r in results
+        ],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
         "verdict": None if found is None else found.as_dict(),
     }
@@ -479,8 +683,14 @@ def run_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: argparse.Namespace, *, title: str,
-                 load_data: Callable[..., FolderData] = load_folders) -> Path:
+def run_retrofit(
+    model: nn.Module | list[nn.Module],
+    transform: Callable,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    load_data: Callable[..., FolderData] = load_folders,
+) -> Path:
     """Load the folders, fit and evaluate every ``--method`` row on ``model`` (or on the ensemble of a list of
     models, whose first member's head checks the folders), write the report; return its path.
 
@@ -494,16 +704,19 @@ def run_retrofit(model: nn.Module | list[nn.Module], transform: Callable, args: 
     if isinstance(model, list):
         model = [member.to(run_device(args.device)).eval() for member in model]
         if args.calibrator is not None:
-            raise ConfigError("--calibrator calibrates one model's logits; with several --model/--checkpoint (an "
-                              "ensemble) compose a calibrator instead, e.g. --method none+temperature")
+            raise ConfigError(
+                "--calibrator calibrates one model's logits; with several --model/--checkpoint (an "
+                "ensemble) compose a calibrator instead, e.g. --method none+temperature"
+            )
     else:
         model = model.to(run_device(args.device)).eval()
     data = load_data(model[0] if isinstance(model, list) else model, transform, args)
     calibrator = None
     if args.calibrator is not None:
         print(f"[posthoc] calibrator {args.calibrator}: fit on the calibration logits", flush=True)
-        calibrator = fit_calibrator(model, data.calibration, {"test": data.test, **data.shifts}, args,
-                                    run_device(args.device))
+        calibrator = fit_calibrator(
+            model, data.calibration, {"test": data.test, **data.shifts}, args, run_device(args.device)
+        )
     results = fit_and_evaluate(model, data, args, normalization=transform_normalization(transform))
     report_path = write_report(results, data, args, title=title, calibrator=calibrator)
     print(f"[posthoc] wrote {report_path}")
@@ -535,10 +748,17 @@ def load_texts(model: nn.Module, tokenizer: Any, args: argparse.Namespace) -> Fo
     """The loaders of a text run: ``--train``/``--val``/``--calibration``/``--shift`` are CSV or JSON-lines files
     with ``text`` and ``label`` columns, ``--ood`` one whose labels are ignored (see :mod:`posthoc.loading.hf`)."""
     if getattr(args, "corruptions", None):
-        raise ConfigError(f"--shift {','.join(args.corruptions)} corrupts images; for a text model pass shifted "
-                          "text files instead (--shift shifted.jsonl)")
+        raise ConfigError(
+            f"--shift {','.join(args.corruptions)} corrupts images; for a text model pass shifted "
+            "text files instead (--shift shifted.jsonl)"
+        )
+
     def read(path: Path | None, subset: int | None = None, labelled: bool = True) -> Any:
-        return None if path is None else folders.take_subset(hf.TextFile(path, model, labelled=labelled), subset, seed=args.seed)
+        return (
+            None
+            if path is None
+            else folders.take_subset(hf.TextFile(path, model, labelled=labelled), subset, seed=args.seed)
+        )
 
     val, train = read(args.val, args.val_subset), read(args.train, args.train_subset)
     if args.calibration is not None:
@@ -549,13 +769,28 @@ def load_texts(model: nn.Module, tokenizer: Any, args: argparse.Namespace) -> Fo
     shifts = {str(root): read(root, args.ood_subset) for root in args.shift}
 
     def make(dataset: Any, shuffle: bool = False) -> Any:
-        return None if dataset is None else hf.text_loader(dataset, tokenizer, batch_size=args.batch_size, shuffle=shuffle,
-                                                           seed=args.seed)
+        return (
+            None
+            if dataset is None
+            else hf.text_loader(dataset, tokenizer, batch_size=args.batch_size, shuffle=shuffle, seed=args.seed)
+        )
 
-    sizes = {"train": 0 if train is None else len(train), "calibration": len(calibration), "test": len(test),
-             "ood": 0 if ood is None else len(ood), **{f"shift {k}": len(v) for k, v in shifts.items()}}
-    return FolderData(list(val.classes), make(train, shuffle=True), make(calibration), make(test), make(ood),
-                      {k: make(v) for k, v in shifts.items()}, sizes)
+    sizes = {
+        "train": 0 if train is None else len(train),
+        "calibration": len(calibration),
+        "test": len(test),
+        "ood": 0 if ood is None else len(ood),
+        **{f"shift {k}": len(v) for k, v in shifts.items()},
+    }
+    return FolderData(
+        list(val.classes),
+        make(train, shuffle=True),
+        make(calibration),
+        make(test),
+        make(ood),
+        {k: make(v) for k, v in shifts.items()},
+        sizes,
+    )
 
 
 def member_specs(models: list[str], checkpoints: list[str]) -> list[tuple[str, Path | None]]:
@@ -582,8 +817,10 @@ def member_specs(models: list[str], checkpoints: list[str]) -> list[tuple[str, P
     if not files:
         return [(model, None) for model in models]
     if len(files) != len(models):
-        raise ConfigError(f"{len(models)} --model but {len(files)} checkpoint(s): give one --checkpoint per --model, "
-                          "or one --model with several checkpoints")
+        raise ConfigError(
+            f"{len(models)} --model but {len(files)} checkpoint(s): give one --checkpoint per --model, "
+            "or one --model with several checkpoints"
+        )
     return list(zip(models, files))
 
 
@@ -598,13 +835,19 @@ def run_evaluate(args: argparse.Namespace) -> Path:
     weights = "pretrained" if args.pretrained else "random weights"
     if len(members) > 1:
         if any(spec.startswith(hf.PREFIX) for spec, _ in members):
-            raise ConfigError("ensembles of Hugging Face models are not supported by posthoc evaluate yet; pass "
-                              "timm:, torchvision: or file.py: models")
-        models = [build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint)
-                  for spec, checkpoint in members]
+            raise ConfigError(
+                "ensembles of Hugging Face models are not supported by posthoc evaluate yet; pass "
+                "timm:, torchvision: or file.py: models"
+            )
+        models = [
+            build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint)
+            for spec, checkpoint in members
+        ]
         transform = folders.model_transform(models[0], members[0][0], args.image_size)
         listing = ", ".join(f"{spec}" + (f" ({checkpoint})" if checkpoint else "") for spec, checkpoint in members)
-        return run_retrofit(models, transform, args, title=f"posthoc evaluate: ensemble of {len(models)}: {listing} ({weights})")
+        return run_retrofit(
+            models, transform, args, title=f"posthoc evaluate: ensemble of {len(models)}: {listing} ({weights})"
+        )
     spec, checkpoint_path = members[0]
     if spec.startswith(hf.PREFIX):
         model, processor = hf.load_classifier(spec, pretrained=args.pretrained, num_classes=args.num_classes)

@@ -27,8 +27,12 @@ _MISSING = object()
 NUMBERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "batch_size": ("--batch-size", positive_int),
     "workers": ("--workers", lambda value, flag: integer_at_least(value, flag, 0)),
-    "calibration_fraction": ("--calibration-fraction", lambda value, flag: probability(
-        value, flag, why="the share of the held-out rows that calibrates; the rest is the test set")),
+    "calibration_fraction": (
+        "--calibration-fraction",
+        lambda value, flag: probability(
+            value, flag, why="the share of the held-out rows that calibrates; the rest is the test set"
+        ),
+    ),
     "num_samples": ("--num-samples", lambda value, flag: positive_int(value, flag, none="the method's own")),
     "train_subset": ("--train-subset", lambda value, flag: positive_int(value, flag, none="all")),
     "val_subset": ("--val-subset", lambda value, flag: positive_int(value, flag, none="all")),
@@ -39,7 +43,10 @@ NUMBERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "target_risk": ("--target-risk", lambda value, flag: None if value is None else probability(value, flag)),
     "delta": ("--delta", probability),
     "ci": ("--ci", lambda value, flag: None if value is None else probability(value, flag, why="a confidence level")),
-    "bootstraps": ("--bootstraps", lambda value, flag: integer_at_least(value, flag, 2, why="an interval needs resamples")),
+    "bootstraps": (
+        "--bootstraps",
+        lambda value, flag: integer_at_least(value, flag, 2, why="an interval needs resamples"),
+    ),
 }
 
 

@@ -43,17 +43,40 @@ CALIBRATOR_NAMES = ("auto", "temperature", "vector", "matrix", "dirichlet", "ets
 def add_guarantee_arguments(parser: argparse.ArgumentParser) -> None:
     """``--alpha``, ``--conformal-score``, ``--target-risk``, ``--delta`` and ``--calibrator``."""
     group = parser.add_argument_group("guarantees and calibrators (fitted on the calibration split)")
-    group.add_argument("--alpha", type=float, default=None, metavar="A",
-                       help="conformal prediction sets with miscoverage A, e.g. 0.1 (report: coverage, set size)")
-    group.add_argument("--conformal-score", choices=SCORES, default="lac",
-                       help="conformity score of the sets (default: lac, the smallest sets)")
-    group.add_argument("--target-risk", type=float, default=None, metavar="R",
-                       help="selective prediction: defer so that accepted examples err at most R (report: deferral)")
-    group.add_argument("--delta", type=float, default=0.05, metavar="D",
-                       help="the risk guarantee holds with probability >= 1 - D (default: 0.05)")
-    group.add_argument("--calibrator", default=None, metavar="NAME",
-                       help=f"calibrate the plain model's logits: {'|'.join(CALIBRATOR_NAMES)} (report: a table of "
-                            "calibrators, NLL/ECE/Brier before and after)")
+    group.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        metavar="A",
+        help="conformal prediction sets with miscoverage A, e.g. 0.1 (report: coverage, set size)",
+    )
+    group.add_argument(
+        "--conformal-score",
+        choices=SCORES,
+        default="lac",
+        help="conformity score of the sets (default: lac, the smallest sets)",
+    )
+    group.add_argument(
+        "--target-risk",
+        type=float,
+        default=None,
+        metavar="R",
+        help="selective prediction: defer so that accepted examples err at most R (report: deferral)",
+    )
+    group.add_argument(
+        "--delta",
+        type=float,
+        default=0.05,
+        metavar="D",
+        help="the risk guarantee holds with probability >= 1 - D (default: 0.05)",
+    )
+    group.add_argument(
+        "--calibrator",
+        default=None,
+        metavar="NAME",
+        help=f"calibrate the plain model's logits: {'|'.join(CALIBRATOR_NAMES)} (report: a table of "
+        "calibrators, NLL/ECE/Brier before and after)",
+    )
 
 
 @dataclass
@@ -69,12 +92,14 @@ def _guarantees(source: Any, labels: Any, args: argparse.Namespace, progress: bo
     """Conformal sets and a selective rule from calibration ``source``/``labels``, as ``args`` asks."""
     out = Guarantees()
     if args.alpha is not None:
-        out.conformal = posthoc.conformal(source, labels, alpha=args.alpha, score=args.conformal_score, seed=args.seed,
-                                          progress=progress)
+        out.conformal = posthoc.conformal(
+            source, labels, alpha=args.alpha, score=args.conformal_score, seed=args.seed, progress=progress
+        )
     if args.target_risk is not None:
         try:
-            out.selective = posthoc.selective(source, labels, target_risk=args.target_risk, delta=args.delta,
-                                              seed=args.seed, progress=progress)
+            out.selective = posthoc.selective(
+                source, labels, target_risk=args.target_risk, delta=args.delta, seed=args.seed, progress=progress
+            )
         except RiskNotReachableError as err:
             out.note = f"target risk unreachable: {err}"
             print(f"[posthoc] {out.note}", flush=True)
@@ -112,8 +137,11 @@ def model_logits(model: nn.Module, loader: Iterable, device: torch.device, progr
 def _report(name: str, probs: Tensor, labels: Tensor, guarantees: Guarantees) -> Report:
     conformal, selective = guarantees.conformal, guarantees.selective
     return Report.from_predictions(
-        name, probs, labels,
-        sets=None if conformal is None else conformal.sets(probs), alpha=None if conformal is None else conformal.alpha,
+        name,
+        probs,
+        labels,
+        sets=None if conformal is None else conformal.sets(probs),
+        alpha=None if conformal is None else conformal.alpha,
         accepted=None if selective is None else selective.accept(probs),
         target_risk=None if selective is None else selective.target_risk,
     )
@@ -131,12 +159,19 @@ class CalibratorResult:
     notes: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
-        return {"requested": self.requested, "method": self.method, "table": self.table, "notes": self.notes,
-                "before": {r.name: r.as_dict() for r in self.before}, "after": {r.name: r.as_dict() for r in self.after}}
+        return {
+            "requested": self.requested,
+            "method": self.method,
+            "table": self.table,
+            "notes": self.notes,
+            "before": {r.name: r.as_dict() for r in self.before},
+            "after": {r.name: r.as_dict() for r in self.after},
+        }
 
 
-def _candidate_row(name: str, cv: dict[str, float], calibration: tuple[Tensor, Tensor],
-                   test: tuple[Tensor, Tensor]) -> tuple[dict[str, float | None], str]:
+def _candidate_row(
+    name: str, cv: dict[str, float], calibration: tuple[Tensor, Tensor], test: tuple[Tensor, Tensor]
+) -> tuple[dict[str, float | None], str]:
     """Cross-validated scores of one calibrator, and its test NLL/ECE/Brier when fitted on all calibration logits."""
     row: dict[str, float | None] = {"cv_nll": cv.get("nll"), "cv_ece": cv.get("ece")}
     try:
@@ -147,8 +182,9 @@ def _candidate_row(name: str, cv: dict[str, float], calibration: tuple[Tensor, T
     return {**row, "nll": report.nll, "ece": report.ece, "brier": report.brier}, ""
 
 
-def fit_calibrator(model: nn.Module, calibration: Iterable, tests: dict[str, Iterable], args: argparse.Namespace,
-                   device: torch.device) -> CalibratorResult:
+def fit_calibrator(
+    model: nn.Module, calibration: Iterable, tests: dict[str, Iterable], args: argparse.Namespace, device: torch.device
+) -> CalibratorResult:
     """``posthoc.calibrate(method=args.calibrator)`` on the model's calibration logits, measured on each test set.
 
     ``tests`` maps a set name (``"test"``, shift folders) to its loader; the first is the test set
@@ -170,12 +206,17 @@ def fit_calibrator(model: nn.Module, calibration: Iterable, tests: dict[str, Ite
     plain = _guarantees(torch.softmax(cal_logits, -1), cal_labels, args, progress=False)
     calibrated = _guarantees(calibrator(cal_logits), cal_labels, args, progress=False)
     test = next(iter(logits.values()))
-    table, notes = {}, [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.chosen_name, calibrated)) if g.note]
+    table, notes = (
+        {},
+        [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.chosen_name, calibrated)) if g.note],
+    )
     for name, cv in (calibrator.scores or {calibrator.chosen_name: {}}).items():
         table[name], note = _candidate_row(name, cv, (cal_logits, cal_labels), test)
         notes += [note] if note else []
     before = [_report(f"plain ({name})", torch.softmax(z, -1), y, plain) for name, (z, y) in logits.items()]
-    after = [_report(f"{calibrator.chosen_name} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()]
+    after = [
+        _report(f"{calibrator.chosen_name} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()
+    ]
     return CalibratorResult(args.calibrator, calibrator.chosen_name, table, before, after, notes)
 
 
@@ -186,10 +227,15 @@ def _number(value: float | None) -> str:
 def calibrator_markdown(result: CalibratorResult) -> list[str]:
     """Report lines: the table of calibrators, then the metrics before and after on every test set."""
     chosen = f"{result.requested} → {result.method}" if result.requested != result.method else result.method
-    lines = [f"## Calibrator: {chosen}", "",
-             "Fitted on the plain model's logits of the calibration split; CV: cross-validated on those logits "
-             "(what `auto` chooses by); test: fitted on all of them, measured on the test set.", "",
-             "| calibrator | CV NLL | CV ECE | test NLL | test ECE | test Brier | chosen |", "|---|---|---|---|---|---|---|"]
+    lines = [
+        f"## Calibrator: {chosen}",
+        "",
+        "Fitted on the plain model's logits of the calibration split; CV: cross-validated on those logits "
+        "(what `auto` chooses by); test: fitted on all of them, measured on the test set.",
+        "",
+        "| calibrator | CV NLL | CV ECE | test NLL | test ECE | test Brier | chosen |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for name, row in result.table.items():
         cells = [name, *(_number(row[k]) for k in ("cv_nll", "cv_ece", "nll", "ece", "brier"))]
         lines.append("| " + " | ".join(cells) + f" | {'✓' if name == result.method else ''} |")

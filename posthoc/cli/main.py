@@ -26,15 +26,19 @@ def _demo(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     if args.task == "regression":
         print(run_regression_demo(args.out, progress=not args.quiet))
-        print(f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png, "
-              "regression_shift.png "
-              f"in {time.perf_counter() - start:.0f} s")
+        print(
+            f"wrote {args.out}/regression.md, regression_band.png, regression_calibration.png, regression_error_std.png, "
+            "regression_shift.png "
+            f"in {time.perf_counter() - start:.0f} s"
+        )
         return
     run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best)
     print((Path(args.out) / "report.md").read_text())
-    print(f"wrote {args.out}/report.md, report.html, frontier.png, selection_frontier.png (with an auto row), "
-          "reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, ood_scores.png, confidence.png, "
-          f"reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s")
+    print(
+        f"wrote {args.out}/report.md, report.html, frontier.png, selection_frontier.png (with an auto row), "
+        "reliability.png, reliability_rotated45.png, risk_coverage.png, shift.png, ood_scores.png, confidence.png, "
+        f"reliability_rotated45_best.png in {time.perf_counter() - start:.0f} s"
+    )
 
 
 def _evaluate(args: argparse.Namespace) -> None:
@@ -50,18 +54,27 @@ def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(prog="posthoc", description="Retrofit uncertainty onto trained classifiers and regressors.")
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
-    demo.add_argument("--task", choices=("classification", "regression"), default="classification",
-                      help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG")
+    demo.add_argument(
+        "--task",
+        choices=("classification", "regression"),
+        default="classification",
+        help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG",
+    )
     demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
     demo.add_argument("--quiet", action="store_true", help="no progress messages")
-    demo.add_argument("--best", default=None, metavar="LABEL",
-                      help="the row the shift story compares with the plain model (default: the lowest NLL under the "
-                           "strongest shift), e.g. 'Laplace (last layer, KFAC)'")
+    demo.add_argument(
+        "--best",
+        default=None,
+        metavar="LABEL",
+        help="the row the shift story compares with the plain model (default: the lowest NLL under the "
+        "strongest shift), e.g. 'Laplace (last layer, KFAC)'",
+    )
     demo.set_defaults(run=_demo)
     evaluate = commands.add_parser(
-        "evaluate", help="retrofit methods onto a timm/torchvision/your model; report on image folders, text files or "
-                         "(--likelihood regression) CSV files"
+        "evaluate",
+        help="retrofit methods onto a timm/torchvision/your model; report on image folders, text files or "
+        "(--likelihood regression) CSV files",
     )
     add_evaluate_arguments(evaluate)
     add_regression_arguments(evaluate)

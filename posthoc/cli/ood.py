@@ -33,21 +33,36 @@ def parse_scores(text: str) -> list[str]:
     names = [name.strip() for name in text.split(",") if name.strip()]
     unknown = [name for name in names if name not in available_scores()]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"unknown OOD score(s) {unknown or text!r}; valid: {','.join(available_scores())}")
+        raise argparse.ArgumentTypeError(
+            f"unknown OOD score(s) {unknown or text!r}; valid: {','.join(available_scores())}"
+        )
     return names
 
 
 def add_ood_arguments(parser: argparse.ArgumentParser, parse_option: Callable[[str], tuple[str, Any]]) -> None:
     """``--ood-scores`` and ``--ood-option`` (``KEY=VALUE`` read by ``parse_option``)."""
     group = parser.add_argument_group("OOD scores (with --ood)")
-    group.add_argument("--ood-scores", type=parse_scores, default=None, metavar="NAME[,NAME]",
-                       help="post-hoc OOD scores of the plain model reported next to each method's entropy / MI: "
-                            f"{','.join(available_scores())} (mahalanobis, vim and knn read --train)")
-    group.add_argument("--ood-option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
-                       help="an OOD score option, e.g. k=10 (knn), dim=32 (vim), temperature=2 (energy) (repeatable)")
+    group.add_argument(
+        "--ood-scores",
+        type=parse_scores,
+        default=None,
+        metavar="NAME[,NAME]",
+        help="post-hoc OOD scores of the plain model reported next to each method's entropy / MI: "
+        f"{','.join(available_scores())} (mahalanobis, vim and knn read --train)",
+    )
+    group.add_argument(
+        "--ood-option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an OOD score option, e.g. k=10 (knn), dim=32 (vim), temperature=2 (energy) (repeatable)",
+    )
 
 
-def fit_ood_detector(model: nn.Module, train: Iterable | None, ood: Iterable | None, args: argparse.Namespace) -> Detector | None:
+def fit_ood_detector(
+    model: nn.Module, train: Iterable | None, ood: Iterable | None, args: argparse.Namespace
+) -> Detector | None:
     """The plain model's detector for ``--ood-scores`` (fitted on ``train`` where a score needs it), or ``None``.
 
     ``entropy`` and ``mutual-information`` come from each method row's own predictive, not from the detector.
@@ -60,8 +75,10 @@ def fit_ood_detector(model: nn.Module, train: Iterable | None, ood: Iterable | N
     scorer = detector(model, score=names, **dict(args.ood_option))
     if scorer.requires_fit:
         if train is None:
-            raise ConfigError(f"--ood-scores {','.join(names)} reads training statistics: pass --train DIR "
-                              "(with --train-subset N to use a random subset)")
+            raise ConfigError(
+                f"--ood-scores {','.join(names)} reads training statistics: pass --train DIR "
+                "(with --train-subset N to use a random subset)"
+            )
         print(f"[posthoc] OOD scores {','.join(names)}: fit on the training images", flush=True)
         scorer.fit(train, progress=not args.no_progress)
     return scorer
@@ -77,11 +94,17 @@ def ood_lines(rows: list[tuple[str, Report]], out: Path) -> list[str]:
     plain.ood_histograms(out / HISTOGRAM_FILE)
     own = {name: {k: v for k, v in report.ood.items() if k in ood_report.OWN_SCORES} for name, report in measured}
     return [
-        f"## OOD detection: post-hoc scores of {plain_name}", "", ood_report.ood_markdown({plain_name: plain.ood}), "",
-        "## OOD detection: each method's entropy (H) and mutual information (MI) next to the best post-hoc score", "",
-        ood_report.comparison_markdown(plain.ood, own), "",
+        f"## OOD detection: post-hoc scores of {plain_name}",
+        "",
+        ood_report.ood_markdown({plain_name: plain.ood}),
+        "",
+        "## OOD detection: each method's entropy (H) and mutual information (MI) next to the best post-hoc score",
+        "",
+        ood_report.comparison_markdown(plain.ood, own),
+        "",
         "Every score is larger for inputs that look more OOD; AUPR-in / AUPR-out take the in-distribution / OOD "
-        "set as positive; FPR95: fraction of test images flagged at the threshold that flags 95% of the OOD set.", "",
-        f"![OOD score histograms]({HISTOGRAM_FILE})", "",
+        "set as positive; FPR95: fraction of test images flagged at the threshold that flags 95% of the OOD set.",
+        "",
+        f"![OOD score histograms]({HISTOGRAM_FILE})",
+        "",
     ]
-

@@ -78,43 +78,75 @@ LIKELIHOODS = ("classification", "regression")
 DEFAULT_METHOD = "laplace"
 #: options of ``posthoc evaluate`` that only a classifier has: ``dest -> (flag, value when not given)``
 CLASSIFICATION_ONLY = {
-    "calibrator": ("--calibrator", None), "target_risk": ("--target-risk", None), "ood": ("--ood", None),
-    "ood_scores": ("--ood-scores", None), "ood_subset": ("--ood-subset", None), "corruptions": ("--shift KIND", []),
-    "calibration": ("--calibration", None), "num_classes": ("--num-classes", None), "image_size": ("--image-size", None),
-    "conformal_score": ("--conformal-score", "lac"), "checkpoint": ("--checkpoint", []),
-    "train_subset": ("--train-subset", None), "val_subset": ("--val-subset", None),
+    "calibrator": ("--calibrator", None),
+    "target_risk": ("--target-risk", None),
+    "ood": ("--ood", None),
+    "ood_scores": ("--ood-scores", None),
+    "ood_subset": ("--ood-subset", None),
+    "corruptions": ("--shift KIND", []),
+    "calibration": ("--calibration", None),
+    "num_classes": ("--num-classes", None),
+    "image_size": ("--image-size", None),
+    "conformal_score": ("--conformal-score", "lac"),
+    "checkpoint": ("--checkpoint", []),
+    "train_subset": ("--train-subset", None),
+    "val_subset": ("--val-subset", None),
 }
 #: the test set's row in the shift table (a ``--shift`` file may not take its name)
 TEST_ROW = "test"
 OUTPUT_FILES = ("report.md", "report.html", "summary.md", "metrics.json", "calibration.png", "error_std.png")
-LEGEND = ("NLL: negative log-likelihood (nats per example, joint over targets); CRPS: continuous ranked probability "
-          "score (targets' units); cov / width: the fraction of test targets inside the central interval of that "
-          "level and its mean width (a calibrated 90 % interval covers 0.9); MACE: mean absolute gap of the interval "
-          "calibration curve; ENCE: expected normalised calibration error. Lower is better except coverage, which "
-          "should match its level.")
+LEGEND = (
+    "NLL: negative log-likelihood (nats per example, joint over targets); CRPS: continuous ranked probability "
+    "score (targets' units); cov / width: the fraction of test targets inside the central interval of that "
+    "level and its mean width (a calibrated 90 % interval covers 0.9); MACE: mean absolute gap of the interval "
+    "calibration curve; ENCE: expected normalised calibration error. Lower is better except coverage, which "
+    "should match its level."
+)
 
 
 def add_regression_arguments(parser: argparse.ArgumentParser) -> None:
     """``--likelihood``, ``--test``, ``--target`` and ``--features`` (the rest is shared with classification)."""
     group = parser.add_argument_group("regression (--likelihood regression: CSV files, a saved nn.Module)")
-    group.add_argument("--likelihood", choices=LIKELIHOODS, default="classification",
-                       help="classification (default: image folders or text files) or regression (CSV files; --model "
-                            "is a torch.save'd nn.Module or TorchScript file taking a float feature matrix)")
-    group.add_argument("--test", type=Path, metavar="FILE", default=None,
-                       help="regression: the test CSV (default: part of --val, see --calibration-fraction)")
-    group.add_argument("--target", action="append", default=None, metavar="COLUMN",
-                       help="regression: a target column of the CSV files (repeatable for several targets)")
-    group.add_argument("--features", default=None, metavar="A,B,...",
-                       help="regression: the feature columns, in the model's order (default: every other column)")
+    group.add_argument(
+        "--likelihood",
+        choices=LIKELIHOODS,
+        default="classification",
+        help="classification (default: image folders or text files) or regression (CSV files; --model "
+        "is a torch.save'd nn.Module or TorchScript file taking a float feature matrix)",
+    )
+    group.add_argument(
+        "--test",
+        type=Path,
+        metavar="FILE",
+        default=None,
+        help="regression: the test CSV (default: part of --val, see --calibration-fraction)",
+    )
+    group.add_argument(
+        "--target",
+        action="append",
+        default=None,
+        metavar="COLUMN",
+        help="regression: a target column of the CSV files (repeatable for several targets)",
+    )
+    group.add_argument(
+        "--features",
+        default=None,
+        metavar="A,B,...",
+        help="regression: the feature columns, in the model's order (default: every other column)",
+    )
 
 
 def check_regression_arguments(args: argparse.Namespace) -> None:
     """Refuse classification-only options and a run without ``--target``, naming what to do instead."""
-    given = [flag for dest, (flag, unset) in CLASSIFICATION_ONLY.items() if getattr(args, dest, unset) not in (unset, [])]
+    given = [
+        flag for dest, (flag, unset) in CLASSIFICATION_ONLY.items() if getattr(args, dest, unset) not in (unset, [])
+    ]
     if given:
-        raise ConfigError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for classifiers; under --likelihood "
-                          "regression use --alpha (conformal intervals), --ci, --shift FILE.csv (named shifted test "
-                          "sets) and --val/--test files")
+        raise ConfigError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for classifiers; under --likelihood "
+            "regression use --alpha (conformal intervals), --ci, --shift FILE.csv (named shifted test "
+            "sets) and --val/--test files"
+        )
     if not args.target:
         raise ConfigError("--likelihood regression needs the target column(s) of the CSV files: --target COLUMN")
     if len(args.model) != 1:
@@ -123,29 +155,55 @@ def check_regression_arguments(args: argparse.Namespace) -> None:
 
 def add_recipe_arguments(parser: argparse.ArgumentParser, *, default_out: str) -> None:
     """The method, guarantee and run options of a regression recipe (the names :func:`fit_rows` reads)."""
-    parser.add_argument("--method", action="append", default=None, metavar="NAME[+NAME]",
-                        help=f"a method row next to the plain model, 'a+b' composes (repeatable; default {DEFAULT_METHOD})")
-    parser.add_argument("--option", type=parse_option, action="append", default=[], metavar="KEY=VALUE",
-                        help="a method or fit option, given to every row whose methods accept it (repeatable)")
+    parser.add_argument(
+        "--method",
+        action="append",
+        default=None,
+        metavar="NAME[+NAME]",
+        help=f"a method row next to the plain model, 'a+b' composes (repeatable; default {DEFAULT_METHOD})",
+    )
+    parser.add_argument(
+        "--option",
+        type=parse_option,
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method or fit option, given to every row whose methods accept it (repeatable)",
+    )
     parser.add_argument("--num-samples", type=int, default=None, metavar="N", help="samples for sampling methods")
-    parser.add_argument("--alpha", type=float, default=None, metavar="A",
-                        help="conformal intervals with miscoverage A, calibrated on the validation rows")
+    parser.add_argument(
+        "--alpha",
+        type=float,
+        default=None,
+        metavar="A",
+        help="conformal intervals with miscoverage A, calibrated on the validation rows",
+    )
     parser.add_argument("--ci", type=float, default=None, metavar="LEVEL", help="bootstrap intervals, e.g. 0.95")
     parser.add_argument("--bootstraps", type=int, default=1000, metavar="N", help="bootstrap resamples (default: 1000)")
     parser.add_argument("--batch-size", type=int, default=32, metavar="N", help="(default: 32)")
     parser.add_argument("--seed", type=int, default=0, help="seeds splits and sampling (default: 0)")
-    parser.add_argument("--out", type=Path, default=Path(default_out), metavar="DIR",
-                        help=f"folder for report.md, metrics.json and the PNGs (default: {default_out})")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path(default_out),
+        metavar="DIR",
+        help=f"folder for report.md, metrics.json and the PNGs (default: {default_out})",
+    )
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
 
 
 def check_classification_arguments(args: argparse.Namespace) -> None:
     """Refuse the regression-only options on a classification run (they would be ignored)."""
-    given = [flag for flag, value in (("--test", args.test), ("--target", args.target), ("--features", args.features))
-             if value is not None]
+    given = [
+        flag
+        for flag, value in (("--test", args.test), ("--target", args.target), ("--features", args.features))
+        if value is not None
+    ]
     if given:
-        raise ConfigError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for CSV files under --likelihood "
-                          "regression; add --likelihood regression, or leave them out for a classifier")
+        raise ConfigError(
+            f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for CSV files under --likelihood "
+            "regression; add --likelihood regression, or leave them out for a classifier"
+        )
 
 
 @dataclass
@@ -158,8 +216,12 @@ class RegressionData:
     shifts: dict[str, Table]
 
     def sizes(self) -> dict[str, int]:
-        return {"train": 0 if self.train is None else len(self.train), "val": len(self.val), "test": len(self.test),
-                **{f"shift {name}": len(table) for name, table in self.shifts.items()}}
+        return {
+            "train": 0 if self.train is None else len(self.train),
+            "val": len(self.val),
+            "test": len(self.test),
+            **{f"shift {name}": len(table) for name, table in self.shifts.items()},
+        }
 
 
 def load_tables(args: argparse.Namespace) -> RegressionData:
@@ -177,8 +239,10 @@ def load_tables(args: argparse.Namespace) -> RegressionData:
         order = torch.randperm(len(val), generator=torch.Generator().manual_seed(args.seed))
         cut = int(args.calibration_fraction * len(val))
         if not 0 < cut < len(val):
-            raise ConfigError(f"--calibration-fraction {args.calibration_fraction} leaves an empty part of the "
-                              f"{len(val)} rows of {args.val}; pass --test FILE or a fraction in (0, 1)")
+            raise ConfigError(
+                f"--calibration-fraction {args.calibration_fraction} leaves an empty part of the "
+                f"{len(val)} rows of {args.val}; pass --test FILE or a fraction in (0, 1)"
+            )
         val, test = val.rows(order[:cut]), val.rows(order[cut:])
     shifts = {name: tables[path] for name, path in zip(names, args.shift)}
     return RegressionData(None if args.train is None else tables[args.train], val, test, shifts)
@@ -189,13 +253,17 @@ def _shift_names(paths: list[Path]) -> list[str]:
     row), are refused: one row would hide the other."""
     names = [Path(path).stem for path in paths]
     if TEST_ROW in names:
-        raise ConfigError(f"--shift file {paths[names.index(TEST_ROW)]} is named {TEST_ROW!r}, the name of the test set's "
-                          "row in the report; rename it")
+        raise ConfigError(
+            f"--shift file {paths[names.index(TEST_ROW)]} is named {TEST_ROW!r}, the name of the test set's "
+            "row in the report; rename it"
+        )
     doubled = sorted({name for name in names if names.count(name) > 1})
     if doubled:
         clash = [str(path) for path, name in zip(paths, names) if name == doubled[0]]
-        raise ConfigError(f"--shift files {', '.join(clash)} share the name {doubled[0]!r} that labels their row in the "
-                          "report; rename one")
+        raise ConfigError(
+            f"--shift files {', '.join(clash)} share the name {doubled[0]!r} that labels their row in the "
+            "report; rename one"
+        )
     return names
 
 
@@ -219,19 +287,24 @@ class RegressionRow:
     predict_cost: float | None = None
 
 
-def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, Iterable],
-             args: argparse.Namespace) -> list[RegressionRow]:
+def fit_rows(
+    model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, Iterable], args: argparse.Namespace
+) -> list[RegressionRow]:
     """Wrap ``model`` with each ``--method`` row under a regression likelihood, fit it on ``(train, val)`` and
     evaluate it on ``test`` (``loaders``); ``args`` holds ``method``, ``option``, ``alpha``, ``ci``, ``bootstraps``,
     ``num_samples``, ``seed`` and ``no_progress`` (:func:`add_recipe_arguments` adds them to a recipe)."""
     rows = method_rows(args.method or [DEFAULT_METHOD])
     if isinstance(model, torch.jit.ScriptModule) and any(row != ["none"] for row in rows):
-        raise ConfigError("a TorchScript model is a black box to posthoc: only --method none (its noise fitted on "
-                          "--val) runs on it; for laplace, mc-dropout, vi, ... save the nn.Module itself: "
-                          "torch.save(model, path)")
+        raise ConfigError(
+            "a TorchScript model is a black box to posthoc: only --method none (its noise fitted on "
+            "--val) runs on it; for laplace, mc-dropout, vi, ... save the nn.Module itself: "
+            "torch.save(model, path)"
+        )
     routed = route_options(rows, dict(args.option))
-    wrapped = [posthoc.wrap(model, method=row, likelihood="regression", **wrap_options)
-               for row, (wrap_options, _) in zip(rows, routed)]
+    wrapped = [
+        posthoc.wrap(model, method=row, likelihood="regression", **wrap_options)
+        for row, (wrap_options, _) in zip(rows, routed)
+    ]
     progress = not args.no_progress
     train, val, test = loaders
     probe = probe_batch(test)
@@ -242,13 +315,26 @@ def fit_rows(model: torch.nn.Module, loaders: tuple[Iterable | None, Iterable, I
         start = time.perf_counter()
         um.fit(train, val, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start
-        conformal = None if args.alpha is None else posthoc.conformal(um, val, alpha=args.alpha, seed=args.seed,
-                                                                      progress=progress)
+        conformal = (
+            None
+            if args.alpha is None
+            else posthoc.conformal(um, val, alpha=args.alpha, seed=args.seed, progress=progress)
+        )
         start = time.perf_counter()
-        report = posthoc.evaluate(um, test, name=name, progress=progress, num_samples=args.num_samples, seed=args.seed,
-                                  conformal=conformal, ci=args.ci, bootstraps=args.bootstraps)
-        results.append(RegressionRow(name, um, report, fit_seconds, time.perf_counter() - start,
-                                     predict_cost(um, probe)))
+        report = posthoc.evaluate(
+            um,
+            test,
+            name=name,
+            progress=progress,
+            num_samples=args.num_samples,
+            seed=args.seed,
+            conformal=conformal,
+            ci=args.ci,
+            bootstraps=args.bootstraps,
+        )
+        results.append(
+            RegressionRow(name, um, report, fit_seconds, time.perf_counter() - start, predict_cost(um, probe))
+        )
     return results
 
 
@@ -257,8 +343,15 @@ def _shift_table(results: list[RegressionRow], data: RegressionData, args: argpa
         return None
     sets = {TEST_ROW: data.test, **data.shifts}
     loaders = {name: _loader(table, args.batch_size) for name, table in sets.items()}
-    return evaluate_shift({row.name: row.um for row in results}, loaders, seed=args.seed, ci=args.ci,
-                          bootstraps=args.bootstraps, num_samples=args.num_samples, progress=not args.no_progress)
+    return evaluate_shift(
+        {row.name: row.um for row in results},
+        loaders,
+        seed=args.seed,
+        ci=args.ci,
+        bootstraps=args.bootstraps,
+        num_samples=args.num_samples,
+        progress=not args.no_progress,
+    )
 
 
 def regression_verdict(results: list[RegressionRow], shift: ShiftTable | None) -> Verdict | None:
@@ -266,15 +359,29 @@ def regression_verdict(results: list[RegressionRow], shift: ShiftTable | None) -
     and on each ``--shift`` file, its predict cost and an auto row's record; ``None`` with the plain row alone."""
     if len(results) < 2:
         return None
-    candidates = [candidate(row.test, predict_cost=row.predict_cost, selection=auto_selection(row.um),
-                            shifted=None if shift is None else {name: values for name, values in
-                                                                shift.example_nll(row.name).items() if name != "test"})
-                  for row in results]
+    candidates = [
+        candidate(
+            row.test,
+            predict_cost=row.predict_cost,
+            selection=auto_selection(row.um),
+            shifted=None
+            if shift is None
+            else {name: values for name, values in shift.example_nll(row.name).items() if name != "test"},
+        )
+        for row in results
+    ]
     return judge(candidates, results[0].name, auto_hint=AUTO_HINT, shift_hint="pass `--shift FILE.csv`")
 
 
-def write_regression_report(results: list[RegressionRow], args: argparse.Namespace, *, title: str,
-                            about: list[str], extra: dict[str, Any], shift: ShiftTable | None = None) -> Path:
+def write_regression_report(
+    results: list[RegressionRow],
+    args: argparse.Namespace,
+    *,
+    title: str,
+    about: list[str],
+    extra: dict[str, Any],
+    shift: ShiftTable | None = None,
+) -> Path:
     """Write ``report.md`` (``about``: lines on the data under the title), ``report.html``, ``summary.md``,
     ``metrics.json`` (with ``extra``'s entries) and the PNGs to ``args.out``; return the report's path."""
     out = Path(args.out)
@@ -282,41 +389,105 @@ def write_regression_report(results: list[RegressionRow], args: argparse.Namespa
     predictives = {row.name: (row.test.means, row.test.stds, row.test.targets) for row in results}
     regression_plots.calibration_curves(predictives, out / "calibration.png")
     regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
-    timing = markdown_rows(["method", "fit s", "eval s", "noise std", "predict x fwd"],
-                           [[row.name, f"{row.fit_seconds:.1f}", f"{row.eval_seconds:.1f}",
-                             _noise_text(row.um.likelihood.summary().get('noise_std', float('nan'))),
-                             "–" if row.predict_cost is None else f"{row.predict_cost:.1f}"] for row in results])
+    timing = markdown_rows(
+        ["method", "fit s", "eval s", "noise std", "predict x fwd"],
+        [
+            [
+                row.name,
+                f"{row.fit_seconds:.1f}",
+                f"{row.eval_seconds:.1f}",
+                _noise_text(row.um.likelihood.summary().get("noise_std", float("nan"))),
+                "–" if row.predict_cost is None else f"{row.predict_cost:.1f}",
+            ]
+            for row in results
+        ],
+    )
     found = regression_verdict(results, shift)
-    opening = [] if found is None else [verdict_section(found, out, title="test rows; NLL under shift: mean over the "
-                                                                           "--shift files"), ""]
+    opening = (
+        []
+        if found is None
+        else [verdict_section(found, out, title="test rows; NLL under shift: mean over the --shift files"), ""]
+    )
     auto = next((row for row in results if auto_selection(row.um)), None)
-    lines = [f"# {title}", "", *opening, "## Data", "", *about, f"- seed {args.seed}", "", "## Test set", "",
-             regression_markdown_table([row.test for row in results]), "", BEST_CAPTION, "", timing, "",
-             *([] if auto is None else [selection_section(auto_selection(auto.um), out, label=auto.name)])]
+    lines = [
+        f"# {title}",
+        "",
+        *opening,
+        "## Data",
+        "",
+        *about,
+        f"- seed {args.seed}",
+        "",
+        "## Test set",
+        "",
+        regression_markdown_table([row.test for row in results]),
+        "",
+        BEST_CAPTION,
+        "",
+        timing,
+        "",
+        *([] if auto is None else [selection_section(auto_selection(auto.um), out, label=auto.name)]),
+    ]
     if shift is not None:
         shift.plot(out / "shift.png")
-        lines += ["## Shifted test sets (posthoc.evaluate_shift)", "", shift.to_markdown(detail=True), "",
-                  "![NLL, CRPS and 90 % coverage per test set](shift.png)", ""]
+        lines += [
+            "## Shifted test sets (posthoc.evaluate_shift)",
+            "",
+            shift.to_markdown(detail=True),
+            "",
+            "![NLL, CRPS and 90 % coverage per test set](shift.png)",
+            "",
+        ]
     if args.alpha is not None:
-        lines += [f"conformal coverage / width: split conformal intervals at alpha {args.alpha}, calibrated on "
-                  f"the held-out rows; coverage >= {1 - args.alpha:g} on average over exchangeable draws (not under shift).", ""]
-    lines += [LEGEND, "", "![observed against expected interval coverage](calibration.png)", "",
-              "![RMSE against predicted std, per bin](error_std.png)", ""]
+        lines += [
+            f"conformal coverage / width: split conformal intervals at alpha {args.alpha}, calibrated on "
+            f"the held-out rows; coverage >= {1 - args.alpha:g} on average over exchangeable draws (not under shift).",
+            "",
+        ]
+    lines += [
+        LEGEND,
+        "",
+        "![observed against expected interval coverage](calibration.png)",
+        "",
+        "![RMSE against predicted std, per bin](error_std.png)",
+        "",
+    ]
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
     html_page.write_html("\n".join(lines), out / "report.html", title=title)
-    (out / "summary.md").write_text("\n\n".join(f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results) + "\n")
-    metrics = {"title": title, "likelihood": "regression", **extra, "settings": run_settings(args),
-               "rows": [{"method": row.name, "fit_seconds": row.fit_seconds, "eval_seconds": row.eval_seconds,
-                         "test": row.test.as_dict(), "summary": row.um.summary()} for row in results],
-               "shift": None if shift is None else shift.as_dict(), "verdict": None if found is None else found.as_dict()}
+    (out / "summary.md").write_text(
+        "\n\n".join(f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results) + "\n"
+    )
+    metrics = {
+        "title": title,
+        "likelihood": "regression",
+        **extra,
+        "settings": run_settings(args),
+        "rows": [
+            {
+                "method": row.name,
+                "fit_seconds": row.fit_seconds,
+                "eval_seconds": row.eval_seconds,
+                "test": row.test.as_dict(),
+                "summary": row.um.summary(),
+            }
+            for row in results
+        ],
+        "shift": None if shift is None else shift.as_dict(),
+        "verdict": None if found is None else found.as_dict(),
+    }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     return report_path
 
 
-def run_regression_recipe(model: torch.nn.Module, datasets: tuple[Dataset | None, Dataset, Dataset | None],
-                          make_loader: Callable[[Dataset, bool], Iterable], args: argparse.Namespace, *,
-                          title: str) -> Path:
+def run_regression_recipe(
+    model: torch.nn.Module,
+    datasets: tuple[Dataset | None, Dataset, Dataset | None],
+    make_loader: Callable[[Dataset, bool], Iterable],
+    args: argparse.Namespace,
+    *,
+    title: str,
+) -> Path:
     """A regression recipe after loading its model and its ``(train, val, test)`` datasets (``test`` ``None``:
     half of ``val``, seeded): :func:`fit_rows` on ``make_loader(dataset, shuffle)`` loaders, the test table
     printed, the report written (:func:`write_regression_report`); returns the report's path.
@@ -334,7 +505,9 @@ def run_regression_recipe(model: torch.nn.Module, datasets: tuple[Dataset | None
     print(regression_markdown_table([row.test for row in results]))
     sizes = {"train": 0 if train is None else len(train), "val": len(val), "test": len(test)}
     about = [f"- target: {args.target}; rows: " + ", ".join(f"{k} {v}" for k, v in sizes.items())]
-    return write_regression_report(results, args, title=title, about=about, extra={"targets": [args.target], "sizes": sizes})
+    return write_regression_report(
+        results, args, title=title, about=about, extra={"targets": [args.target], "sizes": sizes}
+    )
 
 
 def run_regression(args: argparse.Namespace) -> Path:
@@ -343,16 +516,28 @@ def run_regression(args: argparse.Namespace) -> Path:
     torch.manual_seed(args.seed)
     model = load_module(args.model[0]).to(run_device(args.device))
     data = load_tables(args)
-    loaders = (_loader(data.train, args.batch_size, True, args.seed), _loader(data.val, args.batch_size),
-               _loader(data.test, args.batch_size))
+    loaders = (
+        _loader(data.train, args.batch_size, True, args.seed),
+        _loader(data.val, args.batch_size),
+        _loader(data.test, args.batch_size),
+    )
     results = fit_rows(model, loaders, args)
     sizes = ", ".join(f"{name} {count}" for name, count in data.sizes().items() if count)
-    about = [f"- target(s): {', '.join(data.test.targets)}; features ({len(data.test.features)}): "
-             f"{', '.join(data.test.features)}", f"- rows: {sizes}",
-             f"- test set: {args.test or f'{args.val} (test part; the rest is held out)'}"]
+    about = [
+        f"- target(s): {', '.join(data.test.targets)}; features ({len(data.test.features)}): "
+        f"{', '.join(data.test.features)}",
+        f"- rows: {sizes}",
+        f"- test set: {args.test or f'{args.val} (test part; the rest is held out)'}",
+    ]
     extra = {"targets": data.test.targets, "features": data.test.features, "sizes": data.sizes()}
-    report_path = write_regression_report(results, args, title=f"posthoc evaluate: {args.model[0]} (regression)",
-                                          about=about, extra=extra, shift=_shift_table(results, data, args))
+    report_path = write_regression_report(
+        results,
+        args,
+        title=f"posthoc evaluate: {args.model[0]} (regression)",
+        about=about,
+        extra=extra,
+        shift=_shift_table(results, data, args),
+    )
     print(f"[posthoc] wrote {report_path}")
     return report_path
 

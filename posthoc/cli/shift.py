@@ -29,8 +29,13 @@ from posthoc.shift.loader import Normalization
 class ShiftAction(argparse.Action):
     """``--shift``: corruption kinds go to ``args.corruptions``, anything else is a folder appended to ``args.shift``."""
 
-    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
-                 option_string: str | None = None) -> None:
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
         names = [name.strip() for name in str(values).split(",") if name.strip()]
         if names and all(name in KINDS for name in names) and not Path(values).is_dir():
             corruptions = list(getattr(namespace, "corruptions", None) or [])
@@ -45,7 +50,9 @@ def _severities(text: str) -> list[int]:
     except ValueError:
         values = []
     if not values or any(not 1 <= value <= 5 for value in values):
-        raise argparse.ArgumentTypeError(f"severities are integers from 1 to 5, comma-separated (e.g. 1,3,5); got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"severities are integers from 1 to 5, comma-separated (e.g. 1,3,5); got {text!r}"
+        )
     return values
 
 
@@ -60,10 +67,20 @@ def add_shift_arguments(parser: argparse.ArgumentParser) -> None:
     """``--severities`` and ``--ci`` / ``--bootstraps`` (``--shift`` itself is defined with the data arguments)."""
     group = parser.add_argument_group("shift and intervals")
     group.set_defaults(corruptions=[])
-    group.add_argument("--severities", type=_severities, default=[1, 3, 5], metavar="S[,S...]",
-                       help="severities (1-5) of the --shift corruption kinds (default: 1,3,5)")
-    group.add_argument("--ci", type=_level, default=None, metavar="LEVEL",
-                       help="bootstrap confidence intervals at this level on every metric, e.g. 0.95 (default: none)")
+    group.add_argument(
+        "--severities",
+        type=_severities,
+        default=[1, 3, 5],
+        metavar="S[,S...]",
+        help="severities (1-5) of the --shift corruption kinds (default: 1,3,5)",
+    )
+    group.add_argument(
+        "--ci",
+        type=_level,
+        default=None,
+        metavar="LEVEL",
+        help="bootstrap confidence intervals at this level on every metric, e.g. 0.95 (default: none)",
+    )
     group.add_argument("--bootstraps", type=int, default=1000, metavar="N", help="bootstrap resamples (default: 1000)")
 
 
@@ -82,14 +99,24 @@ def transform_normalization(transform: Any) -> Normalization | None:
     return None
 
 
-def corruption_table(um: UncertainModel, name: str, test_loader: Iterable, args: argparse.Namespace,
-                     normalization: Normalization | None) -> ShiftTable | None:
+def corruption_table(
+    um: UncertainModel, name: str, test_loader: Iterable, args: argparse.Namespace, normalization: Normalization | None
+) -> ShiftTable | None:
     """The row's :class:`ShiftTable` on the corrupted test set, or ``None`` without corruption kinds."""
     if not args.corruptions:
         return None
-    return evaluate_shift({name: um}, test_loader, kinds=args.corruptions, severities=args.severities,
-                          normalization=normalization, seed=args.seed, ci=args.ci, bootstraps=args.bootstraps,
-                          num_samples=args.num_samples, progress=not args.no_progress)
+    return evaluate_shift(
+        {name: um},
+        test_loader,
+        kinds=args.corruptions,
+        severities=args.severities,
+        normalization=normalization,
+        seed=args.seed,
+        ci=args.ci,
+        bootstraps=args.bootstraps,
+        num_samples=args.num_samples,
+        progress=not args.no_progress,
+    )
 
 
 def corruption_lines(tables: Sequence[ShiftTable | None], out: Path) -> list[str]:
@@ -103,7 +130,16 @@ def corruption_lines(tables: Sequence[ShiftTable | None], out: Path) -> list[str
     merged.plot(out / "shift.png")
     compared = plain_and_best(merged)
     merged.confidence_plot(out / "confidence.png", compared)
-    return ["## Corruptions of the test set (posthoc.shift)", "", merged.to_markdown(detail=True), "",
-            "![NLL and ECE against severity](shift.png)", "",
-            f"Mean confidence (solid) against accuracy (dashed), {' against '.join(compared)}: the shaded gap is the "
-            "overconfidence under shift.", "", "![confidence against severity](confidence.png)", ""]
+    return [
+        "## Corruptions of the test set (posthoc.shift)",
+        "",
+        merged.to_markdown(detail=True),
+        "",
+        "![NLL and ECE against severity](shift.png)",
+        "",
+        f"Mean confidence (solid) against accuracy (dashed), {' against '.join(compared)}: the shaded gap is the "
+        "overconfidence under shift.",
+        "",
+        "![confidence against severity](confidence.png)",
+        "",
+    ]

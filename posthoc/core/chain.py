@@ -26,9 +26,11 @@ from posthoc.core.registry import ENSEMBLE, REGISTRY, method_class, method_names
 from posthoc.errors import ConfigError
 
 #: how to calibrate a regressor's predictive, which ``wrap`` does not stack a calibrator on (yet)
-CALIBRATE_REGRESSOR = ("fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "
-                       "| 'isotonic' | 'auto') on the wrapped regressor's held-out prediction pred = um.predict(x_val), "
-                       "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction")
+CALIBRATE_REGRESSOR = (
+    "fit posthoc.calibrate(mean=pred.mean, std=pred.std, targets=y_val, method='variance-scaling' "
+    "| 'isotonic' | 'auto') on the wrapped regressor's held-out prediction pred = um.predict(x_val), "
+    "then cal.calibrate(um.predict(x)) is the calibrated RegressionPrediction"
+)
 
 
 #: options of ``wrap`` that steer the runner (``posthoc.engine.runner.RunOptions``), not a method: the spec keeps
@@ -37,9 +39,11 @@ RUN_OPTION_NAMES = ("max_memory",)
 
 
 #: options of earlier releases that no method takes any more, and what replaced them
-RETIRED_OPTIONS = {"val_tolerance": "every held-out choice now takes one tolerance, um.fit(..., tolerance=...): nats per "
-                                    "example (default: max(2 % of the plain model's held-out NLL, 0.005 nats)), judged "
-                                    "with a one-sided 95 % bound"}
+RETIRED_OPTIONS = {
+    "val_tolerance": "every held-out choice now takes one tolerance, um.fit(..., tolerance=...): nats per "
+    "example (default: max(2 % of the plain model's held-out NLL, 0.005 nats)), judged "
+    "with a one-sided 95 % bound"
+}
 
 
 def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, Any]]:
@@ -64,8 +68,9 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
     return [{k: v for k, v in options.items() if k in valid} for valid in accepted]
 
 
-def spec_of(names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood,
-            run: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+def spec_of(
+    names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood, run: dict[str, Any] | None = None
+) -> list[dict[str, Any]]:
     """The saved spec: one entry per method; the first records the likelihood unless it is classification.
 
     Example:
@@ -92,13 +97,18 @@ def check_handles(cls: type[Method], name: str, likelihood: Likelihood) -> None:
         return
     able = [n for n in method_names() if REGISTRY[n].algorithm({}).handles(likelihood)]
     scope = f" with these options ({cls.__name__})" if REGISTRY[name].algorithm({}).handles(likelihood) else ""
-    calibrator = (f"; '{name}' calibrates a classifier's probabilities, and wrap does not stack a calibrator on a "
-                  f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
-                  if cls.stacks and likelihood.name != "classification" else "")
-    raise ConfigError(f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
-                      f"{', '.join(able) or 'none'}" + (f" (laplace: {LAPLACE_SCOPES.get(likelihood.name, LAPLACE_SCOPE)})"
-                                                         if "laplace" in able else "")
-                      + calibrator)
+    calibrator = (
+        f"; '{name}' calibrates a classifier's probabilities, and wrap does not stack a calibrator on a "
+        f"regressor yet: wrap without it and {CALIBRATE_REGRESSOR}"
+        if cls.stacks and likelihood.name != "classification"
+        else ""
+    )
+    raise ConfigError(
+        f"method '{name}'{scope} does not do likelihood={likelihood.name!r} yet; the methods that do: "
+        f"{', '.join(able) or 'none'}"
+        + (f" (laplace: {LAPLACE_SCOPES.get(likelihood.name, LAPLACE_SCOPE)})" if "laplace" in able else "")
+        + calibrator
+    )
 
 
 def base_method(model: nn.Module, entry: dict[str, Any]) -> tuple[Method, str | None]:
@@ -144,8 +154,10 @@ def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) 
     """
     if not spec:
         raise ConfigError("method must name at least one method")
-    spec = [{**entry, "options": {k: v for k, v in entry.get("options", {}).items() if k not in RUN_OPTION_NAMES}}
-            for entry in spec]
+    spec = [
+        {**entry, "options": {k: v for k, v in entry.get("options", {}).items() if k not in RUN_OPTION_NAMES}}
+        for entry in spec
+    ]
     if isinstance(model, (list, tuple)):
         method, source = REGISTRY[ENSEMBLE].around([uncompiled(m) for m in model], spec[0], base_method)
         method.use_likelihood(make_likelihood(spec[0].get("likelihood")))

@@ -101,7 +101,9 @@ def one_of(value: Any, name: str, choices: tuple[Any, ...]) -> Any:
 def memory_bytes(value: Any, name: str = "max_memory") -> Any:
     """``value`` if it is ``None`` (the library-wide budget) or a positive number of bytes."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-        raise ConfigError(f"{name} must be a positive number of bytes (or None for posthoc.settings.max_memory), got {value!r}")
+        raise ConfigError(
+            f"{name} must be a positive number of bytes (or None for posthoc.settings.max_memory), got {value!r}"
+        )
     return value
 
 
@@ -116,8 +118,10 @@ def check_shift(shift: Any) -> Any:
         return shift
     if isinstance(shift, (list, tuple)) and shift and all(isinstance(s, str) or callable(s) for s in shift):
         return shift
-    raise ConfigError(f"shift must be None (clean validation data only), 'auto' (perturbations suited to the inputs) "
-                      f"or a non-empty list of fit-time kind names and callables f(x, generator) -> x; got {shift!r}")
+    raise ConfigError(
+        f"shift must be None (clean validation data only), 'auto' (perturbations suited to the inputs) "
+        f"or a non-empty list of fit-time kind names and callables f(x, generator) -> x; got {shift!r}"
+    )
 
 
 def generator(value: Any, name: str = "generator") -> Any:

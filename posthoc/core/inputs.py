@@ -68,8 +68,10 @@ def to_device(x: Inputs, device: torch.device | str) -> Inputs:
     if isinstance(x, Mapping):
         return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in x.items()}
     if not isinstance(x, Tensor):
-        raise InputError(f"inputs must be a tensor (or a dict of tensors), got {type(x).__name__}; yield (x, y) "
-                         "batches whose inputs are stacked into a tensor, e.g. with torch.stack")
+        raise InputError(
+            f"inputs must be a tensor (or a dict of tensors), got {type(x).__name__}; yield (x, y) "
+            "batches whose inputs are stacked into a tensor, e.g. with torch.stack"
+        )
     return x.to(device, non_blocking=True)
 
 
@@ -124,8 +126,11 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
         posthoc.errors.InputError: detector.score got an empty batch (0 examples)...
     """
     if not isinstance(x, (Tensor, Mapping)):
-        hint = (": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
-                if isinstance(x, (list, tuple, np.ndarray)) else "")
+        hint = (
+            ": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
+            if isinstance(x, (list, tuple, np.ndarray))
+            else ""
+        )
         raise InputError(f"{what} takes a tensor (or a dict of tensors), got {type(x).__name__}{hint}")
     count = batch_size(x)
     if count == 0:
@@ -155,15 +160,24 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
     try:
         array = np.asarray(values)
     except ValueError as err:  # ragged nested lists
-        raise InputError(f"{what} cannot be read as an array of numbers ({err}); pass a tensor or an array of one "
-                         "shape") from None
+        raise InputError(
+            f"{what} cannot be read as an array of numbers ({err}); pass a tensor or an array of one shape"
+        ) from None
     if array.dtype.kind in "USO":
         example = str(array.reshape(-1)[0]) if array.size else ""
         if hint is None:
-            hint = ("pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
-                    "np.unique(labels, return_inverse=True)[1]") if what == "labels" else "pass numbers"
-        raise InputError(f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
-                         f"(e.g. {example!r}), not numbers; {hint}")
+            hint = (
+                (
+                    "pass integer class indices 0..C-1 in the order of the logits' columns, e.g. "
+                    "np.unique(labels, return_inverse=True)[1]"
+                )
+                if what == "labels"
+                else "pass numbers"
+            )
+        raise InputError(
+            f"{what} are {'strings' if array.dtype.kind in 'US' else 'Python objects'} "
+            f"(e.g. {example!r}), not numbers; {hint}"
+        )
     return torch.as_tensor(array)
 
 
@@ -195,9 +209,14 @@ def looks_like_loader(data: Any) -> bool:
     if isinstance(data, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(data, Iterable):
         return False
     if isinstance(data, (list, tuple)):
-        return all(isinstance(batch, Mapping) or (isinstance(batch, (list, tuple))
-                                                  and any(isinstance(v, (Tensor, Mapping, np.ndarray, list)) for v in batch))
-                   for batch in data)
+        return all(
+            isinstance(batch, Mapping)
+            or (
+                isinstance(batch, (list, tuple))
+                and any(isinstance(v, (Tensor, Mapping, np.ndarray, list)) for v in batch)
+            )
+            for batch in data
+        )
     return True
 
 
@@ -220,8 +239,10 @@ def check_label_count(count: int, y: Tensor, where: str) -> None:
     """Refuse labels ``y`` that are not one per input of a batch of ``count`` examples (``where`` names the batch)."""
     labels = y.shape[0] if y.dim() else 1
     if labels != count:
-        raise InputError(f"{where} has {count} inputs but {labels} labels; yield one label per input (check the "
-                         "dataset's __getitem__ or the collate function)")
+        raise InputError(
+            f"{where} has {count} inputs but {labels} labels; yield one label per input (check the "
+            "dataset's __getitem__ or the collate function)"
+        )
 
 
 def check_finite(x: Inputs) -> None:
@@ -339,16 +360,21 @@ def iterate(
         check_attention(x)
         count = batch_size(x)
         if count == 0:
-            raise InputError(f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches "
-                             "from the loader")
+            raise InputError(
+                f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches from the loader"
+            )
         if not all_finite(x):
             raise InputError(
                 f"batch {seen} (0-based) of {where}: inputs contain NaN or inf "
                 "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
             )
         if y is not None:
-            y = as_tensor(y, f"y of batch {seen} (0-based) of {where}", numbers=True,
-                          hint="yield numbers: class indices for a classifier, real values for a regressor")
+            y = as_tensor(
+                y,
+                f"y of batch {seen} (0-based) of {where}",
+                numbers=True,
+                hint="yield numbers: class indices for a classifier, real values for a regressor",
+            )
             check_label_count(count, y, f"batch {seen} (0-based) of {where}")
         seen += 1
         yield x, (None if y is None else y.to(device))

@@ -163,7 +163,9 @@ class Categorical(Likelihood):
             )
         labels = check_labels(y, outputs.shape[-1])
         if labels.numel() != outputs.shape[0]:
-            raise InputError(f"got {labels.numel()} labels for {outputs.shape[0]} inputs; pass one class index per input")
+            raise InputError(
+                f"got {labels.numel()} labels for {outputs.shape[0]} inputs; pass one class index per input"
+            )
         return labels
 
     def hessian_rank(self, outputs: int) -> int:
@@ -202,8 +204,10 @@ def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
     if y.dim() == 1 and width == 1:
         y = y[:, None]
     if tuple(y.shape) != (rows, width):
-        raise InputError(f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
-                         f"pass targets of shape ({rows},) or ({rows}, {width})")
+        raise InputError(
+            f"targets have shape {tuple(y.shape)} but the model predicts {width} output(s) for {rows} inputs; "
+            f"pass targets of shape ({rows},) or ({rows}, {width})"
+        )
     return y.to(torch.float64)
 
 
@@ -269,8 +273,10 @@ class Gaussian(RealTargets):
     def check_width(self, outputs: int) -> None:
         """A noise per output needs as many as the model has outputs."""
         if self.per_output and self.noise_std.numel() != outputs:
-            raise ConfigError(f"noise_std has {self.noise_std.numel()} value(s), one per output, but the model returns "
-                              f"{outputs} output(s) per example; pass {outputs} values or one float shared by the outputs")
+            raise ConfigError(
+                f"noise_std has {self.noise_std.numel()} value(s), one per output, but the model returns "
+                f"{outputs} output(s) per example; pass {outputs} values or one float shared by the outputs"
+            )
 
     @property
     def dispersion(self) -> float:
@@ -279,10 +285,12 @@ class Gaussian(RealTargets):
         if self.per_output:
             stds = self.fitted_stds()
             if bool((stds != stds[0]).any()):
-                raise ConfigError(f"this computation uses one observation noise for all outputs, but the noise is per "
-                                  f"output (σ = {[round(v, 4) for v in stds.tolist()]}); fix one shared noise with "
-                                  "likelihood=posthoc.Gaussian(noise_std=<float>), or use a method that predicts with a "
-                                  "noise per output (none, last-layer laplace, mc-dropout, ensembles)")
+                raise ConfigError(
+                    f"this computation uses one observation noise for all outputs, but the noise is per "
+                    f"output (σ = {[round(v, 4) for v in stds.tolist()]}); fix one shared noise with "
+                    "likelihood=posthoc.Gaussian(noise_std=<float>), or use a method that predicts with a "
+                    "noise per output (none, last-layer laplace, mc-dropout, ensembles)"
+                )
             return float(stds[0]) ** 2
         return self.fitted_std() ** 2
 
@@ -292,15 +300,19 @@ class Gaussian(RealTargets):
             return math.sqrt(self.dispersion)
         value = float(self.noise_std)
         if math.isnan(value):
-            raise NotFittedError("the observation noise of likelihood='regression' is not fitted yet: call "
-                                 "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))")
+            raise NotFittedError(
+                "the observation noise of likelihood='regression' is not fitted yet: call "
+                "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))"
+            )
         return value
 
     def fitted_stds(self) -> Tensor:
         """``σ`` float64, ``()`` shared or ``(D,)`` per output, refusing before it was fitted."""
         if not bool(torch.isfinite(self.noise_std).all()):
-            raise NotFittedError("the observation noise of likelihood='regression' is not fitted yet: call "
-                                 "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))")
+            raise NotFittedError(
+                "the observation noise of likelihood='regression' is not fitted yet: call "
+                "um.fit(train_loader, val_loader) (or fix it with likelihood=posthoc.Gaussian(noise_std=...))"
+            )
         return self.noise_std
 
     def variances(self, outputs: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -310,8 +322,10 @@ class Gaussian(RealTargets):
             return torch.tensor(self.dispersion, dtype=dtype, device=device)
         stds = self.fitted_stds()
         if stds.numel() != outputs:
-            raise InputError(f"the observation noise has {stds.numel()} value(s), one per output, but the model predicts "
-                             f"{outputs} output(s); fit (or fix) the noise for this model's outputs")
+            raise InputError(
+                f"the observation noise has {stds.numel()} value(s), one per output, but the model predicts "
+                f"{outputs} output(s); fit (or fix) the noise for this model's outputs"
+            )
         return stds.square().to(device=device, dtype=dtype)
 
     def unit_loss(self, outputs: Tensor, targets: Tensor) -> Tensor:
@@ -336,9 +350,13 @@ class Gaussian(RealTargets):
         targets = targets.to(outputs.device, outputs.dtype)
         if self.per_output:
             variances = self.variances(outputs.shape[-1], outputs.dtype, outputs.device)
-            return (0.5 * ((targets - outputs).square() / variances).sum(-1)).mean() + 0.5 * (2 * math.pi * variances).log().sum()
+            return (0.5 * ((targets - outputs).square() / variances).sum(-1)).mean() + 0.5 * (
+                2 * math.pi * variances
+            ).log().sum()
         variance = self.dispersion
-        return (0.5 * (targets - outputs).square().sum(-1) / variance).mean() + 0.5 * targets.shape[-1] * math.log(2 * math.pi * variance)
+        return (0.5 * (targets - outputs).square().sum(-1) / variance).mean() + 0.5 * targets.shape[-1] * math.log(
+            2 * math.pi * variance
+        )
 
     def set_noise(self, std: float | Tensor, source: str) -> None:
         """Record ``σ`` (a float, or a tensor of one ``σ_d`` per output) and how it was chosen (one of
@@ -351,8 +369,15 @@ class Gaussian(RealTargets):
             self.noise_std.fill_(float(std))
         self.noise_source.fill_(NOISE_SOURCES.index(source))
 
-    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out", *,
-                  per_output: bool = False) -> None:
+    def fit_noise(
+        self,
+        outputs: Tensor,
+        model_variances: Tensor | None,
+        targets: Tensor,
+        source: str = "held-out",
+        *,
+        per_output: bool = False,
+    ) -> None:
         """``σ`` maximising the predictive likelihood of ``targets`` ``(N, D)`` under components ``(K, N, D)``
         (a fixed ``σ`` stays). One Gaussian point per example: ``σ² = mean r²``; otherwise a golden-section
         search in ``log σ`` on the exact mixture likelihood, which has that same optimum for points.
@@ -371,8 +396,14 @@ class Gaussian(RealTargets):
             return
         if per_output and outputs.shape[-1] > 1:
             with single_thread_if(outputs.device.type == "cpu" and 8 * outputs[..., 0].numel() <= SMALL_WORK_BYTES):
-                stds = [self._fitted(outputs[..., d:d + 1], None if model_variances is None else model_variances[..., d:d + 1],
-                                     targets[..., d:d + 1]) for d in range(outputs.shape[-1])]
+                stds = [
+                    self._fitted(
+                        outputs[..., d : d + 1],
+                        None if model_variances is None else model_variances[..., d : d + 1],
+                        targets[..., d : d + 1],
+                    )
+                    for d in range(outputs.shape[-1])
+                ]
             self.set_noise(torch.tensor(stds, dtype=torch.float64), source)
         else:
             self.set_noise(self._fitted(outputs, model_variances, targets), source)
@@ -391,10 +422,16 @@ class Gaussian(RealTargets):
                 noise = torch.tensor(math.exp(2 * log_std), dtype=torch.float64, device=outputs.device)
                 return -float(RegressionPrediction.from_components(outputs, model, noise).log_prob(targets).sum())
 
-            std = math.exp(golden_minimum(nll, math.log(max(residual, 1e-12)) - math.log(1e3), math.log(max(residual, 1e-12)) + math.log(10)))
+            std = math.exp(
+                golden_minimum(
+                    nll, math.log(max(residual, 1e-12)) - math.log(1e3), math.log(max(residual, 1e-12)) + math.log(10)
+                )
+            )
         if not std > 0:
-            raise InputError("the model predicts every target exactly, so the observation noise is 0; fix it with "
-                             "likelihood=posthoc.Gaussian(noise_std=...) or fit on held-out data")
+            raise InputError(
+                "the model predicts every target exactly, so the observation noise is 0; fix it with "
+                "likelihood=posthoc.Gaussian(noise_std=...) or fit on held-out data"
+            )
         return std
 
     def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any) -> None:
@@ -413,8 +450,10 @@ class Gaussian(RealTargets):
         source = int(self.noise_source)
         if bool(torch.isnan(self.noise_std).any()):
             return {}
-        return {"noise_std": self.noise_std.tolist() if self.per_output else float(self.noise_std),
-                "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded"}
+        return {
+            "noise_std": self.noise_std.tolist() if self.per_output else float(self.noise_std),
+            "noise_fit": NOISE_SOURCES[source] if source >= 0 else "not recorded",
+        }
 
 
 def _noise_values(noise_std: Any) -> float | list[float] | None:
@@ -429,8 +468,10 @@ def _noise_values(noise_std: Any) -> float | list[float] | None:
         return [float(v) for v in noise_std]
     if valid(noise_std):
         return float(noise_std)
-    raise ConfigError(f"noise_std must be a positive finite float (the observation noise's standard deviation), a list of "
-                      f"them (one per output) or None to fit it, got {noise_std!r}")
+    raise ConfigError(
+        f"noise_std must be a positive finite float (the observation noise's standard deviation), a list of "
+        f"them (one per output) or None to fit it, got {noise_std!r}"
+    )
 
 
 class HeteroscedasticHessian:
@@ -450,7 +491,7 @@ class HeteroscedasticHessian:
     """
 
     def __init__(self, outputs: Tensor) -> None:
-        log_variance = outputs.to(torch.float64)[:, outputs.shape[-1] // 2:]
+        log_variance = outputs.to(torch.float64)[:, outputs.shape[-1] // 2 :]
         self.weights = torch.cat([(-log_variance).exp(), torch.full_like(log_variance, 0.5)], dim=-1)
 
     def diagonal(self) -> Tensor:
@@ -479,15 +520,19 @@ class HeteroscedasticGaussian(RealTargets):
     def check_width(self, outputs: int) -> None:
         """An odd number of outputs has no means-then-log-variances split."""
         if outputs % 2:
-            raise ConfigError(f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; this model "
-                              f"returns {outputs} output(s) per example. Give it an even number, or use "
-                              "likelihood='regression' (a fitted noise)")
+            raise ConfigError(
+                f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; this model "
+                f"returns {outputs} output(s) per example. Give it an even number, or use "
+                "likelihood='regression' (a fitted noise)"
+            )
 
     def split(self, outputs: Tensor) -> tuple[Tensor, Tensor]:
         """``(means, variances)`` of outputs ``(..., 2D)``."""
         if outputs.shape[-1] % 2:
-            raise InputError(f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; the model "
-                             f"returns {outputs.shape[-1]} outputs. Give it an even number, or use likelihood='regression'")
+            raise InputError(
+                f"likelihood='heteroscedastic' reads outputs (N, 2D), D means then D log-variances; the model "
+                f"returns {outputs.shape[-1]} outputs. Give it an even number, or use likelihood='regression'"
+            )
         width = outputs.shape[-1] // 2
         return outputs[..., :width], outputs[..., width:].exp()
 
@@ -535,7 +580,9 @@ class HeteroscedasticGaussian(RealTargets):
         noise = (log_variances + variances[..., width:] / 2).exp()
         return RegressionPrediction.from_components(means[None], variances[None, ..., :width], noise[None])
 
-    def fit_noise(self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out") -> None:
+    def fit_noise(
+        self, outputs: Tensor, model_variances: Tensor | None, targets: Tensor, source: str = "held-out"
+    ) -> None:
         """Nothing to fit: the model predicts its noise."""
 
 
@@ -559,7 +606,9 @@ def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likeliho
         value = {"name": value}
     if not isinstance(value, dict) or value.get("name") not in LIKELIHOODS:
         named = value.get("name") if isinstance(value, dict) else value
-        raise ConfigError(f"likelihood must be one of {list(LIKELIHOODS)} (or posthoc.Gaussian(noise_std=...)), got {named!r}")
+        raise ConfigError(
+            f"likelihood must be one of {list(LIKELIHOODS)} (or posthoc.Gaussian(noise_std=...)), got {named!r}"
+        )
     cls = LIKELIHOODS[value["name"]]
     return build(cls, {key: item for key, item in value.items() if key != "name"}, f"likelihood {value['name']!r}")
 
@@ -622,20 +671,36 @@ def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) ->
     squares = squares.sum(-1)  # (S, N): each component is joint over the D outputs
 
     def nlls(log_std: float) -> Tensor:
-        log_density = torch.logsumexp(-squares / (2 * math.exp(2 * log_std)), dim=0) - log_count  # (N,), without the normaliser
+        log_density = (
+            torch.logsumexp(-squares / (2 * math.exp(2 * log_std)), dim=0) - log_count
+        )  # (N,), without the normaliser
         return -log_density + width * (0.5 * math.log(2 * math.pi) + log_std)
 
-    residual = math.log(max(float((targets.to(torch.float64) - outputs.to(torch.float64).mean(0)).square().mean().sqrt()), 1e-12))
+    residual = math.log(
+        max(float((targets.to(torch.float64) - outputs.to(torch.float64).mean(0)).square().mean().sqrt()), 1e-12)
+    )
     if squares.shape[0] == 1:
         return nlls(residual)
     with single_thread_if(squares.device.type == "cpu" and 8 * squares.numel() <= SMALL_WORK_BYTES):
-        return nlls(golden_minimum(lambda log_std: float(nlls(log_std).mean()), residual - math.log(1e3),
-                                   residual + math.log(10), steps=BEST_NOISE_STEPS))
+        return nlls(
+            golden_minimum(
+                lambda log_std: float(nlls(log_std).mean()),
+                residual - math.log(1e3),
+                residual + math.log(10),
+                steps=BEST_NOISE_STEPS,
+            )
+        )
 
 
-def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterable | None], device: torch.device,
-                 components: Callable[[Inputs], tuple[Tensor, Tensor | None]], *, progress: bool = False,
-                 per_output: bool = False) -> None:
+def fit_noise_on(
+    likelihood: Likelihood,
+    loaders: tuple[Iterable | None, Iterable | None],
+    device: torch.device,
+    components: Callable[[Inputs], tuple[Tensor, Tensor | None]],
+    *,
+    progress: bool = False,
+    per_output: bool = False,
+) -> None:
     """Fit ``likelihood``'s noise on the held-out loader if there is one, else on the training loader: ``components(x)``
     gives a batch's outputs ``(K, n, D)`` and model variances. A likelihood without a noise to fit is left alone.
     ``per_output``: one noise per output (:meth:`Gaussian.fit_noise`), for a method that predicts with one.
@@ -652,8 +717,10 @@ def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterabl
     train_loader, val_loader = loaders
     loader, source = (val_loader, "held-out") if val_loader is not None else (train_loader, "training")
     if loader is None:
-        raise InputError("likelihood='regression' fits the observation noise on data: call um.fit(train_loader, val_loader) "
-                         "(held-out data is best), or fix it with likelihood=posthoc.Gaussian(noise_std=...)")
+        raise InputError(
+            "likelihood='regression' fits the observation noise on data: call um.fit(train_loader, val_loader) "
+            "(held-out data is best), or fix it with likelihood=posthoc.Gaussian(noise_std=...)"
+        )
     outputs, variances, targets = [], [], []
     with torch.no_grad():
         for x, y in iterate(loader, device=device, progress=progress, desc="observation noise"):
@@ -662,8 +729,9 @@ def fit_noise_on(likelihood: Likelihood, loaders: tuple[Iterable | None, Iterabl
             outputs.append(out)
             variances.append(variance)
     model = None if any(v is None for v in variances) else torch.cat(variances, dim=1)
-    likelihood.fit_noise(torch.cat(outputs, dim=1), model, torch.cat(targets), source,
-                         **({"per_output": True} if per_output else {}))
+    likelihood.fit_noise(
+        torch.cat(outputs, dim=1), model, torch.cat(targets), source, **({"per_output": True} if per_output else {})
+    )
 
 
 def model_outputs(raw: Any) -> Tensor:

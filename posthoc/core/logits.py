@@ -114,8 +114,12 @@ def looks_like_probabilities(values: Tensor) -> bool:
         >>> looks_like_probabilities(torch.tensor([[0.7, 0.3]])), looks_like_probabilities(torch.tensor([[2.0, -1.0]]))
         (True, False)
     """
-    return bool(values.numel() and values.min() >= 0 and values.max() <= 1
-                and ((values.double().sum(-1) - 1).abs() <= ROW_SUM_TOLERANCE).all())
+    return bool(
+        values.numel()
+        and values.min() >= 0
+        and values.max() <= 1
+        and ((values.double().sum(-1) - 1).abs() <= ROW_SUM_TOLERANCE).all()
+    )
 
 
 def check_not_probabilities(logits: Tensor) -> None:

@@ -277,9 +277,11 @@ class Method(nn.Module):
         if not self.handles(likelihood):
             raise ConfigError(f"'{self.name}' does not do likelihood={likelihood.name!r}")
         if getattr(likelihood, "per_output", False) and not self.per_output_noise:
-            raise ConfigError(f"'{self.name}' ({type(self).__name__}) uses one observation noise shared by the outputs, "
-                              "but noise_std gives one per output; pass posthoc.Gaussian(noise_std=<one float>) or use a "
-                              "method with a noise per output (none, last-layer laplace, mc-dropout, ensembles of them)")
+            raise ConfigError(
+                f"'{self.name}' ({type(self).__name__}) uses one observation noise shared by the outputs, "
+                "but noise_std gives one per output; pass posthoc.Gaussian(noise_std=<one float>) or use a "
+                "method with a noise per output (none, last-layer laplace, mc-dropout, ensembles of them)"
+            )
         self.likelihood = likelihood
 
     def check_fitted(self, what: str) -> None:
@@ -292,8 +294,10 @@ class Method(nn.Module):
             posthoc.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
         """
         if self.requires_fit and not bool(self.fitted):
-            raise NotFittedError(f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
-                                 "um.fit(train_loader) first (or posthoc.load a saved one)")
+            raise NotFittedError(
+                f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
+                "um.fit(train_loader) first (or posthoc.load a saved one)"
+            )
 
     def tool(self, name: str) -> Callable[..., Any]:
         """The method's tool ``name`` (one of :attr:`tools`), refusing to run before ``fit``.
@@ -312,19 +316,23 @@ class Method(nn.Module):
 
         return fitted_only
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """Return ``(log_probs (N, C), sample_log_probs (S, N, C) or None)`` for inputs ``x``."""
         raise NotImplementedError
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """The predictive over real targets for inputs ``x`` under a regression :attr:`likelihood`: the likelihood's
         mixture around :meth:`sampled_outputs`, so a sampling method writes only those; a method whose predictive is
         not a mixture of sampled networks (Laplace's linearisation, an ensemble of predictives) overrides this."""
         return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior (default
         ``num_samples``: the method's own), the one hook a sampling method implements for regression."""
         raise NotImplementedError

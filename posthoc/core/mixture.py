@@ -65,8 +65,10 @@ class GaussianMixture:
         if y.dim() == 1 and d == 1:
             y = y[:, None]
         if tuple(y.shape) != (n, d):
-            raise InputError(f"targets have shape {tuple(y.shape)}; this predictive is over {n} examples and {d} output(s): "
-                             f"pass ({n},) or ({n}, {d})")
+            raise InputError(
+                f"targets have shape {tuple(y.shape)}; this predictive is over {n} examples and {d} output(s): "
+                f"pass ({n},) or ({n}, {d})"
+            )
         return y.to(self.means.dtype)
 
     def log_prob(self, y: Tensor) -> Tensor:
@@ -177,4 +179,3 @@ def sample_crps(samples: Tensor, y: Tensor) -> Tensor:
     # sum_{i,j} |x_i - x_j| = 2 sum_i (2 i - S + 1) x_(i) over the sorted samples (0-based i)
     within = 2.0 * ((2.0 * ranks - count + 1.0) * ordered).sum(0) / count**2
     return to_y - 0.5 * within
-

@@ -43,8 +43,15 @@ class ModelCard(dict):
     """
 
     @classmethod
-    def of(cls, posterior: list[dict[str, Any]], fit: FitRecord | None, *, model_class: str, fingerprint: str | None,
-           version: str) -> ModelCard:
+    def of(
+        cls,
+        posterior: list[dict[str, Any]],
+        fit: FitRecord | None,
+        *,
+        model_class: str,
+        fingerprint: str | None,
+        version: str,
+    ) -> ModelCard:
         """The card of a chain of methods described by ``posterior`` (inner first), fitted as ``fit`` tells."""
         counts = [entry.get("random_variables") for entry in posterior]
         selection = next((entry["selection"] for entry in reversed(posterior) if entry.get("selection")), None)
@@ -80,8 +87,9 @@ class ModelCard(dict):
         for position, entry in enumerate(self["posterior"], start=1):
             lines += ["", f"## {position}. {entry['method']}", ""]
             details = {f"options.{key}": value for key, value in entry["options"].items()}
-            details.update((key, value) for key, value in entry.items()
-                           if key not in ("method", "options", "selection", NESTED))
+            details.update(
+                (key, value) for key, value in entry.items() if key not in ("method", "options", "selection", NESTED)
+            )
             lines += _table(details)
             if entry.get("selection"):
                 lines += ["", *selection_table(entry["selection"])]
@@ -115,13 +123,21 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
         | clean fit | ...
     """
     plain = selection["plain"]
-    lines = [f"Held-out choice of the {selection['knob']}: **{selection['chosen']}**. Admissible: the "
-             f"{selection['confidence']:.0%} upper bound of the NLL excess over the plain model (NLL "
-             f"{_shown(plain['clean_nll'])}) on {selection['examples']} held-out examples at most "
-             f"{_shown(selection['tolerance'])} nats"
-             + (f"; {selection['folds']}-fold cross-fitted" if selection.get("folds") else "")
-             + (f"; then the lowest NLL on {selection['perturbed']} perturbed copies (plain: "
-                f"{_shown(plain['shifted_nll'])})" if selection.get("perturbed") else "") + ".", ""]
+    lines = [
+        f"Held-out choice of the {selection['knob']}: **{selection['chosen']}**. Admissible: the "
+        f"{selection['confidence']:.0%} upper bound of the NLL excess over the plain model (NLL "
+        f"{_shown(plain['clean_nll'])}) on {selection['examples']} held-out examples at most "
+        f"{_shown(selection['tolerance'])} nats"
+        + (f"; {selection['folds']}-fold cross-fitted" if selection.get("folds") else "")
+        + (
+            f"; then the lowest NLL on {selection['perturbed']} perturbed copies (plain: "
+            f"{_shown(plain['shifted_nll'])})"
+            if selection.get("perturbed")
+            else ""
+        )
+        + ".",
+        "",
+    ]
     header = _selection_header(selection["candidates"])
     lines += header
     columns = header[0].count("|") - 1
@@ -131,13 +147,17 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
             name = f"{_shown(row['candidate'])} ... {_shown(group[-1]['candidate'])} ({len(group)} candidates)"
             lines.append(f"| {_cell(name)} |" + " - |" * (columns - 2) + f" {_cell(row['reason'])} |")
             continue
-        verdict = "**chosen**" if row["chosen"] else ("admissible" if row["admissible"] else (row["reason"] or "refused"))
+        verdict = (
+            "**chosen**" if row["chosen"] else ("admissible" if row["admissible"] else (row["reason"] or "refused"))
+        )
         costs = [_shown(row.get("fit_seconds", row["seconds"]))]
         if "predict_cost" in row:
             costs.append("-" if row["predict_cost"] is None else f"{_shown(row['predict_cost'])}x")
-        lines.append(f"| {_cell(str(row['candidate']))} | {_shown(row['excess'])} ({_shown(row['bound'])}) | "
-                     f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | " + " | ".join(costs) + " | "
-                     f"{_cell(verdict)} |")
+        lines.append(
+            f"| {_cell(str(row['candidate']))} | {_shown(row['excess'])} ({_shown(row['bound'])}) | "
+            f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | " + " | ".join(costs) + " | "
+            f"{_cell(verdict)} |"
+        )
     return lines
 
 
@@ -148,7 +168,9 @@ def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]
     for row in candidates:
         untried = not row["admissible"] and str(row.get("reason") or "").startswith("not tried")
         previous = groups[-1][-1] if groups else None
-        same_reason = previous is not None and previous.get("reason") == row.get("reason") and not previous["admissible"]
+        same_reason = (
+            previous is not None and previous.get("reason") == row.get("reason") and not previous["admissible"]
+        )
         if untried and same_reason:
             groups[-1].append(row)
         else:
@@ -159,8 +181,10 @@ def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]
 def _selection_header(candidates: list[dict[str, Any]]) -> list[str]:
     """The header of :func:`selection_table`: a whole method's fit seconds and predict cost where the record has them
     (``method="auto"``), else the seconds each candidate took to score."""
-    costs = ["fit s" if candidates and "fit_seconds" in candidates[0] else "seconds",
-             *(["predict x fwd"] if candidates and "predict_cost" in candidates[0] else [])]
+    costs = [
+        "fit s" if candidates and "fit_seconds" in candidates[0] else "seconds",
+        *(["predict x fwd"] if candidates and "predict_cost" in candidates[0] else []),
+    ]
     header = ["candidate", "excess (bound)", "perturbed NLL", "perturbed ECE", *costs, "verdict"]
     return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
 

@@ -44,8 +44,10 @@ class Options:
     @classmethod
     def defaults(cls) -> dict[str, Any]:
         """Every option's name and default, in declaration order."""
-        return {field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
-                for field in dataclasses.fields(cls)}
+        return {
+            field.name: field.default if field.default is not dataclasses.MISSING else field.default_factory()
+            for field in dataclasses.fields(cls)
+        }
 
     @classmethod
     def make(cls: type[OptionsT], values: dict[str, Any], owner: str) -> OptionsT:

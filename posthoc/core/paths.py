@@ -49,8 +49,10 @@ def in_folder(path: Path, error: type[PosthocError] = ConfigError) -> Iterator[P
         path.parent.mkdir(parents=True, exist_ok=True)
         yield path
     except OSError as err:
-        raise error(f"cannot save to {path}: the folder {path.parent} cannot be created or written "
-                    f"({reason(err)}); choose a path in a writable folder") from err
+        raise error(
+            f"cannot save to {path}: the folder {path.parent} cannot be created or written "
+            f"({reason(err)}); choose a path in a writable folder"
+        ) from err
 
 
 @contextmanager

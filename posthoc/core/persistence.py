@@ -100,8 +100,12 @@ def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
         >>> unsaveable_options([{"name": "tta", "options": {"views": 4, "augmentations": ["noise", abs]}}])
         [('tta', 'augmentations', ['noise', <built-in function abs>])]
     """
-    return [(entry["name"], key, value) for entry in spec for key, value in entry.get("options", {}).items()
-            if not _plain(value)]
+    return [
+        (entry["name"], key, value)
+        for entry in spec
+        for key, value in entry.get("options", {}).items()
+        if not _plain(value)
+    ]
 
 
 def checksum(payload: dict) -> str:
@@ -183,8 +187,15 @@ def check_ensemble_members(path: str, saved: Sequence[str], given: Sequence[str]
         )
 
 
-def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_class: str, state: dict[str, torch.Tensor],
-          *, fit: dict[str, int | float | None] | None = None) -> None:
+def write(
+    path: str | os.PathLike,
+    spec: list[dict],
+    fingerprint: str,
+    model_class: str,
+    state: dict[str, torch.Tensor],
+    *,
+    fit: dict[str, int | float | None] | None = None,
+) -> None:
     """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
     the checkpoint it belongs to, its ``state`` tensors (moved to the CPU), when given the ``fit`` record of
     the model card (plain numbers under the optional key ``"fit"``; files without it, all format-1 files
@@ -221,8 +232,10 @@ def write(path: str | os.PathLike, spec: list[dict], fingerprint: str, model_cla
         os.replace(tmp, path)
     except OSError as err:
         Path(tmp).unlink(missing_ok=True)
-        raise PosteriorFileError(f"cannot save to {path} ({reason(err)}); any file that was there is unchanged. "
-                                 "Free some space or choose another path, and save again") from err
+        raise PosteriorFileError(
+            f"cannot save to {path} ({reason(err)}); any file that was there is unchanged. "
+            "Free some space or choose another path, and save again"
+        ) from err
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
@@ -233,15 +246,23 @@ def _load_payload(path: Path, kind: str) -> Any:
     if path.is_dir():
         raise PosteriorFileError(f"{path} is a directory, not a {kind} file; pass the path of the file inside it")
     if not path.exists():
-        raise PosteriorFileError(f"no {kind} file at {path}" + (" (a broken symbolic link)" if path.is_symlink() else ""))
+        raise PosteriorFileError(
+            f"no {kind} file at {path}" + (" (a broken symbolic link)" if path.is_symlink() else "")
+        )
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except OSError as err:
         if path.exists() and not path.is_dir() and os.access(path, os.R_OK):
-            raise PosteriorFileError(f"{path} is not a readable {kind} file (truncated or corrupted: {err}); save it "
-                                     "again, or restore it from a copy") from err
-        raise PosteriorFileError(f"cannot read {path} ({reason(err)}); check that the file exists and is readable") from err
-    except Exception as err:  # the unpickler of a damaged file raises anything: IndexError, KeyError, UnicodeDecodeError, ...
+            raise PosteriorFileError(
+                f"{path} is not a readable {kind} file (truncated or corrupted: {err}); save it "
+                "again, or restore it from a copy"
+            ) from err
+        raise PosteriorFileError(
+            f"cannot read {path} ({reason(err)}); check that the file exists and is readable"
+        ) from err
+    except (
+        Exception
+    ) as err:  # the unpickler of a damaged file raises anything: IndexError, KeyError, UnicodeDecodeError, ...
         raise PosteriorFileError(
             f"{path} is not a readable {kind} file (truncated, corrupted, or it holds objects that are not plain "
             f"tensors, which are refused for safety: {type(err).__name__}: {err}); save it again, or restore it from a copy"
@@ -251,8 +272,10 @@ def _load_payload(path: Path, kind: str) -> Any:
 def _check_layout(path: Path, payload: Any, kind: str) -> None:
     """Refuse a payload that is not a posthoc file of a version this posthoc reads, or whose content changed."""
     if not isinstance(payload, dict) or "format_version" not in payload:
-        raise PosteriorFileError(f"{path} is not a posthoc {kind} file (it holds no posthoc payload); pass a file "
-                                 f"written by {'um.save' if kind == 'posterior' else 'calibrator.save'}")
+        raise PosteriorFileError(
+            f"{path} is not a posthoc {kind} file (it holds no posthoc payload); pass a file "
+            f"written by {'um.save' if kind == 'posterior' else 'calibrator.save'}"
+        )
     version = payload["format_version"]
     if isinstance(version, int) and not isinstance(version, bool) and version > FORMAT_VERSION:
         raise PosteriorFileError(
@@ -261,18 +284,28 @@ def _check_layout(path: Path, payload: Any, kind: str) -> None:
         )
     wrong = [key for key, kind_of in _ENTRIES.items() if not isinstance(payload.get(key), kind_of)]
     spec, state = payload.get("spec"), payload.get("state")
-    if not wrong and (isinstance(version, bool) or version < 1 or not spec
-                      or not all(isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("options"), dict) for e in spec)
-                      or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
-                      or not isinstance(payload.get("fit", {}), dict)):
+    if not wrong and (
+        isinstance(version, bool)
+        or version < 1
+        or not spec
+        or not all(
+            isinstance(e, dict) and isinstance(e.get("name"), str) and isinstance(e.get("options"), dict) for e in spec
+        )
+        or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
+        or not isinstance(payload.get("fit", {}), dict)
+    ):
         wrong = ["format_version, spec, state or fit"]
     if wrong:
-        raise PosteriorFileError(f"{path} is a damaged posthoc {kind} file (bad entries: {', '.join(wrong)}); save it "
-                                 "again, or restore it from a copy")
+        raise PosteriorFileError(
+            f"{path} is a damaged posthoc {kind} file (bad entries: {', '.join(wrong)}); save it "
+            "again, or restore it from a copy"
+        )
     if "checksum" in payload or version >= 2:
         if payload.get("checksum") != checksum(payload):
-            raise PosteriorFileError(f"{path} is corrupted: its content does not match the checksum written with it; "
-                                     "save it again, or restore it from a copy")
+            raise PosteriorFileError(
+                f"{path} is corrupted: its content does not match the checksum written with it; "
+                "save it again, or restore it from a copy"
+            )
 
 
 def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
@@ -294,6 +327,10 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     _check_layout(path, payload, kind)
     found = "calibrator" if payload["model_class"] == CALIBRATOR_CLASS else "posterior"
     if found != kind:
-        holds = "a fitted calibrator (calibrator.save)" if found == "calibrator" else "the posterior of a model (um.save)"
-        raise PosteriorFileError(f"{path} is a {found} file: it holds {holds}, not a {kind}; load it with {KINDS[found]}")
+        holds = (
+            "a fitted calibrator (calibrator.save)" if found == "calibrator" else "the posterior of a model (um.save)"
+        )
+        raise PosteriorFileError(
+            f"{path} is a {found} file: it holds {holds}, not a {kind}; load it with {KINDS[found]}"
+        )
     return payload

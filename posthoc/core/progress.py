@@ -73,8 +73,15 @@ class StageLine:
         ('[posthoc] fit: 4 batches', 1)
     """
 
-    def __init__(self, iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-                 unit: str = UNIT, stream: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        iterable: Iterable | None = None,
+        *,
+        total: int | None = None,
+        desc: str = "",
+        unit: str = UNIT,
+        stream: IO[str] | None = None,
+    ) -> None:
         self.iterable, self.total, self.desc, self.unit, self.stream = iterable, total, desc, unit, stream
         self.n = 0
         self.postfix: dict[str, Any] = {}
@@ -120,8 +127,15 @@ class StageLine:
         self.close()
 
 
-def progress_bar(iterable: Iterable | None = None, *, total: int | None = None, desc: str = "",
-                 progress: bool = True, unit: str = UNIT, stream: IO[str] | None = None) -> Any:
+def progress_bar(
+    iterable: Iterable | None = None,
+    *,
+    total: int | None = None,
+    desc: str = "",
+    progress: bool = True,
+    unit: str = UNIT,
+    stream: IO[str] | None = None,
+) -> Any:
     """The progress display of one stage: a tqdm bar on a terminal or in a notebook, else a :class:`StageLine`;
     a disabled bar (draws and prints nothing) when ``progress`` is ``False`` or ``posthoc.settings.progress`` is.
 

@@ -51,7 +51,11 @@ class MonotoneMap:
     def _per_output(self, values: Tensor) -> tuple[Tensor, tuple[int, ...]]:
         values = values.to(self.knots_x.dtype)
         shape = values.shape
-        flat = values.reshape(-1, self.knots_x.shape[0]).T if values.dim() else values.expand(self.knots_x.shape[0])[:, None]
+        flat = (
+            values.reshape(-1, self.knots_x.shape[0]).T
+            if values.dim()
+            else values.expand(self.knots_x.shape[0])[:, None]
+        )
         return flat, shape
 
     def __call__(self, u: Tensor) -> Tensor:

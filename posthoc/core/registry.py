@@ -59,8 +59,10 @@ def available_methods() -> dict[str, dict[str, Any]]:
 def method_class(name: str) -> type[Method]:
     """The registered class of method ``name``; unknown names fail with the valid ones listed."""
     if name == ENSEMBLE:
-        raise ConfigError(f"'{ENSEMBLE}' is built from a list of models: pass posthoc.wrap([model_a, model_b, ...], "
-                          "method=...) with the method every member gets (default 'none', a deep ensemble)")
+        raise ConfigError(
+            f"'{ENSEMBLE}' is built from a list of models: pass posthoc.wrap([model_a, model_b, ...], "
+            "method=...) with the method every member gets (default 'none', a deep ensemble)"
+        )
     if not isinstance(name, str) or name not in REGISTRY:
         raise ConfigError(f"unknown method {name!r}; valid methods: {', '.join(method_names())}")
     return REGISTRY[name]

@@ -79,8 +79,17 @@ class RegressionPrediction:
         epistemic = model.mean(0) + means.var(0, unbiased=False)
         variance = aleatoric + epistemic
         samples = means if means.shape[0] > 1 else None
-        return cls(means.mean(0), variance, variance.sqrt(), aleatoric, epistemic, samples,
-                   GaussianMixture(means, model + noise), model, noise)
+        return cls(
+            means.mean(0),
+            variance,
+            variance.sqrt(),
+            aleatoric,
+            epistemic,
+            samples,
+            GaussianMixture(means, model + noise),
+            model,
+            noise,
+        )
 
     @property
     def recalibrated(self) -> bool:
@@ -135,24 +144,36 @@ class RegressionPrediction:
                     [2.]])
         """
         if self.recalibration is not None:
-            raise InputError("this prediction is already recalibrated (isotonic); scale the variance before recalibrating")
-        if not isinstance(scale, Tensor) or tuple(scale.shape) not in ((self.num_outputs,), ()) \
-                or not bool((torch.isfinite(scale) & (scale > 0)).all()):
+            raise InputError(
+                "this prediction is already recalibrated (isotonic); scale the variance before recalibrating"
+            )
+        if (
+            not isinstance(scale, Tensor)
+            or tuple(scale.shape) not in ((self.num_outputs,), ())
+            or not bool((torch.isfinite(scale) & (scale > 0)).all())
+        ):
             shown = tuple(scale.shape) if isinstance(scale, Tensor) else type(scale).__name__
-            raise InputError(f"scale must be a tensor of {self.num_outputs} finite factor(s) > 0, one per output (shape "
-                             f"({self.num_outputs},)), got {shown if not isinstance(scale, Tensor) or scale.numel() > 8 else scale}")
+            raise InputError(
+                f"scale must be a tensor of {self.num_outputs} finite factor(s) > 0, one per output (shape "
+                f"({self.num_outputs},)), got {shown if not isinstance(scale, Tensor) or scale.numel() > 8 else scale}"
+            )
         scale = scale.to(device=self.mean.device, dtype=self.mean.dtype)
         means = self.mean + scale * (self.component_means - self.mean)
-        return RegressionPrediction.from_components(means, scale.square() * self.model_variances,
-                                                    scale.square() * self.noise)
+        return RegressionPrediction.from_components(
+            means, scale.square() * self.model_variances, scale.square() * self.noise
+        )
 
     def recalibrate(self, mapping: MonotoneMap) -> RegressionPrediction:
         """The prediction whose CDF is ``mapping(F(y))`` (see module docs); refuses a second recalibration."""
         if self.recalibration is not None:
-            raise InputError("this prediction is already recalibrated (isotonic); recalibrate the uncalibrated prediction")
+            raise InputError(
+                "this prediction is already recalibrated (isotonic); recalibrate the uncalibrated prediction"
+            )
         if mapping.knots_x.shape[0] != self.num_outputs:
-            raise InputError(f"the recalibration maps {mapping.knots_x.shape[0]} output(s) but the prediction has "
-                             f"{self.num_outputs}; use a recalibration fitted for this model's outputs")
+            raise InputError(
+                f"the recalibration maps {mapping.knots_x.shape[0]} output(s) but the prediction has "
+                f"{self.num_outputs}; use a recalibration fitted for this model's outputs"
+            )
         return dataclasses.replace(self, recalibration=mapping)
 
     @property
@@ -172,15 +193,23 @@ def _check_components(means: Tensor, model_variances: Tensor | None, noise: Tens
     """Refuse components that are not tensors of the shapes :meth:`RegressionPrediction.from_components` reads."""
     if not isinstance(means, Tensor) or means.dim() != 3:
         shown = tuple(means.shape) if isinstance(means, Tensor) else type(means).__name__
-        raise InputError(f"means must be a tensor (K, N, D) of K components for N examples and D outputs, got {shown}; "
-                         "a single Gaussian per example is means[None]")
-    if model_variances is not None and (not isinstance(model_variances, Tensor) or model_variances.shape != means.shape):
+        raise InputError(
+            f"means must be a tensor (K, N, D) of K components for N examples and D outputs, got {shown}; "
+            "a single Gaussian per example is means[None]"
+        )
+    if model_variances is not None and (
+        not isinstance(model_variances, Tensor) or model_variances.shape != means.shape
+    ):
         shown = tuple(model_variances.shape) if isinstance(model_variances, Tensor) else type(model_variances).__name__
-        raise InputError(f"model_variances must be a tensor of the means' shape {tuple(means.shape)} (or None), got {shown}")
+        raise InputError(
+            f"model_variances must be a tensor of the means' shape {tuple(means.shape)} (or None), got {shown}"
+        )
     if not isinstance(noise, Tensor) or not _broadcasts(noise.shape, means.shape):
         shown = tuple(noise.shape) if isinstance(noise, Tensor) else type(noise).__name__
-        raise InputError(f"noise must be a tensor of observation variances that broadcasts to the means' shape "
-                         f"{tuple(means.shape)}, got {shown}")
+        raise InputError(
+            f"noise must be a tensor of observation variances that broadcasts to the means' shape "
+            f"{tuple(means.shape)}, got {shown}"
+        )
 
 
 def _broadcasts(shape: torch.Size, to: torch.Size) -> bool:
@@ -196,8 +225,16 @@ COMPONENTS = ("component_means", "model_variances", "noise")
 
 def concat(parts: list[RegressionPrediction], keep_samples: bool = True) -> RegressionPrediction:
     """The predictions of consecutive chunks of examples as one (``keep_samples=False`` drops ``samples``)."""
-    joined = parts[0] if len(parts) == 1 else dataclasses.replace(RegressionPrediction.from_components(
-        *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in COMPONENTS)), recalibration=parts[0].recalibration)
+    joined = (
+        parts[0]
+        if len(parts) == 1
+        else dataclasses.replace(
+            RegressionPrediction.from_components(
+                *(torch.cat([getattr(p, field) for p in parts], dim=1) for field in COMPONENTS)
+            ),
+            recalibration=parts[0].recalibration,
+        )
+    )
     return joined if keep_samples else dataclasses.replace(joined, samples=None)
 
 
@@ -210,11 +247,16 @@ def mix_predictions(parts: list[RegressionPrediction]) -> RegressionPrediction:
         torch.Size([2, 2, 1])
     """
     if any(p.recalibrated for p in parts):
-        raise InputError("a recalibrated (isotonic) member prediction cannot be mixed exactly; mix the members first and "
-                         "recalibrate the mixture (stack 'isotonic-recalibration' after the ensemble)")
+        raise InputError(
+            "a recalibrated (isotonic) member prediction cannot be mixed exactly; mix the members first and "
+            "recalibrate the mixture (stack 'isotonic-recalibration' after the ensemble)"
+        )
     shapes = {tuple(p.distribution.means.shape) for p in parts}
     if len(shapes) > 1:
-        raise InputError(f"the members predict different shapes (components, N, D): {sorted(shapes)}; every member must "
-                         "predict the same outputs for the same inputs, with the same number of samples")
-    return RegressionPrediction.from_components(*(torch.cat([getattr(p, field) for p in parts])
-                                                  for field in COMPONENTS))
+        raise InputError(
+            f"the members predict different shapes (components, N, D): {sorted(shapes)}; every member must "
+            "predict the same outputs for the same inputs, with the same number of samples"
+        )
+    return RegressionPrediction.from_components(
+        *(torch.cat([getattr(p, field) for p in parts]) for field in COMPONENTS)
+    )

@@ -61,17 +61,28 @@ def word_tokenizer() -> Any:
         [[2, ..., 3]]
     """
     hf = require_transformers()
-    vocab = {word: index for index, word in enumerate((*SPECIAL_TOKENS, *FILLER_WORDS, *(w for ws in CLASS_WORDS for w in ws)))}
+    vocab = {
+        word: index
+        for index, word in enumerate((*SPECIAL_TOKENS, *FILLER_WORDS, *(w for ws in CLASS_WORDS for w in ws)))
+    }
     core = tokenizers.Tokenizer(tokenizers.models.WordLevel(vocab, unk_token="[UNK]"))
     core.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
     core.post_processor = tokenizers.processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    return hf.PreTrainedTokenizerFast(tokenizer_object=core, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-                                      sep_token="[SEP]", model_max_length=64)
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    return hf.PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        model_max_length=64,
+    )
 
 
-def keyword_texts(n: int, *, seed: int = 0, keywords: tuple[int, int] = (1, 3), unknown: float = 0.0,
-                  noise: float = 0.05) -> tuple[list[str], list[int]]:
+def keyword_texts(
+    n: int, *, seed: int = 0, keywords: tuple[int, int] = (1, 3), unknown: float = 0.0, noise: float = 0.05
+) -> tuple[list[str], list[int]]:
     """``n`` texts of the keyword task and their labels (see module docs); ``unknown`` is the chance that
     a keyword is replaced by a word the tokenizer does not know (a distribution shift).
 
@@ -95,12 +106,14 @@ def keyword_texts(n: int, *, seed: int = 0, keywords: tuple[int, int] = (1, 3), 
     return texts, labels
 
 
-def text_batches(texts: Sequence[str], labels: Sequence[int], tokenizer: Any, batch_size: int) -> list[dict[str, Tensor]]:
+def text_batches(
+    texts: Sequence[str], labels: Sequence[int], tokenizer: Any, batch_size: int
+) -> list[dict[str, Tensor]]:
     """Collator-style batches: the tokenizer's ``BatchEncoding`` padded per batch, with ``"labels"``."""
     batches = []
     for start in range(0, len(texts), batch_size):
-        encoded = tokenizer(list(texts[start:start + batch_size]), padding=True, return_tensors="pt")
-        encoded["labels"] = torch.tensor(labels[start:start + batch_size])
+        encoded = tokenizer(list(texts[start : start + batch_size]), padding=True, return_tensors="pt")
+        encoded["labels"] = torch.tensor(labels[start : start + batch_size])
         batches.append(encoded)
     return batches
 
@@ -110,8 +123,15 @@ def tiny_bert(num_labels: int = len(CLASS_WORDS), *, seed: int = 0) -> nn.Module
     hf = require_transformers()
     torch.manual_seed(seed)
     vocab = len(SPECIAL_TOKENS) + len(FILLER_WORDS) + sum(map(len, CLASS_WORDS))
-    config = hf.BertConfig(vocab_size=vocab, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                           intermediate_size=64, max_position_embeddings=64, num_labels=num_labels)
+    config = hf.BertConfig(
+        vocab_size=vocab,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=num_labels,
+    )
     return hf.BertForSequenceClassification(config).eval()
 
 
@@ -119,8 +139,16 @@ def tiny_vit(num_labels: int = 8, *, channels: int = 3, seed: int = 0) -> nn.Mod
     """A random 2-layer ``ViTForImageClassification`` (hidden size 32) for 28x28 digits (grey repeated to RGB)."""
     hf = require_transformers()
     torch.manual_seed(seed)
-    config = hf.ViTConfig(image_size=28, patch_size=7, num_channels=channels, hidden_size=32, num_hidden_layers=2,
-                          num_attention_heads=2, intermediate_size=64, num_labels=num_labels)
+    config = hf.ViTConfig(
+        image_size=28,
+        patch_size=7,
+        num_channels=channels,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=num_labels,
+    )
     return hf.ViTForImageClassification(config).eval()
 
 

@@ -79,10 +79,14 @@ def sinusoid(seed: int = 4, *, points: int = 500, train: int = 40) -> Regression
     y = _sinusoid_targets(x, generator)
     clusters = torch.nonzero((x < 0.3) | (x > 0.7)).squeeze(1)
     order = clusters[torch.randperm(len(clusters), generator=generator)]
-    fit, held_out, rest = order[:train], order[train:2 * train], order[2 * train:]
+    fit, held_out, rest = order[:train], order[train : 2 * train], order[2 * train :]
     scale = lambda v: ((v - 0.5) * 4)[:, None]  # noqa: E731
     pair = lambda index: (scale(x[index]), y[index, None])  # noqa: E731
-    regions = {"train": scale(x[fit]), "gap": scale(x[(x > 0.4) & (x < 0.6)]), "beyond": scale(torch.linspace(1.1, 1.3, 21))}
+    regions = {
+        "train": scale(x[fit]),
+        "gap": scale(x[(x > 0.4) & (x < 0.6)]),
+        "beyond": scale(torch.linspace(1.1, 1.3, 21)),
+    }
     return RegressionData(pair(fit), pair(held_out), pair(rest), regions)
 
 
@@ -123,13 +127,26 @@ def auto_mpg(seed: int = 0, *, split: str = "random") -> RegressionData:
     return RegressionData(pair(fit), pair(held_out), pair(test), shifted={k: pair(v) for k, v in shifted.items()})
 
 
-def train_mlp(train: tuple[Tensor, Tensor], *, hidden: int = 64, dropout: float = 0.1, epochs: int = 1000,
-              lr: float = 1e-2, seed: int = 0) -> nn.Module:
+def train_mlp(
+    train: tuple[Tensor, Tensor],
+    *,
+    hidden: int = 64,
+    dropout: float = 0.1,
+    epochs: int = 1000,
+    lr: float = 1e-2,
+    seed: int = 0,
+) -> nn.Module:
     """A ``Linear-Tanh-Linear-Tanh-Dropout-Linear`` MLP fitted full-batch by Adam to the squared error, in eval mode."""
     x, y = train
     torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(x.shape[1], hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh(),
-                        nn.Dropout(dropout), nn.Linear(hidden, y.shape[1]))
+    net = nn.Sequential(
+        nn.Linear(x.shape[1], hidden),
+        nn.Tanh(),
+        nn.Linear(hidden, hidden),
+        nn.Tanh(),
+        nn.Dropout(dropout),
+        nn.Linear(hidden, y.shape[1]),
+    )
     optimiser = torch.optim.Adam(net.parameters(), lr)
     for _ in range(epochs):
         optimiser.zero_grad()

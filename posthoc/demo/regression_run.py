@@ -45,8 +45,14 @@ MEMBER_SEEDS = (0, 1, 2)
 SINUSOID_EPOCHS, AUTO_MPG_EPOCHS = 1000, 400
 
 
-def _fitted(label: str, method: str, options: dict[str, Any], members: list[torch.nn.Module],
-            data: RegressionData, progress: bool) -> UncertainModel:
+def _fitted(
+    label: str,
+    method: str,
+    options: dict[str, Any],
+    members: list[torch.nn.Module],
+    data: RegressionData,
+    progress: bool,
+) -> UncertainModel:
     if progress:
         print(f"fitting {label} ...", flush=True)
     model = members if method == "ensemble" else members[0]
@@ -63,16 +69,35 @@ def _sinusoid_part(out: Path, progress: bool) -> list[str]:
     rows, bands = [], {}
     for label, method, options in CONFIGS:
         um = _fitted(label, method, options, members, data, progress)
-        std = {name: float(um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean())
-               for name, x in data.regions.items()}
-        rows.append([label, f"{std['train']:.3f}", f"{std['gap']:.3f}", f"{std['beyond']:.3f}",
-                     f"{std['gap'] / std['train']:.2f}x"])
+        std = {
+            name: float(um.predict(x, generator=torch.Generator().manual_seed(0)).std.mean())
+            for name, x in data.regions.items()
+        }
+        rows.append(
+            [
+                label,
+                f"{std['train']:.3f}",
+                f"{std['gap']:.3f}",
+                f"{std['beyond']:.3f}",
+                f"{std['gap'] / std['train']:.2f}x",
+            ]
+        )
         bands[label] = rm.components(um.predict(grid, generator=torch.Generator().manual_seed(0)))
-    regression_plots.predictive_band(grid[:, 0], bands, (data.train[0][:, 0], data.train[1][:, 0]), out / "regression_band.png")
-    return ["### The seed 004 sinusoid: does the predictive widen where the data ends?", "",
-            "40 training points in two clusters; mean predictive std (targets' units):", "",
-            *markdown_rows(["method", "on the training points", "in the gap", "beyond the data", "gap / training"], rows).splitlines(), "",
-            "![the predictive band of each method over the training points](regression_band.png)", ""]
+    regression_plots.predictive_band(
+        grid[:, 0], bands, (data.train[0][:, 0], data.train[1][:, 0]), out / "regression_band.png"
+    )
+    return [
+        "### The seed 004 sinusoid: does the predictive widen where the data ends?",
+        "",
+        "40 training points in two clusters; mean predictive std (targets' units):",
+        "",
+        *markdown_rows(
+            ["method", "on the training points", "in the gap", "beyond the data", "gap / training"], rows
+        ).splitlines(),
+        "",
+        "![the predictive band of each method over the training points](regression_band.png)",
+        "",
+    ]
 
 
 def _auto_mpg_part(out: Path, progress: bool) -> list[str]:
@@ -84,32 +109,61 @@ def _auto_mpg_part(out: Path, progress: bool) -> list[str]:
         um = _fitted(label, method, options, members, data, progress)
         means, stds = rm.components(um.predict(x, generator=torch.Generator().manual_seed(0)))
         coverage, width = rm.interval_coverage(means, stds, y, 0.9)
-        rows.append([label, f"{rm.nll(means, stds, y):.3f}", f"{rm.rmse(means, y):.3f}", f"{rm.crps(means, stds, y):.3f}",
-                     f"{coverage:.3f}", f"{width:.2f}", f"{rm.calibration_error(means, stds, y):.3f}",
-                     f"{rm.ence(means, stds, y, bins=5):.3f}"])
+        rows.append(
+            [
+                label,
+                f"{rm.nll(means, stds, y):.3f}",
+                f"{rm.rmse(means, y):.3f}",
+                f"{rm.crps(means, stds, y):.3f}",
+                f"{coverage:.3f}",
+                f"{width:.2f}",
+                f"{rm.calibration_error(means, stds, y):.3f}",
+                f"{rm.ence(means, stds, y, bins=5):.3f}",
+            ]
+        )
         curves[label] = (means, stds, y)
     regression_plots.calibration_curves(curves, out / "regression_calibration.png")
     regression_plots.error_against_std(curves, out / "regression_error_std.png", bins=5)
-    return ["### Auto MPG: tested on the heaviest 30 % of the cars, trained on the lighter 70 %", "",
-            "Standardised miles per gallon; lower NLL, RMSE, CRPS, MACE and ENCE are better; a calibrated 90 % "
-            "interval covers 0.9 of the cars.", "",
-            *markdown_rows(["method", "NLL", "RMSE", "CRPS", "90% coverage", "90% width", "MACE", "ENCE"], rows).splitlines(), "",
-            "![observed against expected interval coverage](regression_calibration.png)", "",
-            "![RMSE against predicted std, per bin](regression_error_std.png)", ""]
+    return [
+        "### Auto MPG: tested on the heaviest 30 % of the cars, trained on the lighter 70 %",
+        "",
+        "Standardised miles per gallon; lower NLL, RMSE, CRPS, MACE and ENCE are better; a calibrated 90 % "
+        "interval covers 0.9 of the cars.",
+        "",
+        *markdown_rows(
+            ["method", "NLL", "RMSE", "CRPS", "90% coverage", "90% width", "MACE", "ENCE"], rows
+        ).splitlines(),
+        "",
+        "![observed against expected interval coverage](regression_calibration.png)",
+        "",
+        "![RMSE against predicted std, per bin](regression_error_std.png)",
+        "",
+    ]
 
 
 def _shift_part(out: Path, progress: bool) -> list[str]:
     data = auto_mpg(0, split="shift")
     members = [train_mlp(data.train, seed=seed, epochs=AUTO_MPG_EPOCHS) for seed in MEMBER_SEEDS]
-    tables = [evaluate_shift({label: _fitted(label, method, options, members, data, progress)}, data.shift_loaders(),
-                             progress=False) for label, method, options in CONFIGS]
+    tables = [
+        evaluate_shift(
+            {label: _fitted(label, method, options, members, data, progress)}, data.shift_loaders(), progress=False
+        )
+        for label, method, options in CONFIGS
+    ]
     table = ShiftTable.merge(tables)
     table.plot(out / "regression_shift.png")
-    return ["### Auto MPG under shift: random cars, heavier cars, and a gap of middle weights", "",
-            "Fitted on the lighter 70 % of the cars without those between the 0.4 and 0.6 quantiles of their weight; "
-            "scored by posthoc.evaluate_shift on random held-out cars, on the heavier 30 % (extrapolation) and on the "
-            "left-out band (gap).", "", table.to_markdown(), "",
-            "![NLL, CRPS and 90 % coverage per test set](regression_shift.png)", ""]
+    return [
+        "### Auto MPG under shift: random cars, heavier cars, and a gap of middle weights",
+        "",
+        "Fitted on the lighter 70 % of the cars without those between the 0.4 and 0.6 quantiles of their weight; "
+        "scored by posthoc.evaluate_shift on random held-out cars, on the heavier 30 % (extrapolation) and on the "
+        "left-out band (gap).",
+        "",
+        table.to_markdown(),
+        "",
+        "![NLL, CRPS and 90 % coverage per test set](regression_shift.png)",
+        "",
+    ]
 
 
 def run_regression_demo(out_dir: str | Path = "posthoc-demo", *, progress: bool = True) -> str:
@@ -118,8 +172,13 @@ def run_regression_demo(out_dir: str | Path = "posthoc-demo", *, progress: bool 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
-    lines = ["## Regression: posthoc on a trained MLP", "", *_sinusoid_part(out, progress), *_auto_mpg_part(out, progress),
-             *_shift_part(out, progress)]
+    lines = [
+        "## Regression: posthoc on a trained MLP",
+        "",
+        *_sinusoid_part(out, progress),
+        *_auto_mpg_part(out, progress),
+        *_shift_part(out, progress),
+    ]
     lines.append(f"Fitted and evaluated in {time.perf_counter() - start:.0f} s.")
     markdown = "\n".join(lines) + "\n"
     (out / "regression.md").write_text(markdown)

@@ -94,11 +94,14 @@ class ShiftStory:
         lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for label in self.labels:
             _, confidence, accuracy = self.table.confidence_series(label)
-            lines.append(f"| {label} | " + " | ".join(f"{c:.3f} / {a:.3f}" for c, a in zip(confidence, accuracy)) + " |")
+            lines.append(
+                f"| {label} | " + " | ".join(f"{c:.3f} / {a:.3f}" for c, a in zip(confidence, accuracy)) + " |"
+            )
         return (
             f"### Does it know when it does not know? {self.plain} against {self.best}\n\n"
             f"{self.best}: {self.chosen_by}. Mean confidence / accuracy, means over {', '.join(self.table.kinds)} "
-            f"(the gap is the overconfidence):\n\n" + "\n".join(lines)
+            f"(the gap is the overconfidence):\n\n"
+            + "\n".join(lines)
             + "\n\n![mean confidence and accuracy against severity](confidence.png)\n\n"
             "![reliability on the digits rotated by 45 degrees, plain against best](reliability_rotated45_best.png)\n"
         )
@@ -123,7 +126,10 @@ class DemoRow:
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     fit_names = method_class(name).fit_option_defaults()
-    return ({k: v for k, v in options.items() if k not in fit_names}, {k: v for k, v in options.items() if k in fit_names})
+    return (
+        {k: v for k, v in options.items() if k not in fit_names},
+        {k: v for k, v in options.items() if k in fit_names},
+    )
 
 
 def _timed(fn) -> tuple[Any, float]:
@@ -182,8 +188,16 @@ def post_hoc_ood(model: torch.nn.Module, fit_loader, test_loader, ood_loader) ->
     return {name: (on_test[name], on_ood[name]) for name in names}
 
 
-def shift_story(rows: list[DemoRow], models: dict[str, UncertainModel], plain: str, shift_loader, *,
-                best: str | None = None, seed: int = 0, progress: bool = False) -> ShiftStory:
+def shift_story(
+    rows: list[DemoRow],
+    models: dict[str, UncertainModel],
+    plain: str,
+    shift_loader,
+    *,
+    best: str | None = None,
+    seed: int = 0,
+    progress: bool = False,
+) -> ShiftStory:
     """The plain row against ``best`` (default: the other row with the lowest NLL, mean over the kinds, at the
     top severity) at every severity of ``STORY_SEVERITIES``: the rows' own shift tables, and the severities
     they lack evaluated for these two only."""
@@ -199,14 +213,27 @@ def shift_story(rows: list[DemoRow], models: dict[str, UncertainModel], plain: s
     measured = ShiftTable.merge([row.shift for row in rows if row.label in labels])
     missing = [s for s in STORY_SEVERITIES if s not in measured.severities]
     if missing:  # only the severities the rows lack are evaluated again
-        extra = evaluate_shift({label: models[label] for label in labels}, shift_loader, kinds=SHIFT_KINDS,
-                               severities=missing, normalization=(data.MEAN, data.STD), seed=seed, progress=progress)
+        extra = evaluate_shift(
+            {label: models[label] for label in labels},
+            shift_loader,
+            kinds=SHIFT_KINDS,
+            severities=missing,
+            normalization=(data.MEAN, data.STD),
+            seed=seed,
+            progress=progress,
+        )
         measured = ShiftTable.join([measured, extra])
     return ShiftStory(plain, best, measured, chosen_by)
 
 
-def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None = None, progress: bool = True,
-             seed: int = 0, best: str | None = None) -> list[DemoRow]:
+def run_demo(
+    out_dir: str | Path = "posthoc-demo",
+    *,
+    methods: list[str] | None = None,
+    progress: bool = True,
+    seed: int = 0,
+    best: str | None = None,
+) -> list[DemoRow]:
     """Fit and evaluate every demo configuration; write PNGs and ``report.md`` to ``out_dir``.
 
     ``best`` names the row the shift story compares with the plain model (default: the row with the lowest
@@ -231,11 +258,28 @@ def run_demo(out_dir: str | Path = "posthoc-demo", *, methods: list[str] | None 
             _timed(lambda: collect(um, test_loader, progress=False, generator=torch.Generator().manual_seed(seed)))[1]
             for _ in range(2)
         )
-        report = evaluate(um, test_loader, ood_loader, name=label, progress=False, seed=seed, ci=CI,
-                          bootstraps=BOOTSTRAPS, ood_scores=PREDICTIVE_OOD_SCORES)
-        shift = evaluate_shift({label: um}, shift_loader, kinds=SHIFT_KINDS, severities=SEVERITIES,
-                               normalization=(data.MEAN, data.STD), seed=seed, ci=CI, bootstraps=SHIFT_BOOTSTRAPS,
-                               progress=False)
+        report = evaluate(
+            um,
+            test_loader,
+            ood_loader,
+            name=label,
+            progress=False,
+            seed=seed,
+            ci=CI,
+            bootstraps=BOOTSTRAPS,
+            ood_scores=PREDICTIVE_OOD_SCORES,
+        )
+        shift = evaluate_shift(
+            {label: um},
+            shift_loader,
+            kinds=SHIFT_KINDS,
+            severities=SEVERITIES,
+            normalization=(data.MEAN, data.STD),
+            seed=seed,
+            ci=CI,
+            bootstraps=SHIFT_BOOTSTRAPS,
+            progress=False,
+        )
         return DemoRow(label, report, shift, fit_seconds / forward_fit, predict_seconds / forward_test, ood)
 
     rows, models, plain = [], {}, None
@@ -270,11 +314,19 @@ def demo_verdict(rows: list[DemoRow], plain: str, *, seed: int = 0) -> Verdict:
         >>> demo_verdict(rows, "MAP").sentence()[:22]  # rows of the whole demo (minutes)  # doctest: +SKIP
         '**Use `auto`** for thi'
     """
-    candidates = [candidate(row.report, shifted=row.shift.example_nll(row.label), predict_cost=row.predict_ratio)
-                  for row in rows]
-    return judge(candidates, plain, ci=CI, bootstraps=BOOTSTRAPS, seed=seed,
-                 auto_hint='`posthoc.wrap(model, method="auto")`', shift_hint="posthoc.evaluate_shift",
-                 shift_note=f"each the mean over {', '.join(SHIFT_KINDS)} on the first {SHIFT_EXAMPLES} test digits")
+    candidates = [
+        candidate(row.report, shifted=row.shift.example_nll(row.label), predict_cost=row.predict_ratio) for row in rows
+    ]
+    return judge(
+        candidates,
+        plain,
+        ci=CI,
+        bootstraps=BOOTSTRAPS,
+        seed=seed,
+        auto_hint='`posthoc.wrap(model, method="auto")`',
+        shift_hint="posthoc.evaluate_shift",
+        shift_note=f"each the mean over {', '.join(SHIFT_KINDS)} on the first {SHIFT_EXAMPLES} test digits",
+    )
 
 
 def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
@@ -289,7 +341,9 @@ def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
         + ood_report.comparison_markdown(table, {row.label: row.report.ood for row in rows})
         + "\n\n### OOD: AUROC of every score, per method\n\n"
         + ood_report.every_score_markdown({row.label: row.report.ood for row in rows}, table)
-        + "\n\nentropy, mutual-information, " + ", ".join(PREDICTIVE_OOD_SCORES) + " come from each method's own "
+        + "\n\nentropy, mutual-information, "
+        + ", ".join(PREDICTIVE_OOD_SCORES)
+        + " come from each method's own "
         "predictive; the scores marked * read the checkpoint's logits or features, which the methods leave unchanged "
         "(SWAG and iBNN, which fine-tune a copy, are scored on the checkpoint too)."
         + "\n\nEvery score is larger for inputs that look more OOD; FPR95: fraction of test digits flagged at the "
@@ -298,8 +352,12 @@ def ood_section(rows: list[DemoRow], ood: ood_report.OODValues) -> str:
 
 
 #: how each shift kind's parameter reads in the report
-_PARAMETER_WORDS = {"rotate": "rotation by {} degrees", "contrast": "contrast factor {}",
-                    "translate": "translation by {} of the side", "occlude": "a black square of {} of the side"}
+_PARAMETER_WORDS = {
+    "rotate": "rotation by {} degrees",
+    "contrast": "contrast factor {}",
+    "translate": "translation by {} of the side",
+    "occlude": "a black square of {} of the side",
+}
 
 
 def severity_sentence(kinds: tuple[str, ...] = SHIFT_KINDS, severities: tuple[int, ...] = SEVERITIES) -> str:
@@ -317,22 +375,32 @@ def render(rows: list[DemoRow], out_dir: str | Path | None = None) -> str:
     report); without it, the same text with no pictures (what ``posthoc demo`` prints)."""
     main = markdown_table(
         [row.report for row in rows],
-        {"fit × fwd": [f"{row.fit_ratio:.1f}" for row in rows], "predict × fwd": [f"{row.predict_ratio:.1f}" for row in rows]},
+        {
+            "fit × fwd": [f"{row.fit_ratio:.1f}" for row in rows],
+            "predict × fwd": [f"{row.predict_ratio:.1f}" for row in rows],
+        },
     )
     shift = ShiftTable.merge([row.shift for row in rows])
     found = rows[0].verdict
     auto = next((row for row in rows if row.report.selection), None)
     title = f"test digits; NLL under shift: mean over {', '.join(SHIFT_KINDS)} at severities {', '.join(map(str, SEVERITIES))}"
     opening = "" if found is None else verdict_section(found, out_dir, title=title) + "\n"
-    selection = "" if auto is None else selection_section(auto.report.selection, out_dir, heading="###", label=auto.label)
+    selection = (
+        "" if auto is None else selection_section(auto.report.selection, out_dir, heading="###", label=auto.label)
+    )
     return (
-        "# posthoc demo: the bundled digits CNN\n\n" + opening
-        + "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n" + main
+        "# posthoc demo: the bundled digits CNN\n\n"
+        + opening
+        + "### Digits 0–7, bundled CNN (OOD: held-out digits 8 and 9)\n\n"
+        + main
         + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples). "
-        + BEST_CAPTION + "\n"
+        + BEST_CAPTION
+        + "\n"
         + ("" if not selection else "\n" + selection)
-        + "\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n" + shift.to_markdown()
-        + f"\n\nSeverity {' / '.join(map(str, SEVERITIES))}: " + severity_sentence()
+        + "\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n"
+        + shift.to_markdown()
+        + f"\n\nSeverity {' / '.join(map(str, SEVERITIES))}: "
+        + severity_sentence()
         + f" (posthoc.shift.SEVERITIES; no fit-time perturbation is one of these kinds), on the first "
         f"{SHIFT_EXAMPLES} test digits; intervals from {SHIFT_BOOTSTRAPS} resamples.\n"
         + ("" if rows[0].story is None else "\n" + rows[0].story.markdown())
@@ -349,14 +417,19 @@ def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
     story = rows[0].story
     if story is not None:
         story.table.confidence_plot(out_dir / "confidence.png", story.labels)
-        plots.reliability_diagram({label: rotated[label] for label in story.labels},
-                                  out_dir / "reliability_rotated45_best.png")
+        plots.reliability_diagram(
+            {label: rotated[label] for label in story.labels}, out_dir / "reliability_rotated45_best.png"
+        )
     plots.risk_coverage_curve(curves, out_dir / "risk_coverage.png")
     ShiftTable.merge([row.shift for row in rows]).plot(out_dir / "shift.png")
-    ood_histograms(rows[0].post_hoc_ood, out_dir / "ood_scores.png",
-                   title="plain model: test digits 0-7 against held-out 8 and 9")
+    ood_histograms(
+        rows[0].post_hoc_ood, out_dir / "ood_scores.png", title="plain model: test digits 0-7 against held-out 8 and 9"
+    )
     markdown = render(rows, out_dir)
     (out_dir / "report.md").write_text(markdown)
     figures = ["reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"]
-    html_page.write_html(markdown + "\n" + "\n\n".join(f"![{name}]({name})" for name in figures),
-                         out_dir / "report.html", title="posthoc demo")
+    html_page.write_html(
+        markdown + "\n" + "\n\n".join(f"![{name}]({name})" for name in figures),
+        out_dir / "report.html",
+        title="posthoc demo",
+    )

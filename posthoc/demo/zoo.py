@@ -49,11 +49,21 @@ class DigitsCNN(nn.Module):
     def __init__(self, num_classes: int = 8, dropout: float = 0.25) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
         )
         self.classifier = nn.Sequential(
-            nn.Flatten(), nn.Linear(32 * 7 * 7, 64), nn.ReLU(), nn.Dropout(dropout), nn.Linear(64, num_classes),
+            nn.Flatten(),
+            nn.Linear(32 * 7 * 7, 64),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(64, num_classes),
         )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -66,10 +76,19 @@ class DigitsBNCNN(nn.Module):
     def __init__(self, num_classes: int = 8) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(32, 64, 3, padding=1), nn.BatchNorm2d(64), nn.ReLU(),
-            nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+            nn.Conv2d(1, 16, 3, padding=1),
+            nn.BatchNorm2d(16),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(16, 32, 3, padding=1),
+            nn.BatchNorm2d(32),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(32, 64, 3, padding=1),
+            nn.BatchNorm2d(64),
+            nn.ReLU(),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(),
         )
         self.fc = nn.Linear(64, num_classes)
 
@@ -84,8 +103,9 @@ ARCHITECTURES: dict[str, tuple[type[nn.Module], int | None, int, float]] = {
 }
 
 
-def train(seed: int = 0, epochs: int | None = None, lr: float | None = None, progress: bool = True,
-          name: str = "digits_cnn") -> nn.Module:
+def train(
+    seed: int = 0, epochs: int | None = None, lr: float | None = None, progress: bool = True, name: str = "digits_cnn"
+) -> nn.Module:
     """Train the architecture ``name`` on (part of) the fit split with Adam; deterministic for a given seed on CPU.
 
     Example:
@@ -127,8 +147,9 @@ def pretrained(name: str = "digits_cnn") -> nn.Module:
     return model.eval()
 
 
-def retrained(seeds: Iterable[int], name: str = "digits_cnn", *, cache: Path | None = None,
-              progress: bool = False) -> list[nn.Module]:
+def retrained(
+    seeds: Iterable[int], name: str = "digits_cnn", *, cache: Path | None = None, progress: bool = False
+) -> list[nn.Module]:
     """The architecture ``name`` retrained with each seed (:func:`train`), each trained once and then read
     from ``cache`` (default :func:`cache_dir`) as ``NAME-seedS.pt``: the members of a deep ensemble.
 
@@ -162,8 +183,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="default: posthoc/demo/checkpoints/NAME.pt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=None, help="default: the architecture's own")
-    parser.add_argument("--seeds", type=int, nargs="+", default=None,
-                        help=f"train these seeds into the cache ({cache_dir()}) for ensembles, instead of --out")
+    parser.add_argument(
+        "--seeds",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"train these seeds into the cache ({cache_dir()}) for ensembles, instead of --out",
+    )
     args = parser.parse_args(argv)
     if args.seeds is not None:
         retrained(args.seeds, args.name, progress=True)

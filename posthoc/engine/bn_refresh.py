@@ -73,7 +73,9 @@ class _ChannelMoments:
         """Combine the moments of every ``torch.distributed`` rank exactly (a no-op in one process)."""
         if not distributed.active() or self.mean is None:
             return
-        count = distributed.all_reduce_sum(torch.tensor(float(self.count), dtype=torch.float64, device=self.mean.device))
+        count = distributed.all_reduce_sum(
+            torch.tensor(float(self.count), dtype=torch.float64, device=self.mean.device)
+        )
         mean = distributed.all_reduce_sum(self.mean * self.count) / count
         # Σ_r [sum_sq_r + n_r (mean_r - mean)²] = Σ_r (sum_sq_r + n_r mean_r²) - N mean²
         squares = distributed.all_reduce_sum(self.sum_sq + self.count * self.mean**2)
@@ -117,7 +119,9 @@ def batchnorm_statistics(
         state[f"{name}.running_var"] = module.running_var.clone()
         if module.num_batches_tracked is not None:
             state[f"{name}.num_batches_tracked"] = module.num_batches_tracked.clone()
-    hooks = [(module, "input", lambda mod, args, acc=moments[name]: acc.add(args[0])) for name, module in selected.items()]
+    hooks = [
+        (module, "input", lambda mod, args, acc=moments[name]: acc.add(args[0])) for name, module in selected.items()
+    ]
     num_batches = 0
     with eval_mode(model), hooked(hooks):
         for module in selected.values():
@@ -172,9 +176,16 @@ def normalise_groups(layer: _BatchNorm, z: Tensor, mean: Tensor, var: Tensor) ->
         True
     """
     g, weight, bias = mean.shape[0], layer.weight, layer.bias  # the groups side by side as G x C channels
-    flat = torch.nn.functional.batch_norm(z.transpose(0, 1).flatten(1, 2), mean.flatten().to(z.dtype),
-                                          var.flatten().to(z.dtype), None if weight is None else weight.repeat(g),
-                                          None if bias is None else bias.repeat(g), False, 0.0, layer.eps)
+    flat = torch.nn.functional.batch_norm(
+        z.transpose(0, 1).flatten(1, 2),
+        mean.flatten().to(z.dtype),
+        var.flatten().to(z.dtype),
+        None if weight is None else weight.repeat(g),
+        None if bias is None else bias.repeat(g),
+        False,
+        0.0,
+        layer.eps,
+    )
     return flat.unflatten(1, (g, -1)).transpose(0, 1)
 
 

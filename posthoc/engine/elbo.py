@@ -53,7 +53,9 @@ class Elbo:
         (0.75, 1.0)
     """
 
-    def __init__(self, terms: ElboTerms, schedule: KLSchedule, *, size: int | None, steps_per_epoch: int | None) -> None:
+    def __init__(
+        self, terms: ElboTerms, schedule: KLSchedule, *, size: int | None, steps_per_epoch: int | None
+    ) -> None:
         self.terms, self.schedule = terms, schedule
         self.size, self.steps_per_epoch = size, steps_per_epoch
         self.nll = self.kl = torch.zeros(())
@@ -69,12 +71,19 @@ class Elbo:
 
     def failure(self, value: float, step: Step, hint: str) -> str:
         """The message of a NaN/inf ELBO at ``step``, ending with the method's ``hint``."""
-        return (f"the ELBO became {value} at epoch {step.epoch + 1}, step {step.number + 1} "
-                f"(nll={float(self.nll):.4g}, kl={float(self.kl):.4g}); {hint}")
+        return (
+            f"the ELBO became {value} at epoch {step.epoch + 1}, step {step.number + 1} "
+            f"(nll={float(self.nll):.4g}, kl={float(self.kl):.4g}); {hint}"
+        )
 
     def postfix(self, value: float, step: Step) -> dict[str, Any]:
         """The progress bar's fields: epoch, NLL, KL and ``beta_t``."""
-        return {"epoch": step.epoch + 1, "nll": f"{float(self.nll):.4f}", "kl": f"{float(self.kl):.1f}", "beta": f"{self.beta:.2f}"}
+        return {
+            "epoch": step.epoch + 1,
+            "nll": f"{float(self.nll):.4f}",
+            "kl": f"{float(self.kl):.1f}",
+            "beta": f"{self.beta:.2f}",
+        }
 
 
 def maximise_elbo(
@@ -118,7 +127,13 @@ def maximise_elbo(
             optimizer.step()
 
     return fine_tune(
-        lambda epoch: loader_batches(loader, device=device, steps=steps_per_epoch, desc=desc), elbo, update,
-        epochs=epochs, total=None if steps_per_epoch is None else epochs * steps_per_epoch,
-        failure=lambda value, step: elbo.failure(value, step, hint), desc=desc, progress=progress, postfix=elbo.postfix,
+        lambda epoch: loader_batches(loader, device=device, steps=steps_per_epoch, desc=desc),
+        elbo,
+        update,
+        epochs=epochs,
+        total=None if steps_per_epoch is None else epochs * steps_per_epoch,
+        failure=lambda value, step: elbo.failure(value, step, hint),
+        desc=desc,
+        progress=progress,
+        postfix=elbo.postfix,
     )

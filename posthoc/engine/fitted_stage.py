@@ -42,7 +42,9 @@ class FittedOnHeldOut:
         """``(label, value)`` of the configurations tried, the most conservative first (no change to the inner one)."""
         raise NotImplementedError
 
-    def fit_and_score(self, cache: Any, configurations: list[Candidate], fitting: Rows, scored: Rows) -> list[Scores | None]:
+    def fit_and_score(
+        self, cache: Any, configurations: list[Candidate], fitting: Rows, scored: Rows
+    ) -> list[Scores | None]:
         """Every configuration fitted on ``fitting`` and scored on ``scored`` (``None``: it cannot be fitted there)."""
         raise NotImplementedError
 
@@ -64,16 +66,22 @@ class FittedOnHeldOut:
         caches = self._fold_caches(cache, held_out)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
-            scores = cross_fitted(lambda fitting, scored: self.fit_and_score(caches(scored), configurations, fitting,
-                                                                             scored), held_out.layout)
+            scores = cross_fitted(
+                lambda fitting, scored: self.fit_and_score(caches(scored), configurations, fitting, scored),
+                held_out.layout,
+            )
         return held_out.select(configurations, scores, knob=self.knob, folds=folds if folds > 1 else None)
 
     def _fold_caches(self, cache: Any, held_out: HeldOut) -> Any:
         """``scored rows -> cache`` of each fold: the inner predictive at the choice re-made without those rows."""
         inner = getattr(self, "inner", None)
         selection = None if inner is None else inner.last_selection
-        if (selection is None or not inner.choice_can_move or selection.plain_scores is None
-                or len(selection.plain_scores.clean) != held_out.layout.count):
+        if (
+            selection is None
+            or not inner.choice_can_move
+            or selection.plain_scores is None
+            or len(selection.plain_scores.clean) != held_out.layout.count
+        ):
             return lambda scored: cache
         chosen = selection.index
         by_fold, made = [], {chosen: cache}

@@ -45,8 +45,19 @@ def _last_linear(module: nn.Module) -> nn.Module | None:
 
 
 #: modules that keep the width of their input (the last Linear's outputs pass through them unchanged in number)
-WIDTH_KEEPING = (nn.Identity, nn.Dropout, nn.ReLU, nn.LeakyReLU, nn.ELU, nn.GELU, nn.SiLU, nn.Tanh, nn.Sigmoid,
-                 nn.Softplus, nn.Hardtanh)
+WIDTH_KEEPING = (
+    nn.Identity,
+    nn.Dropout,
+    nn.ReLU,
+    nn.LeakyReLU,
+    nn.ELU,
+    nn.GELU,
+    nn.SiLU,
+    nn.Tanh,
+    nn.Sigmoid,
+    nn.Softplus,
+    nn.Hardtanh,
+)
 
 
 def output_width(model: nn.Module) -> int | None:
@@ -125,7 +136,9 @@ def _traced_last_linear(model: nn.Module, example: Inputs) -> nn.Module | None:
     return linears[order[-1]] if order else None
 
 
-def find_head(model: nn.Module, head: str | nn.Module | None = None, example: Inputs | None = None) -> tuple[str, nn.Module]:
+def find_head(
+    model: nn.Module, head: str | nn.Module | None = None, example: Inputs | None = None
+) -> tuple[str, nn.Module]:
     """Locate the classifier head and return ``(name, module)``.
 
     Args:
@@ -178,8 +191,13 @@ class FeatureSplit:
         self._head_spec = head
         self.head_name: str | None = None
         self.head: nn.Linear | None = None
-        if head is not None or _timm_head(model) is not None or _hf_head(model) is not None or _torchvision_head(model) is not None \
-                or isinstance(model, nn.Sequential):
+        if (
+            head is not None
+            or _timm_head(model) is not None
+            or _hf_head(model) is not None
+            or _torchvision_head(model) is not None
+            or isinstance(model, nn.Sequential)
+        ):
             self._resolve(None)
 
     def _resolve(self, example: Inputs | None) -> None:
@@ -205,7 +223,9 @@ class FeatureSplit:
         with hooked([(self.head, "output", capture)]):
             logits = run_model(self.model, x)
         if "phi" not in captured:
-            raise HeadNotFoundError(f"the head '{self.head_name}' was not called in the forward pass; name the head explicitly")
+            raise HeadNotFoundError(
+                f"the head '{self.head_name}' was not called in the forward pass; name the head explicitly"
+            )
         out = captured["out"]
         if out is not logits and not _one_output_squeezed(out, logits):
             raise HeadNotFoundError(
@@ -224,5 +244,9 @@ class FeatureSplit:
 def _one_output_squeezed(out: Tensor, logits: Tensor) -> bool:
     """Whether the model's output ``logits`` ``(N,)`` is the head's one output ``(N, 1)`` with that axis dropped (a
     model ending in ``.squeeze(-1)``: a regressor of one target, a binary classifier's logit), the same numbers."""
-    return (out.dim() == 2 and out.shape[1] == 1 and tuple(logits.shape) == (out.shape[0],)
-            and logits.data_ptr() == out.data_ptr())
+    return (
+        out.dim() == 2
+        and out.shape[1] == 1
+        and tuple(logits.shape) == (out.shape[0],)
+        and logits.data_ptr() == out.data_ptr()
+    )

@@ -89,8 +89,14 @@ class ShiftedHeldOut:
         description: what the levels are, for the model card.
     """
 
-    def __init__(self, loader: Iterable, levels: Sequence[Sequence[UserPerturbation]], *,
-                 description: dict[str, Any], seed: int = 0) -> None:
+    def __init__(
+        self,
+        loader: Iterable,
+        levels: Sequence[Sequence[UserPerturbation]],
+        *,
+        description: dict[str, Any],
+        seed: int = 0,
+    ) -> None:
         self.loader = loader
         self.levels = [list(level) for level in levels]
         self.description = description
@@ -132,10 +138,19 @@ def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
     return stacked.gather(0, index).squeeze(0)
 
 
-def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tensor], shift: Any, *,
-                     device: torch.device | str, model: nn.Module | None = None, strengths: Sequence[float] = STRENGTHS,
-                     grading_rows: int = GRADING_ROWS, seed: int = 0, source: Iterable | None = None,
-                     regression: bool = False) -> ShiftedHeldOut | None:
+def shifted_held_out(
+    loader: Iterable | None,
+    log_probs: Callable[[Inputs], Tensor],
+    shift: Any,
+    *,
+    device: torch.device | str,
+    model: nn.Module | None = None,
+    strengths: Sequence[float] = STRENGTHS,
+    grading_rows: int = GRADING_ROWS,
+    seed: int = 0,
+    source: Iterable | None = None,
+    regression: bool = False,
+) -> ShiftedHeldOut | None:
     """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
 
     Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
@@ -159,9 +174,12 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     if shift is None or loader is None:
         return None
     if reads_once(loader):  # a generator or iterator: read once, by the clean choice
-        warnings.warn("the held-out loader is a one-shot iterator, which the shift-aware choice cannot read again: "
-                      "choosing on the clean batches only (pass a DataLoader or a list of batches, or shift=None)",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            "the held-out loader is a one-shot iterator, which the shift-aware choice cannot read again: "
+            "choosing on the clean batches only (pass a DataLoader or a list of batches, or shift=None)",
+            RuntimeWarning,
+            stacklevel=3,
+        )
         return None
     rows = _grading_rows(loader, device, grading_rows)
     auto = isinstance(shift, str)
@@ -171,8 +189,9 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
         try:
             kinds: dict[str, Kind] = family_for(rows[0][0])
         except InputError as err:
-            warnings.warn(f"{err}: the regressor's held-out choices see the clean batches only", RuntimeWarning,
-                          stacklevel=3)
+            warnings.warn(
+                f"{err}: the regressor's held-out choices see the clean batches only", RuntimeWarning, stacklevel=3
+            )
             return None
     else:
         kinds = family_for(rows[0][0]) if names is None else kinds_named(names, rows[0][0])
@@ -181,8 +200,20 @@ def shifted_held_out(loader: Iterable | None, log_probs: Callable[[Inputs], Tens
     if kinds:
         origin = source if source is not None else loader
         origin = origin.loader if isinstance(origin, CountingLoader) else origin  # the user's loader, not a wrapper
-        key = None if model is None else (id(model), _weights_version(model), id(origin), tuple(kinds), tuple(strengths),
-                                          grading_rows, seed, regression)
+        key = (
+            None
+            if model is None
+            else (
+                id(model),
+                _weights_version(model),
+                id(origin),
+                tuple(kinds),
+                tuple(strengths),
+                grading_rows,
+                seed,
+                regression,
+            )
+        )
         graded = _GRADED.get(key) if key is not None else None
         if graded is None:
             with eval_mode(model) if model is not None else contextlib.nullcontext():
@@ -222,16 +253,22 @@ def _grading_rows(loader: Iterable, device: torch.device | str, rows: int) -> li
 
 
 @torch.no_grad()
-def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Tensor], kinds: dict[str, Kind],
-            strengths: Sequence[float], seed: int) -> dict[str, tuple[float, ...]]:
+def _graded(
+    rows: list[tuple[Inputs, Tensor]],
+    log_probs: Callable[[Inputs], Tensor],
+    kinds: dict[str, Kind],
+    strengths: Sequence[float],
+    seed: int,
+) -> dict[str, tuple[float, ...]]:
     def accuracy(perturb: Callable[[Inputs], Inputs]) -> tuple[float, int]:
         """Accuracy on the grading rows of every rank (so that all ranks grade alike), and the class count."""
         counts, classes = torch.zeros(2, dtype=torch.float64), 0
         for x, y in rows:
             lp = log_probs(perturb(x))
             classes = lp.shape[-1]
-            counts += torch.tensor([float((lp.argmax(-1) == check_labels(y, classes)).sum()), float(y.shape[0])],
-                                   dtype=torch.float64)
+            counts += torch.tensor(
+                [float((lp.argmax(-1) == check_labels(y, classes)).sum()), float(y.shape[0])], dtype=torch.float64
+            )
         counts = distributed.all_reduce_sum(counts) if distributed.active() else counts
         return float(counts[0] / counts[1]), classes
 
@@ -245,10 +282,16 @@ def _graded(rows: list[tuple[Inputs, Tensor]], log_probs: Callable[[Inputs], Ten
 
 
 @torch.no_grad()
-def _graded_rmse(rows: list[tuple[Inputs, Tensor]], means: Callable[[Inputs], Tensor], kinds: dict[str, Kind],
-                 strengths: Sequence[float], seed: int) -> dict[str, tuple[float, ...]]:
+def _graded_rmse(
+    rows: list[tuple[Inputs, Tensor]],
+    means: Callable[[Inputs], Tensor],
+    kinds: dict[str, Kind],
+    strengths: Sequence[float],
+    seed: int,
+) -> dict[str, tuple[float, ...]]:
     """:func:`_graded` for a regressor: each kind at the parameters where the RMSE of ``means(x)`` ``(n, D)`` on the
     grading rows has risen ``strengths`` of the way from the clean RMSE to a constant prediction's (module docs)."""
+
     def rmse(perturb: Callable[[Inputs], Inputs]) -> float:
         """RMSE on the grading rows of every rank (so that all ranks grade alike)."""
         sums = torch.zeros(2, dtype=torch.float64)
@@ -292,8 +335,9 @@ class Prepared:
     clean: list[tuple[Any, Tensor]]
     perturbed: list[tuple[Any, Tensor]]
 
-    def outputs(self, predict: Callable[[Any, torch.Generator], Tensor], *, device: torch.device | str
-                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    def outputs(
+        self, predict: Callable[[Any, torch.Generator], Tensor], *, device: torch.device | str
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """``predict(prepared, generator)`` over every clean and perturbed batch (each pass from :data:`SCORE_SEED`),
         gathered over ranks: ``(clean outputs, clean labels, perturbed outputs or None, their labels or None)``.
         Outputs ``(n, C)`` are concatenated on examples; samples ``(S, n, C)`` on their second dimension."""
@@ -307,13 +351,16 @@ class Prepared:
         return Scores.of_log_probs(*self.outputs(predict, device=device))
 
 
-def _run(predict: Callable[[Any, torch.Generator], Tensor], batches: list[tuple[Any, Tensor]],
-         device: torch.device | str) -> tuple[Tensor, Tensor]:
+def _run(
+    predict: Callable[[Any, torch.Generator], Tensor], batches: list[tuple[Any, Tensor]], device: torch.device | str
+) -> tuple[Tensor, Tensor]:
     generator = torch.Generator(device=device).manual_seed(SCORE_SEED)
     outputs = [predict(prepared, generator) for prepared, _ in batches]
     dim = 1 if outputs[0].dim() == 3 else 0
-    return (distributed.gather_cat(torch.cat(outputs, dim), dim),
-            distributed.gather_cat(torch.cat([labels for _, labels in batches])))
+    return (
+        distributed.gather_cat(torch.cat(outputs, dim), dim),
+        distributed.gather_cat(torch.cat([labels for _, labels in batches])),
+    )
 
 
 class FixedCopies:
@@ -357,8 +404,12 @@ def _outputs_of(outputs: tuple, picked: Rows) -> tuple:
     clean, labels = clean.index_select(dim, picked.clean.to(clean.device)), labels[picked.clean.to(labels.device)]
     if shifted is None or picked.shifted is None:
         return clean, labels, None, None
-    return (clean, labels, shifted.index_select(dim, picked.shifted.to(shifted.device)),
-            shifted_labels[picked.shifted.to(shifted_labels.device)])
+    return (
+        clean,
+        labels,
+        shifted.index_select(dim, picked.shifted.to(shifted.device)),
+        shifted_labels[picked.shifted.to(shifted_labels.device)],
+    )
 
 
 class HeldOut:
@@ -377,8 +428,17 @@ class HeldOut:
         (torch.Size([128]), 128)
     """
 
-    def __init__(self, batches: list[tuple[Inputs, Tensor]] | None, loader: Iterable, shifted: ShiftedHeldOut | None, *,
-                 device: torch.device | str, tolerance: Tolerance, likelihood: Any, from_training_data: bool = False) -> None:
+    def __init__(
+        self,
+        batches: list[tuple[Inputs, Tensor]] | None,
+        loader: Iterable,
+        shifted: ShiftedHeldOut | None,
+        *,
+        device: torch.device | str,
+        tolerance: Tolerance,
+        likelihood: Any,
+        from_training_data: bool = False,
+    ) -> None:
         self._batches = batches
         #: whether these are training rows standing in for a missing validation loader (Laplace's ``"auto"``)
         self.from_training_data = from_training_data
@@ -394,9 +454,18 @@ class HeldOut:
         self.plain_outputs: tuple[Tensor, Tensor, Tensor | None, Tensor | None] | None = None
 
     @classmethod
-    def read(cls, loader: Iterable, *, model: nn.Module, likelihood: Any, shift: Any = "auto",
-             tolerance: Tolerance | float | None = None, device: torch.device | str, progress: bool = False,
-             from_training_data: bool = False) -> HeldOut:
+    def read(
+        cls,
+        loader: Iterable,
+        *,
+        model: nn.Module,
+        likelihood: Any,
+        shift: Any = "auto",
+        tolerance: Tolerance | float | None = None,
+        device: torch.device | str,
+        progress: bool = False,
+        from_training_data: bool = False,
+    ) -> HeldOut:
         """Read ``loader`` (labelled held-out batches), grade the fit-time perturbations ``shift`` on ``model`` (the
         plain checkpoint, in eval mode) and score the plain model on both (a regressor's kinds are graded by RMSE).
 
@@ -422,25 +491,43 @@ class HeldOut:
                 plain = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
             else:
                 plain = lambda x: likelihood.means(model_outputs(run_model(model, x)))  # noqa: E731
-            shifted = shifted_held_out(source, plain, shift, device=device, model=model, source=loader,
-                                       regression=not classes)
-        return cls(batches, loader, shifted, device=device, tolerance=Tolerance.of(tolerance), likelihood=likelihood,
-                   from_training_data=from_training_data).rebased(model)
+            shifted = shifted_held_out(
+                source, plain, shift, device=device, model=model, source=loader, regression=not classes
+            )
+        return cls(
+            batches,
+            loader,
+            shifted,
+            device=device,
+            tolerance=Tolerance.of(tolerance),
+            likelihood=likelihood,
+            from_training_data=from_training_data,
+        ).rebased(model)
 
     def rebased(self, model: nn.Module) -> HeldOut:
         """The same held-out batches and perturbed copies, judged against another plain ``model`` (an ensemble member's
         checkpoint): its scores are computed anew, in the current process mode (one rank alone inside
         :func:`~posthoc.core.distributed.local_only`)."""
-        held = HeldOut(self._batches, self._loader, self.shifted, device=self.device, tolerance=self.tolerance_rule,
-                       likelihood=self.likelihood, from_training_data=self.from_training_data)
+        held = HeldOut(
+            self._batches,
+            self._loader,
+            self.shifted,
+            device=self.device,
+            tolerance=self.tolerance_rule,
+            likelihood=self.likelihood,
+            from_training_data=self.from_training_data,
+        )
         with eval_mode(model), torch.no_grad():
             if self.likelihood.prediction_type is Prediction:
                 held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
-        outputs = ([t for t in (held.plain.clean, held.plain.shifted) if t is not None] if held.plain_outputs is None
-                   else [t for t in held.plain_outputs[::2] if t is not None])
+        outputs = (
+            [t for t in (held.plain.clean, held.plain.shifted) if t is not None]
+            if held.plain_outputs is None
+            else [t for t in held.plain_outputs[::2] if t is not None]
+        )
         for values in outputs:
             check_finite_result(values, "the plain model's outputs on the held-out data", log_probs=True)
         return held
@@ -463,19 +550,27 @@ class HeldOut:
         x = _cat_inputs([x for x, _ in self._batches])
         y = torch.cat([y for _, y in self._batches])
         starts = range(0, len(rows), batch_size)
-        clean = [(_take(x, rows[i:i + batch_size]), y[rows[i:i + batch_size].to(y.device)]) for i in starts]
+        clean = [(_take(x, rows[i : i + batch_size]), y[rows[i : i + batch_size].to(y.device)]) for i in starts]
         shifted, picked = None, Rows(rows)
         if self.shifted is not None:
             copies = list(self.perturbed())
             px, py = _cat_inputs([c for c, _ in copies]), torch.cat([t for _, t in copies])
             table = _copy_table(self.layout)
             levels = table.shape[0]
-            order = [table[level, rows[i:i + batch_size]] for i in starts for level in range(levels)]
-            shifted = FixedCopies([(_take(px, index), py[index.to(py.device)]) for index in order], levels,
-                                  self.shifted.description)
+            order = [table[level, rows[i : i + batch_size]] for i in starts for level in range(levels)]
+            shifted = FixedCopies(
+                [(_take(px, index), py[index.to(py.device)]) for index in order], levels, self.shifted.description
+            )
             picked = Rows(rows, torch.cat(order))
-        held = HeldOut(clean, clean, shifted, device=self.device, tolerance=self.tolerance_rule, likelihood=self.likelihood,
-                       from_training_data=self.from_training_data)
+        held = HeldOut(
+            clean,
+            clean,
+            shifted,
+            device=self.device,
+            tolerance=self.tolerance_rule,
+            likelihood=self.likelihood,
+            from_training_data=self.from_training_data,
+        )
         held.plain = self.plain.take(picked)
         held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)
         return held
@@ -489,9 +584,11 @@ class HeldOut:
         labels: list[Tensor] = []
         for index, (x, y) in enumerate(iterate(self._loader, device=self.device, progress=False, desc="held-out data")):
             if self._labels is not None and (index >= len(self._labels) or not torch.equal(self._labels[index], y)):
-                raise InputError("the validation loader yields its examples in another order on each pass (shuffle=True?); "
-                                 "the held-out choice compares every candidate with the plain model on the same examples: "
-                                 "pass a loader with shuffle=False")
+                raise InputError(
+                    "the validation loader yields its examples in another order on each pass (shuffle=True?); "
+                    "the held-out choice compares every candidate with the plain model on the same examples: "
+                    "pass a loader with shuffle=False"
+                )
             labels.append(y)
             yield x, y
         self._labels = labels
@@ -511,7 +608,9 @@ class HeldOut:
             return Layout(total)
         starts = torch.tensor([0, *counts[:-1]]).cumsum(0) + offset
         levels = len(self.shifted.levels)
-        local = torch.cat([torch.arange(start, start + count).repeat(levels) for start, count in zip(starts.tolist(), counts)])
+        local = torch.cat(
+            [torch.arange(start, start + count).repeat(levels) for start, count in zip(starts.tolist(), counts)]
+        )
         return Layout(total, distributed.gather_cat(local))
 
     @property
@@ -535,7 +634,9 @@ class HeldOut:
         a generator seeded with :data:`SCORE_SEED`, so every candidate sees the same draws)."""
         return Scores.of_log_probs(*self.outputs(predict))
 
-    def outputs(self, predict: Callable[[Inputs, torch.Generator], Tensor]) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    def outputs(
+        self, predict: Callable[[Inputs, torch.Generator], Tensor]
+    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """``predict(x, generator)`` over the clean and the perturbed batches, gathered over ranks (see
         :meth:`Prepared.outputs`), without keeping the inputs twice."""
         return Prepared(list(self.clean()), list(self.perturbed())).outputs(predict, device=self.device)
@@ -563,6 +664,7 @@ class HeldOut:
         example's NLL under the mixture of ``N(f_s(x), σ²)`` at the noise ``σ`` of maximum likelihood on all the clean
         examples (:func:`~posthoc.core.likelihood.best_noise_nlls`; a fixed noise stays), and each perturbed copy's
         at that same noise."""
+
         def drawn(batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[Tensor, Tensor] | None:
             generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
             found, targets = [], []
@@ -583,10 +685,19 @@ class HeldOut:
         scorer.fit_noise(samples, None, targets)
         return Scores(clean, -scorer.predictive(perturbed[0]).log_prob(perturbed[1]).double())
 
-    def select(self, candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, knob: str,
-               walk: bool = False, folds: int | None = None, **options: Any) -> Selection:
+    def select(
+        self,
+        candidates: Sequence[Candidate],
+        scores: Sequence[Scores] | Callable[[int], Scores],
+        *,
+        knob: str,
+        walk: bool = False,
+        folds: int | None = None,
+        **options: Any,
+    ) -> Selection:
         """:func:`~posthoc.engine.selection.select` against the plain model at this held-out data's tolerance."""
-        selection = select(candidates, scores, plain=self.plain, tolerance=self.tolerance, knob=knob, walk=walk,
-                           folds=folds, **options)
+        selection = select(
+            candidates, scores, plain=self.plain, tolerance=self.tolerance, knob=knob, walk=walk, folds=folds, **options
+        )
         selection.shift = self.description
         return selection

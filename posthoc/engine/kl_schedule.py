@@ -39,7 +39,9 @@ class KLSchedule:
         if self.kind not in SCHEDULES:
             raise ConfigError(f"kl_schedule must be one of {SCHEDULES}, got {self.kind!r}")
         if not _finite_number(self.weight) or self.weight < 0:
-            raise ConfigError(f"kl_weight must be a finite number >= 0 (1 is the ELBO; 0 ignores the prior), got {self.weight!r}")
+            raise ConfigError(
+                f"kl_weight must be a finite number >= 0 (1 is the ELBO; 0 ignores the prior), got {self.weight!r}"
+            )
         if not _finite_number(self.warmup) or not 0 <= self.warmup <= 1:
             raise ConfigError(f"kl_warmup must be a fraction of the steps in [0, 1], got {self.warmup!r}")
         positive_int(self.cycles, "kl_cycles")

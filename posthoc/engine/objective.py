@@ -80,8 +80,9 @@ def step_scale(likelihood: Likelihood) -> float:
     return 1.0 if predicts_classes(likelihood) else likelihood.dispersion / 2
 
 
-def fit_plain_noise(likelihood: Likelihood, model: nn.Module, loaders: tuple[Iterable | None, Iterable | None],
-                    device: torch.device) -> None:
+def fit_plain_noise(
+    likelihood: Likelihood, model: nn.Module, loaders: tuple[Iterable | None, Iterable | None], device: torch.device
+) -> None:
     """Fit ``likelihood``'s noise to the plain ``model``'s outputs, on the held-out loader if there is one
     (:func:`~posthoc.core.likelihood.fit_noise_on`): the noise :func:`training_loss` divides by. A likelihood
     without a noise to fit (classes, a fixed ``σ``) is left alone.
@@ -97,8 +98,12 @@ def fit_plain_noise(likelihood: Likelihood, model: nn.Module, loaders: tuple[Ite
         fit_noise_on(likelihood, loaders, device, lambda x: (model_outputs(run_model(model, x))[None], None))
 
 
-def fit_sampled_noise(likelihood: Likelihood, outputs: SampledOutputs, loaders: tuple[Iterable | None, Iterable | None],
-                      device: torch.device) -> None:
+def fit_sampled_noise(
+    likelihood: Likelihood,
+    outputs: SampledOutputs,
+    loaders: tuple[Iterable | None, Iterable | None],
+    device: torch.device,
+) -> None:
     """Re-fit ``likelihood``'s noise to a fitted predictive's sampled ``outputs(x)`` ``(S, N, D)`` (module docs).
 
     Example:

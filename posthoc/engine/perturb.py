@@ -97,7 +97,11 @@ def token_replace(x: Inputs, strength: float, generator: torch.Generator) -> Inp
 
 def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
     """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j``."""
-    std = x.float().std(dim=0, keepdim=True).nan_to_num(0.0).clamp_min(1e-12) if x.shape[0] > 1 else x.float().abs().clamp_min(1e-12)
+    std = (
+        x.float().std(dim=0, keepdim=True).nan_to_num(0.0).clamp_min(1e-12)
+        if x.shape[0] > 1
+        else x.float().abs().clamp_min(1e-12)
+    )
     noise = torch.randn(x.shape, generator=generator, device=x.device)
     return (x.float() + strength * std * noise).to(x.dtype)
 
@@ -164,8 +168,10 @@ def family_for(x: Inputs) -> dict[str, Kind]:
     """
     what, kinds = _suited(x)
     if not kinds:
-        raise InputError(f"shift='auto' knows images (N, C, H, W) or a dict with '{PIXELS}', token ids (or a dict with "
-                         f"'{TOKENS}') and feature vectors (N, D), got {what}; pass shift=[callable, ...] or shift=None")
+        raise InputError(
+            f"shift='auto' knows images (N, C, H, W) or a dict with '{PIXELS}', token ids (or a dict with "
+            f"'{TOKENS}') and feature vectors (N, D), got {what}; pass shift=[callable, ...] or shift=None"
+        )
     return kinds
 
 
@@ -179,18 +185,24 @@ def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
     """
     unknown = [name for name in names if name not in FIT_KINDS]
     if unknown:
-        raise ConfigError(f"unknown fit-time perturbation(s) {unknown}; valid: {', '.join(FIT_KINDS)} or callables "
-                          "f(x, generator) -> x")
+        raise ConfigError(
+            f"unknown fit-time perturbation(s) {unknown}; valid: {', '.join(FIT_KINDS)} or callables "
+            "f(x, generator) -> x"
+        )
     what, suited = _suited(x)
     unsuited = [name for name in names if name not in suited]
     if unsuited:
         instead = f"the kinds that do: {', '.join(suited)}" if suited else "no fit-time kind does"
-        raise ConfigError(f"fit-time perturbation(s) {unsuited} do not suit the inputs ({what}); {instead}, or pass "
-                          "shift='auto', callables f(x, generator) -> x, or shift=None")
+        raise ConfigError(
+            f"fit-time perturbation(s) {unsuited} do not suit the inputs ({what}); {instead}, or pass "
+            "shift='auto', callables f(x, generator) -> x, or shift=None"
+        )
     return {name: FIT_KINDS[name] for name in names}
 
 
-def user_perturbation(perturb: Callable[[Inputs, torch.Generator], Inputs], position: int) -> Callable[[Inputs, torch.Generator], Inputs]:
+def user_perturbation(
+    perturb: Callable[[Inputs, torch.Generator], Inputs], position: int
+) -> Callable[[Inputs, torch.Generator], Inputs]:
     """A user's ``shift=`` callable (entry ``position`` of the list), checked on every call: it must return inputs of
     the kind and shape it was given (one perturbed copy per example), which the held-out choice mixes example by
     example; a callable that does not is named.
@@ -219,8 +231,10 @@ def same_layout(out: Inputs, x: Inputs, name: str, role: str, copy: str) -> Inpu
         posthoc.errors.InputError: crop returned inputs of shape (4, 2) for inputs of shape (4, 3); an augmentation must...
     """
     if _layout(out) != _layout(x):
-        raise InputError(f"{name} returned {_describe(out)} for {_describe(x)}; {role} must return inputs of the kind and "
-                         f"shape it is given (one {copy} copy of each example)")
+        raise InputError(
+            f"{name} returned {_describe(out)} for {_describe(x)}; {role} must return inputs of the kind and "
+            f"shape it is given (one {copy} copy of each example)"
+        )
     return out
 
 
@@ -229,7 +243,9 @@ def _layout(x: Any) -> Any:
     if isinstance(x, Tensor):
         return tuple(x.shape)
     if isinstance(x, Mapping):
-        return tuple(sorted((key, tuple(value.shape) if isinstance(value, Tensor) else None) for key, value in x.items()))
+        return tuple(
+            sorted((key, tuple(value.shape) if isinstance(value, Tensor) else None) for key, value in x.items())
+        )
     return type(x)
 
 
@@ -237,13 +253,20 @@ def _describe(x: Any) -> str:
     if isinstance(x, Tensor):
         return f"inputs of shape {tuple(x.shape)}"
     if isinstance(x, Mapping):
-        return "a dict of " + ", ".join(f"{key} {tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}"
-                                        for key, v in x.items())
+        return "a dict of " + ", ".join(
+            f"{key} {tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__}" for key, v in x.items()
+        )
     return f"a {type(x).__name__}"
 
 
-def grade(accuracy_at: Callable[[Kind, float], float], kinds: Mapping[str, Kind], *, clean_accuracy: float,
-          chance: float, fractions: tuple[float, ...]) -> dict[str, tuple[float, ...]]:
+def grade(
+    accuracy_at: Callable[[Kind, float], float],
+    kinds: Mapping[str, Kind],
+    *,
+    clean_accuracy: float,
+    chance: float,
+    fractions: tuple[float, ...],
+) -> dict[str, tuple[float, ...]]:
     """For each kind, the parameter at which accuracy falls each of ``fractions`` of the way to chance.
 
     ``accuracy_at(kind, parameter)`` is the model's accuracy on held-out examples perturbed by

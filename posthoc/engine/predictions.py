@@ -32,9 +32,16 @@ _GATHERED = ("probs", "entropy", "aleatoric", "epistemic")
 
 
 @torch.no_grad()
-def predict_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
-                   num_samples: int | None = None, generator: torch.Generator | None = None,
-                   desc: str = "evaluate") -> tuple[Prediction, Tensor | None]:
+def predict_loader(
+    um: UncertainModel,
+    loader: Iterable,
+    *,
+    labelled: bool = True,
+    progress: bool = True,
+    num_samples: int | None = None,
+    generator: torch.Generator | None = None,
+    desc: str = "evaluate",
+) -> tuple[Prediction, Tensor | None]:
     """``um.predict`` over every batch of ``loader``, on the CPU: the :class:`Prediction` (without
     samples; the aleatoric / epistemic split is kept) and the labels (``None`` if not ``labelled``).
 
@@ -51,14 +58,22 @@ def predict_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = Tru
     fields = {name: distributed.gather_cat(torch.cat(parts[name])) for name in _GATHERED}
     confidence, label = fields["probs"].max(-1)
     labels = distributed.gather_cat(torch.cat(parts["labels"])) if labelled else None
-    return Prediction(fields["probs"], None, fields["entropy"], fields["aleatoric"], fields["epistemic"],
-                      confidence, label), labels
+    return Prediction(
+        fields["probs"], None, fields["entropy"], fields["aleatoric"], fields["epistemic"], confidence, label
+    ), labels
 
 
 @torch.no_grad()
-def predict_regression_loader(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
-                              num_samples: int | None = None, generator: torch.Generator | None = None,
-                              desc: str = "evaluate") -> tuple[RegressionPrediction, Tensor | None]:
+def predict_regression_loader(
+    um: UncertainModel,
+    loader: Iterable,
+    *,
+    labelled: bool = True,
+    progress: bool = True,
+    num_samples: int | None = None,
+    generator: torch.Generator | None = None,
+    desc: str = "evaluate",
+) -> tuple[RegressionPrediction, Tensor | None]:
     """``um.predict`` of a regressor over every batch of ``loader``, on the CPU: the :class:`RegressionPrediction`
     (without ``samples``; the mixture's components are kept) and the targets as float64 ``(N, D)`` (``None`` if not
     ``labelled``).
@@ -76,21 +91,30 @@ def predict_regression_loader(um: UncertainModel, loader: Iterable, *, labelled:
         if labelled:
             targets.append(real_targets(y, pred.mean).cpu())
     joined = concat(parts)
-    gathered = RegressionPrediction.from_components(*(distributed.gather_cat(getattr(joined, name), dim=1)
-                                                      for name in COMPONENTS))
+    gathered = RegressionPrediction.from_components(
+        *(distributed.gather_cat(getattr(joined, name), dim=1) for name in COMPONENTS)
+    )
     return concat([gathered], keep_samples=False), distributed.gather_cat(torch.cat(targets)) if labelled else None
 
 
-def collect(um: UncertainModel, loader: Iterable, *, labelled: bool = True, progress: bool = True,
-            num_samples: int | None = None, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+def collect(
+    um: UncertainModel,
+    loader: Iterable,
+    *,
+    labelled: bool = True,
+    progress: bool = True,
+    num_samples: int | None = None,
+    generator: torch.Generator | None = None,
+) -> dict[str, Tensor]:
     """:func:`predict_loader` as a dict of concatenated ``probs``, ``entropy``, ``epistemic`` (and ``labels``).
 
     Example:
         >>> collect(um, test_loader)["probs"].shape
         torch.Size([128, 3])
     """
-    pred, labels = predict_loader(um, loader, labelled=labelled, progress=progress, num_samples=num_samples,
-                                  generator=generator)
+    pred, labels = predict_loader(
+        um, loader, labelled=labelled, progress=progress, num_samples=num_samples, generator=generator
+    )
     out = {"probs": pred.probs, "entropy": pred.entropy, "epistemic": pred.epistemic}
     if labels is not None:
         out["labels"] = labels

@@ -52,7 +52,9 @@ LAYERS = ("head", "all")
 def check_layers(layers: Any) -> str:
     """``layers`` if it is ``"head"`` or ``"all"``, else a ConfigError listing both."""
     if layers not in LAYERS:
-        raise ConfigError(f"layers must be 'head' (the classifier head) or 'all' (every trainable weight), got {layers!r}")
+        raise ConfigError(
+            f"layers must be 'head' (the classifier head) or 'all' (every trainable weight), got {layers!r}"
+        )
     return layers
 
 
@@ -65,7 +67,9 @@ def trained_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> 
     """
     if layers == "head":
         head = split.head
-        return [qualified(split.head_name, "weight")] + ([qualified(split.head_name, "bias")] if head.bias is not None else [])
+        return [qualified(split.head_name, "weight")] + (
+            [qualified(split.head_name, "bias")] if head.bias is not None else []
+        )
     names = [name for name, p in model.named_parameters() if p.requires_grad]
     if not names:
         raise ConfigError("layers='all' found no trainable parameter: every one is frozen (requires_grad=False)")
@@ -90,10 +94,12 @@ def unflatten(row: Tensor, model: nn.Module, names: list[str]) -> dict[str, Tens
     state, offset = {}, 0
     for name in names:
         like = tensors[name]
-        state[name] = row[offset:offset + like.numel()].reshape(like.shape).to(like.device, like.dtype)
+        state[name] = row[offset : offset + like.numel()].reshape(like.shape).to(like.device, like.dtype)
         offset += like.numel()
     if offset != row.numel():
-        raise ConfigError(f"a weight sample holds {row.numel()} values but the model's tensors {names[:3]}... need {offset}")
+        raise ConfigError(
+            f"a weight sample holds {row.numel()} values but the model's tensors {names[:3]}... need {offset}"
+        )
     return state
 
 
@@ -108,8 +114,15 @@ class PrivateWeights:
         likelihood: what :meth:`loss` is the NLL of (``None``: class labels); a Gaussian's noise is fitted before.
     """
 
-    def __init__(self, model: nn.Module, layers: str, loader: Iterable, *, split: FeatureSplit | None = None,
-                 likelihood: Likelihood | None = None) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        layers: str,
+        loader: Iterable,
+        *,
+        split: FeatureSplit | None = None,
+        likelihood: Likelihood | None = None,
+    ) -> None:
         self.layers, self.loader = check_layers(layers), loader
         self.likelihood = Categorical() if likelihood is None else likelihood
         self.device = next((p.device for p in model.parameters()), torch.device("cpu"))
@@ -222,4 +235,6 @@ def _examples(loader: Iterable) -> int:
     dataset = getattr(loader, "dataset", None)
     if dataset is not None and hasattr(dataset, "__len__"):
         return len(dataset)
-    return sum(torch.as_tensor(y).reshape(-1).numel() for _, y in iterate(loader, device="cpu", progress=False, desc="count"))
+    return sum(
+        torch.as_tensor(y).reshape(-1).numel() for _, y in iterate(loader, device="cpu", progress=False, desc="count")
+    )

@@ -20,7 +20,12 @@ def draw_device(generator: torch.Generator | None, device: torch.device | str) -
     return generator.device if generator is not None else torch.device(device)
 
 
-def randn(shape: tuple[int, ...] | torch.Size, *, generator: torch.Generator | None, device: torch.device | str,
-          dtype: torch.dtype = torch.float32) -> Tensor:
+def randn(
+    shape: tuple[int, ...] | torch.Size,
+    *,
+    generator: torch.Generator | None,
+    device: torch.device | str,
+    dtype: torch.dtype = torch.float32,
+) -> Tensor:
     """Standard normal draws of ``shape`` on ``device``, from ``generator`` (on its own device) if given."""
     return torch.randn(shape, generator=generator, device=draw_device(generator, device), dtype=dtype).to(device)

@@ -45,8 +45,9 @@ def _refuse_shards(loaders: Iterable[Iterable | None]) -> None:
             )
 
 
-def fit_spread(members: Sequence[Method], fit_one: Callable[[int, Method], None],
-               loaders: Iterable[Iterable | None] = ()) -> None:
+def fit_spread(
+    members: Sequence[Method], fit_one: Callable[[int, Method], None], loaders: Iterable[Iterable | None] = ()
+) -> None:
     """Call ``fit_one(index, member)`` for every member once, spread over ranks (see module docs)."""
     if not distributed.active():
         for index, member in enumerate(members):

@@ -132,9 +132,11 @@ class Tolerance:
         if isinstance(value, Tolerance):
             return value
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= math.inf:
-            raise ConfigError(f"tolerance must be None (the default: max(2 % of the plain model's held-out NLL, 0.005 "
-                              f"nats)), a number of nats per example >= 0, e.g. 0.01 (math.inf: no limit), or "
-                              f"posthoc.Tolerance(relative=, absolute=), got {value!r}")
+            raise ConfigError(
+                f"tolerance must be None (the default: max(2 % of the plain model's held-out NLL, 0.005 "
+                f"nats)), a number of nats per example >= 0, e.g. 0.01 (math.inf: no limit), or "
+                f"posthoc.Tolerance(relative=, absolute=), got {value!r}"
+            )
         return cls(relative=0.0, absolute=float(value))
 
 
@@ -162,8 +164,13 @@ class Scores:
                 setattr(self, name, value.detach().double().cpu().reshape(-1))
 
     @classmethod
-    def of_log_probs(cls, log_probs: Tensor, labels: Tensor, shifted_log_probs: Tensor | None = None,
-                     shifted_labels: Tensor | None = None) -> Scores:
+    def of_log_probs(
+        cls,
+        log_probs: Tensor,
+        labels: Tensor,
+        shifted_log_probs: Tensor | None = None,
+        shifted_labels: Tensor | None = None,
+    ) -> Scores:
         """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones.
 
         Example:
@@ -195,7 +202,7 @@ class Scores:
 
     def take(self, rows: Rows) -> Scores:
         """The scores of the examples ``rows`` (clean indices, and perturbed ones where there are any)."""
-        pick = (lambda t: None if t is None or rows.shifted is None else t[rows.shifted])  # noqa: E731
+        pick = lambda t: None if t is None or rows.shifted is None else t[rows.shifted]  # noqa: E731
         return Scores(self.clean[rows.clean], pick(self.shifted), pick(self.confidence), pick(self.correct))
 
 
@@ -254,15 +261,24 @@ class Layout:
         for fold in range(k):
             held = fold_of == fold
             shifted_held = None if self.source is None else held[self.source]
-            out.append((Rows(torch.nonzero(~held).squeeze(1),
-                             None if shifted_held is None else torch.nonzero(~shifted_held).squeeze(1)),
-                        Rows(torch.nonzero(held).squeeze(1),
-                             None if shifted_held is None else torch.nonzero(shifted_held).squeeze(1))))
+            out.append(
+                (
+                    Rows(
+                        torch.nonzero(~held).squeeze(1),
+                        None if shifted_held is None else torch.nonzero(~shifted_held).squeeze(1),
+                    ),
+                    Rows(
+                        torch.nonzero(held).squeeze(1),
+                        None if shifted_held is None else torch.nonzero(shifted_held).squeeze(1),
+                    ),
+                )
+            )
         return out
 
 
-def cross_fitted(fit_and_score: Callable[[Rows, Rows], list[Scores]], layout: Layout, *, folds: int = FOLDS,
-                 seed: int = 0) -> list[Scores]:
+def cross_fitted(
+    fit_and_score: Callable[[Rows, Rows], list[Scores]], layout: Layout, *, folds: int = FOLDS, seed: int = 0
+) -> list[Scores]:
     """Out-of-fold scores of candidates whose parameters are fitted on held-out data.
 
     ``fit_and_score(fitting, scored)`` fits every candidate on the examples ``fitting`` and returns their
@@ -314,8 +330,14 @@ def _standard_error(values: Tensor) -> float | None:
     return float(values.double().std()) / math.sqrt(values.numel())
 
 
-def excess_bound(candidate: Tensor, plain: Tensor, confidence: float = CONFIDENCE, *,
-                 new_sample: float = NEW_SAMPLE, capped_gains: float = CAPPED_GAINS) -> tuple[float, float]:
+def excess_bound(
+    candidate: Tensor,
+    plain: Tensor,
+    confidence: float = CONFIDENCE,
+    *,
+    new_sample: float = NEW_SAMPLE,
+    capped_gains: float = CAPPED_GAINS,
+) -> tuple[float, float]:
     """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of the
     one-sided ``confidence`` bound of the excess on a new sample of ``new_sample`` times ``N`` examples,
     ``mean + z · sd / sqrt(N) · sqrt(1 + 1 / new_sample)`` (the paired normal bound; ``new_sample=inf``: the bound on
@@ -373,11 +395,21 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, rounded for the model card."""
-        out = {"candidate": self.label, "value": _plain(self.value), "clean_nll": _round(self.clean_nll),
-               "excess": _round(self.excess), "bound": _round(self.bound), "excess_se": _round(self.excess_se),
-               "shifted_nll": _round(self.shifted_nll), "shifted_nll_se": _round(self.shifted_nll_se),
-               "shifted_ece": _round(self.shifted_ece), "seconds": _round(self.seconds, 3),
-               "admissible": self.admissible, "reason": self.reason, "chosen": self.chosen}
+        out = {
+            "candidate": self.label,
+            "value": _plain(self.value),
+            "clean_nll": _round(self.clean_nll),
+            "excess": _round(self.excess),
+            "bound": _round(self.bound),
+            "excess_se": _round(self.excess_se),
+            "shifted_nll": _round(self.shifted_nll),
+            "shifted_nll_se": _round(self.shifted_nll_se),
+            "shifted_ece": _round(self.shifted_ece),
+            "seconds": _round(self.seconds, 3),
+            "admissible": self.admissible,
+            "reason": self.reason,
+            "chosen": self.chosen,
+        }
         out.update({key: _plain(value) for key, value in self.extra.items()})
         return out
 
@@ -453,22 +485,43 @@ class Selection:
             >>> record["chosen"], record["candidates"][0]["excess"], record["candidates"][0]["admissible"]
             ('wide', 0.001, True)
         """
-        return {"knob": self.knob, "chosen": self.label, "tolerance": _round(self.tolerance),
-                "confidence": self.confidence, "examples": self.examples, "perturbed": self.perturbed,
-                "folds": self.folds, "fallback": self.fallback, "shift": self.shift,
-                "plain": {"clean_nll": _round(self.plain_nll), "shifted_nll": _round(self.plain_shifted_nll),
-                          "shifted_ece": _round(self.plain_shifted_ece)},
-                "candidates": [record.to_dict() for record in self.records]}
+        return {
+            "knob": self.knob,
+            "chosen": self.label,
+            "tolerance": _round(self.tolerance),
+            "confidence": self.confidence,
+            "examples": self.examples,
+            "perturbed": self.perturbed,
+            "folds": self.folds,
+            "fallback": self.fallback,
+            "shift": self.shift,
+            "plain": {
+                "clean_nll": _round(self.plain_nll),
+                "shifted_nll": _round(self.plain_shifted_nll),
+                "shifted_ece": _round(self.plain_shifted_ece),
+            },
+            "candidates": [record.to_dict() for record in self.records],
+        }
 
 
 #: a candidate: its label (how the record names it) and its value (what the method applies)
 Candidate = tuple[str, Any]
 
 
-def select(candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[[int], Scores], *, plain: Scores,
-           tolerance: float, knob: str, walk: bool = False, start: int = 0, folds: int | None = None,
-           confidence: float = CONFIDENCE, rank_without_shift: str = "order",
-           extra: Callable[[int], dict[str, Any]] | None = None) -> Selection:
+def select(
+    candidates: Sequence[Candidate],
+    scores: Sequence[Scores] | Callable[[int], Scores],
+    *,
+    plain: Scores,
+    tolerance: float,
+    knob: str,
+    walk: bool = False,
+    start: int = 0,
+    folds: int | None = None,
+    confidence: float = CONFIDENCE,
+    rank_without_shift: str = "order",
+    extra: Callable[[int], dict[str, Any]] | None = None,
+) -> Selection:
     """Choose among ``candidates`` by the rule of the module docs.
 
     Args:
@@ -509,13 +562,30 @@ def select(candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[
         seconds = time.perf_counter() - begin
         mean, upper = excess_bound(found.clean, plain.clean, confidence)
         admissible = math.isfinite(upper) and upper <= tolerance
-        reason = None if admissible else (
-            f"in-distribution NLL excess {mean:+.4f} nats, {confidence:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
-            if math.isfinite(upper) else "the held-out NLL is not finite (or the candidate could not be fitted)")
-        records[index] = Record(label, value, found.nll, mean, upper, found.shifted_nll, found.shifted_ece, seconds,
-                                admissible, reason, extra=extra(index) if extra is not None else {},
-                                excess_se=_standard_error(found.clean - plain.clean),
-                                shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted))
+        reason = (
+            None
+            if admissible
+            else (
+                f"in-distribution NLL excess {mean:+.4f} nats, {confidence:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
+                if math.isfinite(upper)
+                else "the held-out NLL is not finite (or the candidate could not be fitted)"
+            )
+        )
+        records[index] = Record(
+            label,
+            value,
+            found.nll,
+            mean,
+            upper,
+            found.shifted_nll,
+            found.shifted_ece,
+            seconds,
+            admissible,
+            reason,
+            extra=extra(index) if extra is not None else {},
+            excess_se=_standard_error(found.clean - plain.clean),
+            shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted),
+        )
         return admissible
 
     if walk:
@@ -531,23 +601,51 @@ def select(candidates: Sequence[Candidate], scores: Sequence[Scores] | Callable[
             judge(index)
     ordered = []
     for index, (label, value) in enumerate(candidates):
-        ordered.append(records.get(index) or Record(label, value, math.nan, math.nan, math.nan, None, None, None, False,
-                                                    "not tried: the walk stopped at a refused candidate"))
+        ordered.append(
+            records.get(index)
+            or Record(
+                label,
+                value,
+                math.nan,
+                math.nan,
+                math.nan,
+                None,
+                None,
+                None,
+                False,
+                "not tried: the walk stopped at a refused candidate",
+            )
+        )
     admissible = [i for i, record in enumerate(ordered) if record.admissible]
     fallback = not admissible
     if fallback:
         index = 0
     elif any(ordered[i].shifted_nll is not None for i in admissible):
-        index = min(admissible, key=lambda i: (math.inf if ordered[i].shifted_nll is None else ordered[i].shifted_nll, i))
+        index = min(
+            admissible, key=lambda i: (math.inf if ordered[i].shifted_nll is None else ordered[i].shifted_nll, i)
+        )
     elif rank_without_shift == "clean":
         index = min(admissible, key=lambda i: (ordered[i].clean_nll, i))
     else:
         index = admissible[-1]
     ordered[index].chosen = True
-    return Selection(knob, ordered, index, plain.nll, plain.shifted_nll, plain.shifted_ece, tolerance, confidence,
-                     examples=len(plain.clean), perturbed=0 if plain.shifted is None else len(plain.shifted),
-                     folds=folds, fallback=fallback, scores=tried,
-                     rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift}, plain_scores=plain)
+    return Selection(
+        knob,
+        ordered,
+        index,
+        plain.nll,
+        plain.shifted_nll,
+        plain.shifted_ece,
+        tolerance,
+        confidence,
+        examples=len(plain.clean),
+        perturbed=0 if plain.shifted is None else len(plain.shifted),
+        folds=folds,
+        fallback=fallback,
+        scores=tried,
+        rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift},
+        plain_scores=plain,
+    )
 
 
 def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: int = FOLDS, seed: int = 0) -> Scores:
@@ -590,8 +688,15 @@ def choice_on(selection: Selection, plain: Scores, rows: Rows) -> int:
         found = selection.scores.get(index)
         return missing if found is None else found.take(rows)
 
-    return select(labels, on_rows, plain=plain.take(rows), tolerance=selection.tolerance, knob=selection.knob,
-                  confidence=selection.confidence, **selection.rule).index
+    return select(
+        labels,
+        on_rows,
+        plain=plain.take(rows),
+        tolerance=selection.tolerance,
+        knob=selection.knob,
+        confidence=selection.confidence,
+        **selection.rule,
+    ).index
 
 
 def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: str, stacklevel: int = 3) -> None:
@@ -610,6 +715,10 @@ def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: s
     if not selection.fallback:
         return
     first = selection.records[0]
-    warnings.warn(f"no {method} {selection.knob} keeps the held-out NLL within {selection.tolerance:.4f} nats of the "
-                  f"plain model's at {selection.confidence:.0%} confidence ({first.label}: {first.reason}); using "
-                  f"{fallback}. {advice}", RuntimeWarning, stacklevel=stacklevel)
+    warnings.warn(
+        f"no {method} {selection.knob} keeps the held-out NLL within {selection.tolerance:.4f} nats of the "
+        f"plain model's at {selection.confidence:.0%} confidence ({first.label}: {first.reason}); using "
+        f"{fallback}. {advice}",
+        RuntimeWarning,
+        stacklevel=stacklevel,
+    )

@@ -92,7 +92,9 @@ class SuffixRunner:
         torch.Size([100, 8, 3])
     """
 
-    def __init__(self, model: nn.Module, start: str | None, *, at: str = "input", max_memory: int | None = None) -> None:
+    def __init__(
+        self, model: nn.Module, start: str | None, *, at: str = "input", max_memory: int | None = None
+    ) -> None:
         if at not in ("input", "output"):
             raise ConfigError(f"at must be 'input' or 'output', got {at!r}")
         memory_bytes(max_memory)
@@ -125,8 +127,10 @@ class SuffixRunner:
         with stochastic():
             for examples in chunks(n, group * row_bytes, max_memory=budget):
                 part, m = slice_inputs(x, examples.start, examples.stop), examples.stop - examples.start
-                groups = [self._run(part, samples.stop - samples.start, samples.start)
-                          for samples in chunks(num_samples, m * row_bytes, max_memory=budget)]
+                groups = [
+                    self._run(part, samples.stop - samples.start, samples.start)
+                    for samples in chunks(num_samples, m * row_bytes, max_memory=budget)
+                ]
                 pieces.append(groups[0] if len(groups) == 1 else torch.cat(groups, 0))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
@@ -139,7 +143,9 @@ class SuffixRunner:
             with _expansion(self.model, self.start, self.at, samples, m) as expansion:
                 out = run_model(self.model, x)
             if expansion.calls != 1:
-                raise InputError(f"the expansion module {self.start!r} was called {expansion.calls} times in one forward pass")
+                raise InputError(
+                    f"the expansion module {self.start!r} was called {expansion.calls} times in one forward pass"
+                )
         if out.shape[0] != samples * m:
             raise InputError(f"the model returned {out.shape[0]} rows for {samples} x {m} expanded rows")
         return out.reshape(samples, m, *out.shape[1:])
@@ -158,8 +164,16 @@ class SuffixRunner:
         return plan
 
 
-def expanded_forward(model: nn.Module, start: str | None, x: Inputs, num_samples: int, *, at: str = "input",
-                     stochastic: Stochastic = nullcontext, max_memory: int | None = None) -> Tensor:
+def expanded_forward(
+    model: nn.Module,
+    start: str | None,
+    x: Inputs,
+    num_samples: int,
+    *,
+    at: str = "input",
+    stochastic: Stochastic = nullcontext,
+    max_memory: int | None = None,
+) -> Tensor:
     """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
 
     Example:
@@ -214,12 +228,18 @@ def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None) -> _Plan
         return None
     # the repeated tensor lives next to its masked copy and the mask: count it EXPANDED_COPIES times
     expanded = 0 if expansion is None else EXPANDED_COPIES * expansion.expanded_bytes // 4
-    return _Plan(expansion is None, max(largest, expanded, out.numel() * out.element_size() // 4, 1), _input_row_bytes(x))
+    return _Plan(
+        expansion is None, max(largest, expanded, out.numel() * out.element_size() // 4, 1), _input_row_bytes(x)
+    )
 
 
 def _input_row_bytes(x: Inputs) -> int:
     """Bytes of one example of ``x`` (at least 1)."""
-    return max(1, sum(t.numel() * t.element_size() for t in _tensors(list(x.values()) if isinstance(x, Mapping) else x)) // batch_size(x))
+    return max(
+        1,
+        sum(t.numel() * t.element_size() for t in _tensors(list(x.values()) if isinstance(x, Mapping) else x))
+        // batch_size(x),
+    )
 
 
 def _tensors(value: Any) -> list[Tensor]:

@@ -111,8 +111,16 @@ class UncertainModel(nn.Module):
         """The device the model (and so the predictive) runs on."""
         return self.method.device
 
-    def fit(self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, *, progress: bool = True,
-            shift: Any = "auto", tolerance: Tolerance | float | None = None, **fit_options: Any) -> UncertainModel:
+    def fit(
+        self,
+        train_loader: Iterable | None = None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        shift: Any = "auto",
+        tolerance: Tolerance | float | None = None,
+        **fit_options: Any,
+    ) -> UncertainModel:
         """Fit every method (inner first), make their held-out choices, and return ``self``.
 
         ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
@@ -144,8 +152,15 @@ class UncertainModel(nn.Module):
             self._fit_chain(train_loader, val_loader, progress, shift, tolerance, fit_options)
         return self
 
-    def _fit_chain(self, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool, shift: Any,
-                   tolerance: Tolerance, fit_options: dict[str, Any]) -> None:
+    def _fit_chain(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None,
+        progress: bool,
+        shift: Any,
+        tolerance: Tolerance,
+        fit_options: dict[str, Any],
+    ) -> None:
         """The runner's fit: each method's ``fit`` (inner first), then around it the selection step (its ``choose``)
         on the held-out data read once for the chain, before anything is fitted."""
         wall, cpu = time.perf_counter(), time.process_time()
@@ -157,19 +172,30 @@ class UncertainModel(nn.Module):
         held_out = None
         if val_loader is not None and any(method.makes_choice for method in chain):
             # read before any fit: the plain model is the checkpoint as it was given
-            held_out = HeldOut.read(val_loader, model=self.method.base_model, likelihood=self.likelihood, shift=shift,
-                                    tolerance=tolerance, device=self.device, progress=progress)
+            held_out = HeldOut.read(
+                val_loader,
+                model=self.method.base_model,
+                likelihood=self.likelihood,
+                shift=shift,
+                tolerance=tolerance,
+                device=self.device,
+                progress=progress,
+            )
         for method in chain:
             _fit_one(method, train_loader, val_loader, progress, fit_options)
             if method.makes_choice:
-                chosen_on = held_out if val_loader is not None else self._training_rows(method, train_loader, shift,
-                                                                                        tolerance, progress)
+                chosen_on = (
+                    held_out
+                    if val_loader is not None
+                    else self._training_rows(method, train_loader, shift, tolerance, progress)
+                )
                 if chosen_on is not None:
                     method.choose(chosen_on, train_loader=train_loader, progress=progress)
             if method.requires_fit:
                 method.fitted.fill_(True)
-        self.fit_record = FitRecord(examples(train_loader), examples(val_loader),
-                                    time.perf_counter() - wall, time.process_time() - cpu)
+        self.fit_record = FitRecord(
+            examples(train_loader), examples(val_loader), time.perf_counter() - wall, time.process_time() - cpu
+        )
         self._changed()
 
     def _changed(self) -> None:
@@ -185,17 +211,33 @@ class UncertainModel(nn.Module):
             self.__dict__["_served_modules"] = list(self.method.modules())
         return self.__dict__["_served_modules"]
 
-    def _training_rows(self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance,
-                       progress: bool) -> HeldOut | None:
+    def _training_rows(
+        self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance, progress: bool
+    ) -> HeldOut | None:
         """The held-out data a method chooses on without a ``val_loader`` (:meth:`Method.held_out_without_val`)."""
         rows = method.held_out_without_val(train_loader)
         if rows is None:
             return None
-        return HeldOut.read(rows, model=_plain_on(method, self.device), likelihood=self.likelihood, shift=shift, tolerance=tolerance,
-                            device=self.device, progress=progress, from_training_data=True)
+        return HeldOut.read(
+            rows,
+            model=_plain_on(method, self.device),
+            likelihood=self.likelihood,
+            shift=shift,
+            tolerance=tolerance,
+            device=self.device,
+            progress=progress,
+            from_training_data=True,
+        )
 
-    def choose(self, val_loader: Iterable | HeldOut, *, train_loader: Iterable | None = None, shift: Any = "auto",
-               tolerance: Tolerance | float | None = None, progress: bool = True) -> UncertainModel:
+    def choose(
+        self,
+        val_loader: Iterable | HeldOut,
+        *,
+        train_loader: Iterable | None = None,
+        shift: Any = "auto",
+        tolerance: Tolerance | float | None = None,
+        progress: bool = True,
+    ) -> UncertainModel:
         """Make every held-out choice again on ``val_loader``, keeping what :meth:`fit` learnt from the training data.
 
         The curvature, the fine-tuned weights and the feature banks stay; the prior precision, the rate, the
@@ -217,8 +259,15 @@ class UncertainModel(nn.Module):
         if isinstance(val_loader, HeldOut):  # read already (the plain model must be this one's checkpoint)
             held_out = val_loader
         else:
-            held_out = HeldOut.read(val_loader, model=_plain_on(self.method, self.device), likelihood=self.likelihood,
-                                    shift=shift, tolerance=Tolerance.of(tolerance), device=self.device, progress=progress)
+            held_out = HeldOut.read(
+                val_loader,
+                model=_plain_on(self.method, self.device),
+                likelihood=self.likelihood,
+                shift=shift,
+                tolerance=Tolerance.of(tolerance),
+                device=self.device,
+                progress=progress,
+            )
         with self.run.scope():
             for method in chain_of(self.method):
                 if method.makes_choice:
@@ -227,8 +276,16 @@ class UncertainModel(nn.Module):
         return self
 
     @torch.no_grad()
-    def predict(self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None,
-                chunk_size: int | None = None, keep_samples: bool = True, max_memory: int | None = None) -> Prediction | RegressionPrediction:
+    def predict(
+        self,
+        x: Inputs,
+        *,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        chunk_size: int | None = None,
+        keep_samples: bool = True,
+        max_memory: int | None = None,
+    ) -> Prediction | RegressionPrediction:
         """The predictive distribution for a batch ``x``, computed in chunks of examples: a
         :class:`~posthoc.Prediction` over classes, or under ``likelihood="regression"`` a
         :class:`~posthoc.RegressionPrediction` over real targets.
@@ -265,14 +322,24 @@ class UncertainModel(nn.Module):
         device = self.method.follow_model_device()  # read once per call: each chunk goes there
         if self.likelihood.prediction_type is RegressionPrediction:
             with budget_scope(budget):
-                return self._predict_regression(x, total, chunk_size, keep_samples, device,
-                                                {"num_samples": num_samples, "generator": generator})
+                return self._predict_regression(
+                    x, total, chunk_size, keep_samples, device, {"num_samples": num_samples, "generator": generator}
+                )
         with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
-            return self._predict_classes(x, total, chunk_size, keep_samples, budget, device,
-                                         {"num_samples": num_samples, "generator": generator})
+            return self._predict_classes(
+                x, total, chunk_size, keep_samples, budget, device, {"num_samples": num_samples, "generator": generator}
+            )
 
-    def _predict_classes(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, budget: int,
-                         device: torch.device, options: dict[str, Any]) -> Prediction:
+    def _predict_classes(
+        self,
+        x: Inputs,
+        total: int,
+        chunk_size: int,
+        keep_samples: bool,
+        budget: int,
+        device: torch.device,
+        options: dict[str, Any],
+    ) -> Prediction:
         """The class predictive in chunks: a first small one tells the samples' size, the rest fit ``budget``."""
         first_size = min(total, chunk_size, PROBE_EXAMPLES)
         first = self._predict_chunk(slice_inputs(x, 0, first_size), device, options)
@@ -287,8 +354,9 @@ class UncertainModel(nn.Module):
             out.write(start, self._predict_chunk(part, device, options))
         return out
 
-    def _predict_regression(self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, device: torch.device,
-                            options: dict[str, Any]) -> RegressionPrediction:
+    def _predict_regression(
+        self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, device: torch.device, options: dict[str, Any]
+    ) -> RegressionPrediction:
         """The regression predictive in chunks of ``chunk_size`` rows (a row keeps ``K x D`` components alive, not
         ``S x C`` probabilities, so no probe plans the chunks)."""
         parts = []
@@ -298,8 +366,10 @@ class UncertainModel(nn.Module):
             with eval_mode(self.method, self._served()):
                 prediction = self.method.regression_predictive(part, **options)
             if torch.isnan(prediction.variance).any() or torch.isnan(prediction.mean).any():
-                raise NumericalError("the predictive produced NaN; the model's outputs are not finite for these inputs "
-                                     "(check its weights and dtype, e.g. float16 overflow)")
+                raise NumericalError(
+                    "the predictive produced NaN; the model's outputs are not finite for these inputs "
+                    "(check its weights and dtype, e.g. float16 overflow)"
+                )
             parts.append(prediction)
         return concat(parts, keep_samples)
 
@@ -395,15 +465,26 @@ class UncertainModel(nn.Module):
             (0, True)
         """
         posterior = []
-        for entry, method in zip(self.spec, chain_of(self.method)[-len(self.spec):]):
+        for entry, method in zip(self.spec, chain_of(self.method)[-len(self.spec) :]):
             fitted = bool(method.fitted)
-            posterior.append({"method": entry["name"], "options": dict(entry["options"]), "fitted": fitted,
-                              **(method.summary() if fitted else {"random_variables": None}),
-                              **(method.likelihood.summary() if fitted else {}),
-                              "selection": method.selection if fitted else None})
+            posterior.append(
+                {
+                    "method": entry["name"],
+                    "options": dict(entry["options"]),
+                    "fitted": fitted,
+                    **(method.summary() if fitted else {"random_variables": None}),
+                    **(method.likelihood.summary() if fitted else {}),
+                    "selection": method.selection if fitted else None,
+                }
+            )
         fingerprint = self.fingerprint or persistence.fingerprint(self.method.base_model)
-        return ModelCard.of(posterior, self.fit_record, model_class=type(self.method.base_model).__qualname__,
-                            fingerprint=fingerprint, version=version())
+        return ModelCard.of(
+            posterior,
+            self.fit_record,
+            model_class=type(self.method.base_model).__qualname__,
+            fingerprint=fingerprint,
+            version=version(),
+        )
 
     def save(self, path: str) -> None:
         """Write the fitted posterior (not the base weights) atomically to ``path``.
@@ -416,10 +497,12 @@ class UncertainModel(nn.Module):
         unsaveable = persistence.unsaveable_options(self.spec)
         if unsaveable:
             name, key, value = unsaveable[0]
-            raise ConfigError(f"cannot save: option {key}={value!r} of '{name}' holds what a posterior file cannot keep "
-                              "(a callable or an object: a file keeps options as numbers, strings and lists of them, "
-                              "so that posthoc.load can rebuild the method); wrap with options a file can keep "
-                              f"(for '{name}': posthoc.available_methods()['{name}'] and its docs page), fit, and save")
+            raise ConfigError(
+                f"cannot save: option {key}={value!r} of '{name}' holds what a posterior file cannot keep "
+                "(a callable or an object: a file keeps options as numbers, strings and lists of them, "
+                "so that posthoc.load can rebuild the method); wrap with options a file can keep "
+                f"(for '{name}': posthoc.available_methods()['{name}'] and its docs page), fit, and save"
+            )
         if self.method.works_on_copy:
             current = self.fingerprint  # the user's checkpoint when it was copied; the copy's weights are saved
         else:
@@ -430,8 +513,14 @@ class UncertainModel(nn.Module):
                     "Fit again before saving"
                 )
         # the copy keeps the user's class name
-        persistence.write(path, self.spec, current, type(self.method.base_model).__qualname__, self.method.posterior_state(),
-                          fit=None if self.fit_record is None else self.fit_record.to_dict())
+        persistence.write(
+            path,
+            self.spec,
+            current,
+            type(self.method.base_model).__qualname__,
+            self.method.posterior_state(),
+            fit=None if self.fit_record is None else self.fit_record.to_dict(),
+        )
 
     def extra_repr(self) -> str:
         return f"methods={self.methods}, fitted={self.is_fitted}"
@@ -484,8 +573,13 @@ def _plain_on(method: Method, device: torch.device) -> nn.Module:
     return model if where == device else copy.deepcopy(model).to(device)
 
 
-def _fit_one(method: Method, train_loader: Iterable | None, val_loader: Iterable | None, progress: bool,
-             fit_options: dict[str, Any]) -> None:
+def _fit_one(
+    method: Method,
+    train_loader: Iterable | None,
+    val_loader: Iterable | None,
+    progress: bool,
+    fit_options: dict[str, Any],
+) -> None:
     """Fit one method of a chain on the training data (its inner ones are fitted already)."""
     own = {k: v for k, v in fit_options.items() if k in method.fit_option_defaults()}
     if method.requires_fit:
@@ -497,4 +591,6 @@ def _fit_one(method: Method, train_loader: Iterable | None, val_loader: Iterable
         if not method.needs_val and train_loader is None:
             raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
     options = {"options": method.make_fit_options(own)} if method.fit_option_defaults() else {}
-    method.fit(train_loader, val_loader, progress=progress, **options)  # a method that needs no fit may still use the data
+    method.fit(
+        train_loader, val_loader, progress=progress, **options
+    )  # a method that needs no fit may still use the data

@@ -196,6 +196,7 @@ class VariationalLayers(nn.Module):
 
             def replace(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
                 return sample_output(*posterior.output_moments(args[0]), generator).to(out.dtype)
+
             return replace
 
         with hooked((self.targets[name], "output", draw(name)) for name in self.names):

@@ -88,8 +88,9 @@ class VariationalMethod(Method):
     default_layers: ClassVar[str] = "head"
     likelihoods = (Categorical, Gaussian)
 
-    def __init__(self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int,
-                 seed: int) -> None:
+    def __init__(
+        self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int, seed: int
+    ) -> None:
         super().__init__(model)
         if not (layers in ("head", "all") or (isinstance(layers, Sequence) and not isinstance(layers, str))):
             raise ConfigError(f"layers must be 'head', 'all' or a list of module names, got {layers!r}")
@@ -122,7 +123,9 @@ class VariationalMethod(Method):
         return select_layers(self.model, self.layer_option)
 
     def _build(self, names: list[str]) -> None:
-        self.layers = VariationalLayers(self.model, {name: self._posterior(self.model.get_submodule(name)) for name in names})
+        self.layers = VariationalLayers(
+            self.model, {name: self._posterior(self.model.get_submodule(name)) for name in names}
+        )
         self.layers.to(self.device)
         self._runner = None
 
@@ -131,7 +134,9 @@ class VariationalMethod(Method):
             self.layers.to(self.device)
 
     # ----------------------------------------------------------------- fit
-    def _fit(self, train_loader: Iterable, options: ElboFit, *, progress: bool, val_loader: Iterable | None = None) -> None:
+    def _fit(
+        self, train_loader: Iterable, options: ElboFit, *, progress: bool, val_loader: Iterable | None = None
+    ) -> None:
         """Find the structure from the first batch, then maximise the ELBO; on any failure the posterior
         is left as it was before. Under a Gaussian likelihood the ELBO reads the noise the plain model's
         residuals give (held-out ones with ``val_loader``), and the noise is then re-fitted to the
@@ -150,7 +155,9 @@ class VariationalMethod(Method):
         self._follow_device()
         loaders = (train_loader, val_loader)
         with eval_mode(self.model):
-            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (model_outputs(run_model(self.model, x))[None], None))
+            fit_noise_on(
+                self.likelihood, loaders, self.device, lambda x: (model_outputs(run_model(self.model, x))[None], None)
+            )
         before = {k: v.detach().clone() for k, v in self.layers.state_dict().items()}
         try:
             self._maximise_elbo(train_loader, options, progress=progress)
@@ -161,9 +168,19 @@ class VariationalMethod(Method):
         self._runner = None
         generator = torch.Generator(device=self.device).manual_seed(self.seed)
         with eval_mode(self.model):
-            fit_noise_on(self.likelihood, loaders, self.device, lambda x: (self.sampled_outputs(x, generator=generator), None))
+            fit_noise_on(
+                self.likelihood, loaders, self.device, lambda x: (self.sampled_outputs(x, generator=generator), None)
+            )
         kl = options.kl
-        record = (options.epochs, options.lr, options.lr_scale, kl.weight, kl.warmup, kl.cycles, SCHEDULES.index(kl.kind))
+        record = (
+            options.epochs,
+            options.lr,
+            options.lr_scale,
+            kl.weight,
+            kl.warmup,
+            kl.cycles,
+            SCHEDULES.index(kl.kind),
+        )
         self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
 
     def _maximise_elbo(self, train_loader: Iterable, options: ElboFit, *, progress: bool) -> None:
@@ -172,19 +189,34 @@ class VariationalMethod(Method):
         Adam moves the posterior's locations at ``lr`` and its scales at ``lr_scale``."""
         layers = self.layers
         locations, scales = layers.parameter_groups()
-        groups = [{"params": params, "lr": lr} for params, lr in ((locations, options.lr), (scales, options.lr_scale)) if params and lr > 0]
+        groups = [
+            {"params": params, "lr": lr}
+            for params, lr in ((locations, options.lr), (scales, options.lr_scale))
+            if params and lr > 0
+        ]
 
         def terms(x: Inputs, y: Tensor) -> tuple[Tensor, Tensor]:
             with layers.sampling():
                 outputs = run_model(self.model, x)
             return self._mean_nll(outputs, y), layers.kl()
 
-        hint = (f"lower lr (now {options.lr}) or lr_scale (now {options.lr_scale}). "
-                "The posterior was left as it was before fit")
+        hint = (
+            f"lower lr (now {options.lr}) or lr_scale (now {options.lr_scale}). "
+            "The posterior was left as it was before fit"
+        )
         with requires_grad(self.model, False), eval_mode(self.model):
-            maximise_elbo(terms, train_loader, optimizer=torch.optim.Adam(groups) if groups else None,
-                          trained=[*locations, *scales], kl=options.kl, epochs=options.epochs, device=self.device,
-                          desc=self.name, hint=hint, progress=progress)
+            maximise_elbo(
+                terms,
+                train_loader,
+                optimizer=torch.optim.Adam(groups) if groups else None,
+                trained=[*locations, *scales],
+                kl=options.kl,
+                epochs=options.epochs,
+                device=self.device,
+                desc=self.name,
+                hint=hint,
+                progress=progress,
+            )
 
     def _mean_nll(self, outputs: Tensor, y: Tensor) -> Tensor:
         """The ELBO's data term: the mean NLL of a batch, of its labels or of its targets under the fitted noise."""
@@ -195,8 +227,9 @@ class VariationalMethod(Method):
         return self.likelihood.mean_nll(outputs, self.likelihood.targets(y, outputs))
 
     # ----------------------------------------------------------------- predict
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)`` raw outputs of ``S`` draws of the posterior (local reparameterisation); ``generator``
         defaults to one seeded with ``seed``."""
         self._follow_device()
@@ -213,8 +246,9 @@ class VariationalMethod(Method):
             self._runner = SuffixRunner(self.model, self.layers.names[int(self.expansion)], at="input")
         return self._runner(x, count, stochastic=lambda: self.layers.sampling(generator))
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
         one seeded with ``seed``."""
         self._follow_device()
@@ -228,8 +262,9 @@ class VariationalMethod(Method):
             samples = class_log_probs(logits.flatten(0, 1)).unflatten(0, (count, batch_size(x)))
         return log_mean_exp(samples), samples
 
-    def _head_samples(self, x: Inputs, count: int, generator: torch.Generator,
-                      transform: Callable[[Tensor], Tensor] = class_log_probs) -> Tensor:
+    def _head_samples(
+        self, x: Inputs, count: int, generator: torch.Generator, transform: Callable[[Tensor], Tensor] = class_log_probs
+    ) -> Tensor:
         """``(S, N, C)`` draws of the Gaussian head outputs through ``transform`` (log-probabilities by default):
         the backbone runs once."""
         phi, _ = self.split(x)
@@ -246,21 +281,31 @@ class VariationalMethod(Method):
         """``random_variables`` (weights, and biases where they have a variance), ``layers``, the
         predictive's samples and the fit's settings (see ``FIT_RECORD``)."""
         settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
-        fit: dict[str, Any] = dict(settings, epochs=int(settings["epochs"]), kl_cycles=int(settings["kl_cycles"]),
-                                   kl_schedule=SCHEDULES[int(settings["kl_schedule"])])
-        return {"random_variables": self.layers.num_variables, "layers": list(self.layers.names),
-                "test_samples": self.num_samples, **fit}
+        fit: dict[str, Any] = dict(
+            settings,
+            epochs=int(settings["epochs"]),
+            kl_cycles=int(settings["kl_cycles"]),
+            kl_schedule=SCHEDULES[int(settings["kl_schedule"])],
+        )
+        return {
+            "random_variables": self.layers.num_variables,
+            "layers": list(self.layers.names),
+            "test_samples": self.num_samples,
+            **fit,
+        }
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         """Load a saved posterior; a head found at fit from an input is rebuilt from the file's names."""
         if self.layers is None:
             prefix = "layers.posteriors."
-            names = list(dict.fromkeys(layer_name(key[len(prefix):].rpartition(".")[0])
-                                       for key in state if key.startswith(prefix)))
+            names = list(
+                dict.fromkeys(
+                    layer_name(key[len(prefix) :].rpartition(".")[0]) for key in state if key.startswith(prefix)
+                )
+            )
             self.split = FeatureSplit(self.model, names[0])
             self._build(names)
         super().load_posterior_state(state)
 
     def extra_repr(self) -> str:
         return f"layers={self.layer_option!r}, num_samples={self.num_samples}"
-

@@ -66,8 +66,9 @@ def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
     return logits + rows[:, size:].unsqueeze(1) if rows.shape[1] > size else logits
 
 
-def head_outputs(split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *,
-                 transform: Callable[[Tensor], Tensor] | None = None) -> Tensor:
+def head_outputs(
+    split: FeatureSplit, rows: RowSource, count: int, x: Inputs, *, transform: Callable[[Tensor], Tensor] | None = None
+) -> Tensor:
     """``(S, N, C)``: the outputs of ``count`` head samples (through ``transform``, e.g. a log-softmax), the backbone run once.
 
     ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
@@ -103,8 +104,14 @@ def head_log_predictive(split: FeatureSplit, rows: RowSource, count: int, x: Inp
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 
-def state_outputs(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int, x: Inputs, *,
-                  transform: Callable[[Tensor], Tensor] = model_outputs) -> Tensor:
+def state_outputs(
+    model: nn.Module,
+    states: Callable[[int], Mapping[str, Tensor]],
+    count: int,
+    x: Inputs,
+    *,
+    transform: Callable[[Tensor], Tensor] = model_outputs,
+) -> Tensor:
     """``(S, N, ...)``: ``transform`` of the outputs of ``count`` whole-model states, one pass each, in float32.
 
     ``states(s)`` gives sample ``s`` as ``{name: tensor}`` (parameters and buffers replacing the
@@ -119,13 +126,18 @@ def state_outputs(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]
     base = _float32_tensors(model)
     if base:  # a float16 / bfloat16 model: weight samples run in float32, where they cannot overflow
         x = {k: _float32(v) for k, v in x.items()} if isinstance(x, Mapping) else _float32(x)
-    rows = [transform(run_model_with(model, {**base, **{k: _float32(v) for k, v in states(s).items()}} if base else states(s), x)).float()
-            for s in range(count)]
+    rows = [
+        transform(
+            run_model_with(model, {**base, **{k: _float32(v) for k, v in states(s).items()}} if base else states(s), x)
+        ).float()
+        for s in range(count)
+    ]
     return torch.stack(rows)
 
 
-def state_log_predictive(model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int,
-                         x: Inputs) -> tuple[Tensor, Tensor]:
+def state_log_predictive(
+    model: nn.Module, states: Callable[[int], Mapping[str, Tensor]], count: int, x: Inputs
+) -> tuple[Tensor, Tensor]:
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states (:func:`state_outputs`).
 
     Example:

@@ -46,7 +46,9 @@ def _ece_of(confidence: Tensor, correct: Tensor, bins: int) -> Statistic:
 
     def ece(index: Tensor) -> Tensor:
         rows = torch.arange(index.shape[0]).unsqueeze(-1) * bins + bin_of[index]
-        sums = torch.zeros(index.shape[0] * bins, dtype=torch.float64).index_add_(0, rows.flatten(), gap[index].flatten())
+        sums = torch.zeros(index.shape[0] * bins, dtype=torch.float64).index_add_(
+            0, rows.flatten(), gap[index].flatten()
+        )
         return sums.view(-1, bins).abs().sum(-1) / index.shape[1]
 
     return ece
@@ -54,6 +56,7 @@ def _ece_of(confidence: Tensor, correct: Tensor, bins: int) -> Statistic:
 
 def _aurc_of(confidence: Tensor, correct: Tensor, generalized: bool = False) -> Statistic:
     """AURC (or with ``generalized``, AUGRC: the risk times the coverage) of the picked examples."""
+
     def aurc(index: Tensor) -> Tensor:
         order = confidence[index].argsort(dim=-1, descending=True, stable=True)
         errors = (1 - correct[index]).gather(-1, order)
@@ -115,7 +118,9 @@ def _jackknife_index(n: int) -> Tensor:
     return full[~torch.eye(n, dtype=torch.bool)].view(n, n - 1)
 
 
-def _interval(draws: np.ndarray, observed: float, ci: float, method: str, jackknife: np.ndarray | None) -> tuple[float, float]:
+def _interval(
+    draws: np.ndarray, observed: float, ci: float, method: str, jackknife: np.ndarray | None
+) -> tuple[float, float]:
     tails = np.array([(1 - ci) / 2, (1 + ci) / 2])
     if method == "bca":
         below = np.mean(draws < observed) + np.mean(draws == observed) / 2
@@ -129,8 +134,16 @@ def _interval(draws: np.ndarray, observed: float, ci: float, method: str, jackkn
     return float(low), float(high)
 
 
-def intervals(statistics: Mapping[str, Statistic], n: int, *, ci: float = 0.95, bootstraps: int = 1000,
-              seed: int = 0, method: str = "percentile", index: Tensor | None = None) -> dict[str, tuple[float, float]]:
+def intervals(
+    statistics: Mapping[str, Statistic],
+    n: int,
+    *,
+    ci: float = 0.95,
+    bootstraps: int = 1000,
+    seed: int = 0,
+    method: str = "percentile",
+    index: Tensor | None = None,
+) -> dict[str, tuple[float, float]]:
     """``name -> (low, high)``: the ``ci`` bootstrap interval of each statistic over ``n`` examples.
 
     ``index`` reuses a resample matrix (e.g. the one of a paired comparison); by default one is drawn from ``seed``.
@@ -205,8 +218,9 @@ def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, s
     return torch.cat(draws)
 
 
-def auroc_interval(in_scores: Tensor, out_scores: Tensor, *, ci: float = 0.95, bootstraps: int = 1000,
-                   seed: int = 0) -> tuple[float, float]:
+def auroc_interval(
+    in_scores: Tensor, out_scores: Tensor, *, ci: float = 0.95, bootstraps: int = 1000, seed: int = 0
+) -> tuple[float, float]:
     """Percentile interval of the OOD AUROC over :func:`auroc_draws`.
 
     Example:
@@ -219,8 +233,9 @@ def auroc_interval(in_scores: Tensor, out_scores: Tensor, *, ci: float = 0.95, b
     return float(low), float(high)
 
 
-def guarantee_statistics(labels: Tensor, sets: Tensor | None, accepted: Tensor | None,
-                         correct: Tensor) -> dict[str, Statistic]:
+def guarantee_statistics(
+    labels: Tensor, sets: Tensor | None, accepted: Tensor | None, correct: Tensor
+) -> dict[str, Statistic]:
     """Coverage and set size of conformal ``sets``, deferral and accepted error (if any is accepted) of a
     selective rule, per index matrix."""
     out: dict[str, Statistic] = {}
@@ -236,9 +251,18 @@ def guarantee_statistics(labels: Tensor, sets: Tensor | None, accepted: Tensor |
     return out
 
 
-def report_intervals(probs: Tensor, labels: Tensor, *, ci: float = 0.95, bootstraps: int = 1000, seed: int = 0,
-                     method: str = "percentile", sets: Tensor | None = None, accepted: Tensor | None = None,
-                     ood: Mapping[str, tuple[Tensor, Tensor]] | None = None) -> dict[str, tuple[float, float]]:
+def report_intervals(
+    probs: Tensor,
+    labels: Tensor,
+    *,
+    ci: float = 0.95,
+    bootstraps: int = 1000,
+    seed: int = 0,
+    method: str = "percentile",
+    sets: Tensor | None = None,
+    accepted: Tensor | None = None,
+    ood: Mapping[str, tuple[Tensor, Tensor]] | None = None,
+) -> dict[str, tuple[float, float]]:
     """Intervals of every metric of a report: the classification metrics, the guarantees measured (``sets``,
     ``accepted``) and each OOD AUROC given as ``name -> (in-distribution scores, OOD scores)``.
 

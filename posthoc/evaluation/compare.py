@@ -46,18 +46,37 @@ class Comparison:
         return self.interval[0] > 0 or self.interval[1] < 0
 
     def as_dict(self) -> dict[str, object]:
-        return {"metric": self.metric, "first": self.first, "second": self.second, "first_value": self.first_value,
-                "second_value": self.second_value, "difference": self.difference, "interval": list(self.interval),
-                "ci": self.ci, "bootstraps": self.bootstraps, "examples": self.examples}
+        return {
+            "metric": self.metric,
+            "first": self.first,
+            "second": self.second,
+            "first_value": self.first_value,
+            "second_value": self.second_value,
+            "difference": self.difference,
+            "interval": list(self.interval),
+            "ci": self.ci,
+            "bootstraps": self.bootstraps,
+            "examples": self.examples,
+        }
 
     def __str__(self) -> str:
         low, high = self.interval
-        return (f"{self.metric}: {self.first} − {self.second} = {self.difference:.4f} [{low:.4f}, {high:.4f}] "
-                f"({self.ci:.0%} paired bootstrap, {self.bootstraps} resamples of {self.examples} examples)")
+        return (
+            f"{self.metric}: {self.first} − {self.second} = {self.difference:.4f} [{low:.4f}, {high:.4f}] "
+            f"({self.ci:.0%} paired bootstrap, {self.bootstraps} resamples of {self.examples} examples)"
+        )
 
 
-def compare(first: Report, second: Report, metric: str = "nll", *, ci: float = 0.95, bootstraps: int = 1000,
-            seed: int = 0, method: str = "percentile") -> Comparison:
+def compare(
+    first: Report,
+    second: Report,
+    metric: str = "nll",
+    *,
+    ci: float = 0.95,
+    bootstraps: int = 1000,
+    seed: int = 0,
+    method: str = "percentile",
+) -> Comparison:
     """The difference ``first - second`` of ``metric`` with a paired bootstrap interval over the shared test examples.
 
     Example:
@@ -70,12 +89,16 @@ def compare(first: Report, second: Report, metric: str = "nll", *, ci: float = 0
         raise ConfigError(f"cannot compare {metric!r}; comparable metrics: {', '.join(COMPARABLE)}")
     for report in (first, second):
         if not isinstance(report, Report):
-            raise InputError(f"compare takes two posthoc.Report objects (from posthoc.evaluate), got {type(report).__name__}")
+            raise InputError(
+                f"compare takes two posthoc.Report objects (from posthoc.evaluate), got {type(report).__name__}"
+            )
         if report.probs is None or report.labels is None:
             raise InputError(f"report {report.name!r} keeps no probabilities; compare reports made by posthoc.evaluate")
     if first.labels.shape != second.labels.shape or not torch.equal(first.labels.cpu(), second.labels.cpu()):
-        raise InputError(f"reports {first.name!r} and {second.name!r} are not on the same test examples (their labels "
-                         "differ); evaluate both on the same loader, without shuffling")
+        raise InputError(
+            f"reports {first.name!r} and {second.name!r} are not on the same test examples (their labels "
+            "differ); evaluate both on the same loader, without shuffling"
+        )
     one = bootstrap.example_statistics(first.probs, first.labels)[metric]
     two = bootstrap.example_statistics(second.probs, second.labels)[metric]
     n = len(first.labels)

@@ -50,9 +50,14 @@ def example_nll(report: Any) -> Tensor:
     return -picked.clamp_min(metrics.EPS).log()
 
 
-def candidate(report: Any, shifts: Mapping[str, Any] | None = None, *,
-              predict_cost: float | None = None, selection: Mapping[str, Any] | None = None,
-              shifted: Mapping[str, Tensor] | None = None) -> verdict.Candidate:
+def candidate(
+    report: Any,
+    shifts: Mapping[str, Any] | None = None,
+    *,
+    predict_cost: float | None = None,
+    selection: Mapping[str, Any] | None = None,
+    shifted: Mapping[str, Tensor] | None = None,
+) -> verdict.Candidate:
     """What the verdict reads of one method's report: its per-example NLL on the test set and on each shifted test
     set (``shifts``: name -> its report there; ``shifted``: name -> per-example NLL already computed, e.g.
     :meth:`posthoc.evaluation.shift.ShiftTable.example_nll`), its entropy on the test and OOD sets, its predict cost and
@@ -64,14 +69,18 @@ def candidate(report: Any, shifts: Mapping[str, Any] | None = None, *,
     """
     own = getattr(report, "ood_values", None) or {}
     return verdict.Candidate(
-        report.name, example_nll(report),
+        report.name,
+        example_nll(report),
         {**{name: example_nll(found) for name, found in (shifts or {}).items()}, **(shifted or {})},
-        own.get("entropy"), getattr(report, "predict_cost", None) if predict_cost is None else predict_cost,
-        getattr(report, "selection", None) if selection is None else selection)
+        own.get("entropy"),
+        getattr(report, "predict_cost", None) if predict_cost is None else predict_cost,
+        getattr(report, "selection", None) if selection is None else selection,
+    )
 
 
-def compared_verdict(reports: Sequence[Any], shifts: Mapping[str, Sequence[Any]] | None = None,
-                     **options: Any) -> verdict.Verdict:
+def compared_verdict(
+    reports: Sequence[Any], shifts: Mapping[str, Sequence[Any]] | None = None, **options: Any
+) -> verdict.Verdict:
     """The verdict on ``reports`` of several methods on the same test set, the first being the plain model;
     ``shifts``: name -> reports on that shifted set, in the same order; ``options`` go to
     :func:`posthoc.evaluation.verdict.judge`.
@@ -82,10 +91,14 @@ def compared_verdict(reports: Sequence[Any], shifts: Mapping[str, Sequence[Any]]
     """
     for name, found in (shifts or {}).items():
         if len(found) != len(reports):
-            raise ConfigError(f"shift {name!r} has {len(found)} reports for {len(reports)} methods: give one per "
-                              "report, in the same order")
-    rows = [candidate(report, {name: found[i] for name, found in (shifts or {}).items()})
-            for i, report in enumerate(reports)]
+            raise ConfigError(
+                f"shift {name!r} has {len(found)} reports for {len(reports)} methods: give one per "
+                "report, in the same order"
+            )
+    rows = [
+        candidate(report, {name: found[i] for name, found in (shifts or {}).items()})
+        for i, report in enumerate(reports)
+    ]
     return verdict.judge(rows, reports[0].name, **options)
 
 

@@ -64,7 +64,7 @@ def _inline(text: str, base_dir: Path | None) -> str:
     out, last = [], 0
     for match in _IMAGE.finditer(text):
         path = Path(match.group(2)) if base_dir is None else base_dir / match.group(2)
-        out.append(_text(text[last:match.start()]))
+        out.append(_text(text[last : match.start()]))
         out.append(image_tag(path.read_bytes(), match.group(1)) if path.is_file() else html.escape(match.group(0)))
         last = match.end()
     out.append(_text(text[last:]))
@@ -124,8 +124,10 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
 
 def page(body: str, title: str) -> str:
     """A complete HTML document around ``body``."""
-    return (f"<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>{html.escape(title)}</title>"
-            f"<style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n")
+    return (
+        f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><title>{html.escape(title)}</title>'
+        f"<style>{STYLE}</style></head>\n<body>\n{body}\n</body></html>\n"
+    )
 
 
 def write_page(path: str | os.PathLike, body: str, title: str) -> Path:

@@ -200,8 +200,12 @@ def ood_metrics(in_scores: Tensor, out_scores: Tensor) -> dict[str, float]:
         >>> ood_metrics(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]))["fpr95"]
         0.0
     """
-    return {"auroc": ood_auroc(in_scores, out_scores), "aupr_in": aupr(in_scores, out_scores, "in"),
-            "aupr_out": aupr(in_scores, out_scores, "out"), "fpr95": fpr_at_tpr(in_scores, out_scores, 0.95)}
+    return {
+        "auroc": ood_auroc(in_scores, out_scores),
+        "aupr_in": aupr(in_scores, out_scores, "in"),
+        "aupr_out": aupr(in_scores, out_scores, "out"),
+        "fpr95": fpr_at_tpr(in_scores, out_scores, 0.95),
+    }
 
 
 def reliability_bins(probs: Tensor, labels: Tensor, bins: int = 15) -> tuple[Tensor, Tensor, Tensor]:

@@ -28,14 +28,15 @@ MAX_COLUMNS = 4
 BINS = 40
 
 
-def ood_histograms(values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike | None = None,
-                   title: str | None = None) -> Figure:
+def ood_histograms(
+    values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike | None = None, title: str | None = None
+) -> Figure:
     """Per score ``name -> (in-distribution values, OOD values)``, the two densities over shared bins, one panel
     each with the score's AUROC in its title; written to a PNG at ``path`` if given; returns the (closed) figure."""
     columns = min(MAX_COLUMNS, len(values))
     rows = math.ceil(len(values) / columns)
     fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
-    for ax in axes.flat[len(values):]:
+    for ax in axes.flat[len(values) :]:
         ax.set_visible(False)
     for ax, (name, (inside, outside)) in zip(axes.flat, values.items()):
         inside, outside = inside.double().cpu(), outside.double().cpu()

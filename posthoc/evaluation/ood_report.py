@@ -53,14 +53,24 @@ def scoring_detector(um: UncertainModel, ood_scores: Sequence[str] | Detector) -
     names = [ood_scores] if isinstance(ood_scores, str) else list(ood_scores)
     fitted = [name for name in names if name in SCORES and SCORES[name].fit_passes]
     if fitted:
-        raise ConfigError(f"the OOD score(s) {fitted} need training statistics: pass a fitted detector, "
-                          f"ood_scores=posthoc.detector(um, score={names}).fit(train_loader)")
+        raise ConfigError(
+            f"the OOD score(s) {fitted} need training statistics: pass a fitted detector, "
+            f"ood_scores=posthoc.detector(um, score={names}).fit(train_loader)"
+        )
     return detector(um, score=[name for name in names if name not in OWN_SCORES] or names)
 
 
-def ood_values(um: UncertainModel, test: Prediction, ood: Prediction, test_loader: Iterable, ood_loader: Iterable,
-               ood_scores: Sequence[str] | Detector | None, *, progress: bool = True,
-               generator: torch.Generator | None = None) -> OODValues:
+def ood_values(
+    um: UncertainModel,
+    test: Prediction,
+    ood: Prediction,
+    test_loader: Iterable,
+    ood_loader: Iterable,
+    ood_scores: Sequence[str] | Detector | None,
+    *,
+    progress: bool = True,
+    generator: torch.Generator | None = None,
+) -> OODValues:
     """Per score, its values ``(on the test set, on the OOD set)``: the method's own entropy / MI, then
     the detector scores of ``ood_scores`` (a fitted ``posthoc.detector``, or names of scores that need no fit)."""
     values = own_values(test, ood)
@@ -106,8 +116,10 @@ def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
     def cells(measured: Mapping[str, float] | None) -> list[str]:
         return ["–", "–"] if measured is None else [f"{measured['auroc']:.4f}", f"{measured['fpr95']:.4f}"]
 
-    lines = [f"| method | AUROC (H) | FPR95 (H) | AUROC (MI) | FPR95 (MI) | best post-hoc: {best} AUROC | FPR95 |",
-             "|" + "---|" * 7]
+    lines = [
+        f"| method | AUROC (H) | FPR95 (H) | AUROC (MI) | FPR95 (MI) | best post-hoc: {best} AUROC | FPR95 |",
+        "|" + "---|" * 7,
+    ]
     for method, table in own.items():
         row = [method, *cells(table.get("entropy")), *cells(table.get("mutual-information")), *cells(post_hoc[best])]
         lines.append("| " + " | ".join(row) + " |")
@@ -128,8 +140,10 @@ def every_score_markdown(own: Mapping[str, OODTable], shared: OODTable, metric: 
     names = list(dict.fromkeys([*(name for table in own.values() for name in table), *shared]))
     lines = ["| method | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
     for method, table in own.items():
-        cells = [f"{table[name][metric]:.4f}" if name in table
-                 else f"{shared[name][metric]:.4f}*" if name in shared else "–" for name in names]
+        cells = [
+            f"{table[name][metric]:.4f}" if name in table else f"{shared[name][metric]:.4f}*" if name in shared else "–"
+            for name in names
+        ]
         lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -144,8 +158,9 @@ def interval_key(score: str) -> str:
     return OWN_INTERVALS.get(score, f"ood_auroc:{score}")
 
 
-def ood_markdown(rows: Mapping[str, OODTable],
-                 intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None) -> str:
+def ood_markdown(
+    rows: Mapping[str, OODTable], intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None
+) -> str:
     """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR;
     ``intervals`` (``method -> score -> (low, high)``) adds the AUROC's bootstrap interval where given.
 

@@ -40,8 +40,9 @@ Curves = Mapping[str, tuple[Tensor, Tensor]]
 #: ``method -> (severities, mean confidence, accuracy)``
 ConfidenceSeries = Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float]]]
 #: ``method -> metric -> (severities, values, lows or None, highs or None)``
-ShiftSeries = Mapping[str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None,
-                                              Sequence[float] | None]]]
+ShiftSeries = Mapping[
+    str, Mapping[str, tuple[Sequence[float], Sequence[float], Sequence[float] | None, Sequence[float] | None]]
+]
 #: reliability panels per row; more curves wrap onto further rows
 MAX_COLUMNS = 5
 #: 20 distinct colours: tab10, then the light shades of tab20
@@ -82,8 +83,14 @@ def png_bytes(fig: Figure) -> bytes:
 
 
 def _legend_outside(ax, entries: int) -> None:
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=7, frameon=False,
-              ncol=1 if entries <= 14 else 2)
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0,
+        fontsize=7,
+        frameon=False,
+        ncol=1 if entries <= 14 else 2,
+    )
 
 
 def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, bins: int = 15) -> Figure:
@@ -106,8 +113,16 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
         filled = count > 0
         kept = [c for c, f in zip(centers, filled) if f]
         ax.bar(kept, acc[filled].tolist(), width=width, edgecolor="black", color="#4c72b0", label="accuracy")
-        ax.bar(kept, (conf - acc)[filled].tolist(), bottom=acc[filled].tolist(), width=width, color="#dd8452",
-               alpha=0.6, edgecolor="#dd8452", label="gap")
+        ax.bar(
+            kept,
+            (conf - acc)[filled].tolist(),
+            bottom=acc[filled].tolist(),
+            width=width,
+            color="#dd8452",
+            alpha=0.6,
+            edgecolor="#dd8452",
+            label="gap",
+        )
         ax.plot([0, 1], [0, 1], "k--", linewidth=1)
         ax.set(xlim=(0, 1), ylim=(0, 1))
         ax.set_title(f"{name}\nECE {metrics.ece(probs, labels, bins):.3f}", fontsize=9)
@@ -125,9 +140,14 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
     return save_figure(fig, path)
 
 
-def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
-                        operating_points: Mapping[str, tuple[float, float]] | None = None,
-                        target_risk: float | None = None, *, log_scale: bool = False) -> Figure:
+def risk_coverage_curve(
+    curves: Curves,
+    path: str | os.PathLike | None = None,
+    operating_points: Mapping[str, tuple[float, float]] | None = None,
+    target_risk: float | None = None,
+    *,
+    log_scale: bool = False,
+) -> Figure:
     """Selective risk against coverage for each ``name -> (probs, labels)``, on one axis, AURC in the legend.
 
     ``operating_points`` marks where a selective rule landed on the test set, ``name -> (coverage,
@@ -158,9 +178,15 @@ def risk_coverage_curve(curves: Curves, path: str | os.PathLike | None = None,
     return save_figure(fig, path)
 
 
-def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
-               metric_names: Sequence[str] = ("nll", "ece"), *, tick_labels: Sequence[str] | None = None,
-               xlabel: str = "severity (0 = clean)", ylabels: Mapping[str, str] | None = None) -> Figure:
+def shift_plot(
+    series: ShiftSeries,
+    path: str | os.PathLike | None = None,
+    metric_names: Sequence[str] = ("nll", "ece"),
+    *,
+    tick_labels: Sequence[str] | None = None,
+    xlabel: str = "severity (0 = clean)",
+    ylabels: Mapping[str, str] | None = None,
+) -> Figure:
     """Each metric against severity (0 = clean), one panel per metric and one line per method, with the
     interval as a band where given. ``tick_labels`` names the x positions instead (e.g. named test sets at
     0, 1, 2); ``ylabels`` gives a metric's axis label (default: ``"NLL (mean over kinds)"``).
@@ -187,8 +213,9 @@ def shift_plot(series: ShiftSeries, path: str | os.PathLike | None = None,
     return save_figure(fig, path)
 
 
-def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = None, *,
-                    title: str = "mean over kinds") -> Figure:
+def confidence_plot(
+    series: ConfidenceSeries, path: str | os.PathLike | None = None, *, title: str = "mean over kinds"
+) -> Figure:
     """Mean confidence (solid) and accuracy (dashed, same colour) against severity for each method, the gap
     between them shaded: a model that knows when it does not know keeps its confidence close to its accuracy
     as the shift grows, where an overconfident one stays high while accuracy falls.
@@ -202,10 +229,26 @@ def confidence_plot(series: ConfidenceSeries, path: str | os.PathLike | None = N
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
     for (name, (severities, confidence, accuracy)), style in zip(series.items(), method_styles(len(series))):
         colour = style["color"]
-        ax.plot(severities, confidence, marker="o", markersize=3.5, linewidth=1.6, color=colour, linestyle="-",
-                label=f"{name} confidence")
-        ax.plot(severities, accuracy, marker="s", markersize=3, linewidth=1.2, color=colour, linestyle="--",
-                label=f"{name} accuracy")
+        ax.plot(
+            severities,
+            confidence,
+            marker="o",
+            markersize=3.5,
+            linewidth=1.6,
+            color=colour,
+            linestyle="-",
+            label=f"{name} confidence",
+        )
+        ax.plot(
+            severities,
+            accuracy,
+            marker="s",
+            markersize=3,
+            linewidth=1.2,
+            color=colour,
+            linestyle="--",
+            label=f"{name} accuracy",
+        )
         ax.fill_between(severities, accuracy, confidence, color=colour, alpha=0.15, linewidth=0)
     ax.set(xlabel="severity (0 = clean)", ylabel="mean confidence / accuracy", ylim=(0, 1.02), title=title)
     ax.set_xticks(list(next(iter(series.values()))[0]))
@@ -249,19 +292,30 @@ def _place_numbers(ax, points: Sequence[FrontierPoint]) -> None:
     taken = []
     for number, point in enumerate(points, start=1):
         for dx, dy in NUMBER_OFFSETS:
-            text = ax.annotate(str(number), (point.x, point.y), xytext=(dx, dy), textcoords="offset points",
-                               fontsize=7, zorder=5)
+            text = ax.annotate(
+                str(number), (point.x, point.y), xytext=(dx, dy), textcoords="offset points", fontsize=7, zorder=5
+            )
             box = text.get_window_extent(renderer)
-            if not any(box.overlaps(other) for other in taken) and ax.bbox.contains(box.x0, box.y0) \
-                    and ax.bbox.contains(box.x1, box.y1):
+            if (
+                not any(box.overlaps(other) for other in taken)
+                and ax.bbox.contains(box.x0, box.y0)
+                and ax.bbox.contains(box.x1, box.y1)
+            ):
                 taken.append(box)
                 break
             text.remove()
 
 
-def frontier(points: Sequence[FrontierPoint], path: str | os.PathLike | None = None, *, tolerance: float,
-             title: str | None = None, xlabel: str = "in-distribution NLL excess over the plain model (nats)",
-             ylabel: str = "NLL under shift", chosen_word: str = "recommended") -> Figure:
+def frontier(
+    points: Sequence[FrontierPoint],
+    path: str | os.PathLike | None = None,
+    *,
+    tolerance: float,
+    title: str | None = None,
+    xlabel: str = "in-distribution NLL excess over the plain model (nats)",
+    ylabel: str = "NLL under shift",
+    chosen_word: str = "recommended",
+) -> Figure:
     """The frontier of what a method costs in distribution against what it buys under shift: one point per candidate
     (``x``: its NLL excess over the plain model, ``y``: its NLL under shift) with its intervals as bars, the admissible
     region (excess bound at most ``tolerance``) shaded, refused candidates hollow, the recommended one on a star
@@ -285,12 +339,24 @@ def frontier(points: Sequence[FrontierPoint], path: str | os.PathLike | None = N
     for number, (point, (style, marker)) in enumerate(zip(points, shapes), start=1):
         colour = style["color"]
         if point.chosen:
-            ax.scatter([point.x], [point.y], marker="*", s=420, color="gold", edgecolors="black", linewidths=0.8,
-                       zorder=2)
-        ax.errorbar([point.x], [point.y], xerr=_bar(point.x, point.x_interval), yerr=_bar(point.y, point.y_interval),
-                    fmt=marker, markersize=6, color=colour, markerfacecolor=colour if point.admissible else "white",
-                    markeredgecolor=colour, elinewidth=0.9, capsize=2, zorder=3,
-                    label=f"{number}  {point.label}" + (f" ({chosen_word})" if point.chosen else ""))
+            ax.scatter(
+                [point.x], [point.y], marker="*", s=420, color="gold", edgecolors="black", linewidths=0.8, zorder=2
+            )
+        ax.errorbar(
+            [point.x],
+            [point.y],
+            xerr=_bar(point.x, point.x_interval),
+            yerr=_bar(point.y, point.y_interval),
+            fmt=marker,
+            markersize=6,
+            color=colour,
+            markerfacecolor=colour if point.admissible else "white",
+            markeredgecolor=colour,
+            elinewidth=0.9,
+            capsize=2,
+            zorder=3,
+            label=f"{number}  {point.label}" + (f" ({chosen_word})" if point.chosen else ""),
+        )
     xs = [v for p in points for v in (p.x, *(p.x_interval or ())) if math.isfinite(v)]
     span = max([abs(v) for v in xs] + [tolerance])
     if tolerance > 0 and span >= SYMLOG_SPAN * tolerance:
@@ -300,15 +366,27 @@ def frontier(points: Sequence[FrontierPoint], path: str | os.PathLike | None = N
     left = min(xs + [0.0])
     low = left - 0.1 * (span + abs(left)) if left < 0 else -0.1 * span
     ax.set_xlim(low, max(ax.get_xlim()[1], tolerance + 0.15 * (tolerance - low)))
-    ax.axvspan(low, tolerance, color="#2ca02c", alpha=0.10, linewidth=0,
-               label=f"admissible: excess bound <= {tolerance:.4g} nats")
+    ax.axvspan(
+        low,
+        tolerance,
+        color="#2ca02c",
+        alpha=0.10,
+        linewidth=0,
+        label=f"admissible: excess bound <= {tolerance:.4g} nats",
+    )
     ax.axvline(tolerance, color="#2ca02c", linestyle="--", linewidth=1)
     ax.axvline(0.0, color="gray", linestyle=":", linewidth=0.8)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
         ax.set_title(title, fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0, fontsize=7, frameon=False,
-              ncol=1 if len(points) <= 24 else 2)
+    ax.legend(
+        loc="upper left",
+        bbox_to_anchor=(1.02, 1.0),
+        borderaxespad=0,
+        fontsize=7,
+        frameon=False,
+        ncol=1 if len(points) <= 24 else 2,
+    )
     _place_numbers(ax, points)
     return save_figure(fig, path)

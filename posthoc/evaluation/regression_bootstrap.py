@@ -65,10 +65,16 @@ def _ence_of(std: Tensor, error: Tensor, outputs: int, bins: int) -> Statistic:
         count = points.shape[1]
         order = std[points].argsort(dim=-1, stable=True)
         ranked = points.gather(-1, order)
-        bin_of = torch.cat([torch.full((len(part),), b) for b, part in enumerate(torch.arange(count).tensor_split(bins))])
+        bin_of = torch.cat(
+            [torch.full((len(part),), b) for b, part in enumerate(torch.arange(count).tensor_split(bins))]
+        )
         rows = (torch.arange(points.shape[0])[:, None] * bins + bin_of).flatten()
-        sums = [torch.zeros(points.shape[0] * bins, dtype=torch.float64).index_add_(0, rows, values[ranked].flatten())
-                .view(-1, bins) for values in (std.square(), error.square())]
+        sums = [
+            torch.zeros(points.shape[0] * bins, dtype=torch.float64)
+            .index_add_(0, rows, values[ranked].flatten())
+            .view(-1, bins)
+            for values in (std.square(), error.square())
+        ]
         sizes = torch.bincount(bin_of, minlength=bins).double()
         rmv, rmse = (sums[0] / sizes).sqrt(), (sums[1] / sizes).sqrt()
         return ((rmv - rmse).abs() / rmv).mean(-1)

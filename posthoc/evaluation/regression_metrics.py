@@ -49,8 +49,10 @@ CURVE_LEVELS = 100
 def mixture(means: Tensor, stds: Tensor) -> GaussianMixture:
     """The predictive as a float64 :class:`GaussianMixture`, refusing shapes that differ or stds <= 0."""
     if means.shape != stds.shape or means.dim() != 3:
-        raise InputError(f"a regression predictive is (K, N, D) means and stds of one shape; got {tuple(means.shape)} "
-                         f"and {tuple(stds.shape)}")
+        raise InputError(
+            f"a regression predictive is (K, N, D) means and stds of one shape; got {tuple(means.shape)} "
+            f"and {tuple(stds.shape)}"
+        )
     if not bool((stds > 0).all()):
         raise InputError("every component's std must be > 0; a regression predictive needs a fitted observation noise")
     return GaussianMixture(means.double(), stds.double().square())
@@ -66,9 +68,11 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
     A recalibrated (isotonic) prediction is refused: its mixture is not the predictive it answers for.
     """
     if prediction.recalibrated:
-        raise InputError("this prediction is recalibrated (isotonic): its Gaussian components are not its predictive, "
-                         "so the metrics here would score the uncalibrated one; read its .cdf(y), .quantile(q) and "
-                         ".interval(level), or use 'variance-scaling', whose prediction these metrics score exactly")
+        raise InputError(
+            "this prediction is recalibrated (isotonic): its Gaussian components are not its predictive, "
+            "so the metrics here would score the uncalibrated one; read its .cdf(y), .quantile(q) and "
+            ".interval(level), or use 'variance-scaling', whose prediction these metrics score exactly"
+        )
     return prediction.distribution.means, prediction.distribution.variances.sqrt()
 
 
@@ -77,8 +81,10 @@ def as_targets(means: Tensor, y: Tensor) -> Tensor:
     if y.dim() == 1:
         y = y[:, None]
     if y.shape != means.shape[1:]:
-        raise InputError(f"targets of shape {tuple(y.shape)} do not match predictions of {tuple(means.shape[1:])} "
-                         "(examples, outputs)")
+        raise InputError(
+            f"targets of shape {tuple(y.shape)} do not match predictions of {tuple(means.shape[1:])} "
+            "(examples, outputs)"
+        )
     return y.double()
 
 
@@ -120,8 +126,9 @@ def interval_coverage(means: Tensor, stds: Tensor, y: Tensor, level: float) -> t
     return float(((lower <= y) & (y <= upper)).double().mean()), float((upper - lower).mean())
 
 
-def calibration_curve(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval",
-                      levels: int = CURVE_LEVELS) -> tuple[Tensor, Tensor]:
+def calibration_curve(
+    means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval", levels: int = CURVE_LEVELS
+) -> tuple[Tensor, Tensor]:
     """``(expected, observed)`` proportions at ``levels`` evenly spaced levels from 0 to 1.
 
     ``kind="interval"``: the fraction of targets inside the central interval of each level
@@ -137,7 +144,9 @@ def calibration_curve(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "in
     return expected, observed
 
 
-def calibration_error(means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval", squared: bool = False) -> float:
+def calibration_error(
+    means: Tensor, stds: Tensor, y: Tensor, *, kind: str = "interval", squared: bool = False
+) -> float:
     """Mean absolute (or, ``squared=True``, root mean squared) gap of :func:`calibration_curve` from the diagonal."""
     expected, observed = calibration_curve(means, stds, y, kind=kind)
     gap = observed - expected
@@ -162,8 +171,10 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
         raise InputError(f"ENCE with {bins} bins needs at least {bins} predictions, got {std.numel()}")
     order = std.argsort(stable=True)  # ties (a homoscedastic predictive) keep the examples' order
     groups = order.tensor_split(bins)
-    return ([float(std[members].pow(2).mean().sqrt()) for members in groups],
-            [float(error[members].pow(2).mean().sqrt()) for members in groups])
+    return (
+        [float(std[members].pow(2).mean().sqrt()) for members in groups],
+        [float(error[members].pow(2).mean().sqrt()) for members in groups],
+    )
 
 
 def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:

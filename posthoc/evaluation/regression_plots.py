@@ -35,8 +35,9 @@ Predictives = Mapping[str, tuple[Tensor, Tensor, Tensor]]
 BAND_LEVELS = (0.95, 0.5)
 
 
-def calibration_curves(predictives: Predictives, path: str | os.PathLike | None = None, *,
-                       kind: str = "interval") -> Figure:
+def calibration_curves(
+    predictives: Predictives, path: str | os.PathLike | None = None, *, kind: str = "interval"
+) -> Figure:
     """Observed against expected proportions (:func:`~posthoc.evaluation.regression_metrics.calibration_curve`),
     one line per method, with the diagonal of a calibrated predictive and each method's MACE in the legend."""
     fig, ax = plt.subplots(figsize=(5.2, 4.2))
@@ -67,8 +68,12 @@ def error_against_std(predictives: Predictives, path: str | os.PathLike | None =
     return save_figure(fig, path)
 
 
-def predictive_band(x: Tensor, predictives: Mapping[str, tuple[Tensor, Tensor]],
-                    train: tuple[Tensor, Tensor] | None = None, path: str | os.PathLike | None = None) -> Figure:
+def predictive_band(
+    x: Tensor,
+    predictives: Mapping[str, tuple[Tensor, Tensor]],
+    train: tuple[Tensor, Tensor] | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
     """For a 1-D input grid ``x (N,)``: each method's predictive mean with its 50 % and 95 % central
     intervals shaded, one panel per method, over the training points ``train = (x, y)`` when given."""
     fig, axes = plt.subplots(1, len(predictives), figsize=(4.2 * len(predictives), 3.4), squeeze=False, sharey=True)
@@ -77,12 +82,25 @@ def predictive_band(x: Tensor, predictives: Mapping[str, tuple[Tensor, Tensor]],
     for ax, (name, (means, stds)) in zip(axes[0], predictives.items()):
         for level, alpha in zip(BAND_LEVELS, (0.2, 0.35)):
             lower, upper = regression_metrics.mixture(means, stds).interval(level)
-            ax.fill_between(grid, lower[order, 0].numpy(), upper[order, 0].numpy(), alpha=alpha, color="C0",
-                            linewidth=0, label=f"{level:.0%} interval")
+            ax.fill_between(
+                grid,
+                lower[order, 0].numpy(),
+                upper[order, 0].numpy(),
+                alpha=alpha,
+                color="C0",
+                linewidth=0,
+                label=f"{level:.0%} interval",
+            )
         ax.plot(grid, regression_metrics.predictive_mean(means)[order, 0].numpy(), color="C0", label="mean")
         if train is not None:
-            ax.scatter(train[0].flatten().numpy(), train[1].flatten().numpy(), s=8, color="black", zorder=3,
-                       label="training points")
+            ax.scatter(
+                train[0].flatten().numpy(),
+                train[1].flatten().numpy(),
+                s=8,
+                color="black",
+                zorder=3,
+                label="training points",
+            )
         ax.set(title=name, xlabel="x")
     axes[0][0].set_ylabel("y")
     axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)

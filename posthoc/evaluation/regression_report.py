@@ -102,8 +102,16 @@ class RegressionReport:
     GUARANTEE_COLUMNS = ("alpha", "coverage", "width")
 
     @classmethod
-    def from_predictions(cls, name: str, means: Tensor, stds: Tensor, targets: Tensor, *,
-                         conformal: tuple[Tensor, Tensor] | None = None, alpha: float | None = None) -> RegressionReport:
+    def from_predictions(
+        cls,
+        name: str,
+        means: Tensor,
+        stds: Tensor,
+        targets: Tensor,
+        *,
+        conformal: tuple[Tensor, Tensor] | None = None,
+        alpha: float | None = None,
+    ) -> RegressionReport:
         """Every metric of a predictive ``(means, stds)`` ``(K, N, D)`` on ``targets`` (and of conformal
         ``(lower, upper)`` intervals at ``alpha``, if given).
 
@@ -121,12 +129,22 @@ class RegressionReport:
             whole = torch.arange(targets.shape[0])[None]
             stats = interval_statistics(*conformal, targets)
             measured = {"alpha": alpha, **{key: float(stat(whole)[0]) for key, stat in stats.items()}}
-        return cls(name=name, rmse=regression_metrics.rmse(means, targets), mae=regression_metrics.mae(means, targets),
-                   nll=regression_metrics.nll(means, stds, targets), crps=regression_metrics.crps(means, stds, targets),
-                   **values, mace=regression_metrics.calibration_error(means, stds, targets),
-                   ence=regression_metrics.ence(means, stds, targets, bins=ENCE_BINS) if targets.numel() >= ENCE_BINS else None,
-                   **measured,
-                   means=means, stds=stds, targets=targets)
+        return cls(
+            name=name,
+            rmse=regression_metrics.rmse(means, targets),
+            mae=regression_metrics.mae(means, targets),
+            nll=regression_metrics.nll(means, stds, targets),
+            crps=regression_metrics.crps(means, stds, targets),
+            **values,
+            mace=regression_metrics.calibration_error(means, stds, targets),
+            ence=regression_metrics.ence(means, stds, targets, bins=ENCE_BINS)
+            if targets.numel() >= ENCE_BINS
+            else None,
+            **measured,
+            means=means,
+            stds=stds,
+            targets=targets,
+        )
 
     def as_dict(self) -> dict[str, object]:
         """The metrics by name; the conformal columns only where measured."""
@@ -158,9 +176,13 @@ class RegressionReport:
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the metrics table, the calibration curve and the error against the predicted std."""
-        return "\n".join([html_page.markdown_to_html(self.to_markdown()),
-                          html_page.figure_tag(self.calibration_curve(), "calibration curve"),
-                          html_page.figure_tag(self.error_against_std(), "error against predicted std")])
+        return "\n".join(
+            [
+                html_page.markdown_to_html(self.to_markdown()),
+                html_page.figure_tag(self.calibration_curve(), "calibration curve"),
+                html_page.figure_tag(self.error_against_std(), "error against predicted std"),
+            ]
+        )
 
     def to_html(self, path: str | os.PathLike) -> Path:
         """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
@@ -168,17 +190,29 @@ class RegressionReport:
 
 
 #: the Markdown headers of :attr:`RegressionReport.COLUMNS`
-HEADERS = {"rmse": "RMSE", "mae": "MAE", "nll": "NLL", "crps": "CRPS", "mace": "MACE", "ence": "ENCE",
-           **{f"{what}_{level_name(level)}": f"{'cov' if what == 'coverage' else 'width'} {level:.0%}"
-              for level in LEVELS for what in ("coverage", "width")}}
+HEADERS = {
+    "rmse": "RMSE",
+    "mae": "MAE",
+    "nll": "NLL",
+    "crps": "CRPS",
+    "mace": "MACE",
+    "ence": "ENCE",
+    **{
+        f"{what}_{level_name(level)}": f"{'cov' if what == 'coverage' else 'width'} {level:.0%}"
+        for level in LEVELS
+        for what in ("coverage", "width")
+    },
+}
 
 
 def regression_markdown_table(reports: list[RegressionReport]) -> str:
     """Markdown rows of several regression reports; conformal columns appear when a report measured them; the best
     entry of each ranked column is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
     header = ["method", *(HEADERS[c] for c in RegressionReport.COLUMNS)]
-    columns = [bold_best([cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
-               for c in RegressionReport.COLUMNS]
+    columns = [
+        bold_best([cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+        for c in RegressionReport.COLUMNS
+    ]
     rows = [[r.name, *(column[i] for column in columns)] for i, r in enumerate(reports)]
     if any(r.coverage is not None for r in reports):
         header += [f"conformal coverage (alpha{shared_level(reports, 'alpha')})", "conformal width"]
@@ -187,25 +221,40 @@ def regression_markdown_table(reports: list[RegressionReport]) -> str:
     return markdown_rows(header, rows)
 
 
-def _check_options(um: UncertainModel, conformal: object, selective: object, ood_loader: object,
-                   ood_scores: object) -> None:
+def _check_options(
+    um: UncertainModel, conformal: object, selective: object, ood_loader: object, ood_scores: object
+) -> None:
     if ood_scores is not None and ood_loader is None:
         raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
     if selective is not None:
         raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
     if conformal is not None and not isinstance(conformal, ConformalRegressor):
-        raise ConfigError("conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
-                          "posthoc.conformal(um, calibration_loader, alpha=...)")
+        raise ConfigError(
+            "conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
+            "posthoc.conformal(um, calibration_loader, alpha=...)"
+        )
     if conformal is not None and conformal.model is not None and conformal.model is not um:
-        raise ConfigError("the conformal intervals were calibrated on another wrapped model; calibrate them on this "
-                          "one: posthoc.conformal(um, calibration_loader, ...)")
+        raise ConfigError(
+            "the conformal intervals were calibrated on another wrapped model; calibrate them on this "
+            "one: posthoc.conformal(um, calibration_loader, ...)"
+        )
 
 
-def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
-                        name: str | None = None, progress: bool = True, num_samples: int | None = None,
-                        seed: int = 0, conformal: ConformalRegressor | None = None, selective: object = None,
-                        ood_scores: object = None, ci: float | None = None,
-                        bootstraps: int = 1000) -> RegressionReport:
+def evaluate_regression(
+    um: UncertainModel,
+    test_loader: Iterable,
+    ood_loader: Iterable | None = None,
+    *,
+    name: str | None = None,
+    progress: bool = True,
+    num_samples: int | None = None,
+    seed: int = 0,
+    conformal: ConformalRegressor | None = None,
+    selective: object = None,
+    ood_scores: object = None,
+    ci: float | None = None,
+    bootstraps: int = 1000,
+) -> RegressionReport:
     """:func:`posthoc.evaluate` for a model wrapped with a regression likelihood (same arguments).
 
     ``selective`` is refused (it is for classifiers). ``ood_loader`` (labels ignored) adds ``ood_auroc`` by the
@@ -221,15 +270,30 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
     if ci is not None:
         bootstrap.check_level(ci, bootstraps)
     generator = torch.Generator(device=um.device).manual_seed(seed)
-    pred, targets = predict_regression_loader(um, test_loader, progress=progress, num_samples=num_samples,
-                                              generator=generator)
+    pred, targets = predict_regression_loader(
+        um, test_loader, progress=progress, num_samples=num_samples, generator=generator
+    )
     means, stds = components(pred)
     bounds = None if conformal is None else conformal.intervals(pred)
-    report = RegressionReport.from_predictions(name or "+".join(um.methods), means, stds, targets, conformal=bounds,
-                                               alpha=None if conformal is None else conformal.alpha)
+    report = RegressionReport.from_predictions(
+        name or "+".join(um.methods),
+        means,
+        stds,
+        targets,
+        conformal=bounds,
+        alpha=None if conformal is None else conformal.alpha,
+    )
     if ood_loader is not None:
-        report.ood_values = _ood_values(um, pred, test_loader, ood_loader, ood_scores, progress=progress,
-                                        num_samples=num_samples, generator=generator)
+        report.ood_values = _ood_values(
+            um,
+            pred,
+            test_loader,
+            ood_loader,
+            ood_scores,
+            progress=progress,
+            num_samples=num_samples,
+            generator=generator,
+        )
         report.ood = {score: metrics.ood_metrics(*pair) for score, pair in report.ood_values.items()}
         report.ood_auroc = report.ood["variance"]["auroc"]
     if ci is not None:
@@ -241,20 +305,31 @@ def evaluate_regression(um: UncertainModel, test_loader: Iterable, ood_loader: I
     return report
 
 
-def _ood_values(um: UncertainModel, test: RegressionPrediction, test_loader: Iterable, ood_loader: Iterable,
-                ood_scores: object, *, progress: bool, num_samples: int | None,
-                generator: torch.Generator) -> OODValues:
+def _ood_values(
+    um: UncertainModel,
+    test: RegressionPrediction,
+    test_loader: Iterable,
+    ood_loader: Iterable,
+    ood_scores: object,
+    *,
+    progress: bool,
+    num_samples: int | None,
+    generator: torch.Generator,
+) -> OODValues:
     """Per OOD score, its values ``(on the test set, on the OOD set)``: ``um``'s total predictive variance, then the
     detector scores of ``ood_scores`` (names of scores that need no fit, or a fitted ``posthoc.detector``)."""
-    ood, _ = predict_regression_loader(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples,
-                                       generator=generator, desc="OOD")
+    ood, _ = predict_regression_loader(
+        um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator, desc="OOD"
+    )
     values = {"variance": (test.variance.sum(-1), ood.variance.sum(-1))}
     if ood_scores is None:
         return values
     scorer = scoring_detector(um, ood_scores)
     if not scorer.regression:
-        raise ConfigError("ood_scores holds a classifier's detector; fit one on this regressor: "
-                          "posthoc.detector(um, score=['knn', 'mahalanobis']).fit(train_loader)")
+        raise ConfigError(
+            "ood_scores holds a classifier's detector; fit one on this regressor: "
+            "posthoc.detector(um, score=['knn', 'mahalanobis']).fit(train_loader)"
+        )
     names = [name for name in scorer.names if not (name == "variance" and scorer.um is um)]
     if names:
         on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)

@@ -122,25 +122,61 @@ class Report:
     selection: dict[str, Any] | None = field(repr=False, default=None)
     predict_cost: float | None = None
 
-    COLUMNS = ("accuracy", "nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc", "ood_auroc",
-               "ood_auroc_mi")
+    COLUMNS = (
+        "accuracy",
+        "nll",
+        "ece",
+        "adaptive_ece",
+        "smooth_ece",
+        "brier",
+        "aurc",
+        "augrc",
+        "ood_auroc",
+        "ood_auroc_mi",
+    )
     #: the Markdown header of each of :attr:`COLUMNS`
-    HEADERS = ("acc", "NLL", "ECE", "adaptive ECE", "smECE", "Brier", "AURC", "AUGRC", "OOD AUROC (H)",
-               "OOD AUROC (MI)")
+    HEADERS = (
+        "acc",
+        "NLL",
+        "ECE",
+        "adaptive ECE",
+        "smECE",
+        "Brier",
+        "AURC",
+        "AUGRC",
+        "OOD AUROC (H)",
+        "OOD AUROC (MI)",
+    )
     #: present in :meth:`as_dict` only when the report measured a guarantee
     GUARANTEE_COLUMNS = ("alpha", "coverage", "set_size", "target_risk", "deferral", "selective_risk")
 
     @classmethod
-    def from_predictions(cls, name: str, probs: Tensor, labels: Tensor, entropy: Tensor | None = None,
-                         ood_entropy: Tensor | None = None, epistemic: Tensor | None = None,
-                         ood_epistemic: Tensor | None = None, *, sets: Tensor | None = None, alpha: float | None = None,
-                         accepted: Tensor | None = None, target_risk: float | None = None,
-                         ood_values: dict[str, tuple[Tensor, Tensor]] | None = None) -> Report:
+    def from_predictions(
+        cls,
+        name: str,
+        probs: Tensor,
+        labels: Tensor,
+        entropy: Tensor | None = None,
+        ood_entropy: Tensor | None = None,
+        epistemic: Tensor | None = None,
+        ood_epistemic: Tensor | None = None,
+        *,
+        sets: Tensor | None = None,
+        alpha: float | None = None,
+        accepted: Tensor | None = None,
+        target_risk: float | None = None,
+        ood_values: dict[str, tuple[Tensor, Tensor]] | None = None,
+    ) -> Report:
         """Compute every metric from collected probabilities (and OOD scores, conformal ``sets`` at
         ``alpha``, the ``accepted`` mask of a selective rule at ``target_risk``, and per OOD score its
         ``(test, OOD)`` values, if given)."""
         has_ood = entropy is not None and ood_entropy is not None
-        has_mi = has_ood and epistemic is not None and ood_epistemic is not None and bool((epistemic > 0).any() or (ood_epistemic > 0).any())
+        has_mi = (
+            has_ood
+            and epistemic is not None
+            and ood_epistemic is not None
+            and bool((epistemic > 0).any() or (ood_epistemic > 0).any())
+        )
         correct = probs.argmax(-1) == labels
         return cls(
             name=name,
@@ -201,8 +237,11 @@ class Report:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
         if not self.ood:
             return ""
-        bounds = {name: self.intervals[ood_report.interval_key(name)] for name in self.ood
-                  if ood_report.interval_key(name) in self.intervals}
+        bounds = {
+            name: self.intervals[ood_report.interval_key(name)]
+            for name in self.ood
+            if ood_report.interval_key(name) in self.intervals
+        }
         return ood_report.ood_markdown({self.name: self.ood}, {self.name: bounds})
 
     def ood_histograms(self, path: str | os.PathLike | None = None) -> Figure:
@@ -216,30 +255,40 @@ class Report:
 
     def risk_coverage_curve(self, path: str | os.PathLike | None = None) -> Figure:
         """The risk–coverage curve, with the selective rule's operating point when one was measured."""
-        return plots.risk_coverage_curve({self.name: (self.probs, self.labels)}, path, operating_points(self),
-                                         self.target_risk)
+        return plots.risk_coverage_curve(
+            {self.name: (self.probs, self.labels)}, path, operating_points(self), self.target_risk
+        )
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the metrics (and OOD) tables, the reliability diagram and the risk–coverage curve."""
         tables = html_page.markdown_to_html("\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()])))
-        figures = [html_page.figure_tag(self.reliability_diagram(), "reliability diagram"),
-                   html_page.figure_tag(self.risk_coverage_curve(), "risk-coverage curve")]
+        figures = [
+            html_page.figure_tag(self.reliability_diagram(), "reliability diagram"),
+            html_page.figure_tag(self.risk_coverage_curve(), "risk-coverage curve"),
+        ]
         if self.ood_values:
             figures.append(html_page.figure_tag(self.ood_histograms(), "OOD score histograms"))
         return tables + "\n" + "\n".join(figures)
 
-    def frontier(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None,
-                 path: str | os.PathLike | None = None) -> Figure:
+    def frontier(
+        self,
+        *others: Report,
+        shifts: Mapping[str, Sequence[Report]] | None = None,
+        path: str | os.PathLike | None = None,
+    ) -> Figure:
         """The frontier of this report (the plain model) and ``others`` under ``shifts`` (as in :meth:`to_markdown`):
         each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`)."""
         found = compared_verdict([self, *others], shifts)
         if not found.shifts:
-            raise ConfigError("the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
-                              "shifted test set, one per report]}")
+            raise ConfigError(
+                "the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
+                "shifted test set, one per report]}"
+            )
         return plots.frontier(found.frontier_points(), path, tolerance=found.tolerance, title="test data")
 
-    def to_html(self, path: str | os.PathLike, *others: Report,
-                shifts: Mapping[str, Sequence[Report]] | None = None) -> Path:
+    def to_html(
+        self, path: str | os.PathLike, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None
+    ) -> Path:
         """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path. Given
         ``others`` (and ``shifts``, as in :meth:`to_markdown`): the verdict and the frontier first, then the tables
         of every report and their reliability diagrams and risk-coverage curves."""
@@ -251,17 +300,23 @@ class Report:
         if found.shifts:
             body.append(html_page.figure_tag(self.frontier(*others, shifts=shifts), "frontier"))
         curves = {r.name: (r.probs, r.labels) for r in reports}
-        body += [html_page.markdown_to_html(markdown_table(reports) + "\n\n" + BEST_CAPTION),
-                 html_page.figure_tag(plots.reliability_diagram(curves), "reliability diagrams"),
-                 html_page.figure_tag(plots.risk_coverage_curve(curves, None, operating_points(*reports)),
-                                      "risk-coverage curves")]
+        body += [
+            html_page.markdown_to_html(markdown_table(reports) + "\n\n" + BEST_CAPTION),
+            html_page.figure_tag(plots.reliability_diagram(curves), "reliability diagrams"),
+            html_page.figure_tag(
+                plots.risk_coverage_curve(curves, None, operating_points(*reports)), "risk-coverage curves"
+            ),
+        ]
         return html_page.write_page(path, "\n".join(body), f"posthoc report: {self.name} against {len(others)} more")
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
     """``name -> (coverage, error on accepted)`` of the reports that measured a selective rule accepting something."""
-    return {r.name: (1 - r.deferral, r.selective_risk) for r in reports
-            if r.deferral is not None and r.selective_risk is not None}
+    return {
+        r.name: (1 - r.deferral, r.selective_risk)
+        for r in reports
+        if r.deferral is not None and r.selective_risk is not None
+    }
 
 
 def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
@@ -287,25 +342,42 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
     """
     extra = {**guarantee_columns(reports), **(extra or {})}
     header = ["method", *Report.HEADERS, *extra]
-    columns = [bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
-               for c in Report.COLUMNS]
-    rows = [[report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
-            for i, report in enumerate(reports)]
+    columns = [
+        bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+        for c in Report.COLUMNS
+    ]
+    rows = [
+        [report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
+        for i, report in enumerate(reports)
+    ]
     return markdown_rows(header, rows)
 
 
-def _check_calibrated_on(um: UncertainModel, guarantee: ConformalPredictor | SelectivePredictor | None,
-                         what: str) -> None:
+def _check_calibrated_on(
+    um: UncertainModel, guarantee: ConformalPredictor | SelectivePredictor | None, what: str
+) -> None:
     if guarantee is not None and guarantee.model is not None and guarantee.model is not um:
-        raise ConfigError(f"the {what} guarantee was calibrated on another wrapped model; calibrate it on this one: "
-                          f"posthoc.{what}(um, calibration_loader, ...)")
+        raise ConfigError(
+            f"the {what} guarantee was calibrated on another wrapped model; calibrate it on this one: "
+            f"posthoc.{what}(um, calibration_loader, ...)"
+        )
 
 
-def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | None = None, *,
-             name: str | None = None, progress: bool = True, num_samples: int | None = None,
-             seed: int = 0, conformal: ConformalPredictor | ConformalRegressor | None = None,
-             selective: SelectivePredictor | None = None, ood_scores: Sequence[str] | Detector | None = None,
-             ci: float | None = None, bootstraps: int = 1000) -> Report | RegressionReport:
+def evaluate(
+    um: UncertainModel,
+    test_loader: Iterable,
+    ood_loader: Iterable | None = None,
+    *,
+    name: str | None = None,
+    progress: bool = True,
+    num_samples: int | None = None,
+    seed: int = 0,
+    conformal: ConformalPredictor | ConformalRegressor | None = None,
+    selective: SelectivePredictor | None = None,
+    ood_scores: Sequence[str] | Detector | None = None,
+    ci: float | None = None,
+    bootstraps: int = 1000,
+) -> Report | RegressionReport:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
@@ -338,9 +410,20 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
     check_wrapped(um, "evaluate")
     integer(seed, "seed")
     if is_regression(um):
-        return evaluate_regression(um, test_loader, ood_loader, name=name, progress=progress, num_samples=num_samples,
-                                   seed=seed, conformal=conformal, selective=selective, ood_scores=ood_scores, ci=ci,
-                                   bootstraps=bootstraps)
+        return evaluate_regression(
+            um,
+            test_loader,
+            ood_loader,
+            name=name,
+            progress=progress,
+            num_samples=num_samples,
+            seed=seed,
+            conformal=conformal,
+            selective=selective,
+            ood_scores=ood_scores,
+            ci=ci,
+            bootstraps=bootstraps,
+        )
     _check_calibrated_on(um, conformal, "conformal")
     _check_calibrated_on(um, selective, "selective")
     if ood_scores is not None and ood_loader is None:
@@ -351,26 +434,41 @@ def evaluate(um: UncertainModel, test_loader: Iterable, ood_loader: Iterable | N
     test, labels = predict_loader(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
     ood: Prediction | None = None
     if ood_loader is not None:
-        ood, _ = predict_loader(um, ood_loader, labelled=False, progress=progress, num_samples=num_samples,
-                                generator=generator)
+        ood, _ = predict_loader(
+            um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator
+        )
     sets = None if conformal is None else conformal.sets(test).cpu()
     accepted = None if selective is None else selective.accept(test).cpu()
     report = Report.from_predictions(
-        name or "+".join(um.methods), test.probs, labels, test.entropy,
-        None if ood is None else ood.entropy, test.epistemic, None if ood is None else ood.epistemic,
-        sets=sets, alpha=None if conformal is None else conformal.alpha, accepted=accepted,
+        name or "+".join(um.methods),
+        test.probs,
+        labels,
+        test.entropy,
+        None if ood is None else ood.entropy,
+        test.epistemic,
+        None if ood is None else ood.epistemic,
+        sets=sets,
+        alpha=None if conformal is None else conformal.alpha,
+        accepted=accepted,
         target_risk=None if selective is None else selective.target_risk,
-        ood_values=None if ood is None else ood_report.ood_values(um, test, ood, test_loader, ood_loader, ood_scores,
-                                                                 progress=progress, generator=generator),
+        ood_values=None
+        if ood is None
+        else ood_report.ood_values(
+            um, test, ood, test_loader, ood_loader, ood_scores, progress=progress, generator=generator
+        ),
     )
     report.selection = auto_selection(um)
     if ci is not None:
         ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
         if ood is not None and report.ood_auroc_mi is not None:
             ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
-        ood_pairs |= {ood_report.interval_key(name): pair for name, pair in (report.ood_values or {}).items()
-                      if name not in ood_report.OWN_SCORES}
+        ood_pairs |= {
+            ood_report.interval_key(name): pair
+            for name, pair in (report.ood_values or {}).items()
+            if name not in ood_report.OWN_SCORES
+        }
         report.ci = ci
         report.intervals = bootstrap.report_intervals(
-            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_pairs, sets=sets, accepted=accepted)
+            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_pairs, sets=sets, accepted=accepted
+        )
     return report

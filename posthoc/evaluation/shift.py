@@ -98,13 +98,22 @@ class ShiftTable:
     def merge(cls, tables: Sequence[ShiftTable]) -> ShiftTable:
         """One table of the methods of several tables with the same kinds and severities (e.g. one per demo row)."""
         first = _first_table(tables, "merge")
-        if any((t.kinds, t.severities, t.ci, t.metrics) != (first.kinds, first.severities, first.ci, first.metrics)
-               for t in tables):
-            raise ConfigError("only tables with the same kinds, severities, ci and metrics (classifiers or regressors) "
-                              "can be merged")
-        return cls(first.kinds, first.severities, {k: v for t in tables for k, v in t.values.items()},
-                   {k: v for t in tables for k, v in t.intervals.items()}, first.ci,
-                   {k: v for t in tables for k, v in t.reports.items()}, first.metrics)
+        if any(
+            (t.kinds, t.severities, t.ci, t.metrics) != (first.kinds, first.severities, first.ci, first.metrics)
+            for t in tables
+        ):
+            raise ConfigError(
+                "only tables with the same kinds, severities, ci and metrics (classifiers or regressors) can be merged"
+            )
+        return cls(
+            first.kinds,
+            first.severities,
+            {k: v for t in tables for k, v in t.values.items()},
+            {k: v for t in tables for k, v in t.intervals.items()},
+            first.ci,
+            {k: v for t in tables for k, v in t.reports.items()},
+            first.metrics,
+        )
 
     @classmethod
     def join(cls, tables: Sequence[ShiftTable]) -> ShiftTable:
@@ -122,7 +131,9 @@ class ShiftTable:
         """
         first = _first_table(tables, "join")
         if any(t.named for t in tables):
-            raise ConfigError("tables of named test sets have no severities to join; merge them (ShiftTable.merge) instead")
+            raise ConfigError(
+                "tables of named test sets have no severities to join; merge them (ShiftTable.merge) instead"
+            )
         if any((set(t.values), t.kinds, t.metrics) != (set(first.values), first.kinds, first.metrics) for t in tables):
             raise ConfigError("only tables of the same methods and kinds, with the same metrics, can be joined")
         severities = tuple(sorted({s for t in tables for s in t.severities}))
@@ -150,8 +161,11 @@ class ShiftTable:
     def value(self, method: str, kind: str, severity: int, metric: str) -> float:
         """One cell, e.g. ``table.value("laplace", "mean", 3, "nll")``; ``kind="clean"`` with severity 0. A method,
         kind, severity or metric the table does not hold is refused with the ones it does."""
-        for key, held, what in ((method, self.values, "method"), (kind, self.values.get(method, {}), "kind"),
-                                (severity, self.values.get(method, {}).get(kind, {}), "severity")):
+        for key, held, what in (
+            (method, self.values, "method"),
+            (kind, self.values.get(method, {}), "kind"),
+            (severity, self.values.get(method, {}).get(kind, {}), "severity"),
+        ):
             if key not in held:
                 raise ConfigError(f"this table has no {what} {key!r}; its {what}s: {', '.join(map(str, held))}")
         self._checked([metric])
@@ -159,8 +173,12 @@ class ShiftTable:
 
     def as_dict(self) -> dict[str, object]:
         """Plain data for JSON: kinds, severities, values (and intervals and ci where measured)."""
-        out: dict[str, object] = {"kinds": list(self.kinds), "severities": list(self.severities),
-                                  "metrics": list(self.metrics), "values": self.values}
+        out: dict[str, object] = {
+            "kinds": list(self.kinds),
+            "severities": list(self.severities),
+            "metrics": list(self.metrics),
+            "values": self.values,
+        }
         if self.ci is not None:
             out |= {"ci": self.ci, "intervals": self.intervals}
         return out
@@ -172,8 +190,11 @@ class ShiftTable:
 
     def _marked(self, methods: list[str], kind: str, severity: int, metric: str) -> list[str]:
         """The cells of ``methods`` at one kind, severity and metric, the best in bold (a column of methods)."""
-        return bold_best([self._cell(m, kind, severity, metric) for m in methods],
-                         [self.value(m, kind, severity, metric) for m in methods], metric)
+        return bold_best(
+            [self._cell(m, kind, severity, metric) for m in methods],
+            [self.value(m, kind, severity, metric) for m in methods],
+            metric,
+        )
 
     def to_markdown(self, metrics: Sequence[str] | None = None, *, detail: bool = False) -> str:
         """One table per metric (default: :data:`HEADLINE`): the mean over kinds per method and severity, or for
@@ -197,12 +218,19 @@ class ShiftTable:
                 lines.append(f"| {method} | " + " | ".join(column[row] for column in columns) + " |")
             parts.append("\n".join(lines))
         if detail:
-            header = ["method", "test set" if self.named else "kind", *([] if self.named else ["severity"]),
-                      *(LABELS.get(m, m) for m in self.metrics)]
+            header = [
+                "method",
+                "test set" if self.named else "kind",
+                *([] if self.named else ["severity"]),
+                *(LABELS.get(m, m) for m in self.metrics),
+            ]
             lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
             methods = list(self.values)
-            marked = {(kind, severity): [self._marked(methods, kind, severity, m) for m in self.metrics]
-                      for kind in self.values[methods[0]] for severity in self.values[methods[0]][kind]}
+            marked = {
+                (kind, severity): [self._marked(methods, kind, severity, m) for m in self.metrics]
+                for kind in self.values[methods[0]]
+                for severity in self.values[methods[0]][kind]
+            }
             for row, method in enumerate(methods):
                 for kind in self.values[method]:
                     for severity in self.values[method][kind]:
@@ -229,8 +257,10 @@ class ShiftTable:
             raise ConfigError(f"no predictions kept for {method!r}: the verdict needs a table made by evaluate_shift")
         if self.named:
             return {kind: example_nll(reports[kind, 0]) for kind in self.kinds}
-        return {f"severity {s}": torch.stack([example_nll(reports[kind, s]) for kind in self.kinds]).mean(0)
-                for s in self.severities}
+        return {
+            f"severity {s}": torch.stack([example_nll(reports[kind, s]) for kind in self.kinds]).mean(0)
+            for s in self.severities
+        }
 
     def _checked(self, metrics: Sequence[str] | None) -> Sequence[str]:
         chosen = HEADLINE[self.metrics] if metrics is None else metrics
@@ -243,8 +273,7 @@ class ShiftTable:
         """Each metric (default: :data:`HEADLINE`; the mean over kinds) against severity, one line per method,
         the interval as a band; for named test sets, against the sets."""
         metrics = self._checked(metrics)
-        keys = ([(kind, 0) for kind in self.kinds] if self.named
-                else [(CLEAN, 0), *((MEAN, s) for s in self.severities)])
+        keys = [(kind, 0) for kind in self.kinds] if self.named else [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
         xs = list(range(len(self.kinds))) if self.named else [0, *self.severities]
         series = {}
         for method in self.values:
@@ -257,9 +286,17 @@ class ShiftTable:
                     lows, highs = [p[0] for p in pairs], [p[1] for p in pairs]
                 series[method][metric] = (xs, [self.value(method, *key, metric) for key in keys], lows, highs)
         if not self.named:
-            return plots.shift_plot(series, path, metrics, ylabels={m: f"{TITLES.get(m, m)} (mean over kinds)" for m in metrics})
-        return plots.shift_plot(series, path, metrics, tick_labels=self.kinds, xlabel="test set",
-                                ylabels={m: TITLES.get(m, m) for m in metrics})
+            return plots.shift_plot(
+                series, path, metrics, ylabels={m: f"{TITLES.get(m, m)} (mean over kinds)" for m in metrics}
+            )
+        return plots.shift_plot(
+            series,
+            path,
+            metrics,
+            tick_labels=self.kinds,
+            xlabel="test set",
+            ylabels={m: TITLES.get(m, m) for m in metrics},
+        )
 
     def confidence(self, method: str, kind: str, severity: int) -> float:
         """Mean top-class probability of one cell (kinds as in :meth:`value`; ``"mean"`` averages the kinds).
@@ -271,8 +308,10 @@ class ShiftTable:
             (0.79, 0.11)
         """
         if self.metrics != METRICS:
-            raise ConfigError("confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
-                              "interval's coverage and width instead: table.value(method, kind, severity, 'coverage_90')")
+            raise ConfigError(
+                "confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
+                "interval's coverage and width instead: table.value(method, kind, severity, 'coverage_90')"
+            )
         if method not in self.methods:
             raise ConfigError(f"this table has no method {method!r}; its methods: {', '.join(self.methods)}")
         reports = self.reports.get(method)
@@ -285,12 +324,17 @@ class ShiftTable:
     def confidence_series(self, method: str) -> tuple[list[int], list[float], list[float]]:
         """``(severities, mean confidence, accuracy)`` from clean (severity 0) up, both means over the kinds."""
         if self.named:
-            raise ConfigError("named test sets have no severities to follow confidence along; read "
-                              "table.confidence(method, name, 0) per set")
+            raise ConfigError(
+                "named test sets have no severities to follow confidence along; read "
+                "table.confidence(method, name, 0) per set"
+            )
         severities = [0, *self.severities]
         keys = [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
-        return (severities, [self.confidence(method, *key) for key in keys],
-                [self.value(method, kind, severity, "accuracy") for kind, severity in keys])
+        return (
+            severities,
+            [self.confidence(method, *key) for key in keys],
+            [self.value(method, kind, severity, "accuracy") for kind, severity in keys],
+        )
 
     def best_method(self, exclude: Sequence[str] = ()) -> str:
         """The method with the lowest NLL, mean over the kinds, at the highest severity (``exclude`` left out);
@@ -301,11 +345,15 @@ class ShiftTable:
             'laplace'
         """
         if isinstance(exclude, str):
-            raise ConfigError(f"exclude is a list of method names, e.g. exclude=[{exclude!r}], got the string {exclude!r}")
+            raise ConfigError(
+                f"exclude is a list of method names, e.g. exclude=[{exclude!r}], got the string {exclude!r}"
+            )
         unknown = [m for m in exclude if m not in self.values]
         if unknown:
-            raise ConfigError(f"exclude names no method of this table: {unknown}; pass a list of its methods: "
-                              f"{', '.join(self.methods)}")
+            raise ConfigError(
+                f"exclude names no method of this table: {unknown}; pass a list of its methods: "
+                f"{', '.join(self.methods)}"
+            )
         candidates = [m for m in self.values if m not in exclude] or list(self.values)
         if self.named:
             return min(candidates, key=lambda m: sum(self.value(m, k, 0, "nll") for k in self.kinds) / len(self.kinds))
@@ -316,16 +364,23 @@ class ShiftTable:
         """Mean confidence and accuracy (means over the kinds) against severity for ``methods`` (default: all),
         the gap shaded (see :func:`posthoc.evaluation.plots.confidence_plot`)."""
         chosen = list(methods or self.values)
-        return plots.confidence_plot({m: self.confidence_series(m) for m in chosen}, path,
-                                     title=f"mean over {', '.join(self.kinds)}")
+        return plots.confidence_plot(
+            {m: self.confidence_series(m) for m in chosen}, path, title=f"mean over {', '.join(self.kinds)}"
+        )
 
 
 def _first_table(tables: Sequence[ShiftTable], what: str) -> ShiftTable:
     """The first of ``tables`` (a non-empty sequence of :class:`ShiftTable`) for :meth:`ShiftTable.merge` / ``join``."""
-    if isinstance(tables, ShiftTable) or not isinstance(tables, Sequence) or not tables \
-            or not all(isinstance(t, ShiftTable) for t in tables):
-        raise ConfigError(f"ShiftTable.{what} takes a non-empty list of ShiftTables, e.g. ShiftTable.{what}([a, b]); got "
-                          f"{tables!r:.80}")
+    if (
+        isinstance(tables, ShiftTable)
+        or not isinstance(tables, Sequence)
+        or not tables
+        or not all(isinstance(t, ShiftTable) for t in tables)
+    ):
+        raise ConfigError(
+            f"ShiftTable.{what} takes a non-empty list of ShiftTables, e.g. ShiftTable.{what}([a, b]); got "
+            f"{tables!r:.80}"
+        )
     return tables[0]
 
 
@@ -340,12 +395,15 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
     if best is not None and best not in table.values:
         raise ConfigError(f"no method {best!r} in the shift table; methods: {', '.join(table.methods)}")
-    best = best or (table.best_method(exclude=[] if plain is None else [plain]) if plain is None or len(table.methods) > 1
-                    else None)
+    best = best or (
+        table.best_method(exclude=[] if plain is None else [plain]) if plain is None or len(table.methods) > 1 else None
+    )
     return [m for m in dict.fromkeys((plain, best)) if m is not None]
 
 
-def _named(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel]) -> dict[str, UncertainModel]:
+def _named(
+    um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel],
+) -> dict[str, UncertainModel]:
     if isinstance(um_or_list, UncertainModel):
         um_or_list = [um_or_list]
     if isinstance(um_or_list, (Sequence, Mapping)) and not isinstance(um_or_list, str) and not um_or_list:
@@ -372,8 +430,10 @@ def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
     """:data:`REGRESSION_METRICS` when every model is a regressor, :data:`METRICS` when none is."""
     regressors = [is_regression(um) for um in models.values()]
     if any(regressors) and not all(regressors):
-        raise ConfigError("evaluate_shift compares classifiers with classifiers and regressors with regressors; "
-                          "these models mix both: evaluate them in two calls")
+        raise ConfigError(
+            "evaluate_shift compares classifiers with classifiers and regressors with regressors; "
+            "these models mix both: evaluate them in two calls"
+        )
     return REGRESSION_METRICS if regressors and all(regressors) else METRICS
 
 
@@ -384,17 +444,27 @@ def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     x = x.get(PIXELS, x) if isinstance(x, Mapping) else x
     if isinstance(x, torch.Tensor) and x.dim() != 4:
-        raise InputError(f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this regressor's test inputs "
-                         f"are {tuple(x.shape)}; for tabular or 1-D inputs pass named shifted test sets instead: "
-                         "evaluate_shift(um, {'random': test_loader, 'extrapolation': loader, 'gap': loader}), the "
-                         "rows chosen by posthoc.shift.extrapolation_split / gap_split")
+        raise InputError(
+            f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this regressor's test inputs "
+            f"are {tuple(x.shape)}; for tabular or 1-D inputs pass named shifted test sets instead: "
+            "evaluate_shift(um, {'random': test_loader, 'extrapolation': loader, 'gap': loader}), the "
+            "rows chosen by posthoc.shift.extrapolation_split / gap_split"
+        )
 
 
-def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel],
-                   test_loader: Iterable | Mapping[str, Iterable], *, kinds: Sequence[str] | None = None,
-                   severities: Sequence[int] | None = None, normalization: Normalization | None = None,
-                   seed: int = 0, ci: float | None = None, bootstraps: int = 1000, num_samples: int | None = None,
-                   progress: bool = True) -> ShiftTable:
+def evaluate_shift(
+    um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel],
+    test_loader: Iterable | Mapping[str, Iterable],
+    *,
+    kinds: Sequence[str] | None = None,
+    severities: Sequence[int] | None = None,
+    normalization: Normalization | None = None,
+    seed: int = 0,
+    ci: float | None = None,
+    bootstraps: int = 1000,
+    num_samples: int | None = None,
+    progress: bool = True,
+) -> ShiftTable:
     """Evaluate each wrapped model on the clean and corrupted test set, or on named test sets (see the module docs).
 
     ``um_or_list``: one wrapped model, a list (named by their methods) or a dict ``name -> model``, all
@@ -423,8 +493,10 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
     options = {"progress": progress, "num_samples": num_samples, "seed": seed}
     if isinstance(test_loader, Mapping):
         if kinds is not None or severities is not None or normalization is not None:
-            raise ConfigError("named test sets are evaluated as they are: leave out kinds, severities and normalization "
-                              "(they corrupt one test loader)")
+            raise ConfigError(
+                "named test sets are evaluated as they are: leave out kinds, severities and normalization "
+                "(they corrupt one test loader)"
+            )
         return _evaluate_named(models, test_loader, metrics, ci, bootstraps, options)
     kinds = DEFAULT_KINDS if kinds is None else kinds
     severities = (1, 2, 3, 4, 5) if severities is None else severities
@@ -439,6 +511,7 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report]] = {}
     for name, um in models.items():
+
         def run(loader: Iterable) -> Report:
             return evaluate(um, loader, name=name, **options)
 
@@ -450,28 +523,41 @@ def evaluate_shift(um_or_list: UncertainModel | Sequence[UncertainModel] | Mappi
         values[name] = {CLEAN: {0: _metrics_of(reports[CLEAN, 0], metrics)}}
         for kind in kinds:
             values[name][kind] = {s: _metrics_of(reports[kind, s], metrics) for s in severities}
-        values[name][MEAN] = {s: {m: sum(values[name][k][s][m] for k in kinds) / len(kinds) for m in metrics}
-                              for s in severities}
+        values[name][MEAN] = {
+            s: {m: sum(values[name][k][s][m] for k in kinds) / len(kinds) for m in metrics} for s in severities
+        }
         if ci is not None:
             bounds[name] = _intervals(reports, kinds, severities, ci, bootstraps, seed, metrics)
     return ShiftTable(tuple(kinds), tuple(severities), values, bounds, ci, kept, metrics)
 
 
-def _evaluate_named(models: dict[str, UncertainModel], loaders: Mapping[str, Iterable], metrics: tuple[str, ...],
-                    ci: float | None, bootstraps: int, options: dict[str, object]) -> ShiftTable:
+def _evaluate_named(
+    models: dict[str, UncertainModel],
+    loaders: Mapping[str, Iterable],
+    metrics: tuple[str, ...],
+    ci: float | None,
+    bootstraps: int,
+    options: dict[str, object],
+) -> ShiftTable:
     """Every model on every named test set; with ``ci``, each set's own bootstrap intervals."""
     if not loaders or not all(isinstance(name, str) and name for name in loaders):
-        raise ConfigError(f"named test sets are a dict of non-empty names to loaders, e.g. {{'random': test_loader, "
-                          f"'extrapolation': loader}}; got the names {list(loaders)}")
+        raise ConfigError(
+            f"named test sets are a dict of non-empty names to loaders, e.g. {{'random': test_loader, "
+            f"'extrapolation': loader}}; got the names {list(loaders)}"
+        )
     values: Values = {}
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report | RegressionReport]] = {}
     for name, um in models.items():
-        kept[name] = {(kind, 0): evaluate(um, loader, name=name, ci=ci, bootstraps=bootstraps, **options)
-                      for kind, loader in loaders.items()}
+        kept[name] = {
+            (kind, 0): evaluate(um, loader, name=name, ci=ci, bootstraps=bootstraps, **options)
+            for kind, loader in loaders.items()
+        }
         values[name] = {kind: {0: _metrics_of(kept[name][kind, 0], metrics)} for kind in loaders}
         if ci is not None:
-            bounds[name] = {kind: {0: {m: tuple(kept[name][kind, 0].intervals[m]) for m in metrics}} for kind in loaders}
+            bounds[name] = {
+                kind: {0: {m: tuple(kept[name][kind, 0].intervals[m]) for m in metrics}} for kind in loaders
+            }
     return ShiftTable(tuple(loaders), (), values, bounds, ci, kept, metrics)
 
 
@@ -481,14 +567,24 @@ def _example_statistics(report: Report | RegressionReport) -> dict[str, bootstra
     return bootstrap.example_statistics(report.probs, report.labels)
 
 
-def _intervals(reports: dict[tuple[str, int], Report | RegressionReport], kinds: Sequence[str], severities: Sequence[int],
-               ci: float, bootstraps: int, seed: int, metrics: Sequence[str]) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
+def _intervals(
+    reports: dict[tuple[str, int], Report | RegressionReport],
+    kinds: Sequence[str],
+    severities: Sequence[int],
+    ci: float,
+    bootstraps: int,
+    seed: int,
+    metrics: Sequence[str],
+) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
     """Bootstrap intervals of every cell and of the mean over kinds, all on one shared resample of the examples."""
-    observed = [report.targets if isinstance(report, RegressionReport) else report.labels
-                for report in reports.values()]
+    observed = [
+        report.targets if isinstance(report, RegressionReport) else report.labels for report in reports.values()
+    ]
     if any(not torch.equal(seen, observed[0]) for seen in observed):
-        raise InputError("the test loader yielded different examples on different passes; evaluate_shift needs "
-                         "a loader without shuffling")
+        raise InputError(
+            "the test loader yielded different examples on different passes; evaluate_shift needs "
+            "a loader without shuffling"
+        )
     index = bootstrap.resample_index(len(observed[0]), bootstraps, seed)
     draws = {key: bootstrap.draws(_example_statistics(report), index, metrics) for key, report in reports.items()}
 

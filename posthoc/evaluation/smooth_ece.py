@@ -111,8 +111,10 @@ class _Smoother:
         period = 2 * (grid - 1)
         widths, which = sigma.unique(return_inverse=True)
         mesh = _mesh(grid)
-        kernel = (torch.exp(-(mesh - 0.5) * (mesh - 0.5) / (2 * (widths**2)[:, None]))
-                  / (math.sqrt(2 * math.pi) * widths)[:, None])
+        kernel = (
+            torch.exp(-(mesh - 0.5) * (mesh - 0.5) / (2 * (widths**2)[:, None]))
+            / (math.sqrt(2 * math.pi) * widths)[:, None]
+        )
         circular = torch.zeros(len(widths), period, dtype=torch.float64)
         circular[:, (torch.arange(grid) - grid // 2) % period] = kernel  # the kernel's centre at offset 0
         product = self.spectrum(rows, grid) * torch.fft.rfft(circular)[which][:, None]
@@ -149,8 +151,10 @@ def smooth_ece_rows(confidence: Tensor, correct: Tensor) -> Tensor:
     """
     confidence = confidence.double().cpu()
     if confidence.dim() != 2 or confidence.shape != correct.shape:
-        raise InputError(f"smooth_ece_rows takes (B, n) confidences and correctness flags of one shape, got "
-                         f"{tuple(confidence.shape)} and {tuple(correct.shape)}")
+        raise InputError(
+            f"smooth_ece_rows takes (B, n) confidences and correctness flags of one shape, got "
+            f"{tuple(confidence.shape)} and {tuple(correct.shape)}"
+        )
     residual = confidence - correct.double().cpu()
     rows = len(confidence)
     start = torch.ones(rows, dtype=torch.float64)

@@ -18,12 +18,29 @@ from typing import Any
 #: metrics where a larger value is better (accuracy, OOD detection)
 HIGHER_IS_BETTER = frozenset({"accuracy", "ood_auroc", "ood_auroc_mi", "auroc", "aupr_in", "aupr_out"})
 #: metrics where a smaller value is better (proper scores, calibration errors, risk, false alarms)
-LOWER_IS_BETTER = frozenset({"nll", "ece", "adaptive_ece", "smooth_ece", "brier", "aurc", "augrc", "rmse", "mae",
-                             "crps", "mace", "ence", "fpr95"})
+LOWER_IS_BETTER = frozenset(
+    {
+        "nll",
+        "ece",
+        "adaptive_ece",
+        "smooth_ece",
+        "brier",
+        "aurc",
+        "augrc",
+        "rmse",
+        "mae",
+        "crps",
+        "mace",
+        "ence",
+        "fpr95",
+    }
+)
 #: how the best-entry marks are explained under a table
-BEST_CAPTION = ("Bold: the best entry of each column (higher is better for accuracy and AUROC; lower for NLL, the "
-                "ECEs, Brier, AURC, AUGRC, RMSE, MAE, CRPS, MACE, ENCE and FPR95; coverage, widths, set sizes and "
-                "times are not ranked).")
+BEST_CAPTION = (
+    "Bold: the best entry of each column (higher is better for accuracy and AUROC; lower for NLL, the "
+    "ECEs, Brier, AURC, AUGRC, RMSE, MAE, CRPS, MACE, ENCE and FPR95; coverage, widths, set sizes and "
+    "times are not ranked)."
+)
 
 
 def cell(value: float | None, interval: tuple[float, float] | None = None) -> str:

@@ -179,14 +179,23 @@ def paired_change(row: Tensor, plain: Tensor, index: Tensor, ci: float = CI) -> 
         0.5
     """
     if row.shape != plain.shape:
-        raise InputError(f"a paired change needs the same examples in both rows; got {tuple(row.shape)} and "
-                         f"{tuple(plain.shape)} values: evaluate every method on the same loader, without shuffling")
+        raise InputError(
+            f"a paired change needs the same examples in both rows; got {tuple(row.shape)} and "
+            f"{tuple(plain.shape)} values: evaluate every method on the same loader, without shuffling"
+        )
     differences = row.double().cpu() - plain.double().cpu()
     return _change(_mean_draws(differences, index), float(differences.mean()), float(plain.double().mean()), ci)
 
 
-def auroc_change(row: tuple[Tensor, Tensor], plain: tuple[Tensor, Tensor], *, ci: float = CI,
-                 bootstraps: int = BOOTSTRAPS, seed: int = 0, plain_draws: np.ndarray | None = None) -> Change:
+def auroc_change(
+    row: tuple[Tensor, Tensor],
+    plain: tuple[Tensor, Tensor],
+    *,
+    ci: float = CI,
+    bootstraps: int = BOOTSTRAPS,
+    seed: int = 0,
+    plain_draws: np.ndarray | None = None,
+) -> Change:
     """The OOD AUROC change of ``row``'s ``(test scores, OOD scores)`` against ``plain``'s, paired: both are resampled
     with the same draws of test and OOD examples (:func:`posthoc.evaluation.bootstrap.auroc_draws` with one seed);
     ``plain_draws`` reuses the plain model's draws (the same ``bootstraps`` and ``seed``) across rows.
@@ -211,21 +220,45 @@ def _shift_level(candidate: Candidate, keys: Sequence[str], resamples: _Resample
     return float(np.mean([float(v.double().mean()) for v in values])), (float(low), float(high))
 
 
-def _judge(candidate: Candidate, plain: Candidate, tolerance: float, resamples: _Resamples, *, ci: float,
-           bootstraps: int, seed: int) -> Judged:
+def _judge(
+    candidate: Candidate,
+    plain: Candidate,
+    tolerance: float,
+    resamples: _Resamples,
+    *,
+    ci: float,
+    bootstraps: int,
+    seed: int,
+) -> Judged:
     """One row against the plain one (see :class:`Judged`)."""
     clean = paired_change(candidate.clean, plain.clean, resamples(len(plain.clean)), ci)
     keys = [key for key in plain.shifted if key in candidate.shifted]
-    shifts = {key: paired_change(candidate.shifted[key], plain.shifted[key], resamples(len(plain.shifted[key]), 1 + i),
-                                 ci)
-              for i, key in enumerate(keys)}
+    shifts = {
+        key: paired_change(candidate.shifted[key], plain.shifted[key], resamples(len(plain.shifted[key]), 1 + i), ci)
+        for i, key in enumerate(keys)
+    }
     level, band = _shift_level(candidate, keys, resamples) if keys else (None, None)
     ood = None
     if candidate.ood is not None and plain.ood is not None:
-        ood = auroc_change(candidate.ood, plain.ood, ci=ci, bootstraps=bootstraps, seed=seed,
-                           plain_draws=resamples.plain_auroc(plain.ood))
-    return Judged(candidate.label, clean, shifts, level, band, ood, candidate.predict_cost,
-                  clean.upper <= tolerance, candidate.selection)
+        ood = auroc_change(
+            candidate.ood,
+            plain.ood,
+            ci=ci,
+            bootstraps=bootstraps,
+            seed=seed,
+            plain_draws=resamples.plain_auroc(plain.ood),
+        )
+    return Judged(
+        candidate.label,
+        clean,
+        shifts,
+        level,
+        band,
+        ood,
+        candidate.predict_cost,
+        clean.upper <= tolerance,
+        candidate.selection,
+    )
 
 
 @dataclass
@@ -278,28 +311,43 @@ class Verdict:
             return self._keep_plain(chosen)
         clauses = self._numbers(chosen)
         if chosen.selection is not None:
-            clauses.insert(0, f"on held-out data it picked `{chosen.selection['chosen']}` among "
-                              f"{len(chosen.selection.get('candidates', []))} candidates")
+            clauses.insert(
+                0,
+                f"on held-out data it picked `{chosen.selection['chosen']}` among "
+                f"{len(chosen.selection.get('candidates', []))} candidates",
+            )
             if not chosen.admissible:
-                clauses.insert(2, f"on these test examples its {CONFIDENCE:.0%} excess bound {chosen.clean.upper:+.4f} "
-                                  f"is over the {self.tolerance:.4f} tolerance")
+                clauses.insert(
+                    2,
+                    f"on these test examples its {CONFIDENCE:.0%} excess bound {chosen.clean.upper:+.4f} "
+                    f"is over the {self.tolerance:.4f} tolerance",
+                )
         return f"**Use `{chosen.label}`** for this model: " + "; ".join(clauses) + "." + self._basis_note()
 
     def _numbers(self, row: Judged) -> list[str]:
         """The clauses of the sentence: in distribution, under shift, OOD, predict cost."""
-        clauses = [f"in distribution the NLL changes by {_signed(row.clean.difference)} {_interval(row.clean.interval)} "
-                   f"nats ({row.clean.ratio:.2f}x the plain model's {row.clean.plain:.4f})"]
+        clauses = [
+            f"in distribution the NLL changes by {_signed(row.clean.difference)} {_interval(row.clean.interval)} "
+            f"nats ({row.clean.ratio:.2f}x the plain model's {row.clean.plain:.4f})"
+        ]
         if row.shifts:
-            parts = [f"{_signed(change.difference)} {_interval(change.interval)} ({change.ratio:.2f}x) {_where(name)}"
-                     for name, change in row.shifts.items()]
+            parts = [
+                f"{_signed(change.difference)} {_interval(change.interval)} ({change.ratio:.2f}x) {_where(name)}"
+                for name, change in row.shifts.items()
+            ]
             clauses.append("under shift by " + ", ".join(parts) + (f" ({self.shift_note})" if self.shift_note else ""))
         else:
             clauses.append(self._held_out_shift(row))
         if row.ood is not None:
-            clauses.append(f"OOD AUROC {_signed(row.ood.difference, 3)} {_interval(row.ood.interval, 3)} "
-                           f"({row.ood.plain:.3f} -> {row.ood.value:.3f})")
-        clauses.append("predict cost not measured" if row.predict_cost is None
-                       else f"predict {row.predict_cost:.1f}x a plain forward")
+            clauses.append(
+                f"OOD AUROC {_signed(row.ood.difference, 3)} {_interval(row.ood.interval, 3)} "
+                f"({row.ood.plain:.3f} -> {row.ood.value:.3f})"
+            )
+        clauses.append(
+            "predict cost not measured"
+            if row.predict_cost is None
+            else f"predict {row.predict_cost:.1f}x a plain forward"
+        )
         return clauses
 
     def _held_out_shift(self, row: Judged) -> str:
@@ -310,45 +358,58 @@ class Verdict:
         if chosen is None or chosen.get("shifted_nll") is None or not plain:
             return f"no shift was given ({self.shift_hint} to see what it buys under shift)"
         value = chosen["shifted_nll"]
-        return (f"on the {record.get('perturbed')} fit-time perturbed copies of the held-out data its NLL changes by "
-                f"{_signed(value - plain)} ({value / plain:.2f}x; no test shift was given: {self.shift_hint})")
+        return (
+            f"on the {record.get('perturbed')} fit-time perturbed copies of the held-out data its NLL changes by "
+            f"{_signed(value - plain)} ({value / plain:.2f}x; no test shift was given: {self.shift_hint})"
+        )
 
     def _basis_note(self) -> str:
         """For a pick made on the test data: say so, and where auto makes it."""
         if self.basis == "auto":
             return ""
         ranked = "under shift" if self.basis == "test" else "in distribution (no shift was given)"
-        return (f" Picked on the test data: the lowest NLL {ranked} among the rows whose in-distribution NLL excess has "
-                f"a {CONFIDENCE:.0%} paired upper bound within {self.tolerance:.4f} nats; {self.auto_hint} makes this "
-                "choice on held-out data.")
+        return (
+            f" Picked on the test data: the lowest NLL {ranked} among the rows whose in-distribution NLL excess has "
+            f"a {CONFIDENCE:.0%} paired upper bound within {self.tolerance:.4f} nats; {self.auto_hint} makes this "
+            "choice on held-out data."
+        )
 
     def _keep_plain(self, chosen: Judged) -> str:
         """The sentence when nothing beats the plain model."""
         if chosen.selection is not None:
-            return (f"**Keep the plain model**: `auto` found no candidate worth its cost on held-out data (it picked "
-                    f"`none` among {len(chosen.selection.get('candidates', []))} candidates).")
+            return (
+                f"**Keep the plain model**: `auto` found no candidate worth its cost on held-out data (it picked "
+                f"`none` among {len(chosen.selection.get('candidates', []))} candidates)."
+            )
         others = [row for row in self.rows if row.label != self.plain and row.shift_nll is not None]
-        text = ("**Keep the plain model**: no method lowers the NLL under shift while its in-distribution excess stays "
-                f"within {self.tolerance:.4f} nats at {CONFIDENCE:.0%} confidence" if self.basis == "test" else
-                "**Keep the plain model**: no method lowers the in-distribution NLL, and no shift was given "
-                f"({self.shift_hint} to see what it buys under shift)")
+        text = (
+            "**Keep the plain model**: no method lowers the NLL under shift while its in-distribution excess stays "
+            f"within {self.tolerance:.4f} nats at {CONFIDENCE:.0%} confidence"
+            if self.basis == "test"
+            else "**Keep the plain model**: no method lowers the in-distribution NLL, and no shift was given "
+            f"({self.shift_hint} to see what it buys under shift)"
+        )
         best = min(others, key=lambda row: row.shift_nll, default=None)
         plain_shift = self.row(self.plain).shift_nll
         if best is not None and plain_shift is not None and best.shift_nll < plain_shift and not best.admissible:
-            text += (f" (`{best.label}` would buy {best.shift_nll / plain_shift:.2f}x under shift but costs "
-                     f"{_signed(best.clean.difference)} {_interval(best.clean.interval)} nats in distribution, bound "
-                     f"{best.clean.upper:+.4f})")
+            text += (
+                f" (`{best.label}` would buy {best.shift_nll / plain_shift:.2f}x under shift but costs "
+                f"{_signed(best.clean.difference)} {_interval(best.clean.interval)} nats in distribution, bound "
+                f"{best.clean.upper:+.4f})"
+            )
         return text + "." + self._basis_note()
 
     # ---- Markdown and the frontier ---------------------------------------------------------------------------------
     def caption(self) -> str:
         """What the numbers and the frontier's bars are."""
-        return (f"Changes against the plain model `{self.plain}` with {self.ci:.0%} paired bootstrap intervals over the "
-                f"{self.examples} test examples ({self.bootstraps} resamples). Frontier: one point per row, its "
-                f"in-distribution NLL excess against its NLL under shift (mean over the shifts), bars "
-                f"{FRONTIER_LEVEL:.0%} central intervals (an excess bar's right end is the {CONFIDENCE:.0%} upper "
-                f"bound); shaded: admissible (bound within {self.tolerance:.4f} nats); hollow: refused; star: "
-                "recommended.")
+        return (
+            f"Changes against the plain model `{self.plain}` with {self.ci:.0%} paired bootstrap intervals over the "
+            f"{self.examples} test examples ({self.bootstraps} resamples). Frontier: one point per row, its "
+            f"in-distribution NLL excess against its NLL under shift (mean over the shifts), bars "
+            f"{FRONTIER_LEVEL:.0%} central intervals (an excess bar's right end is the {CONFIDENCE:.0%} upper "
+            f"bound); shaded: admissible (bound within {self.tolerance:.4f} nats); hollow: refused; star: "
+            "recommended."
+        )
 
     def markdown(self, frontier: str | None = None) -> str:
         """``## Verdict``, the sentence, the frontier image ``frontier`` (a file name, when drawn) and the caption."""
@@ -359,21 +420,55 @@ class Verdict:
 
     def frontier_points(self) -> list[FrontierPoint]:
         """The rows measured under shift as :class:`~posthoc.evaluation.plots.FrontierPoint` (test data)."""
-        return [FrontierPoint(row.label, row.clean.difference, row.clean.band, row.shift_nll, row.shift_band,
-                              row.admissible, row.label == self.recommended)
-                for row in self.rows if row.shift_nll is not None]
+        return [
+            FrontierPoint(
+                row.label,
+                row.clean.difference,
+                row.clean.band,
+                row.shift_nll,
+                row.shift_band,
+                row.admissible,
+                row.label == self.recommended,
+            )
+            for row in self.rows
+            if row.shift_nll is not None
+        ]
 
     def as_dict(self) -> dict[str, Any]:
         """Plain data for metrics.json: the pick, its basis, the sentence, and every row's changes."""
-        def change(found: Change | None) -> dict[str, Any] | None:
-            return None if found is None else {"difference": found.difference, "interval": list(found.interval),
-                                               "upper": found.upper, "plain": found.plain}
 
-        return {"recommended": self.recommended, "basis": self.basis, "keeps_plain": self.keeps_plain,
-                "tolerance": self.tolerance, "ci": self.ci, "sentence": self.sentence(),
-                "rows": [{"label": row.label, "admissible": row.admissible, "clean_nll": change(row.clean),
-                          "shift_nll": row.shift_nll, "shifts": {k: change(v) for k, v in row.shifts.items()},
-                          "ood_auroc": change(row.ood), "predict_cost": row.predict_cost} for row in self.rows]}
+        def change(found: Change | None) -> dict[str, Any] | None:
+            return (
+                None
+                if found is None
+                else {
+                    "difference": found.difference,
+                    "interval": list(found.interval),
+                    "upper": found.upper,
+                    "plain": found.plain,
+                }
+            )
+
+        return {
+            "recommended": self.recommended,
+            "basis": self.basis,
+            "keeps_plain": self.keeps_plain,
+            "tolerance": self.tolerance,
+            "ci": self.ci,
+            "sentence": self.sentence(),
+            "rows": [
+                {
+                    "label": row.label,
+                    "admissible": row.admissible,
+                    "clean_nll": change(row.clean),
+                    "shift_nll": row.shift_nll,
+                    "shifts": {k: change(v) for k, v in row.shifts.items()},
+                    "ood_auroc": change(row.ood),
+                    "predict_cost": row.predict_cost,
+                }
+                for row in self.rows
+            ],
+        }
 
 
 def _signed(value: float, digits: int = 4) -> str:
@@ -395,9 +490,18 @@ def _chosen_record(selection: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return next((row for row in selection.get("candidates", []) if row.get("chosen")), None)
 
 
-def judge(candidates: Sequence[Candidate], plain: str, *, tolerance: float | None = None, ci: float = CI,
-          bootstraps: int = BOOTSTRAPS, seed: int = 0, auto_hint: str = '`method="auto"`',
-          shift_hint: str = "evaluate the methods on a shifted test set too", shift_note: str = "") -> Verdict:
+def judge(
+    candidates: Sequence[Candidate],
+    plain: str,
+    *,
+    tolerance: float | None = None,
+    ci: float = CI,
+    bootstraps: int = BOOTSTRAPS,
+    seed: int = 0,
+    auto_hint: str = '`method="auto"`',
+    shift_hint: str = "evaluate the methods on a shifted test set too",
+    shift_note: str = "",
+) -> Verdict:
     """Judge every row against the ``plain`` one on the test data and recommend one (module docs).
 
     ``tolerance``: nats per example (default ``max(2 % of the plain model's test NLL, 0.005)``); ``auto_hint`` and
@@ -421,12 +525,16 @@ def judge(candidates: Sequence[Candidate], plain: str, *, tolerance: float | Non
     reference = candidates[labels.index(plain)]
     for candidate in candidates:
         if candidate.clean.shape != reference.clean.shape:
-            raise InputError(f"row {candidate.label!r} has {candidate.clean.numel()} test examples, the plain row "
-                             f"{reference.clean.numel()}: evaluate every method on the same test loader")
+            raise InputError(
+                f"row {candidate.label!r} has {candidate.clean.numel()} test examples, the plain row "
+                f"{reference.clean.numel()}: evaluate every method on the same test loader"
+            )
     limit = Tolerance().nats(float(reference.clean.double().mean())) if tolerance is None else float(tolerance)
     resamples = _Resamples(bootstraps, seed)
-    rows = [_judge(candidate, reference, limit, resamples, ci=ci, bootstraps=bootstraps, seed=seed)
-            for candidate in candidates]
+    rows = [
+        _judge(candidate, reference, limit, resamples, ci=ci, bootstraps=bootstraps, seed=seed)
+        for candidate in candidates
+    ]
     auto = next((candidate.label for candidate in candidates if candidate.is_auto), None)
     if auto is not None:
         recommended, basis = auto, "auto"
@@ -436,8 +544,19 @@ def judge(candidates: Sequence[Candidate], plain: str, *, tolerance: float | Non
         basis = "test" if ranked_by_shift and rows[labels.index(plain)].shifts else "test-clean"
         key = (lambda row: row.shift_nll) if basis == "test" else (lambda row: row.clean.value)
         recommended = min(admissible, key=key).label
-    return Verdict(plain, recommended, basis, rows, limit, reference.clean.numel(), ci, bootstraps, auto_hint,
-                   shift_hint, shift_note)
+    return Verdict(
+        plain,
+        recommended,
+        basis,
+        rows,
+        limit,
+        reference.clean.numel(),
+        ci,
+        bootstraps,
+        auto_hint,
+        shift_hint,
+        shift_note,
+    )
 
 
 def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
@@ -458,9 +577,17 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
         if x is None or bound is None or y is None or not all(math.isfinite(v) for v in (x, bound, y)):
             continue
         spread = row.get("shifted_nll_se")
-        points.append(FrontierPoint(str(row["candidate"]), x, (x - (bound - x), bound), y,
-                                    None if spread is None else (y - z * spread, y + z * spread),
-                                    bool(row.get("admissible")), bool(row.get("chosen"))))
+        points.append(
+            FrontierPoint(
+                str(row["candidate"]),
+                x,
+                (x - (bound - x), bound),
+                y,
+                None if spread is None else (y - z * spread, y + z * spread),
+                bool(row.get("admissible")),
+                bool(row.get("chosen")),
+            )
+        )
     return points
 
 
@@ -487,8 +614,9 @@ def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title:
     return found.markdown(FRONTIER_FILE)
 
 
-def selection_section(selection: Mapping[str, Any], out_dir: str | os.PathLike | None, *, heading: str = "##",
-                      label: str = "auto") -> str:
+def selection_section(
+    selection: Mapping[str, Any], out_dir: str | os.PathLike | None, *, heading: str = "##", label: str = "auto"
+) -> str:
     """How ``method="auto"`` chose on held-out data: its selection record as a table and the frontier of its
     candidates (drawn to ``out_dir/selection_frontier.png`` when they were scored on perturbed copies and ``out_dir``
     is given).
@@ -501,11 +629,20 @@ def selection_section(selection: Mapping[str, Any], out_dir: str | os.PathLike |
     lines = [f"{heading} How `{label}` chose, on held-out data", "", *selection_table(dict(selection)), ""]
     points = selection_points(selection)
     if points and out_dir is not None:
-        plots.frontier(points, Path(out_dir) / SELECTION_FRONTIER_FILE, tolerance=float(selection["tolerance"]),
-                       ylabel="NLL on the fit-time perturbed copies",
-                       title=f"{label}'s candidates on held-out data (NLL excess cross-fitted)", chosen_word="chosen")
-        lines += [f"![{label}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})", "",
-                  f"Bars: the excess from its mean to the bound that decides admissibility ({CONFIDENCE:.0%}, on new "
-                  f"data of the held-out size) and as far below; the perturbed NLL ± {NormalDist().inv_cdf(CONFIDENCE):.2f} "
-                  "standard errors; shaded: admissible; star: chosen.", ""]
+        plots.frontier(
+            points,
+            Path(out_dir) / SELECTION_FRONTIER_FILE,
+            tolerance=float(selection["tolerance"]),
+            ylabel="NLL on the fit-time perturbed copies",
+            title=f"{label}'s candidates on held-out data (NLL excess cross-fitted)",
+            chosen_word="chosen",
+        )
+        lines += [
+            f"![{label}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})",
+            "",
+            f"Bars: the excess from its mean to the bound that decides admissibility ({CONFIDENCE:.0%}, on new "
+            f"data of the held-out size) and as far below; the perturbed NLL ± {NormalDist().inv_cdf(CONFIDENCE):.2f} "
+            "standard errors; shaded: admissible; star: chosen.",
+            "",
+        ]
     return "\n".join(lines)

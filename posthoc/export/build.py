@@ -34,8 +34,9 @@ from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 #: weight draws of an exported sampling predictive when neither ``num_samples`` nor the method says
 DEFAULT_SAMPLES = 100
 #: what every refusal suggests
-IN_PROCESS = ("serve it in process with um.predict (or um(x)) instead, or export a method listed in "
-              "docs/serving-export.md")
+IN_PROCESS = (
+    "serve it in process with um.predict (or um(x)) instead, or export a method listed in docs/serving-export.md"
+)
 
 
 class Builder:
@@ -85,8 +86,9 @@ def to_module(um: Any, *, num_samples: int | None = None, seed: int = 0) -> nn.M
     classification = isinstance(um.likelihood, Categorical)
     check_exportable(um.method, regression=not classification)
     if um.method.requires_fit and not um.is_fitted:
-        raise NotFittedError("um.to_module() exports the fitted predictive: call um.fit(train_loader, val_loader) "
-                             "first")
+        raise NotFittedError(
+            "um.to_module() exports the fitted predictive: call um.fit(train_loader, val_loader) first"
+        )
     um.method.follow_model_device()
     builder = Builder(num_samples, seed)
     if classification:
@@ -114,25 +116,29 @@ class _LogitsIn(nn.Module):
 
 def _refusal(method: Method, *, regression: bool = False) -> ExportError:
     task = " under a regression likelihood" if regression else ""
-    why = REASONS.get(type(method).__name__, SAMPLES_NETWORKS if type(method).__name__ in NETWORK_SAMPLERS
-                      else f"it has no exported form{task} yet")
+    why = REASONS.get(
+        type(method).__name__,
+        SAMPLES_NETWORKS if type(method).__name__ in NETWORK_SAMPLERS else f"it has no exported form{task} yet",
+    )
     return ExportError(f"um.to_module() cannot export '{method.name}'{task}: {why}; {IN_PROCESS}")
 
 
 #: methods whose samples are whole networks (weights inside it, or a noise on its inner nodes)
 NETWORK_SAMPLERS = ("ImplicitBNN", "IVON", "SGLD", "SparseVariationalDropout", "VariationalInference")
-SAMPLES_NETWORKS = ("its samples are networks with their inner weights or nodes perturbed, which need the network run "
-                    "once per sample (no fixed tensor program on the head's input)")
+SAMPLES_NETWORKS = (
+    "its samples are networks with their inner weights or nodes perturbed, which need the network run "
+    "once per sample (no fixed tensor program on the head's input)"
+)
 
 
 #: why a method cannot be exported, by class name
 REASONS = {
     "SubsetLaplace": "Laplace over layers inside the network linearises the whole network in those layers (a Jacobian "
-                     "per input), which is no fixed tensor program; refit with subset='last_layer' to export it",
+    "per input), which is no fixed tensor program; refit with subset='last_layer' to export it",
     "SWAG": "SWAG over the network's layers samples whole networks (and their BatchNorm statistics); use "
-            "subset='last_layer' to export it with weight draws fixed at export",
+    "subset='last_layer' to export it with weight draws fixed at export",
     "SubsetSWAG": "SWAG over named layers samples whole networks (and their BatchNorm statistics); use "
-                  "subset='last_layer' to export it with weight draws fixed at export",
+    "subset='last_layer' to export it with weight draws fixed at export",
     "QuantileRecalibration": "a regression calibrator of the predictive CDF has no mean-and-variance form",
 }
 
@@ -163,8 +169,11 @@ def _head_factors(method: Method, prior_precision: float) -> dict[str, Tensor]:
         return {"inverse": (1.0 / (block.diagonal + prior_precision)).T.float().clone()}
     if structure == "kron":
         inverse = torch.outer(block.in_eigvals, block.out_eigvals).add(prior_precision).reciprocal()
-        return {"in_eigvecs": block.in_eigvecs.float().clone(), "inverse": inverse.float(),
-                "out_eigvecs": block.out_eigvecs.float().clone()}
+        return {
+            "in_eigvecs": block.in_eigvecs.float().clone(),
+            "inverse": inverse.float(),
+            "out_eigvecs": block.out_eigvecs.float().clone(),
+        }
     _, head, bias = _laplace_head(method)
     width = head.in_features + int(bias)
     vectors, spread = block._diagonal_blocks(prior_precision, head.out_features, width, torch.float32)
@@ -181,24 +190,32 @@ def _dac_state(method: Method) -> dict[str, Any]:
     """DAC's layers, banks and fitted temperature map."""
     if method.bank is None or method.weights is None:
         raise NotFittedError("dac is not fitted: call um.fit(train_loader, val_loader) first")
-    return {"sites": [(site.name, site.at) for site in method.sites()],
-            "banks": [bank.float().clone() for bank in method._banks()],
-            "k": min(method.k, method.bank_rows), "anchors": method.anchors.float().clone(),
-            "spreads": method.spreads.float().clone(), "temperature": method.temperature.float().clone(),
-            "weights": method.weights.float().clone()}
+    return {
+        "sites": [(site.name, site.at) for site in method.sites()],
+        "banks": [bank.float().clone() for bank in method._banks()],
+        "k": min(method.k, method.bank_rows),
+        "anchors": method.anchors.float().clone(),
+        "spreads": method.spreads.float().clone(),
+        "temperature": method.temperature.float().clone(),
+        "weights": method.weights.float().clone(),
+    }
 
 
 def _dropout_site(method: Method) -> Any:
     """MC dropout's one site, or an :class:`ExportError` for several (or for sites not resolved yet)."""
     method._resolve(None)
     if method._sites is None:
-        raise ExportError("mc-dropout has not seen an input yet (its dropout sites are found on the first batch): run "
-                          "um.predict on one batch before um.to_module()")
+        raise ExportError(
+            "mc-dropout has not seen an input yet (its dropout sites are found on the first batch): run "
+            "um.predict on one batch before um.to_module()"
+        )
     sites = method.sites()
     if len(sites) != 1:
-        raise ExportError(f"um.to_module() exports mc-dropout with dropout on the head's input only (masks fixed at "
-                          f"export); this one drops at {len(sites)} sites ({', '.join(s.name for s in sites)}), whose "
-                          f"samples need the network run per sample. Wrap with where='head' to export it; {IN_PROCESS}")
+        raise ExportError(
+            f"um.to_module() exports mc-dropout with dropout on the head's input only (masks fixed at "
+            f"export); this one drops at {len(sites)} sites ({', '.join(s.name for s in sites)}), whose "
+            f"samples need the network run per sample. Wrap with where='head' to export it; {IN_PROCESS}"
+        )
     return sites[0]
 
 
@@ -208,8 +225,9 @@ def _dropout_head(method: Method, site: Any) -> tuple[str, nn.Linear]:
     try:
         split = FeatureSplit(model, site.name if site.at == "input" else method.head)
     except HeadNotFoundError as err:  # a head that cannot be found without an input, or is not Linear
-        raise ExportError(f"mc-dropout's head could not be found for export ({err}); pass head=... to "
-                          "posthoc.wrap") from err
+        raise ExportError(
+            f"mc-dropout's head could not be found for export ({err}); pass head=... to posthoc.wrap"
+        ) from err
     if split.head is not None:
         module = model.get_submodule(site.name)
         if site.at == "input" and module is split.head:
@@ -221,9 +239,11 @@ def _dropout_head(method: Method, site: Any) -> tuple[str, nn.Linear]:
             following = names.index(child) + 1
             if following < len(names) and parent[following] is split.head:
                 return split.head_name, split.head
-    raise ExportError(f"mc-dropout drops at '{site.name}' ({site.at}), which is not the input of a Linear head, so its "
-                      f"samples need the network run per sample; wrap with where='head' (or name the head's input) to "
-                      f"export it; {IN_PROCESS}")
+    raise ExportError(
+        f"mc-dropout drops at '{site.name}' ({site.at}), which is not the input of a Linear head, so its "
+        f"samples need the network run per sample; wrap with where='head' (or name the head's input) to "
+        f"export it; {IN_PROCESS}"
+    )
 
 
 def _dropout_rate(site: Any) -> float:
@@ -236,8 +256,12 @@ def _swag_moments(method: Method) -> tuple[Tensor, Tensor, Tensor | None, float]
     if collector is None:
         raise NotFittedError("swag is not fitted: call um.fit(train_loader) first")
     deviations = collector.held_deviations if method.cov else None
-    return (collector.mean.float().cpu(), collector.variance.float().cpu(),
-            None if deviations is None else deviations.float().cpu(), float(method.scale))
+    return (
+        collector.mean.float().cpu(),
+        collector.variance.float().cpu(),
+        None if deviations is None else deviations.float().cpu(),
+        float(method.scale),
+    )
 
 
 # ---------------------------------------------------------------------------------------------------- classifiers
@@ -256,15 +280,18 @@ def _laplace(builder: Builder, method: Method) -> nn.Module:
         draws = block.sample(value, prior_precision, builder.samples_of(method), builder.generator()).float()
         return plain.HeadGaussian(backbone, tap, structure, "samples", bias, {}, draws)
     if method.link == "bridge" and structure == "full":
-        raise ExportError("um.to_module() exports the Laplace bridge for hessian='diag' and 'kron' (hessian='full' "
-                          "needs "
-                          "each input's C x C covariance); wrap with link='probit' or link='mc' to export it")
+        raise ExportError(
+            "um.to_module() exports the Laplace bridge for hessian='diag' and 'kron' (hessian='full' "
+            "needs "
+            "each input's C x C covariance); wrap with link='probit' or link='mc' to export it"
+        )
     return plain.HeadGaussian(backbone, tap, structure, method.link, bias, _head_factors(method, prior_precision))
 
 
 def _calibration(builder: Builder, method: Method) -> nn.Module:
-    return plain.Calibrated(builder.classifier(method.inner), calibration_map(method.calibrator),
-                            bool(method.calibrator.per_sample))
+    return plain.Calibrated(
+        builder.classifier(method.inner), calibration_map(method.calibrator), bool(method.calibrator.per_sample)
+    )
 
 
 def calibration_map(calibrator: Any) -> nn.Module:
@@ -294,8 +321,17 @@ def _dac(builder: Builder, method: Method) -> nn.Module:
     inner = builder.classifier(method.inner)
     backbone = builder.backbone(method.base_model)
     taps = [backbone.add_tap(name, at) for name, at in state["sites"]]
-    return plain.DensityTemperature(inner, backbone, taps, state["banks"], state["k"], state["anchors"],
-                                    state["spreads"], state["temperature"], state["weights"])
+    return plain.DensityTemperature(
+        inner,
+        backbone,
+        taps,
+        state["banks"],
+        state["k"],
+        state["anchors"],
+        state["spreads"],
+        state["temperature"],
+        state["weights"],
+    )
 
 
 def _ensemble(builder: Builder, method: Method) -> nn.Module:
@@ -389,8 +425,9 @@ def _noise(method: Method) -> Tensor | None:
         return likelihood.fitted_stds().square().to(torch.float32)
     if isinstance(likelihood, Gaussian):
         return torch.tensor(likelihood.dispersion, dtype=torch.float32)
-    raise ExportError(f"um.to_module() exports the regression likelihoods 'regression' and 'heteroscedastic', not "
-                      f"'{likelihood.name}'")
+    raise ExportError(
+        f"um.to_module() exports the regression likelihoods 'regression' and 'heteroscedastic', not '{likelihood.name}'"
+    )
 
 
 def _plain_regressor(builder: Builder, method: Method) -> nn.Module:
@@ -403,9 +440,11 @@ def _laplace_regressor(builder: Builder, method: Method) -> nn.Module:
     if noise is None:
         raise ExportError("last-layer Laplace exports under likelihood='regression' (a fitted noise) only")
     if noise.dim() > 0:
-        raise ExportError(f"last-layer Laplace exports one observation noise shared by the outputs; this one has a noise "
-                          f"per output ({noise.numel()} values): export method='none' or an ensemble, or fit with "
-                          "likelihood=posthoc.Gaussian(noise_std=<one float>)")
+        raise ExportError(
+            f"last-layer Laplace exports one observation noise shared by the outputs; this one has a noise "
+            f"per output ({noise.numel()} values): export method='none' or an ensemble, or fit with "
+            "likelihood=posthoc.Gaussian(noise_std=<one float>)"
+        )
     structure, _ = _laplace_structure(method)
     backbone = builder.backbone(method.model)
     tap = backbone.add_tap(head_name, "input")

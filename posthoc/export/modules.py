@@ -191,8 +191,16 @@ class HeadGaussian(nn.Module):
     same draws for every input (logits linear in the weights, so each input's samples are its Gaussian logits).
     """
 
-    def __init__(self, backbone: Backbone, tap: int, structure: str, link: str, bias: bool, factors: dict[str, Tensor],
-                 weight_samples: Tensor | None = None) -> None:
+    def __init__(
+        self,
+        backbone: Backbone,
+        tap: int,
+        structure: str,
+        link: str,
+        bias: bool,
+        factors: dict[str, Tensor],
+        weight_samples: Tensor | None = None,
+    ) -> None:
         super().__init__()
         self.backbone, self.tap, self.structure, self.link, self.bias = backbone, tap, structure, link, bias
         for name, value in factors.items():
@@ -317,8 +325,13 @@ class TemperatureMixture(nn.Module):
 
     def forward(self, logits: Tensor) -> Tensor:
         uniform = torch.full_like(logits, -math.log(logits.shape[-1]))
-        parts = torch.stack([torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1),
-                             torch.log_softmax(logits, -1), uniform])
+        parts = torch.stack(
+            [
+                torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1),
+                torch.log_softmax(logits, -1),
+                uniform,
+            ]
+        )
         log_weights = cast(self.weights, logits.dtype).log().reshape(3, *([1] * logits.dim()))
         return torch.logsumexp(parts + log_weights, 0)
 
@@ -399,8 +412,18 @@ class DensityTemperature(nn.Module):
     """Density-aware calibration: example ``i`` tempered by ``T(x) = T0 (1 + relu((log d(x) - a) / s) @ w)``, ``d_l``
     the distance of its unit-normalised features at layer ``l`` to the ``k``-th nearest row of that layer's bank."""
 
-    def __init__(self, inner: nn.Module, backbone: Backbone, taps: list[int], banks: list[Tensor], k: int,
-                 anchors: Tensor, spreads: Tensor, temperature: Tensor, weights: Tensor) -> None:
+    def __init__(
+        self,
+        inner: nn.Module,
+        backbone: Backbone,
+        taps: list[int],
+        banks: list[Tensor],
+        k: int,
+        anchors: Tensor,
+        spreads: Tensor,
+        temperature: Tensor,
+        weights: Tensor,
+    ) -> None:
         super().__init__()
         self.inner, self.backbone, self.taps, self.k = inner, backbone, list(taps), k
         for index, bank in enumerate(banks):
@@ -420,8 +443,9 @@ class DensityTemperature(nn.Module):
     def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
         log_probs, samples = self.inner(x)
         banks = [getattr(self, f"bank{index}") for index in range(len(self.taps))]
-        log_d = torch.stack([self.log_distance(self.backbone.tapped(tap), bank)
-                             for tap, bank in zip(self.taps, banks)], 1)
+        log_d = torch.stack(
+            [self.log_distance(self.backbone.tapped(tap), bank) for tap, bank in zip(self.taps, banks)], 1
+        )
         excess = ((log_d - self.anchors) / self.spreads).clamp_min(0)
         t = self.temperature * (1 + excess @ self.weights)
         if samples is not None:
@@ -443,8 +467,9 @@ class Mixture(nn.Module):
         if all(part[1] is None for part in parts):
             return log_probs, torch.stack([part[0] for part in parts])
         count = max(part[1].shape[0] for part in parts if part[1] is not None)
-        return log_probs, torch.cat([part[0].unsqueeze(0).expand(count, -1, -1) if part[1] is None else part[1]
-                                     for part in parts])
+        return log_probs, torch.cat(
+            [part[0].unsqueeze(0).expand(count, -1, -1) if part[1] is None else part[1] for part in parts]
+        )
 
 
 class ExportedClassifier(nn.Module):

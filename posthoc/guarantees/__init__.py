@@ -10,5 +10,11 @@ from posthoc.guarantees.conformal import ConformalPredictor, conformal
 from posthoc.guarantees.regression_conformal import ConformalRegressor
 from posthoc.guarantees.selective import RiskNotReachableError, SelectivePredictor, selective
 
-__all__ = ["conformal", "selective", "ConformalPredictor", "ConformalRegressor", "SelectivePredictor",
-           "RiskNotReachableError"]
+__all__ = [
+    "conformal",
+    "selective",
+    "ConformalPredictor",
+    "ConformalRegressor",
+    "SelectivePredictor",
+    "RiskNotReachableError",
+]

@@ -63,8 +63,15 @@ class ConformalPredictor:
         num_calibration: how many calibration examples set the threshold.
     """
 
-    def __init__(self, predictive: Predictive, score: ConformityScore, alpha: float, threshold: Tensor,
-                 mondrian: bool, num_calibration: int) -> None:
+    def __init__(
+        self,
+        predictive: Predictive,
+        score: ConformityScore,
+        alpha: float,
+        threshold: Tensor,
+        mondrian: bool,
+        num_calibration: int,
+    ) -> None:
         self.predictive, self.score, self.alpha = predictive, score, alpha
         self.threshold, self.mondrian, self.num_calibration = threshold, mondrian, num_calibration
 
@@ -94,27 +101,43 @@ class ConformalPredictor:
             tensor([1, 1, 1, 1, 1, 1, 1, 1])
         """
         if self.predictive.kind != "model":
-            raise ConfigError("predict(x) needs a conformal predictor calibrated on a wrapped model "
-                              "(posthoc.conformal(um, calibration_loader)); use sets(probs) for arrays")
+            raise ConfigError(
+                "predict(x) needs a conformal predictor calibrated on a wrapped model "
+                "(posthoc.conformal(um, calibration_loader)); use sets(probs) for arrays"
+            )
         pred = self.predictive(x)
         return dataclasses.replace(pred, sets=self.sets(pred))
 
     def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
         """Refused: a classifier's conformal output is a set of classes, :meth:`sets`; intervals are a regressor's."""
-        raise ConfigError("conformal intervals are for regressors; this conformal predictor was calibrated on a "
-                          "classifier: use cp.sets(...) (or wrap a model that predicts numbers with "
-                          "posthoc.wrap(..., likelihood='regression') and calibrate on it)")
+        raise ConfigError(
+            "conformal intervals are for regressors; this conformal predictor was calibrated on a "
+            "classifier: use cp.sets(...) (or wrap a model that predicts numbers with "
+            "posthoc.wrap(..., likelihood='regression') and calibrate on it)"
+        )
 
     def __repr__(self) -> str:
         threshold = f"{float(self.threshold):.4g}" if not self.mondrian else f"per class {self.threshold.tolist()}"
-        return (f"ConformalPredictor(score={self.score.describe()}, alpha={self.alpha:g}, threshold={threshold}, "
-                f"n={self.num_calibration})")
+        return (
+            f"ConformalPredictor(score={self.score.describe()}, alpha={self.alpha:g}, threshold={threshold}, "
+            f"n={self.num_calibration})"
+        )
 
 
-def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str | None = None,
-              randomized: bool | None = None, k_reg: int | None = None, lam: float | None = None,
-              mondrian: bool = False, seed: int = 0, inputs: str = "auto",
-              progress: bool = True) -> ConformalPredictor | ConformalRegressor:
+def conformal(
+    source: Any,
+    labels: Any,
+    *,
+    alpha: float = 0.1,
+    score: str | None = None,
+    randomized: bool | None = None,
+    k_reg: int | None = None,
+    lam: float | None = None,
+    mondrian: bool = False,
+    seed: int = 0,
+    inputs: str = "auto",
+    progress: bool = True,
+) -> ConformalPredictor | ConformalRegressor:
     """Calibrate conformal prediction sets (intervals, for a regressor) with miscoverage ``alpha``.
 
     Args:
@@ -147,13 +170,27 @@ def conformal(source: Any, labels: Any, *, alpha: float = 0.1, score: str | None
     """
     integer(seed, "seed")
     if is_regression(source):
-        return conformal_regression(source, labels, alpha=alpha, score=score, seed=seed, progress=progress,
-                                    randomized=randomized, k_reg=k_reg, lam=lam, mondrian=mondrian, inputs=inputs)
+        return conformal_regression(
+            source,
+            labels,
+            alpha=alpha,
+            score=score,
+            seed=seed,
+            progress=progress,
+            randomized=randomized,
+            k_reg=k_reg,
+            lam=lam,
+            mondrian=mondrian,
+            inputs=inputs,
+        )
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
-    conformity = ConformityScore("lac" if score is None else score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator)
-    predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,
-                                                        desc="conformal calibration")
+    conformity = ConformityScore(
+        "lac" if score is None else score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator
+    )
+    predictive, pred, targets = calibration_predictions(
+        source, labels, inputs=inputs, progress=progress, seed=seed, desc="conformal calibration"
+    )
     true_scores = conformity(pred.probs.cpu()).gather(1, targets[:, None]).squeeze(1)
     if mondrian:
         threshold = mondrian_thresholds(true_scores, targets, pred.num_classes, alpha)

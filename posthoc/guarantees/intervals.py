@@ -82,23 +82,34 @@ class ConformalIntervals:
     threshold: Tensor
     num_calibration: int
 
-    def intervals(self, *, mean: Tensor | None = None, std: Tensor | None = None, lower: Tensor | None = None,
-                  upper: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def intervals(
+        self,
+        *,
+        mean: Tensor | None = None,
+        std: Tensor | None = None,
+        lower: Tensor | None = None,
+        upper: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         """``(lower, upper)``, each ``(N, D)``, for test predictions of the kind calibrated on."""
-        mean, std, lower, upper = (_columns(v, name) for v, name in
-                                   ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")))
+        mean, std, lower, upper = (
+            _columns(v, name) for v, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper"))
+        )
         outputs = self.threshold.shape[0]
         for values, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")):
             if values is not None and values.shape[1] != outputs:
-                raise InputError(f"these intervals were calibrated on {outputs} output(s) but {name} has "
-                                 f"{values.shape[1]}; each output has its own threshold, so pass predictions of the "
-                                 "outputs calibrated on (or calibrate on this model's outputs)")
+                raise InputError(
+                    f"these intervals were calibrated on {outputs} output(s) but {name} has "
+                    f"{values.shape[1]}; each output has its own threshold, so pass predictions of the "
+                    "outputs calibrated on (or calibrate on this model's outputs)"
+                )
         given = _score_for(mean, std, lower, upper)
         if self.score == "absolute" and given == "normalized":  # calibrated with score="absolute": std unused
             given = "absolute"
         if given != self.score:
-            raise InputError(f"these intervals were calibrated with the {self.score!r} score but got the predictions "
-                             f"of the {given!r} score; pass what calibration got")
+            raise InputError(
+                f"these intervals were calibrated with the {self.score!r} score but got the predictions "
+                f"of the {given!r} score; pass what calibration got"
+            )
         width = self.threshold
         if self.score == "cqr":
             return lower - width, upper + width
@@ -110,13 +121,22 @@ class ConformalIntervals:
 
 def _positive(std: Tensor) -> None:
     if not bool((std > 0).all()):
-        raise InputError("every predictive std must be > 0 for normalized intervals; use score='absolute' "
-                         "(pass no std) for a model without one")
+        raise InputError(
+            "every predictive std must be > 0 for normalized intervals; use score='absolute' "
+            "(pass no std) for a model without one"
+        )
 
 
-def conformal_intervals(y: Tensor, *, mean: Tensor | None = None, std: Tensor | None = None,
-                        lower: Tensor | None = None, upper: Tensor | None = None, alpha: float = 0.1,
-                        score: str | None = None) -> ConformalIntervals:
+def conformal_intervals(
+    y: Tensor,
+    *,
+    mean: Tensor | None = None,
+    std: Tensor | None = None,
+    lower: Tensor | None = None,
+    upper: Tensor | None = None,
+    alpha: float = 0.1,
+    score: str | None = None,
+) -> ConformalIntervals:
     """Calibrate intervals on held-out targets ``y`` ``(N,)`` or ``(N, D)`` and the model's predictions of them.
 
     The score is chosen by what is passed (see the module docs); ``score="absolute"`` with a ``std``
@@ -125,16 +145,19 @@ def conformal_intervals(y: Tensor, *, mean: Tensor | None = None, std: Tensor | 
     alpha = probability(alpha, "alpha")
     y = _columns(y, "y")
     count = y.shape[0]
-    mean, std, lower, upper = (_columns(v, name, count) for v, name in
-                               ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")))
+    mean, std, lower, upper = (
+        _columns(v, name, count) for v, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper"))
+    )
     chosen = _score_for(mean, std, lower, upper)
     if score is not None:
         one_of(score, "score", SCORES)
         if score == "absolute" and chosen == "normalized":
             chosen, std = "absolute", None
         elif score != chosen:
-            raise InputError(f"score={score!r} needs {'lower and upper quantiles' if score == 'cqr' else 'a mean'}"
-                             f"{' and a std' if score == 'normalized' else ''}; got the predictions of {chosen!r}")
+            raise InputError(
+                f"score={score!r} needs {'lower and upper quantiles' if score == 'cqr' else 'a mean'}"
+                f"{' and a std' if score == 'normalized' else ''}; got the predictions of {chosen!r}"
+            )
     for values, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper")):
         if values is not None and values.shape[1] != y.shape[1]:
             raise InputError(f"{name} has {values.shape[1]} outputs but y has {y.shape[1]}")

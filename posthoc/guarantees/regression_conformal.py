@@ -74,8 +74,9 @@ class ConformalRegressor:
         model: the wrapped model calibrated on, or ``None`` when calibrated on a RegressionPrediction.
     """
 
-    def __init__(self, calibrated: ConformalIntervals, model: UncertainModel | None,
-                 generator: torch.Generator | None) -> None:
+    def __init__(
+        self, calibrated: ConformalIntervals, model: UncertainModel | None, generator: torch.Generator | None
+    ) -> None:
         self.calibrated, self.model, self.generator = calibrated, model, generator
         self.alpha, self.score = calibrated.alpha, calibrated.score
         self.threshold, self.num_calibration = calibrated.threshold, calibrated.num_calibration
@@ -85,12 +86,16 @@ class ConformalRegressor:
         if isinstance(data, RegressionPrediction):
             return data
         if isinstance(data, Prediction):
-            raise InputError("these conformal intervals were calibrated on a regressor; got a classifier's "
-                             "posthoc.Prediction. Pass the regressor's um.predict(x) or its inputs x")
+            raise InputError(
+                "these conformal intervals were calibrated on a regressor; got a classifier's "
+                "posthoc.Prediction. Pass the regressor's um.predict(x) or its inputs x"
+            )
         if self.model is None:
-            raise InputError(f"calibrated on a RegressionPrediction, so intervals() takes one too (um.predict(x)), "
-                             f"not {type(data).__name__}; calibrate on the model, posthoc.conformal(um, "
-                             "calibration_loader), to pass inputs")
+            raise InputError(
+                f"calibrated on a RegressionPrediction, so intervals() takes one too (um.predict(x)), "
+                f"not {type(data).__name__}; calibrate on the model, posthoc.conformal(um, "
+                "calibration_loader), to pass inputs"
+            )
         return self.model.predict(data, generator=self.generator)
 
     def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
@@ -107,24 +112,37 @@ class ConformalRegressor:
 
     def sets(self, data: Any) -> Tensor:
         """Refused: a regressor has no classes to put in sets; :meth:`intervals` is its conformal output."""
-        raise ConfigError("conformal prediction sets are for classifiers; this conformal predictor was calibrated on a "
-                          "regressor: use cp.intervals(x) or cp.intervals(um.predict(x)) -> (lower, upper)")
+        raise ConfigError(
+            "conformal prediction sets are for classifiers; this conformal predictor was calibrated on a "
+            "regressor: use cp.intervals(x) or cp.intervals(um.predict(x)) -> (lower, upper)"
+        )
 
     def __repr__(self) -> str:
-        return (f"ConformalRegressor(score={self.score}, alpha={self.alpha:g}, "
-                f"threshold={[round(t, 4) for t in self.threshold.tolist()]}, n={self.num_calibration})")
+        return (
+            f"ConformalRegressor(score={self.score}, alpha={self.alpha:g}, "
+            f"threshold={[round(t, 4) for t in self.threshold.tolist()]}, n={self.num_calibration})"
+        )
 
 
 def _refuse_classification_options(options: dict[str, Any]) -> None:
     given = [name for name, value in options.items() if value not in (None, False, "auto")]
     if given:
-        raise ConfigError(f"the options {', '.join(given)} configure conformal sets for classifiers; a regressor's conformal "
-                          f"intervals take alpha= and score= ({', '.join(map(repr, REGRESSION_SCORES))}) only")
+        raise ConfigError(
+            f"the options {', '.join(given)} configure conformal sets for classifiers; a regressor's conformal "
+            f"intervals take alpha= and score= ({', '.join(map(repr, REGRESSION_SCORES))}) only"
+        )
 
 
-def conformal_regression(source: RegressionPrediction | UncertainModel, targets: Any, *, alpha: float = 0.1,
-                         score: str | None = None, seed: int = 0, progress: bool = True,
-                         **classification_options: Any) -> ConformalRegressor:
+def conformal_regression(
+    source: RegressionPrediction | UncertainModel,
+    targets: Any,
+    *,
+    alpha: float = 0.1,
+    score: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **classification_options: Any,
+) -> ConformalRegressor:
     """Calibrate conformal intervals with miscoverage ``alpha`` (called by :func:`posthoc.conformal` for a regressor).
 
     Args:
@@ -144,21 +162,27 @@ def conformal_regression(source: RegressionPrediction | UncertainModel, targets:
     """
     _refuse_classification_options(classification_options)
     alpha = probability(alpha, "alpha")
-    score = known_name(REGRESSION_SCORES[0] if score is None else score, "regression conformal score",
-                       REGRESSION_SCORES)
+    score = known_name(
+        REGRESSION_SCORES[0] if score is None else score, "regression conformal score", REGRESSION_SCORES
+    )
     model, generator = None, None
     if isinstance(source, UncertainModel):
         if not looks_like_loader(targets):
-            raise InputError(f"with a wrapped model, calibration takes a loader of (x, y) batches, not "
-                             f"{type(targets).__name__}, e.g. posthoc.conformal(um, calibration_loader)")
+            raise InputError(
+                f"with a wrapped model, calibration takes a loader of (x, y) batches, not "
+                f"{type(targets).__name__}, e.g. posthoc.conformal(um, calibration_loader)"
+            )
         model, generator = source, torch.Generator(device=source.device).manual_seed(seed)
-        pred, y = predict_regression_loader(source, targets, progress=progress, generator=generator,
-                                            desc="conformal calibration")
+        pred, y = predict_regression_loader(
+            source, targets, progress=progress, generator=generator, desc="conformal calibration"
+        )
     else:
         if looks_like_loader(targets):
-            raise InputError("calibrated on a RegressionPrediction, conformal takes its targets (N,) or (N, D), not a "
-                             "loader; to calibrate on a loader of (x, y) batches pass the wrapped model: "
-                             "posthoc.conformal(um, calibration_loader)")
+            raise InputError(
+                "calibrated on a RegressionPrediction, conformal takes its targets (N,) or (N, D), not a "
+                "loader; to calibrate on a loader of (x, y) batches pass the wrapped model: "
+                "posthoc.conformal(um, calibration_loader)"
+            )
         pred, y = source, real_targets(targets, source.mean)
     calibrated = conformal_intervals(y, alpha=alpha, score=score, **_bounds(pred, score, alpha))
     return ConformalRegressor(calibrated, model, generator)

@@ -43,20 +43,40 @@ class ConformityScore:
         tensor([[0.6000, 1.4000, 2.0000]], dtype=torch.float64)
     """
 
-    def __init__(self, name: str, *, randomized: bool | None = None, k_reg: int | None = None,
-                 lam: float | None = None, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self,
+        name: str,
+        *,
+        randomized: bool | None = None,
+        k_reg: int | None = None,
+        lam: float | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
         known_name(name, "conformity score", SCORES)
         if name == "lac" and randomized:
-            raise ConfigError("score='lac' is not randomised (its sets are already exact up to ties); "
-                              "use score='aps' or 'raps' for randomised sets")
+            raise ConfigError(
+                "score='lac' is not randomised (its sets are already exact up to ties); "
+                "use score='aps' or 'raps' for randomised sets"
+            )
         if name != "raps" and (k_reg is not None or lam is not None):
             raise ConfigError(f"k_reg and lam are options of score='raps', not of score={name!r}")
         self.name = name
         self.randomized = name != "lac" and (True if randomized is None else bool(randomized))
-        self.k_reg = integer_at_least(RAPS_DEFAULTS["k_reg"] if k_reg is None else k_reg, "k_reg", 0,
-                                      why="the set size from which RAPS penalises") if name == "raps" else 0
-        self.lam = non_negative(RAPS_DEFAULTS["lam"] if lam is None else lam, "lam",
-                                why="the RAPS penalty per extra class") if name == "raps" else 0.0
+        self.k_reg = (
+            integer_at_least(
+                RAPS_DEFAULTS["k_reg"] if k_reg is None else k_reg,
+                "k_reg",
+                0,
+                why="the set size from which RAPS penalises",
+            )
+            if name == "raps"
+            else 0
+        )
+        self.lam = (
+            non_negative(RAPS_DEFAULTS["lam"] if lam is None else lam, "lam", why="the RAPS penalty per extra class")
+            if name == "raps"
+            else 0.0
+        )
         self.generator = generator
 
     def __call__(self, probs: Tensor) -> Tensor:
@@ -79,5 +99,6 @@ class ConformityScore:
     def describe(self) -> str:
         """A short label, e.g. ``"raps (randomised, k_reg=1, lam=0.01)"``."""
         parts = (["randomised"] if self.randomized else []) + (
-            [f"k_reg={self.k_reg}", f"lam={self.lam:g}"] if self.name == "raps" else [])
+            [f"k_reg={self.k_reg}", f"lam={self.lam:g}"] if self.name == "raps" else []
+        )
         return self.name + (f" ({', '.join(parts)})" if parts else "")

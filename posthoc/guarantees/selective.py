@@ -106,8 +106,16 @@ class SelectivePredictor:
         candidates: every threshold the search visited.
     """
 
-    def __init__(self, predictive: Predictive, score: str, target_risk: float, delta: float, chosen: Candidate,
-                 candidates: list[Candidate], num_calibration: int) -> None:
+    def __init__(
+        self,
+        predictive: Predictive,
+        score: str,
+        target_risk: float,
+        delta: float,
+        chosen: Candidate,
+        candidates: list[Candidate],
+        num_calibration: int,
+    ) -> None:
         self.predictive, self.score, self.target_risk, self.delta = predictive, score, target_risk, delta
         self.threshold, self.risk_bound, self.candidates = chosen.threshold, chosen.bound, candidates
         self.coverage = chosen.accepted / num_calibration
@@ -122,8 +130,10 @@ class SelectivePredictor:
     def scores(self, data: Any) -> Tensor:
         """The selection score ``(N,)`` of probabilities/logits, a Prediction, or model inputs."""
         if self.score == "epistemic" and self.predictive.kind != "model" and not isinstance(data, Prediction):
-            raise ConfigError("score='epistemic' reads the epistemic part of a Prediction: pass um.predict(x), "
-                              "not arrays of probabilities")
+            raise ConfigError(
+                "score='epistemic' reads the epistemic part of a Prediction: pass um.predict(x), "
+                "not arrays of probabilities"
+            )
         return selection_score(self.predictive(data), self.score)
 
     def accept(self, data: Any) -> Tensor:
@@ -138,22 +148,35 @@ class SelectivePredictor:
         return self.scores(data) >= self.threshold
 
     def __repr__(self) -> str:
-        return (f"SelectivePredictor(score={self.score}, threshold={self.threshold:.4g}, coverage={self.coverage:.3f}, "
-                f"risk_bound={self.risk_bound:.4f} <= target_risk={self.target_risk:g} w.p. >= {1 - self.delta:g})")
+        return (
+            f"SelectivePredictor(score={self.score}, threshold={self.threshold:.4g}, coverage={self.coverage:.3f}, "
+            f"risk_bound={self.risk_bound:.4f} <= target_risk={self.target_risk:g} w.p. >= {1 - self.delta:g})"
+        )
 
 
 def _unreachable(candidates: list[Candidate], m: int, target_risk: float, delta: float, score: str) -> str:
     best = min(candidates, key=lambda c: c.bound)
     steps = len(candidates)
     needed = math.ceil(math.log(delta / steps) / math.log1p(-target_risk))
-    return (f"no {score} threshold meets target_risk={target_risk:g} with delta={delta:g} on {m} calibration "
-            f"examples: the lowest risk bound found is {best.bound:.4f} (accepting {best.accepted}, {best.errors} "
-            f"wrong). Even an error-free accepted set needs about {needed} examples for this target. Raise "
-            "target_risk or delta, or calibrate on more data")
+    return (
+        f"no {score} threshold meets target_risk={target_risk:g} with delta={delta:g} on {m} calibration "
+        f"examples: the lowest risk bound found is {best.bound:.4f} (accepting {best.accepted}, {best.errors} "
+        f"wrong). Even an error-free accepted set needs about {needed} examples for this target. Raise "
+        "target_risk or delta, or calibrate on more data"
+    )
 
 
-def selective(source: Any, labels: Any, *, target_risk: float = 0.02, delta: float = 0.05, score: str = "confidence",
-              inputs: str = "auto", seed: int = 0, progress: bool = True) -> SelectivePredictor:
+def selective(
+    source: Any,
+    labels: Any,
+    *,
+    target_risk: float = 0.02,
+    delta: float = 0.05,
+    score: str = "confidence",
+    inputs: str = "auto",
+    seed: int = 0,
+    progress: bool = True,
+) -> SelectivePredictor:
     """Fit a deferral threshold whose selective risk is at most ``target_risk`` with probability ``>= 1 - delta``.
 
     Args:
@@ -180,24 +203,31 @@ def selective(source: Any, labels: Any, *, target_risk: float = 0.02, delta: flo
         torch.Size([8])
     """
     if is_regression(source):
-        raise ConfigError("posthoc.selective is for classifiers for now: its guarantee bounds an error rate (0/1 "
-                          "losses), which a regressor's squared errors are not. For a regressor, defer the examples "
-                          "of largest um.predict(x).std, and for a guarantee use posthoc.conformal(um, "
-                          "calibration_loader).intervals(x)")
+        raise ConfigError(
+            "posthoc.selective is for classifiers for now: its guarantee bounds an error rate (0/1 "
+            "losses), which a regressor's squared errors are not. For a regressor, defer the examples "
+            "of largest um.predict(x).std, and for a guarantee use posthoc.conformal(um, "
+            "calibration_loader).intervals(x)"
+        )
     target_risk = probability(target_risk, "target_risk")
     delta = probability(delta, "delta")
     integer(seed, "seed")
     known_name(score, "selection score", SELECTION_SCORES)
-    predictive, pred, targets = calibration_predictions(source, labels, inputs=inputs, progress=progress, seed=seed,
-                                                        desc="selective calibration")
+    predictive, pred, targets = calibration_predictions(
+        source, labels, inputs=inputs, progress=progress, seed=seed, desc="selective calibration"
+    )
     if score == "epistemic":
         if predictive.kind in ("probs", "logits") and not isinstance(source, Prediction):
-            raise ConfigError("score='epistemic' needs samples from a sampling predictive: pass a wrapped model "
-                              "(posthoc.selective(um, loader, ...)) or its Prediction, not arrays of probabilities")
+            raise ConfigError(
+                "score='epistemic' needs samples from a sampling predictive: pass a wrapped model "
+                "(posthoc.selective(um, loader, ...)) or its Prediction, not arrays of probabilities"
+            )
         if not bool((pred.epistemic > 0).any()):
-            raise ConfigError("score='epistemic': the predictive is deterministic (its epistemic part is 0 for every "
-                              "calibration example); use a sampling method (laplace, mc-dropout, swag, ...) or "
-                              "score='confidence'")
+            raise ConfigError(
+                "score='epistemic': the predictive is deterministic (its epistemic part is 0 for every "
+                "calibration example); use a sampling method (laplace, mc-dropout, swag, ...) or "
+                "score='confidence'"
+            )
     kappa = selection_score(pred, score).cpu()
     correct = pred.label.cpu() == targets
     candidates = search_threshold(kappa, correct, target_risk, delta)

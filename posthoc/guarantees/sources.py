@@ -70,15 +70,19 @@ def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
         tensor([0, 2])
     """
     if looks_like_loader(labels):
-        raise InputError("calibrated on probabilities, logits or a Prediction, the labels are class indices (N,), not a "
-                         "loader of batches; to calibrate on a loader pass the wrapped model with it, e.g. "
-                         "posthoc.conformal(um, calibration_loader)")
+        raise InputError(
+            "calibrated on probabilities, logits or a Prediction, the labels are class indices (N,), not a "
+            "loader of batches; to calibrate on a loader pass the wrapped model with it, e.g. "
+            "posthoc.conformal(um, calibration_loader)"
+        )
     if isinstance(labels, (list, tuple)):
         labels = as_tensor(labels, "labels")
     if isinstance(labels, np.ndarray):
         if labels.dtype.kind not in "biuf":
-            raise InputError(f"labels must be integer class indices in [0, {num_classes}), got a numpy array of "
-                             f"dtype {labels.dtype}; map them first, e.g. np.unique(labels, return_inverse=True)[1]")
+            raise InputError(
+                f"labels must be integer class indices in [0, {num_classes}), got a numpy array of "
+                f"dtype {labels.dtype}; map them first, e.g. np.unique(labels, return_inverse=True)[1]"
+            )
         labels = torch.from_numpy(labels)
     if not isinstance(labels, Tensor):
         raise InputError(f"labels must be a tensor or a numpy array of class indices, got {type(labels).__name__}")
@@ -99,8 +103,9 @@ class Predictive:
         tensor([[0.5000, 0.5000]], dtype=torch.float64)
     """
 
-    def __init__(self, kind: str, num_classes: int, model: UncertainModel | None = None,
-                 generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self, kind: str, num_classes: int, model: UncertainModel | None = None, generator: torch.Generator | None = None
+    ) -> None:
         self.kind, self.num_classes, self.model, self.generator = kind, num_classes, model, generator
 
     def __call__(self, data: Any) -> Prediction:
@@ -115,11 +120,15 @@ class Predictive:
         self._check_classes(values.shape[1])
         is_probs = looks_like_probabilities(values)
         if self.kind == "probs" and not is_probs:
-            raise InputError("calibrated on probabilities, but these rows are not probabilities (entries outside "
-                             "[0, 1] or rows not summing to 1); pass probabilities, e.g. torch.softmax(logits, -1)")
+            raise InputError(
+                "calibrated on probabilities, but these rows are not probabilities (entries outside "
+                "[0, 1] or rows not summing to 1); pass probabilities, e.g. torch.softmax(logits, -1)"
+            )
         if self.kind == "logits" and is_probs:
-            raise InputError("calibrated on logits, but these rows look like probabilities (in [0, 1], summing "
-                             "to 1); pass the model's logits as at calibration")
+            raise InputError(
+                "calibrated on logits, but these rows look like probabilities (in [0, 1], summing "
+                "to 1); pass the model's logits as at calibration"
+            )
         return Prediction.from_probs(values if self.kind == "probs" else torch.softmax(values, -1))
 
     def _check_classes(self, num_classes: int) -> None:
@@ -127,8 +136,9 @@ class Predictive:
             raise InputError(f"calibrated on {self.num_classes} classes, got predictions over {num_classes}")
 
 
-def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", progress: bool = True,
-                            seed: int = 0, desc: str = "calibrate") -> tuple[Predictive, Prediction, Tensor]:
+def calibration_predictions(
+    source: Any, labels: Any, *, inputs: str = "auto", progress: bool = True, seed: int = 0, desc: str = "calibrate"
+) -> tuple[Predictive, Prediction, Tensor]:
     """The test-time :class:`Predictive`, the calibration :class:`Prediction` and its labels (see module docs).
 
     Example:
@@ -141,9 +151,11 @@ def calibration_predictions(source: Any, labels: Any, *, inputs: str = "auto", p
         if inputs != "auto":
             raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")
         if not looks_like_loader(labels):
-            raise InputError(f"with a wrapped model, calibration takes a loader of (x, y) batches (a labelled calibration "
-                             f"loader: a DataLoader or a list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
-                             "posthoc.conformal(um, calibration_loader)")
+            raise InputError(
+                f"with a wrapped model, calibration takes a loader of (x, y) batches (a labelled calibration "
+                f"loader: a DataLoader or a list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
+                "posthoc.conformal(um, calibration_loader)"
+            )
         generator = torch.Generator(device=source.device).manual_seed(seed)
         pred, targets = predict_loader(source, labels, progress=progress, generator=generator, desc=desc)
         return Predictive("model", pred.num_classes, source, generator), pred, targets

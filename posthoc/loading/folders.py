@@ -87,8 +87,9 @@ def _check_root(root: str | os.PathLike) -> Path:
     return root
 
 
-def image_folder(root: str | os.PathLike, transform: Transform, *, subset: int | None = None, seed: int = 0,
-                 allow_flat: bool = False) -> Dataset:
+def image_folder(
+    root: str | os.PathLike, transform: Transform, *, subset: int | None = None, seed: int = 0, allow_flat: bool = False
+) -> Dataset:
     """An ``ImageFolder`` at ``root`` (a flat folder too if ``allow_flat``), optionally ``subset`` random images.
 
     The returned dataset has ``.classes`` (sorted class folder names) and ``.root``.
@@ -150,7 +151,9 @@ def split_held_out(dataset: Dataset, calibration_fraction: float = 0.5, *, seed:
             f"cannot split {len(dataset)} held-out images into calibration and test parts; pass more images "
             "or a separate calibration folder"
         )
-    calibration, test = random_split(dataset, [n_cal, len(dataset) - n_cal], generator=torch.Generator().manual_seed(seed))
+    calibration, test = random_split(
+        dataset, [n_cal, len(dataset) - n_cal], generator=torch.Generator().manual_seed(seed)
+    )
     return _keep_meta(calibration, dataset), _keep_meta(test, dataset)
 
 
@@ -173,8 +176,9 @@ def head_size(model: nn.Module, dataset: Dataset) -> int:
     return logits.shape[-1]
 
 
-def check_classes(dataset: Dataset, num_classes: int, root: str | os.PathLike | None = None,
-                  reference: Sequence[str] | None = None) -> None:
+def check_classes(
+    dataset: Dataset, num_classes: int, root: str | os.PathLike | None = None, reference: Sequence[str] | None = None
+) -> None:
     """Refuse a labelled folder whose classes do not match the model's head (or another folder's classes).
 
     Example:
@@ -198,13 +202,27 @@ def check_classes(dataset: Dataset, num_classes: int, root: str | os.PathLike | 
         )
 
 
-def loader(dataset: Dataset, *, batch_size: int = 64, workers: int = 0, shuffle: bool = False, seed: int = 0,
-           pin_memory: bool = False) -> DataLoader:
+def loader(
+    dataset: Dataset,
+    *,
+    batch_size: int = 64,
+    workers: int = 0,
+    shuffle: bool = False,
+    seed: int = 0,
+    pin_memory: bool = False,
+) -> DataLoader:
     """A ``DataLoader`` over an image dataset (seeded when shuffled).
 
     Example:
         >>> train_loader = loader(train, batch_size=128, workers=8, shuffle=True)  # doctest: +SKIP
     """
     generator = torch.Generator().manual_seed(seed) if shuffle else None
-    return DataLoader(dataset, batch_size=batch_size, shuffle=shuffle, generator=generator, num_workers=workers,
-                      pin_memory=pin_memory, persistent_workers=False)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=shuffle,
+        generator=generator,
+        num_workers=workers,
+        pin_memory=pin_memory,
+        persistent_workers=False,
+    )

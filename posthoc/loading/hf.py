@@ -81,7 +81,7 @@ def load_classifier(name: str, *, pretrained: bool = True, num_classes: int | No
         >>> model, processor = load_classifier("google/vit-base-patch16-224")  # doctest: +SKIP
     """
     hf = require_transformers()
-    path = name[len(PREFIX):] if name.startswith(PREFIX) else name
+    path = name[len(PREFIX) :] if name.startswith(PREFIX) else name
     adapter = Path(path, ADAPTER_CONFIG)
     if adapter.is_file():
         peft = require_peft()
@@ -145,11 +145,14 @@ class TextFile(Dataset):
         ('a fine film', 1)
     """
 
-    def __init__(self, path: str | os.PathLike, model: nn.Module, *, labelled: bool = True,
-                 target: str | None = None) -> None:
+    def __init__(
+        self, path: str | os.PathLike, model: nn.Module, *, labelled: bool = True, target: str | None = None
+    ) -> None:
         self.root = Path(path)
         if not self.root.is_file():
-            raise InputError(f"{self.root} is not a file; text data is a .csv or .jsonl file with 'text' and 'label' columns")
+            raise InputError(
+                f"{self.root} is not a file; text data is a .csv or .jsonl file with 'text' and 'label' columns"
+            )
         config = getattr(model, "config", None)
         labels = int(getattr(config, "num_labels", 0) or 0)
         id2label = getattr(config, "id2label", None) or {}
@@ -192,8 +195,10 @@ def _target_value(value: Any, column: str, where: str) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise InputError(f"{where}: the regression target {column!r} is {value!r}, not a number; every row needs "
-                         f"one (columns other than 'text' and '{column}' are ignored)") from None
+        raise InputError(
+            f"{where}: the regression target {column!r} is {value!r}, not a number; every row needs "
+            f"one (columns other than 'text' and '{column}' are ignored)"
+        ) from None
 
 
 def _label_id(value: Any, names: dict[str, int], num_labels: int, where: str) -> int:
@@ -204,14 +209,26 @@ def _label_id(value: Any, names: dict[str, int], num_labels: int, where: str) ->
     try:
         label = int(value)
     except (TypeError, ValueError):
-        raise InputError(f"{where}: label {value!r} is neither a class id nor one of the model's labels {sorted(names)}") from None
+        raise InputError(
+            f"{where}: label {value!r} is neither a class id nor one of the model's labels {sorted(names)}"
+        ) from None
     if not 0 <= label < num_labels:
-        raise InputError(f"{where}: label id {label} is outside the model's num_labels={num_labels}; pass ids in [0, {num_labels})")
+        raise InputError(
+            f"{where}: label id {label} is outside the model's num_labels={num_labels}; pass ids in [0, {num_labels})"
+        )
     return label
 
 
-def text_loader(dataset: Dataset, tokenizer: Any, *, batch_size: int = 32, shuffle: bool = False, seed: int = 0,
-                max_length: int | None = None, subset: int | None = None) -> DataLoader:
+def text_loader(
+    dataset: Dataset,
+    tokenizer: Any,
+    *,
+    batch_size: int = 32,
+    shuffle: bool = False,
+    seed: int = 0,
+    max_length: int | None = None,
+    subset: int | None = None,
+) -> DataLoader:
     """Batches of ``(BatchEncoding, labels)`` from ``(text, label)`` rows, padded to the longest text of each batch
     (float labels, a regressor's targets, stay float).
 

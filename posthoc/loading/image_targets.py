@@ -34,8 +34,10 @@ class ImageTargets(Dataset):
     def __init__(self, path: str | os.PathLike, target: str, transform: Callable[[Image.Image], Any]) -> None:
         self.path, self.transform = Path(path), transform
         if not self.path.is_file():
-            raise InputError(f"no CSV file at {self.path}; image regression data is a CSV with '{IMAGE_COLUMN}' and "
-                             f"'{target}' columns")
+            raise InputError(
+                f"no CSV file at {self.path}; image regression data is a CSV with '{IMAGE_COLUMN}' and "
+                f"'{target}' columns"
+            )
         with self.path.open(newline="") as handle:
             rows = list(csv.DictReader(handle))
         if not rows or IMAGE_COLUMN not in rows[0] or target not in rows[0]:

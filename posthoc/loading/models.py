@@ -196,7 +196,7 @@ def _state_dict_of(loaded: Any, path: str | os.PathLike) -> dict[str, torch.Tens
             "save it with torch.save(model.state_dict(), path)"
         )
     if loaded and all(k.startswith("module.") for k in loaded):
-        loaded = {k[len("module."):]: v for k, v in loaded.items()}
+        loaded = {k[len("module.") :]: v for k, v in loaded.items()}
     return dict(loaded)
 
 
@@ -229,7 +229,8 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, architecture: 
     unexpected = [k for k in state if k not in expected]
     mis_shaped = [
         f"{k} {tuple(state[k].shape)} vs {tuple(v.shape)}"
-        for k, v in expected.items() if k in state and state[k].shape != v.shape
+        for k, v in expected.items()
+        if k in state and state[k].shape != v.shape
     ]
     if missing or unexpected or mis_shaped:
         parts = [f"checkpoint {path} does not fit {architecture}:"]
@@ -248,8 +249,13 @@ def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, architecture: 
     return model
 
 
-def build_model(spec: str | ModelSpec, *, pretrained: bool = True, num_classes: int | None = None,
-                checkpoint: str | os.PathLike | None = None) -> nn.Module:
+def build_model(
+    spec: str | ModelSpec,
+    *,
+    pretrained: bool = True,
+    num_classes: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
+) -> nn.Module:
     """Build the classifier named by ``spec`` (see module docs), load ``checkpoint`` if given, in eval mode.
 
     ``pretrained=True`` downloads the published weights (timm: Hugging Face hub; torchvision: the

@@ -62,8 +62,10 @@ def _number(text: str, path: Path, line: int, column: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise InputError(f"{path}, line {line}, column {column!r}: {text!r} is not a number; every feature and target "
-                         "must be numeric (encode categories and drop text columns before writing the CSV)") from None
+        raise InputError(
+            f"{path}, line {line}, column {column!r}: {text!r} is not a number; every feature and target "
+            "must be numeric (encode categories and drop text columns before writing the CSV)"
+        ) from None
 
 
 def read_table(path: str | os.PathLike, targets: Sequence[str], features: Sequence[str] | None = None) -> Table:
@@ -78,8 +80,9 @@ def read_table(path: str | os.PathLike, targets: Sequence[str], features: Sequen
         body = [row for row in reader if any(cell.strip() for cell in row)]
     doubled = sorted({name for name in header if header.count(name) > 1})
     if doubled:
-        raise InputError(f"{path} names column(s) {doubled} more than once; columns are read by name, so give each a "
-                         "name of its own")
+        raise InputError(
+            f"{path} names column(s) {doubled} more than once; columns are read by name, so give each a name of its own"
+        )
     missing = [name for name in [*targets, *(features or [])] if name not in header]
     if missing:
         raise InputError(f"{path} has no column(s) {missing}; its columns: {', '.join(header) or '(none)'}")
@@ -95,11 +98,12 @@ def read_table(path: str | os.PathLike, targets: Sequence[str], features: Sequen
             raise InputError(f"{path}, line {line}: {len(row)} cells for {len(header)} columns")
         values.append([_number(row[columns[name]], path, line, name) for name in [*chosen, *targets]])
     matrix = torch.tensor(values, dtype=torch.float32)
-    return Table(path, matrix[:, :len(chosen)], matrix[:, len(chosen):], chosen, list(targets))
+    return Table(path, matrix[:, : len(chosen)], matrix[:, len(chosen) :], chosen, list(targets))
 
 
-def read_tables(paths: Sequence[str | os.PathLike], targets: Sequence[str],
-                features: Sequence[str] | None = None) -> list[Table]:
+def read_tables(
+    paths: Sequence[str | os.PathLike], targets: Sequence[str], features: Sequence[str] | None = None
+) -> list[Table]:
     """Read CSV files whose feature columns are matched by name (see module docs): each as :func:`read_table` with the
     first file's features (or ``features``), in that order. Without ``features``, a file whose other columns are not
     exactly the first file's (a missing, extra or renamed column) is refused naming both files and the columns.
@@ -129,10 +133,14 @@ def _check_same_columns(path: Path, first: Table, targets: Sequence[str]) -> Non
     missing = [name for name in first.features if name not in columns]
     extra = [name for name in columns if name not in first.features]
     if missing or extra:
-        parts = ([f"lacks {missing}"] if missing else []) + ([f"has {extra}, which {first.path} has not"] if extra else [])
-        raise InputError(f"{path} {' and '.join(parts)}: the files of one run must have the same feature columns as "
-                         f"{first.path} ({', '.join(first.features)}), matched by name in any order. Rename or drop "
-                         "columns, or name the model's features with --features")
+        parts = ([f"lacks {missing}"] if missing else []) + (
+            [f"has {extra}, which {first.path} has not"] if extra else []
+        )
+        raise InputError(
+            f"{path} {' and '.join(parts)}: the files of one run must have the same feature columns as "
+            f"{first.path} ({', '.join(first.features)}), matched by name in any order. Rename or drop "
+            "columns, or name the model's features with --features"
+        )
 
 
 def _is_torchscript(path: Path) -> bool:
@@ -157,6 +165,8 @@ def load_module(path: str | os.PathLike) -> nn.Module:
         loaded = torch.load(path, map_location="cpu", weights_only=False)
     if not isinstance(loaded, nn.Module):
         what = "a state_dict" if isinstance(loaded, dict) else f"a {type(loaded).__name__}"
-        raise InputError(f"{path} holds {what}, not a model; save the module itself: torch.save(model, path) (or "
-                         "torch.jit.save(torch.jit.script(model), path))")
+        raise InputError(
+            f"{path} holds {what}, not a model; save the module itself: torch.save(model, path) (or "
+            "torch.jit.save(torch.jit.script(model), path))"
+        )
     return loaded.eval()

@@ -43,15 +43,22 @@ class PlainModel(Method):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Fit the likelihood's observation noise, where it has one (classification: nothing to fit)."""
         with eval_mode(self.model):
-            fit_noise_on(self.likelihood, (train_loader, val_loader), self.device,
-                         lambda x: (model_outputs(run_model(self.model, x))[None], None), progress=progress,
-                         per_output=True)
+            fit_noise_on(
+                self.likelihood,
+                (train_loader, val_loader),
+                self.device,
+                lambda x: (model_outputs(run_model(self.model, x))[None], None),
+                progress=progress,
+                per_output=True,
+            )
         super().fit(train_loader, val_loader, progress=progress)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         return self.likelihood.predictive(model_outputs(run_model(self.model, x))[None])

@@ -55,9 +55,21 @@ from posthoc.ood.predictive import (
 from posthoc.ood.vim import ViM
 
 #: every score by name, in the order tables list them
-SCORES: dict[str, type[Score]] = {cls.name: cls for cls in (
-    MaxSoftmax, MaxLogit, Energy, PredictiveEntropy, MutualInformation, GeneralizedEntropy, Mahalanobis, ViM, KNN,
-    PredictiveVariance)}
+SCORES: dict[str, type[Score]] = {
+    cls.name: cls
+    for cls in (
+        MaxSoftmax,
+        MaxLogit,
+        Energy,
+        PredictiveEntropy,
+        MutualInformation,
+        GeneralizedEntropy,
+        Mahalanobis,
+        ViM,
+        KNN,
+        PredictiveVariance,
+    )
+}
 #: the scores a regressor's detector takes
 REGRESSION_SCORES = tuple(name for name, cls in SCORES.items() if "regression" in cls.tasks)
 
@@ -90,8 +102,15 @@ class Detector:
         regression: whether the model is a regressor (module docs).
     """
 
-    def __init__(self, model: nn.Module | UncertainModel, scores: Sequence[Score], *, head: str | nn.Module | None = None,
-                 num_samples: int | None = None, regression: bool = False) -> None:
+    def __init__(
+        self,
+        model: nn.Module | UncertainModel,
+        scores: Sequence[Score],
+        *,
+        head: str | nn.Module | None = None,
+        num_samples: int | None = None,
+        regression: bool = False,
+    ) -> None:
         self.regression = regression
         self.um = model if isinstance(model, UncertainModel) else None
         self.model = model.method.base_model if isinstance(model, UncertainModel) else model
@@ -144,8 +163,11 @@ class Detector:
             self._check_width(features)
             self._check_finite(features, logits)
         if "prediction" in uses:
-            prediction = (Prediction.from_log_probs(torch.log_softmax(logits.float(), -1)) if self._plain_predictive()
-                          else self.um.predict(x, num_samples=self.num_samples, generator=generator, keep_samples=False))
+            prediction = (
+                Prediction.from_log_probs(torch.log_softmax(logits.float(), -1))
+                if self._plain_predictive()
+                else self.um.predict(x, num_samples=self.num_samples, generator=generator, keep_samples=False)
+            )
         return Outputs(features, logits, prediction, self.split.head)
 
     def _chosen(self, names: Iterable[str] | None) -> list[Score]:
@@ -173,8 +195,13 @@ class Detector:
         while active:
             uses = frozenset().union(*(score.uses for score in active))
             labelled = any(score.needs_labels for score in active)
-            for x, y in iterate(train_loader, device=self.device, progress=progress, require_labels=labelled,
-                                desc=f"OOD statistics, pass {pass_index + 1}"):
+            for x, y in iterate(
+                train_loader,
+                device=self.device,
+                progress=progress,
+                require_labels=labelled,
+                desc=f"OOD statistics, pass {pass_index + 1}",
+            ):
                 outputs = self._outputs(x, uses, None)
                 self.feature_width = outputs.features.shape[-1]
                 if self.regression:  # one "class": the training features' mean
@@ -191,8 +218,9 @@ class Detector:
         return self
 
     @torch.no_grad()
-    def scores(self, x: Inputs, names: Iterable[str] | None = None, *,
-               generator: torch.Generator | None = None) -> dict[str, Tensor]:
+    def scores(
+        self, x: Inputs, names: Iterable[str] | None = None, *, generator: torch.Generator | None = None
+    ) -> dict[str, Tensor]:
         """Every score (or those in ``names``) of a batch ``x``, each ``(N,)`` on ``x``'s device; larger = more OOD.
 
         ``x`` is processed in chunks of ``posthoc.settings.chunk_size`` examples.
@@ -217,8 +245,10 @@ class Detector:
             tensor([-2.3808, -1.5820])
         """
         if name is None and len(self._scores) > 1:
-            raise ConfigError(f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
-                              "or take them all with det.scores(x)")
+            raise ConfigError(
+                f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
+                "or take them all with det.scores(x)"
+            )
         return self.scores(x, [name or self.names[0]], generator=generator)[name or self.names[0]]
 
     def reads_only_prediction(self, name: str) -> bool:
@@ -238,8 +268,15 @@ class Detector:
         return {score.name: score(outputs) for score in self._chosen(names) if score.uses <= PREDICTION}
 
     @torch.no_grad()
-    def score_loader(self, loader: Iterable, names: Iterable[str] | None = None, *, progress: bool = True,
-                     generator: torch.Generator | None = None, desc: str = "OOD scores") -> dict[str, Tensor]:
+    def score_loader(
+        self,
+        loader: Iterable,
+        names: Iterable[str] | None = None,
+        *,
+        progress: bool = True,
+        generator: torch.Generator | None = None,
+        desc: str = "OOD scores",
+    ) -> dict[str, Tensor]:
         """:meth:`scores` over every batch of ``loader`` (labels ignored), on the CPU; under ``torch.distributed``
         gathered from every rank's shard.
 
@@ -260,8 +297,10 @@ def _route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, 
     accepted = [SCORES[name].option_defaults() for name in names]
     unknown = sorted(key for key in options if not any(key in valid for valid in accepted))
     if unknown:
-        listing = "; ".join(f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in valid.items()) or "(none)")
-                            for name, valid in zip(names, accepted))
+        listing = "; ".join(
+            f"{name}: " + (", ".join(f"{k}={v!r}" for k, v in valid.items()) or "(none)")
+            for name, valid in zip(names, accepted)
+        )
         raise ConfigError(f"unknown option(s) {unknown} for score(s) {names}; valid options — {listing}")
     return [{key: value for key, value in options.items() if key in valid} for valid in accepted]
 
@@ -274,15 +313,20 @@ def _spec_head(um: UncertainModel) -> Any:
 
 def _is_regression(model: nn.Module | UncertainModel, likelihood: str | None) -> bool:
     """Whether ``model`` is a regressor: a wrapped model's likelihood, or ``likelihood=`` for a plain one."""
-    if likelihood is not None and (not isinstance(likelihood, str)
-                                   or likelihood not in ("classification", "regression", "heteroscedastic")):
-        raise ConfigError(f"likelihood must be None (a wrapped model's own, else classification), 'classification', "
-                          f"'regression' or 'heteroscedastic', got {likelihood!r}")
+    if likelihood is not None and (
+        not isinstance(likelihood, str) or likelihood not in ("classification", "regression", "heteroscedastic")
+    ):
+        raise ConfigError(
+            f"likelihood must be None (a wrapped model's own, else classification), 'classification', "
+            f"'regression' or 'heteroscedastic', got {likelihood!r}"
+        )
     if isinstance(model, UncertainModel):
         own = model.likelihood.name
         if likelihood is not None and (likelihood == "classification") != (own == "classification"):
-            raise ConfigError(f"likelihood={likelihood!r} but the model was wrapped with likelihood={own!r}; leave "
-                              "likelihood= out for a wrapped model (its own is used)")
+            raise ConfigError(
+                f"likelihood={likelihood!r} but the model was wrapped with likelihood={own!r}; leave "
+                "likelihood= out for a wrapped model (its own is used)"
+            )
         return own != "classification"
     return likelihood not in (None, "classification")
 
@@ -292,21 +336,33 @@ def _check_task(names: list[str], model: nn.Module | UncertainModel, regression:
     task = "regression" if regression else "classification"
     wrong = [name for name in names if task not in SCORES[name].tasks]
     if wrong and regression:
-        raise ConfigError(f"the OOD score(s) {wrong} read a classifier's logits or class probabilities; a regressor "
-                          f"has none. Its scores: {', '.join(REGRESSION_SCORES)} ('knn' and 'mahalanobis' on the "
-                          "features before its last Linear, 'variance' the predictive variance of a wrapped model)")
+        raise ConfigError(
+            f"the OOD score(s) {wrong} read a classifier's logits or class probabilities; a regressor "
+            f"has none. Its scores: {', '.join(REGRESSION_SCORES)} ('knn' and 'mahalanobis' on the "
+            "features before its last Linear, 'variance' the predictive variance of a wrapped model)"
+        )
     if wrong:
-        raise ConfigError(f"the OOD score(s) {wrong} are for regressors (a wrapped model with likelihood='regression'); "
-                          f"a classifier's scores: {', '.join(available_scores())}")
+        raise ConfigError(
+            f"the OOD score(s) {wrong} are for regressors (a wrapped model with likelihood='regression'); "
+            f"a classifier's scores: {', '.join(available_scores())}"
+        )
     if regression and "variance" in names and not isinstance(model, UncertainModel):
-        raise ConfigError("the 'variance' score reads a regressor's predictive variance: pass a wrapped model, e.g. "
-                          "posthoc.detector(posthoc.wrap(model, method='laplace', likelihood='regression').fit(train_loader, "
-                          "val_loader), score='variance')")
+        raise ConfigError(
+            "the 'variance' score reads a regressor's predictive variance: pass a wrapped model, e.g. "
+            "posthoc.detector(posthoc.wrap(model, method='laplace', likelihood='regression').fit(train_loader, "
+            "val_loader), score='variance')"
+        )
 
 
-def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "energy", *,
-             head: str | nn.Module | None = None, num_samples: int | None = None, likelihood: str | None = None,
-             **options: Any) -> Detector:
+def detector(
+    model: nn.Module | UncertainModel,
+    score: str | Sequence[str] = "energy",
+    *,
+    head: str | nn.Module | None = None,
+    num_samples: int | None = None,
+    likelihood: str | None = None,
+    **options: Any,
+) -> Detector:
     """A post-hoc OOD detector on ``model``: ``.fit(train_loader)`` where a score needs it, then ``.score(x)``.
 
     Args:
@@ -342,10 +398,17 @@ def detector(model: nn.Module | UncertainModel, score: str | Sequence[str] = "en
     regression = _is_regression(model, likelihood)
     _check_task(names, model, regression)
     if "mutual-information" in names and not isinstance(model, UncertainModel):
-        raise ConfigError("the 'mutual-information' score needs a posterior: pass a wrapped model with samples, "
-                          "e.g. posthoc.detector(posthoc.wrap(model, method='laplace').fit(train_loader), ...)")
+        raise ConfigError(
+            "the 'mutual-information' score needs a posterior: pass a wrapped model with samples, "
+            "e.g. posthoc.detector(posthoc.wrap(model, method='laplace').fit(train_loader), ...)"
+        )
     if head is None and isinstance(model, UncertainModel):
         head = _spec_head(model)
     routed = _route_options(names, options)
-    return Detector(model, [build(SCORES[name], values, f"OOD score '{name}'") for name, values in zip(names, routed)],
-                    head=head, num_samples=num_samples, regression=regression)
+    return Detector(
+        model,
+        [build(SCORES[name], values, f"OOD score '{name}'") for name, values in zip(names, routed)],
+        head=head,
+        num_samples=num_samples,
+        regression=regression,
+    )

@@ -67,8 +67,10 @@ class KNN(Score):
         bank = distributed.gather_cat(torch.cat(self._parts))
         self._parts = []
         if bank.shape[0] < self.k:
-            raise InputError(f"the KNN score's k={self.k} exceeds the {bank.shape[0]} training examples; "
-                             f"pass k= at most {bank.shape[0]} or fit on more data")
+            raise InputError(
+                f"the KNN score's k={self.k} exceeds the {bank.shape[0]} training examples; "
+                f"pass k= at most {bank.shape[0]} or fit on more data"
+            )
         self.bank = bank
         self.fitted = True
 

@@ -73,7 +73,7 @@ class Mahalanobis(Score):
         self.check_fitted()
         features = outputs.features.double()
         projected = features @ self.precision
-        squared = ((projected * features).sum(-1, keepdim=True) - 2 * features @ self._means_precision.T
-                   + self._means_norm)
+        squared = (
+            (projected * features).sum(-1, keepdim=True) - 2 * features @ self._means_precision.T + self._means_norm
+        )
         return squared.min(-1).values.clamp_min(0).to(outputs.features.dtype)
-

@@ -108,8 +108,10 @@ class ViM(Score):
             width = sums["gram"].shape[0]
             dim = default_dim(width) if self.dim is None else self.dim
             if not 0 < dim < width:
-                raise ConfigError(f"ViM's principal space needs 0 < dim < the feature width {width}, got dim={dim}; "
-                                  f"pass dim= below {width}")
+                raise ConfigError(
+                    f"ViM's principal space needs 0 < dim < the feature width {width}, got dim={dim}; "
+                    f"pass dim= below {width}"
+                )
             _, vectors = torch.linalg.eigh(sums["gram"] / sums["count"])
             self.residual_space = vectors[:, : width - dim]
             self._mean_max_logit = sums["max_logit"] / sums["count"]

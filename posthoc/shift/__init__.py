@@ -12,5 +12,14 @@ from posthoc.shift.features import ShiftSplit, extrapolation_split, gap_split
 from posthoc.shift.kinds import EVALUATION_KINDS, KINDS, SEVERITIES
 from posthoc.shift.loader import CorruptedLoader, corrupt, corrupt_images
 
-__all__ = ["corrupt", "corrupt_images", "CorruptedLoader", "KINDS", "EVALUATION_KINDS", "SEVERITIES",
-           "extrapolation_split", "gap_split", "ShiftSplit"]
+__all__ = [
+    "corrupt",
+    "corrupt_images",
+    "CorruptedLoader",
+    "KINDS",
+    "EVALUATION_KINDS",
+    "SEVERITIES",
+    "extrapolation_split",
+    "gap_split",
+    "ShiftSplit",
+]

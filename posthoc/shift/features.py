@@ -84,15 +84,19 @@ def _features(x: Any, name: str) -> Tensor:
     """``x`` as ``(N, F)``: a ``(N,)`` vector is one feature; anything else is refused."""
     if not isinstance(x, Tensor) or x.dim() not in (1, 2):
         shape = tuple(x.shape) if isinstance(x, Tensor) else type(x).__name__
-        raise InputError(f"{name} must be a tensor of rows (N, F) or a vector (N,) of one feature, got {shape}; "
-                         "for images use the corruption kinds (posthoc.shift.corrupt)")
+        raise InputError(
+            f"{name} must be a tensor of rows (N, F) or a vector (N,) of one feature, got {shape}; "
+            "for images use the corruption kinds (posthoc.shift.corrupt)"
+        )
     return x[:, None] if x.dim() == 1 else x
 
 
 def _column(x: Tensor, feature: Any, name: str) -> Tensor:
     if feature is None:
         if x.shape[1] != 1:
-            raise ConfigError(f"{name} has {x.shape[1]} features: name the one to split by, feature=0..{x.shape[1] - 1}")
+            raise ConfigError(
+                f"{name} has {x.shape[1]} features: name the one to split by, feature=0..{x.shape[1] - 1}"
+            )
         feature = 0
     if isinstance(feature, bool) or not isinstance(feature, int) or not 0 <= feature < x.shape[1]:
         raise ConfigError(f"feature must be a column index from 0 to {x.shape[1] - 1} of {name}, got {feature!r}")
@@ -107,7 +111,9 @@ def _quantile(values: Tensor, q: float) -> float:
     return float(values.sort().values[max(1, int(q * len(values))) - 1])
 
 
-def _split(x: Any, y: Any, feature: int | None, reference: Any, quantiles: tuple[float, ...]) -> tuple[Tensor, list[float], int]:
+def _split(
+    x: Any, y: Any, feature: int | None, reference: Any, quantiles: tuple[float, ...]
+) -> tuple[Tensor, list[float], int]:
     """``(values, bounds, feature)``: the feature's values in ``x``, the reference's quantiles of it, its column."""
     rows = _features(x, "x")
     if not isinstance(y, Tensor) or y.dim() == 0 or len(y) != len(rows):
@@ -127,13 +133,16 @@ def _band_split(x: Tensor, y: Tensor, values: Tensor, feature: int, low: float, 
     split = ShiftSplit(order[~held_out], order[held_out], feature, low, high, x, y)
     for side, index in (("fit", split.fit_index), ("shifted", split.shifted_index)):
         if len(index) == 0:
-            raise InputError(f"the {what} of feature {feature} leaves no {side} rows ({split.describe()}); "
-                             "choose other quantiles or another feature")
+            raise InputError(
+                f"the {what} of feature {feature} leaves no {side} rows ({split.describe()}); "
+                "choose other quantiles or another feature"
+            )
     return split
 
 
-def extrapolation_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantile: float = 0.7,
-                        reference: Tensor | None = None) -> ShiftSplit:
+def extrapolation_split(
+    x: Tensor, y: Tensor, *, feature: int | None = None, quantile: float = 0.7, reference: Tensor | None = None
+) -> ShiftSplit:
     """Rows whose ``feature`` lies above the ``quantile`` of ``reference`` (default ``x``) are shifted, the rest fit.
 
     ``feature`` may be left out for one-feature inputs. Returns a :class:`ShiftSplit` (``fit, shifted = ...``).
@@ -150,8 +159,14 @@ def extrapolation_split(x: Tensor, y: Tensor, *, feature: int | None = None, qua
     return _band_split(x, y, values, feature, low, math.inf, "extrapolation split")
 
 
-def gap_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantiles: tuple[float, float] = (0.4, 0.6),
-              reference: Tensor | None = None) -> ShiftSplit:
+def gap_split(
+    x: Tensor,
+    y: Tensor,
+    *,
+    feature: int | None = None,
+    quantiles: tuple[float, float] = (0.4, 0.6),
+    reference: Tensor | None = None,
+) -> ShiftSplit:
     """Rows whose ``feature`` lies between the ``quantiles=(low, high)`` of ``reference`` (default ``x``) are
     shifted (a gap in the middle of the range), the rows on both sides fit.
 
@@ -162,7 +177,9 @@ def gap_split(x: Tensor, y: Tensor, *, feature: int | None = None, quantiles: tu
         [4.0, 5.0]
     """
     if not isinstance(quantiles, (tuple, list)) or len(quantiles) != 2:
-        raise ConfigError(f"quantiles must be a pair (low, high) of the band to leave out, e.g. (0.4, 0.6), got {quantiles!r}")
+        raise ConfigError(
+            f"quantiles must be a pair (low, high) of the band to leave out, e.g. (0.4, 0.6), got {quantiles!r}"
+        )
     low_q, high_q = (probability(q, "quantiles", why="the band to leave out, e.g. (0.4, 0.6)") for q in quantiles)
     if not low_q < high_q:
         raise ConfigError(f"quantiles must be (low, high) with low < high, got {tuple(quantiles)}")

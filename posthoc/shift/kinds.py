@@ -145,7 +145,9 @@ def translate(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
     height, width = x.shape[-2:]
     signs = torch.randint(0, 2, (x.shape[0], 2), generator=generator, device=x.device) * 2 - 1
     out = torch.zeros_like(x)
-    for i, (dy, dx) in enumerate((signs.cpu() * torch.tensor([round(fraction * height), round(fraction * width)])).tolist()):
+    for i, (dy, dx) in enumerate(
+        (signs.cpu() * torch.tensor([round(fraction * height), round(fraction * width)])).tolist()
+    ):
         src_y, dst_y = slice(max(0, -dy), height - max(0, dy)), slice(max(0, dy), height - max(0, -dy))
         src_x, dst_x = slice(max(0, -dx), width - max(0, dx)), slice(max(0, dx), width - max(0, -dx))
         out[i, :, dst_y, dst_x] = x[i, :, src_y, src_x]
@@ -160,8 +162,12 @@ def occlude(x: Tensor, severity: int, generator: torch.Generator) -> Tensor:
     left = torch.randint(0, width - side + 1, (x.shape[0],), generator=generator, device=x.device)
     rows = torch.arange(height, device=x.device).view(1, -1, 1)
     cols = torch.arange(width, device=x.device).view(1, 1, -1)
-    inside = ((rows >= top.view(-1, 1, 1)) & (rows < top.view(-1, 1, 1) + side)
-              & (cols >= left.view(-1, 1, 1)) & (cols < left.view(-1, 1, 1) + side))
+    inside = (
+        (rows >= top.view(-1, 1, 1))
+        & (rows < top.view(-1, 1, 1) + side)
+        & (cols >= left.view(-1, 1, 1))
+        & (cols < left.view(-1, 1, 1) + side)
+    )
     return x.masked_fill(inside.unsqueeze(1), 0.0)
 
 

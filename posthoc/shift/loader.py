@@ -61,28 +61,37 @@ def check_normalization(normalization: Any) -> None:
     if normalization is None:
         return
     if not isinstance(normalization, (tuple, list)) or len(normalization) != 2:
-        raise ConfigError(f"normalization must be a pair (mean, std) of the model's preprocessing, got {normalization!r}")
+        raise ConfigError(
+            f"normalization must be a pair (mean, std) of the model's preprocessing, got {normalization!r}"
+        )
     try:
         mean, std = (torch.as_tensor(part, dtype=torch.float64).flatten() for part in normalization)
     except (TypeError, ValueError, RuntimeError) as err:
-        raise ConfigError(f"normalization must be (mean, std) of numbers, per channel or scalars, got {normalization!r}") from err
+        raise ConfigError(
+            f"normalization must be (mean, std) of numbers, per channel or scalars, got {normalization!r}"
+        ) from err
     if not bool(torch.isfinite(mean).all()) or mean.numel() == 0:
         raise ConfigError(f"normalization mean must be finite numbers, got {mean.tolist()}")
     if std.numel() == 0 or not bool((torch.isfinite(std) & (std > 0)).all()):
-        raise ConfigError(f"normalization std must be finite and > 0 for every channel, got {std.tolist()}: pass the "
-                          "std the model's preprocessing divides by (e.g. (0.229, 0.224, 0.225) for ImageNet)")
+        raise ConfigError(
+            f"normalization std must be finite and > 0 for every channel, got {std.tolist()}: pass the "
+            "std the model's preprocessing divides by (e.g. (0.229, 0.224, 0.225) for ImageNet)"
+        )
 
 
 def _per_channel(values: Sequence[float] | float, like: Tensor, what: str) -> Tensor:
     tensor = torch.as_tensor(values, dtype=like.dtype, device=like.device).flatten()
     if tensor.numel() not in (1, like.shape[1]):
-        raise ConfigError(f"normalization {what} has {tensor.numel()} values for {like.shape[1]} channels; "
-                          "give one per channel or one for all")
+        raise ConfigError(
+            f"normalization {what} has {tensor.numel()} values for {like.shape[1]} channels; "
+            "give one per channel or one for all"
+        )
     return tensor.view(1, -1, 1, 1)
 
 
-def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generator,
-                   normalization: Normalization | None = None) -> Tensor:
+def corrupt_images(
+    x: Tensor, kind: str, severity: int, generator: torch.Generator, normalization: Normalization | None = None
+) -> Tensor:
     """One batch of images corrupted by ``kind`` at ``severity`` (same shape, dtype and device).
 
     Example:
@@ -108,8 +117,11 @@ def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generat
         work = work * std + mean
     low, high = float(work.min()), float(work.max())
     if low < -RANGE_TOLERANCE or high > 1 + RANGE_TOLERANCE:
-        hint = ("check the normalization's mean and std" if normalization is not None
-                else "pass normalization=(mean, std) of the model's preprocessing")
+        hint = (
+            "check the normalization's mean and std"
+            if normalization is not None
+            else "pass normalization=(mean, std) of the model's preprocessing"
+        )
         raise InputError(f"images must lie in [0, 1] before corruption, got values in [{low:.3g}, {high:.3g}]; {hint}")
     out = CORRUPTIONS[kind](work.clamp(0, 1), severity, generator)
     if normalization is not None:
@@ -117,12 +129,15 @@ def corrupt_images(x: Tensor, kind: str, severity: int, generator: torch.Generat
     return out.to(x.dtype)
 
 
-def _corrupt_inputs(x: Any, kind: str, severity: int, generator: torch.Generator,
-                    normalization: Normalization | None) -> Any:
+def _corrupt_inputs(
+    x: Any, kind: str, severity: int, generator: torch.Generator, normalization: Normalization | None
+) -> Any:
     if isinstance(x, Mapping):
         if PIXELS not in x:
-            raise InputError(f"dict inputs are corrupted through their {PIXELS!r} entry; this dict has "
-                             f"{sorted(x)}: corrupt the images before tokenising/processing them instead")
+            raise InputError(
+                f"dict inputs are corrupted through their {PIXELS!r} entry; this dict has "
+                f"{sorted(x)}: corrupt the images before tokenising/processing them instead"
+            )
         return {**x, PIXELS: corrupt_images(x[PIXELS], kind, severity, generator, normalization)}
     return corrupt_images(x, kind, severity, generator, normalization)
 
@@ -130,13 +145,20 @@ def _corrupt_inputs(x: Any, kind: str, severity: int, generator: torch.Generator
 class CorruptedLoader:
     """Iterates ``loader`` and corrupts the inputs of every batch (labels and other entries pass through)."""
 
-    def __init__(self, loader: Iterable, kind: str, severity: int, *, seed: int = 0,
-                 normalization: Normalization | None = None) -> None:
+    def __init__(
+        self, loader: Iterable, kind: str, severity: int, *, seed: int = 0, normalization: Normalization | None = None
+    ) -> None:
         check_kind(kind, severity)
         check_normalization(normalization)
         integer(seed, "seed")
         check_loader(loader, "posthoc.shift.corrupt")
-        self.loader, self.kind, self.severity, self.seed, self.normalization = loader, kind, severity, seed, normalization
+        self.loader, self.kind, self.severity, self.seed, self.normalization = (
+            loader,
+            kind,
+            severity,
+            seed,
+            normalization,
+        )
 
     def __len__(self) -> int:
         return len(self.loader)  # type: ignore[arg-type]
@@ -154,14 +176,17 @@ class CorruptedLoader:
                 generators[device] = torch.Generator(device=device).manual_seed(self.seed)
             corrupted = _corrupt_inputs(x, self.kind, self.severity, generators[device], self.normalization)
             if isinstance(batch, (tuple, list)) and len(batch) >= 2 and isinstance(x, (Tensor, Mapping)):
-                check_label_count(batch_size(x), torch.as_tensor(batch[1]), f"batch {index} (0-based) of the loader to corrupt")
+                check_label_count(
+                    batch_size(x), torch.as_tensor(batch[1]), f"batch {index} (0-based) of the loader to corrupt"
+                )
             yield (corrupted, *batch[1:]) if isinstance(batch, (tuple, list)) else corrupted
         if not generators:
             raise InputError("the loader to corrupt yielded no batches; pass a non-empty loader")
 
 
-def corrupt(loader: Iterable, kind: str, severity: int, seed: int = 0, *,
-            normalization: Normalization | None = None) -> CorruptedLoader:
+def corrupt(
+    loader: Iterable, kind: str, severity: int, seed: int = 0, *, normalization: Normalization | None = None
+) -> CorruptedLoader:
     """Wrap ``loader`` so that each batch's images are corrupted by ``kind`` at ``severity`` (1..5).
 
     Kinds and their parameters: :mod:`posthoc.shift.kinds`. Normalised inputs: pass the model's

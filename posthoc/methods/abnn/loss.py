@@ -36,12 +36,13 @@ def random_class_weights(classes: int, random_prior: float, generator: torch.Gen
         tensor(15.)
     """
     weights = torch.ones(classes)
-    weights[torch.randperm(classes, generator=generator)[:math.isqrt(classes)]] = random_prior
+    weights[torch.randperm(classes, generator=generator)[: math.isqrt(classes)]] = random_prior
     return weights
 
 
-def abnn_loss(logits: Tensor, y: Tensor, class_weights: Tensor, parameters: Iterable[Tensor], *,
-              weight_decay: float) -> Tensor:
+def abnn_loss(
+    logits: Tensor, y: Tensor, class_weights: Tensor, parameters: Iterable[Tensor], *, weight_decay: float
+) -> Tensor:
     """The loss of one batch: class-weighted cross-entropy of ``logits (N, C)`` at labels ``y`` plus
     ``weight_decay / 2`` times the squared norm of ``parameters`` (see module docs)."""
     data = F.cross_entropy(logits, y, weight=class_weights.to(logits.device, logits.dtype))

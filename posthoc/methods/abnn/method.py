@@ -117,8 +117,10 @@ class ABNN(Method):
         self.seed = integer(seed, "seed")
         self.layer_names = list(batchnorm_layers(model))
         if not self.layer_names:
-            raise ConfigError("abnn turns BatchNorm layers into Bayesian normalisation layers and this model has none: "
-                              "use method='mc-dropout', 'laplace', 'ibnn' or 'auto' instead")
+            raise ConfigError(
+                "abnn turns BatchNorm layers into Bayesian normalisation layers and this model has none: "
+                "use method='mc-dropout', 'laplace', 'ibnn' or 'auto' instead"
+            )
         #: the modes, one row each: every trained weight, then the BatchNorm running statistics (``sample_names``)
         self.register_buffer("mode_rows", None)
         #: each mode's class weights ``(M, C)``
@@ -156,16 +158,34 @@ class ABNN(Method):
             raise ConfigError(f"momentum must be in [0, 1), got {momentum!r}")
         rows, weights, steps = [], [], 0
         for mode in range(self.num_modes):
-            row, class_weights, steps = self._fine_tune(mode, train_loader, epochs=epochs, lr=lr, momentum=momentum,
-                                                        weight_decay=weight_decay, progress=progress)
+            row, class_weights, steps = self._fine_tune(
+                mode,
+                train_loader,
+                epochs=epochs,
+                lr=lr,
+                momentum=momentum,
+                weight_decay=weight_decay,
+                progress=progress,
+            )
             rows.append(row)
             weights.append(class_weights)
         self.mode_rows, self.class_weights = torch.stack(rows), torch.stack(weights).to(self.device)
-        self.schedule = torch.tensor([epochs, lr, momentum, weight_decay, steps], dtype=torch.float64, device=self.device)
+        self.schedule = torch.tensor(
+            [epochs, lr, momentum, weight_decay, steps], dtype=torch.float64, device=self.device
+        )
         super().fit(train_loader, val_loader, progress=progress)
 
-    def _fine_tune(self, mode: int, train_loader: Iterable, *, epochs: int, lr: float, momentum: float,
-                   weight_decay: float, progress: bool) -> tuple[Tensor, Tensor, int]:
+    def _fine_tune(
+        self,
+        mode: int,
+        train_loader: Iterable,
+        *,
+        epochs: int,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+        progress: bool,
+    ) -> tuple[Tensor, Tensor, int]:
         """One mode: its row (weights and running statistics), its class weights and the steps it took."""
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             weights = PrivateWeights(self.model, "all", train_loader)
@@ -182,8 +202,13 @@ class ABNN(Method):
                     logits = as_class_logits(weights.forward(x))
                 if not class_weights:  # the number of classes is known from the first batch
                     class_weights.append(random_class_weights(logits.shape[-1], self.random_prior, drawn))
-                return abnn_loss(logits, check_labels(y, logits.shape[-1]), class_weights[0], weights.trained,
-                                 weight_decay=weight_decay)
+                return abnn_loss(
+                    logits,
+                    check_labels(y, logits.shape[-1]),
+                    class_weights[0],
+                    weights.trained,
+                    weight_decay=weight_decay,
+                )
 
             def update(value: Tensor, step: Step) -> None:
                 for group in optimiser.param_groups:
@@ -193,10 +218,17 @@ class ABNN(Method):
                 optimiser.step()
 
             steps = fine_tune(
-                lambda epoch: weights.epoch(drawn), loss, update, epochs=epochs, total=epochs * weights.steps_per_epoch,
-                desc=f"abnn mode {mode + 1}/{self.num_modes}", progress=progress,
-                failure=lambda value, step: (f"the ABNN loss of mode {mode + 1} became {value} at step {step.number + 1} "
-                                             f"(lr={lr:g}); fit again with a lower lr"),
+                lambda epoch: weights.epoch(drawn),
+                loss,
+                update,
+                epochs=epochs,
+                total=epochs * weights.steps_per_epoch,
+                desc=f"abnn mode {mode + 1}/{self.num_modes}",
+                progress=progress,
+                failure=lambda value, step: (
+                    f"the ABNN loss of mode {mode + 1} became {value} at step {step.number + 1} "
+                    f"(lr={lr:g}); fit again with a lower lr"
+                ),
             )
             return torch.cat([weights.weights_vector(), weights.buffers_vector()]), class_weights[0], steps
 
@@ -204,8 +236,10 @@ class ABNN(Method):
         """Refuse ``M`` modes whose rows would not fit in the memory budget."""
         row_bytes = 4 * (weights.num_weights + weights.buffers_vector().numel())
         if self.num_modes * row_bytes > (budget := settings.memory_budget()):
-            raise ConfigError(f"{self.num_modes} ABNN modes of {row_bytes / 2**20:.1f} MiB each exceed the memory budget "
-                              f"of {budget / 2**20:.0f} MiB: raise it (posthoc.settings.max_memory) or use fewer modes")
+            raise ConfigError(
+                f"{self.num_modes} ABNN modes of {row_bytes / 2**20:.1f} MiB each exceed the memory budget "
+                f"of {budget / 2**20:.0f} MiB: raise it (posthoc.settings.max_memory) or use fewer modes"
+            )
 
     # ----------------------------------------------------------------- choosing
     @property
@@ -224,14 +258,16 @@ class ABNN(Method):
             return held_out.scores(lambda x, generator: self._sampled(x, value, self.num_samples, generator)[0])
 
         with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select(candidates, scores, knob="noise scale", walk=True,
-                                        start=candidates.index(("1", 1.0)))
+            selection = held_out.select(
+                candidates, scores, knob="noise scale", walk=True, start=candidates.index(("1", 1.0))
+            )
         self.record_selection(selection)
         self.chosen_scale.fill_(float(selection.value))
 
     # ----------------------------------------------------------------- predicting
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         scale = float(self.chosen_scale)
         if scale == PLAIN:
             return class_log_probs(run_model(self.model, x)), None
@@ -245,7 +281,9 @@ class ABNN(Method):
         parts = []
         for row in self.mode_rows:
             self._under.state = unflatten(row, self.model, self.__dict__["_names"])
-            logits = self.runner(x, num_samples, stochastic=lambda: noisy(layers, scale * self.alpha, generator=generator))
+            logits = self.runner(
+                x, num_samples, stochastic=lambda: noisy(layers, scale * self.alpha, generator=generator)
+            )
             parts.append(class_log_probs(logits.flatten(0, 1)).unflatten(0, logits.shape[:2]))
         self._under.state = {}
         samples = torch.cat(parts)
@@ -267,8 +305,9 @@ class ABNN(Method):
             "alpha": self.alpha,
             "random_prior": self.random_prior,
             "scale": None if scale == PLAIN else scale,
-            "scale_fit": "fixed" if self.scale_option is not None else ("val" if self.selection_record is not None
-                                                                         else "default"),
+            "scale_fit": "fixed"
+            if self.scale_option is not None
+            else ("val" if self.selection_record is not None else "default"),
             **fit,
         }
 

@@ -59,7 +59,14 @@ from posthoc.errors import ConfigError, InputError, PosthocError
 
 #: the default candidates of a classifier, most conservative first (MC dropout only on a model with dropout)
 CLASSIFICATION_CANDIDATES: tuple[tuple[str, ...], ...] = (
-    ("none",), ("temperature",), ("vector",), ("laplace",), ("mc-dropout",), ("none", "dac"), ("laplace", "dac"))
+    ("none",),
+    ("temperature",),
+    ("vector",),
+    ("laplace",),
+    ("mc-dropout",),
+    ("none", "dac"),
+    ("laplace", "dac"),
+)
 #: the default candidates of a regressor
 REGRESSION_CANDIDATES: tuple[tuple[str, ...], ...] = (("none",), ("laplace",), ("mc-dropout",))
 #: timed repeats of a candidate's predict on one held-out batch (the median is kept)
@@ -90,8 +97,10 @@ def _as_candidate(value: Any) -> dict[str, Any]:
     if isinstance(value, dict) and "method" in value:
         found = _as_candidate(value["method"])
         return {**{k: v for k, v in value.items() if k != "method"}, "method": found["method"]}
-    raise ConfigError(f"an auto candidate is a method name, a list of names (a chain, e.g. ['laplace', 'dac']) or a "
-                      f"dict {{'method': [...], **options}}, got {value!r}")
+    raise ConfigError(
+        f"an auto candidate is a method name, a list of names (a chain, e.g. ['laplace', 'dac']) or a "
+        f"dict {{'method': [...], **options}}, got {value!r}"
+    )
 
 
 def candidate_label(candidate: dict[str, Any]) -> str:
@@ -140,10 +149,13 @@ class AutoMethod(Method):
     def __init__(self, model: nn.Module, options: Options) -> None:
         candidates, keep_candidates = options.candidates, options.keep_candidates
         super().__init__(model)
-        if candidates is not None and (isinstance(candidates, (str, dict)) or not isinstance(candidates, Sequence)
-                                       or not candidates):
-            raise ConfigError(f"candidates must be None (the defaults) or a non-empty list of methods, chains or dicts, "
-                              f"got {candidates!r}")
+        if candidates is not None and (
+            isinstance(candidates, (str, dict)) or not isinstance(candidates, Sequence) or not candidates
+        ):
+            raise ConfigError(
+                f"candidates must be None (the defaults) or a non-empty list of methods, chains or dicts, "
+                f"got {candidates!r}"
+            )
         self.candidate_option = None if candidates is None else [_as_candidate(value) for value in candidates]
         for candidate in self.candidate_option or []:
             if "auto" in candidate["method"]:
@@ -211,8 +223,10 @@ class AutoMethod(Method):
         if val_loader is None:
             laplace = [part for part in self._parts if part.label == "laplace"]
             if not laplace:
-                raise InputError("'auto' chooses between its candidates on held-out data, and without one falls back to "
-                                 "'laplace', which is not among these candidates: call um.fit(train_loader, val_loader)")
+                raise InputError(
+                    "'auto' chooses between its candidates on held-out data, and without one falls back to "
+                    "'laplace', which is not among these candidates: call um.fit(train_loader, val_loader)"
+                )
             self._parts = laplace
             self.candidate_chains = nn.ModuleList(part.chain for part in laplace)
         fitted: dict[int, float] = {}
@@ -233,11 +247,19 @@ class AutoMethod(Method):
                         break
                     fitted[id(method)] = time.perf_counter() - start
                 part.fit_seconds += fitted[id(method)]
-        self._drop(lambda part: any(id(method) in refused for method in chain_of(part.chain)),
-                   lambda part: str(next(refused[id(m)] for m in chain_of(part.chain) if id(m) in refused)))
+        self._drop(
+            lambda part: any(id(method) in refused for method in chain_of(part.chain)),
+            lambda part: str(next(refused[id(m)] for m in chain_of(part.chain) if id(m) in refused)),
+        )
 
-    def _fit_part(self, method: Method, banks: dict[str, Method], train_loader: Iterable | None,
-                  val_loader: Iterable | None, progress: bool) -> None:
+    def _fit_part(
+        self,
+        method: Method,
+        banks: dict[str, Method],
+        train_loader: Iterable | None,
+        val_loader: Iterable | None,
+        progress: bool,
+    ) -> None:
         """Fit one method of a candidate on the training data; a DAC bank of the same options is shared, not re-read."""
         shared = banks.get(_bank_key(method)) if hasattr(method, "share_bank") else None
         if shared is not None:
@@ -294,8 +316,13 @@ class AutoMethod(Method):
         self._drop(lambda part: part.label in refusals, lambda part: refusals[part.label])
         if not self._parts:
             raise InputError(f"no candidate of 'auto' accepts this held-out data: {refusals}")
-        selection = held_out.select([(part.label, index) for index, part in enumerate(self._parts)], scores,
-                                    knob="method", rank_without_shift="clean", extra=lambda index: self._parts[index].extra)
+        selection = held_out.select(
+            [(part.label, index) for index, part in enumerate(self._parts)],
+            scores,
+            knob="method",
+            rank_without_shift="clean",
+            extra=lambda index: self._parts[index].extra,
+        )
         self.record_selection(selection)
         self._keep(self._parts[selection.value])
 
@@ -358,12 +385,14 @@ class AutoMethod(Method):
             raise ConfigError("'auto' has not chosen a method yet: call um.fit(train_loader, val_loader)")
         return self.chosen
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         return self._chosen().log_predictive(x, num_samples=num_samples, generator=generator)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         return self._chosen().regression_predictive(x, num_samples=num_samples, generator=generator)
 
     @property
@@ -384,11 +413,17 @@ class AutoMethod(Method):
         """The chosen chain: its label, methods and, per method, its own card (what it chose)."""
         if self.chosen is None:
             return {"random_variables": None, "layers": []}
-        cards = [{"method": method.name, **method.summary(), "selection": method.selection} for method in chain_of(self.chosen)]
-        return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
-                "layers": list(dict.fromkeys(layer for card in cards for layer in card.get("layers", []))),
-                "chosen": self.chosen_label, "chosen_posterior": cards,
-                **({"left_out": dict(self.left_out)} if getattr(self, "left_out", None) else {})}
+        cards = [
+            {"method": method.name, **method.summary(), "selection": method.selection}
+            for method in chain_of(self.chosen)
+        ]
+        return {
+            "random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
+            "layers": list(dict.fromkeys(layer for card in cards for layer in card.get("layers", []))),
+            "chosen": self.chosen_label,
+            "chosen_posterior": cards,
+            **({"left_out": dict(self.left_out)} if getattr(self, "left_out", None) else {}),
+        }
 
     def posterior_state(self) -> dict[str, Tensor]:
         """Auto's own buffers (the chosen spec, the record) and the chosen chain's posterior under ``chosen.``."""
@@ -404,7 +439,9 @@ class AutoMethod(Method):
             raise KeyError("chosen_spec")
         chain = self._chain_of(record["spec"])
         self._parts, self.candidate_chains = [], nn.ModuleList()
-        chain.load_posterior_state({key[len("chosen."):]: value for key, value in state.items() if key.startswith("chosen.")})
+        chain.load_posterior_state(
+            {key[len("chosen.") :]: value for key, value in state.items() if key.startswith("chosen.")}
+        )
         for method in chain_of(chain):
             method.fitted.fill_(True)
         self.chosen = chain

@@ -60,8 +60,14 @@ class AffineCalibrator(Calibrator):
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
         features = self.features(inputs)
         weight, bias = (value.requires_grad_() for value in self.initial(inputs.shape[-1], inputs))
-        minimise(lambda: mixture_nll(torch.log_softmax(self.apply(features, weight, bias), -1), labels)
-                 + self.penalty(weight, bias), [weight, bias], max_iter=self.max_iter)
+        minimise(
+            lambda: (
+                mixture_nll(torch.log_softmax(self.apply(features, weight, bias), -1), labels)
+                + self.penalty(weight, bias)
+            ),
+            [weight, bias],
+            max_iter=self.max_iter,
+        )
         self.weight, self.bias = weight.detach().float(), bias.detach().float()
 
     def _transform(self, logits: Tensor) -> Tensor:

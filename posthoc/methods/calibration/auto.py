@@ -55,7 +55,6 @@ ECE_BINS = 15
 STANDARD_ERRORS = 1.0
 
 
-
 def top_label_ece(probs: Tensor, labels: Tensor, bins: int = ECE_BINS) -> float:
     """Top-label ECE with ``bins`` equal-width bins ``(lo, hi]``, as :func:`posthoc.evaluation.metrics.ece`."""
     confidence, predicted = probs.double().max(-1)
@@ -108,8 +107,11 @@ def simplest_within_noise(losses: dict[str, Tensor], sizes: dict[str, int]) -> s
         'temperature'
     """
     best = min(losses, key=lambda name: float(losses[name].mean()))
-    within = [name for name, loss in losses.items()
-              if float((loss - losses[best]).mean()) <= STANDARD_ERRORS * _standard_error(loss - losses[best])]
+    within = [
+        name
+        for name, loss in losses.items()
+        if float((loss - losses[best]).mean()) <= STANDARD_ERRORS * _standard_error(loss - losses[best])
+    ]
     return min(within, key=lambda name: (sizes[name], float(losses[name].mean())))
 
 
@@ -130,8 +132,14 @@ class AutoCalibration(Calibrator):
         seed: int = 0
         max_iter: int = 100
 
-    def __init__(self, *, candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES, folds: int = 5, seed: int = 0,
-                 max_iter: int = 100) -> None:
+    def __init__(
+        self,
+        *,
+        candidates: tuple[str, ...] | list[str] = DEFAULT_CANDIDATES,
+        folds: int = 5,
+        seed: int = 0,
+        max_iter: int = 100,
+    ) -> None:
         super().__init__()
         known = [name for name in calibrators() if name != self.name]
         if not candidates or isinstance(candidates, str) or any(name not in known for name in candidates):
@@ -167,8 +175,11 @@ class AutoCalibration(Calibrator):
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
-        return {name: {"nll": float(row[0]), "ece": float(row[1])}
-                for name, row in zip(self.choices, self.cross_validated.tolist()) if not math.isnan(row[0])}
+        return {
+            name: {"nll": float(row[0]), "ece": float(row[1])}
+            for name, row in zip(self.choices, self.cross_validated.tolist())
+            if not math.isnan(row[0])
+        }
 
     def num_parameters(self) -> int:
         return self.chosen.num_parameters()
@@ -182,13 +193,23 @@ class AutoCalibration(Calibrator):
         for name, candidate in self.choices.items():
             if candidate.binary_only and num_classes != 2:
                 continue
-            problem = next((p for k in range(self.folds)
-                            if (p := candidate.requirement(labels[fold != k], num_classes)) is not None), None)
+            problem = next(
+                (
+                    p
+                    for k in range(self.folds)
+                    if (p := candidate.requirement(labels[fold != k], num_classes)) is not None
+                ),
+                None,
+            )
             if problem is None:
                 usable.append(name)
             else:
-                warnings.warn(f"auto calibration skips '{name}': {problem} (in each of the {self.folds} "
-                              f"cross-validation training folds)", RuntimeWarning, stacklevel=4)
+                warnings.warn(
+                    f"auto calibration skips '{name}': {problem} (in each of the {self.folds} "
+                    f"cross-validation training folds)",
+                    RuntimeWarning,
+                    stacklevel=4,
+                )
         return usable
 
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
@@ -201,8 +222,9 @@ class AutoCalibration(Calibrator):
         fold = stratified_folds(labels, self.folds, self.seed)
         usable = self._usable(labels, fold, num_classes)
         sizes = {}
-        out_of_fold = {name: torch.empty(labels.numel(), num_classes, dtype=inputs.dtype, device=inputs.device)
-                       for name in usable}
+        out_of_fold = {
+            name: torch.empty(labels.numel(), num_classes, dtype=inputs.dtype, device=inputs.device) for name in usable
+        }
         for k in range(self.folds):
             train, test = fold != k, fold == k
             for name in usable:
@@ -212,8 +234,10 @@ class AutoCalibration(Calibrator):
                 out_of_fold[name][test] = fitted.calibrated_predictive(_rows(inputs, test))
                 sizes[name] = 0 if name == "identity" else fitted.num_parameters()
         names = list(self.choices)
-        losses = {name: torch.nn.functional.nll_loss(log_probs, labels, reduction="none").double()
-                  for name, log_probs in out_of_fold.items()}
+        losses = {
+            name: torch.nn.functional.nll_loss(log_probs, labels, reduction="none").double()
+            for name, log_probs in out_of_fold.items()
+        }
         for name, log_probs in out_of_fold.items():
             nll = float(losses[name].mean())
             self.cross_validated[names.index(name)] = torch.tensor([nll, top_label_ece(log_probs.exp(), labels)])

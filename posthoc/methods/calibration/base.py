@@ -115,17 +115,23 @@ class Calibrator(CalibratorOptions, nn.Module):
     def requirement(cls, labels: Tensor, num_classes: int) -> str | None:
         """Why ``labels`` are too few for this calibrator (naming the minimum), or ``None`` if enough."""
         if cls.binary_only and num_classes != 2:
-            return (f"'{cls.name}' calibrates binary classifiers (one logit, or two classes); these logits have "
-                    f"{num_classes} classes: use 'temperature', 'vector' or 'matrix'")
+            return (
+                f"'{cls.name}' calibrates binary classifiers (one logit, or two classes); these logits have "
+                f"{num_classes} classes: use 'temperature', 'vector' or 'matrix'"
+            )
         if labels.numel() < cls.min_examples:
             return f"'{cls.name}' needs at least {cls.min_examples} held-out examples, got {labels.numel()}"
         if cls.min_per_class:
             counts = torch.bincount(labels, minlength=num_classes)
             short = (counts < cls.min_per_class).nonzero().reshape(-1).tolist()
             if short:
-                listing = ", ".join(f"class {c}: {int(counts[c])}" for c in short[:5]) + (" ..." if len(short) > 5 else "")
-                return (f"'{cls.name}' has per-class parameters and needs at least {cls.min_per_class} held-out "
-                        f"examples of every class ({listing}); collect more, or use 'temperature'")
+                listing = ", ".join(f"class {c}: {int(counts[c])}" for c in short[:5]) + (
+                    " ..." if len(short) > 5 else ""
+                )
+                return (
+                    f"'{cls.name}' has per-class parameters and needs at least {cls.min_per_class} held-out "
+                    f"examples of every class ({listing}); collect more, or use 'temperature'"
+                )
         return None
 
     def check(self, labels: Tensor, num_classes: int) -> None:
@@ -251,4 +257,6 @@ class Calibrator(CalibratorOptions, nn.Module):
     # ------------------------------------------------------------------ files
 
     def extra_repr(self) -> str:
-        return f"calibrator={self.chosen_name!r}, classes={int(self.num_classes)}" + (", identity" if bool(self.passthrough) else "")
+        return f"calibrator={self.chosen_name!r}, classes={int(self.num_classes)}" + (
+            ", identity" if bool(self.passthrough) else ""
+        )

@@ -52,11 +52,15 @@ class EnsembleTemperatureScaling(Calibrator):
         self.weights.copy_(torch.tensor([0.0, 1.0, 0.0]))
 
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
-        temperature = torch.tensor(fit_temperature(inputs, labels, max_iter=self.max_iter), dtype=inputs.dtype,
-                                   device=inputs.device)
+        temperature = torch.tensor(
+            fit_temperature(inputs, labels, max_iter=self.max_iter), dtype=inputs.dtype, device=inputs.device
+        )
         free = torch.zeros(3, dtype=inputs.dtype, device=inputs.device, requires_grad=True)
-        minimise(lambda: mixture_nll(mixture_log_probs(inputs, temperature, torch.log_softmax(free, 0)), labels),
-                 [free], max_iter=self.max_iter)
+        minimise(
+            lambda: mixture_nll(mixture_log_probs(inputs, temperature, torch.log_softmax(free, 0)), labels),
+            [free],
+            max_iter=self.max_iter,
+        )
         self.temperature.fill_(float(temperature))
         self.weights.copy_(torch.softmax(free.detach(), 0))
 

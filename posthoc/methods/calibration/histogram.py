@@ -73,8 +73,9 @@ class HistogramBinning(Calibrator):
             self.values = binned_frequency(confidence, predicted == labels, self.bins, self.smoothing)[None].float()
             return
         events = torch.nn.functional.one_hot(labels, probs.shape[-1]).T
-        self.values = torch.stack([binned_frequency(p, e, self.bins, self.smoothing)
-                                   for p, e in zip(probs.T, events)]).float()
+        self.values = torch.stack(
+            [binned_frequency(p, e, self.bins, self.smoothing) for p, e in zip(probs.T, events)]
+        ).float()
 
     def _transform(self, logits: Tensor) -> Tensor:
         probs = torch.softmax(logits, -1)

@@ -50,8 +50,10 @@ class IsotonicCalibration(Calibrator):
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
         probs = predictive(torch.log_softmax(inputs, -1)).exp().cpu().numpy()
         events = torch.nn.functional.one_hot(labels, probs.shape[-1]).cpu().numpy()
-        fitted = [SklearnIsotonic(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(probs[:, c], events[:, c])
-                  for c in range(probs.shape[-1])]
+        fitted = [
+            SklearnIsotonic(y_min=0.0, y_max=1.0, out_of_bounds="clip").fit(probs[:, c], events[:, c])
+            for c in range(probs.shape[-1])
+        ]
         longest = max(len(f.X_thresholds_) for f in fitted)
         points = torch.zeros(len(fitted), longest, dtype=torch.float64)
         values = torch.zeros(len(fitted), longest, dtype=torch.float64)
@@ -63,8 +65,13 @@ class IsotonicCalibration(Calibrator):
 
     def _transform(self, logits: Tensor) -> Tensor:
         probs = torch.softmax(logits.double(), -1)
-        mapped = torch.stack([interpolate(probs[..., c], self.points[c], self.values[c], int(self.sizes[c]))
-                              for c in range(probs.shape[-1])], -1).clamp_min(FLOOR)
+        mapped = torch.stack(
+            [
+                interpolate(probs[..., c], self.points[c], self.values[c], int(self.sizes[c]))
+                for c in range(probs.shape[-1])
+            ],
+            -1,
+        ).clamp_min(FLOOR)
         return (mapped / mapped.sum(-1, keepdim=True)).log().to(logits.dtype)
 
     def num_parameters(self) -> int:

@@ -67,8 +67,9 @@ SHIFT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
 
 def _interpolable(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
     """Whether two fitted states have the same floating-point parameters (so one can move towards the other)."""
-    return a.keys() == b.keys() and all(a[k].shape == b[k].shape and (a[k].is_floating_point() or torch.equal(a[k], b[k]))
-                                        for k in a)
+    return a.keys() == b.keys() and all(
+        a[k].shape == b[k].shape and (a[k].is_floating_point() or torch.equal(a[k], b[k])) for k in a
+    )
 
 
 def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[str, Tensor]:
@@ -77,7 +78,6 @@ def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[
 
 #: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
-
 
 
 @dataclass
@@ -102,11 +102,14 @@ class _Cache:
         if not shifted or self.shifted is None or rows.shifted is None:
             return clean, labels
         copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
-        return (torch.cat([clean, copies], self.dim),
-                torch.cat([labels, self.shifted_labels[rows.shifted.to(self.shifted_labels.device)]]))
+        return (
+            torch.cat([clean, copies], self.dim),
+            torch.cat([labels, self.shifted_labels[rows.shifted.to(self.shifted_labels.device)]]),
+        )
 
     def scores(self, calibrator: Calibrator | None, rows: Rows) -> Scores:
         """The scores of the calibrated (``None``: the uncalibrated) predictive on ``rows``."""
+
         def log_probs(values: Tensor) -> Tensor:
             return predictive(values) if calibrator is None else calibrator.calibrated_predictive(values)
 
@@ -114,8 +117,12 @@ class _Cache:
         if self.shifted is None or rows.shifted is None:
             return Scores.of_log_probs(log_probs(clean), labels)
         copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
-        return Scores.of_log_probs(log_probs(clean), labels, log_probs(copies),
-                                   self.shifted_labels[rows.shifted.to(self.shifted_labels.device)])
+        return Scores.of_log_probs(
+            log_probs(clean),
+            labels,
+            log_probs(copies),
+            self.shifted_labels[rows.shifted.to(self.shifted_labels.device)],
+        )
 
 
 def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
@@ -127,8 +134,9 @@ def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
         TemperatureScaling.Options(max_iter=100, shift_weight='auto')
     """
     shift_weight = [("shift_weight", Any, dataclasses.field(default="auto"))]
-    options = dataclasses.make_dataclass("Options", shift_weight, bases=(cls.calibrator_class.Options,), frozen=True,
-                                         kw_only=True)
+    options = dataclasses.make_dataclass(
+        "Options", shift_weight, bases=(cls.calibrator_class.Options,), frozen=True, kw_only=True
+    )
     options.__module__, options.__qualname__ = cls.__module__, f"{cls.__qualname__}.Options"
     return options
 
@@ -179,11 +187,14 @@ class CalibrationMethod(FittedOnHeldOut, Method):
     def held_out_cache(self, held_out: HeldOut) -> _Cache:
         """The inner log-probabilities (or per-sample ones) over the clean and perturbed held-out batches, gathered over
         ranks, floored at :data:`LOG_PROB_FLOOR`; too few examples or a single class are refused by name."""
+
         def inner(x: Inputs, generator: torch.Generator) -> Tensor:
             log_probs, samples = self.inner.log_predictive(x, generator=generator)
-            check_finite_result(log_probs if samples is None else samples,
-                                f"the log-probabilities of {predictive_of(self.inner)} that '{self.name}' is fitted on",
-                                log_probs=True)
+            check_finite_result(
+                log_probs if samples is None else samples,
+                f"the log-probabilities of {predictive_of(self.inner)} that '{self.name}' is fitted on",
+                log_probs=True,
+            )
             return (log_probs if samples is None else samples).float()
 
         if self.inner.name == "none" and held_out.plain_outputs is not None:  # the plain model's, read once already
@@ -192,9 +203,12 @@ class CalibrationMethod(FittedOnHeldOut, Method):
             with torch.no_grad(), eval_mode(self.inner):
                 clean, labels, shifted, shifted_labels = held_out.outputs(inner)
         classes = clean.shape[-1]
-        cache = _Cache(clean.clamp_min(LOG_PROB_FLOOR), check_labels(labels, classes),
-                       None if shifted is None else shifted.clamp_min(LOG_PROB_FLOOR),
-                       None if shifted_labels is None else check_labels(shifted_labels, classes))
+        cache = _Cache(
+            clean.clamp_min(LOG_PROB_FLOOR),
+            check_labels(labels, classes),
+            None if shifted is None else shifted.clamp_min(LOG_PROB_FLOOR),
+            None if shifted_labels is None else check_labels(shifted_labels, classes),
+        )
         self.calibrator.check(cache.labels, classes)
         return cache
 
@@ -210,18 +224,26 @@ class CalibrationMethod(FittedOnHeldOut, Method):
             candidates += [(f"shift weight {weight:g}", weight) for weight in weights]
         return candidates
 
-    def fit_and_score(self, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows,
-                      scored: Rows) -> list[Scores | None]:
+    def fit_and_score(
+        self, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows, scored: Rows
+    ) -> list[Scores | None]:
         """Every configuration fitted on ``fitting`` and scored on ``scored`` (the clean and combined fits made once)."""
         try:
             clean = copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=False))
-            combined = (copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=True))
-                        if cache.shifted is not None and any(w for _, w in configurations) else None)
+            combined = (
+                copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=True))
+                if cache.shifted is not None and any(w for _, w in configurations)
+                else None
+            )
         except InputError:  # too few examples of a class in this fold: only the uncalibrated predictive is scored
             return [cache.scores(None, scored) if weight is None else None for _, weight in configurations]
-        return [cache.scores(None if weight is None else self._fitted_at(weight, cache, fitting, clean=clean,
-                                                                         combined=combined), scored)
-                for _, weight in configurations]
+        return [
+            cache.scores(
+                None if weight is None else self._fitted_at(weight, cache, fitting, clean=clean, combined=combined),
+                scored,
+            )
+            for _, weight in configurations
+        ]
 
     def apply(self, cache: _Cache, value: float | None, held_out: HeldOut) -> None:
         """Fit the calibrator at shift weight ``value`` on every held-out row (``None``: keep the inner predictive)."""
@@ -233,8 +255,16 @@ class CalibrationMethod(FittedOnHeldOut, Method):
             return
         self.calibrator = self._fitted_at(value, cache, held_out.layout.everything(), warn=True)
 
-    def _fitted_at(self, weight: float, cache: _Cache, rows: Rows, *, warn: bool = False,
-                   clean: Calibrator | None = None, combined: Calibrator | None = None) -> Calibrator:
+    def _fitted_at(
+        self,
+        weight: float,
+        cache: _Cache,
+        rows: Rows,
+        *,
+        warn: bool = False,
+        clean: Calibrator | None = None,
+        combined: Calibrator | None = None,
+    ) -> Calibrator:
         """The calibrator at ``weight`` fitted on ``rows``: the clean fit, moved ``weight`` of the way towards the fit
         on clean and perturbed examples together (a map that cannot move takes that fit whole)."""
         with warnings.catch_warnings():
@@ -245,15 +275,20 @@ class CalibrationMethod(FittedOnHeldOut, Method):
             return clean
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)  # the clean fit's warnings stand
-            combined = combined if combined is not None else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=True))
+            combined = (
+                combined
+                if combined is not None
+                else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=True))
+            )
         if weight == 1 or not _interpolable(dict(clean.named_buffers()), dict(combined.named_buffers())):
             return combined
         moved = copy.deepcopy(clean)
         moved.load_buffers(_between(dict(clean.named_buffers()), dict(combined.named_buffers()), weight))
         return moved
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
         if samples is not None and self.calibrator.per_sample:
             calibrated = self.calibrator.transform(samples.clamp_min(LOG_PROB_FLOOR))
@@ -262,7 +297,11 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 
     def summary(self) -> dict[str, Any]:
         """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""
-        card = {"random_variables": self.calibrator.num_parameters(), "layers": [], "calibrator": self.calibrator.chosen_name}
+        card = {
+            "random_variables": self.calibrator.num_parameters(),
+            "layers": [],
+            "calibrator": self.calibrator.chosen_name,
+        }
         if not math.isnan(float(self.shift_weight)):
             card["shift_weight"] = round(float(self.shift_weight), 4)
         return card
@@ -288,8 +327,9 @@ class TemperatureScaling(CalibrationMethod):
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         # format-1 files keep T at the top level ("temperature"), not under the calibrator
-        super().load_posterior_state({("calibrator.temperature" if key == "temperature" else key): value
-                                      for key, value in state.items()})
+        super().load_posterior_state(
+            {("calibrator.temperature" if key == "temperature" else key): value for key, value in state.items()}
+        )
 
 
 @register

@@ -20,4 +20,3 @@ def mixture_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
     """Mean NLL of ``labels`` under log-probabilities ``(N, C)``, or under the average of samples ``(S, N, C)``."""
     predictive = log_mean_exp(log_probs) if log_probs.dim() == 3 else log_probs
     return torch.nn.functional.nll_loss(predictive, labels)
-

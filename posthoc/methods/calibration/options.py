@@ -75,4 +75,6 @@ class CalibratorOptions:
         try:
             load_tensors(self, state)
         except (KeyError, AttributeError) as err:
-            raise PosteriorFileError(f"{source} does not match calibrator '{self.name}': unexpected entry {err}") from err
+            raise PosteriorFileError(
+                f"{source} does not match calibrator '{self.name}': unexpected entry {err}"
+            ) from err

@@ -88,8 +88,13 @@ class AutoRecalibration(RegressionCalibrator):
         folds: int = 5
         seed: int = 0
 
-    def __init__(self, *, candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic"), folds: int = 5,
-                 seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic"),
+        folds: int = 5,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         known = [name for name in _regression_candidates() if name != "identity"]
         if not candidates or isinstance(candidates, str) or any(name not in known for name in candidates):
@@ -134,7 +139,8 @@ class AutoRecalibration(RegressionCalibrator):
                 f"of the folds; {count} held-out examples leave {count - math.ceil(count / self.folds)} for such a fit, "
                 f"fewer than the {wanted} a calibrator needs. Pass at least {enough} held-out examples"
                 + (f", or more folds (folds={count} fits on {count - 1})" if count - 1 >= wanted else "")
-                + (", or choose a calibrator yourself (method='variance-scaling')" if count >= wanted else ""))
+                + (", or choose a calibrator yourself (method='variance-scaling')" if count >= wanted else "")
+            )
         return super().fit(prediction, targets)
 
     def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
@@ -162,8 +168,9 @@ class AutoRecalibration(RegressionCalibrator):
 
 
 def _rows(prediction: RegressionPrediction, keep: Tensor) -> RegressionPrediction:
-    return RegressionPrediction.from_components(prediction.component_means[:, keep], prediction.model_variances[:, keep],
-                                                prediction.noise[:, keep])
+    return RegressionPrediction.from_components(
+        prediction.component_means[:, keep], prediction.model_variances[:, keep], prediction.noise[:, keep]
+    )
 
 
 def regression_calibrators() -> dict[str, type[RegressionCalibrator]]:

@@ -48,9 +48,11 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
         torch.Size([3, 1])
     """
     if isinstance(mean, (RegressionPrediction, Prediction)):
-        raise InputError(f"mean= takes the predicted means (numbers), got a {type(mean).__name__}; for a wrapped "
-                         "regressor's prediction call calibrator.calibrate(um.predict(x)) (or pass mean=pred.mean, "
-                         "std=pred.std)")
+        raise InputError(
+            f"mean= takes the predicted means (numbers), got a {type(mean).__name__}; for a wrapped "
+            "regressor's prediction call calibrator.calibrate(um.predict(x)) (or pass mean=pred.mean, "
+            "std=pred.std)"
+        )
     mean = as_tensor(mean, "mean").double()
     if mean.dim() == 1:
         mean = mean[:, None]
@@ -64,8 +66,10 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
     if not (torch.isfinite(mean).all() and torch.isfinite(std).all()):
         raise InputError("mean or std contain NaN or inf; drop or impute those rows")
     if not bool((std > 0).all()):
-        raise InputError(f"every std must be > 0 (got a minimum of {float(std.min()):.3g}); pass the predictive "
-                         "standard deviation, not a variance or log-variance, and drop rows with std <= 0")
+        raise InputError(
+            f"every std must be > 0 (got a minimum of {float(std.min()):.3g}); pass the predictive "
+            "standard deviation, not a variance or log-variance, and drop rows with std <= 0"
+        )
     return RegressionPrediction.from_components(mean[None], None, std.square()[None])
 
 
@@ -80,11 +84,16 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
     """
     if isinstance(prediction, RegressionPrediction):
         return
-    instead = ("a classifier's posthoc.Prediction: calibrate a classifier with posthoc.calibrate(logits, labels) "
-               "or a classification calibrator" if isinstance(prediction, Prediction)
-               else f"a {type(prediction).__name__}: for a deployed regressor's numbers use calibrator.predict(mean, std)")
-    raise InputError(f"a regression calibrator's {what} takes a posthoc.RegressionPrediction (um.predict(x) of a model "
-                     f"wrapped with likelihood='regression'), got {instead}")
+    instead = (
+        "a classifier's posthoc.Prediction: calibrate a classifier with posthoc.calibrate(logits, labels) "
+        "or a classification calibrator"
+        if isinstance(prediction, Prediction)
+        else f"a {type(prediction).__name__}: for a deployed regressor's numbers use calibrator.predict(mean, std)"
+    )
+    raise InputError(
+        f"a regression calibrator's {what} takes a posthoc.RegressionPrediction (um.predict(x) of a model "
+        f"wrapped with likelihood='regression'), got {instead}"
+    )
 
 
 class RegressionCalibrator(CalibratorOptions, nn.Module):
@@ -111,8 +120,11 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
 
     def num_parameters(self) -> int:
         """How many scalar parameters the fitted map has."""
-        return sum(value.numel() for name, value in self.named_buffers()
-                   if name.rpartition(".")[2] not in ("num_outputs", "unit_std"))
+        return sum(
+            value.numel()
+            for name, value in self.named_buffers()
+            if name.rpartition(".")[2] not in ("num_outputs", "unit_std")
+        )
 
     def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
         """Fit on a held-out ``prediction`` and its ``targets`` ``(N,)`` or ``(N, D)``; returns ``self``.
@@ -129,9 +141,11 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         y = prediction.distribution.targets(targets).double()
         exact = ((y - prediction.mean.double()) == 0).all(0).nonzero().flatten().tolist()
         if exact:
-            raise InputError(f"the predicted means equal every target of output(s) {exact} exactly, so no calibration "
-                             "map can be fitted (variance scaling would shrink the std to 0); calibrate on held-out "
-                             "targets the model was not fitted to")
+            raise InputError(
+                f"the predicted means equal every target of output(s) {exact} exactly, so no calibration "
+                "map can be fitted (variance scaling would shrink the std to 0); calibrate on held-out "
+                "targets the model was not fitted to"
+            )
         if y.shape[0] < self.min_examples:
             raise InputError(f"'{self.name}' needs at least {self.min_examples} held-out examples, got {y.shape[0]}")
         self.num_outputs.fill_(prediction.num_outputs)
@@ -154,11 +168,15 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         check_regression_prediction(prediction, "calibrate")
         expected = int(self.num_outputs)
         if expected == 0:
-            raise InputError(f"this '{self.name}' calibrator is not fitted: call .fit(prediction, targets) or "
-                             "posthoc.calibrate(mean=..., std=..., targets=...) first")
+            raise InputError(
+                f"this '{self.name}' calibrator is not fitted: call .fit(prediction, targets) or "
+                "posthoc.calibrate(mean=..., std=..., targets=...) first"
+            )
         if prediction.num_outputs != expected:
-            raise InputError(f"this '{self.chosen_name}' calibrator was fitted on {expected} output(s) but got a prediction "
-                             f"of {prediction.num_outputs}; pass predictions of the model it was fitted for")
+            raise InputError(
+                f"this '{self.chosen_name}' calibrator was fitted on {expected} output(s) but got a prediction "
+                f"of {prediction.num_outputs}; pass predictions of the model it was fitted for"
+            )
         return self._calibrate(prediction)
 
     def _calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:
@@ -167,19 +185,22 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
     def predict(self, mean: Any, std: Any = None) -> RegressionPrediction:
         """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (see module docs).
 
-        Example:
->>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-            >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
-            >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
-            >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y)
-            >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
-            >>> lower.shape
-            torch.Size([500, 1])
+                Example:
+        >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+                    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+                    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
+                    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y)
+                    >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
+                    >>> lower.shape
+                    torch.Size([500, 1])
         """
         prediction = as_prediction(mean, std)
         if bool(self.unit_std) != (std is None):
-            raise InputError("this calibrator was fitted on means alone: call it with mean only" if bool(self.unit_std)
-                             else "this calibrator was fitted on means and stds: pass std= too")
+            raise InputError(
+                "this calibrator was fitted on means alone: call it with mean only"
+                if bool(self.unit_std)
+                else "this calibrator was fitted on means and stds: pass std= too"
+            )
         return self.calibrate(prediction)
 
     def forward(self, mean: Any, std: Any = None) -> RegressionPrediction:
@@ -195,5 +216,6 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
 
 
 def _float64(prediction: RegressionPrediction) -> RegressionPrediction:
-    return RegressionPrediction.from_components(prediction.component_means.double(), prediction.model_variances.double(),
-                                                prediction.noise.double())
+    return RegressionPrediction.from_components(
+        prediction.component_means.double(), prediction.model_variances.double(), prediction.noise.double()
+    )

@@ -44,8 +44,12 @@ def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -
     labels = labels.to(log_probs.device)
     log_t = torch.zeros((), dtype=torch.float64, device=log_probs.device, requires_grad=True)
     bound = math.log(MAX_TEMPERATURE)
-    minimise(lambda: torch.nn.functional.nll_loss(tempered_log_probs(log_probs, log_t.clamp(-bound, bound).exp()), labels),
-             [log_t], max_iter=max_iter, tolerance=1e-10)
+    minimise(
+        lambda: torch.nn.functional.nll_loss(tempered_log_probs(log_probs, log_t.clamp(-bound, bound).exp()), labels),
+        [log_t],
+        max_iter=max_iter,
+        tolerance=1e-10,
+    )
     value = float(log_t.detach().clamp(-bound, bound).exp())
     if not math.isfinite(value):
         value = 1.0

@@ -50,6 +50,7 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     start = closed_form_scale(prediction, targets)
     scales = []
     for d in range(prediction.num_outputs):
+
         def nll(log_scale: float, d: int = d) -> float:
             scale = torch.ones(prediction.num_outputs, dtype=targets.dtype)
             scale[d] = math.exp(log_scale)

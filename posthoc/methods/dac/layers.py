@@ -119,9 +119,12 @@ class Capture:
                 if found[index] is None:
                     value = first_tensor(args if site.at == "input" else output[0])
                     found[index] = None if value is None else pooled(value, rows)
+
             return hook
 
-        with hooked((module, site.at, record(i, site)) for i, (module, site) in enumerate(zip(self.modules, self.sites))):
+        with hooked(
+            (module, site.at, record(i, site)) for i, (module, site) in enumerate(zip(self.modules, self.sites))
+        ):
             yield found
 
     def features(self, found: list[Tensor | None], x: Inputs) -> list[Tensor]:
@@ -132,8 +135,10 @@ class Capture:
             found = [f if f is not None else g for f, g in zip(found, again)]
         missing = [str(site) for site, f in zip(self.sites, found) if f is None]
         if missing:
-            raise ConfigError(f"dac reads features at {missing}, but the forward pass gives no per-example floating "
-                              "tensor there; name other modules with layers=[...]")
+            raise ConfigError(
+                f"dac reads features at {missing}, but the forward pass gives no per-example floating "
+                "tensor there; name other modules with layers=[...]"
+            )
         return found  # type: ignore[return-value]
 
 
@@ -155,6 +160,7 @@ def _trace(model: nn.Module, x: Inputs) -> dict[str, tuple[int, bool]]:
             if name not in seen:
                 value = first_tensor(output)
                 seen[name] = (len(seen), value is not None and pooled(value, rows) is not None)
+
         return record
 
     named = list(model.named_modules())  # the root too: a model may be its own head (a bare nn.Linear)
@@ -163,14 +169,20 @@ def _trace(model: nn.Module, x: Inputs) -> dict[str, tuple[int, bool]]:
     return seen
 
 
-def _blocks(model: nn.Module, prefix: str, head: str, called: dict[str, tuple[int, bool]], opened: set[str]) -> list[str]:
+def _blocks(
+    model: nn.Module, prefix: str, head: str, called: dict[str, tuple[int, bool]], opened: set[str]
+) -> list[str]:
     """The blocks under ``prefix``: children, with the head's ancestors, uncalled containers and ``opened`` ones opened."""
     out = []
     for name, child in model.named_children():
         full = prefix + name
         if full == head:
             continue
-        if head.startswith(full + ".") or full in opened or (full not in called and any(True for _ in child.children())):
+        if (
+            head.startswith(full + ".")
+            or full in opened
+            or (full not in called and any(True for _ in child.children()))
+        ):
             out += _blocks(child, full + ".", head, called, opened)
         elif full in called:
             out.append(full)
@@ -193,18 +205,26 @@ def auto_sites(model: nn.Module, x: Inputs, *, head: str | nn.Module | None = No
     try:
         head_name, _ = find_head(model, head, example)
     except HeadNotFoundError as err:
-        raise HeadNotFoundError(f"{err}. dac reads features at the head's input and before it; name the head with "
-                                "head=..., or the layers to read with layers=[module names]") from None
+        raise HeadNotFoundError(
+            f"{err}. dac reads features at the head's input and before it; name the head with "
+            "head=..., or the layers to read with layers=[module names]"
+        ) from None
     called = _trace(model, example)
     if head_name not in called:
-        raise HeadNotFoundError(f"the head '{head_name}' is not called in the forward pass; name the head with head=...")
+        raise HeadNotFoundError(
+            f"the head '{head_name}' is not called in the forward pass; name the head with head=..."
+        )
     opened: set[str] = set()
     ends: list[str] = []
     for _ in range(MAX_OPENINGS):
-        blocks = sorted((b for b in _blocks(model, "", head_name, called, opened) if called[b][0] < called[head_name][0]),
-                        key=lambda b: called[b][0])
+        blocks = sorted(
+            (b for b in _blocks(model, "", head_name, called, opened) if called[b][0] < called[head_name][0]),
+            key=lambda b: called[b][0],
+        )
         modules = {b: model.get_submodule(b) for b in blocks}
-        ends = [_before_reshapes(blocks, i, modules) for i in range(len(blocks) - 1) if _weighted(modules[blocks[i + 1]])]
+        ends = [
+            _before_reshapes(blocks, i, modules) for i in range(len(blocks) - 1) if _weighted(modules[blocks[i + 1]])
+        ]
         ends = [b for b in ends if b is not None and called[b][1]]
         if len(ends) >= count:
             break

@@ -124,6 +124,7 @@ class _Cache:
 
     def take(self, rows: Rows, anchors: Tensor, spreads: Tensor) -> tuple[Cached | Spread, Cached | Spread | None]:
         """The clean ``rows`` and their perturbed copies, their log-distances standardised by ``anchors`` and ``spreads``."""
+
         def part(cached: Cached | Spread, index: Tensor) -> Cached | Spread:
             if isinstance(cached, Spread):
                 picked = cached.rows(index)
@@ -131,8 +132,11 @@ class _Cache:
                 return picked
             dim = 0 if cached.log_probs.dim() == 2 else 1
             index = index.to(cached.labels.device)
-            return Cached(cached.log_probs.index_select(dim, index), excess(cached.excess[index], anchors, spreads),
-                          cached.labels[index])
+            return Cached(
+                cached.log_probs.index_select(dim, index),
+                excess(cached.excess[index], anchors, spreads),
+                cached.labels[index],
+            )
 
         clean = part(self.clean, rows.clean)
         shifted = None if self.shifted is None or rows.shifted is None else part(self.shifted, rows.shifted)
@@ -147,21 +151,31 @@ class _Cache:
         def factors(cached: Spread) -> Tensor:
             if fitted is None:
                 return torch.ones(cached.excess.shape[0], dtype=torch.float64, device=cached.excess.device)
-            return temperatures(cached.excess.double(), values.temperature,
-                                torch.tensor(values.weights, dtype=torch.float64, device=cached.excess.device))
+            return temperatures(
+                cached.excess.double(),
+                values.temperature,
+                torch.tensor(values.weights, dtype=torch.float64, device=cached.excess.device),
+            )
 
         def log_probs(cached: Cached) -> Tensor:
             if fitted is None:
                 return log_mean_exp(cached.log_probs) if cached.log_probs.dim() == 3 else cached.log_probs
-            t = temperatures(cached.excess, values.temperature, torch.tensor(values.weights, dtype=cached.excess.dtype,
-                                                                           device=cached.excess.device))
+            t = temperatures(
+                cached.excess,
+                values.temperature,
+                torch.tensor(values.weights, dtype=cached.excess.dtype, device=cached.excess.device),
+            )
             return tempered(cached.log_probs, t)[0]
 
         zero = torch.zeros(self.clean.excess.shape[1], device=self.clean.excess.device)
-        clean, shifted = self.take(rows, zero if anchors is None else anchors, torch.ones_like(zero) if spreads is None else spreads)
+        clean, shifted = self.take(
+            rows, zero if anchors is None else anchors, torch.ones_like(zero) if spreads is None else spreads
+        )
         if isinstance(clean, Spread):
             clean = clean.double()
-            return Scores(clean.nlls(factors(clean)), None if shifted is None else shifted.double().nlls(factors(shifted)))
+            return Scores(
+                clean.nlls(factors(clean)), None if shifted is None else shifted.double().nlls(factors(shifted))
+            )
         if shifted is None:
             return Scores.of_log_probs(log_probs(clean), clean.labels)
         return Scores.of_log_probs(log_probs(clean), clean.labels, log_probs(shifted), shifted.labels)
@@ -267,8 +281,10 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             return auto_sites(self.base_model, x, head=self.head, count=AUTO_LAYERS)
         sites = named_sites(self.base_model, self.layers, head=self.head, x=x)
         if not sites:
-            raise ConfigError("dac found no layer to read: the model has no head to find and layers=[] names none; "
-                              "pass layers=[module names]")
+            raise ConfigError(
+                "dac found no layer to read: the model has no head to find and layers=[] names none; "
+                "pass layers=[module names]"
+            )
         return sites
 
     # ---- distances and temperatures ----------------------------------------------------------
@@ -290,29 +306,35 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
 
     def temperatures_of(self, features: list[Tensor]) -> Tensor:
         """The temperature ``T(x)`` of each example ``(N,)`` from its features at :meth:`sites`."""
-        return temperatures(excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights)
+        return temperatures(
+            excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights
+        )
 
-    def _inner_with_features(self, x: Inputs, num_samples: int | None,
-                             generator: torch.Generator | None) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    def _inner_with_features(
+        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
+    ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
             log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
         return log_probs, samples, capture.features(found, x)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
 
-    def _inner_regression_with_features(self, x: Inputs, num_samples: int | None,
-                                        generator: torch.Generator | None) -> tuple[RegressionPrediction, list[Tensor]]:
+    def _inner_regression_with_features(
+        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
+    ) -> tuple[RegressionPrediction, list[Tensor]]:
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
             prediction = self.inner.regression_predictive(x, num_samples=num_samples, generator=generator)
         return prediction, capture.features(found, x)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """The inner regression predictive with example ``i``'s variance times ``v(x_i)`` (module docs)."""
         prediction, features = self._inner_regression_with_features(x, num_samples, generator)
         return inflated(prediction, self.temperatures_of(features))
@@ -321,7 +343,9 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """The feature bank from ``train_loader``; the temperature is fitted on held-out data by :meth:`choose`."""
         if train_loader is None:
-            raise InputError("'dac' compares features with the training features: call um.fit(train_loader, val_loader)")
+            raise InputError(
+                "'dac' compares features with the training features: call um.fit(train_loader, val_loader)"
+            )
         with torch.no_grad(), eval_mode(self.inner):
             self._fit_bank(train_loader, progress)
 
@@ -344,10 +368,14 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         every anchor the weights fitted with ``T0 = 1`` and shrunk by each factor (module docs)."""
         anchors = ANCHORS if self.anchor == "auto" else (self.anchor,)
         shrinks = SHRINKS if self.shrink == "auto" else (self.shrink,)
-        found: list[tuple[str, tuple[float, bool, float] | None]] = [("inner predictive", None),
-                                                                     ("temperature alone", (anchors[0], True, 0.0))]
+        found: list[tuple[str, tuple[float, bool, float] | None]] = [
+            ("inner predictive", None),
+            ("temperature alone", (anchors[0], True, 0.0)),
+        ]
         for anchor in anchors:
-            found += [(f"anchor {anchor:g}, weights x{shrink:g}", (anchor, False, shrink)) for shrink in shrinks if shrink > 0]
+            found += [
+                (f"anchor {anchor:g}, weights x{shrink:g}", (anchor, False, shrink)) for shrink in shrinks if shrink > 0
+            ]
         return found
 
     def fit_and_score(self, cache: _Cache, configurations: list, fitting: Rows, scored: Rows) -> list[Scores | None]:
@@ -373,25 +401,40 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             fitted = Fitted(1.0, [0.0] * len(anchors))
         else:
             anchor, fitted_t0, shrink = value
-            anchors, spreads, fitted = _shrunk(self._fitted(cache, anchor, fitted_t0, rows, weights=shrink > 0, warn=True),
-                                               shrink)
+            anchors, spreads, fitted = _shrunk(
+                self._fitted(cache, anchor, fitted_t0, rows, weights=shrink > 0, warn=True), shrink
+            )
         self.anchors, self.spreads = anchors.to(self.device), spreads.to(self.device)
         self.temperature = torch.tensor(fitted.temperature, device=self.device)
         self.weights = torch.tensor(fitted.weights, dtype=torch.float32, device=self.device)
         self._set_meta({**self._meta(), "anchor": anchor, "shrink": None if value is None else value[2]})
 
-    def _fitted(self, cache: _Cache, anchor: float, fitted_t0: bool, rows: Rows, *, weights: bool, warn: bool = False
-                ) -> tuple[Tensor, Tensor, Fitted]:
+    def _fitted(
+        self, cache: _Cache, anchor: float, fitted_t0: bool, rows: Rows, *, weights: bool, warn: bool = False
+    ) -> tuple[Tensor, Tensor, Fitted]:
         """``(anchors, spreads, T0 and weights)`` at ``anchor`` fitted on ``rows`` (``T0 = 1`` unless ``fitted_t0``)."""
         anchors, spreads = standardisation(cache.clean.excess[rows.clean], anchor)
         clean, shifted = cache.take(rows, anchors, spreads)
-        return anchors, spreads, fit(clean, shifted, strength=self.strength, weights=weights, fit_temperature=fitted_t0,
-                                     max_iter=self.max_iter, warn=warn)
+        return (
+            anchors,
+            spreads,
+            fit(
+                clean,
+                shifted,
+                strength=self.strength,
+                weights=weights,
+                fit_temperature=fitted_t0,
+                max_iter=self.max_iter,
+                warn=warn,
+            ),
+        )
 
     def _fit_bank(self, loader: Iterable, progress: bool) -> None:
         reservoir: Reservoir | None = None
         widths: list[int] = []
-        for x, _ in iterate(loader, device=self.device, progress=progress, desc="dac: feature bank", require_labels=False):
+        for x, _ in iterate(
+            loader, device=self.device, progress=progress, desc="dac: feature bank", require_labels=False
+        ):
             if reservoir is None:
                 self._set_meta({"sites": [str(site) for site in self._resolve(x)]})
             capture = self._capturer()
@@ -403,14 +446,19 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             features = [normalised(f) for f in features]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
-                reservoir = Reservoir(rows_within(widths, self.bank_bytes), torch.Generator(device=self.device).manual_seed(0))
+                reservoir = Reservoir(
+                    rows_within(widths, self.bank_bytes), torch.Generator(device=self.device).manual_seed(0)
+                )
             reservoir.add(torch.cat(features, dim=1))
         assert reservoir is not None
         bank = reservoir.rows()
         if bank.shape[0] < self.k:
-            warnings.warn(f"dac's k={self.k} exceeds the {bank.shape[0]} training examples in its bank; the distance "
-                          f"is to the farthest of them (k={bank.shape[0]}). Fit on more data or pass a smaller k",
-                          RuntimeWarning, stacklevel=3)
+            warnings.warn(
+                f"dac's k={self.k} exceeds the {bank.shape[0]} training examples in its bank; the distance "
+                f"is to the farthest of them (k={bank.shape[0]}). Fit on more data or pass a smaller k",
+                RuntimeWarning,
+                stacklevel=3,
+            )
         # layer-blocked: each layer's (rows, D_l) rows are contiguous, so its similarities are one plain matmul
         self.bank = torch.cat([block.reshape(-1) for block in bank.split(widths, dim=1)])
         self.widths = torch.tensor(widths, device=self.device)
@@ -427,14 +475,20 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             log_probs, samples, features = self._inner_with_features(x, None, generator)
             for site, values in zip(self.sites(), features):
                 check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
-            check_finite_result(log_probs if samples is None else samples,
-                                f"the log-probabilities of {predictive_of(self.inner)} that dac is fitted on", log_probs=True)
+            check_finite_result(
+                log_probs if samples is None else samples,
+                f"the log-probabilities of {predictive_of(self.inner)} that dac is fitted on",
+                log_probs=True,
+            )
             predictions.append((log_probs if samples is None else samples).float())
             distances.append(self.log_distances(features))
             labels.append(check_labels(y, log_probs.shape[-1]))
         dim = 0 if predictions[0].dim() == 2 else 1
-        return Cached(gather_rows(torch.cat(predictions, dim), dim), gather_rows(torch.cat(distances)),
-                      gather_rows(torch.cat(labels)))
+        return Cached(
+            gather_rows(torch.cat(predictions, dim), dim),
+            gather_rows(torch.cat(distances)),
+            gather_rows(torch.cat(labels)),
+        )
 
     def _held_out_spread(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Spread:
         """:meth:`_held_out` for a regressor: the inner mixture's components, log-distances and targets."""
@@ -444,14 +498,19 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             prediction, features = self._inner_regression_with_features(x, None, generator)
             for site, values in zip(self.sites(), features):
                 check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
-            check_finite_result(prediction.variance, f"the predictive variance of {predictive_of(self.inner)} that dac "
-                                                     "is fitted on")
+            check_finite_result(
+                prediction.variance, f"the predictive variance of {predictive_of(self.inner)} that dac is fitted on"
+            )
             means.append(prediction.component_means.double())
             variances.append((prediction.model_variances + prediction.noise).double())
             distances.append(self.log_distances(features))
             targets.append(real_targets(y, prediction.mean))
-        return Spread(gather_rows(torch.cat(means, 1), 1), gather_rows(torch.cat(variances, 1), 1),
-                      gather_rows(torch.cat(distances)), gather_rows(torch.cat(targets)))
+        return Spread(
+            gather_rows(torch.cat(means, 1), 1),
+            gather_rows(torch.cat(variances, 1), 1),
+            gather_rows(torch.cat(distances)),
+            gather_rows(torch.cat(targets)),
+        )
 
     # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

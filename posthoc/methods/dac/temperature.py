@@ -130,8 +130,17 @@ def _softplus_inverse(value: float) -> float:
     return value + math.log(-math.expm1(-value))
 
 
-def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int = 100, initial_weight: float = 0.1,
-        weights: bool = True, fit_temperature: bool = True, warn: bool = True) -> Fitted:
+def fit(
+    clean: Cached,
+    shifted: Cached | None,
+    *,
+    strength: float,
+    max_iter: int = 100,
+    initial_weight: float = 0.1,
+    weights: bool = True,
+    fit_temperature: bool = True,
+    warn: bool = True,
+) -> Fitted:
     """``T0`` on ``clean`` alone (``fit_temperature=False``: ``T0 = 1``), then (with ``weights``) ``w`` minimising
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
     keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
@@ -144,8 +153,16 @@ def fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int
         (2.04, [0.0, 0.0, 0.0])
     """
     with small_fit(clean.values, None if shifted is None else shifted.values):
-        return _fit(clean, shifted, strength=strength, max_iter=max_iter, initial_weight=initial_weight,
-                    fit_weights=weights, fit_temperature=fit_temperature, warn=warn)
+        return _fit(
+            clean,
+            shifted,
+            strength=strength,
+            max_iter=max_iter,
+            initial_weight=initial_weight,
+            fit_weights=weights,
+            fit_temperature=fit_temperature,
+            warn=warn,
+        )
 
 
 def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) -> Tensor:
@@ -157,16 +174,29 @@ def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) 
     log_t0 = log_t0.detach()
     if not bool(log_t0.abs() < 0.99 * LOG_T0_BOUND):
         if warn:
-            warnings.warn(f"dac's clean {clean.scale_name} hit its bound "
-                          f"({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): the held-out examples cannot "
-                          f"determine it ({clean.undetermined}); keeping T0 = 1. Check the labels or collect more "
-                          "held-out data", RuntimeWarning, stacklevel=4)
+            warnings.warn(
+                f"dac's clean {clean.scale_name} hit its bound "
+                f"({float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp()):.3g}): the held-out examples cannot "
+                f"determine it ({clean.undetermined}); keeping T0 = 1. Check the labels or collect more "
+                "held-out data",
+                RuntimeWarning,
+                stacklevel=4,
+            )
         log_t0 = torch.zeros_like(log_t0)
     return log_t0
 
 
-def _fit(clean: Cached, shifted: Cached | None, *, strength: float, max_iter: int, initial_weight: float,
-         fit_weights: bool, fit_temperature: bool, warn: bool) -> Fitted:
+def _fit(
+    clean: Cached,
+    shifted: Cached | None,
+    *,
+    strength: float,
+    max_iter: int,
+    initial_weight: float,
+    fit_weights: bool,
+    fit_temperature: bool,
+    warn: bool,
+) -> Fitted:
     layers = clean.excess.shape[1]
     options = {"dtype": torch.float64, "device": clean.values.device}
     log_t0 = clean_temperature(clean, max_iter=max_iter, warn=warn) if fit_temperature else torch.zeros((), **options)

@@ -68,8 +68,9 @@ def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPred
     factor = factor.to(device=prediction.mean.device, dtype=prediction.mean.dtype)
     scale = factor.sqrt()[None, :, None]
     means = prediction.mean + scale * (prediction.component_means - prediction.mean)
-    return RegressionPrediction.from_components(means, factor[None, :, None] * prediction.model_variances,
-                                                factor[None, :, None] * prediction.noise)
+    return RegressionPrediction.from_components(
+        means, factor[None, :, None] * prediction.model_variances, factor[None, :, None] * prediction.noise
+    )
 
 
 @dataclass
@@ -99,8 +100,12 @@ class Spread:
     def rows(self, index: Tensor) -> Spread:
         """The examples ``index``."""
         index = index.to(self.targets.device)
-        return Spread(self.means.index_select(1, index), self.variances.index_select(1, index), self.excess[index],
-                      self.targets[index])
+        return Spread(
+            self.means.index_select(1, index),
+            self.variances.index_select(1, index),
+            self.excess[index],
+            self.targets[index],
+        )
 
     def nlls(self, factor: Tensor) -> Tensor:
         """Each example's NLL ``(N,)`` with its variance multiplied by ``factor`` ``(N,)``."""

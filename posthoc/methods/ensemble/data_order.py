@@ -21,10 +21,22 @@ def reshuffled(loader: Iterable | None, seed: int) -> Iterable | None:
     batch size, collate function and workers); any other iterable, and a loader sharded by a
     ``DistributedSampler``, is returned as it is and keeps its own order.
     """
-    if (not isinstance(loader, DataLoader) or isinstance(loader.dataset, IterableDataset)
-            or loader.batch_size is None or isinstance(loader.sampler, DistributedSampler)):
+    if (
+        not isinstance(loader, DataLoader)
+        or isinstance(loader.dataset, IterableDataset)
+        or loader.batch_size is None
+        or isinstance(loader.sampler, DistributedSampler)
+    ):
         return loader
     sampler = RandomSampler(loader.dataset, generator=torch.Generator().manual_seed(seed))
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=sampler, drop_last=loader.drop_last,
-                      collate_fn=loader.collate_fn, num_workers=loader.num_workers, pin_memory=loader.pin_memory,
-                      worker_init_fn=loader.worker_init_fn, persistent_workers=loader.persistent_workers)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=sampler,
+        drop_last=loader.drop_last,
+        collate_fn=loader.collate_fn,
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        worker_init_fn=loader.worker_init_fn,
+        persistent_workers=loader.persistent_workers,
+    )

@@ -75,8 +75,9 @@ class Ensemble(Method):
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)  # the members' own are checked as they are built
     per_output_noise = True  # as the members' own (each member refuses a noise per output it cannot use)
 
-    def __init__(self, members: Sequence[Method], *, batched: bool | None = None,
-                 sources: Sequence[str | None] | None = None) -> None:
+    def __init__(
+        self, members: Sequence[Method], *, batched: bool | None = None, sources: Sequence[str | None] | None = None
+    ) -> None:
         if len(members) < 1:
             raise ConfigError("an ensemble needs at least one member")
         one_of(batched, "batched", (None, True, False))
@@ -98,7 +99,9 @@ class Ensemble(Method):
             self._bind_fingerprints()
 
     @classmethod
-    def around(cls, models: Sequence[nn.Module], entry: dict[str, Any], build: MemberBuilder) -> tuple[Ensemble, str | None]:
+    def around(
+        cls, models: Sequence[nn.Module], entry: dict[str, Any], build: MemberBuilder
+    ) -> tuple[Ensemble, str | None]:
         """The ensemble of the spec ``entry`` (``{"name", "options", "members", "batched"}``): its method built by
         ``build`` around each of ``models`` after they are checked, and the first member's fingerprint where it is
         taken at wrap (members that work on a copy).
@@ -140,22 +143,39 @@ class Ensemble(Method):
         return self.members[0].make_fit_options(values)
 
     def _bind_fingerprints(self) -> None:
-        found = [source or persistence.fingerprint(member.base_model) for source, member in zip(self.sources, self.members)]
+        found = [
+            source or persistence.fingerprint(member.base_model) for source, member in zip(self.sources, self.members)
+        ]
         self.member_fingerprints = torch.stack([persistence.fingerprint_tensor(f) for f in found]).to(self.device)
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            options: Any = None) -> None:
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: Any = None,
+    ) -> None:
         """Fit every member on the same loaders (spread over ranks under ``torch.distributed``) with the members'
         fit ``options`` (:meth:`make_fit_options`)."""
         fit_options = {} if options is None else {"options": options}
-        fit_spread(self.members, lambda index, member: self._fit_member(index, member, train_loader, val_loader,
-                                                                        progress, fit_options),
-                   loaders=(train_loader, val_loader))
+        fit_spread(
+            self.members,
+            lambda index, member: self._fit_member(index, member, train_loader, val_loader, progress, fit_options),
+            loaders=(train_loader, val_loader),
+        )
         self._bind_fingerprints()
         self.fitted.fill_(True)
 
-    def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
-                    progress: bool, fit_options: dict[str, Any]) -> None:
+    def _fit_member(
+        self,
+        index: int,
+        member: Method,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None,
+        progress: bool,
+        fit_options: dict[str, Any],
+    ) -> None:
         member.fit(train_loader, val_loader, progress=progress, **fit_options)
         member.fitted.fill_(True)
 
@@ -166,24 +186,29 @@ class Ensemble(Method):
     def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """Every member's held-out choice on the same held-out batches, each judged against its own checkpoint
         (``held_out.rebased``), spread over ranks as the fits are."""
+
         def choose_one(index: int, member: Method) -> None:
             if member.makes_choice:
                 member.choose(held_out.rebased(member.plain_model), train_loader=train_loader, progress=progress)
 
         fit_spread(self.members, choose_one, loaders=())
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         if self.vmapped:
             return batched_mixture(self.batched_forward(x))
-        return mixture([member.log_predictive(x, num_samples=num_samples, generator=generator)
-                        for member in self.members])
+        return mixture(
+            [member.log_predictive(x, num_samples=num_samples, generator=generator) for member in self.members]
+        )
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """The equal-weight mixture of the members' regression predictives (see module docs)."""
-        return mix_predictions([member.regression_predictive(x, num_samples=num_samples, generator=generator)
-                                for member in self.members])
+        return mix_predictions(
+            [member.regression_predictive(x, num_samples=num_samples, generator=generator) for member in self.members]
+        )
 
     @property
     def vmapped(self) -> bool:
@@ -203,7 +228,7 @@ class Ensemble(Method):
         parts: list[dict[str, torch.Tensor]] = [{} for _ in self.members]
         for key, value in state.items():
             if key.startswith("members."):
-                index, _, rest = key[len("members."):].partition(".")
+                index, _, rest = key[len("members.") :].partition(".")
                 if not index.isdigit() or int(index) >= len(self.members):
                     raise KeyError(key)
                 parts[int(index)][rest] = value
@@ -221,7 +246,11 @@ class Ensemble(Method):
         """
         cards = [{**member.summary(), **member.likelihood.summary()} for member in self.members]
         layers = list(dict.fromkeys(layer for card in cards for layer in card.get("layers", [])))
-        return {"random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
-                "layers": layers, "members": len(cards), "member_method": type(self.members[0]).name,
-                "batched": self.vmapped,
-                "per_member": {str(i): {k: v for k, v in card.items() if k != "layers"} for i, card in enumerate(cards)}}
+        return {
+            "random_variables": sum(int(card.get("random_variables") or 0) for card in cards),
+            "layers": layers,
+            "members": len(cards),
+            "member_method": type(self.members[0]).name,
+            "batched": self.vmapped,
+            "per_member": {str(i): {k: v for k, v in card.items() if k != "layers"} for i, card in enumerate(cards)},
+        }

@@ -74,8 +74,14 @@ class MultiSWAG(Ensemble):
         for run in self.members:
             run.use_likelihood(make_likelihood(likelihood))
 
-    def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True,
-            options: Any = None) -> None:
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: Any = None,
+    ) -> None:
         """Fit every run; under a likelihood with a noise, then fit the one noise of all runs' samples (module docs)."""
         super().fit(train_loader, val_loader, progress=progress, options=options)
         self._fit_shared_noise((train_loader, val_loader))
@@ -97,14 +103,24 @@ class MultiSWAG(Ensemble):
 
     def posterior_state(self) -> dict[str, Tensor]:
         """The ensemble's state and the shared noise (the runs' mixture's likelihood)."""
-        return {**super().posterior_state(), **{f"likelihood.{key}": value for key, value in self.likelihood.state_dict().items()}}
+        return {
+            **super().posterior_state(),
+            **{f"likelihood.{key}": value for key, value in self.likelihood.state_dict().items()},
+        }
 
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:  # type: ignore[override]
         return SWAG.fit_option_defaults()
 
-    def _fit_member(self, index: int, member: Method, train_loader: Iterable | None, val_loader: Iterable | None,
-                    progress: bool, fit_options: dict[str, Any]) -> None:
+    def _fit_member(
+        self,
+        index: int,
+        member: Method,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None,
+        progress: bool,
+        fit_options: dict[str, Any],
+    ) -> None:
         run_seed = self.seed * SEED_STRIDE + index
         with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
             torch.manual_seed(run_seed)

@@ -124,8 +124,9 @@ def batchnorm_training(model: nn.Module, train: bool) -> Iterator[nn.Module]:
         yield model
 
 
-def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int,
-               likelihood: Likelihood | None = None) -> tuple[Tensor, Tensor]:
+def elbo_terms(
+    model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_samples: int, likelihood: Likelihood | None = None
+) -> tuple[Tensor, Tensor]:
     """``(mean NLL over the expanded batch, KL)`` for one batch; marks which layers ran. The NLL is the class one,
     or under a :class:`~posthoc.core.likelihood.Gaussian` ``likelihood`` that of the targets at its fitted noise."""
     with nodes.sampling(routes(batch_size(x), train_samples, nodes.components, nodes.called.device)):
@@ -145,8 +146,15 @@ def elbo_terms(model: nn.Module, nodes: NodeSet, x: Inputs, y: Tensor, train_sam
     return F.nll_loss(log_probs, labels), nodes.kl()
 
 
-def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool,
-              likelihood: Likelihood | None = None) -> None:
+def fit_nodes(
+    model: nn.Module,
+    nodes: NodeSet,
+    train_loader: Iterable,
+    options: ElboOptions,
+    *,
+    progress: bool,
+    likelihood: Likelihood | None = None,
+) -> None:
     """The whole fit: BatchNorm statistics re-estimated with the nodes on (``batchnorm="train"``),
     the ELBO maximised (:func:`maximise_elbo`), and the statistics re-estimated once more for the
     fitted nodes (the paper keeps the momentum average of the last batches instead)."""
@@ -158,8 +166,15 @@ def fit_nodes(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options:
         refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
 
 
-def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, options: ElboOptions, *, progress: bool,
-                  likelihood: Likelihood | None = None) -> None:
+def maximise_elbo(
+    model: nn.Module,
+    nodes: NodeSet,
+    train_loader: Iterable,
+    options: ElboOptions,
+    *,
+    progress: bool,
+    likelihood: Likelihood | None = None,
+) -> None:
     """Minimise ``NLL + beta_t * KL / N`` (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov
     momentum, dropout off.
 
@@ -179,21 +194,33 @@ def maximise_elbo(model: nn.Module, nodes: NodeSet, train_loader: Iterable, opti
     def anneal(step: Step) -> None:
         optimizer.param_groups[0]["lr"] = options.node_lr(step.done)
 
-    hint = (f"lower lr_nodes (now {options.lr_nodes}) or beta. The checkpoint and this method's state were "
-            "left as they were before fit")
+    hint = (
+        f"lower lr_nodes (now {options.lr_nodes}) or beta. The checkpoint and this method's state were "
+        "left as they were before fit"
+    )
     with requires_grad(model, options.lr_weights > 0), batchnorm_training(model, options.batchnorm == "train"):
         # the node variables live outside the model (in hooks), so there is no module for
         # DistributedDataParallel to wrap: the loop averages their gradients the way it would
         engine_elbo.maximise_elbo(
-            lambda x, y: elbo_terms(model, nodes, x, y, options.train_samples, likelihood), train_loader, optimizer=optimizer,
-            trained=[*node_params, *weights], kl=options.kl_weight,
-            epochs=options.epochs, device=nodes.called.device, desc="ibnn", hint=hint, progress=progress,
-            before_update=anneal, what="iBNN fitting",
+            lambda x, y: elbo_terms(model, nodes, x, y, options.train_samples, likelihood),
+            train_loader,
+            optimizer=optimizer,
+            trained=[*node_params, *weights],
+            kl=options.kl_weight,
+            epochs=options.epochs,
+            device=nodes.called.device,
+            desc="ibnn",
+            hint=hint,
+            progress=progress,
+            before_update=anneal,
+            what="iBNN fitting",
         )
 
 
 @torch.no_grad()
-def refresh_batchnorm_sampling(model: nn.Module, nodes: NodeSet, loader: Iterable, train_samples: int, *, progress: bool) -> None:
+def refresh_batchnorm_sampling(
+    model: nn.Module, nodes: NodeSet, loader: Iterable, train_samples: int, *, progress: bool
+) -> None:
     """Recompute the model's BatchNorm statistics over ``loader`` expanded ``train_samples`` times, the nodes sampling."""
 
     def sampled_batches() -> Iterator[Inputs]:
@@ -202,4 +229,3 @@ def refresh_batchnorm_sampling(model: nn.Module, nodes: NodeSet, loader: Iterabl
                 yield expand(x, train_samples)
 
     refresh_batchnorm(model, sampled_batches())
-

@@ -133,8 +133,17 @@ class ImplicitBNN(Method):
         seed, scale = options.seed, options.scale
         super().__init__(model)
         self.recipe_name, self.recipe = recipe, recipe_named(recipe)
-        chosen = resolve(self.recipe, {"components": components, "prior_std": prior_std, "init_mean_std": init_mean_std,
-                                       "init_std": init_std, "init_std_spread": init_std_spread, "stem": stem})
+        chosen = resolve(
+            self.recipe,
+            {
+                "components": components,
+                "prior_std": prior_std,
+                "init_mean_std": init_mean_std,
+                "init_std": init_std,
+                "init_std_spread": init_std_spread,
+                "stem": stem,
+            },
+        )
         self._stem = bool(chosen.pop("stem"))
         self._node_options = {**chosen, "layers": None if layers is None else list(layers), "head": head, "seed": seed}
         self.nodes = NodeSet(model, stem=self._stem, **self._node_options)
@@ -214,11 +223,25 @@ class ImplicitBNN(Method):
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)  # the ELBO reads the plain model's noise
         rates = {"lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights}
         # the recipe's rates are set for class labels: under a Gaussian they are scaled to the same stability
-        rates = {name: getattr(self.recipe, name) * step_scale(self.likelihood) if value is None else value
-                 for name, value in rates.items()}
-        options = ElboOptions(**resolve(self.recipe, {
-            "epochs": epochs, **rates, "momentum": momentum, "weight_decay": weight_decay, "beta": beta,
-            "kl_warmup": kl_warmup, "train_samples": train_samples, "batchnorm": batchnorm}))
+        rates = {
+            name: getattr(self.recipe, name) * step_scale(self.likelihood) if value is None else value
+            for name, value in rates.items()
+        }
+        options = ElboOptions(
+            **resolve(
+                self.recipe,
+                {
+                    "epochs": epochs,
+                    **rates,
+                    "momentum": momentum,
+                    "weight_decay": weight_decay,
+                    "beta": beta,
+                    "kl_warmup": kl_warmup,
+                    "train_samples": train_samples,
+                    "batchnorm": batchnorm,
+                },
+            )
+        )
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
@@ -236,8 +259,12 @@ class ImplicitBNN(Method):
         if self.likelihood.fits_noise:
             generator = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad(), eval_mode(self.model):
-                fit_noise_on(self.likelihood, loaders, self.device,
-                             lambda x: (self._samples(x, None, generator, model_outputs), None))
+                fit_noise_on(
+                    self.likelihood,
+                    loaders,
+                    self.device,
+                    lambda x: (self._samples(x, None, generator, model_outputs), None),
+                )
 
     @property
     def scale(self) -> float:
@@ -256,8 +283,9 @@ class ImplicitBNN(Method):
 
     def apply_choice(self, value: float) -> None:
         """Set the node noise's scale to ``value`` (a candidate of the held-out choice)."""
-        self.scale_fit = torch.tensor([float(value), math.nan, math.nan], dtype=torch.float64,
-                                      device=self.fit_settings.device)
+        self.scale_fit = torch.tensor(
+            [float(value), math.nan, math.nan], dtype=torch.float64, device=self.fit_settings.device
+        )
 
     def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the component means)
@@ -269,20 +297,34 @@ class ImplicitBNN(Method):
         candidates = (0.0, *SCALES)
 
         def scores(index: int) -> Scores:
-            self.scale_fit = torch.tensor([candidates[index], math.nan, math.nan], dtype=torch.float64,
-                                          device=self.fit_settings.device)
+            self.scale_fit = torch.tensor(
+                [candidates[index], math.nan, math.nan], dtype=torch.float64, device=self.fit_settings.device
+            )
             if regression:
                 return held_out.regression_scores(lambda x, generator: self._samples(x, None, generator, model_outputs))
             return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
 
         with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
-                                        start=candidates.index(1.0))
-        warn_fallback(selection, method="iBNN", fallback="the component means alone (scale 0)",
-                      advice="Raise tolerance, or pass a fixed scale", stacklevel=4)
+            selection = held_out.select(
+                [(f"{scale:g}", scale) for scale in candidates],
+                scores,
+                knob="scale",
+                walk=True,
+                start=candidates.index(1.0),
+            )
+        warn_fallback(
+            selection,
+            method="iBNN",
+            fallback="the component means alone (scale 0)",
+            advice="Raise tolerance, or pass a fixed scale",
+            stacklevel=4,
+        )
         self.record_selection(selection)
-        self.scale_fit = torch.tensor([selection.value, selection.plain_nll, selection.chosen.clean_nll],
-                                      dtype=torch.float64, device=self.fit_settings.device)
+        self.scale_fit = torch.tensor(
+            [selection.value, selection.plain_nll, selection.chosen.clean_nll],
+            dtype=torch.float64,
+            device=self.fit_settings.device,
+        )
         self._refit_noise((train_loader, list(held_out.clean())))
         # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
         # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order
@@ -301,8 +343,11 @@ class ImplicitBNN(Method):
         recorded = settings["epochs"] > 0
         fit: dict[str, Any] = {name: (value if recorded else None) for name, value in settings.items()}
         if recorded:
-            fit.update(epochs=int(settings["epochs"]), train_samples=int(settings["train_samples"]),
-                       batchnorm="train" if settings["batchnorm"] else "frozen")
+            fit.update(
+                epochs=int(settings["epochs"]),
+                train_samples=int(settings["train_samples"]),
+                batchnorm="train" if settings["batchnorm"] else "frozen",
+            )
         return {
             "random_variables": self.nodes.nodes_per_component,
             "layers": list(self.nodes.layer_names),
@@ -314,7 +359,9 @@ class ImplicitBNN(Method):
             "init_std": float(self._node_options["init_std"]),
             "samples_per_component": self.num_samples,
             "scale": self.scale,
-            "scale_fit": "fixed" if self.scale_option is not None else ("val" if self.scale_fit is not None else "default"),
+            "scale_fit": "fixed"
+            if self.scale_option is not None
+            else ("val" if self.scale_fit is not None else "default"),
             "test_samples": self.components * self.num_samples,
             **fit,
         }
@@ -331,19 +378,22 @@ class ImplicitBNN(Method):
             self.nodes = NodeSet(self.model, stem=stem, **self._node_options)
         super().load_posterior_state(state)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """``K * S`` samples in one expanded forward per chunk; sample ``r`` uses component ``r mod K`` (:meth:`_samples`)."""
         samples = self._samples(x, num_samples, generator, class_log_probs)
         return log_mean_exp(samples), samples
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(K * S, N, O)``: the sampled networks' outputs (their likelihood's mixture is the regression predictive)."""
         return self._samples(x, num_samples, generator, model_outputs)
 
-    def _samples(self, x: Inputs, num_samples: int | None, generator: torch.Generator | None,
-                 transform: Callable[[Any], Tensor]) -> Tensor:
+    def _samples(
+        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None, transform: Callable[[Any], Tensor]
+    ) -> Tensor:
         """``(K * S, N, C)``: ``transform`` (the class log-probabilities, or the outputs) of the sampled networks.
 
         ``num_samples`` overrides ``S``, the number of samples per component. The first input of a
@@ -358,20 +408,24 @@ class ImplicitBNN(Method):
             part = self._expanded(slice_inputs(x, start, start + rows), repeats, generator, key, transform)
             if samples is None:
                 samples = part.new_empty(repeats, total, part.shape[-1])
-            samples[:, start:start + rows] = part
+            samples[:, start : start + rows] = part
             start += rows
         return samples
 
-    def _expanded(self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple,
-                  transform: Callable[[Any], Tensor]) -> Tensor:
+    def _expanded(
+        self, x: Inputs, repeats: int, generator: torch.Generator | None, key: tuple, transform: Callable[[Any], Tensor]
+    ) -> Tensor:
         """``(repeats, n, C)`` ``transform`` of ``x``'s outputs expanded ``repeats`` times."""
         n = batch_size(x)
-        with self.nodes.sampling(routes(n, repeats, self.components, self.nodes.called.device), generator=generator,
-                                 scale=self.scale):
+        with self.nodes.sampling(
+            routes(n, repeats, self.components, self.nodes.called.device), generator=generator, scale=self.scale
+        ):
             log_probs = transform(run_model(self.model, expand(x, repeats)))
         if key not in self._expanded_row_bytes:
-            self._expanded_row_bytes[key] = (ACTIVATION_COPIES * self.nodes.largest_input_bytes
-                                             + LOG_PROB_COPIES * log_probs[0].numel() * log_probs.element_size())
+            self._expanded_row_bytes[key] = (
+                ACTIVATION_COPIES * self.nodes.largest_input_bytes
+                + LOG_PROB_COPIES * log_probs[0].numel() * log_probs.element_size()
+            )
         return log_probs.reshape(n, repeats, -1).transpose(0, 1)
 
     def extra_repr(self) -> str:

@@ -132,8 +132,17 @@ class NodeVariables(nn.Module):
     ``|N(init_std, init_std_spread^2)|`` (the paper's ``N(1, sigma0^2)`` and ``N(0.05, 0.02^2)``).
     """
 
-    def __init__(self, nodes: int, components: int, *, init_mean_std: float, init_std: float,
-                 generator: torch.Generator, init_std_spread: float = 0.0, device: torch.device | None = None) -> None:
+    def __init__(
+        self,
+        nodes: int,
+        components: int,
+        *,
+        init_mean_std: float,
+        init_std: float,
+        generator: torch.Generator,
+        init_std_spread: float = 0.0,
+        device: torch.device | None = None,
+    ) -> None:
         super().__init__()
         mean = 1.0 + init_mean_std * torch.randn(components, nodes, generator=generator)
         std = torch.full((components, nodes), float(init_std))
@@ -179,9 +188,20 @@ class NodeSet(nn.Module):
         True
     """
 
-    def __init__(self, model: nn.Module, *, components: int = 4, prior_std: float = 0.1,
-                 init_mean_std: float = 0.05, init_std: float = 0.05, init_std_spread: float = 0.0,
-                 layers: Sequence[str] | None = None, stem: bool = True, head: bool = True, seed: int = 0) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        *,
+        components: int = 4,
+        prior_std: float = 0.1,
+        init_mean_std: float = 0.05,
+        init_std: float = 0.05,
+        init_std_spread: float = 0.0,
+        layers: Sequence[str] | None = None,
+        stem: bool = True,
+        head: bool = True,
+        seed: int = 0,
+    ) -> None:
         super().__init__()
         check_node_options(components, prior_std, init_mean_std, init_std, init_std_spread)
         selected = select_layers(model, layers, stem=stem, head=head)
@@ -191,8 +211,15 @@ class NodeSet(nn.Module):
         self.prior_std = float(prior_std)
         self.layer_names = [name for name, _ in selected]
         self.groups = nn.ModuleList(
-            NodeVariables(node_count(m), components, init_mean_std=init_mean_std, init_std=init_std,
-                          init_std_spread=init_std_spread, generator=generator, device=device)
+            NodeVariables(
+                node_count(m),
+                components,
+                init_mean_std=init_mean_std,
+                init_std=init_std,
+                init_std_spread=init_std_spread,
+                generator=generator,
+                device=device,
+            )
             for _, m in selected
         )
         self.register_buffer("called", torch.ones(len(selected), dtype=torch.bool, device=device))
@@ -214,8 +241,9 @@ class NodeSet(nn.Module):
         return (x * _broadcastable(z, x, module, self.layer_names[index]), *args[1:])
 
     @contextmanager
-    def sampling(self, components: Tensor, *, generator: torch.Generator | None = None,
-                 sample: bool = True, scale: float = 1.0) -> Iterator[NodeSet]:
+    def sampling(
+        self, components: Tensor, *, generator: torch.Generator | None = None, sample: bool = True, scale: float = 1.0
+    ) -> Iterator[NodeSet]:
         """Turn the hooks on: example ``i`` of each forward uses component ``components[i]``.
 
         Args:
@@ -292,16 +320,23 @@ class NodeSet(nn.Module):
         return sum(g.mean.shape[1] for g in self.groups)
 
     def extra_repr(self) -> str:
-        return (f"layers={len(self.layer_names)}, nodes={self.nodes_per_component}, components={self.components}, "
-                f"prior_std={self.prior_std}")
+        return (
+            f"layers={len(self.layer_names)}, nodes={self.nodes_per_component}, components={self.components}, "
+            f"prior_std={self.prior_std}"
+        )
 
 
-def check_node_options(components: int, prior_std: float, init_mean_std: float, init_std: float,
-                       init_std_spread: float = 0.0) -> None:
+def check_node_options(
+    components: int, prior_std: float, init_mean_std: float, init_std: float, init_std_spread: float = 0.0
+) -> None:
     """Refuse out-of-range node options with the valid range."""
     positive_int(components, "components")
-    for name, value, allow_zero in (("prior_std", prior_std, False), ("init_mean_std", init_mean_std, True),
-                                    ("init_std", init_std, False), ("init_std_spread", init_std_spread, True)):
+    for name, value, allow_zero in (
+        ("prior_std", prior_std, False),
+        ("init_mean_std", init_mean_std, True),
+        ("init_std", init_std, False),
+        ("init_std_spread", init_std_spread, True),
+    ):
         ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
         if not ok or value < 0 or (value == 0 and not allow_zero):
             bound = ">= 0" if allow_zero else "> 0"

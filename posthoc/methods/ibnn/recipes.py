@@ -73,12 +73,42 @@ class Recipe:
 NODE_SETTINGS = ("components", "prior_std", "init_mean_std", "init_std", "init_std_spread", "stem")
 
 RECIPES = {
-    "posthoc": Recipe(components=2, prior_std=0.1, init_mean_std=0.05, init_std=0.05, init_std_spread=0.02,
-                      stem=False, epochs=2, lr_nodes=0.2, lr_nodes_final=0.05, lr_weights=1e-3, momentum=0.9, weight_decay=0.0,
-                      beta=1.0, kl_warmup=0.5, train_samples=2, batchnorm="train"),
-    "paper": Recipe(components=4, prior_std=0.3, init_mean_std=0.5, init_std=0.05, init_std_spread=0.02,
-                    stem=True, epochs=2, lr_nodes=0.2, lr_nodes_final=0.05, lr_weights=1e-4, momentum=0.9, weight_decay=0.0,
-                    beta=1.0, kl_warmup=0.5, train_samples=2, batchnorm="train"),
+    "posthoc": Recipe(
+        components=2,
+        prior_std=0.1,
+        init_mean_std=0.05,
+        init_std=0.05,
+        init_std_spread=0.02,
+        stem=False,
+        epochs=2,
+        lr_nodes=0.2,
+        lr_nodes_final=0.05,
+        lr_weights=1e-3,
+        momentum=0.9,
+        weight_decay=0.0,
+        beta=1.0,
+        kl_warmup=0.5,
+        train_samples=2,
+        batchnorm="train",
+    ),
+    "paper": Recipe(
+        components=4,
+        prior_std=0.3,
+        init_mean_std=0.5,
+        init_std=0.05,
+        init_std_spread=0.02,
+        stem=True,
+        epochs=2,
+        lr_nodes=0.2,
+        lr_nodes_final=0.05,
+        lr_weights=1e-4,
+        momentum=0.9,
+        weight_decay=0.0,
+        beta=1.0,
+        kl_warmup=0.5,
+        train_samples=2,
+        batchnorm="train",
+    ),
 }
 
 

@@ -152,18 +152,29 @@ class IVON(Method):
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
-            weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split, likelihood=self.likelihood)
+            weights = PrivateWeights(
+                self.model, self.layers, train_loader, split=self.split, likelihood=self.likelihood
+            )
             torch.manual_seed(self.seed)  # after the feature pass: a DataLoader draws its base seed from this RNG
             ess = float(weights.size) if ess is None else positive_number(ess, "ess")
             # the loss is the NLL at the likelihood's dispersion (a Gaussian's σ²): its Hessian, and IVON's start, scale by 1/σ²
-            optimiser = ivon_optimiser(weights.trained, lr=lr, ess=ess, hess_init=hess_init / self.likelihood.dispersion,
-                                       weight_decay=weight_decay, beta2=float(beta2), mc_samples=mc_samples)
+            optimiser = ivon_optimiser(
+                weights.trained,
+                lr=lr,
+                ess=ess,
+                hess_init=hess_init / self.likelihood.dispersion,
+                weight_decay=weight_decay,
+                beta2=float(beta2),
+                mc_samples=mc_samples,
+            )
             steps = self._fine_tune(weights, optimiser, epochs=epochs, mc_samples=mc_samples, progress=progress)
         hessian = optimiser.param_groups[0]["hess"].detach().float()
         self.mean = weights.weights_vector()
         self.std = (ess * (hessian + weight_decay)).rsqrt()
         self.batchnorm = weights.buffers_vector()
-        self.schedule = torch.tensor([epochs, lr, ess, hess_init, weight_decay, beta2, mc_samples, steps], dtype=torch.float64)
+        self.schedule = torch.tensor(
+            [epochs, lr, ess, hess_init, weight_decay, beta2, mc_samples, steps], dtype=torch.float64
+        )
         self.scale_fit = torch.tensor([self.scale, math.nan, math.nan], dtype=torch.float64)
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
@@ -195,17 +206,33 @@ class IVON(Method):
             return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
 
         with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
-                                        start=len(candidates) - 1)
-        warn_fallback(selection, method="IVON", fallback="the fine-tuned mean alone (scale 0)",
-                      advice="Raise tolerance, fit longer, or pass a fixed scale", stacklevel=4)
+            selection = held_out.select(
+                [(f"{scale:g}", scale) for scale in candidates],
+                scores,
+                knob="scale",
+                walk=True,
+                start=len(candidates) - 1,
+            )
+        warn_fallback(
+            selection,
+            method="IVON",
+            fallback="the fine-tuned mean alone (scale 0)",
+            advice="Raise tolerance, fit longer, or pass a fixed scale",
+            stacklevel=4,
+        )
         self.record_selection(selection)
         self.scale = selection.value
-        self.scale_fit = torch.tensor([self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64)
+        self.scale_fit = torch.tensor(
+            [self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64
+        )
         with torch.no_grad(), eval_mode(self.model):
-            fit_sampled_noise(self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device)
+            fit_sampled_noise(
+                self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device
+            )
 
-    def _fine_tune(self, weights: PrivateWeights, optimiser: Any, *, epochs: int, mc_samples: int, progress: bool) -> int:
+    def _fine_tune(
+        self, weights: PrivateWeights, optimiser: Any, *, epochs: int, mc_samples: int, progress: bool
+    ) -> int:
         """IVON's training loop (``mc_samples`` sampled-weight gradients per step); returns the steps taken."""
         generator = torch.Generator().manual_seed(self.seed)
 
@@ -218,9 +245,16 @@ class IVON(Method):
             return loss
 
         return fine_tune(
-            lambda epoch: weights.epoch(generator), sampled_loss, lambda loss, step: optimiser.step(), epochs=epochs,
-            total=None, desc="ivon", progress=progress,
-            failure=lambda value, step: f"the IVON loss became {value} at step {step.number + 1}; fit again with a lower lr",
+            lambda epoch: weights.epoch(generator),
+            sampled_loss,
+            lambda loss, step: optimiser.step(),
+            epochs=epochs,
+            total=None,
+            desc="ivon",
+            progress=progress,
+            failure=lambda value, step: (
+                f"the IVON loss became {value} at step {step.number + 1}; fit again with a lower lr"
+            ),
         )
 
     # ----------------------------------------------------------------- predicting
@@ -231,7 +265,9 @@ class IVON(Method):
 
     def _mean_state(self) -> dict[str, Tensor]:
         """The fine-tuned mean weights (and BatchNorm statistics) of ``"all"`` as a state."""
-        return unflatten(torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None))
+        return unflatten(
+            torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None)
+        )
 
     def _mean_log_predictive(self, x: Inputs) -> LogPredictive:
         """``scale = 0``: the fine-tuned mean weights alone, a deterministic predictive."""
@@ -257,8 +293,9 @@ class IVON(Method):
 
         return state
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``).
 
         Every chunk of examples starts from the same generator state, so sample ``s`` is one weight
@@ -269,24 +306,32 @@ class IVON(Method):
         count = num_samples or self.num_samples
         generator = self._draws(generator)
         if self.layers == "head":
-            return head_log_predictive(self.split, lambda group: self._rows(range(group.start, group.stop), generator),
-                                       count, x)
+            return head_log_predictive(
+                self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x
+            )
         return state_log_predictive(self.model, self._state_sampler(generator), count, x)
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws (``(1, N, D)``, the
         fine-tuned mean's, at scale 0)."""
         if self.layers == "head":
             if self.scale == 0:
                 return head_outputs(self.split, lambda group: self.mean[None], 1, x)
             generator = self._draws(generator)
-            return head_outputs(self.split, lambda group: self._rows(range(group.start, group.stop), generator),
-                                num_samples or self.num_samples, x)
+            return head_outputs(
+                self.split,
+                lambda group: self._rows(range(group.start, group.stop), generator),
+                num_samples or self.num_samples,
+                x,
+            )
         if self.scale == 0:
             state = self._mean_state()
             return state_outputs(self.model, lambda s: state, 1, x)
-        return state_outputs(self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x)
+        return state_outputs(
+            self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x
+        )
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)
@@ -301,7 +346,11 @@ class IVON(Method):
             >>> card["random_variables"], card["epochs"]
             (515, 2)
         """
-        names = trained_names(self.model, self.layers, self.split) if self.split is None or self.split.head is not None else []
+        names = (
+            trained_names(self.model, self.layers, self.split)
+            if self.split is None or self.split.head is not None
+            else []
+        )
         schedule = dict(zip(SCHEDULE, [None] * len(SCHEDULE) if self.schedule is None else self.schedule.tolist()))
         return {
             "random_variables": 0 if self.mean is None else self.mean.numel(),
@@ -309,8 +358,10 @@ class IVON(Method):
             "num_samples": self.num_samples,
             "mean_std": None if self.std is None else float(self.std.mean()),
             "scale": self.scale,
-            **{key: (int(value) if key in ("epochs", "mc_samples", "steps") and value is not None else value)
-               for key, value in schedule.items()},
+            **{
+                key: (int(value) if key in ("epochs", "mc_samples", "steps") and value is not None else value)
+                for key, value in schedule.items()
+            },
         }
 
     def extra_repr(self) -> str:

@@ -31,10 +31,12 @@ def ivon_available() -> bool:
     return _ivon is not None
 
 
-def ivon_optimiser(params: list[Tensor], *, lr: float, ess: float, hess_init: float, weight_decay: float,
-                   beta2: float, mc_samples: int) -> Any:
+def ivon_optimiser(
+    params: list[Tensor], *, lr: float, ess: float, hess_init: float, weight_decay: float, beta2: float, mc_samples: int
+) -> Any:
     """``ivon.IVON`` over ``params`` (one parameter group), or a ConfigError naming the extra to install."""
     if _ivon is None:
         raise ConfigError(f"method 'ivon' needs the ivon-opt package to fit, and it is not installed: {INSTALL_HINT}")
-    return _ivon.IVON(params, lr=lr, ess=ess, hess_init=hess_init, weight_decay=weight_decay, beta2=beta2,
-                      mc_samples=mc_samples)
+    return _ivon.IVON(
+        params, lr=lr, ess=ess, hess_init=hess_init, weight_decay=weight_decay, beta2=beta2, mc_samples=mc_samples
+    )

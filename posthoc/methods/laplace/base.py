@@ -185,7 +185,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.register_buffer("train_loss", torch.zeros((), dtype=torch.float64))
         self.register_buffer("square_norm", torch.zeros((), dtype=torch.float64))
         self.register_buffer("num_data", torch.zeros((), dtype=torch.int64))
-        self.register_buffer("prior_source", torch.tensor(PRIOR_SOURCES.index("fixed") if self.prior_mode == "fixed" else -1))
+        self.register_buffer(
+            "prior_source", torch.tensor(PRIOR_SOURCES.index("fixed") if self.prior_mode == "fixed" else -1)
+        )
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
         """As :meth:`Method.use_likelihood`; under a likelihood with an observation noise the prior and the noise are
@@ -195,17 +197,21 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         super().use_likelihood(likelihood)
         if self._predicts_noise:
             if self.link == "bridge":
-                raise ConfigError(f"link='bridge' maps Gaussian logits to class probabilities; under likelihood="
-                                  f"{likelihood.name!r} use link='probit' (the default: the moment-matched Gaussian "
-                                  "predictive) or link='mc' (the mixture over sampled means and log-variances)")
+                raise ConfigError(
+                    f"link='bridge' maps Gaussian logits to class probabilities; under likelihood="
+                    f"{likelihood.name!r} use link='probit' (the default: the moment-matched Gaussian "
+                    "predictive) or link='mc' (the mixture over sampled means and log-variances)"
+                )
             if self.prior_mode == "auto":  # a predicted noise: the evidence, as for a fitted one (module docs)
                 self.prior_mode = "marglik"
         if likelihood.fits_noise:
             if self.prior_mode in ("val", "grid") and not self.scores_gaussian_held_out:
-                raise ConfigError(f"prior_precision={self.prior_mode!r} scores the prior on the held-out NLL of the GLM "
-                                  f"predictive, which pred={self.pred!r} does not have under likelihood={likelihood.name!r}: "
-                                  "use pred='glm' (Linear layers) for the held-out rules, or prior_precision='auto' "
-                                  "(= 'marglik') or a float")
+                raise ConfigError(
+                    f"prior_precision={self.prior_mode!r} scores the prior on the held-out NLL of the GLM "
+                    f"predictive, which pred={self.pred!r} does not have under likelihood={likelihood.name!r}: "
+                    "use pred='glm' (Linear layers) for the held-out rules, or prior_precision='auto' "
+                    "(= 'marglik') or a float"
+                )
             if self.prior_mode == "auto":
                 self.prior_mode = "marglik"
 
@@ -250,8 +256,12 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         source = self._source(val_loader is not None)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             self._fit_noise_by_evidence(fixed_prior=source == "fixed")
-            if val_loader is None and not self.likelihood.fixed and self.scores_gaussian_held_out \
-                    and self._per_output(self.target_values() // max(int(self.num_data), 1)):
+            if (
+                val_loader is None
+                and not self.likelihood.fixed
+                and self.scores_gaussian_held_out
+                and self._per_output(self.target_values() // max(int(self.num_data), 1))
+            ):
                 with torch.no_grad(), eval_mode(self.model):  # no held-out data: one σ_d per output on training rows
                     rows = self._regression_rows(train_loader, TRAIN_ROWS, progress)
                     self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "training")
@@ -271,8 +281,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     @property
     def makes_choice(self) -> bool:  # type: ignore[override]  # a prior, or a regression's noise, chosen on held-out data
-        return (self.prior_mode in ("val", "grid") or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
-                or self._chooses_noise)
+        return (
+            self.prior_mode in ("val", "grid")
+            or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+            or self._chooses_noise
+        )
 
     @property
     def _chooses_noise(self) -> bool:
@@ -288,15 +301,18 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             if self._chooses_noise:
                 with torch.no_grad(), eval_mode(self.model):
-                    self._fit_noise_on_held_out(list(held_out.clean()), fixed_prior=source == "fixed", progress=progress)
+                    self._fit_noise_on_held_out(
+                        list(held_out.clean()), fixed_prior=source == "fixed", progress=progress
+                    )
             return
         if source not in ("val", "grid", "train") or (self.likelihood.fits_noise and not self.scores_gaussian_held_out):
             return
         with torch.no_grad(), eval_mode(self.model):
             if self.likelihood.fits_noise:
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
-                score = lambda delta: Scores(gather_rows(torch.cat(
-                    self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta)))))
+                score = lambda delta: Scores(
+                    gather_rows(torch.cat(self._gaussian_nll(rows, delta, self._held_out_noise(rows, delta))))
+                )
             elif self._predicts_noise:  # the predictive's own NLL
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
                 score = lambda delta: Scores(gather_rows(torch.cat(self._predicted_noise_nll(rows, delta))))
@@ -307,11 +323,19 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll, default_grid(scale=self._scale)))
             else:
                 candidates = ladder(scale=self._scale)
-                selection = held_out.select([(f"{delta:.3g}", delta) for delta in candidates],
-                                            lambda index: score(candidates[index]), knob="prior_precision", walk=True)
-                warn_fallback(selection, method="Laplace", fallback=f"the narrowest posterior (prior precision "
-                              f"{candidates[0]:g}, nearly the checkpoint)", advice="Raise tolerance, or pass a fixed "
-                              "prior_precision", stacklevel=4)
+                selection = held_out.select(
+                    [(f"{delta:.3g}", delta) for delta in candidates],
+                    lambda index: score(candidates[index]),
+                    knob="prior_precision",
+                    walk=True,
+                )
+                warn_fallback(
+                    selection,
+                    method="Laplace",
+                    fallback=f"the narrowest posterior (prior precision {candidates[0]:g}, nearly the checkpoint)",
+                    advice="Raise tolerance, or pass a fixed prior_precision",
+                    stacklevel=4,
+                )
                 self.record_selection(selection)
                 self.prior_precision.fill_(selection.value)
             if self.likelihood.fits_noise and not self.likelihood.fixed:
@@ -328,8 +352,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     def _scores(self, prepared: Prepared, prior_precision: float) -> Scores:
         """The held-out :class:`Scores` of the class predictive at ``prior_precision`` (MC links: the same draws at every δ)."""
-        return prepared.scores(lambda inputs, generator: self._predictive(inputs, prior_precision, generator,
-                                                                          self.num_samples)[0], device=self.device)
+        return prepared.scores(
+            lambda inputs, generator: self._predictive(inputs, prior_precision, generator, self.num_samples)[0],
+            device=self.device,
+        )
 
     def _target_scale(self, moments: TargetMoments | None) -> float:
         """The decade of the training targets' spread that the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
@@ -338,8 +364,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         if moments is None:
             return 1.0
         if not self.likelihood.fixed and not float(self.train_loss) > 0:
-            raise InputError("the model predicts every training target exactly, so the observation noise is 0; fix it "
-                             "with likelihood=posthoc.Gaussian(noise_std=...) or fit on data the model was not trained on")
+            raise InputError(
+                "the model predicts every training target exactly, so the observation noise is 0; fix it "
+                "with likelihood=posthoc.Gaussian(noise_std=...) or fit on data the model was not trained on"
+            )
         return moments.decade()
 
     def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
@@ -348,10 +376,15 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         likelihood = self.likelihood
         self._settle()
         unit = torch.cat([block.spectrum() for block in self.blocks])
-        delta, std = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
-                                              prior_precision=float(self.prior_precision) if fixed_prior else None,
-                                              noise_std=self._evidence_noise() if likelihood.fixed else None,
-                                              scale=self._scale)
+        delta, std = optimize_noise_and_prior(
+            unit,
+            float(self.train_loss),
+            self.target_values(),
+            float(self.square_norm),
+            prior_precision=float(self.prior_precision) if fixed_prior else None,
+            noise_std=self._evidence_noise() if likelihood.fixed else None,
+            scale=self._scale,
+        )
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
@@ -378,8 +411,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self._settle()
         if not fixed_prior:
             unit = torch.cat([block.spectrum() for block in self.blocks])
-            delta, _ = optimize_noise_and_prior(unit, float(self.train_loss), self.target_values(), float(self.square_norm),
-                                                noise_std=residual_std(rows), scale=self._scale)
+            delta, _ = optimize_noise_and_prior(
+                unit,
+                float(self.train_loss),
+                self.target_values(),
+                float(self.square_norm),
+                noise_std=residual_std(rows),
+                scale=self._scale,
+            )
             self.prior_precision.fill_(delta)
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 
@@ -419,9 +458,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         log_residual = math.log(residual_std(rows))
         elements = self._noise_search_elements(rows)
         with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
-            log_std = golden_minimum(lambda log_std: sum(float(n.sum()) for n in self._gaussian_nll(rows, prior_precision,
-                                                                                                 math.exp(log_std))),
-                                     log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS)
+            log_std = golden_minimum(
+                lambda log_std: sum(
+                    float(n.sum()) for n in self._gaussian_nll(rows, prior_precision, math.exp(log_std))
+                ),
+                log_residual - math.log(10.0),
+                log_residual + math.log(2.0),
+                steps=NOISE_STEPS,
+            )
         return math.exp(log_std)
 
     def _held_out_noises(self, rows: Rows, prior_precision: float) -> Tensor:
@@ -429,29 +473,57 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         stds = []
         elements = self._noise_search_elements(rows)
         for d in range(rows[0][1].shape[-1]):
-            log_residual = math.log(residual_std([(None, outputs[:, d:d + 1], targets[:, d:d + 1])
-                                                  for _, outputs, targets in rows]))
+            log_residual = math.log(
+                residual_std([(None, outputs[:, d : d + 1], targets[:, d : d + 1]) for _, outputs, targets in rows])
+            )
 
             def nll(log_std: float, d: int = d) -> float:
                 noise = math.exp(2 * log_std)
-                return sum(float(normal_nll(outputs[:, d:d + 1], noise * self._unit_variance(
-                    prepared, outputs, prior_precision * noise)[:, d:d + 1].double() + noise, targets[:, d:d + 1]).sum())
-                    for prepared, outputs, targets in rows)
+                return sum(
+                    float(
+                        normal_nll(
+                            outputs[:, d : d + 1],
+                            noise
+                            * self._unit_variance(prepared, outputs, prior_precision * noise)[:, d : d + 1].double()
+                            + noise,
+                            targets[:, d : d + 1],
+                        ).sum()
+                    )
+                    for prepared, outputs, targets in rows
+                )
 
             with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
-                stds.append(math.exp(golden_minimum(nll, log_residual - math.log(10.0), log_residual + math.log(2.0),
-                                                    steps=NOISE_STEPS)))
+                stds.append(
+                    math.exp(
+                        golden_minimum(
+                            nll, log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS
+                        )
+                    )
+                )
         return torch.tensor(stds, dtype=torch.float64)
 
     def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float | Tensor) -> list[Tensor]:
         """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at ``δ``, ``σ``
         (a float, or one ``σ_d`` per output ``(D,)``)."""
         if isinstance(std, Tensor) and std.dim() > 0:
-            return [normal_nll(outputs, self._model_variance(prepared, outputs, prior_precision, std.square()).double()
-                               + std.square().to(outputs.device), targets) for prepared, outputs, targets in rows]
+            return [
+                normal_nll(
+                    outputs,
+                    self._model_variance(prepared, outputs, prior_precision, std.square()).double()
+                    + std.square().to(outputs.device),
+                    targets,
+                )
+                for prepared, outputs, targets in rows
+            ]
         noise = std * std
-        return [normal_nll(outputs, noise * self._unit_variance(prepared, outputs, prior_precision * noise).double() + noise,
-                           targets) for prepared, outputs, targets in rows]
+        return [
+            normal_nll(
+                outputs,
+                noise * self._unit_variance(prepared, outputs, prior_precision * noise).double() + noise,
+                targets,
+            )
+            for prepared, outputs, targets in rows
+        ]
 
     def _model_variance(self, prepared: Any, outputs: Tensor, prior_precision: float, noises: Tensor) -> Tensor:
         """``(N, D)``: the diagonal of ``J Σ Jᵀ`` under one noise variance ``σ_d²`` per output ``noises`` ``(D,)``.
@@ -475,19 +547,23 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
 
     # ------------------------------------------------------------------------------ predict
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """The predictive of ``x`` at the fitted prior precision (its chunks planned under the runner's budget)."""
         self._settle()
-        return self._predictive(self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples)
+        return self._predictive(
+            self._prepare(x), float(self.prior_precision), generator, num_samples or self.num_samples
+        )
 
     @abc.abstractmethod
     def _prepare(self, x: Inputs) -> Any:
         """What the predictive needs of inputs ``x`` at any prior precision (cached by the grid search)."""
 
     @abc.abstractmethod
-    def _predictive(self, inputs: Any, prior_precision: float, generator: torch.Generator | None,
-                    num_samples: int) -> LogPredictive:
+    def _predictive(
+        self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int
+    ) -> LogPredictive:
         """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under the runner's memory
         budget (:func:`~posthoc.core.chunks.chunks`)."""
 
@@ -598,16 +674,29 @@ def class_labels(y: Tensor | None, rows: int, classes: int) -> Tensor:
     return Categorical().targets(y, torch.empty(rows, classes))
 
 
-def _check_options(hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str | None) -> None:
+def _check_options(
+    hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str | None
+) -> None:
     if hessian not in HESSIANS:
         raise ConfigError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    if not (subset in ("last_layer", "all", "lora") or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))):
-        raise ConfigError(f"subset must be 'last_layer', 'all', 'lora' or a non-empty list of module names, got {subset!r}")
+    if not (
+        subset in ("last_layer", "all", "lora")
+        or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))
+    ):
+        raise ConfigError(
+            f"subset must be 'last_layer', 'all', 'lora' or a non-empty list of module names, got {subset!r}"
+        )
     if isinstance(prior_precision, str):
         if prior_precision not in PRIOR_MODES:
-            raise ConfigError(f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}")
-    elif (isinstance(prior_precision, bool) or not isinstance(prior_precision, (int, float))
-          or not math.isfinite(prior_precision) or prior_precision <= 0):
+            raise ConfigError(
+                f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}"
+            )
+    elif (
+        isinstance(prior_precision, bool)
+        or not isinstance(prior_precision, (int, float))
+        or not math.isfinite(prior_precision)
+        or prior_precision <= 0
+    ):
         raise ConfigError(
             f"prior_precision must be a positive finite float (a Gaussian prior's precision, like "
             f"weight decay) or one of {PRIOR_MODES}, got {prior_precision!r}"

@@ -70,8 +70,15 @@ class LastLayerGGN:
         num_data: the examples seen (over every rank once :meth:`finalize` ran).
     """
 
-    def __init__(self, structure: str, num_features: int, num_classes: int, bias: bool, device: torch.device | str = "cpu",
-                 likelihood: Likelihood | None = None) -> None:
+    def __init__(
+        self,
+        structure: str,
+        num_features: int,
+        num_classes: int,
+        bias: bool,
+        device: torch.device | str = "cpu",
+        likelihood: Likelihood | None = None,
+    ) -> None:
         self.kind = structure_class(structure)
         self.likelihood = Categorical() if likelihood is None else likelihood
         self.bias = bias
@@ -98,7 +105,14 @@ class LastLayerGGN:
 #: module types whose weights BackPACK's KFAC / diagonal GGN support
 BACKPACK_LAYERS = (nn.Linear, nn.Conv2d)
 #: module types that cannot sit between the loss and a curvature layer (BackPACK has no KFAC rule for them)
-BACKPACK_UNSUPPORTED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d, nn.LayerNorm, nn.GroupNorm, nn.MultiheadAttention)
+BACKPACK_UNSUPPORTED = (
+    nn.BatchNorm1d,
+    nn.BatchNorm2d,
+    nn.BatchNorm3d,
+    nn.LayerNorm,
+    nn.GroupNorm,
+    nn.MultiheadAttention,
+)
 SUBSET_STRUCTURES = {"kron": "KFLR", "kron-mc": "KFAC", "diag": "DiagGGNExact"}
 #: module names under which peft keeps LoRA adapters' Linear layers
 LORA_MODULES = ("lora_A", "lora_B")
@@ -165,8 +179,13 @@ def lora_parameters(model: nn.Module) -> list[str]:
     return found
 
 
-def backpack_ggn(model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Tensor, Tensor]],
-                 likelihood: Likelihood | None = None) -> tuple[list[Curvature], Tensor]:
+def backpack_ggn(
+    model: nn.Module,
+    param_names: list[str],
+    structure: str,
+    batches: Iterable[tuple[Tensor, Tensor]],
+    likelihood: Likelihood | None = None,
+) -> tuple[list[Curvature], Tensor]:
     """KFAC (``KFLR`` exact / ``KFAC`` MC-sampled) or diagonal GGN of ``param_names`` from BackPACK.
 
     Works on a private deep copy of ``model`` (BackPACK attaches hooks), so the user's model is

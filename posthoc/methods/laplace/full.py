@@ -75,7 +75,9 @@ class FullCurvature(Curvature):
         variance = (phi_aug @ vectors).square_() @ spread  # Σ_k σ_ck (V_cᵀ phĩ)_k², (n, C)
         return DenseLogitGaussian(mean.to(phi_aug.dtype), covariance, variance)
 
-    def _diagonal_blocks(self, prior_precision: float, classes: int, width: int, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    def _diagonal_blocks(
+        self, prior_precision: float, classes: int, width: int, dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor]:
         """``V = [V_1 ... V_C]`` ``(D+1, C (D+1))``, the eigenvectors of every ``Σ_cc`` side by side, and
         ``S`` ``(C (D+1), C)`` with their eigenvalues ``σ_c`` in column ``c``: two products give the
         variance. Kept, in ``dtype``, for the last prior precision and these buffers."""

@@ -97,7 +97,9 @@ class LogitGaussian:
 
     def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
         """``num_samples`` logit draws ``(S, N, C)``, all in one batched operation."""
-        noise = randn((num_samples, *self.scale.shape), generator=generator, device=self.scale.device, dtype=self.scale.dtype)
+        noise = randn(
+            (num_samples, *self.scale.shape), generator=generator, device=self.scale.device, dtype=self.scale.dtype
+        )
         noise = noise * self.scale
         if self.basis is None:
             return self.mean + noise
@@ -164,13 +166,17 @@ def bridge_log_probs(g: GaussianLogits) -> Tensor:
     return torch.log(alpha) - torch.log(alpha.sum(-1, keepdim=True))
 
 
-def mc_log_probs(g: GaussianLogits, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor]:
+def mc_log_probs(
+    g: GaussianLogits, num_samples: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor]:
     """Monte Carlo: ``(log mean_s softmax(f_s), log softmax(f_s))`` from ``S`` logit samples."""
     sample_log_probs = torch.log_softmax(g.sample(num_samples, generator), dim=-1)
     return log_mean_exp(sample_log_probs), sample_log_probs
 
 
-def log_predictive(g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+def log_predictive(
+    g: GaussianLogits, link: str, num_samples: int, generator: torch.Generator | None = None
+) -> tuple[Tensor, Tensor | None]:
     """Apply ``link`` to Gaussian logits; returns ``(log_probs, sample_log_probs or None)``."""
     if link == "probit":
         return probit_log_probs(g), None
@@ -193,8 +199,14 @@ def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
     return elements * itemsize
 
 
-def chunked_log_predictive(total: int, row_bytes: int, gaussian: Callable[[slice], GaussianLogits], link: str,
-                           num_samples: int, generator: torch.Generator | None = None) -> tuple[Tensor, Tensor | None]:
+def chunked_log_predictive(
+    total: int,
+    row_bytes: int,
+    gaussian: Callable[[slice], GaussianLogits],
+    link: str,
+    num_samples: int,
+    generator: torch.Generator | None = None,
+) -> tuple[Tensor, Tensor | None]:
     """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit the runner's memory budget
     (:func:`~posthoc.core.chunks.chunks`); ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples
     ``(S, n, C)`` join along rows.

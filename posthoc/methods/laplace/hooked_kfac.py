@@ -57,8 +57,9 @@ def _square_root_directions(logits: Tensor) -> Tensor:
     return (probs.T.sqrt()[:, :, None] * (eye[:, None, :] - probs[None])).to(logits.dtype)
 
 
-def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
-               batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[list[Curvature], Tensor]:
+def hooked_ggn(
+    model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Inputs, Tensor]]
+) -> tuple[list[Curvature], Tensor]:
     """KFAC-reduce (``"kron"``) or diagonal GGN blocks of the Linear layers owning ``param_names``.
 
     Returns the eigen-decomposed blocks (in ``param_names`` order) and the summed cross-entropy at
@@ -74,14 +75,18 @@ def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
     with eval_mode(model):
         for x, y in batches:
             logits, taps = tapped_forward(model, layers, x)
-            loss = loss.to(logits.device) + torch.nn.functional.cross_entropy(logits.detach().to(FLOAT64), y, reduction="sum")
+            loss = loss.to(logits.device) + torch.nn.functional.cross_entropy(
+                logits.detach().to(FLOAT64), y, reduction="sum"
+            )
             count += y.shape[0]
             directions = _square_root_directions(logits)
             leaves = [taps[name][1] for name in layers]
             for c, direction in enumerate(directions):
                 grads = torch.autograd.grad((logits * direction).sum(), leaves, retain_graph=c < len(directions) - 1)
                 for name, g in zip(layers, grads):
-                    _accumulate(name, taps[name][0], g, x, structure, out_factor, in_factor if c == 0 else None, diagonal)
+                    _accumulate(
+                        name, taps[name][0], g, x, structure, out_factor, in_factor if c == 0 else None, diagonal
+                    )
     loss, count, out_factor, in_factor, diagonal = sum_over_ranks((loss, count, out_factor, in_factor, diagonal))
     blocks = []
     for name in param_names:
@@ -94,8 +99,16 @@ def hooked_ggn(model: nn.Module, param_names: list[str], structure: str,
     return blocks, loss
 
 
-def _accumulate(name: str, a: Tensor, g: Tensor, x: Inputs, structure: str, out_factor: dict[str, Tensor],
-                in_factor: dict[str, Tensor] | None, diagonal: dict[str, Tensor]) -> None:
+def _accumulate(
+    name: str,
+    a: Tensor,
+    g: Tensor,
+    x: Inputs,
+    structure: str,
+    out_factor: dict[str, Tensor],
+    in_factor: dict[str, Tensor] | None,
+    diagonal: dict[str, Tensor],
+) -> None:
     """Add one backward direction's contribution of layer ``name`` (inputs ``a``, output gradients ``g``)."""
     a, g = a.to(FLOAT64), g.to(FLOAT64)
     if a.dim() == 2:

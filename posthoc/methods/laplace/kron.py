@@ -76,7 +76,9 @@ class KronCurvature(Curvature):
         out_vecs = self.out_eigvecs.to(g.dtype)
         if a is None:
             rotated = (g if g.dim() == 3 else g.sum(2)) @ out_vecs
-            return torch.einsum("nci,i,ndi->ncd", rotated, 1.0 / (self.out_eigvals.to(g.dtype) + prior_precision), rotated)
+            return torch.einsum(
+                "nci,i,ndi->ncd", rotated, 1.0 / (self.out_eigvals.to(g.dtype) + prior_precision), rotated
+            )
         in_vecs = self.in_eigvecs.to(g.dtype)
         if a.dim() == 2:
             rotated = g @ out_vecs  # (n, C, out)
@@ -96,8 +98,10 @@ class KronCurvature(Curvature):
     # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
-        return {"out_factor": torch.zeros(num_classes, num_classes, dtype=FLOAT64, device=device),
-                "in_factor": torch.zeros(width, width, dtype=FLOAT64, device=device)}
+        return {
+            "out_factor": torch.zeros(num_classes, num_classes, dtype=FLOAT64, device=device),
+            "in_factor": torch.zeros(width, width, dtype=FLOAT64, device=device),
+        }
 
     @classmethod
     def accumulate(cls, statistics: dict[str, Tensor], phi_aug: Tensor, hessian: LossHessian) -> None:

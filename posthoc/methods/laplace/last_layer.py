@@ -68,7 +68,9 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
         super().__init__(model, options)
         if self.hessian == "kron-mc":
-            raise ConfigError("hessian='kron-mc' samples BackPACK's KFAC for deeper subsets; the last-layer GGN is exact and as cheap: use 'kron'")
+            raise ConfigError(
+                "hessian='kron-mc' samples BackPACK's KFAC for deeper subsets; the last-layer GGN is exact and as cheap: use 'kron'"
+            )
         if self.pred == "nn":
             raise ConfigError(
                 "pred='nn' samples weights through the network, which for the last layer is the same "
@@ -109,7 +111,9 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                             "which handle one logit"
                         )
                     self._check_head_memory()
-                    accumulator = LastLayerGGN(self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device, self.likelihood)
+                    accumulator = LastLayerGGN(
+                        self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device, self.likelihood
+                    )
                 accumulator.update(phi, logits, self.likelihood.targets(y, logits))
         params = self.num_posterior_parameters()
         rank = accumulator.num_data * self.likelihood.hessian_rank(self.split.head.out_features)
@@ -129,38 +133,58 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def _map_log_probs(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
         return torch.log_softmax(inputs[1].double(), dim=-1)
 
-    def _predictive(self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None,
-                    num_samples: int) -> LogPredictive:
+    def _predictive(
+        self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int
+    ) -> LogPredictive:
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
         phi_aug = augment(phi.to(dtype), self._has_bias)
         return glm.chunked_log_predictive(
-            phi.shape[0], self.row_bytes(num_samples, dtype),
+            phi.shape[0],
+            self.row_bytes(num_samples, dtype),
             lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
-            self.link, num_samples, generator,
+            self.link,
+            num_samples,
+            generator,
         )
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output; under a predicted noise, the
         moment-matched Gaussian or the sampled mixture over ``(m, s)`` (see module docs)."""
         self._settle()
         phi, outputs = self.split(x)
         dtype = torch.promote_types(phi.dtype, torch.float32)
         if isinstance(self.likelihood, HeteroscedasticGaussian):
-            return self._predicted_noise_predictive(augment(phi.to(dtype), self._has_bias), outputs.to(dtype),
-                                                    float(self.prior_precision), generator, num_samples or self.num_samples)
+            return self._predicted_noise_predictive(
+                augment(phi.to(dtype), self._has_bias),
+                outputs.to(dtype),
+                float(self.prior_precision),
+                generator,
+                num_samples or self.num_samples,
+            )
         phi_aug = augment(phi.to(dtype), self._has_bias)
-        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (Laplace._model_variance)
+        if (
+            self.likelihood.per_output
+        ):  # one σ_d per output: each output's block at its own noise (Laplace._model_variance)
             noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
             variance = self._model_variance(phi_aug, outputs, float(self.prior_precision), noises)
             return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
         noise = self.likelihood.dispersion
-        variance = noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
+        variance = (
+            noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
+        )
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
-    def _predicted_noise_predictive(self, phi_aug: Tensor, outputs: Tensor, prior_precision: float,
-                                    generator: torch.Generator | None, num_samples: int) -> RegressionPrediction:
+    def _predicted_noise_predictive(
+        self,
+        phi_aug: Tensor,
+        outputs: Tensor,
+        prior_precision: float,
+        generator: torch.Generator | None,
+        num_samples: int,
+    ) -> RegressionPrediction:
         """Under ``likelihood="heteroscedastic"``: the Gaussian ``N(f(x), J Σ Jᵀ)`` over the means and log-variances,
         moment-matched (default) or sampled (``link="mc"``) into the predictive over the targets (module docs)."""
         gaussian = self.curvature.head_variance(phi_aug, outputs, prior_precision)
@@ -172,18 +196,25 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         """Per batch of ``rows`` ``(phĩ, outputs, targets)``, each example's NLL under the predictive at
         ``prior_precision`` (``link="mc"``: the same seeded draws at every prior)."""
         generator = torch.Generator(device=self.device).manual_seed(0)
-        return [-self._predicted_noise_predictive(phi_aug, outputs, prior_precision, generator,
-                                                  self.num_samples).log_prob(targets).double()
-                for phi_aug, outputs, targets in rows]
+        return [
+            -self._predicted_noise_predictive(phi_aug, outputs, prior_precision, generator, self.num_samples)
+            .log_prob(targets)
+            .double()
+            for phi_aug, outputs, targets in rows
+        ]
 
-    def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Tensor, Tensor, Tensor]]:
+    def _regression_rows(
+        self, loader: Iterable, rows: int | None, progress: bool
+    ) -> list[tuple[Tensor, Tensor, Tensor]]:
         """``[(phĩ, outputs, targets)]``: ``loader``'s first ``rows`` rows (whole batches) joined into one batch."""
         found, seen = [], 0
         with torch.no_grad(), eval_mode(self.model):
             for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):
                 phi, outputs = self.split(x)
                 dtype = torch.promote_types(phi.dtype, torch.float32)
-                found.append((augment(phi.to(dtype), self._has_bias), outputs.to(dtype), self.likelihood.targets(y, outputs)))
+                found.append(
+                    (augment(phi.to(dtype), self._has_bias), outputs.to(dtype), self.likelihood.targets(y, outputs))
+                )
                 seen += phi.shape[0]
                 if rows is not None and seen >= rows:
                     break
@@ -209,10 +240,13 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         """
         head, itemsize = self.split.head, torch.finfo(dtype).bits // 8
         width, classes = head.in_features + int(self._has_bias), head.out_features
-        return (self.curvature.head_row_bytes(classes, width, itemsize)
-                + glm.link_row_bytes(self.link, classes, num_samples, itemsize))
+        return self.curvature.head_row_bytes(classes, width, itemsize) + glm.link_row_bytes(
+            self.link, classes, num_samples, itemsize
+        )
 
-    def logit_gaussian(self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None) -> glm.GaussianLogits:
+    def logit_gaussian(
+        self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None
+    ) -> glm.GaussianLogits:
         """The Gaussian over logits for head inputs ``phĩ = [phi, 1]`` (see :mod:`posthoc.methods.laplace.glm_predictive`)."""
         self._settle()
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
@@ -220,7 +254,11 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     def posterior_parameters(self) -> list[str]:
         head = self.split.head
-        return [qualified(self.split.head_name, name) for name, value in head.named_parameters(recurse=False) if value is not None]
+        return [
+            qualified(self.split.head_name, name)
+            for name, value in head.named_parameters(recurse=False)
+            if value is not None
+        ]
 
     def _flat_names(self) -> dict[str, tuple[int, str]]:
         return {field: (0, field) for field in structure_class(self.hessian).fields}
@@ -231,6 +269,6 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     def _check_head_memory(self) -> None:
         head = self.split.head
-        structure_class(self.hessian).check_head_memory(head.out_features, head.in_features + int(head.bias is not None),
-                                                        current_budget())
-
+        structure_class(self.hessian).check_head_memory(
+            head.out_features, head.in_features + int(head.bias is not None), current_budget()
+        )

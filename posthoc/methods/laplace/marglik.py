@@ -64,7 +64,9 @@ def effective_parameters(spectrum: Tensor, prior_precision: float) -> Tensor:
     return (spectrum / (spectrum + prior_precision)).sum()
 
 
-def log_marginal_likelihood(spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, prior_precision: float | Tensor) -> Tensor:
+def log_marginal_likelihood(
+    spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, prior_precision: float | Tensor
+) -> Tensor:
     """The Laplace log marginal likelihood for a scalar prior precision (see module docs)."""
     delta = torch.as_tensor(prior_precision, dtype=spectrum.dtype, device=spectrum.device)
     log_det_ratio = torch.log(spectrum + delta).sum() - spectrum.numel() * torch.log(delta)
@@ -108,8 +110,9 @@ def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, s
     return u
 
 
-def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200,
-                             scale: float = 1.0) -> float:
+def optimize_prior_precision(
+    spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200, scale: float = 1.0
+) -> float:
     """The scalar prior precision maximising the Laplace marginal likelihood (the exact root of its derivative).
 
     Args:
@@ -119,7 +122,9 @@ def optimize_prior_precision(spectrum: Tensor, loss: float | Tensor, square_norm
         iterations: at most this many safeguarded Newton steps in ``log δ`` (a handful reach float64 resolution).
         scale: the targets' scale (1 for class labels): the range searched is :func:`prior_bounds`.
     """
-    log_delta = _log_prior_root(spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations, scale)
+    log_delta = _log_prior_root(
+        spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations, scale
+    )
     value = math.exp(log_delta)
     bounds = prior_bounds(scale)
     if log_delta in tuple(math.log(bound) for bound in bounds):
@@ -139,9 +144,16 @@ def gaussian_nll(unit_loss: float, values: int, noise_std: float) -> float:
     return unit_loss / noise_std**2 + 0.5 * values * math.log(2 * math.pi * noise_std**2)
 
 
-def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: int, square_norm: float, *,
-                             prior_precision: float | None = None, noise_std: float | None = None,
-                             scale: float = 1.0) -> tuple[float, float]:
+def optimize_noise_and_prior(
+    unit_spectrum: Tensor,
+    unit_loss: float,
+    values: int,
+    square_norm: float,
+    *,
+    prior_precision: float | None = None,
+    noise_std: float | None = None,
+    scale: float = 1.0,
+) -> tuple[float, float]:
     """``(δ, σ)`` maximising the Laplace evidence of a Gaussian likelihood (see module docs); a given ``prior_precision``
     or ``noise_std`` stays fixed; ``δ`` is searched in :func:`prior_bounds` of the targets' ``scale``.
 
@@ -155,8 +167,11 @@ def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: in
     def negative_evidence(log_std: float) -> float:
         variance = math.exp(2 * log_std)
         spectrum = unit / variance
-        log_delta = math.log(prior_precision) if prior_precision is not None else _log_prior_root(spectrum, square_norm, 200,
-                                                                                                  scale)
+        log_delta = (
+            math.log(prior_precision)
+            if prior_precision is not None
+            else _log_prior_root(spectrum, square_norm, 200, scale)
+        )
         delta = math.exp(log_delta)
         log_det_ratio = float(np.log(spectrum + delta).sum()) - spectrum.size * log_delta
         return gaussian_nll(unit_loss, values, math.sqrt(variance)) + 0.5 * (log_det_ratio + delta * square_norm)
@@ -165,7 +180,12 @@ def optimize_noise_and_prior(unit_spectrum: Tensor, unit_loss: float, values: in
         rms = math.sqrt(max(2 * unit_loss / max(values, 1), 1e-24))
         grid = [math.log(rms) + t for t in torch.linspace(math.log(1e-3), math.log(10.0), NOISE_GRID).tolist()]
         best = min(range(NOISE_GRID), key=lambda i: negative_evidence(grid[i]))
-        noise_std = math.exp(golden_minimum(negative_evidence, grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)]))
-    delta = prior_precision if prior_precision is not None else optimize_prior_precision(
-        unit_spectrum / noise_std**2, 0.0, square_norm, scale=scale)
+        noise_std = math.exp(
+            golden_minimum(negative_evidence, grid[max(best - 1, 0)], grid[min(best + 1, NOISE_GRID - 1)])
+        )
+    delta = (
+        prior_precision
+        if prior_precision is not None
+        else optimize_prior_precision(unit_spectrum / noise_std**2, 0.0, square_norm, scale=scale)
+    )
     return delta, noise_std

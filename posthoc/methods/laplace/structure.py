@@ -82,7 +82,9 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     def spectrum(self) -> Tensor:
         """All eigenvalues of the (approximate) GGN, flattened (float64)."""
 
-    def sample(self, value: Tensor, prior_precision: float, num_samples: int, generator: torch.Generator | None) -> Tensor:
+    def sample(
+        self, value: Tensor, prior_precision: float, num_samples: int, generator: torch.Generator | None
+    ) -> Tensor:
         """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
 
         Example:
@@ -144,7 +146,9 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """Bytes one input row keeps alive at the peak of :meth:`head_variance` (the link's own are apart)."""
 
     def extra_repr(self) -> str:
-        shapes = {field: None if getattr(self, field) is None else tuple(getattr(self, field).shape) for field in self.fields}
+        shapes = {
+            field: None if getattr(self, field) is None else tuple(getattr(self, field).shape) for field in self.fields
+        }
         return ", ".join(f"{field}={shape}" for field, shape in shapes.items())
 
 

@@ -73,7 +73,9 @@ class SubsetLaplace(Laplace, scope="subset"):
     def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
         super().__init__(model, options)
         if self.subset == "lora" and self.hessian not in HOOKED_STRUCTURES:
-            raise ConfigError(f"subset='lora' offers hessian in {HOOKED_STRUCTURES} (KFAC-reduce or diagonal GGN), got {self.hessian!r}")
+            raise ConfigError(
+                f"subset='lora' offers hessian in {HOOKED_STRUCTURES} (KFAC-reduce or diagonal GGN), got {self.hessian!r}"
+            )
         if self.hessian not in SUBSET_STRUCTURES:
             raise ConfigError(
                 f"hessian={self.hessian!r} over several layers is not offered (a dense GGN of many layers does not "
@@ -93,26 +95,38 @@ class SubsetLaplace(Laplace, scope="subset"):
     def use_likelihood(self, likelihood: Likelihood) -> None:
         """As :meth:`Laplace.use_likelihood`; ``subset="lora"`` stays with the softmax (its hooks square-root that Hessian)."""
         if self.subset == "lora" and likelihood.fits_noise:
-            raise ConfigError(f"subset='lora' fits its curvature from hooks with the softmax's loss Hessian and does not do "
-                              f"likelihood={likelihood.name!r} yet; name Linear layers with subset=[...] (BackPACK), or use "
-                              "subset='last_layer'")
+            raise ConfigError(
+                f"subset='lora' fits its curvature from hooks with the softmax's loss Hessian and does not do "
+                f"likelihood={likelihood.name!r} yet; name Linear layers with subset=[...] (BackPACK), or use "
+                "subset='last_layer'"
+            )
         super().use_likelihood(likelihood)
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
         if self.subset == "lora":
-            blocks, loss = hooked_ggn(self.model, self.param_names, self.hessian,
-                                      self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"))
+            blocks, loss = hooked_ggn(
+                self.model,
+                self.param_names,
+                self.hessian,
+                self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"),
+            )
         else:
-            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, self._labelled_batches(train_loader, progress),
-                                        self.likelihood)
+            blocks, loss = backpack_ggn(
+                self.model,
+                self.param_names,
+                self.hessian,
+                self._labelled_batches(train_loader, progress),
+                self.likelihood,
+            )
         self.num_data.copy_(sum_over_ranks(self.num_data))
         self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())
         return loss, [params[name] for name in self.param_names]
 
-    def _labelled_batches(self, train_loader: Iterable, progress: bool,
-                          desc: str = "laplace curvature (BackPACK)") -> Iterator[tuple[Inputs, Tensor]]:
+    def _labelled_batches(
+        self, train_loader: Iterable, progress: bool, desc: str = "laplace curvature (BackPACK)"
+    ) -> Iterator[tuple[Inputs, Tensor]]:
         classes = None
         for x, y in iterate(train_loader, device=self.device, progress=progress, desc=desc):
             if not isinstance(x, Tensor) and self.subset != "lora":
@@ -147,46 +161,69 @@ class SubsetLaplace(Laplace, scope="subset"):
     def _map_log_probs(self, x: Inputs) -> Tensor:
         return class_log_probs(run_model(self.model, x)).double()
 
-    def _predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None,
-                    num_samples: int) -> LogPredictive:
+    def _predictive(
+        self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int
+    ) -> LogPredictive:
         if self.pred == "nn":
             return self._weight_space_predictive(x, prior_precision, generator, num_samples)
         if int(self.num_classes) == 0:  # a posterior saved without its shapes
             self._record_shapes(x)
         blocks = list(self.blocks)
-        row_bytes = subset_glm.bytes_per_row(self.glm_layers, int(self.num_classes), num_samples if self.link == "mc" else 0,
-                                             self._positions(x))
+        row_bytes = subset_glm.bytes_per_row(
+            self.glm_layers, int(self.num_classes), num_samples if self.link == "mc" else 0, self._positions(x)
+        )
         return glm.chunked_log_predictive(
-            batch_size(x), row_bytes,
-            lambda rows: subset_glm.logit_gaussian(self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision),
-            self.link, num_samples, generator,
+            batch_size(x),
+            row_bytes,
+            lambda rows: subset_glm.logit_gaussian(
+                self.model, self.glm_layers, blocks, slice_inputs(x, rows.start, rows.stop), prior_precision
+            ),
+            self.link,
+            num_samples,
+            generator,
         )
 
-    def _weight_space_predictive(self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int) -> LogPredictive:
+    def _weight_space_predictive(
+        self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int
+    ) -> LogPredictive:
         """``pred="nn"``: run the network with ``S`` weight draws of the covered layers (others fixed)."""
         params = dict(self.model.named_parameters())
-        draws = {b.name: b.sample(params[b.name].detach(), prior_precision, num_samples, generator) for b in self.blocks}
-        sample_log_probs = torch.stack([
-            class_log_probs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
-            for s in range(num_samples)
-        ])
+        draws = {
+            b.name: b.sample(params[b.name].detach(), prior_precision, num_samples, generator) for b in self.blocks
+        }
+        sample_log_probs = torch.stack(
+            [
+                class_log_probs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
+                for s in range(num_samples)
+            ]
+        )
         return log_mean_exp(sample_log_probs), sample_log_probs
 
     # ------------------------------------------------------------------------------ regression
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """Under a Gaussian likelihood: ``N(f(x), J Σ Jᵀ + σ²)`` per output with ``pred="glm"``, else the mixture of
         ``N(f_s(x), σ²)`` over ``num_samples`` weight draws (see module docs)."""
         self._settle()
         noise, delta = self.likelihood.dispersion, float(self.prior_precision)
         if self.pred == "nn":
             params = dict(self.model.named_parameters())
-            draws = {b.name: self._draws(b, params[b.name].detach(), num_samples or self.num_samples, generator) for b in self.blocks}
-            outputs = torch.stack([model_outputs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
-                                   for s in range(num_samples or self.num_samples)])
+            draws = {
+                b.name: self._draws(b, params[b.name].detach(), num_samples or self.num_samples, generator)
+                for b in self.blocks
+            }
+            outputs = torch.stack(
+                [
+                    model_outputs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
+                    for s in range(num_samples or self.num_samples)
+                ]
+            )
             return self.likelihood.predictive(outputs)
         outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
-        variance = noise * subset_glm.jacobian_covariance(factors, list(self.blocks), delta * noise).diagonal(dim1=1, dim2=2)
+        variance = noise * subset_glm.jacobian_covariance(factors, list(self.blocks), delta * noise).diagonal(
+            dim1=1, dim2=2
+        )
         dtype = outputs.dtype if outputs.dtype in (torch.float32, torch.float64) else torch.float32
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
@@ -194,7 +231,9 @@ class SubsetLaplace(Laplace, scope="subset"):
         """``num_samples`` draws of one block's weights from ``N(θ, σ² (G + δ σ²)⁻¹)``, the posterior at noise ``σ``
         (``G`` the unit-noise GGN), as ``σ`` times a draw of the unit-noise posterior at prior ``δ σ²``."""
         noise = self.likelihood.dispersion
-        return mean + math.sqrt(noise) * block.sample(torch.zeros_like(mean), float(self.prior_precision) * noise, num_samples, generator)
+        return mean + math.sqrt(noise) * block.sample(
+            torch.zeros_like(mean), float(self.prior_precision) * noise, num_samples, generator
+        )
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Any, Tensor, Tensor]]:
         """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, joined into one batch where their
@@ -214,7 +253,9 @@ class SubsetLaplace(Laplace, scope="subset"):
         factors = {name: tuple(torch.cat(parts) for parts in zip(*(f[name] for f, _, _ in found))) for name in first}
         return [(factors, torch.cat([o for _, o, _ in found]), torch.cat([t for _, _, t in found]))]
 
-    def _unit_variance(self, prepared: dict[str, tuple[Tensor, Tensor]], outputs: Tensor, prior_precision: float) -> Tensor:
+    def _unit_variance(
+        self, prepared: dict[str, tuple[Tensor, Tensor]], outputs: Tensor, prior_precision: float
+    ) -> Tensor:
         """The diagonal of ``Σ_blocks J Σ_block Jᵀ`` ``(N, D)`` at unit noise from a batch's Jacobian factors."""
         return subset_glm.jacobian_covariance(prepared, list(self.blocks), prior_precision).diagonal(dim1=1, dim2=2)
 

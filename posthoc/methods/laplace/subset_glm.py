@@ -50,14 +50,18 @@ def covered_linear_layers(model: nn.Module, param_names: list[str]) -> dict[str,
 
 def _tap(taps: dict[str, tuple[Tensor, Tensor]], name: str) -> Callable[[nn.Module, tuple, Tensor], Tensor]:
     """A forward hook recording the layer's input and adding a zero leaf to its output, whose gradient is ``∂f/∂z``."""
+
     def hook(module: nn.Module, args: tuple, out: Tensor) -> Tensor:
         leaf = torch.zeros_like(out, requires_grad=True)
         taps[name] = (args[0].detach(), leaf)
         return out + leaf
+
     return hook
 
 
-def tapped_forward(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+def tapped_forward(
+    model: nn.Module, layers: dict[str, nn.Linear], x: Inputs
+) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
     """The logits of ``x`` with gradients enabled and, per layer, its (detached) input and the zero leaf
     added to its output, whose gradient is ``∂/∂z`` of whatever is differentiated."""
     taps: dict[str, tuple[Tensor, Tensor]] = {}
@@ -65,21 +69,29 @@ def tapped_forward(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) ->
         logits = run_model(model, x)
     if set(taps) != set(layers):
         missing = sorted(set(layers) - set(taps))
-        raise InputError(f"the covered layers {missing} were not called in the forward pass; pass layers the model uses")
+        raise InputError(
+            f"the covered layers {missing} were not called in the forward pass; pass layers the model uses"
+        )
     return logits, taps
 
 
 def positions_per_row(model: nn.Module, layers: dict[str, nn.Linear], row: Inputs) -> int:
     """The most positions (tokens, patches) one example feeds any of ``layers`` (1 for ``(N, features)`` inputs)."""
     seen = [1]
-    with torch.no_grad(), hooked((layer, "input", lambda module, args: seen.append(args[0][0].numel() // module.in_features))
-                                 for layer in layers.values()):
+    with (
+        torch.no_grad(),
+        hooked(
+            (layer, "input", lambda module, args: seen.append(args[0][0].numel() // module.in_features))
+            for layer in layers.values()
+        ),
+    ):
         run_model(model, row)
     return max(seen)
 
 
-def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[Curvature], x: Inputs,
-                   prior_precision: float) -> DenseLogitGaussian:
+def logit_gaussian(
+    model: nn.Module, layers: dict[str, nn.Linear], blocks: list[Curvature], x: Inputs, prior_precision: float
+) -> DenseLogitGaussian:
     """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``.
 
     Each parameter's block (``block.name``) adds its ``J Σ Jᵀ`` from the layer's inputs and the
@@ -91,7 +103,9 @@ def logit_gaussian(model: nn.Module, layers: dict[str, nn.Linear], blocks: list[
     return DenseLogitGaussian(logits.to(out), jacobian_covariance(factors, blocks, prior_precision))
 
 
-def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
+def jacobian_factors(
+    model: nn.Module, layers: dict[str, nn.Linear], x: Inputs
+) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
     """The outputs ``(n, C)`` of ``x`` (detached) and, per layer, the outputs' gradients in its output ``g``
     ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (float64): what ``J Σ Jᵀ`` needs at any prior.
 
@@ -107,7 +121,9 @@ def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) 
         classes = logits.shape[-1]
         gradients = [[] for _ in leaves]  # per layer: C tensors (n, [T,] out)
         for c in range(classes):
-            for store, grad in zip(gradients, torch.autograd.grad(logits[:, c].sum(), leaves, retain_graph=c < classes - 1)):
+            for store, grad in zip(
+                gradients, torch.autograd.grad(logits[:, c].sum(), leaves, retain_graph=c < classes - 1)
+            ):
                 store.append(grad)
     dtype = torch.promote_types(logits.dtype, torch.float64)
     factors = {}
@@ -120,7 +136,9 @@ def jacobian_factors(model: nn.Module, layers: dict[str, nn.Linear], x: Inputs) 
     return logits.detach(), factors
 
 
-def jacobian_covariance(factors: dict[str, tuple[Tensor, Tensor]], blocks: list[Curvature], prior_precision: float) -> Tensor:
+def jacobian_covariance(
+    factors: dict[str, tuple[Tensor, Tensor]], blocks: list[Curvature], prior_precision: float
+) -> Tensor:
     """``Σ_blocks J Σ_block Jᵀ`` ``(n, C, C)`` from :func:`jacobian_factors` at ``prior_precision``."""
     by_name = {block.name: block for block in blocks}
     covariance = None

@@ -34,7 +34,9 @@ class TargetMoments:
 
     def __init__(self, loader: Iterable) -> None:
         self.loader = loader
-        self.sums = torch.zeros(3, dtype=torch.float64)  # count, Σ y², Σ (y - its batch's mean)² over every target value
+        self.sums = torch.zeros(
+            3, dtype=torch.float64
+        )  # count, Σ y², Σ (y - its batch's mean)² over every target value
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
@@ -45,8 +47,9 @@ class TargetMoments:
             if isinstance(y, Tensor) and y.numel() and not y.is_complex():
                 values = y.detach().to("cpu", torch.float64).reshape(len(y), -1)
                 centred = values - values.mean(0)  # per batch and output: an offset is no spread
-                self.sums += torch.tensor([values.numel(), float(values.square().sum()), float(centred.square().sum())],
-                                          dtype=torch.float64)
+                self.sums += torch.tensor(
+                    [values.numel(), float(values.square().sum()), float(centred.square().sum())], dtype=torch.float64
+                )
             yield batch
 
     def __len__(self) -> int:

@@ -64,8 +64,10 @@ class MCBatchNorm(Method):
         self.sizes = BATCH_SIZES if batch_size == "auto" else (batch_size,)
         self.layers = list(batchnorm_layers(model).values())
         if not self.layers:
-            raise ConfigError("mc-batchnorm samples the statistics of BatchNorm layers and this model has none: use "
-                              "method='mc-dropout', 'laplace' or 'auto' instead")
+            raise ConfigError(
+                "mc-batchnorm samples the statistics of BatchNorm layers and this model has none: use "
+                "method='mc-dropout', 'laplace' or 'auto' instead"
+            )
         channels = sum(layer.num_features for layer in self.layers)
         self.register_buffer("means", torch.zeros(len(self.sizes), self.num_samples, channels))
         self.register_buffer("variances", torch.ones(len(self.sizes), self.num_samples, channels))
@@ -107,8 +109,9 @@ class MCBatchNorm(Method):
         self.record_selection(selection)
         self.chosen.fill_(selection.value)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         if int(self.chosen) < 0:
             return class_log_probs(run_model(self.model, x)), None
         return self._sampled(x, int(self.chosen), num_samples or self.num_samples)
@@ -128,13 +131,14 @@ class MCBatchNorm(Method):
             layout, channels = self.runner.layout, spans[layer]
             picks = torch.arange(layout.first, layout.first + layout.samples) % self.num_samples
             z = args[0].unflatten(0, (layout.samples, -1))
-            return normalise_groups(layer, z, self.means[k, picks, channels], self.variances[k, picks, channels]).flatten(0, 1)
+            return normalise_groups(
+                layer, z, self.means[k, picks, channels], self.variances[k, picks, channels]
+            ).flatten(0, 1)
 
         with hooked([(layer, "output", hook) for layer in self.layers]):
             yield
 
     def summary(self) -> dict:
         """The samples, the chosen mini-batch size (``None``: the plain model) and the BatchNorm layers sampled."""
-        chosen = int(self.chosen)
-        return {"num_samples": self.num_samples, "batch_size": None if chosen < 0 else self.sizes[chosen],
-                "batchnorm_layers": len(self.layers)}
+        batch_size = None if int(self.chosen) < 0 else self.sizes[int(self.chosen)]
+        return {"num_samples": self.num_samples, "batch_size": batch_size, "batchnorm_layers": len(self.layers)}

@@ -28,15 +28,21 @@ def keep_probability(p: float) -> float:
     return 1.0 - round(p * 65536) / 65536
 
 
-def drop_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device | str) -> Tensor:
+def drop_mask(
+    shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device | str
+) -> Tensor:
     """Boolean mask of ``shape``, ``True`` where an entry is dropped (probability ``1 - keep_probability(p)``)."""
     numel = math.prod(shape)
-    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=draw_device(generator, device)).random_(-(2**63), None, generator=generator)
+    words = torch.empty((numel + 3) // 4, dtype=torch.int64, device=draw_device(generator, device)).random_(
+        -(2**63), None, generator=generator
+    )
     threshold = round(p * 65536) - 32768
     return (words.view(torch.int16)[:numel] < threshold).reshape(shape).to(device)
 
 
-def keep_mask(shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device | str) -> Tensor:
+def keep_mask(
+    shape: torch.Size | tuple[int, ...], p: float, *, generator: torch.Generator | None, device: torch.device | str
+) -> Tensor:
     """The complement of :func:`drop_mask` (the same draws): ``True`` where an entry is kept."""
     return drop_mask(shape, p, generator=generator, device=device).logical_not_()
 

@@ -127,7 +127,13 @@ class MCDropout(Method):
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         p, where, insert, num_samples, head, masks = (
-            options.p, options.where, options.insert, options.num_samples, options.head, options.masks)
+            options.p,
+            options.where,
+            options.insert,
+            options.num_samples,
+            options.head,
+            options.masks,
+        )
         super().__init__(model)
         _check_options(p, where, insert, num_samples, head, masks)
         if isinstance(where, (list, tuple)):
@@ -148,7 +154,9 @@ class MCDropout(Method):
         #: ``p="auto"``: the rate must be chosen on ``val_loader`` before predicting
         self.rate_from_val = p == "auto"
         self.fitted.fill_(not self.requires_fit)
-        self.register_buffer("rate", torch.tensor(float(p) if isinstance(p, (int, float)) else math.nan, dtype=torch.float64))
+        self.register_buffer(
+            "rate", torch.tensor(float(p) if isinstance(p, (int, float)) else math.nan, dtype=torch.float64)
+        )
         #: per-example units each site draws a mask for (learnt from the first sampled batch; empty before)
         self.register_buffer("units", torch.zeros(0, dtype=torch.int64))
         #: validation NLL of the deterministic model and of the chosen rate (NaN unless chosen at fit)
@@ -176,9 +184,14 @@ class MCDropout(Method):
         if self.likelihood.fits_noise:
             generator = torch.Generator(device=self.device).manual_seed(0)
             with torch.no_grad(), eval_mode(self.model):
-                fit_noise_on(self.likelihood, loaders, self.device,
-                             lambda x: (self.sampled_outputs(x, generator=generator), None), progress=progress,
-                             per_output=True)
+                fit_noise_on(
+                    self.likelihood,
+                    loaders,
+                    self.device,
+                    lambda x: (self.sampled_outputs(x, generator=generator), None),
+                    progress=progress,
+                    per_output=True,
+                )
 
     @classmethod
     def suits(cls, model: nn.Module) -> bool:
@@ -209,9 +222,12 @@ class MCDropout(Method):
         with torch.no_grad(), eval_mode(self.model):
             self._resolve(next(iter(held_out.clean()))[0])
             if regression:
+
                 def scores(index: int) -> Scores:
                     sites = with_rate(self._sites, candidates[index])
-                    return held_out.regression_scores(lambda x, generator: self._outputs_at(x, sites, samples, generator))
+                    return held_out.regression_scores(
+                        lambda x, generator: self._outputs_at(x, sites, samples, generator)
+                    )
             else:
                 prepared = held_out.prepared(lambda x: (x, self._head_features(x)))
 
@@ -219,8 +235,10 @@ class MCDropout(Method):
                     if candidates[index] == 0:
                         return held_out.plain  # no dropout: the plain model itself
                     sites = with_rate(self._sites, candidates[index])
-                    return prepared.scores(lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0],
-                                           device=self.device)
+                    return prepared.scores(
+                        lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0],
+                        device=self.device,
+                    )
 
             selection = held_out.select([(f"p={p:g}", p) for p in candidates], scores, knob="dropout rate", walk=True)
         self.record_selection(selection)
@@ -263,16 +281,23 @@ class MCDropout(Method):
 
     def _rate_origin(self, rate: float, chosen: bool) -> str:
         if chosen:
-            kind = "Gaussian NLL, σ fitted per rate" if self.likelihood.prediction_type is RegressionPrediction else "NLL"
+            kind = (
+                "Gaussian NLL, σ fitted per rate" if self.likelihood.prediction_type is RegressionPrediction else "NLL"
+            )
             return f"held-out {kind} (the selection step over the rates 0, {', '.join(map(str, P_GRID))})"
         if not math.isnan(rate):
             return "option p"
         if self.where == "head" and self._sites and head_dropout_rate(self.model, self._sites[0].name) is not None:
             return "the classifier's own dropout (before the head)"
-        return "the model's own dropout" if self.own_sites and self.where is None else f"default for inserted dropout ({DEFAULT_INSERT_P})"
+        return (
+            "the model's own dropout"
+            if self.own_sites and self.where is None
+            else f"default for inserted dropout ({DEFAULT_INSERT_P})"
+        )
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         num_samples = num_samples or self.num_samples
         sites = self.sites(x)
         if all(site.p == 0 for site in sites):
@@ -280,20 +305,23 @@ class MCDropout(Method):
             return log_probs, log_probs.unsqueeze(0).expand(num_samples, *log_probs.shape)
         return self._sampled(x, self._head_features(x), num_samples, generator, sites)
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` dropout masks per example."""
         return self._outputs_at(x, self.sites(x), num_samples or self.num_samples, generator)
 
-    def _outputs_at(self, x: Inputs, sites: list[DropoutSite], num_samples: int,
-                    generator: torch.Generator | None) -> Tensor:
+    def _outputs_at(
+        self, x: Inputs, sites: list[DropoutSite], num_samples: int, generator: torch.Generator | None
+    ) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` masks per example at ``sites``' rates."""
         n = batch_size(x)
         if all(site.p == 0 for site in sites):
             return model_outputs(run_model(self.model, x)).unsqueeze(0).expand(num_samples, n, -1)
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
-        outputs = self._suffix(x)(x, num_samples,
-                                  stochastic=lambda: sampling(self.model, sites, generator=generator, units=units))
+        outputs = self._suffix(x)(
+            x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units)
+        )
         if units:
             self._keep_units(units)
         return outputs.reshape(num_samples, n, -1)
@@ -311,7 +339,9 @@ class MCDropout(Method):
         if self._sites is not None:
             return
         try:
-            self._sites = list(self.own_sites) or inserted_sites(self.model, self.where or "head", DEFAULT_INSERT_P, x, self.head)
+            self._sites = list(self.own_sites) or inserted_sites(
+                self.model, self.where or "head", DEFAULT_INSERT_P, x, self.head
+            )
         except HeadNotFoundError:
             if x is None:
                 return
@@ -337,7 +367,11 @@ class MCDropout(Method):
             marked.append(value.view_as(value))
             return marked[-1]
 
-        hook = (lambda module, args: (mark(args[0]), *args[1:])) if site.at == "input" else (lambda module, args, out: mark(out))
+        hook = (
+            (lambda module, args: (mark(args[0]), *args[1:]))
+            if site.at == "input"
+            else (lambda module, args, out: mark(out))
+        )
         try:
             with hooked([(self.model.get_submodule(site.name), site.at, hook)]):
                 features = self._head_split(x)[0]
@@ -348,8 +382,14 @@ class MCDropout(Method):
             self._head_split = features = None
         return features
 
-    def _sampled(self, x: Inputs, features: Tensor | None, num_samples: int, generator: torch.Generator | None,
-                 sites: list[DropoutSite]) -> LogPredictive:
+    def _sampled(
+        self,
+        x: Inputs,
+        features: Tensor | None,
+        num_samples: int,
+        generator: torch.Generator | None,
+        sites: list[DropoutSite],
+    ) -> LogPredictive:
         """The predictive of ``sites``: on the head's ``features`` with shared masks, else through the suffix runner."""
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
         if features is not None:
@@ -358,8 +398,9 @@ class MCDropout(Method):
                 self._keep_units({sites[0].name: features.shape[1]})
             keep = keep_mask((num_samples, features.shape[1]), p, generator=generator, device=features.device)
             return shared_mask_predictive(features, self._head_split.head, keep, p)
-        logits = self._suffix(x)(x, num_samples,
-                                 stochastic=lambda: sampling(self.model, sites, generator=generator, units=units))
+        logits = self._suffix(x)(
+            x, num_samples, stochastic=lambda: sampling(self.model, sites, generator=generator, units=units)
+        )
         if units:
             self._keep_units(units)
         n = batch_size(x)
@@ -368,14 +409,18 @@ class MCDropout(Method):
         return log_mean_exp(samples), samples
 
     def _keep_units(self, units: dict[str, int]) -> None:
-        self.units = torch.tensor([units.get(site.name, 0) for site in self._sites], dtype=torch.int64, device=self.rate.device)
+        self.units = torch.tensor(
+            [units.get(site.name, 0) for site in self._sites], dtype=torch.int64, device=self.rate.device
+        )
 
     def _suffix(self, x: Inputs) -> SuffixRunner:
         """The runner expanding the batch at the site called first (traced once when there are several)."""
         if self._runner is None:
             sites = self._sites
             if len(sites) > 1:
-                order = called_in_order(self.model, {str(i): self.model.get_submodule(s.name) for i, s in enumerate(sites)}, x)
+                order = called_in_order(
+                    self.model, {str(i): self.model.get_submodule(s.name) for i, s in enumerate(sites)}, x
+                )
                 sites = [sites[int(key)] for key in order]
             first = sites[0] if sites else None
             self._runner = SuffixRunner(self.model, first.name if first else None, at=first.at if first else "input")
@@ -383,14 +428,20 @@ class MCDropout(Method):
 
     def extra_repr(self) -> str:
         rate = float(self.rate)
-        return (f"p={'own' if math.isnan(rate) else rate}, where={self.where or 'own/head'}, "
-                f"num_samples={self.num_samples}, masks={self.masks}")
+        return (
+            f"p={'own' if math.isnan(rate) else rate}, where={self.where or 'own/head'}, "
+            f"num_samples={self.num_samples}, masks={self.masks}"
+        )
 
 
 def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, masks: object) -> None:
     if not (p is None or p == "auto" or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1)):
         raise ConfigError(f"p must be a dropout rate in [0, 1), None (the model's own rates) or 'auto', got {p!r}")
-    if not (where is None or where in ("head", "blocks") or (isinstance(where, (list, tuple)) and where and all(isinstance(w, str) for w in where))):
+    if not (
+        where is None
+        or where in ("head", "blocks")
+        or (isinstance(where, (list, tuple)) and where and all(isinstance(w, str) for w in where))
+    ):
         raise ConfigError(f"where must be 'head', 'blocks', a non-empty list of module names, or None; got {where!r}")
     if not isinstance(insert, bool):
         raise ConfigError(f"insert must be True or False, got {insert!r}")
@@ -398,7 +449,9 @@ def _check_options(p: object, where: object, insert: object, num_samples: object
     if head is not None and not isinstance(head, str):
         raise ConfigError(f"head must be a module name, got {type(head).__name__}")
     if masks not in MASKS:
-        raise ConfigError(f"masks must be 'shared' (one mask per sample for the whole batch) or 'per_example', got {masks!r}")
+        raise ConfigError(
+            f"masks must be 'shared' (one mask per sample for the whole batch) or 'per_example', got {masks!r}"
+        )
 
 
 def _log_softmax(logits: Tensor) -> Tensor:

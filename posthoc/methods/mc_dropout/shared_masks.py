@@ -43,10 +43,14 @@ def shared_mask_predictive(phi: Tensor, head: nn.Linear, keep: Tensor, p: float)
     class_dim = 1 if on_weights else 2
     shape = [scale.shape[0], n, n]
     shape[class_dim] = max(2, classes)  # a single logit z (a binary classifier) becomes the classes [0, z]
-    logits = (phi.new_zeros if classes == 1 else phi.new_empty)(shape, dtype=torch.promote_types(weight.dtype, torch.float32))
+    logits = (phi.new_zeros if classes == 1 else phi.new_empty)(
+        shape, dtype=torch.promote_types(weight.dtype, torch.float32)
+    )
     masked = (classes if on_weights else n) * features
     for group in chunks(scale.shape[0], (masked + n * classes) * weight.element_size()):
-        logits[group].narrow(class_dim, shape[class_dim] - classes, classes).copy_(_logits(phi, weight, bias, scale[group], on_weights))
+        logits[group].narrow(class_dim, shape[class_dim] - classes, classes).copy_(
+            _logits(phi, weight, bias, scale[group], on_weights)
+        )
     samples = torch.log_softmax(logits, class_dim)
     del logits
     log_probs = log_mean_exp(samples)

@@ -123,8 +123,9 @@ def block_names(model: nn.Module) -> list[str]:
     return []
 
 
-def inserted_sites(model: nn.Module, where: str | Sequence[str], p: float, example: Inputs | None = None,
-                   head: str | None = None) -> list[DropoutSite]:
+def inserted_sites(
+    model: nn.Module, where: str | Sequence[str], p: float, example: Inputs | None = None, head: str | None = None
+) -> list[DropoutSite]:
     """Sites for new dropout of rate ``p``; ``where`` is ``"head"``, ``"blocks"`` or module names.
 
     Example:
@@ -186,8 +187,13 @@ def with_rate(sites: Sequence[DropoutSite], p: float) -> list[DropoutSite]:
 
 
 @contextmanager
-def sampling(model: nn.Module, sites: Sequence[DropoutSite], *, generator: torch.Generator | None = None,
-             units: dict[str, int] | None = None) -> Iterator[nn.Module]:
+def sampling(
+    model: nn.Module,
+    sites: Sequence[DropoutSite],
+    *,
+    generator: torch.Generator | None = None,
+    units: dict[str, int] | None = None,
+) -> Iterator[nn.Module]:
     """Make ``model`` drop units at ``sites`` (fresh masks per row and call) inside the context.
 
     Only temporary hooks are added (and always removed); flags and weights are untouched. When
@@ -214,6 +220,7 @@ def dropout_units(x: Any, channel_dims: int = 0) -> int:
 
 def _dropping(site: DropoutSite, generator: torch.Generator | None, units: dict[str, int] | None) -> Callable[..., Any]:
     """The hook applying ``site``'s dropout to its module's first input (``at="input"``) or its output."""
+
     def drop(x: Any) -> Any:
         if units is not None:
             units[site.name] = dropout_units(x, site.channel_dims)

@@ -146,8 +146,16 @@ class Langevin:
         tensor([-0.0100, -0.0100, -0.0100], requires_grad=True)
     """
 
-    def __init__(self, params: list[Tensor], *, size: int, prior_precision: float, temperature: float,
-                 centre: list[Tensor] | None = None, generator: torch.Generator | None = None) -> None:
+    def __init__(
+        self,
+        params: list[Tensor],
+        *,
+        size: int,
+        prior_precision: float,
+        temperature: float,
+        centre: list[Tensor] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
         self.params, self.size = params, size
         self.decay, self.temperature = prior_precision / size, temperature
         self.centre = centre

@@ -158,20 +158,36 @@ class SGLD(Method):
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         with torch.random.fork_rng(devices=[] if self.device.type == "cpu" else [self.device]):
             torch.manual_seed(self.seed)  # the loader's shuffling and the copy's dropout, for "all"
-            self._run_chain(train_loader, epochs=epochs, lr=lr, burn_in=burn_in, exploration=exploration, progress=progress)
+            self._run_chain(
+                train_loader, epochs=epochs, lr=lr, burn_in=burn_in, exploration=exploration, progress=progress
+            )
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
-    def _run_chain(self, train_loader: Iterable, *, epochs: int, lr: float | None, burn_in: float, exploration: float,
-                   progress: bool) -> None:
+    def _run_chain(
+        self,
+        train_loader: Iterable,
+        *,
+        epochs: int,
+        lr: float | None,
+        burn_in: float,
+        exploration: float,
+        progress: bool,
+    ) -> None:
         """The chain of :meth:`fit`: sets ``samples`` and ``schedule``."""
         generator = torch.Generator().manual_seed(self.seed)  # the chain's noise: alike on every rank
         order = torch.Generator().manual_seed(self.seed + 1)  # the order of cached batches: shards differ in length
         weights = PrivateWeights(self.model, self.layers, train_loader, split=self.split, likelihood=self.likelihood)
         lr = float(lr) if lr is not None else self._default_lr(weights)
         centre = [t.detach().clone() for t in weights.trained] if self.prior == "checkpoint" else None
-        chain = Langevin(weights.trained, size=weights.size, prior_precision=self.prior_precision,
-                         temperature=self.temperature, centre=centre, generator=generator)
+        chain = Langevin(
+            weights.trained,
+            size=weights.size,
+            prior_precision=self.prior_precision,
+            temperature=self.temperature,
+            centre=centre,
+            generator=generator,
+        )
         total = epochs * weights.steps_per_epoch
         check_schedule(total, self.cycles, exploration, steps_per_epoch=weights.steps_per_epoch)
         wanted = self._keep_count(weights)
@@ -198,9 +214,17 @@ class SGLD(Method):
                 rows.append(torch.cat([weights.weights_vector(), weights.buffers_vector()]))
 
         fine_tune(
-            lambda epoch: weights.epoch(order), lambda batch, step: weights.loss(*batch), update, epochs=epochs,
-            total=total, desc="sgld", progress=progress, after_step=keep,
-            failure=lambda value, step: f"the SGLD loss became {value} at step {step.number + 1} (lr={lr:.3g}); fit again with a lower lr",
+            lambda epoch: weights.epoch(order),
+            lambda batch, step: weights.loss(*batch),
+            update,
+            epochs=epochs,
+            total=total,
+            desc="sgld",
+            progress=progress,
+            after_step=keep,
+            failure=lambda value, step: (
+                f"the SGLD loss became {value} at step {step.number + 1} (lr={lr:.3g}); fit again with a lower lr"
+            ),
         )
         self.samples = torch.stack(rows)
         self.schedule = torch.tensor([epochs, lr, self.cycles or 0, burn_in, exploration, total], dtype=torch.float64)
@@ -210,7 +234,9 @@ class SGLD(Method):
         :func:`~posthoc.engine.objective.step_scale` of the likelihood (1 for class labels)."""
         if self.layers == "all":
             return 1e-3 * step_scale(self.likelihood)
-        squares = torch.stack([phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))])
+        squares = torch.stack(
+            [phi.pow(2).sum(-1).mean() + 1 for phi, _ in weights.epoch(torch.Generator().manual_seed(0))]
+        )
         totals = torch.stack([squares.sum(), torch.tensor(float(len(squares)), device=squares.device)]).double()
         totals = sum_over_ranks(totals)  # one lr on every rank
         return float(totals[1] / totals[0]) * step_scale(self.likelihood)
@@ -223,8 +249,10 @@ class SGLD(Method):
         if fits >= self.num_samples:
             return self.num_samples
         if fits < 1:
-            raise ConfigError(f"one SGLD state needs {row_bytes} bytes, over the memory budget of {budget}; "
-                              f"{MORE_MEMORY} or use layers='head'")
+            raise ConfigError(
+                f"one SGLD state needs {row_bytes} bytes, over the memory budget of {budget}; "
+                f"{MORE_MEMORY} or use layers='head'"
+            )
         warnings.warn(
             f"{self.num_samples} SGLD states of {row_bytes / 2**20:.1f} MiB exceed the memory budget; keeping {fits}, "
             f"spread over the chain ({MORE_MEMORY} to keep more)",
@@ -256,13 +284,15 @@ class SGLD(Method):
         names = self._names(x)
         return state_route(self.model, lambda s: unflatten(self.samples[chosen[s]], self.model, names), len(chosen), x)
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """The kept samples' predictive; ``generator`` is not used (the samples are fixed at fit)."""
         return self._through(x, num_samples, head_route=head_log_predictive, state_route=state_log_predictive)
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)``: the model's outputs under the kept samples :meth:`log_predictive` uses."""
         return self._through(x, num_samples, head_route=head_outputs, state_route=state_outputs)
 

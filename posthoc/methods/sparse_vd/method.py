@@ -83,7 +83,11 @@ class SparseVariationalDropout(VariationalMethod):
     def __init__(self, model: nn.Module, options: Options) -> None:
         layers, head, init_log_alpha = options.layers, options.head, options.init_log_alpha
         threshold, num_samples, seed = options.threshold, options.num_samples, options.seed
-        if isinstance(init_log_alpha, bool) or not isinstance(init_log_alpha, (int, float)) or not math.isfinite(init_log_alpha):
+        if (
+            isinstance(init_log_alpha, bool)
+            or not isinstance(init_log_alpha, (int, float))
+            or not math.isfinite(init_log_alpha)
+        ):
             raise ConfigError(f"init_log_alpha must be a finite number (e.g. -4.0), got {init_log_alpha!r}")
         self.init_log_alpha, self.threshold = float(init_log_alpha), check_threshold(threshold)
         super().__init__(model, layers=layers, head=head, num_samples=num_samples, seed=seed)
@@ -115,8 +119,12 @@ class SparseVariationalDropout(VariationalMethod):
         epochs, lr, lr_scale, kl_weight = options.epochs, options.lr, options.lr_scale, options.kl_weight
         kl_schedule, kl_warmup, kl_cycles = options.kl_schedule, options.kl_warmup, options.kl_cycles
         kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
-        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress,
-                  val_loader=val_loader)
+        self._fit(
+            train_loader,
+            ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl),
+            progress=progress,
+            val_loader=val_loader,
+        )
 
     def sparsity(self, threshold: float | None = None) -> dict[str, Any]:
         """The fraction of weights with ``log alpha > threshold`` (default: the ``threshold`` option),
@@ -130,7 +138,9 @@ class SparseVariationalDropout(VariationalMethod):
         self.check_fitted("um.sparsity()")
         return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
 
-    def prune(self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False) -> nn.Module:
+    def prune(
+        self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False
+    ) -> nn.Module:
         """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold``
         set to zero (``random=True``: as many weights per layer at random, from ``seed``); ``sparse=True``
         stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
@@ -142,18 +152,26 @@ class SparseVariationalDropout(VariationalMethod):
             torch.Size([8, 3])
         """
         self.check_fitted("um.prune()")
-        removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
+        removed = removed_weights(
+            self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed
+        )
         return pruned_copy(self.model, self.layers, removed, sparse=sparse)
 
     @contextmanager
     def pruned(self, threshold: float | None = None, *, random: bool = False, seed: int = 0) -> Iterator[None]:
         """Within the context, predictions sample the posterior with the pruned weights removed (as :meth:`prune` picks them)."""
         self.check_fitted("um.method.pruned()")
-        removed = removed_weights(self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed)
+        removed = removed_weights(
+            self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed
+        )
         with restricted(self.layers, removed):
             yield
 
     def summary(self) -> dict[str, Any]:
         """The common card (:meth:`VariationalMethod.summary`) with the threshold and the sparsity at it."""
-        return {**super().summary(), "init_log_alpha": self.init_log_alpha, "threshold": self.threshold,
-                "sparsity": self.sparsity()["total"]}
+        return {
+            **super().summary(),
+            "init_log_alpha": self.init_log_alpha,
+            "threshold": self.threshold,
+            "sparsity": self.sparsity()["total"],
+        }

@@ -44,11 +44,15 @@ def check_threshold(threshold: Any) -> float:
         3.0
     """
     if isinstance(threshold, bool) or not isinstance(threshold, (int, float)) or not math.isfinite(threshold):
-        raise ConfigError(f"threshold must be a finite number (a log alpha; 3.0 prunes weights with alpha > 20), got {threshold!r}")
+        raise ConfigError(
+            f"threshold must be a finite number (a log alpha; 3.0 prunes weights with alpha > 20), got {threshold!r}"
+        )
     return float(threshold)
 
 
-def removed_weights(layers: VariationalLayers, threshold: float, *, random: bool = False, seed: int = 0) -> dict[str, Tensor]:
+def removed_weights(
+    layers: VariationalLayers, threshold: float, *, random: bool = False, seed: int = 0
+) -> dict[str, Tensor]:
     """Per layer name, a boolean mask of the weights to remove: ``log alpha > threshold``, or with
     ``random=True`` as many weights per layer chosen at random (from a generator seeded with ``seed``)."""
     threshold = check_threshold(threshold)
@@ -91,7 +95,9 @@ def restricted(layers: VariationalLayers, removed: dict[str, Tensor]) -> Iterato
 
 
 @torch.no_grad()
-def pruned_copy(model: nn.Module, layers: VariationalLayers, removed: dict[str, Tensor], *, sparse: bool = False) -> nn.Module:
+def pruned_copy(
+    model: nn.Module, layers: VariationalLayers, removed: dict[str, Tensor], *, sparse: bool = False
+) -> nn.Module:
     """A deep copy of ``model`` whose variational layers hold the posterior means (``theta`` and the
     fitted bias) with the ``removed`` weights set to zero: a plain ``nn.Module``, usable without posthoc.
 

@@ -97,12 +97,20 @@ class SWAGBase(Method):
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         subset, cov, scale, num_samples, bn_batches, stats_device, seed = (
-            options.subset, options.cov, options.scale, options.num_samples, options.bn_batches, options.stats_device,
-            options.seed)  # ``head``: the last-layer algorithm's
+            options.subset,
+            options.cov,
+            options.scale,
+            options.num_samples,
+            options.bn_batches,
+            options.stats_device,
+            options.seed,
+        )  # ``head``: the last-layer algorithm's
         super().__init__(model)
         if not isinstance(cov, bool):
             raise ConfigError(f"cov must be True or False, got {cov!r}")
-        if scale is not None and (isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)):
+        if scale is not None and (
+            isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)
+        ):
             raise ConfigError(f"scale must be a finite number >= 0 (0 gives SWA) or None, got {scale!r}")
         self.subset = subset
         self.cov = cov
@@ -132,8 +140,9 @@ class SWAGBase(Method):
     def _after_fit(self, train_loader: Iterable, *, progress: bool) -> None:
         """Work that needs the collected moments (e.g. BatchNorm statistics per sample)."""
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
         raise NotImplementedError
 
@@ -158,8 +167,14 @@ class SWAGBase(Method):
     ) -> None:
         options = options or self.FitOptions()
         epochs, lr, collect_per_epoch, rank, momentum, weight_decay, include_pretrained = (
-            options.epochs, options.lr, options.collect_per_epoch, options.rank, options.momentum, options.weight_decay,
-            options.include_pretrained)
+            options.epochs,
+            options.lr,
+            options.collect_per_epoch,
+            options.rank,
+            options.momentum,
+            options.weight_decay,
+            options.include_pretrained,
+        )
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")
@@ -171,9 +186,15 @@ class SWAGBase(Method):
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)
         lr = self._fine_tune(
-            train_loader, epochs=epochs, lr=None if lr is None else float(lr), collect_per_epoch=collect_per_epoch,
-            rank=rank, momentum=float(momentum), weight_decay=float(weight_decay),
-            include_pretrained=include_pretrained, progress=progress,
+            train_loader,
+            epochs=epochs,
+            lr=None if lr is None else float(lr),
+            collect_per_epoch=collect_per_epoch,
+            rank=rank,
+            momentum=float(momentum),
+            weight_decay=float(weight_decay),
+            include_pretrained=include_pretrained,
+            progress=progress,
         )
         self.schedule = torch.tensor([epochs, lr, collect_per_epoch, momentum, weight_decay], dtype=torch.float64)
         held = self.collector.num_deviations if self.cov else self.collector.num_snapshots
@@ -210,26 +231,51 @@ class SWAGBase(Method):
                 return held_out.scores(lambda x, generator: self.log_predictive(x)[0])
 
         with torch.no_grad():
-            selection = held_out.select([(f"{scale:g}", scale) for scale in candidates], scores, knob="scale", walk=True,
-                                        start=candidates.index(START_SCALE))
-        warn_fallback(selection, method="SWAG", fallback="the SWA mean alone (scale 0)",
-                      advice="Raise tolerance or pass a fixed scale", stacklevel=4)
+            selection = held_out.select(
+                [(f"{scale:g}", scale) for scale in candidates],
+                scores,
+                knob="scale",
+                walk=True,
+                start=candidates.index(START_SCALE),
+            )
+        warn_fallback(
+            selection,
+            method="SWAG",
+            fallback="the SWA mean alone (scale 0)",
+            advice="Raise tolerance or pass a fixed scale",
+            stacklevel=4,
+        )
         self.record_selection(selection)
         self.scale = selection.value
-        self.scale_fit = torch.tensor([self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64)
+        self.scale_fit = torch.tensor(
+            [self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64
+        )
         self._after_fit(train_loader, progress=progress)
         with torch.no_grad(), eval_mode(self.model):
-            fit_sampled_noise(self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device)
+            fit_sampled_noise(
+                self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device
+            )
 
     def _fine_tune(
-        self, loader: Iterable, *, epochs: int, lr: float, collect_per_epoch: int, rank: int, momentum: float,
-        weight_decay: float, include_pretrained: bool, progress: bool,
+        self,
+        loader: Iterable,
+        *,
+        epochs: int,
+        lr: float,
+        collect_per_epoch: int,
+        rank: int,
+        momentum: float,
+        weight_decay: float,
+        include_pretrained: bool,
+        progress: bool,
     ) -> float:
         """Fine-tune and collect; returns the learning rate used (``lr=None``: :func:`.schedule.relative_lr`)."""
         tuning = self._tuning(loader)
         if lr is None:
             lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device, likelihood=self.likelihood)
-        self.collector = SWAGCollector(tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device)
+        self.collector = SWAGCollector(
+            tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device
+        )
         if include_pretrained:
             self.collector.update(tuning.source)
         steps = steps_on_every_rank(loader_length(loader), "SWAG fine-tuning")
@@ -262,14 +308,22 @@ class SWAGBase(Method):
                 collector.update(tuning.source)
 
         def failure(value: float, step: Step) -> str:
-            return (f"the fine-tuning loss became {value} at epoch {step.epoch + 1}, step {step.index + 1} (lr={lr}); "
-                    f"stopped. The {collector.num_snapshots} snapshot(s) collected before are kept in "
-                    "um.method.collector; fit again with a lower lr")
+            return (
+                f"the fine-tuning loss became {value} at epoch {step.epoch + 1}, step {step.index + 1} (lr={lr}); "
+                f"stopped. The {collector.num_snapshots} snapshot(s) collected before are kept in "
+                "um.method.collector; fit again with a lower lr"
+            )
 
         fine_tune(
-            lambda epoch: loader_batches(loader, device=self.device, steps=steps, desc="swag fine-tune"), loss, update,
-            epochs=epochs, total=None if steps is None else epochs * steps, failure=failure, desc="swag fine-tune",
-            progress=progress, after_epoch=after_epoch,
+            lambda epoch: loader_batches(loader, device=self.device, steps=steps, desc="swag fine-tune"),
+            loss,
+            update,
+            epochs=epochs,
+            total=None if steps is None else epochs * steps,
+            failure=failure,
+            desc="swag fine-tune",
+            progress=progress,
+            after_epoch=after_epoch,
             postfix=lambda value, step: {"loss": f"{value:.4f}", "snapshots": collector.num_snapshots},
         )
         return lr
@@ -281,7 +335,10 @@ class SWAGBase(Method):
             self.names = list(tensors)
             rows = state.get("collector.deviation_rows")
             self.collector = SWAGCollector(
-                tensors, names=self.names, rank=2 if rows is None else rows.shape[0], low_rank=rows is not None,
+                tensors,
+                names=self.names,
+                rank=2 if rows is None else rows.shape[0],
+                low_rank=rows is not None,
             )
             if self.collector.num_parameters != state["collector.mean"].numel():
                 raise PosteriorFileError(

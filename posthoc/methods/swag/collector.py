@@ -98,7 +98,9 @@ class SWAGCollector(nn.Module):
         if missing:
             raise ConfigError(f"no parameter(s) named {missing}; available: {sorted(tensors)[:30]}")
         if not self.names:
-            raise ConfigError("no parameters to collect: every parameter is frozen (requires_grad=False) or none was named")
+            raise ConfigError(
+                "no parameters to collect: every parameter is frozen (requires_grad=False) or none was named"
+            )
         self.shapes = [tuple(tensors[name].shape) for name in self.names]
         self.numels = [math.prod(shape) for shape in self.shapes]
         device = torch.device(stats_device) if stats_device is not None else tensors[self.names[0]].device
@@ -139,7 +141,9 @@ class SWAGCollector(nn.Module):
         try:
             parts = [tensors[name].detach().reshape(-1) for name in self.names]
         except KeyError as err:
-            raise InputError(f"the model has no parameter {err}; pass the same model the collector was built on") from None
+            raise InputError(
+                f"the model has no parameter {err}; pass the same model the collector was built on"
+            ) from None
         device = self.mean.device
         return torch.cat([part.to(device=device, dtype=torch.float64) for part in parts])
 
@@ -195,7 +199,9 @@ class SWAGCollector(nn.Module):
             raise ConfigError("this collector was built with low_rank=False; it keeps no deviations")
         return self.deviation_rows[: self.num_deviations]
 
-    def sample(self, *, scale: float = 0.5, generator: torch.Generator | None = None, low_rank: bool | None = None) -> Tensor:
+    def sample(
+        self, *, scale: float = 0.5, generator: torch.Generator | None = None, low_rank: bool | None = None
+    ) -> Tensor:
         """Draw ``theta = mean + sqrt(scale) * (sigma * z1 + D^T z2 / sqrt(K - 1))`` (float32, flat).
 
         ``low_rank=False`` drops the ``D`` term (SWAG-diagonal); ``scale=0`` returns the SWA mean.
@@ -225,7 +231,9 @@ class SWAGCollector(nn.Module):
         """float32 mean and standard deviation, reused across samples until the statistics change."""
         cached = self._float_moments
         fresh = (
-            cached is not None and cached[0][0] is self.mean and cached[0][1] is self.sum_sq
+            cached is not None
+            and cached[0][0] is self.mean
+            and cached[0][1] is self.sum_sq
             and cached[0][2:] == (self.mean._version, self.sum_sq._version)
         )
         if not fresh:  # holding the tensors themselves rules out a stale match after buffers are replaced

@@ -53,7 +53,9 @@ class LastLayerSWAG(SWAGBase):
                 self.split(x)
         head, prefix = self.split.head, self.split.head_name
         if not head.weight.requires_grad:
-            raise ConfigError(f"the head '{prefix}' is frozen (requires_grad=False); last-layer SWAG has nothing to fine-tune")
+            raise ConfigError(
+                f"the head '{prefix}' is frozen (requires_grad=False); last-layer SWAG has nothing to fine-tune"
+            )
         tensors = {f"{prefix}.weight": head.weight}
         if head.bias is not None and head.bias.requires_grad:
             tensors[f"{prefix}.bias"] = head.bias
@@ -63,7 +65,10 @@ class LastLayerSWAG(SWAGBase):
         first_x, _ = next(iter(iterate(loader, device=self.device, progress=False, desc="swag")))
         copies = {n: t.detach().clone().requires_grad_(True) for n, t in self._collected_tensors(first_x).items()}
         self.names = list(copies)
-        weight, bias = copies[qualified(self.split.head_name, "weight")], copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias)
+        weight, bias = (
+            copies[qualified(self.split.head_name, "weight")],
+            copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias),
+        )
 
         def forward(x: Inputs) -> Tensor:
             with torch.no_grad(), eval_mode(self.model):
@@ -88,23 +93,30 @@ class LastLayerSWAG(SWAGBase):
             logits = logits + head.bias.float()  # a bias the user froze stays as it is
         return logits
 
-    def _sampled_logits(self, phi: Tensor, logits: Tensor, count: int,
-                        generator: torch.Generator | None) -> Iterator[tuple[slice, Tensor]]:
+    def _sampled_logits(
+        self, phi: Tensor, logits: Tensor, count: int, generator: torch.Generator | None
+    ) -> Iterator[tuple[slice, Tensor]]:
         """``(rows, samples (S, n, C))`` per chunk of examples: Gaussian logits around ``logits`` on features ``phi``,
         drawn from ``generator`` (default: one seeded with ``seed``). A chunk's samples are overwritten by the next."""
         collector = self.collector
         if collector.num_snapshots < 2:
-            raise NumericalError(f"SWAG needs at least 2 snapshots to sample, it holds {collector.num_snapshots}; fit with more")
+            raise NumericalError(
+                f"SWAG needs at least 2 snapshots to sample, it holds {collector.num_snapshots}; fit with more"
+            )
         generator = generator if generator is not None else torch.Generator(device=phi.device).manual_seed(self.seed)
         # the diagonal part makes the logits independent per class, with variance sum_d sigma_cd^2 phi_d^2
         std = self._head_logits(collector.variance.float().to(phi.device), phi**2).clamp_min(0).sqrt()
-        deviations = collector.held_deviations.to(phi.device) if self.cov else phi.new_zeros(0, collector.num_parameters)
+        deviations = (
+            collector.held_deviations.to(phi.device) if self.cov else phi.new_zeros(0, collector.num_parameters)
+        )
         n, classes = logits.shape
         # per row alive at once: the noise and its scaled copy (then log_mean_exp's shifted copy), the low-rank projection
         row_bytes = 4 * classes * (2 * count + 2 * deviations.shape[0])
         z = None  # the low-rank weights of each sample, shared by every example (drawn after the first chunk's noise)
         for rows in chunks(n, row_bytes):
-            samples = randn((count, rows.stop - rows.start, classes), generator=generator, device=phi.device) * std[rows]
+            samples = (
+                randn((count, rows.stop - rows.start, classes), generator=generator, device=phi.device) * std[rows]
+            )
             if self.cov:  # the low-rank part: sum_k z_k (D_k phi) / sqrt(K - 1), shared across classes
                 projected = self._head_logits(deviations, phi[rows]).flatten(1)  # (K, n * C)
                 if z is None:
@@ -115,8 +127,9 @@ class LastLayerSWAG(SWAGBase):
             yield rows, samples
             del samples  # before the next chunk's noise is drawn
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """Logit samples drawn from ``generator`` (default: one seeded with ``seed``)."""
         count = num_samples or self.num_samples
         phi, _ = self.split(x)
@@ -131,8 +144,9 @@ class LastLayerSWAG(SWAGBase):
             log_probs[rows], sample_log_probs[:, rows] = log_mean_exp(samples), samples
         return log_probs, sample_log_probs
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)`` Gaussian head outputs, the same draws as :meth:`log_predictive` takes for logits."""
         phi, _ = self.split(x)
         phi = phi.float()

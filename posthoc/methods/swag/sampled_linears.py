@@ -44,7 +44,9 @@ def sampled_linears(model: nn.Module, weights: dict[str, Tensor], runner: HasLay
     for name in weights:
         owner, _, kind = name.rpartition(".")
         if not isinstance(modules[owner], nn.Linear) or kind not in ("weight", "bias"):
-            raise ConfigError(f"'{name}' is not the weight or bias of a Linear layer; only those are sampled in batches")
+            raise ConfigError(
+                f"'{name}' is not the weight or bias of a Linear layer; only those are sampled in batches"
+            )
 
     def hook(name: str):
         def apply(module: nn.Linear, args: tuple, out: Tensor) -> Tensor:
@@ -60,6 +62,7 @@ def sampled_linears(model: nn.Module, weights: dict[str, Tensor], runner: HasLay
             else:
                 sampled = torch.baddbmm(bias.expand(layout.samples, -1).unsqueeze(1), rows, weight.transpose(1, 2))
             return sampled.reshape(out.shape)
+
         return apply
 
     with hooked((module, "output", hook(name)) for name, module in modules.items()):

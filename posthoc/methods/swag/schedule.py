@@ -49,11 +49,19 @@ GRADIENT_BATCHES = 8
 #: the scale the walk starts from (the SWAG paper's), and how far it may go up and down, by factors of 2
 START_SCALE, MAX_SCALE, MIN_SCALE = 0.5, 128.0, 1 / 16
 #: the scales the walk may visit, from narrow to wide
-LADDER = tuple(MIN_SCALE * 2.0 ** k for k in range(12))
+LADDER = tuple(MIN_SCALE * 2.0**k for k in range(12))
 
 
-def relative_lr(forward: Callable[[Inputs], Tensor], trained: list[Tensor], loader: Iterable, *, device: torch.device,
-                step: float = RELATIVE_STEP, batches: int = GRADIENT_BATCHES, likelihood: Likelihood | None = None) -> float:
+def relative_lr(
+    forward: Callable[[Inputs], Tensor],
+    trained: list[Tensor],
+    loader: Iterable,
+    *,
+    device: torch.device,
+    step: float = RELATIVE_STEP,
+    batches: int = GRADIENT_BATCHES,
+    likelihood: Likelihood | None = None,
+) -> float:
     """``step * |theta| / mean_b |grad_b|``: the learning rate that moves ``trained`` by ``step`` of its norm per step.
 
     ``grad_b`` is the gradient of the mean NLL of mini-batch ``b`` (the first ``batches`` of ``loader``) under

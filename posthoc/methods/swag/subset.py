@@ -61,7 +61,9 @@ def subset_names(model: nn.Module, subset: str | Sequence[str]) -> list[str]:
         for module_name in modules:
             if module_name not in available:
                 shown = ", ".join(available[:30]) + (" ..." if len(available) > 30 else "")
-                raise ConfigError(f"subset names no module '{module_name}'; valid: {', '.join(SUBSETS)}, or modules: {shown}")
+                raise ConfigError(
+                    f"subset names no module '{module_name}'; valid: {', '.join(SUBSETS)}, or modules: {shown}"
+                )
             module = model.get_submodule(module_name)
             names += [f"{module_name}.{n}" for n, p in module.named_parameters() if p.requires_grad]
         names = list(dict.fromkeys(names))
@@ -138,7 +140,9 @@ class SubsetSWAG(SWAGBase):
     # ----------------------------------------------------------------- BatchNorm per sample
     def _bn_inputs(self) -> list[Inputs]:
         batches = []
-        for x, _ in iterate(self._train_loader, device=self.device, progress=False, desc="swag batchnorm", require_labels=False):
+        for x, _ in iterate(
+            self._train_loader, device=self.device, progress=False, desc="swag batchnorm", require_labels=False
+        ):
             batches.append(x)
             if self.bn_batches is not None and len(batches) == self.bn_batches:
                 break
@@ -159,7 +163,11 @@ class SubsetSWAG(SWAGBase):
         rows = []
         for s in progress_bar(range(have, count), desc="swag batchnorm", progress=progress, unit="samples"):
             stats = batchnorm_statistics(self.model, batches, parameters=self._sample_parameters(s), layers=layers)
-            rows.append(torch.cat([stats[f"{n}.{b}"].float().reshape(-1) for n in layers for b in ("running_mean", "running_var")]))
+            rows.append(
+                torch.cat(
+                    [stats[f"{n}.{b}"].float().reshape(-1) for n in layers for b in ("running_mean", "running_var")]
+                )
+            )
         new = torch.stack(rows)
         self.bn_cache = new if self.bn_cache is None else torch.cat([self.bn_cache, new.to(self.bn_cache.device)])
 
@@ -186,8 +194,9 @@ class SubsetSWAG(SWAGBase):
         theta = self.collector.sample(scale=self.scale, generator=generator, low_rank=self.cov)
         return self.collector.unflatten(theta, like=self.model)
 
-    def _suffix_outputs(self, x: Inputs, count: int, runner: SuffixRunner, transform: Callable[[Tensor], Tensor]
-                        ) -> Tensor:
+    def _suffix_outputs(
+        self, x: Inputs, count: int, runner: SuffixRunner, transform: Callable[[Tensor], Tensor]
+    ) -> Tensor:
         """Per-sample ``transform``-ed outputs ``(S, N, ...)``, the prefix once per group of stacked weight samples."""
         element = self.model.get_parameter(self.names[0]).element_size()
         row_bytes = 2 * self.collector.num_parameters * element  # a sample's draw and its row of the stacked weights
@@ -208,13 +217,16 @@ class SubsetSWAG(SWAGBase):
         self._extend_bn_cache(count)
         if self.scale > 0 and self.placement.runner is not None:
             return self._suffix_outputs(x, count, self.placement.runner, transform)
-        return torch.stack([
-            transform(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()
-            for s in range(count)
-        ])
+        return torch.stack(
+            [
+                transform(run_model_with(self.model, {**self._sample_parameters(s), **self._bn_state(s)}, x)).float()
+                for s in range(count)
+            ]
+        )
 
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         """``generator`` is not used: the weight samples are the fixed ensemble drawn from ``seed``."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
         sample_log_probs = self._per_sample(x, count, class_log_probs)
@@ -222,8 +234,9 @@ class SubsetSWAG(SWAGBase):
             return sample_log_probs[0], None
         return log_mean_exp(sample_log_probs), sample_log_probs
 
-    def sampled_outputs(self, x: Inputs, *, num_samples: int | None = None,
-                        generator: torch.Generator | None = None) -> Tensor:
+    def sampled_outputs(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> Tensor:
         """``(S, N, D)`` outputs of the weight samples (``generator`` is not used, as in :meth:`log_predictive`)."""
         count = 1 if self.scale == 0 else (num_samples or self.num_samples)
         return self._per_sample(x, count, model_outputs)

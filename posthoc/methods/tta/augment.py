@@ -111,18 +111,23 @@ def check_augmentations(augmentations: Any) -> list[str | Callable[[Inputs], Inp
     if isinstance(augmentations, str) or callable(augmentations):
         augmentations = [augmentations]
     if not isinstance(augmentations, (list, tuple)) or not augmentations:
-        raise ConfigError("augmentations must be 'auto' or a non-empty list of family names "
-                          f"({', '.join(FAMILY_NAMES)}) and callables x -> x', got {augmentations!r}")
+        raise ConfigError(
+            "augmentations must be 'auto' or a non-empty list of family names "
+            f"({', '.join(FAMILY_NAMES)}) and callables x -> x', got {augmentations!r}"
+        )
     for i, item in enumerate(augmentations):
         if isinstance(item, str):
             if item not in FAMILY_NAMES:
-                raise ConfigError(f"augmentations[{i}]: unknown family {item!r}; the built-in families are "
-                                  f"{', '.join(FAMILY_NAMES)} (images: noise, blur, zoom; feature vectors: "
-                                  "feature-noise), or pass a callable x -> x'. Rotation, contrast, translation and "
-                                  "occlusion are not offered: they are the shifts the evaluation reports")
+                raise ConfigError(
+                    f"augmentations[{i}]: unknown family {item!r}; the built-in families are "
+                    f"{', '.join(FAMILY_NAMES)} (images: noise, blur, zoom; feature vectors: "
+                    "feature-noise), or pass a callable x -> x'. Rotation, contrast, translation and "
+                    "occlusion are not offered: they are the shifts the evaluation reports"
+                )
         elif not callable(item):
-            raise ConfigError(f"augmentations[{i}] must be a family name or a callable x -> x', got "
-                              f"{type(item).__name__} {item!r}")
+            raise ConfigError(
+                f"augmentations[{i}] must be a family name or a callable x -> x', got {type(item).__name__} {item!r}"
+            )
     return list(augmentations)
 
 
@@ -139,17 +144,21 @@ def families_for(augmentations: Sequence[str | Callable] | str, x: Inputs) -> li
     suited = FAMILIES.get(layout, {})
     if augmentations == "auto":
         if not suited:
-            raise ConfigError(f"tta has no built-in augmentation for {what} (images (N, C, H, W) get noise, blur "
-                              "and zoom; feature vectors (N, D) feature-noise; token ids none, a replaced token can "
-                              "change the meaning): pass augmentations=[callable, ...], each x -> x'")
+            raise ConfigError(
+                f"tta has no built-in augmentation for {what} (images (N, C, H, W) get noise, blur "
+                "and zoom; feature vectors (N, D) feature-noise; token ids none, a replaced token can "
+                "change the meaning): pass augmentations=[callable, ...], each x -> x'"
+            )
         return list(suited.items())
     found: list[tuple[str, Family]] = []
     for i, item in enumerate(augmentations):
         if isinstance(item, str):
             if item not in suited:
                 instead = f"those that do: {', '.join(suited)}" if suited else "no built-in family does"
-                raise ConfigError(f"augmentations[{i}]: the family {item!r} does not suit the inputs ({what}); "
-                                  f"{instead}, or pass a callable x -> x'")
+                raise ConfigError(
+                    f"augmentations[{i}]: the family {item!r} does not suit the inputs ({what}); "
+                    f"{instead}, or pass a callable x -> x'"
+                )
             found.append((item, suited[item]))
         else:
             found.append((f"augmentations[{i}]", _user_family(item, i)))
@@ -177,8 +186,9 @@ class Views:
         """The family of view ``view`` (``None``: the identity)."""
         return None if view == 0 else self.families[(view - 1) % len(self.families)]
 
-    def make(self, x: Inputs, strength: float, generator: torch.Generator, scale: Tensor,
-             which: range | None = None) -> list[Inputs]:
+    def make(
+        self, x: Inputs, strength: float, generator: torch.Generator, scale: Tensor, which: range | None = None
+    ) -> list[Inputs]:
         """The views ``which`` (default: all) of ``x``, drawing from ``generator`` in view order."""
         out = []
         for view in which if which is not None else range(self.views):

@@ -106,8 +106,9 @@ class TestTimeAugmentation(Method):
         self.likelihood = inner.likelihood
         self.augmentations = check_augmentations(augmentations)
         self.views = positive_int(views, "views")
-        if strength != "auto" and (isinstance(strength, bool) or not isinstance(strength, (int, float))
-                                   or not 0 <= strength < math.inf):
+        if strength != "auto" and (
+            isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 <= strength < math.inf
+        ):
             raise ConfigError(f"strength must be a number >= 0 (0: no augmentation) or 'auto', got {strength!r}")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise ConfigError(f"seed must be an integer, got {seed!r}")
@@ -144,20 +145,27 @@ class TestTimeAugmentation(Method):
         if not self.needs_statistics:
             return self.scale
         if self.scale.numel() == 0:
-            raise InputError("tta's noise families are scaled by the training inputs' std, not measured yet: call "
-                             "um.fit(train_loader) first (or posthoc.load a fitted one)")
+            raise InputError(
+                "tta's noise families are scaled by the training inputs' std, not measured yet: call "
+                "um.fit(train_loader) first (or posthoc.load a fitted one)"
+            )
         images = x[PIXELS] if isinstance(x, dict) else x
         width = images.shape[1]
         if width != self.scale.numel():
-            raise InputError(f"tta measured the std of {self.scale.numel()} channels or features at fit, but these "
-                             f"inputs have {width}; pass inputs of the kind it was fitted on")
+            raise InputError(
+                f"tta measured the std of {self.scale.numel()} channels or features at fit, but these "
+                f"inputs have {width}; pass inputs of the kind it was fitted on"
+            )
         return self.scale
 
     def _generator(self, x: Inputs, generator: torch.Generator | None) -> torch.Generator:
         """The views' own generator on the inputs' device: seeded with ``seed``, or from one draw of ``generator``."""
         device = _device(x)
-        seed = self.seed if generator is None else int(torch.randint(2**62, (1,), generator=generator,
-                                                                     device=generator.device))
+        seed = (
+            self.seed
+            if generator is None
+            else int(torch.randint(2**62, (1,), generator=generator, device=generator.device))
+        )
         return torch.Generator(device=device).manual_seed(seed)
 
     def _groups(self, x: Inputs) -> list[range]:
@@ -166,8 +174,9 @@ class TestTimeAugmentation(Method):
         return [range(start, min(self.views, start + step)) for start in range(0, self.views, step)]
 
     # ---- predictive --------------------------------------------------------------------------
-    def log_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                       generator: torch.Generator | None = None) -> LogPredictive:
+    def log_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> LogPredictive:
         strength = float(self.strength)
         if strength == 0 or self.views == 1:
             return self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
@@ -175,14 +184,16 @@ class TestTimeAugmentation(Method):
         draws = self._generator(x, generator)
         per_view, samples = [], []
         for group in self._groups(x):
-            log_probs, drawn = self.inner.log_predictive(concat(views.make(x, strength, draws, scale, group)),
-                                                         num_samples=num_samples, generator=generator)
+            log_probs, drawn = self.inner.log_predictive(
+                concat(views.make(x, strength, draws, scale, group)), num_samples=num_samples, generator=generator
+            )
             per_view.append(log_probs.unflatten(0, (len(group), n)))  # (v, n, C)
             samples.append(_view_major(log_probs, drawn, len(group), n))
         return log_mean_exp(torch.cat(per_view), 0), torch.cat(samples)
 
-    def regression_predictive(self, x: Inputs, *, num_samples: int | None = None,
-                              generator: torch.Generator | None = None) -> RegressionPrediction:
+    def regression_predictive(
+        self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
+    ) -> RegressionPrediction:
         """The equal-weight mixture of the views' predictives: ``V·K`` Gaussian components per example."""
         strength = float(self.strength)
         if strength == 0 or self.views == 1:
@@ -191,12 +202,16 @@ class TestTimeAugmentation(Method):
         draws = self._generator(x, generator)
         parts: list[tuple[Tensor, Tensor, Tensor]] = []
         for group in self._groups(x):
-            prediction = self.inner.regression_predictive(concat(views.make(x, strength, draws, scale, group)),
-                                                          num_samples=num_samples, generator=generator)
+            prediction = self.inner.regression_predictive(
+                concat(views.make(x, strength, draws, scale, group)), num_samples=num_samples, generator=generator
+            )
             if prediction.recalibrated:
                 raise ConfigError("tta mixes Gaussian components; it cannot mix a recalibrated inner prediction")
-            components = [prediction.component_means, prediction.model_variances,
-                          prediction.noise.expand_as(prediction.component_means)]
+            components = [
+                prediction.component_means,
+                prediction.model_variances,
+                prediction.noise.expand_as(prediction.component_means),
+            ]
             # (K, v·n, D) -> (v·K, n, D), view-major
             parts.append(tuple(c.unflatten(1, (len(group), n)).transpose(0, 1).flatten(0, 1) for c in components))
         means, variances, noise = (torch.cat(items) for items in zip(*parts))
@@ -209,8 +224,9 @@ class TestTimeAugmentation(Method):
         if train_loader is None and not self.needs_statistics:
             return
         total = count = None
-        for x, _ in iterate(train_loader, device=self.device, progress=progress, desc="tta: input statistics",
-                            require_labels=False):
+        for x, _ in iterate(
+            train_loader, device=self.device, progress=progress, desc="tta: input statistics", require_labels=False
+        ):
             self.views_for(x)  # refuses families that do not suit the inputs
             if not self.needs_statistics:
                 return
@@ -222,8 +238,10 @@ class TestTimeAugmentation(Method):
             if count >= STATISTICS_ROWS:
                 break
         if total is None:
-            raise InputError("tta measures the training inputs' std for its noise families and got no batch: call "
-                             "um.fit(train_loader) with a non-empty loader")
+            raise InputError(
+                "tta measures the training inputs' std for its noise families and got no batch: call "
+                "um.fit(train_loader) with a non-empty loader"
+            )
         rows, sums, squares = sum_over_ranks(total)
         mean = sums / rows
         variance = (squares / rows - mean.square()).clamp_min(0) * rows / (rows - 1).clamp_min(1)
@@ -262,13 +280,24 @@ class TestTimeAugmentation(Method):
     # ---- card ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """The views, the augmentations (callables by position), the strength in use (0: no augmentation)."""
-        names = (["auto"] if self.augmentations == "auto"
-                 else [a if isinstance(a, str) else f"callable {getattr(a, '__name__', type(a).__name__)}"
-                       for a in self.augmentations])
+        names = (
+            ["auto"]
+            if self.augmentations == "auto"
+            else [
+                a if isinstance(a, str) else f"callable {getattr(a, '__name__', type(a).__name__)}"
+                for a in self.augmentations
+            ]
+        )
         families = [] if self._views is None else [name for name, _ in self._views[1].families]
-        return {"random_variables": 0, "layers": [], "views": self.views, "augmentations": names,
-                "families": families, "strength": float(self.strength),
-                "scale": [round(float(s), 6) for s in self.scale[:16]]}
+        return {
+            "random_variables": 0,
+            "layers": [],
+            "views": self.views,
+            "augmentations": names,
+            "families": families,
+            "strength": float(self.strength),
+            "scale": [round(float(s), 6) for s in self.scale[:16]],
+        }
 
     def extra_repr(self) -> str:
         return f"views={self.views}, strength={float(self.strength):g}"

@@ -110,9 +110,18 @@ class VariationalInference(VariationalMethod):
         epochs, lr, lr_scale, kl_weight = options.epochs, options.lr, options.lr_scale, options.kl_weight
         kl_schedule, kl_warmup, kl_cycles = options.kl_schedule, options.kl_warmup, options.kl_cycles
         kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
-        self._fit(train_loader, ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl), progress=progress,
-                  val_loader=val_loader)
+        self._fit(
+            train_loader,
+            ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl),
+            progress=progress,
+            val_loader=val_loader,
+        )
 
     def summary(self) -> dict[str, Any]:
         """The common card (:meth:`VariationalMethod.summary`) with the prior and the initial spread."""
-        return {**super().summary(), "prior_std": self.prior_std, "prior_mean": self.prior_mean, "init_std": self.init_std}
+        return {
+            **super().summary(),
+            "prior_std": self.prior_std,
+            "prior_mean": self.prior_mean,
+            "init_std": self.init_std,
+        }

@@ -1,4 +1,5 @@
 """Posterior files in format 1, written before the architecture move (run: python make_fixtures.py .)."""
+
 import torch
 from torch import nn
 
@@ -7,8 +8,17 @@ import posthoc
 
 def model():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Dropout(0.2),
-                         nn.Linear(4 * 6 * 6, 16), nn.ReLU(), nn.Linear(16, 5)).eval()
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Dropout(0.2),
+        nn.Linear(4 * 6 * 6, 16),
+        nn.ReLU(),
+        nn.Linear(16, 5),
+    ).eval()
+
 
 def data():
     g = torch.Generator().manual_seed(1)
@@ -17,6 +27,7 @@ def data():
     y[::7] = (y[::7] + 1) % 5
     ds = torch.utils.data.TensorDataset(x, y)
     return torch.utils.data.DataLoader(ds, batch_size=32), x[:16]
+
 
 CONFIGS = {
     "none": ("none", {}, {}),
@@ -34,6 +45,7 @@ CONFIGS = {
 
 if __name__ == "__main__":
     import sys
+
     out = sys.argv[1]
     loader, x = data()
     for name, (method, options, fit) in CONFIGS.items():
