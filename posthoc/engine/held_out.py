@@ -659,6 +659,19 @@ class HeldOut:
 
             return Scores(nlls(self.clean()), nlls(self.perturbed()))
 
+    def sampling_scores(self, method: Any, *, own_draws: bool = False) -> Scores:
+        """The :class:`Scores` of a sampling method at its current setting, through the one seam of
+        :class:`~posthoc.core.method.Method`: its class log-probabilities, or under regression its
+        ``sampled_outputs`` (:meth:`regression_scores`). Every candidate draws from the same seeded generator, unless
+        ``own_draws`` (the method's own seeded draws, as SWAG's)."""
+
+        def given(generator: torch.Generator) -> torch.Generator | None:
+            return None if own_draws else generator
+
+        if self.likelihood.prediction_type is Prediction:
+            return self.scores(lambda x, generator: method.log_predictive(x, generator=given(generator))[0])
+        return self.regression_scores(lambda x, generator: method.sampled_outputs(x, generator=given(generator)))
+
     def regression_scores(self, outputs: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
         """The :class:`Scores` of a regression predictive: sampled outputs ``outputs(x, generator)`` ``(S, n, D)``, each
         example's NLL under the mixture of ``N(f_s(x), σ²)`` at the noise ``σ`` of maximum likelihood on all the clean

@@ -60,7 +60,6 @@ from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, step_scale
@@ -293,16 +292,13 @@ class ImplicitBNN(Method):
         numbers. Under regression each scale is scored at its own best noise, and the noise is then re-fitted."""
         if self.scale_option is not None:
             return
-        regression = self.likelihood.prediction_type is RegressionPrediction
         candidates = (0.0, *SCALES)
 
         def scores(index: int) -> Scores:
             self.scale_fit = torch.tensor(
                 [candidates[index], math.nan, math.nan], dtype=torch.float64, device=self.fit_settings.device
             )
-            if regression:
-                return held_out.regression_scores(lambda x, generator: self._samples(x, None, generator, model_outputs))
-            return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
+            return held_out.sampling_scores(self)
 
         with torch.no_grad(), eval_mode(self.model):
             selection = held_out.select(

@@ -53,7 +53,6 @@ from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import HeldOut
@@ -196,14 +195,11 @@ class IVON(Method):
         walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws
         the same random numbers. Real targets are scored on the clean held-out data, each scale at its own best
         noise; the noise is then re-fitted at the chosen scale."""
-        regression = self.likelihood.prediction_type is RegressionPrediction
         candidates = (0.0, *sorted(SCALES))
 
         def scores(index: int) -> Scores:
             self.scale = candidates[index]
-            if regression:
-                return held_out.regression_scores(lambda x, generator: self.sampled_outputs(x, generator=generator))
-            return held_out.scores(lambda x, generator: self.log_predictive(x, generator=generator)[0])
+            return held_out.sampling_scores(self)
 
         with torch.no_grad(), eval_mode(self.model):
             selection = held_out.select(

@@ -37,7 +37,6 @@ from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
@@ -219,16 +218,13 @@ class SWAGBase(Method):
         Real targets are scored on the clean held-out data, each scale at its own best noise; the noise is then
         re-fitted at the chosen scale."""
         train_loader = train_loader if train_loader is not None else getattr(self, "_train_loader", None)
-        regression = self.likelihood.prediction_type is RegressionPrediction
         candidates = (0.0, *LADDER)
 
         def scores(index: int) -> Scores:
             self.scale = candidates[index]
             self._after_fit(train_loader, progress=False)
             with eval_mode(self.model):
-                if regression:
-                    return held_out.regression_scores(lambda x, generator: self.sampled_outputs(x))
-                return held_out.scores(lambda x, generator: self.log_predictive(x)[0])
+                return held_out.sampling_scores(self, own_draws=True)
 
         with torch.no_grad():
             selection = held_out.select(
