@@ -26,11 +26,6 @@ except ImportError:  # the optional extra is not installed
 INSTALL_HINT = "pip install posthoc[ivon]  (or: pip install ivon-opt)"
 
 
-def ivon_available() -> bool:
-    """Whether the ``ivon-opt`` package can be used."""
-    return _ivon is not None
-
-
 def ivon_optimiser(
     params: list[Tensor], *, lr: float, ess: float, hess_init: float, weight_decay: float, beta2: float, mc_samples: int
 ) -> Any:

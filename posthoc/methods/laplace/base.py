@@ -70,7 +70,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
-from posthoc.core.likelihood import Categorical, Likelihood, golden_minimum
+from posthoc.core.likelihood import Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
@@ -567,10 +567,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under the runner's memory
         budget (:func:`~posthoc.core.chunks.chunks`)."""
 
-    @abc.abstractmethod
-    def _map_log_probs(self, inputs: Any) -> Tensor:
-        """The checkpoint's own log-probabilities for prepared ``inputs`` (the ``δ → ∞`` limit)."""
-
     # ------------------------------------------------------------------------------ curvature
     def _settle(self) -> None:
         """Put curvature loaded under flat buffer names (``out_eigvals``, ``p0_diagonal``) into its block,
@@ -662,16 +658,6 @@ def first_rows(loader: Iterable, rows: int, device: torch.device) -> list[tuple[
         if seen >= rows:
             break
     return kept
-
-
-def class_labels(y: Tensor | None, rows: int, classes: int) -> Tensor:
-    """Labels ``y`` validated as ``rows`` class indices in ``[0, classes)`` (:meth:`Categorical.targets`).
-
-    Example:
-        >>> class_labels(torch.tensor([2, 0]), 2, 3)
-        tensor([2, 0])
-    """
-    return Categorical().targets(y, torch.empty(rows, classes))
 
 
 def _check_options(

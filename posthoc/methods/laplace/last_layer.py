@@ -130,9 +130,6 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def _prepare(self, x: Inputs) -> tuple[Tensor, Tensor]:
         return self.split(x)
 
-    def _map_log_probs(self, inputs: tuple[Tensor, Tensor]) -> Tensor:
-        return torch.log_softmax(inputs[1].double(), dim=-1)
-
     def _predictive(
         self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int
     ) -> LogPredictive:

@@ -158,9 +158,6 @@ class SubsetLaplace(Laplace, scope="subset"):
     def _prepare(self, x: Inputs) -> Inputs:
         return x
 
-    def _map_log_probs(self, x: Inputs) -> Tensor:
-        return class_log_probs(run_model(self.model, x)).double()
-
     def _predictive(
         self, x: Inputs, prior_precision: float, generator: torch.Generator | None, num_samples: int
     ) -> LogPredictive:
