@@ -134,6 +134,33 @@ class VariationalMethod(Method):
             self.layers.to(self.device)
 
     # ----------------------------------------------------------------- fit
+    @dataclass(frozen=True, kw_only=True)
+    class FitOptions(Method.FitOptions):
+        epochs: int = 3
+        lr: float = 1e-3
+        lr_scale: float = 1e-2
+        kl_weight: float = 1.0
+        kl_schedule: str = "linear"
+        kl_warmup: float = 0.5
+        kl_cycles: int = 4
+
+    def fit(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None = None,
+        *,
+        progress: bool = True,
+        options: FitOptions | None = None,
+    ) -> None:
+        """Maximise the ELBO on ``train_loader`` (the options are :attr:`FitOptions`, described in the subclass's
+        docs); ``val_loader`` is read only under a regression likelihood, for the observation noise."""
+        options = options or self.FitOptions()
+        kl = KLSchedule(
+            options.kl_schedule, weight=options.kl_weight, warmup=options.kl_warmup, cycles=options.kl_cycles
+        )
+        fit = ElboFit(epochs=options.epochs, lr=options.lr, lr_scale=options.lr_scale, kl=kl)
+        self._fit(train_loader, fit, progress=progress, val_loader=val_loader)
+
     def _fit(
         self, train_loader: Iterable, options: ElboFit, *, progress: bool, val_loader: Iterable | None = None
     ) -> None:

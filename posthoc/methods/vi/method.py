@@ -28,15 +28,14 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from torch import nn
 
 from posthoc.core.registry import register
-from posthoc.engine.kl_schedule import KLSchedule
-from posthoc.engine.variational_method import ElboFit, VariationalMethod
+from posthoc.engine.variational_method import VariationalMethod
 from posthoc.errors import ConfigError
 from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
 
@@ -85,37 +84,6 @@ class VariationalInference(VariationalMethod):
 
     def _posterior(self, layer: nn.Module) -> GaussianLayer:
         return GaussianLayer(layer, init_std=self.init_std, prior_std=self.prior_std, prior_mean=self.prior_mean)
-
-    @dataclass(frozen=True, kw_only=True)
-    class FitOptions(VariationalMethod.FitOptions):
-        epochs: int = 3
-        lr: float = 1e-3
-        lr_scale: float = 1e-2
-        kl_weight: float = 1.0
-        kl_schedule: str = "linear"
-        kl_warmup: float = 0.5
-        kl_cycles: int = 4
-
-    def fit(
-        self,
-        train_loader: Iterable | None,
-        val_loader: Iterable | None = None,
-        *,
-        progress: bool = True,
-        options: FitOptions | None = None,
-    ) -> None:
-        """Maximise the ELBO on ``train_loader``; options in the class docs. ``val_loader`` is read only under a
-        regression likelihood, for the observation noise."""
-        options = options or self.FitOptions()
-        epochs, lr, lr_scale, kl_weight = options.epochs, options.lr, options.lr_scale, options.kl_weight
-        kl_schedule, kl_warmup, kl_cycles = options.kl_schedule, options.kl_warmup, options.kl_cycles
-        kl = KLSchedule(kl_schedule, weight=kl_weight, warmup=kl_warmup, cycles=kl_cycles)
-        self._fit(
-            train_loader,
-            ElboFit(epochs=epochs, lr=lr, lr_scale=lr_scale, kl=kl),
-            progress=progress,
-            val_loader=val_loader,
-        )
 
     def summary(self) -> dict[str, Any]:
         """The common card (:meth:`VariationalMethod.summary`) with the prior and the initial spread."""
