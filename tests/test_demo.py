@@ -264,3 +264,22 @@ def test_the_demo_report_opens_with_autos_pick_and_both_frontiers(digits, digits
     for name in ("frontier.png", "selection_frontier.png"):
         with Image.open(tmp_path / name) as image:
             assert image.size[0] > 500 and image.size[1] > 300
+
+
+def test_a_temperature_row_stacks_on_the_already_fitted_method(digits, digits_model):
+    """The demo's "+ temperature" rows (``_with_temperature``) put a temperature on a fitted method without refitting
+    it, chosen as ``fit`` of the stacked chain chooses it: the same selection record and the same predictions (the
+    demo command above runs no such row; these rows once showed an unchosen temperature, the inner predictive)."""
+    from posthoc.demo.run import _with_temperature
+
+    cal_loader, x, chain = data.loader(digits.calibration), digits.test.tensors[0][:64], ["mc-dropout", "temperature"]
+    um = posthoc.wrap(digits_model, method="mc-dropout", p=0.3).fit(None, progress=False)
+    stacked, seconds = _with_temperature(um, cal_loader)
+    reference = posthoc.wrap(digits_model, method=chain, p=0.3).fit(None, cal_loader, progress=False)
+    assert [entry["name"] for entry in stacked.spec] == chain and stacked.method.inner is um.method and seconds > 0
+    chosen, expected = stacked.method.selection, reference.method.selection
+    assert chosen is not None and len(chosen["candidates"]) > 2
+    assert [c["clean_nll"] for c in chosen["candidates"]] == [c["clean_nll"] for c in expected["candidates"]]
+    assert chosen["chosen"] == expected["chosen"]
+    probs = stacked.predict(x, generator=torch.Generator().manual_seed(0)).probs
+    assert torch.allclose(probs, reference.predict(x, generator=torch.Generator().manual_seed(0)).probs, atol=1e-6)

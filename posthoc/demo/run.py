@@ -42,6 +42,7 @@ from posthoc.api import wrap_spec
 from posthoc.core.registry import method_class
 from posthoc.demo import data, zoo
 from posthoc.demo.configs import DEMO_CONFIGS
+from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError
@@ -171,11 +172,17 @@ def _plain_forward_seconds(model: torch.nn.Module, loader) -> float:
 
 
 def _with_temperature(um: UncertainModel, cal_loader) -> tuple[UncertainModel, float]:
-    """Temperature fitted on top of an already fitted ``um`` (its inner method is not refitted)."""
-    top = method_class("temperature")(um.method)
+    """Temperature stacked on an already fitted ``um`` and chosen by the selection step on ``cal_loader``, as ``fit``
+    would choose it; the inner method is neither refitted nor chosen again."""
+    top = method_class("temperature").build(um.method)
     stacked = UncertainModel(top, [*um.spec, {"name": "temperature", "options": {}}], fingerprint=um.fingerprint)
-    _, seconds = _timed(lambda: top.fit(None, cal_loader, progress=False))
-    top.fitted.fill_(True)
+
+    def choose() -> None:
+        model, likelihood = um.method.plain_model, stacked.likelihood
+        top.choose(HeldOut.read(cal_loader, model=model, likelihood=likelihood, device=stacked.device))
+        top.fitted.fill_(True)
+
+    _, seconds = _timed(choose)
     return stacked, seconds
 
 
