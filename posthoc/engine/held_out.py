@@ -647,7 +647,7 @@ class HeldOut:
         (at the noise the method fitted), on the clean examples and their perturbed copies."""
         with torch.no_grad(), eval_mode(method):
             if self.likelihood.prediction_type is Prediction:
-                return self.scores(lambda x, generator: method.log_predictive(x, generator=generator)[0])
+                return self._class_scores(method)
 
             def nlls(batches: Iterable[tuple[Inputs, Tensor]]) -> Tensor | None:
                 generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)
@@ -665,12 +665,16 @@ class HeldOut:
         ``sampled_outputs`` (:meth:`regression_scores`). Every candidate draws from the same seeded generator, unless
         ``own_draws`` (the method's own seeded draws, as SWAG's)."""
 
-        def given(generator: torch.Generator) -> torch.Generator | None:
-            return None if own_draws else generator
-
         if self.likelihood.prediction_type is Prediction:
-            return self.scores(lambda x, generator: method.log_predictive(x, generator=given(generator))[0])
-        return self.regression_scores(lambda x, generator: method.sampled_outputs(x, generator=given(generator)))
+            return self._class_scores(method, own_draws=own_draws)
+        return self.regression_scores(
+            lambda x, generator: method.sampled_outputs(x, generator=None if own_draws else generator)
+        )
+
+    def _class_scores(self, method: Any, *, own_draws: bool = False) -> Scores:
+        """The :class:`Scores` of a method's class log-probabilities, drawn from the scoring generator (or, with
+        ``own_draws``, from the method's own)."""
+        return self.scores(lambda x, generator: method.log_predictive(x, generator=None if own_draws else generator)[0])
 
     def regression_scores(self, outputs: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
         """The :class:`Scores` of a regression predictive: sampled outputs ``outputs(x, generator)`` ``(S, n, D)``, each
