@@ -45,6 +45,24 @@ def linear_data_regressor(rows: int, train: int, noise: float) -> tuple[nn.Modul
     return net.eval(), x, y
 
 
+def rule_choice(record: dict, *, rank_without_shift: str = "order") -> str:
+    """The candidate the selection step's rule picks, re-derived from a record (``um.summary()["selection"]``) alone,
+    written apart from ``posthoc.engine.selection``: among the admissible candidates, those whose clean NLL is within
+    max(GIVE_UP of the best admissible gain, the tolerance) of the best; of those the lowest ``shifted_ratio``, or
+    without perturbed copies the last (``"order"``) or the lowest clean NLL (``"clean"``)."""
+    from posthoc.engine.selection import GIVE_UP
+
+    rows = [row for row in record["candidates"] if row["admissible"]]
+    best = min(row["clean_nll"] for row in rows)
+    slack = max(GIVE_UP * max(record["plain"]["clean_nll"] - best, 0.0), record["tolerance"])
+    kept = [row for row in rows if row["clean_nll"] <= best + slack + 1e-6]
+    if any(row["shifted_ratio"] is not None for row in kept):
+        return min(kept, key=lambda row: row["shifted_ratio"])["candidate"]
+    if rank_without_shift == "clean":
+        return min(kept, key=lambda row: row["clean_nll"])["candidate"]
+    return kept[-1]["candidate"]
+
+
 @pytest.fixture(scope="session")
 def digits() -> data.DigitsSplits:
     return data.load_digits()

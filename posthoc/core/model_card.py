@@ -123,9 +123,11 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
         | clean fit | ...
     """
     plain = selection["plain"]
+    gain = selection.get("gain_confidence")
+    levels = f"{selection['confidence']:.0%}" + (f" ({gain:.0%} for a gain beyond the tolerance)" if gain else "")
     lines = [
         f"Held-out choice of the {selection['knob']}: **{selection['chosen']}**. Admissible: the "
-        f"{selection['confidence']:.0%} upper bound of the NLL excess over the plain model (NLL "
+        f"{levels} upper bound of the NLL excess over the plain model (NLL "
         f"{_shown(plain['clean_nll'])}) on {selection['examples']} held-out examples at most "
         f"{_shown(selection['tolerance'])} nats"
         + (f"; {selection['folds']}-fold cross-fitted" if selection.get("folds") else "")
@@ -158,6 +160,12 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
             f"{_shown(row['shifted_nll'])} | {_shown(row['shifted_ece'])} | " + " | ".join(costs) + " | "
             f"{_cell(verdict)} |"
         )
+    untried = selection.get("not_tried")
+    if untried:
+        name = f"{_shown(untried['from'])} ... {_shown(untried['to'])} ({untried['count']} candidates)"
+        lines.append(f"| {_cell(name)} |" + " - |" * (columns - 2) + f" {_cell(untried['reason'])} |")
+    for label, reason in (selection.get("left_out") or {}).items():
+        lines.append(f"| {_cell(label)} |" + " - |" * (columns - 2) + f" {_cell('left out: ' + reason)} |")
     return lines
 
 

@@ -107,12 +107,20 @@ class ShiftedHeldOut:
 
     def __iter__(self) -> Iterator[tuple[Inputs, Tensor]]:
         generator: torch.Generator | None = None
+        width = max(len(level) for level in self.levels)
+        groups = []
         for batch in self.loader:
             x, y = split_batch(batch)
             if generator is None or generator.device != _device_of(x):
                 generator = torch.Generator(device=_device_of(x)).manual_seed(self.seed)
-            for level in self.levels:
-                yield _perturbed(x, level, generator), y
+            for number, level in enumerate(self.levels):
+                perturbed, choice = _perturbed(x, level, generator)
+                groups.append(number * width + choice.cpu())
+                yield perturbed, y
+        self.groups = torch.cat(groups) if groups else None
+
+    #: after a whole pass: each copy's group, ``level · kinds + kind`` (the same on every pass: the draws are seeded)
+    groups: Tensor | None = None
 
 
 def _device_of(x: Inputs) -> torch.device:
@@ -120,16 +128,16 @@ def _device_of(x: Inputs) -> torch.device:
     return tensor.device
 
 
-def _perturbed(x: Inputs, level: Sequence[UserPerturbation], generator: torch.Generator) -> Inputs:
-    """``x`` with each example perturbed by one of ``level`` (drawn uniformly)."""
-    if len(level) == 1:
-        return level[0](x, generator)
+def _perturbed(x: Inputs, level: Sequence[UserPerturbation], generator: torch.Generator) -> tuple[Inputs, Tensor]:
+    """``x`` with each example perturbed by one of ``level`` (drawn uniformly), and which one ``(n,)``."""
     n = batch_size(x)
+    if len(level) == 1:
+        return level[0](x, generator), torch.zeros(n, dtype=torch.long)
     choice = torch.randint(len(level), (n,), generator=generator, device=generator.device)
     versions = [perturb(x, generator) for perturb in level]
     if isinstance(x, Mapping):
-        return {key: _pick([v[key] for v in versions], choice) for key in x}
-    return _pick(versions, choice)
+        return {key: _pick([v[key] for v in versions], choice) for key in x}, choice
+    return _pick(versions, choice), choice
 
 
 def _pick(versions: list[Tensor], choice: Tensor) -> Tensor:
@@ -371,6 +379,8 @@ class FixedCopies:
         self.batches = batches
         self.levels = [None] * levels
         self.description = description
+        #: each copy's group (see :attr:`ShiftedHeldOut.groups`)
+        self.groups: Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.batches)
@@ -523,6 +533,8 @@ class HeldOut:
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+        if held.plain.shifted is not None and getattr(self.shifted, "groups", None) is not None:
+            held.plain.groups = distributed.gather_cat(self.shifted.groups.to(held.device)).cpu()
         outputs = (
             [t for t in (held.plain.clean, held.plain.shifted) if t is not None]
             if held.plain_outputs is None
@@ -572,6 +584,8 @@ class HeldOut:
             from_training_data=self.from_training_data,
         )
         held.plain = self.plain.take(picked)
+        if shifted is not None:
+            shifted.groups = held.plain.groups
         held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)
         return held
 

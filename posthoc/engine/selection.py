@@ -71,18 +71,25 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from posthoc.core.calibration_error import top_label_ece
 from posthoc.errors import ConfigError
 
-#: the one-sided confidence of the bound on a candidate's in-distribution NLL excess (module docs: why 95 %)
+#: the one-sided confidence of the bound on the NLL excess on new data of a candidate that costs on held-out data
 CONFIDENCE = 0.95
+#: ... and of a candidate whose held-out NLL is lower than the plain model's by more than the tolerance (module docs)
+GAIN_CONFIDENCE = 0.9
 #: the size of the new data the bound speaks for, as a multiple of the held-out set's (module docs)
 NEW_SAMPLE = 1.0
-#: the share of the largest per-example gains capped before the bound is taken (module docs)
-CAPPED_GAINS = 0.025
+#: draws of the predictive of the new data's excess (:func:`predictive_excess`)
+PREDICTIVE_DRAWS = 4000
+#: up to this many mistakes (held out, or in a new sample) the predictive draws the new ones one by one
+EXACT_MISTAKES = 1000
+#: the share of the best admissible in-distribution gain a choice may give up for robustness on perturbed copies
+GIVE_UP = 0.05
 #: the default tolerance: this fraction of the plain model's held-out NLL ...
 RELATIVE_TOLERANCE = 0.02
 #: ... or this many nats per example, whichever is larger
@@ -149,19 +156,28 @@ class Scores:
         shifted: ``(M,)`` NLL of each perturbed copy, or ``None`` without perturbed copies.
         confidence: ``(M,)`` the predicted class's probability on each perturbed copy (for its ECE).
         correct: ``(M,)`` whether the predicted class is the label there.
+        mistakes: ``(N,)`` whether the predictive's top class misses the label of each clean example (1.0) or not
+            (0.0); the plain model's are the strata of the bound (:func:`excess_bound`). ``None``: not known (a
+            regressor), one stratum.
+        groups: ``(M,)`` which kind and strength made each perturbed copy (an integer per copy): the shift criterion
+            weighs every group alike (:func:`shift_ratio`). ``None``: one group.
     """
 
     clean: Tensor
     shifted: Tensor | None = None
     confidence: Tensor | None = None
     correct: Tensor | None = None
+    mistakes: Tensor | None = None
+    groups: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.clean = self.clean.detach().double().cpu().reshape(-1)
-        for name in ("shifted", "confidence", "correct"):
+        for name in ("shifted", "confidence", "correct", "mistakes"):
             value = getattr(self, name)
             if value is not None:
                 setattr(self, name, value.detach().double().cpu().reshape(-1))
+        if self.groups is not None:
+            self.groups = self.groups.detach().long().cpu().reshape(-1)
 
     @classmethod
     def of_log_probs(
@@ -174,14 +190,15 @@ class Scores:
         """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones.
 
         Example:
-            >>> Scores.of_log_probs(torch.tensor([[-0.5, -1.0]]), torch.tensor([1])).clean.tolist()
-            [1.0]
+            >>> scores = Scores.of_log_probs(torch.tensor([[-0.5, -1.0]]), torch.tensor([1]))
+            >>> scores.clean.tolist(), scores.mistakes.tolist()
+            ([1.0], [1.0])
         """
-        clean = class_nll(log_probs, labels)
+        clean, _, correct = class_scores(log_probs, labels)
         if shifted_log_probs is None:
-            return cls(clean)
-        nll, confidence, correct = class_scores(shifted_log_probs, shifted_labels)
-        return cls(clean, nll, confidence, correct)
+            return cls(clean, mistakes=1 - correct)
+        nll, confidence, shifted_correct = class_scores(shifted_log_probs, shifted_labels)
+        return cls(clean, nll, confidence, shifted_correct, mistakes=1 - correct)
 
     @property
     def nll(self) -> float:
@@ -203,7 +220,14 @@ class Scores:
     def take(self, rows: Rows) -> Scores:
         """The scores of the examples ``rows`` (clean indices, and perturbed ones where there are any)."""
         pick = lambda t: None if t is None or rows.shifted is None else t[rows.shifted]  # noqa: E731
-        return Scores(self.clean[rows.clean], pick(self.shifted), pick(self.confidence), pick(self.correct))
+        return Scores(
+            self.clean[rows.clean],
+            pick(self.shifted),
+            pick(self.confidence),
+            pick(self.correct),
+            None if self.mistakes is None else self.mistakes[rows.clean],
+            pick(self.groups),
+        )
 
 
 def class_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
@@ -335,36 +359,126 @@ def excess_bound(
     plain: Tensor,
     confidence: float = CONFIDENCE,
     *,
+    mistakes: Tensor | None = None,
     new_sample: float = NEW_SAMPLE,
-    capped_gains: float = CAPPED_GAINS,
+    seed: int = 0,
 ) -> tuple[float, float]:
-    """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of the
-    one-sided ``confidence`` bound of the excess on a new sample of ``new_sample`` times ``N`` examples,
-    ``mean + z · sd / sqrt(N) · sqrt(1 + 1 / new_sample)`` (the paired normal bound; ``new_sample=inf``: the bound on
-    the mean alone), with the largest gains capped: the differences below their ``capped_gains`` quantile are raised
-    to it before the bound is taken (module docs; 0: no cap). A non-finite excess is ``inf``.
+    """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of its
+    one-sided ``confidence`` bound on new data of ``new_sample`` times ``N`` examples: the ``confidence`` quantile of
+    :func:`predictive_excess` (``new_sample=inf``: of the true mean excess alone). ``mistakes`` ``(N,)`` marks the
+    examples the plain model gets wrong, the two strata of the predictive (``None``: one stratum, where the bound is
+    the paired normal one, ``mean + z · sd · sqrt(1/N + 1/N_new)``). A non-finite excess is ``inf``.
 
     Example:
         >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
-        ...                            capped_gains=0)
+        ...                            confidence=0.95)
         >>> round(mean, 3), round(upper, 3)
         (0.5, 1.172)
-        >>> round(excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
-        ...                    new_sample=math.inf, capped_gains=0)[1], 3)
-        0.975
+        >>> right = torch.full((120,), 0.03)                   # a temperature costs a little on every right answer
+        >>> wrong = torch.tensor([-8.0, -11.0, -6.0, -9.0])    # and gains nats on each confident mistake
+        >>> excess = torch.cat([right, wrong])
+        >>> mistakes = torch.cat([torch.zeros(120), torch.ones(4)])
+        >>> round(excess_bound(excess, torch.zeros(124), 0.9, mistakes=mistakes)[1], 3)  # few mistakes, a clear gain
+        -0.044
+        >>> round(excess_bound(excess, torch.zeros(124), 0.9)[1], 3)  # one normal stratum: above a tolerance of 0.005
+        0.007
     """
     difference = candidate.double() - plain.double()
-    if difference.numel() == 0:
-        return math.inf, math.inf
-    if not bool(torch.isfinite(difference).all()):
+    if difference.numel() == 0 or not bool(torch.isfinite(difference).all()):
         return math.inf, math.inf
     mean = float(difference.mean())
     if difference.numel() < 2:
         return mean, math.inf
-    if capped_gains > 0:
-        difference = difference.clamp_min(float(torch.quantile(difference, capped_gains)))
-    spread = float(difference.std()) / math.sqrt(difference.numel()) * math.sqrt(1 + 1 / new_sample)
-    return mean, float(difference.mean()) + NormalDist().inv_cdf(confidence) * spread
+    if mistakes is None:
+        spread = float(difference.std()) * math.sqrt(1 / difference.numel() + 1 / (new_sample * difference.numel()))
+        return mean, mean + NormalDist().inv_cdf(confidence) * spread
+    draws = predictive_excess(difference, mistakes, new_sample=new_sample, seed=seed)
+    return mean, float(torch.quantile(draws, confidence))
+
+
+def predictive_excess(
+    difference: Tensor,
+    mistakes: Tensor,
+    *,
+    new_sample: float = NEW_SAMPLE,
+    draws: int = PREDICTIVE_DRAWS,
+    seed: int = 0,
+) -> Tensor:
+    """Draws ``(draws,)`` of the mean excess a new sample of ``new_sample · N`` examples will show, from the held-out
+    per-example excess ``difference`` ``(N,)`` split by the plain model's ``mistakes`` ``(N,)`` (module docs).
+
+    The new sample holds ``K`` mistakes, ``K ~ Binomial(N_new, p)`` with the error rate ``p ~ Beta(k + 1/2,
+    N - k + 1/2)`` (``k`` mistakes held out); its examples the plain model gets right have a mean excess drawn from
+    the normal posterior of theirs plus the noise of ``N_new - K`` new ones, and its mistakes are ``K`` draws from the
+    Bayesian bootstrap of the ``k`` held out (Rubin, 1981): a new sample may miss the few mistakes a large gain rests on
+    (with more than :data:`EXACT_MISTAKES`, their mean is drawn from its normal approximation). With no mistake held out,
+    a new mistake is taken to cost the largest excess seen (at least 0): no held-out example shows what it does.
+    ``new_sample=inf``: the true mean excess (no new-sample noise). Seeded, so the same scores give the same draws.
+
+    Example:
+        >>> difference = torch.cat([torch.full((100,), 0.01), torch.tensor([-5.0, -5.0])])
+        >>> draws = predictive_excess(difference, (difference < 0).double(), draws=2000)
+        >>> float((draws > 0).double().mean()) < 0.2    # a new sample rarely holds no mistake to gain on
+        True
+    """
+    rng = np.random.default_rng(seed)
+    wrong = mistakes.bool().cpu().numpy()
+    values = difference.double().cpu().numpy()
+    n = values.size
+    n_new = math.inf if math.isinf(new_sample) else max(1, round(new_sample * n))
+    right, missed = values[~wrong], values[wrong]
+    k = missed.size
+    rate = rng.beta(k + 0.5, n - k + 0.5, size=draws)
+    count = rate * n_new if math.isinf(n_new) else rng.binomial(n_new, rate).astype(np.float64)
+    new_right = np.inf if math.isinf(n_new) else np.maximum(n_new - count, 1.0)
+    if right.size >= 2:
+        centre, sd = right.mean(), right.std(ddof=1)
+        right_mean = centre + sd * (rng.standard_normal(draws) / math.sqrt(right.size))
+        right_mean += sd * rng.standard_normal(draws) / np.sqrt(new_right)
+    else:
+        right_mean = np.full(draws, right.mean() if right.size else 0.0)
+    if k:
+        weights = rng.dirichlet(np.ones(k), size=draws)
+        if math.isinf(n_new):
+            missed_mean = weights @ missed
+        elif k > EXACT_MISTAKES or float(count.max()) > EXACT_MISTAKES:  # many mistakes: their mean is near normal
+            missed_mean = weights @ missed
+            spread = np.sqrt(np.maximum(weights @ missed**2 - missed_mean**2, 0.0))
+            missed_mean += spread * rng.standard_normal(draws) / np.sqrt(np.maximum(count, 1.0))
+        else:  # the new mistakes drawn one by one: a few large gains may be missing from them (a heavy tail)
+            most = int(count.max())
+            cdf = torch.from_numpy(np.cumsum(weights, axis=1))
+            picks = torch.searchsorted(cdf, torch.from_numpy(rng.random((draws, max(most, 1)))) * cdf[:, -1:])
+            values_drawn = torch.from_numpy(missed)[picks.clamp_max(k - 1)].numpy()
+            used = np.arange(max(most, 1))[None, :] < count[:, None]
+            missed_mean = np.where(count > 0, (values_drawn * used).sum(1) / np.maximum(count, 1.0), weights @ missed)
+    else:
+        missed_mean = np.full(draws, max(float(values.max()), 0.0))
+    share = rate if math.isinf(n_new) else count / n_new
+    return torch.from_numpy((1 - share) * right_mean + share * missed_mean)
+
+
+def shift_ratio(candidate: Scores, plain: Scores) -> float | None:
+    """How much NLL ``candidate`` keeps on the perturbed copies as a share of the plain model's: the geometric mean
+    over the copies' groups (each kind at each strength, :attr:`Scores.groups` of ``plain``) of the ratio of mean
+    NLLs, so that every kind and strength counts alike, however large its NLL. ``None`` without perturbed copies.
+
+    Example:
+        >>> plain = Scores(torch.zeros(2), shifted=torch.tensor([1.0, 1.0, 10.0, 10.0]), groups=torch.tensor([0, 0, 1, 1]))
+        >>> round(shift_ratio(Scores(torch.zeros(2), shifted=torch.tensor([0.5, 0.5, 10.0, 10.0])), plain), 4)
+        0.7071
+    """
+    if candidate.shifted is None or plain.shifted is None:
+        return None
+    groups = plain.groups if plain.groups is not None else torch.zeros(len(plain.shifted), dtype=torch.long)
+    logs = []
+    for group in groups.unique():
+        rows = groups == group
+        own, base = float(candidate.shifted[rows].mean()), float(plain.shifted[rows].mean())
+        if not math.isfinite(own):
+            return math.inf
+        logs.append(math.log(max(own, 1e-12) / max(base, 1e-12)))
+    return math.exp(sum(logs) / len(logs))
 
 
 @dataclass
@@ -392,6 +506,12 @@ class Record:
     extra: dict[str, Any] = field(default_factory=dict)
     excess_se: float | None = None
     shifted_nll_se: float | None = None
+    shifted_ratio: float | None = None
+
+    @property
+    def tried(self) -> bool:
+        """Whether the candidate was scored (a walk leaves the candidates past its first refusal untried)."""
+        return not math.isnan(self.clean_nll)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, rounded for the model card."""
@@ -405,6 +525,7 @@ class Record:
             "shifted_nll": _round(self.shifted_nll),
             "shifted_nll_se": _round(self.shifted_nll_se),
             "shifted_ece": _round(self.shifted_ece),
+            "shifted_ratio": _round(self.shifted_ratio),
             "seconds": _round(self.seconds, 3),
             "admissible": self.admissible,
             "reason": self.reason,
@@ -452,6 +573,8 @@ class Selection:
     confidence: float
     examples: int
     perturbed: int
+    #: the confidence of the bound of a candidate that gains more than the tolerance on held-out data
+    gain_confidence: float = GAIN_CONFIDENCE
     folds: int | None = None
     fallback: bool = False
     #: what the perturbed copies were (kinds and graded strengths; ``None`` without them)
@@ -462,6 +585,8 @@ class Selection:
     rule: dict[str, Any] = field(default_factory=dict, repr=False)
     #: the plain model's scores the candidates were judged against (for :func:`choice_on`; not part of the record)
     plain_scores: Scores | None = field(default=None, repr=False)
+    #: candidates left out before the choice (``method="auto"``: one that cannot run on this model), with why
+    left_out: dict[str, str] = field(default_factory=dict)
 
     @property
     def chosen(self) -> Record:
@@ -490,6 +615,7 @@ class Selection:
             "chosen": self.label,
             "tolerance": _round(self.tolerance),
             "confidence": self.confidence,
+            "gain_confidence": self.gain_confidence,
             "examples": self.examples,
             "perturbed": self.perturbed,
             "folds": self.folds,
@@ -500,8 +626,15 @@ class Selection:
                 "shifted_nll": _round(self.plain_shifted_nll),
                 "shifted_ece": _round(self.plain_shifted_ece),
             },
-            "candidates": [record.to_dict() for record in self.records],
+            "candidates": [record.to_dict() for record in self.records if record.tried],
+            **({"not_tried": self.not_tried()} if any(not record.tried for record in self.records) else {}),
+            **({"left_out": dict(self.left_out)} if self.left_out else {}),
         }
+
+    def not_tried(self) -> dict[str, Any]:
+        """The candidates a walk did not score, in one entry: how many, the first and last, and why."""
+        untried = [record for record in self.records if not record.tried]
+        return {"count": len(untried), "from": untried[0].label, "to": untried[-1].label, "reason": NOT_TRIED}
 
 
 #: a candidate: its label (how the record names it) and its value (what the method applies)
@@ -519,6 +652,7 @@ def select(
     start: int = 0,
     folds: int | None = None,
     confidence: float = CONFIDENCE,
+    gain_confidence: float = GAIN_CONFIDENCE,
     rank_without_shift: str = "order",
     extra: Callable[[int], dict[str, Any]] | None = None,
 ) -> Selection:
@@ -536,9 +670,11 @@ def select(
             recorded as not tried (a wide spread that looks cheap by chance past a costly one is not taken).
         start: where the walk starts (a likely answer saves evaluations of a costly ladder).
         folds: cross-fitting folds behind the scores, for the record.
-        confidence: of the one-sided bound.
+        confidence: of the one-sided bound of a candidate whose held-out mean excess is not a gain beyond the tolerance.
+        gain_confidence: of the bound of a candidate whose held-out mean excess is a gain larger than the tolerance.
         rank_without_shift: without perturbed copies, ``"order"`` takes the last admissible candidate (the widest
-            spread), ``"clean"`` the lowest clean NLL (a choice between methods).
+            spread), ``"clean"`` the lowest clean NLL (a choice between methods), ``"first"`` the first (candidates
+            given from the simplest).
         extra: more fields per candidate for its record (e.g. a method's predict cost).
 
     Example:
@@ -560,13 +696,15 @@ def select(
         begin = time.perf_counter()
         found = tried[index] = scorer(index)
         seconds = time.perf_counter() - begin
-        mean, upper = excess_bound(found.clean, plain.clean, confidence)
+        gain = float((found.clean - plain.clean).mean()) < -tolerance
+        level = gain_confidence if gain else confidence
+        mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes if gain else None)
         admissible = math.isfinite(upper) and upper <= tolerance
         reason = (
             None
             if admissible
             else (
-                f"in-distribution NLL excess {mean:+.4f} nats, {confidence:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
+                f"in-distribution NLL excess {mean:+.4f} nats, {level:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
                 if math.isfinite(upper)
                 else "the held-out NLL is not finite (or the candidate could not be fitted)"
             )
@@ -585,6 +723,7 @@ def select(
             extra=extra(index) if extra is not None else {},
             excess_se=_standard_error(found.clean - plain.clean),
             shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted),
+            shifted_ratio=shift_ratio(found, plain),
         )
         return admissible
 
@@ -599,35 +738,13 @@ def select(
     else:
         for index in range(len(candidates)):
             judge(index)
-    ordered = []
-    for index, (label, value) in enumerate(candidates):
-        ordered.append(
-            records.get(index)
-            or Record(
-                label,
-                value,
-                math.nan,
-                math.nan,
-                math.nan,
-                None,
-                None,
-                None,
-                False,
-                "not tried: the walk stopped at a refused candidate",
-            )
-        )
-    admissible = [i for i, record in enumerate(ordered) if record.admissible]
-    fallback = not admissible
-    if fallback:
-        index = 0
-    elif any(ordered[i].shifted_nll is not None for i in admissible):
-        index = min(
-            admissible, key=lambda i: (math.inf if ordered[i].shifted_nll is None else ordered[i].shifted_nll, i)
-        )
-    elif rank_without_shift == "clean":
-        index = min(admissible, key=lambda i: (ordered[i].clean_nll, i))
-    else:
-        index = admissible[-1]
+    ordered = [
+        records.get(index) or Record(label, value, math.nan, math.nan, math.nan, None, None, None, False, NOT_TRIED)
+        for index, (label, value) in enumerate(candidates)
+    ]
+    index = _pick(ordered, plain.nll, tolerance, rank_without_shift)
+    fallback = index is None
+    index = 0 if index is None else index
     ordered[index].chosen = True
     return Selection(
         knob,
@@ -638,6 +755,7 @@ def select(
         plain.shifted_ece,
         tolerance,
         confidence,
+        gain_confidence=gain_confidence,
         examples=len(plain.clean),
         perturbed=0 if plain.shifted is None else len(plain.shifted),
         folds=folds,
@@ -646,6 +764,34 @@ def select(
         rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift},
         plain_scores=plain,
     )
+
+
+#: the reason of a candidate a walk did not score
+NOT_TRIED = "not tried: the walk stopped at a refused candidate"
+
+
+def _pick(records: list[Record], plain_nll: float, tolerance: float, rank_without_shift: str) -> int | None:
+    """The index the rule picks among judged ``records`` (``None``: none admissible).
+
+    Among the admissible, the ones whose clean NLL gives up at most :data:`GIVE_UP` of the best admissible gain over
+    the plain model (or, if more, the tolerance; for ``"first"``, at most the default tolerance: a difference of that
+    size is noise) are kept; of those, the lowest :func:`shift_ratio`, or without perturbed copies the last
+    (``"order"``), the first (``"first"``) or the lowest clean NLL (``"clean"``).
+    """
+    admissible = [i for i, record in enumerate(records) if record.admissible]
+    if not admissible:
+        return None
+    best = min(records[i].clean_nll for i in admissible)
+    floor = min(tolerance, Tolerance().nats(plain_nll)) if rank_without_shift == "first" else tolerance
+    slack = max(GIVE_UP * max(plain_nll - best, 0.0), floor)
+    kept = [i for i in admissible if records[i].clean_nll <= best + slack]
+    if any(records[i].shifted_ratio is not None for i in kept):
+        return min(kept, key=lambda i: (math.inf if records[i].shifted_ratio is None else records[i].shifted_ratio, i))
+    if rank_without_shift == "clean":
+        return min(kept, key=lambda i: (records[i].clean_nll, i))
+    if rank_without_shift == "first":
+        return kept[0]
+    return kept[-1]
 
 
 def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: int = FOLDS, seed: int = 0) -> Scores:
@@ -695,6 +841,7 @@ def choice_on(selection: Selection, plain: Scores, rows: Rows) -> int:
         tolerance=selection.tolerance,
         knob=selection.knob,
         confidence=selection.confidence,
+        gain_confidence=selection.gain_confidence,
         **selection.rule,
     ).index
 
@@ -722,3 +869,49 @@ def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: s
         RuntimeWarning,
         stacklevel=stacklevel,
     )
+
+
+def warn_kept_plain(selection: Selection, *, method: str, retry: str = "fit", stacklevel: int = 3) -> None:
+    """Warn, once per choice, when ``selection`` kept its first candidate (for a calibrator the uncalibrated
+    predictive, for ``auto`` the plain model) though it tried others: the refused candidate of largest held-out gain,
+    its bound and the ``tolerance=`` that would take it, or that no candidate lowers the held-out NLL. ``retry`` names
+    the call that takes ``tolerance=`` (``"fit"``, ``"calibrate"``).
+
+    Example:
+        >>> plain = Scores(torch.zeros(40), mistakes=torch.zeros(40))
+        >>> gain = Scores(torch.cat([torch.full((39,), 0.05), torch.tensor([-1.0])]))
+        >>> selection = select([("uncalibrated", None), ("clean fit", 0.0)], [plain, gain], plain=plain,
+        ...                    tolerance=0.005, knob="calibration")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     warn_kept_plain(selection, method="temperature")
+        >>> print(caught[0].message)  # doctest: +ELLIPSIS
+        'temperature' kept 'uncalibrated': no other candidate lowers the held-out NLL (40 examples)...
+    """
+    tried = [record for record in selection.records if record.tried]
+    if selection.index != 0 or selection.fallback or len(tried) < 2:
+        return
+    kept = selection.records[0]
+    refused = [record for record in tried[1:] if not record.admissible and math.isfinite(record.excess)]
+    best = min(refused, key=lambda record: record.excess, default=None)
+    plain = selection.plain_scores
+    mistakes = None if plain is None or plain.mistakes is None else int(plain.mistakes.sum())
+    if best is None or best.excess >= 0:
+        text = (
+            f"'{method}' kept {kept.label!r}: no other candidate lowers the held-out NLL ({selection.examples} "
+            "examples), so it predicts as the plain model does"
+        )
+    else:
+        wanted = math.ceil(best.bound * 1000) / 1000
+        few = (
+            f" ({mistakes} of the {selection.examples} held-out examples are the plain model's mistakes)"
+            if mistakes is not None
+            else ""
+        )
+        text = (
+            f"'{method}' kept {kept.label!r}, so it predicts as the plain model does: {best.label!r} lowers the held-out "
+            f"NLL by {-best.excess:.4f} nats per example, but its {selection.gain_confidence:.0%} bound on new data of this "
+            f"size, {best.bound:+.4f}, is over the tolerance {selection.tolerance:.4f}{few}; more held-out data would "
+            f"show whether the gain holds, and {retry}(..., tolerance={wanted:g}) takes it"
+        )
+    warnings.warn(text, RuntimeWarning, stacklevel=stacklevel)
