@@ -37,9 +37,11 @@ from posthoc.core import persistence
 from posthoc.core.checks import known_name, positive_int
 from posthoc.core.inputs import as_tensor
 from posthoc.core.logits import check_finite_logits, check_not_probabilities
+from posthoc.engine.selection import Tolerance
 from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.methods.calibration import Calibrator, calibrators
 from posthoc.methods.calibration.base import held_out_logits
+from posthoc.methods.calibration.method import fit_on_logits
 from posthoc.methods.calibration.regression_auto import regression_calibrators
 from posthoc.methods.calibration.regression_base import KIND, RegressionCalibrator, as_prediction
 
@@ -50,6 +52,7 @@ def calibrate(
     method: str | None = None,
     *,
     max_iter: int = 100,
+    tolerance: Tolerance | float | None = None,
     mean: Any = None,
     std: Any = None,
     targets: Any = None,
@@ -64,6 +67,10 @@ def calibrate(
         method: the calibrator (see the module docs); ``"auto"`` picks one by cross-validated NLL (regression:
             CRPS). ``None``: ``"temperature"``, or ``"variance-scaling"`` for a regressor.
         max_iter: L-BFGS iterations for the calibrators fitted by optimisation.
+        tolerance: the held-out NLL a calibrator may cost over the model's own probabilities, judged as in
+            ``um.fit`` (:mod:`posthoc.engine.selection`): ``None`` is ``max(2 % of their NLL, 0.005 nats)``; a number
+            is nats per example; ``math.inf`` takes the clean maximum-likelihood fit, as netcal and
+            torch-uncertainty do. The record of the choice is ``calibrator.selection``.
         **options: the calibrator's options, e.g. ``bins=10`` (histogram), ``off_diagonal=1e-3``
             (matrix, dirichlet), ``folds=5`` or ``candidates=["temperature", "vector"]`` (auto).
 
@@ -98,7 +105,14 @@ def calibrate(
     class_logits, targets = held_out_logits(logits, labels, samples=False)
     check_finite_logits(logits)
     check_not_probabilities(logits)
-    return cls(**chosen.as_dict()).fit(class_logits.float(), targets)
+    if method == "auto":  # it chooses among calibrators by the same selection step
+        if isinstance(tolerance, Tolerance):
+            raise ConfigError("calibrate(method='auto') takes tolerance= as nats per example (a number) or None")
+        chosen = dataclasses.replace(chosen, tolerance=tolerance)
+    calibrator = cls(**chosen.as_dict())
+    if method in ("identity", "auto"):  # nothing to choose / its own choice by the same selection step
+        return calibrator.fit(class_logits.float(), targets)
+    return fit_on_logits(calibrator, class_logits.float(), targets, tolerance=Tolerance.of(tolerance))
 
 
 def _calibrate_regressor(

@@ -4,6 +4,7 @@ miscalibrated model, agrees with its peers where one exists, saves and loads, re
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -13,7 +14,8 @@ import torch
 import posthoc
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration import calibrators
-from posthoc.methods.calibration.auto import confidently_better, top_label_ece
+from posthoc.methods.calibration.auto import top_label_ece
+from posthoc.methods.calibration.regression_auto import confidently_better
 
 MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
 
@@ -44,7 +46,10 @@ def _synthetic(n=3000, seed=0, fit=2000):
 @pytest.mark.parametrize("method", MULTICLASS)
 def test_each_calibrator_improves_an_overconfident_model(method, overconfident, tmp_path):
     (logits, labels), (test_logits, test_labels) = overconfident["fit"], overconfident["test"]
-    calibrator = posthoc.calibrate(logits, labels, method=method)
+    # the map itself (tolerance=inf: the clean fit, as the peers make it): with 11 errors among the 600 held-out
+    # examples the guarded default keeps the identity for the maps with per-class parameters, whose out-of-fold NLL
+    # is worse than none there (tests/test_selection_errors.py covers the guard)
+    calibrator = posthoc.calibrate(logits, labels, method=method, tolerance=math.inf)
     probs = calibrator(test_logits)
     assert probs.shape == test_logits.shape and torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)
     assert metrics.nll(probs, test_labels) < 0.75 * metrics.nll(test_logits.softmax(-1), test_labels)

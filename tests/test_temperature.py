@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import posthoc
+from posthoc.demo import tabular
 from posthoc.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration.temperature import MAX_TEMPERATURE, fit_temperature, tempered_log_probs
@@ -111,7 +112,27 @@ def test_wrapped_temperature_equals_calibrate_on_logits(digits_model, digits, lo
     x, y = digits.calibration.tensors
     with torch.no_grad():
         logits = digits_model(x)
-    assert float(um.method.temperature) == pytest.approx(float(posthoc.calibrate(logits, y).temperature), rel=1e-4)
+    assert float(um.method.temperature) == pytest.approx(
+        float(posthoc.calibrate(logits, y, tolerance=math.inf).temperature), rel=1e-4
+    )
+
+
+@pytest.mark.parametrize("dataset", ["breast_cancer", "digits"])
+def test_wrap_and_calibrate_reach_the_same_temperature_by_the_one_rule(dataset):
+    """One rule for every entry point (issue 44): on the same held-out data without perturbed copies, the guarded
+    ``wrap(model, "temperature")`` and ``posthoc.calibrate(logits, labels)`` make the same choice among the same
+    configurations and fit it on the same rows, so they reach the same temperature (the optimiser's stopping rule:
+    1e-4 relative) and the same record."""
+    splits = tabular.load(dataset, seed=1)
+    model = tabular.overfit_mlp(splits, seed=1)
+    x, y = splits.pool
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        um = posthoc.wrap(model, method="temperature").fit(val_loader=[(x, y)], progress=False, shift=None)
+        with torch.no_grad():
+            calibrator = posthoc.calibrate(model(x), y)
+    assert um.summary()["selection"]["chosen"] == calibrator.selection["chosen"]
+    assert float(um.method.temperature) == pytest.approx(float(calibrator.temperature), rel=1e-4)
 
 
 def test_on_top_of_samples_tempers_each_sample():
@@ -217,7 +238,7 @@ def test_ordinary_sets_agree_with_the_peers_to_1e_3(name, scale, digits):
 
     logits, labels = _logits(zoo.pretrained(name), digits.calibration)
     logits = logits * scale
-    ours = float(posthoc.calibrate(logits, labels).temperature)
+    ours = float(posthoc.calibrate(logits, labels, tolerance=math.inf).temperature)
     nll = lambda t: float(torch.nn.functional.cross_entropy(logits.double() / t, labels))
     assert nll(ours) <= min(nll(ours * (1 - 1e-4)), nll(ours * (1 + 1e-4)))  # ours is the NLL minimum
     assert ours == pytest.approx(_scipy_temperature(logits, labels), rel=1e-3)  # so is scipy's

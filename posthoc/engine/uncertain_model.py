@@ -46,7 +46,7 @@ from posthoc.core.prediction import Prediction
 from posthoc.core.regression_prediction import RegressionPrediction, concat
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
-from posthoc.engine.selection import Tolerance
+from posthoc.engine.selection import Tolerance, warn_kept_plain
 from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
@@ -191,6 +191,7 @@ class UncertainModel(nn.Module):
                 )
                 if chosen_on is not None:
                     method.choose(chosen_on, train_loader=train_loader, progress=progress)
+                    _say_if_kept_plain(method, chosen_on)
             if method.requires_fit:
                 method.fitted.fill_(True)
         self.fit_record = FitRecord(
@@ -272,6 +273,7 @@ class UncertainModel(nn.Module):
             for method in chain_of(self.method):
                 if method.makes_choice:
                     method.choose(held_out, train_loader=train_loader, progress=progress)
+                    _say_if_kept_plain(method, held_out)
         self._changed()
         return self
 
@@ -594,3 +596,10 @@ def _fit_one(
     method.fit(
         train_loader, val_loader, progress=progress, **options
     )  # a method that needs no fit may still use the data
+
+
+def _say_if_kept_plain(method: Method, held_out: HeldOut) -> None:
+    """The warning of a held-out choice that kept the plain predictive (:func:`~posthoc.engine.selection.warn_kept_plain`;
+    not for a choice made on training rows)."""
+    if method.last_selection is not None and not held_out.from_training_data:
+        warn_kept_plain(method.last_selection, method=method.name, stacklevel=5)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import statistics
 import time
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -200,6 +201,7 @@ class AutoMethod(Method):
                 if self.candidate_option is not None:
                     raise
                 self.left_out[candidate_label(candidate)] = str(err)
+                _warn_left_out(candidate_label(candidate), str(err))
         return parts
 
     def _part(self, candidate: dict[str, Any], inners: dict[str, Method]) -> _Part:
@@ -271,9 +273,11 @@ class AutoMethod(Method):
         method.fitted.fill_(True)
 
     def _drop(self, refused: Any, reason: Any) -> None:
-        """Leave out the candidates ``refused(part)`` says cannot run here, keeping ``reason(part)`` in :attr:`left_out`."""
+        """Leave out the candidates ``refused(part)`` says cannot run here, keeping ``reason(part)`` in :attr:`left_out`
+        and saying so once (:func:`_warn_left_out`)."""
         for part in [part for part in self._parts if refused(part)]:
             self.left_out[part.label] = reason(part)
+            _warn_left_out(part.label, self.left_out[part.label])
         self._parts = [part for part in self._parts if not refused(part)]
         self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
@@ -323,6 +327,7 @@ class AutoMethod(Method):
             rank_without_shift="clean",
             extra=lambda index: self._parts[index].extra,
         )
+        selection.left_out = dict(self.left_out)
         self.record_selection(selection)
         self._keep(self._parts[selection.value])
 
@@ -453,6 +458,11 @@ class AutoMethod(Method):
 
     def extra_repr(self) -> str:
         return f"chosen={self.chosen_label!r}"
+
+
+def _warn_left_out(label: str, reason: str) -> None:
+    """One warning per candidate ``auto`` leaves out: which and why (also in ``um.summary()["selection"]["left_out"]``)."""
+    warnings.warn(f"'auto' leaves out the candidate '{label}': {reason}", RuntimeWarning, stacklevel=5)
 
 
 def _bank_key(method: Method) -> str:

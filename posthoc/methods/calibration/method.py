@@ -48,7 +48,7 @@ from posthoc.core.modules import eval_mode
 from posthoc.core.registry import REGISTRY, register
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import Rows, Scores
+from posthoc.engine.selection import Layout, Rows, Scores, Tolerance, cross_fitted, fold_count, select, warn_kept_plain
 from posthoc.errors import InputError
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
@@ -63,6 +63,8 @@ from posthoc.methods.calibration.vector import VectorScaling
 
 #: how far the candidates move the parameters from the clean fit towards the fit on clean and perturbed examples
 SHIFT_WEIGHTS = (0.25, 0.5, 0.75, 1.0)
+#: how far the partial candidates move the parameters from the identity towards the clean fit
+PARTIAL_FITS = (0.5, 0.75)
 
 
 def _interpolable(a: dict[str, Tensor], b: dict[str, Tensor]) -> bool:
@@ -111,7 +113,9 @@ class _Cache:
         """The scores of the calibrated (``None``: the uncalibrated) predictive on ``rows``."""
 
         def log_probs(values: Tensor) -> Tensor:
-            return predictive(values) if calibrator is None else calibrator.calibrated_predictive(values)
+            if calibrator is None:  # log-probabilities stay as they are; a deployed model's raw logits are normalised
+                return torch.log_softmax(predictive(values), -1)
+            return calibrator.calibrated_predictive(values)
 
         clean, labels = self.take(rows, shifted=False)
         if self.shifted is None or rows.shifted is None:
@@ -167,7 +171,8 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         if shift_weight != "auto":
             shift_weight = unit_interval(shift_weight, "shift_weight")
         self.shift_weight_option = shift_weight
-        #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only)
+        #: how far the parameters moved from the clean fit towards the fit with perturbed copies (NaN: clean only;
+        #: below 0: the clean fit taken ``1 + shift_weight`` of the way from the identity map)
         self.register_buffer("shift_weight", torch.tensor(math.nan))
 
     @property
@@ -213,78 +218,19 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         return cache
 
     def configurations(self, cache: _Cache) -> list[tuple[str, float | None]]:
-        """``(label, shift weight)``: uncalibrated (``None``), the clean fit (0), then towards the combined fit; a fixed
-        ``shift_weight`` is the only fitted configuration."""
-        if self.shift_weight_option != "auto":
-            weight = float(self.shift_weight_option) if cache.shifted is not None else 0.0
-            return [("uncalibrated", None), (f"shift weight {weight:g}" if weight else "clean fit", weight)]
-        candidates: list[tuple[str, float | None]] = [("uncalibrated", None), ("clean fit", 0.0)]
-        if cache.shifted is not None:
-            weights = SHIFT_WEIGHTS if type(self.calibrator).interpolable else (1.0,)
-            candidates += [(f"shift weight {weight:g}", weight) for weight in weights]
-        return candidates
+        """The configurations tried (:func:`configurations`)."""
+        return configurations(self.calibrator, shifted=cache.shifted is not None, shift_weight=self.shift_weight_option)
 
     def fit_and_score(
         self, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows, scored: Rows
     ) -> list[Scores | None]:
-        """Every configuration fitted on ``fitting`` and scored on ``scored`` (the clean and combined fits made once)."""
-        try:
-            clean = copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=False))
-            combined = (
-                copy.deepcopy(self.calibrator).fit(*cache.take(fitting, shifted=True))
-                if cache.shifted is not None and any(w for _, w in configurations)
-                else None
-            )
-        except InputError:  # too few examples of a class in this fold: only the uncalibrated predictive is scored
-            return [cache.scores(None, scored) if weight is None else None for _, weight in configurations]
-        return [
-            cache.scores(
-                None if weight is None else self._fitted_at(weight, cache, fitting, clean=clean, combined=combined),
-                scored,
-            )
-            for _, weight in configurations
-        ]
+        """Every configuration fitted on ``fitting`` and scored on ``scored`` (:func:`fit_and_score`)."""
+        return fit_and_score(self.calibrator, cache, configurations, fitting, scored)
 
     def apply(self, cache: _Cache, value: float | None, held_out: HeldOut) -> None:
-        """Fit the calibrator at shift weight ``value`` on every held-out row (``None``: keep the inner predictive)."""
-        self.shift_weight.fill_(math.nan if value is None or cache.shifted is None else value)
-        if value is None:
-            self.calibrator._reset()
-            self.calibrator.num_classes.fill_(cache.clean.shape[-1])
-            self.calibrator.passthrough.fill_(True)
-            return
-        self.calibrator = self._fitted_at(value, cache, held_out.layout.everything(), warn=True)
-
-    def _fitted_at(
-        self,
-        weight: float,
-        cache: _Cache,
-        rows: Rows,
-        *,
-        warn: bool = False,
-        clean: Calibrator | None = None,
-        combined: Calibrator | None = None,
-    ) -> Calibrator:
-        """The calibrator at ``weight`` fitted on ``rows``: the clean fit, moved ``weight`` of the way towards the fit
-        on clean and perturbed examples together (a map that cannot move takes that fit whole)."""
-        with warnings.catch_warnings():
-            if not warn:
-                warnings.simplefilter("ignore", RuntimeWarning)
-            clean = clean if clean is not None else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=False))
-        if weight == 0:
-            return clean
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)  # the clean fit's warnings stand
-            combined = (
-                combined
-                if combined is not None
-                else copy.deepcopy(self.calibrator).fit(*cache.take(rows, shifted=True))
-            )
-        if weight == 1 or not _interpolable(dict(clean.named_buffers()), dict(combined.named_buffers())):
-            return combined
-        moved = copy.deepcopy(clean)
-        moved.load_buffers(_between(dict(clean.named_buffers()), dict(combined.named_buffers()), weight))
-        return moved
+        """Fit the calibrator at configuration ``value`` on every held-out row (``None``: keep the inner predictive)."""
+        self.shift_weight.fill_(math.nan if value is None or (value == 0 and cache.shifted is None) else value)
+        self.calibrator = configured(self.calibrator, value, cache, held_out.layout.everything())
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
@@ -302,12 +248,153 @@ class CalibrationMethod(FittedOnHeldOut, Method):
             "layers": [],
             "calibrator": self.calibrator.chosen_name,
         }
-        if not math.isnan(float(self.shift_weight)):
-            card["shift_weight"] = round(float(self.shift_weight), 4)
+        weight = float(self.shift_weight)
+        if weight < 0:
+            card["share_of_clean_fit"] = round(1 + weight, 4)
+        elif not math.isnan(weight):
+            card["shift_weight"] = round(weight, 4)
         return card
 
     def extra_repr(self) -> str:
         return self.calibrator.extra_repr()
+
+
+def configurations(
+    calibrator: Calibrator, *, shifted: bool, shift_weight: float | str = "auto"
+) -> list[tuple[str, float | None]]:
+    """``(label, value)`` of the configurations a held-out fit of ``calibrator`` tries, the most conservative first:
+    uncalibrated (``None``), the clean fit taken part of the way from the identity map (:data:`PARTIAL_FITS`, values
+    below 0: ``share - 1``), the clean fit (0), then with perturbed copies (``shifted``) towards the fit on clean and
+    perturbed examples (the shift weight, in (0, 1]). A fixed ``shift_weight`` is the only fitted configuration.
+
+    Example:
+        >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
+        >>> [label for label, _ in configurations(TemperatureCalibrator(), shifted=False)]
+        ['uncalibrated', 'clean fit at 0.5', 'clean fit at 0.75', 'clean fit']
+    """
+    if shift_weight != "auto":
+        weight = float(shift_weight) if shifted else 0.0
+        return [("uncalibrated", None), (f"shift weight {weight:g}" if weight else "clean fit", weight)]
+    interpolable = type(calibrator).interpolable
+    partial = [(f"clean fit at {share:g}", share - 1.0) for share in PARTIAL_FITS] if interpolable else []
+    found: list[tuple[str, float | None]] = [("uncalibrated", None), *partial, ("clean fit", 0.0)]
+    if shifted:
+        weights = SHIFT_WEIGHTS if interpolable else (1.0,)
+        found += [(f"shift weight {weight:g}", weight) for weight in weights]
+    return found
+
+
+def fit_and_score(
+    calibrator: Calibrator, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows, scored: Rows
+) -> list[Scores | None]:
+    """Every configuration of ``calibrator`` fitted on ``fitting`` and scored on ``scored`` (the clean and combined
+    fits made once)."""
+    try:
+        clean = copy.deepcopy(calibrator).fit(*cache.take(fitting, shifted=False))
+        combined = (
+            copy.deepcopy(calibrator).fit(*cache.take(fitting, shifted=True))
+            if cache.shifted is not None and any(w is not None and w > 0 for _, w in configurations)
+            else None
+        )
+    except InputError:  # too few examples of a class in this fold: only the uncalibrated predictive is scored
+        return [cache.scores(None, scored) if weight is None else None for _, weight in configurations]
+    return [
+        cache.scores(
+            None if weight is None else fitted_at(calibrator, weight, cache, fitting, clean=clean, combined=combined),
+            scored,
+        )
+        for _, weight in configurations
+    ]
+
+
+def configured(calibrator: Calibrator, value: float | None, cache: _Cache, rows: Rows) -> Calibrator:
+    """``calibrator`` at configuration ``value`` fitted on ``rows`` (``None``: the identity, the inner predictive as it
+    is), its fit's warnings shown."""
+    if value is None:
+        identity = copy.deepcopy(calibrator)
+        identity._reset()
+        identity.num_classes.fill_(cache.clean.shape[-1])
+        identity.passthrough.fill_(True)
+        return identity
+    return fitted_at(calibrator, value, cache, rows, warn=True)
+
+
+def fitted_at(
+    calibrator: Calibrator,
+    weight: float,
+    cache: _Cache,
+    rows: Rows,
+    *,
+    warn: bool = False,
+    clean: Calibrator | None = None,
+    combined: Calibrator | None = None,
+) -> Calibrator:
+    """``calibrator`` at configuration ``weight`` fitted on ``rows``: the clean fit, taken ``1 + weight`` of the way
+    from the identity map (``weight < 0``) or moved ``weight`` of the way towards the fit on clean and perturbed
+    examples together (a map that cannot move takes that fit whole)."""
+    with warnings.catch_warnings():
+        if not warn:
+            warnings.simplefilter("ignore", RuntimeWarning)
+        clean = clean if clean is not None else copy.deepcopy(calibrator).fit(*cache.take(rows, shifted=False))
+    if weight == 0:
+        return clean
+    if weight < 0:
+        identity = copy.deepcopy(clean)
+        identity._reset()
+        return _moved(identity, clean, 1.0 + weight)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the clean fit's warnings stand
+        combined = combined if combined is not None else copy.deepcopy(calibrator).fit(*cache.take(rows, shifted=True))
+    if weight == 1 or not _interpolable(dict(clean.named_buffers()), dict(combined.named_buffers())):
+        return combined
+    return _moved(clean, combined, weight)
+
+
+def _moved(start: Calibrator, end: Calibrator, weight: float) -> Calibrator:
+    """A copy of ``start`` with its floating-point parameters moved ``weight`` of the way to ``end``'s."""
+    moved = copy.deepcopy(start)
+    moved.load_buffers(_between(dict(start.named_buffers()), dict(end.named_buffers()), weight))
+    return moved
+
+
+def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tolerance: Tolerance) -> Calibrator:
+    """``calibrator`` fitted on held-out class ``logits`` ``(N, C)`` by the selection step, as a stacked calibrator is
+    fitted on ``val_loader`` with ``shift=None``: the configurations of :func:`configurations`, each scored out of fold
+    (five folds), the admissible one the rule picks refitted on every row. It keeps its record as ``.selection`` and
+    warns when the record keeps the identity (:func:`~posthoc.engine.selection.warn_kept_plain`). A tolerance of
+    ``math.inf`` takes the clean fit (the maximum-likelihood fit the peers make) without cross-fitting.
+
+    Example:
+        >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
+        >>> fitted = fit_on_logits(TemperatureCalibrator(), logits, labels, tolerance=Tolerance())
+        >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.04
+        ('clean fit at 0.75', 1.77)
+    """
+    if tolerance.nats(0.0) == math.inf:
+        fitted = calibrator.fit(logits, labels)
+        fitted.selection = None
+        return fitted
+    calibrator.check(labels, logits.shape[-1])  # too few examples, one class: refused by name, before any fold
+    cache = _Cache(logits, labels, None, None)
+    layout = Layout(len(labels))
+    found = configurations(calibrator, shifted=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        scores = cross_fitted(lambda fitting, scored: fit_and_score(calibrator, cache, found, fitting, scored), layout)
+    plain = cache.scores(None, layout.everything())
+    folds = fold_count(layout)
+    selection = select(
+        found,
+        scores,
+        plain=plain,
+        tolerance=tolerance.nats(plain.nll),
+        knob="calibration",
+        folds=folds if folds > 1 else None,
+    )
+    fitted = configured(calibrator, selection.value, cache, layout.everything())
+    fitted.selection = selection.to_dict()
+    warn_kept_plain(selection, method=calibrator.name, retry="posthoc.calibrate", stacklevel=4)
+    return fitted
 
 
 @register
