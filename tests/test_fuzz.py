@@ -2236,7 +2236,11 @@ HABITS += [
         "binary head",
         "conformal",
         lambda h, t: _cp(h, h["binary_logits_val"], h["binary_val"][1]),
-        Refused(InputError, "must have shape (N, C) with C >= 2 classes, got (24, 1)"),
+        Refused(
+            InputError,
+            "got (24, 1) (a binary classifier's one logit z per row: pass the two-class logits "
+            "torch.cat([torch.zeros_like(z), z], 1)",
+        ),
     ),
     Habit(
         "binary head",

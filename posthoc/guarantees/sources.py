@@ -53,7 +53,16 @@ def as_float_tensor(values: Any, what: str) -> Tensor:
     if not isinstance(values, Tensor):
         raise InputError(f"{what} must be a tensor, a numpy array or a posthoc.Prediction, got {type(values).__name__}")
     if values.dim() != 2 or values.shape[1] < 2:
-        one = " (one example: add its batch dimension, values[None])" if values.dim() == 1 else ""
+        one = (
+            " (one example: add its batch dimension, values[None])"
+            if values.dim() == 1
+            else (
+                " (a binary classifier's one logit z per row: pass the two-class logits torch.cat([torch.zeros_like(z), "
+                "z], 1), or its probabilities)"
+                if values.dim() == 2 and values.shape[1] == 1
+                else ""
+            )
+        )
         raise InputError(f"{what} must have shape (N, C) with C >= 2 classes, got {tuple(values.shape)}{one}")
     if values.shape[0] == 0:
         raise InputError(f"{what} hold no examples (shape {tuple(values.shape)})")
