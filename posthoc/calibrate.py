@@ -62,7 +62,8 @@ def calibrate(
     or, for a regressor, on held-out ``mean``, ``std`` and ``targets`` (see the module docs).
 
     Args:
-        logits: the classifier's held-out logits (before the softmax), a tensor or numpy array.
+        logits: the classifier's held-out logits (before the softmax), a tensor or numpy array (the calibrator
+            then gives numpy for numpy logits, tensors for tensors).
         labels: integer class indices in ``[0, C)``.
         method: the calibrator (see the module docs); ``"auto"`` picks one by cross-validated NLL (regression:
             CRPS). ``None``: ``"temperature"``, or ``"variance-scaling"`` for a regressor.
@@ -81,7 +82,9 @@ def calibrate(
 
     Example:
         >>> calibrator = posthoc.calibrate(val_logits.numpy(), val_labels.numpy())   # numpy arrays work too
-        >>> calibrator(test_logits.numpy()).sum(-1)[:3]   # rows sum to 1
+        >>> calibrator(test_logits.numpy()).sum(-1)[:3]   # numpy in, numpy out; rows sum to 1
+        array([1., 1., 1.], dtype=float32)
+        >>> calibrator(test_logits).sum(-1)[:3]           # a tensor for a tensor
         tensor([1., 1., 1.])
         >>> mean, std = torch.randn(200), torch.full((200,), 2.0)
         >>> posthoc.calibrate(mean=mean, std=std, targets=mean + torch.randn(200)).predict(mean, std).std[:2]

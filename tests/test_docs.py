@@ -27,6 +27,9 @@ PAGES = [README, *sorted(DOCS.rglob("*.md"))]
 MAX_README_LINES = 250
 
 FENCE = re.compile(r"^```(\w*)\s*$")
+#: the line right before a ```python fence that marks the block as runnable (docs/development.md): an HTML comment,
+#: which Markdown, GitHub and mkdocs all leave unrendered and which changes nothing in the fence itself
+RUNNABLE = "<!-- runnable -->"
 #: Markdown inline links ``[text](target)``, not images of remote badges; the target up to a space or ``)``
 LINK = re.compile(r"(?<!!)\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 HEADING = re.compile(r"^(#{1,6})\s+(.*?)\s*#*\s*$")
@@ -131,6 +134,59 @@ def test_python_blocks_parse_and_their_posthoc_imports_exist(page: Path) -> None
                 for alias in node.names:
                     if alias.name.split(".")[0] == "posthoc":
                         importlib.import_module(alias.name)
+
+
+def runnable_blocks(text: str) -> list[tuple[int, str]]:
+    """The ```python blocks of ``text`` marked :data:`RUNNABLE` (the marker on the line before the fence, blank
+    lines between allowed), each with the line its code starts on, in order."""
+    lines = text.splitlines()
+    blocks, index = [], 0
+    while index < len(lines):
+        if lines[index].strip() == RUNNABLE:
+            fence = index + 1
+            while fence < len(lines) and not lines[fence].strip():
+                fence += 1
+            assert fence < len(lines) and lines[fence].strip() == "```python", (
+                f"line {index + 1}: {RUNNABLE} must come right before a ```python fence"
+            )
+            end = fence + 1
+            while end < len(lines) and lines[end].strip() != "```":
+                end += 1
+            blocks.append((fence + 2, "\n".join(lines[fence + 1 : end])))
+            index = end
+        index += 1
+    return blocks
+
+
+RUNNABLE_PAGES = [page for page in sorted(DOCS.rglob("*.md")) if RUNNABLE in page.read_text()]
+
+
+@pytest.mark.parametrize("page", RUNNABLE_PAGES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_runnable_block_runs(page: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ```python block marked runnable runs as printed, the blocks of a page in order in one namespace (as a
+    reader pastes them into one notebook), in a fresh folder (what they write stays there), so a page cannot say
+    what the code no longer does."""
+    monkeypatch.chdir(tmp_path)
+    namespace: dict = {"__name__": "__docs__"}
+    for line, block in runnable_blocks(page.read_text()):
+        code = compile("\n" * (line - 1) + block, str(page.relative_to(ROOT)), "exec")
+        exec(code, namespace)  # noqa: S102  (the docs' own examples)
+
+
+def test_the_runnable_marker_is_found_and_a_failing_block_fails(tmp_path: Path) -> None:
+    page = tmp_path / "page.md"
+    page.write_text(
+        "# Page\n\n```python\nnot run\n```\n\n<!-- runnable -->\n```python\nx = 1\n```\n\n<!-- runnable -->\n\n"
+        "```python\nassert x == 2, 'stale'\n```\n"
+    )
+    blocks = runnable_blocks(page.read_text())
+    assert blocks == [(9, "x = 1"), (15, "assert x == 2, 'stale'")]
+    namespace: dict = {}
+    exec(blocks[0][1], namespace)  # noqa: S102
+    with pytest.raises(AssertionError, match="stale"):
+        exec(blocks[1][1], namespace)  # noqa: S102
+    with pytest.raises(AssertionError, match="right before"):
+        runnable_blocks("<!-- runnable -->\ntext\n")
 
 
 NEEDED = ("mkdocs", "material", "mkdocstrings", "mkdocstrings_handlers.python")

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import collections
 import warnings
+from collections.abc import Callable
 from typing import NamedTuple
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -1382,3 +1384,1234 @@ def test_the_misuses_cover_every_function_of_the_regression_shift_and_dac_api():
     }
     tried = {name for name, *_ in NEWEST_API_MISUSES}
     assert not required - tried, f"functions of the newest API with no misuse tried: {sorted(required - tried)}"
+
+
+# --------------------------------------------------------------------------- the first-hour mistakes
+#
+# Issue 46: what users of scikit-learn, timm, Lightning and Hugging Face do by habit in their first hour, crossed with
+# wrap, fit, predict, evaluate, calibrate, conformal, save and load. Every row either works and gives the numbers of
+# the well-formed call (``Same``: bit-exact where the path after the input is literally the same, else the stated
+# tolerance), or raises a PosthocError whose message names the fix (``Refused``). Left out, by design: wrap takes a
+# model and no data (its rows are the model mistakes: train mode, another device, a 1-output head, a dict-input
+# model); save and load take a path (their rows are those of a model fitted after a mistake); calibrate takes arrays,
+# never a loader (no loader rows), and predict one batch (its loader row is the reverse mistake, a loader passed to
+# it).
+
+
+class Same(NamedTuple):
+    """The misuse works: its result gives the numbers of ``reference`` (the well-formed call) within ``atol`` (0:
+    bit-exact), and is of type ``kind`` when given (numpy for numpy)."""
+
+    reference: Callable
+    atol: float = 0.0
+    kind: type | None = None
+
+
+class Refused(NamedTuple):
+    """The misuse raises ``error`` (a PosthocError) with ``says`` (the fix) in its message."""
+
+    error: type
+    says: str
+
+
+class Habit(NamedTuple):
+    mistake: str
+    entry: str
+    call: Callable
+    expect: Same | Refused
+
+
+class Tabular(nn.Module):
+    """A tabular classifier as users write one: ``forward(self, x)`` (so a dict batch ``{"x": ...}`` reaches it as
+    ``model(x=...)``), with BatchNorm and dropout (so train mode would change its outputs)."""
+
+    def __init__(self, features: int = 6, outputs: int = 3, *, two_logits: bool = False) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(features, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Dropout(0.3))
+        self.head = nn.Linear(16, outputs)
+        self.two_logits = two_logits
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        z = self.head(self.body(x))
+        return torch.cat([torch.zeros_like(z), z], dim=1) if self.two_logits else z
+
+
+class Pair(NamedTuple):
+    x: torch.Tensor
+    y: torch.Tensor
+
+
+class Rows(torch.utils.data.Dataset):
+    """One example per item, in the ``form`` a user's ``__getitem__`` returns it."""
+
+    NAMES = ("ant", "bee", "cat")
+
+    def __init__(self, x, y, form: str = "tuple") -> None:
+        self.x, self.y, self.form = x, y, form
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        x, y = self.x[i], self.y[i]
+        form = self.form
+        if form == "list":
+            return [x, y]
+        if form == "triple":
+            return x, y, i
+        if form == "namedtuple":
+            return Pair(x, y)
+        if form.startswith("dict-"):
+            keys = {"dict-labels": ["labels"], "dict-label": ["label"], "dict-target": ["target"]}
+            return {"x": x, **{key: y for key in keys.get(form, ["label", "labels"])}}
+        if form == "strings":
+            return x, self.NAMES[int(y)]
+        if form == "floats":
+            return x, y.float()
+        if form == "numpy":
+            return x.numpy(), int(y)
+        if form == "numpy64":
+            return x.double().numpy(), int(y)
+        return x, y
+
+
+class StreamedRows(torch.utils.data.IterableDataset):
+    """The same examples as an ``IterableDataset`` (a stream without ``len``), in order."""
+
+    def __init__(self, x, y) -> None:
+        self.x, self.y = x, y
+
+    def __iter__(self):
+        return iter(zip(self.x, self.y))
+
+
+def _loader(h, part: str, form: str = "tuple", *, batch_size: int = 12, shuffle: bool = False, **kw) -> DataLoader:
+    x, y = h[part]
+    generator = torch.Generator().manual_seed(1) if shuffle else None
+    return DataLoader(Rows(x, y, form), batch_size=batch_size, shuffle=shuffle, generator=generator, **kw)
+
+
+@pytest.fixture(scope="module")
+def first_hour():
+    """A small trained tabular classifier (and its 1-output binary twin), its splits, loaders and logits."""
+    torch.manual_seed(0)
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(96, 6, generator=generator)
+    y = (x[:, :3] + 0.8 * torch.randn(96, 3, generator=generator)).argmax(1)
+    models = {}
+    for name, outputs, labels in (("model", 3, y), ("binary", 1, (y > 0).long())):
+        model = Tabular(outputs=outputs)
+        optimiser = torch.optim.Adam(model.parameters(), 1e-2)
+        for _ in range(60):
+            optimiser.zero_grad()
+            out = model(x[:48])
+            loss = (
+                nn.functional.cross_entropy(out, labels[:48])
+                if outputs > 1
+                else nn.functional.binary_cross_entropy_with_logits(out[:, 0], labels[:48].float())
+            )
+            loss.backward()
+            optimiser.step()
+        models[name] = model.eval()
+    twin = Tabular(outputs=1, two_logits=True)
+    twin.load_state_dict({k: v for k, v in models["binary"].state_dict().items()}, strict=False)
+    twin.eval()
+    h = {
+        **models,
+        "twin": twin,
+        "train": (x[:48], y[:48]),
+        "val": (x[48:72], y[48:72]),
+        "test": (x[72:], y[72:]),
+        "binary_train": (x[:48], (y[:48] > 0).long()),
+        "binary_val": (x[48:72], (y[48:72] > 0).long()),
+        "binary_test": (x[72:], (y[72:] > 0).long()),
+        "cache": {},
+    }
+    with torch.no_grad():
+        h["logits_val"], h["logits_test"] = models["model"](x[48:72]), models["model"](x[72:])
+        h["binary_logits_val"], h["binary_logits_test"] = models["binary"](x[48:72]), models["binary"](x[72:])
+    return h
+
+
+def _fit(h, model="model", train="train", val="val", *, method="temperature", form="tuple", shuffle=False, **options):
+    """``wrap(model, method).fit`` on loaders of ``form`` over the splits named (``val=None``: none; ``shuffle``: the
+    validation loader shuffles)."""
+    train_loader = _loader(h, train, form, batch_size=16)
+    val_loader = None if val is None else _loader(h, val, form, shuffle=shuffle)
+    return posthoc.wrap(h[model], method=method).fit(train_loader, val_loader, progress=False, **options)
+
+
+def _reference(h, key, make):
+    """The well-formed call's result, made once per module."""
+    if key not in h["cache"]:
+        h["cache"][key] = make()
+    return h["cache"][key]
+
+
+def _fitted(h, method="temperature", model="model", *, val=True, **options):
+    """The well-formed fit (tuple batches of tensors, int labels) of ``method`` on ``model``, made once."""
+    key = ("fit", method, model, val, tuple(sorted(options.items())))
+    prefix = "binary_" if model in ("binary", "twin") else ""
+    return _reference(
+        h, key, lambda: _fit(h, model, f"{prefix}train", f"{prefix}val" if val else None, method=method, **options)
+    )
+
+
+def _numbers(result, h) -> torch.Tensor:
+    """What a result says, as one float64 tensor: a wrapped model's predictive on the test rows, a report's metrics,
+    a calibrator's probabilities on the test logits, a conformal predictor's threshold, an array's values."""
+
+    if isinstance(result, posthoc.UncertainModel):
+        x = h["test"][0]
+        return result.predict(x, generator=torch.Generator().manual_seed(0)).probs.double()
+    if isinstance(result, posthoc.Prediction):
+        return result.probs.double()
+    if isinstance(result, posthoc.Report):
+        return torch.tensor([result.nll, result.ece, result.brier, result.accuracy], dtype=torch.float64)
+    if isinstance(result, posthoc.RegressionPrediction):
+        return torch.cat([result.mean.double().reshape(-1), result.std.double().reshape(-1)])
+    if isinstance(result, posthoc.guarantees.ConformalPredictor):
+        return result.threshold.double().reshape(-1)
+    if isinstance(result, np.ndarray):
+        return torch.from_numpy(result).double()
+    if isinstance(result, tuple):
+        return torch.cat([_numbers(part, h).reshape(-1) for part in result])
+    if isinstance(result, torch.Tensor):
+        return result.detach().double()
+    raise TypeError(f"no numbers for {type(result).__name__}")
+
+
+def _saved_and_loaded(um, model, tmp):
+    um.save(tmp / "um.pt")
+    return posthoc.load(tmp / "um.pt", model)
+
+
+def _still_in_train_mode(h, call):
+    """``call(model)`` on a copy of the model left in train mode; the copy must still be in train mode after."""
+    import copy
+
+    model = copy.deepcopy(h["model"]).train()
+    result = call(model)
+    assert model.training and model.body[1].training, "posthoc changed the user's model's mode"
+    return result
+
+
+def _streamed(h, part):
+    return DataLoader(StreamedRows(*h[part]), batch_size=12)
+
+
+def _stream_held_out(h, monkeypatch_bytes, call):
+    """``call()`` with the held-out batches read again on every pass (as for a set larger than memory)."""
+    from posthoc.engine import held_out
+
+    before = held_out.HELD_OUT_BYTES
+    held_out.HELD_OUT_BYTES = monkeypatch_bytes
+    try:
+        return call()
+    finally:
+        held_out.HELD_OUT_BYTES = before
+
+
+def _np(t):
+    return t.detach().numpy()
+
+
+def _intervals(convert):
+    """Conformal intervals calibrated and applied on a regressor's numbers passed through ``convert``."""
+    from posthoc.guarantees.intervals import conformal_intervals
+
+    generator = torch.Generator().manual_seed(3)
+    mean, y, std = (
+        torch.randn(40, 1, generator=generator),
+        torch.randn(40, 1, generator=generator),
+        torch.full((40, 1), 0.8),
+    )
+    calibrated = conformal_intervals(convert(y[:20]), mean=convert(mean[:20]), std=convert(std[:20]), alpha=0.2)
+    return calibrated.intervals(mean=convert(mean[20:]), std=convert(std[20:]))
+
+
+def _all_numpy(parts):
+    assert all(isinstance(part, np.ndarray) for part in parts), [type(part).__name__ for part in parts]
+    return parts
+
+
+def _selective(h, convert):
+    """A selective rule calibrated on the validation logits (and the labels a reader keeps) passed through ``convert``."""
+    return posthoc.selective(
+        convert(h["logits_val"]), convert(h["val"][1]), target_risk=0.75, delta=0.2, progress=False
+    )
+
+
+def _calibrator_saved_and_loaded(calibrator, tmp):
+    calibrator.save(tmp / "calibrator.pt")
+    return posthoc.calibrate.load(tmp / "calibrator.pt")
+
+
+_LOADER_FIX = "wrap them in a DataLoader: "
+_TORCH_FIX = "DataLoader(TensorDataset(x, y), batch_size=256)"
+_NUMPY_FIX = "DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)"
+_ONE_ROW = "add its batch dimension: um.predict(x[None]) (or x.unsqueeze(0))"
+_STRINGS = "are strings (e.g. 'ant'), not numbers"
+
+
+def _cp(h, source, labels, **kw):
+    return posthoc.conformal(source, labels, alpha=0.2, progress=False, **kw)
+
+
+def _evaluated(h, loader):
+    return posthoc.evaluate(_fitted(h), loader, progress=False)
+
+
+def _loader_rows(mistake: str, make: Callable, atol: float = 0.0) -> list[Habit]:
+    """The evaluate and conformal rows of a loader habit: on ``make(h, part)`` (the habit's loader of a split) they
+    give the numbers of the same split in a loader of ``(x, y)`` tuples."""
+    return [
+        Habit(
+            mistake,
+            "evaluate",
+            lambda h, t: _evaluated(h, make(h, "test")),
+            Same(lambda h, t: _evaluated(h, _loader(h, "test")), atol),
+        ),
+        Habit(
+            mistake,
+            "conformal",
+            lambda h, t: _cp(h, _fitted(h), make(h, "val")),
+            Same(lambda h, t: _cp(h, _fitted(h), _loader(h, "val")), atol),
+        ),
+    ]
+
+
+def _fit_rows(mistake: str, form: str) -> list[Habit]:
+    """The fit rows of a loader habit: temperature (on held-out batches) and Laplace (on training batches alone) fitted
+    on loaders of ``form`` give the numbers of the same fits on loaders of ``(x, y)`` tuples, bit for bit (the batches
+    are read into the same tensors before anything is computed)."""
+    return [
+        Habit(mistake, "fit", lambda h, t: _fit(h, form=form), Same(lambda h, t: _fitted(h), 0.0)),
+        Habit(
+            mistake,
+            "fit",
+            lambda h, t: _fit(h, form=form, method="laplace", val=None),
+            Same(lambda h, t: _fitted(h, method="laplace", val=False), 0.0),
+        ),
+    ]
+
+
+HABITS: list[Habit] = [
+    # ---- tensors where a loader goes (scikit-learn's fit(X, y))
+    Habit(
+        "tensors",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(*h["train"], progress=False),
+        Refused(InputError, f"got two arrays (x, y); {_LOADER_FIX}um.fit({_TORCH_FIX})"),
+    ),
+    Habit(
+        "tensors",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(h["train"], progress=False),
+        Refused(
+            InputError,
+            f"um.fit (train_loader) takes a loader of (x, y) batches, got a tuple of two arrays (x, y); {_LOADER_FIX}{_TORCH_FIX}",
+        ),
+    ),
+    Habit(
+        "tensors",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(_loader(h, "train"), h["val"], progress=False),
+        Refused(
+            InputError,
+            f"um.fit (val_loader) takes a loader of (x, y) batches, got a tuple of two arrays (x, y); {_LOADER_FIX}{_TORCH_FIX}",
+        ),
+    ),
+    Habit(
+        "tensors",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(val_loader=list(h["val"]), progress=False),
+        Refused(InputError, f"got a list of two arrays (x, y); {_LOADER_FIX}{_TORCH_FIX}"),
+    ),
+    Habit(
+        "tensors",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "laplace").fit(h["train"][0], progress=False),
+        Refused(
+            InputError,
+            f"um.fit (train_loader) takes a loader of (x, y) batches, got a Tensor; wrap tensors in one, e.g. {_TORCH_FIX}",
+        ),
+    ),
+    Habit(
+        "tensors",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), h["test"][0], progress=False),
+        Refused(InputError, f"got a Tensor; wrap tensors in one, e.g. {_TORCH_FIX}"),
+    ),
+    Habit(
+        "tensors",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), h["test"], progress=False),
+        Refused(InputError, f"got a tuple of two arrays (x, y); {_LOADER_FIX}{_TORCH_FIX}"),
+    ),
+    Habit(
+        "tensors",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h), h["val"]),
+        Refused(InputError, f"wrap arrays x, y in a DataLoader: {_TORCH_FIX}"),
+    ),
+    Habit(
+        "tensors",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h), h["val"][0]),
+        Refused(
+            InputError,
+            f"not Tensor labels, e.g. posthoc.conformal(um, calibration_loader); wrap arrays x, y in a DataLoader: {_TORCH_FIX}",
+        ),
+    ),
+    Habit(
+        "tensors",
+        "predict",
+        lambda h, t: _fitted(h).predict(_loader(h, "test")),
+        Refused(
+            InputError, "for a loader of (x, y) batches use posthoc.evaluate(um, loader), or predict batch by batch"
+        ),
+    ),
+    # ---- dict batches {"x": ..., "labels": ...} on a tabular model (Hugging Face's habit)
+    Habit("dict batches", "fit", lambda h, t: _fit(h, form="dict-labels"), Same(lambda h, t: _fitted(h), 1e-6)),
+    Habit("dict batches", "fit", lambda h, t: _fit(h, form="dict-label"), Same(lambda h, t: _fitted(h), 1e-6)),
+    Habit(
+        "dict batches",
+        "fit",
+        lambda h, t: _fit(h, form="dict-labels", shift=None),
+        Same(lambda h, t: _fitted(h, shift=None), 1e-6),
+    ),
+    Habit(
+        "dict batches",
+        "fit",
+        lambda h, t: _fit(h, form="dict-labels", shift=["feature-noise"]),
+        Same(lambda h, t: _fitted(h, shift=("feature-noise",)), 1e-6),
+    ),
+    Habit(
+        "dict batches",
+        "fit",
+        lambda h, t: _fit(h, form="dict-labels", method="laplace", val=None),
+        Same(lambda h, t: _fitted(h, method="laplace", val=False), 1e-5),
+    ),
+    Habit(
+        "dict batches",
+        "fit",
+        lambda h, t: _fit(h, form="dict-target"),
+        Refused(
+            InputError,
+            "a dict batch carries its labels under 'labels' or 'label' (as Hugging Face collators and datasets name "
+            "them); got keys ['target', 'x']: rename the labels entry to 'labels'",
+        ),
+    ),
+    Habit(
+        "dict batches",
+        "fit",
+        lambda h, t: _fit(h, form="dict-both"),
+        Refused(InputError, "a dict batch holds both 'labels' and 'label': which are the labels? Keep one of"),
+    ),
+    Habit(
+        "dict batches",
+        "predict",
+        lambda h, t: _fitted(h).predict({"x": h["test"][0]}),
+        Same(lambda h, t: _fitted(h).predict(h["test"][0]), 0.0),
+    ),
+    Habit(
+        "dict batches",
+        "predict",
+        lambda h, t: _fitted(h).predict({"x": h["test"][0], "labels": h["test"][1]}),
+        Refused(
+            InputError,
+            "The inputs hold 'labels', which the model gets as a keyword argument: pass the inputs alone, e.g. "
+            "{k: v for k, v in batch.items() if k != 'labels'}",
+        ),
+    ),
+    Habit(
+        "dict batches",
+        "save",
+        lambda h, t: _saved_and_loaded(_fit(h, form="dict-labels"), h["model"], t),
+        Same(lambda h, t: _fitted(h), 1e-6),
+    ),
+    Habit(
+        "dict batches",
+        "wrap",
+        lambda h, t: posthoc.wrap(h["model"], method="none").predict({"x": h["test"][0]}),
+        Same(lambda h, t: posthoc.wrap(h["model"], method="none").predict(h["test"][0]), 0.0),
+    ),
+]
+
+HABITS += [
+    # ---- numpy arrays (scikit-learn's and netcal's habit): numpy in, numpy out, or the line that converts
+    Habit(
+        "numpy",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(*map(_np, h["train"]), progress=False),
+        Refused(InputError, f"got two arrays (x, y); {_LOADER_FIX}um.fit({_NUMPY_FIX})"),
+    ),
+    Habit(
+        "numpy",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=[tuple(map(_np, h["val"]))], progress=False
+        ),
+        Refused(
+            InputError,
+            "got a numpy array; convert them where the batches are made, e.g. torch.as_tensor(x, dtype=torch.float32)",
+        ),
+    ),
+    Habit("numpy", "fit", lambda h, t: _fit(h, form="numpy"), Same(lambda h, t: _fitted(h), 0.0)),
+    Habit(
+        "numpy",
+        "fit",
+        lambda h, t: _fit(h, form="numpy64"),
+        Refused(
+            InputError,
+            "The inputs are float64 but the model's weights are float32 (numpy arrays are float64): convert them, e.g. x.to(torch.float32)",
+        ),
+    ),
+    Habit(
+        "numpy",
+        "predict",
+        lambda h, t: _fitted(h).predict(_np(h["test"][0])),
+        Refused(
+            InputError,
+            "um.predict takes a tensor (or a dict of tensors), got ndarray: convert it first, e.g. torch.as_tensor(x, dtype=torch.float32)",
+        ),
+    ),
+    Habit(
+        "numpy",
+        "predict",
+        lambda h, t: _fitted(h).predict(h["test"][0].double()),
+        Refused(InputError, "The inputs are float64 but the model's weights are float32"),
+    ),
+    Habit(
+        "numpy",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), _np(h["test"][0]), progress=False),
+        Refused(InputError, f"got a ndarray; wrap tensors in one, e.g. {_NUMPY_FIX}"),
+    ),
+    Habit(
+        "numpy",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), tuple(map(_np, h["test"])), progress=False),
+        Refused(InputError, f"got a tuple of two arrays (x, y); {_LOADER_FIX}{_NUMPY_FIX}"),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(_np(h["logits_val"]), _np(h["val"][1]))(_np(h["logits_test"])),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(_np(h["logits_val"]).astype("float64"), _np(h["val"][1]))(
+            _np(h["logits_test"]).astype("float64")
+        ),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(_np(h["logits_val"]), _np(h["val"][1])).log_probs(_np(h["logits_test"])),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1]).log_probs(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(_np(h["logits_val"]), _np(h["val"][1]), method="vector")(_np(h["logits_test"])),
+        Same(
+            lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1], method="vector")(h["logits_test"]),
+            0.0,
+            np.ndarray,
+        ),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(_np(h["logits_val"]), _np(h["val"][1])).predict(_np(h["logits_test"])),
+        Same(
+            lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1]).predict(h["logits_test"]),
+            0.0,
+            posthoc.Prediction,
+        ),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], _np(h["val"][1]))(h["logits_test"]),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0, torch.Tensor),
+    ),
+    Habit(
+        "numpy",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(
+            mean=_np(h["logits_val"][:, 0]), std=np.full(24, 0.5), targets=_np(h["logits_val"][:, 1])
+        ).predict(_np(h["logits_test"][:, 0]), np.full(24, 0.5)),
+        Same(
+            lambda h, t: posthoc.calibrate(
+                mean=h["logits_val"][:, 0], std=torch.full((24,), 0.5), targets=h["logits_val"][:, 1]
+            ).predict(h["logits_test"][:, 0], torch.full((24,), 0.5)),
+            1e-12,
+            posthoc.RegressionPrediction,
+        ),
+    ),
+    Habit(
+        "numpy",
+        "conformal",
+        lambda h, t: _cp(h, _np(h["logits_val"]), _np(h["val"][1])).sets(_np(h["logits_test"])),
+        Same(lambda h, t: _cp(h, h["logits_val"], h["val"][1]).sets(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    Habit(
+        "numpy", "conformal", lambda h, t: _all_numpy(_intervals(_np)), Same(lambda h, t: _intervals(lambda v: v), 0.0)
+    ),
+    Habit(
+        "numpy",
+        "selective",
+        lambda h, t: _selective(h, _np).accept(_np(h["logits_test"])),
+        Same(lambda h, t: _selective(h, lambda v: v).accept(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    Habit(
+        "numpy",
+        "save",
+        lambda h, t: _calibrator_saved_and_loaded(posthoc.calibrate(_np(h["logits_val"]), _np(h["val"][1])), t)(
+            _np(h["logits_test"])
+        ),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0, np.ndarray),
+    ),
+    # ---- float labels (y.astype(float), BCE targets)
+    *_fit_rows("float labels", "floats"),
+    Habit(
+        "float labels",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=[(h["val"][0], h["val"][1] + 0.5)], progress=False
+        ),
+        Refused(InputError, "labels are not whole numbers: this looks like regression targets"),
+    ),
+    Habit(
+        "float labels",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=[(h["val"][0], nn.functional.one_hot(h["val"][1], 3).float())], progress=False
+        ),
+        Refused(InputError, "one-hot rows over the 3 classes: pass class indices (N,) instead, e.g. y.argmax(-1)"),
+    ),
+    Habit(
+        "float labels",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1].float())(h["logits_test"]),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0),
+    ),
+    Habit(
+        "float labels",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], nn.functional.one_hot(h["val"][1], 3).float()),
+        Refused(InputError, "one-hot rows over the 3 classes: pass class indices (N,) instead, e.g. y.argmax(-1)"),
+    ),
+    Habit(
+        "float labels",
+        "conformal",
+        lambda h, t: _cp(h, h["logits_val"], h["val"][1].float()),
+        Same(lambda h, t: _cp(h, h["logits_val"], h["val"][1]), 0.0),
+    ),
+    Habit(
+        "float labels",
+        "save",
+        lambda h, t: _saved_and_loaded(_fit(h, form="floats"), h["model"], t),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    # ---- one row without its batch dimension (x[0])
+    Habit("one row", "predict", lambda h, t: _fitted(h).predict(h["test"][0][0]), Refused(InputError, _ONE_ROW)),
+    Habit(
+        "one row",
+        "predict",
+        lambda h, t: _fitted(h, method="laplace", val=False).predict(h["test"][0][0]),
+        Refused(InputError, _ONE_ROW),
+    ),
+    Habit("one row", "predict", lambda h, t: _fitted(h)(h["test"][0][0]), Refused(InputError, _ONE_ROW)),
+    Habit(
+        "one row",
+        "predict",
+        lambda h, t: _fitted(h).predict(h["test"][0][0][None]),
+        Same(lambda h, t: _fitted(h).predict(h["test"][0][:1]), 0.0),
+    ),
+    Habit(
+        "one row",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=DataLoader(Rows(*h["val"]), batch_size=None), progress=False
+        ),
+        Refused(
+            InputError,
+            "the loader yields one example at a time, without a batch dimension (DataLoader(..., batch_size=None)?); give it a batch size",
+        ),
+    ),
+    Habit(
+        "one row",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), DataLoader(Rows(*h["test"]), batch_size=None), progress=False),
+        Refused(InputError, "without a batch dimension (DataLoader(..., batch_size=None)?); give it a batch size"),
+    ),
+    Habit(
+        "one row",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h), DataLoader(Rows(*h["val"]), batch_size=None)),
+        Refused(InputError, "without a batch dimension (DataLoader(..., batch_size=None)?)"),
+    ),
+    Habit(
+        "one row",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"][0], h["val"][1][0]),
+        Refused(InputError, "one example's logits need their batch dimension, logits[None]"),
+    ),
+    Habit(
+        "one row",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"][0]),
+        Refused(InputError, "read as a binary classifier's N logits: pass logits[None]"),
+    ),
+    Habit(
+        "one row",
+        "conformal",
+        lambda h, t: _cp(h, h["logits_val"], h["val"][1]).sets(h["logits_test"][0]),
+        Refused(InputError, "one example: add its batch dimension, values[None]"),
+    ),
+]
+
+HABITS += [
+    # ---- a model left in train mode (timm's and Lightning's models come back from training in it)
+    Habit(
+        "train mode",
+        "wrap",
+        lambda h, t: _still_in_train_mode(h, lambda m: posthoc.wrap(m, method="none").predict(h["test"][0])),
+        Same(lambda h, t: posthoc.wrap(h["model"], method="none").predict(h["test"][0]), 0.0),
+    ),
+    Habit(
+        "train mode",
+        "fit",
+        lambda h, t: _still_in_train_mode(
+            h, lambda m: posthoc.wrap(m, "temperature").fit(_loader(h, "train"), _loader(h, "val"), progress=False)
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    Habit(
+        "train mode",
+        "fit",
+        lambda h, t: _still_in_train_mode(
+            h, lambda m: posthoc.wrap(m, "laplace").fit(_loader(h, "train", batch_size=16), progress=False)
+        ),
+        Same(lambda h, t: _fitted(h, method="laplace", val=False), 1e-6),
+    ),
+    Habit(
+        "train mode",
+        "fit",
+        lambda h, t: _still_in_train_mode(
+            h,
+            lambda m: posthoc.wrap(m, ["none", "dac"]).fit(
+                _loader(h, "train", batch_size=16), _loader(h, "val"), progress=False
+            ),
+        ),
+        Same(lambda h, t: _fitted(h, method=("none", "dac")), 1e-6),
+    ),
+    Habit(
+        "train mode",
+        "predict",
+        lambda h, t: _still_in_train_mode(
+            h,
+            lambda m: posthoc.wrap(m, "mc-dropout", p=0.2, num_samples=4).predict(
+                h["test"][0], generator=torch.Generator().manual_seed(0)
+            ),
+        ),
+        Same(
+            lambda h, t: posthoc.wrap(h["model"], "mc-dropout", p=0.2, num_samples=4).predict(
+                h["test"][0], generator=torch.Generator().manual_seed(0)
+            ),
+            0.0,
+        ),
+    ),
+    Habit(
+        "train mode",
+        "evaluate",
+        lambda h, t: _still_in_train_mode(
+            h, lambda m: posthoc.evaluate(posthoc.wrap(m, method="none"), _loader(h, "test"), progress=False)
+        ),
+        Same(
+            lambda h, t: posthoc.evaluate(posthoc.wrap(h["model"], method="none"), _loader(h, "test"), progress=False),
+            0.0,
+        ),
+    ),
+    Habit(
+        "train mode",
+        "conformal",
+        lambda h, t: _still_in_train_mode(h, lambda m: _cp(h, posthoc.wrap(m, method="none"), _loader(h, "val"))),
+        Same(lambda h, t: _cp(h, posthoc.wrap(h["model"], method="none"), _loader(h, "val")), 0.0),
+    ),
+    Habit(
+        "train mode",
+        "save",
+        lambda h, t: _still_in_train_mode(
+            h,
+            lambda m: _saved_and_loaded(
+                posthoc.wrap(m, "temperature").fit(_loader(h, "train"), _loader(h, "val"), progress=False), m, t
+            ),
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    Habit(
+        "train mode",
+        "load",
+        lambda h, t: _still_in_train_mode(h, lambda m: _saved_and_loaded(_fitted(h), m, t)),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    # ---- a 1-output binary head (BCEWithLogitsLoss's habit): read as the logits [0, z], the twin's outputs
+    Habit(
+        "binary head",
+        "wrap",
+        lambda h, t: posthoc.wrap(h["binary"], method="none").predict(h["test"][0]),
+        Same(lambda h, t: posthoc.wrap(h["twin"], method="none").predict(h["test"][0]), 0.0),
+    ),
+    Habit(
+        "binary head", "fit", lambda h, t: _fitted(h, model="binary"), Same(lambda h, t: _fitted(h, model="twin"), 1e-6)
+    ),
+    Habit(
+        "binary head",
+        "fit",
+        lambda h, t: _fit(h, "binary", "binary_train", "binary_val", form="floats"),
+        Same(lambda h, t: _fitted(h, model="twin"), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "fit",
+        lambda h, t: _fit(h, "binary", "binary_train", None, method="laplace"),
+        Refused(
+            posthoc.ConfigError,
+            "for a binary classifier give the head two outputs [0, z], or use 'temperature' or 'mc-dropout', which "
+            "handle one logit",
+        ),
+    ),
+    Habit(
+        "binary head",
+        "predict",
+        lambda h, t: _fitted(h, model="binary").predict(h["test"][0]),
+        Same(lambda h, t: _fitted(h, model="twin").predict(h["test"][0]), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h, model="binary"), _loader(h, "binary_test"), progress=False),
+        Same(lambda h, t: posthoc.evaluate(_fitted(h, model="twin"), _loader(h, "binary_test"), progress=False), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "calibrate",
+        lambda h, t: _calibrated_binary(h, lambda logits: logits),
+        Same(lambda h, t: _calibrated_binary(h, _two), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "calibrate",
+        lambda h, t: _calibrated_binary(h, lambda logits: logits[:, 0]),
+        Same(lambda h, t: _calibrated_binary(h, _two), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["binary_logits_val"], h["binary_val"][1].float()[:, None], method="platt")(
+            h["binary_logits_test"]
+        ),
+        Same(
+            lambda h, t: posthoc.calibrate(h["binary_logits_val"][:, 0], h["binary_val"][1], method="platt")(
+                h["binary_logits_test"][:, 0]
+            ),
+            0.0,
+        ),
+    ),
+    Habit(
+        "binary head",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h, model="binary"), _loader(h, "binary_val")),
+        Same(lambda h, t: _cp(h, _fitted(h, model="twin"), _loader(h, "binary_val")), 1e-6),
+    ),
+    Habit(
+        "binary head",
+        "conformal",
+        lambda h, t: _cp(h, h["binary_logits_val"], h["binary_val"][1]),
+        Refused(
+            InputError,
+            "got (24, 1) (a binary classifier's one logit z per row: pass the two-class logits "
+            "torch.cat([torch.zeros_like(z), z], 1)",
+        ),
+    ),
+    Habit(
+        "binary head",
+        "save",
+        lambda h, t: _saved_and_loaded(_fitted(h, model="binary"), h["binary"], t),
+        Same(lambda h, t: _fitted(h, model="twin"), 1e-6),
+    ),
+    # ---- labels as strings (a DataFrame's label column)
+    Habit(
+        "string labels",
+        "fit",
+        lambda h, t: _fit(h, form="strings"),
+        Refused(
+            InputError,
+            f"{_STRINGS}; yield numbers: class indices for a classifier (e.g. map names with "
+            "{name: i for i, name in enumerate(class_names)} in the dataset)",
+        ),
+    ),
+    Habit(
+        "string labels",
+        "fit",
+        lambda h, t: _fit(h, form="strings", method="laplace", val=None),
+        Refused(InputError, "are strings (e.g. 'bee'), not numbers"),
+    ),
+    Habit(
+        "string labels",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), _loader(h, "test", "strings"), progress=False),
+        Refused(InputError, f"{_STRINGS}; yield numbers"),
+    ),
+    Habit(
+        "string labels",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h), _loader(h, "val", "strings")),
+        Refused(InputError, _STRINGS),
+    ),
+    Habit(
+        "string labels",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], np.array(Rows.NAMES)[h["val"][1].numpy()]),
+        Refused(
+            InputError,
+            f"{_STRINGS}; pass integer class indices 0..C-1 in the order of the logits' columns, e.g. np.unique(labels, return_inverse=True)[1]",
+        ),
+    ),
+    Habit(
+        "string labels",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], [Rows.NAMES[int(i)] for i in h["val"][1]]),
+        Refused(InputError, _STRINGS),
+    ),
+    Habit(
+        "string labels",
+        "conformal",
+        lambda h, t: _cp(h, h["logits_val"], np.array(Rows.NAMES)[h["val"][1].numpy()]),
+        Refused(InputError, "map them first, e.g. np.unique(labels, return_inverse=True)[1]"),
+    ),
+    Habit(
+        "string labels",
+        "selective",
+        lambda h, t: posthoc.selective(
+            h["logits_val"], [Rows.NAMES[int(i)] for i in h["val"][1]], target_risk=0.5, progress=False
+        ),
+        Refused(InputError, _STRINGS),
+    ),
+    # ---- a validation loader that shuffles (a train loader copied): read once, the same examples on every pass
+    Habit(
+        "shuffled val",
+        "fit",
+        lambda h, t: _fit(h, shuffle=True, shift=None),
+        Same(lambda h, t: _fitted(h, shift=None), 1e-5),
+    ),
+    Habit(
+        "shuffled val",
+        "fit",
+        lambda h, t: _fit(h, shuffle=True, method=["none", "dac"], shift=None),
+        Same(lambda h, t: _fitted(h, method=("none", "dac"), shift=None), 1e-4),
+    ),
+    Habit(
+        "shuffled val",
+        "fit",
+        lambda h, t: _stream_held_out(h, 0, lambda: _fit(h, shuffle=True, shift=None)),
+        Refused(InputError, "the validation loader yields its examples in another order on each pass (shuffle=True?)"),
+    ),
+    # ---- an IterableDataset (a stream without len), and a one-shot generator
+    Habit(
+        "iterable",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            _loader(h, "train"), _streamed(h, "val"), progress=False
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    Habit(
+        "iterable",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "laplace").fit(
+            DataLoader(StreamedRows(*h["train"]), batch_size=16), progress=False
+        ),
+        Same(lambda h, t: _fitted(h, method="laplace", val=False), 0.0),
+    ),
+    Habit(
+        "iterable",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=(batch for batch in _loader(h, "val")), progress=False
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    Habit(
+        "iterable",
+        "save",
+        lambda h, t: _saved_and_loaded(
+            posthoc.wrap(h["model"], "temperature").fit(_loader(h, "train"), _streamed(h, "val"), progress=False),
+            h["model"],
+            t,
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    # ---- loaders that yield lists, triples or named tuples
+    *_fit_rows("lists", "list"),
+    Habit("lists", "fit", lambda h, t: _fit(h, form="triple"), Same(lambda h, t: _fitted(h), 0.0)),
+    Habit(
+        "lists",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(
+            val_loader=[list(b) for b in _loader(h, "val")], progress=False
+        ),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+    Habit("named tuples", "fit", lambda h, t: _fit(h, form="namedtuple"), Same(lambda h, t: _fitted(h), 0.0)),
+    Habit(
+        "named tuples",
+        "fit",
+        lambda h, t: _fit(h, form="namedtuple", method=["none", "dac"]),
+        Same(lambda h, t: _fitted(h, method=("none", "dac")), 0.0),
+    ),
+    Habit(
+        "named tuples",
+        "save",
+        lambda h, t: _saved_and_loaded(_fit(h, form="namedtuple"), h["model"], t),
+        Same(lambda h, t: _fitted(h), 0.0),
+    ),
+]
+
+HABITS += [
+    *_loader_rows("dict batches", lambda h, part: _loader(h, part, "dict-labels")),
+    *_loader_rows("numpy", lambda h, part: _loader(h, part, "numpy")),
+    *_loader_rows("float labels", lambda h, part: _loader(h, part, "floats")),
+    *_loader_rows("shuffled val", lambda h, part: _loader(h, part, shuffle=True), atol=1e-6),
+    *_loader_rows("iterable", _streamed),
+    *_loader_rows("lists", lambda h, part: _loader(h, part, "list")),
+    *_loader_rows("named tuples", lambda h, part: _loader(h, part, "namedtuple")),
+]
+
+#: another device than the inputs (a model moved to the GPU, the batches left on the CPU): needs CUDA
+ON_GPU = [
+    Habit(
+        "another device",
+        "wrap",
+        lambda h, t: posthoc.wrap(_on_gpu(h["model"]), method="none").predict(h["test"][0]),
+        Same(lambda h, t: posthoc.wrap(h["model"], method="none").predict(h["test"][0]), 1e-5),
+    ),
+    Habit(
+        "another device",
+        "fit",
+        lambda h, t: posthoc.wrap(_on_gpu(h["model"]), "temperature").fit(
+            _loader(h, "train"), _loader(h, "val"), progress=False
+        ),
+        Same(lambda h, t: _fitted(h), 1e-4),
+    ),
+    Habit(
+        "another device",
+        "fit",
+        lambda h, t: posthoc.wrap(_on_gpu(h["model"]), "laplace").fit(
+            _loader(h, "train", batch_size=16), progress=False
+        ),
+        Same(lambda h, t: _fitted(h, method="laplace", val=False), 1e-4),
+    ),
+    Habit(
+        "another device",
+        "predict",
+        lambda h, t: _fitted(h).predict(h["test"][0].cuda()),
+        Same(lambda h, t: _fitted(h).predict(h["test"][0]), 0.0),
+    ),
+    Habit(
+        "another device",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(
+            posthoc.wrap(_on_gpu(h["model"]), method="none"), _loader(h, "test"), progress=False
+        ),
+        Same(
+            lambda h, t: posthoc.evaluate(posthoc.wrap(h["model"], method="none"), _loader(h, "test"), progress=False),
+            1e-5,
+        ),
+    ),
+    Habit(
+        "another device",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"].cuda(), h["val"][1])(h["logits_test"]),
+        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 1e-5),
+    ),
+    Habit(
+        "another device",
+        "conformal",
+        lambda h, t: _cp(h, posthoc.wrap(_on_gpu(h["model"]), method="none"), _loader(h, "val")),
+        Same(lambda h, t: _cp(h, posthoc.wrap(h["model"], method="none"), _loader(h, "val")), 1e-5),
+    ),
+    Habit(
+        "another device",
+        "load",
+        lambda h, t: _saved_and_loaded(
+            posthoc.wrap(_on_gpu(h["model"]), "temperature").fit(
+                _loader(h, "train"), _loader(h, "val"), progress=False
+            ),
+            h["model"],
+            t,
+        ),
+        Same(lambda h, t: _fitted(h), 1e-4),
+    ),
+]
+
+
+def _on_gpu(model):
+    import copy
+
+    return copy.deepcopy(model).cuda()
+
+
+def _calibrated_binary(h, shape):
+    """A temperature fitted on the binary head's validation logits, applied to its test logits, both as ``shape`` gives
+    them."""
+    return posthoc.calibrate(shape(h["binary_logits_val"]), h["binary_val"][1])(shape(h["binary_logits_test"]))
+
+
+def _two(logits):
+    """A 1-output head's logits ``(N, 1)`` as the two-class logits ``[0, z]`` it stands for."""
+    return torch.cat([torch.zeros_like(logits), logits], dim=1)
+
+
+class _Jitter:
+    """A transform as torchvision writes them: ``__call__(self, x)``, one input."""
+
+    def __call__(self, x):
+        return x + 0.1
+
+
+def _out_of_range(h, part):
+    """A loader of ``part`` whose labels are shifted past the classes (a label2id that does not match the head)."""
+    x, y = h[part]
+    return DataLoader(TensorDataset(x, y + 2), batch_size=12)
+
+
+HABITS += [
+    # ---- a one-input transform as a fit-time perturbation (torchvision's transforms take one input)
+    Habit(
+        "one-input transform",
+        "fit",
+        lambda h, t: _fit(h, shift=[lambda x: x + 0.1]),
+        Refused(ConfigError, "shift[0] (<lambda>) failed when called as f(x, generator)"),
+    ),
+    Habit(
+        "one-input transform",
+        "fit",
+        lambda h, t: _fit(h, shift=[_Jitter()]),
+        Refused(ConfigError, "shift[0] (_Jitter) failed when called as f(x, generator)"),
+    ),
+    Habit(
+        "one-input transform",
+        "fit",
+        lambda h, t: _fit(h, shift=[lambda x, generator: (x, generator)]),
+        Refused(ConfigError, "returns the perturbed inputs alone. Wrap a one-input transform"),
+    ),
+    Habit(
+        "one-input transform",
+        "fit",
+        lambda h, t: _fit(h, shift=[lambda x, generator: x + 0.0]),
+        Same(lambda h, t: _fit(h, shift=[lambda x, generator: x]), 0.0),
+    ),
+    # ---- labels out of the head's range (a label2id that does not match the model, labels counted from 1)
+    Habit(
+        "labels out of range",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], ["none", "dac"]).fit(
+            _loader(h, "train", batch_size=16), _out_of_range(h, "val"), shift=None, progress=False
+        ),
+        Refused(InputError, "the validation loader's labels must lie in [0, 3) for a model with 3 classes"),
+    ),
+    Habit(
+        "labels out of range",
+        "fit",
+        lambda h, t: posthoc.wrap(h["model"], "temperature").fit(val_loader=_out_of_range(h, "val"), progress=False),
+        Refused(InputError, "labels must lie in [0, 3) for a model with 3 classes; got values from 2 to 4"),
+    ),
+    Habit(
+        "labels out of range",
+        "evaluate",
+        lambda h, t: posthoc.evaluate(_fitted(h), _out_of_range(h, "test"), progress=False),
+        Refused(InputError, "labels must lie in [0, 3) for a model with 3 classes"),
+    ),
+    Habit(
+        "labels out of range",
+        "conformal",
+        lambda h, t: _cp(h, _fitted(h), _out_of_range(h, "val")),
+        Refused(InputError, "labels must lie in [0, 3) for a model with 3 classes"),
+    ),
+    Habit(
+        "labels out of range",
+        "calibrate",
+        lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1] + 1),
+        Refused(InputError, "labels must lie in [0, 3) for a model with 3 classes; got values from 1 to 3"),
+    ),
+]
+
+
+def _check_habit(habit: Habit, h, tmp) -> None:
+    if isinstance(habit.expect, Refused):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            with pytest.raises(habit.expect.error, match=re_escape(habit.expect.says)):
+                habit.call(h, tmp)
+        OUTCOMES[f"first hour: {habit.mistake}: refused"] += 1
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        got = habit.call(h, tmp)
+        want = habit.expect.reference(h, tmp)
+        if habit.expect.kind is not None:
+            assert isinstance(got, habit.expect.kind), f"got a {type(got).__name__}, not a {habit.expect.kind.__name__}"
+        mine, theirs = _numbers(got, h).cpu(), _numbers(want, h).cpu()
+    assert mine.shape == theirs.shape, (mine.shape, theirs.shape)
+    if habit.expect.atol == 0.0:
+        assert torch.equal(mine, theirs), f"not bit-exact: largest difference {(mine - theirs).abs().max():.3g}"
+    else:
+        torch.testing.assert_close(mine, theirs, atol=habit.expect.atol, rtol=0.0)
+    OUTCOMES[f"first hour: {habit.mistake}: works"] += 1
+
+
+@pytest.mark.parametrize(
+    "index", range(len(HABITS)), ids=[f"{habit.mistake}-{habit.entry}-{i}" for i, habit in enumerate(HABITS)]
+)
+def test_a_first_hour_mistake_works_as_the_well_formed_call_or_names_the_fix(first_hour, index, tmp_path):
+    _check_habit(HABITS[index], first_hour, tmp_path)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a model on another device than its inputs needs CUDA")
+@pytest.mark.parametrize(
+    "index", range(len(ON_GPU)), ids=[f"{habit.mistake}-{habit.entry}-{i}" for i, habit in enumerate(ON_GPU)]
+)
+def test_a_model_on_another_device_than_its_inputs_works(first_hour, index, tmp_path):
+    _check_habit(ON_GPU[index], first_hour, tmp_path)
+
+
+def test_the_first_hour_battery_covers_every_habit_and_entry_point():
+    """At least 100 rows on the CPU; every habit of issue 46 is tried, and every entry point it is crossed with."""
+    assert len(HABITS) >= 100, len(HABITS)
+    habits = {habit.mistake for habit in HABITS + ON_GPU}
+    assert habits >= {
+        "tensors",
+        "dict batches",
+        "numpy",
+        "float labels",
+        "one row",
+        "train mode",
+        "another device",
+        "binary head",
+        "string labels",
+        "shuffled val",
+        "iterable",
+        "lists",
+        "named tuples",
+    }
+    entries = {habit.entry for habit in HABITS}
+    assert entries >= {"wrap", "fit", "predict", "evaluate", "calibrate", "conformal", "save", "load"}, entries

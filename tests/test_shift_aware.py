@@ -110,8 +110,12 @@ def test_each_input_gets_its_own_family():
     assert set(perturb.family_for({"pixel_values": torch.randn(2, 3, 8, 8)})) == {"noise", "blur", "impulse"}
     with pytest.raises(InputError, match="shift=None"):
         perturb.family_for(torch.randn(2, 3, 4))
+    # a dict batch of feature vectors (a tabular model's forward(x) fed {"x": ...}) takes feature-noise (issue 46)
+    assert set(perturb.family_for({"x": torch.randn(2, 3), "ids": torch.ones(2, 4, dtype=torch.long)})) == {
+        "feature-noise"
+    }
     with pytest.raises(InputError, match="shift=None"):
-        perturb.family_for({"input_features": torch.randn(2, 3)})
+        perturb.family_for({"input_features": torch.randn(2, 3, 4)})
 
 
 def test_perturbations_keep_shape_and_touch_only_what_they_claim():

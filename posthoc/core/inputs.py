@@ -3,8 +3,9 @@
 Loaders yield ``(x, y)`` pairs (tuples or lists); ``x`` may be a tensor or a dict of tensors
 (passed to the model as keyword arguments: a Hugging Face ``BatchEncoding`` is such a mapping). A
 batch may also be one mapping with the labels under ``"labels"``, as Hugging Face collators yield
-it. The model's output is read by :func:`~posthoc.core.logits.logits_of` (a tensor, or an object
-or mapping with ``logits``, such as a ``transformers`` ``ModelOutput``).
+it, or ``"label"``, as a ``datasets`` column is named: :data:`LABEL_KEYS`). The model's output is read by
+:func:`~posthoc.core.logits.logits_of` (a tensor, or an object or mapping with ``logits``, such as a
+``transformers`` ``ModelOutput``).
 
 Every public entry point that takes data checks it here, so a misuse reads the same everywhere: a
 batch with :func:`check_batch` (a tensor or a dict of tensors, not empty, finite), a loader with
@@ -33,28 +34,45 @@ from posthoc.core.progress import progress_bar
 from posthoc.errors import InputError, NumericalError
 
 Inputs = Tensor | Mapping[str, Tensor]
-#: the key under which a mapping batch (Hugging Face collator style) carries its labels
-LABELS_KEY = "labels"
+#: the keys under which a mapping batch carries its labels: a Hugging Face collator's ``"labels"``, a ``datasets``
+#: column's ``"label"``
+LABEL_KEYS = ("labels", "label")
 
 
 def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Tensor | None]:
     """Return ``(x, y)`` from one batch; ``y`` is ``None`` for unlabelled batches if allowed.
 
-    A mapping batch gives its ``"labels"`` entry as ``y`` and the other entries as ``x``.
+    A mapping batch gives its labels entry (one of :data:`LABEL_KEYS`) as ``y`` and the other entries as ``x``.
 
     Example:
         >>> x, y = split_batch({"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.tensor([0, 1])})
         >>> sorted(x), y.tolist()
         (['input_ids'], [0, 1])
+        >>> split_batch({"x": torch.ones(2, 3), "target": torch.tensor([0, 1])})
+        Traceback (most recent call last):
+        posthoc.errors.InputError: a dict batch carries its labels under 'labels' or 'label'...
     """
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
     if isinstance(batch, (tuple, list)) and len(batch) == 1:
         batch = batch[0]
-    if isinstance(batch, Mapping) and LABELS_KEY in batch:
-        return {k: v for k, v in batch.items() if k != LABELS_KEY}, batch[LABELS_KEY]
+    if isinstance(batch, Mapping):
+        keys = [key for key in LABEL_KEYS if key in batch]
+        if len(keys) > 1:
+            raise InputError(
+                f"a dict batch holds both {keys[0]!r} and {keys[1]!r}: which are the labels? Keep one of "
+                f"{' or '.join(map(repr, LABEL_KEYS))} (drop the other, e.g. dataset.remove_columns)"
+            )
+        if keys:
+            return {k: v for k, v in batch.items() if k != keys[0]}, batch[keys[0]]
     if isinstance(batch, (Tensor, Mapping)):
         if require_labels:
+            if isinstance(batch, Mapping):
+                raise InputError(
+                    f"a dict batch carries its labels under {' or '.join(map(repr, LABEL_KEYS))} (as Hugging Face "
+                    f"collators and datasets name them); got keys {sorted(map(str, batch))}: rename the labels "
+                    "entry to 'labels', or yield (inputs, labels) pairs"
+                )
             raise InputError(
                 "the loader yields inputs without labels; this step needs (x, y) pairs "
                 "(e.g. a DataLoader over a TensorDataset(x, y)) or dict batches with a 'labels' entry"
@@ -67,6 +85,12 @@ def to_device(x: Inputs, device: torch.device | str) -> Inputs:
     """Move a tensor, or every tensor of a dict, to ``device`` (non-blocking)."""
     if isinstance(x, Mapping):
         return {k: v.to(device, non_blocking=True) if isinstance(v, Tensor) else v for k, v in x.items()}
+    if isinstance(x, np.ndarray):
+        raise InputError(
+            "inputs must be a tensor (or a dict of tensors), got a numpy array; convert them where the batches are "
+            "made, e.g. torch.as_tensor(x, dtype=torch.float32), or build the loader with "
+            "DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)"
+        )
     if not isinstance(x, Tensor):
         raise InputError(
             f"inputs must be a tensor (or a dict of tensors), got {type(x).__name__}; yield (x, y) "
@@ -126,11 +150,17 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
         posthoc.errors.InputError: detector.score got an empty batch (0 examples)...
     """
     if not isinstance(x, (Tensor, Mapping)):
-        hint = (
-            ": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
-            if isinstance(x, (list, tuple, np.ndarray))
-            else ""
-        )
+        if isinstance(x, np.ndarray):
+            hint = ": convert it first, e.g. torch.as_tensor(x, dtype=torch.float32)"
+        elif isinstance(x, (list, tuple)):
+            hint = ": stack the examples into one tensor first, e.g. torch.stack(examples) or torch.tensor(rows)"
+        elif isinstance(x, Iterable) and not isinstance(x, (str, bytes)):
+            hint = (
+                ": it takes one batch of inputs; for a loader of (x, y) batches use posthoc.evaluate(um, loader), or "
+                "predict batch by batch: [um.predict(x) for x, y in loader]"
+            )
+        else:
+            hint = ""
         raise InputError(f"{what} takes a tensor (or a dict of tensors), got {type(x).__name__}{hint}")
     count = batch_size(x)
     if count == 0:
@@ -181,6 +211,22 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
     return torch.as_tensor(array)
 
 
+def like_given(result: Any, *given: Any) -> Any:
+    """``result`` (a tensor, or a tuple of them) as numpy arrays when the caller's arrays ``given`` were numpy, else
+    as it is: array in, the same kind of array out (scikit-learn's and netcal's users get numpy back). The values and
+    their dtype are the torch path's, on the CPU.
+
+    Example:
+        >>> type(like_given(torch.ones(2), np.zeros(2))).__name__, type(like_given(torch.ones(2), torch.zeros(2))).__name__
+        ('ndarray', 'Tensor')
+    """
+    if not any(isinstance(value, np.ndarray) for value in given):
+        return result
+    if isinstance(result, tuple):
+        return tuple(like_given(part, *given) for part in result)
+    return result.detach().cpu().numpy() if isinstance(result, Tensor) else result
+
+
 def real_values(values: Any, what: str = "targets") -> Tensor:
     """``values`` as a tensor of real numbers, refusing strings, objects, NaN and inf: what every regression entry
     point (fit, log_prob, cdf, conformal, calibrate) reads targets with.
@@ -220,23 +266,86 @@ def looks_like_loader(data: Any) -> bool:
     return True
 
 
-def check_loader(loader: Any, what: str) -> None:
-    """Refuse, for ``what``, something that is not a loader of batches (a tensor, an array, a dict, a number).
+def loader_fix(data: Any) -> str:
+    """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches.
+
+    Example:
+        >>> loader_fix(np.zeros((4, 3)))
+        'DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)'
+    """
+    values = data if isinstance(data, (list, tuple)) else [data]
+    if any(isinstance(value, np.ndarray) for value in values):
+        return "DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)"
+    return "DataLoader(TensorDataset(x, y), batch_size=256)"
+
+
+def arrays_pair(data: Any) -> bool:
+    """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches.
+
+    Example:
+        >>> arrays_pair((torch.zeros(4, 3), torch.zeros(4))), arrays_pair([(torch.zeros(4, 3), torch.zeros(4))])
+        (True, False)
+    """
+    return (
+        isinstance(data, (list, tuple))
+        and len(data) == 2
+        and all(isinstance(value, (Tensor, np.ndarray)) for value in data)
+    )
+
+
+def check_loader(loader: Any, what: str, *, labelled: bool = True) -> None:
+    """Refuse, for ``what``, something that is not a loader of batches (a tensor, an array, a dict, a number) and,
+    where labels are needed (``labelled``), a pair of arrays ``(x, y)`` passed in a loader's place; both messages give
+    the one line that makes a loader of them.
 
     Example:
         >>> check_loader(torch.zeros(4, 3), "evaluate")
         Traceback (most recent call last):
         posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor...
+        >>> check_loader((torch.zeros(4, 3), torch.zeros(4)), "evaluate")
+        Traceback (most recent call last):
+        posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a tuple of two arrays (x, y)...
     """
+    if labelled and arrays_pair(loader):
+        raise InputError(
+            f"{what} takes a loader of (x, y) batches, got a {type(loader).__name__} of two arrays (x, y); wrap them "
+            f"in a DataLoader: {loader_fix(loader)}"
+        )
     if isinstance(loader, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(loader, Iterable):
         raise InputError(
             f"{what} takes a loader of (x, y) batches, got a {type(loader).__name__}; wrap tensors in one, e.g. "
-            "DataLoader(TensorDataset(x, y), batch_size=256), or pass a list of (x, y) pairs"
+            f"{loader_fix(loader)}, or pass a list of (x, y) pairs"
         )
+
+
+def check_fit_loaders(train_loader: Any, val_loader: Any, what: str = "um.fit") -> None:
+    """Refuse arrays passed to ``fit`` in the loaders' place (``um.fit(x, y)``, ``um.fit((x, y))``), with the line
+    that makes a loader of them, before any method reads them (``None`` stays: a method says what it needs).
+
+    Example:
+        >>> check_fit_loaders(torch.zeros(4, 3), torch.zeros(4))
+        Traceback (most recent call last):
+        posthoc.errors.InputError: um.fit takes loaders, um.fit(train_loader, val_loader), got two arrays...
+    """
+    arrays = (Tensor, np.ndarray)
+    if isinstance(train_loader, arrays) and isinstance(val_loader, arrays):
+        raise InputError(
+            f"{what} takes loaders, {what}(train_loader, val_loader), got two arrays (x, y); wrap them in a "
+            f"DataLoader: {what}({loader_fix([train_loader, val_loader])})"
+        )
+    for name, loader in (("train_loader", train_loader), ("val_loader", val_loader)):
+        if loader is not None:
+            check_loader(loader, f"{what} ({name})")
 
 
 def check_label_count(count: int, y: Tensor, where: str) -> None:
     """Refuse labels ``y`` that are not one per input of a batch of ``count`` examples (``where`` names the batch)."""
+    if y.dim() == 0 and count > 1:
+        raise InputError(
+            f"{where} holds one label (a 0-d tensor) beside inputs whose first dimension is {count}: the loader "
+            "yields one example at a time, without a batch dimension (DataLoader(..., batch_size=None)?); give it a "
+            "batch size, e.g. DataLoader(dataset, batch_size=256)"
+        )
     labels = y.shape[0] if y.dim() else 1
     if labels != count:
         raise InputError(
@@ -290,20 +399,33 @@ def check_attention(x: Inputs) -> None:
         )
 
 
-def check_labels(y: Tensor, num_classes: int) -> Tensor:
-    """Validate class labels ``y`` against ``num_classes`` and return them as int64."""
+def check_labels(y: Tensor, num_classes: int, *, where: str = "") -> Tensor:
+    """Validate class labels ``y`` against ``num_classes`` and return them as int64 (``where`` names whose labels, e.g.
+    ``"the validation loader's"``).
+
+    Example:
+        >>> check_labels(torch.tensor([0, 3]), 3, where="the validation loader's")
+        Traceback (most recent call last):
+        posthoc.errors.InputError: the validation loader's labels must lie in [0, 3) for a model with 3 classes; ...
+    """
+    whose = f"{where} labels" if where else "labels"
     y = as_tensor(y, "labels", numbers=True)
     if y.is_floating_point() or y.is_complex():
         if y.numel() and not torch.equal(y, y.round()):
             raise InputError(
-                "labels are not whole numbers: this looks like regression targets, but the "
+                f"{whose} are not whole numbers: this looks like regression targets, but the "
                 "model is wrapped as a classifier; pass integer class indices in [0, C), or wrap a model that "
                 "predicts numbers with posthoc.wrap(..., likelihood='regression')"
             )
+    if y.dim() == 2 and y.shape[1] > 1 and y.shape[1] == num_classes and bool(((y == 0) | (y == 1)).all()):
+        raise InputError(
+            f"{whose} have shape {tuple(y.shape)}, one-hot rows over the {num_classes} classes: pass class indices "
+            "(N,) instead, e.g. y.argmax(-1)"
+        )
     y = y.long().reshape(-1)
     if y.numel() and (y.min() < 0 or y.max() >= num_classes):
         raise InputError(
-            f"labels must lie in [0, {num_classes}) for a model with {num_classes} classes; "
+            f"{whose} must lie in [0, {num_classes}) for a model with {num_classes} classes; "
             f"got values from {int(y.min())} to {int(y.max())}. Pass label ids the model was trained on "
             "(for a Hugging Face model: its config.num_labels / label2id)"
         )
@@ -312,7 +434,14 @@ def check_labels(y: Tensor, num_classes: int) -> Tensor:
 
 def run_model(model: nn.Module, x: Inputs) -> Tensor:
     """The logits ``model`` returns for ``x`` (keyword arguments for a dict; a ``ModelOutput`` is read through
-    ``.logits``); shape/dtype failures become :class:`InputError`."""
+    ``.logits``); shape/dtype failures become :class:`InputError`, which names a float dtype that differs from the
+    model's weights (numpy's float64) and the batch dimension.
+
+    Example:
+        >>> run_model(nn.Linear(3, 2), torch.zeros(4, 3, dtype=torch.float64))
+        Traceback (most recent call last):
+        posthoc.errors.InputError: the model failed on inputs with shape (4, 3), dtype torch.float64: ...
+    """
     try:
         out = model(**x) if isinstance(x, Mapping) else model(x)
     except (RuntimeError, TypeError, ValueError, IndexError) as err:
@@ -322,10 +451,67 @@ def run_model(model: nn.Module, x: Inputs) -> Tensor:
             else f"shape {tuple(x.shape)}, dtype {x.dtype}"
         )
         raise InputError(
-            f"the model failed on inputs with {described}: {err}. Pass inputs shaped and typed "
-            "like the model's training data (same channels, size and float dtype)"
+            f"the model failed on inputs with {described}: {err}. {_dtype_hint(model, x)}{_labels_hint(x)}"
+            "Pass inputs shaped and "
+            "typed like the model's training data: the batch dimension first (one example x: x[None]), the same "
+            "channels, size and float dtype"
         ) from err
     return logits_of(out)
+
+
+def _dtype_hint(model: Any, x: Inputs) -> str:
+    """A sentence naming inputs of another float dtype than the model's weights (numpy arrays are float64), or ''."""
+    weights = (
+        next((p for p in model.parameters() if p.is_floating_point()), None) if isinstance(model, nn.Module) else None
+    )
+    tensors = x.values() if isinstance(x, Mapping) else [x]
+    given = {v.dtype for v in tensors if isinstance(v, Tensor) and v.is_floating_point()}
+    if weights is None or not given or given == {weights.dtype}:
+        return ""
+    names = ", ".join(sorted(str(d).replace("torch.", "") for d in given))
+    return (
+        f"The inputs are {names} but the model's weights are {str(weights.dtype).replace('torch.', '')} (numpy "
+        f"arrays are float64): convert them, e.g. x.to({weights.dtype}) or torch.as_tensor(x, dtype={weights.dtype}). "
+    )
+
+
+def _labels_hint(x: Inputs) -> str:
+    """A sentence naming a labels entry left in a dict of inputs (the model gets it as a keyword), or ''."""
+    keys = [key for key in LABEL_KEYS if isinstance(x, Mapping) and key in x]
+    if not keys:
+        return ""
+    return (
+        f"The inputs hold {keys[0]!r}, which the model gets as a keyword argument: pass the inputs alone, e.g. "
+        f"{{k: v for k, v in batch.items() if k != {keys[0]!r}}}. "
+    )
+
+
+def unbatched_message(x: Any, what: str) -> str | None:
+    """For a 1-D tensor that the model could not take as a batch: the message that it looks like one example without
+    its batch dimension, with the fix; ``None`` for other inputs.
+
+    Example:
+        >>> unbatched_message(torch.zeros(30), "um.predict")
+        'um.predict takes a batch of examples, batch dimension first; got a 1-D tensor of shape (30,)...'
+    """
+    if not isinstance(x, Tensor) or x.dim() != 1:
+        return None
+    return (
+        f"{what} takes a batch of examples, batch dimension first; got a 1-D tensor of shape {tuple(x.shape)}, which "
+        f"the model cannot take as {x.shape[0]} examples. For one example, add its batch dimension: "
+        f"{what}(x[None]) (or x.unsqueeze(0))"
+    )
+
+
+def check_rows_out(out: Tensor, x: Inputs, what: str) -> None:
+    """Refuse ``out`` (a model's per-example result for ``x``) that does not hold one row per example of ``x``."""
+    count = batch_size(x)
+    if out.dim() == 0 or out.shape[0] != count:
+        raise InputError(
+            f"{what} got {count} examples but the model returned outputs of shape {tuple(out.shape)}, not one row per "
+            "example; pass a batch shaped like the model's training data, batch dimension first (one example x: "
+            "x[None])"
+        )
 
 
 def run_model_with(model: nn.Module, replaced: Mapping[str, Tensor], x: Inputs) -> Tensor:
@@ -347,7 +533,7 @@ def iterate(
     Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
     """
     where = f"the loader for '{desc or 'this step'}'"
-    check_loader(loader, where)
+    check_loader(loader, where, labelled=require_labels)
     distributed.check_loader(loader)
     try:
         total = len(loader)  # type: ignore[arg-type]
@@ -373,7 +559,10 @@ def iterate(
                 y,
                 f"y of batch {seen} (0-based) of {where}",
                 numbers=True,
-                hint="yield numbers: class indices for a classifier, real values for a regressor",
+                hint=(
+                    "yield numbers: class indices for a classifier (e.g. map names with "
+                    "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
+                ),
             )
             check_label_count(count, y, f"batch {seen} (0-based) of {where}")
         seen += 1

@@ -275,7 +275,11 @@ def _graded(
             lp = log_probs(perturb(x))
             classes = lp.shape[-1]
             counts += torch.tensor(
-                [float((lp.argmax(-1) == check_labels(y, classes)).sum()), float(y.shape[0])], dtype=torch.float64
+                [
+                    float((lp.argmax(-1) == check_labels(y, classes, where="the validation loader's")).sum()),
+                    float(y.shape[0]),
+                ],
+                dtype=torch.float64,
             )
         counts = distributed.all_reduce_sum(counts) if distributed.active() else counts
         return float(counts[0] / counts[1]), classes
@@ -530,6 +534,8 @@ class HeldOut:
         with eval_mode(model), torch.no_grad():
             if self.likelihood.prediction_type is Prediction:
                 held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
+                log_probs, labels = held.plain_outputs[:2]
+                check_labels(labels, log_probs.shape[-1], where="the validation loader's")
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])

@@ -12,7 +12,9 @@ Each family here suits one kind of input and never uses a kind that the shift ha
   normalised inputs need no normalisation constants.
 - token ids (a dict with ``input_ids``, or an integer tensor): ``token-replace``, a fraction of the
   positions that the attention mask keeps replaced by ids drawn from the batch's own tokens.
-- feature vectors ``(N, D)``: ``feature-noise``, Gaussian noise in units of each feature's std.
+- feature vectors ``(N, D)``: ``feature-noise``, Gaussian noise in units of each feature's std; also a dict
+  batch of them (``{"x": (N, D), ...}``, passed to the model as keyword arguments), each floating-point ``(N, D)``
+  entry perturbed alike and the others (integer codes, masks) left as they are.
 
 Strengths are graded per model (:func:`grade`): for each kind, the parameter at which the model's
 accuracy on the held-out examples falls a given fraction of the way from its clean accuracy to
@@ -96,7 +98,20 @@ def token_replace(x: Inputs, strength: float, generator: torch.Generator) -> Inp
 
 
 def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
-    """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j``."""
+    """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j``; a dict's floating-point
+    ``(N, D)`` entries each so (its other entries unchanged).
+
+    Example:
+        >>> out = feature_noise({"x": torch.randn(4, 3), "ids": torch.ones(4, 2, dtype=torch.long)}, 0.5,
+        ...                     torch.Generator())
+        >>> sorted(out), out["ids"].sum().item()
+        (['ids', 'x'], 8)
+    """
+    if isinstance(x, Mapping):
+        return {
+            key: feature_noise(value, strength, generator) if key in feature_keys(x) else value
+            for key, value in x.items()
+        }
     std = (
         x.float().std(dim=0, keepdim=True).nan_to_num(0.0).clamp_min(1e-12)
         if x.shape[0] > 1
@@ -104,6 +119,22 @@ def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inp
     )
     noise = torch.randn(x.shape, generator=generator, device=x.device)
     return (x.float() + strength * std * noise).to(x.dtype)
+
+
+def feature_keys(x: Inputs) -> list[str]:
+    """The entries of a dict batch that hold feature vectors: its floating-point ``(N, D)`` tensors, when it holds no
+    other floating-point tensor (an image or a sequence of embeddings is not a feature vector); else none.
+
+    Example:
+        >>> feature_keys({"x": torch.randn(4, 3), "mask": torch.ones(4, 3, dtype=torch.bool)})
+        ['x']
+    """
+    if not isinstance(x, Mapping):
+        return []
+    floats = [key for key, value in x.items() if isinstance(value, Tensor) and value.is_floating_point()]
+    if floats and all(x[key].dim() == 2 for key in floats):
+        return floats
+    return []
 
 
 @dataclass(frozen=True)
@@ -156,6 +187,8 @@ def input_layout(x: Inputs) -> tuple[str, str]:
 def _suited(x: Inputs) -> tuple[str, dict[str, Kind]]:
     """What inputs like ``x`` are (in words) and the fit-time kinds that suit them (none for other layouts)."""
     layout, what = input_layout(x)
+    if layout == OTHER and feature_keys(x):
+        return f"feature vectors in a dict ({', '.join(map(repr, feature_keys(x)))})", FEATURE_KINDS
     return what, {IMAGES: IMAGE_KINDS, TOKEN_IDS: TOKEN_KINDS, FEATURES: FEATURE_KINDS}.get(layout, {})
 
 
@@ -165,12 +198,16 @@ def family_for(x: Inputs) -> dict[str, Kind]:
     Example:
         >>> list(family_for({"input_ids": torch.ones(2, 5, dtype=torch.long)}))
         ['token-replace']
+        >>> list(family_for({"x": torch.randn(2, 5)}))
+        ['feature-noise']
     """
     what, kinds = _suited(x)
     if not kinds:
         raise InputError(
-            f"shift='auto' knows images (N, C, H, W) or a dict with '{PIXELS}', token ids (or a dict with "
-            f"'{TOKENS}') and feature vectors (N, D), got {what}; pass shift=[callable, ...] or shift=None"
+            f"shift='auto' (the default of um.fit) perturbs copies of the validation batches to choose under shift, "
+            f"and knows images (N, C, H, W) or a dict with '{PIXELS}', token ids (or a dict with '{TOKENS}') and "
+            f"feature vectors (N, D) (or a dict of them); got {what}. Pass um.fit(..., shift=None) to choose on the "
+            "clean batches, or shift=[f] with f(x, generator) -> x perturbing your inputs"
         )
     return kinds
 
@@ -203,20 +240,38 @@ def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
 def user_perturbation(
     perturb: Callable[[Inputs, torch.Generator], Inputs], position: int
 ) -> Callable[[Inputs, torch.Generator], Inputs]:
-    """A user's ``shift=`` callable (entry ``position`` of the list), checked on every call: it must return inputs of
-    the kind and shape it was given (one perturbed copy per example), which the held-out choice mixes example by
-    example; a callable that does not is named.
+    """A user's ``shift=`` callable (entry ``position`` of the list), checked on every call: it is called as
+    ``f(x, generator)`` (a callable that cannot be, such as ``lambda x: ...``, is named with that signature) and must
+    return inputs of the kind and shape it was given (one perturbed copy per example), which the held-out choice mixes
+    example by example; a callable that does not is named.
 
     Example:
         >>> crop = user_perturbation(lambda x, generator: x[:, :2], 0)
         >>> crop(torch.zeros(4, 3), torch.Generator())
         Traceback (most recent call last):
         posthoc.errors.InputError: shift[0] (<lambda>) returned inputs of shape (4, 2) for inputs of shape (4, 3)...
+        >>> user_perturbation(lambda x: x, 0)(torch.zeros(4, 3), torch.Generator())
+        Traceback (most recent call last):
+        posthoc.errors.ConfigError: shift[0] (<lambda>) failed when called as f(x, generator): ...
     """
     name = f"shift[{position}] ({getattr(perturb, '__name__', type(perturb).__name__)})"
 
     def checked(x: Inputs, generator: torch.Generator) -> Inputs:
-        return same_layout(perturb(x, generator), x, name, "a fit-time perturbation", "perturbed")
+        try:
+            out = perturb(x, generator)
+        except TypeError as err:
+            raise ConfigError(
+                f"{name} failed when called as f(x, generator): {err}. A fit-time perturbation takes the inputs and a "
+                "torch.Generator and returns perturbed inputs of the same shape, e.g. shift=[lambda x, generator: "
+                "x + 0.1 * torch.randn(x.shape, generator=generator, device=x.device)]"
+            ) from err
+        if isinstance(out, (tuple, list)):  # a torchvision v2 transform called with two inputs returns both
+            raise ConfigError(
+                f"{name} returned a {type(out).__name__} when called as f(x, generator); a fit-time perturbation "
+                "returns the perturbed inputs alone. Wrap a one-input transform: shift=[lambda x, generator: "
+                "transform(x)]"
+            )
+        return same_layout(out, x, name, "a fit-time perturbation", "perturbed")
 
     return checked
 

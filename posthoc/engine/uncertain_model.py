@@ -37,7 +37,17 @@ from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import budget_scope, rows_per_chunk
 from posthoc.core.exporters import exporter
 from posthoc.core.fit_record import FitRecord, counting, examples
-from posthoc.core.inputs import Inputs, check_attention, check_batch, check_finite, slice_inputs, to_device
+from posthoc.core.inputs import (
+    Inputs,
+    check_attention,
+    check_batch,
+    check_finite,
+    check_fit_loaders,
+    check_rows_out,
+    slice_inputs,
+    to_device,
+    unbatched_message,
+)
 from posthoc.core.likelihood import Likelihood
 from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
@@ -145,6 +155,7 @@ class UncertainModel(nn.Module):
             >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
             'uncalibrated'
         """
+        check_fit_loaders(train_loader, val_loader)
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
         tolerance = Tolerance.of(tolerance)
@@ -320,17 +331,20 @@ class UncertainModel(nn.Module):
         check_generator(generator)
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory) or self.run.max_memory)
-        total = check_batch(x, "predict", values=False)
+        total = check_batch(x, "um.predict", values=False)
         device = self.method.follow_model_device()  # read once per call: each chunk goes there
-        if self.likelihood.prediction_type is RegressionPrediction:
-            with budget_scope(budget):
-                return self._predict_regression(
-                    x, total, chunk_size, keep_samples, device, {"num_samples": num_samples, "generator": generator}
-                )
-        with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
-            return self._predict_classes(
-                x, total, chunk_size, keep_samples, budget, device, {"num_samples": num_samples, "generator": generator}
-            )
+        options = {"num_samples": num_samples, "generator": generator}
+        try:
+            if self.likelihood.prediction_type is RegressionPrediction:
+                with budget_scope(budget):
+                    return self._predict_regression(x, total, chunk_size, keep_samples, device, options)
+            with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
+                return self._predict_classes(x, total, chunk_size, keep_samples, budget, device, options)
+        except InputError as err:
+            unbatched = unbatched_message(x, "um.predict")
+            if unbatched is None:
+                raise
+            raise InputError(f"{unbatched} ({err})") from err
 
     def _predict_classes(
         self,
@@ -367,6 +381,7 @@ class UncertainModel(nn.Module):
             check_finite(part)
             with eval_mode(self.method, self._served()):
                 prediction = self.method.regression_predictive(part, **options)
+            check_rows_out(prediction.mean, part, "um.predict")
             if torch.isnan(prediction.variance).any() or torch.isnan(prediction.mean).any():
                 raise NumericalError(
                     "the predictive produced NaN; the model's outputs are not finite for these inputs "
@@ -382,6 +397,7 @@ class UncertainModel(nn.Module):
         check_attention(x)
         with eval_mode(self.method, self._served()):
             log_probs, samples = self.method.log_predictive(x, **options)
+        check_rows_out(log_probs, x, "um.predict")
         elements = log_probs.numel() + (0 if samples is None else samples.numel())
         with small_dense_work(elements, log_probs.device):
             if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer, probability
-from posthoc.core.inputs import Inputs
+from posthoc.core.inputs import Inputs, like_given
 from posthoc.core.prediction import Prediction
 from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
@@ -82,7 +82,7 @@ class ConformalPredictor:
 
     def sets(self, data: Any) -> Tensor:
         """Boolean prediction sets ``(N, C)`` for probabilities/logits (as at calibration), a
-        :class:`Prediction`, or model inputs (when calibrated on a wrapped model).
+        :class:`Prediction`, or model inputs (when calibrated on a wrapped model); a numpy array for a numpy array.
 
         Example:
             >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)
@@ -90,7 +90,7 @@ class ConformalPredictor:
             tensor(True)
         """
         probs = self.predictive(data).probs
-        return self.score(probs) <= self.threshold.to(probs.device)
+        return like_given(self.score(probs) <= self.threshold.to(probs.device), data)
 
     def predict(self, x: Inputs) -> Prediction:
         """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled.

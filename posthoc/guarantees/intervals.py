@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import one_of, probability
+from posthoc.core.inputs import like_given
 from posthoc.errors import InputError
 from posthoc.guarantees.bounds import conformal_threshold
 
@@ -90,7 +91,9 @@ class ConformalIntervals:
         lower: Tensor | None = None,
         upper: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
-        """``(lower, upper)``, each ``(N, D)``, for test predictions of the kind calibrated on."""
+        """``(lower, upper)``, each ``(N, D)``, for test predictions of the kind calibrated on (numpy arrays for numpy
+        predictions)."""
+        given = (mean, std, lower, upper)
         mean, std, lower, upper = (
             _columns(v, name) for v, name in ((mean, "mean"), (std, "std"), (lower, "lower"), (upper, "upper"))
         )
@@ -102,21 +105,21 @@ class ConformalIntervals:
                     f"{values.shape[1]}; each output has its own threshold, so pass predictions of the "
                     "outputs calibrated on (or calibrate on this model's outputs)"
                 )
-        given = _score_for(mean, std, lower, upper)
-        if self.score == "absolute" and given == "normalized":  # calibrated with score="absolute": std unused
-            given = "absolute"
-        if given != self.score:
+        kind = _score_for(mean, std, lower, upper)
+        if self.score == "absolute" and kind == "normalized":  # calibrated with score="absolute": std unused
+            kind = "absolute"
+        if kind != self.score:
             raise InputError(
                 f"these intervals were calibrated with the {self.score!r} score but got the predictions "
-                f"of the {given!r} score; pass what calibration got"
+                f"of the {kind!r} score; pass what calibration got"
             )
         width = self.threshold
         if self.score == "cqr":
-            return lower - width, upper + width
+            return like_given((lower - width, upper + width), *given)
         if self.score == "normalized":
             _positive(std)
             width = width * std
-        return mean - width, mean + width
+        return like_given((mean - width, mean + width), *given)
 
 
 def _positive(std: Tensor) -> None:

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer, known_name, probability
+from posthoc.core.inputs import like_given
 from posthoc.core.prediction import Prediction
 from posthoc.errors import ConfigError
 from posthoc.guarantees.bounds import binomial_upper_bound
@@ -128,7 +129,10 @@ class SelectivePredictor:
         return self.predictive.model
 
     def scores(self, data: Any) -> Tensor:
-        """The selection score ``(N,)`` of probabilities/logits, a Prediction, or model inputs."""
+        """The selection score ``(N,)`` of probabilities/logits, a Prediction, or model inputs (numpy for numpy)."""
+        return like_given(self._scores(data), data)
+
+    def _scores(self, data: Any) -> Tensor:
         if self.score == "epistemic" and self.predictive.kind != "model" and not isinstance(data, Prediction):
             raise ConfigError(
                 "score='epistemic' reads the epistemic part of a Prediction: pass um.predict(x), "
@@ -137,7 +141,7 @@ class SelectivePredictor:
         return selection_score(self.predictive(data), self.score)
 
     def accept(self, data: Any) -> Tensor:
-        """Boolean ``(N,)``: ``True`` = predict, ``False`` = defer (to a human, a bigger model, ...).
+        """Boolean ``(N,)``: ``True`` = predict, ``False`` = defer (to a human, a bigger model, ...); numpy for numpy.
 
         Example:
             >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.2)
@@ -145,7 +149,7 @@ class SelectivePredictor:
             >>> 0 < 1 - keep.float().mean() < 1       # deferral rate
             tensor(True)
         """
-        return self.scores(data) >= self.threshold
+        return like_given(self._scores(data) >= self.threshold, data)
 
     def __repr__(self) -> str:
         return (

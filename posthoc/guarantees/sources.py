@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import one_of
-from posthoc.core.inputs import as_tensor, check_labels, looks_like_loader
+from posthoc.core.inputs import arrays_pair, as_tensor, check_labels, loader_fix, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
 from posthoc.core.prediction import Prediction
 from posthoc.engine.predictions import predict_loader
@@ -53,7 +53,17 @@ def as_float_tensor(values: Any, what: str) -> Tensor:
     if not isinstance(values, Tensor):
         raise InputError(f"{what} must be a tensor, a numpy array or a posthoc.Prediction, got {type(values).__name__}")
     if values.dim() != 2 or values.shape[1] < 2:
-        raise InputError(f"{what} must have shape (N, C) with C >= 2 classes, got {tuple(values.shape)}")
+        one = (
+            " (one example: add its batch dimension, values[None])"
+            if values.dim() == 1
+            else (
+                " (a binary classifier's one logit z per row: pass the two-class logits torch.cat([torch.zeros_like(z), "
+                "z], 1), or its probabilities)"
+                if values.dim() == 2 and values.shape[1] == 1
+                else ""
+            )
+        )
+        raise InputError(f"{what} must have shape (N, C) with C >= 2 classes, got {tuple(values.shape)}{one}")
     if values.shape[0] == 0:
         raise InputError(f"{what} hold no examples (shape {tuple(values.shape)})")
     values = values.detach().double().cpu()
@@ -151,10 +161,12 @@ def calibration_predictions(
         if inputs != "auto":
             raise ConfigError("inputs= describes arrays of probabilities or logits; leave it out for a wrapped model")
         if not looks_like_loader(labels):
+            arrays = arrays_pair(labels) or isinstance(labels, (Tensor, np.ndarray))
             raise InputError(
                 f"with a wrapped model, calibration takes a loader of (x, y) batches (a labelled calibration "
                 f"loader: a DataLoader or a list of (x, y) pairs), not {type(labels).__name__} labels, e.g. "
                 "posthoc.conformal(um, calibration_loader)"
+                + (f"; wrap arrays x, y in a DataLoader: {loader_fix(labels)}" if arrays else "")
             )
         generator = torch.Generator(device=source.device).manual_seed(seed)
         pred, targets = predict_loader(source, labels, progress=progress, generator=generator, desc=desc)

@@ -15,7 +15,10 @@ The predictive is the mixture over ``M`` modes x ``S`` noise draws, samples ``(M
 runs once up to its first BatchNorm layer and the rest on all ``S`` draws at once
 (:class:`~posthoc.engine.suffix.SuffixRunner`), in chunks under the memory budget. The noise at prediction is
 ``scale * α``; ``scale`` is chosen on ``val_loader`` by the selection step among the plain model, the modes without
-noise (0) and :data:`SCALES`, so that ABNN is not worse than the checkpoint beyond the held-out tolerance.
+noise (0) and :data:`SCALES`, so that ABNN is not worse than the checkpoint beyond the held-out tolerance: the fine-tuned
+modes are a candidate against the checkpoint itself. That choice is the default, so the default needs held-out data:
+``fit(train_loader)`` alone is refused unless ``scale=`` is given (it kept scale 1 unchecked, and modes fine-tuned on
+training data unlike the deployment's are far worse than the checkpoint: ``tests/test_abnn.py``).
 
 Differences from torch-uncertainty's ``ABNN``: the checkpoint itself is not one of the modes (its
 ``use_original_model=True``; the paper's ensemble is the ``M`` fine-tuned modes); every BatchNorm layer with
@@ -24,7 +27,7 @@ method's ``seed``.
 
 Example:
     >>> bn_model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).eval()
-    >>> um = posthoc.wrap(bn_model, method="abnn", modes=2, num_samples=3).fit(train_loader, epochs=1)
+    >>> um = posthoc.wrap(bn_model, method="abnn", modes=2, num_samples=3).fit(train_loader, val_loader, epochs=1)
     >>> um.predict(x).samples.shape          # M x S samples
     torch.Size([6, 8, 3])
 """
@@ -49,7 +52,7 @@ from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.private_weights import PrivateWeights, sample_names, unflatten
 from posthoc.engine.suffix import SuffixRunner
-from posthoc.errors import ConfigError
+from posthoc.errors import ConfigError, InputError
 from posthoc.methods.abnn.layers import noisy
 from posthoc.methods.abnn.loss import abnn_loss, random_class_weights
 
@@ -87,7 +90,7 @@ class ABNN(Method):
         alpha: ``α``, the standard deviation of the multiplicative noise of the Bayesian normalisation layers [0.1].
         random_prior: the weight of the ``⌊√C⌋`` classes each mode favours in its loss (1: no class weights) [2].
         scale: the noise at prediction is ``scale * α``; ``None``: chosen on ``fit``'s ``val_loader`` (plain model,
-            0, :data:`SCALES`), else 1.
+            0, :data:`SCALES`), which ``fit`` then needs.
         seed: seeds the class weights, the fine-tunes' noise and their loader order.
 
     Fit options: ``epochs`` (per mode, 2), ``lr`` (SGD's initial learning rate, 1e-3), ``momentum`` (Nesterov, 0.9),
@@ -133,6 +136,10 @@ class ABNN(Method):
         self.runner = SuffixRunner(self._under, f"net.{self.layer_names[0]}")
         self.__dict__["_names"] = None
 
+    @property
+    def needs_val(self) -> bool:  # type: ignore[override]  # scale=None is chosen on val_loader
+        return self.scale_option is None
+
     # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
@@ -150,6 +157,8 @@ class ABNN(Method):
         options: FitOptions | None = None,
     ) -> None:
         """Fine-tune the ``M`` modes from the checkpoint, one after the other (see module docs)."""
+        if train_loader is None:
+            raise InputError("'abnn' fine-tunes its modes on the training data: call um.fit(train_loader, val_loader)")
         options = options or self.FitOptions()
         epochs, lr, momentum, weight_decay = options.epochs, options.lr, options.momentum, options.weight_decay
         positive_int(epochs, "epochs")

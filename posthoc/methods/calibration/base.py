@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.exporters import exporter
-from posthoc.core.inputs import as_tensor, check_labels
+from posthoc.core.inputs import as_tensor, check_labels, like_given
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.engine.runner import small_fit
@@ -55,9 +55,17 @@ def held_out_logits(logits: Any, labels: Any, *, samples: bool = True) -> tuple[
         >>> logits.shape, labels.dtype
         (torch.Size([2, 2]), torch.int64)
     """
-    logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels")
+    logits, labels = as_tensor(logits, "logits"), as_tensor(labels, "labels", numbers=True)
+    if labels.dim() == 0:
+        raise InputError(
+            f"labels is one number, not one label per example; pass held-out logits (N, C) and labels (N,) (logits of "
+            f"shape {tuple(logits.shape)} here: one example's logits need their batch dimension, logits[None], and a "
+            "calibrator needs many examples)"
+        )
     if logits.dim() < 3 or not samples:
         logits = as_class_logits(logits)
+    if labels.dim() == 2 and labels.shape[1] > 1:  # one-hot rows are refused by name before their count is
+        check_labels(labels, logits.shape[-1])
     if logits.shape[-2] != labels.reshape(-1).shape[0]:
         raise InputError(
             f"logits and labels have different lengths ({logits.shape[-2]} vs {labels.reshape(-1).shape[0]}); "
@@ -199,7 +207,9 @@ class Calibrator(CalibratorOptions, nn.Module):
         if expected and logits.shape[-1] != expected:
             raise InputError(
                 f"this '{self.chosen_name}' calibrator was fitted on {expected} classes but got logits with "
-                f"{logits.shape[-1]}; pass logits of the classifier it was fitted for"
+                f"{logits.shape[-1]}; pass logits of the classifier it was fitted for, rows (N, {expected}) (one "
+                "example's logits without their batch dimension read as a binary classifier's N logits: pass "
+                "logits[None])"
             )
         if bool(self.passthrough):
             return torch.log_softmax(logits, -1)
@@ -218,13 +228,19 @@ class Calibrator(CalibratorOptions, nn.Module):
         return self.transform(predictive(torch.log_softmax(logits, -1)))
 
     def log_probs(self, logits: Any) -> Tensor:
-        """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` for a binary classifier).
+        """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` for a binary classifier): a
+        numpy array for numpy logits, a tensor for a tensor.
 
         Example:
             >>> calibrator = posthoc.calibrate(logits, labels)
             >>> calibrator.log_probs(test_logits).exp().sum(-1)
             tensor([1.0000, 1.0000, ...])
+            >>> type(calibrator.log_probs(test_logits.numpy())).__name__
+            'ndarray'
         """
+        return like_given(self._log_probs(logits), logits)
+
+    def _log_probs(self, logits: Any) -> Tensor:
         logits = as_tensor(logits, "logits")
         check_finite_logits(logits)
         check_not_probabilities(logits)
@@ -234,12 +250,13 @@ class Calibrator(CalibratorOptions, nn.Module):
         return self.transform(logits.to(device))
 
     def predict(self, logits: Any) -> Prediction:
-        """The calibrated :class:`~posthoc.Prediction` for ``logits``."""
-        return Prediction.from_log_probs(self.log_probs(logits))
+        """The calibrated :class:`~posthoc.Prediction` for ``logits`` (its fields are tensors, for numpy logits too:
+        ``.numpy()`` any of them)."""
+        return Prediction.from_log_probs(self._log_probs(logits))
 
     def forward(self, logits: Any) -> Tensor:
-        """Calibrated probabilities ``(N, C)``: ``calibrator(logits)``."""
-        return self.log_probs(logits).exp()
+        """Calibrated probabilities ``(N, C)``: ``calibrator(logits)``; a numpy array for numpy logits."""
+        return like_given(self._log_probs(logits).exp(), logits)
 
     def to_module(self) -> nn.Module:
         """This fitted calibrator as a self-contained ``nn.Module``: class logits ``(N, C)`` (``(N,)`` or ``(N, 1)``
