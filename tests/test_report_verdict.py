@@ -72,10 +72,13 @@ def test_the_test_data_pick_is_the_lowest_shift_nll_among_rows_within_the_tolera
     costly, laplace = found.row("costly"), found.row("laplace")
     assert not costly.admissible and laplace.admissible and found.row("none").admissible
     assert costly.shift_nll < laplace.shift_nll  # the better shift NLL is refused for its in-distribution cost
-    sentence = found.sentence()
-    assert sentence.startswith("**Use `laplace`** for this model: in distribution the NLL changes by +0.0")
-    assert "(0.70x) on `rotated`" in sentence and "predict 1.4x a plain forward" in sentence
-    assert "Picked on the test data" in sentence and '`method="auto"` makes this choice on held-out data' in sentence
+    use, costs, buys = found.lines()
+    assert use.startswith("**Use `laplace`**: picked on the test data, the lowest NLL under shift")
+    assert '`method="auto"` makes this choice on held-out data' in use
+    assert costs.startswith("It costs +0.0") and "within the 0.0050-nat tolerance" in costs
+    assert "1.4x a plain forward at predict time" in costs and "[" not in costs  # the intervals are in the table
+    assert buys.startswith("It buys -0.") and "(0.70x on `rotated`)" in buys
+    assert "| NLL on `rotated` | " in found.table() and "| predict cost | 1.0x | 1.4x | – | 1.4x |" in found.table()
     markdown = found.markdown("frontier.png")
     assert markdown.startswith("## Verdict\n\n**Use `laplace`**") and "![frontier" in markdown
 
@@ -105,7 +108,11 @@ def test_changes_are_paired_an_identical_row_has_a_zero_width_interval():
     for change in (same.clean, same.shifts["s"], same.ood):
         assert change.difference == 0 and change.interval == (0.0, 0.0)
     shift_only = judge([rows[0], Candidate("shift-only", plain.clone(), {"s": plain * 2})], plain="none")
-    assert "the NLL changes by ±0.0000 [±0.0000, ±0.0000] nats (1.00x" in shift_only.sentence()
+    assert "It costs no NLL in distribution (±0.0000 nats, 1.00x" in shift_only.sentence()
+    assert (
+        "| NLL in distribution | 0.2" in shift_only.table()
+        and "±0.0000 [±0.0000, ±0.0000] | 1.00x |" in shift_only.table()
+    )
     # a small paired change has a far narrower interval than the plain model's own NLL
     nudged = judge([rows[0], Candidate("nudged", plain + _nll(0.001, 8, 0.001), {"s": plain * 3})], plain="none")
     low, high = nudged.row("nudged").clean.interval
@@ -127,17 +134,19 @@ def test_ood_auroc_change_matches_the_metric_and_appears_in_the_sentence():
         test_h, ood_h
     )
     assert change.difference == pytest.approx(expected) and change.interval[0] > 0
-    assert re.search(r"OOD AUROC \+0\.\d{3} \[\+0\.\d{3}, \+0\.\d{3}\] \(0\.\d{3} -> 0\.\d{3}\)", found.sentence())
+    assert re.search(r"and \+0\.\d{3} OOD AUROC \(0\.\d{3} -> 0\.\d{3}\)\.$", found.lines()[2])
+    assert re.search(
+        r"\| OOD AUROC \(entropy\) \| 0\.\d{3} \| 0\.\d{3} \| \+0\.\d{3} \[\+0\.\d{3}, \+0\.\d{3}\] \| – \|",
+        found.table(),
+    )
 
 
 def test_an_auto_row_is_recommended_with_what_it_picked_on_held_out_data():
     found = judge(_rows(with_auto=True), plain="none")
     assert (found.recommended, found.basis) == ("auto", "auto")
     sentence = found.sentence()
-    assert sentence.startswith(
-        "**Use `auto`** for this model: on held-out data it picked `laplace+dac` among 3 candidates; in distribution"
-    )
-    assert "Picked on the test data" not in sentence and "predict 2.0x a plain forward" in sentence
+    assert found.lines()[0] == "**Use `auto`**: on held-out data it picked `laplace+dac` among 3 candidates."
+    assert "picked on the test data" not in sentence and "2.0x a plain forward" in sentence
     assert [p.label for p in found.frontier_points() if p.chosen] == ["auto"]
 
 
@@ -147,13 +156,13 @@ def test_auto_over_the_tolerance_on_the_test_examples_is_said_plainly():
         "auto", rows[0].clean + _nll(0.02, 10, 0.01), rows[-1].shifted, selection=rows[-1].selection
     )
     sentence = judge([*rows[:-1], costly_auto], plain="none").sentence()
-    assert re.search(r"on these test examples its 95% excess bound \+0\.0\d{3} is over the 0\.0050 tolerance", sentence)
+    assert re.search(r"its 95% bound \+0\.0\d{3} is over the 0\.0050-nat tolerance on these test examples", sentence)
 
 
 def test_without_a_test_shift_auto_reports_its_held_out_perturbations_and_others_ask_for_a_shift():
     rows = [Candidate(r.label, r.clean, {}, r.ood, r.predict_cost, r.selection) for r in _rows(with_auto=True)]
     sentence = judge(rows, plain="none", shift_hint="pass `--shift DIR`").sentence()
-    assert "on the 90 fit-time perturbed copies of the held-out data its NLL changes by -0.5000 (0.75x" in sentence
+    assert "It buys -0.5000 nats of NLL on the 90 fit-time perturbed copies of the held-out data (0.75x" in sentence
     plain_only = judge(rows[:4], plain="none", shift_hint="pass `--shift DIR`")
     assert plain_only.basis == "test-clean" and plain_only.frontier_points() == []
     assert "no shift was given (pass `--shift DIR` to see what it buys under shift)" in plain_only.sentence()
@@ -172,7 +181,8 @@ def test_keep_the_plain_model_when_nothing_within_the_tolerance_beats_it_under_s
         "**Keep the plain model**: no method lowers the NLL under shift while its "
         "in-distribution excess stays within 0.0050 nats at 95% confidence"
     )
-    assert "(`costly` would buy 0.50x under shift but costs +0.0500" in found.sentence()
+    assert found.lines()[1].startswith("`costly` would buy 0.50x under shift but costs +0.0500")
+    assert found.table().splitlines()[0] == "| | `none` (plain) | `costly` | change [95% interval] | ratio |"
     picked_none = dict(_rows(with_auto=True)[-1].selection, chosen="none")
     auto = judge([rows[0], Candidate("auto", plain, {"s": shifted}, selection=picked_none)], plain="none")
     assert auto.keeps_plain and auto.sentence().startswith("**Keep the plain model**: `auto` found no candidate")
@@ -257,7 +267,9 @@ def test_frontier_of_twenty_close_points_has_no_overlapping_text_and_marks_the_p
     assert all(ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1) for box in numbers)
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend[0].startswith("admissible: excess bound <= 0.005") and legend[8] == "8  row 7 (recommended)"
-    assert len(legend) == 21 and ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x0 + ax.bbox.width
+    legend_box, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert len(legend) == 21 and legend_box.y1 <= axes_box.y0 and legend_box.width <= axes_box.width  # under, no wider
+    assert plots.overlapping_texts(fig) == []
     span = next(patch for patch in ax.patches if patch.get_label().startswith("admissible"))
     assert span.get_x() + span.get_width() == pytest.approx(0.005)
     refused = [c for c, p in zip(ax.containers, points) if not p.admissible]
@@ -295,8 +307,9 @@ def _three_reports() -> tuple[list[Report], dict[str, list[Report]]]:
 def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_path):
     reports, shifts = _three_reports()
     text = reports[0].to_markdown(*reports[1:], shifts=shifts)
-    first_table = text.index("\n|")
-    assert text.startswith("## Verdict\n\n**Use `laplace`**") and text.index("Picked on the test data") < first_table
+    assert (
+        text.startswith("## Verdict\n\n**Use `laplace`**: picked on the test data") and "| NLL on `rotated` |" in text
+    )
     assert text.endswith("times are not ranked).")
     nll = {
         line.split(" | ")[0][2:]: line.split(" | ")[2]
@@ -307,8 +320,18 @@ def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_
     assert nll[best].startswith("**") and sum(cell.startswith("**") for cell in nll.values()) == 1
     assert reports[0].to_markdown() == markdown_table(reports[:1]) and "**" not in reports[0].to_markdown()
     page = reports[0].to_html(tmp_path / "compared.html", *reports[1:], shifts=shifts).read_text()
-    assert page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<table>")
+    # a title; the verdict's table and its frontier side by side, then the table of every report
+    title = "posthoc report: 3 methods on one test set, against the plain model `none`"
+    assert f"<title>{title}</title>" in page and page.index("<h1>") < page.index('<section class="verdict">')
+    verdict_table = page.index("<table>")
+    assert page.index('<div class="side">') < verdict_table < page.index("data:image/png;base64,")
+    assert page.index("data:image/png;base64,") < page.index("<table>", verdict_table + 1)
     assert page.count("data:image/png;base64,") == 3  # the frontier, reliability diagrams, risk-coverage curves
+    # every figure its caption names is on the page, and every figure has a caption
+    assert "Frontier: the plain model, the recommended row" in page and page.count("<figcaption>") == 2
+    unshifted = reports[0].to_html(tmp_path / "plain.html", *reports[1:]).read_text()
+    assert "Frontier" not in unshifted and "frontier" not in unshifted.split("<figure>")[0].split("</section>")[0]
+    assert unshifted.count("data:image/png;base64,") == 2
     assert compared_verdict(reports, shifts).recommended == text.split("`")[1]
     with pytest.raises(posthoc.ConfigError, match="has 1 reports for 3 methods"):
         reports[0].to_markdown(*reports[1:], shifts={"rotated": shifts["rotated"][:1]})
