@@ -2,10 +2,12 @@
 weights) rendered in headless Chromium at 1400 x 900.
 
 Each page must not scroll sideways, no two text boxes of its first screen (the DOM's boxes of every text line) may
-overlap, every ``<img>`` must load, and no picture may be shrunk to under 3/4 of its drawn width (its text would be
-too small to read). The screenshots of the first screen are kept (``POSTHOC_SCREENSHOTS=dir`` keeps them there; by
-default in the test's temporary folder). Chromium is run twice per page, with ``--dump-dom`` (a script put into a
-copy of the page writes what it measured into the DOM) and with ``--screenshot``; no driver, no extra package.
+overlap, every ``<img>`` must load, no picture may be shrunk to under 3/4 of its drawn width (its text would be too
+small to read), no table that starts on the first screen may be cut at its right edge, and the verdict must open with
+at most three lines of words (its intervals in its table). The screenshots of the first screen are kept
+(``POSTHOC_SCREENSHOTS=dir`` keeps them there; by default in the test's temporary folder). Chromium runs twice per
+page, with ``--dump-dom`` (a script put into a copy of the page writes what it measured into the DOM) and with
+``--screenshot``; no driver, no extra package.
 
 Skipped, with the reason, when no Chromium is found (``POSTHOC_CHROMIUM=/path/to/chromium`` names one; Debian:
 ``apt-get install chromium``).
@@ -49,9 +51,19 @@ window.addEventListener("load", () => {
   const images = Array.from(document.images).map((image) => ({
     alt: image.alt, complete: image.complete, natural: image.naturalWidth, shown: image.getBoundingClientRect().width,
   }));
+  const tables = Array.from(document.querySelectorAll(".wide")).map((box) => ({
+    top: box.getBoundingClientRect().top, scroll: box.scrollWidth, client: box.clientWidth,
+  }));
+  const words = [];
+  const verdict = document.querySelector("section.verdict");
+  for (const block of verdict ? verdict.children : []) {
+    if (block.tagName === "H2") continue;
+    if (block.tagName !== "P") break;
+    words.push(block.textContent);
+  }
   const out = document.createElement("pre");
   out.id = "measured";
-  out.textContent = JSON.stringify({scroll: page.scrollWidth, client: page.clientWidth, boxes, images});
+  out.textContent = JSON.stringify({scroll: page.scrollWidth, client: page.clientWidth, boxes, images, tables, words});
   document.body.appendChild(out);
 });
 </script>
@@ -75,7 +87,7 @@ def chromium() -> str | None:
     """The Chromium to run: ``POSTHOC_CHROMIUM``, else the first of the usual names on the PATH."""
     named = os.environ.get("POSTHOC_CHROMIUM")
     if named:
-        return named
+        return shutil.which(named)
     names = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable", "chrome")
     return next((found for found in map(shutil.which, names) if found), None)
 
@@ -84,7 +96,9 @@ def chromium() -> str | None:
 def browser() -> str:
     found = chromium()
     if found is None:
-        pytest.skip("no Chromium found (set POSTHOC_CHROMIUM or install chromium): the browser check did not run")
+        named = os.environ.get("POSTHOC_CHROMIUM")
+        where = f"POSTHOC_CHROMIUM={named} is not an executable" if named else "none of chromium, google-chrome on PATH"
+        pytest.skip(f"no Chromium found ({where}; Debian: apt-get install chromium): the browser check did not run")
     return found
 
 
@@ -125,6 +139,10 @@ def check_page(browser: str, page: Path, name: str, scratch: Path) -> dict:
     assert found["images"] and all(image["complete"] and image["natural"] > 0 for image in found["images"])
     small = [image["alt"] for image in found["images"] if image["shown"] < LEAST_SCALE * image["natural"]]
     assert not small, f"{name}: pictures shrunk to under {LEAST_SCALE:.0%} of their width: {small}"
+    cut = [table for table in found["tables"] if table["top"] < HEIGHT and table["scroll"] > table["client"]]
+    assert not cut, f"{name}: a table of the first screen is cut at its right edge: {cut}"
+    # the verdict in at most three lines of words, the numbers' intervals in its table
+    assert 1 <= len(found["words"]) <= 3 and not any("[" in line for line in found["words"]), found["words"]
     return found
 
 

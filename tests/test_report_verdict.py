@@ -23,7 +23,7 @@ from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import best_rows, bold_best
-from posthoc.evaluation.verdict import Candidate, judge, selection_points
+from posthoc.evaluation.verdict import Candidate, cost_cell, judge, selection_points
 
 N = 600
 
@@ -486,3 +486,107 @@ def test_the_verdict_section_of_a_page_ends_at_the_next_heading():
     body = html_page.markdown_to_html("# T\n\n## Verdict\n\n**Use `auto`** now\n\n### Tables\n\n| a |\n|---|\n| 1 |")
     assert body.index('<section class="verdict">') < body.index("<h2>Verdict</h2>") < body.index("</section>")
     assert body.index("</section>") < body.index("<h3>Tables</h3>") and "<code>auto</code>" in body
+
+
+def test_a_plain_nll_near_zero_reads_as_a_difference_not_a_ratio():
+    """A plain model with an NLL of 1e-8 once read "(24438.84x the plain model's 0.0000)"."""
+    plain = torch.full((N,), 1e-8, dtype=torch.float64)
+    rotated = _nll(2.0, 16, 0.3)
+    rows = [
+        Candidate("none", plain, {"rotated": rotated, "blur": plain.clone()}),
+        Candidate("laplace", plain + _nll(0.0002, 11, 0.0001), {"rotated": rotated * 0.75, "blur": plain + 0.001}),
+    ]
+    found = judge(rows, plain="none", tolerance=0.005)
+    text = found.text()
+    assert found.recommended == "laplace"
+    assert "x the plain model's" not in text and not re.search(r"\d{3,}\.\d\dx", text)
+    assert "It costs +0.0002 nats of NLL in distribution (within the 0.0050-nat tolerance)" in text
+    assert "of NLL under shift (on `blur` to 0.75x on `rotated`)" in text
+    table = found.table().splitlines()
+    assert table[2].startswith("| NLL in distribution | 0.0000 | 0.0002 | +0.0002 [") and table[2].endswith("| – |")
+    assert table[3].endswith("| 0.75x |") and table[4].startswith("| NLL on `blur` |") and table[4].endswith("| – |")
+    assert "No ratio where the plain model's NLL is under 0.01" in text
+    # a plain NLL of 0.5 keeps its ratio, and no note
+    ordinary = judge([Candidate("none", plain + 0.5), Candidate("laplace", plain + 0.45)], plain="none")
+    assert "0.90x the plain model's 0.5000" in ordinary.text() and "No ratio" not in ordinary.text()
+
+
+def test_a_predict_cost_on_a_fast_forward_gives_its_microseconds_beside_the_ratio():
+    """On a model whose forward takes microseconds the ratio alone read "mc-dropout 2314x"."""
+    plain = _nll(0.1, 12)
+    fast = judge(
+        [
+            Candidate("none", plain, forward_seconds=8e-7),
+            Candidate("mc", plain * 0.9, predict_cost=2314.0, forward_seconds=8e-7),
+        ],
+        plain="none",
+    )
+    assert "and 2,314x a plain forward (1,851 µs against 0.8 µs) at predict time" in fast.lines()[1]
+    assert "| predict cost | 1.0x (0.8 µs) | 2,314x (1,851 µs) | – | 2,314x |" in fast.table()
+    slow = judge(
+        [
+            Candidate("none", plain, forward_seconds=0.02),
+            Candidate("mc", plain * 0.9, predict_cost=3.2, forward_seconds=0.02),
+        ],
+        plain="none",
+    )
+    assert "and 3.2x a plain forward at predict time" in slow.lines()[1] and "µs" not in slow.text()
+    assert cost_cell(101.2, 2e-5) == "101.2x (2,024 µs)" and cost_cell(101.2, 2e-3) == "101.2x"
+
+
+def _auto_record(laplace_excess: float, laplace_bound: float, chosen: str = "none") -> dict:
+    """A selection record between methods: ``none`` (the plain model) and ``laplace``."""
+    return {
+        "knob": "method",
+        "chosen": chosen,
+        "tolerance": 0.005,
+        "plain": {"clean_nll": 0.36},
+        "candidates": [
+            {"candidate": "none", "excess": 0.0, "bound": 0.0, "admissible": True, "chosen": chosen == "none"},
+            {
+                "candidate": "laplace",
+                "excess": laplace_excess,
+                "bound": laplace_bound,
+                "admissible": laplace_bound <= 0.005,
+                "reason": None if laplace_bound <= 0.005 else "bound over the tolerance",
+                "chosen": chosen == "laplace",
+            },
+        ],
+    }
+
+
+def test_a_candidate_auto_refused_though_better_on_held_out_data_is_named_with_the_tolerance_that_takes_it():
+    """Issue 44: auto refused laplace (held-out excess -0.034, bound +0.0052 > 0.0050) and the verdict only read
+    "Keep the plain model"."""
+    plain = _nll(0.36, 13)
+    record = _auto_record(-0.034, 0.00523)
+    found = judge([Candidate("none", plain), Candidate("auto", plain.clone(), selection=record)], plain="none")
+    assert found.keeps_plain and len(found.lines()) == 1
+    note = next(note for note in found.notes() if note.startswith("Refused on held-out data although better there"))
+    assert "`laplace`, held-out NLL 0.0340 nats below the plain model's" in note
+    assert "its 95% bound +0.0052 is over the tolerance 0.0050" in note
+    tolerance = float(re.search(r"tolerance=([\d.]+)\)", note).group(1))
+    assert 0.00523 <= tolerance <= 0.0053  # a candidate is admitted when its bound <= the tolerance: this one takes it
+    assert note in found.markdown() and "Refused" in found.as_dict()["notes"][0]
+    # nothing is said when the refused candidate was worse, or when the better one was taken
+    for worse in (_auto_record(0.01, 0.02), _auto_record(-0.034, 0.004, chosen="laplace")):
+        quiet = judge([Candidate("none", plain), Candidate("auto", plain.clone(), selection=worse)], plain="none")
+        assert not any(note.startswith("Refused") for note in quiet.notes())
+
+
+def test_a_test_table_that_disagrees_with_autos_pick_is_said_in_one_line():
+    """Issue 44: "Keep the plain model: auto found no candidate worth its cost", directly above a table in which
+    laplace halves the NLL."""
+    plain = _nll(0.36, 14)
+    auto = Candidate("auto", plain.clone(), selection=_auto_record(-0.034, 0.0052))
+    halves = Candidate("laplace", plain * 0.5)
+    found = judge([Candidate("none", plain), auto, halves], plain="none")
+    assert found.keeps_plain and found.disagreement[0] == "laplace"
+    line = next(note for note in found.notes() if note.startswith("The test table disagrees"))
+    assert line.startswith("The test table disagrees: `laplace` has a lower test NLL than the plain model by 0.1")
+    low, high = found.disagreement[1].interval
+    assert high < 0 and f"[{low:+.4f}, {high:+.4f}]" in line
+    # a row within the noise of auto's pick is no disagreement; nor is any row when the pick is made on the test data
+    close = Candidate("laplace", plain + _nll(0.0, 15, 0.01) - 0.004)
+    assert judge([Candidate("none", plain), auto, close], plain="none").disagreement is None
+    assert judge([Candidate("none", plain), halves], plain="none").disagreement is None

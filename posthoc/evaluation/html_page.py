@@ -31,8 +31,9 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 
 p, li, h1, h2, h3, h4, h5, h6 { overflow-wrap: anywhere; }
 .wide { max-width: 100%; overflow-x: auto; margin: 0.8em 0; }
 table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.55em; text-align: right; white-space: nowrap; }
-th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.4em; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; white-space: normal; } td:first-child, th:first-child { text-align: left; }
+td:first-child { white-space: normal; min-width: 9em; }
 tr:nth-child(even) td { background: #fafafa; }
 img { max-width: 100%; height: auto; margin: 0.5em 0; }
 code { background: #eee; padding: 0 0.2em; border-radius: 2px; }
