@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 import torch
+from test_report_verdict import reports_of
 
 import posthoc
 from posthoc.evaluation import bootstrap, html_page
@@ -21,22 +22,8 @@ from posthoc.evaluation.table import OUTSIDE, OUTSIDE_NOTE
 def _reports() -> tuple[list[Report], dict[str, list[Report]]]:
     """The plain model, a calibrator that kept T = 1 (the same probabilities), laplace, and laplace configured again
     (the same choice made twice), on one test set and one shifted set."""
-    generator = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (300,), generator=generator)
-    logits = torch.randn(300, 4, generator=generator)
-    logits[torch.arange(300), labels] += 2.5
-    shifted = torch.randn(300, 4, generator=generator)
-    shifted[torch.arange(300), labels] += 1.0
-    reports, rotated = [], []
-    for name, clean, shift in (
-        ("none", 1.5, 3.0),
-        ("temperature", 1.5, 3.0),
-        ("laplace", 1.2, 2.0),
-        ("laplace kron", 1.2, 2.0),
-    ):
-        reports.append(Report.from_predictions(name, torch.softmax(logits * clean, -1), labels))
-        rotated.append(Report.from_predictions(name, torch.softmax(shifted * shift, -1), labels))
-    return reports, {"rotated": rotated}
+    scales = (("none", 1.5, 3.0), ("temperature", 1.5, 3.0), ("laplace", 1.2, 2.0), ("laplace kron", 1.2, 2.0))
+    return reports_of(scales, n=300, margin=2.5)
 
 
 def test_rows_that_predict_the_same_are_merged_into_one_with_a_note(tmp_path):

@@ -290,18 +290,26 @@ def _report(name: str, probs: torch.Tensor, labels: torch.Tensor) -> Report:
     return Report.from_predictions(name, probs, labels)
 
 
-def _three_reports() -> tuple[list[Report], dict[str, list[Report]]]:
+def reports_of(
+    scales: tuple[tuple[str, float, float], ...], n: int = 400, margin: float = 3.0
+) -> tuple[list[Report], dict[str, list[Report]]]:
+    """One report per ``(name, clean scale, shift scale)``: the softmax of the same seeded logits (the label's logit
+    raised by ``margin``) times the clean scale, and of shifted logits times the shift scale, on ``n`` examples."""
     generator = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (400,), generator=generator)
-    logits = torch.randn(400, 4, generator=generator)
-    logits[torch.arange(400), labels] += 3.0
-    shifted = torch.randn(400, 4, generator=generator)
-    shifted[torch.arange(400), labels] += 1.0
+    labels = torch.randint(0, 4, (n,), generator=generator)
+    logits = torch.randn(n, 4, generator=generator)
+    logits[torch.arange(n), labels] += margin
+    shifted = torch.randn(n, 4, generator=generator)
+    shifted[torch.arange(n), labels] += 1.0
     reports, rotated = [], []
-    for name, clean, shift in (("none", 1.2, 1.0), ("temperature", 1.2, 0.95), ("laplace", 1.25, 0.7)):
+    for name, clean, shift in scales:
         reports.append(_report(name, torch.softmax(logits * clean, -1), labels))
-        rotated.append(_report(name, torch.softmax(shifted * 3 * shift, -1), labels))
+        rotated.append(_report(name, torch.softmax(shifted * shift, -1), labels))
     return reports, {"rotated": rotated}
+
+
+def _three_reports() -> tuple[list[Report], dict[str, list[Report]]]:
+    return reports_of((("none", 1.2, 3.0), ("temperature", 1.2, 2.85), ("laplace", 1.25, 2.1)))
 
 
 def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_path):
