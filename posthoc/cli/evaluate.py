@@ -573,11 +573,12 @@ def merged_results(results: list[MethodResult]) -> list[Merged]:
     return merge_identical({r.name: predictions(r) for r in results}, keep=keep, why=why)
 
 
-def run_verdict(results: list[MethodResult]) -> Verdict | None:
+def run_verdict(results: list[MethodResult], *, compared: int | None = None) -> Verdict | None:
     """The verdict on the rows against the plain one (the first): each row's test report, its reports on the
     ``--shift`` folders and its corruption table (per severity, the mean over the kinds), its predict cost and an
-    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` with the plain row alone."""
-    if len(results) < 2:
+    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` when only the plain row was asked for
+    (``compared``: the rows asked for, before merging rows that predict the same; default ``len(results)``)."""
+    if (len(results) if compared is None else compared) < 2:
         return None
     names = shift_names(list(results[0].shifts))
     candidates = [
@@ -625,7 +626,7 @@ def write_report(
     every = results
     merged = merged_results(results)
     results = without(results, merged, lambda r: r.name)
-    found = run_verdict(results)
+    found = run_verdict(results, compared=len(every))
     drawn = [r for r in results if found is None or r.name in set(found.featured())]
     curves = {r.name: (r.test.probs, r.test.labels) for r in drawn}
     plots.reliability_diagram(curves, out / "reliability.png")
