@@ -73,7 +73,7 @@ def outside_note(table: str) -> str:
     """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged).
 
     Example:
-        >>> outside_note("| ECE |\n|---|\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
+        >>> outside_note("| ECE |\\n|---|\\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
         True
     """
     return f"{table}\n\n{OUTSIDE_NOTE}" if OUTSIDE in table else table
