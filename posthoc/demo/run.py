@@ -1,20 +1,22 @@
-"""``posthoc demo``: every registered method retrofitted onto the bundled digits checkpoint.
+"""``posthoc demo``: the registered methods retrofitted onto the bundled digits checkpoint, in about two minutes.
 
-The bundled CNN (``posthoc.demo.zoo``) is wrapped by each method's demo configurations (and, for
-each method, once more with temperature scaling fitted on top of the fitted method); every row is fitted on the fit split,
-calibrated on the calibration split, and evaluated on the test digits (with 95% bootstrap intervals),
-on the test digits corrupted by ``posthoc.evaluate_shift`` (:data:`SHIFT_KINDS` at :data:`SEVERITIES`;
-rotation by 15, 45 and 90 degrees among them) and on the held-out digits 8 and 9 as OOD, where every
-post-hoc score of ``posthoc.detector`` (fitted once on the plain model) stands next to each method's
-entropy and mutual information. Times are
-ratios to a plain forward pass over the same data. Writes ``report.md``, the same as one self-contained
-``report.html``, and the PNGs.
+The bundled CNN (``posthoc.demo.zoo``) is wrapped by the demo configurations (:func:`demo_configs`; by default the
+rows that fit about two minutes on 2 CPU cores, ``every_row`` adds the slower ones and, for each method, a row with
+temperature scaling fitted on top of the fitted method); every row is fitted on the fit split, calibrated on the
+calibration split, and evaluated on the test digits (with 95% bootstrap intervals), on the test digits corrupted by
+``posthoc.evaluate_shift`` (:data:`SHIFT_KINDS` at :data:`SEVERITIES`; rotation by 15, 45 and 90 degrees among them)
+and on the held-out digits 8 and 9 as OOD, where every post-hoc score of ``posthoc.detector`` (fitted once on the
+plain model) stands next to each method's entropy and mutual information. Rows that predict the same as another are
+merged into it (:func:`merged_rows`), and the page names them and the rows left out. Times are ratios to a plain
+forward pass over the same data. Writes ``report.md``, the same as one self-contained ``report.html``, and the PNGs;
+its progress is one bar with an ETA on a terminal, one line per step in a log (:mod:`posthoc.demo.steps`).
 
 The report opens with the verdict (:mod:`posthoc.evaluation.verdict`): what ``method="auto"`` picked on held-out
-data, what it costs in distribution (its NLL change against the plain model with a paired bootstrap interval) and
-at predict time, what it buys under the evaluation shifts and on the held-out digits, and the frontier of every
-row (``frontier.png``: in-distribution NLL excess against NLL under shift). Auto's own record of its candidates on
-held-out data follows the main table (``selection_frontier.png``).
+data, what it costs in distribution and at predict time and what it buys under the evaluation shifts and on the
+held-out digits, in three lines; its numbers with paired bootstrap intervals in a small table beside the frontier
+(``frontier.png``: the in-distribution NLL excess against the NLL under shift of the plain model, the pick and the
+best rows). Auto's own record of its candidates on held-out data follows the main table
+(``selection_frontier.png``).
 
 The shift story at a glance: the plain model against the best configuration (the row with the lowest NLL,
 mean over the kinds, at the top severity, or the one named by ``best=``), as mean confidence and accuracy
