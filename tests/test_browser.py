@@ -78,6 +78,7 @@ FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--hide-scrollbars",
+    "--run-all-compositor-stages-before-draw",
     f"--window-size={WIDTH},{HEIGHT}",
     "--virtual-time-budget=10000",
 ]
