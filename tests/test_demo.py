@@ -10,7 +10,16 @@ from posthoc.cli.main import main
 from posthoc.core.registry import REGISTRY
 from posthoc.demo import data, zoo
 from posthoc.demo.configs import DEMO_CONFIGS
-from posthoc.demo.run import SEVERITIES, STORY_SEVERITIES, DemoRow, demo_configs, demo_verdict, render, shift_story
+from posthoc.demo.run import (
+    SEVERITIES,
+    STORY_SEVERITIES,
+    DemoRow,
+    demo_configs,
+    demo_verdict,
+    left_out,
+    render,
+    shift_story,
+)
 from posthoc.errors import ConfigError
 from posthoc.shift import EVALUATION_KINDS
 
@@ -57,24 +66,25 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     main(["demo", "--out", str(tmp_path), "--method", "none", "--method", "temperature", "--quiet"])
     printed = capsys.readouterr().out
     report = (tmp_path / "report.md").read_text()
-    assert report in printed
+    # the console gets the verdict and where the report is, not the report
+    assert "### Digits" not in printed and printed.rstrip().endswith(" s")
+    assert f"Report: {tmp_path / 'report.html'}" in printed and printed.startswith(("**Use", "**Keep"))
     # the verdict and its frontier before any table; without an auto row the pick is made on the test digits
     verdict = report.split("## Verdict\n\n")[1].split("\n### ")[0]
-    assert report.index("## Verdict") < report.index("\n|") and "![frontier" in verdict
-    assert re.match(r"\*\*(Use `temperature`|Keep the plain model)\*\*", verdict)
-    assert "Picked on the test data" in verdict and '`posthoc.wrap(model, method="auto")`' in verdict
-    assert (
-        "each the mean over rotate, contrast, translate, occlude on the first 500 test digits" in verdict
-        or verdict.startswith("**Keep")
-    )
-    assert "**" in report.split("### Digits")[1].split("\n\n")[1]  # the best entries of the main table in bold
+    assert report.index("## Verdict") < report.index("| method |") and "![frontier" in verdict
+    assert re.match(r"\*\*(Use `temperature`\*\*: picked on the test data|Keep the plain model\*\*)", verdict)
+    assert verdict.split("\n\n")[0] in printed
+    merged = "`temperature` into `MAP` (its temperature kept T = 1)" in report
+    labels = ("MAP",) if merged else ("MAP", "temperature")
+    assert merged or "**" in report.split("### Digits")[1].split("\n\n")[1]  # two rows: the best entries in bold
     cells = report.replace("**", "")
-    for label in ("MAP", "temperature"):
+    for label in labels:
         row = next(line for line in cells.splitlines() if line.startswith(f"| {label} |"))
         accuracy, low, high = map(
             float, re.match(r"([\d.]+) \[([\d.]+), ([\d.]+)\]", row.split("|")[2].strip()).groups()
         )
         assert 0.95 < low <= accuracy <= high <= 1.0
+    assert merged is not any(line.startswith("| temperature |") for line in cells.splitlines())
     shift = cells.split("Under shift")[1]
     header = next(line for line in shift.splitlines() if line.startswith("| method | clean"))
     assert all(f"severity {s}" in header for s in SEVERITIES)
@@ -83,15 +93,12 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert len(nll) == 1 + len(SEVERITIES) and nll[0] < nll[1] < nll[-1]  # corrupted digits are harder
     ood = report.split("post-hoc scores of the plain model")[1]
     assert all(f"| MAP | {name} |" in ood for name in ("msp", "energy", "mahalanobis", "vim", "knn", "gen"))
-    assert "| temperature | " in ood.split("next to the best post-hoc score")[1]
     every = ood.split("AUROC of every score, per method")[1].splitlines()
     assert every[2].startswith("| method | entropy |") and all(
         name in every[2] for name in ("msp", "gen", "knn", "vim")
     )
-    plain, temperature = (line.split(" | ") for line in every[4:6])
-    assert plain[0] == "| MAP" and temperature[0] == "| temperature" and plain[-1].endswith("* |")
-    story = report.split("### Does it know when it does not know? MAP against temperature")[1].split("###")[0]
-    assert "temperature: the lowest NLL, mean over the kinds, at severity 5" in story
+    assert every[4].startswith("| MAP") and every[4].endswith("* |")
+    story = report.split("### Does it know when it does not know? MAP against")[1].split("###")[0]
     header = next(line for line in story.splitlines() if line.startswith("| method | clean"))
     assert header == "| method | clean | " + " | ".join(f"severity {s}" for s in STORY_SEVERITIES) + " |"
     plain = next(line for line in story.splitlines() if line.startswith("| MAP |")).split(" | ")[1:]
@@ -99,6 +106,7 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
     assert len(confidence) == 1 + len(STORY_SEVERITIES) and accuracy[-1] < accuracy[0]
     assert confidence[-1] - accuracy[-1] > confidence[0] - accuracy[0]  # the plain model grows overconfident
     assert "rotation by 15 / 45 / 90 degrees" in report and "translation by 0.04 / 0.12 / 0.22 of the side" in report
+    assert "Left out" not in report  # --method runs every row of the methods named
     for name in (
         "frontier.png",
         "reliability.png",
@@ -113,8 +121,46 @@ def test_demo_command_writes_tables_and_pictures(tmp_path, capsys):
             assert image.size[0] > 300 and image.size[1] > 200
     page = (tmp_path / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 8 and "<table>" in page and 'src="reliability' not in page
-    assert page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<table>")
-    assert "wrote" in printed and "confidence.png, reliability_rotated45_best.png" in printed
+    assert (
+        page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<th>method</th>")
+    )
+
+
+def test_the_demo_shows_one_bar_on_a_terminal_and_plain_lines_in_a_log(monkeypatch):
+    """On a terminal: one tqdm bar whose ETA counts the steps' expected seconds, each step's seconds written above it;
+    in a log: one line per step and no carriage return; each warning once, without a source line."""
+    import io
+    import warnings
+
+    from posthoc.demo.steps import Steps
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    for stream in (Terminal(), io.StringIO()):
+        steps = Steps({"load": 1.0, "fit SWAG": 10.0, "fit SWAG last-layer": 5.0}, stream=stream)
+        for label in steps.weights:
+            with steps.step(label):
+                warnings.warn("no SWAG scale keeps the held-out NLL within the tolerance", RuntimeWarning, stacklevel=1)
+        steps.close()
+        text = stream.getvalue()
+        assert text.count("warning: no SWAG scale keeps") == 1 and "warnings.warn" not in text
+        assert all(re.search(rf"{label}: \d+\.\d s", text) for label in steps.weights)
+        if isinstance(stream, Terminal):
+            assert "\r" in text and "%|" in text and "left" in text  # the bar, redrawn in place, with its ETA
+        else:
+            assert "\r" not in text and text.count("\n") == 4
+
+
+def test_the_demo_leaves_out_slow_rows_and_says_which():
+    quick = [label for label, *_ in demo_configs(every_row=False)]
+    every = [label for label, *_ in demo_configs(every_row=True)]
+    assert set(quick) < set(every) and "MAP" in quick and "auto" in quick and "SWAG" not in quick
+    assert not any(stack for *_, stack in demo_configs(every_row=False))
+    said = left_out(every_row=False)
+    assert said[:-1] == [label for label in every if label not in quick]
+    assert said[-1] == "a `+ temperature` row per method" and left_out(every_row=True) == []
 
 
 def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_model):
@@ -250,15 +296,15 @@ def test_the_demo_report_opens_with_autos_pick_and_both_frontiers(digits, digits
     text = render(rows, tmp_path)
     assert found.recommended == "auto" and found.basis == "auto" and found.shifts == ["severity 3"]
     assert text.startswith(
-        "# posthoc demo: the bundled digits CNN\n\n## Verdict\n\n**Use `auto`** for this model: on "
-        "held-out data it picked `laplace+dac` among 2 candidates; in distribution the NLL changes by"
+        "# posthoc demo: the bundled digits CNN\n\n## Verdict\n\n**Use `auto`**: on held-out data it picked "
+        "`laplace+dac` among 2 candidates.\n\nIt costs "
     )
     assert re.search(
-        r"under shift by [+-]0\.\d{4} \[[+-]0\.\d{4}, [+-]0\.\d{4}\] \(\d\.\d\dx\) at severity 3 \(each the "
-        r"mean over rotate, contrast, translate, occlude",
+        r"\| NLL at severity 3 \| \d\.\d{4} \| \d\.\d{4} \| [+-]0\.\d{4} \[[+-]0\.\d{4}, [+-]0\.\d{4}\] \| \d\.\d\dx \|",
         text,
     )
-    assert "OOD AUROC " in text and "predict 2.0x a plain forward" in text
+    assert "Shifts: each the mean over rotate, contrast, translate, occlude" in text
+    assert "OOD AUROC (entropy)" in text and "2.0x a plain forward at predict time" in text
     assert text.index("![frontier") < text.index("| method |") < text.index("### How `auto` chose, on held-out data")
     assert "| laplace+dac | 0.001 (0.004) | 1.7 | 0.1 | 1 | 1.5x | **chosen** |" in text
     for name in ("frontier.png", "selection_frontier.png"):

@@ -5,6 +5,7 @@ import re
 
 import pytest
 import torch
+from matplotlib.collections import PathCollection
 from PIL import Image
 
 import posthoc
@@ -38,12 +39,12 @@ def test_risk_coverage_is_readable_with_twenty_methods(tmp_path):
     assert len({(line.get_color(), line.get_linestyle()) for line in lines}) == 20
     texts = [t.get_text() for t in ax.get_legend().get_texts()]
     assert len(texts) == 20 and all(re.search(r"\(AURC \d\.\d{4}\)$", t) for t in texts)
-    # the legend sits to the right of the axes, not on the curves
-    fig.canvas.draw()
+    # the legend sits under the axes, not on the curves, and is no wider than them; no two texts overlap
+    assert plots.overlapping_texts(fig) == []
     legend_box, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
-    assert legend_box.x0 >= axes_box.x1
+    assert legend_box.y1 <= axes_box.y0 and legend_box.width <= axes_box.width
     with Image.open(tmp_path / "rc.png") as image:
-        assert image.size[0] > 700 and image.size[1] > 300
+        assert image.size[0] > 500 and image.size[1] > 300
 
 
 def test_risk_coverage_log_scale_and_operating_point(tmp_path):
@@ -89,7 +90,8 @@ def test_shift_plot_has_one_line_per_method_per_metric(tmp_path):
         assert len(ax.get_lines()) == 3
         assert list(ax.get_lines()[0].get_xdata()) == [0, 1, 3]
         assert len(ax.collections) == 3  # the interval bands
-    assert [t.get_text() for t in fig.axes[-1].get_legend().get_texts()] == ["MAP", "laplace", "swag"]
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == ["MAP", "laplace", "swag"]
+    assert plots.overlapping_texts(fig) == []
     assert (tmp_path / "shift.png").stat().st_size > 10_000
 
 
@@ -213,3 +215,56 @@ def test_tables_at_different_severities_join_into_one_without_intervals():
     assert joined.confidence_series("laplace") == table.confidence_series("laplace")
     with pytest.raises(posthoc.ConfigError, match="same methods and kinds"):
         ShiftTable.join([table, ShiftTable(("rotate",), (1,), {"MAP": {}})])
+
+
+def test_every_plot_is_legible_at_its_size_no_two_texts_overlap_and_no_legend_is_wider_than_its_plot(tmp_path):
+    """The demo's reliability grid once showed "1.00.0" where two panels' ticks met and titles running into each
+    other; its risk-coverage and shift legends were wider than their plots."""
+    long_names = [
+        "MC dropout (own, rate on val) + temperature",
+        "MC dropout (head, p=auto)",
+        "SWAG last-layer + temperature",
+        "Laplace + DAC",
+        "iBNN (K=2) + temperature",
+    ]
+    curves = dict(zip(long_names, _curves(5).values()))
+    grid = plots.reliability_diagram(curves, tmp_path / "rel.png")
+    assert plots.overlapping_texts(grid) == []
+    assert all(len(line) <= 30 for ax in grid.axes[0::2] for line in ax.get_title().splitlines())
+    rc = plots.risk_coverage_curve(curves, tmp_path / "rc.png")
+    shift = plots.shift_plot(
+        {name: {"nll": ([0, 1, 3], [0.1, 0.5 + i, 2.0 + i], None, None)} for i, name in enumerate(long_names)},
+        tmp_path / "shift.png",
+        ["nll"],
+    )
+    for fig in (rc, shift):
+        assert plots.overlapping_texts(fig) == []
+    rc_legend, rc_axes = rc.axes[0].get_legend().get_window_extent(), rc.axes[0].get_window_extent()
+    assert rc_legend.width <= rc_axes.width and rc_legend.y1 <= rc_axes.y0
+    assert shift.legends[0].get_window_extent().width <= shift.bbox.width
+
+
+def test_the_frontiers_star_is_drawn_over_its_neighbours_and_numbers_keep_off_the_markers():
+    """The demo's frontier once piled the numbers of five points onto one spot and hid the recommended star."""
+    points = [
+        plots.FrontierPoint("MAP", 0.0, (0.0, 0.0), 2.06, (2.01, 2.11), True),
+        plots.FrontierPoint("auto", -0.0031, (-0.007, 0.001), 1.91, (1.87, 1.95), True, chosen=True),
+        plots.FrontierPoint("LLLA kron", -0.0030, (-0.007, 0.001), 1.912, (1.87, 1.95), True),
+        plots.FrontierPoint("MC dropout", -0.0005, (-0.002, 0.001), 1.97, (1.93, 2.01), True),
+        plots.FrontierPoint("DAC", 0.0004, (-0.001, 0.0017), 1.90, (1.85, 1.94), True),
+    ]
+    fig = plots.frontier(points, tolerance=0.005)
+    ax = fig.axes[0]
+    star = next(c for c in ax.collections if isinstance(c, PathCollection))  # the one scatter: the star
+    others = [c.lines[0].get_zorder() for c, p in zip(ax.containers, points) if not p.chosen]
+    assert star.get_zorder() > max(others)
+    assert plots.overlapping_texts(fig) == []
+    renderer = fig.canvas.get_renderer() if hasattr(fig.canvas, "get_renderer") else None
+    if renderer is None:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(fig).get_renderer()
+    markers = [ax.transData.transform((p.x, p.y)) for p in points]
+    for text in ax.texts:
+        box = text.get_window_extent(renderer)
+        assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers), text.get_text()

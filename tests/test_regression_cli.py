@@ -323,8 +323,8 @@ def test_the_regression_cli_runs_auto_and_opens_with_its_verdict(files, tmp_path
     if chosen == "none":
         assert verdict.startswith("**Keep the plain model**: `auto` found no candidate")
     else:
-        assert verdict.startswith(f"**Use `auto`** for this model: on held-out data it picked `{chosen}` among")
-        assert re.search(r"under shift by [+-]\d+\.\d{4} \[.*\] \(\d\.\d\dx\) on `far`", verdict)
+        assert verdict.startswith(f"**Use `auto`**: on held-out data it picked `{chosen}` among")
+        assert re.search(r"\| NLL on `far` \| -?\d+\.\d{4} \| -?\d+\.\d{4} \| [+-]\d+\.\d{4} \[.*\] \|", verdict)
     assert "## How `auto` chose, on held-out data" in report and "| fit s | predict x fwd | verdict |" in report
     assert (out / "frontier.png").stat().st_size > 10_000
     assert '<section class="verdict">' in (out / "report.html").read_text()

@@ -66,27 +66,28 @@ def test_evaluate_auto_opens_with_its_verdict_and_frontier(folders: dict[str, Pa
     metrics = json.loads((out / "metrics.json").read_text())
     chosen = metrics["rows"][1]["summary"]["selection"]["chosen"]
     assert metrics["verdict"]["recommended"] == "auto" and metrics["verdict"]["basis"] == "auto"
-    assert [row["label"] for row in metrics["verdict"]["rows"]] == ["none", "auto", "temperature"]
+    merged = [(m["label"], m["into"]) for m in metrics["merged"]]  # temperature kept T = 1: the plain model's row
+    assert merged in ([], [("temperature", "none")]) and len(metrics["rows"]) == 3
+    assert [row["label"] for row in metrics["verdict"]["rows"]] == ["none", "auto", "temperature"][: 3 - len(merged)]
     title, verdict = report.split("\n\n## Verdict\n\n")
     assert title.startswith("# posthoc evaluate:") and "\n|" not in title
     verdict = verdict.split("\n## ")[0]
     if chosen == "none":
         assert verdict.startswith("**Keep the plain model**: `auto` found no candidate")
     else:
-        assert verdict.startswith(f"**Use `auto`** for this model: on held-out data it picked `{chosen}` among")
-        assert re.search(r"under shift by [+-]\d\.\d{4} \[.*\] \(\d\.\d\dx\) on `.*rotated`", verdict)
-        assert re.search(
-            r"OOD AUROC [+-]\d\.\d{3} \[.*\] \(\d\.\d{3} -> \d\.\d{3}\); predict \d+\.\dx a plain "
-            r"forward\.",
-            verdict,
-        )
+        assert verdict.startswith(f"**Use `auto`**: on held-out data it picked `{chosen}` among")
+        assert re.search(r"\| NLL on `.*rotated` \| \d\.\d{4} \| \d\.\d{4} \| [+-]\d\.\d{4} \[.*\] \| ", verdict)
+        assert re.search(r"\| OOD AUROC \(entropy\) \| \d\.\d{3} \| \d\.\d{3} \| [+-]\d\.\d{3} \[.*\] \| – \|", verdict)
+        assert re.search(r"and [\d,.]+x a plain forward( \(.* µs against .* µs\))? at predict time\.", verdict)
     assert "![frontier" in verdict and "--method auto" not in verdict  # auto itself is the row: no hint needed
     # the tables after, the best entries in bold; auto's held-out record after the test table
     assert report.index("## Test set") < report.index("## How `auto` chose, on held-out data")
     assert "| predict x fwd |" in report and "**" in report.split("## Test set")[1].split("\n\n")[1]
     assert (out / "frontier.png").stat().st_size > 10_000 and (out / "selection_frontier.png").stat().st_size > 10_000
     page = (out / "report.html").read_text()
-    assert page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<table>")
+    assert (
+        page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<th>method</th>")
+    )
     summary = (out / "summary.md").read_text()
     assert "Held-out choice of the method" in summary and "chosen_posterior" not in summary
     assert "![auto's candidates on held-out data](selection_frontier.png)" in summary

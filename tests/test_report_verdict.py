@@ -23,7 +23,7 @@ from posthoc.evaluation.regression_report import RegressionReport
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import best_rows, bold_best
-from posthoc.evaluation.verdict import Candidate, judge, selection_points
+from posthoc.evaluation.verdict import Candidate, cost_cell, judge, selection_points
 
 N = 600
 
@@ -72,10 +72,13 @@ def test_the_test_data_pick_is_the_lowest_shift_nll_among_rows_within_the_tolera
     costly, laplace = found.row("costly"), found.row("laplace")
     assert not costly.admissible and laplace.admissible and found.row("none").admissible
     assert costly.shift_nll < laplace.shift_nll  # the better shift NLL is refused for its in-distribution cost
-    sentence = found.sentence()
-    assert sentence.startswith("**Use `laplace`** for this model: in distribution the NLL changes by +0.0")
-    assert "(0.70x) on `rotated`" in sentence and "predict 1.4x a plain forward" in sentence
-    assert "Picked on the test data" in sentence and '`method="auto"` makes this choice on held-out data' in sentence
+    use, costs, buys = found.lines()
+    assert use.startswith("**Use `laplace`**: picked on the test data, the lowest NLL under shift")
+    assert '`method="auto"` makes this choice on held-out data' in use
+    assert costs.startswith("It costs +0.0") and "within the 0.0050-nat tolerance" in costs
+    assert "1.4x a plain forward at predict time" in costs and "[" not in costs  # the intervals are in the table
+    assert buys.startswith("It buys -0.") and "(0.70x on `rotated`)" in buys
+    assert "| NLL on `rotated` | " in found.table() and "| predict cost | 1.0x | 1.4x | – | 1.4x |" in found.table()
     markdown = found.markdown("frontier.png")
     assert markdown.startswith("## Verdict\n\n**Use `laplace`**") and "![frontier" in markdown
 
@@ -105,7 +108,11 @@ def test_changes_are_paired_an_identical_row_has_a_zero_width_interval():
     for change in (same.clean, same.shifts["s"], same.ood):
         assert change.difference == 0 and change.interval == (0.0, 0.0)
     shift_only = judge([rows[0], Candidate("shift-only", plain.clone(), {"s": plain * 2})], plain="none")
-    assert "the NLL changes by ±0.0000 [±0.0000, ±0.0000] nats (1.00x" in shift_only.sentence()
+    assert "It costs no NLL in distribution (±0.0000 nats, 1.00x" in shift_only.sentence()
+    assert (
+        "| NLL in distribution | 0.2" in shift_only.table()
+        and "±0.0000 [±0.0000, ±0.0000] | 1.00x |" in shift_only.table()
+    )
     # a small paired change has a far narrower interval than the plain model's own NLL
     nudged = judge([rows[0], Candidate("nudged", plain + _nll(0.001, 8, 0.001), {"s": plain * 3})], plain="none")
     low, high = nudged.row("nudged").clean.interval
@@ -127,17 +134,19 @@ def test_ood_auroc_change_matches_the_metric_and_appears_in_the_sentence():
         test_h, ood_h
     )
     assert change.difference == pytest.approx(expected) and change.interval[0] > 0
-    assert re.search(r"OOD AUROC \+0\.\d{3} \[\+0\.\d{3}, \+0\.\d{3}\] \(0\.\d{3} -> 0\.\d{3}\)", found.sentence())
+    assert re.search(r"and \+0\.\d{3} OOD AUROC \(0\.\d{3} -> 0\.\d{3}\)\.$", found.lines()[2])
+    assert re.search(
+        r"\| OOD AUROC \(entropy\) \| 0\.\d{3} \| 0\.\d{3} \| \+0\.\d{3} \[\+0\.\d{3}, \+0\.\d{3}\] \| – \|",
+        found.table(),
+    )
 
 
 def test_an_auto_row_is_recommended_with_what_it_picked_on_held_out_data():
     found = judge(_rows(with_auto=True), plain="none")
     assert (found.recommended, found.basis) == ("auto", "auto")
     sentence = found.sentence()
-    assert sentence.startswith(
-        "**Use `auto`** for this model: on held-out data it picked `laplace+dac` among 3 candidates; in distribution"
-    )
-    assert "Picked on the test data" not in sentence and "predict 2.0x a plain forward" in sentence
+    assert found.lines()[0] == "**Use `auto`**: on held-out data it picked `laplace+dac` among 3 candidates."
+    assert "picked on the test data" not in sentence and "2.0x a plain forward" in sentence
     assert [p.label for p in found.frontier_points() if p.chosen] == ["auto"]
 
 
@@ -147,13 +156,13 @@ def test_auto_over_the_tolerance_on_the_test_examples_is_said_plainly():
         "auto", rows[0].clean + _nll(0.02, 10, 0.01), rows[-1].shifted, selection=rows[-1].selection
     )
     sentence = judge([*rows[:-1], costly_auto], plain="none").sentence()
-    assert re.search(r"on these test examples its 95% excess bound \+0\.0\d{3} is over the 0\.0050 tolerance", sentence)
+    assert re.search(r"its 95% bound \+0\.0\d{3} is over the 0\.0050-nat tolerance on these test examples", sentence)
 
 
 def test_without_a_test_shift_auto_reports_its_held_out_perturbations_and_others_ask_for_a_shift():
     rows = [Candidate(r.label, r.clean, {}, r.ood, r.predict_cost, r.selection) for r in _rows(with_auto=True)]
     sentence = judge(rows, plain="none", shift_hint="pass `--shift DIR`").sentence()
-    assert "on the 90 fit-time perturbed copies of the held-out data its NLL changes by -0.5000 (0.75x" in sentence
+    assert "It buys -0.5000 nats of NLL on the 90 fit-time perturbed copies of the held-out data (0.75x" in sentence
     plain_only = judge(rows[:4], plain="none", shift_hint="pass `--shift DIR`")
     assert plain_only.basis == "test-clean" and plain_only.frontier_points() == []
     assert "no shift was given (pass `--shift DIR` to see what it buys under shift)" in plain_only.sentence()
@@ -172,7 +181,8 @@ def test_keep_the_plain_model_when_nothing_within_the_tolerance_beats_it_under_s
         "**Keep the plain model**: no method lowers the NLL under shift while its "
         "in-distribution excess stays within 0.0050 nats at 95% confidence"
     )
-    assert "(`costly` would buy 0.50x under shift but costs +0.0500" in found.sentence()
+    assert found.lines()[1].startswith("`costly` would buy 0.50x under shift but costs +0.0500")
+    assert found.table().splitlines()[0] == "| | `none` (plain) | `costly` | change [95% interval] | ratio |"
     picked_none = dict(_rows(with_auto=True)[-1].selection, chosen="none")
     auto = judge([rows[0], Candidate("auto", plain, {"s": shifted}, selection=picked_none)], plain="none")
     assert auto.keeps_plain and auto.sentence().startswith("**Keep the plain model**: `auto` found no candidate")
@@ -257,7 +267,9 @@ def test_frontier_of_twenty_close_points_has_no_overlapping_text_and_marks_the_p
     assert all(ax.bbox.contains(box.x0, box.y0) and ax.bbox.contains(box.x1, box.y1) for box in numbers)
     legend = [text.get_text() for text in ax.get_legend().get_texts()]
     assert legend[0].startswith("admissible: excess bound <= 0.005") and legend[8] == "8  row 7 (recommended)"
-    assert len(legend) == 21 and ax.get_legend().get_window_extent().x0 >= ax.get_window_extent().x0 + ax.bbox.width
+    legend_box, axes_box = ax.get_legend().get_window_extent(), ax.get_window_extent()
+    assert len(legend) == 21 and legend_box.y1 <= axes_box.y0 and legend_box.width <= axes_box.width  # under, no wider
+    assert plots.overlapping_texts(fig) == []
     span = next(patch for patch in ax.patches if patch.get_label().startswith("admissible"))
     assert span.get_x() + span.get_width() == pytest.approx(0.005)
     refused = [c for c, p in zip(ax.containers, points) if not p.admissible]
@@ -278,25 +290,34 @@ def _report(name: str, probs: torch.Tensor, labels: torch.Tensor) -> Report:
     return Report.from_predictions(name, probs, labels)
 
 
-def _three_reports() -> tuple[list[Report], dict[str, list[Report]]]:
+def reports_of(
+    scales: tuple[tuple[str, float, float], ...], n: int = 400, margin: float = 3.0
+) -> tuple[list[Report], dict[str, list[Report]]]:
+    """One report per ``(name, clean scale, shift scale)``: the softmax of the same seeded logits (the label's logit
+    raised by ``margin``) times the clean scale, and of shifted logits times the shift scale, on ``n`` examples."""
     generator = torch.Generator().manual_seed(0)
-    labels = torch.randint(0, 4, (400,), generator=generator)
-    logits = torch.randn(400, 4, generator=generator)
-    logits[torch.arange(400), labels] += 3.0
-    shifted = torch.randn(400, 4, generator=generator)
-    shifted[torch.arange(400), labels] += 1.0
+    labels = torch.randint(0, 4, (n,), generator=generator)
+    logits = torch.randn(n, 4, generator=generator)
+    logits[torch.arange(n), labels] += margin
+    shifted = torch.randn(n, 4, generator=generator)
+    shifted[torch.arange(n), labels] += 1.0
     reports, rotated = [], []
-    for name, clean, shift in (("none", 1.2, 1.0), ("temperature", 1.2, 0.95), ("laplace", 1.25, 0.7)):
+    for name, clean, shift in scales:
         reports.append(_report(name, torch.softmax(logits * clean, -1), labels))
-        rotated.append(_report(name, torch.softmax(shifted * 3 * shift, -1), labels))
+        rotated.append(_report(name, torch.softmax(shifted * shift, -1), labels))
     return reports, {"rotated": rotated}
+
+
+def _three_reports() -> tuple[list[Report], dict[str, list[Report]]]:
+    return reports_of((("none", 1.2, 3.0), ("temperature", 1.2, 2.85), ("laplace", 1.25, 2.1)))
 
 
 def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_path):
     reports, shifts = _three_reports()
     text = reports[0].to_markdown(*reports[1:], shifts=shifts)
-    first_table = text.index("\n|")
-    assert text.startswith("## Verdict\n\n**Use `laplace`**") and text.index("Picked on the test data") < first_table
+    assert (
+        text.startswith("## Verdict\n\n**Use `laplace`**: picked on the test data") and "| NLL on `rotated` |" in text
+    )
     assert text.endswith("times are not ranked).")
     nll = {
         line.split(" | ")[0][2:]: line.split(" | ")[2]
@@ -307,8 +328,18 @@ def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_
     assert nll[best].startswith("**") and sum(cell.startswith("**") for cell in nll.values()) == 1
     assert reports[0].to_markdown() == markdown_table(reports[:1]) and "**" not in reports[0].to_markdown()
     page = reports[0].to_html(tmp_path / "compared.html", *reports[1:], shifts=shifts).read_text()
-    assert page.index('<section class="verdict">') < page.index("data:image/png;base64,") < page.index("<table>")
+    # a title; the verdict's table and its frontier side by side, then the table of every report
+    title = "posthoc report: 3 methods on one test set, against the plain model `none`"
+    assert f"<title>{title}</title>" in page and page.index("<h1>") < page.index('<section class="verdict">')
+    verdict_table = page.index("<table>")
+    assert page.index('<div class="side">') < verdict_table < page.index("data:image/png;base64,")
+    assert page.index("data:image/png;base64,") < page.index("<table>", verdict_table + 1)
     assert page.count("data:image/png;base64,") == 3  # the frontier, reliability diagrams, risk-coverage curves
+    # every figure its caption names is on the page, and every figure has a caption
+    assert "Frontier: the plain model, the recommended row" in page and page.count("<figcaption>") == 2
+    unshifted = reports[0].to_html(tmp_path / "plain.html", *reports[1:]).read_text()
+    assert "Frontier" not in unshifted and "frontier" not in unshifted.split("<figure>")[0].split("</section>")[0]
+    assert unshifted.count("data:image/png;base64,") == 2
     assert compared_verdict(reports, shifts).recommended == text.split("`")[1]
     with pytest.raises(posthoc.ConfigError, match="has 1 reports for 3 methods"):
         reports[0].to_markdown(*reports[1:], shifts={"rotated": shifts["rotated"][:1]})
@@ -463,3 +494,107 @@ def test_the_verdict_section_of_a_page_ends_at_the_next_heading():
     body = html_page.markdown_to_html("# T\n\n## Verdict\n\n**Use `auto`** now\n\n### Tables\n\n| a |\n|---|\n| 1 |")
     assert body.index('<section class="verdict">') < body.index("<h2>Verdict</h2>") < body.index("</section>")
     assert body.index("</section>") < body.index("<h3>Tables</h3>") and "<code>auto</code>" in body
+
+
+def test_a_plain_nll_near_zero_reads_as_a_difference_not_a_ratio():
+    """A plain model with an NLL of 1e-8 once read "(24438.84x the plain model's 0.0000)"."""
+    plain = torch.full((N,), 1e-8, dtype=torch.float64)
+    rotated = _nll(2.0, 16, 0.3)
+    rows = [
+        Candidate("none", plain, {"rotated": rotated, "blur": plain.clone()}),
+        Candidate("laplace", plain + _nll(0.0002, 11, 0.0001), {"rotated": rotated * 0.75, "blur": plain + 0.001}),
+    ]
+    found = judge(rows, plain="none", tolerance=0.005)
+    text = found.text()
+    assert found.recommended == "laplace"
+    assert "x the plain model's" not in text and not re.search(r"\d{3,}\.\d\dx", text)
+    assert "It costs +0.0002 nats of NLL in distribution (within the 0.0050-nat tolerance)" in text
+    assert "of NLL under shift (on `blur` to 0.75x on `rotated`)" in text
+    table = found.table().splitlines()
+    assert table[2].startswith("| NLL in distribution | 0.0000 | 0.0002 | +0.0002 [") and table[2].endswith("| – |")
+    assert table[3].endswith("| 0.75x |") and table[4].startswith("| NLL on `blur` |") and table[4].endswith("| – |")
+    assert "No ratio where the plain model's NLL is under 0.01" in text
+    # a plain NLL of 0.5 keeps its ratio, and no note
+    ordinary = judge([Candidate("none", plain + 0.5), Candidate("laplace", plain + 0.45)], plain="none")
+    assert "0.90x the plain model's 0.5000" in ordinary.text() and "No ratio" not in ordinary.text()
+
+
+def test_a_predict_cost_on_a_fast_forward_gives_its_microseconds_beside_the_ratio():
+    """On a model whose forward takes microseconds the ratio alone read "mc-dropout 2314x"."""
+    plain = _nll(0.1, 12)
+    fast = judge(
+        [
+            Candidate("none", plain, forward_seconds=8e-7),
+            Candidate("mc", plain * 0.9, predict_cost=2314.0, forward_seconds=8e-7),
+        ],
+        plain="none",
+    )
+    assert "and 2,314x a plain forward (1,851 µs against 0.8 µs) at predict time" in fast.lines()[1]
+    assert "| predict cost | 1.0x (0.8 µs) | 2,314x (1,851 µs) | – | 2,314x |" in fast.table()
+    slow = judge(
+        [
+            Candidate("none", plain, forward_seconds=0.02),
+            Candidate("mc", plain * 0.9, predict_cost=3.2, forward_seconds=0.02),
+        ],
+        plain="none",
+    )
+    assert "and 3.2x a plain forward at predict time" in slow.lines()[1] and "µs" not in slow.text()
+    assert cost_cell(101.2, 2e-5) == "101.2x (2,024 µs)" and cost_cell(101.2, 2e-3) == "101.2x"
+
+
+def _auto_record(laplace_excess: float, laplace_bound: float, chosen: str = "none") -> dict:
+    """A selection record between methods: ``none`` (the plain model) and ``laplace``."""
+    return {
+        "knob": "method",
+        "chosen": chosen,
+        "tolerance": 0.005,
+        "plain": {"clean_nll": 0.36},
+        "candidates": [
+            {"candidate": "none", "excess": 0.0, "bound": 0.0, "admissible": True, "chosen": chosen == "none"},
+            {
+                "candidate": "laplace",
+                "excess": laplace_excess,
+                "bound": laplace_bound,
+                "admissible": laplace_bound <= 0.005,
+                "reason": None if laplace_bound <= 0.005 else "bound over the tolerance",
+                "chosen": chosen == "laplace",
+            },
+        ],
+    }
+
+
+def test_a_candidate_auto_refused_though_better_on_held_out_data_is_named_with_the_tolerance_that_takes_it():
+    """Issue 44: auto refused laplace (held-out excess -0.034, bound +0.0052 > 0.0050) and the verdict only read
+    "Keep the plain model"."""
+    plain = _nll(0.36, 13)
+    record = _auto_record(-0.034, 0.00523)
+    found = judge([Candidate("none", plain), Candidate("auto", plain.clone(), selection=record)], plain="none")
+    assert found.keeps_plain and len(found.lines()) == 1
+    note = next(note for note in found.notes() if note.startswith("Refused on held-out data although better there"))
+    assert "`laplace`, held-out NLL 0.0340 nats below the plain model's" in note
+    assert "its 95% bound +0.0052 is over the tolerance 0.0050" in note
+    tolerance = float(re.search(r"tolerance=([\d.]+)\)", note).group(1))
+    assert 0.00523 <= tolerance <= 0.0053  # a candidate is admitted when its bound <= the tolerance: this one takes it
+    assert note in found.markdown() and "Refused" in found.as_dict()["notes"][0]
+    # nothing is said when the refused candidate was worse, or when the better one was taken
+    for worse in (_auto_record(0.01, 0.02), _auto_record(-0.034, 0.004, chosen="laplace")):
+        quiet = judge([Candidate("none", plain), Candidate("auto", plain.clone(), selection=worse)], plain="none")
+        assert not any(note.startswith("Refused") for note in quiet.notes())
+
+
+def test_a_test_table_that_disagrees_with_autos_pick_is_said_in_one_line():
+    """Issue 44: "Keep the plain model: auto found no candidate worth its cost", directly above a table in which
+    laplace halves the NLL."""
+    plain = _nll(0.36, 14)
+    auto = Candidate("auto", plain.clone(), selection=_auto_record(-0.034, 0.0052))
+    halves = Candidate("laplace", plain * 0.5)
+    found = judge([Candidate("none", plain), auto, halves], plain="none")
+    assert found.keeps_plain and found.disagreement[0] == "laplace"
+    line = next(note for note in found.notes() if note.startswith("The test table disagrees"))
+    assert line.startswith("The test table disagrees: `laplace` has a lower test NLL than the plain model by 0.1")
+    low, high = found.disagreement[1].interval
+    assert high < 0 and f"[{low:+.4f}, {high:+.4f}]" in line
+    # a row within the noise of auto's pick is no disagreement; nor is any row when the pick is made on the test data
+    close = Candidate("laplace", plain + _nll(0.0, 15, 0.01) - 0.004)
+    assert judge([Candidate("none", plain), auto, close], plain="none").disagreement is None
+    assert judge([Candidate("none", plain), halves], plain="none").disagreement is None

@@ -196,7 +196,10 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     assert args.corruptions == ["gaussian-noise", "contrast"] and args.shift == []
     run_evaluate(args)
     report = (out / "report.md").read_text()
-    assert "## Corruptions of the test set" in report and "| temperature | contrast | 5 |" in report
+    assert "## Corruptions of the test set" in report and "| none | contrast | 5 |" in report
+    # temperature's own rows, or the note that it kept T = 1 (all 24 calibration digits right) and was merged
+    merged = "`temperature` into `none` (its temperature kept T = 1)" in report
+    assert merged is ("| temperature | contrast | 5 |" not in report)
     assert re.search(r"\| none \| (\*\*)?\d\.\d{4}(\*\*)? \[\d\.\d{4}, \d\.\d{4}\] \|", report)
     rows = json.loads((out / "metrics.json").read_text())["rows"]
     corrupted = rows[0]["corruptions"]["values"]["none"]
@@ -204,8 +207,10 @@ def test_evaluate_cli_corrupts_the_test_set_and_reports_intervals(tmp_path, digi
     assert rows[0]["test"]["intervals"]["nll"][0] <= rows[0]["test"]["nll"]
     assert (out / "shift.png").stat().st_size > 10_000
     assert (out / "confidence.png").stat().st_size > 10_000  # no flag asked for it
-    assert "Mean confidence (solid) against accuracy (dashed), none against temperature" in report
+    compared = "none" if merged else "none against temperature"
+    assert f"Mean confidence (solid) against accuracy (dashed), {compared}:" in report
     assert (out / "report.html").read_text().count("data:image/png;base64,") == 5  # with the verdict's frontier
+    assert not merged or "**Keep the plain model**" in report  # every method predicts as the plain model
     verdict = report.split("## Verdict\n\n")[1].split("\n## ")[0]
     assert "![frontier" in verdict and (out / "frontier.png").stat().st_size > 10_000
     if not verdict.startswith("**Keep the plain model**"):  # the shifts are the severities, each over the kinds

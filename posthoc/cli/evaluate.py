@@ -85,11 +85,19 @@ from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
 from posthoc.errors import ConfigError, exit_status
 from posthoc.evaluation import html_page, plots
-from posthoc.evaluation.comparison import candidate, predict_cost
+from posthoc.evaluation.comparison import candidate, predict_timing
+from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note, without
 from posthoc.evaluation.report import Report, markdown_table, operating_points
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import BEST_CAPTION
-from posthoc.evaluation.verdict import SELECTION_FRONTIER_FILE, Verdict, judge, selection_section, verdict_section
+from posthoc.evaluation.verdict import (
+    SELECTION_FRONTIER_FILE,
+    Verdict,
+    cost_cell,
+    judge,
+    selection_section,
+    verdict_section,
+)
 from posthoc.loading import folders, hf
 from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.shift import KINDS
@@ -416,7 +424,7 @@ class MethodResult:
     note: str = ""
     card: dict[str, Any] | None = None
     corruptions: ShiftTable | None = None
-    #: predict time over a plain forward on one test batch (:func:`posthoc.evaluation.report.predict_cost`)
+    #: predict time over a plain forward on one test batch (:func:`posthoc.evaluation.comparison.predict_timing`)
     predict_cost: float | None = None
 
 
@@ -462,7 +470,7 @@ def fit_and_evaluate(
         start = time.perf_counter()
         um.fit(data.train, data.calibration, progress=progress, **fit_options)
         fit_seconds = time.perf_counter() - start
-        cost = predict_cost(um, probe)
+        timing = predict_timing(um, probe)
         guarantees = fit_guarantees(um, data.calibration, args)
         measured = {"conformal": guarantees.conformal, "selective": guarantees.selective}
         start = time.perf_counter()
@@ -479,7 +487,7 @@ def fit_and_evaluate(
             bootstraps=args.bootstraps,
             **measured,
         )
-        test.predict_cost = cost
+        test.predict_cost, test.forward_seconds = timing.ratio, timing.forward_seconds
         eval_seconds = time.perf_counter() - start
         shifts = {
             root: posthoc.evaluate(
@@ -506,7 +514,7 @@ def fit_and_evaluate(
                 guarantees.note,
                 um.summary(),
                 corruption_table(um, name, data.test, args, normalization),
-                cost,
+                timing.ratio,
             )
         )
     return results
@@ -518,16 +526,65 @@ def probe_batch(loader: Iterable) -> Inputs:
     return x
 
 
-def run_verdict(results: list[MethodResult]) -> Verdict | None:
+def shift_names(roots: list[str]) -> dict[str, str]:
+    """A short name for each ``--shift`` folder, for the verdict and its plot: the folder's own name, or its last
+    parts where two would read alike.
+
+    Example:
+        >>> shift_names(["/data/imagenet-c/blur/3", "/data/imagenet-c/noise/3", "/data/rotated"])
+        {'/data/imagenet-c/blur/3': 'blur/3', '/data/imagenet-c/noise/3': 'noise/3', '/data/rotated': 'rotated'}
+    """
+    depth = dict.fromkeys(roots, 1)
+    while True:
+        short = {root: "/".join(Path(root).parts[-depth[root] :]) for root in roots}
+        alike = [root for root in roots if list(short.values()).count(short[root]) > 1]
+        deeper = [root for root in alike if depth[root] < len(Path(root).parts)]
+        if not deeper:
+            return short if not alike else {root: root for root in roots}
+        for root in deeper:
+            depth[root] += 1
+
+
+def _names(results: list[MethodResult]) -> str:
+    return ", ".join(f"`{r.name}`" for r in results)
+
+
+def merged_results(results: list[MethodResult]) -> list[Merged]:
+    """The rows that predict the same as another (the test set, the OOD set, every ``--shift`` folder and
+    corruption), merged into it; the plain row and an auto row are never merged away
+    (:func:`posthoc.evaluation.duplicates.merge_identical`)."""
+
+    def predictions(r: MethodResult) -> list[Any]:
+        ood = r.test.ood_values or {}
+        corrupted = {} if r.corruptions is None else r.corruptions.reports.get(r.name, {})
+        return [
+            r.test.probs,
+            *(r.shifts[root].probs for root in sorted(r.shifts)),
+            *(corrupted[key].probs for key in sorted(corrupted)),
+            *(value for name in sorted(ood) for value in ood[name]),
+        ]
+
+    def why(label: str, into: str) -> str:
+        state = next(r.state for r in results if r.name == label)
+        kept = [v for k, v in state.items() if k.rpartition(".")[2] == "temperature"]
+        return "its temperature kept T = 1" if kept and all(v == 1.0 for v in kept) else "the same predictions"
+
+    keep = [results[0].name, *(r.name for r in results if r.test.selection)]
+    return merge_identical({r.name: predictions(r) for r in results}, keep=keep, why=why)
+
+
+def run_verdict(results: list[MethodResult], *, compared: int | None = None) -> Verdict | None:
     """The verdict on the rows against the plain one (the first): each row's test report, its reports on the
     ``--shift`` folders and its corruption table (per severity, the mean over the kinds), its predict cost and an
-    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` with the plain row alone."""
-    if len(results) < 2:
+    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` when only the plain row was asked for
+    (``compared``: the rows asked for, before merging rows that predict the same; default ``len(results)``)."""
+    if (len(results) if compared is None else compared) < 2:
         return None
+    names = shift_names(list(results[0].shifts))
     candidates = [
         candidate(
             r.test,
-            r.shifts,
+            {names[root]: report for root, report in r.shifts.items()},
             predict_cost=r.predict_cost,
             shifted=None if r.corruptions is None else r.corruptions.example_nll(r.name),
         )
@@ -566,10 +623,15 @@ def write_report(
     to ``args.out``."""
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    curves = {r.name: (r.test.probs, r.test.labels) for r in results}
+    every = results
+    merged = merged_results(results)
+    results = without(results, merged, lambda r: r.name)
+    found = run_verdict(results, compared=len(every))
+    drawn = [r for r in results if found is None or r.name in set(found.featured())]
+    curves = {r.name: (r.test.probs, r.test.labels) for r in drawn}
     plots.reliability_diagram(curves, out / "reliability.png")
     plots.risk_coverage_curve(
-        curves, out / "risk_coverage.png", operating_points(*(r.test for r in results)), args.target_risk
+        curves, out / "risk_coverage.png", operating_points(*(r.test for r in drawn)), args.target_risk
     )
 
     timing = {"fit s": [f"{r.fit_seconds:.1f}" for r in results], "eval s": [f"{r.eval_seconds:.1f}" for r in results]}
@@ -584,8 +646,8 @@ def write_report(
     }
     sizes = ", ".join(f"{k} {v}" for k, v in data.sizes.items() if v)
     test_source = args.val if args.calibration is not None else f"{args.val} (test part; the rest calibrates)"
-    found = run_verdict(results)
-    shift_names = [*data.shifts, *(["corruptions " + ",".join(args.corruptions)] if args.corruptions else [])]
+    shifted = [*shift_names(list(data.shifts)).values()]
+    shifted += ["corruptions " + ",".join(args.corruptions)] if args.corruptions else []
     lines = [
         f"# {title}",
         "",
@@ -593,7 +655,7 @@ def write_report(
             []
             if found is None
             else [
-                verdict_section(found, out, title="test set; NLL under shift: mean over " + "; ".join(shift_names)),
+                verdict_section(found, out, title="test set; NLL under shift: mean over " + "; ".join(shifted)),
                 "",
             ]
         ),
@@ -611,19 +673,20 @@ def write_report(
             {
                 **timing,
                 **fitted,
-                "predict x fwd": ["–" if r.predict_cost is None else f"{r.predict_cost:.1f}" for r in results],
+                "predict x fwd": [cost_cell(r.predict_cost, r.test.forward_seconds) for r in results],
             },
         ),
         "",
         BEST_CAPTION,
         "",
+        *([merge_note(merged), ""] if merged else []),
         *(f"- {r.name}: {r.note}" for r in results if r.note),
         *([""] if any(r.note for r in results) else []),
         *selection_lines(results, out),
     ]
     for root in data.shifts:
         lines += [f"## Shift: {root}", "", markdown_table([r.shifts[root] for r in results]), ""]
-    lines += corruption_lines([r.corruptions for r in results], out)
+    lines += corruption_lines([r.corruptions for r in results], out, drawn=[r.name for r in drawn])
     lines += ood_lines([(r.name, r.test) for r in results], out)
     if calibrator is not None:
         lines += calibrator_markdown(calibrator)
@@ -637,7 +700,12 @@ def write_report(
         *GUARANTEE_LEGEND[: 2 * (args.alpha is not None) + 2 * (args.target_risk is not None)],
         "![reliability diagram](reliability.png)",
         "",
+        f"Reliability diagrams of {_names(drawn)} (the plain model, the recommended row and the few best; every row "
+        "is in the tables).",
+        "",
         "![risk-coverage curve](risk_coverage.png)",
+        "",
+        f"Risk against coverage of {_names(drawn)}.",
         "",
     ]
     report_path = out / "report.md"
@@ -646,7 +714,7 @@ def write_report(
     cards = [
         f"# {r.name}\n\n{r.card.to_markdown()}"
         + (f"\n![{r.name}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})\n" if r.test.selection else "")
-        for r in results
+        for r in every
         if r.card is not None
     ]
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
@@ -655,6 +723,7 @@ def write_report(
         "classes": data.classes,
         "sizes": data.sizes,
         "settings": run_settings(args),
+        "merged": [{"label": m.label, "into": m.into, "why": m.why} for m in merged],
         "rows": [
             {
                 "method": r.name,
@@ -667,7 +736,7 @@ def write_report(
                 "summary": r.card,
                 "corruptions": None if r.corruptions is None else r.corruptions.as_dict(),
             }
-            for r in results
+            for r in every
         ],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
         "verdict": None if found is None else found.as_dict(),

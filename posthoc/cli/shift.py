@@ -119,15 +119,18 @@ def corruption_table(
     )
 
 
-def corruption_lines(tables: Sequence[ShiftTable | None], out: Path) -> list[str]:
-    """The report's corruption section, ``out/shift.png`` (NLL and ECE against severity) and ``out/confidence.png``
-    (mean confidence and accuracy against severity, the plain model against the row with the lowest NLL at the
-    top severity); nothing when no row was corrupted."""
+def corruption_lines(
+    tables: Sequence[ShiftTable | None], out: Path, *, drawn: Sequence[str] | None = None
+) -> list[str]:
+    """The report's corruption section, ``out/shift.png`` (NLL and ECE against severity, of the rows ``drawn``:
+    default all) and ``out/confidence.png`` (mean confidence and accuracy against severity, the plain model against
+    the row with the lowest NLL at the top severity); nothing when no row was corrupted."""
     present = [table for table in tables if table is not None]
     if not present:
         return []
     merged = ShiftTable.merge(present)
-    merged.plot(out / "shift.png")
+    shown = [table for table in present if drawn is None or set(table.methods) & set(drawn)] or present
+    ShiftTable.merge(shown).plot(out / "shift.png")
     compared = plain_and_best(merged)
     merged.confidence_plot(out / "confidence.png", compared)
     return [

@@ -1,20 +1,22 @@
-"""``posthoc demo``: every registered method retrofitted onto the bundled digits checkpoint.
+"""``posthoc demo``: the registered methods retrofitted onto the bundled digits checkpoint, in about two minutes.
 
-The bundled CNN (``posthoc.demo.zoo``) is wrapped by each method's demo configurations (and, for
-each method, once more with temperature scaling fitted on top of the fitted method); every row is fitted on the fit split,
-calibrated on the calibration split, and evaluated on the test digits (with 95% bootstrap intervals),
-on the test digits corrupted by ``posthoc.evaluate_shift`` (:data:`SHIFT_KINDS` at :data:`SEVERITIES`;
-rotation by 15, 45 and 90 degrees among them) and on the held-out digits 8 and 9 as OOD, where every
-post-hoc score of ``posthoc.detector`` (fitted once on the plain model) stands next to each method's
-entropy and mutual information. Times are
-ratios to a plain forward pass over the same data. Writes ``report.md``, the same as one self-contained
-``report.html``, and the PNGs.
+The bundled CNN (``posthoc.demo.zoo``) is wrapped by the demo configurations (:func:`demo_configs`; by default the
+rows that fit about two minutes on 2 CPU cores, ``every_row`` adds the slower ones and, for each method, a row with
+temperature scaling fitted on top of the fitted method); every row is fitted on the fit split, calibrated on the
+calibration split, and evaluated on the test digits (with 95% bootstrap intervals), on the test digits corrupted by
+``posthoc.evaluate_shift`` (:data:`SHIFT_KINDS` at :data:`SEVERITIES`; rotation by 15, 45 and 90 degrees among them)
+and on the held-out digits 8 and 9 as OOD, where every post-hoc score of ``posthoc.detector`` (fitted once on the
+plain model) stands next to each method's entropy and mutual information. Rows that predict the same as another are
+merged into it (:func:`merged_rows`), and the page names them and the rows left out. Times are ratios to a plain
+forward pass over the same data. Writes ``report.md``, the same as one self-contained ``report.html``, and the PNGs;
+its progress is one bar with an ETA on a terminal, one line per step in a log (:mod:`posthoc.demo.steps`).
 
 The report opens with the verdict (:mod:`posthoc.evaluation.verdict`): what ``method="auto"`` picked on held-out
-data, what it costs in distribution (its NLL change against the plain model with a paired bootstrap interval) and
-at predict time, what it buys under the evaluation shifts and on the held-out digits, and the frontier of every
-row (``frontier.png``: in-distribution NLL excess against NLL under shift). Auto's own record of its candidates on
-held-out data follows the main table (``selection_frontier.png``).
+data, what it costs in distribution and at predict time and what it buys under the evaluation shifts and on the
+held-out digits, in three lines; its numbers with paired bootstrap intervals in a small table beside the frontier
+(``frontier.png``: the in-distribution NLL excess against the NLL under shift of the plain model, the pick and the
+best rows). Auto's own record of its candidates on held-out data follows the main table
+(``selection_frontier.png``).
 
 The shift story at a glance: the plain model against the best configuration (the row with the lowest NLL,
 mean over the kinds, at the top severity, or the one named by ``best=``), as mean confidence and accuracy
@@ -34,25 +36,28 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
+from torch import Tensor
 
 from posthoc.api import wrap_spec
 from posthoc.core.registry import method_class
 from posthoc.demo import data, zoo
-from posthoc.demo.configs import DEMO_CONFIGS
+from posthoc.demo.configs import DEMO_CONFIGS, EXPECTED_SECONDS, LEFT_OUT, TEMPERATURE_SECONDS
+from posthoc.demo.steps import Steps
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_report, plots
 from posthoc.evaluation.comparison import candidate
+from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note, without
 from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION
-from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
+from posthoc.evaluation.verdict import Verdict, cost_cell, judge, selection_section, verdict_section
 from posthoc.ood.detector import available_scores, detector
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
@@ -72,6 +77,8 @@ PREDICTIVE_OOD_SCORES = ("msp", "gen")
 SHIFT_EXAMPLES = 500
 #: methods whose first row gets no ``+ temperature`` row: the plain model, and auto (whose candidates include it)
 NO_TEMPERATURE_ROW = ("none", "auto")
+#: the first and the last of the demo's steps (the rows' steps are their labels)
+DATA_STEP, REPORT_STEP = "digits, checkpoint and OOD scores", "verdict, plots and report"
 
 
 @dataclass
@@ -123,6 +130,12 @@ class DemoRow:
     story: ShiftStory | None = None
     #: which row to use and its numbers (shared by all rows), see :func:`demo_verdict`
     verdict: Verdict | None = None
+    #: the rows merged into others because they predict the same (shared by all rows), see :func:`merged_rows`
+    merged: list[Merged] | None = None
+    #: the demo configurations not run (shared by all rows), see :func:`left_out`
+    left_out: list[str] | None = None
+    #: the plain forward's seconds over the test digits, against which ``predict_ratio`` is measured
+    forward_seconds: float | None = None
 
 
 def _split_options(name: str, options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -139,17 +152,23 @@ def _timed(fn) -> tuple[Any, float]:
     return result, time.perf_counter() - start
 
 
-def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str, Any]], dict[str, Any], bool]]:
+def demo_configs(
+    only: list[str] | None = None, *, every_row: bool = True
+) -> list[tuple[str, list[dict[str, Any]], dict[str, Any], bool]]:
     """``(label, spec, fit_options, add_temperature)`` for the demo rows of :data:`~posthoc.demo.configs.DEMO_CONFIGS`
     (of the methods ``only`` when given).
 
-    The first row of each method (other than MAP and temperature) also gets a ``+ temperature``
-    row, fitted on top of the already fitted method. A stacking method's row stacks on the methods its
-    option ``"on"`` names, else on the plain model.
+    With ``every_row``, the first row of each method (other than MAP and temperature) also gets a ``+ temperature``
+    row, fitted on top of the already fitted method; without it (what ``posthoc demo`` runs unless told ``--all``,
+    so that it fits in about two minutes) those rows and the rows of :data:`~posthoc.demo.configs.LEFT_OUT` are left
+    out, except for the methods ``only`` names. A stacking method's row stacks on the methods its option ``"on"``
+    names, else on the plain model.
 
     Example:
         >>> [label for label, *_ in demo_configs(["none", "temperature"])]
         ['MAP', 'temperature']
+        >>> "LLLA full" in [label for label, *_ in demo_configs(every_row=False)]
+        False
     """
     configs = []
     for name, rows in DEMO_CONFIGS.items():
@@ -157,12 +176,30 @@ def demo_configs(only: list[str] | None = None) -> list[tuple[str, list[dict[str
             continue
         cls = method_class(name)
         for position, (label, options) in enumerate(rows):
+            if not (every_row or only) and label in LEFT_OUT:
+                continue
             options = dict(options)
             inner = [{"name": base, "options": {}} for base in options.pop("on", [])]
             wrap_options, fit_options = _split_options(name, options)
-            stack = position == 0 and not cls.stacks and name not in NO_TEMPERATURE_ROW
+            stack = (every_row or bool(only)) and position == 0 and not cls.stacks and name not in NO_TEMPERATURE_ROW
             configs.append((label, [*inner, {"name": name, "options": wrap_options}], fit_options, stack))
     return configs
+
+
+def left_out(only: list[str] | None = None, *, every_row: bool = True) -> list[str]:
+    """The demo rows :func:`demo_configs` leaves out with these arguments, in words (the page names them).
+
+    Example:
+        >>> left_out(every_row=False)[-1]
+        'a `+ temperature` row per method'
+    """
+    run = {label for label, *_ in demo_configs(only, every_row=every_row)}
+    every = demo_configs(only, every_row=True)
+    rows = [label for label, *_ in every if label not in run]
+    stacked = any(stack for *_, stack in every) and not any(
+        stack for *_, stack in demo_configs(only, every_row=every_row)
+    )
+    return rows + (["a `+ temperature` row per method"] if stacked else [])
 
 
 def _plain_forward_seconds(model: torch.nn.Module, loader) -> float:
@@ -240,25 +277,40 @@ def run_demo(
     progress: bool = True,
     seed: int = 0,
     best: str | None = None,
+    every_row: bool = False,
+    stream: IO[str] | None = None,
 ) -> list[DemoRow]:
-    """Fit and evaluate every demo configuration; write PNGs and ``report.md`` to ``out_dir``.
+    """Fit and evaluate the demo configurations; write PNGs, ``report.md`` and ``report.html`` to ``out_dir``.
 
-    ``best`` names the row the shift story compares with the plain model (default: the row with the lowest
-    NLL under the strongest shift).
+    ``methods``: only these methods' rows (every row of each); otherwise the rows that fit in about two minutes on
+    2 CPU cores, or with ``every_row`` all of them (:func:`demo_configs`; the page names what was left out). Rows
+    that predict the same as an earlier row are merged into it (:mod:`posthoc.evaluation.duplicates`). ``best``
+    names the row the shift story compares with the plain model (default: the row with the lowest NLL under the
+    strongest shift). ``progress``: one bar with an ETA on a terminal, one line per step elsewhere, to ``stream``
+    (:class:`posthoc.demo.steps.Steps`).
     """
     torch.manual_seed(seed)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    splits = data.load_digits()
-    model = zoo.pretrained()
-    fit_loader = data.loader(splits.fit, batch_size=256)
-    cal_loader = data.loader(splits.calibration, batch_size=256)
-    test_loader = data.loader(splits.test, batch_size=500)
-    shift_loader = data.loader(data.subset(splits.test, SHIFT_EXAMPLES), batch_size=500)
-    ood_loader = data.loader(splits.ood, batch_size=500)
-    forward_fit = _plain_forward_seconds(model, fit_loader)
-    forward_test = min(_plain_forward_seconds(model, test_loader) for _ in range(3))
-    ood = post_hoc_ood(model, fit_loader, test_loader, ood_loader)
+    configs = demo_configs(methods, every_row=every_row)
+    weights = {DATA_STEP: EXPECTED_SECONDS[DATA_STEP]}
+    for label, _, _, add_temperature in configs:
+        weights[label] = EXPECTED_SECONDS.get(label, EXPECTED_SECONDS[None])
+        if add_temperature:
+            weights[f"{label} + temperature"] = TEMPERATURE_SECONDS
+    weights[REPORT_STEP] = EXPECTED_SECONDS[REPORT_STEP]
+    steps = Steps(weights, enabled=progress, stream=stream)
+    with steps.step(DATA_STEP):
+        splits = data.load_digits()
+        model = zoo.pretrained()
+        fit_loader = data.loader(splits.fit, batch_size=256)
+        cal_loader = data.loader(splits.calibration, batch_size=256)
+        test_loader = data.loader(splits.test, batch_size=500)
+        shift_loader = data.loader(data.subset(splits.test, SHIFT_EXAMPLES), batch_size=500)
+        ood_loader = data.loader(splits.ood, batch_size=500)
+        forward_fit = _plain_forward_seconds(model, fit_loader)
+        forward_test = min(_plain_forward_seconds(model, test_loader) for _ in range(3))
+        ood = post_hoc_ood(model, fit_loader, test_loader, ood_loader)
 
     def row(label: str, um: UncertainModel, fit_seconds: float) -> DemoRow:
         predict_seconds = min(
@@ -287,29 +339,64 @@ def run_demo(
             bootstraps=SHIFT_BOOTSTRAPS,
             progress=False,
         )
-        return DemoRow(label, report, shift, fit_seconds / forward_fit, predict_seconds / forward_test, ood)
+        return DemoRow(
+            label,
+            report,
+            shift,
+            fit_seconds / forward_fit,
+            predict_seconds / forward_test,
+            ood,
+            forward_seconds=forward_test,
+        )
 
     rows, models, plain = [], {}, None
-    for label, spec, fit_options, add_temperature in demo_configs(methods):
-        if progress:
-            print(f"fitting {label} ...", flush=True)
-        torch.manual_seed(seed)
-        um: UncertainModel = wrap_spec(model, spec)
-        _, fit_seconds = _timed(lambda: um.fit(fit_loader, cal_loader, progress=False, **fit_options))
-        rows.append(row(label, um, fit_seconds))
-        models[label] = um
+    for label, spec, fit_options, add_temperature in configs:
+        with steps.step(label):
+            torch.manual_seed(seed)
+            um: UncertainModel = wrap_spec(model, spec)
+            _, fit_seconds = _timed(lambda: um.fit(fit_loader, cal_loader, progress=False, **fit_options))
+            rows.append(row(label, um, fit_seconds))
+            models[label] = um
         plain = plain or (label if [entry["name"] for entry in spec] == ["none"] else None)
         if add_temperature:
-            stacked, temperature_seconds = _with_temperature(um, cal_loader)
-            rows.append(row(f"{label} + temperature", stacked, fit_seconds + temperature_seconds))
-            models[rows[-1].label] = stacked
-    plain = plain or rows[0].label
-    story = shift_story(rows, models, plain, shift_loader, best=best, seed=seed, progress=False)
-    found = demo_verdict(rows, plain, seed=seed)
-    for one in rows:
-        one.story, one.verdict = story, found
-    _write_outputs(rows, out_dir)
+            with steps.step(f"{label} + temperature"):
+                stacked, temperature_seconds = _with_temperature(um, cal_loader)
+                rows.append(row(f"{label} + temperature", stacked, fit_seconds + temperature_seconds))
+                models[rows[-1].label] = stacked
+    with steps.step(REPORT_STEP):
+        plain = plain or rows[0].label
+        merged = merged_rows(rows, models, plain)
+        rows = without(rows, merged, lambda one: one.label)
+        story = shift_story(rows, models, plain, shift_loader, best=best, seed=seed, progress=False)
+        found = demo_verdict(rows, plain, seed=seed)
+        omitted = left_out(methods, every_row=every_row)
+        for one in rows:
+            one.story, one.verdict, one.merged, one.left_out = story, found, merged, omitted
+        _write_outputs(rows, out_dir)
+    steps.close()
     return rows
+
+
+def merged_rows(rows: list[DemoRow], models: dict[str, UncertainModel], plain: str) -> list[Merged]:
+    """The rows that predict the same as another (every test, shifted and OOD example), merged into it; the plain
+    row and an auto row are never merged away (:func:`posthoc.evaluation.duplicates.merge_identical`)."""
+
+    def predictions(one: DemoRow) -> list[Tensor | None]:
+        shifted = one.shift.reports[one.label]
+        values = one.report.ood_values or {}
+        return [
+            one.report.probs,
+            *(shifted[key].probs for key in sorted(shifted)),
+            *(value for name in sorted(values) for value in values[name]),
+        ]
+
+    def why(label: str, into: str) -> str:
+        if models[label].methods[-1] == "temperature":
+            return "its temperature kept T = 1"
+        return "the same held-out choice"
+
+    keep = [plain, *(one.label for one in rows if one.report.selection)]
+    return merge_identical({one.label: predictions(one) for one in rows}, keep=keep, why=why)
 
 
 def demo_verdict(rows: list[DemoRow], plain: str, *, seed: int = 0) -> Verdict:
@@ -322,7 +409,13 @@ def demo_verdict(rows: list[DemoRow], plain: str, *, seed: int = 0) -> Verdict:
         '**Use `auto`** for thi'
     """
     candidates = [
-        candidate(row.report, shifted=row.shift.example_nll(row.label), predict_cost=row.predict_ratio) for row in rows
+        candidate(
+            row.report,
+            shifted=row.shift.example_nll(row.label),
+            predict_cost=row.predict_ratio,
+            forward_seconds=row.forward_seconds,
+        )
+        for row in rows
     ]
     return judge(
         candidates,
@@ -376,15 +469,45 @@ def severity_sentence(kinds: tuple[str, ...] = SHIFT_KINDS, severities: tuple[in
     return ", ".join(parts)
 
 
+def featured(rows: list[DemoRow]) -> list[DemoRow]:
+    """The rows the plots draw: the plain model, the recommended row and the few best (the verdict's
+    :meth:`~posthoc.evaluation.verdict.Verdict.featured`); every row without a verdict."""
+    found = rows[0].verdict
+    labels = set(found.featured()) if found is not None else {row.label for row in rows}
+    return [row for row in rows if row.label in labels]
+
+
+def _notes(rows: list[DemoRow]) -> str:
+    """What was merged and what was left out, one line each ("" when neither)."""
+    notes = [merge_note(rows[0].merged or [])]
+    if rows[0].left_out:
+        notes.append(
+            "Left out to run in about two minutes on 2 CPU cores: "
+            + ", ".join(f"`{label}`" if "`" not in label else label for label in rows[0].left_out)
+            + " (`posthoc demo --all` runs every row, `--method NAME` every row of one method)."
+        )
+    return "".join(f"\n\n{note}" for note in notes if note)
+
+
+#: the pictures after the tables: file -> what it shows
+FIGURES = {
+    "reliability.png": "Reliability diagrams on the test digits",
+    "reliability_rotated45.png": "Reliability diagrams on the test digits rotated by 45 degrees",
+    "risk_coverage.png": "Risk against coverage on the test digits",
+    "shift.png": "NLL and ECE against severity (mean over the kinds)",
+    "ood_scores.png": "The plain model's OOD scores: test digits 0-7 against the held-out 8 and 9",
+}
+
+
 def render(rows: list[DemoRow], out_dir: str | Path | None = None) -> str:
     """The demo's Markdown: the verdict and the frontier, the in-distribution table with costs, auto's held-out record,
     NLL and ECE under shift, and the OOD tables. With ``out_dir`` the two frontiers are drawn there and linked (the
-    report); without it, the same text with no pictures (what ``posthoc demo`` prints)."""
+    report); without it, the same text with no pictures."""
     main = markdown_table(
         [row.report for row in rows],
         {
             "fit × fwd": [f"{row.fit_ratio:.1f}" for row in rows],
-            "predict × fwd": [f"{row.predict_ratio:.1f}" for row in rows],
+            "predict × fwd": [cost_cell(row.predict_ratio, row.forward_seconds) for row in rows],
         },
     )
     shift = ShiftTable.merge([row.shift for row in rows])
@@ -402,6 +525,7 @@ def render(rows: list[DemoRow], out_dir: str | Path | None = None) -> str:
         + main
         + f"\n\nIntervals: {CI:.0%} percentile bootstrap over the 1000 test digits ({BOOTSTRAPS} resamples). "
         + BEST_CAPTION
+        + _notes(rows)
         + "\n"
         + ("" if not selection else "\n" + selection)
         + "\n### Under shift: test digits corrupted by posthoc.evaluate_shift\n\n"
@@ -415,12 +539,23 @@ def render(rows: list[DemoRow], out_dir: str | Path | None = None) -> str:
     )
 
 
+def pictures(rows: list[DemoRow]) -> str:
+    """The Markdown of the pictures after the tables: each figure with a caption saying which rows it draws."""
+    drawn = ", ".join(f"`{row.label}`" for row in featured(rows))
+    parts = ["### Pictures", ""]
+    for name, what in FIGURES.items():
+        who = "" if name == "ood_scores.png" else f" ({drawn}; every row is in the tables)"
+        parts += [f"![{what}]({name})", "", f"{what}{who}.", ""]
+    return "\n".join(parts)
+
+
 def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
-    curves = {row.label: (row.report.probs, row.report.labels) for row in rows}
+    drawn = featured(rows)
+    curves = {row.label: (row.report.probs, row.report.labels) for row in drawn}
     plots.reliability_diagram(curves, out_dir / "reliability.png")
     rotated45 = {row.label: row.shift.reports[row.label]["rotate", ROTATED45] for row in rows}
     rotated = {label: (report.probs, report.labels) for label, report in rotated45.items()}
-    plots.reliability_diagram(rotated, out_dir / "reliability_rotated45.png")
+    plots.reliability_diagram({row.label: rotated[row.label] for row in drawn}, out_dir / "reliability_rotated45.png")
     story = rows[0].story
     if story is not None:
         story.table.confidence_plot(out_dir / "confidence.png", story.labels)
@@ -428,15 +563,10 @@ def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
             {label: rotated[label] for label in story.labels}, out_dir / "reliability_rotated45_best.png"
         )
     plots.risk_coverage_curve(curves, out_dir / "risk_coverage.png")
-    ShiftTable.merge([row.shift for row in rows]).plot(out_dir / "shift.png")
+    ShiftTable.merge([row.shift for row in drawn]).plot(out_dir / "shift.png")
     ood_histograms(
         rows[0].post_hoc_ood, out_dir / "ood_scores.png", title="plain model: test digits 0-7 against held-out 8 and 9"
     )
-    markdown = render(rows, out_dir)
+    markdown = render(rows, out_dir) + "\n" + pictures(rows)
     (out_dir / "report.md").write_text(markdown)
-    figures = ["reliability.png", "reliability_rotated45.png", "risk_coverage.png", "shift.png", "ood_scores.png"]
-    html_page.write_html(
-        markdown + "\n" + "\n\n".join(f"![{name}]({name})" for name in figures),
-        out_dir / "report.html",
-        title="posthoc demo",
-    )
+    html_page.write_html(markdown, out_dir / "report.html", title="posthoc demo")

@@ -3,13 +3,14 @@
 :func:`candidate` turns a method's :class:`~posthoc.evaluation.report.Report` (or regression report) into a
 :class:`~posthoc.evaluation.verdict.Candidate`: its per-example NLL on the test set and on each shifted set, its
 entropy on the test and OOD sets, its predict cost and ``method="auto"``'s selection record;
-:func:`compared_verdict` judges reports against the first (the plain model). :func:`predict_cost` times a wrapped
-model's predict against a plain forward; :func:`auto_selection` reads auto's record off a wrapped model.
+:func:`compared_verdict` judges reports against the first (the plain model). :func:`predict_timing` times a wrapped
+model's predict against a plain forward (:func:`predict_cost`: their ratio); :func:`auto_selection` reads auto's
+record off a wrapped model.
 
 Example:
     >>> found = compared_verdict([plain_report, report], {"noisy": [plain_noisy_report, noisy_report]})
-    >>> found.sentence()
-    '**Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...'
+    >>> print(found.lines()[1])
+    It costs no NLL in distribution (-0.0651 nats, 0.89x the plain model's 0.5974) and an unmeasured time at ...
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -57,11 +59,13 @@ def candidate(
     predict_cost: float | None = None,
     selection: Mapping[str, Any] | None = None,
     shifted: Mapping[str, Tensor] | None = None,
+    forward_seconds: float | None = None,
 ) -> verdict.Candidate:
     """What the verdict reads of one method's report: its per-example NLL on the test set and on each shifted test
     set (``shifts``: name -> its report there; ``shifted``: name -> per-example NLL already computed, e.g.
-    :meth:`posthoc.evaluation.shift.ShiftTable.example_nll`), its entropy on the test and OOD sets, its predict cost and
-    auto's selection record (by default the report's own ``predict_cost`` and ``selection``).
+    :meth:`posthoc.evaluation.shift.ShiftTable.example_nll`), its entropy on the test and OOD sets, its predict cost
+    (with the plain forward's seconds it was measured against) and auto's selection record (by default the report's
+    own ``predict_cost``, ``forward_seconds`` and ``selection``).
 
     Example:
         >>> candidate(report, {"noisy": noisy_report}).shifted["noisy"].shape
@@ -75,6 +79,7 @@ def candidate(
         own.get("entropy"),
         getattr(report, "predict_cost", None) if predict_cost is None else predict_cost,
         getattr(report, "selection", None) if selection is None else selection,
+        getattr(report, "forward_seconds", None) if forward_seconds is None else forward_seconds,
     )
 
 
@@ -102,12 +107,26 @@ def compared_verdict(
     return verdict.judge(rows, reports[0].name, **options)
 
 
-def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
-    """The median time of ``um.predict(x)`` over that of a plain forward of the user's model (for an ensemble, its
-    first member) on the same inputs, each timed ``repeats`` times after one warm-up call: the verdict's cost.
+@dataclass(frozen=True)
+class PredictTiming:
+    """A wrapped model's predict time against a plain forward on the same inputs: median ``seconds`` of each, and
+    their ``ratio`` (the verdict's predict cost)."""
+
+    seconds: float
+    forward_seconds: float
+
+    @property
+    def ratio(self) -> float:
+        return self.seconds / max(self.forward_seconds, 1e-9)
+
+
+def predict_timing(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> PredictTiming:
+    """The median time of ``um.predict(x)`` and of a plain forward of the user's model (for an ensemble, its first
+    member) on the same inputs, each timed ``repeats`` times after one warm-up call.
 
     Example:
-        >>> predict_cost(posthoc.wrap(model, method="none"), x) > 0      # about 1: the plain forward itself
+        >>> timing = predict_timing(posthoc.wrap(model, method="none"), x)
+        >>> timing.forward_seconds > 0 and timing.ratio > 0       # about 1: the plain forward itself
         True
     """
     x = to_device(x, um.device)
@@ -127,8 +146,17 @@ def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
     model = um.method.plain_model
     with torch.no_grad(), eval_mode(model):
         plain = median_seconds(lambda: run_model(model, x))
-    method = median_seconds(lambda: um.predict(x, generator=generator))
-    return method / max(plain, 1e-9)
+    return PredictTiming(median_seconds(lambda: um.predict(x, generator=generator)), plain)
+
+
+def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
+    """The median time of ``um.predict(x)`` over that of a plain forward (:func:`predict_timing`'s ratio).
+
+    Example:
+        >>> predict_cost(posthoc.wrap(model, method="none"), x) > 0      # about 1: the plain forward itself
+        True
+    """
+    return predict_timing(um, x, repeats=repeats).ratio
 
 
 def auto_selection(um: UncertainModel) -> dict[str, Any] | None:

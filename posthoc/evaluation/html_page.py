@@ -16,6 +16,8 @@ import base64
 import html
 import os
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
@@ -29,18 +31,27 @@ body { font-family: system-ui, sans-serif; margin: 2em; color: #222; max-width: 
 p, li, h1, h2, h3, h4, h5, h6 { overflow-wrap: anywhere; }
 .wide { max-width: 100%; overflow-x: auto; margin: 0.8em 0; }
 table { border-collapse: collapse; font-size: 0.85em; }
-th, td { border: 1px solid #ccc; padding: 0.25em 0.55em; text-align: right; white-space: nowrap; }
-th { background: #f0f0f0; } td:first-child, th:first-child { text-align: left; }
+th, td { border: 1px solid #ccc; padding: 0.25em 0.4em; text-align: right; white-space: nowrap; }
+th { background: #f0f0f0; white-space: normal; } td:first-child, th:first-child { text-align: left; }
+td:first-child { white-space: normal; min-width: 9em; }
 tr:nth-child(even) td { background: #fafafa; }
 img { max-width: 100%; height: auto; margin: 0.5em 0; }
 code { background: #eee; padding: 0 0.2em; border-radius: 2px; }
 .verdict { background: #f4f8f4; border-left: 4px solid #2ca02c; padding: 0.1em 1em; }
+.side { display: flex; flex-wrap: wrap; gap: 0 2em; align-items: flex-start; }
+.side > * { min-width: 0; max-width: 100%; }
+.ci { color: #666; font-size: 0.85em; }
+figure { margin: 1em 0; } figcaption { font-size: 0.9em; color: #444; max-width: 60em; }
 """
 #: the class of the container every table sits in: it scrolls sideways itself, so a wide table never widens the page
 WIDE = "wide"
 #: the heading (level 2) of the section that opens a report comparing methods
 VERDICT = "Verdict"
+#: the class of the container that sets the verdict's table and its frontier side by side (stacked when narrow)
+SIDE = "side"
 _IMAGE = re.compile(r"!\[([^\]]*)\]\(([^)]+)\)")
+#: a table cell holding a value and its interval, ``0.0809 [0.0470, 0.1204]``: the interval goes under the value
+_WITH_INTERVAL = re.compile(r"^(.*\S) (\[[^\]]+\]†?)$")
 
 
 def image_tag(png: bytes, alt: str = "") -> str:
@@ -59,36 +70,67 @@ def _text(text: str) -> str:
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", escaped)
 
 
-def _inline(text: str, base_dir: Path | None) -> str:
+@dataclass(frozen=True)
+class _Images:
+    """Where a page's images come from: PNG bytes given by name, else files relative to ``base_dir``."""
+
+    base_dir: Path | None = None
+    given: Mapping[str, bytes] = field(default_factory=dict)
+
+    def png(self, name: str) -> bytes | None:
+        if name in self.given:
+            return self.given[name]
+        path = Path(name) if self.base_dir is None else self.base_dir / name
+        return path.read_bytes() if path.is_file() else None
+
+
+def _inline(text: str, images: _Images) -> str:
     """Escaped text with ``**bold**``, and each ``![alt](file.png)`` embedded (left as text if the file is missing)."""
     out, last = [], 0
     for match in _IMAGE.finditer(text):
-        path = Path(match.group(2)) if base_dir is None else base_dir / match.group(2)
+        png = images.png(match.group(2))
         out.append(_text(text[last : match.start()]))
-        out.append(image_tag(path.read_bytes(), match.group(1)) if path.is_file() else html.escape(match.group(0)))
+        out.append(html.escape(match.group(0)) if png is None else image_tag(png, match.group(1)))
         last = match.end()
     out.append(_text(text[last:]))
     return "".join(out)
 
 
-def _table(rows: list[str], base_dir: Path | None) -> str:
+def _cell(text: str, images: _Images) -> str:
+    """A table cell's HTML: a value with its interval puts the interval on a line of its own, in grey, so that a
+    table of intervals is half as wide."""
+    found = _WITH_INTERVAL.match(text)
+    if found is None:
+        return _inline(text, images)
+    return f'{_inline(found.group(1), images)}<br><span class="ci">{html.escape(found.group(2))}</span>'
+
+
+def _table(rows: list[str], images: _Images) -> str:
     cells = [[c.strip() for c in row.strip().strip("|").split("|")] for row in rows]
     body = [r for r in cells[1:] if not all(set(c) <= set("-: ") for c in r)]
-    head = "".join(f"<th>{_inline(c, base_dir)}</th>" for c in cells[0])
-    lines = "".join("<tr>" + "".join(f"<td>{_inline(c, base_dir)}</td>" for c in r) + "</tr>" for r in body)
+    head = "".join(f"<th>{_inline(c, images)}</th>" for c in cells[0])
+    lines = "".join("<tr>" + "".join(f"<td>{_cell(c, images)}</td>" for c in r) + "</tr>" for r in body)
     return f'<div class="{WIDE}"><table><thead><tr>{head}</tr></thead><tbody>{lines}</tbody></table></div>'
 
 
-def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> str:
-    """The HTML body of posthoc's Markdown; images are read relative to ``base_dir`` and embedded.
+def markdown_to_html(
+    text: str, base_dir: str | os.PathLike | None = None, *, images: Mapping[str, bytes] | None = None
+) -> str:
+    """The HTML body of posthoc's Markdown; images are read relative to ``base_dir`` (or, by name, from ``images``:
+    PNG bytes drawn in memory) and embedded.
 
     Example:
         >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
         '<div class="wide"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table></div>'
 
-    A ``## Verdict`` section (up to the next heading) sits in a ``<section class="verdict">``.
+    A ``## Verdict`` section (up to the next heading) sits in a ``<section class="verdict">``; in it a table followed
+    by an image (the verdict's numbers and its frontier) sit side by side in a ``<div class="side">``.
     """
-    base = None if base_dir is None else Path(base_dir)
+    return _blocks(text, _Images(None if base_dir is None else Path(base_dir), dict(images or {})))
+
+
+def _blocks(text: str, base: _Images) -> str:
+    """The HTML blocks of ``text`` (see :func:`markdown_to_html`)."""
     blocks, lines = [], text.splitlines()
     i, in_verdict = 0, False
     while i < len(lines):
@@ -97,7 +139,14 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
             start = i
             while i < len(lines) and lines[i].startswith("|"):
                 i += 1
-            blocks.append(_table(lines[start:i], base))
+            table = _table(lines[start:i], base)
+            after = next((j for j in range(i, len(lines)) if lines[j].strip()), None)
+            if in_verdict and after is not None and _IMAGE.fullmatch(lines[after].strip()):
+                image = _inline(lines[after].strip(), base)
+                blocks.append(f'<div class="{SIDE}">{table}<div>{image}</div></div>')
+                i = after + 1
+            else:
+                blocks.append(table)
             continue
         if line.startswith("- "):
             items = []
@@ -120,6 +169,17 @@ def markdown_to_html(text: str, base_dir: str | os.PathLike | None = None) -> st
             blocks.append(f"<p>{_inline(line, base)}</p>")
         i += 1
     return "\n".join(blocks + (["</section>"] if in_verdict else []))
+
+
+def figure_block(fig: Figure, alt: str, caption: str) -> str:
+    """A ``<figure>`` of a matplotlib figure, embedded, with its caption.
+
+    Example:
+        >>> import matplotlib.pyplot as plt
+        >>> figure_block(plt.figure(), "empty", "An empty figure.").endswith("<figcaption>An empty figure.</figcaption></figure>")
+        True
+    """
+    return f"<figure>{figure_tag(fig, alt)}<figcaption>{_text(caption)}</figcaption></figure>"
 
 
 def page(body: str, title: str) -> str:

@@ -3,14 +3,16 @@ of in-distribution cost against NLL under shift, as PNG.
 
 Every function draws a matplotlib ``Figure``, writes it to ``path`` (when given) and returns it (closed to
 pyplot, still readable: ``fig.axes[0].get_lines()``, ``fig.axes[0].get_legend()``). Up to 20 methods get
-distinct colour and line-style pairs (:func:`method_styles`); legends sit outside the axes.
+distinct colour and line-style pairs (:func:`method_styles`); legends sit under the axes, never wider than them
+(long names wrap), and no two texts of a figure overlap (:func:`overlapping_texts` checks it). Reports draw the plain
+model, the recommended row and a few best ones; the rest stay in their tables.
 
 Example:
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
     >>> curves = {"MAP": (plain_report.probs, test_labels), "laplace": (report.probs, test_labels)}
     >>> fig = risk_coverage_curve(curves, "rc.png", log_scale=True)
     >>> [line.get_label() for line in fig.axes[0].get_lines()]
-    ['MAP (AURC 0.0969)', 'laplace (AURC 0.0978)']
+    ['MAP (AURC 0.0967)', 'laplace (AURC 0.0966)']
     >>> fig = confidence_plot({"MAP": ([0, 1, 2], [0.99, 0.95, 0.9], [0.98, 0.8, 0.6])}, "confidence.png")
     >>> fig = frontier([FrontierPoint("none", 0.0, (0.0, 0.0), 0.9, (0.85, 0.95), True),
     ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
@@ -22,6 +24,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import textwrap
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -29,8 +32,10 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
+from matplotlib.transforms import Bbox  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.core.paths import output_file  # noqa: E402
@@ -55,6 +60,12 @@ NUMBER_OFFSETS = ((5, 4), (5, -10), (-11, 4), (-11, -10), (0, 8), (0, -14), (9, 
 #: the frontier's x axis turns symmetric-log when the excesses reach this many tolerances
 SYMLOG_SPAN = 30
 DPI = 110
+#: the recommended point's star: its area (points squared) and about its half width (points)
+STAR_SIZE, STAR_RADIUS = 480, 11
+#: the font size of legends and of the frontier's numbers (points)
+LEGEND_SIZE = 7
+#: characters a reliability panel's title holds on one line (a 3-inch panel at 9 points: about 2.1 inches of text)
+TITLE_CHARACTERS = 30
 
 
 def method_styles(count: int) -> list[dict[str, object]]:
@@ -82,24 +93,88 @@ def png_bytes(fig: Figure) -> bytes:
     return buffer.getvalue()
 
 
-def _legend_outside(ax, entries: int) -> None:
+def _wrapped(text: str, width_points: float, size: float = LEGEND_SIZE) -> str:
+    """``text`` wrapped to lines that fit ``width_points`` at font ``size`` (about 0.55 em a character)."""
+    return textwrap.fill(text, max(12, int(width_points / (0.55 * size))), break_long_words=False)
+
+
+def legend_under(ax, *, columns: int = 1) -> None:
+    """The legend of ``ax``'s labelled artists under the axes (below the x label), in ``columns`` columns, its long
+    labels wrapped so that it is never wider than the axes.
+
+    Example:
+        >>> fig, ax = plt.subplots()
+        >>> _ = ax.plot([0, 1], [0, 1], label="a method with a rather long name " * 4)
+        >>> legend_under(ax)
+        >>> fig.canvas.draw()
+        >>> bool(ax.get_legend().get_window_extent().width <= ax.get_window_extent().width)
+        True
+    """
+    handles, labels = ax.get_legend_handles_labels()
+    width = ax.get_window_extent().width * 72 / ax.figure.dpi / columns - 30  # the handle and the padding
     ax.legend(
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1.0),
+        handles,
+        [_wrapped(label, width) for label in labels],
+        loc="upper center",
+        bbox_to_anchor=(0.5, -0.16),
         borderaxespad=0,
-        fontsize=7,
+        fontsize=LEGEND_SIZE,
         frameon=False,
-        ncol=1 if entries <= 14 else 2,
+        ncol=columns,
     )
+
+
+def _drawn_texts(fig: Figure) -> list:
+    """The texts ``fig`` draws: titles, axis labels, the tick labels inside each axis' view, legend entries and
+    annotations (visible and not empty)."""
+    texts = [*fig.texts, *(text for legend in fig.legends for text in legend.get_texts())]
+    for ax in fig.axes:
+        texts += [ax.title, ax.xaxis.label, ax.yaxis.label, *ax.texts]
+        if ax.get_legend() is not None:
+            texts += ax.get_legend().get_texts()
+        for axis in (ax.xaxis, ax.yaxis):
+            low, high = sorted(axis.get_view_interval())
+            span = 1e-9 * max(1.0, abs(high - low))
+            texts += [tick.label1 for tick in axis.get_major_ticks() if low - span <= tick.get_loc() <= high + span]
+    return [text for text in texts if text.get_visible() and text.get_text().strip()]
+
+
+def overlapping_texts(fig: Figure) -> list[tuple[str, str]]:
+    """Every pair of texts ``fig`` draws (titles, axis and tick labels, legend entries, annotations) whose boxes
+    overlap by more than half a pixel each way: a legible figure has none.
+
+    Example:
+        >>> fig, ax = plt.subplots()
+        >>> _ = ax.text(0.5, 0.5, "one"), ax.text(0.5, 0.5, "two")
+        >>> overlapping_texts(fig)
+        [('one', 'two')]
+    """
+    canvas = fig.canvas if hasattr(fig.canvas, "get_renderer") else FigureCanvasAgg(fig)  # a figure closed to pyplot
+    canvas.draw()
+    renderer = canvas.get_renderer()
+    boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in _drawn_texts(fig)]
+    found = []
+    for i, (first, a) in enumerate(boxes):
+        for second, b in boxes[i + 1 :]:
+            common = Bbox.intersection(a, b)
+            if common is not None and common.width > 0.5 and common.height > 0.5:
+                found.append((first, second))
+    return found
 
 
 def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, bins: int = 15) -> Figure:
     """Accuracy against confidence per bin for each ``name -> (probs, labels)``, one panel each, with the
-    number of examples per bin (log scale) under each panel; panels share their axes."""
+    number of examples per bin (log scale) under each panel; panels share their axes, long names wrap.
+
+    Example:
+        >>> fig = reliability_diagram({"MC dropout (own, rate on val) + temperature": (probs, labels), "MAP": (probs, labels)})
+        >>> fig.axes[0].get_title().splitlines()
+        ['MC dropout (own, rate on val)', '+ temperature', 'ECE 0.090']
+    """
     columns = min(MAX_COLUMNS, len(curves))
     rows = math.ceil(len(curves) / columns)
-    fig = plt.figure(figsize=(3.0 * columns, 4.1 * rows))
-    grid = fig.add_gridspec(rows, columns, hspace=0.35, wspace=0.08)
+    fig = plt.figure(figsize=(3.0 * columns, 4.3 * rows))
+    grid = fig.add_gridspec(rows, columns, hspace=0.45, wspace=0.15)
     width = 1.0 / bins
     centers = [(i + 0.5) * width for i in range(bins)]
     first = first_count = None
@@ -125,10 +200,11 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
         )
         ax.plot([0, 1], [0, 1], "k--", linewidth=1)
         ax.set(xlim=(0, 1), ylim=(0, 1))
-        ax.set_title(f"{name}\nECE {metrics.ece(probs, labels, bins):.3f}", fontsize=9)
+        title = textwrap.fill(name, TITLE_CHARACTERS, break_long_words=False)
+        ax.set_title(f"{title}\nECE {metrics.ece(probs, labels, bins):.3f}", fontsize=9)
         counts_ax.bar(centers, count.tolist(), width=width, color="gray", edgecolor="black", linewidth=0.5)
         counts_ax.set_yscale("log")
-        counts_ax.set(xlabel="confidence", xticks=[0, 0.5, 1])
+        counts_ax.set(xlabel="confidence", xticks=[0, 0.5, 1], xticklabels=["0", "0.5", "1"])
         ax.tick_params(labelbottom=False)
         if column == 0:
             ax.set_ylabel("accuracy")
@@ -174,7 +250,7 @@ def risk_coverage_curve(
     else:
         ax.set_ylim(0, max(ax.get_ylim()[1], 1.2 * (target_risk or 0)))
     ax.grid(alpha=0.3)
-    _legend_outside(ax, len(curves))
+    legend_under(ax)
     return save_figure(fig, path)
 
 
@@ -196,7 +272,7 @@ def shift_plot(
         >>> len(fig.axes)
         1
     """
-    fig, axes = plt.subplots(1, len(metric_names), figsize=(3.6 * len(metric_names) + 1.5, 3.4), squeeze=False)
+    fig, axes = plt.subplots(1, len(metric_names), figsize=(3.8 * len(metric_names), 3.2), squeeze=False)
     for ax, metric in zip(axes[0], metric_names):
         for (name, by_metric), style in zip(series.items(), method_styles(len(series))):
             severities, values, lows, highs = by_metric[metric]
@@ -208,8 +284,19 @@ def shift_plot(
         if tick_labels is not None:
             ax.set_xticklabels(tick_labels)
         ax.grid(alpha=0.3)
-    _legend_outside(axes[0][-1], len(series))
     fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    columns = min(len(metric_names), len(labels)) or 1
+    width = fig.get_figwidth() * 72 / columns - 30
+    fig.legend(
+        handles,
+        [_wrapped(label, width) for label in labels],
+        loc="upper center",
+        bbox_to_anchor=(0.5, 0.0),
+        fontsize=LEGEND_SIZE,
+        frameon=False,
+        ncol=columns,
+    )
     return save_figure(fig, path)
 
 
@@ -253,7 +340,7 @@ def confidence_plot(
     ax.set(xlabel="severity (0 = clean)", ylabel="mean confidence / accuracy", ylim=(0, 1.02), title=title)
     ax.set_xticks(list(next(iter(series.values()))[0]))
     ax.grid(alpha=0.3)
-    _legend_outside(ax, 2 * len(series))
+    legend_under(ax, columns=2)
     return save_figure(fig, path)
 
 
@@ -286,14 +373,24 @@ def _bar(value: float, interval: tuple[float, float] | None) -> list[list[float]
 
 def _place_numbers(ax, points: Sequence[FrontierPoint]) -> None:
     """Write each point's number next to it at the first of :data:`NUMBER_OFFSETS` where it overlaps no number
-    placed before; a number that finds no free place is left out (the legend still names the point by colour and
-    marker), so no two texts overlap."""
+    placed before and no point's marker; a number that finds no free place is left out (the legend still names the
+    point by colour and marker), so that no two texts overlap and no number hides a point."""
     renderer = ax.figure.canvas.get_renderer()
     taken = []
+    for point in points:
+        x, y = ax.transData.transform((point.x, point.y))
+        radius = (STAR_RADIUS if point.chosen else 4) * ax.figure.dpi / 72  # a marker's half width, in pixels
+        taken.append(Bbox([[x - radius, y - radius], [x + radius, y + radius]]))
     for number, point in enumerate(points, start=1):
-        for dx, dy in NUMBER_OFFSETS:
+        reach = 1 + STAR_RADIUS / 5 if point.chosen else 1  # a star's number sits beyond the star
+        for dx, dy in ((reach * dx, reach * dy) for dx, dy in NUMBER_OFFSETS):
             text = ax.annotate(
-                str(number), (point.x, point.y), xytext=(dx, dy), textcoords="offset points", fontsize=7, zorder=5
+                str(number),
+                (point.x, point.y),
+                xytext=(dx, dy),
+                textcoords="offset points",
+                fontsize=LEGEND_SIZE,
+                zorder=5,
             )
             box = text.get_window_extent(renderer)
             if (
@@ -321,8 +418,9 @@ def frontier(
     region (excess bound at most ``tolerance``) shaded, refused candidates hollow, the recommended one on a star
     (``chosen_word`` names it in the legend).
 
-    Every point has its own colour and marker and a number next to it (where the number finds room); the legend
-    outside the axes names them. Works for a report's rows (test data) and for ``method="auto"``'s selection record
+    Every point has its own colour and marker and a number next to it (where the number finds room without covering a
+    marker or another number); the legend under the axes names them. The recommended point's star is drawn over the
+    other points, so that a close neighbour never hides it. Works for a report's rows (test data) and for ``method="auto"``'s selection record
     (held-out data, :func:`posthoc.evaluation.verdict.selection_points`). The x axis turns symmetric-log (linear
     within one tolerance of 0) when the excesses reach :data:`SYMLOG_SPAN` tolerances, so that the admissible region
     stays visible next to a costly candidate.
@@ -340,7 +438,14 @@ def frontier(
         colour = style["color"]
         if point.chosen:
             ax.scatter(
-                [point.x], [point.y], marker="*", s=420, color="gold", edgecolors="black", linewidths=0.8, zorder=2
+                [point.x],
+                [point.y],
+                marker="*",
+                s=STAR_SIZE,
+                color="gold",
+                edgecolors="black",
+                linewidths=0.9,
+                zorder=4,
             )
         ax.errorbar(
             [point.x],
@@ -354,7 +459,7 @@ def frontier(
             markeredgecolor=colour,
             elinewidth=0.9,
             capsize=2,
-            zorder=3,
+            zorder=4.5 if point.chosen else 3,
             label=f"{number}  {point.label}" + (f" ({chosen_word})" if point.chosen else ""),
         )
     xs = [v for p in points for v in (p.x, *(p.x_interval or ())) if math.isfinite(v)]
@@ -378,15 +483,9 @@ def frontier(
     ax.axvline(0.0, color="gray", linestyle=":", linewidth=0.8)
     ax.set(xlabel=xlabel, ylabel=ylabel)
     if title:
-        ax.set_title(title, fontsize=9)
+        ax.set_title(_wrapped(title, ax.get_window_extent().width * 72 / fig.dpi, 9), fontsize=9)
     ax.grid(alpha=0.3)
-    ax.legend(
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1.0),
-        borderaxespad=0,
-        fontsize=7,
-        frameon=False,
-        ncol=1 if len(points) <= 24 else 2,
-    )
+    legend_under(ax, columns=1 if len(points) <= 8 else 2)
+    fig.canvas.draw()  # the limits and the legend settle before the numbers are placed in pixels
     _place_numbers(ax, points)
     return save_figure(fig, path)

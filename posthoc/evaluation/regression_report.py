@@ -44,7 +44,7 @@ from posthoc.evaluation import bootstrap, html_page, metrics, regression_metrics
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
 from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
 from posthoc.evaluation.regression_metrics import LEVELS, components
-from posthoc.evaluation.table import bold_best, cell, markdown_rows, shared_level
+from posthoc.evaluation.table import bold_best, cell, markdown_rows, outside_note, shared_level
 from posthoc.guarantees.regression_conformal import ConformalRegressor
 
 
@@ -218,7 +218,7 @@ def regression_markdown_table(reports: list[RegressionReport]) -> str:
         header += [f"conformal coverage (alpha{shared_level(reports, 'alpha')})", "conformal width"]
         for row, r in zip(rows, reports):
             row += [cell(r.coverage, r.intervals.get("coverage")), cell(r.width, r.intervals.get("width"))]
-    return markdown_rows(header, rows)
+    return outside_note(markdown_rows(header, rows))
 
 
 def _check_options(

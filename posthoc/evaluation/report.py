@@ -6,44 +6,43 @@ sets, and the deferral rate and error rate on accepted examples of the selective
 
 Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` and
 ``plain.to_html(path, laplace, auto)`` open with a ``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the
-method to use for this model with its numbers; in the HTML the frontier plot under it), then the table with
-the best entry of each column in bold.
+method to use for this model in at most three lines, then its numbers; in the HTML the frontier plot beside them),
+then the table with the best entry of each column in bold; reports that predict the same are merged into one row.
 
 Example:
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=ood_loader)
     >>> print(report.to_markdown())
     | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
     |---|---|---|---|---|---|---|---|---|---|---|
-    | laplace | 0.8125 | 0.5340 | 0.0880 | 0.0793 | 0.0604 | 0.2686 | 0.0978 | 0.0573 | 0.2908 | – |
+    | laplace | 0.8125 | 0.5324 | 0.0821 | 0.0766 | 0.0599 | 0.2676 | 0.0966 | 0.0569 | 0.2900 | – |
     >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader, ood_loader=ood_loader)
     >>> print(plain.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
     ## Verdict
     <BLANKLINE>
-    **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
-    | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
-    |---|---|---|---|---|---|---|---|---|---|---|
-    | none | **0.8125** | 0.6001 | 0.1035 | 0.0889 | 0.0839 | 0.2744 | **0.0969** | **0.0569** | 0.0940 | – |
-    | laplace | **0.8125** | **0.5340** | **0.0880** | **0.0793** | **0.0604** | **0.2686** | 0.0978 | 0.0573 | **0.2908** | – |
+    **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
+    | none | **0.8125** | 0.5974 | 0.0888 | 0.0909 | 0.0832 | 0.2730 | 0.0967 | **0.0568** | 0.0946 | – |
+    | laplace | **0.8125** | **0.5324** | **0.0821** | **0.0766** | **0.0599** | **0.2676** | **0.0966** | 0.0569 | **0.2900** | – |
     ...
     >>> fig = report.reliability_diagram("reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.2)
     >>> checked = posthoc.evaluate(um, test_loader, conformal=cp, selective=sel)
     >>> checked.coverage, checked.deferral, checked.selective_risk     # coverage about 0.9, risk at most 0.2
-    (0.88, 0.15, 0.13)
+    (0.89, 0.15, 0.13)
     >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
     >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
     | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
     |---|---|---|---|---|---|
-    | laplace | entropy | 0.2908 | 0.4594 | 0.3720 | 0.8906 |
-    | laplace | energy | 0.0370 | 0.3100 | 0.3097 | 1.0000 |
-    | laplace | knn | 0.7958 | 0.8727 | 0.6491 | 0.3359 |
+    | laplace | entropy | 0.2900 | 0.4596 | 0.3720 | 0.8906 |
+    | laplace | energy | 0.0366 | 0.3101 | 0.3097 | 1.0000 |
+    | laplace | knn | 0.7905 | 0.8684 | 0.6447 | 0.3359 |
 
 A regressor's report is a :class:`~posthoc.evaluation.regression_report.RegressionReport`.
 """
 
 from __future__ import annotations
 
+import html
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -61,9 +60,11 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
+from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
 from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
-from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, shared_level
+from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, outside_note, shared_level
 from posthoc.evaluation.table import cell as _cell
+from posthoc.evaluation.verdict import FRONTIER_FILE, Verdict
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor
 from posthoc.guarantees.regression_conformal import ConformalRegressor, is_regression
@@ -91,8 +92,8 @@ class Report:
     ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with ``ci=``, each AUROC's interval is in ``intervals``
     under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s
     selection record (``um.summary()["selection"]``) when the evaluated model is auto; ``predict_cost`` the
-    predict time over a plain forward's, when the caller measured it
-    (:func:`posthoc.evaluation.comparison.predict_cost`); the verdict reads both.
+    predict time over a plain forward's, when the caller measured it, and ``forward_seconds`` that plain forward's
+    seconds (:func:`posthoc.evaluation.comparison.predict_timing`); the verdict reads all three.
     """
 
     name: str
@@ -121,6 +122,7 @@ class Report:
     ood_values: dict[str, tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
     selection: dict[str, Any] | None = field(repr=False, default=None)
     predict_cost: float | None = None
+    forward_seconds: float | None = None
 
     COLUMNS = (
         "accuracy",
@@ -213,7 +215,9 @@ class Report:
         """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
         this report is the plain model they are judged against: ``## Verdict`` first
         (:func:`~posthoc.evaluation.comparison.compared_verdict`),
-        then one table of every report with the best entry of each column in bold.
+        then one table of every report with the best entry of each column in bold. A report that predicts the same
+        as an earlier one (on the test set, the OOD set and every shift) is merged into it, with a note
+        (:mod:`posthoc.evaluation.duplicates`).
 
         ``shifts`` maps a shifted test set's name to the reports on it, one per report in the order
         ``[self, *others]``.
@@ -222,16 +226,15 @@ class Report:
             >>> print(plain_report.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
             ## Verdict
             <BLANKLINE>
-            **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
-            | none | **0.8125** | 0.6001 | 0.1035 | 0.0889 | 0.0839 | 0.2744 | **0.0969** | **0.0569** | 0.0940 | – |
-            | laplace | **0.8125** | **0.5340** | **0.0880** | **0.0793** | **0.0604** | **0.2686** | 0.0978 | 0.0573 | **0.2908** | – |
+            **Use `laplace`**: picked on the test data, ...
+            | none | **0.8125** | 0.5974 | ...
+            | laplace | **0.8125** | **0.5324** | ...
             ...
         """
         if not others:
             return markdown_table([self])
-        reports = [self, *others]
-        found = compared_verdict(reports, shifts)
-        return found.markdown() + "\n" + markdown_table(reports) + "\n\n" + BEST_CAPTION
+        compared = Compared.of([self, *others], shifts)
+        return compared.verdict.markdown() + "\n" + compared.table()
 
     def ood_to_markdown(self) -> str:
         """The OOD table: AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of every OOD score ("" without an OOD set)."""
@@ -277,8 +280,9 @@ class Report:
         path: str | os.PathLike | None = None,
     ) -> Figure:
         """The frontier of this report (the plain model) and ``others`` under ``shifts`` (as in :meth:`to_markdown`):
-        each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`)."""
-        found = compared_verdict([self, *others], shifts)
+        each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`;
+        the plain model, the recommended report and the few best)."""
+        found = Compared.of([self, *others], shifts).verdict
         if not found.shifts:
             raise ConfigError(
                 "the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
@@ -290,24 +294,93 @@ class Report:
         self, path: str | os.PathLike, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None
     ) -> Path:
         """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path. Given
-        ``others`` (and ``shifts``, as in :meth:`to_markdown`): the verdict and the frontier first, then the tables
-        of every report and their reliability diagrams and risk-coverage curves."""
+        ``others`` (and ``shifts``, as in :meth:`to_markdown`): a title, the verdict with its table and (with shifts)
+        its frontier side by side, then the table of every report, and the reliability diagrams and risk-coverage
+        curves of the plain model, the recommended report and the few best, each figure with its caption."""
         if not others:
             return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
-        reports = [self, *others]
-        found = compared_verdict(reports, shifts)
-        body = [html_page.markdown_to_html(found.markdown())]
+        compared = Compared.of([self, *others], shifts)
+        found, reports = compared.verdict, compared.reports
+        title = f"posthoc report: {len(reports)} methods on one test set, against the plain model `{self.name}`"
+        images, frontier = {}, None
         if found.shifts:
-            body.append(html_page.figure_tag(self.frontier(*others, shifts=shifts), "frontier"))
-        curves = {r.name: (r.probs, r.labels) for r in reports}
-        body += [
-            html_page.markdown_to_html(markdown_table(reports) + "\n\n" + BEST_CAPTION),
-            html_page.figure_tag(plots.reliability_diagram(curves), "reliability diagrams"),
-            html_page.figure_tag(
-                plots.risk_coverage_curve(curves, None, operating_points(*reports)), "risk-coverage curves"
+            frontier = FRONTIER_FILE
+            images[frontier] = plots.png_bytes(
+                plots.frontier(found.frontier_points(), tolerance=found.tolerance, title="test data")
+            )
+        drawn = [r for r in reports if r.name in set(found.featured())]
+        curves = {r.name: (r.probs, r.labels) for r in drawn}
+        who = ", ".join(f"`{r.name}`" for r in drawn) + " (the plain model, the recommended one and the few best)"
+        body = [
+            f"<h1>{html.escape(title)}</h1>",
+            html_page.markdown_to_html(found.markdown(frontier), images=images),
+            html_page.markdown_to_html(compared.table()),
+            html_page.figure_block(
+                plots.reliability_diagram(curves),
+                "reliability diagrams",
+                f"Reliability diagrams of {who}: accuracy against confidence per bin, the count of each bin under it.",
+            ),
+            html_page.figure_block(
+                plots.risk_coverage_curve(curves, None, operating_points(*drawn)),
+                "risk-coverage curves",
+                f"Risk against coverage of {who}: the error rate of the most confident examples kept.",
             ),
         ]
-        return html_page.write_page(path, "\n".join(body), f"posthoc report: {self.name} against {len(others)} more")
+        return html_page.write_page(path, "\n".join(body), title)
+
+
+@dataclass
+class Compared:
+    """Reports of several methods on one test set, the first the plain model, after rows that predict the same are
+    merged (:mod:`posthoc.evaluation.duplicates`): the ``reports`` kept, their ``shifts``, the ``merged`` rows and the
+    ``verdict`` on the kept ones."""
+
+    reports: list[Report]
+    shifts: dict[str, list[Report]]
+    merged: list[Merged]
+    verdict: Verdict
+
+    @classmethod
+    def of(cls, reports: Sequence[Report], shifts: Mapping[str, Sequence[Report]] | None = None) -> Compared:
+        """Merge ``reports`` that predict the same (the first, and auto's, are never merged away) and judge the rest.
+
+        Example:
+            >>> from dataclasses import replace
+            >>> again = replace(report, name="laplace again")           # the same predictions under another name
+            >>> Compared.of([plain_report, report, again]).merged
+            [Merged(label='laplace again', into='laplace', why='the same predictions')]
+        """
+        shifts = {name: list(found) for name, found in (shifts or {}).items()}
+        for name, found in shifts.items():
+            if len(found) != len(reports):
+                raise ConfigError(
+                    f"shift {name!r} has {len(found)} reports for {len(reports)} methods: give one per "
+                    "report, in the same order"
+                )
+
+        def predictions(i: int, report: Report) -> list[Tensor | None]:
+            ood = report.ood_values or {}
+            return [
+                report.probs,
+                *(shifts[name][i].probs for name in sorted(shifts)),
+                *(value for name in sorted(ood) for value in ood[name]),
+            ]
+
+        names = [report.name for report in reports]
+        merged = []
+        if len(set(names)) == len(names):  # judge refuses repeated names with its own message
+            keep = [names[0], *(report.name for report in reports if report.selection)]
+            merged = merge_identical({r.name: predictions(i, r) for i, r in enumerate(reports)}, keep=keep)
+        gone = {m.label for m in merged}
+        index = [i for i, name in enumerate(names) if name not in gone]
+        kept = [reports[i] for i in index]
+        kept_shifts = {name: [found[i] for i in index] for name, found in shifts.items()}
+        return cls(kept, kept_shifts, merged, compared_verdict(kept, kept_shifts))
+
+    def table(self) -> str:
+        """The table of the kept reports (the best entries in bold), its caption and the note of merged rows."""
+        note = merge_note(self.merged)
+        return markdown_table(self.reports) + "\n\n" + BEST_CAPTION + (f"\n\n{note}" if note else "")
 
 
 def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
@@ -350,7 +423,7 @@ def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = N
         [report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
         for i, report in enumerate(reports)
     ]
-    return markdown_rows(header, rows)
+    return outside_note(markdown_rows(header, rows))
 
 
 def _check_calibrated_on(

@@ -55,7 +55,7 @@ from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
-from posthoc.evaluation.table import bold_best
+from posthoc.evaluation.table import bold_best, cell, outside_note
 from posthoc.guarantees.regression_conformal import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
@@ -184,9 +184,8 @@ class ShiftTable:
         return out
 
     def _cell(self, method: str, kind: str, severity: int, metric: str) -> str:
-        text = f"{self.value(method, kind, severity, metric):.4f}"
         bounds = self.intervals.get(method, {}).get(kind, {}).get(severity, {}).get(metric)
-        return text if bounds is None else f"{text} [{bounds[0]:.4f}, {bounds[1]:.4f}]"
+        return cell(self.value(method, kind, severity, metric), bounds)
 
     def _marked(self, methods: list[str], kind: str, severity: int, metric: str) -> list[str]:
         """The cells of ``methods`` at one kind, severity and metric, the best in bold (a column of methods)."""
@@ -238,7 +237,7 @@ class ShiftTable:
                         where = kind if self.named else f"{kind} | {severity}"
                         lines.append(f"| {method} | {where} | " + " | ".join(cells) + " |")
             parts.append("\n".join(lines))
-        return "\n\n".join(parts)
+        return outside_note("\n\n".join(parts))
 
     def example_nll(self, method: str) -> dict[str, torch.Tensor]:
         """Per shift, ``method``'s per-example NLL, for the verdict: ``"severity S"`` -> the mean over the kinds of
@@ -588,12 +587,14 @@ def _intervals(
     index = bootstrap.resample_index(len(observed[0]), bootstraps, seed)
     draws = {key: bootstrap.draws(_example_statistics(report), index, metrics) for key, report in reports.items()}
 
-    def cell(by_metric: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+    def bounds_of(by_metric: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
         return {metric: bootstrap.percentile_interval(by_metric[metric], ci) for metric in metrics}
 
-    out = {CLEAN: {0: cell(draws[CLEAN, 0])}}
+    out = {CLEAN: {0: bounds_of(draws[CLEAN, 0])}}
     for kind in kinds:
-        out[kind] = {s: cell(draws[kind, s]) for s in severities}
+        out[kind] = {s: bounds_of(draws[kind, s]) for s in severities}
     # the same resampled examples in every kind: the mean over kinds of each resample's values
-    out[MEAN] = {s: cell({m: np.mean([draws[k, s][m] for k in kinds], axis=0) for m in metrics}) for s in severities}
+    out[MEAN] = {
+        s: bounds_of({m: np.mean([draws[k, s][m] for k in kinds], axis=0) for m in metrics}) for s in severities
+    }
     return out

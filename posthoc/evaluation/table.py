@@ -3,6 +3,8 @@
 Example:
     >>> cell(0.12345, (0.1, 0.15))
     '0.1235 [0.1000, 0.1500]'
+    >>> cell(0.0213, (0.0233, 0.0770))           # the estimate outside its interval is marked, and explained
+    '0.0213 [0.0233, 0.0770]†'
     >>> markdown_rows(["method", "NLL"], [["laplace", "0.1235"]])
     '| method | NLL |\\n|---|---|\\n| laplace | 0.1235 |'
     >>> bold_best(["0.1235 [0.1000, 0.1500]", "0.2000"], [0.1235, 0.2], "nll")
@@ -43,11 +45,38 @@ BEST_CAPTION = (
 )
 
 
+#: the mark of an estimate that lies outside its own bootstrap interval (:data:`OUTSIDE_NOTE` says why)
+OUTSIDE = "†"
+#: why an estimate can lie outside its bootstrap interval, and why no other bootstrap interval is given instead
+OUTSIDE_NOTE = (
+    f"{OUTSIDE} The estimate lies outside its bootstrap interval: its resamples lie on one side of it, biased by more "
+    "than their spread. A mean of absolute gaps (ECE, MACE, ENCE) does this on a small test set: resampling repeats "
+    "examples and adds noise to every bin's gap, and the absolute value turns that noise into a larger error. The "
+    "estimate itself is biased the same way, so the error on new data is likely below it. A BCa or basic bootstrap "
+    "interval contains the estimate exactly when this percentile interval does, so neither would help; the interval "
+    "shows the spread of the resampled statistic."
+)
+
+
 def cell(value: float | None, interval: tuple[float, float] | None = None) -> str:
-    """A metric to 4 decimals, with its bootstrap interval when given; ``–`` when not measured."""
+    """A metric to 4 decimals, with its bootstrap interval when given (marked :data:`OUTSIDE` when the value lies
+    outside it); ``–`` when not measured."""
     if value is None:
         return "–"
-    return f"{value:.4f}" if interval is None else f"{value:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]"
+    if interval is None:
+        return f"{value:.4f}"
+    outside = math.isfinite(value) and not interval[0] <= value <= interval[1]
+    return f"{value:.4f} [{interval[0]:.4f}, {interval[1]:.4f}]" + (OUTSIDE if outside else "")
+
+
+def outside_note(table: str) -> str:
+    """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged).
+
+    Example:
+        >>> outside_note("| ECE |\\n|---|\\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
+        True
+    """
+    return f"{table}\n\n{OUTSIDE_NOTE}" if OUTSIDE in table else table
 
 
 def markdown_rows(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:

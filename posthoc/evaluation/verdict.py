@@ -1,11 +1,15 @@
 """The verdict that opens every report comparing methods: which method to use for this model, and its numbers.
 
-A report that compares methods on one model opens with one sentence: the recommended method, what it costs in
-distribution (its NLL change against the plain model with a paired bootstrap interval over the test examples),
-what it buys under each shift (the same, on the shifted test sets; without them, on the fit-time perturbed
-held-out copies of ``method="auto"``'s selection record), its OOD AUROC change, and its predict cost against a
-plain forward. Then comes the frontier (:func:`posthoc.evaluation.plots.frontier`): every row's in-distribution
-NLL excess against its NLL under shift.
+A report that compares methods on one model opens with at most three lines of words: what to use, what it costs (its
+NLL change against the plain model in distribution, and its predict cost against a plain forward) and what it buys
+(its NLL change under the shifts; without them, on the fit-time perturbed held-out copies of ``method="auto"``'s
+selection record; and its OOD AUROC change). The numbers follow in a small table, each change with its paired
+bootstrap interval over the test examples. Ratios are left out where the plain model's NLL is under
+:data:`RATIO_FLOOR` (the difference says it), and a predict cost on a model whose forward takes under a millisecond
+carries its time in microseconds. Notes follow the table: a candidate auto refused on held-out data although it was
+better there (its gain, its bound and the ``tolerance=`` that would take it), and a test table that disagrees with
+auto's held-out pick. Then comes the frontier (:func:`posthoc.evaluation.plots.frontier`): the plain model's, the
+recommended row's and the few best rows' in-distribution NLL excess against their NLL under shift.
 
 Which method is recommended:
 
@@ -26,10 +30,21 @@ Example:
     >>> verdict = judge(rows, plain="none")
     >>> verdict.recommended, verdict.basis
     ('laplace', 'test')
-    >>> print(verdict.markdown("frontier.png"))          # "## Verdict", the sentence, the frontier
+    >>> print(verdict.markdown("frontier.png"))          # "## Verdict", the lines, the table, the frontier
     ## Verdict
     <BLANKLINE>
-    **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
+    **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
+    <BLANKLINE>
+    It costs no NLL in distribution (-0.0651 nats, 0.89x the plain model's 0.5974) and 1.4x a plain forward at ...
+    <BLANKLINE>
+    It buys -0.4193 nats of NLL under shift (0.76x on `noisy`).
+    <BLANKLINE>
+    | | `none` (plain) | `laplace` | change [95% interval] | ratio |
+    |---|---|---|---|---|
+    | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
+    | NLL on `noisy` | 1.7455 | 1.3262 | -0.4193 [-0.6786, -0.2166] | 0.76x |
+    | predict cost | 1.0x | 1.4x | – | 1.4x |
+    ...
 """
 
 from __future__ import annotations
@@ -37,7 +52,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from statistics import NormalDist
 from typing import Any
@@ -64,6 +79,12 @@ METHOD_KNOB = "method"
 FRONTIER_FILE = "frontier.png"
 #: the file name reports give the frontier of auto's candidates on held-out data (its selection record)
 SELECTION_FRONTIER_FILE = "selection_frontier.png"
+#: a plain NLL (nats) under which a change reads as a difference only: a ratio to nearly 0 reads as thousands of x
+RATIO_FLOOR = 0.01
+#: a plain forward faster than this (seconds) puts the predict cost's time in microseconds beside its ratio
+MICROSECONDS_BELOW = 1e-3
+#: rows a plot draws besides the plain and the recommended one (the rest stay in the tables)
+FEATURED = 3
 
 
 @dataclass(frozen=True)
@@ -77,6 +98,8 @@ class Candidate:
         ood: ``(test scores, OOD scores)`` of the row's predictive entropy, when an OOD set was given.
         predict_cost: the row's predict time over a plain forward's (``None``: not measured).
         selection: ``method="auto"``'s selection record (``um.summary()["selection"]``), for an auto row.
+        forward_seconds: the seconds of the plain forward the predict cost was measured against (``None``: not
+            kept); under a millisecond the verdict gives the predict time in microseconds too.
     """
 
     label: str
@@ -85,6 +108,7 @@ class Candidate:
     ood: tuple[Tensor, Tensor] | None = None
     predict_cost: float | None = None
     selection: Mapping[str, Any] | None = None
+    forward_seconds: float | None = None
 
     @property
     def is_auto(self) -> bool:
@@ -134,6 +158,7 @@ class Judged:
     predict_cost: float | None
     admissible: bool
     selection: Mapping[str, Any] | None = None
+    forward_seconds: float | None = None
 
 
 def _mean_draws(values: Tensor, index: Tensor) -> np.ndarray:
@@ -203,7 +228,7 @@ def auroc_change(
     Example:
         >>> change = auroc_change(report.ood_values["entropy"], plain_report.ood_values["entropy"])
         >>> change.difference, change.interval     # laplace's entropy separates the OOD inputs better
-        (0.197, (0.156, 0.236))
+        (0.195, (0.153, 0.234))
     """
     ours = bootstrap.auroc_draws(*row, bootstraps, seed).numpy()
     theirs = bootstrap.auroc_draws(*plain, bootstraps, seed).numpy() if plain_draws is None else plain_draws
@@ -258,16 +283,23 @@ def _judge(
         candidate.predict_cost,
         clean.upper <= tolerance,
         candidate.selection,
+        candidate.forward_seconds,
     )
 
 
 @dataclass
 class Verdict:
-    """Which method to use for this model, and why (see the module docs); :meth:`sentence` says it in one sentence.
+    """Which method to use for this model, and why (see the module docs).
+
+    :meth:`lines` says it in at most three lines of words (what to use, what it costs, what it buys), :meth:`table`
+    gives the numbers with their intervals, :meth:`notes` what the reader must not miss (a candidate auto refused
+    although it was better on held-out data, a test table that disagrees with auto's held-out pick).
 
     ``basis``: ``"auto"`` (auto's held-out choice), ``"test"`` (the rule on the test rows, ranked under shift) or
     ``"test-clean"`` (the rule on the test rows without shifts: the lowest NLL in distribution). ``rows`` are every
-    row judged against the plain one, in their order; ``tolerance`` is in nats per test example.
+    row judged against the plain one, in their order; ``tolerance`` is in nats per test example; ``disagreement``:
+    for an auto pick, the row whose test NLL is lower than the pick's with a paired interval below zero (its change
+    against the pick), else ``None``.
     """
 
     plain: str
@@ -281,6 +313,7 @@ class Verdict:
     auto_hint: str = '`method="auto"`'
     shift_hint: str = "evaluate the methods on a shifted test set too"
     shift_note: str = ""
+    disagreement: tuple[str, Change] | None = None
 
     def row(self, label: str) -> Judged:
         """The judged row ``label``."""
@@ -298,57 +331,82 @@ class Verdict:
         """The shifts the rows were compared under (those of the plain row)."""
         return list(self.row(self.plain).shifts)
 
-    # ---- the sentence ----------------------------------------------------------------------------------------------
-    def sentence(self) -> str:
-        """The verdict in one sentence (plus, for a pick made on the test data, one saying so).
+    # ---- the words -------------------------------------------------------------------------------------------------
+    def lines(self) -> list[str]:
+        """At most three lines of words: what to use, what it costs, what it buys (the numbers' intervals are in
+        :meth:`table`).
 
         Example:
-            >>> verdict.sentence()
-            '**Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...'
+            >>> for line in verdict.lines():
+            ...     print(line)
+            **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
+            It costs no NLL in distribution (-0.0651 nats, 0.89x the plain model's 0.5974) and an unmeasured time at ...
+            It buys -0.4193 nats of NLL under shift (0.76x on `noisy`) and +0.195 OOD AUROC (0.095 -> 0.290).
         """
         chosen = self.row(self.recommended)
         if self.keeps_plain:
             return self._keep_plain(chosen)
-        clauses = self._numbers(chosen)
-        if chosen.selection is not None:
-            clauses.insert(
-                0,
-                f"on held-out data it picked `{chosen.selection['chosen']}` among "
-                f"{len(chosen.selection.get('candidates', []))} candidates",
-            )
-            if not chosen.admissible:
-                clauses.insert(
-                    2,
-                    f"on these test examples its {CONFIDENCE:.0%} excess bound {chosen.clean.upper:+.4f} "
-                    f"is over the {self.tolerance:.4f} tolerance",
-                )
-        return f"**Use `{chosen.label}`** for this model: " + "; ".join(clauses) + "." + self._basis_note()
+        return [self._use(chosen), self._costs(chosen), self._buys(chosen)]
 
-    def _numbers(self, row: Judged) -> list[str]:
-        """The clauses of the sentence: in distribution, under shift, OOD, predict cost."""
-        clauses = [
-            f"in distribution the NLL changes by {_signed(row.clean.difference)} {_interval(row.clean.interval)} "
-            f"nats ({row.clean.ratio:.2f}x the plain model's {row.clean.plain:.4f})"
-        ]
-        if row.shifts:
-            parts = [
-                f"{_signed(change.difference)} {_interval(change.interval)} ({change.ratio:.2f}x) {_where(name)}"
-                for name, change in row.shifts.items()
-            ]
-            clauses.append("under shift by " + ", ".join(parts) + (f" ({self.shift_note})" if self.shift_note else ""))
-        else:
-            clauses.append(self._held_out_shift(row))
-        if row.ood is not None:
-            clauses.append(
-                f"OOD AUROC {_signed(row.ood.difference, 3)} {_interval(row.ood.interval, 3)} "
-                f"({row.ood.plain:.3f} -> {row.ood.value:.3f})"
+    def sentence(self) -> str:
+        """:meth:`lines` as one paragraph (metrics.json keeps it).
+
+        Example:
+            >>> verdict.sentence()
+            '**Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows ...'
+        """
+        return " ".join(self.lines())
+
+    def _use(self, chosen: Judged) -> str:
+        """What to use, and on what data it was picked."""
+        if chosen.selection is not None:
+            return (
+                f"**Use `{chosen.label}`**: on held-out data it picked `{chosen.selection['chosen']}` among "
+                f"{len(chosen.selection.get('candidates', []))} candidates."
             )
-        clauses.append(
-            "predict cost not measured"
-            if row.predict_cost is None
-            else f"predict {row.predict_cost:.1f}x a plain forward"
+        ranked = "under shift" if self.basis == "test" else "in distribution (no shift was given)"
+        return (
+            f"**Use `{chosen.label}`**: picked on the test data, the lowest NLL {ranked} among the rows within the "
+            f"tolerance; {self.auto_hint} makes this choice on held-out data."
         )
-        return clauses
+
+    def _costs(self, chosen: Judged) -> str:
+        """What it costs in distribution and at predict time."""
+        clean = chosen.clean
+        if not chosen.admissible:
+            within = (
+                f"; its {CONFIDENCE:.0%} bound {_signed(clean.upper)} is over the {self.tolerance:.4f}-nat tolerance "
+                "on these test examples"
+            )
+        else:
+            within = "" if clean.difference <= 0 else f"; within the {self.tolerance:.4f}-nat tolerance"
+        change = f"{_relative(clean)}{within}".strip("; ")
+        amount = (
+            f"no NLL in distribution ({_signed(clean.difference)} nats" + (f", {change})" if change else ")")
+            if clean.difference <= 0
+            else f"{_signed(clean.difference)} nats of NLL in distribution" + (f" ({change})" if change else "")
+        )
+        return f"It costs {amount} and {_predict(chosen)} at predict time."
+
+    def _buys(self, chosen: Judged) -> str:
+        """What it buys under shift and on OOD inputs."""
+        if chosen.shifts:
+            changes = list(chosen.shifts.items())
+            low, high = min(changes, key=lambda item: item[1].difference), max(changes, key=lambda i: i[1].difference)
+            span = (
+                f"{_signed(low[1].difference)} nats of NLL under shift ({_relative(low[1], bare=True)}{_where(low[0])})"
+                if low is high
+                else f"{_signed(high[1].difference)} to {_signed(low[1].difference)} nats of NLL under shift "
+                f"({_relative(high[1], bare=True)}{_where(high[0])} to {_relative(low[1], bare=True)}{_where(low[0])})"
+            )
+        else:
+            span = self._held_out_shift(chosen)
+        ood = (
+            ""
+            if chosen.ood is None
+            else f" and {_signed(chosen.ood.difference, 3)} OOD AUROC ({chosen.ood.plain:.3f} -> {chosen.ood.value:.3f})"
+        )
+        return f"It buys {span}{ood}."
 
     def _held_out_shift(self, row: Judged) -> str:
         """Without test shifts: the change on auto's fit-time perturbed held-out copies, from its record."""
@@ -356,70 +414,197 @@ class Verdict:
         chosen = _chosen_record(record) if record else None
         plain = (record or {}).get("plain", {}).get("shifted_nll")
         if chosen is None or chosen.get("shifted_nll") is None or not plain:
-            return f"no shift was given ({self.shift_hint} to see what it buys under shift)"
+            return f"nothing measured under shift ({self.shift_hint} to see what it buys there)"
         value = chosen["shifted_nll"]
+        ratio = f"{value / plain:.2f}x, " if abs(plain) >= RATIO_FLOOR else ""
         return (
-            f"on the {record.get('perturbed')} fit-time perturbed copies of the held-out data its NLL changes by "
-            f"{_signed(value - plain)} ({value / plain:.2f}x; no test shift was given: {self.shift_hint})"
+            f"{_signed(value - plain)} nats of NLL on the {record.get('perturbed')} fit-time perturbed copies of the "
+            f"held-out data ({ratio}no test shift was given: {self.shift_hint})"
         )
 
-    def _basis_note(self) -> str:
-        """For a pick made on the test data: say so, and where auto makes it."""
-        if self.basis == "auto":
-            return ""
-        ranked = "under shift" if self.basis == "test" else "in distribution (no shift was given)"
-        return (
-            f" Picked on the test data: the lowest NLL {ranked} among the rows whose in-distribution NLL excess has "
-            f"a {CONFIDENCE:.0%} paired upper bound within {self.tolerance:.4f} nats; {self.auto_hint} makes this "
-            "choice on held-out data."
-        )
-
-    def _keep_plain(self, chosen: Judged) -> str:
-        """The sentence when nothing beats the plain model."""
+    def _keep_plain(self, chosen: Judged) -> list[str]:
+        """The lines when nothing beats the plain model."""
         if chosen.selection is not None:
-            return (
+            return [
                 f"**Keep the plain model**: `auto` found no candidate worth its cost on held-out data (it picked "
                 f"`none` among {len(chosen.selection.get('candidates', []))} candidates)."
-            )
-        others = [row for row in self.rows if row.label != self.plain and row.shift_nll is not None]
-        text = (
+            ]
+        lines = [
             "**Keep the plain model**: no method lowers the NLL under shift while its in-distribution excess stays "
-            f"within {self.tolerance:.4f} nats at {CONFIDENCE:.0%} confidence"
+            f"within {self.tolerance:.4f} nats at {CONFIDENCE:.0%} confidence."
             if self.basis == "test"
             else "**Keep the plain model**: no method lowers the in-distribution NLL, and no shift was given "
-            f"({self.shift_hint} to see what it buys under shift)"
-        )
-        best = min(others, key=lambda row: row.shift_nll, default=None)
-        plain_shift = self.row(self.plain).shift_nll
-        if best is not None and plain_shift is not None and best.shift_nll < plain_shift and not best.admissible:
-            text += (
-                f" (`{best.label}` would buy {best.shift_nll / plain_shift:.2f}x under shift but costs "
-                f"{_signed(best.clean.difference)} {_interval(best.clean.interval)} nats in distribution, bound "
-                f"{best.clean.upper:+.4f})"
+            f"({self.shift_hint} to see what it buys under shift)."
+        ]
+        best = self._contender()
+        if best is not None and not best.admissible:
+            plain_shift = self.row(self.plain).shift_nll
+            buys = (
+                f"{best.shift_nll / plain_shift:.2f}x"
+                if abs(plain_shift) >= RATIO_FLOOR
+                else f"{_signed(best.shift_nll - plain_shift)} nats"
             )
-        return text + "." + self._basis_note()
+            lines.append(
+                f"`{best.label}` would buy {buys} under shift but costs {_signed(best.clean.difference)} nats in "
+                f"distribution (bound {_signed(best.clean.upper)})."
+            )
+        return lines
+
+    def _contender(self) -> Judged | None:
+        """The row other than the plain one with the lowest NLL under shift, when it is below the plain model's."""
+        plain_shift = self.row(self.plain).shift_nll
+        others = [row for row in self.rows if row.label != self.plain and row.shift_nll is not None]
+        best = min(others, key=lambda row: row.shift_nll, default=None)
+        return best if best is not None and plain_shift is not None and best.shift_nll < plain_shift else None
+
+    # ---- the numbers -----------------------------------------------------------------------------------------------
+    def compared(self) -> Judged | None:
+        """The row the table sets against the plain model: the recommended one, or when the plain model is kept on the
+        test data, the contender refused for its cost (``None``: nothing to compare)."""
+        if self.recommended != self.plain:
+            return self.row(self.recommended)
+        return self._contender()
+
+    def table(self) -> str:
+        """The numbers of :meth:`lines`: the plain model against the recommended row in distribution, under each
+        shift, on OOD inputs and at predict time, each change with its paired interval ("" with nothing to compare).
+
+        Example:
+            >>> print(verdict.table())
+            | | `none` (plain) | `laplace` | change [95% interval] | ratio |
+            |---|---|---|---|---|
+            | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
+            | NLL on `noisy` | 1.7455 | 1.3262 | -0.4193 [-0.6786, -0.2166] | 0.76x |
+            | OOD AUROC (entropy) | 0.095 | 0.290 | +0.195 [+0.153, +0.234] | – |
+        """
+        row = self.compared()
+        if row is None:
+            return ""
+        lines = [
+            f"| | `{self.plain}` (plain) | `{row.label}` | change [{self.ci:.0%} interval] | ratio |",
+            "|---|---|---|---|---|",
+            _nll_line("NLL in distribution", row.clean),
+        ]
+        lines += [_nll_line(f"NLL {_where(name)}", change) for name, change in row.shifts.items()]
+        if not row.shifts and row.selection is not None:
+            lines += self._held_out_lines(row)
+        if row.ood is not None:
+            lines.append(
+                f"| OOD AUROC (entropy) | {row.ood.plain:.3f} | {row.ood.value:.3f} | {_signed(row.ood.difference, 3)} "
+                f"{_interval(row.ood.interval, 3)} | – |"
+            )
+        if row.predict_cost is not None:
+            plain, own = cost_cell(1.0, row.forward_seconds), cost_cell(row.predict_cost, row.forward_seconds)
+            lines.append(f"| predict cost | {plain} | {own} | – | {_times(row.predict_cost)} |")
+        return "\n".join(lines)
+
+    def _held_out_lines(self, row: Judged) -> list[str]:
+        """The held-out perturbed copies' NLL of the plain model and auto's pick (no interval: one value each)."""
+        record = row.selection or {}
+        chosen, plain = _chosen_record(record), record.get("plain", {}).get("shifted_nll")
+        if chosen is None or chosen.get("shifted_nll") is None or not plain:
+            return []
+        value = chosen["shifted_nll"]
+        ratio = f"{value / plain:.2f}x" if abs(plain) >= RATIO_FLOOR else "–"
+        return [
+            f"| NLL on {record.get('perturbed')} perturbed held-out copies | {plain:.4f} | {value:.4f} | "
+            f"{_signed(value - plain)} | {ratio} |"
+        ]
+
+    def notes(self) -> list[str]:
+        """One line each, after the table: what the shifts are, a ratio left out, a better candidate auto refused on
+        held-out data (:func:`refused_better`), and a test table that disagrees with auto's pick."""
+        notes = []
+        row = self.compared()
+        if row is not None and row.shifts and self.shift_note:
+            notes.append(f"Shifts: {self.shift_note}.")
+        changes = [] if row is None else [row.clean, *row.shifts.values()]
+        if any(abs(change.plain) < RATIO_FLOOR for change in changes):
+            notes.append(
+                f"No ratio where the plain model's NLL is under {RATIO_FLOOR}: a ratio to a value that close to 0 "
+                "says nothing; the difference does."
+            )
+        chosen = self.row(self.recommended)
+        refused = refused_better(chosen.selection) if chosen.selection else None
+        if refused is not None:
+            notes.append(refused)
+        if self.disagreement is not None:
+            label, change = self.disagreement
+            against = "the plain model" if self.keeps_plain else f"`{self.recommended}`"
+            notes.append(
+                f"The test table disagrees: `{label}` has a lower test NLL than {against} by "
+                f"{-change.difference:.4f} nats (paired {self.ci:.0%} interval of the change "
+                f"{_interval(change.interval)}); auto chose on held-out data and never saw these test examples."
+            )
+        return notes
 
     # ---- Markdown and the frontier ---------------------------------------------------------------------------------
-    def caption(self) -> str:
-        """What the numbers and the frontier's bars are."""
-        return (
+    def caption(self, frontier: bool = False) -> str:
+        """What the numbers are, and with ``frontier`` what the frontier's points and bars are."""
+        text = (
             f"Changes against the plain model `{self.plain}` with {self.ci:.0%} paired bootstrap intervals over the "
-            f"{self.examples} test examples ({self.bootstraps} resamples). Frontier: one point per row, its "
-            f"in-distribution NLL excess against its NLL under shift (mean over the shifts), bars "
-            f"{FRONTIER_LEVEL:.0%} central intervals (an excess bar's right end is the {CONFIDENCE:.0%} upper "
-            f"bound); shaded: admissible (bound within {self.tolerance:.4f} nats); hollow: refused; star: "
-            "recommended."
+            f"{self.examples} test examples ({self.bootstraps} resamples); predict cost: the median of repeated "
+            "timings against a plain forward on the same inputs."
+        )
+        if not frontier:
+            return text
+        return text + (
+            f" Frontier: the plain model, the recommended row and the {FEATURED} others of lowest NLL under shift "
+            f"(every row is in the tables), each its in-distribution NLL excess against its NLL under shift (mean "
+            f"over the shifts), bars {FRONTIER_LEVEL:.0%} central intervals (an excess bar's right end is the "
+            f"{CONFIDENCE:.0%} upper bound); shaded: admissible (bound within {self.tolerance:.4f} nats); hollow: "
+            "refused; star: recommended."
         )
 
+    def text(self) -> str:
+        """The lines, the table and the notes, each block apart: what a terminal shows (``posthoc demo`` prints it).
+
+        Example:
+            >>> print(verdict.text())
+            **Use `laplace`**: picked on the test data, ...
+            <BLANKLINE>
+            It costs ...
+            | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
+            ...
+        """
+        return "\n\n".join(part for part in [*self.lines(), self.table(), *self.notes()] if part)
+
     def markdown(self, frontier: str | None = None) -> str:
-        """``## Verdict``, the sentence, the frontier image ``frontier`` (a file name, when drawn) and the caption."""
-        parts = ["## Verdict", "", self.sentence(), ""]
+        """``## Verdict``, the lines, the table, the frontier image ``frontier`` (a file name, when drawn; an HTML page
+        sets it beside the table), the notes and the caption."""
+        parts = ["## Verdict", ""]
+        for block in self.lines():
+            parts += [block, ""]
+        table = self.table()
+        if table:
+            parts += [table, ""]
         if frontier is not None:
             parts += [f"![frontier: in-distribution cost against NLL under shift]({frontier})", ""]
-        return "\n".join(parts + [self.caption(), ""])
+        for note in self.notes():
+            parts += [note, ""]
+        return "\n".join(parts + [self.caption(frontier is not None), ""])
 
-    def frontier_points(self) -> list[FrontierPoint]:
-        """The rows measured under shift as :class:`~posthoc.evaluation.plots.FrontierPoint` (test data)."""
+    def featured(self, count: int = FEATURED) -> list[str]:
+        """The rows a plot draws, in the rows' order: the plain one, the recommended one and the ``count`` others of
+        lowest NLL under shift (without shifts: in distribution). The rest stay in the tables.
+
+        Example:
+            >>> verdict.featured()
+            ['none', 'laplace']
+        """
+        key = (lambda row: row.shift_nll) if self.shifts else (lambda row: row.clean.value)
+        others = [
+            row
+            for row in self.rows
+            if row.label not in (self.plain, self.recommended) and key(row) is not None and math.isfinite(key(row))
+        ]
+        picked = {self.plain, self.recommended, *(row.label for row in sorted(others, key=key)[:count])}
+        return [row.label for row in self.rows if row.label in picked]
+
+    def frontier_points(self, labels: Sequence[str] | None = None) -> list[FrontierPoint]:
+        """The rows measured under shift as :class:`~posthoc.evaluation.plots.FrontierPoint` (test data): those of
+        ``labels`` (default: :meth:`featured`)."""
+        shown = set(self.featured() if labels is None else labels)
         return [
             FrontierPoint(
                 row.label,
@@ -431,11 +616,11 @@ class Verdict:
                 row.label == self.recommended,
             )
             for row in self.rows
-            if row.shift_nll is not None
+            if row.shift_nll is not None and row.label in shown
         ]
 
     def as_dict(self) -> dict[str, Any]:
-        """Plain data for metrics.json: the pick, its basis, the sentence, and every row's changes."""
+        """Plain data for metrics.json: the pick, its basis, the lines, the notes, and every row's changes."""
 
         def change(found: Change | None) -> dict[str, Any] | None:
             return (
@@ -456,6 +641,11 @@ class Verdict:
             "tolerance": self.tolerance,
             "ci": self.ci,
             "sentence": self.sentence(),
+            "lines": self.lines(),
+            "notes": self.notes(),
+            "disagreement": None
+            if self.disagreement is None
+            else {"label": self.disagreement[0], "change": change(self.disagreement[1])},
             "rows": [
                 {
                     "label": row.label,
@@ -465,10 +655,128 @@ class Verdict:
                     "shifts": {k: change(v) for k, v in row.shifts.items()},
                     "ood_auroc": change(row.ood),
                     "predict_cost": row.predict_cost,
+                    "forward_seconds": row.forward_seconds,
                 }
                 for row in self.rows
             ],
         }
+
+
+def refused_better(selection: Mapping[str, Any]) -> str | None:
+    """One line naming the candidate a selection record (``um.summary()["selection"]``) refused although its held-out
+    mean NLL was lower than the chosen one's: its gain, its bound, and the ``tolerance=`` that would take it (a
+    candidate is admitted when its bound is at most the tolerance); ``None`` when no refused candidate was better.
+
+    Example:
+        >>> record = {"chosen": "none", "tolerance": 0.005, "candidates": [
+        ...     {"candidate": "none", "excess": 0.0, "bound": 0.0, "admissible": True, "chosen": True},
+        ...     {"candidate": "laplace", "excess": -0.034, "bound": 0.0052, "admissible": False, "chosen": False}]}
+        >>> print(refused_better(record))
+        Refused on held-out data although better there: `laplace`, held-out NLL 0.0340 nats below the plain ...
+        >>> refused_better(record).split("; ")[-1]      # admitted when its bound <= the tolerance
+        '`fit(..., tolerance=0.0052)` would take it.'
+    """
+    candidates = [row for row in selection.get("candidates", []) if isinstance(row, Mapping)]
+    chosen = _chosen_record(selection)
+    chosen_excess = 0.0 if chosen is None or not _finite(chosen.get("excess")) else float(chosen["excess"])
+    tolerance = float(selection.get("tolerance", math.nan))
+    refused = [
+        row
+        for row in candidates
+        if not row.get("admissible")
+        and not row.get("chosen")
+        and _finite(row.get("excess"))
+        and _finite(row.get("bound"))
+        and float(row["excess"]) < chosen_excess
+        and not float(row["bound"]) <= tolerance
+    ]
+    if not refused:
+        return None
+    best = min(refused, key=lambda row: float(row["excess"]))
+    gain, bound = -float(best["excess"]), float(best["bound"])
+    name = selection.get("chosen") if chosen is None else chosen.get("candidate")
+    beyond = "" if chosen_excess == 0 else f" ({chosen_excess + gain:.4f} below the chosen `{name}`'s)"
+    return (
+        f"Refused on held-out data although better there: `{best['candidate']}`, held-out NLL {gain:.4f} nats below "
+        f"the plain model's{beyond}, but its {CONFIDENCE:.0%} bound {_signed(bound)} is over the tolerance "
+        f"{tolerance:.4f}; `fit(..., tolerance={_rounded_up(bound)})` would take it."
+    )
+
+
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _rounded_up(value: float, digits: int = 2) -> str:
+    """``value`` rounded up to ``digits`` significant digits, printed so that it reads back at least ``value``.
+
+    Example:
+        >>> _rounded_up(0.00523), _rounded_up(0.0052), _rounded_up(0.1204)
+        ('0.0053', '0.0052', '0.13')
+    """
+    if value <= 0:
+        return "0"
+    decimals = max(0, digits - 1 - math.floor(math.log10(value)))
+    step = 10.0**-decimals
+    up = math.ceil(round(value / step, 9)) * step
+    text = f"{up:.{decimals}f}"
+    return text if float(text) >= value else f"{up + step:.{decimals}f}"
+
+
+def _relative(change: Change, *, bare: bool = False) -> str:
+    """``0.89x the plain model's 0.6001`` (``bare``: ``0.89x ``), or "" where the plain value is under
+    :data:`RATIO_FLOOR` (a ratio to nearly 0 says nothing)."""
+    if abs(change.plain) < RATIO_FLOOR:
+        return ""
+    return f"{change.ratio:.2f}x " if bare else f"{change.ratio:.2f}x the plain model's {change.plain:.4f}"
+
+
+def _nll_line(name: str, change: Change) -> str:
+    """A table line of an NLL change: plain, row, change with its interval, and the ratio (``–`` near zero)."""
+    ratio = f"{change.ratio:.2f}x" if abs(change.plain) >= RATIO_FLOOR else "–"
+    return (
+        f"| {name} | {change.plain:.4f} | {change.value:.4f} | {_signed(change.difference)} "
+        f"{_interval(change.interval)} | {ratio} |"
+    )
+
+
+def _times(ratio: float) -> str:
+    """``2.3x``, ``101.2x``, ``2,314x``."""
+    return f"{ratio:,.0f}x" if ratio >= 1000 else f"{ratio:.1f}x"
+
+
+def _microseconds(seconds: float) -> str:
+    """``46 µs`` / ``2.5 µs`` / ``1,204 µs``."""
+    value = seconds * 1e6
+    return f"{value:,.1f} µs" if value < 10 else f"{value:,.0f} µs"
+
+
+def cost_cell(ratio: float | None, forward_seconds: float | None = None) -> str:
+    """A predict cost as a ratio to a plain forward, with its time per call in microseconds when a plain forward
+    takes under :data:`MICROSECONDS_BELOW` (where a ratio alone reads as thousands of x on a fast model); ``–``
+    when not measured.
+
+    Example:
+        >>> cost_cell(2314.0, 8e-7), cost_cell(1.4, 0.02), cost_cell(None)
+        ('2,314x (1,851 µs)', '1.4x', '–')
+    """
+    if ratio is None:
+        return "–"
+    text = _times(ratio)
+    if forward_seconds is not None and 0 < forward_seconds < MICROSECONDS_BELOW:
+        text += f" ({_microseconds(ratio * forward_seconds)})"
+    return text
+
+
+def _predict(row: Judged) -> str:
+    """What a prediction costs, in the words of the cost line."""
+    if row.predict_cost is None:
+        return "an unmeasured time"
+    text = f"{_times(row.predict_cost)} a plain forward"
+    seconds = row.forward_seconds
+    if seconds is not None and 0 < seconds < MICROSECONDS_BELOW:
+        text += f" ({_microseconds(row.predict_cost * seconds)} against {_microseconds(seconds)})"
+    return text
 
 
 def _signed(value: float, digits: int = 4) -> str:
@@ -544,6 +852,10 @@ def judge(
         basis = "test" if ranked_by_shift and rows[labels.index(plain)].shifts else "test-clean"
         key = (lambda row: row.shift_nll) if basis == "test" else (lambda row: row.clean.value)
         recommended = min(admissible, key=key).label
+    disagreement = None
+    if basis == "auto":
+        pick = candidates[labels.index(recommended)]
+        disagreement = disagreeing_row(candidates, pick, resamples(len(pick.clean)), ci)
     return Verdict(
         plain,
         recommended,
@@ -556,13 +868,39 @@ def judge(
         auto_hint,
         shift_hint,
         shift_note,
+        disagreement,
     )
+
+
+def disagreeing_row(
+    candidates: Sequence[Candidate], pick: Candidate, index: Tensor, ci: float = CI
+) -> tuple[str, Change] | None:
+    """The row whose test NLL is clearly below ``pick``'s (its paired ``ci`` interval of the change lies below 0),
+    the lowest of them, with its change against ``pick``; ``None`` when no row is. Auto picks on held-out data: a test
+    table that disagrees is something the reader must be told.
+
+    Example:
+        >>> plain = torch.full((200,), 0.5, dtype=torch.float64)
+        >>> rows = [Candidate("auto", plain), Candidate("laplace", plain * 0.5 + 0.01 * torch.rand(200))]
+        >>> label, change = disagreeing_row(rows, rows[0], bootstrap.resample_index(200, 200))
+        >>> label, round(change.difference, 2), change.interval[1] < 0
+        ('laplace', -0.25, True)
+    """
+    found = []
+    for row in candidates:
+        if row.label == pick.label:
+            continue
+        change = paired_change(row.clean, pick.clean, index, ci)
+        if change.interval[1] < 0:
+            found.append((row.label, change))
+    return min(found, key=lambda item: item[1].difference, default=None)
 
 
 def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
     """The candidates of a selection record (``um.summary()["selection"]``) as frontier points on held-out data: the
     excess with a bar up to its one-sided bound, the NLL on the perturbed copies with a bar of the same level;
-    candidates not tried, not finite or without perturbed copies are left out.
+    candidates not tried, not finite or without perturbed copies are left out, and candidates with the same numbers
+    (e.g. calibrators that kept the plain model) are one point named after all of them.
 
     Example:
         >>> points = selection_points(um.summary()["selection"])
@@ -571,24 +909,34 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
         >>> fig = plots.frontier(points, "selection.png", tolerance=um.summary()["selection"]["tolerance"])
     """
     z = NormalDist().inv_cdf(CONFIDENCE)
-    points = []
+    found: dict[tuple, FrontierPoint] = {}
     for row in selection.get("candidates", []):
         x, bound, y = row.get("excess"), row.get("bound"), row.get("shifted_nll")
         if x is None or bound is None or y is None or not all(math.isfinite(v) for v in (x, bound, y)):
             continue
         spread = row.get("shifted_nll_se")
-        points.append(
-            FrontierPoint(
-                str(row["candidate"]),
-                x,
-                (x - (bound - x), bound),
-                y,
-                None if spread is None else (y - z * spread, y + z * spread),
-                bool(row.get("admissible")),
-                bool(row.get("chosen")),
+        key = (x, bound, y, spread)
+        point = FrontierPoint(
+            str(row["candidate"]),
+            x,
+            (x - (bound - x), bound),
+            y,
+            None if spread is None else (y - z * spread, y + z * spread),
+            bool(row.get("admissible")),
+            bool(row.get("chosen")),
+        )
+        same = found.get(key)
+        found[key] = (
+            point
+            if same is None
+            else replace(
+                same,
+                label=f"{same.label} = {point.label}",
+                admissible=same.admissible or point.admissible,
+                chosen=same.chosen or point.chosen,
             )
         )
-    return points
+    return list(found.values())
 
 
 def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title: str | None = None) -> str:
@@ -600,7 +948,7 @@ def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title:
         >>> print(section)
         ## Verdict
         <BLANKLINE>
-        **Use `laplace`** for this model: in distribution the NLL changes by -0.0661 [-0.1333, -0.0128] nats ...
+        **Use `laplace`**: picked on the test data, ...
         <BLANKLINE>
         ![frontier: in-distribution cost against NLL under shift](frontier.png)
         ...

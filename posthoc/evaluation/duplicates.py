@@ -1,0 +1,113 @@
+"""Rows that say the same thing: the rows of a comparison whose predictions are the same are merged, with a note.
+
+A calibrator that kept T = 1 on top of a method, or two configurations that made the same held-out choice, predict
+the same probabilities on every example: their rows are identical in every column of every table and only make the
+tables longer and the plots harder to read. :func:`merge_identical` finds them (every prediction a row keeps, on the
+test set, on the shifted sets and on the OOD set, within :data:`ATOL`), keeps the first of each group (or the one
+the reader looks for: the plain model, the recommended row) and :func:`merge_note` says what was merged into what,
+and why.
+
+Example:
+    >>> other = torch.softmax(torch.log(probs) / 2, -1)
+    >>> rows = {"MAP": [probs], "temperature": [probs.clone()], "laplace": [other], "laplace (again)": [other]}
+    >>> merged = merge_identical(rows, why=lambda label, into: "its temperature kept T = 1" if label == "temperature"
+    ...                          else "the same choice made twice")
+    >>> [(m.label, m.into) for m in merged]
+    [('temperature', 'MAP'), ('laplace (again)', 'laplace')]
+    >>> print(merge_note(merged))
+    Merged rows (the same predictions, within 1e-06, on every example): `temperature` into `MAP` (its temperature ...
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+#: the largest difference between two rows' predictions (probabilities, scores) that still counts as the same
+ATOL = 1e-6
+#: why two rows are the same, when the caller does not say
+SAME = "the same predictions"
+
+
+@dataclass(frozen=True)
+class Merged:
+    """Row ``label`` merged into row ``into``, and ``why`` they are the same (e.g. ``"its temperature kept T = 1"``)."""
+
+    label: str
+    into: str
+    why: str = SAME
+
+
+def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | None], atol: float = ATOL) -> bool:
+    """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None``, not measured, only
+    matches ``None``).
+
+    Example:
+        >>> same_predictions([probs, None], [probs + 1e-9, None]), same_predictions([probs], [probs.flip(-1)])
+        (True, False)
+    """
+    if len(first) != len(second):
+        return False
+    for a, b in zip(first, second):
+        if a is None or b is None:
+            if a is not b:
+                return False
+            continue
+        if a.shape != b.shape or not torch.allclose(a.double().cpu(), b.double().cpu(), rtol=0, atol=atol):
+            return False
+    return True
+
+
+def merge_identical(
+    rows: Mapping[str, Sequence[Tensor | None]],
+    *,
+    keep: Collection[str] = (),
+    why: Callable[[str, str], str] | None = None,
+    atol: float = ATOL,
+) -> list[Merged]:
+    """Which rows merge into which: ``rows`` maps each row's label to its predictions (the same tensors, in the same
+    order, for every row); a row the same as an earlier one merges into it, except that the rows of ``keep`` (the
+    plain model, the recommended row) are never merged away: another row the same as one of them merges into it.
+    ``why(label, into)`` says why two rows are the same (default :data:`SAME`).
+
+    Example:
+        >>> merge_identical({"MAP": [probs], "auto": [probs.clone()]}, keep=["auto"])
+        [Merged(label='MAP', into='auto', why='the same predictions')]
+    """
+    order = sorted(rows, key=lambda label: (label not in keep, list(rows).index(label)))
+    kept: list[str] = []
+    merged: dict[str, str] = {}
+    for label in order:
+        into = next((other for other in kept if same_predictions(rows[label], rows[other], atol)), None)
+        if into is None or (label in keep and into in keep):
+            kept.append(label)
+        else:
+            merged[label] = into
+    return [Merged(label, into, SAME if why is None else why(label, into)) for label, into in merged.items()]
+
+
+def merge_note(merged: Sequence[Merged], atol: float = ATOL) -> str:
+    """One line saying which rows were merged into which, and why ("" when none was).
+
+    Example:
+        >>> merge_note([Merged("LLLA kron + temperature", "LLLA kron", "its temperature kept T = 1")])
+        'Merged rows (the same predictions, within 1e-06, on every example): `LLLA kron + temperature` into `LLLA kron` (its temperature kept T = 1).'
+    """
+    if not merged:
+        return ""
+    parts = [f"`{m.label}` into `{m.into}` ({m.why})" for m in merged]
+    return f"Merged rows (the same predictions, within {atol:g}, on every example): " + "; ".join(parts) + "."
+
+
+def without(items: Sequence, merged: Sequence[Merged], label: Callable[[object], str]) -> list:
+    """``items`` without those whose ``label(item)`` was merged away (in their order).
+
+    Example:
+        >>> without(["MAP", "temperature", "laplace"], [Merged("temperature", "MAP")], str)
+        ['MAP', 'laplace']
+    """
+    gone = {m.label for m in merged}
+    return [item for item in items if label(item) not in gone]
