@@ -2,8 +2,10 @@
 
 Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default), ``"vector"``,
 ``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"platt"``
-(binary), ``"identity"``, and ``"auto"`` (k-fold cross-validated NLL over the others, never worse
-than ``"identity"`` on the folds).
+(binary), ``"identity"``, and ``"auto"`` (the others compared by k-fold cross-validated NLL). Every one is fitted
+by the selection step of ``um.fit`` (:mod:`posthoc.engine.selection`): admissible only if the bound of its held-out
+NLL excess over the model's own probabilities on new data is within ``tolerance=`` (``math.inf``: the clean
+maximum-likelihood fit the peers make); ``calibrator.selection`` is the record of that choice.
 
 A deployed **regressor** gives ``mean=`` ``(N,)`` or ``(N, D)``, ``std=`` of that shape (or none: a
 constant std, so that ``"variance-scaling"`` fits the homoscedastic noise) and ``targets=``; its
@@ -13,12 +15,14 @@ never worse than ``"identity"`` on the folds). ``calibrator.predict(mean, std)``
 :class:`~posthoc.RegressionPrediction`, whose ``.interval(level)`` and ``.quantile(q)`` are numbers.
 
 Example:
-    >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto")
+    >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto", tolerance=0.03)
     >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]    # cross-validated
-    ('temperature', 0.497)
+    ('temperature', 0.492)
     >>> probs = calibrator(test_logits)
     >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt").chosen_name
     'temperature'
+    >>> posthoc.calibrate(val_logits, val_labels, method="auto").chosen_name   # the default tolerance: no sure gain
+    'identity'
     >>> mean, std = torch.randn(200), torch.full((200,), 2.0)     # a regressor's held-out predictions,
     >>> targets = mean + torch.randn(200)                         # whose stds are twice too wide
     >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=targets, method="isotonic")

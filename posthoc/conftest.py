@@ -94,14 +94,14 @@ def _classification() -> dict[str, Any]:
         sets = {name: draw(count) for name, count in (("train", 256), ("val", 128), ("test", 128))}
         sets["ood"] = (6.0 + 2.0 * torch.randn(128, 4, generator=generator), torch.full((128,), -1))
         torch.manual_seed(0)
-        net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 3))
+        net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 3)).double()
         optimiser = torch.optim.Adam(net.parameters(), lr=1e-2)
         x, labels = sets["train"]
-        for _ in range(300):
+        for _ in range(300):  # in float64: every CPU trains the same weights (float32 sums differ in the last bits)
             optimiser.zero_grad()
-            nn.functional.cross_entropy(net(x), labels).backward()
+            nn.functional.cross_entropy(net(x.double()), labels).backward()
             optimiser.step()
-        net.eval()
+        net.float().eval()
         with torch.no_grad():
             logits = {name: net(pair[0]) for name, pair in sets.items()}
         _CACHE["_classification"] = {

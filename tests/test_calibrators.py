@@ -235,8 +235,8 @@ AUTO_MEAN_TOLERANCE, AUTO_WORST = 1.05, 1.5
 @pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
 def test_auto_is_no_worse_than_no_calibration_on_nearly_separable_sets(nearly_separable, name):
     """792 digits with 5 errors, halved at random 20 times: fitted on 396 examples with 0-5 errors, tested on the
-    other 396. Per-class calibrators picked on such folds used to cost 1.5x the test NLL of no calibration on
-    average and 8.5x at worst."""
+    other 396. Per-class calibrators picked on such folds by cross-validated NLL alone cost 1.5x the test NLL of no
+    calibration on average and 8.5x at worst; the selection step's bound keeps auto within the tolerance."""
     logits, labels, wrong = nearly_separable[name]
     wrong_rows, right_rows = wrong.nonzero().flatten(), (~wrong).nonzero().flatten()
     ratios = []
@@ -255,7 +255,6 @@ def test_auto_is_no_worse_than_no_calibration_on_nearly_separable_sets(nearly_se
             calibrator = posthoc.calibrate(logits[fit], labels[fit], method="auto", seed=seed)
         plain = metrics.nll(logits[test].softmax(-1), labels[test])
         ratios.append(metrics.nll(calibrator(logits[test]), labels[test]) / plain)
-        assert calibrator.chosen_name == "identity", calibrator.scores  # every halving holds fewer than 10 errors
     assert np.mean(ratios) <= AUTO_MEAN_TOLERANCE and max(ratios) <= AUTO_WORST, ratios
 
 

@@ -115,12 +115,15 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
     Example:
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
         >>> print("\\n".join(selection_table(um.summary()["selection"])))
-        Held-out choice of the calibration: **uncalibrated**. Admissible: the 95% upper bound of the NLL excess...
+        Held-out choice of the calibration: **clean fit at 0.75**. Admissible: the 95% (90% for a gain beyond the...
         <BLANKLINE>
         | candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |
         |---|---|---|---|---|---|
-        | uncalibrated | 0 (0) | ... | **chosen** |
-        | clean fit | ...
+        | uncalibrated | -0 (0) | 8.977 | 0.3377 | 0 | admissible |
+        | clean fit at 0.5 | -0.08277 (-0.007112) | 6.093 | 0.3146 | 0 | admissible |
+        | clean fit at 0.75 | -0.09512 (0.003489) | 5.271 | 0.3139 | 0 | **chosen** |
+        | clean fit | -0.09838 (0.01794) | 4.656 | 0.3117 | 0 | in-distribution NLL excess -0.0984 nats, 90% bound...
+        ...
     """
     plain = selection["plain"]
     gain = selection.get("gain_confidence")

@@ -27,6 +27,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from posthoc.core.checks import one_of
+from posthoc.core.threads import single_thread_if
 from posthoc.shift.features import extrapolation_split, gap_split
 
 #: the sinusoid's regions: where the model was trained, the gap between the clusters, beyond the data
@@ -136,7 +137,8 @@ def train_mlp(
     lr: float = 1e-2,
     seed: int = 0,
 ) -> nn.Module:
-    """A ``Linear-Tanh-Linear-Tanh-Dropout-Linear`` MLP fitted full-batch by Adam to the squared error, in eval mode."""
+    """A ``Linear-Tanh-Linear-Tanh-Dropout-Linear`` MLP fitted full-batch by Adam to the squared error (in float64),
+    returned in float32 and eval mode."""
     x, y = train
     torch.manual_seed(seed)
     net = nn.Sequential(
@@ -147,9 +149,11 @@ def train_mlp(
         nn.Dropout(dropout),
         nn.Linear(hidden, y.shape[1]),
     )
+    net.double()  # trained in float64: every CPU trains the same weights (float32 sums differ in the last bits)
     optimiser = torch.optim.Adam(net.parameters(), lr)
-    for _ in range(epochs):
-        optimiser.zero_grad()
-        ((net(x) - y) ** 2).mean().backward()
-        optimiser.step()
-    return net.eval()
+    with single_thread_if(True):  # a few hundred rows: more threads only wait on each other
+        for _ in range(epochs):
+            optimiser.zero_grad()
+            ((net(x.double()) - y.double()) ** 2).mean().backward()
+            optimiser.step()
+    return net.float().eval()

@@ -84,6 +84,8 @@ CONFIDENCE = 0.95
 GAIN_CONFIDENCE = 0.9
 #: the size of the new data the bound speaks for, as a multiple of the held-out set's (module docs)
 NEW_SAMPLE = 1.0
+#: the share of the largest per-example gains capped in the one-stratum bound of a candidate that costs (module docs)
+CAPPED_GAINS = 0.025
 #: draws of the predictive of the new data's excess (:func:`predictive_excess`)
 PREDICTIVE_DRAWS = 4000
 #: up to this many mistakes (held out, or in a new sample) the predictive draws the new ones one by one
@@ -361,13 +363,15 @@ def excess_bound(
     *,
     mistakes: Tensor | None = None,
     new_sample: float = NEW_SAMPLE,
+    capped_gains: float = 0.0,
     seed: int = 0,
 ) -> tuple[float, float]:
     """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of its
     one-sided ``confidence`` bound on new data of ``new_sample`` times ``N`` examples: the ``confidence`` quantile of
     :func:`predictive_excess` (``new_sample=inf``: of the true mean excess alone). ``mistakes`` ``(N,)`` marks the
     examples the plain model gets wrong, the two strata of the predictive (``None``: one stratum, where the bound is
-    the paired normal one, ``mean + z · sd · sqrt(1/N + 1/N_new)``). A non-finite excess is ``inf``.
+    the paired normal one, ``mean + z · sd · sqrt(1/N + 1/N_new)``, taken after the differences below their
+    ``capped_gains`` quantile are raised to it). A non-finite excess is ``inf``.
 
     Example:
         >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
@@ -379,7 +383,7 @@ def excess_bound(
         >>> excess = torch.cat([right, wrong])
         >>> mistakes = torch.cat([torch.zeros(120), torch.ones(4)])
         >>> round(excess_bound(excess, torch.zeros(124), 0.9, mistakes=mistakes)[1], 3)  # few mistakes, a clear gain
-        -0.044
+        -0.043
         >>> round(excess_bound(excess, torch.zeros(124), 0.9)[1], 3)  # one normal stratum: above a tolerance of 0.005
         0.007
     """
@@ -390,8 +394,10 @@ def excess_bound(
     if difference.numel() < 2:
         return mean, math.inf
     if mistakes is None:
+        if capped_gains > 0:
+            difference = difference.clamp_min(float(torch.quantile(difference, capped_gains)))
         spread = float(difference.std()) * math.sqrt(1 / difference.numel() + 1 / (new_sample * difference.numel()))
-        return mean, mean + NormalDist().inv_cdf(confidence) * spread
+        return mean, float(difference.mean()) + NormalDist().inv_cdf(confidence) * spread
     draws = predictive_excess(difference, mistakes, new_sample=new_sample, seed=seed)
     return mean, float(torch.quantile(draws, confidence))
 
@@ -696,9 +702,11 @@ def select(
         begin = time.perf_counter()
         found = tried[index] = scorer(index)
         seconds = time.perf_counter() - begin
-        gain = float((found.clean - plain.clean).mean()) < -tolerance
+        gain = _gain_on_mistakes(found.clean - plain.clean, plain.mistakes, tolerance)
         level = gain_confidence if gain else confidence
-        mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes if gain else None)
+        mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes)
+        if not gain:  # a cost: the larger of the two bounds, each cautious where the other is not (module docs)
+            upper = max(upper, excess_bound(found.clean, plain.clean, level, capped_gains=CAPPED_GAINS)[1])
         admissible = math.isfinite(upper) and upper <= tolerance
         reason = (
             None
@@ -764,6 +772,17 @@ def select(
         rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift},
         plain_scores=plain,
     )
+
+
+def _gain_on_mistakes(difference: Tensor, mistakes: Tensor | None, tolerance: float) -> bool:
+    """Whether a candidate's held-out excess ``difference`` is a gain beyond the tolerance that rests on the plain
+    model's ``mistakes`` (its mean excess there is negative): such a gain is judged by the two-strata predictive at
+    :data:`GAIN_CONFIDENCE` (module docs). A gain made on the right answers at a cost on the mistakes (a calibrator
+    that sharpens) is not: a few held-out mistakes cannot bound what new ones cost."""
+    if mistakes is None or not bool(torch.isfinite(difference).all()) or float(difference.mean()) >= -tolerance:
+        return False
+    wrong = mistakes.bool()
+    return bool(wrong.any()) and float(difference[wrong].mean()) < 0
 
 
 #: the reason of a candidate a walk did not score

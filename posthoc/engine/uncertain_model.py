@@ -153,7 +153,7 @@ class UncertainModel(nn.Module):
         Example:
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
             >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
-            'uncalibrated'
+            'clean fit at 0.75'
         """
         check_fit_loaders(train_loader, val_loader)
         _check_fit_options(self.method, fit_options)

@@ -9,7 +9,7 @@ jackknife costs ``N`` leave-one-out statistics (``O(N²)`` index work: fine for 
 Example:
     >>> stats = example_statistics(probs, labels)
     >>> intervals(stats, len(labels), ci=0.95, bootstraps=1000)["nll"]   # 128 examples: a wide interval
-    (0.28, 0.95)
+    (0.28, 0.93)
 """
 
 from __future__ import annotations
@@ -197,7 +197,7 @@ def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, s
     Example:
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_draws(test_entropy, ood_entropy, bootstraps=3)
-        tensor([0.3134, 0.2350, 0.2784], dtype=torch.float64)
+        tensor([0.4702, 0.3842, 0.4311], dtype=torch.float64)
     """
     inside, outside = in_scores.double().cpu().flatten(), out_scores.double().cpu().flatten()
     if inside.numel() == 0 or outside.numel() == 0:
@@ -226,7 +226,7 @@ def auroc_interval(
     Example:
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_interval(test_entropy, ood_entropy, ci=0.95)   # far-away inputs get confident predictions
-        (0.23, 0.35)
+        (0.37, 0.50)
     """
     check_level(ci, bootstraps)
     low, high = np.quantile(auroc_draws(in_scores, out_scores, bootstraps, seed).numpy(), [(1 - ci) / 2, (1 + ci) / 2])
@@ -270,7 +270,7 @@ def report_intervals(
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> found = report_intervals(report.probs, report.labels, ci=0.95, ood={"ood_auroc": (test_entropy, ood_entropy)})
         >>> found["nll"], found["ood_auroc"]
-        ((0.34, 0.77), (0.23, 0.35))
+        ((0.35, 0.66), (0.37, 0.50))
     """
     stats = example_statistics(probs, labels)
     correct = probs.argmax(-1).cpu() == labels.cpu()

@@ -8,7 +8,7 @@ Example:
     >>> laplace = posthoc.evaluate(um, test_loader)
     >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
     >>> print(posthoc.compare(laplace, plain, metric="nll"))
-    nll: laplace − none = -0.0661 [-0.1333, -0.0128] (95% paired bootstrap, 1000 resamples of 128 examples)
+    nll: laplace − none = -0.1068 [-0.2387, -0.0011] (95% paired bootstrap, 1000 resamples of 128 examples)
 """
 
 from __future__ import annotations

@@ -11,9 +11,9 @@ Example:
     >>> print(ood_markdown({"laplace": {name: metrics.ood_metrics(*v) for name, v in values.items()}}))
     | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
     |---|---|---|---|---|---|
-    | laplace | entropy | 0.2908 | 0.4594 | 0.3720 | 0.8906 |
-    | laplace | msp | 0.2916 | 0.4595 | 0.3721 | 0.8906 |
-    | laplace | energy | 0.0370 | 0.3100 | 0.3097 | 1.0000 |
+    | laplace | entropy | 0.4374 | 0.5570 | 0.4483 | 0.8516 |
+    | laplace | msp | 0.4319 | 0.5594 | 0.4418 | 0.8281 |
+    | laplace | energy | 0.0405 | 0.3105 | 0.3101 | 1.0000 |
 """
 
 from __future__ import annotations

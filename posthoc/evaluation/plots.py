@@ -12,7 +12,7 @@ Example:
     >>> curves = {"MAP": (plain_report.probs, test_labels), "laplace": (report.probs, test_labels)}
     >>> fig = risk_coverage_curve(curves, "rc.png", log_scale=True)
     >>> [line.get_label() for line in fig.axes[0].get_lines()]
-    ['MAP (AURC 0.0967)', 'laplace (AURC 0.0966)']
+    ['MAP (AURC 0.0969)', 'laplace (AURC 0.0987)']
     >>> fig = confidence_plot({"MAP": ([0, 1, 2], [0.99, 0.95, 0.9], [0.98, 0.8, 0.6])}, "confidence.png")
     >>> fig = frontier([FrontierPoint("none", 0.0, (0.0, 0.0), 0.9, (0.85, 0.95), True),
     ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
@@ -169,7 +169,7 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
     Example:
         >>> fig = reliability_diagram({"MC dropout (own, rate on val) + temperature": (probs, labels), "MAP": (probs, labels)})
         >>> fig.axes[0].get_title().splitlines()
-        ['MC dropout (own, rate on val)', '+ temperature', 'ECE 0.090']
+        ['MC dropout (own, rate on val)', '+ temperature', 'ECE 0.089']
     """
     columns = min(MAX_COLUMNS, len(curves))
     rows = math.ceil(len(curves) / columns)

@@ -14,28 +14,28 @@ Example:
     >>> print(report.to_markdown())
     | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
     |---|---|---|---|---|---|---|---|---|---|---|
-    | laplace | 0.8125 | 0.5324 | 0.0821 | 0.0766 | 0.0599 | 0.2676 | 0.0966 | 0.0569 | 0.2900 | – |
+    | laplace | 0.8125 | 0.4898 | 0.0531 | 0.0846 | 0.0446 | 0.2659 | 0.0987 | 0.0584 | 0.4374 | – |
     >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader, ood_loader=ood_loader)
     >>> print(plain.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
     ## Verdict
     <BLANKLINE>
     **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
-    | none | **0.8125** | 0.5974 | 0.0888 | 0.0909 | 0.0832 | 0.2730 | 0.0967 | **0.0568** | 0.0946 | – |
-    | laplace | **0.8125** | **0.5324** | **0.0821** | **0.0766** | **0.0599** | **0.2676** | **0.0966** | 0.0569 | **0.2900** | – |
+    | none | **0.8125** | 0.5966 | 0.0900 | 0.0994 | 0.0831 | 0.2729 | **0.0969** | **0.0568** | 0.1008 | – |
+    | laplace | **0.8125** | **0.4898** | **0.0531** | **0.0846** | **0.0446** | **0.2659** | 0.0987 | 0.0584 | **0.4374** | – |
     ...
     >>> fig = report.reliability_diagram("reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.2)
     >>> checked = posthoc.evaluate(um, test_loader, conformal=cp, selective=sel)
     >>> checked.coverage, checked.deferral, checked.selective_risk     # coverage about 0.9, risk at most 0.2
-    (0.89, 0.15, 0.13)
+    (0.88, 0.16, 0.12)
     >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
     >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
     | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
     |---|---|---|---|---|---|
-    | laplace | entropy | 0.2900 | 0.4596 | 0.3720 | 0.8906 |
-    | laplace | energy | 0.0366 | 0.3101 | 0.3097 | 1.0000 |
-    | laplace | knn | 0.7905 | 0.8684 | 0.6447 | 0.3359 |
+    | laplace | entropy | 0.4374 | 0.5570 | 0.4483 | 0.8516 |
+    | laplace | energy | 0.0405 | 0.3105 | 0.3101 | 1.0000 |
+    | laplace | knn | 0.7922 | 0.8697 | 0.6460 | 0.3438 |
 
 A regressor's report is a :class:`~posthoc.evaluation.regression_report.RegressionReport`.
 """
@@ -227,8 +227,8 @@ class Report:
             ## Verdict
             <BLANKLINE>
             **Use `laplace`**: picked on the test data, ...
-            | none | **0.8125** | 0.5974 | ...
-            | laplace | **0.8125** | **0.5324** | ...
+            | none | **0.8125** | 0.5966 | ...
+            | laplace | **0.8125** | **0.4898** | ...
             ...
         """
         if not others:

@@ -35,14 +35,14 @@ Example:
     <BLANKLINE>
     **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
     <BLANKLINE>
-    It costs no NLL in distribution (-0.0651 nats, 0.89x the plain model's 0.5974) and 1.4x a plain forward at ...
+    It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and 1.4x a plain forward at ...
     <BLANKLINE>
-    It buys -0.4193 nats of NLL under shift (0.76x on `noisy`).
+    It buys -0.7046 nats of NLL under shift (0.59x on `noisy`).
     <BLANKLINE>
     | | `none` (plain) | `laplace` | change [95% interval] | ratio |
     |---|---|---|---|---|
-    | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
-    | NLL on `noisy` | 1.7455 | 1.3262 | -0.4193 [-0.6786, -0.2166] | 0.76x |
+    | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
+    | NLL on `noisy` | 1.7367 | 1.0321 | -0.7046 [-1.1112, -0.3664] | 0.59x |
     | predict cost | 1.0x | 1.4x | – | 1.4x |
     ...
 """
@@ -228,7 +228,7 @@ def auroc_change(
     Example:
         >>> change = auroc_change(report.ood_values["entropy"], plain_report.ood_values["entropy"])
         >>> change.difference, change.interval     # laplace's entropy separates the OOD inputs better
-        (0.195, (0.153, 0.234))
+        (0.337, (0.281, 0.385))
     """
     ours = bootstrap.auroc_draws(*row, bootstraps, seed).numpy()
     theirs = bootstrap.auroc_draws(*plain, bootstraps, seed).numpy() if plain_draws is None else plain_draws
@@ -340,8 +340,8 @@ class Verdict:
             >>> for line in verdict.lines():
             ...     print(line)
             **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
-            It costs no NLL in distribution (-0.0651 nats, 0.89x the plain model's 0.5974) and an unmeasured time at ...
-            It buys -0.4193 nats of NLL under shift (0.76x on `noisy`) and +0.195 OOD AUROC (0.095 -> 0.290).
+            It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and an unmeasured time at ...
+            It buys -0.7046 nats of NLL under shift (0.59x on `noisy`) and +0.337 OOD AUROC (0.101 -> 0.437).
         """
         chosen = self.row(self.recommended)
         if self.keeps_plain:
@@ -473,9 +473,9 @@ class Verdict:
             >>> print(verdict.table())
             | | `none` (plain) | `laplace` | change [95% interval] | ratio |
             |---|---|---|---|---|
-            | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
-            | NLL on `noisy` | 1.7455 | 1.3262 | -0.4193 [-0.6786, -0.2166] | 0.76x |
-            | OOD AUROC (entropy) | 0.095 | 0.290 | +0.195 [+0.153, +0.234] | – |
+            | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
+            | NLL on `noisy` | 1.7367 | 1.0321 | -0.7046 [-1.1112, -0.3664] | 0.59x |
+            | OOD AUROC (entropy) | 0.101 | 0.437 | +0.337 [+0.281, +0.385] | – |
         """
         row = self.compared()
         if row is None:
@@ -564,7 +564,7 @@ class Verdict:
             **Use `laplace`**: picked on the test data, ...
             <BLANKLINE>
             It costs ...
-            | NLL in distribution | 0.5974 | 0.5324 | -0.0651 [-0.1323, -0.0120] | 0.89x |
+            | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
             ...
         """
         return "\n\n".join(part for part in [*self.lines(), self.table(), *self.notes()] if part)
@@ -905,7 +905,7 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
     Example:
         >>> points = selection_points(um.summary()["selection"])
         >>> len(points), points[0].label, points[-1].label    # laplace's prior precisions
-        (20, '1e+08', '10')
+        (23, '1e+08', '2.51')
         >>> fig = plots.frontier(points, "selection.png", tolerance=um.summary()["selection"]["tolerance"])
     """
     z = NormalDist().inv_cdf(CONFIDENCE)

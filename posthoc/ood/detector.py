@@ -242,7 +242,7 @@ class Detector:
 
         Example:
             >>> posthoc.detector(model, score="max-logit").score(x[:2])
-            tensor([-2.3808, -1.5820])
+            tensor([-2.4449, -1.5822])
         """
         if name is None and len(self._scores) > 1:
             raise ConfigError(

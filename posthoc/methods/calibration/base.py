@@ -10,9 +10,10 @@ Two situations cannot determine any calibration map and are handled here for all
 
 - too few examples (in total, or per class for maps with per-class parameters): a clear
   :class:`~posthoc.errors.InputError` naming the minimum;
-- perfect separation (every held-out example is already classified correctly): the likelihood keeps
-  improving as the map sharpens the predictions without limit, so any fitted map would overfit; the
-  calibrator stays the identity and warns, saying how many examples would help.
+- (nearly) perfect separation (every held-out example but at most one is already classified correctly): the
+  likelihood keeps improving as the map sharpens the predictions, so any fitted map would overfit, and a
+  cross-fitted check of it never scores a lone error under a fit that saw an error; the calibrator stays the
+  identity and warns, saying how many examples would help (:data:`MIN_ERRORS`).
 
 Example:
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
@@ -42,6 +43,8 @@ from posthoc.methods.calibration.options import CalibratorOptions
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
 ERRORS_WANTED = 10
+#: a held-out set with fewer errors than this is nearly separable: the map stays the identity (module docs)
+MIN_ERRORS = 2
 
 
 def held_out_logits(logits: Any, labels: Any, *, samples: bool = True) -> tuple[Tensor, Tensor]:
@@ -172,22 +175,25 @@ class Calibrator(CalibratorOptions, nn.Module):
         self.passthrough.fill_(False)
         self._reset()
         inputs = logits.detach().double()
-        if bool((predictive(torch.log_softmax(inputs, -1)).argmax(-1) == labels).all()):
-            self._warn_separated(labels.numel())
+        errors = int((predictive(torch.log_softmax(inputs, -1)).argmax(-1) != labels).sum())
+        if errors < MIN_ERRORS:
+            self._warn_separated(labels.numel(), errors)
             self.passthrough.fill_(True)
             return self
         with small_fit(inputs):
             self._fit(inputs, labels)
         return self
 
-    def _warn_separated(self, count: int) -> None:
+    def _warn_separated(self, count: int, errors: int = 0) -> None:
         wanted = math.ceil(ERRORS_WANTED * count / 3)
+        which = "all" if not errors else f"all but {errors} of the"
         warnings.warn(
-            f"all {count} held-out examples are classified correctly, so they cannot determine '{self.name}' "
-            "calibration (its likelihood keeps improving as the predictions are sharpened without limit, which "
-            f"would make the model overconfident on new data): keeping the model's own probabilities. With no "
-            f"error among {count} examples the error rate is below about 3/{count}; a held-out set of about "
-            f"{wanted} examples would hold ~{ERRORS_WANTED} errors to fit on",
+            f"{which} {count} held-out examples are classified correctly, so they cannot determine '{self.name}' "
+            "calibration (its likelihood keeps improving as the predictions are sharpened, which would make the "
+            f"model overconfident on new data; and a cross-fitted check never sees a lone error): keeping the model's "
+            f"own probabilities. With {errors or 'no'} error among {count} examples the error rate is below about "
+            f"{3 + errors}/{count}; a held-out set of about {wanted} examples would hold ~{ERRORS_WANTED} errors to "
+            "fit on",
             RuntimeWarning,
             stacklevel=3,
         )

@@ -367,8 +367,8 @@ def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tol
     Example:
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> fitted = fit_on_logits(TemperatureCalibrator(), logits, labels, tolerance=Tolerance())
-        >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.04
-        ('clean fit at 0.75', 1.77)
+        >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.01
+        ('clean fit at 0.75', 1.76)
     """
     if tolerance.nats(0.0) == math.inf:
         fitted = calibrator.fit(logits, labels)

@@ -7,7 +7,7 @@ calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration
 Example:
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> float(calibrator.temperature)          # the model is overconfident
-    2.04
+    2.01
 """
 
 from __future__ import annotations
