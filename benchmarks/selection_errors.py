@@ -24,8 +24,10 @@ evaluation kinds, over the candidates.
 largest 2.5 % of gains capped), ``--rule point`` by the mean excess alone: the first must come out timid, the second
 worse (``tests/test_selection_errors.py`` and ``tests/test_never_worse.py`` check the same on fewer draws).
 
-Run: ``python benchmarks/selection_errors.py [--draws 20] [--only breast_cancer digits_bn_cnn ...] [--rule new]``
-(about 30 minutes on 2 cores for everything); the table goes to ``benchmarks/results/selection_errors.md``.
+Run: ``python benchmarks/selection_errors.py [--draws 20] [--seeds 2] [--only breast_cancer digits_bn_cnn ...]
+[--rule new] [--json out.json] [--docs-table]`` (an hour or two on 2 cores for everything; ``--from-json`` renders
+saved runs); the tables go to ``benchmarks/results/selection_errors.md``, and ``--docs-table`` writes the one of
+``docs/which-method.md``.
 """
 
 from __future__ import annotations
@@ -93,7 +95,13 @@ class Tally:
     counted: int = 0  # draws with a plain gain (>= 20 %) on offer
     timid: int = 0
     shares: list[float] = field(default_factory=list)
-    ratios: list[float] = field(default_factory=list)  # test NLL / plain
+    ratios: list[tuple[float, float]] = field(default_factory=list)  # (test NLL, plain test NLL) per draw
+
+    @property
+    def ratio(self) -> float:
+        """The mean test NLL over the draws as a ratio to the plain model's (a ratio of means: a draw whose plain NLL
+        is near zero does not dominate it)."""
+        return sum(v for v, _ in self.ratios) / max(sum(p for _, p in self.ratios), 1e-12)
 
 
 def old_bound(candidate: Tensor, plain: Tensor, confidence: float = 0.95, **_: object) -> tuple[float, float]:
@@ -199,10 +207,10 @@ def regression_checkpoint(seeds: int = 3) -> list[Checkpoint]:
     return found
 
 
-CHECKPOINTS: dict[str, Callable[[], list[Checkpoint]]] = {
-    "breast_cancer": lambda: tabular_checkpoints("breast_cancer"),
-    "digits_features": lambda: tabular_checkpoints("digits"),
-    "wine": lambda: tabular_checkpoints("wine"),
+#: the tabular sets, each trained with --seeds seeds
+TABULAR = {"breast_cancer": "breast_cancer", "digits_features": "digits", "wine": "wine"}
+CHECKPOINTS: dict[str, Callable[..., list[Checkpoint]]] = {
+    **{name: (lambda seeds, dataset=dataset: tabular_checkpoints(dataset, seeds)) for name, dataset in TABULAR.items()},
     "digits_cnn": lambda: digits_checkpoint("digits_cnn"),
     "digits_bn_cnn": lambda: digits_checkpoint("digits_bn_cnn"),
     "timm_resnet10t": timm_checkpoint,
@@ -311,7 +319,7 @@ def tally(runs: list[dict]) -> dict[str, dict[str, Tally]]:
                 entry = found[run["name"]][label]
                 entry.draws += 1
                 entry.worse += value - plain > tolerance
-                entry.ratios.append(value / plain if plain else math.nan)
+                entry.ratios.append((value, plain))
                 offered = best_gain if label == "auto" else None
                 if label == "temperature" and "calibrate temperature (MLE)" in tests:
                     offered = plain - tests["calibrate temperature (MLE)"]
@@ -361,7 +369,7 @@ def render(runs: list[dict], rule: str) -> str:
         f"plain model's by more than max(2 %, 0.005 nats) (target <= {WORSE_TARGET:.0%}); **timid** = draws where "
         f"less than {TAKEN:.0%} of the gain on offer was taken / draws with a gain >= {PLAIN_GAIN:.0%} on offer (target <= "
         f"{TIMID_TARGET:.0%}; for auto the best single candidate's test gain, for temperature the clean MLE temperature's); "
-        "share = median share of that gain taken; ratio = mean test NLL / plain.",
+        "share = median share of that gain taken; ratio = mean test NLL over the draws / the plain model's.",
         "",
         "| checkpoint | method | draws | worse | timid | share taken | NLL ratio |",
         "|---|---|---:|---:|---:|---:|---:|",
@@ -377,8 +385,9 @@ def render(runs: list[dict], rule: str) -> str:
             )
             share = f"{statistics.median(entry.shares):.2f}" if entry.shares else "-"
             flag = " **missed**" if worse > WORSE_TARGET else ""
-            ratio = statistics.fmean(r for r in entry.ratios if math.isfinite(r))
-            lines.append(f"| {name} | {label} | {entry.draws} | {worse:.1%}{flag} | {timid} | {share} | {ratio:.3f} |")
+            lines.append(
+                f"| {name} | {label} | {entry.draws} | {worse:.1%}{flag} | {timid} | {share} | {entry.ratio:.3f} |"
+            )
     shifted = shift_summary(runs)
     if shifted:
         lines += [
@@ -400,38 +409,98 @@ def render(runs: list[dict], rule: str) -> str:
     return "\n".join(lines)
 
 
+def which_method(runs: list[dict]) -> str:
+    """The table of docs/which-method.md and the README: per checkpoint, auto's pick and each method's mean test NLL
+    ratio in distribution and under shift, with both error rates."""
+    table, shifted = tally(runs), shift_summary(runs)
+    picks = defaultdict(lambda: defaultdict(int))
+    for run in runs:
+        for row in run["rows"]:
+            picks[run["name"]][row["chosen"]] += 1
+    lines = [
+        "| checkpoint | auto picks | method | NLL in distribution ×plain | worse | timid | NLL under shift ×plain |",
+        "|---|---|---|---:|---:|---:|---:|",
+    ]
+    for name, methods in table.items():
+        chosen = ", ".join(f"{label} {count}" for label, count in sorted(picks[name].items(), key=lambda i: -i[1]))
+        for label, entry in sorted(methods.items(), key=lambda item: (item[0] != "auto", item[0])):
+            ratio = entry.ratio
+            timid = f"{entry.timid}/{entry.counted}" if entry.counted else "-"
+            under = _shift_mean(runs, name, label)
+            lines.append(
+                f"| {name} | {chosen if label == 'auto' else ''} | {label} | {ratio:.2f}x | "
+                f"{entry.worse}/{entry.draws} | {timid} | {'-' if under is None else f'{under:.2f}x'} |"
+            )
+    del shifted
+    return "\n".join(lines)
+
+
+def _shift_mean(runs: list[dict], name: str, label: str) -> float | None:
+    values = [
+        row["shift"][label]
+        for run in runs
+        if run["name"] == name
+        for row in run["rows"]
+        if label in row.get("shift", {})
+    ]
+    return statistics.fmean(values) if values else None
+
+
+#: where --docs-table writes which_method's table (between the marker and the next blank line)
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "which-method.md"
+MARKER = "<!-- generated by: python benchmarks/selection_errors.py"
+
+
+def write_docs_table(text: str, command: str) -> None:
+    """Replace the generated block of docs/which-method.md (its marker line and the table under it)."""
+    page = DOCS.read_text()
+    start = page.index(MARKER)
+    end = page.index("\n\n", start)
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    DOCS.write_text(page[:start] + f"{MARKER} {command}; {stamp} -->\n" + text + page[end:])
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--draws", type=int, default=20, help="draws per checkpoint (tabular: split over 5 seeds)")
+    parser.add_argument("--draws", type=int, default=20, help="validation/test re-draws per checkpoint")
+    parser.add_argument("--seeds", type=int, default=2, help="training seeds of each tabular set (each a checkpoint)")
     parser.add_argument("--only", nargs="*", default=None, choices=list(CHECKPOINTS))
     parser.add_argument("--rule", choices=list(RULES), default="new")
     parser.add_argument("--methods", nargs="*", default=None, help="auto's candidates (default: its defaults)")
     parser.add_argument("--give-up", type=float, default=None, help="the rule's GIVE_UP (default: the library's)")
     parser.add_argument("--confidence", type=float, default=None, help="the rule's CONFIDENCE (default: the library's)")
     parser.add_argument("--no-shift", action="store_true", help="skip the evaluation kinds (faster)")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads (the numbers do not depend on it)")
     parser.add_argument("--json", type=Path, default=None, help="also write every draw's numbers here")
+    parser.add_argument("--from-json", type=Path, nargs="*", default=None, help="render these runs, no compute")
+    parser.add_argument("--docs-table", action="store_true", help="write the table into docs/which-method.md")
     args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
     if RULES[args.rule] is not None:
         selection.excess_bound = RULES[args.rule]
     if args.give_up is not None:
         selection.GIVE_UP = args.give_up
     if args.confidence is not None:
         selection.select.__kwdefaults__["confidence"] = args.confidence
-    runs = []
-    for name in args.only or list(CHECKPOINTS):
-        checkpoints = CHECKPOINTS[name]()
-        per = max(1, math.ceil(args.draws / len(checkpoints)))
-        for checkpoint in checkpoints:
-            runs.append(run_checkpoint(checkpoint, per, shift=not args.no_shift, methods=args.methods))
-        if args.json:
-            args.json.write_text(json.dumps(runs))
-    print()
-    print(
-        f"`python benchmarks/selection_errors.py --draws {args.draws} --rule {args.rule}"
-        + (f" --only {' '.join(args.only)}" if args.only else "")
-        + "`\n"
+    command = f"python benchmarks/selection_errors.py --draws {args.draws} --rule {args.rule}" + (
+        f" --only {' '.join(args.only)}" if args.only else ""
     )
+    runs = []
+    if args.from_json is not None:
+        for path in args.from_json:
+            runs += json.loads(path.read_text())
+        command = "python benchmarks/selection_errors.py --from-json " + " ".join(str(p) for p in args.from_json)
+    else:
+        for name in args.only or list(CHECKPOINTS):
+            for checkpoint in CHECKPOINTS[name](args.seeds) if name in TABULAR else CHECKPOINTS[name]():
+                runs.append(run_checkpoint(checkpoint, args.draws, shift=not args.no_shift, methods=args.methods))
+            if args.json:
+                args.json.write_text(json.dumps(runs))
+    print(f"\n`{command}`\n")
     print(render(runs, args.rule))
+    print("\n" + which_method(runs))
+    if args.docs_table:
+        write_docs_table(which_method(runs), command)
 
 
 if __name__ == "__main__":

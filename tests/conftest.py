@@ -53,6 +53,8 @@ def rule_choice(record: dict, *, rank_without_shift: str = "order") -> str:
     from posthoc.engine.selection import GIVE_UP
 
     rows = [row for row in record["candidates"] if row["admissible"]]
+    if not rows:  # nothing admissible: the most conservative candidate, said as a fallback
+        return record["candidates"][0]["candidate"]
     best = min(row["clean_nll"] for row in rows)
     slack = max(GIVE_UP * max(record["plain"]["clean_nll"] - best, 0.0), record["tolerance"])
     kept = [row for row in rows if row["clean_nll"] <= best + slack + 1e-6]

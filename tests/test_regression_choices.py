@@ -13,7 +13,7 @@ import warnings
 
 import pytest
 import torch
-from conftest import linear_data_regressor
+from conftest import linear_data_regressor, rule_choice
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -201,8 +201,9 @@ def test_laplace_val_prior_is_the_widest_within_tolerance_of_the_plain_gaussian_
     """``prior_precision="val"`` under regression: at the chosen δ the mean per-example NLL increase over the plain
     ``N(f(x), σ_plain²)`` (those below their 2.5 % quantile raised to it), plus ``z_0.95`` standard errors times
     ``sqrt(2)`` (the excess on new data of the held-out size), is within the default tolerance ``max(2 % |plain NLL|, 0.005)``;
-    at the next wider δ of the ladder it is not (the walk stops there). NLLs through the public ``predict`` at fixed
-    priors (each at its own held-out noise, as the choice scores them, to 1e-5)."""
+    at the first wider δ the walk refused it is not, and the choice among the admissible ones is the rule's. NLLs
+    through the public ``predict`` at fixed priors (each at its own held-out noise, as the choice scores them, to
+    1e-5)."""
     net, train, val = _ridge_head_net()
     um = posthoc.wrap(net, method="laplace", likelihood="regression", hessian=hessian, prior_precision="val").fit(
         train, val, progress=False
@@ -224,10 +225,12 @@ def test_laplace_val_prior_is_the_widest_within_tolerance_of_the_plain_gaussian_
         return float(capped.mean() + z * capped.std() / math.sqrt(len(capped)) * math.sqrt(2))
 
     rows = card["selection"]["candidates"]
-    wider = rows[[row["chosen"] for row in rows].index(True) + 1]["value"]
     assert 1e-4 < delta < 1e4
     assert excess(delta) <= threshold + 1e-5
-    assert excess(wider) > threshold
+    # the walk stopped at the first wider prior it refused, and the rule picked among the admissible ones
+    refused = [row for row in rows if not row["admissible"] and row["value"] < delta]
+    assert refused and excess(max(row["value"] for row in refused)) > threshold
+    assert card["selection"]["chosen"] == rule_choice(card["selection"])
 
 
 def test_laplace_held_out_prior_survives_save_and_load(tmp_path) -> None:

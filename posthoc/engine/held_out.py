@@ -541,6 +541,7 @@ class HeldOut:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
         if held.plain.shifted is not None and getattr(self.shifted, "groups", None) is not None:
             held.plain.groups = distributed.gather_cat(self.shifted.groups.to(held.device)).cpu()
+        held.layout = dataclasses.replace(held.layout, key=held.plain.clean)
         outputs = (
             [t for t in (held.plain.clean, held.plain.shifted) if t is not None]
             if held.plain_outputs is None
@@ -590,6 +591,7 @@ class HeldOut:
             from_training_data=self.from_training_data,
         )
         held.plain = self.plain.take(picked)
+        held.layout = dataclasses.replace(held.layout, key=held.plain.clean)
         if shifted is not None:
             shifted.groups = held.plain.groups
         held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)

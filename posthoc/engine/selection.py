@@ -267,6 +267,9 @@ class Layout:
 
     count: int
     source: Tensor | None = None
+    #: a number per clean example that the folds follow instead of its position (the plain model's NLL): the same
+    #: examples in another order (a validation loader that shuffles) fall in the same folds
+    key: Tensor | None = field(default=None, compare=False)
 
     def everything(self) -> Rows:
         """All clean examples and all perturbed copies."""
@@ -274,15 +277,20 @@ class Layout:
 
     def folds(self, k: int = FOLDS, seed: int = 0) -> list[tuple[Rows, Rows]]:
         """``(fitting rows, scored rows)`` of each of ``k`` folds (fewer on a small set): the clean examples split at
-        random (seeded), each perturbed copy in its clean example's fold. One fold (the whole set both ways) when
-        there are too few examples to split.
+        random (seeded; by their rank of :attr:`key` when there is one), each perturbed copy in its clean example's
+        fold. One fold (the whole set both ways) when there are too few examples to split.
         """
         k = min(k, self.count // MIN_FOLD_EXAMPLES)
         if k < 2:
             return [(self.everything(), self.everything())]
-        order = torch.randperm(self.count, generator=torch.Generator().manual_seed(seed))
-        fold_of = torch.empty(self.count, dtype=torch.long)
-        fold_of[order] = torch.arange(self.count) % k
+        scramble = torch.randperm(self.count, generator=torch.Generator().manual_seed(seed))
+        if self.key is None:
+            fold_of = torch.empty(self.count, dtype=torch.long)
+            fold_of[scramble] = torch.arange(self.count) % k
+        else:  # an example's fold follows its rank by key, not its position
+            ranks = torch.empty(self.count, dtype=torch.long)
+            ranks[torch.argsort(self.key.double().cpu(), stable=True)] = torch.arange(self.count)
+            fold_of = scramble[ranks] % k
         out = []
         for fold in range(k):
             held = fold_of == fold

@@ -376,12 +376,12 @@ def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tol
         return fitted
     calibrator.check(labels, logits.shape[-1])  # too few examples, one class: refused by name, before any fold
     cache = _Cache(logits, labels, None, None)
-    layout = Layout(len(labels))
+    plain = cache.scores(None, Layout(len(labels)).everything())
+    layout = Layout(len(labels), key=plain.clean)  # the folds follow the examples, not their order
     found = configurations(calibrator, shifted=False)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         scores = cross_fitted(lambda fitting, scored: fit_and_score(calibrator, cache, found, fitting, scored), layout)
-    plain = cache.scores(None, layout.everything())
     folds = fold_count(layout)
     selection = select(
         found,
