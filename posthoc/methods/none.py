@@ -13,6 +13,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 
@@ -41,17 +42,31 @@ class PlainModel(Method):
     per_output_noise = True
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Fit the likelihood's observation noise, where it has one (classification: nothing to fit)."""
+        """Fit the likelihood's observation noise on the training residuals when there is no ``val_loader`` (with one,
+        :meth:`choose` fits it on the held-out data; classification: nothing to fit)."""
+        if val_loader is None:
+            self._fit_noise((train_loader, None), progress)
+        super().fit(train_loader, val_loader, progress=progress)
+
+    @property
+    def makes_choice(self) -> bool:
+        """A noise fitted on held-out data is a held-out choice: ``um.choose(new_val_loader)`` fits it again."""
+        return bool(self.likelihood.fits_noise and not self.likelihood.fixed)
+
+    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+        """Fit the observation noise on the held-out batches (maximum likelihood, one per output)."""
+        self._fit_noise((None, list(held_out.clean())), progress)
+
+    def _fit_noise(self, loaders: tuple[Iterable | None, Iterable | None], progress: bool) -> None:
         with eval_mode(self.model):
             fit_noise_on(
                 self.likelihood,
-                (train_loader, val_loader),
+                loaders,
                 self.device,
                 lambda x: (model_outputs(run_model(self.model, x))[None], None),
                 progress=progress,
                 per_output=True,
             )
-        super().fit(train_loader, val_loader, progress=progress)
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
