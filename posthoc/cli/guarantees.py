@@ -210,6 +210,9 @@ def fit_calibrator(
         {},
         [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.chosen_name, calibrated)) if g.note],
     )
+    record = getattr(calibrator, "selection", None)
+    if record:  # the selection step's choice of configuration (posthoc.calibrate guards every calibrator)
+        notes.append(f"{calibrator.chosen_name}'s held-out choice: {selection_summary(record)}")
     for name, cv in (calibrator.scores or {calibrator.chosen_name: {}}).items():
         table[name], note = _candidate_row(name, cv, (cal_logits, cal_labels), test)
         notes += [note] if note else []
@@ -218,6 +221,22 @@ def fit_calibrator(
         _report(f"{calibrator.chosen_name} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()
     ]
     return CalibratorResult(args.calibrator, calibrator.chosen_name, table, before, after, notes)
+
+
+def selection_summary(record: dict) -> str:
+    """One line of a calibrator's selection record: what it kept, and, when that is the identity, why not the rest.
+
+    Example:
+        >>> selection_summary({"chosen": "uncalibrated", "candidates": [{"candidate": "uncalibrated", "reason": None},
+        ...     {"candidate": "clean fit", "reason": "in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > "
+        ...      "tolerance 0.0050"}]})
+        "kept 'uncalibrated' (clean fit: in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > tolerance 0.0050)"
+    """
+    text = f"kept {record['chosen']!r}"
+    refused = [row for row in record.get("candidates", []) if row.get("reason")]
+    if record["chosen"] == "uncalibrated" and refused:
+        text += f" ({refused[-1]['candidate']}: {refused[-1]['reason']})"
+    return text
 
 
 def _number(value: float | None) -> str:

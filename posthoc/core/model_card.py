@@ -120,9 +120,9 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
         | candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |
         |---|---|---|---|---|---|
         | uncalibrated | -0 (0) | 8.977 | 0.3377 | 0 | admissible |
-        | clean fit at 0.5 | -0.08277 (-0.007112) | 6.093 | 0.3146 | 0 | admissible |
-        | clean fit at 0.75 | -0.09512 (0.003489) | 5.271 | 0.3139 | 0 | **chosen** |
-        | clean fit | -0.09838 (0.01794) | 4.656 | 0.3117 | 0 | in-distribution NLL excess -0.0984 nats, 90% bound...
+        | clean fit at 0.5 | -0.07753 (-0.006277) | 6.032 | 0.3168 | 0 | admissible |
+        | clean fit at 0.75 | -0.08874 (0.004676) | 5.207 | 0.3142 | 0 | **chosen** |
+        | clean fit | -0.09125 (0.0191) | 4.592 | 0.3025 | 0 | in-distribution NLL excess -0.0912 nats, 90% bound...
         ...
     """
     plain = selection["plain"]

@@ -521,6 +521,8 @@ class Record:
     excess_se: float | None = None
     shifted_nll_se: float | None = None
     shifted_ratio: float | None = None
+    #: the confidence of the candidate's bound (:data:`GAIN_CONFIDENCE` for a gain on the mistakes, else ``CONFIDENCE``)
+    confidence: float | None = None
 
     @property
     def tried(self) -> bool:
@@ -540,6 +542,7 @@ class Record:
             "shifted_nll_se": _round(self.shifted_nll_se),
             "shifted_ece": _round(self.shifted_ece),
             "shifted_ratio": _round(self.shifted_ratio),
+            "confidence": self.confidence,
             "seconds": _round(self.seconds, 3),
             "admissible": self.admissible,
             "reason": self.reason,
@@ -740,6 +743,7 @@ def select(
             excess_se=_standard_error(found.clean - plain.clean),
             shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted),
             shifted_ratio=shift_ratio(found, plain),
+            confidence=level,
         )
         return admissible
 

@@ -164,7 +164,7 @@ def auto_selection(um: UncertainModel) -> dict[str, Any] | None:
 
     Example:
         >>> auto_selection(posthoc.wrap(model, method="auto").fit(train_loader, val_loader))["chosen"]
-        'mc-dropout'
+        'laplace+dac'
     """
     if "auto" not in um.methods:
         return None

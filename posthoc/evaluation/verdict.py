@@ -698,7 +698,8 @@ def refused_better(selection: Mapping[str, Any]) -> str | None:
     beyond = "" if chosen_excess == 0 else f" ({chosen_excess + gain:.4f} below the chosen `{name}`'s)"
     return (
         f"Refused on held-out data although better there: `{best['candidate']}`, held-out NLL {gain:.4f} nats below "
-        f"the plain model's{beyond}, but its {CONFIDENCE:.0%} bound {_signed(bound)} is over the tolerance "
+        f"the plain model's{beyond}, but its {float(best.get('confidence', CONFIDENCE)):.0%} bound {_signed(bound)} "
+        "is over the tolerance "
         f"{tolerance:.4f}; `fit(..., tolerance={_rounded_up(bound)})` would take it."
     )
 

@@ -27,7 +27,7 @@ bound, its perturbed NLL and ECE, its fit seconds and its predict cost against a
 Example:
     >>> um = posthoc.wrap(model, method="auto").fit(train_loader, val_loader)
     >>> um.summary()["selection"]["chosen"]
-    'mc-dropout'
+    'laplace+dac'
     >>> um.predict(x).probs.shape
     torch.Size([8, 3])
 """
