@@ -103,10 +103,17 @@ def test_a_default_that_refuses_the_model_is_left_out_and_named(small) -> None:
     x = torch.randn(300, 4)
     y = (x[:, 0] > 0).long()
     loader = [(x[i : i + 100], y[i : i + 100]) for i in range(0, 200, 100)]
-    um = posthoc.wrap(net).fit(loader, [(x[200:], y[200:])], progress=False)
+    with pytest.warns(RuntimeWarning) as caught:
+        um = posthoc.wrap(net).fit(loader, [(x[200:], y[200:])], progress=False)
     card = um.summary()["posterior"][0]
     assert "laplace" in card["left_out"] and "needs a head with at least 2 outputs" in card["left_out"]["laplace"]
     assert "laplace" not in {row["candidate"] for row in um.summary()["selection"]["candidates"]}
+    # issue 44: named in the selection record and in a warning, once per candidate left out
+    assert um.summary()["selection"]["left_out"] == card["left_out"]
+    said = [str(w.message) for w in caught if "leaves out the candidate" in str(w.message)]
+    assert sorted(said) == sorted(
+        f"'auto' leaves out the candidate '{label}': {why}" for label, why in card["left_out"].items()
+    )
 
 
 def test_a_default_that_refuses_the_held_out_data_is_left_out_and_a_named_one_is_refused() -> None:

@@ -598,3 +598,17 @@ def test_a_test_table_that_disagrees_with_autos_pick_is_said_in_one_line():
     close = Candidate("laplace", plain + _nll(0.0, 15, 0.01) - 0.004)
     assert judge([Candidate("none", plain), auto, close], plain="none").disagreement is None
     assert judge([Candidate("none", plain), halves], plain="none").disagreement is None
+
+
+def test_the_candidates_auto_left_out_are_named_in_the_verdict():
+    """Issue 44: auto dropped laplace on a 1-output head with its reason only under left_out in the model card."""
+    plain = _nll(0.36, 16)
+    record = {**_auto_record(0.01, 0.02), "left_out": {"laplace+dac": "laplace needs a head with at least 2 outputs."}}
+    found = judge([Candidate("none", plain), Candidate("auto", plain.clone(), selection=record)], plain="none")
+    note = next(note for note in found.notes() if note.startswith("Left out by auto"))
+    assert note == "Left out by auto before it chose: `laplace+dac` (laplace needs a head with at least 2 outputs)."
+    assert note in found.markdown()
+    quiet = judge(
+        [Candidate("none", plain), Candidate("auto", plain.clone(), selection=_auto_record(0.01, 0.02))], "none"
+    )
+    assert not any(note.startswith("Left out") for note in quiet.notes())

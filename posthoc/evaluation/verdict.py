@@ -528,6 +528,9 @@ class Verdict:
         refused = refused_better(chosen.selection) if chosen.selection else None
         if refused is not None:
             notes.append(refused)
+        left_out = left_out_note(chosen.selection) if chosen.selection else None
+        if left_out is not None:
+            notes.append(left_out)
         if self.disagreement is not None:
             label, change = self.disagreement
             against = "the plain model" if self.keeps_plain else f"`{self.recommended}`"
@@ -660,6 +663,21 @@ class Verdict:
                 for row in self.rows
             ],
         }
+
+
+def left_out_note(selection: Mapping[str, Any]) -> str | None:
+    """One line naming the candidates ``auto`` left out before it chose (``selection["left_out"]``: one that cannot
+    run on this model, or the held-out data refused), each with its reason; ``None`` when there are none.
+
+    Example:
+        >>> print(left_out_note({"left_out": {"laplace": "a head with 1 output; give it two"}}))
+        Left out by auto before it chose: `laplace` (a head with 1 output; give it two).
+    """
+    left_out = selection.get("left_out") or {}
+    if not left_out:
+        return None
+    named = "; ".join(f"`{label}` ({reason.rstrip('.')})" for label, reason in left_out.items())
+    return f"Left out by auto before it chose: {named}."
 
 
 def refused_better(selection: Mapping[str, Any]) -> str | None:
