@@ -11,7 +11,7 @@ A held-out choice makes two errors (``docs/selection.md``):
 
 Checkpoints: the two bundled digits CNNs (``posthoc.demo.zoo``), overfit MLPs on three of scikit-learn's bundled
 tabular sets (``posthoc.demo.tabular``: breast cancer, the 8x8 digits as features, wine; five training seeds each), a
-timm ``resnet10t`` trained on the bundled digits, and an MLP regressor on Auto MPG (``posthoc.demo.regression``).
+timm ``resnet10t`` trained on the bundled digits, and an MLP regressor on Auto MPG (``posthoc.demo.data``).
 Every method's chain is fitted once on the training data; each draw splits the held-out pool at random into a
 validation set, on which every held-out choice is made again (``um.choose``: the same code path as ``fit``), and a
 test set. Under shift, on the image checkpoints, each draw also scores every candidate on the test set corrupted by

@@ -28,7 +28,7 @@ from posthoc.errors import (
     PosthocError,
 )
 from posthoc.evaluation.compare import Comparison, compare
-from posthoc.evaluation.regression_report import RegressionReport
+from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective

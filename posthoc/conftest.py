@@ -17,8 +17,8 @@ mutable ones are copied for every docstring so that no example sees another's ch
 - ``net_a``, ``net_b``, ``net_c``: three more classifiers of ``model``'s architecture trained from other seeds (100
   steps), the members of a deep ensemble;
 - ``um``: ``posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)``;
-- ``regressor``: :func:`posthoc.demo.regression.train_mlp` (hidden width 16) on the seed 004 sinusoid
-  (:func:`posthoc.demo.regression.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
+- ``regressor``: :func:`posthoc.demo.data.train_mlp` (hidden width 16) on the seed 004 sinusoid
+  (:func:`posthoc.demo.data.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
   ``reg_test_loader`` its training (40), validation (40) and test (420) points; ``reg_x``, ``reg_y`` the first
   eight test inputs ``(8, 1)`` and targets ``(8, 1)``; ``regression_um``:
   ``posthoc.wrap(regressor, method="laplace", likelihood="regression").fit(reg_train_loader, reg_val_loader)``;
@@ -115,7 +115,7 @@ def _classification() -> dict[str, Any]:
 
 def _regression() -> dict[str, Any]:
     if "_regression" not in _CACHE:
-        from posthoc.demo.regression import sinusoid, train_mlp
+        from posthoc.demo.data import sinusoid, train_mlp
 
         data = sinusoid()
         _CACHE["_regression"] = {"data": data, "model": train_mlp(data.train, hidden=16, epochs=300, seed=0)}

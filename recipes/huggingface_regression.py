@@ -30,7 +30,7 @@ import torch
 from torch import nn
 
 from posthoc.cli.evaluate import parse_bool
-from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
+from posthoc.cli.tables import add_recipe_arguments, run_regression_recipe
 from posthoc.errors import exit_status
 from posthoc.loading.hf import TextFile, require_transformers, text_loader
 

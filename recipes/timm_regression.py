@@ -31,7 +31,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from posthoc.cli.evaluate import parse_bool
-from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
+from posthoc.cli.tables import add_recipe_arguments, run_regression_recipe
 from posthoc.errors import exit_status
 from posthoc.loading.folders import model_transform
 from posthoc.loading.image_targets import ImageTargets

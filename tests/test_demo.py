@@ -9,6 +9,7 @@ import posthoc
 from posthoc.cli.main import main
 from posthoc.core.registry import REGISTRY
 from posthoc.demo import data, zoo
+from posthoc.demo import run as demo_run
 from posthoc.demo.configs import DEMO_CONFIGS
 from posthoc.demo.run import (
     SEVERITIES,
@@ -329,3 +330,36 @@ def test_a_temperature_row_stacks_on_the_already_fitted_method(digits, digits_mo
     assert chosen["chosen"] == expected["chosen"]
     probs = stacked.predict(x, generator=torch.Generator().manual_seed(0)).probs
     assert torch.allclose(probs, reference.predict(x, generator=torch.Generator().manual_seed(0)).probs, atol=1e-6)
+
+
+# ``posthoc demo --task regression``: both parts run end to end from the command line and write what they say.
+
+
+def test_the_regression_demo_writes_its_tables_and_pictures(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setattr(demo_run, "SINUSOID_EPOCHS", 60)  # the full demo trains longer; the wiring is the same
+    monkeypatch.setattr(demo_run, "AUTO_MPG_EPOCHS", 40)
+    main(["demo", "--task", "regression", "--out", str(tmp_path), "--quiet"])
+    printed = capsys.readouterr().out
+    for name in (
+        "regression.md",
+        "regression_band.png",
+        "regression_calibration.png",
+        "regression_error_std.png",
+        "regression_shift.png",
+    ):
+        assert (tmp_path / name).stat().st_size > 0
+    markdown = (tmp_path / "regression.md").read_text()
+    assert markdown in printed
+    labels = [label for label, _, _ in demo_run.REGRESSION_CONFIGS]
+    for label in labels:
+        assert markdown.count(f"| {label} |") == 2 + 3  # one row in each table, and in each of the shift's three
+    assert "| method | random | extrapolation | gap |" in markdown
+    # the plain model's predictive is homoscedastic: one std in every region, a gap/training ratio of 1
+    plain = re.search(r"\| plain \(noise on val\) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+) \| ([0-9.]+)x \|", markdown)
+    assert plain and plain.group(1) == plain.group(2) == plain.group(3) and plain.group(4) == "1.00"
+
+
+def test_an_unknown_task_is_refused_by_the_parser(capsys) -> None:
+    with pytest.raises(SystemExit):
+        main(["demo", "--task", "segmentation"])
+    assert "invalid choice" in capsys.readouterr().err

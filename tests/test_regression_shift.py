@@ -11,7 +11,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.demo.regression import WEIGHT_COLUMN, auto_mpg, train_mlp
+from posthoc.demo.data import WEIGHT_COLUMN, auto_mpg, train_mlp
 from posthoc.evaluation.shift import REGRESSION_METRICS
 
 

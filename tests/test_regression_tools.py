@@ -1,6 +1,6 @@
 """The tools a regressor had missed: ``dac`` as a variance inflation, shift-aware selection graded by RMSE, OOD scores.
 
-The checkpoint is the seed 004 sinusoid's MLP (:mod:`posthoc.demo.regression`, hidden width 16, about a second to
+The checkpoint is the seed 004 sinusoid's MLP (:mod:`posthoc.demo.data`, hidden width 16, about a second to
 train): 40 training points in two clusters, a gap between them and nothing beyond ``x = 1``.
 """
 
@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.demo.regression import _sinusoid_targets, sinusoid, train_mlp
+from posthoc.demo.data import _sinusoid_targets, sinusoid, train_mlp
 from posthoc.engine.feature_bank import normalised
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import feature_noise

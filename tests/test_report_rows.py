@@ -14,7 +14,7 @@ from test_report_verdict import reports_of
 import posthoc
 from posthoc.evaluation import bootstrap, html_page
 from posthoc.evaluation.duplicates import Merged, merge_identical
-from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
+from posthoc.evaluation.gaussian_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.report import Compared, Report, markdown_table
 from posthoc.evaluation.table import OUTSIDE, OUTSIDE_NOTE
 
@@ -88,7 +88,7 @@ def test_an_estimate_outside_its_bootstrap_interval_is_marked_and_the_report_say
 
 def test_a_real_regressors_mace_outside_its_interval_is_marked(tmp_path):
     """Auto MPG at random, a small MLP: its MACE (a mean of absolute gaps) lies under every resample's."""
-    from posthoc.demo.regression import auto_mpg, train_mlp
+    from posthoc.demo.data import auto_mpg, train_mlp
 
     cars = auto_mpg(0)
     um = posthoc.wrap(train_mlp(cars.train, epochs=400), method="none", likelihood="regression")

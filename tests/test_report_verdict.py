@@ -19,7 +19,7 @@ from posthoc.core.model_card import ModelCard, selection_table
 from posthoc.engine.selection import excess_bound
 from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.comparison import candidate, compared_verdict, example_nll
-from posthoc.evaluation.regression_report import RegressionReport
+from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import best_rows, bold_best

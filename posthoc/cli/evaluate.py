@@ -13,7 +13,7 @@ folders) are labelled test sets with the same classes; ``--shift gaussian-noise,
 corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
 intervals to every metric; ``--ood`` is an unlabelled folder.
 
-A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc.cli.regression`).
+A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc.cli.tables`).
 
 ``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
 folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file with ``text`` and
@@ -609,6 +609,18 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
 
 
+def write_files(out: Path, title: str, lines: list[str], cards: list[str], metrics: dict[str, Any]) -> Path:
+    """Write a run's report to ``out``: ``report.md`` (``lines``), the same as one self-contained ``report.html``,
+    ``summary.md`` (each row's model card, ``cards``) and ``metrics.json``; return the report's path. Shared by the
+    classifier's :func:`write_report` and the regressor's :func:`posthoc.cli.tables.write_regression_report`."""
+    report_path = out / "report.md"
+    report_path.write_text("\n".join(lines))
+    html_page.write_html("\n".join(lines), out / "report.html", title=title)
+    (out / "summary.md").write_text("\n\n".join(cards) + "\n")
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
+    return report_path
+
+
 def write_report(
     results: list[MethodResult],
     data: FolderData,
@@ -708,16 +720,12 @@ def write_report(
         f"Risk against coverage of {_names(drawn)}.",
         "",
     ]
-    report_path = out / "report.md"
-    report_path.write_text("\n".join(lines))
-    html_page.write_html("\n".join(lines), out / "report.html", title=title)
     cards = [
         f"# {r.name}\n\n{r.card.to_markdown()}"
         + (f"\n![{r.name}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})\n" if r.test.selection else "")
         for r in every
         if r.card is not None
     ]
-    (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     metrics = {
         "title": title,
         "classes": data.classes,
@@ -741,8 +749,7 @@ def write_report(
         "calibrator": None if calibrator is None else calibrator.as_dict(),
         "verdict": None if found is None else found.as_dict(),
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    return report_path
+    return write_files(out, title, lines, cards, metrics)
 
 
 def run_device(name: str) -> torch.device:

@@ -16,9 +16,8 @@ from pathlib import Path
 
 from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.cli.flags import OneLineParser, check_numbers
-from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
-from posthoc.demo.regression_run import run_regression_demo
-from posthoc.demo.run import run_demo
+from posthoc.cli.tables import add_regression_arguments, check_classification_arguments, run_regression
+from posthoc.demo.run import run_demo, run_regression_demo
 from posthoc.errors import exit_status
 
 

@@ -27,9 +27,8 @@ from torch import Tensor
 from posthoc.core.inputs import Inputs, run_model, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.engine.uncertain_model import UncertainModel
-from posthoc.errors import ConfigError, InputError
-from posthoc.evaluation import metrics, regression_metrics, verdict
-from posthoc.evaluation.regression_report import RegressionReport
+from posthoc.errors import ConfigError
+from posthoc.evaluation import verdict
 
 
 def example_nll(report: Any) -> Tensor:
@@ -41,15 +40,7 @@ def example_nll(report: Any) -> Tensor:
         >>> nll.shape, round(float(nll.mean()), 6) == round(report.nll, 6)
         (torch.Size([128]), True)
     """
-    if isinstance(report, RegressionReport):
-        if report.means is None:
-            raise InputError(f"report {report.name!r} keeps no predictions; use reports made by posthoc.evaluate")
-        y = regression_metrics.as_targets(report.means, report.targets.detach().cpu())
-        return -regression_metrics.mixture(report.means.detach().cpu(), report.stds.detach().cpu()).log_prob(y).double()
-    if report.probs is None or report.labels is None:
-        raise InputError(f"report {report.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
-    picked = report.probs.double().cpu().gather(-1, report.labels.cpu().long()[:, None]).squeeze(-1)
-    return -picked.clamp_min(metrics.EPS).log()
+    return report.example_nll()
 
 
 def candidate(

@@ -1,5 +1,7 @@
 """Pictures of calibration and shift: reliability diagrams, risk–coverage curves, shift curves and the frontier
-of in-distribution cost against NLL under shift, as PNG.
+of in-distribution cost against NLL under shift, as PNG; for a real-valued predictive (``means``, ``stds``
+``(K, N, D)``, :mod:`~posthoc.evaluation.gaussian_metrics`), its calibration curves over interval levels, its error
+against the predicted std and its band over a 1-D input.
 
 Every function draws a matplotlib ``Figure``, writes it to ``path`` (when given) and returns it (closed to
 pyplot, still readable: ``fig.axes[0].get_lines()``, ``fig.axes[0].get_legend()``). Up to 20 methods get
@@ -17,6 +19,9 @@ Example:
     >>> fig = frontier([FrontierPoint("none", 0.0, (0.0, 0.0), 0.9, (0.85, 0.95), True),
     ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
     ...                "frontier.png", tolerance=0.005)
+    >>> import torch
+    >>> means, stds = torch.zeros(1, 20, 1), torch.ones(1, 20, 1)
+    >>> fig = calibration_curves({"N(0, 1)": (means, stds, torch.randn(20))}, "calibration.png")
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from matplotlib.transforms import Bbox  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.core.paths import output_file  # noqa: E402
-from posthoc.evaluation import metrics  # noqa: E402
+from posthoc.evaluation import gaussian_metrics, metrics  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
 #: ``method -> (severities, mean confidence, accuracy)``
@@ -488,4 +493,82 @@ def frontier(
     legend_under(ax, columns=1 if len(points) <= 8 else 2)
     fig.canvas.draw()  # the limits and the legend settle before the numbers are placed in pixels
     _place_numbers(ax, points)
+    return save_figure(fig, path)
+
+
+#: ``method -> (means (K, N, D), stds (K, N, D), targets (N, D) or (N,))``
+Predictives = Mapping[str, tuple[Tensor, Tensor, Tensor]]
+#: the bands :func:`predictive_band` shades, widest first
+BAND_LEVELS = (0.95, 0.5)
+
+
+def calibration_curves(
+    predictives: Predictives, path: str | os.PathLike | None = None, *, kind: str = "interval"
+) -> Figure:
+    """Observed against expected proportions (:func:`~posthoc.evaluation.gaussian_metrics.calibration_curve`),
+    one line per method, with the diagonal of a calibrated predictive and each method's MACE in the legend."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    ax.plot([0, 1], [0, 1], color="grey", linewidth=1, label="calibrated")
+    for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
+        expected, observed = gaussian_metrics.calibration_curve(means, stds, y, kind=kind)
+        error = float((observed - expected).abs().mean())
+        ax.plot(expected.numpy(), observed.numpy(), label=f"{name} (MACE {error:.3f})", **style)
+    what = "inside the central interval" if kind == "interval" else "below the quantile"
+    ax.set(xlabel="expected proportion", ylabel=f"observed proportion {what}", xlim=(0, 1), ylim=(0, 1))
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    return save_figure(fig, path)
+
+
+def error_against_std(predictives: Predictives, path: str | os.PathLike | None = None, *, bins: int = 10) -> Figure:
+    """Per bin of predicted std (equal counts), the RMSE of the predictive mean against the bin's root mean
+    predicted variance: a calibrated predictive lies on the diagonal (the picture behind ENCE)."""
+    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    top = 0.0
+    for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
+        rmv, rmse = gaussian_metrics.binned_rmv_rmse(means, stds, y, bins=bins)
+        ence = gaussian_metrics.ence(means, stds, y, bins=bins)
+        ax.plot(rmv, rmse, marker="o", label=f"{name} (ENCE {ence:.3f})", **style)
+        top = max(top, *rmv, *rmse)
+    ax.plot([0, top], [0, top], color="grey", linewidth=1, label="calibrated")
+    ax.set(xlabel="predicted std (root mean variance per bin)", ylabel="RMSE per bin")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
+    return save_figure(fig, path)
+
+
+def predictive_band(
+    x: Tensor,
+    predictives: Mapping[str, tuple[Tensor, Tensor]],
+    train: tuple[Tensor, Tensor] | None = None,
+    path: str | os.PathLike | None = None,
+) -> Figure:
+    """For a 1-D input grid ``x (N,)``: each method's predictive mean with its 50 % and 95 % central
+    intervals shaded, one panel per method, over the training points ``train = (x, y)`` when given."""
+    fig, axes = plt.subplots(1, len(predictives), figsize=(4.2 * len(predictives), 3.4), squeeze=False, sharey=True)
+    order = x.flatten().argsort()
+    grid = x.flatten()[order].numpy()
+    for ax, (name, (means, stds)) in zip(axes[0], predictives.items()):
+        for level, alpha in zip(BAND_LEVELS, (0.2, 0.35)):
+            lower, upper = gaussian_metrics.mixture(means, stds).interval(level)
+            ax.fill_between(
+                grid,
+                lower[order, 0].numpy(),
+                upper[order, 0].numpy(),
+                alpha=alpha,
+                color="C0",
+                linewidth=0,
+                label=f"{level:.0%} interval",
+            )
+        ax.plot(grid, gaussian_metrics.predictive_mean(means)[order, 0].numpy(), color="C0", label="mean")
+        if train is not None:
+            ax.scatter(
+                train[0].flatten().numpy(),
+                train[1].flatten().numpy(),
+                s=8,
+                color="black",
+                zorder=3,
+                label="training points",
+            )
+        ax.set(title=name, xlabel="x")
+    axes[0][0].set_ylabel("y")
+    axes[0][-1].legend(loc="upper left", bbox_to_anchor=(1.02, 1), fontsize=8)
     return save_figure(fig, path)

@@ -37,7 +37,10 @@ Example:
     | laplace | energy | 0.0405 | 0.3105 | 0.3101 | 1.0000 |
     | laplace | knn | 0.7922 | 0.8697 | 0.6460 | 0.3438 |
 
-A regressor's report is a :class:`~posthoc.evaluation.regression_report.RegressionReport`.
+A regressor's report is a :class:`~posthoc.evaluation.gaussian_report.RegressionReport`. :func:`evaluate` writes
+either through the same steps, each supplied by the report class of the model's likelihood (:func:`report_type`):
+``check_options``, ``predict``, ``guarantees``, ``score_ood``, ``measured`` and ``resampled``; both kinds of report
+give ``observed``, ``example_nll()`` and ``example_statistics()`` to the comparisons and the shift table.
 """
 
 from __future__ import annotations
@@ -57,11 +60,11 @@ from posthoc.core.checks import integer
 from posthoc.core.prediction import Prediction
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
-from posthoc.errors import ConfigError
+from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
-from posthoc.evaluation.regression_report import RegressionReport, evaluate_regression
+from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, outside_note, shared_level
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.verdict import FRONTIER_FILE, Verdict
@@ -210,6 +213,104 @@ class Report:
         bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
         ood = {"ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
+
+    @property
+    def observed(self) -> Tensor:
+        """The test labels ``(N,)`` the report scored."""
+        return self.labels
+
+    def example_nll(self) -> Tensor:
+        """The per-example NLL ``(N,)`` of the kept probabilities (the mean is :attr:`nll`), float64 on the CPU."""
+        if self.probs is None or self.labels is None:
+            raise InputError(f"report {self.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
+        picked = self.probs.double().cpu().gather(-1, self.labels.cpu().long()[:, None]).squeeze(-1)
+        return -picked.clamp_min(metrics.EPS).log()
+
+    def example_statistics(self) -> dict[str, bootstrap.Statistic]:
+        """The classification metrics as bootstrap statistics of an index matrix of resampled examples."""
+        return bootstrap.example_statistics(self.probs, self.labels)
+
+    @staticmethod
+    def check_options(
+        um: UncertainModel, conformal: ConformalPredictor | None, selective: SelectivePredictor | None
+    ) -> None:
+        """Refuse guarantees calibrated on another wrapped model."""
+        _check_calibrated_on(um, conformal, "conformal")
+        _check_calibrated_on(um, selective, "selective")
+
+    #: collects a classifier's predictions and labels over a loader
+    predict = staticmethod(predict_loader)
+
+    @staticmethod
+    def guarantees(
+        test: Prediction, conformal: ConformalPredictor | None, selective: SelectivePredictor | None
+    ) -> dict[str, Any]:
+        """The conformal ``sets`` and the selective rule's ``accepted`` mask on the test predictions (``None`` where
+        not given), made once for the report and its bootstrap."""
+        return {
+            "sets": None if conformal is None else conformal.sets(test).cpu(),
+            "accepted": None if selective is None else selective.accept(test).cpu(),
+            "alpha": None if conformal is None else conformal.alpha,
+            "target_risk": None if selective is None else selective.target_risk,
+        }
+
+    #: per OOD score, its values on the test and OOD sets: the method's entropy / MI, then ``ood_scores``
+    score_ood = staticmethod(ood_report.ood_values)
+
+    @classmethod
+    def measured(
+        cls,
+        name: str,
+        test: Prediction,
+        labels: Tensor,
+        checked: dict[str, Any],
+        ood_values: dict[str, tuple[Tensor, Tensor]] | None,
+        ood: Prediction | None = None,
+    ) -> Report:
+        """The report of predictions ``test`` (and ``ood``) on ``labels``, with the guarantees of ``checked``
+        (:meth:`guarantees`) and the OOD scores' values."""
+        return cls.from_predictions(
+            name,
+            test.probs,
+            labels,
+            test.entropy,
+            None if ood is None else ood.entropy,
+            test.epistemic,
+            None if ood is None else ood.epistemic,
+            ood_values=ood_values,
+            **checked,
+        )
+
+    def resampled(
+        self,
+        test: Prediction,
+        ood: Prediction | None,
+        checked: dict[str, Any],
+        *,
+        ci: float,
+        bootstraps: int,
+        seed: int,
+    ) -> dict[str, tuple[float, float]]:
+        """Bootstrap intervals at level ``ci`` of every metric, of the guarantees in ``checked`` and of each OOD
+        AUROC (both sets resampled)."""
+        ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
+        if ood is not None and self.ood_auroc_mi is not None:
+            ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
+        ood_pairs |= {
+            ood_report.interval_key(name): pair
+            for name, pair in (self.ood_values or {}).items()
+            if name not in ood_report.OWN_SCORES
+        }
+        return bootstrap.report_intervals(
+            test.probs,
+            self.labels,
+            ci=ci,
+            bootstraps=bootstraps,
+            seed=seed,
+            ood=ood_pairs,
+            sets=checked["sets"],
+            accepted=checked["accepted"],
+        )
 
     def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
         """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
@@ -472,7 +573,7 @@ def evaluate(
 
     A model wrapped with ``likelihood="regression"`` gets a :class:`RegressionReport` (RMSE, MAE, NLL, CRPS,
     interval coverage and width, MACE, ENCE; conformal intervals' coverage and width;
-    :mod:`posthoc.evaluation.regression_report`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
+    :mod:`posthoc.evaluation.gaussian_report`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
     ``ood_scores`` takes a regressor's detector scores); ``selective`` is for classifiers.
 
     Example:
@@ -482,66 +583,39 @@ def evaluate(
     """
     check_wrapped(um, "evaluate")
     integer(seed, "seed")
-    if is_regression(um):
-        return evaluate_regression(
-            um,
-            test_loader,
-            ood_loader,
-            name=name,
-            progress=progress,
-            num_samples=num_samples,
-            seed=seed,
-            conformal=conformal,
-            selective=selective,
-            ood_scores=ood_scores,
-            ci=ci,
-            bootstraps=bootstraps,
-        )
-    _check_calibrated_on(um, conformal, "conformal")
-    _check_calibrated_on(um, selective, "selective")
+    kind = report_type(um)
+    kind.check_options(um, conformal, selective)
     if ood_scores is not None and ood_loader is None:
         raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
     if ci is not None:
         bootstrap.check_level(ci, bootstraps)
     generator = torch.Generator(device=um.device).manual_seed(seed)
-    test, labels = predict_loader(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
-    ood: Prediction | None = None
+    test, targets = kind.predict(um, test_loader, progress=progress, num_samples=num_samples, generator=generator)
+    ood = None
     if ood_loader is not None:
-        ood, _ = predict_loader(
-            um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator
+        ood, _ = kind.predict(
+            um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator, desc="OOD"
         )
-    sets = None if conformal is None else conformal.sets(test).cpu()
-    accepted = None if selective is None else selective.accept(test).cpu()
-    report = Report.from_predictions(
-        name or "+".join(um.methods),
-        test.probs,
-        labels,
-        test.entropy,
-        None if ood is None else ood.entropy,
-        test.epistemic,
-        None if ood is None else ood.epistemic,
-        sets=sets,
-        alpha=None if conformal is None else conformal.alpha,
-        accepted=accepted,
-        target_risk=None if selective is None else selective.target_risk,
-        ood_values=None
+    checked = kind.guarantees(test, conformal, selective)
+    scores = (
+        None
         if ood is None
-        else ood_report.ood_values(
-            um, test, ood, test_loader, ood_loader, ood_scores, progress=progress, generator=generator
-        ),
+        else kind.score_ood(um, test, ood, test_loader, ood_loader, ood_scores, progress=progress, generator=generator)
     )
+    report = kind.measured(name or "+".join(um.methods), test, targets, checked, scores, ood)
     report.selection = auto_selection(um)
     if ci is not None:
-        ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
-        if ood is not None and report.ood_auroc_mi is not None:
-            ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
-        ood_pairs |= {
-            ood_report.interval_key(name): pair
-            for name, pair in (report.ood_values or {}).items()
-            if name not in ood_report.OWN_SCORES
-        }
         report.ci = ci
-        report.intervals = bootstrap.report_intervals(
-            test.probs, labels, ci=ci, bootstraps=bootstraps, seed=seed, ood=ood_pairs, sets=sets, accepted=accepted
-        )
+        report.intervals = report.resampled(test, ood, checked, ci=ci, bootstraps=bootstraps, seed=seed)
     return report
+
+
+def report_type(um: UncertainModel) -> type[Report] | type[RegressionReport]:
+    """The report class of ``um``'s likelihood: :class:`RegressionReport` for a regressor, :class:`Report` otherwise.
+
+    Example:
+        >>> import torch, posthoc
+        >>> report_type(posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")).__name__
+        'RegressionReport'
+    """
+    return RegressionReport if is_regression(um) else Report

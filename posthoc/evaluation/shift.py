@@ -52,8 +52,7 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.comparison import example_nll
-from posthoc.evaluation.regression_bootstrap import regression_statistics
-from posthoc.evaluation.regression_report import HEADERS, RegressionReport
+from posthoc.evaluation.gaussian_report import HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
 from posthoc.guarantees.regression_conformal import is_regression
@@ -560,12 +559,6 @@ def _evaluate_named(
     return ShiftTable(tuple(loaders), (), values, bounds, ci, kept, metrics)
 
 
-def _example_statistics(report: Report | RegressionReport) -> dict[str, bootstrap.Statistic]:
-    if isinstance(report, RegressionReport):
-        return regression_statistics(report.means, report.stds, report.targets)
-    return bootstrap.example_statistics(report.probs, report.labels)
-
-
 def _intervals(
     reports: dict[tuple[str, int], Report | RegressionReport],
     kinds: Sequence[str],
@@ -576,16 +569,14 @@ def _intervals(
     metrics: Sequence[str],
 ) -> dict[str, dict[int, dict[str, tuple[float, float]]]]:
     """Bootstrap intervals of every cell and of the mean over kinds, all on one shared resample of the examples."""
-    observed = [
-        report.targets if isinstance(report, RegressionReport) else report.labels for report in reports.values()
-    ]
+    observed = [report.observed for report in reports.values()]
     if any(not torch.equal(seen, observed[0]) for seen in observed):
         raise InputError(
             "the test loader yielded different examples on different passes; evaluate_shift needs "
             "a loader without shuffling"
         )
     index = bootstrap.resample_index(len(observed[0]), bootstraps, seed)
-    draws = {key: bootstrap.draws(_example_statistics(report), index, metrics) for key, report in reports.items()}
+    draws = {key: bootstrap.draws(report.example_statistics(), index, metrics) for key, report in reports.items()}
 
     def bounds_of(by_metric: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
         return {metric: bootstrap.percentile_interval(by_metric[metric], ci) for metric in metrics}

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.cli.main import main
-from posthoc.demo.regression import auto_mpg, train_mlp
+from posthoc.demo.data import auto_mpg, train_mlp
 
 COLUMNS = ["a", "b", "c"]
 

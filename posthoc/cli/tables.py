@@ -1,4 +1,6 @@
-"""``posthoc evaluate --likelihood regression``: retrofit methods onto a tabular regressor and report on CSV files.
+"""``posthoc evaluate --likelihood regression``: retrofit methods onto a regressor of CSV tables: its own module because
+its data are tables read by column name and its model a saved ``nn.Module``; the report is written by
+:func:`posthoc.cli.evaluate.write_files`, as a classifier's.
 
 ::
 
@@ -27,7 +29,7 @@ Classification-only options (``--calibrator``, ``--target-risk``, ``--ood``, cor
 
 Example:
     >>> from posthoc.cli.main import main
-    >>> from posthoc.demo.regression import sinusoid
+    >>> from posthoc.demo.data import sinusoid
     >>> data = sinusoid()                       # (x, y) pairs of one feature and one target
     >>> for name in ("train", "val", "test"):
     ...     np.savetxt(f"{name}.csv", torch.cat(getattr(data, name), 1).numpy(), delimiter=",", header="x,y",
@@ -43,7 +45,6 @@ Example:
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -62,12 +63,13 @@ from posthoc.cli.evaluate import (
     route_options,
     run_device,
     run_settings,
+    write_files,
 )
 from posthoc.cli.flags import check_numbers
 from posthoc.errors import ConfigError
-from posthoc.evaluation import html_page, regression_plots
+from posthoc.evaluation import plots
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
-from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
+from posthoc.evaluation.gaussian_report import RegressionReport, regression_markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
@@ -387,8 +389,8 @@ def write_regression_report(
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     predictives = {row.name: (row.test.means, row.test.stds, row.test.targets) for row in results}
-    regression_plots.calibration_curves(predictives, out / "calibration.png")
-    regression_plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
+    plots.calibration_curves(predictives, out / "calibration.png")
+    plots.error_against_std(predictives, out / "error_std.png", bins=min(10, len(results[0].test.targets)))
     timing = markdown_rows(
         ["method", "fit s", "eval s", "noise std", "predict x fwd"],
         [
@@ -452,12 +454,6 @@ def write_regression_report(
         "![RMSE against predicted std, per bin](error_std.png)",
         "",
     ]
-    report_path = out / "report.md"
-    report_path.write_text("\n".join(lines))
-    html_page.write_html("\n".join(lines), out / "report.html", title=title)
-    (out / "summary.md").write_text(
-        "\n\n".join(f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results) + "\n"
-    )
     metrics = {
         "title": title,
         "likelihood": "regression",
@@ -476,8 +472,8 @@ def write_regression_report(
         "shift": None if shift is None else shift.as_dict(),
         "verdict": None if found is None else found.as_dict(),
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
-    return report_path
+    cards = [f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results]
+    return write_files(out, title, lines, cards, metrics)
 
 
 def run_regression_recipe(

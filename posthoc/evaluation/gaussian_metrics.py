@@ -1,4 +1,5 @@
-"""Metrics of a regression predictive: accuracy of its mean, its scoring rules, its intervals and its calibration.
+"""Metrics of a real-valued (Gaussian-mixture) predictive, as values and as bootstrap statistics: its own module
+because they integrate a mixture over real targets, where :mod:`~posthoc.evaluation.metrics` sums a categorical.
 
 The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`:
 one component for Laplace or the plain model, one per sample or member otherwise), given here as
@@ -17,9 +18,11 @@ outputs, except :func:`nll`, the mean over examples of the joint NLL of an examp
   uncertainty-toolbox's MACE and RMSCE.
 - :func:`ence`: the expected normalised calibration error of Levi et al. (2019), which bins by the
   predicted std and compares each bin's root mean predicted variance with its RMSE.
-
-Apart from :mod:`~posthoc.evaluation.metrics` because the mathematics differs: these are exact integrals of a
-Gaussian mixture over real targets (CRPS, interval coverage, MACE), those are sums over the classes of a categorical.
+- :func:`statistics`: each of these as a function of an index matrix of resampled examples, for
+  :func:`posthoc.evaluation.bootstrap.intervals`. An example is resampled with all its outputs; MACE counts, per
+  resample, how many of its points first fall inside the central interval at each of the curve's levels (one
+  bucketed sum, no ``(B, n, levels)`` tensor); ENCE sorts each resample's points by predicted std and sums per bin
+  of ranks.
 
 Example:
     >>> means, stds = torch.zeros(1, 4, 1), torch.ones(1, 4, 1)
@@ -39,6 +42,7 @@ from posthoc.core.checks import integer_at_least, one_of, probability
 from posthoc.core.mixture import GaussianMixture
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.errors import InputError
+from posthoc.evaluation.bootstrap import Statistic, mean_of
 
 #: the interval levels the reports show
 LEVELS = (0.5, 0.9, 0.95)
@@ -113,6 +117,12 @@ def nll(means: Tensor, stds: Tensor, y: Tensor) -> float:
     return float(-mixture(means, stds).log_prob(as_targets(means, y)).mean())
 
 
+def example_nll(means: Tensor, stds: Tensor, y: Tensor) -> Tensor:
+    """``-log p(y)`` per example ``(N,)``, joint over its outputs, float64 on the CPU (:func:`nll` is its mean)."""
+    y = as_targets(means, y.detach().cpu())
+    return -mixture(means.detach().cpu(), stds.detach().cpu()).log_prob(y).double()
+
+
 def crps(means: Tensor, stds: Tensor, y: Tensor) -> float:
     """Mean continuous ranked probability score (closed form; in the targets' units, lower is better)."""
     return float(mixture(means, stds).crps(as_targets(means, y)).mean())
@@ -183,3 +193,95 @@ def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
     """
     rmv, rmse = binned_rmv_rmse(means, stds, y, bins=bins)
     return math.fsum(abs(v - e) / v for v, e in zip(rmv, rmse)) / bins
+
+
+def level_name(level: float) -> str:
+    """``"90"`` for 0.9: the suffix of a level's coverage and width (``coverage_90``, ``width_90``)."""
+    return f"{round(level * 100):d}"
+
+
+def _points(index: Tensor, outputs: int) -> Tensor:
+    """The ``(B, n * D)`` point indices (example-major) of resampled examples ``(B, n)``."""
+    return (index[..., None] * outputs + torch.arange(outputs)).flatten(-2)
+
+
+def _rmse_of(squared: Tensor) -> Statistic:
+    return lambda index: squared[index].mean(-1).sqrt()
+
+
+def _mace_of(position: Tensor, outputs: int) -> Statistic:
+    """Mean absolute gap of the interval calibration curve; ``position = |2 F(y) - 1|`` per point ``(N * D,)``."""
+    expected = torch.linspace(0.0, 1.0, CURVE_LEVELS, dtype=torch.float64)
+    first = torch.searchsorted(expected, position)  # the first level whose interval holds the point
+
+    def mace(index: Tensor) -> Tensor:
+        points = _points(index, outputs)
+        rows = torch.arange(points.shape[0])[:, None] * (CURVE_LEVELS + 1) + first[points]
+        counts = torch.zeros(points.shape[0] * (CURVE_LEVELS + 1), dtype=torch.float64)
+        counts.index_add_(0, rows.flatten(), torch.ones(rows.numel(), dtype=torch.float64))
+        observed = counts.view(-1, CURVE_LEVELS + 1)[:, :CURVE_LEVELS].cumsum(-1) / points.shape[1]
+        return (observed - expected).abs().mean(-1)
+
+    return mace
+
+
+def _ence_of(std: Tensor, error: Tensor, outputs: int, bins: int) -> Statistic:
+    """ENCE of points ``(N * D,)`` with predicted ``std`` and ``error`` of the mean, as :func:`ence`."""
+
+    def ence(index: Tensor) -> Tensor:
+        points = _points(index, outputs)
+        count = points.shape[1]
+        order = std[points].argsort(dim=-1, stable=True)
+        ranked = points.gather(-1, order)
+        bin_of = torch.cat(
+            [torch.full((len(part),), b) for b, part in enumerate(torch.arange(count).tensor_split(bins))]
+        )
+        rows = (torch.arange(points.shape[0])[:, None] * bins + bin_of).flatten()
+        sums = [
+            torch.zeros(points.shape[0] * bins, dtype=torch.float64)
+            .index_add_(0, rows, values[ranked].flatten())
+            .view(-1, bins)
+            for values in (std.square(), error.square())
+        ]
+        sizes = torch.bincount(bin_of, minlength=bins).double()
+        rmv, rmse = (sums[0] / sizes).sqrt(), (sums[1] / sizes).sqrt()
+        return ((rmv - rmse).abs() / rmv).mean(-1)
+
+    return ence
+
+
+def statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> dict[str, Statistic]:
+    """RMSE, MAE, NLL, CRPS, coverage and width at each of :data:`LEVELS`, MACE and ENCE of a predictive
+    ``(means, stds)`` ``(K, N, D)`` and targets ``y`` (the definitions above).
+
+    Example:
+        >>> means, stds = components(regression_um.predict(reg_x))
+        >>> statistics(means, stds, reg_y)["rmse"](torch.arange(len(reg_y))[None])   # the identity index
+        tensor([0.1419], dtype=torch.float64)
+    """
+    means, stds = means.detach().cpu(), stds.detach().cpu()
+    predictive = mixture(means, stds)
+    y = as_targets(means, y.detach().cpu())
+    outputs = y.shape[1]
+    error = predictive_mean(means) - y
+    stats = {
+        "rmse": _rmse_of(error.square().mean(-1)),
+        "mae": mean_of(error.abs().mean(-1)),
+        "nll": mean_of(-predictive.log_prob(y)),
+        "crps": mean_of(predictive.crps(y).mean(-1)),
+    }
+    for level in LEVELS:
+        lower, upper = predictive.interval(level)
+        stats |= interval_statistics(lower, upper, y, suffix=f"_{level_name(level)}")
+    stats["mace"] = _mace_of((2.0 * predictive.cdf(y) - 1.0).abs().flatten(), outputs)
+    if error.numel() >= bins:  # fewer points than bins: ENCE is unavailable (the report's None)
+        stats["ence"] = _ence_of(predictive.variance().sqrt().flatten(), error.flatten(), outputs, bins)
+    return stats
+
+
+def interval_statistics(lower: Tensor, upper: Tensor, y: Tensor, *, suffix: str = "") -> dict[str, Statistic]:
+    """``coverage{suffix}`` (fraction of targets inside) and ``width{suffix}`` (mean width) of intervals
+    ``(N, D)``; each example counts its outputs' mean."""
+    lower, upper, y = lower.detach().cpu().double(), upper.detach().cpu().double(), y.detach().cpu().double()
+    inside = ((lower <= y) & (y <= upper)).double().mean(-1)
+    return {f"coverage{suffix}": mean_of(inside), f"width{suffix}": mean_of((upper - lower).mean(-1))}

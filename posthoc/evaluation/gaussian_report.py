@@ -1,16 +1,15 @@
-"""``posthoc.evaluate`` for a regressor: run it over a test loader and summarise it in a :class:`RegressionReport`.
+"""The report of a real-valued (Gaussian-mixture) predictive, a regressor's: its own class because its metric set
+differs from a classifier's :class:`~posthoc.evaluation.report.Report` (RMSE, CRPS, interval coverage and width
+against accuracy, ECE and AURC); :func:`posthoc.evaluate` writes either, through the same steps.
 
 The report carries the accuracy of the predictive mean (RMSE, MAE), the proper scoring rules (NLL, CRPS),
 the coverage and mean width of the central 50 / 90 / 95 % intervals, the interval calibration error (MACE)
-and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evaluation.regression_metrics`).
+and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evaluation.gaussian_metrics`).
 Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``), it also measures their
 coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
 Given an OOD loader, ``ood_auroc`` ranks the test and OOD inputs by the total predictive variance, and ``ood``
 holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scores`` asked for: a fitted
 ``posthoc.detector(um, score=["knn", "mahalanobis"])``; :meth:`RegressionReport.ood_to_markdown`).
-
-Apart from :mod:`~posthoc.evaluation.report` because its columns differ (RMSE, CRPS, interval coverage and width
-against accuracy, ECE, AURC and OOD AUROC); both share the bootstrap, the tables and the HTML page.
 
 Example:
     >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
@@ -31,6 +30,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import torch
 from matplotlib.figure import Figure
@@ -39,11 +39,10 @@ from torch import Tensor
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
-from posthoc.errors import ConfigError
-from posthoc.evaluation import bootstrap, html_page, metrics, regression_metrics, regression_plots
+from posthoc.errors import ConfigError, InputError
+from posthoc.evaluation import bootstrap, gaussian_metrics, html_page, metrics, plots
+from posthoc.evaluation.gaussian_metrics import LEVELS, components, interval_statistics, level_name
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
-from posthoc.evaluation.regression_bootstrap import interval_statistics, level_name, regression_statistics
-from posthoc.evaluation.regression_metrics import LEVELS, components
 from posthoc.evaluation.table import bold_best, cell, markdown_rows, outside_note, shared_level
 from posthoc.guarantees.regression_conformal import ConformalRegressor
 
@@ -96,6 +95,7 @@ class RegressionReport:
     ood_auroc: float | None = None
     ood: dict[str, dict[str, float]] | None = None
     ood_values: OODValues | None = field(repr=False, default=None)
+    selection: dict[str, Any] | None = field(repr=False, default=None)
 
     COLUMNS = ("rmse", "mae", "nll", "crps", *interval_columns(), "mace", "ence")
     #: present in :meth:`as_dict` only when the report measured conformal intervals
@@ -119,10 +119,10 @@ class RegressionReport:
             >>> RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
             0.0
         """
-        targets = regression_metrics.as_targets(means, targets)
+        targets = gaussian_metrics.as_targets(means, targets)
         values = {}
         for level in LEVELS:
-            covered, width = regression_metrics.interval_coverage(means, stds, targets, level)
+            covered, width = gaussian_metrics.interval_coverage(means, stds, targets, level)
             values |= {f"coverage_{level_name(level)}": covered, f"width_{level_name(level)}": width}
         measured = {}
         if conformal is not None:
@@ -131,15 +131,13 @@ class RegressionReport:
             measured = {"alpha": alpha, **{key: float(stat(whole)[0]) for key, stat in stats.items()}}
         return cls(
             name=name,
-            rmse=regression_metrics.rmse(means, targets),
-            mae=regression_metrics.mae(means, targets),
-            nll=regression_metrics.nll(means, stds, targets),
-            crps=regression_metrics.crps(means, stds, targets),
+            rmse=gaussian_metrics.rmse(means, targets),
+            mae=gaussian_metrics.mae(means, targets),
+            nll=gaussian_metrics.nll(means, stds, targets),
+            crps=gaussian_metrics.crps(means, stds, targets),
             **values,
-            mace=regression_metrics.calibration_error(means, stds, targets),
-            ence=regression_metrics.ence(means, stds, targets, bins=ENCE_BINS)
-            if targets.numel() >= ENCE_BINS
-            else None,
+            mace=gaussian_metrics.calibration_error(means, stds, targets),
+            ence=gaussian_metrics.ence(means, stds, targets, bins=ENCE_BINS) if targets.numel() >= ENCE_BINS else None,
             **measured,
             means=means,
             stds=stds,
@@ -152,6 +150,21 @@ class RegressionReport:
         bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
         ood = {"ood_auroc": self.ood_auroc, "ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
+
+    @property
+    def observed(self) -> Tensor:
+        """The test targets ``(N, D)`` the report scored."""
+        return self.targets
+
+    def example_nll(self) -> Tensor:
+        """The per-example NLL ``(N,)`` (joint over outputs; the mean is :attr:`nll`), float64 on the CPU."""
+        if self.means is None:
+            raise InputError(f"report {self.name!r} keeps no predictions; use reports made by posthoc.evaluate")
+        return gaussian_metrics.example_nll(self.means, self.stds, self.targets)
+
+    def example_statistics(self) -> dict[str, bootstrap.Statistic]:
+        """Every metric of :attr:`COLUMNS` as a bootstrap statistic of an index matrix of resampled examples."""
+        return gaussian_metrics.statistics(self.means, self.stds, self.targets)
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
@@ -167,12 +180,12 @@ class RegressionReport:
     def calibration_curve(self, path: str | os.PathLike | None = None, *, kind: str = "interval") -> Figure:
         """Observed against expected proportions inside central intervals (``kind="quantile"``: below quantiles),
         to a PNG at ``path`` if given."""
-        return regression_plots.calibration_curves(self._predictive(), path, kind=kind)
+        return plots.calibration_curves(self._predictive(), path, kind=kind)
 
     def error_against_std(self, path: str | os.PathLike | None = None) -> Figure:
         """RMSE against predicted std per bin of std (the picture behind ENCE; fewer bins for fewer points), to a PNG
         at ``path`` if given."""
-        return regression_plots.error_against_std(self._predictive(), path, bins=min(ENCE_BINS, self.targets.numel()))
+        return plots.error_against_std(self._predictive(), path, bins=min(ENCE_BINS, self.targets.numel()))
 
     def _repr_html_(self) -> str:
         """Jupyter's view: the metrics table, the calibration curve and the error against the predicted std."""
@@ -187,6 +200,106 @@ class RegressionReport:
     def to_html(self, path: str | os.PathLike) -> Path:
         """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
         return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+
+    @staticmethod
+    def check_options(um: UncertainModel, conformal: object, selective: object) -> None:
+        """Refuse guarantees that do not fit a regressor ``um``: a selective rule, or conformal sets (or intervals
+        calibrated on another model)."""
+        if selective is not None:
+            raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
+        if conformal is not None and not isinstance(conformal, ConformalRegressor):
+            raise ConfigError(
+                "conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
+                "posthoc.conformal(um, calibration_loader, alpha=...)"
+            )
+        if conformal is not None and conformal.model is not None and conformal.model is not um:
+            raise ConfigError(
+                "the conformal intervals were calibrated on another wrapped model; calibrate them on this "
+                "one: posthoc.conformal(um, calibration_loader, ...)"
+            )
+
+    @staticmethod
+    def guarantees(test: RegressionPrediction, conformal: ConformalRegressor | None, selective: None) -> dict[str, Any]:
+        """The conformal intervals ``(lower, upper)`` of the test predictions (``bounds``, ``None`` without them), made
+        once for the report and its bootstrap."""
+        return {"bounds": None if conformal is None else conformal.intervals(test), "conformal": conformal}
+
+    @classmethod
+    def measured(
+        cls,
+        name: str,
+        test: RegressionPrediction,
+        targets: Tensor,
+        checked: dict[str, Any],
+        ood_values: OODValues | None,
+        ood: RegressionPrediction | None = None,
+    ) -> RegressionReport:
+        """The report of predictions ``test`` on ``targets``, with the intervals of ``checked`` (:meth:`guarantees`) and
+        the OOD scores' values (by the total predictive variance first)."""
+        means, stds = components(test)
+        conformal = checked["conformal"]
+        report = cls.from_predictions(
+            name,
+            means,
+            stds,
+            targets,
+            conformal=checked["bounds"],
+            alpha=None if conformal is None else conformal.alpha,
+        )
+        if ood_values is not None:
+            report.ood_values = ood_values
+            report.ood = {score: metrics.ood_metrics(*pair) for score, pair in ood_values.items()}
+            report.ood_auroc = report.ood["variance"]["auroc"]
+        return report
+
+    def resampled(
+        self,
+        test: RegressionPrediction,
+        ood: RegressionPrediction | None,
+        checked: dict[str, Any],
+        *,
+        ci: float,
+        bootstraps: int,
+        seed: int,
+    ) -> dict[str, tuple[float, float]]:
+        """Bootstrap intervals at level ``ci`` of every metric and of the conformal intervals in ``checked``."""
+        stats = self.example_statistics()
+        if checked["bounds"] is not None:
+            stats |= interval_statistics(*checked["bounds"], self.targets)
+        return bootstrap.intervals(stats, len(self.targets), ci=ci, bootstraps=bootstraps, seed=seed)
+
+    @staticmethod
+    def score_ood(
+        um: UncertainModel,
+        test: RegressionPrediction,
+        ood: RegressionPrediction,
+        test_loader: Iterable,
+        ood_loader: Iterable,
+        ood_scores: object,
+        *,
+        progress: bool,
+        generator: torch.Generator,
+    ) -> OODValues:
+        """Per OOD score, its values ``(on the test set, on the OOD set)``: ``um``'s total predictive variance, then the
+        detector scores of ``ood_scores`` (names of scores that need no fit, or a fitted ``posthoc.detector``)."""
+        values = {"variance": (test.variance.sum(-1), ood.variance.sum(-1))}
+        if ood_scores is None:
+            return values
+        scorer = scoring_detector(um, ood_scores)
+        if not scorer.regression:
+            raise ConfigError(
+                "ood_scores holds a classifier's detector; fit one on this regressor: "
+                "posthoc.detector(um, score=['knn', 'mahalanobis']).fit(train_loader)"
+            )
+        names = [name for name in scorer.names if not (name == "variance" and scorer.um is um)]
+        if names:
+            on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)
+            on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)
+            values.update({name: (on_test[name], on_ood[name]) for name in names})
+        return values
+
+    #: collects a regressor's predictions and targets over a loader
+    predict = staticmethod(predict_regression_loader)
 
 
 #: the Markdown headers of :attr:`RegressionReport.COLUMNS`
@@ -219,120 +332,3 @@ def regression_markdown_table(reports: list[RegressionReport]) -> str:
         for row, r in zip(rows, reports):
             row += [cell(r.coverage, r.intervals.get("coverage")), cell(r.width, r.intervals.get("width"))]
     return outside_note(markdown_rows(header, rows))
-
-
-def _check_options(
-    um: UncertainModel, conformal: object, selective: object, ood_loader: object, ood_scores: object
-) -> None:
-    if ood_scores is not None and ood_loader is None:
-        raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
-    if selective is not None:
-        raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
-    if conformal is not None and not isinstance(conformal, ConformalRegressor):
-        raise ConfigError(
-            "conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
-            "posthoc.conformal(um, calibration_loader, alpha=...)"
-        )
-    if conformal is not None and conformal.model is not None and conformal.model is not um:
-        raise ConfigError(
-            "the conformal intervals were calibrated on another wrapped model; calibrate them on this "
-            "one: posthoc.conformal(um, calibration_loader, ...)"
-        )
-
-
-def evaluate_regression(
-    um: UncertainModel,
-    test_loader: Iterable,
-    ood_loader: Iterable | None = None,
-    *,
-    name: str | None = None,
-    progress: bool = True,
-    num_samples: int | None = None,
-    seed: int = 0,
-    conformal: ConformalRegressor | None = None,
-    selective: object = None,
-    ood_scores: object = None,
-    ci: float | None = None,
-    bootstraps: int = 1000,
-) -> RegressionReport:
-    """:func:`posthoc.evaluate` for a model wrapped with a regression likelihood (same arguments).
-
-    ``selective`` is refused (it is for classifiers). ``ood_loader`` (labels ignored) adds ``ood_auroc`` by the
-    total predictive variance; ``ood_scores`` more scores of a regressor (``"variance"``, or a fitted
-    ``posthoc.detector(um, score=["knn", "mahalanobis"]).fit(train_loader)``).
-
-    Example:
-        >>> low, high = evaluate_regression(regression_um, reg_test_loader, ci=0.9, progress=False).intervals["crps"]
-        >>> 0 < low < high
-        True
-    """
-    _check_options(um, conformal, selective, ood_loader, ood_scores)
-    if ci is not None:
-        bootstrap.check_level(ci, bootstraps)
-    generator = torch.Generator(device=um.device).manual_seed(seed)
-    pred, targets = predict_regression_loader(
-        um, test_loader, progress=progress, num_samples=num_samples, generator=generator
-    )
-    means, stds = components(pred)
-    bounds = None if conformal is None else conformal.intervals(pred)
-    report = RegressionReport.from_predictions(
-        name or "+".join(um.methods),
-        means,
-        stds,
-        targets,
-        conformal=bounds,
-        alpha=None if conformal is None else conformal.alpha,
-    )
-    if ood_loader is not None:
-        report.ood_values = _ood_values(
-            um,
-            pred,
-            test_loader,
-            ood_loader,
-            ood_scores,
-            progress=progress,
-            num_samples=num_samples,
-            generator=generator,
-        )
-        report.ood = {score: metrics.ood_metrics(*pair) for score, pair in report.ood_values.items()}
-        report.ood_auroc = report.ood["variance"]["auroc"]
-    if ci is not None:
-        stats = regression_statistics(means, stds, targets)
-        if bounds is not None:
-            stats |= interval_statistics(*bounds, report.targets)
-        report.ci = ci
-        report.intervals = bootstrap.intervals(stats, len(targets), ci=ci, bootstraps=bootstraps, seed=seed)
-    return report
-
-
-def _ood_values(
-    um: UncertainModel,
-    test: RegressionPrediction,
-    test_loader: Iterable,
-    ood_loader: Iterable,
-    ood_scores: object,
-    *,
-    progress: bool,
-    num_samples: int | None,
-    generator: torch.Generator,
-) -> OODValues:
-    """Per OOD score, its values ``(on the test set, on the OOD set)``: ``um``'s total predictive variance, then the
-    detector scores of ``ood_scores`` (names of scores that need no fit, or a fitted ``posthoc.detector``)."""
-    ood, _ = predict_regression_loader(
-        um, ood_loader, labelled=False, progress=progress, num_samples=num_samples, generator=generator, desc="OOD"
-    )
-    values = {"variance": (test.variance.sum(-1), ood.variance.sum(-1))}
-    if ood_scores is None:
-        return values
-    scorer = scoring_detector(um, ood_scores)
-    if not scorer.regression:
-        raise ConfigError(
-            "ood_scores holds a classifier's detector; fit one on this regressor: "
-            "posthoc.detector(um, score=['knn', 'mahalanobis']).fit(train_loader)"
-        )
-    names = [name for name in scorer.names if not (name == "variance" and scorer.um is um)]
-    if names:
-        on_test = scorer.score_loader(test_loader, names, progress=progress, generator=generator)
-        on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)
-        values.update({name: (on_test[name], on_ood[name]) for name in names})
-    return values

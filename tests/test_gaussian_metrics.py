@@ -17,7 +17,7 @@ from scipy import integrate, optimize, stats
 
 from posthoc.core.mixture import GaussianMixture, sample_crps
 from posthoc.errors import InputError
-from posthoc.evaluation import regression_metrics as rm
+from posthoc.evaluation import gaussian_metrics as rm
 
 
 def _mixture(k: int, n: int, d: int = 1, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -206,21 +206,21 @@ def test_bad_shapes_and_stds_are_refused() -> None:
 
 
 def test_plots_draw_what_the_metrics_say(tmp_path) -> None:
-    from posthoc.evaluation import regression_plots
+    from posthoc.evaluation import plots
 
     calibrated, too_wide = _calibrated(2000, seed=10), _calibrated(2000, seed=10, scale=2.0)
-    fig = regression_plots.calibration_curves({"calibrated": calibrated, "too wide": too_wide}, tmp_path / "cal.png")
+    fig = plots.calibration_curves({"calibrated": calibrated, "too wide": too_wide}, tmp_path / "cal.png")
     lines = fig.axes[0].get_lines()
     _, observed = rm.calibration_curve(*too_wide)
     np.testing.assert_allclose(lines[2].get_ydata(), observed.numpy())
     assert "MACE" in lines[2].get_label() and (tmp_path / "cal.png").stat().st_size > 0
 
-    fig = regression_plots.error_against_std({"too wide": too_wide}, tmp_path / "err.png", bins=5)
+    fig = plots.error_against_std({"too wide": too_wide}, tmp_path / "err.png", bins=5)
     rmv, rmse = fig.axes[0].get_lines()[0].get_data()
     assert len(rmv) == 5 and np.all(np.asarray(rmse) < 0.6 * np.asarray(rmv))  # a doubled std: RMSE ~ RMV / 2
 
     x = torch.linspace(-1, 1, 50)
     means, stds = x.view(1, -1, 1), (0.1 + x.abs()).view(1, -1, 1)
-    fig = regression_plots.predictive_band(x, {"a": (means, stds)}, (x[:5], x[:5]), tmp_path / "band.png")
+    fig = plots.predictive_band(x, {"a": (means, stds)}, (x[:5], x[:5]), tmp_path / "band.png")
     outer = fig.axes[0].collections[0].get_paths()[0].vertices[:, 1]
     assert outer.max() == pytest.approx(float(1 + stats.norm.ppf(0.975) * 1.1), rel=1e-5)

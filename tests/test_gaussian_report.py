@@ -10,9 +10,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.errors import ConfigError
-from posthoc.evaluation import regression_metrics
-from posthoc.evaluation.regression_bootstrap import regression_statistics
-from posthoc.evaluation.regression_report import RegressionReport
+from posthoc.evaluation import gaussian_metrics as regression_metrics
+from posthoc.evaluation.gaussian_metrics import statistics as regression_statistics
+from posthoc.evaluation.gaussian_report import RegressionReport
 
 
 @pytest.fixture(scope="module")
