@@ -69,9 +69,9 @@ from posthoc.cli.flags import check_numbers
 from posthoc.errors import ConfigError
 from posthoc.evaluation import plots
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
-from posthoc.evaluation.gaussian_report import RegressionReport, regression_markdown_table
+from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
-from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
+from posthoc.evaluation.table import BEST_CAPTION, markdown_rows, markdown_table
 from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
 from posthoc.loading.folders import split_held_out
 from posthoc.loading.tabular import Table, load_module, read_tables
@@ -422,7 +422,7 @@ def write_regression_report(
         "",
         "## Test set",
         "",
-        regression_markdown_table([row.test for row in results]),
+        markdown_table([row.test for row in results]),
         "",
         BEST_CAPTION,
         "",
@@ -498,7 +498,7 @@ def run_regression_recipe(
         val, test = split_held_out(val, 0.5, seed=args.seed)
     loaders = (None if train is None else make_loader(train, True), make_loader(val, False), make_loader(test, False))
     results = fit_rows(model, loaders, args)
-    print(regression_markdown_table([row.test for row in results]))
+    print(markdown_table([row.test for row in results]))
     sizes = {"train": 0 if train is None else len(train), "val": len(val), "test": len(test)}
     about = [f"- target: {args.target}; rows: " + ", ".join(f"{k} {v}" for k, v in sizes.items())]
     return write_regression_report(

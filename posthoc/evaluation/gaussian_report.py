@@ -43,7 +43,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, gaussian_metrics, html_page, metrics, plots
 from posthoc.evaluation.gaussian_metrics import LEVELS, components, interval_statistics, level_name
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
-from posthoc.evaluation.table import bold_best, cell, markdown_rows, outside_note, shared_level
+from posthoc.evaluation.table import cell, markdown_table, shared_level
 from posthoc.guarantees.regression_conformal import ConformalRegressor
 
 
@@ -51,6 +51,21 @@ def interval_columns() -> tuple[str, ...]:
     """``coverage_50, width_50, coverage_90, ...``: the interval columns of :data:`LEVELS`, in order."""
     return tuple(f"{what}_{level_name(level)}" for level in LEVELS for what in ("coverage", "width"))
 
+
+#: the Markdown header of each metric of :attr:`RegressionReport.COLUMNS`
+COLUMN_HEADERS = {
+    "rmse": "RMSE",
+    "mae": "MAE",
+    "nll": "NLL",
+    "crps": "CRPS",
+    "mace": "MACE",
+    "ence": "ENCE",
+    **{
+        f"{what}_{level_name(level)}": f"{'cov' if what == 'coverage' else 'width'} {level:.0%}"
+        for level in LEVELS
+        for what in ("coverage", "width")
+    },
+}
 
 #: bins of predicted std behind ENCE (a test set of fewer points reports it as unavailable)
 ENCE_BINS = 10
@@ -98,6 +113,8 @@ class RegressionReport:
     selection: dict[str, Any] | None = field(repr=False, default=None)
 
     COLUMNS = ("rmse", "mae", "nll", "crps", *interval_columns(), "mace", "ence")
+    #: the Markdown header of each of :attr:`COLUMNS`
+    HEADERS = tuple(COLUMN_HEADERS[column] for column in COLUMNS)
     #: present in :meth:`as_dict` only when the report measured conformal intervals
     GUARANTEE_COLUMNS = ("alpha", "coverage", "width")
 
@@ -151,6 +168,18 @@ class RegressionReport:
         ood = {"ood_auroc": self.ood_auroc, "ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
 
+    @staticmethod
+    def guarantee_columns(reports: list[RegressionReport]) -> dict[str, list[str]]:
+        """The conformal intervals' coverage and width, when any of ``reports`` measured them (header -> cells)."""
+        if all(r.coverage is None for r in reports):
+            return {}
+        return {
+            f"conformal coverage (alpha{shared_level(reports, 'alpha')})": [
+                cell(r.coverage, r.intervals.get("coverage")) for r in reports
+            ],
+            "conformal width": [cell(r.width, r.intervals.get("width")) for r in reports],
+        }
+
     @property
     def observed(self) -> Tensor:
         """The test targets ``(N, D)`` the report scored."""
@@ -168,7 +197,7 @@ class RegressionReport:
 
     def to_markdown(self) -> str:
         """A one-row Markdown table of the metrics."""
-        return regression_markdown_table([self])
+        return markdown_table([self])
 
     def ood_to_markdown(self) -> str:
         """The OOD scores' table (one line per score), or ``""`` without an OOD set."""
@@ -300,35 +329,3 @@ class RegressionReport:
 
     #: collects a regressor's predictions and targets over a loader
     predict = staticmethod(predict_regression_loader)
-
-
-#: the Markdown headers of :attr:`RegressionReport.COLUMNS`
-HEADERS = {
-    "rmse": "RMSE",
-    "mae": "MAE",
-    "nll": "NLL",
-    "crps": "CRPS",
-    "mace": "MACE",
-    "ence": "ENCE",
-    **{
-        f"{what}_{level_name(level)}": f"{'cov' if what == 'coverage' else 'width'} {level:.0%}"
-        for level in LEVELS
-        for what in ("coverage", "width")
-    },
-}
-
-
-def regression_markdown_table(reports: list[RegressionReport]) -> str:
-    """Markdown rows of several regression reports; conformal columns appear when a report measured them; the best
-    entry of each ranked column is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
-    header = ["method", *(HEADERS[c] for c in RegressionReport.COLUMNS)]
-    columns = [
-        bold_best([cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
-        for c in RegressionReport.COLUMNS
-    ]
-    rows = [[r.name, *(column[i] for column in columns)] for i, r in enumerate(reports)]
-    if any(r.coverage is not None for r in reports):
-        header += [f"conformal coverage (alpha{shared_level(reports, 'alpha')})", "conformal width"]
-        for row, r in zip(rows, reports):
-            row += [cell(r.coverage, r.intervals.get("coverage")), cell(r.width, r.intervals.get("width"))]
-    return outside_note(markdown_rows(header, rows))

@@ -65,7 +65,7 @@ from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_rep
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
 from posthoc.evaluation.gaussian_report import RegressionReport
-from posthoc.evaluation.table import BEST_CAPTION, bold_best, markdown_rows, outside_note, shared_level
+from posthoc.evaluation.table import BEST_CAPTION, markdown_table, shared_level
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.verdict import FRONTIER_FILE, Verdict
 from posthoc.guarantees import measures
@@ -213,6 +213,20 @@ class Report:
         bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
         ood = {"ood": self.ood} if self.ood else {}
         return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
+
+    @staticmethod
+    def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
+        """Markdown columns for the guarantees any of ``reports`` measured (header -> one cell per report)."""
+        columns = {}
+        if any(r.coverage is not None for r in reports):
+            alpha = shared_level(reports, "alpha")
+            columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage, r.intervals.get("coverage")) for r in reports]
+            columns["set size"] = ["–" if r.set_size is None else f"{r.set_size:.2f}" for r in reports]
+        if any(r.deferral is not None for r in reports):
+            risk = shared_level(reports, "target_risk")
+            columns[f"deferral (target risk{risk})"] = [_cell(r.deferral) for r in reports]
+            columns["accepted error"] = [_cell(r.selective_risk, r.intervals.get("selective_risk")) for r in reports]
+        return columns
 
     @property
     def observed(self) -> Tensor:
@@ -491,40 +505,6 @@ def operating_points(*reports: Report) -> dict[str, tuple[float, float]]:
         for r in reports
         if r.deferral is not None and r.selective_risk is not None
     }
-
-
-def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
-    """Markdown columns for the guarantees any of ``reports`` measured (header -> one cell per report)."""
-    columns = {}
-    if any(r.coverage is not None for r in reports):
-        alpha = shared_level(reports, "alpha")
-        columns[f"coverage (alpha{alpha})"] = [_cell(r.coverage, r.intervals.get("coverage")) for r in reports]
-        columns["set size"] = ["–" if r.set_size is None else f"{r.set_size:.2f}" for r in reports]
-    if any(r.deferral is not None for r in reports):
-        risk = shared_level(reports, "target_risk")
-        columns[f"deferral (target risk{risk})"] = [_cell(r.deferral) for r in reports]
-        columns["accepted error"] = [_cell(r.selective_risk, r.intervals.get("selective_risk")) for r in reports]
-    return columns
-
-
-def markdown_table(reports: list[Report], extra: dict[str, list[str]] | None = None) -> str:
-    """Markdown rows of several reports; ``extra`` adds columns (header -> one cell per report).
-
-    Columns for coverage / set size and deferral / accepted error appear when a report measured them. With several
-    reports the best entry of each metric column is in bold (:func:`posthoc.evaluation.table.bold_best`; explain it
-    with :data:`~posthoc.evaluation.table.BEST_CAPTION`).
-    """
-    extra = {**guarantee_columns(reports), **(extra or {})}
-    header = ["method", *Report.HEADERS, *extra]
-    columns = [
-        bold_best([_cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
-        for c in Report.COLUMNS
-    ]
-    rows = [
-        [report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
-        for i, report in enumerate(reports)
-    ]
-    return outside_note(markdown_rows(header, rows))
 
 
 def _check_calibrated_on(

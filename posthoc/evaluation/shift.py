@@ -52,7 +52,7 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, plots
 from posthoc.evaluation.comparison import example_nll
-from posthoc.evaluation.gaussian_report import HEADERS, RegressionReport
+from posthoc.evaluation.gaussian_report import COLUMN_HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
 from posthoc.guarantees.regression_conformal import is_regression
@@ -65,8 +65,8 @@ REGRESSION_METRICS = ("nll", "crps", "rmse", "coverage_90", "width_90", "mace")
 #: the metrics :meth:`ShiftTable.to_markdown` and :meth:`ShiftTable.plot` show by default
 HEADLINE = {METRICS: ("nll", "ece"), REGRESSION_METRICS: ("nll", "crps", "coverage_90")}
 #: the metrics' names in the long table, and in titles and axis labels
-LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **HEADERS}
-TITLES = {**{metric: metric.upper() for metric in METRICS}, **HEADERS}
+LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **COLUMN_HEADERS}
+TITLES = {**{metric: metric.upper() for metric in METRICS}, **COLUMN_HEADERS}
 DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"

@@ -129,3 +129,30 @@ def bold_best(cells: Sequence[str], values: Sequence[float | None], metric: str)
     """``cells`` (one per row) with the best value's cells in bold (:func:`best_rows`)."""
     best = best_rows(values, metric)
     return [bold(text) if i in best else text for i, text in enumerate(cells)]
+
+
+def markdown_table(reports: Sequence[Any], extra: dict[str, list[str]] | None = None) -> str:
+    """Markdown rows of several reports of one kind (a classifier's or a regressor's): the kind's metric columns
+    (``COLUMNS`` under ``HEADERS``), the guarantees any report measured (the kind's ``guarantee_columns``) and
+    ``extra`` columns (header -> one cell per report). With several reports the best entry of each metric column is in
+    bold (:func:`bold_best`; explain it with :data:`BEST_CAPTION`).
+
+    Example:
+        >>> from posthoc.evaluation.gaussian_report import RegressionReport
+        >>> import torch
+        >>> report = RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4))
+        >>> print(markdown_table([report]).splitlines()[0])
+        | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
+    """
+    kind = type(reports[0])
+    extra = {**kind.guarantee_columns(reports), **(extra or {})}
+    header = ["method", *kind.HEADERS, *extra]
+    columns = [
+        bold_best([cell(getattr(r, c), r.intervals.get(c)) for r in reports], [getattr(r, c) for r in reports], c)
+        for c in kind.COLUMNS
+    ]
+    rows = [
+        [report.name, *(column[i] for column in columns), *(col[i] for col in extra.values())]
+        for i, report in enumerate(reports)
+    ]
+    return outside_note(markdown_rows(header, rows))
