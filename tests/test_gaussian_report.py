@@ -10,8 +10,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.errors import ConfigError
-from posthoc.evaluation import gaussian_metrics as regression_metrics
-from posthoc.evaluation.gaussian_metrics import statistics as regression_statistics
+from posthoc.evaluation import gaussian_metrics
 from posthoc.evaluation.gaussian_report import RegressionReport
 
 
@@ -30,19 +29,19 @@ def test_evaluate_a_regressor_gives_the_metrics_of_its_predictive(two_outputs) -
     um, loader, x, y = two_outputs
     report = posthoc.evaluate(um, loader, progress=False)
     assert isinstance(report, RegressionReport) and report.name == "laplace"
-    means, stds = regression_metrics.components(um.predict(x))
+    means, stds = gaussian_metrics.components(um.predict(x))
     # the loader's batches against one predict of all inputs: float32 forward passes of different batch sizes
     close = {"rel": 1e-5, "abs": 1e-6}
-    assert report.rmse == pytest.approx(regression_metrics.rmse(means, y), **close)
-    assert report.mae == pytest.approx(regression_metrics.mae(means, y), **close)
-    assert report.nll == pytest.approx(regression_metrics.nll(means, stds, y), **close)
-    assert report.crps == pytest.approx(regression_metrics.crps(means, stds, y), **close)
+    assert report.rmse == pytest.approx(gaussian_metrics.rmse(means, y), **close)
+    assert report.mae == pytest.approx(gaussian_metrics.mae(means, y), **close)
+    assert report.nll == pytest.approx(gaussian_metrics.nll(means, stds, y), **close)
+    assert report.crps == pytest.approx(gaussian_metrics.crps(means, stds, y), **close)
     for level, name in ((0.5, "50"), (0.9, "90"), (0.95, "95")):
-        coverage, width = regression_metrics.interval_coverage(means, stds, y, level)
+        coverage, width = gaussian_metrics.interval_coverage(means, stds, y, level)
         assert getattr(report, f"coverage_{name}") == pytest.approx(coverage, abs=1 / 240 + 1e-12)  # one point of 240
         assert getattr(report, f"width_{name}") == pytest.approx(width, **close)
-    assert report.mace == pytest.approx(regression_metrics.calibration_error(means, stds, y), abs=2 / 240)
-    assert report.ence == pytest.approx(regression_metrics.ence(means, stds, y), rel=1e-4)
+    assert report.mace == pytest.approx(gaussian_metrics.calibration_error(means, stds, y), abs=2 / 240)
+    assert report.ence == pytest.approx(gaussian_metrics.ence(means, stds, y), rel=1e-4)
     assert 0.8 < report.coverage_90 <= 1 and report.coverage is None and report.intervals == {}
     assert set(report.as_dict()) == set(RegressionReport.COLUMNS)
 
@@ -51,7 +50,7 @@ def test_bootstrap_statistics_are_the_metrics_of_the_resampled_examples(two_outp
     um, loader, _, _ = two_outputs
     report = posthoc.evaluate(um, loader, progress=False)
     means, stds, y = report.means, report.stds, report.targets
-    stats = regression_statistics(means, stds, y)
+    stats = gaussian_metrics.statistics(means, stds, y)
     assert set(stats) == set(RegressionReport.COLUMNS)
     whole = torch.arange(len(y))[None]
     picks = torch.randint(len(y), (3, len(y)), generator=torch.Generator().manual_seed(0))
@@ -123,3 +122,17 @@ def test_a_test_set_smaller_than_the_ence_bins_reports_ence_as_unavailable(tmp_p
     assert report.to_markdown().splitlines()[2].endswith("| – |") and report.rmse > 0
     assert report.to_html(tmp_path / "small.html").stat().st_size > 0
     assert posthoc.evaluate(um, [(x[:10], 2 * x[:10, :1])], progress=False).ence is not None
+
+
+def test_both_report_kinds_supply_every_step_of_evaluate() -> None:
+    from posthoc.evaluation.report import Report, report_type
+
+    steps = ("check_options", "predict", "guarantees", "score_ood", "measured", "resampled")
+    seam = ("observed", "example_nll", "example_statistics", "guarantee_columns")
+    for kind in (Report, RegressionReport):
+        assert all(callable(getattr(kind, step)) for step in steps)
+        assert all(hasattr(kind, name) for name in seam)
+        assert len(kind.HEADERS) == len(kind.COLUMNS)
+    regressor = posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")
+    assert report_type(regressor) is RegressionReport
+    assert report_type(posthoc.wrap(torch.nn.Linear(2, 3), method="none")) is Report
