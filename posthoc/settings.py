@@ -7,6 +7,7 @@ time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call
 ``progress=`` says.
 
 Example:
+    >>> from posthoc.demo.examples import um, x
     >>> import posthoc.settings
     >>> posthoc.settings.max_memory = 256 * 2**20      # sample in chunks under 256 MiB
     >>> with posthoc.settings.override(chunk_size=4096):
@@ -66,6 +67,7 @@ def thread_policy(value: object = None) -> bool | str:
     """``value`` (default: :data:`narrow_threads`) if it is ``True``, ``False`` or ``"auto"``.
 
     Example:
+        >>> from posthoc.settings import thread_policy
         >>> thread_policy("auto")
         'auto'
     """

@@ -6,6 +6,7 @@ semantic shift the classifier has never seen). :func:`rotated` makes the distrib
 test sets, :func:`noise` a second OOD set.
 
 Example:
+    >>> from posthoc.demo.data import load_digits
     >>> splits = load_digits()
     >>> len(splits.fit), len(splits.test), splits.num_classes
     (2400, 1000, 8)
@@ -74,6 +75,9 @@ def rotated(dataset: TensorDataset, degrees: float) -> TensorDataset:
     """The same images rotated by ``degrees`` (background filled with the normalised 0 pixel).
 
     Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from posthoc.demo.data import rotated
         >>> images = TensorDataset(torch.zeros(2, 1, 28, 28), torch.tensor([3, 5]))
         >>> shifted = rotated(images, 45)
         >>> shifted.tensors[0].shape, shifted.tensors[1].tolist()

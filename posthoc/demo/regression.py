@@ -13,6 +13,8 @@
   the checkpoint posthoc then wraps.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.regression import auto_mpg, train_mlp
     >>> data = auto_mpg(seed=0, split="extrapolate")
     >>> net = train_mlp(data.train, seed=0, epochs=200)
     >>> um = posthoc.wrap(net, method="laplace", likelihood="regression").fit(data.train_loader(), data.val_loader())

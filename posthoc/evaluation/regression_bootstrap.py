@@ -11,6 +11,10 @@ Apart from :mod:`~posthoc.evaluation.bootstrap` only in its statistics (those of
 :mod:`~posthoc.evaluation.regression_metrics`); the resampling and the intervals are that module's.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation import regression_metrics
+    >>> from posthoc.evaluation.regression_bootstrap import regression_statistics
+    >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
     >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))     # (1, 8, 1) each
     >>> stats = regression_statistics(means, stds, reg_y)
     >>> float(stats["crps"](torch.arange(len(reg_y))[None])[0]) == regression_metrics.crps(means, stds, reg_y)
@@ -88,6 +92,10 @@ def regression_statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int =
     :mod:`~posthoc.evaluation.regression_metrics`).
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation import regression_metrics
+        >>> from posthoc.evaluation.regression_bootstrap import regression_statistics
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))
         >>> regression_statistics(means, stds, reg_y)["rmse"](torch.arange(len(reg_y))[None])   # the identity index
         tensor([0.1419], dtype=torch.float64)

@@ -22,6 +22,8 @@ Apart from :mod:`~posthoc.evaluation.metrics` because the mathematics differs: t
 Gaussian mixture over real targets (CRPS, interval coverage, MACE), those are sums over the classes of a categorical.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation.regression_metrics import interval_coverage
     >>> means, stds = torch.zeros(1, 4, 1), torch.ones(1, 4, 1)
     >>> y = torch.tensor([[0.0], [1.0], [-1.0], [3.0]])
     >>> interval_coverage(means, stds, y, 0.9)[0]
@@ -62,6 +64,8 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
     """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here.
 
     Example:
+        >>> from posthoc.evaluation.regression_metrics import components, rmse
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> float(rmse(*components(regression_um.predict(reg_x))[:1], reg_y)) >= 0
         True
 
@@ -159,6 +163,8 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
     error of the predictive mean. The two sides of :func:`ence` and of its picture.
 
     Example:
+        >>> from posthoc.evaluation.regression_metrics import binned_rmv_rmse, components
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = components(regression_um.predict(reg_x))
         >>> rmv, rmse = binned_rmv_rmse(means, stds, reg_y, bins=4)     # 8 points: 4 bins of 2
         >>> [round(v, 3) for v in rmv], [round(v, 3) for v in rmse]

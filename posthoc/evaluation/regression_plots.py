@@ -8,6 +8,11 @@ Apart from :mod:`~posthoc.evaluation.plots` because the pictures differ: a regre
 interval levels and its uncertainty a band over the inputs, a classifier's a reliability diagram over confidence bins.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation import regression_metrics
+    >>> from posthoc.evaluation.regression_plots import calibration_curves, error_against_std
+    >>> from posthoc.evaluation.regression_plots import predictive_band
+    >>> from posthoc.demo.examples import regression_um, reg_x, reg_y, reg_train_loader
     >>> means, stds = regression_metrics.components(regression_um.predict(reg_x))
     >>> fig = calibration_curves({"laplace": (means, stds, reg_y)}, "calibration.png")
     >>> fig = error_against_std({"laplace": (means, stds, reg_y)}, "error_std.png", bins=4)

@@ -13,6 +13,8 @@ Apart from :mod:`~posthoc.evaluation.report` because its columns differ (RMSE, C
 against accuracy, ECE, AURC and OOD AUROC); both share the bootstrap, the tables and the HTML page.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import regression_um, reg_test_loader, reg_val_loader
     >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
     >>> print(report.to_markdown())
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
@@ -116,6 +118,8 @@ class RegressionReport:
         ``(lower, upper)`` intervals at ``alpha``, if given).
 
         Example:
+            >>> import torch
+            >>> from posthoc.evaluation.regression_report import RegressionReport
             >>> RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
             0.0
         """
@@ -262,6 +266,8 @@ def evaluate_regression(
     ``posthoc.detector(um, score=["knn", "mahalanobis"]).fit(train_loader)``).
 
     Example:
+        >>> from posthoc.evaluation.regression_report import evaluate_regression
+        >>> from posthoc.demo.examples import regression_um, reg_test_loader
         >>> low, high = evaluate_regression(regression_um, reg_test_loader, ci=0.9, progress=False).intervals["crps"]
         >>> 0 < low < high
         True

@@ -10,6 +10,8 @@ and 90°), where small penalties overfit (test NLL 0.57 at 0.01 against 0.19 unc
 It needs at least 10 held-out examples of every class.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels
     >>> posthoc.calibrate(logits, labels, method="matrix", off_diagonal=1e-2).weight.shape
     torch.Size([3, 3])
 """

@@ -8,6 +8,8 @@ its test NLL is 0.129 against 0.080 for temperature scaling; with the defaults, 
 Parameters: ``2 C``; it needs at least 5 held-out examples of every class.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels
     >>> posthoc.calibrate(logits, labels, method="vector").weight.shape        # one scale per class
     torch.Size([3])
 """

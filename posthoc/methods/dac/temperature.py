@@ -26,6 +26,9 @@ bulk sharpened, the tail softened): on the bundled digits CNN that cost 4-6 % on
 digits, so ``T0`` stays the clean one.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.dac.temperature import Cached, excess, fit, standardisation, temperatures
+    >>> from posthoc.demo.examples import train_loader, val_loader, val_logits, val_labels
     >>> train_x, val_x = train_loader.dataset.tensors[0], val_loader.dataset.tensors[0]
     >>> log_d = torch.cdist(val_x, train_x).topk(5, largest=False).values[:, -1:].log()   # 5-NN distance, one layer
     >>> held = Cached(val_logits.log_softmax(-1), excess(log_d, *standardisation(log_d, 0.9)), val_labels)
@@ -147,6 +150,9 @@ def fit(
     alike (``T0`` is then its variance scale).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.dac.temperature import Cached, fit
+        >>> from posthoc.demo.examples import val_logits, val_labels
         >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
         >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
         >>> fitted.temperature, fitted.weights

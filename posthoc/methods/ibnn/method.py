@@ -36,6 +36,8 @@ input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kas
 covariate shift with node-based Bayesian neural networks", ICML 2022.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ibnn").fit(train_loader)
     >>> um.predict(x).samples.shape      # (K * S, N, C)
     torch.Size([10, 8, 3])
@@ -332,6 +334,8 @@ class ImplicitBNN(Method):
         predictive's samples and the fit's settings (``None`` for files saved before they were recorded).
 
         Example:
+            >>> import torchvision
+            >>> import posthoc
             >>> posthoc.wrap(torchvision.models.resnet50(weights=None), method="ibnn").method.summary()["random_variables"]
             24576
         """

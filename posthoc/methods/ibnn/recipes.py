@@ -28,6 +28,7 @@ the ``"posthoc"`` entry's comments and in the README):
 - ``epochs``: 2 passes over the training loader (the paper trains for hundreds of epochs).
 
 Example:
+    >>> from posthoc.methods.ibnn.recipes import RECIPES
     >>> RECIPES["paper"].node_options()["init_mean_std"]
     0.5
 """
@@ -123,6 +124,7 @@ def resolve(chosen: Recipe, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` with every ``None`` replaced by the recipe's value of that setting.
 
     Example:
+        >>> from posthoc.methods.ibnn.recipes import RECIPES, resolve
         >>> resolve(RECIPES["paper"], {"components": None, "epochs": 5})
         {'components': 4, 'epochs': 5}
     """

@@ -32,6 +32,8 @@ Sample ``s`` of a prediction is ``mean + std * z_s`` with ``z_s`` the ``s``-th d
 from the generator (default: one seeded with ``seed``), exactly as ``IVON.sampled_params`` draws.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ivon").fit(train_loader)
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
@@ -338,6 +340,8 @@ class IVON(Method):
         """The posterior for the model card: weights under it, their mean posterior std and the fine-tune.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="ivon").fit(train_loader).method.summary()
             >>> card["random_variables"], card["epochs"]
             (515, 2)

@@ -41,6 +41,9 @@ noise of the predictive is then fitted at the chosen rate as above. No perturbed
 grade a classifier's accuracy).
 
 Example:
+    >>> import torch
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, x
     >>> um = posthoc.wrap(model, method="mc-dropout", p=0.2)
     >>> um.predict(x, num_samples=100, generator=torch.Generator().manual_seed(0)).samples.shape
     torch.Size([100, 8, 3])
@@ -252,6 +255,8 @@ class MCDropout(Method):
         sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
 
         Example:
+            >>> import torch
+            >>> import posthoc
             >>> from posthoc.demo import zoo
             >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
             >>> _ = um.predict(torch.zeros(2, 1, 28, 28)); um.method.summary()["random_variables"]

@@ -33,6 +33,8 @@ is ``2 / σ²`` times the softmax's largest), and the noise is re-fitted on the 
 mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader, epochs=10)
     >>> um.predict(x).samples.shape          # one sample per cycle
     torch.Size([4, 8, 3])
@@ -300,6 +302,8 @@ class SGLD(Method):
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
             >>> card["layers"], card["kept"]
             (['0', '3'], 20)

@@ -20,6 +20,8 @@ LeNet-300-100 (``benchmarks/bench_sparse_vd.py``) principled pruning at 97.8 % s
 unpruned accuracy within 0.2 points; random pruning of as many weights falls to 10 %.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
     >>> 0 <= um.sparsity()["total"] <= 1
     True
@@ -99,6 +101,8 @@ class SparseVariationalDropout(VariationalMethod):
         per layer and in total, with the counts.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
             >>> sorted(um.sparsity(threshold=3.0)), sorted(um.sparsity()["layers"])
             (['layers', 'removed', 'total', 'weights'], ['0', '3'])
@@ -114,6 +118,8 @@ class SparseVariationalDropout(VariationalMethod):
         stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader, x
             >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
             >>> plain = um.prune()
             >>> plain(x).shape

@@ -25,6 +25,8 @@ The user's model is never changed: fine-tuning runs on private copies, and the w
 the pretrained weights (samples are passed to it functionally).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="swag").fit(train_loader, val_loader)
     >>> um.method.summary()["scale"]      # chosen on val_loader
     128.0
@@ -76,6 +78,7 @@ class SWAG(SWAGBase):
         """:class:`LastLayerSWAG` for ``subset="last_layer"``, else :class:`SubsetSWAG`.
 
         Example:
+            >>> from posthoc.methods.swag.method import SWAG
             >>> SWAG.algorithm({"subset": "last_layer"}).__name__, SWAG.algorithm({}).__name__
             ('LastLayerSWAG', 'SubsetSWAG')
         """

@@ -21,6 +21,7 @@ normalises each test batch by its own statistics; in eval mode it matches this o
   precision.
 
 Example:
+    >>> from posthoc.methods.swag.schedule import LADDER, START_SCALE
     >>> LADDER[0], LADDER[-1], START_SCALE
     (0.0625, 128.0, 0.5)
 """
@@ -70,6 +71,9 @@ def relative_lr(
     ranks use one learning rate. The gradients are cleared afterwards (``trained`` must hold none before).
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.methods.swag.schedule import relative_lr
         >>> net = nn.Linear(4, 3)
         >>> lr = relative_lr(net, list(net.parameters()), [(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))],
         ...                  device=torch.device("cpu"))

@@ -18,6 +18,8 @@ longer fits widen them past what in-distribution NLL allows on ``digits_bn_cnn``
 against the plain model's: ``init_std=0.05`` for 6 epochs 1.01x, ``init_std=0.2`` for 5 epochs 1.10x).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="vi").fit(train_loader, kl_schedule="cosine")
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
