@@ -5,10 +5,13 @@ path; each refuses the same bad paths alike (not a path, a folder, a folder that
 under a file) and names the path and what to do, as the error type of its caller.
 
 Example:
+    >>> import tempfile
+    >>> from pathlib import Path
     >>> from posthoc.core.paths import output_file
-    >>> with output_file("out/plot.png", "the plot") as path:     # creates the folder out/
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> with output_file(folder / "out" / "plot.png", "the plot") as path:     # creates the folder out/
     ...     _ = path.write_bytes(b"...")
-    >>> path
+    >>> path.relative_to(folder)
     PosixPath('out/plot.png')
 """
 
