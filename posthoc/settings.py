@@ -38,8 +38,8 @@ progress: bool = True
 #: whether the runner may run small dense work (an ``eigh`` of a 500 x 500 factor, a predictive of a few hundred
 #: rows) on one torch thread, where intra-op threads only wait on each other. ``torch.set_num_threads`` changes
 #: the whole process, so ``"auto"`` (the default) narrows only while no other Python thread is alive (a
-#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does.
-#: ``benchmarks/bench_threads.py`` measures what it buys.
+#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does (what it buys:
+#: docs/scale.md).
 narrow_threads: bool | str = "auto"
 
 

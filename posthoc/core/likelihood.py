@@ -491,7 +491,7 @@ class HeteroscedasticHessian:
     For ``-log N(y; m, e^s) = ½ (s + (y - m)² e^{-s} + log 2π)`` the exact Hessian in ``(m, s)`` is
     ``[[e^{-s}, -r e^{-s}], [-r e^{-s}, ½ r² e^{-s}]]`` with ``r = y - m``: its determinant is ``-½ r² e^{-2s} < 0``
     wherever ``r ≠ 0``, so it is indefinite at almost every example and a GGN built from it need not be PSD (the
-    problem laplace-torch issue #153 runs into). Its expectation under the model's own ``y ~ N(m, e^s)``
+    problem laplace-torch runs into with a heteroscedastic head). Its expectation under the model's own ``y ~ N(m, e^s)``
     (``E r = 0``, ``E r² = e^s``) is the Fisher ``diag(e^{-s}, ½)``: positive definite, free of the targets, and the
     GGN the curvature structures build from it is the Fisher of the head. Outputs ``(n, 2D)`` (means then
     log-variances) give the diagonal ``[e^{-s_1} .. e^{-s_D}, ½ .. ½]``.

@@ -55,6 +55,12 @@ import torch
 from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
+import posthoc
+from posthoc.demo import data as digits_data
+from posthoc.demo.regression import sinusoid, train_mlp
+from posthoc.demo.zoo import pretrained
+from posthoc.evaluation.comparison import compared_verdict
+
 __all__ = ["blobs", "NAMES"]
 
 _BUILDERS: dict[str, Callable[[], Any]] = {}
@@ -138,8 +144,6 @@ def _train_blobs() -> dict[str, Any]:
 
 @functools.lru_cache(maxsize=1)
 def _sinusoid() -> dict[str, Any]:
-    from posthoc.demo.regression import sinusoid, train_mlp
-
     def build() -> dict[str, Any]:
         data = sinusoid()
         return {"data": data, "model": train_mlp(data.train, hidden=16, epochs=300, seed=0)}
@@ -182,8 +186,6 @@ for _name, _seed in (("net_a", 1), ("net_b", 2), ("net_c", 3)):
 
 @_builder("um")
 def _um() -> Any:
-    import posthoc
-
     loaders = blobs()["loaders"]
     return posthoc.wrap(blobs()["model"], method="laplace").fit(loaders["train"], loaders["val"], progress=False)
 
@@ -196,8 +198,6 @@ def _noisy_loader() -> DataLoader:
 
 
 def _evaluated(plain: bool, loader: str, ood: bool) -> Any:
-    import posthoc
-
     um = posthoc.wrap(blobs()["model"], method="none") if plain else _get("um")
     return posthoc.evaluate(um, _get(loader), _get("ood_loader") if ood else None, progress=False)
 
@@ -213,8 +213,6 @@ for _name, _plain, _loader, _ood in (
 
 @_builder("verdict")
 def _verdict() -> Any:
-    from posthoc.evaluation.comparison import compared_verdict
-
     return compared_verdict(
         [_get("plain_report"), _get("report")], {"noisy": [_get("plain_noisy_report"), _get("noisy_report")]}
     )
@@ -233,8 +231,6 @@ _builder("reg_y")(lambda: _sinusoid()["data"].test[1][:8].clone())
 
 @_builder("regression_um")
 def _regression_um() -> Any:
-    import posthoc
-
     data = _sinusoid()["data"]
     return posthoc.wrap(_sinusoid()["model"], method="laplace", likelihood="regression").fit(
         data.train_loader(), data.val_loader(), progress=False
@@ -243,40 +239,33 @@ def _regression_um() -> Any:
 
 @_builder("digits")
 def _digits() -> Any:
-    from posthoc.demo.data import load_digits
-
-    return load_digits()
+    return digits_data.load_digits()
 
 
 @_builder("cnn")
 def _cnn() -> nn.Module:
-    from posthoc.demo.zoo import pretrained
-
     return pretrained()
 
 
 @_builder("digits_test_loader")
 def _digits_test_loader() -> DataLoader:
-    from posthoc.demo import data
-
-    return data.loader(data.subset(_get("digits").test, 200), batch_size=200)
+    return digits_data.loader(digits_data.subset(_get("digits").test, 200), batch_size=200)
 
 
 @_builder("shift_table")
 def _shift_table() -> Any:
-    import posthoc
-    from posthoc.demo import data
-
     digits, cnn = _get("digits"), _get("cnn")
     laplace = posthoc.wrap(cnn, method="laplace").fit(
-        data.loader(data.subset(digits.fit, 600)), data.loader(data.subset(digits.calibration, 200)), progress=False
+        digits_data.loader(digits_data.subset(digits.fit, 600)),
+        digits_data.loader(digits_data.subset(digits.calibration, 200)),
+        progress=False,
     )
     return posthoc.evaluate_shift(
         {"MAP": posthoc.wrap(cnn, method="none"), "laplace": laplace},
         _get("digits_test_loader"),
         kinds=["gaussian-noise", "rotate"],
         severities=[1, 3, 5],
-        normalization=((data.MEAN,), (data.STD,)),
+        normalization=((digits_data.MEAN,), (digits_data.STD,)),
         progress=False,
     )
 

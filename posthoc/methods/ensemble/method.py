@@ -15,7 +15,7 @@ temperature scaling, is a different map).
 Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
 GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
 because there vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into
-strided elementwise passes (``benchmarks/bench_ensemble.py`` compares the two). Other members, and mixed
+strided elementwise passes (docs/methods/ensembles.md compares the two). Other members, and mixed
 architectures, always run one after the other. The ensemble is registered like any method (as
 ``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
 bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in

@@ -12,12 +12,9 @@ weight decay. ``fit`` runs it from the checkpoint (the ``ivon-opt`` package, an 
 - ``layers="head"``: the classifier head on the backbone's features (computed once); the
   predictive then runs the backbone once and all sampled heads in one batched matmul.
 
-Defaults (measured by ``benchmarks/bench_sgld_ivon.py``): 2 epochs at lr 1e-3 with
-``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate barely moves from ``hess_init`` in
-such a short run, so with a ``val_loader`` the spread is chosen on it (``scale``, see
-:mod:`~posthoc.methods.ivon.scale`). On the bundled checkpoints every weight gives 0.97x / 0.89x /
-0.93x the plain model's NLL at 0 / 45 / 90 degrees (both models), the head alone 0.96-1.00x /
-0.95-0.99x / 0.96-0.99x.
+Defaults: 2 epochs at lr 1e-3 with ``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate
+barely moves from ``hess_init`` in such a short run, so with a ``val_loader`` the spread is chosen on
+it (``scale``, see :mod:`~posthoc.methods.ivon.scale`). Measured: docs/methods/ivon.md.
 
 Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
 model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit

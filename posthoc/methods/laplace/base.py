@@ -42,10 +42,10 @@ Under ``likelihood="heteroscedastic"`` (a head of means and log-variances, last 
 ``"marglik"`` too; ``"val"`` and ``"grid"`` score the held-out NLL of the predictive itself (no noise to fit).
 The held-out walk to the widest accepted prior suits shift on classes, not a log-variance: where the features
 leave the data (a gap in 1-D inputs) a wide posterior over the log-variance makes ``E e^s`` overflow
-(``benchmarks/results/heteroscedastic_laplace.md``).
+(docs/regression.md).
 
 The bound is what keeps the choice from costing in distribution on the next split of the data
-(``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
+(docs/selection.md). For larger gains under shift accept an in-distribution cost: a
 larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
 
 Example:

@@ -199,7 +199,7 @@ class MCDropout(Method):
     @classmethod
     def suits(cls, model: nn.Module) -> bool:
         """A candidate of ``method="auto"`` only on a model with dropout of its own (inserted dropout at the head of a
-        model trained without it gains little: ``benchmarks/results/quality.md``)."""
+        model trained without it gains little: docs/methods/mc-dropout.md)."""
         return bool(own_dropout_sites(model))
 
     @property

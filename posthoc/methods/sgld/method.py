@@ -13,12 +13,10 @@ private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples``
   (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
   the backbone once and every head in one batched matmul (about the cost of one forward).
 
-Why every weight by default (measured by ``benchmarks/bench_sgld_ivon.py``): on the
-bundled digits models the head-only chain drifts from the checkpoint towards a more confident head
-(the features seen in eval mode are not those the head was trained on with dropout) and does not
-lower the NLL at 90 degrees (1.00-1.02x the plain model's), while 2 epochs over every weight at
-lr 1e-3 keep the in-distribution NLL within 2% and lower it under rotation on both models, for
-about 20x a forward at predict.
+Why every weight by default: the head-only chain drifts from the checkpoint towards a more confident
+head (the features seen in eval mode are not those the head was trained on with dropout) and does not
+lower the NLL under shift, while a short chain over every weight keeps the in-distribution NLL and
+lowers it under rotation (measured: docs/methods/sgld.md).
 
 Prior and temperature: the chain targets ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)``
 with ``theta_0`` the checkpoint (``prior="checkpoint"``, default: the prior keeps the chain near the
