@@ -49,8 +49,8 @@ STANDARD_ERRORS = 1.0
 def confidently_better(losses: dict[str, Tensor], reference: str = "identity") -> set[str]:
     """``reference`` and the candidates whose out-of-fold NLL beats it by more than :data:`STANDARD_ERRORS`
     standard errors of the per-example difference: with many candidates and a few hundred examples, the
-    lowest cross-validated NLL alone often belongs to one that only got lucky on these folds (a
-    histogram chosen on one fold split of the digits CNN cost 1.3x the test NLL of no calibration).
+    lowest cross-validated NLL alone often belongs to one that only got lucky on these folds
+    (docs/methods/calibrators.md).
 
     Example:
         >>> import torch

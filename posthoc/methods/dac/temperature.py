@@ -22,8 +22,8 @@ follow the perturbed copies at the expense of the clean examples. How much that 
 distribution is not decided here: the fitted weights shrunk by several factors are candidates of the selection step
 (:mod:`posthoc.engine.selection`), which keeps it only if its out-of-fold clean NLL is confidently
 within the tolerance of the plain model's. Fitting ``T0`` jointly with ``w`` instead lowers it (the
-bulk sharpened, the tail softened): on the bundled digits CNN that cost 4-6 % on the clean test
-digits, so ``T0`` stays the clean one.
+bulk sharpened, the tail softened), which costs NLL on clean test data (docs/methods/dac.md), so ``T0``
+stays the clean one.
 
 Example:
     >>> import torch

@@ -18,8 +18,7 @@ Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) a
 They share everything above and differ where the paper's values were worse on the bundled
 checkpoints: no nodes on the stem (the first layer's input channels), K=2 instead of 4, means
 initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3
-instead of 1e-4 (reasons and numbers
-in the recipes module). Every setting can also be given by name.
+instead of 1e-4 (reasons in the recipes module; measured: docs/methods/ibnn.md). Every setting can also be given by name.
 
 Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
 noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the recipe's

@@ -82,9 +82,9 @@ class IVON(Method):
     Fit options (IVON's, with defaults for a short fine-tune from a trained checkpoint):
     ``epochs`` (2), ``lr`` (1e-3), ``ess`` (``None``: the number of training examples),
     ``hess_init`` (10: the fine-tune's sampling noise ``1 / sqrt(ess * hess_init)`` stays small
-    next to trained weights; IVON's own default 1 costs 1.06x in-distribution NLL on
-    ``digits_cnn``), ``weight_decay`` (1e-4), ``beta2`` (0.999: IVON's default 0.99999 averages the
-    Hessian over ~10^5 steps, far longer than a fine-tune), ``mc_samples`` (1 weight sample per step).
+    next to trained weights; IVON's own default 1 costs in-distribution NLL), ``weight_decay`` (1e-4),
+    ``beta2`` (0.999: IVON's default 0.99999 averages the Hessian over ~10^5 steps, far longer than a
+    fine-tune), ``mc_samples`` (1 weight sample per step).
     """
 
     name = "ivon"
