@@ -59,7 +59,7 @@ def module_names(package: Path = PACKAGE) -> dict[str, Path]:
     """Every module of the package by dotted name, ``posthoc.methods.laplace`` for a package's ``__init__.py``."""
     names = {}
     for path in sorted(package.rglob("*.py")):
-        if path.name == "conftest.py":  # the doctests' namespace: pytest's, not the package's
+        if path.name == "conftest.py":  # how pytest runs the doctests, not part of the package
             continue
         parts = (ROOT, *path.relative_to(package).with_suffix("").parts)
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path

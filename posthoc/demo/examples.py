@@ -47,6 +47,7 @@ numbers are the same on every run and every CPU, and the global random state is 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -61,7 +62,7 @@ from posthoc.demo.regression import sinusoid, train_mlp
 from posthoc.demo.zoo import pretrained
 from posthoc.evaluation.comparison import compared_verdict
 
-__all__ = ["blobs", "NAMES"]
+__all__ = ["Blobs", "blobs", "NAMES"]
 
 _BUILDERS: dict[str, Callable[[], Any]] = {}
 #: the names whose objects change in place (models, fitted wrappers): a fresh copy on every import
@@ -95,24 +96,35 @@ def _builder(name: str) -> Callable[[Callable[[], Any]], Callable[[], Any]]:
     return register
 
 
-@functools.lru_cache(maxsize=1)
-def blobs() -> dict[str, Any]:
-    """The classification data and its trained model: ``{"model", "sets", "loaders", "logits"}``.
+@dataclasses.dataclass(frozen=True)
+class Blobs:
+    """Three overlapping Gaussian classes in four features and the classifier trained on them.
 
-    ``sets`` and ``logits`` map ``"train"``, ``"val"``, ``"test"``, ``"ood"`` to ``(x, y)`` tensors and to the model's
-    logits; ``loaders`` to batches of 64. Built once (seed 0, float64 training so every CPU gets the same weights);
-    treat it as read-only, or import a copy of the model from this module.
+    ``sets``, ``loaders`` and ``logits`` map ``"train"`` (256 examples), ``"val"`` (128), ``"test"`` (128) and
+    ``"ood"`` (128 inputs far from the classes, labelled ``-1``) to ``(x, y)`` tensors, to loaders of batches of 64
+    and to ``model``'s logits."""
+
+    model: nn.Module
+    sets: dict[str, tuple[Tensor, Tensor]]
+    loaders: dict[str, DataLoader]
+    logits: dict[str, Tensor]
+
+
+@functools.lru_cache(maxsize=1)
+def blobs() -> Blobs:
+    """The classification data and its trained model (module docs), built once: seed 0, trained in float64 so
+    every CPU gets the same weights. Shared: treat it as read-only, or import a copy of ``model`` from here.
 
     Example:
         >>> from posthoc.demo.examples import blobs
         >>> data = blobs()
-        >>> data["sets"]["train"][0].shape, len(data["loaders"]["test"].dataset)
-        (torch.Size([256, 4]), 128)
+        >>> data.sets["train"][0].shape, len(data.loaders["test"].dataset), data.model(data.sets["val"][0]).shape
+        (torch.Size([256, 4]), 128, torch.Size([128, 3]))
     """
     return _seeded(_train_blobs)
 
 
-def _train_blobs() -> dict[str, Any]:
+def _train_blobs() -> Blobs:
     generator = torch.Generator().manual_seed(0)
     centres = torch.tensor([[2.0, 0.0, 0.0, 0.0], [0.0, 2.0, 0.0, 0.0], [0.0, 0.0, 2.0, 0.0]])
 
@@ -134,12 +146,8 @@ def _train_blobs() -> dict[str, Any]:
     net.float().eval()
     with torch.no_grad():
         logits = {name: net(pair[0]) for name, pair in sets.items()}
-    return {
-        "model": net,
-        "loaders": {name: DataLoader(TensorDataset(*pair), batch_size=64) for name, pair in sets.items()},
-        "sets": sets,
-        "logits": logits,
-    }
+    loaders = {name: DataLoader(TensorDataset(*pair), batch_size=64) for name, pair in sets.items()}
+    return Blobs(model=net, sets=sets, loaders=loaders, logits=logits)
 
 
 @functools.lru_cache(maxsize=1)
@@ -151,7 +159,7 @@ def _sinusoid() -> dict[str, Any]:
     return _seeded(build)
 
 
-_builder("model")(lambda: blobs()["model"])
+_builder("model")(lambda: blobs().model)
 for _name, _split in (
     ("train_loader", "train"),
     ("val_loader", "val"),
@@ -159,17 +167,17 @@ for _name, _split in (
     ("test_loader", "test"),
     ("ood_loader", "ood"),
 ):
-    _builder(_name)(lambda split=_split: blobs()["loaders"][split])
-_builder("x")(lambda: blobs()["sets"]["test"][0][:8].clone())
-_builder("y")(lambda: blobs()["sets"]["test"][1][:8].clone())
+    _builder(_name)(lambda split=_split: blobs().loaders[split])
+_builder("x")(lambda: blobs().sets["test"][0][:8].clone())
+_builder("y")(lambda: blobs().sets["test"][1][:8].clone())
 for _prefix, _split in (("", "val"), ("val_", "val"), ("test_", "test")):
-    _builder(f"{_prefix}logits")(lambda split=_split: blobs()["logits"][split].clone())
-    _builder(f"{_prefix}probs")(lambda split=_split: blobs()["logits"][split].softmax(-1))
-    _builder(f"{_prefix}labels")(lambda split=_split: blobs()["sets"][split][1].clone())
+    _builder(f"{_prefix}logits")(lambda split=_split: blobs().logits[split].clone())
+    _builder(f"{_prefix}probs")(lambda split=_split: blobs().logits[split].softmax(-1))
+    _builder(f"{_prefix}labels")(lambda split=_split: blobs().sets[split][1].clone())
 
 
 def _member(seed: int) -> nn.Module:
-    x, labels = blobs()["sets"]["train"]
+    x, labels = blobs().sets["train"]
     torch.manual_seed(seed)
     net = nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Dropout(0.1), nn.Linear(64, 3))
     optimiser = torch.optim.Adam(net.parameters(), lr=1e-2)
@@ -186,19 +194,19 @@ for _name, _seed in (("net_a", 1), ("net_b", 2), ("net_c", 3)):
 
 @_builder("um")
 def _um() -> Any:
-    loaders = blobs()["loaders"]
-    return posthoc.wrap(blobs()["model"], method="laplace").fit(loaders["train"], loaders["val"], progress=False)
+    loaders = blobs().loaders
+    return posthoc.wrap(blobs().model, method="laplace").fit(loaders["train"], loaders["val"], progress=False)
 
 
 @_builder("noisy_loader")
 def _noisy_loader() -> DataLoader:
-    x, labels = blobs()["sets"]["test"]
+    x, labels = blobs().sets["test"]
     noise = torch.randn(x.shape, generator=torch.Generator().manual_seed(1))
     return DataLoader(TensorDataset(x + noise, labels), batch_size=64)
 
 
 def _evaluated(plain: bool, loader: str, ood: bool) -> Any:
-    um = posthoc.wrap(blobs()["model"], method="none") if plain else _get("um")
+    um = posthoc.wrap(blobs().model, method="none") if plain else _get("um")
     return posthoc.evaluate(um, _get(loader), _get("ood_loader") if ood else None, progress=False)
 
 
