@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from _pytest.doctest import DoctestItem
@@ -26,7 +27,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_example(request: pytest.FixtureRequest, tmp_path: object) -> Iterator[None]:
+def _isolated_example(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[None]:
     """Run a docstring example in a temporary folder, seeded, on one thread; restore what it may change."""
     if not isinstance(request.node, DoctestItem):
         yield

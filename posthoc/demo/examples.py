@@ -1,7 +1,7 @@
 """Small ready-made models, data and results for trying posthoc in a notebook: what the docstring examples import.
 
 Every docstring example in posthoc starts from plain imports, so it runs as pasted. The objects it needs are
-imported from here, by name, and built on first use (a second or two on a laptop, once per process):
+imported from here, by name, and built on first use (a few seconds, once per process):
 
     >>> import posthoc
     >>> from posthoc.demo.examples import model, train_loader, val_loader
