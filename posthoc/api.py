@@ -1,6 +1,8 @@
 """``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model
     >>> um = posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag")
     >>> um.methods
     ['laplace', 'temperature']
@@ -155,6 +157,8 @@ def wrap(
         An :class:`UncertainModel`; call ``.fit(train_loader, val_loader)`` then ``.predict(x)``.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.demo.examples import model, val_loader, x
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
         >>> um.predict(x).probs.shape           # eight inputs, three classes
         torch.Size([8, 3])
@@ -219,6 +223,9 @@ def load(
     back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
     Example:
+        >>> from torch import nn
+        >>> import posthoc
+        >>> from posthoc.demo.examples import model, train_loader
         >>> posthoc.wrap(model, method="laplace").fit(train_loader).save("net.laplace.pt")
         >>> um = posthoc.load("net.laplace.pt", model)
         >>> members = [nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)) for _ in range(3)]

@@ -5,6 +5,7 @@ type; the subclasses also derive from the matching built-in (``ValueError``, ``R
 so generic handlers keep working.
 
 Example:
+    >>> import torch
     >>> import posthoc
     >>> try:
     ...     posthoc.wrap(torch.nn.Linear(2, 2), method="nope")
@@ -60,6 +61,7 @@ def exit_status(run: Callable[[], object]) -> int:
     """Run a command-line job: ``0`` on success; a posthoc error is printed as ``error: ...`` and gives ``2``.
 
     Example:
+        >>> from posthoc.errors import exit_status
         >>> exit_status(lambda: None)
         0
     """

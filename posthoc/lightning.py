@@ -20,6 +20,7 @@ Usage::
     um = PosthocCallback.restore(callback.checkpoint_path, LitClassifier, model_attr="net")
 
 Example:
+    >>> from posthoc.lightning import PosthocCallback
     >>> PosthocCallback.posterior_path_for("checkpoints/epoch=7-step=800.ckpt").name
     'epoch=7-step=800.posthoc.pt'
 """
@@ -71,6 +72,9 @@ def network_of(module: nn.Module, model_attr: str | None = None) -> nn.Module:
     :class:`~posthoc.ConfigError` that lists the candidates.
 
     Example:
+        >>> import lightning.pytorch as pl
+        >>> from torch import nn
+        >>> from posthoc.lightning import network_of
         >>> class Lit(pl.LightningModule):
         ...     def __init__(self):
         ...         super().__init__()
@@ -217,6 +221,7 @@ class PosthocCallback(pl.Callback):
     Names and options are checked here; the network, the structure and the loaders when the trainer sets up.
 
     Example:
+        >>> from posthoc.lightning import PosthocCallback
         >>> callback = PosthocCallback(method=["laplace", "temperature"], model_attr="net", hessian="kron")
         >>> callback.methods, callback.uncertain_model
         (['laplace', 'temperature'], None)
@@ -260,6 +265,7 @@ class PosthocCallback(pl.Callback):
         """Where the callback saves the posterior of ``checkpoint_path``: beside it, ``<stem>.posthoc.pt``.
 
         Example:
+            >>> from posthoc.lightning import PosthocCallback
             >>> PosthocCallback.posterior_path_for("ckpt/last.ckpt").as_posix()
             'ckpt/last.posthoc.pt'
         """
@@ -294,6 +300,8 @@ class PosthocCallback(pl.Callback):
                 saved from where it exists, else on the CPU; the fitted model follows them).
 
         Example:
+            >>> import lightning.pytorch as pl
+            >>> from posthoc.lightning import PosthocCallback
             >>> PosthocCallback.restore("missing.ckpt", pl.LightningModule)
             Traceback (most recent call last):
             posthoc.errors.PosteriorFileError: checkpoint missing.ckpt does not exist; ...

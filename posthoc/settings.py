@@ -7,6 +7,7 @@ time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call
 ``progress=`` says.
 
 Example:
+    >>> from posthoc.demo.examples import um, x
     >>> import posthoc.settings
     >>> posthoc.settings.max_memory = 256 * 2**20      # sample in chunks under 256 MiB
     >>> with posthoc.settings.override(chunk_size=4096):
@@ -37,8 +38,8 @@ progress: bool = True
 #: whether the runner may run small dense work (an ``eigh`` of a 500 x 500 factor, a predictive of a few hundred
 #: rows) on one torch thread, where intra-op threads only wait on each other. ``torch.set_num_threads`` changes
 #: the whole process, so ``"auto"`` (the default) narrows only while no other Python thread is alive (a
-#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does.
-#: ``benchmarks/bench_threads.py`` measures what it buys.
+#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does (what it buys:
+#: docs/scale.md).
 narrow_threads: bool | str = "auto"
 
 
@@ -66,6 +67,7 @@ def thread_policy(value: object = None) -> bool | str:
     """``value`` (default: :data:`narrow_threads`) if it is ``True``, ``False`` or ``"auto"``.
 
     Example:
+        >>> from posthoc.settings import thread_policy
         >>> thread_policy("auto")
         'auto'
     """

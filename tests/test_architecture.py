@@ -12,6 +12,7 @@ function.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +59,7 @@ def module_names(package: Path = PACKAGE) -> dict[str, Path]:
     """Every module of the package by dotted name, ``posthoc.methods.laplace`` for a package's ``__init__.py``."""
     names = {}
     for path in sorted(package.rglob("*.py")):
-        if path.name == "conftest.py":  # the doctests' namespace: pytest's, not the package's
+        if path.name == "conftest.py":  # how pytest runs the doctests, not part of the package
             continue
         parts = (ROOT, *path.relative_to(package).with_suffix("").parts)
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -460,3 +461,34 @@ def test_options_are_declared_not_read_from_signatures():
         "signature reads in posthoc/ (declare the options as an Options dataclass, "
         "posthoc.core.options):\n" + "\n".join(found)
     )
+
+
+# --- the source says what and why; figures and history live in docs/ and benchmarks/results/ ---
+
+#: a mention of the benchmarks folder, or of an issue by number ("issue 34", "issue #153", "Issues 12")
+HISTORY = re.compile(r"benchmarks/|\bissues?\s+#?\d+", re.IGNORECASE)
+
+
+def history_mentions(package: Path = PACKAGE) -> list[str]:
+    """Every line of the package's source that points at a benchmark script or an issue, as ``path:line: text``."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if HISTORY.search(line):
+                found.append(f"{path.relative_to(package.parent)}:{number}: {line.strip()}")
+    return found
+
+
+def test_the_source_names_no_benchmark_script_or_issue():
+    found = history_mentions()
+    assert not found, "move figures and history to docs/ or benchmarks/results/:\n" + "\n".join(found)
+
+
+def test_the_history_rule_catches_a_mention_put_back(tmp_path: Path):
+    (tmp_path / "a.py").write_text('"""Fast (see benchmarks/bench_a.py)."""\n')
+    (tmp_path / "b.py").write_text("# what Issue #12 asked for\n")
+    (tmp_path / "c.py").write_text('"""An issue of scale, 12 benchmarks."""\n')
+    assert [line.split(":")[0] for line in history_mentions(tmp_path)] == [
+        f"{tmp_path.name}/a.py",
+        f"{tmp_path.name}/b.py",
+    ]

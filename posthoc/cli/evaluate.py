@@ -37,6 +37,8 @@ the lowest NLL at the top severity). The recipes in ``recipes/`` call :func:`run
 their model with the library's own loading code.
 
 Example:
+    >>> import argparse
+    >>> from posthoc.cli.evaluate import add_evaluate_arguments
     >>> parser = argparse.ArgumentParser()
     >>> add_evaluate_arguments(parser)
     >>> args = parser.parse_args(["--model", "tv:resnet18", "--val", "val/", "--method", "temperature",
@@ -531,6 +533,7 @@ def shift_names(roots: list[str]) -> dict[str, str]:
     parts where two would read alike.
 
     Example:
+        >>> from posthoc.cli.evaluate import shift_names
         >>> shift_names(["/data/imagenet-c/blur/3", "/data/imagenet-c/noise/3", "/data/rotated"])
         {'/data/imagenet-c/blur/3': 'blur/3', '/data/imagenet-c/noise/3': 'noise/3', '/data/rotated': 'rotated'}
     """
@@ -876,6 +879,7 @@ def member_specs(models: list[str], checkpoints: list[str]) -> list[tuple[str, P
     many checkpoints, or with none.
 
     Example:
+        >>> from posthoc.cli.evaluate import member_specs
         >>> member_specs(["f.py:net"], ["a.pt", "b.pt"])
         [('f.py:net', PosixPath('a.pt')), ('f.py:net', PosixPath('b.pt'))]
     """

@@ -7,6 +7,8 @@ with status 2. :class:`OneLineParser` gives argparse's own errors (an unknown fl
 line and status.
 
 Example:
+    >>> import argparse
+    >>> from posthoc.cli.flags import check_numbers
     >>> check_numbers(argparse.Namespace(batch_size=0))
     Traceback (most recent call last):
     posthoc.errors.ConfigError: --batch-size must be a positive integer, got 0

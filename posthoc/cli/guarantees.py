@@ -110,6 +110,10 @@ def fit_guarantees(um: posthoc.UncertainModel, calibration: Iterable, args: argp
     """The guarantees of one fitted method row, calibrated on the calibration loader.
 
     Example:
+        >>> import argparse
+        >>> import posthoc
+        >>> from posthoc.cli.guarantees import add_guarantee_arguments, fit_guarantees
+        >>> from posthoc.demo.examples import um, calibration_loader, test_loader
         >>> parser = argparse.ArgumentParser()
         >>> add_guarantee_arguments(parser)
         >>> args = parser.parse_args(["--alpha", "0.1", "--target-risk", "0.25"])
@@ -191,6 +195,10 @@ def fit_calibrator(
     the calibrator table is measured on.
 
     Example:
+        >>> import argparse
+        >>> import torch
+        >>> from posthoc.cli.guarantees import add_guarantee_arguments, fit_calibrator
+        >>> from posthoc.demo.examples import model, calibration_loader, test_loader
         >>> parser = argparse.ArgumentParser()
         >>> add_guarantee_arguments(parser)
         >>> args = parser.parse_args(["--calibrator", "temperature"])
@@ -227,6 +235,7 @@ def selection_summary(record: dict) -> str:
     """One line of a calibrator's selection record: what it kept, and, when that is the identity, why not the rest.
 
     Example:
+        >>> from posthoc.cli.guarantees import selection_summary
         >>> selection_summary({"chosen": "uncalibrated", "candidates": [{"candidate": "uncalibrated", "reason": None},
         ...     {"candidate": "clean fit", "reason": "in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > "
         ...      "tolerance 0.0050"}]})

@@ -6,6 +6,8 @@ comma-separated list of :data:`posthoc.shift.KINDS`, which corrupt the test set 
 intervals to every table.
 
 Example:
+    >>> import argparse
+    >>> from posthoc.cli.shift import ShiftAction, add_shift_arguments
     >>> parser = argparse.ArgumentParser()
     >>> _ = parser.add_argument("--shift", action=ShiftAction, default=[])
     >>> add_shift_arguments(parser)

@@ -28,6 +28,9 @@ conformal intervals' coverage and width), ``OUT/summary.md`` (each row's model c
 Classification-only options (``--calibrator``, ``--target-risk``, ``--ood``, corruption kinds, ...) are refused.
 
 Example:
+    >>> import numpy as np
+    >>> import torch
+    >>> from posthoc.demo.examples import regressor
     >>> from posthoc.cli.main import main
     >>> from posthoc.demo.data import sinusoid
     >>> data = sinusoid()                       # (x, y) pairs of one feature and one target
@@ -542,6 +545,7 @@ def _noise_text(noise: float | list[float]) -> str:
     """The fitted noise for the report: one ``σ``, or one per output.
 
     Example:
+        >>> from posthoc.cli.tables import _noise_text
         >>> _noise_text(0.123456), _noise_text([0.1, 2.0])
         ('0.1235', '0.1 / 2')
     """

@@ -2,6 +2,8 @@
 selection step.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.calibration_error import equal_mass_gap, top_label_ece
     >>> round(top_label_ece(torch.tensor([0.9, 0.6]), torch.tensor([1.0, 0.0])), 4)
     0.35
     >>> equal_mass_gap(torch.tensor([[0.9, 0.6, 0.8, 0.7]]), torch.tensor([[1.0, 0.0, 1.0, 1.0]]), bins=2)
@@ -39,6 +41,8 @@ def top_label_ece(confidence: Tensor, correct: Tensor, bins: int = BINS) -> floa
     ``correct`` (whether that class is the label), with ``bins`` equal-width bins on [0, 1].
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.calibration_error import top_label_ece
         >>> top_label_ece(torch.tensor([1.0, 1.0]), torch.tensor([True, True]))
         0.0
     """
@@ -56,6 +60,8 @@ def equal_mass_gap(confidence: Tensor, correct: Tensor, bins: int = BINS) -> Ten
     crowd near 1 is not judged by two or three full bins as with equal widths.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.calibration_error import equal_mass_gap
         >>> equal_mass_gap(torch.tensor([[0.5, 0.5, 0.5, 0.5]]), torch.tensor([[1.0, 0.0, 1.0, 0.0]]), bins=2)
         tensor([0.], dtype=torch.float64)
     """

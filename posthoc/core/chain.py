@@ -6,6 +6,8 @@ ensemble ``"members"`` and ``"batched"``), inner first: what ``posthoc.wrap`` re
 its candidates.
 
 Example:
+    >>> from posthoc.core.chain import build_chain
+    >>> from posthoc.demo.examples import model
     >>> method, source = build_chain(model, [{"name": "laplace", "options": {}}, {"name": "temperature", "options": {}}])
     >>> type(method).__name__, type(method.inner).__name__
     ('TemperatureScaling', 'LastLayerLaplace')
@@ -50,6 +52,7 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
     """Give each option to every method in the chain that accepts it; refuse the rest.
 
     Example:
+        >>> from posthoc.core.chain import route_options
         >>> route_options(["laplace", "temperature"], {"hessian": "diag"})
         [{'hessian': 'diag'}, {}]
     """
@@ -74,6 +77,8 @@ def spec_of(
     """The saved spec: one entry per method; the first records the likelihood unless it is classification.
 
     Example:
+        >>> from posthoc.core.chain import spec_of
+        >>> from posthoc.core.likelihood import make_likelihood
         >>> spec_of(["laplace"], [{}], make_likelihood("classification"))
         [{'name': 'laplace', 'options': {}}]
     """
@@ -148,6 +153,8 @@ def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) 
     copies it (``None``: taken at fit).
 
     Example:
+        >>> from posthoc.core.chain import build_chain
+        >>> from posthoc.demo.examples import model
         >>> method, _ = build_chain(model, [{"name": "temperature", "options": {}}])   # stacked on the plain model
         >>> method.inner.name
         'none'

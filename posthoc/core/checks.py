@@ -1,6 +1,7 @@
 """Checks of user-given option values, with one wording for every method.
 
 Example:
+    >>> from posthoc.core.checks import positive_int
     >>> positive_int(5, "num_samples")
     5
     >>> positive_int(0, "num_samples")
@@ -36,6 +37,7 @@ def integer_at_least(value: Any, name: str, minimum: int, *, why: str = "") -> i
     """``value`` if it is an integer >= ``minimum`` (not a bool); ``why`` says what the bound is for.
 
     Example:
+        >>> from posthoc.core.checks import integer_at_least
         >>> integer_at_least(1, "folds", 2, why="cross-validation needs two folds or more")
         Traceback (most recent call last):
         posthoc.errors.ConfigError: folds must be an integer with folds >= 2 (cross-validation needs two folds or more), got 1
@@ -50,6 +52,7 @@ def non_negative(value: Any, name: str, *, why: str = "") -> float:
     ``why`` says what the value means.
 
     Example:
+        >>> from posthoc.core.checks import non_negative
         >>> non_negative(0.02, "val_tolerance")
         0.02
     """
@@ -63,6 +66,7 @@ def positive_number(value: Any, name: str, *, why: str = "", none: str | None = 
     ``none`` says what ``None`` means if it is allowed.
 
     Example:
+        >>> from posthoc.core.checks import positive_number
         >>> positive_number(1e-3, "lr"), positive_number(None, "lr", none="set from the model")
         (0.001, None)
     """
@@ -78,6 +82,7 @@ def probability(value: Any, name: str, *, why: str = "") -> float:
     """``value`` as a float if it lies strictly inside ``(0, 1)`` (not a bool), e.g. a miscoverage ``alpha``.
 
     Example:
+        >>> from posthoc.core.checks import probability
         >>> probability(0.1, "alpha")
         0.1
     """
@@ -90,6 +95,7 @@ def one_of(value: Any, name: str, choices: tuple[Any, ...]) -> Any:
     """``value`` if it is one of ``choices`` (compared by equality, never a bool for a non-bool choice).
 
     Example:
+        >>> from posthoc.core.checks import one_of
         >>> one_of("top-label", "mode", ("per-class", "top-label"))
         'top-label'
     """
@@ -111,6 +117,7 @@ def check_shift(shift: Any) -> Any:
     """``shift`` if it is ``None``, ``"auto"`` or a non-empty list of kind names and callables ``f(x, generator) -> x``.
 
     Example:
+        >>> from posthoc.core.checks import check_shift
         >>> check_shift(["noise", "blur"])
         ['noise', 'blur']
     """
@@ -129,6 +136,7 @@ def generator(value: Any, name: str = "generator") -> Any:
     the line that makes a generator of it.
 
     Example:
+        >>> from posthoc.core.checks import generator
         >>> generator(42)
         Traceback (most recent call last):
         posthoc.errors.ConfigError: generator must be a torch.Generator or None, got 42...
@@ -143,6 +151,7 @@ def integer(value: Any, name: str) -> int:
     """``value`` if it is an integer (not a bool), e.g. a seed.
 
     Example:
+        >>> from posthoc.core.checks import integer
         >>> integer(0, "seed")
         0
     """
@@ -155,6 +164,7 @@ def fraction(value: Any, name: str) -> float:
     """``value`` as a float in ``[0, 1)`` (not a bool), e.g. a momentum or the burn-in share of a chain.
 
     Example:
+        >>> from posthoc.core.checks import fraction
         >>> fraction(0.5, "burn_in")
         0.5
     """
@@ -167,6 +177,7 @@ def unit_interval(value: Any, name: str) -> float:
     """``value`` as a float in ``[0, 1]`` (not a bool), e.g. how far a fit moves towards another.
 
     Example:
+        >>> from posthoc.core.checks import unit_interval
         >>> unit_interval(1, "shift_weight")
         1.0
     """
@@ -179,6 +190,7 @@ def known_name(value: Any, what: str, names: Iterable[str]) -> str:
     """``value`` if it is one of ``names``; otherwise a :class:`ConfigError` listing them.
 
     Example:
+        >>> from posthoc.core.checks import known_name
         >>> known_name("lac", "conformity score", ("lac", "aps", "raps"))
         'lac'
     """
@@ -193,6 +205,7 @@ def known_options(options: Mapping[str, Any], valid: Mapping[str, Any], owner: s
     naming the unknown ones and listing the valid ones with their defaults.
 
     Example:
+        >>> from posthoc.core.checks import known_options
         >>> known_options({"bins": 10}, {"bins": 15, "mode": "per-class"}, "calibrator 'histogram'")
         {'bins': 10}
     """

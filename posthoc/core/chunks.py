@@ -8,6 +8,7 @@ planner divides the budget by it. The budget is the runner's (:func:`budget_scop
 carries it.
 
 Example:
+    >>> from posthoc.core.chunks import chunks, rows_per_chunk
     >>> rows_per_chunk(100 * 10 * 4, max_memory=2**20)      # S=100 float32 samples of 10 classes
     262
     >>> [(s.start, s.stop) for s in chunks(600, 100 * 10 * 4, max_memory=2**20)]
@@ -27,6 +28,7 @@ def budget_scope(max_memory: int | None) -> Iterator[None]:
     """Plan every chunk of the block under ``max_memory`` bytes (``None`` keeps the enclosing budget).
 
     Example:
+        >>> from posthoc.core.chunks import budget_scope, rows_per_chunk
         >>> with budget_scope(2**20):
         ...     rows_per_chunk(100 * 10 * 4)
         262
@@ -45,6 +47,7 @@ def current_budget() -> int:
     """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``.
 
     Example:
+        >>> from posthoc.core.chunks import budget_scope, current_budget
         >>> with budget_scope(4096):
         ...     current_budget()
         4096

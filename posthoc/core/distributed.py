@@ -42,6 +42,7 @@ def local_only() -> Iterator[None]:
     the methods' own reductions do not wait for ranks that are busy with other work.
 
     Example:
+        >>> from posthoc.core.distributed import active, local_only
         >>> with local_only():
         ...     active()
         False
@@ -99,6 +100,7 @@ def total_examples(count: int) -> int:
     """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process).
 
     Example:
+        >>> from posthoc.core.distributed import total_examples
         >>> total_examples(350)   # without torch.distributed
         350
     """
@@ -130,6 +132,7 @@ def rank_offset(count: int) -> int:
     this rank's rows start in a :func:`gather_cat` of per-example values.
 
     Example:
+        >>> from posthoc.core.distributed import rank_offset
         >>> rank_offset(350)   # without torch.distributed
         0
     """

@@ -5,6 +5,7 @@ calibrator call it through this registry (as ``wrap`` finds a method through :mo
 importing upwards. ``import posthoc`` registers it.
 
 Example:
+    >>> from posthoc.core.exporters import EXPORTERS
     >>> sorted(EXPORTERS)
     ['calibrator', 'model']
 """

@@ -5,6 +5,8 @@ The example counts never cost a second pass over the data: a loader over a sized
 in a :class:`CountingLoader` that counts the examples of the first full pass the methods make over it.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.fit_record import counting, examples
     >>> batches = [(torch.zeros(3, 2), torch.zeros(3)), (torch.zeros(2, 2), torch.zeros(2))]
     >>> loader = counting(batches)
     >>> [len(x) for x, _ in loader]
@@ -31,6 +33,7 @@ class FitRecord:
     (an iterable the fit did not run through to its end).
 
     Example:
+        >>> from posthoc.core.fit_record import FitRecord
         >>> FitRecord(2400, 600, 1.5, 2.9).to_dict()["val_examples"]
         600
     """
@@ -56,6 +59,8 @@ class CountingLoader:
     """An iterable passing ``loader``'s batches through unchanged and counting the examples of its first full pass.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.fit_record import CountingLoader
         >>> counted = CountingLoader(iter([(torch.zeros(4, 1), torch.zeros(4))]))
         >>> _ = list(counted); counted.examples
         4
@@ -81,6 +86,7 @@ def reads_once(loader: Iterable) -> bool:
     """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator.
 
     Example:
+        >>> from posthoc.core.fit_record import counting, reads_once
         >>> reads_once(counting(x for x in [])), reads_once([])
         (True, False)
     """

@@ -14,6 +14,8 @@ batch with :func:`check_batch` (a tensor or a dict of tensors, not empty, finite
 differs from its input count, or non-finite inputs, naming the batch).
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.inputs import iterate
     >>> loader = [(torch.randn(4, 3), torch.tensor([0, 1, 2, 0]))]
     >>> [x.shape[0] for x, y in iterate(loader, device="cpu", progress=False)]
     [4]
@@ -45,6 +47,8 @@ def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Ten
     A mapping batch gives its labels entry (one of :data:`LABEL_KEYS`) as ``y`` and the other entries as ``x``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import split_batch
         >>> x, y = split_batch({"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.tensor([0, 1])})
         >>> sorted(x), y.tolist()
         (['input_ids'], [0, 1])
@@ -125,6 +129,8 @@ def all_finite(x: Inputs) -> bool:
     inf, or finite values overflowing it) is checked element by element.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import all_finite
         >>> all_finite(torch.tensor([3e38, 3e38])), all_finite({"x": torch.tensor([1.0, float("nan")])})
         (True, False)
     """
@@ -145,6 +151,8 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
     the last two to the caller (``predict`` checks them chunk by chunk, so a huge batch is never scanned whole).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_batch
         >>> check_batch(torch.zeros(0, 3), "detector.score")
         Traceback (most recent call last):
         posthoc.errors.InputError: detector.score got an empty batch (0 examples)...
@@ -177,6 +185,8 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
     (a batch's one label).
 
     Example:
+        >>> import numpy as np
+        >>> from posthoc.core.inputs import as_tensor
         >>> as_tensor(np.array(["cat", "dog"]), "labels")
         Traceback (most recent call last):
         posthoc.errors.InputError: labels are strings (e.g. 'cat')...
@@ -217,6 +227,9 @@ def like_given(result: Any, *given: Any) -> Any:
     their dtype are the torch path's, on the CPU.
 
     Example:
+        >>> import numpy as np
+        >>> import torch
+        >>> from posthoc.core.inputs import like_given
         >>> type(like_given(torch.ones(2), np.zeros(2))).__name__, type(like_given(torch.ones(2), torch.zeros(2))).__name__
         ('ndarray', 'Tensor')
     """
@@ -232,6 +245,7 @@ def real_values(values: Any, what: str = "targets") -> Tensor:
     point (fit, log_prob, cdf, conformal, calibrate) reads targets with.
 
     Example:
+        >>> from posthoc.core.inputs import real_values
         >>> real_values([1.0, float("nan")])
         Traceback (most recent call last):
         posthoc.errors.InputError: targets contain NaN or inf; drop or impute those rows first
@@ -249,6 +263,8 @@ def looks_like_loader(data: Any) -> bool:
     tensors or of dict batches) rather than an array of labels or numbers (a nested list of numbers is targets).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import looks_like_loader
         >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([[0.5], [1.5]])
         (True, False)
     """
@@ -270,6 +286,8 @@ def loader_fix(data: Any) -> str:
     """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches.
 
     Example:
+        >>> import numpy as np
+        >>> from posthoc.core.inputs import loader_fix
         >>> loader_fix(np.zeros((4, 3)))
         'DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)'
     """
@@ -283,6 +301,8 @@ def arrays_pair(data: Any) -> bool:
     """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import arrays_pair
         >>> arrays_pair((torch.zeros(4, 3), torch.zeros(4))), arrays_pair([(torch.zeros(4, 3), torch.zeros(4))])
         (True, False)
     """
@@ -299,6 +319,8 @@ def check_loader(loader: Any, what: str, *, labelled: bool = True) -> None:
     the one line that makes a loader of them.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_loader
         >>> check_loader(torch.zeros(4, 3), "evaluate")
         Traceback (most recent call last):
         posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor...
@@ -323,6 +345,8 @@ def check_fit_loaders(train_loader: Any, val_loader: Any, what: str = "um.fit") 
     that makes a loader of them, before any method reads them (``None`` stays: a method says what it needs).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_fit_loaders
         >>> check_fit_loaders(torch.zeros(4, 3), torch.zeros(4))
         Traceback (most recent call last):
         posthoc.errors.InputError: um.fit takes loaders, um.fit(train_loader, val_loader), got two arrays...
@@ -366,6 +390,8 @@ def check_finite_result(values: Tensor, what: str, *, log_probs: bool = False) -
     ``log_probs=True`` allows ``-inf`` (a probability of exactly 0).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_finite_result
         >>> check_finite_result(torch.tensor([0.5, float("nan")]), "dac's features at 'layer3'")
         Traceback (most recent call last):
         posthoc.errors.NumericalError: dac's features at 'layer3' hold NaN or inf although the inputs are finite...
@@ -382,6 +408,8 @@ def check_attention(x: Inputs) -> None:
     """Refuse a dict batch whose ``attention_mask`` masks every position of some example (padding only).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_attention
         >>> check_attention({"input_ids": torch.ones(2, 3), "attention_mask": torch.tensor([[1, 1, 0], [0, 0, 0]])})
         Traceback (most recent call last):
         posthoc.errors.InputError: example(s) [1] are padding only...
@@ -404,6 +432,8 @@ def check_labels(y: Tensor, num_classes: int, *, where: str = "") -> Tensor:
     ``"the validation loader's"``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import check_labels
         >>> check_labels(torch.tensor([0, 3]), 3, where="the validation loader's")
         Traceback (most recent call last):
         posthoc.errors.InputError: the validation loader's labels must lie in [0, 3) for a model with 3 classes; ...
@@ -438,6 +468,9 @@ def run_model(model: nn.Module, x: Inputs) -> Tensor:
     model's weights (numpy's float64) and the batch dimension.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.core.inputs import run_model
         >>> run_model(nn.Linear(3, 2), torch.zeros(4, 3, dtype=torch.float64))
         Traceback (most recent call last):
         posthoc.errors.InputError: the model failed on inputs with shape (4, 3), dtype torch.float64: ...
@@ -491,6 +524,8 @@ def unbatched_message(x: Any, what: str) -> str | None:
     its batch dimension, with the fix; ``None`` for other inputs.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.inputs import unbatched_message
         >>> unbatched_message(torch.zeros(30), "um.predict")
         'um.predict takes a batch of examples, batch dimension first; got a 1-D tensor of shape (30,)...'
     """

@@ -4,6 +4,7 @@ A fitted method remembers more than tensors: which layers it read, what a held-o
 as UTF-8 JSON in a ``uint8`` buffer, they travel in the posterior file like any other fitted state.
 
 Example:
+    >>> from posthoc.core.json_state import as_record, record_tensor
     >>> as_record(record_tensor({"chosen": "laplace", "tolerance": 0.005}))
     {'chosen': 'laplace', 'tolerance': 0.005}
 """

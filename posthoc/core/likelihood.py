@@ -16,6 +16,8 @@ per output). Each owns:
 - the negative log-likelihood of a predictive (:meth:`Likelihood.nll`).
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.likelihood import Gaussian
     >>> gaussian = Gaussian()
     >>> gaussian.fit_noise(torch.zeros(1, 4, 1), None, torch.tensor([[1.0], [-1.0], [1.0], [-1.0]]))
     >>> gaussian.noise_std
@@ -194,6 +196,8 @@ def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
     Refuses missing, misshapen or non-finite targets, saying which shape to pass.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.likelihood import real_targets
         >>> real_targets(torch.ones(3), torch.zeros(3, 1)).shape
         torch.Size([3, 1])
     """
@@ -244,6 +248,9 @@ class Gaussian(RealTargets):
     it) and refuse a fixed noise per output. One output: the one ``σ``, exactly as a shared fit.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.core.likelihood import Gaussian
+        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_x
         >>> um = posthoc.wrap(regressor, method="laplace", likelihood=Gaussian(noise_std=0.1)).fit(reg_train_loader)
         >>> um.predict(reg_x).aleatoric.sqrt()[:2]         # the fixed noise
         tensor([[0.1000], [0.1000]])
@@ -344,6 +351,8 @@ class Gaussian(RealTargets):
         differentiable in ``outputs`` ``(N, D)``: an ELBO's data term.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.likelihood import Gaussian
             >>> Gaussian(noise_std=1.0).mean_nll(torch.zeros(2, 1), torch.zeros(2, 1))
             tensor(0.9189)
         """
@@ -387,6 +396,8 @@ class Gaussian(RealTargets):
         independent, the joint maximum). With one output the shared fit, bit for bit.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.likelihood import Gaussian
             >>> gaussian, targets = Gaussian(), torch.tensor([[1.0, 3.0], [-1.0, -3.0]])
             >>> gaussian.fit_noise(torch.zeros(1, 2, 2), None, targets, per_output=True)
             >>> gaussian.noise_std
@@ -480,12 +491,14 @@ class HeteroscedasticHessian:
     For ``-log N(y; m, e^s) = ½ (s + (y - m)² e^{-s} + log 2π)`` the exact Hessian in ``(m, s)`` is
     ``[[e^{-s}, -r e^{-s}], [-r e^{-s}, ½ r² e^{-s}]]`` with ``r = y - m``: its determinant is ``-½ r² e^{-2s} < 0``
     wherever ``r ≠ 0``, so it is indefinite at almost every example and a GGN built from it need not be PSD (the
-    problem laplace-torch issue #153 runs into). Its expectation under the model's own ``y ~ N(m, e^s)``
+    problem laplace-torch runs into with a heteroscedastic head). Its expectation under the model's own ``y ~ N(m, e^s)``
     (``E r = 0``, ``E r² = e^s``) is the Fisher ``diag(e^{-s}, ½)``: positive definite, free of the targets, and the
     GGN the curvature structures build from it is the Fisher of the head. Outputs ``(n, 2D)`` (means then
     log-variances) give the diagonal ``[e^{-s_1} .. e^{-s_D}, ½ .. ½]``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.likelihood import HeteroscedasticHessian
         >>> HeteroscedasticHessian(torch.tensor([[0.0, 0.0]])).diagonal()
         tensor([[1.0000, 0.5000]], dtype=torch.float64)
     """
@@ -543,6 +556,8 @@ class HeteroscedasticGaussian(RealTargets):
         """The summed ``-log N(y; m, e^s) = ½ Σ (s + (y - m)² e^{-s} + log 2π)``, float64 (nothing to divide by).
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.likelihood import HeteroscedasticGaussian
             >>> HeteroscedasticGaussian().unit_loss(torch.zeros(2, 2), torch.zeros(2, 1))
             tensor(1.8379, dtype=torch.float64)
         """
@@ -570,6 +585,8 @@ class HeteroscedasticGaussian(RealTargets):
         sampled one is :meth:`predictive` of draws of the outputs.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.likelihood import HeteroscedasticGaussian
             >>> pred = HeteroscedasticGaussian().linearised_predictive(torch.zeros(1, 2), torch.tensor([[0.5, 2.0]]))
             >>> pred.epistemic, pred.aleatoric           # Var m, exp(0 + 2 / 2)
             (tensor([[0.5000]]), tensor([[2.7183]]))
@@ -595,6 +612,7 @@ def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likeliho
     configuration (``None``: classification).
 
     Example:
+        >>> from posthoc.core.likelihood import make_likelihood
         >>> make_likelihood("regression").name, make_likelihood({"name": "regression", "noise_std": 0.5}).noise_std
         ('regression', tensor(0.5000, dtype=torch.float64))
     """
@@ -617,6 +635,7 @@ def golden_minimum(function: Callable[[float], float], low: float, high: float, 
     """The minimiser of a unimodal ``function`` on ``[low, high]`` by golden-section search.
 
     Example:
+        >>> from posthoc.core.likelihood import golden_minimum
         >>> round(golden_minimum(lambda t: (t - 1.0) ** 2, -3.0, 4.0), 6)
         1.0
     """
@@ -642,6 +661,8 @@ def best_noise_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> 
     changed): the mean of :func:`best_noise_nlls`.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.likelihood import Gaussian, best_noise_nll
         >>> round(best_noise_nll(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])), 4)  # σ = 1
         1.4189
     """
@@ -659,6 +680,8 @@ def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) ->
     likelihood, from the squared residuals computed once.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.likelihood import Gaussian, best_noise_nlls
         >>> best_noise_nlls(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])).shape
         torch.Size([2])
     """
@@ -706,6 +729,9 @@ def fit_noise_on(
     ``per_output``: one noise per output (:meth:`Gaussian.fit_noise`), for a method that predicts with one.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.likelihood import Gaussian, fit_noise_on
+        >>> from posthoc.demo.examples import reg_train_loader, reg_val_loader, regressor
         >>> gaussian = Gaussian()
         >>> fit_noise_on(gaussian, (reg_train_loader, reg_val_loader), torch.device("cpu"),
         ...              lambda x: (regressor(x)[None], None))       # the plain regressor: one output, no variance

@@ -8,6 +8,8 @@ A model's output is read by :func:`logits_of`: a tensor, or anything carrying ``
 Face ``ModelOutput``, a dict), duck-typed so that the core never imports ``transformers``.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.logits import as_class_logits, log_mean_exp
     >>> as_class_logits(torch.tensor([0.0, 2.0])).shape
     torch.Size([2, 2])
     >>> log_mean_exp(torch.log(torch.tensor([[0.2, 0.8], [0.4, 0.6]]))).exp()
@@ -37,6 +39,8 @@ def logits_of(output: Any) -> Tensor:
     language-model heads), naming what to pass instead.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.logits import logits_of
         >>> logits_of({"logits": torch.zeros(2, 3)}).shape
         torch.Size([2, 3])
     """
@@ -111,6 +115,8 @@ def looks_like_probabilities(values: Tensor) -> bool:
     not logits.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.logits import looks_like_probabilities
         >>> looks_like_probabilities(torch.tensor([[0.7, 0.3]])), looks_like_probabilities(torch.tensor([[2.0, -1.0]]))
         (True, False)
     """
@@ -127,6 +133,8 @@ def check_not_probabilities(logits: Tensor) -> None:
     scores in [0, 1]. Calibrators take logits: on probabilities they return near-uniform predictions.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.logits import check_not_probabilities
         >>> check_not_probabilities(torch.tensor([[0.7, 0.3], [0.1, 0.9]]))
         Traceback (most recent call last):
         posthoc.errors.InputError: these logits look like probabilities...

@@ -5,6 +5,9 @@ A method turns an already trained model into a predictive. It returns log-probab
 in buffers so that the posterior can be saved and loaded.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.method import Method
+    >>> from posthoc.demo.examples import model, x
     >>> class Uniform(Method):
     ...     name, requires_fit = "uniform", False
     ...     def log_predictive(self, x, *, num_samples=None, generator=None):
@@ -73,6 +76,9 @@ class Method(nn.Module):
     sets ``fitted`` once they are known.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.method import Method
+        >>> from posthoc.demo.examples import model
         >>> from dataclasses import dataclass
         >>> class Flat(Method):
         ...     name, requires_fit = "flat", False
@@ -129,6 +135,8 @@ class Method(nn.Module):
         their defaults); an unknown option fails with :class:`~posthoc.errors.ConfigError` listing the valid ones.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model
             >>> posthoc.methods.laplace.Laplace.build(model, hessian="diag").hessian
             'diag'
         """
@@ -266,6 +274,8 @@ class Method(nn.Module):
         """Predict under ``likelihood`` (``wrap`` calls it once, before ``fit``); refuses one the method does not handle.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import regressor, model
             >>> from posthoc.core.likelihood import Gaussian
             >>> method = posthoc.wrap(regressor, method="laplace", likelihood="regression").method
             >>> method.use_likelihood(Gaussian(noise_std=0.5)); float(method.likelihood.noise_std)
@@ -289,6 +299,8 @@ class Method(nn.Module):
         state as if it were fitted.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model
             >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
             Traceback (most recent call last):
             posthoc.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
@@ -303,6 +315,8 @@ class Method(nn.Module):
         """The method's tool ``name`` (one of :attr:`tools`), refusing to run before ``fit``.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model
             >>> posthoc.wrap(model, method="sparse-vd").method.tool("prune")()      # as um.prune()
             Traceback (most recent call last):
             posthoc.errors.NotFittedError: um.prune() reads the fitted posterior of 'sparse-vd'...
@@ -348,6 +362,8 @@ class Method(nn.Module):
         (numbers, strings, lists) so the card renders as JSON and Markdown.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model
             >>> posthoc.wrap(model, method="none").method.summary()
             {'random_variables': 0, 'layers': []}
         """
@@ -376,6 +392,10 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
     bins); parameters keep their device. A key naming neither raises ``KeyError`` with that key.
 
     Example:
+        >>> import torch
+        >>> import posthoc
+        >>> from posthoc.core.method import load_tensors
+        >>> from posthoc.demo.examples import logits, labels
         >>> calibrator = posthoc.calibrate(logits, labels)
         >>> load_tensors(calibrator, {"temperature": torch.tensor(1.5)})
         >>> calibrator.temperature
@@ -398,6 +418,9 @@ def chain_of(method: Method) -> list[Method]:
     """The methods of a chain, inner first (a stacked method alone has the plain model inside).
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.core.method import chain_of
+        >>> from posthoc.demo.examples import model
         >>> [m.name for m in chain_of(posthoc.wrap(model, method=["laplace", "temperature"]).method)]
         ['laplace', 'temperature']
     """
@@ -408,6 +431,9 @@ def predictive_of(method: Method) -> str:
     """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.core.method import predictive_of
+        >>> from posthoc.demo.examples import model
         >>> predictive_of(posthoc.wrap(model, method="laplace").method)
         "'laplace'"
     """

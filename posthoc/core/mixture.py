@@ -8,6 +8,8 @@ density, the CDF and the moments are exact sums over the components; a quantile 
 own quantiles (the mixture's lies between the smallest and the largest of them).
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.mixture import GaussianMixture
     >>> mix = GaussianMixture(torch.tensor([[[0.0]], [[2.0]]]), torch.ones(2, 1, 1))
     >>> mix.mean(), mix.cdf(torch.tensor([[1.0]]))
     (tensor([[1.]]), tensor([[0.5000]]))
@@ -75,6 +77,8 @@ class GaussianMixture:
         """``(N,)``: ``log p(y)`` of targets ``(N,)`` or ``(N, D)``, joint over the ``D`` outputs.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).log_prob(torch.zeros(1))
             tensor([-0.9189])
         """
@@ -91,6 +95,8 @@ class GaussianMixture:
         """``(N, D)``: the ``q``-quantile per output, ``q`` in ``(0, 1)`` (exact; bisection for a mixture).
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).quantile(0.975)
             tensor([[1.9600]])
         """
@@ -103,6 +109,8 @@ class GaussianMixture:
         isotonic recalibration asks for), exact; bisection for a mixture.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 2), torch.ones(1, 1, 2)).quantile_at(torch.tensor([0.5, 0.975]))
             tensor([[0.0000, 1.9600]])
         """
@@ -122,6 +130,8 @@ class GaussianMixture:
         """``(N, D)``: ``log p(y_d)`` per output, each output's own mixture (the outputs' marginals).
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).marginal_log_prob(torch.zeros(1))
             tensor([[-0.9189]])
         """
@@ -133,6 +143,8 @@ class GaussianMixture:
         """``(lower, upper)``, each ``(N, D)``: the central interval holding ``level`` of the probability.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).interval(0.95)[1]
             tensor([[1.9600]])
         """
@@ -147,6 +159,8 @@ class GaussianMixture:
         of the folded-normal mean (Grimit et al. 2006); the pairs cost ``K^2`` per example.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.mixture import GaussianMixture
             >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).crps(torch.zeros(1))   # (sqrt 2 - 1) / sqrt pi
             tensor([[0.2337]])
         """
@@ -169,6 +183,8 @@ def sample_crps(samples: Tensor, y: Tensor) -> Tensor:
     over all ordered pairs, from the sorted samples in ``O(S log S)`` (the form properscoring computes).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.mixture import sample_crps
         >>> sample_crps(torch.tensor([[[0.0]], [[2.0]]]), torch.tensor([[1.0]]))   # 1 - 1 / 2
         tensor([[0.5000]])
     """

@@ -5,6 +5,7 @@ A card holds plain Python values (it dumps as JSON): the methods and their optio
 the total number of random variables, the data and cost of the fit, and the model it belongs to.
 
 Example:
+    >>> from posthoc.demo.examples import um
     >>> card = um.summary()                     # last-layer Laplace: the head's 64 x 3 weights and 3 biases
     >>> card["methods"], card["random_variables"]
     (['laplace'], 195)
@@ -37,6 +38,7 @@ class ModelCard(dict):
     its NLL and ECE on the perturbed copies, its cost, and ``"chosen"``; ``None`` when no choice was made).
 
     Example:
+        >>> from posthoc.core.model_card import ModelCard
         >>> ModelCard.of([{"method": "none", "options": {}, "fitted": True, "random_variables": 0, "layers": []}],
         ...              None, model_class="Net", fingerprint="ab12", version="0.1.0")["random_variables"]
         0
@@ -74,6 +76,7 @@ class ModelCard(dict):
         """The card as Markdown: a table of the model-level keys, then a table per method.
 
         Example:
+            >>> from posthoc.demo.examples import um
             >>> print(um.summary().to_markdown())
             # Model card: laplace
             <BLANKLINE>
@@ -113,6 +116,9 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
     """A held-out choice's record (``Selection.to_dict()``) as Markdown lines: the rule, then one row per candidate.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.core.model_card import selection_table
+        >>> from posthoc.demo.examples import model, val_loader
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
         >>> print("\\n".join(selection_table(um.summary()["selection"])))
         Held-out choice of the calibration: **clean fit at 0.75**. Admissible: the 95% (90% for a gain beyond the...

@@ -1,6 +1,8 @@
 """Small helpers over a model's module tree: names, owners, eval mode, compiled wrappers.
 
 Example:
+    >>> from torch import nn
+    >>> from posthoc.core.modules import eval_mode, module_name
     >>> net = nn.Sequential(nn.Linear(2, 3), nn.Dropout(0.1))
     >>> with eval_mode(net):
     ...     net[1].training
@@ -26,6 +28,9 @@ def uncompiled(model: nn.Module) -> nn.Module:
     graph would be recompiled for every new hook, so the methods run the original module.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.core.modules import uncompiled
         >>> net = nn.Linear(2, 2)
         >>> uncompiled(torch.compile(net)) is net
         True
@@ -38,6 +43,8 @@ def parameter_owners(model: nn.Module, param_names: Iterable[str]) -> dict[str, 
     """The modules that own ``param_names`` (``"classifier.1.weight"`` -> ``"classifier.1"``), in order, once each.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.core.modules import parameter_owners
         >>> list(parameter_owners(nn.Sequential(nn.Linear(2, 3)), ["0.weight", "0.bias"]))
         ['0']
     """
@@ -58,6 +65,7 @@ def qualified(module_name: str, name: str) -> str:
     module (``""``: a model that is its own head, e.g. a bare ``nn.Linear``) adds no prefix.
 
     Example:
+        >>> from posthoc.core.modules import qualified
         >>> qualified("fc", "weight"), qualified("", "weight")
         ('fc.weight', 'weight')
     """
@@ -81,6 +89,8 @@ def eval_mode(model: nn.Module, modules: list[nn.Module] | None = None) -> Itera
     is left as it is.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.core.modules import eval_mode
         >>> net = nn.Sequential(nn.Linear(2, 2), nn.Dropout(0.5))
         >>> with eval_mode(net):
         ...     net[1].training
@@ -108,6 +118,9 @@ def requires_grad(model: nn.Module, flag: bool) -> Iterator[nn.Module]:
     """Set every parameter's ``requires_grad`` to ``flag``, restoring each one's own flag afterwards.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.modules import requires_grad
+        >>> from posthoc.demo.examples import model, x
         >>> shift = torch.zeros(4, requires_grad=True)
         >>> with requires_grad(model, False):
         ...     model(x + shift).logsumexp(-1).sum().backward()   # only tensors outside the model get gradients

@@ -11,6 +11,7 @@ fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(tempe
 checks that the fields and the keywords agree.
 
 Example:
+    >>> from posthoc.core.options import Options
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True, kw_only=True)
     ... class DropoutOptions(Options):
@@ -65,6 +66,7 @@ def build(cls: type[BuiltT], values: dict[str, Any], owner: str) -> BuiltT:
     ``Options``) of ``values``, the rest at their defaults; an unknown name fails as in :meth:`Options.make`.
 
     Example:
+        >>> from posthoc.core.options import build
         >>> from posthoc.core.likelihood import Gaussian
         >>> float(build(Gaussian, {"noise_std": 0.5}, "likelihood 'regression'").noise_std)
         0.5

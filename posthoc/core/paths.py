@@ -5,9 +5,13 @@ path; each refuses the same bad paths alike (not a path, a folder, a folder that
 under a file) and names the path and what to do, as the error type of its caller.
 
 Example:
-    >>> with output_file("out/plot.png", "the plot") as path:     # creates the folder out/
+    >>> import tempfile
+    >>> from pathlib import Path
+    >>> from posthoc.core.paths import output_file
+    >>> folder = Path(tempfile.mkdtemp())
+    >>> with output_file(folder / "out" / "plot.png", "the plot") as path:     # creates the folder out/
     ...     _ = path.write_bytes(b"...")
-    >>> path
+    >>> path.relative_to(folder)
     PosixPath('out/plot.png')
 """
 
@@ -27,6 +31,7 @@ def as_path(path: Any, error: type[PosthocError] = ConfigError) -> Path:
     name) is refused as ``error``.
 
     Example:
+        >>> from posthoc.core.paths import as_path
         >>> as_path(3)
         Traceback (most recent call last):
         posthoc.errors.ConfigError: a file path must be a non-empty string or pathlib.Path without NUL characters, got 3

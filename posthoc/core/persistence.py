@@ -16,6 +16,8 @@ copy's weights are part of the posterior). A calibrator file has the same layout
   :class:`~posthoc.errors.PosteriorFileError` that names the path and what to do.
 
 Example:
+    >>> from posthoc.core.persistence import read
+    >>> from posthoc.demo.examples import um
     >>> um.save("net.laplace.pt")
     >>> read("net.laplace.pt")["spec"]
     [{'name': 'laplace', 'options': {}}]
@@ -64,6 +66,8 @@ def fingerprint(model: nn.Module) -> str:
     """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.core.persistence import fingerprint
         >>> fingerprint(nn.Linear(2, 2)) == fingerprint(nn.Linear(2, 2))
         False
     """
@@ -97,6 +101,7 @@ def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
     ``posthoc.load`` could not rebuild from the file.
 
     Example:
+        >>> from posthoc.core.persistence import unsaveable_options
         >>> unsaveable_options([{"name": "tta", "options": {"views": 4, "augmentations": ["noise", abs]}}])
         [('tta', 'augmentations', ['noise', <built-in function abs>])]
     """
@@ -112,6 +117,8 @@ def checksum(payload: dict) -> str:
     """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.persistence import checksum
         >>> checksum({"spec": [], "state": {"t": torch.ones(())}}) == checksum({"spec": [], "state": {"t": torch.zeros(())}})
         False
     """
@@ -125,6 +132,7 @@ def fingerprint_tensor(hex_digest: str) -> torch.Tensor:
     """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers.
 
     Example:
+        >>> from posthoc.core.persistence import fingerprint_hex, fingerprint_tensor
         >>> fingerprint_hex(fingerprint_tensor("ab" * 32)) == "ab" * 32
         True
     """
@@ -143,6 +151,9 @@ def ensemble_members(payload: dict) -> list[str] | None:
     ``member_fingerprints`` of the ensemble (under one ``inner.`` per method stacked on top of it).
 
     Example:
+        >>> from torch import nn
+        >>> import posthoc
+        >>> from posthoc.core.persistence import ensemble_members, fingerprint, read
         >>> members = [nn.Linear(4, 3), nn.Linear(4, 3)]
         >>> posthoc.wrap(members).save("two.pt")
         >>> ensemble_members(read("two.pt")) == [fingerprint(member) for member in members]
@@ -161,6 +172,7 @@ def check_ensemble_members(path: str, saved: Sequence[str], given: Sequence[str]
     """Refuse ensemble members (by fingerprint) other than the saved ones, in the saved order, naming what is wrong.
 
     Example:
+        >>> from posthoc.core.persistence import check_ensemble_members
         >>> check_ensemble_members("e.pt", ["a", "b"], ["b", "a"])
         Traceback (most recent call last):
         posthoc.errors.PosteriorFileError: e.pt: member 0 given is saved member 1...
@@ -206,6 +218,10 @@ def write(
     before, if any, is left as it was.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> import posthoc
+        >>> from posthoc.core.persistence import fingerprint, write
         >>> net = nn.Linear(4, 3)
         >>> write("p.pt", [{"name": "temperature", "options": {}}], fingerprint(net), "Linear", {"temperature": torch.ones(())})
         >>> posthoc.load("p.pt", net).method.temperature
@@ -315,6 +331,9 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     Every problem is a :class:`~posthoc.errors.PosteriorFileError` naming ``path``.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.core.persistence import read
+        >>> from posthoc.demo.examples import logits, labels
         >>> posthoc.calibrate(logits, labels).save("calibrator.pt")
         >>> read("calibrator.pt", kind="posterior")
         Traceback (most recent call last):

@@ -5,6 +5,8 @@ mutual information between prediction and parameters (epistemic):
 ``H[mean_s p_s] = mean_s H[p_s] + MI``.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.prediction import Prediction
     >>> probs = torch.tensor([[0.9, 0.1], [0.5, 0.5]])
     >>> pred = Prediction.from_probs(probs)
     >>> pred.label.tolist()
@@ -23,6 +25,8 @@ def entropy(probs: Tensor, dim: int = -1) -> Tensor:
     """Shannon entropy in nats, with ``0 log 0 = 0`` (safe at p = 0).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.prediction import entropy
         >>> entropy(torch.tensor([1.0, 0.0])).item()
         0.0
     """
@@ -62,6 +66,8 @@ class Prediction:
         """Build a prediction from probabilities ``(N, C)`` and optional samples ``(S, N, C)``.
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.prediction import Prediction
             >>> samples = torch.tensor([[[1.0, 0.0]], [[0.0, 1.0]]])
             >>> Prediction.from_probs(samples.mean(0), samples).epistemic
             tensor([0.6931])

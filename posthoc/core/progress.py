@@ -12,6 +12,8 @@ Where it reports depends on where it would draw:
   ``posthoc.settings.progress`` is ``False``: nothing at all.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.core.progress import progress_bar
     >>> import io
     >>> log = io.StringIO()
     >>> for _ in progress_bar(range(3), desc="demo", stream=log):
@@ -47,6 +49,7 @@ def interactive(stream: IO[str] | None = None) -> bool:
     """Whether a bar drawn on ``stream`` (standard error by default) is seen as a bar: a terminal or a notebook.
 
     Example:
+        >>> from posthoc.core.progress import interactive
         >>> import io
         >>> interactive(io.StringIO())
         False
@@ -65,6 +68,7 @@ class StageLine:
     carries the label, the steps (of the total when known), the time and the last postfix.
 
     Example:
+        >>> from posthoc.core.progress import StageLine
         >>> import io
         >>> log = io.StringIO()
         >>> line = StageLine(total=4, desc="fit", unit="batches", stream=log)
@@ -143,6 +147,7 @@ def progress_bar(
     and call ``update`` and ``close``. ``stream`` is where it writes (standard error by default).
 
     Example:
+        >>> from posthoc.core.progress import progress_bar
         >>> import io
         >>> log = io.StringIO()
         >>> bar = progress_bar(total=2, desc="fine-tune", stream=log)

@@ -8,6 +8,8 @@ through its knots (what scikit-learn's ``IsotonicRegression.predict`` interpolat
 ``R⁻¹`` is the generalised inverse ``inf {u : R(u) >= q}`` (the left end where ``R`` is flat).
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.recalibration import MonotoneMap
     >>> knots = torch.tensor([[0.0, 0.5, 1.0]])
     >>> mapping = MonotoneMap(knots, torch.tensor([[0.0, 0.8, 1.0]]))
     >>> mapping(torch.tensor([[0.25]])), mapping.inverse(torch.tensor([0.8]))

@@ -5,6 +5,8 @@ by the registered :data:`ENSEMBLE`, whose members are the named method. Calibrat
 the calibration method that stacks them on a predictive (``posthoc.methods.calibration``).
 
 Example:
+    >>> from posthoc.core.method import Method
+    >>> from posthoc.core.registry import available_methods, register
     >>> @register
     ... class Uniform(Method):
     ...     name = "uniform"
@@ -40,6 +42,7 @@ def method_names() -> list[str]:
     """The names ``method=`` takes, sorted.
 
     Example:
+        >>> from posthoc.core.registry import method_names
         >>> method_names()[:3]
         ['abnn', 'auto', 'auto-calibration']
     """
@@ -50,6 +53,7 @@ def available_methods() -> dict[str, dict[str, Any]]:
     """Every method ``method=`` takes, with its options and defaults.
 
     Example:
+        >>> from posthoc.core.registry import available_methods
         >>> available_methods()["laplace"]["hessian"]
         'kron'
     """

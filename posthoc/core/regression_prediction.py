@@ -19,6 +19,8 @@ Apart from :class:`~posthoc.Prediction` because the distribution differs: a mixt
 targets (intervals, quantiles, CDF, CRPS) against a categorical over classes (sets, entropy, labels).
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.regression_prediction import RegressionPrediction
     >>> pred = RegressionPrediction.from_components(torch.tensor([[[1.0]], [[3.0]]]), None, torch.ones(2, 1, 1))
     >>> pred.mean, pred.aleatoric, pred.epistemic, pred.variance
     (tensor([[2.]]), tensor([[1.]]), tensor([[1.]]), tensor([[2.]]))
@@ -138,6 +140,8 @@ class RegressionPrediction:
         recalibration is refused (scale first, then recalibrate).
 
         Example:
+            >>> import torch
+            >>> from posthoc.core.regression_prediction import RegressionPrediction
             >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.ones(1, 1, 1))
             >>> pred.scaled(torch.tensor([2.0])).std
             tensor([[2.],
@@ -242,6 +246,8 @@ def mix_predictions(parts: list[RegressionPrediction]) -> RegressionPrediction:
     """The equal-weight mixture of the members' predictions (each with the same number of components).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
         >>> one = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.ones(1, 1, 1))
         >>> mix_predictions([one, one]).samples.shape
         torch.Size([2, 2, 1])

@@ -8,6 +8,8 @@ is alive, so a multi-threaded server's threads are never changed under it. Metho
 the runner (``posthoc.engine.runner``) and the engine's dense helpers do.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.threads import single_thread_if
     >>> matrix = torch.eye(520) + 0.01 * torch.ones(520, 520)
     >>> with single_thread_if(matrix.device.type == "cpu" and matrix.shape[0] <= 1024):
     ...     values, vectors = torch.linalg.eigh(matrix)
@@ -34,6 +36,8 @@ def may_narrow() -> bool:
     """Whether ``posthoc.settings.narrow_threads`` lets the runner narrow now (``"auto"``: only this thread runs).
 
     Example:
+        >>> from posthoc import settings
+        >>> from posthoc.core.threads import may_narrow
         >>> with settings.override(narrow_threads=False):
         ...     may_narrow()
         False
@@ -46,6 +50,7 @@ def other_threads() -> list[threading.Thread]:
     """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot).
 
     Example:
+        >>> from posthoc.core.threads import other_threads
         >>> other_threads()
         []
     """

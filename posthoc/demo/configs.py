@@ -7,6 +7,7 @@ and a stacking method may name the methods it stacks on with ``"on"`` (e.g.
 ``("Laplace + DAC", {"on": ["laplace"]})``, the inner methods with their defaults).
 
 Example:
+    >>> from posthoc.demo.configs import DEMO_CONFIGS
     >>> DEMO_CONFIGS["laplace"][0]
     ('LLLA kron', {'hessian': 'kron'})
 """

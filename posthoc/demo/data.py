@@ -19,6 +19,8 @@ test sets, :func:`noise` a second OOD set.
   the checkpoint posthoc then wraps.
 
 Example:
+    >>> from posthoc.demo.data import auto_mpg, train_mlp
+    >>> from posthoc.demo.data import load_digits
     >>> splits = load_digits()
     >>> len(splits.fit), len(splits.test), splits.num_classes
     (2400, 1000, 8)
@@ -97,6 +99,9 @@ def rotated(dataset: TensorDataset, degrees: float) -> TensorDataset:
     """The same images rotated by ``degrees`` (background filled with the normalised 0 pixel).
 
     Example:
+        >>> import torch
+        >>> from torch.utils.data import TensorDataset
+        >>> from posthoc.demo.data import rotated
         >>> images = TensorDataset(torch.zeros(2, 1, 28, 28), torch.tensor([3, 5]))
         >>> shifted = rotated(images, 45)
         >>> shifted.tensors[0].shape, shifted.tensors[1].tolist()

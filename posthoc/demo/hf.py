@@ -12,6 +12,8 @@ few hundred steps on data that ships with posthoc or is made here:
 - :func:`lora` adds LoRA adapters (``peft``) to a model and fine-tunes only them and the head.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.hf import keyword_texts, text_batches, tiny_bert, train, word_tokenizer
     >>> tokenizer = word_tokenizer()
     >>> texts, labels = keyword_texts(200, seed=0)
     >>> model = train(tiny_bert(), text_batches(texts, labels, tokenizer, 32), steps=10)
@@ -57,6 +59,7 @@ def word_tokenizer() -> Any:
     """A whitespace word-level ``PreTrainedTokenizerFast`` over the keyword task's words (``[CLS] text [SEP]``).
 
     Example:
+        >>> from posthoc.demo.hf import word_tokenizer
         >>> word_tokenizer()(["a great plot"])["input_ids"]
         [[2, ..., 3]]
     """
@@ -87,6 +90,7 @@ def keyword_texts(
     a keyword is replaced by a word the tokenizer does not know (a distribution shift).
 
     Example:
+        >>> from posthoc.demo.hf import keyword_texts
         >>> keyword_texts(2, seed=1)
         (['...', '...'], [..., ...])
     """

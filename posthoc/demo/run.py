@@ -182,6 +182,7 @@ def demo_configs(
     names, else on the plain model.
 
     Example:
+        >>> from posthoc.demo.run import demo_configs
         >>> [label for label, *_ in demo_configs(["none", "temperature"])]
         ['MAP', 'temperature']
         >>> "LLLA full" in [label for label, *_ in demo_configs(every_row=False)]
@@ -207,6 +208,7 @@ def left_out(only: list[str] | None = None, *, every_row: bool = True) -> list[s
     """The demo rows :func:`demo_configs` leaves out with these arguments, in words (the page names them).
 
     Example:
+        >>> from posthoc.demo.run import left_out
         >>> left_out(every_row=False)[-1]
         'a `+ temperature` row per method'
     """

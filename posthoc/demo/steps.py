@@ -8,6 +8,7 @@ finished step. Warnings raised inside a step are printed once each, after the st
 Python's default warning display adds.
 
 Example:
+    >>> from posthoc.demo.steps import Steps
     >>> import io, warnings
     >>> log = io.StringIO()
     >>> steps = Steps({"load": 1.0, "fit": 3.0}, stream=log)

@@ -10,6 +10,7 @@ rows, 10 classes) and ``"wine"`` (178 rows, 13 features, 3 classes), each split 
 model is trained on and the held-out *pool* that validation and test sets are drawn from.
 
 Example:
+    >>> from posthoc.demo.tabular import load, overfit_mlp
     >>> splits = load("breast_cancer", seed=0)
     >>> splits.train[0].shape, splits.pool[0].shape, splits.num_classes
     (torch.Size([284, 30]), torch.Size([285, 30]), 2)

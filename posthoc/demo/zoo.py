@@ -18,6 +18,8 @@ A few seeds of one architecture (members of a deep ensemble) are trained once an
     >>> ensemble = posthoc.wrap(retrained(range(5)))  # trains five CNNs once (minutes)  # doctest: +SKIP
 
 Example:
+    >>> import torch
+    >>> from posthoc.demo.zoo import pretrained
     >>> model = pretrained("digits_cnn")
     >>> model(torch.zeros(1, 1, 28, 28)).shape
     torch.Size([1, 8])

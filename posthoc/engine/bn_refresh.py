@@ -10,6 +10,9 @@ per-batch ones; under ``torch.distributed`` the moments of every rank's batches 
 Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.bn_refresh import batchnorm_statistics, refresh_batchnorm
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
     >>> batches = [3.0 + torch.randn(64, 4) for _ in range(3)]
     >>> stats = batchnorm_statistics(net, batches)
@@ -105,6 +108,9 @@ def batchnorm_statistics(
         ``num_batches_tracked`` of each recomputed layer; ``{}`` for a model without BatchNorm.
 
     Example:
+        >>> import torch
+        >>> import torchvision
+        >>> from posthoc.engine.bn_refresh import batchnorm_statistics
         >>> stats = batchnorm_statistics(torchvision.models.resnet18(num_classes=3), [torch.randn(64, 3, 32, 32)])
         >>> sorted(stats)[:1]
         ['bn1.num_batches_tracked']
@@ -152,6 +158,10 @@ def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: It
     A model without BatchNorm is returned unchanged. See :func:`batchnorm_statistics`.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.bn_refresh import refresh_batchnorm
+        >>> from posthoc.demo.examples import train_loader
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
         >>> swa = torch.optim.swa_utils.AveragedModel(net)   # ... after averaging
         >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])[1].running_mean.shape
@@ -170,6 +180,9 @@ def normalise_groups(layer: _BatchNorm, z: Tensor, mean: Tensor, var: Tensor) ->
     group of rows normalised as ``layer`` would in eval mode with that group's statistics as its running ones.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.bn_refresh import normalise_groups
         >>> layer = nn.BatchNorm1d(2).eval()
         >>> z = torch.randn(3, 5, 2)
         >>> torch.allclose(normalise_groups(layer, z, torch.zeros(3, 2), torch.ones(3, 2))[1], layer(z[1]))
@@ -195,6 +208,9 @@ def per_batch_statistics(model: nn.Module, batches: Iterable[Inputs]) -> tuple[T
     BatchNorm samples (``posthoc.methods.mc_batchnorm``); the variance is unbiased, as torch-uncertainty's.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.bn_refresh import per_batch_statistics
         >>> net = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)).eval()
         >>> means, variances = per_batch_statistics(net, [torch.randn(8, 3), torch.randn(8, 3)])
         >>> means.shape, variances.shape

@@ -11,6 +11,11 @@ DistributedDataParallel would: the posterior lives outside the model). A NaN/inf
 :class:`~posthoc.NumericalError` naming the step, the two terms and the method's ``hint``.
 
 Example:
+    >>> import torch
+    >>> from torch.nn import functional as F
+    >>> from posthoc.engine.elbo import maximise_elbo
+    >>> from posthoc.engine.kl_schedule import KLSchedule
+    >>> from posthoc.demo.examples import model, train_loader
     >>> from posthoc.engine.variational_layers import VariationalLayers
     >>> from posthoc.methods.vi.gaussian import GaussianLayer
     >>> layers = VariationalLayers(model, {"3": GaussianLayer(model[3], init_std=0.01, prior_std=1.0, prior_mean="zero")})
@@ -45,6 +50,10 @@ class Elbo:
     """``mean NLL + beta_t * KL / N`` of one batch (module docs); keeps the last step's terms for messages.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.elbo import Elbo
+        >>> from posthoc.engine.kl_schedule import KLSchedule
+        >>> from posthoc.demo.examples import x, y
         >>> from posthoc.engine.fine_tune import Step
         >>> elbo = Elbo(lambda x, y: (torch.tensor(0.7), torch.tensor(50.0)), KLSchedule("linear", warmup=0.5),
         ...             size=1000, steps_per_epoch=10)

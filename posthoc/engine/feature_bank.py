@@ -16,6 +16,8 @@ OOD score ``"knn"`` and the density-aware predictive ``"dac"`` both read it from
   features of widths ``D_1 .. D_L`` holds ``4 * rows * sum(D_l)`` bytes (float32).
 
 Example:
+    >>> import torch
+    >>> from posthoc.engine.feature_bank import kth_distance, normalised, rows_within
     >>> bank = normalised(torch.randn(1000, 16))
     >>> kth_distance(normalised(torch.randn(4, 16)), bank, k=10).shape
     torch.Size([4])
@@ -50,6 +52,8 @@ def kth_distance(queries: Tensor, bank: Tensor, k: int, *, max_memory: int | Non
     else ``posthoc.settings.max_memory``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.feature_bank import kth_distance, normalised
         >>> bank = normalised(torch.eye(3))
         >>> kth_distance(bank[:1], bank, k=2)
         tensor([1.4142], dtype=torch.float64)
@@ -80,6 +84,8 @@ class Reservoir:
     and :attr:`seen` the number of rows offered. Seeded by ``generator`` (on the rows' device).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.feature_bank import Reservoir
         >>> reservoir = Reservoir(100, torch.Generator().manual_seed(0))
         >>> for _ in range(10):
         ...     reservoir.add(torch.randn(64, 8))

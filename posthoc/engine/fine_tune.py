@@ -14,6 +14,11 @@ those weights live outside the user's model), and :func:`loader_batches` stops e
 same number of steps (:func:`~posthoc.engine.runner.steps_on_every_rank`).
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from torch.nn import functional as F
+    >>> from posthoc.engine.fine_tune import fine_tune
+    >>> from posthoc.demo.examples import x, y
     >>> net = nn.Linear(4, 3)
     >>> batches = [(x, y)] * 4
     >>> optimizer = torch.optim.SGD(net.parameters(), lr=0.1)
@@ -58,6 +63,7 @@ class Step:
         """The fraction of the run before this step (by epochs where the total is unknown).
 
         Example:
+            >>> from posthoc.engine.fine_tune import Step
             >>> Step(epoch=1, index=0, number=4, epochs=2, total=8).done
             0.5
         """
@@ -121,6 +127,8 @@ def backward(loss: Tensor, trained: Iterable[Tensor]) -> None:
     process: ``loss.backward()`` alone). Every method that trains weights of its own calls it in its update.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.fine_tune import backward
         >>> w = torch.ones(2, requires_grad=True)
         >>> backward((3 * w).sum(), [w])
         >>> w.grad.tolist()

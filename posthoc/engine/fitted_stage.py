@@ -10,6 +10,8 @@ scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.
 ``method="auto"`` calls the same pieces on caches it shares between candidates.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, val_loader
     >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
     >>> um.summary()["selection"]["folds"]
     5

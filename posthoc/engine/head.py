@@ -11,6 +11,9 @@ temporary hook, so the features ``phi`` and the logits come from one ordinary fo
 checks that the head really produces the model's output.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.head import FeatureSplit
     >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     >>> split = FeatureSplit(net)
     >>> phi, logits = split(torch.randn(2, 4))
@@ -65,6 +68,8 @@ def output_width(model: nn.Module) -> int | None:
     ``nn.Linear``, or a ``nn.Sequential`` ending in one (then only width-keeping layers); ``None`` otherwise.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.head import output_width
         >>> output_width(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3), nn.Dropout(0.1)))
         3
     """
@@ -147,6 +152,8 @@ def find_head(
         example: an input batch, used only for the traced fallback on plain models.
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.engine.head import find_head
         >>> find_head(torchvision.models.resnet18(num_classes=3))[0]
         'fc'
     """
@@ -181,6 +188,8 @@ class FeatureSplit:
     every call (a cheap identity check), so a model that post-processes logits is refused.
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.engine.head import FeatureSplit
         >>> split = FeatureSplit(torchvision.models.resnet18(num_classes=3))
         >>> split.head.in_features
         512

@@ -14,6 +14,8 @@ constant prediction (the grading targets' mean; twice the clean RMSE if that is 
 of a regressor also see perturbed copies, scored by their Gaussian NLL.
 
 Example:
+    >>> from posthoc.engine.held_out import held_out_nll, shifted_held_out
+    >>> from posthoc.demo.examples import val_loader, model
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
     >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
     ...     lambda x: model(x).log_softmax(-1), val_loader, device="cpu")
@@ -173,6 +175,8 @@ def shifted_held_out(
     validation loader grade once.
 
     Example:
+        >>> from posthoc.engine.held_out import shifted_held_out
+        >>> from posthoc.demo.examples import model, val_loader
         >>> plain_log_probs = lambda x: model(x).log_softmax(-1)
         >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["feature-noise"], device="cpu")
         >>> len(shifted.levels)
@@ -436,6 +440,8 @@ class HeldOut:
     every candidate shares once) and chooses with :meth:`select`.
 
     Example:
+        >>> from posthoc.engine.held_out import HeldOut
+        >>> from posthoc.demo.examples import val_loader, model
         >>> from posthoc.core.likelihood import Categorical
         >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
         >>> held.plain.clean.shape, held.layout.count
@@ -484,6 +490,8 @@ class HeldOut:
         plain checkpoint, in eval mode) and score the plain model on both (a regressor's kinds are graded by RMSE).
 
         Example:
+            >>> from posthoc.engine.held_out import HeldOut
+            >>> from posthoc.demo.examples import val_loader, model
             >>> from posthoc.core.likelihood import Categorical
             >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift=None, device="cpu")
             >>> held.shifted is None
@@ -557,6 +565,9 @@ class HeldOut:
         what it would have seen in the whole (``tests/test_never_worse.py`` re-draws validation sets this way).
 
         Example:
+            >>> import torch
+            >>> from posthoc.engine.held_out import HeldOut
+            >>> from posthoc.demo.examples import val_loader, model
             >>> from posthoc.core.likelihood import Categorical
             >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
             >>> half = held.subset(torch.arange(64))

@@ -5,6 +5,9 @@ args)`` may return new args), ``at="output"`` a forward hook (``function(module,
 may return a new output).
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.hooks import called_in_order, hooked
     >>> net = nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2))
     >>> seen = []
     >>> with hooked([(net[2], "input", lambda module, args: seen.append(args[0].shape))]):

@@ -9,6 +9,7 @@
 - ``"constant"``: ``weight`` throughout (no warm-up).
 
 Example:
+    >>> from posthoc.engine.kl_schedule import KLSchedule
     >>> [KLSchedule("linear", weight=1.0, warmup=0.5)(t) for t in (0.0, 0.25, 0.75)]
     [0.0, 0.5, 1.0]
     >>> [KLSchedule("cyclical", warmup=0.5, cycles=2)(t) for t in (0.125, 0.375, 0.625)]

@@ -4,6 +4,8 @@ The calibrators and the density-aware temperature fit a handful of parameters on
 predictions this way.
 
 Example:
+    >>> import torch
+    >>> from posthoc.engine.lbfgs import minimise
     >>> scale = torch.zeros((), dtype=torch.float64, requires_grad=True)
     >>> minimise(lambda: (scale - 2) ** 2, [scale], max_iter=50)
     >>> round(float(scale.detach()), 4)

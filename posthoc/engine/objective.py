@@ -19,6 +19,9 @@ steps ask the method's :class:`~posthoc.core.likelihood.Likelihood`:
   *accuracy*, which real targets do not have, so under regression the choice uses the clean held-out data.
 
 Example:
+    >>> import torch
+    >>> from posthoc.core.likelihood import Categorical
+    >>> from posthoc.engine.objective import step_scale, training_loss
     >>> loss = training_loss(Categorical(), torch.randn(4, 3), torch.tensor([0, 2, 1, 0]))
     >>> step_scale(Categorical())
     1.0
@@ -54,6 +57,8 @@ def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor) -> Tensor:
     Real targets: ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.objective import training_loss
         >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian(noise_std=0.5)
         >>> float(training_loss(gaussian, torch.zeros(2, 1), torch.tensor([1.0, 1.0])))   # 0.5 * 1 / 0.25
@@ -73,6 +78,7 @@ def step_scale(likelihood: Likelihood) -> float:
     and ``1 / σ²`` for the Gaussian NLL, so a step that is stable for one is as stable for the other at this ratio.
 
     Example:
+        >>> from posthoc.engine.objective import step_scale
         >>> from posthoc.core.likelihood import Categorical, Gaussian
         >>> step_scale(Categorical()), step_scale(Gaussian(noise_std=0.1))
         (1.0, 0.005000000000000001)
@@ -88,6 +94,9 @@ def fit_plain_noise(
     without a noise to fit (classes, a fixed ``σ``) is left alone.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.objective import fit_plain_noise
+        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_val_loader
         >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian()
         >>> fit_plain_noise(gaussian, regressor, (reg_train_loader, reg_val_loader), torch.device("cpu"))
@@ -107,6 +116,9 @@ def fit_sampled_noise(
     """Re-fit ``likelihood``'s noise to a fitted predictive's sampled ``outputs(x)`` ``(S, N, D)`` (module docs).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.objective import fit_sampled_noise
+        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_val_loader
         >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian()
         >>> outputs = lambda x: torch.stack([regressor(x), regressor(x) + 0.1])    # two sampled outputs (2, N, 1)

@@ -21,6 +21,8 @@ accuracy on the held-out examples falls a given fraction of the way from its cle
 chance, so a robust model gets stronger perturbations than a fragile one.
 
 Example:
+    >>> import torch
+    >>> from posthoc.engine.perturb import family_for
     >>> family = family_for(torch.randn(8, 1, 28, 28))
     >>> sorted(family)
     ['blur', 'impulse', 'noise']
@@ -102,6 +104,8 @@ def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inp
     ``(N, D)`` entries each so (its other entries unchanged).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import feature_noise
         >>> out = feature_noise({"x": torch.randn(4, 3), "ids": torch.ones(4, 2, dtype=torch.long)}, 0.5,
         ...                     torch.Generator())
         >>> sorted(out), out["ids"].sum().item()
@@ -126,6 +130,8 @@ def feature_keys(x: Inputs) -> list[str]:
     other floating-point tensor (an image or a sequence of embeddings is not a feature vector); else none.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import feature_keys
         >>> feature_keys({"x": torch.randn(4, 3), "mask": torch.ones(4, 3, dtype=torch.bool)})
         ['x']
     """
@@ -166,6 +172,8 @@ def input_layout(x: Inputs) -> tuple[str, str]:
     :data:`OTHER`, and the same in words for messages.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import input_layout
         >>> input_layout(torch.zeros(2, 1, 28, 28))
         ('images', 'images of shape (2, 1, 28, 28)')
     """
@@ -196,6 +204,8 @@ def family_for(x: Inputs) -> dict[str, Kind]:
     """The fit-time perturbations that suit inputs like ``x`` (see the module docs).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import family_for
         >>> list(family_for({"input_ids": torch.ones(2, 5, dtype=torch.long)}))
         ['token-replace']
         >>> list(family_for({"x": torch.randn(2, 5)}))
@@ -217,6 +227,8 @@ def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
     kind that does not suit the inputs (blur on feature vectors, noise on token ids) with the kinds that do.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import kinds_named
         >>> list(kinds_named(["feature-noise"], torch.randn(4, 3)))
         ['feature-noise']
     """
@@ -246,6 +258,8 @@ def user_perturbation(
     example by example; a callable that does not is named.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import user_perturbation
         >>> crop = user_perturbation(lambda x, generator: x[:, :2], 0)
         >>> crop(torch.zeros(4, 3), torch.Generator())
         Traceback (most recent call last):
@@ -281,6 +295,8 @@ def same_layout(out: Inputs, x: Inputs, name: str, role: str, copy: str) -> Inpu
     tensor's shape, or a dict's keys and their tensors' shapes); else an :class:`~posthoc.errors.InputError` naming it.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.perturb import same_layout
         >>> same_layout(torch.zeros(4, 2), torch.zeros(4, 3), "crop", "an augmentation", "augmented")
         Traceback (most recent call last):
         posthoc.errors.InputError: crop returned inputs of shape (4, 2) for inputs of shape (4, 3); an augmentation must...
@@ -331,6 +347,7 @@ def grade(
     that far (a model robust to it).
 
     Example:
+        >>> from posthoc.engine.perturb import Kind, grade
         >>> kind = Kind(lambda x, s, g: x, (0.1, 0.2, 0.4, 0.8))
         >>> grade(lambda kind, s: 1.0 - s, {"k": kind}, clean_accuracy=1.0, chance=0.1, fractions=(0.5,))
         {'k': (0.4...,)}

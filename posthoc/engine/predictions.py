@@ -8,6 +8,8 @@ Under ``torch.distributed`` each rank predicts its shard and the results are gat
 rank ends with the same predictions (and so the same metrics, conformal thresholds, ...).
 
 Example:
+    >>> from posthoc.engine.predictions import predict_loader
+    >>> from posthoc.demo.examples import um, test_loader
     >>> pred, labels = predict_loader(um, test_loader)
     >>> pred.probs.shape, pred.samples is None
     (torch.Size([128, 3]), True)
@@ -46,6 +48,8 @@ def predict_loader(
     samples; the aleatoric / epistemic split is kept) and the labels (``None`` if not ``labelled``).
 
     Example:
+        >>> from posthoc.engine.predictions import predict_loader
+        >>> from posthoc.demo.examples import um, calibration_loader
         >>> pred, labels = predict_loader(um, calibration_loader, desc="conformal calibration")
     """
     parts: dict[str, list[Tensor]] = {name: [] for name in (*_GATHERED, "labels")}
@@ -79,6 +83,8 @@ def predict_regression_loader(
     ``labelled``).
 
     Example:
+        >>> from posthoc.engine.predictions import predict_regression_loader
+        >>> from posthoc.demo.examples import regression_um, reg_test_loader
         >>> pred, y = predict_regression_loader(regression_um, reg_test_loader)
         >>> pred.mean.shape == y.shape
         True
@@ -109,6 +115,8 @@ def collect(
     """:func:`predict_loader` as a dict of concatenated ``probs``, ``entropy``, ``epistemic`` (and ``labels``).
 
     Example:
+        >>> from posthoc.engine.predictions import collect
+        >>> from posthoc.demo.examples import um, test_loader
         >>> collect(um, test_loader)["probs"].shape
         torch.Size([128, 3])
     """

@@ -17,6 +17,10 @@ user's model. :class:`PrivateWeights` holds what they train:
 state for :func:`~posthoc.engine.weight_samples.state_log_predictive`.
 
 Example:
+    >>> import torch
+    >>> from posthoc.engine.head import FeatureSplit
+    >>> from posthoc.engine.private_weights import PrivateWeights
+    >>> from posthoc.demo.examples import model, train_loader
     >>> weights = PrivateWeights(model, "head", train_loader, split=FeatureSplit(model))
     >>> for inputs, y in weights.epoch(torch.Generator().manual_seed(0)):
     ...     loss = weights.loss(inputs, y)
@@ -62,6 +66,8 @@ def trained_names(model: nn.Module, layers: str, split: FeatureSplit | None) -> 
     """The parameter names ``layers`` trains: the head's weight and bias, or every parameter requiring a gradient.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.private_weights import trained_names
         >>> trained_names(nn.Sequential(nn.Linear(2, 3), nn.Linear(3, 2)), "all", None)
         ['0.weight', '0.bias', '1.weight', '1.bias']
     """
@@ -87,6 +93,9 @@ def unflatten(row: Tensor, model: nn.Module, names: list[str]) -> dict[str, Tens
     """A flat row back into ``{name: tensor}`` shaped (and typed, and placed) like ``model``'s tensors ``names``.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.private_weights import unflatten
         >>> unflatten(torch.arange(6.0), nn.Linear(2, 2), ["weight", "bias"])["bias"]
         tensor([4., 5.])
     """

@@ -5,6 +5,8 @@ gives the same numbers for a CPU and a CUDA model, and then moved to where they 
 no generator, or ``torch.Generator(device="cuda")``, to draw on the GPU without a copy.
 
 Example:
+    >>> import torch
+    >>> from posthoc.engine.random_draws import randn
     >>> randn((2, 3), generator=torch.Generator().manual_seed(0), device="cpu").shape
     torch.Size([2, 3])
 """

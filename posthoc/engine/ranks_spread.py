@@ -29,6 +29,7 @@ def owner(index: int, world: int) -> int:
     """The rank that fits member ``index`` of an ensemble on ``world`` ranks (round robin).
 
     Example:
+        >>> from posthoc.engine.ranks_spread import owner
         >>> [owner(i, 2) for i in range(5)]
         [0, 1, 0, 1, 0]
     """

@@ -16,6 +16,8 @@ predicts on one chunk. Everything around that belongs here:
   never chooses on held-out data itself.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.engine.runner import RunOptions
     >>> with RunOptions(max_memory=2**20).scope():
     ...     posthoc.settings.memory_budget()
     1048576
@@ -49,6 +51,7 @@ class RunOptions:
         max_memory: bytes one chunk of work may hold (``None``: ``posthoc.settings.max_memory`` at call time).
 
     Example:
+        >>> from posthoc.engine.runner import RunOptions
         >>> RunOptions.from_spec([{"name": "laplace", "options": {}, "run": {"max_memory": 2**20}}])
         RunOptions(max_memory=1048576)
     """
@@ -86,6 +89,7 @@ def split_run_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str
     """``options`` of ``wrap`` as (run options, method options).
 
     Example:
+        >>> from posthoc.engine.runner import split_run_options
         >>> split_run_options({"max_memory": 2**20, "hessian": "diag"})
         ({'max_memory': 1048576}, {'hessian': 'diag'})
     """
@@ -98,6 +102,8 @@ def sum_over_ranks(value: Statistics) -> Any:
     itself in one process. Numbers come back as numbers.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.runner import sum_over_ranks
         >>> sum_over_ranks({"count": 3, "sums": [torch.ones(2)]})
         {'count': 3, 'sums': [tensor([1., 1.])]}
     """
@@ -120,6 +126,8 @@ def gather_rows(rows: Tensor, dim: int = 0) -> Tensor:
     predictions that a choice must see whole.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.runner import gather_rows
         >>> gather_rows(torch.arange(3)).tolist()
         [0, 1, 2]
     """
@@ -130,6 +138,7 @@ def examples_over_ranks(count: int) -> int:
     """``count`` examples of this rank's shard summed over ranks.
 
     Example:
+        >>> from posthoc.engine.runner import examples_over_ranks
         >>> examples_over_ranks(350)
         350
     """
@@ -151,6 +160,8 @@ def replica(module: nn.Module) -> nn.Module:
     gradients over ranks), else ``module`` itself: what a fine-tune runs its forward through.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.runner import replica
         >>> net = nn.Linear(2, 2)
         >>> replica(net) is net
         True
@@ -164,6 +175,8 @@ def small_dense_work(elements: int, device: torch.device) -> Iterator[None]:
     ``posthoc.settings.narrow_threads`` allows).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.runner import small_dense_work
         >>> with small_dense_work(600 * 8, torch.device("cpu")):
         ...     torch.linalg.eigh(torch.eye(4)).eigenvalues.tolist()
         [1.0, 1.0, 1.0, 1.0]
@@ -183,6 +196,8 @@ def small_fit(*inputs: Tensor | None) -> Iterator[None]:
     where intra-op threads only wait on each other.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.runner import small_fit
         >>> scale = torch.zeros((), requires_grad=True)
         >>> with small_fit(torch.randn(600, 10), None):
         ...     (scale - 1).pow(2).backward()
@@ -199,6 +214,8 @@ def eigh(matrix: Tensor) -> tuple[Tensor, Tensor]:
     """``torch.linalg.eigh`` of a symmetric ``matrix``, on one thread when it is small (at most 1,024 rows on the CPU).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.runner import eigh
         >>> eigh(torch.diag(torch.tensor([2.0, 1.0])))[0].tolist()
         [1.0, 2.0]
     """

@@ -22,6 +22,9 @@ manager; it is not entered for the probe, so the probe draws no randomness and s
 not depend on whether a probe ran. Hooks that need the layout read :attr:`SuffixRunner.layout`.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.suffix import expanded_forward
     >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Dropout(0.5), nn.Linear(8, 3)).eval()
     >>> sites = own_dropout_sites(net)
@@ -86,6 +89,8 @@ class SuffixRunner:
             budget of the work running now, :func:`posthoc.settings.memory_budget`; methods leave it so).
 
     Example:
+        >>> from posthoc.engine.suffix import SuffixRunner
+        >>> from posthoc.demo.examples import model, x
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
         >>> runner = SuffixRunner(model, "2", at="output")        # the model's dropout: expand the batch there
         >>> runner(x, 100, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
@@ -177,6 +182,8 @@ def expanded_forward(
     """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
 
     Example:
+        >>> from posthoc.engine.suffix import expanded_forward
+        >>> from posthoc.demo.examples import model, x
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
         >>> expanded_forward(model, "2", x, 20, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
         torch.Size([20, 8, 3])

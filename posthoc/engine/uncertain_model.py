@@ -13,6 +13,8 @@ float32. Fits and held-out choices run under the wrap's ``max_memory`` the same 
 (:class:`~posthoc.engine.runner.RunOptions`).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
     >>> um.predict(x).probs.shape
     torch.Size([8, 3])
@@ -71,6 +73,9 @@ def sample_row_bytes(part: Prediction) -> int:
     """Bytes of one float32 copy of one example's samples in ``part`` (0 for a deterministic predictive).
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.prediction import Prediction
+        >>> from posthoc.engine.uncertain_model import sample_row_bytes
         >>> sample_row_bytes(Prediction.from_probs(torch.full((3, 4), 0.25), torch.full((10, 3, 4), 0.25)))
         160
     """
@@ -84,6 +89,8 @@ class UncertainModel(nn.Module):
     :class:`~posthoc.Prediction`.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.demo.examples import model, train_loader, x
         >>> um = posthoc.wrap(model, method="laplace").fit(train_loader)
         >>> pred = um.predict(x)
         >>> pred.epistemic.shape
@@ -151,6 +158,8 @@ class UncertainModel(nn.Module):
         ``"token-replace"``, ``"feature-noise"``) and callables ``f(x, generator) -> x`` gives your own.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader, val_loader
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
             >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
             'clean fit at 0.75'
@@ -259,6 +268,8 @@ class UncertainModel(nn.Module):
         :class:`~posthoc.engine.held_out.HeldOut` read on this model's checkpoint (several models then share one).
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader, val_loader, test_loader
             >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
             >>> um.choose(test_loader, tolerance=0.01).summary()["selection"]["tolerance"]   # new held-out data
             0.01
@@ -318,6 +329,8 @@ class UncertainModel(nn.Module):
                 is left beside the samples it returns (the runner's budget scope).
 
         Example:
+            >>> import torch
+            >>> from posthoc.demo.examples import um
             >>> pred = um.predict(torch.randn(5000, 4), keep_samples=False)   # streams 1,024 examples at a time
             >>> pred.probs.shape, pred.samples is None
             (torch.Size([5000, 3]), True)
@@ -459,6 +472,9 @@ class UncertainModel(nn.Module):
         over layers, iBNN, IVON, SGLD), whose samples need the network run once per sample.
 
         Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> import posthoc
             >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")
             >>> x = torch.randn(5, 4)
             >>> program = torch.export.export(um.to_module(), (x,))
@@ -478,6 +494,8 @@ class UncertainModel(nn.Module):
         cost when its file recorded them.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model
             >>> card = posthoc.wrap(model, method="none").summary()
             >>> card["random_variables"], card["fitted"]
             (0, True)
@@ -549,6 +567,8 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
     get one from what was passed (a plain ``nn.Module``, a prediction, a loader in the model's place).
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.uncertain_model import check_wrapped
         >>> check_wrapped(torch.nn.Linear(2, 2), "evaluate")
         Traceback (most recent call last):
         posthoc.errors.InputError: evaluate takes a wrapped model, got a Linear...

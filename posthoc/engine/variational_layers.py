@@ -16,6 +16,9 @@ where a shared weight draw would correlate them (the approximation Molchanov et 
 Outputs are computed in float32 and returned in the layer's dtype.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.variational_layers import VariationalLayers
     >>> from posthoc.methods.vi.gaussian import GaussianLayer      # a mean-field Gaussian LayerPosterior
     >>> net = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     >>> layers = VariationalLayers(net, {"2": GaussianLayer(net[2], init_std=0.1, prior_std=1.0, prior_mean="zero")})
@@ -94,6 +97,8 @@ def sample_output(mean: Tensor, var: Tensor, generator: torch.Generator | None =
     """One draw of ``N(mean, var)`` per element, from ``generator`` if given.
 
     Example:
+        >>> import torch
+        >>> from posthoc.engine.variational_layers import sample_output
         >>> sample_output(torch.zeros(2), torch.zeros(2)).abs().max() < 1e-7
         tensor(True)
     """
@@ -106,6 +111,8 @@ def select_layers(model: nn.Module, layers: str | Sequence[str]) -> list[str]:
     container selects the Linear / Conv2d modules inside it).
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.variational_layers import select_layers
         >>> select_layers(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2)), "all")
         ['0', '2']
     """
@@ -137,6 +144,7 @@ def layer_key(name: str) -> str:
     model itself (``""``) is :data:`ROOT_KEY`.
 
     Example:
+        >>> from posthoc.engine.variational_layers import layer_key
         >>> layer_key("blocks.0.fc"), layer_key("")
         ('blocks/0/fc', '<model>')
     """
@@ -152,6 +160,8 @@ class VariationalLayers(nn.Module):
     """The posteriors of several layers of ``model`` by module name, and the hooks that sample them.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.variational_layers import VariationalLayers
         >>> from posthoc.methods.vi.gaussian import GaussianLayer
         >>> from collections import OrderedDict
         >>> net = nn.Sequential(OrderedDict(body=nn.Linear(4, 8), fc=nn.Linear(8, 3)))

@@ -14,6 +14,7 @@ chosen at fit): what comes before runs once per example, and every row of the re
 local-reparameterisation draw at every variational layer.
 
 Example:
+    >>> from posthoc.engine.variational_method import VariationalMethod
     >>> class Mine(VariationalMethod):
     ...     name = "mine"
     ...     def _posterior(self, layer): return MyLayerPosterior(layer)

@@ -13,6 +13,10 @@ Gaussian) predict through one of two routes:
 :func:`head_rows` and :func:`head_logits` convert between a head module and its flat rows.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.engine.head import FeatureSplit
+    >>> from posthoc.engine.weight_samples import head_log_predictive, head_rows
     >>> net = nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3))
     >>> split = FeatureSplit(net)                       # net's head: Linear(8, 3)
     >>> rows = head_rows(split.head).expand(5, -1)       # five copies of the checkpoint's head
@@ -44,6 +48,8 @@ def head_rows(head: nn.Linear) -> Tensor:
     """The head's weight and bias as one flat row ``[W.flatten(), b]`` (``P = C * D (+ C)``), detached.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.engine.weight_samples import head_rows
         >>> head_rows(nn.Linear(4, 3)).shape
         torch.Size([15])
     """
@@ -55,6 +61,9 @@ def head_logits(rows: Tensor, features: Tensor, head: nn.Linear) -> Tensor:
     """Logits of head rows ``(S, P)`` on features ``(N, D)``: ``(S, N, C)`` in one batched matmul.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.weight_samples import head_logits, head_rows
         >>> head = nn.Linear(4, 3)
         >>> x = torch.randn(2, 4)
         >>> torch.allclose(head_logits(head_rows(head)[None], x, head)[0], head(x))
@@ -76,6 +85,10 @@ def head_outputs(
     and its outputs with a transformed copy).
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.head import FeatureSplit
+        >>> from posthoc.engine.weight_samples import head_outputs, head_rows
         >>> split = FeatureSplit(nn.Sequential(nn.Linear(2, 8), nn.ReLU(), nn.Linear(8, 3)))
         >>> head_outputs(split, lambda s: head_rows(split.head).expand(s.stop - s.start, -1), 5, torch.randn(4, 2)).shape
         torch.Size([5, 4, 3])
@@ -119,6 +132,9 @@ def state_outputs(
     float16 / bfloat16 model runs its samples in float32 (with its inputs), as the head route does.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.weight_samples import state_outputs
         >>> net = nn.Linear(2, 1)
         >>> state_outputs(net, lambda s: {"bias": torch.full((1,), float(s))}, 4, torch.randn(5, 2)).shape
         torch.Size([4, 5, 1])
@@ -141,6 +157,9 @@ def state_log_predictive(
     """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``count`` whole-model states (:func:`state_outputs`).
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.engine.weight_samples import state_log_predictive
         >>> net = nn.Linear(2, 3)
         >>> lp, samples = state_log_predictive(net, lambda s: {"bias": torch.full((3,), float(s))}, 4, torch.randn(5, 2))
         >>> samples.shape

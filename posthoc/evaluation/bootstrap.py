@@ -7,6 +7,8 @@ percentile intervals by default; ``method="bca"`` gives bias-corrected and accel
 jackknife costs ``N`` leave-one-out statistics (``O(N²)`` index work: fine for a few thousand examples).
 
 Example:
+    >>> from posthoc.evaluation.bootstrap import example_statistics, intervals
+    >>> from posthoc.demo.examples import probs, labels
     >>> stats = example_statistics(probs, labels)
     >>> intervals(stats, len(labels), ci=0.95, bootstraps=1000)["nll"]   # 128 examples: a wide interval
     (0.28, 0.93)
@@ -72,6 +74,10 @@ def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[st
     values).
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation import metrics
+        >>> from posthoc.evaluation.bootstrap import example_statistics
+        >>> from posthoc.demo.examples import probs, labels
         >>> stats = example_statistics(probs, labels)
         >>> float(stats["nll"](torch.arange(len(labels))[None])[0]) == metrics.nll(probs, labels)
         True
@@ -149,6 +155,8 @@ def intervals(
     ``index`` reuses a resample matrix (e.g. the one of a paired comparison); by default one is drawn from ``seed``.
 
     Example:
+        >>> from posthoc.evaluation.bootstrap import intervals, mean_of
+        >>> from posthoc.demo.examples import x
         >>> intervals({"mean": mean_of(x[:, 0])}, len(x), ci=0.9)   # the first feature's mean over 8 examples
         {'mean': (-0.43, 1.14)}
     """
@@ -195,6 +203,8 @@ def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, s
     in-distribution scores below and tied with it is a cumulative sum, so a resample costs ``O(n + m)``.
 
     Example:
+        >>> from posthoc.evaluation.bootstrap import auroc_draws
+        >>> from posthoc.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_draws(test_entropy, ood_entropy, bootstraps=3)
         tensor([0.4702, 0.3842, 0.4311], dtype=torch.float64)
@@ -224,6 +234,8 @@ def auroc_interval(
     """Percentile interval of the OOD AUROC over :func:`auroc_draws`.
 
     Example:
+        >>> from posthoc.evaluation.bootstrap import auroc_interval
+        >>> from posthoc.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_interval(test_entropy, ood_entropy, ci=0.95)   # far-away inputs get confident predictions
         (0.37, 0.50)
@@ -267,6 +279,8 @@ def report_intervals(
     ``accepted``) and each OOD AUROC given as ``name -> (in-distribution scores, OOD scores)``.
 
     Example:
+        >>> from posthoc.evaluation.bootstrap import report_intervals
+        >>> from posthoc.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> found = report_intervals(report.probs, report.labels, ci=0.95, ood={"ood_auroc": (test_entropy, ood_entropy)})
         >>> found["nll"], found["ood_auroc"]

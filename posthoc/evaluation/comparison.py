@@ -8,6 +8,8 @@ model's predict against a plain forward (:func:`predict_cost`: their ratio); :fu
 record off a wrapped model.
 
 Example:
+    >>> from posthoc.evaluation.comparison import compared_verdict
+    >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
     >>> found = compared_verdict([plain_report, report], {"noisy": [plain_noisy_report, noisy_report]})
     >>> print(found.lines()[1])
     It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and an unmeasured time at predict time.
@@ -36,6 +38,8 @@ def example_nll(report: Any) -> Tensor:
     a classifier's ``Report`` (its probabilities) or a ``RegressionReport`` (its Gaussian mixture).
 
     Example:
+        >>> from posthoc.evaluation.comparison import example_nll
+        >>> from posthoc.demo.examples import report
         >>> nll = example_nll(report)
         >>> nll.shape, round(float(nll.mean()), 6) == round(report.nll, 6)
         (torch.Size([128]), True)
@@ -59,6 +63,8 @@ def candidate(
     own ``predict_cost``, ``forward_seconds`` and ``selection``).
 
     Example:
+        >>> from posthoc.evaluation.comparison import candidate
+        >>> from posthoc.demo.examples import report, noisy_report
         >>> candidate(report, {"noisy": noisy_report}).shifted["noisy"].shape
         torch.Size([128])
     """
@@ -82,6 +88,8 @@ def compared_verdict(
     :func:`posthoc.evaluation.verdict.judge`.
 
     Example:
+        >>> from posthoc.evaluation.comparison import compared_verdict
+        >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
         >>> compared_verdict([plain_report, report], {"noisy": [plain_noisy_report, noisy_report]}).recommended
         'laplace'
     """
@@ -116,6 +124,9 @@ def predict_timing(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> Predic
     member) on the same inputs, each timed ``repeats`` times after one warm-up call.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.evaluation.comparison import predict_timing
+        >>> from posthoc.demo.examples import model, x
         >>> timing = predict_timing(posthoc.wrap(model, method="none"), x)
         >>> timing.forward_seconds > 0 and timing.ratio > 0       # about 1: the plain forward itself
         True
@@ -144,6 +155,9 @@ def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
     """The median time of ``um.predict(x)`` over that of a plain forward (:func:`predict_timing`'s ratio).
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.evaluation.comparison import predict_cost
+        >>> from posthoc.demo.examples import model, x
         >>> predict_cost(posthoc.wrap(model, method="none"), x) > 0      # about 1: the plain forward itself
         True
     """
@@ -154,6 +168,9 @@ def auto_selection(um: UncertainModel) -> dict[str, Any] | None:
     """``method="auto"``'s selection record between whole methods (``um.summary()["selection"]``), else ``None``.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.evaluation.comparison import auto_selection
+        >>> from posthoc.demo.examples import model, train_loader, val_loader
         >>> auto_selection(posthoc.wrap(model, method="auto").fit(train_loader, val_loader))["chosen"]
         'laplace+dac'
     """

@@ -8,6 +8,9 @@ the reader looks for: the plain model, the recommended row) and :func:`merge_not
 and why.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation.duplicates import merge_identical, merge_note
+    >>> from posthoc.demo.examples import probs
     >>> other = torch.softmax(torch.log(probs) / 2, -1)
     >>> rows = {"MAP": [probs], "temperature": [probs.clone()], "laplace": [other], "laplace (again)": [other]}
     >>> merged = merge_identical(rows, why=lambda label, into: "its temperature kept T = 1" if label == "temperature"
@@ -46,6 +49,8 @@ def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | N
     matches ``None``).
 
     Example:
+        >>> from posthoc.evaluation.duplicates import same_predictions
+        >>> from posthoc.demo.examples import probs
         >>> same_predictions([probs, None], [probs + 1e-9, None]), same_predictions([probs], [probs.flip(-1)])
         (True, False)
     """
@@ -74,6 +79,8 @@ def merge_identical(
     ``why(label, into)`` says why two rows are the same (default :data:`SAME`).
 
     Example:
+        >>> from posthoc.evaluation.duplicates import merge_identical
+        >>> from posthoc.demo.examples import probs
         >>> merge_identical({"MAP": [probs], "auto": [probs.clone()]}, keep=["auto"])
         [Merged(label='MAP', into='auto', why='the same predictions')]
     """
@@ -93,6 +100,7 @@ def merge_note(merged: Sequence[Merged], atol: float = ATOL) -> str:
     """One line saying which rows were merged into which, and why ("" when none was).
 
     Example:
+        >>> from posthoc.evaluation.duplicates import Merged, merge_note
         >>> merge_note([Merged("LLLA kron + temperature", "LLLA kron", "its temperature kept T = 1")])
         'Merged rows (the same predictions, within 1e-06, on every example): `LLLA kron + temperature` into `LLLA kron` (its temperature kept T = 1).'
     """
@@ -106,6 +114,7 @@ def without(items: Sequence, merged: Sequence[Merged], label: Callable[[object],
     """``items`` without those whose ``label(item)`` was merged away (in their order).
 
     Example:
+        >>> from posthoc.evaluation.duplicates import Merged, without
         >>> without(["MAP", "temperature", "laplace"], [Merged("temperature", "MAP")], str)
         ['MAP', 'laplace']
     """

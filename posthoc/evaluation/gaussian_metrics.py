@@ -25,6 +25,8 @@ outputs, except :func:`nll`, the mean over examples of the joint NLL of an examp
   of ranks.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation.gaussian_metrics import interval_coverage
     >>> means, stds = torch.zeros(1, 4, 1), torch.ones(1, 4, 1)
     >>> y = torch.tensor([[0.0], [1.0], [-1.0], [3.0]])
     >>> interval_coverage(means, stds, y, 0.9)[0]
@@ -66,6 +68,8 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
     """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here.
 
     Example:
+        >>> from posthoc.evaluation.gaussian_metrics import components, rmse
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> float(rmse(*components(regression_um.predict(reg_x))[:1], reg_y)) >= 0
         True
 
@@ -169,6 +173,8 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
     error of the predictive mean. The two sides of :func:`ence` and of its picture.
 
     Example:
+        >>> from posthoc.evaluation.gaussian_metrics import binned_rmv_rmse, components
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = components(regression_um.predict(reg_x))
         >>> rmv, rmse = binned_rmv_rmse(means, stds, reg_y, bins=4)     # 8 points: 4 bins of 2
         >>> [round(v, 3) for v in rmv], [round(v, 3) for v in rmse]
@@ -255,6 +261,9 @@ def statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> dic
     ``(means, stds)`` ``(K, N, D)`` and targets ``y`` (the definitions above).
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.gaussian_metrics import components, statistics
+        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = components(regression_um.predict(reg_x))
         >>> statistics(means, stds, reg_y)["rmse"](torch.arange(len(reg_y))[None])   # the identity index
         tensor([0.1419], dtype=torch.float64)

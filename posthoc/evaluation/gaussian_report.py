@@ -12,6 +12,8 @@ holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scor
 ``posthoc.detector(um, score=["knn", "mahalanobis"])``; :meth:`RegressionReport.ood_to_markdown`).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import regression_um, reg_test_loader, reg_val_loader
     >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
     >>> print(report.to_markdown())
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
@@ -133,6 +135,8 @@ class RegressionReport:
         ``(lower, upper)`` intervals at ``alpha``, if given).
 
         Example:
+            >>> import torch
+            >>> from posthoc.evaluation.gaussian_report import RegressionReport
             >>> RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
             0.0
         """

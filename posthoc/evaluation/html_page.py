@@ -5,6 +5,8 @@ Only the Markdown that posthoc writes is understood (``#`` headings, pipe tables
 can be mailed or attached to an issue.
 
 Example:
+    >>> from posthoc.evaluation.html_page import write_html
+    >>> from posthoc.demo.examples import report
     >>> path = write_html(report.to_markdown(), "report.html", title="posthoc demo")
     >>> path, "<table>" in path.read_text()
     (PosixPath('report.html'), True)
@@ -120,6 +122,7 @@ def markdown_to_html(
     PNG bytes drawn in memory) and embedded.
 
     Example:
+        >>> from posthoc.evaluation.html_page import markdown_to_html
         >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
         '<div class="wide"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table></div>'
 
@@ -175,6 +178,7 @@ def figure_block(fig: Figure, alt: str, caption: str) -> str:
     """A ``<figure>`` of a matplotlib figure, embedded, with its caption.
 
     Example:
+        >>> from posthoc.evaluation.html_page import figure_block
         >>> import matplotlib.pyplot as plt
         >>> figure_block(plt.figure(), "empty", "An empty figure.").endswith("<figcaption>An empty figure.</figcaption></figure>")
         True
@@ -194,6 +198,8 @@ def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
     """Write :func:`page` of the HTML ``body`` to ``path``; returns the path.
 
     Example:
+        >>> from posthoc.evaluation.html_page import write_page
+        >>> from posthoc.demo.examples import report
         >>> write_page("out/report.html", report._repr_html_(), "posthoc report")
         PosixPath('out/report.html')
     """
@@ -206,6 +212,7 @@ def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc 
     """Write ``markdown`` as one self-contained HTML file (its images, relative to ``path``'s folder, embedded).
 
     Example:
+        >>> from posthoc.evaluation.html_page import write_html
         >>> write_html("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
         PosixPath('out/report.html')
     """

@@ -4,6 +4,8 @@ AUPR (in and out), FPR at 95% TPR.
 All take probabilities ``(N, C)`` and integer labels ``(N,)`` as tensors and return floats.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation.metrics import accuracy
     >>> probs = torch.tensor([[0.8, 0.2], [0.3, 0.7]])
     >>> labels = torch.tensor([0, 0])
     >>> accuracy(probs, labels)
@@ -58,6 +60,8 @@ def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     error). Unlike :func:`ece`, no bin is empty and none holds most of the examples.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import adaptive_ece
         >>> round(adaptive_ece(torch.tensor([[0.9, 0.1], [0.6, 0.4]]), torch.tensor([0, 1]), bins=2), 4)
         0.35
     """
@@ -73,6 +77,8 @@ def smooth_ece(probs: Tensor, labels: Tensor) -> float:
     top-label confidences (:mod:`posthoc.evaluation.smooth_ece`).
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import smooth_ece
         >>> round(smooth_ece(torch.tensor([[0.75, 0.25]] * 4), torch.tensor([0, 0, 0, 0])), 3)
         0.25
     """
@@ -119,6 +125,8 @@ def augrc(probs: Tensor, labels: Tensor) -> float:
     integrates the same curve with the trapezoid rule rescaled to [0, 1]; the two differ by at most ``1 / N``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import augrc
         >>> augrc(torch.tensor([[0.9, 0.1], [0.8, 0.2]]), torch.tensor([0, 1]))
         0.25
     """
@@ -131,6 +139,8 @@ def ood_auroc(in_scores: Tensor, out_scores: Tensor) -> float:
     """AUROC for telling OOD from in-distribution inputs, where a higher score means "more OOD".
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import ood_auroc
         >>> ood_auroc(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]))
         1.0
     """
@@ -161,6 +171,8 @@ def aupr(in_scores: Tensor, out_scores: Tensor, positive: str = "out") -> float:
     ``"in"`` (AUPR-in): in-distribution is, with lower scores ranking first.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import aupr
         >>> aupr(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]), positive="in")
         1.0
     """
@@ -178,6 +190,8 @@ def fpr_at_tpr(in_scores: Tensor, out_scores: Tensor, tpr: float = 0.95) -> floa
     ``tpr`` of the OOD examples (OOD is the positive class, as in pytorch-ood's ``FPRAtTPR``); lower is better.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import fpr_at_tpr
         >>> fpr_at_tpr(torch.tensor([0.1, 0.85]), torch.tensor([0.9, 0.8]))
         0.5
     """
@@ -197,6 +211,8 @@ def ood_metrics(in_scores: Tensor, out_scores: Tensor) -> dict[str, float]:
     """AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of one OOD score (higher = more OOD).
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.metrics import ood_metrics
         >>> ood_metrics(torch.tensor([0.1, 0.2]), torch.tensor([0.9, 0.8]))["fpr95"]
         0.0
     """

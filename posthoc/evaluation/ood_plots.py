@@ -1,6 +1,8 @@
 """OOD score histograms: in-distribution against OOD values of each score, one panel per score.
 
 Example:
+    >>> from posthoc.evaluation.ood_plots import ood_histograms
+    >>> from posthoc.demo.examples import report
     >>> fig = ood_histograms({"entropy": report.ood_values["entropy"]}, "ood_scores.png")
     >>> len([ax for ax in fig.axes if ax.get_visible()])
     1

@@ -5,6 +5,8 @@ samples, ``"mutual-information"``; ``ood_scores`` adds post-hoc detector scores 
 next to them.
 
 Example:
+    >>> from posthoc.evaluation.ood_report import ood_markdown, ood_values
+    >>> from posthoc.demo.examples import test_loader, ood_loader, um
     >>> from posthoc.evaluation import metrics
     >>> test_x, ood_x = test_loader.dataset.tensors[0], ood_loader.dataset.tensors[0]
     >>> values = ood_values(um, um.predict(test_x), um.predict(ood_x), test_loader, ood_loader, ["energy", "msp"])
@@ -95,6 +97,7 @@ def best_score(table: OODTable, metric: str = "auroc") -> str:
     """The name of the score with the highest ``metric`` in ``table`` (``score -> metrics``).
 
     Example:
+        >>> from posthoc.evaluation.ood_report import best_score
         >>> best_score({"msp": {"auroc": 0.9}, "knn": {"auroc": 0.95}})
         'knn'
     """
@@ -106,6 +109,7 @@ def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
     the best score of ``post_hoc`` (``score -> metrics``, e.g. every detector score of the plain model).
 
     Example:
+        >>> from posthoc.evaluation.ood_report import comparison_markdown
         >>> print(comparison_markdown({"knn": {"auroc": 0.95, "fpr95": 0.2}}, {"MAP": {"entropy": {"auroc": 0.9, "fpr95": 0.3}}}))
         | method | AUROC (H) | FPR95 (H) | AUROC (MI) | FPR95 (MI) | best post-hoc: knn AUROC | FPR95 |
         |---|---|---|---|---|---|---|
@@ -132,6 +136,7 @@ def every_score_markdown(own: Mapping[str, OODTable], shared: OODTable, metric: 
     ones (score -> metrics, e.g. the checkpoint's logit and feature scores), marked with ``*``.
 
     Example:
+        >>> from posthoc.evaluation.ood_report import every_score_markdown
         >>> print(every_score_markdown({"MAP": {"entropy": {"auroc": 0.9}}}, {"knn": {"auroc": 0.95}}))
         | method | entropy | knn |
         |---|---|---|
@@ -152,6 +157,7 @@ def interval_key(score: str) -> str:
     """The ``Report.intervals`` key of a score's AUROC interval.
 
     Example:
+        >>> from posthoc.evaluation.ood_report import interval_key
         >>> interval_key("entropy"), interval_key("knn")
         ('ood_auroc', 'ood_auroc:knn')
     """
@@ -165,6 +171,7 @@ def ood_markdown(
     ``intervals`` (``method -> score -> (low, high)``) adds the AUROC's bootstrap interval where given.
 
     Example:
+        >>> from posthoc.evaluation.ood_report import ood_markdown
         >>> print(ood_markdown({"MAP": {"energy": {"auroc": 0.9, "aupr_in": 0.9, "aupr_out": 0.8, "fpr95": 0.4}}}))
         | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
         |---|---|---|---|---|---|

@@ -10,6 +10,9 @@ method to use for this model in at most three lines, then its numbers; in the HT
 then the table with the best entry of each column in bold; reports that predict the same are merged into one row.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import um, test_loader, ood_loader, model, plain_noisy_report
+    >>> from posthoc.demo.examples import noisy_report, calibration_loader, train_loader
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=ood_loader)
     >>> print(report.to_markdown())
     | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
@@ -338,6 +341,7 @@ class Report:
         ``[self, *others]``.
 
         Example:
+            >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
             >>> print(plain_report.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
             ## Verdict
             <BLANKLINE>
@@ -460,6 +464,8 @@ class Compared:
         """Merge ``reports`` that predict the same (the first, and auto's, are never merged away) and judge the rest.
 
         Example:
+            >>> from posthoc.evaluation.report import Compared
+            >>> from posthoc.demo.examples import report, plain_report
             >>> from dataclasses import replace
             >>> again = replace(report, name="laplace again")           # the same predictions under another name
             >>> Compared.of([plain_report, report, again]).merged
@@ -557,6 +563,8 @@ def evaluate(
     ``ood_scores`` takes a regressor's detector scores); ``selective`` is for classifiers.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.demo.examples import um, test_loader
         >>> report = posthoc.evaluate(um, test_loader)
         >>> 0 <= report.ece <= 1
         True
@@ -594,6 +602,7 @@ def report_type(um: UncertainModel) -> type[Report] | type[RegressionReport]:
     """The report class of ``um``'s likelihood: :class:`RegressionReport` for a regressor, :class:`Report` otherwise.
 
     Example:
+        >>> from posthoc.evaluation.report import report_type
         >>> import torch, posthoc
         >>> report_type(posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")).__name__
         'RegressionReport'

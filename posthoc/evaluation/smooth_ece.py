@@ -13,6 +13,8 @@ intervals need: relplot takes about 10 ms per call, one call per resample. relpl
 (``tests/test_metrics.py``), not a dependency: importing it brings pandas and seaborn.
 
 Example:
+    >>> import torch
+    >>> from posthoc.evaluation.smooth_ece import smooth_ece_rows
     >>> confidence = torch.tensor([[0.9, 0.8, 0.7, 0.6]], dtype=torch.float64)
     >>> correct = torch.tensor([[1.0, 1.0, 0.0, 1.0]], dtype=torch.float64)
     >>> round(float(smooth_ece_rows(confidence, correct)[0]), 4)
@@ -144,6 +146,8 @@ def smooth_ece_rows(confidence: Tensor, correct: Tensor) -> Tensor:
     keeping the last bandwidth where it did not hold, whose ``smECE`` is reported.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation.smooth_ece import smooth_ece_rows
         >>> confidence = torch.full((2, 4), 0.75, dtype=torch.float64)
         >>> correct = torch.tensor([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 1.0, 1.0]])
         >>> [round(v, 3) for v in smooth_ece_rows(confidence, correct).tolist()]

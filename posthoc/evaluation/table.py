@@ -1,6 +1,7 @@
 """The cells and rows of the reports' Markdown tables.
 
 Example:
+    >>> from posthoc.evaluation.table import bold_best, cell, markdown_rows
     >>> cell(0.12345, (0.1, 0.15))
     '0.1235 [0.1000, 0.1500]'
     >>> cell(0.0213, (0.0233, 0.0770))           # the estimate outside its interval is marked, and explained
@@ -73,6 +74,7 @@ def outside_note(table: str) -> str:
     """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged).
 
     Example:
+        >>> from posthoc.evaluation.table import outside_note
         >>> outside_note("| ECE |\\n|---|\\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
         True
     """
@@ -96,6 +98,7 @@ def better(metric: str) -> int | None:
     (coverage should match its level, a width or a time is a cost to read next to others).
 
     Example:
+        >>> from posthoc.evaluation.table import better
         >>> better("accuracy"), better("nll"), better("coverage_90")
         (1, -1, None)
     """
@@ -107,6 +110,7 @@ def best_rows(values: Iterable[float | None], metric: str, digits: int = 4) -> s
     metric without a direction or fewer than two measured values.
 
     Example:
+        >>> from posthoc.evaluation.table import best_rows
         >>> best_rows([0.3, 0.1, None, 0.10001], "nll")
         {1, 3}
     """
@@ -138,6 +142,7 @@ def markdown_table(reports: Sequence[Any], extra: dict[str, list[str]] | None = 
     bold (:func:`bold_best`; explain it with :data:`BEST_CAPTION`).
 
     Example:
+        >>> from posthoc.evaluation.table import markdown_table
         >>> from posthoc.evaluation.gaussian_report import RegressionReport
         >>> import torch
         >>> report = RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4))

@@ -24,6 +24,8 @@ Which method is recommended:
 - when that is the plain model, the verdict says to keep it.
 
 Example:
+    >>> from posthoc.evaluation.verdict import Candidate, judge
+    >>> from posthoc.demo.examples import plain_report, plain_noisy_report, report, noisy_report
     >>> from posthoc.evaluation.comparison import example_nll     # per-example NLL of a report
     >>> rows = [Candidate("none", example_nll(plain_report), {"noisy": example_nll(plain_noisy_report)}),
     ...         Candidate("laplace", example_nll(report), {"noisy": example_nll(noisy_report)}, predict_cost=1.4)]
@@ -199,6 +201,9 @@ def paired_change(row: Tensor, plain: Tensor, index: Tensor, ci: float = CI) -> 
     ``index``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation import bootstrap
+        >>> from posthoc.evaluation.verdict import paired_change
         >>> index = bootstrap.resample_index(4, 200)
         >>> paired_change(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]), index).difference
         0.5
@@ -226,6 +231,8 @@ def auroc_change(
     ``plain_draws`` reuses the plain model's draws (the same ``bootstraps`` and ``seed``) across rows.
 
     Example:
+        >>> from posthoc.evaluation.verdict import auroc_change
+        >>> from posthoc.demo.examples import report, plain_report
         >>> change = auroc_change(report.ood_values["entropy"], plain_report.ood_values["entropy"])
         >>> change.difference, change.interval     # laplace's entropy separates the OOD inputs better
         (0.337, (0.281, 0.385))
@@ -337,6 +344,7 @@ class Verdict:
         :meth:`table`).
 
         Example:
+            >>> from posthoc.demo.examples import verdict
             >>> for line in verdict.lines():
             ...     print(line)
             **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
@@ -352,6 +360,7 @@ class Verdict:
         """:meth:`lines` as one paragraph (metrics.json keeps it).
 
         Example:
+            >>> from posthoc.demo.examples import verdict
             >>> verdict.sentence()
             '**Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows ...'
         """
@@ -470,6 +479,7 @@ class Verdict:
         shift, on OOD inputs and at predict time, each change with its paired interval ("" with nothing to compare).
 
         Example:
+            >>> from posthoc.demo.examples import verdict
             >>> print(verdict.table())
             | | `none` (plain) | `laplace` | change [95% interval] | ratio |
             |---|---|---|---|---|
@@ -563,6 +573,7 @@ class Verdict:
         """The lines, the table and the notes, each block apart: what a terminal shows (``posthoc demo`` prints it).
 
         Example:
+            >>> from posthoc.demo.examples import verdict
             >>> print(verdict.text())
             **Use `laplace`**: picked on the test data, ...
             <BLANKLINE>
@@ -592,6 +603,7 @@ class Verdict:
         lowest NLL under shift (without shifts: in distribution). The rest stay in the tables.
 
         Example:
+            >>> from posthoc.demo.examples import verdict
             >>> verdict.featured()
             ['none', 'laplace']
         """
@@ -670,6 +682,7 @@ def left_out_note(selection: Mapping[str, Any]) -> str | None:
     run on this model, or the held-out data refused), each with its reason; ``None`` when there are none.
 
     Example:
+        >>> from posthoc.evaluation.verdict import left_out_note
         >>> print(left_out_note({"left_out": {"laplace": "a head with 1 output; give it two"}}))
         Left out by auto before it chose: `laplace` (a head with 1 output; give it two).
     """
@@ -686,6 +699,7 @@ def refused_better(selection: Mapping[str, Any]) -> str | None:
     candidate is admitted when its bound is at most the tolerance); ``None`` when no refused candidate was better.
 
     Example:
+        >>> from posthoc.evaluation.verdict import refused_better
         >>> record = {"chosen": "none", "tolerance": 0.005, "candidates": [
         ...     {"candidate": "none", "excess": 0.0, "bound": 0.0, "admissible": True, "chosen": True},
         ...     {"candidate": "laplace", "excess": -0.034, "bound": 0.0052, "admissible": False, "chosen": False}]}
@@ -730,6 +744,7 @@ def _rounded_up(value: float, digits: int = 2) -> str:
     """``value`` rounded up to ``digits`` significant digits, printed so that it reads back at least ``value``.
 
     Example:
+        >>> from posthoc.evaluation.verdict import _rounded_up
         >>> _rounded_up(0.00523), _rounded_up(0.0052), _rounded_up(0.1204)
         ('0.0053', '0.0052', '0.13')
     """
@@ -776,6 +791,7 @@ def cost_cell(ratio: float | None, forward_seconds: float | None = None) -> str:
     when not measured.
 
     Example:
+        >>> from posthoc.evaluation.verdict import cost_cell
         >>> cost_cell(2314.0, 8e-7), cost_cell(1.4, 0.02), cost_cell(None)
         ('2,314x (1,851 µs)', '1.4x', '–')
     """
@@ -837,6 +853,8 @@ def judge(
     each severity).
 
     Example:
+        >>> from posthoc.evaluation.verdict import Candidate, judge
+        >>> from posthoc.demo.examples import plain_report, report
         >>> from posthoc.evaluation.comparison import example_nll
         >>> found = judge([Candidate("none", example_nll(plain_report)), Candidate("laplace", example_nll(report))],
         ...               plain="none")
@@ -899,6 +917,9 @@ def disagreeing_row(
     table that disagrees is something the reader must be told.
 
     Example:
+        >>> import torch
+        >>> from posthoc.evaluation import bootstrap
+        >>> from posthoc.evaluation.verdict import Candidate, disagreeing_row
         >>> plain = torch.full((200,), 0.5, dtype=torch.float64)
         >>> rows = [Candidate("auto", plain), Candidate("laplace", plain * 0.5 + 0.01 * torch.rand(200))]
         >>> label, change = disagreeing_row(rows, rows[0], bootstrap.resample_index(200, 200))
@@ -922,6 +943,9 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
     (e.g. calibrators that kept the plain model) are one point named after all of them.
 
     Example:
+        >>> from posthoc.evaluation import plots
+        >>> from posthoc.evaluation.verdict import selection_points
+        >>> from posthoc.demo.examples import um
         >>> points = selection_points(um.summary()["selection"])
         >>> len(points), points[0].label, points[-1].label    # laplace's prior precisions
         (23, '1e+08', '2.51')
@@ -963,6 +987,9 @@ def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title:
     shift (``title`` on the plot); without shifts or without ``out_dir``, the verdict alone.
 
     Example:
+        >>> from pathlib import Path
+        >>> from posthoc.evaluation.verdict import verdict_section
+        >>> from posthoc.demo.examples import verdict
         >>> section = verdict_section(verdict, ".")      # draws ./frontier.png
         >>> print(section)
         ## Verdict
@@ -989,6 +1016,8 @@ def selection_section(
     is given).
 
     Example:
+        >>> from posthoc.evaluation.verdict import selection_section
+        >>> from posthoc.demo.examples import um
         >>> print(selection_section(um.summary()["selection"], "report"))
         ## How `auto` chose, on held-out data
         ...

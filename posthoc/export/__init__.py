@@ -4,6 +4,9 @@
 :mod:`posthoc.export.build` converts each method's fitted state into them.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import posthoc
     >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")
     >>> program = torch.export.export(um.to_module(), (torch.randn(2, 4),))
     >>> program.module()(torch.randn(2, 4)).shape

@@ -8,6 +8,10 @@ A method that cannot be written as plain tensor operations on the network's outp
 :class:`~posthoc.errors.ExportError`, saying why and what to do instead.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import posthoc
+    >>> from posthoc.export.build import to_module
     >>> um = posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="none")
     >>> module = to_module(um)
     >>> module(torch.randn(2, 4)).shape
@@ -478,6 +482,9 @@ def check_exportable(method: Method, *, regression: bool = False) -> None:
     """Refuse, before anything fitted is read, a chain (or ensemble member) with a method that has no converter.
 
     Example:
+        >>> from torch import nn
+        >>> import posthoc
+        >>> from posthoc.export.build import check_exportable
         >>> try:
         ...     check_exportable(posthoc.wrap(nn.Sequential(nn.Linear(4, 3)), method="vi", layers="all").method)
         ... except posthoc.ExportError as err:

@@ -11,6 +11,9 @@ This file imports only ``torch``: a serving process that loads a ``torch.export`
 and one that pickles the module itself needs only this file and the network's own classes.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.export.modules import Backbone, ExportedClassifier, Plain
     >>> net = nn.Sequential(nn.Linear(4, 3))
     >>> exported = ExportedClassifier(Plain(Backbone(net)))
     >>> torch.allclose(exported(torch.randn(2, 4)).sum(-1), torch.ones(2))
@@ -130,6 +133,9 @@ class Backbone(nn.Module):
     keyword arguments); :meth:`tapped` then gives what tap ``index`` saw in that call.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.export.modules import Backbone
         >>> backbone = Backbone(nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3)))
         >>> index = backbone.add_tap("2", "input")
         >>> backbone(torch.randn(5, 4)).shape, backbone.tapped(index).shape

@@ -9,6 +9,7 @@
   ``P(Binomial(m, b) <= e) = delta``, with probability at least ``1 - delta``.
 
 Example:
+    >>> from posthoc.guarantees.bounds import binomial_upper_bound, conformal_rank
     >>> conformal_rank(99, 0.1)
     90
     >>> round(binomial_upper_bound(0, 100, 0.05), 4)   # no error in 100: risk <= 1 - 0.05 ** (1/100)
@@ -32,6 +33,7 @@ def minimum_calibration_size(alpha: float) -> int:
     """The fewest calibration examples for which the conformal quantile at ``alpha`` exists.
 
     Example:
+        >>> from posthoc.guarantees.bounds import minimum_calibration_size
         >>> minimum_calibration_size(0.1), minimum_calibration_size(0.05)
         (9, 19)
     """
@@ -45,6 +47,7 @@ def conformal_rank(n: int, alpha: float) -> int:
     finite threshold can guarantee ``1 - alpha`` coverage.
 
     Example:
+        >>> from posthoc.guarantees.bounds import conformal_rank
         >>> conformal_rank(9, 0.1)
         9
     """
@@ -62,6 +65,8 @@ def conformal_threshold(scores: Tensor, alpha: float) -> Tensor:
     """The ``ceil((n + 1)(1 - alpha))``-th smallest of ``n`` calibration scores (a 0-dim tensor).
 
     Example:
+        >>> import torch
+        >>> from posthoc.guarantees.bounds import conformal_threshold
         >>> conformal_threshold(torch.arange(1.0, 11.0), 0.2)    # ceil(11 * 0.8) = 9th smallest
         tensor(9.)
     """
@@ -73,6 +78,7 @@ def binomial_upper_bound(errors: int, n: int, delta: float) -> float:
     """The largest risk ``b`` with ``P(Binomial(n, b) <= errors) >= delta`` (1.0 when ``errors >= n``).
 
     Example:
+        >>> from posthoc.guarantees.bounds import binomial_upper_bound
         >>> from scipy.stats import binom
         >>> b = binomial_upper_bound(3, 200, 0.05)
         >>> round(float(binom.cdf(3, 200, b)), 6)

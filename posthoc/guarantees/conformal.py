@@ -7,6 +7,10 @@ holds the true class with probability at least ``1 - alpha`` (marginally, over b
 ``mondrian=True`` there is one threshold per class and the guarantee holds for each class.
 
 Example:
+    >>> import torch
+    >>> import posthoc
+    >>> from posthoc.demo.examples import val_probs, val_labels, test_probs, test_labels, um
+    >>> from posthoc.demo.examples import calibration_loader, x
     >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1, score="aps", seed=0)
     >>> sets = cp.sets(test_probs)                  # bool (N, C)
     >>> (sets[torch.arange(len(test_labels)), test_labels]).float().mean()   # about 0.9
@@ -85,6 +89,8 @@ class ConformalPredictor:
         :class:`Prediction`, or model inputs (when calibrated on a wrapped model); a numpy array for a numpy array.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
             >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)
             >>> 1 <= cp.sets(test_probs).sum(-1).float().mean() <= 3     # mean set size
             tensor(True)
@@ -96,6 +102,8 @@ class ConformalPredictor:
         """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import um, calibration_loader, x
             >>> pred = posthoc.conformal(um, calibration_loader, alpha=0.1).predict(x)
             >>> pred.sets.sum(-1)         # set sizes
             tensor([1, 1, 1, 1, 1, 1, 1, 1])
@@ -161,6 +169,9 @@ def conformal(
         progress: show a progress bar while a wrapped model predicts the calibration loader.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.demo.examples import val_logits, val_labels, test_logits, regression_um, reg_val_loader
+        >>> from posthoc.demo.examples import reg_x
         >>> cp = posthoc.conformal(val_logits, val_labels, alpha=0.05, score="raps", k_reg=2, lam=0.1)
         >>> cp.threshold, cp.sets(test_logits).shape
         (tensor(0.9948, dtype=torch.float64), torch.Size([128, 3]))

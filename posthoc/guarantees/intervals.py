@@ -13,6 +13,8 @@ exchangeable, each output's interval holds its target with probability at least 
   ``[lower - t, upper + t]`` (``t`` may be negative and narrow them).
 
 Example:
+    >>> import torch
+    >>> from posthoc.guarantees.intervals import conformal_intervals
     >>> val_mean, val_std = torch.randn(500, 1), torch.full((500, 1), 0.5)       # a regressor's held-out predictions
     >>> val_y = val_mean + torch.randn(500, 1)                                   # whose stds are too narrow
     >>> test_mean, test_std = torch.randn(500, 1), torch.full((500, 1), 0.5)

@@ -1,6 +1,8 @@
 """What a guarantee delivers on a labelled test set: coverage and size of sets, deferral and selective risk.
 
 Example:
+    >>> import torch
+    >>> from posthoc.guarantees.measures import coverage, deferral_rate, mean_set_size, selective_risk
     >>> sets = torch.tensor([[True, False], [True, True]])
     >>> coverage(sets, torch.tensor([1, 0])), mean_set_size(sets)
     (0.5, 1.5)

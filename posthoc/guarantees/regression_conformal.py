@@ -17,6 +17,8 @@ nonconformity scores of real residuals, a classifier's a set of labels; the inte
 :mod:`~posthoc.guarantees.intervals`'.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import regression_um, reg_val_loader, reg_test_loader
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> x_test, y_test = reg_test_loader.dataset.tensors
     >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(regression_um.predict(x_test))
@@ -49,6 +51,9 @@ def is_regression(source: Any) -> bool:
     """Whether ``source`` is a :class:`RegressionPrediction` or a model wrapped with a regression likelihood.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.guarantees.regression_conformal import is_regression
+        >>> from posthoc.demo.examples import regressor
         >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
         True
     """
@@ -103,6 +108,8 @@ class ConformalRegressor:
         on a wrapped model) its inputs ``x``.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import regression_um, reg_val_loader, reg_x
             >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
             >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
             >>> lower.shape
@@ -154,6 +161,8 @@ def conformal_regression(
             refused when set.
 
     Example:
+        >>> from posthoc.guarantees.regression_conformal import conformal_regression
+        >>> from posthoc.demo.examples import reg_val_loader, regression_um, reg_x
         >>> x_cal, y_cal = reg_val_loader.dataset.tensors
         >>> cp = conformal_regression(regression_um.predict(x_cal), y_cal, alpha=0.1, score="absolute")
         >>> lower, upper = cp.intervals(regression_um.predict(reg_x))

@@ -11,6 +11,8 @@ Scores of all classes are computed at once, with one ``u`` per example shared by
 that a set ``{y : score_y <= threshold}`` is the top-``k`` classes for some ``k`` (APS/RAPS).
 
 Example:
+    >>> import torch
+    >>> from posthoc.guarantees.scores import ConformityScore
     >>> probs = torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64)
     >>> ConformityScore("lac")(probs)
     tensor([[0.4000, 0.7000, 0.9000]], dtype=torch.float64)
@@ -38,6 +40,8 @@ class ConformityScore:
     ``generator`` draws the per-example ``u``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.guarantees.scores import ConformityScore
         >>> score = ConformityScore("raps", k_reg=1, lam=0.5, randomized=False)
         >>> score(torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64))
         tensor([[0.6000, 1.4000, 2.0000]], dtype=torch.float64)

@@ -13,6 +13,8 @@ after probabilities, logits after logits, model inputs after a model; a ``Predic
 accepted.
 
 Example:
+    >>> from posthoc.guarantees.sources import calibration_predictions
+    >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
     >>> predictive, pred, labels = calibration_predictions(val_probs, val_labels, inputs="auto")
     >>> predictive.kind
     'probs'
@@ -43,6 +45,8 @@ def as_float_tensor(values: Any, what: str) -> Tensor:
     """A ``(N, C)`` float64 tensor from a tensor or numpy array, refusing other shapes and non-finite values.
 
     Example:
+        >>> import numpy as np
+        >>> from posthoc.guarantees.sources import as_float_tensor
         >>> as_float_tensor(np.eye(2), "probabilities").dtype
         torch.float64
     """
@@ -76,6 +80,8 @@ def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
     """``labels`` as int64 class indices in ``[0, num_classes)``, one per example.
 
     Example:
+        >>> import numpy as np
+        >>> from posthoc.guarantees.sources import as_labels
         >>> as_labels(np.array([0, 2]), 3, 2)
         tensor([0, 2])
     """
@@ -109,6 +115,8 @@ class Predictive:
     draws from ``generator``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.guarantees.sources import Predictive
         >>> Predictive("logits", num_classes=2)(torch.zeros(1, 2)).probs
         tensor([[0.5000, 0.5000]], dtype=torch.float64)
     """
@@ -152,6 +160,8 @@ def calibration_predictions(
     """The test-time :class:`Predictive`, the calibration :class:`Prediction` and its labels (see module docs).
 
     Example:
+        >>> from posthoc.guarantees.sources import calibration_predictions
+        >>> from posthoc.demo.examples import um, calibration_loader
         >>> predictive, pred, labels = calibration_predictions(um, calibration_loader)
         >>> predictive.kind
         'model'

@@ -38,6 +38,8 @@ def model_transform(model: nn.Module, spec: str | ModelSpec, image_size: int | N
     """The evaluation preprocessing of ``model``; ``image_size`` overrides the crop size (resize scaled alike).
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.loading.folders import model_transform
         >>> model_transform(torchvision.models.resnet18(), "torchvision:resnet18")
         ImageClassification(
             crop_size=[224]

@@ -13,6 +13,7 @@ stripped). A checkpoint that does not fit the architecture is refused with the m
 unexpected and mis-shaped keys listed.
 
 Example:
+    >>> from posthoc.loading.models import build_model
     >>> model = build_model("timm:resnet18", pretrained=False, num_classes=10)
     >>> model = build_model("torchvision:resnet50", checkpoint="finetuned.pth", pretrained=False)  # doctest: +SKIP
     >>> model = build_model("my_models.py:make_net")  # a model file  # doctest: +SKIP
@@ -56,6 +57,7 @@ def parse_model_spec(spec: str) -> ModelSpec:
     """Parse ``"timm:NAME"``, ``"torchvision:NAME"`` (``"tv:NAME"``) or ``"file.py:factory"``.
 
     Example:
+        >>> from posthoc.loading.models import parse_model_spec
         >>> parse_model_spec("tv:resnet50")
         ModelSpec(source='torchvision', name='resnet50', path=None)
     """
@@ -99,6 +101,7 @@ def model_options(spec: str | ModelSpec, pretrained: bool, num_classes: int | No
     size other than that of torchvision's pretrained weights.
 
     Example:
+        >>> from posthoc.loading.models import model_options
         >>> model_options("tv:resnet18", pretrained=False, num_classes=10)
         {'num_classes': 10}
     """

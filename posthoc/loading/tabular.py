@@ -11,6 +11,10 @@ read in the first file's feature order (or the ``features`` named), and a file t
 or has one it has not, is refused naming both files and the columns.
 
 Example:
+    >>> from pathlib import Path
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.loading.tabular import load_module, read_table, read_tables
     >>> _ = Path("train.csv").write_text("cylinders,displacement,mpg\\n4,97,31\\n8,350,15\\n6,232,19\\n")
     >>> _ = Path("test.csv").write_text("displacement,cylinders,mpg\\n140,4,25\\n318,8,14\\n")
     >>> table = read_table("test.csv", ["mpg"])
@@ -109,6 +113,8 @@ def read_tables(
     exactly the first file's (a missing, extra or renamed column) is refused naming both files and the columns.
 
     Example:
+        >>> from pathlib import Path
+        >>> from posthoc.loading.tabular import read_tables
         >>> _ = Path("train.csv").write_text("a,b,y\\n1,2,3\\n4,5,6\\n")
         >>> _ = Path("test.csv").write_text("b,a,y\\n8,7,9\\n")
         >>> [t.features for t in read_tables(["train.csv", "test.csv"], ["y"])]   # test.csv has the columns b, a, y

@@ -5,6 +5,8 @@ Under ``likelihood="regression"`` it is the model's output with the fitted obser
 ``fit`` gets no ``val_loader``), one ``σ_d`` per output of a multi-output model; under ``"heteroscedastic"``, the model's own mean and variance.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, x
     >>> um = posthoc.wrap(model, method="none")
     >>> um.predict(x).samples is None
     True

@@ -1,6 +1,8 @@
 """Post-hoc OOD detectors on a model's own logits, features and predictive: :func:`detector`.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> det = posthoc.detector(model, score=["energy", "vim"]).fit(train_loader)
     >>> det.scores(x)["vim"].shape
     torch.Size([8])

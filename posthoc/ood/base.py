@@ -7,6 +7,7 @@ number per example, **larger = more out-of-distribution**. Scores that need trai
 (where sums are reduced over ``torch.distributed`` ranks); a score is fitted once ``fitted`` is set.
 
 Example:
+    >>> from posthoc.ood.base import Score
     >>> class NegativeMaxLogit(Score):
     ...     name, uses = "neg-max-logit", frozenset({"logits"})
     ...     def __call__(self, outputs):

@@ -14,6 +14,8 @@ head's input (the last ``nn.Linear``; Mahalanobis to the one mean of the trainin
 regressor, ``"variance"``, the total predictive variance (:data:`REGRESSION_SCORES`); the other scores are refused.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> det = posthoc.detector(model, score=["energy", "mahalanobis", "knn"]).fit(train_loader)
     >>> det.scores(x)["mahalanobis"].shape
     torch.Size([8])
@@ -78,6 +80,7 @@ def available_scores(likelihood: str = "classification") -> list[str]:
     """The names ``posthoc.detector(..., score=...)`` accepts for a classifier (or under ``likelihood``).
 
     Example:
+        >>> from posthoc.ood.detector import available_scores
         >>> available_scores()[:3]
         ['msp', 'max-logit', 'energy']
         >>> available_scores("regression")
@@ -241,6 +244,8 @@ class Detector:
         """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, x
             >>> posthoc.detector(model, score="max-logit").score(x[:2])
             tensor([-2.4449, -1.5822])
         """
@@ -260,6 +265,8 @@ class Detector:
         a forward pass.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import um, x
             >>> det = posthoc.detector(um, score=["msp", "gen"])
             >>> det.prediction_scores(um.predict(x), ["msp"])["msp"].shape
             torch.Size([8])
@@ -281,6 +288,8 @@ class Detector:
         gathered from every rank's shard.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, ood_loader
             >>> det = posthoc.detector(model, score=["energy", "msp"])
             >>> det.score_loader(ood_loader)["energy"].shape
             torch.Size([128])
@@ -384,6 +393,8 @@ def detector(
     Every score is larger for inputs that look more out-of-distribution.
 
     Example:
+        >>> import posthoc
+        >>> from posthoc.demo.examples import model, train_loader, ood_loader, x
         >>> det = posthoc.detector(model, score="knn", k=10).fit(train_loader)
         >>> x_ood, _ = next(iter(ood_loader))
         >>> det.score(x_ood).mean() > det.score(x).mean()

@@ -13,6 +13,9 @@ under ``max_memory`` (default ``posthoc.settings.max_memory``). Under ``torch.di
 rank gathers the whole bank.
 
 Example:
+    >>> import torch
+    >>> from posthoc.ood.base import Outputs
+    >>> from posthoc.ood.knn import KNN
     >>> outputs = Outputs(features=torch.randn(64, 16), logits=torch.randn(64, 3))   # one batch of the model
     >>> score = KNN(k=5)
     >>> score.update(outputs, None, 0); score.finish(0)

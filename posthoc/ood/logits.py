@@ -8,6 +8,9 @@ Both read the base model's logits, not a wrapped predictive (a temperature fitte
 does not change them; pass ``temperature=`` to the energy score instead).
 
 Example:
+    >>> import torch
+    >>> from posthoc.ood.base import Outputs
+    >>> from posthoc.ood.logits import Energy
     >>> Energy(temperature=1.0)(Outputs(logits=torch.zeros(1, 4)))
     tensor([-1.3863])
 """

@@ -14,6 +14,10 @@ half of it with the unnormalised scatter ``N Sigma + 1e-6 I`` as covariance: our
 theirs (to the 1e-6 ridge).
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.ood.base import Outputs
+    >>> from posthoc.ood.mahalanobis import Mahalanobis
     >>> head = nn.Linear(16, 3)
     >>> features = torch.randn(64, 16)
     >>> outputs = Outputs(features=features, logits=head(features).detach(), head=head)   # one batch of the model

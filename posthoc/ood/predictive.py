@@ -15,6 +15,9 @@ sampled or not, with temperature or other calibration on top) or a plain model's
   posterior, MC dropout's or an ensemble's spread, DAC's inflation far from the training features).
 
 Example:
+    >>> import torch
+    >>> from posthoc.ood.base import Outputs
+    >>> from posthoc.ood.predictive import MaxSoftmax
     >>> from posthoc.core.prediction import Prediction
     >>> pred = Prediction.from_probs(torch.tensor([[0.9, 0.1], [0.5, 0.5]]))
     >>> MaxSoftmax()(Outputs(prediction=pred))
@@ -64,6 +67,9 @@ class PredictiveVariance(Score):
     """A regressor's total predictive variance, summed over the outputs (``um.predict(x).variance.sum(-1)``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.ood.base import Outputs
+        >>> from posthoc.ood.predictive import PredictiveVariance
         >>> from posthoc.core.regression_prediction import RegressionPrediction
         >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.tensor([1.0, 4.0])[None, :, None])
         >>> PredictiveVariance()(Outputs(prediction=pred))

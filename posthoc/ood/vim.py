@@ -18,6 +18,10 @@ loader sums the residual norms instead. Under ``torch.distributed`` every sum is
 ``D // 2`` (pytorch-ood takes ``d`` explicitly).
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.ood.base import Outputs
+    >>> from posthoc.ood.vim import ViM
     >>> head = nn.Linear(64, 3)
     >>> features = torch.randn(64, 64)
     >>> outputs = Outputs(features=features, logits=head(features).detach(), head=head)   # one batch of the model

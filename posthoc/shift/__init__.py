@@ -2,6 +2,8 @@
 for tabular or 1-D inputs, ``extrapolation_split`` / ``gap_split`` (rows held out by one feature's range).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import test_loader, x, y
     >>> noisy = posthoc.shift.corrupt(test_loader, "gaussian-noise", 3)
     >>> posthoc.shift.KINDS[:3]
     ('gaussian-noise', 'shot-noise', 'salt-pepper')

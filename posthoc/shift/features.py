@@ -14,6 +14,9 @@ lowest rows (more when rows tie with it). Each side's indices run in increasing 
 (shuffle the fit rows before cutting them into training and validation).
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import posthoc
     >>> from torch.utils.data import DataLoader, TensorDataset
     >>> x = torch.randn(300, 4)
     >>> y = 2 * x[:, 3:] + 0.1 * torch.randn(300, 1)
@@ -148,6 +151,8 @@ def extrapolation_split(
     ``feature`` may be left out for one-feature inputs. Returns a :class:`ShiftSplit` (``fit, shifted = ...``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.shift.features import extrapolation_split
         >>> train_x, test_x = torch.randn(100, 4), torch.randn(50, 4)
         >>> fit, heavy = extrapolation_split(train_x, train_x[:, :1], feature=3, quantile=0.7)   # the top 30 %
         >>> beyond = extrapolation_split(test_x, test_x[:, :1], feature=3, quantile=0.9, reference=train_x).shifted
@@ -171,6 +176,8 @@ def gap_split(
     shifted (a gap in the middle of the range), the rows on both sides fit.
 
     Example:
+        >>> import torch
+        >>> from posthoc.shift.features import gap_split
         >>> x = torch.arange(10.0)[:, None]
         >>> fit, middle = gap_split(x, x, feature=0, quantiles=(0.4, 0.6))
         >>> middle[0].flatten().tolist()

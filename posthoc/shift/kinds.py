@@ -40,6 +40,8 @@ by default. No fit-time perturbation (:mod:`posthoc.engine.perturb`: noise, blur
 them, so a shift-aware fit is always judged on kinds of shift it never saw.
 
 Example:
+    >>> import torch
+    >>> from posthoc.shift.kinds import CORRUPTIONS
     >>> x = torch.rand(2, 3, 32, 32)
     >>> CORRUPTIONS["contrast"](x, 5, torch.Generator().manual_seed(0)).std() < x.std()
     tensor(True)

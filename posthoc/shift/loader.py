@@ -12,6 +12,8 @@ The random draws of a pass come from one generator seeded with ``seed`` at the s
 passes over a loader that yields the same batches in the same order see identical corruptions.
 
 Example:
+    >>> import torch
+    >>> import posthoc
     >>> images = (torch.rand(16, 1, 28, 28) - 0.1307) / 0.3081           # normalised images (N, C, H, W)
     >>> digits = [(images, torch.arange(16) % 8)]
     >>> noisy = posthoc.shift.corrupt(digits, "gaussian-noise", 3, normalization=((0.1307,), (0.3081,)))
@@ -54,6 +56,7 @@ def check_normalization(normalization: Any) -> None:
     would un-normalise every image to a constant and normalise the corrupted one to NaN).
 
     Example:
+        >>> from posthoc.shift.loader import check_normalization
         >>> check_normalization(((0.5,), (0.0,)))
         Traceback (most recent call last):
         posthoc.errors.ConfigError: normalization std must be finite and > 0 for every channel...
@@ -95,6 +98,8 @@ def corrupt_images(
     """One batch of images corrupted by ``kind`` at ``severity`` (same shape, dtype and device).
 
     Example:
+        >>> import torch
+        >>> from posthoc.shift.loader import corrupt_images
         >>> corrupt_images(torch.rand(4, 1, 28, 28), "shot-noise", 2, torch.Generator().manual_seed(0)).shape
         torch.Size([4, 1, 28, 28])
     """
@@ -193,6 +198,8 @@ def corrupt(
     ``normalization=(mean, std)`` (see the module docs).
 
     Example:
+        >>> import torch
+        >>> from posthoc.shift.loader import corrupt
         >>> images = [(torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))]
         >>> blurred = corrupt(images, "gaussian-blur", 5, seed=1)
         >>> x, y = next(iter(blurred))

@@ -12,6 +12,9 @@ noise at training *and* test time::
 duration of a context, and the model keeps its structure, its ``state_dict`` keys and the user's code paths.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.abnn.layers import noisy
     >>> bn = nn.BatchNorm1d(3).eval()
     >>> z = torch.randn(4, 3)
     >>> with noisy([bn], alpha=0.0):               # α = 0: the plain layer
@@ -35,6 +38,8 @@ def bayesian_normalisation(output: Tensor, bias: Tensor | None, noise: Tensor, a
     and the noise ``ε`` (the output's shape).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.abnn.layers import bayesian_normalisation
         >>> out, bias = torch.tensor([[3.0, 1.0]]), torch.tensor([1.0, 1.0])
         >>> bayesian_normalisation(out, bias, torch.ones(1, 2), alpha=0.5)    # γx̂ = [2, 0] scaled by 1.5
         tensor([[4., 1.]])
@@ -49,6 +54,9 @@ def noisy(layers: Iterable[nn.Module], alpha: float, *, generator: torch.Generat
     call draws fresh noise from ``generator`` (``None``: the global generator). ``α = 0`` leaves them as they are.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.methods.abnn.layers import noisy
         >>> bn = nn.BatchNorm2d(2).eval()
         >>> z = torch.randn(3, 2, 4, 4)
         >>> with noisy([bn], alpha=0.1, generator=torch.Generator().manual_seed(0)):

@@ -10,6 +10,8 @@ the gradient in torch-uncertainty's recipe; here it is part of the loss):
     L(ω) = Σ_i η_{y_i} (−log p(y_i | x_i, ω)) / Σ_i η_{y_i} + λ/2 ||ω||².
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.abnn.loss import abnn_loss, random_class_weights
     >>> weights = random_class_weights(4, 2.0, torch.Generator().manual_seed(0))
     >>> sorted(weights.tolist())                     # ⌊√4⌋ = 2 of the 4 classes weigh 2
     [1.0, 1.0, 2.0, 2.0]
@@ -32,6 +34,8 @@ def random_class_weights(classes: int, random_prior: float, generator: torch.Gen
     """``(C,)`` class weights: 1, and ``random_prior`` for ``⌊√C⌋`` classes drawn with ``generator``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.abnn.loss import random_class_weights
         >>> random_class_weights(9, 3.0, torch.Generator().manual_seed(1)).sum()    # 6 ones and 3 threes
         tensor(15.)
     """

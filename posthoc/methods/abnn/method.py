@@ -26,6 +26,9 @@ running statistics becomes a BNL (torch-uncertainty: ``BatchNorm2d`` only); the 
 method's ``seed``.
 
 Example:
+    >>> from torch import nn
+    >>> import posthoc
+    >>> from posthoc.demo.examples import train_loader, val_loader, x
     >>> bn_model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).eval()
     >>> um = posthoc.wrap(bn_model, method="abnn", modes=2, num_samples=3).fit(train_loader, val_loader, epochs=1)
     >>> um.predict(x).samples.shape          # M x S samples

@@ -25,6 +25,8 @@ bound, its perturbed NLL and ECE, its fit seconds and its predict cost against a
 ``um.summary()["selection"]``; the chosen chain saves, loads and predicts like the method itself.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="auto").fit(train_loader, val_loader)
     >>> um.summary()["selection"]["chosen"]
     'laplace+dac'
@@ -80,6 +82,7 @@ def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[st
     """The cheap candidates that suit ``model`` (:meth:`Method.suits`) under ``likelihood``, as ``{"method": [...]}``.
 
     Example:
+        >>> from posthoc.methods.auto.method import default_candidates
         >>> from posthoc.core.likelihood import Categorical
         >>> from posthoc.demo import zoo
         >>> [c["method"] for c in default_candidates(zoo.pretrained("digits_bn_cnn"), Categorical())]
@@ -108,6 +111,7 @@ def candidate_label(candidate: dict[str, Any]) -> str:
     """``"laplace+dac"``, with its options where it has any: ``"laplace+dac (hessian='full')"``.
 
     Example:
+        >>> from posthoc.methods.auto.method import candidate_label
         >>> candidate_label({"method": ["laplace", "dac"]})
         'laplace+dac'
     """

@@ -16,6 +16,8 @@ Two situations cannot determine any calibration map and are handled here for all
   identity and warns, saying how many examples would help (:data:`MIN_ERRORS`).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> calibrator(logits).sum(-1)[:3]          # probabilities, rows sum to 1
@@ -54,6 +56,8 @@ def held_out_logits(logits: Any, labels: Any, *, samples: bool = True) -> tuple[
     is called.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.base import held_out_logits
         >>> logits, labels = held_out_logits(torch.tensor([0.5, -1.0]), [1.0, 0.0])
         >>> logits.shape, labels.dtype
         (torch.Size([2, 2]), torch.int64)
@@ -238,6 +242,8 @@ class Calibrator(CalibratorOptions, nn.Module):
         numpy array for numpy logits, a tensor for a tensor.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import logits, labels, test_logits
             >>> calibrator = posthoc.calibrate(logits, labels)
             >>> calibrator.log_probs(test_logits).exp().sum(-1)
             tensor([1.0000, 1.0000, ...])
@@ -270,6 +276,8 @@ class Calibrator(CalibratorOptions, nn.Module):
         parameters as buffers (see ``UncertainModel.to_module``); ``torch.export`` and ONNX take it.
 
         Example:
+            >>> import torch
+            >>> import posthoc
             >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
             >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
             >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)

@@ -5,6 +5,8 @@ simplex, and unlike matrix scaling of logits it sees only what the probabilities
 per row give the same result). The penalties and minimum are those of ``"matrix"``.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="dirichlet")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -6,6 +6,8 @@ weights by the NLL of the mixture (the paper fits both by the same loss; it repo
 variants, this is the NLL one). Parameters: 4 (``T`` and three weights summing to 1).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="ets")
     >>> calibrator.weights.sum()
     tensor(1.)

@@ -9,6 +9,8 @@ plain frequencies of netcal's ``HistogramBinning``). It acts on the predictive (
 posterior samples). Parameters: ``bins`` per class (``per-class``) or ``bins`` (``top-label``).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="histogram", bins=10, mode="top-label")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -8,6 +8,8 @@ predictive (the mean over posterior samples). Parameters: the step points, at mo
 and class.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="isotonic")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -22,6 +22,8 @@ A calibrator is registered once, with its method (:class:`CalibrationMethod` nam
 ``calibrator_class``); :func:`calibrators` finds every one by the name ``posthoc.calibrate`` takes.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader
     >>> um = posthoc.wrap(model, method=["mc-dropout", "temperature"]).fit(train_loader, val_loader)
     >>> float(um.method.temperature) > 0
     True
@@ -134,6 +136,7 @@ def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
     takes as keywords, :class:`~posthoc.methods.calibration.options.CalibratorOptions`) extended by ``shift_weight``.
 
     Example:
+        >>> from posthoc.methods.calibration.method import TemperatureScaling
         >>> TemperatureScaling.Options()
         TemperatureScaling.Options(max_iter=100, shift_weight='auto')
     """
@@ -268,6 +271,7 @@ def configurations(
     perturbed examples (the shift weight, in (0, 1]). A fixed ``shift_weight`` is the only fitted configuration.
 
     Example:
+        >>> from posthoc.methods.calibration.method import configurations
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> [label for label, _ in configurations(TemperatureCalibrator(), shifted=False)]
         ['uncalibrated', 'clean fit at 0.5', 'clean fit at 0.75', 'clean fit']
@@ -365,6 +369,9 @@ def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tol
     ``math.inf`` takes the clean fit (the maximum-likelihood fit the peers make) without cross-fitting.
 
     Example:
+        >>> from posthoc.engine.selection import Tolerance
+        >>> from posthoc.methods.calibration.method import fit_on_logits
+        >>> from posthoc.demo.examples import logits, labels
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> fitted = fit_on_logits(TemperatureCalibrator(), logits, labels, tolerance=Tolerance())
         >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.01
@@ -480,6 +487,7 @@ def calibrators() -> dict[str, type[Calibrator]]:
     method is ``"none"``) and the calibrator of every registered :class:`CalibrationMethod`.
 
     Example:
+        >>> from posthoc.methods.calibration.method import calibrators
         >>> sorted(calibrators())[:3]
         ['auto', 'dirichlet', 'ets']
     """

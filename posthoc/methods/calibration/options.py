@@ -64,6 +64,8 @@ class CalibratorOptions:
         """Write the fitted calibrator to ``path`` (atomically; read back with ``posthoc.calibrate.load``).
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import logits, labels
             >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
             >>> posthoc.calibrate.load("vector.pt").chosen_name
             'vector'

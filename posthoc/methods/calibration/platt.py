@@ -4,6 +4,8 @@
 Parameters: 2 (temperature scaling of a binary classifier is Platt scaling with ``b = 0``).
 
 Example:
+    >>> import torch
+    >>> import posthoc
     >>> scores = 3 * torch.randn(200)                       # a binary classifier's logits (N,) ...
     >>> binary = (torch.rand(200) < torch.sigmoid(scores / 3)).long()   # ... three times too confident
     >>> calibrator = posthoc.calibrate(scores, binary, method="platt")

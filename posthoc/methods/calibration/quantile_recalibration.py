@@ -10,6 +10,8 @@ answers ``.cdf``, ``.quantile``, ``.interval`` and ``.log_prob`` for it, while i
 ``variance`` stay the uncalibrated moments. Parameters: the knots, at most 2 per held-out example.
 
 Example:
+    >>> import torch
+    >>> import posthoc
     >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)

@@ -14,6 +14,8 @@ Apart from :mod:`~posthoc.methods.calibration.auto` (which chooses by the select
 differs: CRPS by k-fold cross-validation, where an isotonic CDF map has no finite NLL.
 
 Example:
+>>> import torch
+>>> import posthoc
 >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
@@ -47,10 +49,12 @@ STANDARD_ERRORS = 1.0
 def confidently_better(losses: dict[str, Tensor], reference: str = "identity") -> set[str]:
     """``reference`` and the candidates whose out-of-fold NLL beats it by more than :data:`STANDARD_ERRORS`
     standard errors of the per-example difference: with many candidates and a few hundred examples, the
-    lowest cross-validated NLL alone often belongs to one that only got lucky on these folds (a
-    histogram chosen on one fold split of the digits CNN cost 1.3x the test NLL of no calibration).
+    lowest cross-validated NLL alone often belongs to one that only got lucky on these folds
+    (docs/methods/calibrators.md).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.regression_auto import confidently_better
         >>> confidently_better({"identity": torch.tensor([0.1, 0.2]), "vector": torch.tensor([0.1, 0.19])})
         {'identity'}
     """
@@ -72,6 +76,8 @@ def simplest_within_noise(losses: dict[str, Tensor], sizes: dict[str, int]) -> s
     at most :data:`STANDARD_ERRORS` standard errors of their per-example difference (ties in size: the lower loss).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.regression_auto import simplest_within_noise
         >>> losses = {"temperature": torch.tensor([0.2, 0.1, 0.3]), "matrix": torch.tensor([0.1, 0.1, 0.35])}
         >>> simplest_within_noise(losses, {"temperature": 1, "matrix": 72})
         'temperature'
@@ -105,6 +111,8 @@ def quantile_crps(prediction: RegressionPrediction, targets: Tensor, levels: int
     """``(N,)``: the CRPS summed over outputs, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` at midpoints ``τ_j = (j - 1/2) / levels``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.regression_auto import quantile_crps
         >>> from posthoc.methods.calibration.regression_base import as_prediction
         >>> quantile_crps(as_prediction(torch.zeros(1)), torch.zeros(1))   # (sqrt 2 - 1) / sqrt pi = 0.2337
         tensor([0.2337], dtype=torch.float64)
@@ -222,6 +230,7 @@ def regression_calibrators() -> dict[str, type[RegressionCalibrator]]:
     """Every regression calibrator by the name ``posthoc.calibrate(mean=..., method=...)`` takes.
 
     Example:
+        >>> from posthoc.methods.calibration.regression_auto import regression_calibrators
         >>> sorted(regression_calibrators())
         ['auto', 'identity', 'isotonic', 'variance-scaling']
     """

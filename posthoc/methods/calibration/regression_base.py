@@ -11,6 +11,8 @@ Apart from :mod:`~posthoc.methods.calibration.base` because a regression calibra
 real targets (a scale, a monotone map of levels), a classification one maps logits to class probabilities.
 
 Example:
+>>> import torch
+>>> from posthoc.methods.calibration.regression_base import as_prediction
 >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
@@ -44,6 +46,8 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
     The variance is recorded as observation noise (the numbers do not say how it splits).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.regression_base import as_prediction
         >>> as_prediction(torch.zeros(3), torch.full((3,), 2.0)).std.shape
         torch.Size([3, 1])
     """
@@ -78,6 +82,8 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
     saying what to pass instead (a classifier's :class:`~posthoc.Prediction`, numbers).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.regression_base import check_regression_prediction
         >>> check_regression_prediction(torch.zeros(3), "calibrate")
         Traceback (most recent call last):
         posthoc.errors.InputError: a regression calibrator's calibrate takes a posthoc.RegressionPrediction...
@@ -130,6 +136,7 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """Fit on a held-out ``prediction`` and its ``targets`` ``(N,)`` or ``(N, D)``; returns ``self``.
 
         Example:
+            >>> from posthoc.demo.examples import reg_val_loader, regression_um
             >>> from posthoc.methods.calibration.variance_scaling import VarianceScaling
             >>> x_val, y_val = reg_val_loader.dataset.tensors
             >>> VarianceScaling().fit(regression_um.predict(x_val), y_val).scale.shape     # one per output
@@ -159,6 +166,8 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """The calibrated prediction of ``prediction`` (the outputs it was fitted for).
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import reg_val_loader, regression_um, reg_x
             >>> x_val, y_val = reg_val_loader.dataset.tensors
             >>> calibrator = posthoc.calibrate(mean=regression_um.predict(x_val).mean, targets=y_val)
             >>> lower, upper = calibrator.calibrate(regression_um.predict(reg_x)).interval(0.9)
@@ -186,6 +195,8 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (see module docs).
 
                 Example:
+        >>> import torch
+        >>> import posthoc
         >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
                     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
                     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)

@@ -5,6 +5,8 @@ classified correctly the likelihood has no maximum (it keeps improving as ``T ->
 calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration.base`).
 
 Example:
+    >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
+    >>> from posthoc.demo.examples import logits, labels
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> float(calibrator.temperature)          # the model is overconfident
     2.01
@@ -31,6 +33,8 @@ def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor
     """Apply ``T`` to log-probabilities ``(N, C)`` or samples ``(S, N, C)`` (then averaged); returns ``(N, C)``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.temperature import tempered_log_probs
         >>> tempered_log_probs(torch.log(torch.tensor([[0.8, 0.2]])), 2.0).exp()
         tensor([[0.6667, 0.3333]])
     """

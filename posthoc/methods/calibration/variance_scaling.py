@@ -9,6 +9,8 @@ exact marginal mixture NLL by golden-section search in ``log s`` (per output; th
 marginals, which for one Gaussian is the joint NLL).
 
 Example:
+>>> import torch
+>>> import posthoc
 >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
@@ -41,6 +43,8 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     """``(D,)``: the scale minimising each output's exact marginal NLL of ``prediction.scaled(s)``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.variance_scaling import closed_form_scale, numerical_scale
         >>> from posthoc.methods.calibration.regression_base import as_prediction
         >>> mean = torch.randn(500)
         >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), (mean + torch.randn(500)).double()[:, None]

@@ -19,6 +19,8 @@ inner method's prediction (a sampler's deterministic prefix runs once; rows of a
 are sample-major, so the first ``N`` rows are the first sample's).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.dac.layers import auto_sites
     >>> from posthoc.demo import zoo
     >>> sites = auto_sites(zoo.pretrained(), torch.zeros(2, 1, 28, 28))
     >>> [str(site) for site in sites]
@@ -96,6 +98,8 @@ class Capture:
     """Forward hooks recording the pooled features of ``sites`` on the first call that reaches each one.
 
     Example:
+        >>> from posthoc.methods.dac.layers import Capture, auto_sites
+        >>> from posthoc.demo.examples import model, x
         >>> sites = auto_sites(model, x)
         >>> capture = Capture(model, sites)
         >>> with capture.recording(rows=8) as features:

@@ -22,10 +22,13 @@ follow the perturbed copies at the expense of the clean examples. How much that 
 distribution is not decided here: the fitted weights shrunk by several factors are candidates of the selection step
 (:mod:`posthoc.engine.selection`), which keeps it only if its out-of-fold clean NLL is confidently
 within the tolerance of the plain model's. Fitting ``T0`` jointly with ``w`` instead lowers it (the
-bulk sharpened, the tail softened): on the bundled digits CNN that cost 4-6 % on the clean test
-digits, so ``T0`` stays the clean one.
+bulk sharpened, the tail softened), which costs NLL on clean test data (docs/methods/dac.md), so ``T0``
+stays the clean one.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.dac.temperature import Cached, excess, fit, standardisation, temperatures
+    >>> from posthoc.demo.examples import train_loader, val_loader, val_logits, val_labels
     >>> train_x, val_x = train_loader.dataset.tensors[0], val_loader.dataset.tensors[0]
     >>> log_d = torch.cdist(val_x, train_x).topk(5, largest=False).values[:, -1:].log()   # 5-NN distance, one layer
     >>> held = Cached(val_logits.log_softmax(-1), excess(log_d, *standardisation(log_d, 0.9)), val_labels)
@@ -147,6 +150,9 @@ def fit(
     alike (``T0`` is then its variance scale).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.dac.temperature import Cached, fit
+        >>> from posthoc.demo.examples import val_logits, val_labels
         >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
         >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
         >>> fitted.temperature, fitted.weights

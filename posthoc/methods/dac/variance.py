@@ -19,6 +19,8 @@ The NLL of the inflated mixture needs no new prediction: with ``s = sqrt(v)`` it
 one's at ``mu + (y - mu) / s`` divided by ``s^D`` (:func:`inflated_nll`).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.dac.variance import Spread
     >>> spread = Spread(torch.zeros(1, 3, 1), torch.ones(1, 3, 1), torch.zeros(3, 2), torch.tensor([[0.0], [1.0], [2.0]]))
     >>> spread.nlls(torch.ones(3)).round(decimals=4)
     tensor([0.9189, 1.4189, 2.9189])
@@ -44,6 +46,8 @@ def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tens
     about its mean (module docs), differentiable in ``factor``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.dac.variance import inflated_nll
         >>> inflated_nll(torch.zeros(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1), torch.ones(1)).round(decimals=4)
         tensor([1.4189])
     """
@@ -60,6 +64,9 @@ def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPred
     every component's mean moves to ``mu + s (mu_k - mu)`` and its model and noise variances are times ``s² = factor``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.core.regression_prediction import RegressionPrediction
+        >>> from posthoc.methods.dac.variance import inflated
         >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.ones(1, 1, 1))
         >>> inflated(pred, torch.tensor([1.0, 4.0])).std
         tensor([[1.],

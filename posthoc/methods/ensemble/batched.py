@@ -7,6 +7,8 @@ Python loops). The batched copy is kept between calls and rebuilt when a member'
 to another device, or modified in place: each tensor's storage and version counter are checked).
 
 Example:
+    >>> from posthoc.methods.ensemble.batched import BatchedForward
+    >>> from posthoc.demo.examples import net_a, net_b, x
     >>> forward = BatchedForward([net_a, net_b])
     >>> forward(x).shape                  # (M, N, C) log-probabilities
     torch.Size([2, 8, 3])
@@ -33,6 +35,8 @@ def same_architecture(models: Sequence[nn.Module]) -> bool:
     """Whether ``models`` can run as one batched forward: one class, and the same tensors by name, shape, dtype and device.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.methods.ensemble.batched import same_architecture
         >>> same_architecture([nn.Linear(2, 3), nn.Linear(2, 3)]), same_architecture([nn.Linear(2, 3), nn.Linear(2, 4)])
         (True, False)
     """

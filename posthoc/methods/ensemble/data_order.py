@@ -1,6 +1,8 @@
 """A member's own data order: the same loader, reshuffled with the member's seed (MultiSWAG's runs).
 
 Example:
+    >>> from posthoc.methods.ensemble.data_order import reshuffled
+    >>> from posthoc.demo.examples import train_loader
     >>> from torch.utils.data import DataLoader
     >>> reshuffled(DataLoader(train_loader.dataset, batch_size=64), seed=3).sampler
     <torch.utils.data.sampler.RandomSampler object at ...>

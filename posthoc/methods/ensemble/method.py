@@ -15,7 +15,7 @@ temperature scaling, is a different map).
 Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
 GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
 because there vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into
-strided elementwise passes (``benchmarks/bench_ensemble.py`` compares the two). Other members, and mixed
+strided elementwise passes (docs/methods/ensembles.md compares the two). Other members, and mixed
 architectures, always run one after the other. The ensemble is registered like any method (as
 ``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
 bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
@@ -27,6 +27,8 @@ equal-weight mixture of the members' Gaussians (or of their own mixtures, e.g. M
 members' disagreement is epistemic variance and their noises the aleatoric.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import net_a, net_b, net_c, x
     >>> um = posthoc.wrap([net_a, net_b, net_c])
     >>> pred = um.predict(x)
     >>> pred.samples.shape, bool((pred.epistemic > 0).any())
@@ -107,6 +109,8 @@ class Ensemble(Method):
         taken at wrap (members that work on a copy).
 
         Example:
+            >>> from posthoc.methods.ensemble.method import Ensemble
+            >>> from posthoc.demo.examples import net_a, net_b
             >>> from posthoc.core.chain import base_method
             >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, base_method)
             >>> len(ensemble.members)
@@ -241,6 +245,8 @@ class Ensemble(Method):
         member's own card under ``per_member`` (what each fit chose, e.g. its prior precision).
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import net_a, net_b, train_loader
             >>> posthoc.wrap([net_a, net_b], method="laplace").fit(train_loader).method.summary()["members"]
             2
         """

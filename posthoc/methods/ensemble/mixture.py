@@ -6,6 +6,8 @@ samples concatenated (a deterministic member counts as one sample, repeated to t
 so that the entropy split of the mixture gives the members' disagreement as epistemic uncertainty.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.ensemble.mixture import mixture
     >>> a, b = torch.log(torch.tensor([[0.9, 0.1]])), torch.log(torch.tensor([[0.1, 0.9]]))
     >>> log_probs, samples = mixture([(a, None), (b, None)])
     >>> log_probs.exp(), samples.shape

@@ -12,6 +12,8 @@ the runs' samples then make one mixture of ``N(f_s(x), σ²)``, the mixture of t
 noise ``σ`` re-fitted on held-out data over every run's samples (shared by the runs, reported on the card).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="multiswag", members=3, subset="last_layer").fit(train_loader, val_loader)
     >>> um.predict(x).samples.shape          # 3 runs x 20 samples
     torch.Size([60, 8, 3])

@@ -4,6 +4,9 @@ Each training example is repeated ``train_samples`` times (batch-major, see :fun
 copy ``i`` is routed to component ``i mod K``, so one forward pass covers every component.
 
 Example:
+    >>> from posthoc.methods.ibnn.elbo import ElboOptions, fit_nodes
+    >>> from posthoc.methods.ibnn.nodes import NodeSet
+    >>> from posthoc.demo.examples import model, train_loader
     >>> nodes = NodeSet(model, components=2)
     >>> before = nodes.kl().item()                     # the KL of the initial node posteriors to the prior
     >>> fit_nodes(model, nodes, train_loader, ElboOptions(epochs=1), progress=False)
@@ -40,6 +43,8 @@ def expand(x: Inputs, repeats: int) -> Inputs:
     """Repeat every example ``repeats`` times, batch-major (rows ``i*repeats ... i*repeats + repeats - 1``).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.ibnn.elbo import expand
         >>> expand(torch.tensor([[1], [2]]), 2).flatten().tolist()
         [1, 1, 2, 2]
     """
@@ -106,6 +111,7 @@ class ElboOptions:
         """The node learning rate after the fraction ``done`` of the steps (see ``ANNEAL_START``).
 
         Example:
+            >>> from posthoc.methods.ibnn.elbo import ElboOptions
             >>> [ElboOptions(lr_nodes=0.2, lr_nodes_final=0.05).node_lr(t) for t in (0.0, 0.7, 1.0)]
             [0.2, 0.125, 0.05]
         """

@@ -18,8 +18,7 @@ Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) a
 They share everything above and differ where the paper's values were worse on the bundled
 checkpoints: no nodes on the stem (the first layer's input channels), K=2 instead of 4, means
 initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3
-instead of 1e-4 (reasons and numbers
-in the recipes module). Every setting can also be given by name.
+instead of 1e-4 (reasons in the recipes module; measured: docs/methods/ibnn.md). Every setting can also be given by name.
 
 Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
 noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the recipe's
@@ -36,6 +35,8 @@ input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kas
 covariate shift with node-based Bayesian neural networks", ICML 2022.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ibnn").fit(train_loader)
     >>> um.predict(x).samples.shape      # (K * S, N, C)
     torch.Size([10, 8, 3])
@@ -332,6 +333,8 @@ class ImplicitBNN(Method):
         predictive's samples and the fit's settings (``None`` for files saved before they were recorded).
 
         Example:
+            >>> import torchvision
+            >>> import posthoc
             >>> posthoc.wrap(torchvision.models.resnet50(weights=None), method="ibnn").method.summary()["random_variables"]
             24576
         """

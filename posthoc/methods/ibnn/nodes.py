@@ -13,6 +13,9 @@ batch repeated batch-major (``B * m`` rows, e.g. attention windows): each block 
 shares its example's variables.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.ibnn.nodes import NodeSet
     >>> net = nn.Sequential(nn.Flatten(), nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))
     >>> nodes = NodeSet(net, components=2)
     >>> nodes.layer_names
@@ -55,6 +58,8 @@ def count_nodes(model: nn.Module, layers: Sequence[str] | None = None, *, stem: 
     ``Linear`` (the paper's Table 1 counts, stem and head included by default).
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.methods.ibnn.nodes import count_nodes
         >>> count_nodes(torchvision.models.resnet50(weights=None))
         24579
     """
@@ -80,6 +85,8 @@ def select_layers(
             last Conv/Linear).
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.methods.ibnn.nodes import select_layers
         >>> [name for name, _ in select_layers(torchvision.models.resnet18(), head=False)][:2]
         ['conv1', 'layer1.0.conv1']
     """
@@ -183,6 +190,8 @@ class NodeSet(nn.Module):
         seed: seeds the initial means.
 
     Example:
+        >>> import torchvision
+        >>> from posthoc.methods.ibnn.nodes import NodeSet
         >>> nodes = NodeSet(torchvision.models.resnet18(num_classes=3), components=4)
         >>> float(nodes.kl()) > 0
         True

@@ -6,28 +6,23 @@ BatchNorm in train mode, draw ``S = 2`` training samples per example whatever ``
 weight up from 0 to ``beta = 1``, start the component means at ``N(1, sigma0^2)`` and the standard
 deviations at ``|N(0.05, 0.02^2)|``, anneal the node learning rate 0.2 -> 0.05, and predict with
 ``S = 5`` samples per component, sample ``r`` from component ``r mod K``. They differ where the
-paper's values were worse on the bundled checkpoints (``benchmarks/bench_ibnn.py``; numbers in
-the ``"posthoc"`` entry's comments and in the README):
+paper's values were worse on the bundled checkpoints (measured: docs/methods/ibnn.md):
 
 - ``components``: 2 (paper code default) instead of 4. With the KL of the component-mean law
   (:meth:`~posthoc.methods.ibnn.nodes.NodeSet.kl`) each component's standard deviation settles near
-  ``sqrt(K) * prior_std``, so K=4 doubles the node noise: on the BatchNorm digits CNN the
-  in-distribution NLL rose to 1.17x the plain model's after 2 epochs (K=2: 0.97x).
+  ``sqrt(K) * prior_std``, so K=4 doubles the node noise.
 - ``init_mean_std`` (sigma0): 0.05 instead of 0.5. A post-hoc fit of a few epochs cannot pull means
-  spread by 0.5 back to a function as good as the checkpoint: in-distribution NLL 1.06x (digits CNN,
-  sigma0=0.5, prior 0.5, one epoch) while a pretrained model starts at the optimum the paper's
-  from-scratch training has to find; 0.05 keeps the checkpoint's function.
+  spread by 0.5 back to a function as good as the checkpoint, while a pretrained model starts at the
+  optimum the paper's from-scratch training has to find; 0.05 keeps the checkpoint's function.
 - ``prior_std``: 0.1 (the paper's for its large networks) instead of 0.3 (its advice for small ones).
-- ``lr_weights``: 1e-3 instead of 1e-4: the weights adapt to the node noise within 2 epochs
-  (BatchNorm digits CNN, K=2: in-distribution NLL 0.97x plain with 1e-3, 1.02x with 1e-4).
+- ``lr_weights``: 1e-3 instead of 1e-4: the weights adapt to the node noise within 2 epochs.
 - ``stem``: no nodes on the first layer's input channels (one per image channel: a global input
-  scale). Fitted with the node learning rate 0.2, its mean swung between 0.9 and 1.4 from one seed to
-  the next, and one such fit of a retrained BatchNorm digits CNN (seed 1) ended at 4.4x the plain
-  model's in-distribution NLL (0.569 vs 0.129); the same fit without the stem: 0.127. The other
+  scale), whose mean swung from one seed to the next under the node learning rate 0.2. The other
   layers are placed as in Table 1 (``stem=True`` or ``recipe="paper"`` gives the Table 1 counts).
 - ``epochs``: 2 passes over the training loader (the paper trains for hundreds of epochs).
 
 Example:
+    >>> from posthoc.methods.ibnn.recipes import RECIPES
     >>> RECIPES["paper"].node_options()["init_mean_std"]
     0.5
 """
@@ -123,6 +118,7 @@ def resolve(chosen: Recipe, given: dict[str, Any]) -> dict[str, Any]:
     """``given`` with every ``None`` replaced by the recipe's value of that setting.
 
     Example:
+        >>> from posthoc.methods.ibnn.recipes import RECIPES, resolve
         >>> resolve(RECIPES["paper"], {"components": None, "epochs": 5})
         {'components': 4, 'epochs': 5}
     """

@@ -12,12 +12,9 @@ weight decay. ``fit`` runs it from the checkpoint (the ``ivon-opt`` package, an 
 - ``layers="head"``: the classifier head on the backbone's features (computed once); the
   predictive then runs the backbone once and all sampled heads in one batched matmul.
 
-Defaults (measured by ``benchmarks/bench_sgld_ivon.py``): 2 epochs at lr 1e-3 with
-``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate barely moves from ``hess_init`` in
-such a short run, so with a ``val_loader`` the spread is chosen on it (``scale``, see
-:mod:`~posthoc.methods.ivon.scale`). On the bundled checkpoints every weight gives 0.97x / 0.89x /
-0.93x the plain model's NLL at 0 / 45 / 90 degrees (both models), the head alone 0.96-1.00x /
-0.95-0.99x / 0.96-0.99x.
+Defaults: 2 epochs at lr 1e-3 with ``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate
+barely moves from ``hess_init`` in such a short run, so with a ``val_loader`` the spread is chosen on
+it (``scale``, see :mod:`~posthoc.methods.ivon.scale`). Measured: docs/methods/ivon.md.
 
 Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
 model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit
@@ -32,6 +29,8 @@ Sample ``s`` of a prediction is ``mean + std * z_s`` with ``z_s`` the ``s``-th d
 from the generator (default: one seeded with ``seed``), exactly as ``IVON.sampled_params`` draws.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ivon").fit(train_loader)
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
@@ -83,9 +82,9 @@ class IVON(Method):
     Fit options (IVON's, with defaults for a short fine-tune from a trained checkpoint):
     ``epochs`` (2), ``lr`` (1e-3), ``ess`` (``None``: the number of training examples),
     ``hess_init`` (10: the fine-tune's sampling noise ``1 / sqrt(ess * hess_init)`` stays small
-    next to trained weights; IVON's own default 1 costs 1.06x in-distribution NLL on
-    ``digits_cnn``), ``weight_decay`` (1e-4), ``beta2`` (0.999: IVON's default 0.99999 averages the
-    Hessian over ~10^5 steps, far longer than a fine-tune), ``mc_samples`` (1 weight sample per step).
+    next to trained weights; IVON's own default 1 costs in-distribution NLL), ``weight_decay`` (1e-4),
+    ``beta2`` (0.999: IVON's default 0.99999 averages the Hessian over ~10^5 steps, far longer than a
+    fine-tune), ``mc_samples`` (1 weight sample per step).
     """
 
     name = "ivon"
@@ -338,6 +337,8 @@ class IVON(Method):
         """The posterior for the model card: weights under it, their mean posterior std and the fine-tune.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="ivon").fit(train_loader).method.summary()
             >>> card["random_variables"], card["epochs"]
             (515, 2)

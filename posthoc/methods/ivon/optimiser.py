@@ -4,6 +4,8 @@ posthoc imports without it: the package is looked up once, here, and only ``fit`
 ``method="ivon"`` needs it (a saved IVON posterior predicts without it).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.ivon.optimiser import ivon_optimiser
     >>> opt = ivon_optimiser([torch.zeros(3, requires_grad=True)], lr=1e-3, ess=100.0, hess_init=1e-3,
     ...                      weight_decay=1e-4, beta2=0.999, mc_samples=1)
     >>> type(opt).__name__

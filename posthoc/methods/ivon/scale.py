@@ -10,6 +10,7 @@ chosen among 0 (the fine-tuned mean alone) and :data:`SCALES` by the selection s
 (``IVON.choose``).
 
 Example:
+    >>> from posthoc.methods.ivon.scale import SCALES
     >>> max(SCALES), min(SCALES)
     (4.0, 0.0625)
 """

@@ -42,13 +42,15 @@ Under ``likelihood="heteroscedastic"`` (a head of means and log-variances, last 
 ``"marglik"`` too; ``"val"`` and ``"grid"`` score the held-out NLL of the predictive itself (no noise to fit).
 The held-out walk to the widest accepted prior suits shift on classes, not a log-variance: where the features
 leave the data (a gap in 1-D inputs) a wide posterior over the log-variance makes ``E e^s`` overflow
-(``benchmarks/results/heteroscedastic_laplace.md``).
+(docs/regression.md).
 
 The bound is what keeps the choice from costing in distribution on the next split of the data
-(``benchmarks/results/choices.md``). For larger gains under shift accept an in-distribution cost: a
+(docs/selection.md). For larger gains under shift accept an in-distribution cost: a
 larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="laplace", hessian="kron").fit(train_loader)
     >>> type(um.method).__name__, float(um.method.prior_precision) > 0
     ('LastLayerLaplace', True)
@@ -111,6 +113,7 @@ def scope(options: dict[str, Any]) -> str:
     """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``.
 
     Example:
+        >>> from posthoc.methods.laplace.base import scope
         >>> scope({"subset": ["fc1", "fc2"]})
         'subset'
     """
@@ -231,6 +234,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """:class:`LastLayerLaplace` for ``subset="last_layer"`` (the default), else :class:`SubsetLaplace`.
 
         Example:
+            >>> from posthoc.methods.laplace.base import Laplace
             >>> Laplace.algorithm({"subset": "all"}).__name__
             'SubsetLaplace'
         """
@@ -610,6 +614,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """The posterior for the model card: parameters under it, curvature, layers, δ and how it was chosen.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader, val_loader
             >>> card = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader).method.summary()
             >>> card["random_variables"], card["hessian"], card["prior_fit"]
             (195, 'kron', 'val')
@@ -647,6 +653,8 @@ def first_rows(loader: Iterable, rows: int, device: torch.device) -> list[tuple[
     """The first batches of ``loader`` holding ``rows`` examples (the last one cut to fit), labelled.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.base import first_rows
         >>> [len(y) for _, y in first_rows([(torch.zeros(3, 2), torch.zeros(3))] * 3, 5, torch.device("cpu"))]
         [3, 2]
     """

@@ -19,6 +19,9 @@ Linear/Conv2d layers; every module between the loss and those layers must be one
 (no BatchNorm/LayerNorm/attention).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.curvature import LastLayerGGN
+    >>> from posthoc.demo.examples import train_loader, model
     >>> ggn = LastLayerGGN("kron", num_features=64, num_classes=3, bias=True)
     >>> with torch.no_grad():
     ...     for inputs, targets in train_loader:          # one forward pass per training batch
@@ -122,6 +125,8 @@ def subset_parameters(model: nn.Module, subset: str | list[str]) -> list[str]:
     """Qualified names of the parameters a deeper Laplace covers (``"all"``: every Linear/Conv2d).
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.methods.laplace.curvature import subset_parameters
         >>> subset_parameters(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2)), "all")
         ['0.weight', '0.bias', '2.weight', '2.bias']
     """
@@ -159,6 +164,8 @@ def lora_parameters(model: nn.Module) -> list[str]:
     """The LoRA adapter weights of a ``peft`` model: its ``lora_A`` / ``lora_B`` Linear weights of the active adapters.
 
     Example:
+        >>> from posthoc.methods.laplace.curvature import lora_parameters
+        >>> from posthoc.demo.examples import model
         >>> from peft import LoraConfig, get_peft_model
         >>> lora_parameters(get_peft_model(model, LoraConfig(r=4, target_modules=["0"])))   # LoRA on the first Linear
         ['base_model.model.0.lora_A.default.weight', 'base_model.model.0.lora_B.default.weight']

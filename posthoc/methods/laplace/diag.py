@@ -6,6 +6,8 @@ head's covers ``[W, b]`` as ``(C, D+1)``. For a head, ``h_cd = Σ_n (H_n)_cc ph�
 network, ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.diag import DiagCurvature
     >>> block = DiagCurvature.from_diagonal(torch.ones(3, 5, dtype=torch.float64))
     >>> block.head_variance(torch.ones(2, 5), torch.zeros(2, 3), 1.0).scale.square()
     tensor([[2.5000, 2.5000, 2.5000],

@@ -11,6 +11,8 @@ link reads. The full ``C x C`` covariance ``(I ⊗ phĩᵀ) R`` times its transp
 eigen-factor, are made only for the links that need them (``mc``, ``bridge``).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.full import FullCurvature
     >>> block = FullCurvature.from_matrix(torch.eye(6, dtype=torch.float64))
     >>> block.head_variance(torch.ones(4, 3), torch.zeros(4, 2), 1.0).variance()
     tensor([[1.5000, 1.5000], [1.5000, 1.5000], [1.5000, 1.5000], [1.5000, 1.5000]])

@@ -6,6 +6,8 @@ residuals' root mean square (its maximum-likelihood value), and a posterior's pr
 ``N(f(x), J Σ Jᵀ + σ²)`` (independent outputs), scored by :func:`normal_nll`.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.gaussian_rows import normal_nll, residual_std
     >>> rows = [(None, torch.zeros(2, 1), torch.tensor([[1.0], [-1.0]]))]
     >>> residual_std(rows), float(normal_nll(torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1))[0])
     (1.0, 0.9189385332046727)

@@ -14,6 +14,8 @@ to a Dirichlet, from the diagonal and row sums of ``Σ``). Rows are processed in
 temporaries under the memory budget (:func:`chunked_log_predictive`).
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.glm_predictive import LogitGaussian, probit_log_probs
     >>> g = LogitGaussian(torch.zeros(2, 3), torch.ones(2, 3), None)
     >>> probit_log_probs(g).exp().sum(-1)
     tensor([1., 1.])
@@ -116,6 +118,8 @@ class DenseLogitGaussian:
     draws along the covariance's eigenvectors, like :class:`LogitGaussian` with a per-input basis.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
         >>> g = DenseLogitGaussian(torch.zeros(2, 3), torch.eye(3).expand(2, 3, 3))
         >>> g.variance(), g.sample(4).shape
         (tensor([[1., 1., 1.], [1., 1., 1.]]), torch.Size([4, 2, 3]))
@@ -192,6 +196,7 @@ def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
     about seven ``C``-vectors, and for ``mc`` three ``S x C`` blocks of logit samples.
 
     Example:
+        >>> from posthoc.methods.laplace.glm_predictive import link_row_bytes
         >>> link_row_bytes("probit", classes=10, samples=0, itemsize=4)
         280
     """
@@ -212,6 +217,8 @@ def chunked_log_predictive(
     ``(S, n, C)`` join along rows.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.glm_predictive import LogitGaussian, chunked_log_predictive
         >>> from posthoc.core.chunks import budget_scope
         >>> def gaussian(rows):
         ...     return LogitGaussian(torch.zeros(rows.stop - rows.start, 3), torch.ones(rows.stop - rows.start, 3), None)

@@ -15,6 +15,9 @@ For a layer applied over ``T`` positions (tokens, patches) with one loss per seq
 ``"diag"`` structure is the exact GGN diagonal ``Σ_n Σ_c (Σ_t g_t a_tᵀ)²``.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.laplace.hooked_kfac import hooked_ggn
     >>> net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
     >>> blocks, loss = hooked_ggn(net, ["0.weight", "2.weight", "2.bias"], "kron", [(torch.randn(8, 4), torch.randint(0, 3, (8,)))])
     >>> [tuple(b.out_eigvecs.shape) for b in blocks], blocks[0].in_eigvals.shape

@@ -14,6 +14,8 @@ and ``G = Σ_n H_n`` (the softmax's ``diag(p_n) - p_n p_nᵀ``, a Gaussian's ``I
 ``G`` (the layout of BackPACK and laplace-torch), held here as one.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.kron import KronCurvature
     >>> block = KronCurvature.from_factors(torch.eye(3, dtype=torch.float64), torch.eye(5, dtype=torch.float64))
     >>> block.spectrum().shape, block.sample(torch.zeros(3, 5), 1.0, 4, None).shape
     (torch.Size([15]), torch.Size([4, 3, 5]))

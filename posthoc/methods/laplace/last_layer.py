@@ -32,6 +32,9 @@ across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ
 per output.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.methods.laplace.last_layer import LastLayerLaplace
+    >>> from posthoc.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
     (True, '3', 'DiagCurvature')
@@ -232,6 +235,9 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.
 
         Example:
+            >>> import torch
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader).method.row_bytes(0, torch.float32)
             344
         """

@@ -24,6 +24,8 @@ targets' units (without it, targets in units of 1e-8 pushed ``δ`` onto the boun
 The alternatives on held-out NLL are in :mod:`posthoc.methods.laplace.prior_search`.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.marglik import effective_parameters, optimize_prior_precision
     >>> spectrum = torch.tensor([10.0, 1.0, 0.1], dtype=torch.float64)
     >>> delta = optimize_prior_precision(spectrum, loss=5.0, square_norm=2.0)
     >>> float(effective_parameters(spectrum, delta) - delta * 2.0) < 1e-8
@@ -53,6 +55,7 @@ def prior_bounds(scale: float = 1.0) -> tuple[float, float]:
     """The search range of ``δ`` for targets of scale ``scale``: ``[MIN, MAX] / scale²`` (see module docs).
 
     Example:
+        >>> from posthoc.methods.laplace.marglik import prior_bounds
         >>> prior_bounds(1e4)
         (1e-16, 1.0)
     """
@@ -158,6 +161,8 @@ def optimize_noise_and_prior(
     or ``noise_std`` stays fixed; ``δ`` is searched in :func:`prior_bounds` of the targets' ``scale``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.marglik import optimize_noise_and_prior
         >>> delta, std = optimize_noise_and_prior(torch.tensor([40.0, 4.0], dtype=torch.float64), 2.0, 40, 1.0)
         >>> 0 < std < 1
         True

@@ -13,6 +13,7 @@ minimiser is a posterior too narrow to change anything under shift; the widest p
 in-distribution cost is bounded keeps in-distribution predictions and widens the shifted ones.
 
 Example:
+    >>> from posthoc.methods.laplace.prior_search import ladder
     >>> candidates = ladder()
     >>> candidates[0], candidates[4], candidates[-1]
     (100000000.0, 10000.0, 0.0001)
@@ -51,6 +52,8 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
     """The prior precision in ``grid`` with the lowest ``validation_nll(δ)`` (ties: the smaller δ).
 
     Example:
+        >>> import math
+        >>> from posthoc.methods.laplace.prior_search import grid_search
         >>> grid_search(lambda delta: (math.log10(delta) - 1) ** 2)
         10.0
     """
@@ -64,6 +67,8 @@ def ladder(grid: Tensor | None = None, *, scale: float = 1.0) -> list[float]:
     ``scale`` (1 for class labels: :func:`~posthoc.methods.laplace.marglik.prior_bounds`).
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.prior_search import ladder
         >>> ladder(torch.tensor([1.0, 10.0]))[-3:]
         [100.0, 10.0, 1.0]
     """

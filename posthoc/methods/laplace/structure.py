@@ -19,6 +19,7 @@ covers ``[W, b]`` over ``phĩ = [phi, 1]``. Adding a structure is one module wit
 one entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
 
 Example:
+    >>> import torch
     >>> from posthoc.methods.laplace.diag import DiagCurvature
     >>> block = DiagCurvature.from_diagonal(torch.ones(3, 5))
     >>> block.spectrum().shape, block.head_variance(torch.ones(2, 5), torch.zeros(2, 3), 1.0).variance()
@@ -88,6 +89,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
 
         Example:
+            >>> import torch
             >>> from posthoc.methods.laplace.diag import DiagCurvature
             >>> block, weight = DiagCurvature.from_diagonal(torch.ones(3, 5)), torch.zeros(3, 5)
             >>> block.sample(weight, 1.0, 10, None).shape

@@ -3,6 +3,7 @@
 ``"kron-mc"`` is fitted differently (BackPACK's sampled KFAC) but held as ``"kron"``.
 
 Example:
+    >>> from posthoc.methods.laplace.structures import structure_class
     >>> structure_class("kron-mc").__name__
     'KronCurvature'
 """

@@ -24,6 +24,9 @@ prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in 
 (:mod:`posthoc.methods.laplace.base`); ``pred="nn"`` refuses them under regression.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.methods.laplace.subset import SubsetLaplace
+    >>> from posthoc.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="laplace", subset=["0", "3"]).fit(train_loader)
     >>> isinstance(um.method, SubsetLaplace), um.method.pred
     (True, 'glm')

@@ -15,6 +15,8 @@ that laplace-torch calls ``pred_type="glm"``; unlike weight sampling (``pred="nn
 directions the data never probed wreck the network's predictions.
 
 Example:
+    >>> from torch import nn
+    >>> from posthoc.methods.laplace.subset_glm import covered_linear_layers
     >>> net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
     >>> layers = covered_linear_layers(net, ["0.weight", "0.bias", "2.weight", "2.bias"])
     >>> sorted(layers)
@@ -110,6 +112,8 @@ def jacobian_factors(
     ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (float64): what ``J Σ Jᵀ`` needs at any prior.
 
     Example:
+        >>> from posthoc.methods.laplace.subset_glm import covered_linear_layers, jacobian_factors
+        >>> from posthoc.demo.examples import model, x
         >>> logits, factors = jacobian_factors(model, covered_linear_layers(model, ["3.weight"]), x)
         >>> logits.shape, factors["3"][0].shape, factors["3"][1].shape   # g: (n, C, out), a: (n, in)
         (torch.Size([8, 3]), torch.Size([8, 3, 3]), torch.Size([8, 64]))

@@ -8,6 +8,8 @@ other units (1e8, 1e-8) give the same fit in those units. The spread is read fro
 curvature pass reads them (:class:`TargetMoments`), at no extra pass.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.laplace.units import TargetMoments
     >>> moments = TargetMoments([(torch.zeros(4, 2), torch.tensor([1.0, 3.0, 1.0, 3.0]))])
     >>> _ = list(moments); moments.decade()
     1.0

@@ -5,6 +5,8 @@ cheaper than ``bernoulli_``. Masks are drawn on the generator's device when one 
 generator gives the same masks for a CPU and a CUDA model.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.mc_dropout.masks import dropped, keep_mask
     >>> keep = keep_mask((1000, 100), 0.25, generator=torch.Generator().manual_seed(0), device="cpu")
     >>> round(keep.float().mean().item(), 2)
     0.75

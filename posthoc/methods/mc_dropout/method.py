@@ -12,8 +12,7 @@ the first batch that ``fit()`` (for ``p="auto"``) or ``predict()`` sees; nothing
 * With ``masks="shared"`` and dropout on the head's input only (a Linear head): one forward pass
   captures the features, and ``S`` masks over them, shared by the examples of the batch, give all
   samples in one matmul (:mod:`.shared_masks`). Not the default: temperature fitted on such
-  samples sees only ``S`` sub-networks per batch and over-sharpens (digits CNN: T 0.24 instead of
-  0.59, test NLL 0.128 instead of 0.086).
+  samples sees only ``S`` sub-networks per batch and over-sharpens (docs/methods/mc-dropout.md).
 * Otherwise (``masks="per_example"``, the default): the network runs once up to the first dropout site,
   and the rest runs on all ``S`` samples at once (:mod:`posthoc.engine.suffix`), with a fresh
   mask for every example and sample.
@@ -41,6 +40,9 @@ noise of the predictive is then fitted at the chosen rate as above. No perturbed
 grade a classifier's accuracy).
 
 Example:
+    >>> import torch
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, x
     >>> um = posthoc.wrap(model, method="mc-dropout", p=0.2)
     >>> um.predict(x, num_samples=100, generator=torch.Generator().manual_seed(0)).samples.shape
     torch.Size([100, 8, 3])
@@ -86,8 +88,7 @@ from posthoc.methods.mc_dropout.sites import (
 #: candidate rates when the rate is chosen on validation data (``p="auto"``, or ``p=None`` with a ``val_loader``)
 P_GRID = (0.01, 0.02, 0.05, 0.1, 0.15, 0.2, 0.3, 0.5)
 #: masks per example while choosing the rate, as a multiple of ``num_samples``: with the default 50, the
-#: Monte Carlo noise of the validation NLL (a spread of 2% at p=0.1 on digits_bn_cnn over generator seeds,
-#: 0.7% with 200) exceeds the tolerance
+#: Monte Carlo noise of the validation NLL exceeds the tolerance (docs/methods/mc-dropout.md)
 SELECTION_FACTOR = 4
 MASKS = ("shared", "per_example")
 
@@ -196,7 +197,7 @@ class MCDropout(Method):
     @classmethod
     def suits(cls, model: nn.Module) -> bool:
         """A candidate of ``method="auto"`` only on a model with dropout of its own (inserted dropout at the head of a
-        model trained without it gains little: ``benchmarks/results/quality.md``)."""
+        model trained without it gains little: docs/methods/mc-dropout.md)."""
         return bool(own_dropout_sites(model))
 
     @property
@@ -252,6 +253,8 @@ class MCDropout(Method):
         sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
 
         Example:
+            >>> import torch
+            >>> import posthoc
             >>> from posthoc.demo import zoo
             >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
             >>> _ = um.predict(torch.zeros(2, 1, 28, 28)); um.method.summary()["random_variables"]

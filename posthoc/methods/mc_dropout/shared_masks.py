@@ -11,6 +11,9 @@ dimension vectorises over examples), else the ``S`` masked feature matrices ``(S
 of samples are sized under the memory budget by :mod:`posthoc.core.chunks`.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.mc_dropout.shared_masks import shared_mask_predictive
     >>> from posthoc.methods.mc_dropout.masks import keep_mask
     >>> head = nn.Linear(64, 8)
     >>> keep = keep_mask((100, 64), 0.25, generator=torch.Generator().manual_seed(0), device="cpu")

@@ -21,6 +21,7 @@ Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`):
   the ``S`` samples is kept, evenly spaced, ending with the cycle's last step (the low-step phase).
 
 Example:
+    >>> from posthoc.methods.sgld.langevin import kept_steps, step_size
     >>> [round(step_size(k, 8, 0.1, cycles=2), 3) for k in range(8)]
     [0.1, 0.085, 0.05, 0.015, 0.1, 0.085, 0.05, 0.015]
     >>> kept_steps(8, 4, cycles=2, burn_in=0.5, exploration=0.5)
@@ -65,6 +66,7 @@ def silent_cycles(total: int, cycles: int, exploration: float) -> int:
     have none).
 
     Example:
+        >>> from posthoc.methods.sgld.langevin import silent_cycles
         >>> silent_cycles(16, 4, 0.8), silent_cycles(20, 4, 0.8)
         (4, 0)
     """
@@ -79,6 +81,7 @@ def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_
     would be plain SGD iterates (no Langevin noise), and its epistemic spread would be near zero.
 
     Example:
+        >>> from posthoc.methods.sgld.langevin import check_schedule
         >>> check_schedule(16, 4, 0.8, steps_per_epoch=8)
         Traceback (most recent call last):
         posthoc.errors.ConfigError: cyclical SGLD with cycles=4 over 16 steps...
@@ -105,6 +108,7 @@ def kept_steps(total: int, count: int, *, cycles: int | None, burn_in: float, ex
     """The steps after which a sample is kept, ``count`` in all (fewer if there are fewer candidate steps).
 
     Example:
+        >>> from posthoc.methods.sgld.langevin import kept_steps
         >>> kept_steps(100, 4, cycles=None, burn_in=0.5, exploration=0.8)
         [62, 74, 87, 99]
     """
@@ -138,6 +142,8 @@ class Langevin:
         generator: the noise's random generator.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.sgld.langevin import Langevin
         >>> theta = torch.zeros(3, requires_grad=True)
         >>> chain = Langevin([theta], size=100, prior_precision=1.0, temperature=1.0)
         >>> theta.grad = torch.ones(3)

@@ -13,12 +13,10 @@ private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples``
   (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
   the backbone once and every head in one batched matmul (about the cost of one forward).
 
-Why every weight by default (measured by ``benchmarks/bench_sgld_ivon.py``): on the
-bundled digits models the head-only chain drifts from the checkpoint towards a more confident head
-(the features seen in eval mode are not those the head was trained on with dropout) and does not
-lower the NLL at 90 degrees (1.00-1.02x the plain model's), while 2 epochs over every weight at
-lr 1e-3 keep the in-distribution NLL within 2% and lower it under rotation on both models, for
-about 20x a forward at predict.
+Why every weight by default: the head-only chain drifts from the checkpoint towards a more confident
+head (the features seen in eval mode are not those the head was trained on with dropout) and does not
+lower the NLL under shift, while a short chain over every weight keeps the in-distribution NLL and
+lowers it under rotation (measured: docs/methods/sgld.md).
 
 Prior and temperature: the chain targets ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)``
 with ``theta_0`` the checkpoint (``prior="checkpoint"``, default: the prior keeps the chain near the
@@ -33,6 +31,8 @@ is ``2 / σ²`` times the softmax's largest), and the noise is re-fitted on the 
 mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader, epochs=10)
     >>> um.predict(x).samples.shape          # one sample per cycle
     torch.Size([4, 8, 3])
@@ -300,6 +300,8 @@ class SGLD(Method):
         """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
             >>> card["layers"], card["kept"]
             (['0', '3'], 20)

@@ -16,6 +16,8 @@ checkpoint's weights, ``log alpha`` at ``init_log_alpha`` everywhere; the bias s
 (trained, not random), as in the paper.
 
 Example:
+    >>> from torch import nn
+    >>> from posthoc.methods.sparse_vd.log_alpha import LogAlphaLayer
     >>> posterior = LogAlphaLayer(nn.Linear(4, 3), init_log_alpha=-4.0)
     >>> bool((posterior.log_alpha() - (-4.0)).abs().max() < 1e-4)
     True
@@ -41,6 +43,8 @@ def kl_approximation(log_alpha: Tensor) -> Tensor:
     """Molchanov et al.'s approximation of ``KL(q(w) || p(w))`` per weight, as a function of ``log alpha``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.sparse_vd.log_alpha import kl_approximation
         >>> kl_approximation(torch.tensor([20.0])) < 1e-3      # pure noise costs nothing
         tensor([True])
     """

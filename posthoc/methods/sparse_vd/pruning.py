@@ -5,6 +5,9 @@ A weight is pruned when its ``log alpha`` exceeds a threshold (3 in Molchanov et
 same number of weights in each layer, chosen uniformly at random (seeded).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.methods.sparse_vd.pruning import pruned_copy, removed_weights, sparsity
+    >>> from posthoc.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
     >>> layers = um.method.layers                       # the fitted log alpha of each weight
     >>> removed = removed_weights(layers, 3.0)
@@ -40,6 +43,7 @@ def check_threshold(threshold: Any) -> float:
     """``threshold`` as a float if it is a finite number (a ``log alpha``), else a :class:`~posthoc.ConfigError`.
 
     Example:
+        >>> from posthoc.methods.sparse_vd.pruning import check_threshold
         >>> check_threshold(3)
         3.0
     """
@@ -73,6 +77,8 @@ def sparsity(removed: dict[str, Tensor]) -> dict[str, Any]:
     """``{"total": fraction removed, "layers": {name: fraction}, "removed": count, "weights": count}``.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.sparse_vd.pruning import sparsity
         >>> sparsity({"fc": torch.tensor([True, False, False, False])})
         {'total': 0.25, 'layers': {'fc': 0.25}, 'removed': 1, 'weights': 4}
     """

@@ -15,6 +15,7 @@ only (:mod:`posthoc.engine.objective` says why), and the noise is then re-fitted
 predictive. :meth:`SWAGBase.regression_predictive` is that mixture.
 
 Example:
+    >>> from posthoc.methods.swag.base import SWAGBase
     >>> class Mine(SWAGBase):
     ...     def _tuning(self, loader): ...
     ...     def _collected_tensors(self): ...
@@ -66,6 +67,7 @@ def collect_steps(steps: int, per_epoch: int) -> set[int]:
     """The step indices (0-based) after which a snapshot is taken, spread evenly over an epoch.
 
     Example:
+        >>> from posthoc.methods.swag.base import collect_steps
         >>> sorted(collect_steps(10, 4))
         [2, 4, 7, 9]
     """
@@ -350,6 +352,8 @@ class SWAGBase(Method):
         """The posterior for the model card: parameters under it, rank, layers and the fine-tuning that fitted it.
 
         Example:
+            >>> import posthoc
+            >>> from posthoc.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="swag").fit(train_loader).method.summary()
             >>> card["random_variables"], card["rank"], card["snapshots"]
             (515, 8, 8)

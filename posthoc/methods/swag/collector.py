@@ -9,6 +9,9 @@ stays exact over long runs), and a ring buffer of the last ``rank`` deviations
 runs the same collector inside its own short fine-tune.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.swag.collector import SWAGCollector
     >>> model = nn.Linear(4, 3)
     >>> optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     >>> collector = SWAGCollector(model, rank=4)
@@ -68,6 +71,9 @@ class SWAGCollector(nn.Module):
     ``state_dict`` saves them.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> import posthoc
         >>> net = nn.Linear(2, 1)
         >>> collector = posthoc.SWAGCollector(net, rank=2)
         >>> for value in (1.0, 3.0):

@@ -6,6 +6,8 @@ features ``phi`` and all samples are drawn in logit space in batched ops (no wei
 ``likelihood="regression"`` the same draws are the head's sampled outputs.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="swag", subset="last_layer")
     >>> type(um.method).__name__
     'LastLayerSWAG'

@@ -9,22 +9,23 @@ algorithms, chosen by ``subset`` at ``wrap()``:
 - ``subset="last_layer"``: :class:`~posthoc.methods.swag.last_layer.LastLayerSWAG`, Gaussian logits
   from one backbone pass.
 
-Defaults (the numbers are ``python benchmarks/bench_swag.py --part quality``): 2 epochs
+Defaults (measured: docs/methods/swag.md): 2 epochs
 of SGD (momentum 0.9, no weight decay) at a learning rate set from the model, ``1e-4`` of the
 weights' norm per step over the mean mini-batch gradient norm, 4 snapshots per epoch, and, when
 ``fit`` gets a ``val_loader``, the scale chosen by the selection step (:mod:`posthoc.engine.selection`:
 confidently within ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on
 perturbed copies; see :mod:`~posthoc.methods.swag.schedule` for why: the drift of a
 longer or faster fine-tuning, not the sampling, is what made SWAG worse than the plain model under
-shift). The full network stays the default: on ``digits_cnn`` it improves most under shift
-(NLL 2.80 / 6.47 at 45 / 90 degrees against the plain 2.93 / 6.59) for about 20 s of CPU to fit on
-2,400 digits and 20x a forward to predict; last-layer SWAG also improves on the plain model there
-(2.84 / 6.51) at 1.8 s and 1.1x a forward: the choice for a large model or a tight predict budget.
+shift). The full network stays the default: it improves most under shift, at about 20x a forward to
+predict; last-layer SWAG improves less, at about 1.1x a forward: the choice for a large model or a tight
+predict budget.
 
 The user's model is never changed: fine-tuning runs on private copies, and the wrapped model keeps
 the pretrained weights (samples are passed to it functionally).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="swag").fit(train_loader, val_loader)
     >>> um.method.summary()["scale"]      # chosen on val_loader
     128.0
@@ -76,6 +77,7 @@ class SWAG(SWAGBase):
         """:class:`LastLayerSWAG` for ``subset="last_layer"``, else :class:`SubsetSWAG`.
 
         Example:
+            >>> from posthoc.methods.swag.method import SWAG
             >>> SWAG.algorithm({"subset": "last_layer"}).__name__, SWAG.algorithm({}).__name__
             ('LastLayerSWAG', 'SubsetSWAG')
         """

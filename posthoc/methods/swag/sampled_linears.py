@@ -7,6 +7,9 @@ recomputes its output with sample ``s``'s weights for sample ``s``'s rows, in on
 of ``S`` full passes. The layer's own output (with its checkpoint weights) is discarded.
 
 Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> from posthoc.methods.swag.sampled_linears import sampled_linears
     >>> from posthoc.engine.suffix import SuffixRunner
     >>> net = nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2))
     >>> runner = SuffixRunner(net, "2")

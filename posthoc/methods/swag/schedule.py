@@ -1,26 +1,23 @@
 """SWAG's default schedule: a learning rate relative to the model's own scale, and a scale chosen on held-out NLL.
 
-Why (measured on the bundled ``digits_cnn`` and ``digits_bn_cnn``, see ``benchmarks/bench_swag.py``):
-the fine-tuning that collects the moments moves the weights away from the checkpoint, and that
-drift, not the sampling, decides SWAG's quality under shift. With SGD at lr 0.01 for 10 epochs the
-SWA mean alone already has a worse NLL on digits rotated 90 degrees than the checkpoint (7.18 vs
-6.59 on ``digits_cnn``), and no sampling detail (snapshots per epoch, rank, the low-rank divisor,
-BatchNorm refresh per sample or once, a variance floor) moves it by more than 0.15. (torch-uncertainty's
-SWAG scores better on that fine-tune only because its samples stay in train mode and BatchNorm
-normalises each test batch by its own statistics; in eval mode it matches this one.) So:
+Why (measured: docs/methods/swag.md): the fine-tuning that collects the moments moves the weights away
+from the checkpoint, and that drift, not the sampling, decides SWAG's quality under shift: after a longer,
+faster fine-tune the SWA mean alone is already worse under shift than the checkpoint, and no sampling
+detail (snapshots per epoch, rank, the low-rank divisor, BatchNorm refresh per sample or once, a variance
+floor) makes up for it. So:
 
 - the learning rate is set from the model: ``lr = RELATIVE_STEP * |theta| / mean |grad|``, the
   norm of the fine-tuned weights over the mean norm of the mini-batch loss gradient at the
   checkpoint (:func:`relative_lr`): each step moves the weights by about ``1e-4`` of their norm,
-  whatever the model's parametrisation or loss scale (lr about 0.002 on ``digits_cnn``, 0.0012 on
-  ``digits_bn_cnn``), for 2 epochs;
-- the spread the SGD iterates give at such a step is too small to matter at the paper's scale
-  0.5 on ``digits_cnn``, and too large on ``digits_bn_cnn`` at scale 8; so with a ``val_loader``
+  whatever the model's parametrisation or loss scale, for 2 epochs;
+- the spread the SGD iterates give at such a step is too small to matter at the paper's scale on one
+  model and too large on another at a larger scale; so with a ``val_loader``
   the scale is chosen on held-out data by the selection step, walking the :data:`LADDER` of scales
   by factors of 2 from :data:`START_SCALE` (``SWAGBase.choose``), as Laplace chooses its prior
   precision.
 
 Example:
+    >>> from posthoc.methods.swag.schedule import LADDER, START_SCALE
     >>> LADDER[0], LADDER[-1], START_SCALE
     (0.0625, 128.0, 0.5)
 """
@@ -70,6 +67,9 @@ def relative_lr(
     ranks use one learning rate. The gradients are cleared afterwards (``trained`` must hold none before).
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.methods.swag.schedule import relative_lr
         >>> net = nn.Linear(4, 3)
         >>> lr = relative_lr(net, list(net.parameters()), [(torch.randn(8, 4), torch.tensor([0, 1, 2, 0, 1, 2, 0, 1]))],
         ...                  device=torch.device("cpu"))

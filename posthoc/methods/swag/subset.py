@@ -8,6 +8,8 @@ stored. Where every sampled weight belongs to a Linear layer and no such BatchNo
 the prefix before the first sampled layer runs once and the suffix samples in one expanded pass.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="swag", subset=["0", "3"])          # both linear layers
     >>> type(um.method).__name__
     'SubsetSWAG'
@@ -47,6 +49,8 @@ def subset_names(model: nn.Module, subset: str | Sequence[str]) -> list[str]:
     """The trainable parameters ``subset`` names: every one (``"all"``) or those of the named modules.
 
     Example:
+        >>> from torch import nn
+        >>> from posthoc.methods.swag.subset import subset_names
         >>> subset_names(nn.Sequential(nn.Linear(2, 3), nn.ReLU(), nn.Linear(3, 2)), ["2"])
         ['2.weight', '2.bias']
     """
@@ -86,6 +90,9 @@ def trace_placement(model: nn.Module, names: Sequence[str], x: Inputs) -> Placem
     """Trace one forward pass of ``x`` to find the :class:`Placement` of the weights ``names``.
 
     Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.methods.swag.subset import trace_placement
         >>> net = nn.Sequential(nn.Linear(4, 6), nn.BatchNorm1d(6), nn.ReLU(), nn.Linear(6, 3))
         >>> trace_placement(net, ["0.weight"], torch.randn(2, 4)).refreshed
         ['1']

@@ -19,6 +19,8 @@ the evaluation reports (:data:`posthoc.shift.EVALUATION_KINDS`: rotate, contrast
 benchmark of ``"tta"`` under those kinds measures shifts its augmentations never imitated.
 
 Example:
+    >>> import torch
+    >>> from posthoc.methods.tta.augment import Views, families_for
     >>> views = Views(families_for(["noise", "zoom"], torch.zeros(2, 1, 8, 8)), views=3)
     >>> [v.shape for v in views.make(torch.rand(2, 1, 8, 8), 1.0, torch.Generator().manual_seed(0), torch.ones(1))]
     [torch.Size([2, 1, 8, 8]), torch.Size([2, 1, 8, 8]), torch.Size([2, 1, 8, 8])]
@@ -102,6 +104,7 @@ def check_augmentations(augmentations: Any) -> list[str | Callable[[Inputs], Inp
     """``"auto"``, or a non-empty list of built-in family names and callables ``x -> x'``; anything else is refused.
 
     Example:
+        >>> from posthoc.methods.tta.augment import check_augmentations
         >>> check_augmentations(["noise", "rotate"])
         Traceback (most recent call last):
         posthoc.errors.ConfigError: augmentations[1]: unknown family 'rotate'...
@@ -137,6 +140,8 @@ def families_for(augmentations: Sequence[str | Callable] | str, x: Inputs) -> li
     the inputs, or ``"auto"`` for a layout without families, is refused, saying what does.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.tta.augment import families_for
         >>> [name for name, _ in families_for("auto", torch.zeros(4, 3))]
         ['feature-noise']
     """

@@ -25,6 +25,8 @@ disagreement as epistemic. Under ``likelihood="regression"`` the mixture of the 
   whose inputs fit the memory budget).
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="tta", views=4).fit(train_loader)
     >>> um.predict(x).samples.shape                 # four views of eight inputs
     torch.Size([4, 8, 3])

@@ -7,6 +7,8 @@ the same fraction of the weights' scale in every layer). The prior is ``N(m, s^2
 prior says "near the pretrained solution", read from the user's layer, which is never changed).
 
 Example:
+    >>> from torch import nn
+    >>> from posthoc.methods.vi.gaussian import GaussianLayer
     >>> posterior = GaussianLayer(nn.Linear(4, 3), init_std=0.2, prior_std=1.0, prior_mean="zero")
     >>> posterior.kl().shape
     torch.Size([])
@@ -29,6 +31,8 @@ def gaussian_kl(mean: Tensor, log_std: Tensor, prior_mean: Tensor | float, prior
     """``sum KL(N(mean, exp(log_std)^2) || N(prior_mean, prior_std^2))`` over all elements.
 
     Example:
+        >>> import torch
+        >>> from posthoc.methods.vi.gaussian import gaussian_kl
         >>> float(gaussian_kl(torch.zeros(3), torch.zeros(3), 0.0, 1.0))
         0.0
     """

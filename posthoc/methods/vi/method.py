@@ -8,16 +8,13 @@ maximises the ELBO with one local-reparameterisation draw per example (Kingma et
 the KL weight annealed by ``kl_schedule`` (:mod:`posthoc.engine.kl_schedule`); the user's model
 is never changed (:mod:`posthoc.engine.variational_method`).
 
-Defaults (measured by ``python benchmarks/quality.py --quick --archs digits_cnn digits_bn_cnn
---methods none vi sparse-vd``): the head, ``init_std=0.2``, prior ``N(0, 1)``, 3 epochs with a linear
-KL warm-up. NLL at 0 / 45 / 90 degrees: ``digits_cnn`` 0.074 / 2.43 / 6.17 against the plain model's
-0.076 / 2.73 / 6.37, ``digits_bn_cnn`` 0.126 / 2.46 / 4.32 against 0.124 / 2.86 / 4.82, for 7-9 s
-of fit and about 1.1x a forward to predict. A smaller ``init_std`` (0.05) leaves the standard
-deviations too small after 3 epochs (NLL at 90 degrees above the plain model's on ``digits_cnn``);
-longer fits widen them past what in-distribution NLL allows on ``digits_bn_cnn`` (in-distribution NLL
-against the plain model's: ``init_std=0.05`` for 6 epochs 1.01x, ``init_std=0.2`` for 5 epochs 1.10x).
+Defaults: the head, ``init_std=0.2``, prior ``N(0, 1)``, 3 epochs with a linear KL warm-up. A smaller
+``init_std`` leaves the standard deviations too small after 3 epochs; longer fits widen them past what
+in-distribution NLL allows. Measured: docs/methods/vi.md.
 
 Example:
+    >>> import posthoc
+    >>> from posthoc.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="vi").fit(train_loader, kl_schedule="cosine")
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
