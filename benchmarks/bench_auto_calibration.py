@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
+from posthoc_apps.demo import data, zoo
 
 
 def main(argv: list[str] | None = None) -> None:

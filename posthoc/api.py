@@ -18,6 +18,7 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.chain import CALIBRATE_REGRESSOR, RETIRED_OPTIONS, build_chain, route_options, spec_of
+from posthoc.core.checkpoint import load_checkpoint
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.modules import get_submodule, uncompiled
@@ -27,7 +28,6 @@ from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
-from posthoc.loading.models import load_checkpoint
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")

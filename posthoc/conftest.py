@@ -17,8 +17,8 @@ mutable ones are copied for every docstring so that no example sees another's ch
 - ``net_a``, ``net_b``, ``net_c``: three more classifiers of ``model``'s architecture trained from other seeds (100
   steps), the members of a deep ensemble;
 - ``um``: ``posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)``;
-- ``regressor``: :func:`posthoc.demo.regression.train_mlp` (hidden width 16) on the seed 004 sinusoid
-  (:func:`posthoc.demo.regression.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
+- ``regressor``: :func:`posthoc_apps.demo.regression.train_mlp` (hidden width 16) on the seed 004 sinusoid
+  (:func:`posthoc_apps.demo.regression.sinusoid`, one input feature); ``reg_train_loader``, ``reg_val_loader``,
   ``reg_test_loader`` its training (40), validation (40) and test (420) points; ``reg_x``, ``reg_y`` the first
   eight test inputs ``(8, 1)`` and targets ``(8, 1)``; ``regression_um``:
   ``posthoc.wrap(regressor, method="laplace", likelihood="regression").fit(reg_train_loader, reg_val_loader)``;
@@ -27,8 +27,8 @@ mutable ones are copied for every docstring so that no example sees another's ch
   noisy_loader)`` (laplace); ``plain_report``, ``plain_noisy_report``: the same of the plain model
   (``posthoc.wrap(model, method="none")``); ``verdict``: their
   :func:`~posthoc.evaluation.comparison.compared_verdict` (``[plain_report, report]``, shifted to ``noisy``);
-- ``digits``: the bundled digits splits (:func:`posthoc.demo.data.load_digits`); ``cnn``: the bundled digits CNN
-  (:func:`posthoc.demo.zoo.pretrained`); ``digits_test_loader``: the first 200 test digits in one batch;
+- ``digits``: the bundled digits splits (:func:`posthoc_apps.demo.data.load_digits`); ``cnn``: the bundled digits CNN
+  (:func:`posthoc_apps.demo.zoo.pretrained`); ``digits_test_loader``: the first 200 test digits in one batch;
   ``shift_table``: the :class:`~posthoc.evaluation.shift.ShiftTable` of ``{"MAP": posthoc.wrap(cnn, method="none"),
   "laplace": posthoc.wrap(cnn, method="laplace").fit(...)}`` (fitted on 600 fit and 200 calibration digits) on
   ``digits_test_loader`` under ``kinds=["gaussian-noise", "rotate"]`` at ``severities=[1, 3, 5]``.
@@ -115,7 +115,7 @@ def _classification() -> dict[str, Any]:
 
 def _regression() -> dict[str, Any]:
     if "_regression" not in _CACHE:
-        from posthoc.demo.regression import sinusoid, train_mlp
+        from posthoc_apps.demo.regression import sinusoid, train_mlp
 
         data = sinusoid()
         _CACHE["_regression"] = {"data": data, "model": train_mlp(data.train, hidden=16, epochs=300, seed=0)}
@@ -259,21 +259,21 @@ def _verdict() -> Any:
 
 @_builder("digits")
 def _digits() -> Any:
-    from posthoc.demo.data import load_digits
+    from posthoc_apps.demo.data import load_digits
 
     return load_digits()
 
 
 @_builder("cnn", copied=True)
 def _cnn() -> Any:
-    from posthoc.demo.zoo import pretrained
+    from posthoc_apps.demo.zoo import pretrained
 
     return pretrained()
 
 
 @_builder("digits_test_loader")
 def _digits_test_loader() -> Any:
-    from posthoc.demo import data
+    from posthoc_apps.demo import data
 
     return data.loader(data.subset(_get("digits").test, 200), batch_size=200)
 
@@ -281,7 +281,7 @@ def _digits_test_loader() -> Any:
 @_builder("shift_table")
 def _shift_table() -> Any:
     import posthoc
-    from posthoc.demo import data
+    from posthoc_apps.demo import data
 
     digits, cnn = _get("digits"), _get("cnn")
     laplace = posthoc.wrap(cnn, method="laplace").fit(

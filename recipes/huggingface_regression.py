@@ -10,7 +10,7 @@ Steps: (1) ``AutoModelForSequenceClassification.from_pretrained(name, num_labels
 problem_type="regression")`` and ``AutoTokenizer.from_pretrained`` (a model fine-tuned as a regressor keeps
 its one-output head; a classifier checkpoint gets a fresh one, ``ignore_mismatched_sizes``); its ``logits``
 ``(N, 1)`` are the predicted means; (2) the text files, batched with the model's own tokenizer into
-``(BatchEncoding, float targets)`` pairs (``posthoc.loading.hf.TextFile(..., target=...)``);
+``(BatchEncoding, float targets)`` pairs (``posthoc_apps.loading.hf.TextFile(..., target=...)``);
 (3) ``posthoc.wrap(model, method, likelihood="regression").fit(train, val)`` for each ``--method`` row
 (default ``laplace``: last-layer Laplace on the head ``classifier`` / ``score``) next to the plain model,
 whose Gaussian noise is fitted on ``--val``; (4) ``posthoc.evaluate`` on ``--test`` (default: half of
@@ -29,10 +29,10 @@ from typing import Any
 import torch
 from torch import nn
 
-from posthoc.cli.evaluate import parse_bool
-from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
 from posthoc.errors import exit_status
-from posthoc.loading.hf import TextFile, require_transformers, text_loader
+from posthoc_apps.cli.evaluate import parse_bool
+from posthoc_apps.cli.regression import add_recipe_arguments, run_regression_recipe
+from posthoc_apps.loading.hf import TextFile, require_transformers, text_loader
 
 REGRESSION = {"num_labels": 1, "problem_type": "regression"}
 

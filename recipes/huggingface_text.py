@@ -35,9 +35,9 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
 from posthoc.errors import exit_status
-from posthoc.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
+from posthoc_apps.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
+from posthoc_apps.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
 
 
 def load_model(name: str, pretrained: bool = True, num_classes: int | None = None) -> tuple[nn.Module, Any]:

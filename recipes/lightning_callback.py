@@ -1,7 +1,7 @@
 """Train a LightningModule, fit posthoc when training ends, and restore the fitted model from the checkpoint.
 
 A small classifier of scikit-learn's 8x8 digits (1,797 images, bundled with scikit-learn: nothing to download)
-is trained for a few epochs with ``lightning``; :class:`posthoc.lightning.PosthocCallback` then fits the
+is trained for a few epochs with ``lightning``; :class:`posthoc_apps.lightning.PosthocCallback` then fits the
 post-hoc method on the best checkpoint's network, with the datamodule's training and validation loaders::
 
     python recipes/lightning_callback.py --out reports/lightning --epochs 2 --method laplace+temperature
@@ -13,7 +13,7 @@ difference between the callback's probabilities and those of the model restored 
 
 In your own project the callback is one line, and restoring two::
 
-    from posthoc.lightning import PosthocCallback
+    from posthoc_apps.lightning import PosthocCallback
 
     callback = PosthocCallback(method=["laplace", "temperature"], model_attr="net")
     trainer = lightning.Trainer(max_epochs=10, callbacks=[callback])
@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.errors import exit_status
 from posthoc.evaluation.report import markdown_table
-from posthoc.lightning import PosthocCallback
+from posthoc_apps.lightning import PosthocCallback
 
 
 class LitDigits(pl.LightningModule):

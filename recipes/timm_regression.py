@@ -10,7 +10,7 @@ column (paths relative to the CSV) and a numeric target column (``--target``, de
 Steps: (1) ``timm.create_model(NAME, pretrained=True, num_classes=1)``: the backbone's ImageNet weights and a
 one-output head (``--checkpoint`` loads your fine-tuned regressor's state_dict on top; without one the
 head is untrained and the report shows it); (2) the model's own evaluation preprocessing
-(``timm.data.resolve_data_config`` + ``create_transform``); (3) ``posthoc.loading.image_targets.ImageTargets``
+(``timm.data.resolve_data_config`` + ``create_transform``); (3) ``posthoc_apps.loading.image_targets.ImageTargets``
 loaders of ``(image, float target)``; (4) ``posthoc.wrap(model, method, likelihood="regression").fit(train,
 val)`` for each ``--method`` row (default ``laplace``: last-layer Laplace on the head) next to the plain model,
 whose Gaussian noise is fitted on ``--val``; (5) ``posthoc.evaluate`` on ``--test`` (default: half of
@@ -30,12 +30,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from posthoc.cli.evaluate import parse_bool
-from posthoc.cli.regression import add_recipe_arguments, run_regression_recipe
 from posthoc.errors import exit_status
-from posthoc.loading.folders import model_transform
-from posthoc.loading.image_targets import ImageTargets
-from posthoc.loading.models import fetching_weights, load_checkpoint, parse_model_spec
+from posthoc_apps.cli.evaluate import parse_bool
+from posthoc_apps.cli.regression import add_recipe_arguments, run_regression_recipe
+from posthoc_apps.loading.folders import model_transform
+from posthoc_apps.loading.image_targets import ImageTargets
+from posthoc_apps.loading.models import fetching_weights, load_checkpoint, parse_model_spec
 
 
 def load_model(name: str, pretrained: bool = True, checkpoint: Path | None = None) -> nn.Module:

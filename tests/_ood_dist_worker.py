@@ -7,7 +7,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Subset
 
 import posthoc
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
 
 #: rank 0 gets more examples (and batches) than rank 1: uneven shards must not hang
 SHARD_SIZES = (350, 250)

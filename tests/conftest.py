@@ -12,7 +12,7 @@ from hypothesis import settings
 from torch import nn
 
 from posthoc.core.threads import single_thread_if
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
 
 # the same examples on every run, so CI never passes or fails by chance;
 # HYPOTHESIS_PROFILE=explore draws new examples (with --hypothesis-seed to replay one run)

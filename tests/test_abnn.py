@@ -210,7 +210,7 @@ def test_the_default_is_chosen_against_the_checkpoint_on_held_out_data_and_needs
     and kept at scale 1 (what ``fit(train_loader)`` did by default: no held-out check) are far worse than the checkpoint
     on the test digits; the default with held-out data keeps within the tolerance (the checkpoint is a candidate), and
     without it the default is refused, naming the fix."""
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     model, digits = zoo.pretrained("digits_bn_cnn"), data.load_digits(0)
     x, y = digits.fit.tensors

@@ -225,7 +225,7 @@ def plant(root: Path, files: dict[str, str]) -> None:
 
 
 def test_the_analysis_sees_the_package():
-    assert {"posthoc.errors", "posthoc.methods.laplace", "posthoc.cli.main"} <= set(module_names())
+    assert {"posthoc.errors", "posthoc.methods.laplace", "posthoc_apps.cli.main"} <= set(module_names())
     targets = {(edge.importer, edge.target) for edge in FOUND}
     assert ("posthoc.api", "posthoc.core.registry") in targets
     assert ("posthoc.methods", "posthoc.methods.laplace") in targets  # ``from package import submodule``
@@ -238,7 +238,7 @@ def test_the_analysis_catches_each_kind_of_breakage(tmp_path: Path):
         "core/a.py": "from . import b\n",
         "core/b.py": "def f():\n    from posthoc.core.a import f\n",
         "engine/__init__.py": "",
-        "engine/hooks.py": "import posthoc.cli\n",
+        "engine/hooks.py": "import posthoc_apps.cli\n",
         "methods/__init__.py": "from posthoc.methods import laplace, temperature\n",
         "methods/temperature.py": "from posthoc.core import a\n",
         "methods/laplace/__init__.py": "from .fit import fit\nfrom ..temperature import scale\n",
@@ -250,15 +250,15 @@ def test_the_analysis_catches_each_kind_of_breakage(tmp_path: Path):
         "loading/hub.py": "from posthoc.shift import noise\n",
         "shift/__init__.py": "",
         "shift/noise.py": "",
-        "shift/kinds.py": "from posthoc.loading.folders import read\n",
+        "shift/kinds.py": "from posthoc_apps.loading.folders import read\n",
     }
     plant(tmp_path, files)
     found = imports(tmp_path)
     assert cycles(found) == [["posthoc.core.a", "posthoc.core.b", "posthoc.core.a"]]
     # two packages of one layer that import each other: no module circle, no upward import, one package circle
-    assert cycles(package_imports(found)) == [["posthoc.loading", "posthoc.shift", "posthoc.loading"]]
+    assert cycles(package_imports(found)) == [["posthoc_apps.loading", "posthoc.shift", "posthoc_apps.loading"]]
     assert violations(found) == [
-        "upward import: posthoc.engine.hooks -> posthoc.cli (line 1)",
+        "upward import: posthoc.engine.hooks -> posthoc_apps.cli (line 1)",
         "method 'laplace' imports outside core, engine and itself: "
         "posthoc.methods.laplace -> posthoc.methods.temperature (line 2)",
     ]

@@ -10,8 +10,8 @@ from conftest import linear_data_regressor, rule_choice
 from torch import nn
 
 import posthoc
-from posthoc.demo import zoo
 from posthoc.errors import ConfigError, InputError
+from posthoc_apps.demo import zoo
 
 
 @pytest.fixture(scope="module")

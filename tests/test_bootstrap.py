@@ -9,9 +9,9 @@ import torch
 from scipy.special import ndtr
 
 import posthoc
-from posthoc.demo import data
 from posthoc.evaluation import bootstrap, metrics
 from posthoc.evaluation.report import Report
+from posthoc_apps.demo import data
 
 
 def _classifier_outputs(n: int, generator: torch.Generator, classes: int = 4, sharpness: float = 2.0):

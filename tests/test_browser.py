@@ -25,9 +25,9 @@ from pathlib import Path
 import pytest
 from test_recipes import RANDOM_WEIGHTS, _write_images
 
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
-from posthoc.demo import configs, data
-from posthoc.demo import run as demo
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc_apps.demo import configs, data
+from posthoc_apps.demo import run as demo
 
 WIDTH, HEIGHT = 1400, 900
 #: the smallest share of its drawn width a picture may be shown at

@@ -23,7 +23,7 @@ MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram"
 @pytest.fixture(scope="module")
 def overconfident(digits):
     """The digits CNN's logits x3 on the calibration (fit) and test splits."""
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
 
     model = zoo.pretrained()
     with torch.no_grad():
@@ -189,7 +189,7 @@ def test_ece_matches_the_report_metric():
 
 @pytest.mark.parametrize("method", ["vector", "histogram", "auto-calibration"])
 def test_stacked_calibrators_fit_on_the_inner_predictive(method, small, tmp_path):
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
 
     model = zoo.pretrained()
     um = posthoc.wrap(model, method=["laplace", method]).fit(small["fit"], small["val"], progress=False)
@@ -216,7 +216,7 @@ def test_auto_needs_a_candidate_to_beat_the_identity_by_more_than_noise():
 @pytest.fixture(scope="module")
 def nearly_separable(digits):
     """Per bundled checkpoint: its logits and labels on the calibration and test digits together, and which it gets wrong."""
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
 
     x = torch.cat([digits.calibration.tensors[0], digits.test.tensors[0]])
     y = torch.cat([digits.calibration.tensors[1], digits.test.tensors[1]])

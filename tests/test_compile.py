@@ -11,9 +11,9 @@ import torch
 
 import posthoc
 from posthoc.core.prediction import Prediction
-from posthoc.demo import zoo
 from posthoc.methods.laplace.glm_predictive import LogitGaussian, bridge_log_probs, mc_log_probs, probit_log_probs
 from posthoc.methods.laplace.kron import KronCurvature
+from posthoc_apps.demo import zoo
 
 
 def _gaussian(rows: int = 7, classes: int = 5) -> LogitGaussian:

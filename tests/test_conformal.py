@@ -16,10 +16,10 @@ import torch
 from scipy import stats
 
 import posthoc
-from posthoc.demo import data
 from posthoc.guarantees.bounds import conformal_rank, minimum_calibration_size
 from posthoc.guarantees.measures import coverage, mean_set_size
 from posthoc.guarantees.scores import ConformityScore
+from posthoc_apps.demo import data
 
 SPLITS = 400
 NUM_CLASSES = 10

@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import posthoc
+import posthoc_apps.demo.zoo
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -49,7 +50,7 @@ def _fit_predict(model, small, options, fit_options, device):
 def test_method_on_cuda_matches_cpu(case, digits_model, small):
     options, fit_options, tolerance = CASES[case]
     torch.manual_seed(0)
-    _, on_cpu = _fit_predict(posthoc.demo.zoo.pretrained(), small, options, fit_options, "cpu")
+    _, on_cpu = _fit_predict(posthoc_apps.demo.zoo.pretrained(), small, options, fit_options, "cpu")
     torch.manual_seed(0)
     um, on_gpu = _fit_predict(digits_model, small, options, fit_options, "cuda")
     assert on_gpu.probs.is_cuda and on_gpu.entropy.is_cuda
@@ -67,7 +68,7 @@ def test_backpack_kfac_on_cuda_matches_cpu(digits_model, small):
     pred='nn', map the same noise through eigenvector bases that differ between devices, so they are
     not compared)."""
     fitted, probs = [], []
-    for model, device in ((posthoc.demo.zoo.pretrained(), "cpu"), (digits_model, "cuda")):
+    for model, device in ((posthoc_apps.demo.zoo.pretrained(), "cpu"), (digits_model, "cuda")):
         um = posthoc.wrap(model.to(device), method="laplace", subset=["classifier.1", "classifier.4"])
         fitted.append(um.fit(small["fit"], progress=False).method)
         pred = um.predict(small["x"].to(device))
@@ -132,5 +133,5 @@ def test_posterior_follows_the_model_to_the_gpu_and_back(tmp_path, digits_model,
     assert on_gpu.is_cuda
     torch.testing.assert_close(on_gpu.cpu(), on_cpu, atol=1e-4, rtol=0)
     um.save(tmp_path / "laplace.pt")
-    reloaded = posthoc.load(tmp_path / "laplace.pt", posthoc.demo.zoo.pretrained())  # onto a CPU model
+    reloaded = posthoc.load(tmp_path / "laplace.pt", posthoc_apps.demo.zoo.pretrained())  # onto a CPU model
     torch.testing.assert_close(reloaded.predict(small["x"]).probs, on_cpu, atol=1e-4, rtol=0)

@@ -14,12 +14,12 @@ import torchvision.transforms.v2.functional as TF
 from torch import nn
 
 import posthoc
-from posthoc.demo import zoo
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
 from posthoc.errors import ConfigError, HeadNotFoundError
 from posthoc.evaluation import metrics
 from posthoc.methods.dac.layers import auto_sites
 from posthoc.methods.dac.temperature import tempered
+from posthoc_apps.demo import zoo
 
 
 @pytest.fixture(autouse=True)

@@ -6,11 +6,13 @@ import torch
 from PIL import Image
 
 import posthoc
-from posthoc.cli.main import main
 from posthoc.core.registry import REGISTRY
-from posthoc.demo import data, zoo
-from posthoc.demo.configs import DEMO_CONFIGS
-from posthoc.demo.run import (
+from posthoc.errors import ConfigError
+from posthoc.shift import EVALUATION_KINDS
+from posthoc_apps.cli.main import main
+from posthoc_apps.demo import data, zoo
+from posthoc_apps.demo.configs import DEMO_CONFIGS
+from posthoc_apps.demo.run import (
     SEVERITIES,
     STORY_SEVERITIES,
     DemoRow,
@@ -20,8 +22,6 @@ from posthoc.demo.run import (
     render,
     shift_story,
 )
-from posthoc.errors import ConfigError
-from posthoc.shift import EVALUATION_KINDS
 
 
 def test_digits_splits_are_fixed_stratified_and_disjoint(digits):
@@ -132,7 +132,7 @@ def test_the_demo_shows_one_bar_on_a_terminal_and_plain_lines_in_a_log(monkeypat
     import io
     import warnings
 
-    from posthoc.demo.steps import Steps
+    from posthoc_apps.demo.steps import Steps
 
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
@@ -316,7 +316,7 @@ def test_a_temperature_row_stacks_on_the_already_fitted_method(digits, digits_mo
     """The demo's "+ temperature" rows (``_with_temperature``) put a temperature on a fitted method without refitting
     it, chosen as ``fit`` of the stacked chain chooses it: the same selection record and the same predictions (the
     demo command above runs no such row; these rows once showed an unchosen temperature, the inner predictive)."""
-    from posthoc.demo.run import _with_temperature
+    from posthoc_apps.demo.run import _with_temperature
 
     cal_loader, x, chain = data.loader(digits.calibration), digits.test.tensors[0][:64], ["mc-dropout", "temperature"]
     um = posthoc.wrap(digits_model, method="mc-dropout", p=0.3).fit(None, progress=False)

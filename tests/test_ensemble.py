@@ -10,12 +10,12 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.demo import zoo
 from posthoc.engine.ranks_spread import owner
 from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.methods.ensemble.data_order import reshuffled
 from posthoc.methods.ensemble.method import Ensemble
 from posthoc.methods.ensemble.mixture import mixture
+from posthoc_apps.demo import zoo
 
 
 def _perturbed(model: nn.Module, seed: int, size: float = 0.05) -> nn.Module:

@@ -12,8 +12,8 @@ import torch
 from test_recipes import FACTORY_SOURCE, _write_images
 
 import posthoc
-from posthoc.cli.evaluate import add_evaluate_arguments, member_specs, run_evaluate
-from posthoc.demo import data
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, member_specs, run_evaluate
+from posthoc_apps.demo import data
 
 
 @pytest.fixture(scope="module")

@@ -13,12 +13,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from posthoc.demo import data
-from posthoc.demo import run as demo
 from posthoc.engine import perturb
 from posthoc.evaluation import shift as evaluation_shift
 from posthoc.shift import EVALUATION_KINDS, KINDS, SEVERITIES, corrupt_images
 from posthoc.shift.kinds import CORRUPTIONS
+from posthoc_apps.demo import data
+from posthoc_apps.demo import run as demo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -26,7 +26,7 @@ from torch import nn
 
 import posthoc
 import posthoc.export.modules
-from posthoc.demo import hf, zoo
+from posthoc_apps.demo import hf, zoo
 
 #: what the exported program may differ from ``um.predict`` by (float32 networks; float16: FP16_ATOL)
 ATOL, FP16_ATOL = 1e-5, 1e-4

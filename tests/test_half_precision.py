@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.demo import zoo
+from posthoc_apps.demo import zoo
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 CASES = {

@@ -2,7 +2,7 @@
 their heads, every method that applies, Laplace over LoRA adapters, and the bad inputs they invite.
 
 Tiny random BERT / ViT configs (hidden size 32, two layers) trained here for a few steps: BERT on the
-synthetic keyword task (:mod:`posthoc.demo.hf`), ViT on the bundled digits.
+synthetic keyword task (:mod:`posthoc_apps.demo.hf`), ViT on the bundled digits.
 """
 
 from __future__ import annotations
@@ -23,16 +23,16 @@ from PIL import Image
 from torch import nn
 
 import posthoc  # noqa: E402
-import posthoc.loading.hf  # noqa: E402
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
+import posthoc_apps.loading.hf  # noqa: E402
 from posthoc.core.inputs import split_batch  # noqa: E402
-from posthoc.demo import data, hf  # noqa: E402
 from posthoc.engine.head import FeatureSplit, find_head  # noqa: E402
 from posthoc.errors import ConfigError, InputError  # noqa: E402
 from posthoc.methods.laplace.curvature import backpack_ggn, lora_parameters  # noqa: E402
 from posthoc.methods.laplace.hooked_kfac import hooked_ggn  # noqa: E402
 from posthoc.methods.laplace.structure import Curvature  # noqa: E402
 from posthoc.methods.laplace.subset_glm import covered_linear_layers, logit_gaussian  # noqa: E402
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate  # noqa: E402
+from posthoc_apps.demo import data, hf  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -454,7 +454,7 @@ def test_without_the_extra_the_message_names_it(monkeypatch: pytest.MonkeyPatch,
     monkeypatch.setitem(sys.modules, "transformers", None)  # what `import transformers` sees without the extra
     monkeypatch.setitem(sys.modules, "peft", None)
     with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
-        posthoc.loading.hf.load_classifier(f"hf:{tmp_path}")
+        posthoc_apps.loading.hf.load_classifier(f"hf:{tmp_path}")
     with pytest.raises(ImportError, match=r"pip install 'posthoc\[hf\]'"):
         hf.tiny_bert()
 
@@ -523,4 +523,4 @@ def test_huggingface_regression_recipe_on_a_one_output_model(tmp_path: Path, cap
     with pytest.raises(InputError, match="the regression target 'score' is 'high', not a number"):
         bad = tmp_path / "bad.jsonl"
         bad.write_text(json.dumps({"text": "a plot", "score": "high"}) + "\n")
-        posthoc.loading.hf.TextFile(bad, loaded, target="score")
+        posthoc_apps.loading.hf.TextFile(bad, loaded, target="score")

@@ -8,6 +8,8 @@ import torchvision
 from torch import nn
 
 import posthoc
+import posthoc_apps.demo.data
+import posthoc_apps.demo.zoo
 from posthoc.errors import ConfigError, NumericalError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand
 from posthoc.methods.ibnn.method import SCALES
@@ -161,7 +163,7 @@ def test_token_inputs_get_one_node_per_last_dim_feature():
 
 def test_short_fit_keeps_the_users_model_and_round_trips(digits_model, digits, tmp_path):
     original = {k: v.clone() for k, v in digits_model.state_dict().items()}
-    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(256)), batch_size=64)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.Subset(digits.fit, range(256)), batch_size=64)
     torch.manual_seed(0)
     um = posthoc.wrap(digits_model, method="ibnn", components=2, num_samples=2)
     start = [g.mean.detach().clone() for g in um.method.nodes.groups]
@@ -269,7 +271,7 @@ def test_bad_fit_options_are_refused(digits_model, loaders, fit_options):
 def test_nan_elbo_stops_with_a_clear_error_and_restores_everything(digits_model, digits):
     original = {k: v.clone() for k, v in digits_model.state_dict().items()}
     x, y = digits.fit.tensors
-    loader = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=32)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=32)
     um = posthoc.wrap(digits_model, method="ibnn", components=2)
     before = {k: v.clone() for k, v in um.method.state_dict().items()}
     with pytest.raises(NumericalError, match="lower lr_nodes"):
@@ -282,7 +284,7 @@ def test_nan_elbo_stops_with_a_clear_error_and_restores_everything(digits_model,
 
 def test_batchnorm_train_re_estimates_the_statistics_with_the_nodes_on(digits_model, digits):
     x, y = digits.fit.tensors
-    loader = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.TensorDataset(x[:128], y[:128]), batch_size=64)
     frozen = posthoc.wrap(digits_model, method="ibnn", components=2, init_mean_std=0.3)
     frozen.fit(loader, epochs=1, batchnorm="frozen", lr_weights=0.0, progress=False)
     assert torch.equal(frozen.method.model.features[1].running_mean, digits_model.features[1].running_mean)
@@ -300,12 +302,12 @@ def test_batchnorm_train_re_estimates_the_statistics_with_the_nodes_on(digits_mo
     torch.testing.assert_close(norm.running_mean, inputs[0].mean((0, 2, 3)), rtol=0.05, atol=0.02)
     assert not um.method.model.training and torch.isfinite(um.predict(x[:8]).probs).all()
     assert all(
-        torch.equal(v, digits_model.state_dict()[k]) for k, v in posthoc.demo.zoo.pretrained().state_dict().items()
+        torch.equal(v, digits_model.state_dict()[k]) for k, v in posthoc_apps.demo.zoo.pretrained().state_dict().items()
     )
 
 
 def test_the_paper_fit_trains_the_weights_slowly_and_the_nodes_fast(digits_model, digits):
-    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(128)), batch_size=64)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.Subset(digits.fit, range(128)), batch_size=64)
     um = posthoc.wrap(digits_model, method="ibnn", components=2)
     weight = um.method.model.classifier[4].weight.detach().clone()
     means = [g.mean.detach().clone() for g in um.method.nodes.groups]
@@ -325,7 +327,7 @@ def test_node_learning_rate_is_annealed_and_kl_warms_up():
 
 
 def test_training_samples_are_independent_of_the_components(digits_model, digits):
-    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=32)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=32)
     um = posthoc.wrap(digits_model, method="ibnn", components=4)
     rows = []
     hook = um.method.model.classifier[4].register_forward_pre_hook(lambda m, a: rows.append(a[0].shape[0]))
@@ -358,7 +360,7 @@ def test_node_counts_match_the_papers_table_1(name, nodes):
 
 
 def test_summary_reports_the_fit(digits_model, digits):
-    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
     um = posthoc.wrap(digits_model, method="ibnn", components=3, num_samples=2, init_mean_std=0.4)
     before = um.method.summary()
     assert before["epochs"] is None and before["random_variables"] == 16 + 32 * 7 * 7 + 64  # no stem by default
@@ -383,7 +385,7 @@ def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, 
     assert (card["components"], card["init_mean_std"], card["prior_std"]) == (paper.components, 0.75, paper.prior_std)
     means = torch.cat([g.mean.detach().flatten() for g in um.method.nodes.groups])
     assert 0.6 < float(means.std()) < 0.9
-    loader = posthoc.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
+    loader = posthoc_apps.demo.data.loader(torch.utils.data.Subset(digits.fit, range(64)), batch_size=64)
     um.fit(loader, epochs=1, progress=False)
     card = um.method.summary()
     assert (card["epochs"], card["lr_weights"], card["lr_nodes"], card["train_samples"]) == (
@@ -396,9 +398,9 @@ def test_recipes_set_the_defaults_and_named_options_override_them(digits_model, 
 
 def test_the_node_noise_scale_is_chosen_on_held_out_data_saved_and_reported(digits_model, digits, tmp_path):
     x, y = digits.fit.tensors
-    train = posthoc.demo.data.loader(torch.utils.data.TensorDataset(x[:256], y[:256]), batch_size=64)
+    train = posthoc_apps.demo.data.loader(torch.utils.data.TensorDataset(x[:256], y[:256]), batch_size=64)
     vx, vy = digits.calibration.tensors
-    val = posthoc.demo.data.loader(torch.utils.data.TensorDataset(vx[:256], vy[:256]), batch_size=128)
+    val = posthoc_apps.demo.data.loader(torch.utils.data.TensorDataset(vx[:256], vy[:256]), batch_size=128)
     um = posthoc.wrap(digits_model, method="ibnn").fit(train, val, epochs=1, progress=False, shift=None)
     scale, plain, chosen = um.method.scale_fit.tolist()
     card = um.method.summary()

@@ -120,7 +120,7 @@ def test_posthoc_imports_and_loads_an_ivon_posterior_without_the_package(
 import sys
 sys.modules["ivon"] = None  # importing ivon now fails, as without the extra
 import torch, posthoc
-from posthoc.demo import zoo
+from posthoc_apps.demo import zoo
 model = zoo.pretrained("digits_cnn")
 model.load_state_dict(torch.load({str(tmp_path / "model.pt")!r}))
 um = posthoc.load({str(tmp_path / "ivon.pt")!r}, model)

@@ -151,7 +151,7 @@ def test_logit_samples_have_the_analytic_covariance(structure: str) -> None:
 @pytest.fixture(scope="module")
 def fitted(digits) -> dict[str, posthoc.UncertainModel]:
     """The bundled CNN with a (wide, marglik) Laplace posterior of each structure, fitted once for this module."""
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     model = zoo.pretrained()
     loader = data.loader(digits.fit, batch_size=256)

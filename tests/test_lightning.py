@@ -1,4 +1,4 @@
-"""``posthoc.lightning.PosthocCallback``: two-epoch fits of a small LightningModule on scikit-learn's digits (CPU).
+"""``posthoc_apps.lightning.PosthocCallback``: two-epoch fits of a small LightningModule on scikit-learn's digits (CPU).
 
 The module and datamodule are the recipe's (``recipes/lightning_callback.py``), so the recipe's code is what is
 tested; the recipe itself also runs end to end here.
@@ -19,7 +19,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import posthoc
-from posthoc.lightning import PosthocCallback, network_of
+from posthoc_apps.lightning import PosthocCallback, network_of
 
 RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "lightning_callback.py"
 spec = importlib.util.spec_from_file_location("recipe_lightning_callback", RECIPE)
@@ -215,11 +215,11 @@ import posthoc
 assert not {"lightning", "pytorch_lightning"} & set(sys.modules), "import posthoc imported lightning"
 sys.modules["lightning"] = None  # what the import sees without the extra
 try:
-    import posthoc.lightning
+    import posthoc_apps.lightning
 except posthoc.PosthocError as err:
     assert isinstance(err, ImportError) and "pip install 'posthoc[lightning]'" in str(err), err
 else:
-    raise AssertionError("import posthoc.lightning without lightning did not fail")
+    raise AssertionError("import posthoc_apps.lightning without lightning did not fail")
 """
     done = subprocess.run([sys.executable, "-c", script], check=False, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]

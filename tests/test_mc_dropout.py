@@ -12,12 +12,13 @@ from conftest import ARCHITECTURES
 from torch import nn
 
 import posthoc
-from posthoc.demo import data, zoo
+import posthoc_apps.demo.zoo
 from posthoc.engine.head import find_head
 from posthoc.errors import ConfigError
 from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.method import P_GRID
 from posthoc.methods.mc_dropout.sites import DEFAULT_INSERT_P, own_dropout_sites
+from posthoc_apps.demo import data, zoo
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -152,7 +153,7 @@ def _tiny() -> nn.Module:
 @pytest.mark.parametrize("case", ["digits", "tiny"])
 def test_shared_and_per_example_masks_give_the_same_predictive(case: str, digits) -> None:
     model, x = (
-        (posthoc.demo.zoo.pretrained(), digits.test.tensors[0][:100])
+        (posthoc_apps.demo.zoo.pretrained(), digits.test.tensors[0][:100])
         if case == "digits"
         else (_tiny(), 3 * torch.randn(100, 1, 8, 8))
     )

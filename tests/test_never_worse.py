@@ -28,8 +28,8 @@ import torch
 import posthoc
 from posthoc.core.likelihood import Categorical
 from posthoc.core.modules import eval_mode
-from posthoc.demo import data, zoo
 from posthoc.engine.held_out import HeldOut
+from posthoc_apps.demo import data, zoo
 
 #: random validation / test draws per checkpoint
 DRAWS = 20

@@ -23,15 +23,15 @@ from torchmetrics.functional.classification import binary_roc
 
 import posthoc
 from posthoc import settings
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc.core.prediction import Prediction
-from posthoc.demo import data
 from posthoc.engine.head import FeatureSplit
 from posthoc.evaluation import metrics, ood_plots
 from posthoc.ood.base import Outputs
 from posthoc.ood.detector import available_scores
 from posthoc.ood.logits import Energy, MaxLogit
 from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, PredictiveEntropy
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc_apps.demo import data
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ood_dist_worker  # noqa: E402

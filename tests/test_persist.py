@@ -5,8 +5,8 @@ import torch
 
 import posthoc
 from posthoc.core import persistence as persist
-from posthoc.demo import zoo
 from posthoc.errors import PosteriorFileError
+from posthoc_apps.demo import zoo
 
 
 @pytest.fixture()

@@ -18,7 +18,7 @@ from tqdm import tqdm as std_tqdm
 import posthoc
 from posthoc.core import progress
 from posthoc.core.inputs import iterate
-from posthoc.demo import data
+from posthoc_apps.demo import data
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -106,7 +106,7 @@ def test_a_redirected_cli_run_leaves_no_carriage_return(tmp_path: Path, digits: 
     command = [
         sys.executable,
         "-m",
-        "posthoc.cli.main",
+        "posthoc_apps.cli.main",
         "evaluate",
         "--model",
         f"{tmp_path / 'factory.py'}:digits",

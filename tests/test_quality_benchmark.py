@@ -15,7 +15,7 @@ import torch
 
 import posthoc
 from posthoc.core.registry import REGISTRY
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 

@@ -16,18 +16,18 @@ import torch
 from PIL import Image
 
 import posthoc
-from posthoc.cli.evaluate import add_evaluate_arguments, route_options, run_evaluate
 from posthoc.core.registry import REGISTRY
-from posthoc.demo import data, zoo
-from posthoc.loading import folders
-from posthoc.loading.models import build_model, load_checkpoint, parse_model_spec
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, route_options, run_evaluate
+from posthoc_apps.demo import data, zoo
+from posthoc_apps.loading import folders
+from posthoc_apps.loading.models import build_model, load_checkpoint, parse_model_spec
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
 METRICS_IN_UNIT_INTERVAL = ("accuracy", "ece", "aurc")
 
 FACTORY_SOURCE = '''
 from torch import nn
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
 
 
 class RGBDigits(nn.Module):

@@ -286,7 +286,7 @@ def test_with_held_out_data_laplace_takes_the_noise_of_lowest_held_out_nll() -> 
     """An over-fitted network: the evidence reads only the training residuals and under-states the noise; with
     ``val_loader`` the noise is re-chosen on held-out NLL (and the prior re-fitted at it), which must not be worse
     there than the evidence's noise, nor than the plain model with its held-out noise by more than 1 %."""
-    from posthoc.demo.regression import auto_mpg, train_mlp
+    from posthoc_apps.demo.regression import auto_mpg, train_mlp
 
     data = auto_mpg(0)
     net = train_mlp(data.train, epochs=300)

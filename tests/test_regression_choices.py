@@ -303,7 +303,7 @@ def test_ibnn_default_steps_keep_the_sinusoid_checkpoints_fit() -> None:
     ~1/σ² larger, and unscaled steps moved the sinusoid MLP's nodes so far that its test NLL rose from -0.57 to
     +0.83 (noise 0.57). Scaled by σ²/2 the default stays within 0.05 nats of the plain model (measured: -0.572
     against -0.569)."""
-    from posthoc.demo.regression import sinusoid, train_mlp
+    from posthoc_apps.demo.regression import sinusoid, train_mlp
 
     data = sinusoid()
     net = train_mlp(data.train, epochs=1000)

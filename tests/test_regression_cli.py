@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.cli.main import main
-from posthoc.demo.regression import auto_mpg, train_mlp
+from posthoc_apps.cli.main import main
+from posthoc_apps.demo.regression import auto_mpg, train_mlp
 
 COLUMNS = ["a", "b", "c"]
 

@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from posthoc.cli.main import main
-from posthoc.demo import regression_run
+from posthoc_apps.cli.main import main
+from posthoc_apps.demo import regression_run
 
 
 def test_the_regression_demo_writes_its_tables_and_pictures(tmp_path, monkeypatch, capsys) -> None:

@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.demo.regression import RegressionData, sinusoid, train_mlp
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import training_loss
 from posthoc.engine.selection import Tolerance
+from posthoc_apps.demo.regression import RegressionData, sinusoid, train_mlp
 
 NOISE = 0.1
 #: the test NLL a method may cost over the plain model, in nats per example (its scale is chosen on 400 held-out

@@ -11,8 +11,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.demo.regression import WEIGHT_COLUMN, auto_mpg, train_mlp
 from posthoc.evaluation.shift import REGRESSION_METRICS
+from posthoc_apps.demo.regression import WEIGHT_COLUMN, auto_mpg, train_mlp
 
 
 def _rows(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:

@@ -1,6 +1,6 @@
 """The tools a regressor had missed: ``dac`` as a variance inflation, shift-aware selection graded by RMSE, OOD scores.
 
-The checkpoint is the seed 004 sinusoid's MLP (:mod:`posthoc.demo.regression`, hidden width 16, about a second to
+The checkpoint is the seed 004 sinusoid's MLP (:mod:`posthoc_apps.demo.regression`, hidden width 16, about a second to
 train): 40 training points in two clusters, a gap between them and nothing beyond ``x = 1``.
 """
 
@@ -18,13 +18,13 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.demo.regression import _sinusoid_targets, sinusoid, train_mlp
 from posthoc.engine.feature_bank import normalised
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import feature_noise
 from posthoc.errors import ConfigError
 from posthoc.methods.dac.variance import Spread, inflated
 from posthoc.ood import available_scores
+from posthoc_apps.demo.regression import _sinusoid_targets, sinusoid, train_mlp
 
 #: inputs far outside the sinusoid's range (its inputs are centred: the data lie in [-2, 2])
 FAR = torch.cat([torch.linspace(3, 6, 40), -torch.linspace(3, 6, 40)])[:, None]

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from test_recipes import FACTORY_SOURCE, _write_images
 
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
-from posthoc.demo import data
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc_apps.demo import data
 
 #: the folders of the run: name -> (digits split, images per class, how they are written)
 LAYOUT = {

@@ -88,7 +88,7 @@ def test_an_estimate_outside_its_bootstrap_interval_is_marked_and_the_report_say
 
 def test_a_real_regressors_mace_outside_its_interval_is_marked(tmp_path):
     """Auto MPG at random, a small MLP: its MACE (a mean of absolute gaps) lies under every resample's."""
-    from posthoc.demo.regression import auto_mpg, train_mlp
+    from posthoc_apps.demo.regression import auto_mpg, train_mlp
 
     cars = auto_mpg(0)
     um = posthoc.wrap(train_mlp(cars.train, epochs=400), method="none", likelihood="regression")

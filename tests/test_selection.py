@@ -10,6 +10,7 @@ import torch
 from scipy import stats
 
 import posthoc
+import posthoc_apps.demo.zoo
 from posthoc.core.likelihood import Categorical
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import (
@@ -224,7 +225,7 @@ def test_out_of_fold_re_makes_the_choice_on_the_other_folds() -> None:
 
 
 def test_a_held_out_subset_keeps_the_copies_and_the_plain_scores_of_its_examples(digits) -> None:
-    model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
+    model = posthoc_apps.demo.zoo.pretrained("digits_bn_cnn")
     x, y = digits.calibration.tensors
     held = HeldOut.read(
         [(x[:256], y[:256]), (x[256:400], y[256:400])],

@@ -2,7 +2,7 @@
 
 A held-out choice can be **worse** (its test NLL exceeds the plain model's by more than ``max(2 %, 0.005 nats)``) or
 **timid** (it refuses, or takes less than 80 % of, a gain of at least 20 % that the clean fit shows on test). On
-overconfident MLPs trained on scikit-learn's bundled tabular sets (``posthoc.demo.tabular``: five training seeds
+overconfident MLPs trained on scikit-learn's bundled tabular sets (``posthoc_apps.demo.tabular``: five training seeds
 each), the held-out pool is split at random into validation and test sets 20 times per seed, and
 ``posthoc.calibrate(logits, labels)`` (the guarded temperature: the same rule and candidates as
 ``wrap(model, "temperature").fit(None, val_loader, shift=None)``, ``tests/test_temperature.py`` checks they agree)
@@ -27,7 +27,7 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.demo import tabular
+from posthoc_apps.demo import tabular
 
 SEEDS = range(5)
 DRAWS = 20

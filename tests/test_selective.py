@@ -15,10 +15,10 @@ import torch
 from scipy import stats
 
 import posthoc
-from posthoc.demo import data
 from posthoc.evaluation.report import operating_points
 from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.selective import RiskNotReachableError, search_threshold
+from posthoc_apps.demo import data
 
 NUM_CLASSES = 10
 

@@ -12,8 +12,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc import shift
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
-from posthoc.demo import data
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc_apps.demo import data
 
 MEAN, STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 

@@ -7,6 +7,7 @@ import torch
 from conftest import rule_choice
 
 import posthoc
+import posthoc_apps.demo.zoo
 from posthoc.engine import held_out, perturb
 from posthoc.errors import ConfigError, InputError
 
@@ -23,14 +24,14 @@ def _records(model, small, shift):
 def test_shift_none_scores_clean_data_only_and_takes_the_last_admissible_near_the_best(name, small):
     """Without perturbed copies nothing is scored on them, and the rule takes the last admissible candidate (the widest
     spread of a walk, the clean fit of a calibrator)."""
-    for method, record in _records(posthoc.demo.zoo.pretrained(name), small, shift=None).items():
+    for method, record in _records(posthoc_apps.demo.zoo.pretrained(name), small, shift=None).items():
         assert record["perturbed"] == 0 and all(row["shifted_nll"] is None for row in record["candidates"]), method
         assert record["chosen"] == rule_choice(record), method
 
 
 @pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
 def test_shift_aware_choices_take_the_admissible_candidate_of_lowest_perturbed_nll_ratio(name, small):
-    for method, record in _records(posthoc.demo.zoo.pretrained(name), small, shift="auto").items():
+    for method, record in _records(posthoc_apps.demo.zoo.pretrained(name), small, shift="auto").items():
         assert record["perturbed"] == 3 * record["examples"], method
         admissible = [row for row in record["candidates"] if row["admissible"]]
         assert record["chosen"] == rule_choice(record), method
@@ -38,7 +39,7 @@ def test_shift_aware_choices_take_the_admissible_candidate_of_lowest_perturbed_n
 
 
 def test_laplace_shift_aware_prior_is_never_wider_than_the_clean_rule_allows(small):
-    model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
+    model = posthoc_apps.demo.zoo.pretrained("digits_bn_cnn")
     clean = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False, shift=None)
     aware = posthoc.wrap(model, method="laplace").fit(small["fit"], small["val"], progress=False)
     assert aware.method.summary()["prior_precision"] >= clean.method.summary()["prior_precision"]
@@ -63,7 +64,7 @@ def test_graded_strengths_follow_the_model(small):
     """Each level lands near the accuracy it is graded for, on the examples it was graded on."""
     x, y = small["val"].dataset.tensors
     rows = [(x, y)]
-    model = posthoc.demo.zoo.pretrained("digits_cnn")
+    model = posthoc_apps.demo.zoo.pretrained("digits_cnn")
     shifted = held_out.shifted_held_out(rows, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
     assert [len(level) for level in shifted.levels] == [3, 3, 3]
     with torch.no_grad():
@@ -76,7 +77,7 @@ def test_graded_strengths_follow_the_model(small):
 
 
 def test_shifted_held_out_is_the_same_on_every_pass_and_keeps_labels(small):
-    model = posthoc.demo.zoo.pretrained("digits_bn_cnn")
+    model = posthoc_apps.demo.zoo.pretrained("digits_bn_cnn")
     shifted = held_out.shifted_held_out(
         small["val"], lambda x: model(x).log_softmax(-1), ["noise", "impulse"], device="cpu"
     )

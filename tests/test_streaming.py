@@ -69,7 +69,7 @@ def test_keyboard_interrupt_during_fit_leaves_the_model_untouched(digits_model, 
 
 SCRIPT = textwrap.dedent("""
     import resource, sys, torch, posthoc
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
     torch.set_num_threads(1)
     model = zoo.pretrained()
     x = torch.randn(40_000, 1, 28, 28)

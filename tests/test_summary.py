@@ -15,8 +15,8 @@ import posthoc
 from posthoc.core import persistence
 from posthoc.core.fit_record import CountingLoader, FitRecord, counting, examples
 from posthoc.core.model_card import SHOWN_ITEMS, ModelCard
-from posthoc.demo import zoo
 from posthoc.methods.mc_dropout.method import P_GRID
+from posthoc_apps.demo import zoo
 
 FORMAT1 = Path(__file__).parent / "data" / "format1"
 MODEL_KEYS = {

@@ -12,7 +12,6 @@ from torch.optim.swa_utils import AveragedModel
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.engine import bn_refresh
 from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.methods.swag import schedule, subset
@@ -20,6 +19,7 @@ from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.methods.swag.last_layer import LastLayerSWAG
 from posthoc.methods.swag.schedule import FLAT_LOSS_LR, relative_lr
 from posthoc.methods.swag.subset import Placement, SubsetSWAG
+from posthoc_apps.demo import data, zoo
 
 
 def _mlp() -> nn.Module:

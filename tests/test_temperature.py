@@ -6,10 +6,10 @@ import pytest
 import torch
 
 import posthoc
-from posthoc.demo import tabular
 from posthoc.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration.temperature import MAX_TEMPERATURE, fit_temperature, tempered_log_probs
+from posthoc_apps.demo import tabular
 
 
 def _overconfident_logits(n=3000, c=6, true_t=2.5, seed=0):
@@ -156,7 +156,7 @@ def _logits(model, dataset):
 def test_separable_held_out_sets_keep_the_held_out_nll(name, digits):
     """The model's correctly classified calibration digits (all of them, and random subsets of 20 to 300):
     the maximum-likelihood T runs to its bound there (held-out NLL 60-75x worse before this change)."""
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
 
     model = zoo.pretrained(name)
     logits, labels = _logits(model, digits.calibration)
@@ -234,7 +234,7 @@ def _peer_temperatures(logits, labels):
     ],
 )
 def test_ordinary_sets_agree_with_the_peers_to_1e_3(name, scale, digits):
-    from posthoc.demo import zoo
+    from posthoc_apps.demo import zoo
 
     logits, labels = _logits(zoo.pretrained(name), digits.calibration)
     logits = logits * scale

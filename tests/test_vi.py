@@ -12,6 +12,7 @@ from torch import nn
 from torch.distributions import Normal, kl_divergence
 
 import posthoc
+import posthoc_apps.demo.zoo
 from posthoc.engine.kl_schedule import KLSchedule
 from posthoc.engine.variational_layers import sample_output
 from posthoc.methods.vi.gaussian import GaussianLayer, gaussian_kl
@@ -128,7 +129,7 @@ def test_all_layers_expand_at_the_first_layer_and_save_load_round_trip(digits_mo
     again = loaded.predict(x, generator=torch.Generator().manual_seed(0))
     assert torch.equal(pred.probs, again.probs)
     assert loaded.summary()["posterior"][0]["kl_schedule"] == "cyclical"
-    other = posthoc.demo.zoo.train(seed=3, epochs=1, progress=False)
+    other = posthoc_apps.demo.zoo.train(seed=3, epochs=1, progress=False)
     with pytest.raises(posthoc.PosteriorFileError, match="different model"):
         posthoc.load(tmp_path / "vi.pt", other)
 

@@ -14,7 +14,7 @@ evaluates every method on each named test set: the table's kinds are the names, 
 no severities, no clean cell and no mean (the sets hold different examples); ``ci=`` intervals are per set.
 
 Example:
-    >>> from posthoc.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
+    >>> from posthoc_apps.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
     >>> plain = posthoc.wrap(cnn, method="none")
     >>> laplace = posthoc.wrap(cnn, method="laplace").fit(loader(subset(digits.fit, 600)),
     ...                                                  loader(subset(digits.calibration, 200)))

@@ -81,7 +81,7 @@ def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[st
 
     Example:
         >>> from posthoc.core.likelihood import Categorical
-        >>> from posthoc.demo import zoo
+        >>> from posthoc_apps.demo import zoo
         >>> [c["method"] for c in default_candidates(zoo.pretrained("digits_bn_cnn"), Categorical())]
         [['none'], ['temperature'], ['vector'], ['laplace'], ['none', 'dac'], ['laplace', 'dac']]
     """

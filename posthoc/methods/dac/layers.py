@@ -19,7 +19,7 @@ inner method's prediction (a sampler's deterministic prefix runs once; rows of a
 are sample-major, so the first ``N`` rows are the first sample's).
 
 Example:
-    >>> from posthoc.demo import zoo
+    >>> from posthoc_apps.demo import zoo
     >>> sites = auto_sites(zoo.pretrained(), torch.zeros(2, 1, 28, 28))
     >>> [str(site) for site in sites]
     ['features.3', 'features.7', 'classifier.4:input']

@@ -252,7 +252,7 @@ class MCDropout(Method):
         sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
 
         Example:
-            >>> from posthoc.demo import zoo
+            >>> from posthoc_apps.demo import zoo
             >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
             >>> _ = um.predict(torch.zeros(2, 1, 28, 28)); um.method.summary()["random_variables"]
             64

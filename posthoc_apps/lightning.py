@@ -3,12 +3,12 @@
 :class:`PosthocCallback` runs ``posthoc.wrap(net, method, **options).fit(train_loader, val_loader)`` on the trained
 network of a ``LightningModule``, with the loaders of the datamodule (or those given to the trainer), saves the
 posterior next to the best checkpoint and keeps the fitted model as ``callback.uncertain_model``. Importing
-``posthoc`` never imports Lightning; only ``import posthoc.lightning`` does (extra: ``pip install
+``posthoc`` never imports Lightning; only ``import posthoc_apps.lightning`` does (extra: ``pip install
 'posthoc[lightning]'``).
 
 Usage::
 
-    from posthoc.lightning import PosthocCallback
+    from posthoc_apps.lightning import PosthocCallback
 
     callback = PosthocCallback(method=["laplace", "temperature"], model_attr="net")
     trainer = lightning.Trainer(max_epochs=10, callbacks=[callback])
@@ -53,7 +53,7 @@ try:
     from lightning.pytorch.utilities import rank_zero_warn
 except ImportError as err:  # the optional extra is not installed (or is broken)
     raise MissingDependencyError(
-        f"posthoc.lightning needs the lightning package, which could not be imported ({err}): {INSTALL_HINT}"
+        f"posthoc_apps.lightning needs the lightning package, which could not be imported ({err}): {INSTALL_HINT}"
     ) from err
 
 #: the trainer calls after which the callback can fit

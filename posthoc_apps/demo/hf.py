@@ -31,8 +31,8 @@ from torch import Tensor, nn
 from torch.utils.data import TensorDataset
 
 from posthoc.core.inputs import run_model, split_batch
-from posthoc.demo.data import MEAN, STD
-from posthoc.loading.hf import require_peft, require_transformers
+from posthoc_apps.demo.data import MEAN, STD
+from posthoc_apps.loading.hf import require_peft, require_transformers
 
 try:
     import tokenizers

@@ -1,9 +1,9 @@
 """``posthoc demo --task regression``: every method that does regression on the seed 004 sinusoid and on Auto MPG.
 
-1. **The sinusoid** (:func:`~posthoc.demo.regression.sinusoid`): an MLP trained on 40 points in two
+1. **The sinusoid** (:func:`~posthoc_apps.demo.regression.sinusoid`): an MLP trained on 40 points in two
    clusters, wrapped by each method; the mean predictive std on the training points, in the gap between
    the clusters and beyond the data, and the band plot (``regression_band.png``).
-2. **Auto MPG, extrapolating to heavier cars** (:func:`~posthoc.demo.regression.auto_mpg`): trained and
+2. **Auto MPG, extrapolating to heavier cars** (:func:`~posthoc_apps.demo.regression.auto_mpg`): trained and
    validated on the lighter 70 %, tested on the heavier 30 %; NLL, RMSE, CRPS, 90 % coverage and width,
    MACE and ENCE per method, the calibration curves (``regression_calibration.png``) and the error
    against the predicted std (``regression_error_std.png``).
@@ -25,12 +25,12 @@ from typing import Any
 import torch
 
 from posthoc.api import wrap
-from posthoc.demo.regression import RegressionData, auto_mpg, sinusoid, train_mlp
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation import regression_metrics as rm
 from posthoc.evaluation import regression_plots
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import markdown_rows
+from posthoc_apps.demo.regression import RegressionData, auto_mpg, sinusoid, train_mlp
 
 #: (label, method, wrap options) of the rows; "ensemble" wraps three members trained with other seeds
 CONFIGS: tuple[tuple[str, str, dict[str, Any]], ...] = (

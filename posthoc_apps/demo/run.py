@@ -1,6 +1,6 @@
 """``posthoc demo``: the registered methods retrofitted onto the bundled digits checkpoint, in about two minutes.
 
-The bundled CNN (``posthoc.demo.zoo``) is wrapped by the demo configurations (:func:`demo_configs`; by default the
+The bundled CNN (``posthoc_apps.demo.zoo``) is wrapped by the demo configurations (:func:`demo_configs`; by default the
 rows that fit about two minutes on 2 CPU cores, ``every_row`` adds the slower ones and, for each method, a row with
 temperature scaling fitted on top of the fitted method); every row is fitted on the fit split, calibrated on the
 calibration split, and evaluated on the test digits (with 95% bootstrap intervals), on the test digits corrupted by
@@ -9,7 +9,7 @@ and on the held-out digits 8 and 9 as OOD, where every post-hoc score of ``posth
 plain model) stands next to each method's entropy and mutual information. Rows that predict the same as another are
 merged into it (:func:`merged_rows`), and the page names them and the rows left out. Times are ratios to a plain
 forward pass over the same data. Writes ``report.md``, the same as one self-contained ``report.html``, and the PNGs;
-its progress is one bar with an ETA on a terminal, one line per step in a log (:mod:`posthoc.demo.steps`).
+its progress is one bar with an ETA on a terminal, one line per step in a log (:mod:`posthoc_apps.demo.steps`).
 
 The report opens with the verdict (:mod:`posthoc.evaluation.verdict`): what ``method="auto"`` picked on held-out
 data, what it costs in distribution and at predict time and what it buys under the evaluation shifts and on the
@@ -43,9 +43,6 @@ from torch import Tensor
 
 from posthoc.api import wrap_spec
 from posthoc.core.registry import method_class
-from posthoc.demo import data, zoo
-from posthoc.demo.configs import DEMO_CONFIGS, EXPECTED_SECONDS, LEFT_OUT, TEMPERATURE_SECONDS
-from posthoc.demo.steps import Steps
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
@@ -61,6 +58,9 @@ from posthoc.evaluation.verdict import Verdict, cost_cell, judge, selection_sect
 from posthoc.ood.detector import available_scores, detector
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
+from posthoc_apps.demo import data, zoo
+from posthoc_apps.demo.configs import DEMO_CONFIGS, EXPECTED_SECONDS, LEFT_OUT, TEMPERATURE_SECONDS
+from posthoc_apps.demo.steps import Steps
 
 SHIFT_KINDS = EVALUATION_KINDS
 SEVERITIES = (1, 3, 5)
@@ -155,12 +155,12 @@ def _timed(fn) -> tuple[Any, float]:
 def demo_configs(
     only: list[str] | None = None, *, every_row: bool = True
 ) -> list[tuple[str, list[dict[str, Any]], dict[str, Any], bool]]:
-    """``(label, spec, fit_options, add_temperature)`` for the demo rows of :data:`~posthoc.demo.configs.DEMO_CONFIGS`
+    """``(label, spec, fit_options, add_temperature)`` for the demo rows of :data:`~posthoc_apps.demo.configs.DEMO_CONFIGS`
     (of the methods ``only`` when given).
 
     With ``every_row``, the first row of each method (other than MAP and temperature) also gets a ``+ temperature``
     row, fitted on top of the already fitted method; without it (what ``posthoc demo`` runs unless told ``--all``,
-    so that it fits in about two minutes) those rows and the rows of :data:`~posthoc.demo.configs.LEFT_OUT` are left
+    so that it fits in about two minutes) those rows and the rows of :data:`~posthoc_apps.demo.configs.LEFT_OUT` are left
     out, except for the methods ``only`` names. A stacking method's row stacks on the methods its option ``"on"``
     names, else on the plain model.
 
@@ -287,7 +287,7 @@ def run_demo(
     that predict the same as an earlier row are merged into it (:mod:`posthoc.evaluation.duplicates`). ``best``
     names the row the shift story compares with the plain model (default: the row with the lowest NLL under the
     strongest shift). ``progress``: one bar with an ETA on a terminal, one line per step elsewhere, to ``stream``
-    (:class:`posthoc.demo.steps.Steps`).
+    (:class:`posthoc_apps.demo.steps.Steps`).
     """
     torch.manual_seed(seed)
     out_dir = Path(out_dir)

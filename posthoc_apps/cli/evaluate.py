@@ -10,18 +10,18 @@ Each ``--method`` is one row of the report (``a+b`` composes, inner first); the 
 calibration half (the ``val_loader`` of ``fit``) and a test half (the report), unless a separate
 ``--calibration`` folder is given. ``--shift`` folders (e.g. ImageNet-C ``corruption/severity``
 folders) are labelled test sets with the same classes; ``--shift gaussian-noise,contrast --severities 1,3,5``
-corrupts the test set on the fly instead (see :mod:`posthoc.cli.shift`); ``--ci 0.95`` adds bootstrap
+corrupts the test set on the fly instead (see :mod:`posthoc_apps.cli.shift`); ``--ci 0.95`` adds bootstrap
 intervals to every metric; ``--ood`` is an unlabelled folder.
 
-A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc.cli.regression`).
+A regressor on CSV files runs through ``--likelihood regression`` (:mod:`posthoc_apps.cli.regression`).
 
 ``--model hf:<repo-or-path>`` loads a Hugging Face classifier with its own image processor (image
 folders) or tokenizer; for text, every data argument is a CSV / JSON-lines file with ``text`` and
-``label`` columns (:func:`load_texts`, :mod:`posthoc.loading.hf`).
+``label`` columns (:func:`load_texts`, :mod:`posthoc_apps.loading.hf`).
 
 ``--alpha``, ``--target-risk`` and ``--calibrator`` add conformal coverage and set size, deferral,
-and a table of calibrators (see :mod:`posthoc.cli.guarantees`). ``--ood-scores energy,knn,...`` reports post-hoc
-OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc.cli.ood`).
+and a table of calibrators (see :mod:`posthoc_apps.cli.guarantees`). ``--ood-scores energy,knn,...`` reports post-hoc
+OOD scores of the plain model next to each row's entropy / MI (see :mod:`posthoc_apps.cli.ood`).
 
 ``--method auto`` is the method the selection step picks on the calibration half (``method="auto"``).
 
@@ -64,22 +64,6 @@ import torch
 from torch import nn
 
 import posthoc
-from posthoc.cli.flags import check_numbers
-from posthoc.cli.guarantees import (
-    CalibratorResult,
-    add_guarantee_arguments,
-    calibrator_markdown,
-    fit_calibrator,
-    fit_guarantees,
-)
-from posthoc.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
-from posthoc.cli.shift import (
-    ShiftAction,
-    add_shift_arguments,
-    corruption_lines,
-    corruption_table,
-    transform_normalization,
-)
 from posthoc.core.checks import probability
 from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
@@ -98,9 +82,25 @@ from posthoc.evaluation.verdict import (
     selection_section,
     verdict_section,
 )
-from posthoc.loading import folders, hf
-from posthoc.loading.models import build_model, load_checkpoint
 from posthoc.shift import KINDS
+from posthoc_apps.cli.flags import check_numbers
+from posthoc_apps.cli.guarantees import (
+    CalibratorResult,
+    add_guarantee_arguments,
+    calibrator_markdown,
+    fit_calibrator,
+    fit_guarantees,
+)
+from posthoc_apps.cli.ood import add_ood_arguments, fit_ood_detector, ood_lines
+from posthoc_apps.cli.shift import (
+    ShiftAction,
+    add_shift_arguments,
+    corruption_lines,
+    corruption_table,
+    transform_normalization,
+)
+from posthoc_apps.loading import folders, hf
+from posthoc_apps.loading.models import build_model, load_checkpoint
 
 BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
@@ -815,7 +815,7 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
 
 def load_texts(model: nn.Module, tokenizer: Any, args: argparse.Namespace) -> FolderData:
     """The loaders of a text run: ``--train``/``--val``/``--calibration``/``--shift`` are CSV or JSON-lines files
-    with ``text`` and ``label`` columns, ``--ood`` one whose labels are ignored (see :mod:`posthoc.loading.hf`)."""
+    with ``text`` and ``label`` columns, ``--ood`` one whose labels are ignored (see :mod:`posthoc_apps.loading.hf`)."""
     if getattr(args, "corruptions", None):
         raise ConfigError(
             f"--shift {','.join(args.corruptions)} corrupts images; for a text model pass shifted "

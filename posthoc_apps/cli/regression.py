@@ -7,7 +7,7 @@
 
 ``--model`` is a ``torch.save``'d ``nn.Module`` (or a TorchScript file, for ``--method none`` only) that maps a float feature matrix
 ``(N, F)`` to ``(N, D)`` (or ``(N,)``) predictions; the CSV files hold the ``--target`` column(s) and the
-features, every other column in file order (:mod:`posthoc.loading.tabular`). Each ``--method`` is one row
+features, every other column in file order (:mod:`posthoc_apps.loading.tabular`). Each ``--method`` is one row
 (``a+b`` composes; default ``laplace``), the plain model (``none``, its noise fitted on ``--val``) first.
 ``--val`` is the held-out file: it fits the methods' held-out parts (the observation noise, MC dropout's
 rate, ...) and ``--alpha``'s conformal intervals; without ``--test`` it is split with ``--seed`` into that
@@ -26,8 +26,8 @@ conformal intervals' coverage and width), ``OUT/summary.md`` (each row's model c
 Classification-only options (``--calibrator``, ``--target-risk``, ``--ood``, corruption kinds, ...) are refused.
 
 Example:
-    >>> from posthoc.cli.main import main
-    >>> from posthoc.demo.regression import sinusoid
+    >>> from posthoc_apps.cli.main import main
+    >>> from posthoc_apps.demo.regression import sinusoid
     >>> data = sinusoid()                       # (x, y) pairs of one feature and one target
     >>> for name in ("train", "val", "test"):
     ...     np.savetxt(f"{name}.csv", torch.cat(getattr(data, name), 1).numpy(), delimiter=",", header="x,y",
@@ -54,7 +54,14 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
-from posthoc.cli.evaluate import (
+from posthoc.errors import ConfigError
+from posthoc.evaluation import html_page, regression_plots
+from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
+from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
+from posthoc.evaluation.shift import ShiftTable, evaluate_shift
+from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
+from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
+from posthoc_apps.cli.evaluate import (
     AUTO_HINT,
     method_rows,
     parse_option,
@@ -63,16 +70,9 @@ from posthoc.cli.evaluate import (
     run_device,
     run_settings,
 )
-from posthoc.cli.flags import check_numbers
-from posthoc.errors import ConfigError
-from posthoc.evaluation import html_page, regression_plots
-from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
-from posthoc.evaluation.regression_report import RegressionReport, regression_markdown_table
-from posthoc.evaluation.shift import ShiftTable, evaluate_shift
-from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
-from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
-from posthoc.loading.folders import split_held_out
-from posthoc.loading.tabular import Table, load_module, read_tables
+from posthoc_apps.cli.flags import check_numbers
+from posthoc_apps.loading.folders import split_held_out
+from posthoc_apps.loading.tabular import Table, load_module, read_tables
 
 LIKELIHOODS = ("classification", "regression")
 DEFAULT_METHOD = "laplace"
@@ -226,7 +226,7 @@ class RegressionData:
 
 def load_tables(args: argparse.Namespace) -> RegressionData:
     """Read ``--train``, ``--val``, ``--test`` and ``--shift`` files, their columns matched by name to the first
-    file's (:func:`~posthoc.loading.tabular.read_tables`), splitting ``--val`` when there is no ``--test``."""
+    file's (:func:`~posthoc_apps.loading.tabular.read_tables`), splitting ``--val`` when there is no ``--test``."""
     targets = list(args.target)
     features = None if args.features is None else [name.strip() for name in args.features.split(",") if name.strip()]
     names = _shift_names(args.shift)

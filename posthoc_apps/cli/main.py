@@ -14,12 +14,12 @@ import argparse
 import time
 from pathlib import Path
 
-from posthoc.cli.evaluate import add_evaluate_arguments, run_evaluate
-from posthoc.cli.flags import OneLineParser, check_numbers
-from posthoc.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
-from posthoc.demo.regression_run import run_regression_demo
-from posthoc.demo.run import run_demo
 from posthoc.errors import exit_status
+from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
+from posthoc_apps.cli.flags import OneLineParser, check_numbers
+from posthoc_apps.cli.regression import add_regression_arguments, check_classification_arguments, run_regression
+from posthoc_apps.demo.regression_run import run_regression_demo
+from posthoc_apps.demo.run import run_demo
 
 
 def _demo(args: argparse.Namespace) -> None:

@@ -35,7 +35,7 @@ from torch import nn
 from torch.utils.data import DataLoader, Dataset
 
 from posthoc.errors import ConfigError, InputError
-from posthoc.loading.folders import take_subset
+from posthoc_apps.loading.folders import take_subset
 
 #: the ``--model`` prefix of a Hugging Face model
 PREFIX = "hf:"

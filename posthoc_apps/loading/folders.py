@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader, Dataset, Subset, random_split
 
 from posthoc.core.inputs import run_model
 from posthoc.errors import InputError
-from posthoc.loading.models import ModelSpec, parse_model_spec
+from posthoc_apps.loading.models import ModelSpec, parse_model_spec
 
 IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 Transform = Callable[[Image.Image], torch.Tensor]

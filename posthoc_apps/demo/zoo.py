@@ -8,13 +8,13 @@
 
 Rebuild the shipped files with::
 
-    python -m posthoc.demo.zoo --name digits_cnn --seed 0
-    python -m posthoc.demo.zoo --name digits_bn_cnn --seed 0
+    python -m posthoc_apps.demo.zoo --name digits_cnn --seed 0
+    python -m posthoc_apps.demo.zoo --name digits_bn_cnn --seed 0
 
 A few seeds of one architecture (members of a deep ensemble) are trained once and cached as files
 (``~/.cache/posthoc/zoo``, or ``$POSTHOC_CACHE/zoo``)::
 
-    python -m posthoc.demo.zoo --name digits_cnn --seeds 0 1 2 3 4
+    python -m posthoc_apps.demo.zoo --name digits_cnn --seeds 0 1 2 3 4
     >>> ensemble = posthoc.wrap(retrained(range(5)))  # trains five CNNs once (minutes)  # doctest: +SKIP
 
 Example:
@@ -33,7 +33,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from posthoc.demo import data
+from posthoc_apps.demo import data
 
 CHECKPOINTS = Path(__file__).parent / "checkpoints"
 
@@ -180,7 +180,7 @@ def retrained(
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Train a bundled digits checkpoint.")
     parser.add_argument("--name", choices=sorted(ARCHITECTURES), default="digits_cnn")
-    parser.add_argument("--out", type=Path, default=None, help="default: posthoc/demo/checkpoints/NAME.pt")
+    parser.add_argument("--out", type=Path, default=None, help="default: posthoc_apps/demo/checkpoints/NAME.pt")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--epochs", type=int, default=None, help="default: the architecture's own")
     parser.add_argument(
