@@ -22,7 +22,7 @@ evaluation kinds, over the candidates.
 
 ``--rule old`` replaces the bound by the one before this rule (the paired normal bound at 95 % on new data with the
 largest 2.5 % of gains capped), ``--rule point`` by the mean excess alone: the first must come out timid, the second
-worse (``tests/test_selection_errors.py`` and ``tests/test_never_worse.py`` check the same on fewer draws).
+worse (``tests/bench/test_selection_errors.py`` and ``tests/engine/test_never_worse.py`` check the same on fewer draws).
 
 Run: ``python benchmarks/selection_errors.py [--draws 20] [--seeds 2] [--only breast_cancer digits_bn_cnn ...]
 [--rule new] [--json out.json] [--docs-table]`` (an hour or two on 2 cores for everything; ``--from-json`` renders

@@ -588,3 +588,13 @@ def test_options_are_declared_not_read_from_signatures():
         "signature reads in posthoc/ or posthoc_apps/ (declare the options as an Options dataclass, "
         "posthoc.core.options):\n" + "\n".join(found)
     )
+
+
+def test_test_module_names_are_unique_across_the_test_folders():
+    """tests/ mirrors the packages in folders without ``__init__.py``: pytest imports a test module by its file name,
+    and tests/conftest.py puts every folder on the path, so two files of one name would shadow each other."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        names.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    twice = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not twice, f"test modules of one name in several folders: {twice}"

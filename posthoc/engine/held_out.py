@@ -554,7 +554,7 @@ class HeldOut:
     def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:
         """These held-out data restricted to the clean examples ``rows`` (indices) and their perturbed copies, judged
         against the same plain model: the same perturbed copies, not new draws, so that a choice made on a subset sees
-        what it would have seen in the whole (``tests/test_never_worse.py`` re-draws validation sets this way).
+        what it would have seen in the whole (``tests/engine/test_never_worse.py`` re-draws validation sets this way).
 
         Example:
             >>> from posthoc.core.likelihood import Categorical

@@ -31,7 +31,7 @@ def regressor() -> posthoc.UncertainModel:
 
 @pytest.mark.parametrize("score", ["normalized", "absolute", "cqr"])
 def test_coverage_through_the_wrapped_model_holds_over_many_random_splits(regressor, score: str) -> None:
-    # As tests/test_conformal_intervals.py: averaged over splits, 1 - alpha <= coverage <= 1 - alpha + 1/(n + 1);
+    # As tests/guarantees/test_conformal_intervals.py: averaged over splits, 1 - alpha <= coverage <= 1 - alpha + 1/(n + 1);
     # the mean's standard error is at most sqrt(alpha (1 - alpha) / n_cal) / sqrt(splits); 4 of them of slack.
     splits, n_cal, n_test, alpha = 300, 40, 100, 0.1
     generator = torch.Generator().manual_seed(0)

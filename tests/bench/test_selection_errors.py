@@ -5,7 +5,7 @@ A held-out choice can be **worse** (its test NLL exceeds the plain model's by mo
 overconfident MLPs trained on scikit-learn's bundled tabular sets (``posthoc_apps.demo.tabular``: five training seeds
 each), the held-out pool is split at random into validation and test sets 20 times per seed, and
 ``posthoc.calibrate(logits, labels)`` (the guarded temperature: the same rule and candidates as
-``wrap(model, "temperature").fit(None, val_loader, shift=None)``, ``tests/test_temperature.py`` checks they agree)
+``wrap(model, "temperature").fit(None, val_loader, shift=None)``, ``tests/methods/calibration/test_temperature.py`` checks they agree)
 is compared with the plain model and with the clean maximum-likelihood temperature (``tolerance=math.inf``: what
 netcal and torch-uncertainty fit).
 
@@ -14,7 +14,7 @@ asserted with two binomial standard errors of slack over 100 draws per dataset (
 
 How the test was checked to fail (``python benchmarks/selection_rule_swap.py``): with the bound of the previous
 rule (the paired normal bound at 95 % on new data with the largest 2.5 % of gains capped) it is timid in most draws;
-``tests/test_never_worse.py`` fails with a point estimate for the bound (reckless: Laplace's prior and ``auto``
+``tests/engine/test_never_worse.py`` fails with a point estimate for the bound (reckless: Laplace's prior and ``auto``
 exceed the tolerance in more than 1 of 20 draws).
 """
 

@@ -387,7 +387,7 @@ def test_evaluate_cli_on_a_saved_image_classifier_with_its_processor(vit, digits
 
 
 def test_huggingface_text_recipe_loads_with_from_pretrained_and_reports(text, lora_model, tmp_path: Path) -> None:
-    recipe = runpy.run_path(str(Path(__file__).resolve().parents[1] / "recipes" / "huggingface_text.py"))
+    recipe = runpy.run_path(str(Path(__file__).resolve().parents[2] / "recipes" / "huggingface_text.py"))
     assert "recipes/huggingface_text.py" in recipe["__doc__"] and "from_pretrained" in recipe["__doc__"]
     base_folder, adapter_folder = tmp_path / "base", tmp_path / "adapter"
     text["model"].save_pretrained(base_folder)
@@ -465,7 +465,7 @@ def test_without_the_extra_the_message_names_it(monkeypatch: pytest.MonkeyPatch,
 def test_huggingface_regression_recipe_on_a_one_output_model(tmp_path: Path, capsys) -> None:
     """A tiny BERT with ``num_labels=1, problem_type="regression"`` trained on the keyword task's class id as a
     real target: its ``logits (N, 1)`` are the means, the head ``classifier`` is found, Laplace is fitted on it."""
-    recipe = runpy.run_path(str(Path(__file__).resolve().parents[1] / "recipes" / "huggingface_regression.py"))
+    recipe = runpy.run_path(str(Path(__file__).resolve().parents[2] / "recipes" / "huggingface_regression.py"))
     assert "recipes/huggingface_regression.py" in recipe["__doc__"] and "num_labels=1" in recipe["__doc__"]
     tokenizer = hf.word_tokenizer()
     model = hf.tiny_bert(num_labels=1)

@@ -8,7 +8,7 @@ from pathlib import Path
 import nbformat
 from nbclient import NotebookClient
 
-NOTEBOOK = Path(__file__).resolve().parents[1] / "recipes" / "notebook_quickstart.ipynb"
+NOTEBOOK = Path(__file__).resolve().parents[2] / "recipes" / "notebook_quickstart.ipynb"
 
 
 def _execute(notebook, workdir: Path) -> str:

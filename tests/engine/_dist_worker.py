@@ -1,4 +1,4 @@
-"""Worker process for tests/test_distributed.py (gloo on loopback); not a test module."""
+"""Worker process for tests/engine/test_distributed.py (gloo on loopback); not a test module."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from posthoc_apps.demo import data, zoo
 SHARD_SIZES = (350, 250)
 
 
-#: (method, options, fit options) of the methods that fit weights by gradient steps (tests/test_distributed.py)
+#: (method, options, fit options) of the methods that fit weights by gradient steps (tests/engine/test_distributed.py)
 WEIGHT_CASES = (
     ("vi", {}, {"epochs": 1}),
     ("sparse-vd", {"layers": "head"}, {"epochs": 1}),

@@ -20,7 +20,7 @@ from posthoc.shift.kinds import CORRUPTIONS
 from posthoc_apps.demo import data
 from posthoc_apps.demo import run as demo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import quality  # noqa: E402
 

@@ -2,7 +2,7 @@
 
 Checks: the same predictive as on CPU (to float tolerance where nothing random differs), outputs
 on the GPU, host synchronisations that do not grow with the number of samples, and inputs, labels
-or generators on another device. Half-precision models: tests/test_half_precision.py.
+or generators on another device. Half-precision models: tests/engine/test_half_precision.py.
 """
 
 from __future__ import annotations

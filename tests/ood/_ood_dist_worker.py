@@ -1,4 +1,4 @@
-"""Worker process for the distributed test of tests/test_ood.py (gloo on loopback); not a test module."""
+"""Worker process for the distributed test of tests/ood/test_ood.py (gloo on loopback); not a test module."""
 
 from __future__ import annotations
 

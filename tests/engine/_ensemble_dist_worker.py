@@ -1,4 +1,4 @@
-"""Worker process for tests/test_ensemble_distributed.py (gloo on loopback); not a test module."""
+"""Worker process for tests/engine/test_ensemble_distributed.py (gloo on loopback); not a test module."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ import posthoc
 from posthoc.core import persistence
 from posthoc.errors import PosteriorFileError
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import fuzz_files  # noqa: E402  (the damage and the property, shared with the benchmark)
 
 FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 import posthoc
 from posthoc_apps.lightning import PosthocCallback, network_of
 
-RECIPE = Path(__file__).resolve().parents[1] / "recipes" / "lightning_callback.py"
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "lightning_callback.py"
 spec = importlib.util.spec_from_file_location("recipe_lightning_callback", RECIPE)
 recipe = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(recipe)

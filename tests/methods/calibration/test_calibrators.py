@@ -48,7 +48,7 @@ def test_each_calibrator_improves_an_overconfident_model(method, overconfident, 
     (logits, labels), (test_logits, test_labels) = overconfident["fit"], overconfident["test"]
     # the map itself (tolerance=inf: the clean fit, as the peers make it): with 11 errors among the 600 held-out
     # examples the guarded default keeps the identity for the maps with per-class parameters, whose out-of-fold NLL
-    # is worse than none there (tests/test_selection_errors.py covers the guard)
+    # is worse than none there (tests/bench/test_selection_errors.py covers the guard)
     calibrator = posthoc.calibrate(logits, labels, method=method, tolerance=math.inf)
     probs = calibrator(test_logits)
     assert probs.shape == test_logits.shape and torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)

@@ -17,7 +17,7 @@ import posthoc
 from posthoc.core.registry import REGISTRY
 from posthoc_apps.demo import data, zoo
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from benchmarks import quality  # noqa: E402
 

@@ -22,7 +22,7 @@ from posthoc_apps.demo import data, zoo
 from posthoc_apps.loading import folders
 from posthoc_apps.loading.models import build_model, load_checkpoint, parse_model_spec
 
-RECIPES = Path(__file__).resolve().parents[1] / "recipes"
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 METRICS_IN_UNIT_INTERVAL = ("accuracy", "ece", "aurc")
 
 FACTORY_SOURCE = '''

@@ -20,7 +20,7 @@ from posthoc.core import progress
 from posthoc.core.inputs import iterate
 from posthoc_apps.demo import data
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class _Terminal(io.StringIO):
