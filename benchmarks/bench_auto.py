@@ -38,8 +38,8 @@ from timing import paired  # noqa: E402
 
 import posthoc  # noqa: E402
 from posthoc.core.likelihood import Categorical  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.methods.auto.method import default_candidates  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results" / "auto.md"
 CACHE = ROOT / "benchmarks" / ".cache" / "auto_timm"
@@ -128,7 +128,7 @@ def _fine_tune(root: Path, checkpoint: Path, epochs: int) -> None:
     """timm resnet10t (8 classes) trained on the train folder through the CLI's own transform, saved as a state_dict."""
     import timm
 
-    from posthoc.loading import folders
+    from posthoc_apps.loading import folders
 
     torch.manual_seed(0)
     model = timm.create_model("resnet10t", pretrained=False, num_classes=8)
@@ -159,7 +159,7 @@ def timm_cli(epochs: int) -> list[str]:
     command = [
         sys.executable,
         "-m",
-        "posthoc.cli.main",
+        "posthoc_apps.cli.main",
         "evaluate",
         "--model",
         "timm:resnet10t",

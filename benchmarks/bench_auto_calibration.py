@@ -4,7 +4,7 @@ For each bundled checkpoint, the calibration and test digits are pooled; each of
 ``--errors`` misclassified and ``792 - errors`` correctly classified digits and halves them: the calibrator is fitted
 on one half (396 examples, 0 to ``errors`` of them wrong) and tested on the other. Prints, per checkpoint, the test
 NLL of ``auto`` and of ``temperature`` relative to no calibration (mean and worst over the halvings) and what
-``auto`` chose. ``tests/test_calibrators.py`` runs 20 halvings with a tolerance.
+``auto`` chose. ``tests/methods/calibration/test_calibrators.py`` runs 20 halvings with a tolerance.
 
 Run: ``python benchmarks/bench_auto_calibration.py [--halvings 40] [--errors 5]``.
 """
@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
+from posthoc_apps.demo import data, zoo
 
 
 def main(argv: list[str] | None = None) -> None:

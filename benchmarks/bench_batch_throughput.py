@@ -42,7 +42,7 @@ warnings.filterwarnings("ignore")
 import torch
 torch.set_num_threads(1)
 import posthoc
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
 batch, calls, methods = int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
 splits = data.load_digits()
 model = zoo.pretrained("digits_bn_cnn").eval()

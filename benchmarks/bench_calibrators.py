@@ -24,8 +24,8 @@ from timing import measure
 from torch import Tensor
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
+from posthoc_apps.demo import data, zoo
 
 ROTATIONS = (0, 45, 90)
 OURS = ("identity", "temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto")

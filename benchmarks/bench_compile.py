@@ -3,7 +3,7 @@
 The kernel is the last-layer Laplace MC predictive at ImageNet shape, per chunk: draw ``S`` logit
 samples from a KFAC logit Gaussian (shared ``C x C`` basis), log-softmax them and reduce them to a
 :class:`posthoc.Prediction` (mean, entropy, aleatoric / epistemic split). Both versions are traced
-with ``fullgraph=True`` in the tests (``tests/test_compile.py``), so they compile without breaks.
+with ``fullgraph=True`` in the tests (``tests/engine/test_compile.py``), so they compile without breaks.
 
 Run by hand::
 

@@ -27,8 +27,8 @@ from timing import Timing, measure  # noqa: E402
 
 import posthoc  # noqa: E402
 from posthoc import shift  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 CONFIGS = (["none"], ["none", "dac"], ["laplace"], ["laplace", "dac"])

@@ -24,9 +24,9 @@ import torch
 from timing import HEADER, measure, row
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.guarantees import RiskNotReachableError
 from posthoc.guarantees.measures import coverage, deferral_rate, mean_set_size, selective_risk
+from posthoc_apps.demo import data, zoo
 
 ROTATIONS = (0, 15, 30, 45, 90)
 ALPHAS = (0.05, 0.1)

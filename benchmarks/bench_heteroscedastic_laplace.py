@@ -8,7 +8,7 @@ Both targets of issue 38, against the plain heteroscedastic network (``method="n
   ``"auto"``, which is the evidence's under this likelihood), and two with ``prior_precision="val"`` (the selection
   step on held-out NLL); the table gives the test NLL per seed and its mean, and ``ΔNLL`` against the plain network
   on the same seed (negative is better). Target: no worse than the plain network.
-- **The seed 004 sinusoid with a gap** (:func:`posthoc.demo.data.sinusoid`, 40 training points in two
+- **The seed 004 sinusoid with a gap** (:func:`posthoc_apps.demo.data.sinusoid`, 40 training points in two
   clusters): the mean predictive std in the gap between the clusters over that on the training inputs (and beyond
   the data), for the plain network and each Laplace variant. Target: the ratio above 1, and above the plain
   network's.
@@ -34,7 +34,7 @@ from torch import Tensor, nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
-from posthoc.demo.data import sinusoid
+from posthoc_apps.demo.data import sinusoid
 
 #: (label, wrap options) of the Laplace variants; the plain network is the reference row
 VARIANTS = (

@@ -1,6 +1,6 @@
 """Hugging Face classifiers: every method that applies on a tiny BERT and a tiny ViT, quality and predict cost.
 
-Models (:mod:`posthoc.demo.hf`, random init, trained here): a 2-layer BERT (hidden 32) on the
+Models (:mod:`posthoc_apps.demo.hf`, random init, trained here): a 2-layer BERT (hidden 32) on the
 synthetic keyword task (1,200 fit / 400 calibration / 1,000 test texts; shift: half the keywords
 replaced by words the tokenizer does not know) and a 2-layer ViT (hidden 32, 7x7 patches) on the
 bundled digits (2,400 fit / 600 calibration / 1,000 test; shift: rotated 45 and 90 degrees). For
@@ -24,7 +24,7 @@ import torch
 from timing import HEADER, measure, row
 
 import posthoc
-from posthoc.demo import data, hf
+from posthoc_apps.demo import data, hf
 
 METHODS: list[tuple[str, Any, dict[str, Any]]] = [
     ("temperature", "temperature", {}),

@@ -21,8 +21,8 @@ import time
 import torch
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
+from posthoc_apps.demo import data, zoo
 
 try:
     from timing import measure

@@ -55,7 +55,7 @@ ANGLES = (0, 45, 90)
 
 
 def quality() -> None:
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     splits = data.load_digits()
     tests = {angle: data.loader(data.rotated(splits.test, angle), 500) for angle in ANGLES}
@@ -176,7 +176,7 @@ def peer_marglik(la) -> None:
 
 
 def digits() -> None:
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     splits = data.load_digits()
     train = data.loader(splits.fit, batch_size=256)

@@ -23,8 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
 from benchmarks.timing import measure  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.evaluation.metrics import nll  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import HEADER, Timing, measure, row  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 #: largest activation torch-uncertainty's batched wrapper may allocate here (it repeats the input S times)
 TU_BATCH_BYTES = 2 * 2**30

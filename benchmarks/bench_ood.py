@@ -24,10 +24,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import Timing, measure  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.engine.head import FeatureSplit  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.ood.detector import available_scores  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 PLAIN_SCORES = [name for name in available_scores() if name != "mutual-information"]

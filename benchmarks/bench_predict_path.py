@@ -49,7 +49,7 @@ LLLA_TARGETS = {"kron": 1.05, "full": 1.1}
 
 
 def digits_cnn() -> tuple[nn.Module, DataLoader, DataLoader, torch.Tensor]:
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     splits = data.load_digits()
     return (
@@ -172,7 +172,7 @@ def timed(fn) -> tuple[float, float]:
 
 def run_llla(rounds: int) -> str:
     """LLLA probit predict (kron, full) against a plain forward on the 1,000 test digits; returns the Markdown."""
-    from posthoc.demo import data, zoo
+    from posthoc_apps.demo import data, zoo
 
     splits = data.load_digits()
     model = zoo.pretrained()

@@ -2,7 +2,7 @@
 sinusoid's band, and the cost of last-layer Laplace against a plain forward pass.
 
 - **Quality** (``--splits`` random seeds, default 10): an MLP trained per split on Auto MPG
-  (:func:`posthoc.demo.data.auto_mpg`), wrapped by each method with its defaults and
+  (:func:`posthoc_apps.demo.data.auto_mpg`), wrapped by each method with its defaults and
   ``fit(train, val)``. ``random``: a random test split; ``extrapolate``: trained and validated on the
   lighter 70 % of the cars, tested on the heavier 30 % (no fit-time choice sees a heavy car); ``gap``:
   fitted without the heaviest 30 % and a band of middle weights, tested on that band. The
@@ -45,10 +45,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from timing import paired  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo.data import _sinusoid_targets, auto_mpg, sinusoid, train_mlp  # noqa: E402
 from posthoc.engine.perturb import feature_noise  # noqa: E402
 from posthoc.evaluation import gaussian_metrics as rm  # noqa: E402
 from posthoc.evaluation.metrics import ood_auroc  # noqa: E402
+from posthoc_apps.demo.data import _sinusoid_targets, auto_mpg, sinusoid, train_mlp  # noqa: E402
 
 #: (label, method, wrap options); "ensemble" wraps the split's members
 METHODS = (

@@ -30,12 +30,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import posthoc  # noqa: E402
 from posthoc.core.likelihood import Categorical  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.engine.held_out import HeldOut  # noqa: E402
 from posthoc.engine.selection import CAPPED_GAINS, CONFIDENCE, NEW_SAMPLE, Scores, excess_bound  # noqa: E402
 from posthoc.methods.laplace.prior_search import ladder  # noqa: E402
 from posthoc.methods.mc_dropout.method import P_GRID, SELECTION_FACTOR  # noqa: E402
 from posthoc.methods.mc_dropout.sites import with_rate  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 #: name -> (confidence, new_sample, capped_gains) of :func:`excess_bound`
 BOUNDS = {

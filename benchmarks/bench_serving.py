@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
 from benchmarks.timing import once  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
 TARGETS = {"temperature": 1.5, "vector": 1.5, "laplace": 2.0, "laplace+dac": 3.0, "mc-dropout S=20 (head)": 3.0}

@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from timing import Timing, measure  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 #: label -> (wrap options, fit options); the first of each method is its default
 CONFIGS = {

@@ -17,9 +17,9 @@ import torch
 from timing import HEADER, measure, row
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.engine.predictions import collect
 from posthoc.evaluation import bootstrap
+from posthoc_apps.demo import data, zoo
 
 NORMALIZATION = (data.MEAN, data.STD)
 

@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from timing import Timing, measure  # noqa: E402
 
 import posthoc  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.engine import held_out  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 #: method -> (options with the knob fixed, options with it chosen on held-out data); None: no fixed fit

@@ -46,10 +46,10 @@ from timing import HEADER, Timing, measure, row
 from torch.func import functional_call
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.engine.bn_refresh import batchnorm_statistics
 from posthoc.evaluation import metrics
 from posthoc.methods.swag.base import collect_steps
+from posthoc_apps.demo import data, zoo
 
 SAMPLES = 20
 ANGLES = (0, 45, 90)

@@ -16,8 +16,8 @@ import torch
 from timing import HEADER, measure, row
 
 import posthoc
-from posthoc.demo import data, zoo
 from posthoc.evaluation import metrics
+from posthoc_apps.demo import data, zoo
 
 
 def main() -> None:

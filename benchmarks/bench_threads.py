@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import posthoc  # noqa: E402
 from benchmarks.timing import once  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 warnings.filterwarnings("ignore")
 POLICIES = ("auto", False)

@@ -7,7 +7,7 @@ a loop, an empty file, a file of the other kind). Each load is counted as ``same
 the original, tensor for tensor), ``refused`` (a :class:`~posthoc.PosteriorFileError`) or ``WRONG``
 (loaded but different, or any other exception); the run fails if any is ``WRONG``.
 
-The same checks run, bounded to a few seconds, in ``tests/test_files.py``.
+The same checks run, bounded to a few seconds, in ``tests/core/test_files.py``.
 
 Run: ``python benchmarks/fuzz_files.py [--random 2000]``.
 """

@@ -8,7 +8,7 @@ Run by hand (not by pytest)::
     python benchmarks/quality.py --from-json benchmarks/results/quality.json --docs-table   # re-render, no compute
     python benchmarks/quality.py --quick --archs digits_cnn --methods none laplace --shift auto none   # shift-aware vs clean fit
 
-What is measured, per architecture (``posthoc.demo.zoo``: ``digits_cnn`` with a dropout head,
+What is measured, per architecture (``posthoc_apps.demo.zoo``: ``digits_cnn`` with a dropout head,
 ``digits_bn_cnn`` without dropout, with BatchNorm and global pooling), per case and per seed:
 
 - fit: ``um.fit(loader(splits.fit, 64, shuffle=True, seed), loader(splits.calibration))``, wall and
@@ -102,10 +102,10 @@ import posthoc  # noqa: E402
 from benchmarks.timing import measure  # noqa: E402
 from posthoc.core.likelihood import Gaussian  # noqa: E402
 from posthoc.core.registry import method_class  # noqa: E402
-from posthoc.demo import data, zoo  # noqa: E402
 from posthoc.engine.predictions import collect  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
 from posthoc.shift import EVALUATION_KINDS, corrupt_images  # noqa: E402
+from posthoc_apps.demo import data, zoo  # noqa: E402
 
 ARCHS = ("digits_cnn", "digits_bn_cnn")
 SEEDS = (0, 1, 2)

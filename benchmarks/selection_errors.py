@@ -9,9 +9,9 @@ A held-out choice makes two errors (``docs/selection.md``):
   reference is the clean maximum-likelihood temperature that ``posthoc.calibrate(..., tolerance=math.inf)``,
   netcal and torch-uncertainty fit on the same validation logits.
 
-Checkpoints: the two bundled digits CNNs (``posthoc.demo.zoo``), overfit MLPs on three of scikit-learn's bundled
-tabular sets (``posthoc.demo.tabular``: breast cancer, the 8x8 digits as features, wine; five training seeds each), a
-timm ``resnet10t`` trained on the bundled digits, and an MLP regressor on Auto MPG (``posthoc.demo.data``).
+Checkpoints: the two bundled digits CNNs (``posthoc_apps.demo.zoo``), overfit MLPs on three of scikit-learn's bundled
+tabular sets (``posthoc_apps.demo.tabular``: breast cancer, the 8x8 digits as features, wine; five training seeds each), a
+timm ``resnet10t`` trained on the bundled digits, and an MLP regressor on Auto MPG (``posthoc_apps.demo.data``).
 Every method's chain is fitted once on the training data; each draw splits the held-out pool at random into a
 validation set, on which every held-out choice is made again (``um.choose``: the same code path as ``fit``), and a
 test set. Under shift, on the image checkpoints, each draw also scores every candidate on the test set corrupted by
@@ -22,7 +22,7 @@ evaluation kinds, over the candidates.
 
 ``--rule old`` replaces the bound by the one before this rule (the paired normal bound at 95 % on new data with the
 largest 2.5 % of gains capped), ``--rule point`` by the mean excess alone: the first must come out timid, the second
-worse (``tests/test_selection_errors.py`` and ``tests/test_never_worse.py`` check the same on fewer draws).
+worse (``tests/bench/test_selection_errors.py`` and ``tests/engine/test_never_worse.py`` check the same on fewer draws).
 
 Run: ``python benchmarks/selection_errors.py [--draws 20] [--seeds 2] [--only breast_cancer digits_bn_cnn ...]
 [--rule new] [--json out.json] [--docs-table]`` (an hour or two on 2 cores for everything; ``--from-json`` renders
@@ -54,11 +54,11 @@ import posthoc  # noqa: E402
 import posthoc.engine.selection as selection  # noqa: E402
 from posthoc.core.likelihood import Categorical, Gaussian  # noqa: E402
 from posthoc.core.modules import eval_mode  # noqa: E402
-from posthoc.demo import data, regression, tabular, zoo  # noqa: E402
 from posthoc.engine.held_out import HeldOut  # noqa: E402
 from posthoc.methods.auto.method import default_candidates  # noqa: E402
 from posthoc.methods.calibration.temperature import TemperatureCalibrator  # noqa: E402
 from posthoc.shift import EVALUATION_KINDS, corrupt_images  # noqa: E402
+from posthoc_apps.demo import data, regression, tabular, zoo  # noqa: E402
 
 #: severities of the evaluation kinds scored under shift
 SHIFT_SEVERITIES = (2, 4)

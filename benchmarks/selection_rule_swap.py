@@ -3,9 +3,9 @@
 Runs a test file with :func:`posthoc.engine.selection.excess_bound` replaced, and checks that it fails:
 
 - ``--rule old`` (timid): the bound before issue 44, the paired normal bound at 95 % on new data with the largest
-  2.5 % of per-example gains capped, against ``tests/test_selection_errors.py``: the guarded temperature then refuses
+  2.5 % of per-example gains capped, against ``tests/bench/test_selection_errors.py``: the guarded temperature then refuses
   the gains of overconfident tabular models.
-- ``--rule point`` (reckless): the mean excess alone as its bound, against ``tests/test_never_worse.py``: Laplace's
+- ``--rule point`` (reckless): the mean excess alone as its bound, against ``tests/engine/test_never_worse.py``: Laplace's
   prior and ``auto`` then exceed the tolerance in distribution in too many draws.
 
 Run: ``python benchmarks/selection_rule_swap.py --rule old`` (about a minute) and ``--rule point`` (about ten
@@ -28,7 +28,7 @@ from selection_errors import RULES  # noqa: E402
 import posthoc.engine.selection as selection  # noqa: E402
 
 #: which test each replaced rule must fail
-TESTS = {"old": "tests/test_selection_errors.py", "point": "tests/test_never_worse.py"}
+TESTS = {"old": "tests/bench/test_selection_errors.py", "point": "tests/engine/test_never_worse.py"}
 
 
 def main(argv: list[str] | None = None) -> int:

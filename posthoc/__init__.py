@@ -1,7 +1,7 @@
 """posthoc: retrofit uncertainty onto already trained PyTorch classifiers and regressors.
 
 Example:
-    >>> from posthoc.demo.examples import model, train_loader, x, test_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader, x, test_loader
     >>> import posthoc
     >>> um = posthoc.wrap(model, method="laplace").fit(train_loader)
     >>> pred = um.predict(x)            # probs, entropy, aleatoric / epistemic split

@@ -2,7 +2,7 @@
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model
+    >>> from posthoc_apps.demo.examples import model
     >>> um = posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag")
     >>> um.methods
     ['laplace', 'temperature']
@@ -20,6 +20,7 @@ from torch import nn
 
 from posthoc.core import persistence
 from posthoc.core.chain import CALIBRATE_REGRESSOR, RETIRED_OPTIONS, build_chain, route_options, spec_of
+from posthoc.core.checkpoint import load_checkpoint
 from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.modules import get_submodule, uncompiled
@@ -29,7 +30,6 @@ from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
-from posthoc.loading.models import load_checkpoint
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
@@ -158,7 +158,7 @@ def wrap(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import model, val_loader, x
+        >>> from posthoc_apps.demo.examples import model, val_loader, x
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
         >>> um.predict(x).probs.shape           # eight inputs, three classes
         torch.Size([8, 3])
@@ -225,7 +225,7 @@ def load(
     Example:
         >>> from torch import nn
         >>> import posthoc
-        >>> from posthoc.demo.examples import model, train_loader
+        >>> from posthoc_apps.demo.examples import model, train_loader
         >>> posthoc.wrap(model, method="laplace").fit(train_loader).save("net.laplace.pt")
         >>> um = posthoc.load("net.laplace.pt", model)
         >>> members = [nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 3)) for _ in range(3)]

@@ -17,7 +17,7 @@ never worse than ``"identity"`` on the folds). ``calibrator.predict(mean, std)``
 Example:
     >>> import torch
     >>> import posthoc
-    >>> from posthoc.demo.examples import val_logits, val_labels, test_logits
+    >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits
     >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto", tolerance=0.03)
     >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]    # cross-validated
     ('temperature', 0.492)
@@ -90,7 +90,7 @@ def calibrate(
     Example:
         >>> import torch
         >>> import posthoc
-        >>> from posthoc.demo.examples import val_logits, val_labels, test_logits
+        >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits
         >>> calibrator = posthoc.calibrate(val_logits.numpy(), val_labels.numpy())   # numpy arrays work too
         >>> calibrator(test_logits.numpy()).sum(-1)[:3]   # numpy in, numpy out; rows sum to 1
         array([1., 1., 1.], dtype=float32)
@@ -167,7 +167,7 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrato
         >>> import torch
         >>> import posthoc
         >>> from posthoc.calibrate import load_calibrator
-        >>> from posthoc.demo.examples import logits, labels, test_logits
+        >>> from posthoc_apps.demo.examples import logits, labels, test_logits
         >>> posthoc.calibrate(logits, labels).save("t.pt")
         >>> load_calibrator("t.pt")(test_logits).shape
         torch.Size([128, 3])

@@ -1,7 +1,7 @@
 """How the docstring examples run in the test suite: as pasted into a fresh notebook, one at a time.
 
 Each example starts from an empty namespace (not its module's), so it imports what it uses; the models and data
-it needs come from :mod:`posthoc.demo.examples`. It runs in an empty temporary folder after
+it needs come from :mod:`posthoc_apps.demo.examples`. It runs in an empty temporary folder after
 ``torch.manual_seed(0)``, on one thread, and ``posthoc.settings``, the method registry and open figures are
 restored after it, so no example sees another's side effects.
 """

@@ -7,7 +7,7 @@ time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call
 ``progress=`` says.
 
 Example:
-    >>> from posthoc.demo.examples import um, x
+    >>> from posthoc_apps.demo.examples import um, x
     >>> import posthoc.settings
     >>> posthoc.settings.max_memory = 256 * 2**20      # sample in chunks under 256 MiB
     >>> with posthoc.settings.override(chunk_size=4096):

@@ -79,16 +79,23 @@ def held_out_pair(logits_path: Path, labels_path: Path) -> tuple[Tensor, Tensor]
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--logits", type=Path, metavar="FILE", required=True,
-                        help="held-out logits, .npy or .pt, shape (N, C)")
-    parser.add_argument("--labels", type=Path, metavar="FILE", required=True,
-                        help="held-out labels, .npy or .pt, shape (N,)")
-    parser.add_argument("--test-logits", type=Path, metavar="FILE", default=None,
-                        help="logits of a second set to report on")
+    parser.add_argument(
+        "--logits", type=Path, metavar="FILE", required=True, help="held-out logits, .npy or .pt, shape (N, C)"
+    )
+    parser.add_argument(
+        "--labels", type=Path, metavar="FILE", required=True, help="held-out labels, .npy or .pt, shape (N,)"
+    )
+    parser.add_argument(
+        "--test-logits", type=Path, metavar="FILE", default=None, help="logits of a second set to report on"
+    )
     parser.add_argument("--test-labels", type=Path, metavar="FILE", default=None, help="labels of that second set")
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
-    parser.add_argument("--calibrator", default="auto", choices=sorted(calibrators()),
-                        help="the calibrator; auto picks one by cross-validated NLL (default)")
+    parser.add_argument(
+        "--calibrator",
+        default="auto",
+        choices=sorted(calibrators()),
+        help="the calibrator; auto picks one by cross-validated NLL (default)",
+    )
     parser.add_argument("--save-probs", action="store_true", help="also write calibrated_probs.npy for the test set")
     return parser
 
@@ -104,10 +111,18 @@ def cross_validated_table(calibrator: Calibrator) -> list[str]:
     """Markdown lines of ``calibrator.scores`` (empty unless ``--calibrator auto``), the chosen one marked."""
     if not calibrator.scores:
         return []
-    rows = [f"| {name} | {row['nll']:.4f} | {row['ece']:.4f} | {'**chosen**' if name == calibrator.chosen_name else ''} |"
-            for name, row in sorted(calibrator.scores.items(), key=lambda item: item[1]["nll"])]
-    return ["## Calibrators, 5-fold cross-validated on the fitting data", "",
-            "| calibrator | NLL | ECE | |", "|---|---|---|---|", *rows, ""]
+    rows = [
+        f"| {name} | {row['nll']:.4f} | {row['ece']:.4f} | {'**chosen**' if name == calibrator.chosen_name else ''} |"
+        for name, row in sorted(calibrator.scores.items(), key=lambda item: item[1]["nll"])
+    ]
+    return [
+        "## Calibrators, 5-fold cross-validated on the fitting data",
+        "",
+        "| calibrator | NLL | ECE | |",
+        "|---|---|---|---|",
+        *rows,
+        "",
+    ]
 
 
 def calibrate_files(args: argparse.Namespace) -> Calibrator:
@@ -124,37 +139,67 @@ def calibrate_files(args: argparse.Namespace) -> Calibrator:
     before = class_log_probs(test_logits.float()).exp()
     after = calibrator(test_logits)
     targets = check_labels(test_labels, before.shape[-1])
-    reports = [Report.from_predictions("before (softmax)", before, targets),
-               Report.from_predictions(f"after ({describe(calibrator)})", after, targets)]
+    reports = [
+        Report.from_predictions("before (softmax)", before, targets),
+        Report.from_predictions(f"after ({describe(calibrator)})", after, targets),
+    ]
 
     out = args.out
     out.mkdir(parents=True, exist_ok=True)
     plots.reliability_diagram({r.name: (r.probs, r.labels) for r in reports}, out / "reliability.png")
-    test_set = (f"the fitting data itself ({args.logits}): in-sample, so the 'after' row is optimistic; pass "
-                "--test-logits/--test-labels for an honest estimate") if in_sample else str(args.test_logits)
-    (out / "report.md").write_text("\n".join([
-        "# Calibration from saved logits", "",
-        f"- fitted on {len(labels)} examples from {args.logits}, {before.shape[-1]} classes",
-        f"- calibrator: {describe(calibrator)} (asked for: {args.calibrator}; saved as calibrator.pt)",
-        f"- evaluated on {len(targets)} examples from {test_set}", "",
-        *cross_validated_table(calibrator),
-        "## Before and after", "",
-        markdown_table(reports), "",
-        "![reliability diagram](reliability.png)", "",
-    ]))
+    test_set = (
+        (
+            f"the fitting data itself ({args.logits}): in-sample, so the 'after' row is optimistic; pass "
+            "--test-logits/--test-labels for an honest estimate"
+        )
+        if in_sample
+        else str(args.test_logits)
+    )
+    (out / "report.md").write_text(
+        "\n".join(
+            [
+                "# Calibration from saved logits",
+                "",
+                f"- fitted on {len(labels)} examples from {args.logits}, {before.shape[-1]} classes",
+                f"- calibrator: {describe(calibrator)} (asked for: {args.calibrator}; saved as calibrator.pt)",
+                f"- evaluated on {len(targets)} examples from {test_set}",
+                "",
+                *cross_validated_table(calibrator),
+                "## Before and after",
+                "",
+                markdown_table(reports),
+                "",
+                "![reliability diagram](reliability.png)",
+                "",
+            ]
+        )
+    )
     chosen = getattr(calibrator, "chosen", calibrator)
     temperature = getattr(chosen, "temperature", None)
-    (out / "calibration.json").write_text(json.dumps({
-        "method": calibrator.chosen_name, "requested": args.calibrator,
-        "temperature": None if temperature is None else float(temperature), "scores": calibrator.scores,
-        "fitted_on": str(args.logits), "num_examples": len(labels), "num_classes": before.shape[-1],
-        "in_sample": in_sample, "before": reports[0].as_dict(), "after": reports[1].as_dict(),
-    }, indent=2))
+    (out / "calibration.json").write_text(
+        json.dumps(
+            {
+                "method": calibrator.chosen_name,
+                "requested": args.calibrator,
+                "temperature": None if temperature is None else float(temperature),
+                "scores": calibrator.scores,
+                "fitted_on": str(args.logits),
+                "num_examples": len(labels),
+                "num_classes": before.shape[-1],
+                "in_sample": in_sample,
+                "before": reports[0].as_dict(),
+                "after": reports[1].as_dict(),
+            },
+            indent=2,
+        )
+    )
     calibrator.save(out / "calibrator.pt")
     if args.save_probs:
         np.save(out / "calibrated_probs.npy", after.numpy())
-    print(f"{describe(calibrator)}; ECE {reports[0].ece:.4f} -> {reports[1].ece:.4f}, "
-          f"NLL {reports[0].nll:.4f} -> {reports[1].nll:.4f}; wrote {out / 'report.md'}")
+    print(
+        f"{describe(calibrator)}; ECE {reports[0].ece:.4f} -> {reports[1].ece:.4f}, "
+        f"NLL {reports[0].nll:.4f} -> {reports[1].nll:.4f}; wrote {out / 'report.md'}"
+    )
     return calibrator
 
 

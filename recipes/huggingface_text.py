@@ -35,9 +35,9 @@ from typing import Any
 
 from torch import nn
 
-from posthoc.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
 from posthoc.errors import exit_status
-from posthoc.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
+from posthoc_apps.cli.evaluate import add_model_options, add_run_arguments, load_texts, run_retrofit
+from posthoc_apps.loading.hf import ADAPTER_CONFIG, require_peft, require_transformers
 
 
 def load_model(name: str, pretrained: bool = True, num_classes: int | None = None) -> tuple[nn.Module, Any]:
@@ -46,13 +46,17 @@ def load_model(name: str, pretrained: bool = True, num_classes: int | None = Non
     adapter = Path(name, ADAPTER_CONFIG)
     if adapter.is_file():
         peft = require_peft()
-        base, tokenizer = load_model(json.loads(adapter.read_text())["base_model_name_or_path"], pretrained, num_classes)
+        base, tokenizer = load_model(
+            json.loads(adapter.read_text())["base_model_name_or_path"], pretrained, num_classes
+        )
         return peft.PeftModel.from_pretrained(base, name).eval(), tokenizer
     labels = {} if num_classes is None else {"num_labels": num_classes, "ignore_mismatched_sizes": True}
     if pretrained:
         model = transformers.AutoModelForSequenceClassification.from_pretrained(name, **labels)
     else:
-        config = transformers.AutoConfig.from_pretrained(name, **({} if num_classes is None else {"num_labels": num_classes}))
+        config = transformers.AutoConfig.from_pretrained(
+            name, **({} if num_classes is None else {"num_labels": num_classes})
+        )
         model = transformers.AutoModelForSequenceClassification.from_config(config)
     tokenizer = transformers.AutoTokenizer.from_pretrained(name)
     return model.eval(), tokenizer
@@ -61,11 +65,17 @@ def load_model(name: str, pretrained: bool = True, num_classes: int | None = Non
 def parser() -> argparse.ArgumentParser:
     """``--model`` (a Hub id or a local folder) and the shared data, method and run options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default="distilbert-base-uncased-finetuned-sst-2-english", metavar="NAME",
-                        help="a Hugging Face Hub id or a save_pretrained folder (a peft adapter folder too)")
+    parser.add_argument(
+        "--model",
+        default="distilbert-base-uncased-finetuned-sst-2-english",
+        metavar="NAME",
+        help="a Hugging Face Hub id or a save_pretrained folder (a peft adapter folder too)",
+    )
     add_model_options(parser)
     add_run_arguments(parser)
-    parser.epilog = "--train/--val/--calibration/--shift/--ood take .csv or .jsonl files with 'text' and 'label' columns"
+    parser.epilog = (
+        "--train/--val/--calibration/--shift/--ood take .csv or .jsonl files with 'text' and 'label' columns"
+    )
     return parser
 
 

@@ -32,8 +32,8 @@ from pathlib import Path
 import timm
 from torch import nn
 
-from posthoc.cli.evaluate import recipe_parser, run_recipe
-from posthoc.loading.models import fetching_weights, load_checkpoint, model_options, parse_model_spec
+from posthoc_apps.cli.evaluate import recipe_parser, run_recipe
+from posthoc_apps.loading.models import fetching_weights, load_checkpoint, model_options, parse_model_spec
 
 
 def load_model(name: str, pretrained: bool, num_classes: int | None, checkpoint: Path | None) -> nn.Module:

@@ -1,7 +1,7 @@
 """Train a LightningModule, fit posthoc when training ends, and restore the fitted model from the checkpoint.
 
 A small classifier of scikit-learn's 8x8 digits (1,797 images, bundled with scikit-learn: nothing to download)
-is trained for a few epochs with ``lightning``; :class:`posthoc.lightning.PosthocCallback` then fits the
+is trained for a few epochs with ``lightning``; :class:`posthoc_apps.lightning.PosthocCallback` then fits the
 post-hoc method on the best checkpoint's network, with the datamodule's training and validation loaders::
 
     python recipes/lightning_callback.py --out reports/lightning --epochs 2 --method laplace+temperature
@@ -13,7 +13,7 @@ difference between the callback's probabilities and those of the model restored 
 
 In your own project the callback is one line, and restoring two::
 
-    from posthoc.lightning import PosthocCallback
+    from posthoc_apps.lightning import PosthocCallback
 
     callback = PosthocCallback(method=["laplace", "temperature"], model_attr="net")
     trainer = lightning.Trainer(max_epochs=10, callbacks=[callback])
@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.errors import exit_status
 from posthoc.evaluation.report import markdown_table
-from posthoc.lightning import PosthocCallback
+from posthoc_apps.lightning import PosthocCallback
 
 
 class LitDigits(pl.LightningModule):
@@ -80,8 +80,11 @@ class DigitsData(pl.LightningDataModule):
         order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
         x = torch.as_tensor(x, dtype=torch.float32)[order] / 16.0
         y = torch.as_tensor(y, dtype=torch.long)[order]
-        self.splits = {"train": (x[:train], y[:train]), "val": (x[train:train + val], y[train:train + val]),
-                       "test": (x[train + val:], y[train + val:])}
+        self.splits = {
+            "train": (x[:train], y[:train]),
+            "val": (x[train : train + val], y[train : train + val]),
+            "test": (x[train + val :], y[train + val :]),
+        }
         self.batch_size = batch_size
 
     def loader(self, split: str, shuffle: bool = False) -> DataLoader:
@@ -100,14 +103,20 @@ class DigitsData(pl.LightningDataModule):
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, metavar="DIR", help="output folder")
-    parser.add_argument("--method", default="laplace+temperature",
-                        help="the posthoc method, methods joined by '+' to compose them (default laplace+temperature)")
+    parser.add_argument(
+        "--method",
+        default="laplace+temperature",
+        help="the posthoc method, methods joined by '+' to compose them (default laplace+temperature)",
+    )
     parser.add_argument("--epochs", type=int, default=5, help="training epochs (default 5)")
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--seed", type=int, default=0, help="seed of the split and of the training")
-    parser.add_argument("--no-shift", action="store_true",
-                        help="make posthoc's held-out choices on the clean validation batches only, without perturbed "
-                             "copies (faster; fit_options={'shift': None})")
+    parser.add_argument(
+        "--no-shift",
+        action="store_true",
+        help="make posthoc's held-out choices on the clean validation batches only, without perturbed "
+        "copies (faster; fit_options={'shift': None})",
+    )
     parser.add_argument("--progress", action="store_true", help="show Lightning's and posthoc's progress bars")
     return parser
 
@@ -117,29 +126,55 @@ def run(args: argparse.Namespace) -> dict:
     pl.seed_everything(args.seed, verbose=False)
     data = DigitsData(batch_size=args.batch_size, seed=args.seed)
     module = LitDigits()
-    callback = PosthocCallback(method=args.method.split("+"), model_attr="net",
-                               fit_options={"shift": None} if args.no_shift else None)
+    callback = PosthocCallback(
+        method=args.method.split("+"), model_attr="net", fit_options={"shift": None} if args.no_shift else None
+    )
     checkpoints = pl.callbacks.ModelCheckpoint(dirpath=args.out / "checkpoints", monitor="val_loss", mode="min")
-    trainer = pl.Trainer(max_epochs=args.epochs, accelerator="cpu", devices=1, logger=False,
-                         callbacks=[checkpoints, callback], default_root_dir=args.out,
-                         enable_progress_bar=args.progress, enable_model_summary=False)
+    trainer = pl.Trainer(
+        max_epochs=args.epochs,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        callbacks=[checkpoints, callback],
+        default_root_dir=args.out,
+        enable_progress_bar=args.progress,
+        enable_model_summary=False,
+    )
     trainer.fit(module, datamodule=data)
 
     restored = PosthocCallback.restore(callback.checkpoint_path, LitDigits, model_attr="net")
     x_test = data.splits["test"][0]
     difference = (restored.predict(x_test).probs - callback.uncertain_model.predict(x_test).probs).abs().max()
     plain = posthoc.wrap(LitDigits.load_from_checkpoint(callback.checkpoint_path).net, method="none")
-    reports = [posthoc.evaluate(plain, data.test_dataloader(), name="plain network", progress=args.progress),
-               posthoc.evaluate(restored, data.test_dataloader(), name=args.method, progress=args.progress)]
-    (args.out / "report.md").write_text("\n".join([
-        f"# {args.method} fitted by PosthocCallback after {args.epochs} epochs", "",
-        f"- checkpoint: {callback.checkpoint_path}", f"- posterior: {callback.posterior_path}",
-        f"- test digits: {len(x_test)}", "", markdown_table(reports), ""]))
-    summary = {"checkpoint": str(callback.checkpoint_path), "posterior": str(callback.posterior_path),
-               "max_abs_difference": float(difference), "test": {r.name: r.as_dict() for r in reports}}
+    reports = [
+        posthoc.evaluate(plain, data.test_dataloader(), name="plain network", progress=args.progress),
+        posthoc.evaluate(restored, data.test_dataloader(), name=args.method, progress=args.progress),
+    ]
+    (args.out / "report.md").write_text(
+        "\n".join(
+            [
+                f"# {args.method} fitted by PosthocCallback after {args.epochs} epochs",
+                "",
+                f"- checkpoint: {callback.checkpoint_path}",
+                f"- posterior: {callback.posterior_path}",
+                f"- test digits: {len(x_test)}",
+                "",
+                markdown_table(reports),
+                "",
+            ]
+        )
+    )
+    summary = {
+        "checkpoint": str(callback.checkpoint_path),
+        "posterior": str(callback.posterior_path),
+        "max_abs_difference": float(difference),
+        "test": {r.name: r.as_dict() for r in reports},
+    }
     (args.out / "restore.json").write_text(json.dumps(summary, indent=2))
-    print(f"{args.method}: NLL {reports[0].nll:.4f} -> {reports[1].nll:.4f}, ECE {reports[0].ece:.4f} -> "
-          f"{reports[1].ece:.4f}; restored from {callback.posterior_path} (max |difference| {float(difference):.1e})")
+    print(
+        f"{args.method}: NLL {reports[0].nll:.4f} -> {reports[1].nll:.4f}, ECE {reports[0].ece:.4f} -> "
+        f"{reports[1].ece:.4f}; restored from {callback.posterior_path} (max |difference| {float(difference):.1e})"
+    )
     return summary
 
 

@@ -10,7 +10,7 @@ column (paths relative to the CSV) and a numeric target column (``--target``, de
 Steps: (1) ``timm.create_model(NAME, pretrained=True, num_classes=1)``: the backbone's ImageNet weights and a
 one-output head (``--checkpoint`` loads your fine-tuned regressor's state_dict on top; without one the
 head is untrained and the report shows it); (2) the model's own evaluation preprocessing
-(``timm.data.resolve_data_config`` + ``create_transform``); (3) ``posthoc.loading.image_targets.ImageTargets``
+(``timm.data.resolve_data_config`` + ``create_transform``); (3) ``posthoc_apps.loading.image_targets.ImageTargets``
 loaders of ``(image, float target)``; (4) ``posthoc.wrap(model, method, likelihood="regression").fit(train,
 val)`` for each ``--method`` row (default ``laplace``: last-layer Laplace on the head) next to the plain model,
 whose Gaussian noise is fitted on ``--val``; (5) ``posthoc.evaluate`` on ``--test`` (default: half of
@@ -30,12 +30,12 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from posthoc.cli.evaluate import parse_bool
-from posthoc.cli.tables import add_recipe_arguments, run_regression_recipe
 from posthoc.errors import exit_status
-from posthoc.loading.folders import model_transform
-from posthoc.loading.image_targets import ImageTargets
-from posthoc.loading.models import fetching_weights, load_checkpoint, parse_model_spec
+from posthoc_apps.cli.evaluate import parse_bool
+from posthoc_apps.cli.tables import add_recipe_arguments, run_regression_recipe
+from posthoc_apps.loading.folders import model_transform
+from posthoc_apps.loading.image_targets import ImageTargets
+from posthoc_apps.loading.models import fetching_weights, load_checkpoint, parse_model_spec
 
 
 def load_model(name: str, pretrained: bool = True, checkpoint: Path | None = None) -> nn.Module:
@@ -52,14 +52,23 @@ def parser() -> argparse.ArgumentParser:
     """``--model``, ``--checkpoint``, the CSV files, ``--target`` and the methods and run options."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="resnet50", metavar="NAME", help="a timm model name (default: resnet50)")
-    parser.add_argument("--pretrained", type=parse_bool, default=True, metavar="true|false",
-                        help="load the published backbone weights (default: true); false = random weights")
+    parser.add_argument(
+        "--pretrained",
+        type=parse_bool,
+        default=True,
+        metavar="true|false",
+        help="load the published backbone weights (default: true); false = random weights",
+    )
     parser.add_argument("--checkpoint", type=Path, default=None, metavar="FILE", help="your regressor's state_dict")
     parser.add_argument("--image-size", type=int, default=None, metavar="N", help="override the crop size")
     parser.add_argument("--train", type=Path, default=None, metavar="CSV", help="training images and targets")
-    parser.add_argument("--val", type=Path, required=True, metavar="CSV", help="held-out images: fit the noise and the methods")
+    parser.add_argument(
+        "--val", type=Path, required=True, metavar="CSV", help="held-out images: fit the noise and the methods"
+    )
     parser.add_argument("--test", type=Path, default=None, metavar="CSV", help="test images (default: half of --val)")
-    parser.add_argument("--target", default="target", metavar="COLUMN", help="the numeric target column (default: target)")
+    parser.add_argument(
+        "--target", default="target", metavar="COLUMN", help="the numeric target column (default: target)"
+    )
     add_recipe_arguments(parser, default_out="reports/timm-regression")
     return parser
 
@@ -73,9 +82,13 @@ def main(argv: list[str] | None = None) -> int:
         transform = model_transform(model, f"timm:{args.model}", args.image_size)
         read = lambda path: None if path is None else ImageTargets(path, args.target, transform)  # noqa: E731
         generator = torch.Generator().manual_seed(args.seed)
-        run_regression_recipe(model, (read(args.train), read(args.val), read(args.test)),
-                              lambda rows, shuffle: DataLoader(rows, args.batch_size, shuffle=shuffle, generator=generator),
-                              args, title=f"timm {args.model} (regression)")
+        run_regression_recipe(
+            model,
+            (read(args.train), read(args.val), read(args.test)),
+            lambda rows, shuffle: DataLoader(rows, args.batch_size, shuffle=shuffle, generator=generator),
+            args,
+            title=f"timm {args.model} (regression)",
+        )
 
     return exit_status(run)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import timm
@@ -12,7 +14,16 @@ from hypothesis import settings
 from torch import nn
 
 from posthoc.core.threads import single_thread_if
-from posthoc.demo import data, zoo
+from posthoc_apps.demo import data, zoo
+
+# the tests mirror the packages in folders (tests/methods/, tests/engine/, tests/apps/, ...) and a test module imports
+# another's helpers by its name (``from test_recipes import _write_images``): every folder is on the path, whichever
+# test runs first (test file names stay unique across folders; tests/test_architecture.py checks it)
+sys.path += [
+    str(folder)
+    for folder in sorted(Path(__file__).resolve().parent.rglob("*"))
+    if folder.is_dir() and any(folder.glob("test_*.py")) and str(folder) not in sys.path
+]
 
 # the same examples on every run, so CI never passes or fails by chance;
 # HYPOTHESIS_PROFILE=explore draws new examples (with --hypothesis-seed to replay one run)

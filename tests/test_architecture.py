@@ -1,12 +1,17 @@
 """The package's import structure, read from the source with ``ast`` (every import statement, at any depth).
 
-Layers, bottom to top: ``core`` < ``engine`` < ``methods`` < (``api``, ``calibrate``, ``guarantees``,
-``loading``, ``ood``, ``shift``) < ``evaluation`` < (``demo``, ``cli``, ``lightning``); ``posthoc/__init__.py``
-gathers the public API and is exempt as an importer (as an import target it sits in the top layer). Imports point
-down or stay in their layer; a method (``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, itself and
-the methods it is declared to build on (:data:`BUILDS_ON`); no import circle between modules, and none between
-the subpackages either (two packages of one layer must not import each other); no import of posthoc inside a
-function.
+Two top-level packages: the library ``posthoc`` and its applications ``posthoc_apps`` (the command line, the demo, the
+loaders, the Lightning callback). The library never imports the applications, not even inside a function, nor by a
+module name in a string (``importlib.import_module``); the applications import only the library and themselves.
+
+Layers of the library, bottom to top: ``core`` < ``engine`` < ``methods`` < (``api``, ``calibrate``, ``export``,
+``guarantees``, ``ood``, ``shift``) < ``evaluation``; ``posthoc/__init__.py`` gathers the public API and is exempt as
+an importer (as an import target it sits in the top layer). Imports point down or stay in their layer; a method
+(``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, itself and the methods it is declared to build
+on (:data:`BUILDS_ON`); no import circle between modules, and none between the subpackages either (two packages of one
+layer must not import each other); no import of posthoc inside a function (in either package).
+
+Every folder of both packages is named in the layout of ``docs/architecture.md``.
 """
 
 from __future__ import annotations
@@ -16,8 +21,12 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "posthoc"
+REPO = next(folder for folder in Path(__file__).resolve().parents if (folder / "pyproject.toml").is_file())
+PACKAGE = REPO / "posthoc"
 ROOT = "posthoc"
+APPS = REPO / "posthoc_apps"
+APPS_ROOT = "posthoc_apps"
+ARCHITECTURE = REPO / "docs" / "architecture.md"
 LAYERS = {
     "errors": 0,
     "settings": 0,
@@ -28,13 +37,9 @@ LAYERS = {
     "calibrate": 3,
     "export": 3,
     "guarantees": 3,
-    "loading": 3,
     "shift": 3,
     "ood": 3,
     "evaluation": 4,
-    "demo": 5,
-    "cli": 5,
-    "lightning": 5,
 }
 TOP = max(LAYERS.values())
 #: the other methods a method is made of, imported by name: MultiSWAG is an ensemble of SWAG runs
@@ -55,13 +60,13 @@ class Import:
         return f"{self.importer} -> {self.target} (line {self.line}){where}"
 
 
-def module_names(package: Path = PACKAGE) -> dict[str, Path]:
+def module_names(package: Path = PACKAGE, root: str = ROOT) -> dict[str, Path]:
     """Every module of the package by dotted name, ``posthoc.methods.laplace`` for a package's ``__init__.py``."""
     names = {}
     for path in sorted(package.rglob("*.py")):
         if path.name == "conftest.py":  # how pytest runs the doctests, not part of the package
             continue
-        parts = (ROOT, *path.relative_to(package).with_suffix("").parts)
+        parts = (root, *path.relative_to(package).with_suffix("").parts)
         names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
     return names
 
@@ -74,7 +79,7 @@ class _ImportVisitor(ast.NodeVisitor):
         self.found: list[Import] = []
 
     def _add(self, target: str, node: ast.stmt) -> None:
-        if target == ROOT or target.startswith(ROOT + "."):
+        if target.split(".")[0] in (ROOT, APPS_ROOT):
             self.found.append(Import(self.module, target, node.lineno, self.depth > 0))
 
     def _in_function(self, node: ast.AST) -> None:
@@ -98,9 +103,9 @@ class _ImportVisitor(ast.NodeVisitor):
             self._add(submodule if submodule in self.modules else base, node)
 
 
-def imports(package: Path = PACKAGE) -> list[Import]:
-    """Every import of a posthoc module made anywhere in the package."""
-    modules = module_names(package)
+def imports(package: Path = PACKAGE, root: str = ROOT) -> list[Import]:
+    """Every import of a posthoc or posthoc_apps module made anywhere in the package."""
+    modules = module_names(package, root)
     found = []
     for name, path in modules.items():
         visitor = _ImportVisitor(name, path.name == "__init__.py", set(modules))
@@ -110,8 +115,10 @@ def imports(package: Path = PACKAGE) -> list[Import]:
 
 
 def layer(module: str) -> int:
-    """The layer of a posthoc module; the package root counts as the top layer."""
+    """The layer of a posthoc module; the package root counts as the top layer, the applications above it."""
     parts = module.split(".")
+    if parts[0] == APPS_ROOT:
+        return TOP + 1
     return TOP if len(parts) == 1 else LAYERS[parts[1]]
 
 
@@ -204,6 +211,8 @@ def _circle(graph: dict[str, set[str]], start: str, group: set[str]) -> list[str
 
 
 FOUND = imports()
+#: the imports made in the applications (of posthoc_apps and of posthoc modules)
+APPS_FOUND = imports(APPS, APPS_ROOT)
 
 
 def _circles() -> set[str]:
@@ -226,7 +235,8 @@ def plant(root: Path, files: dict[str, str]) -> None:
 
 
 def test_the_analysis_sees_the_package():
-    assert {"posthoc.errors", "posthoc.methods.laplace", "posthoc.cli.main"} <= set(module_names())
+    assert {"posthoc.errors", "posthoc.methods.laplace"} <= set(module_names())
+    assert {"posthoc_apps.cli.main", "posthoc_apps.demo.zoo"} <= set(module_names(APPS, APPS_ROOT))
     targets = {(edge.importer, edge.target) for edge in FOUND}
     assert ("posthoc.api", "posthoc.core.registry") in targets
     assert ("posthoc.methods", "posthoc.methods.laplace") in targets  # ``from package import submodule``
@@ -234,32 +244,32 @@ def test_the_analysis_sees_the_package():
 
 def test_the_analysis_catches_each_kind_of_breakage(tmp_path: Path):
     files = {
-        "__init__.py": "from posthoc import cli\n",
+        "__init__.py": "from posthoc import evaluation\n",
         "core/__init__.py": "",
         "core/a.py": "from . import b\n",
         "core/b.py": "def f():\n    from posthoc.core.a import f\n",
         "engine/__init__.py": "",
-        "engine/hooks.py": "import posthoc.cli\n",
+        "engine/hooks.py": "import posthoc.evaluation\n",
         "methods/__init__.py": "from posthoc.methods import laplace, temperature\n",
         "methods/temperature.py": "from posthoc.core import a\n",
         "methods/laplace/__init__.py": "from .fit import fit\nfrom ..temperature import scale\n",
         "methods/laplace/fit.py": "from posthoc.engine import hooks\n",
         "api.py": "from posthoc.methods import laplace\n",
-        "cli/__init__.py": "",
-        "loading/__init__.py": "",
-        "loading/folders.py": "",
-        "loading/hub.py": "from posthoc.shift import noise\n",
+        "evaluation/__init__.py": "",
+        "ood/__init__.py": "",
+        "ood/folders.py": "",
+        "ood/hub.py": "from posthoc.shift import noise\n",
         "shift/__init__.py": "",
         "shift/noise.py": "",
-        "shift/kinds.py": "from posthoc.loading.folders import read\n",
+        "shift/kinds.py": "from posthoc.ood.folders import read\n",
     }
     plant(tmp_path, files)
     found = imports(tmp_path)
     assert cycles(found) == [["posthoc.core.a", "posthoc.core.b", "posthoc.core.a"]]
     # two packages of one layer that import each other: no module circle, no upward import, one package circle
-    assert cycles(package_imports(found)) == [["posthoc.loading", "posthoc.shift", "posthoc.loading"]]
+    assert cycles(package_imports(found)) == [["posthoc.ood", "posthoc.shift", "posthoc.ood"]]
     assert violations(found) == [
-        "upward import: posthoc.engine.hooks -> posthoc.cli (line 1)",
+        "upward import: posthoc.engine.hooks -> posthoc.evaluation (line 1)",
         "method 'laplace' imports outside core, engine and itself: "
         "posthoc.methods.laplace -> posthoc.methods.temperature (line 2)",
     ]
@@ -283,6 +293,123 @@ def test_imports_point_down_and_methods_stay_in_their_folder():
 
 def test_no_function_level_imports():
     assert not _function_level(), f"posthoc modules imported inside functions: {sorted(_function_level())}"
+
+
+# --- a library and its applications: posthoc never imports posthoc_apps; every folder is in the layout ---
+
+
+def named_apps(package: Path = PACKAGE) -> list[str]:
+    """Every string in the package's code (docstrings left out: their examples may use the demo's data) that names a
+    ``posthoc_apps`` module, as ``importlib.import_module`` or ``__import__`` would take it."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "conftest.py":
+            continue
+        tree = ast.parse(path.read_text(), filename=str(path))
+        docstrings = {
+            id(node.body[0].value)
+            for node in ast.walk(tree)
+            if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+            and node.body
+            and isinstance(node.body[0], ast.Expr)
+            and isinstance(node.body[0].value, ast.Constant)
+        }
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Constant)
+                and isinstance(node.value, str)
+                and id(node) not in docstrings
+                and re.fullmatch(rf"{APPS_ROOT}(\.\w+)*", node.value)
+            ):
+                found.append(f"{path.relative_to(package).as_posix()} (line {node.lineno}): {node.value!r}")
+    return found
+
+
+def library_imports_of_apps(found: list[Import]) -> list[str]:
+    """The imports of ``posthoc_apps`` made by ``posthoc`` modules (at module level or inside a function)."""
+    return [str(edge) for edge in found if edge.importer.split(".")[0] == ROOT and layer(edge.target) > TOP]
+
+
+def test_the_library_rule_catches_an_import_of_the_apps(tmp_path: Path):
+    files = {
+        "__init__.py": "",
+        "evaluation/report.py": "def to_html(report):\n    from posthoc_apps.pages import page\n    return page(report)\n",
+        "api.py": "import importlib\nimport posthoc_apps.cli\n"
+        'def plot():\n    """posthoc_apps.demo in a docstring is fine"""\n'
+        "    return importlib.import_module('posthoc_apps.plots')\n",
+    }
+    plant(tmp_path, files)
+    assert library_imports_of_apps(imports(tmp_path)) == [
+        "posthoc.api -> posthoc_apps.cli (line 2)",
+        "posthoc.evaluation.report -> posthoc_apps.pages (line 2) (inside a function)",
+    ]
+    assert named_apps(tmp_path) == ["api.py (line 5): 'posthoc_apps.plots'"]
+
+
+def test_the_library_never_imports_the_applications():
+    bad = library_imports_of_apps(FOUND) + named_apps()
+    assert not bad, "posthoc imports posthoc_apps (the library must not know its applications):\n" + "\n".join(bad)
+
+
+def test_the_applications_import_only_the_library_and_themselves():
+    assert {edge.target.split(".")[0] for edge in APPS_FOUND} == {ROOT, APPS_ROOT}
+    assert any(edge.target.startswith("posthoc.evaluation") for edge in APPS_FOUND)  # the analysis sees them
+    inside = sorted(str(edge) for edge in APPS_FOUND if edge.in_function)
+    assert not inside, "posthoc modules imported inside functions in posthoc_apps:\n" + "\n".join(inside)
+    circles = {" -> ".join(circle) for circle in cycles(APPS_FOUND)}
+    assert not circles, "import circles in posthoc_apps:\n" + "\n".join(sorted(circles))
+
+
+def folders(package: Path) -> list[str]:
+    """Every folder of ``package`` (``__pycache__`` left out), as a path below the package's parent."""
+    return sorted(
+        path.relative_to(package.parent).as_posix()
+        for path in package.rglob("*")
+        if path.is_dir() and "__pycache__" not in path.parts
+    )
+
+
+def layout(text: str) -> dict[str, str]:
+    """The layout drawn in ``docs/architecture.md`` (the first code block under ``## The layout``), one section per
+    top-level package: ``{"posthoc": "...", "posthoc_apps": "..."}``; a section starts at a line ``<package>/``."""
+    block = text.split("## The layout", 1)[1].split("```", 2)[1]
+    sections: dict[str, str] = {}
+    current = None
+    for line in block.splitlines():
+        heading = re.match(r"(\w+)/(\s|$)", line)
+        if heading:
+            current = heading.group(1)
+        if current is not None:
+            sections[current] = sections.get(current, "") + line + "\n"
+    return sections
+
+
+def unlisted(text: str, found: list[str]) -> list[str]:
+    """The folders of ``found`` (``posthoc/methods/laplace``) whose name, followed by ``/``, is missing from their
+    top-level package's section of the layout (a nested folder is drawn by its own name, under its parent's)."""
+    sections = layout(text)
+    return [
+        folder
+        for folder in found
+        if not re.search(rf"(?<![\w/.]){re.escape(folder.rsplit('/', 1)[-1])}/", sections.get(folder.split("/")[0], ""))
+    ]
+
+
+def test_the_layout_rule_catches_an_unlisted_folder(tmp_path: Path):
+    plant(tmp_path, {"posthoc/core/a.py": "", "posthoc/methods/laplace/b.py": "", "posthoc_apps/cli/c.py": ""})
+    found = folders(tmp_path / "posthoc") + folders(tmp_path / "posthoc_apps")
+    drawn = (
+        "# A\n\n## The layout\n\n```\nposthoc/\n  core/   a\n  methods/  laplace/  b\nposthoc_apps/\n  cli/  c\n```\n"
+    )
+    assert unlisted(drawn, found) == []
+    assert unlisted(drawn.replace("  cli/  c\n", ""), found) == ["posthoc_apps/cli"]
+    # a folder named under the other package does not count
+    assert unlisted(drawn.replace("  core/   a\n", "").replace("cli/", "cli/ core/"), found) == ["posthoc/core"]
+
+
+def test_every_folder_is_in_the_layout():
+    missing = unlisted(ARCHITECTURE.read_text(), folders(PACKAGE) + folders(APPS))
+    assert not missing, "folders missing from the layout in docs/architecture.md:\n" + "\n".join(missing)
 
 
 # --- the runner owns the cross-cutting concerns; a method is its mathematics (issue "One house, third pass") ---
@@ -456,9 +583,9 @@ def test_the_signature_rule_catches_a_signature_read_put_back(tmp_path: Path):
 
 
 def test_options_are_declared_not_read_from_signatures():
-    found = signature_reads()
+    found = signature_reads() + [f"posthoc_apps/{where}" for where in signature_reads(APPS)]
     assert not found, (
-        "signature reads in posthoc/ (declare the options as an Options dataclass, "
+        "signature reads in posthoc/ or posthoc_apps/ (declare the options as an Options dataclass, "
         "posthoc.core.options):\n" + "\n".join(found)
     )
 
@@ -480,7 +607,7 @@ def history_mentions(package: Path = PACKAGE) -> list[str]:
 
 
 def test_the_source_names_no_benchmark_script_or_issue():
-    found = history_mentions()
+    found = history_mentions() + history_mentions(APPS)
     assert not found, "move figures and history to docs/ or benchmarks/results/:\n" + "\n".join(found)
 
 
@@ -492,3 +619,13 @@ def test_the_history_rule_catches_a_mention_put_back(tmp_path: Path):
         f"{tmp_path.name}/a.py",
         f"{tmp_path.name}/b.py",
     ]
+
+
+def test_test_module_names_are_unique_across_the_test_folders():
+    """tests/ mirrors the packages in folders without ``__init__.py``: pytest imports a test module by its file name,
+    and tests/conftest.py puts every folder on the path, so two files of one name would shadow each other."""
+    names: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("*.py")):
+        names.setdefault(path.name, []).append(path.relative_to(REPO).as_posix())
+    twice = {name: paths for name, paths in names.items() if len(paths) > 1}
+    assert not twice, f"test modules of one name in several folders: {twice}"

@@ -17,10 +17,10 @@ from pathlib import Path
 TESTS = Path(__file__).parent
 #: modules of this repository (the package, the test modules, the benchmarks, recipes and tools folders), not
 #: distributions
-LOCAL = {"posthoc", "benchmarks", "recipes", "tools"} | {
+LOCAL = {"posthoc", "posthoc_apps", "benchmarks", "recipes", "tools"} | {
     path.stem
     for folder in (TESTS, TESTS.parent / "benchmarks", TESTS.parent / "recipes", TESTS.parent / "tools")
-    for path in folder.glob("*.py")
+    for path in (folder.rglob("*.py") if folder == TESTS else folder.glob("*.py"))
 }
 
 
@@ -63,7 +63,7 @@ def _marker_holds(marker: str) -> bool:
 def _imported_modules() -> dict[str, set[str]]:
     """Top-level modules each test file imports (any depth) or passes to ``pytest.importorskip``, and which by the latter."""
     found: dict[str, set[str]] = {"import": set(), "importorskip": set()}
-    for path in TESTS.glob("*.py"):
+    for path in TESTS.rglob("*.py"):
         tree = ast.parse(path.read_text())
         for node in ast.walk(tree):
             if isinstance(node, ast.Import):

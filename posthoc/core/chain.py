@@ -7,7 +7,7 @@ its candidates.
 
 Example:
     >>> from posthoc.core.chain import build_chain
-    >>> from posthoc.demo.examples import model
+    >>> from posthoc_apps.demo.examples import model
     >>> method, source = build_chain(model, [{"name": "laplace", "options": {}}, {"name": "temperature", "options": {}}])
     >>> type(method).__name__, type(method.inner).__name__
     ('TemperatureScaling', 'LastLayerLaplace')
@@ -154,7 +154,7 @@ def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) 
 
     Example:
         >>> from posthoc.core.chain import build_chain
-        >>> from posthoc.demo.examples import model
+        >>> from posthoc_apps.demo.examples import model
         >>> method, _ = build_chain(model, [{"name": "temperature", "options": {}}])   # stacked on the plain model
         >>> method.inner.name
         'none'

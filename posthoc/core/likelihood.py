@@ -250,7 +250,7 @@ class Gaussian(RealTargets):
     Example:
         >>> import posthoc
         >>> from posthoc.core.likelihood import Gaussian
-        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_x
+        >>> from posthoc_apps.demo.examples import regressor, reg_train_loader, reg_x
         >>> um = posthoc.wrap(regressor, method="laplace", likelihood=Gaussian(noise_std=0.1)).fit(reg_train_loader)
         >>> um.predict(reg_x).aleatoric.sqrt()[:2]         # the fixed noise
         tensor([[0.1000], [0.1000]])
@@ -731,7 +731,7 @@ def fit_noise_on(
     Example:
         >>> import torch
         >>> from posthoc.core.likelihood import Gaussian, fit_noise_on
-        >>> from posthoc.demo.examples import reg_train_loader, reg_val_loader, regressor
+        >>> from posthoc_apps.demo.examples import reg_train_loader, reg_val_loader, regressor
         >>> gaussian = Gaussian()
         >>> fit_noise_on(gaussian, (reg_train_loader, reg_val_loader), torch.device("cpu"),
         ...              lambda x: (regressor(x)[None], None))       # the plain regressor: one output, no variance

@@ -7,7 +7,7 @@ in buffers so that the posterior can be saved and loaded.
 Example:
     >>> import torch
     >>> from posthoc.core.method import Method
-    >>> from posthoc.demo.examples import model, x
+    >>> from posthoc_apps.demo.examples import model, x
     >>> class Uniform(Method):
     ...     name, requires_fit = "uniform", False
     ...     def log_predictive(self, x, *, num_samples=None, generator=None):
@@ -78,7 +78,7 @@ class Method(nn.Module):
     Example:
         >>> import torch
         >>> from posthoc.core.method import Method
-        >>> from posthoc.demo.examples import model
+        >>> from posthoc_apps.demo.examples import model
         >>> from dataclasses import dataclass
         >>> class Flat(Method):
         ...     name, requires_fit = "flat", False
@@ -136,7 +136,7 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model
+            >>> from posthoc_apps.demo.examples import model
             >>> posthoc.methods.laplace.Laplace.build(model, hessian="diag").hessian
             'diag'
         """
@@ -275,7 +275,7 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import regressor, model
+            >>> from posthoc_apps.demo.examples import regressor, model
             >>> from posthoc.core.likelihood import Gaussian
             >>> method = posthoc.wrap(regressor, method="laplace", likelihood="regression").method
             >>> method.use_likelihood(Gaussian(noise_std=0.5)); float(method.likelihood.noise_std)
@@ -300,7 +300,7 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model
+            >>> from posthoc_apps.demo.examples import model
             >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
             Traceback (most recent call last):
             posthoc.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
@@ -316,7 +316,7 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model
+            >>> from posthoc_apps.demo.examples import model
             >>> posthoc.wrap(model, method="sparse-vd").method.tool("prune")()      # as um.prune()
             Traceback (most recent call last):
             posthoc.errors.NotFittedError: um.prune() reads the fitted posterior of 'sparse-vd'...
@@ -363,7 +363,7 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model
+            >>> from posthoc_apps.demo.examples import model
             >>> posthoc.wrap(model, method="none").method.summary()
             {'random_variables': 0, 'layers': []}
         """
@@ -395,7 +395,7 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
         >>> import torch
         >>> import posthoc
         >>> from posthoc.core.method import load_tensors
-        >>> from posthoc.demo.examples import logits, labels
+        >>> from posthoc_apps.demo.examples import logits, labels
         >>> calibrator = posthoc.calibrate(logits, labels)
         >>> load_tensors(calibrator, {"temperature": torch.tensor(1.5)})
         >>> calibrator.temperature
@@ -420,7 +420,7 @@ def chain_of(method: Method) -> list[Method]:
     Example:
         >>> import posthoc
         >>> from posthoc.core.method import chain_of
-        >>> from posthoc.demo.examples import model
+        >>> from posthoc_apps.demo.examples import model
         >>> [m.name for m in chain_of(posthoc.wrap(model, method=["laplace", "temperature"]).method)]
         ['laplace', 'temperature']
     """
@@ -433,7 +433,7 @@ def predictive_of(method: Method) -> str:
     Example:
         >>> import posthoc
         >>> from posthoc.core.method import predictive_of
-        >>> from posthoc.demo.examples import model
+        >>> from posthoc_apps.demo.examples import model
         >>> predictive_of(posthoc.wrap(model, method="laplace").method)
         "'laplace'"
     """

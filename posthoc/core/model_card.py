@@ -5,7 +5,7 @@ A card holds plain Python values (it dumps as JSON): the methods and their optio
 the total number of random variables, the data and cost of the fit, and the model it belongs to.
 
 Example:
-    >>> from posthoc.demo.examples import um
+    >>> from posthoc_apps.demo.examples import um
     >>> card = um.summary()                     # last-layer Laplace: the head's 64 x 3 weights and 3 biases
     >>> card["methods"], card["random_variables"]
     (['laplace'], 195)
@@ -76,7 +76,7 @@ class ModelCard(dict):
         """The card as Markdown: a table of the model-level keys, then a table per method.
 
         Example:
-            >>> from posthoc.demo.examples import um
+            >>> from posthoc_apps.demo.examples import um
             >>> print(um.summary().to_markdown())
             # Model card: laplace
             <BLANKLINE>
@@ -118,7 +118,7 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
     Example:
         >>> import posthoc
         >>> from posthoc.core.model_card import selection_table
-        >>> from posthoc.demo.examples import model, val_loader
+        >>> from posthoc_apps.demo.examples import model, val_loader
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
         >>> print("\\n".join(selection_table(um.summary()["selection"])))
         Held-out choice of the calibration: **clean fit at 0.75**. Admissible: the 95% (90% for a gain beyond the...

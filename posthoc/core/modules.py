@@ -120,7 +120,7 @@ def requires_grad(model: nn.Module, flag: bool) -> Iterator[nn.Module]:
     Example:
         >>> import torch
         >>> from posthoc.core.modules import requires_grad
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> shift = torch.zeros(4, requires_grad=True)
         >>> with requires_grad(model, False):
         ...     model(x + shift).logsumexp(-1).sum().backward()   # only tensors outside the model get gradients

@@ -7,7 +7,7 @@ messages.
 
 A calibrator, an OOD score or a likelihood declares its ``Options`` the same way, and its ``__init__`` takes the same
 fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(temperature=2.0)``):
-:func:`build` makes one from a dict of values, refusing unknown names, and ``tests/test_registry_contract.py``
+:func:`build` makes one from a dict of values, refusing unknown names, and ``tests/methods/test_registry_contract.py``
 checks that the fields and the keywords agree.
 
 Example:

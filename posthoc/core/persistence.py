@@ -17,7 +17,7 @@ copy's weights are part of the posterior). A calibrator file has the same layout
 
 Example:
     >>> from posthoc.core.persistence import read
-    >>> from posthoc.demo.examples import um
+    >>> from posthoc_apps.demo.examples import um
     >>> um.save("net.laplace.pt")
     >>> read("net.laplace.pt")["spec"]
     [{'name': 'laplace', 'options': {}}]
@@ -333,7 +333,7 @@ def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
     Example:
         >>> import posthoc
         >>> from posthoc.core.persistence import read
-        >>> from posthoc.demo.examples import logits, labels
+        >>> from posthoc_apps.demo.examples import logits, labels
         >>> posthoc.calibrate(logits, labels).save("calibrator.pt")
         >>> read("calibrator.pt", kind="posterior")
         Traceback (most recent call last):

@@ -161,7 +161,7 @@ def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: It
         >>> import torch
         >>> from torch import nn
         >>> from posthoc.engine.bn_refresh import refresh_batchnorm
-        >>> from posthoc.demo.examples import train_loader
+        >>> from posthoc_apps.demo.examples import train_loader
         >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
         >>> swa = torch.optim.swa_utils.AveragedModel(net)   # ... after averaging
         >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])[1].running_mean.shape

@@ -15,7 +15,7 @@ Example:
     >>> from torch.nn import functional as F
     >>> from posthoc.engine.elbo import maximise_elbo
     >>> from posthoc.engine.kl_schedule import KLSchedule
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> from posthoc.engine.variational_layers import VariationalLayers
     >>> from posthoc.methods.vi.gaussian import GaussianLayer
     >>> layers = VariationalLayers(model, {"3": GaussianLayer(model[3], init_std=0.01, prior_std=1.0, prior_mean="zero")})
@@ -53,7 +53,7 @@ class Elbo:
         >>> import torch
         >>> from posthoc.engine.elbo import Elbo
         >>> from posthoc.engine.kl_schedule import KLSchedule
-        >>> from posthoc.demo.examples import x, y
+        >>> from posthoc_apps.demo.examples import x, y
         >>> from posthoc.engine.fine_tune import Step
         >>> elbo = Elbo(lambda x, y: (torch.tensor(0.7), torch.tensor(50.0)), KLSchedule("linear", warmup=0.5),
         ...             size=1000, steps_per_epoch=10)

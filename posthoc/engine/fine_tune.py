@@ -18,7 +18,7 @@ Example:
     >>> from torch import nn
     >>> from torch.nn import functional as F
     >>> from posthoc.engine.fine_tune import fine_tune
-    >>> from posthoc.demo.examples import x, y
+    >>> from posthoc_apps.demo.examples import x, y
     >>> net = nn.Linear(4, 3)
     >>> batches = [(x, y)] * 4
     >>> optimizer = torch.optim.SGD(net.parameters(), lr=0.1)

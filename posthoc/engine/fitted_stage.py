@@ -11,7 +11,7 @@ scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, val_loader
+    >>> from posthoc_apps.demo.examples import model, val_loader
     >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
     >>> um.summary()["selection"]["folds"]
     5

@@ -15,7 +15,7 @@ of a regressor also see perturbed copies, scored by their Gaussian NLL.
 
 Example:
     >>> from posthoc.engine.held_out import held_out_nll, shifted_held_out
-    >>> from posthoc.demo.examples import val_loader, model
+    >>> from posthoc_apps.demo.examples import val_loader, model
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
     >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
     ...     lambda x: model(x).log_softmax(-1), val_loader, device="cpu")
@@ -176,7 +176,7 @@ def shifted_held_out(
 
     Example:
         >>> from posthoc.engine.held_out import shifted_held_out
-        >>> from posthoc.demo.examples import model, val_loader
+        >>> from posthoc_apps.demo.examples import model, val_loader
         >>> plain_log_probs = lambda x: model(x).log_softmax(-1)
         >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["feature-noise"], device="cpu")
         >>> len(shifted.levels)
@@ -441,7 +441,7 @@ class HeldOut:
 
     Example:
         >>> from posthoc.engine.held_out import HeldOut
-        >>> from posthoc.demo.examples import val_loader, model
+        >>> from posthoc_apps.demo.examples import val_loader, model
         >>> from posthoc.core.likelihood import Categorical
         >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
         >>> held.plain.clean.shape, held.layout.count
@@ -491,7 +491,7 @@ class HeldOut:
 
         Example:
             >>> from posthoc.engine.held_out import HeldOut
-            >>> from posthoc.demo.examples import val_loader, model
+            >>> from posthoc_apps.demo.examples import val_loader, model
             >>> from posthoc.core.likelihood import Categorical
             >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift=None, device="cpu")
             >>> held.shifted is None
@@ -562,12 +562,12 @@ class HeldOut:
     def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:
         """These held-out data restricted to the clean examples ``rows`` (indices) and their perturbed copies, judged
         against the same plain model: the same perturbed copies, not new draws, so that a choice made on a subset sees
-        what it would have seen in the whole (``tests/test_never_worse.py`` re-draws validation sets this way).
+        what it would have seen in the whole (``tests/engine/test_never_worse.py`` re-draws validation sets this way).
 
         Example:
             >>> import torch
             >>> from posthoc.engine.held_out import HeldOut
-            >>> from posthoc.demo.examples import val_loader, model
+            >>> from posthoc_apps.demo.examples import val_loader, model
             >>> from posthoc.core.likelihood import Categorical
             >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift="auto", device="cpu")
             >>> half = held.subset(torch.arange(64))

@@ -96,7 +96,7 @@ def fit_plain_noise(
     Example:
         >>> import torch
         >>> from posthoc.engine.objective import fit_plain_noise
-        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_val_loader
+        >>> from posthoc_apps.demo.examples import regressor, reg_train_loader, reg_val_loader
         >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian()
         >>> fit_plain_noise(gaussian, regressor, (reg_train_loader, reg_val_loader), torch.device("cpu"))
@@ -118,7 +118,7 @@ def fit_sampled_noise(
     Example:
         >>> import torch
         >>> from posthoc.engine.objective import fit_sampled_noise
-        >>> from posthoc.demo.examples import regressor, reg_train_loader, reg_val_loader
+        >>> from posthoc_apps.demo.examples import regressor, reg_train_loader, reg_val_loader
         >>> from posthoc.core.likelihood import Gaussian
         >>> gaussian = Gaussian()
         >>> outputs = lambda x: torch.stack([regressor(x), regressor(x) + 0.1])    # two sampled outputs (2, N, 1)

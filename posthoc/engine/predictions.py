@@ -9,7 +9,7 @@ rank ends with the same predictions (and so the same metrics, conformal threshol
 
 Example:
     >>> from posthoc.engine.predictions import predict_loader
-    >>> from posthoc.demo.examples import um, test_loader
+    >>> from posthoc_apps.demo.examples import um, test_loader
     >>> pred, labels = predict_loader(um, test_loader)
     >>> pred.probs.shape, pred.samples is None
     (torch.Size([128, 3]), True)
@@ -49,7 +49,7 @@ def predict_loader(
 
     Example:
         >>> from posthoc.engine.predictions import predict_loader
-        >>> from posthoc.demo.examples import um, calibration_loader
+        >>> from posthoc_apps.demo.examples import um, calibration_loader
         >>> pred, labels = predict_loader(um, calibration_loader, desc="conformal calibration")
     """
     parts: dict[str, list[Tensor]] = {name: [] for name in (*_GATHERED, "labels")}
@@ -84,7 +84,7 @@ def predict_regression_loader(
 
     Example:
         >>> from posthoc.engine.predictions import predict_regression_loader
-        >>> from posthoc.demo.examples import regression_um, reg_test_loader
+        >>> from posthoc_apps.demo.examples import regression_um, reg_test_loader
         >>> pred, y = predict_regression_loader(regression_um, reg_test_loader)
         >>> pred.mean.shape == y.shape
         True
@@ -116,7 +116,7 @@ def collect(
 
     Example:
         >>> from posthoc.engine.predictions import collect
-        >>> from posthoc.demo.examples import um, test_loader
+        >>> from posthoc_apps.demo.examples import um, test_loader
         >>> collect(um, test_loader)["probs"].shape
         torch.Size([128, 3])
     """

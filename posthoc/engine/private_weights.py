@@ -20,7 +20,7 @@ Example:
     >>> import torch
     >>> from posthoc.engine.head import FeatureSplit
     >>> from posthoc.engine.private_weights import PrivateWeights
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> weights = PrivateWeights(model, "head", train_loader, split=FeatureSplit(model))
     >>> for inputs, y in weights.epoch(torch.Generator().manual_seed(0)):
     ...     loss = weights.loss(inputs, y)

@@ -25,7 +25,7 @@ The rule (:func:`select`):
    tolerance in nearly every re-drawn split (the measured rates: docs/selection.md, "Measured"). The
    normal bound is conservative for what held-out NLL differences look like (most examples a little
    worse, a few misclassified ones much better) and would be optimistic for the opposite skew
-   (``tests/test_selection.py`` measures both).
+   (``tests/engine/test_selection.py`` measures both).
 2. **Among admissible candidates the lowest NLL on the perturbed copies wins** (the fit-time kinds
    only; the evaluation kinds of :mod:`posthoc.shift` are never seen by a fit). Without perturbed
    copies (``shift=None``) the last admissible candidate in the order given wins: candidates come

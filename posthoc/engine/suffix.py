@@ -90,7 +90,7 @@ class SuffixRunner:
 
     Example:
         >>> from posthoc.engine.suffix import SuffixRunner
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
         >>> runner = SuffixRunner(model, "2", at="output")        # the model's dropout: expand the batch there
         >>> runner(x, 100, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
@@ -183,7 +183,7 @@ def expanded_forward(
 
     Example:
         >>> from posthoc.engine.suffix import expanded_forward
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
         >>> expanded_forward(model, "2", x, 20, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
         torch.Size([20, 8, 3])

@@ -14,7 +14,7 @@ float32. Fits and held-out choices run under the wrap's ``max_memory`` the same 
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
     >>> um.predict(x).probs.shape
     torch.Size([8, 3])
@@ -90,7 +90,7 @@ class UncertainModel(nn.Module):
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import model, train_loader, x
+        >>> from posthoc_apps.demo.examples import model, train_loader, x
         >>> um = posthoc.wrap(model, method="laplace").fit(train_loader)
         >>> pred = um.predict(x)
         >>> pred.epistemic.shape
@@ -159,7 +159,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader, val_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader, val_loader
             >>> um = posthoc.wrap(model, method=["laplace", "temperature"]).fit(train_loader, val_loader)
             >>> um.summary()["selection"]["chosen"]      # temperature's choice on val_loader
             'clean fit at 0.75'
@@ -269,7 +269,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader, val_loader, test_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, test_loader
             >>> um = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader)
             >>> um.choose(test_loader, tolerance=0.01).summary()["selection"]["tolerance"]   # new held-out data
             0.01
@@ -330,7 +330,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> import torch
-            >>> from posthoc.demo.examples import um
+            >>> from posthoc_apps.demo.examples import um
             >>> pred = um.predict(torch.randn(5000, 4), keep_samples=False)   # streams 1,024 examples at a time
             >>> pred.probs.shape, pred.samples is None
             (torch.Size([5000, 3]), True)
@@ -495,7 +495,7 @@ class UncertainModel(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model
+            >>> from posthoc_apps.demo.examples import model
             >>> card = posthoc.wrap(model, method="none").summary()
             >>> card["random_variables"], card["fitted"]
             (0, True)

@@ -8,7 +8,7 @@ jackknife costs ``N`` leave-one-out statistics (``O(N²)`` index work: fine for 
 
 Example:
     >>> from posthoc.evaluation.bootstrap import example_statistics, intervals
-    >>> from posthoc.demo.examples import probs, labels
+    >>> from posthoc_apps.demo.examples import probs, labels
     >>> stats = example_statistics(probs, labels)
     >>> intervals(stats, len(labels), ci=0.95, bootstraps=1000)["nll"]   # 128 examples: a wide interval
     (0.28, 0.93)
@@ -77,7 +77,7 @@ def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[st
         >>> import torch
         >>> from posthoc.evaluation import metrics
         >>> from posthoc.evaluation.bootstrap import example_statistics
-        >>> from posthoc.demo.examples import probs, labels
+        >>> from posthoc_apps.demo.examples import probs, labels
         >>> stats = example_statistics(probs, labels)
         >>> float(stats["nll"](torch.arange(len(labels))[None])[0]) == metrics.nll(probs, labels)
         True
@@ -156,7 +156,7 @@ def intervals(
 
     Example:
         >>> from posthoc.evaluation.bootstrap import intervals, mean_of
-        >>> from posthoc.demo.examples import x
+        >>> from posthoc_apps.demo.examples import x
         >>> intervals({"mean": mean_of(x[:, 0])}, len(x), ci=0.9)   # the first feature's mean over 8 examples
         {'mean': (-0.43, 1.14)}
     """
@@ -204,7 +204,7 @@ def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, s
 
     Example:
         >>> from posthoc.evaluation.bootstrap import auroc_draws
-        >>> from posthoc.demo.examples import report
+        >>> from posthoc_apps.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_draws(test_entropy, ood_entropy, bootstraps=3)
         tensor([0.4702, 0.3842, 0.4311], dtype=torch.float64)
@@ -235,7 +235,7 @@ def auroc_interval(
 
     Example:
         >>> from posthoc.evaluation.bootstrap import auroc_interval
-        >>> from posthoc.demo.examples import report
+        >>> from posthoc_apps.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> auroc_interval(test_entropy, ood_entropy, ci=0.95)   # far-away inputs get confident predictions
         (0.37, 0.50)
@@ -280,7 +280,7 @@ def report_intervals(
 
     Example:
         >>> from posthoc.evaluation.bootstrap import report_intervals
-        >>> from posthoc.demo.examples import report
+        >>> from posthoc_apps.demo.examples import report
         >>> test_entropy, ood_entropy = report.ood_values["entropy"]
         >>> found = report_intervals(report.probs, report.labels, ci=0.95, ood={"ood_auroc": (test_entropy, ood_entropy)})
         >>> found["nll"], found["ood_auroc"]

@@ -6,7 +6,7 @@ the claim "A beats B on this test set" is backed at that level.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import um, test_loader, model
+    >>> from posthoc_apps.demo.examples import um, test_loader, model
     >>> laplace = posthoc.evaluate(um, test_loader)
     >>> plain = posthoc.evaluate(posthoc.wrap(model, method="none"), test_loader)
     >>> print(posthoc.compare(laplace, plain, metric="nll"))
@@ -83,7 +83,7 @@ def compare(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import report, plain_report
+        >>> from posthoc_apps.demo.examples import report, plain_report
         >>> posthoc.compare(report, plain_report, metric="nll").excludes_zero    # laplace's NLL is lower
         True
         >>> posthoc.compare(report, plain_report, metric="ece").excludes_zero    # its ECE: not shown on 128 examples

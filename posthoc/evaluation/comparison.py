@@ -9,7 +9,7 @@ record off a wrapped model.
 
 Example:
     >>> from posthoc.evaluation.comparison import compared_verdict
-    >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
+    >>> from posthoc_apps.demo.examples import plain_report, report, plain_noisy_report, noisy_report
     >>> found = compared_verdict([plain_report, report], {"noisy": [plain_noisy_report, noisy_report]})
     >>> print(found.lines()[1])
     It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and an unmeasured time at predict time.
@@ -39,7 +39,7 @@ def example_nll(report: Any) -> Tensor:
 
     Example:
         >>> from posthoc.evaluation.comparison import example_nll
-        >>> from posthoc.demo.examples import report
+        >>> from posthoc_apps.demo.examples import report
         >>> nll = example_nll(report)
         >>> nll.shape, round(float(nll.mean()), 6) == round(report.nll, 6)
         (torch.Size([128]), True)
@@ -64,7 +64,7 @@ def candidate(
 
     Example:
         >>> from posthoc.evaluation.comparison import candidate
-        >>> from posthoc.demo.examples import report, noisy_report
+        >>> from posthoc_apps.demo.examples import report, noisy_report
         >>> candidate(report, {"noisy": noisy_report}).shifted["noisy"].shape
         torch.Size([128])
     """
@@ -89,7 +89,7 @@ def compared_verdict(
 
     Example:
         >>> from posthoc.evaluation.comparison import compared_verdict
-        >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
+        >>> from posthoc_apps.demo.examples import plain_report, report, plain_noisy_report, noisy_report
         >>> compared_verdict([plain_report, report], {"noisy": [plain_noisy_report, noisy_report]}).recommended
         'laplace'
     """
@@ -126,7 +126,7 @@ def predict_timing(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> Predic
     Example:
         >>> import posthoc
         >>> from posthoc.evaluation.comparison import predict_timing
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> timing = predict_timing(posthoc.wrap(model, method="none"), x)
         >>> timing.forward_seconds > 0 and timing.ratio > 0       # about 1: the plain forward itself
         True
@@ -157,7 +157,7 @@ def predict_cost(um: UncertainModel, x: Inputs, *, repeats: int = 3) -> float:
     Example:
         >>> import posthoc
         >>> from posthoc.evaluation.comparison import predict_cost
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> predict_cost(posthoc.wrap(model, method="none"), x) > 0      # about 1: the plain forward itself
         True
     """
@@ -170,7 +170,7 @@ def auto_selection(um: UncertainModel) -> dict[str, Any] | None:
     Example:
         >>> import posthoc
         >>> from posthoc.evaluation.comparison import auto_selection
-        >>> from posthoc.demo.examples import model, train_loader, val_loader
+        >>> from posthoc_apps.demo.examples import model, train_loader, val_loader
         >>> auto_selection(posthoc.wrap(model, method="auto").fit(train_loader, val_loader))["chosen"]
         'laplace+dac'
     """

@@ -10,7 +10,7 @@ and why.
 Example:
     >>> import torch
     >>> from posthoc.evaluation.duplicates import merge_identical, merge_note
-    >>> from posthoc.demo.examples import probs
+    >>> from posthoc_apps.demo.examples import probs
     >>> other = torch.softmax(torch.log(probs) / 2, -1)
     >>> rows = {"MAP": [probs], "temperature": [probs.clone()], "laplace": [other], "laplace (again)": [other]}
     >>> merged = merge_identical(rows, why=lambda label, into: "its temperature kept T = 1" if label == "temperature"
@@ -50,7 +50,7 @@ def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | N
 
     Example:
         >>> from posthoc.evaluation.duplicates import same_predictions
-        >>> from posthoc.demo.examples import probs
+        >>> from posthoc_apps.demo.examples import probs
         >>> same_predictions([probs, None], [probs + 1e-9, None]), same_predictions([probs], [probs.flip(-1)])
         (True, False)
     """
@@ -80,7 +80,7 @@ def merge_identical(
 
     Example:
         >>> from posthoc.evaluation.duplicates import merge_identical
-        >>> from posthoc.demo.examples import probs
+        >>> from posthoc_apps.demo.examples import probs
         >>> merge_identical({"MAP": [probs], "auto": [probs.clone()]}, keep=["auto"])
         [Merged(label='MAP', into='auto', why='the same predictions')]
     """

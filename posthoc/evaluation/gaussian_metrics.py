@@ -69,7 +69,7 @@ def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
 
     Example:
         >>> from posthoc.evaluation.gaussian_metrics import components, rmse
-        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
+        >>> from posthoc_apps.demo.examples import regression_um, reg_x, reg_y
         >>> float(rmse(*components(regression_um.predict(reg_x))[:1], reg_y)) >= 0
         True
 
@@ -174,7 +174,7 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
 
     Example:
         >>> from posthoc.evaluation.gaussian_metrics import binned_rmv_rmse, components
-        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
+        >>> from posthoc_apps.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = components(regression_um.predict(reg_x))
         >>> rmv, rmse = binned_rmv_rmse(means, stds, reg_y, bins=4)     # 8 points: 4 bins of 2
         >>> [round(v, 3) for v in rmv], [round(v, 3) for v in rmse]
@@ -263,7 +263,7 @@ def statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> dic
     Example:
         >>> import torch
         >>> from posthoc.evaluation.gaussian_metrics import components, statistics
-        >>> from posthoc.demo.examples import regression_um, reg_x, reg_y
+        >>> from posthoc_apps.demo.examples import regression_um, reg_x, reg_y
         >>> means, stds = components(regression_um.predict(reg_x))
         >>> statistics(means, stds, reg_y)["rmse"](torch.arange(len(reg_y))[None])   # the identity index
         tensor([0.1419], dtype=torch.float64)

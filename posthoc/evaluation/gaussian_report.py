@@ -13,7 +13,7 @@ holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scor
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import regression_um, reg_test_loader, reg_val_loader
+    >>> from posthoc_apps.demo.examples import regression_um, reg_test_loader, reg_val_loader
     >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
     >>> print(report.to_markdown())
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |

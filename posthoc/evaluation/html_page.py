@@ -6,7 +6,7 @@ can be mailed or attached to an issue.
 
 Example:
     >>> from posthoc.evaluation.html_page import write_html
-    >>> from posthoc.demo.examples import report
+    >>> from posthoc_apps.demo.examples import report
     >>> path = write_html(report.to_markdown(), "report.html", title="posthoc demo")
     >>> path, "<table>" in path.read_text()
     (PosixPath('report.html'), True)
@@ -199,7 +199,7 @@ def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
 
     Example:
         >>> from posthoc.evaluation.html_page import write_page
-        >>> from posthoc.demo.examples import report
+        >>> from posthoc_apps.demo.examples import report
         >>> write_page("out/report.html", report._repr_html_(), "posthoc report")
         PosixPath('out/report.html')
     """

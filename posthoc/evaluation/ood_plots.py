@@ -2,7 +2,7 @@
 
 Example:
     >>> from posthoc.evaluation.ood_plots import ood_histograms
-    >>> from posthoc.demo.examples import report
+    >>> from posthoc_apps.demo.examples import report
     >>> fig = ood_histograms({"entropy": report.ood_values["entropy"]}, "ood_scores.png")
     >>> len([ax for ax in fig.axes if ax.get_visible()])
     1

@@ -6,7 +6,7 @@ next to them.
 
 Example:
     >>> from posthoc.evaluation.ood_report import ood_markdown, ood_values
-    >>> from posthoc.demo.examples import test_loader, ood_loader, um
+    >>> from posthoc_apps.demo.examples import test_loader, ood_loader, um
     >>> from posthoc.evaluation import metrics
     >>> test_x, ood_x = test_loader.dataset.tensors[0], ood_loader.dataset.tensors[0]
     >>> values = ood_values(um, um.predict(test_x), um.predict(ood_x), test_loader, ood_loader, ["energy", "msp"])

@@ -13,7 +13,7 @@ Example:
     >>> from posthoc.evaluation.plots import calibration_curves
     >>> from posthoc.evaluation.plots import FrontierPoint, confidence_plot, frontier, reliability_diagram
     >>> from posthoc.evaluation.plots import risk_coverage_curve
-    >>> from posthoc.demo.examples import probs, labels, plain_report, test_labels, report
+    >>> from posthoc_apps.demo.examples import probs, labels, plain_report, test_labels, report
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
     >>> curves = {"MAP": (plain_report.probs, test_labels), "laplace": (report.probs, test_labels)}
     >>> fig = risk_coverage_curve(curves, "rc.png", log_scale=True)
@@ -181,7 +181,7 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
 
     Example:
         >>> from posthoc.evaluation.plots import reliability_diagram
-        >>> from posthoc.demo.examples import probs, labels
+        >>> from posthoc_apps.demo.examples import probs, labels
         >>> fig = reliability_diagram({"MC dropout (own, rate on val) + temperature": (probs, labels), "MAP": (probs, labels)})
         >>> fig.axes[0].get_title().splitlines()
         ['MC dropout (own, rate on val)', '+ temperature', 'ECE 0.089']
@@ -247,7 +247,7 @@ def risk_coverage_curve(
 
     Example:
         >>> from posthoc.evaluation.plots import risk_coverage_curve
-        >>> from posthoc.demo.examples import probs, labels
+        >>> from posthoc_apps.demo.examples import probs, labels
         >>> fig = risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
         >>> len(fig.axes)
         1

@@ -11,8 +11,8 @@ then the table with the best entry of each column in bold; reports that predict 
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import um, test_loader, ood_loader, model, plain_noisy_report
-    >>> from posthoc.demo.examples import noisy_report, calibration_loader, train_loader
+    >>> from posthoc_apps.demo.examples import um, test_loader, ood_loader, model, plain_noisy_report
+    >>> from posthoc_apps.demo.examples import noisy_report, calibration_loader, train_loader
     >>> report = posthoc.evaluate(um, test_loader, ood_loader=ood_loader)
     >>> print(report.to_markdown())
     | method | acc | NLL | ECE | adaptive ECE | smECE | Brier | AURC | AUGRC | OOD AUROC (H) | OOD AUROC (MI) |
@@ -341,7 +341,7 @@ class Report:
         ``[self, *others]``.
 
         Example:
-            >>> from posthoc.demo.examples import plain_report, report, plain_noisy_report, noisy_report
+            >>> from posthoc_apps.demo.examples import plain_report, report, plain_noisy_report, noisy_report
             >>> print(plain_report.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
             ## Verdict
             <BLANKLINE>
@@ -465,7 +465,7 @@ class Compared:
 
         Example:
             >>> from posthoc.evaluation.report import Compared
-            >>> from posthoc.demo.examples import report, plain_report
+            >>> from posthoc_apps.demo.examples import report, plain_report
             >>> from dataclasses import replace
             >>> again = replace(report, name="laplace again")           # the same predictions under another name
             >>> Compared.of([plain_report, report, again]).merged
@@ -564,7 +564,7 @@ def evaluate(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import um, test_loader
+        >>> from posthoc_apps.demo.examples import um, test_loader
         >>> report = posthoc.evaluate(um, test_loader)
         >>> 0 <= report.ece <= 1
         True

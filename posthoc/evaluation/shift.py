@@ -16,8 +16,8 @@ no severities, no clean cell and no mean (the sets hold different examples); ``c
 Example:
     >>> import posthoc
     >>> from posthoc.evaluation.shift import plain_and_best
-    >>> from posthoc.demo.examples import cnn, digits, digits_test_loader, reg_test_loader, regression_um
-    >>> from posthoc.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
+    >>> from posthoc_apps.demo.examples import cnn, digits, digits_test_loader, reg_test_loader, regression_um
+    >>> from posthoc_apps.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
     >>> plain = posthoc.wrap(cnn, method="none")
     >>> laplace = posthoc.wrap(cnn, method="laplace").fit(loader(subset(digits.fit, 600)),
     ...                                                  loader(subset(digits.calibration, 200)))
@@ -126,7 +126,7 @@ class ShiftTable:
         Example:
             >>> import posthoc
             >>> from posthoc.evaluation.shift import ShiftTable
-            >>> from posthoc.demo.examples import cnn, digits_test_loader
+            >>> from posthoc_apps.demo.examples import cnn, digits_test_loader
             >>> plain = posthoc.wrap(cnn, method="none")
             >>> rotate = dict(kinds=["rotate"], normalization=((0.1307,), (0.3081,)))
             >>> table_135 = posthoc.evaluate_shift(plain, digits_test_loader, severities=[1, 3, 5], **rotate)
@@ -251,7 +251,7 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`).
 
         Example:
-            >>> from posthoc.demo.examples import shift_table
+            >>> from posthoc_apps.demo.examples import shift_table
             >>> {name: values.shape for name, values in shift_table.example_nll("laplace").items()}
             {'severity 1': torch.Size([200]), 'severity 3': torch.Size([200]), 'severity 5': torch.Size([200])}
         """
@@ -309,7 +309,7 @@ class ShiftTable:
         Needs the reports (kept by :func:`evaluate_shift`, not by a table rebuilt from JSON).
 
         Example:
-            >>> from posthoc.demo.examples import shift_table
+            >>> from posthoc_apps.demo.examples import shift_table
             >>> shift_table.confidence("MAP", "rotate", 5), shift_table.value("MAP", "rotate", 5, "accuracy")   # overconfident
             (0.79, 0.11)
         """
@@ -347,7 +347,7 @@ class ShiftTable:
         for named test sets, the lowest NLL averaged over the sets.
 
         Example:
-            >>> from posthoc.demo.examples import shift_table
+            >>> from posthoc_apps.demo.examples import shift_table
             >>> shift_table.best_method(exclude=["MAP"])
             'laplace'
         """
@@ -397,7 +397,7 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
 
     Example:
         >>> from posthoc.evaluation.shift import plain_and_best
-        >>> from posthoc.demo.examples import shift_table
+        >>> from posthoc_apps.demo.examples import shift_table
         >>> plain_and_best(shift_table)
         ['MAP', 'laplace']
     """
@@ -486,7 +486,7 @@ def evaluate_shift(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import cnn, digits_test_loader, reg_test_loader, regression_um
+        >>> from posthoc_apps.demo.examples import cnn, digits_test_loader, reg_test_loader, regression_um
         >>> table = posthoc.evaluate_shift(posthoc.wrap(cnn, method="none"), digits_test_loader, kinds=["contrast"],
         ...                                severities=[1, 5], normalization=((0.1307,), (0.3081,)))
         >>> table.value(table.methods[0], "contrast", 5, "nll") > table.value(table.methods[0], "clean", 0, "nll")

@@ -10,7 +10,7 @@ This module follows relplot's ``smECE`` step for step (the same grids, the same 
 onto a grid, the same reflected convolution, the same bisection) so that its values equal relplot's, but it
 computes every row of a ``(B, n)`` batch together in torch (the convolutions through FFTs), which the bootstrap
 intervals need: relplot takes about 10 ms per call, one call per resample. relplot is the test oracle
-(``tests/test_metrics.py``), not a dependency: importing it brings pandas and seaborn.
+(``tests/evaluation/test_metrics.py``), not a dependency: importing it brings pandas and seaborn.
 
 Example:
     >>> import torch

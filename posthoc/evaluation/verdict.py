@@ -25,7 +25,7 @@ Which method is recommended:
 
 Example:
     >>> from posthoc.evaluation.verdict import Candidate, judge
-    >>> from posthoc.demo.examples import plain_report, plain_noisy_report, report, noisy_report
+    >>> from posthoc_apps.demo.examples import plain_report, plain_noisy_report, report, noisy_report
     >>> from posthoc.evaluation.comparison import example_nll     # per-example NLL of a report
     >>> rows = [Candidate("none", example_nll(plain_report), {"noisy": example_nll(plain_noisy_report)}),
     ...         Candidate("laplace", example_nll(report), {"noisy": example_nll(noisy_report)}, predict_cost=1.4)]
@@ -232,7 +232,7 @@ def auroc_change(
 
     Example:
         >>> from posthoc.evaluation.verdict import auroc_change
-        >>> from posthoc.demo.examples import report, plain_report
+        >>> from posthoc_apps.demo.examples import report, plain_report
         >>> change = auroc_change(report.ood_values["entropy"], plain_report.ood_values["entropy"])
         >>> change.difference, change.interval     # laplace's entropy separates the OOD inputs better
         (0.337, (0.281, 0.385))
@@ -344,7 +344,7 @@ class Verdict:
         :meth:`table`).
 
         Example:
-            >>> from posthoc.demo.examples import verdict
+            >>> from posthoc_apps.demo.examples import verdict
             >>> for line in verdict.lines():
             ...     print(line)
             **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
@@ -360,7 +360,7 @@ class Verdict:
         """:meth:`lines` as one paragraph (metrics.json keeps it).
 
         Example:
-            >>> from posthoc.demo.examples import verdict
+            >>> from posthoc_apps.demo.examples import verdict
             >>> verdict.sentence()
             '**Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows ...'
         """
@@ -479,7 +479,7 @@ class Verdict:
         shift, on OOD inputs and at predict time, each change with its paired interval ("" with nothing to compare).
 
         Example:
-            >>> from posthoc.demo.examples import verdict
+            >>> from posthoc_apps.demo.examples import verdict
             >>> print(verdict.table())
             | | `none` (plain) | `laplace` | change [95% interval] | ratio |
             |---|---|---|---|---|
@@ -573,7 +573,7 @@ class Verdict:
         """The lines, the table and the notes, each block apart: what a terminal shows (``posthoc demo`` prints it).
 
         Example:
-            >>> from posthoc.demo.examples import verdict
+            >>> from posthoc_apps.demo.examples import verdict
             >>> print(verdict.text())
             **Use `laplace`**: picked on the test data, ...
             <BLANKLINE>
@@ -603,7 +603,7 @@ class Verdict:
         lowest NLL under shift (without shifts: in distribution). The rest stay in the tables.
 
         Example:
-            >>> from posthoc.demo.examples import verdict
+            >>> from posthoc_apps.demo.examples import verdict
             >>> verdict.featured()
             ['none', 'laplace']
         """
@@ -854,7 +854,7 @@ def judge(
 
     Example:
         >>> from posthoc.evaluation.verdict import Candidate, judge
-        >>> from posthoc.demo.examples import plain_report, report
+        >>> from posthoc_apps.demo.examples import plain_report, report
         >>> from posthoc.evaluation.comparison import example_nll
         >>> found = judge([Candidate("none", example_nll(plain_report)), Candidate("laplace", example_nll(report))],
         ...               plain="none")
@@ -945,7 +945,7 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
     Example:
         >>> from posthoc.evaluation import plots
         >>> from posthoc.evaluation.verdict import selection_points
-        >>> from posthoc.demo.examples import um
+        >>> from posthoc_apps.demo.examples import um
         >>> points = selection_points(um.summary()["selection"])
         >>> len(points), points[0].label, points[-1].label    # laplace's prior precisions
         (23, '1e+08', '2.51')
@@ -989,7 +989,7 @@ def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title:
     Example:
         >>> from pathlib import Path
         >>> from posthoc.evaluation.verdict import verdict_section
-        >>> from posthoc.demo.examples import verdict
+        >>> from posthoc_apps.demo.examples import verdict
         >>> section = verdict_section(verdict, ".")      # draws ./frontier.png
         >>> print(section)
         ## Verdict
@@ -1017,7 +1017,7 @@ def selection_section(
 
     Example:
         >>> from posthoc.evaluation.verdict import selection_section
-        >>> from posthoc.demo.examples import um
+        >>> from posthoc_apps.demo.examples import um
         >>> print(selection_section(um.summary()["selection"], "report"))
         ## How `auto` chose, on held-out data
         ...

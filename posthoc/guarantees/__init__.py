@@ -2,7 +2,7 @@
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import val_probs, val_labels, regression_um, reg_val_loader
+    >>> from posthoc_apps.demo.examples import val_probs, val_labels, regression_um, reg_val_loader
     >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)         # sets hold the label w.p. >= 0.9
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)  # intervals hold y w.p. >= 0.9
     >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.25)  # accepted error <= 25% w.p. >= 0.95

@@ -9,8 +9,8 @@ holds the true class with probability at least ``1 - alpha`` (marginally, over b
 Example:
     >>> import torch
     >>> import posthoc
-    >>> from posthoc.demo.examples import val_probs, val_labels, test_probs, test_labels, um
-    >>> from posthoc.demo.examples import calibration_loader, x
+    >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs, test_labels, um
+    >>> from posthoc_apps.demo.examples import calibration_loader, x
     >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1, score="aps", seed=0)
     >>> sets = cp.sets(test_probs)                  # bool (N, C)
     >>> (sets[torch.arange(len(test_labels)), test_labels]).float().mean()   # about 0.9
@@ -90,7 +90,7 @@ class ConformalPredictor:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
+            >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
             >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)
             >>> 1 <= cp.sets(test_probs).sum(-1).float().mean() <= 3     # mean set size
             tensor(True)
@@ -103,7 +103,7 @@ class ConformalPredictor:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import um, calibration_loader, x
+            >>> from posthoc_apps.demo.examples import um, calibration_loader, x
             >>> pred = posthoc.conformal(um, calibration_loader, alpha=0.1).predict(x)
             >>> pred.sets.sum(-1)         # set sizes
             tensor([1, 1, 1, 1, 1, 1, 1, 1])
@@ -170,8 +170,8 @@ def conformal(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import val_logits, val_labels, test_logits, regression_um, reg_val_loader
-        >>> from posthoc.demo.examples import reg_x
+        >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits, regression_um, reg_val_loader
+        >>> from posthoc_apps.demo.examples import reg_x
         >>> cp = posthoc.conformal(val_logits, val_labels, alpha=0.05, score="raps", k_reg=2, lam=0.1)
         >>> cp.threshold, cp.sets(test_logits).shape
         (tensor(0.9948, dtype=torch.float64), torch.Size([128, 3]))

@@ -18,7 +18,7 @@ nonconformity scores of real residuals, a classifier's a set of labels; the inte
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import regression_um, reg_val_loader, reg_test_loader
+    >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_test_loader
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> x_test, y_test = reg_test_loader.dataset.tensors
     >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(regression_um.predict(x_test))
@@ -53,7 +53,7 @@ def is_regression(source: Any) -> bool:
     Example:
         >>> import posthoc
         >>> from posthoc.guarantees.regression_conformal import is_regression
-        >>> from posthoc.demo.examples import regressor
+        >>> from posthoc_apps.demo.examples import regressor
         >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
         True
     """
@@ -109,7 +109,7 @@ class ConformalRegressor:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import regression_um, reg_val_loader, reg_x
+            >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_x
             >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
             >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
             >>> lower.shape
@@ -162,7 +162,7 @@ def conformal_regression(
 
     Example:
         >>> from posthoc.guarantees.regression_conformal import conformal_regression
-        >>> from posthoc.demo.examples import reg_val_loader, regression_um, reg_x
+        >>> from posthoc_apps.demo.examples import reg_val_loader, regression_um, reg_x
         >>> x_cal, y_cal = reg_val_loader.dataset.tensors
         >>> cp = conformal_regression(regression_um.predict(x_cal), y_cal, alpha=0.1, score="absolute")
         >>> lower, upper = cp.intervals(regression_um.predict(reg_x))

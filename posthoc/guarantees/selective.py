@@ -12,7 +12,7 @@ examples (from the same distribution) is at most ``target_risk``.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
+    >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
     >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.2, delta=0.05)
     >>> sel.risk_bound <= 0.2 and 0 < sel.coverage < 1
     True
@@ -69,7 +69,7 @@ def search_threshold(kappa: Tensor, correct: Tensor, target_risk: float, delta: 
 
     Example:
         >>> from posthoc.guarantees.selective import search_threshold
-        >>> from posthoc.demo.examples import val_probs, val_labels
+        >>> from posthoc_apps.demo.examples import val_probs, val_labels
         >>> confidence, predicted = val_probs.max(-1)
         >>> visited = search_threshold(confidence, predicted == val_labels, 0.2, 0.05)
         >>> min(c.bound for c in visited) <= 0.2    # some meet the target
@@ -149,7 +149,7 @@ class SelectivePredictor:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
+            >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
             >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.2)
             >>> keep = sel.accept(test_probs)
             >>> 0 < 1 - keep.float().mean() < 1       # deferral rate
@@ -208,7 +208,7 @@ def selective(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import model, train_loader, calibration_loader, x
+        >>> from posthoc_apps.demo.examples import model, train_loader, calibration_loader, x
         >>> sampled = posthoc.wrap(model, method="laplace", link="mc").fit(train_loader)  # sampled: an epistemic part
         >>> sel = posthoc.selective(sampled, calibration_loader, target_risk=0.25, score="epistemic")
         >>> sel.accept(x).shape

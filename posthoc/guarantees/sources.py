@@ -14,7 +14,7 @@ accepted.
 
 Example:
     >>> from posthoc.guarantees.sources import calibration_predictions
-    >>> from posthoc.demo.examples import val_probs, val_labels, test_probs
+    >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
     >>> predictive, pred, labels = calibration_predictions(val_probs, val_labels, inputs="auto")
     >>> predictive.kind
     'probs'
@@ -161,7 +161,7 @@ def calibration_predictions(
 
     Example:
         >>> from posthoc.guarantees.sources import calibration_predictions
-        >>> from posthoc.demo.examples import um, calibration_loader
+        >>> from posthoc_apps.demo.examples import um, calibration_loader
         >>> predictive, pred, labels = calibration_predictions(um, calibration_loader)
         >>> predictive.kind
         'model'

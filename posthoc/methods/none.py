@@ -6,7 +6,7 @@ Under ``likelihood="regression"`` it is the model's output with the fitted obser
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, x
+    >>> from posthoc_apps.demo.examples import model, x
     >>> um = posthoc.wrap(model, method="none")
     >>> um.predict(x).samples is None
     True

@@ -2,7 +2,7 @@
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> det = posthoc.detector(model, score=["energy", "vim"]).fit(train_loader)
     >>> det.scores(x)["vim"].shape
     torch.Size([8])

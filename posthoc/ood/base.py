@@ -60,7 +60,7 @@ class Score:
 
     Options: a score declares them as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
     Options(Score.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
-    arguments with the same defaults (``Energy(temperature=2.0)``; ``tests/test_registry_contract.py`` checks they
+    arguments with the same defaults (``Energy(temperature=2.0)``; ``tests/methods/test_registry_contract.py`` checks they
     agree); ``posthoc.detector`` routes its options by the fields and builds each score from them.
     """
 

@@ -15,7 +15,7 @@ regressor, ``"variance"``, the total predictive variance (:data:`REGRESSION_SCOR
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> det = posthoc.detector(model, score=["energy", "mahalanobis", "knn"]).fit(train_loader)
     >>> det.scores(x)["mahalanobis"].shape
     torch.Size([8])
@@ -245,7 +245,7 @@ class Detector:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, x
+            >>> from posthoc_apps.demo.examples import model, x
             >>> posthoc.detector(model, score="max-logit").score(x[:2])
             tensor([-2.4449, -1.5822])
         """
@@ -266,7 +266,7 @@ class Detector:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import um, x
+            >>> from posthoc_apps.demo.examples import um, x
             >>> det = posthoc.detector(um, score=["msp", "gen"])
             >>> det.prediction_scores(um.predict(x), ["msp"])["msp"].shape
             torch.Size([8])
@@ -289,7 +289,7 @@ class Detector:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, ood_loader
+            >>> from posthoc_apps.demo.examples import model, ood_loader
             >>> det = posthoc.detector(model, score=["energy", "msp"])
             >>> det.score_loader(ood_loader)["energy"].shape
             torch.Size([128])
@@ -394,7 +394,7 @@ def detector(
 
     Example:
         >>> import posthoc
-        >>> from posthoc.demo.examples import model, train_loader, ood_loader, x
+        >>> from posthoc_apps.demo.examples import model, train_loader, ood_loader, x
         >>> det = posthoc.detector(model, score="knn", k=10).fit(train_loader)
         >>> x_ood, _ = next(iter(ood_loader))
         >>> det.score(x_ood).mean() > det.score(x).mean()

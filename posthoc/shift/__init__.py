@@ -3,7 +3,7 @@ for tabular or 1-D inputs, ``extrapolation_split`` / ``gap_split`` (rows held ou
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import test_loader, x, y
+    >>> from posthoc_apps.demo.examples import test_loader, x, y
     >>> noisy = posthoc.shift.corrupt(test_loader, "gaussian-noise", 3)
     >>> posthoc.shift.KINDS[:3]
     ('gaussian-noise', 'shot-noise', 'salt-pepper')

@@ -17,7 +17,7 @@ Example:
     >>> images = (torch.rand(16, 1, 28, 28) - 0.1307) / 0.3081           # normalised images (N, C, H, W)
     >>> digits = [(images, torch.arange(16) % 8)]
     >>> noisy = posthoc.shift.corrupt(digits, "gaussian-noise", 3, normalization=((0.1307,), (0.3081,)))
-    >>> from posthoc.demo import zoo
+    >>> from posthoc_apps.demo import zoo
     >>> report = posthoc.evaluate(posthoc.wrap(zoo.pretrained(), method="none"), noisy, progress=False)
     >>> 0 <= report.ece <= 1
     True

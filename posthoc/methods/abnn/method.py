@@ -18,7 +18,7 @@ runs once up to its first BatchNorm layer and the rest on all ``S`` draws at onc
 noise (0) and :data:`SCALES`, so that ABNN is not worse than the checkpoint beyond the held-out tolerance: the fine-tuned
 modes are a candidate against the checkpoint itself. That choice is the default, so the default needs held-out data:
 ``fit(train_loader)`` alone is refused unless ``scale=`` is given (it kept scale 1 unchecked, and modes fine-tuned on
-training data unlike the deployment's are far worse than the checkpoint: ``tests/test_abnn.py``).
+training data unlike the deployment's are far worse than the checkpoint: ``tests/methods/test_abnn.py``).
 
 Differences from torch-uncertainty's ``ABNN``: the checkpoint itself is not one of the modes (its
 ``use_original_model=True``; the paper's ensemble is the ``M`` fine-tuned modes); every BatchNorm layer with
@@ -28,7 +28,7 @@ method's ``seed``.
 Example:
     >>> from torch import nn
     >>> import posthoc
-    >>> from posthoc.demo.examples import train_loader, val_loader, x
+    >>> from posthoc_apps.demo.examples import train_loader, val_loader, x
     >>> bn_model = nn.Sequential(nn.Linear(4, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 3)).eval()
     >>> um = posthoc.wrap(bn_model, method="abnn", modes=2, num_samples=3).fit(train_loader, val_loader, epochs=1)
     >>> um.predict(x).samples.shape          # M x S samples

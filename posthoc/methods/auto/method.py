@@ -26,7 +26,7 @@ bound, its perturbed NLL and ECE, its fit seconds and its predict cost against a
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="auto").fit(train_loader, val_loader)
     >>> um.summary()["selection"]["chosen"]
     'laplace+dac'
@@ -84,7 +84,7 @@ def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[st
     Example:
         >>> from posthoc.methods.auto.method import default_candidates
         >>> from posthoc.core.likelihood import Categorical
-        >>> from posthoc.demo import zoo
+        >>> from posthoc_apps.demo import zoo
         >>> [c["method"] for c in default_candidates(zoo.pretrained("digits_bn_cnn"), Categorical())]
         [['none'], ['temperature'], ['vector'], ['laplace'], ['none', 'dac'], ['laplace', 'dac']]
     """

@@ -6,7 +6,7 @@ labels plus the subclass's penalty, with L-BFGS in float64; on posterior samples
 mapped and the samples averaged.
 
 Example:
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> from posthoc.methods.calibration.vector import VectorScaling
     >>> calibrator = VectorScaling().fit(logits, labels)
     >>> calibrator.weight.shape, calibrator.bias.shape

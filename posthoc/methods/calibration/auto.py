@@ -18,7 +18,7 @@ A candidate that has too few examples per class in the training folds is skipped
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")   # 19 errors in 128: no gain sure enough
     >>> calibrator.chosen_name, calibrator.selection["candidates"][1]["reason"]
     ('identity', 'in-distribution NLL excess -0.0620 nats, 90% bound +0.0278 > tolerance 0.0111')

@@ -17,7 +17,7 @@ Two situations cannot determine any calibration map and are handled here for all
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> calibrator(logits).sum(-1)[:3]          # probabilities, rows sum to 1
@@ -243,7 +243,7 @@ class Calibrator(CalibratorOptions, nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import logits, labels, test_logits
+            >>> from posthoc_apps.demo.examples import logits, labels, test_logits
             >>> calibrator = posthoc.calibrate(logits, labels)
             >>> calibrator.log_probs(test_logits).exp().sum(-1)
             tensor([1.0000, 1.0000, ...])

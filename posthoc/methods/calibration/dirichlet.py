@@ -6,7 +6,7 @@ per row give the same result). The penalties and minimum are those of ``"matrix"
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels, test_logits
+    >>> from posthoc_apps.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="dirichlet")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -7,7 +7,7 @@ variants, this is the NLL one). Parameters: 4 (``T`` and three weights summing t
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="ets")
     >>> calibrator.weights.sum()
     tensor(1.)

@@ -10,7 +10,7 @@ posterior samples). Parameters: ``bins`` per class (``per-class``) or ``bins`` (
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels, test_logits
+    >>> from posthoc_apps.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="histogram", bins=10, mode="top-label")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -3,7 +3,7 @@
 Example:
     >>> import torch
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> torch.allclose(posthoc.calibrate(logits, labels, method="identity")(logits), torch.softmax(logits, -1))
     True
 """

@@ -9,7 +9,7 @@ and class.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels, test_logits
+    >>> from posthoc_apps.demo.examples import logits, labels, test_logits
     >>> posthoc.calibrate(logits, labels, method="isotonic")(test_logits).shape
     torch.Size([128, 3])
 """

@@ -10,7 +10,7 @@ It needs at least 10 held-out examples of every class.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> posthoc.calibrate(logits, labels, method="matrix", off_diagonal=1e-2).weight.shape
     torch.Size([3, 3])
 """

@@ -23,7 +23,7 @@ A calibrator is registered once, with its method (:class:`CalibrationMethod` nam
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader
     >>> um = posthoc.wrap(model, method=["mc-dropout", "temperature"]).fit(train_loader, val_loader)
     >>> float(um.method.temperature) > 0
     True
@@ -371,7 +371,7 @@ def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tol
     Example:
         >>> from posthoc.engine.selection import Tolerance
         >>> from posthoc.methods.calibration.method import fit_on_logits
-        >>> from posthoc.demo.examples import logits, labels
+        >>> from posthoc_apps.demo.examples import logits, labels
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> fitted = fit_on_logits(TemperatureCalibrator(), logits, labels, tolerance=Tolerance())
         >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.01

@@ -4,7 +4,7 @@ Example:
     >>> import torch
     >>> from posthoc.engine.lbfgs import minimise
     >>> from posthoc.methods.calibration.optimise import mixture_nll
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> scale = torch.zeros((), dtype=torch.float64, requires_grad=True)
     >>> minimise(lambda: mixture_nll(torch.log_softmax(logits * scale.exp(), -1), labels), [scale], max_iter=100)
 """

@@ -28,7 +28,7 @@ class CalibratorOptions:
 
     A calibrator declares its options as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
     Options(Calibrator.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
-    arguments with the same defaults (``TemperatureCalibrator(max_iter=50)``; ``tests/test_registry_contract.py``
+    arguments with the same defaults (``TemperatureCalibrator(max_iter=50)``; ``tests/methods/test_registry_contract.py``
     checks they agree). ``posthoc.calibrate`` builds it from the dataclass, refusing unknown names.
     """
 
@@ -65,7 +65,7 @@ class CalibratorOptions:
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import logits, labels
+            >>> from posthoc_apps.demo.examples import logits, labels
             >>> posthoc.calibrate(logits, labels, method="vector").save("vector.pt")
             >>> posthoc.calibrate.load("vector.pt").chosen_name
             'vector'

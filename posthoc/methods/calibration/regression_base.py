@@ -136,7 +136,7 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         """Fit on a held-out ``prediction`` and its ``targets`` ``(N,)`` or ``(N, D)``; returns ``self``.
 
         Example:
-            >>> from posthoc.demo.examples import reg_val_loader, regression_um
+            >>> from posthoc_apps.demo.examples import reg_val_loader, regression_um
             >>> from posthoc.methods.calibration.variance_scaling import VarianceScaling
             >>> x_val, y_val = reg_val_loader.dataset.tensors
             >>> VarianceScaling().fit(regression_um.predict(x_val), y_val).scale.shape     # one per output
@@ -167,7 +167,7 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import reg_val_loader, regression_um, reg_x
+            >>> from posthoc_apps.demo.examples import reg_val_loader, regression_um, reg_x
             >>> x_val, y_val = reg_val_loader.dataset.tensors
             >>> calibrator = posthoc.calibrate(mean=regression_um.predict(x_val).mean, targets=y_val)
             >>> lower, upper = calibrator.calibrate(regression_um.predict(reg_x)).interval(0.9)

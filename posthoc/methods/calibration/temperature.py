@@ -6,7 +6,7 @@ calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration
 
 Example:
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = TemperatureCalibrator().fit(logits, labels)
     >>> float(calibrator.temperature)          # the model is overconfident
     2.01

@@ -9,7 +9,7 @@ Parameters: ``2 C``; it needs at least 5 held-out examples of every class.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import logits, labels
+    >>> from posthoc_apps.demo.examples import logits, labels
     >>> posthoc.calibrate(logits, labels, method="vector").weight.shape        # one scale per class
     torch.Size([3])
 """

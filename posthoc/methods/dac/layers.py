@@ -21,7 +21,7 @@ are sample-major, so the first ``N`` rows are the first sample's).
 Example:
     >>> import torch
     >>> from posthoc.methods.dac.layers import auto_sites
-    >>> from posthoc.demo import zoo
+    >>> from posthoc_apps.demo import zoo
     >>> sites = auto_sites(zoo.pretrained(), torch.zeros(2, 1, 28, 28))
     >>> [str(site) for site in sites]
     ['features.3', 'features.7', 'classifier.4:input']
@@ -99,7 +99,7 @@ class Capture:
 
     Example:
         >>> from posthoc.methods.dac.layers import Capture, auto_sites
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> sites = auto_sites(model, x)
         >>> capture = Capture(model, sites)
         >>> with capture.recording(rows=8) as features:

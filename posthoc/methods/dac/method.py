@@ -43,8 +43,8 @@ and stays where the data is. It stacks on any method: ``["none", "dac"]`` temper
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader, regressor, reg_train_loader
-    >>> from posthoc.demo.examples import reg_val_loader, reg_x
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, regressor, reg_train_loader
+    >>> from posthoc_apps.demo.examples import reg_val_loader, reg_x
     >>> um = posthoc.wrap(model, method=["laplace", "dac"]).fit(train_loader, val_loader)
     >>> card = um.summary()["posterior"][1]
     >>> card["layers"], card["bank_bytes"]

@@ -28,7 +28,7 @@ stays the clean one.
 Example:
     >>> import torch
     >>> from posthoc.methods.dac.temperature import Cached, excess, fit, standardisation, temperatures
-    >>> from posthoc.demo.examples import train_loader, val_loader, val_logits, val_labels
+    >>> from posthoc_apps.demo.examples import train_loader, val_loader, val_logits, val_labels
     >>> train_x, val_x = train_loader.dataset.tensors[0], val_loader.dataset.tensors[0]
     >>> log_d = torch.cdist(val_x, train_x).topk(5, largest=False).values[:, -1:].log()   # 5-NN distance, one layer
     >>> held = Cached(val_logits.log_softmax(-1), excess(log_d, *standardisation(log_d, 0.9)), val_labels)
@@ -152,7 +152,7 @@ def fit(
     Example:
         >>> import torch
         >>> from posthoc.methods.dac.temperature import Cached, fit
-        >>> from posthoc.demo.examples import val_logits, val_labels
+        >>> from posthoc_apps.demo.examples import val_logits, val_labels
         >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
         >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
         >>> fitted.temperature, fitted.weights

@@ -8,7 +8,7 @@ to another device, or modified in place: each tensor's storage and version count
 
 Example:
     >>> from posthoc.methods.ensemble.batched import BatchedForward
-    >>> from posthoc.demo.examples import net_a, net_b, x
+    >>> from posthoc_apps.demo.examples import net_a, net_b, x
     >>> forward = BatchedForward([net_a, net_b])
     >>> forward(x).shape                  # (M, N, C) log-probabilities
     torch.Size([2, 8, 3])

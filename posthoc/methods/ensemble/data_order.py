@@ -2,7 +2,7 @@
 
 Example:
     >>> from posthoc.methods.ensemble.data_order import reshuffled
-    >>> from posthoc.demo.examples import train_loader
+    >>> from posthoc_apps.demo.examples import train_loader
     >>> from torch.utils.data import DataLoader
     >>> reshuffled(DataLoader(train_loader.dataset, batch_size=64), seed=3).sampler
     <torch.utils.data.sampler.RandomSampler object at ...>

@@ -3,7 +3,7 @@
 Example:
     >>> from torch import nn
     >>> from posthoc.methods.ensemble.members import check_members
-    >>> from posthoc.demo.examples import net_a, net_b, net_c
+    >>> from posthoc_apps.demo.examples import net_a, net_b, net_c
     >>> check_members([net_a, net_b, net_c])                      # three classifiers of three classes: fine
     >>> check_members([net_a, nn.Sequential(nn.Linear(4, 64), nn.ReLU(), nn.Linear(64, 2))])
     Traceback (most recent call last):

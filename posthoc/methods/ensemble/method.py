@@ -28,7 +28,7 @@ members' disagreement is epistemic variance and their noises the aleatoric.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import net_a, net_b, net_c, x
+    >>> from posthoc_apps.demo.examples import net_a, net_b, net_c, x
     >>> um = posthoc.wrap([net_a, net_b, net_c])
     >>> pred = um.predict(x)
     >>> pred.samples.shape, bool((pred.epistemic > 0).any())
@@ -110,7 +110,7 @@ class Ensemble(Method):
 
         Example:
             >>> from posthoc.methods.ensemble.method import Ensemble
-            >>> from posthoc.demo.examples import net_a, net_b
+            >>> from posthoc_apps.demo.examples import net_a, net_b
             >>> from posthoc.core.chain import base_method
             >>> ensemble, _ = Ensemble.around([net_a, net_b], {"name": "none", "options": {}, "members": 2}, base_method)
             >>> len(ensemble.members)
@@ -246,7 +246,7 @@ class Ensemble(Method):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import net_a, net_b, train_loader
+            >>> from posthoc_apps.demo.examples import net_a, net_b, train_loader
             >>> posthoc.wrap([net_a, net_b], method="laplace").fit(train_loader).method.summary()["members"]
             2
         """

@@ -13,7 +13,7 @@ noise ``σ`` re-fitted on held-out data over every run's samples (shared by the 
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="multiswag", members=3, subset="last_layer").fit(train_loader, val_loader)
     >>> um.predict(x).samples.shape          # 3 runs x 20 samples
     torch.Size([60, 8, 3])

@@ -6,7 +6,7 @@ copy ``i`` is routed to component ``i mod K``, so one forward pass covers every 
 Example:
     >>> from posthoc.methods.ibnn.elbo import ElboOptions, fit_nodes
     >>> from posthoc.methods.ibnn.nodes import NodeSet
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> nodes = NodeSet(model, components=2)
     >>> before = nodes.kl().item()                     # the KL of the initial node posteriors to the prior
     >>> fit_nodes(model, nodes, train_loader, ElboOptions(epochs=1), progress=False)

@@ -36,7 +36,7 @@ covariate shift with node-based Bayesian neural networks", ICML 2022.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ibnn").fit(train_loader)
     >>> um.predict(x).samples.shape      # (K * S, N, C)
     torch.Size([10, 8, 3])

@@ -30,7 +30,7 @@ from the generator (default: one seeded with ``seed``), exactly as ``IVON.sample
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="ivon").fit(train_loader)
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
@@ -338,7 +338,7 @@ class IVON(Method):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="ivon").fit(train_loader).method.summary()
             >>> card["random_variables"], card["epochs"]
             (515, 2)

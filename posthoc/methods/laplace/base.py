@@ -50,7 +50,7 @@ larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="laplace", hessian="kron").fit(train_loader)
     >>> type(um.method).__name__, float(um.method.prior_precision) > 0
     ('LastLayerLaplace', True)
@@ -615,7 +615,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader, val_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader, val_loader
             >>> card = posthoc.wrap(model, method="laplace").fit(train_loader, val_loader).method.summary()
             >>> card["random_variables"], card["hessian"], card["prior_fit"]
             (195, 'kron', 'val')

@@ -21,7 +21,7 @@ Linear/Conv2d layers; every module between the loss and those layers must be one
 Example:
     >>> import torch
     >>> from posthoc.methods.laplace.curvature import LastLayerGGN
-    >>> from posthoc.demo.examples import train_loader, model
+    >>> from posthoc_apps.demo.examples import train_loader, model
     >>> ggn = LastLayerGGN("kron", num_features=64, num_classes=3, bias=True)
     >>> with torch.no_grad():
     ...     for inputs, targets in train_loader:          # one forward pass per training batch
@@ -165,7 +165,7 @@ def lora_parameters(model: nn.Module) -> list[str]:
 
     Example:
         >>> from posthoc.methods.laplace.curvature import lora_parameters
-        >>> from posthoc.demo.examples import model
+        >>> from posthoc_apps.demo.examples import model
         >>> from peft import LoraConfig, get_peft_model
         >>> lora_parameters(get_peft_model(model, LoraConfig(r=4, target_modules=["0"])))   # LoRA on the first Linear
         ['base_model.model.0.lora_A.default.weight', 'base_model.model.0.lora_B.default.weight']

@@ -34,7 +34,7 @@ per output.
 Example:
     >>> import posthoc
     >>> from posthoc.methods.laplace.last_layer import LastLayerLaplace
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
     (True, '3', 'DiagCurvature')
@@ -237,7 +237,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         Example:
             >>> import torch
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader
             >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader).method.row_bytes(0, torch.float32)
             344
         """

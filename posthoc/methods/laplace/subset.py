@@ -26,7 +26,7 @@ prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in 
 Example:
     >>> import posthoc
     >>> from posthoc.methods.laplace.subset import SubsetLaplace
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="laplace", subset=["0", "3"]).fit(train_loader)
     >>> isinstance(um.method, SubsetLaplace), um.method.pred
     (True, 'glm')

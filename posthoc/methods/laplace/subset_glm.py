@@ -113,7 +113,7 @@ def jacobian_factors(
 
     Example:
         >>> from posthoc.methods.laplace.subset_glm import covered_linear_layers, jacobian_factors
-        >>> from posthoc.demo.examples import model, x
+        >>> from posthoc_apps.demo.examples import model, x
         >>> logits, factors = jacobian_factors(model, covered_linear_layers(model, ["3.weight"]), x)
         >>> logits.shape, factors["3"][0].shape, factors["3"][1].shape   # g: (n, C, out), a: (n, in)
         (torch.Size([8, 3]), torch.Size([8, 3, 3]), torch.Size([8, 64]))

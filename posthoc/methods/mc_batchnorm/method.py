@@ -10,7 +10,7 @@ held-out data by the selection step among :data:`BATCH_SIZES` and the plain mode
 Example:
     >>> from torch import nn
     >>> import posthoc
-    >>> from posthoc.demo.examples import train_loader, x
+    >>> from posthoc_apps.demo.examples import train_loader, x
     >>> bn_model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3)).eval()
     >>> um = posthoc.wrap(bn_model, method="mc-batchnorm", num_samples=4, batch_size=16).fit(train_loader)
     >>> um.predict(x).samples.shape[0]

@@ -42,7 +42,7 @@ grade a classifier's accuracy).
 Example:
     >>> import torch
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, x
+    >>> from posthoc_apps.demo.examples import model, x
     >>> um = posthoc.wrap(model, method="mc-dropout", p=0.2)
     >>> um.predict(x, num_samples=100, generator=torch.Generator().manual_seed(0)).samples.shape
     torch.Size([100, 8, 3])
@@ -255,7 +255,7 @@ class MCDropout(Method):
         Example:
             >>> import torch
             >>> import posthoc
-            >>> from posthoc.demo import zoo
+            >>> from posthoc_apps.demo import zoo
             >>> um = posthoc.wrap(zoo.pretrained(), method="mc-dropout", p=0.1)
             >>> _ = um.predict(torch.zeros(2, 1, 28, 28)); um.method.summary()["random_variables"]
             64

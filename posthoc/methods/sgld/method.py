@@ -32,7 +32,7 @@ mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="sgld", cycles=4).fit(train_loader, epochs=10)
     >>> um.predict(x).samples.shape          # one sample per cycle
     torch.Size([4, 8, 3])
@@ -301,7 +301,7 @@ class SGLD(Method):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
             >>> card["layers"], card["kept"]
             (['0', '3'], 20)

@@ -16,7 +16,7 @@ for fit. Measured: docs/methods/sparse-vd.md.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
     >>> 0 <= um.sparsity()["total"] <= 1
     True
@@ -97,7 +97,7 @@ class SparseVariationalDropout(VariationalMethod):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader
             >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
             >>> sorted(um.sparsity(threshold=3.0)), sorted(um.sparsity()["layers"])
             (['layers', 'removed', 'total', 'weights'], ['0', '3'])
@@ -114,7 +114,7 @@ class SparseVariationalDropout(VariationalMethod):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader, x
+            >>> from posthoc_apps.demo.examples import model, train_loader, x
             >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
             >>> plain = um.prune()
             >>> plain(x).shape

@@ -7,7 +7,7 @@ same number of weights in each layer, chosen uniformly at random (seeded).
 Example:
     >>> import posthoc
     >>> from posthoc.methods.sparse_vd.pruning import pruned_copy, removed_weights, sparsity
-    >>> from posthoc.demo.examples import model, train_loader
+    >>> from posthoc_apps.demo.examples import model, train_loader
     >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=10)
     >>> layers = um.method.layers                       # the fitted log alpha of each weight
     >>> removed = removed_weights(layers, 3.0)

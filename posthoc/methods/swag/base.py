@@ -353,7 +353,7 @@ class SWAGBase(Method):
 
         Example:
             >>> import posthoc
-            >>> from posthoc.demo.examples import model, train_loader
+            >>> from posthoc_apps.demo.examples import model, train_loader
             >>> card = posthoc.wrap(model, method="swag").fit(train_loader).method.summary()
             >>> card["random_variables"], card["rank"], card["snapshots"]
             (515, 8, 8)

@@ -7,7 +7,7 @@ features ``phi`` and all samples are drawn in logit space in batched ops (no wei
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="swag", subset="last_layer")
     >>> type(um.method).__name__
     'LastLayerSWAG'

@@ -25,7 +25,7 @@ the pretrained weights (samples are passed to it functionally).
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, val_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
     >>> um = posthoc.wrap(model, method="swag").fit(train_loader, val_loader)
     >>> um.method.summary()["scale"]      # chosen on val_loader
     128.0

@@ -9,7 +9,7 @@ the prefix before the first sampled layer runs once and the suffix samples in on
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="swag", subset=["0", "3"])          # both linear layers
     >>> type(um.method).__name__
     'SubsetSWAG'

@@ -26,7 +26,7 @@ disagreement as epistemic. Under ``likelihood="regression"`` the mixture of the 
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="tta", views=4).fit(train_loader)
     >>> um.predict(x).samples.shape                 # four views of eight inputs
     torch.Size([4, 8, 3])

@@ -14,7 +14,7 @@ in-distribution NLL allows. Measured: docs/methods/vi.md.
 
 Example:
     >>> import posthoc
-    >>> from posthoc.demo.examples import model, train_loader, x
+    >>> from posthoc_apps.demo.examples import model, train_loader, x
     >>> um = posthoc.wrap(model, method="vi").fit(train_loader, kl_schedule="cosine")
     >>> um.predict(x).samples.shape
     torch.Size([20, 8, 3])
