@@ -431,9 +431,9 @@ class UncertainModel(nn.Module):
 
         ``module(x)`` gives the predictive probabilities ``(N, C)`` (float32), the same as ``um.predict(x).probs``;
         under a regression likelihood ``(mean, variance)``, each ``(N, D)``. The fitted constants are buffers and
-        the network is a copy in eval mode; the classes live in :mod:`posthoc.export.modules`, which imports only
-        torch, so ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not installed
-        (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
+        the network is a copy in eval mode; each method builds its part (``Method.to_module``) from the functions its
+        predictive uses. ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not
+        installed (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
 
         What exports: ``"none"``; every calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
         ``platt``, ``histogram``, ``isotonic``, ``auto-calibration``); last-layer ``laplace`` with ``link="probit"``

@@ -22,5 +22,6 @@ class DirichletCalibration(MatrixScaling):
 
     name = "dirichlet"
 
-    def features(self, logits: Tensor) -> Tensor:
+    @staticmethod
+    def features(logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, -1)

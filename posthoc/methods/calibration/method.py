@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core.checks import unit_interval
 from posthoc.core.inputs import Inputs, check_finite_result, check_labels
@@ -50,6 +50,7 @@ from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Layout, Rows, Scores, Tolerance, cross_fitted, fold_count, select, warn_kept_plain
 from posthoc.errors import InputError
+from posthoc.export.modules import Calibrated
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling
@@ -156,6 +157,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
     needs_val = True
     stacks = True
     knob = "calibration"
+    exports = ("classification",)
     calibrator_class: ClassVar[type[Calibrator]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -231,6 +233,11 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         """Fit the calibrator at configuration ``value`` on every held-out row (``None``: keep the inner predictive)."""
         self.shift_weight.fill_(math.nan if value is None or (value == 0 and cache.shifted is None) else value)
         self.calibrator = configured(self.calibrator, value, cache, held_out.layout.everything())
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The fitted map (:meth:`Calibrator.log_prob_map`) stacked on the inner method's exported predictive."""
+        inner = export.predictive(self.inner)
+        return Calibrated(inner, self.calibrator.log_prob_map(), bool(self.calibrator.per_sample))
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None

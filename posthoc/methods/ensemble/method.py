@@ -50,6 +50,7 @@ from posthoc.core.registry import ENSEMBLE, register
 from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.engine.ranks_spread import fit_spread
 from posthoc.errors import ConfigError
+from posthoc.export.modules import Mixture, RegressionMixture
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
 from posthoc.methods.ensemble.members import check_members
 from posthoc.methods.ensemble.mixture import batched_mixture, mixture
@@ -74,6 +75,12 @@ class Ensemble(Method):
     name = ENSEMBLE
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)  # the members' own are checked as they are built
     per_output_noise = True  # as the members' own (each member refuses a noise per output it cannot use)
+    exports = ("classification", "regression")  # the members' own are checked one by one
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The equal-weight mixture of the members' exported predictives."""
+        members = [export.predictive(member) for member in self.members]
+        return RegressionMixture(members) if export.regression else Mixture(members)
 
     def __init__(
         self, members: Sequence[Method], *, batched: bool | None = None, sources: Sequence[str | None] | None = None
