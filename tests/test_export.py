@@ -11,6 +11,7 @@ Runtime runs the ONNX exports.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -375,3 +376,44 @@ def test_onnx_runtime_runs_calibration_maps(tmp_path: Path) -> None:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         got = session.run(None, {"logits": logits[300:350].numpy()})[0]
         torch.testing.assert_close(torch.from_numpy(got), calibrator(logits[300:350]), atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ each method exports itself
+EXPORT_DIR = Path(posthoc.__file__).parent / "export"
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub} | _subclasses(sub)
+    return found
+
+
+def test_export_package_knows_no_method_and_reads_no_private_member() -> None:
+    """``posthoc/export/`` holds what every method shares: no method (or calibrator, or curvature) named, no class
+    dispatch, and no private member read that export/ does not define itself; ``structure ==`` lives in
+    ``methods/laplace/`` only."""
+    from posthoc.core.method import Method
+    from posthoc.methods.calibration.base import Calibrator
+    from posthoc.methods.laplace.structure import Curvature
+
+    classes = _subclasses(Method) | _subclasses(Calibrator) | _subclasses(Curvature)
+    names = {cls.__name__ for cls in classes} - {"Identity"}  # a calibrator's name that is also a plain word
+    assert {"LastLayerLaplace", "PlainModel", "TemperatureCalibrator", "KronCurvature"} <= names
+    sources = {path.name: path.read_text() for path in EXPORT_DIR.glob("*.py")}
+    for name, source in sources.items():
+        mentioned = sorted(word for word in names if re.search(rf"\b{word}\b", source))
+        assert not mentioned, f"export/{name} names method classes {mentioned}"
+        assert "__mro__" not in source and "__name__" not in source, f"export/{name} dispatches on class names"
+    everything = "\n".join(sources.values())
+    own = set(re.findall(r"self\.(_\w+)\s*[:=]", everything)) | set(re.findall(r"(?:def|class) (_\w+)", everything))
+    for name, source in sources.items():
+        private = {attr for attr in re.findall(r"\.(_[a-z]\w*)", source) if not attr.startswith("__")}
+        assert private <= own, f"export/{name} reads private members {sorted(private - own)}"
+    package = Path(posthoc.__file__).parent
+    outside = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "structure ==" in path.read_text() and (package / "methods" / "laplace") not in path.parents
+    ]
+    assert not outside, f"structure == outside methods/laplace/: {outside}"

@@ -35,7 +35,6 @@ from posthoc.core import persistence
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.core.exporters import exporter
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import (
     Inputs,
@@ -58,6 +57,7 @@ from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance, warn_kept_plain
 from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.export.build import to_module
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
@@ -466,8 +466,7 @@ class UncertainModel(nn.Module):
             True
         """
         positive_int(num_samples, "num_samples", none="the method's own")
-        # the exporter reads the methods, which sit above the engine: found through core's registry
-        return exporter("model")(self, num_samples=num_samples, seed=seed)
+        return to_module(self, num_samples=num_samples, seed=seed)
 
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.

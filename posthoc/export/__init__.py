@@ -2,7 +2,8 @@
 
 Each method exports itself (``Method.to_module(export)``, next to its mathematics, built from the functions of its
 predictive); this package holds only what they share: :mod:`posthoc.export.modules` (the network run once, stacking,
-mixtures, the top modules) and :mod:`posthoc.export.build` (the walk over a chain, the refusals).
+mixtures, the top modules) and :mod:`posthoc.export.build` (the walk over a chain, the refusals). It imports only
+``core``, so the engine's ``UncertainModel`` and the methods build on it.
 
 Example:
     >>> import posthoc, torch
@@ -13,10 +14,6 @@ Example:
     torch.Size([2, 3])
 """
 
-from posthoc.core.exporters import register_exporter
 from posthoc.export.build import calibrator_module, to_module
-
-register_exporter("model", to_module)
-register_exporter("calibrator", calibrator_module)
 
 __all__ = ["calibrator_module", "to_module"]

@@ -34,13 +34,12 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.exporters import exporter
 from posthoc.core.inputs import as_tensor, check_labels, like_given
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.engine.runner import small_fit
 from posthoc.errors import ConfigError, ExportError, InputError
-from posthoc.export.build import IN_PROCESS
+from posthoc.export.build import IN_PROCESS, calibrator_module
 from posthoc.export.modules import FunctionMap, LogSoftmax
 from posthoc.methods.calibration.options import CalibratorOptions
 
@@ -309,7 +308,7 @@ class Calibrator(CalibratorOptions, nn.Module):
             >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)
             True
         """
-        return exporter("calibrator")(self)
+        return calibrator_module(self)
 
     # ------------------------------------------------------------------ files
 
