@@ -345,8 +345,13 @@ class Method(nn.Module):
         """Why ``um.to_module()`` cannot export this method (``None``: it can), known before anything is fitted.
 
         Example:
-            >>> posthoc.wrap(model, method="none").method.export_blocker() is None
+            >>> import posthoc
+            >>> from torch import nn
+            >>> posthoc.wrap(nn.Linear(4, 3), method="none").method.export_blocker() is None
             True
+            >>> posthoc.wrap(nn.Linear(4, 3), method="sgld").method.export_blocker()[:30]
+            'its samples are networks with '
+
         """
         if ("regression" if regression else "classification") in self.exports:
             return None

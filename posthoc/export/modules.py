@@ -28,9 +28,6 @@ from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian, Likelihoo
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp, logits_of
 from posthoc.errors import ExportError
 
-#: log-probabilities below this are clamped before a calibrator or a temperature sees them (posthoc's floor)
-LOG_PROB_FLOOR = -1e4
-
 
 def cast(value: Tensor, dtype: torch.dtype) -> Tensor:
     """``value`` in ``dtype``, with no cast at all where it is in it already (the TorchScript-based ONNX exporter
@@ -189,22 +186,6 @@ class FunctionMap(nn.Module):
         return self.function(logits, **{name: getattr(self, name) for name in self.names}, **self.constants)
 
 
-class Calibrated(nn.Module):
-    """A calibration map stacked on a predictive: per sample (then averaged) where ``per_sample`` and the inner
-    predictive samples, else on its log-probabilities (floored at :data:`LOG_PROB_FLOOR`)."""
-
-    def __init__(self, inner: nn.Module, calibration: nn.Module, per_sample: bool) -> None:
-        super().__init__()
-        self.inner, self.calibration, self.per_sample = inner, calibration, per_sample
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        log_probs, samples = self.inner(x)
-        if samples is not None and self.per_sample:
-            calibrated = self.calibration(samples.clamp_min(LOG_PROB_FLOOR))
-            return log_mean_exp(calibrated), calibrated
-        return self.calibration(log_probs.clamp_min(LOG_PROB_FLOOR)), None
-
-
 class LogitsIn(nn.Module):
     """A calibration map as a predictive of logits (a binary classifier's one logit read as ``[0, z]``)."""
 
@@ -214,24 +195,6 @@ class LogitsIn(nn.Module):
 
     def forward(self, logits: Tensor) -> tuple[Tensor, None]:
         return self.calibration(as_class_logits(logits).float()), None
-
-
-class Mixture(nn.Module):
-    """The equal-weight mixture of member predictives (an ensemble)."""
-
-    def __init__(self, members: list[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        parts = [member(x) for member in self.members]
-        log_probs = log_mean_exp(torch.stack([part[0] for part in parts]))
-        if all(part[1] is None for part in parts):
-            return log_probs, torch.stack([part[0] for part in parts])
-        count = max(part[1].shape[0] for part in parts if part[1] is not None)
-        return log_probs, torch.cat(
-            [part[0].unsqueeze(0).expand(count, -1, -1) if part[1] is None else part[1] for part in parts]
-        )
 
 
 class ExportedClassifier(nn.Module):
@@ -292,18 +255,6 @@ class GaussianOutputs(nn.Module):
             outputs, noise = cast(outputs, dtype), cast(self.noise, dtype)
             variance = noise * self.spread.unit_variance(outputs) + noise
         return outputs[None], variance[None]
-
-
-class RegressionMixture(nn.Module):
-    """The equal-weight mixture of member regression predictives (their components side by side)."""
-
-    def __init__(self, members: list[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor]:
-        parts = [member(x) for member in self.members]
-        return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
 
 
 class ExportedRegressor(nn.Module):

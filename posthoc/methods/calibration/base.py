@@ -248,6 +248,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         the identity). ``calibrator.to_module()`` and a stacked calibration's export are made of it.
 
         Example:
+            >>> import posthoc, torch
             >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
             >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
             >>> torch.allclose(calibrator.log_prob_map()(logits), calibrator.log_probs(logits))

@@ -33,7 +33,7 @@ import copy
 import dataclasses
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -50,7 +50,6 @@ from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Layout, Rows, Scores, Tolerance, cross_fitted, fold_count, select, warn_kept_plain
 from posthoc.errors import InputError
-from posthoc.export.modules import Calibrated
 from posthoc.methods.calibration.base import Calibrator, predictive
 from posthoc.methods.calibration.dirichlet import DirichletCalibration
 from posthoc.methods.calibration.ets import EnsembleTemperatureScaling
@@ -81,6 +80,36 @@ def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[
 
 #: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
+
+
+def stacked_log_predictive(
+    transform: Callable[[Tensor], Tensor], log_probs: Tensor, samples: Tensor | None, per_sample: bool
+) -> LogPredictive:
+    """A calibration map stacked on a predictive ``(log_probs, samples)``: applied to each sample (then averaged)
+    where ``per_sample`` and the predictive samples, else to its log-probabilities (floored at
+    :data:`LOG_PROB_FLOOR`).
+
+    Example:
+        >>> halve = lambda z: torch.log_softmax(z / 2, -1)
+        >>> stacked_log_predictive(halve, torch.log(torch.tensor([[0.8, 0.2]])), None, True)[0].exp()
+        tensor([[0.6667, 0.3333]])
+    """
+    if samples is not None and per_sample:
+        calibrated = transform(samples.clamp_min(LOG_PROB_FLOOR))
+        return log_mean_exp(calibrated), calibrated
+    return transform(log_probs.clamp_min(LOG_PROB_FLOOR)), None
+
+
+class Calibrated(nn.Module):
+    """The exported form of a stacked calibration: :func:`stacked_log_predictive` of the map module ``calibration``
+    on the ``inner`` predictive module."""
+
+    def __init__(self, inner: nn.Module, calibration: nn.Module, per_sample: bool) -> None:
+        super().__init__()
+        self.inner, self.calibration, self.per_sample = inner, calibration, per_sample
+
+    def forward(self, x: Any) -> LogPredictive:
+        return stacked_log_predictive(self.calibration, *self.inner(x), self.per_sample)
 
 
 @dataclass
@@ -243,10 +272,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
         log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
-        if samples is not None and self.calibrator.per_sample:
-            calibrated = self.calibrator.transform(samples.clamp_min(LOG_PROB_FLOOR))
-            return log_mean_exp(calibrated), calibrated
-        return self.calibrator.transform(log_probs.clamp_min(LOG_PROB_FLOOR)), None
+        return stacked_log_predictive(self.calibrator.transform, log_probs, samples, self.calibrator.per_sample)
 
     def summary(self) -> dict[str, Any]:
         """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""

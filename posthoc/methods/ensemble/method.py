@@ -50,13 +50,27 @@ from posthoc.core.registry import ENSEMBLE, register
 from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.engine.ranks_spread import fit_spread
 from posthoc.errors import ConfigError
-from posthoc.export.modules import Mixture, RegressionMixture
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
 from posthoc.methods.ensemble.members import check_members
 from posthoc.methods.ensemble.mixture import batched_mixture, mixture
 
 #: builds a spec entry's method around one model: ``(method, fingerprint of the model if the method copies it)``
 MemberBuilder = Callable[[nn.Module, dict[str, Any]], tuple[Method, str | None]]
+
+
+class Mixture(nn.Module):
+    """The exported form of an ensemble: the :func:`~posthoc.methods.ensemble.mixture.mixture` of its members'
+    predictive modules (classification), or their Gaussian components side by side (regression)."""
+
+    def __init__(self, members: list[nn.Module], *, regression: bool = False) -> None:
+        super().__init__()
+        self.members, self.regression = nn.ModuleList(members), regression
+
+    def forward(self, x: Any) -> LogPredictive | tuple[torch.Tensor, torch.Tensor]:
+        parts = [member(x) for member in self.members]
+        if self.regression:
+            return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
+        return mixture(parts)
 
 
 @register
@@ -79,8 +93,7 @@ class Ensemble(Method):
 
     def to_module(self, export: Any) -> nn.Module:
         """The equal-weight mixture of the members' exported predictives."""
-        members = [export.predictive(member) for member in self.members]
-        return RegressionMixture(members) if export.regression else Mixture(members)
+        return Mixture([export.predictive(member) for member in self.members], regression=export.regression)
 
     def __init__(
         self, members: Sequence[Method], *, batched: bool | None = None, sources: Sequence[str | None] | None = None
