@@ -8,7 +8,7 @@ Example:
     >>> report = posthoc.evaluate(um, test_loader)
 """
 
-from posthoc import errors, export, methods, settings, shift  # noqa: F401  (importing them registers the methods and the exporter)
+from posthoc import errors, export, methods, settings, shift  # noqa: F401  (importing them registers the methods)
 from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
 from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian

@@ -4,10 +4,10 @@ Two top-level packages: the library ``posthoc`` and its applications ``posthoc_a
 loaders, the Lightning callback). The library never imports the applications, not even inside a function, nor by a
 module name in a string (``importlib.import_module``); the applications import only the library and themselves.
 
-Layers of the library, bottom to top: ``core`` < ``engine`` < ``methods`` < (``api``, ``calibrate``, ``export``,
+Layers of the library, bottom to top: ``core`` < (``engine``, ``export``) < ``methods`` < (``api``, ``calibrate``,
 ``guarantees``, ``ood``, ``shift``) < ``evaluation``; ``posthoc/__init__.py`` gathers the public API and is exempt as
 an importer (as an import target it sits in the top layer). Imports point down or stay in their layer; a method
-(``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, itself and the methods it is declared to build
+(``methods/X.py`` or ``methods/X/``) imports only ``core``, ``engine``, ``export``, itself and the methods it is declared to build
 on (:data:`BUILDS_ON`); no import circle between modules, and none between the subpackages either (two packages of one
 layer must not import each other); no import of posthoc inside a function (in either package).
 
@@ -35,7 +35,7 @@ LAYERS = {
     "methods": 2,
     "api": 3,
     "calibrate": 3,
-    "export": 3,
+    "export": 1,
     "guarantees": 3,
     "shift": 3,
     "ood": 3,

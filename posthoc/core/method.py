@@ -70,6 +70,8 @@ class Method(nn.Module):
             others. A method that takes a regression likelihood implements :meth:`regression_predictive`.
         per_output_noise: whether, under ``likelihood="regression"``, the method predicts with one observation noise
             per output (it fits them, and takes a fixed ``posthoc.Gaussian(noise_std=[...])``); the others share one.
+        exports: the tasks (``"classification"``, ``"regression"``) whose predictive :meth:`to_module` exports;
+            ``export_refusal`` says why the others cannot be (:meth:`export_blocker`).
 
     A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
     ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
@@ -107,6 +109,8 @@ class Method(nn.Module):
     tools: ClassVar[tuple[str, ...]] = ()
     likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
     per_output_noise: ClassVar[bool] = False
+    exports: ClassVar[tuple[str, ...]] = ()
+    export_refusal: ClassVar[str | None] = None
     #: the options ``wrap`` takes (the fields of a dataclass; see the class docs)
     Options: ClassVar[type[BaseOptions]] = BaseOptions
     #: the options ``fit`` takes (none by default)
@@ -351,6 +355,31 @@ class Method(nn.Module):
         ``num_samples``: the method's own), the one hook a sampling method implements for regression."""
         raise NotImplementedError
 
+    def export_blocker(self, *, regression: bool = False) -> str | None:
+        """Why ``um.to_module()`` cannot export this method (``None``: it can), known before anything is fitted.
+
+        Example:
+            >>> import posthoc
+            >>> from torch import nn
+            >>> posthoc.wrap(nn.Linear(4, 3), method="none").method.export_blocker() is None
+            True
+            >>> posthoc.wrap(nn.Linear(4, 3), method="sgld").method.export_blocker()[:30]
+            'its samples are networks with '
+
+        """
+        if ("regression" if regression else "classification") in self.exports:
+            return None
+        task = " under a regression likelihood" if regression else ""
+        return self.export_refusal or f"it has no exported form{task} yet"
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The fitted predictive as a plain module (``um.to_module()`` calls it through ``export``, a
+        :class:`posthoc.export.build.Export`): ``(log_probs, samples or None)`` of the inputs, or under a regression
+        likelihood (``export.regression``) ``(means (K, N, D), variances (K, N, D))``. A method that lists a task in
+        :attr:`exports` implements it with the same functions as its predictive, its fitted state in buffers; the
+        pieces it shares with others are in :mod:`posthoc.export.modules`."""
+        raise export.refusal(self, self.export_blocker(regression=export.regression) or "it has no exported form yet")
+
     def summary(self) -> dict[str, Any]:
         """What this method's posterior is over, for :meth:`UncertainModel.summary` (the model card).
 
@@ -412,6 +441,13 @@ def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
             owner._buffers[attr] = value
         else:
             raise KeyError(key)
+
+
+#: why a method whose samples are whole networks has no exported form
+SAMPLES_NETWORKS = (
+    "its samples are networks with their inner weights or nodes perturbed, which need the network run "
+    "once per sample (no fixed tensor program on the head's input)"
+)
 
 
 def chain_of(method: Method) -> list[Method]:

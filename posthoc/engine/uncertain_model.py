@@ -37,7 +37,6 @@ from posthoc.core import persistence
 from posthoc.core.checks import check_shift, memory_bytes, positive_int
 from posthoc.core.checks import generator as check_generator
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.core.exporters import exporter
 from posthoc.core.fit_record import FitRecord, counting, examples
 from posthoc.core.inputs import (
     Inputs,
@@ -60,6 +59,7 @@ from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance, warn_kept_plain
 from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.export.build import to_module
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
@@ -444,9 +444,9 @@ class UncertainModel(nn.Module):
 
         ``module(x)`` gives the predictive probabilities ``(N, C)`` (float32), the same as ``um.predict(x).probs``;
         under a regression likelihood ``(mean, variance)``, each ``(N, D)``. The fitted constants are buffers and
-        the network is a copy in eval mode; the classes live in :mod:`posthoc.export.modules`, which imports only
-        torch, so ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not installed
-        (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
+        the network is a copy in eval mode; each method builds its part (``Method.to_module``) from the functions its
+        predictive uses. ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not
+        installed (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
 
         What exports: ``"none"``; every calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
         ``platt``, ``histogram``, ``isotonic``, ``auto-calibration``); last-layer ``laplace`` with ``link="probit"``
@@ -482,8 +482,7 @@ class UncertainModel(nn.Module):
             True
         """
         positive_int(num_samples, "num_samples", none="the method's own")
-        # the exporter reads the methods, which sit above the engine: found through core's registry
-        return exporter("model")(self, num_samples=num_samples, seed=seed)
+        return to_module(self, num_samples=num_samples, seed=seed)
 
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.

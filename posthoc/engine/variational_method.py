@@ -35,7 +35,7 @@ from posthoc.core.chunks import chunks
 from posthoc.core.inputs import Inputs, batch_size, check_labels, iterate, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, requires_grad
 from posthoc.engine.elbo import maximise_elbo
 from posthoc.engine.head import FeatureSplit
@@ -50,6 +50,7 @@ from posthoc.engine.variational_layers import (
     select_layers,
 )
 from posthoc.errors import ConfigError
+from posthoc.export.modules import HeadSamples
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,33 @@ class VariationalMethod(Method):
     copies_model = False
     default_layers: ClassVar[str] = "head"
     likelihoods = (Categorical, Gaussian)
+    exports = ("classification",)
+    export_refusal = SAMPLES_NETWORKS
+
+    def export_blocker(self, *, regression: bool = False) -> str | None:
+        """Layers inside the network (``layers`` other than ``"head"``) sample whole networks: no exported form."""
+        return self.export_refusal if self.split is None else super().export_blocker(regression=regression)
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The head's mean-field Gaussian as ``S`` head weights drawn once at export, the same for every input."""
+        name = self.split.head_name
+        moments = self.layers[name].moments()
+        weight_mean, weight_var, bias_mean, bias_var = (
+            None if t is None else t.detach().float().cpu() for t in moments
+        )
+        count, generator = export.samples_of(self), export.generator()
+        weights = weight_mean + weight_var.clamp_min(0).sqrt() * torch.randn(
+            count, *weight_mean.shape, generator=generator
+        )
+        biases = None
+        if bias_mean is not None:
+            biases = bias_mean.expand(count, -1).clone()
+            if bias_var is not None:
+                biases = biases + bias_var.clamp_min(0).sqrt() * torch.randn(
+                    count, *bias_mean.shape, generator=generator
+                )
+        backbone = export.backbone(self.model)
+        return HeadSamples(backbone, backbone.add_tap(name, "input"), weights, biases)
 
     def __init__(
         self, model: nn.Module, *, layers: str | Sequence[str], head: str | None, num_samples: int, seed: int

@@ -1,81 +1,45 @@
-"""The modules ``um.to_module()`` is made of: plain torch, no posthoc import, so this file can be copied on its own.
+"""The shared pieces of an exported predictive: the network run once, stacking, mixtures and the top modules.
 
-Every piece maps the user's inputs to a predictive with its fitted constants held as buffers. A
-*predictive* module returns ``(log_probs (N, C), samples (S, N, C) or None)`` (classification) or
+A *predictive* module returns ``(log_probs (N, C), samples (S, N, C) or None)`` (classification) or
 ``(means (K, N, D), variances (K, N, D))`` (regression, ``K`` Gaussian components); the top modules
 :class:`ExportedClassifier` and :class:`ExportedRegressor` turn that into probabilities, or into a mean and
 a variance. :class:`Backbone` runs the user's network once per call and keeps what its taps saw (the
 head's input, the features density-aware calibration reads), so the pieces stacked on it share one pass.
-
-This file imports only ``torch``: a serving process that loads a ``torch.export`` program needs none of it,
-and one that pickles the module itself needs only this file and the network's own classes.
+A method's own piece (its posterior folded into buffers) is written next to its mathematics, in its folder, and
+calls the same functions as its ``log_predictive``; the pieces here know no method.
 
 Example:
+    >>> from posthoc.export.modules import Backbone, ExportedClassifier, Plain
     >>> import torch
     >>> from torch import nn
-    >>> from posthoc.export.modules import Backbone, ExportedClassifier, Plain
-    >>> net = nn.Sequential(nn.Linear(4, 3))
-    >>> exported = ExportedClassifier(Plain(Backbone(net)))
+    >>> exported = ExportedClassifier(Plain(Backbone(nn.Sequential(nn.Linear(4, 3)))))
     >>> torch.allclose(exported(torch.randn(2, 4)).sum(-1), torch.ones(2))
     True
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
 from torch import Tensor, nn
 
-#: log-probabilities below this are clamped before a calibrator or a temperature sees them (posthoc's floor)
-LOG_PROB_FLOOR = -1e4
-#: the smallest probability a binned map (histogram, isotonic) gives a class
-BIN_FLOOR = 1e-6
-#: distances below this are taken as this before the log (density-aware calibration)
-MIN_DISTANCE = 1e-6
-
-
-# ---------------------------------------------------------------------------------------------------- helpers
-def logits_of(output: Any) -> Tensor:
-    """A network's logits: the tensor itself, or the ``logits`` field of a Hugging Face output or a dict."""
-    if isinstance(output, Tensor):
-        return output
-    found = getattr(output, "logits", None)
-    if found is None and isinstance(output, dict):
-        found = output.get("logits")
-    if not isinstance(found, Tensor):
-        raise TypeError(f"the network returned {type(output).__name__}, with no tensor of logits")
-    return found
-
-
-def class_logits(logits: Tensor) -> Tensor:
-    """``(N, C)`` class logits; a binary classifier's one logit ``(N,)`` or ``(N, 1)`` becomes ``[0, z]``."""
-    if logits.dim() == 1 or logits.shape[-1] == 1:
-        z = logits.reshape(-1, 1)
-        return torch.cat([torch.zeros_like(z), z], dim=1)
-    return logits
-
-
-def class_log_probs(logits: Tensor) -> Tensor:
-    """``log_softmax`` of :func:`class_logits`, in at least float32 (half-precision logits are upcast first)."""
-    logits = class_logits(logits)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    return torch.log_softmax(logits, -1)
-
-
-def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
-    """``log(mean(exp(samples), dim))``, shifted by the maximum for stability."""
-    top = samples.amax(dim=dim, keepdim=True)
-    top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
-    return (samples - top).exp().mean(dim=dim).log() + top.squeeze(dim)
+from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian, Likelihood
+from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp, logits_of
+from posthoc.errors import ExportError
 
 
 def cast(value: Tensor, dtype: torch.dtype) -> Tensor:
     """``value`` in ``dtype``, with no cast at all where it is in it already (the TorchScript-based ONNX exporter
-    writes a no-op cast of a buffer as a node without an input)."""
+    writes a no-op cast of a buffer as a node without an input).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.export.modules import cast
+        >>> cast(torch.ones(2), torch.float32).dtype, cast(torch.ones(2), torch.float64).dtype
+        (torch.float32, torch.float64)
+    """
     return value if value.dtype == dtype else value.to(dtype)
 
 
@@ -98,17 +62,6 @@ def first_tensor(value: Any) -> Tensor | None:
             if found is not None:
                 return found
     return None
-
-
-def pooled(value: Tensor) -> Tensor:
-    """An activation pooled to ``(N, D)`` float32: tokens averaged, feature maps averaged over their positions."""
-    if value.dim() == 3:
-        value = value.mean(1)
-    elif value.dim() == 4 and value.shape[1] == value.shape[2] and value.shape[2] != value.shape[3]:
-        value = value.mean((1, 2))  # channels last (N, H, W, C)
-    elif value.dim() > 3:
-        value = value.flatten(2).mean(2)
-    return value.float()
 
 
 class _Recorder:
@@ -187,79 +140,9 @@ class Plain(nn.Module):
         return class_log_probs(self.backbone(x)), None
 
 
-class HeadGaussian(nn.Module):
-    """Gaussian logits of a linear head (last-layer Laplace): ``N(f(x), J Σ Jᵀ)`` through a link.
-
-    The logits' variance is read from the head's input ``phĩ = [phi, 1]`` with the posterior folded into buffers at
-    export (``structure``): ``"diag"``: ``phĩ² @ inverse``; ``"kron"``: ``((phĩ U_A)² @ inverse) @ (U_G²)ᵀ``;
-    ``"full"``: ``(phĩ V)² @ spread``. Links: ``"probit"`` (``softmax(m / sqrt(1 + π/8 · var))``), ``"bridge"``
-    (the Laplace bridge; diag and kron) and ``"samples"``: head weights ``(S, C, D+1)`` drawn once at export, the
-    same draws for every input (logits linear in the weights, so each input's samples are its Gaussian logits).
-    """
-
-    def __init__(
-        self,
-        backbone: Backbone,
-        tap: int,
-        structure: str,
-        link: str,
-        bias: bool,
-        factors: dict[str, Tensor],
-        weight_samples: Tensor | None = None,
-    ) -> None:
-        super().__init__()
-        self.backbone, self.tap, self.structure, self.link, self.bias = backbone, tap, structure, link, bias
-        for name, value in factors.items():
-            self.register_buffer(name, value)
-        self.register_buffer("weight_samples", weight_samples)
-
-    def augmented(self, phi: Tensor) -> Tensor:
-        """``phĩ = [phi, 1]`` (``phi`` alone for a head without a bias), in at least float32."""
-        phi = cast(phi, torch.promote_types(phi.dtype, torch.float32))
-        return torch.cat([phi, torch.ones_like(phi[:, :1])], 1) if self.bias else phi
-
-    def scale_and_basis(self, phi_aug: Tensor) -> tuple[Tensor, Tensor | None]:
-        """Standard deviations ``(N, K)`` along the columns of a basis ``(C, K)`` (``None``: independent logits)."""
-        dtype = phi_aug.dtype
-        if self.structure == "diag":
-            return (phi_aug.square() @ cast(self.inverse, dtype)).sqrt(), None
-        if self.structure == "kron":
-            scale = ((phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.inverse, dtype)).sqrt()
-            return scale, cast(self.out_eigvecs, dtype)
-        return ((phi_aug @ cast(self.vectors, dtype)).square() @ cast(self.spread, dtype)).sqrt(), None
-
-    def variance(self, phi_aug: Tensor) -> Tensor:
-        scale, basis = self.scale_and_basis(phi_aug)
-        return scale.square() if basis is None else scale.square() @ basis.square().T
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        raw = self.backbone(x)
-        phi_aug = self.augmented(self.backbone.tapped(self.tap))
-        logits = cast(raw, phi_aug.dtype)
-        if self.link == "samples":
-            weights = cast(self.weight_samples, phi_aug.dtype)
-            samples = torch.log_softmax(torch.einsum("nd,scd->snc", phi_aug, weights), -1)
-            return log_mean_exp(samples), samples
-        if self.link == "probit":
-            return torch.log_softmax(torch.rsqrt(1 + math.pi / 8 * self.variance(phi_aug)) * logits, -1), None
-        scale, basis = self.scale_and_basis(phi_aug)
-        if basis is None:
-            var_diag = row_sums = scale.square()
-        else:
-            var_diag = scale.square() @ basis.square().T
-            row_sums = (scale.square() * basis.sum(0)) @ basis.T
-        tiny = torch.finfo(logits.dtype).tiny
-        total = row_sums.sum(-1, keepdim=True).clamp_min(tiny)
-        mean = logits - row_sums * logits.sum(-1, keepdim=True) / total
-        var = (var_diag - row_sums.square() / total).clamp_min(torch.finfo(logits.dtype).eps)
-        classes = mean.shape[-1]
-        alpha = (1 - 2 / classes + mean.exp() / classes**2 * torch.exp(-mean).sum(-1, keepdim=True)) / var
-        return torch.log(alpha) - torch.log(alpha.sum(-1, keepdim=True)), None
-
-
 class HeadSamples(nn.Module):
-    """A linear head under ``S`` weight draws fixed at export: ``logits_s = phi @ W_sᵀ + b_s`` (SWAG's last layer, MC
-    dropout on the head's input as ``W_s = W diag(mask_s / q)``); every input sees the same ``S`` draws."""
+    """A linear head under ``S`` weight draws fixed at export: ``logits_s = phi @ W_sᵀ + b_s``; every input sees the
+    same ``S`` draws (a method that samples its head's weights draws them, and hands them here)."""
 
     def __init__(self, backbone: Backbone, tap: int, weights: Tensor, biases: Tensor | None) -> None:
         super().__init__()
@@ -279,203 +162,47 @@ class HeadSamples(nn.Module):
         return log_mean_exp(samples), samples
 
 
-# ---- calibration maps: logits (..., C) -> calibrated log-probabilities
-class Identity(nn.Module):
-    """``log_softmax(z)``."""
+class LogSoftmax(nn.Module):
+    """The identity calibration map: ``log_softmax(z)``."""
 
     def forward(self, logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, -1)
 
 
-class Temperature(nn.Module):
-    """``log_softmax(z / T)``."""
+class FunctionMap(nn.Module):
+    """A calibration map, class logits ``(..., C)`` to log-probabilities: ``function(logits, **buffers, **constants)``,
+    the very function the calibrator applies in process, with its fitted tensors held as buffers.
 
-    def __init__(self, temperature: Tensor) -> None:
-        super().__init__()
-        self.register_buffer("temperature", temperature)
-
-    def forward(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1)
-
-
-class Affine(nn.Module):
-    """``log_softmax`` of an affine map: ``"vector"`` ``z w + b``, ``"matrix"`` ``z Wᵀ + b``, ``"dirichlet"`` the
-    matrix map of ``log_softmax(z)``, ``"platt"`` ``[0, (z_1 - z_0) a + b]``."""
-
-    def __init__(self, kind: str, weight: Tensor, bias: Tensor) -> None:
-        super().__init__()
-        self.kind = kind
-        self.register_buffer("weight", weight)
-        self.register_buffer("bias", bias)
-
-    def forward(self, logits: Tensor) -> Tensor:
-        weight, bias = cast(self.weight, logits.dtype), cast(self.bias, logits.dtype)
-        if self.kind == "vector":
-            mapped = logits * weight + bias
-        elif self.kind == "platt":
-            margin = logits[..., 1:] - logits[..., :1]
-            mapped = torch.cat([torch.zeros_like(margin), margin * weight + bias], -1)
-        else:
-            features = torch.log_softmax(logits, -1) if self.kind == "dirichlet" else logits
-            mapped = features @ weight.T + bias
-        return torch.log_softmax(mapped, -1)
-
-
-class TemperatureMixture(nn.Module):
-    """Ensemble temperature scaling: ``log(w_1 softmax(z / T) + w_2 softmax(z) + w_3 / C)``."""
-
-    def __init__(self, temperature: Tensor, weights: Tensor) -> None:
-        super().__init__()
-        self.register_buffer("temperature", temperature)
-        self.register_buffer("weights", weights)
-
-    def forward(self, logits: Tensor) -> Tensor:
-        uniform = torch.full_like(logits, -math.log(logits.shape[-1]))
-        parts = torch.stack(
-            [
-                torch.log_softmax(logits / cast(self.temperature, logits.dtype), -1),
-                torch.log_softmax(logits, -1),
-                uniform,
-            ]
-        )
-        log_weights = cast(self.weights, logits.dtype).log().reshape(3, *([1] * logits.dim()))
-        return torch.logsumexp(parts + log_weights, 0)
-
-
-class Histogram(nn.Module):
-    """Histogram binning: ``bins`` equal-width bins whose probability is a fitted frequency (``per-class`` or
-    ``top-label``), rows renormalised."""
-
-    def __init__(self, values: Tensor, bins: int, mode: str) -> None:
-        super().__init__()
-        self.bins, self.mode = bins, mode
-        self.register_buffer("values", values)
-
-    def bin_index(self, probs: Tensor) -> Tensor:
-        return (probs * self.bins).long().clamp(0, self.bins - 1)
-
-    def forward(self, logits: Tensor) -> Tensor:
-        probs = torch.softmax(logits, -1)
-        values = cast(self.values, probs.dtype)
-        if self.mode == "top-label":
-            confidence, predicted = probs.max(-1, keepdim=True)
-            calibrated = values[0][self.bin_index(confidence)].clamp(BIN_FLOOR, 1 - BIN_FLOOR)
-            rest = (probs / (1 - confidence).clamp_min(BIN_FLOOR)) * (1 - calibrated)
-            mapped = rest.scatter(-1, predicted, calibrated)
-        else:
-            index = self.bin_index(probs)
-            mapped = torch.gather(values.expand(*probs.shape[:-1], *values.shape), -1, index.unsqueeze(-1)).squeeze(-1)
-        mapped = mapped.clamp_min(BIN_FLOOR)
-        return (mapped / mapped.sum(-1, keepdim=True)).log()
-
-
-class Isotonic(nn.Module):
-    """One-vs-rest piecewise-linear isotonic maps of the class probabilities (in float64), rows renormalised.
-
-    ``points`` and ``values`` ``(C, L)`` are padded; ``sizes[c]`` of them are class ``c``'s.
+    Example:
+        >>> import torch
+        >>> from posthoc.export.modules import FunctionMap
+        >>> def tempered(logits, temperature):
+        ...     return torch.log_softmax(logits / temperature, -1)
+        >>> FunctionMap(tempered, {"temperature": torch.tensor(2.0)})(torch.zeros(1, 2)).exp()
+        tensor([[0.5000, 0.5000]])
     """
 
-    def __init__(self, points: Tensor, values: Tensor, sizes: list[int]) -> None:
-        super().__init__()
-        self.sizes = [int(size) for size in sizes]
-        self.register_buffer("points", points.double())
-        self.register_buffer("values", values.double())
-
-    def interpolate(self, x: Tensor, c: int) -> Tensor:
-        size = self.sizes[c]
-        points, values = self.points[c, :size], self.values[c, :size]
-        if size == 1:
-            return values.expand_as(x)
-        right = (x.unsqueeze(-1) > points).sum(-1).clamp(1, size - 1)  # searchsorted, in plain ops
-        x0, x1, y0, y1 = points[right - 1], points[right], values[right - 1], values[right]
-        slope = torch.where(x1 > x0, (y1 - y0) / (x1 - x0).clamp_min(1e-300), torch.zeros_like(x1))
-        return (y0 + slope * (x.clamp(points[0], points[-1]) - x0)).clamp(values[0], values[-1])
-
-    def forward(self, logits: Tensor) -> Tensor:
-        probs = torch.softmax(logits.double(), -1)
-        mapped = torch.stack([self.interpolate(probs[..., c], c) for c in range(len(self.sizes))], -1)
-        mapped = mapped.clamp_min(BIN_FLOOR)
-        return cast((mapped / mapped.sum(-1, keepdim=True)).log(), logits.dtype)
-
-
-class Calibrated(nn.Module):
-    """A calibration map stacked on a predictive: per sample (then averaged) where ``per_sample`` and the inner
-    predictive samples, else on its log-probabilities (floored at :data:`LOG_PROB_FLOOR`)."""
-
-    def __init__(self, inner: nn.Module, calibration: nn.Module, per_sample: bool) -> None:
-        super().__init__()
-        self.inner, self.calibration, self.per_sample = inner, calibration, per_sample
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        log_probs, samples = self.inner(x)
-        if samples is not None and self.per_sample:
-            calibrated = self.calibration(samples.clamp_min(LOG_PROB_FLOOR))
-            return log_mean_exp(calibrated), calibrated
-        return self.calibration(log_probs.clamp_min(LOG_PROB_FLOOR)), None
-
-
-class DensityTemperature(nn.Module):
-    """Density-aware calibration: example ``i`` tempered by ``T(x) = T0 (1 + relu((log d(x) - a) / s) @ w)``, ``d_l``
-    the distance of its unit-normalised features at layer ``l`` to the ``k``-th nearest row of that layer's bank."""
-
     def __init__(
-        self,
-        inner: nn.Module,
-        backbone: Backbone,
-        taps: list[int],
-        banks: list[Tensor],
-        k: int,
-        anchors: Tensor,
-        spreads: Tensor,
-        temperature: Tensor,
-        weights: Tensor,
+        self, function: Callable[..., Tensor], tensors: dict[str, Tensor], constants: dict[str, Any] | None = None
     ) -> None:
         super().__init__()
-        self.inner, self.backbone, self.taps, self.k = inner, backbone, list(taps), k
-        for index, bank in enumerate(banks):
-            self.register_buffer(f"bank{index}", bank)
-        self.register_buffer("anchors", anchors)
-        self.register_buffer("spreads", spreads)
-        self.register_buffer("temperature", temperature)
-        self.register_buffer("weights", weights)
+        self.function, self.names, self.constants = function, list(tensors), dict(constants or {})
+        for name, value in tensors.items():
+            self.register_buffer(name, value.detach().clone())
 
-    def log_distance(self, features: Tensor, bank: Tensor) -> Tensor:
-        queries = pooled(features)
-        queries = queries / queries.norm(dim=-1, keepdim=True).clamp_min(1e-12)
-        nearest = (cast(queries, bank.dtype) @ bank.T).topk(self.k, dim=1).indices[:, -1]
-        distance = (queries.double() - bank[nearest].double()).square().sum(-1).sqrt()
-        return distance.clamp_min(MIN_DISTANCE).log().float()
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        log_probs, samples = self.inner(x)
-        banks = [getattr(self, f"bank{index}") for index in range(len(self.taps))]
-        log_d = torch.stack(
-            [self.log_distance(self.backbone.tapped(tap), bank) for tap, bank in zip(self.taps, banks)], 1
-        )
-        excess = ((log_d - self.anchors) / self.spreads).clamp_min(0)
-        t = self.temperature * (1 + excess @ self.weights)
-        if samples is not None:
-            tempered = torch.log_softmax(samples.clamp_min(LOG_PROB_FLOOR) / cast(t, samples.dtype).view(1, -1, 1), -1)
-            return log_mean_exp(tempered), tempered
-        return torch.log_softmax(log_probs.clamp_min(LOG_PROB_FLOOR) / cast(t, log_probs.dtype).view(-1, 1), -1), None
+    def forward(self, logits: Tensor) -> Tensor:
+        return self.function(logits, **{name: getattr(self, name) for name in self.names}, **self.constants)
 
 
-class Mixture(nn.Module):
-    """The equal-weight mixture of member predictives (an ensemble)."""
+class LogitsIn(nn.Module):
+    """A calibration map as a predictive of logits (a binary classifier's one logit read as ``[0, z]``)."""
 
-    def __init__(self, members: list[nn.Module]) -> None:
+    def __init__(self, calibration: nn.Module) -> None:
         super().__init__()
-        self.members = nn.ModuleList(members)
+        self.calibration = calibration
 
-    def forward(self, x: Any) -> tuple[Tensor, Tensor | None]:
-        parts = [member(x) for member in self.members]
-        log_probs = log_mean_exp(torch.stack([part[0] for part in parts]))
-        if all(part[1] is None for part in parts):
-            return log_probs, torch.stack([part[0] for part in parts])
-        count = max(part[1].shape[0] for part in parts if part[1] is not None)
-        return log_probs, torch.cat(
-            [part[0].unsqueeze(0).expand(count, -1, -1) if part[1] is None else part[1] for part in parts]
-        )
+    def forward(self, logits: Tensor) -> tuple[Tensor, None]:
+        return self.calibration(as_class_logits(logits).float()), None
 
 
 class ExportedClassifier(nn.Module):
@@ -491,17 +218,38 @@ class ExportedClassifier(nn.Module):
 
 
 # ---------------------------------------------------------------------------------------------------- regression
+def observation_variance(likelihood: Likelihood) -> Tensor | None:
+    """The fitted observation variance of a Gaussian likelihood, ``()`` or one per output ``(D,)`` (``None``: the
+    network predicts it); other likelihoods have no exported form.
+
+    Example:
+        >>> from posthoc.export.modules import observation_variance
+        >>> from posthoc.core.likelihood import Gaussian
+        >>> observation_variance(Gaussian(noise_std=0.5))
+        tensor(0.2500)
+    """
+    if isinstance(likelihood, HeteroscedasticGaussian):
+        return None
+    if isinstance(likelihood, Gaussian) and likelihood.per_output:
+        return likelihood.fitted_stds().square().to(torch.float32)
+    if isinstance(likelihood, Gaussian):
+        return torch.tensor(likelihood.dispersion, dtype=torch.float32)
+    raise ExportError(
+        f"um.to_module() exports the regression likelihoods 'regression' and 'heteroscedastic', not '{likelihood.name}'"
+    )
+
+
 class GaussianOutputs(nn.Module):
     """The network's outputs as a Gaussian: ``mean = f(x)``, ``variance = noise + model variance``.
 
     ``noise`` is a fitted observation variance (``None``: the network predicts it, outputs ``(N, 2D)`` means then
-    log-variances); ``head`` (a :class:`HeadGaussian`, optional) adds last-layer Laplace's ``J Σ Jᵀ`` times
-    ``noise``.
+    log-variances); ``spread`` (optional) is a module whose ``unit_variance(outputs)`` gives the variance of ``f(x)``
+    per unit of noise from what the backbone's taps saw in this call (a last-layer posterior), added times ``noise``.
     """
 
-    def __init__(self, backbone: Backbone, noise: Tensor | None, head: HeadGaussian | None = None) -> None:
+    def __init__(self, backbone: Backbone, noise: Tensor | None, spread: nn.Module | None = None) -> None:
         super().__init__()
-        self.backbone, self.head = backbone, head
+        self.backbone, self.spread = backbone, spread
         self.register_buffer("noise", noise)
 
     def forward(self, x: Any) -> tuple[Tensor, Tensor]:
@@ -511,24 +259,11 @@ class GaussianOutputs(nn.Module):
             width = outputs.shape[-1] // 2
             return outputs[None, :, :width], outputs[None, :, width:].exp()
         variance = cast(self.noise, outputs.dtype).expand_as(outputs)
-        if self.head is not None:
+        if self.spread is not None:
             dtype = torch.promote_types(outputs.dtype, torch.float32)
-            phi_aug = cast(self.head.augmented(self.backbone.tapped(self.head.tap)), dtype)
             outputs, noise = cast(outputs, dtype), cast(self.noise, dtype)
-            variance = noise * self.head.variance(phi_aug) + noise
+            variance = noise * self.spread.unit_variance(outputs) + noise
         return outputs[None], variance[None]
-
-
-class RegressionMixture(nn.Module):
-    """The equal-weight mixture of member regression predictives (their components side by side)."""
-
-    def __init__(self, members: list[nn.Module]) -> None:
-        super().__init__()
-        self.members = nn.ModuleList(members)
-
-    def forward(self, x: Any) -> tuple[Tensor, Tensor]:
-        parts = [member(x) for member in self.members]
-        return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
 
 
 class ExportedRegressor(nn.Module):

@@ -18,6 +18,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch import nn
 
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.likelihood import (
@@ -32,6 +33,7 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.export.modules import GaussianOutputs, Plain, observation_variance
 
 
 @register
@@ -42,6 +44,7 @@ class PlainModel(Method):
     requires_fit = False
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
     per_output_noise = True
+    exports = ("classification", "regression")
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Fit the likelihood's observation noise on the training residuals when there is no ``val_loader`` (with one,
@@ -74,6 +77,13 @@ class PlainModel(Method):
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
         return class_log_probs(run_model(self.model, x)), None
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The network's softmax (regression: its outputs and the fitted noise), read from the exported network."""
+        backbone = export.backbone(self.model)
+        if export.regression:
+            return GaussianOutputs(backbone, observation_variance(self.likelihood))
+        return Plain(backbone)
 
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None

@@ -11,6 +11,7 @@ Runtime runs the ONNX exports.
 from __future__ import annotations
 
 import math
+import re
 import subprocess
 import sys
 import textwrap
@@ -25,7 +26,6 @@ from conftest import linear_data_regressor
 from torch import nn
 
 import posthoc
-import posthoc.export.modules
 from posthoc_apps.demo import hf, zoo
 
 #: what the exported program may differ from ``um.predict`` by (float32 networks; float16: FP16_ATOL)
@@ -299,24 +299,17 @@ def test_platt_exports_a_binary_classifiers_one_logit() -> None:
 
 # ------------------------------------------------------------------------------------------ serving without posthoc
 def test_saved_program_runs_in_a_process_that_never_imports_posthoc(small, tmp_path: Path) -> None:
-    """The ``torch.export`` program of a loaded posterior runs with torch alone, and the module classes' file, copied,
-    imports only torch."""
+    """The ``torch.export`` program of a loaded posterior runs with torch alone."""
     _fit(["laplace", "dac"], small).save(tmp_path / "posterior.pt")
     um = posthoc.load(tmp_path / "posterior.pt", erring_cnn())
     x = small["x"][:16]
     torch.export.save(torch.export.export(um.to_module(), (x,)), tmp_path / "model.pt2")
     torch.save({"x": x, "probs": um.predict(x).probs}, tmp_path / "check.pt")
-    (tmp_path / "copied_modules.py").write_text(Path(posthoc.export.modules.__file__).read_text())
     script = textwrap.dedent("""
         import sys, torch
         program = torch.export.load("model.pt2").module()
         check = torch.load("check.pt")
         torch.testing.assert_close(program(check["x"]), check["probs"], atol=1e-5, rtol=0)
-        import copied_modules as plain
-        net = torch.nn.Sequential(torch.nn.Linear(4, 3))
-        module = plain.ExportedClassifier(plain.Calibrated(plain.Plain(plain.Backbone(net)),
-                                                           plain.Temperature(torch.tensor(2.0)), True))
-        assert torch.allclose(module(torch.randn(2, 4)).sum(-1), torch.ones(2))
         assert not any(name == "posthoc" or name.startswith("posthoc.") for name in sys.modules), "posthoc imported"
         print("served without posthoc")
     """)
@@ -383,3 +376,44 @@ def test_onnx_runtime_runs_calibration_maps(tmp_path: Path) -> None:
         session = onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
         got = session.run(None, {"logits": logits[300:350].numpy()})[0]
         torch.testing.assert_close(torch.from_numpy(got), calibrator(logits[300:350]), atol=ATOL, rtol=0)
+
+
+# ------------------------------------------------------------------------------------------ each method exports itself
+EXPORT_DIR = Path(posthoc.__file__).parent / "export"
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = set()
+    for sub in cls.__subclasses__():
+        found |= {sub} | _subclasses(sub)
+    return found
+
+
+def test_export_package_knows_no_method_and_reads_no_private_member() -> None:
+    """``posthoc/export/`` holds what every method shares: no method (or calibrator, or curvature) named, no class
+    dispatch, and no private member read that export/ does not define itself; ``structure ==`` lives in
+    ``methods/laplace/`` only."""
+    from posthoc.core.method import Method
+    from posthoc.methods.calibration.base import Calibrator
+    from posthoc.methods.laplace.structure import Curvature
+
+    classes = _subclasses(Method) | _subclasses(Calibrator) | _subclasses(Curvature)
+    names = {cls.__name__ for cls in classes} - {"Identity"}  # a calibrator's name that is also a plain word
+    assert {"LastLayerLaplace", "PlainModel", "TemperatureCalibrator", "KronCurvature"} <= names
+    sources = {path.name: path.read_text() for path in EXPORT_DIR.glob("*.py")}
+    for name, source in sources.items():
+        mentioned = sorted(word for word in names if re.search(rf"\b{word}\b", source))
+        assert not mentioned, f"export/{name} names method classes {mentioned}"
+        assert "__mro__" not in source and "__name__" not in source, f"export/{name} dispatches on class names"
+    everything = "\n".join(sources.values())
+    own = set(re.findall(r"self\.(_\w+)\s*[:=]", everything)) | set(re.findall(r"(?:def|class) (_\w+)", everything))
+    for name, source in sources.items():
+        private = {attr for attr in re.findall(r"\.(_[a-z]\w*)", source) if not attr.startswith("__")}
+        assert private <= own, f"export/{name} reads private members {sorted(private - own)}"
+    package = Path(posthoc.__file__).parent
+    outside = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if "structure ==" in path.read_text() and (package / "methods" / "laplace") not in path.parents
+    ]
+    assert not outside, f"structure == outside methods/laplace/: {outside}"

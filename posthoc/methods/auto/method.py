@@ -145,6 +145,7 @@ class AutoMethod(Method):
 
     name = "auto"
     likelihoods = (Categorical, Gaussian)
+    exports = ("classification", "regression")  # the chosen method's own are checked as it is exported
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
@@ -389,6 +390,10 @@ class AutoMethod(Method):
         self.candidate_chains = nn.ModuleList()
 
     # ---- predict, card and file ------------------------------------------------------------------------------------
+    def to_module(self, export: Any) -> nn.Module:
+        """The chosen method's exported predictive."""
+        return export.predictive(self._chosen())
+
     def _chosen(self) -> Method:
         if self.chosen is None:
             raise ConfigError("'auto' has not chosen a method yet: call um.fit(train_loader, val_loader)")

@@ -15,12 +15,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
+from posthoc.export.modules import cast
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise, mixture_nll
 
@@ -38,7 +41,8 @@ class AffineCalibrator(Calibrator):
         self.register_buffer("weight", torch.empty(0))
         self.register_buffer("bias", torch.empty(0))
 
-    def features(self, logits: Tensor) -> Tensor:
+    @staticmethod
+    def features(logits: Tensor) -> Tensor:
         """What the affine map acts on: the logits themselves (Dirichlet calibration: log-probabilities)."""
         return logits
 
@@ -46,7 +50,8 @@ class AffineCalibrator(Calibrator):
         """The identity map's ``(weight, bias)`` for ``num_classes`` classes, dtype/device of ``like``."""
         raise NotImplementedError
 
-    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    @staticmethod
+    def apply(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         """The calibrated logits for ``features`` ``(..., C)``."""
         raise NotImplementedError
 
@@ -71,6 +76,27 @@ class AffineCalibrator(Calibrator):
         )
         self.weight, self.bias = weight.detach().float(), bias.detach().float()
 
-    def _transform(self, logits: Tensor) -> Tensor:
-        weight, bias = self.weight.to(logits.dtype), self.bias.to(logits.dtype)
-        return torch.log_softmax(self.apply(self.features(logits), weight, bias), -1)
+    def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
+        tensors = {"weight": self.weight.float(), "bias": self.bias.float()}
+        return affine_log_probs, tensors, {"features": type(self).features, "apply": type(self).apply}
+
+
+def affine_log_probs(
+    logits: Tensor,
+    weight: Tensor,
+    bias: Tensor,
+    features: Callable[[Tensor], Tensor],
+    apply: Callable[[Tensor, Tensor, Tensor], Tensor],
+) -> Tensor:
+    """``log_softmax(apply(features(z), W, b))`` for class logits ``(..., C)``: an affine calibrator's map.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.affine import affine_log_probs
+        >>> keep = lambda z: z
+        >>> scale = lambda z, w, b: z * w + b
+        >>> affine_log_probs(torch.zeros(1, 2), torch.ones(2), torch.tensor([0.0, 1.0]), keep, scale).exp()
+        tensor([[0.2689, 0.7311]])
+    """
+    weight, bias = cast(weight, logits.dtype), cast(bias, logits.dtype)
+    return torch.log_softmax(apply(features(logits), weight, bias), -1)

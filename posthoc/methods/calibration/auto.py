@@ -40,6 +40,7 @@ from posthoc.core.checks import integer_at_least, positive_int
 from posthoc.core.registry import register
 from posthoc.engine.selection import Scores, Tolerance, select, warn_kept_plain
 from posthoc.errors import ConfigError
+from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.method import CalibrationMethod, calibrators
 
@@ -215,6 +216,9 @@ class AutoCalibration(Calibrator):
 
     def _transform(self, logits: Tensor) -> Tensor:
         return self.chosen.transform(logits)
+
+    def log_prob_map(self) -> nn.Module:
+        return LogSoftmax() if bool(self.passthrough) else self.chosen.log_prob_map()
 
 
 @register

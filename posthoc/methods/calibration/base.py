@@ -30,17 +30,19 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.exporters import exporter
 from posthoc.core.inputs import as_tensor, check_labels, like_given
 from posthoc.core.logits import as_class_logits, check_finite_logits, check_not_probabilities, log_mean_exp
 from posthoc.core.prediction import Prediction
 from posthoc.engine.runner import small_fit
-from posthoc.errors import ConfigError, InputError
+from posthoc.errors import ConfigError, ExportError, InputError
+from posthoc.export.build import IN_PROCESS, calibrator_module
+from posthoc.export.modules import FunctionMap, LogSoftmax
 from posthoc.methods.calibration.options import CalibratorOptions
 
 #: errors a separated held-out set would need to hold before a map can be fitted on it
@@ -226,7 +228,39 @@ class Calibrator(CalibratorOptions, nn.Module):
         return self._transform(logits)
 
     def _transform(self, logits: Tensor) -> Tensor:
-        raise NotImplementedError
+        function, tensors, constants = self.map_parts()
+        return function(logits, **tensors, **constants)
+
+    def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
+        """The fitted map as ``(function, tensors, constants)``: calibrated log-probabilities are
+        ``function(logits, **tensors, **constants)`` for class logits ``(..., C)``. A calibrator defines its map here
+        (and not in :meth:`_transform`) so that the map it applies and the one it exports are one function.
+
+        Example:
+            >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
+            >>> function, tensors, constants = TemperatureCalibrator().map_parts()
+            >>> function.__name__, sorted(tensors), constants
+            ('temperature_log_probs', ['temperature'], {})
+        """
+        raise ExportError(
+            f"the calibrator '{self.name}' ({type(self).__name__}) has no exported form yet; {IN_PROCESS}"
+        )
+
+    def log_prob_map(self) -> nn.Module:
+        """This fitted map as a plain module, class logits ``(..., C)`` to calibrated log-probabilities: the function
+        of :meth:`map_parts` with the fitted tensors as buffers (the identity's ``log_softmax`` when the map stayed
+        the identity). ``calibrator.to_module()`` and a stacked calibration's export are made of it.
+
+        Example:
+            >>> import posthoc, torch
+            >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
+            >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
+            >>> torch.allclose(calibrator.log_prob_map()(logits), calibrator.log_probs(logits))
+            True
+        """
+        if bool(self.passthrough):
+            return LogSoftmax()
+        return FunctionMap(*self.map_parts())
 
     def calibrated_predictive(self, logits: Tensor) -> Tensor:
         """Calibrated predictive log-probabilities ``(N, C)`` for logits ``(N, C)`` or samples ``(S, N, C)``:
@@ -283,7 +317,7 @@ class Calibrator(CalibratorOptions, nn.Module):
             >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)
             True
         """
-        return exporter("calibrator")(self)
+        return calibrator_module(self)
 
     # ------------------------------------------------------------------ files
 

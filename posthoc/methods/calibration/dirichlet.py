@@ -24,5 +24,6 @@ class DirichletCalibration(MatrixScaling):
 
     name = "dirichlet"
 
-    def features(self, logits: Tensor) -> Tensor:
+    @staticmethod
+    def features(logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, -1)

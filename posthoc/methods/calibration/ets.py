@@ -16,12 +16,15 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
+from posthoc.export.modules import cast
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise, mixture_nll
 from posthoc.methods.calibration.temperature import fit_temperature
@@ -32,6 +35,18 @@ def mixture_log_probs(logits: Tensor, temperature: Tensor, log_weights: Tensor) 
     uniform = torch.full_like(logits, -math.log(logits.shape[-1]))
     parts = torch.stack([torch.log_softmax(logits / temperature, -1), torch.log_softmax(logits, -1), uniform])
     return torch.logsumexp(parts + log_weights.reshape(3, *([1] * logits.dim())), 0)
+
+
+def ets_log_probs(logits: Tensor, temperature: Tensor, weights: Tensor) -> Tensor:
+    """:func:`mixture_log_probs` with the fitted ``T`` and weights ``(3,)``: the fitted map.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.ets import ets_log_probs
+        >>> ets_log_probs(torch.zeros(1, 2), torch.tensor(2.0), torch.tensor([0.5, 0.25, 0.25])).exp()
+        tensor([[0.5000, 0.5000]])
+    """
+    return mixture_log_probs(logits, cast(temperature, logits.dtype), cast(weights, logits.dtype).log())
 
 
 class EnsembleTemperatureScaling(Calibrator):
@@ -66,9 +81,8 @@ class EnsembleTemperatureScaling(Calibrator):
         self.temperature.fill_(float(temperature))
         self.weights.copy_(torch.softmax(free.detach(), 0))
 
-    def _transform(self, logits: Tensor) -> Tensor:
-        weights = self.weights.to(logits.dtype)
-        return mixture_log_probs(logits, self.temperature.to(logits.dtype), weights.log())
+    def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
+        return ets_log_probs, {"temperature": self.temperature.float(), "weights": self.weights.float()}, {}
 
     def num_parameters(self) -> int:
         return 4

@@ -17,12 +17,15 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import non_negative, one_of, positive_int
+from posthoc.export.modules import cast
 from posthoc.methods.calibration.base import Calibrator, predictive
 
 MODES = ("per-class", "top-label")
@@ -33,7 +36,7 @@ FLOOR = 1e-6
 
 def bin_index(probs: Tensor, bins: int) -> Tensor:
     """The equal-width bin ``[k/bins, (k+1)/bins)`` of each probability (1.0 in the last bin)."""
-    return (probs * bins).long().clamp_(0, bins - 1)
+    return (probs * bins).long().clamp(0, bins - 1)
 
 
 def binned_frequency(probs: Tensor, events: Tensor, bins: int, smoothing: float) -> Tensor:
@@ -79,16 +82,30 @@ class HistogramBinning(Calibrator):
             [binned_frequency(p, e, self.bins, self.smoothing) for p, e in zip(probs.T, events)]
         ).float()
 
-    def _transform(self, logits: Tensor) -> Tensor:
-        probs = torch.softmax(logits, -1)
-        values = self.values.to(probs.dtype)
-        if self.mode == "top-label":
-            confidence, predicted = probs.max(-1, keepdim=True)
-            calibrated = values[0][bin_index(confidence, self.bins)].clamp(FLOOR, 1 - FLOOR)
-            rest = (probs / (1 - confidence).clamp_min(FLOOR)) * (1 - calibrated)
-            mapped = rest.scatter(-1, predicted, calibrated)
-        else:
-            index = bin_index(probs, self.bins)
-            mapped = torch.gather(values.expand(*probs.shape[:-1], *values.shape), -1, index.unsqueeze(-1)).squeeze(-1)
-        mapped = mapped.clamp_min(FLOOR)
-        return (mapped / mapped.sum(-1, keepdim=True)).log()
+    def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
+        return histogram_log_probs, {"values": self.values.float()}, {"bins": self.bins, "mode": self.mode}
+
+
+def histogram_log_probs(logits: Tensor, values: Tensor, bins: int, mode: str) -> Tensor:
+    """The binned map of class logits ``(..., C)``: each probability (``"top-label"``: the top one, the rest scaled to
+    fit) replaced by its bin's fitted frequency ``values`` ``(C or 1, bins)``, rows renormalised.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.histogram import histogram_log_probs
+        >>> values = torch.tensor([[0.2, 0.8], [0.2, 0.8]])
+        >>> histogram_log_probs(torch.tensor([[2.0, 0.0]]), values, 2, "per-class").exp()
+        tensor([[0.8000, 0.2000]])
+    """
+    probs = torch.softmax(logits, -1)
+    values = cast(values, probs.dtype)
+    if mode == "top-label":
+        confidence, predicted = probs.max(-1, keepdim=True)
+        calibrated = values[0][bin_index(confidence, bins)].clamp(FLOOR, 1 - FLOOR)
+        rest = (probs / (1 - confidence).clamp_min(FLOOR)) * (1 - calibrated)
+        mapped = rest.scatter(-1, predicted, calibrated)
+    else:
+        index = bin_index(probs, bins)
+        mapped = torch.gather(values.expand(*probs.shape[:-1], *values.shape), -1, index.unsqueeze(-1)).squeeze(-1)
+    mapped = mapped.clamp_min(FLOOR)
+    return (mapped / mapped.sum(-1, keepdim=True)).log()

@@ -13,8 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
+from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator, held_out_logits
 
 
@@ -32,3 +33,6 @@ class Identity(Calibrator):
 
     def _transform(self, logits: Tensor) -> Tensor:
         return torch.log_softmax(logits, -1)
+
+    def log_prob_map(self) -> nn.Module:
+        return LogSoftmax()

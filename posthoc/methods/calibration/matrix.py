@@ -46,7 +46,8 @@ class MatrixScaling(AffineCalibrator):
         options = {"dtype": like.dtype, "device": like.device}
         return torch.eye(num_classes, **options), torch.zeros(num_classes, **options)
 
-    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    @staticmethod
+    def apply(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         return features @ weight.T + bias
 
     def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:

@@ -35,12 +35,12 @@ import copy
 import dataclasses
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core.checks import unit_interval
 from posthoc.core.inputs import Inputs, check_finite_result, check_labels
@@ -82,6 +82,38 @@ def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[
 
 #: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
+
+
+def stacked_log_predictive(
+    transform: Callable[[Tensor], Tensor], log_probs: Tensor, samples: Tensor | None, per_sample: bool
+) -> LogPredictive:
+    """A calibration map stacked on a predictive ``(log_probs, samples)``: applied to each sample (then averaged)
+    where ``per_sample`` and the predictive samples, else to its log-probabilities (floored at
+    :data:`LOG_PROB_FLOOR`).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.method import stacked_log_predictive
+        >>> halve = lambda z: torch.log_softmax(z / 2, -1)
+        >>> stacked_log_predictive(halve, torch.log(torch.tensor([[0.8, 0.2]])), None, True)[0].exp()
+        tensor([[0.6667, 0.3333]])
+    """
+    if samples is not None and per_sample:
+        calibrated = transform(samples.clamp_min(LOG_PROB_FLOOR))
+        return log_mean_exp(calibrated), calibrated
+    return transform(log_probs.clamp_min(LOG_PROB_FLOOR)), None
+
+
+class Calibrated(nn.Module):
+    """The exported form of a stacked calibration: :func:`stacked_log_predictive` of the map module ``calibration``
+    on the ``inner`` predictive module."""
+
+    def __init__(self, inner: nn.Module, calibration: nn.Module, per_sample: bool) -> None:
+        super().__init__()
+        self.inner, self.calibration, self.per_sample = inner, calibration, per_sample
+
+    def forward(self, x: Any) -> LogPredictive:
+        return stacked_log_predictive(self.calibration, *self.inner(x), self.per_sample)
 
 
 @dataclass
@@ -159,6 +191,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
     needs_val = True
     stacks = True
     knob = "calibration"
+    exports = ("classification",)
     calibrator_class: ClassVar[type[Calibrator]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -235,14 +268,16 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         self.shift_weight.fill_(math.nan if value is None or (value == 0 and cache.shifted is None) else value)
         self.calibrator = configured(self.calibrator, value, cache, held_out.layout.everything())
 
+    def to_module(self, export: Any) -> nn.Module:
+        """The fitted map (:meth:`Calibrator.log_prob_map`) stacked on the inner method's exported predictive."""
+        inner = export.predictive(self.inner)
+        return Calibrated(inner, self.calibrator.log_prob_map(), bool(self.calibrator.per_sample))
+
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
         log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
-        if samples is not None and self.calibrator.per_sample:
-            calibrated = self.calibrator.transform(samples.clamp_min(LOG_PROB_FLOOR))
-            return log_mean_exp(calibrated), calibrated
-        return self.calibrator.transform(log_probs.clamp_min(LOG_PROB_FLOOR)), None
+        return stacked_log_predictive(self.calibrator.transform, log_probs, samples, self.calibrator.per_sample)
 
     def summary(self) -> dict[str, Any]:
         """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""

@@ -31,6 +31,7 @@ class PlattScaling(AffineCalibrator):
         options = {"dtype": like.dtype, "device": like.device}
         return torch.ones(1, **options), torch.zeros(1, **options)
 
-    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    @staticmethod
+    def apply(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         margin = features[..., 1:] - features[..., :1]
         return torch.cat([torch.zeros_like(margin), margin * weight + bias], -1)

@@ -16,13 +16,16 @@ from __future__ import annotations
 
 import math
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
 from posthoc.core.logits import log_mean_exp
+from posthoc.export.modules import cast
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise
 
@@ -40,6 +43,18 @@ def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor
     """
     tempered = torch.log_softmax(log_probs / temperature, dim=-1)
     return log_mean_exp(tempered) if log_probs.dim() == 3 else tempered
+
+
+def temperature_log_probs(logits: Tensor, temperature: Tensor) -> Tensor:
+    """``log_softmax(z / T)`` for class logits ``(..., C)`` (samples stay apart): the fitted map.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.temperature import temperature_log_probs
+        >>> temperature_log_probs(torch.tensor([[2.0, 0.0]]), torch.tensor(2.0)).exp()
+        tensor([[0.7311, 0.2689]])
+    """
+    return torch.log_softmax(logits / cast(temperature, logits.dtype), -1)
 
 
 def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -> float:
@@ -88,8 +103,8 @@ class TemperatureCalibrator(Calibrator):
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
         self.temperature.fill_(fit_temperature(inputs, labels, max_iter=self.max_iter))
 
-    def _transform(self, logits: Tensor) -> Tensor:
-        return torch.log_softmax(logits / self.temperature.to(logits.dtype), -1)
+    def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
+        return temperature_log_probs, {"temperature": self.temperature.float()}, {}
 
     def num_parameters(self) -> int:
         return 1

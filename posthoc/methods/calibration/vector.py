@@ -45,7 +45,8 @@ class VectorScaling(AffineCalibrator):
         options = {"dtype": like.dtype, "device": like.device}
         return torch.ones(num_classes, **options), torch.zeros(num_classes, **options)
 
-    def apply(self, features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    @staticmethod
+    def apply(features: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         return features * weight + bias
 
     def penalty(self, weight: Tensor, bias: Tensor) -> Tensor:

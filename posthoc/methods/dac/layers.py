@@ -29,7 +29,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -42,6 +42,7 @@ from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
 from posthoc.errors import ConfigError, HeadNotFoundError
+from posthoc.export.modules import first_tensor
 
 #: parameter-free blocks that only reshape or pass on their input: a stage ends before them
 RESHAPES = (nn.Flatten, nn.Unflatten, nn.Identity, nn.Dropout)
@@ -63,21 +64,6 @@ class Site:
     def parse(cls, text: str) -> Site:
         name, _, at = text.partition(":")
         return cls(name, at or "output")
-
-
-def first_tensor(value: Any) -> Tensor | None:
-    """The tensor a module's output carries: itself, a tuple's first, a Hugging Face output's ``last_hidden_state``."""
-    if isinstance(value, Tensor):
-        return value
-    if isinstance(value, (tuple, list)):
-        return next((t for t in map(first_tensor, value) if t is not None), None)
-    if isinstance(value, Mapping) or hasattr(value, "last_hidden_state"):
-        hidden = getattr(value, "last_hidden_state", None)
-        if isinstance(hidden, Tensor):
-            return hidden
-        values = value.values() if isinstance(value, Mapping) else ()
-        return next((t for t in map(first_tensor, values) if t is not None), None)
-    return None
 
 
 def pooled(value: Tensor, rows: int) -> Tensor | None:

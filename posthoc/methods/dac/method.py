@@ -79,9 +79,19 @@ from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import examples_over_ranks, gather_rows
 from posthoc.engine.selection import Rows, Scores
-from posthoc.errors import ConfigError, HeadNotFoundError, InputError
+from posthoc.errors import ConfigError, HeadNotFoundError, InputError, NotFittedError
+from posthoc.methods.dac.export import DensityTemperature
 from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
-from posthoc.methods.dac.temperature import Cached, Fitted, excess, fit, standardisation, temperatures, tempered
+from posthoc.methods.dac.temperature import (
+    MIN_DISTANCE,
+    Cached,
+    Fitted,
+    excess,
+    fit,
+    standardisation,
+    temperatures,
+    tempered,
+)
 from posthoc.methods.dac.variance import Spread, inflated
 
 #: the default feature-bank budget
@@ -94,8 +104,6 @@ ANCHORS = (0.8, 0.9, 0.95)
 STRENGTH = 1.0
 #: the factors the fitted weights are shrunk by, tried with ``shrink="auto"`` (1: the weights as fitted)
 SHRINKS = (1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 1.0)
-#: distances below this are taken as this before the log (a query equal to its k-th neighbour)
-MIN_DISTANCE = 1e-6
 
 
 def _check_layers(model: nn.Module, layers: Any) -> list[str] | None:
@@ -210,6 +218,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     stacks = True
     knob = "density-aware temperature"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
+    exports = ("classification",)
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
@@ -320,6 +329,20 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         with capture.recording(batch_size(x)) as found:
             log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
         return log_probs, samples, capture.features(found, x)
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The banks and the fitted temperature map stacked on the inner method's exported predictive
+        (:mod:`posthoc.methods.dac.export`), reading the same forward pass."""
+        if self.bank is None or self.weights is None:
+            raise NotFittedError("dac is not fitted: call um.fit(train_loader, val_loader) first")
+        sites = [(site.name, site.at) for site in self.sites()]
+        banks = [bank.float().clone() for bank in self._banks()]
+        inner = export.predictive(self.inner)
+        backbone = export.backbone(self.base_model)
+        taps = [backbone.add_tap(name, at) for name, at in sites]
+        fitted = (self.anchors, self.spreads, self.temperature, self.weights)
+        k = min(self.k, self.bank_rows)
+        return DensityTemperature(inner, backbone, taps, banks, k, *(value.float().clone() for value in fitted))
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None

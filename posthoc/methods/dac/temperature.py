@@ -51,9 +51,12 @@ from torch import Tensor
 from posthoc.core.logits import log_mean_exp
 from posthoc.engine.lbfgs import minimise
 from posthoc.engine.runner import small_fit
+from posthoc.export.modules import cast
 
 #: log-probabilities below this are clamped before tempering (an exact 0 probability is -inf)
 LOG_PROB_FLOOR = -1e4
+#: distances below this are taken as this before the log (a query equal to its k-th neighbour)
+MIN_DISTANCE = 1e-6
 #: bounds of log T0
 LOG_T0_BOUND = math.log(100.0)
 #: L-BFGS stops when the largest gradient entry falls below this (the NLL moves by far less than its noise by then)
@@ -64,7 +67,7 @@ MIN_SPREAD = 1e-3
 
 def excess(log_distance: Tensor, anchor: Tensor, spread: Tensor) -> Tensor:
     """``relu((log d - a) / s)`` per example and layer, ``(N, L)``."""
-    return ((log_distance - anchor.to(log_distance)) / spread.to(log_distance)).clamp_min(0)
+    return ((log_distance - cast(anchor, log_distance.dtype)) / cast(spread, log_distance.dtype)).clamp_min(0)
 
 
 def standardisation(log_distance: Tensor, anchor: float) -> tuple[Tensor, Tensor]:
@@ -77,7 +80,7 @@ def standardisation(log_distance: Tensor, anchor: float) -> tuple[Tensor, Tensor
 
 def temperatures(excess: Tensor, temperature: Tensor | float, weights: Tensor) -> Tensor:
     """``T(x) = T0 (1 + excess @ w)``, ``(N,)``."""
-    return temperature * (1 + excess @ weights.to(excess))
+    return temperature * (1 + excess @ cast(weights, excess.dtype))
 
 
 def tempered(log_probs: Tensor, temperature: Tensor) -> tuple[Tensor, Tensor | None]:

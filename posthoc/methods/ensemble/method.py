@@ -60,6 +60,21 @@ from posthoc.methods.ensemble.mixture import batched_mixture, mixture
 MemberBuilder = Callable[[nn.Module, dict[str, Any]], tuple[Method, str | None]]
 
 
+class Mixture(nn.Module):
+    """The exported form of an ensemble: the :func:`~posthoc.methods.ensemble.mixture.mixture` of its members'
+    predictive modules (classification), or their Gaussian components side by side (regression)."""
+
+    def __init__(self, members: list[nn.Module], *, regression: bool = False) -> None:
+        super().__init__()
+        self.members, self.regression = nn.ModuleList(members), regression
+
+    def forward(self, x: Any) -> LogPredictive | tuple[torch.Tensor, torch.Tensor]:
+        parts = [member(x) for member in self.members]
+        if self.regression:
+            return torch.cat([part[0] for part in parts]), torch.cat([part[1] for part in parts])
+        return mixture(parts)
+
+
 @register
 class Ensemble(Method):
     """An equal-weight mixture of member methods (see module docs); built by ``posthoc.wrap([...])``.
@@ -76,6 +91,11 @@ class Ensemble(Method):
     name = ENSEMBLE
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)  # the members' own are checked as they are built
     per_output_noise = True  # as the members' own (each member refuses a noise per output it cannot use)
+    exports = ("classification", "regression")  # the members' own are checked one by one
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The equal-weight mixture of the members' exported predictives."""
+        return Mixture([export.predictive(member) for member in self.members], regression=export.regression)
 
     def __init__(
         self, members: Sequence[Method], *, batched: bool | None = None, sources: Sequence[str | None] | None = None

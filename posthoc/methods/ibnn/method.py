@@ -58,7 +58,7 @@ from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers
@@ -108,6 +108,7 @@ class ImplicitBNN(Method):
     """
 
     name = "ibnn"
+    export_refusal = SAMPLES_NETWORKS
     copies_model = True
     likelihoods = (Categorical, Gaussian)
 

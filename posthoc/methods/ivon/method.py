@@ -49,7 +49,7 @@ from torch import Tensor, nn
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
@@ -88,6 +88,7 @@ class IVON(Method):
     """
 
     name = "ivon"
+    export_refusal = SAMPLES_NETWORKS
     likelihoods = (Categorical, Gaussian)
 
     @dataclass(frozen=True, kw_only=True)

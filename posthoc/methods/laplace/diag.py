@@ -17,11 +17,24 @@ Example:
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature
+
+
+class FoldedDiag(nn.Module):
+    """``s_c² = phĩ² @ inverse`` with ``inverse = 1 / (h + δ)`` ``(D+1, C)`` held in a buffer: the exported
+    :meth:`DiagCurvature.head_variance`."""
+
+    def __init__(self, inverse: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("inverse", inverse)
+
+    def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
+        inverse = self.inverse if self.inverse.dtype == phi_aug.dtype else self.inverse.to(phi_aug.dtype)
+        return LogitGaussian(mean, (phi_aug.square() @ inverse).sqrt(), None)
 
 
 class DiagCurvature(Curvature):
@@ -51,6 +64,9 @@ class DiagCurvature(Curvature):
         dtype = phi_aug.dtype
         variance = phi_aug.square() @ (1.0 / (self.diagonal + prior_precision)).T.to(dtype)
         return LogitGaussian(mean.to(dtype), variance.sqrt(), None)
+
+    def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedDiag:
+        return FoldedDiag((1.0 / (self.diagonal + prior_precision)).T.float().clone())
 
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
         inverse = 1.0 / (self.diagonal.to(g.dtype) + prior_precision)

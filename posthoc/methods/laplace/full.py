@@ -21,12 +21,28 @@ Example:
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
-from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian
+from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian, LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
+
+
+class FoldedFull(nn.Module):
+    """``s_c² = (phĩ V)² @ S`` from the eigenvectors ``V`` and eigenvalues ``S`` of every ``Σ_cc`` held in buffers: the
+    variance of the exported :meth:`FullCurvature.head_variance` (independent logits: the probit link's diagonal)."""
+
+    def __init__(self, vectors: Tensor, spread: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("vectors", vectors)
+        self.register_buffer("spread", spread)
+
+    def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
+        vectors, spread = (
+            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype) for value in (self.vectors, self.spread)
+        )
+        return LogitGaussian(mean, ((phi_aug @ vectors).square() @ spread).sqrt(), None)
 
 
 class FullCurvature(Curvature):
@@ -93,6 +109,10 @@ class FullCurvature(Curvature):
         spread = torch.block_diag(*values.clamp_min(0)[:, :, None])  # (C (D+1), C)
         self._head_blocks = (key, (vectors.permute(1, 0, 2).reshape(width, -1).to(dtype), spread.to(dtype)))
         return self._head_blocks[1]
+
+    def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedFull:
+        vectors, spread = self._diagonal_blocks(prior_precision, classes, width, torch.float32)
+        return FoldedFull(vectors.clone(), spread.clone())
 
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
         if a is None:

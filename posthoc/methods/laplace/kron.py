@@ -24,11 +24,29 @@ Example:
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
+
+
+class FoldedKron(nn.Module):
+    """``s² = (phĩ U_A)² @ inverse`` along the columns of ``U_G``, ``inverse = 1 / (λ_A λ_Gᵀ + δ)`` held in a buffer:
+    the exported :meth:`KronCurvature.head_variance`."""
+
+    def __init__(self, in_eigvecs: Tensor, inverse: Tensor, out_eigvecs: Tensor) -> None:
+        super().__init__()
+        self.register_buffer("in_eigvecs", in_eigvecs)
+        self.register_buffer("inverse", inverse)
+        self.register_buffer("out_eigvecs", out_eigvecs)
+
+    def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
+        in_eigvecs, inverse, out_eigvecs = (
+            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
+            for value in (self.in_eigvecs, self.inverse, self.out_eigvecs)
+        )
+        return LogitGaussian(mean, ((phi_aug @ in_eigvecs).square() @ inverse).sqrt(), out_eigvecs)
 
 
 class KronCurvature(Curvature):
@@ -73,6 +91,10 @@ class KronCurvature(Curvature):
         # built in the features' dtype, in place: one (D+1) x C temporary per chunk
         inverse = torch.outer(self.in_eigvals.to(dtype), self.out_eigvals.to(dtype)).add_(prior_precision).reciprocal_()
         return LogitGaussian(mean.to(dtype), (psi_sq @ inverse).sqrt_(), self.out_eigvecs.to(dtype))
+
+    def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedKron:
+        inverse = torch.outer(self.in_eigvals, self.out_eigvals).add(prior_precision).reciprocal()
+        return FoldedKron(self.in_eigvecs.float().clone(), inverse.float(), self.out_eigvecs.float().clone())
 
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
         out_vecs = self.out_eigvecs.to(g.dtype)

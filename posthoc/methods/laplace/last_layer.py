@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import warnings
 from collections.abc import Iterable
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -55,10 +56,12 @@ from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
-from posthoc.errors import ConfigError
+from posthoc.errors import ConfigError, ExportError
+from posthoc.export.modules import Backbone, GaussianOutputs, observation_variance
 from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
+from posthoc.methods.laplace.export import HeadGaussian, head_weights
 from posthoc.methods.laplace.structures import structure_class
 
 
@@ -67,6 +70,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
     per_output_noise = True
+    exports = ("classification", "regression")
 
     def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
         super().__init__(model, options)
@@ -254,6 +258,47 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         self._settle()
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
         return self.curvature.head_variance(phi_aug, logits, delta)
+
+    def to_module(self, export: Any) -> nn.Module:
+        """The GLM predictive with the posterior folded into buffers (:mod:`posthoc.methods.laplace.export`)."""
+        if self.split.head is None:
+            raise ExportError(
+                "the head of this model was not found yet: run um.predict on one batch before um.to_module()"
+            )
+        head, bias = self.split.head, self._has_bias
+        self._settle()
+        prior_precision = float(self.prior_precision)
+        backbone = export.backbone(self.model)
+        tap = backbone.add_tap(self.split.head_name, "input")
+        if export.regression:
+            return self._regression_module(export, backbone, tap, prior_precision)
+        if self.link == "mc":
+            draws = self.curvature.sample(
+                head_weights(head), prior_precision, export.samples_of(self), export.generator()
+            ).float()
+            return HeadGaussian(backbone, tap, bias, None, "samples", draws)
+        if self.link == "bridge" and self.hessian == "full":
+            raise ExportError(
+                "um.to_module() exports the Laplace bridge for hessian='diag' and 'kron' (hessian='full' needs "
+                "each input's C x C covariance); wrap with link='probit' or link='mc' to export it"
+            )
+        folded = self.curvature.fold_head(prior_precision, head.out_features, head.in_features + int(bias))
+        return HeadGaussian(backbone, tap, bias, folded, self.link)
+
+    def _regression_module(self, export: Any, backbone: Backbone, tap: int, prior_precision: float) -> nn.Module:
+        noise = observation_variance(self.likelihood)
+        if noise is None:
+            raise ExportError("last-layer Laplace exports under likelihood='regression' (a fitted noise) only")
+        if noise.dim() > 0:
+            raise ExportError(
+                f"last-layer Laplace exports one observation noise shared by the outputs; this one has a noise "
+                f"per output ({noise.numel()} values): export method='none' or an ensemble, or fit with "
+                "likelihood=posthoc.Gaussian(noise_std=<one float>)"
+            )
+        head = self.split.head
+        width = head.in_features + int(self._has_bias)
+        folded = self.curvature.fold_head(prior_precision * float(noise), head.out_features, width)
+        return GaussianOutputs(backbone, noise, HeadGaussian(backbone, tap, self._has_bias, folded, "probit"))
 
     def posterior_parameters(self) -> list[str]:
         head = self.split.head

@@ -104,6 +104,11 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     def correlate(self, noise: Tensor, prior_precision: float) -> Tensor:
         """``Σ^½ ε`` for standard normal ``noise`` ``(S, *parameter shape)``: draws of ``N(0, (GGN + δ I)⁻¹)``."""
 
+    def fold_head(self, prior_precision: float, classes: int, width: int) -> nn.Module:
+        """The head's posterior at ``prior_precision`` folded into buffers: a module ``(phĩ, mean) -> Gaussian logits``
+        that gives what :meth:`head_variance` gives, for an exported predictive (``um.to_module()``)."""
+        raise NotImplementedError
+
     @abc.abstractmethod
     def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> GaussianLogits:
         """The Gaussian logits ``N(mean, J Σ Jᵀ)`` of a linear head with inputs ``phĩ`` ``(n, in)`` (``J = I ⊗ phĩᵀ``)."""

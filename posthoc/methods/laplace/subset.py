@@ -72,6 +72,10 @@ class SubsetLaplace(Laplace, scope="subset"):
     """``subset="all"`` or a list of module names: BackPACK KFAC/diagonal blocks over those layers (see module docs)."""
 
     likelihoods = (Categorical, Gaussian)
+    export_refusal = (
+        "Laplace over layers inside the network linearises the whole network in those layers (a Jacobian per "
+        "input), which is no fixed tensor program; refit with subset='last_layer' to export it"
+    )
 
     def __init__(self, model: nn.Module, options: Laplace.Options) -> None:
         super().__init__(model, options)

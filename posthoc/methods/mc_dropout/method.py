@@ -71,8 +71,10 @@ from posthoc.engine.held_out import HeldOut
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.engine.selection import Scores
 from posthoc.engine.suffix import SuffixRunner
-from posthoc.errors import ConfigError, HeadNotFoundError
-from posthoc.methods.mc_dropout.masks import keep_mask
+from posthoc.errors import ConfigError, ExportError, HeadNotFoundError
+from posthoc.export.build import IN_PROCESS
+from posthoc.export.modules import HeadSamples, Plain
+from posthoc.methods.mc_dropout.masks import keep_mask, keep_probability
 from posthoc.methods.mc_dropout.shared_masks import shared_mask_predictive
 from posthoc.methods.mc_dropout.sites import (
     DEFAULT_INSERT_P,
@@ -116,6 +118,7 @@ class MCDropout(Method):
 
     name = "mc-dropout"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
+    exports = ("classification",)
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
@@ -328,6 +331,61 @@ class MCDropout(Method):
         if units:
             self._keep_units(units)
         return outputs.reshape(num_samples, n, -1)
+
+    def to_module(self, export: Any) -> nn.Module:
+        """Dropout on a Linear head's input as ``S`` masked head weights ``W diag(mask_s / q)`` drawn once at export
+        (the shared masks' predictive, :mod:`posthoc.methods.mc_dropout.shared_masks`); a rate of 0 is the plain
+        model."""
+        self._resolve(None)
+        if self._sites is None:
+            raise ExportError(
+                "mc-dropout has not seen an input yet (its dropout sites are found on the first batch): run "
+                "um.predict on one batch before um.to_module()"
+            )
+        sites = self.sites()
+        if len(sites) != 1:
+            raise ExportError(
+                f"um.to_module() exports mc-dropout with dropout on the head's input only (masks fixed at "
+                f"export); this one drops at {len(sites)} sites ({', '.join(s.name for s in sites)}), whose "
+                f"samples need the network run per sample. Wrap with where='head' to export it; {IN_PROCESS}"
+            )
+        site = sites[0]
+        p = float(site.p)
+        backbone = export.backbone(self.model)
+        if p == 0:
+            return Plain(backbone)
+        head_name, head = self._dropped_head(site)
+        keep = keep_mask((export.samples_of(self), head.in_features), p, generator=export.generator(), device="cpu")
+        scale = keep.float() / keep_probability(p)
+        weights = head.weight.detach().float().cpu() * scale[:, None, :]
+        biases = None if head.bias is None else head.bias.detach().float().cpu().expand(scale.shape[0], -1).clone()
+        return HeadSamples(backbone, backbone.add_tap(head_name, "input"), weights, biases)
+
+    def _dropped_head(self, site: DropoutSite) -> tuple[str, nn.Linear]:
+        """The Linear head whose input is exactly what the one ``site`` drops (checked on the module structure)."""
+        model = self.model
+        try:
+            split = FeatureSplit(model, site.name if site.at == "input" else self.head)
+        except HeadNotFoundError as err:  # a head that cannot be found without an input, or is not Linear
+            raise ExportError(
+                f"mc-dropout's head could not be found for export ({err}); pass head=... to posthoc.wrap"
+            ) from err
+        if split.head is not None:
+            module = model.get_submodule(site.name)
+            if site.at == "input" and module is split.head:
+                return split.head_name, split.head
+            parent_name, _, child = site.name.rpartition(".")
+            parent = model.get_submodule(parent_name) if parent_name else model
+            if site.at == "output" and isinstance(parent, nn.Sequential):
+                names = [name for name, _ in parent.named_children()]
+                following = names.index(child) + 1
+                if following < len(names) and parent[following] is split.head:
+                    return split.head_name, split.head
+        raise ExportError(
+            f"mc-dropout drops at '{site.name}' ({site.at}), which is not the input of a Linear head, so its "
+            f"samples need the network run per sample; wrap with where='head' (or name the head's input) to "
+            f"export it; {IN_PROCESS}"
+        )
 
     def sites(self, x: Inputs | None = None) -> list[DropoutSite]:
         """Where dropout is applied, with the rates in use (``x`` helps find the head of plain models)."""

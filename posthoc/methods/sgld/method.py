@@ -55,7 +55,7 @@ from posthoc import settings
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
-from posthoc.core.method import LogPredictive, Method
+from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
@@ -98,6 +98,7 @@ class SGLD(Method):
     """
 
     name = "sgld"
+    export_refusal = SAMPLES_NETWORKS
     likelihoods = (Categorical, Gaussian)
 
     @dataclass(frozen=True, kw_only=True)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -31,7 +32,8 @@ from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.random_draws import randn
-from posthoc.errors import ConfigError, NumericalError
+from posthoc.errors import ConfigError, NotFittedError, NumericalError
+from posthoc.export.modules import HeadSamples
 from posthoc.methods.swag.base import SWAGBase, Tuning
 
 
@@ -42,9 +44,36 @@ class LastLayerSWAG(SWAGBase):
     the first training batch finds it at fit).
     """
 
+    exports = ("classification",)
+
     def __init__(self, model: nn.Module, options: SWAGBase.Options) -> None:
         super().__init__(model, options)
         self.split = FeatureSplit(model, options.head)
+
+    def to_module(self, export: Any) -> nn.Module:
+        """``S`` head weights drawn once at export from the SWAG Gaussian (mean, diagonal, low-rank deviations), the
+        same draws for every input."""
+        collector = self.collector
+        if collector is None:
+            raise NotFittedError("swag is not fitted: call um.fit(train_loader) first")
+        mean, variance = collector.mean.float().cpu(), collector.variance.float().cpu()
+        deviations = collector.held_deviations.float().cpu() if self.cov else None
+        scale, head = float(self.scale), self.split.head
+        count = export.samples_of(self) if scale > 0 else 1
+        generator = export.generator()
+        noise = torch.randn(count, mean.numel(), generator=generator) * variance.clamp_min(0).sqrt()
+        if deviations is not None and scale > 0:
+            low_rank = torch.randn(count, deviations.shape[0], generator=generator) @ deviations
+            noise = noise + low_rank / math.sqrt(deviations.shape[0] - 1)
+        flat = mean + math.sqrt(scale) * noise
+        size = head.out_features * head.in_features
+        weights = flat[:, :size].reshape(count, head.out_features, head.in_features)
+        if flat.shape[1] > size:
+            biases = flat[:, size:]
+        else:
+            biases = None if head.bias is None else head.bias.detach().float().cpu().expand(count, -1).clone()
+        backbone = export.backbone(self.model)
+        return HeadSamples(backbone, backbone.add_tap(self.split.head_name, "input"), weights.clone(), biases)
 
     def _collected_tensors(self, x: Inputs | None = None) -> dict[str, Tensor]:
         """The head's trainable weight (and bias) by qualified name; ``x`` finds the head if needed."""

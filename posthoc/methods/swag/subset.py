@@ -116,6 +116,11 @@ class SubsetSWAG(SWAGBase):
     ``(seed, s)``), each with its own stored BatchNorm statistics.
     """
 
+    export_refusal = (
+        "SWAG over named layers samples whole networks (and their BatchNorm statistics); use subset='last_layer' to "
+        "export it with weight draws fixed at export"
+    )
+
     def __init__(self, model: nn.Module, options: SWAGBase.Options) -> None:
         super().__init__(model, options)
         self.names = subset_names(model, self.subset)
