@@ -16,7 +16,7 @@ import scipy.stats
 import torch
 
 import posthoc
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation.regression_metrics import calibration_error, components
 from posthoc.methods.calibration.regression_auto import quantile_crps

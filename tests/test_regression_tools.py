@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.likelihood import Gaussian
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.demo.regression import _sinusoid_targets, sinusoid, train_mlp
 from posthoc.engine.feature_bank import normalised
 from posthoc.engine.held_out import HeldOut

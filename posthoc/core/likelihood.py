@@ -36,8 +36,7 @@ from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
 from posthoc.core.options import Options as BaseOptions
 from posthoc.core.options import build
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.errors import ConfigError, InputError, NotFittedError
 

@@ -34,8 +34,7 @@ from torch import Tensor
 from posthoc.core.checks import known_name, probability
 from posthoc.core.inputs import looks_like_loader
 from posthoc.core.likelihood import real_targets
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError

@@ -64,7 +64,7 @@ class PredictiveVariance(Score):
     """A regressor's total predictive variance, summed over the outputs (``um.predict(x).variance.sum(-1)``).
 
     Example:
-        >>> from posthoc.core.regression_prediction import RegressionPrediction
+        >>> from posthoc.core.prediction import RegressionPrediction
         >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.tensor([1.0, 4.0])[None, :, None])
         >>> PredictiveVariance()(Outputs(prediction=pred))
         tensor([1., 4.])

@@ -26,8 +26,8 @@ import torch
 from sklearn.isotonic import IsotonicRegression
 from torch import Tensor
 
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.recalibration import MonotoneMap
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.methods.calibration.regression_base import RegressionCalibrator
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import integer_at_least
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, InputError
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.regression_base import RegressionCalibrator

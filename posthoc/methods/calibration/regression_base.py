@@ -1,6 +1,6 @@
 """The :class:`RegressionCalibrator` contract: a map from a regression predictive to a calibrated one.
 
-A regression calibrator is fitted on a held-out :class:`~posthoc.core.regression_prediction.RegressionPrediction`
+A regression calibrator is fitted on a held-out :class:`~posthoc.core.prediction.RegressionPrediction`
 and its targets, maps any prediction of the same outputs to a calibrated one, keeps its fitted parameters
 in buffers, and saves to a calibrator file (``posthoc.calibrate.load`` reads it back). A deployed
 regressor that only has numbers gives them as ``mean`` ``(N,)`` / ``(N, D)`` and ``std`` of that shape, or
@@ -29,8 +29,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.inputs import as_tensor
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.errors import InputError
 from posthoc.methods.calibration.options import CalibratorOptions
 

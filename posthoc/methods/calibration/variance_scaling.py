@@ -3,7 +3,7 @@
 ``s`` minimises the held-out Gaussian NLL. For one Gaussian per example it has the closed form
 ``s² = mean((y - μ)² / σ²)``. For a mixture (ensembles, sampled networks) the whole mixture is
 scaled about its mean, ``μ + s (Y - μ)`` (every component's deviation from the mixture mean and its
-std times ``s``: :meth:`~posthoc.core.regression_prediction.RegressionPrediction.scaled`), which keeps
+std times ``s``: :meth:`~posthoc.core.prediction.RegressionPrediction.scaled`), which keeps
 it an exact mixture and multiplies its std by exactly ``s``; ``s`` then minimises each output's
 exact marginal mixture NLL by golden-section search in ``log s`` (per output; the outputs'
 marginals, which for one Gaussian is the joint NLL).
@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.likelihood import golden_minimum
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.methods.calibration.regression_base import RegressionCalibrator
 
 #: the search interval of a mixture's ``log s``: this factor either side of the closed form on its total std

@@ -73,8 +73,8 @@ from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
 from posthoc.core.likelihood import Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows, small_dense_work
 from posthoc.engine.selection import Scores, warn_fallback

@@ -50,7 +50,7 @@ from posthoc.core.inputs import Inputs, iterate
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.errors import ConfigError
 from posthoc.methods.laplace import glm_predictive as glm
