@@ -56,7 +56,7 @@ from posthoc.evaluation.regression_bootstrap import regression_statistics
 from posthoc.evaluation.regression_report import HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
-from posthoc.guarantees.regression_conformal import is_regression
+from posthoc.guarantees.sources import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
 

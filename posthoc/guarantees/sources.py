@@ -31,7 +31,7 @@ from torch import Tensor
 from posthoc.core.checks import one_of
 from posthoc.core.inputs import arrays_pair, as_tensor, check_labels, loader_fix, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
-from posthoc.core.prediction import Prediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
@@ -177,3 +177,15 @@ def calibration_predictions(
     kind = inputs if inputs != "auto" else ("probs" if looks_like_probabilities(values) else "logits")
     predictive = Predictive(kind, values.shape[1])
     return predictive, predictive(values), as_labels(labels, values.shape[1], values.shape[0])
+
+
+def is_regression(source: Any) -> bool:
+    """Whether ``source`` is a :class:`RegressionPrediction` or a model wrapped with a regression likelihood.
+
+    Example:
+        >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
+        True
+    """
+    if isinstance(source, RegressionPrediction):
+        return True
+    return isinstance(source, UncertainModel) and source.likelihood.prediction_type is RegressionPrediction
