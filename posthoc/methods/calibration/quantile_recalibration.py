@@ -28,7 +28,7 @@ from torch import Tensor
 
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.recalibration import MonotoneMap
-from posthoc.methods.calibration.regression_base import RegressionCalibrator
+from posthoc.methods.calibration.base import RegressionCalibrator
 
 
 def fit_knots(pit: Tensor) -> tuple[Tensor, Tensor]:

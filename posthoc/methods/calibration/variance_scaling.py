@@ -9,7 +9,7 @@ exact marginal mixture NLL by golden-section search in ``log s`` (per output; th
 marginals, which for one Gaussian is the joint NLL).
 
 Example:
->>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
+    >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
     >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
     >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="variance-scaling")
@@ -26,7 +26,7 @@ from torch import Tensor
 
 from posthoc.core.likelihood import golden_minimum
 from posthoc.core.prediction import RegressionPrediction
-from posthoc.methods.calibration.regression_base import RegressionCalibrator
+from posthoc.methods.calibration.base import RegressionCalibrator
 
 #: the search interval of a mixture's ``log s``: this factor either side of the closed form on its total std
 SEARCH_FACTOR = 100.0
@@ -41,7 +41,7 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     """``(D,)``: the scale minimising each output's exact marginal NLL of ``prediction.scaled(s)``.
 
     Example:
-        >>> from posthoc.methods.calibration.regression_base import as_prediction
+        >>> from posthoc.methods.calibration.base import as_prediction
         >>> mean = torch.randn(500)
         >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), (mean + torch.randn(500)).double()[:, None]
         >>> torch.allclose(numerical_scale(pred, y), closed_form_scale(pred, y), atol=1e-3)   # for one Gaussian
