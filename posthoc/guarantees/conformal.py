@@ -53,7 +53,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
 from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 from posthoc.guarantees.scores import ConformityScore
-from posthoc.guarantees.sources import Predictive, calibration_predictions, is_regression
+from posthoc.guarantees.sources import Predictive, calibration_predictions, prediction_type
 
 
 def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha: float) -> Tensor:
@@ -322,20 +322,45 @@ def conformal(
         True
     """
     integer(seed, "seed")
-    if is_regression(source):
-        return conformal_regression(
-            source,
-            labels,
-            alpha=alpha,
-            score=score,
-            seed=seed,
-            progress=progress,
-            randomized=randomized,
-            k_reg=k_reg,
-            lam=lam,
-            mondrian=mondrian,
-            inputs=inputs,
-        )
+    calibration = CALIBRATIONS.get(prediction_type(source), conformal_sets)
+    return calibration(
+        source,
+        labels,
+        alpha=alpha,
+        score=score,
+        randomized=randomized,
+        k_reg=k_reg,
+        lam=lam,
+        mondrian=mondrian,
+        seed=seed,
+        inputs=inputs,
+        progress=progress,
+    )
+
+
+def conformal_sets(
+    source: Any,
+    labels: Any,
+    *,
+    alpha: float,
+    score: str | None,
+    randomized: bool | None,
+    k_reg: int | None,
+    lam: float | None,
+    mondrian: bool,
+    seed: int,
+    inputs: str,
+    progress: bool,
+) -> ConformalPredictor:
+    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments).
+
+    Example:
+        >>> import torch
+        >>> logits, labels = torch.randn(100, 3), torch.randint(0, 3, (100,))
+        >>> options = dict(randomized=None, k_reg=None, lam=None, mondrian=False, inputs="logits", progress=False)
+        >>> conformal_sets(logits, labels, alpha=0.1, score="lac", seed=0, **options).sets(logits).shape
+        torch.Size([100, 3])
+    """
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(
@@ -350,3 +375,8 @@ def conformal(
     else:
         threshold = conformal_threshold(true_scores, alpha)
     return ConformalPredictor(predictive, conformity, alpha, threshold, mondrian, len(targets))
+
+
+#: the conformal calibration of each kind of prediction, by the type its likelihood predicts
+#: (``Likelihood.prediction_type``): sets of classes, or intervals of real targets
+CALIBRATIONS = {Prediction: conformal_sets, RegressionPrediction: conformal_regression}

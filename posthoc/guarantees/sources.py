@@ -179,6 +179,21 @@ def calibration_predictions(
     return predictive, predictive(values), as_labels(labels, values.shape[1], values.shape[0])
 
 
+def prediction_type(source: Any) -> type:
+    """The kind of prediction a guarantee is calibrated on: a wrapped model's likelihood's ``prediction_type``, a
+    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` for a classifier's
+    probabilities, logits or prediction.
+
+    Example:
+        >>> import torch
+        >>> prediction_type(torch.tensor([[0.2, 0.8]])).__name__
+        'Prediction'
+    """
+    if isinstance(source, RegressionPrediction):
+        return RegressionPrediction
+    return source.likelihood.prediction_type if isinstance(source, UncertainModel) else Prediction
+
+
 def is_regression(source: Any) -> bool:
     """Whether ``source`` is a :class:`RegressionPrediction` or a model wrapped with a regression likelihood.
 
@@ -186,6 +201,4 @@ def is_regression(source: Any) -> bool:
         >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
         True
     """
-    if isinstance(source, RegressionPrediction):
-        return True
-    return isinstance(source, UncertainModel) and source.likelihood.prediction_type is RegressionPrediction
+    return prediction_type(source) is RegressionPrediction
