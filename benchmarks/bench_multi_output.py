@@ -35,7 +35,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.likelihood import Gaussian
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 
 TRUE_STD = (0.1, 0.5, 3.0)
 METHODS = (

@@ -13,9 +13,8 @@ from posthoc.api import load, wrap
 from posthoc.calibrate import calibrate
 from posthoc.core.likelihood import Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import Method
-from posthoc.core.prediction import Prediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.core.registry import available_methods, register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.selection import Tolerance
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import (

@@ -47,10 +47,9 @@ from posthoc.core.logits import check_finite_logits, check_not_probabilities
 from posthoc.engine.selection import Tolerance
 from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.methods.calibration import Calibrator, calibrators
-from posthoc.methods.calibration.base import held_out_logits
+from posthoc.methods.calibration.auto import regression_calibrators
+from posthoc.methods.calibration.base import KIND, RegressionCalibrator, as_prediction, held_out_logits
 from posthoc.methods.calibration.method import fit_on_logits
-from posthoc.methods.calibration.regression_auto import regression_calibrators
-from posthoc.methods.calibration.regression_base import KIND, RegressionCalibrator, as_prediction
 
 
 def calibrate(

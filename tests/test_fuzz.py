@@ -1348,7 +1348,7 @@ def test_the_misuses_cover_every_function_of_the_regression_shift_and_dac_api():
     """Every public function of the regression, shift and DAC API has a row above: the likelihoods, the prediction's,
     the report's, the conformal regressor's and the shift table's methods that take an argument, a calibrator's
     fit / calibrate / predict / save, every name of ``posthoc.shift``, every DAC option with its fit and predict."""
-    from posthoc.guarantees.regression_conformal import ConformalRegressor
+    from posthoc.guarantees.conformal import ConformalRegressor
 
     required = {
         "Gaussian",

@@ -30,7 +30,7 @@ from posthoc.core.inputs import Inputs
 from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.core.options import Options as BaseOptions
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, NotFittedError
 
 LogPredictive = tuple[Tensor, Tensor | None]

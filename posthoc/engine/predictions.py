@@ -25,8 +25,7 @@ from torch import Tensor
 from posthoc.core import distributed
 from posthoc.core.inputs import check_labels, iterate
 from posthoc.core.likelihood import real_targets
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import COMPONENTS, RegressionPrediction, concat
+from posthoc.core.prediction import COMPONENTS, Prediction, RegressionPrediction, concat
 from posthoc.engine.uncertain_model import UncertainModel
 
 #: the per-example fields gathered from every batch (``label`` and ``confidence`` follow from ``probs``)

@@ -53,8 +53,7 @@ from posthoc.core.likelihood import Likelihood
 from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction, concat
+from posthoc.core.prediction import Prediction, RegressionPrediction, concat
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance, warn_kept_plain

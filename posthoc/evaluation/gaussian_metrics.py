@@ -3,7 +3,7 @@ because they integrate a mixture over real targets, where :mod:`~posthoc.evaluat
 
 The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`:
 one component for Laplace or the plain model, one per sample or member otherwise), given here as
-``means`` and ``stds`` of shape ``(K, N, D)`` (a :class:`~posthoc.core.regression_prediction.RegressionPrediction`
+``means`` and ``stds`` of shape ``(K, N, D)`` (a :class:`~posthoc.core.prediction.RegressionPrediction`
 gives them: :func:`components`), and the targets ``y`` are ``(N,)`` or ``(N, D)``. Every metric is
 exact for such a predictive and computed in float64. Each returns a float averaged over examples and
 outputs, except :func:`nll`, the mean over examples of the joint NLL of an example's outputs.
@@ -42,7 +42,7 @@ from torch import Tensor
 
 from posthoc.core.checks import integer_at_least, one_of, probability
 from posthoc.core.mixture import GaussianMixture
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import InputError
 from posthoc.evaluation.bootstrap import Statistic, mean_of
 

@@ -38,7 +38,7 @@ import torch
 from matplotlib.figure import Figure
 from torch import Tensor
 
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
@@ -46,7 +46,7 @@ from posthoc.evaluation import bootstrap, gaussian_metrics, html_page, metrics, 
 from posthoc.evaluation.gaussian_metrics import LEVELS, components, interval_statistics, level_name
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
 from posthoc.evaluation.table import cell, markdown_table, shared_level
-from posthoc.guarantees.regression_conformal import ConformalRegressor
+from posthoc.guarantees.conformal import ConformalRegressor
 
 
 def interval_columns() -> tuple[str, ...]:

@@ -72,9 +72,9 @@ from posthoc.evaluation.table import BEST_CAPTION, markdown_table, shared_level
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.verdict import FRONTIER_FILE, Verdict
 from posthoc.guarantees import measures
-from posthoc.guarantees.conformal import ConformalPredictor
-from posthoc.guarantees.regression_conformal import ConformalRegressor, is_regression
+from posthoc.guarantees.conformal import ConformalPredictor, ConformalRegressor
 from posthoc.guarantees.selective import SelectivePredictor
+from posthoc.guarantees.sources import is_regression
 from posthoc.ood.detector import Detector
 
 

@@ -58,7 +58,7 @@ from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.gaussian_report import COLUMN_HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
-from posthoc.guarantees.regression_conformal import is_regression
+from posthoc.guarantees.sources import is_regression
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
 

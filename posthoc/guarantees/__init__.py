@@ -8,8 +8,7 @@ Example:
     >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.25)  # accepted error <= 25% w.p. >= 0.95
 """
 
-from posthoc.guarantees.conformal import ConformalPredictor, conformal
-from posthoc.guarantees.regression_conformal import ConformalRegressor
+from posthoc.guarantees.conformal import ConformalPredictor, ConformalRegressor, conformal
 from posthoc.guarantees.selective import RiskNotReachableError, SelectivePredictor, selective
 
 __all__ = [

@@ -7,6 +7,7 @@ holds the true class with probability at least ``1 - alpha`` (marginally, over b
 ``mondrian=True`` there is one threshold per class and the guarantee holds for each class.
 
 Example:
+    >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_test_loader
     >>> import torch
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs, test_labels, um
@@ -19,9 +20,24 @@ Example:
     >>> cp.predict(x).sets.shape
     torch.Size([8, 3])
 
-A regressor (a model wrapped with ``likelihood="regression"``, or its ``RegressionPrediction``) gets
-conformal intervals instead, ``cp.intervals(x) -> (lower, upper)``
-(:mod:`posthoc.guarantees.regression_conformal`).
+A regressor (a model wrapped with ``likelihood="regression"``, or its ``RegressionPrediction``) gets conformal
+intervals instead, a :class:`ConformalRegressor`: what differs is only what its predictive gives the score, the
+real residual of its mean, scaled by its std or measured from its own central interval, and the threshold then
+widens that predictive's interval (:mod:`~posthoc.guarantees.intervals` holds the interval arithmetic). Each
+output's interval holds its target with probability at least ``1 - alpha``. The scores:
+
+- ``"normalized"`` (default): ``|y - mean| / std`` with the predictive std, so the intervals are
+  ``mean -+ t * std``: wider where the method is less certain;
+- ``"absolute"``: ``|y - mean|``, one width ``mean -+ t`` everywhere (the std is not used);
+- ``"cqr"``: the predictive's own central ``1 - alpha`` interval, widened (or narrowed) by ``t``
+  (conformalised quantile regression on the predictive's quantiles).
+
+Example:
+    >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
+    >>> x_test, y_test = reg_test_loader.dataset.tensors
+    >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(regression_um.predict(x_test))
+    >>> ((lower <= y_test) & (y_test <= upper)).float().mean()   # about 0.9
+    tensor(0.9...)
 """
 
 from __future__ import annotations
@@ -32,14 +48,17 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from posthoc.core.checks import integer, probability
-from posthoc.core.inputs import Inputs, like_given
-from posthoc.core.prediction import Prediction
+from posthoc.core.checks import integer, known_name, probability
+from posthoc.core.inputs import Inputs, like_given, looks_like_loader
+from posthoc.core.likelihood import real_targets
+from posthoc.core.prediction import Prediction, RegressionPrediction
+from posthoc.engine.predictions import predict_regression_loader
+from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
-from posthoc.guarantees.regression_conformal import ConformalRegressor, conformal_regression, is_regression
+from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 from posthoc.guarantees.scores import ConformityScore
-from posthoc.guarantees.sources import Predictive, calibration_predictions
+from posthoc.guarantees.sources import Predictive, calibration_predictions, prediction_type
 
 
 def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha: float) -> Tensor:
@@ -132,6 +151,145 @@ class ConformalPredictor:
         )
 
 
+#: the scores of a regression conformal predictor, the default first
+REGRESSION_SCORES = ("normalized", "absolute", "cqr")
+
+
+def _bounds(pred: RegressionPrediction, score: str, alpha: float) -> dict[str, Tensor]:
+    """What :func:`conformal_intervals` reads from a predictive under ``score``."""
+    if score == "cqr":
+        lower, upper = pred.interval(1 - alpha)
+        return {"lower": lower, "upper": upper}
+    return {"mean": pred.mean, "std": pred.std}
+
+
+class ConformalRegressor:
+    """Fitted conformal intervals around a regression predictive; build with :func:`posthoc.conformal`.
+
+    Attributes:
+        calibrated: the :class:`~posthoc.guarantees.intervals.ConformalIntervals` it widens predictions by; its
+            ``alpha``, ``score``, ``threshold`` ``(D,)`` and ``num_calibration`` are read here too.
+        model: the wrapped model calibrated on, or ``None`` when calibrated on a RegressionPrediction.
+    """
+
+    def __init__(
+        self, calibrated: ConformalIntervals, model: UncertainModel | None, generator: torch.Generator | None
+    ) -> None:
+        self.calibrated, self.model, self.generator = calibrated, model, generator
+        self.alpha, self.score = calibrated.alpha, calibrated.score
+        self.threshold, self.num_calibration = calibrated.threshold, calibrated.num_calibration
+
+    def prediction(self, data: Any) -> RegressionPrediction:
+        """``data`` as a :class:`RegressionPrediction`: itself, or the wrapped model's predictive of inputs ``data``."""
+        if isinstance(data, RegressionPrediction):
+            return data
+        if isinstance(data, Prediction):
+            raise InputError(
+                "these conformal intervals were calibrated on a regressor; got a classifier's "
+                "posthoc.Prediction. Pass the regressor's um.predict(x) or its inputs x"
+            )
+        if self.model is None:
+            raise InputError(
+                f"calibrated on a RegressionPrediction, so intervals() takes one too (um.predict(x)), "
+                f"not {type(data).__name__}; calibrate on the model, posthoc.conformal(um, "
+                "calibration_loader), to pass inputs"
+            )
+        return self.model.predict(data, generator=self.generator)
+
+    def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
+        """``(lower, upper)``, each float64 ``(N, D)``, for a :class:`RegressionPrediction` or (when calibrated
+        on a wrapped model) its inputs ``x``.
+
+        Example:
+            >>> import posthoc
+            >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_x
+            >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
+            >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
+            >>> lower.shape
+            torch.Size([8, 1])
+        """
+        return self.calibrated.intervals(**_bounds(self.prediction(data), self.score, self.alpha))
+
+    def sets(self, data: Any) -> Tensor:
+        """Refused: a regressor has no classes to put in sets; :meth:`intervals` is its conformal output."""
+        raise ConfigError(
+            "conformal prediction sets are for classifiers; this conformal predictor was calibrated on a "
+            "regressor: use cp.intervals(x) or cp.intervals(um.predict(x)) -> (lower, upper)"
+        )
+
+    def __repr__(self) -> str:
+        return (
+            f"ConformalRegressor(score={self.score}, alpha={self.alpha:g}, "
+            f"threshold={[round(t, 4) for t in self.threshold.tolist()]}, n={self.num_calibration})"
+        )
+
+
+def _refuse_classification_options(options: dict[str, Any]) -> None:
+    given = [name for name, value in options.items() if value not in (None, False, "auto")]
+    if given:
+        raise ConfigError(
+            f"the options {', '.join(given)} configure conformal sets for classifiers; a regressor's conformal "
+            f"intervals take alpha= and score= ({', '.join(map(repr, REGRESSION_SCORES))}) only"
+        )
+
+
+def conformal_regression(
+    source: RegressionPrediction | UncertainModel,
+    targets: Any,
+    *,
+    alpha: float = 0.1,
+    score: str | None = None,
+    seed: int = 0,
+    progress: bool = True,
+    **classification_options: Any,
+) -> ConformalRegressor:
+    """Calibrate conformal intervals with miscoverage ``alpha`` (called by :func:`posthoc.conformal` for a regressor).
+
+    Args:
+        source: a model wrapped with ``likelihood="regression"`` (then ``targets`` is a labelled loader of
+            ``(x, y)``), or a :class:`RegressionPrediction` (then ``targets`` is ``(N,)`` or ``(N, D)``).
+        score: ``"normalized"`` (default), ``"absolute"`` or ``"cqr"``.
+        seed: seeds a sampling model's draws, at calibration and at test time.
+        classification_options: the set options of :func:`posthoc.conformal` (``randomized``, ``mondrian``, ...):
+            refused when set.
+
+    Example:
+        >>> from posthoc.guarantees.conformal import conformal_regression
+        >>> from posthoc_apps.demo.examples import reg_val_loader, regression_um, reg_x
+        >>> x_cal, y_cal = reg_val_loader.dataset.tensors
+        >>> cp = conformal_regression(regression_um.predict(x_cal), y_cal, alpha=0.1, score="absolute")
+        >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
+        >>> bool(((upper - lower) - (upper - lower)[0]).abs().max() < 1e-6)        # one width everywhere
+        True
+    """
+    _refuse_classification_options(classification_options)
+    alpha = probability(alpha, "alpha")
+    score = known_name(
+        REGRESSION_SCORES[0] if score is None else score, "regression conformal score", REGRESSION_SCORES
+    )
+    model, generator = None, None
+    if isinstance(source, UncertainModel):
+        if not looks_like_loader(targets):
+            raise InputError(
+                f"with a wrapped model, calibration takes a loader of (x, y) batches, not "
+                f"{type(targets).__name__}, e.g. posthoc.conformal(um, calibration_loader)"
+            )
+        model, generator = source, torch.Generator(device=source.device).manual_seed(seed)
+        pred, y = predict_regression_loader(
+            source, targets, progress=progress, generator=generator, desc="conformal calibration"
+        )
+    else:
+        if looks_like_loader(targets):
+            raise InputError(
+                "calibrated on a RegressionPrediction, conformal takes its targets (N,) or (N, D), not a "
+                "loader; to calibrate on a loader of (x, y) batches pass the wrapped model: "
+                "posthoc.conformal(um, calibration_loader)"
+            )
+        pred, y = source, real_targets(targets, source.mean)
+    calibrated = conformal_intervals(y, alpha=alpha, score=score, **_bounds(pred, score, alpha))
+    return ConformalRegressor(calibrated, model, generator)
+
+
 def conformal(
     source: Any,
     labels: Any,
@@ -158,7 +316,7 @@ def conformal(
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.
         score: ``"lac"`` (default; smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive);
             for a regressor ``"normalized"`` (default; ``|y - mean| / std``), ``"absolute"`` or ``"cqr"``
-            (see :mod:`posthoc.guarantees.regression_conformal`).
+            (see the module docs).
         randomized: randomise APS/RAPS (default ``True``: exact coverage; a set may be empty);
             ``False`` gives deterministic, conservative sets (coverage above ``1 - alpha``).
         k_reg, lam: RAPS regularisation (defaults 1 and 0.01).
@@ -180,20 +338,46 @@ def conformal(
         True
     """
     integer(seed, "seed")
-    if is_regression(source):
-        return conformal_regression(
-            source,
-            labels,
-            alpha=alpha,
-            score=score,
-            seed=seed,
-            progress=progress,
-            randomized=randomized,
-            k_reg=k_reg,
-            lam=lam,
-            mondrian=mondrian,
-            inputs=inputs,
-        )
+    calibration = CALIBRATIONS.get(prediction_type(source), conformal_sets)
+    return calibration(
+        source,
+        labels,
+        alpha=alpha,
+        score=score,
+        randomized=randomized,
+        k_reg=k_reg,
+        lam=lam,
+        mondrian=mondrian,
+        seed=seed,
+        inputs=inputs,
+        progress=progress,
+    )
+
+
+def conformal_sets(
+    source: Any,
+    labels: Any,
+    *,
+    alpha: float,
+    score: str | None,
+    randomized: bool | None,
+    k_reg: int | None,
+    lam: float | None,
+    mondrian: bool,
+    seed: int,
+    inputs: str,
+    progress: bool,
+) -> ConformalPredictor:
+    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments).
+
+    Example:
+        >>> from posthoc.guarantees.conformal import conformal_sets
+        >>> import torch
+        >>> logits, labels = torch.randn(100, 3), torch.randint(0, 3, (100,))
+        >>> options = dict(randomized=None, k_reg=None, lam=None, mondrian=False, inputs="logits", progress=False)
+        >>> conformal_sets(logits, labels, alpha=0.1, score="lac", seed=0, **options).sets(logits).shape
+        torch.Size([100, 3])
+    """
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(
@@ -208,3 +392,8 @@ def conformal(
     else:
         threshold = conformal_threshold(true_scores, alpha)
     return ConformalPredictor(predictive, conformity, alpha, threshold, mondrian, len(targets))
+
+
+#: the conformal calibration of each kind of prediction, by the type its likelihood predicts
+#: (``Likelihood.prediction_type``): sets of classes, or intervals of real targets
+CALIBRATIONS = {Prediction: conformal_sets, RegressionPrediction: conformal_regression}

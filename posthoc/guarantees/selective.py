@@ -33,8 +33,7 @@ from posthoc.core.inputs import like_given
 from posthoc.core.prediction import Prediction
 from posthoc.errors import ConfigError
 from posthoc.guarantees.bounds import binomial_upper_bound
-from posthoc.guarantees.regression_conformal import is_regression
-from posthoc.guarantees.sources import Predictive, calibration_predictions
+from posthoc.guarantees.sources import Predictive, calibration_predictions, is_regression
 
 SELECTION_SCORES = ("confidence", "entropy", "epistemic")
 

@@ -33,7 +33,7 @@ from torch import Tensor
 from posthoc.core.checks import one_of
 from posthoc.core.inputs import arrays_pair, as_tensor, check_labels, loader_fix, looks_like_loader
 from posthoc.core.logits import looks_like_probabilities
-from posthoc.core.prediction import Prediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
@@ -187,3 +187,32 @@ def calibration_predictions(
     kind = inputs if inputs != "auto" else ("probs" if looks_like_probabilities(values) else "logits")
     predictive = Predictive(kind, values.shape[1])
     return predictive, predictive(values), as_labels(labels, values.shape[1], values.shape[0])
+
+
+def prediction_type(source: Any) -> type:
+    """The kind of prediction a guarantee is calibrated on: a wrapped model's likelihood's ``prediction_type``, a
+    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` for a classifier's
+    probabilities, logits or prediction.
+
+    Example:
+        >>> from posthoc.guarantees.sources import prediction_type
+        >>> import torch
+        >>> prediction_type(torch.tensor([[0.2, 0.8]])).__name__
+        'Prediction'
+    """
+    if isinstance(source, RegressionPrediction):
+        return RegressionPrediction
+    return source.likelihood.prediction_type if isinstance(source, UncertainModel) else Prediction
+
+
+def is_regression(source: Any) -> bool:
+    """Whether ``source`` is a :class:`RegressionPrediction` or a model wrapped with a regression likelihood.
+
+    Example:
+        >>> import posthoc
+        >>> from posthoc.guarantees.sources import is_regression
+        >>> from posthoc_apps.demo.examples import regressor
+        >>> is_regression(posthoc.wrap(regressor, method="none", likelihood="regression"))
+        True
+    """
+    return prediction_type(source) is RegressionPrediction

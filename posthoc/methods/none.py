@@ -31,8 +31,8 @@ from posthoc.core.likelihood import (
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.export.modules import GaussianOutputs, Plain, observation_variance
 
 

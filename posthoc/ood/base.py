@@ -23,8 +23,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.options import Options as BaseOptions
-from posthoc.core.prediction import Prediction
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.errors import NotFittedError, NumericalError
 
 

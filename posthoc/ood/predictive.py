@@ -70,7 +70,7 @@ class PredictiveVariance(Score):
         >>> import torch
         >>> from posthoc.ood.base import Outputs
         >>> from posthoc.ood.predictive import PredictiveVariance
-        >>> from posthoc.core.regression_prediction import RegressionPrediction
+        >>> from posthoc.core.prediction import RegressionPrediction
         >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.tensor([1.0, 4.0])[None, :, None])
         >>> PredictiveVariance()(Outputs(prediction=pred))
         tensor([1., 4.])

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.likelihood import Gaussian
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, InputError
 
 TRUE_STD = torch.tensor([0.05, 0.5, 3.0], dtype=torch.float64)

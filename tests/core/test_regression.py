@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.core.likelihood import Gaussian
 from posthoc.core.mixture import GaussianMixture
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, NotFittedError, PosteriorFileError
 
 

@@ -34,7 +34,7 @@ from posthoc.core.likelihood import LIKELIHOODS
 from posthoc.core.options import Options, build
 from posthoc.core.registry import ENSEMBLE, REGISTRY
 from posthoc.methods.calibration import calibrators
-from posthoc.methods.calibration.regression_auto import regression_calibrators
+from posthoc.methods.calibration.auto import regression_calibrators
 from posthoc.methods.ensemble.method import Ensemble
 from posthoc.ood.detector import SCORES
 

@@ -18,7 +18,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.likelihood import Categorical, Gaussian
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import training_loss
 from posthoc.engine.selection import Tolerance

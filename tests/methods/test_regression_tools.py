@@ -17,7 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
 from posthoc.core.likelihood import Gaussian
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.feature_bank import normalised
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import feature_noise

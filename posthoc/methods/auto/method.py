@@ -53,8 +53,8 @@ from posthoc.core.json_state import as_record, record_tensor
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
 from posthoc.core.method import LogPredictive, Method, chain_of
 from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import method_class, register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Scores, out_of_fold

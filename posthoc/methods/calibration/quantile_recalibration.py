@@ -28,9 +28,9 @@ import torch
 from sklearn.isotonic import IsotonicRegression
 from torch import Tensor
 
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.recalibration import MonotoneMap
-from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.calibration.regression_base import RegressionCalibrator
+from posthoc.methods.calibration.base import RegressionCalibrator
 
 
 def fit_knots(pit: Tensor) -> tuple[Tensor, Tensor]:

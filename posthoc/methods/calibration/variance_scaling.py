@@ -3,7 +3,7 @@
 ``s`` minimises the held-out Gaussian NLL. For one Gaussian per example it has the closed form
 ``s² = mean((y - μ)² / σ²)``. For a mixture (ensembles, sampled networks) the whole mixture is
 scaled about its mean, ``μ + s (Y - μ)`` (every component's deviation from the mixture mean and its
-std times ``s``: :meth:`~posthoc.core.regression_prediction.RegressionPrediction.scaled`), which keeps
+std times ``s``: :meth:`~posthoc.core.prediction.RegressionPrediction.scaled`), which keeps
 it an exact mixture and multiplies its std by exactly ``s``; ``s`` then minimises each output's
 exact marginal mixture NLL by golden-section search in ``log s`` (per output; the outputs'
 marginals, which for one Gaussian is the joint NLL).
@@ -27,8 +27,8 @@ import torch
 from torch import Tensor
 
 from posthoc.core.likelihood import golden_minimum
-from posthoc.core.regression_prediction import RegressionPrediction
-from posthoc.methods.calibration.regression_base import RegressionCalibrator
+from posthoc.core.prediction import RegressionPrediction
+from posthoc.methods.calibration.base import RegressionCalibrator
 
 #: the search interval of a mixture's ``log s``: this factor either side of the closed form on its total std
 SEARCH_FACTOR = 100.0
@@ -45,7 +45,7 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
     Example:
         >>> import torch
         >>> from posthoc.methods.calibration.variance_scaling import closed_form_scale, numerical_scale
-        >>> from posthoc.methods.calibration.regression_base import as_prediction
+        >>> from posthoc.methods.calibration.base import as_prediction
         >>> mean = torch.randn(500)
         >>> pred, y = as_prediction(mean, torch.full((500,), 2.0)), (mean + torch.randn(500)).double()[:, None]
         >>> torch.allclose(numerical_scale(pred, y), closed_form_scale(pred, y), atol=1e-3)   # for one Gaussian

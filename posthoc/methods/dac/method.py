@@ -72,8 +72,8 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut

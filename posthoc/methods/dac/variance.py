@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.methods.dac.temperature import LOG_T0_BOUND, temperatures
 
 
@@ -65,7 +65,7 @@ def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPred
 
     Example:
         >>> import torch
-        >>> from posthoc.core.regression_prediction import RegressionPrediction
+        >>> from posthoc.core.prediction import RegressionPrediction
         >>> from posthoc.methods.dac.variance import inflated
         >>> pred = RegressionPrediction.from_components(torch.zeros(1, 2, 1), None, torch.ones(1, 1, 1))
         >>> inflated(pred, torch.tensor([1.0, 4.0])).std

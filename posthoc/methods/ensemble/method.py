@@ -48,8 +48,8 @@ from posthoc.core.checks import one_of
 from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.prediction import RegressionPrediction, mix_predictions
 from posthoc.core.registry import ENSEMBLE, register
-from posthoc.core.regression_prediction import RegressionPrediction, mix_predictions
 from posthoc.engine.ranks_spread import fit_spread
 from posthoc.errors import ConfigError
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture

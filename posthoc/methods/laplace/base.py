@@ -61,7 +61,6 @@ Example:
 from __future__ import annotations
 
 import abc
-import contextlib
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -72,21 +71,15 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
-from posthoc.core.likelihood import Likelihood, golden_minimum
+from posthoc.core.likelihood import Likelihood, Rows, linearised_nll, residual_std
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut, Prepared
-from posthoc.engine.runner import gather_rows, small_dense_work
+from posthoc.engine.runner import gather_rows
 from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.errors import ConfigError, InputError
-from posthoc.methods.laplace.gaussian_rows import (
-    NOISE_STEPS,
-    Rows,
-    normal_nll,
-    residual_std,
-)
 from posthoc.methods.laplace.glm_predictive import LINKS
 from posthoc.methods.laplace.marglik import (
     gaussian_nll,
@@ -451,96 +444,20 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.per_output_noise and outputs > 1 and self.likelihood.fits_noise
 
     def _held_out_noise(self, rows: Rows, prior_precision: float) -> float | Tensor:
-        """The ``σ`` minimising the NLL of ``N(f(x), J Σ Jᵀ + σ²)`` on ``rows`` at ``prior_precision`` (a fixed ``σ``
-        stays): golden-section search in ``log σ`` from a tenth to twice the rows' residual RMS. Several outputs under
-        an algorithm with a noise per output: one ``σ_d`` per output ``(D,)``, each searched on its output's NLL (the
-        outputs are independent under the predictive, so that is the joint minimum)."""
-        if self.likelihood.fixed:
-            return self.likelihood.fitted_stds() if self.likelihood.per_output else self.likelihood.fitted_std()
-        if self._per_output(rows[0][1].shape[-1]):
-            return self._held_out_noises(rows, prior_precision)
-        log_residual = math.log(residual_std(rows))
-        elements = self._noise_search_elements(rows)
-        with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
-            log_std = golden_minimum(
-                lambda log_std: sum(
-                    float(n.sum()) for n in self._gaussian_nll(rows, prior_precision, math.exp(log_std))
-                ),
-                log_residual - math.log(10.0),
-                log_residual + math.log(2.0),
-                steps=NOISE_STEPS,
-            )
-        return math.exp(log_std)
-
-    def _held_out_noises(self, rows: Rows, prior_precision: float) -> Tensor:
-        """``(D,)``: each output's ``σ_d`` of :meth:`_held_out_noise`, searched from its own residual RMS."""
-        stds = []
-        elements = self._noise_search_elements(rows)
-        for d in range(rows[0][1].shape[-1]):
-            log_residual = math.log(
-                residual_std([(None, outputs[:, d : d + 1], targets[:, d : d + 1]) for _, outputs, targets in rows])
-            )
-
-            def nll(log_std: float, d: int = d) -> float:
-                noise = math.exp(2 * log_std)
-                return sum(
-                    float(
-                        normal_nll(
-                            outputs[:, d : d + 1],
-                            noise
-                            * self._unit_variance(prepared, outputs, prior_precision * noise)[:, d : d + 1].double()
-                            + noise,
-                            targets[:, d : d + 1],
-                        ).sum()
-                    )
-                    for prepared, outputs, targets in rows
-                )
-
-            with contextlib.nullcontext() if elements is None else small_dense_work(elements, rows[0][1].device):
-                stds.append(
-                    math.exp(
-                        golden_minimum(
-                            nll, log_residual - math.log(10.0), log_residual + math.log(2.0), steps=NOISE_STEPS
-                        )
-                    )
-                )
-        return torch.tensor(stds, dtype=torch.float64)
+        """The likelihood's held-out noise under this posterior's GLM predictive at ``prior_precision``
+        (:meth:`~posthoc.core.likelihood.Gaussian.held_out_noise`; one ``σ_d`` per output under :meth:`_per_output`)."""
+        return self.likelihood.held_out_noise(
+            rows,
+            self._unit_variance,
+            prior_precision,
+            per_output=self._per_output(rows[0][1].shape[-1]),
+            elements=self._noise_search_elements(rows),
+        )
 
     def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float | Tensor) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at ``δ``, ``σ``
-        (a float, or one ``σ_d`` per output ``(D,)``)."""
-        if isinstance(std, Tensor) and std.dim() > 0:
-            return [
-                normal_nll(
-                    outputs,
-                    self._model_variance(prepared, outputs, prior_precision, std.square()).double()
-                    + std.square().to(outputs.device),
-                    targets,
-                )
-                for prepared, outputs, targets in rows
-            ]
-        noise = std * std
-        return [
-            normal_nll(
-                outputs,
-                noise * self._unit_variance(prepared, outputs, prior_precision * noise).double() + noise,
-                targets,
-            )
-            for prepared, outputs, targets in rows
-        ]
-
-    def _model_variance(self, prepared: Any, outputs: Tensor, prior_precision: float, noises: Tensor) -> Tensor:
-        """``(N, D)``: the diagonal of ``J Σ Jᵀ`` under one noise variance ``σ_d²`` per output ``noises`` ``(D,)``.
-
-        With an identity loss Hessian the head's GGN is ``Λ ⊗ A`` (``Λ = diag(1/σ_d²)``), whose posterior is
-        independent across outputs: output ``d``'s block is ``(A/σ_d² + δ)⁻¹ = σ_d² (A + δσ_d²)⁻¹``, so its variance
-        is ``σ_d²`` times the unit-noise one at prior ``δσ_d²`` (one unit-noise evaluation per distinct ``σ_d``)."""
-        variance = torch.empty_like(outputs, dtype=torch.float64)
-        for noise in torch.unique(noises).tolist():
-            columns = (noises == noise).nonzero().flatten().to(outputs.device)
-            unit = self._unit_variance(prepared, outputs, prior_precision * noise).double()
-            variance[:, columns] = noise * unit[:, columns]
-        return variance
+        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at ``δ``, ``σ``
+        (:func:`~posthoc.core.likelihood.linearised_nll`)."""
+        return linearised_nll(rows, self._unit_variance, prior_precision, std)
 
     def target_values(self) -> int:
         """How many target values the fit saw (examples times outputs): a Gaussian NLL's normaliser counts them."""

@@ -25,7 +25,7 @@ prior (``"marglik"``), ``"val"`` / ``"grid"`` score the predictive's held-out NL
 
 Under ``likelihood="regression"`` several outputs get one noise ``σ_d`` each: the GGN is then ``diag(1/σ_d²) ⊗ Σ phĩ phĩᵀ``, independent
 across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column
-(:meth:`~posthoc.methods.laplace.base.Laplace._model_variance`). The evidence picks ``δ`` with one shared
+(:func:`~posthoc.core.likelihood.linearised_variance`). The evidence picks ``δ`` with one shared
 ``σ``; then each ``σ_d`` minimises its output's held-out NLL at that ``δ`` (without a ``val_loader``: on up to
 ``TRAIN_ROWS`` training rows; a fixed noise per output: the evidence reads their root mean square).
 :meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one shared noise and refuses a noise
@@ -51,10 +51,10 @@ from torch import Tensor, nn
 
 from posthoc.core.chunks import current_budget
 from posthoc.core.inputs import Inputs, iterate
-from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, linearised_variance
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.errors import ConfigError, ExportError
 from posthoc.export.modules import Backbone, GaussianOutputs, observation_variance
@@ -169,11 +169,9 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                 num_samples or self.num_samples,
             )
         phi_aug = augment(phi.to(dtype), self._has_bias)
-        if (
-            self.likelihood.per_output
-        ):  # one σ_d per output: each output's block at its own noise (Laplace._model_variance)
+        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (linearised_variance)
             noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
-            variance = self._model_variance(phi_aug, outputs, float(self.prior_precision), noises)
+            variance = linearised_variance(self._unit_variance, phi_aug, outputs, float(self.prior_precision), noises)
             return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
         noise = self.likelihood.dispersion
         variance = (

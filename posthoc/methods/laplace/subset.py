@@ -53,7 +53,7 @@ from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, model_out
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, parameter_owners
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.runner import sum_over_ranks
 from posthoc.errors import ConfigError, InputError
 from posthoc.methods.laplace import glm_predictive as glm

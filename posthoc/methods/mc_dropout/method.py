@@ -64,8 +64,8 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.hooks import called_in_order, hooked

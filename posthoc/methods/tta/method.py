@@ -49,8 +49,8 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import PIXELS, input_layout
 from posthoc.engine.runner import sum_over_ranks

@@ -14,8 +14,7 @@ import torch
 import posthoc
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration import calibrators
-from posthoc.methods.calibration.auto import top_label_ece
-from posthoc.methods.calibration.regression_auto import confidently_better
+from posthoc.methods.calibration.auto import confidently_better, top_label_ece
 
 MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
 

@@ -16,11 +16,11 @@ import scipy.stats
 import torch
 
 import posthoc
-from posthoc.core.regression_prediction import RegressionPrediction
+from posthoc.core.prediction import RegressionPrediction
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation.gaussian_metrics import calibration_error, components
-from posthoc.methods.calibration.regression_auto import quantile_crps
-from posthoc.methods.calibration.regression_base import as_prediction
+from posthoc.methods.calibration.auto import quantile_crps
+from posthoc.methods.calibration.base import as_prediction
 from posthoc.methods.calibration.variance_scaling import closed_form_scale, numerical_scale
 
 
