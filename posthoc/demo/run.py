@@ -46,6 +46,7 @@ from posthoc.core.registry import method_class
 from posthoc.demo import data, zoo
 from posthoc.demo.configs import DEMO_CONFIGS, EXPECTED_SECONDS, LEFT_OUT, TEMPERATURE_SECONDS
 from posthoc.demo.steps import Steps
+from posthoc.engine.choice import make_choice
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
@@ -216,7 +217,7 @@ def _with_temperature(um: UncertainModel, cal_loader) -> tuple[UncertainModel, f
 
     def choose() -> None:
         model, likelihood = um.method.plain_model, stacked.likelihood
-        top.choose(HeldOut.read(cal_loader, model=model, likelihood=likelihood, device=stacked.device))
+        make_choice(top, HeldOut.read(cal_loader, model=model, likelihood=likelihood, device=stacked.device))
         top.fitted.fill_(True)
 
     _, seconds = _timed(choose)

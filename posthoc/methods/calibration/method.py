@@ -155,7 +155,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 
     needs_val = True
     stacks = True
-    knob = "calibration"
+    knob_name = "calibration"
     calibrator_class: ClassVar[type[Calibrator]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:

@@ -49,7 +49,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +58,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, batch_size, run_model
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
@@ -199,52 +200,45 @@ class MCDropout(Method):
         model trained without it gains little: ``benchmarks/results/quality.md``)."""
         return bool(own_dropout_sites(model))
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only a rate left to choose
-        return self.tunes_rate
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a rate is set at once
-        return not self.likelihood.fits_noise  # (under regression the noise is fitted at the chosen rate)
-
-    def apply_choice(self, value: float) -> None:
-        """Set every site's rate to ``value`` (a candidate of the held-out choice)."""
-        self.rate.fill_(float(value))
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """With ``p="auto"``, or ``p=None`` and held-out data: every site's rate by the selection step over 0 and
         :data:`P_GRID` (module docs); the structure not found at ``wrap()`` is resolved from the first held-out batch."""
         if not self.tunes_rate:
-            return
-        regression = self.likelihood.prediction_type is RegressionPrediction
+            return None
+        return Knob(
+            name="dropout rate",
+            candidates=[(f"p={p:g}", p) for p in (0.0, *P_GRID)],
+            prepare=self._prepare_rates,
+            score=lambda rate, score: score(rate),
+            apply=lambda value: self.rate.fill_(float(value)),
+            movable=not self.likelihood.fits_noise,  # (under regression the noise is fitted at the chosen rate)
+            then=self._chosen_rate,
+        )
+
+    def _prepare_rates(self, held_out: HeldOut, train_loader: Iterable | None) -> Callable[[float], Scores]:
+        """``rate -> Scores`` on ``held_out``, its inputs run up to the head once for every rate."""
         samples = SELECTION_FACTOR * self.num_samples
-        candidates = (0.0, *P_GRID)
-        with torch.no_grad(), eval_mode(self.model):
-            self._resolve(next(iter(held_out.clean()))[0])
+        self._resolve(next(iter(held_out.clean()))[0])
+        regression = self.likelihood.prediction_type is RegressionPrediction
+        prepared = None if regression else held_out.prepared(lambda x: (x, self._head_features(x)))
+
+        def scores(rate: float) -> Scores:
             if regression:
+                sites = with_rate(self._sites, rate)
+                return held_out.regression_scores(lambda x, generator: self._outputs_at(x, sites, samples, generator))
+            if rate == 0:
+                return held_out.plain  # no dropout: the plain model itself
+            sites = with_rate(self._sites, rate)
+            return prepared.scores(
+                lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0], device=self.device
+            )
 
-                def scores(index: int) -> Scores:
-                    sites = with_rate(self._sites, candidates[index])
-                    return held_out.regression_scores(
-                        lambda x, generator: self._outputs_at(x, sites, samples, generator)
-                    )
-            else:
-                prepared = held_out.prepared(lambda x: (x, self._head_features(x)))
+        return scores
 
-                def scores(index: int) -> Scores:
-                    if candidates[index] == 0:
-                        return held_out.plain  # no dropout: the plain model itself
-                    sites = with_rate(self._sites, candidates[index])
-                    return prepared.scores(
-                        lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0],
-                        device=self.device,
-                    )
-
-            selection = held_out.select([(f"p={p:g}", p) for p in candidates], scores, knob="dropout rate", walk=True)
-        self.record_selection(selection)
-        self.rate.fill_(selection.value)
+    def _chosen_rate(self, selection: Any, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> None:
+        """Keep the held-out NLLs of the chosen rate; under regression fit the noise at it."""
         self.validation_nll.copy_(torch.tensor([selection.plain_nll, selection.chosen.clean_nll]))
-        if regression:
+        if self.likelihood.prediction_type is RegressionPrediction:
             self._fit_noise((train_loader, list(held_out.clean())), progress)
 
     def summary(self) -> dict[str, Any]:
