@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor
@@ -56,7 +57,7 @@ class HistogramBinning(Calibrator):
     @dataclass(frozen=True, kw_only=True)
     class Options(Calibrator.Options):
         bins: int = 15
-        mode: str = "per-class"
+        mode: Literal[MODES] = "per-class"
         smoothing: float = 1.0
 
     def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:

@@ -74,6 +74,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Likelihood, golden_minimum
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.held_out import HeldOut, Prepared
@@ -124,26 +125,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     ``Laplace.build(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
 
-    Options:
-        hessian: ``"kron"`` (KFAC, default), ``"full"`` or ``"diag"`` GGN; for deeper subsets
-            ``"kron"`` is BackPACK's exact KFLR, ``"kron-mc"`` its MC-sampled KFAC, ``"diag"`` DiagGGN.
-        subset: ``"last_layer"`` (default), ``"all"``, a list of module names (BackPACK KFAC), or
-            ``"lora"``: a ``peft`` model's LoRA adapter weights only (KFAC-reduce or diagonal GGN
-            from hooks, :mod:`posthoc.methods.laplace.hooked_kfac`; GLM predictive).
-        prior_precision: ``"auto"`` (default: ``"val"`` on ``val_loader`` if given, else on the
-            training data), ``"val"`` (the held-out choice of the selection step: confidently within
-            ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
-            copies; ``val_loader`` required), ``"grid"`` (the lowest validation NLL on the log grid
-            1e-4..1e4), ``"marglik"`` (maximise the Laplace evidence) or a positive float.
-        link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``; under
-            ``likelihood="heteroscedastic"``: the moment-matched Gaussian (default) or ``"mc"``, the mixture over
-            sampled means and log-variances.
-        pred: ``"glm"`` (linearised; the default for the last layer and for subsets of Linear
-            layers) or ``"nn"`` (weight samples through the network; the default for subsets
-            with Conv2d layers).
-        num_samples: samples for ``link="mc"`` and ``pred="nn"``.
-        head: name of the classifier head, if it cannot be found automatically.
-
     The posterior matrices and each chunk of the predictive's temporaries stay under the runner's memory budget
     (:mod:`posthoc.core.chunks`).
     """
@@ -163,13 +144,21 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        hessian: Literal[HESSIANS] = "kron"
-        subset: Literal["last_layer", "all", "lora"] | list[str] = "last_layer"
-        prior_precision: Literal[PRIOR_MODES] | float = "auto"
-        link: Literal[LINKS] = "probit"
-        pred: Literal["glm", "nn"] | None = None
-        num_samples: int = 100
-        head: str | None = None
+        hessian: Literal[HESSIANS] = option(
+            "kron", "the GGN's structure; deeper subsets: kron = exact KFLR, kron-mc = KFAC"
+        )
+        subset: Literal["last_layer", "all", "lora"] | list[str] = option(
+            "last_layer", "the weights under the posterior: module names, or lora (a peft model's adapters)"
+        )
+        prior_precision: Literal[PRIOR_MODES] | float = option(
+            "auto", "auto: val with a val_loader, else on training rows; grid: lowest val NLL; marglik: the evidence"
+        )
+        link: Literal[LINKS] = option("probit", "the predictive's link: probit (deterministic), mc samples, bridge")
+        pred: Literal["glm", "nn"] | None = option(
+            None, "glm (linearised; default on Linear layers) or nn (weight samples; default with Conv2d)"
+        )
+        num_samples: int = option(100, "samples for link='mc' and pred='nn'")
+        head: str | None = option(None, "the classifier head's name, if it cannot be found")
 
         def __post_init__(self) -> None:
             subset, prior_precision = self.subset, self.prior_precision

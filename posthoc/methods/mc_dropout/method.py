@@ -51,7 +51,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -63,6 +63,7 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.core.regression_prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
@@ -95,36 +96,29 @@ MASKS = ("shared", "per_example")
 
 @register
 class MCDropout(Method):
-    """Average the softmax over ``num_samples`` dropout masks (Gal & Ghahramani, 2016).
-
-    Options:
-        p: ``None`` (chosen on ``val_loader`` when ``fit`` gets one, else the model's own rates and
-            ``DEFAULT_INSERT_P`` for inserted dropout), a rate in ``[0, 1)``, or ``"auto"`` (chosen on
-            ``val_loader``, which ``fit`` then requires); see the module docs for the rule.
-        where: ``None`` (the model's own dropout, else the head), ``"head"``, ``"blocks"``, or a
-            list of module names to put dropout before. An explicit ``where`` replaces the
-            model's own dropout sites.
-        insert: allow inserting dropout; ``False`` uses only the model's own dropout.
-        num_samples: masks per prediction (per-call override in ``predict``).
-        head: the classifier module's name for ``where="head"`` when it cannot be found.
-        masks: ``"per_example"`` (default): a fresh mask for every example and sample;
-            ``"shared"``: when the only dropout is on a Linear head's input, each of the ``S``
-            masks is shared by all examples of a batch (one forward pass and one batched matmul;
-            each example's predictive is the same in distribution, but a temperature fitted on
-            top over-sharpens). Dropout elsewhere always draws per example.
-    """
+    """Average the softmax over ``num_samples`` dropout masks (Gal & Ghahramani, 2016)."""
 
     name = "mc-dropout"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        p: float | str | None = None
-        where: str | Sequence[str] | None = None
-        insert: bool = True
-        num_samples: int = 50
-        head: str | None = None
-        masks: str = "per_example"
+        p: float | Literal["auto"] | None = option(
+            None, "the rate; None: chosen when fit gets a val_loader, else the model's own; auto: chosen (val_loader)"
+        )
+        where: str | Sequence[str] | None = option(
+            None, "None (the model's own dropout, else the head), head, blocks, or module names to put dropout before"
+        )
+        insert: bool = option(True, "allow inserting dropout (False: the model's own dropout only)")
+        num_samples: int = option(50, "masks per prediction")
+        head: str | None = option(None, "the classifier module's name for where='head' when it cannot be found")
+        masks: Literal[MASKS] = option(
+            "per_example", "per_example: a mask per example and sample; shared: one per sample for the whole batch"
+        )
+
+        def __post_init__(self) -> None:
+            _check_options(self.p, self.where, self.insert, self.num_samples, self.head)
+            super().__post_init__()  # masks
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         p, where, insert, num_samples, head, masks = (
@@ -136,7 +130,6 @@ class MCDropout(Method):
             options.masks,
         )
         super().__init__(model)
-        _check_options(p, where, insert, num_samples, head, masks)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
             where = list(where)
@@ -428,7 +421,7 @@ class MCDropout(Method):
         )
 
 
-def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, masks: object) -> None:
+def _check_options(p: object, where: object, insert: object, num_samples: object, head: object) -> None:
     if not (p is None or p == "auto" or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1)):
         raise ConfigError(f"p must be a dropout rate in [0, 1), None (the model's own rates) or 'auto', got {p!r}")
     if not (
@@ -442,10 +435,6 @@ def _check_options(p: object, where: object, insert: object, num_samples: object
     positive_int(num_samples, "num_samples")
     if head is not None and not isinstance(head, str):
         raise ConfigError(f"head must be a module name, got {type(head).__name__}")
-    if masks not in MASKS:
-        raise ConfigError(
-            f"masks must be 'shared' (one mask per sample for the whole batch) or 'per_example', got {masks!r}"
-        )
 
 
 def _log_softmax(logits: Tensor) -> Tensor:
