@@ -27,7 +27,8 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.inputs import Inputs
-from posthoc.core.json_state import as_record, record_tensor
+from posthoc.core.json_state import as_record
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Likelihood
 from posthoc.core.options import Options as BaseOptions
 from posthoc.core.prediction import RegressionPrediction
@@ -49,7 +50,8 @@ class Method(nn.Module):
     - ``FitOptions``: the same for the options of ``fit`` (none by default); ``fit`` then takes them as
       ``options=``.
     - :meth:`fit`: the method's work on the training data (curvature, fine-tuning, a feature bank).
-    - :meth:`choose` (which makes :attr:`makes_choice` true): its held-out choice through the selection step.
+    - :meth:`knob`: its held-out choice, declared (its name, candidates, scores and how one is applied); the runner
+      makes it through the selection step.
     - :meth:`log_predictive` (classification) and, for a regression likelihood in :attr:`likelihoods`,
       :meth:`regression_predictive`.
     - :meth:`summary`: what the posterior is over, for the model card.
@@ -125,7 +127,7 @@ class Method(nn.Module):
         self.likelihood: Likelihood = Categorical()
         declared = type(self).requires_fit  # a property where the instance derives it (it sets ``fitted`` itself)
         self.register_buffer("fitted", torch.tensor(declared is False))
-        #: the record of the held-out choice (:meth:`choose`) as JSON bytes (``None``: no choice made)
+        #: the record of the held-out choice (:meth:`knob`) as JSON bytes (``None``: no choice made)
         self.register_buffer("selection_record", None)
 
     @classmethod
@@ -218,49 +220,21 @@ class Method(nn.Module):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """Do the method-specific work on the training data (curvature, fine-tuning, a feature bank).
 
-        What is chosen on held-out data is :meth:`choose`'s, which ``UncertainModel.fit`` calls right after.
+        What is chosen on held-out data is declared by :meth:`knob`, and made by the runner right after.
         """
         self.fitted.fill_(True)
 
-    @property
-    def makes_choice(self) -> bool:
-        """Whether this method makes a held-out choice (overrides :meth:`choose`); ``UncertainModel.fit`` then reads
-        the held-out data once for the whole chain, before anything is fitted."""
-        return type(self).choose is not Method.choose
-
-    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
-        """Make this method's held-out choice (a prior precision, a rate, a scale, a calibrator's parameters) on
-        ``held_out`` (a :class:`posthoc.engine.held_out.HeldOut`: the clean validation batches, their perturbed
-        copies and the plain model's scores) through :func:`posthoc.engine.selection.select`, and keep its record
-        with :meth:`record_selection`. Called after :meth:`fit`, and again by ``UncertainModel.choose`` on new
-        held-out data; ``train_loader`` is there for a method whose candidates need it (SWAG's BatchNorm statistics).
-        """
-
-    @property
-    def choice_can_move(self) -> bool:
-        """Whether :meth:`apply_choice` can set another candidate of the last choice at once (a prior precision, a
-        rate: no refit): a calibrator or DAC stacked on this method then re-makes the choice per fold of its
-        cross-fitting."""
-        return False
-
-    def apply_choice(self, value: Any) -> None:
-        """Set the candidate ``value`` of this method's held-out choice (see :attr:`choice_can_move`)."""
-        raise NotImplementedError(f"'{self.name}' cannot set another candidate of its held-out choice")
-
-    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
-        """What :meth:`choose` chooses on when ``fit`` gets no ``val_loader`` (``None``: no choice is made then);
-        Laplace's ``"auto"`` prior takes training rows."""
+    def knob(self) -> Knob | None:
+        """This method's held-out choice, declared (``None``: it makes none): a :class:`~posthoc.core.knob.Knob`
+        naming the knob, its candidates, how one is scored and how one is applied. The runner
+        (:func:`posthoc.engine.choice.make_choice`) makes it through the selection step after :meth:`fit`, and again
+        on new held-out data (``um.choose``); ``UncertainModel.fit`` reads the held-out data once for the chain when
+        any method of it declares one."""
         return None
-
-    def record_selection(self, selection: Any) -> None:
-        """Keep ``selection`` (a :class:`posthoc.engine.selection.Selection`) for the model card and the file; the
-        object itself, with every tried candidate's scores, stays in :attr:`last_selection` until the method is saved."""
-        self.selection_record = record_tensor(selection.to_dict(), self.device)
-        self.__dict__["_last_selection"] = selection
 
     @property
     def last_selection(self) -> Any:
-        """The :class:`posthoc.engine.selection.Selection` of the last :meth:`choose` in this process (``None`` after a
+        """The :class:`posthoc.engine.selection.Selection` of the last held-out choice in this process (``None`` after a
         load, or without a choice): what ``method="auto"`` judges a method's choice by, out of fold."""
         return self.__dict__.get("_last_selection")
 

@@ -1,9 +1,10 @@
 """A method's options as a dataclass: :class:`Options`, the base every method's ``Options`` and ``FitOptions`` extend.
 
 A method lists what ``wrap`` takes for it (and what ``fit`` takes) as the fields of a frozen, keyword-only dataclass,
-each with its type and default; ``wrap``, the CLI and the docs read those fields (:meth:`Options.defaults`), never a
-signature. The method reads ``options.num_samples`` in its ``__init__`` and checks the values there, with its own
-messages.
+each with its type and default; ``wrap``, the CLI and the docs (``docs/options.md``, written by
+``scripts/options_page.py``) read those fields, never a signature. A field that takes one of a fixed set of strings is
+typed ``Literal[...]`` and checked when the options are made (:meth:`Options.__post_init__`); a subclass adds its own
+value checks in its ``__post_init__``. The one-line help of a field is its ``metadata["help"]`` (:func:`option`).
 
 A calibrator, an OOD score or a likelihood declares its ``Options`` the same way, and its ``__init__`` takes the same
 fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(temperature=2.0)``):
@@ -11,6 +12,7 @@ fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(tempe
 checks that the fields and the keywords agree.
 
 Example:
+    >>> from posthoc.core.options import option
     >>> from posthoc.core.options import Options
     >>> from dataclasses import dataclass
     >>> @dataclass(frozen=True, kw_only=True)
@@ -24,14 +26,24 @@ Example:
     >>> DropoutOptions.make({"rate": 0.2}, "'mc-dropout'")
     Traceback (most recent call last):
     posthoc.errors.ConfigError: unknown option(s) ['rate'] for 'mc-dropout'; valid options: p=0.1, num_samples=50
+    >>> from typing import Literal
+    >>> @dataclass(frozen=True, kw_only=True)
+    ... class MaskOptions(Options):
+    ...     masks: Literal["shared", "per_example"] = option("per_example", "one mask per sample, or per example")
+    >>> MaskOptions(masks="each")
+    Traceback (most recent call last):
+    posthoc.errors.ConfigError: masks must be one of ('shared', 'per_example'), got 'each'
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, TypeVar
+import functools
+import types
+import typing
+from typing import Any, Literal, TypeVar
 
-from posthoc.core.checks import known_options
+from posthoc.core.checks import known_options, one_of
 
 OptionsT = TypeVar("OptionsT", bound="Options")
 BuiltT = TypeVar("BuiltT")
@@ -41,6 +53,13 @@ BuiltT = TypeVar("BuiltT")
 class Options:
     """The options of a method (or of its ``fit``): subclass it as a ``@dataclass(frozen=True, kw_only=True)`` whose
     fields are the options, each with its type and default. This base has none."""
+
+    def __post_init__(self) -> None:
+        """Refuse a value outside a ``Literal`` field's choices (a string, where the field takes other types too)."""
+        for name, (choices, only) in literal_fields(type(self)).items():
+            value = getattr(self, name)
+            if only or isinstance(value, str):
+                one_of(value, name, choices)
 
     @classmethod
     def defaults(cls) -> dict[str, Any]:
@@ -59,6 +78,54 @@ class Options:
     def as_dict(self) -> dict[str, Any]:
         """The options by name (values as given: not copied)."""
         return {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+
+
+def option(default: Any, help: str) -> Any:  # noqa: A002  # (the name of the metadata key)
+    """A field with ``default`` and a one-line ``help`` (its metadata), which ``docs/options.md`` shows.
+
+    Example:
+        >>> import dataclasses
+        >>> from posthoc.core.options import Options, option
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Sampled(Options):
+        ...     num_samples: int = option(20, "draws of the posterior per prediction")
+        >>> dataclasses.fields(Sampled)[0].metadata["help"]
+        'draws of the posterior per prediction'
+    """
+    if isinstance(default, (list, dict, set)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@functools.cache
+def literal_fields(cls: type) -> dict[str, tuple[tuple[Any, ...], bool]]:
+    """``name -> (choices, only)`` of the fields of ``cls`` typed with a ``Literal``: its choices (and ``None`` where
+    the type allows it), and whether they are all the field takes (else a string must be one of them).
+
+    Example:
+        >>> import dataclasses
+        >>> from typing import Literal
+        >>> from posthoc.core.options import Options, literal_fields
+        >>> @dataclasses.dataclass(frozen=True, kw_only=True)
+        ... class Prior(Options):
+        ...     prior_precision: Literal["auto", "val"] | float = "auto"
+        >>> literal_fields(Prior)
+        {'prior_precision': (('auto', 'val'), False)}
+    """
+    hints = typing.get_type_hints(cls)
+    found = {}
+    for field in dataclasses.fields(cls):
+        hint = hints[field.name]
+        members = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+        literals = [m for m in members if typing.get_origin(m) is Literal]
+        if not literals:
+            continue
+        others = [m for m in members if typing.get_origin(m) is not Literal and m is not type(None)]
+        choices = tuple(choice for literal in literals for choice in typing.get_args(literal))
+        if type(None) in members:
+            choices = (*choices, None)
+        found[field.name] = (choices, not others)
+    return found
 
 
 def build(cls: type[BuiltT], values: dict[str, Any], owner: str) -> BuiltT:

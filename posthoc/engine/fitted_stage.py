@@ -6,7 +6,7 @@ fit, a fit pulled towards the perturbed copies) is a held-out choice like any ot
 selection step (:mod:`posthoc.engine.selection`). Because each configuration's parameters are fitted on the
 held-out data, its scores are cross-fitted: fitted on four folds, scored on the fifth. A subclass says what
 it caches (:meth:`FittedOnHeldOut.held_out_cache`), which configurations it tries, how one is fitted and
-scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.choose` does the rest, and
+scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.knob` does the rest, and
 ``method="auto"`` calls the same pieces on caches it shares between candidates.
 
 Example:
@@ -25,15 +25,17 @@ from typing import Any, ClassVar
 
 import torch
 
+from posthoc.core.knob import Knob
+from posthoc.engine.choice import movable
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.selection import Candidate, Rows, Scores, Selection, choice_on, cross_fitted, fold_count
 
 
 class FittedOnHeldOut:
     """Mixin of a :class:`~posthoc.core.method.Method` whose held-out choice is among configurations fitted on
-    held-out predictions (module docs). ``knob`` names the choice in its record."""
+    held-out predictions (module docs). ``knob_name`` names the choice in its record."""
 
-    knob: ClassVar[str] = "configuration"
+    knob_name: ClassVar[str] = "configuration"
 
     def held_out_cache(self, held_out: HeldOut) -> Any:
         """What every configuration is fitted and scored on: the inner predictions (and more) over the clean and the
@@ -58,7 +60,7 @@ class FittedOnHeldOut:
         """The selection among ``configurations`` by their out-of-fold scores (fold warnings silenced: the final fit warns).
 
         When the method stacked under this one made a held-out choice of its own among fixed candidates (Laplace's
-        prior precision, a dropout rate: :meth:`~posthoc.core.method.Method.apply_choice`), that choice is re-made on
+        prior precision, a dropout rate: a movable :class:`~posthoc.core.knob.Knob`), that choice is re-made on
         each fold's fitting examples too (:func:`~posthoc.engine.selection.choice_on`), and the fold is fitted and
         scored on the inner predictive at it: otherwise the inner choice, tuned on every held-out example, would
         make the stacked candidates look cheaper than they are on new data. ``cache`` is the one at the inner's
@@ -72,7 +74,7 @@ class FittedOnHeldOut:
                 lambda fitting, scored: self.fit_and_score(caches(scored), configurations, fitting, scored),
                 held_out.layout,
             )
-        return held_out.select(configurations, scores, knob=self.knob, folds=folds if folds > 1 else None)
+        return held_out.select(configurations, scores, knob=self.knob_name, folds=folds if folds > 1 else None)
 
     def _fold_caches(self, cache: Any, held_out: HeldOut) -> Any:
         """``scored rows -> cache`` of each fold: the inner predictive at the choice re-made without those rows."""
@@ -80,7 +82,7 @@ class FittedOnHeldOut:
         selection = None if inner is None else inner.last_selection
         if (
             selection is None
-            or not inner.choice_can_move
+            or not movable(inner)
             or selection.plain_scores is None
             or len(selection.plain_scores.clean) != held_out.layout.count
         ):
@@ -90,11 +92,11 @@ class FittedOnHeldOut:
         for fitting, scored in held_out.layout.folds():
             index = choice_on(selection, selection.plain_scores, fitting)
             if index not in made:
-                inner.apply_choice(selection.records[index].value)
+                inner.knob().apply(selection.records[index].value)
                 try:
                     made[index] = self.held_out_cache(held_out)
                 finally:
-                    inner.apply_choice(selection.records[chosen].value)
+                    inner.knob().apply(selection.records[chosen].value)
             by_fold.append((scored.clean, made[index]))
 
         def of(scored: Rows) -> Any:
@@ -102,9 +104,13 @@ class FittedOnHeldOut:
 
         return of
 
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob:
+        """The configuration, cross-fitted: its own ``choose``, since every candidate is fitted on the held-out data."""
+        return Knob(name=self.knob_name, choose=self._choose_configuration)
+
+    def _choose_configuration(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection:
         """Cache the held-out predictions, choose a configuration by its cross-fitted scores, and fit it on all rows."""
         cache = self.held_out_cache(held_out)
         selection = self.cross_fitted_selection(cache, held_out, self.configurations(cache))
-        self.record_selection(selection)  # type: ignore[attr-defined]
         self.apply(cache, selection.value, held_out)
+        return selection

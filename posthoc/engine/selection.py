@@ -39,7 +39,7 @@ The rule (:func:`select`):
    example in the same fold as the example. The final fit then uses all the held-out data. A candidate
    stacked on a method that makes its own held-out choice (a temperature or DAC on Laplace's prior or on
    MC dropout's rate) is cross-fitted *nested*: in each fold the inner knob is chosen again on the
-   other folds only (:meth:`~posthoc.core.method.Method.apply_choice`), so the out-of-fold scores never
+   other folds only (its movable :class:`~posthoc.core.knob.Knob`), so the out-of-fold scores never
    rest on a choice that saw the scored examples.
 
 Every candidate's :class:`Record` is kept: its excess with its bound, its perturbed NLL and ECE, its

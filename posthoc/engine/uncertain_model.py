@@ -54,6 +54,7 @@ from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction, RegressionPrediction, concat
+from posthoc.engine.choice import make_choice, makes_choice, training_rows
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance, warn_kept_plain
@@ -189,7 +190,7 @@ class UncertainModel(nn.Module):
         train_loader, val_loader = counting(train_loader), counting(val_loader)
         chain = chain_of(self.method)
         held_out = None
-        if val_loader is not None and any(method.makes_choice for method in chain):
+        if val_loader is not None and any(makes_choice(method) for method in chain):
             # read before any fit: the plain model is the checkpoint as it was given
             held_out = HeldOut.read(
                 val_loader,
@@ -202,14 +203,14 @@ class UncertainModel(nn.Module):
             )
         for method in chain:
             _fit_one(method, train_loader, val_loader, progress, fit_options)
-            if method.makes_choice:
+            if makes_choice(method):
                 chosen_on = (
                     held_out
                     if val_loader is not None
                     else self._training_rows(method, train_loader, shift, tolerance, progress)
                 )
                 if chosen_on is not None:
-                    method.choose(chosen_on, train_loader=train_loader, progress=progress)
+                    make_choice(method, chosen_on, train_loader=train_loader, progress=progress)
                     _say_if_kept_plain(method, chosen_on)
             if method.requires_fit:
                 method.fitted.fill_(True)
@@ -234,8 +235,8 @@ class UncertainModel(nn.Module):
     def _training_rows(
         self, method: Method, train_loader: Iterable | None, shift: Any, tolerance: Tolerance, progress: bool
     ) -> HeldOut | None:
-        """The held-out data a method chooses on without a ``val_loader`` (:meth:`Method.held_out_without_val`)."""
-        rows = method.held_out_without_val(train_loader)
+        """The held-out data a method chooses on without a ``val_loader`` (its knob's ``training_rows``)."""
+        rows = training_rows(method, train_loader)
         if rows is None:
             return None
         return HeldOut.read(
@@ -292,8 +293,8 @@ class UncertainModel(nn.Module):
             )
         with self.run.scope():
             for method in chain_of(self.method):
-                if method.makes_choice:
-                    method.choose(held_out, train_loader=train_loader, progress=progress)
+                if makes_choice(method):
+                    make_choice(method, held_out, train_loader=train_loader, progress=progress)
                     _say_if_kept_plain(method, held_out)
         self._changed()
         return self

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 import torch
 import torch.nn.functional as F
@@ -169,7 +169,7 @@ class VariationalMethod(Method):
         lr: float = 1e-3
         lr_scale: float = 1e-2
         kl_weight: float = 1.0
-        kl_schedule: str = "linear"
+        kl_schedule: Literal[SCHEDULES] = "linear"
         kl_warmup: float = 0.5
         kl_cycles: int = 4
 

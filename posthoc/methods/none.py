@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 from posthoc.core.inputs import Inputs, run_model
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import (
     Categorical,
     Gaussian,
@@ -53,14 +54,14 @@ class PlainModel(Method):
             self._fit_noise((train_loader, None), progress)
         super().fit(train_loader, val_loader, progress=progress)
 
-    @property
-    def makes_choice(self) -> bool:
-        """A noise fitted on held-out data is a held-out choice: ``um.choose(new_val_loader)`` fits it again."""
-        return bool(self.likelihood.fits_noise and not self.likelihood.fixed)
-
-    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
-        """Fit the observation noise on the held-out batches (maximum likelihood, one per output)."""
-        self._fit_noise((None, list(held_out.clean())), progress)
+    def knob(self) -> Knob | None:
+        """A noise fitted on held-out data is a held-out choice: ``um.choose(new_val_loader)`` fits it again. Its own
+        ``choose``: a maximum-likelihood fit on the held-out batches (one per output), not a walk over candidates."""
+        if not (self.likelihood.fits_noise and not self.likelihood.fixed):
+            return None
+        return Knob(
+            name="noise", choose=lambda held_out, _, progress: self._fit_noise((None, list(held_out.clean())), progress)
+        )
 
     def _fit_noise(self, loaders: tuple[Iterable | None, Iterable | None], progress: bool) -> None:
         with eval_mode(self.model):

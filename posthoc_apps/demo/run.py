@@ -60,6 +60,7 @@ from torch import Tensor
 
 from posthoc.api import wrap, wrap_spec
 from posthoc.core.registry import method_class
+from posthoc.engine.choice import make_choice
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
@@ -235,7 +236,7 @@ def _with_temperature(um: UncertainModel, cal_loader) -> tuple[UncertainModel, f
 
     def choose() -> None:
         model, likelihood = um.method.plain_model, stacked.likelihood
-        top.choose(HeldOut.read(cal_loader, model=model, likelihood=likelihood, device=stacked.device))
+        make_choice(top, HeldOut.read(cal_loader, model=model, likelihood=likelihood, device=stacked.device))
         top.fitted.fill_(True)
 
     _, seconds = _timed(choose)

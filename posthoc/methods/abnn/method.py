@@ -47,9 +47,9 @@ from torch import Tensor, nn
 from posthoc import settings
 from posthoc.core.checks import integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs, check_labels, run_model
+from posthoc.core.knob import Knob
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.fine_tune import Step, backward, fine_tune
@@ -254,27 +254,21 @@ class ABNN(Method):
             )
 
     # ----------------------------------------------------------------- choosing
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only the noise scale to choose
-        return self.scale_option is None
-
-    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """The noise scale by the selection step: the plain model, the noiseless modes (0), then :data:`SCALES` of
         ``α``, walked from 1 (wider while admissible, else narrower, down to the plain model)."""
-        candidates = [("plain", PLAIN), ("0", 0.0), *[(f"{s:g}", s) for s in SCALES]]
-
-        def scores(index: int) -> Any:
-            value = candidates[index][1]
-            if value == PLAIN:
-                return held_out.plain
-            return held_out.scores(lambda x, generator: self._sampled(x, value, self.num_samples, generator)[0])
-
-        with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select(
-                candidates, scores, knob="noise scale", walk=True, start=candidates.index(("1", 1.0))
-            )
-        self.record_selection(selection)
-        self.chosen_scale.fill_(float(selection.value))
+        if self.scale_option is not None:
+            return None
+        sampled = lambda value, held_out: held_out.scores(  # noqa: E731
+            lambda x, generator: self._sampled(x, value, self.num_samples, generator)[0]
+        )
+        return Knob(
+            name="noise scale",
+            candidates=[("plain", PLAIN), ("0", 0.0), *[(f"{s:g}", s) for s in SCALES]],
+            start=1.0,
+            score=lambda value, held_out: held_out.plain if value == PLAIN else sampled(value, held_out),
+            apply=lambda value: self.chosen_scale.fill_(float(value)),
+        )
 
     # ----------------------------------------------------------------- predicting
     def log_predictive(

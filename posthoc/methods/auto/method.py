@@ -50,14 +50,16 @@ from torch import Tensor, nn
 from posthoc.core.chain import base_method, route_options, spec_of, stack_on
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.json_state import as_record, record_tensor
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
 from posthoc.core.method import LogPredictive, Method, chain_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import method_class, register
+from posthoc.engine.choice import make_choice, makes_choice, record_selection, training_rows
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
-from posthoc.engine.selection import Scores, out_of_fold
+from posthoc.engine.selection import Scores, Selection, out_of_fold
 from posthoc.errors import ConfigError, InputError, PosthocError
 
 #: the default candidates of a classifier, most conservative first (MC dropout only on a model with dropout)
@@ -286,32 +288,35 @@ class AutoMethod(Method):
         self._parts = [part for part in self._parts if not refused(part)]
         self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
-    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
-        """Without a ``val_loader``: the training rows ``laplace`` chooses its prior on (see :meth:`fit`)."""
-        return self._parts[0].inner.held_out_without_val(train_loader) if len(self._parts) == 1 else None
+    def knob(self) -> Knob:
+        """The method, among the candidates' chains (its own ``choose``: every candidate makes its own choices first,
+        and is scored out of fold); without a ``val_loader``, the training rows ``laplace`` chooses its prior on."""
+        return Knob(
+            name="method",
+            choose=self._choose,
+            training_rows=lambda rows: training_rows(self._parts[0].inner, rows) if len(self._parts) == 1 else None,
+        )
 
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
         """Make every candidate's own held-out choices, score each on examples its choice did not see, and keep the
         chain the selection step picks (module docs). Once only the chosen chain is kept (``keep_candidates=False``),
         a new choice re-makes that chain's own held-out choices."""
         if not self._parts:
             for method in chain_of(self._chosen()):
-                if method.makes_choice:
-                    method.choose(held_out, train_loader=train_loader, progress=progress)
-            return
+                make_choice(method, held_out, train_loader=train_loader, progress=progress)
+            return None
         if held_out.from_training_data:  # no validation data: the fall-back laplace makes its own choice (fit)
             (part,) = self._parts
-            part.inner.choose(held_out, train_loader=train_loader, progress=progress)
+            make_choice(part.inner, held_out, train_loader=train_loader, progress=progress)
             self._keep(part)
-            return
+            return None
         chosen_inner: dict[int, float] = {}
         scores, refusals = [], {}
         for part in self._parts:
             start = time.perf_counter()
             try:
                 if id(part.inner) not in chosen_inner:
-                    if part.inner.makes_choice:
-                        part.inner.choose(held_out, train_loader=train_loader, progress=progress)
+                    make_choice(part.inner, held_out, train_loader=train_loader, progress=progress)
                     chosen_inner[id(part.inner)] = time.perf_counter() - start
                 start = time.perf_counter()
                 scores.append(self._scores(part, held_out, train_loader, progress))
@@ -333,8 +338,9 @@ class AutoMethod(Method):
             extra=lambda index: self._parts[index].extra,
         )
         selection.left_out = dict(self.left_out)
-        self.record_selection(selection)
+        record_selection(self, selection)
         self._keep(self._parts[selection.value])
+        return None
 
     def _scores(self, part: _Part, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Scores:
         """The candidate's held-out scores on examples its own choice did not see (module docs)."""
@@ -343,18 +349,18 @@ class AutoMethod(Method):
             if part.inner.name == "none":
                 return held_out.plain
             selection = part.inner.last_selection
-            if selection is not None and part.inner.makes_choice:
+            if selection is not None and makes_choice(part.inner):
                 return out_of_fold(selection, held_out.plain, held_out.layout)
             return held_out.method_scores(part.inner)
         for stacker in stackers[:-1]:  # stacked under another one: chosen on all the held-out data
-            stacker.choose(held_out, train_loader=train_loader, progress=progress)
+            make_choice(stacker, held_out, train_loader=train_loader, progress=progress)
         last = stackers[-1]
         if not isinstance(last, FittedOnHeldOut):
-            last.choose(held_out, train_loader=train_loader, progress=progress)
+            make_choice(last, held_out, train_loader=train_loader, progress=progress)
             return held_out.method_scores(last)
         cache = last.held_out_cache(held_out)
         selection = last.cross_fitted_selection(cache, held_out, last.configurations(cache))
-        last.record_selection(selection)
+        record_selection(last, selection)
         last.apply(cache, selection.value, held_out)  # fitted on every row: the candidate predicts as it would be kept
         return selection.scores[selection.index]
 

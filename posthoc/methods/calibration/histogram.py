@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -61,7 +61,7 @@ class HistogramBinning(Calibrator):
     @dataclass(frozen=True, kw_only=True)
     class Options(Calibrator.Options):
         bins: int = 15
-        mode: str = "per-class"
+        mode: Literal[MODES] = "per-class"
         smoothing: float = 1.0
 
     def __init__(self, *, bins: int = 15, mode: str = "per-class", smoothing: float = 1.0) -> None:

@@ -190,7 +190,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 
     needs_val = True
     stacks = True
-    knob = "calibration"
+    knob_name = "calibration"
     exports = ("classification",)
     calibrator_class: ClassVar[type[Calibrator]]
 

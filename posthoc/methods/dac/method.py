@@ -216,7 +216,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     name = "dac"
     needs_val = True
     stacks = True
-    knob = "density-aware temperature"
+    knob_name = "density-aware temperature"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
     exports = ("classification",)
 
@@ -238,7 +238,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         self.inner = inner
         self.likelihood = inner.likelihood  # a regressor's: the variance is inflated instead of a temperature
         if self.regression:
-            self.knob = "density-aware variance"
+            self.knob_name = "density-aware variance"
         self.k = positive_int(k, "k")
         self.layers = _check_layers(inner.base_model, layers)
         self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")

@@ -46,10 +46,12 @@ from torch import nn
 from posthoc.core import persistence
 from posthoc.core.checks import one_of
 from posthoc.core.inputs import Inputs
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.prediction import RegressionPrediction, mix_predictions
 from posthoc.core.registry import ENSEMBLE, register
+from posthoc.engine.choice import make_choice, makes_choice
 from posthoc.engine.ranks_spread import fit_spread
 from posthoc.errors import ConfigError
 from posthoc.methods.ensemble.batched import BatchedForward, same_architecture
@@ -203,17 +205,19 @@ class Ensemble(Method):
         member.fit(train_loader, val_loader, progress=progress, **fit_options)
         member.fitted.fill_(True)
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # the members' choices
-        return any(member.makes_choice for member in self.members)
+    def knob(self) -> Knob | None:
+        """The members' held-out choices (its own ``choose``: each member's knob, judged against its own checkpoint)."""
+        if not any(makes_choice(member) for member in self.members):
+            return None
+        return Knob(name="members' choices", choose=self._choose_members)
 
-    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def _choose_members(self, held_out: Any, train_loader: Iterable | None, progress: bool) -> None:
         """Every member's held-out choice on the same held-out batches, each judged against its own checkpoint
         (``held_out.rebased``), spread over ranks as the fits are."""
 
         def choose_one(index: int, member: Method) -> None:
-            if member.makes_choice:
-                member.choose(held_out.rebased(member.plain_model), train_loader=train_loader, progress=progress)
+            if makes_choice(member):
+                make_choice(member, held_out.rebased(member.plain_model), train_loader=train_loader, progress=progress)
 
         fit_spread(self.members, choose_one, loaders=())
 

@@ -88,9 +88,9 @@ class MultiSWAG(Ensemble):
         super().fit(train_loader, val_loader, progress=progress, options=options)
         self._fit_shared_noise((train_loader, val_loader))
 
-    def choose(self, held_out: Any, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
-        """Every run's scale (:meth:`Ensemble.choose`), then the one noise of all runs' samples again."""
-        super().choose(held_out, train_loader=train_loader, progress=progress)
+    def _choose_members(self, held_out: Any, train_loader: Iterable | None, progress: bool) -> None:
+        """Every run's scale (:meth:`Ensemble._choose_members`), then the one noise of all runs' samples again."""
+        super()._choose_members(held_out, train_loader, progress)
         self._fit_shared_noise((train_loader, list(held_out.clean())))
 
     def _fit_shared_noise(self, loaders: tuple[Iterable | None, Iterable | None]) -> None:

@@ -56,15 +56,14 @@ from torch import Tensor, nn
 from posthoc.core.checks import non_negative, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers
-from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, step_scale
-from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.errors import ConfigError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
@@ -274,55 +273,30 @@ class ImplicitBNN(Method):
             return float(self.scale_fit[0])
         return 1.0 if self.scale_option is None else self.scale_option
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
-        return self.scale_option is None
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a scale is set at once
-        return not self.likelihood.fits_noise
-
-    def apply_choice(self, value: float) -> None:
-        """Set the node noise's scale to ``value`` (a candidate of the held-out choice)."""
-        self.scale_fit = torch.tensor(
-            [float(value), math.nan, math.nan], dtype=torch.float64, device=self.fit_settings.device
-        )
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the component means)
         and :data:`SCALES`, walking from 1 (wider while admissible, else narrower); every scale draws the same random
         numbers. Under regression each scale is scored at its own best noise, and the noise is then re-fitted."""
         if self.scale_option is not None:
-            return
-        candidates = (0.0, *SCALES)
-
-        def scores(index: int) -> Scores:
-            self.scale_fit = torch.tensor(
-                [candidates[index], math.nan, math.nan], dtype=torch.float64, device=self.fit_settings.device
-            )
-            return held_out.sampling_scores(self)
-
-        with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select(
-                [(f"{scale:g}", scale) for scale in candidates],
-                scores,
-                knob="scale",
-                walk=True,
-                start=candidates.index(1.0),
-            )
-        warn_fallback(
-            selection,
-            method="iBNN",
-            fallback="the component means alone (scale 0)",
-            advice="Raise tolerance, or pass a fixed scale",
-            stacklevel=4,
+            return None
+        return Knob(
+            name="scale",
+            candidates=[(f"{scale:g}", scale) for scale in (0.0, *SCALES)],
+            start=1.0,
+            score=lambda scale, held_out: self._set_scale(scale) or held_out.sampling_scores(self),
+            apply=self._set_scale,
+            movable=not self.likelihood.fits_noise,
+            fallback=("iBNN", "the component means alone (scale 0)", "Raise tolerance, or pass a fixed scale"),
+            then=self._chosen_scale,
         )
-        self.record_selection(selection)
-        self.scale_fit = torch.tensor(
-            [selection.value, selection.plain_nll, selection.chosen.clean_nll],
-            dtype=torch.float64,
-            device=self.fit_settings.device,
-        )
+
+    def _set_scale(self, value: float, nlls: tuple[float, float] = (math.nan, math.nan)) -> None:
+        """Set the node noise's scale to ``value`` (with the plain model's and its held-out NLL, once chosen)."""
+        self.scale_fit = torch.tensor([float(value), *nlls], dtype=torch.float64, device=self.fit_settings.device)
+
+    def _chosen_scale(self, selection: Any, held_out: Any, train_loader: Iterable | None, progress: bool) -> None:
+        """Keep the held-out NLLs of the chosen scale and fit the noise at it."""
+        self._set_scale(selection.value, (selection.plain_nll, selection.chosen.clean_nll))
         self._refit_noise((train_loader, list(held_out.clean())))
         # forget the row sizes measured on held-out batches: the first predict of a shape then runs a row alone
         # (it sizes the chunks) as it does on a loaded posterior, so both draw in the same order

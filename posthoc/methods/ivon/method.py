@@ -48,17 +48,16 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, non_negative, positive_int, positive_number
 from posthoc.core.inputs import Inputs
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
-from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise
 from posthoc.engine.private_weights import PrivateWeights, check_layers, sample_names, trained_names, unflatten
 from posthoc.engine.random_draws import randn
-from posthoc.engine.selection import Scores, warn_fallback
 from posthoc.engine.weight_samples import head_log_predictive, head_outputs, state_log_predictive, state_outputs
 from posthoc.methods.ivon.optimiser import ivon_optimiser
 from posthoc.methods.ivon.scale import SCALES
@@ -178,46 +177,33 @@ class IVON(Method):
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
-        return self.scale_option is None
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a scale is set at once
-        return not self.likelihood.fits_noise
-
-    def apply_choice(self, value: float) -> None:
-        """Set the scale of the posterior standard deviations to ``value`` (a candidate of the held-out choice)."""
-        self.scale = float(value)
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """The scale (``scale=None``): the selection step over 0 (the fine-tuned mean) and :data:`.scale.SCALES`,
         walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws
         the same random numbers. Real targets are scored on the clean held-out data, each scale at its own best
         noise; the noise is then re-fitted at the chosen scale."""
-        candidates = (0.0, *sorted(SCALES))
-
-        def scores(index: int) -> Scores:
-            self.scale = candidates[index]
-            return held_out.sampling_scores(self)
-
-        with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select(
-                [(f"{scale:g}", scale) for scale in candidates],
-                scores,
-                knob="scale",
-                walk=True,
-                start=len(candidates) - 1,
-            )
-        warn_fallback(
-            selection,
-            method="IVON",
-            fallback="the fine-tuned mean alone (scale 0)",
-            advice="Raise tolerance, fit longer, or pass a fixed scale",
-            stacklevel=4,
+        if self.scale_option is not None:
+            return None
+        return Knob(
+            name="scale",
+            candidates=[(f"{scale:g}", scale) for scale in (0.0, *sorted(SCALES))],
+            start=sorted(SCALES)[-1],
+            score=lambda scale, held_out: self._set_scale(scale) or held_out.sampling_scores(self),
+            apply=self._set_scale,
+            movable=not self.likelihood.fits_noise,
+            fallback=(
+                "IVON",
+                "the fine-tuned mean alone (scale 0)",
+                "Raise tolerance, fit longer, or pass a fixed scale",
+            ),
+            then=self._chosen_scale,
         )
-        self.record_selection(selection)
-        self.scale = selection.value
+
+    def _set_scale(self, scale: float) -> None:
+        self.scale = float(scale)
+
+    def _chosen_scale(self, selection: Any, held_out: Any, train_loader: Iterable | None, progress: bool) -> None:
+        """Keep the held-out NLLs of the chosen scale and fit the noise at it."""
         self.scale_fit = torch.tensor(
             [self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64
         )

@@ -64,21 +64,23 @@ import abc
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, batch_size, iterate, slice_inputs
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Likelihood, Rows, linearised_nll, residual_std
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows
-from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.engine.selection import Scores, Selection, warn_fallback
 from posthoc.errors import ConfigError, InputError
 from posthoc.methods.laplace.glm_predictive import LINKS
 from posthoc.methods.laplace.marglik import (
@@ -119,26 +121,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     ``Laplace.build(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
 
-    Options:
-        hessian: ``"kron"`` (KFAC, default), ``"full"`` or ``"diag"`` GGN; for deeper subsets
-            ``"kron"`` is BackPACK's exact KFLR, ``"kron-mc"`` its MC-sampled KFAC, ``"diag"`` DiagGGN.
-        subset: ``"last_layer"`` (default), ``"all"``, a list of module names (BackPACK KFAC), or
-            ``"lora"``: a ``peft`` model's LoRA adapter weights only (KFAC-reduce or diagonal GGN
-            from hooks, :mod:`posthoc.methods.laplace.hooked_kfac`; GLM predictive).
-        prior_precision: ``"auto"`` (default: ``"val"`` on ``val_loader`` if given, else on the
-            training data), ``"val"`` (the held-out choice of the selection step: confidently within
-            ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
-            copies; ``val_loader`` required), ``"grid"`` (the lowest validation NLL on the log grid
-            1e-4..1e4), ``"marglik"`` (maximise the Laplace evidence) or a positive float.
-        link: ``"probit"`` (default, deterministic), ``"mc"`` (logit samples) or ``"bridge"``; under
-            ``likelihood="heteroscedastic"``: the moment-matched Gaussian (default) or ``"mc"``, the mixture over
-            sampled means and log-variances.
-        pred: ``"glm"`` (linearised; the default for the last layer and for subsets of Linear
-            layers) or ``"nn"`` (weight samples through the network; the default for subsets
-            with Conv2d layers).
-        num_samples: samples for ``link="mc"`` and ``pred="nn"``.
-        head: name of the classifier head, if it cannot be found automatically.
-
     The posterior matrices and each chunk of the predictive's temporaries stay under the runner's memory budget
     (:mod:`posthoc.core.chunks`).
     """
@@ -158,19 +140,54 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        hessian: str = "kron"
-        subset: str | list[str] = "last_layer"
-        prior_precision: str | float = "auto"
-        link: str = "probit"
-        pred: str | None = None
-        num_samples: int = 100
-        head: str | None = None
+        hessian: Literal[HESSIANS] = option(
+            "kron", "the GGN's structure; deeper subsets: kron = exact KFLR, kron-mc = KFAC"
+        )
+        subset: Literal["last_layer", "all", "lora"] | list[str] = option(
+            "last_layer", "the weights under the posterior: module names, or lora (a peft model's adapters)"
+        )
+        prior_precision: Literal[PRIOR_MODES] | float = option(
+            "auto", "auto: val with a val_loader, else on training rows; grid: lowest val NLL; marglik: the evidence"
+        )
+        link: Literal[LINKS] = option("probit", "the predictive's link: probit (deterministic), mc samples, bridge")
+        pred: Literal["glm", "nn"] | None = option(
+            None, "glm (linearised; default on Linear layers) or nn (weight samples; default with Conv2d)"
+        )
+        num_samples: int = option(100, "samples for link='mc' and pred='nn'")
+        head: str | None = option(None, "the classifier head's name, if it cannot be found")
+
+        def __post_init__(self) -> None:
+            subset, prior_precision = self.subset, self.prior_precision
+            if not (
+                subset in ("last_layer", "all", "lora")
+                or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))
+            ):
+                raise ConfigError(
+                    f"subset must be 'last_layer', 'all', 'lora' or a non-empty list of module names, got {subset!r}"
+                )
+            if isinstance(prior_precision, str):
+                if prior_precision not in PRIOR_MODES:
+                    raise ConfigError(
+                        f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}"
+                    )
+            elif (
+                isinstance(prior_precision, bool)
+                or not isinstance(prior_precision, (int, float))
+                or not math.isfinite(prior_precision)
+                or prior_precision <= 0
+            ):
+                raise ConfigError(
+                    f"prior_precision must be a positive finite float (a Gaussian prior's precision, like "
+                    f"weight decay) or one of {PRIOR_MODES}, got {prior_precision!r}"
+                )
+            if self.pred not in (None, "glm", "nn"):
+                raise ConfigError(f"pred must be 'glm' or 'nn', got {self.pred!r}")
+            super().__post_init__()  # hessian, link
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         hessian, subset, prior_precision, link = options.hessian, options.subset, options.prior_precision, options.link
         pred, num_samples = options.pred, options.num_samples  # ``head``: the algorithm's (it finds the head)
         super().__init__(model)
-        _check_options(hessian, subset, prior_precision, link, pred)
         self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
         #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
@@ -237,8 +254,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """The curvature from ``train_loader``, and what the training data alone decide: a fixed prior precision or
         the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``), with the evidence's noise. What
-        held-out data decide is :meth:`choose`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
-        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`held_out_without_val`)."""
+        held-out data decide is its :meth:`knob`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
+        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`_training_rows`)."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -270,30 +287,40 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """How the prior precision is chosen: ``"auto"`` is ``"val"`` with held-out data, else ``"train"``."""
         return {"auto": "val" if has_val else "train"}.get(self.prior_mode, self.prior_mode)
 
-    def held_out_without_val(self, train_loader: Iterable | None) -> Iterable | None:
+    def knob(self) -> Knob | None:
+        """The prior precision (the ``"val"``, ``"grid"`` and ``"auto"`` rules), or under a regression likelihood the
+        noise, chosen on held-out data. Its own ``choose``: the ``"grid"`` rule and the noise fit are no walk over
+        fixed candidates."""
+        if not (
+            self.prior_mode in ("val", "grid")
+            or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
+            or self._chooses_noise
+        ):
+            return None
+        return Knob(
+            name="prior_precision",
+            choose=self._choose,
+            apply=lambda value: self.prior_precision.fill_(float(value)),
+            movable=True,
+            training_rows=self._training_rows,
+        )
+
+    def _training_rows(self, train_loader: Iterable | None) -> Iterable | None:
         """Without a ``val_loader``, ``"auto"`` chooses on the first ``TRAIN_ROWS`` training rows (per process)."""
         if self._source(False) != "train" or self.likelihood.fits_noise or train_loader is None:
             return None
         return first_rows(train_loader, TRAIN_ROWS, self.device)
 
     @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # a prior, or a regression's noise, chosen on held-out data
-        return (
-            self.prior_mode in ("val", "grid")
-            or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
-            or self._chooses_noise
-        )
-
-    @property
     def _chooses_noise(self) -> bool:
         """Whether held-out data re-choose the observation noise (:meth:`_fit_noise_on_held_out`)."""
         return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
         """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
         Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
         the chosen δ keeps that noise; no perturbed copies there. With a prior from the evidence or fixed, only the
-        noise is chosen here (:meth:`_fit_noise_on_held_out`)."""
+        noise is chosen here (:meth:`_fit_noise_on_held_out`). Returns the selection to record (``None``: none made)."""
         source = "train" if held_out.from_training_data else self._source(True)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             if self._chooses_noise:
@@ -301,9 +328,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                     self._fit_noise_on_held_out(
                         list(held_out.clean()), fixed_prior=source == "fixed", progress=progress
                     )
-            return
+            return None
         if source not in ("val", "grid", "train") or (self.likelihood.fits_noise and not self.scores_gaussian_held_out):
-            return
+            return None
+        selection = None
         with torch.no_grad(), eval_mode(self.model):
             if self.likelihood.fits_noise:
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
@@ -331,21 +359,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                     method="Laplace",
                     fallback=f"the narrowest posterior (prior precision {candidates[0]:g}, nearly the checkpoint)",
                     advice="Raise tolerance, or pass a fixed prior_precision",
-                    stacklevel=4,
+                    stacklevel=5,
                 )
-                self.record_selection(selection)
                 self.prior_precision.fill_(selection.value)
             if self.likelihood.fits_noise and not self.likelihood.fixed:
                 self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a prior precision is set at once
-        return True
-
-    def apply_choice(self, value: float) -> None:
-        """Set the prior precision to ``value`` (a candidate of the held-out choice)."""
-        self.prior_precision.fill_(float(value))
+        return selection
 
     def _scores(self, prepared: Prepared, prior_precision: float) -> Scores:
         """The held-out :class:`Scores` of the class predictive at ``prior_precision`` (MC links: the same draws at every δ)."""
@@ -393,7 +413,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return float(stds.square().mean().sqrt()) if stds.dim() else float(stds)
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`choose`).
+        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`_choose`).
 
         A trained network fits its training targets more closely than new ones, so the evidence, which
         reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
@@ -583,36 +603,3 @@ def first_rows(loader: Iterable, rows: int, device: torch.device) -> list[tuple[
         if seen >= rows:
             break
     return kept
-
-
-def _check_options(
-    hessian: str, subset: str | list[str], prior_precision: str | float, link: str, pred: str | None
-) -> None:
-    if hessian not in HESSIANS:
-        raise ConfigError(f"hessian must be one of {HESSIANS}, got {hessian!r}")
-    if not (
-        subset in ("last_layer", "all", "lora")
-        or (isinstance(subset, (list, tuple)) and subset and all(isinstance(s, str) for s in subset))
-    ):
-        raise ConfigError(
-            f"subset must be 'last_layer', 'all', 'lora' or a non-empty list of module names, got {subset!r}"
-        )
-    if isinstance(prior_precision, str):
-        if prior_precision not in PRIOR_MODES:
-            raise ConfigError(
-                f"prior_precision must be a positive float or one of {PRIOR_MODES}, got {prior_precision!r}"
-            )
-    elif (
-        isinstance(prior_precision, bool)
-        or not isinstance(prior_precision, (int, float))
-        or not math.isfinite(prior_precision)
-        or prior_precision <= 0
-    ):
-        raise ConfigError(
-            f"prior_precision must be a positive finite float (a Gaussian prior's precision, like "
-            f"weight decay) or one of {PRIOR_MODES}, got {prior_precision!r}"
-        )
-    if link not in LINKS:
-        raise ConfigError(f"link must be one of {LINKS}, got {link!r}")
-    if pred not in (None, "glm", "nn"):
-        raise ConfigError(f"pred must be 'glm' or 'nn', got {pred!r}")

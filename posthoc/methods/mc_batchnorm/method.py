@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 from torch import Tensor, nn
@@ -29,9 +30,10 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, run_model, split_batch, to_device
+from posthoc.core.knob import Knob
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers, normalise_groups, per_batch_statistics
 from posthoc.engine.hooks import hooked
@@ -44,26 +46,24 @@ BATCH_SIZES = (128, 64, 32, 16)
 
 @register
 class MCBatchNorm(Method):
-    """Monte Carlo BatchNorm (Teye et al. 2018) on a classifier with BatchNorm layers.
-
-    Options: ``num_samples`` (``S`` mini-batches), ``batch_size`` (``b``, or ``"auto"``: chosen on ``val_loader``,
-    else 32) and ``seed`` (of the mini-batch draws).
-    """
+    """Monte Carlo BatchNorm (Teye et al. 2018) on a classifier with BatchNorm layers."""
 
     name = "mc-batchnorm"
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        num_samples: int = 16
-        batch_size: int | str = "auto"
-        seed: int = 0
+        num_samples: int = option(16, "S, the training mini-batches drawn (one network each)")
+        batch_size: int | Literal["auto"] = option("auto", "b, the mini-batch size ('auto': chosen, else 32)")
+        seed: int = option(0, "the seed of the mini-batch draws")
+
+        def __post_init__(self) -> None:
+            positive_int(self.num_samples, "num_samples")
+            if self.batch_size != "auto" and (not isinstance(self.batch_size, int) or self.batch_size < 2):
+                raise ConfigError(f"batch_size must be an integer of at least 2 or 'auto', got {self.batch_size!r}")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        num_samples, batch_size, seed = options.num_samples, options.batch_size, options.seed
         super().__init__(model)
-        self.num_samples, self.seed = positive_int(num_samples, "num_samples"), int(seed)
-        if batch_size != "auto" and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 2):
-            raise ConfigError(f"batch_size must be an integer of at least 2 or 'auto', got {batch_size!r}")
+        self.num_samples, self.seed, batch_size = options.num_samples, int(options.seed), options.batch_size
         self.sizes = BATCH_SIZES if batch_size == "auto" else (batch_size,)
         self.layers = list(batchnorm_layers(model).values())
         if not self.layers:
@@ -95,22 +95,17 @@ class MCBatchNorm(Method):
             self.chosen.fill_(self.sizes.index(32))  # until (or without) a held-out choice
         super().fit(train_loader, val_loader, progress=progress)
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # batch_size="auto"
-        return len(self.sizes) > 1
-
-    def choose(self, held_out, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
-        """The mini-batch size by the selection step, from the plain model (the running statistics) to the smallest."""
-        candidates = [("plain", -1), *[(f"b={size}", k) for k, size in enumerate(self.sizes)]]
-
-        def scores(index: int):
-            k = candidates[index][1]
-            return held_out.plain if k < 0 else held_out.scores(lambda x, g: self._sampled(x, k, self.num_samples)[0])
-
-        with torch.no_grad(), eval_mode(self.model):
-            selection = held_out.select(candidates, scores, knob="mini-batch size", walk=True)
-        self.record_selection(selection)
-        self.chosen.fill_(selection.value)
+    def knob(self) -> Knob | None:
+        """``batch_size="auto"``: the mini-batch size, from the plain model (the running statistics) to the smallest."""
+        if len(self.sizes) == 1:
+            return None
+        sampled = lambda k, held_out: held_out.scores(lambda x, g: self._sampled(x, k, self.num_samples)[0])  # noqa: E731
+        return Knob(
+            name="mini-batch size",
+            candidates=[("plain", -1), *[(f"b={size}", k) for k, size in enumerate(self.sizes)]],
+            score=lambda k, held_out: held_out.plain if k < 0 else sampled(k, held_out),
+            apply=self.chosen.fill_,
+        )
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None

@@ -51,19 +51,21 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
 from posthoc.core.inputs import Inputs, batch_size, run_model
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.head import FeatureSplit
@@ -97,24 +99,7 @@ MASKS = ("shared", "per_example")
 
 @register
 class MCDropout(Method):
-    """Average the softmax over ``num_samples`` dropout masks (Gal & Ghahramani, 2016).
-
-    Options:
-        p: ``None`` (chosen on ``val_loader`` when ``fit`` gets one, else the model's own rates and
-            ``DEFAULT_INSERT_P`` for inserted dropout), a rate in ``[0, 1)``, or ``"auto"`` (chosen on
-            ``val_loader``, which ``fit`` then requires); see the module docs for the rule.
-        where: ``None`` (the model's own dropout, else the head), ``"head"``, ``"blocks"``, or a
-            list of module names to put dropout before. An explicit ``where`` replaces the
-            model's own dropout sites.
-        insert: allow inserting dropout; ``False`` uses only the model's own dropout.
-        num_samples: masks per prediction (per-call override in ``predict``).
-        head: the classifier module's name for ``where="head"`` when it cannot be found.
-        masks: ``"per_example"`` (default): a fresh mask for every example and sample;
-            ``"shared"``: when the only dropout is on a Linear head's input, each of the ``S``
-            masks is shared by all examples of a batch (one forward pass and one batched matmul;
-            each example's predictive is the same in distribution, but a temperature fitted on
-            top over-sharpens). Dropout elsewhere always draws per example.
-    """
+    """Average the softmax over ``num_samples`` dropout masks (Gal & Ghahramani, 2016)."""
 
     name = "mc-dropout"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
@@ -122,12 +107,22 @@ class MCDropout(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        p: float | str | None = None
-        where: str | Sequence[str] | None = None
-        insert: bool = True
-        num_samples: int = 50
-        head: str | None = None
-        masks: str = "per_example"
+        p: float | Literal["auto"] | None = option(
+            None, "the rate; None: chosen when fit gets a val_loader, else the model's own; auto: chosen (val_loader)"
+        )
+        where: str | Sequence[str] | None = option(
+            None, "None (the model's own dropout, else the head), head, blocks, or module names to put dropout before"
+        )
+        insert: bool = option(True, "allow inserting dropout (False: the model's own dropout only)")
+        num_samples: int = option(50, "masks per prediction")
+        head: str | None = option(None, "the classifier module's name for where='head' when it cannot be found")
+        masks: Literal[MASKS] = option(
+            "per_example", "per_example: a mask per example and sample; shared: one per sample for the whole batch"
+        )
+
+        def __post_init__(self) -> None:
+            _check_options(self.p, self.where, self.insert, self.num_samples, self.head)
+            super().__post_init__()  # masks
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         p, where, insert, num_samples, head, masks = (
@@ -139,7 +134,6 @@ class MCDropout(Method):
             options.masks,
         )
         super().__init__(model)
-        _check_options(p, where, insert, num_samples, head, masks)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
             where = list(where)
@@ -203,52 +197,45 @@ class MCDropout(Method):
         model trained without it gains little: docs/methods/mc-dropout.md)."""
         return bool(own_dropout_sites(model))
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only a rate left to choose
-        return self.tunes_rate
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a rate is set at once
-        return not self.likelihood.fits_noise  # (under regression the noise is fitted at the chosen rate)
-
-    def apply_choice(self, value: float) -> None:
-        """Set every site's rate to ``value`` (a candidate of the held-out choice)."""
-        self.rate.fill_(float(value))
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """With ``p="auto"``, or ``p=None`` and held-out data: every site's rate by the selection step over 0 and
         :data:`P_GRID` (module docs); the structure not found at ``wrap()`` is resolved from the first held-out batch."""
         if not self.tunes_rate:
-            return
-        regression = self.likelihood.prediction_type is RegressionPrediction
+            return None
+        return Knob(
+            name="dropout rate",
+            candidates=[(f"p={p:g}", p) for p in (0.0, *P_GRID)],
+            prepare=self._prepare_rates,
+            score=lambda rate, score: score(rate),
+            apply=lambda value: self.rate.fill_(float(value)),
+            movable=not self.likelihood.fits_noise,  # (under regression the noise is fitted at the chosen rate)
+            then=self._chosen_rate,
+        )
+
+    def _prepare_rates(self, held_out: HeldOut, train_loader: Iterable | None) -> Callable[[float], Scores]:
+        """``rate -> Scores`` on ``held_out``, its inputs run up to the head once for every rate."""
         samples = SELECTION_FACTOR * self.num_samples
-        candidates = (0.0, *P_GRID)
-        with torch.no_grad(), eval_mode(self.model):
-            self._resolve(next(iter(held_out.clean()))[0])
+        self._resolve(next(iter(held_out.clean()))[0])
+        regression = self.likelihood.prediction_type is RegressionPrediction
+        prepared = None if regression else held_out.prepared(lambda x: (x, self._head_features(x)))
+
+        def scores(rate: float) -> Scores:
             if regression:
+                sites = with_rate(self._sites, rate)
+                return held_out.regression_scores(lambda x, generator: self._outputs_at(x, sites, samples, generator))
+            if rate == 0:
+                return held_out.plain  # no dropout: the plain model itself
+            sites = with_rate(self._sites, rate)
+            return prepared.scores(
+                lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0], device=self.device
+            )
 
-                def scores(index: int) -> Scores:
-                    sites = with_rate(self._sites, candidates[index])
-                    return held_out.regression_scores(
-                        lambda x, generator: self._outputs_at(x, sites, samples, generator)
-                    )
-            else:
-                prepared = held_out.prepared(lambda x: (x, self._head_features(x)))
+        return scores
 
-                def scores(index: int) -> Scores:
-                    if candidates[index] == 0:
-                        return held_out.plain  # no dropout: the plain model itself
-                    sites = with_rate(self._sites, candidates[index])
-                    return prepared.scores(
-                        lambda inputs, generator: self._sampled(*inputs, samples, generator, sites)[0],
-                        device=self.device,
-                    )
-
-            selection = held_out.select([(f"p={p:g}", p) for p in candidates], scores, knob="dropout rate", walk=True)
-        self.record_selection(selection)
-        self.rate.fill_(selection.value)
+    def _chosen_rate(self, selection: Any, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> None:
+        """Keep the held-out NLLs of the chosen rate; under regression fit the noise at it."""
         self.validation_nll.copy_(torch.tensor([selection.plain_nll, selection.chosen.clean_nll]))
-        if regression:
+        if self.likelihood.prediction_type is RegressionPrediction:
             self._fit_noise((train_loader, list(held_out.clean())), progress)
 
     def summary(self) -> dict[str, Any]:
@@ -495,7 +482,7 @@ class MCDropout(Method):
         )
 
 
-def _check_options(p: object, where: object, insert: object, num_samples: object, head: object, masks: object) -> None:
+def _check_options(p: object, where: object, insert: object, num_samples: object, head: object) -> None:
     if not (p is None or p == "auto" or (isinstance(p, (int, float)) and not isinstance(p, bool) and 0 <= p < 1)):
         raise ConfigError(f"p must be a dropout rate in [0, 1), None (the model's own rates) or 'auto', got {p!r}")
     if not (
@@ -509,10 +496,6 @@ def _check_options(p: object, where: object, insert: object, num_samples: object
     positive_int(num_samples, "num_samples")
     if head is not None and not isinstance(head, str):
         raise ConfigError(f"head must be a module name, got {type(head).__name__}")
-    if masks not in MASKS:
-        raise ConfigError(
-            f"masks must be 'shared' (one mask per sample for the whole batch) or 'per_example', got {masks!r}"
-        )
 
 
 def _log_softmax(logits: Tensor) -> Tensor:

@@ -46,7 +46,7 @@ import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import torch
 from torch import Tensor, nn
@@ -107,7 +107,7 @@ class SGLD(Method):
         cycles: int | None = None
         num_samples: int = 20
         temperature: float = 1.0
-        prior: str = "checkpoint"
+        prior: Literal[PRIORS] = "checkpoint"
         prior_precision: float = 1.0
         head: str | None = None
         seed: int = 0
@@ -123,8 +123,6 @@ class SGLD(Method):
         self.temperature = non_negative(temperature, "temperature")
         if math.isinf(self.temperature):
             raise ConfigError("temperature must be finite")
-        if prior not in PRIORS:
-            raise ConfigError(f"prior must be one of {PRIORS}, got {prior!r}")
         self.prior = prior
         self.prior_precision = non_negative(prior_precision, "prior_precision")
         self.seed = integer(seed, "seed")

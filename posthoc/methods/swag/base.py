@@ -35,6 +35,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import fraction, integer, positive_int, positive_number
 from posthoc.core.inputs import Inputs
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
@@ -42,7 +43,7 @@ from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_len
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
 from posthoc.engine.runner import average_gradients, steps_on_every_rank
-from posthoc.engine.selection import Scores, warn_fallback
+from posthoc.engine.selection import Scores
 from posthoc.errors import ConfigError, PosteriorFileError
 from posthoc.methods.swag.collector import ParameterSource, SWAGCollector
 from posthoc.methods.swag.schedule import LADDER, START_SCALE, relative_lr
@@ -209,42 +210,39 @@ class SWAGBase(Method):
         with torch.no_grad(), eval_mode(self.model):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # only a scale left to choose
-        return self.scale_option is None
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
+    def knob(self) -> Knob | None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the SWA mean) and
         :data:`~.schedule.LADDER`, walking from :data:`~.schedule.START_SCALE` (wider while admissible, else
         narrower); each scale samples its own BatchNorm statistics from ``train_loader`` (the fit's when not given).
         Real targets are scored on the clean held-out data, each scale at its own best noise; the noise is then
         re-fitted at the chosen scale."""
-        train_loader = train_loader if train_loader is not None else getattr(self, "_train_loader", None)
-        candidates = (0.0, *LADDER)
-
-        def scores(index: int) -> Scores:
-            self.scale = candidates[index]
-            self._after_fit(train_loader, progress=False)
-            with eval_mode(self.model):
-                return held_out.sampling_scores(self, own_draws=True)
-
-        with torch.no_grad():
-            selection = held_out.select(
-                [(f"{scale:g}", scale) for scale in candidates],
-                scores,
-                knob="scale",
-                walk=True,
-                start=candidates.index(START_SCALE),
-            )
-        warn_fallback(
-            selection,
-            method="SWAG",
-            fallback="the SWA mean alone (scale 0)",
-            advice="Raise tolerance or pass a fixed scale",
-            stacklevel=4,
+        if self.scale_option is not None:
+            return None
+        return Knob(
+            name="scale",
+            candidates=[(f"{scale:g}", scale) for scale in (0.0, *LADDER)],
+            start=START_SCALE,
+            prepare=lambda held_out, train_loader: (held_out, self._bn_loader(train_loader)),
+            score=self._scale_scores,
+            apply=lambda scale: setattr(self, "scale", scale),
+            fallback=("SWAG", "the SWA mean alone (scale 0)", "Raise tolerance or pass a fixed scale"),
+            then=self._chosen_scale,
         )
-        self.record_selection(selection)
-        self.scale = selection.value
+
+    def _bn_loader(self, train_loader: Iterable | None) -> Iterable | None:
+        """The loader a scale samples its BatchNorm statistics from: ``train_loader``, else the fit's."""
+        return train_loader if train_loader is not None else getattr(self, "_train_loader", None)
+
+    def _scale_scores(self, scale: float, prepared: tuple[HeldOut, Iterable | None]) -> Scores:
+        held_out, train_loader = prepared
+        self.scale = scale
+        self._after_fit(train_loader, progress=False)
+        with eval_mode(self.model):
+            return held_out.sampling_scores(self, own_draws=True)
+
+    def _chosen_scale(self, selection: Any, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> None:
+        """Keep the held-out NLLs of the chosen scale, sample its BatchNorm statistics, fit the noise at it."""
+        train_loader = self._bn_loader(train_loader)
         self.scale_fit = torch.tensor(
             [self.scale, selection.plain_nll, selection.chosen.clean_nll], dtype=torch.float64
         )

@@ -45,13 +45,12 @@ from torch import Tensor, nn
 from posthoc.core.checks import positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, iterate
+from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method
-from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.engine.held_out import HeldOut
 from posthoc.engine.perturb import PIXELS, input_layout
 from posthoc.engine.runner import sum_over_ranks
 from posthoc.errors import ConfigError, InputError
@@ -91,7 +90,7 @@ class TestTimeAugmentation(Method):
     __test__ = False  # not a pytest class, whatever its name says
     name = "tta"
     stacks = True
-    knob = "augmentation strength"
+    knob_name = "augmentation strength"
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
 
     @dataclass(frozen=True, kw_only=True)
@@ -249,35 +248,25 @@ class TestTimeAugmentation(Method):
         variance = (squares / rows - mean.square()).clamp_min(0) * rows / (rows - 1).clamp_min(1)
         self.scale = variance.sqrt().float().to(self.device)
 
-    @property
-    def makes_choice(self) -> bool:  # type: ignore[override]  # strength="auto"
-        return self.auto_strength and self.views > 1
-
-    @property
-    def choice_can_move(self) -> bool:  # type: ignore[override]  # a strength is set at once
-        return True
-
-    def apply_choice(self, value: float) -> None:
-        """Set the strength (0: no augmentation)."""
-        self.strength.fill_(float(value))
-
-    def choose(self, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True) -> None:
-        """The strength by the selection step: no augmentation first, then :data:`STRENGTHS` (callables alone: on)."""
+    def knob(self) -> Knob | None:
+        """``strength="auto"``: the strength by the selection step, no augmentation first, then :data:`STRENGTHS`
+        (callables alone: on)."""
+        if not (self.auto_strength and self.views > 1):
+            return None
         strengths = STRENGTHS if self.scales else (1.0,)
-        candidates = [("no augmentation", 0.0), *[(f"strength {s:g}", s) for s in strengths]]
-        classes = self.likelihood.prediction_type is not RegressionPrediction
+        return Knob(
+            name=self.knob_name,
+            candidates=[("no augmentation", 0.0), *[(f"strength {s:g}", s) for s in strengths]],
+            score=self._strength_scores,
+            apply=lambda value: self.strength.fill_(float(value)),
+            movable=True,
+        )
 
-        def scores(index: int):
-            value = candidates[index][1]
-            if value == 0 and classes and self.inner.name == "none":
-                return held_out.plain  # the plain model itself
-            self.strength.fill_(value)
-            return held_out.method_scores(self)
-
-        with torch.no_grad(), eval_mode(self.inner):
-            selection = held_out.select(candidates, scores, knob=self.knob, walk=True)
-        self.record_selection(selection)
-        self.strength.fill_(selection.value)
+    def _strength_scores(self, value: float, held_out: Any) -> Any:
+        if value == 0 and self.likelihood.prediction_type is not RegressionPrediction and self.inner.name == "none":
+            return held_out.plain  # the plain model itself
+        self.strength.fill_(value)
+        return held_out.method_scores(self)
 
     # ---- card ----------------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:

@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from torch import nn
 
@@ -63,7 +63,7 @@ class VariationalInference(VariationalMethod):
         layers: str | Sequence[str] = "head"
         head: str | None = None
         prior_std: float = 1.0
-        prior_mean: str = "zero"
+        prior_mean: Literal[PRIOR_MEANS] = "zero"
         init_std: float = 0.2
         num_samples: int = 20
         seed: int = 0
@@ -74,8 +74,6 @@ class VariationalInference(VariationalMethod):
         for option, value in (("prior_std", prior_std), ("init_std", init_std)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
                 raise ConfigError(f"{option} must be a finite number > 0, got {value!r}")
-        if prior_mean not in PRIOR_MEANS:
-            raise ConfigError(f"prior_mean must be one of {PRIOR_MEANS}, got {prior_mean!r}")
         self.prior_std, self.prior_mean, self.init_std = float(prior_std), prior_mean, float(init_std)
         super().__init__(model, layers=layers, head=head, num_samples=num_samples, seed=seed)
 
