@@ -28,6 +28,8 @@ from torch import Tensor
 from posthoc.errors import InputError
 
 LOGITS_KEY = "logits"
+#: log-probabilities below this are clamped before a calibration map sees them (an exact 0 probability is -inf)
+LOG_PROB_FLOOR = -1e4
 #: how far from 1 a row of probabilities may sum (float32 softmax outputs, rounding when saved)
 ROW_SUM_TOLERANCE = 1e-3
 

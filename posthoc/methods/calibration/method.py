@@ -44,7 +44,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import unit_interval
 from posthoc.core.inputs import Inputs, check_finite_result, check_labels
-from posthoc.core.logits import log_mean_exp
+from posthoc.core.logits import LOG_PROB_FLOOR, log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.registry import REGISTRY, register
@@ -80,16 +80,12 @@ def _between(a: dict[str, Tensor], b: dict[str, Tensor], weight: float) -> dict[
     return {k: a[k] + weight * (b[k] - a[k]) if a[k].is_floating_point() else a[k] for k in a}
 
 
-#: log-probabilities below this are clamped before a calibrator sees them (an exact 0 probability is -inf)
-LOG_PROB_FLOOR = -1e4
-
-
 def stacked_log_predictive(
     transform: Callable[[Tensor], Tensor], log_probs: Tensor, samples: Tensor | None, per_sample: bool
 ) -> LogPredictive:
     """A calibration map stacked on a predictive ``(log_probs, samples)``: applied to each sample (then averaged)
     where ``per_sample`` and the predictive samples, else to its log-probabilities (floored at
-    :data:`LOG_PROB_FLOOR`).
+    :data:`~posthoc.core.logits.LOG_PROB_FLOOR`).
 
     Example:
         >>> import torch
@@ -227,7 +223,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 
     def held_out_cache(self, held_out: HeldOut) -> _Cache:
         """The inner log-probabilities (or per-sample ones) over the clean and perturbed held-out batches, gathered over
-        ranks, floored at :data:`LOG_PROB_FLOOR`; too few examples or a single class are refused by name."""
+        ranks, floored at :data:`~posthoc.core.logits.LOG_PROB_FLOOR`; too few examples or a single class are refused by name."""
 
         def inner(x: Inputs, generator: torch.Generator) -> Tensor:
             log_probs, samples = self.inner.log_predictive(x, generator=generator)

@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_int
-from posthoc.core.logits import log_mean_exp
+from posthoc.core.logits import LOG_PROB_FLOOR, log_mean_exp
 from posthoc.export.modules import cast
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.optimise import minimise
@@ -59,7 +59,7 @@ def temperature_log_probs(logits: Tensor, temperature: Tensor) -> Tensor:
 
 def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -> float:
     """The temperature minimising the NLL of ``labels`` under the tempered predictive (bounded to [1e-2, 1e2])."""
-    log_probs = log_probs.detach().double().clamp_min(-1e4)
+    log_probs = log_probs.detach().double().clamp_min(LOG_PROB_FLOOR)
     labels = labels.to(log_probs.device)
     log_t = torch.zeros((), dtype=torch.float64, device=log_probs.device, requires_grad=True)
     bound = math.log(MAX_TEMPERATURE)

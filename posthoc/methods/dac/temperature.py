@@ -48,13 +48,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from posthoc.core.logits import log_mean_exp
+from posthoc.core.logits import LOG_PROB_FLOOR, log_mean_exp
 from posthoc.engine.lbfgs import minimise
 from posthoc.engine.runner import small_fit
 from posthoc.export.modules import cast
 
-#: log-probabilities below this are clamped before tempering (an exact 0 probability is -inf)
-LOG_PROB_FLOOR = -1e4
 #: distances below this are taken as this before the log (a query equal to its k-th neighbour)
 MIN_DISTANCE = 1e-6
 #: bounds of log T0
