@@ -44,9 +44,9 @@ import posthoc
 from posthoc.core.inputs import check_labels
 from posthoc.core.logits import check_finite_logits, class_log_probs
 from posthoc.errors import InputError, exit_status
-from posthoc.evaluation import plots
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.methods.calibration import Calibrator, calibrators
+from posthoc_apps.report import plots
 
 
 def load_array(path: Path, what: str) -> Tensor:

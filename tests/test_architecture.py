@@ -360,6 +360,61 @@ def test_the_applications_import_only_the_library_and_themselves():
     assert not circles, "import circles in posthoc_apps:\n" + "\n".join(sorted(circles))
 
 
+#: libraries that draw: the applications' (``posthoc_apps/report``), never the library's
+DRAWING = ("matplotlib",)
+
+
+def drawing_imports(package: Path = PACKAGE) -> list[str]:
+    """Every import of a drawing library (:data:`DRAWING`) in ``package``'s modules, at any depth, and every module
+    name of one in a string of code (``importlib.import_module("matplotlib")``); docstrings left out."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.name == "conftest.py":  # how pytest runs the doctests (it closes their figures), not the package
+            continue
+        where = path.relative_to(package).as_posix()
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            names = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif (
+                isinstance(node, ast.Call)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and getattr(node.func, "attr", getattr(node.func, "id", "")) in ("import_module", "__import__")
+            ):
+                names = [node.args[0].value]
+            found += [f"{where} (line {node.lineno}): {name}" for name in names if name.split(".")[0] in DRAWING]
+    return found
+
+
+def test_the_drawing_rule_catches_matplotlib_in_the_library(tmp_path: Path):
+    files = {
+        "__init__.py": "",
+        "evaluation/report.py": "import os\nfrom matplotlib.figure import Figure\n",
+        "evaluation/page.py": "import importlib\ndef f():\n    import matplotlib.pyplot as plt\n"
+        "    return importlib.import_module('matplotlib')\n",
+        "evaluation/table.py": '"""matplotlib in a docstring is fine"""\nfrom posthoc.core import checks\n',
+    }
+    plant(tmp_path, files)
+    assert drawing_imports(tmp_path) == [
+        "evaluation/page.py (line 3): matplotlib.pyplot",
+        "evaluation/page.py (line 4): matplotlib",
+        "evaluation/report.py (line 2): matplotlib.figure",
+    ]
+
+
+def test_only_the_applications_draw():
+    """matplotlib is the applications' (the figures and the HTML page of ``posthoc_apps/report``): a notebook that
+    imports the library imports no drawing library."""
+    bad = drawing_imports()
+    assert not bad, "posthoc modules import matplotlib (pictures belong in posthoc_apps/report):\n" + "\n".join(bad)
+    assert drawing_imports(APPS)  # the analysis sees the applications' figures
+
+
 def folders(package: Path) -> list[str]:
     """Every folder of ``package`` (``__pycache__`` left out), as a path below the package's parent."""
     return sorted(

@@ -21,6 +21,7 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
+import posthoc_apps.report as present
 from posthoc.core.registry import REGISTRY
 from posthoc.errors import ConfigError, InputError, PosteriorFileError
 from posthoc.guarantees.selective import RiskNotReachableError
@@ -1029,20 +1030,20 @@ NEWEST_API_MISUSES = [
         "targets of shape (5, 1) do not match",
     ),
     (
-        "RegressionReport.to_html",
-        lambda r, w, tmp: r["report"].to_html(r["folder"] / "file" / "r.html"),
+        "posthoc_apps.report.write_html",
+        lambda r, w, tmp: present.write_html(r["report"], r["folder"] / "file" / "r.html"),
         ConfigError,
         "cannot save to",
     ),
     (
-        "RegressionReport.calibration_curve",
-        lambda r, w, tmp: r["report"].calibration_curve(kind="nope"),
+        "posthoc_apps.report.calibration_curve",
+        lambda r, w, tmp: present.calibration_curve(r["report"], kind="nope"),
         ConfigError,
         "kind must be one of ('interval', 'quantile')",
     ),
     (
-        "RegressionReport.error_against_std",
-        lambda r, w, tmp: r["report"].error_against_std(r["folder"] / "file" / "e.png"),
+        "posthoc_apps.report.error_against_std",
+        lambda r, w, tmp: present.error_against_std(r["report"], r["folder"] / "file" / "e.png"),
         ConfigError,
         "the folder",
     ),
@@ -1165,8 +1166,8 @@ NEWEST_API_MISUSES = [
         "this table has no ['ece']",
     ),
     (
-        "ShiftTable.plot",
-        lambda r, w, tmp: r["table"].plot(r["folder"] / "file" / "shift.png"),
+        "posthoc_apps.report.shift_plot",
+        lambda r, w, tmp: present.shift_plot(r["table"], r["folder"] / "file" / "shift.png"),
         ConfigError,
         "cannot save to",
     ),
@@ -1201,8 +1202,8 @@ NEWEST_API_MISUSES = [
         "named test sets have no severities to follow confidence along",
     ),
     (
-        "ShiftTable.confidence_plot",
-        lambda r, w, tmp: r["table"].confidence_plot(),
+        "posthoc_apps.report.confidence_plot",
+        lambda r, w, tmp: present.confidence_plot(r["table"]),
         ConfigError,
         "named test sets have no severities to follow confidence along",
     ),

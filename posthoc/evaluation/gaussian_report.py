@@ -19,8 +19,9 @@ Example:
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
     |---|---|---|---|---|---|---|---|---|---|---|---|---|
     | laplace | 0.1619 [0.1477, 0.1760] | 0.1351 [0.1229, 0.1473] | -0.3941 [-0.4943, -0.2851] | ...
-    >>> fig = report.calibration_curve("calibration.png")
-    >>> fig = report.error_against_std("error_std.png")
+    >>> from posthoc_apps.report import calibration_curve, error_against_std     # the pictures: the applications'
+    >>> fig = calibration_curve(report, "calibration.png")
+    >>> fig = error_against_std(report, "error_std.png")
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> posthoc.evaluate(regression_um, reg_test_loader, conformal=cp).coverage       # about 0.9
     0.87
@@ -28,21 +29,18 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
-from posthoc.evaluation import bootstrap, gaussian_metrics, html_page, metrics, plots
+from posthoc.evaluation import bootstrap, gaussian_metrics, metrics
 from posthoc.evaluation.gaussian_metrics import LEVELS, components, interval_statistics, level_name
 from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
 from posthoc.evaluation.table import cell, markdown_table, shared_level
@@ -207,32 +205,9 @@ class RegressionReport:
         """The OOD scores' table (one line per score), or ``""`` without an OOD set."""
         return ood_markdown({self.name: self.ood}) if self.ood else ""
 
-    def _predictive(self) -> dict[str, tuple[Tensor, Tensor, Tensor]]:
-        return {self.name: (self.means, self.stds, self.targets)}
-
-    def calibration_curve(self, path: str | os.PathLike | None = None, *, kind: str = "interval") -> Figure:
-        """Observed against expected proportions inside central intervals (``kind="quantile"``: below quantiles),
-        to a PNG at ``path`` if given."""
-        return plots.calibration_curves(self._predictive(), path, kind=kind)
-
-    def error_against_std(self, path: str | os.PathLike | None = None) -> Figure:
-        """RMSE against predicted std per bin of std (the picture behind ENCE; fewer bins for fewer points), to a PNG
-        at ``path`` if given."""
-        return plots.error_against_std(self._predictive(), path, bins=min(ENCE_BINS, self.targets.numel()))
-
-    def _repr_html_(self) -> str:
-        """Jupyter's view: the metrics table, the calibration curve and the error against the predicted std."""
-        return "\n".join(
-            [
-                html_page.markdown_to_html(self.to_markdown()),
-                html_page.figure_tag(self.calibration_curve(), "calibration curve"),
-                html_page.figure_tag(self.error_against_std(), "error against predicted std"),
-            ]
-        )
-
-    def to_html(self, path: str | os.PathLike) -> Path:
-        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path."""
-        return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
+    def _repr_markdown_(self) -> str:
+        """Jupyter's view: the metrics table (and the OOD table); the pictures are drawn by ``posthoc_apps.report``."""
+        return "\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()]))
 
     @staticmethod
     def check_options(um: UncertainModel, conformal: object, selective: object) -> None:

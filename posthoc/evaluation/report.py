@@ -4,10 +4,12 @@ Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``, calibrat
 the report also measures them on the test set: empirical coverage and mean size of the conformal
 sets, and the deferral rate and error rate on accepted examples of the selective rule.
 
-Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` and
-``plain.to_html(path, laplace, auto)`` open with a ``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the
-method to use for this model in at most three lines, then its numbers; in the HTML the frontier plot beside them),
-then the table with the best entry of each column in bold; reports that predict the same are merged into one row.
+Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` opens with a
+``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the method to use for this model in at most three lines, then its
+numbers), then the table with the best entry of each column in bold; reports that predict the same are merged into
+one row. A report holds numbers and Markdown (in a notebook it shows its tables); its pictures and its HTML page are
+the applications' (``posthoc_apps.report``: ``write_html(report, path, *others)``, ``reliability_diagram(report)``,
+...).
 
 Example:
     >>> import posthoc
@@ -26,7 +28,8 @@ Example:
     | none | **0.8125** | 0.5966 | 0.0900 | 0.0994 | 0.0831 | 0.2729 | **0.0969** | **0.0568** | 0.1008 | – |
     | laplace | **0.8125** | **0.4898** | **0.0531** | **0.0846** | **0.0446** | **0.2659** | 0.0987 | 0.0584 | **0.4374** | – |
     ...
-    >>> fig = report.reliability_diagram("reliability.png")
+    >>> from posthoc_apps.report import reliability_diagram         # the pictures live in the applications
+    >>> fig = reliability_diagram(report, "reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.2)
     >>> checked = posthoc.evaluate(um, test_loader, conformal=cp, selective=sel)
@@ -48,15 +51,11 @@ give ``observed``, ``example_nll()`` and ``example_statistics()`` to the compari
 
 from __future__ import annotations
 
-import html
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
-from matplotlib.figure import Figure
 from torch import Tensor
 
 from posthoc.core.checks import integer
@@ -64,13 +63,13 @@ from posthoc.core.prediction import Prediction
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
-from posthoc.evaluation import bootstrap, html_page, metrics, ood_plots, ood_report, plots
+from posthoc.evaluation import bootstrap, metrics, ood_report
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
 from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.table import BEST_CAPTION, markdown_table, shared_level
 from posthoc.evaluation.table import cell as _cell
-from posthoc.evaluation.verdict import FRONTIER_FILE, Verdict
+from posthoc.evaluation.verdict import Verdict
 from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor, ConformalRegressor
 from posthoc.guarantees.selective import SelectivePredictor
@@ -366,86 +365,9 @@ class Report:
         }
         return ood_report.ood_markdown({self.name: self.ood}, {self.name: bounds})
 
-    def ood_histograms(self, path: str | os.PathLike | None = None) -> Figure:
-        """In-distribution against OOD histograms of every OOD score, one panel each (to a PNG at ``path`` if given)."""
-        if not self.ood_values:
-            raise ConfigError("this report has no OOD scores: evaluate with ood_loader=... to draw their histograms")
-        return ood_plots.ood_histograms(self.ood_values, path, title=self.name)
-
-    def reliability_diagram(self, path: str | os.PathLike | None = None) -> Figure:
-        return plots.reliability_diagram({self.name: (self.probs, self.labels)}, path)
-
-    def risk_coverage_curve(self, path: str | os.PathLike | None = None) -> Figure:
-        """The risk–coverage curve, with the selective rule's operating point when one was measured."""
-        return plots.risk_coverage_curve(
-            {self.name: (self.probs, self.labels)}, path, operating_points(self), self.target_risk
-        )
-
-    def _repr_html_(self) -> str:
-        """Jupyter's view: the metrics (and OOD) tables, the reliability diagram and the risk–coverage curve."""
-        tables = html_page.markdown_to_html("\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()])))
-        figures = [
-            html_page.figure_tag(self.reliability_diagram(), "reliability diagram"),
-            html_page.figure_tag(self.risk_coverage_curve(), "risk-coverage curve"),
-        ]
-        if self.ood_values:
-            figures.append(html_page.figure_tag(self.ood_histograms(), "OOD score histograms"))
-        return tables + "\n" + "\n".join(figures)
-
-    def frontier(
-        self,
-        *others: Report,
-        shifts: Mapping[str, Sequence[Report]] | None = None,
-        path: str | os.PathLike | None = None,
-    ) -> Figure:
-        """The frontier of this report (the plain model) and ``others`` under ``shifts`` (as in :meth:`to_markdown`):
-        each report's in-distribution NLL excess against its NLL under shift (:func:`posthoc.evaluation.plots.frontier`;
-        the plain model, the recommended report and the few best)."""
-        found = Compared.of([self, *others], shifts).verdict
-        if not found.shifts:
-            raise ConfigError(
-                "the frontier puts NLL under shift on its y axis: pass shifts={name: [reports on the "
-                "shifted test set, one per report]}"
-            )
-        return plots.frontier(found.frontier_points(), path, tolerance=found.tolerance, title="test data")
-
-    def to_html(
-        self, path: str | os.PathLike, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None
-    ) -> Path:
-        """Write :meth:`_repr_html_` as one self-contained HTML page (figures embedded); returns the path. Given
-        ``others`` (and ``shifts``, as in :meth:`to_markdown`): a title, the verdict with its table and (with shifts)
-        its frontier side by side, then the table of every report, and the reliability diagrams and risk-coverage
-        curves of the plain model, the recommended report and the few best, each figure with its caption."""
-        if not others:
-            return html_page.write_page(path, self._repr_html_(), f"posthoc report: {self.name}")
-        compared = Compared.of([self, *others], shifts)
-        found, reports = compared.verdict, compared.reports
-        title = f"posthoc report: {len(reports)} methods on one test set, against the plain model `{self.name}`"
-        images, frontier = {}, None
-        if found.shifts:
-            frontier = FRONTIER_FILE
-            images[frontier] = plots.png_bytes(
-                plots.frontier(found.frontier_points(), tolerance=found.tolerance, title="test data")
-            )
-        drawn = [r for r in reports if r.name in set(found.featured())]
-        curves = {r.name: (r.probs, r.labels) for r in drawn}
-        who = ", ".join(f"`{r.name}`" for r in drawn) + " (the plain model, the recommended one and the few best)"
-        body = [
-            f"<h1>{html.escape(title)}</h1>",
-            html_page.markdown_to_html(found.markdown(frontier), images=images),
-            html_page.markdown_to_html(compared.table()),
-            html_page.figure_block(
-                plots.reliability_diagram(curves),
-                "reliability diagrams",
-                f"Reliability diagrams of {who}: accuracy against confidence per bin, the count of each bin under it.",
-            ),
-            html_page.figure_block(
-                plots.risk_coverage_curve(curves, None, operating_points(*drawn)),
-                "risk-coverage curves",
-                f"Risk against coverage of {who}: the error rate of the most confident examples kept.",
-            ),
-        ]
-        return html_page.write_page(path, "\n".join(body), title)
+    def _repr_markdown_(self) -> str:
+        """Jupyter's view: the metrics table (and the OOD table); the pictures are drawn by ``posthoc_apps.report``."""
+        return "\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()]))
 
 
 @dataclass

@@ -32,8 +32,9 @@ Example:
     | MAP | **0.0197** | **0.0986** | 1.3025 | 3.6088 |
     | laplace | 0.0298 | 0.1000 | **1.0844** | **2.9745** |
     ...
-    >>> fig = table.plot("shift.png")
-    >>> fig = table.confidence_plot("confidence.png", plain_and_best(table))   # the plain model against the best
+    >>> from posthoc_apps.report import confidence_plot, shift_plot    # the pictures live in the applications
+    >>> fig = shift_plot(table, "shift.png")
+    >>> fig = confidence_plot(table, "confidence.png", plain_and_best(table))   # the plain model against the best
     >>> heavy = posthoc.shift.extrapolation_split(*reg_test_loader.dataset.tensors, quantile=0.7).shifted
     >>> named = posthoc.evaluate_shift(regression_um, {"random": reg_test_loader, "extrapolation": [heavy]})
     >>> named.value("laplace", "extrapolation", 0, "coverage_90")
@@ -42,18 +43,16 @@ Example:
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from matplotlib.figure import Figure
 
 from posthoc.core.checks import integer
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
-from posthoc.evaluation import bootstrap, plots
+from posthoc.evaluation import bootstrap
 from posthoc.evaluation.comparison import example_nll
 from posthoc.evaluation.gaussian_report import COLUMN_HEADERS, RegressionReport
 from posthoc.evaluation.report import Report, evaluate
@@ -65,7 +64,7 @@ from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
 METRICS = ("accuracy", "nll", "ece", "brier")
 #: a regressor's cells: proper scores, accuracy of the mean, the central 90 % interval, interval calibration
 REGRESSION_METRICS = ("nll", "crps", "rmse", "coverage_90", "width_90", "mace")
-#: the metrics :meth:`ShiftTable.to_markdown` and :meth:`ShiftTable.plot` show by default
+#: the metrics :meth:`ShiftTable.to_markdown` and its plot (``posthoc_apps.report.shift_plot``) show by default
 HEADLINE = {METRICS: ("nll", "ece"), REGRESSION_METRICS: ("nll", "crps", "coverage_90")}
 #: the metrics' names in the long table, and in titles and axis labels
 LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **COLUMN_HEADERS}
@@ -173,7 +172,7 @@ class ShiftTable:
         ):
             if key not in held:
                 raise ConfigError(f"this table has no {what} {key!r}; its {what}s: {', '.join(map(str, held))}")
-        self._checked([metric])
+        self.chosen_metrics([metric])
         return self.values[method][kind][severity][metric]
 
     def as_dict(self) -> dict[str, object]:
@@ -205,7 +204,7 @@ class ShiftTable:
         named test sets the value per method and set; ``detail=True`` adds a long table with every kind and
         severity and all the table's metrics. The best method of each column (in the long table: of each kind and
         severity) is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
-        metrics = self._checked(metrics)
+        metrics = self.chosen_metrics(metrics)
         parts = []
         for metric in metrics:
             if self.named:
@@ -267,41 +266,13 @@ class ShiftTable:
             for s in self.severities
         }
 
-    def _checked(self, metrics: Sequence[str] | None) -> Sequence[str]:
+    def chosen_metrics(self, metrics: Sequence[str] | None = None) -> Sequence[str]:
+        """``metrics`` checked against the table's (default: its :data:`HEADLINE` metrics)."""
         chosen = HEADLINE[self.metrics] if metrics is None else metrics
         unknown = [m for m in chosen if m not in self.metrics]
         if unknown:
             raise ConfigError(f"this table has no {unknown}; its metrics: {', '.join(self.metrics)}")
         return chosen
-
-    def plot(self, path: str | os.PathLike | None = None, metrics: Sequence[str] | None = None) -> Figure:
-        """Each metric (default: :data:`HEADLINE`; the mean over kinds) against severity, one line per method,
-        the interval as a band; for named test sets, against the sets."""
-        metrics = self._checked(metrics)
-        keys = [(kind, 0) for kind in self.kinds] if self.named else [(CLEAN, 0), *((MEAN, s) for s in self.severities)]
-        xs = list(range(len(self.kinds))) if self.named else [0, *self.severities]
-        series = {}
-        for method in self.values:
-            bounds = self.intervals.get(method)
-            series[method] = {}
-            for metric in metrics:
-                lows = highs = None
-                if bounds:
-                    pairs = [bounds[kind][severity][metric] for kind, severity in keys]
-                    lows, highs = [p[0] for p in pairs], [p[1] for p in pairs]
-                series[method][metric] = (xs, [self.value(method, *key, metric) for key in keys], lows, highs)
-        if not self.named:
-            return plots.shift_plot(
-                series, path, metrics, ylabels={m: f"{TITLES.get(m, m)} (mean over kinds)" for m in metrics}
-            )
-        return plots.shift_plot(
-            series,
-            path,
-            metrics,
-            tick_labels=self.kinds,
-            xlabel="test set",
-            ylabels={m: TITLES.get(m, m) for m in metrics},
-        )
 
     def confidence(self, method: str, kind: str, severity: int) -> float:
         """Mean top-class probability of one cell (kinds as in :meth:`value`; ``"mean"`` averages the kinds).
@@ -366,14 +337,6 @@ class ShiftTable:
             return min(candidates, key=lambda m: sum(self.value(m, k, 0, "nll") for k in self.kinds) / len(self.kinds))
         top = max(self.severities)
         return min(candidates, key=lambda m: self.value(m, MEAN, top, "nll"))
-
-    def confidence_plot(self, path: str | os.PathLike | None = None, methods: Sequence[str] | None = None) -> Figure:
-        """Mean confidence and accuracy (means over the kinds) against severity for ``methods`` (default: all),
-        the gap shaded (see :func:`posthoc.evaluation.plots.confidence_plot`)."""
-        chosen = list(methods or self.values)
-        return plots.confidence_plot(
-            {m: self.confidence_series(m) for m in chosen}, path, title=f"mean over {', '.join(self.kinds)}"
-        )
 
 
 def _first_table(tables: Sequence[ShiftTable], what: str) -> ShiftTable:

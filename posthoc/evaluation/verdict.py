@@ -8,7 +8,7 @@ bootstrap interval over the test examples. Ratios are left out where the plain m
 :data:`RATIO_FLOOR` (the difference says it), and a predict cost on a model whose forward takes under a millisecond
 carries its time in microseconds. Notes follow the table: a candidate auto refused on held-out data although it was
 better there (its gain, its bound and the ``tolerance=`` that would take it), and a test table that disagrees with
-auto's held-out pick. Then comes the frontier (:func:`posthoc.evaluation.plots.frontier`): the plain model's, the
+auto's held-out pick. Then comes the frontier (drawn by :func:`posthoc_apps.report.plots.frontier`): the plain model's, the
 recommended row's and the few best rows' in-distribution NLL excess against their NLL under shift.
 
 Which method is recommended:
@@ -52,21 +52,17 @@ Example:
 from __future__ import annotations
 
 import math
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 from torch import Tensor
 
-from posthoc.core.model_card import selection_table
 from posthoc.engine.selection import CONFIDENCE, Tolerance
 from posthoc.errors import ConfigError, InputError
-from posthoc.evaluation import bootstrap, metrics, plots
-from posthoc.evaluation.plots import FrontierPoint
+from posthoc.evaluation import bootstrap, metrics
 
 #: the two-sided level of every change's interval in the sentence
 CI = 0.95
@@ -87,6 +83,27 @@ RATIO_FLOOR = 0.01
 MICROSECONDS_BELOW = 1e-3
 #: rows a plot draws besides the plain and the recommended one (the rest stay in the tables)
 FEATURED = 3
+
+
+@dataclass(frozen=True)
+class FrontierPoint:
+    """One candidate on the frontier: its in-distribution NLL excess over the plain model ``x`` (nats per example) and
+    its NLL under shift ``y``, each with an interval (``None``: none), whether it is admissible, and whether it is the
+    recommended one.
+
+    Example:
+        >>> from posthoc.evaluation.verdict import FrontierPoint
+        >>> FrontierPoint("laplace+dac", 0.002, (-0.001, 0.004), 0.41, (0.39, 0.43), admissible=True, chosen=True).chosen
+        True
+    """
+
+    label: str
+    x: float
+    x_interval: tuple[float, float] | None
+    y: float
+    y_interval: tuple[float, float] | None
+    admissible: bool
+    chosen: bool = False
 
 
 @dataclass(frozen=True)
@@ -617,7 +634,7 @@ class Verdict:
         return [row.label for row in self.rows if row.label in picked]
 
     def frontier_points(self, labels: Sequence[str] | None = None) -> list[FrontierPoint]:
-        """The rows measured under shift as :class:`~posthoc.evaluation.plots.FrontierPoint` (test data): those of
+        """The rows measured under shift as :class:`FrontierPoint` (test data): those of
         ``labels`` (default: :meth:`featured`)."""
         shown = set(self.featured() if labels is None else labels)
         return [
@@ -943,7 +960,7 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
     (e.g. calibrators that kept the plain model) are one point named after all of them.
 
     Example:
-        >>> from posthoc.evaluation import plots
+        >>> from posthoc_apps.report import plots
         >>> from posthoc.evaluation.verdict import selection_points
         >>> from posthoc_apps.demo.examples import um
         >>> points = selection_points(um.summary()["selection"])
@@ -980,65 +997,3 @@ def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
             )
         )
     return list(found.values())
-
-
-def verdict_section(found: Verdict, out_dir: str | os.PathLike | None, *, title: str | None = None) -> str:
-    """The verdict's Markdown with its frontier, drawn to ``out_dir/frontier.png`` when the rows were measured under
-    shift (``title`` on the plot); without shifts or without ``out_dir``, the verdict alone.
-
-    Example:
-        >>> from pathlib import Path
-        >>> from posthoc.evaluation.verdict import verdict_section
-        >>> from posthoc_apps.demo.examples import verdict
-        >>> section = verdict_section(verdict, ".")      # draws ./frontier.png
-        >>> print(section)
-        ## Verdict
-        <BLANKLINE>
-        **Use `laplace`**: picked on the test data, ...
-        <BLANKLINE>
-        ![frontier: in-distribution cost against NLL under shift](frontier.png)
-        ...
-        >>> Path("frontier.png").exists()
-        True
-    """
-    points = found.frontier_points()
-    if not points or out_dir is None:
-        return found.markdown()
-    plots.frontier(points, Path(out_dir) / FRONTIER_FILE, tolerance=found.tolerance, title=title)
-    return found.markdown(FRONTIER_FILE)
-
-
-def selection_section(
-    selection: Mapping[str, Any], out_dir: str | os.PathLike | None, *, heading: str = "##", label: str = "auto"
-) -> str:
-    """How ``method="auto"`` chose on held-out data: its selection record as a table and the frontier of its
-    candidates (drawn to ``out_dir/selection_frontier.png`` when they were scored on perturbed copies and ``out_dir``
-    is given).
-
-    Example:
-        >>> from posthoc.evaluation.verdict import selection_section
-        >>> from posthoc_apps.demo.examples import um
-        >>> print(selection_section(um.summary()["selection"], "report"))
-        ## How `auto` chose, on held-out data
-        ...
-    """
-    lines = [f"{heading} How `{label}` chose, on held-out data", "", *selection_table(dict(selection)), ""]
-    points = selection_points(selection)
-    if points and out_dir is not None:
-        plots.frontier(
-            points,
-            Path(out_dir) / SELECTION_FRONTIER_FILE,
-            tolerance=float(selection["tolerance"]),
-            ylabel="NLL on the fit-time perturbed copies",
-            title=f"{label}'s candidates on held-out data (NLL excess cross-fitted)",
-            chosen_word="chosen",
-        )
-        lines += [
-            f"![{label}'s candidates on held-out data]({SELECTION_FRONTIER_FILE})",
-            "",
-            f"Bars: the excess from its mean to the bound that decides admissibility ({CONFIDENCE:.0%}, on new "
-            f"data of the held-out size) and as far below; the perturbed NLL ± {NormalDist().inv_cdf(CONFIDENCE):.2f} "
-            "standard errors; shaded: admissible; star: chosen.",
-            "",
-        ]
-    return "\n".join(lines)

@@ -70,7 +70,6 @@ from posthoc.core.checks import probability
 from posthoc.core.inputs import Inputs, split_batch
 from posthoc.core.registry import method_class, method_names
 from posthoc.errors import ConfigError, exit_status
-from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.comparison import candidate, predict_timing
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note, without
 from posthoc.evaluation.report import Report, markdown_table, operating_points
@@ -81,8 +80,6 @@ from posthoc.evaluation.verdict import (
     Verdict,
     cost_cell,
     judge,
-    selection_section,
-    verdict_section,
 )
 from posthoc.shift import KINDS
 from posthoc_apps.cli.flags import check_numbers
@@ -103,6 +100,8 @@ from posthoc_apps.cli.shift import (
 )
 from posthoc_apps.loading import folders, hf
 from posthoc_apps.loading.models import build_model, load_checkpoint
+from posthoc_apps.report import page, plots
+from posthoc_apps.report.sections import selection_section, verdict_section
 
 BASELINE = "none"
 #: fitted scalars shown in the report table (metrics.json keeps every fitted scalar)
@@ -579,7 +578,7 @@ def merged_results(results: list[MethodResult]) -> list[Merged]:
 def run_verdict(results: list[MethodResult], *, compared: int | None = None) -> Verdict | None:
     """The verdict on the rows against the plain one (the first): each row's test report, its reports on the
     ``--shift`` folders and its corruption table (per severity, the mean over the kinds), its predict cost and an
-    auto row's selection record (:mod:`posthoc.evaluation.verdict`); ``None`` when only the plain row was asked for
+    auto row's selection record (:mod:`posthoc_apps.report.sections`); ``None`` when only the plain row was asked for
     (``compared``: the rows asked for, before merging rows that predict the same; default ``len(results)``)."""
     if (len(results) if compared is None else compared) < 2:
         return None
@@ -618,7 +617,7 @@ def write_files(out: Path, title: str, lines: list[str], cards: list[str], metri
     classifier's :func:`write_report` and the regressor's :func:`posthoc_apps.cli.tables.write_regression_report`."""
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
-    html_page.write_html("\n".join(lines), out / "report.html", title=title)
+    page.write_markdown_page("\n".join(lines), out / "report.html", title=title)
     (out / "summary.md").write_text("\n\n".join(cards) + "\n")
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str))
     return report_path

@@ -24,6 +24,7 @@ from posthoc.errors import ConfigError
 from posthoc.evaluation import ood_report
 from posthoc.evaluation.report import Report
 from posthoc.ood.detector import Detector, available_scores, detector
+from posthoc_apps.report import figures
 
 HISTOGRAM_FILE = "ood_scores.png"
 
@@ -91,7 +92,7 @@ def ood_lines(rows: list[tuple[str, Report]], out: Path) -> list[str]:
     if not measured:
         return []
     plain_name, plain = measured[0]
-    plain.ood_histograms(out / HISTOGRAM_FILE)
+    figures.ood_histograms(plain, out / HISTOGRAM_FILE)
     own = {name: {k: v for k, v in report.ood.items() if k in ood_report.OWN_SCORES} for name, report in measured}
     return [
         f"## OOD detection: post-hoc scores of {plain_name}",

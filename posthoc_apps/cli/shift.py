@@ -26,6 +26,7 @@ from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift, plain_and_best
 from posthoc.shift import KINDS
 from posthoc.shift.loader import Normalization
+from posthoc_apps.report import figures
 
 
 class ShiftAction(argparse.Action):
@@ -132,9 +133,9 @@ def corruption_lines(
         return []
     merged = ShiftTable.merge(present)
     shown = [table for table in present if drawn is None or set(table.methods) & set(drawn)] or present
-    ShiftTable.merge(shown).plot(out / "shift.png")
+    figures.shift_plot(ShiftTable.merge(shown), out / "shift.png")
     compared = plain_and_best(merged)
-    merged.confidence_plot(out / "confidence.png", compared)
+    figures.confidence_plot(merged, out / "confidence.png", compared)
     return [
         "## Corruptions of the test set (posthoc.shift)",
         "",

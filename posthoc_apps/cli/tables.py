@@ -59,12 +59,11 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 import posthoc
 from posthoc.errors import ConfigError
-from posthoc.evaluation import plots
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
 from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows, markdown_table
-from posthoc.evaluation.verdict import Verdict, judge, selection_section, verdict_section
+from posthoc.evaluation.verdict import Verdict, judge
 from posthoc_apps.cli.evaluate import (
     AUTO_HINT,
     method_rows,
@@ -78,6 +77,8 @@ from posthoc_apps.cli.evaluate import (
 from posthoc_apps.cli.flags import check_numbers
 from posthoc_apps.loading.folders import split_held_out
 from posthoc_apps.loading.tabular import Table, load_module, read_tables
+from posthoc_apps.report import figures, plots
+from posthoc_apps.report.sections import selection_section, verdict_section
 
 LIKELIHOODS = ("classification", "regression")
 DEFAULT_METHOD = "laplace"
@@ -434,7 +435,7 @@ def write_regression_report(
         *([] if auto is None else [selection_section(auto_selection(auto.um), out, label=auto.name)]),
     ]
     if shift is not None:
-        shift.plot(out / "shift.png")
+        figures.shift_plot(shift, out / "shift.png")
         lines += [
             "## Shifted test sets (posthoc.evaluate_shift)",
             "",

@@ -65,20 +65,22 @@ from posthoc.engine.held_out import HeldOut
 from posthoc.engine.predictions import collect
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError
-from posthoc.evaluation import bootstrap, gaussian_metrics, html_page, metrics, ood_report, plots
+from posthoc.evaluation import bootstrap, gaussian_metrics, metrics, ood_report
 from posthoc.evaluation.comparison import candidate
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note, without
-from posthoc.evaluation.ood_plots import ood_histograms
 from posthoc.evaluation.report import Report, evaluate, markdown_table
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows
-from posthoc.evaluation.verdict import Verdict, cost_cell, judge, selection_section, verdict_section
+from posthoc.evaluation.verdict import Verdict, cost_cell, judge
 from posthoc.ood.detector import available_scores, detector
 from posthoc.shift.kinds import EVALUATION_KINDS
 from posthoc.shift.kinds import SEVERITIES as PARAMETERS
 from posthoc_apps.demo import data, zoo
 from posthoc_apps.demo.configs import DEMO_CONFIGS, EXPECTED_SECONDS, LEFT_OUT, TEMPERATURE_SECONDS
 from posthoc_apps.demo.steps import Steps
+from posthoc_apps.report import figures, page, plots
+from posthoc_apps.report.ood_plots import ood_histograms
+from posthoc_apps.report.sections import selection_section, verdict_section
 
 SHIFT_KINDS = EVALUATION_KINDS
 SEVERITIES = (1, 3, 5)
@@ -578,18 +580,18 @@ def _write_outputs(rows: list[DemoRow], out_dir: Path) -> None:
     plots.reliability_diagram({row.label: rotated[row.label] for row in drawn}, out_dir / "reliability_rotated45.png")
     story = rows[0].story
     if story is not None:
-        story.table.confidence_plot(out_dir / "confidence.png", story.labels)
+        figures.confidence_plot(story.table, out_dir / "confidence.png", story.labels)
         plots.reliability_diagram(
             {label: rotated[label] for label in story.labels}, out_dir / "reliability_rotated45_best.png"
         )
     plots.risk_coverage_curve(curves, out_dir / "risk_coverage.png")
-    ShiftTable.merge([row.shift for row in drawn]).plot(out_dir / "shift.png")
+    figures.shift_plot(ShiftTable.merge([row.shift for row in drawn]), out_dir / "shift.png")
     ood_histograms(
         rows[0].post_hoc_ood, out_dir / "ood_scores.png", title="plain model: test digits 0-7 against held-out 8 and 9"
     )
     markdown = render(rows, out_dir) + "\n" + pictures(rows)
     (out_dir / "report.md").write_text(markdown)
-    html_page.write_html(markdown, out_dir / "report.html", title="posthoc demo")
+    page.write_markdown_page(markdown, out_dir / "report.html", title="posthoc demo")
 
 
 # ------------------------------------------------------------------------------------------- regression
@@ -714,7 +716,7 @@ def _regression_shift_part(out: Path, progress: bool) -> list[str]:
         for label, method, options in REGRESSION_CONFIGS
     ]
     table = ShiftTable.merge(tables)
-    table.plot(out / "regression_shift.png")
+    figures.shift_plot(table, out / "regression_shift.png")
     return [
         "### Auto MPG under shift: random cars, heavier cars, and a gap of middle weights",
         "",

@@ -23,6 +23,7 @@ from posthoc_apps.demo.run import (
     render,
     shift_story,
 )
+from posthoc_apps.report import figures
 
 
 def test_digits_splits_are_fixed_stratified_and_disjoint(digits):
@@ -194,7 +195,7 @@ def test_shift_story_draws_the_plain_model_against_the_named_row(digits, digits_
         ("clean", 0),
         *((k, s) for k in EVALUATION_KINDS for s in STORY_SEVERITIES),
     }
-    fig = story.table.confidence_plot(None, story.labels)
+    fig = figures.confidence_plot(story.table, None, story.labels)
     lines = fig.axes[0].get_lines()
     assert [line.get_label() for line in lines] == [
         "MAP confidence",

@@ -206,7 +206,7 @@ def test_bad_shapes_and_stds_are_refused() -> None:
 
 
 def test_plots_draw_what_the_metrics_say(tmp_path) -> None:
-    from posthoc.evaluation import plots
+    from posthoc_apps.report import plots
 
     calibrated, too_wide = _calibrated(2000, seed=10), _calibrated(2000, seed=10, scale=2.0)
     fig = plots.calibration_curves({"calibrated": calibrated, "too wide": too_wide}, tmp_path / "cal.png")

@@ -12,6 +12,8 @@ import posthoc
 from posthoc.errors import ConfigError
 from posthoc.evaluation import gaussian_metrics
 from posthoc.evaluation.gaussian_report import RegressionReport
+from posthoc_apps.report import figures
+from posthoc_apps.report import page as html_page
 
 
 @pytest.fixture(scope="module")
@@ -72,12 +74,12 @@ def test_ci_markdown_html_and_pictures(two_outputs, tmp_path) -> None:
     markdown = report.to_markdown()
     assert markdown.splitlines()[0].startswith("| method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% |")
     assert f"| LLLA | {report.rmse:.4f} [{report.intervals['rmse'][0]:.4f}, " in markdown
-    html = report.to_html(tmp_path / "report.html").read_text()
+    html = html_page.write_html(report, tmp_path / "report.html").read_text()
     assert html.count("<img") == 2 and "<table>" in html and "MACE" in html
-    curve = report.calibration_curve(tmp_path / "calibration.png")
+    curve = figures.calibration_curve(report, tmp_path / "calibration.png")
     assert (tmp_path / "calibration.png").stat().st_size > 1000
     assert len(curve.axes[0].get_lines()) == 2  # the diagonal and the method
-    report.error_against_std(tmp_path / "error_std.png")
+    figures.error_against_std(report, tmp_path / "error_std.png")
     assert (tmp_path / "error_std.png").stat().st_size > 1000
 
 
@@ -120,7 +122,7 @@ def test_a_test_set_smaller_than_the_ence_bins_reports_ence_as_unavailable(tmp_p
     report = posthoc.evaluate(um, rows, progress=False, ci=0.9, bootstraps=50)
     assert report.ence is None and report.as_dict()["ence"] is None and "ence" not in report.intervals
     assert report.to_markdown().splitlines()[2].endswith("| – |") and report.rmse > 0
-    assert report.to_html(tmp_path / "small.html").stat().st_size > 0
+    assert html_page.write_html(report, tmp_path / "small.html").stat().st_size > 0
     assert posthoc.evaluate(um, [(x[:10], 2 * x[:10, :1])], progress=False).ence is not None
 
 

@@ -12,11 +12,12 @@ import torch
 from test_report_verdict import reports_of
 
 import posthoc
-from posthoc.evaluation import bootstrap, html_page
+from posthoc.evaluation import bootstrap
 from posthoc.evaluation.duplicates import Merged, merge_identical
 from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Compared, Report, markdown_table
 from posthoc.evaluation.table import OUTSIDE, OUTSIDE_NOTE
+from posthoc_apps.report import page as html_page
 
 
 def _reports() -> tuple[list[Report], dict[str, list[Report]]]:
@@ -41,7 +42,7 @@ def test_rows_that_predict_the_same_are_merged_into_one_with_a_note(tmp_path):
     assert "temperature" not in rows and "laplace kron" not in rows and {"none", "laplace"} <= set(rows)
     assert "Merged rows (the same predictions, within 1e-06, on every example): `temperature` into `none`" in text
     assert [row.label for row in compared.verdict.rows] == ["none", "laplace"]
-    page = reports[0].to_html(tmp_path / "page.html", *reports[1:], shifts=shifts).read_text()
+    page = html_page.write_html(reports[0], tmp_path / "page.html", *reports[1:], shifts=shifts).read_text()
     assert "Merged rows" in page and "<td>laplace kron</td>" not in page
     # a row that differs anywhere (here only under shift) is kept
     other = replace(shifts["rotated"][3], probs=torch.softmax(torch.log(shifts["rotated"][3].probs) * 1.1, -1))

@@ -17,13 +17,14 @@ import torch
 import posthoc
 from posthoc.core.model_card import ModelCard, selection_table
 from posthoc.engine.selection import excess_bound
-from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.comparison import candidate, compared_verdict, example_nll
 from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import best_rows, bold_best
 from posthoc.evaluation.verdict import Candidate, cost_cell, judge, selection_points
+from posthoc_apps.report import page as html_page
+from posthoc_apps.report import plots
 
 N = 600
 
@@ -327,7 +328,7 @@ def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_
     best = min(reports, key=lambda r: r.nll).name
     assert nll[best].startswith("**") and sum(cell.startswith("**") for cell in nll.values()) == 1
     assert reports[0].to_markdown() == markdown_table(reports[:1]) and "**" not in reports[0].to_markdown()
-    page = reports[0].to_html(tmp_path / "compared.html", *reports[1:], shifts=shifts).read_text()
+    page = html_page.write_html(reports[0], tmp_path / "compared.html", *reports[1:], shifts=shifts).read_text()
     # a title; the verdict's table and its frontier side by side, then the table of every report
     title = "posthoc report: 3 methods on one test set, against the plain model `none`"
     assert f"<title>{title}</title>" in page and page.index("<h1>") < page.index('<section class="verdict">')
@@ -337,7 +338,7 @@ def test_report_comparisons_open_with_the_verdict_and_mark_the_best_entries(tmp_
     assert page.count("data:image/png;base64,") == 3  # the frontier, reliability diagrams, risk-coverage curves
     # every figure its caption names is on the page, and every figure has a caption
     assert "Frontier: the plain model, the recommended row" in page and page.count("<figcaption>") == 2
-    unshifted = reports[0].to_html(tmp_path / "plain.html", *reports[1:]).read_text()
+    unshifted = html_page.write_html(reports[0], tmp_path / "plain.html", *reports[1:]).read_text()
     assert "Frontier" not in unshifted and "frontier" not in unshifted.split("<figure>")[0].split("</section>")[0]
     assert unshifted.count("data:image/png;base64,") == 2
     assert compared_verdict(reports, shifts).recommended == text.split("`")[1]
@@ -409,8 +410,8 @@ def test_a_written_page_is_never_wider_than_its_window(tmp_path):
     wide_row = "| " + " | ".join(f"column {i} with a long header" for i in range(40)) + " |"
     text = "# T\n\n" + wide_row + "\n|" + "---|" * 40 + "\n" + wide_row + "\n\n" + "a" * 3000
     pages = [
-        html_page.write_html(text, tmp_path / "md.html").read_text(),
-        reports[0].to_html(tmp_path / "report.html", *reports[1:], shifts=shifts).read_text(),
+        html_page.write_markdown_page(text, tmp_path / "md.html").read_text(),
+        html_page.write_html(reports[0], tmp_path / "report.html", *reports[1:], shifts=shifts).read_text(),
     ]
     for page in pages:
         tree = _Tree()

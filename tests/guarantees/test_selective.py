@@ -19,6 +19,7 @@ from posthoc.evaluation.report import operating_points
 from posthoc.guarantees.bounds import binomial_upper_bound
 from posthoc.guarantees.selective import RiskNotReachableError, search_threshold
 from posthoc_apps.demo import data
+from posthoc_apps.report import figures
 
 NUM_CLASSES = 10
 
@@ -134,7 +135,7 @@ def test_a_wrapped_model(digits: data.DigitsSplits, digits_model: torch.nn.Modul
     assert report.target_risk == 0.02 and 0 < report.deferral < 0.5 and report.selective_risk < 0.02
     assert "deferral (target risk=0.02) | accepted error |" in report.to_markdown()
     assert operating_points(report) == {"none": (1 - report.deferral, report.selective_risk)}
-    report.risk_coverage_curve(tmp_path / "risk_coverage.png")  # with the operating point and the target
+    figures.risk_coverage_curve(report, tmp_path / "risk_coverage.png")  # with the operating point and the target
     assert (tmp_path / "risk_coverage.png").stat().st_size > 1000
     with pytest.raises(posthoc.ConfigError, match="calibrated on another wrapped model"):
         posthoc.evaluate(posthoc.wrap(digits_model, method="none").fit(), data.loader(digits.test), selective=sel)

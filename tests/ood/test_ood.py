@@ -25,13 +25,15 @@ import posthoc
 from posthoc import settings
 from posthoc.core.prediction import Prediction
 from posthoc.engine.head import FeatureSplit
-from posthoc.evaluation import metrics, ood_plots
+from posthoc.evaluation import metrics
 from posthoc.ood.base import Outputs
 from posthoc.ood.detector import available_scores
 from posthoc.ood.logits import Energy, MaxLogit
 from posthoc.ood.predictive import GeneralizedEntropy, MaxSoftmax, PredictiveEntropy
 from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc_apps.demo import data
+from posthoc_apps.report import figures, ood_plots
+from posthoc_apps.report import page as html_page
 
 sys.path.insert(0, str(Path(__file__).parent))
 import _ood_dist_worker  # noqa: E402
@@ -330,7 +332,9 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
     assert (
         f"| none | energy | {by_name.ood['energy']['auroc']:.4f} [{low:.4f}, {high:.4f}] |" in by_name.ood_to_markdown()
     )
-    assert by_name._repr_html_().count("data:image/png;base64,") == 3  # reliability, risk-coverage, OOD histograms
+    assert (
+        html_page.html_view(by_name).count("data:image/png;base64,") == 3
+    )  # reliability, risk-coverage, OOD histograms
     tempered = posthoc.wrap(digits_model, method="temperature").fit(val_loader=small["val"], progress=False)
     own = posthoc.evaluate(
         tempered, loaders["test"], loaders["ood"], ood_scores=["msp", "gen", "energy"], progress=False
@@ -343,7 +347,7 @@ def test_evaluate_reports_detector_scores_next_to_the_methods_entropy(digits_mod
         posthoc.evaluate(um, loaders["test"], ood_scores=["energy"], progress=False)
     with pytest.raises(posthoc.ConfigError, match="need training statistics"):
         posthoc.evaluate(um, loaders["test"], loaders["ood"], ood_scores=["mahalanobis"], progress=False)
-    report.ood_histograms(tmp_path / "ood.png")
+    figures.ood_histograms(report, tmp_path / "ood.png")
     assert 10_000 < (tmp_path / "ood.png").stat().st_size < 1_000_000
     assert posthoc.evaluate(um, loaders["test"], progress=False).ood is None
 

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.evaluation.shift import REGRESSION_METRICS
 from posthoc_apps.demo.data import WEIGHT_COLUMN, auto_mpg, train_mlp
+from posthoc_apps.report import figures
 
 
 def _rows(n: int = 200, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
@@ -176,7 +177,7 @@ def test_named_test_sets_give_the_regression_metrics_per_set_and_method(regresso
     assert "**NLL** per test set" in markdown and "| method | random | extrapolation | gap |" in markdown
     assert "| laplace | extrapolation | " in markdown and "cov 90%" in markdown
     assert table.as_dict()["metrics"] == list(REGRESSION_METRICS)
-    figure = table.plot(tmp_path / "shift.png")
+    figure = figures.shift_plot(table, tmp_path / "shift.png")
     assert [tick.get_text() for tick in figure.axes[0].get_xticklabels()] == ["random", "extrapolation", "gap"]
     assert (tmp_path / "shift.png").stat().st_size > 10_000
     assert table.best_method() in ("none", "laplace")

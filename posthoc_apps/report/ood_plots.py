@@ -1,7 +1,7 @@
 """OOD score histograms: in-distribution against OOD values of each score, one panel per score.
 
 Example:
-    >>> from posthoc.evaluation.ood_plots import ood_histograms
+    >>> from posthoc_apps.report.ood_plots import ood_histograms
     >>> from posthoc_apps.demo.examples import report
     >>> fig = ood_histograms({"entropy": report.ood_values["entropy"]}, "ood_scores.png")
     >>> len([ax for ax in fig.axes if ax.get_visible()])
@@ -23,7 +23,7 @@ from matplotlib.figure import Figure  # noqa: E402
 from torch import Tensor  # noqa: E402
 
 from posthoc.evaluation import metrics  # noqa: E402
-from posthoc.evaluation.plots import save_figure  # noqa: E402
+from posthoc_apps.report.plots import save_figure  # noqa: E402
 
 #: panels per row; more scores wrap onto further rows
 MAX_COLUMNS = 4

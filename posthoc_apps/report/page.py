@@ -4,12 +4,17 @@ Only the Markdown that posthoc writes is understood (``#`` headings, pipe tables
 ``![alt](file.png)`` images, paragraphs); every image is read from disk and embedded, so the one HTML file
 can be mailed or attached to an issue.
 
+A report's page (:func:`write_html`) holds its tables and its figures; given reports of other methods on the same
+test set, the verdict and its frontier first. :func:`html_view` is the same without the page around it.
+
 Example:
-    >>> from posthoc.evaluation.html_page import write_html
-    >>> from posthoc_apps.demo.examples import report
-    >>> path = write_html(report.to_markdown(), "report.html", title="posthoc demo")
+    >>> from posthoc_apps.report.page import write_html, write_markdown_page
+    >>> from posthoc_apps.demo.examples import report, plain_report
+    >>> path = write_markdown_page(report.to_markdown(), "report.html", title="posthoc demo")
     >>> path, "<table>" in path.read_text()
     (PosixPath('report.html'), True)
+    >>> write_html(plain_report, "compared.html", report)     # the plain model first, then the others
+    PosixPath('compared.html')
 """
 
 from __future__ import annotations
@@ -18,14 +23,18 @@ import base64
 import html
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from matplotlib.figure import Figure
 
 from posthoc.core.paths import as_path, output_file
-from posthoc.evaluation.plots import png_bytes
+from posthoc.evaluation.gaussian_report import RegressionReport
+from posthoc.evaluation.report import Compared, Report, operating_points
+from posthoc.evaluation.verdict import FRONTIER_FILE
+from posthoc_apps.report import figures, plots
+from posthoc_apps.report.plots import png_bytes
 
 STYLE = """
 *, *::before, *::after { box-sizing: border-box; }
@@ -122,7 +131,7 @@ def markdown_to_html(
     PNG bytes drawn in memory) and embedded.
 
     Example:
-        >>> from posthoc.evaluation.html_page import markdown_to_html
+        >>> from posthoc_apps.report.page import markdown_to_html
         >>> markdown_to_html("| a | b |\\n|---|---|\\n| 1 | 2 |")
         '<div class="wide"><table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1</td><td>2</td></tr></tbody></table></div>'
 
@@ -178,7 +187,7 @@ def figure_block(fig: Figure, alt: str, caption: str) -> str:
     """A ``<figure>`` of a matplotlib figure, embedded, with its caption.
 
     Example:
-        >>> from posthoc.evaluation.html_page import figure_block
+        >>> from posthoc_apps.report.page import figure_block
         >>> import matplotlib.pyplot as plt
         >>> figure_block(plt.figure(), "empty", "An empty figure.").endswith("<figcaption>An empty figure.</figcaption></figure>")
         True
@@ -198,9 +207,10 @@ def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
     """Write :func:`page` of the HTML ``body`` to ``path``; returns the path.
 
     Example:
-        >>> from posthoc.evaluation.html_page import write_page
+        >>> from posthoc_apps.report.page import write_page
         >>> from posthoc_apps.demo.examples import report
-        >>> write_page("out/report.html", report._repr_html_(), "posthoc report")
+        >>> from posthoc_apps.report.page import html_view
+        >>> write_page("out/report.html", html_view(report), "posthoc report")
         PosixPath('out/report.html')
     """
     with output_file(path, "the report") as target:
@@ -208,12 +218,76 @@ def write_page(path: str | os.PathLike, body: str, title: str) -> Path:
     return target
 
 
-def write_html(markdown: str, path: str | os.PathLike, *, title: str = "posthoc report") -> Path:
+def write_markdown_page(markdown: str, path: str | os.PathLike, *, title: str = "posthoc report") -> Path:
     """Write ``markdown`` as one self-contained HTML file (its images, relative to ``path``'s folder, embedded).
 
     Example:
-        >>> from posthoc.evaluation.html_page import write_html
-        >>> write_html("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
+        >>> from posthoc_apps.report.page import write_markdown_page
+        >>> write_markdown_page("# Report\\n\\n![rc](risk_coverage.png)", "out/report.html")
         PosixPath('out/report.html')
     """
     return write_page(path, markdown_to_html(markdown, as_path(path).parent), title)
+
+
+def html_view(report: Report | RegressionReport) -> str:
+    """One report as HTML: its metrics (and OOD) tables and its figures (a classifier's reliability diagram,
+    risk-coverage curve and OOD histograms; a regressor's calibration curve and error against the predicted std)."""
+    tables = markdown_to_html(report._repr_markdown_())
+    if isinstance(report, RegressionReport):
+        drawn = [
+            figure_tag(figures.calibration_curve(report), "calibration curve"),
+            figure_tag(figures.error_against_std(report), "error against predicted std"),
+        ]
+    else:
+        drawn = [
+            figure_tag(figures.reliability_diagram(report), "reliability diagram"),
+            figure_tag(figures.risk_coverage_curve(report), "risk-coverage curve"),
+        ]
+        if report.ood_values:
+            drawn.append(figure_tag(figures.ood_histograms(report), "OOD score histograms"))
+    return tables + "\n" + "\n".join(drawn)
+
+
+def write_html(
+    report: Report | RegressionReport,
+    path: str | os.PathLike,
+    *others: Report,
+    shifts: Mapping[str, Sequence[Report]] | None = None,
+) -> Path:
+    """Write ``report`` as one self-contained HTML page (figures embedded, :func:`html_view`); returns the path.
+
+    Given ``others`` (and ``shifts``, as in :meth:`~posthoc.evaluation.report.Report.to_markdown`), ``report`` is the
+    plain model: a title, the verdict with its table and (with shifts) its frontier side by side, then the table of
+    every report, and the reliability diagrams and risk-coverage curves of the plain model, the recommended report and
+    the few best, each figure with its caption.
+    """
+    if not others:
+        return write_page(path, html_view(report), f"posthoc report: {report.name}")
+    compared = Compared.of([report, *others], shifts)
+    found, reports = compared.verdict, compared.reports
+    title = f"posthoc report: {len(reports)} methods on one test set, against the plain model `{report.name}`"
+    images, frontier = {}, None
+    if found.shifts:
+        frontier = FRONTIER_FILE
+        images[frontier] = png_bytes(
+            plots.frontier(found.frontier_points(), tolerance=found.tolerance, title="test data")
+        )
+    drawn = [r for r in reports if r.name in set(found.featured())]
+    curves = {r.name: (r.probs, r.labels) for r in drawn}
+    who = ", ".join(f"`{r.name}`" for r in drawn) + " (the plain model, the recommended one and the few best)"
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        markdown_to_html(found.markdown(frontier), images=images),
+        markdown_to_html(compared.table()),
+        figure_block(
+            plots.reliability_diagram(curves),
+            "reliability diagrams",
+            f"Reliability diagrams of {who}: accuracy against confidence per bin, the count of each bin under it.",
+        ),
+        figure_block(
+            plots.risk_coverage_curve(curves, None, operating_points(*drawn)),
+            "risk-coverage curves",
+            f"Risk against coverage of {who}: the error rate of the most confident examples kept.",
+        ),
+    ]
+    return write_page(path, "\n".join(body), title)

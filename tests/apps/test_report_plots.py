@@ -1,5 +1,5 @@
 """Plots read back from their figure objects (lines, legend entries, panels), the files they write, and the HTML
-report (Report._repr_html_, to_html, the Markdown-to-HTML page)."""
+report (html_view, write_html, the Markdown-to-HTML page): posthoc_apps.report."""
 
 import re
 
@@ -9,9 +9,10 @@ from matplotlib.collections import PathCollection
 from PIL import Image
 
 import posthoc
-from posthoc.evaluation import html_page, plots
 from posthoc.evaluation.report import Report
 from posthoc.evaluation.shift import ShiftTable, plain_and_best
+from posthoc_apps.report import figures, plots
+from posthoc_apps.report import page as html_page
 
 
 def _curves(count: int, n: int = 300) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
@@ -84,7 +85,7 @@ def _shift_table() -> ShiftTable:
 
 
 def test_shift_plot_has_one_line_per_method_per_metric(tmp_path):
-    fig = _shift_table().plot(tmp_path / "shift.png")
+    fig = figures.shift_plot(_shift_table(), tmp_path / "shift.png")
     assert len(fig.axes) == 2
     for ax in fig.axes:
         assert len(ax.get_lines()) == 3
@@ -108,9 +109,9 @@ def test_shift_table_markdown_and_dict():
 def test_report_renders_in_jupyter_and_as_one_html_file(tmp_path):
     probs, labels = _curves(1)["method 0"]
     report = Report.from_predictions("MAP", probs, labels)
-    view = report._repr_html_()
+    view = html_page.html_view(report)
     assert view.count("<table>") == 1 and view.count("data:image/png;base64,") == 2
-    path = report.to_html(tmp_path / "report.html")
+    path = html_page.write_html(report, tmp_path / "report.html")
     page = path.read_text()
     assert page.startswith("<!DOCTYPE html>") and "<td>MAP</td>" in page
     assert 20_000 < path.stat().st_size < 2_000_000
@@ -121,7 +122,7 @@ def test_markdown_page_embeds_its_images(tmp_path):
     text = (
         "# Title\n\n- a **bold** item\n\n| a | b |\n|---|---|\n| 1 | <2> |\n\n![curve](rc.png)\n\n![gone](missing.png)"
     )
-    page = html_page.write_html(text, tmp_path / "report.html").read_text()
+    page = html_page.write_markdown_page(text, tmp_path / "report.html").read_text()
     assert "<h1>Title</h1>" in page and "<b>bold</b>" in page and "<td>&lt;2&gt;</td>" in page
     assert page.count("data:image/png;base64,") == 1 and "![gone](missing.png)" in page
 
@@ -169,7 +170,7 @@ def test_confidence_plot_shows_confidence_and_accuracy_per_method_with_the_gap_s
     assert table.confidence("MAP", "mean", 3) == pytest.approx(
         (table.confidence("MAP", "rotate", 3) + table.confidence("MAP", "contrast", 3)) / 2
     )
-    fig = table.confidence_plot(tmp_path / "confidence.png", plain_and_best(table))
+    fig = figures.confidence_plot(table, tmp_path / "confidence.png", plain_and_best(table))
     ax = fig.axes[0]
     assert [line.get_label() for line in ax.get_lines()] == [
         "MAP confidence",

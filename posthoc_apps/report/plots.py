@@ -10,9 +10,10 @@ distinct colour and line-style pairs (:func:`method_styles`); legends sit under 
 model, the recommended row and a few best ones; the rest stay in their tables.
 
 Example:
-    >>> from posthoc.evaluation.plots import calibration_curves
-    >>> from posthoc.evaluation.plots import FrontierPoint, confidence_plot, frontier, reliability_diagram
-    >>> from posthoc.evaluation.plots import risk_coverage_curve
+    >>> from posthoc_apps.report.plots import calibration_curves
+    >>> from posthoc.evaluation.verdict import FrontierPoint
+    >>> from posthoc_apps.report.plots import confidence_plot, frontier, reliability_diagram
+    >>> from posthoc_apps.report.plots import risk_coverage_curve
     >>> from posthoc_apps.demo.examples import probs, labels, plain_report, test_labels, report
     >>> fig = reliability_diagram({"MAP": (probs, labels)}, "reliability.png")
     >>> curves = {"MAP": (plain_report.probs, test_labels), "laplace": (report.probs, test_labels)}
@@ -35,7 +36,6 @@ import math
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import matplotlib
 
@@ -49,6 +49,7 @@ from torch import Tensor  # noqa: E402
 
 from posthoc.core.paths import output_file  # noqa: E402
 from posthoc.evaluation import gaussian_metrics, metrics  # noqa: E402
+from posthoc.evaluation.verdict import FrontierPoint  # noqa: E402
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
 #: ``method -> (severities, mean confidence, accuracy)``
@@ -113,7 +114,7 @@ def legend_under(ax, *, columns: int = 1) -> None:
 
     Example:
         >>> import matplotlib.pyplot as plt
-        >>> from posthoc.evaluation.plots import legend_under
+        >>> from posthoc_apps.report.plots import legend_under
         >>> fig, ax = plt.subplots()
         >>> _ = ax.plot([0, 1], [0, 1], label="a method with a rather long name " * 4)
         >>> legend_under(ax)
@@ -156,7 +157,7 @@ def overlapping_texts(fig: Figure) -> list[tuple[str, str]]:
 
     Example:
         >>> import matplotlib.pyplot as plt
-        >>> from posthoc.evaluation.plots import overlapping_texts
+        >>> from posthoc_apps.report.plots import overlapping_texts
         >>> fig, ax = plt.subplots()
         >>> _ = ax.text(0.5, 0.5, "one"), ax.text(0.5, 0.5, "two")
         >>> overlapping_texts(fig)
@@ -180,7 +181,7 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
     number of examples per bin (log scale) under each panel; panels share their axes, long names wrap.
 
     Example:
-        >>> from posthoc.evaluation.plots import reliability_diagram
+        >>> from posthoc_apps.report.plots import reliability_diagram
         >>> from posthoc_apps.demo.examples import probs, labels
         >>> fig = reliability_diagram({"MC dropout (own, rate on val) + temperature": (probs, labels), "MAP": (probs, labels)})
         >>> fig.axes[0].get_title().splitlines()
@@ -246,7 +247,7 @@ def risk_coverage_curve(
     log axis (zero risks at low coverage are left out), which separates methods whose curves hug 0.
 
     Example:
-        >>> from posthoc.evaluation.plots import risk_coverage_curve
+        >>> from posthoc_apps.report.plots import risk_coverage_curve
         >>> from posthoc_apps.demo.examples import probs, labels
         >>> fig = risk_coverage_curve({"MAP": (probs, labels)}, "rc.png", {"MAP": (0.95, 0.008)}, target_risk=0.02)
         >>> len(fig.axes)
@@ -285,7 +286,7 @@ def shift_plot(
     0, 1, 2); ``ylabels`` gives a metric's axis label (default: ``"NLL (mean over kinds)"``).
 
     Example:
-        >>> from posthoc.evaluation.plots import shift_plot
+        >>> from posthoc_apps.report.plots import shift_plot
         >>> fig = shift_plot({"MAP": {"nll": ([0, 1, 3], [0.08, 0.2, 0.9], None, None)}}, "shift.png", ["nll"])
         >>> len(fig.axes)
         1
@@ -326,7 +327,7 @@ def confidence_plot(
     as the shift grows, where an overconfident one stays high while accuracy falls.
 
     Example:
-        >>> from posthoc.evaluation.plots import confidence_plot
+        >>> from posthoc_apps.report.plots import confidence_plot
         >>> fig = confidence_plot({"MAP": ([0, 3, 5], [0.99, 0.93, 0.88], [0.98, 0.70, 0.45]),
         ...                        "laplace": ([0, 3, 5], [0.98, 0.85, 0.72], [0.98, 0.71, 0.46])}, "confidence.png")
         >>> [line.get_label() for line in fig.axes[0].get_lines()][:2]
@@ -361,27 +362,6 @@ def confidence_plot(
     ax.grid(alpha=0.3)
     legend_under(ax, columns=2)
     return save_figure(fig, path)
-
-
-@dataclass(frozen=True)
-class FrontierPoint:
-    """One candidate on the frontier: its in-distribution NLL excess over the plain model ``x`` (nats per example) and
-    its NLL under shift ``y``, each with an interval (``None``: none), whether it is admissible, and whether it is the
-    recommended one.
-
-    Example:
-        >>> from posthoc.evaluation.plots import FrontierPoint
-        >>> FrontierPoint("laplace+dac", 0.002, (-0.001, 0.004), 0.41, (0.39, 0.43), admissible=True, chosen=True).chosen
-        True
-    """
-
-    label: str
-    x: float
-    x_interval: tuple[float, float] | None
-    y: float
-    y_interval: tuple[float, float] | None
-    admissible: bool
-    chosen: bool = False
 
 
 def _bar(value: float, interval: tuple[float, float] | None) -> list[list[float]] | None:
@@ -446,7 +426,8 @@ def frontier(
     stays visible next to a costly candidate.
 
     Example:
-        >>> from posthoc.evaluation.plots import FrontierPoint, frontier
+        >>> from posthoc.evaluation.verdict import FrontierPoint
+        >>> from posthoc_apps.report.plots import frontier
         >>> fig = frontier([FrontierPoint("none", 0.0, None, 0.9, None, True),
         ...                 FrontierPoint("laplace", 0.002, (0.0, 0.004), 0.7, (0.66, 0.74), True, chosen=True)],
         ...                tolerance=0.005)
