@@ -28,7 +28,6 @@ from posthoc.errors import (
     PosthocError,
 )
 from posthoc.evaluation.compare import Comparison, compare
-from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import conformal, selective
@@ -63,7 +62,6 @@ __all__ = [
     "Gaussian",
     "HeteroscedasticGaussian",
     "RegressionPrediction",
-    "RegressionReport",
     "PosthocError",
     "ConfigError",
     "InputError",

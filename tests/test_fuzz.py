@@ -1022,12 +1022,16 @@ NEWEST_API_MISUSES = [
         "seed must be an integer, got '1'",
     ),
     (
-        "RegressionReport.from_predictions",
-        lambda r, w, tmp: posthoc.RegressionReport.from_predictions(
-            "a", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(5)
-        ),
+        "Report.from_gaussian",
+        lambda r, w, tmp: posthoc.Report.from_gaussian("a", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(5)),
         InputError,
         "targets of shape (5, 1) do not match",
+    ),
+    (
+        "Report.to_markdown",
+        lambda r, w, tmp: r["report"].to_markdown(r["report"], shifts={"far": [r["report"]]}),
+        ConfigError,
+        "shift 'far' has 1 reports for 2 methods",
     ),
     (
         "posthoc_apps.report.write_html",
@@ -1367,26 +1371,14 @@ def test_the_misuses_cover_every_function_of_the_regression_shift_and_dac_api():
     }
     for cls in (
         posthoc.RegressionPrediction,
-        posthoc.RegressionReport,
+        posthoc.Report,
         ConformalRegressor,
         posthoc.ShiftTable,
         posthoc.shift.ShiftSplit,
     ):
         required |= _public_methods(cls)
-    # the steps posthoc.evaluate takes through the report class (report_type): reached, with their misuses, through
-    # evaluate's rows, not called by a user
-    required -= {
-        f"RegressionReport.{step}"
-        for step in (
-            "check_options",
-            "predict",
-            "guarantees",
-            "score_ood",
-            "measured",
-            "resampled",
-            "guarantee_columns",
-        )
-    }
+    # the classifier's constructor from probabilities: not part of the regression API (the first battery's)
+    required -= {"Report.from_predictions"}
     required |= {
         f"shift.{name}"
         for name in posthoc.shift.__all__

@@ -96,6 +96,11 @@ def compare(
             raise InputError(
                 f"compare takes two posthoc.Report objects (from posthoc.evaluate), got {type(report).__name__}"
             )
+        if report.kind != "categorical":
+            raise InputError(
+                f"compare reads a classifier's probabilities; report {report.name!r} is a {report.kind} report: "
+                "compare its rows with report.to_markdown(other) (the verdict's paired intervals)"
+            )
         if report.probs is None or report.labels is None:
             raise InputError(f"report {report.name!r} keeps no probabilities; compare reports made by posthoc.evaluate")
     if first.labels.shape != second.labels.shape or not torch.equal(first.labels.cpu(), second.labels.cpu()):

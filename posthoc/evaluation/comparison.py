@@ -35,7 +35,7 @@ from posthoc.evaluation import verdict
 
 def example_nll(report: Any) -> Tensor:
     """The per-example NLL ``(N,)`` of a report's kept predictions (the mean is ``report.nll``), float64 on the CPU:
-    a classifier's ``Report`` (its probabilities) or a ``RegressionReport`` (its Gaussian mixture).
+    a classifier's (its probabilities) or a regressor's (its Gaussian mixture).
 
     Example:
         >>> from posthoc.evaluation.comparison import example_nll

@@ -1,6 +1,7 @@
-"""The report of a real-valued (Gaussian-mixture) predictive, a regressor's: its own class because its metric set
-differs from a classifier's :class:`~posthoc.evaluation.report.Report` (RMSE, CRPS, interval coverage and width
-against accuracy, ECE and AURC); :func:`posthoc.evaluate` writes either, through the same steps.
+"""A Gaussian (mixture) predictive's metric set, a regressor's: what :class:`~posthoc.evaluation.report.Report`
+measures when ``kind == "gaussian"`` (RMSE, CRPS, interval coverage and width in place of accuracy, ECE and AURC).
+Apart from the classifier's set (:class:`~posthoc.evaluation.report.Categorical`) because each metric reads the
+Gaussian mixture; the report, its Markdown and :func:`posthoc.evaluate` are written once.
 
 The report carries the accuracy of the predictive mean (RMSE, MAE), the proper scoring rules (NLL, CRPS),
 the coverage and mean width of the central 50 / 90 / 95 % intervals, the interval calibration error (MACE)
@@ -9,12 +10,14 @@ Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``)
 coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
 Given an OOD loader, ``ood_auroc`` ranks the test and OOD inputs by the total predictive variance, and ``ood``
 holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scores`` asked for: a fitted
-``posthoc.detector(um, score=["knn", "mahalanobis"])``; :meth:`RegressionReport.ood_to_markdown`).
+``posthoc.detector(um, score=["knn", "mahalanobis"])``; ``report.ood_to_markdown()``).
 
 Example:
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import regression_um, reg_test_loader, reg_val_loader
     >>> report = posthoc.evaluate(regression_um, reg_test_loader, ci=0.95)   # wrapped with likelihood="regression"
+    >>> report.kind
+    'gaussian'
     >>> print(report.to_markdown())
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
     |---|---|---|---|---|---|---|---|---|---|---|---|---|
@@ -29,8 +32,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import torch
@@ -42,8 +44,8 @@ from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, gaussian_metrics, metrics
 from posthoc.evaluation.gaussian_metrics import LEVELS, components, interval_statistics, level_name
-from posthoc.evaluation.ood_report import OODValues, ood_markdown, scoring_detector
-from posthoc.evaluation.table import cell, markdown_table, shared_level
+from posthoc.evaluation.ood_report import OODValues, scoring_detector
+from posthoc.evaluation.table import cell, shared_level
 from posthoc.guarantees.conformal import ConformalRegressor
 
 
@@ -52,7 +54,7 @@ def interval_columns() -> tuple[str, ...]:
     return tuple(f"{what}_{level_name(level)}" for level in LEVELS for what in ("coverage", "width"))
 
 
-#: the Markdown header of each metric of :attr:`RegressionReport.COLUMNS`
+#: the Markdown header of each metric of :attr:`Gaussian.COLUMNS`
 COLUMN_HEADERS = {
     "rmse": "RMSE",
     "mae": "MAE",
@@ -71,107 +73,84 @@ COLUMN_HEADERS = {
 ENCE_BINS = 10
 
 
-@dataclass
-class RegressionReport:
-    """Metrics of one regression predictive on one test set.
-
-    ``rmse`` / ``mae`` of the predictive mean; ``nll`` (mean over examples, joint over outputs) and ``crps``
-    (in the targets' units); ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``): the fraction of targets
-    inside the central interval of that level and its mean width; ``mace``: mean absolute gap of the
-    interval calibration curve; ``ence``: expected normalised calibration error over :data:`ENCE_BINS` bins of
-    predicted std (``None``, shown as ``–``, for fewer points than bins: unavailable). Given conformal
-    intervals at ``alpha``: ``coverage`` and ``width`` of those. ``means`` / ``stds`` ``(K, N, D)`` and
-    ``targets`` ``(N, D)`` are kept for the plots. With ``ci=``, ``intervals`` maps each metric to its
-    bootstrap interval. Given an OOD set: ``ood_auroc`` (by the total predictive variance) and ``ood``, each OOD
-    score's metrics (``ood_values``: its values on the test and OOD sets).
+class Gaussian:
+    """A regression predictive's metrics: ``rmse`` / ``mae`` of the predictive mean; ``nll`` (mean over examples,
+    joint over outputs) and ``crps`` (in the targets' units); ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``):
+    the fraction of targets inside the central interval of that level and its mean width; ``mace``: mean absolute gap
+    of the interval calibration curve; ``ence``: expected normalised calibration error over :data:`ENCE_BINS` bins of
+    predicted std (``None``, shown as ``–``, for fewer points than bins: unavailable). Given conformal intervals at
+    ``alpha``: ``coverage`` and ``width`` of those. The report keeps ``means`` / ``stds`` ``(K, N, D)`` and
+    ``targets`` ``(N, D)`` for the comparisons and the pictures.
     """
 
-    name: str
-    rmse: float
-    mae: float
-    nll: float
-    crps: float
-    coverage_50: float
-    width_50: float
-    coverage_90: float
-    width_90: float
-    coverage_95: float
-    width_95: float
-    mace: float
-    ence: float | None
-    alpha: float | None = None
-    coverage: float | None = None
-    width: float | None = None
-    means: Tensor = field(repr=False, default=None)
-    stds: Tensor = field(repr=False, default=None)
-    targets: Tensor = field(repr=False, default=None)
-    ci: float | None = None
-    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
-    ood_auroc: float | None = None
-    ood: dict[str, dict[str, float]] | None = None
-    ood_values: OODValues | None = field(repr=False, default=None)
-    selection: dict[str, Any] | None = field(repr=False, default=None)
-
+    name = "gaussian"
     COLUMNS = ("rmse", "mae", "nll", "crps", *interval_columns(), "mace", "ence")
     #: the Markdown header of each of :attr:`COLUMNS`
     HEADERS = tuple(COLUMN_HEADERS[column] for column in COLUMNS)
-    #: present in :meth:`as_dict` only when the report measured conformal intervals
+    #: present in ``as_dict`` only when the report measured conformal intervals
     GUARANTEE_COLUMNS = ("alpha", "coverage", "width")
+    #: collects a regressor's predictions and targets over a loader
+    predict = staticmethod(predict_regression_loader)
 
-    @classmethod
-    def from_predictions(
-        cls,
-        name: str,
+    @staticmethod
+    def values(
         means: Tensor,
         stds: Tensor,
         targets: Tensor,
         *,
         conformal: tuple[Tensor, Tensor] | None = None,
         alpha: float | None = None,
-    ) -> RegressionReport:
+    ) -> dict[str, Any]:
         """Every metric of a predictive ``(means, stds)`` ``(K, N, D)`` on ``targets`` (and of conformal
-        ``(lower, upper)`` intervals at ``alpha``, if given).
-
-        Example:
-            >>> import torch
-            >>> from posthoc.evaluation.gaussian_report import RegressionReport
-            >>> RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
-            0.0
-        """
+        ``(lower, upper)`` intervals at ``alpha``, if given), by field name of the report."""
         targets = gaussian_metrics.as_targets(means, targets)
         values = {}
         for level in LEVELS:
             covered, width = gaussian_metrics.interval_coverage(means, stds, targets, level)
             values |= {f"coverage_{level_name(level)}": covered, f"width_{level_name(level)}": width}
-        measured = {}
         if conformal is not None:
             whole = torch.arange(targets.shape[0])[None]
             stats = interval_statistics(*conformal, targets)
-            measured = {"alpha": alpha, **{key: float(stat(whole)[0]) for key, stat in stats.items()}}
-        return cls(
-            name=name,
-            rmse=gaussian_metrics.rmse(means, targets),
-            mae=gaussian_metrics.mae(means, targets),
-            nll=gaussian_metrics.nll(means, stds, targets),
-            crps=gaussian_metrics.crps(means, stds, targets),
+            values |= {"alpha": alpha, **{key: float(stat(whole)[0]) for key, stat in stats.items()}}
+        enough = targets.numel() >= ENCE_BINS
+        return {
+            "rmse": gaussian_metrics.rmse(means, targets),
+            "mae": gaussian_metrics.mae(means, targets),
+            "nll": gaussian_metrics.nll(means, stds, targets),
+            "crps": gaussian_metrics.crps(means, stds, targets),
             **values,
-            mace=gaussian_metrics.calibration_error(means, stds, targets),
-            ence=gaussian_metrics.ence(means, stds, targets, bins=ENCE_BINS) if targets.numel() >= ENCE_BINS else None,
-            **measured,
-            means=means,
-            stds=stds,
-            targets=targets,
-        )
-
-    def as_dict(self) -> dict[str, object]:
-        """The metrics by name; the conformal columns only where measured."""
-        measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
-        bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
-        ood = {"ood_auroc": self.ood_auroc, "ood": self.ood} if self.ood else {}
-        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
+            "mace": gaussian_metrics.calibration_error(means, stds, targets),
+            "ence": gaussian_metrics.ence(means, stds, targets, bins=ENCE_BINS) if enough else None,
+            "means": means,
+            "stds": stds,
+            "targets": targets,
+        }
 
     @staticmethod
-    def guarantee_columns(reports: list[RegressionReport]) -> dict[str, list[str]]:
+    def observed(report: Any) -> Tensor:
+        """The test targets ``(N, D)`` the report scored."""
+        return report.targets
+
+    @staticmethod
+    def kept(report: Any) -> list[Tensor | None]:
+        """The predictions the report keeps (its mixture's means and stds): two reports that keep the same predict the
+        same."""
+        return [report.means, report.stds]
+
+    @staticmethod
+    def example_nll(report: Any) -> Tensor:
+        """The per-example NLL ``(N,)`` (joint over outputs; the mean is ``nll``), float64 on the CPU."""
+        if report.means is None:
+            raise InputError(f"report {report.name!r} keeps no predictions; use reports made by posthoc.evaluate")
+        return gaussian_metrics.example_nll(report.means, report.stds, report.targets)
+
+    @staticmethod
+    def example_statistics(report: Any) -> dict[str, bootstrap.Statistic]:
+        """Every metric of :attr:`COLUMNS` as a bootstrap statistic of an index matrix of resampled examples."""
+        return gaussian_metrics.statistics(report.means, report.stds, report.targets)
+
+    @staticmethod
+    def guarantee_columns(reports: Sequence[Any]) -> dict[str, list[str]]:
         """The conformal intervals' coverage and width, when any of ``reports`` measured them (header -> cells)."""
         if all(r.coverage is None for r in reports):
             return {}
@@ -182,48 +161,15 @@ class RegressionReport:
             "conformal width": [cell(r.width, r.intervals.get("width")) for r in reports],
         }
 
-    @property
-    def observed(self) -> Tensor:
-        """The test targets ``(N, D)`` the report scored."""
-        return self.targets
-
-    def example_nll(self) -> Tensor:
-        """The per-example NLL ``(N,)`` (joint over outputs; the mean is :attr:`nll`), float64 on the CPU."""
-        if self.means is None:
-            raise InputError(f"report {self.name!r} keeps no predictions; use reports made by posthoc.evaluate")
-        return gaussian_metrics.example_nll(self.means, self.stds, self.targets)
-
-    def example_statistics(self) -> dict[str, bootstrap.Statistic]:
-        """Every metric of :attr:`COLUMNS` as a bootstrap statistic of an index matrix of resampled examples."""
-        return gaussian_metrics.statistics(self.means, self.stds, self.targets)
-
-    def to_markdown(self) -> str:
-        """A one-row Markdown table of the metrics."""
-        return markdown_table([self])
-
-    def ood_to_markdown(self) -> str:
-        """The OOD scores' table (one line per score), or ``""`` without an OOD set."""
-        return ood_markdown({self.name: self.ood}) if self.ood else ""
-
-    def _repr_markdown_(self) -> str:
-        """Jupyter's view: the metrics table (and the OOD table); the pictures are drawn by ``posthoc_apps.report``."""
-        return "\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()]))
-
     @staticmethod
     def check_options(um: UncertainModel, conformal: object, selective: object) -> None:
-        """Refuse guarantees that do not fit a regressor ``um``: a selective rule, or conformal sets (or intervals
-        calibrated on another model)."""
+        """Refuse guarantees that do not fit a regressor ``um``: a selective rule, or conformal sets."""
         if selective is not None:
             raise ConfigError("posthoc.selective is for classifiers; evaluate a regressor without selective=")
         if conformal is not None and not isinstance(conformal, ConformalRegressor):
             raise ConfigError(
                 "conformal= holds a classifier's conformal sets; calibrate intervals on this regressor: "
                 "posthoc.conformal(um, calibration_loader, alpha=...)"
-            )
-        if conformal is not None and conformal.model is not None and conformal.model is not um:
-            raise ConfigError(
-                "the conformal intervals were calibrated on another wrapped model; calibrate them on this "
-                "one: posthoc.conformal(um, calibration_loader, ...)"
             )
 
     @staticmethod
@@ -235,33 +181,29 @@ class RegressionReport:
     @classmethod
     def measured(
         cls,
-        name: str,
         test: RegressionPrediction,
         targets: Tensor,
         checked: dict[str, Any],
         ood_values: OODValues | None,
         ood: RegressionPrediction | None = None,
-    ) -> RegressionReport:
-        """The report of predictions ``test`` on ``targets``, with the intervals of ``checked`` (:meth:`guarantees`) and
-        the OOD scores' values (by the total predictive variance first)."""
-        means, stds = components(test)
+    ) -> dict[str, Any]:
+        """The fields of the report of predictions ``test`` on ``targets``, with the intervals of ``checked``
+        (:meth:`guarantees`) and the OOD scores' values (by the total predictive variance first)."""
         conformal = checked["conformal"]
-        report = cls.from_predictions(
-            name,
-            means,
-            stds,
+        values = cls.values(
+            *components(test),
             targets,
             conformal=checked["bounds"],
             alpha=None if conformal is None else conformal.alpha,
         )
         if ood_values is not None:
-            report.ood_values = ood_values
-            report.ood = {score: metrics.ood_metrics(*pair) for score, pair in ood_values.items()}
-            report.ood_auroc = report.ood["variance"]["auroc"]
-        return report
+            scored = {score: metrics.ood_metrics(*pair) for score, pair in ood_values.items()}
+            values |= {"ood_values": ood_values, "ood": scored, "ood_auroc": scored["variance"]["auroc"]}
+        return values
 
+    @staticmethod
     def resampled(
-        self,
+        report: Any,
         test: RegressionPrediction,
         ood: RegressionPrediction | None,
         checked: dict[str, Any],
@@ -271,10 +213,10 @@ class RegressionReport:
         seed: int,
     ) -> dict[str, tuple[float, float]]:
         """Bootstrap intervals at level ``ci`` of every metric and of the conformal intervals in ``checked``."""
-        stats = self.example_statistics()
+        stats = Gaussian.example_statistics(report)
         if checked["bounds"] is not None:
-            stats |= interval_statistics(*checked["bounds"], self.targets)
-        return bootstrap.intervals(stats, len(self.targets), ci=ci, bootstraps=bootstraps, seed=seed)
+            stats |= interval_statistics(*checked["bounds"], report.targets)
+        return bootstrap.intervals(stats, len(report.targets), ci=ci, bootstraps=bootstraps, seed=seed)
 
     @staticmethod
     def score_ood(
@@ -305,6 +247,3 @@ class RegressionReport:
             on_ood = scorer.score_loader(ood_loader, names, progress=progress, generator=generator)
             values.update({name: (on_test[name], on_ood[name]) for name in names})
         return values
-
-    #: collects a regressor's predictions and targets over a loader
-    predict = staticmethod(predict_regression_loader)

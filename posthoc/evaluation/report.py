@@ -43,10 +43,11 @@ Example:
     | laplace | energy | 0.0405 | 0.3105 | 0.3101 | 1.0000 |
     | laplace | knn | 0.7922 | 0.8697 | 0.6460 | 0.3438 |
 
-A regressor's report is a :class:`~posthoc.evaluation.gaussian_report.RegressionReport`. :func:`evaluate` writes
-either through the same steps, each supplied by the report class of the model's likelihood (:func:`report_type`):
-``check_options``, ``predict``, ``guarantees``, ``score_ood``, ``measured`` and ``resampled``; both kinds of report
-give ``observed``, ``example_nll()`` and ``example_statistics()`` to the comparisons and the shift table.
+One :class:`Report` class serves every kind of prediction: its metric set (:data:`KINDS`: a classifier's
+:class:`Categorical`, a regressor's :class:`~posthoc.evaluation.gaussian_report.Gaussian`) says which metrics it
+measures, keeps and shows, and supplies each step of :func:`evaluate` (:func:`report_type`): ``check_options``,
+``predict``, ``guarantees``, ``score_ood``, ``measured`` and ``resampled``. Every report gives ``observed``,
+``example_nll()`` and ``example_statistics()`` to the comparisons and the shift table, and the same Markdown.
 """
 
 from __future__ import annotations
@@ -66,7 +67,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, metrics, ood_report
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
-from posthoc.evaluation.gaussian_report import RegressionReport
+from posthoc.evaluation.gaussian_report import Gaussian
 from posthoc.evaluation.table import BEST_CAPTION, markdown_table, shared_level
 from posthoc.evaluation.table import cell as _cell
 from posthoc.evaluation.verdict import Verdict
@@ -77,58 +78,20 @@ from posthoc.guarantees.sources import is_regression
 from posthoc.ood.detector import Detector
 
 
-@dataclass
-class Report:
-    """Metrics of one predictive on one test set (and optionally an OOD set).
+class Categorical:
+    """A classifier's metric set, what :class:`Report` measures when ``kind == "categorical"``.
 
     Three calibration errors of the top label: ``ece`` with 15 equal-width bins, ``adaptive_ece`` with 15 equal-mass
     bins, ``smooth_ece`` without bins (relplot's smECE); two selective-prediction areas: ``aurc`` (risk against
     coverage) and ``augrc`` (the generalized risk, accepted and wrong, against coverage); see
-    :mod:`posthoc.evaluation.metrics`.
-
-    ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual information
-    (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
-    ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per
-    set); given a selective rule at ``target_risk``: ``deferral`` (fraction deferred) and
-    ``selective_risk`` (error rate on the accepted examples; ``None`` if none is accepted).
-    Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
-    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
-    method's ``entropy``, ``mutual-information`` where it samples, and the ``ood_scores`` asked for) to its
-    ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with ``ci=``, each AUROC's interval is in ``intervals``
-    under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s
-    selection record (``um.summary()["selection"]``) when the evaluated model is auto; ``predict_cost`` the
-    predict time over a plain forward's, when the caller measured it, and ``forward_seconds`` that plain forward's
-    seconds (:func:`posthoc.evaluation.comparison.predict_timing`); the verdict reads all three.
+    :mod:`posthoc.evaluation.metrics`. ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual
+    information (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
+    ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per set); given a
+    selective rule at ``target_risk``: ``deferral`` (fraction deferred) and ``selective_risk`` (error rate on the
+    accepted examples; ``None`` if none is accepted). The report keeps ``probs`` and ``labels``.
     """
 
-    name: str
-    accuracy: float
-    nll: float
-    ece: float
-    brier: float
-    aurc: float
-    adaptive_ece: float
-    smooth_ece: float
-    augrc: float
-    ood_auroc: float | None = None
-    ood_auroc_mi: float | None = None
-    alpha: float | None = None
-    coverage: float | None = None
-    set_size: float | None = None
-    target_risk: float | None = None
-    deferral: float | None = None
-    selective_risk: float | None = None
-    probs: Tensor = field(repr=False, default=None)
-    labels: Tensor = field(repr=False, default=None)
-    ci: float | None = None
-    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
-    ood: dict[str, dict[str, float]] | None = None
-    #: per OOD score, its values (on the test set, on the OOD set), for :meth:`ood_histograms`
-    ood_values: dict[str, tuple[Tensor, Tensor]] | None = field(repr=False, default=None)
-    selection: dict[str, Any] | None = field(repr=False, default=None)
-    predict_cost: float | None = None
-    forward_seconds: float | None = None
-
+    name = "categorical"
     COLUMNS = (
         "accuracy",
         "nll",
@@ -154,13 +117,15 @@ class Report:
         "OOD AUROC (H)",
         "OOD AUROC (MI)",
     )
-    #: present in :meth:`as_dict` only when the report measured a guarantee
+    #: present in ``as_dict`` only when the report measured a guarantee
     GUARANTEE_COLUMNS = ("alpha", "coverage", "set_size", "target_risk", "deferral", "selective_risk")
+    #: collects a classifier's predictions and labels over a loader
+    predict = staticmethod(predict_loader)
+    #: per OOD score, its values on the test and OOD sets: the method's entropy / MI, then ``ood_scores``
+    score_ood = staticmethod(ood_report.ood_values)
 
-    @classmethod
-    def from_predictions(
-        cls,
-        name: str,
+    @staticmethod
+    def values(
         probs: Tensor,
         labels: Tensor,
         entropy: Tensor | None = None,
@@ -173,10 +138,10 @@ class Report:
         accepted: Tensor | None = None,
         target_risk: float | None = None,
         ood_values: dict[str, tuple[Tensor, Tensor]] | None = None,
-    ) -> Report:
-        """Compute every metric from collected probabilities (and OOD scores, conformal ``sets`` at
-        ``alpha``, the ``accepted`` mask of a selective rule at ``target_risk``, and per OOD score its
-        ``(test, OOD)`` values, if given)."""
+    ) -> dict[str, Any]:
+        """Every metric from collected probabilities (and OOD scores, conformal ``sets`` at ``alpha``, the
+        ``accepted`` mask of a selective rule at ``target_risk``, and per OOD score its ``(test, OOD)`` values, if
+        given), by field name of the report."""
         has_ood = entropy is not None and ood_entropy is not None
         has_mi = (
             has_ood
@@ -185,39 +150,54 @@ class Report:
             and bool((epistemic > 0).any() or (ood_epistemic > 0).any())
         )
         correct = probs.argmax(-1) == labels
-        return cls(
-            name=name,
-            accuracy=metrics.accuracy(probs, labels),
-            nll=metrics.nll(probs, labels),
-            ece=metrics.ece(probs, labels),
-            brier=metrics.brier(probs, labels),
-            aurc=metrics.aurc(probs, labels),
-            adaptive_ece=metrics.adaptive_ece(probs, labels),
-            smooth_ece=metrics.smooth_ece(probs, labels),
-            augrc=metrics.augrc(probs, labels),
-            ood_auroc=metrics.ood_auroc(entropy, ood_entropy) if has_ood else None,
-            ood_auroc_mi=metrics.ood_auroc(epistemic, ood_epistemic) if has_mi else None,
-            alpha=None if sets is None else alpha,
-            coverage=None if sets is None else measures.coverage(sets, labels),
-            set_size=None if sets is None else measures.mean_set_size(sets),
-            target_risk=None if accepted is None else target_risk,
-            deferral=None if accepted is None else measures.deferral_rate(accepted),
-            selective_risk=None if accepted is None else measures.selective_risk(accepted.cpu(), correct),
-            probs=probs,
-            labels=labels,
-            ood={name: metrics.ood_metrics(*pair) for name, pair in ood_values.items()} if ood_values else None,
-            ood_values=ood_values or None,
-        )
-
-    def as_dict(self) -> dict[str, float | None]:
-        """The metrics by name; the guarantee columns only where measured."""
-        measured = {c: getattr(self, c) for c in self.GUARANTEE_COLUMNS if getattr(self, c) is not None}
-        bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
-        ood = {"ood": self.ood} if self.ood else {}
-        return {**{column: getattr(self, column) for column in self.COLUMNS}, **measured, **bounds, **ood}
+        return {
+            "accuracy": metrics.accuracy(probs, labels),
+            "nll": metrics.nll(probs, labels),
+            "ece": metrics.ece(probs, labels),
+            "brier": metrics.brier(probs, labels),
+            "aurc": metrics.aurc(probs, labels),
+            "adaptive_ece": metrics.adaptive_ece(probs, labels),
+            "smooth_ece": metrics.smooth_ece(probs, labels),
+            "augrc": metrics.augrc(probs, labels),
+            "ood_auroc": metrics.ood_auroc(entropy, ood_entropy) if has_ood else None,
+            "ood_auroc_mi": metrics.ood_auroc(epistemic, ood_epistemic) if has_mi else None,
+            "alpha": None if sets is None else alpha,
+            "coverage": None if sets is None else measures.coverage(sets, labels),
+            "set_size": None if sets is None else measures.mean_set_size(sets),
+            "target_risk": None if accepted is None else target_risk,
+            "deferral": None if accepted is None else measures.deferral_rate(accepted),
+            "selective_risk": None if accepted is None else measures.selective_risk(accepted.cpu(), correct),
+            "probs": probs,
+            "labels": labels,
+            "ood": {name: metrics.ood_metrics(*pair) for name, pair in ood_values.items()} if ood_values else None,
+            "ood_values": ood_values or None,
+        }
 
     @staticmethod
-    def guarantee_columns(reports: list[Report]) -> dict[str, list[str]]:
+    def observed(report: Report) -> Tensor:
+        """The test labels ``(N,)`` the report scored."""
+        return report.labels
+
+    @staticmethod
+    def kept(report: Report) -> list[Tensor | None]:
+        """The predictions the report keeps (its probabilities): two reports that keep the same predict the same."""
+        return [report.probs]
+
+    @staticmethod
+    def example_nll(report: Report) -> Tensor:
+        """The per-example NLL ``(N,)`` of the kept probabilities (the mean is ``nll``), float64 on the CPU."""
+        if report.probs is None or report.labels is None:
+            raise InputError(f"report {report.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
+        picked = report.probs.double().cpu().gather(-1, report.labels.cpu().long()[:, None]).squeeze(-1)
+        return -picked.clamp_min(metrics.EPS).log()
+
+    @staticmethod
+    def example_statistics(report: Report) -> dict[str, bootstrap.Statistic]:
+        """The classification metrics as bootstrap statistics of an index matrix of resampled examples."""
+        return bootstrap.example_statistics(report.probs, report.labels)
+
+    @staticmethod
+    def guarantee_columns(reports: Sequence[Report]) -> dict[str, list[str]]:
         """Markdown columns for the guarantees any of ``reports`` measured (header -> one cell per report)."""
         columns = {}
         if any(r.coverage is not None for r in reports):
@@ -230,32 +210,12 @@ class Report:
             columns["accepted error"] = [_cell(r.selective_risk, r.intervals.get("selective_risk")) for r in reports]
         return columns
 
-    @property
-    def observed(self) -> Tensor:
-        """The test labels ``(N,)`` the report scored."""
-        return self.labels
-
-    def example_nll(self) -> Tensor:
-        """The per-example NLL ``(N,)`` of the kept probabilities (the mean is :attr:`nll`), float64 on the CPU."""
-        if self.probs is None or self.labels is None:
-            raise InputError(f"report {self.name!r} keeps no probabilities; use reports made by posthoc.evaluate")
-        picked = self.probs.double().cpu().gather(-1, self.labels.cpu().long()[:, None]).squeeze(-1)
-        return -picked.clamp_min(metrics.EPS).log()
-
-    def example_statistics(self) -> dict[str, bootstrap.Statistic]:
-        """The classification metrics as bootstrap statistics of an index matrix of resampled examples."""
-        return bootstrap.example_statistics(self.probs, self.labels)
-
     @staticmethod
     def check_options(
         um: UncertainModel, conformal: ConformalPredictor | None, selective: SelectivePredictor | None
     ) -> None:
-        """Refuse guarantees calibrated on another wrapped model."""
-        _check_calibrated_on(um, conformal, "conformal")
-        _check_calibrated_on(um, selective, "selective")
-
-    #: collects a classifier's predictions and labels over a loader
-    predict = staticmethod(predict_loader)
+        """A classifier takes conformal sets and a selective rule: nothing to refuse beyond :func:`evaluate`'s
+        checks."""
 
     @staticmethod
     def guarantees(
@@ -270,23 +230,18 @@ class Report:
             "target_risk": None if selective is None else selective.target_risk,
         }
 
-    #: per OOD score, its values on the test and OOD sets: the method's entropy / MI, then ``ood_scores``
-    score_ood = staticmethod(ood_report.ood_values)
-
     @classmethod
     def measured(
         cls,
-        name: str,
         test: Prediction,
         labels: Tensor,
         checked: dict[str, Any],
         ood_values: dict[str, tuple[Tensor, Tensor]] | None,
         ood: Prediction | None = None,
-    ) -> Report:
-        """The report of predictions ``test`` (and ``ood``) on ``labels``, with the guarantees of ``checked``
-        (:meth:`guarantees`) and the OOD scores' values."""
-        return cls.from_predictions(
-            name,
+    ) -> dict[str, Any]:
+        """The fields of the report of predictions ``test`` (and ``ood``) on ``labels``, with the guarantees of
+        ``checked`` (:meth:`guarantees`) and the OOD scores' values."""
+        return cls.values(
             test.probs,
             labels,
             test.entropy,
@@ -297,8 +252,9 @@ class Report:
             **checked,
         )
 
+    @staticmethod
     def resampled(
-        self,
+        report: Report,
         test: Prediction,
         ood: Prediction | None,
         checked: dict[str, Any],
@@ -310,16 +266,16 @@ class Report:
         """Bootstrap intervals at level ``ci`` of every metric, of the guarantees in ``checked`` and of each OOD
         AUROC (both sets resampled)."""
         ood_pairs = {} if ood is None else {"ood_auroc": (test.entropy, ood.entropy)}
-        if ood is not None and self.ood_auroc_mi is not None:
+        if ood is not None and report.ood_auroc_mi is not None:
             ood_pairs["ood_auroc_mi"] = (test.epistemic, ood.epistemic)
         ood_pairs |= {
             ood_report.interval_key(name): pair
-            for name, pair in (self.ood_values or {}).items()
+            for name, pair in (report.ood_values or {}).items()
             if name not in ood_report.OWN_SCORES
         }
         return bootstrap.report_intervals(
             test.probs,
-            self.labels,
+            report.labels,
             ci=ci,
             bootstraps=bootstraps,
             seed=seed,
@@ -327,6 +283,148 @@ class Report:
             sets=checked["sets"],
             accepted=checked["accepted"],
         )
+
+
+#: the metric set of each kind of prediction: what a report measures, keeps and shows
+KINDS = {kind.name: kind for kind in (Categorical, Gaussian)}
+#: a metric set (:class:`Categorical` or :class:`~posthoc.evaluation.gaussian_report.Gaussian`)
+MetricSet = type[Categorical] | type[Gaussian]
+
+
+@dataclass(repr=False)
+class Report:
+    """Metrics of one predictive on one test set (and optionally an OOD set); which metrics is the set of its
+    prediction's ``kind`` (:data:`KINDS`): ``"categorical"``, a classifier's (:class:`Categorical`: accuracy, NLL,
+    ECE, ..., conformal sets, a selective rule), or ``"gaussian"``, a regressor's
+    (:class:`~posthoc.evaluation.gaussian_report.Gaussian`: RMSE, NLL, CRPS, interval coverage and width, ...,
+    conformal intervals). The fields of the other kind stay ``None``.
+
+    Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
+    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
+    method's own: a classifier's ``entropy`` and ``mutual-information`` where it samples, a regressor's
+    ``variance``; and the ``ood_scores`` asked for) to its ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with
+    ``ci=``, a classifier's AUROC intervals are in ``intervals`` under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and
+    ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s selection record (``um.summary()["selection"]``) when
+    the evaluated model is auto; ``predict_cost`` the predict time over a plain forward's, when the caller measured
+    it, and ``forward_seconds`` that plain forward's seconds (:func:`posthoc.evaluation.comparison.predict_timing`);
+    the verdict reads all three.
+    """
+
+    name: str
+    kind: str = Categorical.name
+    nll: float | None = None
+    # a classifier's (Categorical)
+    accuracy: float | None = None
+    ece: float | None = None
+    brier: float | None = None
+    aurc: float | None = None
+    adaptive_ece: float | None = None
+    smooth_ece: float | None = None
+    augrc: float | None = None
+    ood_auroc_mi: float | None = None
+    set_size: float | None = None
+    target_risk: float | None = None
+    deferral: float | None = None
+    selective_risk: float | None = None
+    probs: Tensor | None = None
+    labels: Tensor | None = None
+    # a regressor's (Gaussian)
+    rmse: float | None = None
+    mae: float | None = None
+    crps: float | None = None
+    coverage_50: float | None = None
+    width_50: float | None = None
+    coverage_90: float | None = None
+    width_90: float | None = None
+    coverage_95: float | None = None
+    width_95: float | None = None
+    mace: float | None = None
+    ence: float | None = None
+    width: float | None = None
+    means: Tensor | None = None
+    stds: Tensor | None = None
+    targets: Tensor | None = None
+    # both
+    ood_auroc: float | None = None
+    alpha: float | None = None
+    coverage: float | None = None
+    ci: float | None = None
+    intervals: dict[str, tuple[float, float]] = field(default_factory=dict)
+    ood: dict[str, dict[str, float]] | None = None
+    #: per OOD score, its values (on the test set, on the OOD set), for the OOD histograms
+    ood_values: dict[str, tuple[Tensor, Tensor]] | None = None
+    selection: dict[str, Any] | None = None
+    predict_cost: float | None = None
+    forward_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise ConfigError(f"a report's kind is one of {', '.join(KINDS)}, got {self.kind!r}")
+
+    def __repr__(self) -> str:
+        return (
+            f"Report(name={self.name!r}, kind={self.kind!r}, "
+            + ", ".join(f"{k}={v!r}" for k, v in self._measured().items())
+            + ")"
+        )
+
+    def _measured(self) -> dict[str, Any]:
+        """The metrics of the kind's set by name, then the guarantees it measured."""
+        kind = self.metric_set
+        found = {c: getattr(self, c) for c in kind.COLUMNS}
+        return found | {c: getattr(self, c) for c in kind.GUARANTEE_COLUMNS if getattr(self, c) is not None}
+
+    @classmethod
+    def from_predictions(cls, name: str, probs: Tensor, labels: Tensor, *args: Tensor | None, **kwargs: Any) -> Report:
+        """A classifier's report from collected probabilities (the arguments of :meth:`Categorical.values`)."""
+        return cls(name=name, kind=Categorical.name, **Categorical.values(probs, labels, *args, **kwargs))
+
+    @classmethod
+    def from_gaussian(
+        cls,
+        name: str,
+        means: Tensor,
+        stds: Tensor,
+        targets: Tensor,
+        *,
+        conformal: tuple[Tensor, Tensor] | None = None,
+        alpha: float | None = None,
+    ) -> Report:
+        """A regressor's report of a Gaussian mixture ``(means, stds)`` ``(K, N, D)`` on ``targets`` (and of
+        conformal ``(lower, upper)`` intervals at ``alpha``, if given).
+
+        Example:
+            >>> import torch
+            >>> from posthoc.evaluation.report import Report
+            >>> Report.from_gaussian("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4)).rmse
+            0.0
+        """
+        values = Gaussian.values(means, stds, targets, conformal=conformal, alpha=alpha)
+        return cls(name=name, kind=Gaussian.name, **values)
+
+    @property
+    def metric_set(self) -> MetricSet:
+        """The metric set of this report's kind (:data:`KINDS`)."""
+        return KINDS[self.kind]
+
+    def as_dict(self) -> dict[str, Any]:
+        """The metrics by name; the guarantee columns only where measured."""
+        bounds = {"ci": self.ci, "intervals": {k: list(v) for k, v in self.intervals.items()}} if self.intervals else {}
+        ood = {"ood_auroc": self.ood_auroc, "ood": self.ood} if self.ood else {}
+        return {**self._measured(), **bounds, **ood}
+
+    @property
+    def observed(self) -> Tensor:
+        """The test labels ``(N,)`` or targets ``(N, D)`` the report scored."""
+        return self.metric_set.observed(self)
+
+    def example_nll(self) -> Tensor:
+        """The per-example NLL ``(N,)`` of the kept predictions (the mean is :attr:`nll`), float64 on the CPU."""
+        return self.metric_set.example_nll(self)
+
+    def example_statistics(self) -> dict[str, bootstrap.Statistic]:
+        """The metrics of :attr:`COLUMNS` as bootstrap statistics of an index matrix of resampled examples."""
+        return self.metric_set.example_statistics(self)
 
     def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
         """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
@@ -404,8 +502,8 @@ class Compared:
         def predictions(i: int, report: Report) -> list[Tensor | None]:
             ood = report.ood_values or {}
             return [
-                report.probs,
-                *(shifts[name][i].probs for name in sorted(shifts)),
+                *report.metric_set.kept(report),
+                *(value for name in sorted(shifts) for value in report.metric_set.kept(shifts[name][i])),
                 *(value for name in sorted(ood) for value in ood[name]),
             ]
 
@@ -459,7 +557,7 @@ def evaluate(
     ood_scores: Sequence[str] | Detector | None = None,
     ci: float | None = None,
     bootstraps: int = 1000,
-) -> Report | RegressionReport:
+) -> Report:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
@@ -479,9 +577,9 @@ def evaluate(
     Fitted guarantees are passed (not ``alpha=`` / ``target_risk=``) so that their options (score,
     Mondrian, delta, ...) stay in one place and one calibration serves several test sets.
 
-    A model wrapped with ``likelihood="regression"`` gets a :class:`RegressionReport` (RMSE, MAE, NLL, CRPS,
+    A model wrapped with ``likelihood="regression"`` gets a report of kind ``"gaussian"`` (RMSE, MAE, NLL, CRPS,
     interval coverage and width, MACE, ENCE; conformal intervals' coverage and width;
-    :mod:`posthoc.evaluation.gaussian_report`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
+    :class:`~posthoc.evaluation.gaussian_report.Gaussian`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
     ``ood_scores`` takes a regressor's detector scores); ``selective`` is for classifiers.
 
     Example:
@@ -495,6 +593,8 @@ def evaluate(
     integer(seed, "seed")
     kind = report_type(um)
     kind.check_options(um, conformal, selective)
+    _check_calibrated_on(um, conformal, "conformal")
+    _check_calibrated_on(um, selective, "selective")
     if ood_scores is not None and ood_loader is None:
         raise ConfigError("ood_scores are measured against an OOD set: pass ood_loader=... as well")
     if ci is not None:
@@ -512,21 +612,22 @@ def evaluate(
         if ood is None
         else kind.score_ood(um, test, ood, test_loader, ood_loader, ood_scores, progress=progress, generator=generator)
     )
-    report = kind.measured(name or "+".join(um.methods), test, targets, checked, scores, ood)
+    report = Report(name or "+".join(um.methods), kind.name, **kind.measured(test, targets, checked, scores, ood))
     report.selection = auto_selection(um)
     if ci is not None:
         report.ci = ci
-        report.intervals = report.resampled(test, ood, checked, ci=ci, bootstraps=bootstraps, seed=seed)
+        report.intervals = kind.resampled(report, test, ood, checked, ci=ci, bootstraps=bootstraps, seed=seed)
     return report
 
 
-def report_type(um: UncertainModel) -> type[Report] | type[RegressionReport]:
-    """The report class of ``um``'s likelihood: :class:`RegressionReport` for a regressor, :class:`Report` otherwise.
+def report_type(um: UncertainModel) -> MetricSet:
+    """The metric set of ``um``'s predictions: :class:`~posthoc.evaluation.gaussian_report.Gaussian` for a regressor,
+    :class:`Categorical` otherwise; it supplies each step of :func:`evaluate`.
 
     Example:
         >>> from posthoc.evaluation.report import report_type
         >>> import torch, posthoc
-        >>> report_type(posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")).__name__
-        'RegressionReport'
+        >>> report_type(posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")).name
+        'gaussian'
     """
-    return RegressionReport if is_regression(um) else Report
+    return KINDS[Gaussian.name] if is_regression(um) else KINDS[Categorical.name]

@@ -54,7 +54,7 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap
 from posthoc.evaluation.comparison import example_nll
-from posthoc.evaluation.gaussian_report import COLUMN_HEADERS, RegressionReport
+from posthoc.evaluation.gaussian_report import COLUMN_HEADERS
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
 from posthoc.guarantees.sources import is_regression
@@ -92,7 +92,7 @@ class ShiftTable:
     values: Values
     intervals: Bounds = field(default_factory=dict)
     ci: float | None = None
-    reports: dict[str, dict[tuple[str, int], Report | RegressionReport]] = field(default_factory=dict, repr=False)
+    reports: dict[str, dict[tuple[str, int], Report]] = field(default_factory=dict, repr=False)
     metrics: tuple[str, ...] = METRICS
 
     @classmethod
@@ -394,7 +394,7 @@ def _named(
     return named
 
 
-def _metrics_of(report: Report | RegressionReport, metrics: Sequence[str]) -> dict[str, float]:
+def _metrics_of(report: Report, metrics: Sequence[str]) -> dict[str, float]:
     return {metric: getattr(report, metric) for metric in metrics}
 
 
@@ -521,7 +521,7 @@ def _evaluate_named(
         )
     values: Values = {}
     bounds: Bounds = {}
-    kept: dict[str, dict[tuple[str, int], Report | RegressionReport]] = {}
+    kept: dict[str, dict[tuple[str, int], Report]] = {}
     for name, um in models.items():
         kept[name] = {
             (kind, 0): evaluate(um, loader, name=name, ci=ci, bootstraps=bootstraps, **options)
@@ -536,7 +536,7 @@ def _evaluate_named(
 
 
 def _intervals(
-    reports: dict[tuple[str, int], Report | RegressionReport],
+    reports: dict[tuple[str, int], Report],
     kinds: Sequence[str],
     severities: Sequence[int],
     ci: float,

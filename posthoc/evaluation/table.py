@@ -143,13 +143,13 @@ def markdown_table(reports: Sequence[Any], extra: dict[str, list[str]] | None = 
 
     Example:
         >>> from posthoc.evaluation.table import markdown_table
-        >>> from posthoc.evaluation.gaussian_report import RegressionReport
+        >>> from posthoc.evaluation.report import Report
         >>> import torch
-        >>> report = RegressionReport.from_predictions("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4))
+        >>> report = Report.from_gaussian("MAP", torch.zeros(1, 4, 1), torch.ones(1, 4, 1), torch.zeros(4))
         >>> print(markdown_table([report]).splitlines()[0])
         | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
     """
-    kind = type(reports[0])
+    kind = reports[0].metric_set
     extra = {**kind.guarantee_columns(reports), **(extra or {})}
     header = ["method", *kind.HEADERS, *extra]
     columns = [

@@ -60,7 +60,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 import posthoc
 from posthoc.errors import ConfigError
 from posthoc.evaluation.comparison import auto_selection, candidate, predict_cost
-from posthoc.evaluation.gaussian_report import RegressionReport
+from posthoc.evaluation.report import Report
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.evaluation.table import BEST_CAPTION, markdown_rows, markdown_table
 from posthoc.evaluation.verdict import Verdict, judge
@@ -286,7 +286,7 @@ class RegressionRow:
 
     name: str
     um: posthoc.UncertainModel
-    test: RegressionReport
+    test: Report
     fit_seconds: float
     eval_seconds: float
     #: predict time over a plain forward on one test batch

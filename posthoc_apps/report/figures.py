@@ -20,14 +20,14 @@ from collections.abc import Mapping, Sequence
 from matplotlib.figure import Figure
 
 from posthoc.errors import ConfigError
-from posthoc.evaluation.gaussian_report import ENCE_BINS, RegressionReport
+from posthoc.evaluation.gaussian_report import ENCE_BINS
 from posthoc.evaluation.report import Compared, Report, operating_points
 from posthoc.evaluation.shift import CLEAN, MEAN, TITLES, ShiftTable
 from posthoc_apps.report import ood_plots, plots
 
 
-def _classifier(report: Report | RegressionReport, what: str) -> Report:
-    if isinstance(report, RegressionReport):
+def _classifier(report: Report, what: str) -> Report:
+    if report.kind == "gaussian":
         raise ConfigError(
             f"a {what} is a classifier's picture; a regressor's report draws calibration_curve(report) and "
             "error_against_std(report)"
@@ -35,8 +35,8 @@ def _classifier(report: Report | RegressionReport, what: str) -> Report:
     return report
 
 
-def _regressor(report: Report | RegressionReport, what: str) -> RegressionReport:
-    if not isinstance(report, RegressionReport):
+def _regressor(report: Report, what: str) -> Report:
+    if report.kind != "gaussian":
         raise ConfigError(
             f"the {what} is a regressor's picture; a classifier's report draws reliability_diagram(report) and "
             "risk_coverage_curve(report)"
@@ -58,7 +58,7 @@ def risk_coverage_curve(report: Report, path: str | os.PathLike | None = None) -
     )
 
 
-def ood_histograms(report: Report | RegressionReport, path: str | os.PathLike | None = None) -> Figure:
+def ood_histograms(report: Report, path: str | os.PathLike | None = None) -> Figure:
     """In-distribution against OOD histograms of every OOD score of ``report``, one panel each."""
     values = getattr(report, "ood_values", None)
     if not values:
@@ -84,19 +84,17 @@ def frontier(
     return plots.frontier(found.frontier_points(), path, tolerance=found.tolerance, title="test data")
 
 
-def _predictive(report: RegressionReport) -> dict:
+def _predictive(report: Report) -> dict:
     return {report.name: (report.means, report.stds, report.targets)}
 
 
-def calibration_curve(
-    report: RegressionReport, path: str | os.PathLike | None = None, *, kind: str = "interval"
-) -> Figure:
+def calibration_curve(report: Report, path: str | os.PathLike | None = None, *, kind: str = "interval") -> Figure:
     """A regressor's observed against expected proportions inside central intervals (``kind="quantile"``: below
     quantiles)."""
     return plots.calibration_curves(_predictive(_regressor(report, "calibration curve")), path, kind=kind)
 
 
-def error_against_std(report: RegressionReport, path: str | os.PathLike | None = None) -> Figure:
+def error_against_std(report: Report, path: str | os.PathLike | None = None) -> Figure:
     """A regressor's RMSE against predicted std per bin of std (the picture behind ENCE; fewer bins for fewer
     points)."""
     report = _regressor(report, "error against the predicted std")

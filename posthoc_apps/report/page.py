@@ -30,7 +30,6 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from posthoc.core.paths import as_path, output_file
-from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Compared, Report, operating_points
 from posthoc.evaluation.verdict import FRONTIER_FILE
 from posthoc_apps.report import figures, plots
@@ -229,11 +228,11 @@ def write_markdown_page(markdown: str, path: str | os.PathLike, *, title: str = 
     return write_page(path, markdown_to_html(markdown, as_path(path).parent), title)
 
 
-def html_view(report: Report | RegressionReport) -> str:
+def html_view(report: Report) -> str:
     """One report as HTML: its metrics (and OOD) tables and its figures (a classifier's reliability diagram,
     risk-coverage curve and OOD histograms; a regressor's calibration curve and error against the predicted std)."""
     tables = markdown_to_html(report._repr_markdown_())
-    if isinstance(report, RegressionReport):
+    if report.kind == "gaussian":
         drawn = [
             figure_tag(figures.calibration_curve(report), "calibration curve"),
             figure_tag(figures.error_against_std(report), "error against predicted std"),
@@ -249,7 +248,7 @@ def html_view(report: Report | RegressionReport) -> str:
 
 
 def write_html(
-    report: Report | RegressionReport,
+    report: Report,
     path: str | os.PathLike,
     *others: Report,
     shifts: Mapping[str, Sequence[Report]] | None = None,

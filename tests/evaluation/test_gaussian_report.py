@@ -1,4 +1,4 @@
-"""``posthoc.evaluate`` for a regressor: the RegressionReport's metrics, bootstrap intervals, Markdown, HTML and
+"""``posthoc.evaluate`` for a regressor: the Gaussian report's metrics, bootstrap intervals, Markdown, HTML and
 pictures, conformal intervals measured on the test set, and what it refuses."""
 
 from __future__ import annotations
@@ -11,7 +11,8 @@ from torch.utils.data import DataLoader, TensorDataset
 import posthoc
 from posthoc.errors import ConfigError
 from posthoc.evaluation import gaussian_metrics
-from posthoc.evaluation.gaussian_report import RegressionReport
+from posthoc.evaluation.gaussian_report import Gaussian
+from posthoc.evaluation.report import Report
 from posthoc_apps.report import figures
 from posthoc_apps.report import page as html_page
 
@@ -30,7 +31,7 @@ def two_outputs() -> tuple[posthoc.UncertainModel, DataLoader, torch.Tensor, tor
 def test_evaluate_a_regressor_gives_the_metrics_of_its_predictive(two_outputs) -> None:
     um, loader, x, y = two_outputs
     report = posthoc.evaluate(um, loader, progress=False)
-    assert isinstance(report, RegressionReport) and report.name == "laplace"
+    assert report.kind == "gaussian" and report.name == "laplace"
     means, stds = gaussian_metrics.components(um.predict(x))
     # the loader's batches against one predict of all inputs: float32 forward passes of different batch sizes
     close = {"rel": 1e-5, "abs": 1e-6}
@@ -45,7 +46,7 @@ def test_evaluate_a_regressor_gives_the_metrics_of_its_predictive(two_outputs) -
     assert report.mace == pytest.approx(gaussian_metrics.calibration_error(means, stds, y), abs=2 / 240)
     assert report.ence == pytest.approx(gaussian_metrics.ence(means, stds, y), rel=1e-4)
     assert 0.8 < report.coverage_90 <= 1 and report.coverage is None and report.intervals == {}
-    assert set(report.as_dict()) == set(RegressionReport.COLUMNS)
+    assert set(report.as_dict()) == set(Gaussian.COLUMNS)
 
 
 def test_bootstrap_statistics_are_the_metrics_of_the_resampled_examples(two_outputs) -> None:
@@ -53,21 +54,21 @@ def test_bootstrap_statistics_are_the_metrics_of_the_resampled_examples(two_outp
     report = posthoc.evaluate(um, loader, progress=False)
     means, stds, y = report.means, report.stds, report.targets
     stats = gaussian_metrics.statistics(means, stds, y)
-    assert set(stats) == set(RegressionReport.COLUMNS)
+    assert set(stats) == set(Gaussian.COLUMNS)
     whole = torch.arange(len(y))[None]
     picks = torch.randint(len(y), (3, len(y)), generator=torch.Generator().manual_seed(0))
     for name, statistic in stats.items():  # exact but for float64 summation order
         assert float(statistic(whole)[0]) == pytest.approx(getattr(report, name), rel=1e-12, abs=1e-12), name
         values = statistic(picks)
         for row, index in enumerate(picks):
-            resampled = RegressionReport.from_predictions("r", means[:, index], stds[:, index], y[index])
+            resampled = Report.from_gaussian("r", means[:, index], stds[:, index], y[index])
             assert float(values[row]) == pytest.approx(getattr(resampled, name), rel=1e-9, abs=1e-12), name
 
 
 def test_ci_markdown_html_and_pictures(two_outputs, tmp_path) -> None:
     um, loader, _, _ = two_outputs
     report = posthoc.evaluate(um, loader, progress=False, ci=0.9, bootstraps=200, name="LLLA")
-    assert report.ci == 0.9 and set(report.intervals) == set(RegressionReport.COLUMNS)
+    assert report.ci == 0.9 and set(report.intervals) == set(Gaussian.COLUMNS)
     for name in ("rmse", "nll", "crps", "coverage_90"):
         low, high = report.intervals[name]
         assert low <= getattr(report, name) <= high
@@ -126,15 +127,18 @@ def test_a_test_set_smaller_than_the_ence_bins_reports_ence_as_unavailable(tmp_p
     assert posthoc.evaluate(um, [(x[:10], 2 * x[:10, :1])], progress=False).ence is not None
 
 
-def test_both_report_kinds_supply_every_step_of_evaluate() -> None:
-    from posthoc.evaluation.report import Report, report_type
+def test_both_metric_sets_supply_every_step_of_evaluate_to_the_one_report() -> None:
+    from posthoc.evaluation.report import KINDS, Categorical, report_type
 
     steps = ("check_options", "predict", "guarantees", "score_ood", "measured", "resampled")
-    seam = ("observed", "example_nll", "example_statistics", "guarantee_columns")
-    for kind in (Report, RegressionReport):
-        assert all(callable(getattr(kind, step)) for step in steps)
-        assert all(hasattr(kind, name) for name in seam)
+    seam = ("observed", "kept", "example_nll", "example_statistics", "guarantee_columns", "values")
+    assert set(KINDS.values()) == {Categorical, Gaussian}
+    for kind in KINDS.values():
+        assert all(callable(getattr(kind, step)) for step in (*steps, *seam))
         assert len(kind.HEADERS) == len(kind.COLUMNS)
+        assert all(hasattr(Report("r"), column) for column in (*kind.COLUMNS, *kind.GUARANTEE_COLUMNS))
     regressor = posthoc.wrap(torch.nn.Linear(2, 1), method="none", likelihood="regression")
-    assert report_type(regressor) is RegressionReport
-    assert report_type(posthoc.wrap(torch.nn.Linear(2, 3), method="none")) is Report
+    assert report_type(regressor) is Gaussian
+    assert report_type(posthoc.wrap(torch.nn.Linear(2, 3), method="none")) is Categorical
+    with pytest.raises(ConfigError, match="a report's kind is one of categorical, gaussian"):
+        Report("r", kind="poisson")

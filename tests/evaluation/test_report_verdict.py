@@ -18,7 +18,6 @@ import posthoc
 from posthoc.core.model_card import ModelCard, selection_table
 from posthoc.engine.selection import excess_bound
 from posthoc.evaluation.comparison import candidate, compared_verdict, example_nll
-from posthoc.evaluation.gaussian_report import RegressionReport
 from posthoc.evaluation.report import Report, markdown_table
 from posthoc.evaluation.shift import ShiftTable
 from posthoc.evaluation.table import best_rows, bold_best
@@ -374,7 +373,7 @@ def test_per_example_nll_averages_to_the_reports_nll():
     generator = torch.Generator().manual_seed(0)
     means, stds = torch.randn(1, 50, 1, generator=generator), torch.rand(1, 50, 1, generator=generator) + 0.5
     targets = torch.randn(50, 1, generator=generator)
-    regression = RegressionReport.from_predictions("laplace", means, stds, targets)
+    regression = Report.from_gaussian("laplace", means, stds, targets)
     assert float(example_nll(regression).mean()) == pytest.approx(regression.nll, rel=1e-5)
     assert candidate(regression).clean.shape == (50,)
 
