@@ -30,6 +30,7 @@ from pathlib import Path
 from matplotlib.figure import Figure
 
 from posthoc.core.paths import as_path, output_file
+from posthoc.evaluation.gaussian_report import ENCE_BINS
 from posthoc.evaluation.report import Compared, Report, operating_points
 from posthoc.evaluation.verdict import FRONTIER_FILE
 from posthoc_apps.report import figures, plots
@@ -257,8 +258,8 @@ def write_html(
 
     Given ``others`` (and ``shifts``, as in :meth:`~posthoc.evaluation.report.Report.to_markdown`), ``report`` is the
     plain model: a title, the verdict with its table and (with shifts) its frontier side by side, then the table of
-    every report, and the reliability diagrams and risk-coverage curves of the plain model, the recommended report and
-    the few best, each figure with its caption.
+    every report, and the reliability diagrams and risk-coverage curves (a regressor's: calibration curves and error
+    against the predicted std) of the plain model, the recommended report and the few best, each with its caption.
     """
     if not others:
         return write_page(path, html_view(report), f"posthoc report: {report.name}")
@@ -272,21 +273,39 @@ def write_html(
             plots.frontier(found.frontier_points(), tolerance=found.tolerance, title="test data")
         )
     drawn = [r for r in reports if r.name in set(found.featured())]
-    curves = {r.name: (r.probs, r.labels) for r in drawn}
     who = ", ".join(f"`{r.name}`" for r in drawn) + " (the plain model, the recommended one and the few best)"
     body = [
         f"<h1>{html.escape(title)}</h1>",
         markdown_to_html(found.markdown(frontier), images=images),
         markdown_to_html(compared.table()),
-        figure_block(
+        *(figure_block(*picture) for picture in _compared_pictures(drawn, who)),
+    ]
+    return write_page(path, "\n".join(body), title)
+
+
+def _compared_pictures(drawn: Sequence[Report], who: str) -> list[tuple[Figure, str, str]]:
+    """The figures of the reports a compared page draws, as ``(figure, alt, caption)``, by the reports' kind."""
+    if drawn[0].kind == "gaussian":
+        predictives = {r.name: (r.means, r.stds, r.targets) for r in drawn}
+        bins = min(ENCE_BINS, drawn[0].targets.numel())
+        return [
+            (plots.calibration_curves(predictives), "calibration curves", f"Calibration curves of {who}."),
+            (
+                plots.error_against_std(predictives, bins=bins),
+                "error against predicted std",
+                f"RMSE against std, {who}.",
+            ),
+        ]
+    curves = {r.name: (r.probs, r.labels) for r in drawn}
+    return [
+        (
             plots.reliability_diagram(curves),
             "reliability diagrams",
             f"Reliability diagrams of {who}: accuracy against confidence per bin, the count of each bin under it.",
         ),
-        figure_block(
+        (
             plots.risk_coverage_curve(curves, None, operating_points(*drawn)),
             "risk-coverage curves",
             f"Risk against coverage of {who}: the error rate of the most confident examples kept.",
         ),
     ]
-    return write_page(path, "\n".join(body), title)

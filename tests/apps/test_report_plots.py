@@ -269,3 +269,16 @@ def test_the_frontiers_star_is_drawn_over_its_neighbours_and_numbers_keep_off_th
     for text in ax.texts:
         box = text.get_window_extent(renderer)
         assert not any(box.x0 <= x <= box.x1 and box.y0 <= y <= box.y1 for x, y in markers), text.get_text()
+
+
+def test_a_page_comparing_regressors_draws_their_calibration_curves(tmp_path):
+    """One report class for every kind: a regressor's compared page has the verdict, the table of both rows and the
+    regressor's pictures (not a classifier's reliability diagram)."""
+    generator = torch.Generator().manual_seed(0)
+    targets = torch.randn(60, generator=generator)
+    plain = Report.from_gaussian("MAP", torch.zeros(1, 60, 1), torch.ones(1, 60, 1), targets)
+    wide = Report.from_gaussian("wide", torch.zeros(1, 60, 1), 3 * torch.ones(1, 60, 1), targets)
+    text = html_page.write_html(plain, tmp_path / "compared.html", wide).read_text()
+    assert "<h2>Verdict</h2>" in text and "<td>wide</td>" in text and "RMSE" in text
+    assert 'alt="calibration curves"' in text and 'alt="reliability diagrams"' not in text
+    assert text.count("data:image/png;base64,") == 2
