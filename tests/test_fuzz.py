@@ -1176,6 +1176,12 @@ NEWEST_API_MISUSES = [
         "cannot save to",
     ),
     (
+        "ShiftTable.chosen_metrics",
+        lambda r, w, tmp: r["table"].chosen_metrics(["ece"]),
+        ConfigError,
+        "this table has no ['ece']",
+    ),
+    (
         "ShiftTable.merge",
         lambda r, w, tmp: posthoc.ShiftTable.merge([]),
         ConfigError,
