@@ -25,6 +25,7 @@ from posthoc.core.fit_record import FitRecord
 from posthoc.core.likelihood import Likelihood, make_likelihood
 from posthoc.core.modules import get_submodule, uncompiled
 from posthoc.core.registry import method_class, method_names
+from posthoc.engine.dense import DenseModel, PositionRows
 from posthoc.engine.head import output_width
 from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
@@ -122,8 +123,11 @@ def wrap(
     method: str | list[str] | None = None,
     *,
     likelihood: str | Likelihood = "classification",
+    dense: bool = False,
+    class_dim: int | None = None,
+    ignore_index: int | None = None,
     **options: Any,
-) -> UncertainModel:
+) -> UncertainModel | DenseModel:
     """Wrap an already trained classifier or regressor (or several: an ensemble) with a post-hoc predictive.
 
     Args:
@@ -149,6 +153,13 @@ def wrap(
             ``mc-dropout`` and ensembles) and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
             prediction is a :class:`~posthoc.RegressionPrediction`) or ``"heteroscedastic"`` (outputs ``(N, 2D)``:
             means, then log-variances). Methods that do not handle it refuse here and name those that do.
+        dense: ``True`` for a model whose logits carry positions, ``(N, C, H, W)`` (a segmentation map) or
+            ``(N, T, V)`` (tokens), fitted on labels per position: a
+            :class:`~posthoc.engine.dense.DenseModel` is returned (methods: :data:`DENSE_METHODS`, or a list of models
+            as an ensemble; see :mod:`posthoc.engine.dense`).
+        class_dim: with ``dense=True``, the logits' class dimension (default: read from the labels' shape).
+        ignore_index: with ``dense=True``, the label of positions left out (default: -100, and 255 for at most 255
+            classes).
         **options: method options; each goes to every method in the chain that accepts it
             (``posthoc.available_methods()`` lists every method with its options and defaults, and the docs have a
             page per method). ``max_memory`` (bytes one chunk of work may hold) is the runner's, for every method.
@@ -173,6 +184,8 @@ def wrap(
     names = [method] if isinstance(method, str) else list(method)
     if not names:
         raise ConfigError(f"method must name at least one method; valid methods: {', '.join(method_names())}")
+    if dense:
+        return _wrap_dense(model, names, likelihood, class_dim, ignore_index, options)
     likelihood = make_likelihood(likelihood)
     _refuse_regression_calibrators(names, likelihood)
     if isinstance(model, (list, tuple)):
@@ -289,3 +302,37 @@ def load(
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)
     return um
+
+
+#: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
+DENSE_METHODS = ("none", "temperature", "vector", "mc-dropout", "auto")
+DENSE_AUTO_CANDIDATES = ("none", "temperature", "vector", "mc-dropout", ["mc-dropout", "temperature"])
+
+
+def _wrap_dense(
+    model: nn.Module | list[nn.Module],
+    names: list[str],
+    likelihood: str | Likelihood,
+    class_dim: int | None,
+    ignore_index: int | None,
+    options: dict[str, Any],
+) -> DenseModel:
+    """A model with per-position outputs (:mod:`posthoc.engine.dense`): the methods on its rows, the runner on its
+    positions."""
+    if likelihood != "classification":
+        raise ConfigError("dense=True takes likelihood='classification' (labels are class indices per position)")
+    refused = [name for name in names if name not in DENSE_METHODS]
+    if refused:
+        raise ConfigError(
+            f"method {refused[0]!r} does not work on dense outputs yet; with dense=True use "
+            f"{', '.join(map(repr, DENSE_METHODS))}, or an ensemble (a list of models with method='none')"
+        )
+    if names == ["auto"] and "candidates" not in options:
+        options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
+    if isinstance(model, (list, tuple)):
+        rows = [PositionRows(member, class_dim) for member in model]
+        return DenseModel(wrap(rows, names, **options), rows, ignore_index)
+    if not isinstance(model, nn.Module):
+        raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
+    rows = PositionRows(model, class_dim)
+    return DenseModel(wrap(rows, names, **options), rows, ignore_index)

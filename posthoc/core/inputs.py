@@ -115,6 +115,18 @@ def batch_size(x: Inputs) -> int:
     return x.shape[0]
 
 
+#: the key of the mask of kept positions inside a dense batch's inputs (:mod:`posthoc.engine.dense`): such a batch
+#: holds one example (one label) per kept position, not per input
+KEEP = "posthoc_keep"
+
+
+def label_rows(x: Inputs) -> int:
+    """The labels a batch ``x`` has: one per input, or one per kept position of a dense batch."""
+    if isinstance(x, Mapping) and KEEP in x:
+        return int(x[KEEP].sum())
+    return batch_size(x)
+
+
 def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
     """Examples ``start:stop`` of a tensor, or of every tensor in a dict (views, no copy)."""
     if isinstance(x, Mapping):
@@ -599,7 +611,7 @@ def iterate(
                     "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
                 ),
             )
-            check_label_count(count, y, f"batch {seen} (0-based) of {where}")
+            check_label_count(label_rows(x), y, f"batch {seen} (0-based) of {where}")
         seen += 1
         yield x, (None if y is None else y.to(device))
     if seen == 0:

@@ -1,0 +1,329 @@
+"""Dense outputs: a model whose logits carry positions, ``(N, C, H, W)`` for a segmentation map or ``(N, T, V)`` for
+tokens, with labels of the matching shape ``(N, H, W)`` / ``(N, T)``.
+
+Every valid position is an example of the likelihood. The methods keep working on rows: :class:`PositionRows` shows
+the user's network to them as a row model, its logits ``(N, C, *P)`` turned into rows ``(N·P, C)`` (the class
+dimension moved last), and the batches of a fit as ``({inputs, keep}, labels[keep])``: the positions whose label is
+the ignore index are dropped before any method sees them (the boolean mask ``keep`` travels inside the inputs, a
+tensor with the batch dimension first, so every slice, copy or perturbation of a batch keeps it aligned). Positions
+are the runner's business: :class:`DenseModel` fits the row model, and its ``predict`` streams the images (sequences)
+in chunks sized with their positions counted under ``max_memory``, and shapes the prediction back: ``probs``
+``(N, C, H, W)`` (tokens ``(N, T, V)``), ``entropy``, ``aleatoric``, ``epistemic``, ``confidence`` and ``label``
+``(N, H, W)`` (tokens ``(N, T)``).
+
+The class dimension is read from the labels: the one dimension of the logits whose removal leaves the labels' shape
+(``class_dim=`` overrides it); none or several is a :class:`~posthoc.errors.InputError`. The ignore index is
+``ignore_index=`` when given, else -100 (Hugging Face) and 255 (torchvision, Pascal VOC) for a model of at most
+255 classes.
+
+The selection step's unit. The positions of one image are strongly correlated, so a confidence bound that counted
+every pixel as an independent example would be far too narrow. The held-out rows carry their image (sequence) and the
+selection step averages each candidate's per-position NLL over the valid positions of each image before it takes its
+paired bound: the image is the unit of its standard error.
+
+Example:
+    >>> import torch
+    >>> from torch import nn
+    >>> import posthoc
+    >>> model = nn.Conv2d(1, 3, 1)                               # logits (N, 3, H, W)
+    >>> images, masks = torch.randn(16, 1, 8, 8), torch.randint(0, 3, (16, 8, 8))
+    >>> um = posthoc.wrap(model, method="temperature", dense=True).fit(None, [(images, masks)])
+    >>> pred = um.predict(images[:4])
+    >>> tuple(pred.probs.shape), tuple(pred.entropy.shape)
+    ((4, 3, 8, 8), (4, 8, 8))
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from posthoc import settings
+from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.chunks import budget_scope, rows_per_chunk
+from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_batch, to_device
+from posthoc.core.logits import LOGITS_KEY
+from posthoc.core.modules import eval_mode
+from posthoc.core.prediction import Prediction
+from posthoc.errors import InputError, NotFittedError
+
+#: the key a tensor input goes under: images (floating point) and token ids (integers), as the perturbations read them
+IMAGE_KEY, TOKEN_KEY = "pixel_values", "input_ids"
+#: the ignore indices of torchvision (Pascal VOC) and of Hugging Face
+PIXEL_IGNORE, TOKEN_IGNORE = 255, -100
+#: float32 copies of one position's samples ``predict`` holds at once (as the row predict)
+SAMPLE_COPIES = 2
+
+
+def dense_logits(output: Any) -> Tensor:
+    """The per-position logits of a model's ``output``: the tensor, its ``.logits``, or the ``"out"`` / ``"logits"``
+    entry of a dict (torchvision's segmentation models return ``{"out": ...}``).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.engine.dense import dense_logits
+        >>> dense_logits({"out": torch.zeros(2, 5, 4, 4)}).shape
+        torch.Size([2, 5, 4, 4])
+    """
+    if isinstance(output, Tensor):
+        logits = output
+    elif isinstance(output, Mapping):
+        logits = output.get("out", output.get(LOGITS_KEY))
+    else:
+        logits = getattr(output, LOGITS_KEY, None)
+    if not isinstance(logits, Tensor) or logits.dim() < 3:
+        shape = tuple(logits.shape) if isinstance(logits, Tensor) else type(output).__name__
+        raise InputError(
+            f"dense=True needs per-position logits (N, C, H, W) or (N, T, V); the model returned {shape}. Wrap a "
+            "classifier of one label per input without dense=True"
+        )
+    return logits
+
+
+def class_dim_of(logits_shape: torch.Size, labels_shape: torch.Size, class_dim: int | None = None) -> int:
+    """The class dimension of logits shaped ``logits_shape`` for labels shaped ``labels_shape`` (non-negative).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.engine.dense import class_dim_of
+        >>> class_dim_of(torch.Size([2, 11, 32, 32]), torch.Size([2, 32, 32])), class_dim_of(torch.Size([2, 7, 50]), torch.Size([2, 7]))
+        (1, 2)
+        >>> class_dim_of(torch.Size([2, 5, 5]), torch.Size([2, 5]))
+        Traceback (most recent call last):
+        posthoc.errors.InputError: the class dimension of logits (2, 5, 5) for labels (2, 5) is ambiguous ...
+    """
+    logits_shape, labels_shape = tuple(logits_shape), tuple(labels_shape)
+    if class_dim is not None:
+        dim = class_dim % len(logits_shape)
+        if dim == 0 or logits_shape[:dim] + logits_shape[dim + 1 :] != labels_shape:
+            raise InputError(
+                f"labels {labels_shape} do not match logits {logits_shape} with class_dim={class_dim}: the labels "
+                "must have the logits' shape without the class dimension (one class index per position)"
+            )
+        return dim
+    dims = [d for d in range(1, len(logits_shape)) if logits_shape[:d] + logits_shape[d + 1 :] == labels_shape]
+    if not dims:
+        raise InputError(
+            f"labels {labels_shape} do not match logits {logits_shape}: dense labels hold one class index per position, "
+            "the logits' shape without the class dimension (masks (N, H, W) for logits (N, C, H, W); tokens (N, T) for "
+            "(N, T, V))"
+        )
+    if len(dims) > 1:
+        raise InputError(
+            f"the class dimension of logits {logits_shape} for labels {labels_shape} is ambiguous (dimensions {dims} "
+            "both fit); pass class_dim= to posthoc.wrap (1 for (N, C, H, W), -1 for (N, T, V))"
+        )
+    return dims[0]
+
+
+def to_rows(logits: Tensor, class_dim: int) -> Tensor:
+    """Logits ``(N, ..., C, ...)`` as rows ``(N·P, C)``, positions in the order of ``logits`` without the class dim."""
+    return logits.movedim(class_dim, -1).reshape(-1, logits.shape[class_dim])
+
+
+class PositionRows(nn.Module):
+    """The user's dense network as a row model: ``forward(**inputs)`` returns the rows ``(kept positions, C)`` of the
+    positions ``inputs[KEEP]`` marks. ``class_dim`` and whether the user's input was one tensor are set by
+    :class:`DenseModel` from the first batch it sees."""
+
+    def __init__(self, model: nn.Module, class_dim: int | None = None) -> None:
+        super().__init__()
+        self.model = model
+        self.class_dim = class_dim
+        self.tensor_key: str | None = None
+
+    def dense(self, inputs: Mapping[str, Tensor]) -> Tensor:
+        """The user's per-position logits for the row model's ``inputs`` (the mask left out)."""
+        given = {k: v for k, v in inputs.items() if k != KEEP}
+        return self.user_logits(given[self.tensor_key] if self.tensor_key else given)
+
+    def user_logits(self, x: Inputs) -> Tensor:
+        """The user's per-position logits for the user's inputs ``x``."""
+        return dense_logits(self.model(**x) if isinstance(x, Mapping) else self.model(x))
+
+    def forward(self, **inputs: Tensor) -> Tensor:
+        logits = self.dense(inputs)
+        rows = to_rows(logits, self.class_dim if self.class_dim is not None else 1)
+        return rows[inputs[KEEP].reshape(-1)]
+
+
+def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
+    """Which positions of ``labels`` count: not the ignore index (default -100, and 255 for at most 255 classes)."""
+    if ignore_index is not None:
+        return labels != ignore_index
+    keep = labels != TOKEN_IGNORE
+    return keep & (labels != PIXEL_IGNORE) if num_classes <= PIXEL_IGNORE else keep
+
+
+class DenseBatches:
+    """A loader of ``(inputs, labels)`` with labels per position, seen as the row batches ``({inputs, keep}, rows)``."""
+
+    def __init__(self, loader: Iterable, rows: PositionRows, num_classes: int, ignore_index: int | None) -> None:
+        self.loader, self.rows, self.num_classes, self.ignore_index = loader, rows, num_classes, ignore_index
+
+    def __iter__(self) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
+        for batch in self.loader:
+            x, y = split_batch(batch)
+            keep = kept(y, self.num_classes, self.ignore_index)
+            labels = y[keep]
+            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
+                raise InputError(
+                    f"dense labels must be class indices in [0, {self.num_classes}) or the ignore index; got values "
+                    f"{int(labels.min())}..{int(labels.max())}. Pass ignore_index= to posthoc.wrap for another "
+                    "ignore value"
+                )
+            yield row_inputs(x, keep, self.rows), labels
+
+    def __len__(self) -> int:
+        return len(self.loader)  # type: ignore[arg-type]
+
+
+def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]:
+    """The row model's inputs: the user's inputs (one tensor under :data:`IMAGE_KEY` or :data:`TOKEN_KEY`) and the
+    mask ``keep`` ``(N, *P)``."""
+    if isinstance(x, Mapping):
+        return {**x, KEEP: keep}
+    key = rows.tensor_key or (IMAGE_KEY if x.is_floating_point() else TOKEN_KEY)
+    return {key: x, KEEP: keep}
+
+
+class DenseModel(nn.Module):
+    """A wrapped model with dense outputs (``posthoc.wrap(model, ..., dense=True)``): ``fit`` / ``choose`` on loaders of
+    ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs)."""
+
+    def __init__(self, inner: nn.Module, rows: PositionRows | list[PositionRows], ignore_index: int | None) -> None:
+        super().__init__()
+        self.inner = inner
+        self.position_rows = rows if isinstance(rows, list) else [rows]
+        self.ignore_index = ignore_index
+        self.num_classes: int | None = None
+
+    @property
+    def methods(self) -> list[str]:
+        return self.inner.methods
+
+    @property
+    def is_fitted(self) -> bool:
+        return self.inner.is_fitted and self.num_classes is not None
+
+    def _learn_layout(self, loader: Iterable | None) -> None:
+        """The class dimension and the input kind, from the first labelled batch of ``loader`` and one forward."""
+        if loader is None:
+            return
+        x, y = split_batch(next(iter(loader)))
+        for rows in self.position_rows:
+            rows.tensor_key = None if isinstance(x, Mapping) else (IMAGE_KEY if x.is_floating_point() else TOKEN_KEY)
+            device = next((p.device for p in rows.parameters()), torch.device("cpu"))
+            with torch.no_grad(), eval_mode(rows):
+                logits = rows.user_logits(to_device(x, device))
+            rows.class_dim = class_dim_of(logits.shape, y.shape, rows.class_dim)
+            self.num_classes = logits.shape[rows.class_dim]
+
+    def _rows(self, loader: Iterable | None) -> Iterable | None:
+        if loader is None:
+            return None
+        return DenseBatches(loader, self.position_rows[0], self.num_classes, self.ignore_index)
+
+    def fit(
+        self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, **options: Any
+    ) -> DenseModel:
+        """Fit the methods on the valid positions of the batches (``UncertainModel.fit``'s options)."""
+        self._learn_layout(val_loader if val_loader is not None else train_loader)
+        _no_shift(options)
+        self.inner.fit(self._rows(train_loader), self._rows(val_loader), **options)
+        return self
+
+    def choose(self, val_loader: Iterable, **options: Any) -> DenseModel:
+        """Make the held-out choices again on ``val_loader`` (``UncertainModel.choose``'s options)."""
+        _no_shift(options)
+        self.inner.choose(self._rows(val_loader), **options)
+        return self
+
+    def summary(self) -> Any:
+        return self.inner.summary()
+
+    @torch.no_grad()
+    def predict(
+        self,
+        x: Inputs,
+        *,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+        chunk_size: int | None = None,
+        keep_samples: bool = False,
+        max_memory: int | None = None,
+    ) -> Prediction:
+        """The predictive at every position of ``x``: ``probs`` shaped like the model's logits, the per-position
+        fields shaped like its labels, ``samples`` ``(S, *probs.shape)`` only with ``keep_samples=True``. Images
+        (sequences) are predicted in chunks whose ``(S, P, C)`` samples fit ``max_memory``."""
+        if not self.is_fitted:
+            raise NotFittedError("fit the dense model first: um.fit(train_loader, val_loader)")
+        positive_int(num_samples, "num_samples", none="the method's own")
+        chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
+        budget = settings.memory_budget(memory_bytes(max_memory) or self.inner.run.max_memory)
+        total = batch_size(x)
+        options = {"num_samples": num_samples, "generator": generator}
+        rows = self.position_rows[0]
+        device = self.inner.method.follow_model_device()
+        with eval_mode(rows):  # the positions and classes of one input: (*P, C)
+            layout = rows.user_logits(to_device(slice_inputs(x, 0, 1), device)).movedim(rows.class_dim, -1).shape[1:]
+        with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
+            parts = [self._chunk(slice_inputs(x, 0, 1), layout, device, options)]
+            draws = 1 if parts[0].samples is None else parts[0].samples.shape[0]
+            per_input = SAMPLE_COPIES * 4 * draws * parts[0].probs.numel()
+            step = rows_per_chunk(per_input, max_memory=budget, limit=chunk_size)
+            if not keep_samples:
+                parts[0] = dataclasses.replace(parts[0], samples=None)
+            for start in range(1, total, step):
+                part = self._chunk(slice_inputs(x, start, start + step), layout, device, options)
+                if not keep_samples:
+                    part = dataclasses.replace(part, samples=None)
+                parts.append(part)
+        return _joined(parts)
+
+    def _chunk(self, x: Inputs, layout: torch.Size, device: torch.device, options: dict[str, Any]) -> Prediction:
+        """One chunk's prediction, shaped back from rows to positions (``layout``: one input's ``(*P, C)``)."""
+        rows = self.position_rows[0]
+        shape = (batch_size(x), *layout)  # (n, *P, C)
+        keep = torch.ones(shape[:-1], dtype=torch.bool, device=device)
+        inputs = to_device(row_inputs(x, keep, rows), device)
+        with eval_mode(self.inner.method, self.inner._served()):
+            log_probs, samples = self.inner.method.log_predictive(inputs, **options)
+        probs = torch.softmax(log_probs.float(), dim=-1)
+        samples = None if samples is None else samples.float().exp()
+        flat = Prediction.from_probs(probs, samples)
+
+        def back(values: Tensor, lead: tuple[int, ...] = ()) -> Tensor:
+            return values.reshape(*lead, *shape).movedim(-1, rows.class_dim + len(lead))
+
+        return Prediction(
+            back(flat.probs),
+            None if flat.samples is None else back(flat.samples, (flat.samples.shape[0],)),
+            *(
+                getattr(flat, name).reshape(shape[:-1])
+                for name in ("entropy", "aleatoric", "epistemic", "confidence", "label")
+            ),
+        )
+
+
+def _no_shift(options: dict[str, Any]) -> None:
+    """Dense held-out data are judged on their clean batches only: the fit-time perturbations are graded per input."""
+    if options.setdefault("shift", None) is not None:
+        raise InputError(
+            "dense outputs are fitted on clean held-out batches only (shift=None): the fit-time perturbations are not "
+            "graded per position yet"
+        )
+
+
+def _joined(parts: list[Prediction]) -> Prediction:
+    def cat(name: str, dim: int = 0) -> Tensor | None:
+        values = [getattr(p, name) for p in parts]
+        return None if values[0] is None else torch.cat(values, dim=dim)
+
+    return Prediction(
+        cat("probs"), cat("samples", 1), *(cat(n) for n in ("entropy", "aleatoric", "epistemic", "confidence", "label"))
+    )
