@@ -305,8 +305,8 @@ def load(
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
-DENSE_METHODS = ("none", "temperature", "vector", "mc-dropout", "auto")
-DENSE_AUTO_CANDIDATES = ("none", "temperature", "vector", "mc-dropout", ["mc-dropout", "temperature"])
+DENSE_METHODS = ("none", "temperature", "vector", "auto")
+DENSE_AUTO_CANDIDATES = ("none", "temperature", "vector")
 
 
 def _wrap_dense(

@@ -37,6 +37,7 @@ from posthoc.core import distributed
 from posthoc.core.checks import check_shift
 from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.inputs import (
+    KEEP,
     Inputs,
     batch_size,
     check_finite_result,
@@ -547,6 +548,7 @@ class HeldOut:
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
                 held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+        held.plain.units = held.units()
         if held.plain.shifted is not None and getattr(self.shifted, "groups", None) is not None:
             held.plain.groups = distributed.gather_cat(self.shifted.groups.to(held.device)).cpu()
         held.layout = dataclasses.replace(held.layout, key=held.plain.clean)
@@ -609,6 +611,19 @@ class HeldOut:
         return held
 
     # ---- passes over the data ---------------------------------------------------------------------------------
+    def units(self) -> Tensor | None:
+        """The input each clean example belongs to when the batches hold several examples per input (dense batches,
+        their kept positions marked by :data:`~posthoc.core.inputs.KEEP`); ``None`` when every input is one example."""
+        counts = []
+        for x, _ in self.clean():
+            if not (isinstance(x, Mapping) and KEEP in x):
+                return None
+            counts.append(x[KEEP].flatten(1).sum(1).cpu())
+        if not counts:
+            return None
+        counts = torch.cat(counts)
+        return torch.repeat_interleave(torch.arange(len(counts)), counts)
+
     def clean(self) -> Iterator[tuple[Inputs, Tensor]]:
         """The clean batches, the same on every pass (a streamed loader is checked to repeat its labels)."""
         if self._batches is not None:

@@ -162,6 +162,10 @@ class Scores:
             regressor), one stratum.
         groups: ``(M,)`` which kind and strength made each perturbed copy (an integer per copy): the shift criterion
             weighs every group alike (:func:`shift_ratio`). ``None``: one group.
+        units: ``(N,)`` the input each clean example belongs to, where an input holds several correlated examples
+            (the positions of a segmentation map or a token sequence, :mod:`posthoc.engine.dense`): the bound is
+            then taken over the inputs, each candidate's NLL averaged over an input's examples (:func:`unit_means`).
+            ``None``: every example is its own unit.
     """
 
     clean: Tensor
@@ -170,6 +174,7 @@ class Scores:
     correct: Tensor | None = None
     mistakes: Tensor | None = None
     groups: Tensor | None = None
+    units: Tensor | None = None
 
     def __post_init__(self) -> None:
         self.clean = self.clean.detach().double().cpu().reshape(-1)
@@ -179,6 +184,8 @@ class Scores:
                 setattr(self, name, value.detach().double().cpu().reshape(-1))
         if self.groups is not None:
             self.groups = self.groups.detach().long().cpu().reshape(-1)
+        if self.units is not None:
+            self.units = self.units.detach().long().cpu().reshape(-1)
 
     @classmethod
     def of_log_probs(
@@ -230,7 +237,25 @@ class Scores:
             pick(self.correct),
             None if self.mistakes is None else self.mistakes[rows.clean],
             pick(self.groups),
+            None if self.units is None else self.units[rows.clean],
         )
+
+
+def unit_means(values: Tensor, units: Tensor) -> Tensor:
+    """The mean of ``values`` ``(N,)`` over each unit of ``units`` ``(N,)`` (the units present, in increasing order).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.engine.selection import unit_means
+        >>> unit_means(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 2]))
+        tensor([2., 5.], dtype=torch.float64)
+    """
+    present, index = torch.unique(units, return_inverse=True)
+    sums = torch.zeros(len(present), dtype=torch.float64).index_add_(0, index, values.double())
+    counts = torch.zeros(len(present), dtype=torch.float64).index_add_(
+        0, index, torch.ones_like(values, dtype=torch.float64)
+    )
+    return sums / counts
 
 
 def class_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
@@ -728,11 +753,17 @@ def select(
         begin = time.perf_counter()
         found = tried[index] = scorer(index)
         seconds = time.perf_counter() - begin
-        gain = _gain_on_mistakes(found.clean - plain.clean, plain.mistakes, tolerance)
-        level = gain_confidence if gain else confidence
-        mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes)
-        if not gain:  # a cost: the larger of the two bounds, each cautious where the other is not (module docs)
-            upper = max(upper, excess_bound(found.clean, plain.clean, level, capped_gains=CAPPED_GAINS)[1])
+        if plain.units is not None:  # correlated examples: one normal stratum over the inputs, not the examples
+            level = confidence
+            candidate_means, plain_means = unit_means(found.clean, plain.units), unit_means(plain.clean, plain.units)
+            mean, upper = excess_bound(candidate_means, plain_means, level)
+            upper = max(upper, excess_bound(candidate_means, plain_means, level, capped_gains=CAPPED_GAINS)[1])
+        else:
+            gain = _gain_on_mistakes(found.clean - plain.clean, plain.mistakes, tolerance)
+            level = gain_confidence if gain else confidence
+            mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes)
+            if not gain:  # a cost: the larger of the two bounds, each cautious where the other is not (module docs)
+                upper = max(upper, excess_bound(found.clean, plain.clean, level, capped_gains=CAPPED_GAINS)[1])
         admissible = math.isfinite(upper) and upper <= tolerance
         reason = (
             None
