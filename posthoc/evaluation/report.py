@@ -61,11 +61,13 @@ from torch import Tensor
 
 from posthoc.core.checks import integer
 from posthoc.core.prediction import Prediction
+from posthoc.engine.dense import DenseModel
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap, metrics, ood_report
 from posthoc.evaluation.comparison import auto_selection, compared_verdict
+from posthoc.evaluation.dense import evaluate_dense
 from posthoc.evaluation.duplicates import Merged, merge_identical, merge_note
 from posthoc.evaluation.gaussian_report import Gaussian
 from posthoc.evaluation.table import BEST_CAPTION, markdown_table, shared_level
@@ -589,6 +591,8 @@ def evaluate(
         >>> 0 <= report.ece <= 1
         True
     """
+    if isinstance(um, DenseModel):  # per-position metrics (posthoc.evaluation.dense)
+        return evaluate_dense({name or "+".join(um.methods): um}, test_loader)
     check_wrapped(um, "evaluate")
     integer(seed, "seed")
     kind = report_type(um)
