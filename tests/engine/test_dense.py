@@ -1,0 +1,147 @@
+"""Dense outputs (posthoc.engine.dense): a segmentation FCN on digit canvases and a tiny GPT-2 through posthoc.wrap(dense=True)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.utils.data import DataLoader, TensorDataset
+
+import posthoc
+from posthoc.errors import PosthocError
+from posthoc_apps.demo.segmentation import IGNORE, NUM_CLASSES, loaders, segmentation_data, trained_fcn
+
+
+@pytest.fixture(scope="module")
+def segmentation():
+    data = segmentation_data(train=192, val=96, test=48)
+    return data, trained_fcn(data.train, epochs=3)
+
+
+def _per_position_nll(probs, masks):
+    valid = masks != IGNORE
+    return float(-probs.movedim(1, -1)[valid].gather(-1, masks[valid][:, None]).clamp_min(1e-12).log().mean())
+
+
+def test_prediction_fields_are_shaped_per_position(segmentation):
+    data, model = segmentation
+    um = posthoc.wrap(model, method="none", dense=True).fit(None, loaders(data)[1], progress=False)
+    images, _ = data.test.tensors
+    pred = um.predict(images[:5])
+    assert pred.probs.shape == (5, NUM_CLASSES, 32, 32)
+    for name in ("entropy", "aleatoric", "epistemic", "confidence", "label"):
+        assert getattr(pred, name).shape == (5, 32, 32), name
+    assert torch.allclose(pred.probs.sum(1), torch.ones(5, 32, 32), atol=1e-5)
+
+
+def test_none_is_the_softmax_at_every_position(segmentation):
+    data, model = segmentation
+    um = posthoc.wrap(model, method="none", dense=True).fit(None, loaders(data)[1], progress=False)
+    images, _ = data.test.tensors
+    with torch.no_grad():
+        expected = torch.softmax(model(images), dim=1)
+    # a small max_memory streams the inputs in several chunks
+    assert torch.allclose(um.predict(images, max_memory=2**20).probs, expected, atol=1e-6)
+
+
+def test_ignored_positions_change_nothing(segmentation):
+    data, model = segmentation
+    images, masks = data.val.tensors
+    other = masks.clone()
+    other[masks == IGNORE] = -100  # the other default ignore index, at the same positions
+    temperatures = []
+    for labels in (masks, other):
+        val = DataLoader(TensorDataset(images, labels), batch_size=32)
+        um = posthoc.wrap(model, method="temperature", dense=True).fit(None, val, progress=False)
+        temperatures.append(float(um.inner.method.temperature))
+    assert temperatures[0] == temperatures[1]
+    assert temperatures[0] != 1.0  # it did fit something on the valid positions
+
+
+def test_temperature_keeps_per_pixel_nll_in_distribution(segmentation):
+    data, model = segmentation
+    _, val, _ = loaders(data)
+    images, masks = data.test.tensors
+    plain = _per_position_nll(
+        posthoc.wrap(model, method="none", dense=True).fit(None, val, progress=False).predict(images).probs, masks
+    )
+    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, val, progress=False)
+    calibrated = _per_position_nll(um.predict(images).probs, masks)
+    assert calibrated <= plain + max(0.02 * plain, 0.005)
+
+
+def test_auto_chooses_by_the_per_image_bound(segmentation):
+    data, model = segmentation
+    train, val, _ = loaders(data)
+    um = posthoc.wrap(model, method="auto", dense=True).fit(train, val, progress=False)
+    selection = um.summary()["posterior"][0]["selection"]
+    assert {row["candidate"] for row in selection["candidates"]} == {"none", "temperature", "vector"}
+    assert selection["chosen"] in {"none", "temperature", "vector"}
+
+
+def test_held_out_positions_carry_their_image(segmentation):
+    from posthoc.core.likelihood import Categorical
+    from posthoc.engine.held_out import HeldOut
+
+    data, model = segmentation
+    um = posthoc.wrap(model, method="none", dense=True).fit(None, loaders(data)[1], progress=False)
+    held = HeldOut.read(
+        um._rows(loaders(data)[1]), model=um.inner.method.model, likelihood=Categorical(), shift=None, device="cpu"
+    )
+    masks = data.val.tensors[1]
+    assert held.plain.units.shape == held.plain.clean.shape == (int((masks != IGNORE).sum()),)
+    assert torch.equal(held.plain.units.bincount(), (masks != IGNORE).flatten(1).sum(1))
+
+
+def test_ensemble_of_fcns_has_epistemic_uncertainty(segmentation):
+    data, model = segmentation
+    other = trained_fcn(data.train, epochs=3, seed=1)
+    um = posthoc.wrap([model, other], dense=True).fit(None, loaders(data)[1], progress=False)
+    pred = um.predict(data.test.tensors[0][:4])
+    assert pred.probs.shape == (4, NUM_CLASSES, 32, 32)
+    assert float(pred.epistemic.mean()) > 0
+
+
+def _tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    return GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32)).eval()
+
+
+@pytest.mark.parametrize("method", ["none", "temperature"])
+def test_tokens_through_a_tiny_gpt2(method):
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 50, (24, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100  # no next token at the end
+    val = DataLoader(TensorDataset(ids, labels), batch_size=8)
+    um = posthoc.wrap(model, method=method, dense=True).fit(None, val, progress=False)
+    pred = um.predict(ids[:3])
+    assert pred.probs.shape == (3, 12, 50)
+    assert pred.entropy.shape == (3, 12)
+    if method == "none":
+        with torch.no_grad():
+            assert torch.allclose(pred.probs, torch.softmax(model(ids[:3]).logits, -1), atol=1e-6)
+
+
+def test_labels_of_the_wrong_shape_are_refused(segmentation):
+    data, model = segmentation
+    images, masks = data.val.tensors
+    val = [(images[:8], masks[:8, :16])]
+    with pytest.raises(PosthocError, match="do not match"):
+        posthoc.wrap(model, method="temperature", dense=True).fit(None, val, progress=False)
+
+
+def test_an_ambiguous_class_dim_is_refused_unless_given():
+    model = torch.nn.Linear(5, 5)  # (N, 5, 5) logits: positions and classes both 5
+    x, y = torch.randn(8, 5, 5), torch.randint(0, 5, (8, 5))
+    with pytest.raises(PosthocError, match="ambiguous"):
+        posthoc.wrap(model, method="none", dense=True).fit(None, [(x, y)], progress=False)
+    um = posthoc.wrap(model, method="none", dense=True, class_dim=-1).fit(None, [(x, y)], progress=False)
+    assert um.predict(x).probs.shape == (8, 5, 5)
+
+
+def test_unsupported_methods_name_the_supported_ones(segmentation):
+    _, model = segmentation
+    with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto'"):
+        posthoc.wrap(model, method="laplace", dense=True)
