@@ -306,7 +306,7 @@ def load(
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
 DENSE_METHODS = ("none", "temperature", "vector", "auto")
-DENSE_AUTO_CANDIDATES = ("none", "temperature", "vector")
+DENSE_AUTO_CANDIDATES = ("none", "temperature")
 
 
 def _wrap_dense(
