@@ -786,7 +786,11 @@ def select(
             admissible,
             reason,
             extra=extra(index) if extra is not None else {},
-            excess_se=_standard_error(found.clean - plain.clean),
+            excess_se=_standard_error(
+                found.clean - plain.clean
+                if plain.units is None
+                else unit_means(found.clean, plain.units) - unit_means(plain.clean, plain.units)
+            ),
             shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted),
             shifted_ratio=shift_ratio(found, plain),
             confidence=level,
