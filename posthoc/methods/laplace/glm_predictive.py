@@ -154,8 +154,8 @@ class DenseLogitGaussian:
 
 def probit_log_probs(g: GaussianLogits) -> Tensor:
     """Probit approximation: ``log softmax(m / sqrt(1 + π/8 · diag Σ))``."""
-    kappa = torch.rsqrt(1 + math.pi / 8 * g.variance())
-    return torch.log_softmax(kappa * g.mean, dim=-1)
+    kappa = g.variance().mul(math.pi / 8).add_(1).rsqrt_()  # one (N, C) temporary, updated in place
+    return torch.log_softmax(kappa.mul_(g.mean), dim=-1)
 
 
 def bridge_log_probs(g: GaussianLogits) -> Tensor:

@@ -62,7 +62,7 @@ from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.export import HeadGaussian, head_weights
-from posthoc.methods.laplace.structures import structure_class
+from posthoc.methods.laplace.structures import head_structure, structure_class
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
@@ -86,6 +86,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         self.pred = "glm"
         self.split = FeatureSplit(model, options.head)
         if self.split.head is not None:
+            self.hessian = head_structure(self.hessian, self.split.head.out_features)
             self._check_head_memory()
         self.blocks = nn.ModuleList([structure_class(self.hessian)()])
         self._accept_flat_names()
@@ -117,6 +118,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                             "binary classifier give the head two outputs [0, z], or use 'temperature' or 'mc-dropout', "
                             "which handle one logit"
                         )
+                    self.hessian = head_structure(self.hessian, logits.shape[1])
                     self._check_head_memory()
                     accumulator = LastLayerGGN(
                         self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device, self.likelihood
