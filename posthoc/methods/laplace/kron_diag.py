@@ -131,8 +131,9 @@ class KronDiagCurvature(Curvature):
     def _grouped(self, prior_precision: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """``(membership (W, K), inverse (K, C))`` in ``dtype``: the identity and the exact inverse without groups."""
         if self.groups is None:
-            membership, means = torch.eye(self.in_eigvals.shape[0], dtype=dtype, device=self.in_eigvals.device), (
-                self.in_eigvals
+            membership, means = (
+                torch.eye(self.in_eigvals.shape[0], dtype=dtype, device=self.in_eigvals.device),
+                (self.in_eigvals),
             )
         else:
             membership, means = eigen_groups(self.in_eigvals, *self.groups)
