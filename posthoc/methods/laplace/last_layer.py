@@ -5,7 +5,9 @@ training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into on
 ``hessian`` structure over ``[W, b]``; predictions are that block's Gaussian logits
 (:meth:`~posthoc.methods.laplace.structure.Curvature.head_variance`) through the link
 (:mod:`posthoc.methods.laplace.glm_predictive`), in row chunks whose cost per row is fixed by the
-head's size, the structure and the link.
+head's size, the structure and the link. A ``"kron"`` head of more than
+:data:`~posthoc.methods.laplace.structures.MANY_CLASSES` classes is held as ``"kron-diag"``
+(:mod:`~posthoc.methods.laplace.kron_diag`: no ``C x C`` output factor, an ``O(C)`` probit per input).
 
 Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's identity loss Hessian
 (``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
