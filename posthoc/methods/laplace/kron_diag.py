@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
-from posthoc.methods.laplace.glm_predictive import LogitGaussian
+from posthoc.methods.laplace.glm_predictive import IndependentLogits
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature, symmetric_eig
 
 #: the largest eigenvalues of ``A`` that the predictive keeps each on its own
@@ -82,12 +82,12 @@ class FoldedKronDiag(nn.Module):
         self.register_buffer("membership", membership)
         self.register_buffer("inverse", inverse)
 
-    def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
+    def forward(self, phi_aug: Tensor, mean: Tensor) -> IndependentLogits:
         in_eigvecs, membership, inverse = (
             value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
             for value in (self.in_eigvecs, self.membership, self.inverse)
         )
-        return LogitGaussian(mean, (((phi_aug @ in_eigvecs).square() @ membership) @ inverse).sqrt_(), None)
+        return IndependentLogits(mean, ((phi_aug @ in_eigvecs).square() @ membership) @ inverse)
 
 
 class KronDiagCurvature(Curvature):
@@ -140,12 +140,12 @@ class KronDiagCurvature(Curvature):
         inverse = torch.outer(means.to(dtype), self.out_diagonal.to(dtype)).add_(prior_precision).reciprocal_()
         return membership.to(dtype), inverse
 
-    def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> LogitGaussian:
+    def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> IndependentLogits:
         dtype = phi_aug.dtype
         psi_sq = (phi_aug @ self.in_eigvecs.to(dtype)).square_()
         membership, inverse = self._grouped(prior_precision, dtype)
         summed = psi_sq if self.groups is None else psi_sq @ membership
-        return LogitGaussian(mean.to(dtype), (summed @ inverse).sqrt_(), None)
+        return IndependentLogits(mean.to(dtype), summed @ inverse)
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedKronDiag:
         membership, inverse = self._grouped(prior_precision, torch.float64)
