@@ -12,8 +12,9 @@ of the softmax GGN's output factor (``posthoc/methods/laplace/kron_diag.py``).
 
 Parts:
   shapes — D=1,024 C=21,843 (ImageNet-21k) and D=768 V=50,257 (GPT-2's LM head), N=5,000 features: fit
-           (prior fixed; and with the evidence's prior), probit predict on the same 5,000, MC predict
-           (S=100) on 500 rows, all under the default ``posthoc.settings.max_memory`` (512 MiB).
+           (prior fixed; and with the evidence's prior), probit predict on the same 5,000 (and ``method="none"``'s
+           predict, the same outputs without a posterior), MC predict (S=100) on 100 rows, all under the default
+           ``posthoc.settings.max_memory`` (512 MiB).
   peer   — laplace-torch's last-layer KFAC and diag, fit and GLM probit predict, at growing C (D=1,024,
            fit on 5,000, predict on PEER_ROWS rows), each under PEER_SECONDS and an address-space cap of
            PEER_MEMORY; posthoc's default at the same shapes.
@@ -136,6 +137,13 @@ def run_case(case: Case) -> dict:
     record(
         f"predict probit (N={case.num_predict:,})",
         lambda: um.predict(x, keep_samples=False),
+        plain,
+        repeats=case.repeats,
+    )
+    plain_predict = posthoc.wrap(model, method="none")  # the same outputs without a posterior: the engine's share
+    record(
+        f"predict, method='none' (N={case.num_predict:,})",
+        lambda: plain_predict.predict(x, keep_samples=False),
         plain,
         repeats=case.repeats,
     )
