@@ -149,6 +149,13 @@ def run_case(case: Case) -> dict:
         plain,
         repeats=case.repeats,
     )
+    if case.mc:  # the posterior's predictive alone: the head forward, the variances and the probit, no summaries
+        record(
+            f"probit log-predictive alone (N={case.num_predict:,})",
+            lambda: um.method.log_predictive(x),
+            plain,
+            repeats=case.repeats,
+        )
     plain_predict = posthoc.wrap(model, method="none")  # the same outputs without a posterior: the engine's share
     record(
         f"predict, method='none' (N={case.num_predict:,})",
