@@ -310,6 +310,14 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
             if value is not None
         ]
 
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """As :meth:`Method.load_posterior_state`; a ``"kron"`` file of a head held as ``"kron-diag"`` (many classes)
+        loads into that structure even where the head was not found before the first batch."""
+        if "blocks.0.out_diagonal" in state and self.hessian == "kron":
+            self.hessian = "kron-diag"
+            self.blocks = nn.ModuleList([structure_class(self.hessian)()])
+        super().load_posterior_state(state)
+
     def _flat_names(self) -> dict[str, tuple[int, str]]:
         return {field: (0, field) for field in structure_class(self.hessian).fields}
 

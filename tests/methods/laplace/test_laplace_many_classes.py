@@ -144,3 +144,14 @@ def test_kron_diag_refuses_what_it_is_not() -> None:
         um.fit([(torch.randn(8, 4), torch.full((8,), 25))], progress=False)
     with pytest.raises(posthoc.PosthocError):  # features of the wrong width
         um.fit([(torch.randn(8, 5), torch.zeros(8, dtype=torch.long))], progress=False)
+
+
+def test_a_kron_diag_state_loads_into_a_kron_wrap() -> None:
+    # a head found only at the first batch is "kron" until then; its saved "kron-diag" state still loads
+    model, loader, held_out = _head(8, 30, 200)
+    fitted = posthoc.wrap(model, method="laplace", hessian="kron-diag", prior_precision=1.0).fit(loader, progress=False)
+    other = posthoc.wrap(model, method="laplace", hessian="kron", prior_precision=1.0)
+    other.method.load_posterior_state(fitted.method.posterior_state())
+    other.method.fitted.fill_(True)
+    assert other.method.hessian == "kron-diag" and isinstance(other.method.curvature, KronDiagCurvature)
+    torch.testing.assert_close(other.predict(held_out).probs, fitted.predict(held_out).probs)
