@@ -141,7 +141,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
         hessian: Literal[HESSIANS] = option(
-            "kron", "the GGN's structure; deeper subsets: kron = exact KFLR, kron-mc = KFAC"
+            "kron",
+            "the GGN's structure; deeper subsets: kron = exact KFLR, kron-mc = KFAC; kron-diag: a head's KFAC with a "
+            "diagonal output factor (what kron is above 4,096 classes)",
         )
         subset: Literal["last_layer", "all", "lora"] | list[str] = option(
             "last_layer", "the weights under the posterior: module names, or lora (a peft model's adapters)"

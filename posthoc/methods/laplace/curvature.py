@@ -43,11 +43,16 @@ import torch
 from backpack import extensions
 from torch import Tensor, nn
 
+from posthoc.core.chunks import chunks
 from posthoc.core.likelihood import Categorical, Likelihood, model_outputs
 from posthoc.engine.runner import sum_over_ranks
 from posthoc.errors import ConfigError, NumericalError
 from posthoc.methods.laplace.structure import FLOAT64, Curvature
 from posthoc.methods.laplace.structures import structure_class
+
+#: float64 values per output that one row of :meth:`LastLayerGGN.update` keeps alive (probabilities, log-probabilities,
+#: the Hessian's diagonal and its temporaries, with room for the batch's own logits)
+UPDATE_ROW_VALUES = 6
 
 
 def augment(phi: Tensor, bias: bool) -> Tensor:
@@ -92,9 +97,14 @@ class LastLayerGGN:
     def update(self, phi: Tensor, logits: Tensor, labels: Tensor) -> None:
         """Add one batch: head inputs ``phi (N, D)``, outputs ``(N, C)``, targets (labels ``(N,)``, or regression targets)."""
         dtype = torch.promote_types(phi.dtype, torch.float32)
-        self.loss += self.likelihood.unit_loss(logits, labels)
         self.num_data += phi.shape[0]
-        self.kind.accumulate(self.statistics, augment(phi.to(dtype), self.bias), self.likelihood.loss_hessian(logits))
+        # the float64 probabilities, loss terms and Hessian diagonal of a wide head: row chunks under the budget
+        for rows in chunks(phi.shape[0], UPDATE_ROW_VALUES * logits.shape[-1] * 8):
+            part = logits[rows]
+            self.loss += self.likelihood.unit_loss(part, labels[rows])
+            self.kind.accumulate(
+                self.statistics, augment(phi[rows].to(dtype), self.bias), self.likelihood.loss_hessian(part)
+            )
 
     def finalize(self) -> Curvature:
         """Sum over ranks and return the fitted block (eigen-decomposed where its structure needs it)."""

@@ -110,6 +110,36 @@ class LogitGaussian:
         return self.mean + torch.einsum("snk,nck->snc", noise, self.basis)
 
 
+@dataclass
+class IndependentLogits:
+    """Independent Gaussian logits ``N(mean, diag(var))`` held by their variances ``(N, C)``: what a posterior
+    diagonal over classes gives (:mod:`~posthoc.methods.laplace.kron_diag`), with no square root for the probit link.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.laplace.glm_predictive import IndependentLogits
+        >>> g = IndependentLogits(torch.zeros(2, 3), torch.full((2, 3), 4.0))
+        >>> g.variance()[0], g.sample(5).shape
+        (tensor([4., 4., 4.]), torch.Size([5, 2, 3]))
+    """
+
+    mean: Tensor
+    var: Tensor
+
+    def variance(self) -> Tensor:
+        return self.var
+
+    def row_sums(self) -> Tensor:
+        return self.var
+
+    def covariance(self) -> Tensor:
+        return torch.diag_embed(self.var)
+
+    def sample(self, num_samples: int, generator: torch.Generator | None = None) -> Tensor:
+        noise = randn((num_samples, *self.var.shape), generator=generator, device=self.var.device, dtype=self.var.dtype)
+        return self.mean + noise * self.var.sqrt()
+
+
 class DenseLogitGaussian:
     """Gaussian logits with a dense per-input covariance ``(N, C, C)``, made when first needed.
 
@@ -154,8 +184,8 @@ class DenseLogitGaussian:
 
 def probit_log_probs(g: GaussianLogits) -> Tensor:
     """Probit approximation: ``log softmax(m / sqrt(1 + π/8 · diag Σ))``."""
-    kappa = torch.rsqrt(1 + math.pi / 8 * g.variance())
-    return torch.log_softmax(kappa * g.mean, dim=-1)
+    kappa = g.variance().mul(math.pi / 8).add_(1).rsqrt_()  # one (N, C) temporary, updated in place
+    return torch.log_softmax(kappa.mul_(g.mean), dim=-1)
 
 
 def bridge_log_probs(g: GaussianLogits) -> Tensor:

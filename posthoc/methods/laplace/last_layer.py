@@ -5,7 +5,9 @@ training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into on
 ``hessian`` structure over ``[W, b]``; predictions are that block's Gaussian logits
 (:meth:`~posthoc.methods.laplace.structure.Curvature.head_variance`) through the link
 (:mod:`posthoc.methods.laplace.glm_predictive`), in row chunks whose cost per row is fixed by the
-head's size, the structure and the link.
+head's size, the structure and the link. A ``"kron"`` head of more than
+:data:`~posthoc.methods.laplace.structures.MANY_CLASSES` classes is held as ``"kron-diag"``
+(:mod:`~posthoc.methods.laplace.kron_diag`: no ``C x C`` output factor, an ``O(C)`` probit per input).
 
 Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's identity loss Hessian
 (``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
@@ -62,7 +64,7 @@ from posthoc.methods.laplace import glm_predictive as glm
 from posthoc.methods.laplace.base import Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.export import HeadGaussian, head_weights
-from posthoc.methods.laplace.structures import structure_class
+from posthoc.methods.laplace.structures import head_structure, structure_class
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
@@ -86,6 +88,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         self.pred = "glm"
         self.split = FeatureSplit(model, options.head)
         if self.split.head is not None:
+            self.hessian = head_structure(self.hessian, self.split.head.out_features)
             self._check_head_memory()
         self.blocks = nn.ModuleList([structure_class(self.hessian)()])
         self._accept_flat_names()
@@ -117,6 +120,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
                             "binary classifier give the head two outputs [0, z], or use 'temperature' or 'mc-dropout', "
                             "which handle one logit"
                         )
+                    self.hessian = head_structure(self.hessian, logits.shape[1])
                     self._check_head_memory()
                     accumulator = LastLayerGGN(
                         self.hessian, phi.shape[1], logits.shape[1], self._has_bias, device, self.likelihood
@@ -305,6 +309,14 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
             for name, value in head.named_parameters(recurse=False)
             if value is not None
         ]
+
+    def load_posterior_state(self, state: dict[str, Tensor]) -> None:
+        """As :meth:`Method.load_posterior_state`; a ``"kron"`` file of a head held as ``"kron-diag"`` (many classes)
+        loads into that structure even where the head was not found before the first batch."""
+        if "blocks.0.out_diagonal" in state and self.hessian == "kron":
+            self.hessian = "kron-diag"
+            self.blocks = nn.ModuleList([structure_class(self.hessian)()])
+        super().load_posterior_state(state)
 
     def _flat_names(self) -> dict[str, tuple[int, str]]:
         return {field: (0, field) for field in structure_class(self.hessian).fields}

@@ -47,6 +47,9 @@ from posthoc.core.likelihood import golden_minimum
 NOISE_GRID = 41
 
 
+#: spectra longer than this are summed in slices (a head of 50,000 classes has 4e7 eigenvalues)
+SPECTRUM_CHUNK = 2**22
+
 #: prior precisions are searched inside this range, in standardised units (a fit that reaches a bound warns)
 MIN_PRIOR_PRECISION, MAX_PRIOR_PRECISION = 1e-8, 1e8
 
@@ -87,12 +90,18 @@ def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, s
     if square_norm <= 0:
         return high
 
+    def sums(u: float) -> tuple[float, float]:  # γ and Σ r (1 - r), over slices of a large spectrum
+        gamma = spread = 0.0
+        for start in range(0, max(spectrum.size, 1), SPECTRUM_CHUNK):
+            ratio = spectrum[start : start + SPECTRUM_CHUNK] / (spectrum[start : start + SPECTRUM_CHUNK] + math.exp(u))
+            gamma, spread = gamma + float(ratio.sum()), spread + float((ratio * (1 - ratio)).sum())
+        return gamma, spread
+
     def value_and_slope(u: float) -> tuple[float, float]:
-        ratio = spectrum / (spectrum + math.exp(u))
-        gamma = float(ratio.sum())
+        gamma, spread = sums(u)
         if gamma <= 0:
             return -math.inf, -1.0
-        return math.log(gamma) - u - math.log(square_norm), -float((ratio * (1 - ratio)).sum()) / gamma - 1
+        return math.log(gamma) - u - math.log(square_norm), -spread / gamma - 1
 
     if value_and_slope(high)[0] > 0:
         return high
