@@ -8,12 +8,12 @@ license, 3.27 vs 3.60 after LoRA on the README), not by chance.
 
 from __future__ import annotations
 
+import peft  # noqa: F401  (the LoRA copy needs it; it comes with posthoc[test])
 import pytest
 import torch
 
 from posthoc_apps.demo import tokens
 
-pytest.importorskip("peft")
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
