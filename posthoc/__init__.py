@@ -30,7 +30,7 @@ from posthoc.errors import (
 from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
-from posthoc.guarantees import conformal, selective
+from posthoc.guarantees import RiskController, conformal, risk_control, selective
 from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.ood import Detector, detector
 
@@ -48,6 +48,8 @@ __all__ = [
     "calibrate",
     "conformal",
     "selective",
+    "risk_control",
+    "RiskController",
     "register",
     "available_methods",
     "settings",

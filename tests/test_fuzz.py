@@ -1323,6 +1323,21 @@ NEWEST_API_MISUSES = [
         ConfigError,
         "generator must be a torch.Generator or None",
     ),
+    # conformal risk control of masks and multi-label outputs
+    (
+        "risk_control",
+        lambda r, w, tmp: posthoc.risk_control(torch.rand(20, 4), torch.ones(20, 5, dtype=torch.long), alpha=0.1),
+        InputError,
+        "do not match probs",
+    ),
+    (
+        "RiskController",
+        lambda r, w, tmp: posthoc.risk_control(torch.rand(20, 4), torch.ones(20, 4, dtype=torch.long), alpha=0.1).mask(
+            torch.randn(5, 4) * 5
+        ),
+        InputError,
+        "pass probabilities, not logits",
+    ),
 ]
 
 
