@@ -49,7 +49,7 @@ from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_ba
 from posthoc.core.logits import LOGITS_KEY
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
-from posthoc.errors import InputError, NotFittedError
+from posthoc.errors import ConfigError, InputError, NotFittedError
 
 #: the key a tensor input goes under: images (floating point) and token ids (integers), as the perturbations read them
 IMAGE_KEY, TOKEN_KEY = "pixel_values", "input_ids"
@@ -191,6 +191,13 @@ def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]
     return {key: x, KEEP: keep}
 
 
+#: what a dense model says where an entry point does not take dense outputs yet
+_NOT_YET = (
+    "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary and "
+    "posthoc.evaluate (refit it from the checkpoint when you need it again)"
+)
+
+
 class DenseModel(nn.Module):
     """A wrapped model with dense outputs (``posthoc.wrap(model, ..., dense=True)``): ``fit`` / ``choose`` on loaders of
     ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs)."""
@@ -243,8 +250,23 @@ class DenseModel(nn.Module):
         self.inner.choose(self._rows(val_loader), **options)
         return self
 
+    #: read by the entry points that do not take dense outputs yet, so they say so (``check_wrapped``)
+    dense_outputs = True
+
     def summary(self) -> Any:
         return self.inner.summary()
+
+    def forward(self, x: Inputs) -> Tensor:
+        """The predictive probabilities at every position of ``x``, shaped like the model's logits."""
+        return self.predict(x).probs
+
+    def save(self, path: str) -> None:
+        """Not available yet for dense outputs: says so rather than writing a posterior that cannot be loaded back."""
+        raise ConfigError(f"{_NOT_YET.format(what='save')}")
+
+    def to_module(self, **options: Any) -> nn.Module:
+        """Not available yet for dense outputs (see :meth:`save`)."""
+        raise ConfigError(f"{_NOT_YET.format(what='to_module')}")
 
     @torch.no_grad()
     def predict(

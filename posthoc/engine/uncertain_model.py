@@ -574,6 +574,8 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
     """
     if isinstance(um, UncertainModel):
         return um
+    if getattr(um, "dense_outputs", False):
+        raise InputError(f"{what} does not take a model with dense outputs yet; use posthoc.evaluate(um, loader)")
     if isinstance(um, nn.Module):
         hint = "wrap it first: posthoc.wrap(model, method=...).fit(train_loader, val_loader)"
     elif isinstance(um, (Prediction, RegressionPrediction)):

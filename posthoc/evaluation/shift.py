@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from torch import nn
 
 from posthoc.core.checks import integer
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
@@ -376,7 +377,7 @@ def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
 def _named(
     um_or_list: UncertainModel | Sequence[UncertainModel] | Mapping[str, UncertainModel],
 ) -> dict[str, UncertainModel]:
-    if isinstance(um_or_list, UncertainModel):
+    if isinstance(um_or_list, nn.Module):  # one model (check_wrapped names what a plain or dense one needs)
         um_or_list = [um_or_list]
     if isinstance(um_or_list, (Sequence, Mapping)) and not isinstance(um_or_list, str) and not um_or_list:
         raise InputError("evaluate_shift got no models; pass a wrapped model, a list of them or a dict name -> model")

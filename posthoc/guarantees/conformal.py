@@ -338,6 +338,11 @@ def conformal(
         True
     """
     integer(seed, "seed")
+    if getattr(source, "dense_outputs", False):
+        raise InputError(
+            "conformal does not take a model with dense outputs yet; posthoc.risk_control(probs, masks, alpha) "
+            "controls the false-negative rate of a segmentation mask"
+        )
     calibration = CALIBRATIONS.get(prediction_type(source), conformal_sets)
     return calibration(
         source,

@@ -145,3 +145,19 @@ def test_unsupported_methods_name_the_supported_ones(segmentation):
     _, model = segmentation
     with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto'"):
         posthoc.wrap(model, method="laplace", dense=True)
+
+
+def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_path):
+    data, model = segmentation
+    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, loaders(data)[1], progress=False)
+    images, _ = data.test.tensors
+    assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
+    with pytest.raises(PosthocError, match="save does not take a model with dense outputs yet"):
+        um.save(str(tmp_path / "dense.pt"))
+    assert not (tmp_path / "dense.pt").exists()
+    with pytest.raises(PosthocError, match="to_module does not take a model with dense outputs yet"):
+        um.to_module()
+    with pytest.raises(PosthocError, match="dense outputs yet; use posthoc.evaluate"):
+        posthoc.evaluate_shift(um, loaders(data)[1])
+    with pytest.raises(PosthocError, match="conformal does not take a model with dense outputs yet"):
+        posthoc.conformal(um, loaders(data)[1])
