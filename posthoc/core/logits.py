@@ -61,9 +61,9 @@ def logits_of(output: Any) -> Tensor:
     if logits.dim() > 2:
         raise InputError(
             f"the model returned per-position logits of shape {tuple(logits.shape)} (one prediction per token or "
-            "pixel); the methods here need one prediction per example (N, C). Pass a sequence/image classifier "
-            "(e.g. AutoModelForSequenceClassification, not ...ForTokenClassification or a language-model head), "
-            "or wrap the model so it pools positions into (N, C) logits"
+            "pixel) without dense=True. For a segmentation map or a token sequence, with labels per position, "
+            "wrap it with posthoc.wrap(model, method=..., dense=True); for one label per input, pass a "
+            "sequence/image classifier (e.g. AutoModelForSequenceClassification) whose logits are (N, C)"
         )
     return logits
 
