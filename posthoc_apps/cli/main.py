@@ -19,6 +19,7 @@ from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc_apps.cli.flags import OneLineParser, check_numbers
 from posthoc_apps.cli.tables import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc_apps.demo.run import run_demo, run_regression_demo
+from posthoc_apps.demo.segmentation_run import elapsed_line, run_segmentation_demo
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -30,6 +31,10 @@ def _demo(args: argparse.Namespace) -> None:
             "regression_shift.png "
             f"in {time.perf_counter() - start:.0f} s"
         )
+        return
+    if args.task == "segmentation":
+        print(run_segmentation_demo(args.out, progress=not args.quiet) + "\n")
+        print(elapsed_line(args.out, start))
         return
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best, every_row=args.all)
     if rows[0].verdict is not None:
@@ -55,9 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
     demo = commands.add_parser("demo", help="every method on the bundled digits checkpoint (about 2 minutes)")
     demo.add_argument(
         "--task",
-        choices=("classification", "regression"),
+        choices=("classification", "regression", "segmentation"),
         default="classification",
-        help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG",
+        help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG; "
+        "segmentation: a small FCN on digit canvases (per-pixel calibration, shift, risk control, maps)",
     )
     demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")
