@@ -206,7 +206,7 @@ def test_torchvision_recipe_end_to_end_with_calibration_folder(image_folders: di
 
 
 def test_recipes_document_themselves(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("imagenet_timm", "imagenet_torchvision", "calibrate_from_logits"):
+    for name in ("imagenet_timm", "imagenet_torchvision", "calibrate_from_logits", "segmentation_torchvision"):
         recipe = _recipe(name)
         assert len(recipe.__doc__) > 500 and f"recipes/{name}.py" in recipe.__doc__
         with pytest.raises(SystemExit) as exit_info:
@@ -607,3 +607,18 @@ def test_timm_regression_recipe_end_to_end(tmp_path: Path, capsys: pytest.Captur
     # an untrained head predicts about 0 for targets of 0..255: the noise fitted on val covers that error
     assert laplace["rmse"] > 10 and 0.5 <= laplace["coverage_90"] <= 1.0 and laplace["coverage"] is not None
     assert math.isfinite(laplace["nll"]) and math.isfinite(laplace["crps"])
+
+
+def test_segmentation_recipe_offline_end_to_end(tmp_path: Path) -> None:
+    """recipes/segmentation_torchvision.py --random: torchvision's LR-ASPP with random weights on synthetic scenes."""
+    recipe = _recipe("segmentation_torchvision")
+    args = ["--random", "--train-steps", "30", "--train-subset", "48", "--val-subset", "32", "--test-subset", "32"]
+    assert recipe.main([*args, "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    plain, methods = metrics["plain"], metrics["methods"]
+    # the plain network's own per-pixel NLL on the test scenes is what posthoc's "none" measures
+    assert math.isclose(methods["none"]["NLL"], plain["nll"], rel_tol=1e-4)
+    assert set(methods) == {"none", "temperature", "auto"}
+    assert all(math.isfinite(v) for row in methods.values() for v in row.values())
+    assert 0.0 <= plain["risk_control"]["test_fnr"] <= 1.0 and plain["risk_control"]["calibration_bound"] <= 0.1
+    assert "| temperature |" in (tmp_path / "report.md").read_text()
