@@ -206,7 +206,13 @@ def test_torchvision_recipe_end_to_end_with_calibration_folder(image_folders: di
 
 
 def test_recipes_document_themselves(capsys: pytest.CaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in ("imagenet_timm", "imagenet_torchvision", "calibrate_from_logits", "segmentation_torchvision"):
+    for name in (
+        "imagenet_timm",
+        "imagenet_torchvision",
+        "calibrate_from_logits",
+        "segmentation_torchvision",
+        "causal_lm_lora",
+    ):
         recipe = _recipe(name)
         assert len(recipe.__doc__) > 500 and f"recipes/{name}.py" in recipe.__doc__
         with pytest.raises(SystemExit) as exit_info:
@@ -622,3 +628,16 @@ def test_segmentation_recipe_offline_end_to_end(tmp_path: Path) -> None:
     assert all(math.isfinite(v) for row in methods.values() for v in row.values())
     assert 0.0 <= plain["risk_control"]["test_fnr"] <= 1.0 and plain["risk_control"]["calibration_bound"] <= 0.1
     assert "| temperature |" in (tmp_path / "report.md").read_text()
+
+
+def test_causal_lm_lora_recipe_offline_end_to_end(tmp_path: Path) -> None:
+    """recipes/causal_lm_lora.py --random: the tiny byte-level GPT-2, LoRA-tuned, calibrated per token."""
+    recipe = _recipe("causal_lm_lora")
+    assert recipe.main(["--random", "--steps", "40", "--lora-steps", "20", "--out", str(tmp_path)]) == 0
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert set(metrics) == {"in distribution", "shift"}
+    for rows in metrics.values():
+        assert set(rows) == {"none", "temperature", "auto"}
+        assert all(math.isfinite(v) for row in rows.values() for v in row.values())
+        assert rows["none"]["NLL"] < math.log(256)  # the trained model beats a uniform byte
+    assert "## shift" in (tmp_path / "report.md").read_text()
