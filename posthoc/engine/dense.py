@@ -262,11 +262,11 @@ class DenseModel(nn.Module):
 
     def save(self, path: str) -> None:
         """Not available yet for dense outputs: says so rather than writing a posterior that cannot be loaded back."""
-        raise ConfigError(f"{_NOT_YET.format(what='save')}")
+        raise ConfigError(_NOT_YET.format(what="save"))
 
     def to_module(self, **options: Any) -> nn.Module:
         """Not available yet for dense outputs (see :meth:`save`)."""
-        raise ConfigError(f"{_NOT_YET.format(what='to_module')}")
+        raise ConfigError(_NOT_YET.format(what="to_module"))
 
     @torch.no_grad()
     def predict(
