@@ -1,5 +1,6 @@
 """Pictures of dense predictions: for a few inputs, the input, the label map, the predicted map, the error and the
-uncertainty map (the predictive entropy), side by side, one row per input.
+uncertainty map (the predictive entropy), side by side, one row per input; given a mask (for example
+``posthoc.risk_control(...).mask(probs)``), a sixth column shows it.
 
 Example:
     >>> import posthoc
@@ -23,17 +24,26 @@ from posthoc.core.prediction import Prediction
 
 #: the columns of :func:`dense_maps`
 COLUMNS = ("input", "label", "prediction", "error", "uncertainty (entropy)")
+#: the column of a given mask
+MASK_COLUMN = "mask"
 
 
 def dense_maps(
-    images: Tensor, prediction: Prediction, labels: Tensor, path: str | None = None, *, ignore_index: int = 255
+    images: Tensor,
+    prediction: Prediction,
+    labels: Tensor,
+    path: str | None = None,
+    *,
+    ignore_index: int = 255,
+    mask: Tensor | None = None,
 ) -> Figure:
     """Draw :data:`COLUMNS` for each input of ``images`` ``(n, channels, H, W)`` (a segmentation map's prediction
-    ``(n, C, H, W)`` and labels ``(n, H, W)``); ignored positions are grey in the label and the error. Saved to ``path``
-    as a PNG when given."""
+    ``(n, C, H, W)`` and labels ``(n, H, W)``), and :data:`MASK_COLUMN` from ``mask`` ``(n, H, W)`` (bool) when
+    given; ignored positions are grey in the label and the error. Saved to ``path`` as a PNG when given."""
     n = images.shape[0]
-    figure = Figure(figsize=(2.2 * len(COLUMNS), 2.2 * n))
-    axes = figure.subplots(n, len(COLUMNS), squeeze=False)
+    columns = (*COLUMNS, MASK_COLUMN) if mask is not None else COLUMNS
+    figure = Figure(figsize=(2.2 * len(columns), 2.2 * n))
+    axes = figure.subplots(n, len(columns), squeeze=False)
     classes = prediction.probs.shape[1]
     for row in range(n):
         ignored = labels[row] == ignore_index
@@ -46,6 +56,7 @@ def dense_maps(
             (prediction.label[row].float(), "tab20", (0, classes - 1)),
             (error, "Reds", (0, 1)),
             (prediction.entropy[row].float(), "magma", None),
+            *(() if mask is None else ((mask[row].float(), "Blues", (0, 1)),)),
         )
         for column, (values, cmap, limits) in enumerate(panels):
             ax = axes[row, column]
@@ -54,7 +65,7 @@ def dense_maps(
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
-                ax.set_title(COLUMNS[column], fontsize=9)
+                ax.set_title(columns[column], fontsize=9)
     figure.tight_layout()
     if path is not None:
         figure.savefig(path, dpi=100)

@@ -362,5 +362,5 @@ def test_the_regression_demo_writes_its_tables_and_pictures(tmp_path, monkeypatc
 
 def test_an_unknown_task_is_refused_by_the_parser(capsys) -> None:
     with pytest.raises(SystemExit):
-        main(["demo", "--task", "segmentation"])
+        main(["demo", "--task", "depth"])
     assert "invalid choice" in capsys.readouterr().err
