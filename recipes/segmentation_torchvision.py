@@ -15,11 +15,15 @@ Steps: (1) ``torchvision.models.get_model(NAME, weights="DEFAULT")`` (COCO image
 ``{"out": logits}`` output taken by :class:`SegmentationLogits`, so posthoc sees logits ``(N, C, H, W)``;
 (2) VOC images and masks resized to ``--size`` (masks by nearest neighbour; 255 marks the object borders VOC leaves
 unlabelled, and posthoc ignores them), normalised with ImageNet's mean and std as the weights expect;
-(3) ``posthoc.wrap(model, method, dense=True).fit(train, val)`` for each ``--method`` (default none, temperature,
-auto), measured on the test images: per-pixel NLL, ECE, Brier, accuracy, mIoU, ignoring 255; (4) conformal risk control on the validation images:
+(3) ``posthoc.wrap(model, method=..., dense=True).fit(train, val)`` for each ``--method`` (every pixel an example,
+255 ignored), and ``posthoc.evaluate`` on the test images: per-pixel NLL, ECE, Brier, accuracy, mIoU and the
+entropy's AUROC for errors; (4) conformal risk control on the validation images, for each method's predictive:
 ``posthoc.risk_control`` picks the threshold on ``P(foreground) = 1 - P(background)`` whose mask misses at most
-``--alpha`` of an image's object pixels in expectation, and the test images' miss rate is reported beside it;
+``--alpha`` of an image's object pixels in expectation, and the test images' miss rate (FNR) is reported beside it;
 (5) ``report.md`` and ``metrics.json`` in ``--out``.
+
+The validation images both fit the methods (a temperature: one number) and calibrate the risk control; for the
+guarantee to hold exactly, pass ``--risk-subset K`` to keep K of them for the risk control only.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ from torch.utils.data import DataLoader, Subset, TensorDataset
 
 import posthoc
 from posthoc.errors import exit_status
-from posthoc.evaluation.dense import evaluate_dense
+from posthoc.evaluation.dense import DenseReport
 
 IMAGENET_MEAN, IMAGENET_STD = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
 IGNORE_INDEX = 255
@@ -139,19 +143,14 @@ def train_briefly(model: nn.Module, loader: Iterable, steps: int, lr: float = 3e
 
 
 @torch.no_grad()
-def plain_metrics(model: nn.Module, loader: Iterable) -> tuple[dict[str, float], Tensor, Tensor]:
-    """The plain model's per-pixel NLL and accuracy (255 ignored), and each image's ``P(foreground)`` map with its
-    binary target (1 object, 0 background, 255 unlabelled), what :func:`posthoc.risk_control` takes."""
-    nll, correct, count, scores, targets = 0.0, 0, 0, [], []
+def foreground(um: Any, loader: Iterable) -> tuple[Tensor, Tensor]:
+    """Each image's ``P(foreground) = 1 - P(background)`` map under ``um``'s predictive and its class mask, batch by
+    batch (the full ``(N, C, H, W)`` probabilities of a whole split need not fit in memory)."""
+    scores, masks = [], []
     for x, y in loader:
-        logits = model(x)
-        valid = y != IGNORE_INDEX
-        nll += float(F.cross_entropy(logits, y, ignore_index=IGNORE_INDEX, reduction="sum"))
-        correct += int(((logits.argmax(1) == y) & valid).sum())
-        count += int(valid.sum())
-        scores.append(1.0 - logits.softmax(1)[:, 0])
-        targets.append(torch.where(valid, (y != 0).long(), IGNORE_INDEX))
-    return {"nll": nll / count, "accuracy": correct / count}, torch.cat(scores), torch.cat(targets)
+        scores.append(1.0 - um.predict(x).probs[:, 0])
+        masks.append(y)
+    return torch.cat(scores), torch.cat(masks)
 
 
 def parser() -> argparse.ArgumentParser:
@@ -168,6 +167,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--method", action="append", help="posthoc method (repeatable); default: none, temperature, auto")
     p.add_argument("--alpha", type=float, default=0.1, help="risk control: expected missed foreground fraction")
+    p.add_argument("--risk-subset", type=int, default=None, help="validation images kept for the risk control only")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", type=Path, default=Path("reports/segmentation"))
     return p
@@ -201,34 +201,45 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.random:
         train_briefly(model, loader(train, shuffle=True), args.train_steps)
 
-    # the plain model and conformal risk control: no wrap needed
-    _, val_scores, val_targets = plain_metrics(model, loader(val))
-    plain, test_scores, test_targets = plain_metrics(model, loader(test))
-    rc = posthoc.risk_control(val_scores, val_targets, alpha=args.alpha)
-    plain["risk_control"] = {
-        "alpha": args.alpha,
-        "threshold": rc.threshold if math.isfinite(rc.threshold) else None,
-        "calibration_bound": rc.bound,
-        "test_fnr": float(rc.risk(test_scores, test_targets).mean()),
-        "test_mask_fraction": float(rc.mask(test_scores)[test_targets != IGNORE_INDEX].float().mean()),
-    }
-    (args.out / "plain.json").write_text(json.dumps(plain, indent=2))
-    print(f"plain model: per-pixel NLL {plain['nll']:.4f}, accuracy {plain['accuracy']:.4f}")
-    print(
-        f"risk control at alpha={args.alpha}: threshold {rc.threshold:.4g} on P(foreground); test images miss "
-        f"{plain['risk_control']['test_fnr']:.3f} of their object pixels on average"
-    )
+    fit_val, risk_val = val, val
+    if args.risk_subset:
+        fit_val, risk_val = Subset(val, range(args.risk_subset, len(val))), Subset(val, range(args.risk_subset))
 
-    # the methods, every valid pixel an example (dense=True), judged per image
-    models = {
-        method: posthoc.wrap(model, method=method, dense=True).fit(loader(train), loader(val), progress=False)
-        for method in args.method or ["none", "temperature", "auto"]
-    }
-    report = evaluate_dense(models, loader(test))
-    (args.out / "report.md").write_text(report.to_markdown() + "\n")
-    metrics = {"plain": plain, "methods": report.rows}
+    tables, metrics = [], {}
+    for method in args.method or ["none", "temperature", "auto"]:
+        um = posthoc.wrap(model, method=method, dense=True).fit(loader(train), loader(fit_val), progress=False)
+        table = posthoc.evaluate(um, loader(test), name=method)  # a DenseReport: per-pixel metrics, 255 ignored
+        val_scores, val_masks = foreground(um, loader(risk_val))
+        test_scores, test_masks = foreground(um, loader(test))
+        valid = (val_masks != IGNORE_INDEX, test_masks != IGNORE_INDEX)
+        # binary targets: 1 on the object, 0 on the background, 255 unlabelled
+        val_targets = torch.where(valid[0], (val_masks != 0).long(), IGNORE_INDEX)
+        test_targets = torch.where(valid[1], (test_masks != 0).long(), IGNORE_INDEX)
+        rc = posthoc.risk_control(val_scores, val_targets, alpha=args.alpha)
+        risk = {
+            "alpha": args.alpha,
+            "threshold": rc.threshold if math.isfinite(rc.threshold) else None,
+            "calibration_bound": rc.bound,
+            "test_fnr": float(rc.risk(test_scores, test_targets).mean()),
+            "test_mask_fraction": float(rc.mask(test_scores)[valid[1]].float().mean()),
+        }
+        tables.append(table)
+        metrics[method] = {**table.rows[method], "risk_control": risk}
+        print(
+            f"{method}: per-pixel NLL {table.rows[method]['NLL']:.4f}, accuracy {table.rows[method]['accuracy']:.4f}; "
+            f"risk control at alpha={args.alpha}: test FNR {risk['test_fnr']:.3f} (threshold {rc.threshold:.4g} on "
+            f"P(foreground), the mask holds {risk['test_mask_fraction']:.1%} of the pixels)"
+        )
+    combined = DenseReport(rows={name: row for table in tables for name, row in table.rows.items()})
+    fnr = "\n".join(f"| {name} | {m['risk_control']['test_fnr']:.4f} | {args.alpha:g} |" for name, m in metrics.items())
+    report = (
+        f"# {args.model}: per-pixel metrics on {len(test)} test images ({tables[0].positions:,} labelled pixels)\n\n"
+        + combined.to_markdown()
+        + f"\n\n## Risk control of the foreground mask\n\n| method | test FNR | alpha |\n|---|---|---|\n{fnr}\n"
+    )
+    (args.out / "report.md").write_text(report)
     (args.out / "metrics.json").write_text(json.dumps(metrics, indent=2))
-    print(report.to_markdown())
+    print(f"wrote {args.out / 'report.md'} and {args.out / 'metrics.json'}")
     return metrics
 
 

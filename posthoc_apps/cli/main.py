@@ -3,6 +3,7 @@
 Example:
     $ posthoc demo --out posthoc-demo
     $ posthoc demo --task regression
+    $ posthoc demo --task segmentation
     $ posthoc evaluate --model timm:resnet50 --train train/ --val val/ --method laplace --out report/
     $ posthoc evaluate --likelihood regression --model model.pt --train train.csv --val val.csv --test test.csv \
         --target mpg --method laplace --out report/
@@ -19,7 +20,7 @@ from posthoc_apps.cli.evaluate import add_evaluate_arguments, run_evaluate
 from posthoc_apps.cli.flags import OneLineParser, check_numbers
 from posthoc_apps.cli.tables import add_regression_arguments, check_classification_arguments, run_regression
 from posthoc_apps.demo.run import run_demo, run_regression_demo
-from posthoc_apps.demo.segmentation_run import elapsed_line, run_segmentation_demo
+from posthoc_apps.demo.segmentation_demo import run_segmentation_demo
 
 
 def _demo(args: argparse.Namespace) -> None:
@@ -33,8 +34,12 @@ def _demo(args: argparse.Namespace) -> None:
         )
         return
     if args.task == "segmentation":
-        print(run_segmentation_demo(args.out, progress=not args.quiet) + "\n")
-        print(elapsed_line(args.out, start))
+        result = run_segmentation_demo(args.out, progress=not args.quiet)
+        print("\n".join(result.verdict()) + "\n")
+        print(
+            f"Report: {Path(args.out) / 'report.html'} (and report.md, with the maps' PNGs beside it), "
+            f"written in {time.perf_counter() - start:.0f} s"
+        )
         return
     rows = run_demo(args.out, methods=args.method or None, progress=not args.quiet, best=args.best, every_row=args.all)
     if rows[0].verdict is not None:
@@ -63,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("classification", "regression", "segmentation"),
         default="classification",
         help="classification: the bundled digits CNN (default); regression: the seed 004 sinusoid and Auto MPG; "
-        "segmentation: a small FCN on digit canvases (per-pixel calibration, shift, risk control, maps)",
+        "segmentation: a small FCN on canvases of digits (dense outputs, risk control of the mask)",
     )
     demo.add_argument("--out", default="posthoc-demo", help="folder for report.md and the PNGs")
     demo.add_argument("--method", action="append", help="only these methods (repeatable); default: all")

@@ -1,5 +1,6 @@
 """Pictures of dense predictions: for a few inputs, the input, the label map, the predicted map, the error and the
-uncertainty map (the predictive entropy), side by side, one row per input.
+uncertainty map (the predictive entropy), side by side, one row per input; given a mask (for example
+``posthoc.risk_control(...).mask(probs)``), a sixth column shows it.
 
 Example:
     >>> import posthoc
@@ -16,46 +17,90 @@ Example:
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
+
+from matplotlib import colormaps
+from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.patches import Patch
 from torch import Tensor
 
 from posthoc.core.prediction import Prediction
 
 #: the columns of :func:`dense_maps`
-COLUMNS = ("input", "label", "prediction", "error", "uncertainty (entropy)")
+COLUMNS = ("input", "label", "prediction", "error", "entropy (0 to ln C)")
+#: the column of a given mask
+MASK_COLUMN = "mask"
+#: the colour of ignored positions in the label and the error
+IGNORED = "#b0b0b0"
+
+
+def class_colours(classes: int) -> ListedColormap:
+    """One colour per class: class 0 (the background, as in torchvision's maps) near white, the others tab10's
+    colours (tab20's beyond ten), ignored positions (nan) grey.
+
+    Example:
+        >>> from posthoc_apps.report.dense_maps import class_colours
+        >>> class_colours(11).N
+        11
+    """
+    palette = colormaps["tab10" if classes <= 11 else "tab20"]
+    colours = ["#f4f4f4", *(palette(k % palette.N) for k in range(classes - 1))]
+    return ListedColormap(colours).with_extremes(bad=IGNORED)
 
 
 def dense_maps(
-    images: Tensor, prediction: Prediction, labels: Tensor, path: str | None = None, *, ignore_index: int = 255
+    images: Tensor,
+    prediction: Prediction,
+    labels: Tensor,
+    path: str | None = None,
+    *,
+    ignore_index: int = 255,
+    mask: Tensor | None = None,
+    input_range: tuple[float, float] | None = None,
+    class_names: Sequence[str] | None = None,
 ) -> Figure:
     """Draw :data:`COLUMNS` for each input of ``images`` ``(n, channels, H, W)`` (a segmentation map's prediction
-    ``(n, C, H, W)`` and labels ``(n, H, W)``); ignored positions are grey in the label and the error. Saved to ``path``
-    as a PNG when given."""
+    ``(n, C, H, W)`` and labels ``(n, H, W)``), and :data:`MASK_COLUMN` from ``mask`` ``(n, H, W)`` (bool) when
+    given. Every row shares one scale per column, so that rows (and figures) compare: the input on ``input_range``
+    (a one-channel image's values; default the batch's range), the entropy from 0 to ``ln C``. Ignored positions are
+    grey in the label and the error; ``class_names`` adds a legend of the class colours. Saved to ``path`` as a PNG
+    when given."""
     n = images.shape[0]
-    figure = Figure(figsize=(2.2 * len(COLUMNS), 2.2 * n))
-    axes = figure.subplots(n, len(COLUMNS), squeeze=False)
+    columns = (*COLUMNS, MASK_COLUMN) if mask is not None else COLUMNS
+    figure = Figure(figsize=(2.2 * len(columns), 2.2 * n + (0.5 if class_names else 0.0)))
+    axes = figure.subplots(n, len(columns), squeeze=False)
     classes = prediction.probs.shape[1]
+    colours, errors = class_colours(classes), colormaps["Reds"].with_extremes(bad=IGNORED)
+    grey = input_range or (float(images.min()), float(images.max()))
     for row in range(n):
         ignored = labels[row] == ignore_index
         label = labels[row].float().masked_fill(ignored, float("nan"))
         error = (prediction.label[row] != labels[row]).float().masked_fill(ignored, float("nan"))
         image = images[row].float()
         panels = (
-            (image[0] if image.shape[0] == 1 else image.permute(1, 2, 0), "gray", None),
-            (label, "tab20", (0, classes - 1)),
-            (prediction.label[row].float(), "tab20", (0, classes - 1)),
-            (error, "Reds", (0, 1)),
-            (prediction.entropy[row].float(), "magma", None),
+            (image[0], "gray", grey) if image.shape[0] == 1 else (image.permute(1, 2, 0), None, (None, None)),
+            (label, colours, (-0.5, classes - 0.5)),
+            (prediction.label[row].float(), colours, (-0.5, classes - 0.5)),
+            (error, errors, (0, 1)),
+            (prediction.entropy[row].float(), "magma", (0.0, math.log(classes))),
+            *(() if mask is None else ((mask[row].float(), "Blues", (0, 1)),)),
         )
-        for column, (values, cmap, limits) in enumerate(panels):
+        for column, (values, cmap, (low, high)) in enumerate(panels):
             ax = axes[row, column]
-            low, high = limits or (None, None)
             ax.imshow(values.cpu().numpy(), cmap=cmap, vmin=low, vmax=high, interpolation="nearest")
             ax.set_xticks([])
             ax.set_yticks([])
             if row == 0:
-                ax.set_title(COLUMNS[column], fontsize=9)
-    figure.tight_layout()
+                ax.set_title(columns[column], fontsize=9)
+    if class_names:
+        handles = [Patch(color=colours(k), label=name) for k, name in enumerate(class_names)]
+        handles.append(Patch(color=IGNORED, label="ignored"))
+        figure.legend(handles=handles, loc="lower center", ncol=min(len(handles), 12), fontsize=8, frameon=False)
+        figure.tight_layout(rect=(0, 0.35 / figure.get_figheight(), 1, 1))
+    else:
+        figure.tight_layout()
     if path is not None:
         figure.savefig(path, dpi=100)
     return figure
