@@ -613,4 +613,3 @@ def test_timm_regression_recipe_end_to_end(tmp_path: Path, capsys: pytest.Captur
     # an untrained head predicts about 0 for targets of 0..255: the noise fitted on val covers that error
     assert laplace["rmse"] > 10 and 0.5 <= laplace["coverage_90"] <= 1.0 and laplace["coverage"] is not None
     assert math.isfinite(laplace["nll"]) and math.isfinite(laplace["crps"])
-
