@@ -611,10 +611,42 @@ def run_settings(args: argparse.Namespace) -> dict[str, Any]:
     return json.loads(json.dumps({k: v for k, v in vars(args).items() if not callable(v)}, default=str))
 
 
-def write_files(out: Path, title: str, lines: list[str], cards: list[str], metrics: dict[str, Any]) -> Path:
-    """Write a run's report to ``out``: ``report.md`` (``lines``), the same as one self-contained ``report.html``,
-    ``summary.md`` (each row's model card, ``cards``) and ``metrics.json``; return the report's path. Shared by the
-    classifier's :func:`write_report` and the regressor's :func:`posthoc_apps.cli.tables.write_regression_report`."""
+def write_run_report(
+    out: Path,
+    args: argparse.Namespace,
+    *,
+    title: str,
+    verdict: Verdict | None,
+    verdict_title: str,
+    about: list[str],
+    body: list[str],
+    cards: list[str],
+    metrics: dict[str, Any],
+) -> Path:
+    """Write a run's report to ``out`` and return its path; every ``posthoc evaluate`` run (a classifier's
+    :func:`write_report`, a regressor's :func:`posthoc_apps.cli.tables.write_regression_report`) goes through here.
+
+    ``report.md`` is the title, the verdict (``verdict_title`` names its test set), ``## Data`` (``about``), then
+    ``## Test set`` and the rest (``body``); ``report.html`` is the same page self-contained; ``summary.md`` holds each
+    row's model card (``cards``) and ``metrics.json`` ``metrics`` with the run's settings and the verdict."""
+    lines = [
+        f"# {title}",
+        "",
+        *([] if verdict is None else [verdict_section(verdict, out, title=verdict_title), ""]),
+        "## Data",
+        "",
+        *about,
+        "",
+        "## Test set",
+        "",
+        *body,
+    ]
+    metrics = {
+        "title": title,
+        **metrics,
+        "settings": run_settings(args),
+        "verdict": None if verdict is None else verdict.as_dict(),
+    }
     report_path = out / "report.md"
     report_path.write_text("\n".join(lines))
     page.write_markdown_page("\n".join(lines), out / "report.html", title=title)
@@ -662,26 +694,13 @@ def write_report(
     test_source = args.val if args.calibration is not None else f"{args.val} (test part; the rest calibrates)"
     shifted = [*shift_names(list(data.shifts)).values()]
     shifted += ["corruptions " + ",".join(args.corruptions)] if args.corruptions else []
-    lines = [
-        f"# {title}",
-        "",
-        *(
-            []
-            if found is None
-            else [
-                verdict_section(found, out, title="test set; NLL under shift: mean over " + "; ".join(shifted)),
-                "",
-            ]
-        ),
-        "## Data",
-        "",
+    about = [
         f"- classes: {len(data.classes)} ({', '.join(data.classes[:5])}{', ...' if len(data.classes) > 5 else ''})",
         f"- images: {sizes}",
         f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
         f"- device: {run_device(args.device)}, seed {args.seed}",
-        "",
-        "## Test set",
-        "",
+    ]
+    lines = [
         markdown_table(
             [r.test for r in results],
             {
@@ -729,10 +748,8 @@ def write_report(
         if r.card is not None
     ]
     metrics = {
-        "title": title,
         "classes": data.classes,
         "sizes": data.sizes,
-        "settings": run_settings(args),
         "merged": [{"label": m.label, "into": m.into, "why": m.why} for m in merged],
         "rows": [
             {
@@ -749,9 +766,18 @@ def write_report(
             for r in every
         ],
         "calibrator": None if calibrator is None else calibrator.as_dict(),
-        "verdict": None if found is None else found.as_dict(),
     }
-    return write_files(out, title, lines, cards, metrics)
+    return write_run_report(
+        out,
+        args,
+        title=title,
+        verdict=found,
+        verdict_title="test set; NLL under shift: mean over " + "; ".join(shifted),
+        about=about,
+        body=lines,
+        cards=cards,
+        metrics=metrics,
+    )
 
 
 def run_device(name: str) -> torch.device:

@@ -1,6 +1,6 @@
 """``posthoc evaluate --likelihood regression``: retrofit methods onto a regressor of CSV tables: its own module because
 its data are tables read by column name and its model a saved ``nn.Module``; the report is written by
-:func:`posthoc_apps.cli.evaluate.write_files`, as a classifier's.
+:func:`posthoc_apps.cli.evaluate.write_run_report`, as a classifier's.
 
 ::
 
@@ -71,14 +71,13 @@ from posthoc_apps.cli.evaluate import (
     probe_batch,
     route_options,
     run_device,
-    run_settings,
-    write_files,
+    write_run_report,
 )
 from posthoc_apps.cli.flags import check_numbers
 from posthoc_apps.loading.folders import split_held_out
 from posthoc_apps.loading.tabular import Table, load_module, read_tables
 from posthoc_apps.report import figures, plots
-from posthoc_apps.report.sections import selection_section, verdict_section
+from posthoc_apps.report.sections import selection_section
 
 LIKELIHOODS = ("classification", "regression")
 DEFAULT_METHOD = "laplace"
@@ -408,24 +407,8 @@ def write_regression_report(
             for row in results
         ],
     )
-    found = regression_verdict(results, shift)
-    opening = (
-        []
-        if found is None
-        else [verdict_section(found, out, title="test rows; NLL under shift: mean over the --shift files"), ""]
-    )
     auto = next((row for row in results if auto_selection(row.um)), None)
     lines = [
-        f"# {title}",
-        "",
-        *opening,
-        "## Data",
-        "",
-        *about,
-        f"- seed {args.seed}",
-        "",
-        "## Test set",
-        "",
         markdown_table([row.test for row in results]),
         "",
         BEST_CAPTION,
@@ -459,10 +442,8 @@ def write_regression_report(
         "",
     ]
     metrics = {
-        "title": title,
         "likelihood": "regression",
         **extra,
-        "settings": run_settings(args),
         "rows": [
             {
                 "method": row.name,
@@ -474,10 +455,18 @@ def write_regression_report(
             for row in results
         ],
         "shift": None if shift is None else shift.as_dict(),
-        "verdict": None if found is None else found.as_dict(),
     }
-    cards = [f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results]
-    return write_files(out, title, lines, cards, metrics)
+    return write_run_report(
+        out,
+        args,
+        title=title,
+        verdict=regression_verdict(results, shift),
+        verdict_title="test rows; NLL under shift: mean over the --shift files",
+        about=[*about, f"- seed {args.seed}"],
+        body=lines,
+        cards=[f"# {row.name}\n\n{row.um.summary().to_markdown()}" for row in results],
+        metrics=metrics,
+    )
 
 
 def run_regression_recipe(
