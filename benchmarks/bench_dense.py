@@ -4,7 +4,8 @@ temperature vs vector vs auto (and a two-member ensemble), in distribution and u
 The FCN (posthoc_apps.demo.segmentation) is trained on 512 canvases by seed; the methods are fitted on 256 validation
 canvases, and measured on 256 test canvases made from digits no fit saw. A corruption is applied to the pixels in
 [0, 1] (then normalised as in training); the masks are unchanged (contrast and noise move no pixel).
-Run: ``python benchmarks/bench_dense.py [--severity 3]``.
+Run: ``python benchmarks/bench_dense.py [--severity 3] [--fit-shift auto]`` (``--fit-shift auto``: the held-out choices
+also see perturbed copies of the validation canvases, ``fit(..., shift="auto")``; the dense default is clean only).
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ def corrupted(data: TensorDataset, kind: str, severity: int) -> DataLoader:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--severity", type=int, default=3)
+    parser.add_argument(
+        "--fit-shift", choices=("none", "auto"), default="none", help="um.fit's shift= (dense default: none)"
+    )
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     data = segmentation_data()
@@ -41,10 +45,11 @@ def main() -> None:
     model = trained_fcn(data.train)
     print(f"FCN trained in {time.perf_counter() - begin:.1f} s")
     train, val, test = loaders(data)
+    shift = None if args.fit_shift == "none" else args.fit_shift
     models = {}
     for method in ("none", "temperature", "vector", "auto"):
         begin = time.perf_counter()
-        models[method] = posthoc.wrap(model, method=method, dense=True).fit(train, val, progress=False)
+        models[method] = posthoc.wrap(model, method=method, dense=True).fit(train, val, shift=shift, progress=False)
         print(f"{method}: fitted in {time.perf_counter() - begin:.1f} s")
     models["ensemble (2 FCNs)"] = posthoc.wrap([model, trained_fcn(data.train, seed=1)], dense=True).fit(
         None, val, progress=False

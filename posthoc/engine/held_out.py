@@ -43,6 +43,7 @@ from posthoc.core.inputs import (
     check_finite_result,
     check_labels,
     iterate,
+    label_rows,
     run_model,
     slice_inputs,
     split_batch,
@@ -118,12 +119,19 @@ class ShiftedHeldOut:
                 generator = torch.Generator(device=_device_of(x)).manual_seed(self.seed)
             for number, level in enumerate(self.levels):
                 perturbed, choice = _perturbed(x, level, generator)
-                groups.append(number * width + choice.cpu())
+                groups.append(number * width + _per_label(choice.cpu(), x))
                 yield perturbed, y
         self.groups = torch.cat(groups) if groups else None
 
     #: after a whole pass: each copy's group, ``level · kinds + kind`` (the same on every pass: the draws are seeded)
     groups: Tensor | None = None
+
+
+def _per_label(values: Tensor, x: Inputs) -> Tensor:
+    """``values`` ``(n,)`` per input, repeated for each label of the input (each kept position of a dense batch)."""
+    if isinstance(x, Mapping) and KEEP in x:
+        return torch.repeat_interleave(values, x[KEEP].flatten(1).sum(1).cpu())
+    return values
 
 
 def _device_of(x: Inputs) -> torch.device:
@@ -256,7 +264,8 @@ def _grading_rows(loader: Iterable, device: torch.device | str, rows: int) -> li
     kept, seen = [], 0
     for x, y in iterate(loader, device=device, progress=False, desc="grading perturbations"):
         take = min(batch_size(x), rows - seen)
-        kept.append((slice_inputs(x, 0, take), y[:take]))
+        part = slice_inputs(x, 0, take)
+        kept.append((part, y[: label_rows(part)]))
         seen += take
         if seen >= rows:
             break

@@ -92,6 +92,39 @@ def test_held_out_positions_carry_their_image(segmentation):
     assert torch.equal(held.plain.units.bincount(), (masks != IGNORE).flatten(1).sum(1))
 
 
+def test_perturbed_copies_are_graded_and_grouped_per_position(segmentation):
+    """shift="auto" on dense batches: every perturbed copy keeps its image's labels, one group per kept position."""
+    from posthoc.core.likelihood import Categorical
+    from posthoc.engine.held_out import HeldOut
+
+    data, model = segmentation
+    val = loaders(data)[1]
+    um = posthoc.wrap(model, method="none", dense=True).fit(None, val, progress=False)
+    held = HeldOut.read(
+        um._rows(val), model=um.inner.method.model, likelihood=Categorical(), shift="auto", device="cpu"
+    )
+    levels = len(held.shifted.levels)
+    positions = int((data.val.tensors[1] != IGNORE).sum())
+    assert held.plain.clean.shape == (positions,) and held.plain.shifted.shape == (levels * positions,)
+    assert held.plain.groups.shape == (levels * positions,) and held.plain.groups.unique().numel() > levels
+    copies = torch.cat([y for _, y in held.perturbed()])
+    # each clean batch at every level, its labels unmoved
+    assert torch.equal(copies, torch.cat([y.repeat(levels) for _, y in held.clean()]))
+    # the copies are harder for the plain model than the clean positions
+    assert float(held.plain.shifted.mean()) > float(held.plain.clean.mean())
+
+
+def test_a_shift_aware_dense_fit_records_its_perturbed_copies(segmentation):
+    data, model = segmentation
+    val = DataLoader(TensorDataset(*(t[:32] for t in data.val.tensors)), batch_size=16)
+    train = DataLoader(TensorDataset(*(t[:32] for t in data.train.tensors)), batch_size=16)
+    um = posthoc.wrap(model, method="auto", dense=True).fit(train, val, shift="auto", progress=False)
+    selection = um.summary()["posterior"][0]["selection"]
+    assert selection["perturbed"] > 0 and selection["chosen"] in {"none", "temperature"}
+    clean = posthoc.wrap(model, method="auto", dense=True).fit(train, val, progress=False)
+    assert clean.summary()["posterior"][0]["selection"]["perturbed"] == 0  # shift=None is the dense default
+
+
 def test_ensemble_of_fcns_has_epistemic_uncertainty(segmentation):
     data, model = segmentation
     other = trained_fcn(data.train, epochs=3, seed=1)
