@@ -305,7 +305,9 @@ def load(
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
-DENSE_METHODS = ("none", "temperature", "vector", "auto")
+DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace")
+#: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
+DENSE_HEAD_METHODS = ("laplace",)
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
 
 
@@ -327,12 +329,17 @@ def _wrap_dense(
             f"method {refused[0]!r} does not work on dense outputs yet; with dense=True use "
             f"{', '.join(map(repr, DENSE_METHODS))}, or an ensemble (a list of models with method='none')"
         )
+    if "laplace" in names and options.get("subset", "last_layer") != "last_layer":
+        raise ConfigError(
+            "Laplace on dense outputs is last-layer only (the per-position head, KFAC over positions); drop subset="
+        )
+    split_head = any(name in DENSE_HEAD_METHODS for name in names)
     if names == ["auto"] and "candidates" not in options:
         options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
     if isinstance(model, (list, tuple)):
-        rows = [PositionRows(member, class_dim) for member in model]
+        rows = [PositionRows(member, class_dim, split_head=split_head) for member in model]
         return DenseModel(wrap(rows, names, **options), rows, ignore_index)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
-    rows = PositionRows(model, class_dim)
+    rows = PositionRows(model, class_dim, split_head=split_head)
     return DenseModel(wrap(rows, names, **options), rows, ignore_index)

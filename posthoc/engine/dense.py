@@ -55,6 +55,7 @@ from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_ba
 from posthoc.core.logits import LOGITS_KEY
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
+from posthoc.engine.dense_head import position_head
 from posthoc.errors import ConfigError, InputError, NotFittedError
 
 #: the key a tensor input goes under: images (floating point) and token ids (integers), as the perturbations read them
@@ -134,13 +135,22 @@ def to_rows(logits: Tensor, class_dim: int) -> Tensor:
 class PositionRows(nn.Module):
     """The user's dense network as a row model: ``forward(**inputs)`` returns the rows ``(kept positions, C)`` of the
     positions ``inputs[KEEP]`` marks. ``class_dim`` and whether the user's input was one tensor are set by
-    :class:`DenseModel` from the first batch it sees."""
+    :class:`DenseModel` from the first batch it sees.
 
-    def __init__(self, model: nn.Module, class_dim: int | None = None) -> None:
+    With ``split_head=True`` (last-layer methods) the row model ends in a linear ``head``: the user's per-position head
+    (a 1x1 convolution or a Linear applied at every position, :func:`~posthoc.engine.dense_head.position_head`) as
+    an ``nn.Linear`` sharing its weights, applied to the rows of the features it receives. The user's head is then
+    not run on the positions left out, and the row model's features are the head's input at each kept position, so
+    last-layer curvature counts every position as an example (KFAC over positions)."""
+
+    def __init__(self, model: nn.Module, class_dim: int | None = None, *, split_head: bool = False) -> None:
         super().__init__()
         self.model = model
         self.class_dim = class_dim
         self.tensor_key: str | None = None
+        self.position_head = position_head(model) if split_head else None
+        if self.position_head is not None:
+            self.head = self.position_head.as_linear()
 
     def dense(self, inputs: Mapping[str, Tensor]) -> Tensor:
         """The user's per-position logits for the row model's ``inputs`` (the mask left out)."""
@@ -152,9 +162,13 @@ class PositionRows(nn.Module):
         return dense_logits(self.model(**x) if isinstance(x, Mapping) else self.model(x))
 
     def forward(self, **inputs: Tensor) -> Tensor:
-        logits = self.dense(inputs)
-        rows = to_rows(logits, self.class_dim if self.class_dim is not None else 1)
-        return rows[inputs[KEEP].reshape(-1)]
+        keep = inputs[KEEP].reshape(-1)
+        if self.position_head is None:
+            logits = self.dense(inputs)
+            return to_rows(logits, self.class_dim if self.class_dim is not None else 1)[keep]
+        given = {k: v for k, v in inputs.items() if k != KEEP}
+        x = given[self.tensor_key] if self.tensor_key else given
+        return self.head(self.position_head.feature_rows(self.model, x)[keep])
 
 
 def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
@@ -235,6 +249,9 @@ class DenseModel(nn.Module):
                 logits = rows.user_logits(to_device(x, device))
             rows.class_dim = class_dim_of(logits.shape, y.shape, rows.class_dim)
             self.num_classes = logits.shape[rows.class_dim]
+            if rows.position_head is not None:
+                with torch.no_grad(), eval_mode(rows):
+                    rows.position_head.check(rows.user_logits, to_device(x, device), rows.class_dim)
 
     def _rows(self, loader: Iterable | None) -> Iterable | None:
         if loader is None:

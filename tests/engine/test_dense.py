@@ -176,8 +176,74 @@ def test_an_ambiguous_class_dim_is_refused_unless_given():
 
 def test_unsupported_methods_name_the_supported_ones(segmentation):
     _, model = segmentation
-    with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto'"):
-        posthoc.wrap(model, method="laplace", dense=True)
+    with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto', 'laplace'"):
+        posthoc.wrap(model, method="mc-dropout", dense=True)
+    with pytest.raises(PosthocError, match="last-layer only"):
+        posthoc.wrap(model, method="laplace", subset="all", dense=True)
+
+
+def test_last_layer_laplace_per_position_is_the_row_laplace_of_the_head_features(segmentation):
+    """KFAC over positions: the dense fit is the last-layer Laplace of a Linear head on the features of every valid
+    position as rows, the same posterior and predictive (float32 sums in another order: 1e-4)."""
+    from posthoc.engine.dense_head import position_head
+
+    data, model = segmentation
+    train, val, _ = loaders(data)
+    options = {"prior_precision": 3.0, "hessian": "kron"}
+    um = posthoc.wrap(model, method="laplace", dense=True, **options).fit(train, val, progress=False)
+    valid = int((data.train.tensors[1] != IGNORE).sum())
+    assert um.summary()["posterior"][0]["fit_examples"] == valid
+    head = position_head(model)
+    assert head.conv and head.name == "head"
+    with torch.no_grad():
+        features, labels = [], []
+        for images, masks in train:
+            keep = (masks != IGNORE).reshape(-1)
+            features.append(head.feature_rows(model, images)[keep])
+            labels.append(masks.reshape(-1)[keep])
+        test_images, test_masks = data.test.tensors[:8]
+        test_features = head.feature_rows(model, test_images)
+    rows_model = head.as_linear()
+    rows = posthoc.wrap(rows_model, method="laplace", **options).fit(
+        DataLoader(TensorDataset(torch.cat(features), torch.cat(labels)), batch_size=4096), progress=False
+    )
+    expected = rows.predict(test_features).probs
+    dense = um.predict(test_images).probs.movedim(1, -1).reshape(-1, NUM_CLASSES)
+    assert torch.allclose(dense, expected, atol=1e-4)
+    assert not torch.allclose(
+        dense, torch.softmax(model(test_images), 1).movedim(1, -1).reshape(-1, NUM_CLASSES), atol=1e-3
+    )
+
+
+def test_laplace_on_a_network_that_resizes_its_logits_is_refused(segmentation):
+    data, model = segmentation
+
+    class Upsampled(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.net = model
+
+        def forward(self, x):
+            small = torch.nn.functional.avg_pool2d(x, 2)
+            return torch.nn.functional.interpolate(self.net(small), size=x.shape[-2:], mode="bilinear")
+
+    with pytest.raises(PosthocError, match="not the model's logits"):
+        posthoc.wrap(Upsampled(), method="laplace", dense=True).fit(*loaders(data)[:2], progress=False)
+
+
+def test_laplace_per_token_on_a_tiny_gpt2():
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 50, (24, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    loader = DataLoader(TensorDataset(ids, labels), batch_size=8)
+    um = posthoc.wrap(model, method="laplace", dense=True, prior_precision=1.0).fit(loader, loader, progress=False)
+    assert um.summary()["posterior"][0]["fit_examples"] == 24 * 11  # every token but the last of each sequence
+    pred = um.predict(ids[:3])
+    assert pred.probs.shape == (3, 12, 50) and torch.allclose(pred.probs.sum(-1), torch.ones(3, 12), atol=1e-5)
+    with torch.no_grad():
+        plain = torch.softmax(model(ids[:3]).logits, -1)
+    assert float((pred.entropy - (-(plain * plain.log()).sum(-1))).mean()) > 0  # the posterior widens the predictive
 
 
 def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_path):
