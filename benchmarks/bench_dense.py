@@ -47,7 +47,7 @@ def main() -> None:
     train, val, test = loaders(data)
     shift = None if args.fit_shift == "none" else args.fit_shift
     models = {}
-    for method in ("none", "temperature", "vector", "laplace", "auto"):
+    for method in ("none", "temperature", "vector", "laplace", "mc-dropout", "auto"):
         begin = time.perf_counter()
         models[method] = posthoc.wrap(model, method=method, dense=True).fit(train, val, shift=shift, progress=False)
         print(f"{method}: fitted in {time.perf_counter() - begin:.1f} s")

@@ -305,9 +305,9 @@ def load(
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
-DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace")
+DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
-DENSE_HEAD_METHODS = ("laplace",)
+DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
 
 

@@ -162,13 +162,23 @@ class PositionRows(nn.Module):
         return dense_logits(self.model(**x) if isinstance(x, Mapping) else self.model(x))
 
     def forward(self, **inputs: Tensor) -> Tensor:
-        keep = inputs[KEEP].reshape(-1)
+        keep = inputs[KEEP]
         if self.position_head is None:
             logits = self.dense(inputs)
-            return to_rows(logits, self.class_dim if self.class_dim is not None else 1)[keep]
-        given = {k: v for k, v in inputs.items() if k != KEEP}
-        x = given[self.tensor_key] if self.tensor_key else given
-        return self.head(self.position_head.feature_rows(self.model, x)[keep])
+            rows = to_rows(logits, self.class_dim if self.class_dim is not None else 1)
+        else:
+            given = {k: v for k, v in inputs.items() if k != KEEP}
+            rows = self.position_head.feature_rows(self.model, given[self.tensor_key] if self.tensor_key else given)
+        rows = rows[_samples_of(keep, rows)]
+        return rows if self.position_head is None else self.head(rows)
+
+
+def _samples_of(keep: Tensor, rows: Tensor) -> Tensor:
+    """The mask ``keep`` ``(m, *P)`` over ``rows`` ``(S·m·P, ·)``: a sampling method that repeats the batch inside the
+    network (the suffix runner, sample-major) gives ``S`` rows per position, each kept as its position is."""
+    keep = keep.reshape(-1)
+    samples = rows.shape[0] // max(keep.numel(), 1)
+    return keep.repeat(samples) if samples > 1 else keep
 
 
 def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:

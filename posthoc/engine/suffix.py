@@ -46,7 +46,7 @@ from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import chunks, rows_per_chunk
-from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.core.inputs import Inputs, batch_size, label_rows, run_model, slice_inputs
 from posthoc.engine.hooks import hooked
 from posthoc.errors import ConfigError, InputError
 
@@ -151,18 +151,20 @@ class SuffixRunner:
                 raise InputError(
                     f"the expansion module {self.start!r} was called {expansion.calls} times in one forward pass"
                 )
-        if out.shape[0] != samples * m:
-            raise InputError(f"the model returned {out.shape[0]} rows for {samples} x {m} expanded rows")
-        return out.reshape(samples, m, *out.shape[1:])
+        rows = label_rows(x)
+        if out.shape[0] != samples * rows:
+            raise InputError(f"the model returned {out.shape[0]} rows for {samples} x {rows} expanded rows")
+        return out.reshape(samples, rows, *out.shape[1:])
 
     def _probe(self, x: Inputs) -> _Plan:
         pair = slice_inputs(x, 0, 2) if batch_size(x) >= 2 else _repeat(x, 2, 1)
         if self.start is not None:
             with _expansion(self.model, self.start, self.at, 2, 2) as expansion:
-                plan = _measure(self.model, pair, expansion)
+                plan = _measure(self.model, pair, expansion, 2 * label_rows(pair))
             if plan is not None:
                 return plan
-        plan = _measure(self.model, _repeat(pair, 2, 2), None)
+        repeated = _repeat(pair, 2, 2)
+        plan = _measure(self.model, repeated, None, label_rows(repeated))
         if plan is None:
             run_model(self.model, pair)  # raises the model's own error as an InputError
             raise InputError("the model's output does not have one row per input row; it cannot be sampled in batches")
@@ -215,8 +217,9 @@ def _expansion(model: nn.Module, start: str, at: str, samples: int, examples: in
         yield state
 
 
-def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None) -> _Plan | None:
-    """Run ``x`` (2 examples, expanded to 2 samples); the plan, or ``None`` if the expansion is unsound."""
+def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None, rows: int) -> _Plan | None:
+    """Run ``x`` (2 examples, expanded to 2 samples: ``rows`` output rows); the plan, or ``None`` if the expansion is
+    unsound."""
     largest = 0
 
     def record(module: nn.Module, args: tuple, output: Any) -> None:
@@ -229,7 +232,7 @@ def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None) -> _Plan
             out = run_model(model, x)
     except InputError:
         return None
-    if out.dim() == 0 or out.shape[0] != 4:
+    if out.dim() == 0 or out.shape[0] != rows:
         return None
     if expansion is not None and expansion.calls != 1:
         return None

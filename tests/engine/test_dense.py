@@ -176,8 +176,8 @@ def test_an_ambiguous_class_dim_is_refused_unless_given():
 
 def test_unsupported_methods_name_the_supported_ones(segmentation):
     _, model = segmentation
-    with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto', 'laplace'"):
-        posthoc.wrap(model, method="mc-dropout", dense=True)
+    with pytest.raises(PosthocError, match="'none', 'temperature', 'vector', 'auto', 'laplace', 'mc-dropout'"):
+        posthoc.wrap(model, method="swag", dense=True)
     with pytest.raises(PosthocError, match="last-layer only"):
         posthoc.wrap(model, method="laplace", subset="all", dense=True)
 
@@ -213,6 +213,24 @@ def test_last_layer_laplace_per_position_is_the_row_laplace_of_the_head_features
     assert not torch.allclose(
         dense, torch.softmax(model(test_images), 1).movedim(1, -1).reshape(-1, NUM_CLASSES), atol=1e-3
     )
+
+
+def test_mc_dropout_samples_every_position_through_the_suffix_runner(segmentation):
+    """The FCN's own dropout before its 1x1 head, expanded S times inside the network: S rows per kept position."""
+    data, model = segmentation
+    val = DataLoader(TensorDataset(*(t[:32] for t in data.val.tensors)), batch_size=16)
+    images = data.test.tensors[0][:4]
+    um = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.3, num_samples=16).fit(None, val, progress=False)
+    assert um.summary()["posterior"][0]["sites"] == ["model.dropout (output)"]
+    pred = um.predict(images, generator=torch.Generator().manual_seed(0), keep_samples=True)
+    assert pred.probs.shape == (4, NUM_CLASSES, 32, 32) and pred.samples.shape == (16, 4, NUM_CLASSES, 32, 32)
+    assert torch.allclose(pred.samples.mean(0), pred.probs, atol=1e-5)
+    assert float(pred.epistemic.mean()) > 1e-4  # the masks differ between samples and positions
+    with torch.no_grad():
+        plain = torch.softmax(model(images), 1)
+    assert float((pred.probs - plain).abs().max()) > 1e-3
+    zero = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.0, num_samples=4).fit(None, val, progress=False)
+    assert torch.allclose(zero.predict(images).probs, plain, atol=1e-5)  # no dropout: the plain network
 
 
 def test_laplace_on_a_network_that_resizes_its_logits_is_refused(segmentation):

@@ -59,7 +59,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import positive_int
-from posthoc.core.inputs import Inputs, batch_size, run_model
+from posthoc.core.inputs import Inputs, label_rows, run_model
 from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
@@ -308,7 +308,7 @@ class MCDropout(Method):
         self, x: Inputs, sites: list[DropoutSite], num_samples: int, generator: torch.Generator | None
     ) -> Tensor:
         """``(S, N, O)``: the model's raw outputs under ``num_samples`` masks per example at ``sites``' rates."""
-        n = batch_size(x)
+        n = label_rows(x)
         if all(site.p == 0 for site in sites):
             return model_outputs(run_model(self.model, x)).unsqueeze(0).expand(num_samples, n, -1)
         units: dict[str, int] | None = {} if self.units.numel() == 0 else None  # learnt once
@@ -451,7 +451,7 @@ class MCDropout(Method):
         )
         if units:
             self._keep_units(units)
-        n = batch_size(x)
+        n = label_rows(x)
         samples = _log_softmax(logits.reshape(num_samples * n, *logits.shape[2:])).reshape(num_samples, n, -1)
         del logits  # not beside log_mean_exp's working copy
         return log_mean_exp(samples), samples
