@@ -228,8 +228,10 @@ def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str
 
 def load(
     path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None
-) -> UncertainModel:
+) -> UncertainModel | DenseModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
+
+    A posterior of a model with dense outputs (``wrap(..., dense=True)``) comes back as that dense model.
 
     An ensemble's file loads onto the list of its members, in the order they were wrapped; a missing,
     reordered or changed member is refused, naming it. The file's likelihood (and its fitted noise) comes
@@ -259,6 +261,13 @@ def load(
             f"likelihood={saved!r}, or fit and save a {likelihood} posterior"
         )
     saved_members = persistence.ensemble_members(payload)
+    layout = payload.get("dense")
+    if layout is not None:
+        if not isinstance(model, nn.Module):
+            raise PosteriorFileError(f"{path} holds the posterior of one model with dense outputs; pass that model")
+        rows = PositionRows(uncompiled(model), layout["class_dim"], split_head=layout["split_head"])
+        rows.tensor_key = layout["tensor_key"]
+        model = rows
     if isinstance(model, (list, tuple)):
         if saved_members is None:
             raise PosteriorFileError(
@@ -301,7 +310,7 @@ def load(
     um.fingerprint = found
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)
-    return um
+    return um if layout is None else DenseModel.restored(um, model, layout)
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there

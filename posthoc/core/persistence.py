@@ -207,11 +207,13 @@ def write(
     state: dict[str, torch.Tensor],
     *,
     fit: dict[str, int | float | None] | None = None,
+    dense: dict[str, Any] | None = None,
 ) -> None:
     """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
     the checkpoint it belongs to, its ``state`` tensors (moved to the CPU), when given the ``fit`` record of
     the model card (plain numbers under the optional key ``"fit"``; files without it, all format-1 files
-    written before it existed, still load), and the ``checksum`` of all that.
+    written before it existed, still load), for a model with dense outputs its ``dense`` layout (plain values under
+    the optional key ``"dense"``), and the ``checksum`` of all that.
 
     A failure (a file where a folder should be, no permission, a full disk) is a
     :class:`~posthoc.errors.PosteriorFileError` naming the path; the file that was at ``path``
@@ -236,6 +238,8 @@ def write(
     }
     if fit is not None:
         payload["fit"] = dict(fit)
+    if dense is not None:
+        payload["dense"] = dict(dense)
     payload["checksum"] = checksum(payload)
     path = as_path(path, PosteriorFileError)
     with in_folder(path, PosteriorFileError):
@@ -309,8 +313,9 @@ def _check_layout(path: Path, payload: Any, kind: str) -> None:
         )
         or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in state.items())
         or not isinstance(payload.get("fit", {}), dict)
+        or not isinstance(payload.get("dense", {}), dict)
     ):
-        wrong = ["format_version, spec, state or fit"]
+        wrong = ["format_version, spec, state, fit or dense"]
     if wrong:
         raise PosteriorFileError(
             f"{path} is a damaged posthoc {kind} file (bad entries: {', '.join(wrong)}); save it "

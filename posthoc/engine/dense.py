@@ -223,8 +223,8 @@ def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]
 
 #: what a dense model says where an entry point does not take dense outputs yet
 _NOT_YET = (
-    "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary and "
-    "posthoc.evaluate (refit it from the checkpoint when you need it again)"
+    "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary, save, "
+    "posthoc.load and posthoc.evaluate"
 )
 
 
@@ -294,8 +294,28 @@ class DenseModel(nn.Module):
         return self.predict(x).probs
 
     def save(self, path: str) -> None:
-        """Not available yet for dense outputs: says so rather than writing a posterior that cannot be loaded back."""
-        raise ConfigError(_NOT_YET.format(what="save"))
+        """Write the fitted posterior and the layout of the positions to ``path``; ``posthoc.load(path, model)``
+        gives the dense model back, on the same checkpoint only (the fingerprint covers the network's weights)."""
+        if len(self.position_rows) > 1:
+            raise ConfigError(_NOT_YET.format(what="save of an ensemble"))
+        if not self.is_fitted:
+            raise NotFittedError("nothing to save: fit the dense model first (um.fit(...))")
+        rows = self.position_rows[0]
+        layout = {
+            "class_dim": rows.class_dim,
+            "tensor_key": rows.tensor_key,
+            "ignore_index": self.ignore_index,
+            "num_classes": self.num_classes,
+            "split_head": rows.position_head is not None,
+        }
+        self.inner.save(path, dense=layout)
+
+    @classmethod
+    def restored(cls, inner: nn.Module, rows: PositionRows, layout: Mapping[str, Any]) -> DenseModel:
+        """The dense model of a loaded ``inner`` model, fitted on ``rows`` with the saved ``layout``."""
+        dense = cls(inner, rows, layout["ignore_index"])
+        dense.num_classes = layout["num_classes"]
+        return dense
 
     def to_module(self, **options: Any) -> nn.Module:
         """Not available yet for dense outputs (see :meth:`save`)."""

@@ -521,11 +521,12 @@ class UncertainModel(nn.Module):
             version=version(),
         )
 
-    def save(self, path: str) -> None:
+    def save(self, path: str, *, dense: dict[str, Any] | None = None) -> None:
         """Write the fitted posterior (not the base weights) atomically to ``path``.
 
         A posterior is saved only while it matches the weights it was fitted on, with their
-        fingerprint, so that :func:`posthoc.load` can refuse any other model.
+        fingerprint, so that :func:`posthoc.load` can refuse any other model. ``dense``: the layout of a model with
+        dense outputs (:meth:`posthoc.engine.dense.DenseModel.save` passes it).
         """
         if not self.is_fitted:
             raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
@@ -555,6 +556,7 @@ class UncertainModel(nn.Module):
             type(self.method.base_model).__qualname__,
             self.method.posterior_state(),
             fit=None if self.fit_record is None else self.fit_record.to_dict(),
+            dense=dense,
         )
 
     def extra_repr(self) -> str:

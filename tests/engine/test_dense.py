@@ -269,12 +269,27 @@ def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_pa
     um = posthoc.wrap(model, method="temperature", dense=True).fit(None, loaders(data)[1], progress=False)
     images, _ = data.test.tensors
     assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
-    with pytest.raises(PosthocError, match="save does not take a model with dense outputs yet"):
-        um.save(str(tmp_path / "dense.pt"))
-    assert not (tmp_path / "dense.pt").exists()
     with pytest.raises(PosthocError, match="to_module does not take a model with dense outputs yet"):
         um.to_module()
     with pytest.raises(PosthocError, match="dense outputs yet; use posthoc.evaluate"):
         posthoc.evaluate_shift(um, loaders(data)[1])
     with pytest.raises(PosthocError, match="conformal does not take a model with dense outputs yet"):
         posthoc.conformal(um, loaders(data)[1])
+
+
+@pytest.mark.parametrize("method", ["temperature", "laplace"])
+def test_a_saved_dense_posterior_loads_onto_its_checkpoint_only(segmentation, tmp_path, method):
+    data, model = segmentation
+    train, val, _ = loaders(data)
+    um = posthoc.wrap(model, method=method, dense=True).fit(train, val, progress=False)
+    path = tmp_path / f"fcn.{method}.pt"
+    um.save(str(path))
+    loaded = posthoc.load(str(path), model)
+    images = data.test.tensors[0][:4]
+    assert type(loaded) is type(um) and loaded.ignore_index == um.ignore_index
+    assert torch.equal(loaded.predict(images).probs, um.predict(images).probs)  # the same code path and state
+    other = trained_fcn(data.train, epochs=1, seed=3)
+    with pytest.raises(PosthocError, match="different model"):
+        posthoc.load(str(path), other)
+    with pytest.raises(PosthocError, match="dense outputs; pass that model"):
+        posthoc.load(str(path), [model, other])
