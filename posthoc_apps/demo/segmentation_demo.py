@@ -6,8 +6,9 @@ What it does, one step line each (:class:`~posthoc_apps.demo.steps.Steps`):
    with their masks (a digit's pixels labelled with its class plus one, the background 0, the boundary band ignored,
    255); :func:`~posthoc_apps.demo.segmentation.trained_fcn` trains the small FCN on the training canvases
    (seeded, :data:`EPOCHS` epochs).
-2. **Wrap.** ``posthoc.wrap(model, method=..., dense=True)`` with ``none``, ``temperature`` and ``auto`` (whose
-   candidates are ``none`` and ``temperature``), fitted on the validation canvases.
+2. **Wrap.** ``posthoc.wrap(model, method=..., dense=True)`` with ``none``, ``temperature``, last-layer ``laplace``
+   (on the FCN's 1x1-conv head, KFAC over the training pixels) and ``auto`` (whose candidates are ``none`` and
+   ``temperature``), fitted on the training and validation canvases.
 3. **Evaluate.** Per-pixel NLL, ECE, Brier, accuracy, mIoU and the entropy's AUROC for errors
    (``posthoc.evaluate``) on test canvases made from digits no fit saw, and on the same canvases corrupted by
    ``posthoc.shift.corrupt_images`` (:data:`SHIFT_KINDS` at :data:`SEVERITY`; they move no pixel, so the masks
@@ -53,8 +54,8 @@ from posthoc_apps.report.dense_maps import dense_maps
 CANVASES = (512, 256, 512)
 #: Adam epochs of the FCN
 EPOCHS = 30
-#: the methods wrapped, in the order of the tables (auto's candidates are the other two)
-METHODS = ("none", "temperature", "auto")
+#: the methods wrapped, in the order of the tables (auto's candidates are none and temperature)
+METHODS = ("none", "temperature", "laplace", "auto")
 #: the corruptions of posthoc.shift that move no pixel (the masks stay right), and their severity
 SHIFT_KINDS, SEVERITY = ("contrast", "gaussian-noise"), 3
 #: the level of the risk-controlled foreground mask: expected false-negative rate at most ALPHA
@@ -68,7 +69,7 @@ PIXEL_RANGE = ((0 - NORMALIZATION[0]) / NORMALIZATION[1], (1 - NORMALIZATION[0])
 CLASS_NAMES = ("background", *(f"digit {d}" for d in range(10)))
 STEP_SECONDS = {
     "canvases and FCN": 9.0,
-    "wrap none, temperature, auto": 6.0,
+    "wrap none, temperature, laplace, auto": 8.0,
     "evaluate (test and shifted)": 3.0,
     "risk control": 1.0,
     "maps and report": 4.0,
@@ -180,7 +181,7 @@ def _markdown(result: SegmentationDemo, test_canvases: int, calibration_canvases
         "",
         f"A small FCN trained on {train} canvases of two MNIST digits (32 x 32 pixels, 11 classes: the background "
         "and the digits; the pixels just outside each digit are unlabelled, 255) and wrapped with "
-        "`posthoc.wrap(model, method=..., dense=True)`; the methods are fitted on the validation canvases; every "
+        "`posthoc.wrap(model, method=..., dense=True)`; Laplace reads the training canvases, every method the validation canvases; every "
         f"number below is on {test_canvases} test canvases made from digits no fit saw. The shifted sets are "
         f"the same canvases corrupted by `posthoc.shift` at severity {SEVERITY}: {kinds}.",
         "",
@@ -252,7 +253,7 @@ def run_segmentation_demo(
         model = segmentation.trained_fcn(data.train, epochs=EPOCHS, seed=seed)
         calibration, test = _split(data.test, held_count // 2)
         train_loader, val_loader = (DataLoader(split, batch_size=64) for split in (data.train, data.val))
-    with steps.step("wrap none, temperature, auto"):
+    with steps.step("wrap none, temperature, laplace, auto"):
         models = {
             method: posthoc.wrap(model, method=method, dense=True).fit(train_loader, val_loader, progress=False)
             for method in METHODS
