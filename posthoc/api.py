@@ -315,6 +315,8 @@ def load(
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
 DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
+#: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``)
+DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout")
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
 DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
@@ -330,8 +332,19 @@ def _wrap_dense(
 ) -> DenseModel:
     """A model with per-position outputs (:mod:`posthoc.engine.dense`): the methods on its rows, the runner on its
     positions."""
-    if likelihood != "classification":
-        raise ConfigError("dense=True takes likelihood='classification' (labels are class indices per position)")
+    if likelihood not in ("classification", "regression"):
+        raise ConfigError(
+            "dense=True takes likelihood='classification' (class indices per position) or 'regression' (real targets "
+            "per position)"
+        )
+    if likelihood == "regression":
+        refused = [name for name in names if name not in DENSE_REGRESSION_METHODS]
+        if refused:
+            raise ConfigError(
+                f"method {refused[0]!r} does not work on dense regression outputs yet; with dense=True and "
+                f"likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}"
+            )
+        options = {**options, "likelihood": likelihood}
     refused = [name for name in names if name not in DENSE_METHODS]
     if refused:
         raise ConfigError(

@@ -54,7 +54,7 @@ from posthoc.core.chunks import budget_scope, rows_per_chunk
 from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_batch, to_device
 from posthoc.core.logits import LOGITS_KEY
 from posthoc.core.modules import eval_mode
-from posthoc.core.prediction import Prediction
+from posthoc.core.prediction import Prediction, RegressionPrediction, concat
 from posthoc.engine.dense_head import position_head
 from posthoc.errors import ConfigError, InputError, NotFittedError
 
@@ -127,6 +127,24 @@ def class_dim_of(logits_shape: torch.Size, labels_shape: torch.Size, class_dim: 
     return dims[0]
 
 
+def regression_dim_of(outputs_shape: torch.Size, targets_shape: torch.Size, dim: int | None = None) -> int:
+    """The output dimension of a per-position regressor's outputs ``(N, D, *P)`` for targets of the same shape
+    (``dim``, default 1; a target may be NaN where there is none, e.g. an invalid depth pixel).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.engine.dense import regression_dim_of
+        >>> regression_dim_of(torch.Size([2, 1, 8, 8]), torch.Size([2, 1, 8, 8]))
+        1
+    """
+    if tuple(outputs_shape) != tuple(targets_shape):
+        raise InputError(
+            f"targets {tuple(targets_shape)} do not match the outputs {tuple(outputs_shape)}: a per-position regressor "
+            "takes targets of its outputs' shape (N, D, H, W), NaN where a position has no target"
+        )
+    return 1 if dim is None else dim % len(outputs_shape)
+
+
 def to_rows(logits: Tensor, class_dim: int) -> Tensor:
     """Logits ``(N, ..., C, ...)`` as rows ``(N·P, C)``, positions in the order of ``logits`` without the class dim."""
     return logits.movedim(class_dim, -1).reshape(-1, logits.shape[class_dim])
@@ -192,12 +210,26 @@ def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
 class DenseBatches:
     """A loader of ``(inputs, labels)`` with labels per position, seen as the row batches ``({inputs, keep}, rows)``."""
 
-    def __init__(self, loader: Iterable, rows: PositionRows, num_classes: int, ignore_index: int | None) -> None:
+    def __init__(
+        self,
+        loader: Iterable,
+        rows: PositionRows,
+        num_classes: int,
+        ignore_index: int | None,
+        *,
+        regression: bool = False,
+    ) -> None:
         self.loader, self.rows, self.num_classes, self.ignore_index = loader, rows, num_classes, ignore_index
+        self.regression = regression
 
     def __iter__(self) -> Iterator[tuple[dict[str, Tensor], Tensor]]:
         for batch in self.loader:
             x, y = split_batch(batch)
+            if self.regression:  # targets (N, D, *P): a position counts where all its D targets are finite
+                dim = self.rows.class_dim
+                keep = torch.isfinite(y).all(dim=dim)
+                yield row_inputs(x, keep, self.rows), y.movedim(dim, -1)[keep]
+                continue
             keep = kept(y, self.num_classes, self.ignore_index)
             labels = y[keep]
             if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
@@ -257,16 +289,25 @@ class DenseModel(nn.Module):
             device = next((p.device for p in rows.parameters()), torch.device("cpu"))
             with torch.no_grad(), eval_mode(rows):
                 logits = rows.user_logits(to_device(x, device))
-            rows.class_dim = class_dim_of(logits.shape, y.shape, rows.class_dim)
+            if self.regression:
+                rows.class_dim = regression_dim_of(logits.shape, y.shape, rows.class_dim)
+            else:
+                rows.class_dim = class_dim_of(logits.shape, y.shape, rows.class_dim)
             self.num_classes = logits.shape[rows.class_dim]
             if rows.position_head is not None:
                 with torch.no_grad(), eval_mode(rows):
                     rows.position_head.check(rows.user_logits, to_device(x, device), rows.class_dim)
 
+    @property
+    def regression(self) -> bool:
+        """Whether the outputs are real values per position (``likelihood="regression"``), not class logits."""
+        return self.inner.likelihood.prediction_type is RegressionPrediction
+
     def _rows(self, loader: Iterable | None) -> Iterable | None:
         if loader is None:
             return None
-        return DenseBatches(loader, self.position_rows[0], self.num_classes, self.ignore_index)
+        rows = self.position_rows[0]
+        return DenseBatches(loader, rows, self.num_classes, self.ignore_index, regression=self.regression)
 
     def fit(
         self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, **options: Any
@@ -337,6 +378,8 @@ class DenseModel(nn.Module):
         (sequences) are predicted in chunks whose ``(S, P, C)`` samples fit ``max_memory``."""
         if not self.is_fitted:
             raise NotFittedError("fit the dense model first: um.fit(train_loader, val_loader)")
+        if self.regression:
+            return self._predict_regression(x, num_samples, generator, chunk_size, keep_samples)
         positive_int(num_samples, "num_samples", none="the method's own")
         chunk_size = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         budget = settings.memory_budget(memory_bytes(max_memory) or self.inner.run.max_memory)
@@ -359,6 +402,42 @@ class DenseModel(nn.Module):
                     part = dataclasses.replace(part, samples=None)
                 parts.append(part)
         return _joined(parts)
+
+    def _predict_regression(
+        self,
+        x: Inputs,
+        num_samples: int | None,
+        generator: torch.Generator | None,
+        chunk_size: int | None,
+        keep_samples: bool,
+    ) -> RegressionPrediction:
+        """The Gaussian predictive of every position of ``x`` as rows ``(N·P, D)``, positions in the order of the
+        outputs without their output dimension (:func:`to_rows`; :meth:`maps` shapes a field back)."""
+        positive_int(num_samples, "num_samples", none="the method's own")
+        step = positive_int(chunk_size or settings.chunk_size, "chunk_size")
+        rows = self.position_rows[0]
+        device = self.inner.method.follow_model_device()
+        parts = []
+        for start in range(0, batch_size(x), step):
+            part = to_device(slice_inputs(x, start, start + step), device)
+            with eval_mode(rows):
+                shape = rows.user_logits(part).shape
+            keep = torch.ones(
+                shape[:1] + shape[1:][: rows.class_dim - 1] + shape[rows.class_dim + 1 :], dtype=torch.bool
+            )
+            inputs = row_inputs(part, keep.to(device), rows)
+            with eval_mode(self.inner.method, self.inner._served()):
+                parts.append(
+                    self.inner.method.regression_predictive(inputs, num_samples=num_samples, generator=generator)
+                )
+        return concat(parts, keep_samples)
+
+    def maps(self, values: Tensor, x_shape: torch.Size | tuple[int, ...]) -> Tensor:
+        """A regression field ``values`` ``(N·P, D)`` of :meth:`predict` shaped like the outputs ``x_shape``
+        ``(N, D, *P)`` (the output dimension where the model has it)."""
+        dim = self.position_rows[0].class_dim
+        positions = (x_shape[0], *x_shape[1:dim], *x_shape[dim + 1 :], x_shape[dim])
+        return values.reshape(positions).movedim(-1, dim)
 
     def _chunk(self, x: Inputs, layout: torch.Size, device: torch.device, options: dict[str, Any]) -> Prediction:
         """One chunk's prediction, shaped back from rows to positions (``layout``: one input's ``(*P, C)``)."""

@@ -10,7 +10,7 @@ and gives a :class:`DenseReport` with its Markdown table; ``posthoc.evaluate`` h
 
 Example:
     >>> import torch
-    >>> from posthoc.core.prediction import Prediction
+    >>> from posthoc.core.prediction import Prediction, RegressionPrediction, concat
     >>> from posthoc.evaluation.dense import dense_metrics
     >>> probs = torch.tensor([[[0.9, 0.2], [0.6, 0.3]], [[0.1, 0.8], [0.4, 0.7]]])[None]  # (1, 2 classes, 2, 2)
     >>> labels = torch.tensor([[[0, 1], [1, 255]]])
@@ -32,13 +32,15 @@ import torch
 from torch import Tensor
 
 from posthoc.core.inputs import split_batch
-from posthoc.core.prediction import Prediction
+from posthoc.core.prediction import Prediction, RegressionPrediction, concat
 from posthoc.errors import InputError
 from posthoc.evaluation import metrics
 from posthoc.evaluation.table import markdown_rows
 
 #: the metrics of :func:`dense_metrics`, in the order of the table
 DENSE_METRICS = ("NLL", "ECE", "Brier", "accuracy", "mIoU", "AUROC(error)")
+#: the metrics of :func:`dense_regression_metrics` (a per-position regressor), in the order of the table
+DENSE_REGRESSION_METRICS = ("NLL", "RMSE", "coverage 90%", "width 90%", "mean std")
 
 
 def valid_rows(prediction: Prediction, labels: Tensor, class_dim: int, ignore_index: int | None) -> tuple[Tensor, ...]:
@@ -94,17 +96,46 @@ def dense_metrics(
     }
 
 
+def dense_regression_metrics(prediction: RegressionPrediction, targets: Tensor) -> dict[str, float]:
+    """The per-position metrics of a per-position regressor's prediction (rows ``(N·P, D)``) against ``targets``
+    ``(N·P, D)`` (NaN where a position has no target): the Gaussian NLL, the RMSE, the coverage and mean width of
+    the central 90 % interval and the mean predictive std, over the positions whose targets are all finite.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.core.prediction import RegressionPrediction
+        >>> from posthoc.evaluation.dense import dense_regression_metrics
+        >>> prediction = RegressionPrediction.from_components(torch.zeros(1, 4, 1), None, torch.ones(1, 4, 1))
+        >>> targets = torch.tensor([[0.0], [1.0], [-1.0], [float("nan")]])
+        >>> round(dense_regression_metrics(prediction, targets)["RMSE"], 4)
+        0.8165
+    """
+    keep = torch.isfinite(targets).all(-1)
+    if not keep.any():
+        raise InputError("every position's target is missing (NaN): nothing to evaluate on")
+    y = torch.nan_to_num(targets.to(prediction.mean.dtype))
+    low, high = prediction.interval(0.9)
+    return {
+        "NLL": float(-prediction.distribution.log_prob(y)[keep].double().mean() / targets.shape[-1]),
+        "RMSE": float((prediction.mean - y)[keep].double().pow(2).mean().sqrt()),
+        "coverage 90%": float(((y >= low) & (y <= high))[keep].double().mean()),
+        "width 90%": float((high - low)[keep].double().mean()),
+        "mean std": float(prediction.std[keep].double().mean()),
+    }
+
+
 @dataclass
 class DenseReport:
     """Per-position metrics of one or more dense models on one loader (:func:`evaluate_dense`)."""
 
     rows: dict[str, dict[str, float]] = field(default_factory=dict)
     positions: int = 0
+    metrics: tuple[str, ...] = DENSE_METRICS
 
     def to_markdown(self) -> str:
         """The metrics as a Markdown table, one row per model."""
-        header = ["method", *DENSE_METRICS]
-        body = [[name, *(f"{values[m]:.4f}" for m in DENSE_METRICS)] for name, values in self.rows.items()]
+        header = ["method", *self.metrics]
+        body = [[name, *(f"{values[m]:.4f}" for m in self.metrics)] for name, values in self.rows.items()]
         return markdown_rows(header, body)
 
     def _repr_markdown_(self) -> str:
@@ -117,6 +148,18 @@ def evaluate_dense(models: dict[str, Any], loader: Iterable, *, ignore_index: in
     ``(inputs, labels per position)`` and measure :data:`DENSE_METRICS` on all its valid positions at once."""
     report = DenseReport()
     for name, um in models.items():
+        if um.regression:
+            report.metrics = DENSE_REGRESSION_METRICS
+            parts, targets = [], []
+            for batch in loader:
+                x, y = split_batch(batch)
+                parts.append(um.predict(x))
+                dim = um.position_rows[0].class_dim
+                targets.append(y.movedim(dim, -1).reshape(-1, y.shape[dim]))
+            rows = torch.cat(targets)
+            report.rows[name] = dense_regression_metrics(concat(parts), rows)
+            report.positions = int(torch.isfinite(rows).all(-1).sum())
+            continue
         parts, labels = [], []
         for batch in loader:
             x, y = split_batch(batch)
