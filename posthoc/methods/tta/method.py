@@ -7,22 +7,14 @@ one of them) and ``x_v = a_v(x)``, each through the inner method's predictive:
 disagreement as epistemic. Under ``likelihood="regression"`` the mixture of the views' Gaussian mixtures
 (``V·K`` components) is the :class:`~posthoc.RegressionPrediction`.
 
-- **Views**: the identity, then the families in turn (:mod:`posthoc.methods.tta.augment`): for images
-  ``noise``, ``blur`` and ``zoom``, for feature vectors ``feature-noise``; or the user's callables ``x -> x'``
-  (``augmentations=[...]``), mixed with family names if wanted. None of them is an evaluation kind
-  (:data:`posthoc.shift.EVALUATION_KINDS`). The views of a batch are drawn from a generator seeded with
-  ``seed`` (from one number drawn from ``predict``'s ``generator`` when one is passed), on the input's device,
-  so a prediction repeats exactly.
-- **Strength**: a factor on every family's parameter. With ``strength="auto"`` and a ``val_loader`` the
-  selection step (:mod:`posthoc.engine.selection`) walks from no augmentation (the inner predictive as it is)
-  through :data:`STRENGTHS`, admitting a strength only while the held-out NLL excess over the plain model
-  stays confidently within the tolerance, and keeps the admissible one of lowest NLL on the perturbed copies;
-  without a ``val_loader``, :data:`DEFAULT_STRENGTH`. Callables are used as given (the strength does not
-  reach them): with callables alone the choice is between them and no augmentation.
-- **Fit**: the training inputs' per-channel (images) or per-feature std, which the noise families are scaled
-  by (at most :data:`STATISTICS_ROWS` rows); nothing else is fitted on the training data.
-- **Cost**: ``V`` forward passes of the inner method per input, run as one batch of views (in groups of views
-  whose inputs fit the memory budget).
+The views are the identity, then the families in turn (:mod:`posthoc.methods.tta.augment`: ``noise``, ``blur``,
+``zoom`` for images, ``feature-noise`` for feature vectors) or the user's callables ``x -> x'``; none is an evaluation
+kind (:data:`posthoc.shift.EVALUATION_KINDS`). They are drawn from a generator seeded with ``seed`` on the input's
+device, so a prediction repeats exactly. ``strength`` is a factor on every family's parameter; with
+``strength="auto"`` and a ``val_loader`` the selection step (:mod:`posthoc.engine.selection`) chooses it among no
+augmentation and :data:`STRENGTHS` (callables alone: between them and none). ``fit`` measures only the training
+inputs' per-channel or per-feature std, which scales the noise families. Cost: ``V`` forward passes of the inner method
+per input, run as batches of views.
 
 Example:
     >>> import posthoc
@@ -49,6 +41,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.perturb import PIXELS, input_layout
@@ -75,17 +68,7 @@ def _device(x: Inputs) -> torch.device:
 
 @register
 class TestTimeAugmentation(Method):
-    """The inner predictive averaged over ``views`` augmented views of each input (the identity among them).
-
-    Args:
-        inner: the method whose predictive is averaged over the views.
-        augmentations: ``"auto"`` (every built-in family that suits the inputs) or a list of family names
-            (``"noise"``, ``"blur"``, ``"zoom"``, ``"feature-noise"``) and callables ``x -> x'``.
-        views: ``V``, the views per input, the identity included (1: the inner predictive).
-        strength: the factor on the families' parameters, or ``"auto"`` (chosen on ``val_loader`` among
-            :data:`STRENGTHS` and no augmentation; :data:`DEFAULT_STRENGTH` without one).
-        seed: the seed of the views' draws.
-    """
+    """The ``inner`` predictive averaged over ``views`` augmented views of each input (the identity among them)."""
 
     __test__ = False  # not a pytest class, whatever its name says
     name = "tta"
@@ -95,10 +78,14 @@ class TestTimeAugmentation(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        augmentations: list[str | Callable] | str = "auto"
-        views: int = 8
-        strength: float | str = "auto"
-        seed: int = 0
+        augmentations: list[str | Callable] | str = option(
+            "auto", "auto (every built-in family that suits the inputs), or family names and callables x -> x'"
+        )
+        views: int = option(8, "views per input, the identity included (1: the inner predictive)")
+        strength: float | str = option(
+            "auto", "the factor on the families' parameters; auto: chosen on val_loader (0.25 without one)"
+        )
+        seed: int = option(0, "the seed of the views' draws")
 
     def __init__(self, inner: Method, options: Options) -> None:
         augmentations, views, strength, seed = options.augmentations, options.views, options.strength, options.seed
