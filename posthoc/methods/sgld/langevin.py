@@ -11,14 +11,11 @@ learning rate ``eta`` on the *mean* mini-batch loss, one step is
 stationary law (for small ``eta``) is ``exp(-U / T)``. ``T = 1`` is the Bayes posterior, ``T < 1``
 a cold one, ``T = 0`` plain SGD with weight decay ``lambda / N`` towards ``theta_0``.
 
-Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`):
-
-- plain (``cycles=None``): constant ``eta``; the first ``burn_in`` fraction of the steps is
-  discarded and ``S`` samples are kept evenly spaced over the rest;
-- cyclical (``cycles=M``): ``eta_k = eta / 2 * (cos(pi * r_k) + 1)`` with ``r_k`` the position in
-  the current cycle of ``ceil(K / M)`` steps; while ``r_k < exploration`` the step is plain SGD
-  (no noise: exploring a new mode), afterwards Langevin noise is added and the cycle's share of
-  the ``S`` samples is kept, evenly spaced, ending with the cycle's last step (the low-step phase).
+Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`): plain (``cycles=None``), a constant ``eta``, the
+first ``burn_in`` fraction discarded and ``S`` samples kept evenly over the rest; cyclical (``cycles=M``),
+``eta_k = eta / 2 * (cos(pi * r_k) + 1)`` with ``r_k`` the position in the current cycle of ``ceil(K / M)`` steps,
+plain SGD while ``r_k < exploration`` (exploring a new mode), then Langevin steps of which the cycle's share of the
+``S`` samples is kept, ending with the cycle's last step.
 
 Example:
     >>> from posthoc.methods.sgld.langevin import kept_steps, step_size
@@ -131,15 +128,8 @@ def _spread(start: int, stop: int, count: int) -> list[int]:
 
 
 class Langevin:
-    """SGLD steps on tensors whose ``.grad`` holds the gradient of the mean mini-batch loss (module docs).
-
-    Args:
-        params: the leaf tensors moved in place.
-        size: ``N``, the number of training examples.
-        prior_precision: ``lambda`` of the Gaussian prior.
-        centre: the prior's mean per tensor (``None``: zero).
-        temperature: ``T >= 0``.
-        generator: the noise's random generator.
+    """SGLD steps, in place, on ``params`` whose ``.grad`` holds the gradient of the mean mini-batch loss (module
+    docs: ``size`` is ``N``, ``centre`` the prior's mean per tensor, ``None`` for zero).
 
     Example:
         >>> import torch
