@@ -1,32 +1,20 @@
 """``"ivon"``: a short fine-tune with the IVON optimiser, samples from its Gaussian at predict time.
 
-IVON (Shen et al., 2024, "Variational Learning is Effective for Large Deep Networks") is an
-Adam-like optimiser that learns a diagonal Gaussian posterior ``N(m, diag(1 / (ess * (h + wd))))``:
-``m`` are the weights it trains, ``h`` its running estimate of the loss Hessian's diagonal,
-``ess`` the effective sample size (the number of training examples by default) and ``wd`` its
-weight decay. ``fit`` runs it from the checkpoint (the ``ivon-opt`` package, an optional extra:
-``pip install posthoc[ivon]``) on private copies (:mod:`posthoc.engine.private_weights`):
+IVON (Shen et al., 2024, "Variational Learning is Effective for Large Deep Networks") is an Adam-like optimiser that
+learns a diagonal Gaussian posterior ``N(m, diag(1 / (ess * (h + wd))))``: ``m`` the weights it trains, ``h`` its
+running estimate of the loss Hessian's diagonal, ``ess`` the effective sample size and ``wd`` its weight decay. ``fit``
+runs it from the checkpoint (the optional ``ivon-opt`` package, ``pip install posthoc[ivon]``) on private copies
+(:mod:`posthoc.engine.private_weights`), on every trainable weight (``layers="all"``, the copy's BatchNorm statistics
+kept with the posterior) or on the head over the backbone's features (``"head"``, all sampled heads in one batched
+matmul). Its Hessian estimate barely moves from ``hess_init`` in a short fine-tune, so with a ``val_loader`` the spread
+is chosen on it (:mod:`~posthoc.methods.ivon.scale`).
 
-- ``layers="all"`` (default): every trainable weight of a copy of the model, in train mode; the
-  copy's BatchNorm running statistics at the end of the fine-tune are kept with the posterior;
-- ``layers="head"``: the classifier head on the backbone's features (computed once); the
-  predictive then runs the backbone once and all sampled heads in one batched matmul.
+Under ``likelihood="regression"`` the fine-tune minimises the Gaussian NLL at the plain model's held-out noise (IVON
+starts from ``hess_init / σ²``), the scale is chosen on clean held-out data only, each at its own best noise, and the
+noise is then re-fitted on the sampled predictive.
 
-Defaults: 2 epochs at lr 1e-3 with ``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate
-barely moves from ``hess_init`` in such a short run, so with a ``val_loader`` the spread is chosen on
-it (``scale``, see :mod:`~posthoc.methods.ivon.scale`). Measured: docs/methods/ivon.md.
-
-Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
-model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit
-noise, IVON starts from ``hess_init / σ²`` as the loss's Hessian is ``1 / σ²`` of the unit one), the scale is chosen on the
-held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs, each scale at its own best
-noise, on clean held-out data only (:mod:`posthoc.engine.objective` says why),
-and the noise is then re-fitted on the sampled predictive (:meth:`IVON.regression_predictive`).
-
-The posterior is stored as plain buffers (``mean``, ``std`` and, for ``"all"``, ``batchnorm``), so a
-saved IVON posterior loads and predicts without ``ivon-opt`` installed; only ``fit`` needs it.
-Sample ``s`` of a prediction is ``mean + std * z_s`` with ``z_s`` the ``s``-th draw of ``randn(P)``
-from the generator (default: one seeded with ``seed``), exactly as ``IVON.sampled_params`` draws.
+The posterior is plain buffers (``mean``, ``std``, ``batchnorm``), so a saved one predicts without ``ivon-opt``.
+Sample ``s`` is ``mean + std * z_s`` with ``z_s`` the ``s``-th draw of ``randn(P)``, as ``IVON.sampled_params`` draws.
 
 Example:
     >>> import posthoc
@@ -52,6 +40,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
@@ -68,23 +57,9 @@ SCHEDULE = ("epochs", "lr", "ess", "hess_init", "weight_decay", "beta2", "mc_sam
 
 @register
 class IVON(Method):
-    """IVON (Shen et al., 2024): variational fine-tuning from the checkpoint, Gaussian samples at predict.
-
-    Options:
-        layers: ``"all"`` (every trainable weight) or ``"head"`` (the classifier head only).
-        num_samples: weight samples per prediction.
-        scale: multiplies IVON's posterior standard deviations at predict (``scale^2``: a temperature);
-            ``None`` chooses it on ``fit``'s ``val_loader`` (:mod:`~posthoc.methods.ivon.scale`), or 1 without one.
-        head: the head's module name when it cannot be found automatically.
-        seed: seeds the fine-tune (IVON's own noise, dropout) and the default predictive generator.
-
-    Fit options (IVON's, with defaults for a short fine-tune from a trained checkpoint):
-    ``epochs`` (2), ``lr`` (1e-3), ``ess`` (``None``: the number of training examples),
-    ``hess_init`` (10: the fine-tune's sampling noise ``1 / sqrt(ess * hess_init)`` stays small
-    next to trained weights; IVON's own default 1 costs in-distribution NLL), ``weight_decay`` (1e-4),
-    ``beta2`` (0.999: IVON's default 0.99999 averages the Hessian over ~10^5 steps, far longer than a
-    fine-tune), ``mc_samples`` (1 weight sample per step).
-    """
+    """IVON (Shen et al., 2024): variational fine-tuning from the checkpoint, Gaussian samples at predict. The fit
+    options' defaults suit a short fine-tune: IVON's own ``hess_init=1`` costs in-distribution NLL, and its
+    ``beta2=0.99999`` averages the Hessian over far more steps than a fine-tune takes."""
 
     name = "ivon"
     export_refusal = SAMPLES_NETWORKS
@@ -92,11 +67,13 @@ class IVON(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        layers: str = "all"
-        num_samples: int = 20
-        scale: float | None = None
-        head: str | None = None
-        seed: int = 0
+        layers: str = option("all", "all (every trainable weight) or head (the classifier head only)")
+        num_samples: int = option(20, "weight samples per prediction")
+        scale: float | None = option(
+            None, "multiplies the posterior std at predict; None: chosen on val_loader, else 1 without one"
+        )
+        head: str | None = option(None, "the head's module name when it cannot be found automatically")
+        seed: int = option(0, "seeds the fine-tune and the default predictive generator")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         layers, num_samples, scale, head = options.layers, options.num_samples, options.scale, options.head
@@ -123,13 +100,13 @@ class IVON(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 2
-        lr: float = 1e-3
-        ess: float | None = None
-        hess_init: float = 10.0
-        weight_decay: float = 1e-4
-        beta2: float = 0.999
-        mc_samples: int = 1
+        epochs: int = option(2, "passes over the training data")
+        lr: float = option(1e-3, "IVON's learning rate")
+        ess: float | None = option(None, "the effective sample size; None: the number of training examples")
+        hess_init: float = option(10.0, "the Hessian's start: the sampling noise 1 / sqrt(ess * hess_init) stays small")
+        weight_decay: float = option(1e-4, "IVON's weight decay (the prior's precision)")
+        beta2: float = option(0.999, "the Hessian estimate's running-average factor")
+        mc_samples: int = option(1, "weight samples per step")
 
     def fit(
         self,
