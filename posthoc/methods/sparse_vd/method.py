@@ -1,18 +1,12 @@
 """``"sparse-vd"``: sparse variational dropout on a trained network, and pruning by its ``log alpha``.
 
-Molchanov, Ashukha and Vetrov, "Variational Dropout Sparsifies Deep Neural Networks" (ICML 2017),
-applied post hoc: every weight of the chosen Linear / Conv2d layers (all of them by default) gets
-a Gaussian ``N(theta, alpha theta^2)`` with the log-uniform prior (:mod:`~posthoc.methods.sparse_vd.log_alpha`),
-``theta`` starting at the checkpoint's weights; ``fit`` maximises the ELBO with the KL term annealed
-in (:mod:`posthoc.engine.kl_schedule`) and local reparameterisation, like the paper's fine-tuning of
-a pretrained network. Weights whose ``log alpha`` grows past a threshold carry no information and
-can be removed: ``um.sparsity()`` tells how many per layer, ``um.prune()`` returns the pruned plain
-model (:mod:`~posthoc.methods.sparse_vd.pruning`). The predictive samples the whole posterior.
-
-Defaults are the paper's ELBO (KL weight 1, linear warm-up over half of 3 epochs). On a small data set
-the log-uniform prior's KL outweighs the data and shrinks the network: it prunes most weights and lowers
-the NLL under shift, at a cost in-distribution; a smaller ``kl_weight`` (fit option) trades sparsity back
-for fit. Measured: docs/methods/sparse-vd.md.
+Molchanov, Ashukha and Vetrov, "Variational Dropout Sparsifies Deep Neural Networks" (ICML 2017), applied post hoc:
+every weight of the chosen Linear / Conv2d layers gets a Gaussian ``N(theta, alpha theta^2)`` with the log-uniform
+prior (:mod:`~posthoc.methods.sparse_vd.log_alpha`), ``theta`` starting at the checkpoint's weights; ``fit`` maximises
+the ELBO (fit options as ``"vi"``'s) with local reparameterisation. Weights whose ``log alpha`` grows past a threshold
+carry no information: ``um.sparsity()`` tells how many per layer, ``um.prune()`` returns the pruned plain model
+(:mod:`~posthoc.methods.sparse_vd.pruning`). On a small data set the prior's KL outweighs the data and prunes most
+weights, at a cost in-distribution; a smaller ``kl_weight`` trades sparsity back for fit (docs/methods/sparse-vd.md).
 
 Example:
     >>> import posthoc
@@ -36,6 +30,7 @@ from typing import Any
 
 from torch import nn
 
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.variational_method import VariationalMethod
 from posthoc.errors import ConfigError
@@ -45,22 +40,7 @@ from posthoc.methods.sparse_vd.pruning import check_threshold, pruned_copy, remo
 
 @register
 class SparseVariationalDropout(VariationalMethod):
-    """Sparse variational dropout (Molchanov et al. 2017) with pruning (see module docs).
-
-    Options:
-        layers: ``"all"`` (default: every Linear and Conv2d), ``"head"`` or module names.
-        head: the head's module name for ``layers="head"`` where it cannot be found automatically.
-        init_log_alpha: ``log alpha`` of every weight at the start [-4.0: multiplicative noise of
-            standard deviation 0.14, a dropout rate of 0.018].
-        threshold: the ``log alpha`` above which a weight counts as pruned, the default of
-            ``sparsity`` and ``prune`` [3.0, the paper's].
-        num_samples: samples per prediction [20].
-        seed: seeds the predictive's draws when ``predict`` gets no generator.
-
-    Fit options: ``epochs`` [3]; ``lr`` (Adam, ``theta`` and the biases) [1e-3]; ``lr_scale`` (Adam,
-    ``log sigma^2``) [1e-2]; ``kl_weight`` [1.0], ``kl_schedule`` ["linear"], ``kl_warmup`` [0.5],
-    ``kl_cycles`` [4]: the KL weight's schedule, as for ``"vi"``.
-    """
+    """Sparse variational dropout (Molchanov et al. 2017) with pruning (see module docs)."""
 
     name = "sparse-vd"
     tools = ("sparsity", "prune")
@@ -69,12 +49,12 @@ class SparseVariationalDropout(VariationalMethod):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(VariationalMethod.Options):
-        layers: str | Sequence[str] = "all"
-        head: str | None = None
-        init_log_alpha: float = -4.0
-        threshold: float = 3.0
-        num_samples: int = 20
-        seed: int = 0
+        layers: str | Sequence[str] = option("all", "all (every Linear and Conv2d), head, or module names")
+        head: str | None = option(None, "the head's module name for layers='head' where it cannot be found")
+        init_log_alpha: float = option(-4.0, "every weight's log alpha at the start (noise std 0.14)")
+        threshold: float = option(3.0, "the log alpha above which a weight counts as pruned (the paper's)")
+        num_samples: int = option(20, "samples per prediction")
+        seed: int = option(0, "seeds the predictive's draws when predict gets no generator")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         layers, head, init_log_alpha = options.layers, options.head, options.init_log_alpha
