@@ -1,43 +1,24 @@
 """``"mc-dropout"``: Monte Carlo dropout on any trained classifier, prefix once, samples batched.
 
-The model's own dropout (``nn.Dropout*`` modules, timm's functional ``drop_rate``) is sampled at
-prediction time; a model without dropout gets it inserted — before the classifier by default
-(``where="head"``), after every stage (``"blocks"``) or before named modules — through temporary
-hooks, so the user's model is never copied or changed and BatchNorm stays in eval mode.
+The model's own dropout (``nn.Dropout*`` modules, timm's functional ``drop_rate``) is sampled at prediction time; a
+model without dropout gets it inserted (before the classifier by default, :mod:`.sites`) through temporary hooks, so
+the user's model is never copied or changed and BatchNorm stays in eval mode. The sites and the head are resolved once,
+at ``wrap()`` where the model shows them, else from the first batch.
 
-The model's structure is resolved once: the dropout sites and the head at ``wrap()`` where the
-model shows them (own dropout modules, timm/torchvision heads, ``nn.Sequential``), otherwise from
-the first batch that ``fit()`` (for ``p="auto"``) or ``predict()`` sees; nothing is probed again.
+With ``masks="per_example"`` (the default) the network runs once up to the first dropout site and the rest on all
+``S`` samples at once (:mod:`posthoc.engine.suffix`), a fresh mask for every example and sample. With
+``masks="shared"`` and dropout on a Linear head's input only, ``S`` masks shared by the batch give all samples in one
+matmul (:mod:`.shared_masks`); not the default, as temperature fitted on such samples over-sharpens.
 
-* With ``masks="shared"`` and dropout on the head's input only (a Linear head): one forward pass
-  captures the features, and ``S`` masks over them, shared by the examples of the batch, give all
-  samples in one matmul (:mod:`.shared_masks`). Not the default: temperature fitted on such
-  samples sees only ``S`` sub-networks per batch and over-sharpens (docs/methods/mc-dropout.md).
-* Otherwise (``masks="per_example"``, the default): the network runs once up to the first dropout site,
-  and the rest runs on all ``S`` samples at once (:mod:`posthoc.engine.suffix`), with a fresh
-  mask for every example and sample.
+``p="auto"`` (or ``p=None`` with a ``val_loader``) chooses every site's rate by the selection step
+(:mod:`posthoc.engine.selection`) among 0 (the plain model) and :data:`P_GRID`, each scored with
+:data:`SELECTION_FACTOR` times ``num_samples`` masks: the rates whose held-out NLL excess stays within the tolerance,
+then the one of lowest NLL on the perturbed held-out copies. Not the lowest validation NLL: dropout pays off under
+shift, which clean validation data does not show (docs/methods/mc-dropout.md).
 
-Rates: a float sets every site to it. ``p=None`` (the default) keeps the model's own rates
-(inserted dropout: ``DEFAULT_INSERT_P``) unless ``fit`` gets a ``val_loader``; then, as with
-``p="auto"`` (which requires one), every site gets the rate the selection step
-(:mod:`posthoc.engine.selection`) picks among 0 (no dropout: the plain model) and :data:`P_GRID`,
-each scored with :data:`SELECTION_FACTOR` times ``num_samples`` masks (the same draws for every rate):
-walking up the rates while the one-sided 95 % upper bound of the held-out NLL excess over the plain
-model stays within ``fit(..., tolerance=...)``, then, among those, the rate of lowest NLL on the
-perturbed copies of the held-out batches (with ``shift=None`` the largest accepted). Not the rate with
-the lowest validation NLL: dropout pays off under shift, which clean validation data does not show,
-while in distribution the NLL is flat near its minimum. The choice and both validation NLLs are kept
-in buffers and shown by ``um.summary()``.
-
-Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
-the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
-held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
-The rate is chosen by the same selection step on the held-out Gaussian NLL
-(:func:`posthoc.core.likelihood.best_noise_nlls`): the plain model's is that of ``N(f(x), σ_plain²)``,
-each candidate rate's that of its mixture, each with its own ``σ`` fitted by maximum likelihood on the
-same held-out rows (so a rate is compared at its best noise, not at one fitted for another). The
-noise of the predictive is then fitted at the chosen rate as above. No perturbed copies there (they
-grade a classifier's accuracy).
+Under ``likelihood="regression"`` the predictive is the mixture of ``N(f_s(x), σ²)`` over the ``S`` sampled networks,
+``σ`` fitted by maximum likelihood on held-out data; each candidate rate is scored at its own best ``σ``
+(:func:`posthoc.core.likelihood.best_noise_nlls`), without perturbed copies.
 
 Example:
     >>> import torch
