@@ -106,14 +106,7 @@ class MCDropout(Method):
             super().__post_init__()  # masks
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        p, where, insert, num_samples, head, masks = (
-            options.p,
-            options.where,
-            options.insert,
-            options.num_samples,
-            options.head,
-            options.masks,
-        )
+        p, where, insert, head = options.p, options.where, options.insert, options.head
         super().__init__(model)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
@@ -128,7 +121,7 @@ class MCDropout(Method):
             )
         if where is not None and not insert:
             raise ConfigError("where places new dropout, which insert=False forbids; drop where or pass insert=True")
-        self.where, self.head, self.num_samples, self.masks = where, head, num_samples, masks
+        self.where, self.head, self.num_samples, self.masks = where, head, options.num_samples, options.masks
         self.tunes_rate = p is None or p == "auto"
         #: ``p="auto"``: the rate must be chosen on ``val_loader`` before predicting
         self.rate_from_val = p == "auto"

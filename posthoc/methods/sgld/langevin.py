@@ -58,9 +58,7 @@ def adds_noise(step: int, total: int, *, cycles: int | None, exploration: float)
 
 
 def silent_cycles(total: int, cycles: int, exploration: float) -> int:
-    """How many of the ``cycles`` cycles over ``total`` steps have no step in the sampling phase (a cycle of
-    ``L`` steps within a period of ``P`` has one when ``(L - 1) / P >= exploration``; cycles past the last step
-    have none).
+    """How many of the ``cycles`` cycles over ``total`` steps have no step in the sampling phase.
 
     Example:
         >>> from posthoc.methods.sgld.langevin import silent_cycles
@@ -74,8 +72,8 @@ def silent_cycles(total: int, cycles: int, exploration: float) -> int:
 
 
 def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_per_epoch: int) -> None:
-    """Refuse a cyclical schedule in which some cycle never reaches its sampling phase: its kept "samples"
-    would be plain SGD iterates (no Langevin noise), and its epistemic spread would be near zero.
+    """Refuse a cyclical schedule in which some cycle never reaches its sampling phase (its samples would be SGD
+    iterates).
 
     Example:
         >>> from posthoc.methods.sgld.langevin import check_schedule
@@ -102,13 +100,7 @@ def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_
 
 
 def kept_steps(total: int, count: int, *, cycles: int | None, burn_in: float, exploration: float) -> list[int]:
-    """The steps after which a sample is kept, ``count`` in all (fewer if there are fewer candidate steps).
-
-    Example:
-        >>> from posthoc.methods.sgld.langevin import kept_steps
-        >>> kept_steps(100, 4, cycles=None, burn_in=0.5, exploration=0.8)
-        [62, 74, 87, 99]
-    """
+    """The steps after which a sample is kept, ``count`` in all (fewer if there are fewer candidate steps)."""
     if cycles is None:
         return _spread(math.floor(burn_in * total), total, count)
     period, kept = cycle_length(total, cycles), []

@@ -270,15 +270,7 @@ class SGLD(Method):
         return self._through(x, num_samples, head_route=head_outputs, state_route=state_outputs)
 
     def summary(self) -> dict[str, Any]:
-        """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader
-            >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
-            >>> card["layers"], card["kept"]
-            (['0', '3'], 20)
-        """
+        """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule."""
         names = trained = []
         if self.split is None or self.split.head is not None:
             names = self._names()

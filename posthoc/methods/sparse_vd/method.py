@@ -44,8 +44,6 @@ class SparseVariationalDropout(VariationalMethod):
 
     name = "sparse-vd"
     tools = ("sparsity", "prune")
-    #: not in ``posthoc demo``: it trades in-distribution NLL for sparsity, and sampling every layer costs
-    #: about 100 forwards per prediction
 
     @dataclass(frozen=True, kw_only=True)
     class Options(VariationalMethod.Options):
@@ -73,15 +71,7 @@ class SparseVariationalDropout(VariationalMethod):
 
     def sparsity(self, threshold: float | None = None) -> dict[str, Any]:
         """The fraction of weights with ``log alpha > threshold`` (default: the ``threshold`` option),
-        per layer and in total, with the counts.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader
-            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
-            >>> sorted(um.sparsity(threshold=3.0)), sorted(um.sparsity()["layers"])
-            (['layers', 'removed', 'total', 'weights'], ['0', '3'])
-        """
+        per layer and in total, with the counts."""
         self.check_fitted("um.sparsity()")
         return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
 
@@ -90,16 +80,7 @@ class SparseVariationalDropout(VariationalMethod):
     ) -> nn.Module:
         """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold``
         set to zero (``random=True``: as many weights per layer at random, from ``seed``); ``sparse=True``
-        stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader, x
-            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
-            >>> plain = um.prune()
-            >>> plain(x).shape
-            torch.Size([8, 3])
-        """
+        stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`)."""
         self.check_fitted("um.prune()")
         removed = removed_weights(
             self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed
