@@ -6,15 +6,10 @@ method="laplace")`` fits Laplace on every member and mixes the three posteriors.
 samples *per member*), so the entropy split gives the members' disagreement as epistemic uncertainty. A stacked
 calibrator maps each member's predictive before they are mixed, which keeps the members' samples.
 
-Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a GPU only, since
-on the CPU vmap turns each convolution into a grouped one (docs/methods/ensembles.md compares the two). Each member's
-posterior is bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto
-the same members in the same order. Under ``torch.distributed`` the members are fitted on different ranks
-(:mod:`posthoc.engine.ranks_spread`).
-
-Under ``likelihood="regression"`` each member fits its own observation noise and the predictive is the
-equal-weight mixture of the members' Gaussians (or of their own mixtures, e.g. MC dropout's), so the
-members' disagreement is epistemic variance and their noises the aleatoric.
+Plain members of one architecture can run as one vmapped forward (:mod:`.batched`), by default on a GPU only
+(docs/methods/ensembles.md). A saved ensemble only loads onto the same members in the same order
+(``member_fingerprints``). Under ``likelihood="regression"`` each member fits its own noise and the predictive is the
+mixture of the members' Gaussians: their disagreement is epistemic variance, their noises the aleatoric.
 
 Example:
     >>> import posthoc

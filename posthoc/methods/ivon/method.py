@@ -155,10 +155,8 @@ class IVON(Method):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
     def knob(self) -> Knob | None:
-        """The scale (``scale=None``): the selection step over 0 (the fine-tuned mean) and :data:`.scale.SCALES`,
-        walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws
-        the same random numbers. Real targets are scored on the clean held-out data, each scale at its own best
-        noise; the noise is then re-fitted at the chosen scale."""
+        """The scale (``scale=None``) by the selection step (:mod:`~posthoc.methods.ivon.scale`), every scale drawing the
+        same random numbers; under regression the noise is then re-fitted at the chosen scale."""
         if self.scale_option is not None:
             return None
         return Knob(
@@ -255,11 +253,8 @@ class IVON(Method):
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``).
-
-        Every chunk of examples starts from the same generator state, so sample ``s`` is one weight
-        vector for all examples of a prediction (``predict`` calls this once per chunk).
-        """
+        """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``), so that sample ``s`` is
+        one weight vector for every chunk of a prediction."""
         if self.scale == 0:
             return self._mean_log_predictive(x)
         count = num_samples or self.num_samples

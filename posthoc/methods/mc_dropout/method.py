@@ -213,8 +213,8 @@ class MCDropout(Method):
             self._fit_noise((train_loader, list(held_out.clean())), progress)
 
     def summary(self) -> dict[str, Any]:
-        """Dropout units (per example, summed over the sites whose rate is not 0; ``None`` until a batch was
-        sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
+        """Dropout units per example (``None`` until a batch was sampled), the sites, the rates and where they come
+        from, the mask mode and the sample count.
 
         Example:
             >>> import torch
@@ -376,11 +376,8 @@ class MCDropout(Method):
                 self._head_split = None
 
     def _head_features(self, x: Inputs) -> Tensor | None:
-        """The head's input features of ``x`` if the only site drops exactly them, else ``None``.
-
-        The first call checks it (the site's tensor must be what the head receives, and the head's
-        output the model's output) in the same forward pass that computes the features.
-        """
+        """The head's input features of ``x`` if the only site drops exactly them, else ``None`` (checked once, in the
+        forward pass that computes them)."""
         if self._head_split is None or self._head_checked:
             return None if self._head_split is None else self._head_split(x)[0]
         site, marked = self._sites[0], []

@@ -45,11 +45,8 @@ _CHANNEL_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
 
 @dataclass(frozen=True)
 class DropoutSite:
-    """Dropout applied to the ``at`` (``"input"`` or ``"output"``) of module ``name``.
-
-    ``channel_dims`` is 0 for element-wise masks and ``k`` for ``nn.Dropout{k}d``-style masks
-    that drop whole channels (one draw per row and channel, shared over the ``k`` trailing dims).
-    """
+    """Dropout applied to the ``at`` (``"input"`` or ``"output"``) of module ``name``; ``channel_dims`` is 0 for
+    element-wise masks and ``k`` for ``nn.Dropout{k}d``-style masks that drop whole channels."""
 
     name: str
     at: str
@@ -88,11 +85,8 @@ def _timm_functional_rate(model: nn.Module, module_sites: list[DropoutSite]) -> 
 
 
 def block_names(model: nn.Module) -> list[str]:
-    """The modules after which ``where="blocks"`` drops units.
-
-    The stages listed in timm's ``feature_info``; else torchvision ResNet's ``layer1..layerN``;
-    else the children of a ``features`` ``nn.Sequential`` (torchvision CNNs and Swin); else the
-    inputs of every ``nn.Linear`` are used instead (see :func:`inserted_sites`).
+    """The modules after which ``where="blocks"`` drops units: timm's ``feature_info`` stages, else ResNet's
+    ``layer1..layerN``, else the children of a ``features`` ``nn.Sequential`` (else none).
 
     Example:
         >>> import torchvision
@@ -146,9 +140,8 @@ def inserted_sites(
 
 
 def head_dropout_rate(model: nn.Module, head_name: str) -> float | None:
-    """The rate of the model's own dropout right before its head, or ``None``: an ``nn.Dropout`` named
-    ``dropout`` beside the head (Hugging Face classifiers: BERT's ``dropout`` before ``classifier``,
-    RoBERTa's ``classifier.dropout`` before ``out_proj``) or just before it in an ``nn.Sequential``.
+    """The rate of the model's own dropout right before its head, or ``None``: an ``nn.Dropout`` named ``dropout``
+    beside the head (Hugging Face classifiers) or just before it in an ``nn.Sequential``.
 
     Example:
         >>> from torch import nn

@@ -1,20 +1,15 @@
 """``"tta"``: test-time augmentation, the predictive mixed over augmented views of each input; stacks on any method.
 
-The predictive of an input ``x`` is the equal-weight mixture over ``V`` views ``x_1 = x`` (the identity, always
-one of them) and ``x_v = a_v(x)``, each through the inner method's predictive:
-``p(y | x) = (1/V) Σ_v p_inner(y | x_v)``. The samples are the inner's samples of every view, ``(V·S, N, C)``
-(``(V, N, C)`` on the plain model), so the usual split of :class:`~posthoc.Prediction` reads the views'
-disagreement as epistemic. Under ``likelihood="regression"`` the mixture of the views' Gaussian mixtures
-(``V·K`` components) is the :class:`~posthoc.RegressionPrediction`.
+The predictive is the equal-weight mixture over ``V`` views ``x_1 = x`` and ``x_v = a_v(x)`` through the inner
+method's predictive, ``p(y | x) = (1/V) Σ_v p_inner(y | x_v)``; the samples are the inner's samples of every view,
+``(V·S, N, C)``, so the views' disagreement reads as epistemic (under regression: a mixture of ``V·K`` Gaussians).
 
 The views are the identity, then the families in turn (:mod:`posthoc.methods.tta.augment`: ``noise``, ``blur``,
 ``zoom`` for images, ``feature-noise`` for feature vectors) or the user's callables ``x -> x'``; none is an evaluation
 kind (:data:`posthoc.shift.EVALUATION_KINDS`). They are drawn from a generator seeded with ``seed`` on the input's
-device, so a prediction repeats exactly. ``strength`` is a factor on every family's parameter; with
-``strength="auto"`` and a ``val_loader`` the selection step (:mod:`posthoc.engine.selection`) chooses it among no
-augmentation and :data:`STRENGTHS` (callables alone: between them and none). ``fit`` measures only the training
-inputs' per-channel or per-feature std, which scales the noise families. Cost: ``V`` forward passes of the inner method
-per input, run as batches of views.
+device, so a prediction repeats exactly. ``strength="auto"`` is chosen on ``val_loader`` by the selection step among
+no augmentation and :data:`STRENGTHS`. ``fit`` measures only the training inputs' per-channel or per-feature std,
+which scales the noise families.
 
 Example:
     >>> import posthoc
