@@ -5,14 +5,11 @@ The BatchNorm layers of a trained network become Bayesian normalisation layers (
 ``γ x̂ (1 + α ε) + β``, fresh noise ``ε`` at every forward pass). ``fit`` fine-tunes ``M`` modes from the checkpoint on
 private copies (:mod:`posthoc.engine.private_weights`), each a few epochs of SGD on every weight with the noise on and
 its own random class weights in the loss (:mod:`~posthoc.methods.abnn.loss`), after torch-uncertainty's
-``optim_abnn`` recipe (Nesterov SGD, the learning rate divided by 10 after epochs 1 and 4, BatchNorm in training mode).
-Each mode's weights and running statistics are one row of ``mode_rows``.
-
-The predictive mixes ``M`` modes x ``S`` noise draws; per mode the network runs once up to its first BatchNorm layer
-and the rest on all draws at once (:class:`~posthoc.engine.suffix.SuffixRunner`). The noise at prediction is
-``scale * α``, ``scale`` chosen on ``val_loader`` by the selection step among the plain model, the noiseless modes (0)
-and :data:`SCALES`, so that the fine-tuned modes must beat the checkpoint itself; so ``fit(train_loader)`` alone is
-refused unless ``scale=`` is given.
+``optim_abnn`` recipe. The predictive mixes ``M`` modes x ``S`` noise draws, each mode run once up to its first
+BatchNorm layer and the rest on all draws at once (:class:`~posthoc.engine.suffix.SuffixRunner`). The noise at
+prediction is ``scale * α``, ``scale`` chosen on ``val_loader`` by the selection step among the plain model, the
+noiseless modes (0) and :data:`SCALES`, so that the fine-tuned modes must beat the checkpoint itself; so
+``fit(train_loader)`` alone is refused unless ``scale=`` is given.
 
 Unlike torch-uncertainty's ``ABNN``, the checkpoint is not one of the modes, every BatchNorm layer with running
 statistics becomes a BNL (not ``BatchNorm2d`` only), and the class weights are drawn from the method's ``seed``.

@@ -6,15 +6,10 @@ running estimate of the loss Hessian's diagonal, ``ess`` the effective sample si
 runs it from the checkpoint (the optional ``ivon-opt`` package, ``pip install posthoc[ivon]``) on private copies
 (:mod:`posthoc.engine.private_weights`), on every trainable weight (``layers="all"``, the copy's BatchNorm statistics
 kept with the posterior) or on the head over the backbone's features (``"head"``, all sampled heads in one batched
-matmul). Its Hessian estimate barely moves from ``hess_init`` in a short fine-tune, so with a ``val_loader`` the spread
-is chosen on it (:mod:`~posthoc.methods.ivon.scale`).
-
-Under ``likelihood="regression"`` the fine-tune minimises the Gaussian NLL at the plain model's held-out noise (IVON
-starts from ``hess_init / σ²``), the scale is chosen on clean held-out data only, each at its own best noise, and the
-noise is then re-fitted on the sampled predictive.
-
-The posterior is plain buffers (``mean``, ``std``, ``batchnorm``), so a saved one predicts without ``ivon-opt``.
-Sample ``s`` is ``mean + std * z_s`` with ``z_s`` the ``s``-th draw of ``randn(P)``, as ``IVON.sampled_params`` draws.
+matmul). With a ``val_loader`` the spread is chosen on it (:mod:`~posthoc.methods.ivon.scale`). Under
+``likelihood="regression"`` the fine-tune minimises the Gaussian NLL at the plain model's held-out noise (IVON starting
+from ``hess_init / σ²``). The posterior is plain buffers, so a saved one predicts without ``ivon-opt``; sample ``s`` is
+``mean + std * z_s``, ``z_s`` the ``s``-th draw of ``randn(P)`` as ``IVON.sampled_params`` draws.
 
 Example:
     >>> import posthoc

@@ -2,8 +2,7 @@
 
 The model's own dropout (``nn.Dropout*`` modules, timm's functional ``drop_rate``) is sampled at prediction time; a
 model without dropout gets it inserted (before the classifier by default, :mod:`.sites`) through temporary hooks, so
-the user's model is never copied or changed and BatchNorm stays in eval mode. The sites and the head are resolved once,
-at ``wrap()`` where the model shows them, else from the first batch.
+the user's model is never copied or changed and BatchNorm stays in eval mode.
 
 With ``masks="per_example"`` (the default) the network runs once up to the first dropout site and the rest on all
 ``S`` samples at once (:mod:`posthoc.engine.suffix`), a fresh mask for every example and sample. With
@@ -11,14 +10,10 @@ With ``masks="per_example"`` (the default) the network runs once up to the first
 matmul (:mod:`.shared_masks`); not the default, as temperature fitted on such samples over-sharpens.
 
 ``p="auto"`` (or ``p=None`` with a ``val_loader``) chooses every site's rate by the selection step
-(:mod:`posthoc.engine.selection`) among 0 (the plain model) and :data:`P_GRID`, each scored with
-:data:`SELECTION_FACTOR` times ``num_samples`` masks: the rates whose held-out NLL excess stays within the tolerance,
-then the one of lowest NLL on the perturbed held-out copies. Not the lowest validation NLL: dropout pays off under
-shift, which clean validation data does not show (docs/methods/mc-dropout.md).
-
-Under ``likelihood="regression"`` the predictive is the mixture of ``N(f_s(x), σ²)`` over the ``S`` sampled networks,
-``σ`` fitted by maximum likelihood on held-out data; each candidate rate is scored at its own best ``σ``
-(:func:`posthoc.core.likelihood.best_noise_nlls`), without perturbed copies.
+(:mod:`posthoc.engine.selection`) among 0 (the plain model) and :data:`P_GRID`: not the lowest validation NLL, as
+dropout pays off under shift, which clean validation data does not show (docs/methods/mc-dropout.md). Under
+``likelihood="regression"`` the predictive is the mixture of ``N(f_s(x), σ²)`` over the ``S`` sampled networks, each
+candidate rate scored at its own best ``σ``.
 
 Example:
     >>> import torch

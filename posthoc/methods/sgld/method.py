@@ -1,18 +1,11 @@
 """``"sgld"``: stochastic-gradient Langevin dynamics from the checkpoint, plain or cyclical.
 
-``fit`` runs a Langevin chain (:mod:`~posthoc.methods.sgld.langevin`) from the trained weights on
-private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples`` of its iterates:
-
-- ``layers="all"`` (default): the chain moves every trainable weight of a copy of the model in train mode; each kept
-  sample is a state (the weights and the copy's BatchNorm statistics), predicted with one forward pass per sample. The
-  kept states are bounded by the memory budget (:func:`posthoc.settings.memory_budget`), the chain thinned further
-  (with a warning) when ``num_samples`` states would not fit;
-- ``layers="head"``: the chain moves the head's weight and bias on the backbone's features (computed once); the
-  predictive runs the backbone once and every head in one batched matmul.
-
-Every weight by default, because the head-only chain drifts towards a more confident head and does not lower the NLL
-under shift (docs/methods/sgld.md). The chain targets ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)`` with
-``theta_0`` the checkpoint (``prior="checkpoint"``: the chain stays near the weights the user trusts) or zero.
+``fit`` runs a Langevin chain (:mod:`~posthoc.methods.sgld.langevin`) from the trained weights on private copies
+(:mod:`posthoc.engine.private_weights`), targeting ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)`` with
+``theta_0`` the checkpoint or zero, and keeps ``num_samples`` of its iterates. With ``layers="all"`` (the default: the
+head-only chain drifts towards a more confident head and does not lower the NLL under shift, docs/methods/sgld.md)
+each kept sample is a state of every trainable weight and the BatchNorm statistics, as many as the memory budget
+holds; with ``layers="head"`` it is the head's weight and bias, all run in one batched matmul on the features.
 
 Under ``likelihood="regression"`` the chain's loss is the Gaussian NLL at the plain model's held-out noise, the default
 learning rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`), and the noise is re-fitted on
