@@ -22,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -215,72 +215,41 @@ class IVON(Method):
         draws = [randn(self.mean.shape, generator=generator, device=self.mean.device) for _ in samples]
         return self.mean + (self.scale * self.std) * torch.stack(draws)
 
-    def _mean_state(self) -> dict[str, Tensor]:
-        """The fine-tuned mean weights (and BatchNorm statistics) of ``"all"`` as a state."""
-        return unflatten(
-            torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None)
-        )
-
-    def _mean_log_predictive(self, x: Inputs) -> LogPredictive:
-        """``scale = 0``: the fine-tuned mean weights alone, a deterministic predictive."""
-        if self.layers == "head":
-            log_probs, _ = head_log_predictive(self.split, lambda group: self.mean[None], 1, x)
-        else:
-            state = self._mean_state()
-            log_probs, _ = state_log_predictive(self.model, lambda s: state, 1, x)
-        return log_probs, None
-
     def _draws(self, generator: torch.Generator | None) -> torch.Generator:
-        """A copy of ``generator`` (default: one seeded with ``seed``), so that every chunk of a prediction starts alike."""
+        """A copy of ``generator`` (default: one seeded with ``seed``), so that sample ``s`` is one weight vector for
+        every chunk of a prediction."""
         if generator is None:
             return torch.Generator().manual_seed(self.seed)
         return torch.Generator(device=generator.device).set_state(generator.get_state())
 
-    def _state_sampler(self, generator: torch.Generator) -> Callable[[int], dict[str, Tensor]]:
-        """Sample ``s`` of ``"all"`` as a state: the generator's next draw (the samples are taken in order)."""
-        names = sample_names(self.model, self.layers, None)
-
-        def state(s: int) -> dict[str, Tensor]:
-            return unflatten(torch.cat([self._rows(range(1), generator)[0], self.batchnorm]), self.model, names)
-
-        return state
+    def _through(self, x: Inputs, num_samples: int | None, generator: Any, head_route: Any, state_route: Any) -> Any:
+        """The weight samples of a prediction (the fine-tuned mean alone at scale 0) run through ``head_route``
+        (``layers="head"``) or ``state_route`` (:mod:`posthoc.engine.weight_samples`)."""
+        names = None if self.layers == "head" else sample_names(self.model, self.layers, None)
+        if self.scale == 0:
+            count, rows = 1, lambda group: self.mean[None]
+            mean = None if names is None else unflatten(torch.cat([self.mean, self.batchnorm]), self.model, names)
+            states = lambda s: mean
+        else:
+            count, draws = num_samples or self.num_samples, self._draws(generator)
+            rows = lambda group: self._rows(range(group.start, group.stop), draws)
+            states = lambda s: unflatten(torch.cat([self._rows(range(1), draws)[0], self.batchnorm]), self.model, names)
+        if names is None:
+            return head_route(self.split, rows, count, x)
+        return state_route(self.model, states, count, x)
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``), so that sample ``s`` is
-        one weight vector for every chunk of a prediction."""
-        if self.scale == 0:
-            return self._mean_log_predictive(x)
-        count = num_samples or self.num_samples
-        generator = self._draws(generator)
-        if self.layers == "head":
-            return head_log_predictive(
-                self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x
-            )
-        return state_log_predictive(self.model, self._state_sampler(generator), count, x)
+        """The predictive of the weight samples drawn from a copy of ``generator`` (deterministic at scale 0)."""
+        log_probs, samples = self._through(x, num_samples, generator, head_log_predictive, state_log_predictive)
+        return log_probs, None if self.scale == 0 else samples
 
     def sampled_outputs(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws (``(1, N, D)``, the
-        fine-tuned mean's, at scale 0)."""
-        if self.layers == "head":
-            if self.scale == 0:
-                return head_outputs(self.split, lambda group: self.mean[None], 1, x)
-            generator = self._draws(generator)
-            return head_outputs(
-                self.split,
-                lambda group: self._rows(range(group.start, group.stop), generator),
-                num_samples or self.num_samples,
-                x,
-            )
-        if self.scale == 0:
-            state = self._mean_state()
-            return state_outputs(self.model, lambda s: state, 1, x)
-        return state_outputs(
-            self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x
-        )
+        """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws."""
+        return self._through(x, num_samples, generator, head_outputs, state_outputs)
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)
