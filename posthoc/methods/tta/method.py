@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import positive_int
+from posthoc.core.checks import integer, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, iterate
 from posthoc.core.knob import Knob
@@ -93,9 +93,7 @@ class TestTimeAugmentation(Method):
             isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 <= strength < math.inf
         ):
             raise ConfigError(f"strength must be a number >= 0 (0: no augmentation) or 'auto', got {strength!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        self.auto_strength, self.seed = strength == "auto", seed
+        self.auto_strength, self.seed = strength == "auto", integer(seed, "seed")
         named = [] if self.augmentations == "auto" else [a for a in self.augmentations if isinstance(a, str)]
         #: whether a built-in family is used, which the strength scales (else only the callables, "on" at 1)
         self.scales = self.augmentations == "auto" or bool(named)
