@@ -180,9 +180,8 @@ class AutoMethod(Method):
         self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
     def _build(self, candidates: list[dict[str, Any]]) -> list[_Part]:
-        """Every candidate's chain; candidates with the same first method and options share that method. A default
-        candidate that refuses this model (Laplace on a one-logit classifier) is left out, with its reason in
-        :attr:`left_out`; a candidate given by the user is refused as ``wrap`` would refuse it."""
+        """Every candidate's chain, those with the same first method and options sharing it; a default candidate that
+        refuses this model is left out (its reason in :attr:`left_out`), one given by the user is refused."""
         inners: dict[str, Method] = {}
         parts = []
         self.left_out: dict[str, str] = {}
@@ -210,10 +209,8 @@ class AutoMethod(Method):
 
     # ---- fit and choose --------------------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank).
-
-        Without a ``val_loader`` there is nothing to choose on: ``auto`` is then last-layer ``laplace`` (its prior
-        chosen on training rows, as ``"laplace"`` alone would), which it says in its card."""
+        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank);
+        without a ``val_loader`` there is nothing to choose on, and ``auto`` is last-layer ``laplace``."""
         if val_loader is None:
             laplace = [part for part in self._parts if part.label == "laplace"]
             if not laplace:
@@ -283,9 +280,8 @@ class AutoMethod(Method):
         )
 
     def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
-        """Make every candidate's own held-out choices, score each on examples its choice did not see, and keep the
-        chain the selection step picks (module docs). Once only the chosen chain is kept (``keep_candidates=False``),
-        a new choice re-makes that chain's own held-out choices."""
+        """Make every candidate's own held-out choices and keep the chain the selection step picks (module docs); once
+        only the chosen chain is kept, a new choice re-makes that chain's own choices."""
         if not self._parts:
             for method in chain_of(self._chosen()):
                 make_choice(method, held_out, train_loader=train_loader, progress=progress)

@@ -290,8 +290,7 @@ class MCDropout(Method):
 
     def to_module(self, export: Any) -> nn.Module:
         """Dropout on a Linear head's input as ``S`` masked head weights ``W diag(mask_s / q)`` drawn once at export
-        (the shared masks' predictive, :mod:`posthoc.methods.mc_dropout.shared_masks`); a rate of 0 is the plain
-        model."""
+        (the shared masks' predictive, :mod:`.shared_masks`); a rate of 0 is the plain model."""
         self._resolve(None)
         if self._sites is None:
             raise ExportError(

@@ -78,9 +78,8 @@ class SparseVariationalDropout(VariationalMethod):
     def prune(
         self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False
     ) -> nn.Module:
-        """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold``
-        set to zero (``random=True``: as many weights per layer at random, from ``seed``); ``sparse=True``
-        stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`)."""
+        """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold`` at zero
+        (``random=True``: as many per layer at random, from ``seed``; ``sparse``: :func:`.pruning.pruned_copy`)."""
         self.check_fitted("um.prune()")
         removed = removed_weights(
             self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed
