@@ -89,15 +89,14 @@ class ABNN(Method):
         seed: int = option(0, "seeds the class weights, the fine-tunes' noise and their loader order")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        modes, num_samples, alpha = options.modes, options.num_samples, options.alpha
-        random_prior, scale, seed = options.random_prior, options.scale, options.seed
+        scale = options.scale
         super().__init__(model)
-        self.num_modes = positive_int(modes, "modes")
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.alpha = positive_number(alpha, "alpha")
-        self.random_prior = non_negative(random_prior, "random_prior")
+        self.num_modes = positive_int(options.modes, "modes")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.alpha = positive_number(options.alpha, "alpha")
+        self.random_prior = non_negative(options.random_prior, "random_prior")
         self.scale_option = None if scale is None else non_negative(scale, "scale")
-        self.seed = integer(seed, "seed")
+        self.seed = integer(options.seed, "seed")
         self.layer_names = list(batchnorm_layers(model))
         if not self.layer_names:
             raise ConfigError(

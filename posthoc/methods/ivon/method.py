@@ -71,8 +71,7 @@ class IVON(Method):
         seed: int = option(0, "seeds the fine-tune and the default predictive generator")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        layers, num_samples, scale, head = options.layers, options.num_samples, options.scale, options.head
-        seed = options.seed
+        layers, scale = options.layers, options.scale
         super().__init__(model)
         self.layers = check_layers(layers)
         if scale is not None:
@@ -80,9 +79,9 @@ class IVON(Method):
         #: ``None``: chosen on ``fit``'s ``val_loader`` (:meth:`choose`), else 1 without one
         self.scale_option = None if scale is None else float(scale)
         self.scale = 1.0 if scale is None else float(scale)
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.seed = integer(seed, "seed")
-        self.split = FeatureSplit(model, head) if layers == "head" else None
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.seed = integer(options.seed, "seed")
+        self.split = FeatureSplit(model, options.head) if layers == "head" else None
         #: the posterior: IVON's weights ``m`` and ``1 / sqrt(ess * (h + wd))``, flat in parameter order
         self.register_buffer("mean", None)
         self.register_buffer("std", None)

@@ -78,20 +78,17 @@ class SGLD(Method):
         seed: int = option(0, "seeds the chain's noise and its mini-batch order")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        layers, cycles, num_samples = options.layers, options.cycles, options.num_samples
-        temperature, prior, prior_precision = options.temperature, options.prior, options.prior_precision
-        head, seed = options.head, options.seed
         super().__init__(model)
-        self.layers = check_layers(layers)
-        self.cycles = positive_int(cycles, "cycles", none="plain SGLD, a constant step")
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.temperature = non_negative(temperature, "temperature")
+        self.layers = check_layers(options.layers)
+        self.cycles = positive_int(options.cycles, "cycles", none="plain SGLD, a constant step")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.temperature = non_negative(options.temperature, "temperature")
         if math.isinf(self.temperature):
             raise ConfigError("temperature must be finite")
-        self.prior = prior
-        self.prior_precision = non_negative(prior_precision, "prior_precision")
-        self.seed = integer(seed, "seed")
-        self.split = FeatureSplit(model, head) if layers == "head" else None
+        self.prior = options.prior
+        self.prior_precision = non_negative(options.prior_precision, "prior_precision")
+        self.seed = integer(options.seed, "seed")
+        self.split = FeatureSplit(model, options.head) if options.layers == "head" else None
         #: the kept samples, one row each (head rows, or an "all" state's weights and BatchNorm statistics)
         self.register_buffer("samples", None)
         #: epochs, lr, cycles (0: plain), burn_in, exploration, steps of the chain that made them
