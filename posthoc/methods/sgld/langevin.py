@@ -1,15 +1,13 @@
 """The Langevin update and its step-size schedules: plain SGLD and cyclical SG-MCMC (Zhang et al., 2020).
 
-The target is the tempered posterior ``p(theta | D)^(1/T)`` with ``N`` training examples,
-``U(theta) = N * mean_i loss_i(theta) + (lambda / 2) |theta - theta_0|^2`` (a Gaussian prior of
-precision ``lambda`` centred on ``theta_0``: the checkpoint or zero). With the step written as a
-learning rate ``eta`` on the *mean* mini-batch loss, one step is
+The target is the tempered posterior ``exp(-U / T)``, ``U(theta) = N * mean_i loss_i(theta) + (lambda / 2)
+|theta - theta_0|^2`` (a Gaussian prior centred on the checkpoint or zero). With a learning rate ``eta`` on the *mean*
+mini-batch loss, one step is
 
     theta <- theta - eta * (grad mean_batch loss + (lambda / N) (theta - theta_0)) + sqrt(2 eta T / N) * xi,
 
-``xi ~ N(0, I)``: SGLD (Welling and Teh, 2011) with step ``epsilon = 2 eta / N`` on ``U / T``, whose
-stationary law (for small ``eta``) is ``exp(-U / T)``. ``T = 1`` is the Bayes posterior, ``T < 1``
-a cold one, ``T = 0`` plain SGD with weight decay ``lambda / N`` towards ``theta_0``.
+``xi ~ N(0, I)``: SGLD (Welling and Teh, 2011) with step ``epsilon = 2 eta / N`` on ``U / T``. ``T = 1`` is the Bayes
+posterior, ``T < 1`` a cold one, ``T = 0`` plain SGD with weight decay ``lambda / N`` towards ``theta_0``.
 
 Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`): plain (``cycles=None``), a constant ``eta``, the
 first ``burn_in`` fraction discarded and ``S`` samples kept evenly over the rest; cyclical (``cycles=M``),
