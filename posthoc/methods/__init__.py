@@ -1,6 +1,6 @@
 """The registered post-hoc methods: importing this package imports (and so registers) each one."""
 
-from posthoc.methods import (  # noqa: F401  # noqa: F401  # noqa: F401  # noqa: F401
+from posthoc.methods import (  # noqa: F401
     abnn,
     auto,  # noqa: F401  (after the methods it chooses between)
     calibration,

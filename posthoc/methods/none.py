@@ -1,8 +1,7 @@
 """``"none"``: the model's own softmax, the plain (MAP) model: the reference row of every table.
 
-Under ``likelihood="regression"`` it is the model's output with the fitted observation noise,
-``N(f(x), σ²)``, ``σ`` by maximum likelihood on the held-out residuals (the training residuals when
-``fit`` gets no ``val_loader``), one ``σ_d`` per output of a multi-output model; under ``"heteroscedastic"``, the model's own mean and variance.
+Under ``likelihood="regression"`` it is ``N(f(x), σ²)``, ``σ`` by maximum likelihood on the held-out residuals (the
+training residuals without a ``val_loader``), one per output; under ``"heteroscedastic"``, the model's own variance.
 
 Example:
     >>> import posthoc
@@ -22,13 +21,7 @@ from torch import nn
 
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.knob import Knob
-from posthoc.core.likelihood import (
-    Categorical,
-    Gaussian,
-    HeteroscedasticGaussian,
-    fit_noise_on,
-    model_outputs,
-)
+from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, fit_noise_on, model_outputs
 from posthoc.core.logits import class_log_probs
 from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode

@@ -1,25 +1,13 @@
 """ABNN's Bayesian normalisation layer (BNL), as hooks on a network's own BatchNorm layers.
 
-A BatchNorm layer returns ``γ ⊙ x̂ + β`` (``x̂`` its input normalised by the batch statistics in training and the
-running ones in eval mode). Its Bayesian version (Franchi et al., CVPR 2024) multiplies the affine scale by random
-noise at training *and* test time::
+A BatchNorm layer returns ``γ ⊙ x̂ + β``; its Bayesian version (Franchi et al., CVPR 2024) multiplies the affine scale
+by random noise at training *and* test time::
 
     BNL(z) = γ ⊙ x̂ ⊙ (1 + α ε) + β,    ε ~ N(0, 1) per activation, drawn at every forward pass,
 
-``ε`` of the shape of the layer's output (one draw per example, channel and position), as torch-uncertainty's
-``BatchNormAdapter2d``. Written from the layer's own output ``u = γ x̂ + β``, the BNL is ``u + α ε (u - β)``
-(:func:`bayesian_normalisation`), so no layer is replaced: :func:`noisy` hooks the model's BatchNorm layers for the
-duration of a context, and the model keeps its structure, its ``state_dict`` keys and the user's code paths.
-
-Example:
-    >>> import torch
-    >>> from torch import nn
-    >>> from posthoc.methods.abnn.layers import noisy
-    >>> bn = nn.BatchNorm1d(3).eval()
-    >>> z = torch.randn(4, 3)
-    >>> with noisy([bn], alpha=0.0):               # α = 0: the plain layer
-    ...     torch.equal(bn(z), bn.forward(z))
-    True
+as torch-uncertainty's ``BatchNormAdapter2d``. From the layer's own output ``u = γ x̂ + β`` the BNL is
+``u + α ε (u - β)`` (:func:`bayesian_normalisation`), so no layer is replaced: :func:`noisy` hooks the model's
+BatchNorm layers for the duration of a context.
 """
 
 from __future__ import annotations

@@ -1,11 +1,8 @@
 """ABNN's training loss: the cross-entropy with random class weights per mode, plus the Gaussian prior on the weights.
 
-Each of ABNN's ``M`` modes is fine-tuned from the checkpoint with its own random class weights ``η`` (the paper's
-"random prior", which sends the modes to different places): ``⌊√C⌋`` classes drawn at random weigh ``random_prior``,
-the others 1 (:func:`random_class_weights`, torch-uncertainty's rule). The loss of a batch is the weighted
-cross-entropy, normalised by the weights of its labels as ``nn.CrossEntropyLoss(weight=η)`` is, plus the negative
-log of a zero-mean Gaussian prior on every trained weight, ``λ/2 ||ω||²`` (what SGD's ``weight_decay=λ`` adds to
-the gradient in torch-uncertainty's recipe; here it is part of the loss):
+Each mode has its own random class weights ``η`` (the paper's "random prior", which sends the modes to different
+places; :func:`random_class_weights`). The loss of a batch is the weighted cross-entropy, normalised as
+``nn.CrossEntropyLoss(weight=η)`` is, plus a zero-mean Gaussian prior ``λ/2 ||ω||²`` on every trained weight:
 
     L(ω) = Σ_i η_{y_i} (−log p(y_i | x_i, ω)) / Σ_i η_{y_i} + λ/2 ||ω||².
 

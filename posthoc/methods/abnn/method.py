@@ -2,28 +2,17 @@
 "Make me a BNN: a simple strategy for estimating Bayesian uncertainty from pre-trained models").
 
 The BatchNorm layers of a trained network become Bayesian normalisation layers (:mod:`~posthoc.methods.abnn.layers`:
-``γ x̂ (1 + α ε) + β``, fresh Gaussian noise ``ε`` at every forward pass, in training and at prediction). ``fit``
-fine-tunes ``M`` modes from the checkpoint, each a few epochs of SGD on every weight (private copies of the model,
-:mod:`posthoc.engine.private_weights`: the user's model is never changed) with the noise on and its own random class
-weights in the loss (:mod:`~posthoc.methods.abnn.loss`), on the shared fine-tune loop
-(:mod:`posthoc.engine.fine_tune`). The recipe is torch-uncertainty's ``optim_abnn``: SGD with Nesterov momentum 0.9,
-weight decay (the Gaussian prior) 1e-4, the learning rate divided by 10 after epochs 1 and 4, BatchNorm in training
-mode (batch statistics, running statistics updated with the noise on). Each mode keeps its weights and running
-statistics as one row of ``mode_rows`` (the saved posterior).
+``γ x̂ (1 + α ε) + β``, fresh noise ``ε`` at every forward pass). ``fit`` fine-tunes ``M`` modes from the checkpoint on
+private copies (:mod:`posthoc.engine.private_weights`), each a few epochs of SGD on every weight with the noise on and
+its own random class weights in the loss (:mod:`~posthoc.methods.abnn.loss`), after torch-uncertainty's
+``optim_abnn`` recipe. The predictive mixes ``M`` modes x ``S`` noise draws, each mode run once up to its first
+BatchNorm layer and the rest on all draws at once (:class:`~posthoc.engine.suffix.SuffixRunner`). The noise at
+prediction is ``scale * α``, ``scale`` chosen on ``val_loader`` by the selection step among the plain model, the
+noiseless modes (0) and :data:`SCALES`, so that the fine-tuned modes must beat the checkpoint itself; so
+``fit(train_loader)`` alone is refused unless ``scale=`` is given.
 
-The predictive is the mixture over ``M`` modes x ``S`` noise draws, samples ``(M * S, N, C)``: per mode, the network
-runs once up to its first BatchNorm layer and the rest on all ``S`` draws at once
-(:class:`~posthoc.engine.suffix.SuffixRunner`), in chunks under the memory budget. The noise at prediction is
-``scale * α``; ``scale`` is chosen on ``val_loader`` by the selection step among the plain model, the modes without
-noise (0) and :data:`SCALES`, so that ABNN is not worse than the checkpoint beyond the held-out tolerance: the fine-tuned
-modes are a candidate against the checkpoint itself. That choice is the default, so the default needs held-out data:
-``fit(train_loader)`` alone is refused unless ``scale=`` is given (it kept scale 1 unchecked, and modes fine-tuned on
-training data unlike the deployment's are far worse than the checkpoint: ``tests/methods/test_abnn.py``).
-
-Differences from torch-uncertainty's ``ABNN``: the checkpoint itself is not one of the modes (its
-``use_original_model=True``; the paper's ensemble is the ``M`` fine-tuned modes); every BatchNorm layer with
-running statistics becomes a BNL (torch-uncertainty: ``BatchNorm2d`` only); the class weights are drawn from the
-method's ``seed``.
+Unlike torch-uncertainty's ``ABNN``, the checkpoint is not one of the modes, every BatchNorm layer with running
+statistics becomes a BNL (not ``BatchNorm2d`` only), and the class weights are drawn from the method's ``seed``.
 
 Example:
     >>> from torch import nn
@@ -50,6 +39,7 @@ from posthoc.core.inputs import Inputs, check_labels, run_model
 from posthoc.core.knob import Knob
 from posthoc.core.logits import as_class_logits, class_log_probs, log_mean_exp
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.fine_tune import Step, backward, fine_tune
@@ -85,42 +75,28 @@ class _UnderState(nn.Module):
 
 @register
 class ABNN(Method):
-    """ABNN on a classifier with BatchNorm layers (see module docs).
-
-    Options:
-        modes: ``M``, the modes fine-tuned from the checkpoint [3].
-        num_samples: ``S``, noise draws per mode at prediction (``M * S`` samples) [5].
-        alpha: ``α``, the standard deviation of the multiplicative noise of the Bayesian normalisation layers [0.1].
-        random_prior: the weight of the ``⌊√C⌋`` classes each mode favours in its loss (1: no class weights) [2].
-        scale: the noise at prediction is ``scale * α``; ``None``: chosen on ``fit``'s ``val_loader`` (plain model,
-            0, :data:`SCALES`), which ``fit`` then needs.
-        seed: seeds the class weights, the fine-tunes' noise and their loader order.
-
-    Fit options: ``epochs`` (per mode, 2), ``lr`` (SGD's initial learning rate, 1e-3), ``momentum`` (Nesterov, 0.9),
-    ``weight_decay`` (the prior's precision ``λ``, 1e-4).
-    """
+    """ABNN on a classifier with BatchNorm layers (see module docs)."""
 
     name = "abnn"
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        modes: int = 3
-        num_samples: int = 5
-        alpha: float = 0.1
-        random_prior: float = 2.0
-        scale: float | None = None
-        seed: int = 0
+        modes: int = option(3, "M, the modes fine-tuned from the checkpoint")
+        num_samples: int = option(5, "S, noise draws per mode at prediction (M * S samples)")
+        alpha: float = option(0.1, "the std of the Bayesian normalisation layers' multiplicative noise")
+        random_prior: float = option(2.0, "the weight of the ⌊√C⌋ classes each mode favours in its loss (1: none)")
+        scale: float | None = option(None, "the noise at prediction is scale * alpha; None: chosen on val_loader")
+        seed: int = option(0, "seeds the class weights, the fine-tunes' noise and their loader order")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        modes, num_samples, alpha = options.modes, options.num_samples, options.alpha
-        random_prior, scale, seed = options.random_prior, options.scale, options.seed
+        scale = options.scale
         super().__init__(model)
-        self.num_modes = positive_int(modes, "modes")
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.alpha = positive_number(alpha, "alpha")
-        self.random_prior = non_negative(random_prior, "random_prior")
+        self.num_modes = positive_int(options.modes, "modes")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.alpha = positive_number(options.alpha, "alpha")
+        self.random_prior = non_negative(options.random_prior, "random_prior")
         self.scale_option = None if scale is None else non_negative(scale, "scale")
-        self.seed = integer(seed, "seed")
+        self.seed = integer(options.seed, "seed")
         self.layer_names = list(batchnorm_layers(model))
         if not self.layer_names:
             raise ConfigError(
@@ -146,10 +122,10 @@ class ABNN(Method):
     # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 2
-        lr: float = 1e-3
-        momentum: float = 0.9
-        weight_decay: float = 1e-4
+        epochs: int = option(2, "epochs per mode")
+        lr: float = option(1e-3, "SGD's initial learning rate")
+        momentum: float = option(0.9, "Nesterov momentum")
+        weight_decay: float = option(1e-4, "the Gaussian prior's precision λ")
 
     def fit(
         self,

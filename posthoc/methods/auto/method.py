@@ -2,27 +2,16 @@
 
 ``posthoc.wrap(model, method="auto").fit(train_loader, val_loader)`` fits every candidate (by default the cheap
 ones, :func:`default_candidates`), makes each one's own held-out choices, and keeps the one the selection step
-(:mod:`posthoc.engine.selection`) picks: among the candidates whose held-out NLL excess over the plain model is,
-at 95 % confidence (on new data of the held-out set's size), within the tolerance (``fit(..., tolerance=...)``), the
-one of lowest NLL on the perturbed
-copies of the validation batches (the fit-time kinds, never the evaluation kinds). The plain model (``"none"``)
-is always a candidate and always admissible, so ``auto`` is never worse in distribution than the tolerance
-allows; without perturbed copies (``shift=None``) the lowest clean NLL wins.
+(:mod:`posthoc.engine.selection`) picks: among the candidates whose held-out NLL excess over the plain model is, at
+95 % confidence, within ``fit(..., tolerance=...)``, the one of lowest NLL on the perturbed copies of the validation
+batches (without them, ``shift=None``, the lowest clean NLL). The plain model (``"none"``) is always a candidate and
+always admissible, so ``auto`` is never worse in distribution than the tolerance allows.
 
-Every candidate is judged on examples its own held-out choice did not see: a knob (Laplace's prior precision,
-MC dropout's rate) by re-making the choice on four folds and scoring the fifth from the scores it already has
-(:func:`~posthoc.engine.selection.out_of_fold`); a stacked calibrator or DAC by its cross-fitted scores. A stacked
-calibrator's inner knob is chosen on all the held-out data (as it would be when fitted alone).
-
-What candidates share is computed once: the held-out batches, their perturbations and the plain model's scores
-(one :class:`~posthoc.engine.held_out.HeldOut` per fit), each inner method (``"laplace"`` and
-``["laplace", "dac"]`` share one Laplace posterior and its prior choice), the inner predictions a stacked
-calibrator or DAC is fitted on, and DAC's feature bank. The chosen chain is kept; the rest is dropped.
-
-``candidates=[...]`` gives your own: method names, chains (``["swag", "temperature"]``) or dicts with options
-(``{"method": ["laplace", "dac"], "hessian": "full"}``). The record of every candidate (its excess with its
-bound, its perturbed NLL and ECE, its fit seconds and its predict cost against a plain forward) is
-``um.summary()["selection"]``; the chosen chain saves, loads and predicts like the method itself.
+Every candidate is judged on examples its own held-out choice did not see: a knob by re-making the choice on four
+folds and scoring the fifth (:func:`~posthoc.engine.selection.out_of_fold`); a stacked calibrator or DAC by its
+cross-fitted scores. What candidates share is computed once: the held-out batches and the plain model's scores, each
+inner method (``"laplace"`` and ``["laplace", "dac"]`` share one posterior) and DAC's feature bank. The record of
+every candidate is ``um.summary()["selection"]``; the chosen chain saves, loads and predicts like the method itself.
 
 Example:
     >>> import posthoc
@@ -54,6 +43,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood
 from posthoc.core.method import LogPredictive, Method, chain_of
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import method_class, register
 from posthoc.engine.choice import make_choice, makes_choice, record_selection, training_rows
@@ -136,14 +126,7 @@ class _Part:
 
 @register
 class AutoMethod(Method):
-    """The method chosen on held-out data among candidates (see module docs).
-
-    Options:
-        candidates: ``None`` (the defaults, :func:`default_candidates`) or a list of method names, chains and
-            ``{"method": [...], **options}`` dicts. ``"none"`` (the plain model) is always added first.
-        keep_candidates: keep every fitted candidate after the choice (:attr:`fitted_candidates`), to compare them
-            on your own test data; by default only the chosen one is kept.
-    """
+    """The method chosen on held-out data among candidates (see module docs)."""
 
     name = "auto"
     likelihoods = (Categorical, Gaussian)
@@ -151,8 +134,10 @@ class AutoMethod(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        candidates: Sequence[Any] | None = None
-        keep_candidates: bool = False
+        candidates: Sequence[Any] | None = option(
+            None, "None (the defaults) or method names, chains and {'method': [...], **options} dicts; none is added"
+        )
+        keep_candidates: bool = option(False, "keep every fitted candidate after the choice (um.fitted_candidates)")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         candidates, keep_candidates = options.candidates, options.keep_candidates
@@ -195,9 +180,8 @@ class AutoMethod(Method):
         self.candidate_chains = nn.ModuleList(part.chain for part in self._parts)
 
     def _build(self, candidates: list[dict[str, Any]]) -> list[_Part]:
-        """Every candidate's chain; candidates with the same first method and options share that method. A default
-        candidate that refuses this model (Laplace on a one-logit classifier) is left out, with its reason in
-        :attr:`left_out`; a candidate given by the user is refused as ``wrap`` would refuse it."""
+        """Every candidate's chain, those with the same first method and options sharing it; a default candidate that
+        refuses this model is left out (its reason in :attr:`left_out`), one given by the user is refused."""
         inners: dict[str, Method] = {}
         parts = []
         self.left_out: dict[str, str] = {}
@@ -225,10 +209,8 @@ class AutoMethod(Method):
 
     # ---- fit and choose --------------------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank).
-
-        Without a ``val_loader`` there is nothing to choose on: ``auto`` is then last-layer ``laplace`` (its prior
-        chosen on training rows, as ``"laplace"`` alone would), which it says in its card."""
+        """Fit every candidate's methods on the training data (a shared inner method once; one DAC feature bank);
+        without a ``val_loader`` there is nothing to choose on, and ``auto`` is last-layer ``laplace``."""
         if val_loader is None:
             laplace = [part for part in self._parts if part.label == "laplace"]
             if not laplace:
@@ -298,9 +280,8 @@ class AutoMethod(Method):
         )
 
     def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
-        """Make every candidate's own held-out choices, score each on examples its choice did not see, and keep the
-        chain the selection step picks (module docs). Once only the chosen chain is kept (``keep_candidates=False``),
-        a new choice re-makes that chain's own held-out choices."""
+        """Make every candidate's own held-out choices and keep the chain the selection step picks (module docs); once
+        only the chosen chain is kept, a new choice re-makes that chain's own choices."""
         if not self._parts:
             for method in chain_of(self._chosen()):
                 make_choice(method, held_out, train_loader=train_loader, progress=progress)

@@ -1,10 +1,8 @@
 """Members of one architecture run as one batched forward: parameters batched, the forward vmapped.
 
-``torch.func.stack_module_state`` puts the members' parameters and buffers along a new first
-(member) dimension; ``torch.vmap`` over ``torch.func.functional_call`` of one member's module then runs
-all ``M`` members in one batched pass (one kernel per layer over ``M`` weight sets instead of ``M``
-Python loops). The batched copy is kept between calls and rebuilt when a member's tensors change (moved
-to another device, or modified in place: each tensor's storage and version counter are checked).
+``torch.func.stack_module_state`` stacks the members' parameters and buffers along a new first dimension, and
+``torch.vmap`` over ``torch.func.functional_call`` runs all ``M`` members in one pass. The stacked copy is rebuilt
+when a member's tensors change (each tensor's storage and version counter are checked).
 
 Example:
     >>> from posthoc.methods.ensemble.batched import BatchedForward
@@ -49,12 +47,8 @@ def _tensors(model: nn.Module) -> list[Tensor]:
 
 
 class BatchedForward:
-    """The members' log-probabilities ``(M, N, C)`` from one vmapped forward (see module docs).
-
-    The first member's module serves as the template for ``functional_call`` (its own tensors are
-    swapped for the batched ones during the call and restored after it); it must be in eval mode, as
-    ``UncertainModel.predict`` puts it.
-    """
+    """The members' log-probabilities ``(M, N, C)`` from one vmapped forward (see module docs), the first member's
+    module (in eval mode) the template of ``functional_call``."""
 
     def __init__(self, models: Sequence[nn.Module]) -> None:
         self.models = list(models)

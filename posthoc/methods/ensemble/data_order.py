@@ -17,12 +17,8 @@ from torch.utils.data import DataLoader, DistributedSampler, IterableDataset, Ra
 
 
 def reshuffled(loader: Iterable | None, seed: int) -> Iterable | None:
-    """``loader`` drawing its examples in a random order seeded by ``seed``.
-
-    Only a ``DataLoader`` over a map-style dataset with a batch size can be reshuffled (same dataset,
-    batch size, collate function and workers); any other iterable, and a loader sharded by a
-    ``DistributedSampler``, is returned as it is and keeps its own order.
-    """
+    """``loader`` drawing its examples in a random order seeded by ``seed``; only a ``DataLoader`` over a map-style
+    dataset with a batch size and no ``DistributedSampler`` can be, any other iterable is returned as it is."""
     if (
         not isinstance(loader, DataLoader)
         or isinstance(loader.dataset, IterableDataset)

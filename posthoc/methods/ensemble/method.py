@@ -1,30 +1,15 @@
 """The ensemble method: an equal-weight mixture of ``M`` member methods, one per checkpoint.
 
-``posthoc.wrap([m1, m2, m3])`` is a deep ensemble (each member the plain model);
-``posthoc.wrap([m1, m2, m3], method="laplace")`` fits Laplace on every member and mixes the three
-posteriors. The predictive is ``p(y|x) = (1/M) sum_m p_m(y|x)``; ``Prediction.samples`` holds every
-member's samples (one per member for deterministic members, ``num_samples`` per member for sampled
-ones: ``num_samples`` always means samples *per member*), so the entropy split gives the members'
-disagreement as epistemic uncertainty.
+``posthoc.wrap([m1, m2, m3])`` is a deep ensemble (each member the plain model); ``posthoc.wrap([m1, m2, m3],
+method="laplace")`` fits Laplace on every member and mixes the three posteriors. The predictive is
+``p(y|x) = (1/M) sum_m p_m(y|x)``; ``Prediction.samples`` holds every member's samples (``num_samples`` always means
+samples *per member*), so the entropy split gives the members' disagreement as epistemic uncertainty. A stacked
+calibrator maps each member's predictive before they are mixed, which keeps the members' samples.
 
-A stacked calibrator (``method=["laplace", "temperature"]``) is fitted on the mixture's held-out
-likelihood and, as on every sampled predictive, maps each member's predictive before they are mixed,
-which keeps the members' samples (a temperature of the mixture's own log-probabilities, ensemble
-temperature scaling, is a different map).
-
-Plain members of one architecture can run as one vmapped forward (:mod:`.batched`): by default on a
-GPU, where one batched kernel per layer replaces ``M`` launches; on the CPU the loop is the default,
-because there vmap turns each convolution into a grouped one and splits off its bias and BatchNorm into
-strided elementwise passes (docs/methods/ensembles.md compares the two). Other members, and mixed
-architectures, always run one after the other. The ensemble is registered like any method (as
-``"ensemble"``, built from a list of models rather than named in ``method=``). Each member's posterior is
-bound to the fingerprint of its checkpoint (``member_fingerprints``), so a saved ensemble only loads onto the same members in
-the same order. Under ``torch.distributed`` the members are fitted on different ranks
-(:mod:`posthoc.engine.ranks_spread`).
-
-Under ``likelihood="regression"`` each member fits its own observation noise and the predictive is the
-equal-weight mixture of the members' Gaussians (or of their own mixtures, e.g. MC dropout's), so the
-members' disagreement is epistemic variance and their noises the aleatoric.
+Plain members of one architecture can run as one vmapped forward (:mod:`.batched`), by default on a GPU only
+(docs/methods/ensembles.md). A saved ensemble only loads onto the same members in the same order
+(``member_fingerprints``). Under ``likelihood="regression"`` each member fits its own noise and the predictive is the
+mixture of the members' Gaussians: their disagreement is epistemic variance, their noises the aleatoric.
 
 Example:
     >>> import posthoc
@@ -79,15 +64,10 @@ class Mixture(nn.Module):
 
 @register
 class Ensemble(Method):
-    """An equal-weight mixture of member methods (see module docs); built by ``posthoc.wrap([...])``.
+    """An equal-weight mixture of member methods, one per checkpoint (module docs); built by ``posthoc.wrap([...])``.
 
-    Args:
-        members: the fitted-or-not member methods, one per checkpoint, all of one method.
-        batched: run plain members of one architecture as one vmapped forward: ``None`` on CUDA inputs
-            only (see module docs), ``True`` always (refused for members that cannot be batched),
-            ``False`` never.
-        sources: per member, the fingerprint of the user's checkpoint where the member works on a copy
-            of it (taken at wrap); ``None`` entries are taken from the member's model at fit.
+    ``batched``: run plain members of one architecture as one vmapped forward (``None``: on CUDA only). ``sources``:
+    per member, the fingerprint of the user's checkpoint where the member works on a copy (``None``: taken at fit).
     """
 
     name = ENSEMBLE

@@ -1,15 +1,10 @@
 """``"multiswag"``: ``M`` SWAG runs from one checkpoint, mixed with equal weights (Wilson & Izmailov, 2020).
 
-Run ``k`` is the :class:`~posthoc.methods.swag.method.SWAG` method (its maths live in ``posthoc.methods.swag``) with its
-``seed`` option set to ``seed + k``, its fine-tuning's random state seeded from ``(seed, k)`` (dropout
-masks) and, for a ``DataLoader`` over a map-style dataset, its own shuffled data order
-(:mod:`.data_order`). Each run fine-tunes a private copy, so the runs start from the same checkpoint
-and drift to different SWAG modes; ``num_samples`` is samples per run. Under ``torch.distributed``
-the runs are spread over ranks like ensemble members.
-
-Under ``likelihood="regression"`` each run fine-tunes and chooses its scale as SWAG does (with its own noise);
-the runs' samples then make one mixture of ``N(f_s(x), σ²)``, the mixture of the runs' mixtures with one
-noise ``σ`` re-fitted on held-out data over every run's samples (shared by the runs, reported on the card).
+Run ``k`` is :class:`~posthoc.methods.swag.method.SWAG` with ``seed + k``, its fine-tuning's random state seeded from
+``(seed, k)`` and, for a ``DataLoader`` over a map-style dataset, its own shuffled data order (:mod:`.data_order`).
+Each run fine-tunes a private copy, so the runs drift to different SWAG modes; ``num_samples`` is samples per run.
+Under ``likelihood="regression"`` the runs' samples make one mixture of ``N(f_s(x), σ²)`` with one noise ``σ``
+re-fitted on held-out data over every run's samples.
 
 Example:
     >>> import posthoc
@@ -33,6 +28,7 @@ from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian, Likelihood, make_likelihood
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.objective import fit_sampled_noise
 from posthoc.methods.ensemble.data_order import reshuffled
@@ -45,11 +41,8 @@ SEED_STRIDE = 1000
 
 @register
 class MultiSWAG(Ensemble):
-    """MultiSWAG: ``members`` SWAG runs of one checkpoint with different seeds and data orders, mixed.
-
-    Options: ``members`` (runs, 4) and every option of ``"swag"`` (``subset``, ``cov``, ``scale``,
-    ``num_samples`` per run, ``seed``, ...). Fit options: those of ``"swag"`` (``epochs``, ``lr``, ...).
-    """
+    """MultiSWAG: ``members`` SWAG runs of one checkpoint with different seeds and data orders, mixed; every other
+    option (and every fit option) is ``"swag"``'s."""
 
     name = "multiswag"
     likelihoods = (Categorical, Gaussian)
@@ -57,7 +50,7 @@ class MultiSWAG(Ensemble):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(SWAG.Options):
-        members: int = 4
+        members: int = option(4, "SWAG runs to mix")
 
     FitOptions = SWAG.FitOptions
 

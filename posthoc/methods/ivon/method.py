@@ -1,32 +1,15 @@
 """``"ivon"``: a short fine-tune with the IVON optimiser, samples from its Gaussian at predict time.
 
-IVON (Shen et al., 2024, "Variational Learning is Effective for Large Deep Networks") is an
-Adam-like optimiser that learns a diagonal Gaussian posterior ``N(m, diag(1 / (ess * (h + wd))))``:
-``m`` are the weights it trains, ``h`` its running estimate of the loss Hessian's diagonal,
-``ess`` the effective sample size (the number of training examples by default) and ``wd`` its
-weight decay. ``fit`` runs it from the checkpoint (the ``ivon-opt`` package, an optional extra:
-``pip install posthoc[ivon]``) on private copies (:mod:`posthoc.engine.private_weights`):
-
-- ``layers="all"`` (default): every trainable weight of a copy of the model, in train mode; the
-  copy's BatchNorm running statistics at the end of the fine-tune are kept with the posterior;
-- ``layers="head"``: the classifier head on the backbone's features (computed once); the
-  predictive then runs the backbone once and all sampled heads in one batched matmul.
-
-Defaults: 2 epochs at lr 1e-3 with ``hess_init=10`` and ``beta2=0.999``; IVON's Hessian estimate
-barely moves from ``hess_init`` in such a short run, so with a ``val_loader`` the spread is chosen on
-it (``scale``, see :mod:`~posthoc.methods.ivon.scale`). Measured: docs/methods/ivon.md.
-
-Under ``likelihood="regression"`` the fine-tune minimises the mean Gaussian NLL at the noise the plain
-model has on held-out data (so ``ess`` and the Hessian keep their meaning; ``hess_init`` is read at unit
-noise, IVON starts from ``hess_init / σ²`` as the loss's Hessian is ``1 / σ²`` of the unit one), the scale is chosen on the
-held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs, each scale at its own best
-noise, on clean held-out data only (:mod:`posthoc.engine.objective` says why),
-and the noise is then re-fitted on the sampled predictive (:meth:`IVON.regression_predictive`).
-
-The posterior is stored as plain buffers (``mean``, ``std`` and, for ``"all"``, ``batchnorm``), so a
-saved IVON posterior loads and predicts without ``ivon-opt`` installed; only ``fit`` needs it.
-Sample ``s`` of a prediction is ``mean + std * z_s`` with ``z_s`` the ``s``-th draw of ``randn(P)``
-from the generator (default: one seeded with ``seed``), exactly as ``IVON.sampled_params`` draws.
+IVON (Shen et al., 2024, "Variational Learning is Effective for Large Deep Networks") is an Adam-like optimiser that
+learns a diagonal Gaussian posterior ``N(m, diag(1 / (ess * (h + wd))))``: ``m`` the weights it trains, ``h`` its
+running estimate of the loss Hessian's diagonal, ``ess`` the effective sample size and ``wd`` its weight decay. ``fit``
+runs it from the checkpoint (the optional ``ivon-opt`` package, ``pip install posthoc[ivon]``) on private copies
+(:mod:`posthoc.engine.private_weights`), on every trainable weight (``layers="all"``, the copy's BatchNorm statistics
+kept with the posterior) or on the head over the backbone's features (``"head"``, all sampled heads in one batched
+matmul). With a ``val_loader`` the spread is chosen on it (:mod:`~posthoc.methods.ivon.scale`). Under
+``likelihood="regression"`` the fine-tune minimises the Gaussian NLL at the plain model's held-out noise (IVON starting
+from ``hess_init / σ²``). The posterior is plain buffers, so a saved one predicts without ``ivon-opt``; sample ``s`` is
+``mean + std * z_s``, ``z_s`` the ``s``-th draw of ``randn(P)`` as ``IVON.sampled_params`` draws.
 
 Example:
     >>> import posthoc
@@ -39,7 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,6 +35,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
@@ -68,23 +52,9 @@ SCHEDULE = ("epochs", "lr", "ess", "hess_init", "weight_decay", "beta2", "mc_sam
 
 @register
 class IVON(Method):
-    """IVON (Shen et al., 2024): variational fine-tuning from the checkpoint, Gaussian samples at predict.
-
-    Options:
-        layers: ``"all"`` (every trainable weight) or ``"head"`` (the classifier head only).
-        num_samples: weight samples per prediction.
-        scale: multiplies IVON's posterior standard deviations at predict (``scale^2``: a temperature);
-            ``None`` chooses it on ``fit``'s ``val_loader`` (:mod:`~posthoc.methods.ivon.scale`), or 1 without one.
-        head: the head's module name when it cannot be found automatically.
-        seed: seeds the fine-tune (IVON's own noise, dropout) and the default predictive generator.
-
-    Fit options (IVON's, with defaults for a short fine-tune from a trained checkpoint):
-    ``epochs`` (2), ``lr`` (1e-3), ``ess`` (``None``: the number of training examples),
-    ``hess_init`` (10: the fine-tune's sampling noise ``1 / sqrt(ess * hess_init)`` stays small
-    next to trained weights; IVON's own default 1 costs in-distribution NLL), ``weight_decay`` (1e-4),
-    ``beta2`` (0.999: IVON's default 0.99999 averages the Hessian over ~10^5 steps, far longer than a
-    fine-tune), ``mc_samples`` (1 weight sample per step).
-    """
+    """IVON (Shen et al., 2024): variational fine-tuning from the checkpoint, Gaussian samples at predict. The fit
+    options' defaults suit a short fine-tune: IVON's own ``hess_init=1`` costs in-distribution NLL, and its
+    ``beta2=0.99999`` averages the Hessian over far more steps than a fine-tune takes."""
 
     name = "ivon"
     export_refusal = SAMPLES_NETWORKS
@@ -92,15 +62,16 @@ class IVON(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        layers: str = "all"
-        num_samples: int = 20
-        scale: float | None = None
-        head: str | None = None
-        seed: int = 0
+        layers: str = option("all", "all (every trainable weight) or head (the classifier head only)")
+        num_samples: int = option(20, "weight samples per prediction")
+        scale: float | None = option(
+            None, "multiplies the posterior std at predict; None: chosen on val_loader, else 1 without one"
+        )
+        head: str | None = option(None, "the head's module name when it cannot be found automatically")
+        seed: int = option(0, "seeds the fine-tune and the default predictive generator")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        layers, num_samples, scale, head = options.layers, options.num_samples, options.scale, options.head
-        seed = options.seed
+        layers, scale = options.layers, options.scale
         super().__init__(model)
         self.layers = check_layers(layers)
         if scale is not None:
@@ -108,9 +79,9 @@ class IVON(Method):
         #: ``None``: chosen on ``fit``'s ``val_loader`` (:meth:`choose`), else 1 without one
         self.scale_option = None if scale is None else float(scale)
         self.scale = 1.0 if scale is None else float(scale)
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.seed = integer(seed, "seed")
-        self.split = FeatureSplit(model, head) if layers == "head" else None
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.seed = integer(options.seed, "seed")
+        self.split = FeatureSplit(model, options.head) if layers == "head" else None
         #: the posterior: IVON's weights ``m`` and ``1 / sqrt(ess * (h + wd))``, flat in parameter order
         self.register_buffer("mean", None)
         self.register_buffer("std", None)
@@ -123,13 +94,13 @@ class IVON(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 2
-        lr: float = 1e-3
-        ess: float | None = None
-        hess_init: float = 10.0
-        weight_decay: float = 1e-4
-        beta2: float = 0.999
-        mc_samples: int = 1
+        epochs: int = option(2, "passes over the training data")
+        lr: float = option(1e-3, "IVON's learning rate")
+        ess: float | None = option(None, "the effective sample size; None: the number of training examples")
+        hess_init: float = option(10.0, "the Hessian's start: the sampling noise 1 / sqrt(ess * hess_init) stays small")
+        weight_decay: float = option(1e-4, "IVON's weight decay (the prior's precision)")
+        beta2: float = option(0.999, "the Hessian estimate's running-average factor")
+        mc_samples: int = option(1, "weight samples per step")
 
     def fit(
         self,
@@ -178,10 +149,8 @@ class IVON(Method):
             fit_sampled_noise(self.likelihood, self.sampled_outputs, loaders, self.device)
 
     def knob(self) -> Knob | None:
-        """The scale (``scale=None``): the selection step over 0 (the fine-tuned mean) and :data:`.scale.SCALES`,
-        walking from the widest down until one is admissible (:mod:`~posthoc.methods.ivon.scale`); every scale draws
-        the same random numbers. Real targets are scored on the clean held-out data, each scale at its own best
-        noise; the noise is then re-fitted at the chosen scale."""
+        """The scale (``scale=None``) by the selection step (:mod:`~posthoc.methods.ivon.scale`), every scale drawing the
+        same random numbers; under regression the noise is then re-fitted at the chosen scale."""
         if self.scale_option is not None:
             return None
         return Knob(
@@ -245,75 +214,41 @@ class IVON(Method):
         draws = [randn(self.mean.shape, generator=generator, device=self.mean.device) for _ in samples]
         return self.mean + (self.scale * self.std) * torch.stack(draws)
 
-    def _mean_state(self) -> dict[str, Tensor]:
-        """The fine-tuned mean weights (and BatchNorm statistics) of ``"all"`` as a state."""
-        return unflatten(
-            torch.cat([self.mean, self.batchnorm]), self.model, sample_names(self.model, self.layers, None)
-        )
-
-    def _mean_log_predictive(self, x: Inputs) -> LogPredictive:
-        """``scale = 0``: the fine-tuned mean weights alone, a deterministic predictive."""
-        if self.layers == "head":
-            log_probs, _ = head_log_predictive(self.split, lambda group: self.mean[None], 1, x)
-        else:
-            state = self._mean_state()
-            log_probs, _ = state_log_predictive(self.model, lambda s: state, 1, x)
-        return log_probs, None
-
     def _draws(self, generator: torch.Generator | None) -> torch.Generator:
-        """A copy of ``generator`` (default: one seeded with ``seed``), so that every chunk of a prediction starts alike."""
+        """A copy of ``generator`` (default: one seeded with ``seed``), so that sample ``s`` is one weight vector for
+        every chunk of a prediction."""
         if generator is None:
             return torch.Generator().manual_seed(self.seed)
         return torch.Generator(device=generator.device).set_state(generator.get_state())
 
-    def _state_sampler(self, generator: torch.Generator) -> Callable[[int], dict[str, Tensor]]:
-        """Sample ``s`` of ``"all"`` as a state: the generator's next draw (the samples are taken in order)."""
-        names = sample_names(self.model, self.layers, None)
-
-        def state(s: int) -> dict[str, Tensor]:
-            return unflatten(torch.cat([self._rows(range(1), generator)[0], self.batchnorm]), self.model, names)
-
-        return state
+    def _through(self, x: Inputs, num_samples: int | None, generator: Any, head_route: Any, state_route: Any) -> Any:
+        """The weight samples of a prediction (the fine-tuned mean alone at scale 0) run through ``head_route``
+        (``layers="head"``) or ``state_route`` (:mod:`posthoc.engine.weight_samples`)."""
+        names = None if self.layers == "head" else sample_names(self.model, self.layers, None)
+        if self.scale == 0:
+            count, rows = 1, lambda group: self.mean[None]
+            mean = None if names is None else unflatten(torch.cat([self.mean, self.batchnorm]), self.model, names)
+            states = lambda s: mean
+        else:
+            count, draws = num_samples or self.num_samples, self._draws(generator)
+            rows = lambda group: self._rows(range(group.start, group.stop), draws)
+            states = lambda s: unflatten(torch.cat([self._rows(range(1), draws)[0], self.batchnorm]), self.model, names)
+        if names is None:
+            return head_route(self.split, rows, count, x)
+        return state_route(self.model, states, count, x)
 
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        """Weight samples drawn from a copy of ``generator`` (default: one seeded with ``seed``).
-
-        Every chunk of examples starts from the same generator state, so sample ``s`` is one weight
-        vector for all examples of a prediction (``predict`` calls this once per chunk).
-        """
-        if self.scale == 0:
-            return self._mean_log_predictive(x)
-        count = num_samples or self.num_samples
-        generator = self._draws(generator)
-        if self.layers == "head":
-            return head_log_predictive(
-                self.split, lambda group: self._rows(range(group.start, group.stop), generator), count, x
-            )
-        return state_log_predictive(self.model, self._state_sampler(generator), count, x)
+        """The predictive of the weight samples drawn from a copy of ``generator`` (deterministic at scale 0)."""
+        log_probs, samples = self._through(x, num_samples, generator, head_log_predictive, state_log_predictive)
+        return log_probs, None if self.scale == 0 else samples
 
     def sampled_outputs(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws (``(1, N, D)``, the
-        fine-tuned mean's, at scale 0)."""
-        if self.layers == "head":
-            if self.scale == 0:
-                return head_outputs(self.split, lambda group: self.mean[None], 1, x)
-            generator = self._draws(generator)
-            return head_outputs(
-                self.split,
-                lambda group: self._rows(range(group.start, group.stop), generator),
-                num_samples or self.num_samples,
-                x,
-            )
-        if self.scale == 0:
-            state = self._mean_state()
-            return state_outputs(self.model, lambda s: state, 1, x)
-        return state_outputs(
-            self.model, self._state_sampler(self._draws(generator)), num_samples or self.num_samples, x
-        )
+        """``(S, N, D)``: the model's outputs under the weight samples :meth:`log_predictive` draws."""
+        return self._through(x, num_samples, generator, head_outputs, state_outputs)
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         super().load_posterior_state(state)

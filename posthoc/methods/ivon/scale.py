@@ -1,13 +1,9 @@
 """The spread of IVON's samples chosen on held-out data: the scales of its standard deviations that are tried.
 
-Why: a short fine-tune from a checkpoint is far too short for IVON's Hessian estimate ``h`` to
-converge from ``hess_init`` (its running average keeps about ``beta2^steps`` of the start), so the
-posterior's width is set mostly by ``hess_init``, a number with no meaning for the user's model.
-As SWAG's scale and Laplace's prior precision are, the spread is then chosen on ``val_loader``:
-sample ``s`` is ``m + scale * std * z_s`` (``scale^2`` is a posterior temperature), with ``scale``
-chosen among 0 (the fine-tuned mean alone) and :data:`SCALES` by the selection step
-(:mod:`posthoc.engine.selection`), walking down from the widest until one is admissible
-(``IVON.choose``).
+A short fine-tune is far too short for IVON's Hessian estimate to move from ``hess_init``, so the posterior's width is
+set mostly by a number with no meaning for the user's model. As SWAG's scale is, it is then chosen on ``val_loader``:
+sample ``s`` is ``m + scale * std * z_s``, ``scale`` chosen among 0 (the fine-tuned mean) and :data:`SCALES` by the
+selection step, walking down from the widest until one is admissible.
 
 Example:
     >>> from posthoc.methods.ivon.scale import SCALES

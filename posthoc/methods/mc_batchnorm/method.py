@@ -1,11 +1,10 @@
 """``"mc-batchnorm"``: Monte Carlo Batch Normalisation (Teye, Azizpour & Smith, ICML 2018).
 
 A network trained with BatchNorm saw the statistics of a random mini-batch at every step. Predicting with those of
-``S`` random training mini-batches of size ``b`` draws ``S`` networks, whose softmax outputs are averaged: sample
-``s`` normalises each BatchNorm input ``z`` as ``(z - μ_s) / sqrt(σ²_s + ε) · γ + β``, ``μ_s, σ²_s`` the per-channel
-mean and unbiased variance of that layer's input over mini-batch ``s`` (each layer normalising with them, as in
-training; torch-uncertainty's ``MCBatchNorm`` rule). Smaller batches spread the samples more: ``b`` is chosen on
-held-out data by the selection step among :data:`BATCH_SIZES` and the plain model. No weight changes.
+``S`` random training mini-batches of size ``b`` draws ``S`` networks: sample ``s`` normalises each BatchNorm input
+with the per-channel mean and unbiased variance of that layer's input over mini-batch ``s`` (torch-uncertainty's
+``MCBatchNorm`` rule). Smaller batches spread the samples more: ``b`` is chosen on held-out data by the selection step
+among :data:`BATCH_SIZES` and the plain model. No weight changes.
 
 Example:
     >>> from torch import nn

@@ -50,11 +50,8 @@ def keep_mask(
 
 
 def dropped(x: Tensor, p: float, *, channel_dims: int = 0, generator: torch.Generator | None = None) -> Tensor:
-    """``x`` with entries zeroed at rate ``p`` and the rest scaled by ``1 / keep_probability(p)``.
-
-    ``channel_dims=k`` drops whole channels (one draw per row and channel, shared over the ``k``
-    trailing dimensions) when ``x`` has them, as ``nn.Dropout{k}d`` does.
-    """
+    """``x`` with entries zeroed at rate ``p`` and the rest scaled by ``1 / keep_probability(p)``; ``channel_dims=k``
+    drops whole channels (shared over the ``k`` trailing dimensions), as ``nn.Dropout{k}d`` does."""
     if p <= 0 or not isinstance(x, Tensor) or not x.is_floating_point():
         return x
     shape = x.shape

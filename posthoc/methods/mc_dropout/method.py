@@ -1,43 +1,19 @@
 """``"mc-dropout"``: Monte Carlo dropout on any trained classifier, prefix once, samples batched.
 
-The model's own dropout (``nn.Dropout*`` modules, timm's functional ``drop_rate``) is sampled at
-prediction time; a model without dropout gets it inserted — before the classifier by default
-(``where="head"``), after every stage (``"blocks"``) or before named modules — through temporary
-hooks, so the user's model is never copied or changed and BatchNorm stays in eval mode.
+The model's own dropout (``nn.Dropout*`` modules, timm's functional ``drop_rate``) is sampled at prediction time; a
+model without dropout gets it inserted (before the classifier by default, :mod:`.sites`) through temporary hooks, so
+the user's model is never copied or changed and BatchNorm stays in eval mode.
 
-The model's structure is resolved once: the dropout sites and the head at ``wrap()`` where the
-model shows them (own dropout modules, timm/torchvision heads, ``nn.Sequential``), otherwise from
-the first batch that ``fit()`` (for ``p="auto"``) or ``predict()`` sees; nothing is probed again.
+With ``masks="per_example"`` (the default) the network runs once up to the first dropout site and the rest on all
+``S`` samples at once (:mod:`posthoc.engine.suffix`), a fresh mask for every example and sample. With
+``masks="shared"`` and dropout on a Linear head's input only, ``S`` masks shared by the batch give all samples in one
+matmul (:mod:`.shared_masks`); not the default, as temperature fitted on such samples over-sharpens.
 
-* With ``masks="shared"`` and dropout on the head's input only (a Linear head): one forward pass
-  captures the features, and ``S`` masks over them, shared by the examples of the batch, give all
-  samples in one matmul (:mod:`.shared_masks`). Not the default: temperature fitted on such
-  samples sees only ``S`` sub-networks per batch and over-sharpens (docs/methods/mc-dropout.md).
-* Otherwise (``masks="per_example"``, the default): the network runs once up to the first dropout site,
-  and the rest runs on all ``S`` samples at once (:mod:`posthoc.engine.suffix`), with a fresh
-  mask for every example and sample.
-
-Rates: a float sets every site to it. ``p=None`` (the default) keeps the model's own rates
-(inserted dropout: ``DEFAULT_INSERT_P``) unless ``fit`` gets a ``val_loader``; then, as with
-``p="auto"`` (which requires one), every site gets the rate the selection step
-(:mod:`posthoc.engine.selection`) picks among 0 (no dropout: the plain model) and :data:`P_GRID`,
-each scored with :data:`SELECTION_FACTOR` times ``num_samples`` masks (the same draws for every rate):
-walking up the rates while the one-sided 95 % upper bound of the held-out NLL excess over the plain
-model stays within ``fit(..., tolerance=...)``, then, among those, the rate of lowest NLL on the
-perturbed copies of the held-out batches (with ``shift=None`` the largest accepted). Not the rate with
-the lowest validation NLL: dropout pays off under shift, which clean validation data does not show,
-while in distribution the NLL is flat near its minimum. The choice and both validation NLLs are kept
-in buffers and shown by ``um.summary()``.
-
-Under ``likelihood="regression"`` the predictive is the equal-weight mixture of ``N(f_s(x), σ²)`` over
-the ``S`` sampled networks' outputs ``f_s(x)``, ``σ`` by maximum likelihood of that mixture on the
-held-out data (the training data without a ``val_loader``; the same seeded masks for every ``σ``).
-The rate is chosen by the same selection step on the held-out Gaussian NLL
-(:func:`posthoc.core.likelihood.best_noise_nlls`): the plain model's is that of ``N(f(x), σ_plain²)``,
-each candidate rate's that of its mixture, each with its own ``σ`` fitted by maximum likelihood on the
-same held-out rows (so a rate is compared at its best noise, not at one fitted for another). The
-noise of the predictive is then fitted at the chosen rate as above. No perturbed copies there (they
-grade a classifier's accuracy).
+``p="auto"`` (or ``p=None`` with a ``val_loader``) chooses every site's rate by the selection step
+(:mod:`posthoc.engine.selection`) among 0 (the plain model) and :data:`P_GRID`: not the lowest validation NLL, as
+dropout pays off under shift, which clean validation data does not show (docs/methods/mc-dropout.md). Under
+``likelihood="regression"`` the predictive is the mixture of ``N(f_s(x), σ²)`` over the ``S`` sampled networks, each
+candidate rate scored at its own best ``σ``.
 
 Example:
     >>> import torch
@@ -125,14 +101,7 @@ class MCDropout(Method):
             super().__post_init__()  # masks
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        p, where, insert, num_samples, head, masks = (
-            options.p,
-            options.where,
-            options.insert,
-            options.num_samples,
-            options.head,
-            options.masks,
-        )
+        p, where, insert, head = options.p, options.where, options.insert, options.head
         super().__init__(model)
         if isinstance(where, (list, tuple)):
             check_module_names(model, where)
@@ -147,7 +116,7 @@ class MCDropout(Method):
             )
         if where is not None and not insert:
             raise ConfigError("where places new dropout, which insert=False forbids; drop where or pass insert=True")
-        self.where, self.head, self.num_samples, self.masks = where, head, num_samples, masks
+        self.where, self.head, self.num_samples, self.masks = where, head, options.num_samples, options.masks
         self.tunes_rate = p is None or p == "auto"
         #: ``p="auto"``: the rate must be chosen on ``val_loader`` before predicting
         self.rate_from_val = p == "auto"
@@ -239,8 +208,8 @@ class MCDropout(Method):
             self._fit_noise((train_loader, list(held_out.clean())), progress)
 
     def summary(self) -> dict[str, Any]:
-        """Dropout units (per example, summed over the sites whose rate is not 0; ``None`` until a batch was
-        sampled), the sites, the rate(s) and where they come from, the mask mode and the sample count.
+        """Dropout units per example (``None`` until a batch was sampled), the sites, the rates and where they come
+        from, the mask mode and the sample count.
 
         Example:
             >>> import torch
@@ -321,8 +290,7 @@ class MCDropout(Method):
 
     def to_module(self, export: Any) -> nn.Module:
         """Dropout on a Linear head's input as ``S`` masked head weights ``W diag(mask_s / q)`` drawn once at export
-        (the shared masks' predictive, :mod:`posthoc.methods.mc_dropout.shared_masks`); a rate of 0 is the plain
-        model."""
+        (the shared masks' predictive, :mod:`.shared_masks`); a rate of 0 is the plain model."""
         self._resolve(None)
         if self._sites is None:
             raise ExportError(
@@ -402,11 +370,8 @@ class MCDropout(Method):
                 self._head_split = None
 
     def _head_features(self, x: Inputs) -> Tensor | None:
-        """The head's input features of ``x`` if the only site drops exactly them, else ``None``.
-
-        The first call checks it (the site's tensor must be what the head receives, and the head's
-        output the model's output) in the same forward pass that computes the features.
-        """
+        """The head's input features of ``x`` if the only site drops exactly them, else ``None`` (checked once, in the
+        forward pass that computes them)."""
         if self._head_split is None or self._head_checked:
             return None if self._head_split is None else self._head_split(x)[0]
         site, marked = self._sites[0], []

@@ -1,14 +1,10 @@
 """Dropout on a Linear head's input with masks shared across the batch: all samples in one matmul.
 
-Given the head's input features ``phi`` ``(N, D)`` from one ordinary forward pass, sample ``s``
-keeps the features where ``keep[s]`` ``(D,)`` is true, for every example alike:
-``logits_s = (phi * m_s) @ W.T + b = phi @ (W * m_s).T + b`` with ``m_s = keep[s] / q``. Each
-example's predictive is the same in distribution as with fresh masks per example; only samples of
-different examples become correlated. The product is formed on the smaller side: the ``S`` masked
-weight matrices ``(S, C, D)`` when the batch has at least as many examples as the head has
-classes (then one GEMM gives logits laid out ``(S, C, N)``, whose softmax over the middle
-dimension vectorises over examples), else the ``S`` masked feature matrices ``(S, N, D)``. Groups
-of samples are sized under the memory budget by :mod:`posthoc.core.chunks`.
+Sample ``s`` keeps the head's input features ``phi`` ``(N, D)`` where ``keep[s]`` is true, for every example alike:
+``logits_s = (phi * m_s) @ W.T + b = phi @ (W * m_s).T + b`` with ``m_s = keep[s] / q``. Each example's predictive is
+as with fresh masks per example; only samples of different examples become correlated. The product is formed on the
+smaller side: the ``S`` masked weights ``(S, C, D)`` when the batch has at least as many examples as classes, else the
+masked features ``(S, N, D)``, in groups sized under the memory budget.
 
 Example:
     >>> import torch
@@ -33,12 +29,7 @@ from posthoc.methods.mc_dropout.masks import keep_probability
 
 
 def shared_mask_predictive(phi: Tensor, head: nn.Linear, keep: Tensor, p: float) -> tuple[Tensor, Tensor]:
-    """``(log_probs (N, C), sample_log_probs (S, N, C))`` of ``head`` on ``phi`` with features kept where ``keep`` ``(S, D)``.
-
-    Alive at the peak: two copies of the samples (logits and log-probabilities, then log-probabilities
-    and :func:`log_mean_exp`'s working copy), or one copy beside one group's masked matrices and
-    their logits (the groups are planned under the runner's memory budget).
-    """
+    """``(log_probs (N, C), samples (S, N, C))`` of ``head`` on ``phi`` with features kept where ``keep`` ``(S, D)``."""
     weight, bias = head.weight, head.bias
     scale = keep.to(weight.dtype).mul_(1.0 / keep_probability(p))
     (n, features), classes = phi.shape, weight.shape[0]

@@ -1,23 +1,11 @@
 """Where a model drops units: finding its own dropout, placing new dropout, and sampling masks.
 
-Dropout is described by :class:`DropoutSite` records (a module name, whether the dropout acts on
-that module's input or output, and a rate) and applied by :func:`sampling`, which registers
-temporary hooks that multiply activations by Bernoulli masks (:mod:`.masks`) drawn from a
-``torch.Generator``.
-The model stays in eval mode the whole time: BatchNorm keeps its running statistics, the
-model's own ``nn.Dropout`` modules stay inert, and nothing is left behind when the context exits.
-"Inserting" dropout therefore needs no copy of the model and never touches its weights.
-
-Sites come from, in order:
-
-* the model's own ``nn.Dropout`` / ``nn.Dropout1d/2d/3d`` modules with ``p > 0`` (the 1d/2d/3d
-  variants drop whole channels, as in training);
-* timm's functional ``drop_rate`` (applied by timm with ``F.dropout`` right before the
-  classifier and gated on the root module's ``training`` flag): it becomes a site on the
-  classifier's input, so no module has to be put in train mode;
-* inserted dropout: ``where="head"`` (the classifier's input, at the rate of the model's own dropout
-  there when it has one: :func:`head_dropout_rate`), ``"blocks"`` (see
-  :func:`block_names`) or a list of module names (dropout on each one's input).
+A :class:`DropoutSite` (a module name, its input or output, a rate) is applied by :func:`sampling` through temporary
+hooks that multiply activations by Bernoulli masks (:mod:`.masks`). The model stays in eval mode: BatchNorm keeps its
+running statistics, its own ``nn.Dropout`` modules stay inert, and nothing is left behind, so inserting dropout needs
+no copy of the model. Sites are the model's own ``nn.Dropout*`` modules (the 1d/2d/3d ones drop whole channels), timm's
+functional ``drop_rate`` (a site on the classifier's input), or inserted dropout: ``where="head"``, ``"blocks"``
+(:func:`block_names`) or module names (dropout on each one's input).
 
 Example:
     >>> import torch
@@ -48,10 +36,8 @@ from posthoc.engine.hooks import hooked
 from posthoc.errors import ConfigError
 from posthoc.methods.mc_dropout.masks import dropped
 
-#: rate of inserted dropout when ``p`` is neither given nor chosen on validation data. Gal &
-#: Ghahramani train with 0.1-0.5, but dropout inserted into a model trained without it makes the
-#: model less confident in distribution; 0.05 keeps that cost small while still lowering the NLL under shift
-#: (docs/methods/mc-dropout.md)
+#: rate of inserted dropout when ``p`` is neither given nor chosen: small, as dropout inserted into a model trained
+#: without it costs in-distribution confidence (docs/methods/mc-dropout.md)
 DEFAULT_INSERT_P = 0.05
 
 _CHANNEL_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
@@ -59,11 +45,8 @@ _CHANNEL_DIMS = {nn.Dropout1d: 1, nn.Dropout2d: 2, nn.Dropout3d: 3}
 
 @dataclass(frozen=True)
 class DropoutSite:
-    """Dropout applied to the ``at`` (``"input"`` or ``"output"``) of module ``name``.
-
-    ``channel_dims`` is 0 for element-wise masks and ``k`` for ``nn.Dropout{k}d``-style masks
-    that drop whole channels (one draw per row and channel, shared over the ``k`` trailing dims).
-    """
+    """Dropout applied to the ``at`` (``"input"`` or ``"output"``) of module ``name``; ``channel_dims`` is 0 for
+    element-wise masks and ``k`` for ``nn.Dropout{k}d``-style masks that drop whole channels."""
 
     name: str
     at: str
@@ -102,11 +85,8 @@ def _timm_functional_rate(model: nn.Module, module_sites: list[DropoutSite]) -> 
 
 
 def block_names(model: nn.Module) -> list[str]:
-    """The modules after which ``where="blocks"`` drops units.
-
-    The stages listed in timm's ``feature_info``; else torchvision ResNet's ``layer1..layerN``;
-    else the children of a ``features`` ``nn.Sequential`` (torchvision CNNs and Swin); else the
-    inputs of every ``nn.Linear`` are used instead (see :func:`inserted_sites`).
+    """The modules after which ``where="blocks"`` drops units: timm's ``feature_info`` stages, else ResNet's
+    ``layer1..layerN``, else the children of a ``features`` ``nn.Sequential`` (else none).
 
     Example:
         >>> import torchvision
@@ -160,9 +140,8 @@ def inserted_sites(
 
 
 def head_dropout_rate(model: nn.Module, head_name: str) -> float | None:
-    """The rate of the model's own dropout right before its head, or ``None``: an ``nn.Dropout`` named
-    ``dropout`` beside the head (Hugging Face classifiers: BERT's ``dropout`` before ``classifier``,
-    RoBERTa's ``classifier.dropout`` before ``out_proj``) or just before it in an ``nn.Sequential``.
+    """The rate of the model's own dropout right before its head, or ``None``: an ``nn.Dropout`` named ``dropout``
+    beside the head (Hugging Face classifiers) or just before it in an ``nn.Sequential``.
 
     Example:
         >>> from torch import nn
@@ -205,11 +184,8 @@ def sampling(
     generator: torch.Generator | None = None,
     units: dict[str, int] | None = None,
 ) -> Iterator[nn.Module]:
-    """Make ``model`` drop units at ``sites`` (fresh masks per row and call) inside the context.
-
-    Only temporary hooks are added (and always removed); flags and weights are untouched. When
-    ``units`` is a dict, each site's :func:`dropout_units` are written to it under the site's name.
-    """
+    """Make ``model`` drop units at ``sites`` (fresh masks per row and call) inside the context, through temporary
+    hooks; a dict ``units`` gets each site's :func:`dropout_units` under its name."""
     with hooked((model.get_submodule(site.name), site.at, _dropping(site, generator, units)) for site in sites):
         yield model
 

@@ -1,24 +1,19 @@
 """The Langevin update and its step-size schedules: plain SGLD and cyclical SG-MCMC (Zhang et al., 2020).
 
-The target is the tempered posterior ``p(theta | D)^(1/T)`` with ``N`` training examples,
-``U(theta) = N * mean_i loss_i(theta) + (lambda / 2) |theta - theta_0|^2`` (a Gaussian prior of
-precision ``lambda`` centred on ``theta_0``: the checkpoint or zero). With the step written as a
-learning rate ``eta`` on the *mean* mini-batch loss, one step is
+The target is the tempered posterior ``exp(-U / T)``, ``U(theta) = N * mean_i loss_i(theta) + (lambda / 2)
+|theta - theta_0|^2`` (a Gaussian prior centred on the checkpoint or zero). With a learning rate ``eta`` on the *mean*
+mini-batch loss, one step is
 
     theta <- theta - eta * (grad mean_batch loss + (lambda / N) (theta - theta_0)) + sqrt(2 eta T / N) * xi,
 
-``xi ~ N(0, I)``: SGLD (Welling and Teh, 2011) with step ``epsilon = 2 eta / N`` on ``U / T``, whose
-stationary law (for small ``eta``) is ``exp(-U / T)``. ``T = 1`` is the Bayes posterior, ``T < 1``
-a cold one, ``T = 0`` plain SGD with weight decay ``lambda / N`` towards ``theta_0``.
+``xi ~ N(0, I)``: SGLD (Welling and Teh, 2011) with step ``epsilon = 2 eta / N`` on ``U / T``. ``T = 1`` is the Bayes
+posterior, ``T < 1`` a cold one, ``T = 0`` plain SGD with weight decay ``lambda / N`` towards ``theta_0``.
 
-Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`):
-
-- plain (``cycles=None``): constant ``eta``; the first ``burn_in`` fraction of the steps is
-  discarded and ``S`` samples are kept evenly spaced over the rest;
-- cyclical (``cycles=M``): ``eta_k = eta / 2 * (cos(pi * r_k) + 1)`` with ``r_k`` the position in
-  the current cycle of ``ceil(K / M)`` steps; while ``r_k < exploration`` the step is plain SGD
-  (no noise: exploring a new mode), afterwards Langevin noise is added and the cycle's share of
-  the ``S`` samples is kept, evenly spaced, ending with the cycle's last step (the low-step phase).
+Schedules over ``K`` steps (:func:`step_size`, :func:`kept_steps`): plain (``cycles=None``), a constant ``eta``, the
+first ``burn_in`` fraction discarded and ``S`` samples kept evenly over the rest; cyclical (``cycles=M``),
+``eta_k = eta / 2 * (cos(pi * r_k) + 1)`` with ``r_k`` the position in the current cycle of ``ceil(K / M)`` steps,
+plain SGD while ``r_k < exploration`` (exploring a new mode), then Langevin steps of which the cycle's share of the
+``S`` samples is kept, ending with the cycle's last step.
 
 Example:
     >>> from posthoc.methods.sgld.langevin import kept_steps, step_size
@@ -61,9 +56,7 @@ def adds_noise(step: int, total: int, *, cycles: int | None, exploration: float)
 
 
 def silent_cycles(total: int, cycles: int, exploration: float) -> int:
-    """How many of the ``cycles`` cycles over ``total`` steps have no step in the sampling phase (a cycle of
-    ``L`` steps within a period of ``P`` has one when ``(L - 1) / P >= exploration``; cycles past the last step
-    have none).
+    """How many of the ``cycles`` cycles over ``total`` steps have no step in the sampling phase.
 
     Example:
         >>> from posthoc.methods.sgld.langevin import silent_cycles
@@ -77,8 +70,8 @@ def silent_cycles(total: int, cycles: int, exploration: float) -> int:
 
 
 def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_per_epoch: int) -> None:
-    """Refuse a cyclical schedule in which some cycle never reaches its sampling phase: its kept "samples"
-    would be plain SGD iterates (no Langevin noise), and its epistemic spread would be near zero.
+    """Refuse a cyclical schedule in which some cycle never reaches its sampling phase (its samples would be SGD
+    iterates).
 
     Example:
         >>> from posthoc.methods.sgld.langevin import check_schedule
@@ -105,13 +98,7 @@ def check_schedule(total: int, cycles: int | None, exploration: float, *, steps_
 
 
 def kept_steps(total: int, count: int, *, cycles: int | None, burn_in: float, exploration: float) -> list[int]:
-    """The steps after which a sample is kept, ``count`` in all (fewer if there are fewer candidate steps).
-
-    Example:
-        >>> from posthoc.methods.sgld.langevin import kept_steps
-        >>> kept_steps(100, 4, cycles=None, burn_in=0.5, exploration=0.8)
-        [62, 74, 87, 99]
-    """
+    """The steps after which a sample is kept, ``count`` in all (fewer if there are fewer candidate steps)."""
     if cycles is None:
         return _spread(math.floor(burn_in * total), total, count)
     period, kept = cycle_length(total, cycles), []
@@ -131,15 +118,8 @@ def _spread(start: int, stop: int, count: int) -> list[int]:
 
 
 class Langevin:
-    """SGLD steps on tensors whose ``.grad`` holds the gradient of the mean mini-batch loss (module docs).
-
-    Args:
-        params: the leaf tensors moved in place.
-        size: ``N``, the number of training examples.
-        prior_precision: ``lambda`` of the Gaussian prior.
-        centre: the prior's mean per tensor (``None``: zero).
-        temperature: ``T >= 0``.
-        generator: the noise's random generator.
+    """SGLD steps, in place, on ``params`` whose ``.grad`` holds the gradient of the mean mini-batch loss (module
+    docs: ``size`` is ``N``, ``centre`` the prior's mean per tensor, ``None`` for zero).
 
     Example:
         >>> import torch

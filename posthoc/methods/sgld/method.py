@@ -1,34 +1,15 @@
 """``"sgld"``: stochastic-gradient Langevin dynamics from the checkpoint, plain or cyclical.
 
-``fit`` runs a Langevin chain (:mod:`~posthoc.methods.sgld.langevin`) from the trained weights on
-private copies (:mod:`posthoc.engine.private_weights`) and keeps ``num_samples`` of its iterates:
+``fit`` runs a Langevin chain (:mod:`~posthoc.methods.sgld.langevin`) from the trained weights on private copies
+(:mod:`posthoc.engine.private_weights`), targeting ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)`` with
+``theta_0`` the checkpoint or zero, and keeps ``num_samples`` of its iterates. With ``layers="all"`` (the default: the
+head-only chain drifts towards a more confident head and does not lower the NLL under shift, docs/methods/sgld.md)
+each kept sample is a state of every trainable weight and the BatchNorm statistics, as many as the memory budget
+holds; with ``layers="head"`` it is the head's weight and bias, all run in one batched matmul on the features.
 
-- ``layers="all"`` (default): the chain moves every trainable weight of a copy of the model in
-  train mode; each kept sample is a state (the weights and the copy's BatchNorm running
-  statistics at that step, which follow the chain's recent weights), predicted with one forward
-  pass per sample. The kept states are memory-bounded: at most the run's memory budget
-  (:func:`posthoc.settings.memory_budget`, 512 MiB by default) of float32 rows, the chain thinned
-  further (with a warning) when ``num_samples`` states would not fit (a 25M-weight ResNet-50 keeps 5);
-- ``layers="head"``: the chain moves the head's weight and bias on the backbone's features
-  (computed once); the kept samples are stacked rows ``(S, C * D + C)`` and the predictive runs
-  the backbone once and every head in one batched matmul (about the cost of one forward).
-
-Why every weight by default: the head-only chain drifts from the checkpoint towards a more confident
-head (the features seen in eval mode are not those the head was trained on with dropout) and does not
-lower the NLL under shift, while a short chain over every weight keeps the in-distribution NLL and
-lowers it under rotation (measured: docs/methods/sgld.md).
-
-Prior and temperature: the chain targets ``p(D | theta)^(1/T) N(theta; theta_0, 1/lambda)^(1/T)``
-with ``theta_0`` the checkpoint (``prior="checkpoint"``, default: the prior keeps the chain near the
-weights the user trusts) or zero (``prior="zero"``, the textbook isotropic prior),
-``lambda = prior_precision`` and ``T = temperature`` (1: the Bayes posterior; below 1 a cold
-posterior).
-
-Under ``likelihood="regression"`` the chain's loss is the mean Gaussian NLL at the noise the plain model
-has on held-out data (so the Langevin noise ``sqrt(2 η T / N)`` keeps its meaning), the default learning
-rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`: the Gaussian NLL's curvature
-is ``2 / σ²`` times the softmax's largest), and the noise is re-fitted on the kept samples' predictive, the
-mixture of ``N(f_s(x), σ²)`` (:meth:`SGLD.regression_predictive`).
+Under ``likelihood="regression"`` the chain's loss is the Gaussian NLL at the plain model's held-out noise, the default
+learning rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`), and the noise is re-fitted on
+the kept samples' mixture of ``N(f_s(x), σ²)``.
 
 Example:
     >>> import posthoc
@@ -57,6 +38,7 @@ from posthoc.core.inputs import Inputs
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.fine_tune import Step, backward, fine_tune
 from posthoc.engine.head import FeatureSplit
@@ -76,26 +58,7 @@ MORE_MEMORY = "raise the memory budget, posthoc.wrap(..., max_memory=...)"
 
 @register
 class SGLD(Method):
-    """Stochastic-gradient Langevin dynamics (Welling and Teh, 2011), cyclical SG-MCMC (Zhang et al., 2020).
-
-    Options:
-        layers: ``"all"`` (every trainable weight) or ``"head"`` (the classifier head; the backbone
-            runs once per prediction).
-        cycles: ``None`` for plain SGLD (constant step, ``burn_in`` discarded), or the number of
-            cosine cycles of cyclical SGLD (samples kept in each cycle's low-step phase).
-        num_samples: samples kept at fit and used per prediction (fewer may be asked at predict).
-        temperature: ``T``; the chain targets the posterior to the power ``1/T`` (``0``: SGD, no noise).
-        prior: ``"checkpoint"`` (Gaussian prior centred on the trained weights) or ``"zero"``.
-        prior_precision: ``lambda``, the prior's precision per weight.
-        head: the head's module name when it cannot be found automatically.
-        seed: seeds the chain's noise and its mini-batch order.
-
-    Fit options: ``epochs`` (passes over the training data, 2), ``lr`` (the step on the mean
-    mini-batch loss; ``None``: ``1 / mean |[phi, 1]|^2`` over the head's features, a quarter of the
-    stability bound of the softmax head, or ``1e-3`` for ``"all"``), ``burn_in`` (plain SGLD: the
-    fraction of steps discarded, 0.5), ``exploration`` (cyclical: the fraction of each cycle run as
-    SGD before sampling, 0.8).
-    """
+    """Stochastic-gradient Langevin dynamics (Welling and Teh, 2011), cyclical SG-MCMC (Zhang et al., 2020)."""
 
     name = "sgld"
     export_refusal = SAMPLES_NETWORKS
@@ -103,30 +66,29 @@ class SGLD(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        layers: str = "all"
-        cycles: int | None = None
-        num_samples: int = 20
-        temperature: float = 1.0
-        prior: Literal[PRIORS] = "checkpoint"
-        prior_precision: float = 1.0
-        head: str | None = None
-        seed: int = 0
+        layers: str = option(
+            "all", "all (every trainable weight) or head (the classifier head; the backbone runs once)"
+        )
+        cycles: int | None = option(None, "None: plain SGLD (constant step, burn_in discarded); else cosine cycles")
+        num_samples: int = option(20, "samples kept at fit and used per prediction")
+        temperature: float = option(1.0, "T: the chain targets the posterior to the power 1/T (0: SGD, no noise)")
+        prior: Literal[PRIORS] = option("checkpoint", "a Gaussian prior centred on the trained weights, or on zero")
+        prior_precision: float = option(1.0, "lambda, the prior's precision per weight")
+        head: str | None = option(None, "the head's module name when it cannot be found automatically")
+        seed: int = option(0, "seeds the chain's noise and its mini-batch order")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        layers, cycles, num_samples = options.layers, options.cycles, options.num_samples
-        temperature, prior, prior_precision = options.temperature, options.prior, options.prior_precision
-        head, seed = options.head, options.seed
         super().__init__(model)
-        self.layers = check_layers(layers)
-        self.cycles = positive_int(cycles, "cycles", none="plain SGLD, a constant step")
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.temperature = non_negative(temperature, "temperature")
+        self.layers = check_layers(options.layers)
+        self.cycles = positive_int(options.cycles, "cycles", none="plain SGLD, a constant step")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.temperature = non_negative(options.temperature, "temperature")
         if math.isinf(self.temperature):
             raise ConfigError("temperature must be finite")
-        self.prior = prior
-        self.prior_precision = non_negative(prior_precision, "prior_precision")
-        self.seed = integer(seed, "seed")
-        self.split = FeatureSplit(model, head) if layers == "head" else None
+        self.prior = options.prior
+        self.prior_precision = non_negative(options.prior_precision, "prior_precision")
+        self.seed = integer(options.seed, "seed")
+        self.split = FeatureSplit(model, options.head) if options.layers == "head" else None
         #: the kept samples, one row each (head rows, or an "all" state's weights and BatchNorm statistics)
         self.register_buffer("samples", None)
         #: epochs, lr, cycles (0: plain), burn_in, exploration, steps of the chain that made them
@@ -135,10 +97,12 @@ class SGLD(Method):
     # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 2
-        lr: float | None = None
-        burn_in: float = 0.5
-        exploration: float = 0.8
+        epochs: int = option(2, "passes over the training data")
+        lr: float | None = option(
+            None, "the step on the mean loss; None: 1 / mean |[phi, 1]|^2 over the head's features, 1e-3 for all"
+        )
+        burn_in: float = option(0.5, "plain SGLD: the fraction of steps discarded")
+        exploration: float = option(0.8, "cyclical: the fraction of each cycle run as SGD before sampling")
 
     def fit(
         self,
@@ -296,15 +260,7 @@ class SGLD(Method):
         return self._through(x, num_samples, head_route=head_outputs, state_route=state_outputs)
 
     def summary(self) -> dict[str, Any]:
-        """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader
-            >>> card = posthoc.wrap(model, method="sgld").fit(train_loader, epochs=10).method.summary()
-            >>> card["layers"], card["kept"]
-            (['0', '3'], 20)
-        """
+        """The chain for the model card: weights sampled, samples kept, prior, temperature and schedule."""
         names = trained = []
         if self.split is None or self.split.head is not None:
             names = self._names()

@@ -1,19 +1,14 @@
 """Sparse variational dropout's posterior of one layer (Molchanov, Ashukha and Vetrov, ICML 2017).
 
-Each weight is ``w = theta * (1 + sqrt(alpha) * eps)``, i.e. ``N(theta, sigma^2)`` with
-``sigma^2 = alpha * theta^2``, under the log-uniform prior ``p(|w|) ∝ 1 / |w|``. With the paper's
-*additive reparameterisation* the parameters are ``theta`` and ``log sigma^2`` (not ``alpha``), so
-the gradient's variance does not grow with ``alpha``; ``log alpha = log sigma^2 - log theta^2``,
-clipped to ``[-10, 10]`` as in the authors' code. The KL divergence has no closed form; the paper's
-approximation (its eq. 14), accurate to about 0.01 nats everywhere, is
+Each weight is ``w ~ N(theta, alpha theta^2)`` under the log-uniform prior ``p(|w|) ∝ 1 / |w|``, parameterised by
+``theta`` and ``log sigma^2`` (the paper's additive reparameterisation, so the gradient's variance does not grow with
+``alpha``). The KL divergence has no closed form; the paper's approximation (eq. 14, within about 0.01 nats) is
 
     -KL ≈ k1 * sigmoid(k2 + k3 * log alpha) - 0.5 * log(1 + 1/alpha) - k1,
     k1 = 0.63576, k2 = 1.87320, k3 = 1.48695,
 
-which goes to 0 as ``alpha -> inf`` (a weight that is pure noise costs nothing, so the KL drives
-useless weights there: ``log alpha > 3`` marks a weight to prune). ``theta`` starts at the
-checkpoint's weights, ``log alpha`` at ``init_log_alpha`` everywhere; the bias stays a point value
-(trained, not random), as in the paper.
+which goes to 0 as ``alpha -> inf``: pure noise costs nothing, so the KL drives useless weights there. The bias stays
+a point value, as in the paper.
 
 Example:
     >>> from torch import nn

@@ -1,18 +1,12 @@
 """``"sparse-vd"``: sparse variational dropout on a trained network, and pruning by its ``log alpha``.
 
-Molchanov, Ashukha and Vetrov, "Variational Dropout Sparsifies Deep Neural Networks" (ICML 2017),
-applied post hoc: every weight of the chosen Linear / Conv2d layers (all of them by default) gets
-a Gaussian ``N(theta, alpha theta^2)`` with the log-uniform prior (:mod:`~posthoc.methods.sparse_vd.log_alpha`),
-``theta`` starting at the checkpoint's weights; ``fit`` maximises the ELBO with the KL term annealed
-in (:mod:`posthoc.engine.kl_schedule`) and local reparameterisation, like the paper's fine-tuning of
-a pretrained network. Weights whose ``log alpha`` grows past a threshold carry no information and
-can be removed: ``um.sparsity()`` tells how many per layer, ``um.prune()`` returns the pruned plain
-model (:mod:`~posthoc.methods.sparse_vd.pruning`). The predictive samples the whole posterior.
-
-Defaults are the paper's ELBO (KL weight 1, linear warm-up over half of 3 epochs). On a small data set
-the log-uniform prior's KL outweighs the data and shrinks the network: it prunes most weights and lowers
-the NLL under shift, at a cost in-distribution; a smaller ``kl_weight`` (fit option) trades sparsity back
-for fit. Measured: docs/methods/sparse-vd.md.
+Molchanov, Ashukha and Vetrov, "Variational Dropout Sparsifies Deep Neural Networks" (ICML 2017), applied post hoc:
+every weight of the chosen Linear / Conv2d layers gets a Gaussian ``N(theta, alpha theta^2)`` with the log-uniform
+prior (:mod:`~posthoc.methods.sparse_vd.log_alpha`), ``theta`` starting at the checkpoint's weights; ``fit`` maximises
+the ELBO (fit options as ``"vi"``'s) with local reparameterisation. Weights whose ``log alpha`` grows past a threshold
+carry no information: ``um.sparsity()`` tells how many per layer, ``um.prune()`` returns the pruned plain model
+(:mod:`~posthoc.methods.sparse_vd.pruning`). On a small data set the prior's KL outweighs the data and prunes most
+weights, at a cost in-distribution; a smaller ``kl_weight`` trades sparsity back for fit (docs/methods/sparse-vd.md).
 
 Example:
     >>> import posthoc
@@ -36,6 +30,7 @@ from typing import Any
 
 from torch import nn
 
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.variational_method import VariationalMethod
 from posthoc.errors import ConfigError
@@ -45,36 +40,19 @@ from posthoc.methods.sparse_vd.pruning import check_threshold, pruned_copy, remo
 
 @register
 class SparseVariationalDropout(VariationalMethod):
-    """Sparse variational dropout (Molchanov et al. 2017) with pruning (see module docs).
-
-    Options:
-        layers: ``"all"`` (default: every Linear and Conv2d), ``"head"`` or module names.
-        head: the head's module name for ``layers="head"`` where it cannot be found automatically.
-        init_log_alpha: ``log alpha`` of every weight at the start [-4.0: multiplicative noise of
-            standard deviation 0.14, a dropout rate of 0.018].
-        threshold: the ``log alpha`` above which a weight counts as pruned, the default of
-            ``sparsity`` and ``prune`` [3.0, the paper's].
-        num_samples: samples per prediction [20].
-        seed: seeds the predictive's draws when ``predict`` gets no generator.
-
-    Fit options: ``epochs`` [3]; ``lr`` (Adam, ``theta`` and the biases) [1e-3]; ``lr_scale`` (Adam,
-    ``log sigma^2``) [1e-2]; ``kl_weight`` [1.0], ``kl_schedule`` ["linear"], ``kl_warmup`` [0.5],
-    ``kl_cycles`` [4]: the KL weight's schedule, as for ``"vi"``.
-    """
+    """Sparse variational dropout (Molchanov et al. 2017) with pruning (see module docs)."""
 
     name = "sparse-vd"
     tools = ("sparsity", "prune")
-    #: not in ``posthoc demo``: it trades in-distribution NLL for sparsity, and sampling every layer costs
-    #: about 100 forwards per prediction
 
     @dataclass(frozen=True, kw_only=True)
     class Options(VariationalMethod.Options):
-        layers: str | Sequence[str] = "all"
-        head: str | None = None
-        init_log_alpha: float = -4.0
-        threshold: float = 3.0
-        num_samples: int = 20
-        seed: int = 0
+        layers: str | Sequence[str] = option("all", "all (every Linear and Conv2d), head, or module names")
+        head: str | None = option(None, "the head's module name for layers='head' where it cannot be found")
+        init_log_alpha: float = option(-4.0, "every weight's log alpha at the start (noise std 0.14)")
+        threshold: float = option(3.0, "the log alpha above which a weight counts as pruned (the paper's)")
+        num_samples: int = option(20, "samples per prediction")
+        seed: int = option(0, "seeds the predictive's draws when predict gets no generator")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         layers, head, init_log_alpha = options.layers, options.head, options.init_log_alpha
@@ -93,33 +71,15 @@ class SparseVariationalDropout(VariationalMethod):
 
     def sparsity(self, threshold: float | None = None) -> dict[str, Any]:
         """The fraction of weights with ``log alpha > threshold`` (default: the ``threshold`` option),
-        per layer and in total, with the counts.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader
-            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
-            >>> sorted(um.sparsity(threshold=3.0)), sorted(um.sparsity()["layers"])
-            (['layers', 'removed', 'total', 'weights'], ['0', '3'])
-        """
+        per layer and in total, with the counts."""
         self.check_fitted("um.sparsity()")
         return sparsity(removed_weights(self.layers, self.threshold if threshold is None else threshold))
 
     def prune(
         self, threshold: float | None = None, *, random: bool = False, seed: int = 0, sparse: bool = False
     ) -> nn.Module:
-        """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold``
-        set to zero (``random=True``: as many weights per layer at random, from ``seed``); ``sparse=True``
-        stores the pruned Linear weights in sparse CSR layout (:func:`~posthoc.methods.sparse_vd.pruning.pruned_copy`).
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader, x
-            >>> um = posthoc.wrap(model, method="sparse-vd").fit(train_loader, epochs=2)
-            >>> plain = um.prune()
-            >>> plain(x).shape
-            torch.Size([8, 3])
-        """
+        """A plain ``nn.Module`` copy of the model with the posterior means and the weights over ``threshold`` at zero
+        (``random=True``: as many per layer at random, from ``seed``; ``sparse``: :func:`.pruning.pruned_copy`)."""
         self.check_fitted("um.prune()")
         removed = removed_weights(
             self.layers, self.threshold if threshold is None else threshold, random=random, seed=seed

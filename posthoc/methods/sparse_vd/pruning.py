@@ -13,14 +13,8 @@ Example:
     >>> removed = removed_weights(layers, 3.0)
     >>> sparsity(removed)["total"]                      # 2 % of the weights after 10 epochs
     0.02
-    >>> plain = pruned_copy(um.method.model, layers, removed)      # an ordinary nn.Module
-    >>> plain
-    Sequential(
-      (0): Linear(in_features=4, out_features=64, bias=True)
-      (1): ReLU()
-      (2): Dropout(p=0.1, inplace=False)
-      (3): Linear(in_features=64, out_features=3, bias=True)
-    )
+    >>> type(pruned_copy(um.method.model, layers, removed)).__name__      # an ordinary nn.Module
+    'Sequential'
 """
 
 from __future__ import annotations
@@ -104,12 +98,9 @@ def restricted(layers: VariationalLayers, removed: dict[str, Tensor]) -> Iterato
 def pruned_copy(
     model: nn.Module, layers: VariationalLayers, removed: dict[str, Tensor], *, sparse: bool = False
 ) -> nn.Module:
-    """A deep copy of ``model`` whose variational layers hold the posterior means (``theta`` and the
-    fitted bias) with the ``removed`` weights set to zero: a plain ``nn.Module``, usable without posthoc.
-
-    ``sparse=True`` stores the pruned Linear weights in sparse CSR layout (a plain ``nn.Linear`` runs
-    them; frozen: ``requires_grad=False``); Conv2d weights stay dense (PyTorch has no sparse convolution).
-    """
+    """A deep copy of ``model`` whose variational layers hold the posterior means with the ``removed`` weights at zero:
+    a plain ``nn.Module``. ``sparse=True`` stores the pruned Linear weights, frozen, in sparse CSR layout (Conv2d
+    weights stay dense: PyTorch has no sparse convolution)."""
     pruned = copy.deepcopy(model)
     for name in layers.names:
         module, posterior = pruned.get_submodule(name), layers[name]

@@ -1,22 +1,11 @@
 """The augmentation families of ``"tta"``, one per input layout, and how the views of a batch are made.
 
-Each family is a function ``(x, strength, generator, scale) -> x'`` of a batch, acting on every example
-independently (no statistic of the batch is used, so an example's views do not depend on its neighbours):
-``scale`` is a per-channel (images) or per-feature (feature vectors) standard deviation measured on the
-training inputs at fit. At strength ``1``:
-
-- images ``(N, C, H, W)`` (or a dict with ``'pixel_values'``):
-  ``noise``: ``x + 0.1 · std_c · N(0, 1)``, Gaussian pixel noise in units of the channel's training std;
-  ``blur``: a Gaussian blur of sigma ``0.02 · u ·`` the shorter side, ``u`` drawn in ``[0.5, 1.5)`` per view;
-  ``zoom``: a zoom about the centre by a factor ``exp(v · log 1.05)``, ``v`` uniform in ``[-1, 1]`` per example
-  (bilinear, the border pixels repeated where zooming out);
-- feature vectors ``(N, D)``: ``feature-noise``, ``x + 0.1 · std_j · N(0, 1)`` in units of each feature's
-  training std;
-- token ids: no built-in family (a replaced token changes the meaning of a text); pass callables.
-
-A strength ``s`` multiplies the noise std, the blur sigma and the zoom's log-range. None of these is a kind
-the evaluation reports (:data:`posthoc.shift.EVALUATION_KINDS`: rotate, contrast, translate, occlude), so a
-benchmark of ``"tta"`` under those kinds measures shifts its augmentations never imitated.
+Each family is a function ``(x, strength, generator, scale) -> x'`` acting on every example independently (so an
+example's views do not depend on its neighbours); ``scale`` is the per-channel or per-feature std measured on the
+training inputs at fit. Images get ``noise``, ``blur`` and ``zoom``, feature vectors ``feature-noise``, token ids none
+(a replaced token changes the meaning of a text: pass callables). A strength multiplies the noise std, the blur sigma
+and the zoom's log-range. None is a kind the evaluation reports (:data:`posthoc.shift.EVALUATION_KINDS`), so a
+benchmark under those kinds measures shifts the augmentations never imitated.
 
 Example:
     >>> import torch

@@ -1,28 +1,15 @@
 """``"tta"``: test-time augmentation, the predictive mixed over augmented views of each input; stacks on any method.
 
-The predictive of an input ``x`` is the equal-weight mixture over ``V`` views ``x_1 = x`` (the identity, always
-one of them) and ``x_v = a_v(x)``, each through the inner method's predictive:
-``p(y | x) = (1/V) Σ_v p_inner(y | x_v)``. The samples are the inner's samples of every view, ``(V·S, N, C)``
-(``(V, N, C)`` on the plain model), so the usual split of :class:`~posthoc.Prediction` reads the views'
-disagreement as epistemic. Under ``likelihood="regression"`` the mixture of the views' Gaussian mixtures
-(``V·K`` components) is the :class:`~posthoc.RegressionPrediction`.
+The predictive is the equal-weight mixture over ``V`` views ``x_1 = x`` and ``x_v = a_v(x)`` through the inner
+method's predictive, ``p(y | x) = (1/V) Σ_v p_inner(y | x_v)``; the samples are the inner's samples of every view,
+``(V·S, N, C)``, so the views' disagreement reads as epistemic (under regression: a mixture of ``V·K`` Gaussians).
 
-- **Views**: the identity, then the families in turn (:mod:`posthoc.methods.tta.augment`): for images
-  ``noise``, ``blur`` and ``zoom``, for feature vectors ``feature-noise``; or the user's callables ``x -> x'``
-  (``augmentations=[...]``), mixed with family names if wanted. None of them is an evaluation kind
-  (:data:`posthoc.shift.EVALUATION_KINDS`). The views of a batch are drawn from a generator seeded with
-  ``seed`` (from one number drawn from ``predict``'s ``generator`` when one is passed), on the input's device,
-  so a prediction repeats exactly.
-- **Strength**: a factor on every family's parameter. With ``strength="auto"`` and a ``val_loader`` the
-  selection step (:mod:`posthoc.engine.selection`) walks from no augmentation (the inner predictive as it is)
-  through :data:`STRENGTHS`, admitting a strength only while the held-out NLL excess over the plain model
-  stays confidently within the tolerance, and keeps the admissible one of lowest NLL on the perturbed copies;
-  without a ``val_loader``, :data:`DEFAULT_STRENGTH`. Callables are used as given (the strength does not
-  reach them): with callables alone the choice is between them and no augmentation.
-- **Fit**: the training inputs' per-channel (images) or per-feature std, which the noise families are scaled
-  by (at most :data:`STATISTICS_ROWS` rows); nothing else is fitted on the training data.
-- **Cost**: ``V`` forward passes of the inner method per input, run as one batch of views (in groups of views
-  whose inputs fit the memory budget).
+The views are the identity, then the families in turn (:mod:`posthoc.methods.tta.augment`: ``noise``, ``blur``,
+``zoom`` for images, ``feature-noise`` for feature vectors) or the user's callables ``x -> x'``; none is an evaluation
+kind (:data:`posthoc.shift.EVALUATION_KINDS`). They are drawn from a generator seeded with ``seed`` on the input's
+device, so a prediction repeats exactly. ``strength="auto"`` is chosen on ``val_loader`` by the selection step among
+no augmentation and :data:`STRENGTHS`. ``fit`` measures only the training inputs' per-channel or per-feature std,
+which scales the noise families.
 
 Example:
     >>> import posthoc
@@ -42,13 +29,14 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.checks import positive_int
+from posthoc.core.checks import integer, positive_int
 from posthoc.core.chunks import rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, iterate
 from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.perturb import PIXELS, input_layout
@@ -75,17 +63,7 @@ def _device(x: Inputs) -> torch.device:
 
 @register
 class TestTimeAugmentation(Method):
-    """The inner predictive averaged over ``views`` augmented views of each input (the identity among them).
-
-    Args:
-        inner: the method whose predictive is averaged over the views.
-        augmentations: ``"auto"`` (every built-in family that suits the inputs) or a list of family names
-            (``"noise"``, ``"blur"``, ``"zoom"``, ``"feature-noise"``) and callables ``x -> x'``.
-        views: ``V``, the views per input, the identity included (1: the inner predictive).
-        strength: the factor on the families' parameters, or ``"auto"`` (chosen on ``val_loader`` among
-            :data:`STRENGTHS` and no augmentation; :data:`DEFAULT_STRENGTH` without one).
-        seed: the seed of the views' draws.
-    """
+    """The ``inner`` predictive averaged over ``views`` augmented views of each input (the identity among them)."""
 
     __test__ = False  # not a pytest class, whatever its name says
     name = "tta"
@@ -95,10 +73,14 @@ class TestTimeAugmentation(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        augmentations: list[str | Callable] | str = "auto"
-        views: int = 8
-        strength: float | str = "auto"
-        seed: int = 0
+        augmentations: list[str | Callable] | str = option(
+            "auto", "auto (every built-in family that suits the inputs), or family names and callables x -> x'"
+        )
+        views: int = option(8, "views per input, the identity included (1: the inner predictive)")
+        strength: float | str = option(
+            "auto", "the factor on the families' parameters; auto: chosen on val_loader (0.25 without one)"
+        )
+        seed: int = option(0, "the seed of the views' draws")
 
     def __init__(self, inner: Method, options: Options) -> None:
         augmentations, views, strength, seed = options.augmentations, options.views, options.strength, options.seed
@@ -111,9 +93,7 @@ class TestTimeAugmentation(Method):
             isinstance(strength, bool) or not isinstance(strength, (int, float)) or not 0 <= strength < math.inf
         ):
             raise ConfigError(f"strength must be a number >= 0 (0: no augmentation) or 'auto', got {strength!r}")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ConfigError(f"seed must be an integer, got {seed!r}")
-        self.auto_strength, self.seed = strength == "auto", seed
+        self.auto_strength, self.seed = strength == "auto", integer(seed, "seed")
         named = [] if self.augmentations == "auto" else [a for a in self.augmentations if isinstance(a, str)]
         #: whether a built-in family is used, which the strength scales (else only the callables, "on" at 1)
         self.scales = self.augmentations == "auto" or bool(named)

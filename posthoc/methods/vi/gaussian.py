@@ -1,10 +1,8 @@
 """The mean-field Gaussian posterior of one layer, and its KL divergence from a Gaussian prior.
 
-Every weight (and bias) ``w`` has its own ``N(mu, sigma^2)``: ``mu`` starts at the checkpoint's
-value, ``log sigma`` at ``log(init_std * rms(W))`` (the layer's weight RMS, so the initial spread is
-the same fraction of the weights' scale in every layer). The prior is ``N(m, s^2)`` per weight with
-``m = 0`` (``prior_mean="zero"``) or ``m`` the checkpoint's value (``prior_mean="checkpoint"``: the
-prior says "near the pretrained solution", read from the user's layer, which is never changed).
+Every weight (and bias) has its own ``N(mu, sigma^2)``: ``mu`` starts at the checkpoint's value, ``sigma`` at
+``init_std`` times the layer's weight RMS (the same fraction of the weights' scale in every layer). The prior is
+``N(m, s^2)`` per weight, ``m`` zero or the checkpoint's value (read from the user's layer, which is never changed).
 
 Example:
     >>> from torch import nn
