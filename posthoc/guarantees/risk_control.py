@@ -192,17 +192,9 @@ def crc_threshold(scores: Tensor, truth: Tensor, alpha: float) -> tuple[float, f
 
 
 class RiskController:
-    """A fitted risk-controlling threshold; build with :func:`risk_control`.
-
-    Attributes:
-        loss: the controlled loss (``"fnr"``).
-        alpha: the level: ``E[loss] <= alpha`` on a fresh exchangeable example.
-        threshold: positions with probability ``>= threshold`` are in the mask (``inf``: an empty mask suffices).
-        lam: the paper's ``lambda = 1 - threshold`` (its sets are ``{k : p_k >= 1 - lambda}``).
-        calibration_risk: the mean calibration loss at ``threshold``, ``R_n``.
-        num_calibration: ``n``, the calibration examples.
-        positive, background, ignore_index: how a class map's scores and targets are read (as at calibration).
-    """
+    """A fitted risk-controlling threshold; build with :func:`risk_control`. Positions with probability ``>=
+    threshold`` are in the mask (``inf``: an empty mask suffices); ``lam`` is the paper's ``1 - threshold``;
+    ``calibration_risk`` is ``R_n`` at ``threshold``."""
 
     def __init__(
         self,
@@ -228,16 +220,7 @@ class RiskController:
         return n / (n + 1) * self.calibration_risk + 1.0 / (n + 1)
 
     def mask(self, probs: Any) -> Any:
-        """The predicted mask: bool of the shape of the targets (``(N, K)``, ``(N, H, W)``); numpy for numpy.
-
-        Example:
-            >>> import torch
-            >>> import posthoc
-            >>> probs = torch.rand(50, 4, 8, 8).softmax(1)           # a 4-class segmentation map
-            >>> labels = probs.argmax(1)
-            >>> posthoc.risk_control(probs, labels, alpha=0.2, positive=3).mask(probs).shape
-            torch.Size([50, 8, 8])
-        """
+        """The predicted mask: bool of the shape of the targets (``(N, K)``, ``(N, H, W)``); numpy for numpy."""
         scores, _ = object_scores(probs, self.positive, self.background)
         return like_given(scores >= self.threshold, probs)
 
@@ -273,14 +256,9 @@ def risk_control(
         targets: ``(N, K)`` or ``(N, H, W)`` of 0/1 for the first two; class indices ``(N, H, W)`` for a map.
             Positions equal to ``ignore_index`` count neither as positives nor as misses.
         alpha: the level in ``(0, 1)``; needs ``n >= 1/alpha - 1`` calibration examples.
-        loss: ``"fnr"``, the fraction of an example's true positions the mask misses (0 if it has none).
         positive: for a map ``(N, C, H, W)``, the object: a class index, or ``"foreground"`` (every class but
             ``background``, scored ``1 - p_background``).
-        background: the background class of ``"foreground"``.
         ignore_index: the target of positions without a label (255 for torchvision maps); ``None`` for none.
-
-    Returns:
-        a :class:`RiskController`: ``mask(probs)`` is the predicted mask, ``threshold`` the cut-off.
 
     Example:
         >>> import torch
