@@ -48,7 +48,7 @@ BEST_CAPTION = (
 
 #: the mark of an estimate that lies outside its own bootstrap interval (:data:`OUTSIDE_NOTE` says why)
 OUTSIDE = "†"
-#: why an estimate can lie outside its bootstrap interval, and why no other bootstrap interval is given instead
+#: why an estimate can lie outside its bootstrap interval
 OUTSIDE_NOTE = (
     f"{OUTSIDE} The estimate lies outside its bootstrap interval: its resamples lie on one side of it, biased by more "
     "than their spread. A mean of absolute gaps (ECE, MACE, ENCE) does this on a small test set: resampling repeats "
@@ -71,13 +71,7 @@ def cell(value: float | None, interval: tuple[float, float] | None = None) -> st
 
 
 def outside_note(table: str) -> str:
-    """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged).
-
-    Example:
-        >>> from posthoc.evaluation.table import outside_note
-        >>> outside_note("| ECE |\\n|---|\\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
-        True
-    """
+    """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged)."""
     return f"{table}\n\n{OUTSIDE_NOTE}" if OUTSIDE in table else table
 
 
@@ -95,13 +89,7 @@ def shared_level(reports: Sequence[Any], name: str) -> str:
 
 def better(metric: str) -> int | None:
     """``+1`` when a larger ``metric`` is better, ``-1`` when a smaller one is, ``None`` when it has no direction
-    (coverage should match its level, a width or a time is a cost to read next to others).
-
-    Example:
-        >>> from posthoc.evaluation.table import better
-        >>> better("accuracy"), better("nll"), better("coverage_90")
-        (1, -1, None)
-    """
+    (coverage should match its level, a width or a time is a cost to read next to others)."""
     return 1 if metric in HIGHER_IS_BETTER else -1 if metric in LOWER_IS_BETTER else None
 
 
@@ -136,10 +124,8 @@ def bold_best(cells: Sequence[str], values: Sequence[float | None], metric: str)
 
 
 def markdown_table(reports: Sequence[Any], extra: dict[str, list[str]] | None = None) -> str:
-    """Markdown rows of several reports of one kind (a classifier's or a regressor's): the kind's metric columns
-    (``COLUMNS`` under ``HEADERS``), the guarantees any report measured (the kind's ``guarantee_columns``) and
-    ``extra`` columns (header -> one cell per report). With several reports the best entry of each metric column is in
-    bold (:func:`bold_best`; explain it with :data:`BEST_CAPTION`).
+    """Markdown rows of several reports of one kind: the kind's metric columns, the guarantees any report measured and
+    ``extra`` columns (header -> one cell per report), the best entry of each metric column in bold.
 
     Example:
         >>> from posthoc.evaluation.table import markdown_table
