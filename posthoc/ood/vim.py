@@ -6,16 +6,9 @@ residual (the part of ``phi - u`` outside that space), scaled by ``alpha``, is a
 score is ``alpha ||(phi - u)^{P-perp}|| - log sum_c exp f_c(x)``, the virtual logit minus the
 energy's log-sum-exp, as pytorch-ood's ``ViM`` computes it (larger = more OOD).
 
-``alpha = mean_i max_c f_c(x_i) / mean_i ||(phi_i - u)^{P-perp}||`` over the training data. Fit
-streams the training loader once, keeping running sums (float64: the Gram matrix ``(D, D)`` and the
-sum of the largest logits) and, while they fit in ``max_memory`` (default
-``posthoc.settings.max_memory``), the features themselves, whose residual norms follow once the
-principal space is known. Beyond that budget the features are dropped and a second pass over the
-loader sums the residual norms instead. Under ``torch.distributed`` every sum is reduced over ranks
-(and all ranks take the second pass if any rank's features overflowed).
-
-``dim=None`` follows the ViM repository: 1000 for ``D >= 2048``, 512 for ``D >= 768``, else
-``D // 2`` (pytorch-ood takes ``d`` explicitly).
+``alpha = mean_i max_c f_c(x_i) / mean_i ||(phi_i - u)^{P-perp}||`` over the training data. Fit streams the training
+loader once, keeping float64 running sums and, while they fit in ``max_memory``, the features themselves, whose
+residual norms follow once the principal space is known; beyond that budget a second pass sums the residual norms.
 
 Example:
     >>> import torch
