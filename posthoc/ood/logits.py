@@ -38,11 +38,7 @@ class MaxLogit(Score):
 
 
 class Energy(Score):
-    """The free energy ``-T logsumexp(logits / T)``.
-
-    Args:
-        temperature: ``T`` (the paper's default 1).
-    """
+    """The free energy ``-T logsumexp(logits / T)``."""
 
     name, uses = "energy", LOGITS
 
