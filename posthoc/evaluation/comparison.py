@@ -31,7 +31,14 @@ from posthoc.evaluation import verdict
 
 
 def example_nll(report: Any) -> Tensor:
-    """The per-example NLL ``(N,)`` of a report's kept predictions (the mean is ``report.nll``), float64 on the CPU."""
+    """The per-example NLL ``(N,)`` of a report's kept predictions (the mean is ``report.nll``), float64 on the CPU.
+
+    Example:
+        >>> from posthoc.evaluation.comparison import example_nll
+        >>> from posthoc_apps.demo.examples import report
+        >>> example_nll(report).shape
+        torch.Size([128])
+    """
     return report.example_nll()
 
 

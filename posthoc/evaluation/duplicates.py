@@ -44,7 +44,14 @@ class Merged:
 
 def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | None], atol: float = ATOL) -> bool:
     """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None`` only matches
-    ``None``)."""
+    ``None``).
+
+    Example:
+        >>> from posthoc.evaluation.duplicates import same_predictions
+        >>> from posthoc_apps.demo.examples import probs
+        >>> same_predictions([probs, None], [probs + 1e-9, None]), same_predictions([probs], [probs.flip(-1)])
+        (True, False)
+    """
     if len(first) != len(second):
         return False
     for a, b in zip(first, second):

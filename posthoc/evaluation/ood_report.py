@@ -93,7 +93,13 @@ def ood_values(
 
 
 def best_score(table: OODTable, metric: str = "auroc") -> str:
-    """The name of the score with the highest ``metric`` in ``table`` (``score -> metrics``)."""
+    """The name of the score with the highest ``metric`` in ``table`` (``score -> metrics``).
+
+    Example:
+        >>> from posthoc.evaluation.ood_report import best_score
+        >>> best_score({"msp": {"auroc": 0.9}, "knn": {"auroc": 0.95}})
+        'knn'
+    """
     return max(table, key=lambda name: table[name][metric])
 
 
@@ -146,7 +152,13 @@ def every_score_markdown(own: Mapping[str, OODTable], shared: OODTable, metric: 
 
 
 def interval_key(score: str) -> str:
-    """The ``Report.intervals`` key of a score's AUROC interval: ``ood_auroc`` (entropy), ``ood_auroc:knn``."""
+    """The ``Report.intervals`` key of a score's AUROC interval.
+
+    Example:
+        >>> from posthoc.evaluation.ood_report import interval_key
+        >>> interval_key("entropy"), interval_key("knn")
+        ('ood_auroc', 'ood_auroc:knn')
+    """
     return OWN_INTERVALS.get(score, f"ood_auroc:{score}")
 
 

@@ -71,7 +71,13 @@ def cell(value: float | None, interval: tuple[float, float] | None = None) -> st
 
 
 def outside_note(table: str) -> str:
-    """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged)."""
+    """``table`` followed by :data:`OUTSIDE_NOTE` when one of its cells is marked :data:`OUTSIDE` (else unchanged).
+
+    Example:
+        >>> from posthoc.evaluation.table import outside_note
+        >>> outside_note("| ECE |\\n|---|\\n| 0.0213 [0.0233, 0.0770]† |").endswith("spread of the resampled statistic.")
+        True
+    """
     return f"{table}\n\n{OUTSIDE_NOTE}" if OUTSIDE in table else table
 
 
@@ -89,7 +95,13 @@ def shared_level(reports: Sequence[Any], name: str) -> str:
 
 def better(metric: str) -> int | None:
     """``+1`` when a larger ``metric`` is better, ``-1`` when a smaller one is, ``None`` when it has no direction
-    (coverage should match its level, a width or a time is a cost to read next to others)."""
+    (coverage should match its level, a width or a time is a cost to read next to others).
+
+    Example:
+        >>> from posthoc.evaluation.table import better
+        >>> better("accuracy"), better("nll"), better("coverage_90")
+        (1, -1, None)
+    """
     return 1 if metric in HIGHER_IS_BETTER else -1 if metric in LOWER_IS_BETTER else None
 
 

@@ -547,7 +547,13 @@ class Verdict:
 
     def featured(self, count: int = FEATURED) -> list[str]:
         """The rows a plot draws, in the rows' order: the plain one, the recommended one and the ``count`` others of
-        lowest NLL under shift (without shifts: in distribution)."""
+        lowest NLL under shift (without shifts: in distribution).
+
+        Example:
+            >>> from posthoc_apps.demo.examples import verdict
+            >>> verdict.featured()
+            ['none', 'laplace']
+        """
         key = (lambda row: row.shift_nll) if self.shifts else (lambda row: row.clean.value)
         others = [
             row

@@ -29,7 +29,14 @@ from posthoc.errors import ExportError
 
 def cast(value: Tensor, dtype: torch.dtype) -> Tensor:
     """``value`` in ``dtype``, with no cast at all where it is in it already (the TorchScript-based ONNX exporter
-    writes a no-op cast of a buffer as a node without an input)."""
+    writes a no-op cast of a buffer as a node without an input).
+
+    Example:
+        >>> import torch
+        >>> from posthoc.export.modules import cast
+        >>> cast(torch.ones(2), torch.float32).dtype, cast(torch.ones(2), torch.float64).dtype
+        (torch.float32, torch.float64)
+    """
     return value if value.dtype == dtype else value.to(dtype)
 
 

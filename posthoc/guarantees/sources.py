@@ -35,7 +35,14 @@ INPUT_KINDS = ("auto", "probs", "logits")
 
 
 def as_float_tensor(values: Any, what: str) -> Tensor:
-    """A ``(N, C)`` float64 tensor from a tensor or numpy array, refusing other shapes and non-finite values."""
+    """A ``(N, C)`` float64 tensor from a tensor or numpy array, refusing other shapes and non-finite values.
+
+    Example:
+        >>> import numpy as np
+        >>> from posthoc.guarantees.sources import as_float_tensor
+        >>> as_float_tensor(np.eye(2), "probabilities").dtype
+        torch.float64
+    """
     if isinstance(values, np.ndarray):
         if values.dtype.kind not in "biuf":
             raise InputError(f"{what} must be numbers, got a numpy array of dtype {values.dtype}")
@@ -63,7 +70,14 @@ def as_float_tensor(values: Any, what: str) -> Tensor:
 
 
 def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
-    """``labels`` as int64 class indices in ``[0, num_classes)``, one per example."""
+    """``labels`` as int64 class indices in ``[0, num_classes)``, one per example.
+
+    Example:
+        >>> import numpy as np
+        >>> from posthoc.guarantees.sources import as_labels
+        >>> as_labels(np.array([0, 2]), 3, 2)
+        tensor([0, 2])
+    """
     if looks_like_loader(labels):
         raise InputError(
             "calibrated on probabilities, logits or a Prediction, the labels are class indices (N,), not a "
@@ -161,7 +175,14 @@ def calibration_predictions(
 
 def prediction_type(source: Any) -> type:
     """The kind of prediction a guarantee is calibrated on: a wrapped model's likelihood's ``prediction_type``, a
-    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` otherwise."""
+    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` otherwise.
+
+    Example:
+        >>> from posthoc.guarantees.sources import prediction_type
+        >>> import torch
+        >>> prediction_type(torch.tensor([[0.2, 0.8]])).__name__
+        'Prediction'
+    """
     if isinstance(source, RegressionPrediction):
         return RegressionPrediction
     return source.likelihood.prediction_type if isinstance(source, UncertainModel) else Prediction

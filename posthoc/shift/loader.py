@@ -47,7 +47,14 @@ def check_kind(kind: str, severity: int) -> None:
 
 
 def check_normalization(normalization: Any) -> None:
-    """Refuse a ``normalization`` that is not ``(mean, std)`` of finite numbers with every std > 0."""
+    """Refuse a ``normalization`` that is not ``(mean, std)`` of finite numbers with every std > 0.
+
+    Example:
+        >>> from posthoc.shift.loader import check_normalization
+        >>> check_normalization(((0.5,), (0.0,)))
+        Traceback (most recent call last):
+        posthoc.errors.ConfigError: normalization std must be finite and > 0 for every channel...
+    """
     if normalization is None:
         return
     if not isinstance(normalization, (tuple, list)) or len(normalization) != 2:
