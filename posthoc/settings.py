@@ -1,10 +1,9 @@
 """Library-wide settings: how much work one step may hold in memory, whether small work may run on one thread, and
 whether long loops show progress.
 
-``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call
-time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call. :data:`progress`
-``False`` silences every progress bar and stage line (:mod:`posthoc.core.progress`), whatever a call's
-``progress=`` says.
+``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call time";
+``UncertainModel.predict(..., max_memory=...)`` overrides it for one call. :data:`progress` ``False`` silences every
+progress bar and stage line (:mod:`posthoc.core.progress`), whatever a call's ``progress=`` says.
 
 Example:
     >>> from posthoc_apps.demo.examples import um, x

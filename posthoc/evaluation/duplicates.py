@@ -43,8 +43,7 @@ class Merged:
 
 
 def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | None], atol: float = ATOL) -> bool:
-    """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None`` only matches
-    ``None``).
+    """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None`` only matches ``None``).
 
     Example:
         >>> from posthoc.evaluation.duplicates import same_predictions

@@ -3,11 +3,10 @@ because they integrate a mixture over real targets, where :mod:`~posthoc.evaluat
 
 The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`),
 given as ``means`` and ``stds`` of shape ``(K, N, D)`` (:func:`components`); the targets ``y`` are ``(N,)`` or
-``(N, D)``. Every metric is exact for such a predictive, in float64, averaged over examples and outputs (:func:`nll`
-is joint over an example's outputs). CRPS is in closed form (Grimit et al. 2006); MACE and RMSCE are
-uncertainty-toolbox's, read from the probability integral transform ``F(y)``; ENCE is Levi et al. (2019)'s.
-:func:`statistics` gives each as a function of an index matrix of resampled examples (an example is resampled with
-all its outputs).
+``(N, D)``. Every metric is exact for such a predictive, in float64, averaged over examples and outputs (:func:`nll` is
+joint over an example's outputs). CRPS is in closed form (Grimit et al. 2006); MACE and RMSCE are uncertainty-toolbox's,
+read from the probability integral transform ``F(y)``; ENCE is Levi et al. (2019)'s. :func:`statistics` gives each as a
+function of an index matrix of resampled examples (an example is resampled with all its outputs).
 
 Example:
     >>> import torch

@@ -187,10 +187,6 @@ def fpr_at_tpr(in_scores: Tensor, out_scores: Tensor, tpr: float = 0.95) -> floa
     return float(torch.cat([torch.zeros(1, dtype=torch.float64), fps / in_scores.numel()])[first])
 
 
-#: the OOD metrics :func:`ood_metrics` reports, by key
-OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
-
-
 def ood_metrics(in_scores: Tensor, out_scores: Tensor) -> dict[str, float]:
     """AUROC, AUPR-in, AUPR-out and FPR at 95% TPR of one OOD score (higher = more OOD).
 

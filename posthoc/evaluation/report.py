@@ -404,10 +404,9 @@ class Report:
         return self.metric_set.example_statistics(self)
 
     def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
-        """A one-row Markdown table of the metrics; given ``others`` (other methods on the same test set), this
-        report is the plain model they are judged against: ``## Verdict`` first, then one table of every report
-        (:class:`Compared`). ``shifts`` maps a shifted test set's name to its reports, in the order
-        ``[self, *others]``.
+        """A one-row Markdown table of the metrics; given ``others`` (other methods on the same test set), this report
+        is the plain model they are judged against: ``## Verdict`` first, then one table of every report
+        (:class:`Compared`). ``shifts`` maps a shifted test set's name to its reports, in the order ``[self, *others]``.
         """
         if not others:
             return markdown_table([self])

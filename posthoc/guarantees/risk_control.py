@@ -83,10 +83,9 @@ def _check_probabilities(probs: Tensor) -> Tensor:
 def object_scores(probs: Any, positive: int | str = "foreground", background: int = 0) -> tuple[Tensor, str]:
     """The probability ``(N, ...)`` that each position holds the object, and which layout the input had.
 
-    ``probs`` of the same shape as the targets (multi-label ``(N, K)``, a binary map ``(N, H, W)``) are that
-    probability already (layout ``"binary"``); a class map ``(N, C, H, W)`` (softmax over ``C``) gives
-    ``probs[:, positive]`` for a class ``positive``, or ``1 - probs[:, background]`` for ``"foreground"``
-    (layout ``"classes"``).
+    ``probs`` of the same shape as the targets (multi-label ``(N, K)``, a binary map ``(N, H, W)``) are that probability
+    already (layout ``"binary"``); a class map ``(N, C, H, W)`` (softmax over ``C``) gives ``probs[:, positive]`` for a
+    class ``positive``, or ``1 - probs[:, background]`` for ``"foreground"`` (layout ``"classes"``).
 
     Example:
         >>> import torch

@@ -1,14 +1,13 @@
 """``posthoc.selective``: predict when confident enough, defer otherwise, with a guaranteed risk.
 
-Selection with guaranteed risk (SGR; Geifman & El-Yaniv, "Selective classification for deep neural
-networks", NeurIPS 2017, Algorithm 1): sort the ``m`` calibration examples by a confidence score
-``kappa``; binary-search ``ceil(log2 m)`` thresholds; at each, bound the risk (error rate) of the
-accepted examples by the binomial tail (:func:`~posthoc.guarantees.bounds.binomial_upper_bound`)
-at level ``delta / ceil(log2 m)``. The union bound over the searched thresholds makes every one of
-those bounds hold at once with probability at least ``1 - delta``; the threshold kept is the one
-accepting the most examples among those whose bound is at most ``target_risk``. So, with
-probability at least ``1 - delta`` over the calibration draw, the error rate on accepted future
-examples (from the same distribution) is at most ``target_risk``.
+Selection with guaranteed risk (SGR; Geifman & El-Yaniv, "Selective classification for deep neural networks", NeurIPS
+2017, Algorithm 1): sort the ``m`` calibration examples by a confidence score ``kappa``; binary-search ``ceil(log2 m)``
+thresholds; at each, bound the risk (error rate) of the accepted examples by the binomial tail
+(:func:`~posthoc.guarantees.bounds.binomial_upper_bound`) at level ``delta / ceil(log2 m)``. The union bound over the
+searched thresholds makes every one of those bounds hold at once with probability at least ``1 - delta``; the threshold
+kept is the one accepting the most examples among those whose bound is at most ``target_risk``. So, with probability at
+least ``1 - delta`` over the calibration draw, the error rate on accepted future examples (from the same distribution)
+is at most ``target_risk``.
 
 Example:
     >>> import posthoc
