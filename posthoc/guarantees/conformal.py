@@ -263,9 +263,8 @@ def conformal(
     """Calibrate conformal prediction sets (intervals, for a regressor) with miscoverage ``alpha``.
 
     Args:
-        source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a
-            :class:`~posthoc.Prediction`, or a fitted :class:`~posthoc.UncertainModel`; a regressor gives a
-            :class:`ConformalRegressor`.
+        source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a :class:`~posthoc.Prediction`, or a
+            fitted :class:`~posthoc.UncertainModel`; a regressor gives a :class:`ConformalRegressor`.
         labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)``;
             for a RegressionPrediction, its targets ``(N,)`` or ``(N, D)``.
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.

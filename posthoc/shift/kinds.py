@@ -8,9 +8,8 @@ Every corruption takes ``x`` of shape ``(N, C, H, W)`` (float, values in ``[0, 1
   ``salt-pepper`` (fraction): each value set to 0 or 1 (half each);
 - ``gaussian-blur`` (sigma in pixels at 224 px, scaled by the shorter side / 224, the side counted as at least 64 px
   so small images still blur);
-- ``contrast`` (factor): blend towards the grey image mean; ``brightness``: added to the HSV value, hue and
-  saturation kept; ``pixelate`` (side factor): box-downsample, then nearest-upsample; ``jpeg`` (quality; 1 or 3
-  channels);
+- ``contrast`` (factor): blend towards the grey image mean; ``brightness``: added to the HSV value, hue and saturation
+  kept; ``pixelate`` (side factor): box-downsample, then nearest-upsample; ``jpeg`` (quality; 1 or 3 channels);
 - ``rotate`` (degrees), ``translate`` (fraction of the side along both axes, signs drawn per image) and ``occlude``
   (one black square, its side a fraction of the image's, drawn uniformly inside it): black fill.
 
