@@ -26,22 +26,22 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.options import option
 from posthoc.engine.feature_bank import kth_distance, normalised
 from posthoc.errors import InputError
 from posthoc.ood.base import Outputs, Score
 
 
 class KNN(Score):
-    """Distance to the ``k``-th nearest neighbour among the normalised training features; ``max_memory``: bytes of
-    similarities one scoring step may hold."""
+    """Distance to the ``k``-th nearest neighbour among the normalised training features."""
 
     name, uses, fit_passes = "knn", frozenset({"features"}), 1
     tasks = frozenset({"classification", "regression"})
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        k: int = 50
-        max_memory: int | None = None
+        k: int = option(50, "which neighbour (the paper's 50 on CIFAR-10; 1000 on 1% of ImageNet)")
+        max_memory: int | None = option(None, "bytes of similarities one scoring step may hold")
 
     def __init__(self, *, k: int = 50, max_memory: int | None = None) -> None:
         self.k = positive_int(k, "k")

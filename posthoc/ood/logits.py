@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_number
+from posthoc.core.options import option
 from posthoc.ood.base import Outputs, Score
 
 LOGITS = frozenset({"logits"})
@@ -44,7 +45,7 @@ class Energy(Score):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        temperature: float = 1.0
+        temperature: float = option(1.0, "T (the paper's default 1)")
 
     def __init__(self, *, temperature: float = 1.0) -> None:
         super().__init__()

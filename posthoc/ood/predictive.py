@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from posthoc.core.checks import positive_int, positive_number
+from posthoc.core.options import option
 from posthoc.ood.base import Outputs, Score
 
 PREDICTION = frozenset({"prediction"})
@@ -79,8 +80,8 @@ class GeneralizedEntropy(Score):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        gamma: float = 0.1
-        top: int | None = 100
+        gamma: float = option(0.1, "the exponent (the paper's 0.1)")
+        top: int | None = option(100, "how many of the largest probabilities enter (the paper's M; None: all)")
 
     def __init__(self, *, gamma: float = 0.1, top: int | None = 100) -> None:
         super().__init__()

@@ -34,6 +34,7 @@ from torch import Tensor
 from posthoc import settings
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.options import option
 from posthoc.errors import ConfigError
 from posthoc.ood.base import Outputs, Score
 
@@ -44,19 +45,14 @@ def default_dim(width: int) -> int:
 
 
 class ViM(Score):
-    """Virtual logit from the residual of the features outside their principal space.
-
-    Args:
-        dim: dimension of the principal space, below the feature width (``None``: :func:`default_dim`).
-        max_memory: bytes of training features kept to spare a second pass (``None``: ``posthoc.settings.max_memory``).
-    """
+    """Virtual logit from the residual of the features outside their principal space."""
 
     name, uses, fit_passes = "vim", frozenset({"features", "logits"}), 2
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        dim: int | None = None
-        max_memory: int | None = None
+        dim: int | None = option(None, "dimension of the principal space (None: the ViM repository's rule)")
+        max_memory: int | None = option(None, "bytes of training features kept to spare a second pass")
 
     def __init__(self, *, dim: int | None = None, max_memory: int | None = None) -> None:
         self.dim = positive_int(dim, "dim", none="the ViM repository's rule from the feature width")
