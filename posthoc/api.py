@@ -1,12 +1,4 @@
-"""``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior.
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import model
-    >>> um = posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag")
-    >>> um.methods
-    ['laplace', 'temperature']
-"""
+"""``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior."""
 
 from __future__ import annotations
 
@@ -155,6 +147,8 @@ def wrap(
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
         >>> um.predict(x).probs.shape           # eight inputs, three classes
         torch.Size([8, 3])
+        >>> posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag").methods   # inner first
+        ['laplace', 'temperature']
     """
     if method is None:
         method = "none" if isinstance(model, (list, tuple)) else "auto"

@@ -223,14 +223,7 @@ class Detector:
         return {name: torch.cat(values) for name, values in parts.items()}
 
     def score(self, x: Inputs, name: str | None = None, *, generator: torch.Generator | None = None) -> Tensor:
-        """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, x
-            >>> posthoc.detector(model, score="max-logit").score(x[:2])
-            tensor([-2.4449, -1.5822])
-        """
+        """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several."""
         if name is None and len(self._scores) > 1:
             raise ConfigError(
                 f"this detector computes {self.names}: name one, det.score(x, 'energy'), "

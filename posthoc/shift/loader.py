@@ -187,15 +187,5 @@ def corrupt(
     loader: Iterable, kind: str, severity: int, seed: int = 0, *, normalization: Normalization | None = None
 ) -> CorruptedLoader:
     """Wrap ``loader`` so that each batch's images are corrupted by ``kind`` (:mod:`posthoc.shift.kinds`) at
-    ``severity`` (1..5).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.shift.loader import corrupt
-        >>> images = [(torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))]
-        >>> blurred = corrupt(images, "gaussian-blur", 5, seed=1)
-        >>> x, y = next(iter(blurred))
-        >>> x.shape, y.tolist()
-        (torch.Size([4, 3, 32, 32]), [0, 1, 2, 0])
-    """
+    ``severity`` (1..5)."""
     return CorruptedLoader(loader, kind, severity, seed=seed, normalization=normalization)
