@@ -10,13 +10,10 @@ calibration examples, the choice
 the calibration draw and the test example). With continuous scores it is also tight:
 ``E[L_test] >= alpha - 2B / (n + 1)`` (Theorem 2).
 
-Here the loss is the false-negative rate, ``B = 1``: an example's positives are the positions whose target is 1 (a
-label of a multi-label example, the object's pixels of an image), its mask is the positions whose probability is at
-least the threshold ``t``, and its loss is the fraction of its positives that the mask misses (0 for an example with
-no positive: the paper's convention for images without the object). The paper's sets are
-``{k : p_k >= 1 - lambda}``; here the threshold is kept as ``threshold = 1 - lambda`` (``lam`` holds the paper's
-``lambda``), and found exactly, not on a grid: the mean loss only changes at the scores of true positives, so
-``threshold`` is the largest such score whose mask meets the bound.
+Here the loss is the false-negative rate, ``B = 1``: the fraction of an example's positives (the positions whose target
+is 1) that its mask (the positions of probability at least the threshold ``t = 1 - lambda``) misses, 0 for an example
+with no positive. ``t`` is found exactly, not on a grid: the mean loss only changes at the scores of true positives,
+so ``t`` is the largest such score whose mask meets the bound.
 
 Example:
     >>> import torch
@@ -160,9 +157,8 @@ def false_negative_rate(mask: Tensor, truth: Tensor) -> Tensor:
 def crc_threshold(scores: Tensor, truth: Tensor, alpha: float) -> tuple[float, float]:
     """The largest threshold ``t`` whose mask ``scores >= t`` has ``n/(n+1) R_n(t) + 1/(n+1) <= alpha``, and ``R_n(t)``.
 
-    ``R_n(t)``, the mean false-negative rate, is the total weight ``1 / (n * positives_i)`` of the true positions
-    scored below ``t``: a non-decreasing step function that only steps at true positions' scores, so ``t`` is one of
-    them (or ``inf``, an empty mask, when even that meets the bound).
+    ``R_n(t)`` is the total weight ``1 / (n * positives_i)`` of the true positions scored below ``t`` (``t = inf``:
+    an empty mask meets the bound).
 
     Example:
         >>> import torch
