@@ -63,9 +63,10 @@ ENCE_BINS = 10
 
 
 class Gaussian:
-    """A regression predictive's metrics (:mod:`~posthoc.evaluation.gaussian_metrics`): ``coverage_50`` /
-    ``width_50`` (and ``_90``, ``_95``) are those of the central interval of that level; ``ence`` is ``None`` for
-    fewer points than :data:`ENCE_BINS`. Given conformal intervals: ``coverage`` and ``width`` of those.
+    """A regression predictive's metric set (:mod:`~posthoc.evaluation.gaussian_metrics`), its steps those of
+    :class:`~posthoc.evaluation.report.Categorical`: ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``) are those
+    of the central interval of that level; ``ence`` is ``None`` for fewer points than :data:`ENCE_BINS`. Given
+    conformal intervals: ``coverage`` and ``width`` of those.
     """
 
     name = "gaussian"
@@ -113,13 +114,10 @@ class Gaussian:
 
     @staticmethod
     def observed(report: Any) -> Tensor:
-        """The test targets ``(N, D)`` the report scored."""
         return report.targets
 
     @staticmethod
     def kept(report: Any) -> list[Tensor | None]:
-        """The predictions the report keeps (its mixture's means and stds): two reports that keep the same predict the
-        same."""
         return [report.means, report.stds]
 
     @staticmethod
@@ -131,12 +129,10 @@ class Gaussian:
 
     @staticmethod
     def example_statistics(report: Any) -> dict[str, bootstrap.Statistic]:
-        """Every metric of :attr:`COLUMNS` as a bootstrap statistic of an index matrix of resampled examples."""
         return gaussian_metrics.statistics(report.means, report.stds, report.targets)
 
     @staticmethod
     def guarantee_columns(reports: Sequence[Any]) -> dict[str, list[str]]:
-        """The conformal intervals' coverage and width, when any of ``reports`` measured them (header -> cells)."""
         if all(r.coverage is None for r in reports):
             return {}
         return {
@@ -197,7 +193,6 @@ class Gaussian:
         bootstraps: int,
         seed: int,
     ) -> dict[str, tuple[float, float]]:
-        """Bootstrap intervals at level ``ci`` of every metric and of the conformal intervals in ``checked``."""
         stats = Gaussian.example_statistics(report)
         if checked["bounds"] is not None:
             stats |= interval_statistics(*checked["bounds"], report.targets)
