@@ -321,16 +321,7 @@ def conformal_sets(
     inputs: str,
     progress: bool,
 ) -> ConformalPredictor:
-    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments).
-
-    Example:
-        >>> from posthoc.guarantees.conformal import conformal_sets
-        >>> import torch
-        >>> logits, labels = torch.randn(100, 3), torch.randint(0, 3, (100,))
-        >>> options = dict(randomized=None, k_reg=None, lam=None, mondrian=False, inputs="logits", progress=False)
-        >>> conformal_sets(logits, labels, alpha=0.1, score="lac", seed=0, **options).sets(logits).shape
-        torch.Size([100, 3])
-    """
+    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments)."""
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(
