@@ -1,12 +1,4 @@
-"""``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior.
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import model
-    >>> um = posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag")
-    >>> um.methods
-    ['laplace', 'temperature']
-"""
+"""``wrap()`` and ``load()``: building an :class:`UncertainModel` from methods, and from a saved posterior."""
 
 from __future__ import annotations
 
@@ -131,41 +123,24 @@ def wrap(
     """Wrap an already trained classifier or regressor (or several: an ensemble) with a post-hoc predictive.
 
     Args:
-        model: a trained classifier returning logits ``(N, C)`` (timm, torchvision or any
-            ``nn.Module``). It is never modified; methods that change weights work on a copy.
-            A list of classifiers (same classes, same device) is an ensemble: the first method is
-            fitted on every member and the predictive is their equal-weight mixture, with the
-            members' samples kept (one per plain member; ``num_samples`` is per member) so that the
-            entropy split shows their disagreement; the stacking methods after it (``"temperature"``)
-            are fitted on the mixture's held-out likelihood and, like on any sampled predictive, map each
-            member's predictive before mixing (so the disagreement stays). ``batched`` chooses the vmapped forward of plain members of one
-            architecture (default: on CUDA only). Members may be checkpoint paths (``state_dict``
-            files) with ``builder=``, a function returning the architecture to load each into.
-        method: a registered method name, or a list composing them, inner first, e.g.
-            ``["laplace", "temperature"]`` (temperature is fitted on ``val_loader`` on top of
-            the inner predictive). Default: ``"auto"`` for one model (the method chosen on
-            ``val_loader`` among the cheap ones, never worse than the plain model in distribution beyond the
-            tolerance; last-layer ``"laplace"`` when ``fit`` gets no ``val_loader``), ``"none"`` (a deep ensemble)
-            for a list.
-        likelihood: ``"classification"`` (the default: logits ``(N, C)``, or ``(N,)`` / ``(N, 1)`` for a
-            binary classifier), ``"regression"`` (outputs ``(N, D)`` or ``(N,)``, targets alike; a Gaussian
-            observation noise fitted at ``fit`` (one per output under ``none``, last-layer ``laplace``,
-            ``mc-dropout`` and ensembles) and saved; ``posthoc.Gaussian(noise_std=...)`` fixes it; the
-            prediction is a :class:`~posthoc.RegressionPrediction`) or ``"heteroscedastic"`` (outputs ``(N, 2D)``:
-            means, then log-variances). Methods that do not handle it refuse here and name those that do.
-        dense: ``True`` for a model whose logits carry positions, ``(N, C, H, W)`` (a segmentation map) or
-            ``(N, T, V)`` (tokens), fitted on labels per position: a
-            :class:`~posthoc.engine.dense.DenseModel` is returned (methods: :data:`DENSE_METHODS`, or a list of models
-            as an ensemble; see :mod:`posthoc.engine.dense`).
-        class_dim: with ``dense=True``, the logits' class dimension (default: read from the labels' shape).
-        ignore_index: with ``dense=True``, the label of positions left out (default: -100, and 255 for at most 255
-            classes).
+        model: a trained classifier returning logits ``(N, C)``, never modified (methods that change weights work on
+            a copy). A list of them is an ensemble: the first method is fitted on every member, the predictive is
+            their equal-weight mixture with the members' samples kept, and the stacking methods after it are fitted
+            on the mixture. ``batched`` chooses the vmapped forward of plain members of one architecture (default:
+            on CUDA only). Members may be checkpoint paths with ``builder=``, a function returning the architecture.
+        method: a registered method name, or a list composing them, inner first, e.g. ``["laplace",
+            "temperature"]``. Default: ``"auto"`` for one model (the method chosen on ``val_loader``), ``"none"`` (a
+            deep ensemble) for a list.
+        likelihood: ``"classification"``, ``"regression"`` (a Gaussian observation noise fitted at ``fit``;
+            ``posthoc.Gaussian(noise_std=...)`` fixes it) or ``"heteroscedastic"`` (outputs ``(N, 2D)``: means,
+            then log-variances). Methods that do not handle it refuse here and name those that do.
+        dense: ``True`` for a model whose logits carry positions, ``(N, C, H, W)`` or ``(N, T, V)``: a
+            :class:`~posthoc.engine.dense.DenseModel` is returned (methods: :data:`DENSE_METHODS`), with the
+            logits' ``class_dim`` (default: from the labels' shape) and the label ``ignore_index`` of positions
+            left out (default: -100, and 255 for at most 255 classes); with ``likelihood="regression"``, outputs
+            ``(N, D, H, W)`` and targets of that shape, NaN where there is none (:data:`DENSE_REGRESSION_METHODS`).
         **options: method options; each goes to every method in the chain that accepts it
-            (``posthoc.available_methods()`` lists every method with its options and defaults, and the docs have a
-            page per method). ``max_memory`` (bytes one chunk of work may hold) is the runner's, for every method.
-
-    Returns:
-        An :class:`UncertainModel`; call ``.fit(train_loader, val_loader)`` then ``.predict(x)``.
+            (``posthoc.available_methods()`` lists them). ``max_memory`` is the runner's, for every method.
 
     Example:
         >>> import posthoc
@@ -173,6 +148,8 @@ def wrap(
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader)
         >>> um.predict(x).probs.shape           # eight inputs, three classes
         torch.Size([8, 3])
+        >>> posthoc.wrap(model, method=["laplace", "temperature"], hessian="diag").methods   # inner first
+        ['laplace', 'temperature']
     """
     if method is None:
         method = "none" if isinstance(model, (list, tuple)) else "auto"
@@ -212,9 +189,8 @@ def _built_from(path: str | os.PathLike) -> Iterator[None]:
 
 
 def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str, Any]) -> None:
-    """Refuse a file that lacks a likelihood's fitted tensor (the noise ``noise_std`` of ``likelihood="regression"``),
-    which would load and then fail at ``predict`` as if the model were not fitted. (Method tensors that later versions
-    added are not required: format-1 files load without them.)"""
+    """Refuse a file that lacks a likelihood's fitted tensor, which would load and then fail at ``predict`` (method
+    tensors that later versions added are not required)."""
     missing = sorted(
         key for key in set(um.method.posterior_state()) - set(state) if key.split(".")[-2:-1] == ["likelihood"]
     )
@@ -231,10 +207,8 @@ def load(
 ) -> UncertainModel | DenseModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
-    A posterior of a model with dense outputs (``wrap(..., dense=True)``) comes back as that dense model.
-
-    An ensemble's file loads onto the list of its members, in the order they were wrapped; a missing,
-    reordered or changed member is refused, naming it. The file's likelihood (and its fitted noise) comes
+    A dense model's file (``wrap(..., dense=True)``) comes back as that dense model.
+    An ensemble's file loads onto the list of its members, in the order they were wrapped. The file's likelihood comes
     back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
     Example:

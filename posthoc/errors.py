@@ -1,8 +1,7 @@
 """Exceptions raised by posthoc.
 
-Every error a user can trigger derives from :class:`PosthocError`, so callers can catch one
-type; the subclasses also derive from the matching built-in (``ValueError``, ``RuntimeError``)
-so generic handlers keep working.
+Every error a user can trigger derives from :class:`PosthocError`, so callers can catch one type; the subclasses also
+derive from the matching built-in (``ValueError``, ``RuntimeError``) so generic handlers keep working.
 
 Example:
     >>> import torch

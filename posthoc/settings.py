@@ -1,10 +1,9 @@
 """Library-wide settings: how much work one step may hold in memory, whether small work may run on one thread, and
 whether long loops show progress.
 
-``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call
-time"; ``UncertainModel.predict(..., max_memory=...)`` overrides it for one call. :data:`progress`
-``False`` silences every progress bar and stage line (:mod:`posthoc.core.progress`), whatever a call's
-``progress=`` says.
+``posthoc.wrap(..., max_memory=...)`` defaults to ``None``, meaning "use :data:`max_memory` at call time";
+``UncertainModel.predict(..., max_memory=...)`` overrides it for one call. :data:`progress` ``False`` silences every
+progress bar and stage line (:mod:`posthoc.core.progress`), whatever a call's ``progress=`` says.
 
 Example:
     >>> from posthoc_apps.demo.examples import um, x
@@ -35,11 +34,9 @@ max_memory: int = 512 * 2**20
 progress: bool = True
 
 
-#: whether the runner may run small dense work (an ``eigh`` of a 500 x 500 factor, a predictive of a few hundred
-#: rows) on one torch thread, where intra-op threads only wait on each other. ``torch.set_num_threads`` changes
-#: the whole process, so ``"auto"`` (the default) narrows only while no other Python thread is alive (a
-#: multi-threaded server is never touched); ``False`` never narrows; ``True`` always does (what it buys:
-#: docs/scale.md).
+#: whether the runner may run small dense work on one torch thread, where intra-op threads only wait on each other.
+#: ``torch.set_num_threads`` changes the whole process, so ``"auto"`` narrows only while no other Python thread is
+#: alive; ``False`` never narrows; ``True`` always does (docs/scale.md).
 narrow_threads: bool | str = "auto"
 
 

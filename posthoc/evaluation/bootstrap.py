@@ -1,10 +1,8 @@
 """Bootstrap confidence intervals over test examples for the report's metrics, and paired differences.
 
-One ``(B, N)`` matrix of resampled example indices is drawn per call and shared by every metric (and, for
-a paired comparison, by both reports), and every metric is computed for all ``B`` resamples at once in
-tensor ops, in chunks of resamples that keep about :data:`CHUNK_ELEMENTS` indices alive. Intervals are
-percentile intervals by default; ``method="bca"`` gives bias-corrected and accelerated intervals, whose
-jackknife costs ``N`` leave-one-out statistics (``O(N²)`` index work: fine for a few thousand examples).
+One ``(B, N)`` matrix of resampled example indices is shared by every metric (and, for a paired comparison, by both
+reports); every metric is computed for all ``B`` resamples at once, in chunks. Intervals are percentile intervals by
+default; ``method="bca"`` gives bias-corrected and accelerated intervals (its jackknife is ``O(N²)``).
 
 Example:
     >>> from posthoc.evaluation.bootstrap import example_statistics, intervals
@@ -69,9 +67,8 @@ def _aurc_of(confidence: Tensor, correct: Tensor, generalized: bool = False) -> 
 
 
 def example_statistics(probs: Tensor, labels: Tensor, bins: int = 15) -> dict[str, Statistic]:
-    """Accuracy, NLL, ECE, adaptive (equal-mass) ECE, smooth ECE, Brier, AURC and AUGRC as functions of an index
-    matrix (the same definitions as :mod:`posthoc.evaluation.metrics`: on the identity index they give the report's
-    values).
+    """The metrics of :mod:`posthoc.evaluation.metrics` as functions of an index matrix (on the identity index they
+    give the report's values).
 
     Example:
         >>> import torch
@@ -198,16 +195,8 @@ def _resample_counts(n: int, rows: int, generator: torch.Generator) -> Tensor:
 def auroc_draws(in_scores: Tensor, out_scores: Tensor, bootstraps: int = 1000, seed: int = 0) -> Tensor:
     """The OOD AUROC of ``bootstraps`` resamples ``(B,)``, in-distribution and OOD examples resampled independently.
 
-    Each resample's AUROC is the Mann–Whitney statistic with ties counted half, computed from the resample's
-    counts of each example: the scores are sorted once, and for every OOD example the (weighted) number of
-    in-distribution scores below and tied with it is a cumulative sum, so a resample costs ``O(n + m)``.
-
-    Example:
-        >>> from posthoc.evaluation.bootstrap import auroc_draws
-        >>> from posthoc_apps.demo.examples import report
-        >>> test_entropy, ood_entropy = report.ood_values["entropy"]
-        >>> auroc_draws(test_entropy, ood_entropy, bootstraps=3)
-        tensor([0.4702, 0.3842, 0.4311], dtype=torch.float64)
+    Each resample's AUROC is the Mann–Whitney statistic with ties counted half, from the resample's counts of each
+    example over scores sorted once, so a resample costs ``O(n + m)``.
     """
     inside, outside = in_scores.double().cpu().flatten(), out_scores.double().cpu().flatten()
     if inside.numel() == 0 or outside.numel() == 0:

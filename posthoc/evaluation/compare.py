@@ -1,8 +1,7 @@
 """``posthoc.compare``: the paired difference of a metric between two reports on the same test examples.
 
-Both reports are resampled with the same bootstrap indices, so the interval of the difference accounts for
-the examples being shared (it is much narrower than comparing two separate intervals): when it excludes 0
-the claim "A beats B on this test set" is backed at that level.
+Both reports are resampled with the same bootstrap indices, so the interval of the difference accounts for the
+examples being shared: when it excludes 0, "A beats B on this test set" is backed at that level.
 
 Example:
     >>> import posthoc

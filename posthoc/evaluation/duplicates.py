@@ -1,11 +1,9 @@
 """Rows that say the same thing: the rows of a comparison whose predictions are the same are merged, with a note.
 
-A calibrator that kept T = 1 on top of a method, or two configurations that made the same held-out choice, predict
-the same probabilities on every example: their rows are identical in every column of every table and only make the
-tables longer and the plots harder to read. :func:`merge_identical` finds them (every prediction a row keeps, on the
-test set, on the shifted sets and on the OOD set, within :data:`ATOL`), keeps the first of each group (or the one
-the reader looks for: the plain model, the recommended row) and :func:`merge_note` says what was merged into what,
-and why.
+A calibrator that kept T = 1 on top of a method, or two configurations that made the same held-out choice, predict the
+same on every example: their rows only make the tables longer. :func:`merge_identical` finds them (within
+:data:`ATOL`) and keeps the first of each group (or the plain model, the recommended row); :func:`merge_note` says
+what was merged into what, and why.
 
 Example:
     >>> import torch
@@ -45,8 +43,7 @@ class Merged:
 
 
 def same_predictions(first: Sequence[Tensor | None], second: Sequence[Tensor | None], atol: float = ATOL) -> bool:
-    """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None``, not measured, only
-    matches ``None``).
+    """Whether two rows' predictions, compared in order, are the same within ``atol`` (``None`` only matches ``None``).
 
     Example:
         >>> from posthoc.evaluation.duplicates import same_predictions
@@ -73,10 +70,8 @@ def merge_identical(
     why: Callable[[str, str], str] | None = None,
     atol: float = ATOL,
 ) -> list[Merged]:
-    """Which rows merge into which: ``rows`` maps each row's label to its predictions (the same tensors, in the same
-    order, for every row); a row the same as an earlier one merges into it, except that the rows of ``keep`` (the
-    plain model, the recommended row) are never merged away: another row the same as one of them merges into it.
-    ``why(label, into)`` says why two rows are the same (default :data:`SAME`).
+    """Which rows merge into which: ``rows`` maps each row's label to its predictions; a row the same as an earlier
+    one merges into it, but the rows of ``keep`` are never merged away. ``why(label, into)`` says why.
 
     Example:
         >>> from posthoc.evaluation.duplicates import merge_identical
@@ -97,13 +92,7 @@ def merge_identical(
 
 
 def merge_note(merged: Sequence[Merged], atol: float = ATOL) -> str:
-    """One line saying which rows were merged into which, and why ("" when none was).
-
-    Example:
-        >>> from posthoc.evaluation.duplicates import Merged, merge_note
-        >>> merge_note([Merged("LLLA kron + temperature", "LLLA kron", "its temperature kept T = 1")])
-        'Merged rows (the same predictions, within 1e-06, on every example): `LLLA kron + temperature` into `LLLA kron` (its temperature kept T = 1).'
-    """
+    """One line saying which rows were merged into which, and why ("" when none was)."""
     if not merged:
         return ""
     parts = [f"`{m.label}` into `{m.into}` ({m.why})" for m in merged]

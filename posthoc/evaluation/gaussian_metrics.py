@@ -1,28 +1,12 @@
 """Metrics of a real-valued (Gaussian-mixture) predictive, as values and as bootstrap statistics: its own module
 because they integrate a mixture over real targets, where :mod:`~posthoc.evaluation.metrics` sums a categorical.
 
-The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`:
-one component for Laplace or the plain model, one per sample or member otherwise), given here as
-``means`` and ``stds`` of shape ``(K, N, D)`` (a :class:`~posthoc.core.prediction.RegressionPrediction`
-gives them: :func:`components`), and the targets ``y`` are ``(N,)`` or ``(N, D)``. Every metric is
-exact for such a predictive and computed in float64. Each returns a float averaged over examples and
-outputs, except :func:`nll`, the mean over examples of the joint NLL of an example's outputs.
-
-- :func:`rmse`, :func:`mae`: of the predictive mean.
-- :func:`nll`, :func:`crps`: proper scoring rules (CRPS in closed form, Grimit et al. 2006).
-- :func:`interval_coverage`: the fraction of targets inside the central ``level`` interval and its
-  mean width.
-- :func:`calibration_curve`, :func:`calibration_error`: observed against expected proportions of
-  targets inside central intervals (``"interval"``) or below quantiles (``"quantile"``), read from
-  the probability integral transform ``F(y)``; the mean absolute and root mean squared gaps are
-  uncertainty-toolbox's MACE and RMSCE.
-- :func:`ence`: the expected normalised calibration error of Levi et al. (2019), which bins by the
-  predicted std and compares each bin's root mean predicted variance with its RMSE.
-- :func:`statistics`: each of these as a function of an index matrix of resampled examples, for
-  :func:`posthoc.evaluation.bootstrap.intervals`. An example is resampled with all its outputs; MACE counts, per
-  resample, how many of its points first fall inside the central interval at each of the curve's levels (one
-  bucketed sum, no ``(B, n, levels)`` tensor); ENCE sorts each resample's points by predicted std and sums per bin
-  of ranks.
+The predictive is an equal-weight mixture of Gaussians per output (:class:`~posthoc.core.mixture.GaussianMixture`),
+given as ``means`` and ``stds`` of shape ``(K, N, D)`` (:func:`components`); the targets ``y`` are ``(N,)`` or
+``(N, D)``. Every metric is exact for such a predictive, in float64, averaged over examples and outputs (:func:`nll` is
+joint over an example's outputs). CRPS is in closed form (Grimit et al. 2006); MACE and RMSCE are uncertainty-toolbox's,
+read from the probability integral transform ``F(y)``; ENCE is Levi et al. (2019)'s. :func:`statistics` gives each as a
+function of an index matrix of resampled examples (an example is resampled with all its outputs).
 
 Example:
     >>> import torch
@@ -65,16 +49,8 @@ def mixture(means: Tensor, stds: Tensor) -> GaussianMixture:
 
 
 def components(prediction: RegressionPrediction) -> tuple[Tensor, Tensor]:
-    """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here.
-
-    Example:
-        >>> from posthoc.evaluation.gaussian_metrics import components, rmse
-        >>> from posthoc_apps.demo.examples import regression_um, reg_x, reg_y
-        >>> float(rmse(*components(regression_um.predict(reg_x))[:1], reg_y)) >= 0
-        True
-
-    A recalibrated (isotonic) prediction is refused: its mixture is not the predictive it answers for.
-    """
+    """``(means, stds)`` ``(K, N, D)`` of a :class:`RegressionPrediction`'s mixture, for the metrics here; a
+    recalibrated (isotonic) prediction is refused: its mixture is not the predictive it answers for."""
     if prediction.recalibrated:
         raise InputError(
             "this prediction is recalibrated (isotonic): its Gaussian components are not its predictive, "
@@ -145,9 +121,8 @@ def calibration_curve(
 ) -> tuple[Tensor, Tensor]:
     """``(expected, observed)`` proportions at ``levels`` evenly spaced levels from 0 to 1.
 
-    ``kind="interval"``: the fraction of targets inside the central interval of each level
-    (``|2 F(y) - 1| <= p``); ``"quantile"``: the fraction at or below the ``p``-quantile
-    (``F(y) <= p``). A calibrated predictive lies on the diagonal.
+    ``kind="interval"``: the fraction of targets inside the central interval of each level (``|2 F(y) - 1| <= p``);
+    ``"quantile"``: the fraction at or below the ``p``-quantile (``F(y) <= p``).
     """
     one_of(kind, "kind", ("interval", "quantile"))
     integer_at_least(levels, "levels", 2)
@@ -168,9 +143,8 @@ def calibration_error(
 
 
 def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> tuple[list[float], list[float]]:
-    """Per bin of (nearly) equal count, sorted by the predicted std (each output of each example is one point):
-    ``RMV_b``, the root of the bin's mean predicted variance, and ``RMSE_b``, the root of its mean squared
-    error of the predictive mean. The two sides of :func:`ence` and of its picture.
+    """Per bin of (nearly) equal count sorted by the predicted std, ``RMV_b`` (root mean predicted variance) and
+    ``RMSE_b`` (of the predictive mean): the two sides of :func:`ence`.
 
     Example:
         >>> from posthoc.evaluation.gaussian_metrics import binned_rmv_rmse, components
@@ -194,9 +168,7 @@ def binned_rmv_rmse(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -
 
 
 def ence(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> float:
-    """Expected normalised calibration error: ``mean_b |RMV_b - RMSE_b| / RMV_b`` over the ``bins`` bins of
-    :func:`binned_rmv_rmse`; 0 for a predictive whose std matches its errors at every level of uncertainty.
-    """
+    """Expected normalised calibration error: ``mean_b |RMV_b - RMSE_b| / RMV_b`` over :func:`binned_rmv_rmse`."""
     rmv, rmse = binned_rmv_rmse(means, stds, y, bins=bins)
     return math.fsum(abs(v - e) / v for v, e in zip(rmv, rmse)) / bins
 
@@ -257,8 +229,7 @@ def _ence_of(std: Tensor, error: Tensor, outputs: int, bins: int) -> Statistic:
 
 
 def statistics(means: Tensor, stds: Tensor, y: Tensor, *, bins: int = 10) -> dict[str, Statistic]:
-    """RMSE, MAE, NLL, CRPS, coverage and width at each of :data:`LEVELS`, MACE and ENCE of a predictive
-    ``(means, stds)`` ``(K, N, D)`` and targets ``y`` (the definitions above).
+    """RMSE, MAE, NLL, CRPS, coverage and width at each of :data:`LEVELS`, MACE and ENCE as bootstrap statistics.
 
     Example:
         >>> import torch

@@ -1,16 +1,8 @@
 """A Gaussian (mixture) predictive's metric set, a regressor's: what :class:`~posthoc.evaluation.report.Report`
 measures when ``kind == "gaussian"`` (RMSE, CRPS, interval coverage and width in place of accuracy, ECE and AURC).
 Apart from the classifier's set (:class:`~posthoc.evaluation.report.Categorical`) because each metric reads the
-Gaussian mixture; the report, its Markdown and :func:`posthoc.evaluate` are written once.
-
-The report carries the accuracy of the predictive mean (RMSE, MAE), the proper scoring rules (NLL, CRPS),
-the coverage and mean width of the central 50 / 90 / 95 % intervals, the interval calibration error (MACE)
-and ENCE, all exact for the Gaussian (mixture) predictive (:mod:`~posthoc.evaluation.gaussian_metrics`).
-Given fitted conformal intervals (``posthoc.conformal(um, calibration_loader)``), it also measures their
-coverage and mean width on the test set. ``ci=`` adds percentile bootstrap intervals over the test examples.
-Given an OOD loader, ``ood_auroc`` ranks the test and OOD inputs by the total predictive variance, and ``ood``
-holds every OOD score's AUROC, AUPR and FPR@95 (the variance, and the ``ood_scores`` asked for: a fitted
-``posthoc.detector(um, score=["knn", "mahalanobis"])``; ``report.ood_to_markdown()``).
+Gaussian mixture (:mod:`~posthoc.evaluation.gaussian_metrics`); the report, its Markdown and :func:`posthoc.evaluate`
+are written once. Given an OOD loader, ``ood_auroc`` ranks the test and OOD inputs by the total predictive variance.
 
 Example:
     >>> import posthoc
@@ -22,9 +14,6 @@ Example:
     | method | RMSE | MAE | NLL | CRPS | cov 50% | width 50% | cov 90% | width 90% | cov 95% | width 95% | MACE | ENCE |
     |---|---|---|---|---|---|---|---|---|---|---|---|---|
     | laplace | 0.1619 [0.1477, 0.1760] | 0.1351 [0.1229, 0.1473] | -0.3941 [-0.4943, -0.2851] | ...
-    >>> from posthoc_apps.report import calibration_curve, error_against_std     # the pictures: the applications'
-    >>> fig = calibration_curve(report, "calibration.png")
-    >>> fig = error_against_std(report, "error_std.png")
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> posthoc.evaluate(regression_um, reg_test_loader, conformal=cp).coverage       # about 0.9
     0.87
@@ -74,13 +63,10 @@ ENCE_BINS = 10
 
 
 class Gaussian:
-    """A regression predictive's metrics: ``rmse`` / ``mae`` of the predictive mean; ``nll`` (mean over examples,
-    joint over outputs) and ``crps`` (in the targets' units); ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``):
-    the fraction of targets inside the central interval of that level and its mean width; ``mace``: mean absolute gap
-    of the interval calibration curve; ``ence``: expected normalised calibration error over :data:`ENCE_BINS` bins of
-    predicted std (``None``, shown as ``–``, for fewer points than bins: unavailable). Given conformal intervals at
-    ``alpha``: ``coverage`` and ``width`` of those. The report keeps ``means`` / ``stds`` ``(K, N, D)`` and
-    ``targets`` ``(N, D)`` for the comparisons and the pictures.
+    """A regression predictive's metric set (:mod:`~posthoc.evaluation.gaussian_metrics`), its steps those of
+    :class:`~posthoc.evaluation.report.Categorical`: ``coverage_50`` / ``width_50`` (and ``_90``, ``_95``) are those
+    of the central interval of that level; ``ence`` is ``None`` for fewer points than :data:`ENCE_BINS`. Given
+    conformal intervals: ``coverage`` and ``width`` of those.
     """
 
     name = "gaussian"
@@ -128,13 +114,10 @@ class Gaussian:
 
     @staticmethod
     def observed(report: Any) -> Tensor:
-        """The test targets ``(N, D)`` the report scored."""
         return report.targets
 
     @staticmethod
     def kept(report: Any) -> list[Tensor | None]:
-        """The predictions the report keeps (its mixture's means and stds): two reports that keep the same predict the
-        same."""
         return [report.means, report.stds]
 
     @staticmethod
@@ -146,12 +129,10 @@ class Gaussian:
 
     @staticmethod
     def example_statistics(report: Any) -> dict[str, bootstrap.Statistic]:
-        """Every metric of :attr:`COLUMNS` as a bootstrap statistic of an index matrix of resampled examples."""
         return gaussian_metrics.statistics(report.means, report.stds, report.targets)
 
     @staticmethod
     def guarantee_columns(reports: Sequence[Any]) -> dict[str, list[str]]:
-        """The conformal intervals' coverage and width, when any of ``reports`` measured them (header -> cells)."""
         if all(r.coverage is None for r in reports):
             return {}
         return {
@@ -212,7 +193,6 @@ class Gaussian:
         bootstraps: int,
         seed: int,
     ) -> dict[str, tuple[float, float]]:
-        """Bootstrap intervals at level ``ci`` of every metric and of the conformal intervals in ``checked``."""
         stats = Gaussian.example_statistics(report)
         if checked["bounds"] is not None:
             stats |= interval_statistics(*checked["bounds"], report.targets)

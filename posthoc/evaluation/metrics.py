@@ -43,11 +43,7 @@ def brier(probs: Tensor, labels: Tensor) -> float:
 
 
 def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
-    """Top-label expected calibration error with ``bins`` equal-width bins on [0, 1].
-
-    A confidence equal to a bin's upper edge falls in that bin (bins are ``(lo, hi]``), as in
-    torchmetrics.
-    """
+    """Top-label expected calibration error with ``bins`` equal-width bins ``(lo, hi]`` on [0, 1], as torchmetrics."""
     probs, labels = probs.double().cpu(), labels.cpu()
     confidence, predicted = probs.max(-1)
     edges = torch.linspace(0, 1, bins + 1, dtype=torch.float64)
@@ -55,9 +51,8 @@ def ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
 
 
 def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
-    """Top-label ECE with equal-mass bins: the examples sorted by confidence and cut into ``bins`` runs of (nearly)
-    equal size (:func:`posthoc.core.calibration_error.equal_mass_gap`; torch-uncertainty's adaptive calibration
-    error). Unlike :func:`ece`, no bin is empty and none holds most of the examples.
+    """Top-label ECE with equal-mass bins (torch-uncertainty's adaptive calibration error): no bin is empty and none
+    holds most of the examples.
 
     Example:
         >>> import torch
@@ -71,10 +66,8 @@ def adaptive_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
 
 
 def smooth_ece(probs: Tensor, labels: Tensor) -> float:
-    """Top-label smooth ECE (Błasiok & Nakkiran, 2023): the calibration error after kernel-smoothing the residuals
-    ``confidence - correct`` with a Gaussian whose width is chosen by the data (the fixed point ``sigma =
-    smECE(sigma)``); no bins to choose, and continuous in the predictions. Equals relplot 1.0.3's ``smECE`` of the
-    top-label confidences (:mod:`posthoc.evaluation.smooth_ece`).
+    """Top-label smooth ECE (Błasiok & Nakkiran, 2023; :mod:`posthoc.evaluation.smooth_ece`): no bins to choose, and
+    continuous in the predictions.
 
     Example:
         >>> import torch
@@ -96,11 +89,8 @@ def classwise_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
 
 
 def risk_coverage(confidence: Tensor, correct: Tensor) -> tuple[Tensor, Tensor]:
-    """Selective risk at each coverage when keeping the most confident examples first.
-
-    Returns ``(coverage, risk)``, each ``(N,)``: after keeping ``k`` examples, coverage ``k / N``
-    and risk the error rate among them.
-    """
+    """``(coverage, risk)``, each ``(N,)``: after keeping the ``k`` most confident examples, ``k / N`` and the error
+    rate among them."""
     order = confidence.double().cpu().argsort(descending=True)
     errors = (~correct.cpu().bool()[order]).double()
     kept = torch.arange(1, errors.numel() + 1, dtype=torch.float64)
@@ -116,13 +106,8 @@ def aurc(probs: Tensor, labels: Tensor) -> float:
 
 def augrc(probs: Tensor, labels: Tensor) -> float:
     """Area under the generalized risk–coverage curve (Traub et al., 2024; lower is better): at each coverage, the
-    fraction of *all* examples that are accepted and wrong (``coverage * selective risk``), averaged over the
-    coverages ``k / N`` as :func:`aurc` averages the selective risk.
-
-    AURC leans on the risk at low coverage, which rests on a handful of the most confident examples; the AUGRC
-    weighs each coverage by how much it accepts. It is the chance that, of two examples drawn at random (with
-    replacement), the first is wrong and accepted no later than the second. torch-uncertainty's ``AUGRC``
-    integrates the same curve with the trapezoid rule rescaled to [0, 1]; the two differ by at most ``1 / N``.
+    fraction of *all* examples that are accepted and wrong, averaged over the coverages ``k / N``. Unlike AURC it does
+    not lean on the risk at low coverage, which rests on a handful of examples.
 
     Example:
         >>> import torch
@@ -166,9 +151,8 @@ def _counts_above(negatives: Tensor, positives: Tensor) -> tuple[Tensor, Tensor]
 
 
 def aupr(in_scores: Tensor, out_scores: Tensor, positive: str = "out") -> float:
-    """Area under the precision–recall curve (trapezoidal, as pytorch-ood and ``sklearn.metrics.auc(recall,
-    precision)``), higher score = more OOD. ``positive="out"`` (AUPR-out): OOD is the positive class;
-    ``"in"`` (AUPR-in): in-distribution is, with lower scores ranking first.
+    """Area under the precision–recall curve (trapezoidal, as pytorch-ood), higher score = more OOD;
+    ``positive="out"``: OOD is the positive class, ``"in"``: in-distribution is, lower scores first.
 
     Example:
         >>> import torch
@@ -201,10 +185,6 @@ def fpr_at_tpr(in_scores: Tensor, out_scores: Tensor, tpr: float = 0.95) -> floa
     rates = torch.cat([torch.zeros(1, dtype=torch.float64), tps / out_scores.numel()])
     first = int(torch.searchsorted(rates, torch.tensor([float(tpr)], dtype=torch.float64))[0])
     return float(torch.cat([torch.zeros(1, dtype=torch.float64), fps / in_scores.numel()])[first])
-
-
-#: the OOD metrics :func:`ood_metrics` reports, by key
-OOD_METRICS = ("auroc", "aupr_in", "aupr_out", "fpr95")
 
 
 def ood_metrics(in_scores: Tensor, out_scores: Tensor) -> dict[str, float]:

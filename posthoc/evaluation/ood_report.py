@@ -1,8 +1,7 @@
 """The OOD part of a report: every score's values on the test and OOD sets, and their Markdown table.
 
-The method's own predictive gives ``"entropy"`` (total predictive entropy) and, for predictives with
-samples, ``"mutual-information"``; ``ood_scores`` adds post-hoc detector scores (``posthoc.detector``)
-next to them.
+The method's own predictive gives ``"entropy"`` and, with samples, ``"mutual-information"``; ``ood_scores`` adds
+post-hoc detector scores (``posthoc.detector``) next to them.
 
 Example:
     >>> from posthoc.evaluation.ood_report import ood_markdown, ood_values
@@ -131,9 +130,8 @@ def comparison_markdown(post_hoc: OODTable, own: Mapping[str, OODTable]) -> str:
 
 
 def every_score_markdown(own: Mapping[str, OODTable], shared: OODTable, metric: str = "auroc") -> str:
-    """One line per method with ``metric`` for every score: the method's own scores (``own``: method ->
-    score -> metrics, e.g. its entropy, MI, msp, gen) and, for the scores it does not have, the ``shared``
-    ones (score -> metrics, e.g. the checkpoint's logit and feature scores), marked with ``*``.
+    """One line per method with ``metric`` for every score: the method's own scores (``own``: method -> score ->
+    metrics) and, for the scores it does not have, the ``shared`` ones, marked with ``*``.
 
     Example:
         >>> from posthoc.evaluation.ood_report import every_score_markdown
@@ -168,15 +166,7 @@ def ood_markdown(
     rows: Mapping[str, OODTable], intervals: Mapping[str, Mapping[str, tuple[float, float]]] | None = None
 ) -> str:
     """A Markdown table with one line per (method, score): AUROC, AUPR-in, AUPR-out, FPR at 95% TPR;
-    ``intervals`` (``method -> score -> (low, high)``) adds the AUROC's bootstrap interval where given.
-
-    Example:
-        >>> from posthoc.evaluation.ood_report import ood_markdown
-        >>> print(ood_markdown({"MAP": {"energy": {"auroc": 0.9, "aupr_in": 0.9, "aupr_out": 0.8, "fpr95": 0.4}}}))
-        | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
-        |---|---|---|---|---|---|
-        | MAP | energy | 0.9000 | 0.9000 | 0.8000 | 0.4000 |
-    """
+    ``intervals`` (``method -> score -> (low, high)``) adds the AUROC's bootstrap interval where given."""
     lines = ["| method | score | " + " | ".join(COLUMNS.values()) + " |", "|" + "---|" * (len(COLUMNS) + 2)]
     for method, table in rows.items():
         for name, measured in table.items():

@@ -1,15 +1,9 @@
 """``posthoc.evaluate``: run a wrapped model over a test loader and summarise it in a :class:`Report`.
 
-Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``, calibrated on held-out data),
-the report also measures them on the test set: empirical coverage and mean size of the conformal
-sets, and the deferral rate and error rate on accepted examples of the selective rule.
-
-Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` opens with a
-``## Verdict`` (:mod:`posthoc.evaluation.verdict`: the method to use for this model in at most three lines, then its
-numbers), then the table with the best entry of each column in bold; reports that predict the same are merged into
-one row. A report holds numbers and Markdown (in a notebook it shows its tables); its pictures and its HTML page are
-the applications' (``posthoc_apps.report``: ``write_html(report, path, *others)``, ``reliability_diagram(report)``,
-...).
+Given fitted guarantees (``posthoc.conformal`` / ``posthoc.selective``), the report also measures them on the test
+set. Reports of several methods on the same test set compare: ``plain.to_markdown(laplace, auto)`` opens with a
+``## Verdict`` (:mod:`posthoc.evaluation.verdict`), then the table with the best entry of each column in bold. A
+report holds numbers and Markdown; its pictures and HTML page are ``posthoc_apps.report``'s.
 
 Example:
     >>> import posthoc
@@ -28,8 +22,6 @@ Example:
     | none | **0.8125** | 0.5966 | 0.0900 | 0.0994 | 0.0831 | 0.2729 | **0.0969** | **0.0568** | 0.1008 | – |
     | laplace | **0.8125** | **0.4898** | **0.0531** | **0.0846** | **0.0446** | **0.2659** | 0.0987 | 0.0584 | **0.4374** | – |
     ...
-    >>> from posthoc_apps.report import reliability_diagram         # the pictures live in the applications
-    >>> fig = reliability_diagram(report, "reliability.png")
     >>> cp = posthoc.conformal(um, calibration_loader, alpha=0.1)
     >>> sel = posthoc.selective(um, calibration_loader, target_risk=0.2)
     >>> checked = posthoc.evaluate(um, test_loader, conformal=cp, selective=sel)
@@ -38,16 +30,11 @@ Example:
     >>> det = posthoc.detector(um, score=["energy", "knn"]).fit(train_loader)
     >>> print(posthoc.evaluate(um, test_loader, ood_loader, ood_scores=det).ood_to_markdown())
     | method | score | AUROC | AUPR-in | AUPR-out | FPR@95TPR |
-    |---|---|---|---|---|---|
-    | laplace | entropy | 0.4374 | 0.5570 | 0.4483 | 0.8516 |
-    | laplace | energy | 0.0405 | 0.3105 | 0.3101 | 1.0000 |
+    ...
     | laplace | knn | 0.7922 | 0.8697 | 0.6460 | 0.3438 |
 
-One :class:`Report` class serves every kind of prediction: its metric set (:data:`KINDS`: a classifier's
-:class:`Categorical`, a regressor's :class:`~posthoc.evaluation.gaussian_report.Gaussian`) says which metrics it
-measures, keeps and shows, and supplies each step of :func:`evaluate` (:func:`report_type`): ``check_options``,
-``predict``, ``guarantees``, ``score_ood``, ``measured`` and ``resampled``. Every report gives ``observed``,
-``example_nll()`` and ``example_statistics()`` to the comparisons and the shift table, and the same Markdown.
+One :class:`Report` class serves every kind of prediction: its metric set (:data:`KINDS`) says which metrics it
+measures, keeps and shows, and supplies each step of :func:`evaluate`.
 """
 
 from __future__ import annotations
@@ -81,16 +68,10 @@ from posthoc.ood.detector import Detector
 
 
 class Categorical:
-    """A classifier's metric set, what :class:`Report` measures when ``kind == "categorical"``.
-
-    Three calibration errors of the top label: ``ece`` with 15 equal-width bins, ``adaptive_ece`` with 15 equal-mass
-    bins, ``smooth_ece`` without bins (relplot's smECE); two selective-prediction areas: ``aurc`` (risk against
-    coverage) and ``augrc`` (the generalized risk, accepted and wrong, against coverage); see
-    :mod:`posthoc.evaluation.metrics`. ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual
-    information (``None`` for deterministic predictives or without an OOD set). Given conformal sets at level
-    ``alpha``: ``coverage`` (fraction of sets holding the label) and ``set_size`` (mean classes per set); given a
-    selective rule at ``target_risk``: ``deferral`` (fraction deferred) and ``selective_risk`` (error rate on the
-    accepted examples; ``None`` if none is accepted). The report keeps ``probs`` and ``labels``.
+    """A classifier's metric set (:mod:`posthoc.evaluation.metrics`), what :class:`Report` measures when
+    ``kind == "categorical"``. ``ood_auroc`` ranks by total predictive entropy, ``ood_auroc_mi`` by mutual information
+    (``None`` for deterministic predictives). Given conformal sets: ``coverage`` and ``set_size``; given a selective
+    rule: ``deferral`` and ``selective_risk`` (the error rate on the accepted examples).
     """
 
     name = "categorical"
@@ -295,21 +276,13 @@ MetricSet = type[Categorical] | type[Gaussian]
 
 @dataclass(repr=False)
 class Report:
-    """Metrics of one predictive on one test set (and optionally an OOD set); which metrics is the set of its
-    prediction's ``kind`` (:data:`KINDS`): ``"categorical"``, a classifier's (:class:`Categorical`: accuracy, NLL,
-    ECE, ..., conformal sets, a selective rule), or ``"gaussian"``, a regressor's
-    (:class:`~posthoc.evaluation.gaussian_report.Gaussian`: RMSE, NLL, CRPS, interval coverage and width, ...,
-    conformal intervals). The fields of the other kind stay ``None``.
+    """Metrics of one predictive on one test set (and optionally an OOD set), those of its ``kind``'s metric set
+    (:data:`KINDS`); the fields of the other kind stay ``None``.
 
-    Evaluated with ``ci=``: ``intervals`` maps each metric to its bootstrap interval ``(low, high)`` at level
-    ``ci`` (see :mod:`posthoc.evaluation.bootstrap`). Given an OOD set, ``ood`` maps each OOD score (the
-    method's own: a classifier's ``entropy`` and ``mutual-information`` where it samples, a regressor's
-    ``variance``; and the ``ood_scores`` asked for) to its ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95`` (with
-    ``ci=``, a classifier's AUROC intervals are in ``intervals`` under ``ood_auroc`` (entropy), ``ood_auroc_mi`` and
-    ``ood_auroc:NAME``). ``selection`` is ``method="auto"``'s selection record (``um.summary()["selection"]``) when
-    the evaluated model is auto; ``predict_cost`` the predict time over a plain forward's, when the caller measured
-    it, and ``forward_seconds`` that plain forward's seconds (:func:`posthoc.evaluation.comparison.predict_timing`);
-    the verdict reads all three.
+    With ``ci=``, ``intervals`` maps each metric to its bootstrap interval (AUROCs of OOD scores under
+    ``ood_auroc:NAME``). ``ood`` maps each OOD score to its ``auroc``, ``aupr_in``, ``aupr_out`` and ``fpr95``.
+    ``selection`` (auto's selection record), ``predict_cost`` and ``forward_seconds``
+    (:func:`posthoc.evaluation.comparison.predict_timing`) are read by the verdict.
     """
 
     name: str
@@ -429,25 +402,9 @@ class Report:
         return self.metric_set.example_statistics(self)
 
     def to_markdown(self, *others: Report, shifts: Mapping[str, Sequence[Report]] | None = None) -> str:
-        """A one-row Markdown table of the metrics; given ``others`` (reports of other methods on the same test set),
-        this report is the plain model they are judged against: ``## Verdict`` first
-        (:func:`~posthoc.evaluation.comparison.compared_verdict`),
-        then one table of every report with the best entry of each column in bold. A report that predicts the same
-        as an earlier one (on the test set, the OOD set and every shift) is merged into it, with a note
-        (:mod:`posthoc.evaluation.duplicates`).
-
-        ``shifts`` maps a shifted test set's name to the reports on it, one per report in the order
-        ``[self, *others]``.
-
-        Example:
-            >>> from posthoc_apps.demo.examples import plain_report, report, plain_noisy_report, noisy_report
-            >>> print(plain_report.to_markdown(report, shifts={"noisy": [plain_noisy_report, noisy_report]}))
-            ## Verdict
-            <BLANKLINE>
-            **Use `laplace`**: picked on the test data, ...
-            | none | **0.8125** | 0.5966 | ...
-            | laplace | **0.8125** | **0.4898** | ...
-            ...
+        """A one-row Markdown table of the metrics; given ``others`` (other methods on the same test set), this report
+        is the plain model they are judged against: ``## Verdict`` first, then one table of every report
+        (:class:`Compared`). ``shifts`` maps a shifted test set's name to its reports, in the order ``[self, *others]``.
         """
         if not others:
             return markdown_table([self])
@@ -563,26 +520,14 @@ def evaluate(
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
     Args:
-        conformal: fitted ``posthoc.conformal(um, calibration_loader, alpha=...)``: the report adds
-            the empirical coverage and mean size of its sets on the test set.
-        selective: fitted ``posthoc.selective(um, calibration_loader, target_risk=...)``: the report
-            adds the deferral rate and the error rate of the accepted test examples.
-        ood_scores: with ``ood_loader``, post-hoc OOD scores reported next to the method's own entropy / MI
-            (``report.ood``, ``report.ood_to_markdown()``): names of scores that need no fit (``["energy",
-            "max-logit"]``) or a fitted ``posthoc.detector(...)`` (needed for mahalanobis / vim / knn; one
-            detector fitted on the plain model serves every method). ``entropy`` and
-            ``mutual-information`` always come from ``um``'s own predictive.
+        conformal, selective: fitted guarantees (not ``alpha=`` / ``target_risk=``, so that their options stay in one
+            place and one calibration serves several test sets), measured on the test set.
+        ood_scores: with ``ood_loader``, post-hoc OOD scores reported next to the method's own: names of scores that
+            need no fit (``["energy", "max-logit"]``) or a fitted ``posthoc.detector(...)``.
         ci: a confidence level (e.g. 0.95): every metric gets a percentile bootstrap interval over the test
-            examples (``bootstraps`` resamples, seeded by ``seed``; OOD AUROCs resample both sets), in
-            ``report.intervals`` and in the Markdown as ``0.1230 [0.1180, 0.1290]``.
+            examples (``bootstraps`` resamples, seeded by ``seed``), in ``report.intervals``.
 
-    Fitted guarantees are passed (not ``alpha=`` / ``target_risk=``) so that their options (score,
-    Mondrian, delta, ...) stay in one place and one calibration serves several test sets.
-
-    A model wrapped with ``likelihood="regression"`` gets a report of kind ``"gaussian"`` (RMSE, MAE, NLL, CRPS,
-    interval coverage and width, MACE, ENCE; conformal intervals' coverage and width;
-    :class:`~posthoc.evaluation.gaussian_report.Gaussian`; ``ood_loader`` gives its OOD AUROC by the predictive variance, and
-    ``ood_scores`` takes a regressor's detector scores); ``selective`` is for classifiers.
+    A regressor (``likelihood="regression"``) gets a report of kind ``"gaussian"``; ``selective`` is for classifiers.
 
     Example:
         >>> import posthoc
@@ -626,7 +571,7 @@ def evaluate(
 
 def report_type(um: UncertainModel) -> MetricSet:
     """The metric set of ``um``'s predictions: :class:`~posthoc.evaluation.gaussian_report.Gaussian` for a regressor,
-    :class:`Categorical` otherwise; it supplies each step of :func:`evaluate`.
+    :class:`Categorical` otherwise.
 
     Example:
         >>> from posthoc.evaluation.report import report_type

@@ -1,22 +1,19 @@
 """``posthoc.evaluate_shift``: one or several wrapped models on a test set corrupted by kind and severity, or on
 named shifted test sets.
 
-Each method is evaluated on the clean test set (severity 0) and on ``posthoc.shift.corrupt(test_loader,
-kind, severity)`` for every kind and severity (the same seeded corruption for every method). The
-:class:`ShiftTable` holds accuracy, NLL, ECE and Brier per kind and severity and their mean over kinds; with
-``ci=`` each value gets a bootstrap interval over the test examples (the mean over kinds resamples the same
-examples in every kind, so its interval is paired across kinds). A regressor (``likelihood="regression"``)
-gets :data:`REGRESSION_METRICS` instead (NLL, CRPS, RMSE, 90 % coverage and width, MACE).
+Each method is evaluated on the clean test set (severity 0) and on ``posthoc.shift.corrupt(test_loader, kind,
+severity)`` for every kind and severity (the same seeded corruption for every method); the :class:`ShiftTable` holds
+the metrics per kind and severity and their mean over kinds. With ``ci=``, the mean over kinds resamples the same
+examples in every kind, so its interval is paired across kinds.
 
 Tabular or 1-D inputs have no corruptions; their shift is a choice of test rows (``posthoc.shift.extrapolation_split``,
-``gap_split``). A dict ``{"random": loader, "extrapolation": loader2, "gap": loader3}`` in place of the test loader
-evaluates every method on each named test set: the table's kinds are the names, each at severity 0, and it has
-no severities, no clean cell and no mean (the sets hold different examples); ``ci=`` intervals are per set.
+``gap_split``). A dict ``{"random": loader, "extrapolation": loader2}`` in place of the test loader evaluates every
+method on each named test set: the table's kinds are the names, at severity 0, with no clean cell and no mean.
 
 Example:
     >>> import posthoc
     >>> from posthoc.evaluation.shift import plain_and_best
-    >>> from posthoc_apps.demo.examples import cnn, digits, digits_test_loader, reg_test_loader, regression_um
+    >>> from posthoc_apps.demo.examples import cnn, digits, digits_test_loader
     >>> from posthoc_apps.demo.data import MEAN, STD, loader, subset       # the bundled digits, cnn: their CNN
     >>> plain = posthoc.wrap(cnn, method="none")
     >>> laplace = posthoc.wrap(cnn, method="laplace").fit(loader(subset(digits.fit, 600)),
@@ -32,13 +29,8 @@ Example:
     | MAP | **0.0197** | **0.0986** | 1.3025 | 3.6088 |
     | laplace | 0.0298 | 0.1000 | **1.0844** | **2.9745** |
     ...
-    >>> from posthoc_apps.report import confidence_plot, shift_plot    # the pictures live in the applications
-    >>> fig = shift_plot(table, "shift.png")
-    >>> fig = confidence_plot(table, "confidence.png", plain_and_best(table))   # the plain model against the best
-    >>> heavy = posthoc.shift.extrapolation_split(*reg_test_loader.dataset.tensors, quantile=0.7).shifted
-    >>> named = posthoc.evaluate_shift(regression_um, {"random": reg_test_loader, "extrapolation": [heavy]})
-    >>> named.value("laplace", "extrapolation", 0, "coverage_90")
-    0.85
+    >>> plain_and_best(table)                       # the pair a confidence plot compares
+    ['MAP', 'laplace']
 """
 
 from __future__ import annotations
@@ -82,11 +74,9 @@ Bounds = dict[str, dict[str, dict[int, dict[str, tuple[float, float]]]]]
 
 @dataclass
 class ShiftTable:
-    """Metrics per method, kind and severity (severity 0 is the clean test set, kind ``"clean"``), plus
-    their mean over kinds (kind ``"mean"``); ``intervals`` mirrors ``values`` when evaluated with ``ci``;
-    ``reports`` keeps each method's :class:`Report` per ``(kind, severity)`` (for reliability diagrams).
-    ``metrics`` are :data:`METRICS` for classifiers, :data:`REGRESSION_METRICS` for regressors. A table of
-    named test sets (:attr:`named`) has no severities: each kind is one set at severity 0."""
+    """Metrics per method, kind and severity (kind ``"clean"`` at severity 0), plus their mean over kinds (kind
+    ``"mean"``); ``intervals`` mirrors ``values`` with ``ci``; ``reports`` keeps each :class:`Report` per
+    ``(kind, severity)``. A table of named test sets (:attr:`named`) has no severities."""
 
     kinds: tuple[str, ...]
     severities: tuple[int, ...]
@@ -119,9 +109,8 @@ class ShiftTable:
 
     @classmethod
     def join(cls, tables: Sequence[ShiftTable]) -> ShiftTable:
-        """One table of the same methods and kinds at the severities of all ``tables`` together (e.g. severities
-        1, 3, 5 from one run and 2, 4 from another); the clean cell is the first table's; no intervals (the
-        tables' bootstrap resamples differ).
+        """One table of the same methods and kinds at the severities of all ``tables`` together; the clean cell is the
+        first table's; no intervals (the tables' bootstrap resamples differ).
 
         Example:
             >>> import posthoc
@@ -201,10 +190,9 @@ class ShiftTable:
         )
 
     def to_markdown(self, metrics: Sequence[str] | None = None, *, detail: bool = False) -> str:
-        """One table per metric (default: :data:`HEADLINE`): the mean over kinds per method and severity, or for
-        named test sets the value per method and set; ``detail=True`` adds a long table with every kind and
-        severity and all the table's metrics. The best method of each column (in the long table: of each kind and
-        severity) is in bold (:data:`posthoc.evaluation.table.BEST_CAPTION`)."""
+        """One table per metric (default: :data:`HEADLINE`): the mean over kinds per method and severity (or the
+        value per named set); ``detail=True`` adds a long table of every kind, severity and metric. The best of each
+        column is in bold."""
         metrics = self.chosen_metrics(metrics)
         parts = []
         for metric in metrics:
@@ -246,9 +234,7 @@ class ShiftTable:
 
     def example_nll(self, method: str) -> dict[str, torch.Tensor]:
         """Per shift, ``method``'s per-example NLL, for the verdict: ``"severity S"`` -> the mean over the kinds of
-        each example's NLL at severity ``S`` (every kind corrupts the same examples), or per named test set its own.
-
-        Needs the reports (kept by :func:`evaluate_shift`).
+        each example's NLL at severity ``S``, or per named test set its own.
 
         Example:
             >>> from posthoc_apps.demo.examples import shift_table
@@ -277,8 +263,6 @@ class ShiftTable:
 
     def confidence(self, method: str, kind: str, severity: int) -> float:
         """Mean top-class probability of one cell (kinds as in :meth:`value`; ``"mean"`` averages the kinds).
-
-        Needs the reports (kept by :func:`evaluate_shift`, not by a table rebuilt from JSON).
 
         Example:
             >>> from posthoc_apps.demo.examples import shift_table
@@ -316,13 +300,7 @@ class ShiftTable:
 
     def best_method(self, exclude: Sequence[str] = ()) -> str:
         """The method with the lowest NLL, mean over the kinds, at the highest severity (``exclude`` left out);
-        for named test sets, the lowest NLL averaged over the sets.
-
-        Example:
-            >>> from posthoc_apps.demo.examples import shift_table
-            >>> shift_table.best_method(exclude=["MAP"])
-            'laplace'
-        """
+        for named test sets, the lowest NLL averaged over the sets."""
         if isinstance(exclude, str):
             raise ConfigError(
                 f"exclude is a list of method names, e.g. exclude=[{exclude!r}], got the string {exclude!r}"
@@ -357,14 +335,7 @@ def _first_table(tables: Sequence[ShiftTable], what: str) -> ShiftTable:
 
 def plain_and_best(table: ShiftTable, best: str | None = None) -> list[str]:
     """The plain model (a method labelled one of :data:`PLAIN_LABELS`, when the table has one) and the best
-    other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares.
-
-    Example:
-        >>> from posthoc.evaluation.shift import plain_and_best
-        >>> from posthoc_apps.demo.examples import shift_table
-        >>> plain_and_best(shift_table)
-        ['MAP', 'laplace']
-    """
+    other method (``best``, or :meth:`ShiftTable.best_method`): the pair a confidence plot compares."""
     plain = next((m for m in table.methods if m in PLAIN_LABELS), None)
     if best is not None and best not in table.values:
         raise ConfigError(f"no method {best!r} in the shift table; methods: {', '.join(table.methods)}")
@@ -411,8 +382,7 @@ def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
 
 
 def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
-    """Refuse, before any evaluation, corruption kinds on a regressor's test inputs that are not image batches
-    (N, C, H, W), pointing to named test sets (a classifier's loader is checked batch by batch as it is read)."""
+    """Refuse, before any evaluation, corruption kinds on a regressor's test inputs that are not image batches."""
     batch = next(iter(test_loader), None)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     x = x.get(PIXELS, x) if isinstance(x, Mapping) else x
@@ -441,20 +411,14 @@ def evaluate_shift(
     """Evaluate each wrapped model on the clean and corrupted test set, or on named test sets (see the module docs).
 
     ``um_or_list``: one wrapped model, a list (named by their methods) or a dict ``name -> model``, all
-    classifiers or all regressors. ``test_loader``: one loader, corrupted by ``kinds`` (default
-    :data:`DEFAULT_KINDS`) at ``severities`` (default 1 to 5), or a dict ``name -> loader`` of shifted test
-    sets (then no kinds, severities or normalization). ``normalization=(mean, std)``: the model's input
-    normalisation, so corruptions happen in pixel space (see :func:`posthoc.shift.corrupt`). A loader must
-    yield the same examples in the same order on every pass (no shuffling), so that every kind and method is
-    scored on the same examples.
+    classifiers or all regressors. ``test_loader``: one loader, corrupted by ``kinds`` at ``severities`` (default 1
+    to 5), or a dict ``name -> loader`` of shifted test sets. ``normalization=(mean, std)``: the model's input
+    normalisation, so corruptions happen in pixel space. A loader must yield the same examples in the same order on
+    every pass (no shuffling).
 
     Example:
         >>> import posthoc
-        >>> from posthoc_apps.demo.examples import cnn, digits_test_loader, reg_test_loader, regression_um
-        >>> table = posthoc.evaluate_shift(posthoc.wrap(cnn, method="none"), digits_test_loader, kinds=["contrast"],
-        ...                                severities=[1, 5], normalization=((0.1307,), (0.3081,)))
-        >>> table.value(table.methods[0], "contrast", 5, "nll") > table.value(table.methods[0], "clean", 0, "nll")
-        True
+        >>> from posthoc_apps.demo.examples import reg_test_loader, regression_um
         >>> heavy = posthoc.shift.extrapolation_split(*reg_test_loader.dataset.tensors).shifted   # the top 30 % of x
         >>> named = posthoc.evaluate_shift(regression_um, {"random": reg_test_loader, "extrapolation": [heavy]})
         >>> named.value("laplace", "random", 0, "crps"), named.value("laplace", "extrapolation", 0, "crps")

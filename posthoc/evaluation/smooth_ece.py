@@ -1,16 +1,13 @@
 """Smooth ECE (Błasiok & Nakkiran, 2023) of many rows of examples at once, as relplot 1.0.3 computes it.
 
-The smooth ECE kernel-smooths the residuals ``confidence - correct`` with a Gaussian of width ``sigma``
-(reflected at 0 and 1), and reports the mean absolute smoothed residual under the smoothed density of the
-confidences. The width is not a free knob: it is the fixed point ``sigma = smECE(sigma)``, found by bisection.
-The result needs no bins, changes continuously with the predictions, and is within a constant factor of the
-distance to the nearest calibrated predictor.
+The smooth ECE kernel-smooths the residuals ``confidence - correct`` with a Gaussian of width ``sigma`` (reflected at
+0 and 1), and reports the mean absolute smoothed residual under the smoothed density of the confidences; ``sigma`` is
+the fixed point ``sigma = smECE(sigma)``, found by bisection. The result needs no bins and changes continuously with
+the predictions.
 
-This module follows relplot's ``smECE`` step for step (the same grids, the same linear rounding of the examples
-onto a grid, the same reflected convolution, the same bisection) so that its values equal relplot's, but it
-computes every row of a ``(B, n)`` batch together in torch (the convolutions through FFTs), which the bootstrap
-intervals need: relplot takes about 10 ms per call, one call per resample. relplot is the test oracle
-(``tests/evaluation/test_metrics.py``), not a dependency: importing it brings pandas and seaborn.
+This module follows relplot's ``smECE`` step for step so that its values equal relplot's, but computes every row of a
+``(B, n)`` batch together in torch (the convolutions through FFTs), as the bootstrap intervals need. relplot is the
+test oracle, not a dependency: importing it brings pandas and seaborn.
 
 Example:
     >>> import torch
@@ -64,12 +61,10 @@ def _mesh(points: int) -> Tensor:
 class _Smoother:
     """The smooth ECE of every row of a batch at any bandwidths, keeping what does not depend on the bandwidth.
 
-    relplot's ``ReflectedGaussianKernel.apply`` splits each example's value (its residual, and 1 for the density)
-    linearly between its two nearest points of a ``grid``-point mesh of [0, 1], mirrors the mesh values at both
-    ends and convolves them with a Gaussian evaluated on the same mesh, centred at 0.5. That mirror image is one
-    window of the even periodic extension of period ``2 (grid - 1)``, and the kernel spans less than a period,
-    so a circular convolution of that period gives the same numbers: the extension's spectrum depends on the
-    grid only, and is kept per grid size; the kernel's spectrum is computed once per distinct bandwidth.
+    relplot's ``ReflectedGaussianKernel.apply`` spreads each example's value onto a ``grid``-point mesh of [0, 1],
+    mirrors it at both ends and convolves it with a Gaussian. That mirror image is one window of the even periodic
+    extension of period ``2 (grid - 1)``, so a circular convolution gives the same numbers: the extension's spectrum
+    is kept per grid size, the kernel's computed once per distinct bandwidth.
     """
 
     def __init__(self, confidence: Tensor, residual: Tensor) -> None:
@@ -141,9 +136,8 @@ def smooth_ece_rows(confidence: Tensor, correct: Tensor) -> Tensor:
     """The smooth ECE of each row of ``confidence`` ``(B, n)`` (the predicted class's probability) against
     ``correct`` ``(B, n)`` (1 where that class is the label): ``(B,)``, float64.
 
-    The bandwidth of each row is relplot's: 1 if ``1 < smECE(1)``; else ``REFINE`` bisection steps on (0, 1] towards
-    the point where ``sigma < smECE(sigma)`` starts to hold (a bandwidth below ``SIGMA_EPS`` counts as holding),
-    keeping the last bandwidth where it did not hold, whose ``smECE`` is reported.
+    The bandwidth of each row is relplot's: 1 if ``1 < smECE(1)``; else ``REFINE`` bisection steps on (0, 1], keeping
+    the last bandwidth where ``sigma < smECE(sigma)`` did not hold.
 
     Example:
         >>> import torch

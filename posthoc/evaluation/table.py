@@ -48,7 +48,7 @@ BEST_CAPTION = (
 
 #: the mark of an estimate that lies outside its own bootstrap interval (:data:`OUTSIDE_NOTE` says why)
 OUTSIDE = "†"
-#: why an estimate can lie outside its bootstrap interval, and why no other bootstrap interval is given instead
+#: why an estimate can lie outside its bootstrap interval
 OUTSIDE_NOTE = (
     f"{OUTSIDE} The estimate lies outside its bootstrap interval: its resamples lie on one side of it, biased by more "
     "than their spread. A mean of absolute gaps (ECE, MACE, ENCE) does this on a small test set: resampling repeats "
@@ -136,10 +136,8 @@ def bold_best(cells: Sequence[str], values: Sequence[float | None], metric: str)
 
 
 def markdown_table(reports: Sequence[Any], extra: dict[str, list[str]] | None = None) -> str:
-    """Markdown rows of several reports of one kind (a classifier's or a regressor's): the kind's metric columns
-    (``COLUMNS`` under ``HEADERS``), the guarantees any report measured (the kind's ``guarantee_columns``) and
-    ``extra`` columns (header -> one cell per report). With several reports the best entry of each metric column is in
-    bold (:func:`bold_best`; explain it with :data:`BEST_CAPTION`).
+    """Markdown rows of several reports of one kind: the kind's metric columns, the guarantees any report measured and
+    ``extra`` columns (header -> one cell per report), the best entry of each metric column in bold.
 
     Example:
         >>> from posthoc.evaluation.table import markdown_table

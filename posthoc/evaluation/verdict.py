@@ -1,27 +1,14 @@
 """The verdict that opens every report comparing methods: which method to use for this model, and its numbers.
 
-A report that compares methods on one model opens with at most three lines of words: what to use, what it costs (its
-NLL change against the plain model in distribution, and its predict cost against a plain forward) and what it buys
-(its NLL change under the shifts; without them, on the fit-time perturbed held-out copies of ``method="auto"``'s
-selection record; and its OOD AUROC change). The numbers follow in a small table, each change with its paired
-bootstrap interval over the test examples. Ratios are left out where the plain model's NLL is under
-:data:`RATIO_FLOOR` (the difference says it), and a predict cost on a model whose forward takes under a millisecond
-carries its time in microseconds. Notes follow the table: a candidate auto refused on held-out data although it was
-better there (its gain, its bound and the ``tolerance=`` that would take it), and a test table that disagrees with
-auto's held-out pick. Then comes the frontier (drawn by :func:`posthoc_apps.report.plots.frontier`): the plain model's, the
-recommended row's and the few best rows' in-distribution NLL excess against their NLL under shift.
+At most three lines of words: what to use, what it costs (its NLL change against the plain model in distribution,
+and its predict cost against a plain forward) and what it buys (its NLL change under the shifts, else on auto's
+fit-time perturbed held-out copies, and its OOD AUROC change). A table follows, each change with its paired bootstrap
+interval over the test examples, then notes and the frontier (:func:`posthoc_apps.report.plots.frontier`).
 
-Which method is recommended:
-
-- where a row is ``method="auto"`` (its :class:`Candidate` carries the selection record), auto's choice: it was
-  made on held-out data, before the test set was seen;
-- otherwise the rule of :mod:`posthoc.engine.selection` applied to the test rows: among the rows whose
-  in-distribution NLL excess over the plain model has a one-sided paired bootstrap upper bound (at the selection
-  step's confidence, 95 %) within the
-  tolerance (``max(2 % of the plain NLL, 0.005 nats)``), the one of lowest NLL under the shifts (mean over them;
-  without shifts, the lowest NLL in distribution). The verdict then says that the pick is made on the test data
-  and that ``auto`` makes it on held-out data;
-- when that is the plain model, the verdict says to keep it.
+Which method is recommended: where a row is ``method="auto"``, auto's choice (made on held-out data); otherwise the
+rule of :mod:`posthoc.engine.selection` applied to the test rows: among the rows whose in-distribution NLL excess has
+a one-sided paired bootstrap upper bound within the tolerance, the one of lowest NLL under the shifts (without
+shifts, in distribution). When that is the plain model, the verdict says to keep it.
 
 Example:
     >>> from posthoc.evaluation.verdict import Candidate, judge
@@ -42,9 +29,7 @@ Example:
     It buys -0.7046 nats of NLL under shift (0.59x on `noisy`).
     <BLANKLINE>
     | | `none` (plain) | `laplace` | change [95% interval] | ratio |
-    |---|---|---|---|---|
-    | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
-    | NLL on `noisy` | 1.7367 | 1.0321 | -0.7046 [-1.1112, -0.3664] | 0.59x |
+    ...
     | predict cost | 1.0x | 1.4x | – | 1.4x |
     ...
 """
@@ -87,9 +72,8 @@ FEATURED = 3
 
 @dataclass(frozen=True)
 class FrontierPoint:
-    """One candidate on the frontier: its in-distribution NLL excess over the plain model ``x`` (nats per example) and
-    its NLL under shift ``y``, each with an interval (``None``: none), whether it is admissible, and whether it is the
-    recommended one.
+    """One candidate on the frontier: its in-distribution NLL excess ``x`` and its NLL under shift ``y``, each with an
+    interval (``None``: none).
 
     Example:
         >>> from posthoc.evaluation.verdict import FrontierPoint
@@ -108,17 +92,10 @@ class FrontierPoint:
 
 @dataclass(frozen=True)
 class Candidate:
-    """What the verdict reads of one method row.
-
-    Attributes:
-        label: the row's name.
-        clean: ``(N,)`` per-example NLL on the test set (the same examples, in the same order, for every row).
-        shifted: per shift, ``(M,)`` per-example NLL on that shifted test set (paired with the plain row's).
-        ood: ``(test scores, OOD scores)`` of the row's predictive entropy, when an OOD set was given.
-        predict_cost: the row's predict time over a plain forward's (``None``: not measured).
-        selection: ``method="auto"``'s selection record (``um.summary()["selection"]``), for an auto row.
-        forward_seconds: the seconds of the plain forward the predict cost was measured against (``None``: not
-            kept); under a millisecond the verdict gives the predict time in microseconds too.
+    """What the verdict reads of one method row: ``clean``, the ``(N,)`` per-example test NLL (the same examples in
+    the same order for every row); ``shifted``, the same per shift; ``ood``, ``(test scores, OOD scores)`` of its
+    predictive entropy; ``predict_cost``, its predict time over a plain forward's (taking ``forward_seconds``);
+    ``selection``, ``method="auto"``'s selection record (``um.summary()["selection"]``).
     """
 
     label: str
@@ -137,10 +114,9 @@ class Candidate:
 
 @dataclass(frozen=True)
 class Change:
-    """A row's change against the plain model on the same examples: ``difference`` (row minus plain) with its central
-    ``ci`` interval and its one-sided :data:`~posthoc.engine.selection.CONFIDENCE` upper bound (paired bootstrap),
-    the plain model's value, and ``band``: the central :data:`FRONTIER_LEVEL` interval (its upper end is ``upper``).
-    """
+    """A row's change against the plain model (row minus plain, paired bootstrap): its central ``ci`` ``interval``,
+    its one-sided :data:`~posthoc.engine.selection.CONFIDENCE` ``upper`` bound and the central :data:`FRONTIER_LEVEL`
+    ``band``."""
 
     difference: float
     interval: tuple[float, float]
@@ -161,12 +137,8 @@ class Change:
 
 @dataclass(frozen=True)
 class Judged:
-    """One row judged against the plain model on the test data.
-
-    ``clean``: its in-distribution NLL change; ``shifts``: its NLL change per shift; ``shift_nll`` / ``shift_band``:
-    its NLL under shift (mean over the shifts) with the central :data:`FRONTIER_LEVEL` interval; ``ood``: its OOD
-    AUROC change; ``admissible``: whether ``clean.upper`` is within the tolerance.
-    """
+    """One row judged against the plain model: ``shift_nll`` is its NLL under shift (mean over the shifts) with its
+    central :data:`FRONTIER_LEVEL` ``shift_band``; ``admissible``: whether ``clean.upper`` is within the tolerance."""
 
     label: str
     clean: Change
@@ -243,9 +215,8 @@ def auroc_change(
     seed: int = 0,
     plain_draws: np.ndarray | None = None,
 ) -> Change:
-    """The OOD AUROC change of ``row``'s ``(test scores, OOD scores)`` against ``plain``'s, paired: both are resampled
-    with the same draws of test and OOD examples (:func:`posthoc.evaluation.bootstrap.auroc_draws` with one seed);
-    ``plain_draws`` reuses the plain model's draws (the same ``bootstraps`` and ``seed``) across rows.
+    """The OOD AUROC change of ``row``'s ``(test scores, OOD scores)`` against ``plain``'s, both resampled with the
+    same draws; ``plain_draws`` reuses the plain model's draws across rows.
 
     Example:
         >>> from posthoc.evaluation.verdict import auroc_change
@@ -315,15 +286,9 @@ def _judge(
 class Verdict:
     """Which method to use for this model, and why (see the module docs).
 
-    :meth:`lines` says it in at most three lines of words (what to use, what it costs, what it buys), :meth:`table`
-    gives the numbers with their intervals, :meth:`notes` what the reader must not miss (a candidate auto refused
-    although it was better on held-out data, a test table that disagrees with auto's held-out pick).
-
     ``basis``: ``"auto"`` (auto's held-out choice), ``"test"`` (the rule on the test rows, ranked under shift) or
-    ``"test-clean"`` (the rule on the test rows without shifts: the lowest NLL in distribution). ``rows`` are every
-    row judged against the plain one, in their order; ``tolerance`` is in nats per test example; ``disagreement``:
-    for an auto pick, the row whose test NLL is lower than the pick's with a paired interval below zero (its change
-    against the pick), else ``None``.
+    ``"test-clean"`` (ranked in distribution, without shifts); ``tolerance`` is in nats per test example;
+    ``disagreement``: for an auto pick, the row clearly better on the test data (:func:`disagreeing_row`).
     """
 
     plain: str
@@ -357,30 +322,14 @@ class Verdict:
 
     # ---- the words -------------------------------------------------------------------------------------------------
     def lines(self) -> list[str]:
-        """At most three lines of words: what to use, what it costs, what it buys (the numbers' intervals are in
-        :meth:`table`).
-
-        Example:
-            >>> from posthoc_apps.demo.examples import verdict
-            >>> for line in verdict.lines():
-            ...     print(line)
-            **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
-            It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and an unmeasured time at ...
-            It buys -0.7046 nats of NLL under shift (0.59x on `noisy`) and +0.337 OOD AUROC (0.101 -> 0.437).
-        """
+        """At most three lines of words: what to use, what it costs, what it buys."""
         chosen = self.row(self.recommended)
         if self.keeps_plain:
             return self._keep_plain(chosen)
         return [self._use(chosen), self._costs(chosen), self._buys(chosen)]
 
     def sentence(self) -> str:
-        """:meth:`lines` as one paragraph (metrics.json keeps it).
-
-        Example:
-            >>> from posthoc_apps.demo.examples import verdict
-            >>> verdict.sentence()
-            '**Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows ...'
-        """
+        """:meth:`lines` as one paragraph (metrics.json keeps it)."""
         return " ".join(self.lines())
 
     def _use(self, chosen: Judged) -> str:
@@ -492,18 +441,7 @@ class Verdict:
         return self._contender()
 
     def table(self) -> str:
-        """The numbers of :meth:`lines`: the plain model against the recommended row in distribution, under each
-        shift, on OOD inputs and at predict time, each change with its paired interval ("" with nothing to compare).
-
-        Example:
-            >>> from posthoc_apps.demo.examples import verdict
-            >>> print(verdict.table())
-            | | `none` (plain) | `laplace` | change [95% interval] | ratio |
-            |---|---|---|---|---|
-            | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
-            | NLL on `noisy` | 1.7367 | 1.0321 | -0.7046 [-1.1112, -0.3664] | 0.59x |
-            | OOD AUROC (entropy) | 0.101 | 0.437 | +0.337 [+0.281, +0.385] | – |
-        """
+        """The numbers of :meth:`lines`, each change with its paired interval ("" with nothing to compare)."""
         row = self.compared()
         if row is None:
             return ""
@@ -587,17 +525,7 @@ class Verdict:
         )
 
     def text(self) -> str:
-        """The lines, the table and the notes, each block apart: what a terminal shows (``posthoc demo`` prints it).
-
-        Example:
-            >>> from posthoc_apps.demo.examples import verdict
-            >>> print(verdict.text())
-            **Use `laplace`**: picked on the test data, ...
-            <BLANKLINE>
-            It costs ...
-            | NLL in distribution | 0.5966 | 0.4898 | -0.1068 [-0.2387, -0.0011] | 0.82x |
-            ...
-        """
+        """The lines, the table and the notes, each block apart: what a terminal shows (``posthoc demo`` prints it)."""
         return "\n\n".join(part for part in [*self.lines(), self.table(), *self.notes()] if part)
 
     def markdown(self, frontier: str | None = None) -> str:
@@ -617,7 +545,7 @@ class Verdict:
 
     def featured(self, count: int = FEATURED) -> list[str]:
         """The rows a plot draws, in the rows' order: the plain one, the recommended one and the ``count`` others of
-        lowest NLL under shift (without shifts: in distribution). The rest stay in the tables.
+        lowest NLL under shift (without shifts: in distribution).
 
         Example:
             >>> from posthoc_apps.demo.examples import verdict
@@ -864,19 +792,9 @@ def judge(
 ) -> Verdict:
     """Judge every row against the ``plain`` one on the test data and recommend one (module docs).
 
-    ``tolerance``: nats per example (default ``max(2 % of the plain model's test NLL, 0.005)``); ``auto_hint`` and
-    ``shift_hint`` name, in the caller's terms, how to make the choice on held-out data and how to add a shift
-    (the CLI: ``--method auto``, ``--shift``); ``shift_note`` says what the shifts are (e.g. the kinds averaged at
-    each severity).
-
-    Example:
-        >>> from posthoc.evaluation.verdict import Candidate, judge
-        >>> from posthoc_apps.demo.examples import plain_report, report
-        >>> from posthoc.evaluation.comparison import example_nll
-        >>> found = judge([Candidate("none", example_nll(plain_report)), Candidate("laplace", example_nll(report))],
-        ...               plain="none")
-        >>> found.recommended, found.basis        # no shifted rows: the lowest NLL in distribution
-        ('laplace', 'test-clean')
+    ``tolerance``: nats per example (default: :class:`~posthoc.engine.selection.Tolerance`); ``auto_hint`` and
+    ``shift_hint`` say, in the caller's terms, how to choose on held-out data and how to add a shift; ``shift_note``
+    says what the shifts are.
     """
     labels = [candidate.label for candidate in candidates]
     if plain not in labels:
@@ -929,9 +847,8 @@ def judge(
 def disagreeing_row(
     candidates: Sequence[Candidate], pick: Candidate, index: Tensor, ci: float = CI
 ) -> tuple[str, Change] | None:
-    """The row whose test NLL is clearly below ``pick``'s (its paired ``ci`` interval of the change lies below 0),
-    the lowest of them, with its change against ``pick``; ``None`` when no row is. Auto picks on held-out data: a test
-    table that disagrees is something the reader must be told.
+    """The row of lowest test NLL among those clearly below ``pick``'s (paired ``ci`` interval below 0), with its
+    change against ``pick``; ``None`` when none is.
 
     Example:
         >>> import torch
@@ -954,10 +871,8 @@ def disagreeing_row(
 
 
 def selection_points(selection: Mapping[str, Any]) -> list[FrontierPoint]:
-    """The candidates of a selection record (``um.summary()["selection"]``) as frontier points on held-out data: the
-    excess with a bar up to its one-sided bound, the NLL on the perturbed copies with a bar of the same level;
-    candidates not tried, not finite or without perturbed copies are left out, and candidates with the same numbers
-    (e.g. calibrators that kept the plain model) are one point named after all of them.
+    """The candidates of a selection record as frontier points on held-out data (the excess with a bar up to its
+    one-sided bound, the NLL on the perturbed copies); candidates with the same numbers are one point named after all.
 
     Example:
         >>> from posthoc_apps.report import plots

@@ -37,13 +37,8 @@ IN_PROCESS = (
 
 
 class Export:
-    """What a method's ``to_module`` builds with: shared backbones, the draws, and the inner methods' modules.
-
-    Args:
-        num_samples: weight draws for the predictives exported with fixed samples (``None``: each method's own).
-        seed: seeds the draws made at export.
-        regression: whether the predictive is a regression likelihood's (modules of ``(means, variances)``).
-    """
+    """What a method's ``to_module`` builds with: shared backbones, the draws (``num_samples``: ``None`` is each
+    method's own), and the inner methods' modules."""
 
     def __init__(self, num_samples: int | None = None, seed: int = 0, *, regression: bool = False) -> None:
         self.num_samples, self.seed, self.regression = num_samples, seed, regression

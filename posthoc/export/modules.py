@@ -1,12 +1,9 @@
 """The shared pieces of an exported predictive: the network run once, stacking, mixtures and the top modules.
 
-A *predictive* module returns ``(log_probs (N, C), samples (S, N, C) or None)`` (classification) or
-``(means (K, N, D), variances (K, N, D))`` (regression, ``K`` Gaussian components); the top modules
-:class:`ExportedClassifier` and :class:`ExportedRegressor` turn that into probabilities, or into a mean and
-a variance. :class:`Backbone` runs the user's network once per call and keeps what its taps saw (the
-head's input, the features density-aware calibration reads), so the pieces stacked on it share one pass.
-A method's own piece (its posterior folded into buffers) is written next to its mathematics, in its folder, and
-calls the same functions as its ``log_predictive``; the pieces here know no method.
+A *predictive* module returns ``(log_probs (N, C), samples (S, N, C) or None)`` (classification) or ``(means (K, N,
+D), variances (K, N, D))`` (regression); the top modules turn that into probabilities, or a mean and a variance.
+:class:`Backbone` runs the user's network once per call and keeps what its taps saw, so the pieces stacked on it share
+one pass. A method's own piece is written next to its mathematics, in its folder; the pieces here know no method.
 
 Example:
     >>> from posthoc.export.modules import Backbone, ExportedClassifier, Plain
@@ -80,10 +77,7 @@ class _Recorder:
 
 
 class Backbone(nn.Module):
-    """The user's network, run once per call; ``taps`` keep the input or output of named modules.
-
-    ``forward(x)`` returns the network's logits (or outputs) for ``x`` (a tensor, or a dict of tensors passed as
-    keyword arguments); :meth:`tapped` then gives what tap ``index`` saw in that call.
+    """The user's network, run once per call; ``taps`` keep the input or output of named modules (:meth:`tapped`).
 
     Example:
         >>> import torch
@@ -242,9 +236,8 @@ def observation_variance(likelihood: Likelihood) -> Tensor | None:
 class GaussianOutputs(nn.Module):
     """The network's outputs as a Gaussian: ``mean = f(x)``, ``variance = noise + model variance``.
 
-    ``noise`` is a fitted observation variance (``None``: the network predicts it, outputs ``(N, 2D)`` means then
-    log-variances); ``spread`` (optional) is a module whose ``unit_variance(outputs)`` gives the variance of ``f(x)``
-    per unit of noise from what the backbone's taps saw in this call (a last-layer posterior), added times ``noise``.
+    ``noise`` is a fitted observation variance (``None``: the network predicts it); ``spread`` (optional) is a module
+    whose ``unit_variance(outputs)`` gives the variance of ``f(x)`` per unit of noise (a last-layer posterior).
     """
 
     def __init__(self, backbone: Backbone, noise: Tensor | None, spread: nn.Module | None = None) -> None:

@@ -41,16 +41,8 @@ def minimum_calibration_size(alpha: float) -> int:
 
 
 def conformal_rank(n: int, alpha: float) -> int:
-    """``ceil((n + 1)(1 - alpha))``: the rank (1-based) of the calibration score used as the threshold.
-
-    Refuses ``n`` below :func:`minimum_calibration_size`, where that rank would exceed ``n`` and no
-    finite threshold can guarantee ``1 - alpha`` coverage.
-
-    Example:
-        >>> from posthoc.guarantees.bounds import conformal_rank
-        >>> conformal_rank(9, 0.1)
-        9
-    """
+    """``ceil((n + 1)(1 - alpha))``: the rank (1-based) of the calibration score used as the threshold; ``n`` below
+    :func:`minimum_calibration_size` is refused."""
     rank = math.ceil((n + 1) * (1.0 - alpha) - RANK_TOLERANCE * (n + 1))
     if rank > n:
         raise InputError(

@@ -7,7 +7,6 @@ holds the true class with probability at least ``1 - alpha`` (marginally, over b
 ``mondrian=True`` there is one threshold per class and the guarantee holds for each class.
 
 Example:
-    >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_test_loader
     >>> import torch
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs, test_labels, um
@@ -21,10 +20,8 @@ Example:
     torch.Size([8, 3])
 
 A regressor (a model wrapped with ``likelihood="regression"``, or its ``RegressionPrediction``) gets conformal
-intervals instead, a :class:`ConformalRegressor`: what differs is only what its predictive gives the score, the
-real residual of its mean, scaled by its std or measured from its own central interval, and the threshold then
-widens that predictive's interval (:mod:`~posthoc.guarantees.intervals` holds the interval arithmetic). Each
-output's interval holds its target with probability at least ``1 - alpha``. The scores:
+intervals instead, a :class:`ConformalRegressor` (:mod:`~posthoc.guarantees.intervals`): each output's interval holds
+its target with probability at least ``1 - alpha``. The scores:
 
 - ``"normalized"`` (default): ``|y - mean| / std`` with the predictive std, so the intervals are
   ``mean -+ t * std``: wider where the method is less certain;
@@ -33,6 +30,7 @@ output's interval holds its target with probability at least ``1 - alpha``. The 
   (conformalised quantile regression on the predictive's quantiles).
 
 Example:
+    >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_test_loader
     >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
     >>> x_test, y_test = reg_test_loader.dataset.tensors
     >>> lower, upper = cp.intervals(x_test)            # or cp.intervals(regression_um.predict(x_test))
@@ -76,15 +74,8 @@ def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha:
 
 
 class ConformalPredictor:
-    """Fitted conformal sets; build with :func:`conformal`.
-
-    Attributes:
-        alpha: the miscoverage level; sets hold the true class with probability >= ``1 - alpha``.
-        score: the :class:`ConformityScore` (``score.name`` is ``"lac"``, ``"aps"`` or ``"raps"``).
-        threshold: the calibrated threshold, a 0-dim tensor, or ``(C,)`` per class if ``mondrian``.
-        mondrian: whether thresholds are class-conditional.
-        num_calibration: how many calibration examples set the threshold.
-    """
+    """Fitted conformal sets; build with :func:`conformal`. ``threshold`` is a 0-dim tensor, or ``(C,)`` per class
+    if ``mondrian``."""
 
     def __init__(
         self,
@@ -105,28 +96,12 @@ class ConformalPredictor:
 
     def sets(self, data: Any) -> Tensor:
         """Boolean prediction sets ``(N, C)`` for probabilities/logits (as at calibration), a
-        :class:`Prediction`, or model inputs (when calibrated on a wrapped model); a numpy array for a numpy array.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
-            >>> cp = posthoc.conformal(val_probs, val_labels, alpha=0.1)
-            >>> 1 <= cp.sets(test_probs).sum(-1).float().mean() <= 3     # mean set size
-            tensor(True)
-        """
+        :class:`Prediction`, or model inputs (when calibrated on a wrapped model); a numpy array for a numpy array."""
         probs = self.predictive(data).probs
         return like_given(self.score(probs) <= self.threshold.to(probs.device), data)
 
     def predict(self, x: Inputs) -> Prediction:
-        """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import um, calibration_loader, x
-            >>> pred = posthoc.conformal(um, calibration_loader, alpha=0.1).predict(x)
-            >>> pred.sets.sum(-1)         # set sizes
-            tensor([1, 1, 1, 1, 1, 1, 1, 1])
-        """
+        """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled."""
         if self.predictive.kind != "model":
             raise ConfigError(
                 "predict(x) needs a conformal predictor calibrated on a wrapped model "
@@ -165,12 +140,7 @@ def _bounds(pred: RegressionPrediction, score: str, alpha: float) -> dict[str, T
 
 class ConformalRegressor:
     """Fitted conformal intervals around a regression predictive; build with :func:`posthoc.conformal`.
-
-    Attributes:
-        calibrated: the :class:`~posthoc.guarantees.intervals.ConformalIntervals` it widens predictions by; its
-            ``alpha``, ``score``, ``threshold`` ``(D,)`` and ``num_calibration`` are read here too.
-        model: the wrapped model calibrated on, or ``None`` when calibrated on a RegressionPrediction.
-    """
+    ``model`` is ``None`` when calibrated on a RegressionPrediction."""
 
     def __init__(
         self, calibrated: ConformalIntervals, model: UncertainModel | None, generator: torch.Generator | None
@@ -198,16 +168,7 @@ class ConformalRegressor:
 
     def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
         """``(lower, upper)``, each float64 ``(N, D)``, for a :class:`RegressionPrediction` or (when calibrated
-        on a wrapped model) its inputs ``x``.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import regression_um, reg_val_loader, reg_x
-            >>> cp = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1)
-            >>> lower, upper = cp.intervals(regression_um.predict(reg_x))
-            >>> lower.shape
-            torch.Size([8, 1])
-        """
+        on a wrapped model) its inputs ``x``."""
         return self.calibrated.intervals(**_bounds(self.prediction(data), self.score, self.alpha))
 
     def sets(self, data: Any) -> Tensor:
@@ -245,13 +206,8 @@ def conformal_regression(
 ) -> ConformalRegressor:
     """Calibrate conformal intervals with miscoverage ``alpha`` (called by :func:`posthoc.conformal` for a regressor).
 
-    Args:
-        source: a model wrapped with ``likelihood="regression"`` (then ``targets`` is a labelled loader of
-            ``(x, y)``), or a :class:`RegressionPrediction` (then ``targets`` is ``(N,)`` or ``(N, D)``).
-        score: ``"normalized"`` (default), ``"absolute"`` or ``"cqr"``.
-        seed: seeds a sampling model's draws, at calibration and at test time.
-        classification_options: the set options of :func:`posthoc.conformal` (``randomized``, ``mondrian``, ...):
-            refused when set.
+    ``source``: a model wrapped with ``likelihood="regression"`` (then ``targets`` is a labelled loader), or a
+    :class:`RegressionPrediction`; ``classification_options`` (those of sets) are refused when set.
 
     Example:
         >>> from posthoc.guarantees.conformal import conformal_regression
@@ -307,16 +263,13 @@ def conformal(
     """Calibrate conformal prediction sets (intervals, for a regressor) with miscoverage ``alpha``.
 
     Args:
-        source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a
-            :class:`~posthoc.Prediction`, or a fitted :class:`~posthoc.UncertainModel`. A regressor (a
-            model wrapped with ``likelihood="regression"`` or its :class:`~posthoc.RegressionPrediction`)
-            gives a :class:`ConformalRegressor`, whose ``intervals(x)`` are ``(lower, upper)``.
+        source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a :class:`~posthoc.Prediction`, or a
+            fitted :class:`~posthoc.UncertainModel`; a regressor gives a :class:`ConformalRegressor`.
         labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)``;
             for a RegressionPrediction, its targets ``(N,)`` or ``(N, D)``.
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.
         score: ``"lac"`` (default; smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive);
-            for a regressor ``"normalized"`` (default; ``|y - mean| / std``), ``"absolute"`` or ``"cqr"``
-            (see the module docs).
+            for a regressor, see the module docs.
         randomized: randomise APS/RAPS (default ``True``: exact coverage; a set may be empty);
             ``False`` gives deterministic, conservative sets (coverage above ``1 - alpha``).
         k_reg, lam: RAPS regularisation (defaults 1 and 0.01).
@@ -324,18 +277,13 @@ def conformal(
         seed: seeds the APS/RAPS randomisation and a sampling model's draws.
         inputs: ``"auto"`` (rows in [0, 1] summing to 1 are probabilities, anything else logits),
             ``"probs"`` or ``"logits"``; test-time arrays must be of the same kind.
-        progress: show a progress bar while a wrapped model predicts the calibration loader.
 
     Example:
         >>> import posthoc
-        >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits, regression_um, reg_val_loader
-        >>> from posthoc_apps.demo.examples import reg_x
+        >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits
         >>> cp = posthoc.conformal(val_logits, val_labels, alpha=0.05, score="raps", k_reg=2, lam=0.1)
         >>> cp.threshold, cp.sets(test_logits).shape
         (tensor(0.9948, dtype=torch.float64), torch.Size([128, 3]))
-        >>> lower, upper = posthoc.conformal(regression_um, reg_val_loader, alpha=0.1).intervals(reg_x)
-        >>> bool((lower < upper).all())
-        True
     """
     integer(seed, "seed")
     if getattr(source, "dense_outputs", False):
@@ -373,16 +321,7 @@ def conformal_sets(
     inputs: str,
     progress: bool,
 ) -> ConformalPredictor:
-    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments).
-
-    Example:
-        >>> from posthoc.guarantees.conformal import conformal_sets
-        >>> import torch
-        >>> logits, labels = torch.randn(100, 3), torch.randint(0, 3, (100,))
-        >>> options = dict(randomized=None, k_reg=None, lam=None, mondrian=False, inputs="logits", progress=False)
-        >>> conformal_sets(logits, labels, alpha=0.1, score="lac", seed=0, **options).sets(logits).shape
-        torch.Size([100, 3])
-    """
+    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments)."""
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(

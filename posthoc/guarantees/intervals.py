@@ -1,9 +1,8 @@
 """Split conformal intervals for regression: a band around any point or interval prediction with a coverage guarantee.
 
-Calibration scores ``n`` held-out examples, keeps the ``ceil((n + 1)(1 - alpha))``-th smallest score
-``t`` per output, and widens each test prediction by it. If calibration and test examples are
-exchangeable, each output's interval holds its target with probability at least ``1 - alpha``
-(marginally, over both draws). The score follows from what the predictions carry:
+Calibration scores ``n`` held-out examples, keeps the ``ceil((n + 1)(1 - alpha))``-th smallest score ``t`` per
+output, and widens each test prediction by it. If calibration and test examples are exchangeable, each output's
+interval holds its target with probability at least ``1 - alpha``. The score follows from what the predictions carry:
 
 - ``"absolute"`` (a mean): ``|y - mean|``, intervals ``mean -+ t``: one width everywhere;
 - ``"normalized"`` (a mean and a predictive std): ``|y - mean| / std``, intervals ``mean -+ t * std``,
@@ -71,14 +70,8 @@ def _score_for(mean: Tensor | None, std: Tensor | None, lower: Tensor | None, up
 
 @dataclasses.dataclass(frozen=True)
 class ConformalIntervals:
-    """Calibrated interval widths; build with :func:`conformal_intervals`.
-
-    Attributes:
-        alpha: the miscoverage level; each output's interval holds its target with probability >= ``1 - alpha``.
-        score: ``"absolute"``, ``"normalized"`` or ``"cqr"`` (see the module docs).
-        threshold: the calibrated score ``t`` per output, ``(D,)``.
-        num_calibration: how many calibration examples set it.
-    """
+    """Calibrated interval widths, the score ``threshold`` ``t`` per output ``(D,)``; build with
+    :func:`conformal_intervals`."""
 
     alpha: float
     score: str

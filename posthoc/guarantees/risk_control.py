@@ -10,13 +10,10 @@ calibration examples, the choice
 the calibration draw and the test example). With continuous scores it is also tight:
 ``E[L_test] >= alpha - 2B / (n + 1)`` (Theorem 2).
 
-Here the loss is the false-negative rate, ``B = 1``: an example's positives are the positions whose target is 1 (a
-label of a multi-label example, the object's pixels of an image), its mask is the positions whose probability is at
-least the threshold ``t``, and its loss is the fraction of its positives that the mask misses (0 for an example with
-no positive: the paper's convention for images without the object). The paper's sets are
-``{k : p_k >= 1 - lambda}``; here the threshold is kept as ``threshold = 1 - lambda`` (``lam`` holds the paper's
-``lambda``), and found exactly, not on a grid: the mean loss only changes at the scores of true positives, so
-``threshold`` is the largest such score whose mask meets the bound.
+Here the loss is the false-negative rate, ``B = 1``: the fraction of an example's positives (the positions whose target
+is 1) that its mask (the positions of probability at least the threshold ``t = 1 - lambda``) misses, 0 for an example
+with no positive. ``t`` is found exactly, not on a grid: the mean loss only changes at the scores of true positives,
+so ``t`` is the largest such score whose mask meets the bound.
 
 Example:
     >>> import torch
@@ -83,10 +80,9 @@ def _check_probabilities(probs: Tensor) -> Tensor:
 def object_scores(probs: Any, positive: int | str = "foreground", background: int = 0) -> tuple[Tensor, str]:
     """The probability ``(N, ...)`` that each position holds the object, and which layout the input had.
 
-    ``probs`` of the same shape as the targets (multi-label ``(N, K)``, a binary map ``(N, H, W)``) are that
-    probability already (layout ``"binary"``); a class map ``(N, C, H, W)`` (softmax over ``C``) gives
-    ``probs[:, positive]`` for a class ``positive``, or ``1 - probs[:, background]`` for ``"foreground"``
-    (layout ``"classes"``).
+    ``probs`` of the same shape as the targets (multi-label ``(N, K)``, a binary map ``(N, H, W)``) are that probability
+    already (layout ``"binary"``); a class map ``(N, C, H, W)`` (softmax over ``C``) gives ``probs[:, positive]`` for a
+    class ``positive``, or ``1 - probs[:, background]`` for ``"foreground"`` (layout ``"classes"``).
 
     Example:
         >>> import torch
@@ -161,9 +157,8 @@ def false_negative_rate(mask: Tensor, truth: Tensor) -> Tensor:
 def crc_threshold(scores: Tensor, truth: Tensor, alpha: float) -> tuple[float, float]:
     """The largest threshold ``t`` whose mask ``scores >= t`` has ``n/(n+1) R_n(t) + 1/(n+1) <= alpha``, and ``R_n(t)``.
 
-    ``R_n(t)``, the mean false-negative rate, is the total weight ``1 / (n * positives_i)`` of the true positions
-    scored below ``t``: a non-decreasing step function that only steps at true positions' scores, so ``t`` is one of
-    them (or ``inf``, an empty mask, when even that meets the bound).
+    ``R_n(t)`` is the total weight ``1 / (n * positives_i)`` of the true positions scored below ``t`` (``t = inf``:
+    an empty mask meets the bound).
 
     Example:
         >>> import torch
@@ -192,17 +187,9 @@ def crc_threshold(scores: Tensor, truth: Tensor, alpha: float) -> tuple[float, f
 
 
 class RiskController:
-    """A fitted risk-controlling threshold; build with :func:`risk_control`.
-
-    Attributes:
-        loss: the controlled loss (``"fnr"``).
-        alpha: the level: ``E[loss] <= alpha`` on a fresh exchangeable example.
-        threshold: positions with probability ``>= threshold`` are in the mask (``inf``: an empty mask suffices).
-        lam: the paper's ``lambda = 1 - threshold`` (its sets are ``{k : p_k >= 1 - lambda}``).
-        calibration_risk: the mean calibration loss at ``threshold``, ``R_n``.
-        num_calibration: ``n``, the calibration examples.
-        positive, background, ignore_index: how a class map's scores and targets are read (as at calibration).
-    """
+    """A fitted risk-controlling threshold; build with :func:`risk_control`. Positions with probability ``>=
+    threshold`` are in the mask (``inf``: an empty mask suffices); ``lam`` is the paper's ``1 - threshold``;
+    ``calibration_risk`` is ``R_n`` at ``threshold``."""
 
     def __init__(
         self,
@@ -228,16 +215,7 @@ class RiskController:
         return n / (n + 1) * self.calibration_risk + 1.0 / (n + 1)
 
     def mask(self, probs: Any) -> Any:
-        """The predicted mask: bool of the shape of the targets (``(N, K)``, ``(N, H, W)``); numpy for numpy.
-
-        Example:
-            >>> import torch
-            >>> import posthoc
-            >>> probs = torch.rand(50, 4, 8, 8).softmax(1)           # a 4-class segmentation map
-            >>> labels = probs.argmax(1)
-            >>> posthoc.risk_control(probs, labels, alpha=0.2, positive=3).mask(probs).shape
-            torch.Size([50, 8, 8])
-        """
+        """The predicted mask: bool of the shape of the targets (``(N, K)``, ``(N, H, W)``); numpy for numpy."""
         scores, _ = object_scores(probs, self.positive, self.background)
         return like_given(scores >= self.threshold, probs)
 
@@ -273,14 +251,9 @@ def risk_control(
         targets: ``(N, K)`` or ``(N, H, W)`` of 0/1 for the first two; class indices ``(N, H, W)`` for a map.
             Positions equal to ``ignore_index`` count neither as positives nor as misses.
         alpha: the level in ``(0, 1)``; needs ``n >= 1/alpha - 1`` calibration examples.
-        loss: ``"fnr"``, the fraction of an example's true positions the mask misses (0 if it has none).
         positive: for a map ``(N, C, H, W)``, the object: a class index, or ``"foreground"`` (every class but
             ``background``, scored ``1 - p_background``).
-        background: the background class of ``"foreground"``.
         ignore_index: the target of positions without a label (255 for torchvision maps); ``None`` for none.
-
-    Returns:
-        a :class:`RiskController`: ``mask(probs)`` is the predicted mask, ``threshold`` the cut-off.
 
     Example:
         >>> import torch

@@ -35,17 +35,7 @@ RAPS_DEFAULTS = {"k_reg": 1, "lam": 0.01}
 
 class ConformityScore:
     """One conformity score with its options (see module docs); ``score(probs)`` gives ``(N, C)`` scores.
-
-    ``randomized`` defaults to ``True`` for APS/RAPS (exact coverage) and must stay off for LAC;
-    ``generator`` draws the per-example ``u``.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.guarantees.scores import ConformityScore
-        >>> score = ConformityScore("raps", k_reg=1, lam=0.5, randomized=False)
-        >>> score(torch.tensor([[0.6, 0.3, 0.1]], dtype=torch.float64))
-        tensor([[0.6000, 1.4000, 2.0000]], dtype=torch.float64)
-    """
+    ``randomized`` defaults to ``True`` for APS/RAPS (exact coverage) and must stay off for LAC."""
 
     def __init__(
         self,

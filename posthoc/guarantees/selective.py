@@ -1,14 +1,13 @@
 """``posthoc.selective``: predict when confident enough, defer otherwise, with a guaranteed risk.
 
-Selection with guaranteed risk (SGR; Geifman & El-Yaniv, "Selective classification for deep neural
-networks", NeurIPS 2017, Algorithm 1): sort the ``m`` calibration examples by a confidence score
-``kappa``; binary-search ``ceil(log2 m)`` thresholds; at each, bound the risk (error rate) of the
-accepted examples by the binomial tail (:func:`~posthoc.guarantees.bounds.binomial_upper_bound`)
-at level ``delta / ceil(log2 m)``. The union bound over the searched thresholds makes every one of
-those bounds hold at once with probability at least ``1 - delta``; the threshold kept is the one
-accepting the most examples among those whose bound is at most ``target_risk``. So, with
-probability at least ``1 - delta`` over the calibration draw, the error rate on accepted future
-examples (from the same distribution) is at most ``target_risk``.
+Selection with guaranteed risk (SGR; Geifman & El-Yaniv, "Selective classification for deep neural networks", NeurIPS
+2017, Algorithm 1): sort the ``m`` calibration examples by a confidence score ``kappa``; binary-search ``ceil(log2 m)``
+thresholds; at each, bound the risk (error rate) of the accepted examples by the binomial tail
+(:func:`~posthoc.guarantees.bounds.binomial_upper_bound`) at level ``delta / ceil(log2 m)``. The union bound over the
+searched thresholds makes every one of those bounds hold at once with probability at least ``1 - delta``; the threshold
+kept is the one accepting the most examples among those whose bound is at most ``target_risk``. So, with probability at
+least ``1 - delta`` over the calibration draw, the error rate on accepted future examples (from the same distribution)
+is at most ``target_risk``.
 
 Example:
     >>> import posthoc
@@ -97,18 +96,9 @@ def search_threshold(kappa: Tensor, correct: Tensor, target_risk: float, delta: 
 
 
 class SelectivePredictor:
-    """A fitted deferral rule; build with :func:`selective`.
-
-    Attributes:
-        threshold: accept an example when its score is at least this.
-        score: ``"confidence"``, ``"entropy"`` or ``"epistemic"``.
-        target_risk, delta: with probability >= ``1 - delta``, the error rate on accepted examples
-            is at most ``target_risk``.
-        coverage: the fraction of calibration examples accepted.
-        risk: the error rate on the accepted calibration examples.
-        risk_bound: the binomial upper bound on the risk at the chosen threshold (<= ``target_risk``).
-        candidates: every threshold the search visited.
-    """
+    """A fitted deferral rule; build with :func:`selective`. It accepts an example when its score is at least
+    ``threshold``; ``coverage`` and ``risk`` are those of the calibration examples, ``risk_bound`` the binomial bound
+    at the threshold and ``candidates`` every threshold the search visited."""
 
     def __init__(
         self,
@@ -144,16 +134,7 @@ class SelectivePredictor:
         return selection_score(self.predictive(data), self.score)
 
     def accept(self, data: Any) -> Tensor:
-        """Boolean ``(N,)``: ``True`` = predict, ``False`` = defer (to a human, a bigger model, ...); numpy for numpy.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import val_probs, val_labels, test_probs
-            >>> sel = posthoc.selective(val_probs, val_labels, target_risk=0.2)
-            >>> keep = sel.accept(test_probs)
-            >>> 0 < 1 - keep.float().mean() < 1       # deferral rate
-            tensor(True)
-        """
+        """Boolean ``(N,)``: ``True`` = predict, ``False`` = defer (to a human, a bigger model, ...); numpy for numpy."""
         return like_given(self._scores(data) >= self.threshold, data)
 
     def __repr__(self) -> str:
@@ -191,19 +172,13 @@ def selective(
     Args:
         source: calibration probabilities or logits ``(N, C)``, a :class:`~posthoc.Prediction`, or a
             fitted :class:`~posthoc.UncertainModel` (then ``labels`` is a labelled loader).
-        labels: the calibration labels ``(N,)``, or a loader of ``(x, y)`` for a wrapped model.
-        target_risk: the error rate allowed on accepted examples, in ``(0, 1)``.
-        delta: the allowed probability that the guarantee fails (a bad calibration draw), in ``(0, 1)``.
+        delta: the allowed probability that the guarantee fails (a bad calibration draw).
         score: ``"confidence"`` (top probability), ``"entropy"`` (low predictive entropy) or
-            ``"epistemic"`` (low mutual information; needs a sampling predictive, so a wrapped
-            model or a Prediction, not arrays).
+            ``"epistemic"`` (low mutual information; needs a sampling predictive, not arrays).
         inputs: how arrays are read, as in :func:`posthoc.conformal`.
-        seed: seeds a sampling model's draws.
-        progress: show a progress bar while a wrapped model predicts the calibration loader.
 
     Raises:
         RiskNotReachableError: (a ConfigError) when no searched threshold meets the target.
-        ConfigError: for a regressor (a model wrapped with ``likelihood="regression"`` or its prediction).
 
     Example:
         >>> import posthoc

@@ -1,16 +1,9 @@
 """Where the predictions behind a guarantee come from, at calibration and at test time.
 
-A guarantee is calibrated on one of
-
-- probabilities ``(N, C)`` (rows in ``[0, 1]`` summing to 1) or logits ``(N, C)``, as a tensor or
-  numpy array, with ``labels`` ``(N,)``; ``inputs="auto"`` (default) tells them apart by that
-  row test, ``inputs="probs"`` / ``"logits"`` says it explicitly;
-- a :class:`~posthoc.Prediction` with ``labels`` (e.g. ``um.predict(x_cal)``);
-- a fitted :class:`~posthoc.UncertainModel` with a labelled calibration loader.
-
-At test time the same kind is expected again (a :class:`Predictive` remembers it): probabilities
-after probabilities, logits after logits, model inputs after a model; a ``Prediction`` is always
-accepted.
+A guarantee is calibrated on probabilities or logits ``(N, C)`` with ``labels`` (``inputs="auto"`` tells them apart:
+rows in ``[0, 1]`` summing to 1 are probabilities), a :class:`~posthoc.Prediction` with ``labels``, or a fitted
+:class:`~posthoc.UncertainModel` with a labelled loader. At test time the same kind is expected again (a
+:class:`Predictive` remembers it); a ``Prediction`` is always accepted.
 
 Example:
     >>> from posthoc.guarantees.sources import calibration_predictions
@@ -109,17 +102,8 @@ def as_labels(labels: Any, num_classes: int, count: int) -> Tensor:
 
 
 class Predictive:
-    """Turns what is passed at test time into a :class:`Prediction`, the way calibration data was read.
-
-    ``kind`` is ``"probs"``, ``"logits"`` or ``"model"`` (then ``model`` predicts from inputs, with
-    draws from ``generator``).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.guarantees.sources import Predictive
-        >>> Predictive("logits", num_classes=2)(torch.zeros(1, 2)).probs
-        tensor([[0.5000, 0.5000]], dtype=torch.float64)
-    """
+    """Turns what is passed at test time into a :class:`Prediction`, the way calibration data was read: ``kind`` is
+    ``"probs"``, ``"logits"`` or ``"model"`` (then ``model`` predicts from inputs, with draws from ``generator``)."""
 
     def __init__(
         self, kind: str, num_classes: int, model: UncertainModel | None = None, generator: torch.Generator | None = None
@@ -191,8 +175,7 @@ def calibration_predictions(
 
 def prediction_type(source: Any) -> type:
     """The kind of prediction a guarantee is calibrated on: a wrapped model's likelihood's ``prediction_type``, a
-    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` for a classifier's
-    probabilities, logits or prediction.
+    :class:`~posthoc.RegressionPrediction`'s own type, and :class:`~posthoc.Prediction` otherwise.
 
     Example:
         >>> from posthoc.guarantees.sources import prediction_type

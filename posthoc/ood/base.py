@@ -1,10 +1,8 @@
 """The contract every OOD score implements: :class:`Score`, and the batch :class:`Outputs` it reads.
 
-A score maps one batch's outputs (the head's input features, the logits, the predictive) to one
-number per example, **larger = more out-of-distribution**. Scores that need training statistics
-(class means, a principal space, a feature bank) accumulate them batch by batch in
-:meth:`Score.update` over passes of the training loader and finish each pass in :meth:`Score.finish`
-(where sums are reduced over ``torch.distributed`` ranks); a score is fitted once ``fitted`` is set.
+A score maps one batch's outputs to one number per example, **larger = more out-of-distribution**. Scores that need
+training statistics accumulate them in :meth:`Score.update` over passes of the training loader and finish each pass in
+:meth:`Score.finish` (where sums are reduced over ``torch.distributed`` ranks).
 
 Example:
     >>> from posthoc.ood.base import Score
@@ -29,15 +27,8 @@ from posthoc.errors import NotFittedError, NumericalError
 
 @dataclass(frozen=True)
 class Outputs:
-    """What the model gives for one batch, computed once and read by every score.
-
-    Attributes:
-        features: ``(N, D)`` the classifier head's input (``None`` if no score reads it).
-        logits: ``(N, C)`` the model's output.
-        prediction: the predictive (the wrapped model's ``predict``, or the softmax of a plain model; a wrapped
-            regressor's :class:`~posthoc.RegressionPrediction`).
-        head: the classifier head (an ``nn.Linear``), whose weight and bias ViM reads.
-    """
+    """What the model gives for one batch, computed once and read by every score: ``features`` ``(N, D)``, the head's
+    input; ``logits`` ``(N, C)``; ``prediction``, the predictive; ``head``, the ``nn.Linear`` whose weights ViM reads."""
 
     features: Tensor | None = None
     logits: Tensor | None = None
@@ -54,13 +45,10 @@ class Score:
         fit_passes: the most passes over the training loader ``fit`` may need (0: the score needs no fit);
             ``fit`` takes another pass while a score is not ``fitted`` after :meth:`finish`.
         needs_labels: whether ``fit`` reads the class labels.
-        tasks: the models the score is for: ``"classification"`` and/or ``"regression"`` (a regressor's detector
-            refuses the scores of logits and class probabilities, a classifier's the predictive variance).
+        tasks: the models the score is for: ``"classification"`` and/or ``"regression"``.
 
-    Options: a score declares them as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
-    Options(Score.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
-    arguments with the same defaults (``Energy(temperature=2.0)``; ``tests/methods/test_registry_contract.py`` checks they
-    agree); ``posthoc.detector`` routes its options by the fields and builds each score from them.
+    Options: the fields of a nested ``@dataclass(frozen=True, kw_only=True) class Options(Score.Options)``, which
+    ``__init__`` takes as keyword-only arguments with the same defaults; ``posthoc.detector`` routes its options by them.
     """
 
     name: ClassVar[str] = ""

@@ -1,17 +1,12 @@
 """``posthoc.detector``: post-hoc OOD scores on a model's own logits, features and predictive.
 
-One :class:`Detector` computes one or several scores. For each batch the model runs once: the
-features (the classifier head's input, from the same :class:`~posthoc.engine.head.FeatureSplit`
-the methods use), the logits and, where a score reads it, the predictive are computed once and
-every score reads them. ``fit`` streams the training loader (twice if ViM is asked for) and the
-scores keep running sums (KNN keeps its feature bank), reduced over ``torch.distributed`` ranks.
+One :class:`Detector` computes one or several scores; for each batch the model runs once and every score reads its
+features (the head's input, split where the methods split), logits and predictive. ``fit`` streams the training
+loader and the scores keep running sums, reduced over ``torch.distributed`` ranks. Every score is larger for inputs
+that look more out-of-distribution.
 
-Every score is larger for inputs that look more out-of-distribution.
-
-A regressor (a model wrapped with ``likelihood="regression"`` or ``"heteroscedastic"``, or a plain one given
-``likelihood="regression"``) has no logits to score: its detector takes ``"knn"`` and ``"mahalanobis"`` on the
-head's input (the last ``nn.Linear``; Mahalanobis to the one mean of the training features) and, for a wrapped
-regressor, ``"variance"``, the total predictive variance (:data:`REGRESSION_SCORES`); the other scores are refused.
+A regressor has no logits to score: its detector takes :data:`REGRESSION_SCORES` (``"knn"`` and ``"mahalanobis"``
+on the head's input, Mahalanobis to the one mean of the training features, and ``"variance"`` for a wrapped one).
 
 Example:
     >>> import posthoc
@@ -95,15 +90,8 @@ def _device_of(x: Inputs) -> torch.device:
 
 
 class Detector:
-    """OOD scores of one model; built by :func:`detector`.
-
-    Attributes:
-        names: the scores it computes, in the order asked.
-        um: the wrapped model whose predictive the ``msp``/``entropy``/``mutual-information``/``gen``
-            scores read (``None`` for a plain model: they read its softmax).
-        model: the network whose features and logits the other scores read (``um.method.base_model``).
-        regression: whether the model is a regressor (module docs).
-    """
+    """OOD scores of one model; built by :func:`detector`. ``um`` is the wrapped model whose predictive the
+    predictive scores read (``None`` for a plain model: they read its softmax)."""
 
     def __init__(
         self,
@@ -185,11 +173,8 @@ class Detector:
 
     @torch.no_grad()
     def fit(self, train_loader: Iterable, *, progress: bool = True) -> Detector:
-        """Collect the training statistics of the scores that need them (a no-op for the others); returns ``self``.
-
-        Streams ``train_loader`` once (``"vim"`` takes a second pass when the training features exceed its
-        ``max_memory``); ``"mahalanobis"`` reads a classifier's labels (a regressor's targets are not read).
-        """
+        """Collect the training statistics of the scores that need them; returns ``self``. ``"vim"`` takes a second
+        pass when the training features exceed its ``max_memory``; ``"mahalanobis"`` reads a classifier's labels."""
         active = [score for score in self._scores.values() if score.fit_passes]
         for score in active:
             score.reset()
@@ -224,10 +209,7 @@ class Detector:
     def scores(
         self, x: Inputs, names: Iterable[str] | None = None, *, generator: torch.Generator | None = None
     ) -> dict[str, Tensor]:
-        """Every score (or those in ``names``) of a batch ``x``, each ``(N,)`` on ``x``'s device; larger = more OOD.
-
-        ``x`` is processed in chunks of ``posthoc.settings.chunk_size`` examples.
-        """
+        """Every score (or those in ``names``) of a batch ``x``, each ``(N,)`` on ``x``'s device; larger = more OOD."""
         chosen = self._chosen(names)
         uses = frozenset().union(*(score.uses for score in chosen))
         check_generator(generator)
@@ -241,14 +223,7 @@ class Detector:
         return {name: torch.cat(values) for name, values in parts.items()}
 
     def score(self, x: Inputs, name: str | None = None, *, generator: torch.Generator | None = None) -> Tensor:
-        """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, x
-            >>> posthoc.detector(model, score="max-logit").score(x[:2])
-            tensor([-2.4449, -1.5822])
-        """
+        """One score of a batch ``x``, ``(N,)``; ``name`` picks it when the detector computes several."""
         if name is None and len(self._scores) > 1:
             raise ConfigError(
                 f"this detector computes {self.names}: name one, det.score(x, 'energy'), "
@@ -375,22 +350,15 @@ def detector(
     """A post-hoc OOD detector on ``model``: ``.fit(train_loader)`` where a score needs it, then ``.score(x)``.
 
     Args:
-        model: a trained classifier, or a wrapped ``posthoc.UncertainModel`` (then ``msp``, ``entropy``,
-            ``mutual-information`` and ``gen`` read its predictive, ``um.predict``; the other scores read
-            the features and logits of ``um.method.base_model``).
-        score: one name or a list of names, from :func:`available_scores`: ``"msp"``, ``"max-logit"``,
-            ``"energy"``, ``"entropy"``, ``"mutual-information"`` (a wrapped model with samples),
-            ``"gen"``, ``"mahalanobis"``, ``"vim"``, ``"knn"``. The last three need ``fit``.
+        model: a trained classifier, or a wrapped ``posthoc.UncertainModel`` (then the predictive scores read
+            ``um.predict``; the others the features and logits of ``um.method.base_model``).
+        score: one name or a list of names, from :func:`available_scores`; ``"mahalanobis"``, ``"vim"`` and
+            ``"knn"`` need ``fit``.
         head: the classifier head's module name (default: the wrapped model's ``head=`` option, else found
             as the methods find it).
-        num_samples: samples of a wrapped model's predictive (default: its method's).
         likelihood: ``None`` (a wrapped model's own, else ``"classification"``), or ``"regression"`` for a plain
-            regressor: then only :data:`REGRESSION_SCORES` are taken (module docs).
-        **options: score options, each given to every score that accepts it: ``temperature`` (energy),
-            ``gamma`` and ``top`` (gen), ``dim`` (vim), ``k`` (knn), ``max_memory`` (knn's scoring chunks,
-            vim's kept training features).
-
-    Every score is larger for inputs that look more out-of-distribution.
+            regressor.
+        **options: score options, each given to every score that accepts it (``temperature``, ``k``, ...).
 
     Example:
         >>> import posthoc

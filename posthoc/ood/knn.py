@@ -1,16 +1,10 @@
 """``"knn"``: distance to the k-th nearest training feature, on unit-normalised features (Sun et al., ICML 2022).
 
-``z = phi / ||phi||``; the score is ``||z - z_(k)||``, the Euclidean distance to the ``k``-th nearest
-normalised training feature, as pytorch-ood's ``KNN`` (``normalize=True``) computes it with
-scikit-learn. The search is exact (:func:`posthoc.engine.feature_bank.kth_distance`, which the
-density-aware predictive ``"dac"`` shares).
-
-Memory bound: the training features are kept as a float32 bank of ``N x D`` (``4 N D`` bytes on
-the features' device: 50,000 x 512 is 100 MB; all of ImageNet at D = 2048 would be 10.5 GB, so
-fit on a random subset then, as the paper does with 1%). Scoring a batch of ``B`` examples holds
-``B x m`` similarities, ``m`` bank rows at a time, with ``m`` planned by ``posthoc.core.chunks``
-under ``max_memory`` (default ``posthoc.settings.max_memory``). Under ``torch.distributed`` every
-rank gathers the whole bank.
+``z = phi / ||phi||``; the score is ``||z - z_(k)||``, the Euclidean distance to the ``k``-th nearest normalised
+training feature, as pytorch-ood's ``KNN`` (``normalize=True``). The search is exact
+(:func:`posthoc.engine.feature_bank.kth_distance`, shared with ``"dac"``). The training features are kept as a float32
+bank of ``4 N D`` bytes (on a large set, fit on a random subset, as the paper does with 1% of ImageNet); under
+``torch.distributed`` every rank gathers the whole bank.
 
 Example:
     >>> import torch
@@ -32,26 +26,22 @@ from torch import Tensor
 
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.options import option
 from posthoc.engine.feature_bank import kth_distance, normalised
 from posthoc.errors import InputError
 from posthoc.ood.base import Outputs, Score
 
 
 class KNN(Score):
-    """Distance to the ``k``-th nearest neighbour among the normalised training features.
-
-    Args:
-        k: which neighbour (the paper's 50 on CIFAR-10; 1000 on 1% of ImageNet).
-        max_memory: bytes of similarities one scoring step may hold (``None``: ``posthoc.settings.max_memory``).
-    """
+    """Distance to the ``k``-th nearest neighbour among the normalised training features."""
 
     name, uses, fit_passes = "knn", frozenset({"features"}), 1
     tasks = frozenset({"classification", "regression"})
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        k: int = 50
-        max_memory: int | None = None
+        k: int = option(50, "which neighbour (the paper's 50 on CIFAR-10; 1000 on 1% of ImageNet)")
+        max_memory: int | None = option(None, "bytes of similarities one scoring step may hold")
 
     def __init__(self, *, k: int = 50, max_memory: int | None = None) -> None:
         self.k = positive_int(k, "k")

@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_number
+from posthoc.core.options import option
 from posthoc.ood.base import Outputs, Score
 
 LOGITS = frozenset({"logits"})
@@ -38,17 +39,13 @@ class MaxLogit(Score):
 
 
 class Energy(Score):
-    """The free energy ``-T logsumexp(logits / T)``.
-
-    Args:
-        temperature: ``T`` (the paper's default 1).
-    """
+    """The free energy ``-T logsumexp(logits / T)``."""
 
     name, uses = "energy", LOGITS
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        temperature: float = 1.0
+        temperature: float = option(1.0, "T (the paper's default 1)")
 
     def __init__(self, *, temperature: float = 1.0) -> None:
         super().__init__()

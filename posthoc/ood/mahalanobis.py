@@ -1,17 +1,10 @@
 """``"mahalanobis"``: distance to the closest class mean under a shared covariance (Lee et al., NeurIPS 2018).
 
-Fit streams the training loader once and keeps running sums only, in float64: per-class feature
-sums and counts ``(C, D)``, and the feature Gram matrix ``(D, D)``; under ``torch.distributed``
-they are summed over ranks. Then ``mu_c = s_c / n_c`` and the shared covariance is the pooled
-within-class scatter over ``N``, ``Sigma = (sum_i phi_i phi_i^T - sum_c s_c s_c^T / n_c) / N``,
-inverted with a pseudo-inverse as in the paper's code (scikit-learn's ``EmpiricalCovariance``).
-Classes with no training example are left out of the minimum. A regressor has one "class": the score is then the
-squared Mahalanobis distance to the training features' mean under their covariance.
-
-The score is ``min_c (phi - mu_c)^T Sigma^+ (phi - mu_c)``, the squared Mahalanobis distance to the
-closest class mean (the paper's confidence score negated). pytorch-ood's ``Mahalanobis`` reports
-half of it with the unnormalised scatter ``N Sigma + 1e-6 I`` as covariance: ours is ``2 N`` times
-theirs (to the 1e-6 ridge).
+Fit keeps float64 running sums only: per-class feature sums ``s_c`` and counts ``n_c``, and the Gram matrix. Then
+``mu_c = s_c / n_c`` and the shared covariance is the pooled within-class scatter over ``N``, inverted with a
+pseudo-inverse as in the paper's code. The score is ``min_c (phi - mu_c)^T Sigma^+ (phi - mu_c)`` over the classes
+seen in training (the paper's confidence score negated; ``2 N`` times pytorch-ood's). A regressor has one "class", the
+training features' mean.
 
 Example:
     >>> import torch

@@ -1,18 +1,8 @@
 """Scores of the predictive distribution: ``"msp"``, ``"entropy"``, ``"mutual-information"``, ``"gen"``; ``"variance"``.
 
-They read ``Outputs.prediction``: a wrapped model's own predictive (``um.predict``: any posterior,
-sampled or not, with temperature or other calibration on top) or a plain model's softmax.
-
-- ``msp``: ``-max_c p_c`` (Hendrycks & Gimpel 2017), pytorch-ood's ``MaxSoftmax`` at ``t=1``.
-- ``entropy``: ``-sum_c p_c log p_c``, the predictive's total entropy.
-- ``mutual-information``: the predictive's epistemic part, entropy minus the expected entropy of
-  its samples (0 for deterministic predictives: use a sampling method).
-- ``gen``: generalised entropy ``sum_{j in top-M} p_j^gamma (1 - p_j)^gamma`` (Liu et al., CVPR
-  2023), summed as in the paper; pytorch-ood's ``GEN`` averages the same terms (divides by ``M``)
-  and clamps the probabilities to ``[1e-7, 1 - 1e-7]``.
-- ``variance`` (regressors): the total predictive variance of a wrapped regressor's
-  :class:`~posthoc.RegressionPrediction`, summed over its outputs (aleatoric plus epistemic: a Laplace
-  posterior, MC dropout's or an ensemble's spread, DAC's inflation far from the training features).
+They read ``Outputs.prediction``: a wrapped model's own predictive (``um.predict``) or a plain model's softmax.
+``msp`` is Hendrycks & Gimpel (2017); ``gen`` is Liu et al. (CVPR 2023), summed as in the paper (pytorch-ood's
+``GEN`` averages the same terms); ``mutual-information`` is 0 for deterministic predictives.
 
 Example:
     >>> import torch
@@ -31,6 +21,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from posthoc.core.checks import positive_int, positive_number
+from posthoc.core.options import option
 from posthoc.ood.base import Outputs, Score
 
 PREDICTION = frozenset({"prediction"})
@@ -83,20 +74,14 @@ class PredictiveVariance(Score):
 
 
 class GeneralizedEntropy(Score):
-    """GEN: ``sum`` over the ``top`` largest probabilities of ``p^gamma (1 - p)^gamma``.
-
-    Args:
-        gamma: the exponent (the paper's 0.1).
-        top: how many of the largest probabilities enter (the paper's ``M``, 100 on ImageNet);
-            ``None`` = all classes.
-    """
+    """GEN: ``sum`` over the ``top`` largest probabilities (``None``: all) of ``p^gamma (1 - p)^gamma``."""
 
     name, uses = "gen", PREDICTION
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        gamma: float = 0.1
-        top: int | None = 100
+        gamma: float = option(0.1, "the exponent (the paper's 0.1)")
+        top: int | None = option(100, "how many of the largest probabilities enter (the paper's M; None: all)")
 
     def __init__(self, *, gamma: float = 0.1, top: int | None = 100) -> None:
         super().__init__()

@@ -6,16 +6,9 @@ residual (the part of ``phi - u`` outside that space), scaled by ``alpha``, is a
 score is ``alpha ||(phi - u)^{P-perp}|| - log sum_c exp f_c(x)``, the virtual logit minus the
 energy's log-sum-exp, as pytorch-ood's ``ViM`` computes it (larger = more OOD).
 
-``alpha = mean_i max_c f_c(x_i) / mean_i ||(phi_i - u)^{P-perp}||`` over the training data. Fit
-streams the training loader once, keeping running sums (float64: the Gram matrix ``(D, D)`` and the
-sum of the largest logits) and, while they fit in ``max_memory`` (default
-``posthoc.settings.max_memory``), the features themselves, whose residual norms follow once the
-principal space is known. Beyond that budget the features are dropped and a second pass over the
-loader sums the residual norms instead. Under ``torch.distributed`` every sum is reduced over ranks
-(and all ranks take the second pass if any rank's features overflowed).
-
-``dim=None`` follows the ViM repository: 1000 for ``D >= 2048``, 512 for ``D >= 768``, else
-``D // 2`` (pytorch-ood takes ``d`` explicitly).
+``alpha = mean_i max_c f_c(x_i) / mean_i ||(phi_i - u)^{P-perp}||`` over the training data. Fit streams the training
+loader once, keeping float64 running sums and, while they fit in ``max_memory``, the features themselves, whose
+residual norms follow once the principal space is known; beyond that budget a second pass sums the residual norms.
 
 Example:
     >>> import torch
@@ -41,6 +34,7 @@ from torch import Tensor
 from posthoc import settings
 from posthoc.core import distributed
 from posthoc.core.checks import memory_bytes, positive_int
+from posthoc.core.options import option
 from posthoc.errors import ConfigError
 from posthoc.ood.base import Outputs, Score
 
@@ -51,19 +45,14 @@ def default_dim(width: int) -> int:
 
 
 class ViM(Score):
-    """Virtual logit from the residual of the features outside their principal space.
-
-    Args:
-        dim: dimension of the principal space, below the feature width (``None``: :func:`default_dim`).
-        max_memory: bytes of training features kept to spare a second pass (``None``: ``posthoc.settings.max_memory``).
-    """
+    """Virtual logit from the residual of the features outside their principal space."""
 
     name, uses, fit_passes = "vim", frozenset({"features", "logits"}), 2
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Score.Options):
-        dim: int | None = None
-        max_memory: int | None = None
+        dim: int | None = option(None, "dimension of the principal space (None: the ViM repository's rule)")
+        max_memory: int | None = option(None, "bytes of training features kept to spare a second pass")
 
     def __init__(self, *, dim: int | None = None, max_memory: int | None = None) -> None:
         self.dim = positive_int(dim, "dim", none="the ViM repository's rule from the feature width")

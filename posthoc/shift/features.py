@@ -1,16 +1,9 @@
 """Shift of tabular and 1-D inputs: split rows by one feature into the rows a model may be fitted on and the
 shifted rows that test it where the fit data never reached.
 
-- :func:`extrapolation_split`: the shifted rows lie *above* a quantile of the feature (train on the lower
-  part of its range, test above it), e.g. Auto MPG's heaviest 30 % of the cars.
-- :func:`gap_split`: the shifted rows lie in a *band in the middle* of the feature's range, a gap the fit
-  rows lack on both sides.
-
-The quantiles are those of ``reference[:, feature]`` (default: ``x`` itself): with the training inputs as
-the reference, ``extrapolation_split(test_x, test_y, feature=3, quantile=0.9, reference=train_x).shifted``
-are the test rows beyond 90 % of the training range. The quantile ``q`` of ``n`` reference values is the
-``max(1, int(q * n))``-th smallest, so that without a reference the fit side holds the ``int(q * n)``
-lowest rows (more when rows tie with it). Each side's indices run in increasing order of the feature
+:func:`extrapolation_split` holds out the rows *above* a quantile of the feature, :func:`gap_split` a *band in the
+middle* of its range. The quantiles are those of ``reference[:, feature]`` (default: ``x`` itself); the quantile ``q``
+of ``n`` values is the ``max(1, int(q * n))``-th smallest. Each side's indices run in increasing order of the feature
 (shuffle the fit rows before cutting them into training and validation).
 
 Example:
@@ -48,9 +41,8 @@ Rows = tuple[Tensor, Tensor]
 
 @dataclass(frozen=True)
 class ShiftSplit:
-    """Rows of ``(x, y)`` split by one feature: ``fit`` the rows a model may see, ``shifted`` the held-out
-    rows whose feature lies in ``(low, high]`` (``high`` is ``inf`` for extrapolation). Unpacks as
-    ``fit, shifted = split``; ``fit_index`` / ``shifted_index`` index the rows of ``x``."""
+    """Rows of ``(x, y)`` split by one feature: ``fit`` the rows a model may see, ``shifted`` the held-out rows whose
+    feature lies in ``(low, high]``. Unpacks as ``fit, shifted = split``."""
 
     fit_index: Tensor
     shifted_index: Tensor
@@ -146,9 +138,8 @@ def _band_split(x: Tensor, y: Tensor, values: Tensor, feature: int, low: float, 
 def extrapolation_split(
     x: Tensor, y: Tensor, *, feature: int | None = None, quantile: float = 0.7, reference: Tensor | None = None
 ) -> ShiftSplit:
-    """Rows whose ``feature`` lies above the ``quantile`` of ``reference`` (default ``x``) are shifted, the rest fit.
-
-    ``feature`` may be left out for one-feature inputs. Returns a :class:`ShiftSplit` (``fit, shifted = ...``).
+    """Rows whose ``feature`` lies above the ``quantile`` of ``reference`` (default ``x``) are shifted, the rest fit;
+    ``feature`` may be left out for one-feature inputs.
 
     Example:
         >>> import torch

@@ -1,43 +1,20 @@
 """The corruptions of the shift harness, each a function of a batch of ``[0, 1]`` images and a severity.
 
-Every corruption takes ``x`` of shape ``(N, C, H, W)`` (float, values in ``[0, 1]``), a severity from 1 to 5
-and a ``torch.Generator`` on ``x``'s device, and returns a corrupted batch of the same shape and dtype,
-clipped to ``[0, 1]``. The parameter of each severity is in :data:`SEVERITIES`:
+Every corruption takes ``x`` of shape ``(N, C, H, W)`` (float, values in ``[0, 1]``), a severity from 1 to 5 and a
+``torch.Generator`` on ``x``'s device, and returns a corrupted batch of the same shape and dtype, clipped to ``[0,
+1]``. The parameter of each severity is in :data:`SEVERITIES`; the kinds follow ImageNet-C except the last three:
 
-==================  ==============================================  ===============================
-kind                parameter (severity 1 .. 5)                     definition
-==================  ==============================================  ===============================
-gaussian-noise      std 0.08, 0.12, 0.18, 0.26, 0.38                ImageNet-C: ``x + N(0, std²)``
-shot-noise          photons 60, 25, 12, 5, 3                        ImageNet-C: ``Poisson(x·p) / p``
-salt-pepper         fraction 0.03, 0.06, 0.09, 0.17, 0.27           ImageNet-C impulse noise: each
-                                                                    value set to 0 or 1 (half each)
-gaussian-blur       sigma 1, 2, 3, 4, 6 pixels at 224 px            ImageNet-C, sigma scaled by the
-                                                                    shorter side / 224, the side
-                                                                    counted as at least 64 px so
-                                                                    small images still blur
-                                                                    (0.29..1.71 px at 28 px)
-contrast            factor 0.4, 0.3, 0.2, 0.1, 0.05                 ImageNet-C: blend towards the
-                                                                    image mean (torchvision's
-                                                                    ``adjust_contrast``, grey mean)
-brightness          +0.1, +0.2, +0.3, +0.4, +0.5 on HSV value       ImageNet-C (hue and saturation
-                                                                    kept)
-pixelate            side factor 0.6, 0.5, 0.4, 0.3, 0.25            ImageNet-C: box-downsample, then
-                                                                    nearest-upsample
-jpeg                quality 25, 18, 15, 10, 7                       ImageNet-C (torchvision ``jpeg``;
-                                                                    1 or 3 channels)
-rotate              15, 30, 45, 60, 90 degrees                      not in ImageNet-C; black fill
-translate           0.04, 0.08, 0.12, 0.16, 0.22 of the side        not in ImageNet-C: each image
-                                                                    moved by that fraction along
-                                                                    both axes, signs drawn per
-                                                                    image; black fill
-occlude             square of 0.2, 0.3, 0.4, 0.5, 0.6 of the side   not in ImageNet-C: one black
-                                                                    square per image at a position
-                                                                    drawn uniformly inside it
-==================  ==============================================  ===============================
+- ``gaussian-noise`` (std): ``x + N(0, std²)``; ``shot-noise`` (photons ``p``): ``Poisson(x·p) / p``;
+  ``salt-pepper`` (fraction): each value set to 0 or 1 (half each);
+- ``gaussian-blur`` (sigma in pixels at 224 px, scaled by the shorter side / 224, the side counted as at least 64 px
+  so small images still blur);
+- ``contrast`` (factor): blend towards the grey image mean; ``brightness``: added to the HSV value, hue and saturation
+  kept; ``pixelate`` (side factor): box-downsample, then nearest-upsample; ``jpeg`` (quality; 1 or 3 channels);
+- ``rotate`` (degrees), ``translate`` (fraction of the side along both axes, signs drawn per image) and ``occlude``
+  (one black square, its side a fraction of the image's, drawn uniformly inside it): black fill.
 
-:data:`EVALUATION_KINDS` are the kinds that the benchmarks, the demo and ``posthoc evaluate`` report
-by default. No fit-time perturbation (:mod:`posthoc.engine.perturb`: noise, blur, impulse) is one of
-them, so a shift-aware fit is always judged on kinds of shift it never saw.
+:data:`EVALUATION_KINDS` are the kinds reported by default. No fit-time perturbation (:mod:`posthoc.engine.perturb`)
+is one of them, so a shift-aware fit is always judged on kinds of shift it never saw.
 
 Example:
     >>> import torch

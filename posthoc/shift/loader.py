@@ -1,15 +1,10 @@
 """``posthoc.shift.corrupt``: a loader whose batches are corrupted on the fly, seeded and reproducible.
 
-Inputs are images ``(N, C, H, W)`` of any size: float in ``[0, 1]``, ``uint8`` in ``[0, 255]``, or float
-normalised by the model's preprocessing. For normalised inputs pass ``normalization=(mean, std)`` (per
-channel or scalars): each batch is un-normalised to ``[0, 1]``, corrupted there (where ImageNet-C defines
-the corruptions), clipped, and normalised again, so the model sees what its preprocessing would have made
-of a corrupted image. Float inputs outside ``[0, 1]`` without ``normalization`` are refused (they look
-normalised). Dict inputs (Hugging Face) have their ``pixel_values`` corrupted and every other entry
-passed through; a dict without ``pixel_values`` is refused.
-
-The random draws of a pass come from one generator seeded with ``seed`` at the start of the pass, so two
-passes over a loader that yields the same batches in the same order see identical corruptions.
+Inputs are images ``(N, C, H, W)``: float in ``[0, 1]``, ``uint8``, or float normalised by the model's preprocessing
+(then pass ``normalization=(mean, std)``: each batch is un-normalised to ``[0, 1]``, where ImageNet-C defines the
+corruptions, corrupted, clipped and normalised again). Dict inputs (Hugging Face) have their ``pixel_values``
+corrupted. The draws of a pass come from one generator seeded with ``seed`` at its start, so two passes over the same
+batches see identical corruptions.
 
 Example:
     >>> import torch
@@ -52,8 +47,7 @@ def check_kind(kind: str, severity: int) -> None:
 
 
 def check_normalization(normalization: Any) -> None:
-    """Refuse a ``normalization`` that is not ``(mean, std)`` of finite numbers with every std > 0 (a std of 0
-    would un-normalise every image to a constant and normalise the corrupted one to NaN).
+    """Refuse a ``normalization`` that is not ``(mean, std)`` of finite numbers with every std > 0.
 
     Example:
         >>> from posthoc.shift.loader import check_normalization
@@ -192,18 +186,6 @@ class CorruptedLoader:
 def corrupt(
     loader: Iterable, kind: str, severity: int, seed: int = 0, *, normalization: Normalization | None = None
 ) -> CorruptedLoader:
-    """Wrap ``loader`` so that each batch's images are corrupted by ``kind`` at ``severity`` (1..5).
-
-    Kinds and their parameters: :mod:`posthoc.shift.kinds`. Normalised inputs: pass the model's
-    ``normalization=(mean, std)`` (see the module docs).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.shift.loader import corrupt
-        >>> images = [(torch.rand(4, 3, 32, 32), torch.tensor([0, 1, 2, 0]))]
-        >>> blurred = corrupt(images, "gaussian-blur", 5, seed=1)
-        >>> x, y = next(iter(blurred))
-        >>> x.shape, y.tolist()
-        (torch.Size([4, 3, 32, 32]), [0, 1, 2, 0])
-    """
+    """Wrap ``loader`` so that each batch's images are corrupted by ``kind`` (:mod:`posthoc.shift.kinds`) at
+    ``severity`` (1..5)."""
     return CorruptedLoader(loader, kind, severity, seed=seed, normalization=normalization)
