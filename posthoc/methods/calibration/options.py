@@ -1,5 +1,4 @@
-"""What every calibrator, of logits or of regression predictions, says about its options and its choice, and how it
-is written to and read from a file.
+"""What every calibrator, of logits or of regression predictions, says about its options and choice, and its file.
 
 Example:
     >>> from posthoc.methods.calibration.method import TemperatureScaling
@@ -27,9 +26,8 @@ class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
 
     A calibrator declares its options as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
-    Options(Calibrator.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
-    arguments with the same defaults (``TemperatureCalibrator(max_iter=50)``; ``tests/methods/test_registry_contract.py``
-    checks they agree). ``posthoc.calibrate`` builds it from the dataclass, refusing unknown names.
+    Options(Calibrator.Options)``, and its ``__init__`` takes the same fields as keyword-only arguments with the same
+    defaults (``TemperatureCalibrator(max_iter=50)``).
     """
 
     name: ClassVar[str] = ""

@@ -1,7 +1,6 @@
 """``"platt"``: Platt scaling for binary classifiers: ``p(1) = sigmoid(a z + b)`` (Platt, 1999).
 
 ``z`` is the classifier's one logit (``(N,)`` or ``(N, 1)``), or ``z_1 - z_0`` for two-class logits.
-Parameters: 2 (temperature scaling of a binary classifier is Platt scaling with ``b = 0``).
 
 Example:
     >>> import torch

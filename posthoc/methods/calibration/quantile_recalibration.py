@@ -1,13 +1,9 @@
 """``"isotonic"`` for regression: isotonic recalibration of the predictive CDF (Kuleshov et al. 2018).
 
-On held-out data the probability integral transforms ``p_i = F(y_i)`` of a calibrated predictive are
-uniform. Per output, scikit-learn's ``IsotonicRegression`` (increasing, clipped to ``[0, 1]``) fits
-``R`` on the pairs ``(p_i, P̂(p_i))``, ``P̂`` the empirical CDF of the ``p_i``; its knots, with ``(0, 0)``
-and ``(1, 1)`` added, are kept (padded to one length over the outputs), and ``R`` is linear between them.
-The recalibrated CDF is ``R(F(y))`` and its quantile ``F⁻¹(R⁻¹(q))``
-(:class:`~posthoc.core.recalibration.MonotoneMap`); the calibrated prediction carries ``R`` and
-answers ``.cdf``, ``.quantile``, ``.interval`` and ``.log_prob`` for it, while its ``mean`` and
-``variance`` stay the uncalibrated moments. Parameters: the knots, at most 2 per held-out example.
+The probability integral transforms ``p_i = F(y_i)`` of a calibrated predictive are uniform. Per output, an isotonic
+``R`` is fitted on the pairs ``(p_i, P̂(p_i))``, ``P̂`` the empirical CDF of the ``p_i``, and kept as its knots from
+``(0, 0)`` to ``(1, 1)``. The recalibrated CDF is ``R(F(y))`` (:class:`~posthoc.core.recalibration.MonotoneMap`);
+``mean`` and ``variance`` stay the uncalibrated moments.
 
 Example:
     >>> import torch
@@ -48,7 +44,7 @@ def fit_knots(pit: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class IsotonicRecalibration(RegressionCalibrator):
-    """Recalibrate the predictive CDF by an isotonic map of held-out PIT values (see module docs)."""
+    """Recalibrate the predictive CDF by an isotonic map of held-out PIT values."""
 
     name = "isotonic"
 

@@ -1,8 +1,4 @@
-"""``"temperature"``: one temperature ``T`` for all logits, ``softmax(z / T)`` (Guo et al., 2017).
-
-``T`` is the maximum-likelihood temperature on the held-out set. When every held-out example is
-classified correctly the likelihood has no maximum (it keeps improving as ``T -> 0``): the
-calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration.base`).
+"""``"temperature"``: one temperature ``T`` for all logits, ``softmax(z / T)``, fitted by NLL (Guo et al., 2017).
 
 Example:
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
@@ -84,7 +80,7 @@ def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -
 
 
 class TemperatureCalibrator(Calibrator):
-    """``softmax(z / T)`` with one temperature fitted by NLL. Parameters: 1."""
+    """``softmax(z / T)`` with one temperature."""
 
     name = "temperature"
 
