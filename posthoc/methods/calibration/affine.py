@@ -2,13 +2,6 @@
 
 ``x`` is the logits (vector and matrix scaling, Platt) or the log-probabilities (Dirichlet calibration). Parameters
 start at the identity map and are fitted by the held-out NLL plus the subclass's penalty, with L-BFGS in float64.
-
-Example:
-    >>> from posthoc_apps.demo.examples import logits, labels
-    >>> from posthoc.methods.calibration.vector import VectorScaling
-    >>> calibrator = VectorScaling().fit(logits, labels)
-    >>> calibrator.weight.shape, calibrator.bias.shape
-    (torch.Size([3]), torch.Size([3]))
 """
 
 from __future__ import annotations

@@ -11,8 +11,7 @@ by cross-validated CRPS instead (an isotonic map is flat in places, where its NL
 candidates :func:`confidently_better` than the identity, within noise of the best (:func:`simplest_within_noise`).
 
 Example:
-    >>> import torch
-    >>> import posthoc
+    >>> import posthoc, torch
     >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
     >>> calibrator.chosen_name, calibrator.selection["candidates"][1]["reason"]

@@ -10,16 +10,6 @@ and warns.
 A :class:`RegressionCalibrator` is fitted on a held-out :class:`~posthoc.RegressionPrediction` and its targets
 instead; a deployed regressor's numbers (``mean``, and ``std`` or none: a constant 1) become one by
 :func:`as_prediction`.
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import logits, labels
-    >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
-    >>> calibrator = TemperatureCalibrator().fit(logits, labels)
-    >>> calibrator(logits).sum(-1)[:3]          # probabilities, rows sum to 1
-    tensor([1., 1., 1.])
-    >>> calibrator.save("cal.pt"); posthoc.calibrate.load("cal.pt").chosen_name
-    'temperature'
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 ``z`` is the classifier's one logit (``(N,)`` or ``(N, 1)``), or ``z_1 - z_0`` for two-class logits.
 
 Example:
-    >>> import torch
-    >>> import posthoc
+    >>> import posthoc, torch
     >>> scores = 3 * torch.randn(200)                       # a binary classifier's logits (N,) ...
     >>> binary = (torch.rand(200) < torch.sigmoid(scores / 3)).long()   # ... three times too confident
     >>> calibrator = posthoc.calibrate(scores, binary, method="platt")

@@ -6,13 +6,11 @@ The probability integral transforms ``p_i = F(y_i)`` of a calibrated predictive 
 ``mean`` and ``variance`` stay the uncalibrated moments.
 
 Example:
-    >>> import torch
-    >>> import posthoc
-    >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+    >>> import posthoc, torch
+    >>> val_mean, test_mean, std = torch.randn(500), torch.randn(500), torch.full((500,), 2.0)   # stds twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
-    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="isotonic")
-    >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
+    >>> calibrator = posthoc.calibrate(mean=val_mean, std=std, targets=val_y, method="isotonic")
+    >>> lower, upper = calibrator.predict(test_mean, std).interval(0.9)
     >>> ((lower[:, 0] <= test_y) & (test_y <= upper[:, 0])).float().mean()     # about 0.9
     tensor(0.9...)
 """

@@ -6,12 +6,9 @@
 ``s``; ``s`` then minimises each output's marginal mixture NLL by golden-section search in ``log s``.
 
 Example:
-    >>> import torch
-    >>> import posthoc
-    >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
-    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
-    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="variance-scaling")
+    >>> import posthoc, torch
+    >>> mean, std = torch.randn(500), torch.full((500,), 2.0)    # stds twice too wide
+    >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=mean + torch.randn(500), method="variance-scaling")
     >>> round(float(calibrator.scale[0]), 1)      # 0.5: the stds were twice too wide
     0.5
 """
