@@ -1,10 +1,9 @@
 """``"auto"``: choose the calibrator by k-fold cross-validated NLL through the selection step.
 
-Every candidate is fitted on all stratified folds but one and predicts the one left out. The identity (the model's own
-probabilities) is the plain model of the selection step (:mod:`posthoc.engine.selection`), which keeps the simplest
-admissible candidate near the best gain, or the identity. A candidate with too few examples per class in the training
-folds is skipped with a warning; the winner is refitted on all held-out examples. ``.scores`` is the out-of-fold table
-``{name: {"nll", "ece"}}`` and ``.selection`` the record of the choice.
+Every candidate is fitted on all stratified folds but one and predicts the one left out; the selection step
+(:mod:`posthoc.engine.selection`) keeps the simplest admissible candidate near the best gain, or the identity (the
+model's own probabilities), which is then refitted on all held-out examples. A candidate with too few examples per
+class in the training folds is skipped with a warning.
 
 A regressor's ``"auto"`` (:class:`AutoRecalibration`) chooses among none, variance scaling and isotonic recalibration
 by cross-validated CRPS instead (an isotonic map is flat in places, where its NLL is infinite): the simplest of the
@@ -49,10 +48,8 @@ from posthoc.methods.calibration.variance_scaling import VarianceScaling
 #: the calibrators "auto" compares by default ("identity" is always scored as the reference)
 DEFAULT_CANDIDATES = ("temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "platt")
 
-ECE_BINS = 15
 
-
-def top_label_ece(probs: Tensor, labels: Tensor, bins: int = ECE_BINS) -> float:
+def top_label_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     """Top-label ECE with ``bins`` equal-width bins ``(lo, hi]``, as :func:`posthoc.evaluation.metrics.ece`."""
     confidence, predicted = probs.double().max(-1)
     index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
@@ -75,7 +72,26 @@ def _rows(inputs: Tensor, keep: Tensor) -> Tensor:
     return inputs[:, keep] if inputs.dim() == 3 else inputs[keep]
 
 
-class AutoCalibration(Calibrator):
+class _Chooser:
+    """What an ``"auto"`` says of the calibrator it chose (``choices[choice]``)."""
+
+    choices: nn.ModuleDict
+    choice: Tensor
+
+    @property
+    def chosen(self) -> Any:
+        """The fitted calibrator that was chosen."""
+        return list(self.choices.values())[int(self.choice)]
+
+    @property
+    def chosen_name(self) -> str:
+        return list(self.choices)[int(self.choice)]
+
+    def num_parameters(self) -> int:
+        return self.chosen.num_parameters()
+
+
+class AutoCalibration(_Chooser, Calibrator):
     """The calibrator the selection step picks by cross-validated NLL (see module docs)."""
 
     name = "auto"
@@ -129,15 +145,6 @@ class AutoCalibration(Calibrator):
         }
 
     @property
-    def chosen(self) -> Calibrator:
-        """The fitted calibrator that was chosen."""
-        return list(self.choices.values())[int(self.choice)]
-
-    @property
-    def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
-
-    @property
     def per_sample(self) -> bool:  # type: ignore[override]
         return self.chosen.per_sample
 
@@ -148,9 +155,6 @@ class AutoCalibration(Calibrator):
             for name, row in zip(self.choices, self.cross_validated.tolist())
             if not math.isnan(row[0])
         }
-
-    def num_parameters(self) -> int:
-        return self.chosen.num_parameters()
 
     def _reset(self) -> None:
         self.choice.fill_(0)
@@ -309,7 +313,7 @@ def _regression_candidates() -> dict[str, type[RegressionCalibrator]]:
     return {cls.name: cls for cls in (RegressionIdentity, VarianceScaling, IsotonicRecalibration)}
 
 
-class AutoRecalibration(RegressionCalibrator):
+class AutoRecalibration(_Chooser, RegressionCalibrator):
     """The simplest of none / variance scaling / isotonic within the noise of the best cross-validated CRPS."""
 
     name = "auto"
@@ -344,20 +348,8 @@ class AutoRecalibration(RegressionCalibrator):
         return {"candidates": list(self.candidates), "folds": self.folds, "seed": self.seed}
 
     @property
-    def chosen(self) -> RegressionCalibrator:
-        """The fitted calibrator that was chosen."""
-        return list(self.choices.values())[int(self.choice)]
-
-    @property
-    def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
-
-    @property
     def scores(self) -> dict[str, dict[str, float]]:
         return {name: {"crps": float(value)} for name, value in zip(self.choices, self.cross_validated.tolist())}
-
-    def num_parameters(self) -> int:
-        return self.chosen.num_parameters()
 
     def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
         """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates."""

@@ -215,15 +215,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         )
 
     def log_prob_map(self) -> nn.Module:
-        """This fitted map as a plain module (:meth:`map_parts`, tensors as buffers): logits to log-probabilities.
-
-        Example:
-            >>> import posthoc, torch
-            >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
-            >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
-            >>> torch.allclose(calibrator.log_prob_map()(logits), calibrator.log_probs(logits))
-            True
-        """
+        """This fitted map as a plain module (:meth:`map_parts`, tensors as buffers): logits to log-probabilities."""
         if bool(self.passthrough):
             return LogSoftmax()
         return FunctionMap(*self.map_parts())

@@ -117,10 +117,14 @@ class _Cache:
         labels = self.labels[rows.clean.to(self.labels.device)]
         if not shifted or self.shifted is None or rows.shifted is None:
             return clean, labels
-        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
+        copies, copy_labels = self.copies(rows)
+        return torch.cat([clean, copies], self.dim), torch.cat([labels, copy_labels])
+
+    def copies(self, rows: Rows) -> tuple[Tensor, Tensor]:
+        """The perturbed copies of ``rows`` and their labels."""
         return (
-            torch.cat([clean, copies], self.dim),
-            torch.cat([labels, self.shifted_labels[rows.shifted.to(self.shifted_labels.device)]]),
+            self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device)),
+            self.shifted_labels[rows.shifted.to(self.shifted_labels.device)],
         )
 
     def scores(self, calibrator: Calibrator | None, rows: Rows) -> Scores:
@@ -134,13 +138,8 @@ class _Cache:
         clean, labels = self.take(rows, shifted=False)
         if self.shifted is None or rows.shifted is None:
             return Scores.of_log_probs(log_probs(clean), labels)
-        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
-        return Scores.of_log_probs(
-            log_probs(clean),
-            labels,
-            log_probs(copies),
-            self.shifted_labels[rows.shifted.to(self.shifted_labels.device)],
-        )
+        copies, copy_labels = self.copies(rows)
+        return Scores.of_log_probs(log_probs(clean), labels, log_probs(copies), copy_labels)
 
 
 def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:

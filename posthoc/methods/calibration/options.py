@@ -18,9 +18,6 @@ from posthoc.core.method import load_tensors
 from posthoc.core.options import Options as BaseOptions
 from posthoc.errors import PosteriorFileError
 
-#: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)
-FILE_KIND = persistence.CALIBRATOR_CLASS
-
 
 class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
@@ -68,7 +65,7 @@ class CalibratorOptions:
             >>> posthoc.calibrate.load("vector.pt").chosen_name
             'vector'
         """
-        persistence.write(path, [self.file_entry()], "", FILE_KIND, dict(self.named_buffers()))
+        persistence.write(path, [self.file_entry()], "", persistence.CALIBRATOR_CLASS, dict(self.named_buffers()))
 
     def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
         """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""

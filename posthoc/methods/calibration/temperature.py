@@ -42,14 +42,7 @@ def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor
 
 
 def temperature_log_probs(logits: Tensor, temperature: Tensor) -> Tensor:
-    """``log_softmax(z / T)`` for class logits ``(..., C)`` (samples stay apart): the fitted map.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.calibration.temperature import temperature_log_probs
-        >>> temperature_log_probs(torch.tensor([[2.0, 0.0]]), torch.tensor(2.0)).exp()
-        tensor([[0.7311, 0.2689]])
-    """
+    """``log_softmax(z / T)`` for class logits ``(..., C)`` (samples stay apart): the fitted map."""
     return torch.log_softmax(logits / cast(temperature, logits.dtype), -1)
 
 
