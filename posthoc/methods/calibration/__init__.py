@@ -1,10 +1,5 @@
-"""Calibrators: maps from logits to calibrated probabilities fitted on held-out data, and the methods
-that stack them on any predictive (``posthoc.wrap(model, method=["laplace", "vector"])``).
-
-One module per calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
-``histogram``, ``isotonic``, ``platt``, ``identity``, ``auto``) on the contract of
-:mod:`posthoc.methods.calibration.base`; :mod:`~posthoc.methods.calibration.method` registers each as a
-method (``auto`` registers its own, as it chooses among the others), and :func:`calibrators` finds them by name.
+"""Calibrators: maps from logits to calibrated probabilities fitted on held-out data (one module each, on the contract
+of :mod:`~posthoc.methods.calibration.base`), and the methods that stack them on any predictive.
 """
 
 from posthoc.methods.calibration import auto  # noqa: F401  (importing it registers every calibrator)

@@ -1,16 +1,7 @@
 """Calibrators that are an affine map of the logits followed by a softmax: ``softmax(W x + b)``.
 
-``x`` is the logits (vector and matrix scaling, Platt) or the log-probabilities (Dirichlet
-calibration). Parameters start at the identity map and are fitted by the NLL of the held-out
-labels plus the subclass's penalty, with L-BFGS in float64; on posterior samples each sample is
-mapped and the samples averaged.
-
-Example:
-    >>> from posthoc_apps.demo.examples import logits, labels
-    >>> from posthoc.methods.calibration.vector import VectorScaling
-    >>> calibrator = VectorScaling().fit(logits, labels)
-    >>> calibrator.weight.shape, calibrator.bias.shape
-    (torch.Size([3]), torch.Size([3]))
+``x`` is the logits (vector and matrix scaling, Platt) or the log-probabilities (Dirichlet calibration). Parameters
+start at the identity map and are fitted by the held-out NLL plus the subclass's penalty, with L-BFGS in float64.
 """
 
 from __future__ import annotations
@@ -43,11 +34,11 @@ class AffineCalibrator(Calibrator):
 
     @staticmethod
     def features(logits: Tensor) -> Tensor:
-        """What the affine map acts on: the logits themselves (Dirichlet calibration: log-probabilities)."""
+        """What the affine map acts on: the logits (Dirichlet calibration: log-probabilities)."""
         return logits
 
     def initial(self, num_classes: int, like: Tensor) -> tuple[Tensor, Tensor]:
-        """The identity map's ``(weight, bias)`` for ``num_classes`` classes, dtype/device of ``like``."""
+        """The identity map's ``(weight, bias)`` for ``num_classes`` classes, like ``like``."""
         raise NotImplementedError
 
     @staticmethod

@@ -1,42 +1,24 @@
 """``"auto"``: choose the calibrator by k-fold cross-validated NLL through the selection step.
 
-The held-out examples are split into ``folds`` stratified folds; every candidate is fitted on all
-folds but one and predicts the one left out, so each example gets one out-of-fold prediction per
-candidate. The identity (the model's own probabilities) is the plain model, and the choice is the selection
-step's (:mod:`posthoc.engine.selection`), as for every held-out choice of posthoc: a calibrator is admissible when
-the bound of its out-of-fold NLL excess over the identity on new data is within the tolerance (``tolerance=``,
-by default ``max(2 %, 0.005 nats)``), and among the admissible ones within a small share of the best gain the
-simplest (fewest parameters) wins. A held-out set with few errors keeps the identity, and says what the best
-calibrator would have gained (a nearly separable set decides its folds on a handful of errors).
+Every candidate is fitted on all stratified folds but one and predicts the one left out; the selection step
+(:mod:`posthoc.engine.selection`) keeps the simplest admissible candidate near the best gain, or the identity (the
+model's own probabilities), which is then refitted on all held-out examples. A candidate with too few examples per
+class in the training folds is skipped with a warning.
 
-A candidate that has too few examples per class in the training folds is skipped with a warning
-(``"platt"`` only runs on binary classifiers). The winner is then refitted on all held-out examples.
-
-``.chosen_name`` is the chosen calibrator's name, ``.scores`` the table ``{name: {"nll", "ece"}}``
-(ECE with 15 equal-width bins, top label) and ``.selection`` the record of the choice. Registered as the method
-``"auto-calibration"``.
-
-A regressor's ``"auto"`` (:class:`AutoRecalibration`; ``posthoc.calibrate(mean=..., method="auto")``) chooses among
-none, variance scaling and isotonic recalibration by k-fold cross-validated CRPS instead: every candidate is fitted
-on all folds but one and scores the one left out by the continuous ranked probability score; only candidates whose
-out-of-fold CRPS beats the identity's by more than one standard error of the per-example difference are eligible
-(:func:`confidently_better`), and among them the one with the fewest parameters within one standard error of the
-lowest wins (:func:`simplest_within_noise`). CRPS, not NLL: an isotonic map is flat in places, where its density,
-and so its NLL, is infinite. All candidates are scored by the same estimator, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))``
-over :data:`LEVELS` midpoint levels ``τ_j`` (the quantile form of the CRPS), which every recalibrated predictive
-answers exactly.
+A regressor's ``"auto"`` (:class:`AutoRecalibration`) chooses among none, variance scaling and isotonic recalibration
+by cross-validated CRPS instead (an isotonic map is flat in places, where its NLL is infinite): the simplest of the
+candidates :func:`confidently_better` than the identity, within noise of the best (:func:`simplest_within_noise`).
 
 Example:
-    >>> import torch
-    >>> import posthoc
+    >>> import posthoc, torch
     >>> from posthoc_apps.demo.examples import logits, labels
-    >>> calibrator = posthoc.calibrate(logits, labels, method="auto")   # 19 errors in 128: no gain sure enough
+    >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
     >>> calibrator.chosen_name, calibrator.selection["candidates"][1]["reason"]
     ('identity', 'in-distribution NLL excess -0.0620 nats, 90% bound +0.0278 > tolerance 0.0111')
     >>> posthoc.calibrate(logits, labels, method="auto", tolerance=0.02).chosen_name
     'ets'
-    >>> val_mean = torch.randn(500)                                  # a regressor's predictions, whose
-    >>> val_std, val_y = torch.full((500,), 2.0), val_mean + torch.randn(500)   # stds are twice too wide
+    >>> val_mean = torch.randn(500)                                  # a regressor's predictions, whose stds
+    >>> val_std, val_y = torch.full((500,), 2.0), val_mean + torch.randn(500)   # are twice too wide
     >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="auto")
     >>> calibrator.chosen_name, sorted(calibrator.scores["variance-scaling"])
     ('variance-scaling', ['crps'])
@@ -66,10 +48,8 @@ from posthoc.methods.calibration.variance_scaling import VarianceScaling
 #: the calibrators "auto" compares by default ("identity" is always scored as the reference)
 DEFAULT_CANDIDATES = ("temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "platt")
 
-ECE_BINS = 15
 
-
-def top_label_ece(probs: Tensor, labels: Tensor, bins: int = ECE_BINS) -> float:
+def top_label_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
     """Top-label ECE with ``bins`` equal-width bins ``(lo, hi]``, as :func:`posthoc.evaluation.metrics.ece`."""
     confidence, predicted = probs.double().max(-1)
     index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
@@ -92,8 +72,27 @@ def _rows(inputs: Tensor, keep: Tensor) -> Tensor:
     return inputs[:, keep] if inputs.dim() == 3 else inputs[keep]
 
 
-class AutoCalibration(Calibrator):
-    """The calibrator the selection step picks by cross-validated NLL: never worse than none, the simplest near the best."""
+class _Chooser:
+    """What an ``"auto"`` says of the calibrator it chose (``choices[choice]``)."""
+
+    choices: nn.ModuleDict
+    choice: Tensor
+
+    @property
+    def chosen(self) -> Any:
+        """The fitted calibrator that was chosen."""
+        return list(self.choices.values())[int(self.choice)]
+
+    @property
+    def chosen_name(self) -> str:
+        return list(self.choices)[int(self.choice)]
+
+    def num_parameters(self) -> int:
+        return self.chosen.num_parameters()
+
+
+class AutoCalibration(_Chooser, Calibrator):
+    """The calibrator the selection step picks by cross-validated NLL (see module docs)."""
 
     name = "auto"
     interpolable = False  # its choice may differ between two fits
@@ -146,15 +145,6 @@ class AutoCalibration(Calibrator):
         }
 
     @property
-    def chosen(self) -> Calibrator:
-        """The fitted calibrator that was chosen."""
-        return list(self.choices.values())[int(self.choice)]
-
-    @property
-    def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
-
-    @property
     def per_sample(self) -> bool:  # type: ignore[override]
         return self.chosen.per_sample
 
@@ -165,9 +155,6 @@ class AutoCalibration(Calibrator):
             for name, row in zip(self.choices, self.cross_validated.tolist())
             if not math.isnan(row[0])
         }
-
-    def num_parameters(self) -> int:
-        return self.chosen.num_parameters()
 
     def _reset(self) -> None:
         self.choice.fill_(0)
@@ -257,10 +244,8 @@ STANDARD_ERRORS = 1.0
 
 
 def confidently_better(losses: dict[str, Tensor], reference: str = "identity") -> set[str]:
-    """``reference`` and the candidates whose out-of-fold NLL beats it by more than :data:`STANDARD_ERRORS`
-    standard errors of the per-example difference: with many candidates and a few hundred examples, the
-    lowest cross-validated NLL alone often belongs to one that only got lucky on these folds (a
-    histogram chosen on one fold split of the digits CNN cost 1.3x the test NLL of no calibration).
+    """``reference`` and the candidates whose out-of-fold loss beats it by more than :data:`STANDARD_ERRORS`
+    standard errors of the per-example difference (the lowest loss alone often only got lucky on these folds).
 
     Example:
         >>> import torch
@@ -306,7 +291,7 @@ LEVELS = 99
 
 
 def quantile_crps(prediction: RegressionPrediction, targets: Tensor, levels: int = LEVELS) -> Tensor:
-    """``(N,)``: the CRPS summed over outputs, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` at midpoints ``τ_j = (j - 1/2) / levels``.
+    """``(N,)``: the CRPS summed over outputs, ``2 mean_j pinball_{τ_j}(y, Q(τ_j))`` at ``τ_j = (j - 1/2) / levels``.
 
     Example:
         >>> import torch
@@ -328,7 +313,7 @@ def _regression_candidates() -> dict[str, type[RegressionCalibrator]]:
     return {cls.name: cls for cls in (RegressionIdentity, VarianceScaling, IsotonicRecalibration)}
 
 
-class AutoRecalibration(RegressionCalibrator):
+class AutoRecalibration(_Chooser, RegressionCalibrator):
     """The simplest of none / variance scaling / isotonic within the noise of the best cross-validated CRPS."""
 
     name = "auto"
@@ -363,24 +348,11 @@ class AutoRecalibration(RegressionCalibrator):
         return {"candidates": list(self.candidates), "folds": self.folds, "seed": self.seed}
 
     @property
-    def chosen(self) -> RegressionCalibrator:
-        """The fitted calibrator that was chosen."""
-        return list(self.choices.values())[int(self.choice)]
-
-    @property
-    def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
-
-    @property
     def scores(self) -> dict[str, dict[str, float]]:
         return {name: {"crps": float(value)} for name, value in zip(self.choices, self.cross_validated.tolist())}
 
-    def num_parameters(self) -> int:
-        return self.chosen.num_parameters()
-
     def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
-        """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates,
-        saying how many examples (or folds) would do."""
+        """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates."""
         count = len(prediction) if isinstance(prediction, RegressionPrediction) else 0
         wanted = max(cls.min_examples for cls in map(type, self.choices.values()))
         if 0 < count and count - math.ceil(count / self.folds) < wanted:

@@ -1,36 +1,15 @@
 """The :class:`Calibrator` contract: a map from logits ``(..., C)`` to calibrated log-probabilities.
 
-A calibrator is fitted on held-out logits and labels, applies to logits ``(N, C)`` (and, for the
-maps that are applied per posterior sample, to per-sample logits ``(S, N, C)``), keeps its fitted
-parameters in buffers, and saves to a file like a posterior (:func:`posthoc.core.persistence.write`;
-``posthoc.calibrate.load`` reads it back). Calibrators are registered with the calibration methods that
-stack them on a predictive (:func:`posthoc.methods.calibration.method.calibrators` finds them by name).
+A calibrator is fitted on held-out logits and labels, applies to logits ``(N, C)`` (and, where ``per_sample``, to
+per-sample logits ``(S, N, C)``), keeps its fitted parameters in buffers and saves to a file that
+``posthoc.calibrate.load`` reads back. Two held-out sets determine no map, for every calibrator: too few examples (an
+:class:`~posthoc.errors.InputError` naming the minimum), and a (nearly) separated one, with fewer than
+:data:`MIN_ERRORS` errors, whose likelihood keeps improving as the map sharpens: the calibrator stays the identity
+and warns.
 
-Two situations cannot determine any calibration map and are handled here for all calibrators:
-
-- too few examples (in total, or per class for maps with per-class parameters): a clear
-  :class:`~posthoc.errors.InputError` naming the minimum;
-- (nearly) perfect separation (every held-out example but at most one is already classified correctly): the
-  likelihood keeps improving as the map sharpens the predictions, so any fitted map would overfit, and a
-  cross-fitted check of it never scores a lone error under a fit that saw an error; the calibrator stays the
-  identity and warns, saying how many examples would help (:data:`MIN_ERRORS`).
-
-A regressor's calibrator (:class:`RegressionCalibrator`, the family's calibrators that declare
-``likelihood = "regression"``) is fitted on a held-out :class:`~posthoc.RegressionPrediction` and its targets
-instead, and maps any prediction of the same outputs to a calibrated one (a scale, a monotone map of levels of its
-CDF). A deployed regressor that only has numbers gives them as ``mean`` ``(N,)`` / ``(N, D)`` and ``std`` of that
-shape, or no ``std`` (a constant std of 1, so that variance scaling fits the homoscedastic noise: its scale is then
-the root mean squared residual): :func:`as_prediction` builds the one-Gaussian predictive.
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import logits, labels
-    >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
-    >>> calibrator = TemperatureCalibrator().fit(logits, labels)
-    >>> calibrator(logits).sum(-1)[:3]          # probabilities, rows sum to 1
-    tensor([1., 1., 1.])
-    >>> calibrator.save("cal.pt"); posthoc.calibrate.load("cal.pt").chosen_name
-    'temperature'
+A :class:`RegressionCalibrator` is fitted on a held-out :class:`~posthoc.RegressionPrediction` and its targets
+instead; a deployed regressor's numbers (``mean``, and ``std`` or none: a constant 1) become one by
+:func:`as_prediction`.
 """
 
 from __future__ import annotations
@@ -59,10 +38,8 @@ MIN_ERRORS = 2
 
 
 def held_out_logits(logits: Any, labels: Any, *, samples: bool = True) -> tuple[Tensor, Tensor]:
-    """Held-out ``logits`` as class logits ``(N, C)`` (a binary classifier's ``(N,)`` or ``(N, 1)`` as ``[0, z]``)
-    or, with ``samples``, per-sample logits ``(S, N, C)``, and ``labels`` as int64 class indices ``(N,)`` in
-    ``[0, C)`` (float labels holding whole numbers are read as indices): what every calibrator fits on, however it
-    is called.
+    """Held-out ``logits`` as class logits ``(N, C)`` (a binary classifier's ``(N,)`` as ``[0, z]``) or, with
+    ``samples``, per-sample logits ``(S, N, C)``, and ``labels`` as int64 class indices ``(N,)``.
 
     Example:
         >>> import torch
@@ -100,31 +77,21 @@ def predictive(log_probs: Tensor) -> Tensor:
 class Calibrator(CalibratorOptions, nn.Module):
     """Base class: fit with :meth:`fit`, then call on logits for probabilities.
 
-    Subclasses set ``name``, declare options as the fields of a nested ``Options(Calibrator.Options)`` dataclass
-    that ``__init__`` also takes as keyword-only arguments with the same defaults (see
-    :class:`~posthoc.methods.calibration.options.CalibratorOptions`), keep fitted parameters in buffers and
-    implement :meth:`_fit` and :meth:`_transform`.
+    Subclasses set ``name``, declare their ``Options``
+    (:class:`~posthoc.methods.calibration.options.CalibratorOptions`), keep fitted parameters in buffers and implement
+    :meth:`_fit` and :meth:`map_parts` (or :meth:`_transform`).
 
-    Class attributes:
-        name: the name ``posthoc.calibrate(method=...)`` takes (and a saved file records).
-        likelihood: the predictions it calibrates: ``"classification"`` (logits) here, ``"regression"`` for a
-            :class:`RegressionCalibrator`.
-        per_sample: whether the map applies to each posterior sample (differentiable maps of logits);
-            otherwise it is fitted on, and applied to, the predictive (mean over samples).
-        min_examples: the fewest held-out examples it accepts.
-        min_per_class: the fewest examples of every class it accepts (maps with per-class parameters).
-        binary_only: whether it calibrates two-class (one-logit) classifiers only.
-        interpolable: whether two fits of it can be blended parameter by parameter (floating-point parameters
-            of fixed shapes; not histogram bins or isotonic steps), which the shift-aware fit of a stacked
-            calibrator uses.
     """
 
     name: ClassVar[str] = ""
     likelihood: ClassVar[str] = "classification"
+    #: whether the map applies to each posterior sample; otherwise to the predictive (mean over samples)
     per_sample: ClassVar[bool] = True
     min_examples: ClassVar[int] = 10
+    #: the fewest examples of every class it accepts (maps with per-class parameters)
     min_per_class: ClassVar[int] = 0
     binary_only: ClassVar[bool] = False
+    #: whether two fits can be blended parameter by parameter (not histogram bins or isotonic steps)
     interpolable: ClassVar[bool] = True
 
     def __init__(self) -> None:
@@ -135,8 +102,6 @@ class Calibrator(CalibratorOptions, nn.Module):
     def num_parameters(self) -> int:
         """How many scalar parameters the fitted map has (the model card's ``random_variables``)."""
         return sum(value.numel() for name, value in self.named_buffers() if name not in ("num_classes", "passthrough"))
-
-    # ------------------------------------------------------------------ fitting
 
     @classmethod
     def requirement(cls, labels: Tensor, num_classes: int) -> str | None:
@@ -179,11 +144,7 @@ class Calibrator(CalibratorOptions, nn.Module):
             raise InputError(problem)
 
     def fit(self, logits: Any, labels: Any) -> Calibrator:
-        """Fit on class logits ``(N, C)`` (``(N,)`` for a binary classifier, or per-sample ``(S, N, C)``) and class
-        indices ``(N,)``, read by :func:`held_out_logits`; returns ``self``.
-
-        Raises :class:`~posthoc.errors.InputError` for labels of a single class and for too few examples.
-        """
+        """Fit on held-out logits and labels (as :func:`held_out_logits` reads them); returns ``self``."""
         logits, labels = held_out_logits(logits, labels)
         labels = labels.to(logits.device)
         self.check(labels, logits.shape[-1])
@@ -221,8 +182,6 @@ class Calibrator(CalibratorOptions, nn.Module):
         """Fit the parameters on float64 logits ``(N, C)`` or per-sample logits ``(S, N, C)``."""
         raise NotImplementedError
 
-    # ------------------------------------------------------------------ applying
-
     def transform(self, logits: Tensor) -> Tensor:
         """Calibrated log-probabilities for class logits ``(..., C)`` (same shape)."""
         expected = int(self.num_classes)
@@ -242,9 +201,8 @@ class Calibrator(CalibratorOptions, nn.Module):
         return function(logits, **tensors, **constants)
 
     def map_parts(self) -> tuple[Callable[..., Tensor], dict[str, Tensor], dict[str, Any]]:
-        """The fitted map as ``(function, tensors, constants)``: calibrated log-probabilities are
-        ``function(logits, **tensors, **constants)`` for class logits ``(..., C)``. A calibrator defines its map here
-        (and not in :meth:`_transform`) so that the map it applies and the one it exports are one function.
+        """The fitted map as ``(function, tensors, constants)``: log-probabilities ``function(logits, **tensors,
+        **constants)``. Defined here, so that the map applied and the map exported are one function.
 
         Example:
             >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
@@ -257,17 +215,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         )
 
     def log_prob_map(self) -> nn.Module:
-        """This fitted map as a plain module, class logits ``(..., C)`` to calibrated log-probabilities: the function
-        of :meth:`map_parts` with the fitted tensors as buffers (the identity's ``log_softmax`` when the map stayed
-        the identity). ``calibrator.to_module()`` and a stacked calibration's export are made of it.
-
-        Example:
-            >>> import posthoc, torch
-            >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
-            >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
-            >>> torch.allclose(calibrator.log_prob_map()(logits), calibrator.log_probs(logits))
-            True
-        """
+        """This fitted map as a plain module (:meth:`map_parts`, tensors as buffers): logits to log-probabilities."""
         if bool(self.passthrough):
             return LogSoftmax()
         return FunctionMap(*self.map_parts())
@@ -282,8 +230,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         return self.transform(predictive(torch.log_softmax(logits, -1)))
 
     def log_probs(self, logits: Any) -> Tensor:
-        """Calibrated log-probabilities ``(N, C)`` for logits ``(N, C)`` (or ``(N,)`` for a binary classifier): a
-        numpy array for numpy logits, a tensor for a tensor.
+        """Calibrated log-probabilities ``(N, C)`` of logits ``(N, C)`` (or ``(N,)``), numpy for numpy logits.
 
         Example:
             >>> import posthoc
@@ -306,8 +253,7 @@ class Calibrator(CalibratorOptions, nn.Module):
         return self.transform(logits.to(device))
 
     def predict(self, logits: Any) -> Prediction:
-        """The calibrated :class:`~posthoc.Prediction` for ``logits`` (its fields are tensors, for numpy logits too:
-        ``.numpy()`` any of them)."""
+        """The calibrated :class:`~posthoc.Prediction` for ``logits`` (tensors, for numpy logits too)."""
         return Prediction.from_log_probs(self._log_probs(logits))
 
     def forward(self, logits: Any) -> Tensor:
@@ -315,21 +261,17 @@ class Calibrator(CalibratorOptions, nn.Module):
         return like_given(self._log_probs(logits).exp(), logits)
 
     def to_module(self) -> nn.Module:
-        """This fitted calibrator as a self-contained ``nn.Module``: class logits ``(N, C)`` (``(N,)`` or ``(N, 1)``
-        for a binary classifier) in, calibrated probabilities ``(N, C)`` out, plain torch ops with the fitted
-        parameters as buffers (see ``UncertainModel.to_module``); ``torch.export`` and ONNX take it.
+        """This fitted calibrator as a self-contained ``nn.Module``, logits in, calibrated probabilities out, that
+        ``torch.export`` and ONNX take.
 
         Example:
-            >>> import torch
-            >>> import posthoc
+            >>> import posthoc, torch
             >>> logits, labels = torch.randn(200, 3) * 3, torch.randint(0, 3, (200,))
             >>> calibrator = posthoc.calibrate(logits, labels, method="temperature")
             >>> torch.allclose(calibrator.to_module()(logits), calibrator(logits), atol=1e-6)
             True
         """
         return calibrator_module(self)
-
-    # ------------------------------------------------------------------ files
 
     def extra_repr(self) -> str:
         return f"calibrator={self.chosen_name!r}, classes={int(self.num_classes)}" + (
@@ -342,9 +284,7 @@ KIND = "regression"
 
 
 def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
-    """The Gaussian predictive ``N(mean, std²)`` of a deployed regressor's numbers (``std=None``: 1 everywhere).
-
-    The variance is recorded as observation noise (the numbers do not say how it splits).
+    """The Gaussian predictive ``N(mean, std²)`` of a deployed regressor's numbers (``std=None``: 1), all noise.
 
     Example:
         >>> import torch
@@ -379,8 +319,7 @@ def as_prediction(mean: Any, std: Any = None) -> RegressionPrediction:
 
 
 def check_regression_prediction(prediction: Any, what: str) -> None:
-    """Refuse, for the calibrator's ``what`` (``fit``, ``calibrate``), anything but a :class:`RegressionPrediction`,
-    saying what to pass instead (a classifier's :class:`~posthoc.Prediction`, numbers).
+    """Refuse, for the calibrator's ``what`` (``fit``, ``calibrate``), anything but a :class:`RegressionPrediction`.
 
     Example:
         >>> import torch
@@ -406,15 +345,8 @@ def check_regression_prediction(prediction: Any, what: str) -> None:
 class RegressionCalibrator(CalibratorOptions, nn.Module):
     """Base class: :meth:`fit` on a held-out prediction and targets, then :meth:`calibrate` predictions.
 
-    Subclasses set ``name``, declare options as the fields of a nested ``Options(RegressionCalibrator.Options)``
-    dataclass that ``__init__`` also takes as keyword-only arguments with the same defaults (see
-    :class:`~posthoc.methods.calibration.options.CalibratorOptions`), keep fitted parameters in buffers and
-    implement :meth:`_fit` and :meth:`_calibrate`.
-
-    Class attributes:
-        name: the name ``posthoc.calibrate(mean=..., method=...)`` takes (and a saved file records).
-        likelihood: ``"regression"``: it calibrates a :class:`~posthoc.RegressionPrediction`.
-        min_examples: the fewest held-out examples it accepts.
+    Subclasses set ``name``, declare their ``Options`` as :class:`Calibrator` does, keep fitted parameters in buffers
+    and implement :meth:`_fit` and :meth:`_calibrate`.
     """
 
     name: ClassVar[str] = ""
@@ -495,16 +427,13 @@ class RegressionCalibrator(CalibratorOptions, nn.Module):
         raise NotImplementedError
 
     def predict(self, mean: Any, std: Any = None) -> RegressionPrediction:
-        """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (see module docs).
+        """The calibrated predictive of a deployed regressor's ``mean`` and ``std`` (:func:`as_prediction`).
 
         Example:
             >>> import posthoc, torch
-            >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-            >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
-            >>> val_y = val_mean + torch.randn(500)
-            >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y)
-            >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
-            >>> lower.shape
+            >>> val_mean, test_mean, std = torch.randn(500), torch.randn(500), torch.full((500,), 2.0)
+            >>> calibrator = posthoc.calibrate(mean=val_mean, std=std, targets=val_mean + torch.randn(500))
+            >>> calibrator.predict(test_mean, std).interval(0.9)[0].shape
             torch.Size([500, 1])
         """
         prediction = as_prediction(mean, std)

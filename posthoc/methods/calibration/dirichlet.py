@@ -1,8 +1,7 @@
 """``"dirichlet"``: Dirichlet calibration (Kull et al., 2019): ODIR matrix scaling of the log-probabilities.
 
-``softmax(W log p + b)`` with ``p = softmax(z)``: the map is a full-rank Dirichlet family on the
-simplex, and unlike matrix scaling of logits it sees only what the probabilities say (logits shifted
-per row give the same result). The penalties and minimum are those of ``"matrix"``.
+``softmax(W log p + b)`` with ``p = softmax(z)``: unlike matrix scaling of logits it sees only what the probabilities
+say (logits shifted per row give the same result). The penalties are those of ``"matrix"``.
 
 Example:
     >>> import posthoc

@@ -1,9 +1,7 @@
 """``"ets"``: ensemble temperature scaling (Zhang, Kailkhura & Han, 2020, "Mix-n-Match").
 
-``p = w_1 softmax(z / T) + w_2 softmax(z) + w_3 / C``: a convex mixture of the tempered, the
-original and the uniform prediction. ``T`` is fitted first (as ``"temperature"``), then the
-weights by the NLL of the mixture (the paper fits both by the same loss; it reports NLL and MSE
-variants, this is the NLL one). Parameters: 4 (``T`` and three weights summing to 1).
+``p = w_1 softmax(z / T) + w_2 softmax(z) + w_3 / C``: ``T`` is fitted first (as ``"temperature"``), then the weights
+by the NLL of the mixture (the paper's NLL variant).
 
 Example:
     >>> import posthoc
@@ -50,7 +48,7 @@ def ets_log_probs(logits: Tensor, temperature: Tensor, weights: Tensor) -> Tenso
 
 
 class EnsembleTemperatureScaling(Calibrator):
-    """A mixture of the tempered, the original and the uniform prediction."""
+    """A mixture of the tempered, the original and the uniform prediction (module docs)."""
 
     name = "ets"
 

@@ -1,12 +1,8 @@
 """``"histogram"``: histogram binning (Zadrozny & Elkan, 2001), per class (one-vs-rest) or top-label.
 
-Probabilities are cut into ``bins`` equal-width bins on [0, 1]; each bin's probability is replaced
-by the frequency of the event in that bin on the held-out set (``per-class``: "the label is class
-c" for ``p_c``, then rows renormalised; ``top-label``: "the top class is right" for the confidence,
-the other classes rescaled to fill the rest). ``smoothing`` pseudo-examples at the bin's mean
-predicted probability keep a bin with few examples from jumping to 0 or 1 (``smoothing=0``: the
-plain frequencies of netcal's ``HistogramBinning``). It acts on the predictive (the mean over
-posterior samples). Parameters: ``bins`` per class (``per-class``) or ``bins`` (``top-label``).
+Each equal-width bin's probability is replaced by the held-out frequency of the event in that bin (``per-class``: "the
+label is c" for ``p_c``, rows renormalised; ``top-label``: "the top class is right", the other classes rescaled to fill
+the rest). ``smoothing`` pseudo-examples at the bin's mean probability keep a sparse bin from jumping to 0 or 1.
 
 Example:
     >>> import posthoc

@@ -1,8 +1,7 @@
 """``"identity"``: the model's own probabilities, ``softmax(z)``: the reference ``"auto"`` must beat.
 
 Example:
-    >>> import torch
-    >>> import posthoc
+    >>> import posthoc, torch
     >>> from posthoc_apps.demo.examples import logits, labels
     >>> torch.allclose(posthoc.calibrate(logits, labels, method="identity")(logits), torch.softmax(logits, -1))
     True

@@ -1,11 +1,8 @@
 """``"isotonic"``: isotonic regression, one-vs-rest per class, rows renormalised (Zadrozny & Elkan, 2002).
 
-For each class ``c`` scikit-learn's ``IsotonicRegression`` fits a non-decreasing map from ``p_c``
-to the held-out frequency of "the label is c"; applied, the maps' outputs are floored at 1e-6 and
-renormalised to sum to 1. The fitted step points are kept as padded tensors and interpolated
-linearly, as scikit-learn's ``predict`` does (clipped outside the fitted range). It acts on the
-predictive (the mean over posterior samples). Parameters: the step points, at most 2 per example
-and class.
+For each class ``c`` scikit-learn's ``IsotonicRegression`` fits a non-decreasing map from ``p_c`` to the held-out
+frequency of "the label is c"; its step points are kept as padded tensors and interpolated linearly, as its
+``predict`` does.
 
 Example:
     >>> import posthoc

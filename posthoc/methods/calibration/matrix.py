@@ -1,12 +1,8 @@
 """``"matrix"``: matrix scaling with off-diagonal and intercept regularisation (ODIR; Kull et al., 2019).
 
-``softmax(W z + b)``, fitted by ``mean NLL + off_diagonal * mean_{i != j} W_ij^2 + intercept * mean_j b_j^2``:
-the diagonal is free (it rescales each class like vector scaling), the ``C (C - 1)`` off-diagonal
-terms and the intercepts are shrunk to 0, which keeps the ``C^2 + C`` parameters from overfitting
-a small held-out set. With both penalties at 0 it is plain matrix scaling (torch-uncertainty's
-``MatrixScaler``). Kull et al. tune both penalties by cross-validation; the defaults (10) were the
-best of a small grid, where small penalties overfit (docs/methods/calibrators.md).
-It needs at least 10 held-out examples of every class.
+``softmax(W z + b)``, fitted by ``mean NLL + off_diagonal * mean_{i != j} W_ij^2 + intercept * mean_j b_j^2``: the
+diagonal is free, the off-diagonal terms and the intercepts are shrunk to 0, which keeps the ``C^2 + C`` parameters
+from overfitting a small held-out set (both penalties at 0: plain matrix scaling; docs/methods/calibrators.md).
 
 Example:
     >>> import posthoc
@@ -27,7 +23,7 @@ from posthoc.methods.calibration.affine import AffineCalibrator
 
 
 class MatrixScaling(AffineCalibrator):
-    """``softmax(W z + b)`` with ODIR: off-diagonal weights and intercepts shrunk to 0."""
+    """``softmax(W z + b)`` with ODIR (module docs)."""
 
     name = "matrix"
     min_per_class = 10

@@ -1,25 +1,10 @@
 """Every calibrator as a registered method, stacked on another method's predictive and fitted on ``val_loader``.
 
-``posthoc.wrap(model, method=["laplace", "vector"])`` runs the inner predictive once over the
-validation loader (and its perturbed copies), caches its log-probabilities (or its per-sample
-log-probabilities), and fits the calibrator on the cache; the inner log-probabilities play the role
-of logits.
-
-The fit is a held-out choice of the selection step (:mod:`posthoc.engine.selection`). Its candidates,
-the most conservative first: the inner predictive uncalibrated; the calibrator fitted on the clean
-examples; and, with perturbed copies, the parameters moved from that clean fit towards the fit on
-clean and perturbed examples together by a quarter, a half, three quarters and all the way (``shift
-weight``; a map that cannot be interpolated, histogram bins or isotonic steps, takes the combined fit
-whole). Each candidate is scored out of fold (5-fold cross-fitting: the calibrator is fitted on four
-fifths and scored on the fifth), admissible when its NLL excess over the plain model is confidently
-within the tolerance, and the admissible one of lowest NLL on the perturbed copies wins; it is then
-fitted on all the held-out data. So a calibrator that overfits a small validation set is not used. A calibrator that
-acts per sample (temperature, vector, matrix, Dirichlet, ETS, Platt) maps each posterior sample and
-the samples are averaged; histogram binning and isotonic regression map the predictive, and the
-calibrated prediction then has no samples.
-
-A calibrator is registered once, with its method (:class:`CalibrationMethod` names it as
-``calibrator_class``); :func:`calibrators` finds every one by the name ``posthoc.calibrate`` takes.
+``posthoc.wrap(model, method=["laplace", "vector"])`` caches the inner predictive's log-probabilities (or per-sample
+ones) over the validation loader and its perturbed copies, and fits the calibrator on them as it would on logits. The
+fit is a held-out choice of the selection step (:mod:`posthoc.engine.selection`) among :func:`configurations`, each
+scored out of fold, so that a calibrator which overfits a small validation set is not used
+(docs/methods/calibrators.md). :func:`calibrators` finds every calibrator by the name ``posthoc.calibrate`` takes.
 
 Example:
     >>> import posthoc
@@ -47,6 +32,7 @@ from posthoc.core.inputs import Inputs, check_finite_result, check_labels
 from posthoc.core.logits import LOG_PROB_FLOOR, log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.registry import REGISTRY, register
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
@@ -84,8 +70,7 @@ def stacked_log_predictive(
     transform: Callable[[Tensor], Tensor], log_probs: Tensor, samples: Tensor | None, per_sample: bool
 ) -> LogPredictive:
     """A calibration map stacked on a predictive ``(log_probs, samples)``: applied to each sample (then averaged)
-    where ``per_sample`` and the predictive samples, else to its log-probabilities (floored at
-    :data:`~posthoc.core.logits.LOG_PROB_FLOOR`).
+    where ``per_sample`` and there are samples, else to the (floored) log-probabilities.
 
     Example:
         >>> import torch
@@ -114,8 +99,7 @@ class Calibrated(nn.Module):
 
 @dataclass
 class _Cache:
-    """A calibrator's held-out inputs: the inner predictive's log-probabilities ``(N, C)`` (or samples ``(S, N, C)``)
-    on the clean examples and on the perturbed copies, with their labels."""
+    """The inner predictive's held-out log-probabilities ``(N, C)`` (or ``(S, N, C)``), clean and perturbed; labels."""
 
     clean: Tensor
     labels: Tensor
@@ -124,7 +108,7 @@ class _Cache:
 
     @property
     def dim(self) -> int:
-        """The examples' dimension of the cached log-probabilities (1 for samples ``(S, N, C)``)."""
+        """The examples' dimension (1 for samples ``(S, N, C)``)."""
         return 1 if self.clean.dim() == 3 else 0
 
     def take(self, rows: Rows, *, shifted: bool) -> tuple[Tensor, Tensor]:
@@ -133,10 +117,14 @@ class _Cache:
         labels = self.labels[rows.clean.to(self.labels.device)]
         if not shifted or self.shifted is None or rows.shifted is None:
             return clean, labels
-        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
+        copies, copy_labels = self.copies(rows)
+        return torch.cat([clean, copies], self.dim), torch.cat([labels, copy_labels])
+
+    def copies(self, rows: Rows) -> tuple[Tensor, Tensor]:
+        """The perturbed copies of ``rows`` and their labels."""
         return (
-            torch.cat([clean, copies], self.dim),
-            torch.cat([labels, self.shifted_labels[rows.shifted.to(self.shifted_labels.device)]]),
+            self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device)),
+            self.shifted_labels[rows.shifted.to(self.shifted_labels.device)],
         )
 
     def scores(self, calibrator: Calibrator | None, rows: Rows) -> Scores:
@@ -150,25 +138,20 @@ class _Cache:
         clean, labels = self.take(rows, shifted=False)
         if self.shifted is None or rows.shifted is None:
             return Scores.of_log_probs(log_probs(clean), labels)
-        copies = self.shifted.index_select(self.dim, rows.shifted.to(self.shifted.device))
-        return Scores.of_log_probs(
-            log_probs(clean),
-            labels,
-            log_probs(copies),
-            self.shifted_labels[rows.shifted.to(self.shifted_labels.device)],
-        )
+        copies, copy_labels = self.copies(rows)
+        return Scores.of_log_probs(log_probs(clean), labels, log_probs(copies), copy_labels)
 
 
 def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
-    """The ``Options`` dataclass of a stacked calibrator: its calibrator's ``Options`` (the fields its ``__init__``
-    takes as keywords, :class:`~posthoc.methods.calibration.options.CalibratorOptions`) extended by ``shift_weight``.
+    """The ``Options`` dataclass of a stacked calibrator: its calibrator's ``Options`` and ``shift_weight``.
 
     Example:
         >>> from posthoc.methods.calibration.method import TemperatureScaling
         >>> TemperatureScaling.Options()
         TemperatureScaling.Options(max_iter=100, shift_weight='auto')
     """
-    shift_weight = [("shift_weight", Any, dataclasses.field(default="auto"))]
+    what = "'auto': chosen on held-out data; a number in [0, 1]: how far to move towards the fit with perturbed copies"
+    shift_weight = [("shift_weight", Any, option("auto", what))]
     options = dataclasses.make_dataclass(
         "Options", shift_weight, bases=(cls.calibrator_class.Options,), frozen=True, kw_only=True
     )
@@ -177,12 +160,8 @@ def calibrator_options(cls: type[CalibrationMethod]) -> type[Method.Options]:
 
 
 class CalibrationMethod(FittedOnHeldOut, Method):
-    """Base of the stacked calibrators: ``calibrator_class`` fitted on the inner predictive.
-
-    Options: the calibrator's own, and ``shift_weight``: ``"auto"`` (the held-out choice of the module docs) or a
-    number in [0, 1] fixing how far the parameters move towards the fit with perturbed copies (0: the clean fit).
-    Each subclass's :attr:`Options` dataclass is made from its ``calibrator_class`` (:func:`calibrator_options`).
-    """
+    """Base of the stacked calibrators: ``calibrator_class`` fitted on the inner predictive; its ``Options`` are
+    made by :func:`calibrator_options`."""
 
     needs_val = True
     stacks = True
@@ -222,8 +201,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         """Nothing on the training data: the calibrator is fitted on held-out data by :meth:`choose`."""
 
     def held_out_cache(self, held_out: HeldOut) -> _Cache:
-        """The inner log-probabilities (or per-sample ones) over the clean and perturbed held-out batches, gathered over
-        ranks, floored at :data:`~posthoc.core.logits.LOG_PROB_FLOOR`; too few examples or a single class are refused by name."""
+        """The inner (floored) log-probabilities over the held-out batches, gathered over ranks, checked."""
 
         def inner(x: Inputs, generator: torch.Generator) -> Tensor:
             log_probs, samples = self.inner.log_predictive(x, generator=generator)
@@ -250,13 +228,11 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         return cache
 
     def configurations(self, cache: _Cache) -> list[tuple[str, float | None]]:
-        """The configurations tried (:func:`configurations`)."""
         return configurations(self.calibrator, shifted=cache.shifted is not None, shift_weight=self.shift_weight_option)
 
     def fit_and_score(
         self, cache: _Cache, configurations: list[tuple[str, float | None]], fitting: Rows, scored: Rows
     ) -> list[Scores | None]:
-        """Every configuration fitted on ``fitting`` and scored on ``scored`` (:func:`fit_and_score`)."""
         return fit_and_score(self.calibrator, cache, configurations, fitting, scored)
 
     def apply(self, cache: _Cache, value: float | None, held_out: HeldOut) -> None:
@@ -276,7 +252,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
         return stacked_log_predictive(self.calibrator.transform, log_probs, samples, self.calibrator.per_sample)
 
     def summary(self) -> dict[str, Any]:
-        """``random_variables``: the calibrator's parameters (1 for a temperature); the calibrator chosen."""
+        """``random_variables``: the calibrator's parameters; the calibrator chosen."""
         card = {
             "random_variables": self.calibrator.num_parameters(),
             "layers": [],
@@ -296,10 +272,9 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 def configurations(
     calibrator: Calibrator, *, shifted: bool, shift_weight: float | str = "auto"
 ) -> list[tuple[str, float | None]]:
-    """``(label, value)`` of the configurations a held-out fit of ``calibrator`` tries, the most conservative first:
-    uncalibrated (``None``), the clean fit taken part of the way from the identity map (:data:`PARTIAL_FITS`, values
-    below 0: ``share - 1``), the clean fit (0), then with perturbed copies (``shifted``) towards the fit on clean and
-    perturbed examples (the shift weight, in (0, 1]). A fixed ``shift_weight`` is the only fitted configuration.
+    """``(label, value)`` of the configurations a held-out fit tries, the most conservative first: uncalibrated
+    (``None``), the clean fit taken :data:`PARTIAL_FITS` of the way from the identity (``share - 1``, below 0), the
+    clean fit (0), then, with perturbed copies, moved towards the fit on clean and perturbed examples (in (0, 1]).
 
     Example:
         >>> from posthoc.methods.calibration.method import configurations
@@ -343,8 +318,7 @@ def fit_and_score(
 
 
 def configured(calibrator: Calibrator, value: float | None, cache: _Cache, rows: Rows) -> Calibrator:
-    """``calibrator`` at configuration ``value`` fitted on ``rows`` (``None``: the identity, the inner predictive as it
-    is), its fit's warnings shown."""
+    """``calibrator`` at configuration ``value`` fitted on ``rows`` (``None``: the identity), its warnings shown."""
     if value is None:
         identity = copy.deepcopy(calibrator)
         identity._reset()
@@ -364,9 +338,8 @@ def fitted_at(
     clean: Calibrator | None = None,
     combined: Calibrator | None = None,
 ) -> Calibrator:
-    """``calibrator`` at configuration ``weight`` fitted on ``rows``: the clean fit, taken ``1 + weight`` of the way
-    from the identity map (``weight < 0``) or moved ``weight`` of the way towards the fit on clean and perturbed
-    examples together (a map that cannot move takes that fit whole)."""
+    """``calibrator`` at configuration ``weight`` fitted on ``rows`` (:func:`configurations`); a map that cannot be
+    interpolated takes the combined fit whole."""
     with warnings.catch_warnings():
         if not warn:
             warnings.simplefilter("ignore", RuntimeWarning)
@@ -393,11 +366,8 @@ def _moved(start: Calibrator, end: Calibrator, weight: float) -> Calibrator:
 
 
 def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tolerance: Tolerance) -> Calibrator:
-    """``calibrator`` fitted on held-out class ``logits`` ``(N, C)`` by the selection step, as a stacked calibrator is
-    fitted on ``val_loader`` with ``shift=None``: the configurations of :func:`configurations`, each scored out of fold
-    (five folds), the admissible one the rule picks refitted on every row. It keeps its record as ``.selection`` and
-    warns when the record keeps the identity (:func:`~posthoc.engine.selection.warn_kept_plain`). A tolerance of
-    ``math.inf`` takes the clean fit (the maximum-likelihood fit the peers make) without cross-fitting.
+    """``calibrator`` fitted on held-out ``logits`` ``(N, C)`` by the selection step, as a stacked calibrator is fitted
+    with ``shift=None``; the record is kept as ``.selection``. A tolerance of ``math.inf`` takes the clean fit.
 
     Example:
         >>> from posthoc.engine.selection import Tolerance
@@ -405,7 +375,7 @@ def fit_on_logits(calibrator: Calibrator, logits: Tensor, labels: Tensor, *, tol
         >>> from posthoc_apps.demo.examples import logits, labels
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> fitted = fit_on_logits(TemperatureCalibrator(), logits, labels, tolerance=Tolerance())
-        >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)  # the maximum-likelihood T is 2.01
+        >>> fitted.selection["chosen"], round(float(fitted.temperature), 2)
         ('clean fit at 0.75', 1.76)
     """
     if tolerance.nats(0.0) == math.inf:
@@ -514,8 +484,8 @@ class PlattScalingMethod(CalibrationMethod):
 
 
 def calibrators() -> dict[str, type[Calibrator]]:
-    """Every calibrator by the name ``posthoc.calibrate(method=...)`` takes: the identity (the reference, whose
-    method is ``"none"``) and the calibrator of every registered :class:`CalibrationMethod`.
+    """Every calibrator by the name ``posthoc.calibrate(method=...)`` takes: the identity and the calibrator of every
+    registered :class:`CalibrationMethod`.
 
     Example:
         >>> from posthoc.methods.calibration.method import calibrators

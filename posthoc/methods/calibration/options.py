@@ -1,5 +1,4 @@
-"""What every calibrator, of logits or of regression predictions, says about its options and its choice, and how it
-is written to and read from a file.
+"""What every calibrator, of logits or of regression predictions, says about its options and choice, and its file.
 
 Example:
     >>> from posthoc.methods.calibration.method import TemperatureScaling
@@ -19,17 +18,13 @@ from posthoc.core.method import load_tensors
 from posthoc.core.options import Options as BaseOptions
 from posthoc.errors import PosteriorFileError
 
-#: the class a calibrator file records (``posthoc.load`` refuses it and names ``posthoc.calibrate.load``)
-FILE_KIND = persistence.CALIBRATOR_CLASS
-
 
 class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
 
     A calibrator declares its options as the fields of a nested ``@dataclass(frozen=True, kw_only=True) class
-    Options(Calibrator.Options)`` (type and default each), and its ``__init__`` takes the same fields as keyword-only
-    arguments with the same defaults (``TemperatureCalibrator(max_iter=50)``; ``tests/methods/test_registry_contract.py``
-    checks they agree). ``posthoc.calibrate`` builds it from the dataclass, refusing unknown names.
+    Options(Calibrator.Options)``, and its ``__init__`` takes the same fields as keyword-only arguments with the same
+    defaults (``TemperatureCalibrator(max_iter=50)``).
     """
 
     name: ClassVar[str] = ""
@@ -70,7 +65,7 @@ class CalibratorOptions:
             >>> posthoc.calibrate.load("vector.pt").chosen_name
             'vector'
         """
-        persistence.write(path, [self.file_entry()], "", FILE_KIND, dict(self.named_buffers()))
+        persistence.write(path, [self.file_entry()], "", persistence.CALIBRATOR_CLASS, dict(self.named_buffers()))
 
     def load_buffers(self, state: dict[str, Tensor], *, source: str = "the saved state") -> None:
         """Set buffers from ``state`` (shapes may differ from the unfitted ones)."""

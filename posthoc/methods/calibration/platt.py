@@ -1,11 +1,9 @@
 """``"platt"``: Platt scaling for binary classifiers: ``p(1) = sigmoid(a z + b)`` (Platt, 1999).
 
 ``z`` is the classifier's one logit (``(N,)`` or ``(N, 1)``), or ``z_1 - z_0`` for two-class logits.
-Parameters: 2 (temperature scaling of a binary classifier is Platt scaling with ``b = 0``).
 
 Example:
-    >>> import torch
-    >>> import posthoc
+    >>> import posthoc, torch
     >>> scores = 3 * torch.randn(200)                       # a binary classifier's logits (N,) ...
     >>> binary = (torch.rand(200) < torch.sigmoid(scores / 3)).long()   # ... three times too confident
     >>> calibrator = posthoc.calibrate(scores, binary, method="platt")

@@ -1,22 +1,16 @@
 """``"isotonic"`` for regression: isotonic recalibration of the predictive CDF (Kuleshov et al. 2018).
 
-On held-out data the probability integral transforms ``p_i = F(y_i)`` of a calibrated predictive are
-uniform. Per output, scikit-learn's ``IsotonicRegression`` (increasing, clipped to ``[0, 1]``) fits
-``R`` on the pairs ``(p_i, P̂(p_i))``, ``P̂`` the empirical CDF of the ``p_i``; its knots, with ``(0, 0)``
-and ``(1, 1)`` added, are kept (padded to one length over the outputs), and ``R`` is linear between them.
-The recalibrated CDF is ``R(F(y))`` and its quantile ``F⁻¹(R⁻¹(q))``
-(:class:`~posthoc.core.recalibration.MonotoneMap`); the calibrated prediction carries ``R`` and
-answers ``.cdf``, ``.quantile``, ``.interval`` and ``.log_prob`` for it, while its ``mean`` and
-``variance`` stay the uncalibrated moments. Parameters: the knots, at most 2 per held-out example.
+The probability integral transforms ``p_i = F(y_i)`` of a calibrated predictive are uniform. Per output, an isotonic
+``R`` is fitted on the pairs ``(p_i, P̂(p_i))``, ``P̂`` the empirical CDF of the ``p_i``, and kept as its knots from
+``(0, 0)`` to ``(1, 1)``. The recalibrated CDF is ``R(F(y))`` (:class:`~posthoc.core.recalibration.MonotoneMap`);
+``mean`` and ``variance`` stay the uncalibrated moments.
 
 Example:
-    >>> import torch
-    >>> import posthoc
-    >>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
+    >>> import posthoc, torch
+    >>> val_mean, test_mean, std = torch.randn(500), torch.randn(500), torch.full((500,), 2.0)   # stds twice too wide
     >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
-    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="isotonic")
-    >>> lower, upper = calibrator.predict(test_mean, test_std).interval(0.9)
+    >>> calibrator = posthoc.calibrate(mean=val_mean, std=std, targets=val_y, method="isotonic")
+    >>> lower, upper = calibrator.predict(test_mean, std).interval(0.9)
     >>> ((lower[:, 0] <= test_y) & (test_y <= upper[:, 0])).float().mean()     # about 0.9
     tensor(0.9...)
 """
@@ -48,7 +42,7 @@ def fit_knots(pit: Tensor) -> tuple[Tensor, Tensor]:
 
 
 class IsotonicRecalibration(RegressionCalibrator):
-    """Recalibrate the predictive CDF by an isotonic map of held-out PIT values (see module docs)."""
+    """Recalibrate the predictive CDF by an isotonic map of held-out PIT values."""
 
     name = "isotonic"
 

@@ -1,8 +1,4 @@
-"""``"temperature"``: one temperature ``T`` for all logits, ``softmax(z / T)`` (Guo et al., 2017).
-
-``T`` is the maximum-likelihood temperature on the held-out set. When every held-out example is
-classified correctly the likelihood has no maximum (it keeps improving as ``T -> 0``): the
-calibrator then keeps ``T = 1`` and warns (see :mod:`posthoc.methods.calibration.base`).
+"""``"temperature"``: one temperature ``T`` for all logits, ``softmax(z / T)``, fitted by NLL (Guo et al., 2017).
 
 Example:
     >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
@@ -46,14 +42,7 @@ def tempered_log_probs(log_probs: Tensor, temperature: Tensor | float) -> Tensor
 
 
 def temperature_log_probs(logits: Tensor, temperature: Tensor) -> Tensor:
-    """``log_softmax(z / T)`` for class logits ``(..., C)`` (samples stay apart): the fitted map.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.calibration.temperature import temperature_log_probs
-        >>> temperature_log_probs(torch.tensor([[2.0, 0.0]]), torch.tensor(2.0)).exp()
-        tensor([[0.7311, 0.2689]])
-    """
+    """``log_softmax(z / T)`` for class logits ``(..., C)`` (samples stay apart): the fitted map."""
     return torch.log_softmax(logits / cast(temperature, logits.dtype), -1)
 
 
@@ -84,7 +73,7 @@ def fit_temperature(log_probs: Tensor, labels: Tensor, *, max_iter: int = 100) -
 
 
 class TemperatureCalibrator(Calibrator):
-    """``softmax(z / T)`` with one temperature fitted by NLL. Parameters: 1."""
+    """``softmax(z / T)`` with one temperature."""
 
     name = "temperature"
 

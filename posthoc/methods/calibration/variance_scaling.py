@@ -1,20 +1,14 @@
 """``"variance-scaling"``: one factor ``s`` per output multiplying the predictive std (Levi et al. 2019).
 
-``s`` minimises the held-out Gaussian NLL. For one Gaussian per example it has the closed form
-``s² = mean((y - μ)² / σ²)``. For a mixture (ensembles, sampled networks) the whole mixture is
-scaled about its mean, ``μ + s (Y - μ)`` (every component's deviation from the mixture mean and its
-std times ``s``: :meth:`~posthoc.core.prediction.RegressionPrediction.scaled`), which keeps
-it an exact mixture and multiplies its std by exactly ``s``; ``s`` then minimises each output's
-exact marginal mixture NLL by golden-section search in ``log s`` (per output; the outputs'
-marginals, which for one Gaussian is the joint NLL).
+``s`` minimises the held-out Gaussian NLL: for one Gaussian per example ``s² = mean((y - μ)² / σ²)``. A mixture
+(ensembles, sampled networks) is scaled about its mean, ``μ + s (Y - μ)``
+(:meth:`~posthoc.core.prediction.RegressionPrediction.scaled`), which keeps it an exact mixture whose std is times
+``s``; ``s`` then minimises each output's marginal mixture NLL by golden-section search in ``log s``.
 
 Example:
->>> import torch
->>> import posthoc
->>> val_mean, test_mean = torch.randn(500), torch.randn(500)     # a regressor's predictions,
-    >>> val_std = test_std = torch.full((500,), 2.0)                 # whose stds are twice too wide
-    >>> val_y, test_y = val_mean + torch.randn(500), test_mean + torch.randn(500)
-    >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="variance-scaling")
+    >>> import posthoc, torch
+    >>> mean, std = torch.randn(500), torch.full((500,), 2.0)    # stds twice too wide
+    >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=mean + torch.randn(500), method="variance-scaling")
     >>> round(float(calibrator.scale[0]), 1)      # 0.5: the stds were twice too wide
     0.5
 """
@@ -66,7 +60,7 @@ def numerical_scale(prediction: RegressionPrediction, targets: Tensor) -> Tensor
 
 
 class VarianceScaling(RegressionCalibrator):
-    """Multiply every output's predictive std by a factor fitted on held-out NLL (see module docs)."""
+    """Multiply every output's predictive std by a factor fitted on held-out NLL."""
 
     name = "variance-scaling"
 

@@ -1,11 +1,8 @@
 """``"vector"``: vector scaling, ``softmax(w * z + b)`` with a weight and a bias per class (Guo et al., 2017).
 
-Fitted by ``mean NLL + spread * mean_c (w_c - mean(w))^2 + intercept * mean_c b_c^2``: the weights are
-shrunk towards their mean (a large ``spread`` gives temperature scaling plus intercepts) and the
-intercepts towards 0. Plain maximum likelihood (``spread=0, intercept=0``, torch-uncertainty's
-``VectorScaler``) overfits near-separable held-out sets; the defaults match temperature scaling there
-(docs/methods/calibrators.md).
-Parameters: ``2 C``; it needs at least 5 held-out examples of every class.
+Fitted by ``mean NLL + spread * mean_c (w_c - mean(w))^2 + intercept * mean_c b_c^2``: the weights are shrunk towards
+their mean and the intercepts towards 0, as plain maximum likelihood (``spread=0, intercept=0``) overfits
+near-separable held-out sets (docs/methods/calibrators.md).
 
 Example:
     >>> import posthoc
