@@ -1,52 +1,27 @@
 """``"laplace"``: a Laplace approximation around the checkpoint, with a linearised predictive.
 
-One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior
-(:meth:`Laplace.algorithm`, through the key map :data:`ALGORITHMS`; ``Laplace.build(model, **options)``
-builds the same class):
+One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior (:meth:`Laplace.algorithm`):
 
-- :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the
-  default): the head's GGN in closed form from ONE pass over the training data (see
-  :mod:`posthoc.methods.laplace.curvature`) and Gaussian logits (:mod:`posthoc.methods.laplace.glm_predictive`):
-  ``probit`` (default), ``mc`` samples or the Laplace ``bridge``;
-- :class:`~posthoc.methods.laplace.subset.SubsetLaplace` (``subset="all"`` or a list of module
-  names): KFAC/diagonal GGN from BackPACK and, when every covered layer is Linear, the same
-  logit-space predictive (:mod:`posthoc.methods.laplace.subset_glm`); otherwise, or with
-  ``pred="nn"``, weight samples run through the network.
+- :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the default): the head's
+  GGN in closed form from one pass over the training data and Gaussian logits through a link;
+- :class:`~posthoc.methods.laplace.subset.SubsetLaplace` (``subset="all"``, module names or ``"lora"``): KFAC or
+  diagonal GGN blocks over those layers, with the GLM predictive on Linear layers, else weight samples.
 
-:class:`Laplace` is their common base: the options, the prior precision, the evidence, and the
-fitted curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature`
-per parameter group, of the ``hessian`` structure).
+:class:`Laplace` is their common base: the options, the prior precision ``δ``, the evidence, and the fitted
+curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature` per parameter group).
 
-**The prior precision δ** (``prior_precision=``) sets how wide the posterior is, and so how much
-the predictive moves away from the checkpoint. The default, ``"auto"``, is the ``"val"`` rule on
-``val_loader`` when ``fit`` gets one, else on (up to 4,096 rows per process of) the training data,
-where a trained model's small NLL makes it stricter. ``"val"``: the one selection step
-(:mod:`posthoc.engine.selection`) over a ladder of δ from ``1e8`` (the checkpoint, nearly) down to
-``1e-4`` (41 log-spaced points from ``1e4``): walking wider while the one-sided 95 % upper bound of the
-held-out NLL excess over the checkpoint stays within the tolerance (``fit(..., tolerance=...)``, by
-default ``max(2 % of the checkpoint's NLL, 0.005 nats)``), then, among the δ it accepted, the one of
-lowest NLL on the perturbed copies of the held-out batches (``fit(..., shift="auto")``, the default;
-with ``shift=None`` the widest accepted). ``"grid"``: the validation-NLL minimiser on the 41-point
-grid (laplace-torch's ``gridsearch``). ``"marglik"``: the Laplace evidence maximiser from the GGN
-spectrum (:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
+``δ`` sets how wide the posterior is (docs/methods/laplace.md). ``"auto"`` is the ``"val"`` rule on ``val_loader``,
+else on up to ``TRAIN_ROWS`` training rows per process. ``"val"`` is the selection step (:mod:`posthoc.engine.selection`)
+walking a ladder of ``δ`` (:func:`~posthoc.methods.laplace.prior_search.ladder`) wider while the held-out NLL excess is
+confidently within the tolerance, then keeping the accepted ``δ`` of lowest NLL on the perturbed copies (``shift=None``:
+the widest accepted). ``"grid"`` is the validation-NLL minimiser (laplace-torch's ``gridsearch``); ``"marglik"`` the
+evidence maximiser (:mod:`posthoc.methods.laplace.marglik`); a float fixes ``δ``.
 
-Under ``likelihood="regression"`` ``"auto"`` is ``"marglik"`` (the prior and the noise maximise the
-evidence, the noise then re-chosen on held-out NLL). ``"val"`` and ``"grid"`` (``pred="glm"``) score
-the Gaussian predictive ``N(f(x), J Σ Jᵀ + σ²)`` on up to ``TRAIN_ROWS`` held-out rows per process,
-each ``δ`` with the noise ``σ`` of lowest held-out NLL at that ``δ`` (a profile, so a wide posterior
-is not judged at a noise fitted for a narrow one); the checkpoint's NLL is that of ``N(f(x), σ_plain²)``
-with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). The chosen ``δ``
-keeps its held-out ``σ``. No perturbed copies there (they are graded on class accuracy).
-
-Under ``likelihood="heteroscedastic"`` (a head of means and log-variances, last layer only) ``"auto"`` is
-``"marglik"`` too; ``"val"`` and ``"grid"`` score the held-out NLL of the predictive itself (no noise to fit).
-The held-out walk to the widest accepted prior suits shift on classes, not a log-variance: where the features
-leave the data (a gap in 1-D inputs) a wide posterior over the log-variance makes ``E e^s`` overflow
+Under a regression likelihood ``"auto"`` is ``"marglik"``: the prior and the noise maximise the evidence, the noise
+then re-chosen on held-out NLL. ``"val"`` / ``"grid"`` (``pred="glm"``) score ``N(f(x), J Σ Jᵀ + σ²)``, each ``δ`` at
+its own noise of lowest held-out NLL (a profile, so a wide posterior is not judged at a noise fitted for a narrow one);
+no perturbed copies there. Under ``likelihood="heteroscedastic"`` they score the predictive's own NLL
 (docs/regression.md).
-
-The bound is what keeps the choice from costing in distribution on the next split of the data
-(docs/selection.md). For larger gains under shift accept an in-distribution cost: a
-larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
 
 Example:
     >>> import posthoc
@@ -99,31 +74,19 @@ HESSIANS = (*STRUCTURES, *VARIANTS)
 PRIOR_SOURCES = ("fixed", "marglik", "val", "grid", "train")
 #: rows of the training data the ``"auto"`` rule reads when ``fit`` gets no ``val_loader`` (per process)
 TRAIN_ROWS = 4096
-#: the class that runs each scope of the posterior (``"last_layer"``, ``"subset"``), filled by the
-#: classes themselves: ``class SubsetLaplace(Laplace, scope="subset")``
+#: the class that runs each scope of the posterior, filled by ``class SubsetLaplace(Laplace, scope="subset")``
 ALGORITHMS: dict[str, type[Laplace]] = {}
 
 
 def scope(options: dict[str, Any]) -> str:
-    """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``.
-
-    Example:
-        >>> from posthoc.methods.laplace.base import scope
-        >>> scope({"subset": ["fc1", "fc2"]})
-        'subset'
-    """
+    """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``."""
     return "last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"
 
 
 @register
 class Laplace(Method, metaclass=abc.ABCMeta):
-    """Laplace approximation of a trained classifier (see module docs).
-
-    ``Laplace.build(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
-
-    The posterior matrices and each chunk of the predictive's temporaries stay under the runner's memory budget
-    (:mod:`posthoc.core.chunks`).
-    """
+    """Laplace approximation of a trained model (see module docs); ``Laplace.build(model, **options)`` builds the
+    algorithm for ``options``. Posterior matrices and predictive chunks stay under the runner's memory budget."""
 
     name = "laplace"
     #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
@@ -205,10 +168,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
-        """As :meth:`Method.use_likelihood`; under a likelihood with an observation noise the prior and the noise are
-        chosen together by the evidence (``"auto"`` is ``"marglik"``; a fixed prior keeps, the noise is still fitted).
-        The held-out rules ``"val"`` / ``"grid"`` score the Gaussian predictive NLL where the algorithm has one
-        (:attr:`scores_gaussian_held_out`), and are refused elsewhere."""
+        """As :meth:`Method.use_likelihood`; under a regression likelihood ``"auto"`` is ``"marglik"``, and
+        ``"val"`` / ``"grid"`` need :attr:`scores_gaussian_held_out`."""
         super().use_likelihood(likelihood)
         if self._predicts_noise:
             if self.link == "bridge":
@@ -237,8 +198,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     @property
     def scores_gaussian_held_out(self) -> bool:
-        """Whether the predictive is the GLM one, whose Gaussian NLL the held-out choices score under regression
-        (:meth:`_unit_variance`): the prior rules ``"val"`` / ``"grid"`` and the held-out noise."""
+        """Whether the predictive is the GLM one, whose Gaussian NLL the held-out choices score under regression."""
         return self.pred == "glm"
 
     @classmethod
@@ -254,10 +214,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """The curvature from ``train_loader``, and what the training data alone decide: a fixed prior precision or
-        the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``), with the evidence's noise. What
-        held-out data decide is its :meth:`knob`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
-        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`_training_rows`)."""
+        """The curvature, and what the training data alone decide (a fixed prior, the evidence's prior and noise);
+        what held-out data decide is the :meth:`knob`'s."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -290,9 +248,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return {"auto": "val" if has_val else "train"}.get(self.prior_mode, self.prior_mode)
 
     def knob(self) -> Knob | None:
-        """The prior precision (the ``"val"``, ``"grid"`` and ``"auto"`` rules), or under a regression likelihood the
-        noise, chosen on held-out data. Its own ``choose``: the ``"grid"`` rule and the noise fit are no walk over
-        fixed candidates."""
+        """The prior precision, or under a regression likelihood the noise, chosen on held-out data (its own
+        ``choose``: the ``"grid"`` rule and the noise fit are no walk over fixed candidates)."""
         if not (
             self.prior_mode in ("val", "grid")
             or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
@@ -319,10 +276,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
     def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
-        """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
-        Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
-        the chosen δ keeps that noise; no perturbed copies there. With a prior from the evidence or fixed, only the
-        noise is chosen here (:meth:`_fit_noise_on_held_out`). Returns the selection to record (``None``: none made)."""
+        """The prior precision on ``held_out`` (module docs), or with a prior from the evidence or fixed only the
+        noise; returns the selection to record (``None``: none made)."""
         source = "train" if held_out.from_training_data else self._source(True)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             if self._chooses_noise:
@@ -377,9 +332,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _target_scale(self, moments: TargetMoments | None) -> float:
-        """The decade of the training targets' spread that the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
-        1 for class labels). A model that predicts every training target exactly leaves no noise to fit and is refused
-        (unless the noise is fixed), as the plain model's noise fit is."""
+        """The decade of the training targets' spread the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
+        1 for class labels); a model that predicts every training target exactly leaves no noise to fit."""
         if moments is None:
             return 1.0
         if not self.likelihood.fixed and not float(self.train_loss) > 0:
@@ -390,8 +344,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return moments.decade()
 
     def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
-        """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
-        (:func:`~posthoc.methods.laplace.marglik.optimize_noise_and_prior`)."""
+        """The noise and the prior precision (each unless fixed) maximising the evidence."""
         likelihood = self.likelihood
         self._settle()
         unit = torch.cat([block.spectrum() for block in self.blocks])
@@ -409,21 +362,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             likelihood.set_noise(std, "marglik")
 
     def _evidence_noise(self) -> float:
-        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output (the
-        evidence has one noise; each output's predictive then takes its own, :meth:`_model_variance`)."""
+        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output."""
         stds = self.likelihood.fitted_stds()
         return float(stds.square().mean().sqrt()) if stds.dim() else float(stds)
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`_choose`).
-
-        A trained network fits its training targets more closely than new ones, so the evidence, which
-        reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
-        costing 0.5 nats per car). Here the prior maximises the evidence at the held-out residuals' ``σ``
-        (unless fixed), then ``σ`` minimises the held-out NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at that prior
-        (:meth:`_held_out_noise`, on up to ``TRAIN_ROWS`` held-out rows per process). An algorithm without
-        that predictive (:attr:`scores_gaussian_held_out` false: weight samples) keeps the evidence's noise.
-        """
+        """The prior maximising the evidence at the held-out residuals' ``σ`` (unless fixed), then the ``σ`` of
+        lowest held-out NLL of the GLM predictive at that prior: the evidence reads only the training data, which a
+        trained network fits more closely than new data, and so under-states ``σ``."""
         if not self.scores_gaussian_held_out:
             return
         rows = self._regression_rows(val_loader, TRAIN_ROWS, progress)
@@ -442,8 +388,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> Rows:
-        """``(prepared, outputs (N, D), targets (N, D))`` batches of ``loader``'s first ``rows`` rows, for
-        :meth:`_unit_variance` (the algorithms with :attr:`scores_gaussian_held_out`)."""
+        """``(prepared, outputs (N, D), targets (N, D))`` batches of ``loader``'s first ``rows`` rows."""
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
 
     def _unit_variance(self, prepared: Any, outputs: Tensor, prior_precision: float) -> Tensor:
@@ -452,13 +397,12 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
 
     def _predicted_noise_nll(self, rows: Rows, prior_precision: float) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of the predictive at ``prior_precision`` under a likelihood whose
-        noise the model predicts (``"heteroscedastic"``; the algorithms that take it)."""
+        """Per batch of ``rows``, the per-example NLL at ``prior_precision`` under ``"heteroscedastic"``."""
         raise ConfigError(f"{type(self).__name__} does not score a heteroscedastic predictive on held-out data")
 
     def _noise_search_elements(self, rows: Rows) -> int | None:
-        """Float32 elements one step of the held-out noise search over ``rows`` holds, where it is small dense work
-        the runner may run on one thread (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
+        """Float32 elements one step of the noise search holds, where it is small dense work
+        (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
         return None
 
     def _per_output(self, outputs: int) -> bool:
@@ -466,8 +410,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.per_output_noise and outputs > 1 and self.likelihood.fits_noise
 
     def _held_out_noise(self, rows: Rows, prior_precision: float) -> float | Tensor:
-        """The likelihood's held-out noise under this posterior's GLM predictive at ``prior_precision``
-        (:meth:`~posthoc.core.likelihood.Gaussian.held_out_noise`; one ``σ_d`` per output under :meth:`_per_output`)."""
+        """The likelihood's held-out noise under the GLM predictive at ``prior_precision``."""
         return self.likelihood.held_out_noise(
             rows,
             self._unit_variance,
@@ -477,8 +420,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float | Tensor) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at ``δ``, ``σ``
-        (:func:`~posthoc.core.likelihood.linearised_nll`)."""
+        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at ``δ``, ``σ``."""
         return linearised_nll(rows, self._unit_variance, prior_precision, std)
 
     def target_values(self) -> int:
@@ -507,13 +449,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def _predictive(
         self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int
     ) -> LogPredictive:
-        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under the runner's memory
-        budget (:func:`~posthoc.core.chunks.chunks`)."""
+        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks under the memory budget."""
 
     # ------------------------------------------------------------------------------ curvature
     def _settle(self) -> None:
-        """Put curvature loaded under flat buffer names (``out_eigvals``, ``p0_diagonal``) into its block,
-        and keep the blocks on the model's device (``follow_model_device`` moves a method's own buffers)."""
+        """Move curvature loaded under flat buffer names (``p0_diagonal``) into its block, on the model's device."""
         for key, (index, field) in self._flat_names().items():
             if self._buffers.get(key) is not None:
                 setattr(self.blocks[index], field, self._buffers[key])
