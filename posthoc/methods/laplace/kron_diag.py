@@ -1,19 +1,13 @@
 """``hessian="kron-diag"``: KFAC with a diagonal output factor, ``diag(g) ⊗ A``, for heads with many classes.
 
-KFAC's output factor ``G = Σ_n (diag(p_n) - p_n p_nᵀ)`` is ``C x C``: at 20,000 classes 3 GB in float64 before
-its eigendecomposition. This structure keeps its exact diagonal instead, ``g_c = Σ_n p_nc (1 - p_nc)``, and
-KFAC's input factor ``A = Σ_n phĩ phĩᵀ / N`` in eigen-factors ``A = U diag(λ) Uᵀ``. The GGN ``diag(g) ⊗ A`` has
-the eigenvalues ``g_c λ_i`` (the evidence and the prior search read nothing else), and the posterior
-``(diag(g) ⊗ A + δ I)⁻¹`` is, per class ``c``, diagonal in ``A``'s eigenbasis with entries ``1 / (λ_i g_c + δ)``:
-the logits are independent, class ``c``'s variance ``Σ_i ψ_i² / (λ_i g_c + δ)`` with ``ψ = Uᵀ phĩ``.
-
-That exact variance is a ``(D+1) x C`` product per input, as costly as the head itself. The predictive groups
-``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` each alone, the rest in
-``GROUPS`` bins even in ``log λ``, each bin at its mean eigenvalue, so the variance is
-``Σ_b S_b / (λ̄_b g_c + δ)`` with ``S_b = Σ_{i ∈ b} ψ_i²``: a ``K x C`` product, ``K`` = 48 groups. Each bin's
-``1/(λ g + δ)`` varies by less than its eigenvalues' spread (a factor ``exp(log-range / GROUPS)``), and the
-directions with ``λ g ≪ δ`` are at the prior whatever their bin. ``groups = None`` on a block gives the
-exact sum (tests, and small heads).
+KFAC's output factor ``G = Σ_n (diag(p_n) - p_n p_nᵀ)`` is ``C x C``, too large for tens of thousands of classes.
+This structure keeps its exact diagonal ``g`` instead, and ``A = U diag(λ) Uᵀ`` in eigen-factors: the GGN has the
+eigenvalues ``g_c λ_i``, and the logits are independent with class ``c``'s variance ``Σ_i ψ_i² / (λ_i g_c + δ)``,
+``ψ = Uᵀ phĩ``. That exact sum is a ``(D+1) x C`` product per input, as costly as the head, so the predictive groups
+``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` alone, the rest in ``GROUPS`` bins even in
+``log λ``, each at its mean eigenvalue, making it a ``K x C`` product. Each bin's ``1/(λ g + δ)`` varies by less than
+its eigenvalues' spread, and directions with ``λ g ≪ δ`` are at the prior whatever their bin. ``groups = None`` on a
+block gives the exact sum.
 
 Example:
     >>> import torch
@@ -44,8 +38,7 @@ LOG_RANGE = 1e-8
 
 
 def eigen_groups(eigvals: Tensor, exact: int = EXACT_DIRECTIONS, bins: int = GROUPS) -> tuple[Tensor, Tensor]:
-    """``(membership (W, K), means (K,))``: a 0/1 matrix putting each eigenvalue of ``A`` in one group, and each
-    group's mean eigenvalue (see module docs). Empty bins are dropped.
+    """``(membership (W, K), means (K,))``: each eigenvalue of ``A``'s group, and each group's mean (empty bins dropped).
 
     Example:
         >>> import torch
@@ -91,11 +84,7 @@ class FoldedKronDiag(nn.Module):
 
 
 class KronDiagCurvature(Curvature):
-    """``diag(g) ⊗ A`` with ``A`` in eigen-factors (see module docs); last layer only.
-
-    Attributes:
-        groups: ``(exact, bins)`` of :func:`eigen_groups` for the predictive, or ``None`` for the exact variance.
-    """
+    """``diag(g) ⊗ A``, last layer only; ``groups``: ``(exact, bins)`` of :func:`eigen_groups`, ``None``: exact."""
 
     fields = ("out_diagonal", "in_eigvals", "in_eigvecs")
 

@@ -1,22 +1,11 @@
 """The contract of a fitted curvature block: :class:`Curvature`, one subclass per Hessian structure.
 
-A block is the generalised Gauss-Newton (GGN) of one group of parameters in the factored form its
-structure keeps (Kronecker eigen-factors, a diagonal, a dense eigen-decomposition), held in its own
-buffers. With a prior precision ``δ`` it is the Gaussian posterior ``N(θ, (GGN + δ I)⁻¹)``, and it
-answers everything Laplace asks of that posterior:
-
-- :meth:`Curvature.spectrum`: the GGN's eigenvalues (the evidence and its optimum need nothing else);
-- :meth:`Curvature.sample`: weight draws;
-- :meth:`Curvature.head_variance`: the Gaussian logits of a linear head ``W phĩ`` (the Jacobian is
-  ``I ⊗ phĩᵀ``, never formed);
-- :meth:`Curvature.jacobian_variance`: ``J Σ Jᵀ`` for a layer inside a network, whose Jacobian in
-  its weight is ``g_c aᵀ`` per logit ``c``;
-- the last-layer GGN accumulated batch by batch (:meth:`Curvature.head_statistics`,
-  :meth:`Curvature.accumulate`, :meth:`Curvature.from_head_statistics`).
-
-Parameters are ordered output-major, as ``W.reshape(-1)``: index ``o * in + i``; a head's block
-covers ``[W, b]`` over ``phĩ = [phi, 1]``. Adding a structure is one module with one subclass, and
-one entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
+A block is the generalised Gauss-Newton (GGN) of one group of parameters in its structure's factored form, held in
+its buffers. With a prior precision ``δ`` it is the posterior ``N(θ, (GGN + δ I)⁻¹)``, and it answers everything
+Laplace asks of it: the spectrum (all the evidence needs), weight draws, a linear head's Gaussian logits, ``J Σ Jᵀ`` for
+a layer inside a network, and the last-layer GGN accumulated batch by batch. Parameters are ordered output-major, as
+``W.reshape(-1)``; a head's block covers ``[W, b]`` over ``phĩ = [phi, 1]``. A new structure is one subclass and one
+entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
 
 Example:
     >>> import torch
@@ -45,14 +34,8 @@ FLOAT64 = torch.float64
 
 
 class Curvature(nn.Module, metaclass=abc.ABCMeta):
-    """A fitted GGN block and the Gaussian posterior it makes with a prior precision (see module docs).
-
-    Subclasses name their buffers in :attr:`fields` (``None`` until fitted or loaded) and build
-    fitted blocks with their own ``from_...`` class methods.
-
-    Args:
-        name: what the block covers (a parameter's qualified name; empty for a head), for messages.
-    """
+    """A fitted GGN block (see module docs), its buffers named in :attr:`fields` (``None`` until fitted or loaded);
+    ``name`` is the parameter it covers (empty for a head)."""
 
     #: the buffers holding the fitted state, in the order a saved posterior lists them
     fields: ClassVar[tuple[str, ...]] = ()
@@ -75,8 +58,8 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     @classmethod
     @abc.abstractmethod
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> Curvature:
-        """The block of parameter ``name`` from what a fitting engine (BackPACK, hooks) summed over
-        ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]`` for Kronecker factors, ``[diagonal]``, ``[matrix]``."""
+        """The block from what BackPACK or hooks summed over ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]``,
+        ``[diagonal]``, ``[matrix]``."""
 
     # ------------------------------------------------------------------ the posterior
     @abc.abstractmethod
@@ -105,8 +88,8 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """``Σ^½ ε`` for standard normal ``noise`` ``(S, *parameter shape)``: draws of ``N(0, (GGN + δ I)⁻¹)``."""
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> nn.Module:
-        """The head's posterior at ``prior_precision`` folded into buffers: a module ``(phĩ, mean) -> Gaussian logits``
-        that gives what :meth:`head_variance` gives, for an exported predictive (``um.to_module()``)."""
+        """The head's posterior at ``prior_precision`` folded into buffers: a module giving what :meth:`head_variance`
+        gives, for ``um.to_module()``."""
         raise NotImplementedError
 
     @abc.abstractmethod
@@ -115,16 +98,12 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
-        """``J Σ Jᵀ`` ``(n, C, C)`` of this block inside a network, in ``g``'s dtype.
-
-        ``g``: the logits' gradients in the layer's output, ``(n, C, out)``, or ``(n, C, T, out)`` for
-        a layer applied at ``T`` positions; ``a``: the layer's inputs ``(n, in)`` or ``(n, T, in)``
-        for a weight (Jacobian ``Σ_t g_c,t a_tᵀ``), ``None`` for a bias (Jacobian ``Σ_t g_c,t``).
-        """
+        """``J Σ Jᵀ`` ``(n, C, C)`` inside a network from the logits' gradients in the layer's output ``g``
+        ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (``None`` for a bias): ``J = Σ_t g_c,t a_tᵀ``."""
 
     @abc.abstractmethod
     def dense(self) -> Tensor:
-        """The (approximate) GGN as a dense ``(P, P)`` matrix (for tests and small blocks)."""
+        """The (approximate) GGN as a dense ``(P, P)`` matrix."""
 
     # ------------------------------------------------------------------ the last layer
     @classmethod
@@ -144,8 +123,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def check_head_memory(cls, num_classes: int, width: int, budget_bytes: float) -> None:
-        """Refuse, before allocating, a head whose block would not fit in ``budget_bytes`` (factored
-        structures, growing as ``C² + D²`` or ``C D``, always fit)."""
+        """Refuse, before allocating, a head whose block would not fit in ``budget_bytes``."""
 
     @classmethod
     @abc.abstractmethod
@@ -160,7 +138,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
 
 def non_finite_curvature(what: str) -> NumericalError:
-    """The error for a curvature with NaN or inf in it, saying what to try (the inputs were checked finite)."""
+    """The error for a curvature with NaN or inf in it, saying what to try."""
     return NumericalError(
         f"the {what} contains NaN or inf although the inputs are finite: the model's features or logits "
         "overflow, or its weights hold NaN. Check torch.isfinite on model.parameters() and on the model's "
