@@ -212,7 +212,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         """
         return ALGORITHMS[scope(options)]
 
-    # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """The curvature, and what the training data alone decide (a fixed prior, the evidence's prior and noise);
         what held-out data decide is the :meth:`knob`'s."""
@@ -343,19 +342,24 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             )
         return moments.decade()
 
-    def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
-        """The noise and the prior precision (each unless fixed) maximising the evidence."""
-        likelihood = self.likelihood
+    def _evidence_optimum(self, prior_precision: float | None, noise_std: float | None) -> tuple[float, float]:
+        """``(δ, σ)`` maximising the evidence, a given one kept."""
         self._settle()
-        unit = torch.cat([block.spectrum() for block in self.blocks])
-        delta, std = optimize_noise_and_prior(
-            unit,
+        return optimize_noise_and_prior(
+            torch.cat([block.spectrum() for block in self.blocks]),
             float(self.train_loss),
             self.target_values(),
             float(self.square_norm),
-            prior_precision=float(self.prior_precision) if fixed_prior else None,
-            noise_std=self._evidence_noise() if likelihood.fixed else None,
+            prior_precision=prior_precision,
+            noise_std=noise_std,
             scale=self._scale,
+        )
+
+    def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
+        """The noise and the prior precision (each unless fixed) maximising the evidence."""
+        likelihood = self.likelihood
+        delta, std = self._evidence_optimum(
+            float(self.prior_precision) if fixed_prior else None, self._evidence_noise() if likelihood.fixed else None
         )
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
@@ -375,16 +379,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         rows = self._regression_rows(val_loader, TRAIN_ROWS, progress)
         self._settle()
         if not fixed_prior:
-            unit = torch.cat([block.spectrum() for block in self.blocks])
-            delta, _ = optimize_noise_and_prior(
-                unit,
-                float(self.train_loss),
-                self.target_values(),
-                float(self.square_norm),
-                noise_std=residual_std(rows),
-                scale=self._scale,
-            )
-            self.prior_precision.fill_(delta)
+            self.prior_precision.fill_(self._evidence_optimum(None, residual_std(rows))[0])
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> Rows:
@@ -431,7 +426,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
 
-    # ------------------------------------------------------------------------------ predict
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
@@ -451,7 +445,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     ) -> LogPredictive:
         """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks under the memory budget."""
 
-    # ------------------------------------------------------------------------------ curvature
     def _settle(self) -> None:
         """Move curvature loaded under flat buffer names (``p0_diagonal``) into its block, on the model's device."""
         for key, (index, field) in self._flat_names().items():
@@ -473,7 +466,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         for key in self._flat_names():
             self.register_buffer(key, None)
 
-    # ------------------------------------------------------------------------------ evidence
     def spectrum(self) -> Tensor:
         """Eigenvalues of the fitted (approximate) GGN, flattened (divided by the likelihood's dispersion, a Gaussian's ``σ²``)."""
         self._settle()
@@ -488,7 +480,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             loss = gaussian_nll(float(self.train_loss), self.target_values(), self.likelihood.fitted_std())
         return float(log_marginal_likelihood(self.spectrum(), loss, self.square_norm, delta))
 
-    # ------------------------------------------------------------------------------ model card
     def summary(self) -> dict[str, Any]:
         """The posterior for the model card: parameters under it, curvature, layers, δ and how it was chosen.
 

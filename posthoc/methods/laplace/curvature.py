@@ -94,7 +94,6 @@ class LastLayerGGN:
         return self.kind.from_head_statistics(self.statistics, self.num_data, self.bias)
 
 
-# ------------------------------------------------------------------ BackPACK: more than the last layer
 #: module types whose weights BackPACK's KFAC / diagonal GGN support
 BACKPACK_LAYERS = (nn.Linear, nn.Conv2d)
 #: module types that cannot sit between the loss and a curvature layer (BackPACK has no KFAC rule for them)

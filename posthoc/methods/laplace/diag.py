@@ -50,7 +50,6 @@ class DiagCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> DiagCurvature:
         return cls.from_diagonal(sums[0], name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return self.diagonal.reshape(-1)
 
@@ -79,7 +78,6 @@ class DiagCurvature(Curvature):
     def dense(self) -> Tensor:
         return torch.diag(self.diagonal.reshape(-1))
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {"diagonal": torch.zeros(num_classes, width, dtype=FLOAT64, device=device)}

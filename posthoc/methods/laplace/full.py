@@ -61,7 +61,6 @@ class FullCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> FullCurvature:
         return cls.from_matrix(sums[0], name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return self.eigvals
 
@@ -120,7 +119,6 @@ class FullCurvature(Curvature):
     def dense(self) -> Tensor:
         return self.eigvecs @ torch.diag(self.eigvals) @ self.eigvecs.T
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         params = num_classes * width

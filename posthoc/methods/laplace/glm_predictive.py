@@ -60,7 +60,6 @@ class LogitGaussian:
     basis: Tensor | None
 
     def variance(self) -> Tensor:
-        """Diagonal of the covariance, ``(N, C)``."""
         var = self.scale.square()
         if self.basis is None:
             return var
@@ -69,7 +68,6 @@ class LogitGaussian:
         return torch.einsum("nk,nck->nc", var, self.basis.square())
 
     def covariance(self) -> Tensor:
-        """The full covariance ``(N, C, C)``."""
         if self.basis is None:
             return torch.diag_embed(self.scale.square())
         basis = self.basis.expand(self.mean.shape[0], -1, -1) if self.basis.dim() == 2 else self.basis
@@ -77,7 +75,6 @@ class LogitGaussian:
         return factor @ factor.transpose(1, 2)
 
     def row_sums(self) -> Tensor:
-        """``Σ 1``: row sums of the covariance, ``(N, C)``."""
         var = self.scale.square()
         if self.basis is None:
             return var

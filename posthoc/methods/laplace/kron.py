@@ -46,9 +46,6 @@ class KronCurvature(Curvature):
 
     fields = ("out_eigvals", "out_eigvecs", "in_eigvals", "in_eigvecs")
 
-    def required_fields(self) -> tuple[str, ...]:
-        return ("out_eigvals", "out_eigvecs")
-
     @classmethod
     def from_factors(cls, out_factor: Tensor, in_factor: Tensor | None = None, name: str = "") -> KronCurvature:
         """The block of factors ``G`` and ``A`` (``None`` for a bias), eigen-decomposed."""
@@ -63,7 +60,6 @@ class KronCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> KronCurvature:
         return cls.from_factors(sums[0], sums[1] / count if len(sums) == 2 else None, name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         if self.in_eigvals is None:
             return self.out_eigvals
@@ -111,7 +107,6 @@ class KronCurvature(Curvature):
             return out
         return torch.kron(out, self.in_eigvecs @ torch.diag(self.in_eigvals) @ self.in_eigvecs.T)
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {

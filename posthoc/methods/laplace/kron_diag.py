@@ -107,7 +107,6 @@ class KronDiagCurvature(Curvature):
             "hessian='kron-diag' is a last-layer structure (subset='last_layer'); over several layers use 'kron' or 'diag'"
         )
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return torch.outer(self.out_diagonal, self.in_eigvals).reshape(-1)
 
@@ -147,7 +146,6 @@ class KronDiagCurvature(Curvature):
         in_factor = self.in_eigvecs @ torch.diag(self.in_eigvals) @ self.in_eigvecs.T
         return torch.kron(torch.diag(self.out_diagonal), in_factor)
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {

@@ -149,23 +149,16 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         self._settle()
         phi, outputs = self.split(x)
         dtype = torch.promote_types(phi.dtype, torch.float32)
+        phi_aug, delta = augment(phi.to(dtype), self._has_bias), float(self.prior_precision)
         if isinstance(self.likelihood, HeteroscedasticGaussian):
-            return self._predicted_noise_predictive(
-                augment(phi.to(dtype), self._has_bias),
-                outputs.to(dtype),
-                float(self.prior_precision),
-                generator,
-                num_samples or self.num_samples,
-            )
-        phi_aug = augment(phi.to(dtype), self._has_bias)
-        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (linearised_variance)
+            samples = num_samples or self.num_samples
+            return self._predicted_noise_predictive(phi_aug, outputs.to(dtype), delta, generator, samples)
+        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise
             noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
-            variance = linearised_variance(self._unit_variance, phi_aug, outputs, float(self.prior_precision), noises)
-            return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
-        noise = self.likelihood.dispersion
-        variance = (
-            noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
-        )
+            variance = linearised_variance(self._unit_variance, phi_aug, outputs, delta, noises)
+        else:
+            noise = self.likelihood.dispersion
+            variance = noise * self.curvature.head_variance(phi_aug, outputs, delta * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
     def _predicted_noise_predictive(

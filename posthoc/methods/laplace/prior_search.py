@@ -56,14 +56,7 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
 
 
 def ladder(grid: Tensor | None = None, *, scale: float = 1.0) -> list[float]:
-    """The prior precisions of the held-out rule, narrowest posterior first, for targets of scale ``scale``.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.laplace.prior_search import ladder
-        >>> ladder(torch.tensor([1.0, 10.0]))[-3:]
-        [100.0, 10.0, 1.0]
-    """
+    """The prior precisions of the held-out rule, narrowest posterior first, for targets of scale ``scale``."""
     grid = default_grid(scale=scale) if grid is None else grid
     top = float(grid[-1])
     decades = []

@@ -46,22 +46,12 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         for field in self.fields:
             self.register_buffer(field, None)
 
-    @property
-    def fitted(self) -> bool:
-        """Whether the buffers hold a fitted GGN."""
-        return all(getattr(self, field) is not None for field in self.required_fields())
-
-    def required_fields(self) -> tuple[str, ...]:
-        """The buffers a fitted block always has (the rest may stay ``None``, e.g. a bias's input factor)."""
-        return self.fields
-
     @classmethod
     @abc.abstractmethod
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> Curvature:
         """The block from what BackPACK or hooks summed over ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]``,
         ``[diagonal]``, ``[matrix]``."""
 
-    # ------------------------------------------------------------------ the posterior
     @abc.abstractmethod
     def spectrum(self) -> Tensor:
         """All eigenvalues of the (approximate) GGN, flattened (float64)."""
@@ -69,15 +59,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     def sample(
         self, value: Tensor, prior_precision: float, num_samples: int, generator: torch.Generator | None
     ) -> Tensor:
-        """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
-
-        Example:
-            >>> import torch
-            >>> from posthoc.methods.laplace.diag import DiagCurvature
-            >>> block, weight = DiagCurvature.from_diagonal(torch.ones(3, 5)), torch.zeros(3, 5)
-            >>> block.sample(weight, 1.0, 10, None).shape
-            torch.Size([10, 3, 5])
-        """
+        """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype."""
         dtype = torch.promote_types(value.dtype, torch.float32)
         shape = (num_samples, *value.shape)
         noise = randn(shape, generator=generator, device=value.device, dtype=dtype)
@@ -105,7 +87,6 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     def dense(self) -> Tensor:
         """The (approximate) GGN as a dense ``(P, P)`` matrix."""
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     @abc.abstractmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:

@@ -184,15 +184,18 @@ class SubsetLaplace(Laplace, scope="subset"):
         draws = {
             b.name: b.sample(params[b.name].detach(), prior_precision, num_samples, generator) for b in self.blocks
         }
-        sample_log_probs = torch.stack(
+        sample_log_probs = self._run_draws(x, draws, num_samples, class_log_probs)
+        return log_mean_exp(sample_log_probs), sample_log_probs
+
+    def _run_draws(self, x: Inputs, draws: dict[str, Tensor], num_samples: int, read: Any) -> Tensor:
+        """``read`` of the network's outputs under each weight draw of the covered parameters, stacked."""
+        return torch.stack(
             [
-                class_log_probs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
+                read(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
                 for s in range(num_samples)
             ]
         )
-        return log_mean_exp(sample_log_probs), sample_log_probs
 
-    # ------------------------------------------------------------------------------ regression
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
@@ -200,18 +203,10 @@ class SubsetLaplace(Laplace, scope="subset"):
         self._settle()
         noise, delta = self.likelihood.dispersion, float(self.prior_precision)
         if self.pred == "nn":
+            num_samples = num_samples or self.num_samples
             params = dict(self.model.named_parameters())
-            draws = {
-                b.name: self._draws(b, params[b.name].detach(), num_samples or self.num_samples, generator)
-                for b in self.blocks
-            }
-            outputs = torch.stack(
-                [
-                    model_outputs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
-                    for s in range(num_samples or self.num_samples)
-                ]
-            )
-            return self.likelihood.predictive(outputs)
+            draws = {b.name: self._draws(b, params[b.name].detach(), num_samples, generator) for b in self.blocks}
+            return self.likelihood.predictive(self._run_draws(x, draws, num_samples, model_outputs))
         outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
         variance = noise * subset_glm.jacobian_covariance(factors, list(self.blocks), delta * noise).diagonal(
             dim1=1, dim2=2
