@@ -10,18 +10,13 @@ One registered name, two algorithms, chosen at ``wrap()`` by the scope of the po
 :class:`Laplace` is their common base: the options, the prior precision ``δ``, the evidence, and the fitted
 curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature` per parameter group).
 
-``δ`` sets how wide the posterior is (docs/methods/laplace.md). ``"auto"`` is the ``"val"`` rule on ``val_loader``,
-else on up to ``TRAIN_ROWS`` training rows per process. ``"val"`` is the selection step (:mod:`posthoc.engine.selection`)
-walking a ladder of ``δ`` (:func:`~posthoc.methods.laplace.prior_search.ladder`) wider while the held-out NLL excess is
-confidently within the tolerance, then keeping the accepted ``δ`` of lowest NLL on the perturbed copies (``shift=None``:
-the widest accepted). ``"grid"`` is the validation-NLL minimiser (laplace-torch's ``gridsearch``); ``"marglik"`` the
-evidence maximiser (:mod:`posthoc.methods.laplace.marglik`); a float fixes ``δ``.
-
-Under a regression likelihood ``"auto"`` is ``"marglik"``: the prior and the noise maximise the evidence, the noise
-then re-chosen on held-out NLL. ``"val"`` / ``"grid"`` (``pred="glm"``) score ``N(f(x), J Σ Jᵀ + σ²)``, each ``δ`` at
-its own noise of lowest held-out NLL (a profile, so a wide posterior is not judged at a noise fitted for a narrow one);
-no perturbed copies there. Under ``likelihood="heteroscedastic"`` they score the predictive's own NLL
-(docs/regression.md).
+The prior precision ``δ`` sets how wide the posterior is (docs/methods/laplace.md): ``"auto"`` is ``"val"`` on
+``val_loader``, else on up to ``TRAIN_ROWS`` training rows; ``"val"`` is the selection step over
+:func:`~posthoc.methods.laplace.prior_search.ladder`; ``"grid"`` the validation-NLL minimiser; ``"marglik"`` the
+evidence maximiser (:mod:`~posthoc.methods.laplace.marglik`); a float fixes ``δ``. Under a regression likelihood
+``"auto"`` is ``"marglik"`` (prior and noise by the evidence, the noise then re-chosen on held-out NLL), and ``"val"`` /
+``"grid"`` score ``N(f(x), J Σ Jᵀ + σ²)`` with each ``δ`` at its own best noise, so a wide posterior is not judged at a
+noise fitted for a narrow one (docs/regression.md).
 
 Example:
     >>> import posthoc
@@ -76,11 +71,6 @@ PRIOR_SOURCES = ("fixed", "marglik", "val", "grid", "train")
 TRAIN_ROWS = 4096
 #: the class that runs each scope of the posterior, filled by ``class SubsetLaplace(Laplace, scope="subset")``
 ALGORITHMS: dict[str, type[Laplace]] = {}
-
-
-def scope(options: dict[str, Any]) -> str:
-    """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``."""
-    return "last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"
 
 
 @register
@@ -150,14 +140,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             super().__post_init__()  # hessian, link
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        hessian, subset, prior_precision, link = options.hessian, options.subset, options.prior_precision, options.link
-        pred, num_samples = options.pred, options.num_samples  # ``head``: the algorithm's (it finds the head)
-        super().__init__(model)
-        self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
+        super().__init__(model)  # ``options.head``: the algorithm's (it finds the head)
+        self.hessian, self.subset, self.link, self.pred = options.hessian, options.subset, options.link, options.pred
+        prior_precision = options.prior_precision
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
         #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
         self._scale = 1.0
-        self.num_samples = positive_int(num_samples, "num_samples")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
         self.register_buffer("prior_precision", torch.tensor(initial, dtype=torch.float64))
         self.register_buffer("train_loss", torch.zeros((), dtype=torch.float64))
@@ -168,8 +157,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
-        """As :meth:`Method.use_likelihood`; under a regression likelihood ``"auto"`` is ``"marglik"``, and
-        ``"val"`` / ``"grid"`` need :attr:`scores_gaussian_held_out`."""
+        """As :meth:`Method.use_likelihood`; under a regression likelihood ``"auto"`` is ``"marglik"``."""
         super().use_likelihood(likelihood)
         if self._predicts_noise:
             if self.link == "bridge":
@@ -210,11 +198,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             >>> Laplace.algorithm({"subset": "all"}).__name__
             'SubsetLaplace'
         """
-        return ALGORITHMS[scope(options)]
+        return ALGORITHMS["last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"]
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """The curvature, and what the training data alone decide (a fixed prior, the evidence's prior and noise);
-        what held-out data decide is the :meth:`knob`'s."""
+        """The curvature, and what the training data alone decide; what held-out data decide is the :meth:`knob`'s."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -247,8 +234,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return {"auto": "val" if has_val else "train"}.get(self.prior_mode, self.prior_mode)
 
     def knob(self) -> Knob | None:
-        """The prior precision, or under a regression likelihood the noise, chosen on held-out data (its own
-        ``choose``: the ``"grid"`` rule and the noise fit are no walk over fixed candidates)."""
+        """The prior precision, or under a regression likelihood the noise, chosen on held-out data."""
         if not (
             self.prior_mode in ("val", "grid")
             or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
@@ -275,8 +261,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
     def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
-        """The prior precision on ``held_out`` (module docs), or with a prior from the evidence or fixed only the
-        noise; returns the selection to record (``None``: none made)."""
+        """The prior precision on ``held_out`` (module docs), or only the noise; the selection made, if any."""
         source = "train" if held_out.from_training_data else self._source(True)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             if self._chooses_noise:
@@ -331,8 +316,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _target_scale(self, moments: TargetMoments | None) -> float:
-        """The decade of the training targets' spread the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
-        1 for class labels); a model that predicts every training target exactly leaves no noise to fit."""
+        """The decade of the training targets' spread the prior is searched in (1 for class labels)."""
         if moments is None:
             return 1.0
         if not self.likelihood.fixed and not float(self.train_loss) > 0:
@@ -396,8 +380,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         raise ConfigError(f"{type(self).__name__} does not score a heteroscedastic predictive on held-out data")
 
     def _noise_search_elements(self, rows: Rows) -> int | None:
-        """Float32 elements one step of the noise search holds, where it is small dense work
-        (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
+        """Float32 elements one step of the noise search holds where it is small dense work, else ``None``."""
         return None
 
     def _per_output(self, outputs: int) -> bool:

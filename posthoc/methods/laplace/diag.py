@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature
 
@@ -30,8 +31,7 @@ class FoldedDiag(nn.Module):
         self.register_buffer("inverse", inverse)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        inverse = self.inverse if self.inverse.dtype == phi_aug.dtype else self.inverse.to(phi_aug.dtype)
-        return LogitGaussian(mean, (phi_aug.square() @ inverse).sqrt(), None)
+        return LogitGaussian(mean, (phi_aug.square() @ cast(self.inverse, phi_aug.dtype)).sqrt(), None)
 
 
 class DiagCurvature(Curvature):

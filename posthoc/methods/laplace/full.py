@@ -20,13 +20,13 @@ from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian, LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
 
 class FoldedFull(nn.Module):
-    """The exported :meth:`FullCurvature.head_variance`: ``s_c² = (phĩ V)² @ S`` from the eigen-form of every
-    ``Σ_cc`` (independent logits: the probit link's diagonal)."""
+    """The exported :meth:`FullCurvature.head_variance`: ``s_c² = (phĩ V)² @ S``, the probit link's diagonal."""
 
     def __init__(self, vectors: Tensor, spread: Tensor) -> None:
         super().__init__()
@@ -34,10 +34,9 @@ class FoldedFull(nn.Module):
         self.register_buffer("spread", spread)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        vectors, spread = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype) for value in (self.vectors, self.spread)
-        )
-        return LogitGaussian(mean, ((phi_aug @ vectors).square() @ spread).sqrt(), None)
+        dtype = phi_aug.dtype
+        scale = ((phi_aug @ cast(self.vectors, dtype)).square() @ cast(self.spread, dtype)).sqrt()
+        return LogitGaussian(mean, scale, None)
 
 
 class FullCurvature(Curvature):

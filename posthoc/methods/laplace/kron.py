@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
@@ -34,11 +35,9 @@ class FoldedKron(nn.Module):
         self.register_buffer("out_eigvecs", out_eigvecs)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        in_eigvecs, inverse, out_eigvecs = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
-            for value in (self.in_eigvecs, self.inverse, self.out_eigvecs)
-        )
-        return LogitGaussian(mean, ((phi_aug @ in_eigvecs).square() @ inverse).sqrt(), out_eigvecs)
+        dtype = phi_aug.dtype
+        scale = ((phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.inverse, dtype)).sqrt()
+        return LogitGaussian(mean, scale, cast(self.out_eigvecs, dtype))
 
 
 class KronCurvature(Curvature):

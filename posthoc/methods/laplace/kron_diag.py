@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import IndependentLogits
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature, symmetric_eig
 
@@ -66,8 +67,7 @@ def eigen_groups(eigvals: Tensor, exact: int = EXACT_DIRECTIONS, bins: int = GRO
 
 
 class FoldedKronDiag(nn.Module):
-    """``s² = ((phĩ U)² @ membership) @ inverse`` with ``inverse = 1 / (λ̄ gᵀ + δ)`` ``(K, C)`` in a buffer: the
-    exported :meth:`KronDiagCurvature.head_variance`."""
+    """The exported :meth:`KronDiagCurvature.head_variance`: ``s² = ((phĩ U)² @ membership) @ inverse``."""
 
     def __init__(self, in_eigvecs: Tensor, membership: Tensor, inverse: Tensor) -> None:
         super().__init__()
@@ -76,11 +76,9 @@ class FoldedKronDiag(nn.Module):
         self.register_buffer("inverse", inverse)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> IndependentLogits:
-        in_eigvecs, membership, inverse = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
-            for value in (self.in_eigvecs, self.membership, self.inverse)
-        )
-        return IndependentLogits(mean, ((phi_aug @ in_eigvecs).square() @ membership) @ inverse)
+        dtype = phi_aug.dtype
+        summed = (phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.membership, dtype)
+        return IndependentLogits(mean, summed @ cast(self.inverse, dtype))
 
 
 class KronDiagCurvature(Curvature):

@@ -11,10 +11,8 @@ predictive is ``N(f(x), J Σ Jᵀ + σ²)`` with ``J Σ Jᵀ = σ² · head_vari
 ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column: the evidence picks ``δ`` with one shared ``σ``, then each ``σ_d``
 minimises its output's held-out NLL (without a ``val_loader``, on up to ``TRAIN_ROWS`` training rows).
 
-Under ``likelihood="heteroscedastic"`` the head outputs means ``m`` and log-variances ``s``; the GGN uses the Fisher
-``diag(e^{-s_n}, ½)`` (:class:`~posthoc.core.likelihood.HeteroscedasticHessian`: the exact Hessian is indefinite).
-The Gaussian over ``(m, s)`` gives the predictive over ``y``: by default the Gaussian of its moments, mean ``m`` and
-variance ``Var m + exp(s + Var s / 2)``; with ``link="mc"`` the mixture of ``N(m_k, e^{s_k})`` over draws of ``(m, s)``.
+Under ``likelihood="heteroscedastic"`` (means and log-variances, docs/regression.md) the GGN uses the Fisher
+``diag(e^{-s_n}, ½)``, and the Gaussian over ``(m, s)`` is moment-matched (default) or sampled into the predictive.
 
 Example:
     >>> import posthoc

@@ -107,8 +107,7 @@ def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, s
 def optimize_prior_precision(
     spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200, scale: float = 1.0
 ) -> float:
-    """The prior precision maximising the evidence of ``spectrum`` (``loss`` does not move it), searched in
-    :func:`prior_bounds` of the targets' ``scale``."""
+    """The prior precision maximising the evidence (``loss`` does not move it), in :func:`prior_bounds`."""
     log_delta = _log_prior_root(
         spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations, scale
     )

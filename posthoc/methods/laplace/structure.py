@@ -49,8 +49,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     @classmethod
     @abc.abstractmethod
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> Curvature:
-        """The block from what BackPACK or hooks summed over ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]``,
-        ``[diagonal]``, ``[matrix]``."""
+        """The block from what BackPACK or hooks summed over ``count`` examples (``[G, Σ_n A_n]``, ...)."""
 
     @abc.abstractmethod
     def spectrum(self) -> Tensor:
@@ -70,8 +69,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """``Σ^½ ε`` for standard normal ``noise`` ``(S, *parameter shape)``: draws of ``N(0, (GGN + δ I)⁻¹)``."""
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> nn.Module:
-        """The head's posterior at ``prior_precision`` folded into buffers: a module giving what :meth:`head_variance`
-        gives, for ``um.to_module()``."""
+        """The head's posterior folded into buffers: a module giving what :meth:`head_variance` gives."""
         raise NotImplementedError
 
     @abc.abstractmethod

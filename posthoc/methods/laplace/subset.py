@@ -223,8 +223,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         )
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Any, Tensor, Tensor]]:
-        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, one batch where the shapes
-        allow: the factors give ``J Σ Jᵀ`` at any prior without another pass."""
+        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, one batch where possible."""
         found, seen = [], 0
         with eval_mode(self.model):
             for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):
