@@ -1,13 +1,9 @@
 """Fitting the curvature: the last layer in closed form (any likelihood), deeper layers with BackPACK (softmax or Gaussian).
 
 For a linear head ``logits = W phi + b`` the GGN of example ``n`` is ``H_n ⊗ phĩ_n phĩ_nᵀ``, with ``H_n`` the
-likelihood's loss Hessian in the outputs (:meth:`~posthoc.core.likelihood.Likelihood.loss_hessian`; the softmax's
-``diag(p_n) - p_n p_nᵀ``, a Gaussian's identity at unit noise) and ``phĩ = [phi, 1]``. So the last-layer GGN follows
-from one forward pass, with no backward pass through the backbone: :class:`LastLayerGGN` sums what the structure needs
-batch by batch. Parameters are ordered class-major over ``phĩ``: index ``c * (D + 1) + d`` (``d = D`` is the bias).
-
-Deeper layers (:func:`backpack_ggn`): BackPACK's ``KFLR`` (exact KFAC), ``KFAC`` (MC-sampled) or ``DiagGGNExact`` on
-a private copy of the model, for Linear/Conv2d layers with only BackPACK-supported modules between them and the loss.
+likelihood's loss Hessian in the outputs and ``phĩ = [phi, 1]``: :class:`LastLayerGGN` sums it from one forward pass,
+with no backward pass through the backbone. Parameters are ordered class-major over ``phĩ`` (``d = D`` is the bias).
+Deeper layers: :func:`backpack_ggn`, BackPACK's ``KFLR``, ``KFAC`` or ``DiagGGNExact`` on a private copy of the model.
 
 Example:
     >>> import torch

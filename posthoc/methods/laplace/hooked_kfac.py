@@ -1,12 +1,11 @@
 """KFAC and diagonal GGN of Linear layers from forward hooks: for models BackPACK cannot run.
 
-BackPACK needs a rule for every module between the loss and the covered layers, and tensor inputs; a
-``transformers`` model has LayerNorm, attention and dict inputs. Here the curvature of ``nn.Linear`` layers (LoRA
-adapters) comes from hooks on those layers only: their input ``a`` and output gradient ``g`` for ``C`` backward passes
-of ``v_c = sqrt(p_c) (e_c - p)``, so ``Σ_c v_c v_cᵀ = diag(p) - p pᵀ``, the exact GGN of the softmax (BackPACK's KFLR).
-Over ``T`` positions with one loss per sequence this is the KFAC-reduce of Eschenhagen et al. (2023):
-``ā = mean_t a_t`` (over the ``attention_mask``'s positions), ``ĝ = Σ_t g_t``, ``A = Σ_n ā āᵀ / N`` and
-``G = Σ_n Σ_c ĝ ĝᵀ``. ``"diag"`` is the exact GGN diagonal ``Σ_n Σ_c (Σ_t g_t a_tᵀ)²``.
+BackPACK needs tensor inputs and a rule for every module between the loss and the covered layers, which a
+``transformers`` model (LayerNorm, attention, dict inputs) lacks. Here ``nn.Linear`` layers (LoRA adapters) are hooked
+alone: their input ``a`` and output gradient ``g`` for ``C`` backward passes of ``v_c = sqrt(p_c) (e_c - p)``, as
+``Σ_c v_c v_cᵀ = diag(p) - p pᵀ`` is the softmax's exact GGN (BackPACK's KFLR). Over ``T`` positions this is the
+KFAC-reduce of Eschenhagen et al. (2023): ``ā = mean_t a_t`` (over the ``attention_mask``), ``ĝ = Σ_t g_t``,
+``A = Σ_n ā āᵀ / N``, ``G = Σ_n Σ_c ĝ ĝᵀ``. ``"diag"`` is the exact GGN diagonal.
 
 Example:
     >>> import torch

@@ -1,13 +1,11 @@
 """``hessian="kron-diag"``: KFAC with a diagonal output factor, ``diag(g) ⊗ A``, for heads with many classes.
 
-KFAC's output factor ``G = Σ_n (diag(p_n) - p_n p_nᵀ)`` is ``C x C``, too large for tens of thousands of classes.
-This structure keeps its exact diagonal ``g`` instead, and ``A = U diag(λ) Uᵀ`` in eigen-factors: the GGN has the
-eigenvalues ``g_c λ_i``, and the logits are independent with class ``c``'s variance ``Σ_i ψ_i² / (λ_i g_c + δ)``,
-``ψ = Uᵀ phĩ``. That exact sum is a ``(D+1) x C`` product per input, as costly as the head, so the predictive groups
-``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` alone, the rest in ``GROUPS`` bins even in
-``log λ``, each at its mean eigenvalue, making it a ``K x C`` product. Each bin's ``1/(λ g + δ)`` varies by less than
-its eigenvalues' spread, and directions with ``λ g ≪ δ`` are at the prior whatever their bin. ``groups = None`` on a
-block gives the exact sum.
+KFAC's ``C x C`` output factor is too large for tens of thousands of classes; this keeps its exact diagonal ``g``,
+and ``A = U diag(λ) Uᵀ``. The GGN's eigenvalues are ``g_c λ_i``, and the logits are independent with variances
+``Σ_i ψ_i² / (λ_i g_c + δ)``, ``ψ = Uᵀ phĩ``: a ``(D+1) x C`` product per input, as costly as the head. So the
+predictive groups ``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` alone, the rest in
+``GROUPS`` bins even in ``log λ`` at their mean, each bin's ``1/(λ g + δ)`` varying by less than its eigenvalues'
+spread. ``groups = None`` on a block gives the exact sum.
 
 Example:
     >>> import torch

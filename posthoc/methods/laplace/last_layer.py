@@ -1,18 +1,13 @@
 """Last-layer Laplace: the head's GGN in closed form and Gaussian logits, no backward pass.
 
-The head's GGN follows from the features and outputs of one pass over the training data
-(:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into one block of the ``hessian`` structure over ``[W, b]``;
-predictions are that block's Gaussian logits through the link, in row chunks under the memory budget. A ``"kron"``
+The head's GGN follows from one pass over the training data into one block of the ``hessian`` structure over
+``[W, b]``; predictions are its Gaussian logits through the link, in row chunks under the memory budget. A ``"kron"``
 head of more than :data:`~posthoc.methods.laplace.structures.MANY_CLASSES` classes is held as ``"kron-diag"``.
 
-Under ``likelihood="regression"`` the block is built with the identity loss Hessian at unit noise, and the
-predictive is ``N(f(x), J Σ Jᵀ + σ²)`` with ``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as
-``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``). Several outputs get one noise ``σ_d`` each, so output ``d``'s variance is
-``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column: the evidence picks ``δ`` with one shared ``σ``, then each ``σ_d``
-minimises its output's held-out NLL (without a ``val_loader``, on up to ``TRAIN_ROWS`` training rows).
-
-Under ``likelihood="heteroscedastic"`` (means and log-variances, docs/regression.md) the GGN uses the Fisher
-``diag(e^{-s_n}, ½)``, and the Gaussian over ``(m, s)`` is moment-matched (default) or sampled into the predictive.
+Under ``likelihood="regression"`` the predictive is ``N(f(x), J Σ Jᵀ + σ²)`` with
+``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``, ``H`` at unit noise); with one
+``σ_d`` per output, each output's column at its own noise (the evidence picks ``δ`` at one shared ``σ``). Under ``likelihood="heteroscedastic"``
+(docs/regression.md) the GGN uses the Fisher ``diag(e^{-s_n}, ½)`` of the means and log-variances.
 
 Example:
     >>> import posthoc

@@ -1,9 +1,8 @@
 """The contract of a fitted curvature block: :class:`Curvature`, one subclass per Hessian structure.
 
-A block is the generalised Gauss-Newton (GGN) of one group of parameters in its structure's factored form, held in
-its buffers. With a prior precision ``δ`` it is the posterior ``N(θ, (GGN + δ I)⁻¹)``, and it answers everything
-Laplace asks of it: the spectrum (all the evidence needs), weight draws, a linear head's Gaussian logits, ``J Σ Jᵀ`` for
-a layer inside a network, and the last-layer GGN accumulated batch by batch. Parameters are ordered output-major, as
+A block is the generalised Gauss-Newton (GGN) of one group of parameters in its structure's factored form; with a
+prior precision ``δ`` it is the posterior ``N(θ, (GGN + δ I)⁻¹)``: its spectrum (all the evidence needs), weight draws,
+a head's Gaussian logits, ``J Σ Jᵀ`` inside a network, and the last-layer GGN batch by batch. Parameters are ordered as
 ``W.reshape(-1)``; a head's block covers ``[W, b]`` over ``phĩ = [phi, 1]``. A new structure is one subclass and one
 entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
 

@@ -1,16 +1,12 @@
 """Laplace over a subset of layers: BackPACK's KFAC or diagonal GGN, GLM or weight-sample predictive.
 
-Every parameter of the covered Linear/Conv2d layers gets its own block of the ``hessian`` structure, fitted by
-:func:`~posthoc.methods.laplace.curvature.backpack_ggn`. ``subset="lora"`` covers a ``peft`` model's LoRA adapter
-weights only (LoRA-Laplace, Yang et al. 2024), fitted from hooks (:mod:`~posthoc.methods.laplace.hooked_kfac`: BackPACK
-cannot run transformers); memory grows with the adapters' width, never with the frozen model's. Predictions are the
-linearised (GLM) logit Gaussian when every covered layer is Linear (:mod:`posthoc.methods.laplace.subset_glm`, in row
-chunks sized from the class count and positions per example recorded at fit), else (or with ``pred="nn"``) weight
-draws run through the network.
-
-Under ``likelihood="regression"`` (not ``"lora"``) the curvature is the squared error's GGN at unit noise, divided by
-``σ²`` as in the last layer; the predictive is ``N(f(x), J Σ Jᵀ + σ²)`` (``pred="glm"``) or the mixture of
-``N(f_s(x), σ²)`` over weight draws (``pred="nn"``, which keeps the evidence's ``σ`` and refuses ``"val"``/``"grid"``).
+Every parameter of the covered Linear/Conv2d layers gets its own block, fitted by BackPACK
+(:func:`~posthoc.methods.laplace.curvature.backpack_ggn`) or, for ``subset="lora"`` (a ``peft`` model's adapters,
+LoRA-Laplace, Yang et al. 2024), by hooks (:mod:`~posthoc.methods.laplace.hooked_kfac`): memory grows with the
+adapters' width, never with the frozen model's. Predictions are the GLM logit Gaussian
+(:mod:`~posthoc.methods.laplace.subset_glm`) when every covered layer is Linear, else (or with ``pred="nn"``) weight
+draws run through the network. Under ``likelihood="regression"`` (not ``"lora"``) the curvature is the squared error's
+GGN at unit noise over ``σ²``, as in the last layer; ``pred="nn"`` keeps the evidence's ``σ``.
 
 Example:
     >>> import posthoc
@@ -101,20 +97,11 @@ class SubsetLaplace(Laplace, scope="subset"):
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
         if self.subset == "lora":
-            blocks, loss = hooked_ggn(
-                self.model,
-                self.param_names,
-                self.hessian,
-                self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"),
-            )
+            batches = self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)")
+            blocks, loss = hooked_ggn(self.model, self.param_names, self.hessian, batches)
         else:
-            blocks, loss = backpack_ggn(
-                self.model,
-                self.param_names,
-                self.hessian,
-                self._labelled_batches(train_loader, progress),
-                self.likelihood,
-            )
+            batches = self._labelled_batches(train_loader, progress)
+            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, batches, self.likelihood)
         self.num_data.copy_(sum_over_ranks(self.num_data))
         self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())

@@ -2,11 +2,9 @@
 
 Around the checkpoint the logits are linear in the covered weights, so the block-diagonal posterior gives Gaussian
 logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. A Linear layer's Jacobian for logit ``c`` is ``g_c aᵀ`` (``Σ_t g_c,t a_tᵀ``
-over ``T`` positions), so each block needs only the layer's input ``a`` and the ``C`` output gradients
-``g_c = ∂f_c/∂z`` (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`). These come from ``C``
-backward passes to zero tensors that temporary hooks add to the layers' outputs: no weight gradient is formed. This is
-laplace-torch's ``pred_type="glm"``; unlike weight sampling (``pred="nn"``) it does not let the prior's spread in
-directions the data never probed wreck the network's predictions.
+over ``T`` positions): each block needs the layer's input ``a`` and the output gradients ``g_c``, from ``C`` backward
+passes to zero tensors that hooks add to the outputs (no weight gradient). Unlike weight sampling (``pred="nn"``) this
+(laplace-torch's ``pred_type="glm"``) does not let the prior's spread in unprobed directions wreck the predictions.
 
 Example:
     >>> from torch import nn
