@@ -1,52 +1,22 @@
 """``"laplace"``: a Laplace approximation around the checkpoint, with a linearised predictive.
 
-One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior
-(:meth:`Laplace.algorithm`, through the key map :data:`ALGORITHMS`; ``Laplace.build(model, **options)``
-builds the same class):
+One registered name, two algorithms, chosen at ``wrap()`` by the scope of the posterior (:meth:`Laplace.algorithm`):
 
-- :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the
-  default): the head's GGN in closed form from ONE pass over the training data (see
-  :mod:`posthoc.methods.laplace.curvature`) and Gaussian logits (:mod:`posthoc.methods.laplace.glm_predictive`):
-  ``probit`` (default), ``mc`` samples or the Laplace ``bridge``;
-- :class:`~posthoc.methods.laplace.subset.SubsetLaplace` (``subset="all"`` or a list of module
-  names): KFAC/diagonal GGN from BackPACK and, when every covered layer is Linear, the same
-  logit-space predictive (:mod:`posthoc.methods.laplace.subset_glm`); otherwise, or with
-  ``pred="nn"``, weight samples run through the network.
+- :class:`~posthoc.methods.laplace.last_layer.LastLayerLaplace` (``subset="last_layer"``, the default): the head's
+  GGN in closed form from one pass over the training data and Gaussian logits through a link;
+- :class:`~posthoc.methods.laplace.subset.SubsetLaplace` (``subset="all"``, module names or ``"lora"``): KFAC or
+  diagonal GGN blocks over those layers, with the GLM predictive on Linear layers, else weight samples.
 
-:class:`Laplace` is their common base: the options, the prior precision, the evidence, and the
-fitted curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature`
-per parameter group, of the ``hessian`` structure).
+:class:`Laplace` is their common base: the options, the prior precision ``δ``, the evidence, and the fitted
+curvature as typed blocks (``blocks``, one :class:`~posthoc.methods.laplace.structure.Curvature` per parameter group).
 
-**The prior precision δ** (``prior_precision=``) sets how wide the posterior is, and so how much
-the predictive moves away from the checkpoint. The default, ``"auto"``, is the ``"val"`` rule on
-``val_loader`` when ``fit`` gets one, else on (up to 4,096 rows per process of) the training data,
-where a trained model's small NLL makes it stricter. ``"val"``: the one selection step
-(:mod:`posthoc.engine.selection`) over a ladder of δ from ``1e8`` (the checkpoint, nearly) down to
-``1e-4`` (41 log-spaced points from ``1e4``): walking wider while the one-sided 95 % upper bound of the
-held-out NLL excess over the checkpoint stays within the tolerance (``fit(..., tolerance=...)``, by
-default ``max(2 % of the checkpoint's NLL, 0.005 nats)``), then, among the δ it accepted, the one of
-lowest NLL on the perturbed copies of the held-out batches (``fit(..., shift="auto")``, the default;
-with ``shift=None`` the widest accepted). ``"grid"``: the validation-NLL minimiser on the 41-point
-grid (laplace-torch's ``gridsearch``). ``"marglik"``: the Laplace evidence maximiser from the GGN
-spectrum (:mod:`posthoc.methods.laplace.marglik`). A float fixes δ.
-
-Under ``likelihood="regression"`` ``"auto"`` is ``"marglik"`` (the prior and the noise maximise the
-evidence, the noise then re-chosen on held-out NLL). ``"val"`` and ``"grid"`` (``pred="glm"``) score
-the Gaussian predictive ``N(f(x), J Σ Jᵀ + σ²)`` on up to ``TRAIN_ROWS`` held-out rows per process,
-each ``δ`` with the noise ``σ`` of lowest held-out NLL at that ``δ`` (a profile, so a wide posterior
-is not judged at a noise fitted for a narrow one); the checkpoint's NLL is that of ``N(f(x), σ_plain²)``
-with ``σ_plain`` the held-out residuals' RMS (its maximum-likelihood value). The chosen ``δ``
-keeps its held-out ``σ``. No perturbed copies there (they are graded on class accuracy).
-
-Under ``likelihood="heteroscedastic"`` (a head of means and log-variances, last layer only) ``"auto"`` is
-``"marglik"`` too; ``"val"`` and ``"grid"`` score the held-out NLL of the predictive itself (no noise to fit).
-The held-out walk to the widest accepted prior suits shift on classes, not a log-variance: where the features
-leave the data (a gap in 1-D inputs) a wide posterior over the log-variance makes ``E e^s`` overflow
-(docs/regression.md).
-
-The bound is what keeps the choice from costing in distribution on the next split of the data
-(docs/selection.md). For larger gains under shift accept an in-distribution cost: a
-larger ``tolerance``, ``"marglik"``, or ``hessian="full"`` (wider under shift at the same cost).
+The prior precision ``δ`` sets how wide the posterior is (docs/methods/laplace.md): ``"auto"`` is ``"val"`` on
+``val_loader``, else on up to ``TRAIN_ROWS`` training rows; ``"val"`` is the selection step over
+:func:`~posthoc.methods.laplace.prior_search.ladder`; ``"grid"`` the validation-NLL minimiser; ``"marglik"`` the
+evidence maximiser (:mod:`~posthoc.methods.laplace.marglik`); a float fixes ``δ``. Under a regression likelihood
+``"auto"`` is ``"marglik"`` (prior and noise by the evidence, the noise then re-chosen on held-out NLL), and ``"val"`` /
+``"grid"`` score ``N(f(x), J Σ Jᵀ + σ²)`` with each ``δ`` at its own best noise, so a wide posterior is not judged at a
+noise fitted for a narrow one (docs/regression.md).
 
 Example:
     >>> import posthoc
@@ -99,31 +69,14 @@ HESSIANS = (*STRUCTURES, *VARIANTS)
 PRIOR_SOURCES = ("fixed", "marglik", "val", "grid", "train")
 #: rows of the training data the ``"auto"`` rule reads when ``fit`` gets no ``val_loader`` (per process)
 TRAIN_ROWS = 4096
-#: the class that runs each scope of the posterior (``"last_layer"``, ``"subset"``), filled by the
-#: classes themselves: ``class SubsetLaplace(Laplace, scope="subset")``
+#: the class that runs each scope of the posterior, filled by ``class SubsetLaplace(Laplace, scope="subset")``
 ALGORITHMS: dict[str, type[Laplace]] = {}
-
-
-def scope(options: dict[str, Any]) -> str:
-    """``"last_layer"`` for ``subset="last_layer"`` (the default), else ``"subset"``.
-
-    Example:
-        >>> from posthoc.methods.laplace.base import scope
-        >>> scope({"subset": ["fc1", "fc2"]})
-        'subset'
-    """
-    return "last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"
 
 
 @register
 class Laplace(Method, metaclass=abc.ABCMeta):
-    """Laplace approximation of a trained classifier (see module docs).
-
-    ``Laplace.build(model, **options)`` builds the algorithm for ``options`` (:meth:`algorithm`).
-
-    The posterior matrices and each chunk of the predictive's temporaries stay under the runner's memory budget
-    (:mod:`posthoc.core.chunks`).
-    """
+    """Laplace approximation of a trained model (see module docs); ``Laplace.build(model, **options)`` builds the
+    algorithm for ``options``. Posterior matrices and predictive chunks stay under the runner's memory budget."""
 
     name = "laplace"
     #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
@@ -187,14 +140,13 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             super().__post_init__()  # hessian, link
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        hessian, subset, prior_precision, link = options.hessian, options.subset, options.prior_precision, options.link
-        pred, num_samples = options.pred, options.num_samples  # ``head``: the algorithm's (it finds the head)
-        super().__init__(model)
-        self.hessian, self.subset, self.link, self.pred = hessian, subset, link, pred
+        super().__init__(model)  # ``options.head``: the algorithm's (it finds the head)
+        self.hessian, self.subset, self.link, self.pred = options.hessian, options.subset, options.link, options.pred
+        prior_precision = options.prior_precision
         self.prior_mode = prior_precision if isinstance(prior_precision, str) else "fixed"
         #: the decade of the targets' spread the prior is searched in, set at fit (:meth:`_target_scale`)
         self._scale = 1.0
-        self.num_samples = positive_int(num_samples, "num_samples")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
         initial = float(prior_precision) if self.prior_mode == "fixed" else 1.0
         self.register_buffer("prior_precision", torch.tensor(initial, dtype=torch.float64))
         self.register_buffer("train_loss", torch.zeros((), dtype=torch.float64))
@@ -205,10 +157,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
-        """As :meth:`Method.use_likelihood`; under a likelihood with an observation noise the prior and the noise are
-        chosen together by the evidence (``"auto"`` is ``"marglik"``; a fixed prior keeps, the noise is still fitted).
-        The held-out rules ``"val"`` / ``"grid"`` score the Gaussian predictive NLL where the algorithm has one
-        (:attr:`scores_gaussian_held_out`), and are refused elsewhere."""
+        """As :meth:`Method.use_likelihood`; under a regression likelihood ``"auto"`` is ``"marglik"``."""
         super().use_likelihood(likelihood)
         if self._predicts_noise:
             if self.link == "bridge":
@@ -237,8 +186,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
 
     @property
     def scores_gaussian_held_out(self) -> bool:
-        """Whether the predictive is the GLM one, whose Gaussian NLL the held-out choices score under regression
-        (:meth:`_unit_variance`): the prior rules ``"val"`` / ``"grid"`` and the held-out noise."""
+        """Whether the predictive is the GLM one, whose Gaussian NLL the held-out choices score under regression."""
         return self.pred == "glm"
 
     @classmethod
@@ -250,14 +198,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             >>> Laplace.algorithm({"subset": "all"}).__name__
             'SubsetLaplace'
         """
-        return ALGORITHMS[scope(options)]
+        return ALGORITHMS["last_layer" if options.get("subset", "last_layer") == "last_layer" else "subset"]
 
-    # ----------------------------------------------------------------------------------- fit
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """The curvature from ``train_loader``, and what the training data alone decide: a fixed prior precision or
-        the evidence's (``"marglik"``, and under a regression likelihood ``"auto"``), with the evidence's noise. What
-        held-out data decide is its :meth:`knob`'s (the ``"val"`` / ``"grid"`` / ``"auto"`` prior, the held-out noise;
-        ``"auto"`` without a ``val_loader`` chooses on training rows, :meth:`_training_rows`)."""
+        """The curvature, and what the training data alone decide; what held-out data decide is the :meth:`knob`'s."""
         if self.prior_mode in ("val", "grid") and val_loader is None:
             raise InputError(
                 f"prior_precision={self.prior_mode!r} picks the prior by validation NLL: call "
@@ -290,9 +234,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return {"auto": "val" if has_val else "train"}.get(self.prior_mode, self.prior_mode)
 
     def knob(self) -> Knob | None:
-        """The prior precision (the ``"val"``, ``"grid"`` and ``"auto"`` rules), or under a regression likelihood the
-        noise, chosen on held-out data. Its own ``choose``: the ``"grid"`` rule and the noise fit are no walk over
-        fixed candidates."""
+        """The prior precision, or under a regression likelihood the noise, chosen on held-out data."""
         if not (
             self.prior_mode in ("val", "grid")
             or (self.prior_mode == "auto" and not self.likelihood.fits_noise)
@@ -319,10 +261,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.likelihood.fits_noise and not self.likelihood.fixed and self.scores_gaussian_held_out
 
     def _choose(self, held_out: HeldOut, train_loader: Iterable | None, progress: bool) -> Selection | None:
-        """The prior precision on ``held_out`` (the ``"val"`` and ``"grid"`` rules, and ``"auto"``), see module docs.
-        Under a regression likelihood each δ is scored at the noise of lowest held-out NLL at that δ (a profile), and
-        the chosen δ keeps that noise; no perturbed copies there. With a prior from the evidence or fixed, only the
-        noise is chosen here (:meth:`_fit_noise_on_held_out`). Returns the selection to record (``None``: none made)."""
+        """The prior precision on ``held_out`` (module docs), or only the noise; the selection made, if any."""
         source = "train" if held_out.from_training_data else self._source(True)
         if self.likelihood.fits_noise and source not in ("val", "grid"):
             if self._chooses_noise:
@@ -377,9 +316,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _target_scale(self, moments: TargetMoments | None) -> float:
-        """The decade of the training targets' spread that the prior is searched in (:mod:`~posthoc.methods.laplace.units`;
-        1 for class labels). A model that predicts every training target exactly leaves no noise to fit and is refused
-        (unless the noise is fixed), as the plain model's noise fit is."""
+        """The decade of the training targets' spread the prior is searched in (1 for class labels)."""
         if moments is None:
             return 1.0
         if not self.likelihood.fixed and not float(self.train_loss) > 0:
@@ -389,61 +326,48 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             )
         return moments.decade()
 
-    def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
-        """The observation noise (unless fixed) and, unless fixed, the prior precision maximising the evidence
-        (:func:`~posthoc.methods.laplace.marglik.optimize_noise_and_prior`)."""
-        likelihood = self.likelihood
+    def _evidence_optimum(self, prior_precision: float | None, noise_std: float | None) -> tuple[float, float]:
+        """``(δ, σ)`` maximising the evidence, a given one kept."""
         self._settle()
-        unit = torch.cat([block.spectrum() for block in self.blocks])
-        delta, std = optimize_noise_and_prior(
-            unit,
+        return optimize_noise_and_prior(
+            torch.cat([block.spectrum() for block in self.blocks]),
             float(self.train_loss),
             self.target_values(),
             float(self.square_norm),
-            prior_precision=float(self.prior_precision) if fixed_prior else None,
-            noise_std=self._evidence_noise() if likelihood.fixed else None,
+            prior_precision=prior_precision,
+            noise_std=noise_std,
             scale=self._scale,
+        )
+
+    def _fit_noise_by_evidence(self, fixed_prior: bool) -> None:
+        """The noise and the prior precision (each unless fixed) maximising the evidence."""
+        likelihood = self.likelihood
+        delta, std = self._evidence_optimum(
+            float(self.prior_precision) if fixed_prior else None, self._evidence_noise() if likelihood.fixed else None
         )
         self.prior_precision.fill_(delta)
         if not likelihood.fixed:
             likelihood.set_noise(std, "marglik")
 
     def _evidence_noise(self) -> float:
-        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output (the
-        evidence has one noise; each output's predictive then takes its own, :meth:`_model_variance`)."""
+        """The fixed ``σ`` the evidence reads: one shared, or the root mean square of a fixed noise per output."""
         stds = self.likelihood.fitted_stds()
         return float(stds.square().mean().sqrt()) if stds.dim() else float(stds)
 
     def _fit_noise_on_held_out(self, val_loader: Iterable, *, fixed_prior: bool, progress: bool) -> None:
-        """The noise ``σ`` of lowest held-out NLL of the GLM predictive, and the prior at that noise (:meth:`_choose`).
-
-        A trained network fits its training targets more closely than new ones, so the evidence, which
-        reads only the training data, under-states ``σ`` (on Auto MPG about 0.7x the held-out residuals,
-        costing 0.5 nats per car). Here the prior maximises the evidence at the held-out residuals' ``σ``
-        (unless fixed), then ``σ`` minimises the held-out NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at that prior
-        (:meth:`_held_out_noise`, on up to ``TRAIN_ROWS`` held-out rows per process). An algorithm without
-        that predictive (:attr:`scores_gaussian_held_out` false: weight samples) keeps the evidence's noise.
-        """
+        """The prior maximising the evidence at the held-out residuals' ``σ`` (unless fixed), then the ``σ`` of
+        lowest held-out NLL of the GLM predictive at that prior: the evidence reads only the training data, which a
+        trained network fits more closely than new data, and so under-states ``σ``."""
         if not self.scores_gaussian_held_out:
             return
         rows = self._regression_rows(val_loader, TRAIN_ROWS, progress)
         self._settle()
         if not fixed_prior:
-            unit = torch.cat([block.spectrum() for block in self.blocks])
-            delta, _ = optimize_noise_and_prior(
-                unit,
-                float(self.train_loss),
-                self.target_values(),
-                float(self.square_norm),
-                noise_std=residual_std(rows),
-                scale=self._scale,
-            )
-            self.prior_precision.fill_(delta)
+            self.prior_precision.fill_(self._evidence_optimum(None, residual_std(rows))[0])
         self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> Rows:
-        """``(prepared, outputs (N, D), targets (N, D))`` batches of ``loader``'s first ``rows`` rows, for
-        :meth:`_unit_variance` (the algorithms with :attr:`scores_gaussian_held_out`)."""
+        """``(prepared, outputs (N, D), targets (N, D))`` batches of ``loader``'s first ``rows`` rows."""
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
 
     def _unit_variance(self, prepared: Any, outputs: Tensor, prior_precision: float) -> Tensor:
@@ -452,13 +376,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         raise ConfigError(f"{type(self).__name__} does not score a Gaussian predictive on held-out data")
 
     def _predicted_noise_nll(self, rows: Rows, prior_precision: float) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of the predictive at ``prior_precision`` under a likelihood whose
-        noise the model predicts (``"heteroscedastic"``; the algorithms that take it)."""
+        """Per batch of ``rows``, the per-example NLL at ``prior_precision`` under ``"heteroscedastic"``."""
         raise ConfigError(f"{type(self).__name__} does not score a heteroscedastic predictive on held-out data")
 
     def _noise_search_elements(self, rows: Rows) -> int | None:
-        """Float32 elements one step of the held-out noise search over ``rows`` holds, where it is small dense work
-        the runner may run on one thread (:func:`~posthoc.engine.runner.small_dense_work`); ``None``: it is not."""
+        """Float32 elements one step of the noise search holds where it is small dense work, else ``None``."""
         return None
 
     def _per_output(self, outputs: int) -> bool:
@@ -466,8 +388,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         return self.per_output_noise and outputs > 1 and self.likelihood.fits_noise
 
     def _held_out_noise(self, rows: Rows, prior_precision: float) -> float | Tensor:
-        """The likelihood's held-out noise under this posterior's GLM predictive at ``prior_precision``
-        (:meth:`~posthoc.core.likelihood.Gaussian.held_out_noise`; one ``σ_d`` per output under :meth:`_per_output`)."""
+        """The likelihood's held-out noise under the GLM predictive at ``prior_precision``."""
         return self.likelihood.held_out_noise(
             rows,
             self._unit_variance,
@@ -477,8 +398,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _gaussian_nll(self, rows: Rows, prior_precision: float, std: float | Tensor) -> list[Tensor]:
-        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at ``δ``, ``σ``
-        (:func:`~posthoc.core.likelihood.linearised_nll`)."""
+        """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` at ``δ``, ``σ``."""
         return linearised_nll(rows, self._unit_variance, prior_precision, std)
 
     def target_values(self) -> int:
@@ -489,7 +409,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         """Fit ``blocks`` and ``num_data``; return the summed training NLL and the weights under the prior."""
 
-    # ------------------------------------------------------------------------------ predict
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
@@ -507,13 +426,10 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def _predictive(
         self, inputs: Any, prior_precision: float, generator: torch.Generator | None, num_samples: int
     ) -> LogPredictive:
-        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks planned under the runner's memory
-        budget (:func:`~posthoc.core.chunks.chunks`)."""
+        """The predictive of prepared ``inputs`` under ``prior_precision``, in chunks under the memory budget."""
 
-    # ------------------------------------------------------------------------------ curvature
     def _settle(self) -> None:
-        """Put curvature loaded under flat buffer names (``out_eigvals``, ``p0_diagonal``) into its block,
-        and keep the blocks on the model's device (``follow_model_device`` moves a method's own buffers)."""
+        """Move curvature loaded under flat buffer names (``p0_diagonal``) into its block, on the model's device."""
         for key, (index, field) in self._flat_names().items():
             if self._buffers.get(key) is not None:
                 setattr(self.blocks[index], field, self._buffers[key])
@@ -533,7 +449,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         for key in self._flat_names():
             self.register_buffer(key, None)
 
-    # ------------------------------------------------------------------------------ evidence
     def spectrum(self) -> Tensor:
         """Eigenvalues of the fitted (approximate) GGN, flattened (divided by the likelihood's dispersion, a Gaussian's ``σ²``)."""
         self._settle()
@@ -548,7 +463,6 @@ class Laplace(Method, metaclass=abc.ABCMeta):
             loss = gaussian_nll(float(self.train_loss), self.target_values(), self.likelihood.fitted_std())
         return float(log_marginal_likelihood(self.spectrum(), loss, self.square_norm, delta))
 
-    # ------------------------------------------------------------------------------ model card
     def summary(self) -> dict[str, Any]:
         """The posterior for the model card: parameters under it, curvature, layers, δ and how it was chosen.
 

@@ -1,22 +1,9 @@
 """Fitting the curvature: the last layer in closed form (any likelihood), deeper layers with BackPACK (softmax or Gaussian).
 
-For a linear head ``logits = W phi + b`` the generalised Gauss-Newton (GGN) of example ``n`` is
-``H_n ⊗ phĩ_n phĩ_nᵀ`` with ``H_n`` the loss Hessian in the outputs, which the likelihood gives
-(:meth:`posthoc.core.likelihood.Likelihood.loss_hessian`): ``diag(p_n) - p_n p_nᵀ`` for a softmax
-(the GGN equals the Fisher there), the identity for a Gaussian at unit noise (the block is then
-divided by ``σ²``), and ``phĩ = [phi, 1]`` (the 1 carries the bias). So the whole
-last-layer GGN follows in closed form from the features and probabilities of ONE forward pass,
-with no backward pass through the backbone: :class:`LastLayerGGN` sums what the structure needs
-(:mod:`~posthoc.methods.laplace.kron`, :mod:`~posthoc.methods.laplace.diag`,
-:mod:`~posthoc.methods.laplace.full`) batch by batch and returns the fitted block.
-
-Parameters are ordered class-major over ``phĩ``: index ``c * (D + 1) + d`` (``d = D`` is the bias).
-
-LoRA adapters (``subset="lora"``, :func:`lora_parameters`) get theirs from hooks instead
-(:mod:`posthoc.methods.laplace.hooked_kfac`). More layers (:func:`backpack_ggn`): BackPACK's ``KFLR``
-(exact KFAC), ``KFAC`` (MC-sampled) or ``DiagGGNExact`` on a private copy of the model, for
-Linear/Conv2d layers; every module between the loss and those layers must be one BackPACK supports
-(no BatchNorm/LayerNorm/attention).
+For a linear head ``logits = W phi + b`` the GGN of example ``n`` is ``H_n ⊗ phĩ_n phĩ_nᵀ``, with ``H_n`` the
+likelihood's loss Hessian in the outputs and ``phĩ = [phi, 1]``: :class:`LastLayerGGN` sums it from one forward pass,
+with no backward pass through the backbone. Parameters are ordered class-major over ``phĩ`` (``d = D`` is the bias).
+Deeper layers: :func:`backpack_ggn`, BackPACK's ``KFLR``, ``KFAC`` or ``DiagGGNExact`` on a private copy of the model.
 
 Example:
     >>> import torch
@@ -63,20 +50,9 @@ def augment(phi: Tensor, bias: bool) -> Tensor:
 
 
 class LastLayerGGN:
-    """Accumulate the last-layer GGN batch by batch (see module docs).
-
-    Args:
-        structure: a ``hessian=`` name of :data:`~posthoc.methods.laplace.structures.STRUCTURES`.
-        num_features: ``D``, the head's input width.
-        num_classes: ``C``, the head's outputs.
-        bias: whether the head has a bias.
-        likelihood: whose loss and loss Hessian (default: the softmax's, :class:`~posthoc.core.likelihood.Categorical`).
-
-    Attributes:
-        loss: the summed NLL at the checkpoint at unit dispersion (the cross-entropy, ``-log p(D | θ)``;
-            a Gaussian's ``½ Σ r²``), float64.
-        num_data: the examples seen (over every rank once :meth:`finalize` ran).
-    """
+    """Accumulate the last-layer GGN of a ``structure`` batch by batch (see module docs), with the loss Hessian of
+    ``likelihood`` (default: the softmax's). ``loss`` sums the NLL at the checkpoint at unit dispersion (float64);
+    ``num_data`` counts the examples (over every rank once :meth:`finalize` ran)."""
 
     def __init__(
         self,
@@ -114,7 +90,6 @@ class LastLayerGGN:
         return self.kind.from_head_statistics(self.statistics, self.num_data, self.bias)
 
 
-# ------------------------------------------------------------------ BackPACK: more than the last layer
 #: module types whose weights BackPACK's KFAC / diagonal GGN support
 BACKPACK_LAYERS = (nn.Linear, nn.Conv2d)
 #: module types that cannot sit between the loss and a curvature layer (BackPACK has no KFAC rule for them)
@@ -203,18 +178,10 @@ def backpack_ggn(
     batches: Iterable[tuple[Tensor, Tensor]],
     likelihood: Likelihood | None = None,
 ) -> tuple[list[Curvature], Tensor]:
-    """KFAC (``KFLR`` exact / ``KFAC`` MC-sampled) or diagonal GGN of ``param_names`` from BackPACK.
-
-    Works on a private deep copy of ``model`` (BackPACK attaches hooks), so the user's model is
-    untouched. Factors follow BackPACK's summed-loss convention: ``G = Σ_n G_n``, ``A = Σ_n a aᵀ / N``.
-    Returns the eigen-decomposed blocks and the summed NLL at the checkpoint at unit dispersion
-    (:meth:`~posthoc.core.likelihood.Likelihood.unit_loss`).
-
-    ``likelihood`` (default: the softmax's) picks BackPACK's loss: the cross-entropy, or for a
-    Gaussian the summed squared error, whose loss Hessian BackPACK takes as ``2 I`` (``Σ (f - y)²``
-    has no ½): its GGN (the output factor ``G`` of KFAC, the diagonal) is halved here to the unit-noise
-    GGN of the identity loss Hessian (:meth:`~posthoc.core.likelihood.Gaussian.loss_hessian`), which
-    the caller divides by ``σ²``.
+    """The eigen-decomposed KFAC or diagonal GGN blocks of ``param_names`` from BackPACK, on a private copy of
+    ``model``, and the summed NLL at the checkpoint at unit dispersion. Factors follow BackPACK's summed-loss
+    convention: ``G = Σ_n G_n``, ``A = Σ_n a aᵀ / N``. For a Gaussian ``likelihood`` BackPACK's summed squared error
+    has the loss Hessian ``2 I``: its GGN is halved here to the unit-noise one, which the caller divides by ``σ²``.
     """
     likelihood = Categorical() if likelihood is None else likelihood
     extension = getattr(extensions, SUBSET_STRUCTURES[structure])()

@@ -1,9 +1,7 @@
 """``hessian="diag"``: the diagonal of the GGN, so the posterior is ``diag(1 / (h + δ))``.
 
-The diagonal of a weight is kept shaped like the weight ``(out, in)`` (a bias's ``(out,)``); the
-head's covers ``[W, b]`` as ``(C, D+1)``. For a head, ``h_cd = Σ_n (H_n)_cc phĩ_nd²`` (exact; the softmax's
-``(H_n)_cc = p_nc (1 - p_nc)``), and the logits are independent with ``s_c² = Σ_d phĩ_d² / (h_cd + δ)``; for a layer in a
-network, ``Σ_o g_c,o g_c',o v_o`` with ``v_o = Σ_j a_j² / (h_oj + δ)``.
+A weight's diagonal keeps its shape ``(out, in)``; a head's covers ``[W, b]`` as ``(C, D+1)``, with
+``h_cd = Σ_n (H_n)_cc phĩ_nd²`` and independent logits ``s_c² = Σ_d phĩ_d² / (h_cd + δ)``.
 
 Example:
     >>> import torch
@@ -20,25 +18,24 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature
 
 
 class FoldedDiag(nn.Module):
-    """``s_c² = phĩ² @ inverse`` with ``inverse = 1 / (h + δ)`` ``(D+1, C)`` held in a buffer: the exported
-    :meth:`DiagCurvature.head_variance`."""
+    """The exported :meth:`DiagCurvature.head_variance`: ``s_c² = phĩ² @ (1 / (h + δ))``."""
 
     def __init__(self, inverse: Tensor) -> None:
         super().__init__()
         self.register_buffer("inverse", inverse)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        inverse = self.inverse if self.inverse.dtype == phi_aug.dtype else self.inverse.to(phi_aug.dtype)
-        return LogitGaussian(mean, (phi_aug.square() @ inverse).sqrt(), None)
+        return LogitGaussian(mean, (phi_aug.square() @ cast(self.inverse, phi_aug.dtype)).sqrt(), None)
 
 
 class DiagCurvature(Curvature):
-    """The GGN diagonal, shaped like the parameter it covers (see module docs)."""
+    """The GGN diagonal, shaped like the parameter it covers."""
 
     fields = ("diagonal",)
 
@@ -53,7 +50,6 @@ class DiagCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> DiagCurvature:
         return cls.from_diagonal(sums[0], name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return self.diagonal.reshape(-1)
 
@@ -82,7 +78,6 @@ class DiagCurvature(Curvature):
     def dense(self) -> Tensor:
         return torch.diag(self.diagonal.reshape(-1))
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {"diagonal": torch.zeros(num_classes, width, dtype=FLOAT64, device=device)}

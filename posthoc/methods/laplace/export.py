@@ -1,10 +1,9 @@
 """Last-layer Laplace as a plain module: the GLM predictive of the head with its posterior folded into buffers.
 
-The logits are ``N(f(x), J Σ Jᵀ)`` with ``J = I ⊗ phĩᵀ``: :class:`HeadGaussian` reads the head's input ``phĩ = [phi, 1]``
-from the exported network, hands it to the curvature's folded posterior (``Curvature.fold_head``, the twin of its
-``head_variance``), and applies the link with the functions of :mod:`posthoc.methods.laplace.glm_predictive` that
-``um.predict`` uses. The ``mc`` link exports head weights drawn once at export (the same draws for every input;
-the logits are linear in the weights, so each input's samples are its Gaussian logits).
+:class:`HeadGaussian` reads the head's input ``phĩ`` from the exported network, hands it to the curvature's folded
+posterior (``Curvature.fold_head``, the twin of ``head_variance``) and applies the link with the functions
+``um.predict`` uses. The ``mc`` link exports head weights drawn once at export: the logits are linear in the weights,
+so each input's samples are its Gaussian logits.
 
 Example:
     >>> import posthoc, torch
@@ -30,15 +29,9 @@ from posthoc.methods.laplace.curvature import augment
 
 
 class HeadGaussian(nn.Module):
-    """Gaussian logits of a linear head through a link (``"probit"``, ``"bridge"``), or ``weight_samples``
-    ``(S, C, D+1)`` drawn at export (the ``mc`` link).
-
-    Args:
-        backbone: the exported network; ``tap`` indexes its record of the head's input.
-        bias: whether the head has a bias (``phĩ = [phi, 1]``).
-        folded: the posterior folded at the fitted prior precision, ``(phĩ, mean) -> LogitGaussian``.
-        link: ``"probit"``, ``"bridge"`` or ``"samples"``.
-    """
+    """Gaussian logits of a linear head, from the ``folded`` posterior through ``link`` (``"probit"``, ``"bridge"``),
+    or from ``weight_samples (S, C, D+1)`` drawn at export (``link="samples"``); ``tap`` indexes the backbone's record
+    of the head's input."""
 
     def __init__(
         self,

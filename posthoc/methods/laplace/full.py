@@ -1,14 +1,9 @@
 """``hessian="full"``: the dense GGN of a block, kept as its eigen-decomposition ``V diag(λ) Vᵀ``.
 
-For a linear head the GGN is exact and closed-form from one pass:
-``Σ_n (diag p_n - p_n p_nᵀ) ⊗ phĩ_n phĩ_nᵀ``, a ``C(D+1) x C(D+1)`` matrix (parameters class-major
-over ``phĩ = [phi, 1]``). The posterior is ``Σ = R Rᵀ`` with ``R = V diag((λ + δ)^-½)``.
-
-Head logits: their variance needs only the ``C`` diagonal blocks ``Σ_cc = V_c diag(σ_c) V_cᵀ``
-(``(D+1) x (D+1)`` each, eigen-decomposed once per prior precision): ``s_c² = Σ_k σ_ck (V_cᵀ phĩ)_k²``,
-a sum of non-negative terms computed in the features' dtype (as KFAC's), which is all the probit
-link reads. The full ``C x C`` covariance ``(I ⊗ phĩᵀ) R`` times its transpose, and its
-eigen-factor, are made only for the links that need them (``mc``, ``bridge``).
+For a linear head the GGN is exact and closed-form from one pass, ``C(D+1) x C(D+1)``, and the posterior is
+``Σ = R Rᵀ`` with ``R = V diag((λ + δ)^-½)``. The logits' variance needs only the ``C`` diagonal blocks
+``Σ_cc = V_c diag(σ_c) V_cᵀ`` (eigen-decomposed once per prior precision): ``s_c² = Σ_k σ_ck (V_cᵀ phĩ)_k²``, all the
+probit link reads. The full ``C x C`` covariance and its eigen-factor are made only for ``mc`` and ``bridge``.
 
 Example:
     >>> import torch
@@ -25,13 +20,13 @@ from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import DenseLogitGaussian, LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
 
 class FoldedFull(nn.Module):
-    """``s_c² = (phĩ V)² @ S`` from the eigenvectors ``V`` and eigenvalues ``S`` of every ``Σ_cc`` held in buffers: the
-    variance of the exported :meth:`FullCurvature.head_variance` (independent logits: the probit link's diagonal)."""
+    """The exported :meth:`FullCurvature.head_variance`: ``s_c² = (phĩ V)² @ S``, the probit link's diagonal."""
 
     def __init__(self, vectors: Tensor, spread: Tensor) -> None:
         super().__init__()
@@ -39,21 +34,19 @@ class FoldedFull(nn.Module):
         self.register_buffer("spread", spread)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        vectors, spread = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype) for value in (self.vectors, self.spread)
-        )
-        return LogitGaussian(mean, ((phi_aug @ vectors).square() @ spread).sqrt(), None)
+        dtype = phi_aug.dtype
+        scale = ((phi_aug @ cast(self.vectors, dtype)).square() @ cast(self.spread, dtype)).sqrt()
+        return LogitGaussian(mean, scale, None)
 
 
 class FullCurvature(Curvature):
-    """The dense GGN in eigen-form ``eigvals (P,)``, ``eigvecs (P, P)`` (see module docs)."""
+    """The dense GGN in eigen-form ``eigvals (P,)``, ``eigvecs (P, P)``."""
 
     fields = ("eigvals", "eigvecs")
 
     def __init__(self, name: str = "") -> None:
         super().__init__(name)
-        #: ``((δ, eigvecs, versions, dtype), (V, S))``: the head's diagonal posterior blocks at the last δ (see
-        #: :meth:`_diagonal_blocks`)
+        #: ``(key, (V, S))``: the head's diagonal posterior blocks at the last δ (:meth:`_diagonal_blocks`)
         self._head_blocks: tuple[tuple, tuple[Tensor, Tensor]] | None = None
 
     @classmethod
@@ -67,7 +60,6 @@ class FullCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> FullCurvature:
         return cls.from_matrix(sums[0], name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return self.eigvals
 
@@ -96,9 +88,8 @@ class FullCurvature(Curvature):
     def _diagonal_blocks(
         self, prior_precision: float, classes: int, width: int, dtype: torch.dtype
     ) -> tuple[Tensor, Tensor]:
-        """``V = [V_1 ... V_C]`` ``(D+1, C (D+1))``, the eigenvectors of every ``Σ_cc`` side by side, and
-        ``S`` ``(C (D+1), C)`` with their eigenvalues ``σ_c`` in column ``c``: two products give the
-        variance. Kept, in ``dtype``, for the last prior precision and these buffers."""
+        """``V (D+1, C (D+1))``, the eigenvectors of every ``Σ_cc`` side by side, and ``S (C (D+1), C)`` with their
+        eigenvalues in column ``c``; cached for the last prior precision, dtype and buffers."""
         key = (float(prior_precision), self.eigvecs, self.eigvecs._version, self.eigvals._version, dtype)
         if self._head_blocks is not None:
             (delta, vectors, *rest), blocks = self._head_blocks
@@ -127,7 +118,6 @@ class FullCurvature(Curvature):
     def dense(self) -> Tensor:
         return self.eigvecs @ torch.diag(self.eigvals) @ self.eigvecs.T
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         params = num_classes * width

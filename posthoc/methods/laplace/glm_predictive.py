@@ -1,17 +1,10 @@
 """Gaussian logits and the links that turn them into class probabilities.
 
-A Laplace posterior, linearised, gives Gaussian logits ``f ~ N(m, Σ_x)`` per input. Each curvature
-structure (:mod:`posthoc.methods.laplace.structure`) builds them in the form that is cheapest for it:
-
-- :class:`LogitGaussian`: ``Σ_x = B diag(s²) Bᵀ`` with a shared or per-input basis ``B``, or none
-  (diagonal); what KFAC and diagonal posteriors give directly;
-- :class:`DenseLogitGaussian`: a dense ``C x C`` covariance (made when first needed) beside its
-  diagonal; the eigen-factor that sampling needs is taken only when sampling.
-
-Links: ``probit`` (``softmax(m / sqrt(1 + π/8 · diag Σ))``: the diagonal only), ``mc`` (``S``
-logit samples drawn at once, cost independent of the feature width), ``bridge`` (the Laplace bridge
-to a Dirichlet, from the diagonal and row sums of ``Σ``). Rows are processed in chunks that keep
-temporaries under the memory budget (:func:`chunked_log_predictive`).
+A linearised Laplace posterior gives Gaussian logits ``f ~ N(m, Σ_x)`` per input, in the form cheapest for its
+structure: :class:`LogitGaussian` (``Σ_x = B diag(s²) Bᵀ``), :class:`IndependentLogits` (a diagonal) or
+:class:`DenseLogitGaussian` (a dense ``C x C`` covariance made when first needed). Links: ``probit``
+(``softmax(m / sqrt(1 + π/8 · diag Σ))``), ``mc`` (``S`` logit samples at once), ``bridge`` (the Laplace bridge to a
+Dirichlet, from the diagonal and row sums of ``Σ``).
 
 Example:
     >>> import torch
@@ -59,20 +52,14 @@ class GaussianLogits(Protocol):
 
 @dataclass
 class LogitGaussian:
-    """Gaussian logits ``N(mean, B diag(scale²) Bᵀ)`` for a batch.
-
-    Attributes:
-        mean: ``(N, C)``.
-        scale: ``(N, K)`` standard deviations along the columns of ``basis``.
-        basis: ``None`` (identity, ``K = C``), a shared ``(C, K)`` matrix, or per-input ``(N, C, K)``.
-    """
+    """Gaussian logits ``N(mean (N, C), B diag(scale²) Bᵀ)``, ``scale (N, K)`` along the columns of ``basis``: ``None``
+    (identity, ``K = C``), a shared ``(C, K)`` matrix, or per-input ``(N, C, K)``."""
 
     mean: Tensor
     scale: Tensor
     basis: Tensor | None
 
     def variance(self) -> Tensor:
-        """Diagonal of the covariance, ``(N, C)``."""
         var = self.scale.square()
         if self.basis is None:
             return var
@@ -81,7 +68,6 @@ class LogitGaussian:
         return torch.einsum("nk,nck->nc", var, self.basis.square())
 
     def covariance(self) -> Tensor:
-        """The full covariance ``(N, C, C)`` (for tests and small ``C``)."""
         if self.basis is None:
             return torch.diag_embed(self.scale.square())
         basis = self.basis.expand(self.mean.shape[0], -1, -1) if self.basis.dim() == 2 else self.basis
@@ -89,7 +75,6 @@ class LogitGaussian:
         return factor @ factor.transpose(1, 2)
 
     def row_sums(self) -> Tensor:
-        """``Σ 1``: row sums of the covariance, ``(N, C)``."""
         var = self.scale.square()
         if self.basis is None:
             return var
@@ -112,8 +97,7 @@ class LogitGaussian:
 
 @dataclass
 class IndependentLogits:
-    """Independent Gaussian logits ``N(mean, diag(var))`` held by their variances ``(N, C)``: what a posterior
-    diagonal over classes gives (:mod:`~posthoc.methods.laplace.kron_diag`), with no square root for the probit link.
+    """Independent Gaussian logits ``N(mean, diag(var))``, held by their variances ``(N, C)`` (no square root).
 
     Example:
         >>> import torch
@@ -141,11 +125,8 @@ class IndependentLogits:
 
 
 class DenseLogitGaussian:
-    """Gaussian logits with a dense per-input covariance ``(N, C, C)``, made when first needed.
-
-    ``covariance`` is the tensor or a function that builds it; ``variance``, when given, is its
-    diagonal computed more cheaply (so the probit link never builds the covariance). Sampling
-    draws along the covariance's eigenvectors, like :class:`LogitGaussian` with a per-input basis.
+    """Gaussian logits with a dense covariance ``(N, C, C)``, given or built by a function when first needed;
+    ``variance``, when given, is its diagonal computed more cheaply (the probit link never builds the covariance).
 
     Example:
         >>> import torch
@@ -222,8 +203,8 @@ def log_predictive(
 
 
 def link_row_bytes(link: str, classes: int, samples: int, itemsize: int) -> int:
-    """Bytes one input row keeps alive in the logits' mean, scale and ``link`` (for :mod:`posthoc.core.chunks`):
-    about seven ``C``-vectors, and for ``mc`` three ``S x C`` blocks of logit samples.
+    """Bytes one input row keeps alive in the logits and ``link``: about seven ``C``-vectors, and for ``mc`` three
+    ``S x C`` blocks of logit samples.
 
     Example:
         >>> from posthoc.methods.laplace.glm_predictive import link_row_bytes
@@ -242,9 +223,8 @@ def chunked_log_predictive(
     num_samples: int,
     generator: torch.Generator | None = None,
 ) -> tuple[Tensor, Tensor | None]:
-    """:func:`log_predictive` of ``total`` rows in chunks whose ``row_bytes`` each fit the runner's memory budget
-    (:func:`~posthoc.core.chunks.chunks`); ``gaussian(rows)`` builds the Gaussian logits of one chunk. Samples
-    ``(S, n, C)`` join along rows.
+    """:func:`log_predictive` of ``total`` rows in chunks of ``row_bytes`` each under the memory budget;
+    ``gaussian(rows)`` builds one chunk's Gaussian logits.
 
     Example:
         >>> import torch

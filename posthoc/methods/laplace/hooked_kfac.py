@@ -1,18 +1,11 @@
 """KFAC and diagonal GGN of Linear layers from forward hooks: for models BackPACK cannot run.
 
-BackPACK needs a rule for every module between the loss and the covered layers, and tensor inputs;
-a ``transformers`` model has LayerNorm, attention and dict inputs. Here the curvature of any set of
-``nn.Linear`` layers (LoRA adapters' ``lora_A``/``lora_B``, applied to every token) comes from
-temporary hooks on those layers only (:func:`posthoc.methods.laplace.subset_glm.tapped_forward`):
-the layer's input ``a`` and the gradient ``g`` of the output, for each of ``C`` backward passes of
-the loss-Hessian square root ``v_c = sqrt(p_c) (e_c - p)`` (so ``Σ_c v_c v_cᵀ = diag(p) - p pᵀ``,
-the exact GGN of the softmax cross-entropy, as BackPACK's KFLR). No weight gradient is formed.
-
-For a layer applied over ``T`` positions (tokens, patches) with one loss per sequence this is the
-*KFAC-reduce* of Eschenhagen et al. (2023): per example ``ā = mean_t a_t`` (over the positions the
-``attention_mask`` keeps, when the inputs carry one) and ``ĝ = Σ_t g_t``, then
-``A = Σ_n ā āᵀ / N`` and ``G = Σ_n Σ_c ĝ ĝᵀ`` (BackPACK's convention; exact for ``T = 1``). The
-``"diag"`` structure is the exact GGN diagonal ``Σ_n Σ_c (Σ_t g_t a_tᵀ)²``.
+BackPACK needs tensor inputs and a rule for every module between the loss and the covered layers, which a
+``transformers`` model (LayerNorm, attention, dict inputs) lacks. Here ``nn.Linear`` layers (LoRA adapters) are hooked
+alone: their input ``a`` and output gradient ``g`` for ``C`` backward passes of ``v_c = sqrt(p_c) (e_c - p)``, as
+``Σ_c v_c v_cᵀ = diag(p) - p pᵀ`` is the softmax's exact GGN (BackPACK's KFLR). Over ``T`` positions this is the
+KFAC-reduce of Eschenhagen et al. (2023): ``ā = mean_t a_t`` (over the ``attention_mask``), ``ĝ = Σ_t g_t``,
+``A = Σ_n ā āᵀ / N``, ``G = Σ_n Σ_c ĝ ĝᵀ``. ``"diag"`` is the exact GGN diagonal.
 
 Example:
     >>> import torch
@@ -63,11 +56,8 @@ def _square_root_directions(logits: Tensor) -> Tensor:
 def hooked_ggn(
     model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Inputs, Tensor]]
 ) -> tuple[list[Curvature], Tensor]:
-    """KFAC-reduce (``"kron"``) or diagonal GGN blocks of the Linear layers owning ``param_names``.
-
-    Returns the eigen-decomposed blocks (in ``param_names`` order) and the summed cross-entropy at
-    the checkpoint, like :func:`~posthoc.methods.laplace.curvature.backpack_ggn`; the model is only hooked.
-    """
+    """KFAC-reduce (``"kron"``) or diagonal GGN blocks of ``param_names``' Linear layers, and the summed
+    cross-entropy at the checkpoint, as :func:`~posthoc.methods.laplace.curvature.backpack_ggn` returns them."""
     if structure not in HOOKED_STRUCTURES:
         raise ConfigError(f"hessian={structure!r} is not offered for this subset; use one of {HOOKED_STRUCTURES}")
     layers = covered_linear_layers(model, param_names)

@@ -1,17 +1,10 @@
 """``hessian="kron"``: a Kronecker-factored GGN block, ``G ⊗ A`` (KFAC).
 
-The block of a weight ``(out, in)`` is ``G ⊗ A`` with ``G`` ``(out, out)`` from the output side and
-``A`` ``(in, in)`` from the layer's inputs; a bias has ``G`` alone. Both factors are kept as
-eigen-decompositions ``G = U_G diag(λ) U_Gᵀ``, ``A = U_A diag(μ) U_Aᵀ``, so the posterior
-``(G ⊗ A + δ I)⁻¹ = (U_G ⊗ U_A) diag(1 / (λ_i μ_j + δ)) (U_G ⊗ U_A)ᵀ`` is never formed:
-
-- head logits: ``Σ_x = U_G diag(s²) U_Gᵀ`` with ``s_i² = Σ_j ψ_j² / (λ_i μ_j + δ)``, ``ψ = U_Aᵀ phĩ``:
-  one ``(D+1) x (D+1)`` and one ``(D+1) x C`` product per input;
-- a layer in a network: ``Σ_i (U_Gᵀ g_c)_i (U_Gᵀ g_c')_i w_i`` with ``w_i = Σ_j (U_Aᵀ a)_j² / (λ_i μ_j + δ)``.
-
-For a linear head with a bias, ``A`` is ``blockdiag(Σ_n phi phiᵀ / N, 1)`` over ``phĩ = [phi, 1]``
-and ``G = Σ_n H_n`` (the softmax's ``diag(p_n) - p_n p_nᵀ``, a Gaussian's ``I``): the weight and the bias are two Kronecker blocks sharing
-``G`` (the layout of BackPACK and laplace-torch), held here as one.
+A weight's block is ``G ⊗ A``, ``G (out, out)`` from the output side and ``A (in, in)`` from the inputs; a bias has
+``G`` alone. Both are kept as eigen-decompositions, so the posterior
+``(G ⊗ A + δ I)⁻¹ = (U_G ⊗ U_A) diag(1 / (λ_i μ_j + δ)) (U_G ⊗ U_A)ᵀ`` is never formed: a head's logits have
+``Σ_x = U_G diag(s²) U_Gᵀ`` with ``s_i² = Σ_j ψ_j² / (λ_i μ_j + δ)``, ``ψ = U_Aᵀ phĩ``. A head's weight and bias are
+two Kronecker blocks sharing ``G`` (as in BackPACK and laplace-torch), held here as one over ``phĩ = [phi, 1]``.
 
 Example:
     >>> import torch
@@ -27,13 +20,13 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import LogitGaussian
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, symmetric_eig
 
 
 class FoldedKron(nn.Module):
-    """``s² = (phĩ U_A)² @ inverse`` along the columns of ``U_G``, ``inverse = 1 / (λ_A λ_Gᵀ + δ)`` held in a buffer:
-    the exported :meth:`KronCurvature.head_variance`."""
+    """The exported :meth:`KronCurvature.head_variance`: ``s² = (phĩ U_A)² @ inverse`` along ``U_G``'s columns."""
 
     def __init__(self, in_eigvecs: Tensor, inverse: Tensor, out_eigvecs: Tensor) -> None:
         super().__init__()
@@ -42,20 +35,15 @@ class FoldedKron(nn.Module):
         self.register_buffer("out_eigvecs", out_eigvecs)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> LogitGaussian:
-        in_eigvecs, inverse, out_eigvecs = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
-            for value in (self.in_eigvecs, self.inverse, self.out_eigvecs)
-        )
-        return LogitGaussian(mean, ((phi_aug @ in_eigvecs).square() @ inverse).sqrt(), out_eigvecs)
+        dtype = phi_aug.dtype
+        scale = ((phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.inverse, dtype)).sqrt()
+        return LogitGaussian(mean, scale, cast(self.out_eigvecs, dtype))
 
 
 class KronCurvature(Curvature):
-    """``G ⊗ A`` in eigen-factors; ``in_*`` stay ``None`` for a bias (``G`` alone). See module docs."""
+    """``G ⊗ A`` in eigen-factors; ``in_*`` stay ``None`` for a bias (``G`` alone)."""
 
     fields = ("out_eigvals", "out_eigvecs", "in_eigvals", "in_eigvecs")
-
-    def required_fields(self) -> tuple[str, ...]:
-        return ("out_eigvals", "out_eigvecs")
 
     @classmethod
     def from_factors(cls, out_factor: Tensor, in_factor: Tensor | None = None, name: str = "") -> KronCurvature:
@@ -71,7 +59,6 @@ class KronCurvature(Curvature):
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> KronCurvature:
         return cls.from_factors(sums[0], sums[1] / count if len(sums) == 2 else None, name)
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         if self.in_eigvals is None:
             return self.out_eigvals
@@ -119,7 +106,6 @@ class KronCurvature(Curvature):
             return out
         return torch.kron(out, self.in_eigvecs @ torch.diag(self.in_eigvals) @ self.in_eigvecs.T)
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {

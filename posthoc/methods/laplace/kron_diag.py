@@ -1,19 +1,11 @@
 """``hessian="kron-diag"``: KFAC with a diagonal output factor, ``diag(g) ⊗ A``, for heads with many classes.
 
-KFAC's output factor ``G = Σ_n (diag(p_n) - p_n p_nᵀ)`` is ``C x C``: at 20,000 classes 3 GB in float64 before
-its eigendecomposition. This structure keeps its exact diagonal instead, ``g_c = Σ_n p_nc (1 - p_nc)``, and
-KFAC's input factor ``A = Σ_n phĩ phĩᵀ / N`` in eigen-factors ``A = U diag(λ) Uᵀ``. The GGN ``diag(g) ⊗ A`` has
-the eigenvalues ``g_c λ_i`` (the evidence and the prior search read nothing else), and the posterior
-``(diag(g) ⊗ A + δ I)⁻¹`` is, per class ``c``, diagonal in ``A``'s eigenbasis with entries ``1 / (λ_i g_c + δ)``:
-the logits are independent, class ``c``'s variance ``Σ_i ψ_i² / (λ_i g_c + δ)`` with ``ψ = Uᵀ phĩ``.
-
-That exact variance is a ``(D+1) x C`` product per input, as costly as the head itself. The predictive groups
-``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` each alone, the rest in
-``GROUPS`` bins even in ``log λ``, each bin at its mean eigenvalue, so the variance is
-``Σ_b S_b / (λ̄_b g_c + δ)`` with ``S_b = Σ_{i ∈ b} ψ_i²``: a ``K x C`` product, ``K`` = 48 groups. Each bin's
-``1/(λ g + δ)`` varies by less than its eigenvalues' spread (a factor ``exp(log-range / GROUPS)``), and the
-directions with ``λ g ≪ δ`` are at the prior whatever their bin. ``groups = None`` on a block gives the
-exact sum (tests, and small heads).
+KFAC's ``C x C`` output factor is too large for tens of thousands of classes; this keeps its exact diagonal ``g``,
+and ``A = U diag(λ) Uᵀ``. The GGN's eigenvalues are ``g_c λ_i``, and the logits are independent with variances
+``Σ_i ψ_i² / (λ_i g_c + δ)``, ``ψ = Uᵀ phĩ``: a ``(D+1) x C`` product per input, as costly as the head. So the
+predictive groups ``A``'s eigenvalues (:func:`eigen_groups`): the largest ``EXACT_DIRECTIONS`` alone, the rest in
+``GROUPS`` bins even in ``log λ`` at their mean, each bin's ``1/(λ g + δ)`` varying by less than its eigenvalues'
+spread. ``groups = None`` on a block gives the exact sum.
 
 Example:
     >>> import torch
@@ -32,6 +24,7 @@ from torch import Tensor, nn
 
 from posthoc.core.likelihood import LossHessian
 from posthoc.errors import ConfigError
+from posthoc.export.modules import cast
 from posthoc.methods.laplace.glm_predictive import IndependentLogits
 from posthoc.methods.laplace.structure import FLOAT64, Curvature, clamp_curvature, symmetric_eig
 
@@ -44,8 +37,7 @@ LOG_RANGE = 1e-8
 
 
 def eigen_groups(eigvals: Tensor, exact: int = EXACT_DIRECTIONS, bins: int = GROUPS) -> tuple[Tensor, Tensor]:
-    """``(membership (W, K), means (K,))``: a 0/1 matrix putting each eigenvalue of ``A`` in one group, and each
-    group's mean eigenvalue (see module docs). Empty bins are dropped.
+    """``(membership (W, K), means (K,))``: each eigenvalue of ``A``'s group, and each group's mean (empty bins dropped).
 
     Example:
         >>> import torch
@@ -73,8 +65,7 @@ def eigen_groups(eigvals: Tensor, exact: int = EXACT_DIRECTIONS, bins: int = GRO
 
 
 class FoldedKronDiag(nn.Module):
-    """``s² = ((phĩ U)² @ membership) @ inverse`` with ``inverse = 1 / (λ̄ gᵀ + δ)`` ``(K, C)`` in a buffer: the
-    exported :meth:`KronDiagCurvature.head_variance`."""
+    """The exported :meth:`KronDiagCurvature.head_variance`: ``s² = ((phĩ U)² @ membership) @ inverse``."""
 
     def __init__(self, in_eigvecs: Tensor, membership: Tensor, inverse: Tensor) -> None:
         super().__init__()
@@ -83,19 +74,13 @@ class FoldedKronDiag(nn.Module):
         self.register_buffer("inverse", inverse)
 
     def forward(self, phi_aug: Tensor, mean: Tensor) -> IndependentLogits:
-        in_eigvecs, membership, inverse = (
-            value if value.dtype == phi_aug.dtype else value.to(phi_aug.dtype)
-            for value in (self.in_eigvecs, self.membership, self.inverse)
-        )
-        return IndependentLogits(mean, ((phi_aug @ in_eigvecs).square() @ membership) @ inverse)
+        dtype = phi_aug.dtype
+        summed = (phi_aug @ cast(self.in_eigvecs, dtype)).square() @ cast(self.membership, dtype)
+        return IndependentLogits(mean, summed @ cast(self.inverse, dtype))
 
 
 class KronDiagCurvature(Curvature):
-    """``diag(g) ⊗ A`` with ``A`` in eigen-factors (see module docs); last layer only.
-
-    Attributes:
-        groups: ``(exact, bins)`` of :func:`eigen_groups` for the predictive, or ``None`` for the exact variance.
-    """
+    """``diag(g) ⊗ A``, last layer only; ``groups``: ``(exact, bins)`` of :func:`eigen_groups`, ``None``: exact."""
 
     fields = ("out_diagonal", "in_eigvals", "in_eigvecs")
 
@@ -118,7 +103,6 @@ class KronDiagCurvature(Curvature):
             "hessian='kron-diag' is a last-layer structure (subset='last_layer'); over several layers use 'kron' or 'diag'"
         )
 
-    # ------------------------------------------------------------------ the posterior
     def spectrum(self) -> Tensor:
         return torch.outer(self.out_diagonal, self.in_eigvals).reshape(-1)
 
@@ -158,7 +142,6 @@ class KronDiagCurvature(Curvature):
         in_factor = self.in_eigvecs @ torch.diag(self.in_eigvals) @ self.in_eigvecs.T
         return torch.kron(torch.diag(self.out_diagonal), in_factor)
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
         return {

@@ -1,37 +1,13 @@
 """Last-layer Laplace: the head's GGN in closed form and Gaussian logits, no backward pass.
 
-The GGN of a linear head follows from the features and probabilities of ONE pass over the
-training data (:class:`~posthoc.methods.laplace.curvature.LastLayerGGN`) into one block of the
-``hessian`` structure over ``[W, b]``; predictions are that block's Gaussian logits
-(:meth:`~posthoc.methods.laplace.structure.Curvature.head_variance`) through the link
-(:mod:`posthoc.methods.laplace.glm_predictive`), in row chunks whose cost per row is fixed by the
-head's size, the structure and the link. A ``"kron"`` head of more than
-:data:`~posthoc.methods.laplace.structures.MANY_CLASSES` classes is held as ``"kron-diag"``
-(:mod:`~posthoc.methods.laplace.kron_diag`: no ``C x C`` output factor, an ``O(C)`` probit per input).
+The head's GGN follows from one pass over the training data into one block of the ``hessian`` structure over
+``[W, b]``; predictions are its Gaussian logits through the link, in row chunks under the memory budget. A ``"kron"``
+head of more than :data:`~posthoc.methods.laplace.structures.MANY_CLASSES` classes is held as ``"kron-diag"``.
 
-Under ``likelihood="regression"`` the GGN is the same block with the Gaussian's identity loss Hessian
-(``[W, b]``'s GGN is ``I ⊗ Σ phĩ phĩᵀ / σ²``), and the predictive is closed form: mean ``f(x)``,
-epistemic variance ``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``),
-plus the noise ``σ²``; ``σ`` and ``δ`` maximise the evidence, and with held-out data ``σ`` is re-chosen
-on its NLL (:meth:`~posthoc.methods.laplace.base.Laplace._fit_noise_on_held_out`). ``prior_precision="val"`` /
-``"grid"`` score each ``δ`` by that held-out NLL at its own best ``σ``.
-
-Under ``likelihood="heteroscedastic"`` the head outputs means ``m`` and log-variances ``s`` (``2D`` outputs) and
-the GGN is the same block with the Fisher of the Gaussian NLL in both, ``diag(e^{-s_n}, ½)`` per example
-(:class:`~posthoc.core.likelihood.HeteroscedasticHessian`: the exact Hessian is indefinite). The GLM Gaussian over
-``(m, s)``, ``N(f(x), J Σ Jᵀ)``, gives the predictive over ``y``: by default the Gaussian of its moments, mean ``m``
-and variance ``Var m + exp(s + Var s / 2)``
-(:meth:`~posthoc.core.likelihood.HeteroscedasticGaussian.linearised_predictive`); with ``link="mc"`` the mixture
-of ``N(m_k, e^{s_k})`` over ``num_samples`` draws of ``(m, s)``. No noise to fit: ``"auto"`` is the evidence's
-prior (``"marglik"``), ``"val"`` / ``"grid"`` score the predictive's held-out NLL through the selection step.
-
-Under ``likelihood="regression"`` several outputs get one noise ``σ_d`` each: the GGN is then ``diag(1/σ_d²) ⊗ Σ phĩ phĩᵀ``, independent
-across outputs, so output ``d``'s variance is ``σ_d² · head_variance(phĩ, δ σ_d²)`` in its column
-(:func:`~posthoc.core.likelihood.linearised_variance`). The evidence picks ``δ`` with one shared
-``σ``; then each ``σ_d`` minimises its output's held-out NLL at that ``δ`` (without a ``val_loader``: on up to
-``TRAIN_ROWS`` training rows; a fixed noise per output: the evidence reads their root mean square).
-:meth:`~posthoc.methods.laplace.base.Laplace.log_marginal_likelihood` reads one shared noise and refuses a noise
-per output.
+Under ``likelihood="regression"`` the predictive is ``N(f(x), J Σ Jᵀ + σ²)`` with
+``J Σ Jᵀ = σ² · head_variance(phĩ, δ σ²)`` (as ``(H/σ² + δ)⁻¹ = σ² (H + δσ²)⁻¹``, ``H`` at unit noise); with one
+``σ_d`` per output, each output's column at its own noise (the evidence picks ``δ`` at one shared ``σ``). Under ``likelihood="heteroscedastic"``
+(docs/regression.md) the GGN uses the Fisher ``diag(e^{-s_n}, ½)`` of the means and log-variances.
 
 Example:
     >>> import posthoc
@@ -40,6 +16,9 @@ Example:
     >>> um = posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader)
     >>> isinstance(um.method, LastLayerLaplace), um.method.split.head_name, type(um.method.blocks[0]).__name__
     (True, '3', 'DiagCurvature')
+    >>> import torch
+    >>> um.method.row_bytes(0, torch.float32)  # bytes per row in the predictive
+    344
 """
 
 from __future__ import annotations
@@ -68,7 +47,7 @@ from posthoc.methods.laplace.structures import head_structure, structure_class
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
-    """``subset="last_layer"``: closed-form GGN of the head and the logit-space GLM predictive (see module docs)."""
+    """``subset="last_layer"`` (see module docs)."""
 
     likelihoods = (Categorical, Gaussian, HeteroscedasticGaussian)
     per_output_noise = True
@@ -95,7 +74,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     @property
     def curvature(self) -> nn.Module:
-        """The head's fitted block (a :class:`~posthoc.methods.laplace.structure.Curvature` of the ``hessian`` structure)."""
+        """The head's fitted block."""
         return self.blocks[0]
 
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
@@ -159,28 +138,20 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
-        """The closed-form GLM predictive: ``N(f(x), J Σ Jᵀ + σ²)`` per output; under a predicted noise, the
-        moment-matched Gaussian or the sampled mixture over ``(m, s)`` (see module docs)."""
+        """The closed-form GLM predictive over the targets (see module docs)."""
         self._settle()
         phi, outputs = self.split(x)
         dtype = torch.promote_types(phi.dtype, torch.float32)
+        phi_aug, delta = augment(phi.to(dtype), self._has_bias), float(self.prior_precision)
         if isinstance(self.likelihood, HeteroscedasticGaussian):
-            return self._predicted_noise_predictive(
-                augment(phi.to(dtype), self._has_bias),
-                outputs.to(dtype),
-                float(self.prior_precision),
-                generator,
-                num_samples or self.num_samples,
-            )
-        phi_aug = augment(phi.to(dtype), self._has_bias)
-        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise (linearised_variance)
+            samples = num_samples or self.num_samples
+            return self._predicted_noise_predictive(phi_aug, outputs.to(dtype), delta, generator, samples)
+        if self.likelihood.per_output:  # one σ_d per output: each output's block at its own noise
             noises = self.likelihood.variances(outputs.shape[-1], torch.float64, torch.device("cpu"))
-            variance = linearised_variance(self._unit_variance, phi_aug, outputs, float(self.prior_precision), noises)
-            return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
-        noise = self.likelihood.dispersion
-        variance = (
-            noise * self.curvature.head_variance(phi_aug, outputs, float(self.prior_precision) * noise).variance()
-        )
+            variance = linearised_variance(self._unit_variance, phi_aug, outputs, delta, noises)
+        else:
+            noise = self.likelihood.dispersion
+            variance = noise * self.curvature.head_variance(phi_aug, outputs, delta * noise).variance()
         return self.likelihood.predictive(outputs.to(dtype)[None], variance.to(dtype)[None])
 
     def _predicted_noise_predictive(
@@ -191,16 +162,14 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         generator: torch.Generator | None,
         num_samples: int,
     ) -> RegressionPrediction:
-        """Under ``likelihood="heteroscedastic"``: the Gaussian ``N(f(x), J Σ Jᵀ)`` over the means and log-variances,
-        moment-matched (default) or sampled (``link="mc"``) into the predictive over the targets (module docs)."""
+        """Under ``likelihood="heteroscedastic"``: moment-matched (default) or sampled (``link="mc"``)."""
         gaussian = self.curvature.head_variance(phi_aug, outputs, prior_precision)
         if self.link == "mc":
             return self.likelihood.predictive(gaussian.sample(num_samples, generator))
         return self.likelihood.linearised_predictive(outputs, gaussian.variance())
 
     def _predicted_noise_nll(self, rows: list[tuple[Tensor, Tensor, Tensor]], prior_precision: float) -> list[Tensor]:
-        """Per batch of ``rows`` ``(phĩ, outputs, targets)``, each example's NLL under the predictive at
-        ``prior_precision`` (``link="mc"``: the same seeded draws at every prior)."""
+        """Each example's NLL at ``prior_precision`` (``link="mc"``: the same seeded draws at every prior)."""
         generator = torch.Generator(device=self.device).manual_seed(0)
         return [
             -self._predicted_noise_predictive(phi_aug, outputs, prior_precision, generator, self.num_samples)
@@ -231,22 +200,13 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         return self.curvature.head_variance(prepared, outputs, prior_precision).variance()
 
     def _noise_search_elements(self, rows: list[tuple[Tensor, Tensor, Tensor]]) -> int:
-        """The head's variance on every row at once: the structure's and the link's temporaries, in float32 elements."""
         return sum(len(r[0]) for r in rows) * self.row_bytes(0, rows[0][0].dtype) // 4
 
     def target_values(self) -> int:
         return int(self.num_data) * self.split.head.out_features
 
     def row_bytes(self, num_samples: int, dtype: torch.dtype) -> int:
-        """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's.
-
-        Example:
-            >>> import torch
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model, train_loader
-            >>> posthoc.wrap(model, method="laplace", hessian="diag").fit(train_loader).method.row_bytes(0, torch.float32)
-            344
-        """
+        """Bytes one input row keeps alive in the predictive: the structure's temporaries and the link's."""
         head, itemsize = self.split.head, torch.finfo(dtype).bits // 8
         width, classes = head.in_features + int(self._has_bias), head.out_features
         return self.curvature.head_row_bytes(classes, width, itemsize) + glm.link_row_bytes(
@@ -256,7 +216,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
     def logit_gaussian(
         self, phi_aug: Tensor, logits: Tensor, prior_precision: float | None = None
     ) -> glm.GaussianLogits:
-        """The Gaussian over logits for head inputs ``phĩ = [phi, 1]`` (see :mod:`posthoc.methods.laplace.glm_predictive`)."""
+        """The Gaussian over logits for head inputs ``phĩ = [phi, 1]``."""
         self._settle()
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
         return self.curvature.head_variance(phi_aug, logits, delta)
@@ -311,8 +271,7 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         ]
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
-        """As :meth:`Method.load_posterior_state`; a ``"kron"`` file of a head held as ``"kron-diag"`` (many classes)
-        loads into that structure even where the head was not found before the first batch."""
+        """As :meth:`Method.load_posterior_state`; a ``"kron"`` head held as ``"kron-diag"`` loads as that."""
         if "blocks.0.out_diagonal" in state and self.hessian == "kron":
             self.hessian = "kron-diag"
             self.blocks = nn.ModuleList([structure_class(self.hessian)()])

@@ -1,27 +1,15 @@
 """Tuning the prior precision of a Laplace approximation.
 
-With a Gaussian prior ``N(0, δ⁻¹ I)`` and a GGN with eigenvalues ``s_k`` (``P`` of them), the
-Laplace log marginal likelihood is
+With a prior ``N(0, δ⁻¹ I)`` and a GGN of eigenvalues ``s_k`` (``P`` of them) the Laplace log evidence is
 
     log p(D | δ) ≈ -loss - ½ [Σ_k log(s_k + δ) - P log δ + δ ‖θ‖²]
 
-where ``loss`` is the summed training NLL at the checkpoint ``θ``. Its derivative in ``δ`` is
-``½ (γ(δ) - δ ‖θ‖²) / δ`` with ``γ(δ) = Σ_k s_k / (s_k + δ)`` (the effective number of
-parameters, decreasing in ``δ``), so the maximiser is the unique root of ``γ(δ) = δ ‖θ‖²``:
-found by bisection in ``log δ`` from the spectrum alone, each step ``O(P)``, no refitting. For
-KFAC the spectrum is the outer product of the two factors' eigenvalues.
-
-Under a Gaussian likelihood with noise ``σ`` the GGN is the unit-noise one over ``σ²`` (eigenvalues
-``s_k / σ²``) and ``loss = U / σ² + (M/2) log(2π σ²)`` with ``U = ½ Σ r²`` over ``M`` target values:
-:func:`optimize_noise_and_prior` maximises the evidence over ``log σ`` (a grid, then golden section
-around its best point), with ``δ`` at its exact optimum for every ``σ`` (or fixed).
-
-The search range of ``δ`` is fixed in standardised units, ``δ s²`` for targets of scale ``s`` (``scale``):
-a network trained on targets ``c`` times larger has a head ``c`` times larger and the optimal ``δ``
-``c²`` times smaller, the same prior in the targets' units. So the answer does not depend on the
-targets' units (without it, targets in units of 1e-8 pushed ``δ`` onto the bound 1e8).
-
-The alternatives on held-out NLL are in :mod:`posthoc.methods.laplace.prior_search`.
+with ``loss`` the summed training NLL at the checkpoint ``θ``. Its maximiser is the unique root of
+``γ(δ) = δ ‖θ‖²``, ``γ(δ) = Σ_k s_k / (s_k + δ)`` the effective number of parameters: found from the spectrum alone,
+each step ``O(P)``. Under a Gaussian likelihood with noise ``σ`` the eigenvalues are ``s_k / σ²`` and
+``loss = U / σ² + (M/2) log(2π σ²)`` (``U = ½ Σ r²`` over ``M`` target values): :func:`optimize_noise_and_prior`
+maximises over ``log σ`` (a grid, then golden section), ``δ`` at its optimum for every ``σ``. ``δ`` is searched in
+standardised units, ``δ s²`` for targets of scale ``s``, so the answer does not depend on the targets' units.
 
 Example:
     >>> import torch
@@ -45,8 +33,6 @@ from posthoc.core.likelihood import golden_minimum
 
 #: points of the coarse grid in ``log σ`` (from 1e-3 to 10 times the residuals' RMS) before the golden section
 NOISE_GRID = 41
-
-
 #: spectra longer than this are summed in slices (a head of 50,000 classes has 4e7 eigenvalues)
 SPECTRUM_CHUNK = 2**22
 
@@ -80,12 +66,8 @@ def log_marginal_likelihood(
 
 
 def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, scale: float = 1.0) -> float:
-    """The root ``u = log δ`` of ``γ(e^u) = e^u ‖θ‖²`` inside the search range, or the bound it passes.
-
-    Solved as ``h(u) = log γ(e^u) - u - log ‖θ‖² = 0``: ``h`` falls with a slope between -2 and -1, so
-    Newton steps kept inside a shrinking bracket (a bisection step whenever Newton would leave it)
-    reach float64 resolution in a few ``O(P)`` steps.
-    """
+    """The root ``u = log δ`` of ``h(u) = log γ(e^u) - u - log ‖θ‖²`` in the search range, or the bound it passes:
+    ``h`` falls with a slope between -2 and -1, so bracketed Newton steps converge in a few ``O(P)`` steps."""
     low, high = (math.log(bound) for bound in prior_bounds(scale))
     if square_norm <= 0:
         return high
@@ -125,15 +107,7 @@ def _log_prior_root(spectrum: np.ndarray, square_norm: float, iterations: int, s
 def optimize_prior_precision(
     spectrum: Tensor, loss: float | Tensor, square_norm: float | Tensor, *, iterations: int = 200, scale: float = 1.0
 ) -> float:
-    """The scalar prior precision maximising the Laplace marginal likelihood (the exact root of its derivative).
-
-    Args:
-        spectrum: eigenvalues of the GGN (``>= 0``), flattened.
-        loss: summed training NLL at the checkpoint (does not move the optimum; kept for symmetry).
-        square_norm: ``‖θ‖²`` of the parameters under the prior.
-        iterations: at most this many safeguarded Newton steps in ``log δ`` (a handful reach float64 resolution).
-        scale: the targets' scale (1 for class labels): the range searched is :func:`prior_bounds`.
-    """
+    """The prior precision maximising the evidence (``loss`` does not move it), in :func:`prior_bounds`."""
     log_delta = _log_prior_root(
         spectrum.detach().to(torch.float64).cpu().numpy(), float(square_norm), iterations, scale
     )
@@ -166,8 +140,7 @@ def optimize_noise_and_prior(
     noise_std: float | None = None,
     scale: float = 1.0,
 ) -> tuple[float, float]:
-    """``(δ, σ)`` maximising the Laplace evidence of a Gaussian likelihood (see module docs); a given ``prior_precision``
-    or ``noise_std`` stays fixed; ``δ`` is searched in :func:`prior_bounds` of the targets' ``scale``.
+    """``(δ, σ)`` maximising the evidence of a Gaussian likelihood; a given ``prior_precision`` or ``noise_std`` stays.
 
     Example:
         >>> import torch

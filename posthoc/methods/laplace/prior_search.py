@@ -1,16 +1,10 @@
 """The prior precisions a held-out rule tries: laplace-torch's log grid, and the ladder of the selection step.
 
-- :func:`grid_search`: the grid point with the lowest mean NLL, what laplace-torch's
-  ``optimize_prior_precision(method="gridsearch")`` does (``prior_precision="grid"``);
-- :func:`ladder`: the candidates of ``"val"`` / ``"auto"`` for :func:`posthoc.engine.selection.select`, from the
-  narrowest posterior to the widest: a decade at a time from ``MAX_PRIOR_PRECISION`` (nearly the checkpoint)
-  down to the grid's top, then the grid from ``1e4`` down to ``1e-4``. The selection walks it wider while the
-  in-distribution excess is confidently within the tolerance.
-
-Why not the minimiser: held-out NLL of a well-trained classifier on in-distribution data usually
-falls all the way to the MAP as ``δ`` grows (measured on the bundled ``digits_bn_cnn``), so the
-minimiser is a posterior too narrow to change anything under shift; the widest posterior whose
-in-distribution cost is bounded keeps in-distribution predictions and widens the shifted ones.
+:func:`grid_search` is laplace-torch's ``gridsearch`` (``prior_precision="grid"``); :func:`ladder` gives the
+candidates of ``"val"`` / ``"auto"``, narrowest posterior first: a decade at a time from ``MAX_PRIOR_PRECISION`` down
+to the grid's top, then the grid from ``1e4`` down to ``1e-4``. Not the minimiser: a well-trained classifier's
+held-out NLL usually falls all the way to the MAP as ``δ`` grows, a posterior too narrow to change anything under
+shift; the widest posterior whose in-distribution cost is bounded widens the shifted predictions.
 
 Example:
     >>> from posthoc.methods.laplace.prior_search import ladder
@@ -32,8 +26,7 @@ from posthoc.methods.laplace.marglik import prior_bounds
 
 
 def default_grid(num: int = 41, scale: float = 1.0) -> Tensor:
-    """Log-spaced prior precisions from 1e-4 to 1e4 in standardised units: divided by ``scale²`` for targets of scale
-    ``scale`` (:func:`~posthoc.methods.laplace.marglik.prior_bounds`; 1 for class labels)."""
+    """Log-spaced prior precisions from 1e-4 to 1e4, divided by ``scale²`` for targets of scale ``scale``."""
     return torch.logspace(-4, 4, num, dtype=torch.float64) / scale**2
 
 
@@ -63,15 +56,7 @@ def grid_search(validation_nll: Callable[[float], float], grid: Tensor | None = 
 
 
 def ladder(grid: Tensor | None = None, *, scale: float = 1.0) -> list[float]:
-    """The prior precisions of the held-out rule, narrowest posterior first (module docs), for targets of scale
-    ``scale`` (1 for class labels: :func:`~posthoc.methods.laplace.marglik.prior_bounds`).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.laplace.prior_search import ladder
-        >>> ladder(torch.tensor([1.0, 10.0]))[-3:]
-        [100.0, 10.0, 1.0]
-    """
+    """The prior precisions of the held-out rule, narrowest posterior first, for targets of scale ``scale``."""
     grid = default_grid(scale=scale) if grid is None else grid
     top = float(grid[-1])
     decades = []

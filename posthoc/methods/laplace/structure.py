@@ -1,22 +1,10 @@
 """The contract of a fitted curvature block: :class:`Curvature`, one subclass per Hessian structure.
 
-A block is the generalised Gauss-Newton (GGN) of one group of parameters in the factored form its
-structure keeps (Kronecker eigen-factors, a diagonal, a dense eigen-decomposition), held in its own
-buffers. With a prior precision ``δ`` it is the Gaussian posterior ``N(θ, (GGN + δ I)⁻¹)``, and it
-answers everything Laplace asks of that posterior:
-
-- :meth:`Curvature.spectrum`: the GGN's eigenvalues (the evidence and its optimum need nothing else);
-- :meth:`Curvature.sample`: weight draws;
-- :meth:`Curvature.head_variance`: the Gaussian logits of a linear head ``W phĩ`` (the Jacobian is
-  ``I ⊗ phĩᵀ``, never formed);
-- :meth:`Curvature.jacobian_variance`: ``J Σ Jᵀ`` for a layer inside a network, whose Jacobian in
-  its weight is ``g_c aᵀ`` per logit ``c``;
-- the last-layer GGN accumulated batch by batch (:meth:`Curvature.head_statistics`,
-  :meth:`Curvature.accumulate`, :meth:`Curvature.from_head_statistics`).
-
-Parameters are ordered output-major, as ``W.reshape(-1)``: index ``o * in + i``; a head's block
-covers ``[W, b]`` over ``phĩ = [phi, 1]``. Adding a structure is one module with one subclass, and
-one entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
+A block is the generalised Gauss-Newton (GGN) of one group of parameters in its structure's factored form; with a
+prior precision ``δ`` it is the posterior ``N(θ, (GGN + δ I)⁻¹)``: its spectrum (all the evidence needs), weight draws,
+a head's Gaussian logits, ``J Σ Jᵀ`` inside a network, and the last-layer GGN batch by batch. Parameters are ordered as
+``W.reshape(-1)``; a head's block covers ``[W, b]`` over ``phĩ = [phi, 1]``. A new structure is one subclass and one
+entry in :data:`posthoc.methods.laplace.structures.STRUCTURES`.
 
 Example:
     >>> import torch
@@ -45,14 +33,8 @@ FLOAT64 = torch.float64
 
 
 class Curvature(nn.Module, metaclass=abc.ABCMeta):
-    """A fitted GGN block and the Gaussian posterior it makes with a prior precision (see module docs).
-
-    Subclasses name their buffers in :attr:`fields` (``None`` until fitted or loaded) and build
-    fitted blocks with their own ``from_...`` class methods.
-
-    Args:
-        name: what the block covers (a parameter's qualified name; empty for a head), for messages.
-    """
+    """A fitted GGN block (see module docs), its buffers named in :attr:`fields` (``None`` until fitted or loaded);
+    ``name`` is the parameter it covers (empty for a head)."""
 
     #: the buffers holding the fitted state, in the order a saved posterior lists them
     fields: ClassVar[tuple[str, ...]] = ()
@@ -63,22 +45,11 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         for field in self.fields:
             self.register_buffer(field, None)
 
-    @property
-    def fitted(self) -> bool:
-        """Whether the buffers hold a fitted GGN."""
-        return all(getattr(self, field) is not None for field in self.required_fields())
-
-    def required_fields(self) -> tuple[str, ...]:
-        """The buffers a fitted block always has (the rest may stay ``None``, e.g. a bias's input factor)."""
-        return self.fields
-
     @classmethod
     @abc.abstractmethod
     def from_sums(cls, sums: list[Tensor], count: int, name: str = "") -> Curvature:
-        """The block of parameter ``name`` from what a fitting engine (BackPACK, hooks) summed over
-        ``count`` examples: ``[G]`` or ``[G, Σ_n A_n]`` for Kronecker factors, ``[diagonal]``, ``[matrix]``."""
+        """The block from what BackPACK or hooks summed over ``count`` examples (``[G, Σ_n A_n]``, ...)."""
 
-    # ------------------------------------------------------------------ the posterior
     @abc.abstractmethod
     def spectrum(self) -> Tensor:
         """All eigenvalues of the (approximate) GGN, flattened (float64)."""
@@ -86,15 +57,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     def sample(
         self, value: Tensor, prior_precision: float, num_samples: int, generator: torch.Generator | None
     ) -> Tensor:
-        """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype.
-
-        Example:
-            >>> import torch
-            >>> from posthoc.methods.laplace.diag import DiagCurvature
-            >>> block, weight = DiagCurvature.from_diagonal(torch.ones(3, 5)), torch.zeros(3, 5)
-            >>> block.sample(weight, 1.0, 10, None).shape
-            torch.Size([10, 3, 5])
-        """
+        """``num_samples`` draws ``(S, *value.shape)`` from ``N(value, (GGN + δ I)⁻¹)``, in ``value``'s dtype."""
         dtype = torch.promote_types(value.dtype, torch.float32)
         shape = (num_samples, *value.shape)
         noise = randn(shape, generator=generator, device=value.device, dtype=dtype)
@@ -105,8 +68,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         """``Σ^½ ε`` for standard normal ``noise`` ``(S, *parameter shape)``: draws of ``N(0, (GGN + δ I)⁻¹)``."""
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> nn.Module:
-        """The head's posterior at ``prior_precision`` folded into buffers: a module ``(phĩ, mean) -> Gaussian logits``
-        that gives what :meth:`head_variance` gives, for an exported predictive (``um.to_module()``)."""
+        """The head's posterior folded into buffers: a module giving what :meth:`head_variance` gives."""
         raise NotImplementedError
 
     @abc.abstractmethod
@@ -115,18 +77,13 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
     @abc.abstractmethod
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
-        """``J Σ Jᵀ`` ``(n, C, C)`` of this block inside a network, in ``g``'s dtype.
-
-        ``g``: the logits' gradients in the layer's output, ``(n, C, out)``, or ``(n, C, T, out)`` for
-        a layer applied at ``T`` positions; ``a``: the layer's inputs ``(n, in)`` or ``(n, T, in)``
-        for a weight (Jacobian ``Σ_t g_c,t a_tᵀ``), ``None`` for a bias (Jacobian ``Σ_t g_c,t``).
-        """
+        """``J Σ Jᵀ`` ``(n, C, C)`` inside a network from the logits' gradients in the layer's output ``g``
+        ``(n, C, [T,] out)`` and its inputs ``a`` ``(n, [T,] in)`` (``None`` for a bias): ``J = Σ_t g_c,t a_tᵀ``."""
 
     @abc.abstractmethod
     def dense(self) -> Tensor:
-        """The (approximate) GGN as a dense ``(P, P)`` matrix (for tests and small blocks)."""
+        """The (approximate) GGN as a dense ``(P, P)`` matrix."""
 
-    # ------------------------------------------------------------------ the last layer
     @classmethod
     @abc.abstractmethod
     def head_statistics(cls, num_classes: int, width: int, device: torch.device | str) -> dict[str, Tensor]:
@@ -144,8 +101,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
     @classmethod
     def check_head_memory(cls, num_classes: int, width: int, budget_bytes: float) -> None:
-        """Refuse, before allocating, a head whose block would not fit in ``budget_bytes`` (factored
-        structures, growing as ``C² + D²`` or ``C D``, always fit)."""
+        """Refuse, before allocating, a head whose block would not fit in ``budget_bytes``."""
 
     @classmethod
     @abc.abstractmethod
@@ -160,7 +116,7 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
 
 
 def non_finite_curvature(what: str) -> NumericalError:
-    """The error for a curvature with NaN or inf in it, saying what to try (the inputs were checked finite)."""
+    """The error for a curvature with NaN or inf in it, saying what to try."""
     return NumericalError(
         f"the {what} contains NaN or inf although the inputs are finite: the model's features or logits "
         "overflow, or its weights hold NaN. Check torch.isfinite on model.parameters() and on the model's "

@@ -1,9 +1,7 @@
 """The key map from ``hessian=`` to the :class:`~posthoc.methods.laplace.structure.Curvature` class that holds it.
 
-``"kron-mc"`` is fitted differently (BackPACK's sampled KFAC) but held as ``"kron"``. A last-layer ``"kron"`` over
-more than :data:`MANY_CLASSES` classes is held as ``"kron-diag"`` (:func:`head_structure`): KFAC's ``C x C`` output
-factor and its eigendecomposition would cost more than the head itself (``16 C²`` bytes, ``C³`` flops: 8 GB and
-minutes at 20,000 classes), while the diagonal output factor is ``O(C)``.
+``"kron-mc"`` (BackPACK's sampled KFAC) is held as ``"kron"``. A last-layer ``"kron"`` over more than
+:data:`MANY_CLASSES` classes is held as ``"kron-diag"``: KFAC's ``C x C`` output factor would cost more than the head.
 
 Example:
     >>> from posthoc.methods.laplace.structures import head_structure, structure_class

@@ -1,27 +1,12 @@
 """Laplace over a subset of layers: BackPACK's KFAC or diagonal GGN, GLM or weight-sample predictive.
 
-``subset="lora"`` covers a ``peft`` model's LoRA adapter weights only (LoRA-Laplace, Yang et al.
-2024): their KFAC-reduce or diagonal GGN comes from hooks (:mod:`~posthoc.methods.laplace.hooked_kfac`,
-BackPACK cannot run transformers), the predictive is the GLM one over the adapters' per-token
-Jacobians; memory grows with the adapters' width, never with the frozen model's.
-
-Every parameter of the covered Linear/Conv2d layers gets its own block of the ``hessian``
-structure (:mod:`~posthoc.methods.laplace.kron`, :mod:`~posthoc.methods.laplace.diag`), fitted by
-:func:`~posthoc.methods.laplace.curvature.backpack_ggn` (or, for ``subset="lora"``,
-:func:`~posthoc.methods.laplace.hooked_kfac.hooked_ggn`) and held in ``blocks``. Predictions are the
-linearised (GLM) logit Gaussian when every covered layer is Linear
-(:mod:`posthoc.methods.laplace.subset_glm`, in row chunks whose cost per row, from the class count
-and the positions per example recorded at fit, is fixed), else (or with ``pred="nn"``) ``S`` weight
-draws run through the network.
-
-Under ``likelihood="regression"`` (BackPACK subsets, not ``"lora"``) the curvature is the GGN of the
-squared error at unit noise (BackPACK's ``MSELoss``, halved: its loss Hessian is ``2 I``), divided by
-``σ²`` as in the last layer; ``σ`` and ``δ`` maximise the evidence, and with a ``val_loader`` ``σ`` is
-re-chosen on held-out NLL at that ``δ`` (``pred="glm"``). The predictive is ``N(f(x), J Σ Jᵀ + σ²)``
-with ``J Σ Jᵀ = σ² J (G + δσ²)⁻¹ Jᵀ`` per block (``pred="glm"``), or the mixture of ``N(f_s(x), σ²)``
-over weight draws from that posterior (``pred="nn"``, which keeps the evidence's ``σ``). The held-out
-prior rules ``"val"``/``"grid"`` score that GLM predictive's Gaussian NLL as in the last layer
-(:mod:`posthoc.methods.laplace.base`); ``pred="nn"`` refuses them under regression.
+Every parameter of the covered Linear/Conv2d layers gets its own block, fitted by BackPACK
+(:func:`~posthoc.methods.laplace.curvature.backpack_ggn`) or, for ``subset="lora"`` (a ``peft`` model's adapters,
+LoRA-Laplace, Yang et al. 2024), by hooks (:mod:`~posthoc.methods.laplace.hooked_kfac`): memory grows with the
+adapters' width, never with the frozen model's. Predictions are the GLM logit Gaussian
+(:mod:`~posthoc.methods.laplace.subset_glm`) when every covered layer is Linear, else (or with ``pred="nn"``) weight
+draws run through the network. Under ``likelihood="regression"`` (not ``"lora"``) the curvature is the squared error's
+GGN at unit noise over ``σ²``, as in the last layer; ``pred="nn"`` keeps the evidence's ``σ``.
 
 Example:
     >>> import posthoc
@@ -69,7 +54,7 @@ from posthoc.methods.laplace.structures import structure_class
 
 
 class SubsetLaplace(Laplace, scope="subset"):
-    """``subset="all"`` or a list of module names: BackPACK KFAC/diagonal blocks over those layers (see module docs)."""
+    """``subset="all"``, module names or ``"lora"`` (see module docs)."""
 
     likelihoods = (Categorical, Gaussian)
     export_refusal = (
@@ -100,7 +85,7 @@ class SubsetLaplace(Laplace, scope="subset"):
             self.register_buffer(name, torch.zeros((), dtype=torch.int64))
 
     def use_likelihood(self, likelihood: Likelihood) -> None:
-        """As :meth:`Laplace.use_likelihood`; ``subset="lora"`` stays with the softmax (its hooks square-root that Hessian)."""
+        """As :meth:`Laplace.use_likelihood`; ``subset="lora"`` stays with the softmax (its hooks square-root it)."""
         if self.subset == "lora" and likelihood.fits_noise:
             raise ConfigError(
                 f"subset='lora' fits its curvature from hooks with the softmax's loss Hessian and does not do "
@@ -112,20 +97,11 @@ class SubsetLaplace(Laplace, scope="subset"):
     def _fit_curvature(self, train_loader: Iterable, progress: bool) -> tuple[Tensor, list[Tensor]]:
         self.num_data.zero_()
         if self.subset == "lora":
-            blocks, loss = hooked_ggn(
-                self.model,
-                self.param_names,
-                self.hessian,
-                self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)"),
-            )
+            batches = self._labelled_batches(train_loader, progress, "laplace curvature (LoRA, hooks)")
+            blocks, loss = hooked_ggn(self.model, self.param_names, self.hessian, batches)
         else:
-            blocks, loss = backpack_ggn(
-                self.model,
-                self.param_names,
-                self.hessian,
-                self._labelled_batches(train_loader, progress),
-                self.likelihood,
-            )
+            batches = self._labelled_batches(train_loader, progress)
+            blocks, loss = backpack_ggn(self.model, self.param_names, self.hessian, batches, self.likelihood)
         self.num_data.copy_(sum_over_ranks(self.num_data))
         self.blocks = nn.ModuleList(blocks)
         params = dict(self.model.named_parameters())
@@ -195,35 +171,29 @@ class SubsetLaplace(Laplace, scope="subset"):
         draws = {
             b.name: b.sample(params[b.name].detach(), prior_precision, num_samples, generator) for b in self.blocks
         }
-        sample_log_probs = torch.stack(
+        sample_log_probs = self._run_draws(x, draws, num_samples, class_log_probs)
+        return log_mean_exp(sample_log_probs), sample_log_probs
+
+    def _run_draws(self, x: Inputs, draws: dict[str, Tensor], num_samples: int, read: Any) -> Tensor:
+        """``read`` of the network's outputs under each weight draw of the covered parameters, stacked."""
+        return torch.stack(
             [
-                class_log_probs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
+                read(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
                 for s in range(num_samples)
             ]
         )
-        return log_mean_exp(sample_log_probs), sample_log_probs
 
-    # ------------------------------------------------------------------------------ regression
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
-        """Under a Gaussian likelihood: ``N(f(x), J Σ Jᵀ + σ²)`` per output with ``pred="glm"``, else the mixture of
-        ``N(f_s(x), σ²)`` over ``num_samples`` weight draws (see module docs)."""
+        """Under a Gaussian likelihood (see module docs)."""
         self._settle()
         noise, delta = self.likelihood.dispersion, float(self.prior_precision)
         if self.pred == "nn":
+            num_samples = num_samples or self.num_samples
             params = dict(self.model.named_parameters())
-            draws = {
-                b.name: self._draws(b, params[b.name].detach(), num_samples or self.num_samples, generator)
-                for b in self.blocks
-            }
-            outputs = torch.stack(
-                [
-                    model_outputs(run_model_with(self.model, {name: draw[s] for name, draw in draws.items()}, x))
-                    for s in range(num_samples or self.num_samples)
-                ]
-            )
-            return self.likelihood.predictive(outputs)
+            draws = {b.name: self._draws(b, params[b.name].detach(), num_samples, generator) for b in self.blocks}
+            return self.likelihood.predictive(self._run_draws(x, draws, num_samples, model_outputs))
         outputs, factors = subset_glm.jacobian_factors(self.model, self.glm_layers, x)
         variance = noise * subset_glm.jacobian_covariance(factors, list(self.blocks), delta * noise).diagonal(
             dim1=1, dim2=2
@@ -240,9 +210,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         )
 
     def _regression_rows(self, loader: Iterable, rows: int | None, progress: bool) -> list[tuple[Any, Tensor, Tensor]]:
-        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, joined into one batch where their
-        shapes allow: the factors
-        (:func:`~posthoc.methods.laplace.subset_glm.jacobian_factors`) give ``J Σ Jᵀ`` at any prior without another pass."""
+        """``[(Jacobian factors, outputs, targets)]`` of ``loader``'s first ``rows`` rows, one batch where possible."""
         found, seen = [], 0
         with eval_mode(self.model):
             for x, y in iterate(loader, device=self.device, progress=progress, desc="laplace noise"):

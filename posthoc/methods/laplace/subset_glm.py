@@ -1,18 +1,10 @@
 """The linearised (GLM) predictive of a Laplace posterior over several Linear layers.
 
-Around the checkpoint the logits are linear in the covered weights, ``f(x) ≈ f*(x) + J(x) Δθ``,
-so the block-diagonal posterior (one block per parameter, from BackPACK or hooks) gives Gaussian
-logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. For a Linear layer with input ``a`` and output ``z``,
-the Jacobian of logit ``c`` in its weight is ``g_c aᵀ`` with ``g_c = ∂f_c/∂z``, so each block's
-``C x C`` term needs only ``a`` and the ``C`` output gradients ``g_c``; the block computes it in its
-own factored form (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`).
-
-The gradients come from ``C`` backward passes per chunk to zero tensors that temporary hooks
-(:func:`posthoc.engine.hooks.hooked`) add to the layers' outputs, so frozen weights need no
-gradients and no weight gradient is formed. A layer applied over ``T`` positions (LoRA adapters on every token) has
-the Jacobian ``Σ_t g_c,t a_tᵀ``. This is the predictive
-that laplace-torch calls ``pred_type="glm"``; unlike weight sampling (``pred="nn"``) it does not let the prior's spread in
-directions the data never probed wreck the network's predictions.
+Around the checkpoint the logits are linear in the covered weights, so the block-diagonal posterior gives Gaussian
+logits ``N(f*(x), Σ_blocks J Σ_block Jᵀ)``. A Linear layer's Jacobian for logit ``c`` is ``g_c aᵀ`` (``Σ_t g_c,t a_tᵀ``
+over ``T`` positions): each block needs the layer's input ``a`` and the output gradients ``g_c``, from ``C`` backward
+passes to zero tensors that hooks add to the outputs (no weight gradient). Unlike weight sampling (``pred="nn"``) this
+(laplace-torch's ``pred_type="glm"``) does not let the prior's spread in unprobed directions wreck the predictions.
 
 Example:
     >>> from torch import nn
@@ -64,8 +56,7 @@ def _tap(taps: dict[str, tuple[Tensor, Tensor]], name: str) -> Callable[[nn.Modu
 def tapped_forward(
     model: nn.Module, layers: dict[str, nn.Linear], x: Inputs
 ) -> tuple[Tensor, dict[str, tuple[Tensor, Tensor]]]:
-    """The logits of ``x`` with gradients enabled and, per layer, its (detached) input and the zero leaf
-    added to its output, whose gradient is ``∂/∂z`` of whatever is differentiated."""
+    """The logits of ``x`` and, per layer, its (detached) input and the zero leaf added to its output."""
     taps: dict[str, tuple[Tensor, Tensor]] = {}
     with torch.enable_grad(), hooked((layer, "output", _tap(taps, name)) for name, layer in layers.items()):
         logits = run_model(model, x)
@@ -94,12 +85,7 @@ def positions_per_row(model: nn.Module, layers: dict[str, nn.Linear], row: Input
 def logit_gaussian(
     model: nn.Module, layers: dict[str, nn.Linear], blocks: list[Curvature], x: Inputs, prior_precision: float
 ) -> DenseLogitGaussian:
-    """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``.
-
-    Each parameter's block (``block.name``) adds its ``J Σ Jᵀ`` from the layer's inputs and the
-    logits' gradients in its output (:meth:`~posthoc.methods.laplace.structure.Curvature.jacobian_variance`).
-    A layer applied over positions (inputs ``(N, T, features)``, e.g. LoRA adapters on every token)
-    has the Jacobian ``Σ_t g_c,t a_tᵀ`` per example."""
+    """Gaussian logits ``N(f*(x), J Σ Jᵀ)`` of a block-diagonal posterior over ``layers`` for inputs ``x``."""
     logits, factors = jacobian_factors(model, layers, x)
     out = logits.dtype if logits.dtype in (torch.float32, torch.float64) else torch.float32
     return DenseLogitGaussian(logits.to(out), jacobian_covariance(factors, blocks, prior_precision))
@@ -156,9 +142,8 @@ def jacobian_covariance(
 
 
 def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0, positions: int = 1) -> int:
-    """Float64 temporaries of :func:`logit_gaussian` per input row (gradients, rotations, C x C
-    covariance and eigenvectors), plus ``samples`` logit draws for the MC link; layers applied over
-    ``positions`` tokens also hold their ``T`` gradients and inputs and the ``C`` per-example Jacobians."""
+    """Float64 bytes of :func:`logit_gaussian` per input row (gradients, rotations, ``C x C`` covariance and
+    eigenvectors, ``samples`` logit draws; over ``positions`` tokens also the per-example Jacobians)."""
     width = sum(layer.out_features + layer.in_features for layer in layers.values())
     if positions > 1:
         width = positions * width + sum(layer.out_features * layer.in_features for layer in layers.values())

@@ -1,11 +1,8 @@
 """The units of a regressor's targets, which Laplace's prior search is standardised to.
 
-A network trained on targets ``c`` times larger has a head ``c`` times larger and an optimal prior precision
-``c²`` times smaller: the same prior in the targets' units. The prior is therefore searched in units of the
-targets' spread (:func:`~posthoc.methods.laplace.marglik.prior_bounds`, the held-out grids), rounded to a
-power of ten so that targets of unit spread (standardised data) keep the plain range exactly, and targets in
-other units (1e8, 1e-8) give the same fit in those units. The spread is read from the training targets as the
-curvature pass reads them (:class:`TargetMoments`), at no extra pass.
+A network trained on targets ``c`` times larger has an optimal prior precision ``c²`` times smaller, so the prior
+is searched in units of the targets' spread, rounded to a power of ten (standardised data keep the plain range
+exactly). :class:`TargetMoments` reads the spread as the curvature pass reads the targets, at no extra pass.
 
 Example:
     >>> import torch
@@ -36,9 +33,8 @@ class TargetMoments:
 
     def __init__(self, loader: Iterable) -> None:
         self.loader = loader
-        self.sums = torch.zeros(
-            3, dtype=torch.float64
-        )  # count, Σ y², Σ (y - its batch's mean)² over every target value
+        #: count, Σ y², Σ (y - its batch's mean)² over every target value
+        self.sums = torch.zeros(3, dtype=torch.float64)
 
     def __iter__(self) -> Iterator[Any]:
         for batch in self.loader:
