@@ -7,39 +7,24 @@ features lie from the training features, at several layers, so that confidence f
 and stays where the data is. It stacks on any method: ``["none", "dac"]`` tempers the plain model,
 ``["laplace", "dac"]`` each of Laplace's samples.
 
-- **Features** at the head's input and the ends of the last two stages before it
-  (:mod:`posthoc.methods.dac.layers`; ``layers=[module names]`` overrides the intermediate ones),
-  captured by hooks during the inner method's own forward pass: DAC costs no second forward.
-- **A feature bank** per layer from ``train_loader``: unit-normalised, pooled features of a uniform
-  random subset of the training examples, as many as ``bank_bytes`` allows. It holds
-  ``rows x sum_l D_l x 4`` bytes: on ImageNet with a ResNet-50 read at ``layer2``, ``layer3`` and the
-  head's input (512 + 1024 + 2048 = 3,584 floats per example) the default 64 MiB keeps 4,681 of
-  the 1.28 M images, and 1 GiB keeps 74,898 (6 %); predicting costs ``B x rows x sum_l D_l`` more
-  multiply-adds per batch of ``B``, chunked under the runner's memory budget.
-- **The distance** of an example at each layer is the Euclidean distance of its normalised
-  features to the ``k``-th nearest bank row (:func:`posthoc.engine.feature_bank.kth_distance`, as the
-  ``"knn"`` OOD score).
-- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` equals ``T0`` for
-  every example closer to the training features than the ``anchor`` quantile of the clean held-out
-  examples at every layer, and grows with the distance beyond it (:mod:`posthoc.methods.dac.temperature`).
-- **Fit**: a held-out choice of the selection step (:mod:`posthoc.engine.selection`). For every
-  ``anchor`` (0.8, 0.9, 0.95 by default), with ``T0 = 1``, the weights ``w`` minimise the clean NLL plus ``strength``
-  (1) times the NLL of the perturbed
-  copies of the validation batches (``shift="auto"``, the default of ``um.fit``;
-  :func:`posthoc.engine.held_out.shifted_held_out`); the candidates are those weights shrunk by
-  ``1/32 .. 1`` (``shrink``), beside the inner predictive as it is and ``T0`` alone (the clean
-  maximum-likelihood temperature, no weights: temperature scaling). Each candidate is
-  fitted on four fifths of the held-out examples and scored on the fifth (cross-fitting); it is
-  admissible when its clean NLL excess over the plain model is confidently within the tolerance, and
-  the admissible one of lowest NLL on the perturbed copies is then fitted on all of them. With ``T0 =
-  1`` every example nearer to the training features than the anchor keeps the inner predictive
-  exactly, so the in-distribution cost falls on the far tail only (a fitted ``T0`` under the weights
-  cost more in distribution on both bundled checkpoints, for no gain on the perturbed copies). The inner predictions and the
-  distances are computed once (with a seeded generator) and every fit runs on that cache.
-  ``anchor=``, ``shrink=`` and ``strength=`` fix them.
-- **Regressors** (``likelihood="regression"`` or ``"heteroscedastic"``): the same factor multiplies the inner
-  predictive's *variance* about its mean instead of tempering it, and is fitted by the Gaussian mixture NLL
-  (:mod:`posthoc.methods.dac.variance`); the perturbed copies are graded by the rise in RMSE.
+- **Features** at the head's input and the ends of the last two stages before it (:mod:`.layers`), captured by hooks
+  during the inner method's own forward pass: DAC costs no second forward.
+- **A feature bank** per layer: unit-normalised, pooled features of a uniform random subset of the training
+  examples, as many as ``bank_bytes`` allows (its size at ImageNet scale: docs/methods/dac.md).
+- **The distance** at each layer is that of the normalised features to the ``k``-th nearest bank row
+  (:func:`posthoc.engine.feature_bank.kth_distance`, as the ``"knn"`` OOD score).
+- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` equals ``T0`` for every example
+  closer to the training features than the ``anchor`` quantile of the clean held-out examples at every layer, and
+  grows with the distance beyond it (:mod:`.temperature`).
+- **Fit**: a choice of the selection step (:mod:`posthoc.engine.selection`) among the inner predictive as it is,
+  ``T0`` alone (temperature scaling), and, for every anchor, the weights fitted with ``T0 = 1`` on the clean NLL plus
+  ``strength`` times that of the perturbed copies of the validation batches, shrunk by each factor of :data:`SHRINKS`.
+  Each is fitted on four fifths of the held-out examples and scored on the fifth; the admissible one of lowest
+  perturbed NLL is then fitted on all of them. With ``T0 = 1`` every example nearer than the anchor keeps the inner
+  predictive exactly, so the in-distribution cost falls on the far tail only. The inner predictions and the
+  distances are computed once (seeded) and every fit runs on that cache.
+- **Regressors**: the same factor multiplies the inner predictive's *variance* about its mean, fitted by the
+  Gaussian mixture NLL (:mod:`.variance`); the perturbed copies are graded by the rise in RMSE.
 
 Example:
     >>> import posthoc
@@ -72,6 +57,7 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
@@ -194,24 +180,8 @@ class _Cache:
 
 @register
 class DensityAwareCalibration(FittedOnHeldOut, Method):
-    """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
-
-    Under a regression likelihood the same factor multiplies the inner predictive's variance (module docs).
-
-    Args:
-        inner: the method whose predictive is tempered.
-        k: which nearest training feature measures the distance.
-        layers: module names whose outputs are read besides the head's input (``None``: the ends of
-            the last two stages before the head); ``"name:input"`` reads a module's input.
-        bank_bytes: bytes of the feature bank; beyond them a uniform random subset of the training
-            examples is kept.
-        anchor: the quantile of the clean held-out distances up to which the temperature stays ``T0``
-            (``"auto"``: chosen among :data:`ANCHORS` on held-out data).
-        shrink: the factor the fitted weights are multiplied by (``"auto"``: chosen among :data:`SHRINKS`).
-        strength: how much the perturbed copies' NLL counts beside the clean one when the weights are fitted.
-        head: the classifier head's module name (default: found as for last-layer methods).
-        max_iter: L-BFGS iterations of each fit.
-    """
+    """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any
+    method. Under a regression likelihood the same factor multiplies the inner predictive's variance."""
 
     name = "dac"
     needs_val = True
@@ -222,35 +192,36 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        k: int = 10
-        layers: list[str] | None = None
-        bank_bytes: int = BANK_BYTES
-        anchor: float | str = "auto"
-        shrink: float | str = "auto"
-        strength: float = STRENGTH
-        head: str | None = None
-        max_iter: int = 100
+        k: int = option(10, "which nearest training feature measures the distance")
+        layers: list[str] | None = option(
+            None, "module names read besides the head's input (None: two found); 'name:input' reads a module's input"
+        )
+        bank_bytes: int = option(BANK_BYTES, "bytes of the feature bank (a uniform random subset of the training set)")
+        anchor: float | str = option("auto", "the clean distance quantile up to which T stays T0 (auto: among ANCHORS)")
+        shrink: float | str = option("auto", "the factor the fitted weights are multiplied by (auto: among SHRINKS)")
+        strength: float = option(STRENGTH, "how much the perturbed copies' NLL counts beside the clean one")
+        head: str | None = option(None, "the classifier head's module name (default: found)")
+        max_iter: int = option(100, "L-BFGS iterations of each fit")
 
     def __init__(self, inner: Method, options: Options) -> None:
-        k, layers, bank_bytes, anchor = options.k, options.layers, options.bank_bytes, options.anchor
-        shrink, strength, head, max_iter = options.shrink, options.strength, options.head, options.max_iter
+        anchor, shrink, head = options.anchor, options.shrink, options.head
         super().__init__(inner.base_model)
         self.inner = inner
         self.likelihood = inner.likelihood  # a regressor's: the variance is inflated instead of a temperature
         if self.regression:
             self.knob_name = "density-aware variance"
-        self.k = positive_int(k, "k")
-        self.layers = _check_layers(inner.base_model, layers)
-        self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")
+        self.k = positive_int(options.k, "k")
+        self.layers = _check_layers(inner.base_model, options.layers)
+        self.bank_bytes = memory_bytes(options.bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
         self.anchor = anchor if anchor == "auto" else probability(anchor, "anchor")
         self.shrink = shrink if shrink == "auto" else unit_interval(shrink, "shrink")
-        self.strength = positive_number(strength, "strength")
+        self.strength = positive_number(options.strength, "strength")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {type(head).__name__}")
         self.head = head
-        self.max_iter = positive_int(max_iter, "max_iter")
+        self.max_iter = positive_int(options.max_iter, "max_iter")
         for name in ("bank", "widths", "anchors", "spreads", "weights", "meta"):
             self.register_buffer(name, None)
         self.register_buffer("temperature", torch.ones(()))

@@ -58,9 +58,8 @@ def routes(examples: int, repeats: int, components: int, device: torch.device) -
     return torch.arange(examples * repeats, device=device) % components
 
 
-#: how BatchNorm layers behave during the fit: "train" (the paper: statistics re-estimated with the
-#: nodes on before the fit, batch statistics during it, re-estimated again after it) or "frozen"
-#: (eval mode throughout: the checkpoint's statistics, which never see the nodes)
+#: how BatchNorm layers behave during the fit: "train" (the paper: statistics re-estimated with the nodes on before
+#: and after the fit, batch statistics during it) or "frozen" (eval mode: the checkpoint's statistics throughout)
 BATCHNORM_MODES = ("train", "frozen")
 #: the node learning rate's schedule (the paper's code): constant for the first half of the steps,
 #: then linear down to ``lr_nodes_final`` at 90 % of them, then constant
@@ -182,14 +181,9 @@ def maximise_elbo(
     likelihood: Likelihood | None = None,
 ) -> None:
     """Minimise ``NLL + beta_t * KL / N`` (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov
-    momentum, dropout off.
-
-    BatchNorm layers use batch statistics (train mode) if ``options.batchnorm == "train"``, their
-    running statistics otherwise. The node parameters take ``lr_nodes`` annealed to
-    ``lr_nodes_final`` (:meth:`ElboOptions.node_lr`) without weight decay, the weights
-    ``lr_weights`` (0 = frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a
-    NaN/inf loss (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
-    """
+    momentum, dropout off: the node parameters at :meth:`ElboOptions.node_lr` without weight decay, the weights at
+    ``lr_weights`` (0: frozen). Raises :class:`~posthoc.NumericalError` on a NaN/inf loss (the caller restores what
+    changed); the weights' ``requires_grad`` flags are always restored."""
     node_params = list(nodes.parameters())
     weights = [p for p in model.parameters() if options.lr_weights > 0]
     groups = [{"params": node_params, "lr": options.lr_nodes, "weight_decay": 0.0}]
