@@ -1,30 +1,23 @@
 """``"dac"``: density-aware calibration, a per-example temperature (a regressor's variance) that grows off the data.
 
-Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware
-calibration"): a calibrator tuned on clean held-out data is confident wherever the model is, even
-far from anything it was trained on. DAC gives each example its own temperature from how far its
-features lie from the training features, at several layers, so that confidence falls off the data
-and stays where the data is. It stacks on any method: ``["none", "dac"]`` tempers the plain model,
-``["laplace", "dac"]`` each of Laplace's samples.
+Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware calibration"): a
+calibrator tuned on clean held-out data is confident wherever the model is, even far from anything it was trained
+on. DAC gives each example its own temperature from how far its features lie from the training features, so that
+confidence falls off the data and stays where the data is. It stacks on any method (``["laplace", "dac"]`` tempers
+each of Laplace's samples); the mathematics, the feature bank's size and the options: docs/methods/dac.md.
 
 - **Features** at the head's input and the ends of the last two stages before it (:mod:`.layers`), captured by hooks
-  during the inner method's own forward pass: DAC costs no second forward.
-- **A feature bank** per layer: unit-normalised, pooled features of a uniform random subset of the training
-  examples, as many as ``bank_bytes`` allows (its size at ImageNet scale: docs/methods/dac.md).
-- **The distance** at each layer is that of the normalised features to the ``k``-th nearest bank row
-  (:func:`posthoc.engine.feature_bank.kth_distance`, as the ``"knn"`` OOD score).
-- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` equals ``T0`` for every example
-  closer to the training features than the ``anchor`` quantile of the clean held-out examples at every layer, and
-  grows with the distance beyond it (:mod:`.temperature`).
+  during the inner method's own forward pass; a **feature bank** per layer of a uniform random subset of the training
+  examples (``bank_bytes``); the **distance** to the ``k``-th nearest bank row
+  (:func:`posthoc.engine.feature_bank.kth_distance`).
+- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` (:mod:`.temperature`).
 - **Fit**: a choice of the selection step (:mod:`posthoc.engine.selection`) among the inner predictive as it is,
   ``T0`` alone (temperature scaling), and, for every anchor, the weights fitted with ``T0 = 1`` on the clean NLL plus
-  ``strength`` times that of the perturbed copies of the validation batches, shrunk by each factor of :data:`SHRINKS`.
-  Each is fitted on four fifths of the held-out examples and scored on the fifth; the admissible one of lowest
-  perturbed NLL is then fitted on all of them. With ``T0 = 1`` every example nearer than the anchor keeps the inner
-  predictive exactly, so the in-distribution cost falls on the far tail only. The inner predictions and the
-  distances are computed once (seeded) and every fit runs on that cache.
-- **Regressors**: the same factor multiplies the inner predictive's *variance* about its mean, fitted by the
-  Gaussian mixture NLL (:mod:`.variance`); the perturbed copies are graded by the rise in RMSE.
+  ``strength`` times that of the perturbed copies, shrunk by each factor of :data:`SHRINKS`. Each is fitted on four
+  fifths of the held-out examples and scored on the fifth; the inner predictions and distances are computed once
+  (seeded) and every fit runs on that cache. With ``T0 = 1`` every example nearer than the anchor keeps the inner
+  predictive exactly, so the in-distribution cost falls on the far tail only.
+- **Regressors**: the same factor multiplies the inner predictive's *variance* about its mean (:mod:`.variance`).
 
 Example:
     >>> import posthoc
@@ -44,7 +37,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -293,13 +286,19 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights
         )
 
-    def _inner_with_features(
-        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    def _with_features(
+        self, predictive: Callable, x: Inputs, num_samples: int | None, generator: torch.Generator | None
+    ) -> tuple[Any, list[Tensor]]:
+        """The inner ``predictive`` of ``x`` and the features read during its forward pass."""
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
-            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
-        return log_probs, samples, capture.features(found, x)
+            prediction = predictive(x, num_samples=num_samples, generator=generator)
+        return prediction, capture.features(found, x)
+
+    def _checked(self, features: list[Tensor], during: str) -> list[Tensor]:
+        for site, values in zip(self.sites(), features):
+            check_finite_result(values, f"the model's features at '{site}' (read by dac {during})")
+        return features
 
     def to_module(self, export: Any) -> nn.Module:
         """The banks and the fitted temperature map stacked on the inner method's exported predictive
@@ -318,22 +317,14 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
+        (log_probs, samples), features = self._with_features(self.inner.log_predictive, x, num_samples, generator)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
-
-    def _inner_regression_with_features(
-        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
-    ) -> tuple[RegressionPrediction, list[Tensor]]:
-        capture = self._capturer()
-        with capture.recording(batch_size(x)) as found:
-            prediction = self.inner.regression_predictive(x, num_samples=num_samples, generator=generator)
-        return prediction, capture.features(found, x)
 
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
         """The inner regression predictive with example ``i``'s variance times ``v(x_i)`` (module docs)."""
-        prediction, features = self._inner_regression_with_features(x, num_samples, generator)
+        prediction, features = self._with_features(self.inner.regression_predictive, x, num_samples, generator)
         return inflated(prediction, self.temperatures_of(features))
 
     # ---- fit ---------------------------------------------------------------------------------
@@ -412,19 +403,16 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         """``(anchors, spreads, T0 and weights)`` at ``anchor`` fitted on ``rows`` (``T0 = 1`` unless ``fitted_t0``)."""
         anchors, spreads = standardisation(cache.clean.excess[rows.clean], anchor)
         clean, shifted = cache.take(rows, anchors, spreads)
-        return (
-            anchors,
-            spreads,
-            fit(
-                clean,
-                shifted,
-                strength=self.strength,
-                weights=weights,
-                fit_temperature=fitted_t0,
-                max_iter=self.max_iter,
-                warn=warn,
-            ),
+        values = fit(
+            clean,
+            shifted,
+            strength=self.strength,
+            weights=weights,
+            fit_temperature=fitted_t0,
+            max_iter=self.max_iter,
+            warn=warn,
         )
+        return anchors, spreads, values
 
     def _fit_bank(self, loader: Iterable, progress: bool) -> None:
         reservoir: Reservoir | None = None
@@ -437,10 +425,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             capture = self._capturer()
             with eval_mode(self.base_model), capture.recording(batch_size(x)) as found:
                 run_model(self.base_model, x)
-            features = capture.features(found, x)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac for its feature bank)")
-            features = [normalised(f) for f in features]
+            features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
                 reservoir = Reservoir(
@@ -469,9 +454,8 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         generator = torch.Generator(device=self.device).manual_seed(0)
         predictions, distances, labels = [], [], []
         for x, y in batches:
-            log_probs, samples, features = self._inner_with_features(x, None, generator)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            (log_probs, samples), features = self._with_features(self.inner.log_predictive, x, None, generator)
+            self._checked(features, "on the held-out data")
             check_finite_result(
                 log_probs if samples is None else samples,
                 f"the log-probabilities of {predictive_of(self.inner)} that dac is fitted on",
@@ -492,9 +476,8 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         generator = torch.Generator(device=self.device).manual_seed(0)
         means, variances, distances, targets = [], [], [], []
         for x, y in batches:
-            prediction, features = self._inner_regression_with_features(x, None, generator)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            prediction, features = self._with_features(self.inner.regression_predictive, x, None, generator)
+            self._checked(features, "on the held-out data")
             check_finite_result(
                 prediction.variance, f"the predictive variance of {predictive_of(self.inner)} that dac is fitted on"
             )

@@ -10,12 +10,9 @@ between it and the median, so ``T(x) = T0`` exactly for every example closer to 
 ``anchor`` of the clean ones are, at every layer; beyond, the temperature grows linearly in the standardised
 log-distance.
 
-:func:`fit` works on cached held-out predictions. ``T0`` is the maximum-likelihood temperature of the clean
-validation batches, or 1 (the inner predictive untouched in distribution); the weights then minimise
-``NLL_clean(w) + strength · NLL_perturbed(w)`` over the clean batches and their perturbed copies
-(:func:`posthoc.engine.held_out.shifted_held_out`). How much that may cost in distribution is left to the selection
-step (:mod:`posthoc.engine.selection`). ``T0`` is not fitted jointly with ``w``: that sharpens the bulk and costs
-NLL on clean test data (docs/methods/dac.md).
+:func:`fit` works on cached held-out predictions: ``T0`` is the maximum-likelihood temperature of the clean batches (or
+1), then the weights minimise ``NLL_clean(w) + strength · NLL_perturbed(w)``. ``T0`` is not fitted jointly with ``w``:
+that sharpens the bulk and costs NLL on clean test data (docs/methods/dac.md).
 
 Example:
     >>> import torch

@@ -15,7 +15,7 @@ Example:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from posthoc.errors import ConfigError
@@ -45,43 +45,27 @@ class Recipe:
 
 NODE_SETTINGS = ("components", "prior_std", "init_mean_std", "init_std", "init_std_spread", "stem")
 
+POSTHOC = Recipe(
+    components=2,
+    prior_std=0.1,
+    init_mean_std=0.05,
+    init_std=0.05,
+    init_std_spread=0.02,
+    stem=False,
+    epochs=2,
+    lr_nodes=0.2,
+    lr_nodes_final=0.05,
+    lr_weights=1e-3,
+    momentum=0.9,
+    weight_decay=0.0,
+    beta=1.0,
+    kl_warmup=0.5,
+    train_samples=2,
+    batchnorm="train",
+)
 RECIPES = {
-    "posthoc": Recipe(
-        components=2,
-        prior_std=0.1,
-        init_mean_std=0.05,
-        init_std=0.05,
-        init_std_spread=0.02,
-        stem=False,
-        epochs=2,
-        lr_nodes=0.2,
-        lr_nodes_final=0.05,
-        lr_weights=1e-3,
-        momentum=0.9,
-        weight_decay=0.0,
-        beta=1.0,
-        kl_warmup=0.5,
-        train_samples=2,
-        batchnorm="train",
-    ),
-    "paper": Recipe(
-        components=4,
-        prior_std=0.3,
-        init_mean_std=0.5,
-        init_std=0.05,
-        init_std_spread=0.02,
-        stem=True,
-        epochs=2,
-        lr_nodes=0.2,
-        lr_nodes_final=0.05,
-        lr_weights=1e-4,
-        momentum=0.9,
-        weight_decay=0.0,
-        beta=1.0,
-        kl_warmup=0.5,
-        train_samples=2,
-        batchnorm="train",
-    ),
+    "posthoc": POSTHOC,
+    "paper": replace(POSTHOC, components=4, prior_std=0.3, init_mean_std=0.5, stem=True, lr_weights=1e-4),
 }
 
 

@@ -168,17 +168,7 @@ class SWAGBase(Method):
             raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)
-        lr = self._fine_tune(
-            train_loader,
-            epochs=epochs,
-            lr=None if lr is None else float(lr),
-            collect_per_epoch=collect_per_epoch,
-            rank=options.rank,
-            momentum=float(momentum),
-            weight_decay=float(weight_decay),
-            include_pretrained=include_pretrained,
-            progress=progress,
-        )
+        lr = self._fine_tune(train_loader, options, progress=progress)
         self.schedule = torch.tensor([epochs, lr, collect_per_epoch, momentum, weight_decay], dtype=torch.float64)
         held = self.collector.num_deviations if self.cov else self.collector.num_snapshots
         if (self.scale_option is None or self.scale_option > 0) and held < 2:
@@ -231,27 +221,16 @@ class SWAGBase(Method):
                 self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device
             )
 
-    def _fine_tune(
-        self,
-        loader: Iterable,
-        *,
-        epochs: int,
-        lr: float,
-        collect_per_epoch: int,
-        rank: int,
-        momentum: float,
-        weight_decay: float,
-        include_pretrained: bool,
-        progress: bool,
-    ) -> float:
+    def _fine_tune(self, loader: Iterable, options: FitOptions, *, progress: bool) -> float:
         """Fine-tune and collect; returns the learning rate used (``lr=None``: :func:`.schedule.relative_lr`)."""
         tuning = self._tuning(loader)
+        lr, collect_per_epoch = None if options.lr is None else float(options.lr), options.collect_per_epoch
         if lr is None:
             lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device, likelihood=self.likelihood)
         self.collector = SWAGCollector(
-            tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device
+            tuning.source, names=self.names, rank=options.rank, low_rank=self.cov, stats_device=self.stats_device
         )
-        if include_pretrained:
+        if options.include_pretrained:
             self.collector.update(tuning.source)
         steps = steps_on_every_rank(loader_length(loader), "SWAG fine-tuning")
         if steps is not None and collect_per_epoch > steps:
@@ -263,6 +242,7 @@ class SWAGBase(Method):
             )
             collect_per_epoch = steps
         collect_at = collect_steps(steps, collect_per_epoch) if steps is not None else set()
+        momentum, weight_decay = float(options.momentum), float(options.weight_decay)
         optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
         collector = self.collector
 
@@ -293,8 +273,8 @@ class SWAGBase(Method):
             lambda epoch: loader_batches(loader, device=self.device, steps=steps, desc="swag fine-tune"),
             loss,
             update,
-            epochs=epochs,
-            total=None if steps is None else epochs * steps,
+            epochs=options.epochs,
+            total=None if steps is None else options.epochs * steps,
             failure=failure,
             desc="swag fine-tune",
             progress=progress,

@@ -57,19 +57,6 @@ class SWAGCollector(nn.Module):
     ``{name: tensor}`` dict) with ``requires_grad``; ``rank`` (``>= 2``) is how many of the latest deviations are
     kept (``low_rank=False``: none, SWAG-diagonal); ``stats_device`` defaults to the parameters' device. The
     statistics are buffers (``count``, ``mean``, ``sum_sq``, ``deviation_rows``), so ``state_dict`` saves them.
-
-    Example:
-        >>> import torch
-        >>> from torch import nn
-        >>> import posthoc
-        >>> net = nn.Linear(2, 1)
-        >>> collector = posthoc.SWAGCollector(net, rank=2)
-        >>> for value in (1.0, 3.0):
-        ...     with torch.no_grad():
-        ...         _ = net.weight.fill_(value), net.bias.fill_(0.0)
-        ...     collector.update(net)
-        >>> collector.mean.tolist(), collector.variance.tolist()      # over [w1, w2, b]
-        ([2.0, 2.0, 0.0], [1.0, 1.0, 0.0])
     """
 
     def __init__(
