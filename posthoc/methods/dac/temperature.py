@@ -138,15 +138,6 @@ def fit(
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
     keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
     alike (``T0`` is then its variance scale).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.dac.temperature import Cached, fit
-        >>> from posthoc_apps.demo.examples import val_logits, val_labels
-        >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
-        >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
-        >>> fitted.temperature, fitted.weights
-        (2.01, [0.0, 0.0, 0.0])
     """
     with small_fit(clean.values, None if shifted is None else shifted.values):
         layers = clean.excess.shape[1]

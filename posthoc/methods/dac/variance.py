@@ -33,12 +33,6 @@ from posthoc.methods.dac.temperature import LOG_T0_BOUND, temperatures
 def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tensor) -> Tensor:
     """Each example's NLL ``(N,)`` of ``targets`` ``(N, D)`` under the equal-weight mixture of ``N(means_k, variances_k)``
     (each ``(K, N, D)``) with its variance multiplied by ``factor`` ``(N,)`` about its mean, differentiable in ``factor``.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.dac.variance import inflated_nll
-        >>> inflated_nll(torch.zeros(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1), torch.ones(1)).round(decimals=4)
-        tensor([1.4189])
     """
     scale = factor.to(means.dtype).sqrt()[:, None]  # (N, 1)
     mean = means.mean(0)

@@ -89,9 +89,7 @@ class ImplicitBNN(Method):
         head: bool = option(True, "nodes on the classifier head")
         num_samples: int = option(5, "S, samples per component at prediction (K * S in all)")
         seed: int = option(0, "seeds the initial means and standard deviations")
-        scale: float | None = option(
-            None, "node noise scale at prediction (1: the fitted posterior); None: chosen on val_loader, else 1"
-        )
+        scale: float | None = option(None, "noise scale (1: the fitted posterior); None: chosen on val_loader, else 1")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
         super().__init__(model)
@@ -139,7 +137,7 @@ class ImplicitBNN(Method):
         options: FitOptions | None = None,
     ) -> None:
         """Fit the node posterior (and the weights unless ``lr_weights=0``) by maximising the ELBO
-        ``mean NLL + beta_t * KL / N`` (:func:`~posthoc.methods.ibnn.elbo.maximise_elbo`). On a NaN/inf ELBO the fit
+        ``mean NLL + beta_t * KL / N`` (:func:`~posthoc.methods.ibnn.elbo.fit_nodes`). On a NaN/inf ELBO the fit
         stops with :class:`~posthoc.NumericalError` and every tensor is restored to its state before ``fit``."""
         options = options or self.FitOptions()
         if options.batchnorm == "train" and not batchnorm_layers(self.model):

@@ -160,13 +160,6 @@ class NodeSet(nn.Module):
     The selected layers (:func:`select_layers`) are held as plain references (no ``state_dict`` keys), so a deep copy
     of a method holding both the model and its ``NodeSet`` acts on the copied layers. ``prior_std`` is ``s`` of the
     prior ``N(1, s^2)``; the initialisation is :class:`NodeVariables`'s, seeded by ``seed``.
-
-    Example:
-        >>> import torchvision
-        >>> from posthoc.methods.ibnn.nodes import NodeSet
-        >>> nodes = NodeSet(torchvision.models.resnet18(num_classes=3), components=4)
-        >>> float(nodes.kl()) > 0
-        True
     """
 
     def __init__(
@@ -191,17 +184,9 @@ class NodeSet(nn.Module):
         self.components = components
         self.prior_std = float(prior_std)
         self.layer_names = [name for name, _ in selected]
+        init = {"init_mean_std": init_mean_std, "init_std": init_std, "init_std_spread": init_std_spread}
         self.groups = nn.ModuleList(
-            NodeVariables(
-                node_count(m),
-                components,
-                init_mean_std=init_mean_std,
-                init_std=init_std,
-                init_std_spread=init_std_spread,
-                generator=generator,
-                device=device,
-            )
-            for _, m in selected
+            NodeVariables(node_count(m), components, **init, generator=generator, device=device) for _, m in selected
         )
         self.register_buffer("called", torch.ones(len(selected), dtype=torch.bool, device=device))
         self._route: Tensor | None = None

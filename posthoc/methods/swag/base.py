@@ -80,13 +80,9 @@ class SWAGBase(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        subset: str | Sequence[str] = option(
-            "all", "all, last_layer, or module name(s) whose trainable parameters are fine-tuned and made Gaussian"
-        )
+        subset: str | Sequence[str] = option("all", "all, last_layer, or module name(s) to fine-tune and make Gaussian")
         cov: bool = option(True, "keep the low-rank covariance part (False: SWAG-diagonal)")
-        scale: float | None = option(
-            None, "the posterior scale (0: SWA); None: chosen on val_loader, else 0.5, or 1 if not cov"
-        )
+        scale: float | None = option(None, "posterior scale, 0: SWA; None: on val_loader, else 0.5 (1 if not cov)")
         num_samples: int = option(20, "weight samples per prediction")
         bn_batches: int | None = option(4, "training batches recomputing BatchNorm statistics per sample (None: all)")
         stats_device: str | torch.device | None = option(None, "where the SWAG statistics live (e.g. cpu)")

@@ -96,10 +96,8 @@ class LastLayerSWAG(SWAGBase):
         first_x, _ = next(iter(iterate(loader, device=self.device, progress=False, desc="swag")))
         copies = {n: t.detach().clone().requires_grad_(True) for n, t in self._collected_tensors(first_x).items()}
         self.names = list(copies)
-        weight, bias = (
-            copies[qualified(self.split.head_name, "weight")],
-            copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias),
-        )
+        weight = copies[qualified(self.split.head_name, "weight")]
+        bias = copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias)
 
         def forward(x: Inputs) -> Tensor:
             with torch.no_grad(), eval_mode(self.model):
