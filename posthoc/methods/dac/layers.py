@@ -131,10 +131,6 @@ def _weighted(module: nn.Module) -> bool:
     return any(p.dim() >= 2 for p in module.parameters())
 
 
-def _size(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
-
-
 def _trace(model: nn.Module, x: Inputs) -> dict[str, tuple[int, bool]]:
     """For every module a forward pass of ``x`` calls: ``(order of its first return, whether it gives per-example features)``."""
     rows = batch_size(x)
@@ -216,7 +212,7 @@ def auto_sites(model: nn.Module, x: Inputs, *, head: str | nn.Module | None = No
         openable = [b for b in blocks if b not in opened and any(True for _ in modules[b].children())]
         if not openable:
             break
-        opened.add(max(openable, key=lambda b: _size(modules[b])))
+        opened.add(max(openable, key=lambda b: sum(p.numel() for p in modules[b].parameters())))
     return [Site(name) for name in ends[-count:]] + [Site(head_name, "input")]
 
 

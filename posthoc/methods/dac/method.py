@@ -6,18 +6,13 @@ on. DAC gives each example its own temperature from how far its features lie fro
 confidence falls off the data and stays where the data is. It stacks on any method (``["laplace", "dac"]`` tempers
 each of Laplace's samples); the mathematics, the feature bank's size and the options: docs/methods/dac.md.
 
-- **Features** at the head's input and the ends of the last two stages before it (:mod:`.layers`), captured by hooks
-  during the inner method's own forward pass; a **feature bank** per layer of a uniform random subset of the training
-  examples (``bank_bytes``); the **distance** to the ``k``-th nearest bank row
-  (:func:`posthoc.engine.feature_bank.kth_distance`).
-- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` (:mod:`.temperature`).
-- **Fit**: a choice of the selection step (:mod:`posthoc.engine.selection`) among the inner predictive as it is,
-  ``T0`` alone (temperature scaling), and, for every anchor, the weights fitted with ``T0 = 1`` on the clean NLL plus
-  ``strength`` times that of the perturbed copies, shrunk by each factor of :data:`SHRINKS`. Each is fitted on four
-  fifths of the held-out examples and scored on the fifth; the inner predictions and distances are computed once
-  (seeded) and every fit runs on that cache. With ``T0 = 1`` every example nearer than the anchor keeps the inner
-  predictive exactly, so the in-distribution cost falls on the far tail only.
-- **Regressors**: the same factor multiplies the inner predictive's *variance* about its mean (:mod:`.variance`).
+The features are read at the head's input and the ends of the last two stages before it (:mod:`.layers`) by hooks
+in the inner method's own forward pass; the distance is to the ``k``-th nearest row of a bank of training features.
+The temperature ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` (:mod:`.temperature`; a regressor's
+variance factor: :mod:`.variance`) is chosen by the selection step (:mod:`posthoc.engine.selection`) among the inner
+predictive as it is, ``T0`` alone, and, for every anchor, the weights fitted with ``T0 = 1`` and shrunk by each
+factor of :data:`SHRINKS`, each cross-fitted on the held-out examples. With ``T0 = 1`` every example nearer than the
+anchor keeps the inner predictive exactly, so the in-distribution cost falls on the far tail only.
 
 Example:
     >>> import posthoc

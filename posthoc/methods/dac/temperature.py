@@ -6,9 +6,8 @@ For an example ``x`` with k-th nearest-neighbour distances ``d_l(x)`` at layers 
     T(x)   = T0 * (1 + sum_l w_l * e_l(x)),  w_l >= 0
 
 ``a_l`` is the ``anchor`` quantile (e.g. 0.9) of ``log d_l`` on the clean held-out examples and ``s_l`` the spread
-between it and the median, so ``T(x) = T0`` exactly for every example closer to the training features than
-``anchor`` of the clean ones are, at every layer; beyond, the temperature grows linearly in the standardised
-log-distance.
+between it and the median, so ``T(x) = T0`` exactly for every example closer to the training features than ``anchor`` of
+the clean ones are, at every layer; beyond, the temperature grows linearly in the standardised log-distance.
 
 :func:`fit` works on cached held-out predictions: ``T0`` is the maximum-likelihood temperature of the clean batches (or
 1), then the weights minimise ``NLL_clean(w) + strength · NLL_perturbed(w)``. ``T0`` is not fitted jointly with ``w``:
@@ -136,8 +135,8 @@ def fit(
 ) -> Fitted:
     """``T0`` on ``clean`` alone (``fit_temperature=False``: ``T0 = 1``), then (with ``weights``) ``w`` minimising
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
-    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
-    alike (``T0`` is then its variance scale).
+    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted alike
+    (``T0`` is then its variance scale).
     """
     with small_fit(clean.values, None if shifted is None else shifted.values):
         layers = clean.excess.shape[1]

@@ -9,10 +9,9 @@ maximises the ELBO as the paper does (:mod:`posthoc.methods.ibnn.elbo`) on iBNN'
 component ``r mod K``) in one forward pass over a batch expanded ``K * S`` times, chunked under a memory budget.
 The two recipes, ``"posthoc"`` (the default) and ``"paper"``, are in :mod:`posthoc.methods.ibnn.recipes`.
 
-Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's held-out noise, the
-recipe's learning rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`: the Gaussian NLL's
-curvature is ``1/σ²`` where the softmax's is at most ``1/2``), the scale is chosen on the held-out Gaussian NLL of
-the sampled mixture, each scale at its own best noise, and the noise is then re-fitted to that mixture.
+Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's noise, the recipe's
+learning rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`), and the noise is re-fitted
+to the sampled mixture at the chosen scale.
 
 References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
 input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kaski, "Tackling
@@ -278,8 +277,8 @@ class ImplicitBNN(Method):
     ) -> Tensor:
         """``(K * S, N, C)``: ``transform`` (the class log-probabilities, or the outputs) of the sampled networks.
 
-        ``num_samples`` overrides ``S``. The first input of a shape runs one example alone, which measures the
-        bytes of an expanded row; the rest runs in chunks of :func:`~posthoc.core.chunks.rows_per_chunk` examples.
+        ``num_samples`` overrides ``S``. The first input of a shape runs one example alone, which measures the bytes of
+        an expanded row; the rest runs in chunks of :func:`~posthoc.core.chunks.rows_per_chunk` examples.
         """
         repeats = self.components * (num_samples or self.num_samples)
         total, key = batch_size(x), _shape_key(x)

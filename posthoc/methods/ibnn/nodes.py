@@ -67,9 +67,8 @@ def inverse_softplus(std: Tensor) -> Tensor:
 def select_layers(
     model: nn.Module, layers: Sequence[str] | None = None, *, stem: bool = True, head: bool = True
 ) -> list[tuple[str, nn.Module]]:
-    """The ``Conv2d`` / ``Linear`` layers (subclasses included) that get node variables: those in the modules
-    ``layers`` (``None``: all), less the first one unless ``stem`` and the classifier head (else the last) unless
-    ``head``.
+    """The ``Conv2d`` / ``Linear`` layers (subclasses included) that get node variables: those in the modules ``layers``
+    (``None``: all), less the first one unless ``stem`` and the classifier head (else the last) unless ``head``.
 
     Example:
         >>> import torchvision
@@ -98,7 +97,10 @@ def select_layers(
     if not stem:
         chosen = [(name, m) for name, m in chosen if m is not every[0][1]]
     if not head:
-        head_module = _head_or_last(model, every)
+        try:
+            head_module = find_head(model)[1]
+        except HeadNotFoundError:
+            head_module = every[-1][1]
         chosen = [(name, m) for name, m in chosen if m is not head_module]
     if not chosen:
         raise ConfigError(
@@ -106,13 +108,6 @@ def select_layers(
             "matches no nn.Conv2d / nn.Linear layer; name layers that contain some, or include the stem/head"
         )
     return chosen
-
-
-def _head_or_last(model: nn.Module, every: list[tuple[str, nn.Module]]) -> nn.Module:
-    try:
-        return find_head(model)[1]
-    except HeadNotFoundError:
-        return every[-1][1]
 
 
 class NodeVariables(nn.Module):
@@ -157,9 +152,9 @@ class NodeVariables(nn.Module):
 class NodeSet(nn.Module):
     """Node variables for a model's selected layers, applied by forward pre-hooks while sampling.
 
-    The selected layers (:func:`select_layers`) are held as plain references (no ``state_dict`` keys), so a deep copy
-    of a method holding both the model and its ``NodeSet`` acts on the copied layers. ``prior_std`` is ``s`` of the
-    prior ``N(1, s^2)``; the initialisation is :class:`NodeVariables`'s, seeded by ``seed``.
+    The selected layers (:func:`select_layers`) are held as plain references (no ``state_dict`` keys), so a deep copy of
+    a method holding both the model and its ``NodeSet`` acts on the copied layers. ``prior_std`` is ``s`` of the prior
+    ``N(1, s^2)``; the initialisation is :class:`NodeVariables`'s, seeded by ``seed``.
     """
 
     def __init__(

@@ -7,15 +7,8 @@ then chosen on held-out data (:meth:`SWAGBase.knob`). A subclass says what is fi
 what is done once the moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
 
 Under ``likelihood="regression"`` the fine-tuning minimises the Gaussian NLL at the plain model's held-out noise, the
-scale is chosen on the clean held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs (each scale
-at its own best noise; :mod:`posthoc.engine.objective` says why), and the noise is then re-fitted to that mixture.
-
-Example:
-    >>> from posthoc.methods.swag.base import SWAGBase
-    >>> class Mine(SWAGBase):
-    ...     def _tuning(self, loader): ...
-    ...     def _collected_tensors(self): ...
-    ...     def log_predictive(self, x, *, num_samples=None, generator=None): ...
+scale is chosen on the clean held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs (each scale at
+its own best noise; :mod:`posthoc.engine.objective` says why), and the noise is then re-fitted to that mixture.
 """
 
 from __future__ import annotations

@@ -53,10 +53,10 @@ class SWAGCollector(nn.Module):
 
     Call :meth:`update` after each optimizer step that counts as a snapshot; :meth:`sample` then draws SWAG weights
     ``mean + sqrt(scale) * (sigma * z1 + D^T z2 / sqrt(K - 1))`` and :meth:`unflatten` names them for
-    ``torch.func.functional_call``. ``names`` defaults to every parameter of ``source`` (a model or a
-    ``{name: tensor}`` dict) with ``requires_grad``; ``rank`` (``>= 2``) is how many of the latest deviations are
-    kept (``low_rank=False``: none, SWAG-diagonal); ``stats_device`` defaults to the parameters' device. The
-    statistics are buffers (``count``, ``mean``, ``sum_sq``, ``deviation_rows``), so ``state_dict`` saves them.
+    ``torch.func.functional_call``. ``names`` defaults to every parameter of ``source`` (a model or a ``{name: tensor}``
+    dict) with ``requires_grad``; ``rank`` (``>= 2``) is how many of the latest deviations are kept (``low_rank=False``:
+    none, SWAG-diagonal); ``stats_device`` defaults to the parameters' device. The statistics are buffers (``count``,
+    ``mean``, ``sum_sq``, ``deviation_rows``), so ``state_dict`` saves them.
     """
 
     def __init__(

@@ -1,16 +1,11 @@
 """SWAG's default schedule: a learning rate relative to the model's own scale, and a scale chosen on held-out NLL.
 
-The fine-tuning that collects the moments moves the weights away from the checkpoint, and that drift, not the
-sampling, decides SWAG's quality under shift (docs/methods/swag.md). So the learning rate is set from the model,
+The fine-tuning that collects the moments moves the weights away from the checkpoint, and that drift, not the sampling,
+decides SWAG's quality under shift (docs/methods/swag.md). So the learning rate is set from the model,
 ``lr = RELATIVE_STEP * |theta| / mean |grad|`` (:func:`relative_lr`): each step moves the weights by about ``1e-4`` of
-their norm, whatever the model's parametrisation or loss scale, for 2 epochs. The spread of such iterates suits no
-one scale for every model, so with a ``val_loader`` the scale is chosen on held-out data, walking the :data:`LADDER`
-of scales by factors of 2 from :data:`START_SCALE`, as Laplace chooses its prior precision.
-
-Example:
-    >>> from posthoc.methods.swag.schedule import LADDER, START_SCALE
-    >>> LADDER[0], LADDER[-1], START_SCALE
-    (0.0625, 128.0, 0.5)
+their norm, whatever the model's parametrisation or loss scale, for 2 epochs. The spread of such iterates suits no one
+scale for every model, so with a ``val_loader`` the scale is chosen on held-out data, walking the :data:`LADDER` of
+scales by factors of 2 from :data:`START_SCALE`, as Laplace chooses its prior precision.
 """
 
 from __future__ import annotations
