@@ -62,7 +62,7 @@ class Site:
 
 def pooled(value: Tensor, rows: int) -> Tensor | None:
     """The first ``rows`` rows of an activation pooled to ``(rows, D)`` float32 (the spatial mean of ``(N, C, H, W)``,
-    or ``(N, H, W, C)`` when its two middle sizes agree; the token mean of ``(N, T, D)``), ``None`` if not per example."""
+    or ``(N, H, W, C)`` when its middle sizes agree; the token mean of ``(N, T, D)``), ``None`` if not per example."""
     if value.dim() < 2 or value.shape[0] < rows or value.shape[0] % rows or not value.is_floating_point():
         return None
     value = value[:rows].detach()

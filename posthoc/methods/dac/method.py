@@ -225,7 +225,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         """Whether the inner predictive is over real targets (then DAC inflates its variance: module docs)."""
         return self.likelihood.prediction_type is RegressionPrediction
 
-    # ---- structure -------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
         return {} if self.meta is None else json.loads(bytes(self.meta.cpu().tolist()).decode())
 
@@ -258,7 +257,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             )
         return sites
 
-    # ---- distances and temperatures ----------------------------------------------------------
     @property
     def bank_rows(self) -> int:
         """Training examples in the feature bank (0 before fit)."""
@@ -322,7 +320,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         prediction, features = self._with_features(self.inner.regression_predictive, x, num_samples, generator)
         return inflated(prediction, self.temperatures_of(features))
 
-    # ---- fit ---------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """The feature bank from ``train_loader``; the temperature is fitted on held-out data by :meth:`choose`."""
         if train_loader is None:
@@ -487,7 +484,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             gather_rows(torch.cat(targets)),
         )
 
-    # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """``random_variables``: ``T0`` and one weight per layer; the layers read, the fitted temperature (a regressor's
         variance scale ``V0``) and weights, the bank's rows and bytes, ``k``, and the perturbations the fit saw."""

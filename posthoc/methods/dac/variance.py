@@ -31,8 +31,8 @@ from posthoc.methods.dac.temperature import LOG_T0_BOUND, temperatures
 
 
 def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tensor) -> Tensor:
-    """Each example's NLL ``(N,)`` of ``targets`` ``(N, D)`` under the equal-weight mixture of ``N(means_k, variances_k)``
-    (each ``(K, N, D)``) with its variance multiplied by ``factor`` ``(N,)`` about its mean, differentiable in ``factor``.
+    """Each example's NLL ``(N,)`` of ``targets`` ``(N, D)`` under the equal-weight mixture of the
+    ``N(means_k, variances_k)`` (each ``(K, N, D)``), its variance times ``factor`` ``(N,)`` about its mean (differentiable).
     """
     scale = factor.to(means.dtype).sqrt()[:, None]  # (N, 1)
     mean = means.mean(0)
@@ -65,9 +65,8 @@ def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPred
 
 @dataclass
 class Spread:
-    """Cached held-out regression predictions: the inner mixture's component means and variances (model plus noise)
-    ``(K, N, D)``, the excess distances ``(N, L)`` and the targets ``(N, D)``. The fit of
-    :mod:`posthoc.methods.dac.temperature` reads it as it reads :class:`~posthoc.methods.dac.temperature.Cached`."""
+    """Cached held-out regression predictions, fitted as :class:`~posthoc.methods.dac.temperature.Cached` is: the inner
+    mixture's component means and variances (model plus noise) ``(K, N, D)``, excess distances and targets."""
 
     means: Tensor
     variances: Tensor

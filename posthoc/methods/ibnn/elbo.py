@@ -58,11 +58,9 @@ def routes(examples: int, repeats: int, components: int, device: torch.device) -
     return torch.arange(examples * repeats, device=device) % components
 
 
-#: how BatchNorm layers behave during the fit: "train" (the paper: statistics re-estimated with the nodes on before
-#: and after the fit, batch statistics during it) or "frozen" (eval mode: the checkpoint's statistics throughout)
+#: how BatchNorm layers behave during the fit: "train" (the paper's: batch statistics, re-estimated) or "frozen"
 BATCHNORM_MODES = ("train", "frozen")
-#: the node learning rate's schedule (the paper's code): constant for the first half of the steps,
-#: then linear down to ``lr_nodes_final`` at 90 % of them, then constant
+#: the node learning rate (the paper's code): constant for half the steps, then linear down to the final one at 90 %
 ANNEAL_START, ANNEAL_END = 0.5, 0.9
 
 

@@ -56,8 +56,7 @@ from posthoc.methods.ibnn.recipes import recipe as recipe_named
 
 #: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
 FIT_RECORD = ("epochs", "train_samples", "lr_nodes", "lr_nodes_final", "lr_weights", "beta", "kl_warmup", "batchnorm")
-#: copies of the largest layer input of an expanded row alive at once in its forward (the input,
-#: its product with the nodes, the layer's output, the expanded batch)
+#: copies of an expanded row's largest layer input alive at once (input, its product with the nodes, output, batch)
 ACTIVATION_COPIES = 4
 #: the node-noise scales the held-out choice may take, from narrow to wide (factors of 2 around the fitted posterior)
 SCALES = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -102,8 +101,7 @@ class ImplicitBNN(Method):
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
         self.num_samples = positive_int(options.num_samples, "num_samples")
         self.scale_option = None if options.scale is None else non_negative(options.scale, "scale")
-        #: the scale chosen on held-out data, and the held-out NLL of the checkpoint and of iBNN at it (``None``
-        #: until chosen)
+        #: the scale chosen on held-out data and the held-out NLLs of the checkpoint and of iBNN at it (None until then)
         self.register_buffer("scale_fit", None)
         #: bytes one expanded row keeps alive at the peak of a forward, per input shape (measured once)
         self._expanded_row_bytes: dict[tuple, int] = {}
@@ -223,6 +221,7 @@ class ImplicitBNN(Method):
             24576
         """
         settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
+        scale_fit = "default" if self.scale_fit is None else "val"
         recorded = settings["epochs"] > 0
         fit: dict[str, Any] = {name: (value if recorded else None) for name, value in settings.items()}
         if recorded:
@@ -242,9 +241,7 @@ class ImplicitBNN(Method):
             "init_std": float(self._node_options["init_std"]),
             "samples_per_component": self.num_samples,
             "scale": self.scale,
-            "scale_fit": "fixed"
-            if self.scale_option is not None
-            else ("val" if self.scale_fit is not None else "default"),
+            "scale_fit": "fixed" if self.scale_option is not None else scale_fit,
             "test_samples": self.components * self.num_samples,
             **fit,
         }

@@ -107,7 +107,6 @@ class SWAGBase(Method):
         #: the scale used, and the held-out NLL of the checkpoint and of SWAG at it (NaN without a val_loader)
         self.register_buffer("scale_fit", None)
 
-    # ----------------------------------------------------------------- what a subclass says
     def _tuning(self, loader: Iterable) -> Tuning:
         """Private copies of the weights to fine-tune; sets ``self.names`` to their qualified names."""
         raise NotImplementedError
@@ -125,7 +124,6 @@ class SWAGBase(Method):
         """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
         raise NotImplementedError
 
-    # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
         epochs: int = option(2, "epochs of the fine-tuning")
@@ -272,7 +270,6 @@ class SWAGBase(Method):
         )
         return lr
 
-    # ----------------------------------------------------------------- saving and loading
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         if self.collector is None and "collector.mean" in state:
             tensors = self._collected_tensors()

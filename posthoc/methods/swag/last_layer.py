@@ -38,11 +38,8 @@ from posthoc.methods.swag.base import SWAGBase, Tuning
 
 
 class LastLayerSWAG(SWAGBase):
-    """SWAG over the head's weight and bias, predicting with Gaussian logits (see module docs).
-
-    The head is found at wrap (``head=`` names it where it cannot be found without an input, else the first training
-    batch finds it at fit).
-    """
+    """SWAG over the head's weight and bias, predicting with Gaussian logits (see module docs). The head is found at
+    wrap, else by the first training batch at fit (``head=`` names it)."""
 
     exports = ("classification",)
 

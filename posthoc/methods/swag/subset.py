@@ -148,7 +148,6 @@ class SubsetSWAG(SWAGBase):
         self.placement = trace_placement(self.model, self.names, batches[0])
         self._extend_bn_cache(1 if self.scale == 0 else self.num_samples, batches=batches, progress=progress)
 
-    # ----------------------------------------------------------------- BatchNorm per sample
     def _bn_inputs(self) -> list[Inputs]:
         batches = []
         for x, _ in iterate(
@@ -198,7 +197,6 @@ class SubsetSWAG(SWAGBase):
             state[f"{n}.running_var"] = parts[2 * i + 1].to(buffer.device, buffer.dtype)
         return state
 
-    # ----------------------------------------------------------------- sampling
     def _sample_parameters(self, s: int) -> dict[str, Tensor]:
         """Weight sample ``s`` (rebuilt from its seed) as ``{name: tensor}`` on the model's device."""
         generator = torch.Generator(device=self.collector.mean.device).manual_seed(self.seed * 1_000_003 + s)
