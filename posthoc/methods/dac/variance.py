@@ -31,8 +31,8 @@ from posthoc.methods.dac.temperature import LOG_T0_BOUND, temperatures
 
 
 def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tensor) -> Tensor:
-    """Each example's NLL ``(N,)`` of ``targets`` ``(N, D)`` under the equal-weight mixture of the
-    ``N(means_k, variances_k)`` (each ``(K, N, D)``), its variance times ``factor`` ``(N,)`` about its mean (differentiable).
+    """The NLL ``(N,)`` of ``targets`` ``(N, D)`` under the mixture of equal weights of ``N(means_k, variances_k)``
+    (each ``(K, N, D)``), its variance times ``factor`` ``(N,)`` about its mean; differentiable in ``factor``.
     """
     scale = factor.to(means.dtype).sqrt()[:, None]  # (N, 1)
     mean = means.mean(0)

@@ -80,7 +80,7 @@ class ImplicitBNN(Method):
         components: int | None = option(None, "K, mixture components [2; paper 4]")
         prior_std: float | None = option(None, "s of the prior N(1, s^2) [0.1; paper 0.3]")
         init_mean_std: float | None = option(None, "component means start at N(1, init_mean_std^2) [0.05; paper 0.5]")
-        init_std: float | None = option(None, "component stds start at |N(init_std, init_std_spread^2)| [0.05]")
+        init_std: float | None = option(None, "component stds start at abs(N(init_std, init_std_spread^2)) [0.05]")
         init_std_spread: float | None = option(None, "see init_std [0.02]")
         layers: Sequence[str] | None = option(None, "module names whose Conv/Linear layers get nodes (None: all)")
         stem: bool | None = option(None, "nodes on the first Conv/Linear layer [no; paper yes]")

@@ -127,7 +127,7 @@ class SWAGBase(Method):
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
         epochs: int = option(2, "epochs of the fine-tuning")
-        lr: float | None = option(None, "its learning rate (None: 1e-4 * |theta| / mean |grad|, see schedule)")
+        lr: float | None = option(None, "its learning rate (None: 1e-4 of the weights' norm per step, see schedule)")
         collect_per_epoch: int = option(4, "snapshots per epoch")
         rank: int = option(20, "deviations kept for the low-rank part")
         momentum: float = option(0.9, "SGD momentum")
