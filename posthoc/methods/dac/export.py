@@ -1,10 +1,7 @@
 """Density-aware calibration as a plain module: the feature banks and the fitted temperature map in buffers.
 
-Example ``i`` is tempered by ``T(x) = T0 (1 + relu((log d(x) - a) / s) @ w)``, ``d_l`` the distance of its
-unit-normalised features at layer ``l`` to the ``k``-th nearest row of that layer's bank, with the functions
-``um.predict`` uses (:func:`~posthoc.methods.dac.temperature.excess`, :func:`~posthoc.methods.dac.temperature.temperatures`,
-:func:`~posthoc.methods.dac.temperature.tempered`); the nearest rows are found in one product with the bank (a fixed
-program, where ``predict`` plans blocks of the bank under its memory budget).
+The temperature map is that of ``um.predict`` (:mod:`posthoc.methods.dac.temperature`), the nearest bank rows found
+in one product with the bank (a fixed program, where ``predict`` plans blocks of the bank under its memory budget).
 
 Example:
     >>> from posthoc.methods.dac.export import DensityTemperature

@@ -1,22 +1,16 @@
 """Where DAC reads features: the head's input and a few intermediate layers, found from the model's structure.
 
-A :class:`Site` is a module's ``output`` (or the head's ``input``). :func:`auto_sites` picks the head's
-input and the ends of the last ``count`` *stages* before it. The model's top-level children are its
-blocks (the head's ancestors are opened, and so are containers that are never called, such as a
-``ModuleList``); a block holding a weight matrix (a convolution, a linear map, attention) starts a
-new stage, and the block just before it ends the previous one (before a ``Flatten``, ``Identity`` or
-``Dropout``, whose output is its input reshaped: a flattened feature map would be read unpooled). While fewer than ``count`` stage ends
-are found, the largest block with children is opened. So a torchvision ResNet gives ``layer2``,
-``layer3`` and the head's input; the bundled digits CNN ``features.3`` and ``features.7`` (its two conv
-stages) and ``classifier.4``'s input; a ViT its last encoder blocks.
+A :class:`Site` is a module's ``output`` (or the head's ``input``). :func:`auto_sites` picks the head's input and the
+ends of the last ``count`` *stages* before it. The model's top-level children are its blocks (the head's ancestors
+and never-called containers such as a ``ModuleList`` are opened); a block holding a weight matrix starts a new stage,
+and the block just before it (before any ``Flatten``, ``Identity`` or ``Dropout``) ends the previous one. While fewer
+than ``count`` stage ends are found, the largest block with children is opened. So a torchvision ResNet gives
+``layer2``, ``layer3`` and the head's input, and a ViT its last encoder blocks.
 
-Features are pooled to ``(N, D)``: a 4-D activation ``(N, C, H, W)`` by its spatial mean (``(N, H, W, C)``
-when its two middle sizes agree and the last differs), a 3-D one ``(N, T, D)`` by its token mean; a module returning
-a tuple or a Hugging Face output is read
-through its first tensor (``last_hidden_state``). :class:`Capture` records each site's features
-from the first forward call that reaches it, so they come from the same forward pass as the
-inner method's prediction (a sampler's deterministic prefix runs once; rows of an expanded batch
-are sample-major, so the first ``N`` rows are the first sample's).
+Features are pooled to ``(N, D)`` (:func:`pooled`); a module returning a tuple or a Hugging Face output is read through
+its first tensor. :class:`Capture` records each site's features from the first forward call that reaches it, so they
+come from the inner method's own forward pass (rows of an expanded batch are sample-major, so the first ``N`` rows
+are the first sample's).
 
 Example:
     >>> import torch
@@ -67,7 +61,8 @@ class Site:
 
 
 def pooled(value: Tensor, rows: int) -> Tensor | None:
-    """The first ``rows`` rows of an activation pooled to ``(rows, D)`` float32, or ``None`` if it is not per example."""
+    """The first ``rows`` rows of an activation pooled to ``(rows, D)`` float32 (the spatial mean of ``(N, C, H, W)``,
+    or ``(N, H, W, C)`` when its middle sizes agree; the token mean of ``(N, T, D)``), ``None`` if not per example."""
     if value.dim() < 2 or value.shape[0] < rows or value.shape[0] % rows or not value.is_floating_point():
         return None
     value = value[:rows].detach()
@@ -134,10 +129,6 @@ class Capture:
 
 def _weighted(module: nn.Module) -> bool:
     return any(p.dim() >= 2 for p in module.parameters())
-
-
-def _size(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())
 
 
 def _trace(model: nn.Module, x: Inputs) -> dict[str, tuple[int, bool]]:
@@ -221,7 +212,7 @@ def auto_sites(model: nn.Module, x: Inputs, *, head: str | nn.Module | None = No
         openable = [b for b in blocks if b not in opened and any(True for _ in modules[b].children())]
         if not openable:
             break
-        opened.add(max(openable, key=lambda b: _size(modules[b])))
+        opened.add(max(openable, key=lambda b: sum(p.numel() for p in modules[b].parameters())))
     return [Site(name) for name in ends[-count:]] + [Site(head_name, "input")]
 
 

@@ -1,45 +1,18 @@
 """``"dac"``: density-aware calibration, a per-example temperature (a regressor's variance) that grows off the data.
 
-Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware
-calibration"): a calibrator tuned on clean held-out data is confident wherever the model is, even
-far from anything it was trained on. DAC gives each example its own temperature from how far its
-features lie from the training features, at several layers, so that confidence falls off the data
-and stays where the data is. It stacks on any method: ``["none", "dac"]`` tempers the plain model,
-``["laplace", "dac"]`` each of Laplace's samples.
+Tomani, Buettner and Cremers (ICML 2023, "Beyond in-domain scenarios: robust density-aware calibration"): a
+calibrator tuned on clean held-out data is confident wherever the model is, even far from anything it was trained
+on. DAC gives each example its own temperature from how far its features lie from the training features, so that
+confidence falls off the data and stays where the data is. It stacks on any method (``["laplace", "dac"]`` tempers
+each of Laplace's samples); the mathematics, the feature bank's size and the options: docs/methods/dac.md.
 
-- **Features** at the head's input and the ends of the last two stages before it
-  (:mod:`posthoc.methods.dac.layers`; ``layers=[module names]`` overrides the intermediate ones),
-  captured by hooks during the inner method's own forward pass: DAC costs no second forward.
-- **A feature bank** per layer from ``train_loader``: unit-normalised, pooled features of a uniform
-  random subset of the training examples, as many as ``bank_bytes`` allows. It holds
-  ``rows x sum_l D_l x 4`` bytes: on ImageNet with a ResNet-50 read at ``layer2``, ``layer3`` and the
-  head's input (512 + 1024 + 2048 = 3,584 floats per example) the default 64 MiB keeps 4,681 of
-  the 1.28 M images, and 1 GiB keeps 74,898 (6 %); predicting costs ``B x rows x sum_l D_l`` more
-  multiply-adds per batch of ``B``, chunked under the runner's memory budget.
-- **The distance** of an example at each layer is the Euclidean distance of its normalised
-  features to the ``k``-th nearest bank row (:func:`posthoc.engine.feature_bank.kth_distance`, as the
-  ``"knn"`` OOD score).
-- **The temperature** ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` equals ``T0`` for
-  every example closer to the training features than the ``anchor`` quantile of the clean held-out
-  examples at every layer, and grows with the distance beyond it (:mod:`posthoc.methods.dac.temperature`).
-- **Fit**: a held-out choice of the selection step (:mod:`posthoc.engine.selection`). For every
-  ``anchor`` (0.8, 0.9, 0.95 by default), with ``T0 = 1``, the weights ``w`` minimise the clean NLL plus ``strength``
-  (1) times the NLL of the perturbed
-  copies of the validation batches (``shift="auto"``, the default of ``um.fit``;
-  :func:`posthoc.engine.held_out.shifted_held_out`); the candidates are those weights shrunk by
-  ``1/32 .. 1`` (``shrink``), beside the inner predictive as it is and ``T0`` alone (the clean
-  maximum-likelihood temperature, no weights: temperature scaling). Each candidate is
-  fitted on four fifths of the held-out examples and scored on the fifth (cross-fitting); it is
-  admissible when its clean NLL excess over the plain model is confidently within the tolerance, and
-  the admissible one of lowest NLL on the perturbed copies is then fitted on all of them. With ``T0 =
-  1`` every example nearer to the training features than the anchor keeps the inner predictive
-  exactly, so the in-distribution cost falls on the far tail only (a fitted ``T0`` under the weights
-  cost more in distribution on both bundled checkpoints, for no gain on the perturbed copies). The inner predictions and the
-  distances are computed once (with a seeded generator) and every fit runs on that cache.
-  ``anchor=``, ``shrink=`` and ``strength=`` fix them.
-- **Regressors** (``likelihood="regression"`` or ``"heteroscedastic"``): the same factor multiplies the inner
-  predictive's *variance* about its mean instead of tempering it, and is fitted by the Gaussian mixture NLL
-  (:mod:`posthoc.methods.dac.variance`); the perturbed copies are graded by the rise in RMSE.
+The features are read at the head's input and the ends of the last two stages before it (:mod:`.layers`) by hooks
+in the inner method's own forward pass; the distance is to the ``k``-th nearest row of a bank of training features.
+The temperature ``T(x) = T0 (1 + sum_l w_l relu((log d_l(x) - a_l) / s_l))`` (:mod:`.temperature`; a regressor's
+variance factor: :mod:`.variance`) is chosen by the selection step (:mod:`posthoc.engine.selection`) among the inner
+predictive as it is, ``T0`` alone, and, for every anchor, the weights fitted with ``T0 = 1`` and shrunk by each
+factor of :data:`SHRINKS`, each cross-fitted on the held-out examples. With ``T0 = 1`` every example nearer than the
+anchor keeps the inner predictive exactly, so the in-distribution cost falls on the far tail only.
 
 Example:
     >>> import posthoc
@@ -59,7 +32,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,6 +45,7 @@ from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussi
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
 from posthoc.core.modules import eval_mode, get_submodule
+from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
@@ -194,24 +168,8 @@ class _Cache:
 
 @register
 class DensityAwareCalibration(FittedOnHeldOut, Method):
-    """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any method.
-
-    Under a regression likelihood the same factor multiplies the inner predictive's variance (module docs).
-
-    Args:
-        inner: the method whose predictive is tempered.
-        k: which nearest training feature measures the distance.
-        layers: module names whose outputs are read besides the head's input (``None``: the ends of
-            the last two stages before the head); ``"name:input"`` reads a module's input.
-        bank_bytes: bytes of the feature bank; beyond them a uniform random subset of the training
-            examples is kept.
-        anchor: the quantile of the clean held-out distances up to which the temperature stays ``T0``
-            (``"auto"``: chosen among :data:`ANCHORS` on held-out data).
-        shrink: the factor the fitted weights are multiplied by (``"auto"``: chosen among :data:`SHRINKS`).
-        strength: how much the perturbed copies' NLL counts beside the clean one when the weights are fitted.
-        head: the classifier head's module name (default: found as for last-layer methods).
-        max_iter: L-BFGS iterations of each fit.
-    """
+    """A per-example temperature from k-NN feature distances at several layers (Tomani et al., 2023); stacks on any
+    method. Under a regression likelihood the same factor multiplies the inner predictive's variance."""
 
     name = "dac"
     needs_val = True
@@ -222,35 +180,36 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        k: int = 10
-        layers: list[str] | None = None
-        bank_bytes: int = BANK_BYTES
-        anchor: float | str = "auto"
-        shrink: float | str = "auto"
-        strength: float = STRENGTH
-        head: str | None = None
-        max_iter: int = 100
+        k: int = option(10, "which nearest training feature measures the distance")
+        layers: list[str] | None = option(
+            None, "module names read besides the head's input (None: two found); 'name:input' reads a module's input"
+        )
+        bank_bytes: int = option(BANK_BYTES, "bytes of the feature bank (a uniform random subset of the training set)")
+        anchor: float | str = option("auto", "the clean distance quantile up to which T stays T0 (auto: among ANCHORS)")
+        shrink: float | str = option("auto", "the factor the fitted weights are multiplied by (auto: among SHRINKS)")
+        strength: float = option(STRENGTH, "how much the perturbed copies' NLL counts beside the clean one")
+        head: str | None = option(None, "the classifier head's module name (default: found)")
+        max_iter: int = option(100, "L-BFGS iterations of each fit")
 
     def __init__(self, inner: Method, options: Options) -> None:
-        k, layers, bank_bytes, anchor = options.k, options.layers, options.bank_bytes, options.anchor
-        shrink, strength, head, max_iter = options.shrink, options.strength, options.head, options.max_iter
+        anchor, shrink, head = options.anchor, options.shrink, options.head
         super().__init__(inner.base_model)
         self.inner = inner
         self.likelihood = inner.likelihood  # a regressor's: the variance is inflated instead of a temperature
         if self.regression:
             self.knob_name = "density-aware variance"
-        self.k = positive_int(k, "k")
-        self.layers = _check_layers(inner.base_model, layers)
-        self.bank_bytes = memory_bytes(bank_bytes, "bank_bytes")
+        self.k = positive_int(options.k, "k")
+        self.layers = _check_layers(inner.base_model, options.layers)
+        self.bank_bytes = memory_bytes(options.bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
         self.anchor = anchor if anchor == "auto" else probability(anchor, "anchor")
         self.shrink = shrink if shrink == "auto" else unit_interval(shrink, "shrink")
-        self.strength = positive_number(strength, "strength")
+        self.strength = positive_number(options.strength, "strength")
         if head is not None and not isinstance(head, str):
             raise ConfigError(f"head must be a module name, got {type(head).__name__}")
         self.head = head
-        self.max_iter = positive_int(max_iter, "max_iter")
+        self.max_iter = positive_int(options.max_iter, "max_iter")
         for name in ("bank", "widths", "anchors", "spreads", "weights", "meta"):
             self.register_buffer(name, None)
         self.register_buffer("temperature", torch.ones(()))
@@ -266,7 +225,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         """Whether the inner predictive is over real targets (then DAC inflates its variance: module docs)."""
         return self.likelihood.prediction_type is RegressionPrediction
 
-    # ---- structure -------------------------------------------------------------------------
     def _meta(self) -> dict[str, Any]:
         return {} if self.meta is None else json.loads(bytes(self.meta.cpu().tolist()).decode())
 
@@ -299,7 +257,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             )
         return sites
 
-    # ---- distances and temperatures ----------------------------------------------------------
     @property
     def bank_rows(self) -> int:
         """Training examples in the feature bank (0 before fit)."""
@@ -322,13 +279,19 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             excess(self.log_distances(features), self.anchors, self.spreads), self.temperature, self.weights
         )
 
-    def _inner_with_features(
-        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
-    ) -> tuple[Tensor, Tensor | None, list[Tensor]]:
+    def _with_features(
+        self, predictive: Callable, x: Inputs, num_samples: int | None, generator: torch.Generator | None
+    ) -> tuple[Any, list[Tensor]]:
+        """The inner ``predictive`` of ``x`` and the features read during its forward pass."""
         capture = self._capturer()
         with capture.recording(batch_size(x)) as found:
-            log_probs, samples = self.inner.log_predictive(x, num_samples=num_samples, generator=generator)
-        return log_probs, samples, capture.features(found, x)
+            prediction = predictive(x, num_samples=num_samples, generator=generator)
+        return prediction, capture.features(found, x)
+
+    def _checked(self, features: list[Tensor], during: str) -> list[Tensor]:
+        for site, values in zip(self.sites(), features):
+            check_finite_result(values, f"the model's features at '{site}' (read by dac {during})")
+        return features
 
     def to_module(self, export: Any) -> nn.Module:
         """The banks and the fitted temperature map stacked on the inner method's exported predictive
@@ -347,25 +310,16 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        log_probs, samples, features = self._inner_with_features(x, num_samples, generator)
+        (log_probs, samples), features = self._with_features(self.inner.log_predictive, x, num_samples, generator)
         return tempered(log_probs if samples is None else samples, self.temperatures_of(features))
-
-    def _inner_regression_with_features(
-        self, x: Inputs, num_samples: int | None, generator: torch.Generator | None
-    ) -> tuple[RegressionPrediction, list[Tensor]]:
-        capture = self._capturer()
-        with capture.recording(batch_size(x)) as found:
-            prediction = self.inner.regression_predictive(x, num_samples=num_samples, generator=generator)
-        return prediction, capture.features(found, x)
 
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
         """The inner regression predictive with example ``i``'s variance times ``v(x_i)`` (module docs)."""
-        prediction, features = self._inner_regression_with_features(x, num_samples, generator)
+        prediction, features = self._with_features(self.inner.regression_predictive, x, num_samples, generator)
         return inflated(prediction, self.temperatures_of(features))
 
-    # ---- fit ---------------------------------------------------------------------------------
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
         """The feature bank from ``train_loader``; the temperature is fitted on held-out data by :meth:`choose`."""
         if train_loader is None:
@@ -441,19 +395,16 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         """``(anchors, spreads, T0 and weights)`` at ``anchor`` fitted on ``rows`` (``T0 = 1`` unless ``fitted_t0``)."""
         anchors, spreads = standardisation(cache.clean.excess[rows.clean], anchor)
         clean, shifted = cache.take(rows, anchors, spreads)
-        return (
-            anchors,
-            spreads,
-            fit(
-                clean,
-                shifted,
-                strength=self.strength,
-                weights=weights,
-                fit_temperature=fitted_t0,
-                max_iter=self.max_iter,
-                warn=warn,
-            ),
+        values = fit(
+            clean,
+            shifted,
+            strength=self.strength,
+            weights=weights,
+            fit_temperature=fitted_t0,
+            max_iter=self.max_iter,
+            warn=warn,
         )
+        return anchors, spreads, values
 
     def _fit_bank(self, loader: Iterable, progress: bool) -> None:
         reservoir: Reservoir | None = None
@@ -466,10 +417,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             capture = self._capturer()
             with eval_mode(self.base_model), capture.recording(batch_size(x)) as found:
                 run_model(self.base_model, x)
-            features = capture.features(found, x)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac for its feature bank)")
-            features = [normalised(f) for f in features]
+            features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
                 reservoir = Reservoir(
@@ -498,9 +446,8 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         generator = torch.Generator(device=self.device).manual_seed(0)
         predictions, distances, labels = [], [], []
         for x, y in batches:
-            log_probs, samples, features = self._inner_with_features(x, None, generator)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            (log_probs, samples), features = self._with_features(self.inner.log_predictive, x, None, generator)
+            self._checked(features, "on the held-out data")
             check_finite_result(
                 log_probs if samples is None else samples,
                 f"the log-probabilities of {predictive_of(self.inner)} that dac is fitted on",
@@ -521,9 +468,8 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         generator = torch.Generator(device=self.device).manual_seed(0)
         means, variances, distances, targets = [], [], [], []
         for x, y in batches:
-            prediction, features = self._inner_regression_with_features(x, None, generator)
-            for site, values in zip(self.sites(), features):
-                check_finite_result(values, f"the model's features at '{site}' (read by dac on the held-out data)")
+            prediction, features = self._with_features(self.inner.regression_predictive, x, None, generator)
+            self._checked(features, "on the held-out data")
             check_finite_result(
                 prediction.variance, f"the predictive variance of {predictive_of(self.inner)} that dac is fitted on"
             )
@@ -538,7 +484,6 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             gather_rows(torch.cat(targets)),
         )
 
-    # ---- card and files -------------------------------------------------------------------------
     def summary(self) -> dict[str, Any]:
         """``random_variables``: ``T0`` and one weight per layer; the layers read, the fitted temperature (a regressor's
         variance scale ``V0``) and weights, the bank's rows and bytes, ``k``, and the perturbations the fit saw."""

@@ -5,25 +5,13 @@ For an example ``x`` with k-th nearest-neighbour distances ``d_l(x)`` at layers 
     e_l(x) = relu((log d_l(x) - a_l) / s_l)            excess distance at layer l
     T(x)   = T0 * (1 + sum_l w_l * e_l(x)),  w_l >= 0
 
-``a_l`` is the ``anchor`` quantile (e.g. 0.9) of ``log d_l`` on the clean held-out examples and ``s_l``
-the spread between it and the median, so ``T(x) = T0`` exactly for every example closer to the
-training features than ``anchor`` of the clean ones are, at every layer: in distribution the
-predictive is the inner one tempered by one ``T0``; beyond the anchor the temperature grows linearly
-in the standardised log-distance, never falls, and each layer's weight ``w_l`` says how much its
-distance is worth.
+``a_l`` is the ``anchor`` quantile (e.g. 0.9) of ``log d_l`` on the clean held-out examples and ``s_l`` the spread
+between it and the median, so ``T(x) = T0`` exactly for every example closer to the training features than ``anchor`` of
+the clean ones are, at every layer; beyond, the temperature grows linearly in the standardised log-distance.
 
-:func:`fit` works on cached held-out predictions. ``T0`` is the maximum-likelihood temperature of
-the clean validation batches (the inner predictive temperature-scaled; in distribution DAC is
-exactly that), or 1 (the inner predictive untouched in distribution). The weights ``w`` then minimise ``NLL_clean(w)
-+ strength · NLL_perturbed(w)``, the
-mean NLLs over the clean batches and over their perturbed copies
-(:func:`posthoc.engine.held_out.shifted_held_out`): the larger ``strength``, the more the weights
-follow the perturbed copies at the expense of the clean examples. How much that may cost in
-distribution is not decided here: the fitted weights shrunk by several factors are candidates of the selection step
-(:mod:`posthoc.engine.selection`), which keeps it only if its out-of-fold clean NLL is confidently
-within the tolerance of the plain model's. Fitting ``T0`` jointly with ``w`` instead lowers it (the
-bulk sharpened, the tail softened), which costs NLL on clean test data (docs/methods/dac.md), so ``T0``
-stays the clean one.
+:func:`fit` works on cached held-out predictions: ``T0`` is the maximum-likelihood temperature of the clean batches (or
+1), then the weights minimise ``NLL_clean(w) + strength · NLL_perturbed(w)``. ``T0`` is not fitted jointly with ``w``:
+that sharpens the bulk and costs NLL on clean test data (docs/methods/dac.md).
 
 Example:
     >>> import torch
@@ -147,29 +135,29 @@ def fit(
 ) -> Fitted:
     """``T0`` on ``clean`` alone (``fit_temperature=False``: ``T0 = 1``), then (with ``weights``) ``w`` minimising
     ``NLL(clean) + strength · NLL(shifted)`` (module docs; without ``shifted`` the clean NLL alone). ``weights=False``
-    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted
-    alike (``T0`` is then its variance scale).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.dac.temperature import Cached, fit
-        >>> from posthoc_apps.demo.examples import val_logits, val_labels
-        >>> held = Cached(val_logits.log_softmax(-1), torch.zeros(128, 3), val_labels)   # 3 layers' excess distances
-        >>> fitted = fit(held, None, strength=1.0, weights=False)                      # temperature scaling
-        >>> fitted.temperature, fitted.weights
-        (2.01, [0.0, 0.0, 0.0])
+    keeps ``w = 0`` (temperature scaling). A regressor's :class:`~posthoc.methods.dac.variance.Spread` is fitted alike
+    (``T0`` is then its variance scale).
     """
     with small_fit(clean.values, None if shifted is None else shifted.values):
-        return _fit(
-            clean,
-            shifted,
-            strength=strength,
-            max_iter=max_iter,
-            initial_weight=initial_weight,
-            fit_weights=weights,
-            fit_temperature=fit_temperature,
-            warn=warn,
+        layers = clean.excess.shape[1]
+        options = {"dtype": torch.float64, "device": clean.values.device}
+        log_t0 = (
+            clean_temperature(clean, max_iter=max_iter, warn=warn) if fit_temperature else torch.zeros((), **options)
         )
+        temperature = float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp())
+        if not weights:
+            return Fitted(temperature, [0.0] * layers)
+        clean = clean.double()
+        shifted = None if shifted is None else shifted.double()
+
+        def objective(w: Tensor) -> Tensor:
+            if shifted is None:
+                return clean.nll(log_t0, w)
+            return clean.nll(log_t0, w) + strength * shifted.nll(log_t0, w)
+
+        raw = torch.full((layers,), _softplus_inverse(initial_weight), **options, requires_grad=True)
+        minimise(lambda: objective(torch.nn.functional.softplus(raw)), [raw], max_iter=max_iter, tolerance=TOLERANCE)
+        return Fitted(temperature, [float(w) for w in torch.nn.functional.softplus(raw.detach())])
 
 
 def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) -> Tensor:
@@ -187,38 +175,7 @@ def clean_temperature(clean: Cached, *, max_iter: int = 100, warn: bool = True) 
                 f"determine it ({clean.undetermined}); keeping T0 = 1. Check the labels or collect more "
                 "held-out data",
                 RuntimeWarning,
-                stacklevel=4,
+                stacklevel=3,
             )
         log_t0 = torch.zeros_like(log_t0)
     return log_t0
-
-
-def _fit(
-    clean: Cached,
-    shifted: Cached | None,
-    *,
-    strength: float,
-    max_iter: int,
-    initial_weight: float,
-    fit_weights: bool,
-    fit_temperature: bool,
-    warn: bool,
-) -> Fitted:
-    layers = clean.excess.shape[1]
-    options = {"dtype": torch.float64, "device": clean.values.device}
-    log_t0 = clean_temperature(clean, max_iter=max_iter, warn=warn) if fit_temperature else torch.zeros((), **options)
-    temperature = float(log_t0.clamp(-LOG_T0_BOUND, LOG_T0_BOUND).exp())
-    if not fit_weights:
-        return Fitted(temperature, [0.0] * layers)
-    clean = clean.double()
-    shifted = None if shifted is None else shifted.double()
-
-    def objective(weights: Tensor) -> Tensor:
-        if shifted is None:
-            return clean.nll(log_t0, weights)
-        return clean.nll(log_t0, weights) + strength * shifted.nll(log_t0, weights)
-
-    raw = torch.full((layers,), _softplus_inverse(initial_weight), **options, requires_grad=True)
-    minimise(lambda: objective(torch.nn.functional.softplus(raw)), [raw], max_iter=max_iter, tolerance=TOLERANCE)
-    found = torch.nn.functional.softplus(raw.detach())
-    return Fitted(temperature, [float(w) for w in found])

@@ -1,22 +1,12 @@
 """DAC for a regressor: a per-example variance inflation from the k-NN feature distances, and its held-out NLL.
 
-Under ``likelihood="regression"`` (or ``"heteroscedastic"``) DAC reads the same layers and distances as for a
-classifier, and the same map of the standardised excess distances ``e_l(x)``
-(:mod:`posthoc.methods.dac.temperature`)::
-
-    v(x) = V0 * (1 + sum_l w_l * e_l(x)),  w_l >= 0
-
-now multiplies the *variance* of the inner predictive: the inner Gaussian mixture ``Y`` (any regression method's
-:class:`~posthoc.RegressionPrediction`) becomes its affine image ``mu + sqrt(v(x)) (Y - mu)`` about its mean, so its
-mean stays, its variance (and its aleatoric and epistemic parts) are multiplied by ``v(x)`` exactly, and so are those of
-every component. ``V0`` is the clean maximum-likelihood variance scale (variance scaling, Kuleshov et al. 2018; 1 for
-the weighted candidates, so in distribution the inner predictive stays exactly), and the weights are fitted by the
-Gaussian mixture NLL of the clean held-out examples plus ``strength`` times that of their perturbed copies, as the
-temperature's are by the categorical NLL. Beyond the anchor the variance grows linearly in the standardised
-log-distance: far from the training inputs, where a regressor's error grows, so does its predictive spread.
-
-The NLL of the inflated mixture needs no new prediction: with ``s = sqrt(v)`` its density at ``y`` is the inner
-one's at ``mu + (y - mu) / s`` divided by ``s^D`` (:func:`inflated_nll`).
+Under ``likelihood="regression"`` (or ``"heteroscedastic"``) the map of the standardised excess distances ``e_l(x)``
+(:mod:`posthoc.methods.dac.temperature`), ``v(x) = V0 * (1 + sum_l w_l * e_l(x))``, multiplies the *variance* of the
+inner predictive: its Gaussian mixture ``Y`` becomes ``mu + sqrt(v(x)) (Y - mu)``, so its mean stays and its variance
+(and its aleatoric and epistemic parts) are multiplied by ``v(x)`` exactly. ``V0`` is the clean maximum-likelihood
+variance scale (variance scaling, Kuleshov et al. 2018; 1 for the weighted candidates), and the weights are fitted
+by the Gaussian mixture NLL as the temperature's are by the categorical one. The NLL of the inflated mixture needs
+no new prediction: with ``s = sqrt(v)`` its density at ``y`` is the inner one's at ``mu + (y - mu) / s`` over ``s^D``.
 
 Example:
     >>> import torch
@@ -41,15 +31,8 @@ from posthoc.methods.dac.temperature import LOG_T0_BOUND, temperatures
 
 
 def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tensor) -> Tensor:
-    """Each example's NLL ``(N,)`` of ``targets`` ``(N, D)`` under the mixture of components ``N(means_k, variances_k)``
-    (each ``(K, N, D)``, equal weights, joint over the ``D`` outputs) with its variance multiplied by ``factor`` ``(N,)``
-    about its mean (module docs), differentiable in ``factor``.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.dac.variance import inflated_nll
-        >>> inflated_nll(torch.zeros(1, 1, 1), torch.ones(1, 1, 1), torch.ones(1, 1), torch.ones(1)).round(decimals=4)
-        tensor([1.4189])
+    """The NLL ``(N,)`` of ``targets`` ``(N, D)`` under the mixture of equal weights of ``N(means_k, variances_k)``
+    (each ``(K, N, D)``), its variance times ``factor`` ``(N,)`` about its mean; differentiable in ``factor``.
     """
     scale = factor.to(means.dtype).sqrt()[:, None]  # (N, 1)
     mean = means.mean(0)
@@ -60,8 +43,8 @@ def inflated_nll(means: Tensor, variances: Tensor, targets: Tensor, factor: Tens
 
 
 def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPrediction:
-    """``prediction`` with example ``i``'s variance multiplied by ``factor[i]`` ``(N,)`` about its mean (module docs):
-    every component's mean moves to ``mu + s (mu_k - mu)`` and its model and noise variances are times ``s² = factor``.
+    """``prediction`` with example ``i``'s variance multiplied by ``factor[i]`` about its mean: every component's mean
+    moves to ``mu + s (mu_k - mu)`` and its model and noise variances are times ``s² = factor``.
 
     Example:
         >>> import torch
@@ -82,9 +65,8 @@ def inflated(prediction: RegressionPrediction, factor: Tensor) -> RegressionPred
 
 @dataclass
 class Spread:
-    """Cached held-out regression predictions: the inner mixture's component means and variances (model plus noise)
-    ``(K, N, D)``, the excess distances ``(N, L)`` and the targets ``(N, D)``. The fit of
-    :mod:`posthoc.methods.dac.temperature` reads it as it reads :class:`~posthoc.methods.dac.temperature.Cached`."""
+    """Cached held-out regression predictions, fitted as :class:`~posthoc.methods.dac.temperature.Cached` is: the inner
+    mixture's component means and variances (model plus noise) ``(K, N, D)``, excess distances and targets."""
 
     means: Tensor
     variances: Tensor

@@ -58,12 +58,9 @@ def routes(examples: int, repeats: int, components: int, device: torch.device) -
     return torch.arange(examples * repeats, device=device) % components
 
 
-#: how BatchNorm layers behave during the fit: "train" (the paper: statistics re-estimated with the
-#: nodes on before the fit, batch statistics during it, re-estimated again after it) or "frozen"
-#: (eval mode throughout: the checkpoint's statistics, which never see the nodes)
+#: how BatchNorm layers behave during the fit: "train" (the paper's: batch statistics, re-estimated) or "frozen"
 BATCHNORM_MODES = ("train", "frozen")
-#: the node learning rate's schedule (the paper's code): constant for the first half of the steps,
-#: then linear down to ``lr_nodes_final`` at 90 % of them, then constant
+#: the node learning rate (the paper's code): constant for half the steps, then linear down to the final one at 90 %
 ANNEAL_START, ANNEAL_END = 0.5, 0.9
 
 
@@ -161,35 +158,15 @@ def fit_nodes(
     progress: bool,
     likelihood: Likelihood | None = None,
 ) -> None:
-    """The whole fit: BatchNorm statistics re-estimated with the nodes on (``batchnorm="train"``),
-    the ELBO maximised (:func:`maximise_elbo`), and the statistics re-estimated once more for the
-    fitted nodes (the paper keeps the momentum average of the last batches instead)."""
+    """The whole fit: BatchNorm statistics re-estimated with the nodes on (``batchnorm="train"``), then
+    ``NLL + beta_t * KL / N`` minimised (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov momentum,
+    dropout off: the node parameters at :meth:`ElboOptions.node_lr` without weight decay, the weights at ``lr_weights``
+    (0: frozen); then the statistics re-estimated once more for the fitted nodes (the paper keeps the momentum average
+    of the last batches instead). Raises :class:`~posthoc.NumericalError` on a NaN/inf loss (the caller restores what
+    changed); the weights' ``requires_grad`` flags are always restored."""
     refresh = options.batchnorm == "train" and bool(batchnorm_layers(model))
     if refresh:
         refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
-    maximise_elbo(model, nodes, train_loader, options, progress=progress, likelihood=likelihood)
-    if refresh:
-        refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
-
-
-def maximise_elbo(
-    model: nn.Module,
-    nodes: NodeSet,
-    train_loader: Iterable,
-    options: ElboOptions,
-    *,
-    progress: bool,
-    likelihood: Likelihood | None = None,
-) -> None:
-    """Minimise ``NLL + beta_t * KL / N`` (:func:`posthoc.engine.elbo.maximise_elbo`) by SGD with Nesterov
-    momentum, dropout off.
-
-    BatchNorm layers use batch statistics (train mode) if ``options.batchnorm == "train"``, their
-    running statistics otherwise. The node parameters take ``lr_nodes`` annealed to
-    ``lr_nodes_final`` (:meth:`ElboOptions.node_lr`) without weight decay, the weights
-    ``lr_weights`` (0 = frozen) with ``weight_decay``. Raises :class:`~posthoc.NumericalError` on a
-    NaN/inf loss (the caller restores what changed); the weights' ``requires_grad`` flags are always restored.
-    """
     node_params = list(nodes.parameters())
     weights = [p for p in model.parameters() if options.lr_weights > 0]
     groups = [{"params": node_params, "lr": options.lr_nodes, "weight_decay": 0.0}]
@@ -221,6 +198,8 @@ def maximise_elbo(
             before_update=anneal,
             what="iBNN fitting",
         )
+    if refresh:
+        refresh_batchnorm_sampling(model, nodes, train_loader, options.train_samples, progress=progress)
 
 
 @torch.no_grad()

@@ -1,34 +1,17 @@
 """``"ibnn"``: node-based Bayesian neural network on a pretrained model (Trinh et al., 2020 / 2022).
 
-Multiplicative latent variables ``z`` sit on the inputs of the model's ``Conv2d`` / ``Linear``
-layers, one per input channel / feature: the paper's Table 1 placement with ``recipe="paper"`` or
-``stem=True`` (ResNet-50: 24,579 nodes, AlexNet 18,307, VGG-16 36,995; :func:`~posthoc.methods.ibnn.nodes.count_nodes`
-counts them without fitting). Their posterior is a mixture ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)``
-with prior ``N(1, s^2)`` (:mod:`posthoc.methods.ibnn.nodes`). ``fit`` maximises the ELBO as the
-paper does (:mod:`posthoc.methods.ibnn.elbo`): BatchNorm statistics re-estimated with the nodes on,
-then SGD in BatchNorm train mode with a large, annealed learning rate for the node parameters and a
-small one for the deterministic weights, ``S`` training samples per example (independent of ``K``),
-and a KL weight warmed up from 0. The weights and statistics change only on iBNN's own copy of the
-model (``copies_model``): the user's model is never modified. Predictions average ``K x S``
-samples (``S`` per component, sample ``r`` drawn from component ``r mod K``, the official code's
-``test.py -n 5`` per component), computed in one forward pass over a batch expanded ``K * S``
-times, chunked under a memory budget.
+Multiplicative latent variables ``z`` sit on the inputs of the model's ``Conv2d`` / ``Linear`` layers, one per input
+channel / feature (the paper's Table 1 placement with ``recipe="paper"`` or ``stem=True``;
+:func:`~posthoc.methods.ibnn.nodes.count_nodes` counts them). Their posterior is a mixture
+``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` with prior ``N(1, s^2)`` (:mod:`posthoc.methods.ibnn.nodes`). ``fit``
+maximises the ELBO as the paper does (:mod:`posthoc.methods.ibnn.elbo`) on iBNN's own copy of the model
+(``copies_model``): the user's model is never modified. Predictions average ``K x S`` samples (sample ``r`` from
+component ``r mod K``) in one forward pass over a batch expanded ``K * S`` times, chunked under a memory budget.
+The two recipes, ``"posthoc"`` (the default) and ``"paper"``, are in :mod:`posthoc.methods.ibnn.recipes`.
 
-Two recipes (:mod:`posthoc.methods.ibnn.recipes`): ``"posthoc"`` (the default) and ``"paper"``.
-They share everything above and differ where the paper's values were worse on the bundled
-checkpoints: no nodes on the stem (the first layer's input channels), K=2 instead of 4, means
-initialised at ``N(1, 0.05^2)`` instead of ``N(1, 0.5^2)``, prior std 0.1 instead of 0.3, weights' learning rate 1e-3
-instead of 1e-4 (reasons in the recipes module; measured: docs/methods/ibnn.md). Every setting can also be given by name.
-
-Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's
-noise (fitted on its held-out residuals, the training ones without a ``val_loader``), the recipe's
-learning rates (those not given) are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`:
-the Gaussian NLL's curvature is ``1/σ²`` where the softmax's is at most ``1/2``), the scale is
-chosen by the same selection step on the held-out Gaussian NLL of the sampled mixture, each scale at its
-own best noise (:func:`~posthoc.core.likelihood.best_noise_nlls`; the checkpoint's ``N(f(x), σ_plain²)``
-with ``σ_plain`` fitted on the same rows), and the noise is then re-fitted to the mixture of
-``N(f_s(x), σ²)`` around the ``K x S`` sampled outputs at that scale. No perturbed copies there (they
-are graded on class accuracy).
+Under ``likelihood="regression"`` the ELBO's data term is the Gaussian NLL at the plain model's noise, the recipe's
+learning rates are scaled by ``σ² / 2`` (:func:`~posthoc.engine.objective.step_scale`), and the noise is re-fitted
+to the sampled mixture at the chosen scale.
 
 References: T. Trinh, S. Kaski, M. Heinonen, "Scalable Bayesian neural networks by layer-wise
 input augmentation" (arXiv:2010.13498); T. Trinh, M. Heinonen, L. Acerbi, S. Kaski, "Tackling
@@ -47,7 +30,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 import torch
@@ -61,19 +44,19 @@ from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_o
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode
+from posthoc.core.options import option
 from posthoc.core.registry import register
 from posthoc.engine.bn_refresh import batchnorm_layers
 from posthoc.engine.objective import fit_plain_noise, step_scale
 from posthoc.errors import ConfigError
 from posthoc.methods.ibnn.elbo import ElboOptions, expand, fit_nodes, routes
 from posthoc.methods.ibnn.nodes import NodeSet
+from posthoc.methods.ibnn.recipes import NODE_SETTINGS, resolve
 from posthoc.methods.ibnn.recipes import recipe as recipe_named
-from posthoc.methods.ibnn.recipes import resolve
 
 #: the fit settings the model card reports, in the order of the ``fit_settings`` buffer
 FIT_RECORD = ("epochs", "train_samples", "lr_nodes", "lr_nodes_final", "lr_weights", "beta", "kl_warmup", "batchnorm")
-#: copies of the largest layer input of an expanded row alive at once in its forward (the input,
-#: its product with the nodes, the layer's output, the expanded batch)
+#: copies of an expanded row's largest layer input alive at once (input, its product with the nodes, output, batch)
 ACTIVATION_COPIES = 4
 #: the node-noise scales the held-out choice may take, from narrow to wide (factors of 2 around the fitted posterior)
 SCALES = (0.0625, 0.125, 0.25, 0.5, 1.0, 2.0, 4.0)
@@ -83,28 +66,8 @@ LOG_PROB_COPIES = 2
 
 @register
 class ImplicitBNN(Method):
-    """Node posteriors on a pretrained network (see module docs).
-
-    Options (``None``: the recipe's value; posthoc's default in brackets, the paper's after it):
-        recipe: ``"posthoc"`` or ``"paper"`` (:mod:`posthoc.methods.ibnn.recipes`).
-        components: ``K``, mixture components [2; paper 4].
-        prior_std: ``s`` of the prior ``N(1, s^2)`` [0.1; paper 0.3].
-        init_mean_std: ``sigma0``: component means start at ``N(1, sigma0^2)`` [0.05; paper 0.5, tuned
-            between 0.5 and 0.75 in the paper].
-        init_std, init_std_spread: component standard deviations start at ``|N(init_std, init_std_spread^2)|``
-            (kept positive by a softplus) [0.05, 0.02 in both].
-        layers: module names whose Conv/Linear layers get nodes (default: all of them).
-        stem, head: include the first Conv/Linear and the classifier head [head only; paper: both, as in
-            its Table 1]. The stem's few nodes (one per image channel) act as a global input scale whose
-            fit is volatile (see :mod:`posthoc.methods.ibnn.recipes`).
-        num_samples: ``S``, samples per component at prediction (``K * S`` in total) [5].
-        scale: the node noise's scale at prediction (``z = mu_k + scale * sigma_k * eps``; 1 is the fitted
-            posterior). ``None``: chosen on ``fit``'s ``val_loader`` among 0 (the component means) and
-            :data:`SCALES` by the selection step (:mod:`posthoc.engine.selection`: confidently within
-            ``fit(..., tolerance=...)`` of the checkpoint's held-out NLL, then the lowest NLL on perturbed
-            copies; the walk starts at 1), else 1 without one.
-        seed: seeds the initial means and standard deviations.
-    """
+    """Node posteriors on a pretrained network (see module docs). An option left at ``None`` takes the recipe's value
+    (posthoc's default in brackets, the paper's after it)."""
 
     name = "ibnn"
     export_refusal = SAMPLES_NETWORKS
@@ -113,47 +76,32 @@ class ImplicitBNN(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        recipe: str = "posthoc"
-        components: int | None = None
-        prior_std: float | None = None
-        init_mean_std: float | None = None
-        init_std: float | None = None
-        init_std_spread: float | None = None
-        layers: Sequence[str] | None = None
-        stem: bool | None = None
-        head: bool = True
-        num_samples: int = 5
-        seed: int = 0
-        scale: float | None = None
+        recipe: str = option("posthoc", "posthoc or paper: the defaults of every None option")
+        components: int | None = option(None, "K, mixture components [2; paper 4]")
+        prior_std: float | None = option(None, "s of the prior N(1, s^2) [0.1; paper 0.3]")
+        init_mean_std: float | None = option(None, "component means start at N(1, init_mean_std^2) [0.05; paper 0.5]")
+        init_std: float | None = option(None, "component stds start at abs(N(init_std, init_std_spread^2)) [0.05]")
+        init_std_spread: float | None = option(None, "see init_std [0.02]")
+        layers: Sequence[str] | None = option(None, "module names whose Conv/Linear layers get nodes (None: all)")
+        stem: bool | None = option(None, "nodes on the first Conv/Linear layer [no; paper yes]")
+        head: bool = option(True, "nodes on the classifier head")
+        num_samples: int = option(5, "S, samples per component at prediction (K * S in all)")
+        seed: int = option(0, "seeds the initial means and standard deviations")
+        scale: float | None = option(None, "noise scale (1: the fitted posterior); None: chosen on val_loader, else 1")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        recipe, components, prior_std = options.recipe, options.components, options.prior_std
-        init_mean_std, init_std, init_std_spread = options.init_mean_std, options.init_std, options.init_std_spread
-        layers, stem, head, num_samples = options.layers, options.stem, options.head, options.num_samples
-        seed, scale = options.seed, options.scale
         super().__init__(model)
-        self.recipe_name, self.recipe = recipe, recipe_named(recipe)
-        chosen = resolve(
-            self.recipe,
-            {
-                "components": components,
-                "prior_std": prior_std,
-                "init_mean_std": init_mean_std,
-                "init_std": init_std,
-                "init_std_spread": init_std_spread,
-                "stem": stem,
-            },
-        )
+        self.recipe_name, self.recipe = options.recipe, recipe_named(options.recipe)
+        chosen = resolve(self.recipe, {name: getattr(options, name) for name in NODE_SETTINGS})
         self._stem = bool(chosen.pop("stem"))
-        self._node_options = {**chosen, "layers": None if layers is None else list(layers), "head": head, "seed": seed}
+        layers = None if options.layers is None else list(options.layers)
+        self._node_options = {**chosen, "layers": layers, "head": options.head, "seed": options.seed}
         self.nodes = NodeSet(model, stem=self._stem, **self._node_options)
         #: the fit's settings (``FIT_RECORD`` order; zeros before fit), saved with the posterior for the model card
         self.register_buffer("fit_settings", torch.zeros(len(FIT_RECORD), dtype=torch.float64))
-        self.num_samples = positive_int(num_samples, "num_samples")
-        #: ``None``: the scale is chosen on ``fit``'s ``val_loader``
-        self.scale_option = None if scale is None else non_negative(scale, "scale")
-        #: the scale chosen on held-out data, and the held-out NLL of the checkpoint and of iBNN at it
-        #: (``None`` until chosen)
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.scale_option = None if options.scale is None else non_negative(options.scale, "scale")
+        #: the scale chosen on held-out data and the held-out NLLs of the checkpoint and of iBNN at it (None until then)
         self.register_buffer("scale_fit", None)
         #: bytes one expanded row keeps alive at the peak of a forward, per input shape (measured once)
         self._expanded_row_bytes: dict[tuple, int] = {}
@@ -164,16 +112,18 @@ class ImplicitBNN(Method):
 
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int | None = None
-        lr_nodes: float | None = None
-        lr_nodes_final: float | None = None
-        lr_weights: float | None = None
-        momentum: float | None = None
-        weight_decay: float | None = None
-        beta: float | None = None
-        kl_warmup: float | None = None
-        train_samples: int | None = None
-        batchnorm: str | None = None
+        epochs: int | None = option(None, "passes over train_loader [2]")
+        lr_nodes: float | None = option(None, "the node learning rate, constant for half the steps [0.2]")
+        lr_nodes_final: float | None = option(None, "the node learning rate reached at 90 % of the steps [0.05]")
+        lr_weights: float | None = option(None, "the weights' learning rate; 0 keeps them frozen [1e-3; paper 1e-4]")
+        momentum: float | None = option(None, "Nesterov momentum of nodes and weights [0.9]")
+        weight_decay: float | None = option(None, "the weights' weight decay [0]")
+        beta: float | None = option(None, "final KL weight [1]")
+        kl_warmup: float | None = option(None, "fraction of the steps over which the KL weight rises from 0 [0.5]")
+        train_samples: int | None = option(None, "copies of each example per step, copy i on component i mod K [2]")
+        batchnorm: str | None = option(
+            None, "train: BatchNorm statistics re-estimated with the nodes on; frozen: the checkpoint's [train]"
+        )
 
     def fit(
         self,
@@ -183,37 +133,11 @@ class ImplicitBNN(Method):
         progress: bool = True,
         options: FitOptions | None = None,
     ) -> None:
-        """Fine-tune the node posterior (and optionally the weights) by maximising the ELBO.
-
-        The loss per step is ``mean NLL over the expanded batch + beta_t * KL / N`` (``N`` training
-        examples, ``beta_t`` rising linearly from 0 to ``beta`` over the first ``kl_warmup`` fraction
-        of the steps), minimised by SGD with Nesterov momentum (:func:`~posthoc.methods.ibnn.elbo.maximise_elbo`).
-        On a NaN/inf ELBO the fit stops with :class:`~posthoc.NumericalError` and every tensor is
-        restored to its state before ``fit``. Every option left at ``None`` takes the value of the
-        recipe chosen at ``wrap`` (:mod:`posthoc.methods.ibnn.recipes`; posthoc's default in brackets).
-
-        Args:
-            epochs: passes over ``train_loader`` [2].
-            lr_nodes, lr_nodes_final: the node parameters' learning rate, constant for the first half of
-                the steps, then annealed linearly to ``lr_nodes_final`` at 90 % of them [0.2, 0.05].
-            lr_weights, weight_decay: the deterministic weights' learning rate (0 keeps them frozen) and
-                weight decay [1e-3 (paper: 1e-4), 0].
-            momentum: Nesterov momentum of both [0.9].
-            beta: final KL weight [1].
-            kl_warmup: fraction of the steps over which the KL weight rises from 0 to ``beta`` [0.5].
-            train_samples: ``S``, copies of each example per step, copy ``i`` routed to component ``i mod K`` [2].
-            batchnorm: ``"train"``: BatchNorm statistics re-estimated with the nodes sampling before the fit,
-                batch statistics during it, and re-estimated after it; ``"frozen"``: the checkpoint's
-                statistics throughout (eval mode) ["train"]. Dropout is off during the fit either way.
-
-        With ``scale=None`` and a ``val_loader`` the scale is then chosen on held-out data (:meth:`choose`).
-        """
+        """Fit the node posterior (and the weights unless ``lr_weights=0``) by maximising the ELBO
+        ``mean NLL + beta_t * KL / N`` (:func:`~posthoc.methods.ibnn.elbo.fit_nodes`). On a NaN/inf ELBO the fit
+        stops with :class:`~posthoc.NumericalError` and every tensor is restored to its state before ``fit``."""
         options = options or self.FitOptions()
-        epochs, lr_nodes, lr_nodes_final = options.epochs, options.lr_nodes, options.lr_nodes_final
-        lr_weights, momentum, weight_decay = options.lr_weights, options.momentum, options.weight_decay
-        beta, kl_warmup, train_samples = options.beta, options.kl_warmup, options.train_samples
-        batchnorm = options.batchnorm
-        if batchnorm == "train" and not batchnorm_layers(self.model):
+        if options.batchnorm == "train" and not batchnorm_layers(self.model):
             raise ConfigError(
                 f"batchnorm='train' re-estimates BatchNorm statistics, but {type(self.model).__name__} has no BatchNorm "
                 "layer (transformers normalise with LayerNorm, which keeps no statistics); leave batchnorm unset or "
@@ -221,27 +145,12 @@ class ImplicitBNN(Method):
             )
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)  # the ELBO reads the plain model's noise
-        rates = {"lr_nodes": lr_nodes, "lr_nodes_final": lr_nodes_final, "lr_weights": lr_weights}
+        given = {field.name: getattr(options, field.name) for field in fields(ElboOptions)}
         # the recipe's rates are set for class labels: under a Gaussian they are scaled to the same stability
-        rates = {
-            name: getattr(self.recipe, name) * step_scale(self.likelihood) if value is None else value
-            for name, value in rates.items()
-        }
-        options = ElboOptions(
-            **resolve(
-                self.recipe,
-                {
-                    "epochs": epochs,
-                    **rates,
-                    "momentum": momentum,
-                    "weight_decay": weight_decay,
-                    "beta": beta,
-                    "kl_warmup": kl_warmup,
-                    "train_samples": train_samples,
-                    "batchnorm": batchnorm,
-                },
-            )
-        )
+        for name in ("lr_nodes", "lr_nodes_final", "lr_weights"):
+            if given[name] is None:
+                given[name] = getattr(self.recipe, name) * step_scale(self.likelihood)
+        options = ElboOptions(**resolve(self.recipe, given))
         changing = self if options.lr_weights > 0 or options.batchnorm == "train" else self.nodes
         before = {k: v.detach().clone() for k, v in changing.state_dict().items()}
         try:
@@ -275,8 +184,7 @@ class ImplicitBNN(Method):
 
     def knob(self) -> Knob | None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the component means)
-        and :data:`SCALES`, walking from 1 (wider while admissible, else narrower); every scale draws the same random
-        numbers. Under regression each scale is scored at its own best noise, and the noise is then re-fitted."""
+        and :data:`SCALES`, walking from 1; every scale draws the same random numbers."""
         if self.scale_option is not None:
             return None
         return Knob(
@@ -303,9 +211,8 @@ class ImplicitBNN(Method):
         self._expanded_row_bytes.clear()
 
     def summary(self) -> dict[str, Any]:
-        """The node posterior for the model card: ``random_variables`` is the number of node variables per
-        mixture component (the paper's Table 1 count), then the mixture, its prior and initialisation, the
-        predictive's samples and the fit's settings (``None`` for files saved before they were recorded).
+        """The node posterior for the model card: ``random_variables`` is the node variables per mixture component
+        (the paper's Table 1 count); the fit's settings are ``None`` for files saved before they were recorded.
 
         Example:
             >>> import torchvision
@@ -314,6 +221,7 @@ class ImplicitBNN(Method):
             24576
         """
         settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
+        scale_fit = "default" if self.scale_fit is None else "val"
         recorded = settings["epochs"] > 0
         fit: dict[str, Any] = {name: (value if recorded else None) for name, value in settings.items()}
         if recorded:
@@ -333,17 +241,13 @@ class ImplicitBNN(Method):
             "init_std": float(self._node_options["init_std"]),
             "samples_per_component": self.num_samples,
             "scale": self.scale,
-            "scale_fit": "fixed"
-            if self.scale_option is not None
-            else ("val" if self.scale_fit is not None else "default"),
+            "scale_fit": "fixed" if self.scale_option is not None else scale_fit,
             "test_samples": self.components * self.num_samples,
             **fit,
         }
 
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
-        """Load a saved posterior, its mixture shaped as saved: files written before the current defaults
-        (format 1 without explicit options: K=4, no nodes on the stem) hold four components and one node
-        group fewer, and load as they were fitted."""
+        """Load a saved posterior, its mixture shaped as saved (older files: K=4, no nodes on the stem)."""
         saved = [key for key in state if key.startswith("nodes.groups.") and key.endswith(".mean")]
         components = state[saved[0]].shape[0] if saved else self.components
         stem = self._stem and len(saved) == len(self.nodes.groups)
@@ -370,9 +274,8 @@ class ImplicitBNN(Method):
     ) -> Tensor:
         """``(K * S, N, C)``: ``transform`` (the class log-probabilities, or the outputs) of the sampled networks.
 
-        ``num_samples`` overrides ``S``, the number of samples per component. The first input of a
-        shape runs one example alone, which measures the bytes of an expanded row; the rest runs in
-        chunks of :func:`~posthoc.core.chunks.rows_per_chunk` examples, written into one ``(K * S, N, C)``.
+        ``num_samples`` overrides ``S``. The first input of a shape runs one example alone, which measures the bytes of
+        an expanded row; the rest runs in chunks of :func:`~posthoc.core.chunks.rows_per_chunk` examples.
         """
         repeats = self.components * (num_samples or self.num_samples)
         total, key = batch_size(x), _shape_key(x)

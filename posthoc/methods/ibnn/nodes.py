@@ -1,16 +1,12 @@
 """Multiplicative node variables on the inputs of a model's ``Conv2d`` / ``Linear`` layers.
 
-Each selected layer gets one latent variable per input node (per input channel of a Conv, per
-input feature of a Linear, per last-dimension feature for token or channels-last inputs). The
-variables follow a mixture of ``K`` Gaussians ``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` with
-``sigma = softplus(rho)``, and are applied by forward pre-hooks (``x -> x * z``) that exist only
-inside :meth:`NodeSet.sampling`, so the model's own modules, weights and ``state_dict`` keys stay
-as they are, and outside it the model computes exactly what the checkpoint computes.
-
-Within a forward, example ``i`` of the (expanded) batch uses component ``components[i]``; the
-usual routing is ``i mod K``. The first dimension of a layer's input must be the batch, or the
-batch repeated batch-major (``B * m`` rows, e.g. attention windows): each block of ``m`` rows then
-shares its example's variables.
+Each selected layer gets one latent variable per input node (per input channel of a Conv, per input feature of a
+Linear, per last-dimension feature for token or channels-last inputs), following a mixture of ``K`` Gaussians
+``q(z) = 1/K sum_k N(mu_k, sigma_k^2)`` with ``sigma = softplus(rho)``. They are applied by forward pre-hooks
+(``x -> x * z``) that exist only inside :meth:`NodeSet.sampling`, so the model's modules and ``state_dict`` keys stay
+as they are and, outside it, the model computes exactly what the checkpoint computes. A layer's input must be the
+batch, or the batch repeated batch-major (``B * m`` rows, e.g. attention windows: each block of ``m`` rows shares
+its example's variables).
 
 Example:
     >>> import torch
@@ -52,10 +48,7 @@ def node_count(layer: nn.Module) -> int:
 
 
 def count_nodes(model: nn.Module, layers: Sequence[str] | None = None, *, stem: bool = True, head: bool = True) -> int:
-    """Node variables per mixture component that iBNN puts on ``model``, without building or fitting anything.
-
-    One node per input channel of every selected ``Conv2d`` and per input feature of every selected
-    ``Linear`` (the paper's Table 1 counts, stem and head included by default).
+    """Node variables per mixture component that iBNN puts on ``model`` (the paper's Table 1 counts), without fitting.
 
     Example:
         >>> import torchvision
@@ -74,15 +67,8 @@ def inverse_softplus(std: Tensor) -> Tensor:
 def select_layers(
     model: nn.Module, layers: Sequence[str] | None = None, *, stem: bool = True, head: bool = True
 ) -> list[tuple[str, nn.Module]]:
-    """The ``Conv2d`` / ``Linear`` layers (subclasses included) that get node variables.
-
-    Args:
-        model: the network.
-        layers: module names; a name of a Conv/Linear selects it, a name of a container selects
-            every Conv/Linear inside it. ``None`` selects all of them.
-        stem: keep the first Conv/Linear of the model (in registration order).
-        head: keep the classifier head (found as in :func:`posthoc.engine.head.find_head`, else the
-            last Conv/Linear).
+    """The ``Conv2d`` / ``Linear`` layers (subclasses included) that get node variables: those in the modules ``layers``
+    (``None``: all), less the first one unless ``stem`` and the classifier head (else the last) unless ``head``.
 
     Example:
         >>> import torchvision
@@ -111,7 +97,10 @@ def select_layers(
     if not stem:
         chosen = [(name, m) for name, m in chosen if m is not every[0][1]]
     if not head:
-        head_module = _head_or_last(model, every)
+        try:
+            head_module = find_head(model)[1]
+        except HeadNotFoundError:
+            head_module = every[-1][1]
         chosen = [(name, m) for name, m in chosen if m is not head_module]
     if not chosen:
         raise ConfigError(
@@ -121,23 +110,10 @@ def select_layers(
     return chosen
 
 
-def _head_or_last(model: nn.Module, every: list[tuple[str, nn.Module]]) -> nn.Module:
-    try:
-        return find_head(model)[1]
-    except HeadNotFoundError:
-        return every[-1][1]
-
-
 class NodeVariables(nn.Module):
-    """The ``K``-component Gaussian mixture over the ``D`` input nodes of one layer.
-
-    Attributes:
-        mean: ``(K, D)`` component means.
-        rho: ``(K, D)`` raw scales; the component standard deviations are ``softplus(rho)``.
-
-    The means start at ``N(1, init_mean_std^2)`` and the standard deviations at
-    ``|N(init_std, init_std_spread^2)|`` (the paper's ``N(1, sigma0^2)`` and ``N(0.05, 0.02^2)``).
-    """
+    """The ``K``-component Gaussian mixture over the ``D`` input nodes of one layer: ``mean`` and ``rho`` ``(K, D)``,
+    the standard deviations ``softplus(rho)``, starting at ``N(1, init_mean_std^2)`` and
+    ``|N(init_std, init_std_spread^2)|``."""
 
     def __init__(
         self,
@@ -176,25 +152,9 @@ class NodeVariables(nn.Module):
 class NodeSet(nn.Module):
     """Node variables for a model's selected layers, applied by forward pre-hooks while sampling.
 
-    The selected layers are held as plain references (no ``state_dict`` keys), so a deep copy of a
-    method holding both the model and its ``NodeSet`` acts on the copied layers.
-
-    Args:
-        model: the network to augment (its selected layers get hooks inside :meth:`sampling`).
-        components: ``K``, the number of mixture components.
-        prior_std: ``s`` of the prior ``N(1, s^2)`` on every node.
-        init_mean_std: component means start at ``1 + N(0, init_mean_std^2)``.
-        init_std: component standard deviations start at this value ...
-        init_std_spread: ... plus ``N(0, init_std_spread^2)`` noise (absolute value taken).
-        layers, stem, head: the selection, see :func:`select_layers`.
-        seed: seeds the initial means.
-
-    Example:
-        >>> import torchvision
-        >>> from posthoc.methods.ibnn.nodes import NodeSet
-        >>> nodes = NodeSet(torchvision.models.resnet18(num_classes=3), components=4)
-        >>> float(nodes.kl()) > 0
-        True
+    The selected layers (:func:`select_layers`) are held as plain references (no ``state_dict`` keys), so a deep copy of
+    a method holding both the model and its ``NodeSet`` acts on the copied layers. ``prior_std`` is ``s`` of the prior
+    ``N(1, s^2)``; the initialisation is :class:`NodeVariables`'s, seeded by ``seed``.
     """
 
     def __init__(
@@ -219,17 +179,9 @@ class NodeSet(nn.Module):
         self.components = components
         self.prior_std = float(prior_std)
         self.layer_names = [name for name, _ in selected]
+        init = {"init_mean_std": init_mean_std, "init_std": init_std, "init_std_spread": init_std_spread}
         self.groups = nn.ModuleList(
-            NodeVariables(
-                node_count(m),
-                components,
-                init_mean_std=init_mean_std,
-                init_std=init_std,
-                init_std_spread=init_std_spread,
-                generator=generator,
-                device=device,
-            )
-            for _, m in selected
+            NodeVariables(node_count(m), components, **init, generator=generator, device=device) for _, m in selected
         )
         self.register_buffer("called", torch.ones(len(selected), dtype=torch.bool, device=device))
         self._route: Tensor | None = None
@@ -253,14 +205,8 @@ class NodeSet(nn.Module):
     def sampling(
         self, components: Tensor, *, generator: torch.Generator | None = None, sample: bool = True, scale: float = 1.0
     ) -> Iterator[NodeSet]:
-        """Turn the hooks on: example ``i`` of each forward uses component ``components[i]``.
-
-        Args:
-            components: ``(B,)`` component index of every example of the batch.
-            generator: the random source of the node noise.
-            sample: draw ``z ~ N(mu_k, sigma_k^2)``; ``False`` uses the component means.
-            scale: the node noise's scale at prediction, ``z = mu_k + scale * sigma_k * eps`` (1: the fitted posterior).
-        """
+        """Turn the hooks on: example ``i`` of each forward uses component ``components[i]`` ``(B,)`` and nodes
+        ``z = mu_k + scale * sigma_k * eps`` (``sample=False``: the component means)."""
         components = components.to(self.called.device, torch.long)
         if components.numel() and (components.min() < 0 or components.max() >= self.components):
             raise InputError(f"component indices must lie in [0, {self.components}), got {components.tolist()[:8]}...")
@@ -290,14 +236,9 @@ class NodeSet(nn.Module):
         self.called.copy_(flags)
 
     def kl(self) -> Tensor:
-        """KL to the prior with the component-mean approximation, summed over nodes of called layers.
-
-        The mixture is replaced by the law of the mean of one draw per component,
-        ``zbar ~ N(mbar, vbar)`` with ``mbar = 1/K sum_k mu_k`` and ``vbar = 1/K^2 sum_k sigma_k^2``,
-        whose KL to ``N(1, s^2)`` is closed form:
-        ``log(s / sqrt(vbar)) + (vbar + (mbar - 1)^2) / (2 s^2) - 1/2`` per node.
-        It is exact for ``K = 1`` and zero exactly when ``mbar = 1`` and ``vbar = s^2``.
-        """
+        """KL to the prior with the component-mean approximation, summed over nodes of called layers: the mixture is
+        replaced by the law ``N(mbar, vbar)`` of the mean of one draw per component (``mbar = 1/K sum_k mu_k``,
+        ``vbar = 1/K^2 sum_k sigma_k^2``), whose KL to ``N(1, s^2)`` is closed form (exact for ``K = 1``)."""
         total = self.called.new_zeros((), dtype=torch.float32)
         s2 = self.prior_std**2
         for group, called in zip(self.groups, self.called.tolist()):
@@ -311,11 +252,8 @@ class NodeSet(nn.Module):
 
     @torch.no_grad()
     def set_(self, mean: float | Tensor | None = None, std: float | Tensor | None = None) -> None:
-        """Set every layer's component means and/or standard deviations (broadcast to ``(K, D)``).
-
-        ``std=0`` makes the nodes deterministic (``rho = -inf``), e.g. to check that ``mean=1``
-        reproduces the checkpoint.
-        """
+        """Set every layer's component means and/or standard deviations (broadcast to ``(K, D)``; ``std=0``: the
+        nodes are deterministic)."""
         for group in self.groups:
             if mean is not None:
                 group.mean.copy_(torch.as_tensor(mean, dtype=group.mean.dtype).expand_as(group.mean))

@@ -1,35 +1,21 @@
 """The two iBNN recipes: posthoc's default, and the paper's as published (``recipe="paper"``).
 
-Both put node variables on every ``Conv2d`` input channel and every ``Linear`` input feature (the
-paper's Table 1 placement; posthoc's leaves out the stem, see below), fit with BatchNorm statistics re-estimated with the nodes on and
-BatchNorm in train mode, draw ``S = 2`` training samples per example whatever ``K``, warm the KL
-weight up from 0 to ``beta = 1``, start the component means at ``N(1, sigma0^2)`` and the standard
-deviations at ``|N(0.05, 0.02^2)|``, anneal the node learning rate 0.2 -> 0.05, and predict with
-``S = 5`` samples per component, sample ``r`` from component ``r mod K``. They differ where the
-paper's values were worse on the bundled checkpoints (measured: docs/methods/ibnn.md):
-
-- ``components``: 2 (paper code default) instead of 4. With the KL of the component-mean law
-  (:meth:`~posthoc.methods.ibnn.nodes.NodeSet.kl`) each component's standard deviation settles near
-  ``sqrt(K) * prior_std``, so K=4 doubles the node noise.
-- ``init_mean_std`` (sigma0): 0.05 instead of 0.5. A post-hoc fit of a few epochs cannot pull means
-  spread by 0.5 back to a function as good as the checkpoint, while a pretrained model starts at the
-  optimum the paper's from-scratch training has to find; 0.05 keeps the checkpoint's function.
-- ``prior_std``: 0.1 (the paper's for its large networks) instead of 0.3 (its advice for small ones).
-- ``lr_weights``: 1e-3 instead of 1e-4: the weights adapt to the node noise within 2 epochs.
-- ``stem``: no nodes on the first layer's input channels (one per image channel: a global input
-  scale), whose mean swung from one seed to the next under the node learning rate 0.2. The other
-  layers are placed as in Table 1 (``stem=True`` or ``recipe="paper"`` gives the Table 1 counts).
-- ``epochs``: 2 passes over the training loader (the paper trains for hundreds of epochs).
+Both fit with BatchNorm statistics re-estimated with the nodes on, ``S = 2`` training samples per example, the KL
+weight warmed up from 0 to 1 and the node learning rate annealed 0.2 -> 0.05. Posthoc's differs where the paper's
+values were worse on the bundled checkpoints (the reasons and figures: docs/methods/ibnn.md): K=2 instead of 4,
+``init_mean_std`` 0.05 instead of 0.5 (a short post-hoc fit cannot pull widely spread means back to the
+checkpoint's function), ``prior_std`` 0.1 instead of 0.3, ``lr_weights`` 1e-3 instead of 1e-4, and no nodes on the
+stem (the first layer's few input channels act as a global input scale whose fit is volatile).
 
 Example:
     >>> from posthoc.methods.ibnn.recipes import RECIPES
-    >>> RECIPES["paper"].node_options()["init_mean_std"]
+    >>> RECIPES["paper"].init_mean_std
     0.5
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, replace
 from typing import Any
 
 from posthoc.errors import ConfigError
@@ -56,54 +42,30 @@ class Recipe:
     train_samples: int
     batchnorm: str
 
-    def node_options(self) -> dict[str, Any]:
-        """The settings ``ImplicitBNN.__init__`` takes."""
-        return {name: getattr(self, name) for name in NODE_SETTINGS}
-
-    def fit_options(self) -> dict[str, Any]:
-        """The settings ``ImplicitBNN.fit`` takes."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.name not in NODE_SETTINGS}
-
 
 NODE_SETTINGS = ("components", "prior_std", "init_mean_std", "init_std", "init_std_spread", "stem")
 
+POSTHOC = Recipe(
+    components=2,
+    prior_std=0.1,
+    init_mean_std=0.05,
+    init_std=0.05,
+    init_std_spread=0.02,
+    stem=False,
+    epochs=2,
+    lr_nodes=0.2,
+    lr_nodes_final=0.05,
+    lr_weights=1e-3,
+    momentum=0.9,
+    weight_decay=0.0,
+    beta=1.0,
+    kl_warmup=0.5,
+    train_samples=2,
+    batchnorm="train",
+)
 RECIPES = {
-    "posthoc": Recipe(
-        components=2,
-        prior_std=0.1,
-        init_mean_std=0.05,
-        init_std=0.05,
-        init_std_spread=0.02,
-        stem=False,
-        epochs=2,
-        lr_nodes=0.2,
-        lr_nodes_final=0.05,
-        lr_weights=1e-3,
-        momentum=0.9,
-        weight_decay=0.0,
-        beta=1.0,
-        kl_warmup=0.5,
-        train_samples=2,
-        batchnorm="train",
-    ),
-    "paper": Recipe(
-        components=4,
-        prior_std=0.3,
-        init_mean_std=0.5,
-        init_std=0.05,
-        init_std_spread=0.02,
-        stem=True,
-        epochs=2,
-        lr_nodes=0.2,
-        lr_nodes_final=0.05,
-        lr_weights=1e-4,
-        momentum=0.9,
-        weight_decay=0.0,
-        beta=1.0,
-        kl_warmup=0.5,
-        train_samples=2,
-        batchnorm="train",
-    ),
+    "posthoc": POSTHOC,
+    "paper": replace(POSTHOC, components=4, prior_std=0.3, init_mean_std=0.5, stem=True, lr_weights=1e-4),
 }
 
 

@@ -1,25 +1,14 @@
 """What every SWAG algorithm shares: its options, and the fine-tuning that collects the moments.
 
-``fit`` fine-tunes private copies of the weights SWAG makes Gaussian with SGD (momentum 0.9,
-constant learning rate, by default set from the model: :mod:`.schedule`) and takes
-``collect_per_epoch`` snapshots per epoch into a
-:class:`~posthoc.methods.swag.collector.SWAGCollector` (mean, diagonal variance, last ``rank``
-deviations); with a ``val_loader`` and no ``scale`` given, the scale is then chosen on held-out data by the
-selection step (:meth:`SWAGBase.choose`). A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`), what is done once the
-moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
+``fit`` fine-tunes private copies of the weights SWAG makes Gaussian with SGD at a constant learning rate
+(:mod:`.schedule`) and takes ``collect_per_epoch`` snapshots per epoch into a
+:class:`~posthoc.methods.swag.collector.SWAGCollector`; with a ``val_loader`` and no ``scale`` given, the scale is
+then chosen on held-out data (:meth:`SWAGBase.knob`). A subclass says what is fine-tuned (:meth:`SWAGBase._tuning`),
+what is done once the moments are collected (:meth:`SWAGBase._after_fit`) and how it predicts.
 
-Under ``likelihood="regression"`` the fine-tuning minimises the mean Gaussian NLL at the noise the
-plain model has on held-out data, the scale is chosen on the held-out NLL of the mixture of
-``N(f_s(x), σ²)`` over the sampled outputs, each scale at its own best noise, on clean held-out data
-only (:mod:`posthoc.engine.objective` says why), and the noise is then re-fitted on the sampled
-predictive. :meth:`SWAGBase.regression_predictive` is that mixture.
-
-Example:
-    >>> from posthoc.methods.swag.base import SWAGBase
-    >>> class Mine(SWAGBase):
-    ...     def _tuning(self, loader): ...
-    ...     def _collected_tensors(self): ...
-    ...     def log_predictive(self, x, *, num_samples=None, generator=None): ...
+Under ``likelihood="regression"`` the fine-tuning minimises the Gaussian NLL at the plain model's held-out noise, the
+scale is chosen on the clean held-out NLL of the mixture of ``N(f_s(x), σ²)`` over the sampled outputs (each scale at
+its own best noise; :mod:`posthoc.engine.objective` says why), and the noise is then re-fitted to that mixture.
 """
 
 from __future__ import annotations
@@ -39,6 +28,7 @@ from posthoc.core.knob import Knob
 from posthoc.core.likelihood import Categorical, Gaussian
 from posthoc.core.method import Method
 from posthoc.core.modules import eval_mode, parameter_owners
+from posthoc.core.options import option
 from posthoc.engine.fine_tune import Step, fine_tune, loader_batches, loader_length
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.objective import fit_plain_noise, fit_sampled_noise, training_loss
@@ -76,37 +66,24 @@ def collect_steps(steps: int, per_epoch: int) -> set[int]:
 
 
 class SWAGBase(Method):
-    """The options, fine-tuning loop and saved moments of every SWAG algorithm (see module docs).
-
-    Its ``__init__`` takes every option of ``"swag"`` (``wrap`` passes them all to the algorithm
-    chosen by ``subset``); ``head`` matters to last-layer SWAG only, ``bn_batches`` to SWAG over
-    layers only.
-    """
+    """The options, fine-tuning loop and saved moments of every SWAG algorithm (see module docs)."""
 
     name = "swag"
     likelihoods = (Categorical, Gaussian)
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Method.Options):
-        subset: str | Sequence[str] = "all"
-        cov: bool = True
-        scale: float | None = None
-        num_samples: int = 20
-        bn_batches: int | None = 4
-        stats_device: str | torch.device | None = None
-        head: str | None = None
-        seed: int = 0
+        subset: str | Sequence[str] = option("all", "all, last_layer, or module name(s) to fine-tune and make Gaussian")
+        cov: bool = option(True, "keep the low-rank covariance part (False: SWAG-diagonal)")
+        scale: float | None = option(None, "posterior scale, 0: SWA; None: on val_loader, else 0.5 (1 if not cov)")
+        num_samples: int = option(20, "weight samples per prediction")
+        bn_batches: int | None = option(4, "training batches recomputing BatchNorm statistics per sample (None: all)")
+        stats_device: str | torch.device | None = option(None, "where the SWAG statistics live (e.g. cpu)")
+        head: str | None = option(None, "the head's module name for last_layer when it cannot be found")
+        seed: int = option(0, "seeds the samples (sample s is rebuilt from (seed, s))")
 
     def __init__(self, model: nn.Module, options: Options) -> None:
-        subset, cov, scale, num_samples, bn_batches, stats_device, seed = (
-            options.subset,
-            options.cov,
-            options.scale,
-            options.num_samples,
-            options.bn_batches,
-            options.stats_device,
-            options.seed,
-        )  # ``head``: the last-layer algorithm's
+        cov, scale = options.cov, options.scale  # ``head``: the last-layer algorithm's
         super().__init__(model)
         if not isinstance(cov, bool):
             raise ConfigError(f"cov must be True or False, got {cov!r}")
@@ -114,15 +91,15 @@ class SWAGBase(Method):
             isinstance(scale, bool) or not isinstance(scale, (int, float)) or not scale >= 0 or math.isinf(scale)
         ):
             raise ConfigError(f"scale must be a finite number >= 0 (0 gives SWA) or None, got {scale!r}")
-        self.subset = subset
+        self.subset = options.subset
         self.cov = cov
         #: ``None``: chosen on ``val_loader`` at fit (see :mod:`.schedule`), else 0.5 with ``cov`` and 1.0 without
         self.scale_option = None if scale is None else float(scale)
         self.scale = self.scale_option if scale is not None else (0.5 if cov else 1.0)
-        self.num_samples = positive_int(num_samples, "num_samples")
-        self.bn_batches = positive_int(bn_batches, "bn_batches", none="the whole loader")
-        self.stats_device = torch.device(stats_device) if stats_device is not None else None
-        self.seed = integer(seed, "seed")
+        self.num_samples = positive_int(options.num_samples, "num_samples")
+        self.bn_batches = positive_int(options.bn_batches, "bn_batches", none="the whole loader")
+        self.stats_device = torch.device(options.stats_device) if options.stats_device is not None else None
+        self.seed = integer(options.seed, "seed")
         self.names: list[str] = []
         self.collector: SWAGCollector | None = None
         #: the fine-tuning that collected the moments: epochs, lr, collect_per_epoch, momentum, weight_decay
@@ -130,7 +107,6 @@ class SWAGBase(Method):
         #: the scale used, and the held-out NLL of the checkpoint and of SWAG at it (NaN without a val_loader)
         self.register_buffer("scale_fit", None)
 
-    # ----------------------------------------------------------------- what a subclass says
     def _tuning(self, loader: Iterable) -> Tuning:
         """Private copies of the weights to fine-tune; sets ``self.names`` to their qualified names."""
         raise NotImplementedError
@@ -148,16 +124,15 @@ class SWAGBase(Method):
         """``(S, N, D)``: the model's outputs under ``S`` weight samples (``(1, N, D)``, the SWA mean's, at scale 0)."""
         raise NotImplementedError
 
-    # ----------------------------------------------------------------- fitting
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 2
-        lr: float | None = None
-        collect_per_epoch: int = 4
-        rank: int = 20
-        momentum: float = 0.9
-        weight_decay: float = 0.0
-        include_pretrained: bool = False
+        epochs: int = option(2, "epochs of the fine-tuning")
+        lr: float | None = option(None, "its learning rate (None: 1e-4 of the weights' norm per step, see schedule)")
+        collect_per_epoch: int = option(4, "snapshots per epoch")
+        rank: int = option(20, "deviations kept for the low-rank part")
+        momentum: float = option(0.9, "SGD momentum")
+        weight_decay: float = option(0.0, "SGD weight decay")
+        include_pretrained: bool = option(False, "count the pretrained weights as the first snapshot")
 
     def fit(
         self,
@@ -168,15 +143,8 @@ class SWAGBase(Method):
         options: FitOptions | None = None,
     ) -> None:
         options = options or self.FitOptions()
-        epochs, lr, collect_per_epoch, rank, momentum, weight_decay, include_pretrained = (
-            options.epochs,
-            options.lr,
-            options.collect_per_epoch,
-            options.rank,
-            options.momentum,
-            options.weight_decay,
-            options.include_pretrained,
-        )
+        epochs, lr, collect_per_epoch = options.epochs, options.lr, options.collect_per_epoch
+        momentum, weight_decay, include_pretrained = options.momentum, options.weight_decay, options.include_pretrained
         positive_int(epochs, "epochs")
         positive_number(lr, "lr", none="relative to the gradient scale")
         positive_int(collect_per_epoch, "collect_per_epoch")
@@ -187,17 +155,7 @@ class SWAGBase(Method):
             raise ConfigError(f"include_pretrained must be True or False, got {include_pretrained!r}")
         loaders = (train_loader, val_loader)
         fit_plain_noise(self.likelihood, self.model, loaders, self.device)
-        lr = self._fine_tune(
-            train_loader,
-            epochs=epochs,
-            lr=None if lr is None else float(lr),
-            collect_per_epoch=collect_per_epoch,
-            rank=rank,
-            momentum=float(momentum),
-            weight_decay=float(weight_decay),
-            include_pretrained=include_pretrained,
-            progress=progress,
-        )
+        lr = self._fine_tune(train_loader, options, progress=progress)
         self.schedule = torch.tensor([epochs, lr, collect_per_epoch, momentum, weight_decay], dtype=torch.float64)
         held = self.collector.num_deviations if self.cov else self.collector.num_snapshots
         if (self.scale_option is None or self.scale_option > 0) and held < 2:
@@ -212,10 +170,8 @@ class SWAGBase(Method):
 
     def knob(self) -> Knob | None:
         """The scale (``scale=None``): the selection step (:mod:`posthoc.engine.selection`) over 0 (the SWA mean) and
-        :data:`~.schedule.LADDER`, walking from :data:`~.schedule.START_SCALE` (wider while admissible, else
-        narrower); each scale samples its own BatchNorm statistics from ``train_loader`` (the fit's when not given).
-        Real targets are scored on the clean held-out data, each scale at its own best noise; the noise is then
-        re-fitted at the chosen scale."""
+        :data:`~.schedule.LADDER`, walking from :data:`~.schedule.START_SCALE`; each scale samples its own BatchNorm
+        statistics from ``train_loader`` (the fit's when not given)."""
         if self.scale_option is not None:
             return None
         return Knob(
@@ -252,27 +208,16 @@ class SWAGBase(Method):
                 self.likelihood, self.sampled_outputs, (train_loader, list(held_out.clean())), self.device
             )
 
-    def _fine_tune(
-        self,
-        loader: Iterable,
-        *,
-        epochs: int,
-        lr: float,
-        collect_per_epoch: int,
-        rank: int,
-        momentum: float,
-        weight_decay: float,
-        include_pretrained: bool,
-        progress: bool,
-    ) -> float:
+    def _fine_tune(self, loader: Iterable, options: FitOptions, *, progress: bool) -> float:
         """Fine-tune and collect; returns the learning rate used (``lr=None``: :func:`.schedule.relative_lr`)."""
         tuning = self._tuning(loader)
+        lr, collect_per_epoch = None if options.lr is None else float(options.lr), options.collect_per_epoch
         if lr is None:
             lr = relative_lr(tuning.forward, tuning.trained, loader, device=self.device, likelihood=self.likelihood)
         self.collector = SWAGCollector(
-            tuning.source, names=self.names, rank=rank, low_rank=self.cov, stats_device=self.stats_device
+            tuning.source, names=self.names, rank=options.rank, low_rank=self.cov, stats_device=self.stats_device
         )
-        if include_pretrained:
+        if options.include_pretrained:
             self.collector.update(tuning.source)
         steps = steps_on_every_rank(loader_length(loader), "SWAG fine-tuning")
         if steps is not None and collect_per_epoch > steps:
@@ -284,6 +229,7 @@ class SWAGBase(Method):
             )
             collect_per_epoch = steps
         collect_at = collect_steps(steps, collect_per_epoch) if steps is not None else set()
+        momentum, weight_decay = float(options.momentum), float(options.weight_decay)
         optimizer = torch.optim.SGD(tuning.trained, lr=lr, momentum=momentum, weight_decay=weight_decay)
         collector = self.collector
 
@@ -314,8 +260,8 @@ class SWAGBase(Method):
             lambda epoch: loader_batches(loader, device=self.device, steps=steps, desc="swag fine-tune"),
             loss,
             update,
-            epochs=epochs,
-            total=None if steps is None else epochs * steps,
+            epochs=options.epochs,
+            total=None if steps is None else options.epochs * steps,
             failure=failure,
             desc="swag fine-tune",
             progress=progress,
@@ -324,7 +270,6 @@ class SWAGBase(Method):
         )
         return lr
 
-    # ----------------------------------------------------------------- saving and loading
     def load_posterior_state(self, state: dict[str, Tensor]) -> None:
         if self.collector is None and "collector.mean" in state:
             tensors = self._collected_tensors()

@@ -1,12 +1,9 @@
 """Collecting SWAG statistics from weight snapshots, inside any training loop (public as ``posthoc.SWAGCollector``).
 
-:class:`SWAGCollector` keeps, for a chosen set of parameters flattened into one vector, the
-running mean and the sum of squared deviations (Welford's algorithm in float64, so the variance
-stays exact over long runs), and a ring buffer of the last ``rank`` deviations
-``theta_i - mean_i`` (the low-rank part of SWAG). It does not own an optimizer or a loop: call
-``collector.update(model)`` after the optimizer steps you want to count as snapshots, as
-``torch.optim.swa_utils.AveragedModel.update_parameters`` is called. ``posthoc.wrap(model, method="swag")``
-runs the same collector inside its own short fine-tune.
+:class:`SWAGCollector` keeps, for a chosen set of parameters flattened into one vector, the running mean and the sum
+of squared deviations (Welford's algorithm in float64), and a ring buffer of the last ``rank`` deviations
+``theta_i - mean_i`` (the low-rank part of SWAG). Call ``collector.update(model)`` after the optimizer steps that
+count as snapshots, as ``torch.optim.swa_utils.AveragedModel.update_parameters`` is called.
 
 Example:
     >>> import torch
@@ -56,32 +53,10 @@ class SWAGCollector(nn.Module):
 
     Call :meth:`update` after each optimizer step that counts as a snapshot; :meth:`sample` then draws SWAG weights
     ``mean + sqrt(scale) * (sigma * z1 + D^T z2 / sqrt(K - 1))`` and :meth:`unflatten` names them for
-    ``torch.func.functional_call``.
-
-    Args:
-        source: the model (or a ``{name: tensor}`` dict) whose parameters are collected; only
-            names and shapes are read here.
-        names: the parameter names to collect; defaults to every parameter with ``requires_grad``.
-        rank: how many of the most recent deviations the low-rank buffer keeps (``>= 2``).
-        low_rank: keep the deviation buffer (``False`` gives SWAG-diagonal and saves memory).
-        stats_device: where the statistics live (e.g. ``"cpu"`` for a large model on a GPU);
-            defaults to the parameters' device.
-
-    Statistics are registered buffers (``count``, ``mean``, ``sum_sq``, ``deviation_rows``), so
-    ``state_dict`` saves them.
-
-    Example:
-        >>> import torch
-        >>> from torch import nn
-        >>> import posthoc
-        >>> net = nn.Linear(2, 1)
-        >>> collector = posthoc.SWAGCollector(net, rank=2)
-        >>> for value in (1.0, 3.0):
-        ...     with torch.no_grad():
-        ...         _ = net.weight.fill_(value), net.bias.fill_(0.0)
-        ...     collector.update(net)
-        >>> collector.mean.tolist(), collector.variance.tolist()      # over [w1, w2, b]
-        ([2.0, 2.0, 0.0], [1.0, 1.0, 0.0])
+    ``torch.func.functional_call``. ``names`` defaults to every parameter of ``source`` (a model or a ``{name: tensor}``
+    dict) with ``requires_grad``; ``rank`` (``>= 2``) is how many of the latest deviations are kept (``low_rank=False``:
+    none, SWAG-diagonal); ``stats_device`` defaults to the parameters' device. The statistics are buffers (``count``,
+    ``mean``, ``sum_sq``, ``deviation_rows``), so ``state_dict`` saves them.
     """
 
     def __init__(

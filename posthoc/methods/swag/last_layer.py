@@ -38,11 +38,8 @@ from posthoc.methods.swag.base import SWAGBase, Tuning
 
 
 class LastLayerSWAG(SWAGBase):
-    """SWAG over the head's weight and bias, predicting with Gaussian logits (see module docs).
-
-    The head is found at wrap (``head=`` names it where it cannot be found without an input, else
-    the first training batch finds it at fit).
-    """
+    """SWAG over the head's weight and bias, predicting with Gaussian logits (see module docs). The head is found at
+    wrap, else by the first training batch at fit (``head=`` names it)."""
 
     exports = ("classification",)
 
@@ -96,10 +93,8 @@ class LastLayerSWAG(SWAGBase):
         first_x, _ = next(iter(iterate(loader, device=self.device, progress=False, desc="swag")))
         copies = {n: t.detach().clone().requires_grad_(True) for n, t in self._collected_tensors(first_x).items()}
         self.names = list(copies)
-        weight, bias = (
-            copies[qualified(self.split.head_name, "weight")],
-            copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias),
-        )
+        weight = copies[qualified(self.split.head_name, "weight")]
+        bias = copies.get(qualified(self.split.head_name, "bias"), self.split.head.bias)
 
         def forward(x: Inputs) -> Tensor:
             with torch.no_grad(), eval_mode(self.model):

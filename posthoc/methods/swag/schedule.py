@@ -1,25 +1,11 @@
 """SWAG's default schedule: a learning rate relative to the model's own scale, and a scale chosen on held-out NLL.
 
-Why (measured: docs/methods/swag.md): the fine-tuning that collects the moments moves the weights away
-from the checkpoint, and that drift, not the sampling, decides SWAG's quality under shift: after a longer,
-faster fine-tune the SWA mean alone is already worse under shift than the checkpoint, and no sampling
-detail (snapshots per epoch, rank, the low-rank divisor, BatchNorm refresh per sample or once, a variance
-floor) makes up for it. So:
-
-- the learning rate is set from the model: ``lr = RELATIVE_STEP * |theta| / mean |grad|``, the
-  norm of the fine-tuned weights over the mean norm of the mini-batch loss gradient at the
-  checkpoint (:func:`relative_lr`): each step moves the weights by about ``1e-4`` of their norm,
-  whatever the model's parametrisation or loss scale, for 2 epochs;
-- the spread the SGD iterates give at such a step is too small to matter at the paper's scale on one
-  model and too large on another at a larger scale; so with a ``val_loader``
-  the scale is chosen on held-out data by the selection step, walking the :data:`LADDER` of scales
-  by factors of 2 from :data:`START_SCALE` (``SWAGBase.choose``), as Laplace chooses its prior
-  precision.
-
-Example:
-    >>> from posthoc.methods.swag.schedule import LADDER, START_SCALE
-    >>> LADDER[0], LADDER[-1], START_SCALE
-    (0.0625, 128.0, 0.5)
+The fine-tuning that collects the moments moves the weights away from the checkpoint, and that drift, not the sampling,
+decides SWAG's quality under shift (docs/methods/swag.md). So the learning rate is set from the model,
+``lr = RELATIVE_STEP * |theta| / mean |grad|`` (:func:`relative_lr`): each step moves the weights by about ``1e-4`` of
+their norm, whatever the model's parametrisation or loss scale, for 2 epochs. The spread of such iterates suits no one
+scale for every model, so with a ``val_loader`` the scale is chosen on held-out data, walking the :data:`LADDER` of
+scales by factors of 2 from :data:`START_SCALE`, as Laplace chooses its prior precision.
 """
 
 from __future__ import annotations
@@ -62,9 +48,8 @@ def relative_lr(
     """``step * |theta| / mean_b |grad_b|``: the learning rate that moves ``trained`` by ``step`` of its norm per step.
 
     ``grad_b`` is the gradient of the mean NLL of mini-batch ``b`` (the first ``batches`` of ``loader``) under
-    ``likelihood`` (``None``: the class cross-entropy; :func:`~posthoc.engine.objective.training_loss`)
-    at the current weights; under ``torch.distributed`` the norms of every rank are averaged so all
-    ranks use one learning rate. The gradients are cleared afterwards (``trained`` must hold none before).
+    ``likelihood`` (``None``: the class cross-entropy), averaged over ``torch.distributed`` ranks. The gradients are
+    cleared afterwards (``trained`` must hold none before).
 
     Example:
         >>> import torch

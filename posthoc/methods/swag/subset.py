@@ -1,11 +1,10 @@
 """SWAG over a subset of layers, or the whole network: weight samples run through the network.
 
-``fit`` fine-tunes a private copy of the model (only the chosen parameters train). Each weight
-sample is rebuilt lazily from its own seed and run with
-:func:`~posthoc.core.inputs.run_model_with` (no model copies); BatchNorm layers called after the
-first sampled weight get their statistics recomputed exactly for each sample, once, at fit, and
-stored. Where every sampled weight belongs to a Linear layer and no such BatchNorm layer exists,
-the prefix before the first sampled layer runs once and the suffix samples in one expanded pass.
+``fit`` fine-tunes a private copy of the model (only the chosen parameters train). Each weight sample is rebuilt lazily
+from its own seed and run with :func:`~posthoc.core.inputs.run_model_with` (no model copies); BatchNorm layers called
+after the first sampled weight get their statistics recomputed exactly for each sample, once, at fit, and stored. Where
+every sampled weight belongs to a Linear layer and no such BatchNorm layer exists, the prefix before the first sampled
+layer runs once and the suffix samples in one expanded pass.
 
 Example:
     >>> import posthoc
@@ -112,8 +111,8 @@ def trace_placement(model: nn.Module, names: Sequence[str], x: Inputs) -> Placem
 class SubsetSWAG(SWAGBase):
     """SWAG over the parameters ``subset`` names (``"all"``: every trainable one); see module docs.
 
-    Weight samples are a fixed ensemble drawn from ``seed`` (sample ``s`` is rebuilt from
-    ``(seed, s)``), each with its own stored BatchNorm statistics.
+    Weight samples are a fixed ensemble drawn from ``seed`` (sample ``s`` is rebuilt from ``(seed, s)``), each with its
+    own stored BatchNorm statistics.
     """
 
     export_refusal = (
@@ -149,7 +148,6 @@ class SubsetSWAG(SWAGBase):
         self.placement = trace_placement(self.model, self.names, batches[0])
         self._extend_bn_cache(1 if self.scale == 0 else self.num_samples, batches=batches, progress=progress)
 
-    # ----------------------------------------------------------------- BatchNorm per sample
     def _bn_inputs(self) -> list[Inputs]:
         batches = []
         for x, _ in iterate(
@@ -199,7 +197,6 @@ class SubsetSWAG(SWAGBase):
             state[f"{n}.running_var"] = parts[2 * i + 1].to(buffer.device, buffer.dtype)
         return state
 
-    # ----------------------------------------------------------------- sampling
     def _sample_parameters(self, s: int) -> dict[str, Tensor]:
         """Weight sample ``s`` (rebuilt from its seed) as ``{name: tensor}`` on the model's device."""
         generator = torch.Generator(device=self.collector.mean.device).manual_seed(self.seed * 1_000_003 + s)
