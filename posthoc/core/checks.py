@@ -48,8 +48,7 @@ def integer_at_least(value: Any, name: str, minimum: int, *, why: str = "") -> i
 
 
 def non_negative(value: Any, name: str, *, why: str = "") -> float:
-    """``value`` as a float if it is a finite number >= 0 (not a bool), e.g. a penalty weight or a tolerance;
-    ``why`` says what the value means.
+    """``value`` as a float if it is a finite number >= 0 (not a bool); ``why`` says what the value means.
 
     Example:
         >>> from posthoc.core.checks import non_negative
@@ -62,8 +61,7 @@ def non_negative(value: Any, name: str, *, why: str = "") -> float:
 
 
 def positive_number(value: Any, name: str, *, why: str = "", none: str | None = None) -> Any:
-    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a temperature or a learning rate;
-    ``none`` says what ``None`` means if it is allowed.
+    """``value`` as a float if it is a finite number > 0 (not a bool); ``none`` says what ``None`` means if allowed.
 
     Example:
         >>> from posthoc.core.checks import positive_number
@@ -132,8 +130,7 @@ def check_shift(shift: Any) -> Any:
 
 
 def generator(value: Any, name: str = "generator") -> Any:
-    """``value`` if it is ``None`` (the global random state) or a ``torch.Generator``; an integer seed is refused with
-    the line that makes a generator of it.
+    """``value`` if it is ``None`` (the global random state) or a ``torch.Generator`` (not a seed).
 
     Example:
         >>> from posthoc.core.checks import generator
@@ -201,8 +198,7 @@ def known_name(value: Any, what: str, names: Iterable[str]) -> str:
 
 
 def known_options(options: Mapping[str, Any], valid: Mapping[str, Any], owner: str) -> dict[str, Any]:
-    """``options`` if ``valid`` (option -> default) accepts each of them; otherwise a :class:`ConfigError`
-    naming the unknown ones and listing the valid ones with their defaults.
+    """``options`` if ``valid`` (option -> default) accepts each of them, else a :class:`ConfigError` listing them.
 
     Example:
         >>> from posthoc.core.checks import known_options
