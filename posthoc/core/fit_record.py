@@ -1,8 +1,7 @@
 """What :meth:`UncertainModel.fit` saw and spent: examples in its loaders, wall and CPU seconds.
 
-The example counts never cost a second pass over the data: a loader over a sized dataset (every
-``DataLoader`` over a map-style dataset) reports ``len(loader.dataset)``; any other iterable is wrapped
-in a :class:`CountingLoader` that counts the examples of the first full pass the methods make over it.
+The example counts never cost a second pass over the data: ``len(loader.dataset)`` where the loader has one, else a
+:class:`CountingLoader` counts the first full pass the methods make.
 
 Example:
     >>> import torch
@@ -27,10 +26,7 @@ from posthoc.errors import InputError
 
 @dataclass(frozen=True)
 class FitRecord:
-    """The data a fit saw and its cost; saved with the posterior so a loaded model's card still tells them.
-
-    ``train_examples`` / ``val_examples`` are ``None`` when no loader was given or its size is unknown
-    (an iterable the fit did not run through to its end).
+    """The data a fit saw (``None``: no loader, or its size unknown) and its cost; saved with the posterior.
 
     Example:
         >>> from posthoc.core.fit_record import FitRecord
@@ -56,15 +52,7 @@ class FitRecord:
 
 
 class CountingLoader:
-    """An iterable passing ``loader``'s batches through unchanged and counting the examples of its first full pass.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.fit_record import CountingLoader
-        >>> counted = CountingLoader(iter([(torch.zeros(4, 1), torch.zeros(4))]))
-        >>> _ = list(counted); counted.examples
-        4
-    """
+    """An iterable passing ``loader``'s batches through unchanged and counting the examples of its first full pass."""
 
     def __init__(self, loader: Iterable) -> None:
         self.loader = loader
