@@ -37,8 +37,7 @@ def binned_gap(confidence: Tensor, correct: Tensor, edges: Tensor) -> float:
 
 
 def top_label_ece(confidence: Tensor, correct: Tensor, bins: int = BINS) -> float:
-    """Top-label expected calibration error of ``confidence`` (the predicted class's probability, ``(N,)``) against
-    ``correct`` (whether that class is the label), with ``bins`` equal-width bins on [0, 1].
+    """Top-label ECE of ``confidence`` ``(N,)`` against ``correct`` with ``bins`` equal-width bins on [0, 1].
 
     Example:
         >>> import torch
@@ -53,11 +52,9 @@ def equal_mass_gap(confidence: Tensor, correct: Tensor, bins: int = BINS) -> Ten
     """Top-label ECE with equal-mass bins of each row of ``confidence`` ``(B, n)`` against ``correct`` ``(B, n)``:
     ``(B,)``, float64.
 
-    Each row's examples are sorted by confidence (stable, so ties keep their order) and cut into ``bins`` runs of
-    consecutive examples whose sizes differ by at most one, the larger first (``torch.tensor_split``'s cut, as
-    torch-uncertainty's adaptive calibration error); the error is the sum over runs of ``|run| / n *
-    |accuracy - confidence|``. Equal-mass bins put as many examples in each bin, so a model whose confidences
-    crowd near 1 is not judged by two or three full bins as with equal widths.
+    Each row is sorted by confidence (stable) and cut into ``bins`` runs whose sizes differ by at most one, the larger
+    first (``torch.tensor_split``'s cut, as torch-uncertainty's adaptive calibration error), so confidences that crowd
+    near 1 are not judged by two or three full bins.
 
     Example:
         >>> import torch
