@@ -1,14 +1,5 @@
 """Binned calibration error from confidences and correctness flags, shared by the metrics, their bootstrap and the
-selection step.
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.calibration_error import equal_mass_gap, top_label_ece
-    >>> round(top_label_ece(torch.tensor([0.9, 0.6]), torch.tensor([1.0, 0.0])), 4)
-    0.35
-    >>> equal_mass_gap(torch.tensor([[0.9, 0.6, 0.8, 0.7]]), torch.tensor([[1.0, 0.0, 1.0, 1.0]]), bins=2)
-    tensor([0.1500], dtype=torch.float64)
-"""
+selection step."""
 
 from __future__ import annotations
 

@@ -1,11 +1,4 @@
-""":class:`ModelCard`: what a posterior is over, as a dict of plain Python values and as Markdown (``um.summary()``).
-
-Example:
-    >>> from posthoc_apps.demo.examples import um
-    >>> card = um.summary()                     # last-layer Laplace: the head's 64 x 3 weights and 3 biases
-    >>> card["methods"], card["random_variables"]
-    (['laplace'], 195)
-"""
+""":class:`ModelCard`: what a posterior is over, as a dict of plain Python values and as Markdown (``um.summary()``)."""
 
 from __future__ import annotations
 

@@ -6,13 +6,6 @@ copied, for a method that fine-tunes a copy); a calibrator file has the same lay
 its ``model_class``. Writing is atomic (a temporary file, ``fsync``, rename); reading uses
 ``torch.load(weights_only=True)``, never executing code from the file, and verifies a SHA-256 ``checksum`` of the
 content. Every failure is a :class:`~posthoc.errors.PosteriorFileError` that names the path and what to do.
-
-Example:
-    >>> from posthoc.core.persistence import read
-    >>> from posthoc_apps.demo.examples import um
-    >>> um.save("net.laplace.pt")
-    >>> read("net.laplace.pt")["spec"]
-    [{'name': 'laplace', 'options': {}}]
 """
 
 from __future__ import annotations
