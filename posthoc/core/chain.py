@@ -72,14 +72,7 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
 def spec_of(
     names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood, run: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """The saved spec: one entry per method; the first records the likelihood unless it is classification.
-
-    Example:
-        >>> from posthoc.core.chain import spec_of
-        >>> from posthoc.core.likelihood import make_likelihood
-        >>> spec_of(["laplace"], [{}], make_likelihood("classification"))
-        [{'name': 'laplace', 'options': {}}]
-    """
+    """The saved spec: one entry per method; the first records the likelihood unless it is classification."""
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     config = likelihood.config()
     if config is not None:

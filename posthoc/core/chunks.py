@@ -34,14 +34,7 @@ def budget_scope(max_memory: int | None) -> Iterator[None]:
 
 
 def current_budget() -> int:
-    """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``.
-
-    Example:
-        >>> from posthoc.core.chunks import budget_scope, current_budget
-        >>> with budget_scope(4096):
-        ...     current_budget()
-        4096
-    """
+    """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``."""
     return settings.memory_budget()
 
 

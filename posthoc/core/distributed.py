@@ -92,13 +92,7 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
 
 
 def total_examples(count: int) -> int:
-    """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process).
-
-    Example:
-        >>> from posthoc.core.distributed import total_examples
-        >>> total_examples(350)   # without torch.distributed
-        350
-    """
+    """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process)."""
     if not active():
         return count
     return int(all_reduce_sum(torch.tensor(float(count), dtype=torch.float64)).item())
@@ -123,13 +117,7 @@ def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
 
 
 def rank_offset(count: int) -> int:
-    """How many examples the ranks before this one hold: where this rank's rows start in a :func:`gather_cat`.
-
-    Example:
-        >>> from posthoc.core.distributed import rank_offset
-        >>> rank_offset(350)   # without torch.distributed
-        0
-    """
+    """How many examples the ranks before this one hold: where this rank's rows start in a :func:`gather_cat`."""
     if not active():
         return 0
     counts = gather_cat(torch.tensor([float(count)], dtype=torch.float64))

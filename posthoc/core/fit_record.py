@@ -26,13 +26,7 @@ from posthoc.errors import InputError
 
 @dataclass(frozen=True)
 class FitRecord:
-    """The data a fit saw (``None``: no loader, or its size unknown) and its cost; saved with the posterior.
-
-    Example:
-        >>> from posthoc.core.fit_record import FitRecord
-        >>> FitRecord(2400, 600, 1.5, 2.9).to_dict()["val_examples"]
-        600
-    """
+    """The data a fit saw (``None``: no loader, or its size unknown) and its cost; saved with the posterior."""
 
     train_examples: int | None
     val_examples: int | None
@@ -71,13 +65,7 @@ class CountingLoader:
 
 
 def reads_once(loader: Iterable) -> bool:
-    """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator.
-
-    Example:
-        >>> from posthoc.core.fit_record import counting, reads_once
-        >>> reads_once(counting(x for x in [])), reads_once([])
-        (True, False)
-    """
+    """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator."""
     inner = loader.loader if isinstance(loader, CountingLoader) else loader
     return iter(inner) is inner
 

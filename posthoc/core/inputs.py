@@ -123,14 +123,7 @@ def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
 
 def all_finite(x: Inputs) -> bool:
     """Whether every floating-point tensor of ``x`` is free of NaN and inf (one sum per tensor, element by element
-    only where the sum is not finite).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import all_finite
-        >>> all_finite(torch.tensor([3e38, 3e38])), all_finite({"x": torch.tensor([1.0, float("nan")])})
-        (True, False)
-    """
+    only where the sum is not finite)."""
     tensors = x.values() if isinstance(x, Mapping) else [x]
     return all(_finite(v) for v in tensors if isinstance(v, Tensor) and v.is_floating_point())
 
@@ -216,15 +209,7 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
 
 
 def like_given(result: Any, *given: Any) -> Any:
-    """``result`` (a tensor, or a tuple of them) as numpy arrays when any of ``given`` was numpy, else as it is.
-
-    Example:
-        >>> import numpy as np
-        >>> import torch
-        >>> from posthoc.core.inputs import like_given
-        >>> type(like_given(torch.ones(2), np.zeros(2))).__name__, type(like_given(torch.ones(2), torch.zeros(2))).__name__
-        ('ndarray', 'Tensor')
-    """
+    """``result`` (a tensor, or a tuple of them) as numpy arrays when any of ``given`` was numpy, else as it is."""
     if not any(isinstance(value, np.ndarray) for value in given):
         return result
     if isinstance(result, tuple):
@@ -250,14 +235,7 @@ def real_values(values: Any, what: str = "targets") -> Tensor:
 
 
 def looks_like_loader(data: Any) -> bool:
-    """Whether ``data`` is a loader of batches rather than an array of labels or numbers (a nested list of numbers).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import looks_like_loader
-        >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([[0.5], [1.5]])
-        (True, False)
-    """
+    """Whether ``data`` is a loader of batches rather than an array of labels or numbers (a nested list of numbers)."""
     if isinstance(data, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(data, Iterable):
         return False
     if isinstance(data, (list, tuple)):
@@ -273,14 +251,7 @@ def looks_like_loader(data: Any) -> bool:
 
 
 def loader_fix(data: Any) -> str:
-    """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches.
-
-    Example:
-        >>> import numpy as np
-        >>> from posthoc.core.inputs import loader_fix
-        >>> loader_fix(np.zeros((4, 3)))
-        'DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)'
-    """
+    """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches."""
     values = data if isinstance(data, (list, tuple)) else [data]
     if any(isinstance(value, np.ndarray) for value in values):
         return "DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)"
@@ -288,14 +259,7 @@ def loader_fix(data: Any) -> str:
 
 
 def arrays_pair(data: Any) -> bool:
-    """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import arrays_pair
-        >>> arrays_pair((torch.zeros(4, 3), torch.zeros(4))), arrays_pair([(torch.zeros(4, 3), torch.zeros(4))])
-        (True, False)
-    """
+    """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches."""
     return (
         isinstance(data, (list, tuple))
         and len(data) == 2
@@ -502,7 +466,7 @@ def _labels_hint(x: Inputs) -> str:
 
 
 def unbatched_message(x: Any, what: str) -> str | None:
-    """For a 1-D tensor the model could not take as a batch: the message that it lacks its batch dimension, else ``None``.
+    """For a 1-D tensor the model could not take as a batch: the message that it lacks its batch dimension.
 
     Example:
         >>> import torch

@@ -168,14 +168,7 @@ class Categorical(Likelihood):
 
 
 def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
-    """Targets ``(N,)`` or ``(N, D)`` for predicted ``means`` ``(N, D)``, as float64 ``(N, D)`` on their device.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import real_targets
-        >>> real_targets(torch.ones(3), torch.zeros(3, 1)).shape
-        torch.Size([3, 1])
-    """
+    """Targets ``(N,)`` or ``(N, D)`` for predicted ``means`` ``(N, D)``, as float64 ``(N, D)`` on their device."""
     if y is None:
         raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
     y = real_values(y).to(means.device)
@@ -658,28 +651,14 @@ UnitVariance = Callable[[Any, Tensor, float], Tensor]
 
 
 def residual_std(rows: Rows) -> float:
-    """The root mean square of ``targets - outputs`` over ``(prepared, outputs, targets)`` rows (at least 1e-12).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import residual_std
-        >>> residual_std([(None, torch.zeros(2, 1), torch.tensor([[1.0], [-1.0]]))])
-        1.0
-    """
+    """The root mean square of ``targets - outputs`` over ``(prepared, outputs, targets)`` rows (at least 1e-12)."""
     squares = sum(float((targets.double() - outputs.double()).square().sum()) for _, outputs, targets in rows)
     values = sum(targets.numel() for _, _, targets in rows)
     return math.sqrt(max(squares / max(values, 1), 1e-24))
 
 
 def normal_nll(means: Tensor, variances: Tensor, targets: Tensor) -> Tensor:
-    """``(N,)``: the float64 NLL of ``targets`` under independent normals per output ``(N, D)``, summed over them.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import normal_nll
-        >>> round(float(normal_nll(torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1))[0]), 6)
-        0.918939
-    """
+    """``(N,)``: the float64 NLL of ``targets`` under independent normals per output ``(N, D)``, summed over them."""
     variances = variances.double()
     return 0.5 * ((targets.double() - means.double()).square() / variances + (2 * math.pi * variances).log()).sum(-1)
 
@@ -711,16 +690,7 @@ def linearised_nll(
     rows: Rows, unit_variance: UnitVariance, prior_precision: float, std: float | Tensor
 ) -> list[Tensor]:
     """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at prior ``δ``
-    and noise ``σ`` (a float, or one ``σ_d`` per output ``(D,)``; :func:`linearised_variance`).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import linearised_nll
-        >>> rows = [(None, torch.zeros(1, 1), torch.zeros(1, 1))]
-        >>> no_posterior = lambda prepared, outputs, prior: torch.zeros_like(outputs)
-        >>> round(float(linearised_nll(rows, no_posterior, 1.0, 1.0)[0][0]), 6)
-        0.918939
-    """
+    and noise ``σ`` (a float, or one ``σ_d`` per output ``(D,)``; :func:`linearised_variance`)."""
     if isinstance(std, Tensor) and std.dim() > 0:
         return [
             normal_nll(
@@ -782,14 +752,7 @@ def best_noise_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> 
 def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> Tensor:
     """Each example's NLL ``(N,)`` under the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at
     the noise ``σ`` of maximum likelihood on ``targets`` ``(N, D)`` (a fixed or predicted noise stays; ``likelihood``
-    is unchanged): the held-out score of a sampled predictive's spread, each spread judged at its own best noise.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import Gaussian, best_noise_nlls
-        >>> best_noise_nlls(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])).shape
-        torch.Size([2])
-    """
+    is unchanged): the held-out score of a sampled predictive's spread, each spread judged at its own best noise."""
     if not isinstance(likelihood, Gaussian) or likelihood.fixed:
         scorer = make_likelihood(likelihood)
         scorer.fit_noise(outputs, None, targets)

@@ -105,14 +105,7 @@ def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
 
 
 def looks_like_probabilities(values: Tensor) -> bool:
-    """Whether every entry is in ``[0, 1]`` and every row sums to 1 (within :data:`ROW_SUM_TOLERANCE`).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.logits import looks_like_probabilities
-        >>> looks_like_probabilities(torch.tensor([[0.7, 0.3]])), looks_like_probabilities(torch.tensor([[2.0, -1.0]]))
-        (True, False)
-    """
+    """Whether every entry is in ``[0, 1]`` and every row sums to 1 (within :data:`ROW_SUM_TOLERANCE`)."""
     return bool(
         values.numel()
         and values.min() >= 0

@@ -273,7 +273,7 @@ class Method(nn.Module):
     def sampled_outputs(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior (default: the method's)."""
+        """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior."""
         raise NotImplementedError
 
     def export_blocker(self, *, regression: bool = False) -> str | None:
@@ -360,26 +360,10 @@ SAMPLES_NETWORKS = (
 
 
 def chain_of(method: Method) -> list[Method]:
-    """The methods of a chain, inner first (a stacked method alone has the plain model inside).
-
-    Example:
-        >>> import posthoc
-        >>> from posthoc.core.method import chain_of
-        >>> from posthoc_apps.demo.examples import model
-        >>> [m.name for m in chain_of(posthoc.wrap(model, method=["laplace", "temperature"]).method)]
-        ['laplace', 'temperature']
-    """
+    """The methods of a chain, inner first (a stacked method alone has the plain model inside)."""
     return (chain_of(method.inner) if method.stacks else []) + [method]
 
 
 def predictive_of(method: Method) -> str:
-    """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name.
-
-    Example:
-        >>> import posthoc
-        >>> from posthoc.core.method import predictive_of
-        >>> from posthoc_apps.demo.examples import model
-        >>> predictive_of(posthoc.wrap(model, method="laplace").method)
-        "'laplace'"
-    """
+    """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name."""
     return "the model" if method.name == "none" else f"'{method.name}'"

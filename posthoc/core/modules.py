@@ -35,14 +35,7 @@ def uncompiled(model: nn.Module) -> nn.Module:
 
 
 def parameter_owners(model: nn.Module, param_names: Iterable[str]) -> dict[str, nn.Module]:
-    """The modules that own ``param_names`` (``"classifier.1.weight"`` -> ``"classifier.1"``), in order, once each.
-
-    Example:
-        >>> from torch import nn
-        >>> from posthoc.core.modules import parameter_owners
-        >>> list(parameter_owners(nn.Sequential(nn.Linear(2, 3)), ["0.weight", "0.bias"]))
-        ['0']
-    """
+    """The modules that own ``param_names`` (``"classifier.1.weight"`` -> ``"classifier.1"``), in order, once each."""
     names = dict.fromkeys(name.rpartition(".")[0] for name in param_names)
     return {name: model.get_submodule(name) for name in names}
 
@@ -56,13 +49,7 @@ def module_name(model: nn.Module, module: nn.Module) -> str | None:
 
 
 def qualified(module_name: str, name: str) -> str:
-    """The full name of ``name`` (a parameter, a child) of the module called ``module_name`` (``""``: the root).
-
-    Example:
-        >>> from posthoc.core.modules import qualified
-        >>> qualified("fc", "weight"), qualified("", "weight")
-        ('fc.weight', 'weight')
-    """
+    """The full name of ``name`` (a parameter, a child) of the module called ``module_name`` (``""``: the root)."""
     return f"{module_name}.{name}" if module_name else name
 
 

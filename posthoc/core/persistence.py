@@ -48,14 +48,7 @@ def _digest_tensors(digest: Any, tensors: dict[str, Any]) -> None:
 
 
 def fingerprint(model: nn.Module) -> str:
-    """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values.
-
-    Example:
-        >>> from torch import nn
-        >>> from posthoc.core.persistence import fingerprint
-        >>> fingerprint(nn.Linear(2, 2)) == fingerprint(nn.Linear(2, 2))
-        False
-    """
+    """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values."""
     digest = hashlib.sha256(type(model).__qualname__.encode())
     _digest_tensors(digest, model.state_dict())
     return digest.hexdigest()
@@ -98,14 +91,7 @@ def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
 
 
 def checksum(payload: dict) -> str:
-    """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.persistence import checksum
-        >>> checksum({"spec": [], "state": {"t": torch.ones(())}}) == checksum({"spec": [], "state": {"t": torch.zeros(())}})
-        False
-    """
+    """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself)."""
     plain = {key: value for key, value in payload.items() if key not in ("state", "checksum")}
     digest = hashlib.sha256(json.dumps(_canonical(plain)).encode())
     _digest_tensors(digest, dict(sorted(payload.get("state", {}).items())))
@@ -113,13 +99,7 @@ def checksum(payload: dict) -> str:
 
 
 def fingerprint_tensor(hex_digest: str) -> torch.Tensor:
-    """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers.
-
-    Example:
-        >>> from posthoc.core.persistence import fingerprint_hex, fingerprint_tensor
-        >>> fingerprint_hex(fingerprint_tensor("ab" * 32)) == "ab" * 32
-        True
-    """
+    """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers."""
     return torch.tensor(list(bytes.fromhex(hex_digest)), dtype=torch.uint8)
 
 

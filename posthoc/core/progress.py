@@ -36,14 +36,7 @@ def _in_notebook() -> bool:
 
 
 def interactive(stream: IO[str] | None = None) -> bool:
-    """Whether a bar drawn on ``stream`` (standard error by default) is seen as a bar: a terminal or a notebook.
-
-    Example:
-        >>> from posthoc.core.progress import interactive
-        >>> import io
-        >>> interactive(io.StringIO())
-        False
-    """
+    """Whether a bar drawn on ``stream`` (standard error by default) is seen as a bar: a terminal or a notebook."""
     stream = sys.stderr if stream is None else stream
     try:
         return bool(stream.isatty()) or _in_notebook()

@@ -38,13 +38,7 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def method_names() -> list[str]:
-    """The names ``method=`` takes, sorted.
-
-    Example:
-        >>> from posthoc.core.registry import method_names
-        >>> method_names()[:3]
-        ['abnn', 'auto', 'auto-calibration']
-    """
+    """The names ``method=`` takes, sorted."""
     return sorted(name for name in REGISTRY if name != ENSEMBLE)
 
 

@@ -43,13 +43,7 @@ def may_narrow() -> bool:
 
 
 def other_threads() -> list[threading.Thread]:
-    """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot).
-
-    Example:
-        >>> from posthoc.core.threads import other_threads
-        >>> other_threads()
-        []
-    """
+    """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot)."""
     here = threading.current_thread()
     return [t for t in threading.enumerate() if t is not here and type(t).__name__ != "TMonitor"]
 
