@@ -31,6 +31,11 @@ Inputs = Tensor | Mapping[str, Tensor]
 #: the keys under which a mapping batch carries its labels: a Hugging Face collator's ``"labels"``, a ``datasets``
 #: column's ``"label"``
 LABEL_KEYS = ("labels", "label")
+#: what a loader should yield in place of labels that are not numbers
+LABELS_AS_NUMBERS = (
+    "yield numbers: class indices for a classifier (e.g. map names with "
+    "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
+)
 
 
 def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Tensor | None]:
@@ -521,27 +526,17 @@ def iterate(
         x, y = split_batch(batch, require_labels=require_labels)
         x = to_device(x, device)
         check_attention(x)
-        count = batch_size(x)
-        if count == 0:
-            raise InputError(
-                f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches from the loader"
-            )
+        named = f"batch {seen} (0-based) of {where}"
+        if batch_size(x) == 0:
+            raise InputError(f"{named} is an empty batch (0 examples); drop empty batches from the loader")
         if not all_finite(x):
             raise InputError(
-                f"batch {seen} (0-based) of {where}: inputs contain NaN or inf "
-                "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
+                f"{named}: inputs contain NaN or inf (the inputs are not finite); clean or impute them (e.g. "
+                "torch.nan_to_num) or drop those examples"
             )
         if y is not None:
-            y = as_tensor(
-                y,
-                f"y of batch {seen} (0-based) of {where}",
-                numbers=True,
-                hint=(
-                    "yield numbers: class indices for a classifier (e.g. map names with "
-                    "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
-                ),
-            )
-            check_label_count(label_rows(x), y, f"batch {seen} (0-based) of {where}")
+            y = as_tensor(y, f"y of {named}", numbers=True, hint=LABELS_AS_NUMBERS)
+            check_label_count(label_rows(x), y, named)
         seen += 1
         yield x, (None if y is None else y.to(device))
     if seen == 0:
