@@ -28,19 +28,16 @@ class Knob:
     Attributes:
         name: what is chosen, for the record (``"prior_precision"``, ``"dropout rate"``).
         candidates: ``(label, value)`` pairs from the narrowest spread (the most conservative) to the widest.
-        score: ``score(value, held_out)``, the held-out :class:`~posthoc.engine.selection.Scores` of the method at
-            one candidate value.
+        score: ``score(value, held_out)``, the :class:`~posthoc.engine.selection.Scores` at one candidate value.
         prepare: ``prepare(held_out, train_loader)``, the held-out data prepared once for every ``score``.
         apply: sets one candidate value at once.
         start: the value the walk of the selection step starts from (``None``: the first).
-        movable: whether :attr:`apply` sets another candidate without a refit (a calibrator's cross-fitting re-makes
-            the choice per fold).
+        movable: whether :attr:`apply` sets another candidate without a refit (so cross-fitting re-makes the choice).
         fallback: ``(who, what the first candidate keeps, advice)`` for the warning when nothing is admissible.
         then: ``then(selection, held_out, train_loader, progress)``, the work that follows the applied choice.
         choose: ``choose(held_out, train_loader, progress)`` for a choice that is not a walk over fixed candidates,
             returning the selection to record or ``None`` (``score``, ``prepare``, ``start`` etc. are then unused).
-        training_rows: ``training_rows(train_loader)``, the rows the choice is made on without a ``val_loader``
-            (``None``: no choice then).
+        training_rows: ``training_rows(train_loader)``, the rows to choose on without a ``val_loader`` (or ``None``).
     """
 
     name: str

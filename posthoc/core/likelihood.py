@@ -220,8 +220,7 @@ class Gaussian(RealTargets):
     @dataclass(frozen=True, kw_only=True)
     class Options(BaseOptions):
         noise_std: float | list[float] | tuple[float, ...] | None = option(
-            None,
-            "a fixed σ > 0, or one per output; None fits it at fit (Laplace: by the marginal likelihood)",
+            None, "a fixed σ > 0, or one per output; None fits it at fit (Laplace: by the marginal likelihood)"
         )
 
     def __init__(self, noise_std: float | list[float] | tuple[float, ...] | None = None) -> None:
