@@ -1,14 +1,5 @@
 """Binned calibration error from confidences and correctness flags, shared by the metrics, their bootstrap and the
-selection step.
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.calibration_error import equal_mass_gap, top_label_ece
-    >>> round(top_label_ece(torch.tensor([0.9, 0.6]), torch.tensor([1.0, 0.0])), 4)
-    0.35
-    >>> equal_mass_gap(torch.tensor([[0.9, 0.6, 0.8, 0.7]]), torch.tensor([[1.0, 0.0, 1.0, 1.0]]), bins=2)
-    tensor([0.1500], dtype=torch.float64)
-"""
+selection step."""
 
 from __future__ import annotations
 
@@ -37,8 +28,7 @@ def binned_gap(confidence: Tensor, correct: Tensor, edges: Tensor) -> float:
 
 
 def top_label_ece(confidence: Tensor, correct: Tensor, bins: int = BINS) -> float:
-    """Top-label expected calibration error of ``confidence`` (the predicted class's probability, ``(N,)``) against
-    ``correct`` (whether that class is the label), with ``bins`` equal-width bins on [0, 1].
+    """Top-label ECE of ``confidence`` ``(N,)`` against ``correct`` with ``bins`` equal-width bins on [0, 1].
 
     Example:
         >>> import torch
@@ -53,11 +43,9 @@ def equal_mass_gap(confidence: Tensor, correct: Tensor, bins: int = BINS) -> Ten
     """Top-label ECE with equal-mass bins of each row of ``confidence`` ``(B, n)`` against ``correct`` ``(B, n)``:
     ``(B,)``, float64.
 
-    Each row's examples are sorted by confidence (stable, so ties keep their order) and cut into ``bins`` runs of
-    consecutive examples whose sizes differ by at most one, the larger first (``torch.tensor_split``'s cut, as
-    torch-uncertainty's adaptive calibration error); the error is the sum over runs of ``|run| / n *
-    |accuracy - confidence|``. Equal-mass bins put as many examples in each bin, so a model whose confidences
-    crowd near 1 is not judged by two or three full bins as with equal widths.
+    Each row is sorted by confidence (stable) and cut into ``bins`` runs whose sizes differ by at most one, the larger
+    first (``torch.tensor_split``'s cut, as torch-uncertainty's adaptive calibration error), so confidences that crowd
+    near 1 are not judged by two or three full bins.
 
     Example:
         >>> import torch

@@ -2,8 +2,6 @@
 
 A spec is a list of entries ``{"name": ..., "options": {...}}`` (the first may carry ``"likelihood"``, and for an
 ensemble ``"members"`` and ``"batched"``), inner first: what ``posthoc.wrap`` records and a posterior file saves.
-``posthoc.wrap`` and ``posthoc.load`` build through :func:`build_chain`, and so does ``method="auto"`` for each of
-its candidates.
 
 Example:
     >>> from posthoc.core.chain import build_chain
@@ -74,14 +72,7 @@ def route_options(names: list[str], options: dict[str, Any]) -> list[dict[str, A
 def spec_of(
     names: list[str], routed: list[dict[str, Any]], likelihood: Likelihood, run: dict[str, Any] | None = None
 ) -> list[dict[str, Any]]:
-    """The saved spec: one entry per method; the first records the likelihood unless it is classification.
-
-    Example:
-        >>> from posthoc.core.chain import spec_of
-        >>> from posthoc.core.likelihood import make_likelihood
-        >>> spec_of(["laplace"], [{}], make_likelihood("classification"))
-        [{'name': 'laplace', 'options': {}}]
-    """
+    """The saved spec: one entry per method; the first records the likelihood unless it is classification."""
     spec = [{"name": name, "options": opts} for name, opts in zip(names, routed)]
     config = likelihood.config()
     if config is not None:
@@ -148,17 +139,9 @@ def stack_on(method: Method, spec: list[dict[str, Any]], start: int) -> Method:
 
 
 def build_chain(model: nn.Module | list[nn.Module], spec: list[dict[str, Any]]) -> tuple[Method, str | None]:
-    """The chain of ``spec`` around ``model`` (a list of models: the registered ensemble mixes ``spec[0]`` built around
-    each, and the rest is stacked on the mixture), and the fingerprint of the user's checkpoint where the first method
-    copies it (``None``: taken at fit).
-
-    Example:
-        >>> from posthoc.core.chain import build_chain
-        >>> from posthoc_apps.demo.examples import model
-        >>> method, _ = build_chain(model, [{"name": "temperature", "options": {}}])   # stacked on the plain model
-        >>> method.inner.name
-        'none'
-    """
+    """The chain of ``spec`` around ``model`` (a list of models: the ensemble of ``spec[0]`` around each, the rest
+    stacked on it), and the fingerprint of the user's checkpoint where the first method copies it (``None``: at fit).
+    A stacking method first in ``spec`` is stacked on the plain model (``"none"``)."""
     if not spec:
         raise ConfigError("method must name at least one method")
     spec = [

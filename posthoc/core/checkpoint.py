@@ -1,8 +1,7 @@
 """Loading a checkpoint's ``state_dict`` into a model strictly, with the keys that do not fit listed.
 
-A checkpoint file holds a ``state_dict`` (optionally under ``"state_dict"``, ``"model"``, ``"model_state_dict"`` or
-``"state_dict_ema"``; a DistributedDataParallel ``module.`` prefix is stripped). ``posthoc.wrap`` reads ensemble members
-given as paths with it, and the command line its ``--checkpoint``.
+A checkpoint file holds a ``state_dict`` (optionally under one of :data:`STATE_DICT_KEYS`; a DistributedDataParallel
+``module.`` prefix is stripped).
 
 Example:
     >>> import tempfile, torch
@@ -54,14 +53,8 @@ def _listing(keys: list[str]) -> str:
 
 
 def load_checkpoint(model: nn.Module, path: str | os.PathLike, *, architecture: str = "the model") -> nn.Module:
-    """Load the ``state_dict`` stored at ``path`` into ``model`` strictly; return ``model``.
-
-    Raises :class:`~posthoc.InputError` listing missing, unexpected and mis-shaped keys when the
-    checkpoint was saved from another architecture or head size.
-
-    Example:
-        >>> load_checkpoint(torchvision.models.resnet18(num_classes=10), "resnet18_cifar.pth")  # doctest: +SKIP
-    """
+    """Load the ``state_dict`` stored at ``path`` into ``model`` strictly (an :class:`~posthoc.InputError` lists the
+    missing, unexpected and mis-shaped keys); return ``model``."""
     if not Path(path).is_file():
         raise InputError(f"checkpoint {path} does not exist")
     try:

@@ -48,28 +48,14 @@ def integer_at_least(value: Any, name: str, minimum: int, *, why: str = "") -> i
 
 
 def non_negative(value: Any, name: str, *, why: str = "") -> float:
-    """``value`` as a float if it is a finite number >= 0 (not a bool), e.g. a penalty weight or a tolerance;
-    ``why`` says what the value means.
-
-    Example:
-        >>> from posthoc.core.checks import non_negative
-        >>> non_negative(0.02, "val_tolerance")
-        0.02
-    """
+    """``value`` as a float if it is a finite number >= 0 (not a bool); ``why`` says what the value means."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
         raise ConfigError(f"{name} must be a finite number >= 0{_because(why)}, got {value!r}")
     return float(value)
 
 
 def positive_number(value: Any, name: str, *, why: str = "", none: str | None = None) -> Any:
-    """``value`` as a float if it is a finite number > 0 (not a bool), e.g. a temperature or a learning rate;
-    ``none`` says what ``None`` means if it is allowed.
-
-    Example:
-        >>> from posthoc.core.checks import positive_number
-        >>> positive_number(1e-3, "lr"), positive_number(None, "lr", none="set from the model")
-        (0.001, None)
-    """
+    """``value`` as a float if it is a finite number > 0 (not a bool); ``none`` says what ``None`` means if allowed."""
     if value is None and none is not None:
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
@@ -79,26 +65,14 @@ def positive_number(value: Any, name: str, *, why: str = "", none: str | None = 
 
 
 def probability(value: Any, name: str, *, why: str = "") -> float:
-    """``value`` as a float if it lies strictly inside ``(0, 1)`` (not a bool), e.g. a miscoverage ``alpha``.
-
-    Example:
-        >>> from posthoc.core.checks import probability
-        >>> probability(0.1, "alpha")
-        0.1
-    """
+    """``value`` as a float if it lies strictly inside ``(0, 1)`` (not a bool), e.g. a miscoverage ``alpha``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 < float(value) < 1.0:
         raise ConfigError(f"{name} must be a number strictly between 0 and 1{_because(why)}, got {value!r}")
     return float(value)
 
 
 def one_of(value: Any, name: str, choices: tuple[Any, ...]) -> Any:
-    """``value`` if it is one of ``choices`` (compared by equality, never a bool for a non-bool choice).
-
-    Example:
-        >>> from posthoc.core.checks import one_of
-        >>> one_of("top-label", "mode", ("per-class", "top-label"))
-        'top-label'
-    """
+    """``value`` if it is one of ``choices`` (compared by equality, never a bool for a non-bool choice)."""
     if any(value is choice or (not isinstance(value, bool) and value == choice) for choice in choices):
         return value
     raise ConfigError(f"{name} must be one of {choices}, got {value!r}")
@@ -114,13 +88,7 @@ def memory_bytes(value: Any, name: str = "max_memory") -> Any:
 
 
 def check_shift(shift: Any) -> Any:
-    """``shift`` if it is ``None``, ``"auto"`` or a non-empty list of kind names and callables ``f(x, generator) -> x``.
-
-    Example:
-        >>> from posthoc.core.checks import check_shift
-        >>> check_shift(["noise", "blur"])
-        ['noise', 'blur']
-    """
+    """``shift`` if it is ``None``, ``"auto"`` or a non-empty list of kind names and callables ``f(x, generator)``."""
     if shift is None or (isinstance(shift, str) and shift == "auto"):
         return shift
     if isinstance(shift, (list, tuple)) and shift and all(isinstance(s, str) or callable(s) for s in shift):
@@ -132,8 +100,7 @@ def check_shift(shift: Any) -> Any:
 
 
 def generator(value: Any, name: str = "generator") -> Any:
-    """``value`` if it is ``None`` (the global random state) or a ``torch.Generator``; an integer seed is refused with
-    the line that makes a generator of it.
+    """``value`` if it is ``None`` (the global random state) or a ``torch.Generator`` (not a seed).
 
     Example:
         >>> from posthoc.core.checks import generator
@@ -148,52 +115,28 @@ def generator(value: Any, name: str = "generator") -> Any:
 
 
 def integer(value: Any, name: str) -> int:
-    """``value`` if it is an integer (not a bool), e.g. a seed.
-
-    Example:
-        >>> from posthoc.core.checks import integer
-        >>> integer(0, "seed")
-        0
-    """
+    """``value`` if it is an integer (not a bool), e.g. a seed."""
     if isinstance(value, bool) or not isinstance(value, int):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
     return value
 
 
 def fraction(value: Any, name: str) -> float:
-    """``value`` as a float in ``[0, 1)`` (not a bool), e.g. a momentum or the burn-in share of a chain.
-
-    Example:
-        >>> from posthoc.core.checks import fraction
-        >>> fraction(0.5, "burn_in")
-        0.5
-    """
+    """``value`` as a float in ``[0, 1)`` (not a bool), e.g. a momentum or the burn-in share of a chain."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
         raise ConfigError(f"{name} must be a fraction in [0, 1), got {value!r}")
     return float(value)
 
 
 def unit_interval(value: Any, name: str) -> float:
-    """``value`` as a float in ``[0, 1]`` (not a bool), e.g. how far a fit moves towards another.
-
-    Example:
-        >>> from posthoc.core.checks import unit_interval
-        >>> unit_interval(1, "shift_weight")
-        1.0
-    """
+    """``value`` as a float in ``[0, 1]`` (not a bool), e.g. how far a fit moves towards another."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value <= 1:
         raise ConfigError(f"{name} must be a number in [0, 1], got {value!r}")
     return float(value)
 
 
 def known_name(value: Any, what: str, names: Iterable[str]) -> str:
-    """``value`` if it is one of ``names``; otherwise a :class:`ConfigError` listing them.
-
-    Example:
-        >>> from posthoc.core.checks import known_name
-        >>> known_name("lac", "conformity score", ("lac", "aps", "raps"))
-        'lac'
-    """
+    """``value`` if it is one of ``names``; otherwise a :class:`ConfigError` listing them."""
     names = list(names)
     if not isinstance(value, str) or value not in names:
         raise ConfigError(f"unknown {what} {value!r}; valid: {', '.join(names)}")
@@ -201,14 +144,7 @@ def known_name(value: Any, what: str, names: Iterable[str]) -> str:
 
 
 def known_options(options: Mapping[str, Any], valid: Mapping[str, Any], owner: str) -> dict[str, Any]:
-    """``options`` if ``valid`` (option -> default) accepts each of them; otherwise a :class:`ConfigError`
-    naming the unknown ones and listing the valid ones with their defaults.
-
-    Example:
-        >>> from posthoc.core.checks import known_options
-        >>> known_options({"bins": 10}, {"bins": 15, "mode": "per-class"}, "calibrator 'histogram'")
-        {'bins': 10}
-    """
+    """``options`` if ``valid`` (option -> default) accepts each of them, else a :class:`ConfigError` listing them."""
     unknown = sorted(set(options) - set(valid))
     if unknown:
         listing = ", ".join(f"{k}={v!r}" for k, v in valid.items()) or "none"

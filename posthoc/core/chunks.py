@@ -1,11 +1,8 @@
 """The one chunk planner: how many rows of work fit in the memory budget.
 
-Every predictive that holds per-sample tensors (``(S, n, C)`` log-probabilities, expanded
-activations, logit samples) declares the bytes ONE row keeps alive at the peak of its work; the
-planner divides the budget by it. The budget is the runner's (:func:`budget_scope`, which
-``UncertainModel`` enters around every fit and predict with ``wrap(..., max_memory=...)`` or what a
-``predict`` call leaves beside its samples), else ``posthoc.settings.max_memory``: a method never
-carries it.
+Every predictive that holds per-sample tensors declares the bytes ONE row keeps alive at the peak of its work; the
+planner divides the budget by it. The budget is the runner's (:func:`budget_scope`), else
+``posthoc.settings.max_memory``: a method never carries it.
 
 Example:
     >>> from posthoc.core.chunks import chunks, rows_per_chunk
@@ -25,14 +22,7 @@ from posthoc import settings
 
 @contextmanager
 def budget_scope(max_memory: int | None) -> Iterator[None]:
-    """Plan every chunk of the block under ``max_memory`` bytes (``None`` keeps the enclosing budget).
-
-    Example:
-        >>> from posthoc.core.chunks import budget_scope, rows_per_chunk
-        >>> with budget_scope(2**20):
-        ...     rows_per_chunk(100 * 10 * 4)
-        262
-    """
+    """Plan every chunk of the block under ``max_memory`` bytes (``None`` keeps the enclosing budget)."""
     if max_memory is None:
         yield
         return
@@ -44,14 +34,7 @@ def budget_scope(max_memory: int | None) -> Iterator[None]:
 
 
 def current_budget() -> int:
-    """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``.
-
-    Example:
-        >>> from posthoc.core.chunks import budget_scope, current_budget
-        >>> with budget_scope(4096):
-        ...     current_budget()
-        4096
-    """
+    """The budget of the work running now: the innermost :func:`budget_scope`, else ``posthoc.settings.max_memory``."""
     return settings.memory_budget()
 
 

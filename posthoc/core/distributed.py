@@ -1,9 +1,7 @@
 """Fitting and evaluating across processes on ``torch.distributed`` (the existing engine).
 
-When a process group is initialised, every rank streams its own shard of the data; statistics
-are reduced with one collective *after* each rank's loop, so ranks with different numbers of
-batches never hang, and every rank ends with the same fitted posterior as a single process on
-the union of the shards.
+Every rank streams its own shard; statistics are reduced with one collective *after* each rank's loop, so ranks with
+different numbers of batches never hang, and every rank ends with the posterior of one process on all the shards.
 
 Example (inside each rank, after ``torch.distributed.init_process_group``)::
 
@@ -36,10 +34,7 @@ def active() -> bool:
 
 @contextmanager
 def local_only() -> Iterator[None]:
-    """Work as a single process inside the block: no collective runs, every reduction is a no-op.
-
-    For work that one rank does alone on its own data (an ensemble member fitted on one rank), so that
-    the methods' own reductions do not wait for ranks that are busy with other work.
+    """Work as a single process inside the block (an ensemble member fitted on one rank): no collective runs.
 
     Example:
         >>> from posthoc.core.distributed import active, local_only
@@ -97,13 +92,7 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
 
 
 def total_examples(count: int) -> int:
-    """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process).
-
-    Example:
-        >>> from posthoc.core.distributed import total_examples
-        >>> total_examples(350)   # without torch.distributed
-        350
-    """
+    """``count`` summed over ranks: the examples of every rank's shard together (``count`` in one process)."""
     if not active():
         return count
     return int(all_reduce_sum(torch.tensor(float(count), dtype=torch.float64)).item())
@@ -128,14 +117,7 @@ def gather_cat(tensor: Tensor, dim: int = 0) -> Tensor:
 
 
 def rank_offset(count: int) -> int:
-    """How many examples the ranks before this one hold, given that this one holds ``count`` (0 in one process): where
-    this rank's rows start in a :func:`gather_cat` of per-example values.
-
-    Example:
-        >>> from posthoc.core.distributed import rank_offset
-        >>> rank_offset(350)   # without torch.distributed
-        0
-    """
+    """How many examples the ranks before this one hold: where this rank's rows start in a :func:`gather_cat`."""
     if not active():
         return 0
     counts = gather_cat(torch.tensor([float(count)], dtype=torch.float64))
@@ -143,11 +125,8 @@ def rank_offset(count: int) -> int:
 
 
 def common_length(length: int | None, what: str) -> int | None:
-    """The smallest number of batches over ranks, so that every rank takes the same optimizer steps.
-
-    Fine-tuning under ``torch.distributed`` runs that many steps per epoch on every rank (the extra
-    batches of longer shards are skipped, as with ``drop_last``); a loader without a length is refused.
-    """
+    """The smallest number of batches over ranks, so that every rank takes the same optimizer steps (the extra
+    batches of longer shards are skipped, as with ``drop_last``)."""
     if not active():
         return length
     if length is None:

@@ -1,8 +1,7 @@
 """What :meth:`UncertainModel.fit` saw and spent: examples in its loaders, wall and CPU seconds.
 
-The example counts never cost a second pass over the data: a loader over a sized dataset (every
-``DataLoader`` over a map-style dataset) reports ``len(loader.dataset)``; any other iterable is wrapped
-in a :class:`CountingLoader` that counts the examples of the first full pass the methods make over it.
+The example counts never cost a second pass over the data: ``len(loader.dataset)`` where the loader has one, else a
+:class:`CountingLoader` counts the first full pass the methods make.
 
 Example:
     >>> import torch
@@ -27,16 +26,7 @@ from posthoc.errors import InputError
 
 @dataclass(frozen=True)
 class FitRecord:
-    """The data a fit saw and its cost; saved with the posterior so a loaded model's card still tells them.
-
-    ``train_examples`` / ``val_examples`` are ``None`` when no loader was given or its size is unknown
-    (an iterable the fit did not run through to its end).
-
-    Example:
-        >>> from posthoc.core.fit_record import FitRecord
-        >>> FitRecord(2400, 600, 1.5, 2.9).to_dict()["val_examples"]
-        600
-    """
+    """The data a fit saw (``None``: no loader, or its size unknown) and its cost; saved with the posterior."""
 
     train_examples: int | None
     val_examples: int | None
@@ -56,15 +46,7 @@ class FitRecord:
 
 
 class CountingLoader:
-    """An iterable passing ``loader``'s batches through unchanged and counting the examples of its first full pass.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.fit_record import CountingLoader
-        >>> counted = CountingLoader(iter([(torch.zeros(4, 1), torch.zeros(4))]))
-        >>> _ = list(counted); counted.examples
-        4
-    """
+    """An iterable passing ``loader``'s batches through unchanged and counting the examples of its first full pass."""
 
     def __init__(self, loader: Iterable) -> None:
         self.loader = loader
@@ -83,13 +65,7 @@ class CountingLoader:
 
 
 def reads_once(loader: Iterable) -> bool:
-    """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator.
-
-    Example:
-        >>> from posthoc.core.fit_record import counting, reads_once
-        >>> reads_once(counting(x for x in [])), reads_once([])
-        (True, False)
-    """
+    """Whether ``loader`` (or the loader a :class:`CountingLoader` wraps) is a one-shot iterator, e.g. a generator."""
     inner = loader.loader if isinstance(loader, CountingLoader) else loader
     return iter(inner) is inner
 

@@ -1,17 +1,9 @@
 """Reading batches from loaders and running models on them, with clear errors.
 
-Loaders yield ``(x, y)`` pairs (tuples or lists); ``x`` may be a tensor or a dict of tensors
-(passed to the model as keyword arguments: a Hugging Face ``BatchEncoding`` is such a mapping). A
-batch may also be one mapping with the labels under ``"labels"``, as Hugging Face collators yield
-it, or ``"label"``, as a ``datasets`` column is named: :data:`LABEL_KEYS`). The model's output is read by
-:func:`~posthoc.core.logits.logits_of` (a tensor, or an object or mapping with ``logits``, such as a
-``transformers`` ``ModelOutput``).
-
-Every public entry point that takes data checks it here, so a misuse reads the same everywhere: a
-batch with :func:`check_batch` (a tensor or a dict of tensors, not empty, finite), a loader with
-:func:`iterate` (which accepts the same shapes everywhere: any iterable of ``(x, y)`` pairs, a
-``DataLoader`` or a plain list, and refuses an empty loader, an empty batch, a batch whose label count
-differs from its input count, or non-finite inputs, naming the batch).
+Loaders yield ``(x, y)`` pairs; ``x`` may be a tensor or a dict of tensors (keyword arguments of the model, e.g. a
+Hugging Face ``BatchEncoding``), or a batch is one mapping with its labels under one of :data:`LABEL_KEYS`. Every
+public entry point that takes data checks it here (:func:`check_batch`, :func:`iterate`), so a misuse reads the same
+everywhere.
 
 Example:
     >>> import torch
@@ -39,12 +31,15 @@ Inputs = Tensor | Mapping[str, Tensor]
 #: the keys under which a mapping batch carries its labels: a Hugging Face collator's ``"labels"``, a ``datasets``
 #: column's ``"label"``
 LABEL_KEYS = ("labels", "label")
+#: what a loader should yield in place of labels that are not numbers
+LABELS_AS_NUMBERS = (
+    "yield numbers: class indices for a classifier (e.g. map names with "
+    "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
+)
 
 
 def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Tensor | None]:
-    """Return ``(x, y)`` from one batch; ``y`` is ``None`` for unlabelled batches if allowed.
-
-    A mapping batch gives its labels entry (one of :data:`LABEL_KEYS`) as ``y`` and the other entries as ``x``.
+    """``(x, y)`` of one batch (a mapping's labels entry is ``y``); ``y`` is ``None`` for unlabelled batches if allowed.
 
     Example:
         >>> import torch
@@ -52,9 +47,6 @@ def split_batch(batch: Any, *, require_labels: bool = True) -> tuple[Inputs, Ten
         >>> x, y = split_batch({"input_ids": torch.ones(2, 5, dtype=torch.long), "labels": torch.tensor([0, 1])})
         >>> sorted(x), y.tolist()
         (['input_ids'], [0, 1])
-        >>> split_batch({"x": torch.ones(2, 3), "target": torch.tensor([0, 1])})
-        Traceback (most recent call last):
-        posthoc.errors.InputError: a dict batch carries its labels under 'labels' or 'label'...
     """
     if isinstance(batch, (tuple, list)) and len(batch) >= 2:
         return batch[0], batch[1]
@@ -135,17 +127,8 @@ def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
 
 
 def all_finite(x: Inputs) -> bool:
-    """Whether every floating-point tensor of ``x`` is free of NaN and inf.
-
-    One reduction per tensor: a sum is finite when every element is; only a sum that is not (a NaN or
-    inf, or finite values overflowing it) is checked element by element.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import all_finite
-        >>> all_finite(torch.tensor([3e38, 3e38])), all_finite({"x": torch.tensor([1.0, float("nan")])})
-        (True, False)
-    """
+    """Whether every floating-point tensor of ``x`` is free of NaN and inf (one sum per tensor, element by element
+    only where the sum is not finite)."""
     tensors = x.values() if isinstance(x, Mapping) else [x]
     return all(_finite(v) for v in tensors if isinstance(v, Tensor) and v.is_floating_point())
 
@@ -156,11 +139,9 @@ def _finite(tensor: Tensor) -> bool:
 
 
 def check_batch(x: Any, what: str, *, values: bool = True) -> int:
-    """Refuse a batch no model can take, saying so for ``what`` (the entry point); return its example count.
-
-    A batch is a tensor or a dict of tensors with a batch dimension, at least one example, finite values
-    and, for a dict with an ``attention_mask``, at least one real token per example. ``values=False`` leaves
-    the last two to the caller (``predict`` checks them chunk by chunk, so a huge batch is never scanned whole).
+    """Refuse, for ``what`` (the entry point), a batch that is not a tensor or dict of tensors with at least one
+    example, finite values and a real token per example; return its example count. ``values=False`` leaves the last
+    two to the caller (``predict`` checks them chunk by chunk).
 
     Example:
         >>> import torch
@@ -192,9 +173,8 @@ def check_batch(x: Any, what: str, *, values: bool = True) -> int:
 
 
 def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None = None) -> Tensor:
-    """``values`` (a tensor, numpy array, or list) as a tensor; strings and Python objects are refused by name,
-    with ``hint`` (default: what to pass for ``what``). ``numbers=True`` also takes a single Python or numpy number
-    (a batch's one label).
+    """``values`` (a tensor, numpy array, or list) as a tensor, refusing strings and objects with ``hint``;
+    ``numbers=True`` also takes a single number (a batch's one label).
 
     Example:
         >>> import numpy as np
@@ -234,17 +214,7 @@ def as_tensor(values: Any, what: str, *, numbers: bool = False, hint: str | None
 
 
 def like_given(result: Any, *given: Any) -> Any:
-    """``result`` (a tensor, or a tuple of them) as numpy arrays when the caller's arrays ``given`` were numpy, else
-    as it is: array in, the same kind of array out (scikit-learn's and netcal's users get numpy back). The values and
-    their dtype are the torch path's, on the CPU.
-
-    Example:
-        >>> import numpy as np
-        >>> import torch
-        >>> from posthoc.core.inputs import like_given
-        >>> type(like_given(torch.ones(2), np.zeros(2))).__name__, type(like_given(torch.ones(2), torch.zeros(2))).__name__
-        ('ndarray', 'Tensor')
-    """
+    """``result`` (a tensor, or a tuple of them) as numpy arrays when any of ``given`` was numpy, else as it is."""
     if not any(isinstance(value, np.ndarray) for value in given):
         return result
     if isinstance(result, tuple):
@@ -253,8 +223,7 @@ def like_given(result: Any, *given: Any) -> Any:
 
 
 def real_values(values: Any, what: str = "targets") -> Tensor:
-    """``values`` as a tensor of real numbers, refusing strings, objects, NaN and inf: what every regression entry
-    point (fit, log_prob, cdf, conformal, calibrate) reads targets with.
+    """``values`` as a tensor of real numbers, refusing strings, objects, NaN and inf (how regression reads targets).
 
     Example:
         >>> from posthoc.core.inputs import real_values
@@ -271,15 +240,7 @@ def real_values(values: Any, what: str = "targets") -> Tensor:
 
 
 def looks_like_loader(data: Any) -> bool:
-    """Whether ``data`` is a loader of batches (a ``DataLoader``, a generator, a list of ``(x, y)`` pairs holding
-    tensors or of dict batches) rather than an array of labels or numbers (a nested list of numbers is targets).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import looks_like_loader
-        >>> looks_like_loader([(torch.zeros(2, 3), torch.tensor([0, 1]))]), looks_like_loader([[0.5], [1.5]])
-        (True, False)
-    """
+    """Whether ``data`` is a loader of batches rather than an array of labels or numbers (a nested list of numbers)."""
     if isinstance(data, (Tensor, np.ndarray, Mapping, str, bytes)) or not isinstance(data, Iterable):
         return False
     if isinstance(data, (list, tuple)):
@@ -295,14 +256,7 @@ def looks_like_loader(data: Any) -> bool:
 
 
 def loader_fix(data: Any) -> str:
-    """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches.
-
-    Example:
-        >>> import numpy as np
-        >>> from posthoc.core.inputs import loader_fix
-        >>> loader_fix(np.zeros((4, 3)))
-        'DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)'
-    """
+    """The one line that turns arrays like ``data`` (tensors or numpy arrays) into a loader of ``(x, y)`` batches."""
     values = data if isinstance(data, (list, tuple)) else [data]
     if any(isinstance(value, np.ndarray) for value in values):
         return "DataLoader(TensorDataset(torch.as_tensor(x, dtype=torch.float32), torch.as_tensor(y)), batch_size=256)"
@@ -310,14 +264,7 @@ def loader_fix(data: Any) -> str:
 
 
 def arrays_pair(data: Any) -> bool:
-    """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.inputs import arrays_pair
-        >>> arrays_pair((torch.zeros(4, 3), torch.zeros(4))), arrays_pair([(torch.zeros(4, 3), torch.zeros(4))])
-        (True, False)
-    """
+    """Whether ``data`` is a pair of arrays ``(x, y)`` (tensors or numpy arrays) rather than a loader of batches."""
     return (
         isinstance(data, (list, tuple))
         and len(data) == 2
@@ -326,9 +273,8 @@ def arrays_pair(data: Any) -> bool:
 
 
 def check_loader(loader: Any, what: str, *, labelled: bool = True) -> None:
-    """Refuse, for ``what``, something that is not a loader of batches (a tensor, an array, a dict, a number) and,
-    where labels are needed (``labelled``), a pair of arrays ``(x, y)`` passed in a loader's place; both messages give
-    the one line that makes a loader of them.
+    """Refuse, for ``what``, something that is not a loader of batches and, where labels are needed (``labelled``), a
+    pair of arrays ``(x, y)`` in a loader's place, with the line that makes a loader of them.
 
     Example:
         >>> import torch
@@ -336,9 +282,6 @@ def check_loader(loader: Any, what: str, *, labelled: bool = True) -> None:
         >>> check_loader(torch.zeros(4, 3), "evaluate")
         Traceback (most recent call last):
         posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a Tensor...
-        >>> check_loader((torch.zeros(4, 3), torch.zeros(4)), "evaluate")
-        Traceback (most recent call last):
-        posthoc.errors.InputError: evaluate takes a loader of (x, y) batches, got a tuple of two arrays (x, y)...
     """
     if labelled and arrays_pair(loader):
         raise InputError(
@@ -353,8 +296,7 @@ def check_loader(loader: Any, what: str, *, labelled: bool = True) -> None:
 
 
 def check_fit_loaders(train_loader: Any, val_loader: Any, what: str = "um.fit") -> None:
-    """Refuse arrays passed to ``fit`` in the loaders' place (``um.fit(x, y)``, ``um.fit((x, y))``), with the line
-    that makes a loader of them, before any method reads them (``None`` stays: a method says what it needs).
+    """Refuse arrays passed to ``fit`` in the loaders' place (``um.fit(x, y)``), with the line that makes a loader.
 
     Example:
         >>> import torch
@@ -397,8 +339,7 @@ def check_finite(x: Inputs) -> None:
 
 
 def check_finite_result(values: Tensor, what: str, *, log_probs: bool = False) -> None:
-    """Refuse an intermediate result computed from finite inputs (features, log-probabilities, distances) that holds
-    NaN or inf: the model's weights hold NaN or its activations overflow, and nothing fitted on it would mean anything.
+    """Refuse a result computed from finite inputs (features, log-probabilities) that holds NaN or inf;
     ``log_probs=True`` allows ``-inf`` (a probability of exactly 0).
 
     Example:
@@ -440,8 +381,7 @@ def check_attention(x: Inputs) -> None:
 
 
 def check_labels(y: Tensor, num_classes: int, *, where: str = "") -> Tensor:
-    """Validate class labels ``y`` against ``num_classes`` and return them as int64 (``where`` names whose labels, e.g.
-    ``"the validation loader's"``).
+    """Class labels ``y`` checked against ``num_classes``, as int64 (``where`` names whose labels).
 
     Example:
         >>> import torch
@@ -475,9 +415,8 @@ def check_labels(y: Tensor, num_classes: int, *, where: str = "") -> Tensor:
 
 
 def run_model(model: nn.Module, x: Inputs) -> Tensor:
-    """The logits ``model`` returns for ``x`` (keyword arguments for a dict; a ``ModelOutput`` is read through
-    ``.logits``); shape/dtype failures become :class:`InputError`, which names a float dtype that differs from the
-    model's weights (numpy's float64) and the batch dimension.
+    """The logits ``model`` returns for ``x`` (keyword arguments for a dict; :func:`logits_of` reads the output);
+    shape or dtype failures become an :class:`InputError` that says what to pass.
 
     Example:
         >>> import torch
@@ -532,8 +471,7 @@ def _labels_hint(x: Inputs) -> str:
 
 
 def unbatched_message(x: Any, what: str) -> str | None:
-    """For a 1-D tensor that the model could not take as a batch: the message that it looks like one example without
-    its batch dimension, with the fix; ``None`` for other inputs.
+    """For a 1-D tensor the model could not take as a batch: the message that it lacks its batch dimension.
 
     Example:
         >>> import torch
@@ -574,11 +512,8 @@ def iterate(
     desc: str = "",
     require_labels: bool = True,
 ) -> Iterator[tuple[Inputs, Tensor | None]]:
-    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar; refuse an empty loader and
-    a batch whose inputs hold NaN or inf (naming its index, before any method computes on it).
-
-    Under ``torch.distributed``, a ``DistributedSampler`` built for another world size is refused.
-    """
+    """Yield ``(x, y)`` on ``device`` from ``loader`` with a progress bar, refusing (by its index) an empty loader or
+    batch, NaN or inf inputs, labels that are not one per input, and a ``DistributedSampler`` of another world size."""
     where = f"the loader for '{desc or 'this step'}'"
     check_loader(loader, where, labelled=require_labels)
     distributed.check_loader(loader)
@@ -591,27 +526,17 @@ def iterate(
         x, y = split_batch(batch, require_labels=require_labels)
         x = to_device(x, device)
         check_attention(x)
-        count = batch_size(x)
-        if count == 0:
-            raise InputError(
-                f"batch {seen} (0-based) of {where} is an empty batch (0 examples); drop empty batches from the loader"
-            )
+        named = f"batch {seen} (0-based) of {where}"
+        if batch_size(x) == 0:
+            raise InputError(f"{named} is an empty batch (0 examples); drop empty batches from the loader")
         if not all_finite(x):
             raise InputError(
-                f"batch {seen} (0-based) of {where}: inputs contain NaN or inf "
-                "(the inputs are not finite); clean or impute them (e.g. torch.nan_to_num) or drop those examples"
+                f"{named}: inputs contain NaN or inf (the inputs are not finite); clean or impute them (e.g. "
+                "torch.nan_to_num) or drop those examples"
             )
         if y is not None:
-            y = as_tensor(
-                y,
-                f"y of batch {seen} (0-based) of {where}",
-                numbers=True,
-                hint=(
-                    "yield numbers: class indices for a classifier (e.g. map names with "
-                    "{name: i for i, name in enumerate(class_names)} in the dataset), real values for a regressor"
-                ),
-            )
-            check_label_count(label_rows(x), y, f"batch {seen} (0-based) of {where}")
+            y = as_tensor(y, f"y of {named}", numbers=True, hint=LABELS_AS_NUMBERS)
+            check_label_count(label_rows(x), y, named)
         seen += 1
         yield x, (None if y is None else y.to(device))
     if seen == 0:

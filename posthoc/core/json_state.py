@@ -1,7 +1,6 @@
 """Plain-Python records kept in a method's buffers, so that they are saved and loaded with its posterior.
 
-A fitted method remembers more than tensors: which layers it read, what a held-out choice decided. Stored
-as UTF-8 JSON in a ``uint8`` buffer, they travel in the posterior file like any other fitted state.
+Which layers a method read, what a held-out choice decided: stored as UTF-8 JSON in a ``uint8`` buffer.
 
 Example:
     >>> from posthoc.core.json_state import as_record, record_tensor
@@ -20,8 +19,7 @@ from torch import Tensor
 
 
 def record_tensor(value: Any, device: torch.device | str | None = None) -> Tensor:
-    """``value`` (JSON-able: dicts, lists, strings, numbers, ``None``) as a ``uint8`` tensor of its JSON text;
-    non-finite floats are written as strings (``"inf"``, ``"nan"``), which JSON has no literal for."""
+    """``value`` (JSON-able) as a ``uint8`` tensor of its JSON text; non-finite floats are written as strings."""
     text = json.dumps(_finite(value), sort_keys=False)
     return torch.tensor(list(text.encode()), dtype=torch.uint8, device=device)
 

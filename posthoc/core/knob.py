@@ -1,9 +1,8 @@
 """A method's held-out knob, declared once: :class:`Knob`.
 
-A held-out choice picks one value of a knob (a prior precision, a rate, a scale, a mini-batch size) on validation
-data. The method says what the knob is called, which values it may take, how one value is scored and how one is
-applied; the runner (:func:`posthoc.engine.choice.make_choice`) scores the candidates through the selection step,
-keeps the record and applies the chosen value.
+A held-out choice picks one value of a knob (a prior precision, a rate, a scale) on validation data. The method says
+what the knob is called, its candidates, how one is scored and applied; the runner
+(:func:`posthoc.engine.choice.make_choice`) scores them through the selection step and applies the chosen value.
 
 Example:
     >>> from posthoc.core.knob import Knob
@@ -29,22 +28,16 @@ class Knob:
     Attributes:
         name: what is chosen, for the record (``"prior_precision"``, ``"dropout rate"``).
         candidates: ``(label, value)`` pairs from the narrowest spread (the most conservative) to the widest.
-        score: ``score(value, held_out)``, the held-out :class:`~posthoc.engine.selection.Scores` of the method at
-            one candidate value.
-        prepare: ``prepare(held_out, train_loader)``, what every candidate's ``score`` then takes instead of the
-            held-out data (the inputs prepared once for all values; ``None``: the held-out data as it is).
+        score: ``score(value, held_out)``, the :class:`~posthoc.engine.selection.Scores` at one candidate value.
+        prepare: ``prepare(held_out, train_loader)``, the held-out data prepared once for every ``score``.
         apply: sets one candidate value at once.
         start: the value the walk of the selection step starts from (``None``: the first).
-        movable: whether :attr:`apply` sets another candidate without a refit, so that a calibrator stacked on the
-            method re-makes the choice per fold of its cross-fitting.
+        movable: whether :attr:`apply` sets another candidate without a refit (so cross-fitting re-makes the choice).
         fallback: ``(who, what the first candidate keeps, advice)`` for the warning when nothing is admissible.
-        then: ``then(selection, held_out, train_loader, progress)``, the work that follows from the chosen value
-            once applied (a noise re-fitted at it, a fit record).
-        choose: a method whose choice is not a walk over fixed candidates makes it here
-            (``choose(held_out, train_loader, progress)``, returning the selection to record or ``None``); the
-            fields above other than ``name``, ``apply`` and ``movable`` are then unused.
-        training_rows: ``training_rows(train_loader)``, the rows the choice is made on without a ``val_loader``
-            (``None``: no choice then).
+        then: ``then(selection, held_out, train_loader, progress)``, the work that follows the applied choice.
+        choose: ``choose(held_out, train_loader, progress)`` for a choice that is not a walk over fixed candidates,
+            returning the selection to record or ``None`` (``score``, ``prepare``, ``start`` etc. are then unused).
+        training_rows: ``training_rows(train_loader)``, the rows to choose on without a ``val_loader`` (or ``None``).
     """
 
     name: str

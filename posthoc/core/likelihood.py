@@ -1,27 +1,10 @@
 """The likelihood seam: one object per likelihood, which every method asks instead of comparing names.
 
-``posthoc.wrap(model, method=..., likelihood=...)`` takes ``"classification"`` (the default,
-:class:`Categorical`), ``"regression"`` (:class:`Gaussian`, a homoscedastic observation noise fitted
-by maximum likelihood and saved with the posterior; ``Gaussian(noise_std=0.1)`` fixes it) or
-``"heteroscedastic"`` (:class:`HeteroscedasticGaussian`, a model returning a mean and a log-variance
-per output). Each owns:
-
-- the targets it takes (:meth:`Likelihood.targets`) and its summed loss at the checkpoint
-  (:meth:`Likelihood.unit_loss`, at unit dispersion);
-- the loss Hessian in the model's outputs for the GGN (:meth:`Likelihood.loss_hessian`): the softmax's
-  ``diag(p) - p pᵀ``, or the identity for a Gaussian, whose GGN is then divided by the
-  :attr:`Likelihood.dispersion` ``σ²`` (its square root ``I / σ``);
-- the link from the model's outputs, with their model variance, to the predictive
-  (:meth:`Gaussian.predictive`) and the type of that predictive (:attr:`Likelihood.prediction_type`);
-- the negative log-likelihood of a predictive (:meth:`Likelihood.nll`).
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.likelihood import Gaussian
-    >>> gaussian = Gaussian()
-    >>> gaussian.fit_noise(torch.zeros(1, 4, 1), None, torch.tensor([[1.0], [-1.0], [1.0], [-1.0]]))
-    >>> gaussian.noise_std
-    tensor(1., dtype=torch.float64)
+``likelihood=`` takes ``"classification"`` (:class:`Categorical`, the default), ``"regression"`` (:class:`Gaussian`,
+an observation noise fitted by maximum likelihood, or fixed with ``Gaussian(noise_std=0.1)``) or ``"heteroscedastic"``
+(:class:`HeteroscedasticGaussian`, a model returning a mean and a log-variance per output). Each owns its targets, its
+loss and loss Hessian in the model's outputs for the GGN (at unit dispersion; a Gaussian's GGN is then divided by
+:attr:`Likelihood.dispersion` ``σ²``), the link to its predictive and that predictive's NLL.
 """
 
 from __future__ import annotations
@@ -38,25 +21,21 @@ from torch import Tensor, nn
 from posthoc.core.inputs import Inputs, check_labels, iterate, real_values
 from posthoc.core.logits import logits_of
 from posthoc.core.options import Options as BaseOptions
-from posthoc.core.options import build
+from posthoc.core.options import build, option
 from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.core.threads import SMALL_WORK_BYTES, single_thread_if
 from posthoc.errors import ConfigError, InputError, NotFittedError
 
 #: how a fitted noise was chosen (the ``noise_source`` buffer holds the index)
 NOISE_SOURCES = ("fixed", "held-out", "training", "marglik")
-#: golden-section steps of the noise fit in ``log σ`` (the bracket shrinks by 0.618^80, far below float64 resolution)
+#: golden-section steps of the noise fit in ``log σ`` (the bracket shrinks by 0.618^80, below float64 resolution)
 GOLDEN_STEPS = 80
-#: golden-section steps of :func:`best_noise_nll` (its bracket of ``log σ``, 9.2 wide, shrinks to 4e-8)
+#: golden-section steps of :func:`best_noise_nll` (its ``log σ`` bracket, 9.2 wide, shrinks to 4e-8)
 BEST_NOISE_STEPS = 40
 
 
 class SoftmaxHessian:
-    """The softmax cross-entropy's Hessian in the logits, ``H_n = diag(p_n) - p_n p_nᵀ``, per example.
-
-    The curvature structures read it as :meth:`diagonal` (``diag``), :meth:`summed` (KFAC's output
-    factor) or :meth:`parts` (``diag(d_n) - u_n u_nᵀ`` for the dense GGN).
-    """
+    """The softmax cross-entropy's Hessian in the logits, ``H_n = diag(p_n) - p_n p_nᵀ``, per example."""
 
     def __init__(self, probs: Tensor) -> None:
         self.probs = probs
@@ -104,8 +83,7 @@ class Likelihood(nn.Module):
     fits_noise: ClassVar[bool] = False
     #: the fewest outputs a model needs under this likelihood (a softmax needs two classes)
     min_outputs: ClassVar[int] = 1
-    #: its options (none by default): the fields of a frozen keyword-only dataclass, which ``__init__`` takes as
-    #: keywords with the same defaults (:func:`make_likelihood` builds from it)
+    #: its options (none by default), which ``__init__`` takes as keywords with the same defaults
     Options: ClassVar[type[BaseOptions]] = BaseOptions
 
     @property
@@ -118,8 +96,7 @@ class Likelihood(nn.Module):
         raise NotImplementedError
 
     def check_width(self, outputs: int) -> None:
-        """Refuse (a :class:`ConfigError`, at ``wrap``) a model of ``outputs`` outputs per example that this likelihood
-        cannot read; every width is readable by default."""
+        """Refuse (at ``wrap``) a model of ``outputs`` outputs per example that this likelihood cannot read."""
 
     def hessian_rank(self, outputs: int) -> int:
         """The rank of one example's loss Hessian in ``outputs`` model outputs (the softmax's loses one: ``C - 1``)."""
@@ -191,16 +168,7 @@ class Categorical(Likelihood):
 
 
 def real_targets(y: Tensor | None, means: Tensor) -> Tensor:
-    """Targets ``(N,)`` or ``(N, D)`` for predicted ``means`` ``(N, D)``, as float64 ``(N, D)`` on their device.
-
-    Refuses missing, misshapen or non-finite targets, saying which shape to pass.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import real_targets
-        >>> real_targets(torch.ones(3), torch.zeros(3, 1)).shape
-        torch.Size([3, 1])
-    """
+    """Targets ``(N,)`` or ``(N, D)`` for predicted ``means`` ``(N, D)``, as float64 ``(N, D)`` on their device."""
     if y is None:
         raise InputError("regression needs targets: pass a loader of (x, y) batches with real-valued y")
     y = real_values(y).to(means.device)
@@ -237,23 +205,11 @@ class RealTargets(Likelihood):
 class Gaussian(RealTargets):
     """A Gaussian observation noise: one standard deviation ``σ`` for every output, or one ``σ_d`` per output.
 
-    Args:
-        noise_std: a fixed ``σ > 0``, or a list of one ``σ_d > 0`` per output (its length must be the model's
-            output count, checked at ``wrap``); ``None`` (the default) fits it by maximum likelihood at ``fit``
-            (Laplace: with its prior, by the marginal likelihood).
-
-    The methods that predict with a noise per output (``none``, last-layer ``laplace``, ``mc-dropout`` and
-    ensembles of them, :attr:`posthoc.core.method.Method.per_output_noise`) fit one ``σ_d`` per output of a
-    multi-output model; the others fit one ``σ`` shared by the outputs (their training loss is scaled by
-    it) and refuse a fixed noise per output. One output: the one ``σ``, exactly as a shared fit.
+    The methods with :attr:`posthoc.core.method.Method.per_output_noise` fit one ``σ_d`` per output of a multi-output
+    model; the others fit one ``σ`` shared by the outputs (their training loss is scaled by it).
 
     Example:
-        >>> import posthoc
         >>> from posthoc.core.likelihood import Gaussian
-        >>> from posthoc_apps.demo.examples import regressor, reg_train_loader, reg_x
-        >>> um = posthoc.wrap(regressor, method="laplace", likelihood=Gaussian(noise_std=0.1)).fit(reg_train_loader)
-        >>> um.predict(reg_x).aleatoric.sqrt()[:2]         # the fixed noise
-        tensor([[0.1000], [0.1000]])
         >>> Gaussian(noise_std=[0.1, 2.0]).noise_std       # one per output
         tensor([0.1000, 2.0000], dtype=torch.float64)
     """
@@ -263,7 +219,9 @@ class Gaussian(RealTargets):
 
     @dataclass(frozen=True, kw_only=True)
     class Options(BaseOptions):
-        noise_std: float | list[float] | tuple[float, ...] | None = None
+        noise_std: float | list[float] | tuple[float, ...] | None = option(
+            None, "a fixed σ > 0, or one per output; None fits it at fit (Laplace: by the marginal likelihood)"
+        )
 
     def __init__(self, noise_std: float | list[float] | tuple[float, ...] | None = None) -> None:
         super().__init__()
@@ -287,8 +245,7 @@ class Gaussian(RealTargets):
 
     @property
     def dispersion(self) -> float:
-        """``σ²``, the one noise variance of every output; a noise per output with different values is refused here
-        (what reads one dispersion, e.g. a noise-scaled training loss or the GGN's spectrum, cannot use it)."""
+        """``σ²``, the one noise variance of every output (a noise per output with different values is refused)."""
         if self.per_output:
             stds = self.fitted_stds()
             if bool((stds != stds[0]).any()):
@@ -323,8 +280,7 @@ class Gaussian(RealTargets):
         return self.noise_std
 
     def variances(self, outputs: int, dtype: torch.dtype, device: torch.device) -> Tensor:
-        """The noise variances ``σ²`` as a tensor broadcasting to ``(..., outputs)``: ``()`` shared, ``(D,)`` per output
-        (refusing a model of another output count)."""
+        """The noise variances ``σ²`` broadcasting to ``(..., outputs)``: ``()`` shared, ``(D,)`` per output."""
         if not self.per_output:
             return torch.tensor(self.dispersion, dtype=dtype, device=device)
         stds = self.fitted_stds()
@@ -347,8 +303,8 @@ class Gaussian(RealTargets):
         return RegressionPrediction.from_components(outputs, model_variances, noise)
 
     def mean_nll(self, outputs: Tensor, targets: Tensor) -> Tensor:
-        """The mean over rows of ``-log N(targets; outputs, σ²)`` (summed over the outputs) at the fitted ``σ``,
-        differentiable in ``outputs`` ``(N, D)``: an ELBO's data term.
+        """The mean over rows of ``-log N(targets; outputs, σ²)`` (summed over the outputs), differentiable in
+        ``outputs`` ``(N, D)``: an ELBO's data term.
 
         Example:
             >>> import torch
@@ -368,8 +324,7 @@ class Gaussian(RealTargets):
         )
 
     def set_noise(self, std: float | Tensor, source: str) -> None:
-        """Record ``σ`` (a float, or a tensor of one ``σ_d`` per output) and how it was chosen (one of
-        :data:`NOISE_SOURCES`)."""
+        """Record ``σ`` (a float, or one ``σ_d`` per output) and how it was chosen (one of :data:`NOISE_SOURCES`)."""
         if isinstance(std, Tensor) and std.dim() > 0:
             self.noise_std = std.detach().to(device=self.noise_std.device, dtype=torch.float64).clone()
         else:
@@ -388,12 +343,8 @@ class Gaussian(RealTargets):
         per_output: bool = False,
     ) -> None:
         """``σ`` maximising the predictive likelihood of ``targets`` ``(N, D)`` under components ``(K, N, D)``
-        (a fixed ``σ`` stays). One Gaussian point per example: ``σ² = mean r²``; otherwise a golden-section
-        search in ``log σ`` on the exact mixture likelihood, which has that same optimum for points.
-
-        ``per_output`` (with ``D > 1``): one ``σ_d`` per output, each maximising its output's marginal predictive
-        likelihood (the same fit on that output's column; for one Gaussian per example, whose outputs are
-        independent, the joint maximum). With one output the shared fit, bit for bit.
+        (a fixed ``σ`` stays): ``σ² = mean r²`` for one point per example, else a golden-section search in ``log σ``
+        on the exact mixture likelihood. ``per_output`` (``D > 1``): each ``σ_d`` fitted on its output's column.
 
         Example:
             >>> import torch
@@ -454,14 +405,11 @@ class Gaussian(RealTargets):
         per_output: bool = False,
         elements: int | None = None,
     ) -> float | Tensor:
-        """The ``σ`` minimising the NLL of a linearised predictive ``N(f(x), J Σ Jᵀ + σ²)`` on held-out ``rows`` at
-        ``prior_precision`` (a fixed ``σ`` stays): golden-section search in ``log σ`` from a tenth to twice the rows'
-        residual RMS, :data:`NOISE_STEPS` steps. The model variance at noise ``σ`` is ``σ²`` times ``unit_variance`` at
-        prior ``δσ²`` (``(G/σ² + δ)⁻¹ = σ² (G + δσ²)⁻¹``), so one posterior serves every ``σ``. ``per_output`` (several
-        outputs): one ``σ_d`` per output ``(D,)``, each searched on its output's NLL from its own residual RMS (the
-        outputs are independent under the predictive, so that is the joint minimum). ``elements``: the float32
-        elements one step holds, small work run on one thread when the settings allow; ``None``: not small work.
-        The likelihood is not changed (the caller sets what it keeps, :meth:`set_noise`).
+        """The ``σ`` minimising the NLL of a linearised predictive ``N(f(x), J Σ Jᵀ + σ²)`` on held-out ``rows`` (a
+        fixed ``σ`` stays), by golden-section search in ``log σ`` from a tenth to twice the residual RMS. The model
+        variance at ``σ`` is ``σ²`` times ``unit_variance`` at prior ``δσ²`` (``(G/σ² + δ)⁻¹ = σ² (G + δσ²)⁻¹``), so
+        one posterior serves every ``σ``. ``per_output``: one ``σ_d`` per output, each on its own column.
+        ``elements``: the float32 elements one step holds (small work runs on one thread). The likelihood is unchanged.
 
         Example:
             >>> import torch
@@ -559,13 +507,9 @@ def _noise_values(noise_std: Any) -> float | list[float] | None:
 class HeteroscedasticHessian:
     """The Fisher of a Gaussian NLL in its mean ``m`` and log-variance ``s``, per example: ``diag(e^{-s}, ½)``.
 
-    For ``-log N(y; m, e^s) = ½ (s + (y - m)² e^{-s} + log 2π)`` the exact Hessian in ``(m, s)`` is
-    ``[[e^{-s}, -r e^{-s}], [-r e^{-s}, ½ r² e^{-s}]]`` with ``r = y - m``: its determinant is ``-½ r² e^{-2s} < 0``
-    wherever ``r ≠ 0``, so it is indefinite at almost every example and a GGN built from it need not be PSD (the
-    problem laplace-torch runs into with a heteroscedastic head). Its expectation under the model's own ``y ~ N(m, e^s)``
-    (``E r = 0``, ``E r² = e^s``) is the Fisher ``diag(e^{-s}, ½)``: positive definite, free of the targets, and the
-    GGN the curvature structures build from it is the Fisher of the head. Outputs ``(n, 2D)`` (means then
-    log-variances) give the diagonal ``[e^{-s_1} .. e^{-s_D}, ½ .. ½]``.
+    The exact Hessian in ``(m, s)`` has determinant ``-½ r² e^{-2s} < 0`` wherever ``r = y - m ≠ 0``, so a GGN built
+    from it need not be PSD; its expectation under ``y ~ N(m, e^s)`` is the Fisher: positive definite and free of the
+    targets. Outputs ``(n, 2D)`` (means then log-variances) give the diagonal ``[e^{-s_1} .. e^{-s_D}, ½ .. ½]``.
 
     Example:
         >>> import torch
@@ -592,12 +536,7 @@ class HeteroscedasticHessian:
 
 
 class HeteroscedasticGaussian(RealTargets):
-    """A Gaussian whose variance the model predicts: outputs ``(N, 2D)``, means then log-variances per output.
-
-    Its loss Hessian for Laplace's GGN is the Fisher in both outputs, ``diag(e^{-s}, ½)``
-    (:class:`HeteroscedasticHessian`), and a Gaussian posterior over the outputs gives the moment-matched
-    predictive :meth:`linearised_predictive`.
-    """
+    """A Gaussian whose variance the model predicts: outputs ``(N, 2D)``, means then log-variances per output."""
 
     name = "heteroscedastic"
 
@@ -650,10 +589,8 @@ class HeteroscedasticGaussian(RealTargets):
         """The Gaussian matching the moments of ``y`` when the outputs ``(m, s)`` are Gaussian around ``outputs``
         ``(N, 2D)`` with variances ``variances`` ``(N, 2D)`` (the diagonal of a posterior's ``J Σ Jᵀ``).
 
-        ``y = m + e^{s/2} ε`` has mean ``E m`` and variance ``Var m + E e^s``, with ``E e^s = exp(s̄ + Var s / 2)``
-        (the log-normal mean): the epistemic share is ``Var m``, the aleatoric ``E e^s``. The covariance of ``m``
-        and ``s`` does not enter either moment. The exact predictive is a continuous mixture with heavier tails; a
-        sampled one is :meth:`predictive` of draws of the outputs.
+        ``y = m + e^{s/2} ε`` has mean ``E m`` and variance ``Var m`` (epistemic) ``+ E e^s`` (aleatoric), with
+        ``E e^s = exp(s̄ + Var s / 2)`` (the log-normal mean).
 
         Example:
             >>> import torch
@@ -679,8 +616,8 @@ LIKELIHOODS: dict[str, type[Likelihood]] = {cls.name: cls for cls in (Categorica
 
 
 def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likelihood:
-    """A fresh likelihood from a ``likelihood=`` name, an instance (its configuration, unfitted), or a saved spec's
-    configuration (``None``: classification).
+    """A fresh likelihood from a ``likelihood=`` name, an instance (unfitted), or a saved configuration (``None``:
+    classification).
 
     Example:
         >>> from posthoc.core.likelihood import make_likelihood
@@ -702,8 +639,7 @@ def make_likelihood(value: str | Likelihood | dict[str, Any] | None) -> Likeliho
     return build(cls, {key: item for key, item in value.items() if key != "name"}, f"likelihood {value['name']!r}")
 
 
-#: golden-section steps of a held-out noise search (:meth:`Gaussian.held_out_noise`; the bracket of ``log σ``, 3.0
-#: wide, shrinks to 3e-5; the NLL is flat there)
+#: golden-section steps of :meth:`Gaussian.held_out_noise` (its ``log σ`` bracket, 3.0 wide, shrinks to 3e-5)
 NOISE_STEPS = 24
 
 #: held-out batches ``(prepared inputs, outputs (N, D), targets (N, D))`` that a linearised predictive is scored on
@@ -714,30 +650,14 @@ UnitVariance = Callable[[Any, Tensor, float], Tensor]
 
 
 def residual_std(rows: Rows) -> float:
-    """The root mean square of ``targets - outputs`` over ``(prepared, outputs, targets)`` rows (at least 1e-12): the
-    plain model's maximum-likelihood noise.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import residual_std
-        >>> residual_std([(None, torch.zeros(2, 1), torch.tensor([[1.0], [-1.0]]))])
-        1.0
-    """
+    """The root mean square of ``targets - outputs`` over ``(prepared, outputs, targets)`` rows (at least 1e-12)."""
     squares = sum(float((targets.double() - outputs.double()).square().sum()) for _, outputs, targets in rows)
     values = sum(targets.numel() for _, _, targets in rows)
     return math.sqrt(max(squares / max(values, 1), 1e-24))
 
 
 def normal_nll(means: Tensor, variances: Tensor, targets: Tensor) -> Tensor:
-    """``(N,)``: the NLL of ``targets`` under independent normals per output ``(N, D)``, summed over the outputs
-    (float64).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import normal_nll
-        >>> round(float(normal_nll(torch.zeros(1, 1), torch.ones(1, 1), torch.zeros(1, 1))[0]), 6)
-        0.918939
-    """
+    """``(N,)``: the float64 NLL of ``targets`` under independent normals per output ``(N, D)``, summed over them."""
     variances = variances.double()
     return 0.5 * ((targets.double() - means.double()).square() / variances + (2 * math.pi * variances).log()).sum(-1)
 
@@ -747,9 +667,8 @@ def linearised_variance(
 ) -> Tensor:
     """``(N, D)``: the diagonal of ``J Σ Jᵀ`` under one noise variance ``σ_d²`` per output ``noises`` ``(D,)``.
 
-    With an identity loss Hessian the head's GGN is ``Λ ⊗ A`` (``Λ = diag(1/σ_d²)``), whose posterior is
-    independent across outputs: output ``d``'s block is ``(A/σ_d² + δ)⁻¹ = σ_d² (A + δσ_d²)⁻¹``, so its variance
-    is ``σ_d²`` times the unit-noise one at prior ``δσ_d²`` (one unit-noise evaluation per distinct ``σ_d``).
+    The head's GGN ``Λ ⊗ A`` (``Λ = diag(1/σ_d²)``) has output ``d``'s posterior block
+    ``(A/σ_d² + δ)⁻¹ = σ_d² (A + δσ_d²)⁻¹``: ``σ_d²`` times the unit-noise one at prior ``δσ_d²``.
 
     Example:
         >>> import torch
@@ -770,16 +689,7 @@ def linearised_nll(
     rows: Rows, unit_variance: UnitVariance, prior_precision: float, std: float | Tensor
 ) -> list[Tensor]:
     """Per batch of ``rows``, the per-example NLL of ``N(f(x), J Σ Jᵀ + σ²)`` (joint over the outputs) at prior ``δ``
-    and noise ``σ`` (a float, or one ``σ_d`` per output ``(D,)``; :func:`linearised_variance`).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import linearised_nll
-        >>> rows = [(None, torch.zeros(1, 1), torch.zeros(1, 1))]
-        >>> no_posterior = lambda prepared, outputs, prior: torch.zeros_like(outputs)
-        >>> round(float(linearised_nll(rows, no_posterior, 1.0, 1.0)[0][0]), 6)
-        0.918939
-    """
+    and noise ``σ`` (a float, or one ``σ_d`` per output ``(D,)``; :func:`linearised_variance`)."""
     if isinstance(std, Tensor) and std.dim() > 0:
         return [
             normal_nll(
@@ -827,9 +737,7 @@ def golden_minimum(function: Callable[[float], float], low: float, high: float, 
 
 
 def best_noise_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> float:
-    """Mean NLL per example of the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at the noise
-    ``σ`` of maximum likelihood on ``targets`` ``(N, D)`` (a fixed or predicted noise stays; ``likelihood`` is not
-    changed): the mean of :func:`best_noise_nlls`.
+    """The mean of :func:`best_noise_nlls`.
 
     Example:
         >>> import torch
@@ -841,21 +749,9 @@ def best_noise_nll(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> 
 
 
 def best_noise_nlls(likelihood: Likelihood, outputs: Tensor, targets: Tensor) -> Tensor:
-    """Each example's NLL ``(N,)`` under the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at the
-    noise ``σ`` of maximum likelihood on all of ``targets`` ``(N, D)`` (a fixed or predicted noise stays;
-    ``likelihood`` is not changed). With ``S = 1`` it is the plain model's ``N(f(x), σ_plain²)``, ``σ_plain`` the root
-    mean square residual. The held-out score of a sampled predictive's spread (MC dropout's rate, iBNN's scale): each
-    spread is judged at its own best noise.
-
-    A fitted ``σ`` is found by golden-section search in ``log σ`` (:data:`BEST_NOISE_STEPS` steps) on the mixture
-    likelihood, from the squared residuals computed once.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.likelihood import Gaussian, best_noise_nlls
-        >>> best_noise_nlls(Gaussian(), torch.zeros(1, 2, 1), torch.tensor([[1.0], [-1.0]])).shape
-        torch.Size([2])
-    """
+    """Each example's NLL ``(N,)`` under the mixture of ``likelihood``'s Gaussians around ``outputs`` ``(S, N, D)`` at
+    the noise ``σ`` of maximum likelihood on ``targets`` ``(N, D)`` (a fixed or predicted noise stays; ``likelihood``
+    is unchanged): the held-out score of a sampled predictive's spread, each spread judged at its own best noise."""
     if not isinstance(likelihood, Gaussian) or likelihood.fixed:
         scorer = make_likelihood(likelihood)
         scorer.fit_noise(outputs, None, targets)
@@ -895,9 +791,8 @@ def fit_noise_on(
     progress: bool = False,
     per_output: bool = False,
 ) -> None:
-    """Fit ``likelihood``'s noise on the held-out loader if there is one, else on the training loader: ``components(x)``
-    gives a batch's outputs ``(K, n, D)`` and model variances. A likelihood without a noise to fit is left alone.
-    ``per_output``: one noise per output (:meth:`Gaussian.fit_noise`), for a method that predicts with one.
+    """Fit ``likelihood``'s noise (if it has one to fit) on the held-out loader, else the training loader:
+    ``components(x)`` gives a batch's outputs ``(K, n, D)`` and model variances.
 
     Example:
         >>> import torch

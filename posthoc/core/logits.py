@@ -1,11 +1,8 @@
 """Turning a classifier's raw output into class log-probabilities.
 
-Multi-class logits ``(N, C)`` pass through ``log_softmax``; a binary classifier's single logit
-``(N,)`` or ``(N, 1)`` becomes the two-class logits ``[0, z]`` (so ``p(1) = sigmoid(z)``).
-
-Per-sample log-probabilities ``(S, N, C)`` average into the predictive with :func:`log_mean_exp`.
-A model's output is read by :func:`logits_of`: a tensor, or anything carrying ``logits`` (a Hugging
-Face ``ModelOutput``, a dict), duck-typed so that the core never imports ``transformers``.
+Multi-class logits ``(N, C)`` pass through ``log_softmax``; a binary classifier's single logit ``(N,)`` or ``(N, 1)``
+becomes the two-class logits ``[0, z]`` (so ``p(1) = sigmoid(z)``). :func:`logits_of` duck-types a Hugging Face
+``ModelOutput`` so that the core never imports ``transformers``.
 
 Example:
     >>> import torch
@@ -35,10 +32,8 @@ ROW_SUM_TOLERANCE = 1e-3
 
 
 def logits_of(output: Any) -> Tensor:
-    """The logits tensor of a model's ``output``: the tensor itself, or its ``logits`` attribute / key.
-
-    Refuses an output without logits and per-position outputs ``(N, T, C)`` (token classification,
-    language-model heads), naming what to pass instead.
+    """The logits tensor of a model's ``output``: the tensor itself, or its ``logits`` attribute / key (refusing per
+    position outputs ``(N, T, C)``).
 
     Example:
         >>> import torch
@@ -102,26 +97,15 @@ def check_finite_logits(logits: Tensor) -> None:
 
 
 def log_mean_exp(samples: Tensor, dim: int = 0) -> Tensor:
-    """``log(mean(exp(samples), dim))``, stable: the predictive of per-sample log-probabilities.
-
-    Shifts by the maximum and works in place (much faster than ``torch.logsumexp`` over the sample
-    dimension on CPU); a slice that is ``-inf`` throughout stays ``-inf``.
-    """
+    """``log(mean(exp(samples), dim))``, stable: the predictive of per-sample log-probabilities (in place, faster than
+    ``torch.logsumexp`` on CPU); a slice that is ``-inf`` throughout stays ``-inf``."""
     top = samples.amax(dim=dim, keepdim=True)
     top = torch.where(torch.isfinite(top), top, torch.zeros_like(top))
     return (samples - top).exp_().mean(dim=dim).log_().add_(top.squeeze(dim))
 
 
 def looks_like_probabilities(values: Tensor) -> bool:
-    """Every entry in ``[0, 1]`` and every row summing to 1 (within :data:`ROW_SUM_TOLERANCE`): probabilities,
-    not logits.
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.logits import looks_like_probabilities
-        >>> looks_like_probabilities(torch.tensor([[0.7, 0.3]])), looks_like_probabilities(torch.tensor([[2.0, -1.0]]))
-        (True, False)
-    """
+    """Whether every entry is in ``[0, 1]`` and every row sums to 1 (within :data:`ROW_SUM_TOLERANCE`)."""
     return bool(
         values.numel()
         and values.min() >= 0
@@ -131,8 +115,7 @@ def looks_like_probabilities(values: Tensor) -> bool:
 
 
 def check_not_probabilities(logits: Tensor) -> None:
-    """Refuse probabilities passed where logits are expected (rows in [0, 1] summing to 1); warn for binary
-    scores in [0, 1]. Calibrators take logits: on probabilities they return near-uniform predictions.
+    """Refuse probabilities passed where logits are expected; warn for binary scores in [0, 1].
 
     Example:
         >>> import torch

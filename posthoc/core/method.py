@@ -1,20 +1,7 @@
 """The contract every post-hoc method implements: :class:`Method`.
 
-A method turns an already trained model into a predictive. It returns log-probabilities
-``(N, C)`` and, when it samples, per-sample log-probabilities ``(S, N, C)``; fitted state lives
-in buffers so that the posterior can be saved and loaded.
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.method import Method
-    >>> from posthoc_apps.demo.examples import model, x
-    >>> class Uniform(Method):
-    ...     name, requires_fit = "uniform", False
-    ...     def log_predictive(self, x, *, num_samples=None, generator=None):
-    ...         logits = self.model(x)
-    ...         return torch.log_softmax(torch.zeros_like(logits), -1), None
-    >>> Uniform.build(model).log_predictive(x)[0].exp()[0]
-    tensor([0.3333, 0.3333, 0.3333])
+A method turns an already trained model into a predictive: log-probabilities ``(N, C)`` and, when it samples,
+per-sample log-probabilities ``(S, N, C)``; its fitted state lives in buffers so that the posterior can be saved.
 """
 
 from __future__ import annotations
@@ -57,33 +44,14 @@ class Method(nn.Module):
     - :meth:`summary`: what the posterior is over, for the model card.
     - :meth:`posterior_state` / :meth:`load_posterior_state` where the fitted state is more than the buffers.
 
-    Fitted state lives in buffers so that the posterior can be saved and loaded.
-
-    Class attributes:
-        name: the registry name, e.g. ``"laplace"``.
-        requires_fit: whether ``predict`` needs ``fit`` first.
-        needs_val: whether ``fit`` needs a held-out ``val_loader``.
-        stacks: whether the method is stacked on another method: it is built around that method
-            (``inner``) instead of a model, and maps its predictive (temperature does).
-        copies_model: whether the method works on (and saves) its own copy of the weights.
-        tools: names of this method's own public methods that the :class:`UncertainModel` offers
-            as its own (``"sparse-vd"``: ``um.sparsity()``, ``um.prune()``).
-        likelihoods: the :mod:`~posthoc.core.likelihood` classes the method handles; ``wrap`` refuses the
-            others. A method that takes a regression likelihood implements :meth:`regression_predictive`.
-        per_output_noise: whether, under ``likelihood="regression"``, the method predicts with one observation noise
-            per output (it fits them, and takes a fixed ``posthoc.Gaussian(noise_std=[...])``); the others share one.
-        exports: the tasks (``"classification"``, ``"regression"``) whose predictive :meth:`to_module` exports;
-            ``export_refusal`` says why the others cannot be (:meth:`export_blocker`).
-
-    A method whose fitting needs depend on its options or parts derives ``requires_fit`` and
-    ``needs_val`` as properties (``"mc-dropout"`` with ``p="auto"``, an ensemble from its members) and
-    sets ``fitted`` once they are known.
+    A method whose fitting needs depend on its options derives ``requires_fit`` and ``needs_val`` as properties
+    (``"mc-dropout"`` with ``p="auto"``) and sets ``fitted`` once they are known.
 
     Example:
         >>> import torch
+        >>> from dataclasses import dataclass
         >>> from posthoc.core.method import Method
         >>> from posthoc_apps.demo.examples import model
-        >>> from dataclasses import dataclass
         >>> class Flat(Method):
         ...     name, requires_fit = "flat", False
         ...     @dataclass(frozen=True, kw_only=True)
@@ -94,24 +62,29 @@ class Method(nn.Module):
         ...         self.scale = float(options.scale)
         ...     def log_predictive(self, x, *, num_samples=None, generator=None):
         ...         return torch.log_softmax(self.model(x) / self.scale, -1), None
-        >>> Flat.option_defaults()
-        {'scale': 2.0}
         >>> Flat.build(model, scale=4.0).scale
         4.0
-        >>> Flat.build(model, temperature=4.0)
-        Traceback (most recent call last):
-        posthoc.errors.ConfigError: unknown option(s) ['temperature'] for method 'flat'; valid options: scale=2.0
     """
 
+    #: the registry name, e.g. ``"laplace"``
     name: ClassVar[str] = ""
+    #: whether ``predict`` needs ``fit`` first
     requires_fit: ClassVar[bool] = True
+    #: whether ``fit`` needs a held-out ``val_loader``
     needs_val: ClassVar[bool] = False
+    #: whether it is built around another method (``inner``) instead of a model, and maps its predictive
     stacks: ClassVar[bool] = False
+    #: whether it works on (and saves) its own copy of the weights
     copies_model: ClassVar[bool] = False
+    #: its public methods that the ``UncertainModel`` offers as its own (``"sparse-vd"``: ``um.prune()``)
     tools: ClassVar[tuple[str, ...]] = ()
+    #: the likelihood classes it handles (a regression one needs :meth:`regression_predictive`); ``wrap`` refuses others
     likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
+    #: whether, under ``likelihood="regression"``, it predicts with one observation noise per output
     per_output_noise: ClassVar[bool] = False
+    #: the tasks (``"classification"``, ``"regression"``) whose predictive :meth:`to_module` exports
     exports: ClassVar[tuple[str, ...]] = ()
+    #: why the other tasks cannot be exported (:meth:`export_blocker`)
     export_refusal: ClassVar[str | None] = None
     #: the options ``wrap`` takes (the fields of a dataclass; see the class docs)
     Options: ClassVar[type[BaseOptions]] = BaseOptions
@@ -119,8 +92,7 @@ class Method(nn.Module):
     FitOptions: ClassVar[type[BaseOptions]] = BaseOptions
 
     def __init__(self, model: nn.Module, options: BaseOptions | None = None) -> None:
-        """The base part of a method around ``model``; a method with options reads its ``options`` (an instance of its
-        :attr:`Options`) in its own ``__init__`` before or after this."""
+        """The base part of a method around ``model``; a subclass reads its ``options`` in its own ``__init__``."""
         super().__init__()
         self.model = model
         #: the likelihood of the targets (set by ``wrap`` through :meth:`use_likelihood`); its fitted noise is saved
@@ -137,8 +109,8 @@ class Method(nn.Module):
 
     @classmethod
     def build(cls, model: nn.Module, **options: Any) -> Method:
-        """The method around ``model`` (for a stacked method: the method it stacks on) with ``options`` (the rest at
-        their defaults); an unknown option fails with :class:`~posthoc.errors.ConfigError` listing the valid ones.
+        """The method around ``model`` (a stacked method: the method it stacks on) with ``options`` (the rest at their
+        defaults); an unknown option fails with a :class:`~posthoc.errors.ConfigError` listing the valid ones.
 
         Example:
             >>> import posthoc
@@ -162,8 +134,7 @@ class Method(nn.Module):
 
     @classmethod
     def fit_option_defaults(cls) -> dict[str, Any]:
-        """The options ``fit`` accepts for this method (``fit(..., options=FitOptions(...))``), with their defaults:
-        the fields of :attr:`FitOptions`."""
+        """The options ``fit`` accepts for this method, with their defaults: the fields of :attr:`FitOptions`."""
         return cls.FitOptions.defaults()
 
     @classmethod
@@ -178,9 +149,8 @@ class Method(nn.Module):
 
     @property
     def plain_model(self) -> nn.Module:
-        """The checkpoint as the user gave it: the reference every held-out choice is judged against. A method that
-        works on a copy of the weights (and may change them) keeps the user's model here (:meth:`keep_plain_model`);
-        a stacked method asks the one it is built around."""
+        """The checkpoint as the user gave it, which every held-out choice is judged against (kept by
+        :meth:`keep_plain_model` where the method works on a copy; a stacked method asks the one it is built around)."""
         kept = self.__dict__.get("_plain_model")
         if kept is not None:
             return kept
@@ -196,11 +166,8 @@ class Method(nn.Module):
         return next((p.device for p in self.base_model.parameters()), torch.device("cpu"))
 
     def follow_model_device(self) -> torch.device:
-        """Move the fitted tensors of this method, and of the methods it wraps, to the model's device; return it.
-
-        Only methods' own buffers move (a SWAG collector kept on ``stats_device`` stays there), so a
-        model moved with ``model.cuda()`` after ``wrap`` or ``load`` is followed by its posterior.
-        """
+        """Move the buffers of this method and the methods it wraps to the model's device (a model moved after
+        ``wrap`` is followed by its posterior); return it."""
         device = self.device
         if self.__dict__.get("_followed") == device:  # nothing moved since the last call
             return device
@@ -218,24 +185,18 @@ class Method(nn.Module):
         return self.copies_model or (self.stacks and self.inner.works_on_copy)
 
     def fit(self, train_loader: Iterable | None, val_loader: Iterable | None = None, *, progress: bool = True) -> None:
-        """Do the method-specific work on the training data (curvature, fine-tuning, a feature bank).
-
-        What is chosen on held-out data is declared by :meth:`knob`, and made by the runner right after.
-        """
+        """Do the method-specific work on the training data; the held-out choice is :meth:`knob`'s, made after."""
         self.fitted.fill_(True)
 
     def knob(self) -> Knob | None:
-        """This method's held-out choice, declared (``None``: it makes none): a :class:`~posthoc.core.knob.Knob`
-        naming the knob, its candidates, how one is scored and how one is applied. The runner
-        (:func:`posthoc.engine.choice.make_choice`) makes it through the selection step after :meth:`fit`, and again
-        on new held-out data (``um.choose``); ``UncertainModel.fit`` reads the held-out data once for the chain when
-        any method of it declares one."""
+        """This method's held-out choice as a :class:`~posthoc.core.knob.Knob` (``None``: it makes none), which the
+        runner (:func:`posthoc.engine.choice.make_choice`) makes after :meth:`fit` and again in ``um.choose``."""
         return None
 
     @property
     def last_selection(self) -> Any:
         """The :class:`posthoc.engine.selection.Selection` of the last held-out choice in this process (``None`` after a
-        load, or without a choice): what ``method="auto"`` judges a method's choice by, out of fold."""
+        load, or without one)."""
         return self.__dict__.get("_last_selection")
 
     @property
@@ -253,11 +214,8 @@ class Method(nn.Module):
 
         Example:
             >>> import posthoc
-            >>> from posthoc_apps.demo.examples import regressor, model
+            >>> from posthoc_apps.demo.examples import model
             >>> from posthoc.core.likelihood import Gaussian
-            >>> method = posthoc.wrap(regressor, method="laplace", likelihood="regression").method
-            >>> method.use_likelihood(Gaussian(noise_std=0.5)); float(method.likelihood.noise_std)
-            0.5
             >>> posthoc.wrap(model, method="temperature").method.use_likelihood(Gaussian())
             Traceback (most recent call last):
             posthoc.errors.ConfigError: 'temperature' does not do likelihood='regression'
@@ -273,16 +231,7 @@ class Method(nn.Module):
         self.likelihood = likelihood
 
     def check_fitted(self, what: str) -> None:
-        """Refuse to report ``what`` (e.g. ``"um.sparsity()"``) before ``fit``: it would describe the initial
-        state as if it were fitted.
-
-        Example:
-            >>> import posthoc
-            >>> from posthoc_apps.demo.examples import model
-            >>> posthoc.wrap(model, method="sparse-vd").method.check_fitted("um.sparsity()")
-            Traceback (most recent call last):
-            posthoc.errors.NotFittedError: um.sparsity() reads the fitted posterior of 'sparse-vd'...
-        """
+        """Refuse to report ``what`` (e.g. ``"um.sparsity()"``) before ``fit``, as :meth:`tool` shows."""
         if self.requires_fit and not bool(self.fitted):
             raise NotFittedError(
                 f"{what} reads the fitted posterior of '{self.name}', which is not fitted yet: call "
@@ -317,16 +266,14 @@ class Method(nn.Module):
     def regression_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> RegressionPrediction:
-        """The predictive over real targets for inputs ``x`` under a regression :attr:`likelihood`: the likelihood's
-        mixture around :meth:`sampled_outputs`, so a sampling method writes only those; a method whose predictive is
-        not a mixture of sampled networks (Laplace's linearisation, an ensemble of predictives) overrides this."""
+        """The predictive over real targets for ``x`` under a regression :attr:`likelihood`: the mixture around
+        :meth:`sampled_outputs` (a predictive that is not a mixture of sampled networks overrides this)."""
         return self.likelihood.predictive(self.sampled_outputs(x, num_samples=num_samples, generator=generator))
 
     def sampled_outputs(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior (default
-        ``num_samples``: the method's own), the one hook a sampling method implements for regression."""
+        """``(S, N, O)``: the model's raw outputs for ``x`` under ``S`` draws of the posterior."""
         raise NotImplementedError
 
     def export_blocker(self, *, regression: bool = False) -> str | None:
@@ -337,9 +284,6 @@ class Method(nn.Module):
             >>> from torch import nn
             >>> posthoc.wrap(nn.Linear(4, 3), method="none").method.export_blocker() is None
             True
-            >>> posthoc.wrap(nn.Linear(4, 3), method="sgld").method.export_blocker()[:30]
-            'its samples are networks with '
-
         """
         if ("regression" if regression else "classification") in self.exports:
             return None
@@ -347,22 +291,15 @@ class Method(nn.Module):
         return self.export_refusal or f"it has no exported form{task} yet"
 
     def to_module(self, export: Any) -> nn.Module:
-        """The fitted predictive as a plain module (``um.to_module()`` calls it through ``export``, a
-        :class:`posthoc.export.build.Export`): ``(log_probs, samples or None)`` of the inputs, or under a regression
-        likelihood (``export.regression``) ``(means (K, N, D), variances (K, N, D))``. A method that lists a task in
-        :attr:`exports` implements it with the same functions as its predictive, its fitted state in buffers; the
-        pieces it shares with others are in :mod:`posthoc.export.modules`."""
+        """The fitted predictive as a plain module (``um.to_module()`` calls it with a
+        :class:`posthoc.export.build.Export`): ``(log_probs, samples or None)``, or under a regression likelihood
+        ``(means (K, N, D), variances (K, N, D))``, built from the same functions as the predictive."""
         raise export.refusal(self, self.export_blocker(regression=export.regression) or "it has no exported form yet")
 
     def summary(self) -> dict[str, Any]:
-        """What this method's posterior is over, for :meth:`UncertainModel.summary` (the model card).
-
-        Keys every method returns: ``random_variables`` (how many scalar random variables the
-        posterior has: Laplace's parameters under the posterior, iBNN's node variables per component,
-        MC dropout's dropout units, SWAG's parameters; 1 for a temperature, 0 for the plain model) and
-        ``layers`` (the module names involved). Methods add what they chose at fit, e.g.
-        ``prior_precision``, ``temperature``, ``rank`` or ``dropout_rate``. Values are plain Python
-        (numbers, strings, lists) so the card renders as JSON and Markdown.
+        """What this method's posterior is over, for the model card, as plain Python values: ``random_variables``
+        (how many scalar random variables the posterior has), ``layers`` (the module names involved) and what the
+        method chose at fit (e.g. ``prior_precision``).
 
         Example:
             >>> import posthoc
@@ -389,10 +326,8 @@ class Method(nn.Module):
 
 
 def load_tensors(module: nn.Module, state: dict[str, Tensor]) -> None:
-    """Set the buffers and parameters of ``module`` (and its submodules) named by the keys of ``state``.
-
-    Buffers are replaced, so they may change shape (a posterior's ``None`` before fit, a histogram's
-    bins); parameters keep their device. A key naming neither raises ``KeyError`` with that key.
+    """Set the buffers (replaced, so they may change shape) and parameters (keeping their device) of ``module`` named
+    by the keys of ``state``; a key naming neither raises ``KeyError``.
 
     Example:
         >>> import torch
@@ -425,26 +360,10 @@ SAMPLES_NETWORKS = (
 
 
 def chain_of(method: Method) -> list[Method]:
-    """The methods of a chain, inner first (a stacked method alone has the plain model inside).
-
-    Example:
-        >>> import posthoc
-        >>> from posthoc.core.method import chain_of
-        >>> from posthoc_apps.demo.examples import model
-        >>> [m.name for m in chain_of(posthoc.wrap(model, method=["laplace", "temperature"]).method)]
-        ['laplace', 'temperature']
-    """
+    """The methods of a chain, inner first (a stacked method alone has the plain model inside)."""
     return (chain_of(method.inner) if method.stacks else []) + [method]
 
 
 def predictive_of(method: Method) -> str:
-    """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name.
-
-    Example:
-        >>> import posthoc
-        >>> from posthoc.core.method import predictive_of
-        >>> from posthoc_apps.demo.examples import model
-        >>> predictive_of(posthoc.wrap(model, method="laplace").method)
-        "'laplace'"
-    """
+    """How a message names ``method``'s predictive: ``"the model"`` for ``"none"``, else the method's quoted name."""
     return "the model" if method.name == "none" else f"'{method.name}'"

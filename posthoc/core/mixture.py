@@ -1,11 +1,8 @@
 """An equal-weight mixture of Gaussians per output: the predictive of a regression, exactly.
 
-Every regression predictive here is ``p(y | x) = (1/K) Σ_k N(y; μ_k, v_k)`` per example and output,
-the outputs independent: ``K = 1`` for a closed-form Gaussian (Laplace's GLM predictive, the plain
-model with its noise), ``K`` sampled networks (MC dropout) or members (ensembles) otherwise. The
-density, the CDF and the moments are exact sums over the components; a quantile of one Gaussian is
-``μ + σ Φ⁻¹(q)``, of a mixture the root of its exact CDF, found by bisection between the components'
-own quantiles (the mixture's lies between the smallest and the largest of them).
+Every regression predictive here is ``p(y | x) = (1/K) Σ_k N(y; μ_k, v_k)`` per example and output (``K = 1`` for a
+closed-form Gaussian, ``K`` sampled networks or members otherwise). The density, the CDF and the moments are exact
+sums over the components; a mixture's quantile is the root of its CDF, found by bisection between the components' own.
 
 Example:
     >>> import torch
@@ -38,12 +35,8 @@ def _normal_cdf(z: Tensor) -> Tensor:
 
 @dataclass(frozen=True)
 class GaussianMixture:
-    """``K`` equal-weight Gaussian components for ``N`` examples and ``D`` outputs (see module docs).
-
-    Attributes:
-        means: ``(K, N, D)`` component means.
-        variances: ``(K, N, D)`` component variances (each > 0).
-    """
+    """``K`` equal-weight Gaussian components for ``N`` examples and ``D`` outputs: ``means`` and ``variances`` (each
+    > 0), both ``(K, N, D)``."""
 
     means: Tensor
     variances: Tensor
@@ -105,8 +98,7 @@ class GaussianMixture:
         return self.quantile_at(torch.tensor(float(q), dtype=torch.float64))
 
     def quantile_at(self, levels: Tensor) -> Tensor:
-        """``(N, D)``: the quantile at ``levels`` in ``(0, 1)`` broadcast to ``(N, D)`` (a level per output, as an
-        isotonic recalibration asks for), exact; bisection for a mixture.
+        """``(N, D)``: the quantile at ``levels`` in ``(0, 1)`` broadcast to ``(N, D)`` (e.g. a level per output).
 
         Example:
             >>> import torch
@@ -127,27 +119,13 @@ class GaussianMixture:
         return (low + high) / 2
 
     def marginal_log_prob(self, y: Tensor) -> Tensor:
-        """``(N, D)``: ``log p(y_d)`` per output, each output's own mixture (the outputs' marginals).
-
-        Example:
-            >>> import torch
-            >>> from posthoc.core.mixture import GaussianMixture
-            >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).marginal_log_prob(torch.zeros(1))
-            tensor([[-0.9189]])
-        """
+        """``(N, D)``: ``log p(y_d)`` per output, each output's own mixture (the outputs' marginals)."""
         y = self.targets(y)
         per_output = -0.5 * ((y - self.means).square() / self.variances + self.variances.log() + math.log(2 * math.pi))
         return torch.logsumexp(per_output, dim=0) - math.log(self.components)
 
     def interval(self, level: float) -> tuple[Tensor, Tensor]:
-        """``(lower, upper)``, each ``(N, D)``: the central interval holding ``level`` of the probability.
-
-        Example:
-            >>> import torch
-            >>> from posthoc.core.mixture import GaussianMixture
-            >>> GaussianMixture(torch.zeros(1, 1, 1), torch.ones(1, 1, 1)).interval(0.95)[1]
-            tensor([[1.9600]])
-        """
+        """``(lower, upper)``, each ``(N, D)``: the central interval holding ``level`` of the probability."""
         if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
             raise InputError(f"an interval level must be a number in (0, 1), e.g. 0.9 for 90%, got {level!r}")
         return self.quantile((1 - level) / 2), self.quantile((1 + level) / 2)
@@ -155,8 +133,7 @@ class GaussianMixture:
     def crps(self, y: Tensor) -> Tensor:
         """``(N, D)``: the continuous ranked probability score per output, ``E|X - y| - E|X - X'| / 2``, exactly.
 
-        For a mixture both expectations are sums over components (pairs of components for the second)
-        of the folded-normal mean (Grimit et al. 2006); the pairs cost ``K^2`` per example.
+        Both are sums over components (pairs for the second) of the folded-normal mean (Grimit et al. 2006).
 
         Example:
             >>> import torch
@@ -180,7 +157,7 @@ def _expected_abs(mu: Tensor, sigma: Tensor) -> Tensor:
 
 def sample_crps(samples: Tensor, y: Tensor) -> Tensor:
     """CRPS ``(N, D)`` of the empirical distribution of ``samples (S, N, D)``: ``mean|x - y| - mean|x - x'| / 2``
-    over all ordered pairs, from the sorted samples in ``O(S log S)`` (the form properscoring computes).
+    over all ordered pairs, from the sorted samples in ``O(S log S)``.
 
     Example:
         >>> import torch

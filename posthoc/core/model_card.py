@@ -1,17 +1,4 @@
-""":class:`ModelCard`: what a posterior is over, as a dict and as Markdown (``um.summary()``).
-
-A card holds plain Python values (it dumps as JSON): the methods and their options, per method its
-:meth:`~posthoc.core.method.Method.summary` (``random_variables``, ``layers`` and what it chose at fit),
-the total number of random variables, the data and cost of the fit, and the model it belongs to.
-
-Example:
-    >>> from posthoc_apps.demo.examples import um
-    >>> card = um.summary()                     # last-layer Laplace: the head's 64 x 3 weights and 3 biases
-    >>> card["methods"], card["random_variables"]
-    (['laplace'], 195)
-    >>> print(card.to_markdown().splitlines()[0])
-    # Model card: laplace
-"""
+""":class:`ModelCard`: what a posterior is over, as a dict of plain Python values and as Markdown (``um.summary()``)."""
 
 from __future__ import annotations
 
@@ -29,13 +16,10 @@ NESTED = "chosen_posterior"
 class ModelCard(dict):
     """The card of an :class:`~posthoc.engine.uncertain_model.UncertainModel`; build it with :meth:`of`.
 
-    Keys: ``methods`` (inner first), ``fitted``, ``random_variables`` (summed over the methods;
-    ``None`` while a method cannot tell yet), ``posterior`` (one dict per method: ``method``,
-    ``options``, ``fitted`` and its ``Method.summary()``), ``train_examples`` / ``val_examples`` /
-    ``fit_wall_seconds`` / ``fit_cpu_seconds`` (``None`` when not fitted here or not recorded),
-    ``model_class``, ``fingerprint`` and ``posthoc_version``; ``selection``: the record of the chain's last
-    held-out choice (the outermost method's: its candidates, each with its in-distribution excess and bound,
-    its NLL and ECE on the perturbed copies, its cost, and ``"chosen"``; ``None`` when no choice was made).
+    Keys: ``methods`` (inner first), ``fitted``, ``random_variables`` (summed; ``None`` while a method cannot tell
+    yet), ``posterior`` (per method: ``method``, ``options``, ``fitted`` and its ``Method.summary()``),
+    ``train_examples`` / ``val_examples`` / ``fit_wall_seconds`` / ``fit_cpu_seconds`` (``None`` when not recorded),
+    ``model_class``, ``fingerprint``, ``posthoc_version`` and ``selection`` (the outermost held-out choice's record).
 
     Example:
         >>> from posthoc.core.model_card import ModelCard
@@ -77,13 +61,8 @@ class ModelCard(dict):
 
         Example:
             >>> from posthoc_apps.demo.examples import um
-            >>> print(um.summary().to_markdown())
+            >>> print(um.summary().to_markdown().splitlines()[0])
             # Model card: laplace
-            <BLANKLINE>
-            | key | value |
-            |---|---|
-            | methods | laplace |
-            ...
         """
         lines = [f"# Model card: {' + '.join(self['methods'])}", ""]
         lines += _table({key: value for key, value in self.items() if key not in ("posterior", "selection")})
@@ -101,8 +80,7 @@ class ModelCard(dict):
 
 
 def _nested_cards(cards: list[dict[str, Any]] | None, position: str) -> list[str]:
-    """The chain a method chose (``method="auto"``'s ``chosen_posterior``), one subsection per method with its own
-    table and held-out choice, instead of one cell holding them all."""
+    """The chain a method chose (``method="auto"``'s ``chosen_posterior``), one subsection per method."""
     lines = []
     for number, card in enumerate(cards or [], start=1):
         lines += ["", f"### {position}.{number} {card.get('method', '?')} (in the chosen chain)", ""]
@@ -120,16 +98,8 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
         >>> from posthoc.core.model_card import selection_table
         >>> from posthoc_apps.demo.examples import model, val_loader
         >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
-        >>> print("\\n".join(selection_table(um.summary()["selection"])))
+        >>> print(selection_table(um.summary()["selection"])[0])
         Held-out choice of the calibration: **clean fit at 0.75**. Admissible: the 95% (90% for a gain beyond the...
-        <BLANKLINE>
-        | candidate | excess (bound) | perturbed NLL | perturbed ECE | seconds | verdict |
-        |---|---|---|---|---|---|
-        | uncalibrated | -0 (0) | 8.977 | 0.3377 | 0 | admissible |
-        | clean fit at 0.5 | -0.07753 (-0.006277) | 6.032 | 0.3168 | 0 | admissible |
-        | clean fit at 0.75 | -0.08874 (0.004676) | 5.207 | 0.3142 | 0 | **chosen** |
-        | clean fit | -0.09125 (0.0191) | 4.592 | 0.3025 | 0 | in-distribution NLL excess -0.0912 nats, 90% bound...
-        ...
     """
     plain = selection["plain"]
     gain = selection.get("gain_confidence")
@@ -179,8 +149,7 @@ def selection_table(selection: dict[str, Any]) -> list[str]:
 
 
 def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]]:
-    """The candidates in order, each alone, except that a run of candidates not tried for the same reason (a walk that
-    stopped) is one group: the table shows it as one line."""
+    """The candidates in order, each alone, except that a run not tried for the same reason is one group (one line)."""
     groups: list[list[dict[str, Any]]] = []
     for row in candidates:
         untried = not row["admissible"] and str(row.get("reason") or "").startswith("not tried")
@@ -196,8 +165,7 @@ def _untried_runs(candidates: list[dict[str, Any]]) -> list[list[dict[str, Any]]
 
 
 def _selection_header(candidates: list[dict[str, Any]]) -> list[str]:
-    """The header of :func:`selection_table`: a whole method's fit seconds and predict cost where the record has them
-    (``method="auto"``), else the seconds each candidate took to score."""
+    """The header of :func:`selection_table`: a method's fit seconds and predict cost where recorded, else seconds."""
     costs = [
         "fit s" if candidates and "fit_seconds" in candidates[0] else "seconds",
         *(["predict x fwd"] if candidates and "predict_cost" in candidates[0] else []),

@@ -1,36 +1,22 @@
 """A method's options as a dataclass: :class:`Options`, the base every method's ``Options`` and ``FitOptions`` extend.
 
-A method lists what ``wrap`` takes for it (and what ``fit`` takes) as the fields of a frozen, keyword-only dataclass,
-each with its type and default; ``wrap``, the CLI and the docs (``docs/options.md``, written by
-``scripts/options_page.py``) read those fields, never a signature. A field that takes one of a fixed set of strings is
-typed ``Literal[...]`` and checked when the options are made (:meth:`Options.__post_init__`); a subclass adds its own
-value checks in its ``__post_init__``. The one-line help of a field is its ``metadata["help"]`` (:func:`option`).
-
-A calibrator, an OOD score or a likelihood declares its ``Options`` the same way, and its ``__init__`` takes the same
-fields as keyword arguments (``posthoc.Gaussian(noise_std=0.5)``, ``Energy(temperature=2.0)``):
-:func:`build` makes one from a dict of values, refusing unknown names, and ``tests/methods/test_registry_contract.py``
-checks that the fields and the keywords agree.
+A method lists what ``wrap`` (and ``fit``) takes as the fields of a frozen, keyword-only dataclass, each with its
+type, default and one-line help (:func:`option`); ``wrap``, the CLI and ``docs/options.md`` (written by
+``tools/options_page.py``) read those fields, never a signature. A ``Literal[...]`` field is checked when the options
+are made; a subclass adds its own checks in ``__post_init__``. A calibrator, an OOD score or a likelihood declares its
+``Options`` the same way, with the same fields as ``__init__`` keywords (:func:`build`).
 
 Example:
-    >>> from posthoc.core.options import option
-    >>> from posthoc.core.options import Options
     >>> from dataclasses import dataclass
+    >>> from typing import Literal
+    >>> from posthoc.core.options import Options
     >>> @dataclass(frozen=True, kw_only=True)
     ... class DropoutOptions(Options):
     ...     p: float = 0.1
-    ...     num_samples: int = 50
-    >>> DropoutOptions.defaults()
-    {'p': 0.1, 'num_samples': 50}
+    ...     masks: Literal["shared", "per_example"] = "per_example"
     >>> DropoutOptions.make({"p": 0.2}, "'mc-dropout'").as_dict()
-    {'p': 0.2, 'num_samples': 50}
-    >>> DropoutOptions.make({"rate": 0.2}, "'mc-dropout'")
-    Traceback (most recent call last):
-    posthoc.errors.ConfigError: unknown option(s) ['rate'] for 'mc-dropout'; valid options: p=0.1, num_samples=50
-    >>> from typing import Literal
-    >>> @dataclass(frozen=True, kw_only=True)
-    ... class MaskOptions(Options):
-    ...     masks: Literal["shared", "per_example"] = option("per_example", "one mask per sample, or per example")
-    >>> MaskOptions(masks="each")
+    {'p': 0.2, 'masks': 'per_example'}
+    >>> DropoutOptions(masks="each")
     Traceback (most recent call last):
     posthoc.errors.ConfigError: masks must be one of ('shared', 'per_example'), got 'each'
 """
@@ -51,8 +37,7 @@ BuiltT = TypeVar("BuiltT")
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class Options:
-    """The options of a method (or of its ``fit``): subclass it as a ``@dataclass(frozen=True, kw_only=True)`` whose
-    fields are the options, each with its type and default. This base has none."""
+    """The options of a method (or of its ``fit``), as a ``@dataclass(frozen=True, kw_only=True)`` subclass."""
 
     def __post_init__(self) -> None:
         """Refuse a value outside a ``Literal`` field's choices (a string, where the field takes other types too)."""
@@ -71,8 +56,7 @@ class Options:
 
     @classmethod
     def make(cls: type[OptionsT], values: dict[str, Any], owner: str) -> OptionsT:
-        """The options of ``values`` (the rest at their defaults); a name that is not an option fails with
-        :class:`~posthoc.errors.ConfigError`, listing ``owner``'s valid ones with their defaults."""
+        """The options of ``values`` (the rest at their defaults), refusing unknown names (listing ``owner``'s)."""
         return cls(**known_options(values, cls.defaults(), owner))
 
     def as_dict(self) -> dict[str, Any]:
@@ -99,8 +83,8 @@ def option(default: Any, help: str) -> Any:  # noqa: A002  # (the name of the me
 
 @functools.cache
 def literal_fields(cls: type) -> dict[str, tuple[tuple[Any, ...], bool]]:
-    """``name -> (choices, only)`` of the fields of ``cls`` typed with a ``Literal``: its choices (and ``None`` where
-    the type allows it), and whether they are all the field takes (else a string must be one of them).
+    """``name -> (choices, only)`` of the ``Literal`` fields of ``cls``: its choices (with ``None`` where allowed), and
+    whether they are all the field takes (else only a string must be one of them).
 
     Example:
         >>> import dataclasses
@@ -129,14 +113,12 @@ def literal_fields(cls: type) -> dict[str, tuple[tuple[Any, ...], bool]]:
 
 
 def build(cls: type[BuiltT], values: dict[str, Any], owner: str) -> BuiltT:
-    """A ``cls`` (a calibrator, an OOD score or a likelihood: its ``__init__`` keywords are the fields of its
-    ``Options``) of ``values``, the rest at their defaults; an unknown name fails as in :meth:`Options.make`.
+    """A ``cls`` (whose ``__init__`` keywords are the fields of its ``Options``) of ``values``, the rest at their
+    defaults; an unknown name fails as in :meth:`Options.make`.
 
     Example:
         >>> from posthoc.core.options import build
         >>> from posthoc.core.likelihood import Gaussian
-        >>> float(build(Gaussian, {"noise_std": 0.5}, "likelihood 'regression'").noise_std)
-        0.5
         >>> build(Gaussian, {"scale": 2}, "likelihood 'regression'")
         Traceback (most recent call last):
         posthoc.errors.ConfigError: unknown option(s) ['scale'] for likelihood 'regression'; valid options: noise_std=None

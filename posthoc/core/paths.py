@@ -1,8 +1,7 @@
 """Paths a user hands posthoc to write to: one check and one wording for every file posthoc writes.
 
-A posterior or calibrator file (:mod:`posthoc.core.persistence`), a report page and a plot each take a
-path; each refuses the same bad paths alike (not a path, a folder, a folder that cannot be created, e.g.
-under a file) and names the path and what to do, as the error type of its caller.
+A posterior or calibrator file, a report page and a plot each refuse the same bad paths alike, naming the path and
+what to do, as the error type of their caller.
 
 Example:
     >>> import tempfile
@@ -27,8 +26,7 @@ from posthoc.errors import ConfigError, PosthocError
 
 
 def as_path(path: Any, error: type[PosthocError] = ConfigError) -> Path:
-    """``path`` as a :class:`~pathlib.Path`; anything but a non-empty string or path-like (or a path the OS cannot
-    name) is refused as ``error``.
+    """``path`` as a :class:`~pathlib.Path`, refusing (as ``error``) anything but a non-empty string or path-like.
 
     Example:
         >>> from posthoc.core.paths import as_path
@@ -48,8 +46,8 @@ def reason(err: OSError) -> str:
 
 @contextmanager
 def in_folder(path: Path, error: type[PosthocError] = ConfigError) -> Iterator[Path]:
-    """Create the folder ``path`` will be written to (and its parents); a failure to create it, or to create a file in
-    it inside the ``with`` block, is refused as ``error`` naming the folder (e.g. a parent that is a file)."""
+    """Create the folder ``path`` will be written to; a failure to create it, or a file in it inside the block, is
+    refused as ``error`` naming the folder."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         yield path
@@ -62,8 +60,8 @@ def in_folder(path: Path, error: type[PosthocError] = ConfigError) -> Iterator[P
 
 @contextmanager
 def output_file(path: Any, what: str) -> Iterator[Path]:
-    """The checked path to write ``what`` (e.g. ``"the report"``) to, its folder created; an operating-system failure
-    while writing it (a folder at that path, no permission, a full disk) is a :class:`ConfigError` naming the path."""
+    """The checked path to write ``what`` (e.g. ``"the report"``) to, its folder created; an OS failure while writing
+    it is a :class:`ConfigError` naming the path."""
     path = as_path(path)
     if path.is_dir():
         raise ConfigError(f"cannot save {what} to {path}: it is a folder; pass a file path inside it")

@@ -1,26 +1,11 @@
 """Saving and loading posthoc files (fitted posteriors and calibrators) safely: the one place that
 touches them on disk.
 
-A posterior file holds the method spec, the posterior tensors and a fingerprint of the user's
-checkpoint it belongs to (for methods that fine-tune a copy, the checkpoint as it was copied; the
-copy's weights are part of the posterior). A calibrator file has the same layout, with
-:data:`CALIBRATOR_CLASS` as its ``model_class`` and no fingerprint.
-
-- Writing is atomic (temporary file in the same folder, ``fsync``, rename): a failed save leaves the
-  previous file as it was.
-- Reading uses ``torch.load(weights_only=True)``, so loading never executes code from the file; the
-  payload's layout is validated and, from format 2 on, its SHA-256 ``checksum`` over the content is
-  verified, so a corrupted file is refused instead of loading different numbers.
-- Every failure, of the operating system (missing file, a directory, no permission, a full disk) or
-  of the format (truncated, corrupted, random bytes), is a
-  :class:`~posthoc.errors.PosteriorFileError` that names the path and what to do.
-
-Example:
-    >>> from posthoc.core.persistence import read
-    >>> from posthoc_apps.demo.examples import um
-    >>> um.save("net.laplace.pt")
-    >>> read("net.laplace.pt")["spec"]
-    [{'name': 'laplace', 'options': {}}]
+A posterior file holds the method spec, the posterior tensors and a fingerprint of the user's checkpoint (as it was
+copied, for a method that fine-tunes a copy); a calibrator file has the same layout, with :data:`CALIBRATOR_CLASS` as
+its ``model_class``. Writing is atomic (a temporary file, ``fsync``, rename); reading uses
+``torch.load(weights_only=True)``, never executing code from the file, and verifies a SHA-256 ``checksum`` of the
+content. Every failure is a :class:`~posthoc.errors.PosteriorFileError` that names the path and what to do.
 """
 
 from __future__ import annotations
@@ -63,14 +48,7 @@ def _digest_tensors(digest: Any, tensors: dict[str, Any]) -> None:
 
 
 def fingerprint(model: nn.Module) -> str:
-    """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values.
-
-    Example:
-        >>> from torch import nn
-        >>> from posthoc.core.persistence import fingerprint
-        >>> fingerprint(nn.Linear(2, 2)) == fingerprint(nn.Linear(2, 2))
-        False
-    """
+    """A SHA-256 over the model's class, parameter/buffer names, shapes, dtypes and values."""
     digest = hashlib.sha256(type(model).__qualname__.encode())
     _digest_tensors(digest, model.state_dict())
     return digest.hexdigest()
@@ -97,8 +75,7 @@ def _plain(value: Any) -> bool:
 
 def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
     """``(method, option, value)`` for every option of ``spec`` that a posterior file cannot keep: anything but
-    numbers, strings, booleans, ``None`` and lists or dicts of them (a callable, a tensor, an object), which
-    ``posthoc.load`` could not rebuild from the file.
+    numbers, strings, booleans, ``None`` and lists or dicts of them.
 
     Example:
         >>> from posthoc.core.persistence import unsaveable_options
@@ -114,14 +91,7 @@ def unsaveable_options(spec: list[dict]) -> list[tuple[str, str, Any]]:
 
 
 def checksum(payload: dict) -> str:
-    """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.core.persistence import checksum
-        >>> checksum({"spec": [], "state": {"t": torch.ones(())}}) == checksum({"spec": [], "state": {"t": torch.zeros(())}})
-        False
-    """
+    """The SHA-256 of a payload's content: its plain entries and its state tensors (not the checksum itself)."""
     plain = {key: value for key, value in payload.items() if key not in ("state", "checksum")}
     digest = hashlib.sha256(json.dumps(_canonical(plain)).encode())
     _digest_tensors(digest, dict(sorted(payload.get("state", {}).items())))
@@ -129,13 +99,7 @@ def checksum(payload: dict) -> str:
 
 
 def fingerprint_tensor(hex_digest: str) -> torch.Tensor:
-    """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers.
-
-    Example:
-        >>> from posthoc.core.persistence import fingerprint_hex, fingerprint_tensor
-        >>> fingerprint_hex(fingerprint_tensor("ab" * 32)) == "ab" * 32
-        True
-    """
+    """A fingerprint as 32 ``uint8`` values, so that it can live in a posterior's buffers."""
     return torch.tensor(list(bytes.fromhex(hex_digest)), dtype=torch.uint8)
 
 
@@ -145,10 +109,8 @@ def fingerprint_hex(values: torch.Tensor) -> str:
 
 
 def ensemble_members(payload: dict) -> list[str] | None:
-    """The member fingerprints of an ensemble's posterior file, in member order; ``None`` for one model.
-
-    An ensemble's spec marks its base entry with ``"members"``; its fingerprints are the state entry
-    ``member_fingerprints`` of the ensemble (under one ``inner.`` per method stacked on top of it).
+    """The member fingerprints of an ensemble's posterior file (its spec's base entry has ``"members"``), in member
+    order; ``None`` for one model.
 
     Example:
         >>> from torch import nn
@@ -209,15 +171,10 @@ def write(
     fit: dict[str, int | float | None] | None = None,
     dense: dict[str, Any] | None = None,
 ) -> None:
-    """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of
-    the checkpoint it belongs to, its ``state`` tensors (moved to the CPU), when given the ``fit`` record of
-    the model card (plain numbers under the optional key ``"fit"``; files without it, all format-1 files
-    written before it existed, still load), for a model with dense outputs its ``dense`` layout (plain values under
-    the optional key ``"dense"``), and the ``checksum`` of all that.
-
-    A failure (a file where a folder should be, no permission, a full disk) is a
-    :class:`~posthoc.errors.PosteriorFileError` naming the path; the file that was at ``path``
-    before, if any, is left as it was.
+    """Write a posterior to ``path`` atomically: the method ``spec``, the ``fingerprint`` and class name of the
+    checkpoint it belongs to, its ``state`` tensors (on the CPU), the optional ``fit`` record, a dense model's
+    ``dense`` layout and the ``checksum`` of all that. On failure the file that was at ``path``, if any, is left as it
+    was.
 
     Example:
         >>> import torch
@@ -280,9 +237,7 @@ def _load_payload(path: Path, kind: str) -> Any:
         raise PosteriorFileError(
             f"cannot read {path} ({reason(err)}); check that the file exists and is readable"
         ) from err
-    except (
-        Exception
-    ) as err:  # the unpickler of a damaged file raises anything: IndexError, KeyError, UnicodeDecodeError, ...
+    except Exception as err:  # the unpickler of a damaged file raises anything
         raise PosteriorFileError(
             f"{path} is not a readable {kind} file (truncated, corrupted, or it holds objects that are not plain "
             f"tensors, which are refused for safety: {type(err).__name__}: {err}); save it again, or restore it from a copy"
@@ -330,10 +285,8 @@ def _check_layout(path: Path, payload: Any, kind: str) -> None:
 
 
 def read(path: str | os.PathLike, kind: str = "posterior") -> dict:
-    """Read and validate a posthoc file without applying it; ``kind`` (``"posterior"`` or ``"calibrator"``) is
-    what the caller loads, and a file of the other kind is refused with the function that loads it.
-
-    Every problem is a :class:`~posthoc.errors.PosteriorFileError` naming ``path``.
+    """Read and validate a posthoc file without applying it; a file of another ``kind`` than the caller loads
+    (``"posterior"`` or ``"calibrator"``) is refused with the function that loads it.
 
     Example:
         >>> import posthoc

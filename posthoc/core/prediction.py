@@ -7,23 +7,14 @@ samples (aleatoric) and the mutual information between prediction and parameters
 
 A regressor's :class:`RegressionPrediction` is an equal-weight mixture of ``K`` Gaussians per example and output
 (:class:`~posthoc.core.mixture.GaussianMixture`): component ``k`` has mean ``μ_k`` and variance ``m_k + s_k``, the
-model's (epistemic) variance ``m_k`` (Laplace's ``J Σ Jᵀ``; 0 for a sampled network or a plain member) plus the
-observation noise ``s_k`` (aleatoric). The total variance splits exactly as ``variance = aleatoric + epistemic`` with
-``aleatoric = mean_k s_k`` and ``epistemic = mean_k m_k + mean_k (μ_k - μ)²``.
-
-A regression prediction may carry an isotonic ``recalibration`` ``R`` of its CDF (Kuleshov et al. 2018,
-:class:`~posthoc.core.recalibration.MonotoneMap`): :meth:`~RegressionPrediction.cdf`,
-:meth:`~RegressionPrediction.quantile`, :meth:`~RegressionPrediction.interval` and
-:meth:`~RegressionPrediction.log_prob` then answer for the recalibrated distribution ``R(F(y))``, exactly,
-while ``mean``, ``variance``, ``std`` and their split stay the moments of the uncalibrated mixture ``F``
-(the recalibrated moments have no closed form). Variance scaling needs no such map:
-:meth:`~RegressionPrediction.scaled` rebuilds the components.
+model's variance ``m_k`` plus the observation noise ``s_k``, so ``variance = aleatoric + epistemic`` with
+``aleatoric = mean_k s_k`` and ``epistemic = mean_k m_k + mean_k (μ_k - μ)²``. An isotonic ``recalibration`` ``R`` of
+its CDF (Kuleshov et al. 2018) reshapes ``cdf``, ``quantile``, ``interval`` and ``log_prob`` to ``R(F(y))`` exactly,
+while the moments stay the uncalibrated mixture's (the recalibrated ones have no closed form).
 
 Example:
     >>> import torch
-    >>> from posthoc.core.prediction import Prediction, RegressionPrediction
-    >>> Prediction.from_probs(torch.tensor([[0.9, 0.1], [0.5, 0.5]])).label.tolist()
-    [0, 0]
+    >>> from posthoc.core.prediction import RegressionPrediction
     >>> pred = RegressionPrediction.from_components(torch.tensor([[[1.0]], [[3.0]]]), None, torch.ones(2, 1, 1))
     >>> pred.mean, pred.aleatoric, pred.epistemic, pred.variance
     (tensor([[2.]]), tensor([[1.]]), tensor([[1.]]), tensor([[2.]]))
@@ -69,8 +60,7 @@ class Prediction:
         epistemic: ``(N,)`` mutual information, ``entropy - aleatoric`` (never below 0).
         confidence: ``(N,)`` largest class probability.
         label: ``(N,)`` the predicted class.
-        sets: ``(N, C)`` boolean conformal prediction sets (``True`` = the class is in the set), or
-            ``None``; filled by ``posthoc.conformal(...).predict(x)``.
+        sets: ``(N, C)`` boolean conformal prediction sets, or ``None`` (``posthoc.conformal(...).predict(x)``).
     """
 
     probs: Tensor
@@ -147,11 +137,9 @@ class RegressionPrediction:
         aleatoric: ``(N, D)`` the observation noise's share.
         epistemic: ``(N, D)`` the model's share (its posterior, its samples' or members' spread).
         samples: ``(S, N, D)`` the sampled networks' or members' means, or ``None`` for one Gaussian.
-        distribution: the exact mixture, which :meth:`interval`, :meth:`quantile`, :meth:`log_prob`
-            and :meth:`cdf` read.
+        distribution: the exact mixture.
         model_variances: ``(K, N, D)`` each component's model variance.
-        noise: ``(K, N, D)`` each component's observation variance (with ``model_variances``, what joining
-            chunks and mixing members keeps).
+        noise: ``(K, N, D)`` each component's observation variance.
         recalibration: the isotonic map ``R`` applied to the mixture's CDF, or ``None`` (see module docs).
     """
 
@@ -169,8 +157,7 @@ class RegressionPrediction:
     @classmethod
     def from_components(cls, means: Tensor, model_variances: Tensor | None, noise: Tensor) -> RegressionPrediction:
         """The prediction of ``K`` components: means ``(K, N, D)``, the model's variances ``(K, N, D)`` (``None``:
-        points, e.g. sampled networks) and the observation variances ``noise`` (broadcast to ``(K, N, D)``); other
-        shapes are refused, saying which to pass."""
+        points) and the observation variances ``noise`` (broadcast to ``(K, N, D)``)."""
         _check_components(means, model_variances, noise)
         noise = noise.expand_as(means)
         model = torch.zeros_like(means) if model_variances is None else model_variances
@@ -212,10 +199,8 @@ class RegressionPrediction:
         return self.distribution.quantile_at(levels.clamp(tiny, 1 - 1e-16))
 
     def log_prob(self, y: Tensor) -> Tensor:
-        """``(N,)``: the predictive log density of targets ``(N,)`` or ``(N, D)``, joint over the outputs.
-
-        Recalibrated, ``sum_d log R_d'(F_d(y_d)) + log f_d(y_d)``: the outputs' recalibrated marginals taken as
-        independent (exact for one output); ``-inf`` where ``R`` is flat, which an isotonic map often is."""
+        """``(N,)``: the predictive log density of targets ``(N,)`` or ``(N, D)``, joint over the outputs
+        (recalibrated: ``sum_d log R_d'(F_d(y_d)) + log f_d(y_d)``, ``-inf`` where ``R`` is flat)."""
         if self.recalibration is None:
             return self.distribution.log_prob(y)
         marginal = self.distribution.marginal_log_prob(y)
@@ -229,12 +214,8 @@ class RegressionPrediction:
         return self.recalibration(self.distribution.cdf(y)).to(self.mean.dtype)
 
     def scaled(self, scale: Tensor) -> RegressionPrediction:
-        """The prediction with every output's spread multiplied by ``scale`` ``(D,)`` about its mean, exactly.
-
-        Component ``k`` moves to mean ``μ + s (μ_k - μ)`` and variance ``s² (m_k + s_k)`` (model and noise
-        variances each times ``s²``), so the mixture is the original's affine image ``μ + s (Y - μ)``: its
-        std, aleatoric and epistemic std all scale by ``s`` and its CDF is ``F(μ + (y - μ) / s)``. A
-        recalibration is refused (scale first, then recalibrate).
+        """The prediction with every output's spread multiplied by ``scale`` ``(D,)`` about its mean, exactly: component
+        ``k`` moves to mean ``μ + s (μ_k - μ)`` and variance ``s² (m_k + s_k)``, the affine image ``μ + s (Y - μ)``.
 
         Example:
             >>> import torch

@@ -1,11 +1,9 @@
 """A monotone map of predictive probabilities per output: the isotonic recalibration of a regression CDF.
 
-Kuleshov et al. (2018) recalibrate a predictive CDF ``F`` by a non-decreasing map ``R`` of ``[0, 1]``
-onto itself, fitted so that the held-out probability integral transforms ``R(F(y))`` are uniform; the
-recalibrated CDF is ``R(F(y))`` and its ``q``-quantile ``F⁻¹(R⁻¹(q))``. ``R`` here is piecewise linear
-through its knots (what scikit-learn's ``IsotonicRegression.predict`` interpolates), from ``(0, 0)`` to
-``(1, 1)``, one map per output, so it is evaluated and inverted exactly by a search over the knots.
-``R⁻¹`` is the generalised inverse ``inf {u : R(u) >= q}`` (the left end where ``R`` is flat).
+Kuleshov et al. (2018) recalibrate a predictive CDF ``F`` by a non-decreasing map ``R`` of ``[0, 1]`` onto itself,
+fitted so that the held-out ``R(F(y))`` are uniform; the recalibrated ``q``-quantile is ``F⁻¹(R⁻¹(q))``. ``R`` is
+piecewise linear through its knots (as scikit-learn's ``IsotonicRegression.predict``), one map per output;
+``R⁻¹`` is the generalised inverse ``inf {u : R(u) >= q}``.
 
 Example:
     >>> import torch
@@ -40,12 +38,8 @@ def _interpolate(values: Tensor, xs: Tensor, ys: Tensor, right: bool) -> Tensor:
 
 @dataclass(frozen=True)
 class MonotoneMap:
-    """``D`` non-decreasing piecewise-linear maps of ``[0, 1]`` onto ``[0, 1]`` (see module docs).
-
-    Attributes:
-        knots_x: ``(D, M)`` non-decreasing knot positions, from 0 to 1.
-        knots_y: ``(D, M)`` non-decreasing values at the knots, from 0 to 1.
-    """
+    """``D`` non-decreasing piecewise-linear maps of ``[0, 1]`` onto ``[0, 1]``: knot positions ``knots_x`` and values
+    ``knots_y``, each ``(D, M)`` non-decreasing from 0 to 1."""
 
     knots_x: Tensor
     knots_y: Tensor

@@ -1,8 +1,7 @@
 """The registry: every post-hoc method registers itself here under its name.
 
-``posthoc.wrap(model, method=name)`` builds the registered class of ``name``; a list of models is mixed
-by the registered :data:`ENSEMBLE`, whose members are the named method. Calibrators are registered with
-the calibration method that stacks them on a predictive (``posthoc.methods.calibration``).
+``posthoc.wrap(model, method=name)`` builds the registered class of ``name``; a list of models is mixed by the
+registered :data:`ENSEMBLE`, whose members are the named method.
 
 Example:
     >>> from posthoc.core.method import Method
@@ -39,13 +38,7 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def method_names() -> list[str]:
-    """The names ``method=`` takes, sorted.
-
-    Example:
-        >>> from posthoc.core.registry import method_names
-        >>> method_names()[:3]
-        ['abnn', 'auto', 'auto-calibration']
-    """
+    """The names ``method=`` takes, sorted."""
     return sorted(name for name in REGISTRY if name != ENSEMBLE)
 
 

@@ -1,11 +1,8 @@
 """One CPU thread for small dense work, where torch's intra-op threads only wait on each other: a detail of the runner.
 
-On a shared 2-core machine, ``eigh`` of a 520 x 520 curvature factor takes about 0.03 s on one
-thread and 0.2-7 s on two, and vector scaling of 600 x 8 logits 0.2 s against 4.9 s.
 ``torch.set_num_threads`` changes the whole process, so the runner narrows only as
-``posthoc.settings.narrow_threads`` allows: by default (``"auto"``) only while no other Python thread
-is alive, so a multi-threaded server's threads are never changed under it. Methods never call this;
-the runner (``posthoc.engine.runner``) and the engine's dense helpers do.
+``posthoc.settings.narrow_threads`` allows: by default (``"auto"``) only while no other Python thread is alive, so a
+multi-threaded server's threads are never changed under it (``docs/scale.md``, Threads).
 
 Example:
     >>> import torch
@@ -27,8 +24,7 @@ import torch
 
 from posthoc import settings
 
-#: temporaries (bytes) below which a chunk of tensor work runs on one CPU thread: thread start-up and
-#: barriers cost more than they save there (a last-layer predictive of 1,000 rows holds ~1 MB)
+#: temporaries (bytes) below which a chunk of tensor work runs on one CPU thread (thread start-up costs more)
 SMALL_WORK_BYTES = 4 * 2**20
 
 
@@ -47,13 +43,7 @@ def may_narrow() -> bool:
 
 
 def other_threads() -> list[threading.Thread]:
-    """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot).
-
-    Example:
-        >>> from posthoc.core.threads import other_threads
-        >>> other_threads()
-        []
-    """
+    """The live Python threads beside this one that could run torch work (tqdm's progress-bar monitor cannot)."""
     here = threading.current_thread()
     return [t for t in threading.enumerate() if t is not here and type(t).__name__ != "TMonitor"]
 
