@@ -94,14 +94,6 @@ def batchnorm_statistics(
     ``parameters`` override some of the model's (e.g. a SWAG sample); ``layers`` names the BatchNorm layers to
     recompute (default: all). The model is left as it is. Returns each layer's ``running_mean``, ``running_var``
     (unbiased, as PyTorch stores it) and ``num_batches_tracked``.
-
-    Example:
-        >>> import torch
-        >>> import torchvision
-        >>> from posthoc.engine.bn_refresh import batchnorm_statistics
-        >>> stats = batchnorm_statistics(torchvision.models.resnet18(num_classes=3), [torch.randn(64, 3, 32, 32)])
-        >>> sorted(stats)[:1]
-        ['bn1.num_batches_tracked']
     """
     selected = batchnorm_layers(model, layers)
     if not selected:
@@ -141,18 +133,7 @@ def batchnorm_statistics(
 
 
 def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: Iterable[str] | None = None) -> nn.Module:
-    """Recompute the BatchNorm statistics of ``model`` over ``batches`` in place (:func:`batchnorm_statistics`).
-
-    Example:
-        >>> import torch
-        >>> from torch import nn
-        >>> from posthoc.engine.bn_refresh import refresh_batchnorm
-        >>> from posthoc_apps.demo.examples import train_loader
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-        >>> swa = torch.optim.swa_utils.AveragedModel(net)   # ... after averaging
-        >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])[1].running_mean.shape
-        torch.Size([8])
-    """
+    """Recompute the BatchNorm statistics of ``model`` over ``batches`` in place (:func:`batchnorm_statistics`)."""
     stats = batchnorm_statistics(model, batches, layers=layers)
     buffers = dict(model.named_buffers())
     with torch.no_grad():

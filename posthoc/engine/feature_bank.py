@@ -7,11 +7,7 @@ assumption-free density signal (Sun et al., ICML 2022), read by the OOD score ``
 across ranks).
 
 Example:
-    >>> import torch
-    >>> from posthoc.engine.feature_bank import kth_distance, normalised, rows_within
-    >>> bank = normalised(torch.randn(1000, 16))
-    >>> kth_distance(normalised(torch.randn(4, 16)), bank, k=10).shape
-    torch.Size([4])
+    >>> from posthoc.engine.feature_bank import rows_within
     >>> rows_within([64, 32, 16], 64 * 2**20)
     149796
 """

@@ -156,14 +156,6 @@ def shifted_held_out(
     ``strengths[k]`` of the way to chance. A user's callables are used as given, all at one level. ``model`` is kept in
     eval mode while grading; the grades are remembered per model, weights and loader (``source``: the user's loader
     ``loader`` was copied from), so several methods fitted on one checkpoint grade once.
-
-    Example:
-        >>> from posthoc.engine.held_out import shifted_held_out
-        >>> from posthoc_apps.demo.examples import model, val_loader
-        >>> plain_log_probs = lambda x: model(x).log_softmax(-1)
-        >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["feature-noise"], device="cpu")
-        >>> len(shifted.levels)
-        3
     """
     check_shift(shift)
     if shift is None or loader is None:

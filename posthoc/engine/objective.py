@@ -10,14 +10,6 @@ method's :class:`~posthoc.core.likelihood.Likelihood`:
 - the held-out score of a spread under real targets re-fits ``σ`` on each candidate's sampled outputs
   (:meth:`posthoc.engine.held_out.HeldOut.regression_scores`), as ``fit`` does once the spread is chosen: with the
   plain ``σ`` every spread would only widen an already calibrated Gaussian, and the choice would always shrink.
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.likelihood import Categorical
-    >>> from posthoc.engine.objective import step_scale, training_loss
-    >>> loss = training_loss(Categorical(), torch.randn(4, 3), torch.tensor([0, 2, 1, 0]))
-    >>> step_scale(Categorical())
-    1.0
 """
 
 from __future__ import annotations

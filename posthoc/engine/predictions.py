@@ -41,11 +41,6 @@ def predict_loader(
 ) -> tuple[Prediction, Tensor | None]:
     """``um.predict`` over every batch of ``loader``, on the CPU: the :class:`Prediction` (without samples) and the
     labels (``None`` if not ``labelled``).
-
-    Example:
-        >>> from posthoc.engine.predictions import predict_loader
-        >>> from posthoc_apps.demo.examples import um, calibration_loader
-        >>> pred, labels = predict_loader(um, calibration_loader, desc="conformal calibration")
     """
     parts: dict[str, list[Tensor]] = {name: [] for name in (*_GATHERED, "labels")}
     for x, y in iterate(loader, device=um.device, progress=progress, desc=desc, require_labels=labelled):

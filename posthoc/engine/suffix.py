@@ -164,15 +164,7 @@ def expanded_forward(
     stochastic: Stochastic = nullcontext,
     max_memory: int | None = None,
 ) -> Tensor:
-    """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
-
-    Example:
-        >>> from posthoc.engine.suffix import expanded_forward
-        >>> from posthoc_apps.demo.examples import model, x
-        >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
-        >>> expanded_forward(model, "2", x, 20, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
-        torch.Size([20, 8, 3])
-    """
+    """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``."""
     return SuffixRunner(model, start, at=at, max_memory=max_memory)(x, num_samples, stochastic=stochastic)
 
 

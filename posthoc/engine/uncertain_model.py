@@ -3,13 +3,6 @@
 It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a :class:`~posthoc.Prediction`, checks
 inputs, streams large batches in chunks under the memory budget (a first chunk of :data:`PROBE_EXAMPLES` rows tells
 the size of one example's samples), keeps the user's model in its own train/eval state, and saves the posterior.
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
-    >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
-    >>> um.predict(x).probs.shape
-    torch.Size([8, 3])
 """
 
 from __future__ import annotations

@@ -143,18 +143,7 @@ def layer_name(key: str) -> str:
 
 
 class VariationalLayers(nn.Module):
-    """The posteriors of several layers of ``model`` by module name, and the hooks that sample them.
-
-    Example:
-        >>> from torch import nn
-        >>> from posthoc.engine.variational_layers import VariationalLayers
-        >>> from posthoc.methods.vi.gaussian import GaussianLayer
-        >>> from collections import OrderedDict
-        >>> net = nn.Sequential(OrderedDict(body=nn.Linear(4, 8), fc=nn.Linear(8, 3)))
-        >>> layers = VariationalLayers(net, {"fc": GaussianLayer(net.fc, init_std=0.1, prior_std=1.0, prior_mean="zero")})
-        >>> layers.names, float(layers.kl()) >= 0
-        (['fc'], True)
-    """
+    """The posteriors of several layers of ``model`` by module name, and the hooks that sample them."""
 
     def __init__(self, model: nn.Module, posteriors: dict[str, LayerPosterior]) -> None:
         super().__init__()
