@@ -7,12 +7,11 @@ classifier's kinds are graded by its accuracy (towards chance), a regressor's by
 prediction, or twice the clean RMSE if that is not larger). The choice itself is :func:`posthoc.engine.selection.select`.
 
 Example:
-    >>> from posthoc.engine.held_out import held_out_nll, shifted_held_out
+    >>> from posthoc.engine.held_out import shifted_held_out
     >>> from posthoc_apps.demo.examples import val_loader, model
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
-    >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
-    ...     lambda x: model(x).log_softmax(-1), val_loader, device="cpu")
-    True
+    >>> len(shifted.levels), shifted.description["graded_by"]
+    (3, 'accuracy')
 """
 
 from __future__ import annotations
@@ -58,18 +57,6 @@ _GRADED: dict[tuple, dict[str, tuple[float, ...]]] = {}
 
 #: a user's own perturbation: ``f(x, generator) -> x``
 UserPerturbation = Callable[[Inputs, torch.Generator], Inputs]
-
-
-@torch.no_grad()
-def held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, *, device: torch.device | str) -> float:
-    """Mean negative log-likelihood of ``log_probs(x) (N, C)`` over ``loader``'s labels (every rank's examples once)."""
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    for x, y in iterate(loader, device=device, progress=False, desc="held-out NLL"):
-        lp = log_probs(x)
-        total[0] -= lp.gather(-1, check_labels(y, lp.shape[-1]).unsqueeze(-1)).double().sum()
-        total[1] += lp.shape[0]
-    total = distributed.all_reduce_sum(total) if distributed.active() else total
-    return float(total[0] / total[1])
 
 
 class ShiftedHeldOut:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -78,7 +78,6 @@ class VariationalMethod(Method):
     """
 
     copies_model = False
-    default_layers: ClassVar[str] = "head"
     likelihoods = (Categorical, Gaussian)
     exports = ("classification",)
     export_refusal = SAMPLES_NETWORKS
