@@ -474,15 +474,7 @@ class HeldOut:
 
     def rebased(self, model: nn.Module) -> HeldOut:
         """The same held-out batches and perturbed copies, judged against another plain ``model`` (an ensemble member)."""
-        held = HeldOut(
-            self._batches,
-            self._loader,
-            self.shifted,
-            device=self.device,
-            tolerance=self.tolerance_rule,
-            likelihood=self.likelihood,
-            from_training_data=self.from_training_data,
-        )
+        held = self._like(self._batches, self._loader, self.shifted)
         with eval_mode(model), torch.no_grad():
             if self.likelihood.prediction_type is Prediction:
                 held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
@@ -536,21 +528,25 @@ class HeldOut:
                 [(_take(px, index), py[index.to(py.device)]) for index in order], levels, self.shifted.description
             )
             picked = Rows(rows, torch.cat(order))
-        held = HeldOut(
-            clean,
-            clean,
-            shifted,
-            device=self.device,
-            tolerance=self.tolerance_rule,
-            likelihood=self.likelihood,
-            from_training_data=self.from_training_data,
-        )
+        held = self._like(clean, clean, shifted)
         held.plain = self.plain.take(picked)
         held.layout = dataclasses.replace(held.layout, key=held.plain.clean)
         if shifted is not None:
             shifted.groups = held.plain.groups
         held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)
         return held
+
+    def _like(self, batches: list | None, loader: Iterable, shifted: Any) -> HeldOut:
+        """Other held-out data with this one's device, tolerance and likelihood."""
+        return HeldOut(
+            batches,
+            loader,
+            shifted,
+            device=self.device,
+            tolerance=self.tolerance_rule,
+            likelihood=self.likelihood,
+            from_training_data=self.from_training_data,
+        )
 
     # ---- passes over the data ---------------------------------------------------------------------------------
     def units(self) -> Tensor | None:

@@ -511,25 +511,12 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, rounded for the model card."""
-        out = {
-            "candidate": self.label,
-            "value": _plain(self.value),
-            "clean_nll": _round(self.clean_nll),
-            "excess": _round(self.excess),
-            "bound": _round(self.bound),
-            "excess_se": _round(self.excess_se),
-            "shifted_nll": _round(self.shifted_nll),
-            "shifted_nll_se": _round(self.shifted_nll_se),
-            "shifted_ece": _round(self.shifted_ece),
-            "shifted_ratio": _round(self.shifted_ratio),
-            "confidence": self.confidence,
-            "seconds": _round(self.seconds, 3),
-            "admissible": self.admissible,
-            "reason": self.reason,
-            "chosen": self.chosen,
-        }
-        out.update({key: _plain(value) for key, value in self.extra.items()})
-        return out
+        rounded = ("clean_nll", "excess", "bound", "excess_se", "shifted_nll", "shifted_nll_se", "shifted_ece")
+        out = {"candidate": self.label, "value": _plain(self.value)}
+        out |= {name: _round(getattr(self, name)) for name in (*rounded, "shifted_ratio")}
+        out |= {"confidence": self.confidence, "seconds": _round(self.seconds, 3), "admissible": self.admissible}
+        out |= {"reason": self.reason, "chosen": self.chosen}
+        return out | {key: _plain(value) for key, value in self.extra.items()}
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:

@@ -163,15 +163,7 @@ class UncertainModel(nn.Module):
         held_out = None
         if val_loader is not None and any(makes_choice(method) for method in chain):
             # read before any fit: the plain model is the checkpoint as it was given
-            held_out = HeldOut.read(
-                val_loader,
-                model=self.method.base_model,
-                likelihood=self.likelihood,
-                shift=shift,
-                tolerance=tolerance,
-                device=self.device,
-                progress=progress,
-            )
+            held_out = self._read(val_loader, self.method.base_model, shift, tolerance, progress)
         for method in chain:
             _fit_one(method, train_loader, val_loader, progress, fit_options)
             if makes_choice(method):
@@ -208,15 +200,19 @@ class UncertainModel(nn.Module):
         rows = training_rows(method, train_loader)
         if rows is None:
             return None
+        return self._read(rows, _plain_on(method, self.device), shift, tolerance, progress, from_training_data=True)
+
+    def _read(self, loader: Iterable, model: nn.Module, shift: Any, tolerance: Any, progress: bool, **kw) -> HeldOut:
+        """:meth:`HeldOut.read` of ``loader`` against the plain ``model``, at this model's likelihood and device."""
         return HeldOut.read(
-            rows,
-            model=_plain_on(method, self.device),
+            loader,
+            model=model,
             likelihood=self.likelihood,
             shift=shift,
             tolerance=tolerance,
             device=self.device,
             progress=progress,
-            from_training_data=True,
+            **kw,
         )
 
     def choose(
@@ -249,15 +245,8 @@ class UncertainModel(nn.Module):
         if isinstance(val_loader, HeldOut):  # read already (the plain model must be this one's checkpoint)
             held_out = val_loader
         else:
-            held_out = HeldOut.read(
-                val_loader,
-                model=_plain_on(self.method, self.device),
-                likelihood=self.likelihood,
-                shift=shift,
-                tolerance=Tolerance.of(tolerance),
-                device=self.device,
-                progress=progress,
-            )
+            tolerance = Tolerance.of(tolerance)
+            held_out = self._read(val_loader, _plain_on(self.method, self.device), shift, tolerance, progress)
         with self.run.scope():
             for method in chain_of(self.method):
                 if makes_choice(method):
