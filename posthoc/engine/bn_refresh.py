@@ -1,13 +1,9 @@
 """Recomputing BatchNorm statistics exactly over given batches (after the weights changed).
 
-BatchNorm layers keep running statistics of their inputs that belong to the weights they were
-trained with; a model with new weights (a SWAG sample, an SWA average) needs them recomputed.
-:func:`batchnorm_statistics` runs the given batches through the model with the BatchNorm layers
-in training mode (every other layer, e.g. dropout, in eval mode) and accumulates each layer's
-per-channel input mean and variance exactly over *all* examples (Chan's pairwise merge in
-float64), so unequal batch sizes give the statistics of the whole data, not an average of
-per-batch ones; under ``torch.distributed`` the moments of every rank's batches are merged.
-Nothing of the model is changed unless you call :func:`refresh_batchnorm`.
+A model with new weights (a SWAG sample, an SWA average) needs its BatchNorm running statistics recomputed.
+:func:`batchnorm_statistics` runs the batches with only the BatchNorm layers in training mode and accumulates each
+layer's per-channel input mean and variance exactly over all examples and ranks (Chan's pairwise merge in float64), so
+unequal batch sizes give the statistics of the whole data. Only :func:`refresh_batchnorm` changes the model.
 
 Example:
     >>> import torch
@@ -95,25 +91,9 @@ def batchnorm_statistics(
 ) -> dict[str, Tensor]:
     """Exact BatchNorm statistics of ``model`` over ``batches``, as ``{buffer name: tensor}``.
 
-    Args:
-        model: the network; its weights, buffers and train/eval flags are left as they are.
-        batches: input batches (tensors or dicts of tensors), on the model's device.
-        parameters: ``{name: tensor}`` overriding some of the model's parameters (e.g. a SWAG
-            sample), used through :func:`~posthoc.core.inputs.run_model_with`.
-        layers: names of the BatchNorm layers to recompute; the others keep their running
-            statistics (eval mode). Defaults to every BatchNorm layer.
-
-    Returns:
-        ``running_mean``, ``running_var`` (unbiased, as PyTorch stores it) and
-        ``num_batches_tracked`` of each recomputed layer; ``{}`` for a model without BatchNorm.
-
-    Example:
-        >>> import torch
-        >>> import torchvision
-        >>> from posthoc.engine.bn_refresh import batchnorm_statistics
-        >>> stats = batchnorm_statistics(torchvision.models.resnet18(num_classes=3), [torch.randn(64, 3, 32, 32)])
-        >>> sorted(stats)[:1]
-        ['bn1.num_batches_tracked']
+    ``parameters`` override some of the model's (e.g. a SWAG sample); ``layers`` names the BatchNorm layers to
+    recompute (default: all). The model is left as it is. Returns each layer's ``running_mean``, ``running_var``
+    (unbiased, as PyTorch stores it) and ``num_batches_tracked``.
     """
     selected = batchnorm_layers(model, layers)
     if not selected:
@@ -153,20 +133,7 @@ def batchnorm_statistics(
 
 
 def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: Iterable[str] | None = None) -> nn.Module:
-    """Recompute the BatchNorm statistics of ``model`` over ``batches`` in place; return ``model``.
-
-    A model without BatchNorm is returned unchanged. See :func:`batchnorm_statistics`.
-
-    Example:
-        >>> import torch
-        >>> from torch import nn
-        >>> from posthoc.engine.bn_refresh import refresh_batchnorm
-        >>> from posthoc_apps.demo.examples import train_loader
-        >>> net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.ReLU(), nn.Linear(8, 3))
-        >>> swa = torch.optim.swa_utils.AveragedModel(net)   # ... after averaging
-        >>> refresh_batchnorm(swa.module, [x for x, _ in train_loader])[1].running_mean.shape
-        torch.Size([8])
-    """
+    """Recompute the BatchNorm statistics of ``model`` over ``batches`` in place (:func:`batchnorm_statistics`)."""
     stats = batchnorm_statistics(model, batches, layers=layers)
     buffers = dict(model.named_buffers())
     with torch.no_grad():
@@ -176,8 +143,8 @@ def refresh_batchnorm(model: nn.Module, batches: Iterable[Inputs], *, layers: It
 
 
 def normalise_groups(layer: _BatchNorm, z: Tensor, mean: Tensor, var: Tensor) -> Tensor:
-    """``layer``'s BatchNorm of ``z`` (rows ``(G, n, C, ...)``) with per-group statistics ``mean, var`` ``(G, C)``: each
-    group of rows normalised as ``layer`` would in eval mode with that group's statistics as its running ones.
+    """``layer``'s eval-mode BatchNorm of each group of rows of ``z`` ``(G, n, C, ...)`` with that group's statistics
+    ``mean, var`` ``(G, C)``.
 
     Example:
         >>> import torch
@@ -204,8 +171,7 @@ def normalise_groups(layer: _BatchNorm, z: Tensor, mean: Tensor, var: Tensor) ->
 
 def per_batch_statistics(model: nn.Module, batches: Iterable[Inputs]) -> tuple[Tensor, Tensor]:
     """Every BatchNorm layer's input mean and unbiased variance over each batch, each layer normalising with its
-    batch's statistics as it does in training (``(S, channels of all layers)`` each). The statistics Monte Carlo
-    BatchNorm samples (``posthoc.methods.mc_batchnorm``); the variance is unbiased, as torch-uncertainty's.
+    batch's statistics (``(S, channels of all layers)`` each): what Monte Carlo BatchNorm samples.
 
     Example:
         >>> import torch

@@ -1,8 +1,7 @@
 """The runner of a held-out choice: a method's :class:`~posthoc.core.knob.Knob` through the selection step.
 
-:func:`make_choice` scores the knob's candidates on the held-out data (:meth:`HeldOut.select`, the one rule of
-:mod:`posthoc.engine.selection`), keeps the record on the method (:func:`record_selection`) and applies the chosen
-value. ``UncertainModel.fit`` and ``um.choose`` call it for every method of a chain; an ensemble for each member.
+:func:`make_choice` scores the knob's candidates on the held-out data (:mod:`posthoc.engine.selection`), keeps the
+record on the method and applies the chosen value.
 
 Example:
     >>> import posthoc
@@ -35,8 +34,7 @@ def makes_choice(method: Method) -> bool:
 def make_choice(
     method: Method, held_out: HeldOut, *, train_loader: Iterable | None = None, progress: bool = True
 ) -> None:
-    """Make ``method``'s held-out choice on ``held_out`` (nothing if it declares no knob): score every candidate
-    through the selection step, walking from the knob's ``start``, record the selection and apply the chosen value."""
+    """Make ``method``'s held-out choice on ``held_out`` (nothing if it declares no knob)."""
     knob = method.knob()
     if knob is None:
         return
@@ -64,8 +62,7 @@ def make_choice(
 
 
 def record_selection(method: Method, selection: Selection) -> None:
-    """Keep ``selection`` on ``method`` for the model card and the file; the object itself, with every tried
-    candidate's scores, stays in ``method.last_selection`` until the method is saved."""
+    """Keep ``selection`` on ``method`` for the model card and the file (the object in ``method.last_selection``)."""
     method.selection_record = record_tensor(selection.to_dict(), method.device)
     method.__dict__["_last_selection"] = selection
 

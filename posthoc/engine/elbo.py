@@ -1,14 +1,9 @@
 """The annealed ELBO and its fine-tuning loop, shared by ``"vi"``, ``"sparse-vd"`` and ``"ibnn"``.
 
-The loss of one batch is ``mean NLL + beta_t * KL / N``: the method gives the NLL and the KL of
-its posterior for the batch (:data:`ElboTerms`), ``beta_t`` follows a
-:class:`~posthoc.engine.kl_schedule.KLSchedule` over the fraction of steps done (the KL warm-up),
-and ``N`` is the number of training examples (of all shards together under ``torch.distributed``;
-estimated from the first batch for a loader without a sized dataset). :func:`maximise_elbo` runs it
-in :func:`~posthoc.engine.fine_tune.fine_tune`: every rank takes as many steps as the shortest shard
-has batches, and the posterior's gradients are averaged over ranks before each optimizer step (as
-DistributedDataParallel would: the posterior lives outside the model). A NaN/inf loss raises a
-:class:`~posthoc.NumericalError` naming the step, the two terms and the method's ``hint``.
+The loss of one batch is ``mean NLL + beta_t * KL / N``: the method gives the NLL and the KL (:data:`ElboTerms`),
+``beta_t`` follows a :class:`~posthoc.engine.kl_schedule.KLSchedule` (the KL warm-up), and ``N`` is the number of
+training examples over all ranks (estimated from the first batch without a sized dataset). :func:`maximise_elbo` runs
+it in :func:`~posthoc.engine.fine_tune.fine_tune`.
 
 Example:
     >>> import torch
@@ -113,11 +108,8 @@ def maximise_elbo(
     """Minimise the annealed negative ELBO over ``loader`` for ``epochs`` (module docs); returns the steps taken.
 
     Args:
-        terms: the batch's mean NLL and the posterior's KL.
         optimizer: moves ``trained`` (``None``: nothing is trained, the loss is still checked).
-        trained: the tensors whose gradients are averaged over ranks.
-        kl: ``beta_t`` over the fraction of steps done.
-        hint: ends the message of a NaN/inf loss (what to lower, what was restored).
+        hint: ends the message of a NaN/inf loss.
         before_update: called before each optimizer step (e.g. a learning-rate schedule).
         what: names the fit in the message refusing a loader without a length under torch.distributed.
     """

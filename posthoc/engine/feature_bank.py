@@ -1,26 +1,13 @@
 """A bank of unit-normalised training features and the distance of a query to its k-th nearest row.
 
-Sun et al. (ICML 2022) showed that the distance of an example's normalised features ``z = phi / ||phi||``
-to the ``k``-th nearest normalised training feature is a strong, assumption-free density signal. The
-OOD score ``"knn"`` and the density-aware predictive ``"dac"`` both read it from here.
-
-- :func:`kth_distance` is exact: the ``k`` largest cosine similarities are found ``m`` bank rows
-  at a time (``m`` planned by :mod:`posthoc.core.chunks` under the runner's budget, a ``B x m`` block
-  of similarities per step), and the winner's Euclidean distance is recomputed in float64
-  (``1 - cos`` loses digits near 0).
-- :class:`Reservoir` keeps a uniform random subset of a stream of rows, at most ``capacity`` of
-  them, in one pass and ``capacity`` rows of memory: each row draws a random priority and the
-  ``capacity`` smallest priorities stay. Under ``torch.distributed`` the ranks' reservoirs merge
-  by the same rule, so the union is still a uniform subset.
-- :func:`rows_within` says how many rows fit a byte budget: a bank of ``rows`` examples over
-  features of widths ``D_1 .. D_L`` holds ``4 * rows * sum(D_l)`` bytes (float32).
+The distance of an example's normalised features to the ``k``-th nearest normalised training feature is a strong,
+assumption-free density signal (Sun et al., ICML 2022), read by the OOD score ``"knn"`` and by ``"dac"``.
+:func:`kth_distance` is exact (the winner's distance recomputed in float64: ``1 - cos`` loses digits near 0), and
+:class:`Reservoir` keeps a uniform random subset of a stream of rows (the smallest random priorities stay, also
+across ranks).
 
 Example:
-    >>> import torch
-    >>> from posthoc.engine.feature_bank import kth_distance, normalised, rows_within
-    >>> bank = normalised(torch.randn(1000, 16))
-    >>> kth_distance(normalised(torch.randn(4, 16)), bank, k=10).shape
-    torch.Size([4])
+    >>> from posthoc.engine.feature_bank import rows_within
     >>> rows_within([64, 32, 16], 64 * 2**20)
     149796
 """
@@ -47,9 +34,7 @@ def normalised(features: Tensor) -> Tensor:
 def kth_distance(queries: Tensor, bank: Tensor, k: int, *, max_memory: int | None = None) -> Tensor:
     """Euclidean distance ``(B,)`` of each normalised query ``(B, D)`` to its ``k``-th nearest row of ``bank (N, D)``.
 
-    ``bank`` may be a column slice of a wider tensor (a view); ``k`` must be at most ``N``. The
-    result is float64. ``max_memory`` bounds the bytes of one block of similarities (``None``: the runner's budget,
-    else ``posthoc.settings.max_memory``).
+    ``k`` must be at most ``N``; the result is float64. ``max_memory`` bounds one block of similarities.
 
     Example:
         >>> import torch
@@ -80,8 +65,7 @@ def rows_within(widths: Sequence[int], max_bytes: int) -> int:
 class Reservoir:
     """A uniform random subset of at most ``capacity`` rows of a stream, kept in one pass.
 
-    ``add(rows)`` takes a batch ``(B, D)``; :meth:`rows` is the kept subset (in no particular order)
-    and :attr:`seen` the number of rows offered. Seeded by ``generator`` (on the rows' device).
+    ``add(rows)`` takes a batch ``(B, D)``; :meth:`rows` is the kept subset and :attr:`seen` the rows offered.
 
     Example:
         >>> import torch

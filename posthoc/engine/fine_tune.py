@@ -1,17 +1,9 @@
 """One fine-tuning loop for every method that trains from the checkpoint (SWAG, SGLD, IVON, the ELBO fits).
 
-:func:`fine_tune` runs ``epochs`` passes over the batches a method gives, with a progress bar. Each
-step asks the method for the batch's loss, refuses a NaN/inf loss with a
-:class:`~posthoc.NumericalError` worded by the method (before the update: the method's state
-stays as the last finite step left it, and the caller restores what it must), then lets the method
-update its weights. What a method does between steps (a SWAG snapshot, an SGLD sample, a learning
-rate of a schedule) goes in the hooks, in the spirit of ``torch.optim.swa_utils``: the loop owns
-the iteration, the method owns the maths.
-
-Under ``torch.distributed`` the engine, not the method, keeps the ranks in step: :func:`backward`
-averages the gradients of the weights a method trains over ranks (as DistributedDataParallel would:
-those weights live outside the user's model), and :func:`loader_batches` stops every rank after the
-same number of steps (:func:`~posthoc.engine.runner.steps_on_every_rank`).
+:func:`fine_tune` owns the iteration, the method the maths: each step asks for the batch's loss, refuses a NaN/inf loss
+(before the update) with a :class:`~posthoc.NumericalError` worded by the method, then lets the method update; what a
+method does between steps (a SWAG snapshot, an SGLD sample) goes in the hooks. Under ``torch.distributed``
+:func:`backward` averages the gradients of the method's own weights over ranks.
 
 Example:
     >>> import torch
@@ -87,13 +79,8 @@ def fine_tune(
     """Run ``epochs`` passes of ``loss`` then ``update`` over ``epoch_batches(epoch)``; returns the steps taken.
 
     Args:
-        epoch_batches: the batches of one epoch (the method truncates them, e.g. to a common length).
-        loss: the loss of one batch (a scalar tensor; ``update`` may call ``backward`` on it).
-        update: the step on the weights after a finite loss.
-        epochs, total: the number of passes, and the steps in all (``None``: unknown, for the bar only).
+        total: the steps in all (``None``: unknown), for the progress bar.
         failure: the message of the :class:`~posthoc.NumericalError` raised on a NaN/inf loss.
-        desc, progress: the progress bar's label, and whether it shows.
-        after_step: called after every update (snapshots, samples).
         after_epoch: called after every epoch with its index and the steps it took.
         postfix: the progress bar's fields after a step.
     """
@@ -123,8 +110,7 @@ def fine_tune(
 
 
 def backward(loss: Tensor, trained: Iterable[Tensor]) -> None:
-    """``loss.backward()``, then the gradients of ``trained`` averaged over the ranks of ``torch.distributed`` (in one
-    process: ``loss.backward()`` alone). Every method that trains weights of its own calls it in its update.
+    """``loss.backward()``, then the gradients of ``trained`` averaged over the ranks of ``torch.distributed``.
 
     Example:
         >>> import torch
@@ -139,8 +125,7 @@ def backward(loss: Tensor, trained: Iterable[Tensor]) -> None:
 
 
 def loader_batches(loader: Iterable, *, device: Any, steps: int | None, desc: str) -> Iterator[tuple[Inputs, Tensor]]:
-    """One epoch of ``(x, y)`` from ``loader`` on ``device``, at most ``steps`` of them (``None``: all): under
-    ``torch.distributed`` every rank takes the same number of steps."""
+    """One epoch of ``(x, y)`` from ``loader`` on ``device``, at most ``steps`` of them (``None``: all)."""
     for index, batch in enumerate(iterate(loader, device=device, progress=False, desc=desc)):
         if steps is not None and index >= steps:
             break

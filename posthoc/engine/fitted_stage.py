@@ -1,13 +1,9 @@
 """A stacked method fitted on held-out predictions: its fit is a held-out choice among configurations, cross-fitted.
 
-A calibrator stacked on a predictive, or DAC's density-aware temperature, fits its parameters on the inner
-predictive's outputs over the validation batches. Which configuration to fit (no calibration at all, a clean
-fit, a fit pulled towards the perturbed copies) is a held-out choice like any other, so it goes through the
-selection step (:mod:`posthoc.engine.selection`). Because each configuration's parameters are fitted on the
-held-out data, its scores are cross-fitted: fitted on four folds, scored on the fifth. A subclass says what
-it caches (:meth:`FittedOnHeldOut.held_out_cache`), which configurations it tries, how one is fitted and
-scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.knob` does the rest, and
-``method="auto"`` calls the same pieces on caches it shares between candidates.
+A calibrator or DAC fits its parameters on the inner predictive's outputs over the validation batches; which
+configuration to fit (none, a clean fit, a fit pulled towards the perturbed copies) is a held-out choice, with
+cross-fitted scores (:mod:`posthoc.engine.selection`). A subclass says what it caches, which configurations it tries,
+how one is fitted and scored on given rows, and how the chosen one is applied; :meth:`FittedOnHeldOut.knob` does the rest.
 
 Example:
     >>> import posthoc
@@ -59,12 +55,9 @@ class FittedOnHeldOut:
     def cross_fitted_selection(self, cache: Any, held_out: HeldOut, configurations: list[Candidate]) -> Selection:
         """The selection among ``configurations`` by their out-of-fold scores (fold warnings silenced: the final fit warns).
 
-        When the method stacked under this one made a held-out choice of its own among fixed candidates (Laplace's
-        prior precision, a dropout rate: a movable :class:`~posthoc.core.knob.Knob`), that choice is re-made on
-        each fold's fitting examples too (:func:`~posthoc.engine.selection.choice_on`), and the fold is fitted and
-        scored on the inner predictive at it: otherwise the inner choice, tuned on every held-out example, would
-        make the stacked candidates look cheaper than they are on new data. ``cache`` is the one at the inner's
-        final choice; the caches at the others are made here.
+        A movable held-out choice of the inner method is re-made on each fold's fitting examples
+        (:func:`~posthoc.engine.selection.choice_on`): tuned on every held-out example, it would make the stacked
+        candidates look cheaper than they are on new data.
         """
         folds = fold_count(held_out.layout)
         caches = self._fold_caches(cache, held_out)

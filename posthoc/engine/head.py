@@ -1,14 +1,9 @@
 """Finding a classifier's head and splitting the model into features and head.
 
-The head is found in this order: a user-named module; timm's ``get_classifier()``; a Hugging Face
-classifier's head (a Linear with ``config.num_labels`` outputs: ``classifier``, RoBERTa's
-``classifier.out_proj``, ``score``, or ``get_output_embeddings()``; inside a ``peft`` model, the
-trained copy of the head); the known torchvision heads (``fc``, ``classifier[-1]``, ``heads.head``,
-``head``); the last ``nn.Linear`` reached in a traced forward pass. The features last-layer methods
-see are the head's input: a transformer's pooled features (BERT's pooler output after dropout,
-ViT's final [CLS] state, RoBERTa's ``classifier.dense`` output). :class:`FeatureSplit` then captures the head's input with a
-temporary hook, so the features ``phi`` and the logits come from one ordinary forward pass, and
-checks that the head really produces the model's output.
+The head is found in this order: a user-named module; timm's ``get_classifier()``; a Hugging Face classifier's head
+(a Linear with ``config.num_labels`` outputs, also inside ``peft``); the known torchvision heads; the last
+``nn.Linear`` reached in a traced forward pass. :class:`FeatureSplit` captures the head's input with a temporary hook,
+so the features ``phi`` and the logits come from one ordinary forward pass.
 
 Example:
     >>> import torch
@@ -64,8 +59,8 @@ WIDTH_KEEPING = (
 
 
 def output_width(model: nn.Module) -> int | None:
-    """The number of outputs per example that ``model`` returns, where its structure tells it without an input: a
-    ``nn.Linear``, or a ``nn.Sequential`` ending in one (then only width-keeping layers); ``None`` otherwise.
+    """The number of outputs per example of a ``nn.Linear``, or a ``nn.Sequential`` ending in one (then only
+    width-keeping layers); ``None`` otherwise.
 
     Example:
         >>> from torch import nn
@@ -116,8 +111,8 @@ def _running_copy(module: nn.Module) -> nn.Module:
 
 
 def _hf_head(model: nn.Module) -> nn.Module | None:
-    """A Hugging Face classifier's head: a Linear with ``config.num_labels`` outputs among :data:`HF_HEADS`
-    or the model's ``get_output_embeddings()`` (through a ``peft`` wrapper's base model)."""
+    """A Hugging Face classifier's head: a Linear with ``config.num_labels`` outputs among :data:`HF_HEADS` or the
+    model's ``get_output_embeddings()``."""
     base = model.get_base_model() if callable(getattr(model, "get_base_model", None)) else model
     labels = getattr(getattr(base, "config", None), "num_labels", None)
     if not isinstance(labels, int):
@@ -144,12 +139,8 @@ def _traced_last_linear(model: nn.Module, example: Inputs) -> nn.Module | None:
 def find_head(
     model: nn.Module, head: str | nn.Module | None = None, example: Inputs | None = None
 ) -> tuple[str, nn.Module]:
-    """Locate the classifier head and return ``(name, module)``.
-
-    Args:
-        model: the classifier.
-        head: a module name (``"fc"``, ``"classifier.1"``) or the module itself, to skip the search.
-        example: an input batch, used only for the traced fallback on plain models.
+    """Locate the classifier head and return ``(name, module)``; ``head`` (a name or the module) skips the search,
+    ``example`` (an input batch) allows the traced fallback.
 
     Example:
         >>> import torchvision
@@ -184,8 +175,7 @@ def find_head(
 class FeatureSplit:
     """Split a classifier at its head: ``phi, logits = split(x)`` in one forward pass.
 
-    The head must be an ``nn.Linear`` whose output is the model's output; this is checked on
-    every call (a cheap identity check), so a model that post-processes logits is refused.
+    The head must be an ``nn.Linear`` whose output is the model's output (checked on every call).
 
     Example:
         >>> import torchvision
@@ -251,8 +241,7 @@ class FeatureSplit:
 
 
 def _one_output_squeezed(out: Tensor, logits: Tensor) -> bool:
-    """Whether the model's output ``logits`` ``(N,)`` is the head's one output ``(N, 1)`` with that axis dropped (a
-    model ending in ``.squeeze(-1)``: a regressor of one target, a binary classifier's logit), the same numbers."""
+    """Whether ``logits`` ``(N,)`` is the head's one output ``(N, 1)`` squeezed (the same storage)."""
     return (
         out.dim() == 2
         and out.shape[1] == 1

@@ -1,25 +1,17 @@
 """Held-out data for the held-out choices: the clean batches, their perturbed copies, and the plain model's scores.
 
-Every held-out choice of the methods (Laplace's prior precision, MC dropout's rate, SWAG's and IVON's
-scale, iBNN's spread, a stacked calibrator, DAC, ``method="auto"``) reads its data from one
-:class:`HeldOut`, built once per fit by ``UncertainModel.fit``. With ``shift=None`` it holds the clean
-validation batches only. With ``shift="auto"`` (the default) it also holds :class:`ShiftedHeldOut`: each
-clean batch again at every graded strength of the fit-time perturbations that suit the inputs
-(:mod:`posthoc.engine.perturb`), each example with one kind drawn at random. The choice itself is
-:func:`posthoc.engine.selection.select`.
-
-A classifier's kinds are graded by its accuracy, a regressor's (``likelihood="regression"``) by its RMSE: level
-``k`` takes each kind to where the RMSE has risen ``STRENGTHS[k]`` of the way from the clean RMSE to that of a
-constant prediction (the grading targets' mean; twice the clean RMSE if that is not larger), so the held-out choices
-of a regressor also see perturbed copies, scored by their Gaussian NLL.
+Every held-out choice reads its data from one :class:`HeldOut`, built once per fit. With ``shift="auto"`` (the
+default) it also holds :class:`ShiftedHeldOut`: each clean batch again at every graded strength of the fit-time
+perturbations that suit the inputs (:mod:`posthoc.engine.perturb`), one kind drawn at random per example. A
+classifier's kinds are graded by its accuracy (towards chance), a regressor's by its RMSE (towards that of a constant
+prediction, or twice the clean RMSE if that is not larger). The choice itself is :func:`posthoc.engine.selection.select`.
 
 Example:
-    >>> from posthoc.engine.held_out import held_out_nll, shifted_held_out
+    >>> from posthoc.engine.held_out import shifted_held_out
     >>> from posthoc_apps.demo.examples import val_loader, model
     >>> shifted = shifted_held_out(val_loader, lambda x: model(x).log_softmax(-1), "auto", device="cpu")
-    >>> held_out_nll(lambda x: model(x).log_softmax(-1), shifted, device="cpu") > held_out_nll(
-    ...     lambda x: model(x).log_softmax(-1), val_loader, device="cpu")
-    True
+    >>> len(shifted.levels), shifted.description["graded_by"]
+    (3, 'accuracy')
 """
 
 from __future__ import annotations
@@ -68,29 +60,11 @@ _GRADED: dict[tuple, dict[str, tuple[float, ...]]] = {}
 UserPerturbation = Callable[[Inputs, torch.Generator], Inputs]
 
 
-@torch.no_grad()
-def held_out_nll(log_probs: Callable[[Inputs], Tensor], loader: Iterable, *, device: torch.device | str) -> float:
-    """Mean negative log-likelihood of ``log_probs(x) (N, C)`` over ``loader``'s labels (every rank's examples once)."""
-    total = torch.zeros(2, dtype=torch.float64, device=device)
-    for x, y in iterate(loader, device=device, progress=False, desc="held-out NLL"):
-        lp = log_probs(x)
-        total[0] -= lp.gather(-1, check_labels(y, lp.shape[-1]).unsqueeze(-1)).double().sum()
-        total[1] += lp.shape[0]
-    total = distributed.all_reduce_sum(total) if distributed.active() else total
-    return float(total[0] / total[1])
-
-
 class ShiftedHeldOut:
-    """Perturbed copies of a labelled loader's batches, the same on every pass.
+    """Perturbed copies of a labelled loader's batches, the same on every pass (seeded with ``seed``).
 
-    Each pass yields, for every batch of ``loader`` and every level of ``levels``, the batch with
-    each example perturbed by one of that level's perturbations (drawn at random), and its labels.
-    The draws come from a generator seeded with ``seed`` at the start of each pass.
-
-    Args:
-        loader: the clean labelled batches.
-        levels: one list of ``perturbation(x, generator) -> x`` per strength.
-        description: what the levels are, for the model card.
+    Each pass yields every batch of ``loader`` at every level of ``levels`` (one list of ``perturbation(x, generator)
+    -> x`` per strength), each example perturbed by one of that level's perturbations drawn at random.
     """
 
     def __init__(
@@ -172,24 +146,11 @@ def shifted_held_out(
 ) -> ShiftedHeldOut | None:
     """The perturbed copies of ``loader`` that ``shift`` asks for (``None`` for ``shift=None`` or no loader).
 
-    Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows``
-    held-out examples by ``log_probs`` (the plain model's log-probabilities): level ``k`` takes each
-    kind to where accuracy has fallen ``strengths[k]`` of the way to chance. With ``regression``,
-    ``log_probs`` gives the plain model's predicted means ``(n, D)`` instead and the grade is the rise in
-    RMSE (module docs); ``"auto"`` on inputs no kind suits then perturbs nothing (with a warning). A user's callables are
-    used as given, all at one level. ``model`` (what ``log_probs`` runs) is kept in eval mode while
-    grading, so BatchNorm statistics and dropout stay as they are; the grades are remembered per
-    model, weights and loader (:data:`GRADED_KEPT` of them; ``source``: the user's loader that ``loader``'s
-    batches were read from, when ``loader`` is a copy of them), so several methods fitted on one checkpoint and one
-    validation loader grade once.
-
-    Example:
-        >>> from posthoc.engine.held_out import shifted_held_out
-        >>> from posthoc_apps.demo.examples import model, val_loader
-        >>> plain_log_probs = lambda x: model(x).log_softmax(-1)
-        >>> shifted = shifted_held_out(val_loader, plain_log_probs, ["feature-noise"], device="cpu")
-        >>> len(shifted.levels)
-        3
+    Named kinds (``"auto"`` picks them from the inputs) are graded on the first ``grading_rows`` examples by
+    ``log_probs`` (with ``regression``: the predicted means, graded by RMSE): level ``k`` takes each kind
+    ``strengths[k]`` of the way to chance. A user's callables are used as given, all at one level. ``model`` is kept in
+    eval mode while grading; the grades are remembered per model, weights and loader (``source``: the user's loader
+    ``loader`` was copied from), so several methods fitted on one checkpoint grade once.
     """
     check_shift(shift)
     if shift is None or loader is None:
@@ -315,8 +276,7 @@ def _graded_rmse(
     strengths: Sequence[float],
     seed: int,
 ) -> dict[str, tuple[float, ...]]:
-    """:func:`_graded` for a regressor: each kind at the parameters where the RMSE of ``means(x)`` ``(n, D)`` on the
-    grading rows has risen ``strengths`` of the way from the clean RMSE to a constant prediction's (module docs)."""
+    """:func:`_graded` for a regressor, by the RMSE of ``means(x)`` ``(n, D)`` (module docs)."""
 
     def rmse(perturb: Callable[[Inputs], Inputs]) -> float:
         """RMSE on the grading rows of every rank (so that all ranks grade alike)."""
@@ -365,8 +325,7 @@ class Prepared:
         self, predict: Callable[[Any, torch.Generator], Tensor], *, device: torch.device | str
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
         """``predict(prepared, generator)`` over every clean and perturbed batch (each pass from :data:`SCORE_SEED`),
-        gathered over ranks: ``(clean outputs, clean labels, perturbed outputs or None, their labels or None)``.
-        Outputs ``(n, C)`` are concatenated on examples; samples ``(S, n, C)`` on their second dimension."""
+        gathered over ranks: ``(clean outputs, clean labels, perturbed outputs or None, their labels or None)``."""
         clean = _run(predict, self.clean, device)
         if not self.perturbed:
             return (*clean, None, None)
@@ -390,8 +349,7 @@ def _run(
 
 
 class FixedCopies:
-    """Perturbed copies kept as batches (a :meth:`HeldOut.subset`'s), passed through as they are: the same interface as
-    :class:`ShiftedHeldOut` (``levels``, ``description``, iteration)."""
+    """Perturbed copies kept as batches (a :meth:`HeldOut.subset`'s), with the interface of :class:`ShiftedHeldOut`."""
 
     def __init__(self, batches: list[tuple[Inputs, Tensor]], levels: int, description: dict[str, Any] | None) -> None:
         self.batches = batches
@@ -420,8 +378,7 @@ def _take(x: Inputs, index: Tensor) -> Inputs:
 
 
 def _copy_table(layout: Layout) -> Tensor:
-    """``table[l, i]``: the index of example ``i``'s perturbed copy at level ``l`` (copies of one example come in level
-    order)."""
+    """``table[l, i]``: the index of example ``i``'s perturbed copy at level ``l``."""
     order = torch.argsort(layout.source, stable=True)
     return order.view(layout.count, -1).T
 
@@ -443,11 +400,9 @@ def _outputs_of(outputs: tuple, picked: Rows) -> tuple:
 class HeldOut:
     """The held-out data of one fit, read once and shared by every held-out choice of the methods it fits.
 
-    It holds the clean validation batches (kept in memory up to :data:`HELD_OUT_BYTES`, so that every pass sees
-    the same examples in the same order, even from a shuffling loader), their fit-time perturbed copies
-    (:func:`shifted_held_out`, graded on the plain model), the plain model's :class:`Scores` on both, and the
-    tolerance in nats. A method scores its candidates with :meth:`scores` (or :meth:`prepared` to compute what
-    every candidate shares once) and chooses with :meth:`select`.
+    It holds the clean batches (in memory up to :data:`HELD_OUT_BYTES`, so every pass sees the same examples in the
+    same order), their perturbed copies, the plain model's :class:`Scores` on both, and the tolerance. A method scores
+    its candidates with :meth:`scores` (or :meth:`prepared`) and chooses with :meth:`select`.
 
     Example:
         >>> from posthoc.engine.held_out import HeldOut
@@ -496,17 +451,7 @@ class HeldOut:
         progress: bool = False,
         from_training_data: bool = False,
     ) -> HeldOut:
-        """Read ``loader`` (labelled held-out batches), grade the fit-time perturbations ``shift`` on ``model`` (the
-        plain checkpoint, in eval mode) and score the plain model on both (a regressor's kinds are graded by RMSE).
-
-        Example:
-            >>> from posthoc.engine.held_out import HeldOut
-            >>> from posthoc_apps.demo.examples import val_loader, model
-            >>> from posthoc.core.likelihood import Categorical
-            >>> held = HeldOut.read(val_loader, model=model, likelihood=Categorical(), shift=None, device="cpu")
-            >>> held.shifted is None
-            True
-        """
+        """Read ``loader``, grade the fit-time perturbations ``shift`` on the plain ``model`` and score it on both."""
         check_shift(shift)
         classes = likelihood.prediction_type is Prediction
         batches: list[tuple[Inputs, Tensor]] | None = []
@@ -537,18 +482,8 @@ class HeldOut:
         ).rebased(model)
 
     def rebased(self, model: nn.Module) -> HeldOut:
-        """The same held-out batches and perturbed copies, judged against another plain ``model`` (an ensemble member's
-        checkpoint): its scores are computed anew, in the current process mode (one rank alone inside
-        :func:`~posthoc.core.distributed.local_only`)."""
-        held = HeldOut(
-            self._batches,
-            self._loader,
-            self.shifted,
-            device=self.device,
-            tolerance=self.tolerance_rule,
-            likelihood=self.likelihood,
-            from_training_data=self.from_training_data,
-        )
+        """The same held-out batches and perturbed copies, judged against another plain ``model`` (an ensemble member)."""
+        held = self._like(self._batches, self._loader, self.shifted)
         with eval_mode(model), torch.no_grad():
             if self.likelihood.prediction_type is Prediction:
                 held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
@@ -571,9 +506,8 @@ class HeldOut:
         return held
 
     def subset(self, rows: Tensor, *, batch_size: int = 256) -> HeldOut:
-        """These held-out data restricted to the clean examples ``rows`` (indices) and their perturbed copies, judged
-        against the same plain model: the same perturbed copies, not new draws, so that a choice made on a subset sees
-        what it would have seen in the whole (``tests/engine/test_never_worse.py`` re-draws validation sets this way).
+        """These held-out data restricted to the clean examples ``rows`` and their perturbed copies (the same copies,
+        not new draws), judged against the same plain model.
 
         Example:
             >>> import torch
@@ -603,15 +537,7 @@ class HeldOut:
                 [(_take(px, index), py[index.to(py.device)]) for index in order], levels, self.shifted.description
             )
             picked = Rows(rows, torch.cat(order))
-        held = HeldOut(
-            clean,
-            clean,
-            shifted,
-            device=self.device,
-            tolerance=self.tolerance_rule,
-            likelihood=self.likelihood,
-            from_training_data=self.from_training_data,
-        )
+        held = self._like(clean, clean, shifted)
         held.plain = self.plain.take(picked)
         held.layout = dataclasses.replace(held.layout, key=held.plain.clean)
         if shifted is not None:
@@ -619,10 +545,21 @@ class HeldOut:
         held.plain_outputs = None if self.plain_outputs is None else _outputs_of(self.plain_outputs, picked)
         return held
 
+    def _like(self, batches: list | None, loader: Iterable, shifted: Any) -> HeldOut:
+        """Other held-out data with this one's device, tolerance and likelihood."""
+        return HeldOut(
+            batches,
+            loader,
+            shifted,
+            device=self.device,
+            tolerance=self.tolerance_rule,
+            likelihood=self.likelihood,
+            from_training_data=self.from_training_data,
+        )
+
     # ---- passes over the data ---------------------------------------------------------------------------------
     def units(self) -> Tensor | None:
-        """The input each clean example belongs to when the batches hold several examples per input (dense batches,
-        their kept positions marked by :data:`~posthoc.core.inputs.KEEP`); ``None`` when every input is one example."""
+        """The input each clean example belongs to in dense batches (:data:`~posthoc.core.inputs.KEEP`), else ``None``."""
         counts = []
         for x, _ in self.clean():
             if not (isinstance(x, Mapping) and KEEP in x):
@@ -651,8 +588,7 @@ class HeldOut:
         self._labels = labels
 
     def perturbed(self) -> Iterator[tuple[Inputs, Tensor]]:
-        """The perturbed copies (nothing without ``shift``): every clean batch at every graded strength, the same draws
-        on every pass."""
+        """The perturbed copies (nothing without ``shift``), the same draws on every pass."""
         if self.shifted is None:
             return
         yield from self.shifted
@@ -687,21 +623,18 @@ class HeldOut:
         return Prepared([(step(x), y) for x, y in self.clean()], [(step(x), y) for x, y in self.perturbed()])
 
     def scores(self, predict: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
-        """The :class:`Scores` of class log-probabilities ``predict(x, generator)`` ``(n, C)`` (each pass drawing from
-        a generator seeded with :data:`SCORE_SEED`, so every candidate sees the same draws)."""
+        """The :class:`Scores` of class log-probabilities ``predict(x, generator)`` ``(n, C)`` (every candidate sees the
+        same draws)."""
         return Scores.of_log_probs(*self.outputs(predict))
 
     def outputs(
         self, predict: Callable[[Inputs, torch.Generator], Tensor]
     ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """``predict(x, generator)`` over the clean and the perturbed batches, gathered over ranks (see
-        :meth:`Prepared.outputs`), without keeping the inputs twice."""
+        """:meth:`Prepared.outputs` of the raw clean and perturbed batches."""
         return Prepared(list(self.clean()), list(self.perturbed())).outputs(predict, device=self.device)
 
     def method_scores(self, method: Any) -> Scores:
-        """The :class:`Scores` of a fitted method's predictive (a :class:`~posthoc.core.method.Method`): its class
-        log-probabilities, or under regression each example's NLL under its :class:`~posthoc.RegressionPrediction`
-        (at the noise the method fitted), on the clean examples and their perturbed copies."""
+        """The :class:`Scores` of a fitted method's predictive (under regression, at the noise the method fitted)."""
         with torch.no_grad(), eval_mode(method):
             if self.likelihood.prediction_type is Prediction:
                 return self._class_scores(method)
@@ -717,10 +650,8 @@ class HeldOut:
             return Scores(nlls(self.clean()), nlls(self.perturbed()))
 
     def sampling_scores(self, method: Any, *, own_draws: bool = False) -> Scores:
-        """The :class:`Scores` of a sampling method at its current setting, through the one seam of
-        :class:`~posthoc.core.method.Method`: its class log-probabilities, or under regression its
-        ``sampled_outputs`` (:meth:`regression_scores`). Every candidate draws from the same seeded generator, unless
-        ``own_draws`` (the method's own seeded draws, as SWAG's)."""
+        """The :class:`Scores` of a sampling method at its current setting, drawing from the scoring generator (or,
+        with ``own_draws``, from the method's own seeded draws, as SWAG's)."""
 
         if self.likelihood.prediction_type is Prediction:
             return self._class_scores(method, own_draws=own_draws)
@@ -729,15 +660,12 @@ class HeldOut:
         )
 
     def _class_scores(self, method: Any, *, own_draws: bool = False) -> Scores:
-        """The :class:`Scores` of a method's class log-probabilities, drawn from the scoring generator (or, with
-        ``own_draws``, from the method's own)."""
+        """The :class:`Scores` of a method's class log-probabilities."""
         return self.scores(lambda x, generator: method.log_predictive(x, generator=None if own_draws else generator)[0])
 
     def regression_scores(self, outputs: Callable[[Inputs, torch.Generator], Tensor]) -> Scores:
-        """The :class:`Scores` of a regression predictive: sampled outputs ``outputs(x, generator)`` ``(S, n, D)``, each
-        example's NLL under the mixture of ``N(f_s(x), σ²)`` at the noise ``σ`` of maximum likelihood on all the clean
-        examples (:func:`~posthoc.core.likelihood.best_noise_nlls`; a fixed noise stays), and each perturbed copy's
-        at that same noise."""
+        """The :class:`Scores` of sampled outputs ``outputs(x, generator)`` ``(S, n, D)``: each example's NLL under the
+        mixture of ``N(f_s(x), σ²)`` at the noise of maximum likelihood on the clean examples (also for the copies)."""
 
         def drawn(batches: Iterable[tuple[Inputs, Tensor]]) -> tuple[Tensor, Tensor] | None:
             generator = torch.Generator(device=self.device).manual_seed(SCORE_SEED)

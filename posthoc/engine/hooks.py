@@ -1,8 +1,6 @@
 """Temporary forward hooks, always removed: the one way posthoc reaches inside a model.
 
-A hook is ``(module, at, function)``: ``at="input"`` is a forward pre-hook (``function(module,
-args)`` may return new args), ``at="output"`` a forward hook (``function(module, args, output)``
-may return a new output).
+A hook is ``(module, at, function)``: ``at="input"`` a forward pre-hook, ``at="output"`` a forward hook.
 
 Example:
     >>> import torch

@@ -1,8 +1,5 @@
 """Minimising a small smooth objective in place with L-BFGS (strong Wolfe line search).
 
-The calibrators and the density-aware temperature fit a handful of parameters on cached held-out
-predictions this way.
-
 Example:
     >>> import torch
     >>> from posthoc.engine.lbfgs import minimise

@@ -1,30 +1,15 @@
 """What a sampling method fine-tunes on and scores on held-out data, under its likelihood.
 
-SWAG, MultiSWAG, IVON and SGLD train from the checkpoint and choose their spread on held-out data. Both
-steps ask the method's :class:`~posthoc.core.likelihood.Likelihood`:
+SWAG, MultiSWAG, IVON and SGLD train from the checkpoint and choose their spread on held-out data, both under the
+method's :class:`~posthoc.core.likelihood.Likelihood`:
 
-- :func:`training_loss`: the mean negative log-likelihood of a batch. Class labels: the cross-entropy of
-  the logits, as before. Real targets under a Gaussian: ``unit_loss / σ² / N``, the mean Gaussian NLL
-  (without its constant) at the noise the *plain* model has on held-out data (:func:`fit_plain_noise`,
-  fitted first, as the variational methods do). Dividing by ``σ²`` keeps the meaning of the step sizes
-  and of the posterior widths these methods derive from the loss (SWAG's relative learning rate, IVON's
-  Hessian and effective sample size, SGLD's Langevin noise ``sqrt(2 η T / N)``): the loss is a
-  log-likelihood per example, as the cross-entropy is.
-- the held-out score of a spread (a scale, a rate) under real targets is the NLL of the mixture of
-  ``N(f_s(x), σ²)`` over the sampled outputs ``f_s`` with ``σ`` re-fitted on those held-out outputs (a fixed
-  ``σ`` stays; :meth:`posthoc.engine.held_out.HeldOut.regression_scores`): ``fit`` re-fits the noise on the
-  sampled predictive once the spread is chosen, so each candidate is scored by the predictive it would
-  give. With the plain ``σ`` instead, every spread would only add width to an already calibrated Gaussian
-  and the choice would always shrink towards the mean. The perturbed held-out copies grade the model's
-  *accuracy*, which real targets do not have, so under regression the choice uses the clean held-out data.
-
-Example:
-    >>> import torch
-    >>> from posthoc.core.likelihood import Categorical
-    >>> from posthoc.engine.objective import step_scale, training_loss
-    >>> loss = training_loss(Categorical(), torch.randn(4, 3), torch.tensor([0, 2, 1, 0]))
-    >>> step_scale(Categorical())
-    1.0
+- :func:`training_loss`: the mean NLL of a batch. Real targets: ``unit_loss / σ² / N`` at the noise the *plain*
+  model has on held-out data (:func:`fit_plain_noise`, fitted first). Dividing by ``σ²`` keeps the loss a
+  log-likelihood per example, as the cross-entropy is, so the step sizes and the posterior widths derived from it
+  keep their meaning.
+- the held-out score of a spread under real targets re-fits ``σ`` on each candidate's sampled outputs
+  (:meth:`posthoc.engine.held_out.HeldOut.regression_scores`), as ``fit`` does once the spread is chosen: with the
+  plain ``σ`` every spread would only widen an already calibrated Gaussian, and the choice would always shrink.
 """
 
 from __future__ import annotations
@@ -52,9 +37,8 @@ def predicts_classes(likelihood: Likelihood) -> bool:
 def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor) -> Tensor:
     """The mean negative log-likelihood of one batch's targets ``y`` given the model's ``outputs``, in float32.
 
-    Class labels: the cross-entropy of the logits, a binary classifier's single logit ``z`` (``(N,)`` or ``(N, 1)``)
-    read as the two classes ``[0, z]``, as every predictive reads it (:func:`~posthoc.core.logits.as_class_logits`).
-    Real targets: ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
+    Class labels: the cross-entropy of the logits (:func:`~posthoc.core.logits.as_class_logits`). Real targets:
+    ``unit_loss / dispersion / N`` (module docs); the noise must be fitted first.
 
     Example:
         >>> import torch
@@ -74,8 +58,7 @@ def training_loss(likelihood: Likelihood, outputs: Tensor, y: Tensor) -> Tensor:
 
 def step_scale(likelihood: Likelihood) -> float:
     """What a learning rate set for class labels is multiplied by under ``likelihood``: ``1`` for classes, ``σ² / 2``
-    for a Gaussian. The largest second derivative of one example's loss in one output is ``1/2`` for the softmax
-    and ``1 / σ²`` for the Gaussian NLL, so a step that is stable for one is as stable for the other at this ratio.
+    for a Gaussian: the ratio of the largest second derivatives of one example's loss (``1/2`` and ``1 / σ²``).
 
     Example:
         >>> from posthoc.engine.objective import step_scale
@@ -89,9 +72,8 @@ def step_scale(likelihood: Likelihood) -> float:
 def fit_plain_noise(
     likelihood: Likelihood, model: nn.Module, loaders: tuple[Iterable | None, Iterable | None], device: torch.device
 ) -> None:
-    """Fit ``likelihood``'s noise to the plain ``model``'s outputs, on the held-out loader if there is one
-    (:func:`~posthoc.core.likelihood.fit_noise_on`): the noise :func:`training_loss` divides by. A likelihood
-    without a noise to fit (classes, a fixed ``σ``) is left alone.
+    """Fit ``likelihood``'s noise to the plain ``model``'s outputs (on the held-out loader if there is one): the noise
+    :func:`training_loss` divides by. Classes or a fixed ``σ`` are left alone.
 
     Example:
         >>> import torch

@@ -1,31 +1,11 @@
 """Fit-time perturbations of held-out inputs, and their strengths graded by what they do to the model.
 
-A held-out choice (a prior precision, a dropout rate, a temperature) made on clean validation data
-cannot see shift: clean data rewards the plain model. Scoring the candidates on perturbed copies of
-the validation batches too lets the choice see inputs the model finds hard (Tomani et al., CVPR 2021).
-Each family here suits one kind of input and never uses a kind that the shift harness reports
-(rotation, contrast, translation, occlusion):
-
-- images ``(N, C, H, W)``: ``noise`` (Gaussian, in units of the batch's per-channel std), ``blur``
-  (Gaussian, sigma as a fraction of the shorter side) and ``impulse`` (a fraction of the values set
-  to the batch's per-channel minimum or maximum). They act on the model's own input scale, so
-  normalised inputs need no normalisation constants.
-- token ids (a dict with ``input_ids``, or an integer tensor): ``token-replace``, a fraction of the
-  positions that the attention mask keeps replaced by ids drawn from the batch's own tokens.
-- feature vectors ``(N, D)``: ``feature-noise``, Gaussian noise in units of each feature's std; also a dict
-  batch of them (``{"x": (N, D), ...}``, passed to the model as keyword arguments), each floating-point ``(N, D)``
-  entry perturbed alike and the others (integer codes, masks) left as they are.
-
-Strengths are graded per model (:func:`grade`): for each kind, the parameter at which the model's
-accuracy on the held-out examples falls a given fraction of the way from its clean accuracy to
-chance, so a robust model gets stronger perturbations than a fragile one.
-
-Example:
-    >>> import torch
-    >>> from posthoc.engine.perturb import family_for
-    >>> family = family_for(torch.randn(8, 1, 28, 28))
-    >>> sorted(family)
-    ['blur', 'impulse', 'noise']
+A held-out choice made on clean validation data cannot see shift: clean data rewards the plain model. Scoring the
+candidates on perturbed copies too lets the choice see inputs the model finds hard (Tomani et al., CVPR 2021). The
+kinds act on the model's own input scale and never use a kind the shift harness reports: ``noise``, ``blur`` and
+``impulse`` for images ``(N, C, H, W)``; ``token-replace`` for token ids; ``feature-noise`` for feature vectors
+``(N, D)`` (or a dict of them). Strengths are graded per model (:func:`grade`), so a robust model gets stronger
+perturbations than a fragile one.
 """
 
 from __future__ import annotations
@@ -100,8 +80,8 @@ def token_replace(x: Inputs, strength: float, generator: torch.Generator) -> Inp
 
 
 def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inputs:
-    """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j``; a dict's floating-point
-    ``(N, D)`` entries each so (its other entries unchanged).
+    """``x + strength · std_j · N(0, 1)`` with ``std_j`` the batch's std of feature ``j`` (each of a dict's
+    :func:`feature_keys`).
 
     Example:
         >>> import torch
@@ -126,8 +106,7 @@ def feature_noise(x: Inputs, strength: float, generator: torch.Generator) -> Inp
 
 
 def feature_keys(x: Inputs) -> list[str]:
-    """The entries of a dict batch that hold feature vectors: its floating-point ``(N, D)`` tensors, when it holds no
-    other floating-point tensor (an image or a sequence of embeddings is not a feature vector); else none.
+    """A dict batch's floating-point ``(N, D)`` entries, when it holds no other floating-point tensor; else none.
 
     Example:
         >>> import torch
@@ -167,9 +146,7 @@ IMAGES, TOKEN_IDS, FEATURES, OTHER = "images", "tokens", "features", "other"
 
 
 def input_layout(x: Inputs) -> tuple[str, str]:
-    """What inputs like ``x`` are: one of :data:`IMAGES` (``(N, C, H, W)`` or a dict with ``'pixel_values'``),
-    :data:`TOKEN_IDS` (an integer tensor or a dict with ``'input_ids'``), :data:`FEATURES` (``(N, D)`` floats) or
-    :data:`OTHER`, and the same in words for messages.
+    """What inputs like ``x`` are (:data:`IMAGES`, :data:`TOKEN_IDS`, :data:`FEATURES` or :data:`OTHER`), and in words.
 
     Example:
         >>> import torch
@@ -206,8 +183,8 @@ def family_for(x: Inputs) -> dict[str, Kind]:
     Example:
         >>> import torch
         >>> from posthoc.engine.perturb import family_for
-        >>> list(family_for({"input_ids": torch.ones(2, 5, dtype=torch.long)}))
-        ['token-replace']
+        >>> sorted(family_for(torch.randn(8, 1, 28, 28))), list(family_for({"input_ids": torch.ones(2, 5).long()}))
+        (['blur', 'impulse', 'noise'], ['token-replace'])
         >>> list(family_for({"x": torch.randn(2, 5)}))
         ['feature-noise']
     """
@@ -223,8 +200,7 @@ def family_for(x: Inputs) -> dict[str, Kind]:
 
 
 def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
-    """The fit-time kinds called ``names`` for inputs like ``x``; an unknown name is refused with the valid ones, and a
-    kind that does not suit the inputs (blur on feature vectors, noise on token ids) with the kinds that do.
+    """The fit-time kinds called ``names`` for inputs like ``x`` (an unknown or unsuited name is refused).
 
     Example:
         >>> import torch
@@ -252,10 +228,8 @@ def kinds_named(names: list[str], x: Inputs) -> dict[str, Kind]:
 def user_perturbation(
     perturb: Callable[[Inputs, torch.Generator], Inputs], position: int
 ) -> Callable[[Inputs, torch.Generator], Inputs]:
-    """A user's ``shift=`` callable (entry ``position`` of the list), checked on every call: it is called as
-    ``f(x, generator)`` (a callable that cannot be, such as ``lambda x: ...``, is named with that signature) and must
-    return inputs of the kind and shape it was given (one perturbed copy per example), which the held-out choice mixes
-    example by example; a callable that does not is named.
+    """A user's ``shift=`` callable (entry ``position``), checked on every call: called as ``f(x, generator)``, it must
+    return inputs of the kind and shape it was given.
 
     Example:
         >>> import torch
@@ -291,8 +265,8 @@ def user_perturbation(
 
 
 def same_layout(out: Inputs, x: Inputs, name: str, role: str, copy: str) -> Inputs:
-    """``out``, which a user's callable ``name`` returned for ``x``, if it keeps the inputs' kind and shape (a
-    tensor's shape, or a dict's keys and their tensors' shapes); else an :class:`~posthoc.errors.InputError` naming it.
+    """``out``, which a user's callable ``name`` returned for ``x``, if it keeps the inputs' kind and shape; else an
+    :class:`~posthoc.errors.InputError` naming it.
 
     Example:
         >>> import torch
@@ -340,11 +314,8 @@ def grade(
 ) -> dict[str, tuple[float, ...]]:
     """For each kind, the parameter at which accuracy falls each of ``fractions`` of the way to chance.
 
-    ``accuracy_at(kind, parameter)`` is the model's accuracy on held-out examples perturbed by
-    ``kind`` at ``parameter``. The ladder is walked upwards until accuracy passes the last target
-    (a running minimum keeps it monotone); each target's parameter is interpolated linearly in
-    ``log parameter`` between the two rungs around it, or is the top rung when the kind never gets
-    that far (a model robust to it).
+    The ladder is walked upwards until ``accuracy_at(kind, parameter)`` (a running minimum) passes the last target;
+    each target's parameter is interpolated in ``log parameter`` between its rungs, or is the top rung.
 
     Example:
         >>> from posthoc.engine.perturb import Kind, grade

@@ -1,11 +1,7 @@
 """Running a wrapped model over a loader and keeping its per-example predictive (no samples).
 
-A classifier gives a :class:`Prediction` and class labels (:func:`predict_loader`); a regressor a
-:class:`RegressionPrediction` (its mixture's components kept, so intervals, CDFs and CRPS stay exact)
-and float64 targets ``(N, D)`` (:func:`predict_regression_loader`).
-
-Under ``torch.distributed`` each rank predicts its shard and the results are gathered, so every
-rank ends with the same predictions (and so the same metrics, conformal thresholds, ...).
+A classifier gives a :class:`Prediction` and labels, a regressor a :class:`RegressionPrediction` (its mixture's
+components kept) and float64 targets. Under ``torch.distributed`` every rank ends with the same, gathered predictions.
 
 Example:
     >>> from posthoc.engine.predictions import predict_loader
@@ -43,13 +39,8 @@ def predict_loader(
     generator: torch.Generator | None = None,
     desc: str = "evaluate",
 ) -> tuple[Prediction, Tensor | None]:
-    """``um.predict`` over every batch of ``loader``, on the CPU: the :class:`Prediction` (without
-    samples; the aleatoric / epistemic split is kept) and the labels (``None`` if not ``labelled``).
-
-    Example:
-        >>> from posthoc.engine.predictions import predict_loader
-        >>> from posthoc_apps.demo.examples import um, calibration_loader
-        >>> pred, labels = predict_loader(um, calibration_loader, desc="conformal calibration")
+    """``um.predict`` over every batch of ``loader``, on the CPU: the :class:`Prediction` (without samples) and the
+    labels (``None`` if not ``labelled``).
     """
     parts: dict[str, list[Tensor]] = {name: [] for name in (*_GATHERED, "labels")}
     for x, y in iterate(loader, device=um.device, progress=progress, desc=desc, require_labels=labelled):
@@ -77,9 +68,7 @@ def predict_regression_loader(
     generator: torch.Generator | None = None,
     desc: str = "evaluate",
 ) -> tuple[RegressionPrediction, Tensor | None]:
-    """``um.predict`` of a regressor over every batch of ``loader``, on the CPU: the :class:`RegressionPrediction`
-    (without ``samples``; the mixture's components are kept) and the targets as float64 ``(N, D)`` (``None`` if not
-    ``labelled``).
+    """:func:`predict_loader` for a regressor: the :class:`RegressionPrediction` and float64 targets ``(N, D)``.
 
     Example:
         >>> from posthoc.engine.predictions import predict_regression_loader

@@ -1,20 +1,9 @@
 """The weights a sampling method moves, as private copies: the head on cached features, or the whole model.
 
-Methods that run an optimiser or a Markov chain from the checkpoint (SGLD, IVON) never touch the
-user's model. :class:`PrivateWeights` holds what they train:
-
-- ``layers="head"``: copies of the head's weight and bias; the backbone runs once over the
-  training loader, in eval mode and without gradients, and its features are kept (``N x D``
-  floats) when they fit in the runner's memory budget (``settings.memory_budget()``), else recomputed
-  every epoch. Cached batches keep the loader's composition; their order is shuffled per epoch.
-- ``layers="all"``: a deep copy of the model in train mode (BatchNorm normalises by batch
-  statistics and updates its running statistics; dropout is active), every parameter that
-  requires a gradient trained.
-
-:meth:`PrivateWeights.weights_vector` flattens the current weights (and
-:meth:`PrivateWeights.buffers_vector` the copy's BatchNorm running statistics) into one row;
-:func:`unflatten` turns such a row (names from :func:`sample_names`) back into a ``{name: tensor}``
-state for :func:`~posthoc.engine.weight_samples.state_log_predictive`.
+Methods that run an optimiser or a Markov chain from the checkpoint (SGLD, IVON) never touch the user's model.
+:class:`PrivateWeights` holds what they train: with ``layers="head"`` copies of the head's weight and bias, on the
+backbone's features (cached when they fit the memory budget, batches shuffled per epoch); with ``layers="all"`` a deep
+copy of the model in train mode. :func:`unflatten` turns a flat row back into a ``{name: tensor}`` state.
 
 Example:
     >>> import torch
@@ -113,15 +102,8 @@ def unflatten(row: Tensor, model: nn.Module, names: list[str]) -> dict[str, Tens
 
 
 class PrivateWeights:
-    """Private, trainable copies of the weights ``layers`` names (see module docs).
-
-    Args:
-        model: the user's model (left as it is).
-        layers: ``"head"`` or ``"all"``.
-        loader: the training loader (the head's features are computed from it here).
-        split: the model's :class:`FeatureSplit` (needed for ``"head"``).
-        likelihood: what :meth:`loss` is the NLL of (``None``: class labels); a Gaussian's noise is fitted before.
-    """
+    """Private, trainable copies of the weights ``layers`` names (module docs); ``split`` is needed for ``"head"``,
+    ``likelihood`` is what :meth:`loss` is the NLL of (``None``: class labels)."""
 
     def __init__(
         self,
@@ -157,9 +139,7 @@ class PrivateWeights:
         self.steps_per_epoch = self._count_steps()
 
     def _count_steps(self) -> int:
-        """Batches in one :meth:`epoch` (``len(loader)``, counted by one pass for a loader without a length);
-        under torch.distributed the shortest shard's, so that every rank takes the same steps. Counted once, at
-        construction: it is a pass over the data (without a length) or a collective (under torch.distributed)."""
+        """Batches in one :meth:`epoch` (the shortest shard's under torch.distributed), counted once."""
         if self._cached is not None:
             local = len(self._cached)
         else:
@@ -195,8 +175,7 @@ class PrivateWeights:
         return self.likelihood.targets(y, model_outputs(outputs))
 
     def epoch(self, generator: torch.Generator) -> Iterator[tuple[Inputs, Tensor]]:
-        """One pass over the training data: ``(inputs, targets)`` for :meth:`forward` (features for the head),
-        :attr:`steps_per_epoch` batches."""
+        """One pass over the training data: ``(inputs, targets)`` for :meth:`forward` (features for the head)."""
         steps = self.steps_per_epoch
         if self._cached is not None:
             for index in torch.randperm(len(self._cached), generator=generator).tolist()[:steps]:
@@ -217,8 +196,7 @@ class PrivateWeights:
         return run_model(self.copy, inputs)
 
     def loss(self, inputs: Inputs, y: Tensor) -> Tensor:
-        """The mean NLL of one batch from :meth:`epoch` under the likelihood (a single logit ``z``: the two classes
-        ``[0, z]``; :func:`~posthoc.engine.objective.training_loss`)."""
+        """The mean NLL of one batch from :meth:`epoch` (:func:`~posthoc.engine.objective.training_loss`)."""
         return training_loss(self.likelihood, self.forward(inputs), y)
 
     def weights_vector(self) -> Tensor:
@@ -226,8 +204,7 @@ class PrivateWeights:
         return torch.cat([t.detach().reshape(-1).float() for t in self.trained])
 
     def buffers_vector(self) -> Tensor:
-        """The copy's BatchNorm running statistics as one float32 row (empty for the head); under
-        torch.distributed their mean over ranks, so that every rank keeps the same state."""
+        """The copy's BatchNorm running statistics as one float32 row (empty for the head), averaged over ranks."""
         if not self.buffers:
             return torch.zeros(0, device=self.device)
         row = torch.cat([t.detach().reshape(-1).float() for t in self.buffers])

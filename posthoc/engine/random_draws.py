@@ -1,8 +1,7 @@
 """Normal draws that honour the caller's ``torch.Generator`` whatever device the tensors are on.
 
-A generator lives on one device. Draws are made on the generator's device, so a CPU generator
-gives the same numbers for a CPU and a CUDA model, and then moved to where they are used. Pass
-no generator, or ``torch.Generator(device="cuda")``, to draw on the GPU without a copy.
+Draws are made on the generator's device and then moved, so a CPU generator gives the same numbers for a CPU and a
+CUDA model.
 
 Example:
     >>> import torch

@@ -1,12 +1,9 @@
 """Fitting ensemble members across ``torch.distributed`` ranks: each member fitted once, then shared (the runner's,
 not an ensemble's mathematics).
 
-Member ``i`` is fitted on rank ``i % world_size`` alone (inside :func:`~posthoc.core.distributed.local_only`,
-so the methods' own reductions do not wait for ranks busy with other members), on the loaders that
-rank was given; its posterior is then broadcast from that rank, so every rank ends with every member
-fitted, as one process would have fitted them. Each rank therefore needs the whole training data:
-loaders sharded by a ``DistributedSampler`` are refused. Without a process group the members are
-fitted one after the other.
+Member ``i`` is fitted on rank ``i % world_size`` alone (:func:`~posthoc.core.distributed.local_only`), then its
+posterior is broadcast, so every rank ends with every member fitted. Each rank therefore needs the whole training
+data: loaders sharded by a ``DistributedSampler`` are refused.
 
 Example (inside each rank, after ``torch.distributed.init_process_group``)::
 

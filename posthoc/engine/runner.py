@@ -1,19 +1,9 @@
 """The runner: what every method needs and none writes.
 
-A method is its mathematics: it accumulates statistics over the data, finalises its posterior and
-predicts on one chunk. Everything around that belongs here:
-
-- **memory**: the budget every chunk is planned under (:class:`RunOptions`, entered with
-  :func:`~posthoc.core.chunks.budget_scope` around each fit and predict; a method plans with
-  :func:`~posthoc.core.chunks.chunks` / :func:`~posthoc.core.chunks.rows_per_chunk` and never sees a byte count);
-- **threads**: small dense work on one thread, only as ``posthoc.settings.narrow_threads`` allows
-  (:mod:`posthoc.core.threads`), never by a method;
-- **ranks**: under ``torch.distributed`` every sufficient statistic is summed over ranks by
-  :func:`sum_over_ranks`, held-out rows are gathered by :func:`gather_rows`, and
-  fine-tuning takes the same number of steps on every rank (:func:`steps_on_every_rank`);
-- **selection**: ``UncertainModel.fit`` calls each method's ``fit`` and then, around it, the selection
-  step (:meth:`~posthoc.core.method.Method.choose` through :mod:`posthoc.engine.selection`); a ``fit``
-  never chooses on held-out data itself.
+A method is its mathematics: it accumulates statistics, finalises its posterior and predicts on one chunk. Around it,
+the runner owns the memory budget (:class:`RunOptions`; a method plans with :mod:`posthoc.core.chunks` and never sees
+a byte count), threads (small dense work on one thread), ranks (:func:`sum_over_ranks`, :func:`gather_rows`,
+:func:`steps_on_every_rank`) and the held-out choice, made around each ``fit`` by :mod:`posthoc.engine.selection`.
 
 Example:
     >>> import posthoc
@@ -45,10 +35,8 @@ Statistics = Tensor | Mapping[str, Any] | list | tuple | int | float
 
 @dataclasses.dataclass(frozen=True)
 class RunOptions:
-    """How the runner runs a wrapped model: options of the machine, not of the posterior.
-
-    Attributes:
-        max_memory: bytes one chunk of work may hold (``None``: ``posthoc.settings.max_memory`` at call time).
+    """How the runner runs a wrapped model: ``max_memory``, the bytes one chunk of work may hold (``None``:
+    ``posthoc.settings.max_memory`` at call time).
 
     Example:
         >>> from posthoc.engine.runner import RunOptions
@@ -98,8 +86,7 @@ def split_run_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str
 
 
 def sum_over_ranks(value: Statistics) -> Any:
-    """``value`` (a tensor, a number, or a dict / list / tuple of them) summed over the ranks of ``torch.distributed``;
-    itself in one process. Numbers come back as numbers.
+    """``value`` (a tensor, a number, or a dict / list / tuple of them) summed over the ranks of ``torch.distributed``.
 
     Example:
         >>> import torch
@@ -122,8 +109,7 @@ def sum_over_ranks(value: Statistics) -> Any:
 
 
 def gather_rows(rows: Tensor, dim: int = 0) -> Tensor:
-    """This rank's ``rows`` concatenated with every other rank's, in rank order (``rows`` in one process): held-out
-    predictions that a choice must see whole.
+    """This rank's ``rows`` concatenated with every other rank's, in rank order (``rows`` in one process).
 
     Example:
         >>> import torch
@@ -156,8 +142,7 @@ def average_gradients(parameters: Iterable[Tensor]) -> None:
 
 
 def replica(module: nn.Module) -> nn.Module:
-    """``module`` as a ``DistributedDataParallel`` replica under ``torch.distributed`` (its backward averages the
-    gradients over ranks), else ``module`` itself: what a fine-tune runs its forward through.
+    """``module`` as a ``DistributedDataParallel`` replica under ``torch.distributed``, else ``module`` itself.
 
     Example:
         >>> from torch import nn
@@ -171,8 +156,7 @@ def replica(module: nn.Module) -> nn.Module:
 
 @contextmanager
 def small_dense_work(elements: int, device: torch.device) -> Iterator[None]:
-    """Run a block of ``elements`` float32 temporaries on one thread when it is small work on the CPU (as
-    ``posthoc.settings.narrow_threads`` allows).
+    """Run a block of ``elements`` float32 temporaries on one thread when it is small work on the CPU.
 
     Example:
         >>> import torch
@@ -191,9 +175,8 @@ SMALL_FIT = 1 << 20
 
 @contextmanager
 def small_fit(*inputs: Tensor | None) -> Iterator[None]:
-    """Run an iterative fit over ``inputs`` on one thread when together they hold fewer than :data:`SMALL_FIT`
-    elements on the CPU (as ``posthoc.settings.narrow_threads`` allows): a calibration fit is thousands of tiny ops,
-    where intra-op threads only wait on each other.
+    """Run an iterative fit over ``inputs`` on one thread when they hold fewer than :data:`SMALL_FIT` elements on the
+    CPU: a calibration fit is thousands of tiny ops, where intra-op threads only wait on each other.
 
     Example:
         >>> import torch

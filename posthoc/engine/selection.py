@@ -1,49 +1,27 @@
 """The one selection step: every held-out choice of posthoc is made here, by one rule.
 
-A held-out choice picks one of several *candidates*: the values of a method's knob (Laplace's prior
-precision, MC dropout's rate, SWAG's, IVON's and iBNN's scale), the configurations of a map fitted on
-held-out predictions (a stacked calibrator, DAC's weights and anchor), or whole methods
-(``method="auto"``). Each candidate is described by its :class:`Scores`, numbers per held-out example:
-its NLL on the clean validation examples and on their fit-time perturbed copies
-(:mod:`posthoc.engine.perturb`), and its confidence and correctness on the perturbed copies (for their ECE).
+A held-out choice picks one of several *candidates*: the values of a method's knob, the configurations of a map
+fitted on held-out predictions (a calibrator, DAC), or whole methods (``method="auto"``). Each candidate is described
+by its :class:`Scores` per held-out example, on the clean examples and their fit-time perturbed copies
+(:mod:`posthoc.engine.perturb`).
 
-The rule (:func:`select`):
+The rule (:func:`select`; the full account, and the error rates it was set by, in docs/selection.md):
 
-1. **The in-distribution cost is judged with a confidence bound.** The paired per-example excess
-   ``d_i = NLL_candidate(x_i) - NLL_plain(x_i)`` over the plain model on the clean examples has mean
-   ``m`` and standard error ``se``. A candidate is *admissible* when the one-sided 95 % upper bound of
-   the excess it will show *on new data* of the held-out set's size, ``m + z_0.95 · se · √2`` (the
-   paired normal bound, widened by ``√(1 + n/n_new)`` with ``n_new = n`` for the noise of that new
-   sample: :func:`excess_bound`), is at most the tolerance, by default ``max(2 % of the plain model's
-   NLL, 0.005 nats)`` (:class:`Tolerance`; ``fit(..., tolerance=...)``). Before the bound is taken the
-   largest gains are capped: the differences below their 2.5 % quantile are raised to it
-   (:data:`CAPPED_GAINS`). A wide spread often buys its low mean excess on a handful of misclassified
-   examples whose NLL it cuts by nats; a validation set that happens to hold a few of them looks cheap,
-   and the test data without them does not. Why a 95 % bound with the ``√2`` rather than a 90 % bound
-   on the mean or a point estimate: the candidate chosen is the widest one whose bound passes, so its
-   true excess sits near the tolerance, and only this bound keeps a test set of the same size within the
-   tolerance in nearly every re-drawn split (the measured rates: docs/selection.md, "Measured"). The
-   normal bound is conservative for what held-out NLL differences look like (most examples a little
-   worse, a few misclassified ones much better) and would be optimistic for the opposite skew
-   (``tests/engine/test_selection.py`` measures both).
-2. **Among admissible candidates the lowest NLL on the perturbed copies wins** (the fit-time kinds
-   only; the evaluation kinds of :mod:`posthoc.shift` are never seen by a fit). Without perturbed
-   copies (``shift=None``) the last admissible candidate in the order given wins: candidates come
-   from the most conservative (the narrowest spread) to the widest. ``walk=True`` stops at the first
-   refused candidate, so that a wide spread that looks cheap by chance past a costly one is not taken.
-3. **When nothing is admissible** the first candidate (the most conservative) is kept and the
-   selection says so (:attr:`Selection.fallback`).
-4. **Cross-fitting** (:func:`cross_fitted`): where a candidate's own parameters are fitted on the
-   held-out data (a calibrator, DAC, a whole method), its scores are out of fold: ``k`` folds of the
-   clean examples, each scored by the candidate fitted on the other folds, the perturbed copies of an
-   example in the same fold as the example. The final fit then uses all the held-out data. A candidate
-   stacked on a method that makes its own held-out choice (a temperature or DAC on Laplace's prior or on
-   MC dropout's rate) is cross-fitted *nested*: in each fold the inner knob is chosen again on the
-   other folds only (its movable :class:`~posthoc.core.knob.Knob`), so the out-of-fold scores never
-   rest on a choice that saw the scored examples.
+1. **Admissible**: the one-sided upper bound of the NLL excess over the plain model that the candidate will show on
+   new data of the held-out set's size (:func:`excess_bound`) is within the tolerance (:class:`Tolerance`). A gain
+   that rests on the plain model's mistakes is judged at :data:`GAIN_CONFIDENCE` by a predictive that keeps the
+   mistakes apart (:func:`predictive_excess`); anything else must pass, at :data:`CONFIDENCE`, that predictive and
+   the paired normal bound with the largest gains capped (:data:`CAPPED_GAINS`), each cautious where the other is not.
+2. **Among admissible candidates** that keep most of the best gain, the lowest NLL on the fit-time perturbed copies
+   as a share of the plain model's (:func:`shift_ratio`) wins; without perturbed copies the last one in the order
+   given (candidates come from the narrowest spread to the widest). ``walk=True`` stops at the first refused one.
+3. **When nothing is admissible** the first candidate is kept and :attr:`Selection.fallback` says so.
+4. **Cross-fitting** (:func:`cross_fitted`): a candidate fitted on the held-out data itself (a calibrator, DAC, a
+   whole method) is scored out of fold, with each perturbed copy in its clean example's fold; a candidate stacked on
+   a method that makes its own held-out choice re-makes that inner choice in each fold (its movable
+   :class:`~posthoc.core.knob.Knob`).
 
-Every candidate's :class:`Record` is kept: its excess with its bound, its perturbed NLL and ECE, its
-cost, whether it was admissible and why not; ``um.summary()["selection"]`` lists them.
+Every candidate's :class:`Record` is kept; ``um.summary()["selection"]`` lists them.
 
 Example:
     >>> import torch
@@ -104,8 +82,7 @@ class Tolerance:
     """How much held-out NLL per example a candidate may cost over the plain model: ``max(relative · |NLL_plain|, absolute)``.
 
     ``fit(..., tolerance=0.01)`` means 0.01 nats; ``Tolerance(relative=0.05, absolute=0)`` 5 %; ``math.inf`` admits
-    every candidate (the in-distribution guard off: the lowest NLL on perturbed copies wins, or without them the
-    last candidate, e.g. a calibrator's clean fit).
+    every candidate.
 
     Example:
         >>> from posthoc.engine.selection import Tolerance
@@ -154,18 +131,13 @@ class Scores:
 
     Attributes:
         clean: ``(N,)`` NLL of each clean example.
-        shifted: ``(M,)`` NLL of each perturbed copy, or ``None`` without perturbed copies.
-        confidence: ``(M,)`` the predicted class's probability on each perturbed copy (for its ECE).
-        correct: ``(M,)`` whether the predicted class is the label there.
-        mistakes: ``(N,)`` whether the predictive's top class misses the label of each clean example (1.0) or not
-            (0.0); the plain model's are the strata of the bound (:func:`excess_bound`). ``None``: not known (a
-            regressor), one stratum.
-        groups: ``(M,)`` which kind and strength made each perturbed copy (an integer per copy): the shift criterion
-            weighs every group alike (:func:`shift_ratio`). ``None``: one group.
-        units: ``(N,)`` the input each clean example belongs to, where an input holds several correlated examples
-            (the positions of a segmentation map or a token sequence, :mod:`posthoc.engine.dense`): the bound is
-            then taken over the inputs, each candidate's NLL averaged over an input's examples (:func:`unit_means`).
-            ``None``: every example is its own unit.
+        shifted: ``(M,)`` NLL of each perturbed copy (``None``: no copies); ``confidence`` and ``correct`` there
+            give their ECE.
+        mistakes: ``(N,)`` 1.0 where the top class misses the label (the plain model's are the strata of
+            :func:`excess_bound`; ``None``: one stratum).
+        groups: ``(M,)`` the kind and strength that made each copy (:func:`shift_ratio` weighs groups alike).
+        units: ``(N,)`` the input each example belongs to where an input holds several correlated examples (dense
+            outputs): the bound is then taken over the inputs (:func:`unit_means`).
     """
 
     clean: Tensor
@@ -195,15 +167,7 @@ class Scores:
         shifted_log_probs: Tensor | None = None,
         shifted_labels: Tensor | None = None,
     ) -> Scores:
-        """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones.
-
-        Example:
-            >>> import torch
-            >>> from posthoc.engine.selection import Scores
-            >>> scores = Scores.of_log_probs(torch.tensor([[-0.5, -1.0]]), torch.tensor([1]))
-            >>> scores.clean.tolist(), scores.mistakes.tolist()
-            ([1.0], [1.0])
-        """
+        """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones."""
         clean, _, correct = class_scores(log_probs, labels)
         if shifted_log_probs is None:
             return cls(clean, mistakes=1 - correct)
@@ -272,7 +236,7 @@ def class_scores(log_probs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Ten
 
 @dataclass(frozen=True)
 class Rows:
-    """Which held-out examples: indices of the clean examples and of the perturbed copies (``None``: no copies)."""
+    """Indices of held-out clean examples and of perturbed copies (``None``: no copies)."""
 
     clean: Tensor
     shifted: Tensor | None = None
@@ -295,8 +259,8 @@ class Layout:
 
     count: int
     source: Tensor | None = None
-    #: a number per clean example that the folds follow instead of its position (the plain model's NLL): the same
-    #: examples in another order (a validation loader that shuffles) fall in the same folds
+    #: a number per clean example (the plain model's NLL) the folds follow instead of its position, so a shuffling loader
+    #: gives the same folds
     key: Tensor | None = field(default=None, compare=False)
 
     def everything(self) -> Rows:
@@ -304,10 +268,8 @@ class Layout:
         return Rows(torch.arange(self.count), None if self.source is None else torch.arange(len(self.source)))
 
     def folds(self, k: int = FOLDS, seed: int = 0) -> list[tuple[Rows, Rows]]:
-        """``(fitting rows, scored rows)`` of each of ``k`` folds (fewer on a small set): the clean examples split at
-        random (seeded; by their rank of :attr:`key` when there is one), each perturbed copy in its clean example's
-        fold. One fold (the whole set both ways) when there are too few examples to split.
-        """
+        """``(fitting rows, scored rows)`` of each of ``k`` seeded random folds (fewer on a small set; one, the whole
+        set both ways, when too few to split), each perturbed copy in its clean example's fold."""
         k = min(k, self.count // MIN_FOLD_EXAMPLES)
         if k < 2:
             return [(self.everything(), self.everything())]
@@ -343,11 +305,8 @@ def cross_fitted(
 ) -> list[Scores]:
     """Out-of-fold scores of candidates whose parameters are fitted on held-out data.
 
-    ``fit_and_score(fitting, scored)`` fits every candidate on the examples ``fitting`` and returns their
-    :class:`Scores` on the examples ``scored`` (in their order), one per candidate: what the candidates share
-    (a clean fit that several configurations start from) is fitted once per fold. Each fold of
-    :meth:`Layout.folds` is scored by the candidates fitted on the others, so no example judges a fit it took
-    part in. A candidate whose scores are missing (``None``: it could not be fitted on a fold) gets ``inf``.
+    ``fit_and_score(fitting, scored)`` fits every candidate on ``fitting`` and returns their :class:`Scores` on
+    ``scored``, one per candidate (``None``: could not be fitted on that fold, scored ``inf``).
 
     Example:
         >>> import torch
@@ -405,19 +364,13 @@ def excess_bound(
     seed: int = 0,
 ) -> tuple[float, float]:
     """The mean per-example NLL excess of ``candidate`` over ``plain`` (paired, ``(N,)`` each) and the upper end of its
-    one-sided ``confidence`` bound on new data of ``new_sample`` times ``N`` examples: the ``confidence`` quantile of
-    :func:`predictive_excess` (``new_sample=inf``: of the true mean excess alone). ``mistakes`` ``(N,)`` marks the
-    examples the plain model gets wrong, the two strata of the predictive (``None``: one stratum, where the bound is
-    the paired normal one, ``mean + z · sd · sqrt(1/N + 1/N_new)``, taken after the differences below their
-    ``capped_gains`` quantile are raised to it). A non-finite excess is ``inf``.
+    one-sided ``confidence`` bound on new data of ``new_sample · N`` examples: the quantile of
+    :func:`predictive_excess` with the plain model's ``mistakes`` as strata, or without them the paired normal bound
+    ``mean + z · sd · sqrt(1/N + 1/N_new)`` after the gains below the ``capped_gains`` quantile are raised to it.
 
     Example:
         >>> import torch
         >>> from posthoc.engine.selection import excess_bound
-        >>> mean, upper = excess_bound(torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([1.0, 1.0, 3.0, 3.0]),
-        ...                            confidence=0.95)
-        >>> round(mean, 3), round(upper, 3)
-        (0.5, 1.172)
         >>> right = torch.full((120,), 0.03)                   # a temperature costs a little on every right answer
         >>> wrong = torch.tensor([-8.0, -11.0, -6.0, -9.0])    # and gains nats on each confident mistake
         >>> excess = torch.cat([right, wrong])
@@ -451,15 +404,12 @@ def predictive_excess(
     seed: int = 0,
 ) -> Tensor:
     """Draws ``(draws,)`` of the mean excess a new sample of ``new_sample · N`` examples will show, from the held-out
-    per-example excess ``difference`` ``(N,)`` split by the plain model's ``mistakes`` ``(N,)`` (module docs).
+    per-example excess ``difference`` ``(N,)`` split by the plain model's ``mistakes`` ``(N,)``.
 
-    The new sample holds ``K`` mistakes, ``K ~ Binomial(N_new, p)`` with the error rate ``p ~ Beta(k + 1/2,
-    N - k + 1/2)`` (``k`` mistakes held out); its examples the plain model gets right have a mean excess drawn from
-    the normal posterior of theirs plus the noise of ``N_new - K`` new ones, and its mistakes are ``K`` draws from the
-    Bayesian bootstrap of the ``k`` held out (Rubin, 1981): a new sample may miss the few mistakes a large gain rests on
-    (with more than :data:`EXACT_MISTAKES`, their mean is drawn from its normal approximation). With no mistake held out,
-    a new mistake is taken to cost the largest excess seen (at least 0): no held-out example shows what it does.
-    ``new_sample=inf``: the true mean excess (no new-sample noise). Seeded, so the same scores give the same draws.
+    ``K ~ Binomial(N_new, p)`` new mistakes with ``p ~ Beta(k + 1/2, N - k + 1/2)``; the right answers' mean excess from
+    its normal posterior plus new-sample noise; the mistakes by the Bayesian bootstrap (Rubin, 1981) of the ``k`` held
+    out, so a new sample may miss the few mistakes a gain rests on (docs/selection.md). With no mistake held out, a new
+    one costs the largest excess seen (at least 0). ``new_sample=inf``: the true mean excess. Seeded.
 
     Example:
         >>> import torch
@@ -507,9 +457,8 @@ def predictive_excess(
 
 
 def shift_ratio(candidate: Scores, plain: Scores) -> float | None:
-    """How much NLL ``candidate`` keeps on the perturbed copies as a share of the plain model's: the geometric mean
-    over the copies' groups (each kind at each strength, :attr:`Scores.groups` of ``plain``) of the ratio of mean
-    NLLs, so that every kind and strength counts alike, however large its NLL. ``None`` without perturbed copies.
+    """``candidate``'s NLL on the perturbed copies as a share of the plain model's: the geometric mean over the groups
+    of ``plain`` (each kind at each strength) of the ratio of mean NLLs, so every group counts alike.
 
     Example:
         >>> import torch
@@ -533,14 +482,9 @@ def shift_ratio(candidate: Scores, plain: Scores) -> float | None:
 
 @dataclass
 class Record:
-    """One candidate of a selection: what it costs in distribution, what it buys on perturbed copies, and the verdict.
-
-    ``excess`` and ``bound`` are in nats per clean example (mean, and the upper end of the one-sided bound of the
-    excess on new data of the same size, :func:`excess_bound`; ``excess_se`` the standard error of the mean);
-    ``shifted_nll`` / ``shifted_ece`` are on the fit-time perturbed copies
-    (``None`` without them; ``shifted_nll_se`` the standard error of that mean); ``seconds``
-    is what fitting and scoring the candidate took; ``reason`` says why it was not admissible or not tried.
-    """
+    """One candidate of a selection: its in-distribution cost (``excess`` and its ``bound``, :func:`excess_bound`, in
+    nats per example), its NLL and ECE on the perturbed copies, its cost in ``seconds``, and the verdict (``reason``:
+    why it was not admissible or not tried)."""
 
     label: str
     value: Any
@@ -567,25 +511,12 @@ class Record:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain Python values, rounded for the model card."""
-        out = {
-            "candidate": self.label,
-            "value": _plain(self.value),
-            "clean_nll": _round(self.clean_nll),
-            "excess": _round(self.excess),
-            "bound": _round(self.bound),
-            "excess_se": _round(self.excess_se),
-            "shifted_nll": _round(self.shifted_nll),
-            "shifted_nll_se": _round(self.shifted_nll_se),
-            "shifted_ece": _round(self.shifted_ece),
-            "shifted_ratio": _round(self.shifted_ratio),
-            "confidence": self.confidence,
-            "seconds": _round(self.seconds, 3),
-            "admissible": self.admissible,
-            "reason": self.reason,
-            "chosen": self.chosen,
-        }
-        out.update({key: _plain(value) for key, value in self.extra.items()})
-        return out
+        rounded = ("clean_nll", "excess", "bound", "excess_se", "shifted_nll", "shifted_nll_se", "shifted_ece")
+        out = {"candidate": self.label, "value": _plain(self.value)}
+        out |= {name: _round(getattr(self, name)) for name in (*rounded, "shifted_ratio")}
+        out |= {"confidence": self.confidence, "seconds": _round(self.seconds, 3), "admissible": self.admissible}
+        out |= {"reason": self.reason, "chosen": self.chosen}
+        return out | {key: _plain(value) for key, value in self.extra.items()}
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:
@@ -608,13 +539,8 @@ def _plain(value: Any) -> Any:
 
 @dataclass
 class Selection:
-    """The outcome of :func:`select`: the chosen candidate, and every candidate's :class:`Record`.
-
-    ``plain_nll`` (clean), ``plain_shifted_nll`` and ``plain_shifted_ece`` (perturbed copies) describe the plain
-    model on the same examples; ``tolerance`` is in nats per example; ``folds`` is the number of cross-fitting
-    folds (``None``: the candidates fit nothing on the held-out data); ``fallback`` is true when no candidate was
-    admissible and the first was kept.
-    """
+    """The outcome of :func:`select`: the chosen candidate, every candidate's :class:`Record`, and the plain model's
+    numbers on the same examples. ``folds``: cross-fitting folds (``None``: nothing fitted on held-out data)."""
 
     knob: str
     records: list[Record]
@@ -715,22 +641,13 @@ def select(
 
     Args:
         candidates: ``(label, value)`` pairs, the most conservative first (the narrowest spread).
-        scores: each candidate's :class:`Scores` (out of fold where it fits on held-out data), or a function
-            ``index -> Scores`` called lazily (its time is recorded as the candidate's cost).
-        plain: the plain model's scores on the same examples.
+        scores: each candidate's :class:`Scores`, or a function ``index -> Scores`` called lazily (and timed).
         tolerance: the excess allowed, in nats per example (:meth:`Tolerance.nats`).
-        knob: what is chosen (``"prior_precision"``, ``"method"``), for the record.
-        walk: a ladder of spreads from narrow to wide, walked from ``start``: wider while admissible, up to the
-            first refused candidate; when ``start`` is refused, narrower until one is admissible. The others are
-            recorded as not tried (a wide spread that looks cheap by chance past a costly one is not taken).
-        start: where the walk starts (a likely answer saves evaluations of a costly ladder).
-        folds: cross-fitting folds behind the scores, for the record.
-        confidence: of the one-sided bound of a candidate whose held-out mean excess is not a gain beyond the tolerance.
-        gain_confidence: of the bound of a candidate whose held-out mean excess is a gain larger than the tolerance.
-        rank_without_shift: without perturbed copies, ``"order"`` takes the last admissible candidate (the widest
-            spread), ``"clean"`` the lowest clean NLL (a choice between methods), ``"first"`` the first (candidates
-            given from the simplest).
-        extra: more fields per candidate for its record (e.g. a method's predict cost).
+        knob: what is chosen, for the record.
+        walk: walk the ladder from ``start``: wider while admissible, or narrower until one is; the rest are not tried.
+        rank_without_shift: without perturbed copies, ``"order"`` takes the last admissible candidate, ``"clean"``
+            the lowest clean NLL, ``"first"`` the first.
+        extra: more fields per candidate for its record.
 
     Example:
         >>> import torch
@@ -837,10 +754,8 @@ def select(
 
 
 def _gain_on_mistakes(difference: Tensor, mistakes: Tensor | None, tolerance: float) -> bool:
-    """Whether a candidate's held-out excess ``difference`` is a gain beyond the tolerance that rests on the plain
-    model's ``mistakes`` (its mean excess there is negative): such a gain is judged by the two-strata predictive at
-    :data:`GAIN_CONFIDENCE` (module docs). A gain made on the right answers at a cost on the mistakes (a calibrator
-    that sharpens) is not: a few held-out mistakes cannot bound what new ones cost."""
+    """Whether ``difference`` is a gain beyond the tolerance that rests on the plain model's ``mistakes`` (judged at
+    :data:`GAIN_CONFIDENCE`); a gain on the right answers at a cost on the mistakes is not."""
     if mistakes is None or not bool(torch.isfinite(difference).all()) or float(difference.mean()) >= -tolerance:
         return False
     wrong = mistakes.bool()
@@ -852,13 +767,8 @@ NOT_TRIED = "not tried: the walk stopped at a refused candidate"
 
 
 def _pick(records: list[Record], plain_nll: float, tolerance: float, rank_without_shift: str) -> int | None:
-    """The index the rule picks among judged ``records`` (``None``: none admissible).
-
-    Among the admissible, the ones whose clean NLL gives up at most :data:`GIVE_UP` of the best admissible gain over
-    the plain model (or, if more, the tolerance; for ``"first"``, at most the default tolerance: a difference of that
-    size is noise) are kept; of those, the lowest :func:`shift_ratio`, or without perturbed copies the last
-    (``"order"``), the first (``"first"``) or the lowest clean NLL (``"clean"``).
-    """
+    """The index the rule picks among judged ``records`` (``None``: none admissible): of the admissible ones within
+    :data:`GIVE_UP` of the best gain (or the tolerance), the lowest :func:`shift_ratio`, else by ``rank_without_shift``."""
     admissible = [i for i, record in enumerate(records) if record.admissible]
     if not admissible:
         return None
@@ -876,12 +786,8 @@ def _pick(records: list[Record], plain_nll: float, tolerance: float, rank_withou
 
 
 def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: int = FOLDS, seed: int = 0) -> Scores:
-    """The out-of-fold scores of a choice among fixed candidates (a knob's values): each fold scored by the candidate
-    the same rule picks on the other folds, among the candidates ``selection`` tried (the others count as refused).
-
-    A knob's candidates fit nothing on held-out data, but picking one does; this is how the choice itself is judged
-    on examples it did not see (``method="auto"`` compares methods by it). It costs no new prediction: the tried
-    candidates' scores are kept in ``selection``.
+    """The out-of-fold scores of a choice among fixed candidates: each fold scored by the candidate the same rule picks
+    on the other folds (``method="auto"`` judges a method's own choice by it). It reuses the scores kept in ``selection``.
 
     Example:
         >>> import torch
@@ -900,8 +806,7 @@ def out_of_fold(selection: Selection, plain: Scores, layout: Layout, *, folds: i
 
 
 def choice_on(selection: Selection, plain: Scores, rows: Rows) -> int:
-    """The index of the candidate the rule of ``selection`` picks on the examples ``rows`` alone, among the candidates
-    it tried (the others count as refused): what the choice would have been without the other examples.
+    """The index of the candidate the rule of ``selection`` picks on the examples ``rows`` alone, among those it tried.
 
     Example:
         >>> import torch
@@ -932,8 +837,7 @@ def choice_on(selection: Selection, plain: Scores, rows: Rows) -> int:
 
 
 def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: str, stacklevel: int = 3) -> None:
-    """Warn that no candidate of ``selection`` was admissible and ``fallback`` (what the first candidate means) is
-    used, with ``advice`` on what to change.
+    """Warn that no candidate of ``selection`` was admissible, so ``fallback`` is used, with ``advice``.
 
     Example:
         >>> import warnings
@@ -960,10 +864,8 @@ def warn_fallback(selection: Selection, *, method: str, fallback: str, advice: s
 
 
 def warn_kept_plain(selection: Selection, *, method: str, retry: str = "fit", stacklevel: int = 3) -> None:
-    """Warn, once per choice, when ``selection`` kept its first candidate (for a calibrator the uncalibrated
-    predictive, for ``auto`` the plain model) though it tried others: the refused candidate of largest held-out gain,
-    its bound and the ``tolerance=`` that would take it, or that no candidate lowers the held-out NLL. ``retry`` names
-    the call that takes ``tolerance=`` (``"fit"``, ``"calibrate"``).
+    """Warn when ``selection`` kept its first candidate though it tried others: the refused candidate of largest gain
+    and the ``tolerance=`` for ``retry(...)`` that would take it, or that no candidate lowers the held-out NLL.
 
     Example:
         >>> import warnings

@@ -1,25 +1,14 @@
 """Stochastic-suffix execution: the deterministic prefix once, only the suffix per sample.
 
-A sampling method (MC dropout, SWAG, iBNN) often makes only the end of a network stochastic.
-:class:`SuffixRunner` runs the model once per example chunk and, at the *expansion point* (the
-input or output of one module, the first stochastic one), repeats the activation ``S`` times
-sample-major: rows ``s * m + i`` hold sample ``s`` of example ``i``. Everything before that point
-runs once per example; everything after it runs on ``S * m`` rows in ordinary batched ops, so
-stochastic hooks inside the suffix draw independent randomness per sample and per example.
-For head-only dropout this is one backbone pass plus one matmul for all samples.
+A sampling method (MC dropout, SWAG, iBNN) often makes only the end of a network stochastic. :class:`SuffixRunner`
+runs the model once per example chunk and, at the *expansion point* (the input or output of the first stochastic
+module), repeats the activation ``S`` times sample-major (row ``s * m + i`` is sample ``s`` of example ``i``), so the
+suffix runs on ``S * m`` rows in ordinary batched ops with independent draws per row.
 
-The plan is made once, by :meth:`SuffixRunner.prepare` (on the first call if not before): a probe
-forward pass of 2 examples x 2 samples measures the largest activation per row after the
-expansion point, and the rows of one chunk are planned by :mod:`posthoc.core.chunks` under the
-runner's memory budget (or the runner's own ``max_memory``, for a direct use); inputs of another size
-scale the measured bytes by their size per row. The probe also checks that the expansion is sound: if a
-skip path carries un-expanded activations around the expansion point (a residual add inside a
-block), the module is called more than once, or the output does not have ``S * m`` rows, the
-runner falls back to expanding the model's input (full forward passes, still batched).
-
-Stochastic hooks are entered through ``stochastic``, a zero-argument callable returning a context
-manager; it is not entered for the probe, so the probe draws no randomness and seeded results do
-not depend on whether a probe ran. Hooks that need the layout read :attr:`SuffixRunner.layout`.
+A probe pass of 2 examples x 2 samples (:meth:`SuffixRunner.prepare`, without the ``stochastic`` hooks, so seeded
+results do not depend on it) measures the bytes per row for chunk planning under the memory budget, and checks the
+expansion is sound; if not (a skip path around the point, a module called twice, the wrong row count), the runner
+expands the model's input instead. Hooks that need the layout read :attr:`SuffixRunner.layout`.
 
 Example:
     >>> import torch
@@ -81,12 +70,8 @@ class _Plan:
 class SuffixRunner:
     """Run ``model`` with the batch expanded ``S`` times at module ``start`` (see module docs).
 
-    Args:
-        model: the network (kept as it is; only temporary hooks are added during a call).
-        start: the module name of the expansion point, or ``None`` to expand the model's input.
-        at: expand the module's ``"input"`` (default) or its ``"output"``.
-        max_memory: bound in bytes on what one chunk keeps alive after the expansion point (``None``: the
-            budget of the work running now, :func:`posthoc.settings.memory_budget`; methods leave it so).
+    ``start`` is the module name of the expansion point (``None``: the model's input), ``at`` its ``"input"`` or
+    ``"output"``; ``max_memory`` bounds what one chunk keeps alive (``None``: the current budget).
 
     Example:
         >>> from posthoc.engine.suffix import SuffixRunner
@@ -181,15 +166,7 @@ def expanded_forward(
     stochastic: Stochastic = nullcontext,
     max_memory: int | None = None,
 ) -> Tensor:
-    """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``.
-
-    Example:
-        >>> from posthoc.engine.suffix import expanded_forward
-        >>> from posthoc_apps.demo.examples import model, x
-        >>> from posthoc.methods.mc_dropout.sites import own_dropout_sites, sampling
-        >>> expanded_forward(model, "2", x, 20, stochastic=lambda: sampling(model, own_dropout_sites(model))).shape
-        torch.Size([20, 8, 3])
-    """
+    """One-off :class:`SuffixRunner` call: outputs ``(S, N, ...)`` with the batch expanded at ``start``."""
     return SuffixRunner(model, start, at=at, max_memory=max_memory)(x, num_samples, stochastic=stochastic)
 
 

@@ -1,23 +1,8 @@
 """:class:`UncertainModel`: a trained classifier with a fitted post-hoc predictive.
 
-It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a
-:class:`~posthoc.Prediction`, checks inputs, streams large batches in chunks under the memory
-budget, keeps the user's model in its own train/eval state, and saves the fitted posterior.
-
-The predict path: a first chunk of at most :data:`PROBE_EXAMPLES` rows tells the size of one
-example's samples, and the rest is cut into chunks whose samples fit the budget (the same chunks
-for the same call, so a generator gives the same draws). Each chunk's ``log_predictive`` runs
-under what is left of the budget (the runner's :func:`~posthoc.core.chunks.budget_scope`, which
-the method's own chunking reads), and its log-probabilities are normalised once, by a softmax in
-float32. Fits and held-out choices run under the wrap's ``max_memory`` the same way
-(:class:`~posthoc.engine.runner.RunOptions`).
-
-Example:
-    >>> import posthoc
-    >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, x
-    >>> um = posthoc.wrap(model, method="temperature").fit(train_loader, val_loader)
-    >>> um.predict(x).probs.shape
-    torch.Size([8, 3])
+It turns a :class:`~posthoc.core.method.Method`'s log-probabilities into a :class:`~posthoc.Prediction`, checks
+inputs, streams large batches in chunks under the memory budget (a first chunk of :data:`PROBE_EXAMPLES` rows tells
+the size of one example's samples), keeps the user's model in its own train/eval state, and saves the posterior.
 """
 
 from __future__ import annotations
@@ -63,9 +48,7 @@ from posthoc.export.build import to_module
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
 PROBE_EXAMPLES = 8
-#: float32 copies of an example's ``(S, C)`` samples that ``predict`` holds at once: the method's
-#: log-probabilities with their exp, then the exp with its entropy terms. While the method works, one
-#: copy (its output) is alive, so the method works under the rest of the budget.
+#: float32 copies of an example's ``(S, C)`` samples that ``predict`` holds at once (the method works beside one)
 SAMPLE_COPIES = 2
 
 
@@ -85,9 +68,6 @@ def sample_row_bytes(part: Prediction) -> int:
 class UncertainModel(nn.Module):
     """An already trained classifier with a post-hoc predictive; built by :func:`posthoc.wrap`.
 
-    ``forward(x)`` returns predictive probabilities ``(N, C)``; :meth:`predict` returns the full
-    :class:`~posthoc.Prediction`.
-
     Example:
         >>> import posthoc
         >>> from posthoc_apps.demo.examples import model, train_loader, x
@@ -101,8 +81,7 @@ class UncertainModel(nn.Module):
         super().__init__()
         self.method = method
         self.spec = spec
-        #: fingerprint of the user's checkpoint the posterior belongs to: taken at wrap for methods
-        #: that copy the model, at fit for the others (see posthoc.core.persistence)
+        #: fingerprint of the user's checkpoint the posterior belongs to (posthoc.core.persistence)
         self.fingerprint = fingerprint
         #: the data and cost of the last fit (saved with the posterior; ``None`` before fit)
         self.fit_record: FitRecord | None = None
@@ -140,22 +119,15 @@ class UncertainModel(nn.Module):
     ) -> UncertainModel:
         """Fit every method (inner first), make their held-out choices, and return ``self``.
 
-        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``). Methods
-        that need no fit get the loaders too and may use them. The examples given and the wall / CPU
-        seconds spent go to :meth:`summary`.
+        ``fit_options`` go to the method whose ``fit`` accepts them (e.g. SWAG's ``epochs``).
 
-        Every held-out choice (a prior precision, a dropout rate, a scale, a calibrator, DAC, the method
-        of ``"auto"``) is made on ``val_loader`` by one rule (:mod:`posthoc.engine.selection`): a candidate
-        is admissible when the one-sided 95 % upper bound of the held-out NLL excess over the plain model that new data
-        of the held-out set's size will show is
-        at most ``tolerance``, and among admissible candidates the lowest NLL on perturbed copies of the
-        validation batches wins. ``tolerance``: ``None`` (default) is ``max(2 % of the plain model's held-out
-        NLL, 0.005 nats)``; a number is nats per example; or a :class:`~posthoc.Tolerance`.
-
-        ``shift`` says which perturbed copies: ``"auto"`` perturbs the validation batches with the family
-        that suits the inputs, at strengths graded on this model (:mod:`posthoc.engine.held_out`); ``None``
-        uses the clean batches only; a list of fit-time kind names (``"noise"``, ``"blur"``, ``"impulse"``,
-        ``"token-replace"``, ``"feature-noise"``) and callables ``f(x, generator) -> x`` gives your own.
+        Every held-out choice is made on ``val_loader`` by one rule (:mod:`posthoc.engine.selection`): the candidates
+        whose bound on the NLL excess over the plain model is within ``tolerance`` are admissible, and of those the
+        lowest NLL on perturbed copies wins. ``tolerance``: ``None`` is ``max(2 % of the plain model's held-out NLL,
+        0.005 nats)``; a number is nats per example; or a :class:`~posthoc.Tolerance`. ``shift``: ``"auto"`` perturbs
+        the validation batches with the kinds that suit the inputs (:mod:`posthoc.engine.held_out`); ``None`` uses the
+        clean batches only; or a list of kind names (``"noise"``, ``"blur"``, ``"impulse"``, ``"token-replace"``,
+        ``"feature-noise"``) and callables ``f(x, generator) -> x``.
 
         Example:
             >>> import posthoc
@@ -181,8 +153,7 @@ class UncertainModel(nn.Module):
         tolerance: Tolerance,
         fit_options: dict[str, Any],
     ) -> None:
-        """The runner's fit: each method's ``fit`` (inner first), then around it the selection step (its ``choose``)
-        on the held-out data read once for the chain, before anything is fitted."""
+        """Each method's ``fit`` (inner first), then its choice on the held-out data read once, before any fit."""
         wall, cpu = time.perf_counter(), time.process_time()
         self.method.follow_model_device()
         if not self.method.works_on_copy:
@@ -192,15 +163,7 @@ class UncertainModel(nn.Module):
         held_out = None
         if val_loader is not None and any(makes_choice(method) for method in chain):
             # read before any fit: the plain model is the checkpoint as it was given
-            held_out = HeldOut.read(
-                val_loader,
-                model=self.method.base_model,
-                likelihood=self.likelihood,
-                shift=shift,
-                tolerance=tolerance,
-                device=self.device,
-                progress=progress,
-            )
+            held_out = self._read(val_loader, self.method.base_model, shift, tolerance, progress)
         for method in chain:
             _fit_one(method, train_loader, val_loader, progress, fit_options)
             if makes_choice(method):
@@ -220,14 +183,12 @@ class UncertainModel(nn.Module):
         self._changed()
 
     def _changed(self) -> None:
-        """Forget what the predict path decided once (the module list, the device its buffers followed): a fit or a
-        choice may have built modules or buffers anew."""
+        """Forget the predict path's cached module list and device: a fit or a choice may have built modules anew."""
         self.__dict__.pop("_served_modules", None)
         self.method.__dict__.pop("_followed", None)
 
     def _served(self) -> list[nn.Module]:
-        """The method's modules, listed once for every predict call (walking the tree costs more than a small
-        model's forward pass)."""
+        """The method's modules, listed once (walking the tree costs more than a small model's forward pass)."""
         if "_served_modules" not in self.__dict__:
             self.__dict__["_served_modules"] = list(self.method.modules())
         return self.__dict__["_served_modules"]
@@ -239,15 +200,19 @@ class UncertainModel(nn.Module):
         rows = training_rows(method, train_loader)
         if rows is None:
             return None
+        return self._read(rows, _plain_on(method, self.device), shift, tolerance, progress, from_training_data=True)
+
+    def _read(self, loader: Iterable, model: nn.Module, shift: Any, tolerance: Any, progress: bool, **kw) -> HeldOut:
+        """:meth:`HeldOut.read` of ``loader`` against the plain ``model``, at this model's likelihood and device."""
         return HeldOut.read(
-            rows,
-            model=_plain_on(method, self.device),
+            loader,
+            model=model,
             likelihood=self.likelihood,
             shift=shift,
             tolerance=tolerance,
             device=self.device,
             progress=progress,
-            from_training_data=True,
+            **kw,
         )
 
     def choose(
@@ -261,11 +226,9 @@ class UncertainModel(nn.Module):
     ) -> UncertainModel:
         """Make every held-out choice again on ``val_loader``, keeping what :meth:`fit` learnt from the training data.
 
-        The curvature, the fine-tuned weights and the feature banks stay; the prior precision, the rate, the
-        scale, the calibrators, DAC's weights and ``"auto"``'s method are chosen anew by the rule of :meth:`fit`
-        (like laplace-torch's ``optimize_prior_precision`` after ``fit``). ``train_loader`` is needed only by SWAG
-        over layers with BatchNorm (its samples' statistics). ``val_loader`` may also be a
-        :class:`~posthoc.engine.held_out.HeldOut` read on this model's checkpoint (several models then share one).
+        The curvature, fine-tuned weights and feature banks stay; the knobs, calibrators and ``"auto"``'s method are
+        chosen anew. ``train_loader`` is needed only by SWAG over layers with BatchNorm. ``val_loader`` may also be a
+        :class:`~posthoc.engine.held_out.HeldOut` read on this model's checkpoint.
 
         Example:
             >>> import posthoc
@@ -282,15 +245,8 @@ class UncertainModel(nn.Module):
         if isinstance(val_loader, HeldOut):  # read already (the plain model must be this one's checkpoint)
             held_out = val_loader
         else:
-            held_out = HeldOut.read(
-                val_loader,
-                model=_plain_on(self.method, self.device),
-                likelihood=self.likelihood,
-                shift=shift,
-                tolerance=Tolerance.of(tolerance),
-                device=self.device,
-                progress=progress,
-            )
+            tolerance = Tolerance.of(tolerance)
+            held_out = self._read(val_loader, _plain_on(self.method, self.device), shift, tolerance, progress)
         with self.run.scope():
             for method in chain_of(self.method):
                 if makes_choice(method):
@@ -310,23 +266,18 @@ class UncertainModel(nn.Module):
         keep_samples: bool = True,
         max_memory: int | None = None,
     ) -> Prediction | RegressionPrediction:
-        """The predictive distribution for a batch ``x``, computed in chunks of examples: a
+        """The predictive distribution for a batch ``x`` (on any device), computed in chunks of examples: a
         :class:`~posthoc.Prediction` over classes, or under ``likelihood="regression"`` a
-        :class:`~posthoc.RegressionPrediction` over real targets.
+        :class:`~posthoc.RegressionPrediction`.
 
         Args:
-            x: a batch shaped like the model's input (or a dict of tensors), on any device; each
-                chunk is moved to the model's device in turn.
             num_samples: overrides the method's number of samples, where it samples.
-            generator: a ``torch.Generator`` for reproducible sampling.
-            chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``);
-                after a first small chunk that tells ``S`` and ``C``, chunks are smaller when the
-                ``SAMPLE_COPIES`` copies of their ``(S, n, C)`` samples would exceed the memory budget.
-            keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the
-                aleatoric / epistemic split is kept), so huge ``N`` streams in bounded memory.
-            max_memory: bytes the per-sample tensors of one chunk may use in this call (default: the
-                wrap's ``max_memory``, else ``posthoc.settings.max_memory``); the method works under what
-                is left beside the samples it returns (the runner's budget scope).
+            chunk_size: at most this many examples per chunk (default ``posthoc.settings.chunk_size``; smaller when
+                the chunk's samples would exceed the memory budget).
+            keep_samples: ``False`` drops the ``(S, N, C)`` samples after each chunk (the aleatoric / epistemic
+                split is kept), so huge ``N`` streams in bounded memory.
+            max_memory: bytes the per-sample tensors of one chunk may use (default: the wrap's ``max_memory``, else
+                ``posthoc.settings.max_memory``).
 
         Example:
             >>> import torch
@@ -386,8 +337,7 @@ class UncertainModel(nn.Module):
     def _predict_regression(
         self, x: Inputs, total: int, chunk_size: int, keep_samples: bool, device: torch.device, options: dict[str, Any]
     ) -> RegressionPrediction:
-        """The regression predictive in chunks of ``chunk_size`` rows (a row keeps ``K x D`` components alive, not
-        ``S x C`` probabilities, so no probe plans the chunks)."""
+        """The regression predictive in chunks of ``chunk_size`` rows (no probe: a row holds only ``K x D`` components)."""
         parts = []
         for start in range(0, total, chunk_size):
             part = to_device(slice_inputs(x, start, start + chunk_size), device)
@@ -442,34 +392,10 @@ class UncertainModel(nn.Module):
     def to_module(self, *, num_samples: int | None = None, seed: int = 0) -> nn.Module:
         """The fitted predictive as a self-contained ``nn.Module`` of plain torch ops, for serving without posthoc.
 
-        ``module(x)`` gives the predictive probabilities ``(N, C)`` (float32), the same as ``um.predict(x).probs``;
-        under a regression likelihood ``(mean, variance)``, each ``(N, D)``. The fitted constants are buffers and
-        the network is a copy in eval mode; each method builds its part (``Method.to_module``) from the functions its
-        predictive uses. ``torch.export.export(module, (x,))`` gives a program that runs where posthoc is not
-        installed (``torch.export.save`` / ``load``), and ``torch.onnx.export`` or ``torch.compile`` take it too.
-
-        What exports: ``"none"``; every calibrator (``temperature``, ``vector``, ``matrix``, ``dirichlet``, ``ets``,
-        ``platt``, ``histogram``, ``isotonic``, ``auto-calibration``); last-layer ``laplace`` with ``link="probit"``
-        or ``"bridge"`` (``"bridge"`` not with ``hessian="full"``); ``dac`` stacked on any of these; ensembles of
-        them; ``method="auto"`` (its chosen chain). Regression: ``"none"``, last-layer ``laplace``, ensembles.
-
-        Fixed samples, drawn once at export from ``seed`` (``num_samples`` of them, default: the method's own), the
-        same draws for every input, so each input's samples follow the method's distribution but two inputs' samples
-        are correlated, and the output is one Monte Carlo estimate, not ``um.predict``'s fresh draws:
-
-        - last-layer ``laplace`` with ``link="mc"``: head weights drawn from the posterior (logits linear in the
-          weights: each input's logits are its Gaussian logits);
-        - ``mc-dropout`` with its one dropout site on the head's input (the default ``where="head"``, or a model's
-          own dropout right before its Linear head): ``S`` masks over the head's input; with ``masks="shared"`` this
-          is exactly ``um.predict(x, generator=torch.Generator().manual_seed(seed))`` for a batch ``predict`` runs in
-          one chunk (its first chunk holds 8 examples, and each later chunk draws its own masks);
-        - last-layer ``swag``: ``S`` head weights drawn from its Gaussian;
-        - ``vi`` or ``sparse-vd`` over the head (``layers="head"``, VI's default): ``S`` head weights drawn from the
-          mean-field Gaussian.
-
-        Refused with :class:`~posthoc.ExportError` (saying why and what to do): methods that sample or linearise the
-        network's inner layers (Laplace over layers, SWAG over layers, MC dropout at several sites, VI or sparse VD
-        over layers, iBNN, IVON, SGLD), whose samples need the network run once per sample.
+        ``module(x)`` gives the predictive probabilities ``(N, C)`` (float32), as ``um.predict(x).probs``; under a
+        regression likelihood ``(mean, variance)``. ``torch.export``, ``torch.onnx.export`` and ``torch.compile`` take
+        it. A sampling method exports ``num_samples`` fixed samples drawn once from ``seed``; a method whose samples are
+        whole networks is refused with :class:`~posthoc.ExportError`. What exports, and how: docs/serving-export.md.
 
         Example:
             >>> import torch
@@ -487,10 +413,8 @@ class UncertainModel(nn.Module):
     def summary(self) -> ModelCard:
         """The model card: what the posterior is over, how it was fitted, and on which model.
 
-        A dict (see :class:`~posthoc.core.model_card.ModelCard` for the keys) with ``to_markdown()``.
-        Each method in the chain (inner first) adds its :meth:`Method.summary` once fitted; a model
-        not fitted yet gets a card that says so. A loaded posterior's card tells the fit's data and
-        cost when its file recorded them.
+        A dict (:class:`~posthoc.core.model_card.ModelCard`) with ``to_markdown()``; each method in the chain (inner
+        first) adds its :meth:`Method.summary` once fitted.
 
         Example:
             >>> import posthoc
@@ -522,12 +446,9 @@ class UncertainModel(nn.Module):
         )
 
     def save(self, path: str, *, dense: dict[str, Any] | None = None) -> None:
-        """Write the fitted posterior (not the base weights) atomically to ``path``.
-
-        A posterior is saved only while it matches the weights it was fitted on, with their
-        fingerprint, so that :func:`posthoc.load` can refuse any other model. ``dense``: the layout of a model with
-        dense outputs (:meth:`posthoc.engine.dense.DenseModel.save` passes it).
-        """
+        """Write the fitted posterior (not the base weights) atomically to ``path``, with the fingerprint of the weights
+        it was fitted on, so that :func:`posthoc.load` can refuse any other model (``dense``: a dense model's layout,
+        passed by :meth:`posthoc.engine.dense.DenseModel.save`)."""
         if not self.is_fitted:
             raise NotFittedError("nothing to save: fit the model first (um.fit(...))")
         unsaveable = persistence.unsaveable_options(self.spec)
@@ -564,8 +485,7 @@ class UncertainModel(nn.Module):
 
 
 def check_wrapped(um: Any, what: str) -> UncertainModel:
-    """``um`` if it is a wrapped model; otherwise an :class:`InputError` for ``what`` (the entry point) that says how to
-    get one from what was passed (a plain ``nn.Module``, a prediction, a loader in the model's place).
+    """``um`` if it is a wrapped model; otherwise an :class:`InputError` for ``what`` that says how to get one.
 
     Example:
         >>> import torch
@@ -638,7 +558,6 @@ def _fit_one(
 
 
 def _say_if_kept_plain(method: Method, held_out: HeldOut) -> None:
-    """The warning of a held-out choice that kept the plain predictive (:func:`~posthoc.engine.selection.warn_kept_plain`;
-    not for a choice made on training rows)."""
+    """:func:`~posthoc.engine.selection.warn_kept_plain`, except for a choice made on training rows."""
     if method.last_selection is not None and not held_out.from_training_data:
         warn_kept_plain(method.last_selection, method=method.name, stacklevel=5)

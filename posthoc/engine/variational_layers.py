@@ -1,19 +1,10 @@
 """Factorised Gaussian posteriors over the weights of a trained network's Linear / Conv2d layers.
 
-A :class:`LayerPosterior` holds its own parameters for one layer (the user's layer is never
-changed) and gives the mean and variance of every weight and bias, and its KL to the prior.
-:class:`VariationalLayers` gathers them and, inside :meth:`VariationalLayers.sampling`, replaces
-each layer's output with a draw by the *local reparameterisation* (Kingma, Salimans and Welling,
-2015): with independent weights, a Linear layer's output given its input ``a`` is Gaussian with
-
-    mean = a W_mu^T + b_mu,        var = (a * a) W_var^T + b_var,
-
-so one draw of the output costs two matmuls and no weight sample, and every row (every example,
-every sample of an expanded batch) gets its own independent draw. For Linear layers this is the
-exact distribution of the output under a weight draw per example; for Conv2d layers each output
-value has the exact mean and variance, but values at different positions are drawn independently
-where a shared weight draw would correlate them (the approximation Molchanov et al. 2017 also make).
-Outputs are computed in float32 and returned in the layer's dtype.
+A :class:`LayerPosterior` holds its own parameters for one layer (the user's layer is never changed).
+:class:`VariationalLayers` gathers them and, inside :meth:`VariationalLayers.sampling`, replaces each layer's output
+with a draw by the *local reparameterisation* (Kingma, Salimans and Welling, 2015): given its input ``a`` the output is
+Gaussian with mean ``a W_mu^T + b_mu`` and variance ``(a * a) W_var^T + b_var``, one independent draw per row. It is
+exact for Linear layers; for Conv2d, positions are drawn independently (as Molchanov et al. 2017 do).
 
 Example:
     >>> import torch
@@ -51,10 +42,7 @@ Moments = tuple[Tensor, Tensor, Tensor | None, Tensor | None]
 
 
 class LayerPosterior(nn.Module):
-    """A factorised posterior over one layer's weight and bias; subclasses define :meth:`moments` and :meth:`kl`.
-
-    ``self.layer`` is the user's module (kept out of the state dict, never modified).
-    """
+    """A factorised posterior over one layer's weight and bias; subclasses define :meth:`moments` and :meth:`kl`."""
 
     def __init__(self, layer: nn.Module) -> None:
         super().__init__()
@@ -107,8 +95,7 @@ def sample_output(mean: Tensor, var: Tensor, generator: torch.Generator | None =
 
 
 def select_layers(model: nn.Module, layers: str | Sequence[str]) -> list[str]:
-    """Names of the Linear / Conv2d modules that ``layers`` selects: ``"all"``, or module names (a
-    container selects the Linear / Conv2d modules inside it).
+    """Names of the Linear / Conv2d modules that ``layers`` (``"all"``, or module names, containers included) selects.
 
     Example:
         >>> from torch import nn
@@ -140,8 +127,7 @@ ROOT_KEY = "<model>"
 
 
 def layer_key(name: str) -> str:
-    """The ``nn.ModuleDict`` key of the layer called ``name``: dots, which keys may not hold, become slashes; the
-    model itself (``""``) is :data:`ROOT_KEY`.
+    """The ``nn.ModuleDict`` key of the layer called ``name`` (dots become slashes; ``""`` is :data:`ROOT_KEY`).
 
     Example:
         >>> from posthoc.engine.variational_layers import layer_key
@@ -157,18 +143,7 @@ def layer_name(key: str) -> str:
 
 
 class VariationalLayers(nn.Module):
-    """The posteriors of several layers of ``model`` by module name, and the hooks that sample them.
-
-    Example:
-        >>> from torch import nn
-        >>> from posthoc.engine.variational_layers import VariationalLayers
-        >>> from posthoc.methods.vi.gaussian import GaussianLayer
-        >>> from collections import OrderedDict
-        >>> net = nn.Sequential(OrderedDict(body=nn.Linear(4, 8), fc=nn.Linear(8, 3)))
-        >>> layers = VariationalLayers(net, {"fc": GaussianLayer(net.fc, init_std=0.1, prior_std=1.0, prior_mean="zero")})
-        >>> layers.names, float(layers.kl()) >= 0
-        (['fc'], True)
-    """
+    """The posteriors of several layers of ``model`` by module name, and the hooks that sample them."""
 
     def __init__(self, model: nn.Module, posteriors: dict[str, LayerPosterior]) -> None:
         super().__init__()

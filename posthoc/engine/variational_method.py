@@ -2,16 +2,10 @@
 Linear / Conv2d layers of a trained model, fitted by the annealed ELBO, predicted by local
 reparameterisation draws.
 
-The posterior's parameters are the method's own (initialised from the checkpoint's weights): the
-user's model is never changed, and the saved posterior holds only them. A subclass says what the
-posterior of one layer is (:meth:`VariationalMethod._posterior`).
-
-Prediction draws ``S`` samples per example in batched ops. With the head alone variational
-(``layers="head"``) the backbone runs once and the head's logits, Gaussian given the features,
-are drawn directly (cost independent of the feature width). Otherwise the batch is expanded ``S``
-times at the first variational layer the forward pass reaches (:class:`~posthoc.engine.suffix.SuffixRunner`,
-chosen at fit): what comes before runs once per example, and every row of the rest gets its own
-local-reparameterisation draw at every variational layer.
+The posterior's parameters are the method's own, initialised from the checkpoint (the user's model is never changed);
+a subclass says what the posterior of one layer is (:meth:`VariationalMethod._posterior`). With ``layers="head"`` the
+backbone runs once and the head's Gaussian logits are drawn directly; otherwise the batch is expanded ``S`` times at
+the first variational layer the forward pass reaches (:class:`~posthoc.engine.suffix.SuffixRunner`).
 
 Example:
     >>> from posthoc.engine.variational_method import VariationalMethod
@@ -24,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -78,16 +72,12 @@ class VariationalMethod(Method):
     """Options, fit, predictive and persistence of a variational method (see module docs).
 
     Args:
-        layers: ``"head"`` (the classifier head, found like the last-layer methods find it),
-            ``"all"`` (every Linear and Conv2d) or module names (a container selects the Linear /
-            Conv2d modules inside it).
+        layers: ``"head"``, ``"all"`` (every Linear and Conv2d) or module names (containers included).
         head: the head's module name, where it cannot be found automatically.
-        num_samples: samples per prediction.
         seed: seeds the predictive's draws when ``predict`` gets no generator.
     """
 
     copies_model = False
-    default_layers: ClassVar[str] = "head"
     likelihoods = (Categorical, Gaussian)
     exports = ("classification",)
     export_refusal = SAMPLES_NETWORKS
@@ -193,10 +183,8 @@ class VariationalMethod(Method):
     def _fit(
         self, train_loader: Iterable, options: ElboFit, *, progress: bool, val_loader: Iterable | None = None
     ) -> None:
-        """Find the structure from the first batch, then maximise the ELBO; on any failure the posterior
-        is left as it was before. Under a Gaussian likelihood the ELBO reads the noise the plain model's
-        residuals give (held-out ones with ``val_loader``), and the noise is then re-fitted to the
-        posterior's sampled outputs on the same data."""
+        """Find the structure from the first batch, then maximise the ELBO (on failure the posterior is restored).
+        A Gaussian's noise is fitted to the plain model before, and re-fitted to the posterior's samples after."""
         first, _ = next(iter(iterate(train_loader, device=self.device, progress=False, desc=self.name)))
         with torch.no_grad(), eval_mode(self.model):
             if self.layers is None:
@@ -240,9 +228,8 @@ class VariationalMethod(Method):
         self.fit_settings.copy_(torch.tensor(record, dtype=torch.float64))
 
     def _maximise_elbo(self, train_loader: Iterable, options: ElboFit, *, progress: bool) -> None:
-        """:func:`~posthoc.engine.elbo.maximise_elbo` with the model in eval mode (dropout off, BatchNorm on
-        its running statistics) and its own parameters frozen (their ``requires_grad`` flags restored after):
-        Adam moves the posterior's locations at ``lr`` and its scales at ``lr_scale``."""
+        """:func:`~posthoc.engine.elbo.maximise_elbo` with the model in eval mode and frozen: Adam moves the
+        posterior's locations at ``lr`` and its scales at ``lr_scale``."""
         layers = self.layers
         locations, scales = layers.parameter_groups()
         groups = [
@@ -286,8 +273,7 @@ class VariationalMethod(Method):
     def sampled_outputs(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> Tensor:
-        """``(S, N, D)`` raw outputs of ``S`` draws of the posterior (local reparameterisation); ``generator``
-        defaults to one seeded with ``seed``."""
+        """``(S, N, D)`` raw outputs of ``S`` draws of the posterior (local reparameterisation)."""
         self._follow_device()
         count = num_samples or self.num_samples
         if generator is None:
@@ -305,8 +291,7 @@ class VariationalMethod(Method):
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        """``S`` local-reparameterisation draws per example (see module docs); ``generator`` defaults to
-        one seeded with ``seed``."""
+        """``S`` local-reparameterisation draws per example (``generator`` defaults to one seeded with ``seed``)."""
         self._follow_device()
         count = num_samples or self.num_samples
         if generator is None:
@@ -321,8 +306,7 @@ class VariationalMethod(Method):
     def _head_samples(
         self, x: Inputs, count: int, generator: torch.Generator, transform: Callable[[Tensor], Tensor] = class_log_probs
     ) -> Tensor:
-        """``(S, N, C)`` draws of the Gaussian head outputs through ``transform`` (log-probabilities by default):
-        the backbone runs once."""
+        """``(S, N, C)`` draws of the Gaussian head outputs through ``transform``, the backbone run once."""
         phi, _ = self.split(x)
         mean, var = self.layers[self.split.head_name].output_moments(phi)
         n, classes = mean.shape[0], transform(mean[:1]).shape[-1]
@@ -334,8 +318,7 @@ class VariationalMethod(Method):
 
     # ----------------------------------------------------------------- card and file
     def summary(self) -> dict[str, Any]:
-        """``random_variables`` (weights, and biases where they have a variance), ``layers``, the
-        predictive's samples and the fit's settings (see ``FIT_RECORD``)."""
+        """``random_variables``, ``layers``, the predictive's samples and the fit's settings (``FIT_RECORD``)."""
         settings = dict(zip(FIT_RECORD, self.fit_settings.tolist()))
         fit: dict[str, Any] = dict(
             settings,

@@ -1,16 +1,9 @@
 """Predictives over weight samples: stacked head rows (one backbone pass) or whole-model states.
 
-Methods that end a fit with a set of weight samples (SGLD's kept iterates, draws from IVON's
-Gaussian) predict through one of two routes:
-
-- :func:`head_log_predictive` (:func:`head_outputs` for the raw outputs): every sample is a row ``[W.flatten(), b]`` of the classifier
-  head; the backbone runs once (:class:`~posthoc.engine.head.FeatureSplit`) and all ``S`` heads
-  are applied to the features in batched matmuls, the samples chunked under the memory budget
-  (:mod:`posthoc.core.chunks`);
-- :func:`state_log_predictive` (:func:`state_outputs`): every sample is a ``{name: tensor}`` state (parameters and, where
-  a method keeps them, BatchNorm buffers) run through the model functionally, one pass per sample.
-
-:func:`head_rows` and :func:`head_logits` convert between a head module and its flat rows.
+Methods that end a fit with weight samples (SGLD's iterates, draws from IVON's Gaussian) predict through
+:func:`head_log_predictive` (each sample a head row ``[W.flatten(), b]``, the backbone run once, the heads applied in
+batched matmuls under the memory budget) or :func:`state_log_predictive` (each sample a ``{name: tensor}`` state run
+through the model functionally, one pass per sample).
 
 Example:
     >>> import torch
@@ -80,9 +73,7 @@ def head_outputs(
 ) -> Tensor:
     """``(S, N, C)``: the outputs of ``count`` head samples (through ``transform``, e.g. a log-softmax), the backbone run once.
 
-    ``rows(slice)`` gives the rows of the samples in the slice; groups of samples are made under the
-    runner's memory budget (:mod:`posthoc.core.chunks`) from the bytes one sample keeps alive (its row,
-    and its outputs with a transformed copy).
+    ``rows(slice)`` gives the rows of the samples in the slice, taken in groups under the memory budget.
 
     Example:
         >>> import torch
@@ -127,9 +118,8 @@ def state_outputs(
 ) -> Tensor:
     """``(S, N, ...)``: ``transform`` of the outputs of ``count`` whole-model states, one pass each, in float32.
 
-    ``states(s)`` gives sample ``s`` as ``{name: tensor}`` (parameters and buffers replacing the
-    model's own, through :func:`~posthoc.core.inputs.run_model_with`); the model is not changed. A
-    float16 / bfloat16 model runs its samples in float32 (with its inputs), as the head route does.
+    ``states(s)`` gives sample ``s`` as ``{name: tensor}`` replacing the model's own (the model is not changed). A
+    float16 / bfloat16 model runs its samples in float32.
 
     Example:
         >>> import torch
