@@ -182,20 +182,8 @@ def shifted_held_out(
     if kinds:
         origin = source if source is not None else loader
         origin = origin.loader if isinstance(origin, CountingLoader) else origin  # the user's loader, not a wrapper
-        key = (
-            None
-            if model is None
-            else (
-                id(model),
-                _weights_version(model),
-                id(origin),
-                tuple(kinds),
-                tuple(strengths),
-                grading_rows,
-                seed,
-                regression,
-            )
-        )
+        grading = (tuple(kinds), tuple(strengths), grading_rows, seed, regression)
+        key = None if model is None else (id(model), _weights_version(model), id(origin), *grading)
         graded = _GRADED.get(key) if key is not None else None
         if graded is None:
             with eval_mode(model) if model is not None else contextlib.nullcontext():
@@ -249,13 +237,8 @@ def _graded(
         for x, y in rows:
             lp = log_probs(perturb(x))
             classes = lp.shape[-1]
-            counts += torch.tensor(
-                [
-                    float((lp.argmax(-1) == check_labels(y, classes, where="the validation loader's")).sum()),
-                    float(y.shape[0]),
-                ],
-                dtype=torch.float64,
-            )
+            labels = check_labels(y, classes, where="the validation loader's")
+            counts += torch.tensor([float((lp.argmax(-1) == labels).sum()), float(y.shape[0])], dtype=torch.float64)
         counts = distributed.all_reduce_sum(counts) if distributed.active() else counts
         return float(counts[0] / counts[1]), classes
 

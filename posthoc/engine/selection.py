@@ -167,7 +167,15 @@ class Scores:
         shifted_log_probs: Tensor | None = None,
         shifted_labels: Tensor | None = None,
     ) -> Scores:
-        """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones."""
+        """The scores of class log-probabilities ``(N, C)`` on the clean examples and ``(M, C)`` on the perturbed ones.
+
+        Example:
+            >>> import torch
+            >>> from posthoc.engine.selection import Scores
+            >>> scores = Scores.of_log_probs(torch.tensor([[-0.5, -1.0]]), torch.tensor([1]))
+            >>> scores.clean.tolist(), scores.mistakes.tolist()
+            ([1.0], [1.0])
+        """
         clean, _, correct = class_scores(log_probs, labels)
         if shifted_log_probs is None:
             return cls(clean, mistakes=1 - correct)
@@ -284,20 +292,13 @@ class Layout:
         out = []
         for fold in range(k):
             held = fold_of == fold
-            shifted_held = None if self.source is None else held[self.source]
-            out.append(
-                (
-                    Rows(
-                        torch.nonzero(~held).squeeze(1),
-                        None if shifted_held is None else torch.nonzero(~shifted_held).squeeze(1),
-                    ),
-                    Rows(
-                        torch.nonzero(held).squeeze(1),
-                        None if shifted_held is None else torch.nonzero(shifted_held).squeeze(1),
-                    ),
-                )
-            )
+            out.append((self._rows(~held), self._rows(held)))
         return out
+
+    def _rows(self, clean: Tensor) -> Rows:
+        """The clean examples of the mask ``clean`` and their perturbed copies."""
+        shifted = None if self.source is None else torch.nonzero(clean[self.source]).squeeze(1)
+        return Rows(torch.nonzero(clean).squeeze(1), shifted)
 
 
 def cross_fitted(

@@ -552,9 +552,8 @@ def _fit_one(
         if not method.needs_val and train_loader is None:
             raise InputError(f"'{method.name}' needs a training loader: call um.fit(train_loader)")
     options = {"options": method.make_fit_options(own)} if method.fit_option_defaults() else {}
-    method.fit(
-        train_loader, val_loader, progress=progress, **options
-    )  # a method that needs no fit may still use the data
+    # a method that needs no fit may still use the data
+    method.fit(train_loader, val_loader, progress=progress, **options)
 
 
 def _say_if_kept_plain(method: Method, held_out: HeldOut) -> None:
