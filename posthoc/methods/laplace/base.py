@@ -52,13 +52,8 @@ from posthoc.engine.held_out import HeldOut, Prepared
 from posthoc.engine.runner import gather_rows
 from posthoc.engine.selection import Scores, Selection, warn_fallback
 from posthoc.errors import ConfigError, InputError
+from posthoc.methods.laplace import marglik
 from posthoc.methods.laplace.glm_predictive import LINKS
-from posthoc.methods.laplace.marglik import (
-    gaussian_nll,
-    log_marginal_likelihood,
-    optimize_noise_and_prior,
-    optimize_prior_precision,
-)
 from posthoc.methods.laplace.prior_search import default_grid, grid_search, ladder
 from posthoc.methods.laplace.structures import STRUCTURES, VARIANTS
 from posthoc.methods.laplace.units import TargetMoments
@@ -75,8 +70,7 @@ ALGORITHMS: dict[str, type[Laplace]] = {}
 
 @register
 class Laplace(Method, metaclass=abc.ABCMeta):
-    """Laplace approximation of a trained model (see module docs); ``Laplace.build(model, **options)`` builds the
-    algorithm for ``options``. Posterior matrices and predictive chunks stay under the runner's memory budget."""
+    """Laplace approximation of a trained model (see module docs); ``Laplace.build(model, **options)`` builds one."""
 
     name = "laplace"
     #: the fitted curvature, one block per parameter group (made by each algorithm at ``__init__``)
@@ -226,7 +220,9 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                     rows = self._regression_rows(train_loader, TRAIN_ROWS, progress)
                     self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "training")
         elif source == "marglik":
-            self.prior_precision.fill_(optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm))
+            self.prior_precision.fill_(
+                marglik.optimize_prior_precision(self.spectrum(), self.train_loss, self.square_norm)
+            )
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
 
     def _source(self, has_val: bool) -> str:
@@ -329,7 +325,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
     def _evidence_optimum(self, prior_precision: float | None, noise_std: float | None) -> tuple[float, float]:
         """``(δ, σ)`` maximising the evidence, a given one kept."""
         self._settle()
-        return optimize_noise_and_prior(
+        return marglik.optimize_noise_and_prior(
             torch.cat([block.spectrum() for block in self.blocks]),
             float(self.train_loss),
             self.target_values(),
@@ -460,8 +456,8 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         delta = float(self.prior_precision) if prior_precision is None else prior_precision
         loss = self.train_loss
         if self.likelihood.fits_noise:
-            loss = gaussian_nll(float(self.train_loss), self.target_values(), self.likelihood.fitted_std())
-        return float(log_marginal_likelihood(self.spectrum(), loss, self.square_norm, delta))
+            loss = marglik.gaussian_nll(float(self.train_loss), self.target_values(), self.likelihood.fitted_std())
+        return float(marglik.log_marginal_likelihood(self.spectrum(), loss, self.square_norm, delta))
 
     def summary(self) -> dict[str, Any]:
         """The posterior for the model card: parameters under it, curvature, layers, δ and how it was chosen.

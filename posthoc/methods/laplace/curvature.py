@@ -50,9 +50,8 @@ def augment(phi: Tensor, bias: bool) -> Tensor:
 
 
 class LastLayerGGN:
-    """Accumulate the last-layer GGN of a ``structure`` batch by batch (see module docs), with the loss Hessian of
-    ``likelihood`` (default: the softmax's). ``loss`` sums the NLL at the checkpoint at unit dispersion (float64);
-    ``num_data`` counts the examples (over every rank once :meth:`finalize` ran)."""
+    """Accumulate the last-layer GGN of a ``structure`` batch by batch, with the loss Hessian of ``likelihood`` (default:
+    the softmax's); ``loss`` sums the NLL at the checkpoint at unit dispersion, ``num_data`` counts the examples."""
 
     def __init__(
         self,
@@ -178,11 +177,9 @@ def backpack_ggn(
     batches: Iterable[tuple[Tensor, Tensor]],
     likelihood: Likelihood | None = None,
 ) -> tuple[list[Curvature], Tensor]:
-    """The eigen-decomposed KFAC or diagonal GGN blocks of ``param_names`` from BackPACK, on a private copy of
-    ``model``, and the summed NLL at the checkpoint at unit dispersion. Factors follow BackPACK's summed-loss
-    convention: ``G = Σ_n G_n``, ``A = Σ_n a aᵀ / N``. For a Gaussian ``likelihood`` BackPACK's summed squared error
-    has the loss Hessian ``2 I``: its GGN is halved here to the unit-noise one, which the caller divides by ``σ²``.
-    """
+    """The KFAC or diagonal GGN blocks of ``param_names`` from BackPACK on a private copy of ``model`` (``G = Σ_n G_n``,
+    ``A = Σ_n a aᵀ / N``), and the summed NLL at the checkpoint at unit dispersion. BackPACK's squared error has the
+    loss Hessian ``2 I``: its GGN is halved to the unit-noise one, which the caller divides by ``σ²``."""
     likelihood = Categorical() if likelihood is None else likelihood
     extension = getattr(extensions, SUBSET_STRUCTURES[structure])()
     attribute = {"kron": "kflr", "kron-mc": "kfac", "diag": "diag_ggn_exact"}[structure]

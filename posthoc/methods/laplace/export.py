@@ -30,8 +30,7 @@ from posthoc.methods.laplace.curvature import augment
 
 class HeadGaussian(nn.Module):
     """Gaussian logits of a linear head, from the ``folded`` posterior through ``link`` (``"probit"``, ``"bridge"``),
-    or from ``weight_samples (S, C, D+1)`` drawn at export (``link="samples"``); ``tap`` indexes the backbone's record
-    of the head's input."""
+    or from ``weight_samples (S, C, D+1)`` drawn at export (``link="samples"``)."""
 
     def __init__(
         self,

@@ -56,8 +56,7 @@ def _square_root_directions(logits: Tensor) -> Tensor:
 def hooked_ggn(
     model: nn.Module, param_names: list[str], structure: str, batches: Iterable[tuple[Inputs, Tensor]]
 ) -> tuple[list[Curvature], Tensor]:
-    """KFAC-reduce (``"kron"``) or diagonal GGN blocks of ``param_names``' Linear layers, and the summed
-    cross-entropy at the checkpoint, as :func:`~posthoc.methods.laplace.curvature.backpack_ggn` returns them."""
+    """KFAC-reduce (``"kron"``) or diagonal GGN blocks of ``param_names``, and the summed cross-entropy at the checkpoint."""
     if structure not in HOOKED_STRUCTURES:
         raise ConfigError(f"hessian={structure!r} is not offered for this subset; use one of {HOOKED_STRUCTURES}")
     layers = covered_linear_layers(model, param_names)

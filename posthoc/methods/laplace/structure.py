@@ -33,8 +33,7 @@ FLOAT64 = torch.float64
 
 
 class Curvature(nn.Module, metaclass=abc.ABCMeta):
-    """A fitted GGN block (see module docs), its buffers named in :attr:`fields` (``None`` until fitted or loaded);
-    ``name`` is the parameter it covers (empty for a head)."""
+    """A fitted GGN block: buffers named in :attr:`fields` (``None`` until fitted), ``name`` the parameter it covers."""
 
     #: the buffers holding the fitted state, in the order a saved posterior lists them
     fields: ClassVar[tuple[str, ...]] = ()

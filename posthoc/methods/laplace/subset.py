@@ -133,8 +133,7 @@ class SubsetLaplace(Laplace, scope="subset"):
         return int(self.num_classes)
 
     def _positions(self, x: Inputs) -> int:
-        """Positions an example of ``x`` feeds the covered layers: those seen at fit, scaled by the example's size
-        (a sequence twice as long feeds each layer twice the tokens)."""
+        """Positions an example of ``x`` feeds the covered layers: those seen at fit, scaled by the example's size."""
         seen = max(1, int(self.positions))
         return seen if seen == 1 else max(1, math.ceil(seen * _example_size(x) / max(1, int(self.example_size))))
 

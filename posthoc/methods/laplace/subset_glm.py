@@ -142,8 +142,7 @@ def jacobian_covariance(
 
 
 def bytes_per_row(layers: dict[str, nn.Linear], classes: int, samples: int = 0, positions: int = 1) -> int:
-    """Float64 bytes of :func:`logit_gaussian` per input row (gradients, rotations, ``C x C`` covariance and
-    eigenvectors, ``samples`` logit draws; over ``positions`` tokens also the per-example Jacobians)."""
+    """Float64 bytes of :func:`logit_gaussian` per input row, with ``samples`` logit draws over ``positions`` tokens."""
     width = sum(layer.out_features + layer.in_features for layer in layers.values())
     if positions > 1:
         width = positions * width + sum(layer.out_features * layer.in_features for layer in layers.values())
