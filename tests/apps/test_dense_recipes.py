@@ -76,8 +76,9 @@ def test_causal_lm_recipe_offline_and_its_streamed_metrics_match_posthoc_evaluat
 def test_causal_lm_recipe_loads_with_from_pretrained(tmp_path: Path) -> None:
     """The real path (``AutoModelForCausalLM.from_pretrained``, ``AutoTokenizer``, peft LoRA tuning) on a tiny GPT-2
     and a byte-level BPE tokenizer trained and saved here (no download)."""
-    tokenizers = pytest.importorskip("tokenizers")
-    transformers = pytest.importorskip("transformers")
+    import tokenizers
+    import transformers
+
     text = tokens.shipped_text("train")
     bpe = tokenizers.ByteLevelBPETokenizer()
     bpe.train_from_iterator([text], vocab_size=300, min_frequency=2, show_progress=False)
