@@ -385,10 +385,8 @@ class DenseModel(nn.Module):
         budget = settings.memory_budget(memory_bytes(max_memory) or self.inner.run.max_memory)
         total = batch_size(x)
         options = {"num_samples": num_samples, "generator": generator}
-        rows = self.position_rows[0]
         device = self.inner.method.follow_model_device()
-        with eval_mode(rows):  # the positions and classes of one input: (*P, C)
-            layout = rows.user_logits(to_device(slice_inputs(x, 0, 1), device)).movedim(rows.class_dim, -1).shape[1:]
+        layout = self._layout(x, device)
         with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
             parts = [self._chunk(slice_inputs(x, 0, 1), layout, device, options)]
             draws = 1 if parts[0].samples is None else parts[0].samples.shape[0]
@@ -414,23 +412,26 @@ class DenseModel(nn.Module):
         """The Gaussian predictive of every position of ``x`` as rows ``(N·P, D)``, positions in the order of the
         outputs without their output dimension (:func:`to_rows`; :meth:`maps` shapes a field back)."""
         positive_int(num_samples, "num_samples", none="the method's own")
-        step = positive_int(chunk_size or settings.chunk_size, "chunk_size")
+        step = positive_int(settings.chunk_size if chunk_size is None else chunk_size, "chunk_size")
         rows = self.position_rows[0]
         device = self.inner.method.follow_model_device()
+        positions = self._layout(x, device)[:-1]
         parts = []
         for start in range(0, batch_size(x), step):
             part = to_device(slice_inputs(x, start, start + step), device)
-            with eval_mode(rows):
-                shape = rows.user_logits(part).shape
-            keep = torch.ones(
-                shape[:1] + shape[1:][: rows.class_dim - 1] + shape[rows.class_dim + 1 :], dtype=torch.bool
-            )
-            inputs = row_inputs(part, keep.to(device), rows)
+            keep = torch.ones((batch_size(part), *positions), dtype=torch.bool, device=device)
+            inputs = row_inputs(part, keep, rows)
             with eval_mode(self.inner.method, self.inner._served()):
                 parts.append(
                     self.inner.method.regression_predictive(inputs, num_samples=num_samples, generator=generator)
                 )
         return concat(parts, keep_samples)
+
+    def _layout(self, x: Inputs, device: torch.device) -> torch.Size:
+        """The positions and outputs of one input of ``x``, ``(*P, C)``: one forward of its first input."""
+        rows = self.position_rows[0]
+        with eval_mode(rows):
+            return rows.user_logits(to_device(slice_inputs(x, 0, 1), device)).movedim(rows.class_dim, -1).shape[1:]
 
     def maps(self, values: Tensor, x_shape: torch.Size | tuple[int, ...]) -> Tensor:
         """A regression field ``values`` ``(N·P, D)`` of :meth:`predict` shaped like the outputs ``x_shape``
