@@ -31,6 +31,7 @@ from posthoc.core.likelihood import Categorical, Gaussian, fit_noise_on, model_o
 from posthoc.core.logits import class_log_probs, log_mean_exp
 from posthoc.core.method import SAMPLES_NETWORKS, LogPredictive, Method
 from posthoc.core.modules import eval_mode, requires_grad
+from posthoc.core.options import option
 from posthoc.engine.elbo import maximise_elbo
 from posthoc.engine.head import FeatureSplit
 from posthoc.engine.hooks import called_in_order
@@ -155,13 +156,13 @@ class VariationalMethod(Method):
     # ----------------------------------------------------------------- fit
     @dataclass(frozen=True, kw_only=True)
     class FitOptions(Method.FitOptions):
-        epochs: int = 3
-        lr: float = 1e-3
-        lr_scale: float = 1e-2
-        kl_weight: float = 1.0
-        kl_schedule: Literal[SCHEDULES] = "linear"
-        kl_warmup: float = 0.5
-        kl_cycles: int = 4
+        epochs: int = option(3, "passes over the training data")
+        lr: float = option(1e-3, "Adam's step size for the posterior means")
+        lr_scale: float = option(1e-2, "Adam's step size for the log standard deviations (0 keeps them fixed)")
+        kl_weight: float = option(1.0, "the final weight of the KL term (1 is the ELBO)")
+        kl_schedule: Literal[SCHEDULES] = option("linear", "how the KL weight rises over the steps")
+        kl_warmup: float = option(0.5, "the fraction of the steps (of each cycle) over which the KL weight rises")
+        kl_cycles: int = option(4, "the number of cycles of the 'cyclical' schedule")
 
     def fit(
         self,

@@ -34,12 +34,7 @@ from posthoc.methods.vi.gaussian import PRIOR_MEANS, GaussianLayer
 
 @register
 class VariationalInference(VariationalMethod):
-    """Mean-field Gaussian VI (Bayes by Backprop) over chosen layers of a trained model (see module docs).
-
-    Fit options: ``epochs``; ``lr`` (Adam, the means); ``lr_scale`` (Adam, the log standard deviations);
-    ``kl_weight`` (the final KL weight; 1 is the ELBO); ``kl_schedule``; ``kl_warmup`` (the fraction of the steps, or
-    of each cycle, over which the weight rises); ``kl_cycles`` (for ``"cyclical"``).
-    """
+    """Mean-field Gaussian VI (Bayes by Backprop) over chosen layers of a trained model (see module docs)."""
 
     name = "vi"
 
