@@ -42,6 +42,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
@@ -64,6 +65,9 @@ IMAGE_KEY, TOKEN_KEY = "pixel_values", "input_ids"
 PIXEL_IGNORE, TOKEN_IGNORE = 255, -100
 #: float32 copies of one position's samples ``predict`` holds at once (as the row predict)
 SAMPLE_COPIES = 2
+#: float32 copies of a group's samples alive at once when one input's samples are drawn in groups: the network's
+#: outputs, their log-softmax and the method's mean over them, then the probabilities and their entropy terms
+GROUP_COPIES = 5
 
 
 def dense_logits(output: Any) -> Tensor:
@@ -387,6 +391,12 @@ class DenseModel(nn.Module):
         options = {"num_samples": num_samples, "generator": generator}
         device = self.inner.method.follow_model_device()
         layout = self._layout(x, device)
+        draws = num_samples or getattr(self.inner.method, "num_samples", None)
+        group = max(1, budget // (SAMPLE_COPIES * 4 * layout.numel()))
+        if draws is not None and draws > group and not keep_samples:
+            grouped = self._predict_in_sample_groups(x, layout, device, draws, budget, generator)
+            if grouped is not None:
+                return grouped
         with budget_scope(max(1, budget - budget // SAMPLE_COPIES)):
             parts = [self._chunk(slice_inputs(x, 0, 1), layout, device, options)]
             draws = 1 if parts[0].samples is None else parts[0].samples.shape[0]
@@ -399,6 +409,50 @@ class DenseModel(nn.Module):
                 if not keep_samples:
                     part = dataclasses.replace(part, samples=None)
                 parts.append(part)
+        return _joined(parts)
+
+    def _predict_in_sample_groups(
+        self,
+        x: Inputs,
+        layout: torch.Size,
+        device: torch.device,
+        draws: int,
+        budget: int,
+        generator: torch.Generator | None,
+    ) -> Prediction | None:
+        """One input at a time, its ``draws`` samples drawn in groups that fit ``budget`` (one input's ``(S, P, C)``
+        samples do not): the mean predictive is a running log-sum-exp of the groups' means and the aleatoric part a
+        running sum of the samples' entropies, so no more than one group of samples of a map is alive at once.
+        Without a ``generator`` one is seeded from torch's global generator, so that the groups draw different
+        samples. ``None`` when the method's predictive draws no samples (probit Laplace): it needs no groups."""
+        if generator is None:
+            seed = int(torch.randint(2**62, (), generator=None))
+            generator = torch.Generator(device=device).manual_seed(seed)
+        rows, method = self.position_rows[0], self.inner.method
+        group = max(1, budget // (GROUP_COPIES * 4 * layout.numel()))
+        keep = torch.ones((1, *layout[:-1]), dtype=torch.bool, device=device)
+        parts = []
+        for start in range(batch_size(x)):
+            inputs = to_device(row_inputs(slice_inputs(x, start, start + 1), keep, rows), device)
+            log_mean, expected_entropy, done = None, None, 0
+            while done < draws:
+                count = min(group, draws - done)
+                with budget_scope(budget // 2), eval_mode(method, self.inner._served()):
+                    log_probs, samples = method.log_predictive(inputs, num_samples=count, generator=generator)
+                if samples is None:
+                    return None
+                weighted = log_probs.float() + math.log(count)
+                log_mean = weighted if log_mean is None else torch.logaddexp(log_mean, weighted)
+                probs = samples.float().exp()
+                del samples
+                total = -torch.special.xlogy(probs, probs).sum((0, -1))
+                expected_entropy = total if expected_entropy is None else expected_entropy + total
+                done += count
+            flat = Prediction.from_probs((log_mean - math.log(draws)).exp())
+            aleatoric = expected_entropy / draws
+            epistemic = (flat.entropy - aleatoric).clamp_min(0.0)
+            flat = dataclasses.replace(flat, aleatoric=aleatoric, epistemic=epistemic)
+            parts.append(_positions_of(flat, (1, *layout), rows.class_dim))
         return _joined(parts)
 
     def _predict_regression(
@@ -450,19 +504,24 @@ class DenseModel(nn.Module):
             log_probs, samples = self.inner.method.log_predictive(inputs, **options)
         probs = torch.softmax(log_probs.float(), dim=-1)
         samples = None if samples is None else samples.float().exp()
-        flat = Prediction.from_probs(probs, samples)
+        return _positions_of(Prediction.from_probs(probs, samples), shape, rows.class_dim)
 
-        def back(values: Tensor, lead: tuple[int, ...] = ()) -> Tensor:
-            return values.reshape(*lead, *shape).movedim(-1, rows.class_dim + len(lead))
 
-        return Prediction(
-            back(flat.probs),
-            None if flat.samples is None else back(flat.samples, (flat.samples.shape[0],)),
-            *(
-                getattr(flat, name).reshape(shape[:-1])
-                for name in ("entropy", "aleatoric", "epistemic", "confidence", "label")
-            ),
-        )
+def _positions_of(flat: Prediction, shape: tuple[int, ...], class_dim: int) -> Prediction:
+    """A prediction over rows ``(n·P, C)`` shaped back to the positions ``shape`` ``(n, *P, C)``: ``probs`` with the
+    classes at ``class_dim`` as in the model's logits, the per-position fields ``(n, *P)``."""
+
+    def back(values: Tensor, lead: tuple[int, ...] = ()) -> Tensor:
+        return values.reshape(*lead, *shape).movedim(-1, class_dim + len(lead))
+
+    return Prediction(
+        back(flat.probs),
+        None if flat.samples is None else back(flat.samples, (flat.samples.shape[0],)),
+        *(
+            getattr(flat, name).reshape(shape[:-1])
+            for name in ("entropy", "aleatoric", "epistemic", "confidence", "label")
+        ),
+    )
 
 
 def _joined(parts: list[Prediction]) -> Prediction:

@@ -7,6 +7,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import posthoc
+from posthoc.engine.dense import GROUP_COPIES
 from posthoc.errors import PosthocError
 from posthoc_apps.demo.segmentation import IGNORE, NUM_CLASSES, loaders, segmentation_data, trained_fcn
 
@@ -231,6 +232,40 @@ def test_mc_dropout_samples_every_position_through_the_suffix_runner(segmentatio
     assert float((pred.probs - plain).abs().max()) > 1e-3
     zero = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.0, num_samples=4).fit(None, val, progress=False)
     assert torch.allclose(zero.predict(images).probs, plain, atol=1e-5)  # no dropout: the plain network
+
+
+def test_samples_of_a_map_that_do_not_fit_the_budget_are_drawn_in_groups(segmentation):
+    """One canvas's 16 samples (11 x 32 x 32 each) under a budget that holds 4: no call draws more than 4, and the
+    prediction is that of all the groups' samples together (to float32 round-off)."""
+    data, model = segmentation
+    val = DataLoader(TensorDataset(*(t[:32] for t in data.val.tensors)), batch_size=16)
+    images = data.test.tensors[0][:3]
+    um = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.3, num_samples=16).fit(None, val, progress=False)
+    method, calls = um.inner.method, []
+    original = method.log_predictive
+
+    def recorded(x, **options):
+        log_probs, samples = original(x, **options)
+        calls.append(samples.exp())
+        return log_probs, samples
+
+    method.log_predictive = recorded
+    one_sample = 4 * NUM_CLASSES * 32 * 32
+    pred = um.predict(images, max_memory=4 * GROUP_COPIES * one_sample, generator=torch.Generator().manual_seed(0))
+    del method.log_predictive
+    assert len(calls) == 3 * 4 and all(c.shape[0] == 4 for c in calls)
+    for index in range(3):
+        samples = torch.cat(calls[4 * index : 4 * index + 4])  # (16, 1024 positions, 11)
+        expected = posthoc.Prediction.from_probs(samples.mean(0), samples)
+        probs = pred.probs[index].movedim(0, -1).reshape(-1, NUM_CLASSES)
+        torch.testing.assert_close(probs, expected.probs, atol=1e-5, rtol=1e-4)
+        for name in ("entropy", "aleatoric", "epistemic"):
+            torch.testing.assert_close(
+                getattr(pred, name)[index].reshape(-1), getattr(expected, name), atol=1e-4, rtol=1e-4
+            )
+    assert pred.samples is None and float(pred.epistemic.mean()) > 1e-4
+    whole = um.predict(images, generator=torch.Generator().manual_seed(0))  # all 16 at once: other draws, same law
+    assert float((whole.probs - pred.probs).abs().mean()) < 0.02
 
 
 def test_laplace_on_a_network_that_resizes_its_logits_is_refused(segmentation):
