@@ -101,11 +101,17 @@ class ShiftedHeldOut:
     groups: Tensor | None = None
 
 
+def _labels_per_input(x: Inputs) -> Tensor | None:
+    """How many labels each input of ``x`` has (its kept positions, in a dense batch), or ``None`` for one each."""
+    if isinstance(x, Mapping) and KEEP in x:
+        return x[KEEP].flatten(1).sum(1).cpu()
+    return None
+
+
 def _per_label(values: Tensor, x: Inputs) -> Tensor:
     """``values`` ``(n,)`` per input, repeated for each label of the input (each kept position of a dense batch)."""
-    if isinstance(x, Mapping) and KEEP in x:
-        return torch.repeat_interleave(values, x[KEEP].flatten(1).sum(1).cpu())
-    return values
+    counts = _labels_per_input(x)
+    return values if counts is None else torch.repeat_interleave(values, counts)
 
 
 def _device_of(x: Inputs) -> torch.device:
@@ -545,9 +551,10 @@ class HeldOut:
         """The input each clean example belongs to in dense batches (:data:`~posthoc.core.inputs.KEEP`), else ``None``."""
         counts = []
         for x, _ in self.clean():
-            if not (isinstance(x, Mapping) and KEEP in x):
+            count = _labels_per_input(x)
+            if count is None:
                 return None
-            counts.append(x[KEEP].flatten(1).sum(1).cpu())
+            counts.append(count)
         if not counts:
             return None
         counts = torch.cat(counts)
