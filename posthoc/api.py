@@ -23,6 +23,7 @@ from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
+from posthoc.methods.auto.method import as_candidate
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
@@ -319,19 +320,22 @@ def _wrap_dense(
                 f"likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}"
             )
         options = {**options, "likelihood": likelihood}
-    refused = [name for name in names if name not in DENSE_METHODS]
+    if names == ["auto"] and "candidates" not in options:
+        options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
+    used = list(names)  # auto's candidates run on the same rows: they are checked and split the head as methods do
+    if "auto" in names:
+        used += [name for value in options.get("candidates") or () for name in as_candidate(value)["method"]]
+    refused = [name for name in used if name not in DENSE_METHODS]
     if refused:
         raise ConfigError(
             f"method {refused[0]!r} does not work on dense outputs yet; with dense=True use "
             f"{', '.join(map(repr, DENSE_METHODS))}, or an ensemble (a list of models with method='none')"
         )
-    if "laplace" in names and options.get("subset", "last_layer") != "last_layer":
+    if "laplace" in used and options.get("subset", "last_layer") != "last_layer":
         raise ConfigError(
             "Laplace on dense outputs is last-layer only (the per-position head, KFAC over positions); drop subset="
         )
-    split_head = any(name in DENSE_HEAD_METHODS for name in names)
-    if names == ["auto"] and "candidates" not in options:
-        options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
+    split_head = any(name in DENSE_HEAD_METHODS for name in used)
     if isinstance(model, (list, tuple)):
         rows = [PositionRows(member, class_dim, split_head=split_head) for member in model]
         return DenseModel(wrap(rows, names, **options), rows, ignore_index)

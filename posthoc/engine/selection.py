@@ -222,12 +222,10 @@ def unit_means(values: Tensor, units: Tensor) -> Tensor:
         >>> unit_means(torch.tensor([1.0, 3.0, 5.0]), torch.tensor([0, 0, 2]))
         tensor([2., 5.], dtype=torch.float64)
     """
-    present, index = torch.unique(units, return_inverse=True)
-    sums = torch.zeros(len(present), dtype=torch.float64).index_add_(0, index, values.double())
-    counts = torch.zeros(len(present), dtype=torch.float64).index_add_(
-        0, index, torch.ones_like(values, dtype=torch.float64)
-    )
-    return sums / counts
+    counts = torch.bincount(units)  # units are input indices: a count per index, O(N) (no sort)
+    sums = torch.bincount(units, weights=values.double(), minlength=len(counts))
+    present = counts > 0
+    return sums[present] / counts[present]
 
 
 def class_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
