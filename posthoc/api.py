@@ -202,12 +202,30 @@ def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str
         )
 
 
+def _position_rows(
+    path: str | os.PathLike, model: Any, layout: dict[str, Any], *, ensemble: bool
+) -> PositionRows | list[PositionRows]:
+    """The row model(s) of a dense file's ``model`` (a list for an ensemble), with the saved ``layout``."""
+    given = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not all(isinstance(member, nn.Module) for member in given) or isinstance(model, (list, tuple)) != ensemble:
+        raise PosteriorFileError(
+            f"{path} holds the posterior of an ensemble with dense outputs; pass the list of its members, in the "
+            "order they were wrapped"
+            if ensemble
+            else f"{path} holds the posterior of one model with dense outputs; pass that model"
+        )
+    rows = [PositionRows(uncompiled(member), layout["class_dim"], split_head=layout["split_head"]) for member in given]
+    for member in rows:
+        member.tensor_key = layout["tensor_key"]
+    return rows if ensemble else rows[0]
+
+
 def load(
     path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None
 ) -> UncertainModel | DenseModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
-    A dense model's file (``wrap(..., dense=True)``) comes back as that dense model.
+    A dense model's file (``wrap(..., dense=True)``, a list of models too) comes back as that dense model.
     An ensemble's file loads onto the list of its members, in the order they were wrapped. The file's likelihood comes
     back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
@@ -237,11 +255,7 @@ def load(
     saved_members = persistence.ensemble_members(payload)
     layout = payload.get("dense")
     if layout is not None:
-        if not isinstance(model, nn.Module):
-            raise PosteriorFileError(f"{path} holds the posterior of one model with dense outputs; pass that model")
-        rows = PositionRows(uncompiled(model), layout["class_dim"], split_head=layout["split_head"])
-        rows.tensor_key = layout["tensor_key"]
-        model = rows
+        model = _position_rows(path, model, layout, ensemble=saved_members is not None)
     if isinstance(model, (list, tuple)):
         if saved_members is None:
             raise PosteriorFileError(

@@ -336,9 +336,9 @@ class DenseModel(nn.Module):
 
     def save(self, path: str) -> None:
         """Write the fitted posterior and the layout of the positions to ``path``; ``posthoc.load(path, model)``
-        gives the dense model back, on the same checkpoint only (the fingerprint covers the network's weights)."""
-        if len(self.position_rows) > 1:
-            raise ConfigError(_NOT_YET.format(what="save of an ensemble"))
+        (an ensemble: ``posthoc.load(path, [m1, m2])``) gives the dense model back, on the same checkpoints only (the
+        fingerprints cover the networks' weights). The members of an ensemble share the layout: they were fitted on
+        the same batches."""
         if not self.is_fitted:
             raise NotFittedError("nothing to save: fit the dense model first (um.fit(...))")
         rows = self.position_rows[0]
@@ -352,7 +352,9 @@ class DenseModel(nn.Module):
         self.inner.save(path, dense=layout)
 
     @classmethod
-    def restored(cls, inner: nn.Module, rows: PositionRows, layout: Mapping[str, Any]) -> DenseModel:
+    def restored(
+        cls, inner: nn.Module, rows: PositionRows | list[PositionRows], layout: Mapping[str, Any]
+    ) -> DenseModel:
         """The dense model of a loaded ``inner`` model, fitted on ``rows`` with the saved ``layout``."""
         dense = cls(inner, rows, layout["ignore_index"])
         dense.num_classes = layout["num_classes"]
