@@ -23,6 +23,8 @@ from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
+from posthoc.methods.calibration.per_position import AUTO_CANDIDATES as POSITION_AUTO_CANDIDATES
+from posthoc.methods.calibration.per_position import POSITION_CALIBRATORS, PositionCalibration
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
@@ -298,13 +300,23 @@ def load(
     um.fingerprint = found
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)
-    return um if layout is None else DenseModel.restored(um, model, layout)
+    if layout is None:
+        return um
+    dense = DenseModel.restored(um, model, layout)
+    if layout.get("calibration") is not None:
+        dense.calibration = PositionCalibration.restored(layout["calibration"], source=str(path)).to(um.device)
+    return dense
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
 DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
-#: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``)
-DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout")
+#: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``): a method, a
+#: calibrator (:data:`DENSE_REGRESSION_CALIBRATORS`), or a method followed by a calibrator
+DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout", *POSITION_CALIBRATORS)
+#: the calibrators of a per-position regressor, fitted on the valid held-out positions after its method
+DENSE_REGRESSION_CALIBRATORS = POSITION_CALIBRATORS
+#: what ``"auto"`` chooses between on per-position regression outputs (the image as the unit of its bound)
+DENSE_REGRESSION_AUTO_CANDIDATES = POSITION_AUTO_CANDIDATES
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
 DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
@@ -320,17 +332,23 @@ def _wrap_dense(
 ) -> DenseModel:
     """A model with per-position outputs (:mod:`posthoc.engine.dense`): the methods on its rows, the runner on its
     positions."""
-    if likelihood not in ("classification", "regression"):
+    kind = likelihood if isinstance(likelihood, str) else make_likelihood(likelihood).name
+    if kind not in ("classification", "regression"):
         raise ConfigError(
             "dense=True takes likelihood='classification' (class indices per position) or 'regression' (real targets "
-            "per position)"
+            "per position; posthoc.Gaussian(noise_std=...) fixes the noise)"
         )
-    if likelihood == "regression":
+    calibration = None
+    if kind == "regression":
+        if names[-1] in DENSE_REGRESSION_CALIBRATORS:
+            calibration = PositionCalibration(names[-1])
+            names = names[:-1] or ["none"]
         refused = [name for name in names if name not in DENSE_REGRESSION_METHODS]
-        if refused:
+        if refused or len(names) > 1 or names[0] in DENSE_REGRESSION_CALIBRATORS:
             raise ConfigError(
-                f"method {refused[0]!r} does not work on dense regression outputs yet; with dense=True and "
-                f"likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}"
+                f"method {(refused or names)[0]!r} does not work on dense regression outputs yet; with dense=True "
+                f"and likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}, or one of "
+                f"'none', 'laplace', 'mc-dropout' followed by a calibrator, e.g. ['laplace', 'variance-scaling']"
             )
         options = {**options, "likelihood": likelihood}
     refused = [name for name in names if name not in DENSE_METHODS]
@@ -348,8 +366,8 @@ def _wrap_dense(
         options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
     if isinstance(model, (list, tuple)):
         rows = [PositionRows(member, class_dim, split_head=split_head) for member in model]
-        return DenseModel(wrap(rows, names, **options), rows, ignore_index)
+        return DenseModel(wrap(rows, names, **options), rows, ignore_index, calibration)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     rows = PositionRows(model, class_dim, split_head=split_head)
-    return DenseModel(wrap(rows, names, **options), rows, ignore_index)
+    return DenseModel(wrap(rows, names, **options), rows, ignore_index, calibration)
