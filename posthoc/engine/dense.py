@@ -282,7 +282,8 @@ class DenseModel(nn.Module):
 
     @property
     def methods(self) -> list[str]:
-        return self.inner.methods
+        """The methods, inner first, and the per-position calibrator last where there is one."""
+        return self.inner.methods + ([] if self.calibration is None else [self.calibration.name])
 
     @property
     def is_fitted(self) -> bool:

@@ -3,6 +3,8 @@ regresses a smoothed copy of its digit canvas at every pixel (a stand-in for dep
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -159,3 +161,30 @@ def test_a_calibrated_per_pixel_regressor_saves_and_loads(task, tmp_path, method
     other = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 1, 1))
     with pytest.raises(PosthocError, match="different model"):
         posthoc.load(str(path), other)
+
+
+def test_isotonic_per_pixel_is_scored_by_its_own_predictive(task):
+    net, (train, val, test_loader), test = task
+    fixed = posthoc.Gaussian(noise_std=0.05)  # about three times too small
+    um = posthoc.wrap(net, method="isotonic", dense=True, likelihood=fixed).fit(train, val, progress=False)
+    images, targets = test.tensors
+    pred = um.predict(images)
+    assert pred.recalibrated and 0.85 <= _coverage(pred, targets) <= 0.95  # as variance scaling's, above
+    assert um.methods == ["none", "isotonic"]
+    row = posthoc.evaluate(um, test_loader).rows["none+isotonic"]
+    rows = targets.movedim(1, -1).reshape(-1, 1)
+    keep = torch.isfinite(rows).all(-1)
+    expected = (
+        -pred.log_prob(torch.nan_to_num(rows))[keep].double().mean()
+    )  # the recalibrated density, not the Gaussian
+    assert row["NLL"] == pytest.approx(float(expected), rel=1e-9) and row["coverage 90%"] == pytest.approx(
+        _coverage(pred, targets)
+    )
+    assert math.isnan(row["mean std"])
+
+
+def test_a_calibrator_goes_last_in_a_per_pixel_chain(task):
+    net = task[0]
+    for method in (["variance-scaling", "laplace"], ["laplace", "mc-dropout"], ["isotonic", "auto"]):
+        with pytest.raises(PosthocError, match="followed by a calibrator"):
+            posthoc.wrap(net, method=method, dense=True, likelihood="regression")
