@@ -45,7 +45,9 @@ def targets(images: torch.Tensor, seed: int) -> torch.Tensor:
 
 def main() -> None:
     data = segmentation_data(train=128, val=64, test=64)
-    sets = [TensorDataset(d.tensors[0], targets(d.tensors[0], i)) for i, d in enumerate((data.train, data.val, data.test))]
+    sets = [
+        TensorDataset(d.tensors[0], targets(d.tensors[0], i)) for i, d in enumerate((data.train, data.val, data.test))
+    ]
     torch.manual_seed(0)
     net = nn.Sequential(
         nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.1),

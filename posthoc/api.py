@@ -140,7 +140,9 @@ def wrap(
             :class:`~posthoc.engine.dense.DenseModel` is returned (methods: :data:`DENSE_METHODS`), with the
             logits' ``class_dim`` (default: from the labels' shape) and the label ``ignore_index`` of positions
             left out (default: -100, and 255 for at most 255 classes); with ``likelihood="regression"``, outputs
-            ``(N, D, H, W)`` and targets of that shape, NaN where there is none (:data:`DENSE_REGRESSION_METHODS`).
+            ``(N, D, H, W)`` and targets of that shape, NaN where there is none (:data:`DENSE_REGRESSION_METHODS`: a
+            method, and a regressor's calibrator fitted on the valid held-out positions after it, e.g.
+            ``["laplace", "variance-scaling"]``).
         **options: method options; each goes to every method in the chain that accepts it
             (``posthoc.available_methods()`` lists them). ``max_memory`` is the runner's, for every method.
 

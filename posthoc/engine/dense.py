@@ -262,7 +262,8 @@ _NOT_YET = (
 
 class DenseModel(nn.Module):
     """A wrapped model with dense outputs (``posthoc.wrap(model, ..., dense=True)``): ``fit`` / ``choose`` on loaders of
-    ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs)."""
+    ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs). A per-position regressor
+    may carry a ``calibration``, fitted after the methods on the valid held-out positions, each row with its image."""
 
     def __init__(
         self,
