@@ -342,16 +342,19 @@ def _wrap_dense(
         )
     calibration = None
     if kind == "regression":
+        refused = [name for name in names if name not in DENSE_REGRESSION_METHODS]
+        usage = (
+            f"with dense=True and likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}, or "
+            "one of 'none', 'laplace', 'mc-dropout' followed by a calibrator, e.g. ['laplace', 'variance-scaling']"
+        )
+        if refused:
+            raise ConfigError(f"method {refused[0]!r} does not work on dense regression outputs yet; {usage}")
+        given = names
         if names[-1] in DENSE_REGRESSION_CALIBRATORS:
             calibration = PositionCalibration(names[-1])
             names = names[:-1] or ["none"]
-        refused = [name for name in names if name not in DENSE_REGRESSION_METHODS]
-        if refused or len(names) > 1 or names[0] in DENSE_REGRESSION_CALIBRATORS:
-            raise ConfigError(
-                f"method {(refused or names)[0]!r} does not work on dense regression outputs yet; with dense=True "
-                f"and likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}, or one of "
-                f"'none', 'laplace', 'mc-dropout' followed by a calibrator, e.g. ['laplace', 'variance-scaling']"
-            )
+        if len(names) > 1 or names[0] in DENSE_REGRESSION_CALIBRATORS:
+            raise ConfigError(f"{'+'.join(given)} is no chain that dense regression takes; {usage}")
         options = {**options, "likelihood": likelihood}
     refused = [name for name in names if name not in DENSE_METHODS]
     if refused:

@@ -325,6 +325,10 @@ class DenseModel(nn.Module):
         self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, **options: Any
     ) -> DenseModel:
         """Fit the methods on the valid positions of the batches (``UncertainModel.fit``'s options)."""
+        if self.calibration is not None and val_loader is None:
+            raise InputError(
+                f"'{self.calibration.name}' is fitted on held-out positions: call um.fit(train_loader, val_loader)"
+            )
         self._learn_layout(val_loader if val_loader is not None else train_loader)
         options.setdefault("shift", None)  # module docs: why the held-out choices see clean batches by default
         self.inner.fit(self._rows(train_loader), self._rows(val_loader), **options)
@@ -343,10 +347,6 @@ class DenseModel(nn.Module):
         with the image it belongs to (the unit of ``"auto"``'s choice)."""
         if self.calibration is None:
             return
-        if val_loader is None:
-            raise InputError(
-                f"'{self.calibration.name}' is fitted on held-out positions: call um.fit(train_loader, val_loader)"
-            )
         device = self.inner.method.follow_model_device()
         generator = torch.Generator(device=device).manual_seed(0)
         parts, targets, units, images = [], [], [], 0

@@ -188,3 +188,5 @@ def test_a_calibrator_goes_last_in_a_per_pixel_chain(task):
     for method in (["variance-scaling", "laplace"], ["laplace", "mc-dropout"], ["isotonic", "auto"]):
         with pytest.raises(PosthocError, match="followed by a calibrator"):
             posthoc.wrap(net, method=method, dense=True, likelihood="regression")
+    with pytest.raises(PosthocError, match="fitted on held-out positions"):
+        posthoc.wrap(net, method="variance-scaling", dense=True, likelihood="regression").fit(task[1][0])
