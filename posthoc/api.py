@@ -24,6 +24,8 @@ from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
 from posthoc.methods.auto.method import as_candidate
+from posthoc.methods.calibration.per_position import AUTO_CANDIDATES as POSITION_AUTO_CANDIDATES
+from posthoc.methods.calibration.per_position import POSITION_CALIBRATORS, PositionCalibration
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
@@ -139,7 +141,9 @@ def wrap(
             :class:`~posthoc.engine.dense.DenseModel` is returned (methods: :data:`DENSE_METHODS`), with the
             logits' ``class_dim`` (default: from the labels' shape) and the label ``ignore_index`` of positions
             left out (default: -100, and 255 for at most 255 classes); with ``likelihood="regression"``, outputs
-            ``(N, D, H, W)`` and targets of that shape, NaN where there is none (:data:`DENSE_REGRESSION_METHODS`).
+            ``(N, D, H, W)`` and targets of that shape, NaN where there is none (:data:`DENSE_REGRESSION_METHODS`: a
+            method, and a regressor's calibrator fitted on the valid held-out positions after it, e.g.
+            ``["laplace", "variance-scaling"]``).
         **options: method options; each goes to every method in the chain that accepts it
             (``posthoc.available_methods()`` lists them). ``max_memory`` is the runner's, for every method.
 
@@ -203,12 +207,30 @@ def _check_complete(path: str | os.PathLike, um: UncertainModel, state: dict[str
         )
 
 
+def _position_rows(
+    path: str | os.PathLike, model: Any, layout: dict[str, Any], *, ensemble: bool
+) -> PositionRows | list[PositionRows]:
+    """The row model(s) of a dense file's ``model`` (a list for an ensemble), with the saved ``layout``."""
+    given = list(model) if isinstance(model, (list, tuple)) else [model]
+    if not all(isinstance(member, nn.Module) for member in given) or isinstance(model, (list, tuple)) != ensemble:
+        raise PosteriorFileError(
+            f"{path} holds the posterior of an ensemble with dense outputs; pass the list of its members, in the "
+            "order they were wrapped"
+            if ensemble
+            else f"{path} holds the posterior of one model with dense outputs; pass that model"
+        )
+    rows = [PositionRows(uncompiled(member), layout["class_dim"], split_head=layout["split_head"]) for member in given]
+    for member in rows:
+        member.tensor_key = layout["tensor_key"]
+    return rows if ensemble else rows[0]
+
+
 def load(
     path: str | os.PathLike, model: nn.Module | list[nn.Module], *, likelihood: str | None = None
 ) -> UncertainModel | DenseModel:
     """Rebuild the saved posterior around ``model``, refusing a model other than the one it was fitted on.
 
-    A dense model's file (``wrap(..., dense=True)``) comes back as that dense model.
+    A dense model's file (``wrap(..., dense=True)``, a list of models too) comes back as that dense model.
     An ensemble's file loads onto the list of its members, in the order they were wrapped. The file's likelihood comes
     back with it; ``likelihood=`` (a name) refuses a file of another likelihood.
 
@@ -238,11 +260,7 @@ def load(
     saved_members = persistence.ensemble_members(payload)
     layout = payload.get("dense")
     if layout is not None:
-        if not isinstance(model, nn.Module):
-            raise PosteriorFileError(f"{path} holds the posterior of one model with dense outputs; pass that model")
-        rows = PositionRows(uncompiled(model), layout["class_dim"], split_head=layout["split_head"])
-        rows.tensor_key = layout["tensor_key"]
-        model = rows
+        model = _position_rows(path, model, layout, ensemble=saved_members is not None)
     if isinstance(model, (list, tuple)):
         if saved_members is None:
             raise PosteriorFileError(
@@ -285,13 +303,23 @@ def load(
     um.fingerprint = found
     um.fit_record = FitRecord.from_dict(payload.get("fit"))
     um.to(um.device)
-    return um if layout is None else DenseModel.restored(um, model, layout)
+    if layout is None:
+        return um
+    dense = DenseModel.restored(um, model, layout)
+    if layout.get("calibration") is not None:
+        dense.calibration = PositionCalibration.restored(layout["calibration"], source=str(path)).to(um.device)
+    return dense
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
 DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
-#: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``)
-DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout")
+#: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``): a method, a
+#: calibrator (:data:`DENSE_REGRESSION_CALIBRATORS`), or a method followed by a calibrator
+DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout", *POSITION_CALIBRATORS)
+#: the calibrators of a per-position regressor, fitted on the valid held-out positions after its method
+DENSE_REGRESSION_CALIBRATORS = POSITION_CALIBRATORS
+#: what ``"auto"`` chooses between on per-position regression outputs (the image as the unit of its bound)
+DENSE_REGRESSION_AUTO_CANDIDATES = POSITION_AUTO_CANDIDATES
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
 DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
@@ -307,18 +335,27 @@ def _wrap_dense(
 ) -> DenseModel:
     """A model with per-position outputs (:mod:`posthoc.engine.dense`): the methods on its rows, the runner on its
     positions."""
-    if likelihood not in ("classification", "regression"):
+    kind = likelihood if isinstance(likelihood, str) else make_likelihood(likelihood).name
+    if kind not in ("classification", "regression"):
         raise ConfigError(
             "dense=True takes likelihood='classification' (class indices per position) or 'regression' (real targets "
-            "per position)"
+            "per position; posthoc.Gaussian(noise_std=...) fixes the noise)"
         )
-    if likelihood == "regression":
+    calibration = None
+    if kind == "regression":
         refused = [name for name in names if name not in DENSE_REGRESSION_METHODS]
+        usage = (
+            f"with dense=True and likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}, or "
+            "one of 'none', 'laplace', 'mc-dropout' followed by a calibrator, e.g. ['laplace', 'variance-scaling']"
+        )
         if refused:
-            raise ConfigError(
-                f"method {refused[0]!r} does not work on dense regression outputs yet; with dense=True and "
-                f"likelihood='regression' use {', '.join(map(repr, DENSE_REGRESSION_METHODS))}"
-            )
+            raise ConfigError(f"method {refused[0]!r} does not work on dense regression outputs yet; {usage}")
+        given = names
+        if names[-1] in DENSE_REGRESSION_CALIBRATORS:
+            calibration = PositionCalibration(names[-1])
+            names = names[:-1] or ["none"]
+        if len(names) > 1 or names[0] in DENSE_REGRESSION_CALIBRATORS:
+            raise ConfigError(f"{'+'.join(given)} is no chain that dense regression takes; {usage}")
         options = {**options, "likelihood": likelihood}
     if names == ["auto"] and "candidates" not in options:
         options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
@@ -338,8 +375,8 @@ def _wrap_dense(
     split_head = any(name in DENSE_HEAD_METHODS for name in used)
     if isinstance(model, (list, tuple)):
         rows = [PositionRows(member, class_dim, split_head=split_head) for member in model]
-        return DenseModel(wrap(rows, names, **options), rows, ignore_index)
+        return DenseModel(wrap(rows, names, **options), rows, ignore_index, calibration)
     if not isinstance(model, nn.Module):
         raise ConfigError(f"model must be a torch.nn.Module (or a list of them), got {type(model).__name__}")
     rows = PositionRows(model, class_dim, split_head=split_head)
-    return DenseModel(wrap(rows, names, **options), rows, ignore_index)
+    return DenseModel(wrap(rows, names, **options), rows, ignore_index, calibration)

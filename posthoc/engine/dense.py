@@ -266,22 +266,34 @@ _NOT_YET = (
 
 class DenseModel(nn.Module):
     """A wrapped model with dense outputs (``posthoc.wrap(model, ..., dense=True)``): ``fit`` / ``choose`` on loaders of
-    ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs)."""
+    ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs). A per-position regressor
+    may carry a ``calibration``, fitted after the methods on the valid held-out positions, each row with its image."""
 
-    def __init__(self, inner: nn.Module, rows: PositionRows | list[PositionRows], ignore_index: int | None) -> None:
+    def __init__(
+        self,
+        inner: nn.Module,
+        rows: PositionRows | list[PositionRows],
+        ignore_index: int | None,
+        calibration: nn.Module | None = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.position_rows = rows if isinstance(rows, list) else [rows]
         self.ignore_index = ignore_index
         self.num_classes: int | None = None
+        #: a per-position regressor's calibrator, fitted on the valid held-out positions after the methods
+        #: (:class:`~posthoc.methods.calibration.per_position.PositionCalibration`; ``None``: none)
+        self.calibration = calibration
 
     @property
     def methods(self) -> list[str]:
-        return self.inner.methods
+        """The methods, inner first, and the per-position calibrator last where there is one."""
+        return self.inner.methods + ([] if self.calibration is None else [self.calibration.name])
 
     @property
     def is_fitted(self) -> bool:
-        return self.inner.is_fitted and self.num_classes is not None
+        calibrated = self.calibration is None or self.calibration.fitted
+        return self.inner.is_fitted and self.num_classes is not None and calibrated
 
     def _learn_layout(self, loader: Iterable | None) -> None:
         """The class dimension and the input kind, from the first labelled batch of ``loader`` and one forward."""
@@ -317,22 +329,50 @@ class DenseModel(nn.Module):
         self, train_loader: Iterable | None = None, val_loader: Iterable | None = None, **options: Any
     ) -> DenseModel:
         """Fit the methods on the valid positions of the batches (``UncertainModel.fit``'s options)."""
+        if self.calibration is not None and val_loader is None:
+            raise InputError(
+                f"'{self.calibration.name}' is fitted on held-out positions: call um.fit(train_loader, val_loader)"
+            )
         self._learn_layout(val_loader if val_loader is not None else train_loader)
         options.setdefault("shift", None)  # module docs: why the held-out choices see clean batches by default
         self.inner.fit(self._rows(train_loader), self._rows(val_loader), **options)
+        self._calibrate_on(val_loader, options.get("tolerance"))
         return self
 
     def choose(self, val_loader: Iterable, **options: Any) -> DenseModel:
         """Make the held-out choices again on ``val_loader`` (``UncertainModel.choose``'s options)."""
         options.setdefault("shift", None)
         self.inner.choose(self._rows(val_loader), **options)
+        self._calibrate_on(val_loader, options.get("tolerance"))
         return self
+
+    def _calibrate_on(self, val_loader: Iterable | None, tolerance: Any) -> None:
+        """Fit the calibration (if any) on the inner predictive of every valid position of ``val_loader``, each row
+        with the image it belongs to (the unit of ``"auto"``'s choice)."""
+        if self.calibration is None:
+            return
+        device = self.inner.method.follow_model_device()
+        generator = torch.Generator(device=device).manual_seed(0)
+        parts, targets, units, images = [], [], [], 0
+        for inputs, y in self._rows(val_loader):
+            inputs = to_device(inputs, device)
+            with torch.no_grad(), eval_mode(self.inner.method, self.inner._served()):
+                parts.append(self.inner.method.regression_predictive(inputs, generator=generator))
+            counts = inputs[KEEP].flatten(1).sum(1)
+            units.append(torch.repeat_interleave(torch.arange(images, images + len(counts), device=device), counts))
+            images += len(counts)
+            targets.append(y.to(device))
+        self.calibration.fit(concat(parts), torch.cat(targets), torch.cat(units), tolerance=tolerance)
 
     #: read by the entry points that do not take dense outputs yet, so they say so (``check_wrapped``)
     dense_outputs = True
 
     def summary(self) -> Any:
-        return self.inner.summary()
+        """The wrapped model's card, with the per-position calibration's (``"calibration"``) where there is one."""
+        card = self.inner.summary()
+        if self.calibration is not None:
+            card["calibration"] = self.calibration.summary()
+        return card
 
     def forward(self, x: Inputs) -> Tensor:
         """The predictive probabilities at every position of ``x``, shaped like the model's logits."""
@@ -340,9 +380,9 @@ class DenseModel(nn.Module):
 
     def save(self, path: str) -> None:
         """Write the fitted posterior and the layout of the positions to ``path``; ``posthoc.load(path, model)``
-        gives the dense model back, on the same checkpoint only (the fingerprint covers the network's weights)."""
-        if len(self.position_rows) > 1:
-            raise ConfigError(_NOT_YET.format(what="save of an ensemble"))
+        (an ensemble: ``posthoc.load(path, [m1, m2])``) gives the dense model back, on the same checkpoints only (the
+        fingerprints cover the networks' weights). The members of an ensemble share the layout: they were fitted on
+        the same batches."""
         if not self.is_fitted:
             raise NotFittedError("nothing to save: fit the dense model first (um.fit(...))")
         rows = self.position_rows[0]
@@ -353,10 +393,14 @@ class DenseModel(nn.Module):
             "num_classes": self.num_classes,
             "split_head": rows.position_head is not None,
         }
+        if self.calibration is not None:
+            layout["calibration"] = self.calibration.state()
         self.inner.save(path, dense=layout)
 
     @classmethod
-    def restored(cls, inner: nn.Module, rows: PositionRows, layout: Mapping[str, Any]) -> DenseModel:
+    def restored(
+        cls, inner: nn.Module, rows: PositionRows | list[PositionRows], layout: Mapping[str, Any]
+    ) -> DenseModel:
         """The dense model of a loaded ``inner`` model, fitted on ``rows`` with the saved ``layout``."""
         dense = cls(inner, rows, layout["ignore_index"])
         dense.num_classes = layout["num_classes"]
@@ -476,9 +520,8 @@ class DenseModel(nn.Module):
             keep = torch.ones((batch_size(part), *positions), dtype=torch.bool, device=device)
             inputs = row_inputs(part, keep, rows)
             with eval_mode(self.inner.method, self.inner._served()):
-                parts.append(
-                    self.inner.method.regression_predictive(inputs, num_samples=num_samples, generator=generator)
-                )
+                part = self.inner.method.regression_predictive(inputs, num_samples=num_samples, generator=generator)
+            parts.append(part if self.calibration is None else self.calibration.calibrate(part))
         return concat(parts, keep_samples)
 
     def _layout(self, x: Inputs, device: torch.device) -> torch.Size:

@@ -24,6 +24,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -99,7 +100,8 @@ def dense_metrics(
 def dense_regression_metrics(prediction: RegressionPrediction, targets: Tensor) -> dict[str, float]:
     """The per-position metrics of a per-position regressor's prediction (rows ``(N·P, D)``) against ``targets``
     ``(N·P, D)`` (NaN where a position has no target): the Gaussian NLL, the RMSE, the coverage and mean width of
-    the central 90 % interval and the mean predictive std, over the positions whose targets are all finite.
+    the central 90 % interval and the mean predictive std, over the positions whose targets are all finite. A
+    recalibrated (isotonic) prediction is scored by its own density and interval; its std is not known (NaN).
 
     Example:
         >>> import torch
@@ -116,11 +118,11 @@ def dense_regression_metrics(prediction: RegressionPrediction, targets: Tensor) 
     y = torch.nan_to_num(targets.to(prediction.mean.dtype))
     low, high = prediction.interval(0.9)
     return {
-        "NLL": float(-prediction.distribution.log_prob(y)[keep].double().mean() / targets.shape[-1]),
+        "NLL": float(-prediction.log_prob(y)[keep].double().mean() / targets.shape[-1]),
         "RMSE": float((prediction.mean - y)[keep].double().pow(2).mean().sqrt()),
         "coverage 90%": float(((y >= low) & (y <= high))[keep].double().mean()),
         "width 90%": float((high - low)[keep].double().mean()),
-        "mean std": float(prediction.std[keep].double().mean()),
+        "mean std": math.nan if prediction.recalibrated else float(prediction.std[keep].double().mean()),
     }
 
 

@@ -328,3 +328,24 @@ def test_a_saved_dense_posterior_loads_onto_its_checkpoint_only(segmentation, tm
         posthoc.load(str(path), other)
     with pytest.raises(PosthocError, match="dense outputs; pass that model"):
         posthoc.load(str(path), [model, other])
+
+
+@pytest.mark.parametrize("method", ["none", "temperature"])
+def test_a_saved_dense_ensemble_loads_onto_its_members_only(segmentation, tmp_path, method):
+    data, model = segmentation
+    other = trained_fcn(data.train, epochs=1, seed=1)
+    um = posthoc.wrap([model, other], method=method, dense=True).fit(None, loaders(data)[1], progress=False)
+    path = tmp_path / f"two.{method}.pt"
+    um.save(str(path))
+    loaded = posthoc.load(str(path), [model, other])
+    images = data.test.tensors[0][:4]
+    assert type(loaded) is type(um) and len(loaded.position_rows) == 2
+    before, after = um.predict(images, keep_samples=True), loaded.predict(images, keep_samples=True)
+    assert torch.equal(after.probs, before.probs) and torch.equal(after.samples, before.samples)
+    third = trained_fcn(data.train, epochs=1, seed=3)
+    with pytest.raises(PosthocError, match="member 1 .* is not the checkpoint"):
+        posthoc.load(str(path), [model, third])
+    with pytest.raises(PosthocError, match="member 0 given is saved member 1"):
+        posthoc.load(str(path), [other, model])
+    with pytest.raises(PosthocError, match="ensemble with dense outputs; pass the list of its members"):
+        posthoc.load(str(path), model)

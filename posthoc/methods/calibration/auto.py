@@ -373,7 +373,7 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
         sizes: dict[str, int] = {}
         for k in range(self.folds):
             train, test = fold != k, fold == k
-            fit_part, test_part = _prediction_rows(prediction, train), _prediction_rows(prediction, test)
+            fit_part, test_part = prediction_rows(prediction, train), prediction_rows(prediction, test)
             for name, cls in ((n, type(c)) for n, c in self.choices.items()):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
@@ -390,7 +390,8 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
         return self.chosen.calibrate(prediction)
 
 
-def _prediction_rows(prediction: RegressionPrediction, keep: Tensor) -> RegressionPrediction:
+def prediction_rows(prediction: RegressionPrediction, keep: Tensor) -> RegressionPrediction:
+    """The examples ``keep`` (a mask or indices on the prediction's device) of ``prediction``."""
     return RegressionPrediction.from_components(
         prediction.component_means[:, keep], prediction.model_variances[:, keep], prediction.noise[:, keep]
     )
