@@ -207,6 +207,19 @@ def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
     return keep & (labels != PIXEL_IGNORE) if num_classes <= PIXEL_IGNORE else keep
 
 
+def valid_labels(labels: Tensor, num_classes: int, ignore_index: int | None) -> tuple[Tensor, Tensor]:
+    """``(keep, labels[keep])``: the mask of the positions that count (:func:`kept`) and their labels, checked to be
+    class indices."""
+    keep = kept(labels, num_classes, ignore_index)
+    valid = labels[keep]
+    if valid.numel() and (valid.min() < 0 or valid.max() >= num_classes):
+        raise InputError(
+            f"dense labels must be class indices in [0, {num_classes}) or the ignore index; got values "
+            f"{int(valid.min())}..{int(valid.max())}. Pass ignore_index= to posthoc.wrap for another ignore value"
+        )
+    return keep, valid
+
+
 class DenseBatches:
     """A loader of ``(inputs, labels)`` with labels per position, seen as the row batches ``({inputs, keep}, rows)``."""
 
@@ -230,14 +243,7 @@ class DenseBatches:
                 keep = torch.isfinite(y).all(dim=dim)
                 yield row_inputs(x, keep, self.rows), y.movedim(dim, -1)[keep]
                 continue
-            keep = kept(y, self.num_classes, self.ignore_index)
-            labels = y[keep]
-            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
-                raise InputError(
-                    f"dense labels must be class indices in [0, {self.num_classes}) or the ignore index; got values "
-                    f"{int(labels.min())}..{int(labels.max())}. Pass ignore_index= to posthoc.wrap for another "
-                    "ignore value"
-                )
+            keep, labels = valid_labels(y, self.num_classes, self.ignore_index)
             yield row_inputs(x, keep, self.rows), labels
 
     def __len__(self) -> int:
