@@ -273,8 +273,6 @@ def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_pa
         um.to_module()
     with pytest.raises(PosthocError, match="dense outputs yet; use posthoc.evaluate"):
         posthoc.evaluate_shift(um, loaders(data)[1])
-    with pytest.raises(PosthocError, match="conformal does not take a model with dense outputs yet"):
-        posthoc.conformal(um, loaders(data)[1])
 
 
 @pytest.mark.parametrize("method", ["temperature", "laplace"])

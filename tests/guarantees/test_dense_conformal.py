@@ -81,7 +81,9 @@ def test_mean_coverage_over_a_new_images_positions_over_random_splits(dense_um, 
         flat = posthoc.conformal(
             torch.softmax(rows[labels != IGNORE], -1), labels[labels != IGNORE], alpha=ALPHA, score=score, seed=split
         )
-        pooled.append(image_coverage(flat.sets(torch.softmax(x[N_CAL:], 1).movedim(1, -1)).movedim(-1, 1), y[N_CAL:]))
+        test_rows = torch.softmax(x[N_CAL:], 1).movedim(1, -1)
+        flat_sets = flat.sets(test_rows.reshape(-1, CLASSES)).reshape(test_rows.shape).movedim(-1, 1)
+        pooled.append(image_coverage(flat_sets, y[N_CAL:]))
     covered, pooled = np.array(covered), np.array(pooled)
     se = covered.std(ddof=1) / math.sqrt(SPLITS)
     assert 1 - ALPHA - 3 * se <= covered.mean() <= 1 - ALPHA + 2 / (N_CAL + 1) + 3 * se, (covered.mean(), se)
@@ -121,9 +123,9 @@ def test_equal_counts_give_mapies_lac_threshold_on_the_flattened_rows(dense_um, 
         prefit=True,
     )
     reference.conformalize(probs[:rows], labels[:rows])
+    _, reference_sets = reference.predict_set(probs[rows:])
     quantile = float(reference._mapie_classifier.conformity_score_function_.quantiles_[0])
     assert float(cp.threshold) == pytest.approx(quantile, abs=1e-6)  # float32 probabilities against float64
-    _, reference_sets = reference.predict_set(probs[rows:])
     sets = cp.sets(x[n_images:]).movedim(1, -1).reshape(-1, CLASSES).numpy()
     assert (sets != reference_sets[:, :, 0]).mean() < 1e-3  # positions within float32 rounding of the threshold
 
