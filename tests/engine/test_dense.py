@@ -271,8 +271,43 @@ def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_pa
     assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
     with pytest.raises(PosthocError, match="to_module does not take a model with dense outputs yet"):
         um.to_module()
-    with pytest.raises(PosthocError, match="dense outputs yet; use posthoc.evaluate"):
-        posthoc.evaluate_shift(um, loaders(data)[1])
+
+
+def test_evaluate_shift_gives_the_per_position_metrics_of_the_corrupted_images_against_the_same_masks(segmentation):
+    """Every cell is dense_metrics of the model's prediction on the corrupted images (posthoc.shift.corrupt_images,
+    seeded as evaluate_shift seeds it) against the unchanged masks; the default kinds move no pixel."""
+    from posthoc.evaluation.dense import dense_metrics
+    from posthoc.evaluation.shift import DENSE_METRICS, DENSE_NAMES
+    from posthoc.shift.kinds import DENSE_EVALUATION_KINDS
+    from posthoc.shift.loader import corrupt
+
+    data, model = segmentation
+    val = [tuple(t[:32] for t in data.val.tensors)]
+    test = DataLoader(TensorDataset(*(t[:16] for t in data.test.tensors)), batch_size=8)
+    models = {
+        m: posthoc.wrap(model, method=m, dense=True).fit(None, val, progress=False) for m in ("none", "temperature")
+    }
+    normalization = ((0.1,), (0.3,))  # the canvases' (segmentation.canvases)
+    table = posthoc.evaluate_shift(models, test, severities=[3], normalization=normalization, progress=False)
+    assert table.kinds == DENSE_EVALUATION_KINDS and table.metrics == DENSE_METRICS
+    masks = data.test.tensors[1][:16]
+    for name, um in models.items():
+        clean = posthoc.evaluate(um, test).rows[name]
+        assert table.values[name]["clean"][0] == {key: clean[label] for key, label in DENSE_NAMES.items()}
+        shifted = torch.cat([x for x, _ in corrupt(test, "contrast", 3, 0, normalization=normalization)])
+        expected = dense_metrics(um.predict(shifted), masks)
+        assert table.value(name, "contrast", 3, "nll") == pytest.approx(expected["NLL"], rel=1e-6)
+        assert table.value(name, "contrast", 3, "miou") == pytest.approx(expected["mIoU"], rel=1e-6)
+        assert table.value(name, "contrast", 3, "nll") != pytest.approx(clean["NLL"], rel=1e-3)  # it did corrupt
+    assert "mIoU" in table.to_markdown() and table.best_method() in models
+    with pytest.raises(PosthocError, match="rotate move pixels"):
+        posthoc.evaluate_shift(models, test, kinds=["rotate"], severities=[1], normalization=normalization)
+    with pytest.raises(PosthocError, match="ci= is not available for dense"):
+        posthoc.evaluate_shift(models, test, ci=0.95)
+    with pytest.raises(PosthocError, match="mix dense"):
+        posthoc.evaluate_shift([models["none"], posthoc.wrap(torch.nn.Linear(2, 2), method="none")], test)
+    with pytest.raises(PosthocError, match="per-position metrics"):
+        table.confidence("none", "contrast", 3)
 
 
 @pytest.mark.parametrize("method", ["temperature", "laplace"])
