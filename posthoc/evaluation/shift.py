@@ -433,7 +433,7 @@ def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
     return REGRESSION_METRICS if regressors and all(regressors) else METRICS
 
 
-def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
+def _check_images(test_loader: Iterable, kinds: Sequence[str], who: str) -> None:
     """Refuse, before any evaluation, corruption kinds on test inputs that are not image batches (a regressor's or a
     dense model's)."""
     batch = next(iter(test_loader), None)
@@ -441,7 +441,7 @@ def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
     x = x.get(PIXELS, x) if isinstance(x, Mapping) else x
     if isinstance(x, torch.Tensor) and x.dim() != 4:
         raise InputError(
-            f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but the test inputs "
+            f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this {who}'s test inputs "
             f"are {tuple(x.shape)}; for tabular, 1-D or token inputs pass named shifted test sets instead: "
             "evaluate_shift(um, {'random': test_loader, 'extrapolation': loader, 'gap': loader}), the "
             "rows chosen by posthoc.shift.extrapolation_split / gap_split"
@@ -523,7 +523,7 @@ def evaluate_shift(
     if metrics == DENSE_METRICS:
         _check_dense_kinds(kinds)
     if metrics != METRICS:
-        _check_images(test_loader, kinds)
+        _check_images(test_loader, kinds, "regressor" if metrics == REGRESSION_METRICS else "dense model")
     values: Values = {}
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report]] = {}
