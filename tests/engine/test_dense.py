@@ -264,13 +264,58 @@ def test_laplace_per_token_on_a_tiny_gpt2():
     assert float((pred.entropy - (-(plain * plain.log()).sum(-1))).mean()) > 0  # the posterior widens the predictive
 
 
-def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_path):
+@pytest.mark.parametrize("method", ["none", "temperature", "vector", "laplace"])
+def test_the_exported_module_gives_the_per_position_probabilities_through_torch_export(segmentation, method):
+    """module(x) and torch.export's program give um.predict(x).probs (N, C, H, W) to 1e-5 (float32, the same
+    operations in another order), for any batch size (a dynamic batch dimension)."""
     data, model = segmentation
-    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, loaders(data)[1], progress=False)
-    images, _ = data.test.tensors
+    images, masks = data.val.tensors
+    small = [(images[:32], masks[:32])]
+    um = posthoc.wrap(model, method=method, dense=True).fit(
+        small if method == "laplace" else None, small, progress=False
+    )
+    module = um.to_module()
+    x = data.test.tensors[0][:6]
+    expected = um.predict(x).probs
+    assert module(x).shape == (6, NUM_CLASSES, 32, 32)
+    assert torch.allclose(module(x), expected, atol=1e-5)
+    batch = torch.export.Dim("batch", min=2)
+    program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},)).module()
+    assert torch.allclose(program(x), expected, atol=1e-5)
+    assert torch.allclose(program(x[:3]), expected[:3], atol=1e-5)
+    if method != "none":  # the method changed the probabilities, and the module follows it
+        with torch.no_grad():
+            assert not torch.allclose(torch.softmax(model(x), 1), expected, atol=1e-4)
+
+
+def test_the_exported_module_of_a_token_model_with_laplace_keeps_its_layout():
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 50, (16, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    loader = DataLoader(TensorDataset(ids, labels), batch_size=8)
+    um = posthoc.wrap(model, method="laplace", dense=True, prior_precision=1.0).fit(loader, loader, progress=False)
+    module = um.to_module()
+    assert module(ids[:3]).shape == (3, 12, 50)
+    assert torch.allclose(module(ids[:3]), um.predict(ids[:3]).probs, atol=1e-5)
+
+
+def test_to_module_refuses_what_it_does_not_export(segmentation):
+    data, model = segmentation
+    images, masks = data.val.tensors
+    small = [(images[:16], masks[:16])]
+    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, small, progress=False)
     assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
-    with pytest.raises(PosthocError, match="to_module does not take a model with dense outputs yet"):
-        um.to_module()
+    dropout = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.1, num_samples=2).fit(
+        None, small, progress=False
+    )
+    with pytest.raises(posthoc.ExportError, match="does not export 'mc-dropout' yet; it exports dense classifiers"):
+        dropout.to_module()
+    ensemble = posthoc.wrap([model, model], dense=True).fit(None, small, progress=False)
+    with pytest.raises(posthoc.ExportError, match="does not export an ensemble"):
+        ensemble.to_module()
+    with pytest.raises(posthoc.NotFittedError):
+        posthoc.wrap(model, method="temperature", dense=True).to_module()
 
 
 def test_evaluate_shift_gives_the_per_position_metrics_of_the_corrupted_images_against_the_same_masks(segmentation):
