@@ -268,7 +268,7 @@ def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]
 #: what a dense model says where an entry point does not take dense outputs yet
 _NOT_YET = (
     "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary, save, "
-    "posthoc.load and posthoc.evaluate"
+    "to_module, posthoc.load, posthoc.evaluate, posthoc.evaluate_shift and posthoc.conformal"
 )
 
 
@@ -336,7 +336,7 @@ class DenseModel(nn.Module):
         self.inner.choose(self._rows(val_loader), **options)
         return self
 
-    #: read by the entry points that do not take dense outputs yet, so they say so (``check_wrapped``)
+    #: read by the entry points that treat dense outputs their own way (``posthoc.conformal``, ``evaluate_shift``)
     dense_outputs = True
 
     def summary(self) -> Any:
