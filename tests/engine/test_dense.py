@@ -306,6 +306,8 @@ def test_to_module_refuses_what_it_does_not_export(segmentation):
     small = [(images[:16], masks[:16])]
     um = posthoc.wrap(model, method="temperature", dense=True).fit(None, small, progress=False)
     assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
+    auto = posthoc.wrap(model, method="auto", dense=True).fit(small, small, progress=False)  # exports what it chose
+    assert torch.allclose(auto.to_module()(images[:2]), auto.predict(images[:2]).probs, atol=1e-5)
     dropout = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.1, num_samples=2).fit(
         None, small, progress=False
     )
