@@ -54,10 +54,13 @@ from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import budget_scope, rows_per_chunk
 from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_batch, to_device
 from posthoc.core.logits import LOGITS_KEY
+from posthoc.core.method import Method, chain_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction, RegressionPrediction, concat
 from posthoc.engine.dense_head import position_head
-from posthoc.errors import ConfigError, InputError, NotFittedError
+from posthoc.errors import ExportError, InputError, NotFittedError
+from posthoc.export.build import to_module
+from posthoc.export.modules import Backbone, ExportedPositions
 
 #: the key a tensor input goes under: images (floating point) and token ids (integers), as the perturbations read them
 IMAGE_KEY, TOKEN_KEY = "pixel_values", "input_ids"
@@ -184,14 +187,17 @@ class PositionRows(nn.Module):
         return dense_logits(self.model(**x) if isinstance(x, Mapping) else self.model(x))
 
     def forward(self, **inputs: Tensor) -> Tensor:
-        keep = inputs[KEEP]
+        keep = inputs.get(KEEP)  # None: every position (the exported module, DenseModel.to_module)
         if self.position_head is None:
-            logits = self.dense(inputs)
-            rows = to_rows(logits, self.class_dim if self.class_dim is not None else 1)
+            grid = self.dense(inputs).movedim(self.class_dim if self.class_dim is not None else 1, -1)
         else:
             given = {k: v for k, v in inputs.items() if k != KEEP}
-            rows = self.position_head.feature_rows(self.model, given[self.tensor_key] if self.tensor_key else given)
-        rows = rows[_samples_of(keep, rows)]
+            x = given[self.tensor_key] if self.tensor_key else given
+            grid = self.position_head.features(self.model, x, stop=keep is not None)
+        self.positions = grid.shape[:-1]  # (N, *P) of the last call: the exported module shapes its rows back by it
+        rows = grid.reshape(-1, grid.shape[-1])
+        if keep is not None:
+            rows = rows[_samples_of(keep, rows)]
         return rows if self.position_head is None else self.head(rows)
 
 
@@ -209,6 +215,19 @@ def kept(labels: Tensor, num_classes: int, ignore_index: int | None) -> Tensor:
         return labels != ignore_index
     keep = labels != TOKEN_IGNORE
     return keep & (labels != PIXEL_IGNORE) if num_classes <= PIXEL_IGNORE else keep
+
+
+def valid_labels(labels: Tensor, num_classes: int, ignore_index: int | None) -> tuple[Tensor, Tensor]:
+    """``(keep, labels[keep])``: the mask of the positions that count (:func:`kept`) and their labels, checked to be
+    class indices."""
+    keep = kept(labels, num_classes, ignore_index)
+    valid = labels[keep]
+    if valid.numel() and (valid.min() < 0 or valid.max() >= num_classes):
+        raise InputError(
+            f"dense labels must be class indices in [0, {num_classes}) or the ignore index; got values "
+            f"{int(valid.min())}..{int(valid.max())}. Pass ignore_index= to posthoc.wrap for another ignore value"
+        )
+    return keep, valid
 
 
 class DenseBatches:
@@ -234,14 +253,7 @@ class DenseBatches:
                 keep = torch.isfinite(y).all(dim=dim)
                 yield row_inputs(x, keep, self.rows), y.movedim(dim, -1)[keep]
                 continue
-            keep = kept(y, self.num_classes, self.ignore_index)
-            labels = y[keep]
-            if labels.numel() and (labels.min() < 0 or labels.max() >= self.num_classes):
-                raise InputError(
-                    f"dense labels must be class indices in [0, {self.num_classes}) or the ignore index; got values "
-                    f"{int(labels.min())}..{int(labels.max())}. Pass ignore_index= to posthoc.wrap for another "
-                    "ignore value"
-                )
+            keep, labels = valid_labels(y, self.num_classes, self.ignore_index)
             yield row_inputs(x, keep, self.rows), labels
 
     def __len__(self) -> int:
@@ -260,7 +272,7 @@ def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]
 #: what a dense model says where an entry point does not take dense outputs yet
 _NOT_YET = (
     "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary, save, "
-    "posthoc.load and posthoc.evaluate"
+    "to_module, posthoc.load, posthoc.evaluate, posthoc.evaluate_shift and posthoc.conformal"
 )
 
 
@@ -364,7 +376,7 @@ class DenseModel(nn.Module):
             targets.append(y.to(device))
         self.calibration.fit(concat(parts), torch.cat(targets), torch.cat(units), tolerance=tolerance)
 
-    #: read by the entry points that do not take dense outputs yet, so they say so (``check_wrapped``)
+    #: read by the entry points that treat dense outputs their own way (``posthoc.conformal``, ``evaluate_shift``)
     dense_outputs = True
 
     def summary(self) -> Any:
@@ -406,9 +418,42 @@ class DenseModel(nn.Module):
         dense.num_classes = layout["num_classes"]
         return dense
 
-    def to_module(self, **options: Any) -> nn.Module:
-        """Not available yet for dense outputs (see :meth:`save`)."""
-        raise ConfigError(_NOT_YET.format(what="to_module"))
+    def to_module(self, *, num_samples: int | None = None, seed: int = 0) -> nn.Module:
+        """The fitted predictive as a self-contained ``nn.Module`` (``UncertainModel.to_module``) whose
+        ``module(x)`` gives the probabilities at every position of ``x``, shaped like the model's logits, as
+        ``um.predict(x).probs``; ``torch.export`` takes it. The methods it exports: :data:`EXPORTED`, and ``auto``
+        when it chose one of them; the others are refused with an :class:`~posthoc.errors.ExportError`.
+
+        Example:
+            >>> import torch
+            >>> from torch import nn
+            >>> import posthoc
+            >>> images, masks = torch.randn(8, 1, 6, 6), torch.randint(0, 3, (8, 6, 6))
+            >>> um = posthoc.wrap(nn.Conv2d(1, 3, 1), method="temperature", dense=True).fit(None, [(images, masks)])
+            >>> module = um.to_module()
+            >>> torch.allclose(module(images), um.predict(images).probs, atol=1e-6)
+            True
+        """
+        positive_int(num_samples, "num_samples", none="the method's own")
+        if not self.is_fitted:
+            raise NotFittedError("um.to_module() exports the fitted predictive: call um.fit(...) first")
+        unsupported = [name for name in _exported_chain(self.inner.method) if name not in EXPORTED]
+        if len(self.position_rows) > 1 or self.regression or unsupported:
+            what = (
+                "an ensemble"
+                if len(self.position_rows) > 1
+                else "a per-position regressor"
+                if self.regression
+                else f"'{unsupported[0]}'"
+            )
+            raise ExportError(
+                f"um.to_module() of a dense model does not export {what} yet; it exports dense classifiers under "
+                f"{', '.join(EXPORTED)} (and auto when it chose them); serve it in process with um.predict instead"
+            )
+        classifier = to_module(self.inner, num_samples=num_samples, seed=seed)
+        backbone = next(m for m in classifier.modules() if isinstance(m, Backbone))
+        rows = self.position_rows[0]
+        return ExportedPositions(classifier, backbone, rows.class_dim, rows.tensor_key).eval()
 
     @torch.no_grad()
     def predict(
@@ -565,6 +610,19 @@ def _positions_of(flat: Prediction, shape: tuple[int, ...], class_dim: int) -> P
             for name in ("entropy", "aleatoric", "epistemic", "confidence", "label")
         ),
     )
+
+
+#: the methods a dense model's ``to_module`` exports (:meth:`DenseModel.to_module`)
+EXPORTED = ("none", "temperature", "vector", "laplace")
+
+
+def _exported_chain(method: Method) -> list[str]:
+    """The names of the methods ``method`` exports: its chain, ``auto`` replaced by the chain it chose."""
+    names: list[str] = []
+    for member in chain_of(method):
+        chosen = getattr(member, "chosen", None) if member.name == "auto" else None
+        names += _exported_chain(chosen) if chosen is not None else [member.name]
+    return names
 
 
 def _joined(parts: list[Prediction]) -> Prediction:

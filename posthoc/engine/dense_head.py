@@ -24,7 +24,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -61,23 +61,33 @@ class PositionHead:
 
     def feature_rows(self, model: nn.Module, x: Inputs) -> Tensor:
         """The head's input at every position of ``x``, as rows ``(N·P, D)``; the head itself does not run."""
+        features = self.features(model, x)
+        return features.reshape(-1, features.shape[-1])
+
+    def features(self, model: nn.Module, x: Inputs, *, stop: bool = True) -> Tensor:
+        """The head's input at every position of ``x``, features last: ``(N, *P, D)``; with ``stop`` the head and
+        what follows it do not run (``stop=False``: the whole forward runs, as a tracer such as ``torch.export``
+        needs every module call to return)."""
         captured: list[Tensor] = []
 
         def capture(module: nn.Module, args: tuple) -> None:
             captured.append(args[0])
-            raise _Stop
+            if stop:
+                raise _Stop
 
         handle = self.module.register_forward_pre_hook(capture)
         try:
-            run_model(model, x)
+            if stop:
+                run_model(model, x)
+            else:  # the whole forward: its per-position logits are not read here (nor refused by run_model)
+                model(**x) if isinstance(x, Mapping) else model(x)
         except _Stop:
             pass
         finally:
             handle.remove()
         if not captured:
             raise HeadNotFoundError(f"the head '{self.name}' was not called in the forward pass")
-        features = captured[0].movedim(1, -1) if self.conv else captured[0]
-        return features.reshape(-1, features.shape[-1])
+        return captured[0].movedim(1, -1) if self.conv else captured[0]
 
     def check(self, logits_of: Callable[[Inputs], Tensor], x: Inputs, class_dim: int) -> None:
         """Refuse a head whose output is not the logits ``logits_of(x)`` (a network that resizes them afterwards)."""

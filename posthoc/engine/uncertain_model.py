@@ -485,7 +485,8 @@ class UncertainModel(nn.Module):
 
 
 def check_wrapped(um: Any, what: str) -> UncertainModel:
-    """``um`` if it is a wrapped model; otherwise an :class:`InputError` for ``what`` that says how to get one.
+    """``um`` if it is a wrapped model (a dense one included); otherwise an :class:`InputError` for ``what`` that
+    says how to get one.
 
     Example:
         >>> import torch
@@ -494,10 +495,8 @@ def check_wrapped(um: Any, what: str) -> UncertainModel:
         Traceback (most recent call last):
         posthoc.errors.InputError: evaluate takes a wrapped model, got a Linear...
     """
-    if isinstance(um, UncertainModel):
+    if isinstance(um, UncertainModel) or getattr(um, "dense_outputs", False):  # a dense model wraps one
         return um
-    if getattr(um, "dense_outputs", False):
-        raise InputError(f"{what} does not take a model with dense outputs yet; use posthoc.evaluate(um, loader)")
     if isinstance(um, nn.Module):
         hint = "wrap it first: posthoc.wrap(model, method=...).fit(train_loader, val_loader)"
     elif isinstance(um, (Prediction, RegressionPrediction)):

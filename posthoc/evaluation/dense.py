@@ -145,9 +145,12 @@ class DenseReport:
 
 
 @torch.no_grad()
-def evaluate_dense(models: dict[str, Any], loader: Iterable, *, ignore_index: int | None = None) -> DenseReport:
+def evaluate_dense(
+    models: dict[str, Any], loader: Iterable, *, ignore_index: int | None = None, **predict_options: Any
+) -> DenseReport:
     """Run each dense model of ``models`` (name → ``posthoc.wrap(model, dense=True)`` fitted) over ``loader`` of
-    ``(inputs, labels per position)`` and measure :data:`DENSE_METRICS` on all its valid positions at once."""
+    ``(inputs, labels per position)`` and measure :data:`DENSE_METRICS` on all its valid positions at once
+    (``predict_options``, e.g. ``generator=``, go to each ``predict``)."""
     report = DenseReport()
     for name, um in models.items():
         if um.regression:
@@ -155,7 +158,7 @@ def evaluate_dense(models: dict[str, Any], loader: Iterable, *, ignore_index: in
             parts, targets = [], []
             for batch in loader:
                 x, y = split_batch(batch)
-                parts.append(um.predict(x))
+                parts.append(um.predict(x, **predict_options))
                 dim = um.position_rows[0].class_dim
                 targets.append(y.movedim(dim, -1).reshape(-1, y.shape[dim]))
             rows = torch.cat(targets)
@@ -165,7 +168,7 @@ def evaluate_dense(models: dict[str, Any], loader: Iterable, *, ignore_index: in
         parts, labels = [], []
         for batch in loader:
             x, y = split_batch(batch)
-            parts.append(um.predict(x))
+            parts.append(um.predict(x, **predict_options))
             labels.append(y)
         rows = um.position_rows[0]
         prediction = Prediction(

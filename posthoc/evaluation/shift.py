@@ -10,6 +10,12 @@ Tabular or 1-D inputs have no corruptions; their shift is a choice of test rows 
 ``gap_split``). A dict ``{"random": loader, "extrapolation": loader2}`` in place of the test loader evaluates every
 method on each named test set: the table's kinds are the names, at severity 0, with no clean cell and no mean.
 
+A dense classifier (``posthoc.wrap(model, dense=True)``: a segmentation map) gets the per-position metrics of
+:func:`~posthoc.evaluation.dense.dense_metrics` (:data:`DENSE_METRICS`) on the corruptions that move no pixel, so that
+the label maps still line up with the corrupted images (default :data:`~posthoc.shift.kinds.DENSE_EVALUATION_KINDS`;
+the moving kinds, rotate and translate, are refused). Its cells keep no per-example predictions, so ``ci=``, the
+verdict (:meth:`ShiftTable.example_nll`) and the confidence series are for models of one label per input.
+
 Example:
     >>> import posthoc
     >>> from posthoc.evaluation.shift import plain_and_best
@@ -47,21 +53,39 @@ from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
 from posthoc.errors import ConfigError, InputError
 from posthoc.evaluation import bootstrap
 from posthoc.evaluation.comparison import example_nll
+from posthoc.evaluation.dense import evaluate_dense
 from posthoc.evaluation.gaussian_report import COLUMN_HEADERS
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.table import bold_best, cell, outside_note
 from posthoc.guarantees.sources import is_regression
-from posthoc.shift.kinds import EVALUATION_KINDS
+from posthoc.shift.kinds import DENSE_EVALUATION_KINDS, EVALUATION_KINDS, MOVING_KINDS
+from posthoc.shift.kinds import KINDS as CORRUPTION_NAMES
 from posthoc.shift.loader import PIXELS, Normalization, check_kind, corrupt
 
 METRICS = ("accuracy", "nll", "ece", "brier")
 #: a regressor's cells: proper scores, accuracy of the mean, the central 90 % interval, interval calibration
 REGRESSION_METRICS = ("nll", "crps", "rmse", "coverage_90", "width_90", "mace")
+#: a dense classifier's cells, per position (the table's names of :data:`posthoc.evaluation.dense.DENSE_METRICS`)
+DENSE_NAMES = {
+    "accuracy": "accuracy",
+    "nll": "NLL",
+    "ece": "ECE",
+    "brier": "Brier",
+    "miou": "mIoU",
+    "auroc_error": "AUROC(error)",
+}
+DENSE_METRICS = tuple(DENSE_NAMES)
 #: the metrics :meth:`ShiftTable.to_markdown` and its plot (``posthoc_apps.report.shift_plot``) show by default
-HEADLINE = {METRICS: ("nll", "ece"), REGRESSION_METRICS: ("nll", "crps", "coverage_90")}
+HEADLINE = {
+    METRICS: ("nll", "ece"),
+    REGRESSION_METRICS: ("nll", "crps", "coverage_90"),
+    DENSE_METRICS: ("nll", "ece", "miou"),
+}
 #: the metrics' names in the long table, and in titles and axis labels
 LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **COLUMN_HEADERS}
-TITLES = {**{metric: metric.upper() for metric in METRICS}, **COLUMN_HEADERS}
+LABELS |= {"miou": "mIoU", "auroc_error": "AUROC(error)"}
+TITLES = {**{metric: metric.upper() for metric in METRICS}, **COLUMN_HEADERS, "miou": "mIoU"}
+TITLES |= {"auroc_error": "AUROC(error)"}
 DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"
@@ -243,6 +267,7 @@ class ShiftTable:
         """
         if method not in self.methods:
             raise ConfigError(f"this table has no method {method!r}; its methods: {', '.join(self.methods)}")
+        self._refuse_dense("the per-example NLL")
         reports = self.reports.get(method)
         if not reports:
             raise ConfigError(f"no predictions kept for {method!r}: the verdict needs a table made by evaluate_shift")
@@ -252,6 +277,13 @@ class ShiftTable:
             f"severity {s}": torch.stack([example_nll(reports[kind, s]) for kind in self.kinds]).mean(0)
             for s in self.severities
         }
+
+    def _refuse_dense(self, what: str) -> None:
+        if self.metrics == DENSE_METRICS:
+            raise ConfigError(
+                f"{what} needs the predictions of each example, which a dense model's table does not keep (its cells "
+                "are per-position metrics): read table.value(method, kind, severity, metric)"
+            )
 
     def chosen_metrics(self, metrics: Sequence[str] | None = None) -> Sequence[str]:
         """``metrics`` checked against the table's (default: its :data:`HEADLINE` metrics)."""
@@ -269,6 +301,7 @@ class ShiftTable:
             >>> shift_table.confidence("MAP", "rotate", 5), shift_table.value("MAP", "rotate", 5, "accuracy")   # overconfident
             (0.79, 0.11)
         """
+        self._refuse_dense("confidence")
         if self.metrics != METRICS:
             raise ConfigError(
                 "confidence is a classifier's top-class probability; a regressor's table holds the 90 % "
@@ -370,8 +403,27 @@ def _metrics_of(report: Report, metrics: Sequence[str]) -> dict[str, float]:
     return {metric: getattr(report, metric) for metric in metrics}
 
 
+def _dense(um: UncertainModel) -> bool:
+    """Whether ``um`` is a dense model (``posthoc.wrap(model, dense=True)``)."""
+    return bool(getattr(um, "dense_outputs", False))
+
+
 def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
-    """:data:`REGRESSION_METRICS` when every model is a regressor, :data:`METRICS` when none is."""
+    """:data:`REGRESSION_METRICS` when every model is a regressor, :data:`METRICS` when none is,
+    :data:`DENSE_METRICS` when every model is a dense classifier."""
+    dense = [_dense(um) for um in models.values()]
+    if any(dense):
+        if not all(dense):
+            raise ConfigError(
+                "evaluate_shift compares dense models (metrics per position) with dense models; these models mix "
+                "dense and one-label-per-input models: evaluate them in two calls"
+            )
+        if any(um.regression for um in models.values()):
+            raise ConfigError(
+                "evaluate_shift does not take a per-pixel regressor yet; posthoc.evaluate(um, loader) measures it on "
+                "one loader (corrupt it with posthoc.shift.corrupt(loader, kind, severity))"
+            )
+        return DENSE_METRICS
     regressors = [is_regression(um) for um in models.values()]
     if any(regressors) and not all(regressors):
         raise ConfigError(
@@ -381,18 +433,37 @@ def _table_metrics(models: Mapping[str, UncertainModel]) -> tuple[str, ...]:
     return REGRESSION_METRICS if regressors and all(regressors) else METRICS
 
 
-def _check_images(test_loader: Iterable, kinds: Sequence[str]) -> None:
-    """Refuse, before any evaluation, corruption kinds on a regressor's test inputs that are not image batches."""
+def _check_images(test_loader: Iterable, kinds: Sequence[str], who: str) -> None:
+    """Refuse, before any evaluation, corruption kinds on test inputs that are not image batches (a regressor's or a
+    dense model's)."""
     batch = next(iter(test_loader), None)
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     x = x.get(PIXELS, x) if isinstance(x, Mapping) else x
     if isinstance(x, torch.Tensor) and x.dim() != 4:
         raise InputError(
-            f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this regressor's test inputs "
-            f"are {tuple(x.shape)}; for tabular or 1-D inputs pass named shifted test sets instead: "
+            f"the corruption kinds ({', '.join(kinds)}) change images (N, C, H, W), but this {who}'s test inputs "
+            f"are {tuple(x.shape)}; for tabular, 1-D or token inputs pass named shifted test sets instead: "
             "evaluate_shift(um, {'random': test_loader, 'extrapolation': loader, 'gap': loader}), the "
             "rows chosen by posthoc.shift.extrapolation_split / gap_split"
         )
+
+
+def _check_dense_kinds(kinds: Sequence[str]) -> None:
+    """Refuse the kinds that move pixels for a dense model: its label maps would no longer line up."""
+    moving = [kind for kind in kinds if kind in MOVING_KINDS]
+    if moving:
+        still = ", ".join(k for k in CORRUPTION_NAMES if k not in MOVING_KINDS)
+        raise InputError(
+            f"{', '.join(moving)} move pixels, so the label maps of a dense model would no longer line up with the "
+            f"corrupted images; choose kinds that move no pixel: {still} (default {', '.join(DENSE_EVALUATION_KINDS)})"
+        )
+
+
+def _dense_cells(um: UncertainModel, loader: Iterable, options: Mapping[str, object]) -> dict[str, float]:
+    """A dense model's per-position metrics on ``loader`` under the table's names (:data:`DENSE_NAMES`)."""
+    generator = torch.Generator(device=um.inner.device).manual_seed(int(options["seed"]))  # type: ignore[arg-type]
+    report = evaluate_dense({"model": um}, loader, generator=generator, num_samples=options["num_samples"])
+    return {name: report.rows["model"][key] for name, key in DENSE_NAMES.items()}
 
 
 def evaluate_shift(
@@ -411,8 +482,8 @@ def evaluate_shift(
     """Evaluate each wrapped model on the clean and corrupted test set, or on named test sets (see the module docs).
 
     ``um_or_list``: one wrapped model, a list (named by their methods) or a dict ``name -> model``, all
-    classifiers or all regressors. ``test_loader``: one loader, corrupted by ``kinds`` at ``severities`` (default 1
-    to 5), or a dict ``name -> loader`` of shifted test sets. ``normalization=(mean, std)``: the model's input
+    classifiers, all regressors or all dense classifiers (module docs). ``test_loader``: one loader, corrupted by
+    ``kinds`` at ``severities`` (default 1 to 5), or a dict ``name -> loader`` of shifted test sets. ``normalization=(mean, std)``: the model's input
     normalisation, so corruptions happen in pixel space. A loader must yield the same examples in the same order on
     every pass (no shuffling).
 
@@ -428,6 +499,11 @@ def evaluate_shift(
     models = _named(um_or_list)
     metrics = _table_metrics(models)
     if ci is not None:
+        if metrics == DENSE_METRICS:
+            raise ConfigError(
+                "ci= is not available for dense models yet (their cells keep no per-image predictions to resample); "
+                "leave ci=None"
+            )
         bootstrap.check_level(ci, bootstraps)
     options = {"progress": progress, "num_samples": num_samples, "seed": seed}
     if isinstance(test_loader, Mapping):
@@ -437,31 +513,34 @@ def evaluate_shift(
                 "(they corrupt one test loader)"
             )
         return _evaluate_named(models, test_loader, metrics, ci, bootstraps, options)
-    kinds = DEFAULT_KINDS if kinds is None else kinds
+    kinds = (DENSE_EVALUATION_KINDS if metrics == DENSE_METRICS else DEFAULT_KINDS) if kinds is None else kinds
     severities = (1, 2, 3, 4, 5) if severities is None else severities
     if not kinds or not severities:
         raise ConfigError("evaluate_shift needs at least one kind and one severity")
     for kind in kinds:
         for severity in severities:
             check_kind(kind, severity)
-    if metrics == REGRESSION_METRICS:
-        _check_images(test_loader, kinds)
+    if metrics == DENSE_METRICS:
+        _check_dense_kinds(kinds)
+    if metrics != METRICS:
+        _check_images(test_loader, kinds, "regressor" if metrics == REGRESSION_METRICS else "dense model")
     values: Values = {}
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report]] = {}
+    loaders = {(CLEAN, 0): test_loader}
+    for kind in kinds:
+        for severity in severities:
+            loaders[kind, severity] = corrupt(test_loader, kind, severity, seed, normalization=normalization)
     for name, um in models.items():
-
-        def run(loader: Iterable) -> Report:
-            return evaluate(um, loader, name=name, **options)
-
-        reports = {(CLEAN, 0): run(test_loader)}
+        if metrics == DENSE_METRICS:
+            cells = {key: _dense_cells(um, loader, options) for key, loader in loaders.items()}
+        else:
+            reports = {key: evaluate(um, loader, name=name, **options) for key, loader in loaders.items()}
+            kept[name] = reports
+            cells = {key: _metrics_of(report, metrics) for key, report in reports.items()}
+        values[name] = {CLEAN: {0: cells[CLEAN, 0]}}
         for kind in kinds:
-            for severity in severities:
-                reports[kind, severity] = run(corrupt(test_loader, kind, severity, seed, normalization=normalization))
-        kept[name] = reports
-        values[name] = {CLEAN: {0: _metrics_of(reports[CLEAN, 0], metrics)}}
-        for kind in kinds:
-            values[name][kind] = {s: _metrics_of(reports[kind, s], metrics) for s in severities}
+            values[name][kind] = {s: cells[kind, s] for s in severities}
         values[name][MEAN] = {
             s: {m: sum(values[name][k][s][m] for k in kinds) / len(kinds) for m in metrics} for s in severities
         }
@@ -488,6 +567,9 @@ def _evaluate_named(
     bounds: Bounds = {}
     kept: dict[str, dict[tuple[str, int], Report]] = {}
     for name, um in models.items():
+        if metrics == DENSE_METRICS:
+            values[name] = {kind: {0: _dense_cells(um, loader, options)} for kind, loader in loaders.items()}
+            continue
         kept[name] = {
             (kind, 0): evaluate(um, loader, name=name, ci=ci, bootstraps=bootstraps, **options)
             for kind, loader in loaders.items()

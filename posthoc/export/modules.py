@@ -211,6 +211,21 @@ class ExportedClassifier(nn.Module):
         return torch.softmax(log_probs.float(), -1)
 
 
+class ExportedPositions(nn.Module):
+    """Inputs to per-position probabilities shaped like the logits, ``(N, C, *P)`` (tokens ``(N, T, V)``): the top of
+    an exported dense classifier. ``classifier`` gives the rows ``(N·P, C)`` of a row model (``posthoc.engine.dense.
+    PositionRows``) that ``backbone`` runs and that keeps the ``positions`` ``(N, *P)`` of its last call; ``key`` is
+    the input's name in the row model's inputs (``None``: the inputs are a dict already)."""
+
+    def __init__(self, classifier: nn.Module, backbone: Backbone, class_dim: int, key: str | None) -> None:
+        super().__init__()
+        self.classifier, self.backbone, self.class_dim, self.key = classifier, backbone, class_dim, key
+
+    def forward(self, x: Any) -> Tensor:
+        probs = self.classifier(x if self.key is None else {self.key: x})
+        return probs.reshape(*self.backbone.model.positions, probs.shape[-1]).movedim(-1, self.class_dim)
+
+
 # ---------------------------------------------------------------------------------------------------- regression
 def observation_variance(likelihood: Likelihood) -> Tensor | None:
     """The fitted observation variance of a Gaussian likelihood, ``()`` or one per output ``(D,)`` (``None``: the

@@ -54,6 +54,7 @@ from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
 from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
+from posthoc.guarantees.dense_conformal import DenseConformalPredictor, conformal_dense
 from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 from posthoc.guarantees.scores import ConformityScore
 from posthoc.guarantees.sources import Predictive, calibration_predictions, prediction_type
@@ -259,13 +260,16 @@ def conformal(
     seed: int = 0,
     inputs: str = "auto",
     progress: bool = True,
-) -> ConformalPredictor | ConformalRegressor:
+) -> ConformalPredictor | ConformalRegressor | DenseConformalPredictor:
     """Calibrate conformal prediction sets (intervals, for a regressor) with miscoverage ``alpha``.
 
     Args:
         source: calibration probabilities or logits ``(N, C)`` (tensor or numpy), a :class:`~posthoc.Prediction`, or a
-            fitted :class:`~posthoc.UncertainModel`; a regressor gives a :class:`ConformalRegressor`.
-        labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)``;
+            fitted :class:`~posthoc.UncertainModel`; a regressor gives a :class:`ConformalRegressor`, a dense model
+            (``posthoc.wrap(model, dense=True)``) a :class:`~posthoc.guarantees.dense_conformal.DenseConformalPredictor`
+            of sets per position, whose guarantee is on the mean over a new image's positions (see that module).
+        labels: the calibration labels ``(N,)``; for a wrapped model, a labelled loader of ``(x, y)`` (labels per
+            position for a dense model, the ignore index left out);
             for a RegressionPrediction, its targets ``(N,)`` or ``(N, D)``.
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.
         score: ``"lac"`` (default; smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive);
@@ -286,12 +290,8 @@ def conformal(
         (tensor(0.9948, dtype=torch.float64), torch.Size([128, 3]))
     """
     integer(seed, "seed")
-    if getattr(source, "dense_outputs", False):
-        raise InputError(
-            "conformal does not take a model with dense outputs yet; posthoc.risk_control(probs, masks, alpha) "
-            "controls the false-negative rate of a segmentation mask"
-        )
-    calibration = CALIBRATIONS.get(prediction_type(source), conformal_sets)
+    dense = getattr(source, "dense_outputs", False)  # per-position sets (posthoc.guarantees.dense_conformal)
+    calibration = conformal_dense if dense else CALIBRATIONS.get(prediction_type(source), conformal_sets)
     return calibration(
         source,
         labels,

@@ -14,7 +14,8 @@ Every corruption takes ``x`` of shape ``(N, C, H, W)`` (float, values in ``[0, 1
   (one black square, its side a fraction of the image's, drawn uniformly inside it): black fill.
 
 :data:`EVALUATION_KINDS` are the kinds reported by default. No fit-time perturbation (:mod:`posthoc.engine.perturb`)
-is one of them, so a shift-aware fit is always judged on kinds of shift it never saw.
+is one of them, so a shift-aware fit is always judged on kinds of shift it never saw. A dense model (a segmentation
+map) is evaluated on :data:`DENSE_EVALUATION_KINDS`: :data:`MOVING_KINDS` would move the pixels away from their labels.
 
 Example:
     >>> import torch
@@ -166,3 +167,8 @@ CORRUPTIONS: dict[str, Corruption] = {
 KINDS = tuple(CORRUPTIONS)
 #: the kinds reported by default: none of them is a fit-time perturbation
 EVALUATION_KINDS = ("rotate", "contrast", "translate", "occlude")
+#: the kinds that move pixels: a label map (a segmentation mask) no longer lines up with the images they corrupt
+MOVING_KINDS = ("rotate", "translate")
+#: the kinds reported by default for a dense model: none moves a pixel (the masks stay right), none is a fit-time
+#: perturbation
+DENSE_EVALUATION_KINDS = ("contrast", "brightness", "occlude")

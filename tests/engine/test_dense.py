@@ -299,17 +299,97 @@ def test_laplace_per_token_on_a_tiny_gpt2():
     assert float((pred.entropy - (-(plain * plain.log()).sum(-1))).mean()) > 0  # the posterior widens the predictive
 
 
-def test_entry_points_that_do_not_take_dense_outputs_say_so(segmentation, tmp_path):
+@pytest.mark.parametrize("method", ["none", "temperature", "vector", "laplace"])
+def test_the_exported_module_gives_the_per_position_probabilities_through_torch_export(segmentation, method):
+    """module(x) and torch.export's program give um.predict(x).probs (N, C, H, W) to 1e-5 (float32, the same
+    operations in another order), for any batch size (a dynamic batch dimension)."""
     data, model = segmentation
-    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, loaders(data)[1], progress=False)
-    images, _ = data.test.tensors
+    images, masks = data.val.tensors
+    small = [(images[:32], masks[:32])]
+    um = posthoc.wrap(model, method=method, dense=True).fit(
+        small if method == "laplace" else None, small, progress=False
+    )
+    module = um.to_module()
+    x = data.test.tensors[0][:6]
+    expected = um.predict(x).probs
+    assert module(x).shape == (6, NUM_CLASSES, 32, 32)
+    assert torch.allclose(module(x), expected, atol=1e-5)
+    batch = torch.export.Dim("batch", min=2)
+    program = torch.export.export(module, (x,), dynamic_shapes=({0: batch},)).module()
+    assert torch.allclose(program(x), expected, atol=1e-5)
+    assert torch.allclose(program(x[:3]), expected[:3], atol=1e-5)
+    if method != "none":  # the method changed the probabilities, and the module follows it
+        with torch.no_grad():
+            assert not torch.allclose(torch.softmax(model(x), 1), expected, atol=1e-4)
+
+
+def test_the_exported_module_of_a_token_model_with_laplace_keeps_its_layout():
+    model = _tiny_gpt2()
+    ids = torch.randint(0, 50, (16, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    loader = DataLoader(TensorDataset(ids, labels), batch_size=8)
+    um = posthoc.wrap(model, method="laplace", dense=True, prior_precision=1.0).fit(loader, loader, progress=False)
+    module = um.to_module()
+    assert module(ids[:3]).shape == (3, 12, 50)
+    assert torch.allclose(module(ids[:3]), um.predict(ids[:3]).probs, atol=1e-5)
+
+
+def test_to_module_refuses_what_it_does_not_export(segmentation):
+    data, model = segmentation
+    images, masks = data.val.tensors
+    small = [(images[:16], masks[:16])]
+    um = posthoc.wrap(model, method="temperature", dense=True).fit(None, small, progress=False)
     assert torch.equal(um(images[:2]), um.predict(images[:2]).probs)
-    with pytest.raises(PosthocError, match="to_module does not take a model with dense outputs yet"):
-        um.to_module()
-    with pytest.raises(PosthocError, match="dense outputs yet; use posthoc.evaluate"):
-        posthoc.evaluate_shift(um, loaders(data)[1])
-    with pytest.raises(PosthocError, match="conformal does not take a model with dense outputs yet"):
-        posthoc.conformal(um, loaders(data)[1])
+    auto = posthoc.wrap(model, method="auto", dense=True).fit(small, small, progress=False)  # exports what it chose
+    assert torch.allclose(auto.to_module()(images[:2]), auto.predict(images[:2]).probs, atol=1e-5)
+    dropout = posthoc.wrap(model, method="mc-dropout", dense=True, p=0.1, num_samples=2).fit(
+        None, small, progress=False
+    )
+    with pytest.raises(posthoc.ExportError, match="does not export 'mc-dropout' yet; it exports dense classifiers"):
+        dropout.to_module()
+    ensemble = posthoc.wrap([model, model], dense=True).fit(None, small, progress=False)
+    with pytest.raises(posthoc.ExportError, match="does not export an ensemble"):
+        ensemble.to_module()
+    with pytest.raises(posthoc.NotFittedError):
+        posthoc.wrap(model, method="temperature", dense=True).to_module()
+
+
+def test_evaluate_shift_gives_the_per_position_metrics_of_the_corrupted_images_against_the_same_masks(segmentation):
+    """Every cell is dense_metrics of the model's prediction on the corrupted images (posthoc.shift.corrupt_images,
+    seeded as evaluate_shift seeds it) against the unchanged masks; the default kinds move no pixel."""
+    from posthoc.evaluation.dense import dense_metrics
+    from posthoc.evaluation.shift import DENSE_METRICS, DENSE_NAMES
+    from posthoc.shift.kinds import DENSE_EVALUATION_KINDS
+    from posthoc.shift.loader import corrupt
+
+    data, model = segmentation
+    val = [tuple(t[:32] for t in data.val.tensors)]
+    test = DataLoader(TensorDataset(*(t[:16] for t in data.test.tensors)), batch_size=8)
+    models = {
+        m: posthoc.wrap(model, method=m, dense=True).fit(None, val, progress=False) for m in ("none", "temperature")
+    }
+    normalization = ((0.1,), (0.3,))  # the canvases' (segmentation.canvases)
+    table = posthoc.evaluate_shift(models, test, severities=[3], normalization=normalization, progress=False)
+    assert table.kinds == DENSE_EVALUATION_KINDS and table.metrics == DENSE_METRICS
+    masks = data.test.tensors[1][:16]
+    for name, um in models.items():
+        clean = posthoc.evaluate(um, test).rows[name]
+        assert table.values[name]["clean"][0] == {key: clean[label] for key, label in DENSE_NAMES.items()}
+        shifted = torch.cat([x for x, _ in corrupt(test, "contrast", 3, 0, normalization=normalization)])
+        expected = dense_metrics(um.predict(shifted), masks)
+        assert table.value(name, "contrast", 3, "nll") == pytest.approx(expected["NLL"], rel=1e-6)
+        assert table.value(name, "contrast", 3, "miou") == pytest.approx(expected["mIoU"], rel=1e-6)
+        assert table.value(name, "contrast", 3, "nll") != pytest.approx(clean["NLL"], rel=1e-3)  # it did corrupt
+    assert "mIoU" in table.to_markdown() and table.best_method() in models
+    with pytest.raises(PosthocError, match="rotate move pixels"):
+        posthoc.evaluate_shift(models, test, kinds=["rotate"], severities=[1], normalization=normalization)
+    with pytest.raises(PosthocError, match="ci= is not available for dense"):
+        posthoc.evaluate_shift(models, test, ci=0.95)
+    with pytest.raises(PosthocError, match="mix dense"):
+        posthoc.evaluate_shift([models["none"], posthoc.wrap(torch.nn.Linear(2, 2), method="none")], test)
+    with pytest.raises(PosthocError, match="per-position metrics"):
+        table.confidence("none", "contrast", 3)
 
 
 @pytest.mark.parametrize("method", ["temperature", "laplace"])

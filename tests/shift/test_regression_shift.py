@@ -187,7 +187,7 @@ def test_corruption_kinds_refuse_a_regressor_on_tabular_inputs(regressors) -> No
     models, sets = regressors
     with pytest.raises(
         posthoc.InputError,
-        match="this regressor's test inputs are \\(44, 3\\); for tabular or 1-D inputs pass named shifted test sets",
+        match="this regressor's test inputs are \\(44, 3\\); for tabular, 1-D or token inputs pass named shifted test sets",
     ):
         posthoc.evaluate_shift(models["laplace"], sets["random"], kinds=["gaussian-noise"], progress=False)
     with pytest.raises(posthoc.ConfigError, match="leave out kinds, severities and normalization"):
