@@ -23,6 +23,7 @@ from posthoc.engine.runner import RunOptions, split_run_options
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.engine.uncertain_model import version as posthoc_version
 from posthoc.errors import ConfigError, PosteriorFileError, PosthocError
+from posthoc.methods.auto.method import as_candidate
 
 #: ``posthoc.calibrate``'s regression calibrators that are no registered method
 REGRESSION_CALIBRATORS = ("variance-scaling", "auto")
@@ -288,11 +289,11 @@ def load(
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
-DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
+DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout", "dac")
 #: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``)
 DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout")
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
-DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
+DENSE_HEAD_METHODS = ("laplace", "mc-dropout", "dac")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
 
 
@@ -329,9 +330,11 @@ def _wrap_dense(
         raise ConfigError(
             "Laplace on dense outputs is last-layer only (the per-position head, KFAC over positions); drop subset="
         )
-    split_head = any(name in DENSE_HEAD_METHODS for name in names)
     if names == ["auto"] and "candidates" not in options:
         options = {**options, "candidates": list(DENSE_AUTO_CANDIDATES)}
+    candidates = options.get("candidates") if names == ["auto"] else None
+    chained = [n for c in candidates for n in as_candidate(c)["method"]] if isinstance(candidates, list) else []
+    split_head = any(name in DENSE_HEAD_METHODS for name in [*names, *chained])
     if isinstance(model, (list, tuple)):
         rows = [PositionRows(member, class_dim, split_head=split_head) for member in model]
         return DenseModel(wrap(rows, names, **options), rows, ignore_index)

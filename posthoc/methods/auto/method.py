@@ -84,14 +84,14 @@ def default_candidates(model: nn.Module, likelihood: Likelihood) -> list[dict[st
     return [{"method": list(chain)} for chain in table if all(method_class(name).suits(model) for name in chain)]
 
 
-def _as_candidate(value: Any) -> dict[str, Any]:
+def as_candidate(value: Any) -> dict[str, Any]:
     """A candidate as ``{"method": [names], **options}`` from a name, a list of names, or such a dict."""
     if isinstance(value, str):
         return {"method": [value]}
     if isinstance(value, (list, tuple)) and value and all(isinstance(name, str) for name in value):
         return {"method": list(value)}
     if isinstance(value, dict) and "method" in value:
-        found = _as_candidate(value["method"])
+        found = as_candidate(value["method"])
         return {**{k: v for k, v in value.items() if k != "method"}, "method": found["method"]}
     raise ConfigError(
         f"an auto candidate is a method name, a list of names (a chain, e.g. ['laplace', 'dac']) or a "
@@ -149,7 +149,7 @@ class AutoMethod(Method):
                 f"candidates must be None (the defaults) or a non-empty list of methods, chains or dicts, "
                 f"got {candidates!r}"
             )
-        self.candidate_option = None if candidates is None else [_as_candidate(value) for value in candidates]
+        self.candidate_option = None if candidates is None else [as_candidate(value) for value in candidates]
         for candidate in self.candidate_option or []:
             if "auto" in candidate["method"]:
                 raise ConfigError("'auto' cannot be a candidate of itself")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +40,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
-from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
+from posthoc.core.inputs import KEEP, Inputs, check_finite_result, check_labels, iterate, label_rows, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, real_targets
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
@@ -55,7 +55,7 @@ from posthoc.engine.runner import examples_over_ranks, gather_rows
 from posthoc.engine.selection import Rows, Scores
 from posthoc.errors import ConfigError, HeadNotFoundError, InputError, NotFittedError
 from posthoc.methods.dac.export import DensityTemperature
-from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
+from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites, position_sites
 from posthoc.methods.dac.temperature import (
     MIN_DISTANCE,
     Cached,
@@ -247,6 +247,13 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         return self._width_list[1]
 
     def _resolve(self, x: Inputs) -> list[Site]:
+        if isinstance(x, Mapping) and KEEP in x:  # dense outputs: one row per kept position, the head's input its feature
+            if self.layers is not None:
+                raise ConfigError(
+                    "dac on dense outputs reads the per-position head's input only (an intermediate feature map "
+                    "gives no feature per position); drop layers="
+                )
+            return position_sites(self.base_model, x, head=self.head)
         if self.layers is None:
             return auto_sites(self.base_model, x, head=self.head, count=AUTO_LAYERS)
         sites = named_sites(self.base_model, self.layers, head=self.head, x=x)
@@ -284,7 +291,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     ) -> tuple[Any, list[Tensor]]:
         """The inner ``predictive`` of ``x`` and the features read during its forward pass."""
         capture = self._capturer()
-        with capture.recording(batch_size(x)) as found:
+        with capture.recording(label_rows(x)) as found:
             prediction = predictive(x, num_samples=num_samples, generator=generator)
         return prediction, capture.features(found, x)
 
@@ -415,7 +422,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             if reservoir is None:
                 self._set_meta({"sites": [str(site) for site in self._resolve(x)]})
             capture = self._capturer()
-            with eval_mode(self.base_model), capture.recording(batch_size(x)) as found:
+            with eval_mode(self.base_model), capture.recording(label_rows(x)) as found:
                 run_model(self.base_model, x)
             features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
             if reservoir is None:
