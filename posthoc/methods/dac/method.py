@@ -70,6 +70,9 @@ from posthoc.methods.dac.variance import Spread, inflated
 
 #: the default feature-bank budget
 BANK_BYTES = 64 * 2**20
+#: on dense outputs, the training positions the bank holds at most: every position of an input is a query, so the
+#: distances cost (positions queried) x (bank rows); a uniform random subset of the training positions
+BANK_POSITIONS = 16384
 #: intermediate layers found automatically (besides the head's input)
 AUTO_LAYERS = 2
 #: the anchors (quantiles of the clean held-out log-distances) tried with ``anchor="auto"``
@@ -185,6 +188,9 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             None, "module names read besides the head's input (None: two found); 'name:input' reads a module's input"
         )
         bank_bytes: int = option(BANK_BYTES, "bytes of the feature bank (a uniform random subset of the training set)")
+        bank_positions: int = option(
+            BANK_POSITIONS, "dense outputs: training positions in the bank at most (within bank_bytes too)"
+        )
         anchor: float | str = option("auto", "the clean distance quantile up to which T stays T0 (auto: among ANCHORS)")
         shrink: float | str = option("auto", "the factor the fitted weights are multiplied by (auto: among SHRINKS)")
         strength: float = option(STRENGTH, "how much the perturbed copies' NLL counts beside the clean one")
@@ -203,6 +209,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         self.bank_bytes = memory_bytes(options.bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
+        self.bank_positions = positive_int(options.bank_positions, "bank_positions")
         self.anchor = anchor if anchor == "auto" else probability(anchor, "anchor")
         self.shrink = shrink if shrink == "auto" else unit_interval(shrink, "shrink")
         self.strength = positive_number(options.strength, "strength")
@@ -247,7 +254,9 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         return self._width_list[1]
 
     def _resolve(self, x: Inputs) -> list[Site]:
-        if isinstance(x, Mapping) and KEEP in x:  # dense outputs: one row per kept position, the head's input its feature
+        if (
+            isinstance(x, Mapping) and KEEP in x
+        ):  # dense outputs: one row per kept position, the head's input its feature
             if self.layers is not None:
                 raise ConfigError(
                     "dac on dense outputs reads the per-position head's input only (an intermediate feature map "
@@ -427,9 +436,10 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
-                reservoir = Reservoir(
-                    rows_within(widths, self.bank_bytes), torch.Generator(device=self.device).manual_seed(0)
-                )
+                capacity = rows_within(widths, self.bank_bytes)
+                if isinstance(x, Mapping) and KEEP in x:
+                    capacity = min(capacity, self.bank_positions)
+                reservoir = Reservoir(capacity, torch.Generator(device=self.device).manual_seed(0))
             reservoir.add(torch.cat(features, dim=1))
         assert reservoir is not None
         bank = reservoir.rows()
