@@ -146,3 +146,19 @@ def test_dac_without_a_per_position_feature_is_refused(segmentation):
         posthoc.wrap(model, method="dac", dense=True, layers=["model.refine"], **OPTIONS).fit(
             train, val, progress=False
         )
+
+
+def test_dac_per_token_on_a_tiny_gpt2():
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=50, n_positions=32)).eval()
+    ids = torch.randint(0, 50, (24, 12), generator=torch.Generator().manual_seed(0))
+    labels = torch.roll(ids, -1, dims=1)
+    labels[:, -1] = -100
+    loader = DataLoader(TensorDataset(ids, labels), batch_size=8)
+    um = posthoc.wrap(model, method="dac", dense=True).fit(loader, loader, progress=False)
+    card = um.summary()["posterior"][-1]
+    assert card["layers"] == ["head:input"] and card["training_examples_seen"] == 24 * 11  # every kept token
+    pred = um.predict(ids[:3])
+    assert pred.probs.shape == (3, 12, 50) and torch.allclose(pred.probs.sum(-1), torch.ones(3, 12), atol=1e-5)

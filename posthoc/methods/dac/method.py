@@ -14,6 +14,10 @@ predictive as it is, ``T0`` alone, and, for every anchor, the weights fitted wit
 factor of :data:`SHRINKS`, each cross-fitted on the held-out examples. With ``T0 = 1`` every example nearer than the
 anchor keeps the inner predictive exactly, so the in-distribution cost falls on the far tail only.
 
+On dense outputs (``posthoc.wrap(model, method="dac", dense=True)``) every kept position is an example: its feature is
+the per-position head's input (:mod:`posthoc.engine.dense_head`), intermediate maps are not read (pooled, they give one
+row per input), and the bank is a uniform random subset of at most ``bank_positions`` training positions.
+
 Example:
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, regressor, reg_train_loader
