@@ -68,7 +68,10 @@ def main() -> None:
         models[row] = um.fit(train, val, shift=shift, progress=False)
         print(f"{row}: fitted in {time.perf_counter() - begin:.1f} s")
         if method == "auto":
-            print(f"{row} chose: {models[row].summary()['posterior'][0]['selection']['chosen']}")
+            selection = models[row].summary()["posterior"][0]["selection"]
+            print(f"{row} chose: {selection['chosen']}")
+            for c in selection["candidates"]:
+                print(f"  {c['candidate']}: held-out NLL {c['clean_nll']:.4f}, bound {c['bound']:+.5f}")
         if method == "dac":
             card = models[row].summary()["posterior"][-1]
             print(f"{row}: {card['selection']['chosen']}, T0 {card['temperature']:.3f}, weights {card['weights']}")
