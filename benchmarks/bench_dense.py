@@ -4,7 +4,8 @@ temperature vs vector vs auto (and a two-member ensemble), in distribution and u
 The FCN (posthoc_apps.demo.segmentation) is trained on 512 canvases by seed; the methods are fitted on 256 validation
 canvases, and measured on 256 test canvases made from digits no fit saw. A corruption is applied to the pixels in
 [0, 1] (then normalised as in training); the masks are unchanged (contrast and noise move no pixel).
-Run: ``python benchmarks/bench_dense.py [--severity 3] [--fit-shift auto]`` (``--fit-shift auto``: the held-out choices
+Run: ``python benchmarks/bench_dense.py [--severity 3] [--fit-shift auto] [--methods none,dac] [--no-ensemble]``
+(``--fit-shift auto``: the held-out choices
 also see perturbed copies of the validation canvases, ``fit(..., shift="auto")``; the dense default is clean only).
 """
 
@@ -23,6 +24,17 @@ from posthoc.shift.kinds import CORRUPTIONS
 from posthoc_apps.demo.segmentation import loaders, segmentation_data, trained_fcn
 
 KINDS = ("contrast", "gaussian-noise")
+#: the rows: (method, wrap options)
+METHODS = {
+    "none": ("none", {}),
+    "temperature": ("temperature", {}),
+    "vector": ("vector", {}),
+    "laplace": ("laplace", {}),
+    "mc-dropout": ("mc-dropout", {}),
+    "dac": ("dac", {}),
+    "auto": ("auto", {}),
+    "auto (none/temperature/dac)": ("auto", {"candidates": ["none", "temperature", "dac"]}),
+}
 
 
 def corrupted(data: TensorDataset, kind: str, severity: int) -> DataLoader:
@@ -38,6 +50,8 @@ def main() -> None:
     parser.add_argument(
         "--fit-shift", choices=("none", "auto"), default="none", help="um.fit's shift= (dense default: none)"
     )
+    parser.add_argument("--methods", default=",".join(METHODS), help="comma-separated rows of METHODS")
+    parser.add_argument("--no-ensemble", dest="ensemble", action="store_false", help="leave the 2-FCN ensemble out")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     data = segmentation_data()
@@ -47,15 +61,25 @@ def main() -> None:
     train, val, test = loaders(data)
     shift = None if args.fit_shift == "none" else args.fit_shift
     models = {}
-    for method in ("none", "temperature", "vector", "laplace", "mc-dropout", "auto"):
+    for row in args.methods.split(","):
+        method, options = METHODS[row]
         begin = time.perf_counter()
-        models[method] = posthoc.wrap(model, method=method, dense=True).fit(train, val, shift=shift, progress=False)
-        print(f"{method}: fitted in {time.perf_counter() - begin:.1f} s")
-    models["ensemble (2 FCNs)"] = posthoc.wrap([model, trained_fcn(data.train, seed=1)], dense=True).fit(
-        None, val, progress=False
-    )
-    chosen = models["auto"].summary()["posterior"][0]["selection"]["chosen"]
-    print(f"auto chose: {chosen}\n")
+        um = posthoc.wrap(model, method=method, dense=True, **options)
+        models[row] = um.fit(train, val, shift=shift, progress=False)
+        print(f"{row}: fitted in {time.perf_counter() - begin:.1f} s")
+        if method == "auto":
+            selection = models[row].summary()["posterior"][0]["selection"]
+            print(f"{row} chose: {selection['chosen']}")
+            for c in selection["candidates"]:
+                print(f"  {c['candidate']}: held-out NLL {c['clean_nll']:.4f}, bound {c['bound']:+.5f}")
+        if method == "dac":
+            card = models[row].summary()["posterior"][-1]
+            print(f"{row}: {card['selection']['chosen']}, T0 {card['temperature']:.3f}, weights {card['weights']}")
+    if args.ensemble:
+        models["ensemble (2 FCNs)"] = posthoc.wrap([model, trained_fcn(data.train, seed=1)], dense=True).fit(
+            None, val, progress=False
+        )
+    print()
     report = evaluate_dense(models, test)
     print(f"### in distribution ({report.positions} valid test pixels)\n\n{report.to_markdown()}\n")
     for kind in KINDS:
@@ -66,7 +90,7 @@ def main() -> None:
         begin = time.perf_counter()
         model(images)
         plain = time.perf_counter() - begin
-    for method in ("none", "temperature"):
+    for method in [m for m in ("none", "temperature", "dac") if m in models]:
         begin = time.perf_counter()
         models[method].predict(images)
         print(f"predict {method}: {(time.perf_counter() - begin) / plain:.2f}x a plain forward over 256 canvases")

@@ -312,7 +312,7 @@ def load(
 
 
 #: the methods that work on dense outputs (``dense=True``), and the candidates of ``"auto"`` there
-DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout")
+DENSE_METHODS = ("none", "temperature", "vector", "auto", "laplace", "mc-dropout", "dac")
 #: the methods that work on per-position regression outputs (``dense=True, likelihood="regression"``): a method, a
 #: calibrator (:data:`DENSE_REGRESSION_CALIBRATORS`), or a method followed by a calibrator
 DENSE_REGRESSION_METHODS = ("none", "laplace", "mc-dropout", *POSITION_CALIBRATORS)
@@ -321,7 +321,7 @@ DENSE_REGRESSION_CALIBRATORS = POSITION_CALIBRATORS
 #: what ``"auto"`` chooses between on per-position regression outputs (the image as the unit of its bound)
 DENSE_REGRESSION_AUTO_CANDIDATES = POSITION_AUTO_CANDIDATES
 #: the dense methods that split the network at its per-position head (:mod:`posthoc.engine.dense_head`)
-DENSE_HEAD_METHODS = ("laplace", "mc-dropout")
+DENSE_HEAD_METHODS = ("laplace", "mc-dropout", "dac")
 DENSE_AUTO_CANDIDATES = ("none", "temperature")
 
 

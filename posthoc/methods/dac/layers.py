@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from posthoc.core.inputs import Inputs, batch_size, run_model, slice_inputs
+from posthoc.core.inputs import Inputs, batch_size, label_rows, run_model, slice_inputs
 from posthoc.core.modules import eval_mode, get_submodule
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
@@ -115,7 +115,7 @@ class Capture:
     def features(self, found: list[Tensor | None], x: Inputs) -> list[Tensor]:
         """``found`` completed: sites the inner forward pass did not reach are read from a plain forward pass of ``x``."""
         if any(f is None for f in found):
-            with torch.no_grad(), eval_mode(self.model), self.recording(batch_size(x)) as again:
+            with torch.no_grad(), eval_mode(self.model), self.recording(label_rows(x)) as again:
                 run_model(self.model, x)
             found = [f if f is not None else g for f, g in zip(found, again)]
         missing = [str(site) for site, f in zip(self.sites, found) if f is None]
@@ -227,3 +227,36 @@ def named_sites(model: nn.Module, names: list[str], *, head: str | nn.Module | N
         return sites
     head_input = Site(head_name, "input")
     return sites if head_input in sites else sites + [head_input]
+
+
+def position_sites(model: nn.Module, x: Inputs, *, head: str | nn.Module | None = None) -> list[Site]:
+    """The head's input alone, for a row model of dense outputs whose batches ``x`` give one row per kept position
+    (:data:`~posthoc.core.inputs.KEEP`): that input must be one feature row per kept position, as the per-position
+    head of :mod:`posthoc.engine.dense_head` receives it. Intermediate feature maps are not read: pooled over the
+    positions they would give one row per input, not per position.
+
+    Example:
+        >>> import torch
+        >>> from torch import nn
+        >>> from posthoc.core.inputs import KEEP
+        >>> from posthoc.methods.dac.layers import position_sites
+        >>> rows = nn.Sequential(nn.Linear(4, 8), nn.ReLU(), nn.Linear(8, 3))   # a row model: one row per position
+        >>> [str(s) for s in position_sites(rows, torch.randn(6, 4))]
+        ['2:input']
+    """
+    example = slice_inputs(x, 0, min(2, batch_size(x)))
+    try:
+        head_name, module = find_head(model, head, example)
+    except HeadNotFoundError as err:
+        raise HeadNotFoundError(f"{err}. dac on dense outputs reads the per-position head's input") from None
+    found: list[Any] = []
+    with torch.no_grad(), eval_mode(model), hooked([(module, "input", lambda m, args: found.append(args))]):
+        run_model(model, example)
+    value = first_tensor(found[0]) if found else None
+    if value is None or value.dim() != 2 or value.shape[0] % max(1, label_rows(example)):
+        raise HeadNotFoundError(
+            f"dac on dense outputs needs a feature vector per position, the input of a per-position head (a 1x1 "
+            f"nn.Conv2d or an nn.Linear as the network's last module); the input of '{head_name}' is not one row per "
+            "position. Use method='temperature' or 'none' for this model"
+        )
+    return [Site(head_name, "input")]

@@ -14,6 +14,10 @@ predictive as it is, ``T0`` alone, and, for every anchor, the weights fitted wit
 factor of :data:`SHRINKS`, each cross-fitted on the held-out examples. With ``T0 = 1`` every example nearer than the
 anchor keeps the inner predictive exactly, so the in-distribution cost falls on the far tail only.
 
+On dense outputs (``posthoc.wrap(model, method="dac", dense=True)``) every kept position is an example: its feature is
+the per-position head's input (:mod:`posthoc.engine.dense_head`), intermediate maps are not read (pooled, they give one
+row per input), and the bank is a uniform random subset of at most ``bank_positions`` training positions.
+
 Example:
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import model, train_loader, val_loader, regressor, reg_train_loader
@@ -32,7 +36,7 @@ from __future__ import annotations
 
 import json
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
-from posthoc.core.inputs import Inputs, batch_size, check_finite_result, check_labels, iterate, run_model
+from posthoc.core.inputs import KEEP, Inputs, check_finite_result, check_labels, iterate, label_rows, run_model
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, real_targets
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
@@ -55,7 +59,7 @@ from posthoc.engine.runner import examples_over_ranks, gather_rows
 from posthoc.engine.selection import Rows, Scores
 from posthoc.errors import ConfigError, HeadNotFoundError, InputError, NotFittedError
 from posthoc.methods.dac.export import DensityTemperature
-from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites
+from posthoc.methods.dac.layers import Capture, Site, auto_sites, named_sites, position_sites
 from posthoc.methods.dac.temperature import (
     MIN_DISTANCE,
     Cached,
@@ -70,6 +74,9 @@ from posthoc.methods.dac.variance import Spread, inflated
 
 #: the default feature-bank budget
 BANK_BYTES = 64 * 2**20
+#: on dense outputs, the training positions the bank holds at most: every position of an input is a query, so the
+#: distances cost (positions queried) x (bank rows); a uniform random subset of the training positions
+BANK_POSITIONS = 16384
 #: intermediate layers found automatically (besides the head's input)
 AUTO_LAYERS = 2
 #: the anchors (quantiles of the clean held-out log-distances) tried with ``anchor="auto"``
@@ -185,6 +192,9 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             None, "module names read besides the head's input (None: two found); 'name:input' reads a module's input"
         )
         bank_bytes: int = option(BANK_BYTES, "bytes of the feature bank (a uniform random subset of the training set)")
+        bank_positions: int = option(
+            BANK_POSITIONS, "dense outputs: training positions in the bank at most (within bank_bytes too)"
+        )
         anchor: float | str = option("auto", "the clean distance quantile up to which T stays T0 (auto: among ANCHORS)")
         shrink: float | str = option("auto", "the factor the fitted weights are multiplied by (auto: among SHRINKS)")
         strength: float = option(STRENGTH, "how much the perturbed copies' NLL counts beside the clean one")
@@ -203,6 +213,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         self.bank_bytes = memory_bytes(options.bank_bytes, "bank_bytes")
         if self.bank_bytes is None:
             raise ConfigError(f"bank_bytes must be a positive number of bytes, e.g. {BANK_BYTES} (64 MiB), got None")
+        self.bank_positions = positive_int(options.bank_positions, "bank_positions")
         self.anchor = anchor if anchor == "auto" else probability(anchor, "anchor")
         self.shrink = shrink if shrink == "auto" else unit_interval(shrink, "shrink")
         self.strength = positive_number(options.strength, "strength")
@@ -247,6 +258,15 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         return self._width_list[1]
 
     def _resolve(self, x: Inputs) -> list[Site]:
+        if (
+            isinstance(x, Mapping) and KEEP in x
+        ):  # dense outputs: one row per kept position, the head's input its feature
+            if self.layers is not None:
+                raise ConfigError(
+                    "dac on dense outputs reads the per-position head's input only (an intermediate feature map "
+                    "gives no feature per position); drop layers="
+                )
+            return position_sites(self.base_model, x, head=self.head)
         if self.layers is None:
             return auto_sites(self.base_model, x, head=self.head, count=AUTO_LAYERS)
         sites = named_sites(self.base_model, self.layers, head=self.head, x=x)
@@ -284,7 +304,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
     ) -> tuple[Any, list[Tensor]]:
         """The inner ``predictive`` of ``x`` and the features read during its forward pass."""
         capture = self._capturer()
-        with capture.recording(batch_size(x)) as found:
+        with capture.recording(label_rows(x)) as found:
             prediction = predictive(x, num_samples=num_samples, generator=generator)
         return prediction, capture.features(found, x)
 
@@ -415,14 +435,15 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             if reservoir is None:
                 self._set_meta({"sites": [str(site) for site in self._resolve(x)]})
             capture = self._capturer()
-            with eval_mode(self.base_model), capture.recording(batch_size(x)) as found:
+            with eval_mode(self.base_model), capture.recording(label_rows(x)) as found:
                 run_model(self.base_model, x)
             features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
-                reservoir = Reservoir(
-                    rows_within(widths, self.bank_bytes), torch.Generator(device=self.device).manual_seed(0)
-                )
+                capacity = rows_within(widths, self.bank_bytes)
+                if isinstance(x, Mapping) and KEEP in x:
+                    capacity = min(capacity, self.bank_positions)
+                reservoir = Reservoir(capacity, torch.Generator(device=self.device).manual_seed(0))
             reservoir.add(torch.cat(features, dim=1))
         assert reservoir is not None
         bank = reservoir.rows()
