@@ -363,16 +363,18 @@ class UncertainModel(nn.Module):
         check_rows_out(log_probs, x, "um.predict")
         elements = log_probs.numel() + (0 if samples is None else samples.numel())
         with small_dense_work(elements, log_probs.device):
-            if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
+            # normalised in float32 as they are exponentiated: methods may return log-probabilities whose
+            # exp sums to 1 only up to their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
+            log_probs = log_probs.float()
+            samples = None if samples is None else samples.float().exp()
+            prediction = Prediction.from_probs(torch.softmax(log_probs, dim=-1), samples, log_probs)
+            # a NaN log-probability makes its row's largest probability NaN: a scan of (N,), not of (N, C)
+            if torch.isnan(prediction.confidence).any() or (samples is not None and torch.isnan(samples).any()):
                 raise NumericalError(
                     "the predictive produced NaN; the model's logits are not finite for these inputs "
                     "(check its weights and dtype, e.g. float16 overflow)"
                 )
-            # normalised in float32 as they are exponentiated: methods may return log-probabilities whose
-            # exp sums to 1 only up to their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
-            probs = torch.softmax(log_probs.float(), dim=-1)
-            samples = None if samples is None else samples.float().exp()
-            return Prediction.from_probs(probs, samples)
+            return prediction
 
     def __getattr__(self, name: str) -> Any:
         """A method's :attr:`~posthoc.core.method.Method.tools` (e.g. sparse-vd's ``um.prune()``), found in the chain."""
