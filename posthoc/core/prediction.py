@@ -96,9 +96,7 @@ class Prediction:
     sets: Tensor | None = None
 
     @classmethod
-    def from_probs(
-        cls, probs: Tensor, samples: Tensor | None = None, log_probs: Tensor | None = None
-    ) -> Prediction:
+    def from_probs(cls, probs: Tensor, samples: Tensor | None = None, log_probs: Tensor | None = None) -> Prediction:
         """Build a prediction from probabilities ``(N, C)`` and optional samples ``(S, N, C)``; ``log_probs``, when
         ``probs`` is their softmax, gives the entropy without a logarithm per class (:func:`softmax_entropy`).
 
@@ -137,10 +135,13 @@ class Prediction:
         return cls(grow(part.probs), samples, *(grow(getattr(part, name)) for name in _PER_EXAMPLE[1:]))
 
     def write(self, start: int, part: Prediction) -> None:
-        """Copy chunk ``part`` into examples ``start:start + len(part)`` of these outputs."""
+        """Copy chunk ``part`` into examples ``start:start + len(part)`` of these outputs (what it already wrote there,
+        as its ``probs``, is kept)."""
         stop = start + len(part)
         for name in _PER_EXAMPLE:
-            getattr(self, name)[start:stop] = getattr(part, name)
+            into, value = getattr(self, name)[start:stop], getattr(part, name)
+            if into.data_ptr() != value.data_ptr() or into.device != value.device:
+                into.copy_(value)
         if self.samples is not None:
             self.samples[:, start:stop] = part.samples
 
