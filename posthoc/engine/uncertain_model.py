@@ -331,7 +331,8 @@ class UncertainModel(nn.Module):
         del first  # its samples would stay alive beside every later chunk's
         for start in range(first_size, total, step):
             part = slice_inputs(x, start, start + step)
-            out.write(start, self._predict_chunk(part, device, options))
+            probs = out.probs[start : min(total, start + step)]  # written in place: no (N, C) copy per chunk
+            out.write(start, self._predict_chunk(part, device, options, probs))
         return out
 
     def _predict_regression(
@@ -353,8 +354,11 @@ class UncertainModel(nn.Module):
             parts.append(prediction)
         return concat(parts, keep_samples)
 
-    def _predict_chunk(self, x: Inputs, device: torch.device, options: dict[str, Any]) -> Prediction:
-        """One chunk's prediction on ``device``; ``options`` go to ``log_predictive`` (its samples and generator)."""
+    def _predict_chunk(
+        self, x: Inputs, device: torch.device, options: dict[str, Any], probs: Tensor | None = None
+    ) -> Prediction:
+        """One chunk's prediction on ``device``; ``options`` go to ``log_predictive`` (its samples and generator);
+        ``probs``: where its probabilities go."""
         x = to_device(x, device)
         check_finite(x)
         check_attention(x)
@@ -363,16 +367,18 @@ class UncertainModel(nn.Module):
         check_rows_out(log_probs, x, "um.predict")
         elements = log_probs.numel() + (0 if samples is None else samples.numel())
         with small_dense_work(elements, log_probs.device):
-            if torch.isnan(log_probs).any() or (samples is not None and torch.isnan(samples).any()):
+            # normalised in float32 as they are exponentiated: methods may return log-probabilities whose
+            # exp sums to 1 only up to their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
+            log_probs = log_probs.float()
+            samples = None if samples is None else samples.float().exp()
+            prediction = Prediction.from_probs(torch.softmax(log_probs, dim=-1, out=probs), samples, log_probs)
+            # a NaN log-probability makes its row's largest probability NaN: a scan of (N,), not of (N, C)
+            if torch.isnan(prediction.confidence).any() or (samples is not None and torch.isnan(samples).any()):
                 raise NumericalError(
                     "the predictive produced NaN; the model's logits are not finite for these inputs "
                     "(check its weights and dtype, e.g. float16 overflow)"
                 )
-            # normalised in float32 as they are exponentiated: methods may return log-probabilities whose
-            # exp sums to 1 only up to their own rounding (huge logits lose ~1e-3 in a float32 log_softmax)
-            probs = torch.softmax(log_probs.float(), dim=-1)
-            samples = None if samples is None else samples.float().exp()
-            return Prediction.from_probs(probs, samples)
+            return prediction
 
     def __getattr__(self, name: str) -> Any:
         """A method's :attr:`~posthoc.core.method.Method.tools` (e.g. sparse-vd's ``um.prune()``), found in the chain."""

@@ -5,7 +5,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from posthoc.core.prediction import Prediction, entropy
+from posthoc.core.prediction import Prediction, entropy, softmax_entropy
 
 
 def _entropy64(probs: np.ndarray) -> np.ndarray:
@@ -68,3 +68,28 @@ def test_decomposition_matches_an_independent_float64_computation(num_samples, n
     np.testing.assert_allclose(pred.epistemic.numpy(), total - aleatoric, atol=1e-5)
     disagree = (p.max(0) - p.min(0)).max(-1) > 0.1
     assert (pred.epistemic.numpy()[disagree] > 0).all(), "samples that disagree must carry mutual information"
+
+
+def test_entropy_from_log_probs_matches_float64_within_float32_round_off():
+    """``softmax_entropy`` (no log per class) against the float64 entropy: 20,000 classes, flat to peaked rows,
+    log-probabilities off their normalisation by a constant, and rows with ``-inf`` (probability exactly 0), which
+    take the per-class path; within 2e-6 relative (float32 round-off of a pairwise sum), as ``entropy`` is."""
+    generator = torch.Generator().manual_seed(0)
+    scales = torch.tensor([0.01, 1.0, 5.0, 30.0, 200.0]).repeat(4)[:, None]
+    log_probs = (torch.randn(20, 20_000, generator=generator) * scales).log_softmax(-1) + 3.0
+    log_probs[3, :100] = float("-inf")
+    log_probs[7, 5:] = float("-inf")
+    probs = torch.softmax(log_probs, -1)
+    found = softmax_entropy(probs, log_probs, *probs.max(-1))
+    exact = _entropy64(torch.softmax(log_probs.double(), -1).numpy())
+    assert np.allclose(found.double().numpy(), exact, rtol=2e-6, atol=2e-6)
+    assert np.allclose(entropy(probs).double().numpy(), exact, rtol=2e-6, atol=2e-6)
+    assert (found >= 0).all()
+
+
+def test_entropy_from_log_probs_keeps_a_nan_row_nan():
+    log_probs = torch.tensor([[0.0, float("nan"), -1.0], [0.0, -1.0, -2.0]])
+    probs = torch.softmax(log_probs, -1)
+    found = Prediction.from_probs(probs, None, log_probs)
+    assert torch.isnan(found.entropy[0]) and torch.isnan(found.confidence[0])
+    assert math.isclose(found.entropy[1].item(), entropy(probs[1]).item(), rel_tol=1e-6)

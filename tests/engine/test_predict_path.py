@@ -3,6 +3,7 @@ setting), and Laplace's predict runs the model once per chunk (no probe forwards
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
@@ -76,3 +77,30 @@ def test_eval_mode_restores_every_flag_also_one_the_block_switched() -> None:
     with eval_mode(net, list(net.modules())):
         assert not any(module.training for module in net.modules())
     assert all(module.training for module in net.modules())
+
+
+class NaNRow(posthoc.Method):
+    """Log-probabilities with one NaN in one row of the second chunk."""
+
+    name, requires_fit = "test-nan-row", False
+
+    def log_predictive(self, x, *, num_samples=None, generator=None):
+        log_probs = torch.log_softmax(self.model(x), -1)
+        if x.shape[0] > PROBE_EXAMPLES:
+            log_probs[-1, 1] = float("nan")
+        return log_probs, None
+
+
+def test_a_nan_log_probability_is_refused_and_chunks_write_in_place() -> None:
+    """One NaN among the (N, C) log-probabilities is refused (the check reads each row's largest probability);
+    the chunks' probabilities written straight into the output equal a one-chunk predict's."""
+    torch.manual_seed(0)
+    model, x = nn.Linear(3, 4), torch.randn(50, 3)
+    with pytest.raises(posthoc.NumericalError, match="produced NaN"):
+        UncertainModel(NaNRow(model), []).predict(x)
+    um = UncertainModel(Recorder(model), [])
+    chunked, whole = um.predict(x, chunk_size=16), um.predict(x, chunk_size=64)
+    assert [rows for rows, _, _ in um.method.calls] == [PROBE_EXAMPLES, 16, 16, 10, PROBE_EXAMPLES, 50 - PROBE_EXAMPLES]
+    for name in ("probs", "entropy", "confidence", "label"):
+        assert torch.allclose(getattr(chunked, name).float(), getattr(whole, name).float(), atol=1e-6), name
+    assert torch.allclose(chunked.probs, torch.softmax(model(x), -1).detach(), atol=1e-6)

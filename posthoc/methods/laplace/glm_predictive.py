@@ -163,10 +163,17 @@ class DenseLogitGaussian:
         return self.factor().sample(num_samples, generator)
 
 
+def probit_logits(g: GaussianLogits, overwrite: bool = False) -> Tensor:
+    """The probit's scaled logits ``m / sqrt(1 + π/8 · diag Σ)``; ``overwrite``: built in ``g``'s variance itself
+    (for a caller that drops ``g`` after), else in one ``(N, C)`` temporary, updated in place."""
+    var = g.variance()
+    scaled = var.mul_(math.pi / 8) if overwrite else var.mul(math.pi / 8)
+    return scaled.add_(1).rsqrt_().mul_(g.mean)
+
+
 def probit_log_probs(g: GaussianLogits) -> Tensor:
     """Probit approximation: ``log softmax(m / sqrt(1 + π/8 · diag Σ))``."""
-    kappa = g.variance().mul(math.pi / 8).add_(1).rsqrt_()  # one (N, C) temporary, updated in place
-    return torch.log_softmax(kappa.mul_(g.mean), dim=-1)
+    return torch.log_softmax(probit_logits(g), dim=-1)
 
 
 def bridge_log_probs(g: GaussianLogits) -> Tensor:
@@ -236,6 +243,14 @@ def chunked_log_predictive(
         ...     chunked_log_predictive(5, 10**6, gaussian, "mc", 4)[1].shape
         torch.Size([4, 5, 3])
     """
+    if link == "probit":  # each chunk's log-probabilities written in place: no (N, C) copy joins them
+        log_probs: Tensor | None = None
+        for rows in chunks(total, row_bytes):
+            scaled = probit_logits(gaussian(rows), overwrite=True)
+            if log_probs is None:
+                log_probs = scaled.new_empty((total, *scaled.shape[1:]))
+            torch.log_softmax(scaled, dim=-1, out=log_probs[rows])
+        return log_probs, None
     parts = [log_predictive(gaussian(rows), link, num_samples, generator) for rows in chunks(total, row_bytes)]
     log_probs = torch.cat([chunk for chunk, _ in parts])
     if parts[0][1] is None:

@@ -18,6 +18,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 from torch import Tensor, nn
@@ -125,11 +126,21 @@ class KronDiagCurvature(Curvature):
         return membership.to(dtype), inverse
 
     def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> IndependentLogits:
-        dtype = phi_aug.dtype
-        psi_sq = (phi_aug @ self.in_eigvecs.to(dtype)).square_()
+        return self.head_predictor(prior_precision, phi_aug.dtype)(phi_aug, mean)
+
+    def head_predictor(
+        self, prior_precision: float, dtype: torch.dtype
+    ) -> Callable[[Tensor, Tensor], IndependentLogits]:
+        """:meth:`head_variance` with the groups, their ``(K, C)`` inverse and ``U`` made once in ``dtype``."""
+        in_eigvecs = self.in_eigvecs.to(dtype)
         membership, inverse = self._grouped(prior_precision, dtype)
-        summed = psi_sq if self.groups is None else psi_sq @ membership
-        return IndependentLogits(mean.to(dtype), summed @ inverse)
+
+        def gaussian(phi_aug: Tensor, mean: Tensor) -> IndependentLogits:
+            psi_sq = (phi_aug @ in_eigvecs).square_()
+            summed = psi_sq if self.groups is None else psi_sq @ membership
+            return IndependentLogits(mean.to(dtype), summed @ inverse)
+
+        return gaussian
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedKronDiag:
         membership, inverse = self._grouped(prior_precision, torch.float64)

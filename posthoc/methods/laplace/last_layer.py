@@ -126,10 +126,11 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
         phi, logits = inputs
         dtype = torch.promote_types(phi.dtype, torch.float32)
         phi_aug = augment(phi.to(dtype), self._has_bias)
+        gaussian = self.curvature.head_predictor(prior_precision, dtype)
         return glm.chunked_log_predictive(
             phi.shape[0],
             self.row_bytes(num_samples, dtype),
-            lambda rows: self.curvature.head_variance(phi_aug[rows], logits[rows], prior_precision),
+            lambda rows: gaussian(phi_aug[rows], logits[rows]),
             self.link,
             num_samples,
             generator,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import abc
 import warnings
+from collections.abc import Callable
 from typing import ClassVar
 
 import torch
@@ -73,6 +74,11 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def head_variance(self, phi_aug: Tensor, mean: Tensor, prior_precision: float) -> GaussianLogits:
         """The Gaussian logits ``N(mean, J Σ Jᵀ)`` of a linear head with inputs ``phĩ`` ``(n, in)`` (``J = I ⊗ phĩᵀ``)."""
+
+    def head_predictor(self, prior_precision: float, dtype: torch.dtype) -> Callable[[Tensor, Tensor], GaussianLogits]:
+        """:meth:`head_variance` at one prior precision for inputs of ``dtype``, called once per row chunk: a structure
+        whose prior-dependent factors cost a pass over ``C`` makes them once here."""
+        return lambda phi_aug, mean: self.head_variance(phi_aug, mean, prior_precision)
 
     @abc.abstractmethod
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
