@@ -151,3 +151,47 @@ def trained_fcn(data: TensorDataset, epochs: int = 8, seed: int = 0, batch_size:
 def loaders(data: SegmentationData, batch_size: int = 64) -> tuple[DataLoader, DataLoader, DataLoader]:
     """Loaders of ``(image, mask)`` over the train, val and test splits (not shuffled: the fits are deterministic)."""
     return tuple(DataLoader(split, batch_size=batch_size) for split in (data.train, data.val, data.test))
+
+
+#: the noise std of :func:`smoothed_targets`
+REGRESSION_NOISE = 0.1
+
+
+def smoothed_targets(images: torch.Tensor, seed: int, noise: float = REGRESSION_NOISE) -> torch.Tensor:
+    """A per-pixel regression target for canvases ``images`` (a stand-in for depth): a smoothed copy of each canvas
+    times 2 plus Gaussian noise of std ``noise`` (seeded), NaN on the top two rows (pixels without a target)."""
+    drawn = noise * torch.randn(images.shape, generator=torch.Generator().manual_seed(seed))
+    targets = F.avg_pool2d(images, 5, 1, 2) * 2 + drawn
+    targets[..., :2, :] = float("nan")
+    return targets
+
+
+def trained_pixel_regressor(
+    train: int = 128, val: int = 64, test: int = 64, epochs: int = 8
+) -> tuple[nn.Module, list[TensorDataset]]:
+    """A small fully convolutional regressor of :func:`smoothed_targets` (one output per pixel, dropout before its
+    ``1 x 1`` head), trained by Adam on the squared error of the pixels with a target, and its train, val and test
+    sets of ``(canvas, target)``; deterministic (seed 0).
+
+    Example:
+        >>> from posthoc_apps.demo.segmentation import trained_pixel_regressor
+        >>> net, (train, val, test) = trained_pixel_regressor(train=16, val=4, test=4, epochs=1)
+        >>> tuple(net(test.tensors[0]).shape), tuple(test.tensors[1].shape)
+        ((4, 1, 32, 32), (4, 1, 32, 32))
+    """
+    data = segmentation_data(train=train, val=val, test=test)
+    splits = (data.train, data.val, data.test)
+    sets = [TensorDataset(d.tensors[0], smoothed_targets(d.tensors[0], i)) for i, d in enumerate(splits)]
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.1),
+        nn.Conv2d(8, 1, 1),
+    )  # fmt: skip
+    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
+    for _ in range(epochs):
+        for x, t in DataLoader(sets[0], batch_size=32, shuffle=True):
+            loss = (net(x) - torch.nan_to_num(t))[torch.isfinite(t)].pow(2).mean()
+            optimiser.zero_grad()
+            loss.backward()
+            optimiser.step()
+    return net.eval(), sets

@@ -7,44 +7,18 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.data import DataLoader
 
 import posthoc
 from posthoc.errors import PosthocError
-from posthoc_apps.demo.segmentation import segmentation_data
-
-NOISE = 0.1
-
-
-def _targets(images: torch.Tensor, seed: int) -> torch.Tensor:
-    noise = NOISE * torch.randn(images.shape, generator=torch.Generator().manual_seed(seed))
-    targets = F.avg_pool2d(images, 5, 1, 2) * 2 + noise
-    targets[..., :2, :] = float("nan")  # the top rows have no target
-    return targets
+from posthoc_apps.demo.segmentation import trained_pixel_regressor
 
 
 @pytest.fixture(scope="module")
 def task():
-    data = segmentation_data(train=128, val=64, test=64)
-    sets = [
-        TensorDataset(d.tensors[0], _targets(d.tensors[0], i)) for i, d in enumerate((data.train, data.val, data.test))
-    ]
-    torch.manual_seed(0)
-    net = nn.Sequential(
-        nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.Dropout(0.1),
-        nn.Conv2d(8, 1, 1),
-    )  # fmt: skip
-    optimiser = torch.optim.Adam(net.parameters(), 1e-2)
-    for _ in range(8):
-        for x, t in DataLoader(sets[0], batch_size=32, shuffle=True):
-            keep = torch.isfinite(t)
-            loss = (net(x) - torch.nan_to_num(t))[keep].pow(2).mean()
-            optimiser.zero_grad()
-            loss.backward()
-            optimiser.step()
-    return net.eval(), [DataLoader(s, batch_size=32) for s in sets], sets[2]
+    net, sets = trained_pixel_regressor()
+    return net, [DataLoader(s, batch_size=32) for s in sets], sets[2]
 
 
 @pytest.mark.parametrize("method", ["none", "laplace"])
