@@ -1149,7 +1149,7 @@ NEWEST_API_MISUSES = [
         "evaluate_shift",
         lambda r, w, tmp: posthoc.evaluate_shift(r["um"], r["loader"], kinds=["contrast"], progress=False),
         InputError,
-        "for tabular or 1-D inputs pass named shifted test sets instead",
+        "for tabular, 1-D or token inputs pass named shifted test sets instead",
     ),
     (
         "ShiftTable.value",
@@ -1242,6 +1242,12 @@ NEWEST_API_MISUSES = [
         lambda r, w, tmp: posthoc.wrap(w["model"], method="dac", bank_bytes=None),
         ConfigError,
         "bank_bytes must be a positive number of bytes",
+    ),
+    (
+        "dac.bank_positions",
+        lambda r, w, tmp: posthoc.wrap(w["model"], method="dac", bank_positions=0),
+        ConfigError,
+        "bank_positions must be a positive integer",
     ),
     (
         "dac.anchor",
