@@ -268,6 +268,9 @@ class Layout:
     #: a number per clean example (the plain model's NLL) the folds follow instead of its position, so a shuffling loader
     #: gives the same folds
     key: Tensor | None = field(default=None, compare=False)
+    #: the input each clean example belongs to where an input holds several correlated examples (the positions of one
+    #: image): the folds are then drawn over the inputs, each input's examples in one fold (``key`` is ignored)
+    units: Tensor | None = field(default=None, compare=False)
 
     def everything(self) -> Rows:
         """All clean examples and all perturbed copies."""
@@ -275,18 +278,23 @@ class Layout:
 
     def folds(self, k: int = FOLDS, seed: int = 0) -> list[tuple[Rows, Rows]]:
         """``(fitting rows, scored rows)`` of each of ``k`` seeded random folds (fewer on a small set; one, the whole
-        set both ways, when too few to split), each perturbed copy in its clean example's fold."""
-        k = min(k, self.count // MIN_FOLD_EXAMPLES)
+        set both ways, when too few to split), each perturbed copy in its clean example's fold, and with ``units`` each
+        input's examples in one fold."""
+        present, unit_of = (None, None) if self.units is None else torch.unique(self.units.cpu(), return_inverse=True)
+        count = self.count if present is None else len(present)
+        k = min(k, count // MIN_FOLD_EXAMPLES)
         if k < 2:
             return [(self.everything(), self.everything())]
-        scramble = torch.randperm(self.count, generator=torch.Generator().manual_seed(seed))
-        if self.key is None:
-            fold_of = torch.empty(self.count, dtype=torch.long)
-            fold_of[scramble] = torch.arange(self.count) % k
+        scramble = torch.randperm(count, generator=torch.Generator().manual_seed(seed))
+        if self.key is None or unit_of is not None:
+            fold_of = torch.empty(count, dtype=torch.long)
+            fold_of[scramble] = torch.arange(count) % k
         else:  # an example's fold follows its rank by key, not its position
             ranks = torch.empty(self.count, dtype=torch.long)
             ranks[torch.argsort(self.key.double().cpu(), stable=True)] = torch.arange(self.count)
             fold_of = scramble[ranks] % k
+        if unit_of is not None:
+            fold_of = fold_of[unit_of]
         out = []
         for fold in range(k):
             held = fold_of == fold

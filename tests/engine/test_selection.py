@@ -186,6 +186,21 @@ def test_folds_split_the_examples_and_keep_each_copy_with_its_example() -> None:
     assert len(Layout(10).folds(5)) == 2 and len(Layout(5).folds(5)) == 1  # at least 4 examples a fold
 
 
+def test_folds_over_units_keep_each_input_s_examples_together() -> None:
+    """The positions of one image (its unit) fall in one fold; the fold count follows the images, not the positions;
+    images without a position (a gap in the unit indices) change nothing."""
+    units = torch.tensor([0] * 30 + [2] * 7 + [3] * 12 + [5] * 20 + [6] * 9 + [7] * 4 + [8] * 15 + [9] * 3 + [11] * 8)
+    units = torch.cat([units, torch.tensor([12] * 5 + [13] * 6)])
+    units = units[torch.randperm(len(units), generator=torch.Generator().manual_seed(0))]
+    folds = Layout(len(units), units=units).folds(5)
+    assert len(folds) == 2  # 11 images, at least 4 a fold
+    scored = torch.cat([rows.clean for _, rows in folds])
+    assert sorted(scored.tolist()) == list(range(len(units)))
+    for fitting, rows in folds:
+        assert set(units[fitting.clean].tolist()).isdisjoint(units[rows.clean].tolist())
+    assert len(Layout(len(units), units=units % 3).folds(5)) == 1  # 3 images: too few to split
+
+
 def test_cross_fitting_never_scores_an_example_with_a_fit_it_took_part_in() -> None:
     """A candidate that memorises its fitting examples (NLL 0 on them, 1 elsewhere) scores 1 everywhere out of fold."""
     layout = Layout(40, torch.arange(40).repeat(2))

@@ -90,18 +90,13 @@ class PositionCalibration(nn.Module):
     ) -> dict[str, Any]:
         """The selection step between the inner predictive and variance scaling scored out of fold over images."""
         plain = Scores(-prediction.log_prob(targets), units=units)
-        images, image_of = torch.unique(units, return_inverse=True)
-        folds = Layout(len(images)).folds()
+        folds = Layout(len(units), units=units).folds()  # an image's pixels in one fold (one: too few images)
         out_of_fold = torch.full((len(units),), math.inf, dtype=torch.float64)
-        for fitting, _ in folds:
-            in_fitting = torch.zeros(len(images), dtype=torch.bool, device=units.device)
-            in_fitting[fitting.clean.to(units.device)] = True
-            fit_rows, scored_rows = in_fitting[image_of], ~in_fitting[image_of]
-            if len(folds) == 1:  # too few images to split: fitted and scored on all of them
-                scored_rows = fit_rows
+        for fitting, scored in folds:
+            fit_rows, scored_rows = fitting.clean.to(units.device), scored.clean.to(units.device)
             fitted = VarianceScaling().fit(prediction_rows(prediction, fit_rows), targets[fit_rows])
             nll = -fitted.calibrate(prediction_rows(prediction, scored_rows)).log_prob(targets[scored_rows])
-            out_of_fold[scored_rows.cpu()] = nll.double().cpu()
+            out_of_fold[scored.clean] = nll.double().cpu()
         selection = select(
             [(name, name) for name in AUTO_CANDIDATES],
             [plain, Scores(out_of_fold)],
