@@ -119,6 +119,14 @@ def label_rows(x: Inputs) -> int:
     return batch_size(x)
 
 
+def labels_per_input(x: Inputs) -> Tensor | None:
+    """How many labels each input of a dense batch ``x`` has (its kept positions), ``(N,)`` on the CPU; ``None`` for a
+    batch of one label per input."""
+    if isinstance(x, Mapping) and KEEP in x:
+        return x[KEEP].flatten(1).sum(1).cpu()
+    return None
+
+
 def slice_inputs(x: Inputs, start: int, stop: int) -> Inputs:
     """Examples ``start:stop`` of a tensor, or of every tensor in a dict (views, no copy)."""
     if isinstance(x, Mapping):

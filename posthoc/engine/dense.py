@@ -52,7 +52,7 @@ from torch import Tensor, nn
 from posthoc import settings
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import budget_scope, rows_per_chunk
-from posthoc.core.inputs import KEEP, Inputs, batch_size, slice_inputs, split_batch, to_device
+from posthoc.core.inputs import KEEP, Inputs, batch_size, labels_per_input, slice_inputs, split_batch, to_device
 from posthoc.core.logits import LOGITS_KEY
 from posthoc.core.method import Method, chain_of
 from posthoc.core.modules import eval_mode
@@ -269,13 +269,6 @@ def row_inputs(x: Inputs, keep: Tensor, rows: PositionRows) -> dict[str, Tensor]
     return {key: x, KEEP: keep}
 
 
-#: what a dense model says where an entry point does not take dense outputs yet
-_NOT_YET = (
-    "{what} does not take a model with dense outputs yet; a dense model supports fit, choose, predict, summary, save, "
-    "to_module, posthoc.load, posthoc.evaluate, posthoc.evaluate_shift and posthoc.conformal"
-)
-
-
 class DenseModel(nn.Module):
     """A wrapped model with dense outputs (``posthoc.wrap(model, ..., dense=True)``): ``fit`` / ``choose`` on loaders of
     ``(inputs, labels per position)``, ``predict`` with the positions kept (see module docs). A per-position regressor
@@ -370,8 +363,8 @@ class DenseModel(nn.Module):
             inputs = to_device(inputs, device)
             with torch.no_grad(), eval_mode(self.inner.method, self.inner._served()):
                 parts.append(self.inner.method.regression_predictive(inputs, generator=generator))
-            counts = inputs[KEEP].flatten(1).sum(1)
-            units.append(torch.repeat_interleave(torch.arange(images, images + len(counts), device=device), counts))
+            counts = labels_per_input(inputs)
+            units.append(torch.repeat_interleave(torch.arange(images, images + len(counts)), counts).to(device))
             images += len(counts)
             targets.append(y.to(device))
         self.calibration.fit(concat(parts), torch.cat(targets), torch.cat(units), tolerance=tolerance)

@@ -29,13 +29,13 @@ from posthoc.core import distributed
 from posthoc.core.checks import check_shift
 from posthoc.core.fit_record import CountingLoader, reads_once
 from posthoc.core.inputs import (
-    KEEP,
     Inputs,
     batch_size,
     check_finite_result,
     check_labels,
     iterate,
     label_rows,
+    labels_per_input,
     run_model,
     slice_inputs,
     split_batch,
@@ -101,16 +101,9 @@ class ShiftedHeldOut:
     groups: Tensor | None = None
 
 
-def _labels_per_input(x: Inputs) -> Tensor | None:
-    """How many labels each input of ``x`` has (its kept positions, in a dense batch), or ``None`` for one each."""
-    if isinstance(x, Mapping) and KEEP in x:
-        return x[KEEP].flatten(1).sum(1).cpu()
-    return None
-
-
 def _per_label(values: Tensor, x: Inputs) -> Tensor:
     """``values`` ``(n,)`` per input, repeated for each label of the input (each kept position of a dense batch)."""
-    counts = _labels_per_input(x)
+    counts = labels_per_input(x)
     return values if counts is None else torch.repeat_interleave(values, counts)
 
 
@@ -551,7 +544,7 @@ class HeldOut:
         """The input each clean example belongs to in dense batches (:data:`~posthoc.core.inputs.KEEP`), else ``None``."""
         counts = []
         for x, _ in self.clean():
-            count = _labels_per_input(x)
+            count = labels_per_input(x)
             if count is None:
                 return None
             counts.append(count)

@@ -82,10 +82,9 @@ HEADLINE = {
     DENSE_METRICS: ("nll", "ece", "miou"),
 }
 #: the metrics' names in the long table, and in titles and axis labels
-LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **COLUMN_HEADERS}
-LABELS |= {"miou": "mIoU", "auroc_error": "AUROC(error)"}
-TITLES = {**{metric: metric.upper() for metric in METRICS}, **COLUMN_HEADERS, "miou": "mIoU"}
-TITLES |= {"auroc_error": "AUROC(error)"}
+DENSE_LABELS = {"miou": "mIoU", "auroc_error": "AUROC(error)"}
+LABELS = {"accuracy": "acc", "nll": "NLL", "ece": "ECE", "brier": "Brier", **COLUMN_HEADERS, **DENSE_LABELS}
+TITLES = {**{metric: metric.upper() for metric in METRICS}, **COLUMN_HEADERS, **DENSE_LABELS}
 DEFAULT_KINDS = EVALUATION_KINDS
 CLEAN = "clean"
 MEAN = "mean"
