@@ -63,6 +63,8 @@ KNOWN_DTYPE_BREACHES = {
     "sparse-vd": "the variational layers keep float32 weights after um.to(torch.float64) (engine/variational_layers.py)",
     "swag": "SWAG's collector moments stay float32 after um.to(torch.float64) (swag/collector.py)",
     "multiswag": "SWAG's collector moments stay float32 after um.to(torch.float64) (swag/collector.py)",
+    "venn-abers": "the rows checked are held-out rows, tied with a held-out score in float32 and just off it in float64: "
+    "the Venn-Abers map steps there (p1 is read before a tie, after it otherwise)",
 }
 #: calibrators of binary classifiers only
 BINARY = {"platt"}
