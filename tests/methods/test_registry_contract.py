@@ -54,11 +54,7 @@ FAST_FIT: dict[str, dict[str, Any]] = {
     "abnn": {"epochs": 1},
 }
 #: wrap options that keep each method small (fewer runs and samples)
-SMALL: dict[str, dict[str, Any]] = {
-    "multiswag": {"members": 2},
-    "abnn": {"modes": 2, "num_samples": 2},
-    "label-shift": {"target_priors": [0.5, 0.3, 0.2]},  # it has no default: the deployment's priors
-}
+SMALL: dict[str, dict[str, Any]] = {"multiswag": {"members": 2}, "abnn": {"modes": 2, "num_samples": 2}}
 #: methods that fit a copy of the network (seconds, not milliseconds, even here)
 SLOW = {"abnn", "ibnn", "ivon", "multiswag", "sgld", "sparse-vd", "swag", "vi"}
 #: known breaches of the contract, each failing as described (strict: a fix makes the test say so)
@@ -216,7 +212,7 @@ def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
         return
     defaults = cls.Options.defaults()
     assert cls.option_defaults() == defaults and cls.fit_option_defaults() == cls.FitOptions.defaults()
-    assert posthoc.available_methods()[name] == defaults
+    assert posthoc.available_methods()[name] == defaults if cls.listed else name not in posthoc.available_methods()
     for function, allowed in (
         (cls.__init__, set()),
         (cls.fit, {"progress", "options"}),

@@ -85,6 +85,7 @@ class LabelShift(Method):
     """The inner predictive calibrated and reweighted by ``q(y) / p(y)`` (module docs)."""
 
     name = "label-shift"
+    listed = False  # posthoc.label_shift builds it from the deployment data; method= takes it with target_priors
     needs_val = True
     stacks = True
     exports = ("classification",)
