@@ -15,6 +15,7 @@ import argparse
 import contextlib
 import io
 import logging
+import math
 import warnings
 from collections.abc import Callable
 
@@ -28,15 +29,26 @@ from posthoc.evaluation import metrics
 from posthoc_apps.demo import data, zoo
 
 ROTATIONS = (0, 45, 90)
-OURS = ("identity", "temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto")
+OURS = (
+    "identity",
+    "temperature",
+    "vector",
+    "matrix",
+    "dirichlet",
+    "ets",
+    "histogram",
+    "isotonic",
+    "venn-abers",
+    "auto",
+)
 
 #: fit(cal_logits, cal_labels) -> predict(test_logits) -> probabilities
 Fitter = Callable[[Tensor, Tensor], Callable[[Tensor], Tensor]]
 
 
-def ours(method: str) -> Fitter:
+def ours(method: str, tolerance: float | None = None) -> Fitter:
     def fit(logits: Tensor, labels: Tensor) -> Callable[[Tensor], Tensor]:
-        return posthoc.calibrate(logits, labels, method=method)
+        return posthoc.calibrate(logits, labels, method=method, tolerance=tolerance)
 
     return fit
 
@@ -109,6 +121,19 @@ def peers(num_classes: int) -> dict[str, Fitter]:
         found["torch-uncertainty IsotonicRegressionScaler"] = torch_uncertainty(
             lambda: tu.IsotonicRegressionScaler(model=None)
         )
+    try:
+        from mapie._venn_abers import predict_proba_prefitted_va
+    except ImportError as err:
+        print(f"MAPIE not importable ({err}); pip install -e '.[test]'")
+    else:
+
+        def mapie_venn_abers(logits: Tensor, labels: Tensor) -> Callable[[Tensor], Tensor]:
+            held_out = (logits.softmax(-1).double().numpy(), labels.numpy())
+            return lambda z: torch.as_tensor(
+                predict_proba_prefitted_va(*held_out, z.softmax(-1).double().numpy(), va_tpe="one_vs_all")[0]
+            )
+
+        found["MAPIE Venn-Abers (one vs all)"] = mapie_venn_abers
     return found
 
 
@@ -135,7 +160,9 @@ def main() -> None:
     warnings.filterwarnings("ignore")
     logits = saved_logits(args.model, args.scale)
     cal_logits, cal_labels = logits["fit"]
-    fitters = {f"posthoc {m}": ours(m) for m in OURS} | peers(cal_logits.shape[-1])
+    fitters = {f"posthoc {m}": ours(m) for m in OURS}
+    fitters["posthoc venn-abers, clean fit (tolerance=inf)"] = ours("venn-abers", math.inf)
+    fitters |= peers(cal_logits.shape[-1])
     header = " | ".join(f"NLL / ECE {deg}°" for deg in ROTATIONS)
     print(f"#### {args.model}, logits x{args.scale:g}: fit on {len(cal_labels)} calibration digits, test on 1,000\n")
     print(f"| calibrator | {header} | fit s (wall / cpu) |\n|---|{'---|' * len(ROTATIONS)}---|")

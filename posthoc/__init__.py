@@ -31,6 +31,7 @@ from posthoc.evaluation.compare import Comparison, compare
 from posthoc.evaluation.report import Report, evaluate
 from posthoc.evaluation.shift import ShiftTable, evaluate_shift
 from posthoc.guarantees import RiskController, conformal, risk_control, selective
+from posthoc.label_shift import label_shift
 from posthoc.methods.swag.collector import SWAGCollector
 from posthoc.ood import Detector, detector
 
@@ -46,6 +47,7 @@ __all__ = [
     "ShiftTable",
     "shift",
     "calibrate",
+    "label_shift",
     "conformal",
     "selective",
     "risk_control",

@@ -1,7 +1,7 @@
 """``posthoc.calibrate``: calibrating a deployed classifier from its saved logits alone.
 
 Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default), ``"vector"``,
-``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"platt"``
+``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"venn-abers"``, ``"platt"``
 (binary), ``"identity"``, and ``"auto"`` (the others compared by k-fold cross-validated NLL). Every one is fitted
 by the selection step of ``um.fit`` (:mod:`posthoc.engine.selection`); ``calibrator.selection`` records the choice.
 

@@ -35,6 +35,7 @@ LAYERS = {
     "methods": 2,
     "api": 3,
     "calibrate": 3,
+    "label_shift": 3,
     "export": 1,
     "guarantees": 3,
     "shift": 3,

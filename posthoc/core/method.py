@@ -78,6 +78,9 @@ class Method(nn.Module):
     copies_model: ClassVar[bool] = False
     #: its public methods that the ``UncertainModel`` offers as its own (``"sparse-vd"``: ``um.prune()``)
     tools: ClassVar[tuple[str, ...]] = ()
+    #: whether ``method=`` offers it on its own (a stage that needs what ``fit`` cannot give, such as the deployment
+    #: data of ``"label-shift"``, is built by its function and still saves, loads and stacks by name)
+    listed: ClassVar[bool] = True
     #: the likelihood classes it handles (a regression one needs :meth:`regression_predictive`); ``wrap`` refuses others
     likelihoods: ClassVar[tuple[type[Likelihood], ...]] = (Categorical,)
     #: whether, under ``likelihood="regression"``, it predicts with one observation noise per output

@@ -38,8 +38,8 @@ def register(cls: type[Method]) -> type[Method]:
 
 
 def method_names() -> list[str]:
-    """The names ``method=`` takes, sorted."""
-    return sorted(name for name in REGISTRY if name != ENSEMBLE)
+    """The names ``method=`` offers on its own, sorted (an unlisted stage is still built by name in a chain)."""
+    return sorted(name for name, cls in REGISTRY.items() if name != ENSEMBLE and cls.listed)
 
 
 def available_methods() -> dict[str, dict[str, Any]]:

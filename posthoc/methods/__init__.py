@@ -8,6 +8,7 @@ from posthoc.methods import (  # noqa: F401
     ensemble,
     ibnn,
     ivon,
+    label_shift,
     laplace,
     mc_batchnorm,
     mc_dropout,

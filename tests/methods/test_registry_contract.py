@@ -63,6 +63,8 @@ KNOWN_DTYPE_BREACHES = {
     "sparse-vd": "the variational layers keep float32 weights after um.to(torch.float64) (engine/variational_layers.py)",
     "swag": "SWAG's collector moments stay float32 after um.to(torch.float64) (swag/collector.py)",
     "multiswag": "SWAG's collector moments stay float32 after um.to(torch.float64) (swag/collector.py)",
+    "venn-abers": "the rows checked are held-out rows, tied with a held-out score in float32 and just off it in float64: "
+    "the Venn-Abers map steps there (p1 is read before a tie, after it otherwise)",
 }
 #: calibrators of binary classifiers only
 BINARY = {"platt"}
@@ -210,7 +212,7 @@ def test_method_declares_its_options_as_a_dataclass(name: str) -> None:
         return
     defaults = cls.Options.defaults()
     assert cls.option_defaults() == defaults and cls.fit_option_defaults() == cls.FitOptions.defaults()
-    assert posthoc.available_methods()[name] == defaults
+    assert posthoc.available_methods()[name] == defaults if cls.listed else name not in posthoc.available_methods()
     for function, allowed in (
         (cls.__init__, set()),
         (cls.fit, {"progress", "options"}),

@@ -2,7 +2,7 @@
 of :mod:`~posthoc.methods.calibration.base`), and the methods that stack them on any predictive.
 """
 
-from posthoc.methods.calibration import auto  # noqa: F401  (importing it registers every calibrator)
+from posthoc.methods.calibration import auto, venn_abers  # noqa: F401  (importing them registers every calibrator)
 from posthoc.methods.calibration.base import Calibrator
 from posthoc.methods.calibration.method import calibrators
 
