@@ -12,7 +12,8 @@ so calibration examples that look like deployment inputs count more, and a test 
 weight large) gets a large set. With the true ratio the set covers with probability at least ``1 - alpha`` under the
 deployment law.
 
-The ratio is estimated by a domain classifier: a logistic regression (scikit-learn, on standardised features)
+The ratio is estimated by a domain classifier: a logistic regression (scikit-learn's, Newton steps, on standardised
+features)
 tells calibration features from unlabelled deployment features, and ``w(x) = P(deploy | x) / P(calib | x) * n_calib /
 n_deploy``. The features are the model's own: the input of its classifier head. Estimated ratios can be extreme, so
 they are clipped at ``max_weight``, and the calibration weights' effective sample size ``(sum w)^2 / sum w^2``
@@ -36,6 +37,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,7 +46,7 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import positive_number
-from posthoc.core.inputs import iterate, like_given, looks_like_loader, to_device
+from posthoc.core.inputs import Inputs, iterate, like_given, looks_like_loader, to_device
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
 from posthoc.engine.head import FeatureSplit
@@ -93,7 +95,9 @@ class LikelihoodRatio:
             )
         x = torch.cat([source, target]).numpy()
         domain = np.r_[np.zeros(len(source)), np.ones(len(target))]
-        self.classifier = make_pipeline(StandardScaler(), LogisticRegression(max_iter=1000, random_state=seed))
+        self.classifier = make_pipeline(
+            StandardScaler(), LogisticRegression(solver="newton-cholesky", max_iter=100, random_state=seed)
+        )
         self.classifier.fit(x, domain)
         self.prior_odds = len(source) / len(target)
         self.max_weight = max_weight
@@ -192,6 +196,17 @@ class WeightedConformalPredictor(ConformalPredictor):
             raise InputError(f"got {len(probs)} test points but {len(features)} rows of features; pass one per point")
         threshold = self.thresholds(features)[:, None].to(probs.device)
         return like_given(self._sets(probs, threshold), data)
+
+    def predict(self, x: Inputs) -> Prediction:
+        """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled (weighted by ``x``'s
+        features)."""
+        if self.predictive.kind != "model":
+            raise ConfigError(
+                "predict(x) needs a conformal predictor calibrated on a wrapped model; use sets(probs, features=...) "
+                "for arrays"
+            )
+        pred = self.predictive(x)
+        return dataclasses.replace(pred, sets=self.sets(pred, features=model_features(self.model, x)[0]))
 
     def coverage(self, data: Any, labels: Any, features: Any = None) -> dict[str, float]:
         """As :meth:`ConformalPredictor.coverage`, with the test points' ``features`` (see :meth:`sets`)."""
