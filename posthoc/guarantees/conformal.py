@@ -247,10 +247,6 @@ def conformal(
     """
     integer(seed, "seed")
     shift = shift_loader is not None or shift_features is not None or features is not None
-    if mondrian:
-        if condition not in (None, "class"):
-            raise ConfigError(f"mondrian=True is condition='class'; it contradicts condition={condition!r}")
-        condition = "class"
     dense = getattr(source, "dense_outputs", False)  # per-position sets (posthoc.guarantees.dense_conformal)
     calibration = conformal_dense if dense else CALIBRATIONS.get(prediction_type(source), conformal_sets)
     options = {
@@ -272,7 +268,10 @@ def conformal(
                 f"they are not supported for {'a dense model' if dense else 'a regressor'}"
             )
         return calibration(source, labels, **options)
-    options.pop("mondrian")
+    if options.pop("mondrian"):
+        if condition not in (None, "class"):
+            raise ConfigError(f"mondrian=True is condition='class'; it contradicts condition={condition!r}")
+        condition = "class"
     return conformal_sets(
         source,
         labels,
