@@ -3,13 +3,19 @@
 The plain model's probabilities on the calibration split (600 digits) calibrate; the test split
 (1,000 digits) measures, upright and rotated (a shift under which nothing is guaranteed). Prints
 
-1. coverage and mean set size of LAC / APS / RAPS at alpha 0.05 and 0.1 per rotation, and MAPIE's
+1. coverage and mean set size of LAC / APS / RAPS / SAPS at alpha 0.05 and 0.1 per rotation, and MAPIE's
    LAC / APS on the same probabilities (where installed);
-2. coverage over 200 random calibration/test re-splits of the 1,600 upright digits (mean in the
-   band [1 - alpha, 1 - alpha + 1/(n + 1)] expected);
-3. selective prediction at target risk 0.01 and 0.02 (delta 0.05): calibration coverage, test
+2. coverage, set size and class-conditional coverage gap over 200 random calibration/test re-splits of the
+   1,600 upright digits (mean in the band [1 - alpha, 1 - alpha + 1/(n + 1)] expected);
+3. many classes: marginal, class-conditional and clustered sets on a synthetic 100-class problem with 10-50
+   calibration examples per class (coverage, CovGap, set size over 20 draws), and TorchCP's clustered predictor;
+4. covariate shift: sets weighted by the likelihood ratio of rotated to upright digits (estimated on the CNN's
+   features from half the rotated test digits, unlabelled) against unweighted sets, on the other half;
+5. Learn then Test: FNR <= 0.2 and set size <= 0.4 of six labels, delta 0.1, over 300 calibration draws of a
+   synthetic multi-label population: how often a risk is exceeded, against the plug-in threshold;
+6. selective prediction at target risk 0.01 and 0.02 (delta 0.05): calibration coverage, test
    deferral and error on the accepted test digits, per rotation;
-4. timings (one thread): calibrating and predicting sets / masks, against one plain forward pass
+7. timings (one thread): calibrating and predicting sets / masks, against one plain forward pass
    over the test split.
 
 Run: ``python benchmarks/bench_guarantees.py [--model digits_cnn|digits_bn_cnn]``.
@@ -25,12 +31,13 @@ from timing import HEADER, measure, row
 
 import posthoc
 from posthoc.guarantees import RiskNotReachableError
-from posthoc.guarantees.measures import coverage, deferral_rate, mean_set_size, selective_risk
+from posthoc.guarantees.learn_then_test import DEFAULT_THRESHOLDS, example_losses
+from posthoc.guarantees.measures import class_coverage_gap, coverage, deferral_rate, mean_set_size, selective_risk
 from posthoc_apps.demo import data, zoo
 
 ROTATIONS = (0, 15, 30, 45, 90)
 ALPHAS = (0.05, 0.1)
-SCORES = ("lac", "aps", "raps")
+SCORES = ("lac", "aps", "raps", "saps")
 TARGET_RISKS = (0.01, 0.02)
 RESPLITS = 200
 
@@ -91,11 +98,11 @@ def resplit_table(probs: torch.Tensor, labels: torch.Tensor, n_cal: int) -> None
     print(
         f"\n## Coverage over {RESPLITS} random re-splits ({n_cal} calibration / {len(labels) - n_cal} test, upright)\n"
     )
-    print("| alpha | score | mean coverage | std | band | mean set size |\n|---|---|---|---|---|---|")
+    print("| alpha | score | mean coverage | std | band | mean set size | CovGap |\n|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for alpha in ALPHAS:
         for score in SCORES:
-            covered, sizes = [], []
+            covered, sizes, gaps = [], [], []
             for split in range(RESPLITS):
                 order = torch.randperm(len(labels), generator=generator)
                 cal, test = order[:n_cal], order[n_cal:]
@@ -104,10 +111,121 @@ def resplit_table(probs: torch.Tensor, labels: torch.Tensor, n_cal: int) -> None
                 )
                 covered.append(coverage(sets, labels[test]))
                 sizes.append(mean_set_size(sets))
+                gaps.append(class_coverage_gap(sets, labels[test], alpha))
             band = f"[{1 - alpha:.3f}, {1 - alpha + 1 / (n_cal + 1):.3f}]"
             print(
-                f"| {alpha} | {score} | {np.mean(covered):.4f} | {np.std(covered):.4f} | {band} | {np.mean(sizes):.2f} |"
+                f"| {alpha} | {score} | {np.mean(covered):.4f} | {np.std(covered):.4f} | {band} | {np.mean(sizes):.2f} "
+                f"| {np.mean(gaps):.4f} |"
             )
+
+
+def many_classes_table(draws: int = 20, alpha: float = 0.1) -> None:
+    """Marginal, class-conditional and clustered sets on 100 classes, half easy and half hard, 10-50 examples each."""
+    print(f"\n## Many classes: 100 synthetic classes, 10-50 calibration examples each, alpha {alpha}, {draws} draws\n")
+    print("| sets (LAC unless named) | coverage | CovGap | mean set size |\n|---|---|---|---|")
+    classes, generator = 100, torch.Generator().manual_seed(0)
+    boost = torch.tensor([3.0, 1.0], dtype=torch.float64).repeat(classes // 2)
+
+    def draw(labels: torch.Tensor) -> torch.Tensor:
+        logits = torch.randn(len(labels), classes, generator=generator, dtype=torch.float64)
+        return logits.scatter_add(1, labels[:, None], boost[labels][:, None])
+
+    test_labels = torch.arange(classes).repeat(100)
+    results: dict[str, list[dict[str, float]]] = {"marginal": [], "class": [], "cluster": [], "TorchCP cluster": []}
+    results.update({f"marginal {score}": [] for score in SCORES[1:]})
+    for seed in range(draws):
+        labels = torch.repeat_interleave(torch.arange(classes), torch.randint(10, 51, (classes,), generator=generator))
+        logits, test_probs = draw(labels), draw(test_labels).softmax(-1)
+        test = posthoc.Prediction.from_probs(test_probs)
+        for condition in ("marginal", "class", "cluster"):
+            cp = posthoc.conformal(logits, labels, alpha=alpha, condition=condition, seed=seed)
+            results[condition].append(cp.coverage(test, test_labels))
+        for score in SCORES[1:]:
+            cp = posthoc.conformal(logits, labels, alpha=alpha, score=score, seed=seed)
+            results[f"marginal {score}"].append(cp.coverage(test, test_labels))
+        sets = torchcp_clustered_sets(logits, labels, test_probs.log(), alpha, seed)
+        if sets is not None:
+            results["TorchCP cluster"].append(
+                {
+                    "coverage": coverage(sets, test_labels),
+                    "class_coverage_gap": class_coverage_gap(sets, test_labels, alpha),
+                    "set_size": mean_set_size(sets),
+                }
+            )
+    for name, rows in results.items():
+        if rows:
+            mean = {key: np.mean([r[key] for r in rows]) for key in rows[0]}
+            print(f"| {name} | {mean['coverage']:.4f} | {mean['class_coverage_gap']:.4f} | {mean['set_size']:.2f} |")
+
+
+def torchcp_clustered_sets(logits, labels, test_logits, alpha: float, seed: int):
+    """TorchCP's clustered LAC sets (its defaults: an infinite threshold for its null cluster), or ``None``."""
+    try:
+        import warnings
+
+        from torchcp.classification.predictor import ClusteredPredictor
+        from torchcp.classification.score import LAC
+    except ImportError:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        predictor = ClusteredPredictor(LAC(), alpha=alpha)
+        torch.manual_seed(seed)
+        predictor.calculate_threshold(logits.float(), labels)
+        return predictor.predict_with_logits(test_logits.float()).bool()
+
+
+def shift_table(model: torch.nn.Module, splits, alpha: float = 0.1) -> None:
+    """Weighted against unweighted sets on rotated digits: half the rotated test digits (unlabelled) estimate the
+    likelihood ratio on the CNN's features, the other half measure."""
+    print(f"\n## Covariate shift: weighted sets on rotated digits (alpha {alpha}; calibrated on 600 upright digits)\n")
+    print(
+        "| rotation | unweighted coverage / size | weighted coverage / size | effective sample size | clipped |\n"
+        "|---|---|---|---|---|"
+    )
+    um = posthoc.wrap(model, method="none").fit()
+    cal_loader = data.loader(splits.calibration, 300)
+    plain = posthoc.conformal(um, cal_loader, alpha=alpha, progress=False)
+    for degrees in ROTATIONS:
+        x, y = data.rotated(splits.test, degrees).tensors
+        order = torch.randperm(len(y), generator=torch.Generator().manual_seed(degrees))
+        deploy, measured = order[: len(y) // 2], order[len(y) // 2 :]
+        cp = posthoc.conformal(um, cal_loader, alpha=alpha, shift_loader=[(x[deploy],)], progress=False)
+        weighted, unweighted = cp.sets(x[measured]), plain.sets(x[measured])
+        print(
+            f"| {degrees} deg | {coverage(unweighted, y[measured]):.3f} / {mean_set_size(unweighted):.2f} | "
+            f"{coverage(weighted, y[measured]):.3f} / {mean_set_size(weighted):.2f} | "
+            f"{cp.effective_sample_size:.1f} of {cp.num_calibration} | {cp.clipped} |"
+        )
+
+
+def learn_then_test_table(draws: int = 300, alphas=(0.2, 0.4), delta: float = 0.1) -> None:
+    """Learn then Test on a synthetic multi-label population: the share of draws whose kept threshold exceeds a risk."""
+    print(
+        f"\n## Learn then Test: FNR <= {alphas[0]} and size <= {alphas[1]} (6 labels), delta {delta}, {draws} draws "
+        "of 1,000 calibration examples\n"
+    )
+    generator = torch.Generator().manual_seed(0)
+    targets = torch.rand(100_000, 6, generator=generator) < 0.25
+    probs = torch.sigmoid(1.5 * (2 * targets.double() - 1) + 1.5 * torch.randn(100_000, 6, generator=generator))
+    grid = torch.tensor(DEFAULT_THRESHOLDS, dtype=torch.float64)
+    masks, valid = probs[None] >= grid[:, None, None], torch.ones_like(targets)
+    true = torch.stack([example_losses(name, masks, targets, valid).mean(1) for name in ("fnr", "size")]).numpy()
+    rows = {"posthoc ltt": [], "plug-in (calibration risks <= levels)": []}
+    for _ in range(draws):
+        cal = torch.randint(len(targets), (1000,), generator=generator)
+        rc = posthoc.risk_control(probs[cal], targets[cal].long(), alpha=alphas, loss=["fnr", "size"], method="ltt")
+        ok = np.flatnonzero((rc.empirical[0] <= alphas[0]) & (rc.empirical[1] <= alphas[1]))
+        for name, k in (
+            ("posthoc ltt", DEFAULT_THRESHOLDS.index(rc.threshold)),
+            (list(rows)[1], ok[rc.empirical[0][ok].argmin()]),
+        ):
+            rows[name].append((true[0, k] > alphas[0] or true[1, k] > alphas[1], true[0, k], true[1, k], grid[k]))
+    print("| threshold rule | draws with a risk exceeded | mean true FNR | mean true size | mean threshold |")
+    print("|---|---|---|---|---|")
+    for name, values in rows.items():
+        failed, fnr, size, threshold = (np.mean([float(v[i]) for v in values]) for i in range(4))
+        print(f"| {name} | {failed:.3f} (delta {delta}) | {fnr:.4f} | {size:.4f} | {threshold:.3f} |")
 
 
 def selective_table(
@@ -188,6 +306,9 @@ def main() -> None:
     )
     conformal_table(cal, tests)
     resplit_table(torch.cat([cal[0], tests[0][0]]), torch.cat([cal[1], tests[0][1]]), n_cal=len(cal[1]))
+    many_classes_table()
+    shift_table(model, splits)
+    learn_then_test_table()
     selective_table(cal, tests)
     timing_table(model, splits.test.tensors[0], cal, tests[0][0])
 

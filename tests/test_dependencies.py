@@ -1,7 +1,8 @@
 """The suite depends on nothing the README's install (`pip install -e ".[test]"`) does not bring.
 
 Every third-party module a test imports, or asks `pytest.importorskip` for, must come from a distribution
-in the requirement closure of `posthoc[test]`, read from the installed metadata; and a module that the
+in the requirement closure of `posthoc[test]`, read from the installed metadata (or be installed on its own by the
+README's test command, `pip install --no-deps`); and a module that the
 closure does bring must be imported plainly, never through `importorskip`, so that a broken install fails
 loudly instead of skipping the peer check.
 """
@@ -80,12 +81,21 @@ def _imported_modules() -> dict[str, set[str]]:
     return found
 
 
+def _installed_without_dependencies() -> set[str]:
+    """Distributions the README's test command installs on their own (``pip install --no-deps "name..."``)."""
+    command = (TESTS.parent / "README.md").read_text().splitlines()[2]
+    return {
+        re.sub(r"[-_.]+", "-", name).lower()
+        for name in re.findall(r"pip install --no-deps \"?([A-Za-z0-9._-]+)", command)
+    }
+
+
 def _distributions_of(module: str) -> set[str]:
     return {re.sub(r"[-_.]+", "-", d).lower() for d in metadata.packages_distributions().get(module, [])}
 
 
 def test_every_imported_module_comes_with_the_test_extra():
-    closure = _requirement_closure("posthoc", {"test"})
+    closure = _requirement_closure("posthoc", {"test"}) | _installed_without_dependencies()
     assert "torch" in closure and "pytest" in closure, "posthoc[test] must be installed to run the suite"
     modules = _imported_modules()
     missing = []

@@ -40,92 +40,27 @@ Example:
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Iterable
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer, known_name, probability
-from posthoc.core.inputs import Inputs, like_given, looks_like_loader
+from posthoc.core.inputs import looks_like_loader
 from posthoc.core.likelihood import real_targets
 from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.engine.predictions import predict_regression_loader
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError
-from posthoc.guarantees.bounds import conformal_threshold, minimum_calibration_size
+from posthoc.guarantees.bounds import conformal_threshold
+from posthoc.guarantees.class_conditional import clustered_thresholds, per_class_thresholds
+from posthoc.guarantees.covariate_shift import MAX_WEIGHT, weighted_conformal
 from posthoc.guarantees.dense_conformal import DenseConformalPredictor, conformal_dense
 from posthoc.guarantees.intervals import ConformalIntervals, conformal_intervals
 from posthoc.guarantees.scores import ConformityScore
-from posthoc.guarantees.sources import Predictive, calibration_predictions, prediction_type
-
-
-def mondrian_thresholds(scores: Tensor, labels: Tensor, num_classes: int, alpha: float) -> Tensor:
-    """One :func:`conformal_threshold` per class, from the calibration examples of that class ``(C,)``."""
-    counts = torch.bincount(labels, minlength=num_classes)
-    short = [c for c in range(num_classes) if counts[c] < minimum_calibration_size(alpha)]
-    if short:
-        listing = ", ".join(f"class {c}: {int(counts[c])}" for c in short[:10]) + (", ..." if len(short) > 10 else "")
-        raise InputError(
-            f"class-conditional (mondrian) sets at alpha={alpha:g} need at least {minimum_calibration_size(alpha)} "
-            f"calibration examples of every class; too few for {listing}. Add calibration data, raise alpha, or "
-            "use mondrian=False"
-        )
-    return torch.stack([conformal_threshold(scores[labels == c], alpha) for c in range(num_classes)])
-
-
-class ConformalPredictor:
-    """Fitted conformal sets; build with :func:`conformal`. ``threshold`` is a 0-dim tensor, or ``(C,)`` per class
-    if ``mondrian``."""
-
-    def __init__(
-        self,
-        predictive: Predictive,
-        score: ConformityScore,
-        alpha: float,
-        threshold: Tensor,
-        mondrian: bool,
-        num_calibration: int,
-    ) -> None:
-        self.predictive, self.score, self.alpha = predictive, score, alpha
-        self.threshold, self.mondrian, self.num_calibration = threshold, mondrian, num_calibration
-
-    @property
-    def model(self) -> Any:
-        """The wrapped model calibrated on, or ``None`` when calibrated on arrays or a Prediction."""
-        return self.predictive.model
-
-    def sets(self, data: Any) -> Tensor:
-        """Boolean prediction sets ``(N, C)`` for probabilities/logits (as at calibration), a
-        :class:`Prediction`, or model inputs (when calibrated on a wrapped model); a numpy array for a numpy array."""
-        probs = self.predictive(data).probs
-        return like_given(self.score(probs) <= self.threshold.to(probs.device), data)
-
-    def predict(self, x: Inputs) -> Prediction:
-        """The wrapped model's :class:`Prediction` for inputs ``x``, with ``.sets`` filled."""
-        if self.predictive.kind != "model":
-            raise ConfigError(
-                "predict(x) needs a conformal predictor calibrated on a wrapped model "
-                "(posthoc.conformal(um, calibration_loader)); use sets(probs) for arrays"
-            )
-        pred = self.predictive(x)
-        return dataclasses.replace(pred, sets=self.sets(pred))
-
-    def intervals(self, data: Any) -> tuple[Tensor, Tensor]:
-        """Refused: a classifier's conformal output is a set of classes, :meth:`sets`; intervals are a regressor's."""
-        raise ConfigError(
-            "conformal intervals are for regressors; this conformal predictor was calibrated on a "
-            "classifier: use cp.sets(...) (or wrap a model that predicts numbers with "
-            "posthoc.wrap(..., likelihood='regression') and calibrate on it)"
-        )
-
-    def __repr__(self) -> str:
-        threshold = f"{float(self.threshold):.4g}" if not self.mondrian else f"per class {self.threshold.tolist()}"
-        return (
-            f"ConformalPredictor(score={self.score.describe()}, alpha={self.alpha:g}, threshold={threshold}, "
-            f"n={self.num_calibration})"
-        )
-
+from posthoc.guarantees.set_predictor import ConformalPredictor
+from posthoc.guarantees.sources import calibration_predictions, prediction_type
 
 #: the scores of a regression conformal predictor, the default first
 REGRESSION_SCORES = ("normalized", "absolute", "cqr")
@@ -247,6 +182,10 @@ def conformal_regression(
     return ConformalRegressor(calibrated, model, generator)
 
 
+#: the conditions of a classifier's sets: one threshold, one per class, one per cluster of classes
+CONDITIONS = ("marginal", "class", "cluster")
+
+
 def conformal(
     source: Any,
     labels: Any,
@@ -257,6 +196,12 @@ def conformal(
     k_reg: int | None = None,
     lam: float | None = None,
     mondrian: bool = False,
+    condition: str | None = None,
+    non_empty: bool = False,
+    shift_loader: Iterable | None = None,
+    features: Any = None,
+    shift_features: Any = None,
+    max_weight: float | None = MAX_WEIGHT,
     seed: int = 0,
     inputs: str = "auto",
     progress: bool = True,
@@ -272,13 +217,24 @@ def conformal(
             position for a dense model, the ignore index left out);
             for a RegressionPrediction, its targets ``(N,)`` or ``(N, D)``.
         alpha: miscoverage in ``(0, 1)``; needs at least ``ceil(1/alpha - 1)`` calibration examples.
-        score: ``"lac"`` (default; smallest sets), ``"aps"`` (adaptive) or ``"raps"`` (regularised adaptive);
+        score: ``"lac"`` (default; smallest sets on average, but a set may be empty), ``"aps"`` (adaptive), ``"raps"``
+            (regularised adaptive) or ``"saps"`` (sorted adaptive: the top probability and the rank);
             for a regressor, see the module docs.
-        randomized: randomise APS/RAPS (default ``True``: exact coverage; a set may be empty);
+        randomized: randomise APS/RAPS/SAPS (default ``True``: exact coverage; a set may be empty);
             ``False`` gives deterministic, conservative sets (coverage above ``1 - alpha``).
-        k_reg, lam: RAPS regularisation (defaults 1 and 0.01).
-        mondrian: one threshold per class (class-conditional coverage; needs the minimum per class).
-        seed: seeds the APS/RAPS randomisation and a sampling model's draws.
+        k_reg, lam: RAPS regularisation (defaults 1 and 0.01); ``lam`` is also SAPS's weight of a rank (default 0.2).
+        mondrian: the same as ``condition="class"``.
+        condition: ``"marginal"`` (default: one threshold), ``"class"`` (one per class: coverage for each class;
+            needs ``ceil(1/alpha - 1)`` examples of each) or ``"cluster"`` (one per cluster of classes that score
+            alike, Ding et al. 2023: for many classes with few examples each;
+            :mod:`~posthoc.guarantees.class_conditional`).
+        non_empty: add the most probable class to a set that would be empty (LAC and randomised sets can be empty).
+        shift_loader: for a wrapped model, an unlabelled loader of deployment inputs: the calibration scores are
+            weighted by the likelihood ratio of deployment to calibration inputs, estimated on the model's features
+            (covariate shift, Tibshirani et al. 2019; :mod:`~posthoc.guarantees.covariate_shift`).
+        features, shift_features: the same with arrays: the calibration points' and the deployment points' features.
+        max_weight: the cap of an estimated likelihood ratio (``None``: no cap).
+        seed: seeds the APS/RAPS/SAPS randomisation, a sampling model's draws and the clustering.
         inputs: ``"auto"`` (rows in [0, 1] summing to 1 are probabilities, anything else logits),
             ``"probs"`` or ``"logits"``; test-time arrays must be of the same kind.
 
@@ -290,20 +246,40 @@ def conformal(
         (tensor(0.9948, dtype=torch.float64), torch.Size([128, 3]))
     """
     integer(seed, "seed")
+    shift = shift_loader is not None or shift_features is not None or features is not None
     dense = getattr(source, "dense_outputs", False)  # per-position sets (posthoc.guarantees.dense_conformal)
     calibration = conformal_dense if dense else CALIBRATIONS.get(prediction_type(source), conformal_sets)
-    return calibration(
+    options = {
+        "alpha": alpha,
+        "score": score,
+        "randomized": randomized,
+        "k_reg": k_reg,
+        "lam": lam,
+        "mondrian": mondrian,
+        "seed": seed,
+        "inputs": inputs,
+        "progress": progress,
+    }
+    if calibration is not conformal_sets:
+        given = [name for name, on in (("condition", condition), ("non_empty", non_empty), ("shift", shift)) if on]
+        if given:
+            raise ConfigError(
+                f"the options {', '.join(given)} configure conformal sets of a classifier with one label per input; "
+                f"they are not supported for {'a dense model' if dense else 'a regressor'}"
+            )
+        return calibration(source, labels, **options)
+    if options.pop("mondrian"):
+        if condition not in (None, "class"):
+            raise ConfigError(f"mondrian=True is condition='class'; it contradicts condition={condition!r}")
+        condition = "class"
+    return conformal_sets(
         source,
         labels,
-        alpha=alpha,
-        score=score,
-        randomized=randomized,
-        k_reg=k_reg,
-        lam=lam,
-        mondrian=mondrian,
-        seed=seed,
-        inputs=inputs,
-        progress=progress,
+        **options,
+        condition=known_name("marginal" if condition is None else condition, "condition", CONDITIONS),
+        non_empty=bool(non_empty),
+        shift={"shift_loader": shift_loader, "features": features, "shift_features": shift_features} if shift else None,
+        max_weight=max_weight,
     )
 
 
@@ -316,26 +292,53 @@ def conformal_sets(
     randomized: bool | None,
     k_reg: int | None,
     lam: float | None,
-    mondrian: bool,
+    condition: str = "marginal",
+    non_empty: bool = False,
+    shift: dict[str, Any] | None = None,
+    max_weight: float | None = MAX_WEIGHT,
     seed: int,
     inputs: str,
     progress: bool,
 ) -> ConformalPredictor:
-    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments)."""
+    """Calibrate conformal prediction sets of classes (called by :func:`conformal` for a classifier; its arguments;
+    ``shift`` holds ``shift_loader``, ``features`` and ``shift_features`` when weighted for a covariate shift)."""
     alpha = probability(alpha, "alpha")
     generator = torch.Generator().manual_seed(seed)
     conformity = ConformityScore(
         "lac" if score is None else score, randomized=randomized, k_reg=k_reg, lam=lam, generator=generator
     )
+    if shift is not None and condition != "marginal":
+        raise ConfigError(
+            f"condition={condition!r} and a covariate shift cannot be combined yet: weighted conformal sets are "
+            "marginal over the deployment law"
+        )
     predictive, pred, targets = calibration_predictions(
         source, labels, inputs=inputs, progress=progress, seed=seed, desc="conformal calibration"
     )
     true_scores = conformity(pred.probs.cpu()).gather(1, targets[:, None]).squeeze(1)
-    if mondrian:
-        threshold = mondrian_thresholds(true_scores, targets, pred.num_classes, alpha)
+    clusters = None
+    if condition == "class":
+        threshold = per_class_thresholds(true_scores, targets, pred.num_classes, alpha)
+    elif condition == "cluster":
+        threshold, clusters = clustered_thresholds(true_scores, targets, pred.num_classes, alpha, generator)
     else:
         threshold = conformal_threshold(true_scores, alpha)
-    return ConformalPredictor(predictive, conformity, alpha, threshold, mondrian, len(targets))
+    cp = ConformalPredictor(
+        predictive, conformity, alpha, threshold, condition, len(targets), non_empty=non_empty, clusters=clusters
+    )
+    if shift is None:
+        return cp
+    return weighted_conformal(
+        cp,
+        true_scores,
+        source=source,
+        calibration=labels,
+        labels=targets,
+        max_weight=max_weight,
+        seed=seed,
+        progress=progress,
+        **shift,
+    )
 
 
 #: the conformal calibration of each kind of prediction, by the type its likelihood predicts

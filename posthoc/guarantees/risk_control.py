@@ -33,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -44,9 +45,12 @@ from posthoc.core.inputs import like_given
 from posthoc.core.prediction import Prediction
 from posthoc.errors import InputError
 from posthoc.guarantees.bounds import minimum_calibration_size
+from posthoc.guarantees.learn_then_test import MultiRiskController, learn_then_test
 
 #: the losses :func:`risk_control` controls (each bounded by 1 and non-increasing as the mask grows)
 LOSSES = ("fnr",)
+#: conformal risk control (an expected loss) and Learn then Test (several risks with high probability)
+RISK_CONTROL_METHODS = ("crc", "ltt")
 #: the label of pixels that carry no target (torchvision's segmentation convention)
 IGNORE_INDEX = 255
 
@@ -235,14 +239,20 @@ class RiskController:
 def risk_control(
     probs: Any,
     targets: Any,
-    alpha: float = 0.1,
+    alpha: float | Sequence[float] = 0.1,
     *,
-    loss: str = "fnr",
+    loss: str | Sequence[str] = "fnr",
+    method: str = "crc",
+    delta: float = 0.1,
+    thresholds: Sequence[float] | None = None,
+    fwer: str = "bonferroni_holm",
+    objective: str | None = None,
     positive: int | str = "foreground",
     background: int = 0,
     ignore_index: int | None = IGNORE_INDEX,
-) -> RiskController:
-    """Calibrate a mask threshold with expected false-negative rate at most ``alpha`` (conformal risk control).
+) -> RiskController | MultiRiskController:
+    """Calibrate a mask threshold with expected false-negative rate at most ``alpha`` (conformal risk control), or,
+    with ``method="ltt"``, one that keeps several risks under their levels with probability ``1 - delta``.
 
     Args:
         probs: calibration probabilities (tensor, numpy or a :class:`Prediction`): multi-label sigmoid scores
@@ -250,7 +260,16 @@ def risk_control(
             map ``(N, C, H, W)`` of class probabilities.
         targets: ``(N, K)`` or ``(N, H, W)`` of 0/1 for the first two; class indices ``(N, H, W)`` for a map.
             Positions equal to ``ignore_index`` count neither as positives nor as misses.
-        alpha: the level in ``(0, 1)``; needs ``n >= 1/alpha - 1`` calibration examples.
+        alpha: the level in ``(0, 1)``; needs ``n >= 1/alpha - 1`` calibration examples. With ``method="ltt"``, one
+            level per loss.
+        loss: ``"fnr"``; with ``method="ltt"``, one or more of ``"fnr"``, ``"fdr"`` (one minus precision) and
+            ``"size"`` (the fraction of positions in the mask) (:mod:`~posthoc.guarantees.learn_then_test`).
+        method: ``"crc"`` (conformal risk control: the expected FNR over calibration and test draws is at most
+            ``alpha``) or ``"ltt"`` (Learn then Test: with probability ``1 - delta`` over the calibration draw, every
+            risk is at most its level).
+        delta, thresholds, fwer, objective: Learn then Test's failure probability, grid of thresholds (default 0,
+            0.01, ..., 0.99), family-wise error procedure (``"bonferroni_holm"`` or ``"bonferroni"``) and the risk
+            whose calibration value the kept threshold minimises among the valid ones (default the first).
         positive: for a map ``(N, C, H, W)``, the object: a class index, or ``"foreground"`` (every class but
             ``background``, scored ``1 - p_background``).
         ignore_index: the target of positions without a label (255 for torchvision maps); ``None`` for none.
@@ -266,17 +285,32 @@ def risk_control(
         >>> rc.bound <= 0.05 < rc.lam
         True
     """
-    loss = known_name(loss, "risk-control loss", LOSSES)
-    alpha = probability(alpha, "alpha")
+    method = known_name(method, "risk-control method", RISK_CONTROL_METHODS)
+    if method == "crc":
+        loss = known_name(loss, "risk-control loss", LOSSES)
+        alpha = probability(alpha, "alpha")
     if ignore_index is not None:
         integer(ignore_index, "ignore_index")
     scores, layout = object_scores(probs, positive, background)
-    truth, _ = positives_and_valid(targets, scores, layout, positive, background, ignore_index)
+    truth, valid = positives_and_valid(targets, scores, layout, positive, background, ignore_index)
     n = scores.shape[0] if scores.dim() else 0
     if scores.dim() < 2:
         raise InputError(
             f"probs must hold positions per example, (N, K) or (N, H, W) or (N, C, H, W); got shape "
             f"{tuple(scores.shape)}. For one label per example use posthoc.conformal"
+        )
+    if method == "ltt":
+        return learn_then_test(
+            scores,
+            truth,
+            valid,
+            loss=loss,
+            alpha=alpha,
+            delta=delta,
+            thresholds=thresholds,
+            fwer=fwer,
+            objective=objective,
+            object_scores=lambda values: object_scores(values, positive, background),
         )
     if n < minimum_calibration_size(alpha):
         raise InputError(

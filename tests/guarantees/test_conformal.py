@@ -50,7 +50,7 @@ def split_coverages(n_cal: int, n_test: int, alpha: float, splits: int = SPLITS,
     return np.array(out)
 
 
-@pytest.mark.parametrize("score", ["lac", "aps", "raps"])
+@pytest.mark.parametrize("score", ["lac", "aps", "raps", "saps"])
 def test_coverage_over_random_splits_lies_in_the_finite_sample_band(score: str) -> None:
     """Mean coverage in [1 - alpha, 1 - alpha + 1/(n + 1)]; per split, the Beta(k, n + 1 - k) law (plus test noise)."""
     n_cal, n_test, alpha = 200, 1000, 0.1
@@ -168,6 +168,28 @@ def test_aps_sets_are_the_top_classes_and_nonrandomised_ones_are_deterministic()
         assert torch.equal(sets, cp.sets(probs[1000:])) != randomized
 
 
+def test_non_empty_sets_hold_the_top_class_and_cover_at_least_as_often() -> None:
+    """LAC sets are empty where no class reaches ``1 - threshold``; ``non_empty`` adds the top class there only."""
+    generator, alpha = torch.Generator().manual_seed(21), 0.3
+    empty_seen, covered, covered_plain = 0, [], []
+    for _ in range(100):
+        probs = torch.softmax(3 * torch.randn(400, NUM_CLASSES, generator=generator, dtype=torch.float64), -1)
+        labels = torch.distributions.Categorical(probs=probs).sample()  # a calibrated model: confident and right
+        plain = posthoc.conformal(probs[:200], labels[:200], alpha=alpha)
+        full = posthoc.conformal(probs[:200], labels[:200], alpha=alpha, non_empty=True)
+        sets, sets_full = plain.sets(probs[200:]), full.sets(probs[200:])
+        empty = ~sets.any(-1)
+        empty_seen += int(empty.sum())
+        assert sets_full.any(-1).all() and torch.equal(sets_full[~empty], sets[~empty])
+        assert torch.equal(sets_full[empty].float().argmax(-1), probs[200:][empty].argmax(-1))
+        assert sets_full[empty].sum(-1).eq(1).all()
+        covered.append(coverage(sets_full, labels[200:]))
+        covered_plain.append(coverage(sets, labels[200:]))
+    assert empty_seen > 300  # about 4 %: the threshold 1 - p is below 1 - max p of the least confident points
+    assert np.mean(covered) > np.mean(covered_plain) >= 1 - alpha - 0.01
+    assert "non_empty=True" in repr(full)
+
+
 def test_seeded_randomisation_is_reproducible() -> None:
     probs, labels = synthetic(800, torch.Generator().manual_seed(11))
     first = posthoc.conformal(probs[:400], labels[:400], score="aps", seed=3)
@@ -240,7 +262,7 @@ def test_bad_inputs_have_clear_errors() -> None:
         (
             lambda: posthoc.conformal(probs, labels, score="aps", lam=0.1),
             posthoc.ConfigError,
-            "options of score='raps'",
+            "lam is an option of score='raps' or 'saps'",
         ),
         (lambda: posthoc.conformal(probs, labels, score="raps", k_reg=-1), posthoc.ConfigError, "k_reg must be"),
         (lambda: posthoc.conformal(probs, labels, inputs="softmax"), posthoc.ConfigError, "inputs must be one of"),

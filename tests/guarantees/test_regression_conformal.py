@@ -92,6 +92,9 @@ def test_misuse_is_refused_with_what_to_do(regressor) -> None:
         posthoc.conformal(regressor, [(x, y)], score="aps", progress=False)
     with pytest.raises(ConfigError, match="mondrian configure conformal sets for classifiers"):
         posthoc.conformal(regressor, [(x, y)], mondrian=True, progress=False)
+    for option in ({"condition": "cluster"}, {"non_empty": True}, {"shift_loader": [(x,)]}):
+        with pytest.raises(ConfigError, match="not supported for a regressor"):
+            posthoc.conformal(regressor, [(x, y)], progress=False, **option)
     with pytest.raises(InputError, match="loader of"):
         posthoc.conformal(regressor, y)
     with pytest.raises(InputError, match=r"targets have shape \(49, 1\)"):
