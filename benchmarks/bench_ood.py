@@ -1,8 +1,9 @@
 """OOD detectors (``posthoc.detector``) on both bundled digits checkpoints: detection quality and cost.
 
-For ``digits_cnn`` and ``digits_bn_cnn``, every score of the plain model (fitted on the fit split), and
+For ``digits_cnn`` and ``digits_bn_cnn``, every score of the plain model (fitted on the fit split, defaults), and
 the entropy / mutual information of MC dropout, are measured on the 1000 test digits (0-7) against
-two OOD sets: the held-out digits 8 and 9, and uniform noise images (normalised like the digits).
+three OOD sets: the held-out digits 8 and 9 (near), and two far ones, normalised like the digits: uniform noise
+images and gratings (the sum of two sinusoidal gratings of random orientation, frequency and phase).
 Costs: scoring the 1000 test digits, each score alone and all scores together (one shared forward),
 as a ratio to the plain forward over the same batch; fitting the statistics as a ratio to one plain
 forward pass over the fit split; and pytorch-ood's detectors on the same model for the scores whose
@@ -26,11 +27,12 @@ from timing import Timing, measure  # noqa: E402
 import posthoc  # noqa: E402
 from posthoc.engine.head import FeatureSplit  # noqa: E402
 from posthoc.evaluation import metrics  # noqa: E402
-from posthoc.ood.detector import available_scores  # noqa: E402
+from posthoc.ood.detector import SCORES, available_scores  # noqa: E402
 from posthoc_apps.demo import data, zoo  # noqa: E402
 
 ARCHITECTURES = ("digits_cnn", "digits_bn_cnn")
 PLAIN_SCORES = [name for name in available_scores() if name != "mutual-information"]
+FITTED_SCORES = [name for name in PLAIN_SCORES if SCORES[name].fit_passes]
 NOISE_SEED = 0
 REPEATS = 9
 HEADER = "| what | wall s (median) | wall ratio | CPU s (median) | CPU ratio | cpu/wall |\n|---|---|---|---|---|---|"
@@ -52,24 +54,44 @@ def noise_images(count: int) -> torch.Tensor:
     return (pixels - data.MEAN) / data.STD
 
 
+def gratings(count: int) -> torch.Tensor:
+    """Two sinusoidal gratings per image, of random orientation, frequency (1 to 6 cycles) and phase, in [0, 1],
+    normalised as the digits are: a far-OOD texture with the digits' spatial scales."""
+    generator = torch.Generator().manual_seed(NOISE_SEED + 1)
+    grid = torch.stack(torch.meshgrid(torch.arange(28.0), torch.arange(28.0), indexing="ij")) / 28  # (2, 28, 28)
+    angle = torch.rand(count, 2, generator=generator) * torch.pi
+    cycles = 1 + 5 * torch.rand(count, 2, generator=generator)
+    phase = torch.rand(count, 2, generator=generator) * 2 * torch.pi
+    direction = torch.stack([angle.cos(), angle.sin()], -1)  # (count, 2, 2)
+    along = torch.einsum("ngd,dhw->nghw", direction, grid)
+    waves = torch.sin(2 * torch.pi * cycles[..., None, None] * along + phase[..., None, None]).sum(1, keepdim=True)
+    pixels = (waves + 2) / 4
+    return (pixels - data.MEAN) / data.STD
+
+
+OOD_SETS = ("8/9", "noise", "gratings")
+
+
 def quality(arch: str, splits: data.DigitsSplits) -> list[str]:
-    """Markdown rows: AUROC and FPR95 of every score against the held-out digits and against noise."""
+    """Markdown rows: AUROC and FPR95 of every score against the held-out digits, noise and gratings."""
     model = zoo.pretrained(arch)
     fit_loader = data.loader(splits.fit, batch_size=256)
-    test, ood = splits.test.tensors[0], splits.ood.tensors[0]
-    noise = noise_images(len(test))
+    test = splits.test.tensors[0]
+    inputs = {
+        "test": test,
+        "8/9": splits.ood.tensors[0],
+        "noise": noise_images(len(test)),
+        "gratings": gratings(len(test)),
+    }
     detector = posthoc.detector(model, score=PLAIN_SCORES).fit(fit_loader, progress=False)
     um = posthoc.wrap(model, method="mc-dropout").fit(fit_loader, data.loader(splits.calibration), progress=False)
     sampled = posthoc.detector(um, score=["entropy", "mutual-information"])
     rows = []
     for label, scorer in (("plain", detector), ("MC dropout", sampled)):
-        on = {
-            name: scorer.scores(x, generator=torch.Generator().manual_seed(0))
-            for name, x in (("test", test), ("ood", ood), ("noise", noise))
-        }
+        on = {name: scorer.scores(x, generator=torch.Generator().manual_seed(0)) for name, x in inputs.items()}
         for name in scorer.names:
             cells = []
-            for other in ("ood", "noise"):
+            for other in OOD_SETS:
                 measured = metrics.ood_metrics(on["test"][name], on[other][name])
                 cells += [f"{measured['auroc']:.4f}", f"{measured['fpr95']:.3f}"]
             rows.append(f"| {arch} | {label} | {name} | " + " | ".join(cells) + " |")
@@ -126,14 +148,14 @@ def costs(arch: str, splits: data.DigitsSplits) -> list[str]:
         HEADER,
         row("plain forward over the fit split", plain_fit, plain_fit),
     ]
-    for name in ("mahalanobis", "vim", "knn"):
+    for name in FITTED_SCORES:
         alone = posthoc.detector(model, score=name)
         lines.append(
             row(f"posthoc fit {name}", measure(lambda: alone.fit(fit_loader, progress=False), repeats=3), plain_fit)
         )
     lines.append(
         row(
-            "posthoc fit mahalanobis + vim + knn together",
+            f"posthoc fit all {len(FITTED_SCORES)} fitted scores together",
             measure(lambda: detector.fit(fit_loader, progress=False), repeats=3),
             plain_fit,
         )
@@ -160,10 +182,10 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     splits = data.load_digits()
     lines = [
-        "### OOD detection on the bundled digits (test digits 0-7 against held-out 8/9 and against noise)",
+        "### OOD detection on the bundled digits (test digits 0-7 against held-out 8/9, noise and gratings)",
         "",
-        "| model | predictive | score | AUROC 8/9 | FPR95 8/9 | AUROC noise | FPR95 noise |",
-        "|---|---|---|---|---|---|---|",
+        "| model | predictive | score | " + " | ".join(f"AUROC {n} | FPR95 {n}" for n in OOD_SETS) + " |",
+        "|---|---|---|" + "---|---|" * len(OOD_SETS),
     ]
     for arch in ARCHITECTURES:
         lines += quality(arch, splits)

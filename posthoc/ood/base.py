@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 
+from posthoc.core import distributed
 from posthoc.core.options import Options as BaseOptions
 from posthoc.core.prediction import Prediction, RegressionPrediction
 from posthoc.errors import NotFittedError, NumericalError
@@ -98,3 +99,42 @@ class Score:
     def __call__(self, outputs: Outputs) -> Tensor:
         """The score of each example, ``(N,)``; larger = more out-of-distribution."""
         raise NotImplementedError
+
+
+def linear_head(head: nn.Linear) -> tuple[Tensor, Tensor]:
+    """The weight ``(C, D)`` and bias ``(C,)`` (zeros when it has none) of the head (always an ``nn.Linear``: the
+    feature split refuses any other)."""
+    weight = head.weight.detach()
+    bias = head.bias.detach() if head.bias is not None else weight.new_zeros(weight.shape[0])
+    return weight, bias
+
+
+def energy(logits: Tensor) -> Tensor:
+    """The free energy ``-log sum_c exp(logits_c)`` of each row: the score the activation-shaping methods read."""
+    return -torch.logsumexp(logits, dim=-1)
+
+
+def running_sum(sums: dict[str, Tensor], name: str, value: Tensor) -> None:
+    """Add ``value`` to ``sums[name]`` (started at the first call)."""
+    sums[name] = sums[name] + value if name in sums else value
+
+
+class FeatureMean(Score):
+    """A score that reads ``mean``, the mean of the training features (one pass of float64 running sums)."""
+
+    uses, fit_passes = frozenset({"features", "logits"}), 1
+
+    def reset(self) -> None:
+        super().reset()
+        self._sums: dict[str, Tensor] = {}
+
+    def update(self, outputs: Outputs, labels: Tensor | None, pass_index: int) -> None:
+        features = outputs.features.detach().double()
+        running_sum(self._sums, "features", features.sum(0))
+        running_sum(self._sums, "count", features.new_tensor(float(features.shape[0])))
+
+    def finish(self, pass_index: int) -> None:
+        sums = {name: distributed.all_reduce_sum(value) for name, value in self._sums.items()}
+        self.mean = sums["features"] / sums["count"]
+        self._sums = {}
+        self.fitted = True

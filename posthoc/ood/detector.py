@@ -38,9 +38,12 @@ from posthoc.engine.head import FeatureSplit
 from posthoc.engine.uncertain_model import UncertainModel
 from posthoc.errors import ConfigError, InputError, NumericalError
 from posthoc.ood.base import Outputs, Score
+from posthoc.ood.head_geometry import FDBD, NCI, MaxCosine
 from posthoc.ood.knn import KNN
 from posthoc.ood.logits import Energy, MaxLogit
-from posthoc.ood.mahalanobis import Mahalanobis
+from posthoc.ood.mahalanobis import Mahalanobis, RelativeMahalanobis
+from posthoc.ood.nnguide import NNGuide
+from posthoc.ood.openmax import OpenMax
 from posthoc.ood.predictive import (
     PREDICTION,
     GeneralizedEntropy,
@@ -49,6 +52,8 @@ from posthoc.ood.predictive import (
     PredictiveEntropy,
     PredictiveVariance,
 )
+from posthoc.ood.profiles import SHE, KLMatching
+from posthoc.ood.shaping import ASH, DICE, LogitScaling, ReAct, Scale
 from posthoc.ood.vim import ViM
 
 #: every score by name, in the order tables list them
@@ -61,9 +66,22 @@ SCORES: dict[str, type[Score]] = {
         PredictiveEntropy,
         MutualInformation,
         GeneralizedEntropy,
+        KLMatching,
+        OpenMax,
+        ASH,
+        ReAct,
+        Scale,
+        DICE,
+        LogitScaling,
         Mahalanobis,
+        RelativeMahalanobis,
         ViM,
         KNN,
+        NNGuide,
+        MaxCosine,
+        FDBD,
+        NCI,
+        SHE,
         PredictiveVariance,
     )
 }
@@ -352,8 +370,9 @@ def detector(
     Args:
         model: a trained classifier, or a wrapped ``posthoc.UncertainModel`` (then the predictive scores read
             ``um.predict``; the others the features and logits of ``um.method.base_model``).
-        score: one name or a list of names, from :func:`available_scores`; ``"mahalanobis"``, ``"vim"`` and
-            ``"knn"`` need ``fit``.
+        score: one name or a list of names, from :func:`available_scores`; those with training statistics
+            (``"mahalanobis"``, ``"vim"``, ``"knn"``, ``"react"``, ``"openmax"``, ...) need ``fit``, and
+            ``"mahalanobis"``, ``"relative-mahalanobis"``, ``"she"`` and ``"openmax"`` read its labels.
         head: the classifier head's module name (default: the wrapped model's ``head=`` option, else found
             as the methods find it).
         likelihood: ``None`` (a wrapped model's own, else ``"classification"``), or ``"regression"`` for a plain

@@ -61,7 +61,7 @@ class KNN(Score):
         self._parts = []
         if bank.shape[0] < self.k:
             raise InputError(
-                f"the KNN score's k={self.k} exceeds the {bank.shape[0]} training examples; "
+                f"the {self.name} score's k={self.k} exceeds the {bank.shape[0]} training examples; "
                 f"pass k= at most {bank.shape[0]} or fit on more data"
             )
         self.bank = bank

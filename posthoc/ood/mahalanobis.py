@@ -1,10 +1,15 @@
-"""``"mahalanobis"``: distance to the closest class mean under a shared covariance (Lee et al., NeurIPS 2018).
+"""``"mahalanobis"``: distance to the closest class mean under a shared covariance (Lee et al., NeurIPS 2018); and
+``"relative-mahalanobis"``.
 
 Fit keeps float64 running sums only: per-class feature sums ``s_c`` and counts ``n_c``, and the Gram matrix. Then
 ``mu_c = s_c / n_c`` and the shared covariance is the pooled within-class scatter over ``N``, inverted with a
 pseudo-inverse as in the paper's code. The score is ``min_c (phi - mu_c)^T Sigma^+ (phi - mu_c)`` over the classes
 seen in training (the paper's confidence score negated; ``2 N`` times pytorch-ood's). A regressor has one "class", the
 training features' mean.
+
+``"relative-mahalanobis"`` (Ren et al., 2021) subtracts from each class's distance the distance under one Gaussian
+fitted to all the training features (their mean and covariance, from the same sums): ``min_c d_c(phi) - d_0(phi)``,
+``N`` times pytorch-ood's ``RMD`` (whose covariances are unnormalised scatters).
 
 Example:
     >>> import torch
@@ -55,6 +60,12 @@ class Mahalanobis(Score):
 
     def finish(self, pass_index: int) -> None:
         counts, sums, gram = (distributed.all_reduce_sum(t) for t in (self._counts, self._sums, self._gram))
+        self._counts = self._sums = self._gram = None
+        self._fit(counts, sums, gram)
+        self.fitted = True
+
+    def _fit(self, counts: Tensor, sums: Tensor, gram: Tensor) -> None:
+        """The class means and the shared precision from the per-class counts and sums and the Gram matrix."""
         present = counts > 0
         total = counts.sum()
         counts, sums = counts[present], sums[present]
@@ -63,14 +74,36 @@ class Mahalanobis(Score):
         self.precision = torch.linalg.pinv(scatter / total, hermitian=True)
         self._means_precision = self.means @ self.precision
         self._means_norm = (self._means_precision * self.means).sum(-1)
-        self._counts = self._sums = self._gram = None
-        self.fitted = True
 
-    def __call__(self, outputs: Outputs) -> Tensor:
-        self.check_fitted()
-        features = outputs.features.double()
+    def class_distances(self, features: Tensor) -> Tensor:
+        """The squared distances ``(N, C)`` in float64 of ``features`` to every class mean."""
+        features = features.double()
         projected = features @ self.precision
         squared = (
             (projected * features).sum(-1, keepdim=True) - 2 * features @ self._means_precision.T + self._means_norm
         )
-        return squared.min(-1).values.clamp_min(0).to(outputs.features.dtype)
+        return squared.clamp_min(0)
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        self.check_fitted()
+        return self.class_distances(outputs.features).min(-1).values.to(outputs.features.dtype)
+
+
+class RelativeMahalanobis(Mahalanobis):
+    """The Mahalanobis distance to the closest class minus the distance under one Gaussian of all the features."""
+
+    name, tasks = "relative-mahalanobis", frozenset({"classification"})
+
+    def _fit(self, counts: Tensor, sums: Tensor, gram: Tensor) -> None:
+        super()._fit(counts, sums, gram)
+        total = counts.sum()
+        self.background_mean = sums.sum(0) / total
+        scatter = gram - total * torch.outer(self.background_mean, self.background_mean)
+        self.background_precision = torch.linalg.pinv(scatter / total, hermitian=True)
+
+    def __call__(self, outputs: Outputs) -> Tensor:
+        self.check_fitted()
+        centred = outputs.features.double() - self.background_mean
+        background = ((centred @ self.background_precision) * centred).sum(-1)
+        relative = self.class_distances(outputs.features) - background[:, None]
+        return relative.min(-1).values.to(outputs.features.dtype)

@@ -49,7 +49,8 @@ def add_ood_arguments(parser: argparse.ArgumentParser, parse_option: Callable[[s
         default=None,
         metavar="NAME[,NAME]",
         help="post-hoc OOD scores of the plain model reported next to each method's entropy / MI: "
-        f"{','.join(available_scores())} (mahalanobis, vim and knn read --train)",
+        f"{','.join(available_scores())} (those with training statistics, e.g. mahalanobis, knn, react, "
+        "openmax, read --train)",
     )
     group.add_argument(
         "--ood-option",

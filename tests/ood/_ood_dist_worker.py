@@ -11,7 +11,21 @@ from posthoc_apps.demo import data, zoo
 
 #: rank 0 gets more examples (and batches) than rank 1: uneven shards must not hang
 SHARD_SIZES = (350, 250)
-SCORES = ["mahalanobis", "vim", "knn"]
+#: every score with training statistics: sums reduced over ranks, banks and kept features gathered
+SCORES = [
+    "mahalanobis",
+    "relative-mahalanobis",
+    "vim",
+    "knn",
+    "nnguide",
+    "react",
+    "dice",
+    "fdbd",
+    "nci",
+    "she",
+    "kl-matching",
+    "openmax",
+]
 
 
 def shards(dataset):
