@@ -2,7 +2,8 @@
 
 Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default), ``"vector"``,
 ``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"venn-abers"``, ``"platt"``
-(binary), ``"identity"``, and ``"auto"`` (the others compared by k-fold cross-validated NLL). Every one is fitted
+(binary), ``"identity"``, and ``"auto"`` (the others compared by k-fold cross-validated NLL, each flexible one against
+the temperature it extends). Every one is fitted
 by the selection step of ``um.fit`` (:mod:`posthoc.engine.selection`); ``calibrator.selection`` records the choice.
 
 A deployed **regressor** gives ``mean=``, ``std=`` (or none: a constant std) and ``targets=``; its calibrators:
@@ -15,13 +16,13 @@ Example:
     >>> import posthoc
     >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits
     >>> calibrator = posthoc.calibrate(val_logits, val_labels, method="auto", tolerance=0.03)
-    >>> calibrator.chosen_name, calibrator.scores["temperature"]["nll"]    # cross-validated
-    ('temperature', 0.492)
+    >>> calibrator.chosen_name, round(calibrator.scores["temperature"]["nll"], 3)    # cross-validated
+    ('temperature', 0.463)
     >>> probs = calibrator(test_logits)
     >>> calibrator.save("calibrator.pt"); posthoc.calibrate.load("calibrator.pt").chosen_name
     'temperature'
-    >>> posthoc.calibrate(val_logits, val_labels, method="auto").chosen_name   # the default tolerance: no sure gain
-    'identity'
+    >>> posthoc.calibrate(val_logits, val_labels, method="auto").selection["chosen"]  # the default tolerance
+    'temperature at 0.75'
     >>> mean, std = torch.randn(200), torch.full((200,), 2.0)     # a regressor's held-out predictions,
     >>> targets = mean + torch.randn(200)                         # whose stds are twice too wide
     >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=targets, method="isotonic")
@@ -83,7 +84,7 @@ def calibrate(
         tensor([1., 1., 1.])
     """
     if mean is not None or targets is not None or std is not None:
-        return _calibrate_regressor(logits, labels, method, mean, std, targets, options)
+        return _calibrate_regressor(logits, labels, method, mean, std, targets, options, tolerance)
     if logits is None or labels is None:
         raise InputError(
             "calibrate needs held-out logits and labels (a classifier), or mean=, std= and targets= (a regressor)"
@@ -111,7 +112,14 @@ def calibrate(
 
 
 def _calibrate_regressor(
-    logits: Any, labels: Any, method: str | None, mean: Any, std: Any, targets: Any, options: dict[str, Any]
+    logits: Any,
+    labels: Any,
+    method: str | None,
+    mean: Any,
+    std: Any,
+    targets: Any,
+    options: dict[str, Any],
+    tolerance: Tolerance | float | None = None,
 ) -> RegressionCalibrator:
     """``calibrate`` for a regressor's ``mean``, ``std`` (or none) and ``targets``."""
     if logits is not None or labels is not None:
@@ -130,6 +138,10 @@ def _calibrate_regressor(
         )
     cls = known[known_name(method, "regression calibration method", known)]
     chosen = cls.Options.make(options, f"regression calibrator '{method}'")
+    if method == "auto":  # its choice by the selection step, on CRPS: a number is in the target's units
+        if isinstance(tolerance, Tolerance):
+            raise ConfigError("calibrate(method='auto') takes tolerance= as a number (the target's units) or None")
+        chosen = dataclasses.replace(chosen, tolerance=tolerance)
     prediction = as_prediction(mean, std)
     y = as_tensor(targets, "targets")
     if y.shape[0] != prediction.mean.shape[0]:

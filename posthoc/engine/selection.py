@@ -38,6 +38,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -61,6 +62,9 @@ GAIN_CONFIDENCE = 0.9
 NEW_SAMPLE = 1.0
 #: the share of the largest per-example gains capped in the one-stratum bound of a candidate that costs (module docs)
 CAPPED_GAINS = 0.025
+#: held-out mistakes of the plain model below which a nested candidate's gain over the one it extends is not judged:
+#: a more flexible map's gain rests on how it treats the mistakes, and a handful of them cannot show that
+MIN_NESTED_MISTAKES = 10
 #: draws of the predictive of the new data's excess (:func:`predictive_excess`)
 PREDICTIVE_DRAWS = 4000
 #: up to this many mistakes (held out, or in a new sample) the predictive draws the new ones one by one
@@ -510,6 +514,10 @@ class Record:
     shifted_ratio: float | None = None
     #: the confidence of the candidate's bound (:data:`GAIN_CONFIDENCE` for a gain on the mistakes, else ``CONFIDENCE``)
     confidence: float | None = None
+    #: the simpler candidate this one extends (``None``: none), and the excess over it with its bound (:func:`select`)
+    extends: str | None = None
+    excess_over_extended: float | None = None
+    bound_over_extended: float | None = None
 
     @property
     def tried(self) -> bool:
@@ -523,6 +531,9 @@ class Record:
         out |= {name: _round(getattr(self, name)) for name in (*rounded, "shifted_ratio")}
         out |= {"confidence": self.confidence, "seconds": _round(self.seconds, 3), "admissible": self.admissible}
         out |= {"reason": self.reason, "chosen": self.chosen}
+        if self.extends is not None:
+            out |= {"extends": self.extends, "excess_over_extended": _round(self.excess_over_extended)}
+            out |= {"bound_over_extended": _round(self.bound_over_extended)}
         return out | {key: _plain(value) for key, value in self.extra.items()}
 
 
@@ -600,6 +611,7 @@ class Selection:
         """
         return {
             "knob": self.knob,
+            "score": self.rule.get("score", "NLL"),
             "chosen": self.label,
             "tolerance": _round(self.tolerance),
             "confidence": self.confidence,
@@ -643,6 +655,8 @@ def select(
     gain_confidence: float = GAIN_CONFIDENCE,
     rank_without_shift: str = "order",
     extra: Callable[[int], dict[str, Any]] | None = None,
+    extends: Sequence[int | None] | None = None,
+    score: str = "NLL",
 ) -> Selection:
     """Choose among ``candidates`` by the rule of the module docs.
 
@@ -655,6 +669,10 @@ def select(
         rank_without_shift: without perturbed copies, ``"order"`` takes the last admissible candidate, ``"clean"``
             the lowest clean NLL, ``"first"`` the first.
         extra: more fields per candidate for its record.
+        extends: per candidate, the index of the simpler candidate it extends (``None``: none): a nested candidate is
+            admissible only if its excess over that one also has a bound at or below 0 (its gain is sure), judged as
+            any gain is (``math.inf`` tolerance: no such check). Two or three mistakes then never elect a flexible fit.
+        score: what the per-example numbers are (``"NLL"``, ``"CRPS"``), for the record and the reasons.
 
     Example:
         >>> import torch
@@ -677,27 +695,46 @@ def select(
         begin = time.perf_counter()
         found = tried[index] = scorer(index)
         seconds = time.perf_counter() - begin
-        if plain.units is not None:  # correlated examples: one normal stratum over the inputs, not the examples
-            level = confidence
-            candidate_means, plain_means = unit_means(found.clean, plain.units), unit_means(plain.clean, plain.units)
-            mean, upper = excess_bound(candidate_means, plain_means, level)
-            upper = max(upper, excess_bound(candidate_means, plain_means, level, capped_gains=CAPPED_GAINS)[1])
-        else:
-            gain = _gain_on_mistakes(found.clean - plain.clean, plain.mistakes, tolerance)
-            level = gain_confidence if gain else confidence
-            mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes)
-            if not gain:  # a cost: the larger of the two bounds, each cautious where the other is not (module docs)
-                upper = max(upper, excess_bound(found.clean, plain.clean, level, capped_gains=CAPPED_GAINS)[1])
+        mean, upper, level = _excess_and_bound(found, plain, tolerance, confidence, gain_confidence)
+        unit = " nats" if score == "NLL" else ""
         admissible = math.isfinite(upper) and upper <= tolerance
         reason = (
             None
             if admissible
             else (
-                f"in-distribution NLL excess {mean:+.4f} nats, {level:.0%} bound {upper:+.4f} > tolerance {tolerance:.4f}"
+                f"in-distribution {score} excess {mean:+.4f}{unit}, {level:.0%} bound {upper:+.4f} > tolerance "
+                f"{tolerance:.4f}"
                 if math.isfinite(upper)
-                else "the held-out NLL is not finite (or the candidate could not be fitted)"
+                else f"the held-out {score} is not finite (or the candidate could not be fitted)"
             )
         )
+        parent = None if extends is None else extends[index]
+        over = (math.nan, math.nan, level)
+        if (
+            parent is not None
+        ):  # a nested candidate: its gain over the simpler one it extends must be sure (module docs)
+            if parent not in tried:
+                judge(parent)
+            base = tried[parent]
+            if math.isinf(tolerance) or not bool(torch.isfinite(base.clean).all()):
+                over = (math.nan, -math.inf, level)
+            else:
+                over = _excess_and_bound(
+                    found, dataclasses.replace(plain, clean=base.clean), 0.0, confidence, gain_confidence
+                )
+            few = None if plain.mistakes is None or math.isinf(tolerance) else int(plain.mistakes.sum().item())
+            if admissible and few is not None and few < MIN_NESTED_MISTAKES:
+                admissible = False
+                reason = (
+                    f"its gain over {candidates[parent][0]!r}, which it extends, would rest on {few} held-out "
+                    f"mistakes of the plain model (at least {MIN_NESTED_MISTAKES} are needed to judge it)"
+                )
+            elif admissible and not over[1] <= 0:
+                admissible = False
+                reason = (
+                    f"its gain over {candidates[parent][0]!r}, which it extends, is not sure: {score} excess "
+                    f"{over[0]:+.4f}{unit}, {over[2]:.0%} bound {over[1]:+.4f} > 0"
+                )
         records[index] = Record(
             label,
             value,
@@ -718,6 +755,9 @@ def select(
             shifted_nll_se=None if found.shifted is None else _standard_error(found.shifted),
             shifted_ratio=shift_ratio(found, plain),
             confidence=level,
+            extends=None if parent is None else candidates[parent][0],
+            excess_over_extended=None if parent is None else over[0],
+            bound_over_extended=None if parent is None else over[1],
         )
         return admissible
 
@@ -731,7 +771,8 @@ def select(
                 index -= 1
     else:
         for index in range(len(candidates)):
-            judge(index)
+            if index not in records:
+                judge(index)
     ordered = [
         records.get(index) or Record(label, value, math.nan, math.nan, math.nan, None, None, None, False, NOT_TRIED)
         for index, (label, value) in enumerate(candidates)
@@ -755,18 +796,45 @@ def select(
         folds=folds,
         fallback=fallback,
         scores=tried,
-        rule={"walk": walk, "start": start, "rank_without_shift": rank_without_shift},
+        rule={
+            "walk": walk,
+            "start": start,
+            "rank_without_shift": rank_without_shift,
+            "extends": extends,
+            "score": score,
+        },
         plain_scores=plain,
     )
 
 
-def _gain_on_mistakes(difference: Tensor, mistakes: Tensor | None, tolerance: float) -> bool:
-    """Whether ``difference`` is a gain beyond the tolerance that rests on the plain model's ``mistakes`` (judged at
-    :data:`GAIN_CONFIDENCE`); a gain on the right answers at a cost on the mistakes is not."""
+def _excess_and_bound(
+    found: Scores, plain: Scores, tolerance: float, confidence: float, gain_confidence: float
+) -> tuple[float, float, float]:
+    """The mean excess of ``found`` over ``plain``, the upper end of its bound on new data, and the bound's confidence:
+    over the units where ``plain`` has them, else with the plain model's mistakes apart (module docs)."""
+    if plain.units is not None:  # correlated examples: one normal stratum over the inputs, not the examples
+        candidate_means, plain_means = unit_means(found.clean, plain.units), unit_means(plain.clean, plain.units)
+        mean, upper = excess_bound(candidate_means, plain_means, confidence)
+        upper = max(upper, excess_bound(candidate_means, plain_means, confidence, capped_gains=CAPPED_GAINS)[1])
+        return mean, upper, confidence
+    gain = _clear_gain(found.clean - plain.clean, plain.mistakes, tolerance)
+    level = gain_confidence if gain == "mistakes" else confidence
+    mean, upper = excess_bound(found.clean, plain.clean, level, mistakes=plain.mistakes)
+    if gain is None:  # a cost: the larger of the two bounds, each cautious where the other is not (module docs)
+        upper = max(upper, excess_bound(found.clean, plain.clean, level, capped_gains=CAPPED_GAINS)[1])
+    return mean, upper, level
+
+
+def _clear_gain(difference: Tensor, mistakes: Tensor | None, tolerance: float) -> str | None:
+    """Where ``difference``'s gain beyond the tolerance rests: ``"mistakes"`` (a calibrator that softens; judged at
+    :data:`GAIN_CONFIDENCE`), ``"right"`` (one that sharpens: a gain on the right answers at a cost on the mistakes,
+    judged by the predictive alone, which draws how many mistakes new data holds), or ``None`` (no such gain)."""
     if mistakes is None or not bool(torch.isfinite(difference).all()) or float(difference.mean()) >= -tolerance:
-        return False
+        return None
     wrong = mistakes.bool()
-    return bool(wrong.any()) and float(difference[wrong].mean()) < 0
+    if bool(wrong.any()) and float(difference[wrong].mean()) < 0:
+        return "mistakes"
+    return "right" if bool((~wrong).any()) and float(difference[~wrong].mean()) < 0 else None
 
 
 #: the reason of a candidate a walk did not score

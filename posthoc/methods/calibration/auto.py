@@ -1,22 +1,28 @@
 """``"auto"``: choose the calibrator by k-fold cross-validated NLL through the selection step.
 
-Every candidate is fitted on all stratified folds but one and predicts the one left out; the selection step
-(:mod:`posthoc.engine.selection`) keeps the simplest admissible candidate near the best gain, or the identity (the
-model's own probabilities), which is then refitted on all held-out examples. A candidate with too few examples per
-class in the training folds is skipped with a warning.
+Every candidate is fitted on all folds but one and predicts the one left out (the folds of
+:class:`~posthoc.engine.selection.Layout`); the selection step (:mod:`posthoc.engine.selection`) keeps the simplest
+admissible candidate near the best gain, or the identity (the model's own probabilities), which is then refitted on
+all held-out examples. A candidate that extends a simpler one (``Calibrator.extends``: vector, matrix, Dirichlet, ETS,
+histogram, isotonic and Platt extend temperature) is admissible only where its gain over that one is sure, so a few
+held-out mistakes never elect a flexible map. A candidate with too few examples per class in the training folds is
+skipped with a warning.
 
 A regressor's ``"auto"`` (:class:`AutoRecalibration`) chooses among none, variance scaling and isotonic recalibration
-by cross-validated CRPS instead (an isotonic map is flat in places, where its NLL is infinite): the simplest of the
-candidates :func:`confidently_better` than the identity, within noise of the best (:func:`simplest_within_noise`).
+by the same selection step with cross-validated CRPS as the score instead of NLL (an isotonic map is flat in places,
+where its NLL is infinite); its tolerance is the default fraction of the plain CRPS (or ``tolerance=`` in the
+target's units).
 
 Example:
     >>> import posthoc, torch
     >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
-    >>> calibrator.chosen_name, calibrator.selection["candidates"][1]["reason"]
-    ('identity', 'in-distribution NLL excess -0.0620 nats, 90% bound +0.0278 > tolerance 0.0111')
-    >>> posthoc.calibrate(logits, labels, method="auto", tolerance=0.02).chosen_name
-    'ets'
+    >>> calibrator.selection["chosen"], round(float(calibrator.chosen.temperature), 2)
+    ('temperature at 0.75', 1.76)
+    >>> [record["reason"] for record in calibrator.selection["candidates"] if record["candidate"] == "ets"]
+    ["its gain over 'temperature', which it extends, is not sure: NLL excess -0.0008 nats, 95% bound +0.0344 > 0"]
+    >>> posthoc.calibrate(logits, labels, method="auto", tolerance=0.02).selection["chosen"]
+    'temperature'
     >>> val_mean = torch.randn(500)                                  # a regressor's predictions, whose stds
     >>> val_std, val_y = torch.full((500,), 2.0), val_mean + torch.randn(500)   # are twice too wide
     >>> calibrator = posthoc.calibrate(mean=val_mean, std=val_std, targets=val_y, method="auto")
@@ -34,38 +40,41 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from posthoc.core.calibration_error import top_label_ece
 from posthoc.core.checks import integer_at_least, positive_int
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
-from posthoc.engine.selection import Scores, Tolerance, select, warn_kept_plain
+from posthoc.engine.selection import (
+    Layout,
+    Rows,
+    Scores,
+    Tolerance,
+    class_nll,
+    class_scores,
+    cross_fitted,
+    fold_count,
+    select,
+    warn_kept_plain,
+)
 from posthoc.errors import ConfigError, InputError
 from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator, RegressionCalibrator, RegressionIdentity
-from posthoc.methods.calibration.method import CalibrationMethod, calibrators
+from posthoc.methods.calibration.method import PARTIAL_FITS, CalibrationMethod, calibrators, partial_fit
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.variance_scaling import VarianceScaling
 
 #: the calibrators "auto" compares by default ("identity" is always scored as the reference)
-DEFAULT_CANDIDATES = ("temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "platt")
-
-
-def top_label_ece(probs: Tensor, labels: Tensor, bins: int = 15) -> float:
-    """Top-label ECE with ``bins`` equal-width bins ``(lo, hi]``, as :func:`posthoc.evaluation.metrics.ece`."""
-    confidence, predicted = probs.double().max(-1)
-    index = (torch.ceil(confidence * bins).long() - 1).clamp(0, bins - 1)
-    correct = (predicted == labels).double()
-    gap = torch.bincount(index, weights=confidence - correct, minlength=bins)
-    return float(gap.abs().sum() / labels.numel())
-
-
-def stratified_folds(labels: Tensor, folds: int, seed: int) -> Tensor:
-    """A fold number in ``[0, folds)`` per example, each class spread evenly over the folds (seeded)."""
-    generator = torch.Generator().manual_seed(seed)
-    order = torch.randperm(labels.numel(), generator=generator)
-    order = order[torch.sort(labels.cpu()[order], stable=True).indices]
-    fold = torch.empty(labels.numel(), dtype=torch.long)
-    fold[order] = torch.arange(labels.numel()) % folds
-    return fold.to(labels.device)
+DEFAULT_CANDIDATES = (
+    "temperature",
+    "vector",
+    "matrix",
+    "dirichlet",
+    "ets",
+    "histogram",
+    "isotonic",
+    "venn-abers",
+    "platt",
+)
 
 
 def _rows(inputs: Tensor, keep: Tensor) -> Tensor:
@@ -160,24 +169,18 @@ class AutoCalibration(_Chooser, Calibrator):
         self.choice.fill_(0)
         self.cross_validated.fill_(math.nan)
 
-    def _usable(self, labels: Tensor, fold: Tensor, num_classes: int) -> list[str]:
+    def _usable(self, labels: Tensor, folds: list[tuple[Rows, Rows]], num_classes: int) -> list[str]:
         usable = []
         for name, candidate in self.choices.items():
             if candidate.binary_only and num_classes != 2:
                 continue
-            problem = next(
-                (
-                    p
-                    for k in range(self.folds)
-                    if (p := candidate.requirement(labels[fold != k], num_classes)) is not None
-                ),
-                None,
-            )
+            rows = [fitting.clean.to(labels.device) for fitting, _ in folds]
+            problem = next((p for r in rows if (p := candidate.requirement(labels[r], num_classes)) is not None), None)
             if problem is None:
                 usable.append(name)
             else:
                 warnings.warn(
-                    f"auto calibration skips '{name}': {problem} (in each of the {self.folds} "
+                    f"auto calibration skips '{name}': {problem} (in each of the {len(folds)} "
                     f"cross-validation training folds)",
                     RuntimeWarning,
                     stacklevel=4,
@@ -185,40 +188,64 @@ class AutoCalibration(_Chooser, Calibrator):
         return usable
 
     def _fit(self, inputs: Tensor, labels: Tensor) -> None:
-        num_classes = inputs.shape[-1]
-        fold = stratified_folds(labels, self.folds, self.seed)
-        usable = self._usable(labels, fold, num_classes)
-        sizes = {}
-        out_of_fold = {
-            name: torch.empty(labels.numel(), num_classes, dtype=inputs.dtype, device=inputs.device) for name in usable
-        }
-        for k in range(self.folds):
-            train, test = fold != k, fold == k
-            for name in usable:
-                with warnings.catch_warnings():
-                    warnings.simplefilter("ignore", RuntimeWarning)
-                    fitted = self._candidate(name).fit(_rows(inputs, train), labels[train])
-                out_of_fold[name][test] = fitted.calibrated_predictive(_rows(inputs, test))
-                sizes[name] = 0 if name == "identity" else fitted.num_parameters()
+        plain_log_probs = self.choices["identity"].fit(inputs, labels).calibrated_predictive(inputs)
+        layout = Layout(labels.numel(), key=class_nll(plain_log_probs, labels))  # folds follow the examples, not order
+        folds = layout.folds(self.folds, self.seed)
+        usable = self._usable(labels, folds, inputs.shape[-1])
+        sizes: dict[str, int] = {}
+        candidates = {name: (name, 1.0) for name in usable}  # label: (calibrator, share of its clean fit)
+        if "temperature" in usable:  # a partial temperature, as posthoc.calibrate(method="temperature") has
+            candidates |= {f"temperature at {share:g}": ("temperature", share) for share in PARTIAL_FITS}
+        out_of_fold = {label: torch.full_like(plain_log_probs, math.nan) for label in candidates}
+
+        def fit_and_score(fitting: Rows, scored: Rows) -> list[Scores | None]:
+            found: list[Scores | None] = []
+            train, test = fitting.clean.to(labels.device), scored.clean.to(labels.device)
+            for label, (name, share) in candidates.items():
+                try:
+                    with warnings.catch_warnings():
+                        warnings.simplefilter("ignore", RuntimeWarning)
+                        fitted = self._candidate(name).fit(_rows(inputs, train), labels[train])
+                except InputError:  # too few examples of a class in this fold
+                    found.append(None)
+                    continue
+                if share < 1:
+                    fitted = partial_fit(fitted, share)
+                out_of_fold[label][test] = fitted.calibrated_predictive(_rows(inputs, test))
+                sizes[label] = 0 if name == "identity" else fitted.num_parameters()
+                found.append(Scores.of_log_probs(out_of_fold[label][test], labels[test]))
+            return found
+
+        scores = dict(zip(candidates, cross_fitted(fit_and_score, layout, folds=self.folds, seed=self.seed)))
         names = list(self.choices)
-        for name, log_probs in out_of_fold.items():
-            nll = float(torch.nn.functional.nll_loss(log_probs, labels))
-            self.cross_validated[names.index(name)] = torch.tensor([nll, top_label_ece(log_probs.exp(), labels)])
-        order = sorted(usable, key=lambda name: (sizes[name], names.index(name)))  # the identity first
+        for name in usable:
+            _, confidence, correct = class_scores(out_of_fold[name], labels)
+            ece = top_label_ece(confidence, correct) if bool(torch.isfinite(confidence).all()) else math.nan
+            self.cross_validated[names.index(name)] = torch.tensor([scores[name].nll, ece])
+        # the simplest first (the identity), a partial fit just after its clean fit (taken only where that one is not)
+        order = sorted(
+            candidates,
+            key=lambda label: (sizes.get(label, math.inf), names.index(candidates[label][0]), -candidates[label][1]),
+        )
         plain = Scores.of_log_probs(out_of_fold["identity"], labels)
+        extends = [type(self.choices[candidates[label][0]]).extends for label in order]
         selection = select(
-            [(name, name) for name in order],
-            [Scores.of_log_probs(out_of_fold[name], labels) for name in order],
+            [(label, candidates[label]) for label in order],
+            [scores[label] for label in order],
             plain=plain,
             tolerance=Tolerance.of(self.tolerance).nats(plain.nll),
             knob="calibrator",
-            folds=self.folds,
+            folds=len(folds),
             rank_without_shift="first",
+            extends=[order.index(parent) if parent in order else None for parent in extends],
         )
         self.selection = selection.to_dict()
         warn_kept_plain(selection, method="auto calibration", retry="posthoc.calibrate", stacklevel=5)
-        self.choice.fill_(names.index(selection.value))
+        name, share = selection.value
+        self.choice.fill_(names.index(name))
         self.chosen.fit(inputs, labels)
+        if share < 1 and not bool(self.chosen.passthrough):
+            self.choices[name] = partial_fit(self.chosen, share)
 
     def _transform(self, logits: Tensor) -> Tensor:
         return self.chosen.transform(logits)
@@ -238,54 +265,8 @@ class AutoCalibrationMethod(CalibrationMethod):
         return {**super().summary(), "scores": self.calibrator.scores}
 
 
-#: a candidate must beat the identity's out-of-fold NLL by this many standard errors to be eligible, and the
-#: simplest candidate within this many standard errors of the lowest out-of-fold NLL is chosen
-STANDARD_ERRORS = 1.0
-
-
-def confidently_better(losses: dict[str, Tensor], reference: str = "identity") -> set[str]:
-    """``reference`` and the candidates whose out-of-fold loss beats it by more than :data:`STANDARD_ERRORS`
-    standard errors of the per-example difference (the lowest loss alone often only got lucky on these folds).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.calibration.auto import confidently_better
-        >>> confidently_better({"identity": torch.tensor([0.1, 0.2]), "vector": torch.tensor([0.1, 0.19])})
-        {'identity'}
-    """
-    base = losses[reference]
-    eligible = {reference}
-    for name, loss in losses.items():
-        difference = loss - base
-        if float(difference.mean()) + STANDARD_ERRORS * _standard_error(difference) < 0:
-            eligible.add(name)
-    return eligible
-
-
-def _standard_error(difference: Tensor) -> float:
-    return float(difference.std() / math.sqrt(difference.numel())) if difference.numel() > 1 else 0.0
-
-
-def simplest_within_noise(losses: dict[str, Tensor], sizes: dict[str, int]) -> str:
-    """The candidate with the fewest parameters (``sizes``) whose mean per-example loss exceeds the lowest one's by
-    at most :data:`STANDARD_ERRORS` standard errors of their per-example difference (ties in size: the lower loss).
-
-    Example:
-        >>> import torch
-        >>> from posthoc.methods.calibration.auto import simplest_within_noise
-        >>> losses = {"temperature": torch.tensor([0.2, 0.1, 0.3]), "matrix": torch.tensor([0.1, 0.1, 0.35])}
-        >>> simplest_within_noise(losses, {"temperature": 1, "matrix": 72})
-        'temperature'
-    """
-    best = min(losses, key=lambda name: float(losses[name].mean()))
-    within = [
-        name
-        for name, loss in losses.items()
-        if float((loss - losses[best]).mean()) <= STANDARD_ERRORS * _standard_error(loss - losses[best])
-    ]
-    return min(within, key=lambda name: (sizes[name], float(losses[name].mean())))
-
-
+#: the default tolerance of a regressor's ``"auto"``: a share of the plain CRPS alone (CRPS is in the target's units)
+CRPS_TOLERANCE = Tolerance(absolute=0.0)
 #: midpoint quantile levels of the CRPS estimator
 LEVELS = 99
 
@@ -314,7 +295,7 @@ def _regression_candidates() -> dict[str, type[RegressionCalibrator]]:
 
 
 class AutoRecalibration(_Chooser, RegressionCalibrator):
-    """The simplest of none / variance scaling / isotonic within the noise of the best cross-validated CRPS."""
+    """None, variance scaling or isotonic recalibration, chosen by the selection step on cross-validated CRPS."""
 
     name = "auto"
 
@@ -323,6 +304,7 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
         candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic")
         folds: int = 5
         seed: int = 0
+        tolerance: float | None = None
 
     def __init__(
         self,
@@ -330,6 +312,7 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
         candidates: tuple[str, ...] | list[str] = ("variance-scaling", "isotonic"),
         folds: int = 5,
         seed: int = 0,
+        tolerance: float | None = None,
     ) -> None:
         super().__init__()
         known = [name for name in _regression_candidates() if name != "identity"]
@@ -338,6 +321,10 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
         self.candidates = tuple(candidates)
         self.folds = integer_at_least(folds, "folds", 2, why="cross-validation needs two folds or more")
         self.seed = seed
+        Tolerance.of(tolerance)  # refused here if it is not one
+        self.tolerance = tolerance
+        #: the record of the last choice (``Selection.to_dict()``, as a classifier's ``"auto"``; ``None`` before a fit)
+        self.selection: dict[str, Any] | None = None
         names = ["identity", *self.candidates]
         self.choices = nn.ModuleDict({name: _regression_candidates()[name]() for name in names})
         self.register_buffer("choice", torch.zeros((), dtype=torch.long))
@@ -345,7 +332,12 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
 
     @property
     def options(self) -> dict[str, Any]:
-        return {"candidates": list(self.candidates), "folds": self.folds, "seed": self.seed}
+        return {
+            "candidates": list(self.candidates),
+            "folds": self.folds,
+            "seed": self.seed,
+            "tolerance": self.tolerance,
+        }
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
@@ -368,22 +360,38 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
 
     def _fit(self, prediction: RegressionPrediction, targets: Tensor) -> None:
         count = targets.shape[0]
-        fold = torch.randperm(count, generator=torch.Generator().manual_seed(self.seed)).to(targets.device) % self.folds
-        losses = {name: torch.empty(count, dtype=torch.float64, device=targets.device) for name in self.choices}
+        layout = Layout(count)
         sizes: dict[str, int] = {}
-        for k in range(self.folds):
-            train, test = fold != k, fold == k
+
+        def fit_and_score(fitting: Rows, scored: Rows) -> list[Scores]:
+            train, test = fitting.clean.to(targets.device), scored.clean.to(targets.device)
             fit_part, test_part = prediction_rows(prediction, train), prediction_rows(prediction, test)
+            found = []
             for name, cls in ((n, type(c)) for n, c in self.choices.items()):
                 with warnings.catch_warnings():
                     warnings.simplefilter("ignore", RuntimeWarning)
                     fitted = cls().fit(fit_part, targets[train])
-                losses[name][test] = quantile_crps(fitted.calibrate(test_part), targets[test])
+                found.append(Scores(quantile_crps(fitted.calibrate(test_part), targets[test])))
                 sizes[name] = fitted.num_parameters()
+            return found
+
+        scores = dict(zip(self.choices, cross_fitted(fit_and_score, layout, folds=self.folds, seed=self.seed)))
         for index, name in enumerate(self.choices):
-            self.cross_validated[index] = losses[name].mean()
-        chosen = simplest_within_noise({name: losses[name] for name in confidently_better(losses)}, sizes)
-        self.choice.fill_(list(self.choices).index(chosen))
+            self.cross_validated[index] = scores[name].nll
+        order = sorted(self.choices, key=lambda name: (sizes[name], list(self.choices).index(name)))
+        plain = scores["identity"]
+        selection = select(
+            [(name, name) for name in order],
+            [scores[name] for name in order],
+            plain=plain,
+            tolerance=(CRPS_TOLERANCE if self.tolerance is None else Tolerance.of(self.tolerance)).nats(plain.nll),
+            knob="calibrator",
+            folds=fold_count(layout, self.folds),
+            rank_without_shift="first",
+            score="CRPS",
+        )
+        self.selection = selection.to_dict()
+        self.choice.fill_(list(self.choices).index(selection.value))
         self.chosen.fit(prediction, targets)
 
     def _calibrate(self, prediction: RegressionPrediction) -> RegressionPrediction:

@@ -93,6 +93,9 @@ class Calibrator(CalibratorOptions, nn.Module):
     binary_only: ClassVar[bool] = False
     #: whether two fits can be blended parameter by parameter (not histogram bins or isotonic steps)
     interpolable: ClassVar[bool] = True
+    #: the simpler calibrator this one extends (more free parameters, the same job): ``"auto"`` admits it only where its
+    #: held-out gain over that one is sure (:func:`posthoc.engine.selection.select`'s ``extends``); ``None``: none
+    extends: ClassVar[str | None] = None
 
     def __init__(self) -> None:
         super().__init__()

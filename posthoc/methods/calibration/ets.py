@@ -51,6 +51,7 @@ class EnsembleTemperatureScaling(Calibrator):
     """A mixture of the tempered, the original and the uniform prediction (module docs)."""
 
     name = "ets"
+    extends = "temperature"
 
     @dataclass(frozen=True, kw_only=True)
     class Options(Calibrator.Options):

@@ -50,6 +50,7 @@ class HistogramBinning(Calibrator):
     """Equal-width bins whose probability is the held-out frequency of the event."""
 
     name = "histogram"
+    extends = "temperature"
     per_sample = False
     interpolable = False
     min_per_class = 10

@@ -59,6 +59,7 @@ class IsotonicCalibration(Calibrator):
     """One-vs-rest isotonic maps of the class probabilities, renormalised."""
 
     name = "isotonic"
+    extends = "temperature"
     per_sample = False
     interpolable = False
     min_per_class = 10

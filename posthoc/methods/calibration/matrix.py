@@ -26,6 +26,7 @@ class MatrixScaling(AffineCalibrator):
     """``softmax(W z + b)`` with ODIR (module docs)."""
 
     name = "matrix"
+    extends = "temperature"
     min_per_class = 10
 
     @dataclass(frozen=True, kw_only=True)

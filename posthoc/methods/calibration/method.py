@@ -347,15 +347,31 @@ def fitted_at(
     if weight == 0:
         return clean
     if weight < 0:
-        identity = copy.deepcopy(clean)
-        identity._reset()
-        return _moved(identity, clean, 1.0 + weight)
+        return partial_fit(clean, 1.0 + weight)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)  # the clean fit's warnings stand
         combined = combined if combined is not None else copy.deepcopy(calibrator).fit(*cache.take(rows, shifted=True))
     if weight == 1 or not _interpolable(dict(clean.named_buffers()), dict(combined.named_buffers())):
         return combined
     return _moved(clean, combined, weight)
+
+
+def partial_fit(clean: Calibrator, share: float) -> Calibrator:
+    """A copy of the fitted ``clean`` calibrator with its parameters taken ``share`` of the way from the identity map.
+
+    Example:
+        >>> import torch
+        >>> from posthoc.methods.calibration.method import partial_fit
+        >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
+        >>> clean = TemperatureCalibrator()
+        >>> clean.temperature.fill_(3.0)
+        tensor(3.)
+        >>> float(partial_fit(clean, 0.75).temperature)
+        2.5
+    """
+    identity = copy.deepcopy(clean)
+    identity._reset()
+    return _moved(identity, clean, share)
 
 
 def _moved(start: Calibrator, end: Calibrator, weight: float) -> Calibrator:

@@ -23,6 +23,7 @@ class PlattScaling(AffineCalibrator):
     """``sigmoid(a z + b)`` for a binary classifier's logit ``z``."""
 
     name = "platt"
+    extends = "temperature"
     binary_only = True
 
     def initial(self, num_classes: int, like: Tensor) -> tuple[Tensor, Tensor]:

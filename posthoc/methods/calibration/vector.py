@@ -26,6 +26,7 @@ class VectorScaling(AffineCalibrator):
     """``softmax(w * z + b)``, one weight and bias per class."""
 
     name = "vector"
+    extends = "temperature"
     min_per_class = 5
 
     @dataclass(frozen=True, kw_only=True)

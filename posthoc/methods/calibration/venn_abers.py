@@ -189,6 +189,7 @@ class VennAbersCalibration(Calibrator):
     """Inductive Venn-Abers: two isotonic fits per binary problem, merged; :meth:`interval` gives both."""
 
     name = "venn-abers"
+    extends = "temperature"
     per_sample = False
     interpolable = False
 

@@ -12,9 +12,10 @@ import pytest
 import torch
 
 import posthoc
+from posthoc.core.calibration_error import top_label_ece
+from posthoc.engine.selection import Scores, select
 from posthoc.evaluation import metrics
 from posthoc.methods.calibration import calibrators
-from posthoc.methods.calibration.auto import confidently_better, top_label_ece
 
 MULTICLASS = ["temperature", "vector", "matrix", "dirichlet", "ets", "histogram", "isotonic", "auto"]
 
@@ -183,7 +184,8 @@ def test_guardrails_one_example_one_class_probabilities_and_strings():
 def test_ece_matches_the_report_metric():
     (logits, labels), _ = _synthetic()
     probs = logits.softmax(-1)
-    assert top_label_ece(probs, labels) == pytest.approx(metrics.ece(probs, labels), abs=1e-9)
+    confidence, predicted = probs.max(-1)
+    assert top_label_ece(confidence, predicted == labels) == pytest.approx(metrics.ece(probs, labels), abs=1e-9)
 
 
 @pytest.mark.parametrize("method", ["vector", "histogram", "auto-calibration"])
@@ -202,14 +204,24 @@ def test_stacked_calibrators_fit_on_the_inner_predictive(method, small, tmp_path
 
 
 def test_auto_needs_a_candidate_to_beat_the_identity_by_more_than_noise():
-    """A candidate whose per-example losses are the identity's plus zero-mean noise (slightly lower on
-    average by luck) is not eligible; one that is clearly better is."""
+    """A regressor's auto judges CRPS by the selection step: a candidate whose per-example losses are the identity's
+    plus zero-mean noise (slightly lower on average by luck) is not admissible; one that is clearly better is."""
     generator = torch.Generator().manual_seed(0)
     identity = torch.rand(600, generator=generator, dtype=torch.float64)
     noise = torch.randn(600, generator=generator, dtype=torch.float64)
     lucky = identity + noise - noise.mean() - 1e-3  # 1e-3 lower on average, standard error ~0.04
     better = identity - 0.2 + 0.01 * noise
-    assert confidently_better({"identity": identity, "lucky": lucky, "better": better}) == {"identity", "better"}
+    choose = lambda *losses: select(  # noqa: E731
+        [("identity", 0), *((f"c{i}", i + 1) for i in range(len(losses)))],
+        [Scores(identity), *map(Scores, losses)],
+        plain=Scores(identity),
+        tolerance=0.02 * float(identity.mean()),
+        knob="calibrator",
+        rank_without_shift="first",
+        score="CRPS",
+    )
+    assert choose(lucky).label == "identity" and not choose(lucky).records[1].admissible
+    assert choose(lucky, better).label == "c1"
 
 
 @pytest.fixture(scope="module")
@@ -255,6 +267,31 @@ def test_auto_is_no_worse_than_no_calibration_on_nearly_separable_sets(nearly_se
         plain = metrics.nll(logits[test].softmax(-1), labels[test])
         ratios.append(metrics.nll(calibrator(logits[test]), labels[test]) / plain)
     assert np.mean(ratios) <= AUTO_MEAN_TOLERANCE and max(ratios) <= AUTO_WORST, ratios
+
+
+#: calibrators that extend temperature: "auto" admits one only where its gain over temperature is sure
+FLEXIBLE = {name for name, cls in calibrators().items() if cls.extends == "temperature"}
+
+
+@pytest.mark.parametrize("name", ["digits_cnn", "digits_bn_cnn"])
+def test_auto_never_elects_a_flexible_calibrator_on_a_few_mistakes(nearly_separable, name):
+    """The same halvings (396 digits with 0-5 of the plain model's mistakes): ``auto`` never picks a calibrator that
+    extends temperature (its gain over temperature would rest on two or three mistakes). Without the nested comparison
+    (``extends`` ignored) a flexible map wins some halvings and this fails."""
+    logits, labels, wrong = nearly_separable[name]
+    wrong_rows, right_rows = wrong.nonzero().flatten(), (~wrong).nonzero().flatten()
+    flexible = []
+    for seed in range(20):
+        generator = torch.Generator().manual_seed(100 + seed)
+        pick = torch.cat([wrong_rows[torch.randperm(len(wrong_rows), generator=generator)[:5]], right_rows])
+        pick = pick[torch.randperm(len(pick), generator=generator)]
+        fit = pick[: len(pick) // 2]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            calibrator = posthoc.calibrate(logits[fit], labels[fit], method="auto", seed=seed)
+        if calibrator.chosen_name in FLEXIBLE:
+            flexible.append((calibrator.chosen_name, int(wrong[fit].sum())))
+    assert not flexible, f"flexible calibrators chosen (name, held-out mistakes): {flexible}"
 
 
 @pytest.mark.parametrize("method", sorted(set(calibrators()) - {"platt"}))
