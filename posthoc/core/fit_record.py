@@ -32,6 +32,9 @@ class FitRecord:
     val_examples: int | None
     wall_seconds: float
     cpu_seconds: float
+    #: the fit's feature store (posthoc.engine.feature_store): ``mode`` (``"memory"``, ``"memory-mapped"`` or
+    #: ``"recomputed"``), the rows the backbone computed for it and those read back
+    features: dict[str, Any] | None = None
 
     def to_dict(self) -> dict[str, int | float | None]:
         """Plain Python values (what the posterior file stores)."""

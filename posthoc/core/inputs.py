@@ -15,7 +15,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import contextvars
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
@@ -512,6 +513,13 @@ def run_model_with(model: nn.Module, replaced: Mapping[str, Tensor], x: Inputs) 
     return run_model(lambda *args, **kwargs: torch.func.functional_call(model, dict(replaced), args, kwargs), x)
 
 
+#: ``observe(loader, index, x, y)`` for every batch :func:`iterate` yields (the engine's feature store knows batches
+#: by it); ``None`` outside a fit
+batch_observer: contextvars.ContextVar[Callable[[Any, int, Any, Any], None] | None] = contextvars.ContextVar(
+    "posthoc_batch_observer", default=None
+)
+
+
 def iterate(
     loader: Iterable,
     *,
@@ -545,7 +553,11 @@ def iterate(
         if y is not None:
             y = as_tensor(y, f"y of {named}", numbers=True, hint=LABELS_AS_NUMBERS)
             check_label_count(label_rows(x), y, named)
+        y = None if y is None else y.to(device)
+        observe = batch_observer.get()
+        if observe is not None:
+            observe(loader, seen, x, y)
         seen += 1
-        yield x, (None if y is None else y.to(device))
+        yield x, y
     if seen == 0:
         raise InputError(f"{where} yielded no batches; pass a non-empty loader")

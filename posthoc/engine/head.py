@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from posthoc.core.inputs import Inputs, run_model
 from posthoc.core.modules import eval_mode, get_submodule, module_name
+from posthoc.engine.feature_store import head_features
 from posthoc.engine.hooks import called_in_order, hooked
 from posthoc.errors import HeadNotFoundError
 
@@ -214,6 +215,9 @@ class FeatureSplit:
         its head's one output to ``(N,)`` gives the head's ``(N, 1)``)."""
         if self.head is None:
             self._resolve(x)
+        stored = head_features(self.model, self.head, x)
+        if stored is not None:  # computed once in this fit (posthoc.engine.feature_store)
+            return stored
         captured: dict[str, Tensor] = {}
 
         def capture(module: nn.Module, args: tuple, out: Tensor) -> None:

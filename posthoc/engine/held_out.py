@@ -36,7 +36,6 @@ from posthoc.core.inputs import (
     iterate,
     label_rows,
     labels_per_input,
-    run_model,
     slice_inputs,
     split_batch,
 )
@@ -44,6 +43,7 @@ from posthoc.core.likelihood import best_noise_nlls, make_likelihood, model_outp
 from posthoc.core.logits import class_log_probs
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction
+from posthoc.engine.feature_store import plain_output, tracked_batches
 from posthoc.engine.perturb import Kind, family_for, grade, kinds_named, user_perturbation
 from posthoc.engine.selection import Candidate, Layout, Rows, Scores, Selection, Tolerance, select
 from posthoc.errors import InputError
@@ -447,9 +447,9 @@ class HeldOut:
         source: Iterable = batches if batches is not None else loader
         with eval_mode(model), torch.no_grad():
             if classes:
-                plain = lambda x: class_log_probs(run_model(model, x))  # noqa: E731
+                plain = lambda x: class_log_probs(plain_output(model, x))  # noqa: E731
             else:
-                plain = lambda x: likelihood.means(model_outputs(run_model(model, x)))  # noqa: E731
+                plain = lambda x: likelihood.means(model_outputs(plain_output(model, x)))  # noqa: E731
             shifted = shifted_held_out(
                 source, plain, shift, device=device, model=model, source=loader, regression=not classes
             )
@@ -468,12 +468,12 @@ class HeldOut:
         held = self._like(self._batches, self._loader, self.shifted)
         with eval_mode(model), torch.no_grad():
             if self.likelihood.prediction_type is Prediction:
-                held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(run_model(model, x)))
+                held.plain_outputs = held.outputs(lambda x, generator: class_log_probs(plain_output(model, x)))
                 log_probs, labels = held.plain_outputs[:2]
                 check_labels(labels, log_probs.shape[-1], where="the validation loader's")
                 held.plain = Scores.of_log_probs(*held.plain_outputs)
             else:
-                held.plain = held.regression_scores(lambda x, generator: model_outputs(run_model(model, x))[None])
+                held.plain = held.regression_scores(lambda x, generator: model_outputs(plain_output(model, x))[None])
         held.plain.units = held.units()
         if held.plain.shifted is not None and getattr(self.shifted, "groups", None) is not None:
             held.plain.groups = distributed.gather_cat(self.shifted.groups.to(held.device)).cpu()
@@ -556,7 +556,8 @@ class HeldOut:
     def clean(self) -> Iterator[tuple[Inputs, Tensor]]:
         """The clean batches, the same on every pass (a streamed loader is checked to repeat its labels)."""
         if self._batches is not None:
-            yield from self._batches
+            with tracked_batches(self._batches, self._batches) as batches:
+                yield from batches
             return
         labels: list[Tensor] = []
         for index, (x, y) in enumerate(iterate(self._loader, device=self.device, progress=False, desc="held-out data")):
@@ -574,7 +575,8 @@ class HeldOut:
         """The perturbed copies (nothing without ``shift``), the same draws on every pass."""
         if self.shifted is None:
             return
-        yield from self.shifted
+        with tracked_batches(self.shifted, self.shifted) as batches:
+            yield from batches
 
     def _layout(self) -> Layout:
         counts = [len(y) for _, y in self.clean()]

@@ -36,6 +36,7 @@ from torch import Tensor, nn
 from posthoc.core.checks import memory_bytes, positive_int
 from posthoc.core.chunks import chunks, rows_per_chunk
 from posthoc.core.inputs import Inputs, batch_size, label_rows, run_model, slice_inputs
+from posthoc.engine.feature_store import active_store
 from posthoc.engine.hooks import hooked
 from posthoc.errors import ConfigError, InputError
 
@@ -114,20 +115,24 @@ class SuffixRunner:
         row_bytes, budget = self._plan.row_bytes_for(x), self.max_memory
         group = rows_per_chunk(row_bytes, max_memory=budget, limit=num_samples)
         pieces = []
+        stored = self._stored_suffix_input(x)
         with stochastic():
             for examples in chunks(n, group * row_bytes, max_memory=budget):
                 part, m = slice_inputs(x, examples.start, examples.stop), examples.stop - examples.start
+                phi = None if stored is None else stored[examples.start : examples.stop]
                 groups = [
-                    self._run(part, samples.stop - samples.start, samples.start)
+                    self._run(part, samples.stop - samples.start, samples.start, phi)
                     for samples in chunks(num_samples, m * row_bytes, max_memory=budget)
                 ]
                 pieces.append(groups[0] if len(groups) == 1 else torch.cat(groups, 0))
         return pieces[0] if len(pieces) == 1 else torch.cat(pieces, 1)
 
-    def _run(self, x: Inputs, samples: int, first: int) -> Tensor:
+    def _run(self, x: Inputs, samples: int, first: int, stored: Tensor | None = None) -> Tensor:
         m = batch_size(x)
         self.layout = Layout(samples, m, first)
-        if self._plan.expand_input or self.start is None:
+        if stored is not None:
+            out = self._suffix(_repeat_all(stored, samples, m))
+        elif self._plan.expand_input or self.start is None:
             out = run_model(self.model, _repeat(x, samples, m))
         else:
             with _expansion(self.model, self.start, self.at, samples, m) as expansion:
@@ -140,6 +145,24 @@ class SuffixRunner:
         if out.shape[0] != samples * rows:
             raise InputError(f"the model returned {out.shape[0]} rows for {samples} x {rows} expanded rows")
         return out.reshape(samples, rows, *out.shape[1:])
+
+    def _stored_suffix_input(self, x: Inputs) -> Tensor | None:
+        """The head's input stored for batch ``x`` in the fit's feature store, when the suffix is the head alone (the
+        expansion point is the head's input, or an eval-mode identity such as dropout right before it); else ``None``."""
+        store = active_store()
+        if self._plan.expand_input or self.start is None or store is None or store.head is None:
+            return None
+        if not store.serves(self.model):
+            return None
+        module = self.model.get_submodule(self.start)
+        if not ((self.at == "input" and module is store.head) or _feeds(self.model, self.start, store.head)):
+            return None
+        entry = store.entry(self.model, x)
+        phi = None if entry is None else entry.head_input
+        if phi is None or phi.dim() != 2 or phi.shape[0] != batch_size(x) or label_rows(x) != batch_size(x):
+            return None
+        self._suffix = lambda expanded: store.head(expanded if self.at == "input" else module(expanded))
+        return phi
 
     def _probe(self, x: Inputs) -> _Plan:
         pair = slice_inputs(x, 0, 2) if batch_size(x) >= 2 else _repeat(x, 2, 1)
@@ -218,6 +241,25 @@ def _measure(model: nn.Module, x: Inputs, expansion: _Expansion | None, rows: in
     return _Plan(
         expansion is None, max(largest, expanded, out.numel() * out.element_size() // 4, 1), _input_row_bytes(x)
     )
+
+
+#: modules that return their input unchanged in eval mode (so the head's stored input is also their output)
+EVAL_IDENTITY = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout, nn.Identity)
+
+
+def _feeds(model: nn.Module, name: str, head: nn.Module) -> bool:
+    """Whether module ``name`` is an eval-mode identity whose output goes straight into ``head`` (its next sibling in
+    an ``nn.Sequential``)."""
+    module = model.get_submodule(name)
+    if type(module) not in EVAL_IDENTITY or module.training:
+        return False
+    parent_name, _, child = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    if not isinstance(parent, nn.Sequential):
+        return False
+    names = [key for key, _ in parent.named_children()]
+    following = names.index(child) + 1
+    return following < len(names) and parent[following] is head
 
 
 def _input_row_bytes(x: Inputs) -> int:

@@ -40,10 +40,19 @@ from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction, RegressionPrediction, concat
 from posthoc.engine.choice import make_choice, makes_choice, training_rows
+from posthoc.engine.feature_store import open_store
+from posthoc.engine.head import find_head
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import RunOptions, small_dense_work
 from posthoc.engine.selection import Tolerance, warn_kept_plain
-from posthoc.errors import ConfigError, InputError, NotFittedError, NumericalError, PosteriorFileError
+from posthoc.errors import (
+    ConfigError,
+    HeadNotFoundError,
+    InputError,
+    NotFittedError,
+    NumericalError,
+    PosteriorFileError,
+)
 from posthoc.export.build import to_module
 
 #: examples in the first chunk of ``predict``, which tells the size ``(S, C)`` of an example's samples
@@ -159,6 +168,28 @@ class UncertainModel(nn.Module):
         if not self.method.works_on_copy:
             self.fingerprint = persistence.fingerprint(self.method.base_model)
         train_loader, val_loader = counting(train_loader), counting(val_loader)
+        model = self.method.base_model
+        store = open_store(model, _head_of(model), self.method.modules(), [val_loader, train_loader])
+        with store.scope():
+            self._fit_methods(train_loader, val_loader, progress, shift, tolerance, fit_options)
+        self.fit_record = FitRecord(
+            examples(train_loader),
+            examples(val_loader),
+            time.perf_counter() - wall,
+            time.process_time() - cpu,
+            features=store.summary(),
+        )
+        self._changed()
+
+    def _fit_methods(
+        self,
+        train_loader: Iterable | None,
+        val_loader: Iterable | None,
+        progress: bool,
+        shift: Any,
+        tolerance: Tolerance,
+        fit_options: dict[str, Any],
+    ) -> None:
         chain = chain_of(self.method)
         held_out = None
         if val_loader is not None and any(makes_choice(method) for method in chain):
@@ -177,10 +208,6 @@ class UncertainModel(nn.Module):
                     _say_if_kept_plain(method, chosen_on)
             if method.requires_fit:
                 method.fitted.fill_(True)
-        self.fit_record = FitRecord(
-            examples(train_loader), examples(val_loader), time.perf_counter() - wall, time.process_time() - cpu
-        )
-        self._changed()
 
     def _changed(self) -> None:
         """Forget the predict path's cached module list and device: a fit or a choice may have built modules anew."""
@@ -559,6 +586,15 @@ def _fit_one(
     options = {"options": method.make_fit_options(own)} if method.fit_option_defaults() else {}
     # a method that needs no fit may still use the data
     method.fit(train_loader, val_loader, progress=progress, **options)
+
+
+def _head_of(model: nn.Module) -> nn.Module | None:
+    """``model``'s ``nn.Linear`` head where it can be found without an input (the feature store keeps its input)."""
+    try:
+        _, head = find_head(model)
+    except HeadNotFoundError:
+        return None
+    return head if isinstance(head, nn.Linear) else None
 
 
 def _say_if_kept_plain(method: Method, held_out: HeldOut) -> None:

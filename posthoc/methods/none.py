@@ -27,6 +27,7 @@ from posthoc.core.method import LogPredictive, Method
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
+from posthoc.engine.feature_store import plain_output
 from posthoc.export.modules import GaussianOutputs, Plain, observation_variance
 
 
@@ -70,7 +71,7 @@ class PlainModel(Method):
     def log_predictive(
         self, x: Inputs, *, num_samples: int | None = None, generator: torch.Generator | None = None
     ) -> LogPredictive:
-        return class_log_probs(run_model(self.model, x)), None
+        return class_log_probs(plain_output(self.model, x)), None
 
     def to_module(self, export: Any) -> nn.Module:
         """The network's softmax (regression: its outputs and the fitted noise), read from the exported network."""

@@ -33,6 +33,7 @@ from torch import Tensor, nn
 
 from posthoc.core.inputs import Inputs, batch_size, label_rows, run_model, slice_inputs
 from posthoc.core.modules import eval_mode, get_submodule
+from posthoc.engine.feature_store import Tap, features_of
 from posthoc.engine.head import find_head
 from posthoc.engine.hooks import hooked
 from posthoc.errors import ConfigError, HeadNotFoundError
@@ -112,11 +113,24 @@ class Capture:
         ):
             yield found
 
+    def taps(self) -> list[Tap]:
+        """The sites as the engine's feature store records them (pooled activations)."""
+        return [Tap(site.name, site.at, pooled) for site in self.sites]
+
+    def _stored(self, x: Inputs) -> list[Tensor | None] | None:
+        """The sites' features of batch ``x`` from the fit's feature store (``None`` where it has none)."""
+        taps = self.taps()
+        entry = features_of(self.model, x, taps)
+        return None if entry is None else [entry.taps.get(tap.key) for tap in taps]
+
     def features(self, found: list[Tensor | None], x: Inputs) -> list[Tensor]:
         """``found`` completed: sites the inner forward pass did not reach are read from a plain forward pass of ``x``."""
         if any(f is None for f in found):
-            with torch.no_grad(), eval_mode(self.model), self.recording(label_rows(x)) as again:
-                run_model(self.model, x)
+            with torch.no_grad(), eval_mode(self.model):
+                again = self._stored(x)
+                if again is None:
+                    with self.recording(label_rows(x)) as again:
+                        run_model(self.model, x)
             found = [f if f is not None else g for f, g in zip(found, again)]
         missing = [str(site) for site, f in zip(self.sites, found) if f is None]
         if missing:

@@ -44,7 +44,7 @@ import torch
 from torch import Tensor, nn
 
 from posthoc.core.checks import memory_bytes, positive_int, positive_number, probability, unit_interval
-from posthoc.core.inputs import KEEP, Inputs, check_finite_result, check_labels, iterate, label_rows, run_model
+from posthoc.core.inputs import KEEP, Inputs, check_finite_result, check_labels, iterate, label_rows
 from posthoc.core.likelihood import Categorical, Gaussian, HeteroscedasticGaussian, real_targets
 from posthoc.core.logits import log_mean_exp
 from posthoc.core.method import LogPredictive, Method, predictive_of
@@ -53,6 +53,7 @@ from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.core.registry import register
 from posthoc.engine.feature_bank import Reservoir, kth_distance, normalised, rows_within
+from posthoc.engine.feature_store import Tap
 from posthoc.engine.fitted_stage import FittedOnHeldOut
 from posthoc.engine.held_out import HeldOut
 from posthoc.engine.runner import examples_over_ranks, gather_rows
@@ -225,6 +226,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             self.register_buffer(name, None)
         self.register_buffer("temperature", torch.ones(()))
         self._capture: tuple[Tensor, Capture] | None = None
+        self._planned_sites: list[Site] | None = None
         self._width_list: tuple[Tensor, list[int]] | None = None
 
     @property
@@ -349,6 +351,13 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         with torch.no_grad(), eval_mode(self.inner):
             self._fit_bank(train_loader, progress)
 
+    def feature_taps(self, x: Inputs) -> list[Tap]:
+        """The layers this DAC will read, found on example inputs ``x``, so that the fit's feature store records them
+        in the same pass as everything else (the bank then uses them)."""
+        if self._planned_sites is None:
+            self._planned_sites = self._resolve(x)
+        return Capture(self.base_model, self._planned_sites).taps()
+
     def share_bank(self, other: DensityAwareCalibration) -> None:
         """Take ``other``'s fitted feature bank (same model and bank options) instead of reading the training data
         again: ``method="auto"`` fits one bank for all its DAC candidates."""
@@ -433,11 +442,11 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
             loader, device=self.device, progress=progress, desc="dac: feature bank", require_labels=False
         ):
             if reservoir is None:
-                self._set_meta({"sites": [str(site) for site in self._resolve(x)]})
+                self._set_meta({"sites": [str(site) for site in self._planned_sites or self._resolve(x)]})
             capture = self._capturer()
-            with eval_mode(self.base_model), capture.recording(label_rows(x)) as found:
-                run_model(self.base_model, x)
-            features = [normalised(f) for f in self._checked(capture.features(found, x), "for its feature bank")]
+            with eval_mode(self.base_model):  # one forward pass, or the fit's stored features (feature_store)
+                found = capture.features([None] * len(capture.sites), x)
+            features = [normalised(f) for f in self._checked(found, "for its feature bank")]
             if reservoir is None:
                 widths = [f.shape[1] for f in features]
                 capacity = rows_within(widths, self.bank_bytes)
@@ -458,6 +467,7 @@ class DensityAwareCalibration(FittedOnHeldOut, Method):
         self.bank = torch.cat([block.reshape(-1) for block in bank.split(widths, dim=1)])
         self.widths = torch.tensor(widths, device=self.device)
         self._set_meta({**self._meta(), "seen": examples_over_ranks(reservoir.seen)})
+        self._planned_sites = None
 
     def _held_out(self, batches: Iterable[tuple[Inputs, Tensor]]) -> Cached | Spread:
         """The inner predictions, log-distances (in :attr:`Cached.excess` until standardised) and labels of every
