@@ -47,7 +47,9 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer
+from posthoc.core.model_card import choice_line
 from posthoc.core.prediction import Prediction
+from posthoc.core.rendering import markdown_html
 from posthoc.engine.dense import DenseModel
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
@@ -423,8 +425,20 @@ class Report:
         return ood_report.ood_markdown({self.name: self.ood}, {self.name: bounds})
 
     def _repr_markdown_(self) -> str:
-        """Jupyter's view: the metrics table (and the OOD table); the pictures are drawn by ``posthoc_apps.report``."""
-        return "\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()]))
+        """Jupyter's view: the metrics table (and the OOD table), under the line naming what ``"auto"`` chose against
+        the plain baseline; the pictures are drawn by ``posthoc_apps.report``."""
+        chosen = choice_line(self.selection) if self.selection else ""
+        return "\n\n".join(filter(None, [chosen, self.to_markdown(), self.ood_to_markdown()]))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view as HTML: :meth:`_repr_markdown_`'s tables as tables.
+
+        Example:
+            >>> from posthoc_apps.demo.examples import report
+            >>> report._repr_html_().startswith("<table><thead><tr><th>method</th>")
+            True
+        """
+        return markdown_html(self._repr_markdown_())
 
 
 @dataclass
