@@ -37,7 +37,7 @@ def test_quickstart_notebook_executes(tmp_path: Path) -> None:
     assert 0.2 < from_logits < 5
     # one rule for both entry points (shift=None): the same choice, fitted on the same rows, the same temperature
     assert abs(float(wrapped) - from_logits) < 2e-3, (kept, wrapped, from_logits)
-    if kept == "uncalibrated":  # the cross-fitted temperature cost more than the tolerance: the reason is shown
+    if kept == "none":  # the cross-fitted temperature cost more than the tolerance: the reason is shown
         assert float(wrapped) == 1.0 and "'clean fit': 'in-distribution NLL excess" in text
     assert "rows sum to 1.0" in text
     in_dist, unseen = map(float, re.search(r"digits 0-7 ([0-9.]+), unseen digits 8-9 ([0-9.]+)", text).groups())

@@ -85,7 +85,7 @@ class _Chooser:
 
     @property
     def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
+        return self.chosen.chosen_name
 
     def num_parameters(self) -> int:
         return self.chosen.num_parameters()

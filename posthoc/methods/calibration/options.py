@@ -18,6 +18,13 @@ from posthoc.core.method import load_tensors
 from posthoc.core.options import Options as BaseOptions
 from posthoc.errors import PosteriorFileError
 
+#: the plain model's name everywhere: the wrap's ``method="none"``, a calibrator that keeps the model's own
+#: probabilities (``"identity"`` is accepted as another name for it), a held-out choice that keeps them
+PLAIN = "none"
+
+#: the calibrator that keeps the model's own probabilities, by its registered name
+IDENTITY = "identity"
+
 
 class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
@@ -43,7 +50,10 @@ class CalibratorOptions:
 
     @property
     def chosen_name(self) -> str:
-        """The calibrator that maps the predictions: its own name, or for ``"auto"`` the one it chose."""
+        """The calibrator that maps the predictions: its own name, or for ``"auto"`` the one it chose; :data:`PLAIN`
+        when that keeps the model's own probabilities (the identity, or a fit that kept them)."""
+        if self.name == IDENTITY or bool(getattr(self, "passthrough", False)):
+            return PLAIN
         return self.name
 
     @property
