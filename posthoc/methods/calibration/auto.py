@@ -14,7 +14,7 @@ Example:
     >>> from posthoc_apps.demo.examples import logits, labels
     >>> calibrator = posthoc.calibrate(logits, labels, method="auto")
     >>> calibrator.chosen_name, calibrator.selection["candidates"][1]["reason"]
-    ('identity', 'in-distribution NLL excess -0.0620 nats, 90% bound +0.0278 > tolerance 0.0111')
+    ('none', 'in-distribution NLL excess -0.0620 nats, 90% bound +0.0278 > tolerance 0.0111')
     >>> posthoc.calibrate(logits, labels, method="auto", tolerance=0.02).chosen_name
     'ets'
     >>> val_mean = torch.randn(500)                                  # a regressor's predictions, whose stds
@@ -42,6 +42,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator, RegressionCalibrator, RegressionIdentity
 from posthoc.methods.calibration.method import CalibrationMethod, calibrators
+from posthoc.methods.calibration.options import IDENTITY, PLAIN
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.variance_scaling import VarianceScaling
 
@@ -207,7 +208,7 @@ class AutoCalibration(_Chooser, Calibrator):
         order = sorted(usable, key=lambda name: (sizes[name], names.index(name)))  # the identity first
         plain = Scores.of_log_probs(out_of_fold["identity"], labels)
         selection = select(
-            [(name, name) for name in order],
+            [(PLAIN if name == IDENTITY else name, name) for name in order],  # the plain model is 'none'
             [Scores.of_log_probs(out_of_fold[name], labels) for name in order],
             plain=plain,
             tolerance=Tolerance.of(self.tolerance).nats(plain.nll),
