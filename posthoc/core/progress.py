@@ -165,15 +165,15 @@ def progress_bar(
 
 
 class Stages:
-    """One bar over the named stages of a long fit (see module docs): :meth:`plan` adds stages to come, :meth:`enter`
-    starts the next one (finishing the one before); off a terminal each finished stage prints one line.
+    """One bar over the named stages of a long fit (see module docs): :meth:`enter` starts the next one (finishing the
+    one before) and may announce how many come after it; off a terminal each finished stage prints one line.
 
     Example:
         >>> import io
         >>> from posthoc.core.progress import Stages
         >>> log = io.StringIO()
         >>> bar = Stages("fit", stream=log)
-        >>> bar.plan(2); bar.enter("fitting temperature"); bar.enter("fitting laplace"); bar.close()
+        >>> bar.enter("fitting temperature", more=1); bar.enter("fitting laplace"); bar.close()
         >>> [line.split(": ")[1] for line in log.getvalue().splitlines()]
         ['fitting temperature', 'fitting laplace']
     """
@@ -182,21 +182,15 @@ class Stages:
         self.desc, self.stream, self.total, self.done, self.label = desc, stream, 0, 0, ""
         self.started = time.perf_counter()
         self.bar = None
-        if interactive(stream):
-            self.bar = bar_class()(total=0, desc=desc, leave=False, file=stream, unit="stage")
+        self.drawn = interactive(stream)  # the bar is drawn from the first stage on
 
-    def plan(self, count: int) -> None:
-        """``count`` stages still to come after the current one (the bar's total, which its ETA divides)."""
-        self.total = max(self.total, self.done + bool(self.label) + count)
-        if self.bar is not None:
-            self.bar.total = max(self.total, self.done + 1)
-            self.bar.refresh()
-
-    def enter(self, label: str) -> None:
-        """Finish the current stage (if any) and start ``label``."""
+    def enter(self, label: str, more: int = 0) -> None:
+        """Finish the current stage (if any) and start ``label``, with ``more`` stages announced after it."""
         self._finish()
         self.label, self.started = label, time.perf_counter()
-        self.total = max(self.total, self.done + 1)
+        self.total = max(self.total, self.done + 1 + more)
+        if self.drawn and self.bar is None:
+            self.bar = bar_class()(total=self.total, desc=self.desc, leave=False, file=self.stream, unit="stage")
         if self.bar is not None:
             self.bar.total = self.total
             self.bar.set_description_str(f"{self.desc} {self.done + 1}/{self.total}: {label}")
@@ -219,7 +213,7 @@ class Stages:
         self.label = ""
         if self.bar is not None:
             self.bar.close()
-            self.bar = None
+        self.bar, self.drawn = None, False
 
 
 #: the one bar of the fit running in this context, if any
@@ -257,5 +251,4 @@ def stage(label: str, *, more: int = 0) -> None:
     announced to come after it."""
     bar = _STAGES.get()
     if bar is not None:
-        bar.enter(label)
-        bar.plan(more)
+        bar.enter(label, more)

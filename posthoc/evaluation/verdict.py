@@ -517,8 +517,12 @@ class Verdict:
         """What the numbers are, and with ``frontier`` what the frontier's points and bars are."""
         text = (
             f"Changes against the plain model `{self.plain}` with {self.ci:.0%} paired bootstrap intervals over the "
-            f"{self.examples} test examples ({self.bootstraps} resamples); predict cost: the median of repeated "
-            "timings against a plain forward on the same inputs."
+            f"{self.examples} test examples ({self.bootstraps} resamples)"
+            + (
+                "; predict cost: the median of repeated timings against a plain forward on the same inputs."
+                if any(row.predict_cost is not None for row in self.rows)
+                else "."
+            )
         )
         if not frontier:
             return text

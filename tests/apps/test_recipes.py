@@ -386,8 +386,8 @@ def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
     fitted = json.loads((tmp_path / "out" / "calibration.json").read_text())
     assert fitted["in_sample"] and fitted["num_classes"] == 2 and fitted["requested"] == "auto"
     scores = fitted["scores"]
-    assert {"identity", "temperature", "platt"} <= set(scores) and fitted["method"] != "identity"
-    assert scores[fitted["method"]]["nll"] <= scores["identity"]["nll"]
+    assert {"none", "temperature", "platt"} <= set(scores) and fitted["method"] != "none"
+    assert scores[fitted["method"]]["nll"] <= scores["none"]["nll"]
     assert fitted["after"]["nll"] < fitted["before"]["nll"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "in-sample" in report and "cross-validated" in report and f"| {fitted['method']} |" in report

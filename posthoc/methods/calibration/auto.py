@@ -42,7 +42,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator, RegressionCalibrator, RegressionIdentity
 from posthoc.methods.calibration.method import CalibrationMethod, calibrators
-from posthoc.methods.calibration.options import IDENTITY, PLAIN
+from posthoc.methods.calibration.options import plain_named
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.variance_scaling import VarianceScaling
 
@@ -152,7 +152,7 @@ class AutoCalibration(_Chooser, Calibrator):
     @property
     def scores(self) -> dict[str, dict[str, float]]:
         return {
-            name: {"nll": float(row[0]), "ece": float(row[1])}
+            plain_named(name): {"nll": float(row[0]), "ece": float(row[1])}
             for name, row in zip(self.choices, self.cross_validated.tolist())
             if not math.isnan(row[0])
         }
@@ -208,7 +208,7 @@ class AutoCalibration(_Chooser, Calibrator):
         order = sorted(usable, key=lambda name: (sizes[name], names.index(name)))  # the identity first
         plain = Scores.of_log_probs(out_of_fold["identity"], labels)
         selection = select(
-            [(PLAIN if name == IDENTITY else name, name) for name in order],  # the plain model is 'none'
+            [(plain_named(name), name) for name in order],
             [Scores.of_log_probs(out_of_fold[name], labels) for name in order],
             plain=plain,
             tolerance=Tolerance.of(self.tolerance).nats(plain.nll),
@@ -350,7 +350,10 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
-        return {name: {"crps": float(value)} for name, value in zip(self.choices, self.cross_validated.tolist())}
+        return {
+            plain_named(name): {"crps": float(value)}
+            for name, value in zip(self.choices, self.cross_validated.tolist())
+        }
 
     def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
         """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates."""

@@ -236,8 +236,8 @@ class Calibrator(CalibratorOptions, nn.Module):
             >>> import posthoc
             >>> from posthoc_apps.demo.examples import logits, labels, test_logits
             >>> calibrator = posthoc.calibrate(logits, labels)
-            >>> calibrator.log_probs(test_logits).exp().sum(-1)
-            tensor([1.0000, 1.0000, ...])
+            >>> calibrator.log_probs(test_logits).exp().sum(-1).round(decimals=4)[:3]   # the last digits vary by build
+            tensor([1., 1., 1.])
             >>> type(calibrator.log_probs(test_logits.numpy())).__name__
             'ndarray'
         """

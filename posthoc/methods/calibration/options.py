@@ -26,6 +26,11 @@ PLAIN = "none"
 IDENTITY = "identity"
 
 
+def plain_named(name: str) -> str:
+    """A calibrator's name as records, tables and warnings show it: :data:`PLAIN` for the identity."""
+    return PLAIN if name == IDENTITY else name
+
+
 class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
 
@@ -52,9 +57,7 @@ class CalibratorOptions:
     def chosen_name(self) -> str:
         """The calibrator that maps the predictions: its own name, or for ``"auto"`` the one it chose; :data:`PLAIN`
         when that keeps the model's own probabilities (the identity, or a fit that kept them)."""
-        if self.name == IDENTITY or bool(getattr(self, "passthrough", False)):
-            return PLAIN
-        return self.name
+        return PLAIN if bool(getattr(self, "passthrough", False)) else plain_named(self.name)
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:

@@ -130,10 +130,10 @@ def test_auto_is_never_worse_than_identity_on_the_folds_and_reports_its_table():
         for fit_logits, miscalibrated in ((logits, True), (truth, False)):
             calibrator = posthoc.calibrate(fit_logits, labels, method="auto", seed=seed)
             scores = calibrator.scores
-            assert {"identity", "temperature", "vector", "matrix"} <= set(scores) and "platt" not in scores
-            assert scores[calibrator.chosen_name]["nll"] <= scores["identity"]["nll"]
+            assert {"none", "temperature", "vector", "matrix"} <= set(scores) and "platt" not in scores
+            assert scores[calibrator.chosen_name]["nll"] <= scores["none"]["nll"]
             if miscalibrated:
-                assert calibrator.chosen_name != "identity"
+                assert calibrator.chosen_name != "none"
                 assert metrics.nll(calibrator(test_logits), test_labels) < metrics.nll(
                     test_logits.softmax(-1), test_labels
                 )
