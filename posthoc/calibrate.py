@@ -2,8 +2,19 @@
 
 Calibrators (see :mod:`posthoc.methods.calibration`): ``"temperature"`` (default), ``"vector"``,
 ``"matrix"`` (ODIR), ``"dirichlet"``, ``"ets"``, ``"histogram"``, ``"isotonic"``, ``"venn-abers"``, ``"platt"``
-(binary), ``"identity"``, and ``"auto"`` (the others compared by k-fold cross-validated NLL, each flexible one against
-the temperature it extends). Every one is fitted
+(binary), ``"none"`` (the model's own probabilities, as ``method="none"`` in ``posthoc.wrap``; ``"identity"`` is
+another name for it), and ``"auto"`` (the others compared by k-fold cross-validated NLL, each flexible one against
+the temperature it extends). A fit that keeps the model's own probabilities reads ``"none"`` in ``chosen_name``, in
+its selection record and in its warning.
+
+The default is ``"temperature"``, where ``posthoc.wrap`` and ``posthoc evaluate`` default to ``"auto"``: from logits
+alone there is no network to put a posterior on, and one parameter fitted on the held-out rows (checked against the
+plain model as ``um.fit`` checks it) is the calibrator that needs fewest examples; ``method="auto"`` compares them all.
+
+Probabilities come back in the logits' type (numpy for numpy, a tensor for a tensor) and floating dtype (float64
+for float64). A binary classifier's ``(N,)`` logits give ``(N, 2)`` probabilities, the positive class in column 1:
+the same shape as every classifier's, so that a :class:`~posthoc.Prediction`, the metrics and ``posthoc.evaluate``
+read them alike (``calibrator(z)[:, 1]`` is the positive class's probability). Every one is fitted
 by the selection step of ``um.fit`` (:mod:`posthoc.engine.selection`); ``calibrator.selection`` records the choice.
 
 A deployed **regressor** gives ``mean=``, ``std=`` (or none: a constant std) and ``targets=``; its calibrators:
@@ -27,8 +38,8 @@ Example:
     >>> targets = mean + torch.randn(200)                         # whose stds are twice too wide
     >>> calibrator = posthoc.calibrate(mean=mean, std=std, targets=targets, method="isotonic")
     >>> lower, upper = calibrator.predict(mean, std).interval(0.9)
-    >>> ((lower <= targets[:, None]) & (targets[:, None] <= upper)).float().mean()
-    tensor(0.9000)
+    >>> round(float(((lower <= targets[:, None]) & (targets[:, None] <= upper)).float().mean()), 3)
+    0.9
 """
 
 from __future__ import annotations
@@ -47,6 +58,7 @@ from posthoc.methods.calibration import Calibrator, calibrators
 from posthoc.methods.calibration.auto import regression_calibrators
 from posthoc.methods.calibration.base import KIND, RegressionCalibrator, as_prediction, held_out_logits
 from posthoc.methods.calibration.method import fit_on_logits
+from posthoc.methods.calibration.options import IDENTITY, PLAIN
 
 
 def calibrate(
@@ -78,10 +90,10 @@ def calibrate(
         >>> import posthoc
         >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits
         >>> calibrator = posthoc.calibrate(val_logits.numpy(), val_labels.numpy())   # numpy arrays work too
-        >>> calibrator(test_logits.numpy()).sum(-1)[:3]   # numpy in, numpy out; rows sum to 1
+        >>> calibrator(test_logits.numpy()).sum(-1)[:3].round(4)   # numpy in, numpy out; rows sum to 1
         array([1., 1., 1.], dtype=float32)
-        >>> calibrator(test_logits).sum(-1)[:3]           # a tensor for a tensor
-        tensor([1., 1., 1.])
+        >>> calibrator(test_logits.double()).sum(-1)[:3].round(decimals=4)   # a tensor for a tensor, float64 kept
+        tensor([1., 1., 1.], dtype=torch.float64)
     """
     if mean is not None or targets is not None or std is not None:
         return _calibrate_regressor(logits, labels, method, mean, std, targets, options, tolerance)
@@ -89,10 +101,10 @@ def calibrate(
         raise InputError(
             "calibrate needs held-out logits and labels (a classifier), or mean=, std= and targets= (a regressor)"
         )
-    method = "temperature" if method is None else method
+    method = "temperature" if method is None else (IDENTITY if method == PLAIN else method)
     if method in ("variance-scaling",):
         raise ConfigError(f"'{method}' calibrates a regressor: pass mean=, std= and targets= (not logits and labels)")
-    cls = calibrators()[known_name(method, "calibration method", calibrators())]
+    cls = calibrators()[known_name(method, "calibration method", [PLAIN, *calibrators()])]
     chosen = cls.Options.make(options, f"calibrator '{method}'")
     positive_int(max_iter, "max_iter")
     if "max_iter" in cls.option_defaults():
@@ -106,7 +118,7 @@ def calibrate(
             raise ConfigError("calibrate(method='auto') takes tolerance= as nats per example (a number) or None")
         chosen = dataclasses.replace(chosen, tolerance=tolerance)
     calibrator = cls(**chosen.as_dict())
-    if method in ("identity", "auto"):  # nothing to choose / its own choice by the same selection step
+    if method in (IDENTITY, "auto"):  # nothing to choose / its own choice by the same selection step
         return calibrator.fit(class_logits.float(), targets)
     return fit_on_logits(calibrator, class_logits.float(), targets, tolerance=Tolerance.of(tolerance))
 
@@ -129,7 +141,7 @@ def _calibrate_regressor(
         )
     if mean is None or targets is None:
         raise InputError("calibrating a regressor needs mean= and targets= (and std= if it predicts one)")
-    method = "variance-scaling" if method is None else method
+    method = "variance-scaling" if method is None else (IDENTITY if method == PLAIN else method)
     known = regression_calibrators()
     if method not in known and method in calibrators():
         raise ConfigError(
@@ -169,6 +181,7 @@ def load_calibrator(path: str | os.PathLike) -> Calibrator | RegressionCalibrato
     """
     payload = persistence.read(path, kind="calibrator")
     entry = payload["spec"][0]
+    entry = {**entry, "name": IDENTITY if entry["name"] == PLAIN else entry["name"]}
     known = regression_calibrators() if entry.get("kind") == KIND else calibrators()
     if entry["name"] not in known:
         raise PosteriorFileError(f"{path} names an unknown calibrator {entry['name']!r}")

@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from posthoc.core.fit_record import FitRecord
+from posthoc.core.rendering import markdown_html
 
 #: list values longer than this show their first entries and how many there are in all
 SHOWN_ITEMS = 8
@@ -65,6 +66,8 @@ class ModelCard(dict):
             # Model card: laplace
         """
         lines = [f"# Model card: {' + '.join(self['methods'])}", ""]
+        if self.get("selection"):
+            lines += [choice_line(self["selection"]), ""]
         lines += _table({key: value for key, value in self.items() if key not in ("posterior", "selection")})
         for position, entry in enumerate(self["posterior"], start=1):
             lines += ["", f"## {position}. {entry['method']}", ""]
@@ -77,6 +80,36 @@ class ModelCard(dict):
                 lines += ["", *selection_table(entry["selection"])]
             lines += _nested_cards(entry.get(NESTED), str(position))
         return "\n".join(lines) + "\n"
+
+    def _repr_markdown_(self) -> str:
+        """A notebook's view of ``um.summary()``: :meth:`to_markdown`."""
+        return self.to_markdown()
+
+    def _repr_html_(self) -> str:
+        """A notebook's view of ``um.summary()``: :meth:`to_markdown` as HTML (its tables as tables)."""
+        return markdown_html(self.to_markdown())
+
+
+def choice_line(selection: dict[str, Any]) -> str:
+    """One sentence of a held-out choice's record: what was chosen, and its held-out NLL beside the plain model's
+    (``none``), the baseline every candidate is judged against.
+
+    Example:
+        >>> import posthoc
+        >>> from posthoc.core.model_card import choice_line
+        >>> from posthoc_apps.demo.examples import model, val_loader
+        >>> um = posthoc.wrap(model, method="temperature").fit(val_loader=val_loader, progress=False)
+        >>> choice_line(um.summary()["selection"]).split(",")[0]
+        'Chosen calibration: **clean fit at 0.75**'
+    """
+    plain = selection["plain"]["clean_nll"]
+    row = next((row for row in selection["candidates"] if row.get("chosen")), None)
+    excess = None if row is None else row.get("excess")
+    chosen = "-" if excess is None or plain is None else _shown(plain + excess)
+    return (
+        f"Chosen {selection['knob']}: **{selection['chosen']}**, held-out NLL {chosen} against the plain model's "
+        f"(`none`, the baseline) {_shown(plain)} on {selection['examples']} examples."
+    )
 
 
 def _nested_cards(cards: list[dict[str, Any]] | None, position: str) -> list[str]:

@@ -948,13 +948,13 @@ def warn_kept_plain(selection: Selection, *, method: str, retry: str = "fit", st
         >>> from posthoc.engine.selection import Scores, select, warn_kept_plain
         >>> plain = Scores(torch.zeros(40), mistakes=torch.zeros(40))
         >>> gain = Scores(torch.cat([torch.full((39,), 0.05), torch.tensor([-1.0])]))
-        >>> selection = select([("uncalibrated", None), ("clean fit", 0.0)], [plain, gain], plain=plain,
+        >>> selection = select([("none", None), ("clean fit", 0.0)], [plain, gain], plain=plain,
         ...                    tolerance=0.005, knob="calibration")
         >>> with warnings.catch_warnings(record=True) as caught:
         ...     warnings.simplefilter("always")
         ...     warn_kept_plain(selection, method="temperature")
         >>> print(caught[0].message)  # doctest: +ELLIPSIS
-        'temperature' kept 'uncalibrated': no other candidate lowers the held-out NLL (40 examples)...
+        'temperature' kept 'none': no other candidate lowers the held-out NLL (40 examples)...
     """
     tried = [record for record in selection.records if record.tried]
     if selection.index != 0 or selection.fallback or len(tried) < 2:

@@ -39,6 +39,7 @@ from posthoc.core.method import Method, chain_of
 from posthoc.core.model_card import ModelCard
 from posthoc.core.modules import eval_mode
 from posthoc.core.prediction import Prediction, RegressionPrediction, concat
+from posthoc.core.progress import stage, stages
 from posthoc.engine.choice import make_choice, makes_choice, training_rows
 from posthoc.engine.feature_store import open_store
 from posthoc.engine.head import find_head
@@ -149,7 +150,7 @@ class UncertainModel(nn.Module):
         _check_fit_options(self.method, fit_options)
         check_shift(shift)
         tolerance = Tolerance.of(tolerance)
-        with self.run.scope():
+        with self.run.scope(), stages("fit", progress=progress):
             self._fit_chain(train_loader, val_loader, progress, shift, tolerance, fit_options)
         return self
 
@@ -194,8 +195,10 @@ class UncertainModel(nn.Module):
         held_out = None
         if val_loader is not None and any(makes_choice(method) for method in chain):
             # read before any fit: the plain model is the checkpoint as it was given
+            stage("reading the held-out data", more=len(chain))
             held_out = self._read(val_loader, self.method.base_model, shift, tolerance, progress)
         for method in chain:
+            stage(f"fitting {method.name}")
             _fit_one(method, train_loader, val_loader, progress, fit_options)
             if makes_choice(method):
                 chosen_on = (
@@ -515,6 +518,32 @@ class UncertainModel(nn.Module):
 
     def extra_repr(self) -> str:
         return f"methods={self.methods}, fitted={self.is_fitted}"
+
+    def __repr__(self) -> str:
+        """One line: the method, what it chose, what it was fitted on and what the fit cost; not the network (``um.method``
+        prints the modules).
+
+        Example:
+            >>> import posthoc
+            >>> from posthoc_apps.demo.examples import model, val_loader
+            >>> posthoc.wrap(model, method="temperature")
+            UncertainModel('temperature' on a Sequential, not fitted)
+        """
+        parts = [f"{'+'.join(self.methods)!r} on a {type(self.method.base_model).__qualname__}"]
+        if not self.is_fitted:
+            return f"UncertainModel({parts[0]}, not fitted)"
+        selection = self.summary().get("selection") if self.method.requires_fit else None
+        if selection:
+            parts.append(f"chose {selection['knob']} {selection['chosen']!r}")
+        record = self.fit_record
+        if record is not None:
+            seen = [
+                f"{count} {what}"
+                for count, what in ((record.train_examples, "training"), (record.val_examples, "held-out"))
+                if count
+            ]
+            parts.append(f"fitted on {' and '.join(seen) or 'no counted'} examples in {record.wall_seconds:.1f} s")
+        return f"UncertainModel({', '.join(parts)})"
 
 
 def check_wrapped(um: Any, what: str) -> UncertainModel:

@@ -47,7 +47,10 @@ import torch
 from torch import Tensor
 
 from posthoc.core.checks import integer
+from posthoc.core.inputs import as_tensor
+from posthoc.core.model_card import choice_line
 from posthoc.core.prediction import Prediction
+from posthoc.core.rendering import markdown_html
 from posthoc.engine.dense import DenseModel
 from posthoc.engine.predictions import predict_loader
 from posthoc.engine.uncertain_model import UncertainModel, check_wrapped
@@ -64,6 +67,7 @@ from posthoc.guarantees import measures
 from posthoc.guarantees.conformal import ConformalPredictor, ConformalRegressor
 from posthoc.guarantees.selective import SelectivePredictor
 from posthoc.guarantees.sources import is_regression
+from posthoc.methods.calibration.base import Calibrator, held_out_logits
 from posthoc.ood.detector import Detector
 
 
@@ -423,8 +427,20 @@ class Report:
         return ood_report.ood_markdown({self.name: self.ood}, {self.name: bounds})
 
     def _repr_markdown_(self) -> str:
-        """Jupyter's view: the metrics table (and the OOD table); the pictures are drawn by ``posthoc_apps.report``."""
-        return "\n\n".join(filter(None, [self.to_markdown(), self.ood_to_markdown()]))
+        """Jupyter's view: the metrics table (and the OOD table), under the line naming what ``"auto"`` chose against
+        the plain baseline; the pictures are drawn by ``posthoc_apps.report``."""
+        chosen = choice_line(self.selection) if self.selection else ""
+        return "\n\n".join(filter(None, [chosen, self.to_markdown(), self.ood_to_markdown()]))
+
+    def _repr_html_(self) -> str:
+        """Jupyter's view as HTML: :meth:`_repr_markdown_`'s tables as tables.
+
+        Example:
+            >>> from posthoc_apps.demo.examples import report
+            >>> report._repr_html_().startswith("<table><thead><tr><th>method</th>")
+            True
+        """
+        return markdown_html(self._repr_markdown_())
 
 
 @dataclass
@@ -519,6 +535,12 @@ def evaluate(
 ) -> Report:
     """Evaluate ``um`` on a labelled test loader, and on an OOD loader (labels ignored) if given.
 
+    From logits alone, ``um`` is a fitted calibrator (``posthoc.calibrate``) and the next two arguments are the test
+    logits and labels: ``posthoc.evaluate(calibrator, test_logits, test_labels)`` gives the same :class:`Report` as a
+    wrapped model's, and ``posthoc.evaluate(posthoc.calibrate(val_logits, val_labels, method="none"), ...)`` the
+    plain baseline's, so that ``plain.to_markdown(report)`` writes the verdict and ``posthoc_apps.report.write_html``
+    the page (``ci=`` works as for a model; the other options need the model).
+
     Args:
         conformal, selective: fitted guarantees (not ``alpha=`` / ``target_risk=``, so that their options stay in one
             place and one calibration serves several test sets), measured on the test set.
@@ -538,6 +560,13 @@ def evaluate(
     """
     if isinstance(um, DenseModel):  # per-position metrics (posthoc.evaluation.dense)
         return evaluate_dense({name or "+".join(um.methods): um}, test_loader)
+    if isinstance(um, Calibrator):
+        if any(value is not None for value in (conformal, selective, ood_scores)) or num_samples is not None:
+            raise ConfigError(
+                "from logits, evaluate(calibrator, test_logits, test_labels) measures the calibrated probabilities "
+                "only; conformal=, selective=, ood_scores= and num_samples= need the wrapped model"
+            )
+        return evaluate_logits(um, test_loader, ood_loader, name=name, ci=ci, bootstraps=bootstraps, seed=seed)
     check_wrapped(um, "evaluate")
     integer(seed, "seed")
     kind = report_type(um)
@@ -566,6 +595,43 @@ def evaluate(
     if ci is not None:
         report.ci = ci
         report.intervals = kind.resampled(report, test, ood, checked, ci=ci, bootstraps=bootstraps, seed=seed)
+    return report
+
+
+def evaluate_logits(
+    calibrator: Calibrator,
+    logits: Any,
+    labels: Any,
+    *,
+    name: str | None = None,
+    ci: float | None = None,
+    bootstraps: int = 1000,
+    seed: int = 0,
+) -> Report:
+    """The :class:`Report` of a fitted calibrator's probabilities on test ``logits`` and ``labels`` (what
+    ``posthoc.evaluate(calibrator, logits, labels)`` returns), named ``name`` or the calibrator's ``chosen_name``.
+
+    Example:
+        >>> import posthoc
+        >>> from posthoc_apps.demo.examples import val_logits, val_labels, test_logits, test_labels
+        >>> plain = posthoc.evaluate(posthoc.calibrate(val_logits, val_labels, method="none"), test_logits, test_labels)
+        >>> tempered = posthoc.evaluate(posthoc.calibrate(val_logits, val_labels), test_logits, test_labels)
+        >>> plain.name, tempered.name, plain.to_markdown(tempered).splitlines()[0]
+        ('none', 'temperature', '## Verdict')
+    """
+    if logits is None or labels is None:
+        raise InputError("evaluate(calibrator, test_logits, test_labels) needs the test logits and their labels")
+    if ci is not None:
+        bootstrap.check_level(ci, bootstraps)
+    integer(seed, "seed")
+    test = calibrator.predict(logits)
+    _, targets = held_out_logits(as_tensor(logits, "logits"), labels, samples=False)
+    kind = KINDS[Categorical.name]
+    checked = kind.guarantees(test, None, None)
+    report = Report(name or calibrator.chosen_name, kind.name, **kind.measured(test, targets, checked, None))
+    if ci is not None:
+        report.ci = ci
+        report.intervals = kind.resampled(report, test, None, checked, ci=ci, bootstraps=bootstraps, seed=seed)
     return report
 
 

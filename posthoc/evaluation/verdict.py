@@ -24,7 +24,7 @@ Example:
     <BLANKLINE>
     **Use `laplace`**: picked on the test data, the lowest NLL under shift among the rows within the tolerance; ...
     <BLANKLINE>
-    It costs no NLL in distribution (-0.1068 nats, 0.82x the plain model's 0.5966) and 1.4x a plain forward at ...
+    It lowers the NLL in distribution by 0.1068 nats (0.82x the plain model's 0.5966); a prediction costs 1.4x a ...
     <BLANKLINE>
     It buys -0.7046 nats of NLL under shift (0.59x on `noisy`).
     <BLANKLINE>
@@ -356,12 +356,16 @@ class Verdict:
         else:
             within = "" if clean.difference <= 0 else f"; within the {self.tolerance:.4f}-nat tolerance"
         change = f"{_relative(clean)}{within}".strip("; ")
-        amount = (
-            f"no NLL in distribution ({_signed(clean.difference)} nats" + (f", {change})" if change else ")")
-            if clean.difference <= 0
-            else f"{_signed(clean.difference)} nats of NLL in distribution" + (f" ({change})" if change else "")
-        )
-        return f"It costs {amount} and {_predict(chosen)} at predict time."
+        detail = f" ({change})" if change else ""
+        if clean.difference < 0:
+            text = f"It lowers the NLL in distribution by {-clean.difference:.4f} nats{detail}"
+        elif clean.difference == 0:
+            text = f"It leaves the NLL in distribution as it was{detail}"
+        else:
+            text = f"It costs {_signed(clean.difference)} nats of NLL in distribution{detail}"
+        if chosen.predict_cost is None:
+            return text + "."
+        return f"{text}; a prediction costs {_predict(chosen)}."
 
     def _buys(self, chosen: Judged) -> str:
         """What it buys under shift and on OOD inputs."""
@@ -458,9 +462,11 @@ class Verdict:
                 f"| OOD AUROC (entropy) | {row.ood.plain:.3f} | {row.ood.value:.3f} | {_signed(row.ood.difference, 3)} "
                 f"{_interval(row.ood.interval, 3)} | – |"
             )
-        if row.predict_cost is not None:
-            plain, own = cost_cell(1.0, row.forward_seconds), cost_cell(row.predict_cost, row.forward_seconds)
-            lines.append(f"| predict cost | {plain} | {own} | – | {_times(row.predict_cost)} |")
+        if row.predict_cost is not None:  # the plain row's own measurement where it has one: one number per row
+            measured = next((other.predict_cost for other in self.rows if other.label == self.plain), None)
+            base = 1.0 if measured is None else measured
+            plain, own = cost_cell(base, row.forward_seconds), cost_cell(row.predict_cost, row.forward_seconds)
+            lines.append(f"| predict cost | {plain} | {own} | – | {_times(row.predict_cost / base)} |")
         return "\n".join(lines)
 
     def _held_out_lines(self, row: Judged) -> list[str]:
@@ -511,8 +517,12 @@ class Verdict:
         """What the numbers are, and with ``frontier`` what the frontier's points and bars are."""
         text = (
             f"Changes against the plain model `{self.plain}` with {self.ci:.0%} paired bootstrap intervals over the "
-            f"{self.examples} test examples ({self.bootstraps} resamples); predict cost: the median of repeated "
-            "timings against a plain forward on the same inputs."
+            f"{self.examples} test examples ({self.bootstraps} resamples)"
+            + (
+                "; predict cost: the median of repeated timings against a plain forward on the same inputs."
+                if any(row.predict_cost is not None for row in self.rows)
+                else "."
+            )
         )
         if not frontier:
             return text

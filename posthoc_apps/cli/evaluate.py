@@ -55,6 +55,7 @@ import argparse
 import ast
 import glob
 import json
+import math
 import os
 import time
 from collections.abc import Callable, Iterable
@@ -182,6 +183,35 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="override the crop size of the model's preprocessing (default: the model's own)",
     )
+    group.add_argument(
+        "--channels",
+        type=int,
+        choices=(1, 3),
+        default=None,
+        help="the channels the model takes: 1 reads the images as grey (default: 3)",
+    )
+    for flag, what in (("--mean", "mean"), ("--std", "standard deviation")):
+        group.add_argument(
+            flag,
+            type=float,
+            nargs="+",
+            metavar="X",
+            default=None,
+            help=f"the per-channel {what} the model's inputs are normalised with, of pixels in [0, 1] (default: the "
+            "model's pretrained_cfg, else ImageNet's)",
+        )
+    group.add_argument(
+        "--resize", type=int, metavar="N", default=None, help="resize the shorter side to N pixels (default: as above)"
+    )
+    group.add_argument("--crop", type=int, metavar="N", default=None, help="centre crop N x N (default: as above)")
+    group.add_argument(
+        "--expect-accuracy",
+        type=float,
+        metavar="P",
+        default=None,
+        help="the plain model's known accuracy (e.g. on its own validation set): a test accuracy far below it is "
+        "flagged in the verdict as a possible preprocessing mismatch (default: a checkpoint's 'accuracy' entry)",
+    )
 
 
 def add_run_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,7 +278,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=None,
         metavar="NAME[+NAME]",
-        help=f"a method row, 'a+b' composes (repeatable; default temperature); available: {', '.join(method_names())}",
+        help=f"a method row, 'a+b' composes (repeatable; default auto, as posthoc.wrap); available: "
+        f"{', '.join(method_names())}",
     )
     methods.add_argument(
         "--option",
@@ -370,7 +401,7 @@ def load_folders(model: nn.Module, transform: Callable, args: argparse.Namespace
 
 def method_rows(methods: Iterable[str] | None) -> list[list[str]]:
     """``["laplace", "laplace+temperature"]`` -> ``[["none"], ["laplace"], ["laplace", "temperature"]]``."""
-    rows = [[name.strip() for name in entry.split("+")] for entry in (methods or ["temperature"])]
+    rows = [[name.strip() for name in entry.split("+")] for entry in (methods or ["auto"])]
     for row in rows:
         for name in row:
             method_class(name)  # refuses unknown names, listing the valid ones
@@ -622,16 +653,19 @@ def write_run_report(
     body: list[str],
     cards: list[str],
     metrics: dict[str, Any],
+    alerts: list[str] = (),
 ) -> Path:
     """Write a run's report to ``out`` and return its path; every ``posthoc evaluate`` run (a classifier's
     :func:`write_report`, a regressor's :func:`posthoc_apps.cli.tables.write_regression_report`) goes through here.
 
-    ``report.md`` is the title, the verdict (``verdict_title`` names its test set), ``## Data`` (``about``), then
+    ``report.md`` is the title, ``alerts`` (a possible preprocessing mismatch), the verdict (``verdict_title`` names
+    its test set), ``## Data`` (``about``), then
     ``## Test set`` and the rest (``body``); ``report.html`` is the same page self-contained; ``summary.md`` holds each
     row's model card (``cards``) and ``metrics.json`` ``metrics`` with the run's settings and the verdict."""
     lines = [
         f"# {title}",
         "",
+        *alerts,
         *([] if verdict is None else [verdict_section(verdict, out, title=verdict_title), ""]),
         "## Data",
         "",
@@ -662,6 +696,7 @@ def write_report(
     *,
     title: str,
     calibrator: CalibratorResult | None = None,
+    preprocessing: str | None = None,
 ) -> Path:
     """Write ``report.md`` (and the same as one self-contained ``report.html``), ``summary.md`` (each row's model
     card), ``metrics.json``, ``reliability.png``, ``risk_coverage.png`` (and ``shift.png`` and ``confidence.png``
@@ -699,6 +734,7 @@ def write_report(
         f"- images: {sizes}",
         f"- test set: {test_source}" + (f"; OOD set: {args.ood}" if args.ood else ""),
         f"- device: {run_device(args.device)}, seed {args.seed}",
+        *([] if preprocessing is None else [f"- preprocessing: `{preprocessing}`"]),
     ]
     lines = [
         markdown_table(
@@ -777,6 +813,7 @@ def write_report(
         body=lines,
         cards=cards,
         metrics=metrics,
+        alerts=mismatch_lines(results, getattr(args, "expect_accuracy", None)),
     )
 
 
@@ -822,7 +859,8 @@ def run_retrofit(
             model, data.calibration, {"test": data.test, **data.shifts}, args, run_device(args.device)
         )
     results = fit_and_evaluate(model, data, args, normalization=transform_normalization(transform))
-    report_path = write_report(results, data, args, title=title, calibrator=calibrator)
+    preprocessing = folders.describe_transform(transform) if load_data is load_folders else None
+    report_path = write_report(results, data, args, title=title, calibrator=calibrator, preprocessing=preprocessing)
     print(f"[posthoc] wrote {report_path}")
     return report_path
 
@@ -841,7 +879,7 @@ def run_recipe(args: argparse.Namespace, source: str, load_model: Callable[..., 
         check_numbers(args)
         torch.manual_seed(args.seed)
         model = load_model(args.model, args.pretrained, args.num_classes, args.checkpoint)
-        transform = folders.model_transform(model, f"{source}:{args.model}", args.image_size)
+        transform = folders.model_transform(model, f"{source}:{args.model}", args.image_size, transform_flags(args))
         weights = "ImageNet weights" if args.pretrained else "random weights"
         run_retrofit(model, transform, args, title=f"{source} {args.model} ({weights})")
 
@@ -937,7 +975,7 @@ def run_evaluate(args: argparse.Namespace) -> Path:
     :func:`member_specs`) are evaluated as one ensemble (``posthoc.wrap([...])``), with the first member's
     preprocessing."""
     members = member_specs(list(args.model), list(args.checkpoint or []))
-    weights = "pretrained" if args.pretrained else "random weights"
+    weights = "pretrained" if args.pretrained or any(path for _, path in members) else "random weights"
     if len(members) > 1:
         if any(spec.startswith(hf.PREFIX) for spec, _ in members):
             raise ConfigError(
@@ -948,7 +986,7 @@ def run_evaluate(args: argparse.Namespace) -> Path:
             build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint)
             for spec, checkpoint in members
         ]
-        transform = folders.model_transform(models[0], members[0][0], args.image_size)
+        transform = folders.model_transform(models[0], members[0][0], args.image_size, transform_flags(args))
         listing = ", ".join(f"{spec}" + (f" ({checkpoint})" if checkpoint else "") for spec, checkpoint in members)
         return run_retrofit(
             models, transform, args, title=f"posthoc evaluate: ensemble of {len(models)}: {listing} ({weights})"
@@ -958,11 +996,88 @@ def run_evaluate(args: argparse.Namespace) -> Path:
         model, processor = hf.load_classifier(spec, pretrained=args.pretrained, num_classes=args.num_classes)
         if checkpoint_path is not None:
             load_checkpoint(model, checkpoint_path, architecture=spec)
-        title = f"posthoc evaluate: {spec}{' (random weights)' if not args.pretrained else ''}"
+        title = f"posthoc evaluate: {spec}" + (
+            f" (checkpoint {checkpoint_path})"
+            if checkpoint_path
+            else (" (random weights)" if not args.pretrained else "")
+        )
         if hf.is_tokenizer(processor):
             return run_retrofit(model, processor, args, title=title, load_data=load_texts)
         return run_retrofit(model, hf.image_transform(processor, args.image_size), args, title=title)
     model = build_model(spec, pretrained=args.pretrained, num_classes=args.num_classes, checkpoint=checkpoint_path)
-    transform = folders.model_transform(model, spec, args.image_size)
-    checkpoint = f", checkpoint {checkpoint_path}" if checkpoint_path else ""
-    return run_retrofit(model, transform, args, title=f"posthoc evaluate: {spec} ({weights}{checkpoint})")
+    transform = folders.model_transform(model, spec, args.image_size, transform_flags(args))
+    if checkpoint_path is not None:
+        weights = f"checkpoint {checkpoint_path}"
+        if args.expect_accuracy is None:
+            args.expect_accuracy = checkpoint_accuracy(checkpoint_path)
+    return run_retrofit(model, transform, args, title=f"posthoc evaluate: {spec} ({weights})")
+
+
+def transform_flags(args: argparse.Namespace) -> folders.TransformFlags:
+    """The preprocessing flags of ``args`` (``--channels``, ``--mean``, ``--std``, ``--resize``, ``--crop``)."""
+    return folders.TransformFlags(
+        channels=getattr(args, "channels", None),
+        mean=None if getattr(args, "mean", None) is None else tuple(args.mean),
+        std=None if getattr(args, "std", None) is None else tuple(args.std),
+        resize=getattr(args, "resize", None),
+        crop=getattr(args, "crop", None),
+    )
+
+
+#: the entries of a checkpoint file that may hold the model's own validation accuracy (a share, or a percentage)
+ACCURACY_KEYS = ("accuracy", "acc", "val_accuracy", "val_acc", "top1", "acc1", "best_acc1")
+#: the fitted temperatures beyond which a well-preprocessed model is unlikely: a sign the inputs are not what it saw
+PLAUSIBLE_TEMPERATURE = (0.4, 2.5)
+
+
+def checkpoint_accuracy(path: Path) -> float | None:
+    """The accuracy a checkpoint file records about its model (:data:`ACCURACY_KEYS`, top level), as a share; ``None``
+    when it records none."""
+    try:
+        found = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception:  # an unreadable file is refused by name where it is loaded as weights
+        return None
+    if not isinstance(found, dict):
+        return None
+    for key in ACCURACY_KEYS:
+        value = found.get(key)
+        if isinstance(value, (int, float, torch.Tensor)) and not isinstance(value, bool):
+            value = float(value)
+            return value / 100 if value > 1 else value
+    return None
+
+
+def mismatch_lines(results: list[MethodResult], expected: float | None) -> list[str]:
+    """The report's warning of a possible preprocessing mismatch: the plain accuracy far (three standard errors and 5
+    points) below ``expected``, or a fitted temperature beyond :data:`PLAUSIBLE_TEMPERATURE`.
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> from posthoc_apps.cli.evaluate import mismatch_lines
+        >>> plain = SimpleNamespace(test=SimpleNamespace(accuracy=0.8, labels=[0] * 400), state={}, name="none")
+        >>> tempered = SimpleNamespace(state={"method.temperature": 3.47}, name="temperature")
+        >>> print(mismatch_lines([plain, tempered], 0.915)[0])  # doctest: +ELLIPSIS
+        **Possible preprocessing mismatch**: the plain model's test accuracy 0.800 is far below the expected 0.915; ...
+    """
+    reasons = []
+    plain = results[0].test
+    count = max(1, len(plain.labels))
+    if expected is not None:
+        margin = max(0.05, 3 * math.sqrt(max(expected * (1 - expected), 1e-4) / count))
+        if plain.accuracy < expected - margin:
+            reasons.append(
+                f"the plain model's test accuracy {plain.accuracy:.3f} is far below the expected {expected:.3f}"
+            )
+    low, high = PLAUSIBLE_TEMPERATURE
+    for result in results:
+        for key, value in result.state.items():
+            if key.rpartition(".")[2] == "temperature" and not low <= float(value) <= high:
+                reasons.append(f"`{result.name}` fitted a temperature T = {float(value):.2f} (outside {low}-{high})")
+    if not reasons:
+        return []
+    return [
+        f"**Possible preprocessing mismatch**: {'; '.join(reasons)}. Check the preprocessing in the Data section "
+        "against the model's own (set it with --channels, --mean, --std, --resize and --crop): calibration can hide "
+        "inputs the model was not trained on, but cannot undo them.",
+        "",
+    ]

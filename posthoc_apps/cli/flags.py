@@ -41,6 +41,12 @@ NUMBERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
     "ood_subset": ("--ood-subset", lambda value, flag: positive_int(value, flag, none="all")),
     "num_classes": ("--num-classes", lambda value, flag: positive_int(value, flag, none="the architecture's")),
     "image_size": ("--image-size", lambda value, flag: positive_int(value, flag, none="the model's own")),
+    "resize": ("--resize", lambda value, flag: positive_int(value, flag, none="the model's own")),
+    "crop": ("--crop", lambda value, flag: positive_int(value, flag, none="the model's own")),
+    "expect_accuracy": (
+        "--expect-accuracy",
+        lambda value, flag: None if value is None else probability(value, flag, why="an accuracy"),
+    ),
     "alpha": ("--alpha", lambda value, flag: None if value is None else probability(value, flag)),
     "target_risk": ("--target-risk", lambda value, flag: None if value is None else probability(value, flag)),
     "delta": ("--delta", probability),

@@ -236,14 +236,14 @@ def selection_summary(record: dict) -> str:
 
     Example:
         >>> from posthoc_apps.cli.guarantees import selection_summary
-        >>> selection_summary({"chosen": "uncalibrated", "candidates": [{"candidate": "uncalibrated", "reason": None},
+        >>> selection_summary({"chosen": "none", "candidates": [{"candidate": "none", "reason": None},
         ...     {"candidate": "clean fit", "reason": "in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > "
         ...      "tolerance 0.0050"}]})
-        "kept 'uncalibrated' (clean fit: in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > tolerance 0.0050)"
+        "kept 'none' (clean fit: in-distribution NLL excess -0.0100 nats, 90% bound +0.0197 > tolerance 0.0050)"
     """
     text = f"kept {record['chosen']!r}"
     refused = [row for row in record.get("candidates", []) if row.get("reason")]
-    if record["chosen"] == "uncalibrated" and refused:
+    if record["chosen"] == "none" and refused:
         text += f" ({refused[-1]['candidate']}: {refused[-1]['reason']})"
     return text
 

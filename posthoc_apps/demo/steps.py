@@ -33,9 +33,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import IO
 
-from tqdm.auto import tqdm
-
-from posthoc.core.progress import interactive
+from posthoc.core.progress import bar_class, interactive
 
 #: what each line starts with
 PREFIX = "[posthoc demo]"
@@ -57,7 +55,7 @@ class Steps:
         self.seen: set[tuple[type, str]] = set()
         self.bar = None
         if enabled and interactive(stream):
-            self.bar = tqdm(
+            self.bar = bar_class()(
                 total=sum(self.weights.values()), desc=PREFIX, bar_format=BAR_FORMAT, file=stream, leave=False
             )
 

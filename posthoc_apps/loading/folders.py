@@ -5,9 +5,12 @@ names giving the class index (ImageNet's ``n01440764 ...`` folders sort into the
 order). An OOD folder may also be a flat folder of images; its labels are ignored.
 
 The preprocessing is the model's evaluation transform: timm's ``resolve_data_config`` +
-``create_transform`` for timm (and file-defined) models, the weights' ``transforms()`` for
-torchvision models. Training images get the same transform (no augmentation): post-hoc methods
-fit on what the model sees at test time.
+``create_transform`` for timm models and for file-defined models that declare a ``pretrained_cfg`` (timm's
+``input_size``, ``mean``, ``std``, ``crop_pct``), the weights' ``transforms()`` for torchvision models; the
+:class:`TransformFlags` (``--channels``, ``--mean``, ``--std``, ``--resize``, ``--crop``) set it instead. A
+file-defined model with neither gets timm's ImageNet default (resize to 1/0.875 of 224, crop 224, ImageNet mean and
+std), with a warning. Training images get the same transform (no augmentation): post-hoc methods fit on what the
+model sees at test time. :func:`describe_transform` is the line the report prints.
 
 Example:
     >>> transform = model_transform(model, "timm:resnet50")  # ImageNet folders  # doctest: +SKIP
@@ -18,7 +21,10 @@ Example:
 from __future__ import annotations
 
 import os
+import re
+import warnings
 from collections.abc import Callable, Sequence
+from dataclasses import astuple, dataclass
 from pathlib import Path
 
 import torch
@@ -34,8 +40,72 @@ IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tif
 Transform = Callable[[Image.Image], torch.Tensor]
 
 
-def model_transform(model: nn.Module, spec: str | ModelSpec, image_size: int | None = None) -> Transform:
-    """The evaluation preprocessing of ``model``; ``image_size`` overrides the crop size (resize scaled alike).
+@dataclass(frozen=True)
+class TransformFlags:
+    """The preprocessing the command line sets: ``channels`` (1: grey images), per-channel ``mean`` and ``std`` (of
+    pixels in [0, 1]), the shorter side ``resize`` and the centre ``crop``; ``None`` leaves it to the model's own."""
+
+    channels: int | None = None
+    mean: tuple[float, ...] | None = None
+    std: tuple[float, ...] | None = None
+    resize: int | None = None
+    crop: int | None = None
+
+    def given(self) -> bool:
+        return any(value is not None for value in astuple(self))
+
+
+def describe_transform(transform: Transform) -> str:
+    """The preprocessing as one line, its steps in order.
+
+    Example:
+        >>> from torchvision import transforms
+        >>> from posthoc_apps.loading.folders import describe_transform
+        >>> describe_transform(transforms.Compose([transforms.CenterCrop(28), transforms.ToTensor()]))
+        'CenterCrop(size=(28, 28)) -> ToTensor()'
+    """
+    steps = getattr(transform, "transforms", None) or [transform]
+    return " -> ".join(re.sub(r"\s+", " ", repr(step)).replace("( ", "(").replace(" )", ")") for step in steps)
+
+
+def flagged_transform(model: nn.Module, flags: TransformFlags, image_size: int | None = None) -> Transform:
+    """The preprocessing the ``flags`` set; what they leave out comes from the model's timm data config (ImageNet's
+    where it declares none).
+
+    Example:
+        >>> import torch
+        >>> from posthoc_apps.loading.folders import TransformFlags, describe_transform, flagged_transform
+        >>> flags = TransformFlags(channels=1, mean=(0.13,), std=(0.31,), resize=28, crop=28)
+        >>> describe_transform(flagged_transform(torch.nn.Linear(2, 2), flags)).split(" -> ")
+        ['Grayscale(num_output_channels=1)', 'Resize(size=28, interpolation=bilinear, max_size=None, antialias=True)', \
+'CenterCrop(size=(28, 28))', 'ToTensor()', 'Normalize(mean=(0.13,), std=(0.31,))']
+    """
+    from timm.data import resolve_data_config
+    from torchvision import transforms
+
+    config = resolve_data_config({}, model=model)
+    crop = flags.crop or image_size or config["input_size"][-1]
+    resize = flags.resize or round(crop / config.get("crop_pct", 0.875))
+    channels = flags.channels or 3
+    mean = flags.mean or tuple(config["mean"])[:channels]
+    std = flags.std or tuple(config["std"])[:channels]
+    if len(mean) not in (1, channels) or len(std) not in (1, channels):
+        raise InputError(f"--mean and --std take 1 or {channels} values (one per channel), got {mean} and {std}")
+    steps = [transforms.Grayscale(1)] if channels == 1 else []
+    steps += [
+        transforms.Resize(resize, interpolation=transforms.InterpolationMode.BILINEAR),
+        transforms.CenterCrop(crop),
+        transforms.ToTensor(),
+        transforms.Normalize(mean, std),
+    ]
+    return transforms.Compose(steps)
+
+
+def model_transform(
+    model: nn.Module, spec: str | ModelSpec, image_size: int | None = None, flags: TransformFlags | None = None
+) -> Transform:
+    """The evaluation preprocessing of ``model`` (module docs); ``image_size`` overrides the crop size (resize scaled
+    alike); ``flags`` set it instead of the model's own.
 
     Example:
         >>> import torchvision
@@ -50,6 +120,8 @@ def model_transform(model: nn.Module, spec: str | ModelSpec, image_size: int | N
         )
     """
     spec = parse_model_spec(spec) if isinstance(spec, str) else spec
+    if flags is not None and flags.given():
+        return flagged_transform(model, flags, image_size)
     if spec.source == "torchvision":
         import torchvision
 
@@ -61,6 +133,14 @@ def model_transform(model: nn.Module, spec: str | ModelSpec, image_size: int | N
         return weights.transforms(crop_size=image_size, resize_size=round(image_size * ratio))
     from timm.data import create_transform, resolve_data_config
 
+    if spec.source != "timm" and not getattr(model, "pretrained_cfg", None):
+        warnings.warn(
+            f"{spec.name} declares no preprocessing (no pretrained_cfg): using timm's ImageNet default (224-px crop, "
+            "ImageNet mean and std); if the model was trained otherwise, set --channels, --mean, --std, --resize and "
+            "--crop (the report's Data section prints the transform used)",
+            UserWarning,
+            stacklevel=2,
+        )
     override = {} if image_size is None else {"input_size": (3, image_size, image_size)}
     return create_transform(**resolve_data_config(override, model=model))
 

@@ -27,6 +27,7 @@ from matplotlib.patches import Patch
 from torch import Tensor
 
 from posthoc.core.prediction import Prediction
+from posthoc_apps.report.plots import InlineFigure
 
 #: the columns of :func:`dense_maps`
 COLUMNS = ("input", "label", "prediction", "error", "entropy (0 to ln C)")
@@ -69,7 +70,7 @@ def dense_maps(
     when given."""
     n = images.shape[0]
     columns = (*COLUMNS, MASK_COLUMN) if mask is not None else COLUMNS
-    figure = Figure(figsize=(2.2 * len(columns), 2.2 * n + (0.5 if class_names else 0.0)))
+    figure = InlineFigure(figsize=(2.2 * len(columns), 2.2 * n + (0.5 if class_names else 0.0)))
     axes = figure.subplots(n, len(columns), squeeze=False)
     classes = prediction.probs.shape[1]
     colours, errors = class_colours(classes), colormaps["Reds"].with_extremes(bad=IGNORED)

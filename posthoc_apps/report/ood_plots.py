@@ -14,16 +14,12 @@ import math
 import os
 from collections.abc import Mapping
 
-import matplotlib
+import torch
+from matplotlib.figure import Figure
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import torch  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from posthoc.evaluation import metrics  # noqa: E402
-from posthoc_apps.report.plots import save_figure  # noqa: E402
+from posthoc.evaluation import metrics
+from posthoc_apps.report.plots import InlineFigure, save_figure
 
 #: panels per row; more scores wrap onto further rows
 MAX_COLUMNS = 4
@@ -34,10 +30,11 @@ def ood_histograms(
     values: Mapping[str, tuple[Tensor, Tensor]], path: str | os.PathLike | None = None, title: str | None = None
 ) -> Figure:
     """Per score ``name -> (in-distribution values, OOD values)``, the two densities over shared bins, one panel
-    each with the score's AUROC in its title; written to a PNG at ``path`` if given; returns the (closed) figure."""
+    each with the score's AUROC in its title; written to a PNG at ``path`` if given; returns the figure."""
     columns = min(MAX_COLUMNS, len(values))
     rows = math.ceil(len(values) / columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(3.4 * columns, 2.8 * rows), squeeze=False)
+    fig = InlineFigure(figsize=(3.4 * columns, 2.8 * rows))
+    axes = fig.subplots(rows, columns, squeeze=False)
     for ax in axes.flat[len(values) :]:
         ax.set_visible(False)
     for ax, (name, (inside, outside)) in zip(axes.flat, values.items()):

@@ -188,8 +188,8 @@ def figure_block(fig: Figure, alt: str, caption: str) -> str:
 
     Example:
         >>> from posthoc_apps.report.page import figure_block
-        >>> import matplotlib.pyplot as plt
-        >>> figure_block(plt.figure(), "empty", "An empty figure.").endswith("<figcaption>An empty figure.</figcaption></figure>")
+        >>> from matplotlib.figure import Figure
+        >>> figure_block(Figure(), "empty", "An empty figure.").endswith("<figcaption>An empty figure.</figcaption></figure>")
         True
     """
     return f"<figure>{figure_tag(fig, alt)}<figcaption>{_text(caption)}</figcaption></figure>"

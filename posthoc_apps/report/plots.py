@@ -3,8 +3,9 @@ of in-distribution cost against NLL under shift, as PNG; for a real-valued predi
 ``(K, N, D)``, :mod:`~posthoc.evaluation.gaussian_metrics`), its calibration curves over interval levels, its error
 against the predicted std and its band over a 1-D input.
 
-Every function draws a matplotlib ``Figure``, writes it to ``path`` (when given) and returns it (closed to
-pyplot, still readable: ``fig.axes[0].get_lines()``, ``fig.axes[0].get_legend()``). Up to 20 methods get
+Every function draws a matplotlib ``Figure`` of its own (no pyplot state: importing this module leaves the backend
+alone), writes it to ``path`` (when given) and returns it: readable (``fig.axes[0].get_lines()``,
+``fig.axes[0].get_legend()``), and shown as a PNG where it is a cell's value in a notebook (:class:`InlineFigure`). Up to 20 methods get
 distinct colour and line-style pairs (:func:`method_styles`); legends sit under the axes, never wider than them
 (long names wrap), and no two texts of a figure overlap (:func:`overlapping_texts` checks it). Reports draw the plain
 model, the recommended row and a few best ones; the rest stay in their tables.
@@ -36,20 +37,18 @@ import math
 import os
 import textwrap
 from collections.abc import Mapping, Sequence
+from typing import Any
 
-import matplotlib
+from matplotlib import colormaps
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+from matplotlib.transforms import Bbox
+from torch import Tensor
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-from matplotlib.backends.backend_agg import FigureCanvasAgg  # noqa: E402
-from matplotlib.figure import Figure  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
-from matplotlib.transforms import Bbox  # noqa: E402
-from torch import Tensor  # noqa: E402
-
-from posthoc.core.paths import output_file  # noqa: E402
-from posthoc.evaluation import gaussian_metrics, metrics  # noqa: E402
-from posthoc.evaluation.verdict import FrontierPoint  # noqa: E402
+from posthoc.core.paths import output_file
+from posthoc.evaluation import gaussian_metrics, metrics
+from posthoc.evaluation.verdict import FrontierPoint
 
 Curves = Mapping[str, tuple[Tensor, Tensor]]
 #: ``method -> (severities, mean confidence, accuracy)``
@@ -61,7 +60,7 @@ ShiftSeries = Mapping[
 #: reliability panels per row; more curves wrap onto further rows
 MAX_COLUMNS = 5
 #: 20 distinct colours: tab10, then the light shades of tab20
-COLOURS = [*plt.get_cmap("tab10").colors, *plt.get_cmap("tab20").colors[1::2]]
+COLOURS = [*colormaps["tab10"].colors, *colormaps["tab20"].colors[1::2]]
 LINE_STYLES = ("-", "--", "-.", ":")
 #: marker shapes of the frontier's points, cycling alongside the colours
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "h")
@@ -84,15 +83,32 @@ def method_styles(count: int) -> list[dict[str, object]]:
     return [{"color": COLOURS[i % len(COLOURS)], "linestyle": LINE_STYLES[i % len(LINE_STYLES)]} for i in range(count)]
 
 
+class InlineFigure(Figure):
+    """A matplotlib ``Figure`` drawn on its own Agg canvas, outside pyplot's figure manager (so that no backend is
+    chosen or switched), that a notebook shows as a PNG when it is a cell's value.
+
+    Example:
+        >>> from posthoc_apps.report.plots import InlineFigure
+        >>> fig = InlineFigure(figsize=(2, 1))
+        >>> _ = fig.subplots().plot([0, 1], [0, 1])
+        >>> fig._repr_png_()[:4]
+        b'\\x89PNG'
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        FigureCanvasAgg(self)
+
+    def _repr_png_(self) -> bytes:
+        return png_bytes(self)
+
+
 def save_figure(fig: Figure, path: str | os.PathLike | None) -> Figure:
     """Write ``fig`` to ``path`` as PNG (when given; its folder is created, a path that cannot be written is a
-    :class:`~posthoc.errors.ConfigError` naming it), close it to pyplot and return it."""
-    try:
-        if path is not None:
-            with output_file(path, "the plot") as target:
-                fig.savefig(target, dpi=DPI, bbox_inches="tight")
-    finally:
-        plt.close(fig)
+    :class:`~posthoc.errors.ConfigError` naming it) and return it."""
+    if path is not None:
+        with output_file(path, "the plot") as target:
+            fig.savefig(target, dpi=DPI, bbox_inches="tight")
     return fig
 
 
@@ -113,9 +129,9 @@ def legend_under(ax, *, columns: int = 1) -> None:
     labels wrapped so that it is never wider than the axes.
 
     Example:
-        >>> import matplotlib.pyplot as plt
-        >>> from posthoc_apps.report.plots import legend_under
-        >>> fig, ax = plt.subplots()
+        >>> from posthoc_apps.report.plots import InlineFigure, legend_under
+        >>> fig = InlineFigure()
+        >>> ax = fig.subplots()
         >>> _ = ax.plot([0, 1], [0, 1], label="a method with a rather long name " * 4)
         >>> legend_under(ax)
         >>> fig.canvas.draw()
@@ -156,14 +172,14 @@ def overlapping_texts(fig: Figure) -> list[tuple[str, str]]:
     overlap by more than half a pixel each way: a legible figure has none.
 
     Example:
-        >>> import matplotlib.pyplot as plt
-        >>> from posthoc_apps.report.plots import overlapping_texts
-        >>> fig, ax = plt.subplots()
+        >>> from posthoc_apps.report.plots import InlineFigure, overlapping_texts
+        >>> fig = InlineFigure()
+        >>> ax = fig.subplots()
         >>> _ = ax.text(0.5, 0.5, "one"), ax.text(0.5, 0.5, "two")
         >>> overlapping_texts(fig)
         [('one', 'two')]
     """
-    canvas = fig.canvas if hasattr(fig.canvas, "get_renderer") else FigureCanvasAgg(fig)  # a figure closed to pyplot
+    canvas = fig.canvas if hasattr(fig.canvas, "get_renderer") else FigureCanvasAgg(fig)  # a figure of no backend
     canvas.draw()
     renderer = canvas.get_renderer()
     boxes = [(text.get_text(), text.get_window_extent(renderer)) for text in _drawn_texts(fig)]
@@ -189,7 +205,7 @@ def reliability_diagram(curves: Curves, path: str | os.PathLike | None = None, b
     """
     columns = min(MAX_COLUMNS, len(curves))
     rows = math.ceil(len(curves) / columns)
-    fig = plt.figure(figsize=(3.0 * columns, 4.3 * rows))
+    fig = InlineFigure(figsize=(3.0 * columns, 4.3 * rows))
     grid = fig.add_gridspec(rows, columns, hspace=0.45, wspace=0.15)
     width = 1.0 / bins
     centers = [(i + 0.5) * width for i in range(bins)]
@@ -253,7 +269,8 @@ def risk_coverage_curve(
         >>> len(fig.axes)
         1
     """
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    fig = InlineFigure(figsize=(5.2, 3.8))
+    ax = fig.subplots()
     for (name, (probs, labels)), style in zip(curves.items(), method_styles(len(curves))):
         confidence, predicted = probs.max(-1)
         coverage, risk = metrics.risk_coverage(confidence, predicted == labels)
@@ -291,7 +308,8 @@ def shift_plot(
         >>> len(fig.axes)
         1
     """
-    fig, axes = plt.subplots(1, len(metric_names), figsize=(3.8 * len(metric_names), 3.2), squeeze=False)
+    fig = InlineFigure(figsize=(3.8 * len(metric_names), 3.2))
+    axes = fig.subplots(1, len(metric_names), squeeze=False)
     for ax, metric in zip(axes[0], metric_names):
         for (name, by_metric), style in zip(series.items(), method_styles(len(series))):
             severities, values, lows, highs = by_metric[metric]
@@ -333,7 +351,8 @@ def confidence_plot(
         >>> [line.get_label() for line in fig.axes[0].get_lines()][:2]
         ['MAP confidence', 'MAP accuracy']
     """
-    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    fig = InlineFigure(figsize=(5.2, 3.8))
+    ax = fig.subplots()
     for (name, (severities, confidence, accuracy)), style in zip(series.items(), method_styles(len(series))):
         colour = style["color"]
         ax.plot(
@@ -434,7 +453,8 @@ def frontier(
         >>> [text.get_text() for text in fig.axes[0].get_legend().get_texts()][-1]
         '2  laplace (recommended)'
     """
-    fig, ax = plt.subplots(figsize=(6.0, 4.2))
+    fig = InlineFigure(figsize=(6.0, 4.2))
+    ax = fig.subplots()
     shapes = zip(method_styles(len(points)), (MARKERS[i % len(MARKERS)] for i in range(len(points))))
     for number, (point, (style, marker)) in enumerate(zip(points, shapes), start=1):
         colour = style["color"]
@@ -504,7 +524,8 @@ def calibration_curves(
 ) -> Figure:
     """Observed against expected proportions (:func:`~posthoc.evaluation.gaussian_metrics.calibration_curve`),
     one line per method, with the diagonal of a calibrated predictive and each method's MACE in the legend."""
-    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    fig = InlineFigure(figsize=(5.2, 4.2))
+    ax = fig.subplots()
     ax.plot([0, 1], [0, 1], color="grey", linewidth=1, label="calibrated")
     for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
         expected, observed = gaussian_metrics.calibration_curve(means, stds, y, kind=kind)
@@ -519,7 +540,8 @@ def calibration_curves(
 def error_against_std(predictives: Predictives, path: str | os.PathLike | None = None, *, bins: int = 10) -> Figure:
     """Per bin of predicted std (equal counts), the RMSE of the predictive mean against the bin's root mean
     predicted variance: a calibrated predictive lies on the diagonal (the picture behind ENCE)."""
-    fig, ax = plt.subplots(figsize=(5.2, 4.2))
+    fig = InlineFigure(figsize=(5.2, 4.2))
+    ax = fig.subplots()
     top = 0.0
     for style, (name, (means, stds, y)) in zip(method_styles(len(predictives)), predictives.items()):
         rmv, rmse = gaussian_metrics.binned_rmv_rmse(means, stds, y, bins=bins)
@@ -540,7 +562,8 @@ def predictive_band(
 ) -> Figure:
     """For a 1-D input grid ``x (N,)``: each method's predictive mean with its 50 % and 95 % central
     intervals shaded, one panel per method, over the training points ``train = (x, y)`` when given."""
-    fig, axes = plt.subplots(1, len(predictives), figsize=(4.2 * len(predictives), 3.4), squeeze=False, sharey=True)
+    fig = InlineFigure(figsize=(4.2 * len(predictives), 3.4))
+    axes = fig.subplots(1, len(predictives), squeeze=False, sharey=True)
     order = x.flatten().argsort()
     grid = x.flatten()[order].numpy()
     for ax, (name, (means, stds)) in zip(axes[0], predictives.items()):

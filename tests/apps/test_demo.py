@@ -306,7 +306,7 @@ def test_the_demo_report_opens_with_autos_pick_and_both_frontiers(digits, digits
         text,
     )
     assert "Shifts: each the mean over rotate, contrast, translate, occlude" in text
-    assert "OOD AUROC (entropy)" in text and "2.0x a plain forward at predict time" in text
+    assert "OOD AUROC (entropy)" in text and "a prediction costs 2.0x a plain forward" in text
     assert text.index("![frontier") < text.index("| method |") < text.index("### How `auto` chose, on held-out data")
     assert "| laplace+dac | 0.001 (0.004) | 1.7 | 0.1 | 1 | 1.5x | **chosen** |" in text
     for name in ("frontier.png", "selection_frontier.png"):

@@ -275,6 +275,48 @@ def test_evaluate_cli_with_file_model_and_checkpoint(image_folders: dict[str, Pa
     assert metrics["settings"]["option"] == [["max_iter", 50]]
 
 
+GREY_FACTORY_SOURCE = """
+from posthoc_apps.demo import zoo
+
+
+def grey_digits(pretrained=True):
+    return zoo.pretrained() if pretrained else zoo.DigitsCNN()  # 1 x 28 x 28 inputs, MNIST mean and std; no pretrained_cfg
+"""
+
+
+def test_evaluate_cli_preprocessing_flags_fit_a_model_of_its_own(
+    image_folders: dict[str, Path], tmp_path: Path
+) -> None:
+    """A model file whose preprocessing is not ImageNet's (grey 28-px digits, MNIST's mean and std) and that declares
+    none: with the documented flags it scores as it should, the report prints the transform it used, and the title
+    names the loaded checkpoint (not "random weights")."""
+    factory = tmp_path / "grey_models.py"
+    factory.write_text(GREY_FACTORY_SOURCE)
+    spec = f"{factory}:grey_digits"
+    trained = build_model(spec, pretrained=True)
+    torch.save({"state_dict": trained.state_dict(), "accuracy": 0.97}, tmp_path / "grey.pth")
+    parser = argparse.ArgumentParser()
+    add_evaluate_arguments(parser)
+    out = tmp_path / "report"
+    flags = ["--channels", "1", "--resize", "28", "--crop", "28", "--mean", str(data.MEAN), "--std", str(data.STD)]
+    args = parser.parse_args(
+        [
+            "--model", spec, "--pretrained", "false", "--checkpoint", str(tmp_path / "grey.pth"),
+            "--val", str(image_folders["val"]), "--method", "temperature", "--option", "max_iter=20",
+            "--workers", "0", "--out", str(out), "--no-progress", *flags,
+        ]
+    )  # fmt: skip
+    assert run_evaluate(args) == out / "report.md"
+    report = (out / "report.md").read_text()
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["rows"][0]["test"]["accuracy"] >= 0.8, "the model's own preprocessing should classify the digits"
+    assert "- preprocessing: `Grayscale(num_output_channels=1) -> Resize(size=28" in report
+    assert f"Normalize(mean=({data.MEAN},), std=({data.STD},))" in report
+    title = report.splitlines()[0]
+    assert f"checkpoint {tmp_path / 'grey.pth'}" in title and "random weights" not in title, title
+    assert "Possible preprocessing mismatch" not in report  # 0.97 recorded in the checkpoint, and met
+
+
 def test_calibrate_from_logits_recovers_the_temperature(tmp_path: Path) -> None:
     """Logits that are 4x overconfident: the fitted T is close to 4 and calibration improves on a test set."""
     generator = torch.Generator().manual_seed(0)
@@ -344,8 +386,8 @@ def test_calibrate_from_logits_in_sample_binary(tmp_path: Path) -> None:
     fitted = json.loads((tmp_path / "out" / "calibration.json").read_text())
     assert fitted["in_sample"] and fitted["num_classes"] == 2 and fitted["requested"] == "auto"
     scores = fitted["scores"]
-    assert {"identity", "temperature", "platt"} <= set(scores) and fitted["method"] != "identity"
-    assert scores[fitted["method"]]["nll"] <= scores["identity"]["nll"]
+    assert {"none", "temperature", "platt"} <= set(scores) and fitted["method"] != "none"
+    assert scores[fitted["method"]]["nll"] <= scores["none"]["nll"]
     assert fitted["after"]["nll"] < fitted["before"]["nll"]
     report = (tmp_path / "out" / "report.md").read_text()
     assert "in-sample" in report and "cross-validated" in report and f"| {fitted['method']} |" in report
@@ -530,7 +572,7 @@ def test_evaluate_cli_reports_guarantees_and_calibrators(image_folders: dict[str
     assert tempered["accuracy"] == plain["accuracy"]
     # the selection step either fitted a temperature or kept the identity, and the report says which
     assert "temperature's held-out choice: kept '" in report
-    assert (tempered["nll"] != plain["nll"]) == ("kept 'uncalibrated'" not in report)
+    assert (tempered["nll"] != plain["nll"]) == ("kept 'none'" not in report)
     # a risk no threshold can meet on 24 calibration images is reported, not fatal
     args.target_risk, args.calibrator, args.out = 0.001, None, tmp_path / "unreachable"
     run_evaluate(args)

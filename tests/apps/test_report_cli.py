@@ -78,7 +78,7 @@ def test_evaluate_auto_opens_with_its_verdict_and_frontier(folders: dict[str, Pa
         assert verdict.startswith(f"**Use `auto`**: on held-out data it picked `{chosen}` among")
         assert re.search(r"\| NLL on `.*rotated` \| \d\.\d{4} \| \d\.\d{4} \| [+-]\d\.\d{4} \[.*\] \| ", verdict)
         assert re.search(r"\| OOD AUROC \(entropy\) \| \d\.\d{3} \| \d\.\d{3} \| [+-]\d\.\d{3} \[.*\] \| – \|", verdict)
-        assert re.search(r"and [\d,.]+x a plain forward( \(.* µs against .* µs\))? at predict time\.", verdict)
+        assert re.search(r"; a prediction costs [\d,.]+x a plain forward( \(.* µs against .* µs\))?\.", verdict)
     assert "![frontier" in verdict and "--method auto" not in verdict  # auto itself is the row: no hint needed
     # the tables after, the best entries in bold; auto's held-out record after the test table
     assert report.index("## Test set") < report.index("## How `auto` chose, on held-out data")

@@ -61,16 +61,40 @@ def test_on_a_terminal_a_bar_is_drawn() -> None:
     assert progress.interactive(screen) and not progress.interactive(io.StringIO())
 
 
-def test_in_a_notebook_tqdm_auto_keeps_its_widget(monkeypatch: pytest.MonkeyPatch) -> None:
-    """In Jupyter, tqdm.auto picks its notebook bar (no ``\r``); standard error is then no terminal, yet bars stay."""
+def test_in_a_notebook_the_text_bar_is_drawn_without_ipywidgets(monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a Jupyter kernel standard error is no terminal, yet bars stay: tqdm's widget where ipywidgets is installed,
+    its text bar otherwise (tqdm.auto would warn ``IProgress not found`` there)."""
     from tqdm.notebook import tqdm as notebook_tqdm
 
-    class AutoInNotebook(notebook_tqdm):  # what tqdm.auto builds in a notebook
-        pass
-
-    assert not progress.interactive(io.StringIO())
-    monkeypatch.setattr(progress, "tqdm", AutoInNotebook)
+    assert not progress.interactive(io.StringIO()) and progress.bar_class() is std_tqdm
+    monkeypatch.setattr(progress, "in_notebook", lambda: True)
     assert progress.interactive(io.StringIO())
+    monkeypatch.setattr(progress.importlib.util, "find_spec", lambda name: None)
+    assert progress.bar_class() is std_tqdm
+    monkeypatch.setattr(progress.importlib.util, "find_spec", lambda name: object())
+    assert progress.bar_class() is notebook_tqdm
+
+
+def test_a_fit_of_many_stages_is_one_bar_naming_each_stage() -> None:
+    """Inside ``stages`` the inner loops draw nothing of their own; the one bar names each stage and counts them
+    (its ETA divides the stages left); in a log, one line per finished stage."""
+    screen = _Terminal()
+    with progress.stages("fit", stream=screen) as bar:
+        progress.stage("reading the held-out data", more=2)
+        assert progress.progress_bar(range(3), desc="inner", stream=screen).disable
+        progress.stage("fitting candidate temperature")
+        assert "fit 2/3: fitting candidate temperature" in screen.getvalue()
+        progress.stage("fitting candidate laplace")
+        assert bar.bar.total == 3 and bar.bar.n == 2
+    assert "inner" not in screen.getvalue()
+    log = io.StringIO()
+    with progress.stages("fit", stream=log):
+        progress.stage("a", more=1)
+        progress.stage("b")
+    lines = log.getvalue().splitlines()
+    assert [line.rsplit(": ", 1)[0] for line in lines] == ["[posthoc] fit 1/2: a", "[posthoc] fit 2/2: b"]
+    with posthoc.settings.override(progress=False), progress.stages("fit", stream=log) as off:
+        assert off is None
 
 
 @pytest.mark.parametrize("stream", [io.StringIO, _Terminal])

@@ -76,7 +76,7 @@ def test_the_test_data_pick_is_the_lowest_shift_nll_among_rows_within_the_tolera
     assert use.startswith("**Use `laplace`**: picked on the test data, the lowest NLL under shift")
     assert '`method="auto"` makes this choice on held-out data' in use
     assert costs.startswith("It costs +0.0") and "within the 0.0050-nat tolerance" in costs
-    assert "1.4x a plain forward at predict time" in costs and "[" not in costs  # the intervals are in the table
+    assert "a prediction costs 1.4x a plain forward" in costs and "[" not in costs  # the intervals are in the table
     assert buys.startswith("It buys -0.") and "(0.70x on `rotated`)" in buys
     assert "| NLL on `rotated` | " in found.table() and "| predict cost | 1.0x | 1.4x | – | 1.4x |" in found.table()
     markdown = found.markdown("frontier.png")
@@ -108,7 +108,7 @@ def test_changes_are_paired_an_identical_row_has_a_zero_width_interval():
     for change in (same.clean, same.shifts["s"], same.ood):
         assert change.difference == 0 and change.interval == (0.0, 0.0)
     shift_only = judge([rows[0], Candidate("shift-only", plain.clone(), {"s": plain * 2})], plain="none")
-    assert "It costs no NLL in distribution (±0.0000 nats, 1.00x" in shift_only.sentence()
+    assert "It leaves the NLL in distribution as it was (1.00x" in shift_only.sentence()
     assert (
         "| NLL in distribution | 0.2" in shift_only.table()
         and "±0.0000 [±0.0000, ±0.0000] | 1.00x |" in shift_only.table()
@@ -529,7 +529,7 @@ def test_a_predict_cost_on_a_fast_forward_gives_its_microseconds_beside_the_rati
         ],
         plain="none",
     )
-    assert "and 2,314x a plain forward (1,851 µs against 0.8 µs) at predict time" in fast.lines()[1]
+    assert "; a prediction costs 2,314x a plain forward (1,851 µs against 0.8 µs)." in fast.lines()[1]
     assert "| predict cost | 1.0x (0.8 µs) | 2,314x (1,851 µs) | – | 2,314x |" in fast.table()
     slow = judge(
         [
@@ -538,7 +538,7 @@ def test_a_predict_cost_on_a_fast_forward_gives_its_microseconds_beside_the_rati
         ],
         plain="none",
     )
-    assert "and 3.2x a plain forward at predict time" in slow.lines()[1] and "µs" not in slow.text()
+    assert "; a prediction costs 3.2x a plain forward." in slow.lines()[1] and "µs" not in slow.text()
     assert cost_cell(101.2, 2e-5) == "101.2x (2,024 µs)" and cost_cell(101.2, 2e-3) == "101.2x"
 
 

@@ -45,6 +45,7 @@ from posthoc.core.method import LogPredictive, Method, chain_of
 from posthoc.core.modules import eval_mode
 from posthoc.core.options import option
 from posthoc.core.prediction import RegressionPrediction
+from posthoc.core.progress import stage
 from posthoc.core.registry import method_class, register
 from posthoc.engine.choice import make_choice, makes_choice, record_selection, training_rows
 from posthoc.engine.feature_store import active_store
@@ -225,7 +226,8 @@ class AutoMethod(Method):
         fitted: dict[int, float] = {}
         banks: dict[str, Method] = {}
         refused: dict[int, PosthocError] = {}
-        for part in self._parts:
+        for index, part in enumerate(self._parts):
+            stage(f"fitting candidate {part.label}", more=2 * len(self._parts) - index - 1)
             for method in chain_of(part.chain):
                 if id(method) in refused:
                     break
@@ -297,6 +299,7 @@ class AutoMethod(Method):
         scores, refusals = [], {}
         self._plain_seconds = None
         for part in self._parts:
+            stage(f"scoring candidate {part.label}")
             start = time.perf_counter()
             try:
                 if id(part.inner) not in chosen_inner:

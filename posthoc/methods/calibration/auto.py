@@ -60,6 +60,7 @@ from posthoc.errors import ConfigError, InputError
 from posthoc.export.modules import LogSoftmax
 from posthoc.methods.calibration.base import Calibrator, RegressionCalibrator, RegressionIdentity
 from posthoc.methods.calibration.method import PARTIAL_FITS, CalibrationMethod, calibrators, partial_fit
+from posthoc.methods.calibration.options import plain_named
 from posthoc.methods.calibration.quantile_recalibration import IsotonicRecalibration
 from posthoc.methods.calibration.variance_scaling import VarianceScaling
 
@@ -94,7 +95,7 @@ class _Chooser:
 
     @property
     def chosen_name(self) -> str:
-        return list(self.choices)[int(self.choice)]
+        return self.chosen.chosen_name
 
     def num_parameters(self) -> int:
         return self.chosen.num_parameters()
@@ -160,7 +161,7 @@ class AutoCalibration(_Chooser, Calibrator):
     @property
     def scores(self) -> dict[str, dict[str, float]]:
         return {
-            name: {"nll": float(row[0]), "ece": float(row[1])}
+            plain_named(name): {"nll": float(row[0]), "ece": float(row[1])}
             for name, row in zip(self.choices, self.cross_validated.tolist())
             if not math.isnan(row[0])
         }
@@ -230,7 +231,7 @@ class AutoCalibration(_Chooser, Calibrator):
         plain = Scores.of_log_probs(out_of_fold["identity"], labels)
         extends = [type(self.choices[candidates[label][0]]).extends for label in order]
         selection = select(
-            [(label, candidates[label]) for label in order],
+            [(plain_named(label), candidates[label]) for label in order],
             [scores[label] for label in order],
             plain=plain,
             tolerance=Tolerance.of(self.tolerance).nats(plain.nll),
@@ -341,7 +342,10 @@ class AutoRecalibration(_Chooser, RegressionCalibrator):
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:
-        return {name: {"crps": float(value)} for name, value in zip(self.choices, self.cross_validated.tolist())}
+        return {
+            plain_named(name): {"crps": float(value)}
+            for name, value in zip(self.choices, self.cross_validated.tolist())
+        }
 
     def fit(self, prediction: RegressionPrediction, targets: Any) -> RegressionCalibrator:
         """As :meth:`RegressionCalibrator.fit`, refusing a held-out set whose folds are too small for the candidates."""

@@ -45,6 +45,7 @@ from posthoc.methods.calibration.histogram import HistogramBinning
 from posthoc.methods.calibration.identity import Identity
 from posthoc.methods.calibration.isotonic import IsotonicCalibration
 from posthoc.methods.calibration.matrix import MatrixScaling
+from posthoc.methods.calibration.options import PLAIN
 from posthoc.methods.calibration.platt import PlattScaling
 from posthoc.methods.calibration.temperature import TemperatureCalibrator
 from posthoc.methods.calibration.vector import VectorScaling
@@ -272,7 +273,7 @@ class CalibrationMethod(FittedOnHeldOut, Method):
 def configurations(
     calibrator: Calibrator, *, shifted: bool, shift_weight: float | str = "auto"
 ) -> list[tuple[str, float | None]]:
-    """``(label, value)`` of the configurations a held-out fit tries, the most conservative first: uncalibrated
+    """``(label, value)`` of the configurations a held-out fit tries, the most conservative first: the plain
     (``None``), the clean fit taken :data:`PARTIAL_FITS` of the way from the identity (``share - 1``, below 0), the
     clean fit (0), then, with perturbed copies, moved towards the fit on clean and perturbed examples (in (0, 1]).
 
@@ -280,14 +281,14 @@ def configurations(
         >>> from posthoc.methods.calibration.method import configurations
         >>> from posthoc.methods.calibration.temperature import TemperatureCalibrator
         >>> [label for label, _ in configurations(TemperatureCalibrator(), shifted=False)]
-        ['uncalibrated', 'clean fit at 0.5', 'clean fit at 0.75', 'clean fit']
+        ['none', 'clean fit at 0.5', 'clean fit at 0.75', 'clean fit']
     """
     if shift_weight != "auto":
         weight = float(shift_weight) if shifted else 0.0
-        return [("uncalibrated", None), (f"shift weight {weight:g}" if weight else "clean fit", weight)]
+        return [(PLAIN, None), (f"shift weight {weight:g}" if weight else "clean fit", weight)]
     interpolable = type(calibrator).interpolable
     partial = [(f"clean fit at {share:g}", share - 1.0) for share in PARTIAL_FITS] if interpolable else []
-    found: list[tuple[str, float | None]] = [("uncalibrated", None), *partial, ("clean fit", 0.0)]
+    found: list[tuple[str, float | None]] = [(PLAIN, None), *partial, ("clean fit", 0.0)]
     if shifted:
         weights = SHIFT_WEIGHTS if interpolable else (1.0,)
         found += [(f"shift weight {weight:g}", weight) for weight in weights]

@@ -18,6 +18,18 @@ from posthoc.core.method import load_tensors
 from posthoc.core.options import Options as BaseOptions
 from posthoc.errors import PosteriorFileError
 
+#: the plain model's name everywhere: the wrap's ``method="none"``, a calibrator that keeps the model's own
+#: probabilities (``"identity"`` is accepted as another name for it), a held-out choice that keeps them
+PLAIN = "none"
+
+#: the calibrator that keeps the model's own probabilities, by its registered name
+IDENTITY = "identity"
+
+
+def plain_named(name: str) -> str:
+    """A calibrator's name as records, tables and warnings show it: :data:`PLAIN` for the identity."""
+    return PLAIN if name == IDENTITY else name
+
 
 class CalibratorOptions:
     """Mixin: the options a calibrator takes and the name it stands for.
@@ -43,8 +55,9 @@ class CalibratorOptions:
 
     @property
     def chosen_name(self) -> str:
-        """The calibrator that maps the predictions: its own name, or for ``"auto"`` the one it chose."""
-        return self.name
+        """The calibrator that maps the predictions: its own name, or for ``"auto"`` the one it chose; :data:`PLAIN`
+        when that keeps the model's own probabilities (the identity, or a fit that kept them)."""
+        return PLAIN if bool(getattr(self, "passthrough", False)) else plain_named(self.name)
 
     @property
     def scores(self) -> dict[str, dict[str, float]]:

@@ -10,7 +10,7 @@ Example:
     >>> import torch
     >>> from posthoc.methods.laplace.glm_predictive import LogitGaussian, probit_log_probs
     >>> g = LogitGaussian(torch.zeros(2, 3), torch.ones(2, 3), None)
-    >>> probit_log_probs(g).exp().sum(-1)
+    >>> probit_log_probs(g).exp().sum(-1).round(decimals=4)   # rounded: the last float digits vary by build
     tensor([1., 1.])
 """
 

@@ -131,10 +131,10 @@ def test_auto_is_never_worse_than_identity_on_the_folds_and_reports_its_table():
         for fit_logits, miscalibrated in ((logits, True), (truth, False)):
             calibrator = posthoc.calibrate(fit_logits, labels, method="auto", seed=seed)
             scores = calibrator.scores
-            assert {"identity", "temperature", "vector", "matrix"} <= set(scores) and "platt" not in scores
-            assert scores[calibrator.chosen_name]["nll"] <= scores["identity"]["nll"]
+            assert {"none", "temperature", "vector", "matrix"} <= set(scores) and "platt" not in scores
+            assert scores[calibrator.chosen_name]["nll"] <= scores["none"]["nll"]
             if miscalibrated:
-                assert calibrator.chosen_name != "identity"
+                assert calibrator.chosen_name != "none"
                 assert metrics.nll(calibrator(test_logits), test_labels) < metrics.nll(
                     test_logits.softmax(-1), test_labels
                 )
@@ -197,7 +197,10 @@ def test_stacked_calibrators_fit_on_the_inner_predictive(method, small, tmp_path
     probs = um.predict(small["x"]).probs
     assert torch.allclose(probs.sum(-1), torch.ones(len(probs)), atol=1e-5)
     card = um.method.summary()
-    assert card["random_variables"] == um.method.calibrator.num_parameters() and card["calibrator"] in calibrators()
+    assert card["random_variables"] == um.method.calibrator.num_parameters() and card["calibrator"] in {
+        *calibrators(),
+        "none",
+    }  # "none": the fit kept the plain predictive
     um.save(tmp_path / "stacked.pt")
     loaded = posthoc.load(tmp_path / "stacked.pt", zoo.pretrained())
     assert torch.allclose(loaded.predict(small["x"]).probs, probs, atol=1e-6)

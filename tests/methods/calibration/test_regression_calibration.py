@@ -143,7 +143,7 @@ def test_auto_chooses_a_calibrator_when_it_helps() -> None:
     mean, std, y = _data(1000, 7, width=0.5)
     auto = posthoc.calibrate(mean=mean, std=std, targets=y, method="auto")
     assert auto.chosen_name == "variance-scaling"
-    assert auto.scores["variance-scaling"]["crps"] < auto.scores["identity"]["crps"]
+    assert auto.scores["variance-scaling"]["crps"] < auto.scores["none"]["crps"]
 
 
 # ------------------------------------------------------------------------------ files and numbers
