@@ -28,8 +28,8 @@ from collections.abc import Iterable
 import torch
 from torch import Tensor
 
-from posthoc.core import distributed
 from posthoc.core.chunks import chunks
+from posthoc.engine.runner import gather_rows
 from posthoc.engine.selection import Scores
 from posthoc.methods.laplace.structure import Curvature
 
@@ -80,6 +80,6 @@ class ProbitLadder:
             log_top.append(top - normaliser)
             correct.append(predicted == labels[rows])
         nll_rows, log_top_rows, correct_rows = (
-            distributed.gather_cat(torch.cat(parts).double()) for parts in (nll, log_top, correct)
+            gather_rows(torch.cat(parts).double()) for parts in (nll, log_top, correct)
         )
         return nll_rows, log_top_rows.exp(), correct_rows
