@@ -15,6 +15,9 @@ Parts:
            (prior fixed; and with the evidence's prior), probit predict on the same 5,000 (and ``method="none"``'s
            predict, the same outputs without a posterior), MC predict (S=100) on 100 rows, all under the default
            ``posthoc.settings.max_memory`` (512 MiB).
+  defaults — ``posthoc.wrap(head, method="laplace").fit(train_loader[, val_loader])`` at the ImageNet-21k shape with
+           nothing else set, and with ``prior_precision="marglik"``: the fit's CPU and wall time over one head forward
+           over the N training rows, and its peak growth (targets: <= 5x, <= 2 GiB).
   peer   — laplace-torch's last-layer KFAC and diag, fit and GLM probit predict, at growing C (D=1,024,
            fit on 5,000, predict on PEER_ROWS rows), each under PEER_SECONDS and an address-space cap of
            PEER_MEMORY; posthoc's default at the same shapes.
@@ -23,6 +26,7 @@ Run (about 10 minutes on 2 idle cores)::
 
     python benchmarks/bench_many_classes.py                 # both parts; writes benchmarks/results/many_classes.{md,json}
     python benchmarks/bench_many_classes.py shapes
+    python benchmarks/bench_many_classes.py defaults       # the one line's fit (a few minutes)
     python benchmarks/bench_many_classes.py --device cuda   # model and features on the GPU
 """
 
@@ -46,6 +50,8 @@ SAMPLES, MC_ROWS = 100, 100
 #: rows the predictives are timed on beside laplace-torch, whose GLM predictive forms (rows, C, C (D+1)) Jacobians
 #: and so is called one row at a time
 PEER_ROWS = 8
+#: rows of the validation loader part "defaults" passes with "+val"
+VAL_ROWS = 1000
 #: wall seconds and address space each laplace-torch case gets before it counts as "does not run"
 PEER_SECONDS, PEER_MEMORY = 240, 8 * 2**30
 
@@ -64,6 +70,9 @@ class Case:
     mc: bool = True
     device: str = "cpu"
     repeats: int = 3
+    #: part "defaults": the one fit to time, ``wrap(head, method="laplace"[, prior_precision=...])`` as a user calls it
+    #: (``"default"``, ``"marglik"``; ``"+val"``: with a val_loader of VAL_ROWS other rows), nothing else set
+    fit_only: str | None = None
 
 
 def run_case(case: Case) -> dict:
@@ -103,6 +112,8 @@ def run_case(case: Case) -> dict:
             }
         )
 
+    if case.fit_only is not None:
+        return run_default_fit(case, model, train_x, train_y, x, out)
     with torch.no_grad():
         plain = measure(lambda: model(x), repeats=max(3, case.repeats))
         plain_fit = measure(lambda: model(train_x), repeats=max(3, case.repeats))
@@ -174,6 +185,49 @@ def run_case(case: Case) -> dict:
             lambda: mc.predict(x[:MC_ROWS], num_samples=SAMPLES, keep_samples=False),
             plain_mc,
         )
+    return out
+
+
+def run_default_fit(case: Case, model, train_x, train_y, x, out: dict) -> dict:
+    """Part "defaults": one ``fit`` with only the prior's mode set, against one head forward over the N training rows."""
+    import time
+
+    import torch
+    from timing import measure
+    from torch.utils.data import DataLoader, TensorDataset
+
+    import posthoc
+
+    loader = DataLoader(TensorDataset(train_x, train_y), batch_size=500)
+    with torch.no_grad():  # the validation rows: other features, labelled by the checkpoint's own noisy teacher
+        val_x = x[-VAL_ROWS:] + 0.1 * torch.randn(VAL_ROWS, x.shape[1], generator=torch.Generator().manual_seed(1))
+        val_y = torch.distributions.Categorical(logits=model(val_x)).sample()
+    val = DataLoader(TensorDataset(val_x, val_y), batch_size=500) if case.fit_only.endswith("+val") else None
+    mode = case.fit_only.removesuffix("+val")
+    options = {} if mode == "default" else {"prior_precision": mode}
+    warm = DataLoader(TensorDataset(train_x[:50], train_y[:50]), batch_size=50)
+    posthoc.wrap(model, method="laplace", **options).fit(warm, warm if val is not None else None, progress=False)
+    with torch.no_grad():
+        plain = measure(lambda: model(train_x), repeats=max(3, case.repeats))
+    um = posthoc.wrap(model, method="laplace", **options)
+    wall, cpu = time.perf_counter(), time.process_time()
+    peak = peak_growth(lambda: um.fit(loader, val, progress=False), case.device)
+    wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+    selection = um.summary().get("selection") or {}
+    out["rows"].append(
+        {
+            "what": f"fit, {case.fit_only} (N={case.num_fit:,}" + (f", val {VAL_ROWS:,})" if val is not None else ")"),
+            "wall": wall,
+            "cpu": cpu,
+            "ref_wall": plain.wall,
+            "ref_cpu": plain.cpu,
+            "contended": case.device == "cpu" and (cpu / wall < 0.5 or plain.contended),
+            "peak": peak,
+        }
+    )
+    out["prior_precision"] = float(um.method.prior_precision)
+    out["rungs_scored"] = sum(1 for c in selection.get("candidates", []) if c.get("clean_nll") is not None)
+    out["structure"] = type(um.method.curvature).__name__
     return out
 
 
@@ -271,7 +325,24 @@ def part_peer(device: str) -> tuple[list[str], list[dict]]:
     return lines, results
 
 
-PARTS = {"shapes": part_shapes, "peer": part_peer}
+def part_defaults(device: str) -> tuple[list[str], list[dict]]:
+    lines = [
+        f"### The one line: fit with nothing but the prior's mode set, D=1,024 C=21,843, N=5,000 (val: {VAL_ROWS:,} "
+        "other rows), default max_memory (512 MiB); target <= 5x one head forward over the N rows, <= 2 GiB",
+        "",
+        HEADER,
+    ]
+    results = []
+    for fit_only in ("default", "default+val", "marglik", "marglik+val"):
+        result = launch(Case("posthoc", 1024, 21843, device=device, fit_only=fit_only, repeats=3))
+        results.append(result)
+        lines += rows_of(result)
+        extra = f"prior {result.get('prior_precision', float('nan')):.4g}, rungs scored {result.get('rungs_scored')}"
+        print("\n".join(rows_of(result)) + f"  ({extra})", flush=True)
+    return lines, results
+
+
+PARTS = {"shapes": part_shapes, "peer": part_peer, "defaults": part_defaults}
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--case"]:

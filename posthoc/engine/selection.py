@@ -233,15 +233,15 @@ def unit_means(values: Tensor, units: Tensor) -> Tensor:
 
 
 def class_nll(log_probs: Tensor, labels: Tensor) -> Tensor:
-    """Per-example NLL ``(N,)`` of ``labels`` under class log-probabilities ``(N, C)``, in float64."""
-    return -log_probs.double().gather(-1, labels.long().view(-1, 1)).squeeze(-1)
+    """Per-example NLL ``(N,)`` of ``labels`` under class log-probabilities ``(N, C)``, in float64 (picked first: no
+    float64 copy of ``(N, C)``)."""
+    return -log_probs.gather(-1, labels.long().view(-1, 1)).squeeze(-1).double()
 
 
 def class_scores(log_probs: Tensor, labels: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     """Per-example NLL, confidence and correctness ``(N,)`` of class log-probabilities ``(N, C)``."""
-    log_probs = log_probs.double()
     top, predicted = log_probs.max(-1)
-    return class_nll(log_probs, labels), top.exp(), (predicted == labels.view(-1)).double()
+    return class_nll(log_probs, labels), top.double().exp(), (predicted == labels.view(-1)).double()
 
 
 @dataclass(frozen=True)

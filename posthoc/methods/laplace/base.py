@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import abc
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -246,10 +246,14 @@ class Laplace(Method, metaclass=abc.ABCMeta):
         )
 
     def _training_rows(self, train_loader: Iterable | None) -> Iterable | None:
-        """Without a ``val_loader``, ``"auto"`` chooses on the first ``TRAIN_ROWS`` training rows (per process)."""
+        """Without a ``val_loader``, ``"auto"`` chooses on the first :meth:`_stand_in_rows` training rows (per process)."""
         if self._source(False) != "train" or self.likelihood.fits_noise or train_loader is None:
             return None
-        return first_rows(train_loader, TRAIN_ROWS, self.device)
+        return first_rows(train_loader, self._stand_in_rows(), self.device)
+
+    def _stand_in_rows(self) -> int:
+        """How many training rows stand in for a missing ``val_loader``: ``TRAIN_ROWS``."""
+        return TRAIN_ROWS
 
     @property
     def _chooses_noise(self) -> bool:
@@ -279,8 +283,7 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 rows = self._regression_rows(list(held_out.clean()), None, progress)
                 score = lambda delta: Scores(gather_rows(torch.cat(self._predicted_noise_nll(rows, delta))))
             else:
-                prepared = held_out.prepared(self._prepare)
-                score = lambda delta: self._scores(prepared, delta)
+                score = self._ladder_scores(held_out)
             if source == "grid":
                 self.prior_precision.fill_(grid_search(lambda delta: score(delta).nll, default_grid(scale=self._scale)))
             else:
@@ -303,6 +306,11 @@ class Laplace(Method, metaclass=abc.ABCMeta):
                 self.likelihood.set_noise(self._held_out_noise(rows, float(self.prior_precision)), "held-out")
         self.prior_source.fill_(PRIOR_SOURCES.index(source))
         return selection
+
+    def _ladder_scores(self, held_out: HeldOut) -> Callable[[float], Scores]:
+        """``δ -> Scores`` of the class predictive on ``held_out``: a predict per rung, from prepared batches."""
+        prepared = held_out.prepared(self._prepare)
+        return lambda delta: self._scores(prepared, delta)
 
     def _scores(self, prepared: Prepared, prior_precision: float) -> Scores:
         """The held-out :class:`Scores` of the class predictive at ``prior_precision`` (MC links: the same draws at every δ)."""

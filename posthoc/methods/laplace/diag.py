@@ -14,6 +14,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -60,6 +62,13 @@ class DiagCurvature(Curvature):
         dtype = phi_aug.dtype
         variance = phi_aug.square() @ (1.0 / (self.diagonal + prior_precision)).T.to(dtype)
         return LogitGaussian(mean.to(dtype), variance.sqrt(), None)
+
+    def head_factors(self, phi_aug: Tensor) -> Tensor:
+        return phi_aug.square()
+
+    def head_spread(self, prior_precision: float, dtype: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
+        table = (1.0 / (self.diagonal + prior_precision)).T.to(dtype)
+        return lambda factors, mean: factors @ table
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedDiag:
         return FoldedDiag((1.0 / (self.diagonal + prior_precision)).T.float().clone())

@@ -16,6 +16,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import Tensor, nn
 
@@ -78,6 +80,15 @@ class KronCurvature(Curvature):
         # built in the features' dtype, in place: one (D+1) x C temporary per chunk
         inverse = torch.outer(self.in_eigvals.to(dtype), self.out_eigvals.to(dtype)).add_(prior_precision).reciprocal_()
         return LogitGaussian(mean.to(dtype), (psi_sq @ inverse).sqrt_(), self.out_eigvecs.to(dtype))
+
+    def head_factors(self, phi_aug: Tensor) -> Tensor:
+        """``ψ² = (U_Aᵀ phĩ)²`` ``(n, D+1)``: the variances along ``U_G`` are ``ψ² @ 1/(λ μ + δ)``."""
+        return (phi_aug @ self.in_eigvecs.to(phi_aug.dtype)).square()
+
+    def head_spread(self, prior_precision: float, dtype: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
+        inverse = torch.outer(self.in_eigvals.to(dtype), self.out_eigvals.to(dtype)).add_(prior_precision).reciprocal_()
+        basis_sq = self.out_eigvecs.to(dtype).square().T
+        return lambda factors, mean: (factors @ inverse) @ basis_sq
 
     def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedKron:
         inverse = torch.outer(self.in_eigvals, self.out_eigvals).add(prior_precision).reciprocal()

@@ -142,6 +142,15 @@ class KronDiagCurvature(Curvature):
 
         return gaussian
 
+    def head_factors(self, phi_aug: Tensor) -> Tensor:
+        """``(phĩ U)²`` summed over each group of ``A``'s eigenvalues, ``(n, K)`` (``K = D + 1`` without groups)."""
+        psi_sq = (phi_aug @ self.in_eigvecs.to(phi_aug.dtype)).square_()
+        return psi_sq if self.groups is None else psi_sq @ eigen_groups(self.in_eigvals, *self.groups)[0].to(psi_sq)
+
+    def head_spread(self, prior_precision: float, dtype: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
+        inverse = self._grouped(prior_precision, dtype)[1]
+        return lambda factors, mean: factors @ inverse
+
     def fold_head(self, prior_precision: float, classes: int, width: int) -> FoldedKronDiag:
         membership, inverse = self._grouped(prior_precision, torch.float64)
         return FoldedKronDiag(self.in_eigvecs.float().clone(), membership.float(), inverse.float())

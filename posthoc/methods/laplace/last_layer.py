@@ -24,7 +24,7 @@ Example:
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import torch
@@ -37,13 +37,19 @@ from posthoc.core.method import LogPredictive
 from posthoc.core.modules import eval_mode, qualified
 from posthoc.core.prediction import RegressionPrediction
 from posthoc.engine.head import FeatureSplit
+from posthoc.engine.held_out import STRENGTHS, HeldOut
+from posthoc.engine.selection import Scores
 from posthoc.errors import ConfigError, ExportError
 from posthoc.export.modules import Backbone, GaussianOutputs, observation_variance
 from posthoc.methods.laplace import glm_predictive as glm
-from posthoc.methods.laplace.base import Laplace
+from posthoc.methods.laplace.base import TRAIN_ROWS, Laplace
 from posthoc.methods.laplace.curvature import LastLayerGGN, augment
 from posthoc.methods.laplace.export import HeadGaussian, head_weights
+from posthoc.methods.laplace.ladder import ProbitLadder
 from posthoc.methods.laplace.structures import head_structure, structure_class
+
+#: the fewest training rows that stand in for a missing ``val_loader`` however wide the head
+MIN_STAND_IN = 512
 
 
 class LastLayerLaplace(Laplace, scope="last_layer"):
@@ -119,6 +125,40 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
 
     def _prepare(self, x: Inputs) -> tuple[Tensor, Tensor]:
         return self.split(x)
+
+    def _stand_in_rows(self) -> int:
+        """``TRAIN_ROWS``, fewer for a wide head: the float32 logits of the rows and of their perturbed copies (one per
+        fit-time strength) stay within the memory budget, each held once by the choice (at least ``MIN_STAND_IN``).
+
+        Example:
+            >>> import posthoc
+            >>> from torch import nn
+            >>> posthoc.wrap(nn.Sequential(nn.Linear(8, 21_843)), method="laplace").method._stand_in_rows()
+            1536
+        """
+        copies = 1 + len(STRENGTHS)
+        fitting = current_budget() // (copies * self.split.head.out_features * 4)
+        return int(min(TRAIN_ROWS, max(MIN_STAND_IN, fitting)))
+
+    def _ladder_scores(self, held_out: HeldOut) -> Callable[[float], Scores]:
+        """With the probit link, a :class:`~posthoc.methods.laplace.ladder.ProbitLadder` of the held-out rows: each
+        rung a product of their variance factors with the prior's table (a predict per rung for the other links)."""
+        if self.link != "probit":
+            return super()._ladder_scores(held_out)
+        self._settle()
+
+        def kept(batches: Iterable[tuple[Inputs, Tensor]]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+            for x, y in batches:
+                phi, logits = self.split(x)
+                yield augment(phi, self._has_bias), logits, y
+
+        ladder = ProbitLadder(
+            self.curvature,
+            kept(held_out.clean()),
+            kept(held_out.perturbed()),
+            row_bytes=self.row_bytes(0, torch.float32),
+        )
+        return ladder.scores
 
     def _predictive(
         self, inputs: tuple[Tensor, Tensor], prior_precision: float, generator: torch.Generator | None, num_samples: int

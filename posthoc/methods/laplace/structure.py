@@ -80,6 +80,18 @@ class Curvature(nn.Module, metaclass=abc.ABCMeta):
         whose prior-dependent factors cost a pass over ``C`` makes them once here."""
         return lambda phi_aug, mean: self.head_variance(phi_aug, mean, prior_precision)
 
+    def head_factors(self, phi_aug: Tensor) -> Tensor:
+        """What the logits' variances need of head inputs ``phĩ`` at every prior precision, ``(n, K)``: the inputs
+        themselves here; a structure whose variances are ``factors @ table(δ)`` keeps only the factors
+        (:meth:`head_spread`), so a ladder of priors costs one small matmul per rung."""
+        return phi_aug
+
+    def head_spread(self, prior_precision: float, dtype: torch.dtype) -> Callable[[Tensor, Tensor], Tensor]:
+        """``(factors, mean) -> (n, C)``: the diagonal of the logits' covariance at ``prior_precision`` from
+        :meth:`head_factors` of inputs of ``dtype``, what the probit link reads of :meth:`head_variance`."""
+        predictor = self.head_predictor(prior_precision, dtype)
+        return lambda factors, mean: predictor(factors, mean).variance()
+
     @abc.abstractmethod
     def jacobian_variance(self, g: Tensor, a: Tensor | None, prior_precision: float) -> Tensor:
         """``J Σ Jᵀ`` ``(n, C, C)`` inside a network from the logits' gradients in the layer's output ``g``

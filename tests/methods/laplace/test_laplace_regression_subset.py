@@ -90,8 +90,11 @@ def test_backpack_squared_error_curvature_is_halved_to_the_unit_noise_ggn() -> N
     expected = jacobian.square().sum((0, 1))
     fitted = torch.cat([block.spectrum() for block in um.method.blocks])
     torch.testing.assert_close(fitted, expected, rtol=1e-10, atol=1e-12)
+    # the fit sums float64 squared residuals batch by batch (16 rows) from forward passes of other shapes than this
+    # one sum over 40 rows: the order of the additions and the matmuls' blocking (threads) move the last bits, and a
+    # residual f - y cancels up to log10 |f| / |f - y| digits; 1e-9 is far above that and far below a missed factor 2
     assert float(um.method.train_loss) == pytest.approx(
-        0.5 * float((net(x) - train.dataset.tensors[1]).square().sum()), rel=1e-12
+        0.5 * float((net(x) - train.dataset.tensors[1]).square().sum()), rel=1e-9
     )
 
 
