@@ -421,6 +421,12 @@ MISUSES = [
         "takes a loader of (x, y) batches",
     ),
     (
+        "label_shift",
+        lambda w, tmp: posthoc.label_shift(w["um"], w["loader"], w["loader"], estimator="nope"),
+        ConfigError,
+        "estimator must be one of ('em', 'bbse'), got 'nope'",
+    ),
+    (
         "selective",
         lambda w, tmp: posthoc.selective(w["um"], w["loader"], target_risk=0, progress=False),
         ConfigError,
@@ -532,7 +538,7 @@ MISUSES = [
         "calibrate",
         lambda w, tmp: posthoc.calibrate(w["model"](w["x"]).detach(), w["y"], method="ensemble"),
         ConfigError,
-        "unknown calibration method 'ensemble'; valid: identity, temperature",
+        "unknown calibration method 'ensemble'; valid: none, identity, temperature",
     ),
     (
         "Calibrator.__call__",
@@ -1948,7 +1954,9 @@ HABITS += [
         lambda h, t: posthoc.calibrate(_np(h["logits_val"]).astype("float64"), _np(h["val"][1]))(
             _np(h["logits_test"]).astype("float64")
         ),
-        Same(lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 0.0, np.ndarray),
+        Same(
+            lambda h, t: posthoc.calibrate(h["logits_val"], h["val"][1])(h["logits_test"]), 1e-6, np.ndarray
+        ),  # float64 in: computed in float64, the reference in float32
     ),
     Habit(
         "numpy",

@@ -621,7 +621,7 @@ def _head_of(model: nn.Module) -> nn.Module | None:
     """``model``'s ``nn.Linear`` head where it can be found without an input (the feature store keeps its input)."""
     try:
         _, head = find_head(model)
-    except HeadNotFoundError:
+    except (HeadNotFoundError, RuntimeError):  # RuntimeError: a ScriptModule refuses get_submodule
         return None
     return head if isinstance(head, nn.Linear) else None
 

@@ -128,7 +128,7 @@ class Capture:
         if any(f is None for f in found):
             with torch.no_grad(), eval_mode(self.model):
                 again = self._stored(x)
-                if again is None:
+                if again is None or any(f is None and g is None for f, g in zip(found, again)):
                     with self.recording(label_rows(x)) as again:
                         run_model(self.model, x)
             found = [f if f is not None else g for f, g in zip(found, again)]
