@@ -214,20 +214,17 @@ def fit_calibrator(
     plain = _guarantees(torch.softmax(cal_logits, -1), cal_labels, args, progress=False)
     calibrated = _guarantees(calibrator(cal_logits), cal_labels, args, progress=False)
     test = next(iter(logits.values()))
-    table, notes = (
-        {},
-        [f"{who}: {g.note}" for who, g in (("plain", plain), (calibrator.chosen_name, calibrated)) if g.note],
-    )
+    # rows are named by the calibrator asked for; with auto, by the one it chose (a kept-plain fit says so in its note)
+    shown = calibrator.chosen_name if args.calibrator == "auto" else args.calibrator
+    table, notes = ({}, [f"{who}: {g.note}" for who, g in (("plain", plain), (shown, calibrated)) if g.note])
     record = getattr(calibrator, "selection", None)
     if record:  # the selection step's choice of configuration (posthoc.calibrate guards every calibrator)
-        notes.append(f"{calibrator.chosen_name}'s held-out choice: {selection_summary(record)}")
-    for name, cv in (calibrator.scores or {calibrator.chosen_name: {}}).items():
+        notes.append(f"{shown}'s held-out choice: {selection_summary(record)}")
+    for name, cv in (calibrator.scores or {shown: {}}).items():
         table[name], note = _candidate_row(name, cv, (cal_logits, cal_labels), test)
         notes += [note] if note else []
     before = [_report(f"plain ({name})", torch.softmax(z, -1), y, plain) for name, (z, y) in logits.items()]
-    after = [
-        _report(f"{calibrator.chosen_name} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()
-    ]
+    after = [_report(f"{shown} ({name})", calibrator(z), y, calibrated) for name, (z, y) in logits.items()]
     return CalibratorResult(args.calibrator, calibrator.chosen_name, table, before, after, notes)
 
 
