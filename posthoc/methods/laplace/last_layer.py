@@ -97,7 +97,8 @@ class LastLayerLaplace(Laplace, scope="last_layer"):
             for x, y in iterate(train_loader, device=device, progress=progress, desc="laplace curvature"):
                 phi, logits = self.split(x)
                 if accumulator is None:
-                    if logits.shape[1] < self.likelihood.min_outputs:
+                    # (N,) logits: a one-output head whose model flattens its output (read from the feature store)
+                    if logits.dim() < 2 or logits.shape[1] < self.likelihood.min_outputs:
                         raise ConfigError(
                             "laplace uses the softmax (categorical) likelihood and needs a head with at least 2 "
                             "outputs; this head has 1 (a sigmoid classifier, or a regressor). If the model predicts a "
